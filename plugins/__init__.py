@@ -1,0 +1,1 @@
+"""Built-in dataset and metric plugins, loaded through the same discovery as user plugins."""

@@ -1,0 +1,71 @@
+"""One family of user-facing errors, each carrying where the problem is (file:line or field) and an exit code.
+
+The CLI prints `str(error)` as a single line and exits with `error.exit_code`; anything that is not a
+`QuantOptError` is a bug in quantopt and is reported with a traceback hint.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+
+class QuantOptError(Exception):
+    """Base of all errors caused by user input (files, cfg values, data, plugins)."""
+
+    exit_code = 1
+    kind = "error"
+
+    def __init__(self, message: str, *, file: Optional[str] = None, line: Optional[int] = None,
+                 field: Optional[str] = None) -> None:
+        self.message = message
+        self.file = file
+        self.line = line
+        self.field = field
+        super().__init__(self.__str__())
+
+    def location(self) -> str:
+        if self.file and self.line:
+            return f"{self.file}:{self.line}"
+        if self.file:
+            return str(self.file)
+        if self.field:
+            return f"field '{self.field}'"
+        return ""
+
+    def __str__(self) -> str:
+        where = self.location()
+        return f"{self.kind}: {where}: {self.message}" if where else f"{self.kind}: {self.message}"
+
+
+class ConfigError(QuantOptError):
+    """Invalid cfg file, unknown/duplicate key or a value outside what the field allows."""
+
+    exit_code = 2
+    kind = "config error"
+
+
+class IRError(QuantOptError):
+    """Malformed or inconsistent Compass IR text or binary."""
+
+    exit_code = 3
+    kind = "IR error"
+
+
+class DataError(QuantOptError):
+    """Dataset/label files that are missing, unreadable or do not fit the model."""
+
+    exit_code = 4
+    kind = "data error"
+
+
+class PluginError(QuantOptError):
+    """A plugin that cannot be found, constructed or registered."""
+
+    exit_code = 5
+    kind = "plugin error"
+
+
+class UnsupportedError(QuantOptError):
+    """A valid request for something quantopt does not implement (yet)."""
+
+    exit_code = 6
+    kind = "unsupported"

@@ -1,0 +1,1 @@
+"""Graph core: OpType registry, PyTensor, PyNode, PyGraph and QuantizeGraph."""

@@ -1,0 +1,94 @@
+"""PyNode: one layer: typed inputs/outputs (shared PyTensor edges), IR params, internal attrs and constants."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ..errors import IRError
+from .optype import OpTypeName
+from .tensor import PyTensor
+
+_MISSING = object()
+
+
+class PyNode:
+    """A layer. `params` are written to the IR; `attrs` are quantopt-internal and never serialized."""
+
+    def __init__(self, name: str, optype: OpTypeName, layer_id: int = -1) -> None:
+        self.name = name
+        self.type = optype
+        self.layer_id = layer_id
+        self.inputs: List[PyTensor] = []
+        self.outputs: List[PyTensor] = []
+        self.params: "OrderedDict[str, Any]" = OrderedDict()
+        self.attrs: Dict[str, Any] = {}
+        self.constants: "OrderedDict[str, PyTensor]" = OrderedDict()
+        self.placeholders: List[PyTensor] = []
+        self.quantized = False
+        self.additional = False
+        self.source: Optional[Tuple[str, int]] = None
+        self.graph: Any = None
+
+    def where(self) -> str:
+        if self.source:
+            return f"{self.source[0]}:{self.source[1]}"
+        return f"layer '{self.name}'"
+
+    def _error(self, message: str) -> IRError:
+        file, line = self.source if self.source else (None, None)
+        return IRError(f"layer '{self.name}' ({self.type}): {message}", file=file, line=line)
+
+    def get_param(self, key: str, optional: bool = False, default_value: Any = None) -> Any:
+        """IR parameter `key`; a missing required one is an IR error naming the layer."""
+        value = self.params.get(key, _MISSING)
+        if value is _MISSING:
+            if optional:
+                return default_value
+            raise self._error(f"missing required parameter '{key}'")
+        return value
+
+    def get_attrs(self, key: str, optional: bool = False, default_value: Any = None) -> Any:
+        value = self.attrs.get(key, _MISSING)
+        if value is _MISSING:
+            if optional:
+                return default_value
+            raise KeyError(f"layer '{self.name}' has no attribute '{key}'")
+        return value
+
+    def get_constant(self, key: str, optional: bool = False) -> Optional[PyTensor]:
+        if key in self.constants:
+            return self.constants[key]
+        if optional:
+            return None
+        raise self._error(f"missing required constant '{key}' ({key}_type/_offset/_size/_shape)")
+
+    @property
+    def current_batch_size(self) -> int:
+        """Batch size of the data now flowing through the node (dim 0 of its first non-empty input/output)."""
+        for t in list(self.inputs) + list(self.outputs):
+            if t.betensor.dim() > 0 and t.betensor.numel() > 0:
+                return int(t.betensor.shape[0])
+        return 1
+
+    def forward(self) -> List[torch.Tensor]:
+        from ..registry import forward_function
+
+        fn = forward_function(self.type)
+        if fn is None:
+            raise self._error("no forward implementation is registered for this operator type")
+        fn(self)
+        return [t.betensor for t in self.outputs]
+
+    def quantize(self) -> None:
+        from ..registry import quantize_function
+
+        fn = quantize_function(self.type)
+        if fn is None:
+            raise self._error("no quantize implementation is registered for this operator type")
+        fn(self)
+        self.quantized = True
+
+    def __repr__(self) -> str:
+        return f"PyNode({self.name!r}, {self.type!r}, id={self.layer_id})"

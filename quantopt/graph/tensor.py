@@ -1,0 +1,92 @@
+"""PyTensor: a graph edge or constant: torch data plus IR info, quantization parameters and statistics."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ..ir.dtype import Dtype
+
+Number = Union[int, float]
+
+
+@dataclass
+class TensorStatistics:
+    """Statistics slots filled by the statistics pass (per tensor, and per channel along `key_axis`)."""
+
+    extrema_min: Optional[torch.Tensor] = None
+    extrema_max: Optional[torch.Tensor] = None
+    running_min: Optional[torch.Tensor] = None
+    running_max: Optional[torch.Tensor] = None
+    running_mean: Optional[torch.Tensor] = None
+    running_std: Optional[torch.Tensor] = None
+    running_mad: Optional[torch.Tensor] = None
+    running_histc: Optional[torch.Tensor] = None
+    extrema_min_key_axis: Optional[torch.Tensor] = None
+    extrema_max_key_axis: Optional[torch.Tensor] = None
+    running_min_key_axis: Optional[torch.Tensor] = None
+    running_max_key_axis: Optional[torch.Tensor] = None
+    running_mean_key_axis: Optional[torch.Tensor] = None
+    running_std_key_axis: Optional[torch.Tensor] = None
+    running_mad_key_axis: Optional[torch.Tensor] = None
+    running_histc_key_axis: Optional[torch.Tensor] = None
+    batches: int = 0
+
+    def reset(self) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, 0 if name == "batches" else None)
+
+
+class PyTensor:
+    """One tensor of the graph. `betensor` holds the current value (float, or integers when quantized)."""
+
+    def __init__(self, name: str, data: Optional[torch.Tensor] = None, dtype: Dtype = Dtype.FP32,
+                 shape: Optional[Sequence[int]] = None) -> None:
+        self.name = name
+        self.betensor: torch.Tensor = data if data is not None else torch.empty(0)
+        self.ir_shape: Tuple[int, ...] = tuple(shape) if shape is not None else tuple(self.betensor.shape)
+        self.ir_dtype: Dtype = dtype
+        self.dtype: Dtype = dtype
+        self.ir_range: Optional[List[Number]] = None
+        # quantization parameters, OPT convention: q = round(x * scale - zerop); x = (q + zerop) / scale
+        self.scale: Union[float, torch.Tensor] = 1.0
+        self.zerop: Union[int, torch.Tensor] = 0
+        self.qbits: Optional[int] = None
+        self.qmin: Optional[int] = None
+        self.qmax: Optional[int] = None
+        self.qinvariant: bool = False
+        self.key_axis: Optional[int] = None
+        # calibrated range (scalars, or per-channel tensors along key_axis)
+        self.min: Optional[Union[float, torch.Tensor]] = None
+        self.max: Optional[Union[float, torch.Tensor]] = None
+        self.stats = TensorStatistics()
+        # per-layer precision analysis
+        self.similarity: Optional[float] = None
+        self.mse: Optional[float] = None
+        self.pnode: Any = None
+        self.extra: Dict[str, Any] = {}
+
+    @property
+    def ir_numel(self) -> int:
+        n = 1
+        for d in self.ir_shape:
+            n *= int(d)
+        return n
+
+    def clone(self, name: Optional[str] = None) -> PyTensor:
+        t = PyTensor(name or self.name, self.betensor.clone(), self.ir_dtype, self.ir_shape)
+        for key in ("dtype", "ir_range", "qbits", "qmin", "qmax", "qinvariant", "key_axis", "similarity", "mse"):
+            setattr(t, key, getattr(self, key))
+        for key in ("scale", "zerop", "min", "max"):
+            v = getattr(self, key)
+            setattr(t, key, v.clone() if isinstance(v, torch.Tensor) else v)
+        t.extra = dict(self.extra)
+        return t
+
+    def release(self) -> None:
+        """Drop the value (the executor calls this once the last consumer has run)."""
+        self.betensor = torch.empty(0)
+
+    def __repr__(self) -> str:
+        return f"PyTensor({self.name!r}, shape={list(self.ir_shape)}, dtype={self.dtype.value})"

@@ -1,0 +1,1 @@
+"""Compass IR: dtypes, the text value grammar, the reader and the writer."""

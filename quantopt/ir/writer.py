@@ -1,0 +1,205 @@
+"""Compass IR writer: deterministic text, sequential .bin layout, atomic replace of both files.
+
+A float IR read by `reader.read_ir` is written back with the same keys in the same order and byte-identical
+constants; layer ids are renumbered 0..N-1 in topological order (as upstream does).
+"""
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..graph.graph import PyGraph
+from ..graph.node import PyNode
+from ..graph.tensor import PyTensor
+from .dtype import Dtype, encode_storage
+from .grammar import GrammarError, format_value, parse_value
+from .reader import TOP_INFO_KEYS
+
+
+class _BinBuilder:
+    def __init__(self) -> None:
+        self.buf = io.BytesIO()
+
+    def add(self, array: np.ndarray) -> Tuple[int, int]:
+        offset = self.buf.tell()
+        data = np.ascontiguousarray(array).tobytes()
+        self.buf.write(data)
+        return offset, len(data)
+
+
+def _kv(lines: List[str], key: str, value: Any) -> None:
+    lines.append(f"{key}={format_value(value)}")
+
+
+def _const_lines(lines: List[str], stem: str, tensors: List[PyTensor], bin_out: _BinBuilder,
+                 as_list: bool = False) -> None:
+    types, offsets, sizes, shapes = [], [], [], []
+    for t in tensors:
+        storage = encode_storage(t.betensor.reshape(t.ir_shape) if t.betensor.numel() == t.ir_numel
+                                 else t.betensor, t.dtype)
+        off, size = bin_out.add(storage)
+        types.append(t.dtype)
+        offsets.append(off)
+        sizes.append(size)
+        shapes.append(list(t.ir_shape) if t.betensor.numel() == t.ir_numel else list(t.betensor.shape))
+    pick = (lambda v: v[0]) if not as_list else (lambda v: v)
+    _kv(lines, stem + "_type", pick(types))
+    _kv(lines, stem + "_offset", pick(offsets))
+    _kv(lines, stem + "_size", pick(sizes))
+    _kv(lines, stem + "_shape", pick(shapes))
+
+
+def _param_line(lines: List[str], node: PyNode, key: str) -> None:
+    """Write a param, keeping the source text (e.g. `0.200000`) when the value is unchanged."""
+    value = node.params[key]
+    raw = node.attrs.get("ir_raw_params", {}).get(key)
+    if raw is not None:
+        try:
+            same = parse_value(raw) == value and type(parse_value(raw)) is type(value)
+        except GrammarError:
+            same = False
+        if same:
+            lines.append(f"{key}={raw}")
+            return
+    _kv(lines, key, value)
+
+
+def _top_info_value(node: PyNode, key: str) -> Any:
+    values = []
+    for t in node.outputs:
+        if key == "layer_top_range":
+            v = t.ir_range if t.ir_range is not None else ([t.qmin, t.qmax] if t.qmin is not None else None)
+        elif key == "layer_top_scale":
+            v = t.scale
+        else:
+            v = t.zerop
+        if isinstance(v, torch.Tensor):
+            v = v.tolist() if v.numel() > 1 else v.item()
+        values.append(v)
+    return values
+
+
+def _is_per_channel(node: PyNode, key: str) -> bool:
+    attr = {"layer_top_scale": "scale", "layer_top_zp": "zerop"}.get(key)
+    if attr is None or len(node.outputs) != 1:
+        return False
+    v = getattr(node.outputs[0], attr)
+    return isinstance(v, torch.Tensor) and v.numel() > 1
+
+
+def _layer_lines(node: PyNode, index: int, bin_out: _BinBuilder) -> List[str]:
+    lines: List[str] = []
+    _kv(lines, "layer_id", index)
+    _kv(lines, "layer_name", node.name)
+    _kv(lines, "layer_type", str(node.type))
+    _kv(lines, "layer_bottom", [t.name for t in node.inputs])
+    _kv(lines, "layer_bottom_shape", [list(t.ir_shape) for t in node.inputs])
+    _kv(lines, "layer_bottom_type", [t.dtype for t in node.inputs])
+    _kv(lines, "layer_top", [t.name for t in node.outputs])
+    _kv(lines, "layer_top_shape", [list(t.ir_shape) for t in node.outputs])
+    _kv(lines, "layer_top_type", [t.dtype for t in node.outputs])
+
+    groups = node.attrs.get("ir_constant_groups", {})
+    grouped = {k for keys in groups.values() for k in keys}
+    top_keys = list(node.attrs.get("ir_top_keys", []))
+    if node.quantized:
+        top_keys = [k for k in TOP_INFO_KEYS]
+    order = list(node.attrs.get("ir_key_order", []))
+    # items not in the recorded order: top info first (after structural keys), then constants, then params
+    missing_top = [k for k in top_keys if k not in order]
+    order = missing_top + order
+    seen = set()
+    written_constants = set()
+    for key in order:
+        seen.add(key)
+        if key in TOP_INFO_KEYS:
+            if key not in top_keys:
+                continue
+            if _is_per_channel(node, key):
+                attr = "scale" if key == "layer_top_scale" else "zerop"
+                v = getattr(node.outputs[0], attr)
+                dt = node.attrs.get("ir_top_constant_dtypes", {}).get(key, Dtype.FP32 if attr == "scale"
+                                                                          else Dtype.INT32)
+                t = PyTensor(node.name + key, v.detach().reshape(-1), dt, [v.numel()])
+                _const_lines(lines, key, [t], bin_out)
+            else:
+                _kv(lines, key, _top_info_value(node, key))
+            continue
+        if key in groups:
+            _const_lines(lines, key, [node.constants[k] for k in groups[key] if k in node.constants], bin_out,
+                         as_list=True)
+            written_constants.update(groups[key])
+            continue
+        if key in node.constants and key not in grouped:
+            _const_lines(lines, key, [node.constants[key]], bin_out)
+            written_constants.add(key)
+            continue
+        if key in node.params:
+            _param_line(lines, node, key)
+    for key, t in node.constants.items():
+        if key not in written_constants and key not in grouped:
+            _const_lines(lines, key, [t], bin_out)
+    for key, value in node.params.items():
+        if key not in seen:
+            _param_line(lines, node, key)
+    return lines
+
+
+def serialize_ir(graph: PyGraph, bin_name: str) -> Tuple[str, bytes]:
+    """(text, bin bytes) of the graph; `bin_name` is written as the header's model_bin."""
+    bin_out = _BinBuilder()
+    header = dict(graph.header) if graph.header else {}
+    header.setdefault("model_name", graph.name)
+    header["model_name"] = graph.name
+    header["layer_number"] = len(graph.nodes)
+    header["input_tensors"] = [t.name for t in graph.input_tensors]
+    header["output_tensors"] = [t.name for t in graph.output_tensors]
+    if "model_bin" in header:
+        header["model_bin"] = "./" + bin_name
+    ordered_keys = list(graph.header.keys()) if graph.header else []
+    for k in ("model_name", "layer_number", "input_tensors", "output_tensors"):
+        if k not in ordered_keys:
+            ordered_keys.append(k)
+    lines: List[str] = []
+    for k in ordered_keys:
+        _kv(lines, k, header[k])
+    sections = ["\n".join(lines)]
+    for i, node in enumerate(graph.nodes):
+        sections.append("\n".join(_layer_lines(node, i, bin_out)))
+    return "\n\n".join(sections) + "\n", bin_out.buf.getvalue()
+
+
+def _atomic_write(path: str, data: bytes) -> str:
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def write_ir(graph: PyGraph, txt_path: str, bin_path: Optional[str] = None) -> Tuple[str, str]:
+    """Write `<txt_path>` and its .bin. Both are built in memory and replaced atomically; returns the paths."""
+    txt_path = str(txt_path)
+    bin_path = str(bin_path) if bin_path else os.path.splitext(txt_path)[0] + ".bin"
+    text, data = serialize_ir(graph, os.path.basename(bin_path))
+    os.makedirs(os.path.dirname(os.path.abspath(txt_path)), exist_ok=True)
+    tmp_bin = _atomic_write(bin_path, data)
+    try:
+        tmp_txt = _atomic_write(txt_path, text.encode("utf-8"))
+    except BaseException:
+        os.unlink(tmp_bin)
+        raise
+    os.replace(tmp_bin, bin_path)
+    os.replace(tmp_txt, txt_path)
+    return txt_path, bin_path

@@ -1,0 +1,1 @@
+"""Operator family module (see quantopt/ops/__init__.py)."""
