@@ -19,6 +19,18 @@ _file_handler: Optional[logging.Handler] = None
 _warning_count = 0
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time of the call (redirections and test captures work)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 class _CountingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         global _warning_count
@@ -43,7 +55,7 @@ def setup_console(level: Optional[str] = None) -> None:
     LOGGER.setLevel(logging.DEBUG)
     LOGGER.propagate = False
     if _console_handler is None:
-        _console_handler = logging.StreamHandler(sys.stderr)
+        _console_handler = _StderrHandler()
         _console_handler.setFormatter(logging.Formatter(_FORMAT))
         _console_handler.addFilter(_CountingFilter())
         LOGGER.addHandler(_console_handler)

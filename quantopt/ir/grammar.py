@@ -133,21 +133,30 @@ def _parse_list_raw(text: str, pos: int) -> Tuple[List[Any], int]:
     items: List[Any] = []
     pos += 1
     token_start = pos
+    after_nested = False
     while pos < len(text):
         ch = text[pos]
         if ch == "[":
+            if text[token_start:pos].strip():
+                raise GrammarError(f"unexpected '[' after '{text[token_start:pos].strip()}'")
             sub, pos = _parse_list_raw(text, pos)
             items.append(sub)
+            while pos < len(text) and text[pos] == " ":
+                pos += 1
+            if pos < len(text) and text[pos] not in ",]":
+                raise GrammarError(f"unexpected '{text[pos]}' after a nested list")
             token_start = pos
+            after_nested = True
             continue
         if ch in ",]":
             token = text[token_start:pos].strip()
             if token:
                 items.append(token)
-            elif ch == ",":
+            elif not after_nested and (ch == "," or items):
                 raise GrammarError("empty name in list")
             if ch == "]":
                 return items, pos + 1
             token_start = pos + 1
+            after_nested = False
         pos += 1
     raise GrammarError("unbalanced '[': missing ']'")

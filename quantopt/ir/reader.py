@@ -260,8 +260,13 @@ def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGra
     graph.finalize(file=txt_path)
     _check_bottom_shapes(graph, txt_path)
     inputs, outputs = _io_names(graph, header)
-    graph.set_io(inputs, outputs, file=txt_path,
-                 line=header.line("input_tensors") if header.has("input_tensors") else None)
+    produced = graph.tensors()
+    for key, names in (("input_tensors", inputs), ("output_tensors", outputs)):
+        unknown = [nm for nm in names if nm not in produced]
+        if unknown:
+            raise IRError(f"{key} names tensor '{unknown[0]}' that no layer produces", file=txt_path,
+                          line=header.line(key) if header.has(key) else None)
+    graph.set_io(inputs, outputs, file=txt_path)
     return graph
 
 

@@ -200,6 +200,15 @@ def write_ir(graph: PyGraph, txt_path: str, bin_path: Optional[str] = None) -> T
     except BaseException:
         os.unlink(tmp_bin)
         raise
-    os.replace(tmp_bin, bin_path)
-    os.replace(tmp_txt, txt_path)
+    try:
+        os.replace(tmp_bin, bin_path)
+    except BaseException:
+        os.unlink(tmp_bin)
+        os.unlink(tmp_txt)
+        raise
+    try:
+        os.replace(tmp_txt, txt_path)
+    except BaseException:
+        os.unlink(tmp_txt)
+        raise
     return txt_path, bin_path

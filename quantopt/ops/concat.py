@@ -1,1 +1,48 @@
-"""Operator family module (see quantopt/ops/__init__.py)."""
+"""Concat along `axis` (negative counts from the end)."""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from ..graph.node import PyNode
+from ..graph.optype import OpType
+from ..registry import op_register
+
+
+def normalized_axis(node: PyNode, axis: object, rank: int) -> int:
+    """`axis` as a non-negative dim of a rank-`rank` tensor; out of range is an IR error naming the layer."""
+    try:
+        if isinstance(axis, bool) or (isinstance(axis, float) and not axis.is_integer()):
+            raise ValueError(axis)
+        value = int(axis)
+    except (TypeError, ValueError):
+        raise node._error(f"axis must be an integer, got {axis!r}") from None
+    if not -rank <= value < rank:
+        raise node._error(f"axis {value} is out of range for a {rank}-D input")
+    return value % rank
+
+
+def _batch_broadcast(xs: List[torch.Tensor], axis: int) -> List[torch.Tensor]:
+    """Inputs stored with batch 1 (constants) follow the actual batch of the others when not joining on dim 0."""
+    if axis == 0 or len({x.shape[0] for x in xs}) <= 1:
+        return xs
+    batch = max(x.shape[0] for x in xs)
+    return [x.expand(batch, *x.shape[1:]) if x.shape[0] == 1 else x for x in xs]
+
+
+@op_register(OpType.Concat)
+def concat_forward(self: PyNode) -> None:
+    xs = [t.betensor for t in self.inputs]
+    if not xs:
+        raise self._error("Concat needs at least one input")
+    ranks = {x.dim() for x in xs}
+    if len(ranks) != 1:
+        raise self._error(f"inputs have different ranks: {[list(x.shape) for x in xs]}")
+    axis = normalized_axis(self, self.get_param("axis"), ranks.pop())
+    xs = _batch_broadcast(xs, axis)
+    try:
+        self.outputs[0].betensor = torch.cat(xs, dim=axis)
+    except RuntimeError:
+        raise self._error(f"input shapes {[list(x.shape) for x in xs]} cannot be concatenated on axis {axis}") \
+            from None

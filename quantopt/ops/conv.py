@@ -1,1 +1,117 @@
-"""Operator family module (see quantopt/ops/__init__.py)."""
+"""Convolution and DepthwiseConv (float forward).
+
+Activations are NHWC, weights OHWI `[out_c, kh, kw, in_c/group]`, biases `[out_c]` (absent means zero). Pads may be
+asymmetric, so they are applied explicitly before a padding-free torch convolution.
+"""
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.optype import OpType
+from ..registry import op_register
+from ._shared import apply_fused_activation
+
+_MISSING = object()
+
+
+def _int_param(node: PyNode, key: str, default: Any = _MISSING, minimum: int = 1) -> int | None:
+    """Integer param `key` (required unless a default is given), checked against `minimum`."""
+    value = node.get_param(key, optional=default is not _MISSING,
+                           default_value=None if default is _MISSING else default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise node._error(f"parameter '{key}' must be an integer, got {value!r}")
+    if int(value) < minimum:
+        raise node._error(f"parameter '{key}' must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return x.dtype if x.is_floating_point() else torch.float32
+
+
+def _check_float(node: PyNode) -> None:
+    if node.quantized:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): the integer forward is not implemented yet")
+
+
+def _geometry(node: PyNode) -> Tuple[Tuple[int, int], Tuple[int, int], Tuple[int, int, int, int]]:
+    """(stride_yx, dilation_yx, pads as F.pad wants them: left, right, top, bottom)."""
+    stride = (_int_param(node, "stride_y", 1), _int_param(node, "stride_x", 1))
+    dilation = (_int_param(node, "dilation_y", 1), _int_param(node, "dilation_x", 1))
+    pads = tuple(_int_param(node, k, 0, minimum=0) for k in ("pad_left", "pad_right", "pad_top", "pad_bottom"))
+    return stride, dilation, pads  # type: ignore[return-value]
+
+
+def _check_weights(node: PyNode, w: torch.Tensor, in_c: int, depthwise: bool) -> int:
+    """Validate OHWI weights against the input and the IR params; returns the group count."""
+    if w.dim() != 4:
+        raise node._error(f"weights must be 4-D OHWI [out_c, kh, kw, in_c/group], got shape {list(w.shape)}")
+    out_c, kh, kw, cin_g = (int(s) for s in w.shape)
+    for key, size in (("kernel_y", kh), ("kernel_x", kw), ("num_output", out_c)):
+        value = _int_param(node, key, None)
+        if value is not None and value != size:
+            raise node._error(f"parameter {key}={value} does not match weights shape {list(w.shape)}")
+    group = _int_param(node, "group", in_c if depthwise else 1)
+    if cin_g * group != in_c or out_c % group != 0:
+        raise node._error(f"group={group} with weights {list(w.shape)} does not fit {in_c} input channels "
+                          f"(needs in_c == weights[3] * group and out_c % group == 0)")
+    if depthwise:
+        if cin_g != 1:
+            raise node._error(f"DepthwiseConv weights must be [out_c, kh, kw, 1] with group = in_c, "
+                              f"got {list(w.shape)} with group={group}")
+        multiplier = _int_param(node, "multiplier", None)
+        if multiplier is not None and multiplier * in_c != out_c:
+            raise node._error(f"multiplier={multiplier} does not match {out_c} outputs for {in_c} input channels")
+    return group
+
+
+def _bias(node: PyNode, out_c: int, like: torch.Tensor) -> torch.Tensor | None:
+    t = node.get_constant("biases", optional=True)
+    if t is None:
+        return None
+    b = t.betensor.to(device=like.device, dtype=like.dtype)
+    if b.numel() != out_c:
+        raise node._error(f"biases must have {out_c} elements (one per output channel), got shape {list(b.shape)}")
+    return b.reshape(out_c)
+
+
+def conv2d_nhwc(node: PyNode, depthwise: bool) -> torch.Tensor:
+    """Float NHWC convolution of the node's input with its constants, before the fused activation."""
+    x = node.inputs[0].betensor
+    if x.dim() != 4:
+        raise node._error(f"input must be 4-D NHWC, got shape {list(x.shape)}")
+    dtype = _compute_dtype(x)
+    x = x.to(dtype)
+    w = node.get_constant("weights").betensor.to(device=x.device, dtype=dtype)
+    group = _check_weights(node, w, int(x.shape[3]), depthwise)
+    stride, dilation, pads = _geometry(node)
+    xc = x.permute(0, 3, 1, 2)
+    if any(pads):
+        xc = F.pad(xc, pads)
+    kh, kw = int(w.shape[1]), int(w.shape[2])
+    need = ((kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1)
+    if xc.shape[2] < need[0] or xc.shape[3] < need[1]:
+        raise node._error(f"padded input {list(xc.shape[2:])} (HW) is smaller than the dilated kernel {list(need)}")
+    y = F.conv2d(xc, w.permute(0, 3, 1, 2), _bias(node, int(w.shape[0]), w), stride=stride, padding=0,
+                 dilation=dilation, groups=group)
+    return y.permute(0, 2, 3, 1).contiguous()
+
+
+@op_register(OpType.Convolution)
+def convolution_forward(self: PyNode) -> None:
+    _check_float(self)
+    self.outputs[0].betensor = apply_fused_activation(self, conv2d_nhwc(self, depthwise=False))
+
+
+@op_register(OpType.DepthwiseConv)
+def depthwise_conv_forward(self: PyNode) -> None:
+    """The Parser writes DepthwiseConv as a grouped conv: weights [in_c*multiplier, kh, kw, 1], group = in_c."""
+    _check_float(self)
+    self.outputs[0].betensor = apply_fused_activation(self, conv2d_nhwc(self, depthwise=True))

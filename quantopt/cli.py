@@ -1,0 +1,152 @@
+"""Command line: `quantopt --cfg F | --field | --plugin | --version`.
+
+User errors print one line and exit with the error's code (2 config, 3 IR, 4 data, 5 plugin, 6 unsupported);
+a traceback is shown only with --debug.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import sys
+import traceback
+from typing import List, Optional
+
+from .errors import QuantOptError, UnsupportedError
+from .log import OPT_ERROR, setup_console
+from .version import __version__
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="quantopt", description="Post-training quantization for an integer NPU.")
+    p.add_argument("-c", "--cfg", help="run the workflow described by this cfg file ([Common] section)")
+    p.add_argument("-f", "--field", action="store_true", help="list every cfg field with default and allowed values")
+    p.add_argument("-p", "--plugin", action="store_true", help="list registered datasets, metrics and operators")
+    p.add_argument("-v", "--version", action="store_true", help="print the version")
+    p.add_argument("--log-level", default=None, help="debug, info (default), warning or error "
+                                                     "(also env QUANTOPT_LOG)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    return p
+
+
+def print_fields(out=None) -> None:
+    out = out or sys.stdout
+    from .config.fields import all_fields
+
+    groups: dict = {}
+    for f in all_fields():
+        groups.setdefault(f.group, []).append(f)
+    for group, fields in groups.items():
+        print(f"[{group}]", file=out)
+        for f in fields:
+            default = repr(f.default) if f.default != "" else "(empty)"
+            per_layer = "  (per-layer syntax)" if f.per_layer else ""
+            print(f"  {f.name}", file=out)
+            print(f"      {f.description}{per_layer}", file=out)
+            print(f"      default: {default}; allowed: {f.allowed()}", file=out)
+
+
+def _signature(cls: type) -> str:
+    try:
+        sig = inspect.signature(cls.__init__)
+    except (TypeError, ValueError):
+        return "(...)"
+    params = [str(p) for name, p in sig.parameters.items() if name != "self"]
+    return "(" + ", ".join(params) + ")"
+
+
+def _short(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+        return rel if not rel.startswith("..") else path
+    except ValueError:
+        return path
+
+
+def print_plugins(out=None) -> None:
+    out = out or sys.stdout
+    from .graph.optype import OpType
+    from .registry import DATASETS, LOADED, METRICS, OP_FORWARD, OP_QUANTIZE
+
+    for title, table in (("datasets", DATASETS), ("metrics", METRICS)):
+        print(f"{title}:", file=out)
+        for key in table.keys():
+            reg = table.get(key)
+            print(f"  {reg.obj.__name__}{_signature(reg.obj)}  version {reg.version}  [{_short(reg.source)}]",
+                  file=out)
+    names = sorted(set(OP_FORWARD.keys()) | set(OP_QUANTIZE.keys()))
+    both = sum(1 for n in names if OP_FORWARD.get(n) and OP_QUANTIZE.get(n))
+    print(f"operators ({len(names)} with a forward or quantize registration, {both} with both; "
+          f"{len(OpType)} types known):", file=out)
+    for n in names:
+        parts = []
+        for label, table in (("forward", OP_FORWARD), ("quantize", OP_QUANTIZE)):
+            reg = table.get(n)
+            parts.append(f"{label} {reg.version} [{_short(reg.source)}]" if reg else f"{label} -")
+        print(f"  {n:<22} " + "  ".join(parts), file=out)
+    failed = [p for p in LOADED if not p.ok]
+    if failed:
+        print("plugin files that failed to load:", file=out)
+        for p in failed:
+            print(f"  {p.path}: {p.error}", file=out)
+
+
+def run_cfg(path: str) -> int:
+    from .config.reader import read_cfg
+    from .graph.graph import QuantizeGraph
+    from .master import OptMaster
+
+    cfg = read_cfg(path)
+    graph = QuantizeGraph.parse(cfg.graph, cfg.bin or None)
+    if graph.header.get("compat_quantized_model") is True:
+        raise UnsupportedError("IRs of pre-quantized models (compat_quantized_model=true) are not supported",
+                               file=cfg.graph)
+    OptMaster(graph, cfg)()
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        setup_console(args.log_level)
+    except ValueError as e:
+        print(f"quantopt: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.version:
+            print(f"quantopt {__version__}")
+            return 0
+        if args.field:
+            print_fields()
+            return 0
+        from .registry import discover_plugins
+
+        discover_plugins()
+        if args.plugin:
+            print_plugins()
+            return 0
+        if args.cfg:
+            return run_cfg(args.cfg)
+        _parser().print_usage(sys.stderr)
+        print("quantopt: nothing to do: give --cfg FILE, --field, --plugin or --version", file=sys.stderr)
+        return 2
+    except QuantOptError as e:
+        if args.debug:
+            traceback.print_exc()
+        OPT_ERROR(str(e))
+        return e.exit_code
+    except BrokenPipeError:  # output piped into e.g. `head`
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        OPT_ERROR("interrupted")
+        return 130
+    except Exception as e:  # a bug in quantopt, not a user error
+        if args.debug:
+            traceback.print_exc()
+        OPT_ERROR(f"internal error: {type(e).__name__}: {e} (rerun with --debug for a traceback)")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Datasets and metrics from the cfg: plugin lookup, loaders, and the checks that data fits the model."""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+import torch.utils.data
+
+from .config.reader import Config
+from .errors import DataError, PluginError, QuantOptError
+from .graph.graph import PyGraph
+from .registry import OptBaseMetric, PluginType, get_plugin
+
+
+def make_dataset(cfg: Config, data_file: str, label_file: Optional[str] = None) -> torch.utils.data.Dataset:
+    cls = get_plugin(PluginType.Dataset, cfg.dataset)
+    try:
+        ds = cls(data_file, label_file) if label_file else cls(data_file)
+    except QuantOptError:
+        raise
+    except FileNotFoundError as e:
+        raise DataError(f"dataset '{cfg.dataset}' could not open a file: {e}", file=data_file) from None
+    except Exception as e:
+        raise DataError(f"dataset plugin '{cfg.dataset}' failed on this file: {type(e).__name__}: {e}",
+                        file=data_file) from None
+    try:
+        n = len(ds)
+    except Exception as e:
+        raise PluginError(f"dataset plugin '{cfg.dataset}' has no usable __len__: {e}") from None
+    if n == 0:
+        raise DataError("the dataset holds no samples", file=data_file)
+    return ds
+
+
+def make_loader(cfg: Config, dataset: torch.utils.data.Dataset, batch_size: int) -> torch.utils.data.DataLoader:
+    if cfg.without_batch_dim:
+        batch_size = 1
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False,
+                                       num_workers=cfg.dataloader_workers)
+
+
+def make_metrics(cfg: Config) -> List[OptBaseMetric]:
+    metrics = []
+    for name, args in cfg.metric or []:
+        cls = get_plugin(PluginType.Metric, name)
+        try:
+            metrics.append(cls(*args))
+        except QuantOptError:
+            raise
+        except Exception as e:
+            raise PluginError(f"metric '{name}({','.join(args)})' could not be constructed: "
+                              f"{type(e).__name__}: {e}", field="metric") from None
+    return metrics
+
+
+def split_sample(batch: Any, source: str) -> Tuple[List[torch.Tensor], Any]:
+    """A collated `[inputs, label]` batch → (list of input tensors, label)."""
+    if not isinstance(batch, (list, tuple)) or len(batch) != 2:
+        raise PluginError(f"dataset samples must be [inputs, label] pairs (reading {source})")
+    inputs, label = batch
+    if isinstance(inputs, torch.Tensor):
+        inputs = [inputs]
+    elif isinstance(inputs, (list, tuple)):
+        inputs = list(inputs)
+    else:
+        raise PluginError(f"dataset inputs must be a tensor or a list of tensors, got {type(inputs).__name__} "
+                          f"(reading {source})")
+    return [torch.as_tensor(x) for x in inputs], label
+
+
+def prepare_inputs(graph: PyGraph, inputs: Sequence[torch.Tensor], cfg: Config, source: str,
+                   batch_index: int) -> List[torch.Tensor]:
+    """Check count, shape, dtype and finiteness of one batch against the IR's inputs; return the feed."""
+    if len(inputs) != len(graph.input_tensors):
+        raise DataError(f"the model has {len(graph.input_tensors)} input(s) "
+                        f"{[t.name for t in graph.input_tensors]} but the dataset gives {len(inputs)}", file=source)
+    feed = []
+    for x, t in zip(inputs, graph.input_tensors):
+        if cfg.without_batch_dim:
+            x = x[0]
+            sample_shape, ir_shape = tuple(x.shape), tuple(t.ir_shape)
+        else:
+            sample_shape, ir_shape = tuple(x.shape[1:]), tuple(t.ir_shape[1:])
+        if sample_shape != ir_shape:
+            raise DataError(f"input '{t.name}': samples have shape {list(sample_shape)} but the IR expects "
+                            f"{list(ir_shape)} (without the batch dim)", file=source)
+        x = x.to(t.ir_dtype.torch_dtype) if (x.is_floating_point() == t.ir_dtype.is_float) else x
+        if x.is_floating_point() != t.ir_dtype.is_float:
+            raise DataError(f"input '{t.name}': data dtype {x.dtype} does not fit the IR dtype "
+                            f"{t.ir_dtype.value}", file=source)
+        if x.is_floating_point() and not torch.isfinite(x).all():
+            bad = int((~torch.isfinite(x)).reshape(x.shape[0], -1).any(dim=1).nonzero()[0]) \
+                if not cfg.without_batch_dim else 0
+            raise DataError(f"input '{t.name}': NaN or inf in batch {batch_index} (sample {bad} of that batch)",
+                            file=source)
+        feed.append(x)
+    return feed

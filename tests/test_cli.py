@@ -1,0 +1,151 @@
+"""End-to-end through the CLI: listing commands, the bundled example, and one-line errors with exit codes."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quantopt.cli import main
+from quantopt.config.fields import FIELDS
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "digits"
+
+
+def example_cfg(tmp_path: Path, extra: str = "", **override: str) -> Path:
+    """A copy of the example cfg in tmp_path with absolute paths, so outputs stay out of the repo."""
+    values = {
+        "graph": str(EXAMPLE / "model" / "digits.txt"),
+        "bin": str(EXAMPLE / "model" / "digits.bin"),
+        "model_name": "digits",
+        "dataset": "NumpyDataset",
+        "calibration_data": str(EXAMPLE / "data" / "calib.npy"),
+        "calibration_batch_size": "16",
+        "data": str(EXAMPLE / "data" / "val.npy"),
+        "label": str(EXAMPLE / "data" / "val_label.npy"),
+        "metric": "TopKMetric",
+        "metric_batch_size": "64",
+        "output_dir": str(tmp_path / "out"),
+    }
+    values.update(override)
+    body = "[Common]\n" + "".join(f"{k} = {v}\n" for k, v in values.items() if v is not None) + extra
+    path = tmp_path / "opt.cfg"
+    path.write_text(body)
+    return path
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert "quantopt 0." in capsys.readouterr().out
+
+
+def test_field_lists_every_field(capsys):
+    assert main(["--field"]) == 0
+    out = capsys.readouterr().out
+    for name in FIELDS:
+        assert f"  {name}\n" in out
+
+
+def test_plugin_lists_datasets_metrics_and_ops(capsys):
+    assert main(["--plugin"]) == 0
+    out = capsys.readouterr().out
+    for word in ("datasets:", "NumpyDataset", "NumpyMultiInputDataset", "metrics:", "TopKMetric(K",
+                 "CosDistanceMetric", "Convolution", "Softmax", "forward 1.0"):
+        assert word in out
+
+
+def test_nothing_to_do_is_an_error(capsys):
+    assert main([]) == 2
+
+
+@pytest.mark.skipif(not (EXAMPLE / "model" / "digits.txt").is_file(), reason="example not generated")
+def test_example_runs_and_reports_float_metric(tmp_path, capsys):
+    cfg = example_cfg(tmp_path)
+    assert main(["--cfg", str(cfg)]) == 0
+    err = capsys.readouterr().err
+    assert "float metric TopKMetric" in err
+    accuracy = float(err.split("float metric TopKMetric: ")[1].split()[0])
+    assert accuracy >= 0.95
+    log = tmp_path / "out" / "digits_opt.log"
+    assert log.is_file() and "zero-input forward check done" in log.read_text()
+
+
+def test_console_script_from_other_folder(tmp_path):
+    exe = shutil.which("quantopt")
+    if exe is None:
+        pytest.skip("quantopt console script not installed")
+    out = subprocess.run([exe, "--plugin"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "NumpyDataset" in out.stdout
+
+
+def _one_line_error(capsys, code, argv, phrase):
+    assert main(argv) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if line.startswith("[ERROR]")]
+    assert len(errors) == 1, err
+    assert phrase in errors[0]
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_missing_cfg_exit_2(capsys, tmp_path):
+    _one_line_error(capsys, 2, ["--cfg", str(tmp_path / "none.cfg")], "cfg file not found")
+
+
+def test_bad_ir_exit_3(capsys, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("model_name=m\n\nlayer_id=0\nlayer_name=x\nlayer_type=Input\nlayer_bottom=[]\n"
+                   "layer_top=[x]\nlayer_top_shape=[[1,2]]\nlayer_top_type=[float99]\n")
+    (tmp_path / "bad.bin").write_bytes(b"")
+    cfg = tmp_path / "c.cfg"
+    cfg.write_text(f"[Common]\ngraph = {bad}\noutput_dir = {tmp_path / 'o'}\n")
+    _one_line_error(capsys, 3, ["--cfg", str(cfg)], f"{bad}:9")
+    assert not (tmp_path / "o").exists()
+
+
+def test_unknown_layer_type_exit_6_names_layer(capsys, tmp_path):
+    txt = tmp_path / "u.txt"
+    txt.write_text("model_name=m\ninput_tensors=[x]\noutput_tensors=[y]\n\n"
+                   "layer_id=0\nlayer_name=x\nlayer_type=Input\nlayer_bottom=[]\nlayer_top=[x]\n"
+                   "layer_top_shape=[[1,2]]\nlayer_top_type=[float32]\n\n"
+                   "layer_id=1\nlayer_name=mystery\nlayer_type=FancyNewOp\nlayer_bottom=[x]\nlayer_top=[y]\n"
+                   "layer_top_shape=[[1,2]]\nlayer_top_type=[float32]\n")
+    (tmp_path / "u.bin").write_bytes(b"")
+    cfg = tmp_path / "c.cfg"
+    cfg.write_text(f"[Common]\ngraph = {txt}\noutput_dir = {tmp_path / 'o'}\n")
+    _one_line_error(capsys, 6, ["--cfg", str(cfg)], "FancyNewOp (layer 'mystery')")
+
+
+@pytest.mark.skipif(not (EXAMPLE / "model" / "digits.txt").is_file(), reason="example not generated")
+def test_nan_data_exit_4(capsys, tmp_path):
+    val = np.load(EXAMPLE / "data" / "val.npy")[:8].copy()
+    val[5, 0, 3, 3] = np.nan
+    np.save(tmp_path / "nan.npy", val)
+    np.save(tmp_path / "lab.npy", np.zeros(8, dtype=np.int64))
+    cfg = example_cfg(tmp_path, data=str(tmp_path / "nan.npy"), label=str(tmp_path / "lab.npy"), metric_batch_size="4")
+    _one_line_error(capsys, 4, ["--cfg", str(cfg)], "nan.npy")
+
+
+@pytest.mark.skipif(not (EXAMPLE / "model" / "digits.txt").is_file(), reason="example not generated")
+def test_wrong_input_shape_exit_4(capsys, tmp_path):
+    np.save(tmp_path / "wrong.npy", np.zeros((4, 1, 9, 9), dtype=np.float32))
+    cfg = example_cfg(tmp_path, calibration_data=str(tmp_path / "wrong.npy"), data=None, label=None, metric=None)
+    _one_line_error(capsys, 4, ["--cfg", str(cfg)], "samples have shape [1, 9, 9]")
+
+
+def test_unknown_dataset_plugin_exit_5(capsys, tmp_path):
+    np.save(tmp_path / "d.npy", np.zeros((2, 1, 8, 8), dtype=np.float32))
+    if not (EXAMPLE / "model" / "digits.txt").is_file():
+        pytest.skip("example not generated")
+    cfg = example_cfg(tmp_path, dataset="NoSuchDataset", calibration_data=str(tmp_path / "d.npy"), data=None,
+                      label=None, metric=None)
+    _one_line_error(capsys, 5, ["--cfg", str(cfg)], "no dataset plugin named 'NoSuchDataset'")
+
+
+def test_module_entry_point_runs(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "quantopt.cli", "--version"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("quantopt ")
