@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import zipfile
-from typing import Any, List, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -97,7 +97,7 @@ def _load_npy(path: str, cls_name: str) -> np.ndarray:
     return data
 
 
-def _load_labels(label_file: str | None, count: int, data_file: str) -> List[np.ndarray] | None:
+def _load_labels(label_file: Optional[str], count: int, data_file: str) -> Optional[List[np.ndarray]]:
     """Label arrays (one per model output), each checked to hold one row per data sample."""
     if label_file is None:
         return None
@@ -142,7 +142,7 @@ def _index(index: Any, count: int) -> int:
 class NumpyDataset(torch.utils.data.Dataset):
     """One .npy array (N, ...) → N single-input samples `[input, label]`; the array stays memory-mapped."""
 
-    def __init__(self, data_file: str, label_file: str | None = None) -> None:
+    def __init__(self, data_file: str, label_file: Optional[str] = None) -> None:
         self.data_file = str(data_file)
         self.label_file = str(label_file) if label_file is not None else None
         self.data = _load_npy(self.data_file, type(self).__name__)
@@ -169,7 +169,7 @@ class NumpyMultiInputDataset(torch.utils.data.Dataset):
     Labels: a .npy array (one output), or an .npz whose arrays are the per-output labels in output order.
     """
 
-    def __init__(self, data_file: str, label_file: str | None = None) -> None:
+    def __init__(self, data_file: str, label_file: Optional[str] = None) -> None:
         self.data_file = str(data_file)
         self.label_file = str(label_file) if label_file is not None else None
         data = _load(self.data_file, mmap=False)

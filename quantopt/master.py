@@ -89,8 +89,8 @@ class OptMaster:
                 outputs = self.graph.forward(prepare_inputs(self.graph, inputs, self.cfg, source, i))
                 for m in self.float_metrics:
                     m(list(outputs), label)
-        for m in self.float_metrics:
-            name = type(m).__name__ + (f"({','.join(m.args)})" if getattr(m, "args", None) else "")
+        for (cls_name, args), m in zip(self.cfg.metric, self.float_metrics):
+            name = cls_name + (f"({','.join(args)})" if args else "")
             scores[name] = float(m.compute())
             OPT_INFO(f"float metric: {m.report()}")
         return scores

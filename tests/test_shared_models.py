@@ -13,7 +13,8 @@ from quantopt.ir.writer import write_ir
 def _labels(folder, graph):
     if (folder / "val_label.npz").is_file():
         data = np.load(folder / "val_label.npz", allow_pickle=False)
-        return [data[t.name] for t in graph.output_tensors]
+        # the npz keys are the ONNX output names, in the order of the IR's output_tensors
+        return [data[k] for k in data.files]
     return [np.load(folder / "val_label.npy", allow_pickle=False)]
 
 

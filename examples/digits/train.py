@@ -99,7 +99,8 @@ def train(x: np.ndarray, y: np.ndarray, x_val: np.ndarray, y_val: np.ndarray) ->
         sched.step()
         if (epoch + 1) % 5 == 0:
             model.eval()
-            print(f"epoch {epoch + 1:3d}: loss {loss.item():.4f}, held-out accuracy {accuracy(model, x_val, y_val):.4f}")
+            acc = accuracy(model, x_val, y_val)
+            print(f"epoch {epoch + 1:3d}: loss {loss.item():.4f}, held-out accuracy {acc:.4f}")
     model.eval()
     return model
 

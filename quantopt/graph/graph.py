@@ -23,7 +23,7 @@ class PyGraph:
         self.nx = nx.DiGraph()
         self.input_tensors: List[PyTensor] = []
         self.output_tensors: List[PyTensor] = []
-        self.header: "OrderedDict[str, Any]" = OrderedDict()
+        self.header: OrderedDict[str, Any] = OrderedDict()
         self.source_file: Optional[str] = None
         self._storage: Any = None  # keeps the mmap of the .bin alive while constants view it
         self._last_use: Dict[int, int] = {}

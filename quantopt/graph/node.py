@@ -22,9 +22,9 @@ class PyNode:
         self.layer_id = layer_id
         self.inputs: List[PyTensor] = []
         self.outputs: List[PyTensor] = []
-        self.params: "OrderedDict[str, Any]" = OrderedDict()
+        self.params: OrderedDict[str, Any] = OrderedDict()
         self.attrs: Dict[str, Any] = {}
-        self.constants: "OrderedDict[str, PyTensor]" = OrderedDict()
+        self.constants: OrderedDict[str, PyTensor] = OrderedDict()
         self.placeholders: List[PyTensor] = []
         self.quantized = False
         self.additional = False

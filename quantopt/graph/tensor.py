@@ -1,7 +1,7 @@
 """PyTensor: a graph edge or constant: torch data plus IR info, quantization parameters and statistics."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch

@@ -76,7 +76,7 @@ class Dtype(enum.Enum):
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        """The dtype quantopt computes in: float32/16/64 keep theirs; integers widen to int64; small floats → float32."""
+        """The dtype quantopt computes in: float32/64 keep theirs; integers widen to int64; other floats → float32."""
         return _TORCH[self]
 
 

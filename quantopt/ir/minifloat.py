@@ -4,12 +4,12 @@ Each format is stored one element per byte in the IR's .bin (§2.4); the code in
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
 
-@lru_cache(maxsize=None)
+@cache
 def decode_table(exp_bits: int, man_bits: int, bias: int, ieee_special: bool, nan_all_ones: bool) -> np.ndarray:
     """float32 value of every code of a 1+exp+man bit format.
 

@@ -38,9 +38,9 @@ class Line:
 Section = "OrderedDict[str, Line]"
 
 
-def _split_sections(text: str, path: str) -> List["OrderedDict[str, Line]"]:
-    sections: List["OrderedDict[str, Line]"] = []
-    current: Optional["OrderedDict[str, Line]"] = None
+def _split_sections(text: str, path: str) -> List[OrderedDict[str, Line]]:
+    sections: List[OrderedDict[str, Line]] = []
+    current: Optional[OrderedDict[str, Line]] = None
     for number, raw_line in enumerate(text.splitlines(), start=1):
         line = raw_line.strip()
         if not line:
@@ -71,7 +71,7 @@ def _clip(s: str, n: int = 60) -> str:
 class _SectionReader:
     """Typed access to one section's lines with file:line errors."""
 
-    def __init__(self, section: "OrderedDict[str, Line]", path: str, what: str) -> None:
+    def __init__(self, section: OrderedDict[str, Line], path: str, what: str) -> None:
         self.section = section
         self.path = path
         self.what = what
@@ -159,7 +159,7 @@ class _BinFile:
         return np.frombuffer(self._mm, dtype=dtype.storage, count=count, offset=offset)
 
 
-def _constant_stems(section: "OrderedDict[str, Line]") -> List[str]:
+def _constant_stems(section: OrderedDict[str, Line]) -> List[str]:
     stems = []
     for key in section:
         if key.endswith("_offset"):
@@ -270,7 +270,7 @@ def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGra
     return graph
 
 
-def _read_layer(sec: "OrderedDict[str, Line]", path: str, bin_file: _BinFile) -> PyNode:
+def _read_layer(sec: OrderedDict[str, Line], path: str, bin_file: _BinFile) -> PyNode:
     first = next(iter(sec.values())).number
     probe = _SectionReader(sec, path, f"layer section at line {first}")
     name = probe.require("layer_name").raw
@@ -325,7 +325,7 @@ def _read_layer(sec: "OrderedDict[str, Line]", path: str, bin_file: _BinFile) ->
         raw_params[key] = ln.raw
     # constants in bin-offset order (the writer lays them out sequentially in this order)
     groups: Dict[str, List[str]] = {}
-    for key, tensor, off, stem in sorted(constants, key=lambda c: c[2]):
+    for key, tensor, _offset, stem in sorted(constants, key=lambda c: c[2]):
         if stem in TOP_INFO_KEYS:
             _apply_top_constant(sr, node, stem, tensor)
             continue

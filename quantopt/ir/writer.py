@@ -144,7 +144,7 @@ def _layer_lines(node: PyNode, index: int, bin_out: _BinBuilder) -> List[str]:
     for key, t in node.constants.items():
         if key not in written_constants and key not in grouped:
             _const_lines(lines, key, [t], bin_out)
-    for key, value in node.params.items():
+    for key in node.params:
         if key not in seen:
             _param_line(lines, node, key)
     return lines

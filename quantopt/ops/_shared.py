@@ -27,7 +27,9 @@ def apply_fused_activation(node: PyNode, x: torch.Tensor, method: Optional[str] 
         hi = float(node.get_param("clip_max"))
         return torch.clamp(x, lo, hi)
     if act == "LEAKYRELU":
-        slope = float(node.get_param("negative_slope", optional=True, default_value=0.01))
+        slope = float(node.get_param("negative_slope", optional=True,
+                                     default_value=node.get_param("negative_slope_value", optional=True,
+                                                                  default_value=0.01)))
         return F.leaky_relu(x, slope)
     if act == "PRELU":
         slope_t = node.get_constant("negative_slope", optional=True)

@@ -89,7 +89,8 @@ def _params(node: PyNode, one_d: bool) -> dict:
     return p
 
 
-def _real_mask(x: torch.Tensor, pads: Tuple[int, int, int, int], extra: Tuple[int, int], padded_counts: bool):
+def _real_mask(x: torch.Tensor, pads: Tuple[int, int, int, int], extra: Tuple[int, int],
+               padded_counts: bool) -> torch.Tensor:
     """[1,1,H',W'] mask of the cells a window may count: real cells, or real + pad cells when `padded_counts`."""
     h, w = x.shape[2], x.shape[3]
     left, right, top, bottom = pads

@@ -256,6 +256,7 @@ def _run_model_layers(model: str, types: List[str]) -> int:
     """Run each distinct layer configuration of `types` in a shared Parser IR alone, on a batch of 2, against a
     torch reference (one layer per kernel/stride/pad/dilation/group/activation signature keeps it fast)."""
     from conftest import shared_model_dir
+
     from quantopt.ir.reader import read_ir
 
     folder = shared_model_dir(model)
