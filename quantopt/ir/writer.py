@@ -178,6 +178,9 @@ def _atomic_write(path: str, data: bytes) -> str:
     directory = os.path.dirname(os.path.abspath(path)) or "."
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the user's usual permissions
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
