@@ -1,20 +1,27 @@
 """Packaging facts that a release depends on."""
 from __future__ import annotations
 
-import re
+import sys
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_every_subpackage_is_listed_in_pyproject():
-    text = (REPO / "pyproject.toml").read_text()
-    listed = set(re.findall(r'"(quantopt(?:\.[a-z_]+)*)"', text))
+    with open(REPO / "pyproject.toml", "rb") as fh:
+        listed = set(tomllib.load(fh)["tool"]["setuptools"]["packages"])
     on_disk = {"quantopt"} | {
         "quantopt." + ".".join(p.parent.relative_to(REPO / "quantopt").parts)
         for p in (REPO / "quantopt").rglob("__init__.py") if p.parent != REPO / "quantopt"
     }
     assert on_disk <= listed, f"missing from pyproject packages: {sorted(on_disk - listed)}"
+    listed_without_plugins = listed - {"quantopt.builtin_plugins"}
+    assert listed_without_plugins <= on_disk, f"listed but not on disk: {sorted(listed_without_plugins - on_disk)}"
     assert "quantopt.builtin_plugins" in listed
 
 

@@ -215,7 +215,7 @@ def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGra
     if not os.path.isfile(txt_path):
         raise IRError("graph file not found", file=txt_path)
     try:
-        with open(txt_path, encoding="utf-8") as f:
+        with open(txt_path, encoding="utf-8-sig") as f:
             text = f.read()
     except UnicodeDecodeError as e:
         raise IRError(f"not a text IR file (undecodable byte at offset {e.start})", file=txt_path) from None

@@ -13,6 +13,7 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 import torch
 
+from ..errors import IRError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
@@ -40,8 +41,11 @@ def _const_lines(lines: List[str], stem: str, tensors: List[PyTensor], bin_out: 
                  as_list: bool = False) -> None:
     types, offsets, sizes, shapes = [], [], [], []
     for t in tensors:
-        storage = encode_storage(t.betensor.reshape(t.ir_shape) if t.betensor.numel() == t.ir_numel
-                                 else t.betensor, t.dtype)
+        try:
+            storage = encode_storage(t.betensor.reshape(t.ir_shape) if t.betensor.numel() == t.ir_numel
+                                     else t.betensor, t.dtype)
+        except OverflowError as e:
+            raise IRError(f"cannot write constant '{t.name}': {e}") from None
         off, size = bin_out.add(storage)
         types.append(t.dtype)
         offsets.append(off)
