@@ -1,0 +1,145 @@
+"""Every hardware-flavoured limit of the Zhouyi NPU that the quantization math depends on, in one place.
+
+Upstream OPT scatters these through its operator files (reference Appendix C); each constant below names the
+rule it encodes and the section of /work/shared/reference/compass-opt.md it comes from. Nothing here is
+configurable at run time: cfg fields (multiplier_bits, lut_items_in_bits, bias_effective_bits...) choose values
+*within* these limits.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict
+
+import torch
+
+# --- float tolerances -------------------------------------------------------------------------------------------
+
+FLT_EPSILON: float = float(torch.finfo(torch.float32).eps)
+"""float32 machine epsilon (2^-23). Upstream's `OPT_EPSILON` and `QUANTIZE_ZERO_BAND`: a float range narrower
+than this is degenerate (scale 1, §3.2) and a multiplier within it of 2^shift is "exactly one" (§3.3 step 5)."""
+
+# --- requantization multiplier / shift (AIFF = the MAC engine) ---------------------------------------------------
+
+AIFF_MULTIPLIER_BITS: int = 15
+"""Requant multipliers are capped at 15 bits because the AIFF multiplier is a signed 16-bit value (§3.3 step 1)."""
+
+AIFF_MULTIPLIER_MAX: int = 2 ** AIFF_MULTIPLIER_BITS - 1
+"""32767: largest multiplier the AIFF accepts; `unify_shifts_for_aiff` shrinks per-channel multipliers below it."""
+
+AIFF_SHIFT_MAX: int = 31
+"""Largest right shift of the AIFF requant stage (§3.3 step 2, `shift_bits_ceil`)."""
+
+POOLING_SHIFT_MAX: int = 63
+"""Shift ceiling used instead of 31 by the L1/L2 pooling requant paths (Appendix C)."""
+
+DEFAULT_SHIFT_BITS: int = 8
+"""Shifts are stored as int8 (`SHIFT_DTYPE`); they may be negative (e.g. Softmax `shift_value=-1`)."""
+
+# --- Eltwise ADD/SUB/MAX/MIN ------------------------------------------------------------------------------------
+
+ELTWISE_INPUT_MULTIPLIER_MAX: int = 32767
+"""Eltwise input multipliers are clipped to int16 max: AIFF does not take uint16 65535 (§3.5, Appendix C)."""
+
+ELTWISE_INPUT_MULTIPLIER_BITS: int = 15
+"""Bits of each Eltwise input multiplier: upstream asks for the 16 bits that hold 32767, then the 15-bit cap
+applies (§3.5, Appendix A.1)."""
+
+# --- biases -----------------------------------------------------------------------------------------------------
+
+DEFAULT_BIAS_BITS: int = 32
+"""`bias_bits` default: biases are int32 for 8-bit activations (§4.4)."""
+
+WIDE_BIAS_BITS: int = 48
+"""Bias bits of the 16-bit quant types (w16a16...): a 48-bit accumulator, stored as int64 (§3.5)."""
+
+MAC_ACCUMULATOR_BITS: int = 48
+"""The AIFF MAC accumulates in 48 bits; `remain_shift` models the pre-shift into the 32-bit ITP stage (§3.3)."""
+
+ITP_INPUT_BITS: int = 32
+"""Width of the stage after the MAC: the pre-shifted accumulator and bias are clipped to int32 (§3.3)."""
+
+REMAIN_SHIFT_RANGE = (0, 32)
+"""Allowed values of the `remain_shift` cfg field (§3.3, §4.4)."""
+
+# --- LUTs -------------------------------------------------------------------------------------------------------
+
+DEFAULT_LUT_ITEMS_IN_BITS: int = 8
+"""Default `lut_items_in_bits`: LUTs hold at most 2^8 entries (§3.4); 10+ is recommended for 16-bit inputs."""
+
+LUT_ITEMS_IN_BITS_RANGE = (8, 16)
+"""Allowed values of the `lut_items_in_bits` cfg field (§4.4)."""
+
+# --- Softmax ----------------------------------------------------------------------------------------------------
+
+SOFTMAX_FAST_EXP_MULTIPLIER_BITS: int = 13
+"""FAST_EXP Softmax approximates log2(e)/s_in with a 13-bit multiplier (§3.5, Appendix C)."""
+
+SOFTMAX_LUT_AUTO_VALUE_BITS: int = 20
+"""LUT value bits used when the pass auto-selects the LUT Softmax method (`[2, 20]`, §3.5)."""
+
+SOFTMAX_LUT_MIN_VALUE_BITS: int = 16
+"""Lower bound of the Softmax LUT value bits (§3.5)."""
+
+
+def softmax_lut_value_bits(axis_len: int) -> int:
+    """Bits of the exp-LUT values so that the sum over `axis_len` items fits 32 bits: max(16, 32 - ceil(log2 n))."""
+    return max(SOFTMAX_LUT_MIN_VALUE_BITS, 32 - math.ceil(math.log2(max(int(axis_len), 1))))
+
+
+def softmax_pow2_out_q(axis_len: int) -> int:
+    """Fraction bits of the FAST_EXP power-of-two output: 31 - floor(log2 n) (Appendix C)."""
+    return 31 - math.floor(math.log2(max(int(axis_len), 1)))
+
+
+# --- resize / interpolation -------------------------------------------------------------------------------------
+
+INTERP_FRACTION_BITS: int = 13
+"""Fraction bits of bilinear interpolation coefficients (`interp_shift_value`, §3.5)."""
+
+ANTIALIAS_FRACTION_BITS: int = 8
+"""Fraction bits of the antialias resize coefficient tables (Appendix C)."""
+
+# --- misc -------------------------------------------------------------------------------------------------------
+
+STATISTICS_CLIP_RANGE = (-(2 ** 31), 2 ** 31 - 1)
+"""Observed statistics (extrema) are clipped to the int32 range (§6.3)."""
+
+DECOMPOSE_ACTIVATION_MIN_ELEMENTS: int = 2 * 1024 * 1024
+"""`enable_pass_decompose_nonmonotonic_activations` only splits activations with at least 2M output elements."""
+
+NORM_8BIT_MAX_SQRT_N: int = 127
+"""8-bit LayerNorm/GroupNorm: the normalised tensor range ±sqrt(N) is shrunk when sqrt(N) exceeds 127."""
+
+
+# --- targets (§3.7) ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    """One `min_compatible_zhouyi_target`: optimisation level, AIFF LUT size and bias effective bits."""
+
+    name: str
+    level: int
+    lut_items_in_bits: int
+    bias_effective_bits: int
+
+
+TARGETS: Dict[str, Target] = {t.name: t for t in (
+    Target("Z1", 0, 8, 16),
+    Target("Z2", 0, 8, 16),
+    Target("Z3", 0, 8, 16),
+    Target("X1", 0, 8, 16),
+    Target("X2", 1, 8, 32),
+    Target("X3", 2, 9, 32),
+    Target("X3P", 2, 9, 32),
+    Target("X3S", 2, 9, 32),
+)}
+DEFAULT_TARGET: str = "X2"
+UNKNOWN_TARGET = Target("?", 1, 9, 32)
+"""What upstream answers for a target name it does not know (level 1, 2^9 LUT, 32 bias bits)."""
+
+
+def target_info(name: str) -> Target:
+    """The target record for a cfg value like `X2` or `X3_1204` (the suffix after `_` is ignored)."""
+    key = str(name).strip().upper().split("_", 1)[0]
+    return TARGETS.get(key, UNKNOWN_TARGET)

@@ -1,0 +1,93 @@
+"""Rounding modes of the quantizer (§3.3): ROUND_TO_EVEN everywhere by default, CEIL/FLOOR/TRUNC/NEAREST by name.
+
+All functions accept a torch tensor, a numpy array or a python number and answer in the same kind. They are exact
+for float64 (and float32) inputs of any magnitude and for integer tensors (returned unchanged): NEAREST is not
+computed as `floor(|x| + 0.5)`, which double-rounds values just below one half (0.49999999999999994 + 0.5 == 1.0).
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any, Tuple, Union
+
+import numpy as np
+import torch
+
+Number = Union[int, float]
+ArrayLike = Union[torch.Tensor, np.ndarray, Number]
+
+
+class RoundMode(str, enum.Enum):
+    """Names used by the IR (`round_mode=` of Quantize layers) and by upstream's `get_round_mode_func`."""
+
+    ROUND_TO_EVEN = "ROUND_TO_EVEN"  # torch.round: half to even (upstream default)
+    CEIL = "CEIL"  # torch.ceil (latest upstream; an older one meant floor(x + 0.5))
+    FLOOR = "FLOOR"
+    TRUNC = "TRUNC"  # toward zero
+    NEAREST = "NEAREST"  # half away from zero
+
+    @classmethod
+    def from_name(cls, name: Union[str, RoundMode]) -> RoundMode:
+        """Case-insensitive lookup; unknown names fall back to ROUND_TO_EVEN exactly as upstream does."""
+        if isinstance(name, RoundMode):
+            return name
+        try:
+            return cls(str(name).strip().upper())
+        except ValueError:
+            return cls.ROUND_TO_EVEN
+
+
+def _to_tensor(x: ArrayLike) -> Tuple[torch.Tensor, str]:
+    if isinstance(x, torch.Tensor):
+        return x, "torch"
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(x)), "numpy"
+    if isinstance(x, (bool, int)) or (isinstance(x, np.integer)):
+        return torch.tensor(int(x), dtype=torch.int64), "int"
+    return torch.tensor(float(x), dtype=torch.float64), "float"
+
+
+def _from_tensor(t: torch.Tensor, kind: str) -> Any:
+    if kind == "torch":
+        return t
+    if kind == "numpy":
+        return t.numpy()
+    return t.item()
+
+
+def _round_tensor(t: torch.Tensor, mode: RoundMode) -> torch.Tensor:
+    if not torch.is_floating_point(t):
+        return t
+    if mode is RoundMode.ROUND_TO_EVEN:
+        return torch.round(t)
+    if mode is RoundMode.CEIL:
+        return torch.ceil(t)
+    if mode is RoundMode.FLOOR:
+        return torch.floor(t)
+    if mode is RoundMode.TRUNC:
+        return torch.trunc(t)
+    # NEAREST, exact: |x| - floor(|x|) is exact in binary floating point, so the comparison with 0.5 is too.
+    a = torch.abs(t)
+    f = torch.floor(a)
+    r = f + (a - f >= 0.5).to(t.dtype)
+    return torch.where(t < 0, -r, r)
+
+
+def round_by_mode(x: ArrayLike, mode: Union[str, RoundMode] = RoundMode.ROUND_TO_EVEN) -> Any:
+    """Round `x` with the named mode; NaN and ±inf pass through (callers decide what NaN becomes)."""
+    t, kind = _to_tensor(x)
+    return _from_tensor(_round_tensor(t, RoundMode.from_name(mode)), kind)
+
+
+def round_half_even(x: ArrayLike) -> Any:
+    """torch.round semantics (banker's rounding): the rounding of every quantize/requantize step (§3.1, §3.3)."""
+    return round_by_mode(x, RoundMode.ROUND_TO_EVEN)
+
+
+def round_half_away(x: ArrayLike) -> Any:
+    """NEAREST: half away from zero, computed exactly."""
+    return round_by_mode(x, RoundMode.NEAREST)
+
+
+def round_tensor(t: torch.Tensor, mode: Union[str, RoundMode] = RoundMode.ROUND_TO_EVEN) -> torch.Tensor:
+    """Tensor-only fast path used by the other quant modules."""
+    return _round_tensor(t, RoundMode.from_name(mode))
