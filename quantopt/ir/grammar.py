@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, List, Tuple
+from typing import Any, Callable, List, Tuple
 
 import numpy as np
 
@@ -40,45 +40,10 @@ def parse_scalar(text: str) -> Any:
     return s
 
 
-def _parse_list(text: str, pos: int) -> Tuple[List[Any], int]:
-    """Parse a list starting at text[pos] == '['; return the list and the index after its ']'."""
-    items: List[Any] = []
-    pos += 1
-    token_start = pos
-    expecting_item = True
-    while pos < len(text):
-        ch = text[pos]
-        if ch == "[":
-            if text[token_start:pos].strip():
-                raise GrammarError(f"unexpected '[' after '{text[token_start:pos].strip()}'")
-            sub, pos = _parse_list(text, pos)
-            items.append(sub)
-            expecting_item = False
-            while pos < len(text) and text[pos] == " ":
-                pos += 1
-            if pos < len(text) and text[pos] not in ",]":
-                raise GrammarError(f"unexpected '{text[pos]}' after a nested list")
-            token_start = pos
-            continue
-        if ch in ",]":
-            token = text[token_start:pos].strip()
-            if token:
-                items.append(parse_scalar(token))
-            elif ch == "," or (ch == "]" and items and expecting_item):
-                if expecting_item:
-                    raise GrammarError("empty list element")
-            if ch == "]":
-                return items, pos + 1
-            expecting_item = True
-            token_start = pos + 1
-        pos += 1
-    raise GrammarError("unbalanced '[': missing ']'")
-
-
 def parse_value(text: str) -> Any:
     s = text.strip()
     if s.startswith("["):
-        value, end = _parse_list(s, 0)
+        value, end = _parse_list(s, 0, parse_scalar)
         if s[end:].strip():
             raise GrammarError(f"unexpected text '{s[end:].strip()}' after ']'")
         return value
@@ -110,12 +75,6 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def _stringify(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_stringify(v) for v in value]
-    return value
-
-
 def parse_names(text: str) -> Any:
     """Like parse_value, but every scalar stays the literal string (tensor and layer names such as `int8` or `1`)."""
     s = text.strip()
@@ -123,13 +82,15 @@ def parse_names(text: str) -> Any:
         if "[" in s or "]" in s:
             raise GrammarError("unbalanced brackets in a name list")
         return s
-    value, end = _parse_list_raw(s, 0)
+    value, end = _parse_list(s, 0, str.strip)
     if s[end:].strip():
         raise GrammarError(f"unexpected text '{s[end:].strip()}' after ']'")
     return value
 
 
-def _parse_list_raw(text: str, pos: int) -> Tuple[List[Any], int]:
+def _parse_list(text: str, pos: int, convert: Callable[[str], Any]) -> Tuple[List[Any], int]:
+    """Parse the list starting at text[pos] == '[' (elements converted by `convert`); return it and the index
+    after its ']'."""
     items: List[Any] = []
     pos += 1
     token_start = pos
@@ -139,7 +100,7 @@ def _parse_list_raw(text: str, pos: int) -> Tuple[List[Any], int]:
         if ch == "[":
             if text[token_start:pos].strip():
                 raise GrammarError(f"unexpected '[' after '{text[token_start:pos].strip()}'")
-            sub, pos = _parse_list_raw(text, pos)
+            sub, pos = _parse_list(text, pos, convert)
             items.append(sub)
             while pos < len(text) and text[pos] == " ":
                 pos += 1
@@ -151,9 +112,9 @@ def _parse_list_raw(text: str, pos: int) -> Tuple[List[Any], int]:
         if ch in ",]":
             token = text[token_start:pos].strip()
             if token:
-                items.append(token)
+                items.append(convert(token))
             elif not after_nested and (ch == "," or items):
-                raise GrammarError("empty name in list")
+                raise GrammarError("empty list element")
             if ch == "]":
                 return items, pos + 1
             token_start = pos + 1

@@ -1,7 +1,7 @@
 """Float helpers shared by several operator families (op modules import only this, never each other)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -41,3 +41,28 @@ def apply_fused_activation(node: PyNode, x: torch.Tensor, method: Optional[str] 
                 slope = slope.expand_as(x) if slope.shape[1:] == x.shape[1:] else slope
         return torch.where(x >= 0, x, x * slope)
     raise node._error(f"unsupported fused activation '{act}' (supported: {', '.join(FUSED_ACTIVATIONS)})")
+
+
+def axis_param(node: PyNode, axis: Any, rank: int) -> int:
+    """`axis` as a non-negative dim of a rank-`rank` tensor; a bad value is an IR error naming the layer."""
+    try:
+        if isinstance(axis, bool) or (isinstance(axis, float) and not axis.is_integer()):
+            raise ValueError(axis)
+        value = int(axis)
+    except (TypeError, ValueError):
+        raise node._error(f"axis must be an integer, got {axis!r}") from None
+    if not -rank <= value < rank:
+        raise node._error(f"axis {value} is out of range for a {rank}-D input")
+    return value % rank
+
+
+def bool_param(node: PyNode, key: str, default: bool) -> bool:
+    """Boolean param; the IR reader gives bools, hand-built graphs may use 0/1 or 'true'/'false'."""
+    value: Any = node.get_param(key, optional=True, default_value=default)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise node._error(f"parameter '{key}' must be true or false, got {value!r}")

@@ -8,19 +8,7 @@ import torch
 from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..registry import op_register
-
-
-def normalized_axis(node: PyNode, axis: object, rank: int) -> int:
-    """`axis` as a non-negative dim of a rank-`rank` tensor; out of range is an IR error naming the layer."""
-    try:
-        if isinstance(axis, bool) or (isinstance(axis, float) and not axis.is_integer()):
-            raise ValueError(axis)
-        value = int(axis)
-    except (TypeError, ValueError):
-        raise node._error(f"axis must be an integer, got {axis!r}") from None
-    if not -rank <= value < rank:
-        raise node._error(f"axis {value} is out of range for a {rank}-D input")
-    return value % rank
+from ._shared import axis_param
 
 
 def _batch_broadcast(xs: List[torch.Tensor], axis: int) -> List[torch.Tensor]:
@@ -39,7 +27,7 @@ def concat_forward(self: PyNode) -> None:
     ranks = {x.dim() for x in xs}
     if len(ranks) != 1:
         raise self._error(f"inputs have different ranks: {[list(x.shape) for x in xs]}")
-    axis = normalized_axis(self, self.get_param("axis"), ranks.pop())
+    axis = axis_param(self, self.get_param("axis"), ranks.pop())
     xs = _batch_broadcast(xs, axis)
     try:
         self.outputs[0].betensor = torch.cat(xs, dim=axis)

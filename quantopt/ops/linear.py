@@ -1,8 +1,6 @@
 """FullyConnected and MatMul (float forward)."""
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
@@ -10,7 +8,7 @@ from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..registry import op_register
-from ._shared import apply_fused_activation
+from ._shared import apply_fused_activation, bool_param
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -20,18 +18,6 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 def _check_float(node: PyNode) -> None:
     if node.quantized:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): the integer forward is not implemented yet")
-
-
-def _flag(node: PyNode, key: str, default: bool) -> bool:
-    """Boolean param; the IR reader gives bools, hand-built graphs may use 0/1 or 'true'/'false'."""
-    value: Any = node.get_param(key, optional=True, default_value=default)
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise node._error(f"parameter '{key}' must be true or false, got {value!r}")
 
 
 @op_register(OpType.FullyConnected)
@@ -62,7 +48,7 @@ def fully_connected_forward(self: PyNode) -> None:
 
 
 def _maybe_transpose(node: PyNode, t: torch.Tensor, key: str) -> torch.Tensor:
-    if not _flag(node, key, False):
+    if not bool_param(node, key, False):
         return t
     if t.dim() < 2:
         raise node._error(f"{key}=true needs an operand of rank >= 2, got shape {list(t.shape)}")

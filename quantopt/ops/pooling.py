@@ -17,6 +17,7 @@ from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..registry import op_register
+from ._shared import bool_param
 
 # The Parser always writes count_include_pad for AVG pooling; when a hand-made IR omits it we follow the Parser's
 # own attribute default (false, as ONNX). Note: the original OPT forward defaults it to true.
@@ -33,18 +34,6 @@ def _int_param(node: PyNode, key: str, default: Any = _MISSING, minimum: int = 1
     if int(value) < minimum:
         raise node._error(f"parameter '{key}' must be >= {minimum}, got {value}")
     return int(value)
-
-
-def _flag(node: PyNode, key: str, default: bool) -> bool:
-    """Boolean param; the IR reader gives bools, hand-built graphs may use 0/1 or 'true'/'false'."""
-    value: Any = node.get_param(key, optional=True, default_value=default)
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise node._error(f"parameter '{key}' must be true or false, got {value!r}")
 
 
 def _axis_plan(node: PyNode, axis: str, size: int, k: int, s: int, d: int, before: int, after: int,
@@ -78,7 +67,7 @@ def _params(node: PyNode, one_d: bool) -> dict:
         "s": (_int_param(node, "stride_y", 1), _int_param(node, "stride_x", 1)),
         "d": (_int_param(node, "dilation_y", 1), _int_param(node, "dilation_x", 1)),
         "pads": tuple(_int_param(node, key, 0, minimum=0) for key in _PAD_KEYS),
-        "ceil": _flag(node, "ceil_mode", False),
+        "ceil": bool_param(node, "ceil_mode", False),
     }
     if one_d:
         for key in ("kernel_y", "stride_y", "dilation_y"):
@@ -116,7 +105,7 @@ def pool2d_nchw(node: PyNode, x: torch.Tensor, p: dict, method: str) -> torch.Te
         y = F.max_pool2d(xp, k, s, padding=0, dilation=d, ceil_mode=False)
     else:
         xp = F.pad(x, full, value=0.0) if any(full) else x
-        include = _flag(node, "count_include_pad", COUNT_INCLUDE_PAD_DEFAULT)
+        include = bool_param(node, "count_include_pad", COUNT_INCLUDE_PAD_DEFAULT)
         divisor = _window_sum(_real_mask(x, pads, (eh, ew), True), k, s, d) if include else real
         y = _window_sum(xp, k, s, d) / divisor
     if tuple(y.shape[2:]) != (oh, ow):
