@@ -1,0 +1,93 @@
+"""Lookup tables of nonlinear ops: construction and integer lookup (§3.4, upstream `unknown_quantize` and
+`lookup_lut_powerof2`).
+
+Construction reproduces upstream bit for bit (every `lut` constant of the golden IRs, 8-bit and 16-bit inputs, is
+rebuilt exactly by tests/quant/test_golden_vectors.py): float32 `torch.linspace` samples of the input integer range,
+dequantized with the float32 reciprocal of the scale, f evaluated in float32, quantized in float32.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Union
+
+import numpy as np
+import torch
+
+from .hardware import DEFAULT_LUT_ITEMS_IN_BITS
+from .params import dequantize, integer_range, quantize
+
+Number = Union[int, float]
+
+
+def lut_size(in_bits: int, lut_items_in_bits: int = DEFAULT_LUT_ITEMS_IN_BITS) -> int:
+    """Number of table entries: 2^min(in_bits, lut_items_in_bits) (§3.4)."""
+    return 2 ** min(int(in_bits), int(lut_items_in_bits))
+
+
+def lut_sample_points(in_qmin: int, in_qmax: int, steps: int) -> torch.Tensor:
+    """The float32 input codes the table is sampled at: `steps` points evenly spread over [qmin, qmax].
+
+    For a signed restricted range (qmin == -qmax) only steps-1 points are spread and qmin is prepended, so that
+    entry i still answers the full-range index i (the lookup subtracts qmin - 1). When steps - 1 does not divide
+    qmax - qmin (16-bit inputs with a 2^10 table) the points are not integers; the lookup reads the table on the
+    power-of-two grid instead, a small skew that upstream has too.
+    """
+    if in_qmin < 0 and in_qmin == -in_qmax:
+        pts = torch.linspace(float(in_qmin), float(in_qmax), steps=steps - 1)
+        return torch.cat([torch.tensor([float(in_qmin)]), pts])
+    return torch.linspace(float(in_qmin), float(in_qmax), steps=steps)
+
+
+def build_lut(fn: Callable[[torch.Tensor], torch.Tensor], in_scale: float, in_zp: Number, in_qmin: int,
+              in_qmax: int, in_bits: int, out_scale: float, out_zp: Number, out_qmin: int, out_qmax: int,
+              lut_items_in_bits: int = DEFAULT_LUT_ITEMS_IN_BITS, mirror_offset: float = 0.0) -> torch.Tensor:
+    """Table of round(f(dequant(x)) * s_out - zp_out) clipped to [out_qmin, out_qmax], as int64 (§3.4).
+
+    `fn` takes and returns float32 tensors. `mirror_offset` (used by the RNN sigmoid) is subtracted from f before
+    quantization and added back as round(offset * s_out) afterwards, like upstream. Store the result with the
+    output dtype; its length is `lut_size(in_bits, lut_items_in_bits)`.
+    """
+    steps = lut_size(in_bits, lut_items_in_bits)
+    pts = lut_sample_points(in_qmin, in_qmax, steps)
+    x = dequantize(pts, in_scale, in_zp)
+    y = fn(x).to(torch.float32)
+    if mirror_offset:
+        y = y - torch.tensor(mirror_offset, dtype=torch.float32)
+    q = quantize(y, out_scale, out_zp, out_qmin, out_qmax)
+    if mirror_offset:
+        q = q + int(torch.round(torch.tensor(mirror_offset, dtype=torch.float32)
+                                * torch.tensor(out_scale, dtype=torch.float32)).item())
+    return q
+
+
+def lookup_lut(x_q: Union[torch.Tensor, np.ndarray], lut: torch.Tensor, in_qmin: int, in_bits: int, out_bits: int,
+               out_signed: bool = False, in_restricted: bool = False) -> torch.Tensor:
+    """Integer forward of a LUT op (upstream `lookup_lut_powerof2`); int64 result of the shape of `x_q`.
+
+    index = x - qmin (x - (qmin - 1) for a signed restricted input range, matching the prepended entry), clipped to
+    [0, 2^in_bits - 1]. If the table covers the input (2^in_bits entries) the value is lut[index]. Otherwise, with
+    b = in_bits - log2(len(lut)): hi = index >> b, lo = index - (hi << b) and
+        value = lut[hi] + (((lut[hi + 1] - lut[hi]) * lo) >> b)
+    in int64, where lut[len] repeats the last entry and `>>` is an arithmetic shift: the interpolated part is
+    floored (rounded toward -inf), never rounded to nearest. The result is clamped to the full range of the table
+    dtype (out_bits, out_signed).
+    """
+    table = torch.as_tensor(lut).to(torch.int64).flatten()
+    size = table.numel()
+    table_bits = int(round(math.log2(size))) if size > 0 else -1
+    if size == 0 or 2 ** table_bits != size:
+        raise ValueError(f"LUT lookup needs a table of 2^N entries, got {size}")
+    x = torch.as_tensor(np.asarray(x_q) if isinstance(x_q, np.ndarray) else x_q)
+    x = torch.round(x.to(torch.float64)).to(torch.int64) if torch.is_floating_point(x) else x.to(torch.int64)
+    offset = in_qmin - 1 if in_restricted and in_qmin < 0 else in_qmin
+    index = torch.clamp(x - offset, 0, 2 ** int(in_bits) - 1)
+    padded = torch.cat([table, table[-1:]])
+    if in_bits > table_bits:
+        b = int(in_bits) - table_bits
+        hi = index >> b
+        lo = index - (hi << b)
+        value = padded[hi] + (((padded[hi + 1] - padded[hi]) * lo) >> b)
+    else:
+        value = padded[torch.clamp(index, 0, size - 1)]
+    out_min, out_max = integer_range(out_bits, out_signed)
+    return torch.clamp(value, out_min, out_max)

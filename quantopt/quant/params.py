@@ -1,0 +1,230 @@
+"""Quantization parameters from a float range, and (de)quantization, in OPT's convention (§3.1, §3.2).
+
+OPT stores `scale` as "quantized units per float unit" and subtracts the zero point:
+    quantize:   q = clamp(round(scale * x - zerop), qmin, qmax)
+    dequantize: x = (q + zerop) / scale
+Precision follows upstream bit for bit (checked against the golden IRs in tests/quant/test_golden_vectors.py):
+ranges, scales and zero points are float32 tensor arithmetic; `quantize` multiplies in float32 and `dequantize`
+multiplies by the float32 reciprocal of the scale. Both take `compute_dtype=torch.float64` for exact arithmetic.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from ..ir.dtype import Dtype, int_dtype_for_bits
+from .hardware import FLT_EPSILON
+from .rounding import RoundMode, round_tensor
+
+Number = Union[int, float]
+ScaleLike = Union[float, torch.Tensor]
+ZeropLike = Union[int, float, torch.Tensor]
+
+
+class QuantMode(str, enum.Enum):
+    """The nine quantization method names of §3.2 (cfg `quantize_method_for_weight/activation`)."""
+
+    PER_TENSOR_SYMMETRIC_RESTRICTED_RANGE = "per_tensor_symmetric_restricted_range"
+    PER_TENSOR_SYMMETRIC_FULL_RANGE = "per_tensor_symmetric_full_range"
+    PER_TENSOR_ASYMMETRIC = "per_tensor_asymmetric"
+    PER_CHANNEL_SYMMETRIC_RESTRICTED_RANGE = "per_channel_symmetric_restricted_range"
+    PER_CHANNEL_SYMMETRIC_FULL_RANGE = "per_channel_symmetric_full_range"
+    PER_CHANNEL_ASYMMETRIC = "per_channel_asymmetric"
+    PER_BLOCK_SYMMETRIC_RESTRICTED_RANGE = "per_block_symmetric_restricted_range"
+    PER_BLOCK_SYMMETRIC_FULL_RANGE = "per_block_symmetric_full_range"
+    PER_BLOCK_ASYMMETRIC = "per_block_asymmetric"
+
+    @classmethod
+    def from_name(cls, name: Union[str, QuantMode]) -> QuantMode:
+        """Case-insensitive lookup; unknown names raise ValueError listing the valid ones."""
+        if isinstance(name, QuantMode):
+            return name
+        key = str(name).strip().lower()
+        for m in cls:
+            if m.value == key:
+                return m
+        raise ValueError(f"unknown quantization mode '{name}' (expected one of: {', '.join(m.value for m in cls)})")
+
+    @classmethod
+    def make(cls, granularity: str, asymmetric: bool, full_range: bool) -> QuantMode:
+        """Build a mode from its parts; asymmetric modes are always full range (as upstream's `make_mode`)."""
+        if asymmetric:
+            return cls(f"{granularity}_asymmetric")
+        return cls(f"{granularity}_symmetric_{'full' if full_range else 'restricted'}_range")
+
+    @property
+    def granularity(self) -> str:
+        return self.value.split("_", 2)[0] + "_" + self.value.split("_", 2)[1]
+
+    @property
+    def is_per_tensor(self) -> bool:
+        return self.value.startswith("per_tensor")
+
+    @property
+    def is_per_channel(self) -> bool:
+        return self.value.startswith("per_channel")
+
+    @property
+    def is_per_block(self) -> bool:
+        return self.value.startswith("per_block")
+
+    @property
+    def is_asymmetric(self) -> bool:
+        return self.value.endswith("asymmetric")
+
+    @property
+    def is_symmetric(self) -> bool:
+        return not self.is_asymmetric
+
+    @property
+    def is_full_range(self) -> bool:
+        """Asymmetric modes count as full range (signed asymmetric uses [-2^(b-1), 2^(b-1)-1])."""
+        return not self.value.endswith("restricted_range")
+
+    @property
+    def is_restricted(self) -> bool:
+        return not self.is_full_range
+
+    def to_per_channel(self) -> QuantMode:
+        return QuantMode.make("per_channel", self.is_asymmetric, self.is_full_range)
+
+    def to_per_tensor(self) -> QuantMode:
+        return QuantMode.make("per_tensor", self.is_asymmetric, self.is_full_range)
+
+    def to_symmetric(self) -> QuantMode:
+        """Symmetric counterpart; restricted range, as upstream's `to_symmetric` does."""
+        return QuantMode.make(self.granularity, False, False)
+
+    def to_asymmetric(self) -> QuantMode:
+        return QuantMode.make(self.granularity, True, True)
+
+
+ACTIVATION_MODES = (QuantMode.PER_TENSOR_SYMMETRIC_RESTRICTED_RANGE, QuantMode.PER_TENSOR_SYMMETRIC_FULL_RANGE,
+                    QuantMode.PER_TENSOR_ASYMMETRIC, QuantMode.PER_CHANNEL_SYMMETRIC_RESTRICTED_RANGE,
+                    QuantMode.PER_CHANNEL_SYMMETRIC_FULL_RANGE)
+"""Modes accepted for activations (§3.2, §4.4)."""
+
+
+def integer_range(bits: int, signed: bool, restricted: bool = False) -> Tuple[int, int]:
+    """Clamp range: unsigned [0, 2^b-1]; signed [-2^(b-1), 2^(b-1)-1]; signed restricted drops -2^(b-1)."""
+    if bits < 1:
+        raise ValueError(f"bits must be >= 1, got {bits}")
+    if not signed:
+        return 0, 2 ** bits - 1
+    qmax = 2 ** (bits - 1) - 1
+    return (-qmax if restricted else -qmax - 1), qmax
+
+
+@dataclass
+class QuantParams:
+    """Result of `linear_quant_params`: python numbers per tensor, or float32/int64 tensors per channel."""
+
+    scale: ScaleLike
+    zerop: ZeropLike
+    qmin: int
+    qmax: int
+    dtype: Dtype
+
+    @property
+    def per_channel(self) -> bool:
+        return isinstance(self.scale, torch.Tensor)
+
+
+def _is_channel_tensor(v: object) -> bool:
+    return isinstance(v, (torch.Tensor, np.ndarray)) and np.ndim(v) >= 1
+
+
+def linear_quant_params(fmin: Union[Number, torch.Tensor], fmax: Union[Number, torch.Tensor], bits: int,
+                        mode: Union[str, QuantMode], signed: bool) -> QuantParams:
+    """Scale/zero point for the float range [fmin, fmax] (upstream `get_linear_quant_params_from_tensor`, §3.2).
+
+    The range is first forced to contain 0. Symmetric: f_range = max(|min|, |max|), doubled if signed, zerop 0.
+    Asymmetric: f_range = max - min, zerop = round(scale * min) - qmin clamped to ±(2^(b-1)-1).
+    scale = q_range / f_range; an f_range below FLT_EPSILON (or NaN) is replaced by q_range, i.e. scale 1.
+    Per tensor (python numbers or 0-d tensors in, python float/int out) `max - min` is formed in float64 and
+    rounded once to float32, as upstream does with python statistics; per channel (1-d tensors along the key axis)
+    everything is float32 tensor arithmetic. The scale is q_range / f_range divided in float32, so e.g. int8
+    symmetric full range gives float32(127.5 / absmax).
+    """
+    mode = QuantMode.from_name(mode)
+    if mode.is_per_block:
+        raise ValueError(f"'{mode.value}': per-block quantization is not supported by the linear path")
+    qmin, qmax = integer_range(bits, signed, restricted=signed and mode.is_restricted)
+    q_range = float(qmax - qmin)
+    zp_lim = 2 ** (bits - 1) - 1
+    per_channel = _is_channel_tensor(fmin) or _is_channel_tensor(fmax)
+
+    if per_channel:
+        mn = torch.as_tensor(np.asarray(fmin) if isinstance(fmin, np.ndarray) else fmin).to(torch.float32)
+        mx = torch.as_tensor(np.asarray(fmax) if isinstance(fmax, np.ndarray) else fmax).to(torch.float32)
+        mn, mx = torch.broadcast_tensors(torch.clamp(mn, max=0.0), torch.clamp(mx, min=0.0))
+        if mode.is_asymmetric:
+            f_range = mx - mn
+            zfactor = mn
+        else:
+            f_range = torch.maximum(mx.abs(), mn.abs())
+            zfactor = torch.zeros_like(mn)
+    else:
+        mn_f = min(float(fmin), 0.0) if not np.isnan(float(fmin)) else float("nan")
+        mx_f = max(float(fmax), 0.0) if not np.isnan(float(fmax)) else float("nan")
+        if mode.is_asymmetric:
+            f_range = torch.tensor(mx_f - mn_f, dtype=torch.float32)
+            zfactor = torch.tensor(mn_f, dtype=torch.float32)
+        else:
+            f_range = torch.tensor(max(abs(mx_f), abs(mn_f)), dtype=torch.float32)
+            zfactor = torch.tensor(0.0, dtype=torch.float32)
+    if mode.is_symmetric and signed:
+        f_range = f_range * 2.0
+    q_ranges = torch.full_like(f_range, q_range)
+    f_range = torch.where((f_range < FLT_EPSILON) | torch.isnan(f_range), q_ranges, f_range)
+    scale = q_ranges / f_range
+    zoffset = float(qmin) if mode.is_asymmetric else 0.0
+    zfactor = torch.nan_to_num(zfactor, nan=0.0)  # a NaN range behaves like [0, 0] (upstream: NaN zero point)
+    zerop = torch.clamp(torch.round(scale * zfactor) - zoffset, -zp_lim, zp_lim).to(torch.int64)
+    dtype = int_dtype_for_bits(bits, signed)
+    if per_channel:
+        return QuantParams(scale, zerop, qmin, qmax, dtype)
+    return QuantParams(float(scale.item()), int(zerop.item()), qmin, qmax, dtype)
+
+
+def _along(v: Union[Number, torch.Tensor], axis: Optional[int], ndim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Per-channel vectors reshaped to broadcast along `axis` of an `ndim`-d tensor; scalars as 0-d tensors."""
+    t = torch.as_tensor(v).to(dtype)
+    if axis is None or t.dim() == 0:
+        return t
+    shape = [1] * ndim
+    shape[axis % ndim] = -1
+    return t.reshape(shape)
+
+
+def quantize(x: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zerop: ZeropLike, qmin: int, qmax: int,
+             round_mode: Union[str, RoundMode] = RoundMode.ROUND_TO_EVEN, axis: Optional[int] = None,
+             compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """q = clamp(round(scale * x - zerop), qmin, qmax) as int64 (upstream `linear_quantize_clip`, §3.1).
+
+    Per-channel `scale`/`zerop` broadcast along `axis`. NaN inputs give 0. Computed in float32 by default like
+    upstream (`scale * x.float()`), which decides ties differently from float64 for large |scale * x|.
+    """
+    xt = torch.as_tensor(np.asarray(x) if isinstance(x, np.ndarray) else x).to(compute_dtype)
+    s = _along(scale, axis, xt.dim(), compute_dtype)
+    z = _along(zerop, axis, xt.dim(), compute_dtype)
+    y = torch.clamp(round_tensor(s * xt - z, round_mode), qmin, qmax)
+    y = torch.nan_to_num(y, nan=0.0)
+    return y.to(torch.int64)
+
+
+def dequantize(q: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zerop: ZeropLike,
+               axis: Optional[int] = None, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """x = (q + zerop) / scale, evaluated as upstream does: (q + zerop) * (1 / scale) in float32 by default.
+
+    The reciprocal form matters: building the 16-bit LUTs of the golden IRs with a true division differs in
+    a few entries (see tests/quant/test_golden_vectors.py).
+    """
+    qt = torch.as_tensor(np.asarray(q) if isinstance(q, np.ndarray) else q).to(compute_dtype)
+    s = _along(scale, axis, qt.dim(), compute_dtype)
+    z = _along(zerop, axis, qt.dim(), compute_dtype)
+    return (qt + z) * (1.0 / s)

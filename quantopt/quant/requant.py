@@ -1,0 +1,357 @@
+"""Requantization: float ratio → integer multiplier/shift, shift unification, Eltwise multipliers and biases (§3.3).
+
+Pure functions on python numbers and torch tensors. Ratios are approximated in float32 exactly like upstream's
+`get_scale_approximation_params` (every per-tensor Conv/FC/Eltwise `scale_value/shift_value` and every per-channel
+`scale/shift` of the golden IRs is reproduced, see tests/quant/test_golden_vectors.py); integer forward helpers work
+in float64/int64 and state when they are exact.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from ..ir.dtype import Dtype
+from .hardware import (
+    AIFF_MULTIPLIER_BITS,
+    AIFF_MULTIPLIER_MAX,
+    AIFF_SHIFT_MAX,
+    ELTWISE_INPUT_MULTIPLIER_MAX,
+    FLT_EPSILON,
+    ITP_INPUT_BITS,
+)
+from .rounding import RoundMode, round_tensor
+
+Number = Union[int, float]
+IntLike = Union[int, torch.Tensor]
+RatioLike = Union[Number, torch.Tensor, np.ndarray]
+
+INT32_MIN, INT32_MAX = -(2 ** (ITP_INPUT_BITS - 1)), 2 ** (ITP_INPUT_BITS - 1) - 1
+
+
+def range_dtype(vmin: float, vmax: float, force_signed: bool = False) -> Dtype:
+    """Smallest of int8/16/32 (uint if vmin >= 0 and not forced signed) holding [vmin, vmax] (upstream
+    `range2dtype`): the dtype written for multipliers and shifts."""
+    signed = vmin < 0 or force_signed
+    if signed:
+        if vmax > 32767 or vmin < -32768:
+            return Dtype.INT32
+        return Dtype.INT16 if (vmax > 127 or vmin < -128) else Dtype.INT8
+    if vmax > 65535:
+        return Dtype.UINT32
+    return Dtype.UINT16 if vmax > 255 else Dtype.UINT8
+
+
+def scale_shift(ratio: RatioLike, mult_bits: int, force_shift_positive: bool = False,
+                shift_limit: Optional[int] = None, limit_to_mult_bits: bool = False,
+                mult_bits_ceil: int = AIFF_MULTIPLIER_BITS) -> Tuple[IntLike, IntLike, Dtype, Dtype]:
+    """Approximate `ratio` by multiplier * 2^-shift (§3.3 steps 1-6, upstream `get_scale_approximation_params`).
+
+    1. mb = min(mult_bits, 15)   2. shift = floor(log2((2^mb - 1) / r)), optionally <= mb, always <= shift_limit
+    (31; 63 for pooling)   3. M = floor(r * 2^shift + 0.5)   4. force_shift_positive: negative shifts become 0 and
+    their multiplier saturates to min(2^mult_bits - 1, 32767)   5. if every M equals 2^shift (ratio exactly a power
+    of two, e.g. 1) → (1, 0)   6. dtypes: uint8 multiplier if mult_bits <= 8 else uint16; shift int8 normally.
+    The ratio is rounded to float32 first and every step is float32 arithmetic, as upstream. A scalar ratio gives
+    python ints, a tensor ratio (per channel) int64 tensors. The shift can be negative.
+    """
+    r = torch.as_tensor(np.asarray(ratio) if isinstance(ratio, np.ndarray) else ratio).to(torch.float32)
+    if bool(torch.isnan(r).any()) or bool((r < 0).any()):
+        raise ValueError(f"requantization ratio must be a non-negative number, got {ratio}")
+    ceil = AIFF_SHIFT_MAX if shift_limit is None else int(shift_limit)
+    mb = min(int(mult_bits), int(mult_bits_ceil))
+    qmax = torch.tensor(2.0 ** mb - 1.0, dtype=torch.float32)
+    shift = torch.floor(torch.log2(qmax / r))
+    if limit_to_mult_bits:
+        shift = torch.clamp(shift, max=float(mb))
+    shift = torch.clamp(shift, max=float(ceil))
+    mult = torch.floor(r * torch.pow(2.0, shift) + 0.5)
+    if force_shift_positive:
+        neg = shift < 0
+        mult = torch.where(neg, torch.tensor(min(2.0 ** mult_bits - 1.0, 2.0 ** mult_bits_ceil - 1.0)), mult)
+        shift = torch.where(neg, torch.zeros_like(shift), shift)
+    mult_dtype = Dtype.UINT8 if mult_bits <= 8 else Dtype.UINT16
+    shift_dtype = range_dtype(float(shift.min()), float(shift.max()), force_signed=True)
+    if float((mult - torch.pow(2.0, shift)).abs().max()) < FLT_EPSILON:
+        mult = torch.ones_like(mult)
+        shift = torch.zeros_like(shift)
+    if r.dim() == 0:
+        return int(mult.item()), int(shift.item()), mult_dtype, shift_dtype
+    return mult.to(torch.int64), shift.to(torch.int64), mult_dtype, shift_dtype
+
+
+def unify_shifts(multipliers: Union[torch.Tensor, Sequence[int]], shifts: Union[torch.Tensor, Sequence[int]],
+                 max_multiplier: int = AIFF_MULTIPLIER_MAX) -> Tuple[torch.Tensor, int]:
+    """One shift for all channels (core step of `unify_shifts_for_aiff`, §3.3).
+
+    N = max(0, max_c N_c); M_c <<= N - N_c; if max M_c > max_multiplier, N -= a and M_c >>= a with
+    a = ceil(log2(max M_c / max_multiplier)) (arithmetic shift, i.e. floor). Small channels may become 0, which is
+    what triggers the per-group fallback of `unify_shifts_for_aiff`. Exact (python integers inside).
+    """
+    ms = [int(v) for v in torch.as_tensor(multipliers).flatten().tolist()]
+    ss = [int(v) for v in torch.as_tensor(shifts).flatten().tolist()]
+    n = max(0, max(ss)) if ss else 0
+    out = [m << (n - s) for m, s in zip(ms, ss)]
+    mul = (max(out) if out else 0) / max_multiplier
+    if mul > 1.0:
+        a = math.ceil(math.log2(mul))
+        n -= a
+        out = [v >> a for v in out]
+    return torch.tensor(out, dtype=torch.int64), n
+
+
+def group_ranges(fmin: torch.Tensor, fmax: torch.Tensor, groups: int) -> Tuple[torch.Tensor, torch.Tensor, int]:
+    """Merge per-channel ranges into `groups` consecutive channel groups and expand them back per channel.
+
+    Channels are padded with [0, 0] up to groups * ceil(C / groups) (harmless: ranges already contain 0), each
+    group takes the min of mins / max of maxes (upstream per-N-channel fallback). Returns (min_c, max_c,
+    channels_per_group); quant params computed from the expanded ranges equal the per-group ones.
+    """
+    mn = torch.as_tensor(fmin).flatten()
+    mx = torch.as_tensor(fmax).flatten()
+    snum = mn.numel()
+    groups = max(1, min(int(groups), snum))
+    per = math.ceil(snum / groups)
+    pad = groups * per - snum
+    gmin = torch.nn.functional.pad(mn, (0, pad), value=0.0).reshape(-1, per).min(dim=1).values
+    gmax = torch.nn.functional.pad(mx, (0, pad), value=0.0).reshape(-1, per).max(dim=1).values
+    return gmin.repeat_interleave(per)[:snum], gmax.repeat_interleave(per)[:snum], per
+
+
+@dataclass
+class UnifiedShifts:
+    """Per-channel multipliers with one shared shift, as written to the IR constants `scale`/`shift`."""
+
+    multiplier: torch.Tensor  # int64 [C]
+    shift: torch.Tensor  # int64 [C], all equal when unified
+    groups: int  # channel groups finally used (C when no fallback happened)
+    group_size: int  # channels per group (1 when no fallback happened)
+    mult_dtype: Dtype = Dtype.UINT16
+    shift_dtype: Dtype = Dtype.INT8
+
+    @property
+    def fell_back(self) -> bool:
+        """True when hardware limits forced per-N-channel quantization (upstream warns)."""
+        return self.group_size > 1
+
+
+def unify_shifts_for_aiff(ratio_fn: Callable[[int], torch.Tensor], channels: int, mult_bits: int,
+                          initial_groups: Optional[int] = None, force_shift_positive: bool = False,
+                          max_multiplier: int = AIFF_MULTIPLIER_MAX, unify: bool = True) -> UnifiedShifts:
+    """Per-channel requant with a shared shift and the per-N-channel fallback (`unify_shifts_for_aiff`, §3.3).
+
+    `ratio_fn(groups)` returns the C per-channel ratios s_out / (s_in * s_w[c]) computed with the weight ranges
+    merged into `groups` channel groups (see `group_ranges`). Starting from `initial_groups` (default C, one group
+    per channel; `group` for grouped per-tensor convs), the ratios are approximated with `scale_shift`, shifts are
+    unified with `unify_shifts`; if any multiplier became 0 the group count is halved and it is retried, down to
+    one group. The caller must quantize the weights with the same grouping (`groups`/`group_size` of the result).
+    With `unify=False` the per-channel multipliers/shifts of the first attempt are returned unchanged.
+    """
+    snum = int(channels)
+    groups = snum if initial_groups is None or initial_groups < 1 else min(int(initial_groups), snum)
+    while True:
+        per = math.ceil(snum / groups)
+        ratios = torch.as_tensor(ratio_fn(groups)).flatten()
+        m, s, mdt, sdt = scale_shift(ratios, mult_bits, force_shift_positive=force_shift_positive)
+        m = torch.as_tensor(m, dtype=torch.int64).reshape(-1)
+        s = torch.as_tensor(s, dtype=torch.int64).reshape(-1)
+        if not unify:
+            return UnifiedShifts(m, s, groups, per, mdt, sdt)
+        um, n = unify_shifts(m, s, max_multiplier)
+        if int(um.min()) > 0 or groups == 1:
+            return UnifiedShifts(um, torch.full_like(um, n), groups, per, Dtype.UINT16, Dtype.INT8)
+        groups >>= 1
+
+
+def linear_requantize(x: Union[torch.Tensor, np.ndarray, Number], multiplier: IntLike, shift: IntLike,
+                      zerop_out: Union[Number, torch.Tensor], qmin: int, qmax: int, axis: Optional[int] = None,
+                      round_mode: Union[str, RoundMode] = RoundMode.ROUND_TO_EVEN) -> torch.Tensor:
+    """y = clamp(round_half_even(x * M * 2^-shift) - zerop_out, qmin, qmax) as int64, computed in float64 (§3.3).
+
+    Exact (identical to infinite-precision rounding) whenever |x * M| < 2^53: x*M is then an exact float64
+    integer and scaling by 2^-shift is exact. For int32 accumulators and 15-bit multipliers that always holds.
+    Per-channel M/shift/zerop broadcast along `axis`. NaN gives 0 (upstream).
+    """
+    xt = torch.as_tensor(np.asarray(x) if isinstance(x, np.ndarray) else x).to(torch.float64)
+    m = _along(multiplier, axis, xt.dim())
+    s = _along(shift, axis, xt.dim()).to(torch.float64)
+    z = _along(zerop_out, axis, xt.dim())
+    y = round_tensor(xt * m * torch.pow(0.5, s), round_mode) - z
+    y = torch.nan_to_num(torch.clamp(y, qmin, qmax), nan=0.0)
+    return y.to(torch.int64)
+
+
+def linear_requantize_floor(x: Union[torch.Tensor, np.ndarray, Number], multiplier: IntLike, shift: IntLike,
+                            zerop_out: Union[Number, torch.Tensor], qmin: int, qmax: int,
+                            axis: Optional[int] = None) -> torch.Tensor:
+    """Hardware-like variant used by a few ops: t = round(x * M) then arithmetic >> shift (<< for negative shift),
+    y = clamp(t - zerop_out, qmin, qmax). Exact while |x * M| < 2^53."""
+    xt = torch.as_tensor(np.asarray(x) if isinstance(x, np.ndarray) else x).to(torch.float64)
+    m = _along(multiplier, axis, xt.dim())
+    s = _along(shift, axis, xt.dim()).to(torch.int64)
+    z = _along(zerop_out, axis, xt.dim())
+    t = torch.round(xt * m).to(torch.int64)
+    t = torch.where(s >= 0, t >> s.clamp(min=0), t << (-s).clamp(min=0))
+    return torch.clamp(t.to(torch.float64) - z, qmin, qmax).to(torch.int64)
+
+
+def _along(v: Union[Number, torch.Tensor, np.ndarray], axis: Optional[int], ndim: int) -> torch.Tensor:
+    t = torch.as_tensor(np.asarray(v) if isinstance(v, np.ndarray) else v)
+    t = t.to(torch.float64) if t.dtype != torch.int64 else t
+    if axis is None or t.dim() == 0:
+        return t
+    shape = [1] * ndim
+    shape[axis % ndim] = -1
+    return t.reshape(shape)
+
+
+@dataclass
+class EltwiseRequant:
+    """IR fields of a quantized Eltwise ADD/SUB/MAX/MIN: `scale_value=[M_out, M_in0, M_in1]`, `shift_value`."""
+
+    scale_value: List[int]
+    shift_value: int
+    scale_type: List[Dtype] = field(default_factory=lambda: [Dtype.UINT16] * 3)
+    shift_type: Dtype = Dtype.INT8
+    unified: bool = False  # True when the `[M, 1, 1]` shortcut for equal input scales was taken
+
+    @property
+    def output_multiplier(self) -> int:
+        return self.scale_value[0]
+
+    @property
+    def input_multipliers(self) -> Tuple[int, int]:
+        return self.scale_value[1], self.scale_value[2]
+
+
+def eltwise_multipliers(s0: float, s1: float, s_out: float, out_bits: int, zp0: Number = 0, zp1: Number = 0,
+                        method: str = "ADD", unify_threshold: float = 1.0,
+                        force_shift_positive: bool = False) -> EltwiseRequant:
+    """Multipliers of Eltwise ADD/SUB/MAX/MIN (§3.5, Appendix A.1).
+
+    Y = ((A+zpA)·M1·2^(N-N1) + (B+zpB)·M0·2^(N-N0)) · M·2^-shift with (Mi, Ni) = 15-bit approximations of the
+    input scales and N = max(N0, N1): input 0 gets input 1's multiplier and vice versa. If the larger one exceeds
+    32767 both are divided by the excess and the output ratio s_out / (s0·s1·2^N) is multiplied by it before being
+    approximated with `out_bits` bits; a negative output shift is folded into M (M·2^-shift clipped to [1, 32767],
+    shift 0). When max(s0,s1)/(min(s0,s1)+eps) <= unify_threshold and the zero points match (always the case for
+    equal scales with the default threshold 1.0), upstream writes the `[M, 1, 1]` form instead: ADD requantizes
+    s_out/s0; SUB/MAX/MIN keep M=1, shift=0 (upstream behaviour, kept as is). Float32 arithmetic like upstream.
+    """
+    f32 = torch.float32
+    ts0, ts1, tso = (torch.tensor(float(v), dtype=f32) for v in (s0, s1, s_out))
+    hi, lo = torch.maximum(ts0, ts1), torch.minimum(ts0, ts1)
+    if float(hi / (lo + FLT_EPSILON)) <= unify_threshold and abs(float(zp0) - float(zp1)) <= FLT_EPSILON:
+        if method.upper() == "ADD":
+            m, s, mdt, sdt = scale_shift(tso / ts0, out_bits, force_shift_positive=force_shift_positive)
+        else:
+            m, s, mdt, sdt = 1, 0, Dtype.UINT8, Dtype.INT8
+        return EltwiseRequant([int(m), 1, 1], int(s), [mdt, Dtype.UINT16, Dtype.UINT16], sdt, unified=True)
+
+    in_bits = AIFF_MULTIPLIER_BITS + 1  # the unsigned width holding 32767; scale_shift caps it to 15
+    m0, n0, _, _ = scale_shift(ts0, in_bits)
+    m1, n1, _, _ = scale_shift(ts1, in_bits)
+    if n0 > n1:
+        common, mul0, mul1 = n0, m1 * 2.0 ** (n0 - n1), float(m0)
+    else:
+        common, mul0, mul1 = n1, float(m1), m0 * 2.0 ** (n1 - n0)
+    rscale = tso / (ts1 * ts0) / (2.0 ** common)
+    shrink = max(mul0, mul1) / ELTWISE_INPUT_MULTIPLIER_MAX
+    if shrink > 1.0:
+        mul0 /= shrink
+        mul1 /= shrink
+        rscale = rscale * shrink
+    mul0 = max(0, min(ELTWISE_INPUT_MULTIPLIER_MAX, round(mul0)))
+    mul1 = max(0, min(ELTWISE_INPUT_MULTIPLIER_MAX, round(mul1)))
+    m, s, _, _ = scale_shift(rscale, out_bits)
+    if s < 0:
+        m = max(1, min(ELTWISE_INPUT_MULTIPLIER_MAX, int(m * 2 ** (-s))))
+        s = 0
+    return EltwiseRequant([int(m), int(mul0), int(mul1)], int(s), [Dtype.UINT16] * 3,
+                          range_dtype(-1, s, force_signed=True))
+
+
+def bias_quantize(bias: Union[torch.Tensor, np.ndarray], s_in: Union[float, torch.Tensor],
+                  s_w: Union[float, torch.Tensor], bias_bits: int,
+                  upstream_float32_clip: bool = False) -> Tuple[torch.Tensor, Union[float, torch.Tensor]]:
+    """b_q = clip(round(b * s_in * s_w)) with zero point 0 (§3.5); returns (int64 b_q, bias scale).
+
+    As upstream: bias scale = float32(s_in) * float32(s_w) in float32 (the IR `biases_scale`), product with the
+    float32 bias and round-half-even in float32 (so |b_q| > 2^24 carries float32 spacing). The clip range is
+    [-2^(bits-1), 2^(bits-1)-1], applied exactly. Upstream clamps in float32, where 2^31-1 becomes 2^31: a
+    positive int32 overflow then yields 2^31 (stored as INT_MIN after the int32 wrap of the writer, and making
+    `compress_bias` drop one bit). `upstream_float32_clip=True` reproduces that (the golden 16-bit IRs show it).
+    """
+    s = torch.as_tensor(s_in, dtype=torch.float32) * torch.as_tensor(s_w, dtype=torch.float32)
+    b = torch.as_tensor(np.asarray(bias) if isinstance(bias, np.ndarray) else bias).to(torch.float32)
+    q = torch.round(b * s)
+    lo, hi = -(2 ** (bias_bits - 1)), 2 ** (bias_bits - 1) - 1
+    if upstream_float32_clip:
+        q = torch.clamp(q, torch.tensor(lo, dtype=torch.float32).item(), torch.tensor(hi, dtype=torch.float32).item())
+        q = q.to(torch.float64)
+    else:
+        q = torch.clamp(q.to(torch.float64), float(lo), float(hi))
+    q = torch.nan_to_num(q, nan=0.0).to(torch.int64)
+    scale = s if s.dim() > 0 else float(s.item())
+    return q, scale
+
+
+def fold_input_zero_point(bias_q: torch.Tensor, w_q: torch.Tensor, zp_in: Union[Number, torch.Tensor],
+                          qmin: Optional[int] = None, qmax: Optional[int] = None) -> torch.Tensor:
+    """b' = b + zp_in * Σ w_q over every axis but 0 (output channels first, any layout), exact in int64 (§3.5).
+
+    Exact because x_f = (x_q + zp)/s: conv(x_q + zp, w) = conv(x_q, w) + zp·Σw. `zp_in` is the input zero point
+    (a number, or a tensor broadcastable to the weights). Optionally clamped to the bias range as upstream does
+    right after folding.
+    """
+    w = torch.as_tensor(w_q).to(torch.int64)
+    zp = torch.round(torch.as_tensor(zp_in, dtype=torch.float64)).to(torch.int64)
+    contrib = (w * zp).reshape(w.shape[0], -1).sum(dim=1)
+    b = torch.as_tensor(bias_q)
+    b = torch.round(b.to(torch.float64)).to(torch.int64) if torch.is_floating_point(b) else b.to(torch.int64)
+    out = b + (contrib.reshape(b.shape) if b.numel() == contrib.numel() else contrib)
+    if qmin is not None or qmax is not None:
+        out = torch.clamp(out, qmin, qmax)
+    return out
+
+
+def compress_bias(bias_q: torch.Tensor, effective_bits: int) -> Tuple[torch.Tensor, int]:
+    """Keep only the top `effective_bits` bits of the biases (`bias_effective_bits`, §3.3); returns (b', k).
+
+    k = ceil(max(log2(max(bmax, 1) / (2^(N-1)-1)), log2(min(bmin, -1) / -2^(N-1)))), computed in float64 as the
+    latest upstream `clear_lower_bits_for_bias`; if k > 0, b' = (b >> k) << k with an arithmetic shift, i.e. each
+    value is rounded toward -inf to a multiple of 2^k (no round-to-nearest). k is the number of low bits dropped.
+    """
+    b = torch.as_tensor(bias_q).to(torch.int64)
+    if b.numel() == 0:
+        return b, 0
+    lmin, lmax = -(2 ** (effective_bits - 1)), 2 ** (effective_bits - 1) - 1
+    bmin = min(int(b.min()), -1)
+    bmax = max(int(b.max()), 1)
+    k = math.ceil(max(math.log2(bmax / lmax), math.log2(bmin / lmin)))
+    if k <= 0:
+        return b.clone(), 0
+    return (b >> k) << k, k
+
+
+def aiff_ahead_shift(acc: torch.Tensor, shift: int, remain_shift: int,
+                     bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, int]:
+    """Model the 48-bit MAC → 32-bit ITP hand-over (`remain_shift`, §3.3); returns (data, shift still to apply).
+
+    If shift > remain_shift: data = clip(round_half_even(acc · 2^-(shift-remain)), int32) and the bias is
+    pre-shifted with an arithmetic right shift (floor) and clipped to int32; else data = clip(acc, int32) and
+    the whole shift remains. The bias is added after the clip, as upstream (float64 result, exact for int inputs).
+    """
+    acc64 = torch.as_tensor(acc).to(torch.float64)
+    if shift > remain_shift:
+        d = shift - remain_shift
+        data = torch.clamp(torch.round(acc64 * 0.5 ** d), INT32_MIN, INT32_MAX)
+        if bias is not None:
+            b = torch.round(torch.as_tensor(bias).to(torch.float64)).to(torch.int64) >> d
+            data = data + torch.clamp(b, INT32_MIN, INT32_MAX).to(torch.float64)
+        return data, remain_shift
+    data = torch.clamp(acc64, INT32_MIN, INT32_MAX)
+    if bias is not None:
+        data = data + torch.as_tensor(bias).to(torch.float64)
+    return data, shift
