@@ -1,0 +1,363 @@
+"""Streaming tensor statistics for calibration (upstream `PyTensor.statistic`, reference §6.3), as pure functions.
+
+`update_statistics(stats, x, cfg, batch_index)` folds one calibration batch `x` into a `TensorStatistics` in
+O(x.numel()) time. The state it keeps has a fixed size (a few scalars, `histc_bins` histogram bins, and the same
+per channel along `key_axis`): it never grows with the number of batches.
+
+What is computed (per tensor, and additionally per channel along `cfg.key_axis`):
+
+* `extrema_min/max`: min/max over all batches so far, clipped to the int32 range (as upstream). NaN values are
+  ignored (upstream let a single NaN poison the range); a tensor (or channel) that is all NaN counts as 0.
+* `running_min/max/mean/std/mad`: exponential moving averages `r = m*r + (1-m)*v` of the per-batch values with
+  `m = cfg.momentum`; batch 0 (or the first batch these stats see) resets them: `r = v`. `std` is torch's unbiased
+  std, `mad` the mean absolute deviation from the batch mean. Per-batch moments are clamped to the int32 range and
+  then NaN std -> 1, NaN mean/mad -> 0 (so a one-element batch has std 1, as upstream). Moments are only kept when
+  `cfg.need_moments` (upstream's time-saving mode).
+* `running_histc` (only when `cfg.need_histogram`): `histc_bins` bins. **Deviation from upstream, on purpose**:
+  upstream averaged (EMA) per-batch histograms whose bins spanned *each batch's own* [min, max], so bin i of two
+  batches meant different values (reference §11). Here every histogram always spans the current global range
+  `histogram_range(stats)` = [extrema_min, extrema_max] (a degenerate range lo == hi becomes
+  [lo, lo + |lo|/2 + 1], upstream's rule). When a batch widens the extrema, the accumulated histogram is
+  **re-binned** onto the wider range before the batch's own histogram (computed directly on the new edges) is added:
+
+    the old counts are treated as uniformly spread inside each old bin, so their cumulative count F(v) is the
+    piecewise-linear interpolation of the cumulative counts at the old edges (0 below the old range, the total above
+    it); new bin j receives F(e_{j+1}) - F(e_j) at the new edges e_j, with the first and last new bins also taking
+    any mass left beyond the new range. Re-binning conserves the total count exactly (up to float rounding) and
+    moves no mass by more than one old bin width.
+
+  So the range is stored with the histogram without extra state: it is the extrema already kept in
+  `TensorStatistics` (which `quantopt/graph/tensor.py` defines; it has no slot for extra state, and the extrema also
+  travel with a saved statistic file). By default the histogram **accumulates counts** (every element of every batch
+  weighs the same, the sum of bins = number of non-NaN elements seen); `cfg.histogram_mode = "ema"` instead blends
+  the re-binned histogram with the batch histogram using the momentum, as upstream did, but on common edges.
+  Values outside the int32-clipped range (e.g. +-inf) are counted in the border bins; NaN values are not counted.
+
+Per-channel statistics are computed vectorized over a (channels, elements) view; per-channel histograms are
+computed with one `bincount` per block of channels (blocks of about `_CHUNK` elements) only to bound the temporary
+index tensor's memory, each block is fully vectorized.
+
+`cfg.trim` (upstream `trim_infinity_before_statistic`) is applied to the whole tensor before anything else:
+`('clip', a, b)` clamps values into [a, b]; `('second', a, b)` replaces values <= a or >= b by the min / max of the
+remaining values (upstream semantics: the trimmed values first count as 0 while finding that min / max).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Tuple, Union
+
+import torch
+
+from ..graph.tensor import TensorStatistics
+
+# Statistics are clipped to the int32 range as upstream (OPT_INT_MIN / OPT_INT_MAX, reference Appendix C).
+STAT_INT_MIN = float(-(2 ** 31))
+STAT_INT_MAX = float(2 ** 31 - 1)
+
+_STAT_DTYPE = torch.float64  # dtype of all kept statistics (EMA and histogram accumulation precision)
+_CHUNK = 1 << 22  # elements per block when binning (bounds the temporary float64/int64 tensors)
+
+__all__ = [
+    "STAT_INT_MAX", "STAT_INT_MIN", "StatisticsConfig", "Trim", "apply_trim", "histogram_range", "parse_trim",
+    "rebin_histogram", "update_statistics",
+]
+
+
+class Trim(NamedTuple):
+    """`trim_infinity_before_statistic`: method 'clip' or 'second', and the bounds lo <= 0 <= hi."""
+
+    method: str
+    lo: float
+    hi: float
+
+
+_NUM = r"[-+]?(?:inf|(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?)"
+_TRIM_RE = re.compile(rf"^(clip|second)\s*\(\s*({_NUM})\s*,\s*({_NUM})\s*\)$", re.IGNORECASE)
+
+
+def parse_trim(text: Optional[str]) -> Optional[Trim]:
+    """Parse the upstream field text `clip(-inf, inf)` / `second(-1e4, 1e4)`; '' or None means no trimming.
+
+    Bounds are decimal numbers or +-inf and must satisfy lo <= 0 <= hi (upstream's requirement).
+    """
+    if text is None:
+        return None
+    s = str(text).strip()
+    if not s:
+        return None
+    m = _TRIM_RE.match(s)
+    if not m:
+        raise ValueError(f"invalid trim_infinity_before_statistic {text!r}: expected 'clip(lo, hi)' or "
+                         "'second(lo, hi)' with numbers or -inf/inf, e.g. 'clip(-inf, inf)' or "
+                         "'second(-65504, 65504)'")
+    lo, hi = float(m.group(2)), float(m.group(3))
+    if not lo <= 0.0 <= hi:
+        raise ValueError(f"invalid trim_infinity_before_statistic {text!r}: need lo <= 0 <= hi")
+    return Trim(m.group(1).lower(), lo, hi)
+
+
+def _as_trim(trim: Union[None, str, Tuple[str, float, float], Trim]) -> Optional[Trim]:
+    if trim is None or isinstance(trim, str):
+        return parse_trim(trim)
+    if len(trim) != 3:
+        raise ValueError(f"trim must be (method, lo, hi), got {trim!r}")
+    method, lo, hi = str(trim[0]).lower(), float(trim[1]), float(trim[2])
+    if method not in ("clip", "second"):
+        raise ValueError(f"trim method must be 'clip' or 'second', got {trim[0]!r}")
+    if not lo <= 0.0 <= hi:
+        raise ValueError(f"trim bounds must satisfy lo <= 0 <= hi, got {trim!r}")
+    return Trim(method, lo, hi)
+
+
+@dataclass(frozen=True)
+class StatisticsConfig:
+    """What `update_statistics` collects for one tensor.
+
+    momentum: `running_statistic_momentum` (EMA weight of the old value). histc_bins: histogram bins.
+    need_histogram / need_moments: upstream's time-saving switches (only kld needs the histogram; Nstd,
+    aciq and weighted_scale_param need mean/std/mad; `strategies.statistics_needs` tells). key_axis: also
+    collect per-channel statistics along this axis (None: per tensor only). trim: `Trim`, a
+    ('clip'|'second', lo, hi) tuple, the upstream text, or None.
+    histogram_mode: 'accumulate' (default, counts of all batches summed on common edges) or 'ema' (upstream-style
+    momentum blend, on common edges).
+    """
+
+    momentum: float = 0.9
+    histc_bins: int = 2048
+    need_histogram: bool = False
+    need_moments: bool = True
+    key_axis: Optional[int] = None
+    trim: Union[None, str, Tuple[str, float, float], Trim] = None
+    histogram_mode: str = "accumulate"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= float(self.momentum) <= 1.0:
+            raise ValueError(f"momentum must be in [0, 1], got {self.momentum}")
+        if int(self.histc_bins) < 1:
+            raise ValueError(f"histc_bins must be >= 1, got {self.histc_bins}")
+        if self.histogram_mode not in ("accumulate", "ema"):
+            raise ValueError(f"histogram_mode must be 'accumulate' or 'ema', got {self.histogram_mode!r}")
+        object.__setattr__(self, "trim", _as_trim(self.trim))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def apply_trim(x: torch.Tensor, trim: Optional[Trim]) -> torch.Tensor:
+    """Upstream `trim_infinity_before_statistic` on a float tensor (returns a new tensor or `x` itself)."""
+    if trim is None:
+        return x
+    if trim.method == "clip":
+        if trim.lo == -math.inf and trim.hi == math.inf:
+            return x
+        return torch.clamp(x, trim.lo, trim.hi)
+    lo, hi = min(trim.lo, 0.0), max(trim.hi, 0.0)
+    outlier = (x <= lo) | (x >= hi)
+    rest = torch.where(outlier, torch.zeros_like(x), x)
+    if rest.numel() == 0:
+        return x
+    rmin, rmax = _nan_aminmax(rest.reshape(1, -1))
+    return torch.clamp(x, float(rmin[0]), float(rmax[0]))
+
+
+def _nan_aminmax(v2d: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise min/max ignoring NaN; an all-NaN row gives (0, 0). Returns float64 tensors."""
+    mn = v2d.amin(dim=1)
+    mx = v2d.amax(dim=1)
+    bad = torch.isnan(mn) | torch.isnan(mx)
+    if bool(bad.any()):
+        nan = torch.isnan(v2d)
+        mn = torch.where(nan, torch.full_like(v2d, math.inf), v2d).amin(dim=1)
+        mx = torch.where(nan, torch.full_like(v2d, -math.inf), v2d).amax(dim=1)
+        empty = mn > mx
+        mn = torch.where(empty, torch.zeros_like(mn), mn)
+        mx = torch.where(empty, torch.zeros_like(mx), mx)
+    return mn.to(_STAT_DTYPE), mx.to(_STAT_DTYPE)
+
+
+def _degenerate_fix(lo: torch.Tensor, hi: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Upstream's histogram range rule for an empty range: [lo, lo + |lo|/2 + 1]."""
+    hi = torch.where(hi > lo, hi, lo + lo.abs() / 2.0 + 1.0)
+    return lo, hi
+
+
+def histogram_range(stats: TensorStatistics, per_channel: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The value range [lo, hi] spanned by `running_histc` (or by each row of `running_histc_key_axis`).
+
+    It is the extrema range, widened as upstream when degenerate (see the module docstring).
+    """
+    lo = stats.extrema_min_key_axis if per_channel else stats.extrema_min
+    hi = stats.extrema_max_key_axis if per_channel else stats.extrema_max
+    if lo is None or hi is None:
+        raise ValueError("no extrema statistics: run update_statistics first")
+    return _degenerate_fix(lo.to(_STAT_DTYPE), hi.to(_STAT_DTYPE))
+
+
+def rebin_histogram(hist: torch.Tensor, old_lo: torch.Tensor, old_hi: torch.Tensor, new_lo: torch.Tensor,
+                    new_hi: torch.Tensor) -> torch.Tensor:
+    """Re-bin histograms (shape (bins,) or (rows, bins)) from [old_lo, old_hi] onto [new_lo, new_hi], same bin count.
+
+    Counts are taken as uniform inside each old bin (piecewise-linear cumulative count); mass beyond the new range
+    goes to its border bins, so the total is conserved. Rows whose range did not change are returned unchanged.
+    """
+    squeeze = hist.dim() == 1
+    h = hist.reshape(1, -1) if squeeze else hist
+    h = h.to(_STAT_DTYPE)
+    rows, bins = h.shape
+    old_lo, old_hi, new_lo, new_hi = (torch.as_tensor(v, dtype=_STAT_DTYPE, device=h.device).reshape(-1, 1)
+                                      .expand(rows, 1) for v in (old_lo, old_hi, new_lo, new_hi))
+    changed = ((old_lo != new_lo) | (old_hi != new_hi)).reshape(rows)
+    if not bool(changed.any()):
+        return hist.clone()
+    zero = torch.zeros((rows, 1), dtype=_STAT_DTYPE, device=h.device)
+    cum = torch.cat([zero, torch.cumsum(h, dim=1)], dim=1)  # cumulative count at the old edges, (rows, bins+1)
+    total = cum[:, -1:]
+    j = torch.arange(bins + 1, dtype=_STAT_DTYPE, device=h.device).reshape(1, -1)
+    new_edges = new_lo + (new_hi - new_lo) * (j / bins)
+    # position of each new edge in old-bin units, clamped to the old range
+    u = ((new_edges - old_lo) * (bins / (old_hi - old_lo))).clamp(0.0, float(bins))
+    k = torch.floor(u).clamp(max=bins - 1)
+    frac = u - k
+    k = k.long()
+    f = torch.gather(cum, 1, k) + frac * torch.gather(h, 1, k)
+    f[:, 0] = 0.0
+    f[:, -1:] = total
+    f = torch.cummax(f, dim=1).values  # guard against rounding making F decrease
+    out = (f[:, 1:] - f[:, :-1]).clamp(min=0.0)
+    out = torch.where(changed.reshape(rows, 1), out, h)
+    return out.reshape(-1) if squeeze else out
+
+
+def _bin_counts(v2d: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bins: int) -> torch.Tensor:
+    """Histogram of each row of `v2d` on [lo_r, hi_r] (hi > lo), values outside counted in the border bins, NaN
+    dropped. Blocks of rows keep the temporary index tensor near `_CHUNK` elements. Returns (rows, bins) float64."""
+    rows, cols = v2d.shape
+    out = torch.zeros((rows, bins), dtype=_STAT_DTYPE, device=v2d.device)
+    lo = lo.to(_STAT_DTYPE).reshape(rows, 1)
+    factor = float(bins) / (hi.to(_STAT_DTYPE).reshape(rows, 1) - lo)
+    rows_per_block = max(1, _CHUNK // max(cols, 1))
+    col_block = cols if cols <= _CHUNK else _CHUNK
+    for r0 in range(0, rows, rows_per_block):
+        r1 = min(rows, r0 + rows_per_block)
+        for c0 in range(0, cols, col_block):
+            c1 = min(cols, c0 + col_block)
+            blk = v2d[r0:r1, c0:c1].to(_STAT_DTYPE)
+            pos = torch.floor((blk - lo[r0:r1]) * factor[r0:r1]).clamp(0.0, float(bins - 1))
+            nan = torch.isnan(pos)
+            pos = torch.where(nan, torch.zeros_like(pos), pos).long()
+            nrows = r1 - r0
+            flat = pos + torch.arange(nrows, device=v2d.device).reshape(-1, 1) * bins
+            flat = torch.where(nan, torch.full_like(flat, nrows * bins), flat)  # dump bin for NaN
+            counts = torch.bincount(flat.reshape(-1), minlength=nrows * bins + 1)[: nrows * bins]
+            out[r0:r1] += counts.reshape(nrows, bins).to(_STAT_DTYPE)
+    return out
+
+
+def _moments(v2d: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row-wise (mean, unbiased std, mean absolute deviation), clamped to int32 range, NaN std -> 1, mean/mad -> 0."""
+    if v2d.shape[1] > 1:
+        std, mean = torch.std_mean(v2d, dim=1)
+    else:  # unbiased std of a single value is NaN (-> 1 below); avoid torch's degrees-of-freedom warning
+        mean = v2d.mean(dim=1)
+        std = torch.full_like(mean, math.nan)
+    mad = torch.mean(torch.abs(v2d - mean.reshape(-1, 1)), dim=1)
+    mean, std, mad = (t.to(_STAT_DTYPE).clamp(STAT_INT_MIN, STAT_INT_MAX) for t in (mean, std, mad))
+    std = torch.where(torch.isnan(std), torch.ones_like(std), std)
+    mean = torch.where(torch.isnan(mean), torch.zeros_like(mean), mean)
+    mad = torch.where(torch.isnan(mad), torch.zeros_like(mad), mad)
+    return mean, std, mad
+
+
+def _ema(old: Optional[torch.Tensor], new: torch.Tensor, m: float) -> torch.Tensor:
+    return new.clone() if old is None else m * old + (1.0 - m) * new
+
+
+def _update_group(stats: TensorStatistics, v2d: torch.Tensor, cfg: StatisticsConfig, reset: bool,
+                  suffix: str, squeeze: bool) -> None:
+    """Update one family of fields (per tensor: suffix '' with one row; per channel: '_key_axis', one row each)."""
+    m = 0.0 if reset else float(cfg.momentum)
+
+    def get(name: str) -> Optional[torch.Tensor]:
+        return None if reset else getattr(stats, name + suffix)
+
+    def put(name: str, value: torch.Tensor) -> None:
+        setattr(stats, name + suffix, value.reshape(()) if squeeze else value)
+
+    def rows(name: str) -> Optional[torch.Tensor]:
+        t = get(name)
+        if t is None:
+            return None
+        t = t.reshape(-1) if name != "running_histc" else t.reshape(-1, t.shape[-1])
+        if t.shape[0] != v2d.shape[0]:
+            raise ValueError(f"statistics have {t.shape[0]} channels but this batch has {v2d.shape[0]} "
+                             f"(key_axis={cfg.key_axis})")
+        return t
+
+    bmin, bmax = _nan_aminmax(v2d)
+    bmin = bmin.clamp(STAT_INT_MIN, STAT_INT_MAX)
+    bmax = bmax.clamp(STAT_INT_MIN, STAT_INT_MAX)
+    old_emin, old_emax = rows("extrema_min"), rows("extrema_max")
+    emin = bmin if old_emin is None else torch.minimum(old_emin, bmin)
+    emax = bmax if old_emax is None else torch.maximum(old_emax, bmax)
+    put("extrema_min", emin)
+    put("extrema_max", emax)
+    put("running_min", _ema(rows("running_min"), bmin, m))
+    put("running_max", _ema(rows("running_max"), bmax, m))
+
+    if cfg.need_moments:
+        mean, std, mad = _moments(v2d)
+        put("running_mean", _ema(rows("running_mean"), mean, m))
+        put("running_std", _ema(rows("running_std"), std, m))
+        put("running_mad", _ema(rows("running_mad"), mad, m))
+
+    if cfg.need_histogram:
+        bins = int(cfg.histc_bins)
+        lo, hi = _degenerate_fix(emin, emax)
+        batch_hist = _bin_counts(v2d, lo, hi, bins)
+        old_hist = rows("running_histc")
+        if old_hist is not None and old_hist.shape[-1] != bins:
+            raise ValueError(f"histogram has {old_hist.shape[-1]} bins but histc_bins={bins}")
+        if old_hist is None or old_emin is None or old_emax is None:
+            hist = batch_hist
+        else:
+            olo, ohi = _degenerate_fix(old_emin, old_emax)
+            hist = rebin_histogram(old_hist, olo, ohi, lo, hi)
+            hist = hist + batch_hist if cfg.histogram_mode == "accumulate" else m * hist + (1.0 - m) * batch_hist
+        setattr(stats, "running_histc" + suffix, hist.reshape(-1) if squeeze else hist)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# public entry point
+
+
+def update_statistics(stats: TensorStatistics, x: torch.Tensor, cfg: StatisticsConfig,
+                      batch_index: int) -> TensorStatistics:
+    """Fold batch `x` into `stats` (in place; also returned). `batch_index == 0` (or empty stats) resets them.
+
+    Per-tensor fields are 0-dim float64 tensors, per-channel fields (when `cfg.key_axis` is set and `x` has at
+    least one dimension) are (channels,) float64 tensors, histograms (bins,) / (channels, bins) float64 counts.
+    An empty `x` leaves `stats` unchanged.
+    """
+    if not isinstance(cfg, StatisticsConfig):
+        raise TypeError(f"cfg must be a StatisticsConfig, got {type(cfg).__name__}")
+    if x.numel() == 0:
+        return stats
+    with torch.no_grad():
+        reset = int(batch_index) == 0 or stats.batches == 0 or stats.extrema_min is None
+        if reset:
+            stats.reset()
+        xf = apply_trim(x.detach().float(), cfg.trim)
+        _update_group(stats, xf.reshape(1, -1), cfg, reset, "", squeeze=True)
+        if cfg.key_axis is not None and xf.dim() > 0:
+            axis = int(cfg.key_axis)
+            if not -xf.dim() <= axis < xf.dim():
+                raise ValueError(f"key_axis {axis} out of range for a tensor of shape {tuple(xf.shape)}")
+            per_channel = xf.movedim(axis, 0).reshape(xf.shape[axis], -1)
+            # a reset clears the per-channel fields too, so they always restart together with the per-tensor ones
+            _update_group(stats, per_channel, cfg, reset or stats.extrema_min_key_axis is None, "_key_axis",
+                          squeeze=False)
+        stats.batches = 1 if reset else stats.batches + 1
+    return stats
