@@ -65,7 +65,7 @@ def test_nothing_to_do_is_an_error(capsys):
 @pytest.mark.skipif(not (EXAMPLE / "model" / "digits.txt").is_file(), reason="example not generated")
 def test_example_runs_and_reports_float_metric(tmp_path, capsys):
     cfg = example_cfg(tmp_path)
-    assert main(["--cfg", str(cfg)]) == 0
+    assert main(["--log-level", "info", "--cfg", str(cfg)]) == 0
     err = capsys.readouterr().err
     assert "float metric TopKMetric" in err
     accuracy = float(err.split("float metric TopKMetric: ")[1].split()[0])
