@@ -41,8 +41,7 @@ class TopKMetric(OptBaseMetric):
         if k < 1:
             raise PluginError(f"TopKMetric: K must be a positive integer, got '{K}'")
         self.k = k
-        self.correct = 0
-        self.total = 0
+        self.reset()
 
     def __call__(self, pred: Outputs, target: Any) -> None:
         out = _as_list(pred)[0]
@@ -80,8 +79,7 @@ class CosDistanceMetric(OptBaseMetric):
 
     def __init__(self) -> None:
         super().__init__()
-        self.sum = 0.0
-        self.count = 0
+        self.reset()
 
     def __call__(self, pred: Outputs, target: Any) -> None:
         outs = _as_list(pred)

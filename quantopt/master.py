@@ -12,7 +12,7 @@ from .data import make_dataset, make_loader, make_metrics, prepare_inputs, split
 from .errors import IRError, UnsupportedError
 from .graph.graph import QuantizeGraph
 from .graph.node import PyNode
-from .log import OPT_INFO, OPT_WARN, StepTimer, attach_file, detach_file
+from .log import OPT_INFO, OPT_WARN, StepTimer, attach_file, detach_file, warning_count
 from .registry import OP_FORWARD, OptBaseMetric
 
 
@@ -125,6 +125,7 @@ class OptMaster:
                 "float_metrics": metrics,
                 "steps": [(name, round(sec, 3)) for name, sec in self.timer.steps],
                 "wall_time": round(time.perf_counter() - start, 3),
+                "warnings": warning_count(),
                 "files": list(self.files_written),
             }
             self._print_report()
@@ -142,7 +143,7 @@ class OptMaster:
             lines.append(f"float metric {name}: {score:.6f}")
         for name, sec in r["steps"]:
             lines.append(f"step {name:<28} {sec:8.3f}s")
-        lines.append(f"total wall time {r['wall_time']:.3f}s")
+        lines.append(f"total wall time {r['wall_time']:.3f}s, {r['warnings']} warning(s) (see the log)")
         for f in r["files"]:
             lines.append(f"wrote {f}")
         for line in lines:

@@ -6,6 +6,7 @@ the only global state of quantopt.
 """
 from __future__ import annotations
 
+import abc
 import enum
 import importlib.util
 import inspect
@@ -150,7 +151,7 @@ def quantize_function(optype: str) -> Optional[Callable]:
     return reg.obj if reg else None
 
 
-class OptBaseMetric:
+class OptBaseMetric(abc.ABC):
     """Base class of metric plugins: constructed with the cfg's string arguments, fed batch by batch.
 
     `pred` is the list of model outputs in `output_tensors` order (dequantized for a quantized model),
@@ -160,14 +161,17 @@ class OptBaseMetric:
     def __init__(self, *args: str) -> None:
         self.args = args
 
+    @abc.abstractmethod
     def __call__(self, pred: List[Any], target: Any) -> None:
-        raise NotImplementedError
+        """Accumulate one batch."""
 
+    @abc.abstractmethod
     def reset(self) -> None:
-        raise NotImplementedError
+        """Forget everything accumulated (called before each evaluation)."""
 
+    @abc.abstractmethod
     def compute(self) -> float:
-        raise NotImplementedError
+        """The score over all batches since the last reset."""
 
     def report(self) -> str:
         return f"{type(self).__name__}: {self.compute()}"

@@ -192,3 +192,22 @@ def test_aipupluginpath_and_cwd_plugin_folder_in_subprocess(tmp_path):
     for name in ("PathOneMetric", "PathTwoMetric", "LocalFolderMetric", "NumpyDataset", "TopKMetric"):
         assert name in out.stdout
     assert "version 3.1" in out.stdout
+
+
+def test_incomplete_metric_plugin_is_a_plugin_error(tmp_path):
+    from quantopt.config.reader import read_cfg
+    from quantopt.data import make_metrics
+
+    @register_plugin(PluginType.Metric, "1.0")
+    class TestOnlyIncompleteMetric(OptBaseMetric):
+        def __call__(self, pred, target):
+            pass
+
+    (tmp_path / "m.txt").write_text("model_name=m\n\nlayer_id=0\nlayer_name=x\nlayer_type=Input\nlayer_bottom=[]\n"
+                                    "layer_top=[x]\nlayer_top_shape=[[1]]\nlayer_top_type=[float32]\n")
+    (tmp_path / "d.npy").write_bytes(b"")
+    cfg_path = tmp_path / "c.cfg"
+    cfg_path.write_text("[Common]\ngraph = m.txt\ndataset = NumpyDataset\ndata = d.npy\n"
+                        "metric = TestOnlyIncompleteMetric\n")
+    with pytest.raises(PluginError, match="could not be constructed: TypeError"):
+        make_metrics(read_cfg(str(cfg_path)))

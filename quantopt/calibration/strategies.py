@@ -26,7 +26,7 @@ Names and meanings are upstream's (the Zhouyi Compass Optimizer):
                                            (or [0, q_range/scale] unsigned), a = r1 if pos > neg else (r2 if
                                            running_std > r4 else r3); plain `weighted_scale_param` uses the
                                            upstream defaults [0.685, 0.875, 0.7175, 0.01965]. r1 > 1 (upstream's
-                                           automatic search mode) is not implemented: NotImplementedError.
+                                           automatic search mode) is not supported: UnsupportedError.
 =========================================  =================================================================
 
 Differences from upstream, all deliberate: an unknown strategy is a `ValueError` listing the valid forms (upstream
@@ -44,6 +44,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..errors import UnsupportedError
 from ..graph.tensor import TensorStatistics
 from .statistics import histogram_range
 
@@ -114,7 +115,7 @@ def _invalid(text: str, why: str = "unknown calibration strategy") -> ValueError
 def parse_strategy(text: Union[str, Strategy]) -> Strategy:
     """Parse a strategy name (case-insensitive, surrounding spaces ignored). Unknown -> ValueError.
 
-    `weighted_scale_param[r1,...]` with r1 > 1 (upstream's automatic search) raises NotImplementedError.
+    `weighted_scale_param[r1,...]` with r1 > 1 (upstream's automatic search) raises UnsupportedError.
     """
     if isinstance(text, Strategy):
         return text
@@ -146,7 +147,7 @@ def parse_strategy(text: Union[str, Strategy]) -> Strategy:
 
 def _check_not_auto(strategy: Strategy) -> None:
     if strategy.is_auto_weighted:
-        raise NotImplementedError(
+        raise UnsupportedError(
             f"calibration strategy '{strategy}': weighted_scale_param with r1 > 1 selects upstream's automatic "
             "heuristic search (spectral divergence + cosine over the raw tensor values, with state shared across "
             "tensors); quantopt does not implement it. Give explicit r1..r4 <= 1, e.g. "

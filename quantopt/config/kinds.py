@@ -1,20 +1,39 @@
 """Value kinds of cfg fields: each parses the text of a value and describes what it accepts."""
 from __future__ import annotations
 
+import abc
 import os
 import re
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 
-class ValueKind:
+class ValueKind(abc.ABC):
     """Parses one cfg value; raises ValueError with a short reason when the text is not acceptable."""
 
+    @abc.abstractmethod
     def parse(self, text: str) -> Any:
-        raise NotImplementedError
+        """The typed value of `text`."""
 
+    @abc.abstractmethod
     def allowed(self) -> str:
-        raise NotImplementedError
+        """What the field accepts, for error messages and `quantopt --field`."""
+
+
+def _check_range(value: Any, minimum: Any, maximum: Any) -> Any:
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ValueError("out of range")
+    return value
+
+
+def _range_text(what: str, minimum: Any, maximum: Any) -> str:
+    if minimum is not None and maximum is not None:
+        return f"{what} in [{minimum}, {maximum}]"
+    if minimum is not None:
+        return f"{what} >= {minimum}"
+    if maximum is not None:
+        return f"{what} <= {maximum}"
+    return what
 
 
 class BoolKind(ValueKind):
@@ -39,17 +58,10 @@ class IntKind(ValueKind):
         t = text.strip()
         if not re.fullmatch(r"[+-]?\d+", t):
             raise ValueError("not an integer")
-        v = int(t)
-        if (self.minimum is not None and v < self.minimum) or (self.maximum is not None and v > self.maximum):
-            raise ValueError("out of range")
-        return v
+        return _check_range(int(t), self.minimum, self.maximum)
 
     def allowed(self) -> str:
-        if self.minimum is not None and self.maximum is not None:
-            return f"an integer in [{self.minimum}, {self.maximum}]"
-        if self.minimum is not None:
-            return f"an integer >= {self.minimum}"
-        return "an integer"
+        return _range_text("an integer", self.minimum, self.maximum)
 
 
 @dataclass
@@ -62,16 +74,12 @@ class FloatKind(ValueKind):
             v = float(text.strip())
         except ValueError:
             raise ValueError("not a number") from None
-        if v != v or (self.minimum is not None and v < self.minimum) or (self.maximum is not None and v > self.maximum):
-            raise ValueError("out of range")
-        return v
+        if v != v:
+            raise ValueError("not a number")
+        return _check_range(v, self.minimum, self.maximum)
 
     def allowed(self) -> str:
-        if self.minimum is not None and self.maximum is not None:
-            return f"a number in [{self.minimum}, {self.maximum}]"
-        if self.minimum is not None:
-            return f"a number >= {self.minimum}"
-        return "a number"
+        return _range_text("a number", self.minimum, self.maximum)
 
 
 @dataclass

@@ -44,9 +44,6 @@ class Config:
     def error(self, name: str, message: str) -> ConfigError:
         return ConfigError(f"field '{name}': {message}", file=self.path, line=self.explicit.get(name))
 
-    def summary(self) -> Dict[str, str]:
-        return {k: str(v) for k, v in self.values.items() if k in self.explicit}
-
 
 def _parse_field(f: Field, text: str, base_dir: str) -> Any:
     if f.is_path:

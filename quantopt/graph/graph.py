@@ -44,12 +44,6 @@ class PyGraph:
         """Activation tensors by name (node outputs)."""
         return {t.name: t for n in self.nodes for t in n.outputs}
 
-    def producer(self, tensor: PyTensor) -> Optional[PyNode]:
-        return tensor.pnode
-
-    def consumers(self, tensor: PyTensor) -> List[PyNode]:
-        return [n for n in self.nodes if any(t is tensor for t in n.inputs)]
-
     def finalize(self, file: Optional[str] = None) -> PyGraph:
         """Check names and edges, build the networkx graph and sort nodes topologically (ties by layer_id)."""
         producers: Dict[str, PyNode] = {}

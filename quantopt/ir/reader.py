@@ -352,7 +352,7 @@ def _apply_top_info(sr: _SectionReader, node: PyNode, key: str) -> None:
                 raise sr.error(key, f"'{key}' entries must be [min,max] pairs")
             t.ir_range = item
         elif key == "layer_top_scale":
-            t.scale = item if not isinstance(item, list) else item
+            t.scale = item
         else:
             t.zerop = item
 

@@ -41,16 +41,16 @@ def _const_lines(lines: List[str], stem: str, tensors: List[PyTensor], bin_out: 
                  as_list: bool = False) -> None:
     types, offsets, sizes, shapes = [], [], [], []
     for t in tensors:
+        data = t.betensor.reshape(t.ir_shape) if t.betensor.numel() == t.ir_numel else t.betensor
         try:
-            storage = encode_storage(t.betensor.reshape(t.ir_shape) if t.betensor.numel() == t.ir_numel
-                                     else t.betensor, t.dtype)
+            storage = encode_storage(data, t.dtype)
         except OverflowError as e:
             raise IRError(f"cannot write constant '{t.name}': {e}") from None
         off, size = bin_out.add(storage)
         types.append(t.dtype)
         offsets.append(off)
         sizes.append(size)
-        shapes.append(list(t.ir_shape) if t.betensor.numel() == t.ir_numel else list(t.betensor.shape))
+        shapes.append(list(data.shape))
     pick = (lambda v: v[0]) if not as_list else (lambda v: v)
     _kv(lines, stem + "_type", pick(types))
     _kv(lines, stem + "_offset", pick(offsets))
@@ -64,7 +64,8 @@ def _param_line(lines: List[str], node: PyNode, key: str) -> None:
     raw = node.attrs.get("ir_raw_params", {}).get(key)
     if raw is not None:
         try:
-            same = parse_value(raw) == value and type(parse_value(raw)) is type(value)
+            parsed = parse_value(raw)
+            same = parsed == value and type(parsed) is type(value)
         except GrammarError:
             same = False
         if same:
@@ -73,15 +74,16 @@ def _param_line(lines: List[str], node: PyNode, key: str) -> None:
     _kv(lines, key, value)
 
 
+_TOP_ATTR = {"layer_top_scale": "scale", "layer_top_zp": "zerop"}
+
+
 def _top_info_value(node: PyNode, key: str) -> Any:
     values = []
     for t in node.outputs:
         if key == "layer_top_range":
             v = t.ir_range if t.ir_range is not None else ([t.qmin, t.qmax] if t.qmin is not None else None)
-        elif key == "layer_top_scale":
-            v = t.scale
         else:
-            v = t.zerop
+            v = getattr(t, _TOP_ATTR[key])
         if isinstance(v, torch.Tensor):
             v = v.tolist() if v.numel() > 1 else v.item()
         values.append(v)
@@ -89,7 +91,7 @@ def _top_info_value(node: PyNode, key: str) -> Any:
 
 
 def _is_per_channel(node: PyNode, key: str) -> bool:
-    attr = {"layer_top_scale": "scale", "layer_top_zp": "zerop"}.get(key)
+    attr = _TOP_ATTR.get(key)
     if attr is None or len(node.outputs) != 1:
         return False
     v = getattr(node.outputs[0], attr)
@@ -112,7 +114,7 @@ def _layer_lines(node: PyNode, index: int, bin_out: _BinBuilder) -> List[str]:
     grouped = {k for keys in groups.values() for k in keys}
     top_keys = list(node.attrs.get("ir_top_keys", []))
     if node.quantized:
-        top_keys = [k for k in TOP_INFO_KEYS]
+        top_keys = list(TOP_INFO_KEYS)
     order = list(node.attrs.get("ir_key_order", []))
     # items not in the recorded order: top info first (after structural keys), then constants, then params
     missing_top = [k for k in top_keys if k not in order]
@@ -125,7 +127,7 @@ def _layer_lines(node: PyNode, index: int, bin_out: _BinBuilder) -> List[str]:
             if key not in top_keys:
                 continue
             if _is_per_channel(node, key):
-                attr = "scale" if key == "layer_top_scale" else "zerop"
+                attr = _TOP_ATTR[key]
                 v = getattr(node.outputs[0], attr)
                 dt = node.attrs.get("ir_top_constant_dtypes", {}).get(key, Dtype.FP32 if attr == "scale"
                                                                           else Dtype.INT32)
@@ -158,7 +160,6 @@ def serialize_ir(graph: PyGraph, bin_name: str) -> Tuple[str, bytes]:
     """(text, bin bytes) of the graph; `bin_name` is written as the header's model_bin."""
     bin_out = _BinBuilder()
     header = dict(graph.header) if graph.header else {}
-    header.setdefault("model_name", graph.name)
     header["model_name"] = graph.name
     header["layer_number"] = len(graph.nodes)
     header["input_tensors"] = [t.name for t in graph.input_tensors]
@@ -201,21 +202,14 @@ def write_ir(graph: PyGraph, txt_path: str, bin_path: Optional[str] = None) -> T
     bin_path = str(bin_path) if bin_path else os.path.splitext(txt_path)[0] + ".bin"
     text, data = serialize_ir(graph, os.path.basename(bin_path))
     os.makedirs(os.path.dirname(os.path.abspath(txt_path)), exist_ok=True)
-    tmp_bin = _atomic_write(bin_path, data)
+    pending = {}  # destination -> temp file not yet renamed into place (removed if anything fails)
     try:
-        tmp_txt = _atomic_write(txt_path, text.encode("utf-8"))
-    except BaseException:
-        os.unlink(tmp_bin)
-        raise
-    try:
-        os.replace(tmp_bin, bin_path)
-    except BaseException:
-        os.unlink(tmp_bin)
-        os.unlink(tmp_txt)
-        raise
-    try:
-        os.replace(tmp_txt, txt_path)
-    except BaseException:
-        os.unlink(tmp_txt)
-        raise
+        pending[bin_path] = _atomic_write(bin_path, data)
+        pending[txt_path] = _atomic_write(txt_path, text.encode("utf-8"))
+        for dest in (bin_path, txt_path):
+            os.replace(pending[dest], dest)
+            del pending[dest]
+    finally:
+        for tmp in pending.values():
+            os.unlink(tmp)
     return txt_path, bin_path

@@ -17,6 +17,7 @@ from quantopt.calibration import (
     statistics_needs,
     update_statistics,
 )
+from quantopt.errors import UnsupportedError
 from quantopt.graph.tensor import TensorStatistics
 
 
@@ -59,9 +60,9 @@ def test_parse_weighted_scale_param():
     st = parse_strategy("weighted_scale_param[0.5, 0.6,0.7 ,0.02]")
     assert st.params == (0.5, 0.6, 0.7, 0.02) and st.name == "weighted_scale_param"
     assert parse_strategy("weighted_scale_param[1,1,1,0.1,]").params == (1.0, 1.0, 1.0, 0.1)
-    with pytest.raises(NotImplementedError, match="automatic"):
+    with pytest.raises(UnsupportedError, match="automatic"):
         parse_strategy("weighted_scale_param[1.5,0.875,0.7175,0.01965]")
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(UnsupportedError):
         apply_strategy(_hand(extrema_min=-1.0), Strategy("weighted_scale_param", params=(2.0, 0.5, 0.5, 0.1)), 8)
 
 
