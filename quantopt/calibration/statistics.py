@@ -51,10 +51,10 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 
 from ..graph.tensor import TensorStatistics
+from ..quant.hardware import STATISTICS_CLIP_RANGE
 
 # Statistics are clipped to the int32 range as upstream (OPT_INT_MIN / OPT_INT_MAX, reference Appendix C).
-STAT_INT_MIN = float(-(2 ** 31))
-STAT_INT_MAX = float(2 ** 31 - 1)
+STAT_INT_MIN, STAT_INT_MAX = (float(v) for v in STATISTICS_CLIP_RANGE)
 
 _STAT_DTYPE = torch.float64  # dtype of all kept statistics (EMA and histogram accumulation precision)
 _CHUNK = 1 << 22  # elements per block when binning (bounds the temporary float64/int64 tensors)

@@ -36,13 +36,12 @@ def range_dtype(vmin: float, vmax: float, force_signed: bool = False) -> Dtype:
     """Smallest of int8/16/32 (uint if vmin >= 0 and not forced signed) holding [vmin, vmax] (upstream
     `range2dtype`): the dtype written for multipliers and shifts."""
     signed = vmin < 0 or force_signed
-    if signed:
-        if vmax > 32767 or vmin < -32768:
-            return Dtype.INT32
-        return Dtype.INT16 if (vmax > 127 or vmin < -128) else Dtype.INT8
-    if vmax > 65535:
-        return Dtype.UINT32
-    return Dtype.UINT16 if vmax > 255 else Dtype.UINT8
+    candidates = (Dtype.INT8, Dtype.INT16, Dtype.INT32) if signed else (Dtype.UINT8, Dtype.UINT16, Dtype.UINT32)
+    for dtype in candidates:
+        lo, hi = dtype.int_range()
+        if lo <= vmin and vmax <= hi:
+            return dtype
+    return candidates[-1]
 
 
 def scale_shift(ratio: RatioLike, mult_bits: int, force_shift_positive: bool = False,
