@@ -1,18 +1,26 @@
 """OptMaster: runs the workflow (reference §6.1) step by step, each step timed and logged."""
 from __future__ import annotations
 
+import copy
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
+from .analysis.similarity import LayerSimilarity, layer_similarity, worst_layers_table
+from .analysis.template import build_template, write_template
+from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
+from .config.layer_settings import OptConfig
 from .config.reader import Config
 from .data import make_dataset, make_loader, make_metrics, prepare_inputs, split_sample
-from .errors import IRError, UnsupportedError
-from .graph.graph import QuantizeGraph
+from .errors import ConfigError, IRError, UnsupportedError
+from .graph.graph import PyGraph, QuantizeGraph
 from .graph.node import PyNode
+from .ir.writer import write_ir
 from .log import OPT_INFO, OPT_WARN, StepTimer, attach_file, detach_file, warning_count
+from .ops._quant import dequantized
+from .quantizer import assign_settings, check_quantizable, quantize_graph
 from .registry import OP_FORWARD, OptBaseMetric
 
 
@@ -29,6 +37,8 @@ class OptMaster:
         self.calibration_loader: Optional[torch.utils.data.DataLoader] = None
         self.validation_loader: Optional[torch.utils.data.DataLoader] = None
         self.float_metrics: List[OptBaseMetric] = []
+        self.quant_metrics: List[OptBaseMetric] = []
+        self.similarities: List[LayerSimilarity] = []
         self.report: Dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------------ steps
@@ -47,6 +57,10 @@ class OptMaster:
 
     def prepare(self) -> None:
         cfg = self.cfg
+        if not cfg.calibration_data and not cfg.calibrate_with_zero_inputs:
+            raise ConfigError("field 'calibration_data' is required to quantize: activation ranges come from it "
+                              "(set calibrate_with_zero_inputs = true to calibrate on all-zero inputs, for smoke "
+                              "tests only)", file=cfg.path)
         if cfg.calibration_data:
             ds = make_dataset(cfg, cfg.calibration_data)
             self.calibration_loader = make_loader(cfg, ds, cfg.calibration_batch_size)
@@ -58,6 +72,7 @@ class OptMaster:
             OPT_INFO(f"validation data: {len(ds)} samples from {cfg.data}")
             self._check_first_batch(self.validation_loader, cfg.data)
         self.float_metrics = make_metrics(cfg)
+        self.quant_metrics = [copy.deepcopy(m) for m in self.float_metrics]
 
     def _check_first_batch(self, loader: torch.utils.data.DataLoader, source: str) -> None:
         batch = next(iter(loader))
@@ -76,24 +91,72 @@ class OptMaster:
 
         self.graph.forward(self.graph.zero_inputs(), after_node=check)
 
-    def evaluate_float(self) -> Dict[str, float]:
+    def calibration_batches(self, limit: Optional[int] = None) -> Iterator[List[torch.Tensor]]:
+        """Prepared input batches of the calibration data (all-zero inputs when the user opted into that)."""
+        if self.calibration_loader is None:
+            yield self.graph.zero_inputs(self.cfg.calibration_batch_size)
+            return
+        for i, batch in enumerate(self.calibration_loader):
+            if limit is not None and i >= limit:
+                return
+            inputs, _ = split_sample(batch, self.cfg.calibration_data)
+            yield prepare_inputs(self.graph, inputs, self.cfg, self.cfg.calibration_data, i)
+
+    def statistics(self) -> None:
+        collect_weight_statistics(self.graph)
+        count = collect_activation_statistics(self.graph, self.calibration_batches())
+        OPT_INFO(f"statistics collected over {count} calibration batch(es)")
+
+    def quantize(self) -> QuantizeGraph:
+        calibrate_graph(self.graph)
+        return quantize_graph(self.graph)
+
+    def quant_forward_check(self, qgraph: QuantizeGraph) -> None:
+        """All-zero inputs through the integer graph: shapes as in the IR, every value inside its integer range."""
+        def check(node: PyNode) -> None:
+            for t in node.outputs:
+                got = tuple(t.betensor.shape)
+                if got != tuple(t.ir_shape):
+                    raise IRError(f"quantized layer '{node.name}' ({node.type}) produced {list(got)} for output "
+                                  f"'{t.name}' but the IR declares {list(t.ir_shape)}")
+                if t.betensor.is_floating_point() or (t.betensor.numel() and (int(t.betensor.min()) < t.qmin or
+                                                                               int(t.betensor.max()) > t.qmax)):
+                    raise RuntimeError(f"integer forward of layer '{node.name}' ({node.type}) left '{t.name}' "
+                                       f"outside its integer range [{t.qmin}, {t.qmax}] or not integer")
+
+        qgraph.forward(qgraph.zero_inputs(), after_node=check)
+
+    def write_outputs(self, qgraph: QuantizeGraph) -> None:
+        base = self.cfg.out_ir_name or f"{self.model_name}_o"
+        txt = os.path.join(self.output_dir, base + ".txt")
+        txt, bin_path = write_ir(qgraph, txt)
+        template = build_template(self.graph, qgraph, self.similarities)
+        json_path = write_template(os.path.join(self.output_dir, f"{self.model_name}_opt_template.json"), template)
+        self.files_written += [txt, bin_path, json_path]
+
+    def evaluate(self, graph: PyGraph, metrics: Sequence[OptBaseMetric], quantized: bool) -> Dict[str, float]:
+        """Metric scores of a graph on the validation data; quantized outputs are dequantized first."""
         scores: Dict[str, float] = {}
-        if not self.float_metrics or self.validation_loader is None:
+        if not metrics or self.validation_loader is None:
             return scores
-        for m in self.float_metrics:
+        for m in metrics:
             m.reset()
         source = self.cfg.data
         with torch.no_grad():
             for i, batch in enumerate(self.validation_loader):
                 inputs, label = split_sample(batch, source)
-                outputs = self.graph.forward(prepare_inputs(self.graph, inputs, self.cfg, source, i))
-                for m in self.float_metrics:
+                graph.forward(prepare_inputs(self.graph, inputs, self.cfg, source, i))
+                outputs = [dequantized(t) if quantized else t.betensor for t in graph.output_tensors]
+                for m in metrics:
                     m(list(outputs), label)
-        for (cls_name, args), m in zip(self.cfg.metric, self.float_metrics):
+        for (cls_name, args), m in zip(self.cfg.metric, metrics):
             name = cls_name + (f"({','.join(args)})" if args else "")
             scores[name] = float(m.compute())
-            OPT_INFO(f"float metric: {m.report()}")
+            OPT_INFO(f"{'quantized' if quantized else 'float'} metric: {m.report()}")
         return scores
+
+    def evaluate_float(self) -> Dict[str, float]:
+        return self.evaluate(self.graph, self.float_metrics, quantized=False)
 
     # ------------------------------------------------------------------------------------------------ run
     def __call__(self) -> Dict[str, Any]:
@@ -111,18 +174,43 @@ class OptMaster:
                 self.prepare()
             with self.timer.step("zero-input forward check"):
                 self.zero_forward_check()
-            metrics: Dict[str, float] = {}
+            with self.timer.step("check quantize functions"):
+                check_quantizable(self.graph)
+            with self.timer.step("layer settings"):
+                opt_config = OptConfig.load(self.cfg.opt_config, [n.name for n in self.graph.nodes]) \
+                    if self.cfg.opt_config else None
+                assign_settings(self.graph, self.cfg, opt_config)
+            with self.timer.step("statistics"):
+                self.statistics()
+            with self.timer.step("calibrate and quantize"):
+                qgraph = self.quantize()
+            with self.timer.step("quantized zero-input check"):
+                self.quant_forward_check(qgraph)
+            with self.timer.step("precision analysis"):
+                self.similarities = layer_similarity(
+                    self.graph, qgraph, list(self.calibration_batches(self.cfg.similarity_data_num)))
+                for line in worst_layers_table(self.similarities).splitlines():
+                    OPT_INFO(line)
+            with self.timer.step("write IR and template"):
+                self.write_outputs(qgraph)
+            float_scores: Dict[str, float] = {}
+            quant_scores: Dict[str, float] = {}
             if self.cfg.eval_original_model and self.float_metrics:
                 with self.timer.step("float metric"):
-                    metrics = self.evaluate_float()
-            OPT_WARN("quantization is not available in this version: the run stops after the float checks and "
-                     "metrics, and no quantized IR is written")
+                    float_scores = self.evaluate(self.graph, self.float_metrics, quantized=False)
+            if self.cfg.eval_optimized_model and self.quant_metrics:
+                with self.timer.step("quantized metric"):
+                    quant_scores = self.evaluate(qgraph, self.quant_metrics, quantized=True)
             self.files_written.append(log_path)
             self.report = {
                 "model": self.model_name,
                 "inputs": [t.name for t in self.graph.input_tensors],
                 "outputs": [t.name for t in self.graph.output_tensors],
-                "float_metrics": metrics,
+                "float_metrics": float_scores,
+                "quant_metrics": quant_scores,
+                "metric_drop": {k: float_scores[k] - quant_scores[k] for k in float_scores if k in quant_scores},
+                "worst_layers": [s.as_dict() for s in sorted(self.similarities,
+                                                             key=lambda s: s.isolated_cos)[:5]],
                 "steps": [(name, round(sec, 3)) for name, sec in self.timer.steps],
                 "wall_time": round(time.perf_counter() - start, 3),
                 "warnings": warning_count(),
@@ -139,8 +227,15 @@ class OptMaster:
                  f"model:   {r['model']}",
                  f"inputs:  {', '.join(r['inputs'])}",
                  f"outputs: {', '.join(r['outputs'])}"]
-        for name, score in r["float_metrics"].items():
-            lines.append(f"float metric {name}: {score:.6f}")
+        for name in sorted(set(r["float_metrics"]) | set(r["quant_metrics"])):
+            parts = []
+            if name in r["float_metrics"]:
+                parts.append(f"float {r['float_metrics'][name]:.6f}")
+            if name in r["quant_metrics"]:
+                parts.append(f"quantized {r['quant_metrics'][name]:.6f}")
+            if name in r["metric_drop"]:
+                parts.append(f"drop {r['metric_drop'][name]:+.6f}")
+            lines.append(f"metric {name}: " + ", ".join(parts))
         for name, sec in r["steps"]:
             lines.append(f"step {name:<28} {sec:8.3f}s")
         lines.append(f"total wall time {r['wall_time']:.3f}s, {r['warnings']} warning(s) (see the log)")

@@ -7,7 +7,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List
 
-from .kinds import BoolKind, IntKind, MetricListKind, NameKind, PathKind, PluginNameKind, ValueKind
+from .kinds import (
+    BoolKind,
+    ChoiceKind,
+    FloatKind,
+    IntKind,
+    IntListKind,
+    MetricListKind,
+    NameKind,
+    OptionalIntKind,
+    PathKind,
+    PluginNameKind,
+    StrategyKind,
+    TrimKind,
+    ValueKind,
+)
 
 
 @dataclass(frozen=True)
@@ -69,29 +83,90 @@ field("without_batch_dim", False, BoolKind(),
       group="data")
 field("eval_original_model", True, BoolKind(), "evaluate the metric on the float model", group="data")
 
+# --- quantization (per-layer fields accept `global & <selector:value> ...`) ---------------------------------------
+WEIGHT_MODES = ("per_tensor_symmetric_restricted_range", "per_tensor_symmetric_full_range", "per_tensor_asymmetric",
+                "per_channel_symmetric_restricted_range", "per_channel_symmetric_full_range", "per_channel_asymmetric")
+ACTIVATION_MODES = ("per_tensor_symmetric_restricted_range", "per_tensor_symmetric_full_range",
+                    "per_tensor_asymmetric", "per_channel_symmetric_restricted_range",
+                    "per_channel_symmetric_full_range")
+
+field("quantize_method_for_weight", "per_tensor_symmetric_restricted_range", ChoiceKind(WEIGHT_MODES),
+      "how weights are quantized (scale/zero point granularity and symmetry)", per_layer=True, group="quantization")
+field("quantize_method_for_activation", "per_tensor_symmetric_full_range", ChoiceKind(ACTIVATION_MODES),
+      "how activations are quantized; 16-bit activations are always symmetric", per_layer=True,
+      group="quantization")
+field("weight_bits", 8, IntKind(4, 16), "bits of quantized weights", per_layer=True, group="quantization")
+field("activation_bits", 8, IntKind(8, 16), "bits of quantized activations", per_layer=True, group="quantization")
+field("bias_bits", 32, IntKind(16, 48), "bits of quantized biases (48 is stored as int64)", per_layer=True,
+      group="quantization")
+field("bias_effective_bits", None, OptionalIntKind(16, 48),
+      "only the top N bits of quantized biases may be non-zero (default: bias_bits)", per_layer=True,
+      group="quantization")
+field("lut_items_in_bits", 8, IntKind(8, 16), "lookup tables hold at most 2^N entries (10+ advised for 16 bits)",
+      per_layer=True, group="quantization")
+field("multiplier_bits", None, OptionalIntKind(2, 15),
+      "bits of requantization multipliers (default: the layer's activation bits, at most 15)", per_layer=True,
+      group="quantization")
+field("unify_shifts_for_aiff", True, BoolKind(),
+      "per-channel requantization shares one shift (hardware MAC engine requirement)", per_layer=True,
+      group="quantization")
+field("force_dtype_int", False, BoolKind(), "outputs are always signed integers", per_layer=True,
+      group="quantization")
+field("force_shift_positive", False, BoolKind(),
+      "negative requantization shifts become 0 (the multiplier saturates: accuracy loss)", per_layer=True,
+      group="quantization")
+field("remain_shift", None, OptionalIntKind(0, 32),
+      "MAC ops with >8-bit inputs or weights: pre-shift the 48-bit accumulator into int32, keeping this many bits "
+      "of shift for the last stage (empty: off)", per_layer=True, group="quantization")
+field("set_qinvariant_for_start_nodes", [], IntListKind(),
+      "layer ids of Input/Constant layers whose values are used as integers (scale 1, zero point 0)",
+      group="quantization")
+field("unify_scales_for_concat_threshold", 1.05, FloatKind(minimum=1.0),
+      "Concat inputs whose scales differ by at most this ratio (and share the zero point) are not requantized",
+      group="quantization")
+
+# --- calibration ------------------------------------------------------------------------------------------------
+field("calibration_strategy_for_weight", "extrema", StrategyKind(), "local calibration strategy of weights",
+      per_layer=True, group="calibration")
+field("calibration_strategy_for_activation", "mean", StrategyKind(),
+      "local calibration strategy of activations", per_layer=True, group="calibration")
+field("running_statistic_momentum", 0.9, FloatKind(0.0, 1.0),
+      "momentum of the running (EMA) statistics over calibration batches", per_layer=True, group="calibration")
+field("histc_bins", 2048, IntKind(16, 1 << 20), "histogram bins (kld strategy)", per_layer=True,
+      group="calibration")
+field("trim_infinity_before_statistic", "", TrimKind(),
+      "clip(lo, hi) clamps values, second(lo, hi) replaces values beyond the bounds by the second min/max, before "
+      "statistics", per_layer=True, group="calibration")
+field("calibrate_with_zero_inputs", False, BoolKind(),
+      "allow calibration without calibration_data by feeding all-zero inputs (activation ranges will be "
+      "meaningless; only for smoke tests)", group="calibration")
+
+# --- outputs and analysis ---------------------------------------------------------------------------------------
+field("opt_config", "", PathKind(),
+      "per-layer JSON (the edited <model>_opt_template.json); its values override the cfg for the layers it names",
+      group="model")
+field("eval_optimized_model", True, BoolKind(), "evaluate the metric on the quantized model", group="data")
+field("similarity_data_num", 1, IntKind(minimum=1),
+      "calibration batches used for the per-layer float-vs-quantized similarity", group="analysis")
+
 
 # Fields of the upstream Compass Optimizer that quantopt does not implement yet: a cfg using one gets a clear
 # "not implemented yet" error instead of "unknown key" (and never a silent no-op).
 UPSTREAM_FIELDS = frozenset("""
-qconfig eval_optimized_model skip_optimization data_batch_dim label_batch_dim dump dump_dir opt_config statistic_file
-calibration_strategy_for_weight calibration_strategy_for_activation global_calibration calibration_shuffe
-quantize_method_for_weight quantize_method_for_activation weight_block_size weight_bits activation_bits quant_type
-lut_items_in_bits bias_bits bias_effective_bits bias_effective_bits_auto_adaption unify_shifts_for_aiff
-cast_dtypes_for_lib perf_mode_for_lib min_compatible_zhouyi_target force_dtype_int force_shift_positive
-running_statistic_momentum histc_bins set_qinvariant_for_start_nodes fake_quant_scopes_for_debug
-fake_quant_operators_for_debug resize_degrade_to_nearest unify_scales_for_kvc_concat unify_scales_for_concat
-unify_scales_for_concat_threshold unify_scales_for_concat_max_depth unify_scales_for_multi_inputs_operators
-with_winograd mixed_precision_auto_search trigger_float_op save_statistic_info trim_infinity_before_statistic
-remain_shift compat_quantized_model_simplify_dequantize_quantize enable_pass_merge_matmul_mul
+qconfig skip_optimization data_batch_dim label_batch_dim dump dump_dir statistic_file global_calibration
+calibration_shuffe weight_block_size quant_type bias_effective_bits_auto_adaption cast_dtypes_for_lib
+perf_mode_for_lib min_compatible_zhouyi_target fake_quant_scopes_for_debug fake_quant_operators_for_debug
+resize_degrade_to_nearest unify_scales_for_kvc_concat unify_scales_for_concat unify_scales_for_concat_max_depth
+unify_scales_for_multi_inputs_operators with_winograd mixed_precision_auto_search trigger_float_op save_statistic_info
+compat_quantized_model_simplify_dequantize_quantize enable_pass_merge_matmul_mul
 enable_pass_convert_resize_to_convolution enable_pass_decompose_nonmonotonic_activations
 enable_pass_tune_op_complicated_activations enable_pass_tune_op_softmax enable_pass_deeply_set_unquantifiable
-enable_pass_split_qkv_fc_in_transformer enable_pass_detect_inf_mask_nodes optimize_wdc_for_x2
-ignore_missing_statistic modify_batch_dim export_parallel_batch ds_output_shape_constant enable_ds quant_ir_name
-activation_block_size featuremap_tiling_param featuremap_splits_item_x featuremap_splits_item_y
-featuremap_splits_concat_blk featuremap_splits_overlap_rate featuremap_splits_sram_size similarity_data_num
-write_similarity_to_ir record_debug_acc_info compat_quantized_model compat_quantized_model_strategy
-compat_quantized_model_eliminate_cast compat_quantized_model_int8_to_uint8 compat_quantized_model_ops
-compat_quantized_model_unify_shifts_mode compat_quantized_model_left_shift_bits
-compat_quantized_model_force_weight_asym multiplier_bits activation_perchannel_min_elements
+enable_pass_split_qkv_fc_in_transformer enable_pass_detect_inf_mask_nodes optimize_wdc_for_x2 ignore_missing_statistic
+modify_batch_dim export_parallel_batch ds_output_shape_constant enable_ds quant_ir_name activation_block_size
+featuremap_tiling_param featuremap_splits_item_x featuremap_splits_item_y featuremap_splits_concat_blk
+featuremap_splits_overlap_rate featuremap_splits_sram_size write_similarity_to_ir record_debug_acc_info
+compat_quantized_model compat_quantized_model_strategy compat_quantized_model_eliminate_cast
+compat_quantized_model_int8_to_uint8 compat_quantized_model_ops compat_quantized_model_unify_shifts_mode
+compat_quantized_model_left_shift_bits compat_quantized_model_force_weight_asym activation_perchannel_min_elements
 regularize_activation_perchannel_scales enable_pass_scaled_dot_product_attention ds_parameter_constant
 """.split())

@@ -179,3 +179,59 @@ class MetricListKind(ValueKind):
 
     def allowed(self) -> str:
         return "comma-separated metric plugins, each Name or Name(arg1,arg2) (quantopt --plugin lists them)"
+
+
+@dataclass
+class OptionalIntKind(IntKind):
+    """An integer, or an empty value meaning "derived from other fields" (parsed as None)."""
+
+    def parse(self, text: str) -> Optional[int]:  # type: ignore[override]
+        if not text.strip():
+            return None
+        return super().parse(text)
+
+    def allowed(self) -> str:
+        return super().allowed() + " (empty: derived from other fields)"
+
+
+class StrategyKind(ValueKind):
+    """A local calibration strategy name (`mean`, `extrema`, `3std`, `kld`, `0.99percentile`, ...)."""
+
+    def parse(self, text: str) -> str:
+        from ..calibration.strategies import parse_strategy
+
+        return str(parse_strategy(text))
+
+    def allowed(self) -> str:
+        from ..calibration.strategies import STRATEGY_FORMS
+
+        return "one of " + ", ".join(STRATEGY_FORMS)
+
+
+class TrimKind(ValueKind):
+    """`clip(lo, hi)` or `second(lo, hi)` applied to tensors before statistics; empty for none."""
+
+    def parse(self, text: str) -> str:
+        from ..calibration.statistics import parse_trim
+
+        trim = parse_trim(text)
+        return "" if trim is None else f"{trim.method}({trim.lo:g},{trim.hi:g})"
+
+    def allowed(self) -> str:
+        return "clip(lo, hi) or second(lo, hi) with lo <= 0 <= hi (numbers or -inf/inf)"
+
+
+class IntListKind(ValueKind):
+    """Comma-separated non-negative integers, e.g. layer ids `0,2`; brackets optional."""
+
+    def parse(self, text: str) -> List[int]:
+        t = text.strip().strip("[]").strip()
+        if not t:
+            return []
+        items = [s.strip() for s in t.split(",")]
+        if any(not re.fullmatch(r"\d+", s) for s in items):
+            raise ValueError("not a list of non-negative integers")
+        return [int(s) for s in items]
+
+    def allowed(self) -> str:
+        return "comma-separated layer ids, e.g. 0,2"

@@ -177,6 +177,7 @@ class PyGraph:
             m.source = n.source
             m.quantized = n.quantized
             m.additional = n.additional
+            m.settings = n.settings
             m.inputs = [ct(t) for t in n.inputs]
             m.outputs = [ct(t) for t in n.outputs]
             for t in m.outputs:

@@ -30,6 +30,7 @@ class PyNode:
         self.additional = False
         self.source: Optional[Tuple[str, int]] = None
         self.graph: Any = None
+        self.settings: Any = None  # config.layer_settings.LayerSettings once quantization starts
 
     def where(self) -> str:
         if self.source:

@@ -60,6 +60,8 @@ class PyTensor:
         # calibrated range (scalars, or per-channel tensors along key_axis)
         self.min: Optional[Union[float, torch.Tensor]] = None
         self.max: Optional[Union[float, torch.Tensor]] = None
+        self.min_key_axis: Optional[torch.Tensor] = None  # per-channel calibrated range along axis 0 (weights)
+        self.max_key_axis: Optional[torch.Tensor] = None
         self.stats = TensorStatistics()
         # per-layer precision analysis
         self.similarity: Optional[float] = None
@@ -78,10 +80,11 @@ class PyTensor:
         t = PyTensor(name or self.name, self.betensor.clone(), self.ir_dtype, self.ir_shape)
         for key in ("dtype", "ir_range", "qbits", "qmin", "qmax", "qinvariant", "key_axis", "similarity", "mse"):
             setattr(t, key, getattr(self, key))
-        for key in ("scale", "zerop", "min", "max"):
+        for key in ("scale", "zerop", "min", "max", "min_key_axis", "max_key_axis"):
             v = getattr(self, key)
             setattr(t, key, v.clone() if isinstance(v, torch.Tensor) else v)
         t.extra = dict(self.extra)
+        t.stats = self.stats  # shared: statistics are read-only once collected
         return t
 
     def release(self) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Type
 
 import numpy as np
+import torch
 
 from ..errors import IRError, UnsupportedError
 from ..graph.graph import PyGraph, QuantizeGraph
@@ -259,6 +260,7 @@ def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGra
         graph.add_node(_read_layer(sec, txt_path, bin_file))
     graph.finalize(file=txt_path)
     _check_bottom_shapes(graph, txt_path)
+    _mark_quantized(graph)
     inputs, outputs = _io_names(graph, header)
     produced = graph.tensors()
     for key, names in (("input_tensors", inputs), ("output_tensors", outputs)):
@@ -368,6 +370,25 @@ def _apply_top_constant(sr: _SectionReader, node: PyNode, stem: str, tensor: PyT
     else:
         out.ir_range = tensor.betensor.tolist()
     node.attrs.setdefault("ir_top_constant_dtypes", {})[stem] = tensor.dtype
+
+
+def _mark_quantized(graph: PyGraph) -> None:
+    """Layers of a quantized IR (integer outputs with `layer_top_scale`, not `unquantifiable`) run their integer
+    forward: their outputs get qmin/qmax from `layer_top_range` and qbits from the dtype."""
+    for n in graph.nodes:
+        if "layer_top_scale" not in n.attrs.get("ir_top_keys", []) or n.params.get("unquantifiable") is True:
+            continue
+        if not n.outputs or any(t.dtype.is_float for t in n.outputs):
+            continue
+        n.quantized = True
+        for t in n.outputs:
+            rng = t.ir_range if t.ir_range is not None else list(t.dtype.int_range())
+            t.qmin, t.qmax = int(rng[0]), int(rng[1])
+            t.qbits = t.dtype.bits
+            t.qinvariant = not isinstance(t.scale, torch.Tensor) and float(t.scale) == 1.0 and float(t.zerop) == 0.0
+        for t in n.constants.values():
+            if not t.dtype.is_float:
+                t.qbits = t.dtype.bits
 
 
 def _check_bottom_shapes(graph: PyGraph, path: str) -> None:

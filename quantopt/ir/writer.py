@@ -213,3 +213,15 @@ def write_ir(graph: PyGraph, txt_path: str, bin_path: Optional[str] = None) -> T
         for tmp in pending.values():
             os.unlink(tmp)
     return txt_path, bin_path
+
+
+def atomic_write(path: str, data: bytes) -> str:
+    """Write one file atomically (temp file in the same folder, then rename); returns the path."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = _atomic_write(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path

@@ -10,10 +10,18 @@ from typing import Any, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
-from ..registry import op_register
+from ..registry import op_register, quant_register
+from ._quant import (
+    effective_weights,
+    exact_float_dtype,
+    input_absmax,
+    layer_settings,
+    mac_finish,
+    mac_input,
+    quantize_mac,
+)
 from ._shared import apply_fused_activation
 
 _MISSING = object()
@@ -34,11 +42,6 @@ def _int_param(node: PyNode, key: str, default: Any = _MISSING, minimum: int = 1
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype if x.is_floating_point() else torch.float32
-
-
-def _check_float(node: PyNode) -> None:
-    if node.quantized:
-        raise UnsupportedError(f"layer '{node.name}' ({node.type}): the integer forward is not implemented yet")
 
 
 def _geometry(node: PyNode) -> Tuple[Tuple[int, int], Tuple[int, int], Tuple[int, int, int, int]]:
@@ -85,33 +88,63 @@ def _bias(node: PyNode, out_c: int, like: torch.Tensor) -> torch.Tensor | None:
 def conv2d_nhwc(node: PyNode, depthwise: bool) -> torch.Tensor:
     """Float NHWC convolution of the node's input with its constants, before the fused activation."""
     x = node.inputs[0].betensor
+    dtype = _compute_dtype(x)
+    w = node.get_constant("weights").betensor.to(device=x.device, dtype=dtype)
+    return _conv_nhwc(node, x.to(dtype), w, _bias(node, int(w.shape[0]), w), depthwise, 0.0)
+
+
+def conv2d_nhwc_int(node: PyNode, depthwise: bool) -> torch.Tensor:
+    """Exact integer accumulator conv(x_q padded with -zp_in, w_q + zp_w) as float64, bias not added."""
+    x, zp = mac_input(node)
+    w = effective_weights(node)
+    dtype = exact_float_dtype(input_absmax(node.inputs[0]), w)
+    acc = _conv_nhwc(node, x.to(dtype), w.to(dtype), None, depthwise, float(-zp))
+    return acc.to(torch.float64)
+
+
+def _conv_nhwc(node: PyNode, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, depthwise: bool,
+               pad_value: float) -> torch.Tensor:
     if x.dim() != 4:
         raise node._error(f"input must be 4-D NHWC, got shape {list(x.shape)}")
-    dtype = _compute_dtype(x)
-    x = x.to(dtype)
-    w = node.get_constant("weights").betensor.to(device=x.device, dtype=dtype)
     group = _check_weights(node, w, int(x.shape[3]), depthwise)
     stride, dilation, pads = _geometry(node)
     xc = x.permute(0, 3, 1, 2)
     if any(pads):
-        xc = F.pad(xc, pads)
+        xc = F.pad(xc, pads, value=pad_value)
     kh, kw = int(w.shape[1]), int(w.shape[2])
     need = ((kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1)
     if xc.shape[2] < need[0] or xc.shape[3] < need[1]:
         raise node._error(f"padded input {list(xc.shape[2:])} (HW) is smaller than the dilated kernel {list(need)}")
-    y = F.conv2d(xc, w.permute(0, 3, 1, 2), _bias(node, int(w.shape[0]), w), stride=stride, padding=0,
-                 dilation=dilation, groups=group)
+    y = F.conv2d(xc, w.permute(0, 3, 1, 2), bias, stride=stride, padding=0, dilation=dilation, groups=group)
     return y.permute(0, 2, 3, 1).contiguous()
 
 
 @op_register(OpType.Convolution)
 def convolution_forward(self: PyNode) -> None:
-    _check_float(self)
+    if self.quantized:
+        self.outputs[0].betensor = mac_finish(self, conv2d_nhwc_int(self, depthwise=False))
+        return
     self.outputs[0].betensor = apply_fused_activation(self, conv2d_nhwc(self, depthwise=False))
 
 
 @op_register(OpType.DepthwiseConv)
 def depthwise_conv_forward(self: PyNode) -> None:
     """The Parser writes DepthwiseConv as a grouped conv: weights [in_c*multiplier, kh, kw, 1], group = in_c."""
-    _check_float(self)
+    if self.quantized:
+        self.outputs[0].betensor = mac_finish(self, conv2d_nhwc_int(self, depthwise=True))
+        return
     self.outputs[0].betensor = apply_fused_activation(self, conv2d_nhwc(self, depthwise=True))
+
+
+@quant_register(OpType.Convolution)
+def convolution_quantize(self: PyNode) -> None:
+    """Per-channel weights when the weight mode says so; grouped convs are quantized per group otherwise."""
+    per_channel = layer_settings(self).q_mode_weight.startswith("per_channel")
+    group = _int_param(self, "group", 1)
+    quantize_mac(self, per_channel=per_channel, groups=1 if per_channel else int(group))
+
+
+@quant_register(OpType.DepthwiseConv)
+def depthwise_conv_quantize(self: PyNode) -> None:
+    """DepthwiseConv weights are always per channel (each channel is its own filter), as upstream."""
+    quantize_mac(self, per_channel=True)

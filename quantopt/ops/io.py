@@ -1,21 +1,78 @@
-"""Graph inputs and constants."""
+"""Graph inputs and constants: float forward, quantization, integer forward."""
 from __future__ import annotations
+
+import torch
 
 from ..graph.node import PyNode
 from ..graph.optype import OpType
-from ..registry import op_register
+from ..quant.params import integer_range, quantize
+from ..registry import op_register, quant_register
+from ._quant import layer_settings, out_range, quantize_activation, set_qinvariant
+
+INT_INPUT_MAX_BITS = 32
+"""Integer model inputs wider than this are clamped to 32 bits when used as quantized values (§3.5 Input)."""
 
 
 @op_register(OpType.Input)
 def input_forward(self: PyNode) -> None:
-    """The executor has already placed the fed data on the output tensor; check it against the IR shape."""
+    """The executor has already placed the fed data on the output tensor; a quantized Input quantizes it:
+    q = clamp(round_half_even(x · scale − zp), qmin, qmax), float32 like upstream; integer inputs pass through."""
     out = self.outputs[0]
     if out.betensor.numel() == 0 and out.ir_numel != 0:
         raise self._error("no data was fed to this input")
+    if not self.quantized:
+        return
+    x = out.betensor
+    qmin, qmax = out_range(out)
+    if out.qinvariant:
+        xi = torch.round(x.to(torch.float64)) if x.is_floating_point() else x
+        out.betensor = torch.clamp(xi.to(torch.int64), qmin, qmax)
+    else:
+        out.betensor = quantize(x, out.scale, out.zerop, qmin, qmax)
+
+
+@quant_register(OpType.Input)
+def input_quantize(self: PyNode) -> None:
+    """Integer IR inputs are used as is; float inputs get params from their range, unsigned iff never negative."""
+    out = self.outputs[0]
+    s = layer_settings(self)
+    if not out.ir_dtype.is_float:
+        bits = min(out.ir_dtype.bits, INT_INPUT_MAX_BITS)
+        set_qinvariant(out, bits, out.ir_dtype.is_signed)
+        return
+    emin = out.stats.extrema_min
+    signed = bool(emin is not None and float(emin) < 0) or (emin is None and out.min is not None and out.min < 0)
+    if s.qinvariant:
+        set_qinvariant(out, s.q_bits_activation, signed or s.force_dtype_int)
+        return
+    quantize_activation(self, out, signed)
 
 
 @op_register(OpType.Constant)
 def constant_forward(self: PyNode) -> None:
-    """Outputs the `weights` constant, broadcast over the current batch if the IR shape has a batch dim of 1."""
+    """Outputs the `weights` constant, broadcast over the current batch if the IR shape has a batch dim of 1.
+    Quantized, the constant already holds the output's integer values."""
     w = self.get_constant("weights").betensor
     self.outputs[0].betensor = w.reshape(self.outputs[0].ir_shape) if w.numel() == self.outputs[0].ir_numel else w
+
+
+@quant_register(OpType.Constant)
+def constant_quantize(self: PyNode) -> None:
+    """All-integer constants are used as integers (scale 1); others are quantized with the output's params."""
+    out = self.outputs[0]
+    w = self.get_constant("weights")
+    s = layer_settings(self)
+    values = w.betensor
+    if not values.is_floating_point():
+        bits = min(w.dtype.bits, INT_INPUT_MAX_BITS)
+        set_qinvariant(out, bits, bool((values < 0).any()) or w.dtype.is_signed)
+    elif s.qinvariant or (bool(torch.isfinite(values).all()) and bool((values == torch.round(values)).all())):
+        lo, hi = (float(values.min()), float(values.max())) if values.numel() else (0.0, 0.0)
+        signed = lo < 0
+        fits = [b for b in (8, 16, 32) if integer_range(b, signed)[0] <= lo and hi <= integer_range(b, signed)[1]]
+        set_qinvariant(out, fits[0] if fits else INT_INPUT_MAX_BITS, signed)
+    else:
+        quantize_activation(self, out, float(out.min) < 0)
+    qmin, qmax = out_range(out)
+    w.betensor = quantize(values, out.scale, out.zerop, qmin, qmax) if values.is_floating_point() else values
+    w.dtype, w.scale, w.zerop, w.qmin, w.qmax, w.qbits = out.dtype, out.scale, out.zerop, qmin, qmax, out.qbits

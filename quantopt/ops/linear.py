@@ -1,4 +1,4 @@
-"""FullyConnected and MatMul (float forward)."""
+"""FullyConnected (float, quantize, integer forward) and MatMul (float forward)."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +7,16 @@ import torch.nn.functional as F
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
-from ..registry import op_register
+from ..registry import op_register, quant_register
+from ._quant import (
+    effective_weights,
+    exact_float_dtype,
+    input_absmax,
+    layer_settings,
+    mac_finish,
+    mac_input,
+    quantize_mac,
+)
 from ._shared import apply_fused_activation, bool_param
 
 
@@ -23,11 +32,37 @@ def _check_float(node: PyNode) -> None:
 @op_register(OpType.FullyConnected)
 def fully_connected_forward(self: PyNode) -> None:
     """y = x @ W^T + b over the last axis; weights [out, in], biases [out] (absent means zero)."""
-    _check_float(self)
+    if self.quantized:
+        x, _ = mac_input(self)
+        w = effective_weights(self)
+        dtype = exact_float_dtype(input_absmax(self.inputs[0]), w)
+        _check_fc_shapes(self, x, w)
+        # zero point folded into the biases: acc = x_q·w + b_q' (no padding in a dense layer)
+        acc = F.linear(x.to(dtype), w.to(dtype)).to(torch.float64)
+        self.outputs[0].betensor = mac_finish(self, acc)
+        return
     x = self.inputs[0].betensor
     dtype = _compute_dtype(x)
     x = x.to(dtype)
     w = self.get_constant("weights").betensor.to(device=x.device, dtype=dtype)
+    _check_fc_shapes(self, x, w)
+    out_f = int(w.shape[0])
+    b_t = self.get_constant("biases", optional=True)
+    b = None
+    if b_t is not None:
+        b = b_t.betensor.to(device=x.device, dtype=dtype)
+        if b.numel() != out_f:
+            raise self._error(f"biases must have {out_f} elements, got shape {list(b.shape)}")
+        b = b.reshape(out_f)
+    self.outputs[0].betensor = apply_fused_activation(self, F.linear(x, w, b))
+
+
+@quant_register(OpType.FullyConnected)
+def fully_connected_quantize(self: PyNode) -> None:
+    quantize_mac(self, per_channel=layer_settings(self).q_mode_weight.startswith("per_channel"))
+
+
+def _check_fc_shapes(self: PyNode, x: torch.Tensor, w: torch.Tensor) -> None:
     if w.dim() != 2:
         raise self._error(f"weights must be 2-D [out, in], got shape {list(w.shape)}")
     out_f, in_f = int(w.shape[0]), int(w.shape[1])
@@ -37,14 +72,6 @@ def fully_connected_forward(self: PyNode) -> None:
     num_output = self.get_param("num_output", optional=True, default_value=out_f)
     if isinstance(num_output, bool) or num_output != out_f:
         raise self._error(f"parameter num_output={num_output} does not match weights shape {list(w.shape)}")
-    b_t = self.get_constant("biases", optional=True)
-    b = None
-    if b_t is not None:
-        b = b_t.betensor.to(device=x.device, dtype=dtype)
-        if b.numel() != out_f:
-            raise self._error(f"biases must have {out_f} elements, got shape {list(b.shape)}")
-        b = b.reshape(out_f)
-    self.outputs[0].betensor = apply_fused_activation(self, F.linear(x, w, b))
 
 
 def _maybe_transpose(node: PyNode, t: torch.Tensor, key: str) -> torch.Tensor:

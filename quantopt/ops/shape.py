@@ -1,9 +1,11 @@
-"""Ops that only move data: Transpose, Reshape."""
+"""Ops that only move data: Transpose, Reshape. Quantized, they carry their input's params unchanged and move
+the integer values exactly like floats."""
 from __future__ import annotations
 
 from ..graph.node import PyNode
 from ..graph.optype import OpType
-from ..registry import op_register
+from ..registry import op_register, quant_register
+from ._quant import copy_params
 
 
 @op_register(OpType.Transpose)
@@ -21,3 +23,8 @@ def reshape_forward(self: PyNode) -> None:
     if shape and x.dim() > 0 and x.shape[0] != ir_batch and shape[0] == ir_batch:
         shape[0] = x.shape[0]
     self.outputs[0].betensor = x.reshape(shape)
+
+
+@quant_register([OpType.Transpose, OpType.Reshape])
+def shape_only_quantize(self: PyNode) -> None:
+    copy_params(self.outputs[0], self.inputs[0])

@@ -1,0 +1,63 @@
+"""The per-layer JSON template `<model>_opt_template.json` (reference §4.7): every layer's editable settings
+(the keys `opt_config` accepts) plus a read-only `just_for_display` section with real JSON values."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Dict, Optional, Sequence
+
+import torch
+
+from ..graph.graph import PyGraph
+from ..graph.tensor import PyTensor
+from ..ir.writer import atomic_write
+from .similarity import LayerSimilarity
+
+
+def _plain(v: Any) -> Any:
+    """JSON-ready value: tensors become numbers or lists, non-finite floats become strings."""
+    if isinstance(v, torch.Tensor):
+        v = v.tolist() if v.numel() != 1 or v.dim() > 0 else v.item()
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if hasattr(v, "value") and not isinstance(v, (int, float, str, bool)):
+        return v.value
+    return v
+
+
+def tensor_info(q: PyTensor, f: Optional[PyTensor]) -> Dict[str, Any]:
+    ref = f if f is not None else q
+    return {"scale": _plain(q.scale), "zerop": _plain(q.zerop), "qbits": q.qbits, "dtype": _plain(q.dtype),
+            "qmin": q.qmin, "qmax": q.qmax, "fmin": _plain(ref.min), "fmax": _plain(ref.max),
+            "qinvariant": bool(q.qinvariant)}
+
+
+def build_template(float_graph: PyGraph, quant_graph: PyGraph,
+                   similarities: Sequence[LayerSimilarity] = ()) -> Dict[str, Any]:
+    """Layer name -> settings (editable) + layer_id/layer_type and display info (ignored when loaded back)."""
+    sims = {(s.name, s.tensor): s for s in similarities}
+    fnodes = {n.name: n for n in float_graph.nodes}
+    out: Dict[str, Any] = {}
+    for n in quant_graph.nodes:
+        fn = fnodes.get(n.name)
+        entry: Dict[str, Any] = {"layer_id": n.layer_id, "layer_type": str(n.type)}
+        if n.settings is not None:
+            entry.update(n.settings.to_json())
+        info = {}
+        for i, t in enumerate(n.outputs):
+            ft = fn.outputs[i] if fn is not None and i < len(fn.outputs) else None
+            info[t.name] = tensor_info(t, ft)
+        display: Dict[str, Any] = {"quantization_info": info}
+        similarity = {t.name: sims[(n.name, t.name)].as_dict() for t in n.outputs if (n.name, t.name) in sims}
+        if similarity:
+            display["similarity"] = {k: {kk: vv for kk, vv in v.items() if kk.endswith(("_cos", "_mse"))}
+                                     for k, v in similarity.items()}
+        entry["just_for_display"] = display
+        out[n.name] = entry
+    return out
+
+
+def write_template(path: str, template: Dict[str, Any]) -> str:
+    return atomic_write(path, (json.dumps(template, indent=2) + "\n").encode("utf-8"))

@@ -1,0 +1,91 @@
+"""The statistics pass over a graph and local calibration of every tensor (reference §6.3, §6.4).
+
+Statistics of activations are folded in one float forward per calibration batch (a hook after each layer), so
+memory does not grow with the number of batches. Weights (every floating constant but biases) get their
+statistics once, per tensor and per output channel (axis 0). Each layer's `settings` (a LayerSettings) decide the
+strategies and hence which statistics are worth computing.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Sequence
+
+import torch
+
+from ..errors import DataError
+from ..graph.graph import PyGraph
+from ..graph.node import PyNode
+from ..graph.tensor import PyTensor
+from ..quant.params import QuantMode
+from .statistics import StatisticsConfig, update_statistics
+from .strategies import apply_strategy, parse_strategy
+
+NOT_WEIGHTS = ("biases",)
+"""Constants that are never calibrated as weights: biases are quantized with the input and weight scales."""
+
+
+def weight_constants(node: PyNode) -> List[PyTensor]:
+    """The constants of a layer that are calibrated and quantized like weights."""
+    return [t for key, t in node.constants.items()
+            if key not in NOT_WEIGHTS and t.betensor.is_floating_point() and t.betensor.numel() > 0]
+
+
+def _stat_config(node: PyNode, strategy: str, key_axis: int | None = None) -> StatisticsConfig:
+    st = parse_strategy(strategy)
+    s = node.settings
+    return StatisticsConfig(momentum=s.running_statistic_momentum, histc_bins=s.histc_bins,
+                            need_histogram=st.needs_histogram, need_moments=st.needs_moments, key_axis=key_axis,
+                            trim=s.trim_infinity_before_statistic or None)
+
+
+def collect_weight_statistics(graph: PyGraph) -> None:
+    """Per-tensor and per-channel (axis 0) statistics of every weight constant."""
+    for n in graph.nodes:
+        for t in weight_constants(n):
+            cfg = _stat_config(n, n.settings.q_strategy_weight, key_axis=0 if t.betensor.dim() > 0 else None)
+            update_statistics(t.stats, t.betensor, cfg, 0)
+
+
+def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[torch.Tensor]]) -> int:
+    """Fold every batch's layer outputs into their tensors' statistics; returns the number of batches."""
+    configs: Dict[int, StatisticsConfig] = {id(n): _stat_config(n, n.settings.q_strategy_activation)
+                                            for n in graph.nodes}
+    count = 0
+
+    def hook(node: PyNode) -> None:
+        cfg = configs[id(node)]
+        for t in node.outputs:
+            if t.betensor.is_floating_point():
+                _check_finite(node, t, count)
+            update_statistics(t.stats, t.betensor, cfg, count)
+
+    with torch.no_grad():
+        for inputs in batches:
+            graph.forward(inputs, after_node=hook)
+            count += 1
+    return count
+
+
+def _check_finite(node: PyNode, t: PyTensor, batch: int) -> None:
+    if node.type == "Input" and bool(torch.isnan(t.betensor).any()):
+        raise DataError(f"calibration batch {batch} has NaN values in input '{t.name}'")
+
+
+def calibrate_graph(graph: PyGraph) -> None:
+    """Calibrated ranges (`min`/`max`, and `min_key_axis`/`max_key_axis` for weights), each with min <= 0 <= max."""
+    for n in graph.nodes:
+        s = n.settings
+        act_symmetric = not QuantMode.from_name(s.q_mode_activation).is_asymmetric
+        for t in n.outputs:
+            if t.stats.extrema_min is None:
+                raise DataError(f"layer '{n.name}': no statistics were collected for tensor '{t.name}' "
+                                "(did the calibration data reach it?)")
+            t.min, t.max = apply_strategy(t.stats, s.q_strategy_activation, s.q_bits_activation,
+                                          symmetric=act_symmetric, ir_range=t.ir_range, per_channel=False)
+        w_symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
+        for t in weight_constants(n):
+            t.min, t.max = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight, symmetric=w_symmetric,
+                                          ir_range=t.ir_range, per_channel=False)
+            if t.stats.extrema_min_key_axis is not None:
+                t.min_key_axis, t.max_key_axis = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight,
+                                                                symmetric=w_symmetric, ir_range=t.ir_range,
+                                                                per_channel=True)

@@ -1,0 +1,155 @@
+"""Per-layer quantization settings: the cfg's per-layer fields resolved for one layer, then the opt_config JSON.
+
+A `LayerSettings` is what a quantize function reads; its field names are the keys of the per-layer JSON template
+(`<model>_opt_template.json`), so a user edits exactly what the operators see.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Optional
+
+from ..errors import ConfigError, UnsupportedError
+from .fields import FIELDS
+
+# JSON/template key -> cfg field that gives its default and validates its value
+SETTING_FIELDS: Dict[str, str] = {
+    "q_mode_activation": "quantize_method_for_activation",
+    "q_mode_weight": "quantize_method_for_weight",
+    "q_bits_activation": "activation_bits",
+    "q_bits_weight": "weight_bits",
+    "q_bits_bias": "bias_bits",
+    "q_strategy_activation": "calibration_strategy_for_activation",
+    "q_strategy_weight": "calibration_strategy_for_weight",
+    "running_statistic_momentum": "running_statistic_momentum",
+    "histc_bins": "histc_bins",
+    "trim_infinity_before_statistic": "trim_infinity_before_statistic",
+    "lut_items_in_bits": "lut_items_in_bits",
+    "multiplier_bits": "multiplier_bits",
+    "bias_effective_bits": "bias_effective_bits",
+    "unify_shifts_for_aiff": "unify_shifts_for_aiff",
+    "force_dtype_int": "force_dtype_int",
+    "force_shift_positive": "force_shift_positive",
+    "remain_shift": "remain_shift",
+}
+
+
+@dataclass
+class LayerSettings:
+    """Everything that decides how one layer is calibrated and quantized."""
+
+    q_mode_activation: str = "per_tensor_symmetric_full_range"
+    q_mode_weight: str = "per_tensor_symmetric_restricted_range"
+    q_bits_activation: int = 8
+    q_bits_weight: int = 8
+    q_bits_bias: int = 32
+    q_strategy_activation: str = "mean"
+    q_strategy_weight: str = "extrema"
+    running_statistic_momentum: float = 0.9
+    histc_bins: int = 2048
+    trim_infinity_before_statistic: str = ""
+    lut_items_in_bits: int = 8
+    multiplier_bits: Optional[int] = None
+    bias_effective_bits: Optional[int] = None
+    unify_shifts_for_aiff: bool = True
+    force_dtype_int: bool = False
+    force_shift_positive: bool = False
+    remain_shift: Optional[int] = None
+    qinvariant: bool = False  # set_qinvariant_for_start_nodes (not a JSON key: chosen by layer id in the cfg)
+    concat_threshold: float = 1.05  # unify_scales_for_concat_threshold (global cfg field)
+
+    @property
+    def mult_bits(self) -> int:
+        """Requant multiplier bits: `multiplier_bits`, else the activation bits, capped at 15 by `scale_shift`."""
+        return self.multiplier_bits if self.multiplier_bits is not None else self.q_bits_activation
+
+    @property
+    def effective_bias_bits(self) -> int:
+        return self.bias_effective_bits if self.bias_effective_bits is not None else self.q_bits_bias
+
+    def to_json(self) -> Dict[str, Any]:
+        return {k: getattr(self, k) for k in SETTING_FIELDS}
+
+
+def settings_from_cfg(cfg: Any, node: Any) -> LayerSettings:
+    """Resolve every per-layer cfg field for `node` (layer-id range > op type/method > name regex > global)."""
+    values: Dict[str, Any] = {}
+    for key, field_name in SETTING_FIELDS.items():
+        v = getattr(cfg, field_name)
+        values[key] = v.get(node) if hasattr(v, "get") and not isinstance(v, dict) else v
+    values["qinvariant"] = node.layer_id in (cfg.set_qinvariant_for_start_nodes or [])
+    values["concat_threshold"] = float(cfg.unify_scales_for_concat_threshold)
+    settings = LayerSettings(**values)
+    check_settings(settings, node)
+    return settings
+
+
+def check_settings(settings: LayerSettings, node: Any) -> None:
+    """Combinations quantopt rejects for a layer (the error names the field)."""
+    if settings.q_mode_activation.startswith("per_channel"):
+        raise UnsupportedError(f"layer '{node.name}': quantize_method_for_activation={settings.q_mode_activation}: "
+                               "per-channel activation quantization is not implemented yet; use a per_tensor mode",
+                               field="quantize_method_for_activation")
+
+
+class OptConfig:
+    """The user's per-layer JSON (`opt_config`): layer name -> {setting: value}, validated on load."""
+
+    def __init__(self, path: str, layers: Dict[str, Dict[str, Any]]) -> None:
+        self.path = path
+        self.layers = layers
+
+    @classmethod
+    def load(cls, path: str, layer_names: Iterable[str]) -> OptConfig:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            raise ConfigError("opt_config file not found", file=path) from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"opt_config is not valid JSON: {e.msg}", file=path, line=e.lineno) from None
+        if not isinstance(data, dict):
+            raise ConfigError("opt_config must be a JSON object keyed by layer name", file=path)
+        known = set(layer_names)
+        layers: Dict[str, Dict[str, Any]] = {}
+        for name, entry in data.items():
+            if name not in known:
+                raise ConfigError(f"opt_config names layer '{name}' that the model does not have", file=path)
+            if not isinstance(entry, dict):
+                raise ConfigError(f"opt_config layer '{name}': expected an object of settings", file=path)
+            parsed: Dict[str, Any] = {}
+            for key, value in entry.items():
+                if key in READ_ONLY_KEYS:
+                    continue
+                if key not in SETTING_FIELDS:
+                    raise ConfigError(f"opt_config layer '{name}': unknown key '{key}' (editable keys: "
+                                      f"{', '.join(SETTING_FIELDS)})", file=path)
+                parsed[key] = _parse_json_value(path, name, key, value)
+            layers[name] = parsed
+        return cls(path, layers)
+
+    def apply(self, settings: LayerSettings, node: Any) -> LayerSettings:
+        overrides = self.layers.get(node.name)
+        if not overrides:
+            return settings
+        result = dataclasses.replace(settings, **overrides)
+        check_settings(result, node)
+        return result
+
+
+READ_ONLY_KEYS = ("layer_id", "layer_type", "just_for_display")
+
+
+def _parse_json_value(path: str, layer: str, key: str, value: Any) -> Any:
+    f = FIELDS[SETTING_FIELDS[key]]
+    if value is None:
+        if f.default is None:
+            return None
+        raise ConfigError(f"opt_config layer '{layer}': '{key}' cannot be null; expected {f.allowed()}", file=path)
+    text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    try:
+        return f.kind.parse(text)
+    except ValueError as e:
+        raise ConfigError(f"opt_config layer '{layer}': invalid value {value!r} for '{key}' ({e}); expected "
+                          f"{f.allowed()}", file=path) from None

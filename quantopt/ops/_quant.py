@@ -1,0 +1,370 @@
+"""Quantization helpers shared by operator families: tensor params, weights, biases, requantization, integer I/O.
+
+Ops call these from their quantize functions (which run once, in topological order, after calibration) and from
+their integer forward. The integer forward of every op reads only what the quantized IR stores (tensor
+scale/zp/range/dtype, node params and constants), so a re-loaded IR computes bit-identical outputs.
+Quantized activations are int64 tensors holding values in [qmin, qmax].
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ..config.layer_settings import LayerSettings
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.tensor import PyTensor
+from ..ir.dtype import Dtype, int_dtype_for_bits
+from ..log import OPT_WARN
+from ..quant.params import QuantMode, QuantParams, dequantize, integer_range, linear_quant_params, quantize
+from ..quant.requant import (
+    aiff_ahead_shift,
+    bias_quantize,
+    compress_bias,
+    fold_input_zero_point,
+    group_ranges,
+    linear_requantize,
+    scale_shift,
+    unify_shifts_for_aiff,
+)
+
+FLOAT32_EXACT = 2 ** 24
+"""Integers below this magnitude, and all partial sums below it, are exact in float32."""
+
+
+# ------------------------------------------------------------------------------------------------ settings / params
+def layer_settings(node: PyNode) -> LayerSettings:
+    """The node's LayerSettings; hand-built graphs quantized without a cfg get the defaults."""
+    if node.settings is None:
+        node.settings = LayerSettings()
+    return node.settings
+
+
+def activation_mode(node: PyNode, bits: int) -> QuantMode:
+    """The activation mode of the layer; activations wider than 8 bits are always symmetric (§3.2)."""
+    mode = QuantMode.from_name(layer_settings(node).q_mode_activation)
+    if bits > 8 and mode.is_asymmetric:
+        mode = mode.to_symmetric()
+    return mode
+
+
+def set_params(t: PyTensor, p: QuantParams, bits: int) -> None:
+    t.scale, t.zerop, t.qmin, t.qmax, t.dtype, t.qbits = p.scale, p.zerop, p.qmin, p.qmax, p.dtype, bits
+    t.qinvariant = False
+    t.ir_range = None
+
+
+def quantize_activation(node: PyNode, t: PyTensor, signed: bool, bits: Optional[int] = None) -> None:
+    """Output params of `t` from its calibrated range with the layer's activation mode and bits."""
+    s = layer_settings(node)
+    bits = int(bits or s.q_bits_activation)
+    signed = bool(signed or s.force_dtype_int)
+    if t.min is None or t.max is None:
+        raise node._error(f"tensor '{t.name}' has no calibrated range; run calibration before quantization")
+    set_params(t, linear_quant_params(t.min, t.max, bits, activation_mode(node, bits), signed), bits)
+
+
+def set_qinvariant(t: PyTensor, bits: int, signed: bool) -> None:
+    """An integer tensor used as is: scale 1, zero point 0, the full range of `bits`."""
+    t.scale, t.zerop, t.qbits, t.qinvariant = 1.0, 0, bits, True
+    t.qmin, t.qmax = integer_range(bits, signed)
+    t.dtype = int_dtype_for_bits(bits, signed)
+    t.ir_range = None
+
+
+def copy_params(dst: PyTensor, src: PyTensor) -> None:
+    """Shape-only ops: the output carries the input's quantization unchanged."""
+    for key in ("scale", "zerop", "qmin", "qmax", "dtype", "qbits", "qinvariant"):
+        v = getattr(src, key)
+        setattr(dst, key, v.clone() if isinstance(v, torch.Tensor) else v)
+    dst.ir_range = None
+
+
+def is_signed(t: PyTensor) -> bool:
+    return t.qmin is not None and t.qmin < 0
+
+
+def tensor_zp(t: PyTensor) -> int:
+    z = t.zerop
+    if isinstance(z, torch.Tensor):
+        if z.numel() != 1:
+            raise UnsupportedError(f"tensor '{t.name}' has per-channel zero points; this op needs one")
+        z = z.item()
+    return int(round(float(z)))
+
+
+def tensor_scale(t: PyTensor) -> float:
+    s = t.scale
+    if isinstance(s, torch.Tensor):
+        if s.numel() != 1:
+            raise UnsupportedError(f"tensor '{t.name}' has per-channel scales; this op needs one")
+        s = s.item()
+    return float(s)
+
+
+def out_range(t: PyTensor) -> Tuple[int, int]:
+    if t.qmin is None or t.qmax is None:
+        raise UnsupportedError(f"tensor '{t.name}' has no integer range: it is not quantized")
+    return int(t.qmin), int(t.qmax)
+
+
+def int_value(t: PyTensor) -> torch.Tensor:
+    """The tensor's integer values as int64 (exact: float inputs must already hold integers)."""
+    x = t.betensor
+    if x.is_floating_point():
+        return torch.round(x.to(torch.float64)).to(torch.int64)
+    return x.to(torch.int64)
+
+
+def dequantized(t: PyTensor) -> torch.Tensor:
+    """Float view of a quantized tensor (x = (q + zp) / scale), float32."""
+    if t.qinvariant or t.qmin is None:
+        return t.betensor.to(torch.float32)
+    return dequantize(t.betensor, t.scale, t.zerop)
+
+
+def insert_keys_after(node: PyNode, anchor: str, keys: Iterable[str]) -> None:
+    """Place new IR keys right after `anchor` in the layer's written key order (upstream's layout)."""
+    order: List[str] = node.attrs.setdefault("ir_key_order", [])
+    keys = [k for k in keys if k not in order]
+    pos = order.index(anchor) + 1 if anchor in order else len(order)
+    order[pos:pos] = keys
+
+
+def set_constant(node: PyNode, key: str, values: torch.Tensor, dtype: Dtype) -> PyTensor:
+    t = PyTensor(f"{node.name}/{key}", values.detach().clone(), dtype, list(values.shape))
+    node.constants[key] = t
+    return t
+
+
+def store_requant(node: PyNode, multiplier: Any, shift: Any, mult_dtype: Dtype, shift_dtype: Dtype) -> None:
+    """Per-tensor `scale_value`/`shift_value` params, or per-channel `scale`/`shift` constants."""
+    if isinstance(multiplier, torch.Tensor) and multiplier.numel() > 1:
+        set_constant(node, "scale", multiplier.to(torch.int64), mult_dtype)
+        set_constant(node, "shift", torch.as_tensor(shift).to(torch.int64), shift_dtype)
+        for k in ("scale_value", "shift_value", "scale_type", "shift_type"):
+            node.params.pop(k, None)
+        return
+    node.params["scale_value"] = int(multiplier)
+    node.params["shift_value"] = int(shift)
+    node.params["shift_type"] = shift_dtype
+    node.params["scale_type"] = mult_dtype
+
+
+def requant_of(node: PyNode) -> Tuple[Union[int, torch.Tensor], Union[int, torch.Tensor]]:
+    """(multiplier, shift) stored by `store_requant`."""
+    if "scale" in node.constants and "shift" in node.constants:
+        return (node.constants["scale"].betensor.to(torch.int64).flatten(),
+                node.constants["shift"].betensor.to(torch.int64).flatten())
+    if "scale_value" not in node.params or "shift_value" not in node.params:
+        raise node._error("quantized layer lacks its requantization multiplier/shift (scale_value/shift_value)")
+    return int(node.params["scale_value"]), int(node.params["shift_value"])
+
+
+def requant_scale_shift(node: PyNode, ratio: Any, mult_bits: Optional[int] = None) -> Tuple[Any, Any, Dtype, Dtype]:
+    s = layer_settings(node)
+    return scale_shift(ratio, mult_bits or s.mult_bits, force_shift_positive=s.force_shift_positive)
+
+
+# ------------------------------------------------------------------------------------------------ MAC ops
+def fused_activation(node: PyNode) -> str:
+    return str(node.params.get("with_activation", "NONE")).upper()
+
+
+def fused_output_signed(node: PyNode) -> bool:
+    """Outputs of MAC/eltwise ops are unsigned iff a ReLU-like fused activation makes them non-negative."""
+    act = fused_activation(node)
+    if act in ("RELU", "RELU6"):
+        return False
+    if act == "CLIP":
+        return float(node.get_param("clip_min")) < 0
+    return True
+
+
+def check_fused_activation_quantizable(node: PyNode) -> None:
+    act = fused_activation(node)
+    if act not in ("NONE", "RELU", "RELU6", "CLIP"):
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): quantizing a fused {act} activation is not "
+                               "implemented yet (NONE, RELU, RELU6 and CLIP are)")
+
+
+def fused_activation_clamp(node: PyNode, y: torch.Tensor) -> torch.Tensor:
+    """Clamp an int64 output to the quantized bounds of a fused RELU6/CLIP (RELU and the rest are the range)."""
+    act = fused_activation(node)
+    if act not in ("RELU6", "CLIP"):
+        return y
+    out = node.outputs[0]
+    lo_f, hi_f = (0.0, 6.0) if act == "RELU6" else (float(node.get_param("clip_min")),
+                                                     float(node.get_param("clip_max")))
+    qmin, qmax = out_range(out)
+    lo = quantize(torch.tensor(lo_f), out.scale, out.zerop, qmin, qmax, compute_dtype=torch.float64)
+    hi = quantize(torch.tensor(hi_f), out.scale, out.zerop, qmin, qmax, compute_dtype=torch.float64)
+    return torch.clamp(y, int(lo), int(hi))
+
+
+def quantize_weights(node: PyNode, per_channel: bool, groups: Optional[int] = None,
+                     key: str = "weights") -> QuantParams:
+    """Quantize a weight constant in place (symmetric or asymmetric per the layer's weight mode).
+
+    Per channel, the ranges are merged into `groups` consecutive channel groups (the unify_shifts fallback).
+    """
+    s = layer_settings(node)
+    w = node.get_constant(key)
+    if w.min is None:
+        raise node._error(f"constant '{key}' has no calibrated range; run calibration before quantization")
+    mode = QuantMode.from_name(s.q_mode_weight)
+    mode = mode.to_per_channel() if per_channel else mode.to_per_tensor()
+    bits = int(s.q_bits_weight)
+    if per_channel:
+        lo, hi = w.min_key_axis, w.max_key_axis
+        if groups is not None and groups < lo.numel():
+            lo, hi, _ = group_ranges(lo, hi, groups)
+        p = linear_quant_params(lo, hi, bits, mode, True)
+    else:
+        p = linear_quant_params(w.min, w.max, bits, mode, True)
+    w.betensor = quantize(w.betensor, p.scale, p.zerop, p.qmin, p.qmax, axis=0 if per_channel else None)
+    set_params(w, p, bits)
+    return p
+
+
+def _weight_ratio_fn(node: PyNode, s_in: float, s_out: float):
+    s = layer_settings(node)
+    w = node.get_constant("weights")
+    mode = QuantMode.from_name(s.q_mode_weight).to_per_channel()
+
+    def ratios(groups: int) -> torch.Tensor:
+        lo, hi, _ = group_ranges(w.min_key_axis, w.max_key_axis, groups)
+        ws = linear_quant_params(lo, hi, int(s.q_bits_weight), mode, True).scale
+        return torch.tensor(s_out, dtype=torch.float32) / (torch.tensor(s_in, dtype=torch.float32) * ws)
+    return ratios
+
+
+def effective_weights(node: PyNode) -> torch.Tensor:
+    """Integer weights plus their zero point (w_q + zp_w), int64: what the MAC multiplies."""
+    w = node.get_constant("weights").betensor.to(torch.int64)
+    if "weights_zp" in node.constants:
+        zp = node.constants["weights_zp"].betensor.to(torch.int64).reshape([-1] + [1] * (w.dim() - 1))
+        return w + zp
+    zp = int(node.params.get("weights_zp", 0))
+    return w + zp if zp else w
+
+
+def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
+    """Convolution / DepthwiseConv / FullyConnected quantization (§3.5, reference `linear_op_quantize`).
+
+    Output params from the calibrated output range (unsigned after RELU/RELU6/CLIP>=0); weights symmetric or
+    asymmetric per tensor, per channel, or per group for grouped convs; requant ratio s_out / (s_in * s_w) as
+    multiplier/shift (per channel: one shift shared by all channels, `unify_shifts_for_aiff`); biases quantized
+    with scale s_in * s_w, the input zero point folded in, then limited to `bias_effective_bits`.
+    """
+    check_fused_activation_quantizable(node)
+    s = layer_settings(node)
+    inp, out = node.inputs[0], node.outputs[0]
+    s_in, zp_in = tensor_scale(inp), tensor_zp(inp)
+    quantize_activation(node, out, fused_output_signed(node))
+    s_out = tensor_scale(out)
+    w = node.get_constant("weights")
+    channels = int(w.betensor.shape[0])
+    if per_channel or groups > 1:
+        unified = unify_shifts_for_aiff(_weight_ratio_fn(node, s_in, s_out), channels, s.mult_bits,
+                                        initial_groups=channels if per_channel else groups,
+                                        force_shift_positive=s.force_shift_positive, unify=s.unify_shifts_for_aiff)
+        if unified.fell_back:
+            OPT_WARN(f"layer '{node.name}': multipliers of some channels vanished under a shared shift; weights are "
+                     f"quantized per {unified.group_size} channels")
+        wp = quantize_weights(node, per_channel=True, groups=unified.groups)
+        store_requant(node, unified.multiplier, unified.shift, unified.mult_dtype, unified.shift_dtype)
+    else:
+        wp = quantize_weights(node, per_channel=False)
+        ratio = torch.tensor(s_out, dtype=torch.float32) / (torch.tensor(s_in, dtype=torch.float32) *
+                                                            torch.tensor(wp.scale, dtype=torch.float32))
+        store_requant(node, *requant_scale_shift(node, ratio))
+    per_channel_weights = isinstance(wp.scale, torch.Tensor)
+    if per_channel_weights:
+        set_constant(node, "weights_scale", wp.scale.to(torch.float32), Dtype.FP32)
+        set_constant(node, "weights_zp", wp.zerop.to(torch.int64), Dtype.INT32)
+    else:
+        node.params["weights_scale"] = wp.scale
+        node.params["weights_zp"] = int(wp.zerop)
+    w_eff = effective_weights(node)
+    bias_bits = int(s.q_bits_bias)
+    b_lo, b_hi = integer_range(bias_bits, True)
+    b = node.get_constant("biases", optional=True)
+    b_float = b.betensor if b is not None else torch.zeros(channels)
+    b_q, b_scale = bias_quantize(b_float, s_in, wp.scale, bias_bits)
+    b_q = fold_input_zero_point(b_q, w_eff, zp_in, qmin=b_lo, qmax=b_hi)
+    b_q, _ = compress_bias(b_q, s.effective_bias_bits)
+    if bool((b_q == b_hi).any() or (b_q == b_lo).any()):
+        OPT_WARN(f"layer '{node.name}': quantized biases saturate at {bias_bits} bits (input scale x weight scale "
+                 f"is large); consider bias_bits = 48" + (" for 16-bit activations" if s.q_bits_activation > 8
+                                                         else ""))
+    bias_dtype = Dtype.INT32 if bias_bits <= 32 else Dtype.INT64
+    if b is None:
+        b = set_constant(node, "biases", b_q, bias_dtype)
+        insert_keys_after(node, "weights", ["biases"])
+    b.betensor = b_q
+    b.dtype = bias_dtype
+    b.scale, b.zerop, b.qbits = b_scale, 0, bias_bits
+    if per_channel_weights:
+        set_constant(node, "biases_scale", torch.as_tensor(b_scale, dtype=torch.float32), Dtype.FP32)
+        set_constant(node, "biases_zp", torch.zeros(1, dtype=torch.int64), Dtype.INT64)
+    else:
+        node.params["biases_scale"] = float(b_scale)
+        node.params["biases_zp"] = 0
+    insert_keys_after(node, "biases", [k for k in ("scale", "shift", "weights_scale", "weights_zp", "biases_scale",
+                                                   "biases_zp") if k in node.constants])
+    if s.remain_shift is not None:
+        node.params["remain_shift"] = int(s.remain_shift)
+
+
+def exact_float_dtype(x_absmax: int, w_eff: torch.Tensor) -> torch.dtype:
+    """float32 when every partial sum of x·w is provably below 2^24 (then exact), else float64 (exact to 2^53)."""
+    per_out = w_eff.abs().reshape(w_eff.shape[0], -1).sum(dim=1)
+    bound = int(per_out.max()) * int(x_absmax) if per_out.numel() else 0
+    return torch.float32 if bound < FLOAT32_EXACT else torch.float64
+
+
+def input_absmax(t: PyTensor) -> int:
+    lo, hi = out_range(t)
+    return max(abs(lo), abs(hi))
+
+
+def mac_finish(node: PyNode, acc: torch.Tensor) -> torch.Tensor:
+    """Integer accumulator (float64 holding exact ints, bias not yet added) → requantized int64 output.
+
+    acc + b, optionally through the 48→32-bit `remain_shift` hand-over, then
+    y = clamp(round_half_even((acc + b) · M · 2^-shift) - zp_out, qmin, qmax) per tensor or per output channel
+    (last axis), then the fused RELU6/CLIP bounds.
+    """
+    out = node.outputs[0]
+    mult, shift = requant_of(node)
+    b = node.get_constant("biases").betensor.to(torch.float64).reshape(-1)
+    remain = node.params.get("remain_shift")
+    common = shift if isinstance(shift, int) else (int(shift[0]) if bool((shift == shift[0]).all()) else None)
+    if remain is not None and common is not None and _wide_mac(node):
+        acc, rest = aiff_ahead_shift(acc, common, int(remain), bias=b)
+        shift = rest if isinstance(shift, int) else torch.full_like(shift, rest)
+    else:
+        acc = acc + b
+    qmin, qmax = out_range(out)
+    axis = -1 if isinstance(mult, torch.Tensor) else None
+    y = linear_requantize(acc, mult, shift, tensor_zp(out), qmin, qmax, axis=axis)
+    return fused_activation_clamp(node, y)
+
+
+def _wide_mac(node: PyNode) -> bool:
+    w = node.get_constant("weights")
+    return (node.inputs[0].qbits or 8) > 8 or (w.qbits or w.dtype.bits) > 8
+
+
+def mac_input(node: PyNode) -> Tuple[torch.Tensor, int]:
+    """(int64 input values, zero point) of a MAC op."""
+    return int_value(node.inputs[0]), tensor_zp(node.inputs[0])
+
+
+def check_quantized_inputs(node: PyNode, inputs: Sequence[PyTensor]) -> None:
+    for t in inputs:
+        if t.qmin is None:
+            raise node._error(f"input '{t.name}' is not quantized; quantize the producer first")
+

@@ -1,0 +1,42 @@
+"""Calibrate-and-quantize in one call, for Python users, tests and benchmarks (the CLI goes through OptMaster,
+which runs the same steps with logging, data plugins and outputs)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+import torch
+
+from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
+from .config.layer_settings import LayerSettings, check_settings
+from .graph.graph import PyGraph, QuantizeGraph
+from .quantizer import quantize_graph
+
+Batch = Union[torch.Tensor, Sequence[torch.Tensor]]
+
+
+def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
+                   settings: Union[None, LayerSettings, Mapping[str, Any]] = None,
+                   per_layer: Optional[Mapping[str, Mapping[str, Any]]] = None) -> QuantizeGraph:
+    """Quantized copy of `graph` calibrated on `calibration` batches.
+
+    `settings`: a LayerSettings or a dict of its fields for every layer (default: the cfg defaults);
+    `per_layer`: layer name -> dict of fields overriding `settings` for that layer.
+    """
+    base = settings if isinstance(settings, LayerSettings) else LayerSettings(**dict(settings or {}))
+    for n in graph.nodes:
+        n.settings = dataclasses.replace(base, **dict((per_layer or {}).get(n.name, {})))
+        check_settings(n.settings, n)
+    collect_weight_statistics(graph)
+    batches = [[b] if isinstance(b, torch.Tensor) else list(b) for b in calibration]
+    collect_activation_statistics(graph, batches)
+    calibrate_graph(graph)
+    return quantize_graph(graph)
+
+
+def run_quantized(qgraph: PyGraph, inputs: Batch) -> list:
+    """Integer forward; returns the outputs dequantized to float32 (integer outputs of scale 1 as they are)."""
+    from .analysis.similarity import to_float
+
+    qgraph.forward([inputs] if isinstance(inputs, torch.Tensor) else list(inputs))
+    return [to_float(t) for t in qgraph.output_tensors]

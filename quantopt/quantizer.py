@@ -1,0 +1,55 @@
+"""Quantization of a calibrated float graph: per-layer settings, then each layer's registered quantize function
+in topological order on a copy of the graph (producers are always quantized before their consumers)."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from .config.layer_settings import OptConfig, settings_from_cfg
+from .errors import QuantOptError, UnsupportedError
+from .graph.graph import PyGraph, QuantizeGraph
+from .registry import OP_QUANTIZE
+
+
+def assign_settings(graph: PyGraph, cfg: Any, opt_config: Optional[OptConfig] = None) -> None:
+    """Resolve every layer's LayerSettings from the cfg, then the opt_config JSON (highest priority)."""
+    for n in graph.nodes:
+        n.settings = settings_from_cfg(cfg, n)
+        if opt_config is not None:
+            n.settings = opt_config.apply(n.settings, n)
+
+
+def check_quantizable(graph: PyGraph) -> None:
+    """Every layer type must have a quantize implementation; list all offenders at once."""
+    missing: Dict[str, List[str]] = {}
+    for n in graph.nodes:
+        if OP_QUANTIZE.get(str(n.type)) is None:
+            missing.setdefault(str(n.type), []).append(n.name)
+    if missing:
+        parts = [f"{t} ({', '.join(repr(x) for x in v[:3])}{', ...' if len(v) > 3 else ''})"
+                 for t, v in missing.items()]
+        raise UnsupportedError("no quantize implementation for layer type(s) " + "; ".join(parts) +
+                               ". Add one with quant_register in an operator plugin (see docs/plugins.md)",
+                               file=graph.source_file)
+
+
+def quantize_graph(graph: QuantizeGraph) -> QuantizeGraph:
+    """A quantized copy of `graph` (which keeps its float values); also stored as `graph.quantgraph`."""
+    check_quantizable(graph)
+    q = graph.clone()
+    for n in q.nodes:
+        n.params["is_perf_mode"] = True
+        n.params["unquantifiable"] = False
+        try:
+            n.quantize()
+        except QuantOptError:
+            raise
+        except (ValueError, RuntimeError) as e:
+            raise n._error(f"quantization failed: {e}") from e
+        for t in n.outputs:
+            if t.qmin is None:
+                raise RuntimeError(f"quantize function of {n.type} left output '{t.name}' of layer '{n.name}' "
+                                   "without quantization parameters")
+        n.params.pop("activation_quantization_axis", None)
+        n.params["activation_quantization_axis"] = [None] * len(n.outputs)
+    graph.quantgraph = q
+    return q
