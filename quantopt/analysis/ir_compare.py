@@ -1,0 +1,112 @@
+"""Layer-by-layer comparison of two quantized IRs (e.g. quantopt's output against another optimizer's): the
+quantization parameters and quantized constants that decide the integer computation."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Sequence
+
+import numpy as np
+import torch
+
+from ..graph.graph import PyGraph
+from ..graph.node import PyNode
+
+COMPARED_PARAMS = ("scale_value", "shift_value", "scale_type", "shift_type", "weights_scale", "weights_zp",
+                   "biases_scale", "biases_zp", "quantize_method")
+"""IR params compared when the reference layer has them (floats compared as float32)."""
+
+COMPARED_CONSTANTS = ("weights", "biases", "lut", "scale", "shift", "weights_scale", "weights_zp", "biases_scale",
+                      "negative_slope")
+"""Constants compared (values and dtype) when the reference layer has them."""
+
+
+@dataclass
+class LayerDiff:
+    name: str
+    type: str
+    differences: List[str] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return not self.differences
+
+
+def _f32(v: Any) -> np.ndarray:
+    if isinstance(v, torch.Tensor):
+        v = v.detach().numpy()
+    return np.asarray(v, dtype=np.float32)
+
+
+def _same(a: Any, b: Any, rtol: float = 0.0) -> bool:
+    if isinstance(a, (float, torch.Tensor)) or isinstance(b, (float, torch.Tensor)):
+        if a is None or b is None:
+            return False
+        x, y = _f32(a), _f32(b)
+        if x.shape != y.shape:
+            return False
+        return bool(np.array_equal(x, y)) if rtol == 0.0 else bool(np.allclose(x, y, rtol=rtol, atol=0.0))
+    return a == b
+
+
+FLOAT_PARAMS = ("weights_scale", "biases_scale")
+"""Float params that derive from calibrated scales (compared with the scale tolerance)."""
+
+
+def _compare_node(mine: PyNode, ref: PyNode, rtol: float) -> List[str]:
+    diffs: List[str] = []
+    for i, (t, r) in enumerate(zip(mine.outputs, ref.outputs)):
+        if t.dtype != r.dtype:
+            diffs.append(f"output {i} dtype {t.dtype.value} != {r.dtype.value}")
+        if not r.dtype.is_float:
+            if not _same(t.scale, r.scale, rtol):
+                diffs.append(f"output {i} scale {_f32(t.scale).tolist()} != {_f32(r.scale).tolist()}")
+            if not _same(t.zerop, r.zerop):
+                diffs.append(f"output {i} zp {t.zerop} != {r.zerop}")
+    for key in COMPARED_PARAMS:
+        tol = rtol if key in FLOAT_PARAMS else 0.0
+        if key in ref.params and not _same(mine.params.get(key), ref.params[key], tol):
+            diffs.append(f"{key} {mine.params.get(key)} != {ref.params[key]}")
+    for key in COMPARED_CONSTANTS:
+        if key not in ref.constants:
+            continue
+        c = mine.constants.get(key)
+        rc = ref.constants[key]
+        if c is None:
+            diffs.append(f"constant {key} missing")
+            continue
+        if c.dtype != rc.dtype:
+            diffs.append(f"constant {key} dtype {c.dtype.value} != {rc.dtype.value}")
+        a, b = c.betensor.reshape(-1), rc.betensor.reshape(-1)
+        if a.numel() != b.numel():
+            diffs.append(f"constant {key} has {a.numel()} values, reference {b.numel()}")
+        elif key in FLOAT_PARAMS and rtol and _same(a, b, rtol):
+            continue
+        elif not torch.equal(a.to(torch.float64), b.to(torch.float64)):
+            n = int((a.to(torch.float64) != b.to(torch.float64)).sum())
+            diffs.append(f"constant {key}: {n} of {a.numel()} values differ")
+    return diffs
+
+
+def compare_quantized_irs(mine: PyGraph, reference: PyGraph, rtol: float = 0.0) -> List[LayerDiff]:
+    """One LayerDiff per reference layer, matched by layer name (a layer missing from `mine` is a difference).
+
+    Scales (layer_top_scale, weights_scale, biases_scale) are compared as float32 within `rtol` (0: exactly);
+    everything else exactly.
+    """
+    by_name = {n.name: n for n in mine.nodes}
+    result = []
+    for ref in reference.nodes:
+        m = by_name.get(ref.name)
+        diff = LayerDiff(ref.name, str(ref.type))
+        if m is None:
+            diff.differences.append("layer missing")
+        elif str(m.type) != str(ref.type):
+            diff.differences.append(f"type {m.type} != {ref.type}")
+        else:
+            diff.differences.extend(_compare_node(m, ref, rtol))
+        result.append(diff)
+    return result
+
+
+def identical_fraction(diffs: Sequence[LayerDiff]) -> float:
+    return sum(d.identical for d in diffs) / len(diffs) if diffs else 1.0

@@ -1,0 +1,33 @@
+"""compare_quantized_irs: identical graphs match; each kind of difference is reported per layer."""
+from __future__ import annotations
+
+import torch
+from test_quant_workflow import batches, small_model
+
+from quantopt.analysis.ir_compare import compare_quantized_irs, identical_fraction
+from quantopt.pipeline import quantize_model
+
+
+def quantized():
+    return quantize_model(small_model(), batches())
+
+
+def test_identical_graphs_match() -> None:
+    diffs = compare_quantized_irs(quantized(), quantized())
+    assert identical_fraction(diffs) == 1.0 and len(diffs) == 6
+
+
+def test_differences_are_named() -> None:
+    a, b = quantized(), quantized()
+    a.node("c1").outputs[0].scale *= 1.0 + 1e-7
+    a.node("c2").constants["biases"].betensor[0] += 1
+    a.node("fc").params["shift_value"] = 3
+    diffs = {d.name: d for d in compare_quantized_irs(a, b)}
+    assert "scale" in diffs["c1"].differences[0]
+    assert diffs["c2"].differences == ["constant biases: 1 of 8 values differ"]
+    assert "shift_value" in diffs["fc"].differences[0]
+    assert diffs["c3"].identical
+    assert compare_quantized_irs(a, b, rtol=1e-6)[1].identical  # c1's scale within tolerance
+    del a.node("c3").constants["weights"]
+    assert "missing" in {d.name: d for d in compare_quantized_irs(a, b)}["c3"].differences[0]
+    assert torch.is_tensor(b.node("c3").constants["weights"].betensor)
