@@ -18,7 +18,7 @@ from .errors import ConfigError, IRError, UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
 from .graph.node import PyNode
 from .ir.writer import write_ir
-from .log import OPT_INFO, OPT_WARN, StepTimer, attach_file, detach_file, warning_count
+from .log import OPT_INFO, StepTimer, attach_file, detach_file, warning_count
 from .ops._quant import dequantized
 from .quantizer import assign_settings, check_quantizable, quantize_graph
 from .registry import OP_FORWARD, OptBaseMetric

@@ -190,17 +190,23 @@ def check_fused_activation_quantizable(node: PyNode) -> None:
 
 
 def fused_activation_clamp(node: PyNode, y: torch.Tensor) -> torch.Tensor:
-    """Clamp an int64 output to the quantized bounds of a fused RELU6/CLIP (RELU and the rest are the range)."""
+    """Clamp an int64 output to the quantized bounds of a fused RELU/RELU6/CLIP: `clamp(y, q(lo), q(hi))` with
+    q(v) = clamp(round_half_even(v * scale_out - zp_out), qmin, qmax) in float64. For RELU on an unsigned output
+    this is the range itself; it matters when the output is forced signed (`force_dtype_int`)."""
     act = fused_activation(node)
-    if act not in ("RELU6", "CLIP"):
+    if act not in ("RELU", "RELU6", "CLIP"):
         return y
     out = node.outputs[0]
-    lo_f, hi_f = (0.0, 6.0) if act == "RELU6" else (float(node.get_param("clip_min")),
-                                                     float(node.get_param("clip_max")))
     qmin, qmax = out_range(out)
-    lo = quantize(torch.tensor(lo_f), out.scale, out.zerop, qmin, qmax, compute_dtype=torch.float64)
-    hi = quantize(torch.tensor(hi_f), out.scale, out.zerop, qmin, qmax, compute_dtype=torch.float64)
-    return torch.clamp(y, int(lo), int(hi))
+    if act == "CLIP":
+        lo_f, hi_f = float(node.get_param("clip_min")), float(node.get_param("clip_max"))
+    else:
+        lo_f, hi_f = 0.0, (6.0 if act == "RELU6" else None)
+
+    def q(v: float) -> int:
+        return int(quantize(torch.tensor(v), out.scale, out.zerop, qmin, qmax, compute_dtype=torch.float64))
+
+    return torch.clamp(y, q(lo_f), qmax if hi_f is None else q(hi_f))
 
 
 def quantize_weights(node: PyNode, per_channel: bool, groups: Optional[int] = None,

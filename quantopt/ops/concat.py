@@ -1,4 +1,4 @@
-"""Concat along `axis` (negative counts from the end)."""
+"""Concat along `axis` (negative counts from the end): float forward, quantization and integer forward."""
 from __future__ import annotations
 
 from typing import List
@@ -7,8 +7,26 @@ import torch
 
 from ..graph.node import PyNode
 from ..graph.optype import OpType
-from ..registry import op_register
+from ..log import OPT_WARN
+from ..quant.hardware import FLT_EPSILON
+from ..quant.requant import scale_shift
+from ..registry import op_register, quant_register
+from ._eltwise_int import check_int64_bound, offset_absmax, requant_int
+from ._quant import (
+    check_quantized_inputs,
+    copy_params,
+    int_value,
+    is_signed,
+    layer_settings,
+    out_range,
+    quantize_activation,
+    set_qinvariant,
+    tensor_scale,
+    tensor_zp,
+)
 from ._shared import axis_param
+
+REQUANT_KEYS = ("scale_value", "shift_value", "scale_type", "shift_type")
 
 
 def _batch_broadcast(xs: List[torch.Tensor], axis: int) -> List[torch.Tensor]:
@@ -19,18 +37,103 @@ def _batch_broadcast(xs: List[torch.Tensor], axis: int) -> List[torch.Tensor]:
     return [x.expand(batch, *x.shape[1:]) if x.shape[0] == 1 else x for x in xs]
 
 
-@op_register(OpType.Concat)
-def concat_forward(self: PyNode) -> None:
-    xs = [t.betensor for t in self.inputs]
+def _concat(node: PyNode, xs: List[torch.Tensor]) -> torch.Tensor:
     if not xs:
-        raise self._error("Concat needs at least one input")
+        raise node._error("Concat needs at least one input")
     ranks = {x.dim() for x in xs}
     if len(ranks) != 1:
-        raise self._error(f"inputs have different ranks: {[list(x.shape) for x in xs]}")
-    axis = axis_param(self, self.get_param("axis"), ranks.pop())
+        raise node._error(f"inputs have different ranks: {[list(x.shape) for x in xs]}")
+    axis = axis_param(node, node.get_param("axis"), ranks.pop())
     xs = _batch_broadcast(xs, axis)
     try:
-        self.outputs[0].betensor = torch.cat(xs, dim=axis)
+        return torch.cat(xs, dim=axis)
     except RuntimeError:
-        raise self._error(f"input shapes {[list(x.shape) for x in xs]} cannot be concatenated on axis {axis}") \
+        raise node._error(f"input shapes {[list(x.shape) for x in xs]} cannot be concatenated on axis {axis}") \
             from None
+
+
+@op_register(OpType.Concat)
+def concat_forward(self: PyNode) -> None:
+    if self.quantized:
+        self.outputs[0].betensor = concat_int_forward(self)
+        return
+    self.outputs[0].betensor = _concat(self, [t.betensor for t in self.inputs])
+
+
+def concat_int_forward(node: PyNode) -> torch.Tensor:
+    """Integer forward from the IR only (docs/_sections/eltwise_concat.md), exact in int64.
+
+    With `scale_value`/`shift_value` lists: y_i = clamp(round_half_even((x_i + zp_i) * M_i * 2^-shift_i) - zp_out,
+    qmin, qmax) per branch. Without them every branch passes through unchanged (clamped to the output range,
+    which only matters for a branch wider than the output).
+    """
+    out = node.outputs[0]
+    qmin, qmax = out_range(out)
+    if "scale_value" not in node.params:
+        return torch.clamp(_concat(node, [int_value(t) for t in node.inputs]), qmin, qmax)
+    mults, shifts = node.params.get("scale_value"), node.params.get("shift_value")
+    count = len(node.inputs)
+    if not isinstance(mults, (list, tuple)) or not isinstance(shifts, (list, tuple)) or \
+            len(mults) != count or len(shifts) != count:
+        raise node._error(f"quantized Concat needs scale_value and shift_value lists of {count} integers (one per "
+                          f"input), got {mults!r} and {shifts!r}")
+    zp_out = tensor_zp(out)
+    ys = []
+    for t, m, sh in zip(node.inputs, mults, shifts):
+        check_int64_bound(node, offset_absmax(t) * abs(int(m)), f"branch '{t.name}' times its multiplier")
+        ys.append(requant_int(int_value(t) + tensor_zp(t), int(m), int(sh), zp_out, qmin, qmax))
+    return _concat(node, ys)
+
+
+def _same_quantization(inputs: List, signed: bool) -> bool:
+    first = inputs[0]
+    return all(tensor_scale(t) == tensor_scale(first) and tensor_zp(t) == tensor_zp(first) and
+               (t.qmin, t.qmax, t.qbits) == (first.qmin, first.qmax, first.qbits) and is_signed(t) == signed
+               for t in inputs)
+
+
+@quant_register(OpType.Concat)
+def concat_quantize(self: PyNode) -> None:
+    """Output params and per-branch requantization (§3.5 Concat).
+
+    Output bits = the widest branch, signed if any branch is (or `force_dtype_int`). Identically quantized
+    branches: the output copies their params. All-integer branches: integer output (scale 1). Otherwise output
+    params from the calibrated output range. If all branch and output scales are within `concat_threshold`
+    (max/min) and all zero points are equal, nothing is written and values pass through; else one multiplier
+    and shift per branch for s_out / s_i, computed with the output bits.
+    """
+    ins = list(self.inputs)
+    out = self.outputs[0]
+    s = layer_settings(self)
+    check_quantized_inputs(self, ins)
+    for key in REQUANT_KEYS:
+        self.params.pop(key, None)
+    bits = max(int(t.qbits or 8) for t in ins)
+    signed = any(is_signed(t) for t in ins) or bool(s.force_dtype_int)
+    if all(t.qinvariant for t in ins):
+        set_qinvariant(out, bits, signed)
+        return
+    if any(t.qinvariant for t in ins):
+        OPT_WARN(f"layer '{self.name}' (Concat): some inputs are integers (scale 1) and others are quantized; the "
+                 "integer inputs are requantized like tensors of scale 1")
+    if _same_quantization(ins, signed):
+        copy_params(out, ins[0])
+    else:
+        quantize_activation(self, out, signed, bits)
+    s_out = tensor_scale(out)
+    scales = [tensor_scale(t) for t in ins] + [s_out]
+    zps = [tensor_zp(t) for t in ins] + [tensor_zp(out)]
+    if max(scales) / (min(scales) + FLT_EPSILON) <= float(s.concat_threshold) and len(set(zps)) == 1:
+        return
+    mults, shifts, mtypes, stypes = [], [], [], []
+    for t in ins:
+        ratio = torch.tensor(s_out, dtype=torch.float32) / torch.tensor(tensor_scale(t), dtype=torch.float32)
+        m, sh, mdt, sdt = scale_shift(ratio, int(out.qbits), force_shift_positive=s.force_shift_positive)
+        mults.append(int(m))
+        shifts.append(int(sh))
+        mtypes.append(mdt)
+        stypes.append(sdt)
+    self.params["scale_value"] = mults
+    self.params["shift_value"] = shifts
+    self.params["scale_type"] = mtypes
+    self.params["shift_type"] = stypes

@@ -7,9 +7,29 @@ from typing import Callable, Dict, List
 
 import torch
 
+from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
-from ..registry import op_register
+from ..log import OPT_WARN
+from ..quant.requant import eltwise_multipliers
+from ..registry import op_register, quant_register
+from ._eltwise_int import activation_clamp, check_int64_bound, offset_absmax, requant_int, set_integer_output
+from ._quant import (
+    check_fused_activation_quantizable,
+    check_quantized_inputs,
+    fused_activation,
+    fused_output_signed,
+    int_value,
+    is_signed,
+    layer_settings,
+    out_range,
+    quantize_activation,
+    requant_of,
+    requant_scale_shift,
+    store_requant,
+    tensor_scale,
+    tensor_zp,
+)
 from ._shared import apply_fused_activation
 
 ELTWISE_METHODS: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
@@ -48,7 +68,116 @@ def _check_inputs(node: PyNode, method: str, xs: List[torch.Tensor]) -> None:
 @op_register([OpType.Eltwise, OpType.Add, OpType.Sub, OpType.Mul])
 def eltwise_forward(self: PyNode) -> None:
     method = eltwise_method(self)
+    if self.quantized:
+        self.outputs[0].betensor = eltwise_int_forward(self, method)
+        return
     xs = [t.betensor for t in self.inputs]
     _check_inputs(self, method, xs)
     y = functools.reduce(ELTWISE_METHODS[method], xs)
     self.outputs[0].betensor = apply_fused_activation(self, y)
+
+
+# ------------------------------------------------------------------------------------------------ quantization
+EQUAL_SCALE_THRESHOLD = 1.0
+"""Input scales count as equal (the `[M, 1, 1]` form) only when max/min <= this and the zero points match:
+upstream's default `unify_scales_for_multi_inputs_operator_threshold`."""
+
+
+def _output_signed(node: PyNode, method: str) -> bool:
+    """Signed if any input is signed or the method is SUB; a fused activation decides instead when present."""
+    if fused_activation(node) != "NONE":
+        return fused_output_signed(node)
+    return any(is_signed(t) for t in node.inputs) or method == "SUB"
+
+
+def _check_quantizable(node: PyNode, method: str) -> None:
+    if len(node.inputs) != 2:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): quantized {method} with {len(node.inputs)} "
+                               "inputs is not implemented (the integer scheme aligns exactly two inputs); split it "
+                               "into a chain of two-input layers")
+    check_fused_activation_quantizable(node)
+    check_quantized_inputs(node, node.inputs)
+
+
+@quant_register([OpType.Eltwise, OpType.Add, OpType.Sub, OpType.Mul])
+def eltwise_quantize(self: PyNode) -> None:
+    """Output params from the calibrated output range, then the integer multipliers (§3.5, Appendix A.1).
+
+    ADD/SUB/MAX/MIN: both inputs are aligned to a common scale by cross-multiplying with 15-bit approximations
+    of the other input's scale, and the output ratio s_out / (s0 * s1 * 2^N) becomes M_out / 2^shift
+    (`scale_value=[M_out, M_in0, M_in1]`). MUL: one ratio s_out / (s0 * s1) as `scale_value`/`shift_value`.
+    Two integer (qinvariant) inputs give an integer output of scale 1 and multipliers that are all 1.
+    """
+    method = eltwise_method(self)
+    _check_quantizable(self, method)
+    a, b = self.inputs
+    out = self.outputs[0]
+    s = layer_settings(self)
+    signed = _output_signed(self, method)
+    if a.qinvariant and b.qinvariant:
+        set_integer_output(self, out, signed, [a.qbits or 8, b.qbits or 8])
+    else:
+        if a.qinvariant != b.qinvariant:
+            OPT_WARN(f"layer '{self.name}' ({self.type}): one input is an integer (scale 1) and the other is "
+                     "quantized; the integer input is treated as a tensor of scale 1, which may cost accuracy")
+        quantize_activation(self, out, signed)
+    s0, s1, s_out = tensor_scale(a), tensor_scale(b), tensor_scale(out)
+    for key in ("scale_value", "shift_value", "scale_type", "shift_type"):
+        self.params.pop(key, None)
+    if method == "MUL":
+        ratio = torch.tensor(s_out, dtype=torch.float32) / (torch.tensor(s0, dtype=torch.float32) *
+                                                            torch.tensor(s1, dtype=torch.float32))
+        store_requant(self, *requant_scale_shift(self, ratio))
+        return
+    # SUB/MAX/MIN use ADD's multipliers: the op runs on the aligned integers, so the output ratio is the same
+    # (upstream writes M=1, shift=0 for them in the equal-scale form, which ignores the output scale).
+    r = eltwise_multipliers(s0, s1, s_out, int(out.qbits), zp0=tensor_zp(a), zp1=tensor_zp(b), method="ADD",
+                            unify_threshold=EQUAL_SCALE_THRESHOLD, force_shift_positive=s.force_shift_positive)
+    self.params["scale_value"] = [int(v) for v in r.scale_value]
+    self.params["shift_value"] = int(r.shift_value)
+    self.params["scale_type"] = list(r.scale_type)
+    self.params["shift_type"] = r.shift_type
+
+
+# ------------------------------------------------------------------------------------------------ integer forward
+INT_METHODS: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "ADD": torch.add, "SUB": torch.sub, "MAX": torch.maximum, "MIN": torch.minimum}
+
+
+def _int_list(node: PyNode, key: str, count: int) -> List[int]:
+    value = node.params.get(key)
+    if not isinstance(value, (list, tuple)) or len(value) != count:
+        raise node._error(f"quantized layer needs '{key}' as a list of {count} integers, got {value!r}")
+    return [int(v) for v in value]
+
+
+def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
+    """Integer forward from the IR only (docs/_sections/eltwise_concat.md), exact in int64.
+
+    ADD/SUB/MAX/MIN: acc = op((a + zp_a) * M_in0, (b + zp_b) * M_in1); MUL: acc = (a + zp_a) * (b + zp_b);
+    y = clamp(round_half_even(acc * M_out * 2^-shift) - zp_out, qmin, qmax), then the fused activation bound.
+    """
+    if len(node.inputs) != 2:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): quantized {method} needs exactly 2 inputs")
+    a_t, b_t = node.inputs
+    out = node.outputs[0]
+    qmin, qmax = out_range(out)
+    a = int_value(a_t) + tensor_zp(a_t)
+    b = int_value(b_t) + tensor_zp(b_t)
+    _check_inputs(node, method, [a, b])
+    ea, eb = offset_absmax(a_t), offset_absmax(b_t)
+    if method == "MUL":
+        m_out, shift = requant_of(node)
+        if not isinstance(m_out, int):
+            raise node._error("quantized Mul needs a per-tensor scale_value/shift_value")
+        check_int64_bound(node, ea * eb * abs(m_out), "product (a + zp_a)(b + zp_b) * M")
+        acc = a * b
+    else:
+        m_out, m0, m1 = _int_list(node, "scale_value", 3)
+        if "shift_value" not in node.params:
+            raise node._error("quantized layer lacks 'shift_value'")
+        shift = int(node.params["shift_value"])
+        check_int64_bound(node, (ea * abs(m0) + eb * abs(m1)) * abs(m_out), "aligned sum times M_out")
+        acc = INT_METHODS[method](a * m0, b * m1)
+    y = requant_int(acc, m_out, shift, tensor_zp(out), qmin, qmax)
+    return activation_clamp(node, y)

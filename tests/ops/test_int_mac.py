@@ -117,9 +117,10 @@ def requant_params(node):
 def ref_clamp_act(node, y: np.ndarray) -> np.ndarray:
     act = node.params.get("with_activation", "NONE")
     out = node.outputs[0]
-    if act not in ("RELU6", "CLIP"):
+    if act not in ("RELU", "RELU6", "CLIP"):
         return y
-    lo, hi = (0.0, 6.0) if act == "RELU6" else (node.params["clip_min"], node.params["clip_max"])
+    lo, hi = {"RELU": (0.0, 1e30), "RELU6": (0.0, 6.0)}.get(act, (node.params.get("clip_min"),
+                                                                   node.params.get("clip_max")))
     q = [min(max(int(np.round(np.float64(v) * np.float64(out.scale) - out.zerop)), out.qmin), out.qmax)
          for v in (lo, hi)]
     return np.clip(y, q[0], q[1])

@@ -1,0 +1,110 @@
+"""Exact int64 requantization shared by the Eltwise/Add/Sub/Mul and Concat integer forwards.
+
+Everything here is pure int64 torch arithmetic (no float rounding anywhere), so a kernel that follows
+docs/_sections/eltwise_concat.md reproduces it bit for bit. Overflow is ruled out up front from the integer
+ranges stored in the IR (`check_int64_bound`) instead of being silently wrapped.
+"""
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import torch
+
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.tensor import PyTensor
+from ..quant.requant import range_dtype
+from ._quant import (
+    fused_activation,
+    fused_activation_clamp,
+    layer_settings,
+    out_range,
+    set_qinvariant,
+    tensor_zp,
+)
+
+INT64_SAFE = 2 ** 62
+"""Largest magnitude an intermediate may reach; |v| < 2^62 leaves headroom for the rounding increment."""
+
+
+def round_shift(v: torch.Tensor, shift: int) -> torch.Tensor:
+    """round_half_even(v * 2^-shift) for an int64 tensor; a negative shift multiplies by 2^-shift.
+
+    Right shift: q = v >> s (floor), r = v - (q << s) in [0, 2^s); q += 1 if r > 2^(s-1), or if r == 2^(s-1)
+    and q is odd. Left shift saturates at ±2^62 (far outside every output range, so the later clamp is
+    unaffected). Callers guarantee |v| < 2^62 (`check_int64_bound`).
+    """
+    v = v.to(torch.int64)
+    s = int(shift)
+    if s == 0:
+        return v
+    if s < 0:
+        k = -s
+        if k >= 62:
+            return torch.sign(v) * INT64_SAFE
+        lim = 1 << (62 - k)
+        big = v.abs() >= lim
+        return torch.where(big, torch.sign(v) * INT64_SAFE, v << k)
+    if s >= 63:  # |v| < 2^62 <= 2^(s-1): |v| / 2^s < 1/2 rounds to 0
+        return torch.zeros_like(v)
+    q = v >> s
+    r = v - (q << s)
+    half = 1 << (s - 1)
+    up = (r > half) | ((r == half) & ((q & 1) == 1))
+    return q + up.to(torch.int64)
+
+
+def requant_int(acc: torch.Tensor, multiplier: int, shift: int, zp_out: int, qmin: int, qmax: int) -> torch.Tensor:
+    """y = clamp(round_half_even(acc * M * 2^-shift) - zp_out, qmin, qmax), exact in int64."""
+    y = round_shift(acc.to(torch.int64) * int(multiplier), shift) - int(zp_out)
+    return torch.clamp(y, int(qmin), int(qmax))
+
+
+def offset_absmax(t: PyTensor) -> int:
+    """max |q + zp| over the tensor's integer range: the largest zero-point-corrected input magnitude."""
+    lo, hi = out_range(t)
+    zp = tensor_zp(t)
+    return max(abs(lo + zp), abs(hi + zp))
+
+
+def check_int64_bound(node: PyNode, bound: int, what: str) -> None:
+    """Refuse (rather than wrap) an integer pipeline whose worst-case intermediate reaches 2^62."""
+    if bound >= INT64_SAFE:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): the worst-case {what} ({bound}) does not fit "
+                               "the exact int64 integer forward; use narrower inputs")
+
+
+def activation_clamp(node: PyNode, y: torch.Tensor) -> torch.Tensor:
+    """Fused RELU/RELU6/CLIP in the integer domain.
+
+    RELU is clamped at the quantized zero (-zp_out) as well: the output range alone realises it only when the
+    output is unsigned, and `force_dtype_int` can make it signed. RELU6/CLIP use the shared bounds (whose lower bound
+    is already the quantized 0 or clip_min).
+    """
+    if fused_activation(node) == "RELU":
+        qmin, qmax = out_range(node.outputs[0])
+        zero = min(max(-tensor_zp(node.outputs[0]), qmin), qmax)
+        y = torch.clamp(y, min=zero)
+    return fused_activation_clamp(node, y)
+
+
+def set_integer_output(node: PyNode, out: PyTensor, signed: bool, input_bits: Sequence[int]) -> None:
+    """Both inputs are integers (qinvariant): the output is an integer too (scale 1, zp 0).
+
+    Bits: the smallest of 8/16/32 holding the calibrated extrema (signed if `signed`, forced signed by
+    `force_dtype_int`), at least as wide as the widest input, as upstream.
+    """
+    lo, hi = _extrema(out)
+    signed = bool(signed or layer_settings(node).force_dtype_int)
+    dt = range_dtype(lo, hi, force_signed=signed)
+    bits = max([dt.bits, *[int(b) for b in input_bits]])
+    set_qinvariant(out, min(bits, 32), dt.is_signed)
+
+
+def _extrema(t: PyTensor) -> Tuple[float, float]:
+    st = t.stats
+    if st.extrema_min is not None and st.extrema_max is not None:
+        return float(st.extrema_min), float(st.extrema_max)
+    if t.min is None or t.max is None:
+        raise UnsupportedError(f"tensor '{t.name}' has no calibrated range; run calibration before quantization")
+    return float(t.min), float(t.max)
