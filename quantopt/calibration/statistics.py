@@ -9,7 +9,7 @@ What is computed (per tensor, and additionally per channel along `cfg.key_axis`)
 * `extrema_min/max`: min/max over all batches so far, clipped to the int32 range (as upstream). NaN values are
   ignored (upstream let a single NaN poison the range); a tensor (or channel) that is all NaN counts as 0.
 * `running_min/max/mean/std/mad`: exponential moving averages `r = m*r + (1-m)*v` of the per-batch values with
-  `m = cfg.momentum`; batch 0 (or the first batch these stats see) resets them: `r = v`. `std` is torch's unbiased
+  `m = cfg.momentum`, evaluated in float32 arithmetic like upstream (so calibrated ranges match it exactly); batch 0 (or the first batch these stats see) resets them: `r = v`. `std` is torch's unbiased
   std, `mad` the mean absolute deviation from the batch mean. Per-batch moments are clamped to the int32 range and
   then NaN std -> 1, NaN mean/mad -> 0 (so a one-element batch has std 1, as upstream). Moments are only kept when
   `cfg.need_moments` (upstream's time-saving mode).
@@ -272,7 +272,11 @@ def _moments(v2d: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 
 def _ema(old: Optional[torch.Tensor], new: torch.Tensor, m: float) -> torch.Tensor:
-    return new.clone() if old is None else m * old + (1.0 - m) * new
+    """m * old + (1 - m) * new, each product and the sum rounded to float32 as upstream computes it, so that the
+    `mean` strategy gives upstream's ranges bit for bit (kept as float64 values)."""
+    if old is None:
+        return new.clone()
+    return (m * old.to(torch.float32) + (1.0 - m) * new.to(torch.float32)).to(_STAT_DTYPE)
 
 
 def _update_group(stats: TensorStatistics, v2d: torch.Tensor, cfg: StatisticsConfig, reset: bool,
