@@ -63,15 +63,25 @@ def test_nothing_to_do_is_an_error(capsys):
 
 
 @pytest.mark.skipif(not (EXAMPLE / "model" / "digits.txt").is_file(), reason="example not generated")
-def test_example_runs_and_reports_float_metric(tmp_path, capsys):
-    cfg = example_cfg(tmp_path)
+def _metric_line(err: str, name: str = "TopKMetric") -> tuple:
+    line = err.split(f"metric {name}: ")[1].splitlines()[0]
+    parts = dict(p.strip().split(" ", 1) for p in line.split(","))
+    return float(parts["float"]), float(parts["quantized"]), float(parts["drop"])
+
+
+@pytest.mark.parametrize("modes", [{}, {"quantize_method_for_weight": "per_channel_symmetric_restricted_range",
+                                        "quantize_method_for_activation": "per_tensor_asymmetric"}])
+def test_example_quantizes_within_one_point_of_float(tmp_path, capsys, modes):
+    cfg = example_cfg(tmp_path, **modes)
     assert main(["--log-level", "info", "--cfg", str(cfg)]) == 0
     err = capsys.readouterr().err
-    assert "float metric TopKMetric" in err
-    accuracy = float(err.split("float metric TopKMetric: ")[1].split()[0])
-    assert accuracy >= 0.95
-    log = tmp_path / "out" / "digits_opt.log"
-    assert log.is_file() and "zero-input forward check done" in log.read_text()
+    float_top1, quant_top1, drop = _metric_line(err)
+    assert float_top1 >= 0.95
+    assert float_top1 - quant_top1 <= 0.01 and abs(drop - (float_top1 - quant_top1)) < 1e-6
+    out = tmp_path / "out"
+    for name in ("digits_o.txt", "digits_o.bin", "digits_opt_template.json", "digits_opt.log"):
+        assert (out / name).is_file(), name
+    assert "zero-input forward check done" in (out / "digits_opt.log").read_text()
 
 
 def test_console_script_from_other_folder(tmp_path):

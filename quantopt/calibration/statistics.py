@@ -8,11 +8,12 @@ What is computed (per tensor, and additionally per channel along `cfg.key_axis`)
 
 * `extrema_min/max`: min/max over all batches so far, clipped to the int32 range (as upstream). NaN values are
   ignored (upstream let a single NaN poison the range); a tensor (or channel) that is all NaN counts as 0.
-* `running_min/max/mean/std/mad`: exponential moving averages `r = m*r + (1-m)*v` of the per-batch values with
-  `m = cfg.momentum`, evaluated in float32 arithmetic like upstream (so calibrated ranges match it exactly); batch 0 (or the first batch these stats see) resets them: `r = v`. `std` is torch's unbiased
-  std, `mad` the mean absolute deviation from the batch mean. Per-batch moments are clamped to the int32 range and
-  then NaN std -> 1, NaN mean/mad -> 0 (so a one-element batch has std 1, as upstream). Moments are only kept when
-  `cfg.need_moments` (upstream's time-saving mode).
+* `running_min/max/mean/std/mad`: exponential moving averages `r = m*r + (1-m)*v` of the per-batch values with `m =
+  cfg.momentum`, evaluated in float32 arithmetic like upstream (so calibrated ranges match it exactly); batch 0 (or
+  the first batch these stats see) resets them: `r = v`. `std` is torch's unbiased std, `mad` the mean absolute
+  deviation from the batch mean. Per-batch moments are clamped to the int32 range and then NaN std -> 1, NaN mean/mad
+  -> 0 (so a one-element batch has std 1, as upstream). Moments are only kept when `cfg.need_moments` (upstream's
+  time-saving mode).
 * `running_histc` (only when `cfg.need_histogram`): `histc_bins` bins. **Deviation from upstream, on purpose**:
   upstream averaged (EMA) per-batch histograms whose bins spanned *each batch's own* [min, max], so bin i of two
   batches meant different values (reference §11). Here every histogram always spans the current global range

@@ -1,16 +1,38 @@
-"""BatchNorm (per-channel affine) and Pad (float forward)."""
+"""BatchNorm (per-channel affine) and Pad: float forward, quantization and exact integer forward.
+
+Quantized BatchNorm is a per-channel multiply-accumulate (one weight per channel, like a 1x1 DepthwiseConv), with
+16-bit weights by default as upstream; Pad keeps its input's quantization and pads with integers
+(docs/_sections/pool_bn_pad_matmul.md).
+"""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
-from ..registry import op_register
+from ..quant.params import quantize
+from ..registry import op_register, quant_register
+from ._quant import (
+    check_quantized_inputs,
+    copy_params,
+    effective_weights,
+    int_value,
+    layer_settings,
+    mac_finish,
+    out_range,
+    quantize_mac,
+    set_constant,
+    tensor_scale,
+    tensor_zp,
+)
 from ._shared import apply_fused_activation
+
+BN_WEIGHT_BITS = 16
+"""BatchNorm weights are quantized with at least this many bits (upstream's BatchNorm default)."""
 
 
 def _int_value(node: PyNode, key: str, value: Any) -> int:
@@ -44,7 +66,8 @@ def batchnorm_forward(self: PyNode) -> None:
     is informative there. If `mean` and `var` constants are present they are applied first:
     (x - mean) / sqrt(var + epsilon)."""
     if self.quantized:
-        raise UnsupportedError(f"layer '{self.name}' ({self.type}): the integer forward is not implemented yet")
+        self.outputs[0].betensor = _batchnorm_int(self)
+        return
     x = self.inputs[0].betensor
     x = x.to(x.dtype if x.is_floating_point() else torch.float32)
     if x.dim() < 1:
@@ -65,6 +88,78 @@ def batchnorm_forward(self: PyNode) -> None:
     if b is not None:
         y = y + b.reshape(view)
     self.outputs[0].betensor = apply_fused_activation(self, y)
+
+
+def _batchnorm_int(node: PyNode) -> torch.Tensor:
+    """acc[..., c] = x_q[..., c] * (w_q[c] + zp_w[c]) exactly (input zero point folded into the biases), then the
+    MAC requantization (bias, per-channel multiplier/shift, clamp) with the channel axis moved last."""
+    x = int_value(node.inputs[0])
+    if x.dim() < 1:
+        raise node._error("BatchNorm needs an input of rank >= 1")
+    axis = _bn_axis(node, x.dim())
+    channels = int(x.shape[axis])
+    w = effective_weights(node).reshape(-1)
+    if w.numel() != channels:
+        raise node._error(f"constant 'weights' must have {channels} elements (one per channel of the BatchNorm "
+                          f"axis), got {w.numel()}")
+    # |x| <= 2^31 and |w| <= 2^16 (weights of at most 16 bits plus zero point): the product is exact in int64
+    acc = x.movedim(axis, -1) * w
+    return mac_finish(node, acc.to(torch.float64)).movedim(-1, axis).contiguous()
+
+
+def _set_extrema_ranges(w) -> None:
+    """Per-tensor and per-channel ranges of a 1-D weight vector from its values (each containing 0)."""
+    values = w.betensor.reshape(-1)
+    w.min, w.max = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
+    w.min_key_axis = torch.clamp(values, max=0.0)
+    w.max_key_axis = torch.clamp(values, min=0.0)
+
+
+def _prepare_affine(node: PyNode) -> None:
+    """Bring the constants to the plain per-channel affine form the MAC quantization expects: optional
+    `mean`/`var` folded in (w' = w / sqrt(var + eps), b' = b - mean * w'), weights as a 1-D [C] vector. Weights
+    changed here get extrema ranges (the calibrated ones described other values or another layout)."""
+    w = node.get_constant("weights")
+    mean, var = node.get_constant("mean", optional=True), node.get_constant("var", optional=True)
+    if (mean is None) != (var is None):
+        raise node._error("constants 'mean' and 'var' must be given together")
+    if mean is not None:
+        eps = float(node.get_param("epsilon"))
+        folded = w.betensor.to(torch.float64).reshape(-1) / torch.sqrt(var.betensor.to(torch.float64).reshape(-1)
+                                                                         + eps)
+        b = node.get_constant("biases", optional=True)
+        b64 = b.betensor.to(torch.float64).reshape(-1) if b is not None else torch.zeros_like(folded)
+        bias = (b64 - mean.betensor.to(torch.float64).reshape(-1) * folded).to(torch.float32)
+        if b is None:
+            set_constant(node, "biases", bias, w.dtype)
+        else:
+            b.betensor = bias.reshape(b.betensor.shape)
+        w.betensor = folded.to(torch.float32)
+        del node.constants["mean"], node.constants["var"]
+    if w.betensor.dim() != 1 or mean is not None:
+        w.betensor = w.betensor.reshape(-1)
+        w.ir_shape = (w.betensor.numel(),)  # written 1-D, so a re-loaded IR sees the same layout
+        _set_extrema_ranges(w)
+
+
+def bn_weight_bits(node: PyNode) -> int:
+    """max(16, q_bits_weight): upstream's 16-bit BatchNorm default, wider per-layer requests honoured."""
+    return max(BN_WEIGHT_BITS, int(layer_settings(node).q_bits_weight))
+
+
+@quant_register(OpType.BatchNorm)
+def batchnorm_quantize(self: PyNode) -> None:
+    """Per-channel MAC quantization (weights per channel as a DepthwiseConv, 16-bit by default, biases with scale
+    s_in * s_w[c] and the input zero point folded, per-channel multipliers with one shared shift).
+    BatchNorm is not an upstream `remain_shift` op, so that setting is ignored here."""
+    check_quantized_inputs(self, self.inputs[:1])
+    _prepare_affine(self)
+    original = layer_settings(self)
+    self.settings = dataclasses.replace(original, q_bits_weight=bn_weight_bits(self), remain_shift=None)
+    try:
+        quantize_mac(self, per_channel=True)
+    finally:
+        self.settings = original
 
 
 # --------------------------------------------------------------------------------------------- Pad
@@ -132,4 +227,27 @@ def pad_forward(self: PyNode) -> None:
         raise self._error(f"parameter 'constant_value' must be a number, got {value!r}")
     if mode != "CONSTANT" and any(int(x.shape[a]) == 0 for a, (b, e) in enumerate(pairs) if b or e):
         raise self._error(f"mode {mode} cannot pad an empty axis")
+    if self.quantized:
+        # constant_value already holds the quantized integer (pad_quantize); other modes only move integers
+        if mode == "CONSTANT" and int(value) != value:
+            raise self._error(f"quantized Pad needs an integer constant_value, got {value!r}")
+        qmin, qmax = out_range(self.outputs[0])
+        y = pad_tensor(int_value(self.inputs[0]), pairs, mode, int(value))
+        self.outputs[0].betensor = torch.clamp(y, qmin, qmax)
+        return
     self.outputs[0].betensor = pad_tensor(x, pairs, mode, float(value))
+
+
+@quant_register(OpType.Pad)
+def pad_quantize(self: PyNode) -> None:
+    """Output params pass through; `constant_value` is replaced by its quantized integer
+    clamp(round_half_even(v * scale - zp), qmin, qmax) (upstream), which the integer forward pads with."""
+    check_quantized_inputs(self, self.inputs[:1])
+    inp, out = self.inputs[0], self.outputs[0]
+    copy_params(out, inp)
+    value = self.get_param("constant_value", optional=True, default_value=0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise self._error(f"parameter 'constant_value' must be a number, got {value!r}")
+    qmin, qmax = out_range(out)
+    q = quantize(torch.tensor(float(value)), tensor_scale(inp), tensor_zp(inp), qmin, qmax)
+    self.params["constant_value"] = int(q)

@@ -1,32 +1,50 @@
-"""FullyConnected (float, quantize, integer forward) and MatMul (float forward)."""
+"""FullyConnected and MatMul: float forward, quantization and exact integer forward."""
 from __future__ import annotations
+
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
+from ..ir.dtype import Dtype
+from ..quant.params import integer_range
 from ..registry import op_register, quant_register
 from ._quant import (
+    FLOAT32_EXACT,
+    check_fused_activation_quantizable,
+    check_quantized_inputs,
     effective_weights,
     exact_float_dtype,
+    fused_activation_clamp,
+    fused_output_signed,
     input_absmax,
+    int_value,
+    is_signed,
     layer_settings,
     mac_finish,
     mac_input,
+    out_range,
+    quantize_activation,
     quantize_mac,
+    requant_of,
+    requant_scale_shift,
+    set_qinvariant,
+    store_requant,
+    tensor_scale,
+    tensor_zp,
 )
 from ._shared import apply_fused_activation, bool_param
+
+FLOAT64_EXACT = 2 ** 53
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+SATURATED = 2 ** 40
+"""Any |value| beyond this saturates every output range (qmin/qmax/zp are at most 32-bit), so it may be capped."""
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype if x.is_floating_point() else torch.float32
-
-
-def _check_float(node: PyNode) -> None:
-    if node.quantized:
-        raise UnsupportedError(f"layer '{node.name}' ({node.type}): the integer forward is not implemented yet")
 
 
 @op_register(OpType.FullyConnected)
@@ -82,19 +100,147 @@ def _maybe_transpose(node: PyNode, t: torch.Tensor, key: str) -> torch.Tensor:
     return t.transpose(-1, -2)
 
 
+def _matmul_operands(node: PyNode, a: torch.Tensor, b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _maybe_transpose(node, a, "trans_a"), _maybe_transpose(node, b, "trans_b")
+
+
+def _matmul(node: PyNode, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    try:
+        return torch.matmul(a, b)
+    except RuntimeError as e:
+        raise node._error(f"operand shapes {list(a.shape)} and {list(b.shape)} (after trans_a/trans_b) "
+                          f"cannot be multiplied: {e}") from None
+
+
 @op_register(OpType.MatMul)
 def matmul_forward(self: PyNode) -> None:
     """Batched matmul of two activations with torch.matmul broadcasting; trans_a/trans_b swap the last two axes."""
-    _check_float(self)
     if len(self.inputs) != 2:
         raise self._error(f"MatMul needs exactly 2 inputs, got {len(self.inputs)}")
+    if self.quantized:
+        self.outputs[0].betensor = _matmul_int(self)
+        return
     a, b = self.inputs[0].betensor, self.inputs[1].betensor
     dtype = torch.promote_types(_compute_dtype(a), _compute_dtype(b))
-    a = _maybe_transpose(self, a.to(dtype), "trans_a")
-    b = _maybe_transpose(self, b.to(dtype), "trans_b")
-    try:
-        y = torch.matmul(a, b)
-    except RuntimeError as e:
-        raise self._error(f"operand shapes {list(a.shape)} and {list(b.shape)} (after trans_a/trans_b) "
-                          f"cannot be multiplied: {e}") from None
-    self.outputs[0].betensor = apply_fused_activation(self, y)
+    a, b = _matmul_operands(self, a.to(dtype), b.to(dtype))
+    self.outputs[0].betensor = apply_fused_activation(self, _matmul(self, a, b))
+
+
+def _shifted_absmax(t) -> int:
+    """max |q + zp| over the tensor's integer range: the largest operand the integer matmul multiplies."""
+    lo, hi = out_range(t)
+    zp = tensor_zp(t)
+    return max(abs(lo + zp), abs(hi + zp))
+
+
+def _matmul_acc(node: PyNode) -> torch.Tensor:
+    """acc = (a_q + zp_a) @ (b_q + zp_b) exactly, int64: float32 or float64 when the bound K·max|a|·max|b| proves
+    every partial sum exact there, otherwise an int64 matmul on the CPU."""
+    ta, tb = node.inputs
+    a = int_value(ta) + tensor_zp(ta)
+    b = int_value(tb) + tensor_zp(tb)
+    a, b = _matmul_operands(node, a, b)
+    k = int(a.shape[-1]) if a.dim() else 1
+    bound = k * _shifted_absmax(ta) * _shifted_absmax(tb)
+    if bound < FLOAT32_EXACT:
+        return _matmul(node, a.to(torch.float32), b.to(torch.float32)).to(torch.int64)
+    if bound < FLOAT64_EXACT:
+        return _matmul(node, a.to(torch.float64), b.to(torch.float64)).to(torch.int64)
+    device = a.device
+    return _matmul(node, a.cpu(), b.cpu()).to(device)
+
+
+def round_shift(v: torch.Tensor, shift: int) -> torch.Tensor:
+    """Exact round_half_even(v / 2^shift) of an int64 tensor (shift >= 0)."""
+    if shift <= 0:
+        return v
+    q = v >> shift
+    rem = v - (q << shift)
+    half = 1 << (shift - 1)
+    return q + ((rem > half) | ((rem == half) & (q % 2 == 1))).to(torch.int64)
+
+
+def requantize_exact(acc: torch.Tensor, mult: int, shift: int) -> torch.Tensor:
+    """Exact round_half_even(acc · M · 2^-shift) for an int64 accumulator and a per-tensor (M, shift), int64.
+
+    Magnitudes beyond 2^40 saturate any output range and are capped first. For shift > 0, acc = hi·2^s + lo
+    (0 <= lo < 2^s) gives acc·M·2^-s = hi·M + lo·M·2^-s, so only lo·M (< 2^(s+16)) is rounded; the tie goes to
+    the even total. For shift <= 0 the product is scaled by 2^-shift in float64, which is exact.
+    """
+    if shift <= 0:
+        t = torch.clamp(acc, -SATURATED, SATURATED) * int(mult)
+        t = torch.clamp(t, -SATURATED, SATURATED).to(torch.float64) * 2.0 ** (-shift)
+        return torch.clamp(t, -SATURATED, SATURATED).to(torch.int64)
+    if shift + 42 < 63:
+        acc = torch.clamp(acc, -(1 << (shift + 41)), 1 << (shift + 41))
+    hi = acc >> shift
+    lo = acc - (hi << shift)
+    r = lo * int(mult)
+    q2 = r >> shift
+    rem = r - (q2 << shift)
+    base = hi * int(mult) + q2
+    half = 1 << (shift - 1)
+    return base + ((rem > half) | ((rem == half) & (base % 2 == 1))).to(torch.int64)
+
+
+def _wide_matmul(node: PyNode) -> bool:
+    return any((t.qbits or 8) > 8 for t in node.inputs)
+
+
+def _matmul_int(node: PyNode) -> torch.Tensor:
+    """acc = (a+zp_a)@(b+zp_b); optional remain_shift hand-over (pre-shift by shift - remain_shift with
+    round-half-even, clip to int32); y = clamp(round_half_even(acc·M·2^-shift) - zp_out, qmin, qmax); then the
+    fused RELU6/CLIP bounds."""
+    out = node.outputs[0]
+    mult, shift = requant_of(node)
+    if isinstance(mult, torch.Tensor):
+        raise node._error("a quantized MatMul has a per-tensor scale_value/shift_value, not per-channel constants")
+    acc = _matmul_acc(node)
+    remain: Optional[int] = node.params.get("remain_shift")
+    if remain is not None and _wide_matmul(node):
+        if shift > int(remain):
+            acc = torch.clamp(round_shift(acc, shift - int(remain)), INT32_MIN, INT32_MAX)
+            shift = int(remain)
+        else:
+            acc = torch.clamp(acc, INT32_MIN, INT32_MAX)
+    qmin, qmax = out_range(out)
+    y = torch.clamp(requantize_exact(acc, mult, shift) - tensor_zp(out), qmin, qmax)
+    return fused_activation_clamp(node, y)
+
+
+def _integer_output_bits(node: PyNode, signed: bool) -> int:
+    """Bits of an integer (qinvariant) MatMul output: the smallest of 8/16/32 holding its observed extrema."""
+    out = node.outputs[0]
+    lo = out.stats.extrema_min if out.stats.extrema_min is not None else out.min
+    hi = out.stats.extrema_max if out.stats.extrema_max is not None else out.max
+    lo, hi = float(lo if lo is not None else 0.0), float(hi if hi is not None else 0.0)
+    for bits in (8, 16):
+        qmin, qmax = integer_range(bits, signed)
+        if qmin <= lo and hi <= qmax:
+            return bits
+    return 32
+
+
+@quant_register(OpType.MatMul)
+def matmul_quantize(self: PyNode) -> None:
+    """Output params from the calibrated output range, signed iff an input is signed and no RELU-like fused
+    activation makes it non-negative; requant ratio s_out / (s_a · s_b) as scale_value/shift_value.
+    Two integer (qinvariant) inputs give an integer output (scale 1, zp 0, multiplier 1, shift 0)."""
+    check_fused_activation_quantizable(self)
+    if len(self.inputs) != 2:
+        raise self._error(f"MatMul needs exactly 2 inputs, got {len(self.inputs)}")
+    check_quantized_inputs(self, self.inputs)
+    ta, tb = self.inputs
+    out = self.outputs[0]
+    signed = (is_signed(ta) or is_signed(tb)) and fused_output_signed(self)
+    s = layer_settings(self)
+    if ta.qinvariant and tb.qinvariant:
+        set_qinvariant(out, _integer_output_bits(self, signed or s.force_dtype_int), signed or s.force_dtype_int)
+        store_requant(self, 1, 0, Dtype.UINT8, Dtype.INT8)
+    else:
+        quantize_activation(self, out, signed)
+        ratio = torch.tensor(tensor_scale(out), dtype=torch.float32) / (
+            torch.tensor(tensor_scale(ta), dtype=torch.float32) * torch.tensor(tensor_scale(tb), dtype=torch.float32))
+        store_requant(self, *requant_scale_shift(self, ratio))
+    if s.remain_shift is not None:
+        self.params["remain_shift"] = int(s.remain_shift)
