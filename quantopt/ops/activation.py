@@ -1,15 +1,38 @@
 """Element-wise activations: the `Activation` layer (one `method` per layer) and the standalone op types
-(RELU, Sigmoid, Hardswish, ...) that the Parser may emit instead; both run the same float functions."""
+(RELU, Sigmoid, Hardswish, ...) that the Parser may emit instead; both run the same float functions.
+
+Quantized (docs/_sections/activation_softmax.md): RELU/RELU6/CLIP requantize s_out/s_in with a multiplier/shift
+and clamp to the quantized bounds; LEAKYRELU/PRELU also quantize the negative slope (shift = output bits, resp.
+12); every other method is a lookup table `lut` over the input integer range; NONE passes the input through.
+"""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 import torch
 import torch.nn.functional as F
 
+from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
-from ..registry import op_register
+from ..ir.dtype import Dtype
+from ..quant.lut import build_lut, lookup_lut
+from ..quant.params import quantize
+from ..quant.requant import range_dtype
+from ..registry import op_register, quant_register
+from ._lut_int import constants_first, int_input, is_restricted, range_bits, requantize, round_shift
+from ._quant import (
+    copy_params,
+    layer_settings,
+    out_range,
+    quantize_activation,
+    requant_of,
+    requant_scale_shift,
+    set_constant,
+    store_requant,
+    tensor_scale,
+    tensor_zp,
+)
 from ._shared import apply_fused_activation
 
 # ONNX defaults, used when the IR leaves a parameter out.
@@ -165,7 +188,217 @@ def activation_method(node: PyNode) -> str:
     return method
 
 
-@op_register([OpType.Activation] + [getattr(OpType, name) for name in STANDALONE_METHODS])
+ACTIVATION_OPTYPES = [OpType.Activation] + [getattr(OpType, name) for name in STANDALONE_METHODS]
+
+# --------------------------------------------------------------------------------------------- quantization
+LINEAR_METHODS = ("RELU", "RELU6", "CLIP")
+"""Piecewise-linear methods realised by a requantization and a clamp."""
+SLOPE_METHODS = ("LEAKYRELU", "PRELU")
+"""Methods with a quantized negative slope."""
+PRELU_SLOPE_SHIFT = 12
+"""Fraction bits of the int16 PRELU slope (upstream's `negative_slope_shift=12`, seen in every golden IR)."""
+SLOPE_ACC_BITS = 48
+"""Width of the slope stage before the requantization (upstream clips it to a signed 48-bit value)."""
+
+OUTPUT_SIGNED: Dict[str, Optional[bool]] = {
+    "RELU": False, "RELU6": False, "CLIP": None, "LEAKYRELU": True, "PRELU": True,
+    "SIGMOID": False, "TANH": True, "HARDSWISH": True, "HARDSIGMOID": None, "ELU": True, "SELU": True,
+    "CELU": True, "GELU": True, "SILU": True, "SWISH": True, "MISH": True, "SOFTPLUS": False, "SOFTSIGN": True,
+}
+"""Output signedness per method, upstream's fixed table; None: signed iff clip_min < 0 (CLIP, HARDSIGMOID)."""
+
+
+def output_signed(node: PyNode, method: str) -> bool:
+    """Whether the quantized output is signed (force_dtype_int is applied later by quantize_activation)."""
+    signed = OUTPUT_SIGNED[method]
+    if signed is None:
+        return _number(node, "clip_min", None if method == "CLIP" else 0.0) < 0
+    return signed
+
+
+def _f32_ratio(num: float, den: float) -> torch.Tensor:
+    """num / den in float32, the precision upstream forms requantization ratios in."""
+    return torch.tensor(num, dtype=torch.float32) / torch.tensor(den, dtype=torch.float32)
+
+
+def _store_rescale(node: PyNode) -> None:
+    """scale_value/shift_value approximating s_out / s_in with the layer's multiplier bits."""
+    ratio = _f32_ratio(tensor_scale(node.outputs[0]), tensor_scale(node.inputs[0]))
+    store_requant(node, *requant_scale_shift(node, ratio))
+
+
+def _quantize_linear(node: PyNode, method: str) -> None:
+    if method == "CLIP":
+        _clip(node, torch.zeros(1))  # validates clip_min <= clip_max
+    quantize_activation(node, node.outputs[0], output_signed(node, method))
+    _store_rescale(node)
+
+
+def _quantize_leakyrelu(node: PyNode) -> None:
+    """negative_slope_value = round(slope * 2^out_bits) (int param, dtype from its range), shift = out_bits."""
+    slope = _slope_param(node)
+    out = node.outputs[0]
+    quantize_activation(node, out, output_signed(node, "LEAKYRELU"))
+    bits = int(out.qbits)
+    q = int(round(slope * 2 ** bits))
+    node.params.pop("negative_slope", None)
+    node.params["negative_slope_value"] = q
+    node.params["negative_slope_type"] = range_dtype(min(q, 0), max(q, 0))
+    node.params["negative_slope_shift"] = bits
+    _store_rescale(node)
+
+
+def _quantize_prelu(node: PyNode) -> None:
+    """`negative_slope` constant → int16 clip(round(slope * 2^12)); slices along dim 0 that are all equal (e.g. the
+    Parser's [1,H,W,C]) collapse to one, dim 0 squeezed, as upstream."""
+    inp, out = node.inputs[0], node.outputs[0]
+    const = node.get_constant("negative_slope", optional=True)
+    if const is None:
+        values = torch.tensor([_slope_param(node)], dtype=torch.float32)
+        node.params.pop("negative_slope", None)
+        node.params.pop("negative_slope_value", None)
+    else:
+        values = const.betensor.to(torch.float32)
+    quantize_activation(node, out, output_signed(node, "PRELU"))
+    q = quantize(values, float(2 ** PRELU_SLOPE_SHIFT), 0, -32768, 32767)
+    if q.dim() >= len(inp.ir_shape) and q.dim() > 0 and q.shape[0] > 0:
+        if bool((q == q[:1]).all()):
+            q = q[:1]
+        if q.shape[0] == 1:
+            q = q.squeeze(0)
+    try:
+        shape = torch.broadcast_shapes(tuple(q.shape), tuple(inp.ir_shape))
+    except RuntimeError:
+        shape = None
+    if shape != tuple(inp.ir_shape):
+        raise node._error(f"negative_slope of shape {list(q.shape)} does not broadcast to the input shape "
+                          f"{list(inp.ir_shape)}")
+    set_constant(node, "negative_slope", q, Dtype.INT16)
+    constants_first(node, ["negative_slope"])
+    node.params["negative_slope_shift"] = PRELU_SLOPE_SHIFT
+    _store_rescale(node)
+
+
+def _lut_function(node: PyNode, method: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The float32 function tabulated. HARDSWISH without parameters uses torch's x*relu6(x+3)/6, whose float32
+    rounding is what upstream's tables (all golden HARDSWISH LUTs, 16-bit included) were built with."""
+    if method == "HARDSWISH" and "alpha" not in node.params and "beta" not in node.params:
+        return F.hardswish
+    fn = ACTIVATION_METHODS[method]
+    return lambda x: fn(node, x)
+
+
+def _quantize_lut(node: PyNode, method: str) -> None:
+    """Output params from the calibrated range, then lut[i] = quantize_out(f(dequantize_in(sample_i)))."""
+    inp, out = node.inputs[0], node.outputs[0]
+    fn = _lut_function(node, method)
+    fn(torch.zeros(1))  # parameter errors surface as IR errors before anything is changed
+    quantize_activation(node, out, output_signed(node, method))
+    in_qmin, in_qmax = out_range(inp)
+    out_qmin, out_qmax = out_range(out)
+    table = build_lut(fn, tensor_scale(inp), tensor_zp(inp), in_qmin, in_qmax, range_bits(inp),
+                      tensor_scale(out), tensor_zp(out), out_qmin, out_qmax,
+                      lut_items_in_bits=int(layer_settings(node).lut_items_in_bits))
+    set_constant(node, "lut", table, out.dtype)
+    constants_first(node, ["lut"])
+
+
+@quant_register(ACTIVATION_OPTYPES)
+def activation_quantize(self: PyNode) -> None:
+    """Quantize one activation layer; what the integer forward reads is all stored in the layer (see module doc)."""
+    method = activation_method(self)
+    inp = self.inputs[0]
+    if inp.qmin is None:
+        raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
+    if layer_settings(self).q_mode_activation.startswith("per_channel") and method != "NONE":
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): per-channel activation quantization is not "
+                               "supported for activations (upstream neither)")
+    if method == "NONE":
+        copy_params(self.outputs[0], inp)
+    elif method in LINEAR_METHODS:
+        _quantize_linear(self, method)
+    elif method == "LEAKYRELU":
+        _quantize_leakyrelu(self)
+    elif method == "PRELU":
+        _quantize_prelu(self)
+    else:
+        _quantize_lut(self, method)
+
+
+# --------------------------------------------------------------------------------------------- integer forward
+def _quantized_bound(node: PyNode, value: float) -> int:
+    """The output code of the float `value`: clamp(round_half_even(value * s_out - zp_out), qmin, qmax), float64."""
+    out = node.outputs[0]
+    qmin, qmax = out_range(out)
+    return int(quantize(torch.tensor(value, dtype=torch.float64), tensor_scale(out), tensor_zp(out), qmin, qmax,
+                        compute_dtype=torch.float64))
+
+
+def _int_linear(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> torch.Tensor:
+    out = node.outputs[0]
+    qmin, qmax = out_range(out)
+    mult, shift = requant_of(node)
+    xs = x + zp_in
+    if method != "CLIP":
+        xs = torch.clamp(xs, min=0)
+    y = requantize(xs, mult, shift, tensor_zp(out), qmin, qmax)
+    if method == "RELU6":
+        y = torch.clamp(y, max=_quantized_bound(node, 6.0))
+    elif method == "CLIP":
+        y = torch.clamp(y, _quantized_bound(node, _number(node, "clip_min")),
+                        _quantized_bound(node, _number(node, "clip_max")))
+    return y
+
+
+def _int_slope(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> torch.Tensor:
+    out = node.outputs[0]
+    qmin, qmax = out_range(out)
+    if method == "PRELU":
+        slope = node.get_constant("negative_slope").betensor.to(torch.int64)
+        shift_slope = int(node.get_param("negative_slope_shift"))
+    else:
+        slope = torch.tensor(int(node.get_param("negative_slope_value")), dtype=torch.int64)
+        shift_slope = int(node.get_param("negative_slope_shift", optional=True, default_value=out.dtype.bits))
+    xs = x + zp_in
+    try:
+        neg = round_shift(torch.clamp(xs, max=0) * slope, shift_slope)
+    except RuntimeError:
+        raise node._error(f"negative_slope of shape {list(slope.shape)} does not broadcast to the input shape "
+                          f"{list(x.shape)}") from None
+    lim = 2 ** (SLOPE_ACC_BITS - 1)
+    y = torch.clamp(neg + torch.clamp(xs, min=0), -lim, lim - 1)
+    mult, shift = requant_of(node)
+    return requantize(y, mult, shift, tensor_zp(out), qmin, qmax)
+
+
+def _int_lut(node: PyNode, x: torch.Tensor) -> torch.Tensor:
+    inp, out = node.inputs[0], node.outputs[0]
+    lut = node.get_constant("lut")
+    in_qmin, _ = out_range(inp)
+    y = lookup_lut(x, lut.betensor, in_qmin, range_bits(inp), lut.dtype.bits, lut.dtype.is_signed,
+                   in_restricted=is_restricted(inp))
+    qmin, qmax = out_range(out)
+    return torch.clamp(y, qmin, qmax)
+
+
+def activation_integer_forward(node: PyNode) -> torch.Tensor:
+    """Integer forward of a quantized activation layer (int64 in [qmin, qmax])."""
+    method = activation_method(node)
+    x, zp_in = int_input(node)
+    if method == "NONE":
+        qmin, qmax = out_range(node.outputs[0])
+        return torch.clamp(x, qmin, qmax)
+    if method in LINEAR_METHODS:
+        return _int_linear(node, method, x, zp_in)
+    if method in SLOPE_METHODS:
+        return _int_slope(node, method, x, zp_in)
+    return _int_lut(node, x)
+
+
+@op_register(ACTIVATION_OPTYPES)
 def activation_forward(self: PyNode) -> None:
+    if self.quantized:
+        self.outputs[0].betensor = activation_integer_forward(self)
+        return
     x = self.inputs[0].betensor
     self.outputs[0].betensor = ACTIVATION_METHODS[activation_method(self)](self, x)
