@@ -1,7 +1,7 @@
 """Exact int64 requantization shared by the Eltwise/Add/Sub/Mul and Concat integer forwards.
 
 Everything here is pure int64 torch arithmetic (no float rounding anywhere), so a kernel that follows
-docs/_sections/eltwise_concat.md reproduces it bit for bit. Overflow is ruled out up front from the integer
+docs/integer-semantics.md reproduces it bit for bit. Overflow is ruled out up front from the integer
 ranges stored in the IR (`check_int64_bound`) instead of being silently wrapped.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Exact int64 helpers shared by the integer forwards of activations and Softmax (no float arithmetic).
 
 `_quant.linear_requantize` works in float64 (exact below 2^53); these helpers stay in int64 so that the integer
-semantics documented in docs/_sections/activation_softmax.md are what the code literally does.
+semantics documented in docs/integer-semantics.md are what the code literally does.
 """
 from __future__ import annotations
 

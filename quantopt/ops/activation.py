@@ -1,7 +1,7 @@
 """Element-wise activations: the `Activation` layer (one `method` per layer) and the standalone op types
 (RELU, Sigmoid, Hardswish, ...) that the Parser may emit instead; both run the same float functions.
 
-Quantized (docs/_sections/activation_softmax.md): RELU/RELU6/CLIP requantize s_out/s_in with a multiplier/shift
+Quantized (docs/integer-semantics.md): RELU/RELU6/CLIP requantize s_out/s_in with a multiplier/shift
 and clamp to the quantized bounds; LEAKYRELU/PRELU also quantize the negative slope (shift = output bits, resp.
 12); every other method is a lookup table `lut` over the input integer range; NONE passes the input through.
 """

@@ -2,7 +2,7 @@
 
 Quantized BatchNorm is a per-channel multiply-accumulate (one weight per channel, like a 1x1 DepthwiseConv), with
 16-bit weights by default as upstream; Pad keeps its input's quantization and pads with integers
-(docs/_sections/pool_bn_pad_matmul.md).
+(docs/integer-semantics.md).
 """
 from __future__ import annotations
 

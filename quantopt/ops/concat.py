@@ -61,7 +61,7 @@ def concat_forward(self: PyNode) -> None:
 
 
 def concat_int_forward(node: PyNode) -> torch.Tensor:
-    """Integer forward from the IR only (docs/_sections/eltwise_concat.md), exact in int64.
+    """Integer forward from the IR only (docs/integer-semantics.md), exact in int64.
 
     With `scale_value`/`shift_value` lists: y_i = clamp(round_half_even((x_i + zp_i) * M_i * 2^-shift_i) - zp_out,
     qmin, qmax) per branch. Without them every branch passes through unchanged (clamped to the output range,

@@ -152,7 +152,7 @@ def _int_list(node: PyNode, key: str, count: int) -> List[int]:
 
 
 def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
-    """Integer forward from the IR only (docs/_sections/eltwise_concat.md), exact in int64.
+    """Integer forward from the IR only (docs/integer-semantics.md), exact in int64.
 
     ADD/SUB/MAX/MIN: acc = op((a + zp_a) * M_in0, (b + zp_b) * M_in1); MUL: acc = (a + zp_a) * (b + zp_b);
     y = clamp(round_half_even(acc * M_out * 2^-shift) - zp_out, qmin, qmax), then the fused activation bound.

@@ -9,7 +9,7 @@ input-plus-pad cells it covers (count_include_pad=true); cells beyond the padded
 Quantized, both methods pass the input's scale/zero point/dtype through (as upstream; no IR params are added) and
 the integer forward follows the same window geometry: MAX takes the integer maximum (padding never wins), AVG sums
 (x_q + zp) exactly, divides by the same count with round-half-to-even and subtracts zp again
-(docs/_sections/pool_bn_pad_matmul.md).
+(docs/integer-semantics.md).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Softmax along `axis` (default -1, negative counts from the end): float forward, and upstream's LUT method.
 
-Quantized (docs/_sections/activation_softmax.md): an exp table indexed by x - max(x) (uint32 constant `lut`),
+Quantized (docs/integer-semantics.md): an exp table indexed by x - max(x) (uint32 constant `lut`),
 an int64 sum along the axis, an integer division, then the output requantization `scale_value/shift_value`
 (the multiplier/shift of s_out itself: the table already holds e^(x - max) in units of 1/(2^20 - 1)).
 """
