@@ -85,22 +85,20 @@ def is_signed(t: PyTensor) -> bool:
     return t.qmin is not None and t.qmin < 0
 
 
+def _single(t: PyTensor, value: Any, what: str) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise UnsupportedError(f"tensor '{t.name}' has per-channel {what}; this op needs one")
+        value = value.item()
+    return float(value)
+
+
 def tensor_zp(t: PyTensor) -> int:
-    z = t.zerop
-    if isinstance(z, torch.Tensor):
-        if z.numel() != 1:
-            raise UnsupportedError(f"tensor '{t.name}' has per-channel zero points; this op needs one")
-        z = z.item()
-    return int(round(float(z)))
+    return int(round(_single(t, t.zerop, "zero points")))
 
 
 def tensor_scale(t: PyTensor) -> float:
-    s = t.scale
-    if isinstance(s, torch.Tensor):
-        if s.numel() != 1:
-            raise UnsupportedError(f"tensor '{t.name}' has per-channel scales; this op needs one")
-        s = s.item()
-    return float(s)
+    return _single(t, t.scale, "scales")
 
 
 def out_range(t: PyTensor) -> Tuple[int, int]:

@@ -1,5 +1,5 @@
 """Activations (every Activation method and standalone type) and Softmax: integer forward against an independent
-python-int reference written from docs/_sections/activation_softmax.md, float-vs-dequantized cosine, Appendix
+python-int reference written from docs/integer-semantics.md, float-vs-dequantized cosine, Appendix
 A.4, the golden IRs' Activation/Softmax parameters recomputed by our quantize functions, IR write → re-read."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Eltwise (ADD/SUB/MUL/MAX/MIN), Add/Sub/Mul and Concat: integer forward against an independent numpy/python-int
-reference written from docs/_sections/eltwise_concat.md, float-vs-dequantized cosine, Appendix A.1, and IR
+reference written from docs/integer-semantics.md, float-vs-dequantized cosine, Appendix A.1, and IR
 write → re-load bit identity."""
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 """Pooling (MAX/AVG, 2-D and 1-D), BatchNorm, Pad and MatMul: integer forward against independent numpy/python-int
-references written from docs/_sections/pool_bn_pad_matmul.md, float-vs-dequantized cosine, IR write → re-load
+references written from docs/integer-semantics.md, float-vs-dequantized cosine, IR write → re-load
 bit identity, and the IR keys the quantization adds."""
 from __future__ import annotations
 
-import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
 import torch
+from test_pooling import _out_size
 
 from quantopt.analysis.similarity import cosine
 from quantopt.errors import UnsupportedError
@@ -101,15 +101,6 @@ def pool_graph(method: str, k, s, pads, d=(1, 1), ceil=False, include: Optional[
     g = GraphBuilder("pool")
     y = g.layer("Pooling", [g.input("x", list(shape))], [out_shape], name="op", params=p)
     return g.build([y])
-
-
-def _out_size(n, k, s, d, before, after, ceil):
-    k_ext = d * (k - 1) + 1
-    span = (n + before + after - k_ext) / s
-    out = (math.ceil(span) if ceil else math.floor(span)) + 1
-    if ceil and (out - 1) * s >= n + before:
-        out -= 1
-    return out
 
 
 def ref_pool(node, x_q: np.ndarray) -> np.ndarray:
