@@ -180,3 +180,18 @@ def test_bad_opt_config_fails_without_output(model_dir: Path, capsys) -> None:
     assert main(["--cfg", str(write_cfg(model_dir, opt_config="bad.json"))]) == 2
     assert "q_bits_activation" in capsys.readouterr().err
     assert not (model_dir / "out" / "small_o.txt").exists()
+
+
+def test_qinvariant_start_node_and_force_dtype_int(model_dir: Path) -> None:
+    cfg = read_cfg(str(write_cfg(model_dir, set_qinvariant_for_start_nodes="0", force_dtype_int="true")))
+    g = small_model()
+    overrides = {n.name: {k: getattr(settings_from_cfg(cfg, n), k) for k in ("qinvariant", "force_dtype_int")}
+                 for n in g.nodes}
+    assert overrides["x"]["qinvariant"] and not overrides["c1"]["qinvariant"]
+    qg = quantize_model(g, [torch.round(b * 10) for b in batches()], per_layer=overrides)
+    x = qg.node("x").outputs[0]
+    assert x.qinvariant and x.scale == 1.0 and x.zerop == 0
+    relu_out = qg.node("c1").outputs[0]
+    assert relu_out.dtype is Dtype.INT8  # RELU output forced signed
+    qg.forward([torch.round(batches(1, seed=9)[0] * 10)], keep_tensors=True)
+    assert int(relu_out.betensor.min()) >= -int(relu_out.zerop)  # the fused RELU still clamps at float 0
