@@ -49,6 +49,7 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Tuple, Union
 
+import numpy as np
 import torch
 
 from ..graph.tensor import TensorStatistics
@@ -338,6 +339,31 @@ def _update_group(stats: TensorStatistics, v2d: torch.Tensor, cfg: StatisticsCon
 # public entry point
 
 
+def _ema32(old: float, new: float, m: float) -> float:
+    """`_ema` on python floats: the same float32 products and sum (checked equal to torch's arithmetic)."""
+    return float(np.float32(m) * np.float32(old) + np.float32(1.0 - m) * np.float32(new))
+
+
+def _update_extrema_only(stats: TensorStatistics, x: torch.Tensor, m: float, reset: bool) -> bool:
+    """Fast path of the default strategies (extrema/mean): one aminmax and scalar arithmetic, the same results as
+    the general path. Returns False (nothing changed) when the batch holds NaN, for the general path to handle."""
+    lo_t, hi_t = torch.aminmax(x if x.is_floating_point() else x.float())
+    lo = min(max(float(lo_t), STAT_INT_MIN), STAT_INT_MAX)
+    hi = min(max(float(hi_t), STAT_INT_MIN), STAT_INT_MAX)
+    if math.isnan(lo) or math.isnan(hi):
+        return False
+    if reset:
+        stats.reset()
+        emin, emax, rmin, rmax = lo, hi, lo, hi
+    else:
+        emin, emax = min(float(stats.extrema_min), lo), max(float(stats.extrema_max), hi)
+        rmin, rmax = _ema32(float(stats.running_min), lo, m), _ema32(float(stats.running_max), hi, m)
+    for name, v in (("extrema_min", emin), ("extrema_max", emax), ("running_min", rmin), ("running_max", rmax)):
+        setattr(stats, name, torch.tensor(v, dtype=_STAT_DTYPE))
+    stats.batches = 1 if reset else stats.batches + 1
+    return True
+
+
 def update_statistics(stats: TensorStatistics, x: torch.Tensor, cfg: StatisticsConfig,
                       batch_index: int) -> TensorStatistics:
     """Fold batch `x` into `stats` (in place; also returned). `batch_index == 0` (or empty stats) resets them.
@@ -352,6 +378,9 @@ def update_statistics(stats: TensorStatistics, x: torch.Tensor, cfg: StatisticsC
         return stats
     with torch.no_grad():
         reset = int(batch_index) == 0 or stats.batches == 0 or stats.extrema_min is None
+        if cfg.key_axis is None and not cfg.need_moments and not cfg.need_histogram and cfg.trim is None \
+                and _update_extrema_only(stats, x.detach(), cfg.momentum, reset):
+            return stats
         if reset:
             stats.reset()
         xf = apply_trim(x.detach().float(), cfg.trim)

@@ -174,11 +174,14 @@ def linear_requantize(x: Union[torch.Tensor, np.ndarray, Number], multiplier: In
     Per-channel M/shift/zerop broadcast along `axis`. NaN gives 0 (upstream).
     """
     xt = torch.as_tensor(np.asarray(x) if isinstance(x, np.ndarray) else x).to(torch.float64)
-    m = _along(multiplier, axis, xt.dim())
+    m = _along(multiplier, axis, xt.dim()).to(torch.float64)
     s = _along(shift, axis, xt.dim()).to(torch.float64)
     z = _along(zerop_out, axis, xt.dim())
-    y = round_tensor(xt * m * torch.pow(0.5, s), round_mode) - z
-    y = torch.nan_to_num(torch.clamp(y, qmin, qmax), nan=0.0)
+    # M * 2^-shift is exact in float64, and so is x * (M * 2^-shift) while |x * M| < 2^53: one rounding step
+    y = round_tensor(xt * (m * torch.pow(0.5, s)), round_mode)
+    y = torch.clamp(y.sub_(z), qmin, qmax)
+    if bool(torch.isnan(y).any()):
+        y = torch.nan_to_num(y, nan=0.0)
     return y.to(torch.int64)
 
 
