@@ -14,6 +14,7 @@ from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 from ..quant.requant import range_dtype
+from ..quant.rounding import INT64_SAFE
 from ._quant import (
     fused_activation,
     fused_activation_clamp,
@@ -22,42 +23,6 @@ from ._quant import (
     set_qinvariant,
     tensor_zp,
 )
-
-INT64_SAFE = 2 ** 62
-"""Largest magnitude an intermediate may reach; |v| < 2^62 leaves headroom for the rounding increment."""
-
-
-def round_shift(v: torch.Tensor, shift: int) -> torch.Tensor:
-    """round_half_even(v * 2^-shift) for an int64 tensor; a negative shift multiplies by 2^-shift.
-
-    Right shift: q = v >> s (floor), r = v - (q << s) in [0, 2^s); q += 1 if r > 2^(s-1), or if r == 2^(s-1)
-    and q is odd. Left shift saturates at ±2^62 (far outside every output range, so the later clamp is
-    unaffected). Callers guarantee |v| < 2^62 (`check_int64_bound`).
-    """
-    v = v.to(torch.int64)
-    s = int(shift)
-    if s == 0:
-        return v
-    if s < 0:
-        k = -s
-        if k >= 62:
-            return torch.sign(v) * INT64_SAFE
-        lim = 1 << (62 - k)
-        big = v.abs() >= lim
-        return torch.where(big, torch.sign(v) * INT64_SAFE, v << k)
-    if s >= 63:  # |v| < 2^62 <= 2^(s-1): |v| / 2^s < 1/2 rounds to 0
-        return torch.zeros_like(v)
-    q = v >> s
-    r = v - (q << s)
-    half = 1 << (s - 1)
-    up = (r > half) | ((r == half) & ((q & 1) == 1))
-    return q + up.to(torch.int64)
-
-
-def requant_int(acc: torch.Tensor, multiplier: int, shift: int, zp_out: int, qmin: int, qmax: int) -> torch.Tensor:
-    """y = clamp(round_half_even(acc * M * 2^-shift) - zp_out, qmin, qmax), exact in int64."""
-    y = round_shift(acc.to(torch.int64) * int(multiplier), shift) - int(zp_out)
-    return torch.clamp(y, int(qmin), int(qmax))
 
 
 def offset_absmax(t: PyTensor) -> int:

@@ -18,9 +18,10 @@ from ..graph.optype import OpType
 from ..ir.dtype import Dtype
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import quantize
-from ..quant.requant import range_dtype
+from ..quant.requant import range_dtype, requantize_int
+from ..quant.rounding import round_shift
 from ..registry import op_register, quant_register
-from ._lut_int import constants_first, int_input, is_restricted, range_bits, requantize, round_shift
+from ._lut_int import constants_first, int_input, is_restricted, range_bits
 from ._quant import (
     copy_params,
     layer_settings,
@@ -341,7 +342,7 @@ def _int_linear(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> torch
     xs = x + zp_in
     if method != "CLIP":
         xs = torch.clamp(xs, min=0)
-    y = requantize(xs, mult, shift, tensor_zp(out), qmin, qmax)
+    y = requantize_int(xs, mult, shift, tensor_zp(out), qmin, qmax)
     if method == "RELU6":
         y = torch.clamp(y, max=_quantized_bound(node, 6.0))
     elif method == "CLIP":
@@ -368,7 +369,7 @@ def _int_slope(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> torch.
     lim = 2 ** (SLOPE_ACC_BITS - 1)
     y = torch.clamp(neg + torch.clamp(xs, min=0), -lim, lim - 1)
     mult, shift = requant_of(node)
-    return requantize(y, mult, shift, tensor_zp(out), qmin, qmax)
+    return requantize_int(y, mult, shift, tensor_zp(out), qmin, qmax)
 
 
 def _int_lut(node: PyNode, x: torch.Tensor) -> torch.Tensor:

@@ -9,9 +9,9 @@ from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..log import OPT_WARN
 from ..quant.hardware import FLT_EPSILON
-from ..quant.requant import scale_shift
+from ..quant.requant import requantize_int, scale_shift
 from ..registry import op_register, quant_register
-from ._eltwise_int import check_int64_bound, offset_absmax, requant_int
+from ._eltwise_int import check_int64_bound, offset_absmax
 from ._quant import (
     check_quantized_inputs,
     copy_params,
@@ -81,7 +81,7 @@ def concat_int_forward(node: PyNode) -> torch.Tensor:
     ys = []
     for t, m, sh in zip(node.inputs, mults, shifts):
         check_int64_bound(node, offset_absmax(t) * abs(int(m)), f"branch '{t.name}' times its multiplier")
-        ys.append(requant_int(int_value(t) + tensor_zp(t), int(m), int(sh), zp_out, qmin, qmax))
+        ys.append(requantize_int(int_value(t) + tensor_zp(t), int(m), int(sh), zp_out, qmin, qmax))
     return _concat(node, ys)
 
 

@@ -11,9 +11,9 @@ from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..log import OPT_WARN
-from ..quant.requant import eltwise_multipliers
+from ..quant.requant import eltwise_multipliers, requantize_int
 from ..registry import op_register, quant_register
-from ._eltwise_int import activation_clamp, check_int64_bound, offset_absmax, requant_int, set_integer_output
+from ._eltwise_int import activation_clamp, check_int64_bound, offset_absmax, set_integer_output
 from ._quant import (
     check_fused_activation_quantizable,
     check_quantized_inputs,
@@ -179,5 +179,5 @@ def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
         shift = int(node.params["shift_value"])
         check_int64_bound(node, (ea * abs(m0) + eb * abs(m1)) * abs(m_out), "aligned sum times M_out")
         acc = INT_METHODS[method](a * m0, b * m1)
-    y = requant_int(acc, m_out, shift, tensor_zp(out), qmin, qmax)
+    y = requantize_int(acc, m_out, shift, tensor_zp(out), qmin, qmax)
     return activation_clamp(node, y)

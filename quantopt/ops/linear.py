@@ -10,6 +10,7 @@ from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..ir.dtype import Dtype
 from ..quant.params import integer_range
+from ..quant.rounding import round_shift
 from ..registry import op_register, quant_register
 from ._quant import (
     FLOAT32_EXACT,
@@ -148,16 +149,6 @@ def _matmul_acc(node: PyNode) -> torch.Tensor:
         return _matmul(node, a.to(torch.float64), b.to(torch.float64)).to(torch.int64)
     device = a.device
     return _matmul(node, a.cpu(), b.cpu()).to(device)
-
-
-def round_shift(v: torch.Tensor, shift: int) -> torch.Tensor:
-    """Exact round_half_even(v / 2^shift) of an int64 tensor (shift >= 0)."""
-    if shift <= 0:
-        return v
-    q = v >> shift
-    rem = v - (q << shift)
-    half = 1 << (shift - 1)
-    return q + ((rem > half) | ((rem == half) & (q % 2 == 1))).to(torch.int64)
 
 
 def requantize_exact(acc: torch.Tensor, mult: int, shift: int) -> torch.Tensor:

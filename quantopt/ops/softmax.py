@@ -14,9 +14,9 @@ from ..graph.optype import OpType
 from ..quant.hardware import SOFTMAX_LUT_AUTO_VALUE_BITS
 from ..quant.lut import lookup_lut, lut_size
 from ..quant.params import dequantize
-from ..quant.requant import range_dtype, scale_shift
+from ..quant.requant import range_dtype, requantize_int, scale_shift
 from ..registry import op_register, quant_register
-from ._lut_int import ceil_log2, constants_first, int_input, range_bits, requantize
+from ._lut_int import ceil_log2, constants_first, int_input, range_bits
 from ._quant import (
     layer_settings,
     out_range,
@@ -115,10 +115,10 @@ def softmax_integer_forward(node: PyNode) -> torch.Tensor:
     if axis_len < SMALL_AXIS and rows % ROW_BLOCK == 0 and bits <= 8:
         k = base - ceil_log2(lut_max)
         z = torch.div((e << k) + (total >> 1), den, rounding_mode="floor")
-        return requantize(z, mult, shift + k, zp, qmin, qmax)
+        return requantize_int(z, mult, shift + k, zp, qmin, qmax)
     k = base - ceil_log2(mult)
     recip = torch.div(torch.tensor(mult << k, dtype=torch.int64), den, rounding_mode="floor")
-    return requantize(e * recip, 1, shift + k, zp, qmin, qmax)
+    return requantize_int(e * recip, 1, shift + k, zp, qmin, qmax)
 
 
 @op_register(OpType.Softmax)

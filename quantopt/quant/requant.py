@@ -23,7 +23,7 @@ from .hardware import (
     FLT_EPSILON,
     ITP_INPUT_BITS,
 )
-from .rounding import RoundMode, round_tensor
+from .rounding import RoundMode, round_shift, round_tensor
 
 Number = Union[int, float]
 IntLike = Union[int, torch.Tensor]
@@ -183,6 +183,14 @@ def linear_requantize(x: Union[torch.Tensor, np.ndarray, Number], multiplier: In
     if bool(torch.isnan(y).any()):
         y = torch.nan_to_num(y, nan=0.0)
     return y.to(torch.int64)
+
+
+def requantize_int(acc: torch.Tensor, multiplier: IntLike, shift: IntLike, zerop_out: int, qmin: int,
+                   qmax: int) -> torch.Tensor:
+    """clamp(round_half_even(acc * M / 2^shift) - zp_out, qmin, qmax) entirely in int64: exact while |acc * M| <
+    2^62 (callers bound it). M/shift may be int64 tensors broadcasting to `acc` (per channel)."""
+    prod = acc.to(torch.int64) * torch.as_tensor(multiplier, dtype=torch.int64, device=acc.device)
+    return torch.clamp(round_shift(prod, shift) - int(zerop_out), int(qmin), int(qmax))
 
 
 def linear_requantize_floor(x: Union[torch.Tensor, np.ndarray, Number], multiplier: IntLike, shift: IntLike,

@@ -91,3 +91,28 @@ def round_half_away(x: ArrayLike) -> Any:
 def round_tensor(t: torch.Tensor, mode: Union[str, RoundMode] = RoundMode.ROUND_TO_EVEN) -> torch.Tensor:
     """Tensor-only fast path used by the other quant modules."""
     return _round_tensor(t, RoundMode.from_name(mode))
+
+
+INT64_SAFE = 2 ** 62
+"""Saturation magnitude of `round_shift`'s left shifts: far outside every output range, with headroom in int64."""
+
+
+def round_shift(v: torch.Tensor, shift: Union[int, torch.Tensor]) -> torch.Tensor:
+    """Exact round_half_even(v / 2^shift) of an int64 tensor; a shift <= 0 is a left shift saturating at ±2^62.
+
+    Right shift: q = v >> s (floor), r = v - (q << s) in [0, 2^s); q += 1 if r > 2^(s-1), or if r == 2^(s-1) and
+    q is odd. `shift` is a python int or an int64 tensor broadcasting to `v` (per channel). Shifts of 63 or more
+    give 0 for |v| < 2^62.
+    """
+    v = v.to(torch.int64)
+    s = torch.as_tensor(shift, dtype=torch.int64, device=v.device)
+    pos = torch.clamp(s, min=0, max=62)
+    q = v >> pos
+    rem = v - (q << pos)
+    half = torch.where(pos > 0, torch.ones_like(pos) << torch.clamp(pos - 1, min=0), torch.zeros_like(pos))
+    up = (pos > 0) & ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    rounded = torch.where(s >= 63, torch.zeros_like(v), q + up.to(torch.int64))
+    k = torch.clamp(-s, min=0, max=62)
+    big = (v.abs() >= (torch.ones_like(k) << (62 - k))) | (k >= 62)
+    left = torch.where(big & (v != 0), torch.sign(v) * INT64_SAFE, v << k)
+    return torch.where(s >= 0, rounded, left)

@@ -16,8 +16,8 @@ from quantopt.graph.builder import GraphBuilder
 from quantopt.ir.dtype import Dtype
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
-from quantopt.ops._eltwise_int import round_shift
 from quantopt.pipeline import quantize_model, run_quantized
+from quantopt.quant.rounding import round_shift
 
 AMODES = ["per_tensor_symmetric_full_range", "per_tensor_symmetric_restricted_range", "per_tensor_asymmetric"]
 BINARY = [("Eltwise", "ADD"), ("Eltwise", "SUB"), ("Eltwise", "MUL"), ("Eltwise", "MAX"), ("Eltwise", "MIN"),

@@ -472,8 +472,9 @@ def test_matmul_ir_keys_and_dtypes() -> None:
 
 def test_exact_requant_and_division_helpers_against_python_ints() -> None:
     """The int64 helpers behind MatMul and AVG, on ties, negative values, huge accumulators and shifts <= 0."""
-    from quantopt.ops.linear import requantize_exact, round_shift
+    from quantopt.ops.linear import requantize_exact
     from quantopt.ops.pooling import round_half_even_div
+    from quantopt.quant.rounding import round_shift
 
     r = _rng(40)
     acc = np.concatenate([r.integers(-2 ** 40, 2 ** 40, size=300), r.integers(-64, 64, size=200),
