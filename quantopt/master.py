@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
-from .analysis.similarity import LayerSimilarity, layer_similarity, worst_layers_table
+from .analysis.similarity import LayerSimilarity, layer_similarity, to_float, worst_layers_table
 from .analysis.template import build_template, write_template
 from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
 from .config.layer_settings import OptConfig
@@ -19,7 +19,6 @@ from .graph.graph import PyGraph, QuantizeGraph
 from .graph.node import PyNode
 from .ir.writer import write_ir
 from .log import OPT_INFO, StepTimer, attach_file, detach_file, warning_count
-from .ops._quant import dequantized
 from .quantizer import assign_settings, check_quantizable, quantize_graph
 from .registry import OP_FORWARD, OptBaseMetric
 
@@ -146,7 +145,7 @@ class OptMaster:
             for i, batch in enumerate(self.validation_loader):
                 inputs, label = split_sample(batch, source)
                 graph.forward(prepare_inputs(self.graph, inputs, self.cfg, source, i))
-                outputs = [dequantized(t) if quantized else t.betensor for t in graph.output_tensors]
+                outputs = [to_float(t) if quantized else t.betensor for t in graph.output_tensors]
                 for m in metrics:
                     m(list(outputs), label)
         for (cls_name, args), m in zip(self.cfg.metric, metrics):

@@ -17,7 +17,7 @@ from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 from ..ir.dtype import Dtype, int_dtype_for_bits
 from ..log import OPT_WARN
-from ..quant.params import QuantMode, QuantParams, dequantize, integer_range, linear_quant_params, quantize
+from ..quant.params import QuantMode, QuantParams, integer_range, linear_quant_params, quantize
 from ..quant.requant import (
     aiff_ahead_shift,
     bias_quantize,
@@ -113,13 +113,6 @@ def int_value(t: PyTensor) -> torch.Tensor:
     if x.is_floating_point():
         return torch.round(x.to(torch.float64)).to(torch.int64)
     return x.to(torch.int64)
-
-
-def dequantized(t: PyTensor) -> torch.Tensor:
-    """Float view of a quantized tensor (x = (q + zp) / scale), float32."""
-    if t.qinvariant or t.qmin is None:
-        return t.betensor.to(torch.float32)
-    return dequantize(t.betensor, t.scale, t.zerop)
 
 
 def insert_keys_after(node: PyNode, anchor: str, keys: Iterable[str]) -> None:

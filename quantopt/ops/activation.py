@@ -16,6 +16,7 @@ from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..ir.dtype import Dtype
+from ..quant.hardware import PRELU_SLOPE_SHIFT, SLOPE_ACC_BITS
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import quantize
 from ..quant.requant import range_dtype, requantize_int
@@ -196,10 +197,6 @@ LINEAR_METHODS = ("RELU", "RELU6", "CLIP")
 """Piecewise-linear methods realised by a requantization and a clamp."""
 SLOPE_METHODS = ("LEAKYRELU", "PRELU")
 """Methods with a quantized negative slope."""
-PRELU_SLOPE_SHIFT = 12
-"""Fraction bits of the int16 PRELU slope (upstream's `negative_slope_shift=12`, seen in every golden IR)."""
-SLOPE_ACC_BITS = 48
-"""Width of the slope stage before the requantization (upstream clips it to a signed 48-bit value)."""
 
 OUTPUT_SIGNED: Dict[str, Optional[bool]] = {
     "RELU": False, "RELU6": False, "CLIP": None, "LEAKYRELU": True, "PRELU": True,

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ..graph.node import PyNode
 from ..graph.optype import OpType
+from ..quant.hardware import BN_WEIGHT_BITS
 from ..quant.params import quantize
 from ..registry import op_register, quant_register
 from ._quant import (
@@ -30,9 +31,6 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import apply_fused_activation
-
-BN_WEIGHT_BITS = 16
-"""BatchNorm weights are quantized with at least this many bits (upstream's BatchNorm default)."""
 
 
 def _int_value(node: PyNode, key: str, value: Any) -> int:

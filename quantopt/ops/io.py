@@ -5,12 +5,10 @@ import torch
 
 from ..graph.node import PyNode
 from ..graph.optype import OpType
+from ..quant.hardware import INT_INPUT_MAX_BITS
 from ..quant.params import integer_range, quantize
 from ..registry import op_register, quant_register
 from ._quant import layer_settings, out_range, quantize_activation, set_qinvariant
-
-INT_INPUT_MAX_BITS = 32
-"""Integer model inputs wider than this are clamped to 32 bits when used as quantized values (§3.5 Input)."""
 
 
 @op_register(OpType.Input)

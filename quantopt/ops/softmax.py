@@ -11,7 +11,12 @@ import torch
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
-from ..quant.hardware import SOFTMAX_LUT_AUTO_VALUE_BITS
+from ..quant.hardware import (
+    SOFTMAX_DIVIDEND_BITS,
+    SOFTMAX_LUT_AUTO_VALUE_BITS,
+    SOFTMAX_ROW_BLOCK,
+    SOFTMAX_SMALL_AXIS,
+)
 from ..quant.lut import lookup_lut, lut_size
 from ..quant.params import dequantize
 from ..quant.requant import range_dtype, requantize_int, scale_shift
@@ -32,12 +37,6 @@ from ._shared import axis_param
 LUT_VALUE_BITS = SOFTMAX_LUT_AUTO_VALUE_BITS
 """Table values are e^(x - max) * (2^20 - 1): the value bits upstream uses when it selects the LUT method itself
 (`[2, 20]`), the case of every golden Softmax."""
-SMALL_AXIS = 8
-"""Upstream's short-row division variant applies below this axis length (with ROW_BLOCK rows and <= 8 bits)."""
-ROW_BLOCK = 128
-"""... and when the number of rows (elements / axis length) is a multiple of this."""
-DIVIDEND_BITS = 31
-"""The division works on 31-bit dividends (30 when the table's largest value is 1)."""
 
 
 def _axis(node: PyNode, rank: int) -> int:
@@ -107,12 +106,12 @@ def softmax_integer_forward(node: PyNode) -> torch.Tensor:
     if isinstance(mult, torch.Tensor):
         raise node._error("Softmax needs one scale_value/shift_value, not per-channel constants")
     lut_max = max(1, int(table.max()))
-    base = DIVIDEND_BITS - 1 if lut_max == 1 else DIVIDEND_BITS
+    base = SOFTMAX_DIVIDEND_BITS - 1 if lut_max == 1 else SOFTMAX_DIVIDEND_BITS
     qmin, qmax = out_range(out)
     zp = tensor_zp(out)
     axis_len = int(x.shape[axis])
     rows = x.numel() // axis_len
-    if axis_len < SMALL_AXIS and rows % ROW_BLOCK == 0 and bits <= 8:
+    if axis_len < SOFTMAX_SMALL_AXIS and rows % SOFTMAX_ROW_BLOCK == 0 and bits <= 8:
         k = base - ceil_log2(lut_max)
         z = torch.div((e << k) + (total >> 1), den, rounding_mode="floor")
         return requantize_int(z, mult, shift + k, zp, qmin, qmax)

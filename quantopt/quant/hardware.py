@@ -92,6 +92,32 @@ def softmax_pow2_out_q(axis_len: int) -> int:
     return 31 - math.floor(math.log2(max(int(axis_len), 1)))
 
 
+SOFTMAX_SMALL_AXIS: int = 8
+"""Upstream's short-row Softmax division variant applies below this axis length (with SOFTMAX_ROW_BLOCK rows and
+<= 8-bit outputs)."""
+
+SOFTMAX_ROW_BLOCK: int = 128
+"""... and when the number of rows (elements / axis length) is a multiple of this."""
+
+SOFTMAX_DIVIDEND_BITS: int = 31
+"""The Softmax division works on 31-bit dividends (30 when the table's largest value is 1)."""
+
+# --- activations with a quantized slope ---------------------------------------------------------------------------
+
+PRELU_SLOPE_SHIFT: int = 12
+"""Fraction bits of the int16 PRELU slope (upstream's `negative_slope_shift=12`, seen in every golden IR)."""
+
+SLOPE_ACC_BITS: int = 48
+"""Width of the LeakyReLU/PReLU slope stage before the requantization (clipped to a signed 48-bit value)."""
+
+# --- MAC-like layers and inputs -------------------------------------------------------------------------------------
+
+BN_WEIGHT_BITS: int = 16
+"""BatchNorm weights are quantized with at least this many bits (upstream's BatchNorm default, §3.2)."""
+
+INT_INPUT_MAX_BITS: int = 32
+"""Integer model inputs wider than this are clamped to 32 bits when used as quantized values (§3.5 Input)."""
+
 # --- resize / interpolation -------------------------------------------------------------------------------------
 
 INTERP_FRACTION_BITS: int = 13
