@@ -7,6 +7,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 
+from .analysis.similarity import to_float
 from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
 from .config.layer_settings import LayerSettings, check_settings
 from .graph.graph import PyGraph, QuantizeGraph
@@ -36,7 +37,5 @@ def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
 
 def run_quantized(qgraph: PyGraph, inputs: Batch) -> list:
     """Integer forward; returns the outputs dequantized to float32 (integer outputs of scale 1 as they are)."""
-    from .analysis.similarity import to_float
-
     qgraph.forward([inputs] if isinstance(inputs, torch.Tensor) else list(inputs))
     return [to_float(t) for t in qgraph.output_tensors]

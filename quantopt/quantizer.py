@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from .config.layer_settings import OptConfig, settings_from_cfg
-from .errors import QuantOptError, UnsupportedError
+from .errors import UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
 from .registry import OP_QUANTIZE
 
@@ -41,8 +41,6 @@ def quantize_graph(graph: QuantizeGraph) -> QuantizeGraph:
         n.params["unquantifiable"] = False
         try:
             n.quantize()
-        except QuantOptError:
-            raise
         except (ValueError, RuntimeError) as e:
             raise n._error(f"quantization failed: {e}") from e
         for t in n.outputs:

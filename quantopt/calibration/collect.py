@@ -54,8 +54,8 @@ def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[tor
     def hook(node: PyNode) -> None:
         cfg = configs[id(node)]
         for t in node.outputs:
-            if t.betensor.is_floating_point():
-                _check_finite(node, t, count)
+            if node.type == "Input" and t.betensor.is_floating_point() and bool(torch.isnan(t.betensor).any()):
+                raise DataError(f"calibration batch {count} has NaN values in input '{t.name}'")
             update_statistics(t.stats, t.betensor, cfg, count)
 
     with torch.no_grad():
@@ -63,11 +63,6 @@ def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[tor
             graph.forward(inputs, after_node=hook)
             count += 1
     return count
-
-
-def _check_finite(node: PyNode, t: PyTensor, batch: int) -> None:
-    if node.type == "Input" and bool(torch.isnan(t.betensor).any()):
-        raise DataError(f"calibration batch {batch} has NaN values in input '{t.name}'")
 
 
 def calibrate_graph(graph: PyGraph) -> None:

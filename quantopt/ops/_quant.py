@@ -247,6 +247,23 @@ def effective_weights(node: PyNode) -> torch.Tensor:
     return w + zp if zp else w
 
 
+def mac_weights(node: PyNode) -> Tuple[torch.Tensor, torch.dtype]:
+    """(w_q + zp_w in its exact compute dtype, that dtype) for the integer forward of a MAC layer.
+
+    Cached on the layer while its weight tensor and input range stay the same, so repeated forwards do not redo
+    the conversion and the exactness bound (a clone or a re-read graph has new tensors and recomputes).
+    """
+    w_q = node.get_constant("weights").betensor
+    in_range = out_range(node.inputs[0])
+    cached = node.attrs.get("_mac_weights")
+    if cached is not None and cached[0] is w_q and cached[1] == in_range:
+        return cached[2], cached[3]
+    w = effective_weights(node)
+    dtype = exact_float_dtype(max(abs(in_range[0]), abs(in_range[1])), w)
+    node.attrs["_mac_weights"] = (w_q, in_range, w.to(dtype), dtype)
+    return w.to(dtype), dtype
+
+
 def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
     """Convolution / DepthwiseConv / FullyConnected quantization (§3.5, reference `linear_op_quantize`).
 
@@ -320,11 +337,6 @@ def exact_float_dtype(x_absmax: int, w_eff: torch.Tensor) -> torch.dtype:
     per_out = w_eff.abs().reshape(w_eff.shape[0], -1).sum(dim=1)
     bound = int(per_out.max()) * int(x_absmax) if per_out.numel() else 0
     return torch.float32 if bound < FLOAT32_EXACT else torch.float64
-
-
-def input_absmax(t: PyTensor) -> int:
-    lo, hi = out_range(t)
-    return max(abs(lo), abs(hi))
 
 
 def mac_finish(node: PyNode, acc: torch.Tensor) -> torch.Tensor:

@@ -14,12 +14,10 @@ from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..registry import op_register, quant_register
 from ._quant import (
-    effective_weights,
-    exact_float_dtype,
-    input_absmax,
     layer_settings,
     mac_finish,
     mac_input,
+    mac_weights,
     quantize_mac,
 )
 from ._shared import apply_fused_activation
@@ -96,9 +94,8 @@ def conv2d_nhwc(node: PyNode, depthwise: bool) -> torch.Tensor:
 def conv2d_nhwc_int(node: PyNode, depthwise: bool) -> torch.Tensor:
     """Exact integer accumulator conv(x_q padded with -zp_in, w_q + zp_w) as float64, bias not added."""
     x, zp = mac_input(node)
-    w = effective_weights(node)
-    dtype = exact_float_dtype(input_absmax(node.inputs[0]), w)
-    acc = _conv_nhwc(node, x.to(dtype), w.to(dtype), None, depthwise, float(-zp))
+    w, dtype = mac_weights(node)
+    acc = _conv_nhwc(node, x.to(dtype), w, None, depthwise, float(-zp))
     return acc.to(torch.float64)
 
 

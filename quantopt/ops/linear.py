@@ -16,16 +16,14 @@ from ._quant import (
     FLOAT32_EXACT,
     check_fused_activation_quantizable,
     check_quantized_inputs,
-    effective_weights,
-    exact_float_dtype,
     fused_activation_clamp,
     fused_output_signed,
-    input_absmax,
     int_value,
     is_signed,
     layer_settings,
     mac_finish,
     mac_input,
+    mac_weights,
     out_range,
     quantize_activation,
     quantize_mac,
@@ -53,11 +51,10 @@ def fully_connected_forward(self: PyNode) -> None:
     """y = x @ W^T + b over the last axis; weights [out, in], biases [out] (absent means zero)."""
     if self.quantized:
         x, _ = mac_input(self)
-        w = effective_weights(self)
-        dtype = exact_float_dtype(input_absmax(self.inputs[0]), w)
+        w, dtype = mac_weights(self)
         _check_fc_shapes(self, x, w)
         # zero point folded into the biases: acc = x_q·w + b_q' (no padding in a dense layer)
-        acc = F.linear(x.to(dtype), w.to(dtype)).to(torch.float64)
+        acc = F.linear(x.to(dtype), w).to(torch.float64)
         self.outputs[0].betensor = mac_finish(self, acc)
         return
     x = self.inputs[0].betensor
