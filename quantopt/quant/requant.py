@@ -177,12 +177,26 @@ def linear_requantize(x: Union[torch.Tensor, np.ndarray, Number], multiplier: In
     m = _along(multiplier, axis, xt.dim()).to(torch.float64)
     s = _along(shift, axis, xt.dim()).to(torch.float64)
     z = _along(zerop_out, axis, xt.dim())
-    # M * 2^-shift is exact in float64, and so is x * (M * 2^-shift) while |x * M| < 2^53: one rounding step
-    y = round_tensor(xt * (m * torch.pow(0.5, s)), round_mode)
+    if RoundMode.from_name(round_mode) is RoundMode.ROUND_TO_EVEN and xt.numel() and _needs_int64(xt, m):
+        # |x * M| >= 2^53 (e.g. 48-bit accumulators of 16-bit layers): the same rounding, exactly, in int64
+        y = round_shift(xt.to(torch.int64) * m.to(torch.int64), s.to(torch.int64)).to(torch.float64)
+    else:
+        # M * 2^-shift is exact in float64, and so is x * (M * 2^-shift) while |x * M| < 2^53: one rounding step
+        y = round_tensor(xt * (m * torch.pow(0.5, s)), round_mode)
     y = torch.clamp(y.sub_(z), qmin, qmax)
     if bool(torch.isnan(y).any()):
         y = torch.nan_to_num(y, nan=0.0)
     return y.to(torch.int64)
+
+
+def _needs_int64(x: torch.Tensor, m: torch.Tensor) -> bool:
+    """True when float64 cannot hold x * M exactly but int64 can: x integer-valued, |x| * |M| in [2^53, 2^62)."""
+    bound = float(x.abs().max()) * float(m.abs().max())
+    if bound < 2.0 ** 53 or not bool(torch.isfinite(x).all()) or not bool((x == torch.round(x)).all()):
+        return False
+    if bound >= 2.0 ** 62:
+        raise ValueError(f"requantization product |x * M| reaches 2^{math.log2(bound):.1f}, beyond int64's exact range")
+    return True
 
 
 def requantize_int(acc: torch.Tensor, multiplier: IntLike, shift: IntLike, zerop_out: int, qmin: int,
