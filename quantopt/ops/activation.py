@@ -1,9 +1,11 @@
 """Element-wise activations: the `Activation` layer (one `method` per layer) and the standalone op types
 (RELU, Sigmoid, Hardswish, ...) that the Parser may emit instead; both run the same float functions.
 
-Quantized (docs/integer-semantics.md): RELU/RELU6/CLIP requantize s_out/s_in with a multiplier/shift
-and clamp to the quantized bounds; LEAKYRELU/PRELU also quantize the negative slope (shift = output bits, resp.
-12); every other method is a lookup table `lut` over the input integer range; NONE passes the input through.
+Quantized (docs/integer-semantics.md, docs/semantics/unary.md for SHRINK/THRESHOLDEDRELU/CRELU/BNLL):
+RELU/RELU6/CLIP requantize s_out/s_in with a multiplier/shift and clamp to the quantized bounds; CRELU
+concatenates relu(x) and relu(-x) and requantizes the same way; LEAKYRELU/PRELU also quantize the negative slope
+(shift = output bits, resp. 12); every other method is a lookup table `lut` over the input integer range; NONE
+passes the input through.
 """
 from __future__ import annotations
 
@@ -35,13 +37,19 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import apply_fused_activation
+from ._shared import apply_fused_activation, axis_param
+from .catalog import describe_op
 
 # ONNX defaults, used when the IR leaves a parameter out.
 SELU_ALPHA = 1.67326319217681884765625
 SELU_GAMMA = 1.05070102214813232421875
 LEAKYRELU_SLOPE = 0.01
 GELU_APPROXIMATIONS = ("none", "tanh")
+SHRINK_LAMBD = 0.5
+SHRINK_BIAS = 0.0
+THRESHOLDEDRELU_ALPHA = 1.0
+CRELU_AXIS = -1
+"""CRELU concatenates along the channel axis, the last one in the IR's channels-last layout (TensorFlow's default)."""
 
 
 def _number(node: PyNode, key: str, default: Any = None) -> float:
@@ -111,6 +119,8 @@ def _hardsigmoid(node: PyNode, x: torch.Tensor) -> torch.Tensor:
 
 def _hardswish(node: PyNode, x: torch.Tensor) -> torch.Tensor:
     """x * clip(alpha*x + beta, 0, 1); the Parser writes no parameters, so ONNX's 1/6 and 0.5 apply."""
+    if "alpha" not in node.params and "beta" not in node.params:
+        return F.hardswish(x)  # x * relu6(x + 3) / 6: the float32 rounding upstream's calibration sees
     alpha, beta = _number(node, "alpha", 1.0 / 6.0), _number(node, "beta", 0.5)
     return x * torch.clamp(alpha * x + beta, 0.0, 1.0)
 
@@ -141,6 +151,33 @@ def _swish(node: PyNode, x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(_number(node, "alpha", 1.0) * x)
 
 
+def _shrink(node: PyNode, x: torch.Tensor) -> torch.Tensor:
+    """ONNX Shrink: x + bias below -lambd, x - bias above lambd, 0 in between."""
+    lambd, bias = _number(node, "lambd", SHRINK_LAMBD), _number(node, "bias", SHRINK_BIAS)
+    zero = torch.zeros_like(x)
+    return torch.where(x < -lambd, x + bias, torch.where(x > lambd, x - bias, zero))
+
+
+def _thresholdedrelu(node: PyNode, x: torch.Tensor) -> torch.Tensor:
+    """ONNX ThresholdedRelu: x where x > alpha, else 0."""
+    alpha = _number(node, "alpha", THRESHOLDEDRELU_ALPHA)
+    return torch.where(x > alpha, x, torch.zeros_like(x))
+
+
+def _bnll(node: PyNode, x: torch.Tensor) -> torch.Tensor:
+    """log(1 + exp(x)), as x + log1p(exp(-x)) for x > 0 so that large inputs do not overflow."""
+    return torch.where(x > 0, x + torch.log1p(torch.exp(-x)), torch.log1p(torch.exp(x)))
+
+
+def _crelu_axis(node: PyNode, rank: int) -> int:
+    return axis_param(node, node.get_param("axis", optional=True, default_value=CRELU_AXIS), rank)
+
+
+def _crelu(node: PyNode, x: torch.Tensor) -> torch.Tensor:
+    """concat(relu(x), relu(-x)) along `axis`: the output has twice the input's size along it."""
+    return torch.cat([F.relu(x), F.relu(-x)], dim=_crelu_axis(node, x.dim()))
+
+
 def _simple(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[PyNode, torch.Tensor], torch.Tensor]:
     """Adapt a parameterless torch function to the (node, x) signature of the method table."""
     def method(node: PyNode, x: torch.Tensor) -> torch.Tensor:
@@ -168,6 +205,10 @@ ACTIVATION_METHODS: Dict[str, Callable[[PyNode, torch.Tensor], torch.Tensor]] = 
     "MISH": _simple(F.mish),
     "SOFTPLUS": _simple(F.softplus),
     "SOFTSIGN": _simple(F.softsign),
+    "SHRINK": _shrink,
+    "THRESHOLDEDRELU": _thresholdedrelu,
+    "BNLL": _bnll,
+    "CRELU": _crelu,
 }
 
 # Standalone op types → the Activation method they compute (same parameters as that method).
@@ -176,6 +217,7 @@ STANDALONE_METHODS: Dict[str, str] = {
     "Sigmoid": "SIGMOID", "Tanh": "TANH", "HardSigmoid": "HARDSIGMOID", "Hardswish": "HARDSWISH",
     "ELU": "ELU", "SELU": "SELU", "CELU": "CELU", "GELU": "GELU", "Silu": "SILU", "Swish": "SWISH",
     "MISH": "MISH", "Softplus": "SOFTPLUS", "Softsign": "SOFTSIGN",
+    "SHRINK": "SHRINK", "THRESHOLDEDRELU": "THRESHOLDEDRELU", "CRELU": "CRELU", "BNLL": "BNLL",
 }
 
 
@@ -202,13 +244,17 @@ OUTPUT_SIGNED: Dict[str, Optional[bool]] = {
     "RELU": False, "RELU6": False, "CLIP": None, "LEAKYRELU": True, "PRELU": True,
     "SIGMOID": False, "TANH": True, "HARDSWISH": True, "HARDSIGMOID": None, "ELU": True, "SELU": True,
     "CELU": True, "GELU": True, "SILU": True, "SWISH": True, "MISH": True, "SOFTPLUS": False, "SOFTSIGN": True,
+    "SHRINK": True, "THRESHOLDEDRELU": None, "CRELU": False, "BNLL": False,
 }
-"""Output signedness per method, upstream's fixed table; None: signed iff clip_min < 0 (CLIP, HARDSIGMOID)."""
+"""Output signedness per method, upstream's fixed table; None: signed iff clip_min < 0 (CLIP, HARDSIGMOID), iff
+alpha < 0 (THRESHOLDEDRELU)."""
 
 
 def output_signed(node: PyNode, method: str) -> bool:
     """Whether the quantized output is signed (force_dtype_int is applied later by quantize_activation)."""
     signed = OUTPUT_SIGNED[method]
+    if signed is None and method == "THRESHOLDEDRELU":
+        return _number(node, "alpha", THRESHOLDEDRELU_ALPHA) < 0
     if signed is None:
         return _number(node, "clip_min", None if method == "CLIP" else 0.0) < 0
     return signed
@@ -229,6 +275,26 @@ def _quantize_linear(node: PyNode, method: str) -> None:
     if method == "CLIP":
         _clip(node, torch.zeros(1))  # validates clip_min <= clip_max
     quantize_activation(node, node.outputs[0], output_signed(node, method))
+    _store_rescale(node)
+
+
+def _check_crelu_shapes(node: PyNode) -> None:
+    """The IR output shape must be the input shape with the concatenation axis doubled."""
+    inp, out = node.inputs[0], node.outputs[0]
+    in_shape, out_shape = list(inp.ir_shape), list(out.ir_shape)
+    if not in_shape or not out_shape:
+        return
+    axis = _crelu_axis(node, len(in_shape))
+    want = in_shape[:axis] + [2 * in_shape[axis]] + in_shape[axis + 1:]
+    if out_shape != want:
+        raise node._error(f"CRELU along axis {axis} of an input of shape {in_shape} gives {want}, but the output "
+                          f"shape is {out_shape}")
+
+
+def _quantize_crelu(node: PyNode) -> None:
+    """Unsigned output params from the calibrated range; scale_value/shift_value for s_out / s_in."""
+    _check_crelu_shapes(node)
+    quantize_activation(node, node.outputs[0], output_signed(node, "CRELU"))
     _store_rescale(node)
 
 
@@ -315,6 +381,8 @@ def activation_quantize(self: PyNode) -> None:
         copy_params(self.outputs[0], inp)
     elif method in LINEAR_METHODS:
         _quantize_linear(self, method)
+    elif method == "CRELU":
+        _quantize_crelu(self)
     elif method == "LEAKYRELU":
         _quantize_leakyrelu(self)
     elif method == "PRELU":
@@ -346,6 +414,16 @@ def _int_linear(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> torch
         y = torch.clamp(y, _quantized_bound(node, _number(node, "clip_min")),
                         _quantized_bound(node, _number(node, "clip_max")))
     return y
+
+
+def _int_crelu(node: PyNode, x: torch.Tensor, zp_in: int) -> torch.Tensor:
+    """requant(concat(max(x + zp_in, 0), max(-(x + zp_in), 0))) along `axis`."""
+    out = node.outputs[0]
+    qmin, qmax = out_range(out)
+    mult, shift = requant_of(node)
+    xs = x + zp_in
+    both = torch.cat([torch.clamp(xs, min=0), torch.clamp(-xs, min=0)], dim=_crelu_axis(node, x.dim()))
+    return requantize_int(both, mult, shift, tensor_zp(out), qmin, qmax)
 
 
 def _int_slope(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> torch.Tensor:
@@ -388,6 +466,8 @@ def activation_integer_forward(node: PyNode) -> torch.Tensor:
         return torch.clamp(x, qmin, qmax)
     if method in LINEAR_METHODS:
         return _int_linear(node, method, x, zp_in)
+    if method == "CRELU":
+        return _int_crelu(node, x, zp_in)
     if method in SLOPE_METHODS:
         return _int_slope(node, method, x, zp_in)
     return _int_lut(node, x)
@@ -400,3 +480,30 @@ def activation_forward(self: PyNode) -> None:
         return
     x = self.inputs[0].betensor
     self.outputs[0].betensor = ACTIVATION_METHODS[activation_method(self)](self, x)
+
+
+_ACT_DOC = "docs/integer-semantics.md"
+describe_op("Activation", params="method=NONE|RELU|RELU6|CLIP|LEAKYRELU|PRELU|SIGMOID|TANH|HARDSWISH|HARDSIGMOID|ELU|"
+            "SELU|CELU|GELU|SILU|SWISH|MISH|SOFTPLUS|SOFTSIGN|SHRINK|THRESHOLDEDRELU|CRELU|BNLL + the method's params",
+            integer="per method: requantization (RELU/RELU6/CLIP/CRELU), quantized slope (LEAKYRELU/PRELU), LUT",
+            semantics=f"{_ACT_DOC}#activations-and-softmax-quantization-and-integer-semantics")
+describe_op(["RELU", "RELU6", "Clip"], params="Clip: clip_min, clip_max",
+            integer="requantization s_out/s_in, clamp to the quantized bounds",
+            semantics=f"{_ACT_DOC}#relu-relu6-clip-linear-requantization")
+describe_op(["LeakyRELU", "PRELU"], params="LeakyRELU: negative_slope_value; PRELU: constant negative_slope",
+            integer="quantized negative slope, then requantization s_out/s_in",
+            semantics=f"{_ACT_DOC}#leakyrelu-and-prelu-quantized-negative-slope")
+describe_op(["Sigmoid", "Tanh", "HardSigmoid", "Hardswish", "ELU", "SELU", "CELU", "GELU", "Silu", "Swish", "MISH",
+             "Softplus", "Softsign"],
+            params="alpha/beta/gamma/clip_min/clip_max/approximate where the method has them (ONNX defaults)",
+            integer="LUT over the input range", semantics=f"{_ACT_DOC}#lookup-table-methods")
+describe_op("SHRINK", params="lambd (0.5), bias (0); constant lut when quantized",
+            integer="LUT over the input range", semantics="docs/semantics/unary.md#shrink")
+describe_op("THRESHOLDEDRELU", params="alpha (1.0); constant lut when quantized",
+            integer="LUT over the input range (signed output iff alpha < 0)",
+            semantics="docs/semantics/unary.md#thresholdedrelu")
+describe_op("BNLL", params="(none); constant lut when quantized", integer="LUT over the input range",
+            semantics="docs/semantics/unary.md#bnll")
+describe_op("CRELU", params="axis (-1)",
+            integer="concat(max(x+zp_in,0), max(-(x+zp_in),0)), one requantization s_out/s_in, unsigned",
+            semantics="docs/semantics/unary.md#crelu")

@@ -31,6 +31,7 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import apply_fused_activation
+from .catalog import describe_op
 
 
 def _int_value(node: PyNode, key: str, value: Any) -> int:
@@ -249,3 +250,11 @@ def pad_quantize(self: PyNode) -> None:
     qmin, qmax = out_range(out)
     q = quantize(torch.tensor(float(value)), tensor_scale(inp), tensor_zp(inp), qmin, qmax)
     self.params["constant_value"] = int(q)
+
+describe_op("BatchNorm", params="weights (gamma/sqrt(var+eps)), biases, axis",
+            integer="per-channel quantized weight times (x + zp) plus bias, multiplier and shift",
+            semantics="integer-semantics.md#batchnorm")
+describe_op("Pad", params="pads, mode, constant_value",
+            dtypes="any; quantized output keeps the input's params",
+            integer="passthrough; constant pad value quantized with the input params",
+            semantics="integer-semantics.md#pad")

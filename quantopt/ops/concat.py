@@ -25,6 +25,7 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param
+from .catalog import describe_op
 
 REQUANT_KEYS = ("scale_value", "shift_value", "scale_type", "shift_type")
 
@@ -137,3 +138,6 @@ def concat_quantize(self: PyNode) -> None:
     self.params["shift_value"] = shifts
     self.params["scale_type"] = mtypes
     self.params["shift_type"] = stypes
+
+describe_op("Concat", params="axis", integer="passthrough within unify_scales_for_concat_threshold, else per-branch "
+            "multiplier and shift", semantics="integer-semantics.md#concat")

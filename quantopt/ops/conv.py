@@ -21,8 +21,11 @@ from ._quant import (
     quantize_mac,
 )
 from ._shared import apply_fused_activation
+from .catalog import describe_op
 
 _MISSING = object()
+MAC_FLOAT_DTYPE = torch.float64
+"""Accumulation type of the float forward of MAC layers (results are rounded back to the input's float type)."""
 
 
 def _int_param(node: PyNode, key: str, default: Any = _MISSING, minimum: int = 1) -> int | None:
@@ -84,11 +87,16 @@ def _bias(node: PyNode, out_c: int, like: torch.Tensor) -> torch.Tensor | None:
 
 
 def conv2d_nhwc(node: PyNode, depthwise: bool) -> torch.Tensor:
-    """Float NHWC convolution of the node's input with its constants, before the fused activation."""
+    """Float NHWC convolution of the node's input with its constants, before the fused activation.
+
+    Accumulated in float64 and rounded once to the input's float type (docs/architecture.md, "Float reference"):
+    the result no longer depends on the kernel library's float32 summation order, so calibrated ranges are the
+    same on every machine."""
     x = node.inputs[0].betensor
     dtype = _compute_dtype(x)
-    w = node.get_constant("weights").betensor.to(device=x.device, dtype=dtype)
-    return _conv_nhwc(node, x.to(dtype), w, _bias(node, int(w.shape[0]), w), depthwise, 0.0)
+    w = node.get_constant("weights").betensor.to(device=x.device, dtype=MAC_FLOAT_DTYPE)
+    y = _conv_nhwc(node, x.to(MAC_FLOAT_DTYPE), w, _bias(node, int(w.shape[0]), w), depthwise, 0.0)
+    return y.to(dtype)
 
 
 def conv2d_nhwc_int(node: PyNode, depthwise: bool) -> torch.Tensor:
@@ -145,3 +153,8 @@ def convolution_quantize(self: PyNode) -> None:
 def depthwise_conv_quantize(self: PyNode) -> None:
     """DepthwiseConv weights are always per channel (each channel is its own filter), as upstream."""
     quantize_mac(self, per_channel=True)
+
+describe_op(["Convolution", "DepthwiseConv"], params="weights [O,kh,kw,I/g], biases, kernel_x/y, stride_x/y, "
+            "pad_left/right/top/bottom, dilation_x/y, group, num_output, with_activation",
+            integer="int32/int48 MAC accumulation + per-tensor/per-channel multiplier and shift",
+            semantics="integer-semantics.md#convolution-depthwiseconv-fullyconnected")

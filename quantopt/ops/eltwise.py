@@ -31,6 +31,7 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import apply_fused_activation
+from .catalog import describe_op
 
 ELTWISE_METHODS: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "ADD": torch.add,
@@ -181,3 +182,11 @@ def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
         acc = INT_METHODS[method](a * m0, b * m1)
     y = requantize_int(acc, m_out, shift, tensor_zp(out), qmin, qmax)
     return activation_clamp(node, y)
+
+describe_op(["Eltwise", "Add", "Sub"],
+            params="method=ADD|SUB|MUL|MAX|MIN (Eltwise), with_activation; numpy broadcasting",
+            integer="inputs aligned with 15-bit multipliers, exact int64 op, output multiplier and shift",
+            semantics="integer-semantics.md#eltwise-addsubmaxmin-add-sub")
+describe_op("Mul", params="with_activation; numpy broadcasting",
+            integer="(a + zp_a)(b + zp_b) exact, one multiplier and shift",
+            semantics="integer-semantics.md#eltwise-mul-mul")

@@ -9,6 +9,7 @@ from ..quant.hardware import INT_INPUT_MAX_BITS
 from ..quant.params import integer_range, quantize
 from ..registry import op_register, quant_register
 from ._quant import layer_settings, out_range, quantize_activation, set_qinvariant
+from .catalog import describe_op
 
 
 @op_register(OpType.Input)
@@ -74,3 +75,10 @@ def constant_quantize(self: PyNode) -> None:
     qmin, qmax = out_range(out)
     w.betensor = quantize(values, out.scale, out.zerop, qmin, qmax) if values.is_floating_point() else values
     w.dtype, w.scale, w.zerop, w.qmin, w.qmax, w.qbits = out.dtype, out.scale, out.zerop, qmin, qmax, out.qbits
+
+describe_op("Input", params="(none); the fed data", dtypes="float32 → int8/uint8/int16/uint16; integer inputs stay "
+            "integer (qinvariant, at most 32 bits)", integer="quantize the fed floats with the output params",
+            semantics="integer-semantics.md#input")
+describe_op("Constant", params="weights constant",
+            dtypes="float32 → activation dtype, or integer (qinvariant) when all values are integers",
+            integer="stored already quantized with the output params", semantics="integer-semantics.md#constant")

@@ -35,8 +35,11 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import apply_fused_activation, bool_param
+from .catalog import describe_op
 
 FLOAT64_EXACT = 2 ** 53
+MAC_FLOAT_DTYPE = torch.float64
+"""Accumulation type of the float FullyConnected forward (the result is rounded back to the input's float type)."""
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 SATURATED = 2 ** 40
 """Any |value| beyond this saturates every output range (qmin/qmax/zp are at most 32-bit), so it may be capped."""
@@ -59,18 +62,19 @@ def fully_connected_forward(self: PyNode) -> None:
         return
     x = self.inputs[0].betensor
     dtype = _compute_dtype(x)
-    x = x.to(dtype)
-    w = self.get_constant("weights").betensor.to(device=x.device, dtype=dtype)
+    x = x.to(MAC_FLOAT_DTYPE)
+    w = self.get_constant("weights").betensor.to(device=x.device, dtype=MAC_FLOAT_DTYPE)
     _check_fc_shapes(self, x, w)
     out_f = int(w.shape[0])
     b_t = self.get_constant("biases", optional=True)
     b = None
     if b_t is not None:
-        b = b_t.betensor.to(device=x.device, dtype=dtype)
+        b = b_t.betensor.to(device=x.device, dtype=MAC_FLOAT_DTYPE)
         if b.numel() != out_f:
             raise self._error(f"biases must have {out_f} elements, got shape {list(b.shape)}")
         b = b.reshape(out_f)
-    self.outputs[0].betensor = apply_fused_activation(self, F.linear(x, w, b))
+    # float64 accumulation rounded once, as for convolutions (conv.py, MAC_FLOAT_DTYPE)
+    self.outputs[0].betensor = apply_fused_activation(self, F.linear(x, w, b).to(dtype))
 
 
 @quant_register(OpType.FullyConnected)
@@ -232,3 +236,10 @@ def matmul_quantize(self: PyNode) -> None:
         store_requant(self, *requant_scale_shift(self, ratio))
     if s.remain_shift is not None:
         self.params["remain_shift"] = int(s.remain_shift)
+
+describe_op("FullyConnected", params="weights [O,I], biases, num_output, with_activation",
+            integer="int32/int48 MAC accumulation + multiplier and shift",
+            semantics="integer-semantics.md#convolution-depthwiseconv-fullyconnected")
+describe_op("MatMul", params="trans_a, trans_b, with_activation; two activation inputs",
+            integer="exact product of (a + zp_a)(b + zp_b) sums + multiplier and shift",
+            semantics="integer-semantics.md#matmul")

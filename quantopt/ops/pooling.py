@@ -10,10 +10,14 @@ Quantized, both methods pass the input's scale/zero point/dtype through (as upst
 the integer forward follows the same window geometry: MAX takes the integer maximum (padding never wins), AVG sums
 (x_q + zp) exactly, divides by the same count with round-half-to-even and subtracts zp again
 (docs/integer-semantics.md).
+
+The rest of the family lives here too (docs/semantics/pooling.md): Pooling L1/L2 (integer window sums, a 16-bit
+multiplier/shift and, for L2, a sqrt table), GlobalPool, AdaptivePool, Pooling3D (NDHWC), MaxPoolingWithArgMax
+(values plus exact int32 indices) and MaxUnpool.
 """
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -21,15 +25,36 @@ import torch.nn.functional as F
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
+from ..quant.hardware import POOLING_SHIFT_MAX
+from ..quant.lut import build_lut, lookup_lut
+from ..quant.params import linear_quant_params
+from ..quant.requant import requantize_int, scale_shift
+from ..quant.rounding import round_shift
 from ..registry import op_register, quant_register
-from ._quant import check_quantized_inputs, copy_params, int_value, out_range, tensor_zp
+from ._lut_int import range_bits
+from ._quant import (
+    activation_mode,
+    check_quantized_inputs,
+    copy_params,
+    int_value,
+    layer_settings,
+    out_range,
+    quantize_activation,
+    requant_of,
+    set_constant,
+    set_qinvariant,
+    store_requant,
+    tensor_scale,
+    tensor_zp,
+)
 from ._shared import bool_param
+from .catalog import PASSTHROUGH_DTYPES, describe_op
 
 # The Parser always writes count_include_pad for AVG pooling; when a hand-made IR omits it we follow the Parser's
 # own attribute default (false, as ONNX). Note: the original OPT forward defaults it to true.
 COUNT_INCLUDE_PAD_DEFAULT = False
 _MISSING = object()
-METHODS = ("MAX", "AVG")
+METHODS = ("MAX", "AVG", "L1", "L2")
 EXACT_FLOAT64 = 2 ** 53
 """Window sums of integers below this magnitude are exact in float64."""
 _PAD_KEYS = ("pad_left", "pad_right", "pad_top", "pad_bottom")
@@ -185,32 +210,522 @@ def _method(node: PyNode, quantizing: bool = False) -> str:
     return method
 
 
-@op_register(OpType.Pooling)
-def pooling_forward(self: PyNode) -> None:
-    method = _method(self)
-    x = self.inputs[0].betensor
+# ------------------------------------------------------------------------------------------------ L1 / L2
+LP_SUM_MAX = 2 ** 32 - 1
+"""L1/L2 window sums saturate at this unsigned 32-bit accumulator bound before the requantization (as upstream)."""
+LP_MULT_BITS = 16
+"""Multiplier bits asked for the L1/L2 requantization (upstream's value; the 15-bit AIFF cap still applies)."""
+L2_PLACEHOLDER_BITS = 16
+"""L2: the sum of squares is requantized to an unsigned code of this many bits, which indexes the sqrt table."""
+
+
+def lp_pool_nchw(node: PyNode, x: torch.Tensor, p: dict, power: int) -> torch.Tensor:
+    """Float L1/L2 pool (ONNX LpPool, p = 1 or 2): (sum of |x|^p over the window)^(1/p); padding counts as 0."""
+    size, full, extra = _plan(node, x, p)
+    _divisors(node, x, p, extra, "MAX")  # rejects windows that cover only padding
+    a = x.abs() if power == 1 else x * x
+    ap = F.pad(a, full, value=0.0) if any(full) else a
+    y = _window_sum(ap, p["k"], p["s"], p["d"])
+    _check_size(node, y, size)
+    return y if power == 1 else torch.sqrt(y)
+
+
+def lp_window_sums_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, power: int) -> torch.Tensor:
+    """S = sum of |x + zp| (L1) or (x + zp)^2 (L2) over the real cells of each window, saturated to
+    [0, LP_SUM_MAX]; exact (float64 sums of integers, bounded below 2^53 before summing)."""
+    size, full, extra = _plan(node, x, p)
+    _divisors(node, x, p, extra, "MAX")
+    shifted = x + zp
+    a = shifted.abs() if power == 1 else shifted * shifted
+    bound = (int(a.max()) if a.numel() else 0) * p["k"][0] * p["k"][1]
+    if bound >= EXACT_FLOAT64:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): window sums up to {bound} are too wide for the "
+                               "exact integer forward (limit 2^53)")
+    af = a.to(torch.float64)
+    total = _window_sum(F.pad(af, full, value=0.0) if any(full) else af, p["k"], p["s"], p["d"]).to(torch.int64)
+    _check_size(node, total, size)
+    return torch.clamp(total, 0, LP_SUM_MAX)
+
+
+def _lp_int(node: PyNode, x: torch.Tensor, p: dict, method: str) -> torch.Tensor:
+    """Integer L1/L2 pool of an NCHW int64 tensor (docs/semantics/pooling.md#pooling-l1-and-l2)."""
+    s = lp_window_sums_int(node, x, tensor_zp(node.inputs[0]), p, 1 if method == "L1" else 2)
+    mult, shift = requant_of(node)
+    if method == "L1":
+        qmin, qmax = out_range(node.outputs[0])
+        return requantize_int(s, mult, shift, tensor_zp(node.outputs[0]), qmin, qmax)
+    code = torch.clamp(round_shift(s * int(mult), shift), 0, 2 ** L2_PLACEHOLDER_BITS - 1)
+    lut = node.get_constant("sqrt_lut")
+    return lookup_lut(code, lut.betensor, 0, L2_PLACEHOLDER_BITS, lut.dtype.bits, lut.dtype.is_signed)
+
+
+def _global_params(node: PyNode, x: torch.Tensor, one_d: bool) -> dict:
+    """GlobalPool: one window covering the whole padded input (upstream sets kernel = padded size)."""
+    pads = tuple(_int_param(node, key, 0, minimum=0) for key in _PAD_KEYS)
+    if one_d and (pads[2] or pads[3]):
+        raise node._error("a 3-D [N, W, C] input cannot have pad_top/pad_bottom")
+    h, w = (1, x.shape[1]) if one_d else (x.shape[1], x.shape[2])
+    return {"k": (h + pads[2] + pads[3], w + pads[0] + pads[1]), "s": (1, 1), "d": (1, 1), "pads": pads,
+            "ceil": False}
+
+
+def _run_pool(node: PyNode, global_pool: bool) -> None:
+    method = _method(node)
+    x = node.inputs[0].betensor
     if x.dim() not in (3, 4):
-        raise self._error(f"input must be 4-D NHWC (or 3-D [N, W, C]), got shape {list(x.shape)}")
+        raise node._error(f"input must be 4-D NHWC (or 3-D [N, W, C]), got shape {list(x.shape)}")
     one_d = x.dim() == 3
-    p = _params(self, one_d)
-    if self.quantized:
-        xi = int_value(self.inputs[0])
+    p = _global_params(node, x, one_d) if global_pool else _params(node, one_d)
+    if node.quantized:
+        xi = int_value(node.inputs[0])
         xc = (xi.unsqueeze(1) if one_d else xi).permute(0, 3, 1, 2)
-        y = pool2d_nchw_int(self, xc, tensor_zp(self.inputs[0]), p, method)
-        qmin, qmax = out_range(self.outputs[0])
+        if method in ("MAX", "AVG"):
+            y = pool2d_nchw_int(node, xc, tensor_zp(node.inputs[0]), p, method)
+        else:
+            y = _lp_int(node, xc, p, method)
+        qmin, qmax = out_range(node.outputs[0])
         y = torch.clamp(y, qmin, qmax).permute(0, 2, 3, 1)
     else:
         x = x.to(x.dtype if x.is_floating_point() else torch.float32)
         xc = (x.unsqueeze(1) if one_d else x).permute(0, 3, 1, 2)
-        y = pool2d_nchw(self, xc, p, method).permute(0, 2, 3, 1)
-    self.outputs[0].betensor = (y.squeeze(1) if one_d else y).contiguous()
+        if method in ("MAX", "AVG"):
+            y = pool2d_nchw(node, xc, p, method)
+        else:
+            y = lp_pool_nchw(node, xc, p, 1 if method == "L1" else 2)
+        y = y.permute(0, 2, 3, 1)
+    node.outputs[0].betensor = (y.squeeze(1) if one_d else y).contiguous()
+
+
+def _pool_quantize(node: PyNode) -> None:
+    """MAX and AVG keep the input's quantization (upstream writes no extra params for either): a maximum or an
+    average of values lies in the input's range, and the integer AVG handles padding exactly itself.
+    L1/L2 get unsigned output params from their calibrated range and a 16-bit multiplier/shift (shift ceiling
+    63); L2 also a sqrt table over an unsigned 16-bit code of the sum of squares (upstream's scheme)."""
+    method = _method(node, quantizing=True)
+    check_quantized_inputs(node, node.inputs[:1])
+    tensor_zp(node.inputs[0])  # per-channel zero points are not supported by the integer forwards
+    inp, out = node.inputs[0], node.outputs[0]
+    if method in ("MAX", "AVG"):
+        copy_params(out, inp)
+        return
+    s = layer_settings(node)
+    quantize_activation(node, out, signed=False)
+    s_in, s_out = tensor_scale(inp), tensor_scale(out)
+    if method == "L1":
+        ratio = s_out / s_in
+    else:
+        absmax = max(abs(float(out.min)), abs(float(out.max)))
+        ph = linear_quant_params(0.0, absmax * absmax, L2_PLACEHOLDER_BITS,
+                                 activation_mode(node, L2_PLACEHOLDER_BITS), False)
+        ratio = float(ph.scale) / (s_in * s_in)
+        lut = build_lut(torch.sqrt, float(ph.scale), 0, ph.qmin, ph.qmax, range_bits(inp), s_out, tensor_zp(out),
+                        int(out.qmin), int(out.qmax), lut_items_in_bits=int(s.lut_items_in_bits))
+        set_constant(node, "sqrt_lut", lut, out.dtype)
+    mult, shift, mdt, sdt = scale_shift(ratio, LP_MULT_BITS, force_shift_positive=s.force_shift_positive,
+                                        shift_limit=POOLING_SHIFT_MAX)
+    store_requant(node, mult, shift, mdt, sdt)
+
+
+@op_register(OpType.Pooling)
+def pooling_forward(self: PyNode) -> None:
+    _run_pool(self, global_pool=False)
 
 
 @quant_register(OpType.Pooling)
 def pooling_quantize(self: PyNode) -> None:
-    """MAX and AVG keep the input's quantization (upstream writes no extra params for either): a maximum or an
-    average of values lies in the input's range, and the integer AVG handles padding exactly itself."""
-    _method(self, quantizing=True)
+    _pool_quantize(self)
+
+
+@op_register(OpType.GlobalPool)
+def globalpool_forward(self: PyNode) -> None:
+    _run_pool(self, global_pool=True)
+
+
+@quant_register(OpType.GlobalPool)
+def globalpool_quantize(self: PyNode) -> None:
+    _pool_quantize(self)
+
+
+# ------------------------------------------------------------------------------------------------ AdaptivePool
+ADAPTIVE_METHODS = ("MAX", "AVG")
+
+
+def adaptive_bounds(n: int, o: int) -> Tuple[List[int], List[int]]:
+    """Window i of an adaptive pool covers [floor(i*n/o), ceil((i+1)*n/o)) (PyTorch AdaptiveAvgPool)."""
+    return [(i * n) // o for i in range(o)], [-((-(i + 1) * n) // o) for i in range(o)]
+
+
+def _output_size(node: PyNode) -> Tuple[int, int]:
+    value = node.get_param("output_size")
+    vals = [value, value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    if not isinstance(vals, (list, tuple)) or len(vals) != 2 or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or int(v) < 1 for v in vals):
+        raise node._error(f"parameter 'output_size' must be two integers >= 1, got {value!r}")
+    return int(vals[0]), int(vals[1])
+
+
+def _membership(starts: Sequence[int], ends: Sequence[int], n: int, dtype: torch.dtype) -> torch.Tensor:
+    """[o, n] matrix with 1 where position j lies in window i."""
+    pos = torch.arange(n)
+    st, en = torch.tensor(list(starts))[:, None], torch.tensor(list(ends))[:, None]
+    return ((pos >= st) & (pos < en)).to(dtype)
+
+
+def _gather_max(x: torch.Tensor, dim: int, starts: Sequence[int], ends: Sequence[int]) -> torch.Tensor:
+    """Max over variable windows along `dim`: short windows repeat their last cell (a repeat never changes a max)."""
+    length = max(e - s for s, e in zip(starts, ends))
+    idx = torch.tensor([[min(s + j, e - 1) for j in range(length)] for s, e in zip(starts, ends)])
+    g = x.index_select(dim, idx.flatten())
+    shape = list(x.shape)
+    shape[dim:dim + 1] = [len(starts), length]
+    return g.reshape(shape).amax(dim + 1)
+
+
+def adaptive_pool_nhwc(x: torch.Tensor, size: Tuple[int, int], method: str, zp: int = 0,
+                       integer: bool = False) -> torch.Tensor:
+    """Adaptive MAX/AVG of an NHWC tensor. Integer AVG: round_half_even(sum(x + zp) / count) - zp, exact int64."""
+    n_h, n_w = x.shape[1], x.shape[2]
+    sh, eh = adaptive_bounds(n_h, size[0])
+    sw, ew = adaptive_bounds(n_w, size[1])
+    if method == "MAX":
+        return _gather_max(_gather_max(x, 1, sh, eh), 2, sw, ew)
+    dtype = torch.int64 if integer else x.dtype
+    ah, aw = _membership(sh, eh, n_h, dtype), _membership(sw, ew, n_w, dtype)
+    total = torch.einsum("ih,nhwc,jw->nijc", ah, (x + zp) if integer else x, aw)
+    count = (torch.tensor(eh) - torch.tensor(sh))[:, None] * (torch.tensor(ew) - torch.tensor(sw))[None, :]
+    count = count[None, :, :, None]
+    if integer:
+        return round_half_even_div(total, count) - zp
+    return total / count.to(x.dtype)
+
+
+def _adaptive_method(node: PyNode, quantizing: bool = False) -> str:
+    method = str(node.get_param("method")).upper()
+    if method not in ADAPTIVE_METHODS:
+        message = f"unsupported adaptive pooling method '{method}' (supported: {', '.join(ADAPTIVE_METHODS)})"
+        if quantizing:
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): quantizing {message}")
+        raise node._error(message)
+    return method
+
+
+@op_register(OpType.AdaptivePool)
+def adaptivepool_forward(self: PyNode) -> None:
+    method = _adaptive_method(self)
+    size = _output_size(self)
+    x = self.inputs[0].betensor
+    if x.dim() not in (3, 4):
+        raise self._error(f"input must be 4-D NHWC (or 3-D [H, W, C]), got shape {list(x.shape)}")
+    xb = x.unsqueeze(0) if x.dim() == 3 else x
+    if self.quantized:
+        qmin, qmax = out_range(self.outputs[0])
+        y = adaptive_pool_nhwc(int_value(self.inputs[0]).reshape(xb.shape), size, method,
+                               tensor_zp(self.inputs[0]), integer=True)
+        y = torch.clamp(y, qmin, qmax)
+    else:
+        y = adaptive_pool_nhwc(xb.to(xb.dtype if xb.is_floating_point() else torch.float32), size, method)
+    self.outputs[0].betensor = (y[0] if x.dim() == 3 else y).contiguous()
+
+
+@quant_register(OpType.AdaptivePool)
+def adaptivepool_quantize(self: PyNode) -> None:
+    """Output keeps the input's quantization (as upstream): a maximum or an average stays in the input's range."""
+    _adaptive_method(self, quantizing=True)
     check_quantized_inputs(self, self.inputs[:1])
-    tensor_zp(self.inputs[0])  # per-channel zero points are not supported by the integer AVG/MAX
+    tensor_zp(self.inputs[0])
     copy_params(self.outputs[0], self.inputs[0])
+
+
+# ------------------------------------------------------------------------------------------------ Pooling3D
+_PAD3D_KEYS = (("pad_z_begin", "pad_z_end"), ("pad_y_begin", "pad_y_end"), ("pad_x_begin", "pad_x_end"))
+_INT_PAD_SENTINEL = -(2 ** 62)
+"""Padding value of the integer MAX windows: below every quantized value (windows always hold a real cell)."""
+
+
+def _params3d(node: PyNode) -> dict:
+    return {
+        "k": tuple(_int_param(node, f"kernel_{a}") for a in "zyx"),
+        "s": tuple(_int_param(node, f"stride_{a}", 1) for a in "zyx"),
+        "d": tuple(_int_param(node, f"dilation_{a}", 1) for a in "zyx"),
+        "pads": tuple((_int_param(node, b, 0, minimum=0), _int_param(node, e, 0, minimum=0)) for b, e in _PAD3D_KEYS),
+        "ceil": bool_param(node, "ceil_mode", False),
+    }
+
+
+def _axis_windows(x: torch.Tensor, dim: int, out: int, k: int, s: int, d: int) -> torch.Tensor:
+    """Insert a window axis: dim `dim` of size n becomes [out, k] holding x[o*s + j*d] (no padding)."""
+    idx = (torch.arange(out) * s)[:, None] + (torch.arange(k) * d)[None, :]
+    g = x.index_select(dim, idx.flatten().to(x.device))
+    shape = list(x.shape)
+    shape[dim:dim + 1] = [out, k]
+    return g.reshape(shape)
+
+
+def _axis_counts(n: int, before: int, after: int, extra: int, out: int, k: int, s: int, d: int,
+                 with_pad: bool) -> torch.Tensor:
+    """Per output cell of one axis: how many real (or real + padding) cells its window covers."""
+    mask = torch.tensor([0] * before + [1] * n + [0] * (after + extra), dtype=torch.int64)
+    if with_pad:
+        mask = torch.tensor([1] * (before + n + after) + [0] * extra, dtype=torch.int64)
+    return _axis_windows(mask, 0, out, k, s, d).sum(1)
+
+
+def pool3d_ncdhw(node: PyNode, x: torch.Tensor, p: dict, method: str, integer: bool = False,
+                 zp: int = 0) -> torch.Tensor:
+    """MAX/AVG pool over the last three axes of an NCDHW tensor, window sums/maxima taken axis by axis.
+
+    Float: MAX ignores padding, AVG = window sum / count. Integer (int64): MAX as float; AVG =
+    round_half_even(sum(x + zp) / count) - zp, exact. count = real cells, or real + padding cells with
+    count_include_pad; cells a ceil-mode window reaches beyond the padded input never count.
+    """
+    names = ("depth", "height", "width")
+    plans = []
+    for a in range(3):
+        before, after = p["pads"][a]
+        out, extra = _axis_plan(node, names[a], x.shape[2 + a], p["k"][a], p["s"][a], p["d"][a], before, after,
+                                p["ceil"])
+        plans.append((out, extra))
+    include = method == "AVG" and bool_param(node, "count_include_pad", COUNT_INCLUDE_PAD_DEFAULT)
+    counts = []
+    for a in range(3):
+        before, after = p["pads"][a]
+        real = _axis_counts(x.shape[2 + a], before, after, plans[a][1], plans[a][0], p["k"][a], p["s"][a],
+                            p["d"][a], False)
+        if bool((real <= 0).any()):
+            raise node._error("a pooling window covers only padding (pads too large for kernel/stride)")
+        counts.append(_axis_counts(x.shape[2 + a], before, after, plans[a][1], plans[a][0], p["k"][a], p["s"][a],
+                                   p["d"][a], True) if include else real)
+    pad = []
+    for a in (2, 1, 0):
+        pad += [p["pads"][a][0], p["pads"][a][1] + plans[a][1]]
+    if method == "MAX":
+        fill = _INT_PAD_SENTINEL if integer else float("-inf")
+        v = F.pad(x, pad, value=fill) if any(pad) else x
+    else:
+        v = x + zp if integer else x
+        v = F.pad(v, pad, value=0) if any(pad) else v
+    for a in range(3):
+        w = _axis_windows(v, 2 + a, plans[a][0], p["k"][a], p["s"][a], p["d"][a])
+        v = w.amax(3 + a) if method == "MAX" else w.sum(3 + a)
+    if method == "MAX":
+        return v
+    count = (counts[0][:, None, None] * counts[1][None, :, None] * counts[2][None, None, :])[None, None]
+    if integer:
+        return round_half_even_div(v, count) - zp
+    return v / count.to(v.dtype)
+
+
+def _method3d(node: PyNode, quantizing: bool = False) -> str:
+    method = str(node.get_param("method")).upper()
+    if method not in ("MAX", "AVG"):
+        message = f"unsupported pooling method '{method}' (supported: MAX, AVG)"
+        if quantizing:
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): quantizing {message}")
+        raise node._error(message)
+    return method
+
+
+@op_register(OpType.Pooling3D)
+def pooling3d_forward(self: PyNode) -> None:
+    method = _method3d(self)
+    x = self.inputs[0].betensor
+    if x.dim() != 5:
+        raise self._error(f"input must be 5-D NDHWC, got shape {list(x.shape)}")
+    p = _params3d(self)
+    if self.quantized:
+        xc = int_value(self.inputs[0]).permute(0, 4, 1, 2, 3)
+        y = pool3d_ncdhw(self, xc, p, method, integer=True, zp=tensor_zp(self.inputs[0]))
+        y = torch.clamp(y, *out_range(self.outputs[0]))
+    else:
+        xc = x.to(x.dtype if x.is_floating_point() else torch.float32).permute(0, 4, 1, 2, 3)
+        y = pool3d_ncdhw(self, xc, p, method)
+    self.outputs[0].betensor = y.permute(0, 2, 3, 4, 1).contiguous()
+
+
+@quant_register(OpType.Pooling3D)
+def pooling3d_quantize(self: PyNode) -> None:
+    """Output keeps the input's quantization, as for 2-D MAX/AVG pooling."""
+    _method3d(self, quantizing=True)
+    check_quantized_inputs(self, self.inputs[:1])
+    tensor_zp(self.inputs[0])
+    copy_params(self.outputs[0], self.inputs[0])
+
+
+# ------------------------------------------------------------------------------------------------ arg max / unpool
+FLATTEN_DIMS = ("HW", "HWC", "NHWC", "NCHW")
+INDEX_BITS = 32
+"""MaxPoolingWithArgMax indices are exact signed 32-bit integers (upstream: max(32, activation bits))."""
+
+
+def _flatten_dim(node: PyNode) -> str:
+    value = str(node.get_param("flatten_dim")).upper()
+    if value not in FLATTEN_DIMS:
+        raise node._error(f"unsupported flatten_dim '{value}' (supported: {', '.join(FLATTEN_DIMS)})")
+    return value
+
+
+def _storage_order(node: PyNode) -> int:
+    value = node.get_param("storage_order", optional=True, default_value=0)
+    if isinstance(value, bool) or value not in (0, 1):
+        raise node._error(f"parameter 'storage_order' must be 0 or 1, got {value!r}")
+    return int(value)
+
+
+def max_pool_with_argmax(node: PyNode, x: torch.Tensor, p: dict) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(window maxima, (row, col) of the first maximal real cell in row-major window order) of an NCHW tensor.
+
+    `x` is float32 (float forward) or float64 holding integers (integer forward, exact). Padding never wins.
+    """
+    size, full, extra = _plan(node, x, p)
+    _divisors(node, x, p, extra, "MAX")
+    xp = F.pad(x, full, value=float("-inf")) if any(full) else x
+    n, c, hp, wp = xp.shape
+    cols = F.unfold(xp.reshape(n * c, 1, hp, wp), p["k"], dilation=p["d"], stride=p["s"])
+    k = torch.argmax(cols, dim=1, keepdim=True)  # first maximal entry
+    values = torch.gather(cols, 1, k)[:, 0].reshape(n, c, size[0], size[1])
+    k = k[:, 0].reshape(n, c, size[0], size[1])
+    oh = torch.arange(size[0]).reshape(1, 1, -1, 1)
+    ow = torch.arange(size[1]).reshape(1, 1, 1, -1)
+    left, _, top, _ = p["pads"]
+    rows = oh * p["s"][0] - top + (k // p["k"][1]) * p["d"][0]
+    cols_ = ow * p["s"][1] - left + (k % p["k"][1]) * p["d"][1]
+    return values, torch.stack([rows, cols_])
+
+
+def argmax_indices(pos: torch.Tensor, shape_nchw: Sequence[int], flatten_dim: str, storage_order: int) -> torch.Tensor:
+    """Flat indices (NCHW int64) of the (row, col) positions in the unpadded input, upstream's conventions."""
+    n, c, h, w = shape_nchw
+    rows, cols = pos[0], pos[1]
+    base = cols * h + rows if storage_order else rows * w + cols
+    nn = torch.arange(n).reshape(-1, 1, 1, 1)
+    cc = torch.arange(c).reshape(1, -1, 1, 1)
+    if flatten_dim == "HW":
+        return base
+    if flatten_dim == "HWC":
+        return base * c + cc
+    if flatten_dim == "NHWC":
+        return nn * (h * w * c) + base * c + cc
+    return nn * (c * h * w) + cc * (h * w) + base
+
+
+@op_register(OpType.MaxPoolingWithArgMax)
+def maxpoolingwithargmax_forward(self: PyNode) -> None:
+    x = self.inputs[0].betensor
+    if x.dim() != 4:
+        raise self._error(f"input must be 4-D NHWC, got shape {list(x.shape)}")
+    if len(self.outputs) != 2:
+        raise self._error(f"needs two outputs (values, indices), got {len(self.outputs)}")
+    p = _params(self, False)
+    flatten_dim, order = _flatten_dim(self), _storage_order(self)
+    if self.quantized:
+        xc = int_value(self.inputs[0]).permute(0, 3, 1, 2).to(torch.float64)
+    else:
+        xc = x.to(x.dtype if x.is_floating_point() else torch.float32).permute(0, 3, 1, 2)
+    values, pos = max_pool_with_argmax(self, xc, p)
+    idx = argmax_indices(pos, xc.shape, flatten_dim, order)
+    if idx.numel() and int(idx.max()) >= 2 ** (INDEX_BITS - 1):
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): indices do not fit int{INDEX_BITS}")
+    if self.quantized:
+        values = torch.clamp(values.to(torch.int64), *out_range(self.outputs[0]))
+    self.outputs[0].betensor = values.permute(0, 2, 3, 1).contiguous()
+    self.outputs[1].betensor = idx.permute(0, 2, 3, 1).contiguous()
+
+
+@quant_register(OpType.MaxPoolingWithArgMax)
+def maxpoolingwithargmax_quantize(self: PyNode) -> None:
+    """Values keep the input's quantization; indices are exact int32 integers (qinvariant)."""
+    check_quantized_inputs(self, self.inputs[:1])
+    tensor_zp(self.inputs[0])
+    copy_params(self.outputs[0], self.inputs[0])
+    set_qinvariant(self.outputs[1], INDEX_BITS, True)
+
+
+def max_unpool(values: torch.Tensor, idx: torch.Tensor, out_hwc: Sequence[int], flatten_dim: str,
+               fill: Any) -> torch.Tensor:
+    """Scatter NHWC `values` to the flat positions `idx` of an [N, H, W, C] output filled with `fill`.
+
+    The index is read in the layout of `flatten_dim` (HW: within the (n, c) plane; HWC: within image n; NHWC /
+    NCHW: global). Positions outside the output are ignored; when several values land on one cell, the last one
+    in the NHWC order of `values` wins.
+    """
+    n, h0, w0, c = values.shape
+    oh, ow, oc = (int(v) for v in out_hwc)
+    total = n * oh * ow * oc
+    nn = torch.arange(n).reshape(-1, 1, 1, 1)
+    cc = torch.arange(c).reshape(1, 1, 1, -1)
+    if flatten_dim == "HW":
+        t = (nn * oc + cc) * (oh * ow) + idx
+    elif flatten_dim == "HWC":
+        t = nn * (oh * ow * oc) + idx
+    else:
+        t = idx
+    t = t.reshape(-1)
+    src = torch.arange(t.numel())
+    valid = (t >= 0) & (t < total)
+    winner = torch.full((total,), -1, dtype=torch.int64)
+    winner.scatter_reduce_(0, t[valid], src[valid], reduce="amax")
+    flat = torch.full((total,), fill, dtype=values.dtype)
+    hit = winner >= 0
+    flat[hit] = values.reshape(-1)[winner[hit]]
+    if flatten_dim in ("HW", "NCHW"):
+        return flat.reshape(n, oc, oh, ow).permute(0, 2, 3, 1).contiguous()
+    return flat.reshape(n, oh, ow, oc)
+
+
+@op_register(OpType.MaxUnpool)
+def maxunpool_forward(self: PyNode) -> None:
+    values = self.inputs[0].betensor
+    if values.dim() != 4 or len(self.inputs) < 2:
+        raise self._error("needs a 4-D NHWC values input and an indices input")
+    if tuple(self.inputs[1].betensor.shape) != tuple(values.shape):
+        raise self._error(f"indices shape {list(self.inputs[1].betensor.shape)} differs from values shape "
+                          f"{list(values.shape)}")
+    shape = self.outputs[0].ir_shape
+    if len(shape) != 4 or int(shape[3]) != int(values.shape[3]):
+        raise self._error(f"output shape {list(shape)} must be 4-D NHWC with the input's {values.shape[3]} channels")
+    flatten_dim = _flatten_dim(self)
+    idx = int_value(self.inputs[1])
+    if self.quantized:
+        qmin, qmax = out_range(self.outputs[0])
+        fill = min(max(-tensor_zp(self.outputs[0]), qmin), qmax)
+        y = max_unpool(int_value(self.inputs[0]), idx, shape[1:], flatten_dim, fill)
+    else:
+        v = values.to(values.dtype if values.is_floating_point() else torch.float32)
+        y = max_unpool(v, idx, shape[1:], flatten_dim, 0.0)
+    self.outputs[0].betensor = y
+
+
+@quant_register(OpType.MaxUnpool)
+def maxunpool_quantize(self: PyNode) -> None:
+    """Output keeps the values' quantization; the indices must be exact integers (qinvariant)."""
+    check_quantized_inputs(self, self.inputs[:2])
+    tensor_zp(self.inputs[0])
+    if not self.inputs[1].qinvariant:
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): the indices input '{self.inputs[1].name}' must be "
+                               "an integer tensor (qinvariant), not a quantized float")
+    copy_params(self.outputs[0], self.inputs[0])
+
+
+# ------------------------------------------------------------------------------------------------ catalog
+_SEM = "docs/semantics/pooling.md"
+describe_op("Pooling", params="method=MAX|AVG|L1|L2, kernel_y/x, stride_y/x, dilation_y/x, pad_left/right/top/bottom, "
+            "ceil_mode, count_include_pad (AVG); L1/L2 quantized: scale_value, shift_value; L2 also constant "
+            "sqrt_lut", dtypes="float32 → MAX/AVG: input's dtype; L1/L2: uint8/uint16",
+            integer="MAX/AVG: window max / exact rounded average; L1: sum |x+zp| then M/shift; L2: sum of squares "
+                    "→ 16-bit code (M/shift) → sqrt LUT", semantics=f"{_SEM}#pooling")
+describe_op("GlobalPool", params="method=MAX|AVG|L1|L2, pad_left/right/top/bottom, count_include_pad",
+            dtypes="float32 → MAX/AVG: input's dtype; L1/L2: uint8/uint16",
+            integer="Pooling with one window covering the whole padded input", semantics=f"{_SEM}#globalpool")
+describe_op("AdaptivePool", params="method=MAX|AVG, output_size=[h,w]", dtypes=PASSTHROUGH_DTYPES,
+            integer="adaptive windows: max, or exact sum of (x+zp) divided by the cell count (round half even)",
+            semantics=f"{_SEM}#adaptivepool")
+describe_op("Pooling3D", params="method=MAX|AVG, kernel_z/y/x, stride_z/y/x, dilation_z/y/x, "
+            "pad_{z,y,x}_{begin,end}, ceil_mode, count_include_pad", dtypes=PASSTHROUGH_DTYPES,
+            integer="NDHWC window max / exact rounded average", semantics=f"{_SEM}#pooling3d")
+describe_op("MaxPoolingWithArgMax", params="kernel_y/x, stride_y/x, dilation_y/x, pads, ceil_mode, "
+            "flatten_dim=HW|HWC|NHWC|NCHW, storage_order",
+            dtypes="float32 → values: input's dtype; indices: int32 (exact integers)",
+            integer="window max (first maximal cell wins) and its flat index", semantics=f"{_SEM}#maxpoolingwithargmax")
+describe_op("MaxUnpool", params="flatten_dim=HW|HWC|NHWC|NCHW; output shape from layer_top_shape",
+            dtypes="values float32 + indices int → values' dtype",
+            integer="scatter values to their indices, other cells float 0 (-zp)", semantics=f"{_SEM}#maxunpool")

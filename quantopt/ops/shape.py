@@ -1,19 +1,102 @@
-"""Ops that only move data: Transpose, Reshape. Quantized, they carry their input's params unchanged and move
-the integer values exactly like floats."""
+"""Layout, shape and dtype ops: Transpose, Permute, Reshape, Squeeze, Split, Slice, StridedSlice, Shape,
+ConstantOfShape and Cast.
+
+The data-movement ops carry their input's quantization params unchanged and move the integers exactly as they
+move floats (one code path for both). Shape outputs exact integers; ConstantOfShape quantizes its fill value;
+Cast changes the dtype (integer casts of integer tensors are exact, float → integer casts requantize to scale 1).
+The integer semantics are in docs/semantics/indexing.md.
+"""
 from __future__ import annotations
 
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
+from ..graph.tensor import PyTensor
+from ..ir.dtype import Dtype, dtype_from_name
+from ..quant.params import integer_range, linear_quant_params
+from ..quant.rounding import round_shift
 from ..registry import op_register, quant_register
-from ._quant import copy_params
+from ._quant import (
+    activation_mode,
+    copy_params,
+    int_value,
+    is_signed,
+    layer_settings,
+    out_range,
+    requant_scale_shift,
+    set_params,
+    set_qinvariant,
+    tensor_scale,
+    tensor_zp,
+)
+from ._shared import axis_param, bool_param
+from .catalog import PASSTHROUGH_DTYPES, describe_op
+
+SEMANTICS = "docs/semantics/indexing.md"
+
+SHAPE_OUTPUT_BITS = 32
+"""Shape outputs are int32 integers (scale 1), like the IR the Parser writes."""
+
+CAST_MAX_INT_BITS = 32
+"""Integer Cast outputs are at most 32 bits wide: a 64-bit `to_dtype` is written and computed as int32/uint32."""
+
+CAST_MULTIPLIER_BITS = 16
+"""Multiplier bits of the float → integer Cast requantization (ratio 1 / scale_in), as upstream."""
 
 
+# ------------------------------------------------------------------------------------------------ helpers
+def _ints(node: PyNode, key: str, value: Any) -> List[int]:
+    """A list-of-integers param (a scalar is a one-element list)."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    try:
+        out = [int(v) for v in values]
+    except (TypeError, ValueError):
+        raise node._error(f"parameter '{key}' must be a list of integers, got {value!r}") from None
+    if any(float(v) != i for v, i in zip(values, out)):
+        raise node._error(f"parameter '{key}' must be a list of integers, got {value!r}")
+    return out
+
+
+def _ir_batch(t: PyTensor) -> int:
+    return int(t.ir_shape[0]) if t.ir_shape else 1
+
+
+def _require_inputs(node: PyNode, count: int) -> None:
+    if len(node.inputs) < count:
+        raise node._error(f"needs {count} input(s), got {len(node.inputs)}")
+
+
+def _check_integer_input(node: PyNode, t: PyTensor, what: str) -> None:
+    """Quantized, a shape/index input must hold exact integers: a qinvariant tensor (scale 1, zero point 0)."""
+    if not t.qinvariant:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): {what} input '{t.name}' is a quantized "
+                               f"tensor (scale {t.scale}, zero point {t.zerop}); it must hold exact integers (an "
+                               "integer model input, an integer constant or an integer output such as Shape)")
+
+
+# ------------------------------------------------------------------------------------------------ Transpose, Permute
 @op_register(OpType.Transpose)
 def transpose_forward(self: PyNode) -> None:
     perm = [int(p) for p in self.get_param("perm")]
     self.outputs[0].betensor = self.inputs[0].betensor.permute(*perm).contiguous()
 
 
+@op_register(OpType.Permute)
+def permute_forward(self: PyNode) -> None:
+    """`perm` like Transpose; a missing or non-list `perm` reverses the axes (numpy's default)."""
+    x = self.inputs[0].betensor
+    perm = self.get_param("perm", optional=True)
+    perm = list(reversed(range(x.dim()))) if not isinstance(perm, (list, tuple)) else _ints(self, "perm", perm)
+    if sorted(perm) != list(range(x.dim())):
+        raise self._error(f"perm {perm} is not a permutation of the {x.dim()} input axes")
+    self.outputs[0].betensor = x.permute(*perm).contiguous()
+
+
+# ------------------------------------------------------------------------------------------------ Reshape, Squeeze
 @op_register(OpType.Reshape)
 def reshape_forward(self: PyNode) -> None:
     """IR `shape` includes the batch dim of the IR; the actual batch may differ, so dim 0 follows the input."""
@@ -25,6 +108,340 @@ def reshape_forward(self: PyNode) -> None:
     self.outputs[0].betensor = x.reshape(shape)
 
 
-@quant_register([OpType.Transpose, OpType.Reshape])
+@op_register(OpType.Squeeze)
+def squeeze_forward(self: PyNode) -> None:
+    """Removes the `axis` dims (int or list) that have size 1; without `axis`, the size-1 dims of the IR input
+    shape. Like torch.squeeze, a listed dim whose actual size is not 1 (a batch > 1) stays."""
+    x = self.inputs[0].betensor
+    axis = self.get_param("axis", optional=True)
+    if axis is None or (isinstance(axis, (list, tuple)) and not axis):
+        shape = self.inputs[0].ir_shape or tuple(x.shape)
+        axes = [i for i, d in enumerate(shape) if int(d) == 1]
+    else:
+        axes = [axis_param(self, a, x.dim()) for a in _ints(self, "axis", axis)]
+    self.outputs[0].betensor = x.squeeze(tuple(axes)) if axes else x
+
+
+# ------------------------------------------------------------------------------------------------ Split
+@op_register(OpType.Split)
+def split_forward(self: PyNode) -> None:
+    """`splits` sizes along `axis` (default 0), one output each; without `splits`, equal parts."""
+    x = self.inputs[0].betensor
+    axis = axis_param(self, self.get_param("axis", optional=True, default_value=0), x.dim())
+    n = len(self.outputs)
+    raw = self.get_param("splits", optional=True)
+    if raw is None:
+        if x.shape[axis] % n:
+            raise self._error(f"dim {x.shape[axis]} of axis {axis} does not split into {n} equal parts")
+        splits = [x.shape[axis] // n] * n
+    else:
+        splits = _ints(self, "splits", raw)
+    if len(splits) != n or any(s < 0 for s in splits):
+        raise self._error(f"splits {splits} must give one non-negative size per output ({n} outputs)")
+    if sum(splits) != x.shape[axis]:
+        raise self._error(f"splits {splits} sum to {sum(splits)} but axis {axis} has size {x.shape[axis]}")
+    for t, part in zip(self.outputs, torch.split(x, splits, dim=axis)):
+        t.betensor = part.contiguous()
+
+
+# ------------------------------------------------------------------------------------------------ Slice, StridedSlice
+def slice_indices(size: int, begin: Optional[int], end: Optional[int], stride: int, upper_bound: bool) -> List[int]:
+    """Indices one axis of `size` keeps, as the Parser writes begin/end/strides (docs: Slice).
+
+    Python slicing with clamping, except that a negative `end` with a negative stride means "through index 0"
+    (the Parser's encoding of an open end); with `upper_bound`, a negative `end` is one further (exclusive → inclusive).
+    """
+    if end is not None and end < 0:
+        end = end + (size if stride > 0 else 0) + int(upper_bound)
+        if end < 0:
+            end = None
+    return list(range(size))[slice(begin, end, stride)]
+
+
+def _slice_forward(node: PyNode, masks: bool) -> None:
+    inp = node.inputs[0]
+    x = inp.betensor
+    begin = _ints(node, "begin", node.get_param("begin"))
+    end = _ints(node, "end", node.get_param("end"))
+    strides = _ints(node, "strides", node.get_param("strides", optional=True, default_value=[1] * len(begin)))
+    if not len(begin) == len(end) == len(strides) or len(begin) > x.dim():
+        raise node._error(f"begin {begin}, end {end} and strides {strides} must have one entry per sliced axis "
+                          f"(at most {x.dim()})")
+    if any(s == 0 for s in strides):
+        raise node._error(f"strides {strides} must not contain 0")
+    upper = bool_param(node, "upper_bound", False)
+    begin_mask = end_mask = shrink = 0
+    if masks:
+        for key in ("ellipsis_mask", "new_axis_mask"):
+            if int(node.get_param(key, optional=True, default_value=0)):
+                raise UnsupportedError(f"layer '{node.name}' ({node.type}): {key} is not supported (the Parser "
+                                       "resolves it into begin/end/strides)")
+        begin_mask = int(node.get_param("begin_mask", optional=True, default_value=0))
+        end_mask = int(node.get_param("end_mask", optional=True, default_value=0))
+        shrink = int(node.get_param("shrink_axis_mask", optional=True, default_value=0))
+    ir_batch = _ir_batch(inp)
+    for axis, (b, e, s) in enumerate(zip(begin, end, strides)):
+        b_ = None if begin_mask >> axis & 1 else b
+        e_ = None if end_mask >> axis & 1 else e
+        size = int(x.shape[axis])
+        if axis == 0 and size != ir_batch:
+            # the IR slices its own batch; an actual batch of N * ir_batch repeats that selection per group
+            if size % ir_batch:
+                raise node._error(f"batch {size} is not a multiple of the IR batch {ir_batch}")
+            base = slice_indices(ir_batch, b_, e_, s, upper)
+            idx = [g * ir_batch + i for g in range(size // ir_batch) for i in base]
+        else:
+            idx = slice_indices(size, b_, e_, s, upper)
+        if idx != list(range(size)):
+            x = x.index_select(axis, torch.tensor(idx, dtype=torch.int64, device=x.device))
+    shrink_axes = tuple(a for a in range(len(begin)) if shrink >> a & 1)
+    if shrink_axes:
+        if any(x.shape[a] != 1 for a in shrink_axes):
+            raise node._error(f"shrink_axis_mask {shrink} names axes whose slice is not one element long")
+        x = x.squeeze(shrink_axes)
+    node.outputs[0].betensor = x.contiguous()
+
+
+@op_register(OpType.Slice)
+def slice_forward(self: PyNode) -> None:
+    _slice_forward(self, masks=False)
+
+
+@op_register(OpType.StridedSlice)
+def strided_slice_forward(self: PyNode) -> None:
+    _slice_forward(self, masks=True)
+
+
+@quant_register([OpType.Transpose, OpType.Permute, OpType.Reshape, OpType.Squeeze, OpType.Slice,
+                 OpType.StridedSlice, OpType.Split])
 def shape_only_quantize(self: PyNode) -> None:
-    copy_params(self.outputs[0], self.inputs[0])
+    for out in self.outputs:
+        copy_params(out, self.inputs[0])
+
+
+# ------------------------------------------------------------------------------------------------ Shape
+@op_register(OpType.Shape)
+def shape_forward(self: PyNode) -> None:
+    """dims [start:end] of the input's actual shape as an integer vector (start 0, end = rank by default)."""
+    x = self.inputs[0].betensor
+    start = int(self.get_param("start", optional=True, default_value=0))
+    end = self.get_param("end", optional=True)
+    dims = list(x.shape)[start:None if end is None else int(end)]
+    self.outputs[0].betensor = torch.tensor(dims, dtype=torch.int64)
+
+
+@quant_register(OpType.Shape)
+def shape_quantize(self: PyNode) -> None:
+    set_qinvariant(self.outputs[0], SHAPE_OUTPUT_BITS, True)
+
+
+# ------------------------------------------------------------------------------------------------ ConstantOfShape
+@op_register(OpType.ConstantOfShape)
+def constant_of_shape_forward(self: PyNode) -> None:
+    """A tensor of shape `input` filled with `value` (quantized: the stored integer `value`)."""
+    inp = self.inputs[0]
+    if self.quantized:
+        _check_integer_input(self, inp, "shape")
+    shape = [int(v) for v in int_value(inp).flatten().tolist()]
+    if any(d < 0 for d in shape):
+        raise self._error(f"shape input {shape} has a negative dim")
+    value = self.get_param("value", optional=True, default_value=0.0)
+    out = self.outputs[0]
+    if self.quantized:
+        out.betensor = torch.full(shape, int(value), dtype=torch.int64)
+    else:
+        out.betensor = torch.full(shape, float(value), dtype=torch.float32).to(out.ir_dtype.torch_dtype)
+
+
+@quant_register(OpType.ConstantOfShape)
+def constant_of_shape_quantize(self: PyNode) -> None:
+    """An integer `value` gives a qinvariant output; any other value is quantized with a range [min(v,0),
+    max(v,0)] and stored as its integer."""
+    _check_integer_input(self, self.inputs[0], "shape")
+    s = layer_settings(self)
+    out = self.outputs[0]
+    value = float(self.get_param("value", optional=True, default_value=0.0))
+    if value != value or value in (float("inf"), float("-inf")):
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): a non-finite fill value {value} cannot be "
+                               "quantized")
+    signed = value < 0 or bool(s.force_dtype_int)
+    bits = int(s.q_bits_activation)
+    if value == round(value):
+        fits = [b for b in (bits, 16, 32) if integer_range(b, signed)[0] <= value <= integer_range(b, signed)[1]]
+        if not fits:
+            raise UnsupportedError(f"layer '{self.name}' ({self.type}): integer fill value {value:g} does not fit "
+                                   "32 bits")
+        set_qinvariant(out, fits[0], signed)
+        self.params["value"] = int(value)
+        return
+    mode = activation_mode(self, bits)
+    if not mode.is_per_tensor:
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): per-channel activation quantization is not "
+                               "supported")
+    p = linear_quant_params(min(value, 0.0), max(value, 0.0), bits, mode, signed)
+    set_params(out, p, bits)
+    q = round(value * float(p.scale) - float(p.zerop))
+    self.params["value"] = int(min(max(q, p.qmin), p.qmax))
+
+
+# ------------------------------------------------------------------------------------------------ Cast
+def _to_dtype(node: PyNode) -> Dtype:
+    raw = node.get_param("to_dtype")
+    dt = raw if isinstance(raw, Dtype) else dtype_from_name(str(raw))
+    if dt is None or dt is Dtype.BOOL:
+        raise node._error(f"to_dtype '{raw}' is not a supported dtype")
+    return dt
+
+
+def _clip_mode(node: PyNode) -> str:
+    mode = str(node.get_param("clip_mode", optional=True, default_value="SATURATION")).upper()
+    if mode not in ("SATURATION", "TRUNCATION"):
+        raise node._error(f"clip_mode '{mode}' is not SATURATION or TRUNCATION")
+    return mode
+
+
+def cast_to_range(v: torch.Tensor, lo: int, hi: int, clip_mode: str) -> torch.Tensor:
+    """Integers (int64) into [lo, hi]: SATURATION clamps; TRUNCATION keeps the low bits (two's complement wrap,
+    modulo hi - lo + 1)."""
+    if clip_mode == "SATURATION":
+        return torch.clamp(v, lo, hi)
+    span = hi - lo + 1
+    return torch.remainder(v - lo, span) + lo
+
+
+def _int_bits(dt: Dtype) -> Tuple[int, bool]:
+    return min(dt.bits, CAST_MAX_INT_BITS), dt.is_signed
+
+
+@op_register(OpType.Cast)
+def cast_forward(self: PyNode) -> None:
+    """Float: to a float dtype, the value; to an integer dtype, truncation toward zero, then saturation or
+    wrap-around into the dtype's range (`clip_mode`). `only_for_quantized` casts are the identity in float."""
+    inp, out = self.inputs[0], self.outputs[0]
+    to = _to_dtype(self)
+    clip_mode = _clip_mode(self)
+    if self.quantized:
+        out.betensor = cast_int_forward(self, inp, out, clip_mode)
+        return
+    x = inp.betensor
+    if "only_for_quantized" in self.params:
+        out.betensor = x
+        return
+    if to.is_float:
+        out.betensor = x.to(torch.float32)
+        return
+    bits, signed = _int_bits(to)
+    lo, hi = integer_range(bits, signed)
+    if x.is_floating_point():
+        x = torch.trunc(torch.clamp(torch.nan_to_num(x.to(torch.float64), nan=0.0), -2.0 ** 62, 2.0 ** 62))
+    out.betensor = cast_to_range(x.to(torch.int64), lo, hi, clip_mode)
+
+
+def cast_int_forward(node: PyNode, inp: PyTensor, out: PyTensor, clip_mode: str) -> torch.Tensor:
+    """Integer Cast (docs: Cast). With `scale_value`/`shift_value`: t = (q + zp_in) * M, shifted right by N with
+    round half to even (`round_mode` absent) or toward zero (`round_mode=TRUNC`), minus zp_out, then the clip
+    mode into [qmin, qmax]. Without: q (+ zp_in - zp_out unless `ignore_scale_zp`), then the clip mode."""
+    qmin, qmax = out_range(out)
+    x = int_value(inp)
+    zp_in, zp_out = tensor_zp(inp), tensor_zp(out)
+    if "scale_value" in node.params:
+        m, n = int(node.params["scale_value"]), int(node.get_param("shift_value"))
+        prod = (x + zp_in) * m
+        if str(node.params.get("round_mode", "ROUND_TO_EVEN")).upper() == "TRUNC":
+            t = torch.sign(prod) * round_shift_floor(prod.abs(), n)
+        else:
+            t = round_shift(prod, n)
+        return cast_to_range(t - zp_out, qmin, qmax, clip_mode)
+    if not bool_param(node, "ignore_scale_zp", True):
+        x = x + zp_in - zp_out
+    return cast_to_range(x, qmin, qmax, clip_mode)
+
+
+def round_shift_floor(v: torch.Tensor, shift: int) -> torch.Tensor:
+    """floor(v / 2^shift) for int64 v >= 0 (a left shift for shift < 0)."""
+    return v >> shift if shift >= 0 else v << -shift
+
+
+@quant_register(OpType.Cast)
+def cast_quantize(self: PyNode) -> None:
+    """See docs: Cast. Integer → integer: exact (qinvariant); float → float: passthrough; quantized float →
+    integer: requantize to scale 1 with truncation; `only_for_quantized` (a bit-width change between quantized
+    tensors): new output params from the calibrated range and a multiplier/shift."""
+    inp, out = self.inputs[0], self.outputs[0]
+    to = _to_dtype(self)
+    if "only_for_quantized" in self.params:
+        self.params.pop("only_for_quantized")
+        self.params["clip_mode"] = "SATURATION"
+        if to.is_float:
+            raise self._error("an only_for_quantized Cast needs an integer to_dtype")
+        bits, signed = _int_bits(to)
+        if inp.qinvariant:
+            set_qinvariant(out, bits, signed)
+            self.params["ignore_scale_zp"] = True
+        elif inp.dtype == to:
+            copy_params(out, inp)
+            self.params["ignore_scale_zp"] = True
+        else:
+            mode = activation_mode(self, bits)
+            if bits <= 8 and is_signed(inp) and not signed and not mode.is_asymmetric:
+                mode = mode.make(mode.granularity, asymmetric=True, full_range=True)
+            if not mode.is_per_tensor:
+                raise UnsupportedError(f"layer '{self.name}' ({self.type}): per-channel activation quantization "
+                                       "is not supported")
+            if out.min is None or out.max is None:
+                raise self._error(f"tensor '{out.name}' has no calibrated range; run calibration first")
+            set_params(out, linear_quant_params(out.min, out.max, bits, mode, signed), bits)
+            m, n, mdt, sdt = requant_scale_shift(self, tensor_scale(out) / tensor_scale(inp), mult_bits=bits)
+            _store_cast_requant(self, m, n, mdt, sdt)
+            self.params["ignore_scale_zp"] = False
+        self.params["to_dtype"] = out.dtype
+        return
+    self.params["clip_mode"] = _clip_mode(self)
+    if to.is_float:
+        copy_params(out, inp)
+        self.params["ignore_scale_zp"] = True
+    elif inp.qinvariant:
+        bits, signed = _int_bits(to)
+        set_qinvariant(out, bits, signed)
+        self.params["ignore_scale_zp"] = True
+    else:
+        bits, signed = _int_bits(to)
+        m, n, mdt, sdt = requant_scale_shift(self, 1.0 / tensor_scale(inp), mult_bits=CAST_MULTIPLIER_BITS)
+        set_qinvariant(out, bits, signed)
+        _store_cast_requant(self, m, n, mdt, sdt)
+        self.params["round_mode"] = "TRUNC"
+        self.params["ignore_scale_zp"] = False
+    self.params["to_dtype"] = out.dtype
+
+
+def _store_cast_requant(node: PyNode, m: int, n: int, mdt: Dtype, sdt: Dtype) -> None:
+    node.params["scale_value"] = int(m)
+    node.params["scale_type"] = mdt
+    node.params["shift_value"] = int(n)
+    node.params["shift_type"] = sdt
+
+
+# ------------------------------------------------------------------------------------------------ catalog
+describe_op(["Transpose", "Permute"], params="perm (Permute: reversed axes when absent)", dtypes=PASSTHROUGH_DTYPES,
+            integer="passthrough (data movement only)", semantics=f"{SEMANTICS}#transpose-permute")
+describe_op("Reshape", params="shape (dim 0 follows the actual batch)", dtypes=PASSTHROUGH_DTYPES,
+            integer="passthrough (data movement only)", semantics=f"{SEMANTICS}#reshape-squeeze")
+describe_op("Squeeze", params="axis (int or list; default: the size-1 dims of the IR shape)",
+            dtypes=PASSTHROUGH_DTYPES, integer="passthrough (data movement only)",
+            semantics=f"{SEMANTICS}#reshape-squeeze")
+describe_op("Split", params="axis, splits (one size per output)", dtypes=PASSTHROUGH_DTYPES,
+            integer="passthrough; every output carries the input's params", semantics=f"{SEMANTICS}#split")
+describe_op("Slice", params="begin, end, strides, upper_bound", dtypes=PASSTHROUGH_DTYPES,
+            integer="passthrough (data movement only)", semantics=f"{SEMANTICS}#slice-stridedslice")
+describe_op("StridedSlice", params="begin, end, strides, upper_bound, begin_mask, end_mask, shrink_axis_mask",
+            dtypes=PASSTHROUGH_DTYPES, integer="passthrough (data movement only)",
+            semantics=f"{SEMANTICS}#slice-stridedslice")
+describe_op("Shape", params="start, end", dtypes="any → int32 (scale 1)", integer="exact integer dims",
+            semantics=f"{SEMANTICS}#shape")
+describe_op("ConstantOfShape", params="value; input: the shape (integer)",
+            dtypes="int32 shape → int8/uint8/int16/uint16 (scale 1 for integer values)",
+            integer="fill with the quantized value", semantics=f"{SEMANTICS}#constantofshape")
+describe_op("Cast", params="to_dtype, clip_mode=SATURATION|TRUNCATION, ignore_scale_zp, only_for_quantized; "
+                            "quantized: scale_value, shift_value, round_mode",
+            dtypes="any → to_dtype (integers at most 32 bits)",
+            integer="exact integer cast, or requantize to scale 1 (truncating)", semantics=f"{SEMANTICS}#cast")

@@ -1,38 +1,53 @@
-"""Softmax along `axis` (default -1, negative counts from the end): float forward, and upstream's LUT method.
+"""The Softmax family along `axis` (default -1, negative counts from the end): Softmax, LogSoftmax, Hardmax.
 
-Quantized (docs/integer-semantics.md): an exp table indexed by x - max(x) (uint32 constant `lut`),
-an int64 sum along the axis, an integer division, then the output requantization `scale_value/shift_value`
-(the multiplier/shift of s_out itself: the table already holds e^(x - max) in units of 1/(2^20 - 1)).
+Softmax has two integer methods, recorded in the quantized IR as `quantize_method` (docs/semantics/softmax.md):
+LUT (upstream's, docs/integer-semantics.md): an exp table indexed by x - max(x) (uint32 constant `lut`), an int64
+sum along the axis, an integer division, then the output requantization `scale_value/shift_value`; FAST_EXP: the
+exponent in base 2 from an input multiplier (`input_scale_value/input_shift_value`), powers of two from a small
+fraction table, an int64 sum and one rounded division. LUT is chosen when the Softmax feeds NMS/Sort/ArgMinMax/
+TopK/InTopK or is a graph output, FAST_EXP otherwise; an explicit `quantize_method` param wins.
+LogSoftmax subtracts a table log2 of the same power-of-two sum; Hardmax outputs exact 0/1 integers.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
+from ..ir.dtype import Dtype
 from ..quant.hardware import (
+    AIFF_MULTIPLIER_BITS,
     SOFTMAX_DIVIDEND_BITS,
+    SOFTMAX_FAST_EXP_MULTIPLIER_BITS,
     SOFTMAX_LUT_AUTO_VALUE_BITS,
     SOFTMAX_ROW_BLOCK,
     SOFTMAX_SMALL_AXIS,
+    softmax_pow2_out_q,
 )
 from ..quant.lut import lookup_lut, lut_size
-from ..quant.params import dequantize
+from ..quant.params import QuantMode, dequantize, linear_quant_params
 from ..quant.requant import range_dtype, requantize_int, scale_shift
 from ..registry import op_register, quant_register
 from ._lut_int import ceil_log2, constants_first, int_input, range_bits
 from ._quant import (
+    activation_mode,
     layer_settings,
     out_range,
     quantize_activation,
     requant_of,
+    requant_scale_shift,
     set_constant,
+    set_params,
+    set_qinvariant,
     store_requant,
     tensor_scale,
     tensor_zp,
 )
 from ._shared import axis_param
+from .catalog import describe_op
 
 LUT_VALUE_BITS = SOFTMAX_LUT_AUTO_VALUE_BITS
 """Table values are e^(x - max) * (2^20 - 1): the value bits upstream uses when it selects the LUT method itself
@@ -62,18 +77,11 @@ def softmax_exp_lut(in_scale: float, in_zp: int, in_bits: int, lut_items_in_bits
     return torch.clamp(torch.round(lut), 0, max_val).to(torch.int64)
 
 
-@quant_register(OpType.Softmax)
-def softmax_quantize(self: PyNode) -> None:
+def _softmax_lut_quantize(self: PyNode) -> None:
     """LUT method (upstream `quantize_method=LUT`): output unsigned from its calibrated range; exp table over the
     input codes; `scale_value/shift_value` approximate s_out with as many multiplier bits as the output has."""
     inp, out = self.inputs[0], self.outputs[0]
-    if inp.qmin is None:
-        raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
     s = layer_settings(self)
-    if s.q_mode_activation.startswith("per_channel"):
-        raise UnsupportedError(f"layer '{self.name}' (Softmax): per-channel activation quantization is not "
-                               "supported (upstream neither)")
-    _axis(self, len(inp.ir_shape))
     quantize_activation(self, out, False)
     lut = softmax_exp_lut(tensor_scale(inp), tensor_zp(inp), range_bits(inp), int(s.lut_items_in_bits))
     set_constant(self, "lut", lut, range_dtype(0, 2 ** LUT_VALUE_BITS - 1))
@@ -83,14 +91,11 @@ def softmax_quantize(self: PyNode) -> None:
                                      force_shift_positive=s.force_shift_positive))
 
 
-def softmax_integer_forward(node: PyNode) -> torch.Tensor:
+def _softmax_lut_forward(node: PyNode) -> torch.Tensor:
     """e = lut[x - max + 2^b - 1] (interpolated for wide inputs), S = Σe (int64), then either
     z = floor((e·2^k + floor(S/2)) / S) requantized with (M, shift + k), k = 31 - ceil(log2(max lut)) (short rows)
     or r = floor(M·2^k / S) and e·r requantized with (1, shift + k), k = 31 - ceil(log2 M) (otherwise)."""
     inp, out = node.inputs[0], node.outputs[0]
-    if str(node.get_param("quantize_method", optional=True, default_value="LUT")).upper() != "LUT":
-        raise UnsupportedError(f"layer '{node.name}' (Softmax): only quantize_method=LUT has an integer forward "
-                               f"(got {node.get_param('quantize_method')})")
     x, _ = int_input(node)
     axis = _axis(node, x.dim())
     lut = node.get_constant("lut")
@@ -120,6 +125,259 @@ def softmax_integer_forward(node: PyNode) -> torch.Tensor:
     return requantize_int(e * recip, 1, shift + k, zp, qmin, qmax)
 
 
+# --------------------------------------------------------------------------------------------- method choice
+LUT_METHOD_CONSUMERS = ("NMS", "Sort", "ArgMinMax", "TopK", "InTopK")
+"""Layer types whose Softmax producer keeps the LUT method: they compare probabilities, and the LUT method keeps
+more distinct output codes near the top (§3.5, upstream pass `tune_op_softmax`)."""
+
+SOFTMAX_METHODS = ("LUT", "FAST_EXP")
+
+FAST_EXP_ADJUST_Q = 8
+"""Fraction bits of the base-2 exponent that quantopt writes for FAST_EXP and LogSoftmax (`adjust_q`). Upstream's
+automatic choice is 1 (a power-of-two result, cosine about 0.97 on typical logits); 8 adds a 256-entry 2^f table
+and keeps the result within about 0.3 % of e^x. IRs with adjust_q 0 or 1 still run upstream's power-of-two path."""
+
+POW2_TABLE_BITS = 8
+"""The 2^f table (`pow2_lut`) and the log2 table (`log2_lut`) have 2^8 entries, indexed by the top 8 fraction bits."""
+
+POW2_VALUE_BITS = 15
+"""pow2_lut[j] = round(2^(j/256) * 2^15): values in [2^15, 2^16), uint16; the entry past the end is 2^16."""
+
+LOG2_VALUE_BITS = 16
+"""log2_lut[j] = round(log2(1 + j/256) * 2^16): values in [0, 2^16), uint16; the entry past the end is 2^16."""
+
+LOG2_MANTISSA_BITS = 16
+"""The sum's mantissa keeps 16 fraction bits before the log2 table lookup."""
+
+LOG2E = 1.4426950408889634
+
+SIMPLE_LOG2_HALF = 1518500250
+"""floor(sqrt(2)/2 * 2^31): a normalized sum above it rounds its Q1 log2 up by one half (upstream `simple_log2`)."""
+
+FAST_EXP_MAX_ADJUST_Q = 15
+
+
+def softmax_method(node: PyNode) -> str:
+    """`quantize_method` of a Softmax: the param when the IR gives one, else LUT when the output is a graph output
+    or feeds NMS/Sort/ArgMinMax/TopK/InTopK, else FAST_EXP. Every golden Softmax is a graph output (LUT)."""
+    given = node.params.get("quantize_method")
+    if given is not None:
+        method = str(given).upper()
+        if method not in SOFTMAX_METHODS:
+            raise node._error(f"quantize_method must be one of {', '.join(SOFTMAX_METHODS)}, got {given!r}")
+        return method
+    out = node.outputs[0]
+    graph = node.graph
+    if graph is None or any(t.name == out.name for t in graph.output_tensors):
+        return "LUT"
+    for consumer in graph.nodes:
+        if str(consumer.type) in LUT_METHOD_CONSUMERS and any(t.name == out.name for t in consumer.inputs):
+            return "LUT"
+    return "FAST_EXP"
+
+
+@quant_register(OpType.Softmax)
+def softmax_quantize(self: PyNode) -> None:
+    """Chooses the method (`softmax_method`) and quantizes with it; both write `quantize_method`."""
+    inp = self.inputs[0]
+    if inp.qmin is None:
+        raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
+    if layer_settings(self).q_mode_activation.startswith("per_channel"):
+        raise UnsupportedError(f"layer '{self.name}' (Softmax): per-channel activation quantization is not "
+                               "supported (upstream neither)")
+    _axis(self, len(inp.ir_shape))
+    if softmax_method(self) == "LUT":
+        _softmax_lut_quantize(self)
+    else:
+        _softmax_fast_exp_quantize(self)
+
+
+# --------------------------------------------------------------------------------------------- FAST_EXP helpers
+def pow2_table() -> torch.Tensor:
+    """pow2_lut (int64, stored uint16): round(2^(j/256) * 2^15), j = 0..255, computed in float64."""
+    j = torch.arange(2 ** POW2_TABLE_BITS, dtype=torch.float64)
+    return torch.round(torch.pow(2.0, j / 2 ** POW2_TABLE_BITS) * 2 ** POW2_VALUE_BITS).to(torch.int64)
+
+
+def log2_table() -> torch.Tensor:
+    """log2_lut (int64, stored uint16): round(log2(1 + j/256) * 2^16), j = 0..255, computed in float64."""
+    j = torch.arange(2 ** POW2_TABLE_BITS, dtype=torch.float64)
+    return torch.round(torch.log2(1.0 + j / 2 ** POW2_TABLE_BITS) * 2 ** LOG2_VALUE_BITS).to(torch.int64)
+
+
+def _table_interp(table: torch.Tensor, index: torch.Tensor, index_bits: int, end_value: int) -> torch.Tensor:
+    """Table over a 2^index_bits domain with 2^T entries (T <= index_bits): hi = index >> b, lo = index - (hi << b),
+    table[hi] + (((table[hi + 1] - table[hi]) * lo) >> b), b = index_bits - T; the entry past the end is
+    `end_value`. int64, floor interpolation."""
+    t = table.to(torch.int64).flatten()
+    tbits = t.numel().bit_length() - 1
+    if t.numel() != 2 ** tbits or tbits > index_bits:
+        raise ValueError(f"table of {t.numel()} entries does not fit a {index_bits}-bit index")
+    padded = torch.cat([t, torch.tensor([end_value], dtype=torch.int64)])
+    b = index_bits - tbits
+    hi = index >> b
+    lo = index - (hi << b)
+    return padded[hi] + (((padded[hi + 1] - padded[hi]) * lo) >> b)
+
+
+def _shift_floor(v: torch.Tensor, shift: int) -> torch.Tensor:
+    """v >> shift (floor) for shift >= 0, v << -shift otherwise."""
+    return v >> shift if shift >= 0 else v << (-shift)
+
+
+def _log2_domain(node: PyNode, x: torch.Tensor, axis: int, frac_bits: int) -> torch.Tensor:
+    """u = floor((x - max(x)) * M / 2^(N - F)) with (M, N) = (input_scale_value, input_shift_value), F = frac_bits:
+    log2(e) * (x - max) / s_in in units of 2^-F, always <= 0."""
+    mult = _int_param(node, "input_scale_value")
+    shift = _int_param(node, "input_shift_value")
+    d = x - x.amax(dim=axis, keepdim=True)
+    return _shift_floor(d * mult, shift - frac_bits)
+
+
+def _pow2_terms(node: PyNode, u: torch.Tensor, frac_bits: int, out_q: int) -> torch.Tensor:
+    """e = floor(p * 2^(out_q + i - 15)) with i = u >> F, p = pow2_lut interpolated at u - (i << F); e <= 2^out_q."""
+    table = node.get_constant("pow2_lut").betensor.to(torch.int64)
+    i = u >> frac_bits
+    f = u - (i << frac_bits)
+    p = _table_interp(table, f, frac_bits, 2 ** (POW2_VALUE_BITS + 1))
+    right = torch.clamp(POW2_VALUE_BITS - i, max=62)
+    return (p << out_q) >> right
+
+
+def _int_param(node: PyNode, key: str) -> int:
+    value = node.get_param(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise node._error(f"parameter '{key}' must be an integer, got {value!r}")
+    return int(value)
+
+
+def _adjust_q(node: PyNode, allow_simple: bool) -> int:
+    q = _int_param(node, "adjust_q")
+    ok = (allow_simple and q in (0, 1)) or POW2_TABLE_BITS <= q <= FAST_EXP_MAX_ADJUST_Q
+    if not ok:
+        allowed = "0, 1 or 8..15" if allow_simple else "8..15"
+        raise node._error(f"adjust_q must be {allowed}, got {q}")
+    return q
+
+
+def _input_log2e_requant(node: PyNode, mult_bits: int) -> None:
+    """input_scale_value/input_shift_value: log2(e)/s_in as a multiplier of `mult_bits` bits and a shift."""
+    inp = node.inputs[0]
+    s = layer_settings(node)
+    m, sh, _, sh_dtype = scale_shift(LOG2E / tensor_scale(inp), mult_bits, force_shift_positive=s.force_shift_positive)
+    node.params["input_scale_value"] = int(m)
+    node.params["input_scale_type"] = Dtype.UINT16
+    node.params["input_shift_value"] = int(sh)
+    node.params["input_shift_type"] = sh_dtype
+
+
+def _axis_len_ir(node: PyNode) -> int:
+    shape = list(node.inputs[0].ir_shape)
+    return int(shape[_axis(node, len(shape))])
+
+
+# --------------------------------------------------------------------------------------------- FAST_EXP
+def _softmax_fast_exp_quantize(self: PyNode) -> None:
+    """FAST_EXP: output unsigned with the fixed range [0, 1] (symmetric, its scale is 2^b - 1 for b bits);
+    log2(e)/s_in with a 13-bit multiplier; pow2_out_q = 31 - floor(log2(axis length)); adjust_q fraction bits
+    (default 8, with the 2^f table `pow2_lut` and the output requantization scale_value/shift_value)."""
+    out = self.outputs[0]
+    s = layer_settings(self)
+    bits = int(s.q_bits_activation)
+    signed = bool(s.force_dtype_int)
+    mode = activation_mode(self, bits).to_symmetric()
+    if activation_mode(self, bits).is_full_range:
+        mode = QuantMode.make("per_tensor", False, True)
+    set_params(out, linear_quant_params(0.0, 1.0, bits, mode, signed), bits)
+    self.params["quantize_method"] = "FAST_EXP"
+    self.params.setdefault("adjust_q", FAST_EXP_ADJUST_Q)
+    adjust_q = _adjust_q(self, allow_simple=True)
+    _input_log2e_requant(self, SOFTMAX_FAST_EXP_MULTIPLIER_BITS)
+    self.params["pow2_out_q"] = softmax_pow2_out_q(_axis_len_ir(self))
+    if adjust_q >= POW2_TABLE_BITS:
+        set_constant(self, "pow2_lut", pow2_table(), Dtype.UINT16)
+        constants_first(self, ["pow2_lut"])
+        store_requant(self, *scale_shift(tensor_scale(out), bits, force_shift_positive=s.force_shift_positive))
+
+
+def _div_round_half_even(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """round_half_even(num / den) for int64 num >= 0 and den >= 1, exactly."""
+    q = torch.div(num, den, rounding_mode="floor")
+    r = num - q * den
+    up = (2 * r > den) | ((2 * r == den) & (q % 2 == 1))
+    return q + up.to(torch.int64)
+
+
+def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
+    """Table path (adjust_q >= 8): e from `_pow2_terms`, S = Σe, z = round_half_even(e * M / (S * 2^shift)).
+    Power-of-two path (adjust_q 0 or 1, upstream's): see docs/semantics/softmax.md#fast_exp."""
+    out = node.outputs[0]
+    x, _ = int_input(node)
+    if x.numel() == 0:
+        return x.clone()
+    axis = _axis(node, x.dim())
+    adjust_q = _adjust_q(node, allow_simple=True)
+    out_q = _int_param(node, "pow2_out_q")
+    qmin, qmax = out_range(out)
+    zp = tensor_zp(out)
+    if adjust_q < POW2_TABLE_BITS:
+        return _softmax_pow2_path(node, x, axis, adjust_q, out_q, zp, qmin, qmax)
+    u = _log2_domain(node, x, axis, adjust_q)
+    e = _pow2_terms(node, u, adjust_q, out_q)
+    total = e.sum(dim=axis, keepdim=True)
+    mult, shift = requant_of(node)
+    if isinstance(mult, torch.Tensor):
+        raise node._error("Softmax needs one scale_value/shift_value, not per-channel constants")
+    if shift > 30:
+        raise UnsupportedError(f"layer '{node.name}' (Softmax): FAST_EXP output shift {shift} exceeds 30")
+    num = e * mult
+    if shift >= 0:
+        z = _div_round_half_even(num, total << shift)
+    else:
+        z = _div_round_half_even(num << (-shift), total)
+    return torch.clamp(z - zp, qmin, qmax)
+
+
+def _softmax_pow2_path(node: PyNode, x: torch.Tensor, axis: int, adjust_q: int, out_q: int, zp: int, qmin: int,
+                       qmax: int) -> torch.Tensor:
+    """Upstream's adjust_q 0/1 path: l = floor((x - max) * M / 2^N), y = 2^(P + l) (0 if negative),
+    S = clamp(Σy, 1, 2^31 - 1), L = Q-adjust_q log2 of S / 2^P by leading zeros, out = 2^(((l + b) << q) - L) >> q)."""
+    l_ = _log2_domain(node, x, axis, 0)
+    p = out_q + l_
+    y = torch.where(p >= 0, torch.ones_like(p) << torch.clamp(p, 0, 62), torch.zeros_like(p))
+    total = torch.clamp(y.sum(dim=axis, keepdim=True), 1, 2 ** 31 - 1)
+    lead = 31 - _bit_length(total)
+    norm = total << lead
+    half = (norm > SIMPLE_LOG2_HALF).to(torch.int64) if adjust_q else torch.zeros_like(norm)
+    log2_sum = half - ((lead - (30 - out_q)) << adjust_q)
+    bits = range_bits(node.outputs[0])
+    z = (((l_ + bits) << adjust_q) - log2_sum) >> adjust_q
+    v = torch.where(z >= 0, torch.ones_like(z) << torch.clamp(z, 0, 62), torch.zeros_like(z))
+    return torch.clamp(v - zp, qmin, qmax)
+
+
+def _bit_length(v: torch.Tensor) -> torch.Tensor:
+    """Bit length of positive int64 values (floor(log2 v) + 1), exactly."""
+    n = torch.zeros_like(v)
+    w = v.clone()
+    for step in (32, 16, 8, 4, 2, 1):
+        big = w >= (1 << step)
+        n = n + big.to(torch.int64) * step
+        w = torch.where(big, w >> step, w)
+    return n + (w > 0).to(torch.int64)
+
+
+def softmax_integer_forward(node: PyNode) -> torch.Tensor:
+    """Integer forward of a quantized Softmax, by its `quantize_method` (LUT when absent, as older IRs)."""
+    method = str(node.get_param("quantize_method", optional=True, default_value="LUT")).upper()
+    if method == "LUT":
+        return _softmax_lut_forward(node)
+    if method == "FAST_EXP":
+        return _softmax_fast_exp_forward(node)
+    raise UnsupportedError(f"layer '{node.name}' (Softmax): quantize_method={method} is not supported "
+                           f"(LUT and FAST_EXP are)")
+
+
 @op_register(OpType.Softmax)
 def softmax_forward(self: PyNode) -> None:
     if self.quantized:
@@ -128,3 +386,102 @@ def softmax_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     axis = _axis(self, x.dim())
     self.outputs[0].betensor = torch.softmax(x, dim=axis)
+
+
+# --------------------------------------------------------------------------------------------- LogSoftmax
+@quant_register(OpType.LogSoftmax)
+def logsoftmax_quantize(self: PyNode) -> None:
+    """Output signed from its calibrated range; log2(e)/s_in with a 15-bit multiplier; adjust_q = 8 fraction bits;
+    pow2_lut and log2_lut (uint16); scale_value/shift_value approximate s_out * ln(2)."""
+    inp, out = self.inputs[0], self.outputs[0]
+    if inp.qmin is None:
+        raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
+    s = layer_settings(self)
+    if s.q_mode_activation.startswith("per_channel"):
+        raise UnsupportedError(f"layer '{self.name}' (LogSoftmax): per-channel activation quantization is not "
+                               "supported")
+    _axis(self, len(inp.ir_shape))
+    quantize_activation(self, out, True)
+    self.params.setdefault("adjust_q", FAST_EXP_ADJUST_Q)
+    _adjust_q(self, allow_simple=False)
+    _input_log2e_requant(self, AIFF_MULTIPLIER_BITS)
+    self.params["pow2_out_q"] = softmax_pow2_out_q(_axis_len_ir(self))
+    set_constant(self, "pow2_lut", pow2_table(), Dtype.UINT16)
+    set_constant(self, "log2_lut", log2_table(), Dtype.UINT16)
+    constants_first(self, ["pow2_lut", "log2_lut"])
+    store_requant(self, *requant_scale_shift(self, tensor_scale(out) * math.log(2.0)))
+
+
+def _logsoftmax_integer_forward(node: PyNode) -> torch.Tensor:
+    """u (log2 domain, F bits), S = Σ pow2 terms, L = log2(S / 2^P) in F bits from log2_lut, out = requant(u - L)."""
+    out = node.outputs[0]
+    x, _ = int_input(node)
+    if x.numel() == 0:
+        return x.clone()
+    axis = _axis(node, x.dim())
+    frac = _adjust_q(node, allow_simple=False)
+    out_q = _int_param(node, "pow2_out_q")
+    u = _log2_domain(node, x, axis, frac)
+    total = _pow2_terms(node, u, frac, out_q).sum(dim=axis, keepdim=True)
+    k = _bit_length(total) - 1
+    mant = ((total << LOG2_MANTISSA_BITS) >> k) - 2 ** LOG2_MANTISSA_BITS
+    table = node.get_constant("log2_lut").betensor.to(torch.int64)
+    lg = _table_interp(table, mant, LOG2_MANTISSA_BITS, 2 ** LOG2_VALUE_BITS)
+    log_sum = ((k - out_q) << frac) + (lg >> (LOG2_VALUE_BITS - frac))
+    mult, shift = requant_of(node)
+    if isinstance(mult, torch.Tensor):
+        raise node._error("LogSoftmax needs one scale_value/shift_value, not per-channel constants")
+    qmin, qmax = out_range(out)
+    return requantize_int(u - log_sum, mult, shift + frac, tensor_zp(out), qmin, qmax)
+
+
+@op_register(OpType.LogSoftmax)
+def logsoftmax_forward(self: PyNode) -> None:
+    if self.quantized:
+        self.outputs[0].betensor = _logsoftmax_integer_forward(self)
+        return
+    x = self.inputs[0].betensor
+    self.outputs[0].betensor = torch.log_softmax(x, dim=_axis(self, x.dim()))
+
+
+# --------------------------------------------------------------------------------------------- Hardmax
+def _one_hot_argmax(x: torch.Tensor, axis: int, dtype: torch.dtype) -> torch.Tensor:
+    """1 at the first maximum along `axis` (ONNX Hardmax ties), 0 elsewhere."""
+    if x.numel() == 0:
+        return torch.zeros(x.shape, dtype=dtype)
+    idx = torch.argmax(x, dim=axis, keepdim=True)
+    out = torch.zeros(x.shape, dtype=dtype)
+    return out.scatter(axis, idx, torch.ones(idx.shape, dtype=dtype))
+
+
+@quant_register(OpType.Hardmax)
+def hardmax_quantize(self: PyNode) -> None:
+    """The output is an exact 0/1 integer tensor: qinvariant uint8 (scale 1, zero point 0)."""
+    inp = self.inputs[0]
+    if inp.qmin is None:
+        raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
+    _axis(self, len(inp.ir_shape))
+    set_qinvariant(self.outputs[0], 8, False)
+
+
+@op_register(OpType.Hardmax)
+def hardmax_forward(self: PyNode) -> None:
+    """One-hot of the first maximum along `axis`; quantized, the maximum of the integer codes (the input scale is
+    positive, so the float order is kept; values equal after quantization tie to the first)."""
+    if self.quantized:
+        x, _ = int_input(self)
+        self.outputs[0].betensor = _one_hot_argmax(x, _axis(self, x.dim()), torch.int64)
+        return
+    x = self.inputs[0].betensor
+    self.outputs[0].betensor = _one_hot_argmax(x, _axis(self, x.dim()), torch.float32)
+
+
+describe_op("Softmax", params="axis (-1); quantize_method LUT|FAST_EXP (chosen by the graph when absent)",
+            integer="LUT: exp table, sum, division; FAST_EXP: base-2 exponent with a 2^f table, sum, rounded "
+                    "division", semantics="docs/semantics/softmax.md#softmax")
+describe_op("LogSoftmax", params="axis (-1); constants pow2_lut, log2_lut when quantized",
+            integer="base-2 exponent, power-of-two sum, table log2, requantization of the difference",
+            semantics="docs/semantics/softmax.md#logsoftmax")
+describe_op("Hardmax", params="axis (-1)", dtypes="float32 → uint8 0/1 (qinvariant)",
+            integer="one-hot of the first maximum of the integer codes",
+            semantics="docs/semantics/softmax.md#hardmax")

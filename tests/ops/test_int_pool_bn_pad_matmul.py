@@ -214,12 +214,12 @@ def test_pooling_quantization_passes_params_through_and_adds_no_keys() -> None:
 
 def test_quantizing_other_pooling_methods_is_unsupported() -> None:
     g = pool_graph("MAX", (2, 2), (2, 2), (0, 0, 0, 0))
-    with pytest.raises(UnsupportedError, match="L2"):
-        _quantize_l2(g)
+    with pytest.raises(UnsupportedError, match="LP3"):
+        _quantize_lp3(g)
 
 
-def _quantize_l2(g) -> None:
-    """Calibrate as MAX (the float forward has no L2), then ask for an L2 quantization."""
+def _quantize_lp3(g) -> None:
+    """Calibrate as MAX, then ask for a quantization of a method that does not exist."""
     from quantopt.calibration.collect import calibrate_graph, collect_activation_statistics
     from quantopt.config.layer_settings import LayerSettings
     from quantopt.quantizer import quantize_graph
@@ -229,7 +229,7 @@ def _quantize_l2(g) -> None:
         n.settings = LayerSettings(q_strategy_activation="extrema")
     collect_activation_statistics(g, [[x] for x in data([1, 9, 10, 5], 9)])
     calibrate_graph(g)
-    g.node("op").params["method"] = "L2"
+    g.node("op").params["method"] = "LP3"
     quantize_graph(g)
 
 

@@ -184,7 +184,7 @@ def test_one_d_input_pools_along_width():
 
 
 @pytest.mark.parametrize("params,match", [
-    ({"method": "L2"}, "method 'L2'"),
+    ({"method": "LP3"}, "method 'LP3'"),
     ({"ceil_mode": "maybe"}, "ceil_mode"),
     ({"count_include_pad": 2, "method": "AVG"}, "count_include_pad"),
     ({"stride_x": 0}, "stride_x"),

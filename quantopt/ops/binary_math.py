@@ -1,0 +1,672 @@
+"""Element-wise binary and logic operators with numpy broadcasting: Div, Pow, Mod, DivMod, SquaredDifference,
+Where, Logical, Bitwise, BitShift.
+
+Quantized (docs/semantics/binary.md): comparisons align both inputs on a common scale with the integer multipliers
+of Eltwise ADD and compare exactly, giving a 0/1 integer tensor; Where requantizes both value branches to the
+output; Div multiplies the dividend by a reciprocal table of the divisor; Pow with a constant exponent is a lookup
+table; SquaredDifference squares the aligned difference; Mod takes the remainder of the aligned integers;
+Bitwise, BitShift and DivMod run on integer (scale 1) tensors only.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import torch
+
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.optype import OpType
+from ..graph.tensor import PyTensor
+from ..ir.dtype import Dtype
+from ..log import OPT_WARN
+from ..quant.hardware import AIFF_MULTIPLIER_BITS, INT_INPUT_MAX_BITS
+from ..quant.lut import build_lut, lookup_lut
+from ..quant.requant import eltwise_multipliers, range_dtype, scale_shift
+from ..quant.rounding import round_shift
+from ..registry import op_register, quant_register
+from ._eltwise_int import check_int64_bound, offset_absmax, set_integer_output
+from ._lut_int import constants_first, is_restricted, range_bits
+from ._quant import (
+    check_quantized_inputs,
+    int_value,
+    is_signed,
+    layer_settings,
+    out_range,
+    quantize_activation,
+    requant_of,
+    requant_scale_shift,
+    set_constant,
+    set_qinvariant,
+    store_requant,
+    tensor_scale,
+    tensor_zp,
+)
+from ._shared import bool_param
+from .catalog import describe_op
+
+DIV_RECIPROCAL_EXTRA_BITS = 15
+"""Div: the reciprocal table holds round(2^P / i) with P = log2(table length) + 15, so even its smallest entries
+(i near the table length) keep 15 significant bits."""
+
+WIDE_SHIFT_MAX = 62
+"""Largest right shift of the exact int64 requantization used where the accumulator carries many fraction bits
+(SquaredDifference, Mod); `round_shift` is exact up to 62."""
+
+SQD_DIFF_BITS = 23
+"""SquaredDifference: the aligned difference is rounded to at most 23 magnitude bits before squaring, so that the
+square (<= 2^46) times a 15-bit multiplier stays below 2^62."""
+
+LOGICAL_COMPARISONS: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "EQUAL": torch.eq, "NOT_EQUAL": torch.ne, "GREATER": torch.gt, "GREATER_EQUAL": torch.ge,
+    "LESS": torch.lt, "LESS_EQUAL": torch.le,
+}
+LOGICAL_BOOLEAN: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "AND": torch.logical_and, "OR": torch.logical_or, "XOR": torch.logical_xor,
+}
+LOGICAL_METHODS = tuple(LOGICAL_COMPARISONS) + tuple(LOGICAL_BOOLEAN) + ("NOT",)
+BITWISE_METHODS: Dict[str, Callable[..., torch.Tensor]] = {
+    "AND": torch.bitwise_and, "OR": torch.bitwise_or, "XOR": torch.bitwise_xor, "NOT": torch.bitwise_not,
+}
+BITSHIFT_DIRECTIONS = ("LEFT", "RIGHT")
+DIVMOD_MODES = ("FLOOR", "TRUNC")
+
+
+# ------------------------------------------------------------------------------------------------ shared helpers
+def _method(node: PyNode, key: str, allowed: Sequence[str]) -> str:
+    value = str(node.get_param(key)).upper()
+    if value not in allowed:
+        raise node._error(f"unsupported {key} '{value}' (supported: {', '.join(allowed)})")
+    return value
+
+
+def _check_inputs(node: PyNode, count: int, xs: Sequence[torch.Tensor]) -> None:
+    """Input count and broadcast compatibility, reported with the layer name instead of a torch error."""
+    if len(xs) != count:
+        raise node._error(f"expects {count} input(s), got {len(xs)}")
+    try:
+        torch.broadcast_shapes(*(tuple(x.shape) for x in xs))
+    except RuntimeError:
+        raise node._error(f"input shapes {[list(x.shape) for x in xs]} do not broadcast") from None
+
+
+def _offset_int(t: PyTensor) -> torch.Tensor:
+    """q + zp as int64: the integer proportional to the float value (x = (q + zp) / scale)."""
+    return int_value(t) + tensor_zp(t)
+
+
+def _as_int(x: torch.Tensor) -> torch.Tensor:
+    return torch.round(x.to(torch.float64)).to(torch.int64) if x.is_floating_point() else x.to(torch.int64)
+
+
+def _int_dtype(d: Dtype) -> bool:
+    return not d.is_float and d is not Dtype.BOOL
+
+
+def _wrap(v: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+    """Two's-complement wrap into [qmin, qmax] (a 2^b-wide range): ((v - qmin) mod 2^b) + qmin."""
+    return torch.remainder(v - qmin, qmax - qmin + 1) + qmin
+
+
+def _f32_ratio(num: float, den: float) -> torch.Tensor:
+    return torch.tensor(num, dtype=torch.float32) / torch.tensor(den, dtype=torch.float32)
+
+
+def _pop_requant(node: PyNode) -> None:
+    for key in ("scale_value", "shift_value", "scale_type", "shift_type"):
+        node.params.pop(key, None)
+
+
+def _int_list(node: PyNode, key: str, count: int) -> List[int]:
+    value = node.params.get(key)
+    if not isinstance(value, (list, tuple)) or len(value) != count:
+        raise node._error(f"quantized layer needs '{key}' as a list of {count} integers, got {value!r}")
+    return [int(v) for v in value]
+
+
+def _align_multipliers(node: PyNode, a: PyTensor, b: PyTensor) -> Tuple[int, int]:
+    """Integer multipliers (M_a, M_b) with (a + zp_a)·M_a and (b + zp_b)·M_b on one common scale: Eltwise ADD's
+    cross-multiplied 15-bit input multipliers, or (1, 1) when the scales and zero points are equal."""
+    if a.qinvariant and b.qinvariant:
+        return 1, 1
+    if a.qinvariant != b.qinvariant:
+        OPT_WARN(f"layer '{node.name}' ({node.type}): one input is an integer (scale 1) and the other is quantized; "
+                 "the integer input is aligned as a tensor of scale 1")
+    r = eltwise_multipliers(tensor_scale(a), tensor_scale(b), 1.0, AIFF_MULTIPLIER_BITS, zp0=tensor_zp(a),
+                            zp1=tensor_zp(b), method="ADD", unify_threshold=1.0)
+    m_a, m_b = int(r.scale_value[1]), int(r.scale_value[2])
+    if m_a <= 0 or m_b <= 0:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): the input scales {tensor_scale(a)} and "
+                               f"{tensor_scale(b)} are too far apart to be aligned with 15-bit multipliers")
+    return m_a, m_b
+
+
+def _integer_output_dtype(node: PyNode) -> Dtype:
+    """Dtype of an integer-only op's output: the float IR's top type when it is an integer type, else the first
+    input's (quantized) dtype."""
+    out = node.outputs[0]
+    if _int_dtype(out.ir_dtype):
+        return out.ir_dtype
+    inp = node.inputs[0]
+    return inp.dtype if _int_dtype(inp.dtype) else inp.ir_dtype
+
+
+def _require_integer_inputs(node: PyNode) -> None:
+    check_quantized_inputs(node, node.inputs)
+    for t in node.inputs:
+        if not t.qinvariant:
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): input '{t.name}' is a quantized float tensor; "
+                                   "this operator is only defined on integer tensors (scale 1, zero point 0)")
+
+
+def _set_integer_dtype_output(node: PyNode, out: PyTensor, dtype: Dtype) -> None:
+    if not _int_dtype(dtype):
+        raise node._error(f"output dtype {dtype.value} is not an integer type")
+    signed = dtype.is_signed or layer_settings(node).force_dtype_int
+    set_qinvariant(out, min(dtype.bits, INT_INPUT_MAX_BITS), signed)
+
+
+def _wrap_float_result(node: PyNode, y: torch.Tensor, index: int = 0) -> torch.Tensor:
+    """Float forward of integer ops: wrap into the integer top type of the float IR when it has one."""
+    d = node.outputs[index].ir_dtype
+    if not _int_dtype(d):
+        d = node.inputs[0].ir_dtype
+    if not _int_dtype(d):
+        return y
+    lo, hi = d.int_range()
+    return _wrap(y, lo, hi)
+
+
+# ------------------------------------------------------------------------------------------------ Logical
+@op_register(OpType.Logical)
+def logical_forward(self: PyNode) -> None:
+    method = _method(self, "method", LOGICAL_METHODS)
+    xs = [t.betensor for t in self.inputs]
+    _check_inputs(self, 1 if method == "NOT" else 2, xs)
+    if self.quantized:
+        self.outputs[0].betensor = _logical_int(self, method)
+        return
+    if method == "NOT":
+        y = xs[0] == 0
+    elif method in LOGICAL_BOOLEAN:
+        y = LOGICAL_BOOLEAN[method](xs[0] != 0, xs[1] != 0)
+    else:
+        y = LOGICAL_COMPARISONS[method](xs[0], xs[1])
+    self.outputs[0].betensor = y.to(torch.int64)
+
+
+@quant_register(OpType.Logical)
+def logical_quantize(self: PyNode) -> None:
+    """Output: a 0/1 integer tensor (uint8, int8 with force_dtype_int). Comparisons store the alignment
+    multipliers `scale_value=[M_a, M_b]`; AND/OR/XOR/NOT need none (they test q + zp != 0)."""
+    method = _method(self, "method", LOGICAL_METHODS)
+    if len(self.inputs) != (1 if method == "NOT" else 2):
+        raise self._error(f"{method} expects {1 if method == 'NOT' else 2} input(s), got {len(self.inputs)}")
+    check_quantized_inputs(self, self.inputs)
+    _pop_requant(self)
+    if method in LOGICAL_COMPARISONS:
+        m_a, m_b = _align_multipliers(self, self.inputs[0], self.inputs[1])
+        self.params["scale_value"] = [m_a, m_b]
+        self.params["scale_type"] = [Dtype.UINT16, Dtype.UINT16]
+    set_qinvariant(self.outputs[0], 8, layer_settings(self).force_dtype_int)
+
+
+def _logical_int(node: PyNode, method: str) -> torch.Tensor:
+    xs = [_offset_int(t) for t in node.inputs]
+    if method == "NOT":
+        y = xs[0] == 0
+    elif method in LOGICAL_BOOLEAN:
+        y = LOGICAL_BOOLEAN[method](xs[0] != 0, xs[1] != 0)
+    else:
+        m_a, m_b = _int_list(node, "scale_value", 2)
+        y = LOGICAL_COMPARISONS[method](xs[0] * m_a, xs[1] * m_b)
+    return y.to(torch.int64)
+
+
+# ------------------------------------------------------------------------------------------------ Bitwise / BitShift
+def _bitwise_compute(method: str, xs: List[torch.Tensor], lo: int, hi: int) -> torch.Tensor:
+    xs = [_wrap(x, lo, hi) for x in xs]
+    return _wrap(BITWISE_METHODS[method](*xs), lo, hi)
+
+
+def _bitshift_compute(direction: str, x: torch.Tensor, s: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    bits = (hi - lo).bit_length()
+    s = torch.clamp(s, 0, bits)
+    x = _wrap(x, lo, hi)
+    return _wrap(x << s if direction == "LEFT" else x >> s, lo, hi)
+
+
+def _float_int_range(node: PyNode) -> Tuple[int, int]:
+    """Integer range the float forward of Bitwise/BitShift works in: the output's (else the input's) int type."""
+    for d in (node.outputs[0].ir_dtype, node.inputs[0].ir_dtype):
+        if _int_dtype(d):
+            return d.int_range()
+    return Dtype.INT32.int_range()
+
+
+@op_register(OpType.Bitwise)
+def bitwise_forward(self: PyNode) -> None:
+    method = _method(self, "method", tuple(BITWISE_METHODS))
+    xs = [t.betensor for t in self.inputs]
+    _check_inputs(self, 1 if method == "NOT" else 2, xs)
+    lo, hi = out_range(self.outputs[0]) if self.quantized else _float_int_range(self)
+    self.outputs[0].betensor = _bitwise_compute(method, [_as_int(x) for x in xs], lo, hi)
+
+
+@op_register(OpType.BitShift)
+def bitshift_forward(self: PyNode) -> None:
+    direction = _method(self, "direction", BITSHIFT_DIRECTIONS)
+    xs = [t.betensor for t in self.inputs]
+    _check_inputs(self, 2, xs)
+    lo, hi = out_range(self.outputs[0]) if self.quantized else _float_int_range(self)
+    self.outputs[0].betensor = _bitshift_compute(direction, _as_int(xs[0]), _as_int(xs[1]), lo, hi)
+
+
+@quant_register([OpType.Bitwise, OpType.BitShift])
+def integer_only_quantize(self: PyNode) -> None:
+    """Integer inputs only; the output is an integer tensor of the float IR's top type (else the input's)."""
+    if str(self.type) == "Bitwise":
+        method = _method(self, "method", tuple(BITWISE_METHODS))
+        count = 1 if method == "NOT" else 2
+    else:
+        _method(self, "direction", BITSHIFT_DIRECTIONS)
+        count = 2
+    if len(self.inputs) != count:
+        raise self._error(f"expects {count} input(s), got {len(self.inputs)}")
+    _require_integer_inputs(self)
+    _set_integer_dtype_output(self, self.outputs[0], _integer_output_dtype(self))
+
+
+# ------------------------------------------------------------------------------------------------ Mod / DivMod
+def _mod(a: torch.Tensor, b: torch.Tensor, fmod: bool) -> torch.Tensor:
+    """a mod b (sign of b; C fmod: sign of a); 0 where b == 0. Exact for integers."""
+    zero = b == 0
+    safe = torch.where(zero, torch.ones_like(b), b)
+    r = torch.fmod(a, safe) if fmod else torch.remainder(a, safe)
+    return torch.where(zero, torch.zeros_like(r), r)
+
+
+@op_register(OpType.Mod)
+def mod_forward(self: PyNode) -> None:
+    fmod = bool_param(self, "fmod", False)
+    xs = [t.betensor for t in self.inputs]
+    _check_inputs(self, 2, xs)
+    if self.quantized:
+        self.outputs[0].betensor = _mod_int(self, fmod)
+        return
+    a, b = xs
+    if a.is_floating_point() or b.is_floating_point():
+        a, b = a.to(torch.float32), b.to(torch.float32)
+    self.outputs[0].betensor = _mod(a, b, fmod)
+
+
+@quant_register(OpType.Mod)
+def mod_quantize(self: PyNode) -> None:
+    """Both inputs are aligned on a common scale with Eltwise ADD's multipliers (`scale_value=[M, M_a, M_b]`), the
+    remainder is taken exactly on the aligned integers and requantized with (M, `shift_value`) for s_out / K,
+    K = sqrt(s_a·M_a·s_b·M_b). Integer inputs give an integer output."""
+    bool_param(self, "fmod", False)
+    if len(self.inputs) != 2:
+        raise self._error(f"expects 2 inputs, got {len(self.inputs)}")
+    check_quantized_inputs(self, self.inputs)
+    a, b = self.inputs
+    out = self.outputs[0]
+    s = layer_settings(self)
+    signed = is_signed(a) or is_signed(b)
+    _pop_requant(self)
+    if a.qinvariant and b.qinvariant:
+        set_integer_output(self, out, signed, [a.qbits or 8, b.qbits or 8])
+    else:
+        quantize_activation(self, out, signed)
+    m_a, m_b = _align_multipliers(self, a, b)
+    common = math.sqrt(tensor_scale(a) * m_a * tensor_scale(b) * m_b)
+    m, n, mt, nt = scale_shift(tensor_scale(out) / common, s.mult_bits, force_shift_positive=s.force_shift_positive,
+                               shift_limit=WIDE_SHIFT_MAX)
+    self.params["scale_value"] = [int(m), m_a, m_b]
+    self.params["shift_value"] = int(n)
+    self.params["scale_type"] = [mt, Dtype.UINT16, Dtype.UINT16]
+    self.params["shift_type"] = range_dtype(min(int(n), 0), max(int(n), 0), force_signed=True)
+    check_int64_bound(self, offset_absmax(b) * m_b * int(m), "remainder times M")
+
+
+def _mod_int(node: PyNode, fmod: bool) -> torch.Tensor:
+    a, b = node.inputs
+    out = node.outputs[0]
+    m, m_a, m_b = _int_list(node, "scale_value", 3)
+    n = int(node.get_param("shift_value"))
+    check_int64_bound(node, max(offset_absmax(a) * m_a, offset_absmax(b) * m_b * abs(m)), "remainder times M")
+    r = _mod(_offset_int(a) * m_a, _offset_int(b) * m_b, fmod)
+    qmin, qmax = out_range(out)
+    return torch.clamp(round_shift(r * m, n) - tensor_zp(out), qmin, qmax)
+
+
+def _divmod(a: torch.Tensor, b: torch.Tensor, mode: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    zero = b == 0
+    safe = torch.where(zero, torch.ones_like(b), b)
+    q = torch.div(a, safe, rounding_mode=mode.lower())
+    r = a - safe * q
+    return torch.where(zero, torch.zeros_like(q), q), torch.where(zero, torch.zeros_like(r), r)
+
+
+@op_register(OpType.DivMod)
+def divmod_forward(self: PyNode) -> None:
+    mode = str(self.get_param("mode", optional=True, default_value="FLOOR")).upper()
+    if mode not in DIVMOD_MODES:
+        raise self._error(f"unsupported mode '{mode}' (supported: {', '.join(DIVMOD_MODES)})")
+    xs = [t.betensor for t in self.inputs]
+    _check_inputs(self, 2, xs)
+    if len(self.outputs) != 2:
+        raise self._error(f"DivMod has 2 outputs (quotient, remainder), got {len(self.outputs)}")
+    if self.quantized:
+        q, r = _divmod(_as_int(xs[0]), _as_int(xs[1]), mode)
+        for i, v in enumerate((q, r)):
+            lo, hi = out_range(self.outputs[i])
+            self.outputs[i].betensor = _wrap(v, lo, hi)
+        return
+    a, b = xs
+    if not (a.is_floating_point() or b.is_floating_point()):
+        q, r = _divmod(a.to(torch.int64), b.to(torch.int64), mode)
+        self.outputs[0].betensor = _wrap_float_result(self, q, 0)
+        self.outputs[1].betensor = _wrap_float_result(self, r, 1)
+        return
+    q, r = _divmod(a.to(torch.float32), b.to(torch.float32), mode)
+    self.outputs[0].betensor, self.outputs[1].betensor = q, r
+
+
+@quant_register(OpType.DivMod)
+def divmod_quantize(self: PyNode) -> None:
+    """Integer inputs only; quotient and remainder are integer tensors of the float IR's top type (else the
+    dividend's dtype)."""
+    mode = str(self.get_param("mode", optional=True, default_value="FLOOR")).upper()
+    if mode not in DIVMOD_MODES:
+        raise self._error(f"unsupported mode '{mode}' (supported: {', '.join(DIVMOD_MODES)})")
+    if len(self.inputs) != 2 or len(self.outputs) != 2:
+        raise self._error("DivMod expects 2 inputs and 2 outputs")
+    _require_integer_inputs(self)
+    dtype = _integer_output_dtype(self)
+    for out in self.outputs:
+        _set_integer_dtype_output(self, out, dtype)
+
+
+# ------------------------------------------------------------------------------------------------ Where
+@op_register(OpType.Where)
+def where_forward(self: PyNode) -> None:
+    xs = [t.betensor for t in self.inputs]
+    if len(xs) != 3:
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): only the three-input form "
+                               f"(condition, x, y) is supported, got {len(xs)} input(s)")
+    _check_inputs(self, 3, xs)
+    if self.quantized:
+        self.outputs[0].betensor = _where_int(self)
+        return
+    x, y = xs[1], xs[2]
+    if x.is_floating_point() != y.is_floating_point():
+        x, y = x.to(torch.float32), y.to(torch.float32)
+    self.outputs[0].betensor = torch.where(xs[0] != 0, x, y)
+
+
+@quant_register(OpType.Where)
+def where_quantize(self: PyNode) -> None:
+    """Output params from calibration (signed if a value input is signed); each value branch is requantized to
+    them (`scale_value=[M_x, M_y]`, `shift_value=[N_x, N_y]`). Two integer branches give an integer output."""
+    if len(self.inputs) != 3:
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): only the three-input form "
+                               f"(condition, x, y) is supported, got {len(self.inputs)} input(s)")
+    check_quantized_inputs(self, self.inputs)
+    _, x, y = self.inputs
+    out = self.outputs[0]
+    signed = is_signed(x) or is_signed(y)
+    _pop_requant(self)
+    if x.qinvariant and y.qinvariant:
+        set_qinvariant(out, max(int(x.qbits or 8), int(y.qbits or 8)), signed or layer_settings(self).force_dtype_int)
+    else:
+        if x.qinvariant != y.qinvariant:
+            OPT_WARN(f"layer '{self.name}' ({self.type}): one value input is an integer (scale 1) and the other is "
+                     "quantized; the integer branch is requantized as a tensor of scale 1")
+        quantize_activation(self, out, signed)
+    ms, ns, mts, nts = [], [], [], []
+    for t in (x, y):
+        m, n, mt, nt = requant_scale_shift(self, _f32_ratio(tensor_scale(out), tensor_scale(t)))
+        ms.append(int(m))
+        ns.append(int(n))
+        mts.append(mt)
+        nts.append(nt)
+    self.params["scale_value"], self.params["shift_value"] = ms, ns
+    self.params["scale_type"], self.params["shift_type"] = mts, nts
+
+
+def _where_int(node: PyNode) -> torch.Tensor:
+    c, x, y = node.inputs
+    out = node.outputs[0]
+    qmin, qmax = out_range(out)
+    zp_out = tensor_zp(out)
+    (m_x, m_y), (n_x, n_y) = _int_list(node, "scale_value", 2), _int_list(node, "shift_value", 2)
+    vx = torch.clamp(round_shift(_offset_int(x) * m_x, n_x) - zp_out, qmin, qmax)
+    vy = torch.clamp(round_shift(_offset_int(y) * m_y, n_y) - zp_out, qmin, qmax)
+    return torch.where(_offset_int(c) != 0, vx, vy)
+
+
+# ------------------------------------------------------------------------------------------------ Div
+@op_register(OpType.Div)
+def div_forward(self: PyNode) -> None:
+    xs = [t.betensor for t in self.inputs]
+    _check_inputs(self, 2, xs)
+    if self.quantized:
+        self.outputs[0].betensor = _div_int(self)
+        return
+    self.outputs[0].betensor = xs[0].to(torch.float32) / xs[1].to(torch.float32)
+
+
+def reciprocal_table(index_bits: int, frac_bits: int) -> torch.Tensor:
+    """recip[0] = 0, recip[i] = round_half_even(2^frac_bits / i) for 1 <= i < 2^index_bits, exact (python ints)."""
+    values = [0]
+    for i in range(1, 2 ** index_bits):
+        q, r = divmod(1 << frac_bits, i)
+        values.append(q + (1 if 2 * r > i or (2 * r == i and q % 2 == 1) else 0))
+    return torch.tensor(values, dtype=torch.int64)
+
+
+@quant_register(OpType.Div)
+def div_quantize(self: PyNode) -> None:
+    """Output params from calibration (signed if an input is signed); `lut` (uint32, 2^t entries with
+    t = min(bits of max|divisor + zp|, lut_items_in_bits)) holds reciprocals with `reciprocal_shift` P = t + 15
+    fraction bits; `scale_value/shift_value` approximate s_out * s_divisor / s_dividend."""
+    if len(self.inputs) != 2:
+        raise self._error(f"expects 2 inputs, got {len(self.inputs)}")
+    check_quantized_inputs(self, self.inputs)
+    a, b = self.inputs
+    out = self.outputs[0]
+    quantize_activation(self, out, is_signed(a) or is_signed(b))
+    t = max(1, min(offset_absmax(b).bit_length(), int(layer_settings(self).lut_items_in_bits)))
+    frac = t + DIV_RECIPROCAL_EXTRA_BITS
+    table = reciprocal_table(t, frac)
+    set_constant(self, "lut", table, Dtype.UINT32)
+    constants_first(self, ["lut"])
+    self.params["reciprocal_shift"] = frac
+    ratio = _f32_ratio(tensor_scale(out), 1.0) * _f32_ratio(tensor_scale(b), tensor_scale(a))
+    _pop_requant(self)
+    store_requant(self, *requant_scale_shift(self, ratio))
+    m, _ = requant_of(self)
+    check_int64_bound(self, offset_absmax(a) * int(table.max()) * int(m), "dividend x reciprocal x M")
+
+
+def _bit_length(v: torch.Tensor) -> torch.Tensor:
+    """Bit length of non-negative int64 values below 2^53 (0 for 0), exact via frexp of the float64 value."""
+    _, e = torch.frexp(v.to(torch.float64))
+    return torch.where(v > 0, e.to(torch.int64), torch.zeros_like(v))
+
+
+def _div_int(node: PyNode) -> torch.Tensor:
+    a, b = node.inputs
+    out = node.outputs[0]
+    table = node.get_constant("lut").betensor.to(torch.int64).flatten()
+    size = table.numel()
+    t = size.bit_length() - 1
+    if size < 2 or 2 ** t != size:
+        raise node._error(f"Div needs a reciprocal 'lut' of 2^t entries (t >= 1), got {size}")
+    frac = int(node.get_param("reciprocal_shift"))
+    m, n = requant_of(node)
+    if not isinstance(m, int):
+        raise node._error("quantized Div needs a per-tensor scale_value/shift_value")
+    check_int64_bound(node, offset_absmax(a) * int(table.max()) * abs(m), "dividend x reciprocal x M")
+    x, y = _offset_int(a), _offset_int(b)
+    d = y.abs()
+    e = torch.clamp(_bit_length(d) - t, min=0)
+    half = torch.where(e > 0, torch.ones_like(e) << torch.clamp(e - 1, min=0), torch.zeros_like(e))
+    idx = (d + half) >> e
+    carry = idx >= size
+    idx = torch.where(carry, torch.full_like(idx, size // 2), idx)
+    e = e + carry.to(torch.int64)
+    z = torch.sign(y) * x * table[idx]
+    qmin, qmax = out_range(out)
+    return torch.clamp(round_shift(z * m, n + frac + e) - tensor_zp(out), qmin, qmax)
+
+
+# ------------------------------------------------------------------------------------------------ Pow
+def _exponent(node: PyNode) -> float:
+    value = node.get_param("exponent")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise node._error(f"parameter 'exponent' must be a number, got {value!r}") from None
+
+
+@op_register(OpType.Pow)
+def pow_forward(self: PyNode) -> None:
+    xs = [t.betensor for t in self.inputs]
+    if "exponent" in self.params:
+        _check_inputs(self, 1, xs[:1])
+        if self.quantized:
+            self.outputs[0].betensor = _pow_int(self)
+            return
+        self.outputs[0].betensor = torch.pow(xs[0].to(torch.float32), _exponent(self))
+        return
+    _check_inputs(self, 2, xs)
+    if self.quantized:
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): a quantized Pow needs the `exponent` param")
+    self.outputs[0].betensor = torch.pow(xs[0].to(torch.float32), xs[1].to(torch.float32))
+
+
+def _pow_function(p: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x^p in float32; undefined values (negative base, non-integer exponent) become 0, infinities saturate."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.nan_to_num(torch.pow(x, p), nan=0.0)
+    return fn
+
+
+@quant_register(OpType.Pow)
+def pow_quantize(self: PyNode) -> None:
+    """Constant exponent (`exponent` param): a `lut` over the input range, as the LUT activations. Signed output
+    iff the input is signed and the exponent is an odd integer."""
+    if "exponent" not in self.params:
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): quantizing Pow with the exponent as a second "
+                               "input tensor is not supported; write a constant exponent as the `exponent` param")
+    p = _exponent(self)
+    if len(self.inputs) != 1:
+        raise self._error(f"Pow with an `exponent` param expects 1 input, got {len(self.inputs)}")
+    check_quantized_inputs(self, self.inputs)
+    inp, out = self.inputs[0], self.outputs[0]
+    odd = float(p).is_integer() and int(p) % 2 == 1
+    quantize_activation(self, out, is_signed(inp) and odd)
+    in_qmin, in_qmax = out_range(inp)
+    out_qmin, out_qmax = out_range(out)
+    table = build_lut(_pow_function(p), tensor_scale(inp), tensor_zp(inp), in_qmin, in_qmax, range_bits(inp),
+                      tensor_scale(out), tensor_zp(out), out_qmin, out_qmax,
+                      lut_items_in_bits=int(layer_settings(self).lut_items_in_bits))
+    set_constant(self, "lut", table, out.dtype)
+    constants_first(self, ["lut"])
+
+
+def _pow_int(node: PyNode) -> torch.Tensor:
+    inp, out = node.inputs[0], node.outputs[0]
+    lut = node.get_constant("lut")
+    in_qmin, _ = out_range(inp)
+    y = lookup_lut(int_value(inp), lut.betensor, in_qmin, range_bits(inp), lut.dtype.bits, lut.dtype.is_signed,
+                   in_restricted=is_restricted(inp))
+    qmin, qmax = out_range(out)
+    return torch.clamp(y, qmin, qmax)
+
+
+# ------------------------------------------------------------------------------------------------ SquaredDifference
+@op_register(OpType.SquaredDifference)
+def squared_difference_forward(self: PyNode) -> None:
+    xs = [t.betensor for t in self.inputs]
+    _check_inputs(self, 2, xs)
+    if self.quantized:
+        self.outputs[0].betensor = _sqd_int(self)
+        return
+    d = xs[0].to(torch.float32) - xs[1].to(torch.float32)
+    self.outputs[0].betensor = d * d
+
+
+@quant_register(OpType.SquaredDifference)
+def squared_difference_quantize(self: PyNode) -> None:
+    """Unsigned output from calibration. The aligned difference D = (a+zp_a)·M_a − (b+zp_b)·M_b is rounded right by
+    `diff_shift` k, squared and requantized: `scale_value=[M, M_a, M_b]`, `shift_value=N` for
+    s_out·4^k / K² with K = sqrt(s_a·M_a·s_b·M_b) (the common scale of D)."""
+    if len(self.inputs) != 2:
+        raise self._error(f"expects 2 inputs, got {len(self.inputs)}")
+    check_quantized_inputs(self, self.inputs)
+    a, b = self.inputs
+    out = self.outputs[0]
+    s = layer_settings(self)
+    _pop_requant(self)
+    if a.qinvariant and b.qinvariant:
+        set_integer_output(self, out, False, [a.qbits or 8, b.qbits or 8])
+    else:
+        quantize_activation(self, out, False)
+    m_a, m_b = _align_multipliers(self, a, b)
+    dmax = offset_absmax(a) * m_a + offset_absmax(b) * m_b
+    k = max(0, dmax.bit_length() - SQD_DIFF_BITS)
+    common = math.sqrt(tensor_scale(a) * m_a * tensor_scale(b) * m_b)
+    ratio = tensor_scale(out) * 4.0 ** k / (common * common)
+    m, n, mt, nt = scale_shift(ratio, s.mult_bits, force_shift_positive=s.force_shift_positive,
+                               shift_limit=WIDE_SHIFT_MAX)
+    self.params["scale_value"] = [int(m), m_a, m_b]
+    self.params["shift_value"] = int(n)
+    self.params["scale_type"] = [mt, Dtype.UINT16, Dtype.UINT16]
+    self.params["shift_type"] = range_dtype(min(int(n), 0), max(int(n), 0), force_signed=True)
+    self.params["diff_shift"] = k
+    dq = ((dmax >> k) + 1) if k else dmax
+    check_int64_bound(self, dq * dq * int(m), "squared difference times M")
+
+
+def _sqd_int(node: PyNode) -> torch.Tensor:
+    a, b = node.inputs
+    out = node.outputs[0]
+    m, m_a, m_b = _int_list(node, "scale_value", 3)
+    n = int(node.get_param("shift_value"))
+    k = int(node.get_param("diff_shift"))
+    dmax = offset_absmax(a) * m_a + offset_absmax(b) * m_b
+    dq = ((dmax >> k) + 1) if k else dmax
+    check_int64_bound(node, dq * dq * m, "squared difference times M")
+    d = round_shift(_offset_int(a) * m_a - _offset_int(b) * m_b, k)
+    qmin, qmax = out_range(out)
+    return torch.clamp(round_shift(d * d * m, n) - tensor_zp(out), qmin, qmax)
+
+
+# ------------------------------------------------------------------------------------------------ catalog
+_BINARY = "docs/semantics/binary.md"
+describe_op("Div", params="(two inputs, numpy broadcasting)",
+            integer="dividend × reciprocal LUT of |divisor| (normalized), one multiplier/shift",
+            semantics=f"{_BINARY}#div")
+describe_op("Pow", params="exponent (constant; a second input tensor is float only)",
+            integer="LUT over the input range", semantics=f"{_BINARY}#pow")
+describe_op("Mod", params="fmod=false|true",
+            integer="exact remainder of the Eltwise-aligned integers, one multiplier/shift",
+            semantics=f"{_BINARY}#mod")
+describe_op("DivMod", params="mode=FLOOR|TRUNC (two outputs: quotient, remainder)",
+            integer="exact integer quotient/remainder (integer inputs only)",
+            dtypes="int8/uint8/int16/uint16/int32 → same (scale 1)", semantics=f"{_BINARY}#divmod")
+describe_op("SquaredDifference", params="(two inputs, numpy broadcasting)",
+            integer="aligned exact difference, squared, one multiplier/shift", semantics=f"{_BINARY}#squareddifference")
+describe_op("Where", params="(condition, x, y; numpy broadcasting)",
+            integer="both value branches requantized to the output; select on condition + zp != 0",
+            semantics=f"{_BINARY}#where")
+describe_op("Logical", params="method=" + "|".join(LOGICAL_METHODS),
+            integer="exact comparison on Eltwise-aligned integers / nonzero tests → 0/1",
+            dtypes="any → uint8 0/1 (scale 1)", semantics=f"{_BINARY}#logical")
+describe_op("Bitwise", params="method=AND|OR|XOR|NOT", integer="two's-complement bit operations (integer inputs only)",
+            dtypes="int8/uint8/int16/uint16/int32 → same (scale 1)", semantics=f"{_BINARY}#bitwise")
+describe_op("BitShift", params="direction=LEFT|RIGHT", integer="shift, wrapped to the output type (integer inputs "
+            "only)", dtypes="int8/uint8/int16/uint16/int32 → same (scale 1)", semantics=f"{_BINARY}#bitshift")

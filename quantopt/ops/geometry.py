@@ -1,0 +1,766 @@
+"""Geometry, resampling and layout ops on channels-last (NHWC) activations.
+
+Resampling: Resize/Interp (nearest with the ONNX nearest modes, linear, cubic; half_pixel, align_corners,
+asymmetric, pytorch_half_pixel, tf_half_pixel_for_nn coordinates) and GridSample (bilinear/nearest; zeros, border,
+reflection padding). Layout: DepthToSpace, SpaceToDepth, SpaceToBatch, BatchToSpace, ChannelShuffle, Crop, Tile,
+Repeat, ReverseSequence.
+
+Quantized, every op keeps its input's scale/zero point/dtype (upstream does the same). Layout ops move the integers
+exactly; padded cells hold the quantized float 0. Resize computes its source coordinates exactly (rational
+arithmetic, once per axis) and interpolates with `interp_shift_value`-bit fixed-point weights that sum to exactly
+2^interp_shift_value per axis, so the result is one exact int64 sum and one round-half-even shift and needs no
+zero point. GridSample turns the quantized grid into fixed-point pixel coordinates with an integer multiplier/shift
+of the grid's scale. docs/semantics/geometry.md gives the bit-exact integer semantics.
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.optype import OpType
+from ..graph.tensor import PyTensor
+from ..ir.dtype import Dtype
+from ..quant.hardware import AIFF_MULTIPLIER_BITS, INTERP_FRACTION_BITS
+from ..quant.requant import scale_shift
+from ..quant.rounding import round_shift
+from ..registry import op_register, quant_register
+from ._eltwise_int import check_int64_bound, offset_absmax
+from ._quant import (
+    check_quantized_inputs,
+    copy_params,
+    int_value,
+    out_range,
+    requant_of,
+    store_requant,
+    tensor_scale,
+    tensor_zp,
+)
+from ._shared import axis_param, bool_param
+from .catalog import PASSTHROUGH_DTYPES, describe_op
+
+_MISSING = object()
+SEMANTICS = "docs/semantics/geometry.md"
+
+GRID_MULTIPLIER_BITS: int = AIFF_MULTIPLIER_BITS
+"""Bits of the integer multiplier that approximates 1 / grid_scale (GridSample): the widest multiplier the hardware
+takes, because a coordinate error of W * 2^-bits pixels must stay small for wide feature maps."""
+
+INTERP_SHIFT_TYPE: Dtype = Dtype.INT8
+"""IR dtype written as `interp_shift_type` (upstream's SHIFT_DTYPE)."""
+
+
+# ------------------------------------------------------------------------------------------------ param helpers
+def _int_param(node: PyNode, key: str, default: Any = _MISSING, minimum: Optional[int] = 1) -> int:
+    value = node.get_param(key, optional=default is not _MISSING,
+                           default_value=None if default is _MISSING else default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise node._error(f"parameter '{key}' must be an integer, got {value!r}")
+    if minimum is not None and int(value) < minimum:
+        raise node._error(f"parameter '{key}' must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _int_list(node: PyNode, key: str, value: Any) -> List[int]:
+    if not isinstance(value, (list, tuple)):
+        raise node._error(f"parameter '{key}' must be a list of integers, got {value!r}")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
+            raise node._error(f"parameter '{key}' must be a list of integers, got {value!r}")
+        out.append(int(v))
+    return out
+
+
+def _rank(node: PyNode, x: torch.Tensor, ranks: Sequence[int]) -> None:
+    if x.dim() not in ranks:
+        want = " or ".join(f"{r}-D" for r in ranks)
+        raise node._error(f"input must be {want} (channels last), got shape {list(x.shape)}")
+
+
+def _quantized_zero(t: PyTensor) -> int:
+    """The integer that stands for float 0 in `t`: clamp(-zp, qmin, qmax)."""
+    qmin, qmax = out_range(t)
+    return min(max(-tensor_zp(t), qmin), qmax)
+
+
+def _check_per_tensor(node: PyNode, t: PyTensor) -> None:
+    for what in ("scale", "zerop"):
+        v = getattr(t, what)
+        if isinstance(v, torch.Tensor) and v.numel() > 1:
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): input '{t.name}' has per-channel "
+                                   "quantization; this op needs per-tensor scale and zero point")
+
+
+def _check_integer_input(node: PyNode, t: PyTensor, what: str) -> None:
+    if not t.qinvariant:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): the {what} input '{t.name}' must be an integer "
+                               "tensor (scale 1, zero point 0); a quantized float tensor is not supported")
+
+
+def _passthrough_quantize(node: PyNode) -> None:
+    """Data movement: every output carries the first input's params unchanged."""
+    check_quantized_inputs(node, node.inputs[:1])
+    _check_per_tensor(node, node.inputs[0])
+    for out in node.outputs:
+        copy_params(out, node.inputs[0])
+
+
+# ================================================================================================ Resize / Interp
+RESIZE_METHODS = {"nearest": "nearest", "bilinear": "linear", "linear": "linear", "trilinear": "linear",
+                  "bicubic": "cubic", "cubic": "cubic"}
+RESIZE_MODES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel", "tf_half_pixel_for_nn")
+UNSUPPORTED_RESIZE_MODES = ("half_pixel_symmetric", "tf_crop_and_resize")
+NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple")
+CUBIC_COEFF_A_DEFAULT = -0.75
+RATIO_KEYS = ("ratio_x", "ratio_y", "ratio_z")  # last spatial axis first
+HALF = Fraction(1, 2)
+
+
+def _resize_method(node: PyNode) -> str:
+    raw = str(node.get_param("method")).strip().lower()
+    if raw == "area":
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): method AREA is not supported (NEAREST, "
+                               "BILINEAR/LINEAR and BICUBIC are)")
+    if raw not in RESIZE_METHODS:
+        raise node._error(f"unknown resize method '{raw.upper()}' (expected NEAREST, BILINEAR, LINEAR or BICUBIC)")
+    return RESIZE_METHODS[raw]
+
+
+def _resize_mode(node: PyNode) -> str:
+    mode = str(node.get_param("mode", optional=True, default_value="half_pixel")).strip().lower()
+    if mode in UNSUPPORTED_RESIZE_MODES:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): coordinate mode {mode.upper()} is not "
+                               f"supported (supported: {', '.join(m.upper() for m in RESIZE_MODES)})")
+    if mode not in RESIZE_MODES:
+        raise node._error(f"unknown coordinate mode '{mode.upper()}' "
+                          f"(expected one of {', '.join(m.upper() for m in RESIZE_MODES)})")
+    return mode
+
+
+def _nearest_mode(node: PyNode) -> str:
+    mode = str(node.get_param("nearest_mode", optional=True, default_value="round_prefer_floor")).strip().lower()
+    if mode not in NEAREST_MODES:
+        raise node._error(f"unknown nearest_mode '{mode.upper()}' "
+                          f"(expected one of {', '.join(m.upper() for m in NEAREST_MODES)})")
+    return mode
+
+
+def _cubic_params(node: PyNode) -> Fraction:
+    if bool_param(node, "exclude_outside", False):
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): cubic resize with exclude_outside=true is not "
+                               "supported")
+    a = node.get_param("cubic_coeff_a", optional=True, default_value=CUBIC_COEFF_A_DEFAULT)
+    if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(float(a)):
+        raise node._error(f"parameter 'cubic_coeff_a' must be a number, got {a!r}")
+    return Fraction(float(a))
+
+
+def _resize_axes(node: PyNode, x: torch.Tensor) -> List[Tuple[int, int, int, Optional[Fraction]]]:
+    """(axis, input size, output size, exact ratio or None) for every spatial axis of a channels-last input."""
+    if x.dim() < 3 or x.dim() > 5:
+        raise node._error(f"input must be 3-D [N,W,C], 4-D [N,H,W,C] or 5-D [N,D,H,W,C], got {list(x.shape)}")
+    rank = x.dim()
+    spatial = list(range(1, rank - 1))
+    if bool_param(node, "antialias", False):
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): antialias resize is not supported")
+    size = node.get_param("size", optional=True, default_value=None)
+    if size is not None:
+        size = _int_list(node, "size", size)
+        if len(size) == rank:
+            sizes = [size[a] for a in spatial]
+        elif len(size) == len(spatial):
+            sizes = list(size)
+        else:
+            raise node._error(f"parameter 'size' {size} does not match a {rank}-D input")
+    else:
+        ir = list(node.outputs[0].ir_shape or ())
+        if len(ir) != rank:
+            raise node._error(f"output shape {ir} does not match the {rank}-D input and no 'size' is given")
+        sizes = [int(ir[a]) for a in spatial]
+    axes = []
+    for pos, a in enumerate(spatial):
+        key = RATIO_KEYS[len(spatial) - 1 - pos]
+        ratio = node.get_param(key, optional=True, default_value=None)
+        r: Optional[Fraction] = None
+        if ratio is not None:
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(float(ratio)) \
+                    or float(ratio) < 0:
+                raise node._error(f"parameter '{key}' must be a positive number, got {ratio!r}")
+            r = Fraction(float(ratio)) if float(ratio) > 0 else None
+        if sizes[pos] < 1:
+            raise node._error(f"output size {sizes[pos]} along axis {a} must be >= 1")
+        if x.shape[a] < 1:
+            raise node._error(f"input size along axis {a} must be >= 1")
+        axes.append((a, int(x.shape[a]), int(sizes[pos]), r))
+    return axes
+
+
+def resize_source_coordinate(mode: str, i: int, in_size: int, out_size: int, ratio: Optional[Fraction]) -> Fraction:
+    """Exact source coordinate of output index `i` (docs: Resize coordinate table). `ratio` = out/in scale factor;
+    when absent the sizes give it."""
+    step = (1 / ratio) if ratio else Fraction(in_size, out_size)
+    if mode == "align_corners":
+        return Fraction(i * (in_size - 1), out_size - 1) if out_size > 1 else Fraction(0)
+    if mode == "asymmetric":
+        return i * step
+    if mode == "tf_half_pixel_for_nn":
+        return (i + HALF) * step
+    if mode == "pytorch_half_pixel" and out_size <= 1:
+        return Fraction(0)
+    return (i + HALF) * step - HALF  # half_pixel, pytorch_half_pixel
+
+
+def _nearest_index(src: Fraction, nearest_mode: str, downsample: bool) -> int:
+    if nearest_mode == "round_prefer_floor":
+        return math.ceil(src - HALF)
+    if nearest_mode == "round_prefer_ceil":
+        return math.floor(src + HALF)
+    if nearest_mode == "floor":
+        return math.floor(src)
+    if nearest_mode == "ceil":
+        return math.ceil(src)
+    return math.ceil(src) if downsample else int(src)  # simple: truncation toward zero when upsampling
+
+
+def _cubic_kernel(d: Fraction, a: Fraction) -> Fraction:
+    d = abs(d)
+    if d <= 1:
+        return (a + 2) * d ** 3 - (a + 3) * d ** 2 + 1
+    if d < 2:
+        return a * d ** 3 - 5 * a * d ** 2 + 8 * a * d - 4 * a
+    return Fraction(0)
+
+
+def resize_axis_taps(method: str, mode: str, nearest_mode: str, in_size: int, out_size: int,
+                     ratio: Optional[Fraction], cubic_a: Fraction) -> Tuple[List[List[int]], List[List[Fraction]]]:
+    """Per output index: the input indices it reads and their exact weights (1, 2 or 4 taps)."""
+    idx: List[List[int]] = []
+    wts: List[List[Fraction]] = []
+    last = in_size - 1
+    for i in range(out_size):
+        src = resize_source_coordinate(mode, i, in_size, out_size, ratio)
+        if method == "nearest":
+            idx.append([min(max(_nearest_index(src, nearest_mode, out_size < in_size), 0), last)])
+            wts.append([Fraction(1)])
+        elif method == "linear":
+            c = min(max(src, Fraction(0)), Fraction(last))
+            i0 = math.floor(c)
+            lam = c - i0
+            idx.append([i0, min(i0 + 1, last)])
+            wts.append([1 - lam, lam])
+        else:
+            i0 = math.floor(src)
+            t = src - i0
+            idx.append([min(max(i0 + k, 0), last) for k in (-1, 0, 1, 2)])
+            wts.append([_cubic_kernel(t + 1, cubic_a), _cubic_kernel(t, cubic_a), _cubic_kernel(1 - t, cubic_a),
+                        _cubic_kernel(2 - t, cubic_a)])
+    return idx, wts
+
+
+def resize_int_weights(method: str, weights: List[List[Fraction]], shift: int) -> List[List[int]]:
+    """Fixed-point weights with `shift` fraction bits summing to exactly 2^shift per output index.
+
+    linear: l = round_half_even(lambda * 2^shift), weights (2^shift - l, l). cubic: each weight rounded half to even,
+    the remainder 2^shift - sum added to the larger of the two central taps (tap 1 on a tie)."""
+    one = 1 << shift
+    out = []
+    for w in weights:
+        if method == "linear":
+            b = round(w[1] * one)
+            out.append([one - b, b])
+        elif method == "cubic":
+            q = [round(v * one) for v in w]
+            q[1 if w[1] >= w[2] else 2] += one - sum(q)
+            out.append(q)
+        else:
+            out.append([one])
+    return out
+
+
+def _resize_plan(node: PyNode, x: torch.Tensor, shift: Optional[int]) -> Tuple[str, List[Tuple[int, torch.Tensor,
+                                                                                              torch.Tensor]]]:
+    """(method, [(axis, index [out, T] int64, weights [out, T])]) with float64 weights (shift None) or int64
+    fixed-point weights; cached on the layer per geometry."""
+    method = _resize_method(node)
+    mode = _resize_mode(node)
+    nearest_mode = _nearest_mode(node) if method == "nearest" else ""
+    cubic_a = _cubic_params(node) if method == "cubic" else Fraction(0)
+    plan = []
+    cache: Dict[Any, Any] = node.attrs.setdefault("_resize_taps", {})
+    for axis, n_in, n_out, ratio in _resize_axes(node, x):
+        key = (method, mode, nearest_mode, n_in, n_out, ratio, cubic_a, shift)
+        if key not in cache:
+            idx, wts = resize_axis_taps(method, mode, nearest_mode, n_in, n_out, ratio, cubic_a)
+            if shift is None:
+                w = torch.tensor([[float(v) for v in row] for row in wts], dtype=torch.float64)
+            else:
+                w = torch.tensor(resize_int_weights(method, wts, shift), dtype=torch.int64)
+            cache[key] = (torch.tensor(idx, dtype=torch.int64), w)
+        idx_t, w_t = cache[key]
+        plan.append((axis, idx_t.to(x.device), w_t.to(x.device)))
+    return method, plan
+
+
+def _gather_axis(x: torch.Tensor, axis: int, idx: torch.Tensor, w: Optional[torch.Tensor]) -> torch.Tensor:
+    """y[..., o, ...] = sum_t w[o, t] * x[..., idx[o, t], ...] along `axis` (plain gather when w is None)."""
+    n_out, taps = idx.shape
+    g = x.index_select(axis, idx.reshape(-1))
+    shape = list(x.shape)
+    shape[axis:axis + 1] = [n_out, taps]
+    g = g.reshape(shape)
+    if w is None:
+        return g.squeeze(axis + 1)
+    wshape = [1] * len(shape)
+    wshape[axis], wshape[axis + 1] = n_out, taps
+    return (g * w.reshape(wshape).to(g.dtype)).sum(axis + 1)
+
+
+def _interp_shift(node: PyNode) -> int:
+    return _int_param(node, "interp_shift_value", minimum=0)
+
+
+@op_register([OpType.Resize, OpType.Interp])
+def resize_forward(self: PyNode) -> None:
+    x = self.inputs[0].betensor
+    if self.quantized:
+        self.outputs[0].betensor = resize_int_forward(self)
+        return
+    x = x if x.is_floating_point() else x.to(torch.float32)
+    method, plan = _resize_plan(self, x, None)
+    y = x
+    for axis, idx, w in plan:
+        y = _gather_axis(y, axis, idx, None if method == "nearest" else w.to(x.dtype))
+    self.outputs[0].betensor = y.contiguous()
+
+
+def resize_int_forward(node: PyNode) -> torch.Tensor:
+    """Nearest: gather. Linear/cubic: exact int64 separable sum with S-bit weights per axis, then
+    round_half_even(acc / 2^(S * axes)), clamp to [qmin, qmax] (docs/semantics/geometry.md#resize-and-interp)."""
+    inp = node.inputs[0]
+    x = int_value(inp)
+    method = _resize_method(node)
+    shift = _interp_shift(node) if method != "nearest" else 0
+    method, plan = _resize_plan(node, x, shift)
+    qmin, qmax = out_range(node.outputs[0])
+    if method == "nearest":
+        y = x
+        for axis, idx, _ in plan:
+            y = _gather_axis(y, axis, idx, None)
+        return torch.clamp(y, qmin, qmax).contiguous()
+    lo, hi = out_range(inp)
+    growth = 1
+    for _, _, w in plan:
+        growth *= int(w.abs().sum(dim=1).max())
+    check_int64_bound(node, max(abs(lo), abs(hi)) * growth, "interpolation sum")
+    acc = x
+    for axis, idx, w in plan:
+        acc = _gather_axis(acc, axis, idx, w)
+    y = round_shift(acc, shift * len(plan))
+    return torch.clamp(y, qmin, qmax).contiguous()
+
+
+@quant_register([OpType.Resize, OpType.Interp])
+def resize_quantize(self: PyNode) -> None:
+    """The output keeps the input's params (upstream). Linear and cubic store `interp_shift_value` = 13 fraction
+    bits of the interpolation weights (0 for nearest, as upstream) and `interp_shift_type` int8."""
+    method = _resize_method(self)
+    _resize_mode(self)
+    if method == "nearest":
+        _nearest_mode(self)
+    if method == "cubic":
+        _cubic_params(self)
+    _passthrough_quantize(self)
+    self.params["interp_shift_value"] = INTERP_FRACTION_BITS if method != "nearest" else 0
+    self.params["interp_shift_type"] = INTERP_SHIFT_TYPE
+
+
+# ================================================================================================ GridSample
+GRID_METHODS = ("bilinear", "nearest")
+GRID_PADDING = ("zeros", "border", "reflection")
+
+
+def _grid_params(node: PyNode) -> Tuple[str, str, bool]:
+    method = str(node.get_param("method", optional=True, default_value="bilinear")).strip().lower()
+    if method in ("bicubic", "cubic"):
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): method BICUBIC is not supported "
+                               "(BILINEAR and NEAREST are)")
+    if method not in GRID_METHODS:
+        raise node._error(f"unknown GridSample method '{method.upper()}' (expected BILINEAR or NEAREST)")
+    padding = str(node.get_param("padding_mode", optional=True, default_value="zeros")).strip().lower()
+    if padding not in GRID_PADDING:
+        raise node._error(f"unknown padding_mode '{padding.upper()}' (expected ZEROS, BORDER or REFLECTION)")
+    return method, padding, bool_param(node, "align_corners", False)
+
+
+def _grid_inputs(node: PyNode) -> Tuple[torch.Tensor, torch.Tensor]:
+    if len(node.inputs) != 2:
+        raise node._error(f"GridSample needs 2 inputs (feature, grid), got {len(node.inputs)}")
+    x, g = node.inputs[0].betensor, node.inputs[1].betensor
+    if x.dim() == 5:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): 5-D (volumetric) GridSample is not supported")
+    _rank(node, x, (4,))
+    if g.dim() != 4 or g.shape[-1] != 2 or g.shape[0] != x.shape[0]:
+        raise node._error(f"grid must be [N, H_out, W_out, 2] with the feature's batch {x.shape[0]}, got "
+                          f"{list(g.shape)}")
+    return x, g
+
+
+@op_register(OpType.GridSample)
+def gridsample_forward(self: PyNode) -> None:
+    method, padding, align = _grid_params(self)
+    x, g = _grid_inputs(self)
+    if self.quantized:
+        self.outputs[0].betensor = gridsample_int_forward(self, method, padding, align)
+        return
+    x = x if x.is_floating_point() else x.to(torch.float32)
+    y = F.grid_sample(x.permute(0, 3, 1, 2), g.to(x.dtype), mode=method, padding_mode=padding, align_corners=align)
+    self.outputs[0].betensor = y.permute(0, 2, 3, 1).contiguous()
+
+
+def grid_fixed_coordinate(g: torch.Tensor, size: int, multiplier: int, shift: int, frac: int,
+                          align: bool) -> torch.Tensor:
+    """Pixel coordinate * 2^frac, rounded half to even, from G = (g_q + zp_g) * multiplier, gx = G * 2^-shift:
+    ix = (gx + 1) * A / 2 - B / 2 with (A, B) = (size - 1, 0) if align_corners else (size, 1)."""
+    a, b = (size - 1, 0) if align else (size, 1)
+    e = max(shift, 0)
+    num = g * multiplier * a * (1 << (e - shift)) + (a - b) * (1 << e)
+    return round_shift(num, e + 1 - frac)
+
+
+def _grid_pad_coordinate(c: torch.Tensor, size: int, frac: int, padding: str, align: bool) -> torch.Tensor:
+    """border: clip to [0, (size-1) * 2^frac]; reflection: reflect about the edges (align: pixel centres 0 and
+    size-1; else the borders -1/2 and size-1/2), then clip; zeros: unchanged."""
+    top = (size - 1) << frac
+    if padding == "zeros":
+        return c
+    if padding == "reflection":
+        twice_low, twice_high = (0, 2 * (size - 1)) if align else (-1, 2 * size - 1)
+        if twice_low == twice_high:
+            return torch.zeros_like(c)
+        low = twice_low << (frac - 1)
+        span = (twice_high - twice_low) << (frac - 1)
+        v = (c - low).abs()
+        flips = torch.div(v, span, rounding_mode="floor")
+        extra = v - flips * span
+        c = torch.where(flips % 2 == 0, extra + low, span - extra + low)
+    return torch.clamp(c, 0, top)
+
+
+def _gather_pixels(x: torch.Tensor, yi: torch.Tensor, xi: torch.Tensor, fill: int) -> torch.Tensor:
+    """x [N,H,W,C] at integer pixel (yi, xi) [N,Ho,Wo]; `fill` outside the image."""
+    n, h, w, c = x.shape
+    valid = (yi >= 0) & (yi < h) & (xi >= 0) & (xi < w)
+    lin = (torch.clamp(yi, 0, h - 1) * w + torch.clamp(xi, 0, w - 1)).reshape(n, -1, 1).expand(-1, -1, c)
+    v = torch.gather(x.reshape(n, h * w, c), 1, lin).reshape(*yi.shape, c)
+    return torch.where(valid.unsqueeze(-1), v, torch.full_like(v, fill))
+
+
+def gridsample_int_forward(node: PyNode, method: str, padding: str, align: bool) -> torch.Tensor:
+    """Grid → fixed-point coordinates (multiplier/shift of 1/grid_scale, `interp_shift_value` fraction bits F),
+    then nearest (round half to even) or bilinear with F-bit weights: round_half_even(sum / 2^(2F)), clamp."""
+    inp, grid = node.inputs[0], node.inputs[1]
+    x = int_value(inp)
+    gq = int_value(grid) + tensor_zp(grid)
+    mult, shift = requant_of(node)
+    if not isinstance(mult, int):
+        raise node._error("quantized GridSample needs a per-tensor scale_value/shift_value")
+    frac = _interp_shift(node)
+    if frac < 1:
+        raise node._error(f"interp_shift_value must be >= 1 for GridSample, got {frac}")
+    n, h, w, _ = x.shape
+    e = max(shift, 0)
+    check_int64_bound(node, offset_absmax(grid) * abs(mult) * max(h, w) * (1 << (e - shift)) + max(h, w) * (1 << e),
+                      "grid coordinate numerator")
+    fill = _quantized_zero(inp)
+    ix = _grid_pad_coordinate(grid_fixed_coordinate(gq[..., 0], w, mult, shift, frac, align), w, frac, padding, align)
+    iy = _grid_pad_coordinate(grid_fixed_coordinate(gq[..., 1], h, mult, shift, frac, align), h, frac, padding, align)
+    qmin, qmax = out_range(node.outputs[0])
+    if method == "nearest":
+        y = _gather_pixels(x, round_shift(iy, frac), round_shift(ix, frac), fill)
+        return torch.clamp(y, qmin, qmax)
+    lo, hi = out_range(inp)
+    check_int64_bound(node, max(abs(lo), abs(hi), abs(fill)) << (2 * frac), "bilinear sum")
+    x0, y0 = ix >> frac, iy >> frac
+    lx, ly = ix - (x0 << frac), iy - (y0 << frac)
+    one = 1 << frac
+    acc = torch.zeros(*ix.shape, x.shape[-1], dtype=torch.int64, device=x.device)
+    for dy, wy in ((0, one - ly), (1, ly)):
+        for dx, wx in ((0, one - lx), (1, lx)):
+            acc = acc + (wy * wx).unsqueeze(-1) * _gather_pixels(x, y0 + dy, x0 + dx, fill)
+    return torch.clamp(round_shift(acc, 2 * frac), qmin, qmax)
+
+
+@quant_register(OpType.GridSample)
+def gridsample_quantize(self: PyNode) -> None:
+    """Output params copied from the feature (a bilinear mix or a copy of feature values, or float 0, never leaves
+    the feature's range). 1 / grid_scale as a 15-bit multiplier/shift (`scale_value`/`shift_value`), coordinates
+    with `interp_shift_value` = 13 fraction bits."""
+    _grid_params(self)
+    if len(self.inputs) != 2:
+        raise self._error(f"GridSample needs 2 inputs (feature, grid), got {len(self.inputs)}")
+    check_quantized_inputs(self, self.inputs)
+    _check_per_tensor(self, self.inputs[1])
+    _passthrough_quantize(self)
+    ratio = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(tensor_scale(self.inputs[1]), dtype=torch.float32)
+    store_requant(self, *scale_shift(ratio, GRID_MULTIPLIER_BITS))
+    self.params["interp_shift_value"] = INTERP_FRACTION_BITS
+    self.params["interp_shift_type"] = INTERP_SHIFT_TYPE
+
+
+# ================================================================================================ layout ops
+def _block_sizes(node: PyNode) -> Tuple[int, int]:
+    """(block_size_y, block_size_x); a single `block_size` serves both."""
+    common = node.get_param("block_size", optional=True, default_value=None)
+    by = _int_param(node, "block_size_y", common if common is not None else _MISSING)
+    bx = _int_param(node, "block_size_x", common if common is not None else _MISSING)
+    return by, bx
+
+
+@op_register(OpType.DepthToSpace)
+def depthtospace_forward(self: PyNode) -> None:
+    x = self.inputs[0].betensor
+    _rank(self, x, (4,))
+    by, bx = _block_sizes(self)
+    mode = str(self.get_param("mode", optional=True, default_value="DCR")).strip().upper()
+    n, h, w, c = x.shape
+    if c % (by * bx):
+        raise self._error(f"channels {c} are not a multiple of block_size_y * block_size_x = {by * bx}")
+    co = c // (by * bx)
+    if mode == "DCR":
+        y = x.reshape(n, h, w, by, bx, co).permute(0, 1, 3, 2, 4, 5)
+    elif mode == "CRD":
+        y = x.reshape(n, h, w, co, by, bx).permute(0, 1, 4, 2, 5, 3)
+    else:
+        raise self._error(f"unknown DepthToSpace mode '{mode}' (expected DCR or CRD)")
+    self.outputs[0].betensor = y.reshape(n, h * by, w * bx, co).contiguous()
+
+
+@op_register(OpType.SpaceToDepth)
+def spacetodepth_forward(self: PyNode) -> None:
+    x = self.inputs[0].betensor
+    _rank(self, x, (4,))
+    by, bx = _block_sizes(self)
+    n, h, w, c = x.shape
+    if h % by or w % bx:
+        raise self._error(f"spatial size {h}x{w} is not a multiple of the block {by}x{bx}")
+    y = x.reshape(n, h // by, by, w // bx, bx, c).permute(0, 1, 3, 2, 4, 5)
+    self.outputs[0].betensor = y.reshape(n, h // by, w // bx, by * bx * c).contiguous()
+
+
+def _pad_value(node: PyNode) -> float:
+    return float(_quantized_zero(node.inputs[0])) if node.quantized else 0.0
+
+
+@op_register(OpType.SpaceToBatch)
+def spacetobatch_forward(self: PyNode) -> None:
+    x = self.inputs[0].betensor
+    _rank(self, x, (4,))
+    by, bx = _block_sizes(self)
+    pads = [_int_param(self, k, 0, minimum=0) for k in ("pad_left", "pad_right", "pad_top", "pad_bottom")]
+    if any(pads):
+        y = F.pad(x, (0, 0, *pads), value=_pad_value(self))
+    else:
+        y = x
+    n, h, w, c = y.shape
+    if h % by or w % bx:
+        raise self._error(f"padded spatial size {h}x{w} is not a multiple of the block {by}x{bx}")
+    y = y.reshape(n, h // by, by, w // bx, bx, c).permute(2, 4, 0, 1, 3, 5)
+    self.outputs[0].betensor = y.reshape(by * bx * n, h // by, w // bx, c).contiguous()
+
+
+@op_register(OpType.BatchToSpace)
+def batchtospace_forward(self: PyNode) -> None:
+    x = self.inputs[0].betensor
+    _rank(self, x, (4,))
+    by, bx = _block_sizes(self)
+    crop_l, crop_r, crop_t, crop_b = (_int_param(self, k, 0, minimum=0)
+                                      for k in ("crop_left", "crop_right", "crop_top", "crop_bottom"))
+    n, h, w, c = x.shape
+    if n % (by * bx):
+        raise self._error(f"batch {n} is not a multiple of block_size_y * block_size_x = {by * bx}")
+    no = n // (by * bx)
+    y = x.reshape(by, bx, no, h, w, c).permute(2, 3, 0, 4, 1, 5).reshape(no, h * by, w * bx, c)
+    if crop_t + crop_b >= h * by or crop_l + crop_r >= w * bx:
+        raise self._error(f"crops remove the whole {h * by}x{w * bx} output")
+    self.outputs[0].betensor = y[:, crop_t:h * by - crop_b, crop_l:w * bx - crop_r, :].contiguous()
+
+
+@op_register(OpType.ChannelShuffle)
+def channelshuffle_forward(self: PyNode) -> None:
+    x = self.inputs[0].betensor
+    group = _int_param(self, "group")
+    splits = _int_param(self, "splits", 1)
+    c = x.shape[-1]
+    if c % group or c % splits:
+        raise self._error(f"channels {c} must be a multiple of group {group} and splits {splits}")
+    if len(self.outputs) != splits:
+        raise self._error(f"splits={splits} needs {splits} outputs, the layer has {len(self.outputs)}")
+    y = x.reshape(*x.shape[:-1], group, c // group).transpose(-1, -2).reshape(x.shape)
+    for out, part in zip(self.outputs, torch.split(y, c // splits, dim=-1)):
+        out.betensor = part.contiguous()
+
+
+@op_register(OpType.Crop)
+def crop_forward(self: PyNode) -> None:
+    """`crops=[[begin, end], ...]` per axis; [0, IR batch] on axis 0 keeps the whole actual batch."""
+    x = self.inputs[0].betensor
+    crops = self.get_param("crops")
+    if not isinstance(crops, (list, tuple)) or len(crops) != x.dim():
+        raise self._error(f"parameter 'crops' must hold one [begin, end] pair per axis of the {x.dim()}-D input")
+    pairs = [_int_list(self, "crops", c) for c in crops]
+    ir_batch = self.inputs[0].ir_shape[0] if self.inputs[0].ir_shape else None
+    if pairs and pairs[0] == [0, ir_batch]:
+        pairs[0] = [0, int(x.shape[0])]
+    index = []
+    for axis, pair in enumerate(pairs):
+        if len(pair) != 2 or not 0 <= pair[0] < pair[1] <= x.shape[axis]:
+            raise self._error(f"crop {pair} is out of range for axis {axis} of size {x.shape[axis]}")
+        index.append(slice(pair[0], pair[1]))
+    self.outputs[0].betensor = x[tuple(index)].contiguous()
+
+
+@op_register(OpType.Tile)
+def tile_forward(self: PyNode) -> None:
+    x = self.inputs[0].betensor
+    reps = _int_list(self, "repeats", self.get_param("repeats"))
+    if len(reps) < x.dim() or any(r < 1 for r in reps):
+        raise self._error(f"repeats {reps} must hold one positive count per axis of the {x.dim()}-D input")
+    self.outputs[0].betensor = x.repeat(*reps).contiguous()
+
+
+def _repeats(node: PyNode) -> torch.Tensor:
+    if len(node.inputs) >= 2:
+        t = node.inputs[1]
+        r = int_value(t) if node.quantized else t.betensor
+    else:
+        c = node.get_constant("repeats", optional=True)
+        if c is None:
+            raise node._error("Repeat needs its repeats as a second input or a 'repeats' constant")
+        r = c.betensor
+    if r.is_floating_point():
+        if not bool((r == torch.round(r)).all()):
+            raise node._error("repeats must be integers")
+    r = r.to(torch.int64).flatten()
+    if bool((r < 0).any()):
+        raise node._error("repeats must be non-negative")
+    return r
+
+
+@op_register(OpType.Repeat)
+def repeat_forward(self: PyNode) -> None:
+    """repeat_interleave along `axis` (flattened input when absent), then cut or padded with float 0 to the output
+    IR length along that axis (upstream's `max_dim`)."""
+    x = self.inputs[0].betensor
+    axis_p = self.get_param("axis", optional=True, default_value=None)
+    if axis_p is None:
+        x, axis = x.flatten(), 0
+    else:
+        axis = axis_param(self, axis_p, x.dim())
+    reps = _repeats(self).to(x.device)
+    if reps.numel() != x.shape[axis]:
+        raise self._error(f"{reps.numel()} repeats for an axis of size {x.shape[axis]}")
+    y = torch.repeat_interleave(x, reps, dim=axis)
+    ir = list(self.outputs[0].ir_shape or ())
+    if len(ir) == y.dim():
+        target = int(ir[axis])
+        if y.shape[axis] > target:
+            y = y.narrow(axis, 0, target)
+        elif y.shape[axis] < target:
+            pad_shape = list(y.shape)
+            pad_shape[axis] = target - y.shape[axis]
+            y = torch.cat([y, torch.full(pad_shape, _pad_value(self), dtype=y.dtype, device=y.device)], dim=axis)
+    self.outputs[0].betensor = y.contiguous()
+
+
+@op_register(OpType.ReverseSequence)
+def reversesequence_forward(self: PyNode) -> None:
+    """Reverse the first seq_len[b] entries along `time_axis` for every b along `batch_axis` (lengths clamped to
+    [0, T]; one length serves every b; no lengths input reverses everything)."""
+    x = self.inputs[0].betensor
+    batch_axis = axis_param(self, self.get_param("batch_axis", optional=True, default_value=0), x.dim())
+    time_axis = axis_param(self, self.get_param("time_axis", optional=True, default_value=1), x.dim())
+    if batch_axis == time_axis:
+        raise self._error("batch_axis and time_axis must differ")
+    b, t = x.shape[batch_axis], x.shape[time_axis]
+    if len(self.inputs) >= 2:
+        lens_t = self.inputs[1]
+        lens = (int_value(lens_t) if self.quantized else torch.round(lens_t.betensor.double())).to(torch.int64)
+        lens = lens.flatten().to(x.device)
+        if lens.numel() == 1:
+            lens = lens.expand(b)
+        elif lens.numel() != b:
+            raise self._error(f"{lens.numel()} sequence lengths for a batch of {b}")
+    else:
+        lens = torch.full((b,), t, dtype=torch.int64, device=x.device)
+    lens = torch.clamp(lens, 0, t)
+    steps = torch.arange(t, device=x.device)
+    idx = torch.where(steps[None, :] < lens[:, None], lens[:, None] - 1 - steps[None, :], steps[None, :])
+    shape = [1] * x.dim()
+    shape[batch_axis], shape[time_axis] = b, t
+    if batch_axis > time_axis:
+        idx = idx.t()
+    idx = idx.reshape(shape).expand(x.shape)
+    self.outputs[0].betensor = torch.gather(x, time_axis, idx).contiguous()
+
+
+@quant_register([OpType.DepthToSpace, OpType.SpaceToDepth, OpType.SpaceToBatch, OpType.BatchToSpace,
+                 OpType.ChannelShuffle, OpType.Crop, OpType.Tile])
+def layout_quantize(self: PyNode) -> None:
+    """Pure data movement: the outputs carry the input's params; SpaceToBatch pads with the quantized float 0."""
+    _passthrough_quantize(self)
+
+
+@quant_register(OpType.Repeat)
+def repeat_quantize(self: PyNode) -> None:
+    """Output params copied from the data input; the repeats input (if any) must be an integer tensor."""
+    if len(self.inputs) >= 2:
+        check_quantized_inputs(self, self.inputs[1:2])
+        _check_integer_input(self, self.inputs[1], "repeats")
+    _passthrough_quantize(self)
+
+
+@quant_register(OpType.ReverseSequence)
+def reversesequence_quantize(self: PyNode) -> None:
+    """Output params copied from the data input; the lengths input (if any) must be an integer tensor."""
+    if len(self.inputs) >= 2:
+        check_quantized_inputs(self, self.inputs[1:2])
+        _check_integer_input(self, self.inputs[1], "sequence lengths")
+    _passthrough_quantize(self)
+
+
+# ------------------------------------------------------------------------------------------------ catalog
+describe_op([OpType.Resize, OpType.Interp],
+            params="method=NEAREST|BILINEAR|LINEAR|BICUBIC, mode=HALF_PIXEL|ALIGN_CORNERS|ASYMMETRIC|"
+                   "PYTORCH_HALF_PIXEL|TF_HALF_PIXEL_FOR_NN, nearest_mode, size or ratio_x/ratio_y(/ratio_z), "
+                   "cubic_coeff_a",
+            integer="gather (nearest); exact separable sum with interp_shift_value-bit weights, one rounding shift",
+            dtypes=PASSTHROUGH_DTYPES, semantics=f"{SEMANTICS}#resize-and-interp")
+describe_op(OpType.GridSample, params="method=BILINEAR|NEAREST, padding_mode=ZEROS|BORDER|REFLECTION, align_corners",
+            integer="grid to fixed-point pixel coordinates (multiplier/shift), bilinear with 13-bit weights",
+            dtypes="feature: any quantized; grid: per-tensor quantized; output keeps the feature's params",
+            semantics=f"{SEMANTICS}#gridsample")
+describe_op([OpType.DepthToSpace, OpType.SpaceToDepth], params="block_size_x, block_size_y, mode=DCR|CRD",
+            integer="passthrough (data movement only)", dtypes=PASSTHROUGH_DTYPES,
+            semantics=f"{SEMANTICS}#depthtospace-and-spacetodepth")
+describe_op([OpType.SpaceToBatch, OpType.BatchToSpace],
+            params="block_size_x, block_size_y, pad_left/right/top/bottom | crop_left/right/top/bottom",
+            integer="passthrough (data movement; padding is the quantized 0)", dtypes=PASSTHROUGH_DTYPES,
+            semantics=f"{SEMANTICS}#spacetobatch-and-batchtospace")
+describe_op(OpType.ChannelShuffle, params="group, splits", integer="passthrough (data movement only)",
+            dtypes=PASSTHROUGH_DTYPES, semantics=f"{SEMANTICS}#channelshuffle")
+describe_op(OpType.Crop, params="crops=[[begin,end],...]", integer="passthrough (data movement only)",
+            dtypes=PASSTHROUGH_DTYPES, semantics=f"{SEMANTICS}#crop")
+describe_op(OpType.Tile, params="repeats", integer="passthrough (data movement only)", dtypes=PASSTHROUGH_DTYPES,
+            semantics=f"{SEMANTICS}#tile")
+describe_op(OpType.Repeat, params="axis; repeats as 2nd input (integer) or constant",
+            integer="passthrough (data movement; padding is the quantized 0)", dtypes=PASSTHROUGH_DTYPES,
+            semantics=f"{SEMANTICS}#repeat")
+describe_op(OpType.ReverseSequence, params="batch_axis, time_axis; sequence lengths as 2nd input (integer)",
+            integer="passthrough (data movement only)", dtypes=PASSTHROUGH_DTYPES,
+            semantics=f"{SEMANTICS}#reversesequence")

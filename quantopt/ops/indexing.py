@@ -1,0 +1,507 @@
+"""Index, gather, scatter and sort ops: Gather, GatherElements, GatherND, ScatterND, ScatterElements, OneHot, TopK,
+Sort and ArgMinMax.
+
+Index tensors (inputs, or a constant `indices`) must be exact integers: quantized, they are qinvariant tensors
+(scale 1, zero point 0) or integer constants; anything else is refused. Gathered values and the values outputs of
+TopK/Sort carry their data input's params and move exactly; index outputs are exact integers. Scatter ops with a
+reduction requantize data and updates to the output's scale with integer multipliers and shifts. The integer
+semantics are in docs/semantics/indexing.md.
+"""
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import torch
+
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.optype import OpType
+from ..graph.tensor import PyTensor
+from ..ir.dtype import Dtype, int_dtype_for_bits
+from ..quant.params import QuantParams, integer_range
+from ..quant.rounding import round_shift
+from ..registry import op_register, quant_register
+from ._quant import (
+    copy_params,
+    int_value,
+    is_signed,
+    layer_settings,
+    out_range,
+    quantize_activation,
+    requant_scale_shift,
+    set_constant,
+    set_params,
+    set_qinvariant,
+    tensor_scale,
+    tensor_zp,
+)
+from ._shared import axis_param, bool_param
+from .catalog import describe_op
+
+SEMANTICS = "docs/semantics/indexing.md"
+
+INDEX_MIN_BITS = 16
+"""Index outputs (TopK/Sort indices) are at least 16-bit integers, whatever the activation bits (as upstream)."""
+
+ARGMINMAX_OUTPUT_BITS = 32
+"""ArgMinMax outputs int32 indices (scale 1)."""
+
+SCATTER_MUL_ACC_BITS = 32
+"""ScatterND/ScatterElements MUL: the running product (in output-scale units) is clamped to a signed 32-bit
+accumulator after every multiplication."""
+
+SCATTER_REDUCTIONS = ("NONE", "ADD", "MUL", "MAX", "MIN")
+
+
+# ------------------------------------------------------------------------------------------------ index inputs
+def _check_index_tensor(node: PyNode, t: PyTensor) -> None:
+    """Quantized, an index input must hold exact integers (qinvariant)."""
+    if not t.qinvariant:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): index input '{t.name}' is a quantized tensor "
+                               f"(scale {t.scale}, zero point {t.zerop}); indices must be exact integers (an integer "
+                               "model input, an integer constant or the index output of another layer)")
+
+
+def _indices(node: PyNode, position: int) -> torch.Tensor:
+    """The int64 indices: input `position`, or else the layer constant `indices`."""
+    if len(node.inputs) > position:
+        t = node.inputs[position]
+        if node.quantized:
+            _check_index_tensor(node, t)
+            return int_value(t)
+        x = t.betensor
+        return x.to(torch.int64) if x.is_floating_point() else x.long()
+    c = node.get_constant("indices", optional=True)
+    if c is None:
+        raise node._error(f"needs its indices as input {position} or as a constant 'indices'")
+    x = c.betensor
+    if node.quantized and (x.is_floating_point() or c.dtype.is_float):
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): constant 'indices' is {c.dtype.value}; a "
+                               "quantized layer needs integer indices")
+    return x.to(torch.int64)
+
+
+def _quantize_indices(node: PyNode, position: int) -> None:
+    """Index input → must be qinvariant; index constant → stored as int32 (all values must be integers)."""
+    if len(node.inputs) > position:
+        _check_index_tensor(node, node.inputs[position])
+        return
+    c = node.get_constant("indices", optional=True)
+    if c is None:
+        raise node._error(f"needs its indices as input {position} or as a constant 'indices'")
+    x = c.betensor
+    if x.is_floating_point():
+        if not bool(torch.isfinite(x).all()) or not bool((x == torch.round(x)).all()):
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): constant 'indices' holds non-integer "
+                                   "values; indices must be integers")
+    lo, hi = integer_range(32, True)
+    if x.numel() and (float(x.min()) < lo or float(x.max()) > hi):
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): constant 'indices' does not fit int32")
+    if x.is_floating_point() or c.dtype != Dtype.INT32:
+        set_constant(node, "indices", x.to(torch.int64), Dtype.INT32)
+
+
+def _fill_value(node: PyNode, data: PyTensor, like: torch.Tensor) -> torch.Tensor:
+    """The value of an out-of-range gather: float 0, i.e. the integer -zp clamped to the range when quantized."""
+    if node.quantized:
+        qmin, qmax = out_range(data)
+        return torch.tensor(min(max(-tensor_zp(data), qmin), qmax), dtype=like.dtype)
+    return torch.zeros((), dtype=like.dtype)
+
+
+def _prod(values: Sequence[int]) -> int:
+    n = 1
+    for v in values:
+        n *= int(v)
+    return n
+
+
+def _wrap(idx: torch.Tensor, size: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(index with negatives wrapped, valid mask): valid iff -size <= idx < size."""
+    valid = (idx >= -size) & (idx < size)
+    return torch.where(idx < 0, idx + size, idx), valid
+
+
+# ------------------------------------------------------------------------------------------------ Gather
+def _take(x: torch.Tensor, idx: torch.Tensor, axis: int, fill: torch.Tensor) -> torch.Tensor:
+    """x.shape[:axis] + idx.shape + x.shape[axis+1:]: entries of `x` along `axis`, `fill` where out of range."""
+    size = int(x.shape[axis])
+    wrapped, valid = _wrap(idx, size)
+    safe = torch.where(valid, wrapped, torch.zeros_like(wrapped))
+    shape = list(x.shape[:axis]) + list(idx.shape) + list(x.shape[axis + 1:])
+    if size == 0:
+        return torch.full(shape, fill.item(), dtype=x.dtype)
+    out = x.index_select(axis, safe.flatten()).reshape(shape)
+    if not bool(valid.all()):
+        mask = valid.reshape([1] * axis + list(idx.shape) + [1] * (x.dim() - axis - 1))
+        out = torch.where(mask, out, fill)
+    return out
+
+
+@op_register(OpType.Gather)
+def gather_forward(self: PyNode) -> None:
+    """ONNX/TF Gather along `axis` with `batch_dims`; negative indices count from the end, indices outside
+    [-n, n) give 0 (the integer -zp)."""
+    data = self.inputs[0]
+    x = data.betensor
+    idx = _indices(self, 1)
+    axis = axis_param(self, self.get_param("axis", optional=True, default_value=0), x.dim())
+    b = int(self.get_param("batch_dims", optional=True, default_value=0))
+    if b < 0:
+        b += idx.dim()
+    if not 0 <= b <= min(axis, idx.dim()):
+        raise self._error(f"batch_dims {b} must be in [0, min(axis {axis}, index rank {idx.dim()})]")
+    if list(x.shape[:b]) != list(idx.shape[:b]):
+        raise self._error(f"the first {b} dims of data {list(x.shape)} and indices {list(idx.shape)} differ")
+    fill = _fill_value(self, data, x)
+    if b == 0:
+        out = _take(x, idx, axis, fill)
+    else:
+        batch = _prod(x.shape[:b])
+        xs = x.reshape([batch] + list(x.shape[b:]))
+        ids = idx.reshape([batch] + list(idx.shape[b:]))
+        parts = [_take(xs[i], ids[i], axis - b, fill) for i in range(batch)]
+        shape = list(x.shape[:axis]) + list(idx.shape[b:]) + list(x.shape[axis + 1:])
+        out = torch.stack(parts).reshape(shape) if parts else torch.zeros(shape, dtype=x.dtype)
+    self.outputs[0].betensor = out
+
+
+@op_register(OpType.GatherElements)
+def gather_elements_forward(self: PyNode) -> None:
+    """torch.gather along `axis`; an index >= n becomes n-1, a negative one +n (still negative: n-1)."""
+    x = self.inputs[0].betensor
+    idx = _indices(self, 1)
+    if idx.dim() != x.dim():
+        raise self._error(f"data {list(x.shape)} and indices {list(idx.shape)} must have the same rank")
+    axis = axis_param(self, self.get_param("axis", optional=True, default_value=0), x.dim())
+    for d in range(x.dim()):
+        if d != axis and idx.shape[d] > x.shape[d]:
+            raise self._error(f"indices {list(idx.shape)} are larger than data {list(x.shape)} on axis {d}")
+    n = int(x.shape[axis])
+    idx = torch.where(idx >= n, torch.full_like(idx, n - 1), idx)
+    idx = torch.where(idx < 0, idx + n, idx)
+    idx = torch.where(idx < 0, torch.full_like(idx, n - 1), idx)
+    self.outputs[0].betensor = torch.gather(x, axis, idx)
+
+
+def _nd_offsets(node: PyNode, idx: torch.Tensor, dims: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Row-major offsets of index tuples (last dim of `idx`) into `dims`, and which tuples are in range."""
+    k = int(idx.shape[-1])
+    if k != len(dims):
+        raise node._error(f"index tuples of length {k} do not match {len(dims)} data dims")
+    lin = torch.zeros(idx.shape[:-1], dtype=torch.int64)
+    valid = torch.ones(idx.shape[:-1], dtype=torch.bool)
+    for j, size in enumerate(dims):
+        w, v = _wrap(idx[..., j], int(size))
+        lin = lin * int(size) + torch.where(v, w, torch.zeros_like(w))
+        valid &= v
+    return lin, valid
+
+
+@op_register(OpType.GatherND)
+def gather_nd_forward(self: PyNode) -> None:
+    """ONNX GatherND with `batch_dims`; each index tuple wraps negatives per dim, a tuple out of range gives 0."""
+    data = self.inputs[0]
+    x = data.betensor
+    idx = _indices(self, 1)
+    b = int(self.get_param("batch_dims", optional=True, default_value=0))
+    if idx.dim() < 1 or b < 0 or b >= idx.dim() or list(x.shape[:b]) != list(idx.shape[:b]):
+        raise self._error(f"batch_dims {b} does not fit data {list(x.shape)} and indices {list(idx.shape)}")
+    k = int(idx.shape[-1])
+    if b + k > x.dim():
+        raise self._error(f"index tuples of length {k} plus batch_dims {b} exceed the data rank {x.dim()}")
+    batch = _prod(x.shape[:b])
+    rest = list(x.shape[b + k:])
+    xs = x.reshape([batch, _prod(x.shape[b:b + k])] + rest)
+    lin, valid = _nd_offsets(self, idx.reshape(batch, -1, k), x.shape[b:b + k])
+    if xs.shape[1] == 0:
+        out = torch.full([batch, lin.shape[1]] + rest, _fill_value(self, data, x).item(), dtype=x.dtype)
+    else:
+        out = xs[torch.arange(batch).reshape(-1, 1), lin]
+        if not bool(valid.all()):
+            out = torch.where(valid.reshape(list(valid.shape) + [1] * len(rest)), out, _fill_value(self, data, x))
+    self.outputs[0].betensor = out.reshape(list(idx.shape[:-1]) + rest)
+
+
+@quant_register([OpType.Gather, OpType.GatherElements, OpType.GatherND])
+def gather_quantize(self: PyNode) -> None:
+    _quantize_indices(self, 1)
+    copy_params(self.outputs[0], self.inputs[0])
+
+
+# ------------------------------------------------------------------------------------------------ scatter
+def _reduction(node: PyNode) -> str:
+    r = str(node.get_param("reduction", optional=True, default_value="NONE")).upper()
+    if r not in SCATTER_REDUCTIONS:
+        raise node._error(f"reduction '{r}' is not supported (supported: {', '.join(SCATTER_REDUCTIONS)})")
+    return r
+
+
+def _scatter(base: torch.Tensor, lin: torch.Tensor, upd: torch.Tensor, reduction: str) -> torch.Tensor:
+    """base [P, *inner] with rows lin[j] combined with upd[j] ([M, *inner]): NONE keeps the last update of each row
+    (row-major order of the updates), ADD sums, MUL multiplies, MAX/MIN take the extreme, base included."""
+    out = base.clone()
+    if lin.numel() == 0:
+        return out
+    index = lin.reshape([-1] + [1] * (upd.dim() - 1)).expand_as(upd)
+    if reduction == "NONE":
+        order = torch.arange(lin.numel(), dtype=torch.int64)
+        last = torch.full((base.shape[0],), -1, dtype=torch.int64).scatter_reduce(0, lin, order, "amax")
+        keep = last[lin] == order
+        return out.scatter_(0, index[keep], upd[keep])
+    reduce = {"ADD": "sum", "MUL": "prod", "MAX": "amax", "MIN": "amin"}[reduction]
+    return out.scatter_reduce_(0, index, upd.to(out.dtype), reduce, include_self=True)
+
+
+def _scatter_int(node: PyNode, base_q: torch.Tensor, lin: torch.Tensor, upd_q: torch.Tensor,
+                 reduction: str) -> torch.Tensor:
+    """Integer scatter (docs: ScatterND): data and updates to output-scale integers with their multiplier/shift,
+    combine, subtract zp_out, clamp."""
+    data, upd_t, out = node.inputs[0], node.inputs[2], node.outputs[0]
+    mults = _int_list(node, "scale_value")
+    shifts = _int_list(node, "shift_value")
+    t = round_shift((base_q + tensor_zp(data)) * mults[0], shifts[0])
+    u = upd_q + tensor_zp(upd_t)
+    if reduction == "MUL":
+        lo, hi = integer_range(SCATTER_MUL_ACC_BITS, True)
+        for j in range(lin.numel()):
+            row = int(lin[j])
+            t[row] = torch.clamp(round_shift(t[row] * u[j] * mults[1], shifts[1]), lo, hi)
+    else:
+        t = _scatter(t, lin, round_shift(u * mults[1], shifts[1]), reduction)
+    qmin, qmax = out_range(out)
+    return torch.clamp(t - tensor_zp(out), qmin, qmax)
+
+
+def _int_list(node: PyNode, key: str) -> List[int]:
+    v = node.get_param(key)
+    values = v if isinstance(v, (list, tuple)) else [v]
+    if len(values) != 2:
+        raise node._error(f"'{key}' must hold two integers [data, updates], got {v!r}")
+    return [int(a) for a in values]
+
+
+def _run_scatter(node: PyNode, base: torch.Tensor, lin: torch.Tensor, upd: torch.Tensor) -> torch.Tensor:
+    reduction = _reduction(node)
+    if node.quantized:
+        return _scatter_int(node, base, lin, upd, reduction)
+    return _scatter(base, lin, upd, reduction)
+
+
+@op_register(OpType.ScatterND)
+def scatter_nd_forward(self: PyNode) -> None:
+    """ONNX ScatterND (inputs data, indices, updates; `reduction`): index tuples wrap negatives per dim; a tuple
+    out of range is dropped; duplicates: see `_scatter`."""
+    if len(self.inputs) < 3:
+        raise self._error(f"needs 3 inputs (data, indices, updates), got {len(self.inputs)}")
+    x = self.inputs[0].betensor
+    idx = _indices(self, 1)
+    u = self.inputs[2].betensor
+    k = int(idx.shape[-1]) if idx.dim() else 0
+    if idx.dim() < 1 or k > x.dim() or list(u.shape) != list(idx.shape[:-1]) + list(x.shape[k:]):
+        raise self._error(f"updates {list(u.shape)} must have shape indices[:-1] + data[k:] for data "
+                          f"{list(x.shape)} and indices {list(idx.shape)}")
+    inner = list(x.shape[k:])
+    lin, valid = _nd_offsets(self, idx.reshape(-1, k), x.shape[:k])
+    upd = u.reshape([-1] + inner)
+    out = _run_scatter(self, x.reshape([_prod(x.shape[:k])] + inner), lin[valid], upd[valid])
+    self.outputs[0].betensor = out.reshape(x.shape)
+
+
+@op_register(OpType.ScatterElements)
+def scatter_elements_forward(self: PyNode) -> None:
+    """ONNX ScatterElements (inputs data, indices, updates; `axis`, `reduction`): an index is wrapped once if
+    negative and then clamped to [0, n-1]; duplicates: see `_scatter`."""
+    if len(self.inputs) < 3:
+        raise self._error(f"needs 3 inputs (data, indices, updates), got {len(self.inputs)}")
+    x = self.inputs[0].betensor
+    idx = _indices(self, 1)
+    u = self.inputs[2].betensor
+    if idx.dim() != x.dim() or list(u.shape) != list(idx.shape):
+        raise self._error(f"indices {list(idx.shape)} and updates {list(u.shape)} must have the same shape and "
+                          f"the rank of data {list(x.shape)}")
+    axis = axis_param(self, self.get_param("axis", optional=True, default_value=0), x.dim())
+    for d in range(x.dim()):
+        if d != axis and idx.shape[d] > x.shape[d]:
+            raise self._error(f"indices {list(idx.shape)} are larger than data {list(x.shape)} on axis {d}")
+    n = int(x.shape[axis])
+    idx = torch.clamp(torch.where(idx < 0, idx + n, idx), 0, max(n - 1, 0))
+    lin = torch.zeros(idx.shape, dtype=torch.int64)
+    for d in range(x.dim()):
+        coord = idx if d == axis else torch.arange(idx.shape[d]).reshape([-1 if j == d else 1 for j in range(x.dim())])
+        lin = lin * int(x.shape[d]) + coord
+    out = _run_scatter(self, x.reshape(-1), lin.reshape(-1), u.reshape(-1))
+    self.outputs[0].betensor = out.reshape(x.shape)
+
+
+@quant_register([OpType.ScatterND, OpType.ScatterElements])
+def scatter_quantize(self: PyNode) -> None:
+    """NONE: the output copies the data's params. ADD/MUL/MAX/MIN: output params from the calibrated output range
+    (qinvariant when data and updates are). Data and updates get (multiplier, shift) pairs to the output scale
+    (MUL: the updates' pair approximates 1 / s_updates)."""
+    if len(self.inputs) < 3:
+        raise self._error(f"needs 3 inputs (data, indices, updates), got {len(self.inputs)}")
+    _quantize_indices(self, 1)
+    data, upd, out = self.inputs[0], self.inputs[2], self.outputs[0]
+    reduction = _reduction(self)
+    if reduction == "NONE":
+        copy_params(out, data)
+    elif data.qinvariant and upd.qinvariant:
+        signed = is_signed(data) or is_signed(upd)
+        lo, hi = float(out.min or 0.0), float(out.max or 0.0)
+        fits = [b for b in (8, 16, 32) if integer_range(b, signed)[0] <= lo and hi <= integer_range(b, signed)[1]]
+        set_qinvariant(out, max(int(data.qbits or 8), int(upd.qbits or 8), fits[0] if fits else 32), signed)
+    else:
+        quantize_activation(self, out, float(out.min) < 0)
+    s_out = tensor_scale(out)
+    ratios = [s_out / tensor_scale(data), (1.0 if reduction == "MUL" else s_out) / tensor_scale(upd)]
+    pairs = [requant_scale_shift(self, r) for r in ratios]
+    self.params["scale_value"] = [int(p[0]) for p in pairs]
+    self.params["scale_type"] = [p[2] for p in pairs]
+    self.params["shift_value"] = [int(p[1]) for p in pairs]
+    self.params["shift_type"] = [p[3] for p in pairs]
+    self.params["reduction"] = reduction
+
+
+# ------------------------------------------------------------------------------------------------ OneHot
+@op_register(OpType.OneHot)
+def onehot_forward(self: PyNode) -> None:
+    """values=[off, on], depth, axis (default -1, counted in the output): index i in [-depth, depth) sets
+    position i (negatives + depth); other indices give an all-off line."""
+    idx = _indices(self, 0)
+    depth = int(self.get_param("depth"))
+    values = self.get_param("values", optional=True, default_value=[0, 1])
+    if not isinstance(values, (list, tuple)) or len(values) != 2:
+        raise self._error(f"values must be [off_value, on_value], got {values!r}")
+    if depth < 0:
+        raise self._error(f"depth {depth} must not be negative")
+    axis = axis_param(self, self.get_param("axis", optional=True, default_value=-1), idx.dim() + 1)
+    wrapped, valid = _wrap(idx, depth)
+    classes = torch.arange(depth, dtype=torch.int64).reshape([-1] + [1] * (idx.dim() - axis))
+    hot = (wrapped.unsqueeze(axis) == classes) & valid.unsqueeze(axis)
+    if self.quantized:
+        off, on = torch.tensor(int(values[0])), torch.tensor(int(values[1]))
+    else:
+        off, on = torch.tensor(float(values[0])), torch.tensor(float(values[1]))
+    self.outputs[0].betensor = torch.where(hot, on, off)
+
+
+@quant_register(OpType.OneHot)
+def onehot_quantize(self: PyNode) -> None:
+    """Symmetric output: scale = (2^(b-1) - 1) / max|v| signed (any negative value, or force_dtype_int) or
+    (2^b - 1) / max|v| unsigned, zp 0; `values` become their integers."""
+    _quantize_indices(self, 0)
+    s = layer_settings(self)
+    bits = int(s.q_bits_activation)
+    values = [float(v) for v in self.get_param("values", optional=True, default_value=[0, 1])]
+    signed = min(values) < 0 or bool(s.force_dtype_int)
+    qmin, qmax = integer_range(bits, signed)
+    absmax = max(abs(v) for v in values)
+    scale = qmax / absmax if absmax > 0 else 1.0
+    set_params(self.outputs[0], QuantParams(scale, 0, qmin, qmax, int_dtype_for_bits(bits, signed)), bits)
+    self.params["values"] = [int(min(max(round(v * scale), qmin), qmax)) for v in values]
+    self.params["depth"] = int(self.get_param("depth"))
+
+
+# ------------------------------------------------------------------------------------------------ TopK, Sort
+def _sort_along(x: torch.Tensor, axis: int, descending: bool, last_first: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Stable sort along `axis`: equal values keep index order (or reverse index order with `last_first`)."""
+    if not last_first:
+        return torch.sort(x, dim=axis, descending=descending, stable=True)
+    n = x.shape[axis]
+    values, idx = torch.sort(torch.flip(x, dims=[axis]), dim=axis, descending=descending, stable=True)
+    return values, (n - 1) - idx
+
+
+def _index_output_quantize(node: PyNode, out: PyTensor, length: int) -> None:
+    """Indices in [0, length): unsigned (signed with force_dtype_int), at least 16 bits, 32 when needed."""
+    signed = bool(layer_settings(node).force_dtype_int)
+    bits = INDEX_MIN_BITS if length - 1 <= integer_range(INDEX_MIN_BITS, signed)[1] else 32
+    set_qinvariant(out, bits, signed)
+
+
+@op_register(OpType.TopK)
+def topk_forward(self: PyNode) -> None:
+    """The k largest (`largest`, default true) or smallest values along `axis` (default -1), in sorted order
+    (also when `sorted` is false), with their indices; ties: lower index first (`select_index=last`: higher)."""
+    x = self.inputs[0].betensor
+    axis = axis_param(self, self.get_param("axis", optional=True, default_value=-1), x.dim())
+    k = int(self.get_param("k"))
+    if not 0 <= k <= x.shape[axis]:
+        raise self._error(f"k {k} is outside [0, {x.shape[axis]}] (the size of axis {axis})")
+    largest = bool_param(self, "largest", True)
+    select = str(self.get_param("select_index", optional=True, default_value="first")).lower()
+    if select not in ("first", "last", "random"):
+        raise self._error(f"select_index '{select}' is not first, last or random")
+    values, idx = _sort_along(x, axis, largest, select == "last")
+    self.outputs[0].betensor = values.narrow(axis, 0, k).contiguous()
+    if len(self.outputs) > 1:
+        self.outputs[1].betensor = idx.narrow(axis, 0, k).contiguous()
+
+
+@op_register(OpType.Sort)
+def sort_forward(self: PyNode) -> None:
+    """Stable sort along `axis` (default -1), `descending` (default true); second output: the indices."""
+    x = self.inputs[0].betensor
+    axis = axis_param(self, self.get_param("axis", optional=True, default_value=-1), x.dim())
+    values, idx = _sort_along(x, axis, bool_param(self, "descending", True), False)
+    self.outputs[0].betensor = values
+    if len(self.outputs) > 1:
+        self.outputs[1].betensor = idx
+
+
+@quant_register([OpType.TopK, OpType.Sort])
+def topk_sort_quantize(self: PyNode) -> None:
+    inp = self.inputs[0]
+    copy_params(self.outputs[0], inp)
+    axis = axis_param(self, self.get_param("axis", optional=True, default_value=-1), len(inp.ir_shape))
+    for out in self.outputs[1:]:
+        _index_output_quantize(self, out, int(inp.ir_shape[axis]))
+
+
+# ------------------------------------------------------------------------------------------------ ArgMinMax
+@op_register(OpType.ArgMinMax)
+def argminmax_forward(self: PyNode) -> None:
+    """Index of the max (`method=MAX`) or min along `axis`, keeping the dim; ties: the first occurrence, or the
+    last with `select_last_index`."""
+    x = self.inputs[0].betensor
+    method = str(self.get_param("method")).upper()
+    if method not in ("MAX", "MIN"):
+        raise self._error(f"method '{method}' is not MAX or MIN")
+    axis = axis_param(self, self.get_param("axis", optional=True, default_value=0), x.dim())
+    last = bool_param(self, "select_last_index", False)
+    src = torch.flip(x, dims=[axis]) if last else x
+    fn = torch.argmax if method == "MAX" else torch.argmin
+    idx = fn(src, dim=axis, keepdim=True)
+    self.outputs[0].betensor = (x.shape[axis] - 1 - idx) if last else idx
+
+
+@quant_register(OpType.ArgMinMax)
+def argminmax_quantize(self: PyNode) -> None:
+    set_qinvariant(self.outputs[0], ARGMINMAX_OUTPUT_BITS, True)
+
+
+# ------------------------------------------------------------------------------------------------ catalog
+_PASS = "data: any, quantized output keeps the data's dtype, scale and zero point; indices: integer"
+describe_op("Gather", params="axis, batch_dims; indices: input 1 or constant indices", dtypes=_PASS,
+            integer="passthrough; out-of-range index → -zp", semantics=f"{SEMANTICS}#gather")
+describe_op("GatherElements", params="axis; indices: input 1 or constant indices", dtypes=_PASS,
+            integer="passthrough (indices clamped)", semantics=f"{SEMANTICS}#gatherelements")
+describe_op("GatherND", params="batch_dims; indices: input 1 or constant indices", dtypes=_PASS,
+            integer="passthrough; out-of-range tuple → -zp", semantics=f"{SEMANTICS}#gathernd")
+describe_op(["ScatterND", "ScatterElements"],
+            params="reduction=NONE|ADD|MUL|MAX|MIN (ScatterElements: axis); quantized: scale_value, shift_value "
+                   "[data, updates]",
+            dtypes="data/updates → data's dtype (NONE) or int8/uint8/int16/uint16; indices: integer",
+            integer="updates requantized to the output scale, integer combine",
+            semantics=f"{SEMANTICS}#scatternd-scatterelements")
+describe_op("OneHot", params="depth, values=[off,on], axis; input: indices (integer)",
+            dtypes="integer indices → int8/uint8/int16/uint16", integer="select quantized on/off values",
+            semantics=f"{SEMANTICS}#onehot")
+describe_op("TopK", params="k, axis, largest, sorted, select_index=first|last",
+            dtypes="values: passthrough; indices: uint16/uint32 (scale 1)",
+            integer="stable integer sort, exact indices", semantics=f"{SEMANTICS}#topk-sort")
+describe_op("Sort", params="axis, descending", dtypes="values: passthrough; indices: uint16/uint32 (scale 1)",
+            integer="stable integer sort, exact indices", semantics=f"{SEMANTICS}#topk-sort")
+describe_op("ArgMinMax", params="method=MAX|MIN, axis, select_last_index", dtypes="any → int32 (scale 1)",
+            integer="exact index of the integer extreme", semantics=f"{SEMANTICS}#argminmax")

@@ -1,0 +1,813 @@
+"""Convolution3D, ConvTranspose, ConvTranspose3D, Gemm and BiasAdd: float forward, quantization, integer forward.
+
+Layouts are the Compass Parser's: activations channels-last (NHWC, NDHWC); Convolution3D weights
+`[out_c, kh, kw, kd, in_c/group]`; ConvTranspose weights `[out_c/group, kh, kw, in_c]` and ConvTranspose3D weights
+`[out_c/group, kh, kw, kd, in_c]` (the ONNX `[in_c, out_c/group, k...]` tensors permuted). The convolutions and
+BiasAdd go through the shared MAC quantization (`quantize_mac`): symmetric per-tensor/per-channel/per-group
+weights, biases with the input zero point folded in, per-channel multipliers with one shared shift. Gemm is a
+two-activation product with an optional requantized `C` branch. docs/semantics/mac.md states every integer step.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.optype import OpType
+from ..graph.tensor import PyTensor
+from ..ir.dtype import Dtype
+from ..quant.hardware import AIFF_MULTIPLIER_BITS, AIFF_SHIFT_MAX, ITP_INPUT_BITS
+from ..quant.params import integer_range
+from ..quant.requant import scale_shift
+from ..quant.rounding import round_shift
+from ..registry import op_register, quant_register
+from ._quant import (
+    FLOAT32_EXACT,
+    check_fused_activation_quantizable,
+    check_quantized_inputs,
+    effective_weights,
+    fused_activation_clamp,
+    fused_output_signed,
+    int_value,
+    is_signed,
+    layer_settings,
+    mac_finish,
+    mac_input,
+    out_range,
+    quantize_activation,
+    quantize_mac,
+    requant_of,
+    requant_scale_shift,
+    set_constant,
+    set_qinvariant,
+    store_requant,
+    tensor_scale,
+    tensor_zp,
+)
+from ._shared import apply_fused_activation, bool_param
+from .catalog import describe_op
+
+FLOAT64_EXACT = 2 ** 53
+"""Integers and partial sums below this magnitude are exact in float64: the bound for float64 accumulation and for
+the float64 requantization of `mac_finish` (|(acc + bias) * M| must stay below it)."""
+
+INT64_ACCUMULATOR_LIMIT = 2 ** 62
+"""Largest accumulator bound the int64 paths accept (headroom for the bias / C branch additions)."""
+
+SATURATED = 2 ** 40
+"""Any requantized |value| at or beyond this saturates every output range (qmin/qmax/zp hold at most 33 bits), so the
+int64 requantization may cap intermediate values there."""
+
+MULTIPLIER_LIMIT = 2 ** 16
+"""Requant multipliers are at most 15 bits (`AIFF_MULTIPLIER_BITS`); the int64 requantization needs M < 2^16."""
+
+SHIFT_LIMIT = 46
+"""Largest right shift the int64 requantization handles exactly (remainder times M below 2^62); AIFF shifts are
+at most `AIFF_SHIFT_MAX` = 31."""
+
+BIAS_ADD_WEIGHT_BITS = (8, 16)
+"""BiasAdd's implicit unit weight is quantized with the layer's weight bits clamped to this range."""
+
+_MISSING = object()
+
+
+# ================================================================================================ params / geometry
+def _int_param(node: PyNode, key: str, default: Any = _MISSING, minimum: int = 1) -> Optional[int]:
+    """Integer param `key` (required unless a default is given), checked against `minimum`."""
+    value = node.get_param(key, optional=default is not _MISSING,
+                           default_value=None if default is _MISSING else default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise node._error(f"parameter '{key}' must be an integer, got {value!r}")
+    if int(value) < minimum:
+        raise node._error(f"parameter '{key}' must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _float_param(node: PyNode, key: str, default: float) -> float:
+    value = node.get_param(key, optional=True, default_value=default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise node._error(f"parameter '{key}' must be a number, got {value!r}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise node._error(f"parameter '{key}' must be finite, got {value!r}")
+    return float(value)
+
+
+_AXES = {2: ("y", "x"), 3: ("z", "y", "x")}
+_PADS = {2: (("pad_top", "pad_bottom"), ("pad_left", "pad_right")),
+         3: (("pad_z_begin", "pad_z_end"), ("pad_y_begin", "pad_y_end"), ("pad_x_begin", "pad_x_end"))}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Geometry:
+    """Spatial params in torch order ((y, x) or (z, y, x))."""
+
+    kernel: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    dilation: Tuple[int, ...]
+    pad_begin: Tuple[int, ...]
+    pad_end: Tuple[int, ...]
+    out_pad: Tuple[int, ...]
+
+    def torch_pads(self, values_begin: Sequence[int], values_end: Sequence[int]) -> List[int]:
+        """F.pad's argument (last axis first) for per-axis begin/end amounts in torch order."""
+        out: List[int] = []
+        for b, e in zip(reversed(values_begin), reversed(values_end)):
+            out += [int(b), int(e)]
+        return out
+
+
+def _geometry(node: PyNode, kernel: Tuple[int, ...], transposed: bool) -> _Geometry:
+    nd = len(kernel)
+    axes = _AXES[nd]
+    for a, k in zip(axes, kernel):
+        value = _int_param(node, f"kernel_{a}", None)
+        if value is not None and value != k:
+            raise node._error(f"parameter kernel_{a}={value} does not match the weights' kernel size {k}")
+    stride = tuple(_int_param(node, f"stride_{a}", 1) for a in axes)
+    dilation = tuple(_int_param(node, f"dilation_{a}", 1) for a in axes)
+    begin = tuple(_int_param(node, b, 0, minimum=0) for b, _ in _PADS[nd])
+    end = tuple(_int_param(node, e, 0, minimum=0) for _, e in _PADS[nd])
+    out_pad = tuple(_int_param(node, f"output_padding_{a}", 0, minimum=0) for a in axes) if transposed \
+        else (0,) * nd
+    return _Geometry(kernel, stride, dilation, begin, end, out_pad)  # type: ignore[arg-type]
+
+
+def _kernel_perm(nd: int) -> Tuple[int, ...]:
+    """Positions of the IR weight's kernel axes in torch order: (h, w) stays, (h, w, d) becomes (d, h, w)."""
+    return (1, 2) if nd == 2 else (3, 1, 2)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return x.dtype if x.is_floating_point() else torch.float32
+
+
+def _check_output_shape(node: PyNode, y: torch.Tensor) -> None:
+    """The computed output must have the IR's layer_top_shape (batch aside): wrong params must not pass silently."""
+    ir = tuple(int(d) for d in node.outputs[0].ir_shape)
+    if len(ir) == y.dim() and tuple(y.shape[1:]) != ir[1:]:
+        raise node._error(f"computed output shape {list(y.shape[1:])} (batch aside) does not match the IR output "
+                          f"shape {list(ir[1:])}; check kernel/stride/dilation/pads/output_padding")
+
+
+# ================================================================================================ exact integer MAC
+def _exact_apply(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, x_absmax: int,
+                 w_sum_max: int) -> torch.Tensor:
+    """fn(x) exactly as int64 for an integer-valued input `x` and a linear `fn` (a convolution with integer
+    weights whose per-output sum of |w| is at most `w_sum_max`).
+
+    float32 when every partial sum is provably below 2^24 (CPU only: GPU convolutions may use TF32), float64
+    below 2^53; otherwise x = x_hi * 2^s + x_lo is split so that each part is exact in float64 and the two results
+    are combined in int64.
+    """
+    bound = int(x_absmax) * int(w_sum_max)
+    if bound >= INT64_ACCUMULATOR_LIMIT:
+        raise UnsupportedError(f"integer accumulator bound {bound} exceeds 2^62; the layer cannot be computed exactly")
+    if bound < FLOAT32_EXACT and x.device.type == "cpu":
+        return torch.round(fn(x.to(torch.float32))).to(torch.int64)
+    if bound < FLOAT64_EXACT:
+        return torch.round(fn(x.to(torch.float64))).to(torch.int64)
+    if w_sum_max >= FLOAT64_EXACT // 2:
+        raise UnsupportedError(f"weight magnitude sum {w_sum_max} is too large for an exact integer convolution")
+    s = (FLOAT64_EXACT // (2 * int(w_sum_max))).bit_length() - 1  # 2^s * w_sum_max < 2^53
+    x = x.to(torch.int64)
+    hi = x >> s
+    lo = x - (hi << s)
+    return (_exact_apply(fn, hi, (int(x_absmax) >> s) + 1, w_sum_max) << s) + \
+        _exact_apply(fn, lo, (1 << s) - 1, w_sum_max)
+
+
+def _requantize(node: PyNode, acc: torch.Tensor, mult: Union[int, torch.Tensor],
+                shift: Union[int, torch.Tensor]) -> torch.Tensor:
+    """Exact round_half_even(acc * M / 2^shift) of an int64 accumulator, int64; M/shift scalars or int64 tensors
+    broadcasting to `acc` (per channel on the last axis).
+
+    shift > 0: acc = hi * 2^s + lo with 0 <= lo < 2^s; acc*M/2^s = hi*M + lo*M/2^s, so only lo*M (< 2^(s+16)) is
+    divided; ties go to the even total. |hi| is capped at 2^40 (the result then saturates every output range).
+    shift <= 0: (acc * M) << -shift, saturating at ±2^40.
+    """
+    m = torch.as_tensor(mult, dtype=torch.int64, device=acc.device)
+    s = torch.as_tensor(shift, dtype=torch.int64, device=acc.device)
+    if bool((m < 0).any()) or bool((m >= MULTIPLIER_LIMIT).any()) or bool((s > SHIFT_LIMIT).any()):
+        raise node._error(f"requantization needs multipliers 0 <= M < 2^16 and shifts <= {SHIFT_LIMIT}, got "
+                          f"M={mult}, shift={shift}")
+    acc = acc.to(torch.int64)
+    sp = torch.clamp(s, min=0)
+    hi = acc >> sp
+    lo = acc - (hi << sp)
+    hi = torch.clamp(hi, -SATURATED, SATURATED)
+    r = lo * m
+    q2 = r >> sp
+    rem = r - (q2 << sp)
+    base = hi * m + q2
+    half = torch.where(sp > 0, torch.ones_like(sp) << torch.clamp(sp - 1, min=0), torch.zeros_like(sp))
+    up = (sp > 0) & ((rem > half) | ((rem == half) & ((base & 1) == 1)))
+    right = base + up.to(torch.int64)
+    if not bool((s < 0).any()):
+        return right
+    left = torch.clamp(torch.clamp(acc, -SATURATED, SATURATED) * m, -SATURATED, SATURATED)
+    k = torch.clamp(-s, min=0)
+    while bool((k > 0).any()):
+        step = torch.clamp(k, max=20)
+        left = torch.clamp(left << step, -SATURATED, SATURATED)
+        k = k - step
+    return torch.where(s < 0, left, right)
+
+
+def _wide_mac(node: PyNode) -> bool:
+    w = node.get_constant("weights")
+    return (node.inputs[0].qbits or 8) > 8 or (w.qbits or w.dtype.bits) > 8
+
+
+def _finish_int64(node: PyNode, acc: torch.Tensor) -> torch.Tensor:
+    """The MAC requantization of `mac_finish` (bias, optional remain_shift hand-over, multiplier/shift, zero point,
+    clamp, fused bounds) on an int64 accumulator, exact for any |acc| < 2^62."""
+    out = node.outputs[0]
+    mult, shift = requant_of(node)
+    b = node.get_constant("biases").betensor.to(torch.int64).reshape(-1).to(acc.device)
+    remain = node.params.get("remain_shift")
+    common = shift if isinstance(shift, int) else (int(shift[0]) if bool((shift == shift[0]).all()) else None)
+    if remain is not None and common is not None and _wide_mac(node):
+        lo32, hi32 = integer_range(ITP_INPUT_BITS, True)
+        d = common - int(remain)
+        if d > 0:
+            acc = torch.clamp(round_shift(acc, d), lo32, hi32) + torch.clamp(b >> d, lo32, hi32)
+            shift = int(remain) if isinstance(shift, int) else torch.full_like(shift, int(remain))
+        else:
+            acc = torch.clamp(acc, lo32, hi32) + b
+    else:
+        acc = acc + b
+    qmin, qmax = out_range(out)
+    y = torch.clamp(_requantize(node, acc, mult, shift) - tensor_zp(out), qmin, qmax)
+    return fused_activation_clamp(node, y)
+
+
+def _mac_output(node: PyNode, acc: torch.Tensor, acc_bound: int) -> torch.Tensor:
+    """Requantize an exact int64 accumulator (bias not added, channels last): `mac_finish` (float64) when
+    (bound + max|bias|) * max M < 2^53 proves it exact, else the int64 path with the same semantics."""
+    mult, _ = requant_of(node)
+    b = node.get_constant("biases").betensor
+    m_max = int(mult.max()) if isinstance(mult, torch.Tensor) else int(mult)
+    b_max = int(b.abs().max()) if b.numel() else 0
+    if (int(acc_bound) + b_max) * max(m_max, 1) < FLOAT64_EXACT:
+        return mac_finish(node, acc.to(torch.float64))
+    return _finish_int64(node, acc)
+
+
+def _input_absmax(t: PyTensor, zp_shift: int = 0) -> int:
+    """max |q + zp_shift| over the input's integer range (and |zp_shift| itself, the value of float 0 padding)."""
+    lo, hi = out_range(t)
+    return max(abs(lo + zp_shift), abs(hi + zp_shift), abs(tensor_zp(t)))
+
+
+def _cached(node: PyNode, key: str, build: Callable[[], Any]) -> Any:
+    """Per-layer cache of prepared integer weights, valid while the weight tensor and input range are unchanged."""
+    w_q = node.get_constant("weights").betensor
+    in_range = out_range(node.inputs[0])
+    hit = node.attrs.get(key)
+    if hit is not None and hit[0] is w_q and hit[1] == in_range:
+        return hit[2]
+    value = build()
+    node.attrs[key] = (w_q, in_range, value)
+    return value
+
+
+# ================================================================================================ Convolution3D
+def _conv3d_weights(node: PyNode, w: torch.Tensor, in_c: int) -> int:
+    """Validate `[out_c, kh, kw, kd, in_c/group]` weights against the input and params; returns the group."""
+    if w.dim() != 5:
+        raise node._error(f"weights must be 5-D [out_c, kh, kw, kd, in_c/group], got shape {list(w.shape)}")
+    out_c, cin_g = int(w.shape[0]), int(w.shape[4])
+    num_output = _int_param(node, "num_output", None)
+    if num_output is not None and num_output != out_c:
+        raise node._error(f"parameter num_output={num_output} does not match weights shape {list(w.shape)}")
+    group = _int_param(node, "group", 1)
+    if cin_g * group != in_c or out_c % group != 0:
+        raise node._error(f"group={group} with weights {list(w.shape)} does not fit {in_c} input channels "
+                          "(needs in_c == weights[4] * group and out_c % group == 0)")
+    return int(group)  # type: ignore[arg-type]
+
+
+def _conv3d_setup(node: PyNode, x: torch.Tensor, w: torch.Tensor) -> Tuple[int, _Geometry, torch.Tensor]:
+    if x.dim() != 5:
+        raise node._error(f"input must be 5-D NDHWC, got shape {list(x.shape)}")
+    group = _conv3d_weights(node, w, int(x.shape[-1]))
+    wt = w.permute(0, 4, 3, 1, 2)  # [out_c, in_c/g, kd, kh, kw]
+    geo = _geometry(node, tuple(int(k) for k in wt.shape[2:]), transposed=False)
+    return group, geo, wt
+
+
+def _conv3d(node: PyNode, x: torch.Tensor, wt: torch.Tensor, group: int, geo: _Geometry,
+            pad_value: float) -> torch.Tensor:
+    xt = x.movedim(-1, 1)
+    if any(geo.pad_begin) or any(geo.pad_end):
+        xt = F.pad(xt, geo.torch_pads(geo.pad_begin, geo.pad_end), value=pad_value)
+    need = [(k - 1) * d + 1 for k, d in zip(geo.kernel, geo.dilation)]
+    if any(s < n for s, n in zip(xt.shape[2:], need)):
+        raise node._error(f"padded input {list(xt.shape[2:])} (DHW) is smaller than the dilated kernel {need}")
+    y = F.conv3d(xt, wt.to(xt.dtype), None, stride=geo.stride, dilation=geo.dilation, groups=group)
+    return y.movedim(1, -1).contiguous()
+
+
+def _bias_vector(node: PyNode, out_c: int, like: torch.Tensor) -> Optional[torch.Tensor]:
+    t = node.get_constant("biases", optional=True)
+    if t is None:
+        return None
+    if t.betensor.numel() != out_c:
+        raise node._error(f"biases must have {out_c} elements (one per output channel), got shape "
+                          f"{list(t.betensor.shape)}")
+    return t.betensor.to(device=like.device, dtype=like.dtype).reshape(out_c)
+
+
+@op_register(OpType.Convolution3D)
+def convolution3d_forward(self: PyNode) -> None:
+    """NDHWC 3-D convolution with weights [out_c, kh, kw, kd, in_c/group], explicit begin/end pads per axis."""
+    if self.quantized:
+        self.outputs[0].betensor = _conv3d_int(self)
+        return
+    x = self.inputs[0].betensor
+    dtype = _compute_dtype(x)
+    w = self.get_constant("weights").betensor.to(device=x.device, dtype=dtype)
+    group, geo, wt = _conv3d_setup(self, x, w)
+    y = _conv3d(self, x.to(dtype), wt, group, geo, 0.0)
+    b = _bias_vector(self, int(w.shape[0]), y)
+    if b is not None:
+        y = y + b
+    _check_output_shape(self, y)
+    self.outputs[0].betensor = apply_fused_activation(self, y)
+
+
+def _conv3d_int(node: PyNode) -> torch.Tensor:
+    """acc = conv3d(x_q padded with -zp_in, w_q + zp_w) exactly, then the MAC requantization."""
+    x, zp = mac_input(node)
+
+    def build() -> Tuple[torch.Tensor, int]:
+        w = effective_weights(node)
+        return w, int(w.abs().reshape(w.shape[0], -1).sum(dim=1).max()) if w.numel() else 0
+    w, w_sum = _cached(node, "_conv3d_int_weights", build)
+    group, geo, wt = _conv3d_setup(node, x, w.to(x.device))
+    x_absmax = _input_absmax(node.inputs[0])
+    acc = _exact_apply(lambda xf: _conv3d(node, xf, wt.to(xf.dtype), group, geo, float(-zp)), x, x_absmax, w_sum)
+    return _mac_output(node, acc, x_absmax * w_sum)
+
+
+@quant_register(OpType.Convolution3D)
+def convolution3d_quantize(self: PyNode) -> None:
+    """As Convolution: per-channel weights when the weight mode says so, else per group (per tensor if group=1)."""
+    per_channel = layer_settings(self).q_mode_weight.startswith("per_channel")
+    group = _int_param(self, "group", 1)
+    quantize_mac(self, per_channel=per_channel, groups=1 if per_channel else int(group))  # type: ignore[arg-type]
+
+
+# ================================================================================================ ConvTranspose(3D)
+def _convt_nd(node: PyNode) -> int:
+    return 2 if node.type == OpType.ConvTranspose else 3
+
+
+def _convt_check(node: PyNode, shape: Sequence[int], in_c: int, nd: int) -> int:
+    """Validate the shape of `[out_c/group, k..., in_c]` weights; returns the group."""
+    shape = [int(d) for d in shape]
+    if len(shape) != nd + 2:
+        layout = "[out_c/group, kh, kw, in_c]" if nd == 2 else "[out_c/group, kh, kw, kd, in_c]"
+        raise node._error(f"weights must be {nd + 2}-D {layout}, got shape {shape}")
+    if shape[-1] != in_c:
+        raise node._error(f"weights {shape} must end in the {in_c} input channels")
+    group = int(_int_param(node, "group", 1))  # type: ignore[arg-type]
+    if in_c % group != 0:
+        raise node._error(f"group={group} does not divide the {in_c} input channels")
+    num_output = _int_param(node, "num_output", None)
+    out_c = shape[0] * group
+    if num_output is not None and num_output != out_c:
+        raise node._error(f"parameter num_output={num_output} does not match weights {shape} with "
+                          f"group={group} (out_c = weights[0] * group = {out_c})")
+    return group
+
+
+def _ir_to_oc(w: torch.Tensor, group: int) -> torch.Tensor:
+    """IR `[out_c/g, k..., in_c]` → per-output-channel form `[out_c, k..., in_c/g]`: channel gi*(out_c/g)+j holds
+    IR row j, input channels gi*(in_c/g) ... (gi+1)*(in_c/g)-1. The identity for group 1."""
+    if group == 1:
+        return w
+    nd = w.dim() - 2
+    cog, cin = int(w.shape[0]), int(w.shape[-1])
+    v = w.reshape(cog, *w.shape[1:-1], group, cin // group)
+    v = v.permute(nd + 1, 0, *range(1, nd + 1), nd + 2)
+    return v.reshape(group * cog, *w.shape[1:-1], cin // group)
+
+
+def _oc_to_ir(w: torch.Tensor, group: int) -> torch.Tensor:
+    """Inverse of `_ir_to_oc`."""
+    if group == 1:
+        return w
+    nd = w.dim() - 2
+    cout, cig = int(w.shape[0]), int(w.shape[-1])
+    v = w.reshape(group, cout // group, *w.shape[1:-1], cig)
+    v = v.permute(1, *range(2, nd + 2), 0, nd + 2)
+    return v.reshape(cout // group, *w.shape[1:-1], group * cig)
+
+
+def _oc_to_torch(w_oc: torch.Tensor, group: int) -> torch.Tensor:
+    """Per-output-channel form → conv_transpose weight `[in_c, out_c/g, k...]` (kernel axes in torch order)."""
+    nd = w_oc.dim() - 2
+    cout, cig = int(w_oc.shape[0]), int(w_oc.shape[-1])
+    v = w_oc.reshape(group, cout // group, *w_oc.shape[1:-1], cig)
+    v = v.permute(0, nd + 2, 1, *[p + 1 for p in _kernel_perm(nd)])
+    return v.reshape(group * cig, cout // group, *v.shape[3:])
+
+
+def _convt_setup(node: PyNode, x: torch.Tensor, w_ir_shape: Sequence[int]) -> Tuple[int, _Geometry]:
+    nd = _convt_nd(node)
+    if x.dim() != nd + 2:
+        raise node._error(f"input must be {nd + 2}-D {'NHWC' if nd == 2 else 'NDHWC'}, got shape {list(x.shape)}")
+    group = _convt_check(node, w_ir_shape, int(x.shape[-1]), nd)
+    kernel = tuple(int(w_ir_shape[p]) for p in _kernel_perm(nd))
+    return group, _geometry(node, kernel, transposed=True)
+
+
+def _conv_transpose(node: PyNode, x: torch.Tensor, wt: torch.Tensor, group: int, geo: _Geometry) -> torch.Tensor:
+    """Full transposed convolution, extended by output_padding at the end of each axis, cropped by the pads;
+    channels last. No bias."""
+    fn = F.conv_transpose2d if len(geo.kernel) == 2 else F.conv_transpose3d
+    y = fn(x.movedim(-1, 1), wt.to(x.dtype), None, stride=geo.stride, padding=0, output_padding=0, groups=group,
+           dilation=geo.dilation)
+    if any(geo.out_pad):
+        y = F.pad(y, geo.torch_pads((0,) * len(geo.out_pad), geo.out_pad))
+    sizes = y.shape[2:]
+    if any(b + e >= s for b, e, s in zip(geo.pad_begin, geo.pad_end, sizes)):
+        raise node._error(f"pads {list(geo.pad_begin)}/{list(geo.pad_end)} leave no output of the transposed "
+                          f"convolution's {list(sizes)}")
+    index = (slice(None), slice(None)) + tuple(slice(b, s - e) for b, e, s in zip(geo.pad_begin, geo.pad_end, sizes))
+    return y[index].movedim(1, -1).contiguous()
+
+
+def _convt_forward(node: PyNode) -> None:
+    """ConvTranspose / ConvTranspose3D: y = crop(convT(x, W) padded by output_padding) + b, fused activation."""
+    if node.quantized:
+        node.outputs[0].betensor = _convt_int(node)
+        return
+    x = node.inputs[0].betensor
+    dtype = _compute_dtype(x)
+    w = node.get_constant("weights").betensor.to(device=x.device, dtype=dtype)
+    group, geo = _convt_setup(node, x, w.shape)
+    nd = w.dim() - 2
+    wt = w.permute(nd + 1, 0, *_kernel_perm(nd))  # [in_c, out_c/g, k...]
+    y = _conv_transpose(node, x.to(dtype), wt, group, geo)
+    b = _bias_vector(node, int(w.shape[0]) * group, y)
+    if b is not None:
+        y = y + b
+    _check_output_shape(node, y)
+    node.outputs[0].betensor = apply_fused_activation(node, y)
+
+
+def _oc_effective_weights(node: PyNode, group: int) -> torch.Tensor:
+    """w_q + zp_w per output channel, int64, in the per-output-channel form `[out_c, k..., in_c/g]`."""
+    w = _ir_to_oc(node.get_constant("weights").betensor.to(torch.int64), group)
+    if "weights_zp" in node.constants:
+        zp = node.constants["weights_zp"].betensor.to(torch.int64).reshape(-1)
+        if zp.numel() != int(w.shape[0]):
+            raise node._error(f"weights_zp has {zp.numel()} entries for {int(w.shape[0])} output channels")
+        return w + zp.reshape([-1] + [1] * (w.dim() - 1))
+    return w + int(node.params.get("weights_zp", 0))
+
+
+def _convt_int(node: PyNode) -> torch.Tensor:
+    """acc = convT(x_q + zp_in, w) - zp_in * Σ w[c] (the transposed convolution of the input with float 0 ↔ 0, i.e.
+    holes and borders filled with -zp_in), exact; then the MAC requantization with the folded biases."""
+    x, zp = mac_input(node)
+    w_shape = node.get_constant("weights").betensor.shape
+    group, geo = _convt_setup(node, x, w_shape)
+
+    def build() -> Tuple[torch.Tensor, torch.Tensor, int]:
+        w_oc = _oc_effective_weights(node, group)
+        sums = w_oc.reshape(w_oc.shape[0], -1).sum(dim=1)
+        abs_max = int(w_oc.abs().reshape(w_oc.shape[0], -1).sum(dim=1).max()) if w_oc.numel() else 0
+        return _oc_to_torch(w_oc, group), sums, abs_max
+    wt, sums, w_sum = _cached(node, "_convt_int_weights", build)
+    wt = wt.to(x.device)
+    x_absmax = _input_absmax(node.inputs[0], zp)
+    acc = _exact_apply(lambda xf: _conv_transpose(node, xf, wt.to(xf.dtype), group, geo), x + zp, x_absmax, w_sum)
+    acc = acc - zp * sums.to(acc.device)
+    return _mac_output(node, acc, (x_absmax + abs(zp)) * w_sum)
+
+
+def _oc_ranges(node: PyNode, w: PyTensor, w_oc: torch.Tensor, group: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel calibrated ranges of grouped transposed-conv weights: the extrema of each channel's slice,
+    limited to the calibrated range of its IR row (identical to the extrema for the default `extrema` strategy)."""
+    flat = w_oc.reshape(w_oc.shape[0], -1).to(torch.float32)
+    lo = torch.clamp(flat.min(dim=1).values, max=0.0)
+    hi = torch.clamp(flat.max(dim=1).values, min=0.0)
+    if w.min_key_axis is not None and w.max_key_axis is not None and \
+            w.min_key_axis.numel() * group == w_oc.shape[0]:
+        row_lo = torch.as_tensor(w.min_key_axis, dtype=torch.float32).reshape(-1).repeat(group)
+        row_hi = torch.as_tensor(w.max_key_axis, dtype=torch.float32).reshape(-1).repeat(group)
+        lo = torch.clamp(torch.maximum(lo, row_lo), max=0.0)
+        hi = torch.clamp(torch.minimum(hi, row_hi), min=0.0)
+    return lo, hi
+
+
+def _convt_quantize(node: PyNode) -> None:
+    """MAC quantization on the per-output-channel form of the weights (so per-channel scales, multipliers and the
+    zero-point fold are per output channel, also for group > 1), stored back in the IR layout."""
+    w = node.get_constant("weights")
+    x = node.inputs[0]
+    nd = _convt_nd(node)
+    in_c = int(x.ir_shape[-1]) if len(x.ir_shape) == nd + 2 else int(w.betensor.shape[-1])
+    group = _convt_check(node, w.betensor.shape, in_c, nd)
+    per_channel = layer_settings(node).q_mode_weight.startswith("per_channel")
+    if group > 1:
+        w.betensor = _ir_to_oc(w.betensor, group)
+        w.min_key_axis, w.max_key_axis = _oc_ranges(node, w, w.betensor, group)
+    try:
+        quantize_mac(node, per_channel=per_channel, groups=1 if per_channel else group)
+    finally:
+        w.betensor = _oc_to_ir(w.betensor, group)
+
+
+@op_register(OpType.ConvTranspose)
+def conv_transpose_forward(self: PyNode) -> None:
+    """NHWC transposed convolution, weights [out_c/group, kh, kw, in_c], pads crop, output_padding_y/x extend."""
+    _convt_forward(self)
+
+
+@op_register(OpType.ConvTranspose3D)
+def conv_transpose3d_forward(self: PyNode) -> None:
+    """NDHWC transposed convolution, weights [out_c/group, kh, kw, kd, in_c], pad_{z,y,x}_{begin,end} crop."""
+    _convt_forward(self)
+
+
+@quant_register(OpType.ConvTranspose)
+def conv_transpose_quantize(self: PyNode) -> None:
+    _convt_quantize(self)
+
+
+@quant_register(OpType.ConvTranspose3D)
+def conv_transpose3d_quantize(self: PyNode) -> None:
+    _convt_quantize(self)
+
+
+# ================================================================================================ BiasAdd
+def _bias_add_axis(node: PyNode, rank: int) -> int:
+    axis = _int_param(node, "axis", -1, minimum=-rank)
+    if not -rank <= axis < rank:  # type: ignore[operator]
+        raise node._error(f"axis={axis} is out of range for a rank-{rank} input")
+    return int(axis) % rank  # type: ignore[arg-type]
+
+
+@op_register(OpType.BiasAdd)
+def bias_add_forward(self: PyNode) -> None:
+    """y = x + biases along `axis` (default the last, the channel axis), then the fused activation."""
+    x = self.inputs[0].betensor
+    if x.dim() < 1:
+        raise self._error("BiasAdd needs an input of rank >= 1")
+    axis = _bias_add_axis(self, x.dim())
+    channels = int(x.shape[axis])
+    b = self.get_constant("biases").betensor
+    if b.numel() != channels:
+        raise self._error(f"biases must have {channels} elements (one per channel of axis {axis}), got shape "
+                          f"{list(b.shape)}")
+    if self.quantized:
+        self.outputs[0].betensor = _bias_add_int(self, axis)
+        return
+    dtype = _compute_dtype(x)
+    view = [channels] + [1] * (x.dim() - 1 - axis)
+    y = x.to(dtype) + b.to(device=x.device, dtype=dtype).reshape(view)
+    self.outputs[0].betensor = apply_fused_activation(self, y)
+
+
+def _bias_add_int(node: PyNode, axis: int) -> torch.Tensor:
+    """acc = x_q * W (the stored unit weight, w_q + zp_w), then the MAC requantization with the channel axis last."""
+    x = int_value(node.inputs[0])
+    w = effective_weights(node).reshape(-1)
+    if w.numel() != 1:
+        raise node._error(f"a quantized BiasAdd stores one unit weight, got {w.numel()}")
+    acc = x.movedim(axis, -1) * int(w[0])
+    bound = _input_absmax(node.inputs[0]) * abs(int(w[0]))
+    return _mac_output(node, acc, bound).movedim(-1, axis).contiguous()
+
+
+def _bias_add_settings(node: PyNode) -> Any:
+    """The layer's settings with the unit weight's mode and bits, and no remain_shift (as BatchNorm)."""
+    s = layer_settings(node)
+    bits = min(max(int(s.q_bits_weight), BIAS_ADD_WEIGHT_BITS[0]), BIAS_ADD_WEIGHT_BITS[1])
+    return dataclasses.replace(s, q_mode_weight="per_tensor_symmetric_restricted_range", q_bits_weight=bits,
+                               remain_shift=None)
+
+
+@quant_register(OpType.BiasAdd)
+def bias_add_quantize(self: PyNode) -> None:
+    """A per-channel affine map with unit weight: a `weights` constant [1] holding float 1 is quantized per tensor,
+    symmetric restricted range (exactly 2^(b-1)-1 with scale 2^(b-1)-1), then the MAC path quantizes the biases
+    (scale s_in * s_w, input zero point folded) and the requant ratio s_out / (s_in * s_w)."""
+    check_quantized_inputs(self, self.inputs[:1])
+    if "weights" in self.constants:
+        raise self._error("a float BiasAdd has only 'biases'; found a 'weights' constant")
+    one = set_constant(self, "weights", torch.ones(1), Dtype.FP32)
+    one.min, one.max = 0.0, 1.0
+    one.min_key_axis, one.max_key_axis = torch.zeros(1), torch.ones(1)
+    order: List[str] = self.attrs.setdefault("ir_key_order", [])
+    if "weights" not in order:
+        order.insert(order.index("biases") if "biases" in order else len(order), "weights")
+    original = layer_settings(self)
+    self.settings = _bias_add_settings(self)
+    try:
+        quantize_mac(self, per_channel=False)
+    finally:
+        self.settings = original
+
+
+# ================================================================================================ Gemm
+def _gemm_operand(node: PyNode, t: torch.Tensor, key: str) -> torch.Tensor:
+    if not bool_param(node, key, False):
+        return t
+    if t.dim() < 2:
+        raise node._error(f"{key}=true needs an operand of rank >= 2, got shape {list(t.shape)}")
+    return t.transpose(-1, -2)
+
+
+def _gemm_inputs(node: PyNode) -> None:
+    if len(node.inputs) not in (2, 3):
+        raise node._error(f"Gemm needs 2 or 3 inputs (A, B and optionally C), got {len(node.inputs)}")
+
+
+def _matmul(node: PyNode, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    try:
+        return torch.matmul(a, b)
+    except RuntimeError as e:
+        raise node._error(f"operand shapes {list(a.shape)} and {list(b.shape)} (after trans_a/trans_b) cannot be "
+                          f"multiplied: {e}") from None
+
+
+def _broadcast_add(node: PyNode, y: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    try:
+        shape = torch.broadcast_shapes(y.shape, c.shape)
+    except RuntimeError:
+        shape = None
+    if shape != y.shape:
+        raise node._error(f"C of shape {list(c.shape)} does not broadcast to the product's shape {list(y.shape)}")
+    return y + c
+
+
+@op_register(OpType.Gemm)
+def gemm_forward(self: PyNode) -> None:
+    """y = alpha * A' @ B' + beta * C (A' = A^T if trans_a, B' = B^T if trans_b, C optional and broadcast)."""
+    _gemm_inputs(self)
+    if self.quantized:
+        self.outputs[0].betensor = _gemm_int(self)
+        return
+    ts = [t.betensor for t in self.inputs]
+    dtype = torch.float32
+    for t in ts:
+        dtype = torch.promote_types(dtype, _compute_dtype(t))
+    a = _gemm_operand(self, ts[0].to(dtype), "trans_a")
+    b = _gemm_operand(self, ts[1].to(dtype), "trans_b")
+    y = _float_param(self, "alpha", 1.0) * _matmul(self, a, b)
+    if len(ts) == 3:
+        y = _broadcast_add(self, y, _float_param(self, "beta", 1.0) * ts[2].to(dtype))
+    self.outputs[0].betensor = apply_fused_activation(self, y)
+
+
+def _shifted_absmax(t: PyTensor) -> int:
+    lo, hi = out_range(t)
+    zp = tensor_zp(t)
+    return max(abs(lo + zp), abs(hi + zp))
+
+
+def _gemm_requant(node: PyNode) -> Tuple[int, int, int, int]:
+    """(M, N, M_c, N_c) from scale_value/shift_value: scalars for two inputs, [M, M_c] / [N, N_c] for three."""
+    sv, hv = node.get_param("scale_value"), node.get_param("shift_value")
+    if len(node.inputs) == 3:
+        if not (isinstance(sv, (list, tuple)) and isinstance(hv, (list, tuple)) and len(sv) == 2 and len(hv) == 2):
+            raise node._error("a quantized Gemm with C stores scale_value=[M, M_c] and shift_value=[N, N_c], got "
+                              f"{sv!r} / {hv!r}")
+        return int(sv[0]), int(hv[0]), int(sv[1]), int(hv[1])
+    if isinstance(sv, (list, tuple)) or isinstance(hv, (list, tuple)):
+        raise node._error(f"a quantized two-input Gemm stores one scale_value/shift_value, got {sv!r} / {hv!r}")
+    return int(sv), int(hv), 0, 0
+
+
+def _gemm_int(node: PyNode) -> torch.Tensor:
+    """acc = sgn(alpha) * (A+zp_A)' @ (B+zp_B)' exactly; c = sgn(beta) * round_half_even((C+zp_C) * M_c / 2^N_c);
+    y = clamp(round_half_even((acc + c) * M / 2^N) - zp_out, qmin, qmax), then the fused bounds. The worst case of
+    |acc + c| from the stored ranges must stay below 2^62 (checked)."""
+    ta, tb = node.inputs[0], node.inputs[1]
+    m, n, mc, nc = _gemm_requant(node)
+    alpha = _float_param(node, "alpha", 1.0)
+    a = _gemm_operand(node, int_value(ta) + tensor_zp(ta), "trans_a")
+    b = _gemm_operand(node, int_value(tb) + tensor_zp(tb), "trans_b")
+    k = int(a.shape[-1]) if a.dim() else 1
+    bound = k * _shifted_absmax(ta) * _shifted_absmax(tb)
+    c_bound = 0
+    if len(node.inputs) == 3:
+        c_bound = ((_shifted_absmax(node.inputs[2]) * abs(mc)) << max(0, -nc) >> max(0, nc)) + 1
+    if bound + c_bound >= INT64_ACCUMULATOR_LIMIT:
+        raise UnsupportedError(f"layer '{node.name}' (Gemm): accumulator bound {bound + c_bound} exceeds 2^62")
+    if bound < FLOAT64_EXACT:
+        acc = torch.round(_matmul(node, a.to(torch.float64), b.to(torch.float64))).to(torch.int64)
+    else:
+        acc = _matmul(node, a.cpu(), b.cpu()).to(a.device)
+    if alpha < 0:
+        acc = -acc
+    if len(node.inputs) == 3:
+        tc = node.inputs[2]
+        cb = round_shift((int_value(tc) + tensor_zp(tc)) * mc, nc)
+        if _float_param(node, "beta", 1.0) < 0:
+            cb = -cb
+        acc = _broadcast_add(node, acc, cb)
+    out = node.outputs[0]
+    qmin, qmax = out_range(out)
+    y = torch.clamp(_requantize(node, acc, m, n) - tensor_zp(out), qmin, qmax)
+    return fused_activation_clamp(node, y)
+
+
+def _integer_output_bits(node: PyNode, signed: bool) -> int:
+    """Bits of an integer (qinvariant) Gemm output: the smallest of 8/16/32 holding its observed extrema."""
+    out = node.outputs[0]
+    lo = out.stats.extrema_min if out.stats.extrema_min is not None else out.min
+    hi = out.stats.extrema_max if out.stats.extrema_max is not None else out.max
+    lo, hi = float(lo if lo is not None else 0.0), float(hi if hi is not None else 0.0)
+    for bits in (8, 16):
+        qmin, qmax = integer_range(bits, signed)
+        if qmin <= lo and hi <= qmax:
+            return bits
+    return 32
+
+
+@quant_register(OpType.Gemm)
+def gemm_quantize(self: PyNode) -> None:
+    """Output params from the calibrated range, signed iff an input is signed, alpha < 0 or beta < 0 (with C), unless
+    a RELU-like fused activation makes it non-negative; all-integer inputs give an integer output.
+    (M, N) = scale_shift(|alpha| * s_out / (s_A * s_B), multiplier bits); with C, (M_c, N_c) = scale_shift(|beta| *
+    s_A * s_B / (|alpha| * s_C), 15 bits) aligns C to the accumulator's scale (M_c = N_c = 0 when beta = 0)."""
+    _gemm_inputs(self)
+    check_fused_activation_quantizable(self)
+    check_quantized_inputs(self, self.inputs)
+    alpha = _float_param(self, "alpha", 1.0)
+    beta = _float_param(self, "beta", 1.0)
+    if alpha == 0.0:
+        raise UnsupportedError(f"layer '{self.name}' (Gemm): quantizing alpha=0 (a scaled copy of C) is not "
+                               "supported; replace the layer by a multiplication of C")
+    ta, tb = self.inputs[0], self.inputs[1]
+    tc = self.inputs[2] if len(self.inputs) == 3 else None
+    signed = is_signed(ta) or is_signed(tb) or alpha < 0
+    if tc is not None:
+        signed = signed or is_signed(tc) or beta < 0
+    signed = signed and fused_output_signed(self)
+    s = layer_settings(self)
+    out = self.outputs[0]
+    if all(t.qinvariant for t in self.inputs):
+        signed = signed or s.force_dtype_int
+        set_qinvariant(out, _integer_output_bits(self, signed), signed)
+    else:
+        quantize_activation(self, out, signed)
+    f32 = torch.float32
+    s_a, s_b, s_out = (torch.tensor(tensor_scale(t), dtype=f32) for t in (ta, tb, out))
+    ratio = torch.tensor(abs(alpha), dtype=f32) * s_out / (s_a * s_b)
+    m, n, m_dtype, n_dtype = requant_scale_shift(self, ratio)
+    if tc is None:
+        store_requant(self, m, n, m_dtype, n_dtype)
+        return
+    if beta == 0.0:
+        mc, nc = 0, 0
+    else:
+        ratio_c = torch.tensor(abs(beta), dtype=f32) * s_a * s_b / (torch.tensor(abs(alpha), dtype=f32) *
+                                                                     torch.tensor(tensor_scale(tc), dtype=f32))
+        mc, nc, _, _ = scale_shift(ratio_c, AIFF_MULTIPLIER_BITS)
+        if int(nc) < -AIFF_SHIFT_MAX:
+            raise UnsupportedError(f"layer '{self.name}' (Gemm): C's scale differs from the product's by a factor "
+                                   f"beyond the shift range (shift {nc})")
+    self.params["scale_value"] = [int(m), int(mc)]
+    self.params["shift_value"] = [int(n), int(nc)]
+    self.params["scale_type"] = [m_dtype, Dtype.UINT16]
+    self.params["shift_type"] = [n_dtype, Dtype.INT8]
+
+
+# ================================================================================================ catalog
+_SEM = "docs/semantics/mac.md"
+_CONV_INT = ("exact MAC (x_q padded with -zp_in) · (w_q + zp_w) + folded bias; per-tensor/per-channel "
+             "multiplier, shared shift")
+describe_op("Convolution3D",
+            params="weights [out_c,kh,kw,kd,in_c/group], biases, kernel_/stride_/dilation_{x,y,z}, "
+                   "pad_{x,y,z}_{begin,end}, group, num_output, with_activation",
+            integer=_CONV_INT, semantics=_SEM + "#convolution3d")
+describe_op("ConvTranspose",
+            params="weights [out_c/group,kh,kw,in_c], biases, kernel_/stride_/dilation_{x,y}, pad_left/right/top/"
+                   "bottom, output_padding_{x,y}, group, num_output, with_activation",
+            integer="exact transposed MAC of (x_q + zp_in) minus zp_in·Σw + folded bias; per-output-channel requant",
+            semantics=_SEM + "#convtranspose")
+describe_op("ConvTranspose3D",
+            params="weights [out_c/group,kh,kw,kd,in_c], biases, kernel_/stride_/dilation_{x,y,z}, "
+                   "pad_{x,y,z}_{begin,end}, output_padding_{x,y,z}, group, num_output, with_activation",
+            integer="exact transposed MAC of (x_q + zp_in) minus zp_in·Σw + folded bias; per-output-channel requant",
+            semantics=_SEM + "#convtranspose3d")
+describe_op("Gemm", params="inputs A, B, optional C; alpha, beta, trans_a, trans_b, with_activation (optional)",
+            integer="(A+zp)·(B+zp) exact + C aligned by M_c/2^N_c, then M/2^N requant",
+            dtypes="float32 → int8/uint8 or int16/uint16; all-integer inputs → integer output (8/16/32 bits)",
+            semantics=_SEM + "#gemm")
+describe_op("BiasAdd", params="biases [C], axis (default -1), with_activation",
+            integer="x_q · unit weight + folded bias, per-tensor multiplier/shift",
+            semantics=_SEM + "#biasadd")

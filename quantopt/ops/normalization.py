@@ -1,0 +1,611 @@
+"""Normalization layers: LayerNorm, GroupNorm, InstanceNorm, RMSNorm, MVN, LRN and Normalization (L2).
+
+Float forwards follow the ONNX/PyTorch definitions in the IR's channels-last layout. Quantized
+(docs/semantics/normalization.md), the mean and sum of squares of the zero-point-corrected input are exact int64
+values, the inverse square root is an integer routine (normalize the sum of squares by an even shift, one integer
+division and one integer square root), the normalized tensor is a 16-bit symmetric intermediate, and gamma/beta are
+quantized as per-element weights/biases with one multiplier/shift each. LRN reads (bias + alpha/size * Σx²)^-beta
+from a 16-bit-indexed table.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.optype import OpType
+from ..ir.dtype import Dtype
+from ..quant.hardware import AIFF_MULTIPLIER_BITS
+from ..quant.lut import lookup_lut
+from ..quant.params import QuantMode, integer_range, linear_quant_params, quantize
+from ..quant.requant import bias_quantize, range_dtype, requantize_int, scale_shift
+from ..quant.rounding import round_shift
+from ..registry import op_register, quant_register
+from ._lut_int import ceil_log2, int_input
+from ._quant import (
+    insert_keys_after,
+    is_signed,
+    layer_settings,
+    out_range,
+    quantize_activation,
+    requant_of,
+    requant_scale_shift,
+    set_constant,
+    set_params,
+    store_requant,
+    tensor_scale,
+    tensor_zp,
+)
+from ._shared import axis_param, bool_param
+from .catalog import describe_op
+
+NORM_BITS = 16
+"""Bits of the internal normalized tensor (symmetric, restricted range [-32767, 32767]) whatever the activation
+bits: it carries (x - mean)/std into the gamma/beta stage without an 8-bit bottleneck."""
+
+NORM_MEAN_FRAC_BITS = 8
+"""Fraction bits kept on the integer mean (fewer when the sum of squares would not fit 62 bits)."""
+
+SUM_SQUARES_BITS = 62
+"""Bound on every sum of squares (plus the epsilon term) of the integer forward: int64 with one bit of headroom."""
+
+RSQRT_NORM_BITS = 30
+"""The inverse square root normalizes its argument by an even shift into [2^28, 2^30)."""
+
+RSQRT_NUMERATOR_BITS = 62
+"""... then R = isqrt(floor(2^62 / Qn)), so R lies in [2^16, 2^17] and 1/sqrt(Q) = R * 2^-(31 + t/2)."""
+
+RSQRT_FRAC_BITS = RSQRT_NUMERATOR_BITS // 2
+
+LRN_INDEX_BITS = 16
+"""LRN requantizes alpha/size * Σx² to an unsigned 16-bit table index (upstream's LRN LUT input)."""
+
+LRN_VALUE_BITS = 16
+"""LRN table values (bias + A)^-beta are unsigned 16-bit."""
+
+NORMALIZATION_EPSILON = 1e-12
+"""Default `epsilon` of Normalization: the squared norm is clamped from below by it (upstream)."""
+
+LRN_METHODS = ("ACROSS_CHANNELS", "WITHIN_CHANNEL")
+NORM_OPTYPES = [OpType.LayerNorm, OpType.GroupNorm, OpType.InstanceNorm, OpType.RMSNorm, OpType.MVN]
+
+
+# =============================================================================================== layout helpers
+def _int_list(node: PyNode, key: str, value, rank: int) -> List[int]:
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if not values:
+        raise node._error(f"parameter '{key}' must name at least one axis")
+    axes = sorted({axis_param(node, a, rank) for a in values})
+    if len(axes) != len(values):
+        raise node._error(f"parameter '{key}' repeats an axis: {value!r}")
+    return axes
+
+
+def _float_param(node: PyNode, key: str, default: Optional[float] = None) -> float:
+    value = node.get_param(key, optional=default is not None, default_value=default)
+    if isinstance(value, bool):
+        raise node._error(f"parameter '{key}' must be a number, got {value!r}")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise node._error(f"parameter '{key}' must be a number, got {value!r}") from None
+    if not math.isfinite(out):
+        raise node._error(f"parameter '{key}' must be finite, got {value!r}")
+    return out
+
+
+def _int_param(node: PyNode, key: str, default: Optional[int] = None) -> int:
+    value = node.get_param(key, optional=default is not None, default_value=default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise node._error(f"parameter '{key}' must be an integer, got {value!r}")
+    return int(value)
+
+
+def _epsilon(node: PyNode) -> float:
+    eps = _float_param(node, "epsilon")
+    if eps < 0:
+        raise node._error(f"epsilon must be >= 0, got {eps}")
+    return eps
+
+
+def _reduce_axes(node: PyNode, rank: int) -> List[int]:
+    """Axes normalized together by LayerNorm/RMSNorm/MVN/InstanceNorm."""
+    kind = str(node.type)
+    if kind == "InstanceNorm":
+        if rank < 3:
+            raise node._error(f"InstanceNorm needs an input of rank >= 3 (batch, spatial..., channels), got {rank}")
+        default = list(range(1, rank - 1))
+        return _int_list(node, "axis", node.get_param("axis", optional=True, default_value=default), rank)
+    if kind == "MVN":
+        return _int_list(node, "axis", node.get_param("axis"), rank)
+    return _int_list(node, "axis", node.get_param("axis", optional=True, default_value=[-1]), rank)
+
+
+def _group_channel_axis(node: PyNode, rank: int) -> Tuple[int, int]:
+    """(channel axis, groups) of a GroupNorm."""
+    if rank < 2:
+        raise node._error(f"GroupNorm needs an input of rank >= 2, got {rank}")
+    axis = axis_param(node, node.get_param("axis", optional=True, default_value=-1), rank)
+    if axis == 0:
+        raise node._error("GroupNorm channel axis cannot be the batch axis 0")
+    return axis, _int_param(node, "group")
+
+
+class _Rows:
+    """A [R, N] view of the input: each row is one normalization group of N elements, plus the way back."""
+
+    def __init__(self, node: PyNode, shape: Sequence[int]) -> None:
+        rank = len(shape)
+        self.shape = list(shape)
+        if str(node.type) == "GroupNorm":
+            axis, groups = _group_channel_axis(node, rank)
+            channels = int(shape[axis])
+            if groups < 1 or channels % groups:
+                raise node._error(f"group={groups} must be >= 1 and divide the {channels} channels of axis {axis}")
+            self.group = (axis, groups)
+            self.perm = None
+            mid = math.prod(int(shape[d]) for d in range(1, rank) if d != axis)
+            self.count = mid * (channels // groups)
+        else:
+            self.group = None
+            axes = _reduce_axes(node, rank)
+            keep = [d for d in range(rank) if d not in axes]
+            self.perm = keep + axes
+            self.count = math.prod(int(shape[d]) for d in axes)
+
+    def to_rows(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group is not None:
+            axis, groups = self.group
+            xm = x.movedim(axis, -1)
+            b, c = xm.shape[0], xm.shape[-1]
+            g = xm.reshape(b, -1, groups, c // groups).permute(0, 2, 1, 3)
+            return g.reshape(b * groups, -1)
+        return x.permute(self.perm).reshape(-1, self.count)
+
+    def from_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.group is not None:
+            axis, groups = self.group
+            moved = list(self.shape)
+            moved.append(moved.pop(axis))
+            b, c = moved[0], moved[-1]
+            g = rows.reshape(b, groups, -1, c // groups).permute(0, 2, 1, 3)
+            return g.reshape(moved).movedim(-1, axis)
+        permuted = [self.shape[d] for d in self.perm]
+        inverse = [self.perm.index(d) for d in range(len(self.shape))]
+        return rows.reshape(permuted).permute(inverse)
+
+
+def _affine_shape(node: PyNode, shape: Sequence[int]) -> List[int]:
+    """Broadcast shape of gamma/beta and of per-element multipliers: the reduced axes (LayerNorm, RMSNorm, MVN),
+    the channel axis (GroupNorm) or the last axis (InstanceNorm); 1 elsewhere."""
+    rank = len(shape)
+    kind = str(node.type)
+    if kind == "GroupNorm":
+        keep = [_group_channel_axis(node, rank)[0]]
+    elif kind == "InstanceNorm":
+        keep = [rank - 1]
+    else:
+        keep = _reduce_axes(node, rank)
+    return [int(shape[d]) if d in keep else 1 for d in range(rank)]
+
+
+def _affine_tensor(node: PyNode, key: str, shape: Sequence[int]) -> Optional[torch.Tensor]:
+    t = node.get_constant(key, optional=True)
+    if t is None:
+        return None
+    want = _affine_shape(node, shape)
+    if t.betensor.numel() != math.prod(want):
+        raise node._error(f"constant '{key}' has {t.betensor.numel()} elements; {math.prod(want)} expected "
+                          f"(broadcast shape {want})")
+    return t.betensor.reshape(want)
+
+
+def _normalize_variance(node: PyNode) -> bool:
+    return str(node.type) != "MVN" or bool_param(node, "normalize_variance", True)
+
+
+# =============================================================================================== float forward
+@op_register(NORM_OPTYPES)
+def norm_forward(self: PyNode) -> None:
+    """y = (x - mean) / sqrt(var + epsilon) * weights + biases over the normalization group (biased variance);
+    RMSNorm: y = x / sqrt(mean(x²) + epsilon) * weights + biases; MVN with normalize_variance=false: x - mean."""
+    if self.quantized:
+        self.outputs[0].betensor = _norm_integer_forward(self)
+        return
+    x = self.inputs[0].betensor
+    x = x.float() if not x.is_floating_point() else x
+    rows_of = _Rows(self, x.shape)
+    rows = rows_of.to_rows(x)
+    eps = _epsilon(self) if _normalize_variance(self) else 0.0
+    if str(self.type) == "RMSNorm":
+        n = rows / torch.sqrt(torch.mean(rows * rows, dim=1, keepdim=True) + eps)
+    else:
+        centered = rows - rows.mean(dim=1, keepdim=True)
+        if _normalize_variance(self):
+            n = centered / torch.sqrt(torch.mean(centered * centered, dim=1, keepdim=True) + eps)
+        else:
+            n = centered
+    y = rows_of.from_rows(n)
+    w = _affine_tensor(self, "weights", x.shape)
+    b = _affine_tensor(self, "biases", x.shape)
+    if w is not None:
+        y = y * w.to(y.dtype)
+    if b is not None:
+        y = y + b.to(y.dtype)
+    self.outputs[0].betensor = y
+
+
+# =============================================================================================== integer helpers
+def _div_round_half_even(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """round_half_even(num / den) for int64 num (any sign) and den >= 1, exactly."""
+    q = torch.div(num, den, rounding_mode="floor")
+    r = num - q * den
+    up = (2 * r > den) | ((2 * r == den) & (q % 2 == 1))
+    return q + up.to(torch.int64)
+
+
+def _bit_length(v: torch.Tensor) -> torch.Tensor:
+    """Bit length of non-negative int64 values (0 for 0), exactly."""
+    n = torch.zeros_like(v)
+    w = v.clone()
+    for step in (32, 16, 8, 4, 2, 1):
+        big = w >= (1 << step)
+        n = n + big.to(torch.int64) * step
+        w = torch.where(big, w >> step, w)
+    return n + (w > 0).to(torch.int64)
+
+
+def isqrt(n: torch.Tensor) -> torch.Tensor:
+    """floor(sqrt(n)) of int64 values 0 <= n < 2^62, exactly (a float64 estimate corrected with integers)."""
+    r = torch.floor(torch.sqrt(n.to(torch.float64))).to(torch.int64)
+    for _ in range(2):
+        r = torch.where(r * r > n, r - 1, r)
+        r = torch.where((r + 1) * (r + 1) <= n, r + 1, r)
+    return r
+
+
+def inverse_sqrt(q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(R, t) with 1/sqrt(q) ≈ R * 2^-(31 + t/2) for int64 q >= 1: e = bit length of q, t = 2*ceil((e - 30)/2),
+    Qn = q >> t (q << -t when t < 0), R = isqrt(floor(2^62 / Qn)); Qn lies in [2^28, 2^30), R in [2^16, 2^17]."""
+    e = _bit_length(q)
+    t = (e - RSQRT_NORM_BITS) + torch.remainder(e - RSQRT_NORM_BITS, 2)
+    qn = torch.where(t >= 0, q >> torch.clamp(t, min=0), q << torch.clamp(-t, min=0))
+    r = isqrt(torch.div(torch.full_like(qn, 2 ** RSQRT_NUMERATOR_BITS), qn, rounding_mode="floor"))
+    return r, t
+
+
+def _vmax(t) -> int:
+    """Largest |x_q + zp| of a quantized tensor."""
+    qmin, qmax = out_range(t)
+    zp = tensor_zp(t)
+    return max(abs(qmin + zp), abs(qmax + zp))
+
+
+def _mean_frac_bits(node: PyNode, count: int, vmax: int) -> int:
+    """F = min(8, floor((62 - ceil(log2 N) - 2 * (bits(vmax) + 1)) / 2)): N * (2 * vmax * 2^F)^2 stays < 2^62."""
+    spare = SUM_SQUARES_BITS - ceil_log2(max(count, 1)) - 2 * (int(vmax).bit_length() + 1)
+    frac = min(NORM_MEAN_FRAC_BITS, spare // 2)
+    if frac < 0:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): normalizing {count} elements of "
+                               f"{int(vmax).bit_length()}-bit values overflows the 62-bit sum of squares")
+    return frac
+
+
+# =============================================================================================== quantize
+@quant_register(NORM_OPTYPES)
+def norm_quantize(self: PyNode) -> None:
+    """Integer mean/variance parameters (norm_frac_bits, eps_value), the normalized tensor's multiplier
+    (norm_scale_value/norm_shift_value for sqrt(N) * s_n, s_n = 32767/sqrt(N)), then gamma/beta as per-element
+    weights (symmetric, q_bits_weight) and biases (scale s_n * s_w, q_bits_bias) with per-element scale/shift
+    (s_out / (s_n * s_w)), or one scale_value/shift_value (s_out / s_n) without them. Output signed."""
+    inp, out = self.inputs[0], self.outputs[0]
+    if inp.qmin is None:
+        raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
+    s = layer_settings(self)
+    if s.q_mode_activation.startswith("per_channel"):
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): per-channel activation quantization is not "
+                               "supported")
+    shape = list(inp.ir_shape)
+    count = _Rows(self, shape).count
+    s_in = tensor_scale(inp)
+    frac = _mean_frac_bits(self, count, _vmax(inp))
+    quantize_activation(self, out, True)
+    self.params["norm_frac_bits"] = frac
+    if not _normalize_variance(self):
+        if "weights" in self.constants or "biases" in self.constants:
+            raise UnsupportedError(f"layer '{self.name}' (MVN): weights/biases with normalize_variance=false are "
+                                   "not supported")
+        store_requant(self, *requant_scale_shift(self, tensor_scale(out) / s_in))
+        return
+    eps_value = int(round(_epsilon(self) * s_in * s_in * 2.0 ** (2 * frac)))
+    if count * eps_value >= 2 ** SUM_SQUARES_BITS:
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): epsilon {_epsilon(self)} is too large for the "
+                               "integer sum of squares at this input scale")
+    self.params["eps_value"] = eps_value
+    norm_scale = (2 ** (NORM_BITS - 1) - 1) / math.sqrt(count)
+    m, sh, m_dtype, sh_dtype = scale_shift(math.sqrt(count) * norm_scale, AIFF_MULTIPLIER_BITS,
+                                           force_shift_positive=s.force_shift_positive)
+    self.params["norm_scale_value"] = int(m)
+    self.params["norm_scale_type"] = m_dtype
+    self.params["norm_shift_value"] = int(sh)
+    self.params["norm_shift_type"] = sh_dtype
+    _quantize_affine(self, norm_scale, shape)
+
+
+def _quantize_affine(node: PyNode, norm_scale: float, shape: Sequence[int]) -> None:
+    s = layer_settings(node)
+    out = node.outputs[0]
+    s_out = tensor_scale(out)
+    w = node.get_constant("weights", optional=True)
+    b = node.get_constant("biases", optional=True)
+    if w is None and b is None:
+        store_requant(node, *requant_scale_shift(node, s_out / norm_scale))
+        return
+    numel = math.prod(_affine_shape(node, shape))
+    if w is None:
+        w = set_constant(node, "weights", torch.ones(numel, dtype=torch.float32), Dtype.FP32)
+        insert_keys_after(node, "biases", ["weights"])
+    _affine_tensor(node, "weights", shape)
+    wf = w.betensor.to(torch.float32).reshape(-1)
+    wmode = QuantMode.from_name(s.q_mode_weight)
+    mode = QuantMode.make("per_channel", False, wmode.is_symmetric and wmode.is_full_range)
+    bits = int(s.q_bits_weight)
+    p = linear_quant_params(torch.clamp(wf, max=0.0), torch.clamp(wf, min=0.0), bits, mode, True)
+    w_shape = list(w.betensor.shape)
+    w.betensor = quantize(wf, p.scale, p.zerop, p.qmin, p.qmax, axis=0).reshape(w_shape)
+    set_params(w, p, bits)
+    bias_bits = int(s.q_bits_bias)
+    bias_dtype = Dtype.INT32 if bias_bits <= 32 else Dtype.INT64
+    if b is not None:
+        _affine_tensor(node, "biases", shape)
+        b_q, b_scale = bias_quantize(b.betensor.reshape(-1), norm_scale, p.scale, bias_bits)
+        b.betensor = b_q.reshape(list(b.betensor.shape))
+        b.dtype = bias_dtype
+        b.scale, b.zerop, b.qbits = b_scale, 0, bias_bits
+        b.qmin, b.qmax = integer_range(bias_bits, True)
+    ratio = torch.tensor(s_out, dtype=torch.float32) / (torch.tensor(norm_scale, dtype=torch.float32) * p.scale)
+    store_requant(node, *requant_scale_shift(node, ratio))
+
+
+# =============================================================================================== integer forward
+def _norm_integer_forward(node: PyNode) -> torch.Tensor:
+    """v = x_q + zp_in; per row of N elements: m = round_half_even(Σv * 2^F / N), d = v * 2^F - m (RMSNorm: no m),
+    Q = Σd² + N * eps_value, (R, t) = inverse_sqrt(max(Q, 1)),
+    n = clamp(round_half_even(d * R * M_n / 2^(31 + t/2 + N_n)), -32767, 32767); then
+    y = requant(n * w_q + b_q) per element, or requant(n); MVN without variance: y = requant(d) with shift + F."""
+    out = node.outputs[0]
+    x, zp = int_input(node)
+    if x.numel() == 0:
+        return x.clone()
+    rows_of = _Rows(node, x.shape)
+    v = rows_of.to_rows(x + zp)
+    count = v.shape[1]
+    frac = _int_param(node, "norm_frac_bits")
+    if frac < 0:
+        raise node._error(f"norm_frac_bits must be >= 0, got {frac}")
+    if str(node.type) == "RMSNorm":
+        d = v << frac
+    else:
+        m = _div_round_half_even(v.sum(dim=1, keepdim=True) << frac, torch.tensor(count, dtype=torch.int64))
+        d = (v << frac) - m
+    qmin, qmax = out_range(out)
+    zp_out = tensor_zp(out)
+    if not _normalize_variance(node):
+        mult, shift = requant_of(node)
+        return rows_of.from_rows(requantize_int(d, mult, shift + frac, zp_out, qmin, qmax)).contiguous()
+    dmax = int(d.abs().max())
+    eps_value = _int_param(node, "eps_value")
+    if count * dmax * dmax + count * eps_value >= 2 ** SUM_SQUARES_BITS:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): the sum of squares of {count} elements "
+                               "exceeds 62 bits (normalization axes larger than at quantization?)")
+    q = torch.clamp((d * d).sum(dim=1, keepdim=True) + count * eps_value, min=1)
+    r, t = inverse_sqrt(q)
+    m_n = _int_param(node, "norm_scale_value")
+    sh_n = _int_param(node, "norm_shift_value")
+    nmax = 2 ** (NORM_BITS - 1) - 1
+    n = torch.clamp(round_shift(d * r * m_n, RSQRT_FRAC_BITS + (t >> 1) + sh_n), -nmax, nmax)
+    n = rows_of.from_rows(n).contiguous()
+    mult, shift = requant_of(node)
+    bshape = _affine_shape(node, x.shape)
+    if isinstance(mult, torch.Tensor):
+        mult, shift = mult.reshape(bshape), shift.reshape(bshape)
+    w = _affine_tensor(node, "weights", x.shape)
+    if w is None:
+        return requantize_int(n, mult, shift, zp_out, qmin, qmax)
+    acc = n * w.to(torch.int64)
+    b = _affine_tensor(node, "biases", x.shape)
+    if b is not None:
+        acc = acc + b.to(torch.int64)
+    return requantize_int(acc, mult, shift, zp_out, qmin, qmax)
+
+
+# =============================================================================================== LRN
+def _lrn_params(node: PyNode) -> Tuple[int, float, float, float]:
+    method = str(node.get_param("method", optional=True, default_value="ACROSS_CHANNELS")).upper()
+    if method not in LRN_METHODS:
+        raise node._error(f"method must be one of {', '.join(LRN_METHODS)}, got {method!r}")
+    if method != "ACROSS_CHANNELS":
+        raise UnsupportedError(f"layer '{node.name}' (LRN): method {method} is not supported (ACROSS_CHANNELS is)")
+    size = _int_param(node, "size")
+    if size < 1:
+        raise node._error(f"size must be >= 1, got {size}")
+    return size, _float_param(node, "alpha"), _float_param(node, "beta"), _float_param(node, "bias")
+
+
+def _window_sum(sq: torch.Tensor, size: int) -> torch.Tensor:
+    """Σ over the last-axis window [c - floor(size/2), c + floor((size-1)/2)] with zeros outside."""
+    padded = F.pad(sq, (size // 2, (size - 1) // 2))
+    return padded.unfold(-1, size, 1).sum(dim=-1)
+
+
+@op_register(OpType.LRN)
+def lrn_forward(self: PyNode) -> None:
+    """ACROSS_CHANNELS on the last (channel) axis: y = x / (bias + alpha/size * Σ_window x²)^beta."""
+    size, alpha, beta, bias = _lrn_params(self)
+    if self.quantized:
+        self.outputs[0].betensor = _lrn_integer_forward(self, size)
+        return
+    x = self.inputs[0].betensor
+    x = x.float() if not x.is_floating_point() else x
+    if x.dim() < 2:
+        raise self._error(f"LRN needs an input of rank >= 2, got {x.dim()}")
+    self.outputs[0].betensor = x / torch.pow(bias + alpha / size * _window_sum(x * x, size), beta)
+
+
+def lrn_table(fn: Callable[[torch.Tensor], torch.Tensor], index_scale: float, value_scale: float,
+              entries: int) -> torch.Tensor:
+    """Entry j = clamp(round_half_even(f(j * 2^16/entries / s_u) * s_f), 0, 65535), float64, int64."""
+    step = 2 ** LRN_INDEX_BITS // entries
+    a = torch.arange(entries, dtype=torch.float64) * step / index_scale
+    return torch.clamp(torch.round(fn(a) * value_scale), 0, 2 ** LRN_VALUE_BITS - 1).to(torch.int64)
+
+
+@quant_register(OpType.LRN)
+def lrn_quantize(self: PyNode) -> None:
+    """Output signed iff the input is; A = alpha/size * Σ(x²) requantized to a 16-bit index (scale_sum_value/
+    shift_sum_value for s_u * alpha/(size * s_in²), s_u = (2^16 - 2^16/entries)/A_max, A_max = alpha * vmax²/s_in²);
+    table `lut` (uint16, 2^min(16, lut_items_in_bits) entries) of (bias + A)^-beta with scale s_f = 65535/max f;
+    scale_value/shift_value for s_out/(s_in * s_f)."""
+    size, alpha, beta, bias = _lrn_params(self)
+    inp, out = self.inputs[0], self.outputs[0]
+    if inp.qmin is None:
+        raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
+    s = layer_settings(self)
+    if s.q_mode_activation.startswith("per_channel"):
+        raise UnsupportedError(f"layer '{self.name}' (LRN): per-channel activation quantization is not supported")
+    if bias <= 0 or alpha < 0:
+        raise UnsupportedError(f"layer '{self.name}' (LRN): quantization needs bias > 0 and alpha >= 0 "
+                               f"(got bias={bias}, alpha={alpha})")
+    s_in = tensor_scale(inp)
+    entries = 2 ** min(LRN_INDEX_BITS, int(s.lut_items_in_bits))
+    a_max = alpha * _vmax(inp) ** 2 / (s_in * s_in)
+    top = float(2 ** LRN_INDEX_BITS - 2 ** LRN_INDEX_BITS // entries)
+    s_u = top / a_max if a_max > 0 else 1.0
+    quantize_activation(self, out, is_signed(inp))
+    m, sh, m_dtype, sh_dtype = scale_shift(s_u * alpha / (size * s_in * s_in), AIFF_MULTIPLIER_BITS,
+                                           force_shift_positive=s.force_shift_positive)
+    self.params["scale_sum_value"] = int(m)
+    self.params["scale_sum_type"] = m_dtype
+    self.params["shift_sum_value"] = int(sh)
+    self.params["shift_sum_type"] = sh_dtype
+
+    def fn(a: torch.Tensor) -> torch.Tensor:
+        return torch.pow(bias + a, -beta)
+
+    f_max = max(bias ** -beta, float(fn(torch.tensor(a_max, dtype=torch.float64))))
+    s_f = (2 ** LRN_VALUE_BITS - 1) / f_max
+    set_constant(self, "lut", lrn_table(fn, s_u, s_f, entries), range_dtype(0, 2 ** LRN_VALUE_BITS - 1))
+    store_requant(self, *requant_scale_shift(self, tensor_scale(out) / (s_in * s_f)))
+
+
+def _lrn_integer_forward(node: PyNode, size: int) -> torch.Tensor:
+    """v = x_q + zp; u = clamp(round_half_even(Σ_window v² * M_sum / 2^N_sum), 0, 65535); L = lut at u
+    (§3.4 interpolation over a 16-bit index); y = requant(v * L)."""
+    out = node.outputs[0]
+    x, zp = int_input(node)
+    if x.dim() < 2:
+        raise node._error(f"LRN needs an input of rank >= 2, got {x.dim()}")
+    v = x + zp
+    sq = _window_sum(v * v, size)
+    u = requantize_int(sq, _int_param(node, "scale_sum_value"), _int_param(node, "shift_sum_value"), 0, 0,
+                       2 ** LRN_INDEX_BITS - 1)
+    lut = node.get_constant("lut")
+    level = lookup_lut(u, lut.betensor, 0, LRN_INDEX_BITS, LRN_VALUE_BITS, False)
+    mult, shift = requant_of(node)
+    qmin, qmax = out_range(out)
+    return requantize_int(v * level, mult, shift, tensor_zp(out), qmin, qmax)
+
+
+# =============================================================================================== Normalization
+def _lp_params(node: PyNode, rank: int) -> Tuple[List[int], float]:
+    method = str(node.get_param("method", optional=True, default_value="L2")).upper()
+    if method == "L1":
+        raise UnsupportedError(f"layer '{node.name}' (Normalization): method L1 is not supported (L2 is)")
+    if method != "L2":
+        raise node._error(f"method must be L2 (or L1), got {method!r}")
+    axes = _int_list(node, "axis", node.get_param("axis", optional=True, default_value=-1), rank)
+    eps = _float_param(node, "epsilon", NORMALIZATION_EPSILON)
+    if eps < 0:
+        raise node._error(f"epsilon must be >= 0, got {eps}")
+    return axes, eps
+
+
+@op_register(OpType.Normalization)
+def l2_normalization_forward(self: PyNode) -> None:
+    """y = x / sqrt(max(Σ_axis x², epsilon)) (method L2, default axis -1, default epsilon 1e-12)."""
+    if self.quantized:
+        self.outputs[0].betensor = _l2_integer_forward(self)
+        return
+    x = self.inputs[0].betensor
+    x = x.float() if not x.is_floating_point() else x
+    axes, eps = _lp_params(self, x.dim())
+    ss = torch.sum(x * x, dim=axes, keepdim=True)
+    self.outputs[0].betensor = x / torch.sqrt(torch.clamp(ss, min=eps))
+
+
+@quant_register(OpType.Normalization)
+def l2_normalization_quantize(self: PyNode) -> None:
+    """Output signed iff the input can be negative; eps_value = round_half_even(epsilon * s_in²);
+    scale_value/shift_value approximate s_out (the normalized value is scale free)."""
+    inp, out = self.inputs[0], self.outputs[0]
+    if inp.qmin is None:
+        raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
+    if layer_settings(self).q_mode_activation.startswith("per_channel"):
+        raise UnsupportedError(f"layer '{self.name}' (Normalization): per-channel activation quantization is not "
+                               "supported")
+    axes, eps = _lp_params(self, len(inp.ir_shape))
+    count = math.prod(int(inp.ir_shape[a]) for a in axes)
+    if count * _vmax(inp) ** 2 >= 2 ** SUM_SQUARES_BITS:
+        raise UnsupportedError(f"layer '{self.name}' (Normalization): the sum of squares overflows 62 bits")
+    qmin, _ = out_range(inp)
+    quantize_activation(self, out, qmin + tensor_zp(inp) < 0)
+    s_in = tensor_scale(inp)
+    self.params["eps_value"] = int(round(eps * s_in * s_in))
+    store_requant(self, *requant_scale_shift(self, tensor_scale(out)))
+
+
+def _l2_integer_forward(node: PyNode) -> torch.Tensor:
+    """v = x_q + zp; Q = max(Σv², eps_value, 1); (R, t) = inverse_sqrt(Q);
+    y = clamp(round_half_even(v * R * M / 2^(31 + t/2 + shift)) - zp_out, qmin, qmax)."""
+    out = node.outputs[0]
+    x, zp = int_input(node)
+    if x.numel() == 0:
+        return x.clone()
+    axes, _ = _lp_params(node, x.dim())
+    v = x + zp
+    count = math.prod(int(x.shape[a]) for a in axes)
+    if count * int(v.abs().max()) ** 2 >= 2 ** SUM_SQUARES_BITS:
+        raise UnsupportedError(f"layer '{node.name}' (Normalization): the sum of squares overflows 62 bits")
+    q = torch.clamp((v * v).sum(dim=axes, keepdim=True), min=max(1, _int_param(node, "eps_value")))
+    r, t = inverse_sqrt(q)
+    mult, shift = requant_of(node)
+    if isinstance(mult, torch.Tensor):
+        raise node._error("Normalization needs one scale_value/shift_value, not per-channel constants")
+    qmin, qmax = out_range(out)
+    return torch.clamp(round_shift(v * r * mult, RSQRT_FRAC_BITS + (t >> 1) + shift) - tensor_zp(out), qmin, qmax)
+
+
+# =============================================================================================== catalog
+_NORM_INT = ("exact int64 mean and sum of squares, integer inverse square root, 16-bit normalized tensor, "
+             "gamma/beta as per-element weights/biases with per-element multiplier/shift")
+describe_op("LayerNorm", params="axis ([-1]), epsilon; constants weights, biases (optional)", integer=_NORM_INT,
+            semantics="docs/semantics/normalization.md#layernorm")
+describe_op("GroupNorm", params="group, axis (channel axis, -1), epsilon; constants weights, biases (optional)",
+            integer=_NORM_INT, semantics="docs/semantics/normalization.md#groupnorm")
+describe_op("InstanceNorm", params="axis (spatial axes), epsilon; constants weights, biases (optional)",
+            integer=_NORM_INT, semantics="docs/semantics/normalization.md#instancenorm")
+describe_op("RMSNorm", params="axis ([-1]), epsilon; constants weights, biases (optional)",
+            integer="as LayerNorm without the mean", semantics="docs/semantics/normalization.md#rmsnorm")
+describe_op("MVN", params="axis, epsilon, normalize_variance (true)",
+            integer="as LayerNorm; without variance an exact mean subtraction and one requantization",
+            semantics="docs/semantics/normalization.md#mvn")
+describe_op("LRN", params="method (ACROSS_CHANNELS), size, alpha, beta, bias",
+            integer="window sum of squares, 16-bit index, (bias + A)^-beta table, requantization",
+            semantics="docs/semantics/normalization.md#lrn")
+describe_op("Normalization", params="method (L2), axis (-1), epsilon (1e-12)",
+            integer="sum of squares, integer inverse square root, requantization",
+            semantics="docs/semantics/normalization.md#normalization")

@@ -1,0 +1,589 @@
+"""Recurrent layers: BasicLSTM and GRUv3 (batch-major sequences, one direction per layer).
+
+Float forward: the TF/Compass cell equations with the weight layouts the Parser writes (LSTM gate blocks i, g, f, o;
+GRU gate blocks r, z, then the candidate). Quantized (docs/semantics/recurrent.md): exact int64 MACs over
+[x_t, h_{t-1}] with the input zero point folded into the biases, per-channel requantization of every gate
+pre-activation to a fixed gate scale, sigmoid/tanh through int16 Q15 lookup tables, the LSTM cell state in int32
+fixed point with a fraction width that provably cannot overflow, and the hidden state fed back in a fixed
+power-of-two format; the outputs are requantized from the exact Q30 products to their calibrated params.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.optype import OpType
+from ..graph.tensor import PyTensor
+from ..ir.dtype import Dtype
+from ..quant.hardware import AIFF_MULTIPLIER_BITS
+from ..quant.lut import build_lut, lookup_lut
+from ..quant.params import QuantMode, integer_range
+from ..quant.requant import bias_quantize, fold_input_zero_point, range_dtype, scale_shift
+from ..quant.rounding import INT64_SAFE, round_shift
+from ..registry import op_register, quant_register
+from ._quant import (
+    check_quantized_inputs,
+    effective_weights,
+    int_value,
+    layer_settings,
+    out_range,
+    quantize_activation,
+    quantize_weights,
+    set_constant,
+    tensor_scale,
+    tensor_zp,
+)
+from .catalog import describe_op
+
+SIGMOID_INPUT_RANGE = 8.0
+"""Gate pre-activations feeding a SIGMOID table are quantized symmetrically over [-8, 8] (sigmoid(8) = 0.99966)."""
+
+TANH_INPUT_RANGE = 4.0
+"""Gate pre-activations feeding a TANH table are quantized symmetrically over [-4, 4] (tanh(4) = 0.99933)."""
+
+GATE_FRAC_BITS = 15
+"""Gate outputs (table values) are Q15: int16 in [-32767, 32767], 1.0 = 2^15."""
+
+PRODUCT_FRAC_BITS = 2 * GATE_FRAC_BITS
+"""Products of two gate outputs (o * tanh(c) of the LSTM, the GRU state update) are Q30."""
+
+CELL_MAX_FRAC_BITS = 30
+"""The LSTM cell state is int32 with F <= 30 fraction bits, F chosen so that |c| * 2^F <= 2^30."""
+
+CELL_INT_MAX = 2 ** 31 - 1
+"""Saturation bound of the int32 cell state (never reached when F follows from the bound of the docs)."""
+
+RNN_MULTIPLIER_BITS = AIFF_MULTIPLIER_BITS
+"""Every multiplier of a recurrent layer has 15 bits (the AIFF maximum), independent of `multiplier_bits`."""
+
+RNN_SHIFT_MAX = 62
+"""Largest right shift of a recurrent requantization: every shift is an exact int64 round-half-even shift, so the
+AIFF's 31-bit ceiling is not imposed (the Q30 products need shifts above 31 for 8-bit outputs)."""
+
+RNN_ACTIVATIONS: Dict[str, Tuple[Callable[[torch.Tensor], torch.Tensor], float]] = {
+    "SIGMOID": (torch.sigmoid, SIGMOID_INPUT_RANGE),
+    "TANH": (torch.tanh, TANH_INPUT_RANGE),
+}
+"""Cell activations: float function and the fixed input range of its table."""
+
+LSTM_DEFAULT_ACTIVATIONS = ["SIGMOID", "TANH", "TANH"]
+GRU_DEFAULT_ACTIVATIONS = ["SIGMOID", "TANH"]
+LSTM_OUTPUTS = ("Y", "H", "C")
+GRU_OUT_SEQUENCES = (["H"], ["Hn"], ["H", "Hn"])
+
+
+@dataclass
+class RnnSpec:
+    """Validated params of one recurrent layer."""
+
+    kind: str  # "LSTM" or "GRU"
+    time_steps: int
+    input_size: int
+    cell_size: int
+    reverse: bool
+    out_sequence: List[str]
+    activations: List[str]
+    threshold: Optional[float]
+    cell_clip: Optional[float]
+    forget_bias: float
+    linear_before_reset: bool
+
+    @property
+    def gate_rows(self) -> int:
+        return (4 if self.kind == "LSTM" else 3) * self.cell_size
+
+    @property
+    def bias_len(self) -> int:
+        return self.gate_rows + (self.cell_size if self.linear_before_reset else 0)
+
+
+def _positive_int(node: PyNode, key: str) -> int:
+    value = node.get_param(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or int(value) < 1:
+        raise node._error(f"parameter '{key}' must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _optional_bound(node: PyNode, key: str) -> Optional[float]:
+    """threshold / cell_clip: absent or infinite means no clamp; otherwise a positive number."""
+    value = node.get_param(key, optional=True, default_value=None)
+    if value is None:
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise node._error(f"parameter '{key}' must be a number, got {value!r}") from None
+    if math.isnan(f) or f <= 0:
+        raise node._error(f"parameter '{key}' must be positive, got {value!r}")
+    return None if math.isinf(f) else f
+
+
+def rnn_spec(node: PyNode) -> RnnSpec:
+    """Read and check the layer's params (IR errors name the layer; unsupported variants say so)."""
+    kind = "LSTM" if str(node.type) == "BasicLSTM" else "GRU"
+    time_steps = _positive_int(node, "time_steps")
+    input_size = _positive_int(node, "input_size")
+    cell_size = _positive_int(node, "cell_size")
+    direction = str(node.get_param("direction", optional=True, default_value="forward")).lower()
+    if direction not in ("forward", "reverse"):
+        if direction == "bidirectional":
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): direction=bidirectional is not supported "
+                                   "(split it into a forward and a reverse layer)")
+        raise node._error(f"parameter 'direction' must be forward or reverse, got {direction!r}")
+    default_seq = ["Y", "H", "C"] if kind == "LSTM" else ["H"]
+    seq = node.get_param("out_sequence", optional=True, default_value=default_seq)
+    seq = [str(s) for s in (seq if isinstance(seq, (list, tuple)) else [seq])]
+    if kind == "LSTM":
+        if not seq or any(s not in LSTM_OUTPUTS for s in seq) or len(set(seq)) != len(seq):
+            raise node._error(f"out_sequence must list distinct outputs among Y, H, C, got {seq}")
+    elif seq not in GRU_OUT_SEQUENCES:
+        raise node._error(f"out_sequence must be [H], [Hn] or [H,Hn], got {seq}")
+    if len(seq) != len(node.outputs):
+        raise node._error(f"out_sequence {seq} names {len(seq)} outputs but the layer has {len(node.outputs)}")
+    default_act = LSTM_DEFAULT_ACTIVATIONS if kind == "LSTM" else GRU_DEFAULT_ACTIVATIONS
+    acts = node.get_param("activations", optional=True, default_value=default_act)
+    acts = [str(a).upper() for a in (acts if isinstance(acts, (list, tuple)) else [acts])]
+    if len(acts) != len(default_act):
+        raise node._error(f"activations must list {len(default_act)} functions, got {acts}")
+    for a in acts:
+        if a not in RNN_ACTIVATIONS:
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): activation {a} is not supported "
+                                   f"(supported: {', '.join(RNN_ACTIVATIONS)})")
+    if kind == "GRU":
+        for key, default in (("activation_alpha", 1.0), ("activation_beta", 0.0)):
+            values = node.get_param(key, optional=True, default_value=None)
+            if values is not None and any(float(v) != default for v in
+                                          (values if isinstance(values, (list, tuple)) else [values])):
+                raise UnsupportedError(f"layer '{node.name}' ({node.type}): {key}={values} is not supported "
+                                       f"(only {default})")
+    version = str(node.get_param("version", optional=True, default_value="GRUV3")).upper()
+    if kind == "GRU" and version not in ("GRUV3", "GRUV1"):
+        raise node._error(f"parameter 'version' must be GRUV3 or GRUV1, got {version!r}")
+    forget_bias = float(node.get_param("forget_bias", optional=True, default_value=0.0)) if kind == "LSTM" else 0.0
+    spec = RnnSpec(kind, time_steps, input_size, cell_size, direction == "reverse", seq, acts,
+                   _optional_bound(node, "threshold"), _optional_bound(node, "cell_clip") if kind == "LSTM" else None,
+                   forget_bias, kind == "GRU" and version == "GRUV1")
+    w = node.get_constant("weights").betensor
+    if list(w.shape) != [spec.gate_rows, input_size + cell_size]:
+        raise node._error(f"weights must have shape [{spec.gate_rows}, {input_size + cell_size}] "
+                          f"(gate rows, input_size + cell_size), got {list(w.shape)}")
+    b = node.get_constant("biases").betensor
+    if b.numel() != spec.bias_len:
+        raise node._error(f"biases must hold {spec.bias_len} values, got {b.numel()}")
+    expected_inputs = 3 if kind == "LSTM" else 2
+    if len(node.inputs) != expected_inputs:
+        raise node._error(f"expects {expected_inputs} inputs (sequence, initial state{'s' if kind == 'LSTM' else ''})"
+                          f", got {len(node.inputs)}")
+    return spec
+
+
+def _check_sequence(node: PyNode, spec: RnnSpec, x: torch.Tensor) -> None:
+    if x.dim() != 3 or x.shape[1] != spec.time_steps or x.shape[2] != spec.input_size:
+        raise node._error(f"input sequence must be [batch, {spec.time_steps}, {spec.input_size}], "
+                          f"got {list(x.shape)}")
+
+
+def _initial_state(node: PyNode, spec: RnnSpec, state: torch.Tensor, batch: int) -> torch.Tensor:
+    """Initial state rows for a batch: row b uses row b mod (rows of the state input)."""
+    if state.numel() % spec.cell_size != 0 or state.numel() == 0:
+        raise node._error(f"initial state of shape {list(state.shape)} does not hold rows of {spec.cell_size}")
+    s = state.reshape(-1, spec.cell_size)
+    if s.shape[0] == batch:
+        return s
+    return s[torch.arange(batch) % s.shape[0]]
+
+
+# ------------------------------------------------------------------------------------------------ float forward
+def _act(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    return RNN_ACTIVATIONS[name][0]
+
+
+def _clamp_opt(x: torch.Tensor, bound: Optional[float]) -> torch.Tensor:
+    return x if bound is None else torch.clamp(x, -bound, bound)
+
+
+def lstm_float(node: PyNode, spec: RnnSpec, x: torch.Tensor, h0: torch.Tensor,
+               c0: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """z = [x_t, h] @ W^T + b split into i, g, f, o; c = f*c + i*g; h = o * act2(c)."""
+    w = node.get_constant("weights").betensor.to(torch.float32)
+    b = node.get_constant("biases").betensor.to(torch.float32).reshape(-1)
+    a_gate, a_cand, a_cell = (_act(a) for a in spec.activations)
+    xs = torch.flip(x, [1]) if spec.reverse else x
+    h, c = h0, c0
+    ys = []
+    for t in range(spec.time_steps):
+        z = torch.cat([xs[:, t], h], dim=1) @ w.t() + b
+        zi, zg, zf, zo = z.chunk(4, dim=1)
+        th = spec.threshold
+        i = a_gate(_clamp_opt(zi, th))
+        g = a_cand(_clamp_opt(zg, th))
+        f = a_gate(_clamp_opt(zf + spec.forget_bias, th))
+        o = a_gate(_clamp_opt(zo, th))
+        c = _clamp_opt(f * c + i * g, spec.cell_clip)
+        h = o * a_cell(c)
+        ys.append(h)
+    y = torch.stack(ys, dim=1)
+    return {"Y": torch.flip(y, [1]) if spec.reverse else y, "H": h, "C": c}
+
+
+def gru_float(node: PyNode, spec: RnnSpec, x: torch.Tensor, h0: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """r, z = act0([x_t, h] @ Wg^T + bg); n = act1([x_t, r*h] @ Wc^T + bc) (GRUV1: act1(x Wcx^T + bc + r*(h Wch^T
+    + bh))); h = (1 - z) * n + z * h."""
+    cs, isz = spec.cell_size, spec.input_size
+    w = node.get_constant("weights").betensor.to(torch.float32)
+    b = node.get_constant("biases").betensor.to(torch.float32).reshape(-1)
+    wg, wc = w[:2 * cs], w[2 * cs:3 * cs]
+    bg, bc = b[:2 * cs], b[2 * cs:3 * cs]
+    a_gate, a_cand = (_act(a) for a in spec.activations)
+    xs = torch.flip(x, [1]) if spec.reverse else x
+    h = h0
+    ys = []
+    for t in range(spec.time_steps):
+        xt = xs[:, t]
+        rz = a_gate(_clamp_opt(torch.cat([xt, h], dim=1) @ wg.t() + bg, spec.threshold))
+        r, z = rz.chunk(2, dim=1)
+        if spec.linear_before_reset:
+            hn = h @ wc[:, isz:].t() + b[3 * cs:4 * cs]
+            pre = xt @ wc[:, :isz].t() + bc + r * hn
+        else:
+            pre = torch.cat([xt, r * h], dim=1) @ wc.t() + bc
+        n = a_cand(_clamp_opt(pre, spec.threshold))
+        h = (1.0 - z) * n + z * h
+        ys.append(h)
+    y = torch.stack(ys, dim=1)
+    return {"H": torch.flip(y, [1]) if spec.reverse else y, "Hn": h}
+
+
+# ------------------------------------------------------------------------------------------------ quantization
+def _gate_bits(node: PyNode) -> int:
+    bits = int(layer_settings(node).q_bits_activation)
+    if bits not in (8, 16):
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): {bits}-bit activations are not supported "
+                               "(8 or 16)")
+    return bits
+
+
+def gate_input_scale(act: str, bits: int) -> float:
+    """Fixed scale of a table's input: (2^(bits-1) - 1) / range of the activation, float32."""
+    qmax = 2 ** (bits - 1) - 1
+    return float(torch.tensor(qmax, dtype=torch.float32) / torch.tensor(RNN_ACTIVATIONS[act][1],
+                                                                        dtype=torch.float32))
+
+
+def _ratio(num: float, den: float) -> torch.Tensor:
+    return torch.tensor(num, dtype=torch.float32) / torch.tensor(den, dtype=torch.float32)
+
+
+def _mult_shift(ratio) -> Tuple[int, int]:
+    m, n, _, _ = scale_shift(ratio, RNN_MULTIPLIER_BITS, shift_limit=RNN_SHIFT_MAX)
+    return int(m), int(n)
+
+
+def _absmax(t: PyTensor) -> float:
+    lo = 0.0 if t.min is None else float(t.min)
+    hi = 0.0 if t.max is None else float(t.max)
+    return max(abs(lo), abs(hi))
+
+
+def _ceil_log2_real(v: float) -> int:
+    """Smallest k >= 0 with v <= 2^k."""
+    k = 0
+    while float(2 ** k) < v:
+        k += 1
+    return k
+
+
+def _store_weights(node: PyNode) -> torch.Tensor:
+    """Quantize `weights` per output row (per-channel modes) or per tensor; returns s_w per row (float32 [rows])."""
+    s = layer_settings(node)
+    mode = QuantMode.from_name(s.q_mode_weight)
+    wp = quantize_weights(node, per_channel=mode.is_per_channel)
+    rows = node.get_constant("weights").betensor.shape[0]
+    if isinstance(wp.scale, torch.Tensor):
+        set_constant(node, "weights_scale", wp.scale.to(torch.float32), Dtype.FP32)
+        set_constant(node, "weights_zp", wp.zerop.to(torch.int64), Dtype.INT32)
+        return wp.scale.to(torch.float32).reshape(-1)
+    node.params["weights_scale"] = float(wp.scale)
+    node.params["weights_zp"] = int(wp.zerop)
+    return torch.full((rows,), float(wp.scale), dtype=torch.float32)
+
+
+def _store_biases(node: PyNode, spec: RnnSpec, s_x: float, zp_x: int, s_w: torch.Tensor, s_hid: float) -> None:
+    """Gate biases at scale s_x * s_w[row] with zp_x * sum(Wx[row]) folded in; the GRUV1 hidden bias at
+    s_hid * s_w[candidate row]. Float32 products and round-half-even as the MAC ops."""
+    s = layer_settings(node)
+    bias_bits = int(s.q_bits_bias)
+    lo, hi = integer_range(bias_bits, True)
+    b = node.get_constant("biases")
+    bf = b.betensor.to(torch.float32).reshape(-1).clone()
+    cs, rows = spec.cell_size, spec.gate_rows
+    if spec.kind == "LSTM" and spec.forget_bias:
+        bf[2 * cs:3 * cs] = bf[2 * cs:3 * cs] + torch.tensor(spec.forget_bias, dtype=torch.float32)
+    w_eff = effective_weights(node)
+    gate_q, _ = bias_quantize(bf[:rows], s_x, s_w, bias_bits)
+    gate_q = fold_input_zero_point(gate_q, w_eff[:, :spec.input_size], zp_x, qmin=lo, qmax=hi)
+    parts = [gate_q]
+    if spec.linear_before_reset:
+        hid_q, _ = bias_quantize(bf[rows:], s_hid, s_w[2 * cs:3 * cs], bias_bits)
+        parts.append(hid_q)
+    b.betensor = torch.cat(parts)
+    b.dtype = Dtype.INT32 if bias_bits <= 32 else Dtype.INT64
+    b.scale, b.zerop, b.qbits = 1.0, 0, bias_bits
+
+
+def _build_table(node: PyNode, key: str, act: str, bits: int) -> None:
+    qmax = 2 ** (bits - 1) - 1
+    one = 2 ** GATE_FRAC_BITS - 1
+    table = build_lut(_act(act), gate_input_scale(act, bits), 0, -qmax, qmax, bits, float(2 ** GATE_FRAC_BITS), 0,
+                      -one, one, lut_items_in_bits=int(layer_settings(node).lut_items_in_bits))
+    set_constant(node, key, table, Dtype.INT16)
+
+
+def _clamp_code(bound: Optional[float], scale: float, limit: int) -> int:
+    if bound is None:
+        return limit
+    return max(0, min(limit, int(round(bound * scale))))
+
+
+@quant_register([OpType.BasicLSTM, OpType.GRUv3])
+def rnn_quantize(self: PyNode) -> None:
+    """Weights per row, biases with the input zero point folded in, gate multipliers, Q15 tables, state formats and
+    output multipliers; everything the integer forward reads is stored in the layer (see the module doc)."""
+    spec = rnn_spec(self)
+    check_quantized_inputs(self, self.inputs)
+    bits = _gate_bits(self)
+    hq = 2 ** (bits - 1) - 1
+    x, h0 = self.inputs[0], self.inputs[1]
+    s_x, zp_x = tensor_scale(x), tensor_zp(x)
+    for out in self.outputs:
+        quantize_activation(self, out, True, bits)
+    # hidden state fed back: fixed point with Hf fraction bits, enough integer bits for the initial state
+    k = _ceil_log2_real(_absmax(h0))
+    hid_frac = bits - 1 - k
+    if hid_frac < 1:
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): the initial hidden state reaches "
+                               f"{_absmax(h0):g}, too large for the {bits}-bit fixed-point hidden state")
+    s_hid = float(2 ** hid_frac)
+    s_w = _store_weights(self)
+    _store_biases(self, spec, s_x, zp_x, s_w, s_hid)
+    cs = spec.cell_size
+    acts = spec.activations
+    gate_act = ([acts[0], acts[1], acts[0], acts[0]] if spec.kind == "LSTM" else [acts[0], acts[0], acts[1]])
+    s_gate = torch.cat([torch.full((cs,), gate_input_scale(a, bits), dtype=torch.float32) for a in gate_act])
+    m, n, _, _ = scale_shift(s_gate / (torch.tensor(s_x, dtype=torch.float32) * s_w), RNN_MULTIPLIER_BITS,
+                            shift_limit=RNN_SHIFT_MAX)
+    set_constant(self, "gate_scale", torch.as_tensor(m, dtype=torch.int64), Dtype.UINT16)
+    n = torch.as_tensor(n, dtype=torch.int64)
+    set_constant(self, "gate_shift", n, range_dtype(float(n.min()), float(n.max()), force_signed=True))
+    _build_table(self, "lut_gate", acts[0], bits)
+    _build_table(self, "lut_cand", acts[1], bits)
+    p = self.params
+    p["gate_bits"] = bits
+    p["hidden_frac_bits"] = hid_frac
+    p["gate_clamp_value"] = [_clamp_code(spec.threshold, gate_input_scale(acts[0], bits), hq),
+                             _clamp_code(spec.threshold, gate_input_scale(acts[1], bits), hq)]
+    p["hidden_scale_value"], p["hidden_shift_value"] = _mult_shift(_ratio(s_x, s_hid))
+    p["init_h_scale_value"], p["init_h_shift_value"] = _mult_shift(_ratio(s_hid, tensor_scale(h0)))
+    out_frac = {}
+    if spec.kind == "LSTM":
+        c0 = self.inputs[2]
+        bound = max(_absmax(c0), spec.cell_clip) if spec.cell_clip is not None else _absmax(c0) + spec.time_steps
+        cell_frac = CELL_MAX_FRAC_BITS - _ceil_log2_real(bound)
+        if cell_frac < 0:
+            raise UnsupportedError(f"layer '{self.name}' ({self.type}): the cell state bound {bound:g} does not fit "
+                                   "the int32 cell state")
+        _build_table(self, "lut_cell", acts[2], bits)
+        p["cell_frac_bits"] = cell_frac
+        p["init_c_scale_value"], p["init_c_shift_value"] = _mult_shift(_ratio(float(2 ** cell_frac),
+                                                                             tensor_scale(c0)))
+        p["cell_scale_value"], p["cell_shift_value"] = _mult_shift(_ratio(gate_input_scale(acts[2], bits),
+                                                                         float(2 ** cell_frac)))
+        if spec.cell_clip is not None:
+            p["cell_clip_value"] = min(CELL_INT_MAX, int(round(spec.cell_clip * 2 ** cell_frac)))
+        out_frac = {"Y": PRODUCT_FRAC_BITS, "H": PRODUCT_FRAC_BITS, "C": cell_frac}
+    else:
+        out_frac = {"H": PRODUCT_FRAC_BITS, "Hn": PRODUCT_FRAC_BITS}
+    pairs = [_mult_shift(_ratio(tensor_scale(out), float(2 ** out_frac[name])))
+             for name, out in zip(spec.out_sequence, self.outputs)]
+    p["out_scale_value"] = [m for m, _ in pairs]
+    p["out_shift_value"] = [s for _, s in pairs]
+
+
+# ------------------------------------------------------------------------------------------------ integer forward
+def _lut(node: PyNode, key: str, v: torch.Tensor, bits: int) -> torch.Tensor:
+    qmax = 2 ** (bits - 1) - 1
+    return lookup_lut(v, node.get_constant(key).betensor, -qmax, bits, 16, True, in_restricted=True)
+
+
+def _ip(node: PyNode, key: str) -> int:
+    value = node.get_param(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise node._error(f"parameter '{key}' must be an integer, got {value!r}")
+    return value
+
+
+def _requant_out(node: PyNode, idx: int, v: torch.Tensor) -> torch.Tensor:
+    out = node.outputs[idx]
+    qmin, qmax = out_range(out)
+    m = node.get_param("out_scale_value")
+    s = node.get_param("out_shift_value")
+    if not isinstance(m, list) or not isinstance(s, list) or len(m) != len(node.outputs) or len(s) != len(m):
+        raise node._error("out_scale_value/out_shift_value must list one integer per output")
+    return torch.clamp(round_shift(v * int(m[idx]), int(s[idx])) - tensor_zp(out), qmin, qmax)
+
+
+def _check_bound(node: PyNode, spec: RnnSpec, w: torch.Tensor, b: torch.Tensor, bits: int) -> None:
+    """Refuse (rather than wrap) a layer whose worst-case intermediate reaches 2^62: the hidden-part MAC times its
+    multiplier (or times a Q15 gate for GRUV1) and the gate accumulator times its gate multiplier."""
+    lo, hi = out_range(node.inputs[0])
+    xmax, hmax = max(abs(lo), abs(hi)), 2 ** (bits - 1)
+    wx = int(w[:, :spec.input_size].abs().sum(dim=1).max())
+    wh = int(w[:, spec.input_size:].abs().sum(dim=1).max())
+    rows = spec.gate_rows
+    hidden = wh * hmax + (int(b[rows:].abs().max()) if b.numel() > rows else 0)
+    mh, nh = _ip(node, "hidden_scale_value"), _ip(node, "hidden_shift_value")
+    rescaled = (hidden * mh >> nh) + 1 if nh >= 0 else hidden * mh << -nh
+    acc = wx * xmax + int(b[:rows].abs().max()) + rescaled
+    gm = int(node.get_constant("gate_scale").betensor.max())
+    worst = max(hidden * max(mh, 2 ** GATE_FRAC_BITS), rescaled, acc * gm)
+    if worst >= INT64_SAFE:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): the worst-case gate accumulator ({worst}) does not "
+                               "fit the exact int64 integer forward; use narrower inputs or weights")
+
+
+def _gate_in(acc: torch.Tensor, mult: torch.Tensor, shift: torch.Tensor, clamp: torch.Tensor) -> torch.Tensor:
+    return torch.maximum(torch.minimum(round_shift(acc * mult, shift), clamp), -clamp)
+
+
+def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
+    """Integer forward of a quantized BasicLSTM / GRUv3 (docs/semantics/recurrent.md), int64 outputs."""
+    spec = rnn_spec(node)
+    cs, isz = spec.cell_size, spec.input_size
+    bits = _ip(node, "gate_bits")
+    if bits not in (8, 16):
+        raise node._error(f"gate_bits must be 8 or 16, got {bits}")
+    hq = 2 ** (bits - 1) - 1
+    hid_frac = _ip(node, "hidden_frac_bits")
+    if not 0 <= hid_frac <= bits - 1:
+        raise node._error(f"hidden_frac_bits must lie in [0, {bits - 1}], got {hid_frac}")
+    x = int_value(node.inputs[0])
+    _check_sequence(node, spec, x)
+    batch = x.shape[0]
+    w = effective_weights(node)
+    b = node.get_constant("biases").betensor.to(torch.int64).reshape(-1)
+    _check_bound(node, spec, w, b, bits)
+    wx, wh = w[:, :isz].t().contiguous(), w[:, isz:].t().contiguous()
+    gm = node.get_constant("gate_scale").betensor.to(torch.int64).reshape(-1)
+    gs = node.get_constant("gate_shift").betensor.to(torch.int64).reshape(-1)
+    clamp_vals = node.get_param("gate_clamp_value")
+    if not isinstance(clamp_vals, list) or len(clamp_vals) != 2:
+        raise node._error("gate_clamp_value must list two integers")
+    mh, nh = _ip(node, "hidden_scale_value"), _ip(node, "hidden_shift_value")
+    rows = spec.gate_rows
+    if gm.numel() != rows or gs.numel() != rows:
+        raise node._error(f"gate_scale/gate_shift must hold {rows} values")
+    # initial hidden state to the fixed-point hidden format
+    h_in = node.inputs[1]
+    h = _initial_state(node, spec, int_value(h_in) + tensor_zp(h_in), batch)
+    h = torch.clamp(round_shift(h * _ip(node, "init_h_scale_value"), _ip(node, "init_h_shift_value")), -hq, hq)
+    xs = torch.flip(x, [1]) if spec.reverse else x
+    align = GATE_FRAC_BITS - hid_frac
+    products: List[torch.Tensor] = []
+    if spec.kind == "LSTM":
+        cell_frac = _ip(node, "cell_frac_bits")
+        if not 0 <= cell_frac <= CELL_MAX_FRAC_BITS:
+            raise node._error(f"cell_frac_bits must lie in [0, {CELL_MAX_FRAC_BITS}], got {cell_frac}")
+        c_in = node.inputs[2]
+        c = _initial_state(node, spec, int_value(c_in) + tensor_zp(c_in), batch)
+        c = torch.clamp(round_shift(c * _ip(node, "init_c_scale_value"), _ip(node, "init_c_shift_value")),
+                        -CELL_INT_MAX, CELL_INT_MAX)
+        clip = node.get_param("cell_clip_value", optional=True, default_value=CELL_INT_MAX)
+        mc, nc = _ip(node, "cell_scale_value"), _ip(node, "cell_shift_value")
+        clamp = torch.tensor([clamp_vals[0]] * cs + [clamp_vals[1]] * cs + [clamp_vals[0]] * 2 * cs)
+        for t in range(spec.time_steps):
+            acc = xs[:, t] @ wx + b + round_shift((h @ wh) * mh, nh)
+            gin = _gate_in(acc, gm, gs, clamp)
+            i = _lut(node, "lut_gate", gin[:, :cs], bits)
+            g = _lut(node, "lut_cand", gin[:, cs:2 * cs], bits)
+            f = _lut(node, "lut_gate", gin[:, 2 * cs:3 * cs], bits)
+            o = _lut(node, "lut_gate", gin[:, 3 * cs:], bits)
+            c = round_shift((f * c << GATE_FRAC_BITS) + (i * g << cell_frac), PRODUCT_FRAC_BITS)
+            c = torch.clamp(c, -int(clip), int(clip))
+            cin = torch.clamp(round_shift(c * mc, nc), -hq, hq)
+            prod = o * _lut(node, "lut_cell", cin, bits)
+            h = torch.clamp(round_shift(prod, PRODUCT_FRAC_BITS - hid_frac), -hq, hq)
+            products.append(prod)
+        finals = {"H": products[-1], "C": c}
+    else:
+        clamp_g, clamp_c = (torch.tensor([v] * n) for v, n in ((clamp_vals[0], 2 * cs), (clamp_vals[1], cs)))
+        for t in range(spec.time_steps):
+            xt = xs[:, t]
+            acc = xt @ wx[:, :2 * cs] + b[:2 * cs] + round_shift((h @ wh[:, :2 * cs]) * mh, nh)
+            rz = _lut(node, "lut_gate", _gate_in(acc, gm[:2 * cs], gs[:2 * cs], clamp_g), bits)
+            r, z = rz[:, :cs], rz[:, cs:]
+            if spec.linear_before_reset:
+                hn = h @ wh[:, 2 * cs:] + b[3 * cs:4 * cs]
+                hpart = round_shift(r * hn, GATE_FRAC_BITS)
+            else:
+                hpart = round_shift(r * h, GATE_FRAC_BITS) @ wh[:, 2 * cs:]
+            acc = xt @ wx[:, 2 * cs:] + b[2 * cs:3 * cs] + round_shift(hpart * mh, nh)
+            n = _lut(node, "lut_cand", _gate_in(acc, gm[2 * cs:], gs[2 * cs:], clamp_c), bits)
+            prod = (2 ** GATE_FRAC_BITS - z) * n + ((z * h) << align)
+            h = torch.clamp(round_shift(prod, PRODUCT_FRAC_BITS - hid_frac), -hq, hq)
+            products.append(prod)
+        finals = {"Hn": products[-1]}
+    seq_name = "Y" if spec.kind == "LSTM" else "H"
+    results = []
+    for idx, name in enumerate(spec.out_sequence):
+        if name == seq_name:
+            seq = torch.stack(products, dim=1)
+            v = torch.flip(seq, [1]) if spec.reverse else seq
+        else:
+            v = finals[name]
+        results.append(_requant_out(node, idx, v))
+    return results
+
+
+@op_register([OpType.BasicLSTM, OpType.GRUv3])
+def rnn_forward(self: PyNode) -> None:
+    """Sequence input [batch, time_steps, input_size], initial state(s) [batch or 1, cell_size]."""
+    if self.quantized:
+        for t, v in zip(self.outputs, rnn_integer_forward(self)):
+            t.betensor = v
+        return
+    spec = rnn_spec(self)
+    x = self.inputs[0].betensor.to(torch.float32)
+    _check_sequence(self, spec, x)
+    h0 = _initial_state(self, spec, self.inputs[1].betensor.to(torch.float32), x.shape[0])
+    if spec.kind == "LSTM":
+        c0 = _initial_state(self, spec, self.inputs[2].betensor.to(torch.float32), x.shape[0])
+        res = lstm_float(self, spec, x, h0, c0)
+    else:
+        res = gru_float(self, spec, x, h0)
+    for t, name in zip(self.outputs, spec.out_sequence):
+        t.betensor = res[name]
+
+
+def _names(values: Sequence[str]) -> str:
+    return ", ".join(values)
+
+
+describe_op("BasicLSTM", params="time_steps, input_size, cell_size, direction (forward|reverse), out_sequence "
+            f"(subset of {_names(LSTM_OUTPUTS)}), activations ([SIGMOID,TANH,TANH]), threshold, cell_clip, "
+            "forget_bias; weights [4C, I+C] (gates i, g, f, o), biases [4C]",
+            integer="int64 MAC, per-gate requant to fixed gate scales, Q15 sigmoid/tanh tables, int32 fixed-point "
+            "cell state, Q30 hidden products requantized to the outputs",
+            dtypes="float32 → int8 (8 bits) or int16 (16 bits), signed",
+            semantics="docs/semantics/recurrent.md#basiclstm")
+describe_op("GRUv3", params="time_steps, input_size, cell_size, direction (forward|reverse), out_sequence ([H], [Hn] "
+            "or [H,Hn]), activations ([SIGMOID,TANH]), threshold, version (GRUV3|GRUV1); weights [3C, I+C] "
+            "(gates r, z, candidate), biases [3C] (GRUV1: [4C])",
+            integer="int64 MAC, per-gate requant to fixed gate scales, Q15 sigmoid/tanh tables, Q30 state update "
+            "requantized to the outputs",
+            dtypes="float32 → int8 (8 bits) or int16 (16 bits), signed",
+            semantics="docs/semantics/recurrent.md#gruv3")

@@ -1,0 +1,393 @@
+"""Reductions over axes (`Reduce`: SUM, MEAN, MAX, MIN, PROD, L1, L2, VARIANCE, UNBIASED_VARIANCE, ANY, ALL) and
+running reductions along one axis (`Cumulate`: SUM, PROD with exclusive/reverse).
+
+Quantized (docs/semantics/reduce.md): sums are exact int64 sums of q + zp followed by one multiplier/shift (MEAN
+folds 1/N into the ratio); MAX/MIN keep the input's params; products keep a normalized 31-bit running product
+and count the bits dropped; L2 takes an exact integer square root; VARIANCE sums squared deviations from the
+rounded integer mean; ANY/ALL give 0/1 integers.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Sequence, Tuple
+
+import torch
+
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.optype import OpType
+from ..ir.dtype import Dtype
+from ..quant.hardware import AIFF_MULTIPLIER_BITS
+from ..quant.requant import range_dtype, scale_shift
+from ..quant.rounding import round_shift
+from ..registry import op_register, quant_register
+from ._eltwise_int import check_int64_bound, offset_absmax, set_integer_output
+from ._quant import (
+    copy_params,
+    is_signed,
+    layer_settings,
+    out_range,
+    quantize_activation,
+    requant_of,
+    requant_scale_shift,
+    set_constant,
+    set_qinvariant,
+    store_requant,
+    tensor_scale,
+    tensor_zp,
+)
+from ._shared import axis_param, bool_param
+from .catalog import describe_op
+
+REDUCE_METHODS = ("SUM", "MEAN", "MAX", "MIN", "PROD", "L1", "L2", "VARIANCE", "UNBIASED_VARIANCE", "ANY", "ALL")
+CUMULATE_METHODS = ("SUM", "PROD")
+
+PROD_ACC_BITS = 31
+"""Products keep their running value within 31 magnitude bits (|acc| <= 2^31): after each factor the value is
+shifted right (floor) by the bits it exceeds, and the dropped bits are counted and subtracted from the shift."""
+
+L2_MAX_FRACTION_BITS = 15
+"""L2: at most 15 fraction bits are kept by the integer square root of the sum of squares."""
+
+SQRT_INPUT_BITS = 61
+"""L2: the square-root operand S·4^f stays below 2^61 (int64 with headroom for the correction steps)."""
+
+WIDE_SHIFT_MAX = 62
+"""Largest right shift of the int64 requantization of L2, VARIANCE and PROD (their ratios hold s_in^-2 or
+s_in^-n); `round_shift` is exact up to 62 and gives 0 beyond."""
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _axes(node: PyNode, rank: int) -> List[int]:
+    raw = node.get_param("axis")
+    values = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    if not values:
+        raise node._error("axis must list at least one dimension")
+    return sorted({axis_param(node, a, rank) for a in values})
+
+
+def _rows(x: torch.Tensor, axes: Sequence[int]) -> Tuple[torch.Tensor, List[int]]:
+    """(x as [outer, n] with the reduced axes flattened last in row-major order, the keepdims output shape)."""
+    keep = [d for d in range(x.dim()) if d not in axes]
+    n = 1
+    for a in axes:
+        n *= int(x.shape[a])
+    rows = x.permute(*keep, *axes).reshape(-1, n)
+    return rows, [1 if d in axes else int(x.shape[d]) for d in range(x.dim())]
+
+
+def _shape_out(node: PyNode, kept: List[int], axes: Sequence[int]) -> List[int]:
+    if bool_param(node, "keepdims", True):
+        return kept
+    return [s for d, s in enumerate(kept) if d not in axes]
+
+
+def _ir_count(node: PyNode, axes: Sequence[int]) -> int:
+    shape = node.inputs[0].ir_shape
+    n = 1
+    for a in axes:
+        n *= int(shape[a])
+    return n
+
+
+def _check_count(node: PyNode, n: int, n_ir: int) -> None:
+    if n != n_ir:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): the quantized ratio was built for {n_ir} "
+                               f"reduced elements but the data has {n} (a reduced axis changed size, e.g. the batch)")
+
+
+def _bit_length(v: torch.Tensor) -> torch.Tensor:
+    """Bit length of |v| for int64 values below 2^53 in magnitude (0 for 0), exact via frexp of the float64 value."""
+    _, e = torch.frexp(v.abs().to(torch.float64))
+    return torch.where(v != 0, e.to(torch.int64), torch.zeros_like(v))
+
+
+def _normalize_product(acc: torch.Tensor, dropped: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Shift the running product right (floor) by the bits above PROD_ACC_BITS and count them."""
+    k = torch.clamp(_bit_length(acc) - PROD_ACC_BITS, min=0)
+    return acc >> k, dropped + k
+
+
+def power_ratio(s_out: float, s_in: float, count: int, mult_bits: int = AIFF_MULTIPLIER_BITS) -> Tuple[int, int]:
+    """(M, N) with M / 2^N ~ s_out / s_in^count, M in [2^(mb-1), 2^mb - 1]: L = log2(s_out) - count * log2(s_in)
+    in float64, N = floor(log2(2^mb - 1) - L), M = floor(2^(L + N) + 0.5) (N is not capped: it may be large)."""
+    lg = math.log2(float(s_out)) - int(count) * math.log2(float(s_in))
+    top = 2 ** int(mult_bits) - 1
+    n = math.floor(math.log2(top) - lg)
+    m = min(math.floor(2.0 ** (lg + n) + 0.5), top)
+    return int(m), int(n)
+
+
+def isqrt(v: torch.Tensor) -> torch.Tensor:
+    """floor(sqrt(v)) of non-negative int64 values below 2^62, exact (float64 estimate, then integer correction)."""
+    r = torch.floor(torch.sqrt(v.to(torch.float64))).to(torch.int64)
+    for _ in range(4):
+        r = torch.where(r * r > v, r - 1, r)
+        r = torch.where((r + 1) * (r + 1) <= v, r + 1, r)
+    return r
+
+
+def div_round_half_even(num: torch.Tensor, den: int) -> torch.Tensor:
+    """round_half_even(num / den) for int64 `num` and a positive integer `den`, exact."""
+    q = torch.div(num, den, rounding_mode="floor")
+    rem = num - q * den
+    up = (2 * rem > den) | ((2 * rem == den) & (q % 2 == 1))
+    return q + up.to(torch.int64)
+
+
+def _wide_requant(node: PyNode, ratio: float) -> Tuple[int, int]:
+    """15-bit multiplier and a shift up to WIDE_SHIFT_MAX for a ratio carrying s_in^-2 (L2 uses it for s_in^-1)."""
+    s = layer_settings(node)
+    m, n, mt, nt = scale_shift(ratio, AIFF_MULTIPLIER_BITS, force_shift_positive=s.force_shift_positive,
+                               shift_limit=WIDE_SHIFT_MAX)
+    store_requant(node, int(m), int(n), mt, range_dtype(min(int(n), 0), max(int(n), 0), force_signed=True))
+    return int(m), int(n)
+
+
+def _per_tensor_requant(node: PyNode) -> Tuple[int, int]:
+    m, n = requant_of(node)
+    if not isinstance(m, int) or not isinstance(n, int):
+        raise node._error("quantized layer needs a per-tensor scale_value/shift_value")
+    return m, n
+
+
+# ------------------------------------------------------------------------------------------------ Reduce
+def _reduce_method(node: PyNode) -> str:
+    method = str(node.get_param("method")).upper()
+    if method not in REDUCE_METHODS:
+        raise node._error(f"unsupported Reduce method '{method}' (supported: {', '.join(REDUCE_METHODS)})")
+    return method
+
+
+def _float_reduce(node: PyNode, method: str, rows: torch.Tensor) -> torch.Tensor:
+    if method in ("ANY", "ALL"):
+        nz = rows != 0
+        return (nz.any(dim=1) if method == "ANY" else nz.all(dim=1)).to(torch.int64)
+    r = rows if rows.is_floating_point() else rows.to(torch.float32)
+    if method == "SUM":
+        return r.sum(dim=1)
+    if method == "MEAN":
+        return r.mean(dim=1)
+    if method == "MAX":
+        return rows.amax(dim=1)
+    if method == "MIN":
+        return rows.amin(dim=1)
+    if method == "PROD":
+        return r.prod(dim=1)
+    if method == "L1":
+        return r.abs().sum(dim=1)
+    if method == "L2":
+        return torch.sqrt((r * r).sum(dim=1))
+    d = r.shape[1] - (1 if method == "UNBIASED_VARIANCE" else 0)
+    dev = r - r.mean(dim=1, keepdim=True)
+    return (dev * dev).sum(dim=1) / d if d > 0 else torch.full(r.shape[:1], float("nan"))
+
+
+@op_register(OpType.Reduce)
+def reduce_forward(self: PyNode) -> None:
+    method = _reduce_method(self)
+    x = self.inputs[0].betensor
+    axes = _axes(self, x.dim())
+    rows, kept = _rows(x, axes)
+    y = _reduce_int(self, method, axes, rows) if self.quantized else _float_reduce(self, method, rows)
+    self.outputs[0].betensor = y.reshape(_shape_out(self, kept, axes))
+
+
+@quant_register(OpType.Reduce)
+def reduce_quantize(self: PyNode) -> None:
+    """MAX/MIN copy the input's params, ANY/ALL give a 0/1 uint8 integer output; the others get output params from
+    calibration (SUM/MEAN/PROD signed like the input, L1/L2/VARIANCE unsigned; SUM/PROD/L1 of an integer input
+    give an integer output) and the multiplier/shift of their section in docs/semantics/reduce.md."""
+    method = _reduce_method(self)
+    bool_param(self, "keepdims", True)
+    if len(self.inputs) != 1:
+        raise self._error(f"expects 1 input, got {len(self.inputs)}")
+    inp, out = self.inputs[0], self.outputs[0]
+    if inp.qmin is None:
+        raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
+    axes = _axes(self, len(inp.ir_shape))
+    for key in ("scale_value", "shift_value", "scale_type", "shift_type", "sqrt_fraction_bits"):
+        self.params.pop(key, None)
+    if method in ("MAX", "MIN"):
+        copy_params(out, inp)
+        return
+    if method in ("ANY", "ALL"):
+        set_qinvariant(out, 8, layer_settings(self).force_dtype_int)
+        return
+    n = _ir_count(self, axes)
+    signed = is_signed(inp) if method in ("SUM", "MEAN", "PROD") else False
+    if inp.qinvariant and method in ("SUM", "PROD", "L1"):
+        set_integer_output(self, out, signed, [inp.qbits or 8])
+    else:
+        quantize_activation(self, out, signed)
+    s_in, s_out = tensor_scale(inp), tensor_scale(out)
+    emax = offset_absmax(inp)
+    if method in ("SUM", "L1", "MEAN"):
+        ratio = s_out / s_in / (n if method == "MEAN" else 1)
+        store_requant(self, *requant_scale_shift(self, torch.tensor(ratio, dtype=torch.float32)))
+        m, _ = _per_tensor_requant(self)
+        check_int64_bound(self, n * emax * m, "sum times M")
+    elif method == "PROD":
+        m, sh = power_ratio(s_out, s_in, n)
+        store_requant(self, m, sh, Dtype.UINT16, range_dtype(min(sh, 0), max(sh, 0), force_signed=True))
+    elif method == "L2":
+        m, _ = _wide_requant(self, s_out / s_in)
+        bits = (n * emax * emax).bit_length()
+        if bits > SQRT_INPUT_BITS:
+            raise UnsupportedError(f"layer '{self.name}' ({self.type}): the sum of squares of {n} elements "
+                                   f"(up to 2^{bits}) does not fit the exact int64 L2")
+        self.params["sqrt_fraction_bits"] = min(L2_MAX_FRACTION_BITS, (SQRT_INPUT_BITS - bits) // 2)
+    else:
+        d = n - 1 if method == "UNBIASED_VARIANCE" else n
+        if d <= 0:
+            raise self._error(f"{method} over {n} element(s) is undefined")
+        m, _ = _wide_requant(self, s_out / (s_in * s_in) / d)
+        check_int64_bound(self, n * (2 * emax) ** 2 * m, "sum of squared deviations times M")
+
+
+def _reduce_int(node: PyNode, method: str, axes: Sequence[int], rows_q: torch.Tensor) -> torch.Tensor:
+    inp, out = node.inputs[0], node.outputs[0]
+    rows_q = rows_q.to(torch.int64)
+    if method in ("MAX", "MIN"):
+        return rows_q.amax(dim=1) if method == "MAX" else rows_q.amin(dim=1)
+    x = rows_q + tensor_zp(inp)
+    if method in ("ANY", "ALL"):
+        nz = x != 0
+        return (nz.any(dim=1) if method == "ANY" else nz.all(dim=1)).to(torch.int64)
+    n = int(x.shape[1])
+    qmin, qmax = out_range(out)
+    zp_out = tensor_zp(out)
+    m, sh = _per_tensor_requant(node)
+    emax = offset_absmax(inp)
+    if method in ("MEAN", "PROD", "VARIANCE", "UNBIASED_VARIANCE"):
+        _check_count(node, n, _ir_count(node, axes))
+    if method in ("SUM", "MEAN", "L1"):
+        check_int64_bound(node, n * emax * abs(m), "sum times M")
+        acc = (x.abs() if method == "L1" else x).sum(dim=1)
+        return torch.clamp(round_shift(acc * m, sh) - zp_out, qmin, qmax)
+    if method == "PROD":
+        acc = torch.ones(x.shape[0], dtype=torch.int64)
+        dropped = torch.zeros_like(acc)
+        for j in range(n):
+            acc, dropped = _normalize_product(acc * x[:, j], dropped)
+        return torch.clamp(round_shift(acc * m, sh - dropped) - zp_out, qmin, qmax)
+    if method == "L2":
+        f = int(node.get_param("sqrt_fraction_bits"))
+        if (n * emax * emax).bit_length() + 2 * f > SQRT_INPUT_BITS:
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): the sum of squares of {n} elements does "
+                                   "not fit the exact int64 L2")
+        r = isqrt((x * x).sum(dim=1) << (2 * f))
+        return torch.clamp(round_shift(r * m, sh + f) - zp_out, qmin, qmax)
+    check_int64_bound(node, n * (2 * emax) ** 2 * abs(m), "sum of squared deviations times M")
+    mean = div_round_half_even(x.sum(dim=1), n)
+    dev = x - mean.unsqueeze(1)
+    acc = (dev * dev).sum(dim=1)
+    return torch.clamp(round_shift(acc * m, sh) - zp_out, qmin, qmax)
+
+
+# ------------------------------------------------------------------------------------------------ Cumulate
+def _cumulate_params(node: PyNode, rank: int) -> Tuple[str, int, bool, bool]:
+    method = str(node.get_param("method")).upper()
+    if method not in CUMULATE_METHODS:
+        raise node._error(f"unsupported Cumulate method '{method}' (supported: {', '.join(CUMULATE_METHODS)})")
+    axis = axis_param(node, node.get_param("axis"), rank)
+    return method, axis, bool_param(node, "exclusive", False), bool_param(node, "reverse", False)
+
+
+@op_register(OpType.Cumulate)
+def cumulate_forward(self: PyNode) -> None:
+    x = self.inputs[0].betensor
+    method, axis, exclusive, reverse = _cumulate_params(self, x.dim())
+    v = x.movedim(axis, -1)
+    if reverse:
+        v = v.flip(-1)
+    if self.quantized:
+        y = _cumulate_int(self, method, axis, exclusive, v.to(torch.int64))
+    else:
+        v = v if v.is_floating_point() else v.to(torch.float32)
+        y = v.cumsum(-1) if method == "SUM" else v.cumprod(-1)
+        if exclusive:
+            first = torch.zeros_like(y[..., :1]) if method == "SUM" else torch.ones_like(y[..., :1])
+            y = torch.cat([first, y[..., :-1]], dim=-1)
+    if reverse:
+        y = y.flip(-1)
+    self.outputs[0].betensor = y.movedim(-1, axis).contiguous()
+
+
+def _factor_counts(length: int, exclusive: bool) -> List[int]:
+    return [j if exclusive else j + 1 for j in range(length)]
+
+
+@quant_register(OpType.Cumulate)
+def cumulate_quantize(self: PyNode) -> None:
+    """Output params from calibration (signed like the input; an integer input gives an integer output). SUM:
+    one 15-bit multiplier/shift for s_out / s_in. PROD: per-position constants `scale` (uint16) / `shift` (int32)
+    for s_out / s_in^k, k the number of factors at that position."""
+    inp, out = self.inputs[0], self.outputs[0]
+    if len(self.inputs) != 1:
+        raise self._error(f"expects 1 input, got {len(self.inputs)}")
+    if inp.qmin is None:
+        raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
+    method, axis, exclusive, _ = _cumulate_params(self, len(inp.ir_shape))
+    for key in ("scale_value", "shift_value", "scale_type", "shift_type"):
+        self.params.pop(key, None)
+    self.constants.pop("scale", None)
+    self.constants.pop("shift", None)
+    signed = is_signed(inp)
+    if inp.qinvariant:
+        set_integer_output(self, out, signed, [inp.qbits or 8])
+    else:
+        quantize_activation(self, out, signed)
+    s_in, s_out = tensor_scale(inp), tensor_scale(out)
+    length = int(inp.ir_shape[axis])
+    s = layer_settings(self)
+    if method == "SUM":
+        m, n, mt, nt = scale_shift(torch.tensor(s_out / s_in, dtype=torch.float32), AIFF_MULTIPLIER_BITS,
+                                   force_shift_positive=s.force_shift_positive)
+        store_requant(self, int(m), int(n), mt, nt)
+        check_int64_bound(self, length * offset_absmax(inp) * int(m), "running sum times M")
+        return
+    pairs = [power_ratio(s_out, s_in, k) for k in _factor_counts(length, exclusive)]
+    set_constant(self, "scale", torch.tensor([p[0] for p in pairs], dtype=torch.int64), Dtype.UINT16)
+    set_constant(self, "shift", torch.tensor([p[1] for p in pairs], dtype=torch.int64), Dtype.INT32)
+
+
+def _cumulate_int(node: PyNode, method: str, axis: int, exclusive: bool, v: torch.Tensor) -> torch.Tensor:
+    """v: input integers with the cumulated axis last (already flipped for reverse)."""
+    inp, out = node.inputs[0], node.outputs[0]
+    x = v + tensor_zp(inp)
+    length = int(x.shape[-1])
+    qmin, qmax = out_range(out)
+    zp_out = tensor_zp(out)
+    if method == "SUM":
+        m, sh = _per_tensor_requant(node)
+        check_int64_bound(node, length * offset_absmax(inp) * abs(m), "running sum times M")
+        acc = x.cumsum(-1)
+        if exclusive:
+            acc = acc - x
+        return torch.clamp(round_shift(acc * m, sh) - zp_out, qmin, qmax)
+    mult = node.get_constant("scale").betensor.to(torch.int64).flatten()
+    shift = node.get_constant("shift").betensor.to(torch.int64).flatten()
+    if mult.numel() != length or shift.numel() != length:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): the quantized constants cover {mult.numel()} "
+                               f"positions but the cumulated axis has {length}")
+    acc = torch.ones(x.shape[:-1], dtype=torch.int64)
+    dropped = torch.zeros_like(acc)
+    ys = []
+    for j in range(length):
+        if not exclusive:
+            acc, dropped = _normalize_product(acc * x[..., j], dropped)
+        ys.append(torch.clamp(round_shift(acc * mult[j], shift[j] - dropped) - zp_out, qmin, qmax))
+        if exclusive:
+            acc, dropped = _normalize_product(acc * x[..., j], dropped)
+    return torch.stack(ys, dim=-1)
+
+
+# ------------------------------------------------------------------------------------------------ catalog
+_REDUCE = "docs/semantics/reduce.md"
+describe_op("Reduce", params="method=" + "|".join(REDUCE_METHODS) + ", axis=[...], keepdims=true|false",
+            integer="exact int64 reduction of q + zp, one multiplier/shift (MAX/MIN passthrough, L2 integer sqrt)",
+            semantics=f"{_REDUCE}#reduce")
+describe_op("Cumulate", params="method=SUM|PROD, axis, exclusive, reverse",
+            integer="exact running sum (or normalized running product), requantized per position",
+            semantics=f"{_REDUCE}#cumulate")

@@ -1,0 +1,336 @@
+"""Element-wise unary math: Abs, Negative, Sign, IsInf, IsNaN and the table ops (Exp, Log, Sqrt, trigonometric and
+hyperbolic functions, Floor/Ceil/Round/Trunc, ...). Each is a standalone layer type without a `method` param.
+
+Quantized (docs/semantics/unary.md):
+* Abs / Negative: |x + zp_in| resp. -(x + zp_in), exact in int64, then one requantization s_out / s_in.
+* Sign: sign(x + zp_in) as an int8 integer tensor (scale 1, zero point 0).
+* IsInf / IsNaN: a quantized tensor holds no inf or NaN, so the integer output is always 0 (uint8 integer tensor).
+* every other op: a lookup table `lut` over the input integer range (quant/lut.py). Functions with a restricted
+  domain are evaluated on samples clamped into it (see `domain_clamp`), so no table entry comes from inf or NaN,
+  and the output range is the calibrated one limited to the finite tabulated values.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.optype import OpType
+from ..ir.dtype import Dtype
+from ..quant.lut import build_lut, lookup_lut, lut_sample_points, lut_size
+from ..quant.params import dequantize
+from ..quant.requant import requantize_int
+from ..registry import op_register, quant_register
+from ._lut_int import constants_first, int_input, is_restricted, range_bits
+from ._quant import (
+    copy_params,
+    layer_settings,
+    out_range,
+    quantize_activation,
+    requant_of,
+    requant_scale_shift,
+    set_constant,
+    set_qinvariant,
+    store_requant,
+    tensor_scale,
+    tensor_zp,
+)
+from ._shared import bool_param
+from .catalog import describe_op
+
+SEMANTICS = "docs/semantics/unary.md"
+
+# --------------------------------------------------------------------------------------------- float functions
+LUT_FUNCTIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "Exp": torch.exp, "Log": torch.log, "Erf": torch.erf, "Sqrt": torch.sqrt, "Rsqrt": torch.rsqrt,
+    "Reciprocal": torch.reciprocal, "Square": torch.square,
+    "Floor": torch.floor, "Ceil": torch.ceil, "Round": torch.round, "Trunc": torch.trunc,
+    "Acos": torch.acos, "Acosh": torch.acosh, "Asin": torch.asin, "Asinh": torch.asinh, "Atan": torch.atan,
+    "Atanh": torch.atanh, "Cosine": torch.cos, "Cosh": torch.cosh, "Sine": torch.sin, "Sinh": torch.sinh,
+    "Tan": torch.tan,
+}
+"""Table ops and their float function (torch's; `torch.round` rounds half to even like ONNX Round)."""
+
+ROUNDING_OPS = ("Floor", "Ceil", "Round", "Trunc")
+"""Table ops that are the identity on integers: an integer (scale 1, zero point 0) input passes through."""
+
+LUT_OUTPUT_SIGNED: Dict[str, Optional[bool]] = {
+    "Exp": False, "Sqrt": False, "Rsqrt": False, "Square": False, "Acos": False, "Acosh": False, "Cosh": False,
+    "Log": True, "Cosine": True, "Sine": True, "Tan": True,
+    "Erf": None, "Asin": None, "Asinh": None, "Atan": None, "Atanh": None, "Sinh": None, "Reciprocal": None,
+    "Floor": None, "Ceil": None, "Round": None, "Trunc": None,
+}
+"""Output signedness of the table ops: fixed by the function's range, or None: signed iff the input is signed
+(functions that keep the sign of their argument)."""
+
+ATANH_MAX_MARGIN = 0.5
+"""Atanh samples are clamped to ±(1 - min(step/2, ATANH_MAX_MARGIN)): half an input step inside the open domain
+(-1, 1), but never closer to 0 than ±0.5 when the input step is coarser than 1."""
+
+_F32_BELOW_ONE = float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))
+
+
+def _half_step(s_in: float) -> float:
+    """Half the input quantization step, 1 / (2 s_in), as a positive float32 value."""
+    half = float(torch.tensor(0.5 / s_in, dtype=torch.float32))
+    return half if half > 0.0 else float(torch.finfo(torch.float32).tiny)
+
+
+def domain_clamp(optype: str, s_in: float) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
+    """The clamp applied to table samples of a function with a restricted domain (None for the others).
+
+    With h = 1 / (2 s_in), half an input step (the inputs that quantize to a boundary code lie within h of it):
+    Sqrt [0, inf); Acosh [1, inf); Acos, Asin [-1, 1]; Log, Rsqrt [h, inf); Reciprocal |x| >= h keeping the sign
+    (0 → +h, as 1/+0 = +inf); Atanh [-b, b] with b = 1 - min(h, 0.5) in float32 (the float32 below 1 if that rounds
+    to 1). Every clamped sample gives a finite value.
+    """
+    h = _half_step(s_in)
+    if optype == "Sqrt":
+        return lambda x: torch.clamp(x, min=0.0)
+    if optype == "Acosh":
+        return lambda x: torch.clamp(x, min=1.0)
+    if optype in ("Acos", "Asin"):
+        return lambda x: torch.clamp(x, -1.0, 1.0)
+    if optype in ("Log", "Rsqrt"):
+        return lambda x: torch.clamp(x, min=h)
+    if optype == "Reciprocal":
+        return lambda x: torch.where(x.abs() < h, torch.where(x < 0, -h, h).to(x.dtype), x)
+    if optype == "Atanh":
+        b = float(torch.tensor(1.0 - min(h, ATANH_MAX_MARGIN), dtype=torch.float32))
+        b = min(b, _F32_BELOW_ONE)
+        return lambda x: torch.clamp(x, -b, b)
+    return None
+
+
+def _is_integer_tensor(t) -> bool:
+    """Scale 1 and zero point 0: the integers are the values (what the stored IR says, not an in-memory flag)."""
+    return tensor_scale(t) == 1.0 and tensor_zp(t) == 0
+
+
+def _check_per_tensor_mode(node: PyNode) -> None:
+    if layer_settings(node).q_mode_activation.startswith("per_channel"):
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel activation quantization is not "
+                               "supported for unary math ops")
+
+
+def _check_input_quantized(node: PyNode) -> None:
+    inp = node.inputs[0]
+    if inp.qmin is None:
+        raise node._error(f"input '{inp.name}' is not quantized; quantize the producer first")
+
+
+def _check_one_in_one_out(node: PyNode) -> None:
+    if len(node.inputs) != 1 or len(node.outputs) != 1:
+        raise node._error(f"expects one input and one output, got {len(node.inputs)} and {len(node.outputs)}")
+
+
+def _isinf_flags(node: PyNode) -> Tuple[bool, bool]:
+    """(detect_negative, detect_positive), both true by default (ONNX IsInf)."""
+    return bool_param(node, "detect_negative", True), bool_param(node, "detect_positive", True)
+
+
+# --------------------------------------------------------------------------------------------- table ops
+def _lut_sample_values(node: PyNode, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """f at the table's sample points (float32, exactly the values `build_lut` quantizes)."""
+    inp = node.inputs[0]
+    qmin, qmax = out_range(inp)
+    steps = lut_size(range_bits(inp), int(layer_settings(node).lut_items_in_bits))
+    x = dequantize(lut_sample_points(qmin, qmax, steps), tensor_scale(inp), tensor_zp(inp))
+    return fn(x).to(torch.float32)
+
+
+def _limit_output_range(node: PyNode, values: torch.Tensor) -> None:
+    """Clamp the calibrated output range into [min, max] of the finite tabulated values (calibration clips inf to
+    ±2^31, which would otherwise swamp the output scale)."""
+    out = node.outputs[0]
+    finite = values[torch.isfinite(values)]
+    if finite.numel() == 0:
+        raise node._error("the function has no finite value over the input range; it cannot be tabulated")
+    lo, hi = float(finite.min()), float(finite.max())
+    if out.min is None or out.max is None:
+        raise node._error(f"tensor '{out.name}' has no calibrated range; run calibration before quantization")
+    out.min = min(max(float(out.min), lo), hi)
+    out.max = min(max(float(out.max), lo), hi)
+
+
+def _lut_output_signed(node: PyNode) -> bool:
+    signed = LUT_OUTPUT_SIGNED[str(node.type)]
+    if signed is None:
+        return out_range(node.inputs[0])[0] < 0
+    return signed
+
+
+def _quantize_lut(node: PyNode) -> None:
+    """Output params from the calibrated range (limited to finite table values), then
+    lut[i] = quantize_out(f(clamp_domain(dequantize_in(sample_i))))."""
+    optype = str(node.type)
+    inp, out = node.inputs[0], node.outputs[0]
+    if optype in ROUNDING_OPS and _is_integer_tensor(inp):
+        copy_params(out, inp)
+        return
+    base = LUT_FUNCTIONS[optype]
+    clamp = domain_clamp(optype, tensor_scale(inp))
+    fn = base if clamp is None else (lambda x: base(clamp(x)))
+    _limit_output_range(node, _lut_sample_values(node, fn))
+    quantize_activation(node, out, _lut_output_signed(node))
+    in_qmin, in_qmax = out_range(inp)
+    out_qmin, out_qmax = out_range(out)
+    table = build_lut(fn, tensor_scale(inp), tensor_zp(inp), in_qmin, in_qmax, range_bits(inp),
+                      tensor_scale(out), tensor_zp(out), out_qmin, out_qmax,
+                      lut_items_in_bits=int(layer_settings(node).lut_items_in_bits))
+    set_constant(node, "lut", table, out.dtype)
+    constants_first(node, ["lut"])
+
+
+def _int_lut(node: PyNode, x: torch.Tensor) -> torch.Tensor:
+    inp, out = node.inputs[0], node.outputs[0]
+    qmin, qmax = out_range(out)
+    lut = node.get_constant("lut", optional=True)
+    if lut is None:
+        if str(node.type) in ROUNDING_OPS and _is_integer_tensor(inp) and _is_integer_tensor(out):
+            return torch.clamp(x, qmin, qmax)
+        raise node._error("missing required constant 'lut' (lut_type/_offset/_size/_shape)")
+    in_qmin, _ = out_range(inp)
+    y = lookup_lut(x, lut.betensor, in_qmin, range_bits(inp), lut.dtype.bits, lut.dtype.is_signed,
+                   in_restricted=is_restricted(inp))
+    return torch.clamp(y, qmin, qmax)
+
+
+LUT_OPTYPES = [getattr(OpType, name) for name in LUT_FUNCTIONS]
+
+
+@quant_register(LUT_OPTYPES)
+def unary_lut_quantize(self: PyNode) -> None:
+    _check_one_in_one_out(self)
+    _check_per_tensor_mode(self)
+    _check_input_quantized(self)
+    _quantize_lut(self)
+
+
+@op_register(LUT_OPTYPES)
+def unary_lut_forward(self: PyNode) -> None:
+    _check_one_in_one_out(self)
+    if self.quantized:
+        x, _ = int_input(self)
+        self.outputs[0].betensor = _int_lut(self, x)
+        return
+    self.outputs[0].betensor = LUT_FUNCTIONS[str(self.type)](self.inputs[0].betensor)
+
+
+# --------------------------------------------------------------------------------------------- Abs, Negative
+INTEGER_NEGATIVE_BITS = (16, 32)
+"""Bits of a signed integer Negative/Abs output: 16 for inputs of up to 8 bits (-(-128), -255 and |-128| as a signed
+value need 9 bits), else 32 (32-bit inputs can saturate at the int32 bounds, e.g. -(-2^31) → 2^31 - 1)."""
+
+
+@quant_register([OpType.Abs, OpType.Negative])
+def abs_negative_quantize(self: PyNode) -> None:
+    """Abs: unsigned output; Negative: signed. Quantized inputs: output params from the calibrated range and
+    scale_value/shift_value for s_out / s_in. Integer inputs: integer outputs, multiplier 1, shift 0."""
+    _check_one_in_one_out(self)
+    _check_input_quantized(self)
+    inp, out = self.inputs[0], self.outputs[0]
+    in_qmin, in_qmax = out_range(inp)
+    negative = str(self.type) == "Negative"
+    if _is_integer_tensor(inp):
+        bits = (in_qmax - in_qmin).bit_length()
+        signed = negative or layer_settings(self).force_dtype_int
+        if signed:
+            bits = INTEGER_NEGATIVE_BITS[0] if bits <= 8 else INTEGER_NEGATIVE_BITS[1]
+        set_qinvariant(out, bits, signed)
+        store_requant(self, 1, 0, Dtype.UINT8, Dtype.INT8)
+        return
+    _check_per_tensor_mode(self)
+    quantize_activation(self, out, negative)
+    ratio = torch.tensor(tensor_scale(out), dtype=torch.float32) / torch.tensor(tensor_scale(inp),
+                                                                               dtype=torch.float32)
+    store_requant(self, *requant_scale_shift(self, ratio))
+
+
+@op_register([OpType.Abs, OpType.Negative])
+def abs_negative_forward(self: PyNode) -> None:
+    _check_one_in_one_out(self)
+    negative = str(self.type) == "Negative"
+    if not self.quantized:
+        x = self.inputs[0].betensor
+        self.outputs[0].betensor = torch.neg(x) if negative else torch.abs(x)
+        return
+    x, zp_in = int_input(self)
+    v = x + zp_in
+    v = -v if negative else v.abs()
+    out = self.outputs[0]
+    qmin, qmax = out_range(out)
+    mult, shift = requant_of(self)
+    self.outputs[0].betensor = requantize_int(v, mult, shift, tensor_zp(out), qmin, qmax)
+
+
+# --------------------------------------------------------------------------------------------- Sign, IsInf, IsNaN
+SIGN_BITS = 8
+"""Sign's output is an int8 integer tensor holding -1, 0 or 1."""
+
+FLAG_BITS = 8
+"""IsInf / IsNaN outputs are uint8 integer tensors holding 0 or 1."""
+
+
+@quant_register(OpType.Sign)
+def sign_quantize(self: PyNode) -> None:
+    _check_one_in_one_out(self)
+    _check_input_quantized(self)
+    set_qinvariant(self.outputs[0], SIGN_BITS, True)
+
+
+@op_register(OpType.Sign)
+def sign_forward(self: PyNode) -> None:
+    """Float: torch.sign. Quantized: sign(x + zp_in), exact because the input scale is positive."""
+    _check_one_in_one_out(self)
+    if not self.quantized:
+        self.outputs[0].betensor = torch.sign(self.inputs[0].betensor)
+        return
+    x, zp_in = int_input(self)
+    qmin, qmax = out_range(self.outputs[0])
+    self.outputs[0].betensor = torch.clamp(torch.sign(x + zp_in), qmin, qmax)
+
+
+@quant_register([OpType.IsInf, OpType.IsNaN])
+def isinf_isnan_quantize(self: PyNode) -> None:
+    _check_one_in_one_out(self)
+    if str(self.type) == "IsInf":
+        _isinf_flags(self)
+    set_qinvariant(self.outputs[0], FLAG_BITS, False)
+
+
+@op_register([OpType.IsInf, OpType.IsNaN])
+def isinf_isnan_forward(self: PyNode) -> None:
+    """Float: 1 where the input is inf (of a detected sign) / NaN, else 0, as uint8. Quantized: always 0."""
+    _check_one_in_one_out(self)
+    x = self.inputs[0].betensor
+    if str(self.type) == "IsInf":
+        neg, pos = _isinf_flags(self)
+        if self.quantized:
+            flags = torch.zeros(x.shape, dtype=torch.bool)
+        else:
+            flags = ((x == -math.inf) & neg) | ((x == math.inf) & pos)
+    else:
+        flags = torch.zeros(x.shape, dtype=torch.bool) if self.quantized else torch.isnan(x)
+    self.outputs[0].betensor = flags.to(torch.int64 if self.quantized else torch.uint8)
+
+
+# --------------------------------------------------------------------------------------------- catalog
+describe_op(["Abs", "Negative"], params="(none)",
+            integer="|x+zp_in| or -(x+zp_in), one requantization s_out/s_in (Abs unsigned, Negative signed)",
+            semantics=f"{SEMANTICS}#abs-negative")
+describe_op("Sign", params="(none)", dtypes="float32 → int8 (integer tensor: -1, 0, 1)",
+            integer="sign(x + zp_in), exact", semantics=f"{SEMANTICS}#sign")
+describe_op("IsInf", params="detect_negative, detect_positive (default true)",
+            dtypes="float32 → uint8 (integer tensor: 0, 1)",
+            integer="always 0 (a quantized tensor holds no inf)", semantics=f"{SEMANTICS}#isinf-isnan")
+describe_op("IsNaN", params="(none)", dtypes="float32 → uint8 (integer tensor: 0, 1)",
+            integer="always 0 (a quantized tensor holds no NaN)", semantics=f"{SEMANTICS}#isinf-isnan")
+describe_op([n for n in LUT_FUNCTIONS if n not in ROUNDING_OPS], params="(none); constant lut when quantized",
+            integer="LUT over the input range (domain-clamped samples for restricted domains)",
+            semantics=f"{SEMANTICS}#table-ops")
+describe_op(list(ROUNDING_OPS), params="(none); constant lut when quantized",
+            integer="LUT over the input range; identity on integer inputs", semantics=f"{SEMANTICS}#table-ops")
