@@ -8,6 +8,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
+from .analysis.report import build_report, collect_histograms, layer_bits, worst_tensors, write_report
 from .analysis.similarity import LayerSimilarity, layer_similarity, to_float, worst_layers_table
 from .analysis.template import build_template, write_template
 from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
@@ -19,6 +20,7 @@ from .graph.graph import PyGraph, QuantizeGraph
 from .graph.node import PyNode
 from .ir.writer import write_ir
 from .log import OPT_INFO, StepTimer, attach_file, detach_file, warning_count
+from .progress import progress
 from .quantizer import assign_settings, check_quantizable, quantize_graph
 from .registry import OP_FORWARD, OptBaseMetric
 
@@ -39,6 +41,8 @@ class OptMaster:
         self.quant_metrics: List[OptBaseMetric] = []
         self.similarities: List[LayerSimilarity] = []
         self.report: Dict[str, Any] = {}
+        self.histograms: Dict[str, Any] = {}
+        self.layer_bits: List[Dict[str, Any]] = []
 
     # ------------------------------------------------------------------------------------------------ steps
     def check_operators(self) -> None:
@@ -101,9 +105,15 @@ class OptMaster:
             inputs, _ = split_sample(batch, self.cfg.calibration_data)
             yield prepare_inputs(self.graph, inputs, self.cfg, self.cfg.calibration_data, i)
 
+    def calibration_batch_count(self, limit: Optional[int] = None) -> int:
+        """How many batches calibration_batches(limit) yields (the progress bars' total)."""
+        n = 1 if self.calibration_loader is None else len(self.calibration_loader)
+        return n if limit is None else min(n, limit)
+
     def statistics(self) -> None:
         collect_weight_statistics(self.graph)
-        count = collect_activation_statistics(self.graph, self.calibration_batches())
+        count = collect_activation_statistics(self.graph, progress(self.calibration_batches(), "statistics",
+                                                                   total=self.calibration_batch_count()))
         OPT_INFO(f"statistics collected over {count} calibration batch(es)")
 
     def quantize(self) -> QuantizeGraph:
@@ -142,7 +152,8 @@ class OptMaster:
             m.reset()
         source = self.cfg.data
         with torch.no_grad():
-            for i, batch in enumerate(self.validation_loader):
+            desc = "quantized metric" if quantized else "float metric"
+            for i, batch in enumerate(progress(self.validation_loader, desc)):
                 inputs, label = split_sample(batch, source)
                 graph.forward(prepare_inputs(self.graph, inputs, self.cfg, source, i))
                 outputs = [to_float(t) if quantized else t.betensor for t in graph.output_tensors]
@@ -186,8 +197,12 @@ class OptMaster:
             with self.timer.step("quantized zero-input check"):
                 self.quant_forward_check(qgraph)
             with self.timer.step("precision analysis"):
-                self.similarities = layer_similarity(
-                    self.graph, qgraph, list(self.calibration_batches(self.cfg.similarity_data_num)))
+                batches = list(self.calibration_batches(self.cfg.similarity_data_num))
+                self.similarities = layer_similarity(self.graph, qgraph, progress(batches, "similarity"))
+                if batches:
+                    self.histograms = collect_histograms(self.graph, qgraph, batches[0],
+                                                         worst_tensors(self.similarities))
+                self.layer_bits = layer_bits(qgraph)
                 for line in worst_layers_table(self.similarities).splitlines():
                     OPT_INFO(line)
             with self.timer.step("write IR and template"):
@@ -215,6 +230,10 @@ class OptMaster:
                 "warnings": warning_count(),
                 "files": list(self.files_written),
             }
+            report_files = write_report(self.output_dir, build_report(self.report, self.similarities,
+                                                                      self.layer_bits, self.histograms))
+            self.files_written += report_files
+            self.report["files"] = list(self.files_written)
             self._print_report()
             return self.report
         finally:

@@ -79,7 +79,8 @@ def test_example_quantizes_within_one_point_of_float(tmp_path, capsys, modes):
     assert float_top1 >= 0.95
     assert float_top1 - quant_top1 <= 0.01 and abs(drop - (float_top1 - quant_top1)) < 1e-6
     out = tmp_path / "out"
-    for name in ("digits_o.txt", "digits_o.bin", "digits_opt_template.json", "digits_opt.log"):
+    for name in ("digits_o.txt", "digits_o.bin", "digits_opt_template.json", "digits_opt.log", "digits_report.json",
+                 "digits_report.html"):
         assert (out / name).is_file(), name
     assert "zero-input forward check done" in (out / "digits_opt.log").read_text()
 
