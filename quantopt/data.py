@@ -1,21 +1,40 @@
 """Datasets and metrics from the cfg: plugin lookup, loaders, and the checks that data fits the model."""
 from __future__ import annotations
 
+import inspect
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils.data
 
 from .config.reader import Config
-from .errors import DataError, PluginError, QuantOptError
+from .errors import ConfigError, DataError, PluginError, QuantOptError
 from .graph.graph import PyGraph
 from .registry import OptBaseMetric, PluginType, get_plugin
 
 
+def _check_dataset_args(cls: type, name: str, kwargs: dict) -> None:
+    """Every `dataset_args` key must be a constructor keyword of the plugin: a typo is a cfg error, not a crash."""
+    try:
+        params = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = [k for k in kwargs if k not in params or k in ("self", "data_file", "label_file")]
+    if unknown:
+        accepted = [p for p in params if p not in ("self", "data_file", "label_file")]
+        raise ConfigError(f"dataset plugin '{name}' takes no argument '{unknown[0]}' "
+                          f"(it accepts: {', '.join(accepted) or 'none'})", field="dataset_args")
+
+
 def make_dataset(cfg: Config, data_file: str, label_file: Optional[str] = None) -> torch.utils.data.Dataset:
     cls = get_plugin(PluginType.Dataset, cfg.dataset)
+    kwargs = dict(getattr(cfg, "dataset_args", None) or {})
+    if kwargs:
+        _check_dataset_args(cls, cfg.dataset, kwargs)
     try:
-        ds = cls(data_file, label_file) if label_file else cls(data_file)
+        ds = cls(data_file, label_file, **kwargs) if label_file else cls(data_file, **kwargs)
     except QuantOptError:
         raise
     except FileNotFoundError as e:

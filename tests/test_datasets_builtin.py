@@ -602,3 +602,40 @@ def test_token_bad_arguments(tmp_path: Path, kwargs: dict, match: str) -> None:
     path = _write(tmp_path, "ids.txt", "1 2\n")
     with pytest.raises(PluginError, match=match):
         dataset("TokenDataset")(path, **kwargs)
+
+
+def test_dataset_args_reach_the_plugin_and_typos_are_cfg_errors(tmp_path, capsys):
+    """`dataset_args` passes constructor keywords from the cfg; an unknown keyword names the field."""
+    from quantopt.cli import main
+
+    repo = Path(__file__).resolve().parents[1]
+    example = repo / "examples" / "digits"
+    data = np.load(example / "data" / "calib.npy")[:8]
+    np.save(tmp_path / "calib_nchw.npy", np.transpose(data, (0, 3, 1, 2)) if data.ndim == 4 else data)
+    base = (f"[Common]\ngraph = {example / 'model' / 'digits.txt'}\nbin = {example / 'model' / 'digits.bin'}\n"
+            f"model_name = digits\ncalibration_data = {tmp_path / 'calib_nchw.npy'}\n"
+            f"output_dir = {tmp_path / 'out'}\n")
+    cfg = tmp_path / "bad.cfg"
+    cfg.write_text(base + "dataset = NumpyDataset\ndataset_args = layout=NCHW\n")
+    assert main(["--cfg", str(cfg)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[ERROR]")]
+    assert len(err) == 1 and "dataset_args" in err[0] and "'layout'" in err[0]
+    cfg.write_text(base + "dataset = NumpyDataset\ndataset_args = layout\n")
+    assert main(["--cfg", str(cfg)]) == 2
+    assert "dataset_args" in capsys.readouterr().err
+
+
+def test_dataset_args_configure_the_token_dataset(tmp_path):
+    """The same keywords a user writes in the cfg reach TokenDataset through make_dataset."""
+    from types import SimpleNamespace
+
+    from quantopt.config.kinds import KeywordArgsKind
+    from quantopt.data import make_dataset
+
+    (tmp_path / "ids.txt").write_text("1 2 3\n4 5\n")
+    cfg = SimpleNamespace(dataset="TokenDataset",
+                          dataset_args=KeywordArgsKind().parse("max_length=4; inputs=input_ids; pad_id=9"))
+    ds = make_dataset(cfg, str(tmp_path / "ids.txt"))
+    first = ds[0][0]
+    first = first[0] if isinstance(first, (list, tuple)) else first
+    assert first.tolist() == [1, 2, 3, 9]

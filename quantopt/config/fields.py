@@ -13,6 +13,7 @@ from .kinds import (
     FloatKind,
     IntKind,
     IntListKind,
+    KeywordArgsKind,
     MetricListKind,
     NameKind,
     OptionalIntKind,
@@ -69,6 +70,8 @@ field("out_ir_name", "", NameKind(), "base name of the written IR; default: <mod
 # --- data and metrics -------------------------------------------------------------------------------------------
 field("dataset", "", PluginNameKind(), "dataset plugin that reads data/label and calibration_data files",
       group="data")
+field("dataset_args", {}, KeywordArgsKind(), "keyword arguments of the dataset plugin, e.g. "
+      "resize=224x224; mean=0.485,0.456,0.406 (strings; docs/datasets.md lists each plugin's)", group="data")
 field("data", "", PathKind(), "validation data file, read by the dataset plugin", group="data")
 field("label", "", PathKind(), "validation label file, read by the dataset plugin", group="data")
 field("metric", "", MetricListKind(), "metric plugins evaluated on the validation data, e.g. TopKMetric,TopKMetric(5)",

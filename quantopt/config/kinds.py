@@ -146,6 +146,31 @@ class PluginNameKind(ValueKind):
         return "the class name of a registered dataset plugin (quantopt --plugin lists them)"
 
 
+class KeywordArgsKind(ValueKind):
+    """`resize=224x224; mean=0.485,0.456,0.406`: keyword arguments (strings) for a plugin's constructor."""
+
+    def parse(self, text: str) -> dict:
+        args: dict = {}
+        for part in (p.strip() for p in text.split(";")):
+            if not part:
+                continue
+            key, sep, value = part.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"'{part}' is not key=value")
+            if not value:
+                raise ValueError(f"'{key}' has an empty value")
+            if key in ("data_file", "label_file"):
+                raise ValueError(f"'{key}' comes from the data/label fields, not from here")
+            if key in args:
+                raise ValueError(f"'{key}' is given twice")
+            args[key] = value
+        return args
+
+    def allowed(self) -> str:
+        return "key=value pairs separated by ';' (the dataset plugin's constructor keywords, as strings)"
+
+
 _METRIC_ITEM = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\(([^()]*)\))?\s*")
 
 
