@@ -8,10 +8,12 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
+from .analysis.dump import dump_tensors
 from .analysis.report import build_report, collect_histograms, layer_bits, worst_tensors, write_report
 from .analysis.similarity import LayerSimilarity, layer_similarity, to_float, worst_layers_table
 from .analysis.template import build_template, write_template
 from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
+from .calibration.statistic_file import load_statistics, save_statistics, statistic_file_name
 from .config.layer_settings import OptConfig
 from .config.reader import Config
 from .data import make_dataset, make_loader, make_metrics, prepare_inputs, split_sample
@@ -60,7 +62,7 @@ class OptMaster:
 
     def prepare(self) -> None:
         cfg = self.cfg
-        if not cfg.calibration_data and not cfg.calibrate_with_zero_inputs:
+        if not cfg.calibration_data and not cfg.calibrate_with_zero_inputs and not cfg.statistic_file:
             raise ConfigError("field 'calibration_data' is required to quantize: activation ranges come from it "
                               "(set calibrate_with_zero_inputs = true to calibrate on all-zero inputs, for smoke "
                               "tests only)", file=cfg.path)
@@ -191,7 +193,17 @@ class OptMaster:
                     if self.cfg.opt_config else None
                 assign_settings(self.graph, self.cfg, opt_config)
             with self.timer.step("statistics"):
-                self.statistics()
+                if self.cfg.statistic_file:
+                    count = load_statistics(self.graph, self.cfg.statistic_file)
+                    OPT_INFO(f"statistics of {count} tensor(s) loaded from {self.cfg.statistic_file}; "
+                             "statistics pass skipped")
+                else:
+                    self.statistics()
+                if self.cfg.save_statistic_info:
+                    path = save_statistics(self.graph,
+                                           os.path.join(self.output_dir, statistic_file_name(self.model_name)))
+                    self.files_written.append(path)
+                    OPT_INFO(f"statistics saved to {path}")
             with self.timer.step("calibrate and quantize"):
                 qgraph = self.quantize()
             with self.timer.step("quantized zero-input check"):
@@ -205,6 +217,11 @@ class OptMaster:
                 self.layer_bits = layer_bits(qgraph)
                 for line in worst_layers_table(self.similarities).splitlines():
                     OPT_INFO(line)
+            if self.cfg.dump:
+                with self.timer.step("dump tensors"):
+                    batch = next(iter(self.calibration_batches(1)))
+                    self.files_written.append(dump_tensors(self.graph, qgraph, batch, self.cfg.dump_dir,
+                                                           model_name=self.model_name))
             with self.timer.step("write IR and template"):
                 self.write_outputs(qgraph)
             float_scores: Dict[str, float] = {}

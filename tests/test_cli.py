@@ -160,3 +160,22 @@ def test_module_entry_point_runs(tmp_path):
     out = subprocess.run([sys.executable, "-m", "quantopt.cli", "--version"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.startswith("quantopt ")
+
+
+def test_statistic_file_round_trip_and_dump_through_the_cli(tmp_path):
+    """save_statistic_info then statistic_file reproduces the IR byte for byte without a statistics pass;
+    dump writes the per-layer tensors with an index."""
+    first = tmp_path / "a"
+    first.mkdir()
+    cfg = example_cfg(first, "save_statistic_info = true\ndump = true\n" f"dump_dir = {first / 'dump'}\n",
+                      data=None, label=None, metric=None)
+    assert main(["--cfg", str(cfg)]) == 0
+    stats = first / "out" / "digits_statistic_info.npz"
+    assert stats.is_file() and (first / "dump" / "index.json").is_file()
+    second = tmp_path / "b"
+    second.mkdir()
+    cfg2 = example_cfg(second, f"statistic_file = {stats}\n", data=None, label=None, metric=None,
+                       calibration_data=None)
+    assert main(["--cfg", str(cfg2)]) == 0
+    for name in ("digits_o.txt", "digits_o.bin"):
+        assert (first / "out" / name).read_bytes() == (second / "out" / name).read_bytes(), name

@@ -135,6 +135,17 @@ field("calibration_strategy_for_activation", "mean", StrategyKind(),
       "local calibration strategy of activations", per_layer=True, group="calibration")
 field("running_statistic_momentum", 0.9, FloatKind(0.0, 1.0),
       "momentum of the running (EMA) statistics over calibration batches", per_layer=True, group="calibration")
+field("save_statistic_info", False, BoolKind(),
+      "save the calibration statistics to <output_dir>/<model_name>_statistic_info.npz (npz + JSON header, no "
+      "pickle; docs/statistics-and-dump.md) for reuse with statistic_file", group="calibration")
+field("statistic_file", "", PathKind(),
+      "statistic file written by save_statistic_info: its statistics replace the statistics pass; refused if made "
+      "for a different graph or other weights", group="calibration")
+field("dump", False, BoolKind(),
+      "write the float and quantized values of every layer output and constant for one batch to dump_dir, with an "
+      "index.json (docs/statistics-and-dump.md)", group="analysis")
+field("dump_dir", "./opt_dump", PathKind(must_exist=False, directory=True),
+      "folder for the dump files (created if missing)", group="analysis")
 field("histc_bins", 2048, IntKind(16, 1 << 20), "histogram bins (kld strategy)", per_layer=True,
       group="calibration")
 field("trim_infinity_before_statistic", "", TrimKind(),
@@ -156,11 +167,11 @@ field("similarity_data_num", 1, IntKind(minimum=1),
 # Fields of the upstream Compass Optimizer that quantopt does not implement yet: a cfg using one gets a clear
 # "not implemented yet" error instead of "unknown key" (and never a silent no-op).
 UPSTREAM_FIELDS = frozenset("""
-qconfig skip_optimization data_batch_dim label_batch_dim dump dump_dir statistic_file global_calibration
+qconfig skip_optimization data_batch_dim label_batch_dim global_calibration
 calibration_shuffe weight_block_size quant_type bias_effective_bits_auto_adaption cast_dtypes_for_lib
 perf_mode_for_lib min_compatible_zhouyi_target fake_quant_scopes_for_debug fake_quant_operators_for_debug
 resize_degrade_to_nearest unify_scales_for_kvc_concat unify_scales_for_concat unify_scales_for_concat_max_depth
-unify_scales_for_multi_inputs_operators with_winograd mixed_precision_auto_search trigger_float_op save_statistic_info
+unify_scales_for_multi_inputs_operators with_winograd mixed_precision_auto_search trigger_float_op 
 compat_quantized_model_simplify_dequantize_quantize enable_pass_merge_matmul_mul
 enable_pass_convert_resize_to_convolution enable_pass_decompose_nonmonotonic_activations
 enable_pass_tune_op_complicated_activations enable_pass_tune_op_softmax enable_pass_deeply_set_unquantifiable
