@@ -13,6 +13,12 @@ from .analysis.report import build_report, collect_histograms, layer_bits, worst
 from .analysis.similarity import LayerSimilarity, layer_similarity, to_float, worst_layers_table
 from .analysis.template import build_template, write_template
 from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
+from .calibration.global_methods import (
+    METHODS,
+    apply_global_calibration,
+    parse_global_calibration,
+    restore_float_constants,
+)
 from .calibration.statistic_file import load_statistics, save_statistics, statistic_file_name
 from .config.layer_settings import OptConfig
 from .config.reader import Config
@@ -119,8 +125,22 @@ class OptMaster:
         OPT_INFO(f"statistics collected over {count} calibration batch(es)")
 
     def quantize(self) -> QuantizeGraph:
+        """Local calibration, the global methods (which may adjust ranges, weights and biases of the float graph
+        for quantization only: the float constants are restored right after), then quantization."""
         calibrate_graph(self.graph)
-        return quantize_graph(self.graph)
+        specs = parse_global_calibration(self.cfg.global_calibration)
+        if not specs:
+            return quantize_graph(self.graph)
+        if self.calibration_loader is None:
+            raise ConfigError("global_calibration needs calibration_data (it measures the layers on real batches)",
+                              field="global_calibration")
+        limit = max((s.param("batches") for s in specs if "batches" in METHODS[s.name].params), default=1)
+        with self.timer.step("global calibration"):
+            apply_global_calibration(self.graph, specs, list(self.calibration_batches(int(limit))))
+        try:
+            return quantize_graph(self.graph)
+        finally:
+            restore_float_constants(self.graph)
 
     def quant_forward_check(self, qgraph: QuantizeGraph) -> None:
         """All-zero inputs through the integer graph: shapes as in the IR, every value inside its integer range."""

@@ -179,3 +179,14 @@ def test_statistic_file_round_trip_and_dump_through_the_cli(tmp_path):
     assert main(["--cfg", str(cfg2)]) == 0
     for name in ("digits_o.txt", "digits_o.bin"):
         assert (first / "out" / name).read_bytes() == (second / "out" / name).read_bytes(), name
+
+
+def test_global_calibration_runs_through_the_cli(tmp_path, capsys):
+    cfg = example_cfg(tmp_path, "global_calibration = bias_correction[2] & easy_quant[1,1]\n", metric=None,
+                      data=None, label=None)
+    assert main(["--cfg", str(cfg)]) == 0
+    log = (tmp_path / "out" / "digits_opt.log").read_text()
+    assert "bias_correction" in log and "easy_quant" in log
+    bad = example_cfg(tmp_path, "global_calibration = smooth_quant_zy\n", metric=None, data=None, label=None)
+    assert main(["--cfg", str(bad)]) == 2
+    assert "not implemented yet" in capsys.readouterr().err

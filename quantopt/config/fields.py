@@ -11,6 +11,7 @@ from .kinds import (
     BoolKind,
     ChoiceKind,
     FloatKind,
+    GlobalCalibrationKind,
     IntKind,
     IntListKind,
     KeywordArgsKind,
@@ -135,6 +136,10 @@ field("calibration_strategy_for_activation", "mean", StrategyKind(),
       "local calibration strategy of activations", per_layer=True, group="calibration")
 field("running_statistic_momentum", 0.9, FloatKind(0.0, 1.0),
       "momentum of the running (EMA) statistics over calibration batches", per_layer=True, group="calibration")
+field("global_calibration", "none", GlobalCalibrationKind(),
+      "global calibration methods run after local calibration, in order: none, or methods joined by '&', each "
+      "name[p1,p2,...] with an optional scope [OpType,...], [(i,j),...] or {regex} (e.g. bias_correction[4] & "
+      "adaround[4,3,8]); see docs/global-calibration.md", group="calibration")
 field("save_statistic_info", False, BoolKind(),
       "save the calibration statistics to <output_dir>/<model_name>_statistic_info.npz (npz + JSON header, no "
       "pickle; docs/statistics-and-dump.md) for reuse with statistic_file", group="calibration")
@@ -167,11 +172,11 @@ field("similarity_data_num", 1, IntKind(minimum=1),
 # Fields of the upstream Compass Optimizer that quantopt does not implement yet: a cfg using one gets a clear
 # "not implemented yet" error instead of "unknown key" (and never a silent no-op).
 UPSTREAM_FIELDS = frozenset("""
-qconfig skip_optimization data_batch_dim label_batch_dim global_calibration
+qconfig skip_optimization data_batch_dim label_batch_dim
 calibration_shuffe weight_block_size quant_type bias_effective_bits_auto_adaption cast_dtypes_for_lib
 perf_mode_for_lib min_compatible_zhouyi_target fake_quant_scopes_for_debug fake_quant_operators_for_debug
 resize_degrade_to_nearest unify_scales_for_kvc_concat unify_scales_for_concat unify_scales_for_concat_max_depth
-unify_scales_for_multi_inputs_operators with_winograd mixed_precision_auto_search trigger_float_op 
+unify_scales_for_multi_inputs_operators with_winograd mixed_precision_auto_search trigger_float_op
 compat_quantized_model_simplify_dequantize_quantize enable_pass_merge_matmul_mul
 enable_pass_convert_resize_to_convolution enable_pass_decompose_nonmonotonic_activations
 enable_pass_tune_op_complicated_activations enable_pass_tune_op_softmax enable_pass_deeply_set_unquantifiable

@@ -146,6 +146,21 @@ class PluginNameKind(ValueKind):
         return "the class name of a registered dataset plugin (quantopt --plugin lists them)"
 
 
+class GlobalCalibrationKind(ValueKind):
+    """`global_calibration`: parsed by calibration/global_methods/spec.py (imported lazily: that package imports
+    the quantizer, which imports the field table)."""
+
+    def parse(self, text: str) -> Any:
+        from ..calibration.global_methods.spec import GlobalCalibrationKind as Spec
+
+        return Spec().parse(text)
+
+    def allowed(self) -> str:
+        from ..calibration.global_methods.spec import GlobalCalibrationKind as Spec
+
+        return Spec().allowed()
+
+
 class KeywordArgsKind(ValueKind):
     """`resize=224x224; mean=0.485,0.456,0.406`: keyword arguments (strings) for a plugin's constructor."""
 
