@@ -1,4 +1,4 @@
-"""Command line: `quantopt --cfg F | --field | --plugin | --version`.
+"""Command line: `quantopt --cfg F | --field | --plugin | --version`, and `quantopt import model.onnx -o DIR`.
 
 User errors print one line and exit with the error's code (2 config, 3 IR, 4 data, 5 plugin, 6 unsupported);
 a traceback is shown only with --debug.
@@ -97,7 +97,12 @@ def run_cfg(path: str) -> int:
     from .master import OptMaster
 
     cfg = read_cfg(path)
-    graph = QuantizeGraph.parse(cfg.graph, cfg.bin or None)
+    if str(cfg.graph).lower().endswith(".onnx"):
+        from .frontends.onnx import import_onnx, parse_input_shapes
+        shapes = cfg.input_shape or ""
+        graph = import_onnx(cfg.graph, parse_input_shapes([shapes] if shapes else []))
+    else:
+        graph = QuantizeGraph.parse(cfg.graph, cfg.bin or None)
     if graph.header.get("compat_quantized_model") is True:
         raise UnsupportedError("IRs of pre-quantized models (compat_quantized_model=true) are not supported",
                                file=cfg.graph)
@@ -105,7 +110,35 @@ def run_cfg(path: str) -> int:
     return 0
 
 
+def import_main(argv: List[str]) -> int:
+    """`quantopt import model.onnx -o DIR [--input-shape name:1,3,224,224 ...]`: ONNX → float IR files."""
+    p = argparse.ArgumentParser(prog="quantopt import", description="Convert an ONNX model to a float IR.")
+    p.add_argument("model", help="the .onnx file")
+    p.add_argument("-o", "--output-dir", required=True, help="folder for <name>.txt and <name>.bin")
+    p.add_argument("--input-shape", action="append", default=[],
+                   help="fixed shape of a dynamic input, name:d0,d1,... (repeat per input)")
+    p.add_argument("--name", default=None, help="model name (default: the file name)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    args = p.parse_args(argv)
+    setup_console(None)
+    try:
+        from .frontends.onnx import import_onnx_to_ir, parse_input_shapes
+        txt, bin_path = import_onnx_to_ir(args.model, args.output_dir, parse_input_shapes(args.input_shape),
+                                          args.name)
+    except QuantOptError as e:
+        if args.debug:
+            traceback.print_exc()
+        OPT_ERROR(str(e))
+        return e.exit_code
+    print(txt)
+    print(bin_path)
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "import":
+        return import_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         setup_console(args.log_level)

@@ -12,6 +12,7 @@ from .kinds import (
     ChoiceKind,
     FloatKind,
     GlobalCalibrationKind,
+    InputShapesKind,
     IntKind,
     IntListKind,
     KeywordArgsKind,
@@ -58,10 +59,13 @@ def all_fields() -> List[Field]:
 
 
 # --- model and output -------------------------------------------------------------------------------------------
-field("graph", "", PathKind(), "float IR graph file (.txt); relative paths are resolved from the cfg's folder",
+field("graph", "", PathKind(), "float IR graph file (.txt) or ONNX model (.onnx, imported on the fly); relative "
+      "paths are resolved from the cfg's folder",
       group="model")
 field("bin", "", PathKind(), "float IR weights file (.bin); default: the graph's model_bin or <graph>.bin",
       group="model")
+field("input_shape", "", InputShapesKind(), "fixed input shapes for an ONNX graph with dynamic dims, e.g. "
+      "x:1,3,224,224 (inputs separated by ';')", group="model")
 field("model_name", "", NameKind(), "model name used in output file names; default: the IR's model_name",
       group="model")
 field("output_dir", "./opt_log", PathKind(must_exist=False, directory=True),

@@ -161,6 +161,22 @@ class GlobalCalibrationKind(ValueKind):
         return Spec().allowed()
 
 
+class InputShapesKind(ValueKind):
+    """`x:1,3,224,224; mask:1,128`: fixed shapes for an imported ONNX model's inputs (kept as text; the importer
+    parses it and names the input it cannot place)."""
+
+    def parse(self, text: str) -> str:
+        t = text.strip()
+        for part in (p.strip() for p in t.split(";") if p.strip()):
+            dims = part.rpartition(":")[2]
+            if not re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*", dims):
+                raise ValueError(f"'{part}' is not name:d0,d1,... with positive integer dims")
+        return t
+
+    def allowed(self) -> str:
+        return "name:d0,d1,... per input, inputs separated by ';' (a single-input model may omit the name)"
+
+
 class KeywordArgsKind(ValueKind):
     """`resize=224x224; mean=0.485,0.456,0.406`: keyword arguments (strings) for a plugin's constructor."""
 

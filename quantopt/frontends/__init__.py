@@ -1,0 +1,1 @@
+"""Model frontends: other model formats converted to quantopt's float graph (optional dependencies, lazy)."""

@@ -1,0 +1,759 @@
+"""Per-op converters: one function per ONNX operator (or family), writing IR layers with the Parser's layer types
+and param names (see docs/operators.md). A converter raises `ConvertError` for a variant it does not support;
+the importer collects those and reports them all at once.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ...ir.dtype import Dtype
+from .context import Context, ConvertError, Perm, inverse, ir_dtype, nhwc
+from .simplify import ONode
+
+Converter = Callable[[Context, ONode], None]
+CONVERTERS: Dict[str, Converter] = {}
+
+FLOAT_MAX = float(np.finfo(np.float32).max)
+
+
+def converter(*ops: str) -> Callable[[Converter], Converter]:
+    def deco(fn: Converter) -> Converter:
+        for op in ops:
+            CONVERTERS[op] = fn
+        return fn
+    return deco
+
+
+def _fused(node: ONode) -> Dict[str, Any]:
+    act = node.fused.get("with_activation", "NONE")
+    out: Dict[str, Any] = {"with_activation": act}
+    if act == "CLIP":
+        out["clip_min"] = float(node.fused["clip_min"])
+        out["clip_max"] = float(node.fused["clip_max"])
+    return out
+
+
+def _inputs(node: ONode, pos: int) -> Optional[str]:
+    return node.inputs[pos] if len(node.inputs) > pos and node.inputs[pos] else None
+
+
+def _axis(axis: int, rank: int) -> int:
+    a = int(axis)
+    if not -rank <= a < max(rank, 1):
+        raise ConvertError(f"axis {axis} is out of range for rank {rank}")
+    return a + rank if a < 0 else a
+
+
+def _ir_axis(axis: int, perm: Perm) -> int:
+    return axis if perm is None else list(perm).index(axis)
+
+
+def _no_attr(node: ONode, key: str, default: Any) -> None:
+    v = node.attrs.get(key, default)
+    if v != default:
+        raise ConvertError(f"attribute {key}={v} is not supported")
+
+
+# ================================================================================================ spatial helpers
+def _spatial_pads(node: ONode, in_sp: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+                  dilations: Sequence[int]) -> Tuple[List[int], List[int]]:
+    nd = len(in_sp)
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    if auto in ("NOTSET", ""):
+        pads = list(node.attrs.get("pads", [0] * 2 * nd))
+        return pads[:nd], pads[nd:]
+    if auto == "VALID":
+        return [0] * nd, [0] * nd
+    begin, end = [], []
+    for i in range(nd):
+        out = -(-in_sp[i] // strides[i])
+        total = max((out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - in_sp[i], 0)
+        small = total // 2
+        b = small if auto == "SAME_UPPER" else total - small
+        begin.append(b)
+        end.append(total - b)
+    return begin, end
+
+
+def _geom_params(kernel: Sequence[int], strides: Sequence[int], begin: Sequence[int], end: Sequence[int],
+                 dilations: Sequence[int]) -> Dict[str, Any]:
+    """2-D geometry in the Parser's key order (y = axis H, x = axis W)."""
+    return {"kernel_x": int(kernel[1]), "kernel_y": int(kernel[0]), "stride_x": int(strides[1]),
+            "stride_y": int(strides[0]), "pad_left": int(begin[1]), "pad_right": int(end[1]),
+            "pad_top": int(begin[0]), "pad_bottom": int(end[0]), "dilation_x": int(dilations[1]),
+            "dilation_y": int(dilations[0])}
+
+
+def _spatial_input(ctx: Context, node: ONode, x: str) -> Tuple[str, int]:
+    """Channels-last 4-D IR input of a 1-D or 2-D spatial op (1-D: [N, 1, W, C]); returns (tensor, spatial dims)."""
+    rank = ctx.rank(x)
+    if rank == 4:
+        return ctx.value(x, nhwc(4)), 2
+    if rank == 3:
+        src = ctx.value(x, nhwc(3))
+        n, c, w = ctx.shape(x)
+        return ctx.add("Reshape", [src], [(n, 1, w, c)], f"{node.name}_to_2d", {"shape": [n, 1, w, c]})[0], 1
+    raise ConvertError(f"{rank}-D input is not supported (1-D and 2-D spatial inputs are)")
+
+
+def _spatial_output(ctx: Context, node: ONode, optype: str, src: str, nd: int, params: Dict[str, Any],
+                    constants: Optional[Dict[str, np.ndarray]] = None) -> None:
+    out = node.outputs[0]
+    if nd == 2:
+        ctx.emit(node, optype, [src], nhwc(4), params, constants)
+        return
+    n, c, w = ctx.shape(out)
+    mid = ctx.add(optype, [src], [(n, 1, w, c)], node.name, params, constants)[0]
+    res = ctx.add("Reshape", [mid], [(n, w, c)], f"{node.name}_to_1d", {"shape": [n, w, c]})[0]
+    ctx.bind(out, res, nhwc(3))
+
+
+def _lift(values: Sequence[int], nd: int, fill: int) -> List[int]:
+    """1-D spatial attributes as 2-D (H = 1 first)."""
+    return [fill] + list(values) if nd == 1 else list(values)
+
+
+# ================================================================================================ Conv family
+@converter("Conv")
+def conv(ctx: Context, node: ONode) -> None:
+    x, wname = node.inputs[0], node.inputs[1]
+    if not ctx.is_const(wname):
+        raise ConvertError("weights that are not constant are not supported")
+    w = ctx.const(wname).astype(np.float32)
+    if w.ndim not in (3, 4):
+        raise ConvertError(f"{w.ndim - 2}-D convolution is not supported (1-D and 2-D are)")
+    src, nd = _spatial_input(ctx, node, x)
+    out_c, cin_g = int(w.shape[0]), int(w.shape[1])
+    in_c = ctx.shape(x)[1]
+    group = int(node.attrs.get("group", 1))
+    k = list(w.shape[2:])
+    strides = list(node.attrs.get("strides", [1] * len(k)))
+    dil = list(node.attrs.get("dilations", [1] * len(k)))
+    begin, end = _spatial_pads(node, ctx.shape(x)[2:], k, strides, dil)
+    if w.ndim == 3:
+        w = w[:, :, None, :]
+    b = ctx.const(node.inputs[2]).astype(np.float32) if _inputs(node, 2) else np.zeros(out_c, np.float32)
+    weights = np.ascontiguousarray(np.transpose(w, (0, 2, 3, 1)))  # OIHW → OHWI
+    params: Dict[str, Any] = {"num_output": out_c}
+    params.update(_geom_params(_lift(k, nd, 1), _lift(strides, nd, 1), _lift(begin, nd, 0), _lift(end, nd, 0),
+                               _lift(dil, nd, 1)))
+    params["group"] = group
+    params.update(_fused(node))
+    depthwise = group > 1 and group == in_c and cin_g == 1
+    if depthwise:
+        params["multiplier"] = out_c // in_c
+    _spatial_output(ctx, node, "DepthwiseConv" if depthwise else "Convolution", src, nd, params,
+                    {"weights": weights, "biases": b})
+
+
+@converter("ConvTranspose")
+def conv_transpose(ctx: Context, node: ONode) -> None:
+    x, wname = node.inputs[0], node.inputs[1]
+    if not ctx.is_const(wname):
+        raise ConvertError("weights that are not constant are not supported")
+    w = ctx.const(wname).astype(np.float32)
+    if w.ndim not in (3, 4):
+        raise ConvertError(f"{w.ndim - 2}-D transposed convolution is not supported (1-D and 2-D are)")
+    group = int(node.attrs.get("group", 1))
+    out_c = int(w.shape[1]) * group
+    k = list(w.shape[2:])
+    nd0 = len(k)
+    strides = list(node.attrs.get("strides", [1] * nd0))
+    dil = list(node.attrs.get("dilations", [1] * nd0))
+    opad = list(node.attrs.get("output_padding", [0] * nd0))
+    in_sp = ctx.shape(x)[2:]
+    out_sp = ctx.shape(node.outputs[0])[2:]
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    if "output_shape" in node.attrs or auto in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for i in range(nd0):
+            total = strides[i] * (in_sp[i] - 1) + opad[i] + (k[i] - 1) * dil[i] + 1 - out_sp[i]
+            if total < 0:
+                raise ConvertError("output_shape larger than the full transposed convolution is not supported")
+            b = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            begin.append(b)
+            end.append(total - b)
+    elif auto == "VALID":
+        begin, end = [0] * nd0, [0] * nd0
+    else:
+        pads = list(node.attrs.get("pads", [0] * 2 * nd0))
+        begin, end = pads[:nd0], pads[nd0:]
+    src, nd = _spatial_input(ctx, node, x)
+    if w.ndim == 3:
+        w = w[:, :, None, :]
+    weights = np.ascontiguousarray(np.transpose(w, (1, 2, 3, 0)))  # [Cin, Cout/g, kh, kw] → [Cout/g, kh, kw, Cin]
+    b = ctx.const(node.inputs[2]).astype(np.float32) if _inputs(node, 2) else np.zeros(out_c, np.float32)
+    params: Dict[str, Any] = {"num_output": out_c}
+    params.update(_geom_params(_lift(k, nd, 1), _lift(strides, nd, 1), _lift(begin, nd, 0), _lift(end, nd, 0),
+                               _lift(dil, nd, 1)))
+    op = _lift(opad, nd, 0)
+    params.update(output_padding_x=int(op[1]), output_padding_y=int(op[0]), group=group)
+    params.update(_fused(node))
+    _spatial_output(ctx, node, "ConvTranspose", src, nd, params, {"weights": weights, "biases": b})
+
+
+# ================================================================================================ pooling
+@converter("MaxPool", "AveragePool")
+def pool(ctx: Context, node: ONode) -> None:
+    if len([o for o in node.outputs if o]) > 1:
+        raise ConvertError("the Indices output is not supported")
+    x = node.inputs[0]
+    k = list(node.attrs["kernel_shape"])
+    if len(k) not in (1, 2):
+        raise ConvertError(f"{len(k)}-D pooling is not supported (1-D and 2-D are)")
+    strides = list(node.attrs.get("strides", [1] * len(k)))
+    dil = list(node.attrs.get("dilations", [1] * len(k)))
+    if node.op == "AveragePool" and any(d != 1 for d in dil):
+        raise ConvertError("dilated average pooling is not supported")
+    begin, end = _spatial_pads(node, ctx.shape(x)[2:], k, strides, dil)
+    src, nd = _spatial_input(ctx, node, x)
+    params = _geom_params(_lift(k, nd, 1), _lift(strides, nd, 1), _lift(begin, nd, 0), _lift(end, nd, 0),
+                          _lift(dil, nd, 1))
+    params["method"] = "MAX" if node.op == "MaxPool" else "AVG"
+    params["ceil_mode"] = bool(node.attrs.get("ceil_mode", 0))
+    if node.op == "AveragePool":
+        params["count_include_pad"] = bool(node.attrs.get("count_include_pad", 0))
+    _spatial_output(ctx, node, "Pooling", src, nd, params)
+
+
+@converter("GlobalAveragePool", "GlobalMaxPool")
+def global_pool(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    rank = ctx.rank(x)
+    method = "AVG" if node.op == "GlobalAveragePool" else "MAX"
+    if rank == 4:
+        h, w = ctx.shape(x)[2:]
+        params = _geom_params([h, w], [1, 1], [0, 0], [0, 0], [1, 1])
+        params.update(method=method, ceil_mode=False)
+        if method == "AVG":
+            params["count_include_pad"] = False
+        ctx.emit(node, "Pooling", [ctx.value(x, nhwc(4))], nhwc(4), params)
+        return
+    if rank < 3:
+        raise ConvertError(f"{rank}-D input is not supported")
+    perm = nhwc(rank)
+    ctx.emit(node, "Reduce", [ctx.value(x, perm)], perm,
+             {"method": "MEAN" if method == "AVG" else "MAX", "axis": list(range(1, rank - 1)), "keepdims": True})
+
+
+# ================================================================================================ normalization
+@converter("BatchNormalization")
+def batchnorm(ctx: Context, node: ONode) -> None:
+    if len([o for o in node.outputs if o]) > 1 or int(node.attrs.get("training_mode", 0)):
+        raise ConvertError("training mode is not supported")
+    x = node.inputs[0]
+    gamma, beta, mean, var = (ctx.const(t).astype(np.float64) for t in node.inputs[1:5])
+    s = gamma / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
+    rank = ctx.rank(x)
+    perm = nhwc(rank) if rank >= 3 else None
+    ctx.emit(node, "BatchNorm", [ctx.value(x, perm)], perm, {"axis": rank - 1},
+             {"weights": s.astype(np.float32), "biases": (beta - mean * s).astype(np.float32)})
+
+
+@converter("InstanceNormalization")
+def instance_norm(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    rank = ctx.rank(x)
+    if rank < 3:
+        raise ConvertError(f"{rank}-D input is not supported")
+    perm = nhwc(rank)
+    ctx.emit(node, "InstanceNorm", [ctx.value(x, perm)], perm,
+             {"axis": list(range(1, rank - 1)), "epsilon": float(node.attrs.get("epsilon", 1e-5))},
+             {"weights": ctx.const(node.inputs[1]).astype(np.float32),
+              "biases": ctx.const(node.inputs[2]).astype(np.float32)})
+
+
+@converter("LayerNormalization")
+def layer_norm(ctx: Context, node: ONode) -> None:
+    if len([o for o in node.outputs if o]) > 1:
+        raise ConvertError("the Mean/InvStdDev outputs are not supported")
+    _no_attr(node, "stash_type", 1)
+    x = node.inputs[0]
+    rank = ctx.rank(x)
+    axis = _axis(node.attrs.get("axis", -1), rank)
+    norm_shape = ctx.shape(x)[axis:]
+    consts = {"weights": np.broadcast_to(ctx.const(node.inputs[1]), norm_shape).astype(np.float32)}
+    if _inputs(node, 2):
+        consts["biases"] = np.broadcast_to(ctx.const(node.inputs[2]), norm_shape).astype(np.float32)
+    ctx.emit(node, "LayerNorm", [ctx.value(x)], None,
+             {"axis": list(range(axis, rank)), "epsilon": float(node.attrs.get("epsilon", 1e-5))}, consts)
+
+
+@converter("LRN")
+def lrn(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    if ctx.rank(x) != 4:
+        raise ConvertError("only 4-D inputs are supported")
+    ctx.emit(node, "LRN", [ctx.value(x, nhwc(4))], nhwc(4),
+             {"method": "ACROSS_CHANNELS", "size": int(node.attrs["size"]),
+              "alpha": float(node.attrs.get("alpha", 1e-4)), "beta": float(node.attrs.get("beta", 0.75)),
+              "bias": float(node.attrs.get("bias", 1.0))})
+
+
+# ================================================================================================ activations
+_ACT_SIMPLE = {"Relu": "RELU", "Sigmoid": "SIGMOID", "Tanh": "TANH", "HardSwish": "HARDSWISH",
+               "Softplus": "SOFTPLUS", "Softsign": "SOFTSIGN", "Mish": "MISH"}
+
+
+def _keep_layout(ctx: Context, x: str) -> Perm:
+    return ctx.perm(x) if x in ctx.tmap else None
+
+
+def _activation(ctx: Context, node: ONode, method: str, params: Optional[Dict[str, Any]] = None,
+                constants: Optional[Dict[str, np.ndarray]] = None) -> None:
+    x = node.inputs[0]
+    perm = _keep_layout(ctx, x)
+    p = {"method": method}
+    p.update(params or {})
+    ctx.emit(node, "Activation", [ctx.value(x, perm)], perm, p, constants)
+
+
+@converter(*_ACT_SIMPLE)
+def simple_activation(ctx: Context, node: ONode) -> None:
+    _activation(ctx, node, _ACT_SIMPLE[node.op])
+
+
+@converter("LeakyRelu")
+def leaky_relu(ctx: Context, node: ONode) -> None:
+    _activation(ctx, node, "LEAKYRELU", {"negative_slope_value": float(node.attrs.get("alpha", 0.01))})
+
+
+@converter("PRelu")
+def prelu(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    slope = ctx.const(node.inputs[1]).astype(np.float32)
+    perm = _keep_layout(ctx, x)
+    rank = ctx.rank(x)
+    if slope.ndim < rank:
+        slope = slope.reshape((1,) * (rank - slope.ndim) + slope.shape)
+    if perm is not None:
+        slope = np.transpose(slope, perm)
+    while slope.ndim > 1 and slope.shape[0] == 1:  # broadcast from the left: [1, 1, 1, C] → [C]
+        slope = slope[0]
+    ctx.emit(node, "Activation", [ctx.value(x, perm)], perm, {"method": "PRELU"},
+             {"negative_slope": np.ascontiguousarray(slope)})
+
+
+@converter("HardSigmoid")
+def hard_sigmoid(ctx: Context, node: ONode) -> None:
+    _activation(ctx, node, "HARDSIGMOID", {"alpha": float(node.attrs.get("alpha", 0.2)),
+                                           "beta": float(node.attrs.get("beta", 0.5)),
+                                           "clip_min": 0.0, "clip_max": 1.0})
+
+
+@converter("Elu", "Celu", "ThresholdedRelu")
+def alpha_activation(ctx: Context, node: ONode) -> None:
+    default = {"Elu": 1.0, "Celu": 1.0, "ThresholdedRelu": 1.0}[node.op]
+    method = {"Elu": "ELU", "Celu": "CELU", "ThresholdedRelu": "THRESHOLDEDRELU"}[node.op]
+    _activation(ctx, node, method, {"alpha": float(node.attrs.get("alpha", default))})
+
+
+@converter("Selu")
+def selu(ctx: Context, node: ONode) -> None:
+    _activation(ctx, node, "SELU", {"alpha": float(node.attrs.get("alpha", 1.67326319217681884765625)),
+                                    "gamma": float(node.attrs.get("gamma", 1.05070102214813232421875))})
+
+
+@converter("Gelu")
+def gelu(ctx: Context, node: ONode) -> None:
+    _activation(ctx, node, "GELU", {"approximate": str(node.attrs.get("approximate", "none"))})
+
+
+@converter("Shrink")
+def shrink(ctx: Context, node: ONode) -> None:
+    _activation(ctx, node, "SHRINK", {"lambd": float(node.attrs.get("lambd", 0.5)),
+                                      "bias": float(node.attrs.get("bias", 0.0))})
+
+
+@converter("Clip")
+def clip(ctx: Context, node: ONode) -> None:
+    lo, hi = node.attrs.get("min", -FLOAT_MAX), node.attrs.get("max", FLOAT_MAX)
+    if _inputs(node, 1):
+        lo = float(ctx.const(node.inputs[1]).reshape(-1)[0])
+    if _inputs(node, 2):
+        hi = float(ctx.const(node.inputs[2]).reshape(-1)[0])
+    lo, hi = max(float(lo), -FLOAT_MAX), min(float(hi), FLOAT_MAX)
+    if (lo, hi) == (0.0, 6.0):
+        _activation(ctx, node, "RELU6")
+    elif lo == 0.0 and hi == FLOAT_MAX:
+        _activation(ctx, node, "RELU")
+    else:
+        _activation(ctx, node, "CLIP", {"clip_min": lo, "clip_max": hi})
+
+
+# ================================================================================================ element-wise
+_UNARY = {"Exp": "Exp", "Log": "Log", "Sqrt": "Sqrt", "Reciprocal": "Reciprocal", "Floor": "Floor",
+          "Ceil": "Ceil", "Round": "Round", "Erf": "Erf", "Sin": "Sine", "Cos": "Cosine", "Tan": "Tan",
+          "Asin": "Asin", "Acos": "Acos", "Atan": "Atan", "Sinh": "Sinh", "Cosh": "Cosh", "Asinh": "Asinh",
+          "Acosh": "Acosh", "Atanh": "Atanh", "Abs": "Abs", "Neg": "Negative", "Sign": "Sign", "IsNaN": "IsNaN"}
+
+
+@converter(*_UNARY)
+def unary(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    perm = _keep_layout(ctx, x)
+    ctx.emit(node, _UNARY[node.op], [ctx.value(x, perm)], perm)
+
+
+@converter("IsInf")
+def isinf(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    perm = _keep_layout(ctx, x)
+    ctx.emit(node, "IsInf", [ctx.value(x, perm)], perm,
+             {"detect_negative": bool(node.attrs.get("detect_negative", 1)),
+              "detect_positive": bool(node.attrs.get("detect_positive", 1))})
+
+
+def _common_layout(ctx: Context, node: ONode, inputs: Sequence[str]) -> Perm:
+    rank = ctx.rank(node.outputs[0])
+    perms = {ctx.perm(t) for t in inputs if t in ctx.tmap and ctx.rank(t) == rank}
+    return perms.pop() if len(perms) == 1 else None
+
+
+def _elementwise(ctx: Context, node: ONode, optype: str, params: Optional[Dict[str, Any]] = None,
+                 inputs: Optional[Sequence[str]] = None) -> None:
+    ins = list(inputs if inputs is not None else node.inputs)
+    rank = ctx.rank(node.outputs[0])
+    perm = _common_layout(ctx, node, ins)
+    irs = [ctx.broadcast_value(t, rank, perm) for t in ins]
+    ctx.emit(node, optype, irs, perm, params)
+
+
+@converter("Add", "Sub", "Max", "Min", "Sum")
+def eltwise(ctx: Context, node: ONode) -> None:
+    if len(node.inputs) != 2:
+        raise ConvertError(f"{len(node.inputs)} inputs are not supported (2 are)")
+    method = {"Add": "ADD", "Sum": "ADD", "Sub": "SUB", "Max": "MAX", "Min": "MIN"}[node.op]
+    p = _fused(node)
+    p["method"] = method
+    _elementwise(ctx, node, "Eltwise", {"with_activation": p.pop("with_activation"), **p})
+
+
+@converter("Mul")
+def mul(ctx: Context, node: ONode) -> None:
+    _elementwise(ctx, node, "Mul", _fused(node))
+
+
+@converter("Div")
+def div(ctx: Context, node: ONode) -> None:
+    _elementwise(ctx, node, "Div")
+
+
+@converter("Pow")
+def power(ctx: Context, node: ONode) -> None:
+    e = node.inputs[1]
+    if ctx.is_const(e) and ctx.const(e).size == 1:
+        x = node.inputs[0]
+        perm = _keep_layout(ctx, x)
+        ctx.emit(node, "Pow", [ctx.value(x, perm)], perm, {"exponent": float(ctx.const(e).reshape(-1)[0])})
+        return
+    _elementwise(ctx, node, "Pow")
+
+
+_LOGICAL = {"Equal": "EQUAL", "Greater": "GREATER", "Less": "LESS", "GreaterOrEqual": "GREATER_EQUAL",
+            "LessOrEqual": "LESS_EQUAL", "And": "AND", "Or": "OR", "Xor": "XOR"}
+
+
+@converter(*_LOGICAL)
+def logical(ctx: Context, node: ONode) -> None:
+    _elementwise(ctx, node, "Logical", {"method": _LOGICAL[node.op]})
+
+
+@converter("Not")
+def logical_not(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    perm = _keep_layout(ctx, x)
+    ctx.emit(node, "Logical", [ctx.value(x, perm)], perm, {"method": "NOT"})
+
+
+@converter("Where")
+def where(ctx: Context, node: ONode) -> None:
+    _elementwise(ctx, node, "Where")
+
+
+@converter("Mod")
+def mod(ctx: Context, node: ONode) -> None:
+    _elementwise(ctx, node, "Mod", {"fmod": bool(node.attrs.get("fmod", 0))})
+
+
+# ================================================================================================ axis ops
+@converter("Softmax", "LogSoftmax", "Hardmax")
+def softmax(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    rank = ctx.rank(x)
+    axis = _axis(node.attrs.get("axis", -1 if ctx.g.opset >= 13 else 1), rank)
+    if ctx.g.opset < 13 and axis != rank - 1 and any(d != 1 for d in ctx.shape(x)[axis + 1:]):
+        raise ConvertError(f"opset-{ctx.g.opset} {node.op} over the flattened dims from axis {axis} is not "
+                           "supported (only the last axis)")
+    perm = _keep_layout(ctx, x)
+    ctx.emit(node, node.op, [ctx.value(x, perm)], perm, {"axis": _ir_axis(axis, perm)})
+
+
+@converter("Concat")
+def concat(ctx: Context, node: ONode) -> None:
+    rank = ctx.rank(node.outputs[0])
+    axis = _axis(node.attrs["axis"], rank)
+    ins = [t for t in node.inputs if t and (ctx.is_const(t) or t in ctx.tmap)]
+    ins = [t for t in ins if ctx.shape(t)[axis] > 0] or ins[:1]
+    perms = {ctx.perm(t) for t in ins if t in ctx.tmap}
+    perm = perms.pop() if len(perms) == 1 else None
+    irs = [ctx.value(t, perm) if t in ctx.tmap else ctx.constant_layer(t, perm) for t in ins]
+    ctx.emit(node, "Concat", irs, perm, {"axis": _ir_axis(axis, perm)})
+
+
+@converter("Split")
+def split(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    rank = ctx.rank(x)
+    axis = _axis(node.attrs.get("axis", 0), rank)
+    outs = node.outputs
+    if any(not o for o in outs):
+        raise ConvertError("unnamed outputs are not supported")
+    splits = [ctx.shape(o)[axis] for o in outs]
+    perm = _keep_layout(ctx, x)
+    ctx.emit(node, "Split", [ctx.value(x, perm)], perm, {"axis": _ir_axis(axis, perm), "splits": splits},
+             outputs=outs)
+
+
+@converter("Slice")
+def slice_op(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    rank = len(shape)
+    starts = ctx.const(node.inputs[1]).astype(np.int64).tolist()
+    ends = ctx.const(node.inputs[2]).astype(np.int64).tolist()
+    axes = ctx.const(node.inputs[3]).astype(np.int64).tolist() if _inputs(node, 3) else list(range(len(starts)))
+    steps = ctx.const(node.inputs[4]).astype(np.int64).tolist() if _inputs(node, 4) else [1] * len(starts)
+    begin, end, stride = [0] * rank, list(shape), [1] * rank
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = _axis(a, rank)
+        n = shape[a]
+        if st == 0:
+            raise ConvertError("step 0")
+        idx = range(n)[slice(max(min(s, 2 ** 62), -2 ** 62), max(min(e, 2 ** 62), -2 ** 62), st)]
+        if len(idx) == 0:
+            raise ConvertError("an empty slice is not supported")
+        begin[a] = idx[0]
+        stride[a] = st
+        last = idx[-1] + (1 if st > 0 else -1)
+        end[a] = last if last >= 0 else -1
+    perm = _keep_layout(ctx, x)
+    order = list(perm) if perm is not None else list(range(rank))
+    ctx.emit(node, "Slice", [ctx.value(x, perm)], perm,
+             {"begin": [begin[a] for a in order], "end": [end[a] for a in order],
+              "strides": [stride[a] for a in order]})
+
+
+@converter("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2")
+def reduce(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    rank = ctx.rank(x)
+    if _inputs(node, 1):
+        axes = ctx.const(node.inputs[1]).astype(np.int64).reshape(-1).tolist()
+    else:
+        axes = list(node.attrs.get("axes", []))
+    if not axes:
+        if int(node.attrs.get("noop_with_empty_axes", 0)):
+            perm = _keep_layout(ctx, x)
+            ctx.emit(node, "Reshape", [ctx.value(x, perm)], perm,
+                     {"shape": list(ctx.out_shape(node.outputs[0], perm))})
+            return
+        axes = list(range(rank))
+    axes = sorted({_axis(a, rank) for a in axes})
+    keep = bool(node.attrs.get("keepdims", 1))
+    perm = _keep_layout(ctx, x) if keep else None
+    method = node.op[len("Reduce"):].upper()
+    ctx.emit(node, "Reduce", [ctx.value(x, perm)], perm,
+             {"method": method, "axis": sorted(_ir_axis(a, perm) for a in axes), "keepdims": keep})
+
+
+@converter("ArgMax", "ArgMin")
+def argminmax(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    rank = ctx.rank(x)
+    axis = _axis(node.attrs.get("axis", 0), rank)
+    keep = bool(node.attrs.get("keepdims", 1))
+    perm = _keep_layout(ctx, x) if keep else None
+    ctx.emit(node, "ArgMinMax", [ctx.value(x, perm)], perm,
+             {"method": node.op[3:].upper(), "axis": _ir_axis(axis, perm),
+              "select_last_index": bool(node.attrs.get("select_last_index", 0))}, out_dtypes=[Dtype.INT32])
+
+
+@converter("Gather")
+def gather(ctx: Context, node: ONode) -> None:
+    data, idx = node.inputs[0], node.inputs[1]
+    rank = ctx.rank(data)
+    axis = _axis(node.attrs.get("axis", 0), rank)
+    if ctx.is_const(idx) and not ctx.is_const(data):
+        ind = ctx.const(idx).astype(np.int64)
+        ind = np.where(ind < 0, ind + ctx.shape(data)[axis], ind).astype(np.int32)
+        perm = _keep_layout(ctx, data) if ind.ndim == 1 else None
+        ctx.emit(node, "Gather", [ctx.value(data, perm)], perm, {"axis": _ir_axis(axis, perm), "batch_dims": 0},
+                 {"indices": ind})
+        return
+    ctx.emit(node, "Gather", [ctx.value(data), ctx.value(idx)], None, {"axis": axis, "batch_dims": 0})
+
+
+@converter("Tile")
+def tile(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    reps = ctx.const(node.inputs[1]).astype(np.int64).tolist()
+    perm = _keep_layout(ctx, x)
+    order = list(perm) if perm is not None else list(range(len(reps)))
+    ctx.emit(node, "Tile", [ctx.value(x, perm)], perm, {"repeats": [int(reps[a]) for a in order]})
+
+
+@converter("Pad")
+def pad(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    rank = ctx.rank(x)
+    mode = str(node.attrs.get("mode", "constant")).upper()
+    if mode not in ("CONSTANT", "REFLECT", "EDGE"):
+        raise ConvertError(f"mode {mode.lower()} is not supported")
+    pads = ctx.const(node.inputs[1]).astype(np.int64).tolist() if _inputs(node, 1) else list(node.attrs["pads"])
+    value = float(ctx.const(node.inputs[2]).reshape(-1)[0]) if _inputs(node, 2) else 0.0
+    axes = ctx.const(node.inputs[3]).astype(np.int64).tolist() if _inputs(node, 3) else list(range(rank))
+    pairs = [[0, 0] for _ in range(rank)]
+    n = len(axes)
+    for i, a in enumerate(axes):
+        pairs[_axis(a, rank)] = [int(pads[i]), int(pads[i + n])]
+    if any(p < 0 for pr in pairs for p in pr):
+        raise ConvertError("negative pads are not supported")
+    perm = _keep_layout(ctx, x)
+    order = list(perm) if perm is not None else list(range(rank))
+    ctx.emit(node, "Pad", [ctx.value(x, perm)], perm,
+             {"pads": [pairs[a] for a in order], "mode": mode, "constant_value": value})
+
+
+# ================================================================================================ shape ops
+@converter("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+def reshape(ctx: Context, node: ONode) -> None:
+    out = node.outputs[0]
+    shape = list(ctx.shape(out))
+    ctx.emit(node, "Reshape", [ctx.source_for_reshape(node.inputs[0])], None, {"shape": shape})
+
+
+@converter("Transpose")
+def transpose(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    rank = ctx.rank(x)
+    t = [int(p) for p in node.attrs.get("perm", list(reversed(range(rank))))]
+    ir, have = ctx.tmap[x] if x in ctx.tmap else (ctx.value(x), None)
+    pinv = inverse(have) if have is not None else list(range(rank))
+    q = [pinv[a] for a in t]
+    if q == list(range(rank)):
+        ctx.bind(node.outputs[0], ir, None)
+        return
+    ctx.emit(node, "Transpose", [ir], None, {"perm": q})
+
+
+@converter("Cast", "CastLike")
+def cast(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    out = node.outputs[0]
+    src, dst = ctx.dtype(x), ir_dtype(ctx.g.dtypes.get(out, np.float32))
+    perm = _keep_layout(ctx, x)
+    if src == dst or (src.is_float and dst.is_float):
+        ctx.bind(out, ctx.value(x, perm), perm)
+        return
+    ctx.emit(node, "Cast", [ctx.value(x, perm)], perm, {"to_dtype": dst.name.lower()}, out_dtypes=[dst])
+
+
+@converter("DepthToSpace", "SpaceToDepth")
+def depth_space(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    bs = int(node.attrs["blocksize"])
+    params: Dict[str, Any] = {"block_size_x": bs, "block_size_y": bs}
+    if node.op == "DepthToSpace":
+        params["mode"] = str(node.attrs.get("mode", "DCR")).upper()
+    ctx.emit(node, node.op, [ctx.value(x, nhwc(4))], nhwc(4), params)
+
+
+@converter("Resize")
+def resize(ctx: Context, node: ONode) -> None:
+    x = node.inputs[0]
+    rank = ctx.rank(x)
+    ins, outs = ctx.shape(x), ctx.shape(node.outputs[0])
+    if rank not in (3, 4, 5) or ins[:2] != outs[:2]:
+        raise ConvertError("resizing the batch or channel axis is not supported")
+    if int(node.attrs.get("antialias", 0)):
+        raise ConvertError("antialias=1 is not supported")
+    if node.attrs.get("axes") is not None or str(node.attrs.get("keep_aspect_ratio_policy", "stretch")) != "stretch":
+        raise ConvertError("axes / keep_aspect_ratio_policy are not supported")
+    mode = str(node.attrs.get("mode", "nearest")).lower()
+    method = {"nearest": "NEAREST", "linear": "BILINEAR" if rank == 4 else "LINEAR", "cubic": "BICUBIC"}[mode]
+    coord = str(node.attrs.get("coordinate_transformation_mode", "half_pixel")).upper()
+    params: Dict[str, Any] = {"method": method, "mode": coord}
+    if mode == "nearest":
+        params["nearest_mode"] = str(node.attrs.get("nearest_mode", "round_prefer_floor")).upper()
+    if mode == "cubic":
+        params["cubic_coeff_a"] = float(node.attrs.get("cubic_coeff_a", -0.75))
+        params["exclude_outside"] = bool(node.attrs.get("exclude_outside", 0))
+    params["size"] = list(outs[2:])
+    scales = _inputs(node, 2)
+    if scales and not _inputs(node, 3) and ctx.const(scales).size:
+        sc = ctx.const(scales).astype(np.float64).tolist()[2:]
+        for key, v in zip(("ratio_x", "ratio_y", "ratio_z"), reversed(sc)):
+            params[key] = float(v)
+    perm = nhwc(rank)
+    ctx.emit(node, "Resize", [ctx.value(x, perm)], perm, params)
+
+
+# ================================================================================================ MAC
+def _fc(ctx: Context, node: ONode, a: str, w: np.ndarray, b: np.ndarray) -> None:
+    """y = a @ w^T + b over the last axis; w [out, in]."""
+    params = {"num_output": int(w.shape[0])}
+    params.update(_fused(node))
+    ctx.emit(node, "FullyConnected", [ctx.source_for_reshape(a) if ctx.rank(a) == 2 else ctx.value(a)], None,
+             params, {"weights": np.ascontiguousarray(w.astype(np.float32)),
+                      "biases": np.ascontiguousarray(b.astype(np.float32).reshape(-1))})
+
+
+@converter("Gemm")
+def gemm(ctx: Context, node: ONode) -> None:
+    a, bname = node.inputs[0], node.inputs[1]
+    c = _inputs(node, 2)
+    alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+    ta, tb = int(node.attrs.get("transA", 0)), int(node.attrs.get("transB", 0))
+    n_out = ctx.shape(node.outputs[0])[1]
+    if not ta and ctx.is_const(bname) and (c is None or (ctx.is_const(c) and ctx.const(c).size in (1, n_out)
+                                                          and ctx.const(c).shape[-1:] in ((n_out,), (1,), ()))):
+        bm = ctx.const(bname).astype(np.float64)
+        w = (bm if tb else bm.T) * alpha
+        bias = np.broadcast_to(ctx.const(c).astype(np.float64).reshape(-1), (n_out,)) * beta if c is not None \
+            else np.zeros(n_out)
+        _fc(ctx, node, a, w, bias)
+        return
+    ins = [ctx.value(t) for t in node.inputs if t]
+    params = {"alpha": alpha, "beta": beta, "trans_a": bool(ta), "trans_b": bool(tb)}
+    params.update(_fused(node))
+    ctx.emit(node, "Gemm", ins, None, params)
+
+
+@converter("MatMul")
+def matmul(ctx: Context, node: ONode) -> None:
+    a, bname = node.inputs
+    if ctx.is_const(bname) and ctx.const(bname).ndim == 2 and ctx.rank(a) >= 2:
+        w = ctx.const(bname).T
+        bias = ctx.const(node.fused["bias"]).reshape(-1) if "bias" in node.fused else np.zeros(w.shape[0])
+        _fc(ctx, node, a, w, bias)
+        return
+    if ctx.rank(a) < 2 or ctx.rank(bname) < 2:
+        raise ConvertError("1-D operands are not supported")
+    ctx.emit(node, "MatMul", [ctx.value(a), ctx.value(bname)], None, {"trans_a": False, "trans_b": False})
+
+
+def supported_ops() -> List[str]:
+    return sorted(CONVERTERS)
+
+
+def unsupported_attr(node: ONode) -> Optional[str]:
+    """Attributes no converter handles (checked up front so that the report lists them with the node)."""
+    for key in ("activations", "clip"):
+        if key in node.attrs and node.op not in ("Clip",):
+            return f"attribute '{key}'"
+    if node.domain not in ("", "ai.onnx"):
+        return f"domain '{node.domain}'"
+    return None

@@ -1,0 +1,147 @@
+"""Loading an ONNX file: lazy `onnx` import, external data, opset and input-shape checks.
+
+Every failure here is an `IRError` naming the file, so a malformed model or a missing external-data file gives
+one clear line on the command line.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from ...errors import ConfigError, IRError, UnsupportedError
+
+MIN_OPSET = 11
+"""Oldest default-domain opset the importer accepts (older models: upgrade with onnx.version_converter)."""
+MAX_OPSET = 21
+"""Newest default-domain opset of the supported range; newer opsets are imported with a warning (the operators
+the converters handle kept their semantics there; the conformance run covers them)."""
+
+
+def require_onnx() -> Any:
+    """The `onnx` module, or a clear error telling how to install the optional dependency."""
+    try:
+        import onnx
+    except ImportError:
+        raise UnsupportedError("importing ONNX models needs the optional dependency 'onnx' "
+                               "(pip install 'quantopt[onnx]' or pip install onnx)") from None
+    return onnx
+
+
+def load_model(path: str) -> Any:
+    """Read `path` with its external data; malformed files and missing data files are one IRError naming them."""
+    onnx = require_onnx()
+    if not os.path.isfile(path):
+        raise IRError("ONNX file not found", file=path)
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception as e:  # protobuf DecodeError and friends
+        raise IRError(f"not a readable ONNX model ({type(e).__name__}: {e})", file=path) from None
+    if not model.graph.node and not model.graph.output:
+        raise IRError("not a readable ONNX model (empty graph)", file=path)
+    base = os.path.dirname(os.path.abspath(path))
+    missing = []
+    for init in _all_initializers(model):
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            loc = {e.key: e.value for e in init.external_data}.get("location", "")
+            if not os.path.isfile(os.path.join(base, loc)):
+                missing.append(f"'{loc}' (initializer '{init.name}')")
+    if missing:
+        raise IRError(f"external data file(s) not found next to the model: {', '.join(sorted(set(missing)))}",
+                      file=path)
+    try:
+        from onnx.external_data_helper import load_external_data_for_model
+        load_external_data_for_model(model, base)
+    except Exception as e:
+        raise IRError(f"cannot read external data ({type(e).__name__}: {e})", file=path) from None
+    check_opset(model, path)
+    return model
+
+
+def _all_initializers(model: Any) -> List[Any]:
+    out = list(model.graph.initializer)
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                out.append(attr.t)
+    return out
+
+
+def default_opset(model: Any) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    return 0
+
+
+def check_opset(model: Any, path: str) -> None:
+    version = default_opset(model)
+    if version > MAX_OPSET:
+        from ...log import OPT_WARN
+        OPT_WARN(f"{path}: ONNX opset {version} is newer than the supported range {MIN_OPSET}-{MAX_OPSET}; "
+                 "importing it as if it were opset 21")
+        return
+    if not MIN_OPSET <= version <= MAX_OPSET:
+        raise UnsupportedError(f"ONNX opset {version} is not supported (opsets {MIN_OPSET}-{MAX_OPSET} are; "
+                               "convert the model with onnx.version_converter)", file=path)
+
+
+def parse_input_shapes(specs: Optional[Sequence[str]]) -> Dict[str, List[int]]:
+    """`name:1,3,224,224` strings (CLI / cfg) → {name: [1, 3, 224, 224]}; a lone `1,3,224,224` applies to the
+    only input and is stored under the empty name."""
+    shapes: Dict[str, List[int]] = {}
+    for spec in specs or []:
+        for part in str(spec).split(";"):
+            part = part.strip()
+            if not part:
+                continue
+            name, _, dims = part.rpartition(":")
+            try:
+                values = [int(d) for d in dims.replace("x", ",").split(",") if d.strip()]
+            except ValueError:
+                raise ConfigError(f"input shape '{part}' must be name:d0,d1,... with integer dims") from None
+            if not values or any(v < 1 for v in values):
+                raise ConfigError(f"input shape '{part}' must list positive integer dims")
+            shapes[name.strip()] = values
+    return shapes
+
+
+def fix_input_shapes(model: Any, shapes: Mapping[str, Sequence[int]], path: str) -> None:
+    """Write fixed shapes into the graph inputs; every remaining dynamic dim is an error naming the input."""
+    init_names = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in init_names]
+    shapes = dict(shapes)
+    if "" in shapes:
+        if len(inputs) != 1:
+            raise ConfigError(f"an input shape without a name needs a model with one input, this one has "
+                              f"{[i.name for i in inputs]}")
+        shapes[inputs[0].name] = shapes.pop("")
+    unknown = sorted(set(shapes) - {i.name for i in inputs})
+    if unknown:
+        raise ConfigError(f"input shape given for unknown input(s) {unknown}; the model's inputs are "
+                          f"{[i.name for i in inputs]}")
+    problems = []
+    for inp in inputs:
+        tt = inp.type.tensor_type
+        dims = tt.shape.dim
+        if inp.name in shapes:
+            want = shapes[inp.name]
+            if tt.HasField("shape") and len(dims) != len(want):
+                raise ConfigError(f"input '{inp.name}' has rank {len(dims)}, the given shape {list(want)} has "
+                                  f"rank {len(want)}")
+            for d, v in zip(dims, want):
+                if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != v:
+                    raise ConfigError(f"input '{inp.name}': given shape {list(want)} contradicts the model's "
+                                      f"dim {d.dim_value}")
+            del dims[:]
+            for v in want:
+                dims.add().dim_value = int(v)
+            continue
+        if not tt.HasField("shape"):
+            problems.append(f"'{inp.name}' (unknown rank)")
+        elif any(not (d.HasField("dim_value") and d.dim_value > 0) for d in dims):
+            shown = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+                     for d in dims]
+            problems.append(f"'{inp.name}' {shown}")
+    if problems:
+        raise ConfigError(f"dynamic input shape(s) {', '.join(problems)}: give fixed shapes with "
+                          "--input-shape name:d0,d1,... (or the cfg's input_shape)", file=path)

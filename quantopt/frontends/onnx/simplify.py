@@ -1,0 +1,282 @@
+"""ONNX graph preparation: Constant nodes and initializers as arrays, shape inference for every tensor, constant
+folding (Shape/Gather/Concat/Cast/Unsqueeze chains that feed Reshape, and any other node whose inputs are all
+constant), Identity/Dropout removal.
+
+The result is an `OGraph`: plain nodes over named tensors with a known shape for every activation tensor, which the
+converters translate layer by layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ...errors import IRError
+
+FOLD_MAX_ELEMENTS = 1 << 24
+"""Largest constant a folded node may produce (bigger results stay as layers so the .bin does not explode)."""
+NON_FOLDABLE = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                "Bernoulli", "If", "Loop", "Scan"}
+PASSTHROUGH = {"Identity", "Dropout"}
+
+
+@dataclass
+class ONode:
+    """One ONNX node: name (the ONNX name, or `<OpType>_<k>` when empty), op type, tensor names, attributes."""
+    name: str
+    op: str
+    inputs: List[str]
+    outputs: List[str]
+    attrs: Dict[str, Any]
+    domain: str = ""
+    fused: Dict[str, Any] = field(default_factory=dict)
+    """Extras set by fusion: with_activation/clip bounds, folded BatchNorm, a bias added to a MatMul."""
+
+
+@dataclass
+class OGraph:
+    name: str
+    opset: int
+    nodes: List[ONode]
+    inputs: List[str]
+    outputs: List[str]
+    consts: Dict[str, np.ndarray]
+    shapes: Dict[str, Tuple[int, ...]]
+    dtypes: Dict[str, np.dtype]
+
+    def consumers(self, tensor: str) -> List[ONode]:
+        return [n for n in self.nodes if tensor in n.inputs]
+
+
+def clean_name(name: str) -> str:
+    """A node name as an IR layer name: characters outside [A-Za-z0-9_/.:-] become '_' (as the Parser does)."""
+    return "".join(c if c.isalnum() or c in "_/.:-" else "_" for c in name)
+
+
+def _attrs(onnx: Any, node: Any) -> Dict[str, Any]:
+    from onnx import numpy_helper
+    out: Dict[str, Any] = {}
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.TENSOR:
+            out[a.name] = numpy_helper.to_array(a.t)
+        elif a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+            out[a.name] = a  # subgraph: only the unsupported-op report looks at it
+        else:
+            v = onnx.helper.get_attribute_value(a)
+            if isinstance(v, bytes):
+                v = v.decode()
+            elif isinstance(v, float):
+                v = float(str(np.float32(v)))  # float32 attribute → its shortest decimal (0.2, not 0.2000000029)
+            elif isinstance(v, list) and v and isinstance(v[0], float):
+                v = [float(str(np.float32(x))) for x in v]
+            elif isinstance(v, list) and v and isinstance(v[0], bytes):
+                v = [x.decode() for x in v]
+            out[a.name] = v
+    return out
+
+
+def _constant_node_value(onnx: Any, node: Any) -> np.ndarray:
+    from onnx import numpy_helper
+    for a in node.attribute:
+        if a.name == "value":
+            return numpy_helper.to_array(a.t)
+        if a.name == "value_float":
+            return np.array(a.f, dtype=np.float32)
+        if a.name == "value_floats":
+            return np.array(list(a.floats), dtype=np.float32)
+        if a.name == "value_int":
+            return np.array(a.i, dtype=np.int64)
+        if a.name == "value_ints":
+            return np.array(list(a.ints), dtype=np.int64)
+    raise IRError(f"Constant node '{node.name}' has no supported value attribute (sparse/string values are not "
+                  "supported)")
+
+
+def _infer(onnx: Any, model: Any) -> Any:
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:
+        return model
+
+
+def _shape_of(vi: Any) -> Optional[Tuple[int, ...]]:
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    dims = []
+    for d in tt.shape.dim:
+        if not d.HasField("dim_value") or d.dim_value < 0:
+            return None
+        dims.append(int(d.dim_value))
+    return tuple(dims)
+
+
+def _np_dtype(onnx: Any, elem_type: int) -> Optional[np.dtype]:
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:
+        return None
+
+
+def _eval_node(onnx: Any, node: Any, opset: int, inputs: List[Optional[np.ndarray]]) -> List[np.ndarray]:
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+    # a one-node model, so that the evaluator picks the operator version of this opset
+    inits = [numpy_helper.from_array(np.asarray(v), name=n) for n, v in zip(node.input, inputs) if n]
+    outs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
+    g = helper.make_graph([node], "fold", [], outs, initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    return [np.asarray(v) for v in ReferenceEvaluator(m).run(None, {})]
+
+
+def build_ograph(model: Any, path: str) -> OGraph:
+    """Fold constants and infer shapes until nothing changes; every activation tensor then has a static shape."""
+    import onnx
+    from onnx import numpy_helper
+
+    from .loader import default_opset
+    opset = default_opset(model)
+    consts: Dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    graph_inputs = [i.name for i in model.graph.input if i.name not in consts]
+    graph_outputs = [o.name for o in model.graph.output]
+    alias: Dict[str, str] = {}
+    nodes: List[Any] = []
+    counters: Dict[str, int] = {}
+    names: set = set()
+    for node in model.graph.node:
+        k = counters.get(node.op_type, 0)
+        counters[node.op_type] = k + 1
+        if not node.name:
+            node.name = f"{node.op_type}_{k}"
+        node.name = clean_name(node.name)
+        while node.name in names:  # ONNX does not require unique node names, the IR does
+            node.name = f"{node.name}_{k}"
+        names.add(node.name)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            consts[node.output[0]] = _constant_node_value(onnx, node)
+            continue
+        nodes.append(node)
+
+    shapes: Dict[str, Tuple[int, ...]] = {}
+    dtypes: Dict[str, np.dtype] = {}
+    for _ in range(8):
+        # a model made of the remaining nodes with constants as initializers, for shape inference
+        g = onnx.helper.make_graph(
+            nodes, model.graph.name or "model",
+            [i for i in model.graph.input if i.name not in consts],
+            list(model.graph.output),
+            initializer=[numpy_helper.from_array(np.asarray(v), name=k) for k, v in consts.items()])
+        m = onnx.helper.make_model(g, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+        inferred = _infer(onnx, m)
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+            s = _shape_of(vi)
+            if s is not None:
+                shapes[vi.name] = s
+            dt = _np_dtype(onnx, vi.type.tensor_type.elem_type)
+            if dt is not None:
+                dtypes[vi.name] = dt
+        changed = False
+        kept = []
+        for node in nodes:
+            if node.op_type in PASSTHROUGH and node.domain in ("", "ai.onnx") and _is_plain_passthrough(node):
+                src = node.input[0]
+                if src in consts:
+                    consts[node.output[0]] = consts[src]
+                else:
+                    alias[node.output[0]] = alias.get(src, src)
+                changed = True
+                continue
+            folded = _try_fold(onnx, node, opset, consts, shapes)
+            if folded is not None:
+                for name, value in zip(node.output, folded):
+                    consts[name] = value
+                changed = True
+                continue
+            kept.append(node)
+        if alias:
+            for node in kept:
+                for i, name in enumerate(node.input):
+                    if name in alias:
+                        node.input[i] = alias[name]
+        nodes = kept
+        if not changed:
+            break
+
+    onodes = [ONode(n.name, n.op_type, list(n.input), list(n.output), _attrs(onnx, n), n.domain) for n in nodes]
+    outs = [alias.get(o, o) for o in graph_outputs]
+    for c, v in consts.items():
+        shapes[c] = tuple(int(d) for d in np.shape(v))
+    missing = [t for n in onodes for t in n.outputs if t and t not in shapes]
+    missing += [t for t in graph_inputs if t not in shapes]
+    if missing:
+        _fallback_shapes(onnx, model, missing, shapes, dtypes, path)
+    return OGraph(model.graph.name or "model", opset, onodes, graph_inputs, outs, consts, shapes, dtypes)
+
+
+def _is_plain_passthrough(node: Any) -> bool:
+    """Identity always; Dropout when its mask output is unused and it is not in training mode."""
+    if node.op_type == "Identity":
+        return True
+    return len(node.output) < 2 or not node.output[1]
+
+
+def _try_fold(onnx: Any, node: Any, opset: int, consts: Dict[str, np.ndarray],
+              shapes: Dict[str, Tuple[int, ...]]) -> Optional[List[np.ndarray]]:
+    if node.domain not in ("", "ai.onnx") or node.op_type in NON_FOLDABLE:
+        return None
+    if node.op_type in ("Shape", "Size") and node.input[0] in shapes:
+        shape = np.array(shapes[node.input[0]], dtype=np.int64)
+        if node.op_type == "Size":
+            return [np.array(int(np.prod(shape)), dtype=np.int64)]
+        attrs = {a.name: a.i for a in node.attribute}
+        start, end = attrs.get("start", 0), attrs.get("end", None)
+        return [shape[start:end] if end is not None else shape[start:]]
+    if node.op_type == "ConstantOfShape" and node.input[0] in consts:
+        if int(np.prod(consts[node.input[0]])) > FOLD_MAX_ELEMENTS:
+            return None
+    if not all((not i) or i in consts for i in node.input):
+        return None
+    if node.op_type in ("Shape", "Size") and not node.input:
+        return None
+    try:
+        out = _eval_node(onnx, node, opset, [consts.get(i) if i else None for i in node.input])
+    except Exception:
+        return None  # left as a layer; the converter reports it if it is unsupported
+    if any(o.size > FOLD_MAX_ELEMENTS for o in out):
+        return None
+    return out
+
+
+def _fallback_shapes(onnx: Any, model: Any, missing: List[str], shapes: Dict[str, Tuple[int, ...]],
+                     dtypes: Dict[str, np.dtype], path: str) -> None:
+    """Shapes ONNX inference could not give: run the model once on zero inputs (onnxruntime if installed, else
+    the onnx reference evaluator) and read them off."""
+    feeds = {}
+    init = {i.name for i in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name in init:
+            continue
+        s = _shape_of(inp)
+        dt = _np_dtype(onnx, inp.type.tensor_type.elem_type) or np.dtype(np.float32)
+        if s is None:
+            raise IRError(f"input '{inp.name}' has no static shape", file=path)
+        feeds[inp.name] = np.zeros(s, dtype=dt)
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    del m.graph.output[:]
+    for name in missing:
+        m.graph.output.add().name = name
+    try:
+        try:
+            import onnxruntime as ort
+            sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+            values = sess.run(missing, feeds)
+        except ImportError:
+            from onnx.reference import ReferenceEvaluator
+            values = ReferenceEvaluator(m).run(missing, feeds)
+    except Exception:
+        return  # left unknown: the converter of each affected node reports "no known shape" with the node
+    for name, v in zip(missing, values):
+        shapes[name] = tuple(int(d) for d in np.shape(v))
+        dtypes.setdefault(name, np.asarray(v).dtype)

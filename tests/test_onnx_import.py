@@ -1,0 +1,321 @@
+"""ONNX importer: Parser-like IR for the shared reference models (layer types and params, float forward against
+onnxruntime), fusions and folding on small hand-built models, error reporting, CLI and cfg entry points, and a
+conformance slice of the onnx node test cases."""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx", reason="the optional dependency 'onnx' is not installed (pip install onnx)")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import quantopt.ops  # noqa: E402,F401
+from quantopt.errors import ConfigError, IRError, UnsupportedError  # noqa: E402
+from quantopt.frontends.onnx import import_onnx, import_onnx_to_ir  # noqa: E402
+from quantopt.ir.reader import read_ir  # noqa: E402
+
+SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models")
+MODELS = {
+    "syn_resnet": ("syn_resnet.onnx", None),
+    "syn_mobilenet": ("syn_mobilenet.onnx", None),
+    "mtcnn_onet": ("mtcnn_onet.onnx", None),
+    "ppocr_cls": ("ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": [1, 3, 48, 192]}),
+}
+RTOL = 1e-4
+RNG = np.random.default_rng(7)
+
+
+def _ort():
+    return pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install onnxruntime)")
+
+
+def _parse_ir(path: str) -> List[Dict[str, str]]:
+    with open(path) as f:
+        sections = f.read().strip().split("\n\n")
+    return [dict(line.split("=", 1) for line in s.strip().splitlines() if "=" in line) for s in sections[1:]]
+
+
+def _rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    span = max(float(ref.max() - ref.min()), 1e-12)
+    return float(np.abs(got.astype(np.float64) - ref.astype(np.float64)).max()) / span
+
+
+def _save(model, tmp_path, name: str = "m.onnx", **kw) -> str:
+    path = str(tmp_path / name)
+    onnx.save(model, path, **kw)
+    return path
+
+
+def _make(nodes, inputs, outputs, inits=(), opset: int = 17, value_info=()):
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits), value_info=list(value_info))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def _vi(name: str, shape: Optional[Sequence], elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _init(name: str, value: np.ndarray):
+    return numpy_helper.from_array(np.asarray(value), name=name)
+
+
+def _run_both(path: str, feeds: Dict[str, np.ndarray], shapes=None) -> List[float]:
+    ort = _ort()
+    graph = import_onnx(path, shapes)
+    got = graph.forward([torch.from_numpy(feeds[t.name[:-2]]) for t in graph.input_tensors])
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    ref = sess.run(None, feeds)
+    assert len(got) == len(ref)
+    return [_rel_err(g.numpy(), r) for g, r in zip(got, ref)]
+
+
+# ------------------------------------------------------------------------------------------ shared reference models
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def shared_model(request, tmp_path_factory):
+    key = request.param
+    fname, shapes = MODELS[key]
+    path = os.path.join(SHARED, key, fname)
+    if not os.path.isfile(path):
+        pytest.skip(f"shared reference model {path} is not available")
+    out = tmp_path_factory.mktemp(key)
+    txt, _ = import_onnx_to_ir(path, str(out), shapes, name=key)
+    return key, path, shapes, txt
+
+
+def test_shared_model_matches_parser_layers(shared_model):
+    key, _, _, txt = shared_model
+    ours = _parse_ir(txt)
+    parser = _parse_ir(os.path.join(SHARED, key, f"{key}.txt"))
+    assert Counter(s["layer_type"] for s in ours) == Counter(s["layer_type"] for s in parser)
+    by_name = {s["layer_name"]: s for s in parser}
+    compared = 0
+    for s in ours:
+        ref = by_name.get(s["layer_name"])
+        assert ref is not None, f"layer {s['layer_name']} has no Parser counterpart"
+        for k in ("layer_type", "layer_top", "layer_bottom", "layer_top_shape", "layer_bottom_shape",
+                  "weights_shape", "biases_shape", "num_output", "kernel_x", "kernel_y", "stride_x", "stride_y",
+                  "pad_left", "pad_right", "pad_top", "pad_bottom", "group", "with_activation", "method",
+                  "perm", "shape", "axis", "ceil_mode", "multiplier"):
+            assert s.get(k) == ref.get(k), f"{s['layer_name']}: {k} = {s.get(k)} (Parser: {ref.get(k)})"
+        for k in ("alpha", "beta", "clip_min", "clip_max"):
+            if k in ref:
+                assert float(s[k]) == pytest.approx(float(ref[k]))
+        compared += 1
+    assert compared == len(parser)
+
+
+def test_shared_model_weights_match_parser(shared_model):
+    key, _, _, txt = shared_model
+    ours = read_ir(txt)
+    parser = read_ir(os.path.join(SHARED, key, f"{key}.txt"))
+    for n in parser.nodes:
+        mine = ours.node(n.name)
+        for c in ("weights", "biases"):
+            if c in n.constants:
+                a, b = mine.constants[c].betensor.numpy(), n.constants[c].betensor.numpy()
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(b).max())))
+
+
+def test_shared_model_forward_matches_onnxruntime(shared_model):
+    ort = _ort()
+    key, path, shapes, txt = shared_model
+    x = np.load(os.path.join(SHARED, key, "val.npy"))[:2].astype(np.float32)
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    ref = [np.concatenate(r) for r in zip(*[sess.run(None, {name: x[i:i + 1]}) for i in range(len(x))])]
+    for graph in (import_onnx(path, shapes), read_ir(txt)):
+        got = graph.forward([torch.from_numpy(x)])
+        for g, r in zip(got, ref):
+            assert _rel_err(g.numpy(), r) <= RTOL
+
+
+# ------------------------------------------------------------------------------------------ fusions and folding
+def _conv_bn_relu_model(opset: int = 17):
+    w = RNG.normal(size=(8, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["bn"], name="bn", epsilon=1e-3),
+             helper.make_node("Clip", ["bn", "lo", "hi"], ["r"], name="relu6"),
+             helper.make_node("Identity", ["r"], ["i"], name="ident"),
+             helper.make_node("Dropout", ["i"], ["d"], name="drop"),
+             helper.make_node("Shape", ["d"], ["s"], name="shape"),
+             helper.make_node("Gather", ["s", "zero"], ["n"], name="gather", axis=0),
+             helper.make_node("Unsqueeze", ["n", "ax0"], ["n1"], name="unsq"),
+             helper.make_node("Concat", ["n1", "minus1"], ["newshape"], name="cat", axis=0),
+             helper.make_node("Reshape", ["d", "newshape"], ["flat"], name="reshape"),
+             helper.make_node("Softmax", ["flat"], ["y"], name="softmax", axis=-1)]
+    inits = [_init("w", w), _init("g", RNG.uniform(0.5, 2, 8).astype(np.float32)),
+             _init("b", RNG.normal(size=8).astype(np.float32)), _init("m", RNG.normal(size=8).astype(np.float32)),
+             _init("v", RNG.uniform(0.5, 2, 8).astype(np.float32)), _init("lo", np.array(0, np.float32)),
+             _init("hi", np.array(6, np.float32)), _init("zero", np.array(0, np.int64)),
+             _init("ax0", np.array([0], np.int64)), _init("minus1", np.array([-1], np.int64))]
+    return _make(nodes, [_vi("x", ["N", 3, 8, 8])], [_vi("y", None)], inits, opset=opset)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17, 21])
+def test_fusions_and_folding(tmp_path, opset):
+    model = _conv_bn_relu_model(opset)
+    if opset < 13:  # Unsqueeze takes axes as an attribute before opset 13
+        for n in model.graph.node:
+            if n.op_type == "Unsqueeze":
+                n.input.pop()
+                n.attribute.append(helper.make_attribute("axes", [0]))
+    path = _save(model, tmp_path)
+    x = RNG.normal(size=(1, 3, 8, 8)).astype(np.float32)
+    graph = import_onnx(path, {"x": [1, 3, 8, 8]})
+    types = [n.type.name if hasattr(n.type, "name") else str(n.type) for n in graph.nodes]
+    assert [str(t) for t in types] == ["Input", "Transpose", "Convolution", "Transpose", "Reshape", "Softmax"]
+    conv = graph.node("conv")
+    assert conv.params["with_activation"] == "RELU6"
+    assert list(conv.constants["weights"].betensor.shape) == [8, 3, 3, 3]  # OHWI
+    assert graph.nodes[1].name == "x_post_transpose" and graph.nodes[1].params["perm"] == [0, 2, 3, 1]
+    # the NHWC conv output is flattened in ONNX (NCHW) order: a Transpose back precedes the Reshape
+    back = graph.node("conv_post_transpose")
+    assert back.params["perm"] == [0, 3, 1, 2] and graph.node("reshape").inputs[0].name == back.outputs[0].name
+    assert _run_both(path, {"x": x}, {"x": [1, 3, 8, 8]})[0] <= RTOL
+
+
+def test_nchw_output_is_transposed_back_and_multi_io(tmp_path):
+    nodes = [helper.make_node("Conv", ["a", "w"], ["c"], name="conv"),
+             helper.make_node("Add", ["c", "b"], ["sum"], name="add"),
+             helper.make_node("Relu", ["sum"], ["y1"], name="relu"),
+             helper.make_node("MaxPool", ["y1"], ["y2"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Concat", ["y1", "c"], ["y3"], name="cat", axis=1),
+             helper.make_node("ReduceMean", ["y3"], ["y4"], name="mean", axes=[2, 3], keepdims=1)]
+    inits = [_init("w", RNG.normal(size=(4, 2, 1, 1)).astype(np.float32))]
+    model = _make(nodes, [_vi("a", [1, 2, 6, 6]), _vi("b", [1, 4, 6, 6])],
+                  [_vi("y2", None), _vi("y4", None), _vi("c", None)], inits, opset=17)
+    path = _save(model, tmp_path)
+    feeds = {"a": RNG.normal(size=(1, 2, 6, 6)).astype(np.float32),
+             "b": RNG.normal(size=(1, 4, 6, 6)).astype(np.float32)}
+    assert max(_run_both(path, feeds)) <= RTOL
+    graph = import_onnx(path)
+    assert [list(t.ir_shape) for t in graph.output_tensors] == [[1, 4, 3, 3], [1, 8, 1, 1], [1, 4, 6, 6]]
+    assert graph.node("add").params["with_activation"] == "RELU"
+
+
+def test_matmul_bias_gemm_depthwise_and_constants(tmp_path):
+    nodes = [helper.make_node("Constant", [], ["k"], name="const",
+                              value=numpy_helper.from_array(np.float32(0.5))),
+             helper.make_node("Conv", ["x", "dw"], ["d"], name="dw", group=4, pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["d"], ["h"], name="hs"),
+             helper.make_node("Mul", ["h", "k"], ["hk"], name="scale"),
+             helper.make_node("GlobalAveragePool", ["hk"], ["p"], name="gap"),
+             helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+             helper.make_node("MatMul", ["f", "wm"], ["mm"], name="fc"),
+             helper.make_node("Add", ["mm", "bm"], ["fa"], name="fc_bias"),
+             helper.make_node("Gemm", ["fa", "wg", "bg"], ["y"], name="gemm", transB=1, alpha=0.5)]
+    inits = [_init("dw", RNG.normal(size=(4, 1, 3, 3)).astype(np.float32)),
+             _init("wm", RNG.normal(size=(4, 5)).astype(np.float32)), _init("bm", np.arange(5, dtype=np.float32)),
+             _init("wg", RNG.normal(size=(3, 5)).astype(np.float32)), _init("bg", np.ones(3, np.float32))]
+    model = _make(nodes, [_vi("x", [1, 4, 5, 5])], [_vi("y", None)], inits, opset=14)
+    path = _save(model, tmp_path)
+    assert _run_both(path, {"x": RNG.normal(size=(1, 4, 5, 5)).astype(np.float32)})[0] <= RTOL
+    g = import_onnx(path)
+    assert str(g.node("dw").type).endswith("DepthwiseConv") and g.node("dw").params["multiplier"] == 1
+    assert str(g.node("hs").type).endswith("Activation") and g.node("hs").params["method"] == "HARDSWISH"
+    fc = g.node("fc")
+    assert str(fc.type).endswith("FullyConnected") and fc.params["num_output"] == 5
+    np.testing.assert_array_equal(fc.constants["biases"].betensor.numpy(), np.arange(5, dtype=np.float32))
+    assert str(g.node("gemm").type).endswith("FullyConnected")
+
+
+def test_external_data(tmp_path):
+    model = _conv_bn_relu_model()
+    path = str(tmp_path / "ext.onnx")
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="ext.data",
+              size_threshold=64)
+    x = RNG.normal(size=(1, 3, 8, 8)).astype(np.float32)
+    assert _run_both(path, {"x": x}, {"x": [1, 3, 8, 8]})[0] <= RTOL
+    os.remove(tmp_path / "ext.data")
+    with pytest.raises(IRError, match="ext.data"):
+        import_onnx(path, {"x": [1, 3, 8, 8]})
+
+
+# ------------------------------------------------------------------------------------------ errors
+def test_unsupported_nodes_are_listed_together(tmp_path):
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv3d"),
+             helper.make_node("Einsum", ["x"], ["e"], name="einsum", equation="abcde->edcba"),
+             helper.make_node("Relu", ["e"], ["y"], name="relu")]
+    model = _make(nodes, [_vi("x", [1, 1, 2, 2, 2])], [_vi("y", None), _vi("c", None)],
+                  [_init("w", np.ones((1, 1, 1, 1, 1), np.float32))], opset=15)
+    with pytest.raises(UnsupportedError) as e:
+        import_onnx(_save(model, tmp_path))
+    msg = str(e.value)
+    assert "2 ONNX node(s)" in msg and "'conv3d' (Conv, opset 15)" in msg and "'einsum' (Einsum, opset 15)" in msg
+
+
+def test_malformed_and_missing_files(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00\x01garbage\xff" * 10)
+    with pytest.raises(IRError, match="bad.onnx"):
+        import_onnx(str(bad))
+    with pytest.raises(IRError, match="not found"):
+        import_onnx(str(tmp_path / "none.onnx"))
+
+
+def test_dynamic_shapes_need_input_shape(tmp_path):
+    path = _save(_conv_bn_relu_model(), tmp_path)
+    with pytest.raises(ConfigError, match="--input-shape"):
+        import_onnx(path)
+    with pytest.raises(ConfigError, match="unknown input"):
+        import_onnx(path, {"nope": [1, 3, 8, 8]})
+
+
+def test_opset_too_old(tmp_path):
+    model = _make([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1, 2])], [_vi("y", None)], opset=9)
+    with pytest.raises(UnsupportedError, match="opset 9"):
+        import_onnx(_save(model, tmp_path))
+
+
+# ------------------------------------------------------------------------------------------ entry points
+def test_cli_import(tmp_path, capsys):
+    from quantopt.cli import main
+    path = _save(_conv_bn_relu_model(), tmp_path)
+    assert main(["import", path, "-o", str(tmp_path / "ir"), "--input-shape", "x:1,3,8,8"]) == 0
+    txt = tmp_path / "ir" / "m.txt"
+    assert txt.is_file() and (tmp_path / "ir" / "m.bin").is_file()
+    g = read_ir(str(txt))
+    assert [t.name for t in g.input_tensors] == ["x_0"]
+    assert main(["import", path, "-o", str(tmp_path / "ir2")]) != 0
+    assert "--input-shape" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ conformance slice
+CONFORMANCE_OPS = {"Relu", "Sigmoid", "Softmax", "Concat", "Gemm", "Where", "ArgMax", "Split", "Pow", "Gather"}
+
+
+def test_node_conformance_slice():
+    from quantopt.frontends.onnx.conformance import node_cases, run_case
+    counts: Dict[str, Counter] = {}
+    failures = []
+    for name, op, model, inputs, outputs in node_cases(CONFORMANCE_OPS):
+        status, detail = run_case(model, inputs, outputs)
+        counts.setdefault(op, Counter())[status] += 1
+        if status == "fail":
+            failures.append(f"{name}: {detail}")
+    assert not failures, "\n".join(failures)
+    assert sum(c["pass"] for c in counts.values()) >= 70
+
+
+def test_cfg_with_an_onnx_graph_quantizes_end_to_end(tmp_path):
+    """`graph = model.onnx` (with `input_shape`) runs the whole flow on the imported float IR."""
+    pytest.importorskip("onnx")
+    from quantopt.cli import main
+
+    model_dir = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "ppocr_cls"
+    if not model_dir.is_dir():
+        pytest.skip(f"shared models not found at {model_dir}")
+    cfg = tmp_path / "opt.cfg"
+    cfg.write_text(f"[Common]\ngraph = {model_dir / 'ch_ppocr_mobile_v2.0_cls_infer.onnx'}\n"
+                   f"input_shape = x:1,3,48,192\nmodel_name = ppocr_onnx\ndataset = NumpyDataset\n"
+                   f"calibration_data = {model_dir / 'calib.npy'}\noutput_dir = {tmp_path / 'out'}\n")
+    assert main(["--cfg", str(cfg)]) == 0
+    assert (tmp_path / "out" / "ppocr_onnx_o.txt").is_file()
