@@ -377,3 +377,15 @@ def check_quantized_inputs(node: PyNode, inputs: Sequence[PyTensor]) -> None:
         if t.qmin is None:
             raise node._error(f"input '{t.name}' is not quantized; quantize the producer first")
 
+
+def integer_output_bits(node: PyNode, signed: bool) -> int:
+    """Bits of an all-integer (qinvariant) output: the smallest of 8/16/32 holding its observed extrema."""
+    out = node.outputs[0]
+    lo = out.stats.extrema_min if out.stats.extrema_min is not None else out.min
+    hi = out.stats.extrema_max if out.stats.extrema_max is not None else out.max
+    lo, hi = float(lo if lo is not None else 0.0), float(hi if hi is not None else 0.0)
+    for bits in (8, 16):
+        qmin, qmax = integer_range(bits, signed)
+        if qmin <= lo and hi <= qmax:
+            return bits
+    return 32

@@ -20,10 +20,10 @@ from ..graph.optype import OpType
 from ..graph.tensor import PyTensor
 from ..ir.dtype import Dtype
 from ..log import OPT_WARN
-from ..quant.hardware import AIFF_MULTIPLIER_BITS, INT_INPUT_MAX_BITS
+from ..quant.hardware import AIFF_MULTIPLIER_BITS, INT_INPUT_MAX_BITS, WIDE_SHIFT_MAX
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.requant import eltwise_multipliers, range_dtype, scale_shift
-from ..quant.rounding import round_shift
+from ..quant.rounding import bit_length, round_shift
 from ..registry import op_register, quant_register
 from ._eltwise_int import check_int64_bound, offset_absmax, set_integer_output
 from ._lut_int import constants_first, is_restricted, range_bits
@@ -48,10 +48,6 @@ from .catalog import describe_op
 DIV_RECIPROCAL_EXTRA_BITS = 15
 """Div: the reciprocal table holds round(2^P / i) with P = log2(table length) + 15, so even its smallest entries
 (i near the table length) keep 15 significant bits."""
-
-WIDE_SHIFT_MAX = 62
-"""Largest right shift of the exact int64 requantization used where the accumulator carries many fraction bits
-(SquaredDifference, Mod); `round_shift` is exact up to 62."""
 
 SQD_DIFF_BITS = 23
 """SquaredDifference: the aligned difference is rounded to at most 23 magnitude bits before squaring, so that the
@@ -490,12 +486,6 @@ def div_quantize(self: PyNode) -> None:
     check_int64_bound(self, offset_absmax(a) * int(table.max()) * int(m), "dividend x reciprocal x M")
 
 
-def _bit_length(v: torch.Tensor) -> torch.Tensor:
-    """Bit length of non-negative int64 values below 2^53 (0 for 0), exact via frexp of the float64 value."""
-    _, e = torch.frexp(v.to(torch.float64))
-    return torch.where(v > 0, e.to(torch.int64), torch.zeros_like(v))
-
-
 def _div_int(node: PyNode) -> torch.Tensor:
     a, b = node.inputs
     out = node.outputs[0]
@@ -511,7 +501,7 @@ def _div_int(node: PyNode) -> torch.Tensor:
     check_int64_bound(node, offset_absmax(a) * int(table.max()) * abs(m), "dividend x reciprocal x M")
     x, y = _offset_int(a), _offset_int(b)
     d = y.abs()
-    e = torch.clamp(_bit_length(d) - t, min=0)
+    e = torch.clamp(bit_length(d) - t, min=0)
     half = torch.where(e > 0, torch.ones_like(e) << torch.clamp(e - 1, min=0), torch.zeros_like(e))
     idx = (d + half) >> e
     carry = idx >= size

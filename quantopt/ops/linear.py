@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..ir.dtype import Dtype
-from ..quant.params import integer_range
 from ..quant.rounding import round_shift
 from ..registry import op_register, quant_register
 from ._quant import (
@@ -19,6 +18,7 @@ from ._quant import (
     fused_activation_clamp,
     fused_output_signed,
     int_value,
+    integer_output_bits,
     is_signed,
     layer_settings,
     mac_finish,
@@ -200,19 +200,6 @@ def _matmul_int(node: PyNode) -> torch.Tensor:
     return fused_activation_clamp(node, y)
 
 
-def _integer_output_bits(node: PyNode, signed: bool) -> int:
-    """Bits of an integer (qinvariant) MatMul output: the smallest of 8/16/32 holding its observed extrema."""
-    out = node.outputs[0]
-    lo = out.stats.extrema_min if out.stats.extrema_min is not None else out.min
-    hi = out.stats.extrema_max if out.stats.extrema_max is not None else out.max
-    lo, hi = float(lo if lo is not None else 0.0), float(hi if hi is not None else 0.0)
-    for bits in (8, 16):
-        qmin, qmax = integer_range(bits, signed)
-        if qmin <= lo and hi <= qmax:
-            return bits
-    return 32
-
-
 @quant_register(OpType.MatMul)
 def matmul_quantize(self: PyNode) -> None:
     """Output params from the calibrated output range, signed iff an input is signed and no RELU-like fused
@@ -227,7 +214,7 @@ def matmul_quantize(self: PyNode) -> None:
     signed = (is_signed(ta) or is_signed(tb)) and fused_output_signed(self)
     s = layer_settings(self)
     if ta.qinvariant and tb.qinvariant:
-        set_qinvariant(out, _integer_output_bits(self, signed or s.force_dtype_int), signed or s.force_dtype_int)
+        set_qinvariant(out, integer_output_bits(self, signed or s.force_dtype_int), signed or s.force_dtype_int)
         store_requant(self, 1, 0, Dtype.UINT8, Dtype.INT8)
     else:
         quantize_activation(self, out, signed)

@@ -33,6 +33,7 @@ from ._quant import (
     fused_activation_clamp,
     fused_output_signed,
     int_value,
+    integer_output_bits,
     is_signed,
     layer_settings,
     mac_finish,
@@ -724,19 +725,6 @@ def _gemm_int(node: PyNode) -> torch.Tensor:
     return fused_activation_clamp(node, y)
 
 
-def _integer_output_bits(node: PyNode, signed: bool) -> int:
-    """Bits of an integer (qinvariant) Gemm output: the smallest of 8/16/32 holding its observed extrema."""
-    out = node.outputs[0]
-    lo = out.stats.extrema_min if out.stats.extrema_min is not None else out.min
-    hi = out.stats.extrema_max if out.stats.extrema_max is not None else out.max
-    lo, hi = float(lo if lo is not None else 0.0), float(hi if hi is not None else 0.0)
-    for bits in (8, 16):
-        qmin, qmax = integer_range(bits, signed)
-        if qmin <= lo and hi <= qmax:
-            return bits
-    return 32
-
-
 @quant_register(OpType.Gemm)
 def gemm_quantize(self: PyNode) -> None:
     """Output params from the calibrated range, signed iff an input is signed, alpha < 0 or beta < 0 (with C), unless
@@ -761,7 +749,7 @@ def gemm_quantize(self: PyNode) -> None:
     out = self.outputs[0]
     if all(t.qinvariant for t in self.inputs):
         signed = signed or s.force_dtype_int
-        set_qinvariant(out, _integer_output_bits(self, signed), signed)
+        set_qinvariant(out, integer_output_bits(self, signed), signed)
     else:
         quantize_activation(self, out, signed)
     f32 = torch.float32

@@ -23,7 +23,7 @@ from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.lut import lookup_lut
 from ..quant.params import QuantMode, integer_range, linear_quant_params, quantize
 from ..quant.requant import bias_quantize, range_dtype, requantize_int, scale_shift
-from ..quant.rounding import round_shift
+from ..quant.rounding import bit_length, div_round_half_even, round_shift
 from ..registry import op_register, quant_register
 from ._lut_int import ceil_log2, int_input
 from ._quant import (
@@ -240,25 +240,6 @@ def norm_forward(self: PyNode) -> None:
 
 
 # =============================================================================================== integer helpers
-def _div_round_half_even(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """round_half_even(num / den) for int64 num (any sign) and den >= 1, exactly."""
-    q = torch.div(num, den, rounding_mode="floor")
-    r = num - q * den
-    up = (2 * r > den) | ((2 * r == den) & (q % 2 == 1))
-    return q + up.to(torch.int64)
-
-
-def _bit_length(v: torch.Tensor) -> torch.Tensor:
-    """Bit length of non-negative int64 values (0 for 0), exactly."""
-    n = torch.zeros_like(v)
-    w = v.clone()
-    for step in (32, 16, 8, 4, 2, 1):
-        big = w >= (1 << step)
-        n = n + big.to(torch.int64) * step
-        w = torch.where(big, w >> step, w)
-    return n + (w > 0).to(torch.int64)
-
-
 def isqrt(n: torch.Tensor) -> torch.Tensor:
     """floor(sqrt(n)) of int64 values 0 <= n < 2^62, exactly (a float64 estimate corrected with integers)."""
     r = torch.floor(torch.sqrt(n.to(torch.float64))).to(torch.int64)
@@ -271,7 +252,7 @@ def isqrt(n: torch.Tensor) -> torch.Tensor:
 def inverse_sqrt(q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(R, t) with 1/sqrt(q) ≈ R * 2^-(31 + t/2) for int64 q >= 1: e = bit length of q, t = 2*ceil((e - 30)/2),
     Qn = q >> t (q << -t when t < 0), R = isqrt(floor(2^62 / Qn)); Qn lies in [2^28, 2^30), R in [2^16, 2^17]."""
-    e = _bit_length(q)
+    e = bit_length(q)
     t = (e - RSQRT_NORM_BITS) + torch.remainder(e - RSQRT_NORM_BITS, 2)
     qn = torch.where(t >= 0, q >> torch.clamp(t, min=0), q << torch.clamp(-t, min=0))
     r = isqrt(torch.div(torch.full_like(qn, 2 ** RSQRT_NUMERATOR_BITS), qn, rounding_mode="floor"))
@@ -390,7 +371,7 @@ def _norm_integer_forward(node: PyNode) -> torch.Tensor:
     if str(node.type) == "RMSNorm":
         d = v << frac
     else:
-        m = _div_round_half_even(v.sum(dim=1, keepdim=True) << frac, torch.tensor(count, dtype=torch.int64))
+        m = div_round_half_even(v.sum(dim=1, keepdim=True) << frac, torch.tensor(count, dtype=torch.int64))
         d = (v << frac) - m
     qmin, qmax = out_range(out)
     zp_out = tensor_zp(out)

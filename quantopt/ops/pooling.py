@@ -29,7 +29,7 @@ from ..quant.hardware import POOLING_SHIFT_MAX
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import linear_quant_params
 from ..quant.requant import requantize_int, scale_shift
-from ..quant.rounding import round_shift
+from ..quant.rounding import div_round_half_even, round_shift
 from ..registry import op_register, quant_register
 from ._lut_int import range_bits
 from ._quant import (
@@ -164,14 +164,6 @@ def pool2d_nchw(node: PyNode, x: torch.Tensor, p: dict, method: str) -> torch.Te
     return y
 
 
-def round_half_even_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """Exact round-half-to-even of num / den for int64 tensors with den > 0."""
-    q = torch.div(num, den, rounding_mode="floor")
-    twice_rem = 2 * (num - q * den)
-    up = (twice_rem > den) | ((twice_rem == den) & (q % 2 == 1))
-    return q + up.to(torch.int64)
-
-
 def pool2d_nchw_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, method: str) -> torch.Tensor:
     """Integer MAX/AVG pool of an NCHW int64 tensor (values in [qmin, qmax]); int64 result before clamping.
 
@@ -196,7 +188,7 @@ def pool2d_nchw_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, method: str
     xp = F.pad(shifted.to(torch.float64), full, value=0.0) if any(full) else shifted.to(torch.float64)
     total = _window_sum(xp, p["k"], p["s"], p["d"]).to(torch.int64)
     _check_size(node, total, size)
-    return round_half_even_div(total, divisor.to(torch.int64)) - zp
+    return div_round_half_even(total, divisor.to(torch.int64)) - zp
 
 
 def _method(node: PyNode, quantizing: bool = False) -> str:
@@ -395,7 +387,7 @@ def adaptive_pool_nhwc(x: torch.Tensor, size: Tuple[int, int], method: str, zp: 
     count = (torch.tensor(eh) - torch.tensor(sh))[:, None] * (torch.tensor(ew) - torch.tensor(sw))[None, :]
     count = count[None, :, :, None]
     if integer:
-        return round_half_even_div(total, count) - zp
+        return div_round_half_even(total, count) - zp
     return total / count.to(x.dtype)
 
 
@@ -511,7 +503,7 @@ def pool3d_ncdhw(node: PyNode, x: torch.Tensor, p: dict, method: str, integer: b
         return v
     count = (counts[0][:, None, None] * counts[1][None, :, None] * counts[2][None, None, :])[None, None]
     if integer:
-        return round_half_even_div(v, count) - zp
+        return div_round_half_even(v, count) - zp
     return v / count.to(v.dtype)
 
 

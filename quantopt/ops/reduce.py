@@ -17,9 +17,9 @@ from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..ir.dtype import Dtype
-from ..quant.hardware import AIFF_MULTIPLIER_BITS
+from ..quant.hardware import AIFF_MULTIPLIER_BITS, WIDE_SHIFT_MAX
 from ..quant.requant import range_dtype, scale_shift
-from ..quant.rounding import round_shift
+from ..quant.rounding import bit_length, div_round_half_even, round_shift
 from ..registry import op_register, quant_register
 from ._eltwise_int import check_int64_bound, offset_absmax, set_integer_output
 from ._quant import (
@@ -51,10 +51,6 @@ L2_MAX_FRACTION_BITS = 15
 
 SQRT_INPUT_BITS = 61
 """L2: the square-root operand S·4^f stays below 2^61 (int64 with headroom for the correction steps)."""
-
-WIDE_SHIFT_MAX = 62
-"""Largest right shift of the int64 requantization of L2, VARIANCE and PROD (their ratios hold s_in^-2 or
-s_in^-n); `round_shift` is exact up to 62 and gives 0 beyond."""
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -96,15 +92,9 @@ def _check_count(node: PyNode, n: int, n_ir: int) -> None:
                                f"reduced elements but the data has {n} (a reduced axis changed size, e.g. the batch)")
 
 
-def _bit_length(v: torch.Tensor) -> torch.Tensor:
-    """Bit length of |v| for int64 values below 2^53 in magnitude (0 for 0), exact via frexp of the float64 value."""
-    _, e = torch.frexp(v.abs().to(torch.float64))
-    return torch.where(v != 0, e.to(torch.int64), torch.zeros_like(v))
-
-
 def _normalize_product(acc: torch.Tensor, dropped: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Shift the running product right (floor) by the bits above PROD_ACC_BITS and count them."""
-    k = torch.clamp(_bit_length(acc) - PROD_ACC_BITS, min=0)
+    k = torch.clamp(bit_length(acc.abs()) - PROD_ACC_BITS, min=0)
     return acc >> k, dropped + k
 
 
@@ -125,14 +115,6 @@ def isqrt(v: torch.Tensor) -> torch.Tensor:
         r = torch.where(r * r > v, r - 1, r)
         r = torch.where((r + 1) * (r + 1) <= v, r + 1, r)
     return r
-
-
-def div_round_half_even(num: torch.Tensor, den: int) -> torch.Tensor:
-    """round_half_even(num / den) for int64 `num` and a positive integer `den`, exact."""
-    q = torch.div(num, den, rounding_mode="floor")
-    rem = num - q * den
-    up = (2 * rem > den) | ((2 * rem == den) & (q % 2 == 1))
-    return q + up.to(torch.int64)
 
 
 def _wide_requant(node: PyNode, ratio: float) -> Tuple[int, int]:

@@ -30,6 +30,7 @@ from ..quant.hardware import (
 from ..quant.lut import lookup_lut, lut_size
 from ..quant.params import QuantMode, dequantize, linear_quant_params
 from ..quant.requant import range_dtype, requantize_int, scale_shift
+from ..quant.rounding import bit_length, div_round_half_even
 from ..registry import op_register, quant_register
 from ._lut_int import ceil_log2, constants_first, int_input, range_bits
 from ._quant import (
@@ -300,14 +301,6 @@ def _softmax_fast_exp_quantize(self: PyNode) -> None:
         store_requant(self, *scale_shift(tensor_scale(out), bits, force_shift_positive=s.force_shift_positive))
 
 
-def _div_round_half_even(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """round_half_even(num / den) for int64 num >= 0 and den >= 1, exactly."""
-    q = torch.div(num, den, rounding_mode="floor")
-    r = num - q * den
-    up = (2 * r > den) | ((2 * r == den) & (q % 2 == 1))
-    return q + up.to(torch.int64)
-
-
 def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
     """Table path (adjust_q >= 8): e from `_pow2_terms`, S = Σe, z = round_half_even(e * M / (S * 2^shift)).
     Power-of-two path (adjust_q 0 or 1, upstream's): see docs/semantics/softmax.md#fast_exp."""
@@ -332,9 +325,9 @@ def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
         raise UnsupportedError(f"layer '{node.name}' (Softmax): FAST_EXP output shift {shift} exceeds 30")
     num = e * mult
     if shift >= 0:
-        z = _div_round_half_even(num, total << shift)
+        z = div_round_half_even(num, total << shift)
     else:
-        z = _div_round_half_even(num << (-shift), total)
+        z = div_round_half_even(num << (-shift), total)
     return torch.clamp(z - zp, qmin, qmax)
 
 
@@ -346,7 +339,7 @@ def _softmax_pow2_path(node: PyNode, x: torch.Tensor, axis: int, adjust_q: int, 
     p = out_q + l_
     y = torch.where(p >= 0, torch.ones_like(p) << torch.clamp(p, 0, 62), torch.zeros_like(p))
     total = torch.clamp(y.sum(dim=axis, keepdim=True), 1, 2 ** 31 - 1)
-    lead = 31 - _bit_length(total)
+    lead = 31 - bit_length(total)
     norm = total << lead
     half = (norm > SIMPLE_LOG2_HALF).to(torch.int64) if adjust_q else torch.zeros_like(norm)
     log2_sum = half - ((lead - (30 - out_q)) << adjust_q)
@@ -354,17 +347,6 @@ def _softmax_pow2_path(node: PyNode, x: torch.Tensor, axis: int, adjust_q: int, 
     z = (((l_ + bits) << adjust_q) - log2_sum) >> adjust_q
     v = torch.where(z >= 0, torch.ones_like(z) << torch.clamp(z, 0, 62), torch.zeros_like(z))
     return torch.clamp(v - zp, qmin, qmax)
-
-
-def _bit_length(v: torch.Tensor) -> torch.Tensor:
-    """Bit length of positive int64 values (floor(log2 v) + 1), exactly."""
-    n = torch.zeros_like(v)
-    w = v.clone()
-    for step in (32, 16, 8, 4, 2, 1):
-        big = w >= (1 << step)
-        n = n + big.to(torch.int64) * step
-        w = torch.where(big, w >> step, w)
-    return n + (w > 0).to(torch.int64)
 
 
 def softmax_integer_forward(node: PyNode) -> torch.Tensor:
@@ -423,7 +405,7 @@ def _logsoftmax_integer_forward(node: PyNode) -> torch.Tensor:
     out_q = _int_param(node, "pow2_out_q")
     u = _log2_domain(node, x, axis, frac)
     total = _pow2_terms(node, u, frac, out_q).sum(dim=axis, keepdim=True)
-    k = _bit_length(total) - 1
+    k = bit_length(total) - 1
     mant = ((total << LOG2_MANTISSA_BITS) >> k) - 2 ** LOG2_MANTISSA_BITS
     table = node.get_constant("log2_lut").betensor.to(torch.int64)
     lg = _table_interp(table, mant, LOG2_MANTISSA_BITS, 2 ** LOG2_VALUE_BITS)

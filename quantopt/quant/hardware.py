@@ -30,6 +30,10 @@ AIFF_MULTIPLIER_MAX: int = 2 ** AIFF_MULTIPLIER_BITS - 1
 AIFF_SHIFT_MAX: int = 31
 """Largest right shift of the AIFF requant stage (§3.3 step 2, `shift_bits_ceil`)."""
 
+WIDE_SHIFT_MAX: int = 62
+"""Largest right shift of the exact int64 requantizations whose ratios carry many fraction bits (SquaredDifference,
+Mod, Reduce L2/VARIANCE/PROD): `round_shift` is exact up to 62 and gives 0 beyond."""
+
 POOLING_SHIFT_MAX: int = 63
 """Shift ceiling used instead of 31 by the L1/L2 pooling requant paths (Appendix C)."""
 

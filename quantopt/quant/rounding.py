@@ -116,3 +116,23 @@ def round_shift(v: torch.Tensor, shift: Union[int, torch.Tensor]) -> torch.Tenso
     big = (v.abs() >= (torch.ones_like(k) << (62 - k))) | (k >= 62)
     left = torch.where(big & (v != 0), torch.sign(v) * INT64_SAFE, v << k)
     return torch.where(s >= 0, rounded, left)
+
+
+def div_round_half_even(num: torch.Tensor, den: Union[int, torch.Tensor]) -> torch.Tensor:
+    """Exact round_half_even(num / den) for int64 `num` (any sign) and a positive integer `den` (int or int64
+    tensor broadcasting to `num`)."""
+    q = torch.div(num, den, rounding_mode="floor")
+    twice_rem = 2 * (num - q * den)
+    up = (twice_rem > den) | ((twice_rem == den) & (q % 2 == 1))
+    return q + up.to(torch.int64)
+
+
+def bit_length(v: torch.Tensor) -> torch.Tensor:
+    """Bit length of non-negative int64 values (0 for 0; floor(log2 v) + 1 otherwise), exactly."""
+    n = torch.zeros_like(v)
+    w = v.clone()
+    for step in (32, 16, 8, 4, 2, 1):
+        big = w >= (1 << step)
+        n = n + big.to(torch.int64) * step
+        w = torch.where(big, w >> step, w)
+    return n + (w > 0).to(torch.int64)

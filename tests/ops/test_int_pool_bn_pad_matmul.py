@@ -473,8 +473,7 @@ def test_matmul_ir_keys_and_dtypes() -> None:
 def test_exact_requant_and_division_helpers_against_python_ints() -> None:
     """The int64 helpers behind MatMul and AVG, on ties, negative values, huge accumulators and shifts <= 0."""
     from quantopt.ops.linear import requantize_exact
-    from quantopt.ops.pooling import round_half_even_div
-    from quantopt.quant.rounding import round_shift
+    from quantopt.quant.rounding import div_round_half_even, round_shift
 
     r = _rng(40)
     acc = np.concatenate([r.integers(-2 ** 40, 2 ** 40, size=300), r.integers(-64, 64, size=200),
@@ -491,7 +490,7 @@ def test_exact_requant_and_division_helpers_against_python_ints() -> None:
                                       [rhe_div(int(a), 1 << shift) for a in acc[300:]])
     num = torch.from_numpy(r.integers(-5000, 5000, size=400))
     den = torch.from_numpy(r.integers(1, 12, size=400))
-    np.testing.assert_array_equal(round_half_even_div(num, den).numpy(),
+    np.testing.assert_array_equal(div_round_half_even(num, den).numpy(),
                                   [rhe_div(int(a), int(b)) for a, b in zip(num, den)])
 
 
