@@ -2,10 +2,12 @@
 
 `apply_global_calibration(graph, spec, batches)` runs the methods of the `global_calibration` field in the order
 written. Methods change what quantization reads: tensor ranges (`min`/`max`, `min_key_axis`/`max_key_axis`),
-and the float weights/biases of MAC layers. They measure against a copy of the float graph taken before the
-first method, so the float reference never drifts. Because weights and biases are the model itself, their
-calibrated values are only meant for quantization: call `restore_float_constants(graph)` once `quantize_graph`
-has made the quantized copy, so the float graph evaluates as the original model again.
+the float weights/biases of MAC layers and the affine parameters of norms, and (mvn_correction) layer settings.
+They measure against a copy of the float graph taken before the first method, so the float reference never drifts
+(the smoothing methods, which turn the float model into an equivalent one, smooth that copy too). Because float
+constants are the model itself, their calibrated values are only meant for quantization: call
+`restore_float_constants(graph)` once `quantize_graph` has made the quantized copy, so the float graph evaluates
+as the original model again.
 """
 from __future__ import annotations
 
@@ -16,10 +18,15 @@ import torch
 from ...errors import ConfigError, DataError
 from ...graph.graph import PyGraph
 from ...log import OPT_INFO
-from ._common import Batch, layer_errors, target_layers
+from ._common import ORIGINALS_ATTR, Batch, layer_errors, remember_constants, target_layers
+from .adaquant_zy import adaquant_zy
 from .adaround import adaround
+from .awq_zy import awq_zy
 from .bias_correction import bias_correction
 from .easy_quant import easy_quant
+from .gptq_zy import gptq_zy
+from .mvn_correction import mvn_correction
+from .smooth_quant_zy import smooth_quant_zy
 from .spec import (
     METHODS,
     GlobalCalibrationKind,
@@ -27,6 +34,7 @@ from .spec import (
     format_global_calibration,
     parse_global_calibration,
 )
+from .svd_quant import svd_quant
 
 MethodFn = Callable[[PyGraph, PyGraph, GlobalMethodSpec, Sequence[Batch]], List[str]]
 
@@ -34,33 +42,32 @@ IMPLEMENTATIONS: Dict[str, MethodFn] = {
     "easy_quant": easy_quant,
     "adaround": adaround,
     "bias_correction": bias_correction,
+    "adaquant_zy": adaquant_zy,
+    "svd_quant": svd_quant,
+    "smooth_quant_zy": smooth_quant_zy,
+    "awq_zy": awq_zy,
+    "gptq_zy": gptq_zy,
+    "mvn_correction": mvn_correction,
 }
-
-ORIGINALS_ATTR = "float_constants_before_global_calibration"
-"""Layer attribute holding the float constants as they were before global calibration (key -> tensor or None)."""
-
 
 def _remember(graph: PyGraph) -> None:
     for n in graph.nodes:
-        if ORIGINALS_ATTR in n.attrs or "weights" not in n.constants:
-            continue
-        n.attrs[ORIGINALS_ATTR] = {"weights": n.constants["weights"].betensor.clone(),
-                                   "biases": n.constants["biases"].betensor.clone()
-                                   if "biases" in n.constants else None}
+        if n.constants:
+            remember_constants(n)
 
 
 def restore_float_constants(graph: PyGraph) -> int:
-    """Put back the float weights/biases changed by global calibration; returns the number of layers restored."""
+    """Put back the float constants changed by global calibration (weights, biases, norm parameters; constants a
+    method added are removed again); returns the number of layers restored."""
     count = 0
     for n in graph.nodes:
         saved = n.attrs.pop(ORIGINALS_ATTR, None)
         if saved is None:
             continue
-        n.constants["weights"].betensor = saved["weights"]
-        if saved["biases"] is None:
-            n.constants.pop("biases", None)
-        else:
-            n.constants["biases"].betensor = saved["biases"]
+        for key in [k for k in n.constants if k not in saved]:
+            del n.constants[key]
+        for key, value in saved.items():
+            n.constants[key].betensor = value
         count += 1
     return count
 
@@ -74,9 +81,10 @@ def apply_global_calibration(graph: PyGraph, spec: Union[str, Sequence[GlobalMet
                              log_loss: bool = True) -> Dict[str, List[str]]:
     """Run the methods of `spec` on a calibrated float graph (ranges set by `calibrate_graph`).
 
-    `batches`: calibration input batches (each a tensor or a list of input tensors); each method uses its first
-    `batches` parameter of them. Returns method text -> names of the layers it changed. With `log_loss`, the
-    summed layer reconstruction error of the layers in the method's scope is logged before and after it.
+    `batches`: calibration input batches (each a tensor or a list of input tensors); a method with a `batches`
+    parameter uses that many of the first ones, the others use them all. Returns method text -> names of the
+    layers it changed. With `log_loss`, the summed layer reconstruction error of the layers in the method's scope
+    is logged before and after it.
     """
     specs = parse_global_calibration(spec)
     if not specs:
@@ -93,7 +101,7 @@ def apply_global_calibration(graph: PyGraph, spec: Union[str, Sequence[GlobalMet
     report: Dict[str, List[str]] = {}
     for s in specs:
         names = [n.name for n in target_layers(graph, s)]
-        use = data[:s.param("batches")] if "batches" in METHODS[s.name].params else data[:1]
+        use = data[:s.param("batches")] if "batches" in METHODS[s.name].params else data
         before = sum(layer_errors(graph, reference, use, names).values()) if log_loss and names else None
         OPT_INFO(f"global calibration: {s} on {len(names)} layer(s), {len(use)} batch(es)")
         with torch.random.fork_rng(devices=[]):

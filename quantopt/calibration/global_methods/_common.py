@@ -2,17 +2,24 @@
 float or quantized graph, quantizing one layer on its own, and the layer reconstruction error."""
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
 from ...analysis.similarity import cosine, to_float, to_quantized
+from ...config.layer_settings import LayerSettings
+from ...errors import QuantOptError
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
-from ...graph.tensor import PyTensor
-from ...quant.params import dequantize, quantize
+from ...graph.tensor import PyTensor, TensorStatistics
+from ...ops._quant import activation_mode, is_signed
+from ...quant.params import QuantMode, dequantize, linear_quant_params, quantize
 from ...quantizer import quantize_graph
+from ..collect import weight_constants
+from ..statistics import StatisticsConfig, update_statistics
+from ..strategies import apply_strategy, parse_strategy
 from .spec import GlobalMethodSpec
 
 MAC_TYPES = ("Convolution", "DepthwiseConv", "FullyConnected", "Convolution3D")
@@ -20,6 +27,9 @@ MAC_TYPES = ("Convolution", "DepthwiseConv", "FullyConnected", "Convolution3D")
 
 SEED = 20240
 """Base seed of the methods that draw random numbers (adaround's sample order); each layer adds its index."""
+
+ORIGINALS_ATTR = "float_constants_before_global_calibration"
+"""Layer attribute holding the float constants as they were before global calibration (key -> tensor)."""
 
 Batch = List[torch.Tensor]
 LayerIO = Dict[str, List[Tuple[List[torch.Tensor], List[torch.Tensor]]]]
@@ -144,3 +154,151 @@ def quantized_weights_like(qnode: PyNode, w: torch.Tensor) -> torch.Tensor:
     """Float weights `w` quantized with the quantized layer's weight params (as its quantize function rounds)."""
     scale, zp, qmin, qmax = weight_quant(qnode)
     return quantize(w, scale, zp, qmin, qmax)
+
+
+# ------------------------------------------------------------------------------------------------ ranges and scales
+def scaled(v: Union[float, torch.Tensor], f: float) -> Union[float, torch.Tensor]:
+    """A calibrated bound divided by `f` (a range divided by f gives the scale f·S)."""
+    return v / f if isinstance(v, torch.Tensor) else float(v) / f
+
+
+def search_factors(alpha: float, beta: float, nsteps: int) -> List[float]:
+    """linspace(alpha, beta, nsteps) plus 1 (the current range), sorted, without repeats."""
+    grid = torch.linspace(alpha, beta, nsteps, dtype=torch.float64).tolist() if nsteps > 1 else [alpha]
+    return sorted(set([1.0] + [float(f) for f in grid]))
+
+
+def range_for_scale(scale: torch.Tensor, zerop: torch.Tensor, qmin: int, qmax: int, symmetric: bool,
+                    signed: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The calibrated range [min, max] from which `linear_quant_params` gives back `scale` (and `zerop`):
+    symmetric ±(qmax − qmin)/S/2 (signed) or [0, (qmax − qmin)/S]; asymmetric [(qmin + zp)/S, (qmax + zp)/S]."""
+    q_range = float(qmax - qmin)
+    if symmetric:
+        top = q_range / scale / (2.0 if signed else 1.0)
+        return (-top if signed else torch.zeros_like(top)), top
+    lo = (zerop + qmin) / scale
+    return torch.clamp(lo, max=0.0), torch.clamp(lo + q_range / scale, min=0.0)
+
+
+def fake_quant(x: torch.Tensor, scale: torch.Tensor, zerop: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+    """Quantize-dequantize with a straight-through rounding: gradients reach x and the scale (LSQ-style)."""
+    v = x * scale - zerop
+    q = torch.clamp(v + (torch.round(v) - v).detach(), qmin, qmax)
+    return (q + zerop) / scale
+
+
+def range_honoured(qgraph: PyGraph, t: PyTensor, qt: PyTensor) -> Optional[PyNode]:
+    """The producer of `t` when its quantized output params follow the range `t.min/t.max` (they are those of
+    the range, and quantizing the producer again with a wider range changes them); shape-only producers that copy
+    their input's params do not qualify."""
+    producer = t.pnode
+    if producer is None or qt.qinvariant or qt.qbits is None or t.min is None or isinstance(qt.scale, torch.Tensor):
+        return None
+    bits = int(qt.qbits)
+    p = linear_quant_params(t.min, t.max, bits, activation_mode(producer, bits), is_signed(qt))
+    if float(p.scale) != float(qt.scale) or int(p.zerop) != int(qt.zerop) or (p.qmin, p.qmax) != (qt.qmin, qt.qmax):
+        return None
+    lo, hi = t.min, t.max
+    try:
+        t.min, t.max = scaled(lo, 0.5), scaled(hi, 0.5)
+        probe = quantize_alone(producer, qgraph.node(producer.name))
+        wider = probe.outputs[producer.outputs.index(t)].scale
+    except (QuantOptError, ValueError, RuntimeError, KeyError):
+        return None
+    finally:
+        t.min, t.max = lo, hi
+    return producer if not isinstance(wider, torch.Tensor) and float(wider) != float(qt.scale) else None
+
+
+def fake_quant_range(x: torch.Tensor, lo: float, hi: float, qt: PyTensor, producer: PyNode) -> torch.Tensor:
+    """`x` quantized and dequantized with the params the producer would derive from the range [lo, hi] (the bits
+    and signedness of the quantized tensor `qt`)."""
+    bits = int(qt.qbits)
+    p = linear_quant_params(lo, hi, bits, activation_mode(producer, bits), is_signed(qt))
+    return dequantize(quantize(x, p.scale, p.zerop, p.qmin, p.qmax), p.scale, p.zerop)
+
+
+def recalibrate_weights(node: PyNode) -> None:
+    """Fresh statistics and calibrated ranges of a layer's weight constants after a method changed their values,
+    as the statistics pass and local calibration compute them (the layer's weight strategy, per tensor and per
+    output channel). New statistics objects: clones of the graph share the old ones."""
+    s = node.settings if node.settings is not None else LayerSettings()
+    st = parse_strategy(s.q_strategy_weight)
+    symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
+    for t in weight_constants(node):
+        t.stats = TensorStatistics()
+        cfg = StatisticsConfig(momentum=s.running_statistic_momentum, histc_bins=s.histc_bins,
+                               need_histogram=st.needs_histogram, need_moments=st.needs_moments,
+                               key_axis=0 if t.betensor.dim() > 0 else None,
+                               trim=s.trim_infinity_before_statistic or None)
+        update_statistics(t.stats, t.betensor, cfg, 0)
+        t.min, t.max = apply_strategy(t.stats, st, s.q_bits_weight, symmetric=symmetric, ir_range=t.ir_range,
+                                      per_channel=False)
+        if t.stats.extrema_min_key_axis is not None:
+            t.min_key_axis, t.max_key_axis = apply_strategy(t.stats, st, s.q_bits_weight, symmetric=symmetric,
+                                                            ir_range=t.ir_range, per_channel=True)
+
+
+# ------------------------------------------------------------------------------------------------ graph helpers
+def producer_of(graph: PyGraph, node: PyNode, index: int = 0) -> Optional[PyNode]:
+    """The layer producing input `index` of `node` (None for a graph input without producer)."""
+    if index >= len(node.inputs):
+        return None
+    p = node.inputs[index].pnode
+    return graph.node(p.name) if p is not None else None
+
+
+def consumers(graph: PyGraph, t: PyTensor) -> List[PyNode]:
+    """Layers reading tensor `t`, in topological order."""
+    return [n for n in graph.nodes if any(i is t for i in n.inputs)]
+
+
+def clone_nodes(nodes: Sequence[PyNode]) -> List[PyNode]:
+    """Copies of a connected run of layers (topological order) wired among themselves: an input produced inside
+    the run is the copy of that output; every other tensor and constant is cloned. Quantizing or running the
+    copies leaves the originals untouched."""
+    tmap: Dict[int, PyTensor] = {}
+
+    def ct(t: PyTensor) -> PyTensor:
+        if id(t) not in tmap:
+            tmap[id(t)] = t.clone()
+        return tmap[id(t)]
+
+    out = []
+    for n in nodes:
+        m = PyNode(n.name, n.type, n.layer_id)
+        m.params = OrderedDict(n.params)
+        m.attrs = {k: v for k, v in n.attrs.items() if not k.startswith("_")}
+        m.settings = n.settings
+        m.inputs = [ct(t) for t in n.inputs]
+        m.outputs = [ct(t) for t in n.outputs]
+        for t in m.outputs:
+            t.pnode = m
+        m.constants = OrderedDict((k, v.clone()) for k, v in n.constants.items())
+        out.append(m)
+    return out
+
+
+def skip_reason(qnode: PyNode) -> Optional[str]:
+    """Why a layer of the quantized graph cannot be calibrated by a weight method (None when it can)."""
+    if not qnode.quantized:
+        return "it stays float in the quantized graph"
+    w = qnode.constants.get("weights")
+    if w is None or w.qmin is None:
+        return "its weights are not quantized"
+    return None
+
+
+def pad_samples(x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Samples (axis 0) repeated up to a multiple of `batch_size` (at least one batch)."""
+    n = int(x.shape[0])
+    total = max(batch_size, int(math.ceil(n / batch_size)) * batch_size)
+    reps = int(math.ceil(total / n))
+    return torch.cat([x] * reps, dim=0)[:total]
+
+
+def remember_constants(node: PyNode) -> None:
+    """Keep the layer's float constants as they are now, once, so `restore_float_constants` can put them back
+    (and remove constants a method adds later)."""
+    if ORIGINALS_ATTR not in node.attrs:
+        node.attrs[ORIGINALS_ATTR] = {k: t.betensor.clone() for k, t in node.constants.items()}

@@ -25,9 +25,10 @@ import torch
 
 from ...graph.graph import PyGraph
 from ...log import OPT_INFO
+from ...progress import progress
 from ...quant.params import quantize
 from ...quantizer import quantize_graph
-from ._common import SEED, Batch, capture, float_apply, target_layers, weight_quant
+from ._common import SEED, Batch, capture, float_apply, pad_samples, target_layers, weight_quant
 from .spec import GlobalMethodSpec
 
 GAMMA, ZETA = -0.1, 1.1
@@ -54,13 +55,6 @@ class _Grid:
         return (torch.clamp(self.floor + r - self.zp, self.qmin, self.qmax) + self.zp) / self.scale
 
 
-def _pad_samples(x: torch.Tensor, batch_size: int) -> torch.Tensor:
-    n = int(x.shape[0])
-    total = max(batch_size, int(math.ceil(n / batch_size)) * batch_size)
-    reps = int(math.ceil(total / n))
-    return torch.cat([x] * reps, dim=0)[:total]
-
-
 def adaround(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batches: Sequence[Batch]) -> List[str]:
     """Learn the rounding of every MAC layer in scope; returns the names of the layers whose weights changed."""
     data = list(batches[:spec.param("batches")])
@@ -71,12 +65,12 @@ def adaround(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batches
     layers = target_layers(graph, spec)
     ref_io = capture(reference, data, {n.name for n in layers})
     changed = []
-    for index, node in enumerate(layers):
+    for index, node in enumerate(progress(layers, "adaround")):
         qgraph = quantize_graph(graph)
         qnode = qgraph.node(node.name)
         q_io = capture(qgraph, data, {node.name}, quantized=True)
-        x = _pad_samples(torch.cat([io[0][0] for io in q_io[node.name]], dim=0), batch_size)
-        y = _pad_samples(torch.cat([io[1][0] for io in ref_io[node.name]], dim=0), batch_size)
+        x = pad_samples(torch.cat([io[0][0] for io in q_io[node.name]], dim=0), batch_size)
+        y = pad_samples(torch.cat([io[1][0] for io in ref_io[node.name]], dim=0), batch_size)
         scale, zp, qmin, qmax = weight_quant(qnode)
         wt = node.constants["weights"]
         w = wt.betensor.to(torch.float32)

@@ -16,6 +16,7 @@ import torch
 from ...graph.graph import PyGraph
 from ...graph.tensor import PyTensor
 from ...log import OPT_INFO
+from ...progress import progress
 from ...quantizer import quantize_graph
 from ._common import Batch, capture, channels_last, dequantized_weights, float_apply, target_layers
 from .spec import GlobalMethodSpec
@@ -27,7 +28,7 @@ def bias_correction(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, 
     layers = target_layers(graph, spec)
     ref_io = capture(reference, data, {n.name for n in layers})
     changed = []
-    for node in layers:
+    for node in progress(layers, "bias_correction"):
         rnode = reference.node(node.name)
         qgraph = quantize_graph(graph)
         q_io = capture(qgraph, data, {node.name}, quantized=True)

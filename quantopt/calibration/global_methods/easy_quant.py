@@ -19,25 +19,26 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ...errors import QuantOptError
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
 from ...graph.tensor import PyTensor
 from ...log import OPT_INFO
 from ...ops._quant import activation_mode, is_signed, set_params
+from ...progress import progress
 from ...quant.params import linear_quant_params
 from ...quantizer import quantize_graph
-from ._common import Batch, capture, concat_cos, quantize_alone, run_alone, target_layers
+from ._common import (
+    Batch,
+    capture,
+    concat_cos,
+    quantize_alone,
+    range_honoured,
+    run_alone,
+    scaled,
+    search_factors,
+    target_layers,
+)
 from .spec import GlobalMethodSpec
-
-
-def _factors(alpha: float, beta: float, nsteps: int) -> List[float]:
-    grid = torch.linspace(alpha, beta, nsteps, dtype=torch.float64).tolist() if nsteps > 1 else [alpha]
-    return sorted(set([1.0] + [float(f) for f in grid]))
-
-
-def _scaled(v, f: float):
-    return v / f if isinstance(v, torch.Tensor) else float(v) / f
 
 
 def _channel_groups(channels: int, ngroups: int) -> List[slice]:
@@ -60,11 +61,11 @@ def _search_weights(node: PyNode, qnode: PyNode, xs, ys, factors: List[float], n
         lo, hi = w.min, w.max
         best_f, best = 1.0, -2.0
         for f in factors:
-            w.min, w.max = _scaled(lo, f), _scaled(hi, f)
+            w.min, w.max = scaled(lo, f), scaled(hi, f)
             c = concat_cos(ys, _outputs(node, qnode, xs))
             if c > best + 1e-12 or (f == 1.0 and c >= best):
                 best_f, best = f, c
-        w.min, w.max = _scaled(lo, best_f), _scaled(hi, best_f)
+        w.min, w.max = scaled(lo, best_f), scaled(hi, best_f)
         return f"weight range / {best_f:.4g} (cosine {best:.6f})"
     lo, hi = w.min_key_axis.clone(), w.max_key_axis.clone()
     channels = int(lo.numel())
@@ -94,32 +95,9 @@ def _search_weights(node: PyNode, qnode: PyNode, xs, ys, factors: List[float], n
             f"group(s) (cosine {final:.6f})")
 
 
-def _range_honoured(qgraph: PyGraph, t: PyTensor, qt: PyTensor) -> Optional[PyNode]:
-    """The producer of `t` when its quantized output params follow the range `t.min/t.max` (they are those of
-    the range, and quantizing the producer again with a wider range changes them); shape-only producers that copy
-    their input's params do not qualify."""
-    producer = t.pnode
-    if producer is None or qt.qinvariant or qt.qbits is None or t.min is None or isinstance(qt.scale, torch.Tensor):
-        return None
-    bits = int(qt.qbits)
-    p = linear_quant_params(t.min, t.max, bits, activation_mode(producer, bits), is_signed(qt))
-    if float(p.scale) != float(qt.scale) or int(p.zerop) != int(qt.zerop) or (p.qmin, p.qmax) != (qt.qmin, qt.qmax):
-        return None
-    lo, hi = t.min, t.max
-    try:
-        t.min, t.max = _scaled(lo, 0.5), _scaled(hi, 0.5)
-        probe = quantize_alone(producer, qgraph.node(producer.name))
-        wider = probe.outputs[producer.outputs.index(t)].scale
-    except (QuantOptError, ValueError, RuntimeError, KeyError):
-        return None
-    finally:
-        t.min, t.max = lo, hi
-    return producer if not isinstance(wider, torch.Tensor) and float(wider) != float(qt.scale) else None
-
-
 def _search_input(qgraph: PyGraph, node: PyNode, qnode: PyNode, xs, ys, factors: List[float]) -> str:
     t, qt = node.inputs[0], qnode.inputs[0]
-    producer = _range_honoured(qgraph, t, qt)
+    producer = range_honoured(qgraph, t, qt)
     if producer is None:
         return "input range kept (its producer does not take it from the calibrated range)"
     lo, hi = t.min, t.max
@@ -127,24 +105,24 @@ def _search_input(qgraph: PyGraph, node: PyNode, qnode: PyNode, xs, ys, factors:
     best_f, best = 1.0, -2.0
     for f in factors:
         cand = qt.clone()
-        p = linear_quant_params(_scaled(lo, f), _scaled(hi, f), bits, activation_mode(producer, bits), is_signed(qt))
+        p = linear_quant_params(scaled(lo, f), scaled(hi, f), bits, activation_mode(producer, bits), is_signed(qt))
         set_params(cand, p, bits)
         c = concat_cos(ys, _outputs(node, qnode, xs, cand))
         if c > best + 1e-12 or (f == 1.0 and c >= best):
             best_f, best = f, c
-    t.min, t.max = _scaled(lo, best_f), _scaled(hi, best_f)
+    t.min, t.max = scaled(lo, best_f), scaled(hi, best_f)
     return f"input '{t.name}' range / {best_f:.4g} (cosine {best:.6f})"
 
 
 def easy_quant(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batches: Sequence[Batch]) -> List[str]:
     """Search weight and input ranges of every MAC layer in scope; returns the names of the layers visited."""
     data = list(batches[:spec.param("batches")])
-    factors = _factors(spec.param("alpha"), spec.param("beta"), spec.param("nsteps"))
+    factors = search_factors(spec.param("alpha"), spec.param("beta"), spec.param("nsteps"))
     layers = target_layers(graph, spec)
     ref_io = capture(reference, data, {n.name for n in layers})
     for epoch in range(spec.param("epochs")):
         qgraph = quantize_graph(graph)
-        for node in layers:
+        for node in progress(layers, f"easy_quant epoch {epoch}"):
             xs = [io[0][0] for io in ref_io[node.name]]
             ys = [io[1][0] for io in ref_io[node.name]]
             qnode = qgraph.node(node.name)

@@ -42,25 +42,36 @@ METHODS: Dict[str, MethodInfo] = {
     "bias_correction": MethodInfo(("batches",), (1,), True,
                                   "per-channel output-mean correction of MAC layer biases"),
     "adaquant_zy": MethodInfo(("batches", "epochs", "batch_size", "lr_weight", "lr_bias", "lr_quant_param_weight",
-                               "lr_quant_param_activation"), (1, 1, 1, 1e-5, 1e-3, 1e-3, 0.1), False,
-                              "learned weight/bias offsets and quantization parameters"),
-    "svd_quant": MethodInfo(("mode", "alpha", "beta", "nsteps", "thresh"), (0, 0.5, 2.0, 10, 0.09), False,
-                            "spectrum-based search of activation ranges"),
+                               "lr_quant_param_activation"), (1, 1, 1, 1e-5, 1e-3, 1e-3, 0.1), True,
+                              "learned weight/bias offsets, weight scale and input scale of every MAC layer"),
+    "svd_quant": MethodInfo(("mode", "alpha", "beta", "nsteps", "thresh"), (0, 0.5, 2.0, 10, 0.09), True,
+                            "spectrum-based search (and SVD denoising) of activation ranges; mode >= 3: weight "
+                            "ranges of FullyConnected layers"),
     "smooth_quant_zy": MethodInfo(("default_alpha", "auto_tune", "alpha_min", "alpha_max", "nsteps",
-                                   "insert_norm_if_none"), (0.5, 0, 0, 1, 10, 0), False,
+                                   "insert_norm_if_none"), (0.5, 0, 0, 1, 10, 0), True,
                                   "per-channel smoothing folded into Norm -> FullyConnected pairs"),
-    "awq_zy": MethodInfo(("n_grid", "max_shrink", "insert_norm_if_none"), (20, 0.0, 0), False,
-                         "activation-aware per-channel weight scaling"),
-    "gptq_zy": MethodInfo(("batches", "use_act_order", "perc_damp", "block_size"), (1, 1, 0.01, 128), False,
+    "awq_zy": MethodInfo(("n_grid", "max_shrink", "insert_norm_if_none"), (20, 0.0, 0), True,
+                         "activation-aware per-channel scaling of Norm -> FullyConnected pairs"),
+    "gptq_zy": MethodInfo(("batches", "use_act_order", "perc_damp", "block_size"), (1, 1, 0.01, 128), True,
                           "Hessian-based column-by-column weight quantization with error feedback"),
     "mvn_correction": MethodInfo(("mode", "alpha", "beta", "gamma", "act_bits", "wgt_bits", "bias_bits", "lut_bits",
-                                  "multiplier_bits"), (0, 0.5, 0, 0, 16, 16, 48, 10, None), False,
+                                  "multiplier_bits"), (0, None, 0, 0, 16, 16, 48, 10, None), True,
                                  "range correction (and promotion) around normalization layers"),
 }
-"""Every method upstream knows plus `bias_correction`; the ones not implemented are refused by the parser."""
+"""Every method upstream knows plus `bias_correction`; the ones not implemented are refused by the parser.
+A default of None is resolved by the method: mvn_correction's alpha is 0.5 for mode 0 and 1.0 otherwise, its
+multiplier_bits follows act_bits."""
 
 INTEGER_PARAMS = {"batches", "epochs", "batch_size", "nsteps", "ngroups", "mode", "n_grid", "block_size",
                   "act_bits", "wgt_bits", "bias_bits", "lut_bits", "multiplier_bits"}
+METHOD_INTEGER_PARAMS = {"mvn_correction": {"beta", "gamma"}}
+"""Parameters that are integers for one method only (easy_quant's and svd_quant's `beta` is a float)."""
+FLAG_PARAMS = {"use_act_order", "auto_tune", "insert_norm_if_none"}
+"""0/1 switches; `param()` returns them as bool."""
+
+
+def _is_integer(method: str, key: str) -> bool:
+    return key in INTEGER_PARAMS or key in FLAG_PARAMS or key in METHOD_INTEGER_PARAMS.get(method, ())
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,11 @@ class GlobalMethodSpec:
     def param(self, key: str) -> Any:
         """Parameter `key` (ints for count-like parameters)."""
         value = self.params[METHODS[self.name].params.index(key)]
-        return int(value) if key in INTEGER_PARAMS and value is not None else value
+        if value is None:
+            return None
+        if key in FLAG_PARAMS:
+            return bool(value)
+        return int(value) if _is_integer(self.name, key) else value
 
     def in_scope(self, node: Any) -> bool:
         """Whether the method may touch `node` (every layer when no scope was written)."""
@@ -193,16 +208,22 @@ def _parse_params(text: str, name: str, info: MethodInfo) -> Tuple[Optional[floa
     for key, v in zip(info.params, full):
         if v is None:
             continue
-        if key in INTEGER_PARAMS and v != int(v):
+        if _is_integer(name, key) and v != int(v):
             raise _error(f"{name}: parameter {key}={v:g} must be an integer")
     _check_values(name, dict(zip(info.params, full)))
     return tuple(full)
 
 
 def _check_values(name: str, p: Dict[str, Optional[float]]) -> None:
-    for key in ("batches", "epochs", "batch_size", "nsteps"):
+    for key in ("batches", "epochs", "batch_size", "nsteps", "block_size", "n_grid"):
         if key in p and p[key] is not None and p[key] < 1:
             raise _error(f"{name}: parameter {key}={p[key]:g} must be >= 1")
+    for key in FLAG_PARAMS:
+        if key in p and p[key] not in (0, 1):
+            raise _error(f"{name}: parameter {key}={p[key]:g} must be 0 or 1")
+    check = _METHOD_CHECKS.get(name)
+    if check is not None:
+        check(p)
     if "ngroups" in p and p["ngroups"] < 0:
         raise _error(f"{name}: parameter ngroups={p['ngroups']:g} must be >= 0 (0: each channel on its own)")
     if name == "easy_quant" and not 0 < p["alpha"] <= p["beta"]:
@@ -215,6 +236,67 @@ def _check_values(name: str, p: Dict[str, Optional[float]]) -> None:
             raise _error(f"adaround: warm_start={p['warm_start']:g} must be in [0, 1)")
         if p["beta_start"] <= 0 or p["beta_end"] <= 0:
             raise _error("adaround: beta_start and beta_end must be > 0")
+
+
+def _check_adaquant(p: Dict[str, Any]) -> None:
+    lrs = ("lr_weight", "lr_bias", "lr_quant_param_weight", "lr_quant_param_activation")
+    if any(p[k] < 0 for k in lrs) or all(p[k] == 0 for k in lrs):
+        raise _error("adaquant_zy: learning rates must be >= 0 (0 freezes that group) and not all 0, got "
+                     + ", ".join(f"{k}={p[k]:g}" for k in lrs))
+
+
+def _check_svd(p: Dict[str, Any]) -> None:
+    if p["mode"] < 0:
+        raise _error(f"svd_quant: mode={p['mode']:g} must be >= 0")
+    if not 0 < p["alpha"] <= p["beta"]:
+        raise _error(f"svd_quant: needs 0 < alpha <= beta, got alpha={p['alpha']:g}, beta={p['beta']:g}")
+    if not 0 <= p["thresh"] < 1:
+        raise _error(f"svd_quant: thresh={p['thresh']:g} must be in [0, 1)")
+
+
+def _check_smooth(p: Dict[str, Any]) -> None:
+    if not 0 <= p["default_alpha"] <= 1 or not 0 <= p["alpha_min"] <= p["alpha_max"] <= 1:
+        raise _error(f"smooth_quant_zy: needs 0 <= default_alpha <= 1 and 0 <= alpha_min <= alpha_max <= 1, got "
+                     f"default_alpha={p['default_alpha']:g}, alpha_min={p['alpha_min']:g}, "
+                     f"alpha_max={p['alpha_max']:g}")
+    _no_insertion("smooth_quant_zy", p)
+
+
+def _check_awq(p: Dict[str, Any]) -> None:
+    if not 0 <= p["max_shrink"] <= 1:
+        raise _error(f"awq_zy: max_shrink={p['max_shrink']:g} must be in [0, 1]")
+    _no_insertion("awq_zy", p)
+
+
+def _no_insertion(name: str, p: Dict[str, Any]) -> None:
+    if p["insert_norm_if_none"]:
+        raise _error(f"{name}: insert_norm_if_none=1 (inserting an identity BatchNorm before FullyConnected layers "
+                     "that follow no norm) is not implemented yet in quantopt; use 0")
+
+
+def _check_gptq(p: Dict[str, Any]) -> None:
+    if p["perc_damp"] < 0:
+        raise _error(f"gptq_zy: perc_damp={p['perc_damp']:g} must be >= 0")
+
+
+MVN_BITS = {"act_bits": (8, 16), "wgt_bits": (4, 16), "bias_bits": (16, 48), "lut_bits": (8, 16),
+            "multiplier_bits": (2, 15)}
+"""Allowed promoted bit widths of mvn_correction: those the per-layer fields accept."""
+
+
+def _check_mvn(p: Dict[str, Any]) -> None:
+    if p["mode"] < 0:
+        raise _error(f"mvn_correction: mode={p['mode']:g} must be >= 0")
+    for key in ("alpha", "beta", "gamma"):
+        if p[key] is not None and p[key] < 0:
+            raise _error(f"mvn_correction: parameter {key}={p[key]:g} must be >= 0")
+    for key, (lo, hi) in MVN_BITS.items():
+        if p[key] is not None and not lo <= p[key] <= hi:
+            raise _error(f"mvn_correction: parameter {key}={p[key]:g} must be in [{lo}, {hi}]")
+
+
+_METHOD_CHECKS = {"adaquant_zy": _check_adaquant, "svd_quant": _check_svd, "smooth_quant_zy": _check_smooth,
+                  "awq_zy": _check_awq, "gptq_zy": _check_gptq, "mvn_correction": _check_mvn}
 
 
 def _parse_one(item: str) -> GlobalMethodSpec:
