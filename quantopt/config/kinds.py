@@ -291,3 +291,18 @@ class IntListKind(ValueKind):
 
     def allowed(self) -> str:
         return "comma-separated layer ids, e.g. 0,2"
+
+
+class UnifyScalesKind(ValueKind):
+    """`[(OpType, depth, threshold, max|min|avg|out|skip), ...]`: parsed by calibration/unify_scales.py (imported
+    lazily: that module imports the quantizer, which imports the field table)."""
+
+    def parse(self, text: str) -> Any:
+        from ..calibration.unify_scales import parse_unify_rules
+
+        return parse_unify_rules(text)
+
+    def allowed(self) -> str:
+        from ..calibration.unify_scales import ALLOWED_TEXT
+
+        return ALLOWED_TEXT
