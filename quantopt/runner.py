@@ -1,0 +1,621 @@
+"""`quantopt run`: run a float or quantized IR on `.npy`/`.npz` inputs and save its outputs as `.npy` files.
+
+It is what a user validating an IR outside a cfg run needs: the exact outputs quantopt computes for given inputs,
+as the integer backend would produce them (a quantized IR gets the integer inputs the backend would receive, or
+floats quantized with the input tensors' own params on request), with an `outputs.json` index holding what is
+needed to read them back (shape, dtype, scale, zero point, range).
+
+Every input is checked against the IR (count, shape with a free batch dimension, dtype, value range, NaN/inf)
+before anything runs, and the output folder is filled only once the whole forward succeeded: files go to a
+temporary folder beside OUTDIR that is renamed into place at the end, so a failed run leaves no OUTDIR content.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+import traceback
+import zipfile
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .analysis.dump import safe_stem
+from .analysis.similarity import to_float, to_quantized
+from .errors import ConfigError, DataError, IRError, QuantOptError, UnsupportedError
+from .graph.graph import PyGraph
+from .graph.node import PyNode
+from .graph.tensor import PyTensor
+from .ir.dtype import Dtype
+from .log import OPT_ERROR, OPT_INFO, OPT_WARN, setup_console
+from .progress import progress
+from .version import __version__
+
+RUN_FORMAT = "quantopt-run"
+"""Value of outputs.json's `format` key; it also marks a folder an earlier run wrote (which a new run replaces)."""
+
+RUN_FORMAT_VERSION = 1
+"""Version of the outputs.json layout."""
+
+INDEX_FILE = "outputs.json"
+"""The index written beside the output files."""
+
+LAYERS_DIR = "layers"
+"""Sub-folder of OUTDIR holding every layer's outputs with --dump-all."""
+
+_INT64_MAX = 2 ** 63 - 1
+_FLAT_LIST = re.compile(r"\[[^\[\]{}]*\]")
+
+__all__ = ["INDEX_FILE", "LAYERS_DIR", "RUN_FORMAT", "RUN_FORMAT_VERSION", "InputSpec", "check_inputs",
+           "load_input_files", "run_graph", "run_files", "run_main"]
+
+
+# ------------------------------------------------------------------------------------------------------ inputs
+@dataclass
+class InputSpec:
+    """One IR input with its data and how the data becomes the tensor the graph is fed.
+
+    `kind`: 'float' (float IR dtype), 'bool', 'int' (integers used as is), 'quantize' (floats quantized with the
+    tensor's scale/zp by --quantize-inputs).
+    """
+
+    tensor: PyTensor
+    source: str
+    array: np.ndarray
+    kind: str
+
+    @property
+    def batched(self) -> bool:
+        return self.array.ndim > 0
+
+
+def _read_array_file(path: str) -> Any:
+    """The array of a .npy (memory-mapped) or the arrays of a .npz, never unpickling anything."""
+    if not os.path.exists(path):
+        raise DataError("input file does not exist", file=path)
+    if not os.path.isfile(path):
+        raise DataError("input path is not a file", file=path)
+    try:
+        loaded = np.load(path, mmap_mode="r", allow_pickle=False)
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                return {key: loaded[key] for key in loaded.files}
+        return loaded
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"cannot read as .npy/.npz without pickle: {detail}", file=path) from None
+
+
+def load_input_files(paths: Sequence[str], graph: PyGraph) -> List[Tuple[str, np.ndarray]]:
+    """(source label, array) per IR input in IR input order: one .npy per input, or one .npz with an array per
+    input, named after the inputs (or saved positionally as arr_0, arr_1, ...)."""
+    names = [t.name for t in graph.input_tensors]
+    loaded = [(p, _read_array_file(p)) for p in paths]
+    archives = [p for p, obj in loaded if isinstance(obj, dict)]
+    if archives:
+        if len(paths) != 1:
+            raise DataError(f"an .npz input must be the only -i file ({len(paths)} were given)", file=archives[0])
+        path, arrays = loaded[0]
+        keys = list(arrays)
+        positional = [f"arr_{i}" for i in range(len(names))]
+        if set(keys) == set(names):
+            order = names
+        elif keys == positional and not set(keys) & set(names):
+            order = positional
+        else:
+            raise DataError(f"the .npz holds arrays {keys} but the IR inputs are {names}: name the arrays after the "
+                            f"inputs, or save them positionally (arr_0, arr_1, ...)", file=path)
+        return [(f"{path}[{key}]", arrays[key]) for key in order]
+    if len(paths) != len(names):
+        raise DataError(f"the IR has {len(names)} input(s) {names} but {len(paths)} input file(s) were given "
+                        f"(one -i per input, in IR input order)")
+    return [(p, obj) for p, obj in loaded]
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(int(d)) for d in shape) + "]"
+
+
+def _nonfinite_error(arr: np.ndarray, name: str, source: str) -> None:
+    finite = np.isfinite(arr)
+    if not bool(finite.all()):
+        nan = int(np.isnan(arr).sum())
+        inf = int(arr.size - finite.sum()) - nan
+        raise DataError(f"input '{name}' has {nan} NaN and {inf} infinite value(s)", file=source)
+
+
+def _int_bounds(arr: np.ndarray) -> Tuple[int, int]:
+    return (int(arr.min()), int(arr.max())) if arr.size else (0, 0)
+
+
+def _describe_q(t: PyTensor) -> str:
+    scale = t.scale.tolist() if isinstance(t.scale, torch.Tensor) else t.scale
+    zerop = t.zerop.tolist() if isinstance(t.zerop, torch.Tensor) else t.zerop
+    return f"{t.dtype}, scale {scale}, zp {zerop}"
+
+
+def _check_one(t: PyTensor, source: str, arr: np.ndarray, quantize_inputs: bool) -> InputSpec:
+    """The checks of one input; returns how its data is fed."""
+    name, kind = t.name, arr.dtype.kind
+    ir_shape = tuple(int(d) for d in t.ir_shape)
+    if arr.ndim != len(ir_shape) or tuple(arr.shape[1:]) != ir_shape[1:]:
+        raise DataError(f"input '{name}' has shape {_shape(arr.shape)} but the IR expects {_shape(ir_shape)} "
+                        f"(only the first, batch dimension may differ)", file=source)
+    if arr.ndim > 0 and arr.shape[0] == 0:
+        raise DataError(f"input '{name}' has an empty batch (shape {_shape(arr.shape)})", file=source)
+    if kind not in "biuf":
+        raise DataError(f"input '{name}' has dtype {arr.dtype}, which is not a number type", file=source)
+    quantized_input = t.pnode is not None and t.pnode.quantized and not t.dtype.is_float
+    if t.dtype.is_float:
+        if kind != "f":
+            raise DataError(f"input '{name}' is {t.dtype} in the IR but the file holds {arr.dtype} data",
+                            file=source)
+        _nonfinite_error(arr, name, source)
+        return InputSpec(t, source, arr, "float")
+    if t.dtype is Dtype.BOOL:
+        if kind != "b":
+            raise DataError(f"input '{name}' is bool in the IR but the file holds {arr.dtype} data", file=source)
+        return InputSpec(t, source, arr, "bool")
+    if quantized_input:
+        lo, hi = int(t.qmin), int(t.qmax)
+        if kind == "f":
+            if not quantize_inputs:
+                raise DataError(f"input '{name}' is quantized ({_describe_q(t)}) and takes integers in [{lo}, {hi}], "
+                                f"but the file holds {arr.dtype} data: pass --quantize-inputs to quantize float data "
+                                f"with the input's scale/zp", file=source)
+            _nonfinite_error(arr, name, source)
+            return InputSpec(t, source, arr, "quantize")
+        if kind != "b" and quantize_inputs and not t.qinvariant:
+            raise DataError(f"input '{name}': --quantize-inputs quantizes float data but the file holds {arr.dtype} "
+                            f"integers; give floats, or integers in [{lo}, {hi}] without --quantize-inputs",
+                            file=source)
+        what = f"the quantized input's range [{lo}, {hi}] ({t.dtype})"
+    else:
+        lo, hi = t.dtype.int_range()
+        hi = min(hi, _INT64_MAX)
+        what = f"the range of its IR dtype {t.dtype} [{lo}, {hi}]"
+    if kind not in "iu":
+        raise DataError(f"input '{name}' is {t.dtype} in the IR but the file holds {arr.dtype} data", file=source)
+    amin, amax = _int_bounds(arr)
+    if amin < lo or amax > hi:
+        raise DataError(f"input '{name}' holds values in [{amin}, {amax}] outside {what}", file=source)
+    return InputSpec(t, source, arr, "int")
+
+
+def check_inputs(graph: PyGraph, data: Sequence[Tuple[str, np.ndarray]], quantize_inputs: bool = False
+                 ) -> List[InputSpec]:
+    """Check every input (shape, dtype, range, NaN/inf, one batch size for all) before anything runs."""
+    if len(data) != len(graph.input_tensors):
+        names = [t.name for t in graph.input_tensors]
+        raise DataError(f"the IR has {len(names)} input(s) {names} but {len(data)} array(s) were given")
+    specs = [_check_one(t, source, arr, quantize_inputs) for t, (source, arr) in zip(graph.input_tensors, data)]
+    batched = [s for s in specs if s.batched]
+    for s in batched[1:]:
+        if s.array.shape[0] != batched[0].array.shape[0]:
+            raise DataError(f"inputs disagree on the batch size: '{batched[0].tensor.name}' has "
+                            f"{batched[0].array.shape[0]} ({batched[0].source}), '{s.tensor.name}' has "
+                            f"{s.array.shape[0]}", file=s.source)
+    return specs
+
+
+def _feed(spec: InputSpec, lo: int, hi: int) -> torch.Tensor:
+    """The tensor fed for samples [lo, hi) of an input (a copy: the file stays untouched)."""
+    arr = spec.array[lo:hi] if spec.batched else spec.array
+    if spec.kind == "float":
+        compute = spec.tensor.dtype.torch_dtype
+        return torch.from_numpy(np.array(arr, dtype=np.float64 if compute == torch.float64 else np.float32))
+    if spec.kind == "bool":
+        return torch.from_numpy(np.array(arr, dtype=np.bool_))
+    if spec.kind == "quantize":
+        return to_quantized(torch.from_numpy(np.array(arr, dtype=np.float32)), spec.tensor)
+    return torch.from_numpy(np.array(arr, dtype=np.int64))
+
+
+@contextlib.contextmanager
+def _integer_fed(specs: Sequence[InputSpec]) -> Iterator[None]:
+    """Quantized Input layers take the integers they are fed as they are (the backend's view): their own quantize
+    step, which the host does before the NPU, is skipped while the graph runs."""
+    nodes = [s.tensor.pnode for s in specs if s.kind in ("int", "quantize") and s.tensor.pnode is not None
+             and s.tensor.pnode.quantized and str(s.tensor.pnode.type) == "Input"]
+    for n in nodes:
+        n.quantized = False
+    try:
+        yield
+    finally:
+        for n in nodes:
+            n.quantized = True
+
+
+# ------------------------------------------------------------------------------------------------------ outputs
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu().tolist()
+    if isinstance(v, np.ndarray):
+        v = v.tolist()
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (np.floating, np.integer, np.bool_)):
+        v = v.item()
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    return v
+
+
+def _values(t: PyTensor) -> np.ndarray:
+    """A tensor's current values: floats as computed, integers in their IR dtype (what the backend stores)."""
+    x = t.betensor.detach().cpu()
+    arr = x.numpy()
+    if x.is_floating_point() or x.dtype == torch.bool or t.dtype.is_float or t.dtype is Dtype.BOOL:
+        return arr
+    target = t.dtype.storage.newbyteorder("=")
+    lo, hi = _int_bounds(arr)
+    info = np.iinfo(target)
+    if lo < info.min or hi > info.max:
+        layer = t.pnode.name if t.pnode is not None else "?"
+        raise IRError(f"layer '{layer}': output '{t.name}' holds values in [{lo}, {hi}] that do not fit its IR dtype "
+                      f"{t.dtype}")
+    return arr.astype(target)
+
+
+def _has_dequant(t: PyTensor) -> bool:
+    return t.qmin is not None and not t.dtype.is_float and t.dtype is not Dtype.BOOL
+
+
+class _Sink:
+    """Writes arrays into a folder: whole, or batch by batch into .npy files sized for all samples (so memory
+    stays that of one batch), keeping each file's shape, dtype and extrema."""
+
+    def __init__(self, folder: str, total: int, batched: bool) -> None:
+        self.folder, self.total, self.batched = folder, total, batched
+        self.info: Dict[str, Dict[str, Any]] = {}
+        self._maps: Dict[str, np.memmap] = {}
+
+    def put(self, file: str, arr: np.ndarray, start: int, rows: int, what: str) -> None:
+        path = os.path.join(self.folder, file)
+        if not self.batched:
+            np.save(path, arr, allow_pickle=False)
+            shape: Tuple[int, ...] = tuple(arr.shape)
+        else:
+            if arr.ndim == 0 or arr.shape[0] != rows:
+                raise UnsupportedError(f"{what} has shape {_shape(arr.shape)}, whose first dimension is not the batch "
+                                       f"of {rows}: run without --batch-size")
+            mm = self._maps.get(file)
+            if mm is None:
+                shape = (self.total,) + tuple(arr.shape[1:])
+                mm = np.lib.format.open_memmap(path, mode="w+", dtype=arr.dtype, shape=shape)
+                self._maps[file] = mm
+            elif mm.shape[1:] != arr.shape[1:] or mm.dtype != arr.dtype:
+                raise UnsupportedError(f"{what} changes from {_shape(mm.shape[1:])} {mm.dtype} to "
+                                       f"{_shape(arr.shape[1:])} {arr.dtype} between batches: run without "
+                                       f"--batch-size")
+            mm[start:start + rows] = arr
+            shape = tuple(mm.shape)
+        self._update(file, arr, shape)
+
+    def _update(self, file: str, arr: np.ndarray, shape: Tuple[int, ...]) -> None:
+        entry = self.info.setdefault(file, {"shape": [int(d) for d in shape], "dtype": str(arr.dtype), "min": None,
+                                            "max": None, "nonfinite": 0})
+        if arr.size == 0:
+            return
+        values = arr
+        if arr.dtype.kind == "f":
+            finite = np.isfinite(arr)
+            bad = int(arr.size - finite.sum())
+            entry["nonfinite"] += bad
+            if bad == arr.size:
+                return
+            values = arr[finite] if bad else arr
+        lo, hi = values.min().item(), values.max().item()
+        if arr.dtype.kind == "b":
+            lo, hi = int(lo), int(hi)
+        entry["min"] = lo if entry["min"] is None else min(entry["min"], lo)
+        entry["max"] = hi if entry["max"] is None else max(entry["max"], hi)
+
+    def close(self) -> None:
+        for mm in self._maps.values():
+            mm.flush()
+        self._maps.clear()
+
+
+def _output_files(tensors: Sequence[PyTensor], dequantize: bool) -> Dict[str, Tuple[str, Optional[str]]]:
+    """tensor name -> (file, dequant file or None): `<safe name>.npy`, made unique (ignoring case) with `_2`,
+    `_3`... in output order."""
+    used = {INDEX_FILE.lower(), LAYERS_DIR.lower()}
+    files: Dict[str, Tuple[str, Optional[str]]] = {}
+    for t in tensors:
+        base = safe_stem(t.name)
+        stem, k = base, 1
+        while True:
+            names = [stem + ".npy"] + ([stem + ".dequant.npy"] if dequantize and _has_dequant(t) else [])
+            if not any(n.lower() in used for n in names):
+                break
+            k += 1
+            stem = f"{base}_{k}"
+        used.update(n.lower() for n in names)
+        files[t.name] = (names[0], names[1] if len(names) > 1 else None)
+    return files
+
+
+def _layer_files(graph: PyGraph, dequantize: bool) -> Dict[str, Tuple[str, Optional[str]]]:
+    """tensor name -> files under layers/: `<index>_<safe name>.npy`, the index in execution order."""
+    tensors = [t for n in graph.nodes for t in n.outputs]
+    width = max(4, len(str(max(len(tensors) - 1, 0))))
+    files: Dict[str, Tuple[str, Optional[str]]] = {}
+    for i, t in enumerate(tensors):
+        stem = f"{LAYERS_DIR}/{i:0{width}d}_{safe_stem(t.name)}"
+        files[t.name] = (stem + ".npy", stem + ".dequant.npy" if dequantize and _has_dequant(t) else None)
+    return files
+
+
+def _entry(t: PyTensor, files: Tuple[str, Optional[str]], sink: _Sink) -> Dict[str, Any]:
+    info = sink.info[files[0]]
+    quantized = t.qmin is not None and not t.dtype.is_float
+    entry: Dict[str, Any] = {
+        "file": files[0], "shape": info["shape"], "dtype": info["dtype"], "ir_dtype": str(t.dtype),
+        "layer": t.pnode.name if t.pnode is not None else None,
+        "layer_type": str(t.pnode.type) if t.pnode is not None else None,
+        "quantized": quantized,
+        "scale": _jsonable(t.scale) if quantized else None, "zp": _jsonable(t.zerop) if quantized else None,
+        "axis": t.key_axis if quantized else None,
+        "range": [int(t.qmin), int(t.qmax)] if quantized else None,
+        "min": _jsonable(info["min"]), "max": _jsonable(info["max"]),
+    }
+    if info["nonfinite"]:
+        entry["nonfinite"] = info["nonfinite"]
+    if files[1] is not None:
+        deq = sink.info[files[1]]
+        entry["dequant_file"] = files[1]
+        entry["dequant_min"], entry["dequant_max"] = _jsonable(deq["min"]), _jsonable(deq["max"])
+    return entry
+
+
+def _unique(tensors: Sequence[PyTensor]) -> List[PyTensor]:
+    seen, out = set(), []
+    for t in tensors:
+        if t.name not in seen:
+            seen.add(t.name)
+            out.append(t)
+    return out
+
+
+def run_graph(graph: PyGraph, specs: Sequence[InputSpec], folder: str, batch_size: Optional[int] = None,
+              dequantize: bool = False, dump_all: bool = False) -> Dict[str, Any]:
+    """Run `graph` on checked inputs, writing the outputs (and with `dump_all` every layer output) into `folder`;
+    returns the index (what outputs.json holds, without writing it)."""
+    batched = [s for s in specs if s.batched]
+    total = int(batched[0].array.shape[0]) if batched else 1
+    step = total if not batch_size or not batched else min(batch_size, total)
+    chunks = [(lo, min(lo + step, total)) for lo in range(0, total, step)]
+    sink = _Sink(folder, total, len(chunks) > 1)
+    outputs = _unique(graph.output_tensors)
+    out_files = _output_files(outputs, dequantize)
+    layer_files = _layer_files(graph, dequantize) if dump_all else {}
+    if dump_all:
+        os.makedirs(os.path.join(folder, LAYERS_DIR), exist_ok=True)
+
+    def save(t: PyTensor, files: Tuple[str, Optional[str]], lo: int, hi: int) -> None:
+        what = f"output '{t.name}' of layer '{t.pnode.name if t.pnode is not None else '?'}'"
+        sink.put(files[0], _values(t), lo, hi - lo, what)
+        if files[1] is not None:
+            sink.put(files[1], to_float(t).numpy(), lo, hi - lo, what)
+
+    span = [0, 0]
+
+    def dump_layer(node: PyNode) -> None:
+        for t in node.outputs:
+            save(t, layer_files[t.name], span[0], span[1])
+
+    try:
+        with torch.no_grad(), _integer_fed(specs):
+            for lo, hi in progress(chunks, "run"):
+                span[:] = [lo, hi]
+                graph.forward([_feed(s, lo, hi) for s in specs], after_node=dump_layer if dump_all else None)
+                for t in outputs:
+                    save(t, out_files[t.name], lo, hi)
+    finally:
+        sink.close()
+    index: Dict[str, Any] = {
+        "format": RUN_FORMAT, "format_version": RUN_FORMAT_VERSION, "quantopt_version": __version__,
+        "model": graph.name, "ir": graph.source_file,
+        "quantized": any(n.quantized for n in graph.nodes),
+        "samples": total, "batches": len(chunks),
+        "dequantize": "x = (q + zp) / scale",
+        "inputs": {s.tensor.name: {"file": s.source, "shape": [int(d) for d in s.array.shape],
+                                   "dtype": str(s.array.dtype), "quantized_by_run": s.kind == "quantize"}
+                   for s in specs},
+        "outputs": {t.name: _entry(t, out_files[t.name], sink) for t in outputs},
+    }
+    if dump_all:
+        index["layers"] = {n: _entry(t, layer_files[n], sink) for n, t in
+                           ((t.name, t) for node in graph.nodes for t in node.outputs)}
+    return index
+
+
+def index_text(index: Dict[str, Any]) -> str:
+    """outputs.json text: indented, with lists of plain values (shapes, ranges, scales) kept on one line."""
+    text = json.dumps(index, ensure_ascii=False, indent=1, allow_nan=False)
+    # only whitespace between tokens goes (JSON strings hold no raw newline), so the result stays valid JSON
+    return _FLAT_LIST.sub(lambda m: re.sub(r"\n\s*", "", m.group(0)), text) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------- the folder
+def _is_run_folder(path: str) -> bool:
+    """Whether `path` holds an earlier `quantopt run` output (its outputs.json says so)."""
+    try:
+        with open(os.path.join(path, INDEX_FILE), encoding="utf-8") as f:
+            return json.load(f).get("format") == RUN_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _check_out_dir(out_dir: str) -> None:
+    """OUTDIR must be new, empty, or an earlier run's output (which is replaced)."""
+    if os.path.islink(out_dir):
+        raise ConfigError("the output folder is a symbolic link; give the folder it points to", file=out_dir)
+    if not os.path.exists(out_dir):
+        return
+    if not os.path.isdir(out_dir):
+        raise ConfigError("the output path exists and is not a folder", file=out_dir)
+    if os.listdir(out_dir) and not _is_run_folder(out_dir):
+        raise ConfigError(f"the output folder is not empty and holds no earlier `quantopt run` output ({INDEX_FILE}); "
+                          f"give a new or empty folder", file=out_dir)
+
+
+def _commit(tmp: str, out_dir: str) -> None:
+    """Move the finished temp folder to OUTDIR, replacing an empty folder or an earlier run's output."""
+    _check_out_dir(out_dir)
+    if not os.path.isdir(out_dir):
+        os.rename(tmp, out_dir)
+        return
+    if not os.listdir(out_dir):
+        os.rmdir(out_dir)
+        os.rename(tmp, out_dir)
+        return
+    old = tmp + ".old"
+    os.rename(out_dir, old)
+    try:
+        os.rename(tmp, out_dir)
+    except OSError:
+        os.rename(old, out_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _missing_parents(path: str) -> Optional[str]:
+    """The outermost folder of `path`'s parents that does not exist yet (removed again if the run fails)."""
+    top = None
+    parent = os.path.dirname(path)
+    while parent and not os.path.exists(parent):
+        top = parent
+        parent = os.path.dirname(parent)
+    return top
+
+
+def _remove_created(folder: str, created: Optional[str]) -> None:
+    """Remove the empty folders from `folder` up to `created` (those this run made), nothing above."""
+    if created is None:
+        return
+    while True:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+        if folder == created or len(folder) <= len(created):
+            return
+        folder = os.path.dirname(folder)
+
+
+def run_files(model: str, inputs: Sequence[str], out_dir: str, bin_path: Optional[str] = None,
+              dequantize: bool = False, quantize_inputs: bool = False, batch_size: Optional[int] = None,
+              dump_all: bool = False) -> Dict[str, Any]:
+    """Load the IR and the input files, check them, run, and write OUTDIR atomically; returns the index."""
+    from .graph.graph import QuantizeGraph
+    from .registry import discover_plugins
+
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1 (got {batch_size})")
+    out_dir = os.path.abspath(out_dir)
+    _check_out_dir(out_dir)
+    discover_plugins()
+    graph = QuantizeGraph.parse(model, bin_path)
+    if graph.header.get("compat_quantized_model") is True:
+        raise UnsupportedError("IRs of pre-quantized models (compat_quantized_model=true) are not supported",
+                               file=model)
+    quantized = any(n.quantized for n in graph.nodes)
+    if dequantize and not quantized:
+        OPT_WARN("--dequantize: the IR is a float IR; its outputs are saved as computed")
+    has_q_inputs = any(t.pnode is not None and t.pnode.quantized and not t.dtype.is_float
+                       for t in graph.input_tensors)
+    if quantize_inputs and not has_q_inputs:
+        OPT_WARN("--quantize-inputs: the IR has no quantized inputs; inputs are used as they are")
+    specs = check_inputs(graph, load_input_files(inputs, graph), quantize_inputs)
+    created = _missing_parents(out_dir)
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp", dir=os.path.dirname(out_dir))
+    try:
+        index = run_graph(graph, specs, tmp, batch_size, dequantize and quantized, dump_all)
+        with open(os.path.join(tmp, INDEX_FILE), "w", encoding="utf-8") as f:
+            f.write(index_text(index))
+        _commit(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_created(os.path.dirname(out_dir), created)
+        raise
+    return index
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def print_summary(index: Dict[str, Any], out_dir: str) -> None:
+    """Per output: shape, dtype, min/max (and of the dequantized values), and the file."""
+    kind = "quantized" if index["quantized"] else "float"
+    print(f"{index['model']} ({kind} IR): {index['samples']} sample(s) in {index['batches']} batch(es) -> {out_dir}")
+    for name, e in index["outputs"].items():
+        line = (f"  {name}: {_shape(e['shape'])} {e['dtype']} min {_fmt(e['min'])} max {_fmt(e['max'])}")
+        if "dequant_file" in e:
+            line += f" (dequantized {_fmt(e['dequant_min'])} .. {_fmt(e['dequant_max'])})"
+        print(line + f" -> {e['file']}")
+        if e.get("nonfinite"):
+            OPT_WARN(f"output '{name}' holds {e['nonfinite']} NaN/infinite value(s)")
+
+
+# --------------------------------------------------------------------------------------------------------- CLI
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="quantopt run", description="Run a float or quantized IR on .npy inputs and "
+                                                                 "save its outputs as .npy files.")
+    p.add_argument("model", help="the IR graph file (.txt)")
+    p.add_argument("--bin", default=None, help="the IR weights file (default: model_bin of the header, or "
+                                               "MODEL.bin)")
+    p.add_argument("-i", "--input", action="append", required=True, metavar="FILE",
+                   help="one .npy per IR input, in IR input order (repeat -i), or one .npz with an array per input")
+    p.add_argument("-o", "--output-dir", required=True, metavar="OUTDIR",
+                   help="folder for the outputs (new, empty, or an earlier run's output, which is replaced)")
+    p.add_argument("--dequantize", action="store_true",
+                   help="also save each integer output dequantized to float32 as <name>.dequant.npy")
+    p.add_argument("--quantize-inputs", action="store_true",
+                   help="quantized IR: take float inputs and quantize them with the input tensors' scale/zp")
+    p.add_argument("--batch-size", type=int, default=None, metavar="N",
+                   help="run N samples at a time (default: all at once)")
+    p.add_argument("--dump-all", action="store_true", help="also save every layer's outputs under OUTDIR/layers/")
+    p.add_argument("--log-level", default=None, help="debug, info (default), warning or error")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    return p
+
+
+def run_main(argv: List[str]) -> int:
+    """`quantopt run MODEL.txt -i IN.npy [-i ...] -o OUTDIR [...]`; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        setup_console(args.log_level)
+    except ValueError as e:
+        print(f"quantopt run: {e}", file=sys.stderr)
+        return 2
+    try:
+        index = run_files(args.model, args.input, args.output_dir, args.bin, args.dequantize, args.quantize_inputs,
+                          args.batch_size, args.dump_all)
+        print_summary(index, args.output_dir)
+        OPT_INFO(f"wrote {len(index['outputs'])} output(s) and {INDEX_FILE} to {args.output_dir}")
+        return 0
+    except QuantOptError as e:
+        if args.debug:
+            traceback.print_exc()
+        OPT_ERROR(str(e))
+        return e.exit_code
+    except KeyboardInterrupt:
+        OPT_ERROR("interrupted")
+        return 130
+    except Exception as e:  # a bug in quantopt, not a user error
+        if args.debug:
+            traceback.print_exc()
+        OPT_ERROR(f"internal error: {type(e).__name__}: {e} (rerun with --debug for a traceback)")
+        return 1
