@@ -1,4 +1,5 @@
-"""Command line: `quantopt --cfg F | --field | --plugin | --version`, and `quantopt import model.onnx -o DIR`.
+"""Command line: `quantopt --cfg F | --field | --plugin | --version`, and the subcommands `quantopt import`
+(ONNX → float IR), `quantopt run` (run an IR on .npy inputs) and `quantopt export` (quantized IR → ONNX QDQ).
 
 User errors print one line and exit with the error's code (2 config, 3 IR, 4 data, 5 plugin, 6 unsupported);
 a traceback is shown only with --debug.
@@ -135,10 +136,23 @@ def import_main(argv: List[str]) -> int:
     return 0
 
 
+def run_main(argv: List[str]) -> int:
+    from .runner import run_main as main_fn
+    return main_fn(argv)
+
+
+def export_main(argv: List[str]) -> int:
+    from .exporters.cli import export_main as main_fn
+    return main_fn(argv)
+
+
+SUBCOMMANDS = {"import": import_main, "run": run_main, "export": export_main}
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "import":
-        return import_main(argv[1:])
+    if argv and argv[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[argv[0]](argv[1:])
     args = _parser().parse_args(argv)
     try:
         setup_console(args.log_level)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 import os
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -19,18 +19,34 @@ from .calibration.global_methods import (
     parse_global_calibration,
     restore_float_constants,
 )
+from .calibration.mixed_precision import SearchResult, per_layer_search
 from .calibration.statistic_file import load_statistics, save_statistics, statistic_file_name
+from .calibration.unify_scales import unify_scales_from_cfg
 from .config.layer_settings import OptConfig
 from .config.reader import Config
 from .data import make_dataset, make_loader, make_metrics, prepare_inputs, split_sample
 from .errors import ConfigError, IRError, UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
 from .graph.node import PyNode
+from .graph.tensor import PyTensor
 from .ir.writer import write_ir
 from .log import OPT_INFO, StepTimer, attach_file, detach_file, warning_count
+from .passes.fake_quant import apply_fake_quant
 from .progress import progress
 from .quantizer import assign_settings, check_quantizable, quantize_graph
 from .registry import OP_FORWARD, OptBaseMetric
+
+
+def io_params(t: PyTensor, role: str) -> Dict[str, Any]:
+    """How a graph input or output of the quantized model is encoded (what the integer backend exchanges)."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.tolist() if v.numel() > 1 else v.item()
+        return v
+    quantized = t.qmin is not None
+    return {"role": role, "name": t.name, "dtype": getattr(t.dtype, "value", str(t.dtype)),
+            "scale": plain(t.scale) if quantized else None, "zp": plain(t.zerop) if quantized else None,
+            "qmin": t.qmin, "qmax": t.qmax}
 
 
 class OptMaster:
@@ -51,6 +67,7 @@ class OptMaster:
         self.report: Dict[str, Any] = {}
         self.histograms: Dict[str, Any] = {}
         self.layer_bits: List[Dict[str, Any]] = []
+        self.search_result: Optional[SearchResult] = None
 
     # ------------------------------------------------------------------------------------------------ steps
     def check_operators(self) -> None:
@@ -84,6 +101,9 @@ class OptMaster:
             self._check_first_batch(self.validation_loader, cfg.data)
         self.float_metrics = make_metrics(cfg)
         self.quant_metrics = [copy.deepcopy(m) for m in self.float_metrics]
+        if cfg.mixed_precision_auto_search.enabled and (not self.float_metrics or self.validation_loader is None):
+            raise ConfigError("mixed_precision_auto_search needs a metric and validation data (metric, data, label)",
+                              field="mixed_precision_auto_search")
 
     def _check_first_batch(self, loader: torch.utils.data.DataLoader, source: str) -> None:
         batch = next(iter(loader))
@@ -124,10 +144,43 @@ class OptMaster:
                                                                    total=self.calibration_batch_count()))
         OPT_INFO(f"statistics collected over {count} calibration batch(es)")
 
+    def search_scorer(self) -> Tuple[Callable[[PyGraph], float], float]:
+        """(score of a quantized graph, float score): the first metric on the first `batches` validation batches
+        of mixed_precision_auto_search (prepared once and kept)."""
+        auto = self.cfg.mixed_precision_auto_search
+        source = self.cfg.data
+        batches = []
+        for i, batch in enumerate(self.validation_loader):
+            if i >= auto.batches:
+                break
+            inputs, label = split_sample(batch, source)
+            batches.append((prepare_inputs(self.graph, inputs, self.cfg, source, i), label))
+        metric = copy.deepcopy(self.float_metrics[0])
+
+        def score(graph: PyGraph, quantized: bool = True) -> float:
+            metric.reset()
+            with torch.no_grad():
+                for inputs, label in batches:
+                    graph.forward(inputs)
+                    metric([to_float(t) if quantized else t.betensor for t in graph.output_tensors], label)
+            return float(metric.compute())
+
+        return score, score(self.graph, quantized=False)
+
+    def mixed_precision_search(self) -> None:
+        """Per-layer mixed-precision search on the first metric (calibration/mixed_precision.py); the chosen
+        settings stay on the layers, so the JSON template records them."""
+        auto = self.cfg.mixed_precision_auto_search
+        score, float_score = self.search_scorer()
+        OPT_INFO(f"mixed precision search: {auto} on the first {auto.batches} validation batch(es), metric "
+                 f"{self.cfg.metric[0][0]}, float score {float_score:.6f}")
+        self.search_result = per_layer_search(self.graph, score, float_score, auto)
+
     def quantize(self) -> QuantizeGraph:
         """Local calibration, the global methods (which may adjust ranges, weights and biases of the float graph
         for quantization only: the float constants are restored right after), then quantization."""
         calibrate_graph(self.graph)
+        unify_scales_from_cfg(self.graph, self.cfg)
         specs = parse_global_calibration(self.cfg.global_calibration)
         if not specs:
             return quantize_graph(self.graph)
@@ -150,6 +203,8 @@ class OptMaster:
                 if got != tuple(t.ir_shape):
                     raise IRError(f"quantized layer '{node.name}' ({node.type}) produced {list(got)} for output "
                                   f"'{t.name}' but the IR declares {list(t.ir_shape)}")
+                if not node.quantized:
+                    continue
                 if t.betensor.is_floating_point() or (t.betensor.numel() and (int(t.betensor.min()) < t.qmin or
                                                                                int(t.betensor.max()) > t.qmax)):
                     raise RuntimeError(f"integer forward of layer '{node.name}' ({node.type}) left '{t.name}' "
@@ -164,6 +219,9 @@ class OptMaster:
         template = build_template(self.graph, qgraph, self.similarities)
         json_path = write_template(os.path.join(self.output_dir, f"{self.model_name}_opt_template.json"), template)
         self.files_written += [txt, bin_path, json_path]
+        if self.cfg.export_onnx_qdq:
+            from .exporters.onnx_qdq import export_onnx_qdq
+            self.files_written.append(export_onnx_qdq(qgraph, os.path.join(self.output_dir, base + ".qdq.onnx")))
 
     def evaluate(self, graph: PyGraph, metrics: Sequence[OptBaseMetric], quantized: bool) -> Dict[str, float]:
         """Metric scores of a graph on the validation data; quantized outputs are dequantized first."""
@@ -190,6 +248,33 @@ class OptMaster:
     def evaluate_float(self) -> Dict[str, float]:
         return self.evaluate(self.graph, self.float_metrics, quantized=False)
 
+    def prepare_statistics(self) -> None:
+        """Every step before calibration: operator checks, data, zero-input check, layer settings, statistics."""
+        with self.timer.step("check operators"):
+            self.check_operators()
+        with self.timer.step("prepare data and metrics"):
+            self.prepare()
+        with self.timer.step("zero-input forward check"):
+            self.zero_forward_check()
+        with self.timer.step("check quantize functions"):
+            check_quantizable(self.graph)
+        with self.timer.step("layer settings"):
+            opt_config = OptConfig.load(self.cfg.opt_config, [n.name for n in self.graph.nodes]) \
+                if self.cfg.opt_config else None
+            assign_settings(self.graph, self.cfg, opt_config)
+        with self.timer.step("statistics"):
+            if self.cfg.statistic_file:
+                count = load_statistics(self.graph, self.cfg.statistic_file)
+                OPT_INFO(f"statistics of {count} tensor(s) loaded from {self.cfg.statistic_file}; "
+                         "statistics pass skipped")
+            else:
+                self.statistics()
+            if self.cfg.save_statistic_info:
+                path = save_statistics(self.graph,
+                                       os.path.join(self.output_dir, statistic_file_name(self.model_name)))
+                self.files_written.append(path)
+                OPT_INFO(f"statistics saved to {path}")
+
     # ------------------------------------------------------------------------------------------------ run
     def __call__(self) -> Dict[str, Any]:
         os.makedirs(self.output_dir, exist_ok=True)
@@ -200,32 +285,15 @@ class OptMaster:
             OPT_INFO(f"model '{self.model_name}': {len(self.graph.nodes)} layers, inputs "
                      f"{[t.name for t in self.graph.input_tensors]}, outputs "
                      f"{[t.name for t in self.graph.output_tensors]}")
-            with self.timer.step("check operators"):
-                self.check_operators()
-            with self.timer.step("prepare data and metrics"):
-                self.prepare()
-            with self.timer.step("zero-input forward check"):
-                self.zero_forward_check()
-            with self.timer.step("check quantize functions"):
-                check_quantizable(self.graph)
-            with self.timer.step("layer settings"):
-                opt_config = OptConfig.load(self.cfg.opt_config, [n.name for n in self.graph.nodes]) \
-                    if self.cfg.opt_config else None
-                assign_settings(self.graph, self.cfg, opt_config)
-            with self.timer.step("statistics"):
-                if self.cfg.statistic_file:
-                    count = load_statistics(self.graph, self.cfg.statistic_file)
-                    OPT_INFO(f"statistics of {count} tensor(s) loaded from {self.cfg.statistic_file}; "
-                             "statistics pass skipped")
-                else:
-                    self.statistics()
-                if self.cfg.save_statistic_info:
-                    path = save_statistics(self.graph,
-                                           os.path.join(self.output_dir, statistic_file_name(self.model_name)))
-                    self.files_written.append(path)
-                    OPT_INFO(f"statistics saved to {path}")
+            self.prepare_statistics()
+            if self.cfg.mixed_precision_auto_search.enabled:
+                with self.timer.step("mixed precision search"):
+                    self.mixed_precision_search()
             with self.timer.step("calibrate and quantize"):
                 qgraph = self.quantize()
+            if self.cfg.fake_quant_scopes_for_debug or self.cfg.fake_quant_operators_for_debug:
+                apply_fake_quant(self.graph, qgraph, self.cfg.fake_quant_scopes_for_debug,
+                                 self.cfg.fake_quant_operators_for_debug)
             with self.timer.step("quantized zero-input check"):
                 self.quant_forward_check(qgraph)
             with self.timer.step("precision analysis"):
@@ -257,6 +325,8 @@ class OptMaster:
                 "model": self.model_name,
                 "inputs": [t.name for t in self.graph.input_tensors],
                 "outputs": [t.name for t in self.graph.output_tensors],
+                "quantized_io": [io_params(t, role) for role, ts in (("input", qgraph.input_tensors),
+                                                                     ("output", qgraph.output_tensors)) for t in ts],
                 "float_metrics": float_scores,
                 "quant_metrics": quant_scores,
                 "metric_drop": {k: float_scores[k] - quant_scores[k] for k in float_scores if k in quant_scores},
@@ -267,6 +337,8 @@ class OptMaster:
                 "warnings": warning_count(),
                 "files": list(self.files_written),
             }
+            if self.search_result is not None:
+                self.report["mixed_precision"] = self.search_result.as_dict()
             report_files = write_report(self.output_dir, build_report(self.report, self.similarities,
                                                                       self.layer_bits, self.histograms))
             self.files_written += report_files
@@ -282,6 +354,16 @@ class OptMaster:
                  f"model:   {r['model']}",
                  f"inputs:  {', '.join(r['inputs'])}",
                  f"outputs: {', '.join(r['outputs'])}"]
+        for io in r.get("quantized_io", []):
+            if io["scale"] is None:
+                lines.append(f"{io['role']:<6} {io['name']}: {io['dtype']} (float)")
+            else:
+                lines.append(f"{io['role']:<6} {io['name']}: {io['dtype']}, scale {io['scale']}, zp {io['zp']}, "
+                             f"range [{io['qmin']}, {io['qmax']}]")
+        if r.get("mixed_precision"):
+            mp = r["mixed_precision"]
+            lines.append(f"mixed precision: {len(mp['promoted'])} layer(s) promoted to {mp['level']}"
+                         + (f": {', '.join(mp['promoted'])}" if mp["promoted"] else ""))
         for name in sorted(set(r["float_metrics"]) | set(r["quant_metrics"])):
             parts = []
             if name in r["float_metrics"]:

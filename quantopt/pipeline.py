@@ -9,6 +9,7 @@ import torch
 
 from .analysis.similarity import to_float
 from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
+from .calibration.unify_scales import RuleSource, unify_scales
 from .config.layer_settings import LayerSettings, check_settings
 from .graph.graph import PyGraph, QuantizeGraph
 from .quantizer import quantize_graph
@@ -18,11 +19,16 @@ Batch = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
                    settings: Union[None, LayerSettings, Mapping[str, Any]] = None,
-                   per_layer: Optional[Mapping[str, Mapping[str, Any]]] = None) -> QuantizeGraph:
+                   per_layer: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                   unify: RuleSource = None, global_calibration: Optional[str] = None) -> QuantizeGraph:
     """Quantized copy of `graph` calibrated on `calibration` batches.
 
     `settings`: a LayerSettings or a dict of its fields for every layer (default: the cfg defaults);
-    `per_layer`: layer name -> dict of fields overriding `settings` for that layer.
+    `per_layer`: layer name -> dict of fields overriding `settings` for that layer;
+    `unify`: scale unification rules in `unify_scales_for_multi_inputs_operators` syntax (text or UnifyRule list),
+    e.g. "[(Concat, 20, 1.05, out)]" for what `unify_scales_for_concat` does;
+    `global_calibration`: methods in the cfg field's syntax (e.g. "bias_correction[2] & adaround[2]"), run on the
+    calibration batches after local calibration; the float constants are restored once quantized.
     """
     base = settings if isinstance(settings, LayerSettings) else LayerSettings(**dict(settings or {}))
     for n in graph.nodes:
@@ -32,7 +38,17 @@ def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
     batches = [[b] if isinstance(b, torch.Tensor) else list(b) for b in calibration]
     collect_activation_statistics(graph, batches)
     calibrate_graph(graph)
-    return quantize_graph(graph)
+    if unify:
+        unify_scales(graph, unify)
+    if not global_calibration:
+        return quantize_graph(graph)
+    from .calibration.global_methods import apply_global_calibration, restore_float_constants
+
+    apply_global_calibration(graph, global_calibration, batches)
+    try:
+        return quantize_graph(graph)
+    finally:
+        restore_float_constants(graph)
 
 
 def run_quantized(qgraph: PyGraph, inputs: Batch) -> list:

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional
 from .config.layer_settings import OptConfig, settings_from_cfg
 from .errors import UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
+from .passes.float_islands import float_choices, insert_boundary_layers, make_float_layer
 from .registry import OP_QUANTIZE
 
 
@@ -33,16 +34,27 @@ def check_quantizable(graph: PyGraph) -> None:
 
 
 def quantize_graph(graph: QuantizeGraph) -> QuantizeGraph:
-    """A quantized copy of `graph` (which keeps its float values); also stored as `graph.quantgraph`."""
+    """A quantized copy of `graph` (which keeps its float values); also stored as `graph.quantgraph`.
+
+    Layers whose settings ask for `trigger_float_op` stay float in the copy, with Quantize/DeQuantize/Cast
+    layers inserted at their borders (passes/float_islands.py)."""
     check_quantizable(graph)
     q = graph.clone()
+    choices = float_choices(q)
+    insert_boundary_layers(q, choices)
     for n in q.nodes:
+        if n.name in choices:
+            make_float_layer(n, choices[n.name])
+            continue
         n.params["is_perf_mode"] = True
         n.params["unquantifiable"] = False
         try:
             n.quantize()
         except (ValueError, RuntimeError) as e:
             raise n._error(f"quantization failed: {e}") from e
+        if n.params.get("unquantifiable") is True:  # a DeQuantize layer: integer in, float out
+            n.quantized = False
+            continue
         for t in n.outputs:
             if t.qmin is None:
                 raise RuntimeError(f"quantize function of {n.type} left output '{t.name}' of layer '{n.name}' "

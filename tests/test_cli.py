@@ -1,6 +1,7 @@
 """End-to-end through the CLI: listing commands, the bundled example, and one-line errors with exit codes."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -187,6 +188,19 @@ def test_global_calibration_runs_through_the_cli(tmp_path, capsys):
     assert main(["--cfg", str(cfg)]) == 0
     log = (tmp_path / "out" / "digits_opt.log").read_text()
     assert "bias_correction" in log and "easy_quant" in log
-    bad = example_cfg(tmp_path, "global_calibration = smooth_quant_zy\n", metric=None, data=None, label=None)
+    bad = example_cfg(tmp_path, "global_calibration = smooth_quant_zy[0.5,0,0,1,10,1]\n", metric=None, data=None,
+                      label=None)
     assert main(["--cfg", str(bad)]) == 2
     assert "not implemented yet" in capsys.readouterr().err
+
+
+def test_summary_block_lists_quantized_inputs_and_outputs(tmp_path, capsys):
+    cfg = example_cfg(tmp_path, eval_original_model="false")
+    assert main(["--log-level", "info", "--cfg", str(cfg)]) == 0
+    err = capsys.readouterr().err
+    summary = err[err.index("quantopt report"):]
+    assert "input  input_0: uint8, scale 255.0, zp 0, range [0, 255]" in summary
+    assert "output /Softmax_0: uint8, scale " in summary
+    report = json.loads((tmp_path / "out" / "digits_report.json").read_text())
+    roles = [(io["role"], io["name"], io["dtype"]) for io in report["quantized_io"]]
+    assert roles == [("input", "input_0", "uint8"), ("output", "/Softmax_0", "uint8")]

@@ -185,6 +185,10 @@ def build_report(summary: Mapping[str, Any], similarities: Sequence[LayerSimilar
     order = [s.tensor for s in worst if s.tensor in hist] + sorted(k for k in hist if k not in
                                                                    {s.tensor for s in worst})
     steps = [{"name": str(name), "seconds": _num(sec, 6)} for name, sec in summary.get("steps", [])]
+    extra: Dict[str, Any] = {"mixed_precision": _search_dict(summary["mixed_precision"])} \
+        if summary.get("mixed_precision") else {}
+    if summary.get("quantized_io"):
+        extra["quantized_io"] = [dict(io) for io in summary["quantized_io"]]
     return {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
@@ -200,7 +204,18 @@ def build_report(summary: Mapping[str, Any], similarities: Sequence[LayerSimilar
         "wall_time": _num(summary.get("wall_time"), 6),
         "warnings": int(summary.get("warnings", 0) or 0),
         "files": [str(f) for f in summary.get("files", [])],
+        **extra,
     }
+
+
+def _search_dict(search: Mapping[str, Any]) -> Dict[str, Any]:
+    """The mixed-precision search record with strict-JSON numbers."""
+    out = dict(search)
+    for key in ("float_score", "base_score", "final_score"):
+        out[key] = _num(out.get(key))
+    out["sensitivity"] = {k: _num(v) for k, v in dict(out.get("sensitivity") or {}).items()}
+    out["steps"] = [dict(s, score=_num(s.get("score")), drop=_num(s.get("drop"))) for s in out.get("steps", [])]
+    return out
 
 
 def report_json(report: Mapping[str, Any]) -> str:

@@ -13,6 +13,7 @@ from typing import Dict, List, Sequence
 
 import torch
 
+from ..graph.float_layer import round_to_float_dtype
 from ..graph.graph import PyGraph
 from ..graph.tensor import PyTensor
 from ..quant.params import dequantize, quantize
@@ -59,7 +60,10 @@ def to_float(t: PyTensor) -> torch.Tensor:
 
 
 def to_quantized(x: torch.Tensor, like: PyTensor) -> torch.Tensor:
-    """Float values quantized with the params of the quantized tensor `like`."""
+    """Float values quantized with the params of the quantized tensor `like` (a float tensor of a float island:
+    the values rounded to its float type)."""
+    if like.qmin is None:
+        return round_to_float_dtype(x.to(torch.float32), like.dtype)
     if like.qinvariant:
         return torch.clamp(torch.round(x.to(torch.float64)), like.qmin, like.qmax).to(torch.int64)
     return quantize(x, like.scale, like.zerop, like.qmin, like.qmax)

@@ -41,6 +41,8 @@ def build_template(float_graph: PyGraph, quant_graph: PyGraph,
     fnodes = {n.name: n for n in float_graph.nodes}
     out: Dict[str, Any] = {}
     for n in quant_graph.nodes:
+        if n.additional:  # Quantize/DeQuantize/Cast inserted at float-island borders: derived, not editable
+            continue
         fn = fnodes.get(n.name)
         entry: Dict[str, Any] = {"layer_id": n.layer_id, "layer_type": str(n.type)}
         if n.settings is not None:

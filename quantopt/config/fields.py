@@ -23,8 +23,10 @@ from .kinds import (
     PluginNameKind,
     StrategyKind,
     TrimKind,
+    UnifyScalesKind,
     ValueKind,
 )
+from .kinds_accuracy import AutoSearch, AutoSearchKind, LayerRangesKind, OpTypeListKind, TriggerFloatKind
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ field("model_name", "", NameKind(), "model name used in output file names; defau
 field("output_dir", "./opt_log", PathKind(must_exist=False, directory=True),
       "folder for outputs and the run log (created if missing)", group="model")
 field("out_ir_name", "", NameKind(), "base name of the written IR; default: <model_name>_o", group="model")
+field("export_onnx_qdq", False, BoolKind(), "also write <model_name>_o.qdq.onnx next to the quantized IR (ONNX "
+      "with QuantizeLinear/DequantizeLinear pairs; needs the onnx package, docs/onnx-export.md)", group="model")
 
 # --- data and metrics -------------------------------------------------------------------------------------------
 field("dataset", "", PluginNameKind(), "dataset plugin that reads data/label and calibration_data files",
@@ -130,8 +134,19 @@ field("set_qinvariant_for_start_nodes", [], IntListKind(),
       "layer ids of Input/Constant layers whose values are used as integers (scale 1, zero point 0)",
       group="quantization")
 field("unify_scales_for_concat_threshold", 1.05, FloatKind(minimum=1.0),
-      "Concat inputs whose scales differ by at most this ratio (and share the zero point) are not requantized",
+      "Concat inputs whose scales differ by at most this ratio (and share the zero point) are not requantized; "
+      "also the threshold of unify_scales_for_concat", group="quantization")
+field("unify_scales_for_concat", False, BoolKind(),
+      "before quantization, rewrite the calibrated ranges of the nearest scale-deciding layers above each Concat so "
+      "all branches share the Concat's output scale and need no requantization (docs/user-guide.md)",
       group="quantization")
+field("unify_scales_for_concat_max_depth", 20, IntKind(minimum=1),
+      "how many layers unify_scales_for_concat walks upstream from a Concat input", group="quantization")
+field("unify_scales_for_multi_inputs_operators", "", UnifyScalesKind(),
+      "[(OpType, depth, threshold, method), ...]: like unify_scales_for_concat for the listed operator types; depth "
+      "0 = no limit; branch scales within threshold (max/min) are left alone; method max|min|avg picks the common "
+      "scale from the branches, out uses the layer's output scale, skip leaves the layer alone",
+      per_layer=True, group="quantization")
 
 # --- calibration ------------------------------------------------------------------------------------------------
 field("calibration_strategy_for_weight", "extrema", StrategyKind(), "local calibration strategy of weights",
@@ -173,14 +188,30 @@ field("similarity_data_num", 1, IntKind(minimum=1),
       "calibration batches used for the per-layer float-vs-quantized similarity", group="analysis")
 
 
+# --- accuracy tools (docs/mixed-precision.md) ------------------------------------------------------------------
+field("trigger_float_op", "disable", TriggerFloatKind(),
+      "layers that run in float inside the quantized model: float16/bfloat16/float32 _preferred (float weights) or "
+      "_act_int_wht/_act_fp8e4m3fn_wht/_act_fp4e2m1fn_wht (weight-only quantization); Quantize/DeQuantize layers "
+      "are inserted at the borders. The simulated backend has a float kernel for every operator, so a trailing '!' "
+      "changes nothing", per_layer=True, group="quantization")
+field("mixed_precision_auto_search", AutoSearch(0, 0.0, "L"), AutoSearchKind(),
+      "batches,threshold,L|G: measure each layer's sensitivity on that many validation batches and promote the "
+      "most sensitive layers to 16 bits (or float when 16 bits cannot reach it) until the first metric's drop "
+      "(float - quantized) is <= threshold (L) or >= threshold (G); needs metric and data", group="quantization")
+field("fake_quant_scopes_for_debug", [], LayerRangesKind(),
+      "[(i,j),...] layer-id ranges whose layers run their float forward on dequantized inputs in the quantized "
+      "forward (similarity and metrics only; the written IR is unchanged)", group="analysis")
+field("fake_quant_operators_for_debug", [], OpTypeListKind(),
+      "operator types whose layers run in float like fake_quant_scopes_for_debug, e.g. [Softmax, LayerNorm]",
+      group="analysis")
+
 # Fields of the upstream Compass Optimizer that quantopt does not implement yet: a cfg using one gets a clear
 # "not implemented yet" error instead of "unknown key" (and never a silent no-op).
 UPSTREAM_FIELDS = frozenset("""
 qconfig skip_optimization data_batch_dim label_batch_dim
 calibration_shuffe weight_block_size quant_type bias_effective_bits_auto_adaption cast_dtypes_for_lib
-perf_mode_for_lib min_compatible_zhouyi_target fake_quant_scopes_for_debug fake_quant_operators_for_debug
-resize_degrade_to_nearest unify_scales_for_kvc_concat unify_scales_for_concat unify_scales_for_concat_max_depth
-unify_scales_for_multi_inputs_operators with_winograd mixed_precision_auto_search trigger_float_op
+perf_mode_for_lib min_compatible_zhouyi_target
+resize_degrade_to_nearest unify_scales_for_kvc_concat with_winograd
 compat_quantized_model_simplify_dequantize_quantize enable_pass_merge_matmul_mul
 enable_pass_convert_resize_to_convolution enable_pass_decompose_nonmonotonic_activations
 enable_pass_tune_op_complicated_activations enable_pass_tune_op_softmax enable_pass_deeply_set_unquantifiable

@@ -32,6 +32,7 @@ SETTING_FIELDS: Dict[str, str] = {
     "force_dtype_int": "force_dtype_int",
     "force_shift_positive": "force_shift_positive",
     "remain_shift": "remain_shift",
+    "trigger_float_op": "trigger_float_op",
 }
 
 
@@ -56,6 +57,7 @@ class LayerSettings:
     force_dtype_int: bool = False
     force_shift_positive: bool = False
     remain_shift: Optional[int] = None
+    trigger_float_op: str = "disable"
     qinvariant: bool = False  # set_qinvariant_for_start_nodes (not a JSON key: chosen by layer id in the cfg)
     concat_threshold: float = 1.05  # unify_scales_for_concat_threshold (global cfg field)
 

@@ -6,6 +6,7 @@ from . import (  # noqa: F401
     binary_math,
     concat,
     conv,
+    convert,
     detection,
     eltwise,
     geometry,

@@ -1,0 +1,214 @@
+"""`mixed_precision_auto_search = batches, threshold, L|G` (reference §6.6), searched per layer.
+
+Upstream assumes deeper layers are more sensitive and searches one cut point: every layer after it is promoted.
+A model whose sensitive layer sits early (a first conv, an attention softmax) then promotes most of the network.
+quantopt measures instead:
+
+1. the float score, and the score with the configured precision (nothing to do if it already satisfies);
+2. the promotion level: 16 bits (activations and weights 16, biases 48, LUT 2^10), or float (`float32_preferred`)
+   when even every candidate at 16 bits cannot reach the threshold;
+3. each candidate layer's sensitivity: the score gain when only that layer is promoted;
+4. greedy promotion, most sensitive first, scoring after each step until the threshold holds;
+5. pruning: each promoted layer, least sensitive first, is demoted again if the threshold still holds without it.
+
+Every probe re-calibrates and re-quantizes the whole graph (the statistics are kept) and scores it on the
+search batches. The chosen settings stay on the float graph's layers, so the JSON template records them and can
+be fed back with `opt_config` to skip the search. `cut_point_search` is upstream's method, kept for comparison
+(benchmarks/mixed_precision_search.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from ..config.kinds_accuracy import AutoSearch
+from ..config.layer_settings import LayerSettings
+from ..graph.graph import QuantizeGraph
+from ..log import OPT_INFO, OPT_WARN
+from ..progress import progress
+from ..quantizer import quantize_graph
+from .collect import calibrate_graph
+
+PROMOTIONS: Dict[str, Dict[str, Any]] = {
+    "16bit": {"q_bits_activation": 16, "q_bits_weight": 16, "q_bits_bias": 48, "lut_items_in_bits": 10},
+    "float": {"trigger_float_op": "float32_preferred"},
+}
+"""What promoting a layer changes in its settings, per level (upstream's values)."""
+
+PASSTHROUGH_TYPES = frozenset({"Reshape", "Transpose", "Permute", "Squeeze", "Flatten", "Split", "Slice",
+                               "StridedSlice", "Crop", "Tile", "Repeat", "Pad", "Concat", "DepthToSpace",
+                               "SpaceToDepth", "ChannelShuffle", "Gather"})
+"""Layers whose output quantization follows their inputs: promoting one alone changes nothing, so they are not
+search candidates."""
+
+ScoreFn = Callable[[QuantizeGraph], float]
+
+
+@dataclass
+class SearchStep:
+    what: str
+    promoted: List[str]
+    score: float
+    drop: float
+    satisfied: bool
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class SearchResult:
+    level: str
+    promoted: List[str]
+    float_score: float
+    base_score: float
+    final_score: float
+    sensitivity: Dict[str, float] = field(default_factory=dict)
+    steps: List[SearchStep] = field(default_factory=list)
+    evaluations: int = 0
+    reached: bool = True
+
+    def as_dict(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["steps"] = [s.as_dict() for s in self.steps]
+        return d
+
+
+def candidate_layers(graph: QuantizeGraph) -> List[str]:
+    """Layers whose promotion can change the model (not data-movement layers), in graph order."""
+    return [n.name for n in graph.nodes if str(n.type) not in PASSTHROUGH_TYPES]
+
+
+def promoted_settings(settings: LayerSettings, level: str) -> LayerSettings:
+    return dataclasses.replace(settings, **PROMOTIONS[level])
+
+
+class _Prober:
+    """Scores the graph with a given set of promoted layers; restores the original settings afterwards."""
+
+    def __init__(self, graph: QuantizeGraph, score_fn: ScoreFn, float_score: float, auto: AutoSearch) -> None:
+        self.graph = graph
+        self.score_fn = score_fn
+        self.float_score = float_score
+        self.auto = auto
+        self.original = {n.name: n.settings for n in graph.nodes}
+        self.evaluations = 0
+
+    def apply(self, promoted: Sequence[str], level: Optional[str]) -> None:
+        chosen = set(promoted)
+        for n in self.graph.nodes:
+            base = self.original[n.name]
+            n.settings = promoted_settings(base, level) if level is not None and n.name in chosen else base
+
+    def score(self, promoted: Sequence[str], level: Optional[str]) -> float:
+        self.apply(promoted, level)
+        calibrate_graph(self.graph)
+        qgraph = quantize_graph(self.graph)
+        self.evaluations += 1
+        return float(self.score_fn(qgraph))
+
+    def satisfied(self, score: float) -> bool:
+        return self.auto.satisfied(self.float_score - score)
+
+
+def _log_step(result: SearchResult, prober: _Prober, what: str, promoted: Sequence[str], score: float) -> bool:
+    ok = prober.satisfied(score)
+    step = SearchStep(what, list(promoted), score, prober.float_score - score, ok)
+    result.steps.append(step)
+    OPT_INFO(f"mixed precision search: {what}: {len(promoted)} promoted layer(s), metric {score:.6f} (drop "
+             f"{step.drop:+.6f}) -> {'satisfied' if ok else 'not satisfied'}")
+    return ok
+
+
+def per_layer_search(graph: QuantizeGraph, score_fn: ScoreFn, float_score: float, auto: AutoSearch,
+                     candidates: Optional[Sequence[str]] = None) -> SearchResult:
+    """The per-layer greedy search (module doc). Leaves the chosen settings on `graph`'s layers and returns what
+    it did; when the threshold cannot be reached even with every candidate in float, the settings are left as
+    configured and `reached` is False."""
+    cands = list(candidates) if candidates is not None else candidate_layers(graph)
+    prober = _Prober(graph, score_fn, float_score, auto)
+    base = prober.score([], None)
+    result = SearchResult("none", [], float_score, base, base)
+    if _log_step(result, prober, "configured precision", [], base):
+        prober.apply([], None)
+        result.evaluations = prober.evaluations
+        return result
+    level = None
+    for lv in ("16bit", "float"):
+        if _log_step(result, prober, f"every candidate at {lv}", cands, prober.score(cands, lv)):
+            level = lv
+            break
+    if level is None:
+        OPT_WARN(f"mixed_precision_auto_search: the threshold {auto} is not reachable even with every candidate "
+                 "layer in float; the configured precision is kept")
+        prober.apply([], None)
+        result.evaluations, result.reached = prober.evaluations, False
+        return result
+    result.level = level
+    for name in progress(cands, "sensitivity"):
+        result.sensitivity[name] = prober.score([name], level) - base
+    order = sorted(cands, key=lambda nm: (-result.sensitivity[nm], cands.index(nm)))
+    chosen: List[str] = []
+    score = base
+    for name in order:
+        chosen.append(name)
+        score = prober.score(chosen, level)
+        if _log_step(result, prober, f"promote {name}", chosen, score):
+            break
+    else:
+        chosen, score = list(cands), prober.score(cands, level)
+    for name in sorted(chosen, key=lambda nm: (result.sensitivity[nm], -cands.index(nm))):
+        if len(chosen) == 1:
+            break
+        trial = [c for c in chosen if c != name]
+        trial_score = prober.score(trial, level)
+        if prober.satisfied(trial_score):
+            chosen, score = trial, trial_score
+            _log_step(result, prober, f"demote {name}", chosen, score)
+    chosen = [c for c in cands if c in chosen]
+    prober.apply(chosen, level)
+    result.promoted, result.final_score, result.evaluations = chosen, score, prober.evaluations
+    OPT_INFO(f"mixed precision search: {len(chosen)} layer(s) at {level}: {', '.join(chosen)}; metric "
+             f"{score:.6f} (float {float_score:.6f}); {prober.evaluations} evaluations")
+    return result
+
+
+def cut_point_search(graph: QuantizeGraph, score_fn: ScoreFn, float_score: float, auto: AutoSearch,
+                     candidates: Optional[Sequence[str]] = None, level: str = "16bit") -> SearchResult:
+    """Upstream's one-cut search: the largest p such that promoting candidates[p:] satisfies the threshold, found
+    by halving p from len(candidates) until satisfied, then probing p + 2^t upward while still satisfied.
+    Restores the configured settings; for comparison only."""
+    cands = list(candidates) if candidates is not None else candidate_layers(graph)
+    prober = _Prober(graph, score_fn, float_score, auto)
+    n = len(cands)
+    base = prober.score([], None)
+    result = SearchResult(level, [], float_score, base, base)
+    scores: Dict[int, float] = {n: base}
+
+    def sat(p: int) -> bool:
+        if p not in scores:
+            scores[p] = prober.score(cands[p:], level)
+        _log_step(result, prober, f"cut at {p}", cands[p:], scores[p])
+        return prober.satisfied(scores[p])
+
+    p = n
+    while not sat(p):
+        if p == 0:
+            prober.apply([], None)
+            result.reached, result.evaluations = False, prober.evaluations
+            return result
+        p //= 2
+    best, t = p, 0
+    while best + 2 ** t <= n and best < n:
+        if sat(best + 2 ** t):
+            best, t = best + 2 ** t, t + 1
+        elif t == 0:
+            break
+        else:
+            t = 0
+    prober.apply([], None)
+    result.promoted = cands[best:]
+    result.final_score = scores[best]
+    result.evaluations = prober.evaluations
+    return result

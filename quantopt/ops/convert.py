@@ -1,0 +1,90 @@
+"""Quantize and DeQuantize: the layers at the borders of float islands (`trigger_float_op`, docs/semantics/convert.md).
+
+quantopt inserts them itself (quantopt/passes/float_islands.py): a Quantize on each edge from a float layer to an
+integer layer, a DeQuantize on each edge from an integer layer to a float layer. Both store their conversion in the
+layer (`quantize_scale`, `quantize_zp`), so a re-loaded IR converts exactly as the quantized graph did. In a float
+graph (before quantization) both pass their input through.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..graph.float_layer import round_to_float_dtype
+from ..graph.node import PyNode
+from ..graph.optype import OpType
+from ..quant.params import dequantize, quantize
+from ..registry import op_register, quant_register
+from ._quant import integer_output_bits, out_range, quantize_activation, set_qinvariant, tensor_scale, tensor_zp
+from .catalog import describe_op
+
+SEMANTICS = "docs/semantics/convert.md"
+@op_register(OpType.Quantize)
+def quantize_forward(self: PyNode) -> None:
+    """Integer: q = clamp(round_half_even(x · quantize_scale − quantize_zp), qmin, qmax), computed in float32 like the
+    Input layer; NaN gives 0. Float graph: the input as is."""
+    inp, out = self.inputs[0], self.outputs[0]
+    if not self.quantized:
+        out.betensor = inp.betensor
+        return
+    x = inp.betensor
+    if not x.is_floating_point():
+        raise self._error(f"input '{inp.name}' must be float (a Quantize layer converts float to integer)")
+    qmin, qmax = out_range(out)
+    if out.qinvariant:
+        out.betensor = torch.clamp(torch.round(x.to(torch.float64)), qmin, qmax).to(torch.int64)
+        return
+    scale = float(self.get_param("quantize_scale"))
+    zp = int(self.get_param("quantize_zp"))
+    out.betensor = quantize(x, scale, zp, qmin, qmax)
+
+
+@quant_register(OpType.Quantize)
+def quantize_quantize(self: PyNode) -> None:
+    """Output params from the calibrated range of the float tensor (copied onto the output when the layer was
+    inserted) with the layer's activation bits and mode; an integer-valued float tensor (an index output of a
+    float layer) becomes an exact integer tensor (scale 1)."""
+    inp, out = self.inputs[0], self.outputs[0]
+    if not inp.ir_dtype.is_float:
+        set_qinvariant(out, integer_output_bits(self, bool(float(out.min or 0.0) < 0)),
+                       bool(float(out.min or 0.0) < 0))
+    else:
+        signed = bool(out.min is not None and float(out.min) < 0)
+        quantize_activation(self, out, signed)
+    self.params["quantize_scale"] = tensor_scale(out)
+    self.params["quantize_zp"] = tensor_zp(out)
+    self.params["round_mode"] = "ROUND_TO_EVEN"
+
+
+@op_register(OpType.DeQuantize)
+def dequantize_forward(self: PyNode) -> None:
+    """x = (q + quantize_zp) · (1 / quantize_scale) in float32, then rounded to the output dtype (float16/bfloat16).
+    A float input (float graph) passes through."""
+    inp, out = self.inputs[0], self.outputs[0]
+    q = inp.betensor
+    if q.is_floating_point():
+        out.betensor = q
+        return
+    scale = float(self.get_param("quantize_scale"))
+    zp = int(self.get_param("quantize_zp"))
+    out.betensor = round_to_float_dtype(dequantize(q, scale, zp), out.dtype)
+
+
+@quant_register(OpType.DeQuantize)
+def dequantize_quantize(self: PyNode) -> None:
+    """Stores the input's scale and zero point; the output stays float (its dtype is the consuming island's)."""
+    inp = self.inputs[0]
+    if inp.qmin is None:
+        raise self._error(f"input '{inp.name}' is not quantized; a DeQuantize layer needs an integer input")
+    self.params["quantize_scale"] = tensor_scale(inp)
+    self.params["quantize_zp"] = tensor_zp(inp)
+    self.params["unquantifiable"] = True
+
+
+describe_op("Quantize", params="quantize_scale, quantize_zp, round_mode=ROUND_TO_EVEN (written by quantopt)",
+            dtypes="float32/float16/bfloat16 → int8/uint8/int16/uint16 (integer-valued inputs: exact, scale 1)",
+            integer="q = clamp(round_half_even(x·scale − zp)) in float32, like Input",
+            semantics=f"{SEMANTICS}#quantize")
+describe_op("DeQuantize", params="quantize_scale, quantize_zp (written by quantopt)",
+            dtypes="int8/uint8/int16/uint16/int32 → float32/float16/bfloat16",
+            integer="x = (q + zp)·(1/scale) in float32, rounded to the output float dtype",
+            semantics=f"{SEMANTICS}#dequantize")

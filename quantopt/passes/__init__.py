@@ -1,0 +1,1 @@
+"""Graph rewrites around quantization (float islands, fake-quant debugging)."""

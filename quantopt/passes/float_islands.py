@@ -1,0 +1,188 @@
+"""Float islands (`trigger_float_op`, reference §3.6): layers that stay float inside a quantized model.
+
+`quantize_graph` calls `insert_boundary_layers` on the quantized copy before any layer is quantized, then
+`make_float_layer` instead of the quantize function for each float layer:
+
+- a `Quantize` layer on every edge from a float layer to an integer layer (one per tensor, shared by all integer
+  consumers), a `DeQuantize` layer on every edge from an integer layer to a float layer (one per tensor and float
+  type), and a `Cast` where a float tensor enters a layer of a narrower float type (float32 → float16/bfloat16);
+  an integer consumer accepts an integer producer of another bit width as it is (as upstream does);
+- float layers keep float weights rounded to their float type (biases stay float32), or with `*_act_*_wht`
+  store weight-only quantized weights (integers with `weights_scale`/`weights_zp`, or fp8/fp4 values with a
+  per-channel `weights_scale`) that their forward dequantizes;
+- each float layer is written with `unquantifiable=true` and float output types, so a re-read IR runs exactly the
+  same mixed forward. The executor rounds every output of such a layer to its float type (`PyNode.forward`).
+
+The simulated backend has a float kernel for every operator, so `X_preferred` and `X_preferred!` mean the same.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import numpy as np
+import torch
+
+from ..config.kinds_accuracy import FloatChoice, parse_trigger_float
+from ..graph.float_layer import round_to_float_dtype
+from ..graph.graph import PyGraph
+from ..graph.node import PyNode
+from ..graph.optype import OpType
+from ..graph.tensor import PyTensor
+from ..ir import minifloat
+from ..ir.dtype import Dtype
+from ..log import OPT_INFO
+
+FLOAT_DTYPES = {"float16": Dtype.FP16, "bfloat16": Dtype.BFP16, "float32": Dtype.FP32}
+FLOAT_WIDTH = {Dtype.FP16: 16, Dtype.BFP16: 16, Dtype.FP32: 32}
+MINIFLOAT_WEIGHTS = {"fp8e4m3fn": (Dtype.FP8_E4M3FN, minifloat.E4M3FN, 448.0),
+                     "fp4e2m1fn": (Dtype.FP4_E2M1FN, minifloat.E2M1FN, 6.0)}
+"""Weight-only float formats: (IR dtype, format, largest finite value)."""
+MINIFLOAT_SCALE_GUARD = 1e-5
+"""Added to |w|max before scale = largest value / |w|max, so an all-zero channel gets a finite scale."""
+
+
+def float_choices(graph: PyGraph) -> Dict[str, FloatChoice]:
+    """Layer name -> FloatChoice for the layers whose settings ask to run in float."""
+    out: Dict[str, FloatChoice] = {}
+    for n in graph.nodes:
+        value = getattr(n.settings, "trigger_float_op", "disable") if n.settings is not None else "disable"
+        choice = parse_trigger_float(value)
+        if choice is not None:
+            out[n.name] = choice
+    return out
+
+
+def _unique(name: str, taken: set) -> str:
+    candidate, i = name, 1
+    while candidate in taken:
+        candidate, i = f"{name}_{i}", i + 1
+    taken.add(candidate)
+    return candidate
+
+
+def _new_layer(graph: PyGraph, optype: OpType, name: str, src: PyTensor, out_name: str, layer_id: int,
+               settings) -> PyNode:
+    node = PyNode(name, optype, layer_id)
+    node.additional = True
+    node.settings = settings
+    node.inputs = [src]
+    out = src.clone(out_name)
+    out.qmin = out.qmax = out.qbits = None
+    out.scale, out.zerop, out.qinvariant = 1.0, 0, False
+    out.pnode = node
+    node.outputs = [out]
+    graph.add_node(node)
+    return node
+
+
+def insert_boundary_layers(graph: PyGraph, choices: Dict[str, FloatChoice]) -> List[str]:
+    """Insert Quantize/DeQuantize/Cast layers at the float/integer borders of `graph` (the quantized copy, before
+    quantization); returns the inserted layer names. Inserted Casts are float layers: they are added to
+    `choices` with their consumer's float type."""
+    if not choices:
+        return []
+    taken = {n.name for n in graph.nodes} | set(graph.tensors())
+    quantizers: Dict[int, PyTensor] = {}
+    dequantizers: Dict[Tuple[int, Dtype], PyTensor] = {}
+    casts: Dict[Tuple[int, Dtype], PyTensor] = {}
+    inserted: List[str] = []
+    for n in list(graph.nodes):
+        consumer = choices.get(n.name)
+        for i, t in enumerate(list(n.inputs)):
+            producer = choices.get(t.pnode.name) if t.pnode is not None else None
+            if producer is None and consumer is None:
+                continue
+            if producer is not None and consumer is None:
+                if id(t) not in quantizers:
+                    q = _new_layer(graph, OpType.Quantize, _unique(f"{t.name}_quantize", taken), t,
+                                   _unique(f"{t.name}_q", taken), n.layer_id, n.settings)
+                    quantizers[id(t)] = q.outputs[0]
+                    inserted.append(q.name)
+                n.inputs[i] = quantizers[id(t)]
+                continue
+            want = FLOAT_DTYPES[consumer.act_type]
+            if producer is None:
+                key = (id(t), want)
+                if key not in dequantizers:
+                    d = _new_layer(graph, OpType.DeQuantize, _unique(f"{t.name}_dequantize", taken), t,
+                                   _unique(f"{t.name}_dq", taken), n.layer_id, n.settings)
+                    d.outputs[0].dtype = d.outputs[0].ir_dtype = want
+                    d.params["unquantifiable"] = True
+                    dequantizers[key] = d.outputs[0]
+                    inserted.append(d.name)
+                n.inputs[i] = dequantizers[key]
+                continue
+            have = FLOAT_DTYPES[producer.act_type]
+            if FLOAT_WIDTH[want] < FLOAT_WIDTH[have] or (want != have and FLOAT_WIDTH[want] == FLOAT_WIDTH[have]):
+                key = (id(t), want)
+                if key not in casts:
+                    c = _new_layer(graph, OpType.Cast, _unique(f"{t.name}_cast_{want.value}", taken), t,
+                                   _unique(f"{t.name}_{want.value}", taken), n.layer_id, n.settings)
+                    c.params["to_dtype"] = want
+                    c.params["unquantifiable"] = True
+                    c.outputs[0].dtype = c.outputs[0].ir_dtype = want
+                    casts[key] = c.outputs[0]
+                    inserted.append(c.name)
+                    choices[c.name] = FloatChoice(consumer.act_type, None, consumer.forced)
+                n.inputs[i] = casts[key]
+    graph.finalize(graph.source_file)
+    graph.set_io([t.name for t in graph.input_tensors], [t.name for t in graph.output_tensors])
+    if inserted:
+        OPT_INFO(f"float islands: {len(choices)} float layer(s); inserted {len(inserted)} Quantize/DeQuantize/Cast "
+                 f"layer(s)")
+    return inserted
+
+
+def make_float_layer(node: PyNode, choice: FloatChoice) -> None:
+    """Turn a layer of the quantized copy into a float layer of `choice` (see the module doc)."""
+    dtype = FLOAT_DTYPES[choice.act_type]
+    node.quantized = False
+    node.params["unquantifiable"] = True
+    for t in node.outputs:
+        t.qmin = t.qmax = t.qbits = None
+        t.scale, t.zerop, t.qinvariant = 1.0, 0, False
+        if t.ir_dtype.is_float:
+            t.dtype = t.ir_dtype = dtype
+    for key, c in list(node.constants.items()):
+        if not c.betensor.is_floating_point() or key == "biases":
+            continue
+        if key == "weights" and choice.weight_format is not None:
+            _weight_only(node, c, choice.weight_format)
+            continue
+        c.betensor = round_to_float_dtype(c.betensor.to(torch.float32), dtype)
+        c.dtype = c.ir_dtype = dtype
+
+
+def _weight_only(node: PyNode, w: PyTensor, fmt: str) -> None:
+    """Weight-only quantization of a float layer's weights: integers with the layer's weight bits/mode, or fp8/fp4
+    values scaled per output channel (axis 0) so each channel's |w|max maps to the format's largest value."""
+    if fmt == "int":
+        from ..ops._quant import quantize_weights
+        from ..quant.params import QuantMode
+
+        per_channel = not QuantMode.from_name(node.settings.q_mode_weight).is_per_tensor
+        p = quantize_weights(node, per_channel=per_channel)
+        if isinstance(p.scale, torch.Tensor) and p.scale.numel() > 1:
+            _set_constant(node, "weights_scale", p.scale.to(torch.float32), Dtype.FP32)
+            _set_constant(node, "weights_zp", p.zerop.to(torch.int64), Dtype.INT32)
+        else:
+            node.params["weights_scale"] = float(p.scale)
+            node.params["weights_zp"] = int(p.zerop)
+        return
+    dtype, fmt_table, largest = MINIFLOAT_WEIGHTS[fmt]
+    values = w.betensor.to(torch.float32)
+    absmax = values.reshape(values.shape[0], -1).abs().amax(dim=1)
+    scale = (largest / (absmax + MINIFLOAT_SCALE_GUARD)).to(torch.float32)
+    scaled = values * scale.reshape([-1] + [1] * (values.dim() - 1))
+    grid = minifloat.decode(minifloat.encode(scaled.numpy(), fmt_table), fmt_table)
+    w.betensor = torch.from_numpy(np.ascontiguousarray(grid, dtype=np.float32))
+    w.dtype = w.ir_dtype = dtype
+    _set_constant(node, "weights_scale", scale, Dtype.FP32)
+
+
+def _set_constant(node: PyNode, key: str, values: torch.Tensor, dtype: Dtype) -> None:
+    t = PyTensor(node.name + "_" + key, values, dtype, list(values.shape))
+    node.constants[key] = t
+
+
+__all__ = ["FLOAT_DTYPES", "float_choices", "insert_boundary_layers", "make_float_layer"]
