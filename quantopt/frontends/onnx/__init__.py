@@ -20,6 +20,7 @@ from .context import Context, ConvertError, ir_dtype
 from .converters import CONVERTERS, unsupported_attr
 from .fusion import run_fusions
 from .loader import fix_input_shapes, load_model, parse_input_shapes, require_onnx
+from .recurrent import lstm as _lstm  # noqa: F401  (registers the LSTM/GRU/If/Loop converters)
 from .simplify import OGraph, build_ograph
 
 __all__ = ["import_onnx", "import_onnx_to_ir", "parse_input_shapes", "supported_onnx_ops"]

@@ -328,6 +328,9 @@ def prelu(ctx: Context, node: ONode) -> None:
     rank = ctx.rank(x)
     if slope.ndim < rank:
         slope = slope.reshape((1,) * (rank - slope.ndim) + slope.shape)
+    if slope.ndim > rank or any(s not in (1, d) for s, d in zip(slope.shape, ctx.shape(x))):
+        raise ConvertError(f"slope of shape {list(ctx.const(node.inputs[1]).shape)} does not broadcast to the "
+                           f"input shape {list(ctx.shape(x))}")
     if perm is not None:
         slope = np.transpose(slope, perm)
     while slope.ndim > 1 and slope.shape[0] == 1:  # broadcast from the left: [1, 1, 1, C] → [C]
@@ -375,6 +378,7 @@ def clip(ctx: Context, node: ONode) -> None:
     if _inputs(node, 2):
         hi = float(ctx.const(node.inputs[2]).reshape(-1)[0])
     lo, hi = max(float(lo), -FLOAT_MAX), min(float(hi), FLOAT_MAX)
+    lo = min(lo, hi)  # ONNX: min > max sets every value to max
     if (lo, hi) == (0.0, 6.0):
         _activation(ctx, node, "RELU6")
     elif lo == 0.0 and hi == FLOAT_MAX:
@@ -423,12 +427,36 @@ def _elementwise(ctx: Context, node: ONode, optype: str, params: Optional[Dict[s
 
 @converter("Add", "Sub", "Max", "Min", "Sum")
 def eltwise(ctx: Context, node: ONode) -> None:
+    if node.op in ("Sum", "Max", "Min") and len(node.inputs) != 2:
+        _variadic(ctx, node)
+        return
     if len(node.inputs) != 2:
         raise ConvertError(f"{len(node.inputs)} inputs are not supported (2 are)")
     method = {"Add": "ADD", "Sum": "ADD", "Sub": "SUB", "Max": "MAX", "Min": "MIN"}[node.op]
     p = _fused(node)
     p["method"] = method
     _elementwise(ctx, node, "Eltwise", {"with_activation": p.pop("with_activation"), **p})
+
+
+def _variadic(ctx: Context, node: ONode) -> None:
+    """Sum / Max / Min of one input (a copy) or of 3+ inputs (a chain of 2-input layers, left to right)."""
+    ins, out = [t for t in node.inputs if t], node.outputs[0]
+    if len(ins) == 1:
+        if ctx.shape(ins[0]) != ctx.shape(out):
+            raise ConvertError("a single input whose shape differs from the output is not supported")
+        perm = _keep_layout(ctx, ins[0])
+        ctx.bind(out, ctx.value(ins[0], perm), perm)
+        return
+    acc = ins[0]
+    for k, t in enumerate(ins[1:], 1):
+        last = k == len(ins) - 1
+        step = out if last else f"{out}@part{k}"
+        if not last:
+            ctx.g.shapes[step] = tuple(np.broadcast_shapes(ctx.shape(acc), ctx.shape(t)))
+            ctx.g.dtypes[step] = ctx.g.dtypes.get(out, np.dtype(np.float32))
+        eltwise(ctx, ONode(node.name if last else f"{node.name}_part{k}", node.op, [acc, t], [step], node.attrs,
+                           node.domain, node.fused if last else {}))
+        acc = step
 
 
 @converter("Mul")
@@ -438,7 +466,17 @@ def mul(ctx: Context, node: ONode) -> None:
 
 @converter("Div")
 def div(ctx: Context, node: ONode) -> None:
-    _elementwise(ctx, node, "Div")
+    out = node.outputs[0]
+    if ctx.dtype(out).is_float:
+        _elementwise(ctx, node, "Div")
+        return
+    # integer Div truncates toward zero (ONNX): the quotient of a DivMod in TRUNC mode
+    rank = ctx.rank(out)
+    perm = _common_layout(ctx, node, node.inputs)
+    irs = [ctx.broadcast_value(t, rank, perm) for t in node.inputs]
+    shape = ctx.out_shape(out, perm)
+    q, _ = ctx.add("DivMod", irs, [shape, shape], node.name, {"mode": "TRUNC"}, out_dtypes=[ctx.dtype(out)] * 2)
+    ctx.bind(out, q, perm)
 
 
 @converter("Pow")
@@ -475,6 +513,9 @@ def where(ctx: Context, node: ONode) -> None:
 
 @converter("Mod")
 def mod(ctx: Context, node: ONode) -> None:
+    b = node.inputs[1]
+    if ctx.dtype(node.outputs[0]).is_float and ctx.is_const(b) and not np.all(ctx.const(b)):
+        raise ConvertError("a float divisor with zeros is not supported (ONNX gives NaN there, the IR's Mod 0)")
     _elementwise(ctx, node, "Mod", {"fmod": bool(node.attrs.get("fmod", 0))})
 
 
@@ -666,8 +707,17 @@ def depth_space(ctx: Context, node: ONode) -> None:
     x = node.inputs[0]
     bs = int(node.attrs["blocksize"])
     params: Dict[str, Any] = {"block_size_x": bs, "block_size_y": bs}
+    mode = str(node.attrs.get("mode", "DCR")).upper()
     if node.op == "DepthToSpace":
-        params["mode"] = str(node.attrs.get("mode", "DCR")).upper()
+        params["mode"] = mode
+    elif mode == "CRD":  # the IR's SpaceToDepth is DCR: permute its channels to CRD order with a Gather
+        n, c, h, w = ctx.shape(x)
+        mid = ctx.add("SpaceToDepth", [ctx.value(x, nhwc(4))], [(n, h // bs, w // bs, c * bs * bs)], node.name,
+                      params, out_dtypes=[ctx.dtype(x)])[0]
+        order = np.array([j * c + k for k in range(c) for j in range(bs * bs)], dtype=np.int32)
+        ctx.emit(node, "Gather", [mid], nhwc(4), {"axis": 3, "batch_dims": 0}, {"indices": order},
+                 name=f"{node.name}_crd")
+        return
     ctx.emit(node, node.op, [ctx.value(x, nhwc(4))], nhwc(4), params)
 
 
@@ -685,6 +735,10 @@ def resize(ctx: Context, node: ONode) -> None:
     mode = str(node.attrs.get("mode", "nearest")).lower()
     method = {"nearest": "NEAREST", "linear": "BILINEAR" if rank == 4 else "LINEAR", "cubic": "BICUBIC"}[mode]
     coord = str(node.attrs.get("coordinate_transformation_mode", "half_pixel")).upper()
+    if coord in ("TF_CROP_AND_RESIZE", "HALF_PIXEL_SYMMETRIC"):
+        raise ConvertError(f"coordinate_transformation_mode {coord.lower()} is not supported")
+    if mode == "cubic" and int(node.attrs.get("exclude_outside", 0)):
+        raise ConvertError("cubic resize with exclude_outside=1 is not supported")
     params: Dict[str, Any] = {"method": method, "mode": coord}
     if mode == "nearest":
         params["nearest_mode"] = str(node.attrs.get("nearest_mode", "round_prefer_floor")).upper()
@@ -695,6 +749,10 @@ def resize(ctx: Context, node: ONode) -> None:
     scales = _inputs(node, 2)
     if scales and not _inputs(node, 3) and ctx.const(scales).size:
         sc = ctx.const(scales).astype(np.float64).tolist()[2:]
+        if coord == "ALIGN_CORNERS" and any(i * f != o for i, f, o in zip(ins[2:], sc, outs[2:])):
+            # ONNX maps align_corners through the unrounded size input * scale, the IR through the output size
+            raise ConvertError("align_corners with scales whose input size * scale is not an integer is not "
+                               "supported (give sizes instead)")
         for key, v in zip(("ratio_x", "ratio_y", "ratio_z"), reversed(sc)):
             params[key] = float(v)
     perm = nhwc(rank)
@@ -752,8 +810,10 @@ def supported_ops() -> List[str]:
 def unsupported_attr(node: ONode) -> Optional[str]:
     """Attributes no converter handles (checked up front so that the report lists them with the node)."""
     for key in ("activations", "clip"):
-        if key in node.attrs and node.op not in ("Clip",):
+        if key in node.attrs and node.op not in ("Clip", "LSTM", "GRU"):  # the RNN converters check their own
             return f"attribute '{key}'"
     if node.domain not in ("", "ai.onnx"):
         return f"domain '{node.domain}'"
+    if node.op == "Dropout":  # the inference-mode ones were removed while simplifying
+        return "training-mode Dropout (random, or a training_mode input that is not constant) is not supported"
     return None

@@ -13,12 +13,15 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ...errors import IRError
+from .control import inline_if, rename_inputs
 
 FOLD_MAX_ELEMENTS = 1 << 24
 """Largest constant a folded node may produce (bigger results stay as layers so the .bin does not explode)."""
 NON_FOLDABLE = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                 "Bernoulli", "If", "Loop", "Scan"}
 PASSTHROUGH = {"Identity", "Dropout"}
+MAX_FOLD_ROUNDS = 32
+"""Rounds of shape inference + folding (each nested If whose condition depends on shapes needs one more)."""
 
 
 @dataclass
@@ -160,7 +163,7 @@ def build_ograph(model: Any, path: str) -> OGraph:
 
     shapes: Dict[str, Tuple[int, ...]] = {}
     dtypes: Dict[str, np.dtype] = {}
-    for _ in range(8):
+    for _ in range(MAX_FOLD_ROUNDS):
         # a model made of the remaining nodes with constants as initializers, for shape inference
         g = onnx.helper.make_graph(
             nodes, model.graph.name or "model",
@@ -179,12 +182,18 @@ def build_ograph(model: Any, path: str) -> OGraph:
         changed = False
         kept = []
         for node in nodes:
-            if node.op_type in PASSTHROUGH and node.domain in ("", "ai.onnx") and _is_plain_passthrough(node):
+            if node.op_type in PASSTHROUGH and node.domain in ("", "ai.onnx") and \
+                    _is_plain_passthrough(node, consts, shapes):
                 src = node.input[0]
                 if src in consts:
                     consts[node.output[0]] = consts[src]
                 else:
                     alias[node.output[0]] = alias.get(src, src)
+                changed = True
+                continue
+            inlined = inline_if(node, consts, names, lambda n: _constant_node_value(onnx, n), clean_name)
+            if inlined is not None:  # an If with a constant condition: the taken branch's nodes replace it
+                kept.extend(inlined)
                 changed = True
                 continue
             folded = _try_fold(onnx, node, opset, consts, shapes)
@@ -196,15 +205,17 @@ def build_ograph(model: Any, path: str) -> OGraph:
             kept.append(node)
         if alias:
             for node in kept:
-                for i, name in enumerate(node.input):
-                    if name in alias:
-                        node.input[i] = alias[name]
+                rename_inputs(node, alias)
         nodes = kept
         if not changed:
             break
 
     onodes = [ONode(n.name, n.op_type, list(n.input), list(n.output), _attrs(onnx, n), n.domain) for n in nodes]
-    outs = [alias.get(o, o) for o in graph_outputs]
+    outs = []
+    for o in graph_outputs:
+        while o in alias:  # chains appear when an inlined If branch ends in another If's output
+            o = alias[o]
+        outs.append(o)
     for c, v in consts.items():
         shapes[c] = tuple(int(d) for d in np.shape(v))
     missing = [t for n in onodes for t in n.outputs if t and t not in shapes]
@@ -214,11 +225,28 @@ def build_ograph(model: Any, path: str) -> OGraph:
     return OGraph(model.graph.name or "model", opset, onodes, graph_inputs, outs, consts, shapes, dtypes)
 
 
-def _is_plain_passthrough(node: Any) -> bool:
-    """Identity always; Dropout when its mask output is unused and it is not in training mode."""
+def _is_plain_passthrough(node: Any, consts: Dict[str, np.ndarray], shapes: Dict[str, Tuple[int, ...]]) -> bool:
+    """Identity always; Dropout when it is known not to drop (no training_mode input, a constant false one, or a
+    constant ratio 0). Its mask output then becomes a constant all-true tensor (once the input shape is known).
+    Any other Dropout stays a node, which the converters reject (random training-mode dropout)."""
     if node.op_type == "Identity":
         return True
-    return len(node.output) < 2 or not node.output[1]
+    training = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    ratio = node.input[1] if len(node.input) > 1 and node.input[1] else None
+    if training is not None:
+        if training not in consts:
+            return False
+        if bool(np.asarray(consts[training]).reshape(-1)[0]):
+            if ratio is None or ratio not in consts or float(np.asarray(consts[ratio]).reshape(-1)[0]) != 0.0:
+                return False
+    if len(node.output) < 2 or not node.output[1]:
+        return True
+    src = node.input[0]
+    shape = np.shape(consts[src]) if src in consts else shapes.get(src)
+    if shape is None:
+        return False
+    consts[node.output[1]] = np.ones(shape, dtype=bool)
+    return True
 
 
 def _try_fold(onnx: Any, node: Any, opset: int, consts: Dict[str, np.ndarray],
