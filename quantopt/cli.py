@@ -11,7 +11,7 @@ import inspect
 import os
 import sys
 import traceback
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from .errors import QuantOptError, UnsupportedError
 from .log import OPT_ERROR, setup_console
@@ -111,6 +111,29 @@ def run_cfg(path: str) -> int:
     return 0
 
 
+def guarded(action: Callable[[], int], debug: bool) -> int:
+    """Run a command: a user error prints one line and returns its exit code, a bug one line (traceback with
+    --debug) and 1."""
+    try:
+        return action()
+    except QuantOptError as e:
+        if debug:
+            traceback.print_exc()
+        OPT_ERROR(str(e))
+        return e.exit_code
+    except BrokenPipeError:  # output piped into e.g. `head`
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        OPT_ERROR("interrupted")
+        return 130
+    except Exception as e:  # a bug in quantopt, not a user error
+        if debug:
+            traceback.print_exc()
+        OPT_ERROR(f"internal error: {type(e).__name__}: {e} (rerun with --debug for a traceback)")
+        return 1
+
+
 def import_main(argv: List[str]) -> int:
     """`quantopt import model.onnx -o DIR [--input-shape name:1,3,224,224 ...]`: ONNX → float IR files."""
     p = argparse.ArgumentParser(prog="quantopt import", description="Convert an ONNX model to a float IR.")
@@ -122,18 +145,15 @@ def import_main(argv: List[str]) -> int:
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     args = p.parse_args(argv)
     setup_console(None)
-    try:
+
+    def convert() -> int:
         from .frontends.onnx import import_onnx_to_ir, parse_input_shapes
         txt, bin_path = import_onnx_to_ir(args.model, args.output_dir, parse_input_shapes(args.input_shape),
                                           args.name)
-    except QuantOptError as e:
-        if args.debug:
-            traceback.print_exc()
-        OPT_ERROR(str(e))
-        return e.exit_code
-    print(txt)
-    print(bin_path)
-    return 0
+        print(txt)
+        print(bin_path)
+        return 0
+    return guarded(convert, args.debug)
 
 
 def run_main(argv: List[str]) -> int:
@@ -159,40 +179,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError as e:
         print(f"quantopt: {e}", file=sys.stderr)
         return 2
-    try:
-        if args.version:
-            print(f"quantopt {__version__}")
-            return 0
-        if args.field:
-            print_fields()
-            return 0
-        from .registry import discover_plugins
+    return guarded(lambda: _dispatch(args), args.debug)
 
-        discover_plugins()
-        if args.plugin:
-            print_plugins()
-            return 0
-        if args.cfg:
-            return run_cfg(args.cfg)
-        _parser().print_usage(sys.stderr)
-        print("quantopt: nothing to do: give --cfg FILE, --field, --plugin or --version", file=sys.stderr)
-        return 2
-    except QuantOptError as e:
-        if args.debug:
-            traceback.print_exc()
-        OPT_ERROR(str(e))
-        return e.exit_code
-    except BrokenPipeError:  # output piped into e.g. `head`
-        sys.stderr.close()
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.version:
+        print(f"quantopt {__version__}")
         return 0
-    except KeyboardInterrupt:
-        OPT_ERROR("interrupted")
-        return 130
-    except Exception as e:  # a bug in quantopt, not a user error
-        if args.debug:
-            traceback.print_exc()
-        OPT_ERROR(f"internal error: {type(e).__name__}: {e} (rerun with --debug for a traceback)")
-        return 1
+    if args.field:
+        print_fields()
+        return 0
+    from .registry import discover_plugins
+
+    discover_plugins()
+    if args.plugin:
+        print_plugins()
+        return 0
+    if args.cfg:
+        return run_cfg(args.cfg)
+    _parser().print_usage(sys.stderr)
+    print("quantopt: nothing to do: give --cfg FILE, --field, --plugin or --version", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import re
 import shutil
 import sys
 import tempfile
-import traceback
 import zipfile
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -28,14 +26,14 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .analysis.dump import safe_stem
+from .analysis.dump import jsonable, safe_stem
 from .analysis.similarity import to_float, to_quantized
-from .errors import ConfigError, DataError, IRError, QuantOptError, UnsupportedError
+from .errors import ConfigError, DataError, IRError, UnsupportedError
 from .graph.graph import PyGraph
 from .graph.node import PyNode
 from .graph.tensor import PyTensor
 from .ir.dtype import Dtype
-from .log import OPT_ERROR, OPT_INFO, OPT_WARN, setup_console
+from .log import OPT_INFO, OPT_WARN, setup_console
 from .progress import progress
 from .version import __version__
 
@@ -235,20 +233,6 @@ def _integer_fed(specs: Sequence[InputSpec]) -> Iterator[None]:
 
 
 # ------------------------------------------------------------------------------------------------------ outputs
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        v = v.detach().cpu().tolist()
-    if isinstance(v, np.ndarray):
-        v = v.tolist()
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (np.floating, np.integer, np.bool_)):
-        v = v.item()
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    return v
-
-
 def _values(t: PyTensor) -> np.ndarray:
     """A tensor's current values: floats as computed, integers in their IR dtype (what the backend stores)."""
     x = t.betensor.detach().cpu()
@@ -363,17 +347,17 @@ def _entry(t: PyTensor, files: Tuple[str, Optional[str]], sink: _Sink) -> Dict[s
         "layer": t.pnode.name if t.pnode is not None else None,
         "layer_type": str(t.pnode.type) if t.pnode is not None else None,
         "quantized": quantized,
-        "scale": _jsonable(t.scale) if quantized else None, "zp": _jsonable(t.zerop) if quantized else None,
+        "scale": jsonable(t.scale) if quantized else None, "zp": jsonable(t.zerop) if quantized else None,
         "axis": t.key_axis if quantized else None,
         "range": [int(t.qmin), int(t.qmax)] if quantized else None,
-        "min": _jsonable(info["min"]), "max": _jsonable(info["max"]),
+        "min": jsonable(info["min"]), "max": jsonable(info["max"]),
     }
     if info["nonfinite"]:
         entry["nonfinite"] = info["nonfinite"]
     if files[1] is not None:
         deq = sink.info[files[1]]
         entry["dequant_file"] = files[1]
-        entry["dequant_min"], entry["dequant_max"] = _jsonable(deq["min"]), _jsonable(deq["max"])
+        entry["dequant_min"], entry["dequant_max"] = jsonable(deq["min"]), jsonable(deq["max"])
     return entry
 
 
@@ -600,22 +584,12 @@ def run_main(argv: List[str]) -> int:
     except ValueError as e:
         print(f"quantopt run: {e}", file=sys.stderr)
         return 2
-    try:
+    from .cli import guarded
+
+    def run() -> int:
         index = run_files(args.model, args.input, args.output_dir, args.bin, args.dequantize, args.quantize_inputs,
                           args.batch_size, args.dump_all)
         print_summary(index, args.output_dir)
         OPT_INFO(f"wrote {len(index['outputs'])} output(s) and {INDEX_FILE} to {args.output_dir}")
         return 0
-    except QuantOptError as e:
-        if args.debug:
-            traceback.print_exc()
-        OPT_ERROR(str(e))
-        return e.exit_code
-    except KeyboardInterrupt:
-        OPT_ERROR("interrupted")
-        return 130
-    except Exception as e:  # a bug in quantopt, not a user error
-        if args.debug:
-            traceback.print_exc()
-        OPT_ERROR(f"internal error: {type(e).__name__}: {e} (rerun with --debug for a traceback)")
-        return 1
+    return guarded(run, args.debug)

@@ -107,17 +107,18 @@ def _quant_array(t: PyTensor) -> np.ndarray:
     return arr.astype(dt)
 
 
-def _jsonable(v: Any) -> Any:
+def jsonable(v: Any) -> Any:
+    """A JSON-ready copy of tensors, arrays and numpy scalars (non-finite floats become null)."""
     if isinstance(v, torch.Tensor):
         v = v.detach().cpu().tolist()
     if isinstance(v, np.ndarray):
         v = v.tolist()
     if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
+        return [jsonable(x) for x in v]
+    if isinstance(v, (np.floating, np.integer, np.bool_)):
+        v = v.item()
     if isinstance(v, float):
         return v if math.isfinite(v) else None
-    if isinstance(v, (np.floating, np.integer)):
-        return _jsonable(v.item())
     return v
 
 
@@ -150,7 +151,7 @@ def dump_tensors(float_graph: PyGraph, quant_graph: Optional[PyGraph],
                                             t.betensor.detach().cpu().numpy())
                 else:
                     info = _write(dump_dir, f"{entry['stem']}.quant.npy", _quant_array(t))
-                    info.update({"ir_dtype": str(t.dtype), "scale": _jsonable(t.scale), "zerop": _jsonable(t.zerop),
+                    info.update({"ir_dtype": str(t.dtype), "scale": jsonable(t.scale), "zerop": jsonable(t.zerop),
                                  "axis": t.key_axis, "qmin": t.qmin, "qmax": t.qmax, "qbits": t.qbits,
                                  "qinvariant": bool(t.qinvariant)})
                     entry["quant"] = info

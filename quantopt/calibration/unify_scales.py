@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -283,16 +282,7 @@ class _Pass:
         return None
 
     def _alone(self, node: PyNode) -> PyNode:
-        q = self.qnodes[node.name]
-        m = PyNode(node.name, node.type, node.layer_id)
-        m.params = OrderedDict(node.params)
-        m.attrs = {k: v for k, v in node.attrs.items() if not k.startswith("_")}
-        m.settings = node.settings
-        m.inputs = [t.clone() for t in q.inputs]
-        m.outputs = [t.clone() for t in node.outputs]
-        m.constants = OrderedDict((k, v.clone()) for k, v in node.constants.items())
-        m.placeholders = [t.clone() for t in node.placeholders]
-        return m
+        return node.detached_copy(inputs=list(self.qnodes[node.name].inputs))
 
     def _follows_input(self, node: PyNode, out_index: int) -> bool:
         for probe in PROBE_SCALES:

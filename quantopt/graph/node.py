@@ -98,5 +98,20 @@ class PyNode:
         fn(self)
         self.quantized = True
 
+    def detached_copy(self, inputs: Optional[List[PyTensor]] = None) -> PyNode:
+        """A copy with its own tensors (clones of `inputs` when given, else of its own inputs), outside any
+        graph: running or quantizing it never touches the original layer's values. Private attrs (`_*`, caches)
+        are not copied."""
+        m = PyNode(self.name, self.type, self.layer_id)
+        m.params = OrderedDict(self.params)
+        m.attrs = {k: v for k, v in self.attrs.items() if not k.startswith("_")}
+        m.settings = self.settings
+        m.source = self.source
+        m.inputs = [t.clone() for t in (self.inputs if inputs is None else inputs)]
+        m.outputs = [t.clone() for t in self.outputs]
+        m.constants = OrderedDict((k, v.clone()) for k, v in self.constants.items())
+        m.placeholders = [t.clone() for t in self.placeholders]
+        return m
+
     def __repr__(self) -> str:
         return f"PyNode({self.name!r}, {self.type!r}, id={self.layer_id})"

@@ -7,7 +7,6 @@ in-memory forward changes (similarity, metrics, dump): the written IR is the rea
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Callable, List, Sequence, Tuple
 
 import torch
@@ -18,19 +17,6 @@ from ..graph.node import PyNode
 from ..log import OPT_INFO
 
 OVERRIDE_KEY = "forward_override"
-
-
-def _float_copy(fnode: PyNode) -> PyNode:
-    """A private copy of the float layer (own tensors) so running it never touches the float graph's values."""
-    m = PyNode(fnode.name, fnode.type, fnode.layer_id)
-    m.params = OrderedDict(fnode.params)
-    m.attrs = {k: v for k, v in fnode.attrs.items() if not k.startswith("_")}
-    m.settings = fnode.settings
-    m.inputs = [t.clone() for t in fnode.inputs]
-    m.outputs = [t.clone() for t in fnode.outputs]
-    m.constants = OrderedDict((k, v.clone()) for k, v in fnode.constants.items())
-    m.placeholders = [t.clone() for t in fnode.placeholders]
-    return m
 
 
 def _override(float_node: PyNode) -> Callable[[PyNode, Callable], None]:
@@ -60,7 +46,7 @@ def apply_fake_quant(float_graph: PyGraph, qgraph: PyGraph, scopes: Sequence[Tup
     float_nodes = {n.name: n for n in float_graph.nodes}
     chosen = [n for n in select_layers(qgraph, scopes, optypes) if n.name in float_nodes]
     for n in chosen:
-        n.attrs[OVERRIDE_KEY] = _override(_float_copy(float_nodes[n.name]))
+        n.attrs[OVERRIDE_KEY] = _override(float_nodes[n.name].detached_copy())
     if chosen:
         OPT_INFO(f"fake-quant debugging: {len(chosen)} layer(s) run in float in the quantized forward: "
                  f"{', '.join(n.name for n in chosen[:8])}{', ...' if len(chosen) > 8 else ''}")

@@ -65,15 +65,9 @@ def capture(graph: PyGraph, batches: Sequence[Batch], names: Set[str], quantized
 def quantize_alone(fnode: PyNode, qnode: PyNode, input_params: Optional[PyTensor] = None) -> PyNode:
     """A copy of the float layer quantized on its own, its input carrying the params of the quantized graph's
     input (or of `input_params`). The float layer and the graphs are left untouched."""
-    m = PyNode(fnode.name, fnode.type, fnode.layer_id)
-    m.params = OrderedDict(fnode.params)
-    m.attrs = {k: v for k, v in fnode.attrs.items() if not k.startswith("_")}
-    m.settings = fnode.settings
-    m.inputs = [t.clone() for t in qnode.inputs]
+    m = fnode.detached_copy(inputs=list(qnode.inputs))
     if input_params is not None:
         m.inputs[0] = input_params.clone()
-    m.outputs = [t.clone() for t in fnode.outputs]
-    m.constants = OrderedDict((k, v.clone()) for k, v in fnode.constants.items())
     m.quantize()
     return m
 
