@@ -99,9 +99,10 @@ def run_cfg(path: str) -> int:
 
     cfg = read_cfg(path)
     if str(cfg.graph).lower().endswith(".onnx"):
-        from .frontends.onnx import import_onnx, parse_input_shapes
+        from .frontends.onnx import import_onnx, parse_input_shapes, parse_input_values
         shapes = cfg.input_shape or ""
-        graph = import_onnx(cfg.graph, parse_input_shapes([shapes] if shapes else []))
+        values = parse_input_values([cfg.input_value] if cfg.input_value else [])
+        graph = import_onnx(cfg.graph, parse_input_shapes([shapes] if shapes else []), input_values=values)
     else:
         graph = QuantizeGraph.parse(cfg.graph, cfg.bin or None)
     if graph.header.get("compat_quantized_model") is True:
@@ -141,15 +142,17 @@ def import_main(argv: List[str]) -> int:
     p.add_argument("-o", "--output-dir", required=True, help="folder for <name>.txt and <name>.bin")
     p.add_argument("--input-shape", action="append", default=[],
                    help="fixed shape of a dynamic input, name:d0,d1,... (repeat per input)")
+    p.add_argument("--input-value", action="append", default=[],
+                   help="fix an input to constants, name:v0,v1,... (repeat per input), e.g. sr:16000")
     p.add_argument("--name", default=None, help="model name (default: the file name)")
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     args = p.parse_args(argv)
     setup_console(None)
 
     def convert() -> int:
-        from .frontends.onnx import import_onnx_to_ir, parse_input_shapes
+        from .frontends.onnx import import_onnx_to_ir, parse_input_shapes, parse_input_values
         txt, bin_path = import_onnx_to_ir(args.model, args.output_dir, parse_input_shapes(args.input_shape),
-                                          args.name)
+                                          args.name, parse_input_values(args.input_value))
         print(txt)
         print(bin_path)
         return 0

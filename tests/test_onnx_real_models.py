@@ -265,3 +265,36 @@ def test_loops_are_refused_with_a_clear_error(tmp_path):
     onnx.save(model, path)
     with pytest.raises(UnsupportedError, match="'loop' \\(Loop, opset 16\\): loops are not supported"):
         import_onnx(path)
+
+
+def test_input_value_pins_an_input_in_import_and_cfg(tmp_path):
+    """`input_value` (cfg) / `--input-value` (quantopt import) fix an input to a constant, so an If on it folds."""
+    from quantopt.cli import main
+    path = str(tmp_path / "if.onnx")
+    onnx.save(_if_model("input"), path)
+    x = np.array([[-1.0, 0.5, 2.0, -3.0]], np.float32)
+    graph = import_onnx(path, {"x": [1, 4]}, input_values={"sr": [16000]})
+    assert "If" not in {str(n.type) for n in graph.nodes}
+    np.testing.assert_allclose(graph.forward([torch.from_numpy(x)])[0].numpy(), x * 2 + 1)
+    assert main(["import", path, "-o", str(tmp_path / "ir"), "--input-shape", "x:1,4",
+                 "--input-value", "sr:16000"]) == 0
+    assert (tmp_path / "ir" / "if.txt").is_file()
+    assert main(["import", path, "-o", str(tmp_path / "bad"), "--input-value", "nope:1"]) == 2
+    assert not (tmp_path / "bad").exists() or not list((tmp_path / "bad").iterdir())
+
+
+def test_silero_vad_quantizes_from_the_packaged_file_with_input_value(tmp_path):
+    from quantopt.cli import main
+    case = CASES["silero_vad"]
+    reason = case.available()
+    if reason:
+        pytest.skip(reason)
+    package, rel = RUN.cases.PACKAGED["silero_vad"]
+    packaged = str(RUN.cases.packaged_file(package, rel))
+    pinned = case.make_onnx(str(tmp_path))
+    feeds = case.make_feeds(pinned, np.random.default_rng(0), 4)
+    graph = import_onnx(packaged, case.shapes, input_values={"sr": [RUN.cases.VAD_RATE]})
+    cfg = RUN.write_cfg(case, packaged, RUN.write_calibration(graph, feeds, str(tmp_path)), str(tmp_path))
+    Path(cfg).write_text(Path(cfg).read_text() + f"input_value = sr:{RUN.cases.VAD_RATE}\n")
+    assert main(["--cfg", cfg]) == 0
+    assert (tmp_path / "out" / "silero_vad_o.txt").is_file()

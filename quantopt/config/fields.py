@@ -13,6 +13,7 @@ from .kinds import (
     FloatKind,
     GlobalCalibrationKind,
     InputShapesKind,
+    InputValuesKind,
     IntKind,
     IntListKind,
     KeywordArgsKind,
@@ -68,6 +69,9 @@ field("bin", "", PathKind(), "float IR weights file (.bin); default: the graph's
       group="model")
 field("input_shape", "", InputShapesKind(), "fixed input shapes for an ONNX graph with dynamic dims, e.g. "
       "x:1,3,224,224 (inputs separated by ';')", group="model")
+field("input_value", "", InputValuesKind(), "inputs of an ONNX graph fixed to constants, e.g. sr:16000 (inputs "
+      "separated by ';', values by ','); what depends on them folds away, like an If on a sample rate",
+      group="model")
 field("model_name", "", NameKind(), "model name used in output file names; default: the IR's model_name",
       group="model")
 field("output_dir", "./opt_log", PathKind(must_exist=False, directory=True),

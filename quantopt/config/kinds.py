@@ -177,6 +177,27 @@ class InputShapesKind(ValueKind):
         return "name:d0,d1,... per input, inputs separated by ';' (a single-input model may omit the name)"
 
 
+class InputValuesKind(ValueKind):
+    """`sr:16000; scale:0.5,0.5`: constant values for an imported ONNX model's inputs (kept as text; the importer
+    parses it and names the input it cannot place)."""
+
+    def parse(self, text: str) -> str:
+        t = text.strip()
+        for part in (p.strip() for p in t.split(";") if p.strip()):
+            name, sep, values = part.rpartition(":")
+            if not sep or not name.strip():
+                raise ValueError(f"'{part}' is not name:v0,v1,...")
+            for v in values.split(","):
+                try:
+                    float(v)
+                except ValueError:
+                    raise ValueError(f"'{part}': '{v.strip()}' is not a number") from None
+        return t
+
+    def allowed(self) -> str:
+        return "name:v0,v1,... per input, inputs separated by ';'"
+
+
 class KeywordArgsKind(ValueKind):
     """`resize=224x224; mean=0.485,0.456,0.406`: keyword arguments (strings) for a plugin's constructor."""
 

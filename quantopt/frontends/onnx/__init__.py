@@ -19,11 +19,11 @@ from ...graph.graph import PyGraph, QuantizeGraph
 from .context import Context, ConvertError, ir_dtype
 from .converters import CONVERTERS, unsupported_attr
 from .fusion import run_fusions
-from .loader import fix_input_shapes, load_model, parse_input_shapes, require_onnx
+from .loader import fix_input_shapes, load_model, parse_input_shapes, parse_input_values, pin_input_values, require_onnx
 from .recurrent import lstm as _lstm  # noqa: F401  (registers the LSTM/GRU/If/Loop converters)
 from .simplify import OGraph, build_ograph
 
-__all__ = ["import_onnx", "import_onnx_to_ir", "parse_input_shapes", "supported_onnx_ops"]
+__all__ = ["import_onnx", "import_onnx_to_ir", "parse_input_shapes", "parse_input_values", "supported_onnx_ops"]
 
 
 def supported_onnx_ops() -> List[str]:
@@ -38,10 +38,13 @@ def _model_name(path: str, name: Optional[str]) -> str:
     return "".join(c if c.isalnum() or c in "_-." else "_" for c in stem) or "model"
 
 
-def prepare_onnx(path: str, input_shapes: Optional[Mapping[str, Sequence[int]]] = None) -> OGraph:
-    """Load, fix input shapes, fold constants, infer shapes and fuse: the graph the converters see."""
+def prepare_onnx(path: str, input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+                 input_values: Optional[Mapping[str, Sequence[float]]] = None) -> OGraph:
+    """Load, pin constant inputs, fix input shapes, fold constants, infer shapes and fuse: the graph the converters
+    see."""
     require_onnx()
     model = load_model(path)
+    pin_input_values(model, dict(input_values or {}), path)
     fix_input_shapes(model, dict(input_shapes or {}), path)
     g = build_ograph(model, path)
     run_fusions(g)
@@ -49,10 +52,12 @@ def prepare_onnx(path: str, input_shapes: Optional[Mapping[str, Sequence[int]]] 
 
 
 def import_onnx(path: str, input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
-                name: Optional[str] = None, graph_cls: type = QuantizeGraph) -> PyGraph:
-    """Convert an ONNX file to a float graph; all unsupported nodes are reported in one UnsupportedError."""
+                name: Optional[str] = None, graph_cls: type = QuantizeGraph,
+                input_values: Optional[Mapping[str, Sequence[float]]] = None) -> PyGraph:
+    """Convert an ONNX file to a float graph; all unsupported nodes are reported in one UnsupportedError.
+    `input_values` fixes inputs to constants (e.g. Silero VAD's sample rate), which then fold away."""
     path = str(path)
-    g = prepare_onnx(path, input_shapes)
+    g = prepare_onnx(path, input_shapes, input_values)
     builder = GraphBuilder(_model_name(path, name))
     ctx = Context(g, builder)
     for inp in g.inputs:
@@ -118,8 +123,9 @@ def import_onnx(path: str, input_shapes: Optional[Mapping[str, Sequence[int]]] =
 
 
 def import_onnx_to_ir(path: str, out_dir: str, input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
-                      name: Optional[str] = None) -> Tuple[str, str]:
+                      name: Optional[str] = None,
+                      input_values: Optional[Mapping[str, Sequence[float]]] = None) -> Tuple[str, str]:
     """Convert and write `<out_dir>/<name>.txt` and `.bin`; returns their paths."""
     from ...ir.writer import write_ir
-    graph = import_onnx(path, input_shapes, name)
+    graph = import_onnx(path, input_shapes, name, input_values=input_values)
     return write_ir(graph, os.path.join(out_dir, graph.name + ".txt"))

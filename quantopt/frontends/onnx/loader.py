@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+import numpy as np
+
 from ...errors import ConfigError, IRError, UnsupportedError
 
 MIN_OPSET = 11
@@ -103,6 +105,62 @@ def parse_input_shapes(specs: Optional[Sequence[str]]) -> Dict[str, List[int]]:
                 raise ConfigError(f"input shape '{part}' must list positive integer dims")
             shapes[name.strip()] = values
     return shapes
+
+
+def parse_input_values(specs: Optional[Sequence[str]]) -> Dict[str, List[float]]:
+    """`name:v0,v1,...` strings (CLI / cfg `input_value`) → {name: [v0, v1, ...]}: inputs fixed to constants."""
+    values: Dict[str, List[float]] = {}
+    for spec in specs or []:
+        for part in str(spec).split(";"):
+            part = part.strip()
+            if not part:
+                continue
+            name, sep, items = part.rpartition(":")
+            try:
+                numbers = [float(v) for v in items.split(",") if v.strip()]
+            except ValueError:
+                raise ConfigError(f"input value '{part}' must be name:v0,v1,... with numbers",
+                                  field="input_value") from None
+            if not sep or not name.strip() or not numbers:
+                raise ConfigError(f"input value '{part}' must be name:v0,v1,...", field="input_value")
+            values[name.strip()] = numbers
+    return values
+
+
+def pin_input_values(model: Any, values: Mapping[str, Sequence[float]], path: str) -> None:
+    """Turn the named graph inputs into constants (initializers of their declared type and shape), so what depends
+    on them folds away, e.g. an If on a sample-rate input."""
+    if not values:
+        return
+    onnx = require_onnx()
+    from onnx import numpy_helper
+
+    init_names = {i.name for i in model.graph.initializer}
+    inputs = {i.name: i for i in model.graph.input if i.name not in init_names}
+    for name, numbers in values.items():
+        if name not in inputs:
+            raise ConfigError(f"input_value names '{name}', which is not an input of the model (inputs: "
+                              f"{sorted(inputs)})", file=path)
+        tt = inputs[name].type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+        np_dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        arr = np.asarray(numbers, dtype=np_dtype)
+        count = int(np.prod(dims)) if dims and all(d > 0 for d in dims) else None
+        if not dims:
+            if arr.size != 1:
+                raise ConfigError(f"input_value for scalar input '{name}' needs one value, got {arr.size}", file=path)
+            arr = arr.reshape(())
+        elif count is not None and arr.size == count:
+            arr = arr.reshape(dims)
+        elif len(dims) == 1:
+            arr = arr.reshape(-1)
+        else:
+            raise ConfigError(f"input_value for '{name}' has {arr.size} value(s) but the input's shape is {dims}",
+                              file=path)
+        model.graph.initializer.append(numpy_helper.from_array(arr, name=name))
+    kept = [i for i in model.graph.input if i.name not in values]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
 
 
 def fix_input_shapes(model: Any, shapes: Mapping[str, Sequence[int]], path: str) -> None:
