@@ -1,0 +1,254 @@
+"""QDQ export of the layers with integer weights: Convolution, DepthwiseConv, FullyConnected, BatchNorm, LayerNorm,
+and MatMul of two activations.
+
+Each becomes DequantizeLinear(activation) → float op with DequantizeLinear(integer weights) and
+DequantizeLinear(int32 bias) → QuantizeLinear(output). The stored biases contain the input zero point
+(`biases = b_q + zp_in * Σw`); ONNX dequantizes the input itself, so the exported bias is `b_q` again.
+
+Weight scales (`QDQGraph.scales`):
+* "ir": the IR's `weights_scale` (ONNX scale 1 / weights_scale, per tensor or per channel);
+* "effective": the scale the integer requantization really applies, M · 2^-N · y_scale / x_scale per tensor or
+  channel, which folds the multiplier's rounding into the weights (see `exact_weight_scale`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.tensor import PyTensor
+from ..ops._quant import effective_weights, tensor_scale
+from ..ops._shared import axis_param, bool_param
+from .qdq_graph import QDQGraph, channels_first, converter, identity, node_error, requant_ratio
+
+EXACT_SCALE_ULPS = 4
+"""How many float32 neighbours on each side `exact_weight_scale` tries."""
+
+
+# ------------------------------------------------------------------------------------------------ constants
+def _vector(node: PyNode, key: str, default: float) -> np.ndarray:
+    """A per-tensor param or per-channel constant (`weights_scale`, `weights_zp`) as float64 numpy."""
+    if key in node.constants:
+        return node.constants[key].betensor.to(torch.float64).reshape(-1).numpy()
+    return np.asarray([float(node.params.get(key, default))], dtype=np.float64)
+
+
+def exact_weight_scale(ratio: np.ndarray, x_scale: float, y_scale: float) -> np.ndarray:
+    """float32 weight scales W ≈ M · 2^-N · y_scale / x_scale, moved by a few ulps where that makes
+    float32(x_scale · W) / y_scale equal M · 2^-N exactly: the output multiplier a QLinear kernel derives from the
+    three scales is then the IR's integer multiplier itself, so its requantization rounds as quantopt's does."""
+    x, y = np.float32(x_scale), np.float32(y_scale)
+    target = ratio.astype(np.float32)
+    w = (ratio * float(y) / float(x)).astype(np.float32)
+    best = w.copy()
+    found = (x * w) / y == target
+    up, down = w.copy(), w.copy()
+    for _ in range(EXACT_SCALE_ULPS):
+        up, down = np.nextafter(up, np.float32(np.inf)), np.nextafter(down, np.float32(0))
+        for cand in (up, down):
+            hit = ~found & ((x * cand) / y == target)
+            best[hit] = cand[hit]
+            found |= hit
+    return best
+
+
+def weight_onnx_scale(g: QDQGraph, node: PyNode, x: PyTensor, y: PyTensor) -> np.ndarray:
+    """float32 ONNX weight scales, [1] or [C]."""
+    if g.scales == "effective":
+        return exact_weight_scale(requant_ratio(node), g.qparams(x).scale, g.qparams(y).scale)
+    s_w = _vector(node, "weights_scale", 1.0)
+    if np.any(s_w <= 0):
+        raise node_error(node, f"non-positive weights_scale {s_w.tolist()}")
+    return (np.float32(1.0) / s_w.astype(np.float32)).astype(np.float32)
+
+
+def weight_dtypes(g: QDQGraph) -> Tuple[Any, ...]:
+    """Integer dtypes DequantizeLinear takes for weights, narrowest first (16-bit from opset 21)."""
+    return (np.int8, np.uint8, np.int16, np.uint16) if g.opset >= 21 else (np.int8, np.uint8)
+
+
+def _along(values: np.ndarray, ndim: int, axis: int) -> np.ndarray:
+    shape = [1] * ndim
+    shape[axis] = -1
+    return values.reshape(shape)
+
+
+def dq_constant(g: QDQGraph, hint: str, q: np.ndarray, zp_ir: np.ndarray, scale: np.ndarray, axis: int = 0,
+                dtypes: Sequence[Any] = ()) -> str:
+    """DequantizeLinear of an integer constant with IR zero point `zp_ir` (ONNX: -zp_ir) and ONNX `scale`
+    ([1] per tensor or one per index of `axis`). The first of `dtypes` holding values and zero point is used; if
+    none does, the values are stored as int32 with the zero point folded in (exact)."""
+    q = np.asarray(q, dtype=np.int64)
+    per_axis = scale.size > 1
+    zp_ir = np.asarray(zp_ir, dtype=np.int64).reshape(-1)
+    if per_axis and zp_ir.size == 1:
+        zp_ir = np.full(scale.size, int(zp_ir[0]), dtype=np.int64)
+    onnx_zp = -zp_ir
+    lo, hi = (int(q.min()), int(q.max())) if q.size else (0, 0)
+    lo, hi = min(lo, int(onnx_zp.min())), max(hi, int(onnx_zp.max()))
+    chosen = next((dt for dt in dtypes if np.iinfo(dt).min <= lo and hi <= np.iinfo(dt).max), None)
+    if chosen is None:
+        values = q + (_along(zp_ir, q.ndim, axis) if per_axis else int(zp_ir[0]))
+        if values.size and (values.min() < np.iinfo(np.int32).min or values.max() > np.iinfo(np.int32).max):
+            raise UnsupportedError(f"constant '{hint}': its integers do not fit int32")
+        chosen, q, onnx_zp = np.int32, values, np.zeros_like(onnx_zp)
+    zp_values = onnx_zp.astype(chosen) if per_axis else np.array(onnx_zp[0], dtype=chosen)
+    scale_values = scale.astype(np.float32) if per_axis else np.array(scale.reshape(-1)[0], dtype=np.float32)
+    inputs = [g.const(hint, q.astype(chosen)), g.const(hint + "_scale", scale_values),
+              g.const(hint + "_zero_point", zp_values)]
+    return g.add("DequantizeLinear", inputs, hint=hint + "_dq", axis=axis if per_axis else None)
+
+
+def input_folded_bias(node: PyNode, x: PyTensor) -> np.ndarray:
+    """b_q = biases - zp_in · Σ_window (w_q + zp_w) per output channel: the bias without the input zero point."""
+    b = node.get_constant("biases").betensor.to(torch.int64).reshape(-1)
+    w = effective_weights(node)
+    per_out = w.reshape(w.shape[0], -1).sum(dim=1) if w.dim() > 1 else w.reshape(-1)
+    zp_in = int(round(float(x.zerop if not isinstance(x.zerop, torch.Tensor) else x.zerop.reshape(-1)[0])))
+    return (b - zp_in * per_out).numpy()
+
+
+def bias_value(g: QDQGraph, node: PyNode, x: PyTensor, w_scale: np.ndarray, shape: Optional[Tuple[int, ...]] = None
+               ) -> str:
+    """The float bias: DequantizeLinear of int32 b_q with scale x_scale · w_scale (what a QLinear kernel expects),
+    or a float initializer when b_q does not fit int32 (48-bit biases)."""
+    b = input_folded_bias(node, x)
+    scale = (np.float32(g.qparams(x).scale) * w_scale.reshape(-1)).astype(np.float32)
+    b = b.reshape(shape) if shape is not None else b
+    info = np.iinfo(np.int32)
+    if b.size and (b.min() < info.min or b.max() > info.max):
+        full = _along(scale.astype(np.float64), b.ndim, 0) if scale.size > 1 else float(scale[0])
+        return g.const(f"{node.name}/bias", (b.astype(np.float64) * full).astype(np.float32))
+    return dq_constant(g, f"{node.name}/bias", b, np.zeros(1, dtype=np.int64), scale, axis=0)  # int32
+
+
+def weight_value(g: QDQGraph, node: PyNode, w_q: np.ndarray, scale: np.ndarray, axis: int) -> str:
+    zp = _vector(node, "weights_zp", 0.0)
+    return dq_constant(g, f"{node.name}/weights", w_q, np.round(zp).astype(np.int64), scale, axis=axis,
+                       dtypes=weight_dtypes(g))
+
+
+def fused_activation(g: QDQGraph, node: PyNode, value: str) -> str:
+    """The float op of a fused RELU/RELU6/CLIP; other fused activations are not quantizable anyway."""
+    act = str(node.params.get("with_activation", "NONE")).upper()
+    if act == "NONE":
+        return value
+    if act == "RELU":
+        return g.add("Relu", [value])
+    if act in ("RELU6", "CLIP"):
+        lo, hi = (0.0, 6.0) if act == "RELU6" else (float(node.get_param("clip_min")),
+                                                      float(node.get_param("clip_max")))
+        return g.add("Clip", [value, g.const(f"{node.name}/clip_min", np.array(lo, dtype=np.float32)),
+                              g.const(f"{node.name}/clip_max", np.array(hi, dtype=np.float32))])
+    raise node_error(node, f"fused activation {act} has no QDQ mapping")
+
+
+def _int(node: PyNode, key: str, default: int) -> int:
+    return int(node.get_param(key, optional=True, default_value=default))
+
+
+# ------------------------------------------------------------------------------------------------ converters
+@converter("Convolution", "DepthwiseConv")
+def convert_conv(g: QDQGraph, node: PyNode) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    if g.rank(x) != 4:
+        raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
+    cf = channels_first(4)
+    w_q = node.get_constant("weights").betensor.to(torch.int64).numpy()
+    if w_q.ndim != 4:
+        raise node_error(node, f"weights must be OHWI, got shape {list(w_q.shape)}")
+    in_c = int(x.ir_shape[3])
+    group = _int(node, "group", in_c if str(node.type) == "DepthwiseConv" else 1)
+    scale = weight_onnx_scale(g, node, x, y)
+    w = weight_value(g, node, w_q.transpose(0, 3, 1, 2), scale, axis=0)
+    b = bias_value(g, node, x, scale)
+    pads = [_int(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right")]
+    conv = g.add("Conv", [g.float_value(x, cf), w, b], kernel_shape=[int(w_q.shape[1]), int(w_q.shape[2])],
+                 strides=[_int(node, "stride_y", 1), _int(node, "stride_x", 1)],
+                 dilations=[_int(node, "dilation_y", 1), _int(node, "dilation_x", 1)], pads=pads, group=group)
+    g.quantize(y, fused_activation(g, node, conv), cf)
+
+
+@converter("FullyConnected")
+def convert_fully_connected(g: QDQGraph, node: PyNode) -> None:
+    """Gemm (transB) for 2-D inputs, MatMul + Add over the last axis otherwise."""
+    x, y = node.inputs[0], node.outputs[0]
+    w_q = node.get_constant("weights").betensor.to(torch.int64).numpy()
+    scale = weight_onnx_scale(g, node, x, y)
+    b = bias_value(g, node, x, scale)
+    xf = g.float_value(x)
+    if g.rank(x) == 2:
+        out = g.add("Gemm", [xf, weight_value(g, node, w_q, scale, axis=0), b], transB=1)
+    else:
+        mm = g.add("MatMul", [xf, weight_value(g, node, w_q.T, scale, axis=1)])
+        out = g.add("Add", [mm, b])
+    g.quantize(y, fused_activation(g, node, out))
+
+
+@converter("MatMul")
+def convert_matmul(g: QDQGraph, node: PyNode) -> None:
+    """Two activations; trans_a/trans_b become layouts of the inputs (integer Transposes, shared)."""
+    if len(node.inputs) != 2:
+        raise node_error(node, f"needs 2 inputs, got {len(node.inputs)}")
+    values = []
+    for t, key in zip(node.inputs, ("trans_a", "trans_b")):
+        perm = list(identity(g.rank(t)))
+        if bool_param(node, key, False):
+            perm[-2], perm[-1] = perm[-1], perm[-2]
+        values.append(g.float_value(t, tuple(perm)))
+    a, b = node.inputs
+    factor = float(requant_ratio(node)[0]) * tensor_scale(a) * tensor_scale(b) / tensor_scale(node.outputs[0])
+    out = g.rescale(g.add("MatMul", values), factor)
+    g.quantize(node.outputs[0], fused_activation(g, node, out))
+
+
+@converter("BatchNorm")
+def convert_batchnorm(g: QDQGraph, node: PyNode) -> None:
+    """x · w + b along `axis`, in whichever layout the input already has."""
+    x, y = node.inputs[0], node.outputs[0]
+    rank = g.rank(x)
+    axis = axis_param(node, node.get_param("axis", optional=True, default_value=-1), rank)
+    perm = g.common_perm([x], rank, prefer=channels_first(rank))
+    pos = perm.index(axis)
+    shape = (-1,) + (1,) * (rank - 1 - pos)
+    w_q = node.get_constant("weights").betensor.to(torch.int64).reshape(-1).numpy()
+    scale = weight_onnx_scale(g, node, x, y)
+    w = weight_value(g, node, w_q.reshape(shape), scale, axis=0)
+    b = bias_value(g, node, x, scale, shape=shape)
+    out = g.add("Add", [g.add("Mul", [g.float_value(x, perm), w]), b])
+    g.quantize(y, fused_activation(g, node, out), perm)
+
+
+@converter("LayerNorm")
+def convert_layernorm(g: QDQGraph, node: PyNode) -> None:
+    """LayerNormalization over trailing axes with the IR epsilon; gamma/beta are the integer weights and biases
+    dequantized with the scales the integer forward applies (normalized value · M_n 2^-N_n / sqrt(N), then the
+    output multiplier), stored as float initializers."""
+    x, y = node.inputs[0], node.outputs[0]
+    rank = g.rank(x)
+    raw = node.get_param("axis", optional=True, default_value=[-1])
+    axes = sorted({axis_param(node, a, rank) for a in (raw if isinstance(raw, (list, tuple)) else [raw])})
+    if axes != list(range(axes[0], rank)):
+        raise node_error(node, f"normalized axes {axes} are not the trailing axes of a rank-{rank} input")
+    if "norm_scale_value" not in node.params:
+        raise node_error(node, "a quantized LayerNorm needs norm_scale_value/norm_shift_value")
+    count = math.prod(int(x.ir_shape[a]) for a in axes)
+    norm_scale = float(node.params["norm_scale_value"]) * 2.0 ** -float(node.params["norm_shift_value"]) \
+        / math.sqrt(count)
+    affine = tuple(int(x.ir_shape[a]) for a in axes)
+    ratio = requant_ratio(node) / tensor_scale(y)
+    ratio = ratio.reshape(affine) if ratio.size > 1 else float(ratio[0])
+    w_t = node.get_constant("weights", optional=True)
+    b_t = node.get_constant("biases", optional=True)
+    w = w_t.betensor.to(torch.float64).reshape(affine).numpy() if w_t is not None else np.ones(affine)
+    b = b_t.betensor.to(torch.float64).reshape(affine).numpy() if b_t is not None else np.zeros(affine)
+    gamma = (w * norm_scale * ratio).astype(np.float32)
+    beta = (b * ratio * np.ones(affine)).astype(np.float32)
+    eps = float(node.get_param("epsilon"))
+    out = g.add("LayerNormalization", [g.float_value(x), g.const(f"{node.name}/gamma", gamma),
+                                       g.const(f"{node.name}/beta", beta)], axis=axes[0], epsilon=eps)
+    g.quantize(y, out)

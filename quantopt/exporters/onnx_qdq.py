@@ -1,0 +1,128 @@
+"""Quantized graph → ONNX model with QuantizeLinear/DequantizeLinear pairs (optional dependency `onnx`).
+
+    path = export_onnx_qdq(qgraph, "model.qdq.onnx")          # opset 19, or 21 when 16-bit tensors need it
+
+Every quantized activation is an integer ONNX value (int8/uint8, int16/uint16 from opset 21) with the ONNX
+parameters scale = 1 / scale_ir and zero point = -zp_ir; each layer dequantizes its inputs, runs the float ONNX
+op and quantizes its output. Weights are integer initializers behind a (per-channel) DequantizeLinear, biases
+int32. Graph inputs are float (quantized by the first QuantizeLinear), outputs are dequantized floats with the IR
+tensor names. docs/onnx-export.md has the mapping table and how closely onnxruntime follows the integer forward.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+from ..errors import ConfigError, IRError, UnsupportedError
+from ..graph.graph import PyGraph
+from ..ir.dtype import Dtype
+from ..version import __version__
+from . import convert_layout, convert_mac, convert_ops  # noqa: F401  (they fill CONVERTERS)
+from .qdq_graph import CONVERTERS, QDQGraph
+
+SCALE_MODES = ("effective", "ir")
+""""ir": weight DequantizeLinear scales are the IR's weights_scale and nothing else is added, a plain QDQ model.
+"effective": weight scales are what the integer multiplier/shift effectively applies (M · 2^-N · s_in / s_out), and
+layers requantizing with a multiplier get a Mul by the multiplier's rounding ratio (≈ 1) before QuantizeLinear, so
+onnxruntime follows quantopt's integer forward closely."""
+DEFAULT_OPSET = 19
+WIDE_OPSET = 21
+"""QuantizeLinear/DequantizeLinear of int16/uint16 exist from opset 21."""
+WIDE_DTYPES = (Dtype.INT16, Dtype.UINT16)
+
+
+def require_onnx() -> Any:
+    try:
+        import onnx
+    except ImportError:
+        raise UnsupportedError("exporting ONNX needs the optional dependency 'onnx' (pip install 'quantopt[onnx]' or "
+                               "pip install onnx)") from None
+    return onnx
+
+
+def supported_layer_types() -> List[str]:
+    """IR layer types with a QDQ mapping."""
+    return sorted(CONVERTERS)
+
+
+def _quantized(graph: PyGraph) -> PyGraph:
+    """The integer graph: `graph` itself, or the quantized copy a float QuantizeGraph holds after quantization."""
+    inner = getattr(graph, "quantgraph", None)
+    if inner is not None and not all(n.quantized for n in graph.nodes):
+        return inner
+    return graph
+
+
+def choose_opset(graph: PyGraph, opset: Optional[int] = None) -> int:
+    """19, or 21 when a 16-bit activation needs int16 QuantizeLinear; an explicit `opset` is checked."""
+    onnx = require_onnx()
+    wide = any(t.dtype in WIDE_DTYPES for n in graph.nodes for t in n.outputs)
+    need = WIDE_OPSET if wide else DEFAULT_OPSET
+    if opset is None:
+        return need
+    newest = int(onnx.defs.onnx_opset_version())
+    if not DEFAULT_OPSET <= int(opset) <= newest:
+        raise ConfigError(f"opset {opset} is outside the exportable range {DEFAULT_OPSET}..{newest}", field="opset")
+    if int(opset) < need:
+        raise ConfigError(f"opset {opset} cannot hold this graph: its 16-bit activations need opset {WIDE_OPSET}",
+                          field="opset")
+    return int(opset)
+
+
+def build_onnx_qdq(graph: PyGraph, opset: Optional[int] = None, scales: str = "effective",
+                   dynamic_batch: bool = True) -> Any:
+    """The ONNX ModelProto of a quantized graph; every layer without a QDQ mapping is listed in one
+    UnsupportedError. `dynamic_batch` makes dim 0 of inputs and outputs symbolic."""
+    return convert_graph(graph, opset, scales, dynamic_batch)[0]
+
+
+def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = "effective",
+                  dynamic_batch: bool = True) -> Tuple[Any, QDQGraph]:
+    """(ModelProto, the QDQGraph it was built from: its `views` name every IR tensor's integer ONNX value)."""
+    onnx = require_onnx()
+    if scales not in SCALE_MODES:
+        raise ConfigError(f"scales must be one of {', '.join(SCALE_MODES)}, got {scales!r}", field="scales")
+    graph = _quantized(graph)
+    opset = choose_opset(graph, opset)
+    g = QDQGraph(opset, scales, dynamic_batch)
+    for t in list(graph.input_tensors) + list(graph.output_tensors):
+        g.reserve(t.name)
+    problems: List[str] = []
+    failed: set = set()
+    for node in graph.nodes:
+        if any(t.name in failed for t in node.inputs):
+            failed.update(t.name for t in node.outputs)  # reported at its source already
+            continue
+        g.layer = node.name
+        convert = CONVERTERS.get(str(node.type))
+        try:
+            if not node.quantized:
+                raise UnsupportedError(f"layer '{node.name}' ({node.type}) is not quantized (float layers have no "
+                                       "QDQ form)")
+            if convert is None:
+                raise UnsupportedError(f"layer '{node.name}' ({node.type}): no QDQ mapping for this layer type")
+            convert(g, node)
+        except (UnsupportedError, IRError) as e:
+            problems.append(e.message)
+            failed.update(t.name for t in node.outputs)
+    if problems:
+        raise UnsupportedError(f"{len(problems)} layer(s) cannot be exported as ONNX QDQ: " + "; ".join(problems))
+    g.layer = "output"
+    for t in graph.output_tensors:
+        g.add("DequantizeLinear", [g.int_value(t), *g.qparam_inputs(t)], output=t.name)
+        g.outputs.append(g.value_info(t.name, "FLOAT", g.io_shape(t)))
+    helper = onnx.helper
+    model = helper.make_model_gen_version(
+        helper.make_graph(g.nodes, graph.name, g.inputs, g.outputs, g.initializers,
+                          doc_string="quantized by quantopt; QuantizeLinear/DequantizeLinear in ONNX convention"),
+        opset_imports=[helper.make_opsetid("", opset)], producer_name="quantopt", producer_version=__version__)
+    onnx.checker.check_model(model)
+    return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True), g
+
+
+def export_onnx_qdq(graph: PyGraph, path: str, opset: Optional[int] = None, scales: str = "effective",
+                    dynamic_batch: bool = True) -> str:
+    """Write the QDQ model of a quantized graph to `path` atomically; returns the path."""
+    from ..ir.writer import atomic_write
+
+    model = build_onnx_qdq(graph, opset, scales, dynamic_batch)
+    return atomic_write(str(path), model.SerializeToString())

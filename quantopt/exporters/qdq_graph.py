@@ -1,0 +1,332 @@
+"""The ONNX graph being assembled: unique names, initializers, nodes, and every IR tensor's quantized value.
+
+An IR tensor becomes an integer ONNX value (the output of a QuantizeLinear, an integer data-movement op or an
+integer initializer); consumers read it through one shared DequantizeLinear. ONNX parameters follow the ONNX
+convention: scale = 1 / scale_ir, zero point = -zp_ir (quantopt: q = round(x * scale - zp); ONNX: q = round(x /
+scale) + zero_point).
+
+Layouts. IR activations are channels-last; ONNX Conv/Pool/Resize want channels-first. A value may exist in several
+layouts: `views[tensor][perm]` is an ONNX value equal to `ir_value.transpose(perm)`. A channels-first op registers
+its output under the channels-first perm, and an integer Transpose is only inserted when a consumer asks for a
+layout nobody produced, so chains of convolutions stay channels-first without back-and-forth transposes, and an
+IR Transpose layer is just a new view of the same ONNX value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.tensor import PyTensor
+from ..ir.dtype import Dtype
+from ..ops._quant import requant_of
+
+Perm = Tuple[int, ...]
+
+ONNX_INT_TYPES: Dict[Dtype, Tuple[str, Any]] = {
+    Dtype.INT8: ("INT8", np.int8), Dtype.UINT8: ("UINT8", np.uint8),
+    Dtype.INT16: ("INT16", np.int16), Dtype.UINT16: ("UINT16", np.uint16),
+    Dtype.INT32: ("INT32", np.int32),
+}
+"""IR integer dtypes an activation may have in the exported graph (QuantizeLinear makes the 8/16-bit ones; int32
+tensors come from integer inputs and constants only)."""
+QUANTIZABLE = (Dtype.INT8, Dtype.UINT8, Dtype.INT16, Dtype.UINT16)
+FLOAT = 1
+"""onnx.TensorProto.FLOAT (a Cast target)."""
+
+
+def identity(rank: int) -> Perm:
+    return tuple(range(rank))
+
+
+def channels_first(rank: int) -> Perm:
+    """The perm taking a channels-last IR tensor to channels-first (NHWC → NCHW, NWC → NCW, ...)."""
+    return (0, rank - 1, *range(1, rank - 1)) if rank >= 3 else identity(rank)
+
+
+def inverse(perm: Sequence[int]) -> Perm:
+    inv = [0] * len(perm)
+    for i, a in enumerate(perm):
+        inv[a] = i
+    return tuple(inv)
+
+
+def compose(first: Sequence[int], then: Sequence[int]) -> Perm:
+    """The perm of `x.transpose(first).transpose(then)`."""
+    return tuple(first[t] for t in then)
+
+
+def scalar(value: Union[float, int, torch.Tensor], what: str, tensor: PyTensor) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise UnsupportedError(f"tensor '{tensor.name}' has per-channel {what}; QuantizeLinear/DequantizeLinear "
+                                   "of activations are exported per tensor only")
+        value = value.reshape(-1)[0].item()
+    return float(value)
+
+
+def onnx_scale(ir_scale: Union[float, np.ndarray]) -> np.ndarray:
+    """float32(1) / float32(scale): the reciprocal quantopt's own dequantization multiplies by."""
+    return (np.float32(1.0) / np.asarray(ir_scale, dtype=np.float32)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class QParams:
+    """ONNX quantization parameters of one activation tensor."""
+
+    scale: float          # ONNX scale (1 / IR scale), float32 value
+    zero_point: int       # ONNX zero point (-IR zp)
+    dtype: Dtype          # integer dtype of the ONNX value
+    qmin: int
+    qmax: int
+
+    @property
+    def needs_clip(self) -> bool:
+        """QuantizeLinear saturates to the dtype; a narrower IR range needs a Clip first."""
+        lo, hi = self.dtype.int_range()
+        return (self.qmin, self.qmax) != (lo, hi)
+
+
+class QDQGraph:
+    """Nodes, initializers and tensor views of the ONNX graph under construction."""
+
+    def __init__(self, opset: int, scales: str = "effective", dynamic_batch: bool = True) -> None:
+        from onnx import TensorProto, helper, numpy_helper
+
+        self._helper, self._numpy_helper, self._tp = helper, numpy_helper, TensorProto
+        self.opset = opset
+        self.scales = scales  # "ir" or "effective" (see onnx_qdq.SCALE_MODES)
+        self.dynamic_batch = dynamic_batch
+        self.nodes: List[Any] = []
+        self.initializers: List[Any] = []
+        self.inputs: List[Any] = []
+        self.outputs: List[Any] = []
+        self._names: set = set()
+        self._node_names: set = set()
+        self.views: Dict[str, Dict[Perm, str]] = {}
+        self._dq: Dict[Tuple[str, Perm], str] = {}
+        self._qparam_names: Dict[Tuple[Any, ...], str] = {}
+        self._ranks: Dict[str, int] = {}
+        self.layer = ""  # name of the IR layer being converted (node name prefix)
+
+    # ------------------------------------------------------------------------------------------------ names
+    def reserve(self, name: str) -> None:
+        self._names.add(name)
+
+    def unique(self, hint: str) -> str:
+        name, k = hint, 1
+        while name in self._names:
+            name, k = f"{hint}_{k}", k + 1
+        self._names.add(name)
+        return name
+
+    def _node_name(self, op: str) -> str:
+        hint = f"{self.layer}/{op}" if self.layer else op
+        name, k = hint, 1
+        while name in self._node_names:
+            name, k = f"{hint}_{k}", k + 1
+        self._node_names.add(name)
+        return name
+
+    # ------------------------------------------------------------------------------------------------ building
+    def const(self, hint: str, array: Any) -> str:
+        """A new initializer holding `array` (numpy dtype kept)."""
+        name = self.unique(hint)
+        array = np.asarray(array)
+        array = array if array.flags.c_contiguous else np.ascontiguousarray(array)  # keeps 0-d arrays 0-d
+        self.initializers.append(self._numpy_helper.from_array(array, name))
+        return name
+
+    def ints(self, hint: str, values: Iterable[int]) -> str:
+        return self.const(hint, np.asarray(list(values), dtype=np.int64))
+
+    def add(self, op: str, inputs: Sequence[str], hint: Optional[str] = None, output: Optional[str] = None,
+            **attrs: Any) -> str:
+        """Append a one-output node; the output is `output` exactly (a reserved name) or a unique name from `hint`."""
+        out = output if output is not None else self.unique(hint or f"{self.layer}/{op}")
+        self.nodes.append(self._helper.make_node(op, list(inputs), [out], name=self._node_name(op),
+                                                 **{k: v for k, v in attrs.items() if v is not None}))
+        return out
+
+    def add_multi(self, op: str, inputs: Sequence[str], hints: Sequence[str], **attrs: Any) -> List[str]:
+        """Append a node with one output per hint."""
+        outs = [self.unique(h) for h in hints]
+        self.nodes.append(self._helper.make_node(op, list(inputs), outs, name=self._node_name(op),
+                                                 **{k: v for k, v in attrs.items() if v is not None}))
+        return outs
+
+    def io_shape(self, t: PyTensor) -> List[Union[int, str]]:
+        """Shape of a graph input/output: the IR shape, its batch dim symbolic when `dynamic_batch`."""
+        shape: List[Union[int, str]] = [int(d) for d in t.ir_shape]
+        if self.dynamic_batch and shape:
+            shape[0] = "batch"
+        return shape
+
+    def elem_type(self, dtype: Dtype) -> int:
+        """onnx.TensorProto element type of an integer IR dtype."""
+        return int(getattr(self._tp, ONNX_INT_TYPES[dtype][0]))
+
+    def value_info(self, name: str, elem: str, shape: Sequence[Union[int, str]]) -> Any:
+        return self._helper.make_tensor_value_info(name, getattr(self._tp, elem), list(shape))
+
+    # ------------------------------------------------------------------------------------------------ qparams
+    def qparams(self, t: PyTensor) -> QParams:
+        if t.qmin is None or t.qmax is None:
+            raise UnsupportedError(f"tensor '{t.name}' is not quantized (no integer range)")
+        if t.dtype not in ONNX_INT_TYPES:
+            raise UnsupportedError(f"tensor '{t.name}' has dtype {t.dtype}; the exported graph carries int8, uint8, "
+                                   "int16, uint16 activations (and int32 integer inputs/constants)")
+        scale = scalar(t.scale, "scales", t)
+        zp = int(round(scalar(t.zerop, "zero points", t)))
+        lo, hi = t.dtype.int_range()
+        if not lo <= -zp <= hi:
+            raise UnsupportedError(f"tensor '{t.name}': zero point {zp} gives the ONNX zero point {-zp}, outside "
+                                   f"the {t.dtype} range")
+        if scale <= 0:
+            raise UnsupportedError(f"tensor '{t.name}' has a non-positive scale {scale}")
+        return QParams(float(onnx_scale(scale)), -zp, t.dtype, max(int(t.qmin), lo), min(int(t.qmax), hi))
+
+    def qparam_inputs(self, t: PyTensor) -> Tuple[str, str]:
+        """(scale, zero point) initializers of `t`, shared by every tensor with the same ONNX params."""
+        return self._scale_input(t), self._zero_point_input(t)
+
+    def _key(self, t: PyTensor) -> Tuple[float, int, Dtype]:
+        p = self.qparams(t)
+        return p.scale, p.zero_point, p.dtype
+
+    def _scale_input(self, t: PyTensor) -> str:
+        key = ("scale",) + self._key(t)
+        if key not in self._qparam_names:
+            self._qparam_names[key] = self.const(f"{t.name}_scale", np.array(key[1], dtype=np.float32))
+        return self._qparam_names[key]
+
+    def _zero_point_input(self, t: PyTensor) -> str:
+        key = ("zero_point",) + self._key(t)
+        if key not in self._qparam_names:
+            np_dtype = ONNX_INT_TYPES[key[3]][1]
+            self._qparam_names[key] = self.const(f"{t.name}_zero_point", np.array(key[2], dtype=np_dtype))
+        return self._qparam_names[key]
+
+    # ------------------------------------------------------------------------------------------------ views
+    def rank(self, t: PyTensor) -> int:
+        return self._ranks.get(t.name, len(t.ir_shape))
+
+    def set_int(self, t: PyTensor, name: str, perm: Optional[Perm] = None) -> None:
+        """Register `name` as the integer value of IR tensor `t` in layout `perm` (identity by default)."""
+        rank = len(t.ir_shape)
+        self._ranks[t.name] = rank
+        self.views.setdefault(t.name, {})[tuple(perm) if perm is not None else identity(rank)] = name
+
+    def perms(self, t: PyTensor) -> List[Perm]:
+        return list(self.views.get(t.name, {}))
+
+    def int_value(self, t: PyTensor, perm: Optional[Perm] = None) -> str:
+        """The integer ONNX value of `t` in layout `perm`, adding one integer Transpose if nobody produced it."""
+        views = self.views.get(t.name)
+        if not views:
+            raise UnsupportedError(f"tensor '{t.name}' has no exported producer")
+        want = tuple(perm) if perm is not None else identity(self.rank(t))
+        if want in views:
+            return views[want]
+        have, source = next(iter(views.items()))
+        # source = ir.transpose(have); want = ir.transpose(want) = source.transpose(inverse(have)[want])
+        inv = inverse(have)
+        step = tuple(inv[a] for a in want)
+        name = self.add("Transpose", [source], hint=f"{t.name}_t{''.join(map(str, want))}", perm=list(step))
+        views[want] = name
+        return name
+
+    def float_value(self, t: PyTensor, perm: Optional[Perm] = None) -> str:
+        """DequantizeLinear of `t` in layout `perm` (one per tensor and layout, shared by all consumers)."""
+        want = tuple(perm) if perm is not None else identity(self.rank(t))
+        key = (t.name, want)
+        if key not in self._dq:
+            q = self.int_value(t, want)
+            scale, zp = self.qparam_inputs(t)
+            suffix = "" if want == identity(len(want)) else "_t" + "".join(map(str, want))
+            self._dq[key] = self.add("DequantizeLinear", [q, scale, zp], hint=f"{t.name}_dq{suffix}")
+        return self._dq[key]
+
+    def quantize(self, t: PyTensor, value: str, perm: Optional[Perm] = None, exact: bool = False) -> str:
+        """QuantizeLinear of the float `value` with `t`'s params (after a Clip to the dequantized bounds of a range
+        narrower than the dtype); the result becomes `t`'s integer value in layout `perm`.
+
+        `exact` (used in "effective" mode where quantopt's integers are themselves a float32 quantization
+        round(x · scale − zp), i.e. graph inputs and lookup tables): QuantizeLinear computes x / (1 / scale), which
+        rounds exact ties such as 0.5 · 255 = 127.5 differently, so the value is multiplied by the IR scale and
+        quantized with scale 1 instead."""
+        p = self.qparams(t)
+        if p.dtype not in QUANTIZABLE:
+            raise UnsupportedError(f"tensor '{t.name}' has dtype {p.dtype}: QuantizeLinear makes 8- and 16-bit "
+                                   "integers only")
+        zp = self._zero_point_input(t)
+        if exact and self.scales == "effective":
+            ir_scale = np.array(scalar(t.scale, "scales", t), dtype=np.float32)
+            value = self.add("Mul", [value, self.const(f"{t.name}_ir_scale", ir_scale)], hint=f"{t.name}_scaled")
+            scale = self.const(f"{t.name}_unit_scale", np.array(1.0, dtype=np.float32))
+            step = np.float32(1.0)
+        else:
+            scale = self._scale_input(t)
+            step = np.float32(p.scale)
+        if p.needs_clip:  # in float, before QuantizeLinear: onnxruntime has no 16-bit integer Clip
+            lo, hi = ((np.float32(v - p.zero_point) * step).astype(np.float32) for v in (p.qmin, p.qmax))
+            value = self.add("Clip", [value, self.const(f"{t.name}_qmin", lo), self.const(f"{t.name}_qmax", hi)],
+                             hint=f"{t.name}_range")
+        q = self.add("QuantizeLinear", [value, scale, zp], hint=f"{t.name}_q")
+        self.set_int(t, q, perm)
+        return q
+
+    def rescale(self, value: str, factor: float, what: str = "requant") -> str:
+        """In "effective" mode, multiply `value` by `factor`: the ratio between what an integer multiplier/shift
+        applies and the exact scale ratio it approximates (left out when it rounds to 1 in float32)."""
+        if self.scales != "effective" or np.float32(factor) == np.float32(1.0):
+            return value
+        return self.add("Mul", [value, self.const(f"{self.layer}/{what}_rounding", np.array(factor, np.float32))])
+
+    def common_perm(self, tensors: Sequence[PyTensor], rank: int, prefer: Optional[Perm] = None) -> Perm:
+        """A layout every tensor already has (so no Transpose is needed), `prefer` first; identity otherwise."""
+        if not tensors or any(self.rank(t) != rank for t in tensors):
+            return identity(rank)
+        shared = [p for p in self.perms(tensors[0]) if all(p in self.views.get(t.name, {}) for t in tensors[1:])]
+        if prefer is not None and prefer in shared:
+            return prefer
+        return shared[0] if shared else identity(rank)
+
+
+def same_qparams(a: PyTensor, b: PyTensor) -> bool:
+    """Whether two tensors carry identical quantization (integers can then move between them unchanged)."""
+    try:
+        return (scalar(a.scale, "scales", a) == scalar(b.scale, "scales", b) and
+                scalar(a.zerop, "zero points", a) == scalar(b.zerop, "zero points", b) and
+                a.dtype == b.dtype and (a.qmin, a.qmax) == (b.qmin, b.qmax))
+    except UnsupportedError:
+        return False
+
+
+def requant_ratio(node: PyNode) -> np.ndarray:
+    """M · 2^-N of a layer's stored multiplier/shift, [1] per tensor or [C] per channel (float64)."""
+    mult, shift = requant_of(node)
+    m = np.asarray(mult.numpy() if isinstance(mult, torch.Tensor) else [mult], dtype=np.float64).reshape(-1)
+    n = np.asarray(shift.numpy() if isinstance(shift, torch.Tensor) else [shift], dtype=np.float64).reshape(-1)
+    return m * np.power(2.0, -n)
+
+
+def node_error(node: PyNode, message: str) -> UnsupportedError:
+    return UnsupportedError(f"layer '{node.name}' ({node.type}): {message}")
+
+
+Converter = Callable[[QDQGraph, PyNode], None]
+CONVERTERS: Dict[str, Converter] = {}
+"""IR layer type → function adding the layer's ONNX nodes (filled by the convert_* modules)."""
+
+
+def converter(*optypes: str) -> Callable[[Converter], Converter]:
+    def register(fn: Converter) -> Converter:
+        for name in optypes:
+            CONVERTERS[name] = fn
+        return fn
+    return register
