@@ -29,7 +29,7 @@ from .errors import ConfigError, IRError, UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
 from .graph.node import PyNode
 from .graph.tensor import PyTensor
-from .ir.writer import write_ir
+from .ir.writer import atomic_write, write_ir
 from .log import OPT_INFO, StepTimer, attach_file, detach_file, warning_count
 from .passes.fake_quant import apply_fake_quant
 from .progress import progress
@@ -214,14 +214,17 @@ class OptMaster:
 
     def write_outputs(self, qgraph: QuantizeGraph) -> None:
         base = self.cfg.out_ir_name or f"{self.model_name}_o"
+        onnx_bytes = None
+        if self.cfg.export_onnx_qdq:  # built first: a layer without a QDQ mapping fails before any file is written
+            from .exporters.onnx_qdq import build_onnx_qdq
+            onnx_bytes = build_onnx_qdq(qgraph).SerializeToString()
         txt = os.path.join(self.output_dir, base + ".txt")
         txt, bin_path = write_ir(qgraph, txt)
         template = build_template(self.graph, qgraph, self.similarities)
         json_path = write_template(os.path.join(self.output_dir, f"{self.model_name}_opt_template.json"), template)
         self.files_written += [txt, bin_path, json_path]
-        if self.cfg.export_onnx_qdq:
-            from .exporters.onnx_qdq import export_onnx_qdq
-            self.files_written.append(export_onnx_qdq(qgraph, os.path.join(self.output_dir, base + ".qdq.onnx")))
+        if onnx_bytes is not None:
+            self.files_written.append(atomic_write(os.path.join(self.output_dir, base + ".qdq.onnx"), onnx_bytes))
 
     def evaluate(self, graph: PyGraph, metrics: Sequence[OptBaseMetric], quantized: bool) -> Dict[str, float]:
         """Metric scores of a graph on the validation data; quantized outputs are dequantized first."""

@@ -86,6 +86,7 @@ def measure_agreement(graph: PyGraph, inputs: Sequence[Any], scales: str = "effe
                 model.graph.output.append(onnx.helper.make_empty_tensor_value_info(value))
                 outputs.add(value)
     options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # measuring, not serving: no thread pool spinning on a busy machine
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -238,6 +238,8 @@ def convert_unary(g: QDQGraph, node: PyNode) -> None:
         value = _domain(g, node, value)
     for op in UNARY_OPS[str(node.type)]:
         value = g.add(op, [value, value] if op == "Mul" else [value])  # Square: x · x
+    if "lut" not in node.constants and "scale_value" in node.params:  # Abs, Negative: a multiplier s_out / s_in
+        value = g.rescale(value, requant_factor(node, tensor_scale(x)))
     g.quantize(y, value, perm, exact="lut" in node.constants)
 
 
