@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import torch.utils.data
 
 from quantopt import DataError, PluginError, PluginType, register_plugin
+from quantopt.data_files import text_lines
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".pbm", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp",
                     ".npy")
@@ -133,16 +134,7 @@ def _split_label(line: str) -> Tuple[str, Optional[str]]:
 
 def _read_lines(path: str) -> List[Tuple[int, str]]:
     """(line number, stripped text) of the non-blank, non-comment lines of a UTF-8 text file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise DataError("file not found", file=path) from None
-    except UnicodeDecodeError:
-        raise DataError("not a UTF-8 text file", file=path) from None
-    except OSError as e:
-        raise DataError(f"cannot read the file: {e.strerror or e}", file=path) from None
-    return [(n, s.strip()) for n, s in enumerate(text.splitlines(), 1) if s.strip() and not s.lstrip().startswith("#")]
+    return text_lines(path, skip_comments=True)
 
 
 def _list_file(path: str) -> List[Tuple[str, str]]:

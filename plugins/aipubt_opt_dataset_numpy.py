@@ -19,7 +19,6 @@ Every problem with a file is reported as a `DataError` naming that file, so the 
 """
 from __future__ import annotations
 
-import os
 import zipfile
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -28,6 +27,7 @@ import torch
 import torch.utils.data
 
 from quantopt import DataError, PluginType, register_plugin
+from quantopt.data_files import read_head
 
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
@@ -50,15 +50,7 @@ class OrderedArrays:
 
 def _sniff(path: str) -> str:
     """'npy', 'npz' or 'pickle' from the first bytes, so a wrong file gets a precise message, not numpy's guess."""
-    if not os.path.exists(path):
-        raise DataError("file not found", file=path)
-    if os.path.isdir(path):
-        raise DataError("is a directory, expected a .npy or .npz file", file=path)
-    try:
-        with open(path, "rb") as f:
-            head = f.read(6)
-    except OSError as e:
-        raise DataError(f"cannot read the file: {e.strerror or e}", file=path) from None
+    head = read_head(path, 6, "a .npy or .npz file")
     if head.startswith(_NPY_MAGIC):
         return "npy"
     if head[:4] in _ZIP_MAGICS:

@@ -11,7 +11,6 @@ file and the line or sample.
 from __future__ import annotations
 
 import json
-import os
 import zipfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -20,6 +19,7 @@ import torch
 import torch.utils.data
 
 from quantopt import DataError, PluginError, PluginType, register_plugin
+from quantopt.data_files import read_head, text_lines
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 _DTYPES = {"int64": np.int64, "int32": np.int32}
@@ -65,15 +65,7 @@ def _where(sample: int, line: Optional[int]) -> str:
 
 def _sniff(path: str) -> str:
     """'npy', 'npz', 'jsonl' or 'txt': NumPy files by their magic bytes, JSON lines by extension or first char."""
-    if not os.path.exists(path):
-        raise DataError("file not found", file=path)
-    if os.path.isdir(path):
-        raise DataError("is a directory, expected a token file (.txt, .jsonl, .npy or .npz)", file=path)
-    try:
-        with open(path, "rb") as f:
-            head = f.read(64)
-    except OSError as e:
-        raise DataError(f"cannot read the file: {e.strerror or e}", file=path) from None
+    head = read_head(path, 64, "a token file (.txt, .jsonl, .npy or .npz)")
     if head.startswith(b"\x93NUMPY"):
         return "npy"
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
@@ -81,18 +73,6 @@ def _sniff(path: str) -> str:
     if path.lower().endswith((".jsonl", ".json")) or head.lstrip()[:1] in (b"[", b"{"):
         return "jsonl"
     return "txt"
-
-
-def _text_lines(path: str) -> List[Tuple[int, str]]:
-    """(line number, text) of the non-blank lines of a UTF-8 file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except UnicodeDecodeError:
-        raise DataError("not a UTF-8 text file", file=path) from None
-    except OSError as e:
-        raise DataError(f"cannot read the file: {e.strerror or e}", file=path) from None
-    return [(n, s.strip()) for n, s in enumerate(text.splitlines(), 1) if s.strip()]
 
 
 def _int_list(path: str, line: int, what: str, values: Any) -> np.ndarray:
@@ -107,7 +87,7 @@ def _int_list(path: str, line: int, what: str, values: Any) -> np.ndarray:
 
 def _read_txt(path: str) -> List[_Sample]:
     out = []
-    for n, line in _text_lines(path):
+    for n, line in text_lines(path):
         ids = []
         for w in line.replace(",", " ").split():
             try:
@@ -123,7 +103,7 @@ def _read_txt(path: str) -> List[_Sample]:
 
 def _read_jsonl(path: str) -> List[_Sample]:
     out = []
-    for n, line in _text_lines(path):
+    for n, line in text_lines(path):
         try:
             item = json.loads(line)
         except json.JSONDecodeError as e:
@@ -219,7 +199,7 @@ def _read_labels(path: str, count: int, data_file: str) -> List[torch.Tensor]:
     elif kind == "npz":
         raise DataError("labels must be a .npy, .txt or .jsonl file", file=path)
     elif kind == "jsonl":
-        for n, line in _text_lines(path):
+        for n, line in text_lines(path):
             try:
                 item = json.loads(line)
             except json.JSONDecodeError as e:
@@ -236,7 +216,7 @@ def _read_labels(path: str, count: int, data_file: str) -> List[torch.Tensor]:
                 raise DataError("the label must be a number or a list of numbers", file=path, line=n)
             rows.append((n, value.astype(np.int64 if value.dtype.kind in "iu" else np.float32)))
     else:
-        rows = [(n, _number_row(path, n, line)) for n, line in _text_lines(path)]
+        rows = [(n, _number_row(path, n, line)) for n, line in text_lines(path)]
     if len(rows) != count:
         raise DataError(f"holds {len(rows)} labels but the data file {data_file} has {count} samples", file=path)
     out = []

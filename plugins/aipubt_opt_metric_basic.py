@@ -17,38 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from quantopt import DataError, OptBaseMetric, PluginError, PluginType, register_plugin
+from quantopt.metric_helpers import as_tensor_list, bool_arg, require_labels
 
 Outputs = Union[torch.Tensor, Sequence[torch.Tensor]]
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
 
 
-def _as_list(x: Any) -> List[torch.Tensor]:
-    items = list(x) if isinstance(x, (list, tuple)) else [x]
-    return [t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in items]
 
-
-def _require_labels(metric: str, labels: List[torch.Tensor]) -> None:
-    """All `-inf` means "no label file"; any other NaN/inf is bad data in the label file."""
-    for t in labels:
-        if t.is_floating_point() and not torch.isfinite(t).all():
-            if t.numel() and bool((t == float("-inf")).all()):
-                raise DataError(f"{metric} got non-finite labels: the dataset needs a label file (cfg 'label')")
-            bad = "NaN" if bool(torch.isnan(t).any()) else "inf"
-            raise DataError(f"{metric}: the labels of this batch contain {bad}; every label value must be finite")
-
-
-def _bool_arg(metric: str, name: str, value: Any) -> bool:
-    """A cfg flag: true/false, 1/0, yes/no, on/off (any case)."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise PluginError(f"{metric}: {name} must be true or false, got '{value}'")
 
 
 def _batch(t: torch.Tensor) -> int:
@@ -57,9 +32,9 @@ def _batch(t: torch.Tensor) -> int:
 
 def _pairs(metric: str, pred: Outputs, target: Any) -> List[Tuple[torch.Tensor, torch.Tensor]]:
     """(output, label) per model output, both float64 [B, values]; label i belongs to output i."""
-    outs = _as_list(pred)
-    labels = _as_list(target)
-    _require_labels(metric, labels)
+    outs = as_tensor_list(pred)
+    labels = as_tensor_list(target)
+    require_labels(metric, labels)
     if len(labels) != len(outs):
         raise DataError(f"{metric}: the model has {len(outs)} output(s) but the labels give {len(labels)} "
                         f"array(s); give one label array per output, in output order")
@@ -103,13 +78,13 @@ class TopKMetric(OptBaseMetric):
         if k < 1:
             raise PluginError(f"TopKMetric: K must be a positive integer, got '{K}'")
         self.k = k
-        self.with_argmax = _bool_arg("TopKMetric", "with_argmax", with_argmax)
+        self.with_argmax = bool_arg("TopKMetric", "with_argmax", with_argmax)
         self.reset()
 
     def __call__(self, pred: Outputs, target: Any) -> None:
-        out = _as_list(pred)[0]
-        labels = _as_list(target)
-        _require_labels("TopKMetric", labels)
+        out = as_tensor_list(pred)[0]
+        labels = as_tensor_list(target)
+        require_labels("TopKMetric", labels)
         batch = _batch(out)
         scores = out.reshape(batch, -1)
         classes = labels[0].reshape(-1)
@@ -150,9 +125,9 @@ class CosDistanceMetric(OptBaseMetric):
         self.reset()
 
     def __call__(self, pred: Outputs, target: Any) -> None:
-        outs = _as_list(pred)
-        labels = _as_list(target)
-        _require_labels("CosDistanceMetric", labels)
+        outs = as_tensor_list(pred)
+        labels = as_tensor_list(target)
+        require_labels("CosDistanceMetric", labels)
         batch = _batch(outs[0])
         for name, group in (("output", outs), ("label", labels)):
             for t in group:
@@ -298,8 +273,8 @@ class PsnrMetric(OptBaseMetric):
         self.label_max = -math.inf
 
     def __call__(self, pred: Outputs, target: Any) -> None:
-        outs = _as_list(pred)
-        labels = _as_list(target)
+        outs = as_tensor_list(pred)
+        labels = as_tensor_list(target)
         p, q = _pairs("PsnrMetric", outs[:1], labels[:1])[0]
         if q.numel() == 0:
             raise DataError("PsnrMetric: output 0 is empty")

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from quantopt import DataError, OptBaseMetric, PluginError, PluginType, register_plugin
+from quantopt.metric_helpers import as_tensor_list
 
 Outputs = Union[torch.Tensor, Sequence[torch.Tensor]]
 METHODS = {"voc": "VOC all-point", "voc11": "VOC 11-point", "coco": "COCO AP@[.5:.95]"}
@@ -28,10 +29,6 @@ COCO_MAX_DETS = 100
 TP, FP, IGNORED = 1, 0, -1
 Detections = Tuple[np.ndarray, np.ndarray, np.ndarray]  # boxes [D,4], scores [D], classes [D]
 
-
-def _as_list(x: Any) -> List[torch.Tensor]:
-    items = list(x) if isinstance(x, (list, tuple)) else [x]
-    return [t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in items]
 
 
 def _numpy(t: Any) -> np.ndarray:
@@ -163,7 +160,7 @@ class mAPMetric(OptBaseMetric):
         self._cache: Optional[np.ndarray] = None
 
     def __call__(self, pred: Outputs, target: Any) -> None:
-        detections = self._detections(_as_list(pred))
+        detections = self._detections(as_tensor_list(pred))
         truths = self._truths(target, len(detections))
         for (boxes, scores, classes), (gt_boxes, gt_classes, difficult) in zip(detections, truths):
             self._add_image(boxes, scores, classes, gt_boxes, gt_classes, difficult)
@@ -277,7 +274,7 @@ class mAPMetric(OptBaseMetric):
             classes = classes.reshape(boxes.shape[:2])
             difficult = difficult.reshape(boxes.shape[:2]) if difficult is not None else np.zeros_like(classes)
         else:
-            labels = _as_list(target)
+            labels = as_tensor_list(target)
             table = self._label_array(labels[0])
             if table.ndim == 2 and table.shape[0] == batch and table.shape[1] in (5, 6):
                 table = table[:, None]  # one box per image

@@ -8,30 +8,18 @@ batches, so any number of images streams through.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from quantopt import DataError, OptBaseMetric, PluginError, PluginType, register_plugin
+from quantopt.metric_helpers import as_tensor_list, require_labels
 
 Outputs = Union[torch.Tensor, Sequence[torch.Tensor]]
 LAYOUTS = ("NHWC", "NCHW", "INDEX")
 
 
-def _as_list(x: Any) -> List[torch.Tensor]:
-    items = list(x) if isinstance(x, (list, tuple)) else [x]
-    return [t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in items]
-
-
-def _require_labels(metric: str, labels: List[torch.Tensor]) -> None:
-    """All `-inf` means "no label file"; any other NaN/inf is bad data in the label file."""
-    for t in labels:
-        if t.is_floating_point() and not torch.isfinite(t).all():
-            if t.numel() and bool((t == float("-inf")).all()):
-                raise DataError(f"{metric} got non-finite labels: the dataset needs a label file (cfg 'label')")
-            bad = "NaN" if bool(torch.isnan(t).any()) else "inf"
-            raise DataError(f"{metric}: the labels of this batch contain {bad}; every label value must be finite")
 
 
 def _int_arg(metric: str, name: str, value: Any, minimum: int) -> int:
@@ -79,8 +67,8 @@ def _predicted(metric: str, out: torch.Tensor, layout: str) -> Tuple[np.ndarray,
 
 
 def _labels(metric: str, target: Any, pixels: int) -> np.ndarray:
-    labels = _as_list(target)
-    _require_labels(metric, labels)
+    labels = as_tensor_list(target)
+    require_labels(metric, labels)
     label = labels[0]
     if label.numel() != pixels:
         raise DataError(f"{metric}: the prediction has {pixels} pixels in this batch but the label has "
@@ -118,7 +106,7 @@ class mIoUMetric(OptBaseMetric):
 
     def __call__(self, pred: Outputs, target: Any) -> None:
         name = type(self).__name__
-        p, classes = _predicted(name, _as_list(pred)[0], self.layout)
+        p, classes = _predicted(name, as_tensor_list(pred)[0], self.layout)
         g = _labels(name, target, p.size)
         n = self.class_num or classes
         if self.class_num and classes and classes != self.class_num:
@@ -217,7 +205,7 @@ class F1scoreMetric(OptBaseMetric):
             getattr(self, name)[:len(counts)] += counts
 
     def __call__(self, pred: Outputs, target: Any) -> None:
-        p, _ = _predicted("F1scoreMetric", _as_list(pred)[0], self.layout)
+        p, _ = _predicted("F1scoreMetric", as_tensor_list(pred)[0], self.layout)
         g = _labels("F1scoreMetric", target, p.size)
         scored = g >= 0
         g, p = g[scored], p[scored]

@@ -14,39 +14,15 @@ import numpy as np
 import torch
 
 from quantopt import DataError, OptBaseMetric, PluginError, PluginType, register_plugin
+from quantopt.metric_helpers import as_tensor_list, bool_arg, require_labels
 
 Outputs = Union[torch.Tensor, Sequence[torch.Tensor]]
 INVALID = np.iinfo(np.int64).min
 """Stands for a NaN/inf prediction: kept in the sequence, equal to no reference token."""
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
 
 
-def _as_list(x: Any) -> List[torch.Tensor]:
-    items = list(x) if isinstance(x, (list, tuple)) else [x]
-    return [t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in items]
 
-
-def _require_labels(metric: str, labels: List[torch.Tensor]) -> None:
-    """All `-inf` means "no label file"; any other NaN/inf is bad data in the label file."""
-    for t in labels:
-        if t.is_floating_point() and not torch.isfinite(t).all():
-            if t.numel() and bool((t == float("-inf")).all()):
-                raise DataError(f"{metric} got non-finite labels: the dataset needs a label file (cfg 'label')")
-            bad = "NaN" if bool(torch.isnan(t).any()) else "inf"
-            raise DataError(f"{metric}: the labels of this batch contain {bad}; every label value must be finite")
-
-
-def _bool_arg(metric: str, name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise PluginError(f"{metric}: {name} must be true or false, got '{value}'")
 
 
 def _optional_id(metric: str, name: str, value: Any) -> Optional[int]:
@@ -100,7 +76,7 @@ class _EditRateMetric(OptBaseMetric):
         super().__init__(EOF, ctc)
         name = type(self).__name__
         self.eof = _optional_id(name, "EOF", EOF)
-        self.ctc = _bool_arg(name, "ctc", ctc)
+        self.ctc = bool_arg(name, "ctc", ctc)
         if self.ctc and self.eof is None:
             raise PluginError(f"{name}: ctc collapse needs the blank id, given as EOF (e.g. {name}(0,true))")
         self.reset()
@@ -135,8 +111,8 @@ class _EditRateMetric(OptBaseMetric):
 
     def _references(self, target: Any, batch: int) -> List[np.ndarray]:
         name = type(self).__name__
-        labels = _as_list(target)
-        _require_labels(name, labels)
+        labels = as_tensor_list(target)
+        require_labels(name, labels)
         padded = labels[0]
         rows_given = padded.shape[0] if padded.dim() else 1
         if rows_given != batch:
@@ -162,7 +138,7 @@ class _EditRateMetric(OptBaseMetric):
         return out
 
     def __call__(self, pred: Outputs, target: Any) -> None:
-        hyps = self._predictions(_as_list(pred)[0])
+        hyps = self._predictions(as_tensor_list(pred)[0])
         refs = self._references(target, len(hyps))
         for ref, hyp in zip(refs, hyps):
             r, h = self._units(ref), self._units(hyp)

@@ -191,11 +191,11 @@ def pool2d_nchw_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, method: str
     return div_round_half_even(total, divisor.to(torch.int64)) - zp
 
 
-def _method(node: PyNode, quantizing: bool = False) -> str:
+def _method(node: PyNode, quantizing: bool = False, allowed: Sequence[str] = METHODS) -> str:
     """The pooling method; others are an IR error for the forward and 'unsupported' for quantization."""
     method = str(node.get_param("method")).upper()
-    if method not in METHODS:
-        message = f"unsupported pooling method '{method}' (supported: {', '.join(METHODS)})"
+    if method not in allowed:
+        message = f"unsupported pooling method '{method}' (supported: {', '.join(allowed)})"
         if quantizing:
             raise UnsupportedError(f"layer '{node.name}' ({node.type}): quantizing {message}")
         raise node._error(message)
@@ -392,13 +392,7 @@ def adaptive_pool_nhwc(x: torch.Tensor, size: Tuple[int, int], method: str, zp: 
 
 
 def _adaptive_method(node: PyNode, quantizing: bool = False) -> str:
-    method = str(node.get_param("method")).upper()
-    if method not in ADAPTIVE_METHODS:
-        message = f"unsupported adaptive pooling method '{method}' (supported: {', '.join(ADAPTIVE_METHODS)})"
-        if quantizing:
-            raise UnsupportedError(f"layer '{node.name}' ({node.type}): quantizing {message}")
-        raise node._error(message)
-    return method
+    return _method(node, quantizing, ADAPTIVE_METHODS)
 
 
 @op_register(OpType.AdaptivePool)
@@ -508,13 +502,7 @@ def pool3d_ncdhw(node: PyNode, x: torch.Tensor, p: dict, method: str, integer: b
 
 
 def _method3d(node: PyNode, quantizing: bool = False) -> str:
-    method = str(node.get_param("method")).upper()
-    if method not in ("MAX", "AVG"):
-        message = f"unsupported pooling method '{method}' (supported: MAX, AVG)"
-        if quantizing:
-            raise UnsupportedError(f"layer '{node.name}' ({node.type}): quantizing {message}")
-        raise node._error(message)
-    return method
+    return _method(node, quantizing, ("MAX", "AVG"))
 
 
 @op_register(OpType.Pooling3D)
