@@ -20,7 +20,7 @@ from ..errors import DataError, UnsupportedError
 from ..graph.graph import PyGraph
 from ..graph.tensor import PyTensor
 from .convert_layout import takes_float
-from .onnx_qdq import convert_graph, require_onnx
+from .onnx_qdq import DEFAULT_SCALES, convert_graph, require_onnx
 from .qdq_graph import inverse, scalar
 
 STEP_TOLERANCE = 1e-3
@@ -32,6 +32,7 @@ class Agreement:
     share: float                     # output elements within one step, all outputs together
     max_steps: float                 # largest output difference, in output steps
     elements: int
+    identical: float = 0.0           # output elements equal to quantopt's (dequantized, to float32 precision)
     outputs: Dict[str, float] = field(default_factory=dict)   # share per output tensor
     layers: Dict[str, float] = field(default_factory=dict)    # per layer: isolated share within one step
 
@@ -63,7 +64,7 @@ def _feeds(graph: PyGraph, inputs: Sequence[Any]) -> Dict[str, np.ndarray]:
     return feeds
 
 
-def measure_agreement(graph: PyGraph, inputs: Sequence[Any], scales: str = "effective",
+def measure_agreement(graph: PyGraph, inputs: Sequence[Any], scales: str = DEFAULT_SCALES,
                       per_layer: bool = False, optimize: bool = True, opset: Optional[int] = None) -> Agreement:
     """Export `graph` (a quantized graph), run it with onnxruntime (CPU; `optimize` keeps the default graph
     optimizations, which fuse QDQ groups into integer kernels) and compare with quantopt's integer forward.
@@ -77,11 +78,12 @@ def measure_agreement(graph: PyGraph, inputs: Sequence[Any], scales: str = "effe
     if per_layer:
         outputs = {o.name for o in model.graph.output}
         initializers = {i.name for i in model.graph.initializer}
+        tensors = {t.name: t for n in graph.nodes for t in n.outputs}
         for name, layouts in qdq.views.items():
             perm, value = next(iter(layouts.items()))
             if value in initializers or value in {i.name for i in model.graph.input}:
                 continue
-            views[name] = (perm, value)
+            views[name] = (perm, value, qdq.qparams(tensors[name]).offset)
             if value not in outputs:
                 model.graph.output.append(onnx.helper.make_empty_tensor_value_info(value))
                 outputs.add(value)
@@ -96,7 +98,7 @@ def measure_agreement(graph: PyGraph, inputs: Sequence[Any], scales: str = "effe
     with torch.no_grad():
         graph.forward([torch.from_numpy(feeds[t.name]) for t in graph.input_tensors])
     shares: Dict[str, float] = {}
-    within, total, worst = 0, 0, 0.0
+    within, same, total, worst = 0, 0, 0, 0.0
     for t in graph.output_tensors:
         ref = to_float(t).numpy().astype(np.float64)
         got = results[t.name].astype(np.float64)
@@ -107,8 +109,9 @@ def measure_agreement(graph: PyGraph, inputs: Sequence[Any], scales: str = "effe
         ok = int(np.count_nonzero(steps <= 1.0 + STEP_TOLERANCE))
         shares[t.name] = ok / max(steps.size, 1)
         within, total = within + ok, total + steps.size
+        same += int(np.count_nonzero(steps <= STEP_TOLERANCE))
         worst = max(worst, float(steps.max()) if steps.size else 0.0)
-    result = Agreement(within / max(total, 1), worst, total, shares)
+    result = Agreement(within / max(total, 1), worst, total, same / max(total, 1), shares)
     if per_layer:
         result.layers = _isolated_layers(graph, views, results)
     return result
@@ -119,8 +122,9 @@ def _isolated_layers(graph: PyGraph, views: Dict[str, Any], results: Dict[str, n
     def ort_value(t: PyTensor) -> Optional[torch.Tensor]:
         if t.name not in views:
             return None
-        perm, value = views[t.name]
-        return torch.from_numpy(np.ascontiguousarray(results[value].astype(np.int64).transpose(inverse(perm))))
+        perm, value, offset = views[t.name]
+        ir_values = results[value].astype(np.int64).transpose(inverse(perm)) - offset
+        return torch.from_numpy(np.ascontiguousarray(ir_values))
 
     shares: Dict[str, float] = {}
     with torch.no_grad():

@@ -8,6 +8,7 @@ from typing import List
 
 from ..errors import QuantOptError, UnsupportedError
 from ..log import OPT_ERROR, setup_console
+from .onnx_qdq import DEFAULT_SCALES, SCALE_MODES
 
 FORMATS = ("onnx-qdq",)
 
@@ -20,9 +21,10 @@ def _parser() -> argparse.ArgumentParser:
                    "DequantizeLinear pairs")
     p.add_argument("-o", "--output", required=True, help="the file to write")
     p.add_argument("--opset", type=int, default=None, help="ONNX opset (default 19, or 21 for 16-bit tensors)")
-    p.add_argument("--scales", default="effective", choices=("effective", "ir"),
-                   help="effective (default): weight scales and rescaling Muls reproduce the integer multipliers; "
-                   "ir: the IR's scales only")
+    p.add_argument("--scales", default=DEFAULT_SCALES, choices=SCALE_MODES,
+                   help="exact (default): onnxruntime computes quantopt's integers (integer-unit MAC layers, "
+                   "tables as Gather, float64 requantization); effective: the IR's activation scales, weight "
+                   "scales and rescaling Muls reproducing the multipliers; ir: the IR's scales only")
     p.add_argument("--static-batch", action="store_true", help="keep the IR batch size instead of a symbolic one")
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     return p

@@ -17,6 +17,8 @@ from ..graph.tensor import PyTensor
 from ..ops._quant import tensor_scale
 from ..ops._shared import axis_param, bool_param
 from ..ops.batchnorm_pad import pad_pairs
+from . import convert_exact
+from .convert_exact import DOUBLE
 from .qdq_graph import (
     FLOAT,
     ONNX_INT_TYPES,
@@ -66,12 +68,11 @@ def convert_input(g: QDQGraph, node: PyNode) -> None:
 def convert_constant(g: QDQGraph, node: PyNode) -> None:
     """The stored integers become an initializer of the output dtype."""
     t = node.outputs[0]
-    g.qparams(t)
-    values = node.get_constant("weights").betensor.to(torch.int64)
+    p = g.qparams(t)
+    values = node.get_constant("weights").betensor.to(torch.int64) + p.offset
     if values.numel() == t.ir_numel:
         values = values.reshape(t.ir_shape)
-    np_dtype = ONNX_INT_TYPES[t.dtype][1]
-    g.set_int(t, g.const(f"{t.name}_q", values.numpy().astype(np_dtype)))
+    g.set_int(t, g.const(f"{t.name}_q", values.numpy().astype(ONNX_INT_TYPES[p.dtype][1])))
 
 
 # ------------------------------------------------------------------------------------------------ data movement
@@ -141,6 +142,8 @@ def convert_concat(g: QDQGraph, node: PyNode) -> None:
     if all(same_qparams(t, y) for t in node.inputs):
         g.set_int(y, g.add("Concat", [g.int_value(t, perm) for t in node.inputs], axis=axis), perm)
         return
+    if convert_exact.concat(g, node, perm, axis):
+        return
     branches = [g.float_value(t, perm) for t in node.inputs]
     if "scale_value" in node.params:  # per-branch multipliers M_i 2^-N_i for s_out / s_i
         branches = [g.rescale(v, float(m) * 2.0 ** -float(n) * tensor_scale(t) / tensor_scale(y), f"requant{i}")
@@ -167,7 +170,8 @@ def convert_pad(g: QDQGraph, node: PyNode) -> None:
     if y.dtype.bits == 8:  # onnxruntime pads 8-bit integers but not 16-bit ones
         inputs = [g.int_value(x, perm), g.ints(f"{node.name}/pads", pads)]
         if mode == "CONSTANT":
-            inputs.append(g.const(f"{node.name}/value", np.array(value, dtype=ONNX_INT_TYPES[y.dtype][1])))
+            p = g.qparams(y)
+            inputs.append(g.const(f"{node.name}/value", np.array(value + p.offset, dtype=ONNX_INT_TYPES[p.dtype][1])))
         g.set_int(y, g.add("Pad", inputs, mode=modes[mode]), perm)
         return
     inputs = [g.float_value(x, perm), g.ints(f"{node.name}/pads", pads)]
@@ -211,13 +215,56 @@ def _pool_float(g: QDQGraph, node: PyNode, method: str, x: str, rank: int, spati
                  pads=pads_b + [e + x_ for e, x_ in zip(pads_e, extra)], count_include_pad=count_pad)
 
 
+BYTE_SPLIT_CELLS = 1 << 16
+"""Windows below this many cells sum bytes (values below 2^8) exactly in float32."""
+
+
+def _window_counts(params: dict) -> np.ndarray:
+    """The divisor of every output cell (docs/integer-semantics.md, Pooling AVG): per axis the real cells of the
+    window (plus its padding cells with count_include_pad), multiplied over the axes."""
+    total = np.ones([1], dtype=np.float64)
+    for i, n in enumerate(params["sizes"]):
+        k, s, d, before, after = (params[key][i] for key in ("k", "s", "d", "before", "after"))
+        out, _ = pool_axis(n, k, s, d, before, after, params["ceil"])
+        pos = np.arange(out)[:, None] * s - before + np.arange(k)[None, :] * d
+        counted = (pos >= -before) & (pos < n + after) if params["count_pad"] else (pos >= 0) & (pos < n)
+        total = np.multiply.outer(total, counted.sum(axis=1).astype(np.float64))
+    return total.reshape((1,) + total.shape)  # [1, 1, out_h, out_w]: batch and channel broadcast
+
+
+def _window_sums(g: QDQGraph, node: PyNode, x: str, params: dict, channels: int) -> str:
+    """Σ over every pooling window (padding and ceil-mode cells 0) by a depthwise Conv with ones, float32."""
+    kernel, strides, dil, pads_b, pads_e = (params[k] for k in ("k", "s", "d", "before", "after"))
+    extra = [pool_axis(int(n), kernel[i], strides[i], dil[i], pads_b[i], pads_e[i], params["ceil"])[1]
+             for i, n in enumerate(params["sizes"])]
+    ones = g.const(f"{node.name}/window", np.ones([channels, 1, *kernel], dtype=np.float32))
+    return g.add("Conv", [x, ones], kernel_shape=kernel, strides=strides, dilations=dil, group=channels,
+                 pads=pads_b + [e + x_ for e, x_ in zip(pads_e, extra)])
+
+
 def _average_codes(g: QDQGraph, node: PyNode, codes: str, p: QParams, rank: int, spatial: List[int],
                    params: dict) -> str:
     """AVG pooling that keeps its input's params, on the codes: round_half_even(mean(q + zp)) - zp with float32
-    sums of integers (exact), so ties round as the integer forward rounds them."""
+    sums of integers (exact), so ties round as the integer forward rounds them. In "exact" mode the window sums
+    are divided by the cell counts in float64: float32's quotient of 16-bit sums can miss a rounding boundary."""
     zp = g.const(f"{node.name}/zero_point", np.array(p.zero_point, dtype=np.float32))
     shifted = g.add("Sub", [g.add("Cast", [codes], to=FLOAT), zp])  # ONNX zero point = -zp_ir
-    mean = g.add("Round", [_pool_float(g, node, "AVG", shifted, rank, spatial, params)])
+    cells = int(np.prod(params["k"]))
+    if g.unit_domain and cells < BYTE_SPLIT_CELLS:
+        channels = int(node.inputs[0].ir_shape[-1])
+        if cells * max(abs(p.qmin - p.zero_point), abs(p.qmax - p.zero_point)) < 2 ** 24:
+            sums = g.add("Cast", [_window_sums(g, node, shifted, params, channels)], to=DOUBLE)
+        else:  # float32 sums of the high and low bytes (each below 2^24), combined in float64
+            byte = g.const(f"{node.name}/byte", np.array(256.0, dtype=np.float32))
+            high = g.add("Floor", [g.add("Div", [shifted, byte])])
+            low = g.add("Sub", [shifted, g.add("Mul", [high, byte])])
+            high_sums = g.add("Cast", [_window_sums(g, node, high, params, channels)], to=DOUBLE)
+            sums = g.add("Add", [g.add("Mul", [high_sums, g.const(f"{node.name}/byte_d", np.array(256.0))]),
+                                 g.add("Cast", [_window_sums(g, node, low, params, channels)], to=DOUBLE)])
+        mean = g.add("Div", [sums, g.const(f"{node.name}/counts", _window_counts(params))])
+        mean = g.add("Cast", [g.add("Round", [mean])], to=FLOAT)
+    else:
+        mean = g.add("Round", [_pool_float(g, node, "AVG", shifted, rank, spatial, params)])
     return g.add("Cast", [g.add("Add", [mean, zp])], to=g.elem_type(p.dtype))
 
 
@@ -266,6 +313,13 @@ def convert_global_pool(g: QDQGraph, node: PyNode) -> None:
     if any(_int(node, k, 0) for k in ("pad_left", "pad_right", "pad_top", "pad_bottom")):
         raise node_error(node, "padded global pooling has no QDQ mapping")
     cf = channels_first(g.rank(x))
+    if method == "AVG" and g.unit_domain and same_qparams(x, y):  # Pooling AVG with the whole input as window
+        sizes = [int(v) for v in x.ir_shape[1:-1]]
+        params = {"k": sizes, "s": [1] * len(sizes), "d": [1] * len(sizes), "before": [0] * len(sizes),
+                  "after": [0] * len(sizes), "sizes": sizes, "ceil": False, "count_pad": False}
+        g.set_int(y, _average_codes(g, node, g.int_value(x, cf), g.qparams(x), g.rank(x),
+                                    list(range(2, g.rank(x))), params), cf)
+        return
     g.quantize(y, g.add(ops[method], [g.float_value(x, cf)]), cf)
 
 
@@ -294,7 +348,8 @@ def _resize_scales(node: PyNode, x: PyTensor, y: PyTensor, spatial: List[int]) -
 
 @converter("Resize", "Interp")
 def convert_resize(g: QDQGraph, node: PyNode) -> None:
-    """ONNX Resize channels-first on the spatial axes (sizes, or scales when the IR gives other ratios)."""
+    """ONNX Resize to the output sizes (scales when the IR gives other ratios), in the layout the input already
+    has (channels-first preferred)."""
     x, y = node.inputs[0], node.outputs[0]
     rank = g.rank(x)
     if rank not in (3, 4, 5):
@@ -311,19 +366,28 @@ def convert_resize(g: QDQGraph, node: PyNode) -> None:
     if bool_param(node, "antialias", False) or bool_param(node, "exclude_outside", False):
         raise node_error(node, "antialias/exclude_outside resize has no QDQ mapping")
     spatial = list(range(1, rank - 1))
-    cf = channels_first(rank)
-    axes = [cf.index(a) for a in spatial]
+    perm = g.common_perm([x], rank, prefer=channels_first(rank))
+    value = g.float_value(x, perm)
     scales = _resize_scales(node, x, y, spatial)
-    if scales is None:
-        inputs = [g.float_value(x, cf), "", "", g.ints(f"{node.name}/sizes", [int(y.ir_shape[a]) for a in spatial])]
+    if scales is None:  # sizes of every axis (no `axes` attribute: onnxruntime's layout optimizer mishandles it)
+        sizes = [int(y.ir_shape[a]) for a in perm]
+        if g.dynamic_batch:
+            batch = g.add("Slice", [g.add("Shape", [value]), g.ints(f"{node.name}/batch_start", [0]),
+                                    g.ints(f"{node.name}/batch_end", [1])])
+            target = g.add("Concat", [batch, g.ints(f"{node.name}/sizes", sizes[1:])], axis=0)
+        else:
+            target = g.ints(f"{node.name}/sizes", sizes)
+        inputs = [value, "", "", target]
     else:
-        inputs = [g.float_value(x, cf), "", g.const(f"{node.name}/scales", np.asarray(scales, dtype=np.float32))]
+        ratio = dict(zip(spatial, scales))
+        full = np.asarray([ratio.get(a, 1.0) for a in perm], dtype=np.float32)
+        inputs = [value, "", g.const(f"{node.name}/scales", full)]
     mode = RESIZE_MODES[method]
-    out = g.add("Resize", inputs, mode=mode, coordinate_transformation_mode=coord, axes=axes,
+    out = g.add("Resize", inputs, mode=mode, coordinate_transformation_mode=coord,
                 nearest_mode=nearest if mode == "nearest" else None,
                 cubic_coeff_a=float(node.get_param("cubic_coeff_a", optional=True, default_value=-0.75))
                 if mode == "cubic" else None)
-    g.quantize(y, out, cf)
+    g.quantize(y, out, perm)
 
 
 # ------------------------------------------------------------------------------------------------ reduce
@@ -350,10 +414,13 @@ def convert_reduce(g: QDQGraph, node: PyNode) -> None:
     keepdims = bool_param(node, "keepdims", True)
     perm = g.common_perm([x], rank, prefer=channels_first(rank))
     onnx_axes = sorted(perm.index(a) for a in axes)
+    out_perm = perm if keepdims else reduced_perm(perm, axes)
+    count = int(np.prod([int(x.ir_shape[a]) for a in axes]))
+    if convert_exact.reduce_sum(g, node, method, perm, onnx_axes, keepdims, out_perm, count):
+        return
     out = g.add(REDUCE_OPS[method], [g.float_value(x, perm), g.ints(f"{node.name}/axes", onnx_axes)],
                 keepdims=int(keepdims))
     if method in ("SUM", "MEAN"):  # one multiplier for s_out / s_in (/ count)
-        count = int(np.prod([int(x.ir_shape[a]) for a in axes])) if method == "MEAN" else 1
         ratio = float(requant_ratio(node)[0])
-        out = g.rescale(out, ratio * tensor_scale(x) * count / tensor_scale(y))
-    g.quantize(y, out, perm if keepdims else reduced_perm(perm, axes))
+        out = g.rescale(out, ratio * tensor_scale(x) * (count if method == "MEAN" else 1) / tensor_scale(y))
+    g.quantize(y, out, out_perm)

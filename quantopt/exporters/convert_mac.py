@@ -21,8 +21,9 @@ import torch
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
-from ..ops._quant import effective_weights, tensor_scale
+from ..ops._quant import effective_weights, fused_activation_bounds, tensor_scale
 from ..ops._shared import axis_param, bool_param
+from . import convert_exact
 from .qdq_graph import QDQGraph, channels_first, converter, identity, node_error, requant_ratio
 
 EXACT_SCALE_ULPS = 4
@@ -56,9 +57,12 @@ def exact_weight_scale(ratio: np.ndarray, x_scale: float, y_scale: float) -> np.
     return best
 
 
-def weight_onnx_scale(g: QDQGraph, node: PyNode, x: PyTensor, y: PyTensor) -> np.ndarray:
-    """float32 ONNX weight scales, [1] or [C]."""
-    if g.scales == "effective":
+def weight_onnx_scale(g: QDQGraph, node: PyNode, x: PyTensor, y: PyTensor, unit: bool = False) -> np.ndarray:
+    """float32 ONNX weight scales, [1] or [C]; with `unit` (input and output in integer units) the multiplier
+    M · 2^-N itself, exact in float32."""
+    if unit:
+        return requant_ratio(node).astype(np.float32)
+    if g.folds_multipliers:
         return exact_weight_scale(requant_ratio(node), g.qparams(x).scale, g.qparams(y).scale)
     s_w = _vector(node, "weights_scale", 1.0)
     if np.any(s_w <= 0):
@@ -112,12 +116,13 @@ def input_folded_bias(node: PyNode, x: PyTensor) -> np.ndarray:
     return (b - zp_in * per_out).numpy()
 
 
-def bias_value(g: QDQGraph, node: PyNode, x: PyTensor, w_scale: np.ndarray, shape: Optional[Tuple[int, ...]] = None
-               ) -> str:
-    """The float bias: DequantizeLinear of int32 b_q with scale x_scale · w_scale (what a QLinear kernel expects),
-    or a float initializer when b_q does not fit int32 (48-bit biases)."""
+def bias_value(g: QDQGraph, node: PyNode, x: PyTensor, w_scale: np.ndarray, shape: Optional[Tuple[int, ...]] = None,
+               unit: bool = False) -> str:
+    """The float bias: DequantizeLinear of int32 b_q with scale x_scale · w_scale (what a QLinear kernel expects;
+    x_scale 1 with `unit`), or a float initializer when b_q does not fit int32 (48-bit biases)."""
     b = input_folded_bias(node, x)
-    scale = (np.float32(g.qparams(x).scale) * w_scale.reshape(-1)).astype(np.float32)
+    x_scale = np.float32(1.0) if unit else np.float32(g.qparams(x).scale)
+    scale = (x_scale * w_scale.reshape(-1)).astype(np.float32)
     b = b.reshape(shape) if shape is not None else b
     info = np.iinfo(np.int32)
     if b.size and (b.min() < info.min or b.max() > info.max):
@@ -147,8 +152,91 @@ def fused_activation(g: QDQGraph, node: PyNode, value: str) -> str:
     raise node_error(node, f"fused activation {act} has no QDQ mapping")
 
 
+def quantize_mac_output(g: QDQGraph, node: PyNode, value: str, perm: Optional[Tuple[int, ...]], unit: bool) -> None:
+    """QuantizeLinear of a MAC result: in integer units, the fused RELU/RELU6/CLIP is the Clip to its integer
+    bounds (left out when they are the dtype's range, so onnxruntime fuses the group into one integer kernel);
+    with the IR's scales, the float activation op."""
+    y = node.outputs[0]
+    if unit:
+        g.quantize(y, value, perm, unit=True, bounds=fused_activation_bounds(node))
+    else:
+        g.quantize(y, fused_activation(g, node, value), perm)
+
+
 def _int(node: PyNode, key: str, default: int) -> int:
     return int(node.get_param(key, optional=True, default_value=default))
+
+
+# ------------------------------------------------------------------------------------------------ wide MACs
+def _wide_double_mac(g: QDQGraph, node: PyNode, inner: int) -> Optional[np.ndarray]:
+    """The requant ratios when a MAC layer with wider than 8-bit inputs or weights (which onnxruntime has no
+    integer kernel for) can be computed exactly in float64 (`convert_exact`): no remain_shift, sums of `inner`
+    products below 2^53, shifts small enough; None otherwise."""
+    x = node.inputs[0]
+    w = effective_weights(node)
+    wide = (x.qbits or 8) > 8 or node.get_constant("weights").dtype.bits > 8
+    if not g.unit_domain or not wide or node.params.get("remain_shift") is not None:
+        return None
+    lo, hi = x.qmin + int(round(float(x.zerop))), x.qmax + int(round(float(x.zerop)))
+    bias = np.abs(input_folded_bias(node, x)).max(initial=0)
+    if inner * max(abs(lo), abs(hi)) * int(w.abs().max()) + bias >= 2 ** 53:
+        return None
+    return convert_exact.exact_ratio(node)
+
+
+def _conv_double(g: QDQGraph, node: PyNode, group: int) -> bool:
+    """Σ over kernel positions of (strided slice of the padded codes) · weights, in NHWC float64: a MatMul with
+    the block-diagonal [C, O] matrix of the position, or for one input channel per group (depthwise) a Gather of
+    each output's channel times its weights; then bias and requantization (exact, see `_wide_double_mac`)."""
+    x, y = node.inputs[0], node.outputs[0]
+    w = effective_weights(node).numpy()  # [O, kh, kw, C/group]
+    out_c, kh, kw, per_group = w.shape
+    ratio = _wide_double_mac(g, node, kh * kw * per_group)
+    if ratio is None:
+        return False
+    in_c, oh, ow = int(x.ir_shape[3]), int(y.ir_shape[1]), int(y.ir_shape[2])
+    sy, sx = _int(node, "stride_y", 1), _int(node, "stride_x", 1)
+    dy, dx = _int(node, "dilation_y", 1), _int(node, "dilation_x", 1)
+    top, left, bottom, right = (_int(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right"))
+    codes = convert_exact.codes(g, x)
+    if top or left or bottom or right:
+        codes = g.add("Pad", [codes, g.ints(f"{node.name}/pads", [0, top, left, 0, 0, bottom, right, 0])])
+    out_per_group = out_c // group
+    source = np.arange(out_c) // out_per_group  # the input channel of each output when per_group == 1
+    total = None
+    for i in range(kh):
+        for j in range(kw):
+            window = g.add("Slice", [codes, g.ints(f"{node.name}/starts", [i * dy, j * dx]),
+                                     g.ints(f"{node.name}/ends", [i * dy + (oh - 1) * sy + 1,
+                                                                  j * dx + (ow - 1) * sx + 1]),
+                                     g.ints(f"{node.name}/axes", [1, 2]), g.ints(f"{node.name}/steps", [sy, sx])])
+            if per_group == 1:
+                if out_c != in_c or not np.array_equal(source, np.arange(in_c)):
+                    window = g.add("Gather", [window, g.ints(f"{node.name}/channels", source)], axis=3)
+                term = g.add("Mul", [window, g.const(f"{node.name}/w{i}_{j}", w[:, i, j, 0].astype(np.float64))])
+            else:
+                matrix = np.zeros((in_c, out_c), dtype=np.float64)
+                for o in range(out_c):
+                    first = (o // out_per_group) * per_group
+                    matrix[first:first + per_group, o] = w[o, i, j, :]
+                term = g.add("MatMul", [window, g.const(f"{node.name}/w{i}_{j}", matrix)])
+            total = term if total is None else g.add("Add", [total, term])
+    bias = input_folded_bias(node, x).astype(np.float64)
+    total = g.add("Add", [total, g.const(f"{node.name}/bias", bias)])
+    convert_exact.requantize(g, node, total, ratio, None, fused_activation_bounds(node))
+    return True
+
+
+def _fully_connected_double(g: QDQGraph, node: PyNode) -> bool:
+    x = node.inputs[0]
+    w = effective_weights(node).numpy()  # [O, K]
+    ratio = _wide_double_mac(g, node, int(w.shape[1]))
+    if ratio is None:
+        return False
+    product = g.add("MatMul", [convert_exact.codes(g, x), g.const(f"{node.name}/weights", w.T.astype(np.float64))])
+    total = g.add("Add", [product, g.const(f"{node.name}/bias", input_folded_bias(node, x).astype(np.float64))])
+    convert_exact.requantize(g, node, total, ratio, None, fused_activation_bounds(node))
+    return True
 
 
 # ------------------------------------------------------------------------------------------------ converters
@@ -163,30 +251,36 @@ def convert_conv(g: QDQGraph, node: PyNode) -> None:
         raise node_error(node, f"weights must be OHWI, got shape {list(w_q.shape)}")
     in_c = int(x.ir_shape[3])
     group = _int(node, "group", in_c if str(node.type) == "DepthwiseConv" else 1)
-    scale = weight_onnx_scale(g, node, x, y)
+    if _conv_double(g, node, group):
+        return
+    unit = g.unit_domain
+    scale = weight_onnx_scale(g, node, x, y, unit)
     w = weight_value(g, node, w_q.transpose(0, 3, 1, 2), scale, axis=0)
-    b = bias_value(g, node, x, scale)
+    b = bias_value(g, node, x, scale, unit=unit)
     pads = [_int(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right")]
-    conv = g.add("Conv", [g.float_value(x, cf), w, b], kernel_shape=[int(w_q.shape[1]), int(w_q.shape[2])],
+    conv = g.add("Conv", [g.float_value(x, cf, unit), w, b], kernel_shape=[int(w_q.shape[1]), int(w_q.shape[2])],
                  strides=[_int(node, "stride_y", 1), _int(node, "stride_x", 1)],
                  dilations=[_int(node, "dilation_y", 1), _int(node, "dilation_x", 1)], pads=pads, group=group)
-    g.quantize(y, fused_activation(g, node, conv), cf)
+    quantize_mac_output(g, node, conv, cf, unit)
 
 
 @converter("FullyConnected")
 def convert_fully_connected(g: QDQGraph, node: PyNode) -> None:
     """Gemm (transB) for 2-D inputs, MatMul + Add over the last axis otherwise."""
     x, y = node.inputs[0], node.outputs[0]
+    if _fully_connected_double(g, node):
+        return
     w_q = node.get_constant("weights").betensor.to(torch.int64).numpy()
-    scale = weight_onnx_scale(g, node, x, y)
-    b = bias_value(g, node, x, scale)
-    xf = g.float_value(x)
+    unit = g.unit_domain
+    scale = weight_onnx_scale(g, node, x, y, unit)
+    b = bias_value(g, node, x, scale, unit=unit)
+    xf = g.float_value(x, unit=unit)
     if g.rank(x) == 2:
         out = g.add("Gemm", [xf, weight_value(g, node, w_q, scale, axis=0), b], transB=1)
     else:
         mm = g.add("MatMul", [xf, weight_value(g, node, w_q.T, scale, axis=1)])
         out = g.add("Add", [mm, b])
-    g.quantize(y, fused_activation(g, node, out))
+    quantize_mac_output(g, node, out, None, unit)
 
 
 @converter("MatMul")
@@ -194,12 +288,15 @@ def convert_matmul(g: QDQGraph, node: PyNode) -> None:
     """Two activations; trans_a/trans_b become layouts of the inputs (integer Transposes, shared)."""
     if len(node.inputs) != 2:
         raise node_error(node, f"needs 2 inputs, got {len(node.inputs)}")
-    values = []
+    perms = []
     for t, key in zip(node.inputs, ("trans_a", "trans_b")):
         perm = list(identity(g.rank(t)))
         if bool_param(node, key, False):
             perm[-2], perm[-1] = perm[-1], perm[-2]
-        values.append(g.float_value(t, tuple(perm)))
+        perms.append(tuple(perm))
+    if convert_exact.matmul(g, node, perms):
+        return
+    values = [g.float_value(t, perm) for t, perm in zip(node.inputs, perms)]
     a, b = node.inputs
     factor = float(requant_ratio(node)[0]) * tensor_scale(a) * tensor_scale(b) / tensor_scale(node.outputs[0])
     out = g.rescale(g.add("MatMul", values), factor)
@@ -215,6 +312,15 @@ def convert_batchnorm(g: QDQGraph, node: PyNode) -> None:
     perm = g.common_perm([x], rank, prefer=channels_first(rank))
     pos = perm.index(axis)
     shape = (-1,) + (1,) * (rank - 1 - pos)
+    ratio = convert_exact.exact_ratio(node) if g.unit_domain else None
+    if ratio is not None:  # x' · (w + zp_w) + b per channel, requantized per channel, in float64
+        w_eff = effective_weights(node).reshape(-1).numpy().astype(np.float64)
+        acc = g.add("Add", [g.add("Mul", [convert_exact.codes(g, x, perm), g.const(f"{node.name}/weights",
+                                                                                  w_eff.reshape(shape))]),
+                            g.const(f"{node.name}/bias", input_folded_bias(node, x).astype(np.float64).reshape(shape))])
+        convert_exact.requantize(g, node, acc, ratio, perm, fused_activation_bounds(node),
+                                 channel_shape=shape if ratio.size > 1 else None)
+        return
     w_q = node.get_constant("weights").betensor.to(torch.int64).reshape(-1).numpy()
     scale = weight_onnx_scale(g, node, x, y)
     w = weight_value(g, node, w_q.reshape(shape), scale, axis=0)

@@ -21,6 +21,7 @@ from ..ops.activation import activation_method
 from ..ops.eltwise import STANDALONE_METHODS as ELTWISE_STANDALONE
 from ..ops.eltwise import eltwise_method
 from ..ops.unary_math import domain_clamp
+from . import convert_exact
 from .convert_mac import fused_activation
 from .qdq_graph import Perm, QDQGraph, channels_first, converter, node_error, requant_ratio, same_qparams
 
@@ -100,12 +101,20 @@ def _prelu(g: QDQGraph, node: PyNode, x: str, perm: Perm) -> str:
     return g.add("PRelu", [x, g.const(f"{node.name}/slope", slope)])
 
 
+def _exact_prelu(g: QDQGraph, node: PyNode, perm: Perm) -> bool:
+    const = node.get_constant("negative_slope", optional=True)
+    if const is None:
+        return False
+    slope = _broadcast_constant(const.betensor.to(torch.int64).numpy(), len(perm), perm)
+    return convert_exact.prelu(g, node, slope, int(node.params.get("negative_slope_shift", 0)), perm)
+
+
 def _slope_rounding(g: QDQGraph, node: PyNode, value: str, slopes: np.ndarray) -> str:
     """The integer forward rounds x·slope to the input grid before requantizing (docs/integer-semantics.md,
-    LEAKYRELU/PRELU); in "effective" mode a QuantizeLinear/DequantizeLinear pair on the input grid (zero point 0)
-    does the same, when the products fit int8 (int16 from opset 21)."""
+    LEAKYRELU/PRELU); when multipliers are folded a QuantizeLinear/DequantizeLinear pair on the input grid (zero
+    point 0) does the same, when the products fit int8 (int16 from opset 21)."""
     x = node.inputs[0]
-    if g.scales != "effective":
+    if not g.folds_multipliers:
         return value
     p = g.qparams(x)
     lo_x, hi_x = p.qmin - p.zero_point, p.qmax - p.zero_point  # x + zp_ir over the input range
@@ -141,8 +150,12 @@ def _swish(g: QDQGraph, node: PyNode, x: str, alpha: float) -> str:
     return g.add("Mul", [x, g.add("Sigmoid", [scaled])])
 
 
+def _crelu_axis(node: PyNode, perm: Perm) -> int:
+    return perm.index(axis_param(node, node.get_param("axis", optional=True, default_value=-1), len(perm)))
+
+
 def _crelu(g: QDQGraph, node: PyNode, x: str, perm: Perm) -> str:
-    axis = perm.index(axis_param(node, node.get_param("axis", optional=True, default_value=-1), len(perm)))
+    axis = _crelu_axis(node, perm)
     return g.add("Concat", [g.add("Relu", [x]), g.add("Relu", [g.add("Neg", [x])])], axis=axis)
 
 
@@ -197,6 +210,12 @@ def convert_activation(g: QDQGraph, node: PyNode) -> None:
         return
     if method not in ACTIVATIONS:
         raise node_error(node, f"activation method {method} has no QDQ mapping")
+    if convert_exact.try_table(g, node, perm):
+        return
+    if method == "PRELU" and _exact_prelu(g, node, perm):
+        return
+    if method == "CRELU" and convert_exact.crelu(g, node, perm, _crelu_axis(node, perm)):
+        return
     value = g.float_value(x, perm)
     factor = requant_factor(node, tensor_scale(x)) if method in REQUANT_METHODS else 1.0
     if method in ("RELU", "RELU6", "CLIP"):
@@ -233,6 +252,8 @@ def convert_unary(g: QDQGraph, node: PyNode) -> None:
     """The float function (after quantopt's domain clamp for Log, Sqrt, Reciprocal, ...)."""
     x, y = node.inputs[0], node.outputs[0]
     perm = unary_perm(g, node)
+    if convert_exact.try_table(g, node, perm):
+        return
     value = g.float_value(x, perm)
     if "lut" in node.constants:
         value = _domain(g, node, value)
@@ -254,6 +275,8 @@ def convert_eltwise(g: QDQGraph, node: PyNode) -> None:
     ranks = {g.rank(t) for t in node.inputs}
     rank = g.rank(node.outputs[0])
     perm = g.common_perm(node.inputs, rank, prefer=channels_first(rank)) if ranks == {rank} else tuple(range(rank))
+    if convert_exact.eltwise(g, node, method, perm if ranks == {rank} else None):
+        return
     values = [g.float_value(t, perm) if ranks == {rank} else g.float_value(t) for t in node.inputs]
     y = node.outputs[0]
     if method == "MUL" or len(values) != 2:
@@ -278,6 +301,8 @@ def convert_softmax(g: QDQGraph, node: PyNode) -> None:
     x, y = node.inputs[0], node.outputs[0]
     perm = unary_perm(g, node)
     axis = perm.index(axis_param(node, node.get_param("axis", optional=True, default_value=-1), len(perm)))
+    if str(node.type) == "Softmax" and convert_exact.softmax_lut(g, node, perm, axis):
+        return
     out = g.add(str(node.type), [g.float_value(x, perm)], axis=axis)
     if str(node.type) == "Softmax" and str(node.params.get("quantize_method", "LUT")).upper() == "LUT":
         out = g.rescale(out, requant_factor(node, 1.0))  # the table's e/S times M · 2^-N stands for softmax · s_out

@@ -16,14 +16,18 @@ from ..errors import ConfigError, IRError, UnsupportedError
 from ..graph.graph import PyGraph
 from ..ir.dtype import Dtype
 from ..version import __version__
-from . import convert_layout, convert_mac, convert_ops  # noqa: F401  (they fill CONVERTERS)
+from . import convert_exact, convert_layout, convert_mac, convert_ops  # noqa: F401  (they fill CONVERTERS)
 from .qdq_graph import CONVERTERS, QDQGraph
 
-SCALE_MODES = ("effective", "ir")
+SCALE_MODES = ("exact", "effective", "ir")
 """"ir": weight DequantizeLinear scales are the IR's weights_scale and nothing else is added, a plain QDQ model.
 "effective": weight scales are what the integer multiplier/shift effectively applies (M · 2^-N · s_in / s_out), and
 layers requantizing with a multiplier get a Mul by the multiplier's rounding ratio (≈ 1) before QuantizeLinear, so
-onnxruntime follows quantopt's integer forward closely."""
+onnxruntime follows quantopt's integer forward closely; activations keep the IR's scales.
+"exact" (the default): "effective", plus MAC layers in integer units (scale-1 activations around them, the
+multiplier as weight scale), int8 activations as uint8, tables as Gathers and the other requantizing layers in
+float64 arithmetic (convert_exact), so that onnxruntime computes quantopt's integers."""
+DEFAULT_SCALES = "exact"
 DEFAULT_OPSET = 19
 WIDE_OPSET = 21
 """QuantizeLinear/DequantizeLinear of int16/uint16 exist from opset 21."""
@@ -68,14 +72,14 @@ def choose_opset(graph: PyGraph, opset: Optional[int] = None) -> int:
     return int(opset)
 
 
-def build_onnx_qdq(graph: PyGraph, opset: Optional[int] = None, scales: str = "effective",
+def build_onnx_qdq(graph: PyGraph, opset: Optional[int] = None, scales: str = DEFAULT_SCALES,
                    dynamic_batch: bool = True) -> Any:
     """The ONNX ModelProto of a quantized graph; every layer without a QDQ mapping is listed in one
     UnsupportedError. `dynamic_batch` makes dim 0 of inputs and outputs symbolic."""
     return convert_graph(graph, opset, scales, dynamic_batch)[0]
 
 
-def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = "effective",
+def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEFAULT_SCALES,
                   dynamic_batch: bool = True) -> Tuple[Any, QDQGraph]:
     """(ModelProto, the QDQGraph it was built from: its `views` name every IR tensor's integer ONNX value)."""
     onnx = require_onnx()
@@ -119,7 +123,7 @@ def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = "ef
     return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True), g
 
 
-def export_onnx_qdq(graph: PyGraph, path: str, opset: Optional[int] = None, scales: str = "effective",
+def export_onnx_qdq(graph: PyGraph, path: str, opset: Optional[int] = None, scales: str = DEFAULT_SCALES,
                     dynamic_batch: bool = True) -> str:
     """Write the QDQ model of a quantized graph to `path` atomically; returns the path."""
     from ..ir.writer import atomic_write

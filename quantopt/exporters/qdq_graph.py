@@ -34,6 +34,8 @@ ONNX_INT_TYPES: Dict[Dtype, Tuple[str, Any]] = {
 }
 """IR integer dtypes an activation may have in the exported graph (QuantizeLinear makes the 8/16-bit ones; int32
 tensors come from integer inputs and constants only)."""
+UINT8_OFFSET = 128
+"""In "exact" mode an int8 activation is exported as uint8 holding the IR integer + 128 (zero point + 128)."""
 QUANTIZABLE = (Dtype.INT8, Dtype.UINT8, Dtype.INT16, Dtype.UINT16)
 FLOAT = 1
 """onnx.TensorProto.FLOAT (a Cast target)."""
@@ -83,18 +85,13 @@ class QParams:
     dtype: Dtype          # integer dtype of the ONNX value
     qmin: int
     qmax: int
-
-    @property
-    def needs_clip(self) -> bool:
-        """QuantizeLinear saturates to the dtype; a narrower IR range needs a Clip first."""
-        lo, hi = self.dtype.int_range()
-        return (self.qmin, self.qmax) != (lo, hi)
+    offset: int = 0       # ONNX integer - IR integer (128 where "effective" mode carries an int8 tensor as uint8)
 
 
 class QDQGraph:
     """Nodes, initializers and tensor views of the ONNX graph under construction."""
 
-    def __init__(self, opset: int, scales: str = "effective", dynamic_batch: bool = True) -> None:
+    def __init__(self, opset: int, scales: str = "exact", dynamic_batch: bool = True) -> None:
         from onnx import TensorProto, helper, numpy_helper
 
         self._helper, self._numpy_helper, self._tp = helper, numpy_helper, TensorProto
@@ -188,7 +185,13 @@ class QDQGraph:
                                    f"the {t.dtype} range")
         if scale <= 0:
             raise UnsupportedError(f"tensor '{t.name}' has a non-positive scale {scale}")
-        return QParams(float(onnx_scale(scale)), -zp, t.dtype, max(int(t.qmin), lo), min(int(t.qmax), hi))
+        qmin, qmax = max(int(t.qmin), lo), min(int(t.qmax), hi)
+        if self.unit_domain and t.dtype == Dtype.INT8 and not t.qinvariant:
+            # the same real values as uint8: onnxruntime fuses a QDQ convolution into its integer kernel only
+            # when input and output share one type, and uint8 is the one every 8-bit kernel takes
+            return QParams(float(onnx_scale(scale)), UINT8_OFFSET - zp, Dtype.UINT8, qmin + UINT8_OFFSET,
+                           qmax + UINT8_OFFSET, UINT8_OFFSET)
+        return QParams(float(onnx_scale(scale)), -zp, t.dtype, qmin, qmax)
 
     def qparam_inputs(self, t: PyTensor) -> Tuple[str, str]:
         """(scale, zero point) initializers of `t`, shared by every tensor with the same ONNX params."""
@@ -240,40 +243,69 @@ class QDQGraph:
         views[want] = name
         return name
 
-    def float_value(self, t: PyTensor, perm: Optional[Perm] = None) -> str:
-        """DequantizeLinear of `t` in layout `perm` (one per tensor and layout, shared by all consumers)."""
+    def float_value(self, t: PyTensor, perm: Optional[Perm] = None, unit: bool = False) -> str:
+        """DequantizeLinear of `t` in layout `perm` (one per tensor and layout, shared by all consumers).
+
+        `unit`: dequantized with scale 1, i.e. the integer minus its zero point, for a layer whose weights carry
+        its whole requantization multiplier (`QDQGraph.unit_domain`)."""
         want = tuple(perm) if perm is not None else identity(self.rank(t))
-        key = (t.name, want)
+        key = (t.name, want, unit)
         if key not in self._dq:
             q = self.int_value(t, want)
-            scale, zp = self.qparam_inputs(t)
+            scale = self._unit_scale() if unit else self._scale_input(t)
+            zp = self._zero_point_input(t)
             suffix = "" if want == identity(len(want)) else "_t" + "".join(map(str, want))
+            suffix += "_codes" if unit else ""
             self._dq[key] = self.add("DequantizeLinear", [q, scale, zp], hint=f"{t.name}_dq{suffix}")
         return self._dq[key]
 
-    def quantize(self, t: PyTensor, value: str, perm: Optional[Perm] = None, exact: bool = False) -> str:
+    def _unit_scale(self) -> str:
+        key = ("unit_scale",)
+        if key not in self._qparam_names:
+            self._qparam_names[key] = self.const("unit_scale", np.array(1.0, dtype=np.float32))
+        return self._qparam_names[key]
+
+    @property
+    def unit_domain(self) -> bool:
+        """In "exact" mode, Convolution, DepthwiseConv and FullyConnected read their input and write their
+        output with scale 1 and carry the multiplier M · 2^-N as their weight scale: the output multiplier an
+        integer QLinear kernel derives, x_scale · w_scale / y_scale, is then M · 2^-N exactly in float32 (with the
+        IR's scales no float32 weight scale may give it exactly), so its requantization rounds as quantopt's."""
+        return self.scales == "exact"
+
+    @property
+    def folds_multipliers(self) -> bool:
+        """"exact" and "effective": the integer multipliers' rounding is reproduced, not only the IR's scales."""
+        return self.scales != "ir"
+
+    def quantize(self, t: PyTensor, value: str, perm: Optional[Perm] = None, exact: bool = False,
+                 unit: bool = False, bounds: Optional[Tuple[int, int]] = None) -> str:
         """QuantizeLinear of the float `value` with `t`'s params (after a Clip to the dequantized bounds of a range
         narrower than the dtype); the result becomes `t`'s integer value in layout `perm`.
 
-        `exact` (used in "effective" mode where quantopt's integers are themselves a float32 quantization
+        `exact` (used when `folds_multipliers`, where quantopt's integers are themselves a float32 quantization
         round(x · scale − zp), i.e. graph inputs and lookup tables): QuantizeLinear computes x / (1 / scale), which
         rounds exact ties such as 0.5 · 255 = 127.5 differently, so the value is multiplied by the IR scale and
-        quantized with scale 1 instead."""
+        quantized with scale 1 instead. `unit`: `value` is already in integer units (scale 1). `bounds`: IR
+        integer bounds narrower than the range (a fused RELU6/CLIP), applied by the same Clip."""
         p = self.qparams(t)
         if p.dtype not in QUANTIZABLE:
             raise UnsupportedError(f"tensor '{t.name}' has dtype {p.dtype}: QuantizeLinear makes 8- and 16-bit "
                                    "integers only")
         zp = self._zero_point_input(t)
-        if exact and self.scales == "effective":
-            ir_scale = np.array(scalar(t.scale, "scales", t), dtype=np.float32)
-            value = self.add("Mul", [value, self.const(f"{t.name}_ir_scale", ir_scale)], hint=f"{t.name}_scaled")
-            scale = self.const(f"{t.name}_unit_scale", np.array(1.0, dtype=np.float32))
-            step = np.float32(1.0)
+        if unit or (exact and self.folds_multipliers):
+            if not unit:
+                ir_scale = np.array(scalar(t.scale, "scales", t), dtype=np.float32)
+                value = self.add("Mul", [value, self.const(f"{t.name}_ir_scale", ir_scale)],
+                                 hint=f"{t.name}_scaled")
+            scale, step = self._unit_scale(), np.float32(1.0)
         else:
-            scale = self._scale_input(t)
-            step = np.float32(p.scale)
-        if p.needs_clip:  # in float, before QuantizeLinear: onnxruntime has no 16-bit integer Clip
-            lo, hi = ((np.float32(v - p.zero_point) * step).astype(np.float32) for v in (p.qmin, p.qmax))
+            scale, step = self._scale_input(t), np.float32(p.scale)
+        qmin, qmax = p.qmin, p.qmax
+        if bounds is not None:
+            qmin, qmax = max(qmin, bounds[0] + p.offset), min(qmax, bounds[1] + p.offset)
+        if (qmin, qmax) != p.dtype.int_range():  # in float: onnxruntime has no 16-bit integer Clip
+            lo, hi = ((np.float32(v - p.zero_point) * step).astype(np.float32) for v in (qmin, qmax))
             value = self.add("Clip", [value, self.const(f"{t.name}_qmin", lo), self.const(f"{t.name}_qmax", hi)],
                              hint=f"{t.name}_range")
         q = self.add("QuantizeLinear", [value, scale, zp], hint=f"{t.name}_q")
@@ -281,9 +313,9 @@ class QDQGraph:
         return q
 
     def rescale(self, value: str, factor: float, what: str = "requant") -> str:
-        """In "effective" mode, multiply `value` by `factor`: the ratio between what an integer multiplier/shift
+        """When `folds_multipliers`, multiply `value` by `factor`: the ratio between what an integer multiplier/shift
         applies and the exact scale ratio it approximates (left out when it rounds to 1 in float32)."""
-        if self.scales != "effective" or np.float32(factor) == np.float32(1.0):
+        if not self.folds_multipliers or np.float32(factor) == np.float32(1.0):
             return value
         return self.add("Mul", [value, self.const(f"{self.layer}/{what}_rounding", np.array(factor, np.float32))])
 

@@ -180,15 +180,14 @@ def check_fused_activation_quantizable(node: PyNode) -> None:
                                "implemented yet (NONE, RELU, RELU6 and CLIP are)")
 
 
-def fused_activation_clamp(node: PyNode, y: torch.Tensor) -> torch.Tensor:
-    """Clamp an int64 output to the quantized bounds of a fused RELU/RELU6/CLIP: `clamp(y, q(lo), q(hi))` with
-    q(v) = clamp(round_half_even(v * scale_out - zp_out), qmin, qmax) in float64. For RELU on an unsigned output
-    this is the range itself; it matters when the output is forced signed (`force_dtype_int`)."""
-    act = fused_activation(node)
-    if act not in ("RELU", "RELU6", "CLIP"):
-        return y
+def fused_activation_bounds(node: PyNode) -> Tuple[int, int]:
+    """Integer output bounds of a layer with a fused RELU/RELU6/CLIP: (q(lo), q(hi)) with
+    q(v) = clamp(round_half_even(v * scale_out - zp_out), qmin, qmax) in float64; the output range otherwise."""
     out = node.outputs[0]
     qmin, qmax = out_range(out)
+    act = fused_activation(node)
+    if act not in ("RELU", "RELU6", "CLIP"):
+        return qmin, qmax
     if act == "CLIP":
         lo_f, hi_f = float(node.get_param("clip_min")), float(node.get_param("clip_max"))
     else:
@@ -197,7 +196,16 @@ def fused_activation_clamp(node: PyNode, y: torch.Tensor) -> torch.Tensor:
     def q(v: float) -> int:
         return int(quantize(torch.tensor(v), out.scale, out.zerop, qmin, qmax, compute_dtype=torch.float64))
 
-    return torch.clamp(y, q(lo_f), qmax if hi_f is None else q(hi_f))
+    return q(lo_f), (qmax if hi_f is None else q(hi_f))
+
+
+def fused_activation_clamp(node: PyNode, y: torch.Tensor) -> torch.Tensor:
+    """Clamp an int64 output to `fused_activation_bounds`. For RELU on an unsigned output this is the range itself;
+    it matters when the output is forced signed (`force_dtype_int`)."""
+    if fused_activation(node) not in ("RELU", "RELU6", "CLIP"):
+        return y
+    lo, hi = fused_activation_bounds(node)
+    return torch.clamp(y, lo, hi)
 
 
 def quantize_weights(node: PyNode, per_channel: bool, groups: Optional[int] = None,

@@ -1,0 +1,294 @@
+"""Integer paths of the "exact" export: layers whose QDQ float form cannot round as quantopt does.
+
+* **Code tables.** A one-input layer whose output integer depends on its input integer alone (every table
+  activation, RELU/RELU6/CLIP/LEAKYRELU, the unary math tables, Abs/Negative) becomes a `Gather` on the table of
+  its outputs for every input integer, computed by quantopt's own integer forward: `Cast(int32)` of the input
+  integers (minus the dtype's lowest value) indexes a constant of the output type. 256 entries for 8-bit inputs,
+  65536 for 16-bit ones. Position independence is checked, not assumed: the forward runs on the codes in two
+  orders and must give the same table.
+* **Softmax** (LUT method): the exp table read at every possible `x - max`, then sums and divisions in int64.
+* **Double arithmetic.** Eltwise ADD/SUB/MAX/MIN/MUL, MatMul and per-channel PRELU compute with integers that
+  stay below 2^49 (docs/integer-semantics.md), exact in float64: the inputs are read as integers plus zero point
+  (`DequantizeLinear` with scale 1, `Cast` to double), multiplied by their integer multipliers, combined, scaled by
+  `M · 2^-N` (exact), rounded by `Round` (half to even, as quantopt) and quantized with scale 1 after the Clip to
+  the output range and fused-activation bounds.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from ..errors import QuantOptError
+from ..graph.node import PyNode
+from ..graph.tensor import PyTensor
+from ..ops._eltwise_int import offset_absmax
+from ..ops._lut_int import ceil_log2, range_bits
+from ..ops._quant import fused_activation_bounds, requant_of
+from ..quant.hardware import SOFTMAX_DIVIDEND_BITS, SOFTMAX_ROW_BLOCK, SOFTMAX_SMALL_AXIS
+from ..quant.lut import lookup_lut
+from .qdq_graph import FLOAT, ONNX_INT_TYPES, Perm, QDQGraph, requant_ratio
+
+DOUBLE = 11
+"""onnx.TensorProto.DOUBLE."""
+INT32 = 6
+"""onnx.TensorProto.INT32."""
+INT64 = 7
+"""onnx.TensorProto.INT64."""
+MAX_TABLE_BITS = 16
+MAX_EXACT_SHIFT = 36
+
+
+def _run_on(node: PyNode, codes: torch.Tensor) -> Optional[torch.Tensor]:
+    """quantopt's integer forward of `node` on `codes` (laid along dim 0), or None when it is not element-wise."""
+    x = node.inputs[0]
+    rank = max(len(x.ir_shape), 1)
+    x.betensor = codes.reshape((-1,) + (1,) * (rank - 1))
+    node.forward()
+    y = node.outputs[0].betensor
+    if y.numel() != codes.numel():
+        return None
+    return y.reshape(-1).to(torch.int64)
+
+
+def code_table(node: PyNode, lo: int, hi: int, offset: int) -> Optional[np.ndarray]:
+    """IR output integer for every ONNX input integer in [lo, hi] (IR integer = ONNX integer - `offset`, clamped to
+    the input range), from quantopt's forward; None when the layer is not a function of each integer alone."""
+    x, y = node.inputs[0], node.outputs[0]
+    if len(node.inputs) != 1 or len(node.outputs) != 1 or x.qmin is None or hi - lo >= 1 << MAX_TABLE_BITS:
+        return None
+    if any(key != "lut" and c.betensor.numel() > 1 for key, c in node.constants.items()):
+        return None  # per-channel constants (PRELU slopes): a function of the position too
+    saved = (x.betensor, y.betensor)
+    codes = torch.clamp(torch.arange(lo, hi + 1, dtype=torch.int64) - offset, int(x.qmin), int(x.qmax))
+    try:
+        with torch.no_grad():
+            forward = _run_on(node, codes)
+            backward = _run_on(node, codes.flip(0))
+    except (RuntimeError, ValueError, QuantOptError):  # a shape the layer refuses: not element-wise
+        return None
+    finally:
+        x.betensor, y.betensor = saved
+    if forward is None or backward is None or not torch.equal(forward, backward.flip(0)):
+        return None
+    return forward.numpy()
+
+
+def try_table(g: QDQGraph, node: PyNode, perm: Perm) -> bool:
+    """Export `node` as a Gather on its code table when it is one; False (nothing added) otherwise."""
+    if not g.unit_domain:
+        return False
+    x, y = node.inputs[0], node.outputs[0]
+    px, py = g.qparams(x), g.qparams(y)
+    if py.dtype not in ONNX_INT_TYPES:
+        return False
+    lo, hi = px.dtype.int_range()
+    table = code_table(node, lo, hi, px.offset)
+    if table is None:
+        return False
+    values = np.clip(table + py.offset, py.qmin, py.qmax).astype(ONNX_INT_TYPES[py.dtype][1])
+    index = g.add("Cast", [g.int_value(x, perm)], to=INT32)
+    if lo:
+        index = g.add("Sub", [index, g.const(f"{node.name}/table_start", np.array(lo, dtype=np.int32))])
+    g.set_int(y, g.add("Gather", [g.const(f"{node.name}/table", values), index], axis=0), perm)
+    return True
+
+
+# ------------------------------------------------------------------------------------------------ double arithmetic
+def codes(g: QDQGraph, t: PyTensor, perm: Optional[Perm] = None) -> str:
+    """`t`'s integers plus its IR zero point (the float value times the scale), as float64."""
+    return g.add("Cast", [g.float_value(t, perm, unit=True)], to=DOUBLE)
+
+
+def double(g: QDQGraph, node: PyNode, what: str, value: float) -> str:
+    return g.const(f"{node.name}/{what}", np.array(value, dtype=np.float64))
+
+
+def requantize(g: QDQGraph, node: PyNode, value: str, ratio: Union[float, np.ndarray], perm: Optional[Perm],
+               bounds: Optional[Tuple[int, int]] = None, channel_shape: Optional[Sequence[int]] = None) -> None:
+    """round_half_even(value · ratio) with ratio = M · 2^-N (one, or one per channel: along the last axis, or shaped
+    `channel_shape`), minus the output zero point and clamped: the output's integers. Exact while the rounded result
+    has at most 53 significant bits (`exact_ratio`), for the product is then the exact value itself."""
+    ratio = np.asarray(ratio, dtype=np.float64)
+    if ratio.size > 1:
+        shaped = ratio.reshape(tuple(channel_shape) if channel_shape is not None else (-1,))
+        value = g.add("Mul", [value, g.const(f"{node.name}/multiplier", shaped)])
+    elif float(ratio.reshape(-1)[0]) != 1.0:
+        value = g.add("Mul", [value, double(g, node, "multiplier", float(ratio.reshape(-1)[0]))])
+    rounded = g.add("Cast", [g.add("Round", [value])], to=FLOAT)
+    g.quantize(node.outputs[0], rounded, perm, unit=True, bounds=bounds)
+
+
+def exact_ratio(node: PyNode) -> Optional[np.ndarray]:
+    """M · 2^-N per tensor ([1]) or channel, when every shift is at most MAX_EXACT_SHIFT: results below 2^17 in
+    magnitude are then multiples of 2^-N with at most 53 significant bits (larger ones saturate the output)."""
+    mult, shift = requant_of(node)
+    shifts = shift.reshape(-1) if isinstance(shift, torch.Tensor) else torch.tensor([int(shift)])
+    if int(shifts.max()) > MAX_EXACT_SHIFT:
+        return None
+    return requant_ratio(node)
+
+
+def scaled_codes(g: QDQGraph, node: PyNode, tensors: Sequence[PyTensor], multipliers: Sequence[float],
+                 perm: Optional[Perm]) -> list:
+    values = []
+    for i, (t, m) in enumerate(zip(tensors, multipliers)):
+        v = codes(g, t, perm)
+        values.append(v if m == 1.0 else g.add("Mul", [v, double(g, node, f"input{i}_multiplier", m)]))
+    return values
+
+
+def _fits(bound: float) -> bool:
+    return bound < 2.0 ** 53
+
+
+def eltwise(g: QDQGraph, node: PyNode, method: str, perm: Optional[Perm]) -> bool:
+    """Two-input Eltwise ADD/SUB/MAX/MIN/MUL (and Add/Sub/Mul) in double: False when not applicable."""
+    if not g.unit_domain or len(node.inputs) != 2 or any(t.qmin is None for t in node.inputs):
+        return False
+    a, b = node.inputs
+    ea, eb = offset_absmax(a), offset_absmax(b)
+    if method == "MUL":
+        if isinstance(node.params.get("scale_value"), (list, tuple)):
+            return False
+        m_out, shift, m_a, m_b = int(node.params["scale_value"]), int(node.params["shift_value"]), 1, 1
+        bound = ea * eb * abs(m_out)
+    else:
+        m_out, m_a, m_b = (int(v) for v in node.params["scale_value"])
+        shift = int(node.params["shift_value"])
+        bound = (ea * abs(m_a) + eb * abs(m_b)) * abs(m_out)
+    if not _fits(bound):
+        return False
+    ops = {"ADD": "Add", "SUB": "Sub", "MAX": "Max", "MIN": "Min", "MUL": "Mul"}
+    va, vb = scaled_codes(g, node, [a, b], [float(m_a), float(m_b)], perm)
+    requantize(g, node, g.add(ops[method], [va, vb]), m_out * 2.0 ** -shift, perm, fused_activation_bounds(node))
+    return True
+
+
+def matmul(g: QDQGraph, node: PyNode, perms: Sequence[Perm]) -> bool:
+    """MatMul of two activations in double: False when not applicable (remain_shift, or too wide for float64)."""
+    if not g.unit_domain or node.params.get("remain_shift") is not None:
+        return False
+    a, b = node.inputs
+    mult, shift = requant_of(node)
+    if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor):
+        return False
+    inner = int(a.ir_shape[perms[0][-1]]) if a.ir_shape else 1
+    if not _fits(inner * offset_absmax(a) * offset_absmax(b) * abs(int(mult))):
+        return False
+    product = g.add("MatMul", [codes(g, a, perms[0]), codes(g, b, perms[1])])
+    requantize(g, node, product, int(mult) * 2.0 ** -int(shift), None, fused_activation_bounds(node))
+    return True
+
+
+def prelu(g: QDQGraph, node: PyNode, slope: np.ndarray, shift: int, perm: Perm) -> bool:
+    """PRELU with a per-channel int16 slope in double: rhe(min(x', 0) · slope, shift) + max(x', 0), requantized."""
+    ratio = requant_ratio(node)
+    if not g.unit_domain or ratio.size != 1:
+        return False
+    x = codes(g, node.inputs[0], perm)
+    zero = double(g, node, "zero", 0.0)
+    weights = g.const(f"{node.name}/slope_step", (slope.astype(np.float64) * 2.0 ** -shift))
+    negative = g.add("Round", [g.add("Mul", [g.add("Min", [x, zero]), weights])])
+    requantize(g, node, g.add("Add", [negative, g.add("Max", [x, zero])]), float(ratio[0]), perm)
+    return True
+
+
+
+def softmax_lut(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
+    """Softmax with quantopt's LUT method (docs/integer-semantics.md) in int64/float64: t = x - max + 2^b - 1,
+    e = the exp table read at t (interpolated entries precomputed for every t), S = Σe, then upstream's two division
+    variants; the short-row one applies when the row count at run time is a multiple of 128, as in quantopt."""
+    if not g.unit_domain or str(node.get_param("quantize_method", optional=True, default_value="LUT")).upper() \
+            != "LUT" or "lut" not in node.constants:
+        return False
+    x = node.inputs[0]
+    mult, shift = requant_of(node)
+    bits = range_bits(x)
+    if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor) or bits > MAX_TABLE_BITS:
+        return False
+    mult, shift = int(mult), int(shift)
+    lut = node.get_constant("lut")
+    table = lut.betensor.to(torch.int64)
+    exps = lookup_lut(torch.arange(2 ** bits), table, 0, bits, lut.dtype.bits, lut.dtype.is_signed).numpy()
+    lut_max = max(1, int(table.max()))
+    base = SOFTMAX_DIVIDEND_BITS - 1 if lut_max == 1 else SOFTMAX_DIVIDEND_BITS
+    axes = g.ints(f"{node.name}/axes", [axis])
+    v = codes(g, x, perm)
+    top = g.add("ReduceMax", [v, axes], keepdims=1)
+    shifted = g.add("Add", [g.add("Sub", [v, top]), double(g, node, "top_index", 2.0 ** bits - 1)])
+    e = g.add("Gather", [g.const(f"{node.name}/exp_table", exps.astype(np.int64)),
+                         g.add("Cast", [shifted], to=INT64)], axis=0)
+    total = g.add("ReduceSum", [e, axes], keepdims=1)
+    den = g.add("Max", [total, g.const(f"{node.name}/one", np.array(1, dtype=np.int64))])
+
+    def int64(what: str, value: int) -> str:
+        return g.const(f"{node.name}/{what}", np.array(value, dtype=np.int64))
+
+    k = base - ceil_log2(mult)
+    recip = g.add("Div", [int64("dividend", mult << k), den])
+    general = g.add("Mul", [g.add("Cast", [g.add("Mul", [e, recip])], to=DOUBLE),
+                            double(g, node, "general_step", 2.0 ** -(shift + k))])
+    axis_len = int(x.ir_shape[perm[axis]])
+    if axis_len < SOFTMAX_SMALL_AXIS and bits <= 8:
+        k_short = base - ceil_log2(lut_max)
+        numerator = g.add("Add", [g.add("Mul", [e, int64("short_scale", 1 << k_short)]),
+                                  g.add("Div", [total, int64("two", 2)])])
+        short = g.add("Mul", [g.add("Cast", [g.add("Div", [numerator, den])], to=DOUBLE),
+                              double(g, node, "short_step", mult * 2.0 ** -(shift + k_short))])
+        rows = g.add("Div", [g.add("Size", [v]), int64("axis_len", axis_len)])
+        blocks = g.add("Equal", [g.add("Mod", [rows, int64("row_block", SOFTMAX_ROW_BLOCK)]), int64("zero", 0)])
+        general = g.add("Where", [blocks, short, general])
+    requantize(g, node, general, 1.0, perm)
+    return True
+
+
+def concat(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
+    """Concat with per-branch multipliers, y_i = round_half_even((x_i + zp_i) · M_i · 2^-N_i), or passing every
+    branch's integers through unchanged, in float64."""
+    if not g.unit_domain or any(t.qmin is None for t in node.inputs):
+        return False
+    y = node.outputs[0]
+    zp_out = int(round(float(y.zerop)))
+    branches = []
+    lists = "scale_value" in node.params
+    for i, t in enumerate(node.inputs):
+        v = codes(g, t, perm)
+        if lists:
+            ratio = int(node.params["scale_value"][i]) * 2.0 ** -int(node.params["shift_value"][i])
+            v = g.add("Round", [g.add("Mul", [v, double(g, node, f"input{i}_multiplier", ratio)])])
+        else:  # the integers themselves: x_i (IR) + zp_out
+            shift = zp_out - int(round(float(t.zerop)))
+            v = v if shift == 0 else g.add("Add", [v, double(g, node, f"input{i}_offset", float(shift))])
+        branches.append(v)
+    requantize(g, node, g.add("Concat", branches, axis=axis), 1.0, perm)
+    return True
+
+
+def crelu(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
+    """requant(concat(max(x', 0), max(-x', 0))) along `axis`, x' = x + zp_in, in float64."""
+    mult, shift = requant_of(node)
+    if not g.unit_domain or isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor):
+        return False
+    v = codes(g, node.inputs[0], perm)
+    zero = double(g, node, "zero", 0.0)
+    both = g.add("Concat", [g.add("Max", [v, zero]), g.add("Max", [g.add("Neg", [v]), zero])], axis=axis)
+    requantize(g, node, both, int(mult) * 2.0 ** -int(shift), perm)
+    return True
+
+
+def reduce_sum(g: QDQGraph, node: PyNode, method: str, perm: Perm, axes: Sequence[int], keepdims: bool,
+               out_perm: Perm, count: int) -> bool:
+    """Reduce SUM/MEAN/L1: requant(Σ X_j) (Σ |X_j| for L1) over the `count` reduced values, in float64."""
+    if not g.unit_domain or method not in ("SUM", "MEAN", "L1"):
+        return False
+    mult, shift = requant_of(node)
+    if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor) \
+            or not _fits(count * offset_absmax(node.inputs[0]) * abs(int(mult))):
+        return False
+    v = codes(g, node.inputs[0], perm)
+    v = g.add("Abs", [v]) if method == "L1" else v
+    total = g.add("ReduceSum", [v, g.ints(f"{node.name}/axes", axes)], keepdims=int(keepdims))
+    requantize(g, node, total, int(mult) * 2.0 ** -int(shift), out_perm)
+    return True
