@@ -69,8 +69,9 @@ def measure_agreement(graph: PyGraph, inputs: Sequence[Any], scales: str = DEFAU
     """Export `graph` (a quantized graph), run it with onnxruntime (CPU; `optimize` keeps the default graph
     optimizations, which fuse QDQ groups into integer kernels) and compare with quantopt's integer forward.
 
-    `inputs`: one array per graph input (float data for float inputs), batch first. With `per_layer`, the
-    quantized graph's tensors hold onnxruntime's values afterwards (run a forward to refill them)."""
+    `inputs`: one array per graph input (float data for float inputs), batch first; a model exported with its IR
+    batch (`onnx_qdq.batch_is_leading`) runs on consecutive chunks of that size. With `per_layer`, the quantized
+    graph's tensors hold onnxruntime's values afterwards (run a forward to refill them)."""
     onnx = require_onnx()
     ort = require_onnxruntime()
     model, qdq = convert_graph(graph, opset, scales)
@@ -93,32 +94,71 @@ def measure_agreement(graph: PyGraph, inputs: Sequence[Any], scales: str = DEFAU
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     feeds = _feeds(graph, inputs)
-    names = [o.name for o in session.get_outputs()]
-    results = dict(zip(names, session.run(None, feeds)))
-    with torch.no_grad():
-        graph.forward([torch.from_numpy(feeds[t.name]) for t in graph.input_tensors])
-    shares: Dict[str, float] = {}
-    within, same, total, worst = 0, 0, 0, 0.0
-    for t in graph.output_tensors:
-        ref = to_float(t).numpy().astype(np.float64)
-        got = results[t.name].astype(np.float64)
-        if got.shape != ref.shape:
-            raise UnsupportedError(f"output '{t.name}': onnxruntime gives shape {list(got.shape)}, quantopt "
-                                   f"{list(ref.shape)}")
-        steps = np.abs(got - ref) / _step(t)
-        ok = int(np.count_nonzero(steps <= 1.0 + STEP_TOLERANCE))
-        shares[t.name] = ok / max(steps.size, 1)
-        within, total = within + ok, total + steps.size
-        same += int(np.count_nonzero(steps <= STEP_TOLERANCE))
-        worst = max(worst, float(steps.max()) if steps.size else 0.0)
-    result = Agreement(within / max(total, 1), worst, total, same / max(total, 1), shares)
-    if per_layer:
-        result.layers = _isolated_layers(graph, views, results)
-    return result
+    tally = _Tally({t.name: 0 for t in graph.output_tensors})
+    for chunk in _chunks(feeds, None if qdq.dynamic_batch else _ir_batch(graph)):
+        names = [o.name for o in session.get_outputs()]
+        results = dict(zip(names, session.run(None, chunk)))
+        with torch.no_grad():
+            graph.forward([torch.from_numpy(chunk[t.name]) for t in graph.input_tensors])
+        for t in graph.output_tensors:
+            ref = to_float(t).numpy().astype(np.float64)
+            got = results[t.name].astype(np.float64)
+            if got.shape != ref.shape:
+                raise UnsupportedError(f"output '{t.name}': onnxruntime gives shape {list(got.shape)}, quantopt "
+                                       f"{list(ref.shape)}")
+            tally.add_output(t.name, np.abs(got - ref) / _step(t))
+        if per_layer:
+            for name, counts in _isolated_layers(graph, views, results).items():
+                tally.add_layer(name, counts)
+    return tally.result()
 
 
-def _isolated_layers(graph: PyGraph, views: Dict[str, Any], results: Dict[str, np.ndarray]) -> Dict[str, float]:
-    """Each layer run by quantopt on onnxruntime's integers for its inputs, compared with onnxruntime's outputs."""
+@dataclass
+class _Tally:
+    """Counts over every chunk of the data."""
+
+    outputs_within: Dict[str, int]
+    output_sizes: Dict[str, int] = field(default_factory=dict)
+    same: int = 0
+    worst: float = 0.0
+    layers: Dict[str, List[int]] = field(default_factory=dict)
+
+    def add_output(self, name: str, steps: np.ndarray) -> None:
+        self.outputs_within[name] += int(np.count_nonzero(steps <= 1.0 + STEP_TOLERANCE))
+        self.output_sizes[name] = self.output_sizes.get(name, 0) + steps.size
+        self.same += int(np.count_nonzero(steps <= STEP_TOLERANCE))
+        self.worst = max(self.worst, float(steps.max()) if steps.size else 0.0)
+
+    def add_layer(self, name: str, counts: List[int]) -> None:
+        have = self.layers.setdefault(name, [0, 0])
+        have[0], have[1] = have[0] + counts[0], have[1] + counts[1]
+
+    def result(self) -> Agreement:
+        total = sum(self.output_sizes.values())
+        within = sum(self.outputs_within.values())
+        shares = {k: v / max(self.output_sizes.get(k, 0), 1) for k, v in self.outputs_within.items()}
+        layers = {k: c[0] / c[1] for k, c in self.layers.items() if c[1]}
+        return Agreement(within / max(total, 1), self.worst, total, self.same / max(total, 1), shares, layers)
+
+
+def _ir_batch(graph: PyGraph) -> int:
+    return int(graph.input_tensors[0].ir_shape[0]) if graph.input_tensors and graph.input_tensors[0].ir_shape else 1
+
+
+def _chunks(feeds: Dict[str, np.ndarray], size: Optional[int]) -> List[Dict[str, np.ndarray]]:
+    """The feeds whole, or split along dim 0 into pieces of `size` (a model with a static batch)."""
+    batch = min((a.shape[0] for a in feeds.values() if a.ndim), default=0)
+    if size is None or size <= 0 or batch == size:
+        return [feeds]
+    if batch % size:
+        raise DataError(f"the data's batch {batch} is not a multiple of the exported model's batch {size}")
+    return [{k: v[i:i + size] for k, v in feeds.items()} for i in range(0, batch, size)]
+
+
+def _isolated_layers(graph: PyGraph, views: Dict[str, Any], results: Dict[str, np.ndarray]
+                     ) -> Dict[str, List[int]]:
+    """Each layer run by quantopt on onnxruntime's integers for its inputs, compared with onnxruntime's outputs:
+    [elements within one step, elements] per layer."""
     def ort_value(t: PyTensor) -> Optional[torch.Tensor]:
         if t.name not in views:
             return None
@@ -126,7 +166,7 @@ def _isolated_layers(graph: PyGraph, views: Dict[str, Any], results: Dict[str, n
         ir_values = results[value].astype(np.int64).transpose(inverse(perm)) - offset
         return torch.from_numpy(np.ascontiguousarray(ir_values))
 
-    shares: Dict[str, float] = {}
+    counts: Dict[str, List[int]] = {}
     with torch.no_grad():
         for node in graph.nodes:
             if str(node.type) == "Input":
@@ -136,17 +176,17 @@ def _isolated_layers(graph: PyGraph, views: Dict[str, Any], results: Dict[str, n
                 if v is not None:
                     t.betensor = v
             node.forward()
-            counts: List[int] = [0, 0]
+            layer: List[int] = [0, 0]
             for t in node.outputs:
                 v = ort_value(t)
                 if v is None:
                     continue
                 d = (v - t.betensor.to(torch.int64)).abs()
-                counts[0] += int((d <= 1).sum())
-                counts[1] += d.numel()
-            if counts[1]:
-                shares[node.name] = counts[0] / counts[1]
-    return shares
+                layer[0] += int((d <= 1).sum())
+                layer[1] += d.numel()
+            if layer[1]:
+                counts[node.name] = layer
+    return counts
 
 
 SENSITIVITY_TYPES = ("Convolution", "DepthwiseConv", "FullyConnected")

@@ -28,7 +28,8 @@ from ..ops._lut_int import ceil_log2, range_bits
 from ..ops._quant import fused_activation_bounds, requant_of
 from ..quant.hardware import SOFTMAX_DIVIDEND_BITS, SOFTMAX_ROW_BLOCK, SOFTMAX_SMALL_AXIS
 from ..quant.lut import lookup_lut
-from .qdq_graph import FLOAT, ONNX_INT_TYPES, Perm, QDQGraph, requant_ratio
+from ..quant.rounding import bit_length
+from .qdq_graph import FLOAT, ONNX_INT_TYPES, Perm, QDQGraph, inverse, requant_ratio
 
 DOUBLE = 11
 """onnx.TensorProto.DOUBLE."""
@@ -280,15 +281,261 @@ def crelu(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
 
 def reduce_sum(g: QDQGraph, node: PyNode, method: str, perm: Perm, axes: Sequence[int], keepdims: bool,
                out_perm: Perm, count: int) -> bool:
-    """Reduce SUM/MEAN/L1: requant(Σ X_j) (Σ |X_j| for L1) over the `count` reduced values, in float64."""
-    if not g.unit_domain or method not in ("SUM", "MEAN", "L1"):
+    """Reduce SUM/MEAN/L1: requant(Σ X_j) (Σ |X_j| for L1) over the `count` reduced values, in float64; L2:
+    requant(isqrt(Σ X_j² · 4^f), M, N + f) with the integer square root in int64."""
+    if not g.unit_domain or method not in ("SUM", "MEAN", "L1", "L2"):
         return False
     mult, shift = requant_of(node)
     if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor) \
             or not _fits(count * offset_absmax(node.inputs[0]) * abs(int(mult))):
         return False
+    if method == "L2":  # R = isqrt(Σ X² · 4^f), requant(R, M, N + f)
+        frac = int(node.get_param("sqrt_fraction_bits"))
+        x = g.add("Cast", [codes(g, node.inputs[0], perm)], to=INT64)
+        squares = g.add("ReduceSum", [g.add("Mul", [x, x]), g.ints(f"{node.name}/axes", axes)], keepdims=int(keepdims))
+        scaled = g.add("Mul", [squares, g.const(f"{node.name}/sqrt_scale", np.array(4 ** frac, dtype=np.int64))])
+        root = g.add("Cast", [isqrt_int64(g, node, scaled)], to=DOUBLE)
+        requantize(g, node, root, int(mult) * 2.0 ** -(int(shift) + frac), out_perm)
+        return True
     v = codes(g, node.inputs[0], perm)
     v = g.add("Abs", [v]) if method == "L1" else v
     total = g.add("ReduceSum", [v, g.ints(f"{node.name}/axes", axes)], keepdims=int(keepdims))
     requantize(g, node, total, int(mult) * 2.0 ** -int(shift), out_perm)
     return True
+
+
+def round_div_int64(g: QDQGraph, node: PyNode, value: str, den: str) -> str:
+    """round_half_even(value / den) for int64 `value` and den > 0 (broadcast; 2·den below 2^63): floor division
+    from ONNX's truncating Div, then the remainder decides (above half, or half with an odd quotient: up)."""
+    def int64(what: str, v: int) -> str:
+        return g.const(f"{node.name}/{what}", np.array(v, dtype=np.int64))
+
+    truncated = g.add("Div", [value, den])
+    rest = g.add("Sub", [value, g.add("Mul", [truncated, den])])
+    negative = g.add("Less", [rest, int64("zero", 0)])
+    quotient = g.add("Where", [negative, g.add("Sub", [truncated, int64("one", 1)]), truncated])
+    twice_rest = g.add("Mul", [g.add("Where", [negative, g.add("Add", [rest, den]), rest]), int64("two", 2)])
+    odd = g.add("Equal", [g.add("Mod", [quotient, int64("two_mod", 2)]), int64("one_odd", 1)])
+    up = g.add("Or", [g.add("Greater", [twice_rest, den]), g.add("And", [g.add("Equal", [twice_rest, den]), odd])])
+    return g.add("Add", [quotient, g.add("Cast", [up], to=INT64)])
+
+
+def div(g: QDQGraph, node: PyNode, perm: Optional[Perm]) -> bool:
+    """Div by quantopt's reciprocal table (docs/semantics/binary.md) in int64: for every possible divisor
+    magnitude D the table entry and the total shift N + P + e are precomputed (Gather), so
+    out = rs(sign(Y) · X · lut[i] · M, N + P + e) exactly."""
+    if not g.unit_domain or "lut" not in node.constants:
+        return False
+    a, b = node.inputs
+    mult, shift = requant_of(node)
+    if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor):
+        return False
+    table = node.get_constant("lut").betensor.to(torch.int64).flatten()
+    size = table.numel()
+    t = size.bit_length() - 1
+    frac = int(node.get_param("reciprocal_shift"))
+    emax_b = offset_absmax(b)
+    if size < 2 or 2 ** t != size or emax_b >= 1 << 20 or offset_absmax(a) * int(table.max()) * abs(int(mult)) \
+            >= 2 ** 62:
+        return False
+    d = torch.arange(emax_b + 1, dtype=torch.int64)
+    e = torch.clamp(bit_length(d) - t, min=0)
+    half = torch.where(e > 0, torch.ones_like(e) << torch.clamp(e - 1, min=0), torch.zeros_like(e))
+    idx = (d + half) >> e
+    carry = idx >= size
+    idx = torch.where(carry, torch.full_like(idx, size // 2), idx)
+    total_shift = int(shift) + frac + e + carry.to(torch.int64)
+    if int(total_shift.min()) < 1 or int(total_shift.max()) > 61:
+        return False
+    reciprocal = (table[idx] * int(mult)).numpy()
+    powers = (torch.ones_like(total_shift) << total_shift).numpy()
+
+    def ints(t_: PyTensor) -> str:
+        return g.add("Cast", [codes(g, t_, perm)], to=INT64)
+
+    x, y = ints(a), ints(b)
+    magnitude = g.add("Abs", [y])
+    product = g.add("Mul", [g.add("Mul", [g.add("Sign", [y]), x]),
+                            g.add("Gather", [g.const(f"{node.name}/reciprocals", reciprocal), magnitude], axis=0)])
+    power = g.add("Gather", [g.const(f"{node.name}/powers", powers), magnitude], axis=0)
+    result = round_div_int64(g, node, product, power)
+    g.quantize(node.outputs[0], g.add("Cast", [result], to=FLOAT), perm, unit=True)
+    return True
+
+
+def softmax_fast_exp(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
+    """Softmax FAST_EXP with the 2^f table (adjust_q >= 8): e is a function of x - max(x) alone (tabulated from
+    quantopt's forward for every difference), S = Σe, out = round_half_even(e · M / (S · 2^shift)), in int64."""
+    from ..ops.softmax import POW2_TABLE_BITS, fast_exp_terms
+
+    if not g.unit_domain or str(node.get_param("quantize_method", optional=True, default_value="LUT")).upper() \
+            != "FAST_EXP" or int(node.get_param("adjust_q", optional=True, default_value=0)) < POW2_TABLE_BITS:
+        return False
+    mult, shift = requant_of(node)
+    bits = range_bits(node.inputs[0])
+    if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor) or bits > MAX_TABLE_BITS or int(shift) > 30:
+        return False
+    mult, shift = int(mult), int(shift)
+    top = 2 ** bits - 1
+    terms = fast_exp_terms(node, torch.arange(-top, 1, dtype=torch.int64)).numpy()
+    axes = g.ints(f"{node.name}/axes", [axis])
+    v = codes(g, node.inputs[0], perm)
+    index = g.add("Add", [g.add("Sub", [v, g.add("ReduceMax", [v, axes], keepdims=1)]),
+                          double(g, node, "top_index", float(top))])
+    e = g.add("Gather", [g.const(f"{node.name}/exp_terms", terms.astype(np.int64)),
+                         g.add("Cast", [index], to=INT64)], axis=0)
+    total = g.add("ReduceSum", [e, axes], keepdims=1)
+    num = g.add("Mul", [e, g.const(f"{node.name}/numerator_scale", np.array(mult << max(0, -shift), np.int64))])
+    den = g.add("Mul", [total, g.const(f"{node.name}/denominator_scale", np.array(1 << max(0, shift), np.int64))])
+    result = round_div_int64(g, node, num, den)
+    g.quantize(node.outputs[0], g.add("Cast", [result], to=FLOAT), perm, unit=True)
+    return True
+
+
+def resize(g: QDQGraph, node: PyNode) -> bool:
+    """Linear/cubic Resize with quantopt's S-bit integer weights: per axis a MatMul with the [in, out] weight
+    matrix on the integers, in float64 (exact: the sums stay below 2^53), then round_half_even(acc / 2^(S · axes))
+    (on the integers without their zero point: an odd zero point would move ties to the other even neighbour)."""
+    from ..ops.geometry import resize_integer_plan
+
+    if not g.unit_domain:
+        return False
+    x = node.inputs[0]
+    method, shift, plan = resize_integer_plan(node, [int(v) for v in x.ir_shape])
+    if method == "nearest":
+        return False
+    growth = 1
+    for _, _, w in plan:
+        growth *= int(w.abs().sum(dim=1).max())
+    if not _fits(offset_absmax(x) * growth):
+        return False
+    rank = len(x.ir_shape)
+    zp_in, zp_out = int(round(float(x.zerop))), int(round(float(node.outputs[0].zerop)))
+    value = codes(g, x)  # the integers themselves: quantopt rounds Σ w·q half to even, not Σ w·(q + zp)
+    value = value if zp_in == 0 else g.add("Sub", [value, double(g, node, "zero_point", float(zp_in))])
+    for axis, idx, w in plan:
+        size = int(x.ir_shape[axis])
+        matrix = np.zeros((size, int(idx.shape[0])), dtype=np.float64)
+        for o in range(int(idx.shape[0])):
+            for i, weight in zip(idx[o].tolist(), w[o].tolist()):
+                matrix[i, o] += weight
+        last = [a for a in range(rank) if a != axis] + [axis]
+        moved = value if axis == rank - 1 else g.add("Transpose", [value], perm=last)
+        value = g.add("MatMul", [moved, g.const(f"{node.name}/weights{axis}", matrix)])
+        if axis != rank - 1:
+            value = g.add("Transpose", [value], perm=list(inverse(last)))
+    scaled = g.add("Round", [g.add("Mul", [value, double(g, node, "interp_step", 2.0 ** -(shift * len(plan)))])])
+    if zp_out:
+        scaled = g.add("Add", [scaled, double(g, node, "output_zero_point", float(zp_out))])
+    g.quantize(node.outputs[0], g.add("Cast", [scaled], to=FLOAT), None, unit=True)
+    return True
+
+
+def layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
+    """LayerNorm over trailing `axes` with quantopt's integer normalization (docs/semantics/normalization.md), in
+    int64: the mean with F fraction bits, the sum of squares, the inverse square root (bit length by comparison with
+    every power of two, isqrt from a float64 square root corrected by ±1), the 16-bit normalized tensor, then
+    gamma/beta and the per-element multipliers in float64."""
+    from ..ops.normalization import NORM_BITS, RSQRT_FRAC_BITS, RSQRT_NORM_BITS, RSQRT_NUMERATOR_BITS, norm_affine
+
+    if not g.unit_domain or str(node.type) != "LayerNorm" or "norm_frac_bits" not in node.params:
+        return False
+    x = node.inputs[0]
+    shape = [int(v) for v in x.ir_shape]
+    count = int(np.prod([shape[a] for a in axes]))
+    frac, eps_value = int(node.params["norm_frac_bits"]), int(node.params["eps_value"])
+    m_n, sh_n = int(node.params["norm_scale_value"]), int(node.params["norm_shift_value"])
+    ratio = exact_ratio(node)
+    if ratio is None or frac < 0:
+        return False
+    affine, gamma, beta = norm_affine(node, shape)
+
+    def int64(what: str, v: object) -> str:
+        return g.const(f"{node.name}/{what}", np.asarray(v, dtype=np.int64))
+
+    axes_input = g.ints(f"{node.name}/axes", list(axes))
+    v = g.add("Cast", [codes(g, x)], to=INT64)
+    scaled = g.add("Mul", [v, int64("mean_scale", 1 << frac)])
+    mean = round_div_int64(g, node, g.add("ReduceSum", [scaled, axes_input], keepdims=1), int64("count", count))
+    d = g.add("Sub", [scaled, mean])
+    squares = g.add("Add", [g.add("ReduceSum", [g.add("Mul", [d, d]), axes_input], keepdims=1),
+                            int64("eps", count * eps_value)])
+    q = g.add("Max", [squares, int64("one_min", 1)])
+    powers = np.array([1 << k for k in range(63)], dtype=np.int64)
+    over = g.add("Sub", [_bit_length(g, node, q, "squares"), int64("norm_bits", RSQRT_NORM_BITS)])
+    t = g.add("Add", [over, g.add("Mod", [over, int64("two", 2)])])
+    table = int64("pow2", powers)
+    right = g.add("Gather", [table, g.add("Max", [t, int64("zero", 0)])], axis=0)
+    left = g.add("Gather", [table, g.add("Max", [g.add("Neg", [t]), int64("zero_left", 0)])], axis=0)
+    qn = g.add("Mul", [g.add("Div", [q, right]), left])
+    n = g.add("Div", [int64("numerator", 1 << RSQRT_NUMERATOR_BITS), qn])
+    r = isqrt_int64(g, node, n)
+    shift = g.add("Add", [g.add("Div", [t, int64("half", 2)]), int64("norm_shift", RSQRT_FRAC_BITS + sh_n)])
+    product = g.add("Mul", [g.add("Mul", [d, r]), int64("norm_scale", m_n)])
+    limit = 2 ** (NORM_BITS - 1) - 1
+    normalized = g.add("Clip", [round_div_int64(g, node, product, g.add("Gather", [table, shift], axis=0)),
+                                int64("norm_min", -limit), int64("norm_max", limit)])
+    acc = g.add("Cast", [normalized], to=DOUBLE)
+    if gamma is not None:
+        acc = g.add("Mul", [acc, g.const(f"{node.name}/gamma", gamma.to(torch.float64).numpy())])
+    if beta is not None:
+        acc = g.add("Add", [acc, g.const(f"{node.name}/beta", beta.to(torch.float64).numpy())])
+    requantize(g, node, acc, ratio, None, channel_shape=affine if ratio.size > 1 else None)
+    return True
+
+
+def _bit_length(g: QDQGraph, node: PyNode, value: str, what: str) -> str:
+    """bit_length of non-negative int64 values (below 2^62): how many powers of two 2^0 .. 2^62 they reach."""
+    powers = g.const(f"{node.name}/{what}_powers", np.array([1 << k for k in range(63)], dtype=np.int64))
+    reached = g.add("GreaterOrEqual", [g.add("Unsqueeze", [value, g.ints(f"{node.name}/{what}_last", [-1])]),
+                                       powers])
+    return g.add("ReduceSum", [g.add("Cast", [reached], to=INT64), g.ints(f"{node.name}/{what}_axis", [-1])],
+                 keepdims=0)
+
+
+def logsoftmax(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
+    """LogSoftmax (docs/semantics/softmax.md) in int64: u and the 2^u terms tabulated per x - max(x), S = Σ terms,
+    k = bit_length(S) - 1, the 16-bit mantissa of S indexes log2 (tabulated), out = requant(u - log2(S / 2^P))."""
+    from ..ops.softmax import LOG2_MANTISSA_BITS, logsoftmax_tables
+
+    if not g.unit_domain or "log2_lut" not in node.constants:
+        return False
+    mult, shift = requant_of(node)
+    bits = range_bits(node.inputs[0])
+    if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor) or bits > MAX_TABLE_BITS:
+        return False
+    frac = int(node.get_param("adjust_q"))
+    out_q = int(node.get_param("pow2_out_q"))
+    u_table, e_table, lg_table = logsoftmax_tables(node, bits)
+
+    def int64(what: str, v: object) -> str:
+        return g.const(f"{node.name}/{what}", np.asarray(v, dtype=np.int64))
+
+    axes = g.ints(f"{node.name}/axes", [axis])
+    v = codes(g, node.inputs[0], perm)
+    index = g.add("Cast", [g.add("Add", [g.add("Sub", [v, g.add("ReduceMax", [v, axes], keepdims=1)]),
+                                         double(g, node, "top_index", 2.0 ** bits - 1)])], to=INT64)
+    u = g.add("Gather", [int64("log2_terms", u_table.numpy()), index], axis=0)
+    total = g.add("ReduceSum", [g.add("Gather", [int64("exp_terms", e_table.numpy()), index], axis=0), axes],
+                  keepdims=1)
+    k = g.add("Sub", [_bit_length(g, node, total, "sum"), int64("one", 1)])
+    pow2 = int64("pow2", [1 << j for j in range(63)])
+    mantissa = g.add("Sub", [g.add("Div", [g.add("Mul", [total, int64("mantissa_scale", 1 << LOG2_MANTISSA_BITS)]),
+                                           g.add("Gather", [pow2, k], axis=0)]),
+                             int64("mantissa_one", 1 << LOG2_MANTISSA_BITS)])
+    log_sum = g.add("Add", [g.add("Mul", [g.add("Sub", [k, int64("out_q", out_q)]), int64("frac_scale", 1 << frac)]),
+                            g.add("Gather", [int64("log2_table", lg_table.numpy()), mantissa], axis=0)])
+    difference = g.add("Cast", [g.add("Sub", [u, log_sum])], to=DOUBLE)
+    requantize(g, node, difference, int(mult) * 2.0 ** -(int(shift) + frac), perm)
+    return True
+
+
+def isqrt_int64(g: QDQGraph, node: PyNode, n: str) -> str:
+    """The largest r with r² <= n, for int64 0 <= n < 2^62: floor of the float64 square root, corrected twice."""
+    one = g.const(f"{node.name}/isqrt_one", np.array(1, dtype=np.int64))
+    r = g.add("Cast", [g.add("Floor", [g.add("Sqrt", [g.add("Cast", [n], to=DOUBLE)])])], to=INT64)
+    for _ in range(2):
+        r = g.add("Where", [g.add("Greater", [g.add("Mul", [r, r]), n]), g.add("Sub", [r, one]), r])
+        up = g.add("Add", [r, one])
+        r = g.add("Where", [g.add("LessOrEqual", [g.add("Mul", [up, up]), n]), up, r])
+    return r

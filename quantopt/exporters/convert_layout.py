@@ -95,7 +95,8 @@ def convert_reshape(g: QDQGraph, node: PyNode) -> None:
     x, y = node.inputs[0], node.outputs[0]
     _require_same(node, x, y)
     shape = node.get_param("shape") if str(node.type) == "Reshape" else y.ir_shape
-    out = g.add("Reshape", [g.int_value(x), g.ints(f"{node.name}/shape", _batch_shape(x, shape))])
+    shape = _batch_shape(x, shape) if g.dynamic_batch else [int(v) for v in y.ir_shape]
+    out = g.add("Reshape", [g.int_value(x), g.ints(f"{node.name}/shape", shape)])
     g.set_int(y, out)
 
 
@@ -365,6 +366,8 @@ def convert_resize(g: QDQGraph, node: PyNode) -> None:
         raise node_error(node, f"nearest_mode {nearest.upper()} has no ONNX equivalent")
     if bool_param(node, "antialias", False) or bool_param(node, "exclude_outside", False):
         raise node_error(node, "antialias/exclude_outside resize has no QDQ mapping")
+    if convert_exact.resize(g, node):
+        return
     spatial = list(range(1, rank - 1))
     perm = g.common_perm([x], rank, prefer=channels_first(rank))
     value = g.float_value(x, perm)

@@ -342,6 +342,8 @@ def convert_layernorm(g: QDQGraph, node: PyNode) -> None:
         raise node_error(node, f"normalized axes {axes} are not the trailing axes of a rank-{rank} input")
     if "norm_scale_value" not in node.params:
         raise node_error(node, "a quantized LayerNorm needs norm_scale_value/norm_shift_value")
+    if convert_exact.layer_norm(g, node, axes):
+        return
     count = math.prod(int(x.ir_shape[a]) for a in axes)
     norm_scale = float(node.params["norm_scale_value"]) * 2.0 ** -float(node.params["norm_shift_value"]) \
         / math.sqrt(count)
@@ -358,3 +360,57 @@ def convert_layernorm(g: QDQGraph, node: PyNode) -> None:
     out = g.add("LayerNormalization", [g.float_value(x), g.const(f"{node.name}/gamma", gamma),
                                        g.const(f"{node.name}/beta", beta)], axis=axes[0], epsilon=eps)
     g.quantize(y, out)
+
+
+@converter("ConvTranspose")
+def convert_conv_transpose(g: QDQGraph, node: PyNode) -> None:
+    """ONNX ConvTranspose channels-first (pads, output_padding, strides, dilations, group).
+
+    "exact": on the integers (input plus zero point, weights plus zero point as float32 integers, the bias without
+    the input zero point), exact in float32 while every sum stays below 2^24, then the multiplier in float64 and
+    Round. Otherwise weights behind a per-output-channel DequantizeLinear (group 1 only: ONNX's axis 1 is the
+    output channel within a group)."""
+    from ..ops.mac_extra import _oc_effective_weights, _oc_to_torch
+
+    x, y = node.inputs[0], node.outputs[0]
+    if g.rank(x) != 4:
+        raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
+    cf = channels_first(4)
+    group = _int(node, "group", 1)
+    w_oc = _oc_effective_weights(node, group)                      # [out_c, kh, kw, in_c/g], w + zp_w
+    torch_w = _oc_to_torch(w_oc, group).numpy()                   # [in_c, out_c/g, kh, kw]
+    out_c = int(w_oc.shape[0])
+    sums = w_oc.reshape(out_c, -1).sum(dim=1).numpy()
+    zp_in = int(round(float(x.zerop if not isinstance(x.zerop, torch.Tensor) else x.zerop.reshape(-1)[0])))
+    bias = node.get_constant("biases").betensor.to(torch.int64).reshape(-1).numpy() - zp_in * sums
+    attrs = dict(kernel_shape=[int(torch_w.shape[2]), int(torch_w.shape[3])],
+                 strides=[_int(node, "stride_y", 1), _int(node, "stride_x", 1)],
+                 dilations=[_int(node, "dilation_y", 1), _int(node, "dilation_x", 1)],
+                 pads=[_int(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right")],
+                 output_padding=[_int(node, "output_padding_y", 0), _int(node, "output_padding_x", 0)], group=group)
+    lo, hi = x.qmin + zp_in, x.qmax + zp_in
+    bound = max(abs(lo), abs(hi)) * int(np.abs(w_oc.reshape(out_c, -1).numpy()).sum(axis=1).max()) \
+        + int(np.abs(bias).max(initial=0))
+    ratio = convert_exact.exact_ratio(node) if g.unit_domain and node.params.get("remain_shift") is None else None
+    if ratio is not None and bound < 2 ** 24:
+        acc = g.add("ConvTranspose", [g.float_value(x, cf, unit=True), g.const(f"{node.name}/weights",
+                                                                               torch_w.astype(np.float32)),
+                                      g.const(f"{node.name}/bias", bias.astype(np.float32))], **attrs)
+        convert_exact.requantize(g, node, g.add("Cast", [acc], to=convert_exact.DOUBLE), ratio, cf,
+                                 fused_activation_bounds(node), channel_shape=(-1, 1, 1) if ratio.size > 1 else None)
+        return
+    if group != 1:
+        raise node_error(node, "grouped ConvTranspose is exported in the exact mode only (within float32 sums)")
+    scale = weight_onnx_scale(g, node, x, y)
+    w_q = _oc_to_torch(_ir_weights(node), 1).numpy()
+    weights = dq_constant(g, f"{node.name}/weights", w_q, np.round(_vector(node, "weights_zp", 0.0)).astype(np.int64),
+                          scale, axis=1 if scale.size > 1 else 0, dtypes=weight_dtypes(g))
+    x_scale = np.float32(g.qparams(x).scale)
+    b = g.const(f"{node.name}/bias", (bias.astype(np.float64) * (x_scale * scale.astype(np.float64))).astype(
+        np.float32))
+    out = g.add("ConvTranspose", [g.float_value(x, cf), weights, b], **attrs)
+    g.quantize(y, fused_activation(g, node, out), cf)
+
+
+def _ir_weights(node: PyNode) -> torch.Tensor:
+    return node.get_constant("weights").betensor.to(torch.int64)

@@ -301,9 +301,44 @@ def convert_softmax(g: QDQGraph, node: PyNode) -> None:
     x, y = node.inputs[0], node.outputs[0]
     perm = unary_perm(g, node)
     axis = perm.index(axis_param(node, node.get_param("axis", optional=True, default_value=-1), len(perm)))
-    if str(node.type) == "Softmax" and convert_exact.softmax_lut(g, node, perm, axis):
+    if str(node.type) == "Softmax" and (convert_exact.softmax_lut(g, node, perm, axis)
+                                        or convert_exact.softmax_fast_exp(g, node, perm, axis)):
+        return
+    if str(node.type) == "LogSoftmax" and convert_exact.logsoftmax(g, node, perm, axis):
         return
     out = g.add(str(node.type), [g.float_value(x, perm)], axis=axis)
     if str(node.type) == "Softmax" and str(node.params.get("quantize_method", "LUT")).upper() == "LUT":
         out = g.rescale(out, requant_factor(node, 1.0))  # the table's e/S times M · 2^-N stands for softmax · s_out
+    g.quantize(y, out, perm)
+
+
+# ------------------------------------------------------------------------------------------------ Pow, Div
+@converter("Pow")
+def convert_pow(g: QDQGraph, node: PyNode) -> None:
+    """x ^ exponent (the constant param): quantopt's table as a Gather ("exact"), else the float Pow."""
+    if "exponent" not in node.params or len(node.inputs) != 1:
+        raise node_error(node, "only Pow with a constant exponent is quantized and exported")
+    x, y = node.inputs[0], node.outputs[0]
+    perm = unary_perm(g, node)
+    if convert_exact.try_table(g, node, perm):
+        return
+    exponent = g.const(f"{node.name}/exponent", np.array(float(node.get_param("exponent")), dtype=np.float32))
+    g.quantize(y, g.add("Pow", [g.float_value(x, perm), exponent]), perm, exact=True)
+
+
+@converter("Div")
+def convert_div(g: QDQGraph, node: PyNode) -> None:
+    """a / b: quantopt's reciprocal-table division in int64 ("exact"), else the float Div scaled by the
+    multiplier's rounding."""
+    if len(node.inputs) != 2:
+        raise node_error(node, f"needs 2 inputs, got {len(node.inputs)}")
+    a, b = node.inputs
+    y = node.outputs[0]
+    rank = g.rank(y)
+    same_rank = {g.rank(a), g.rank(b)} == {rank}
+    perm = g.common_perm(node.inputs, rank, prefer=channels_first(rank)) if same_rank else tuple(range(rank))
+    if convert_exact.div(g, node, perm if same_rank else None):
+        return
+    values = [g.float_value(t, perm) if same_rank else g.float_value(t) for t in node.inputs]
+    out = g.rescale(g.add("Div", values), requant_factor(node, tensor_scale(a) / tensor_scale(b)))
     g.quantize(y, out, perm)

@@ -16,7 +16,7 @@ from ..errors import ConfigError, IRError, UnsupportedError
 from ..graph.graph import PyGraph
 from ..ir.dtype import Dtype
 from ..version import __version__
-from . import convert_exact, convert_layout, convert_mac, convert_ops  # noqa: F401  (they fill CONVERTERS)
+from . import convert_exact, convert_index, convert_layout, convert_mac, convert_ops  # noqa: F401  (fill CONVERTERS)
 from .qdq_graph import CONVERTERS, QDQGraph
 
 SCALE_MODES = ("exact", "effective", "ir")
@@ -72,10 +72,35 @@ def choose_opset(graph: PyGraph, opset: Optional[int] = None) -> int:
     return int(opset)
 
 
+def batch_is_leading(graph: PyGraph) -> bool:
+    """Whether dim 0 of every tensor is the batch: all have the graph inputs' IR batch there and no layer moves it
+    or works along it (a perm not starting with 0, an `axis` naming dim 0). Only then can the export take a symbolic
+    batch; otherwise the IR batch is kept (LSTM states stacked on dim 0, attention heads reshaped into it, ...)."""
+    batches = {int(t.ir_shape[0]) for t in graph.input_tensors if len(t.ir_shape)}
+    if len(batches) != 1:
+        return False
+    batch = batches.pop()
+    for node in graph.nodes:
+        tensors = list(node.inputs) + list(node.outputs)
+        if any(not len(t.ir_shape) or int(t.ir_shape[0]) != batch for t in tensors):
+            return False
+        perm = node.params.get("perm")
+        if str(node.type) in ("Transpose", "Permute") and (not isinstance(perm, (list, tuple)) or int(perm[0]) != 0):
+            return False
+        axis = node.params.get("axis")
+        rank = len(node.inputs[0].ir_shape) if node.inputs else 0
+        axes = axis if isinstance(axis, (list, tuple)) else [axis]
+        if rank and any(isinstance(a, (int, str)) and str(a).lstrip("-").isdigit() and int(a) % rank == 0
+                        for a in axes if a is not None):
+            return False
+    return True
+
+
 def build_onnx_qdq(graph: PyGraph, opset: Optional[int] = None, scales: str = DEFAULT_SCALES,
                    dynamic_batch: bool = True) -> Any:
     """The ONNX ModelProto of a quantized graph; every layer without a QDQ mapping is listed in one
-    UnsupportedError. `dynamic_batch` makes dim 0 of inputs and outputs symbolic."""
+    UnsupportedError. `dynamic_batch` makes dim 0 of inputs and outputs symbolic where every tensor's dim 0 is the
+    batch (`batch_is_leading`)."""
     return convert_graph(graph, opset, scales, dynamic_batch)[0]
 
 
@@ -87,7 +112,7 @@ def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEF
         raise ConfigError(f"scales must be one of {', '.join(SCALE_MODES)}, got {scales!r}", field="scales")
     graph = _quantized(graph)
     opset = choose_opset(graph, opset)
-    g = QDQGraph(opset, scales, dynamic_batch)
+    g = QDQGraph(opset, scales, dynamic_batch and batch_is_leading(graph))
     for t in list(graph.input_tensors) + list(graph.output_tensors):
         g.reserve(t.name)
     problems: List[str] = []

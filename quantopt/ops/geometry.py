@@ -339,6 +339,16 @@ def resize_forward(self: PyNode) -> None:
     self.outputs[0].betensor = y.contiguous()
 
 
+def resize_integer_plan(node: PyNode, shape: List[int]) -> Tuple[str, int, List[Tuple[int, torch.Tensor,
+                                                                                       torch.Tensor]]]:
+    """(method, fraction bits S, [(axis, index [out, T], int64 weights [out, T])]) of the quantized layer for an
+    input of `shape`: what the integer forward sums, for a backend or an exporter to compile."""
+    method = _resize_method(node)
+    shift = _interp_shift(node) if method != "nearest" else 0
+    method, plan = _resize_plan(node, torch.zeros(shape, dtype=torch.int64), shift)
+    return method, shift, plan
+
+
 def resize_int_forward(node: PyNode) -> torch.Tensor:
     """Nearest: gather. Linear/cubic: exact int64 separable sum with S-bit weights per axis, then
     round_half_even(acc / 2^(S * axes)), clamp to [qmin, qmax] (docs/semantics/geometry.md#resize-and-interp)."""

@@ -204,6 +204,13 @@ def _affine_tensor(node: PyNode, key: str, shape: Sequence[int]) -> Optional[tor
     return t.betensor.reshape(want)
 
 
+def norm_affine(node: PyNode, shape: Sequence[int]) -> Tuple[List[int], Optional[torch.Tensor],
+                                                               Optional[torch.Tensor]]:
+    """(broadcast shape, gamma, beta) of a normalization layer for an input of `shape`, as its forward reads them
+    (None where absent)."""
+    return _affine_shape(node, shape), _affine_tensor(node, "weights", shape), _affine_tensor(node, "biases", shape)
+
+
 def _normalize_variance(node: PyNode) -> bool:
     return str(node.type) != "MVN" or bool_param(node, "normalize_variance", True)
 

@@ -11,6 +11,7 @@ LogSoftmax subtracts a table log2 of the same power-of-two sum; Hardmax outputs 
 from __future__ import annotations
 
 import math
+from typing import Tuple
 
 import torch
 
@@ -229,10 +230,20 @@ def _shift_floor(v: torch.Tensor, shift: int) -> torch.Tensor:
 def _log2_domain(node: PyNode, x: torch.Tensor, axis: int, frac_bits: int) -> torch.Tensor:
     """u = floor((x - max(x)) * M / 2^(N - F)) with (M, N) = (input_scale_value, input_shift_value), F = frac_bits:
     log2(e) * (x - max) / s_in in units of 2^-F, always <= 0."""
+    return _log2_of_difference(node, x - x.amax(dim=axis, keepdim=True), frac_bits)
+
+
+def _log2_of_difference(node: PyNode, d: torch.Tensor, frac_bits: int) -> torch.Tensor:
     mult = _int_param(node, "input_scale_value")
     shift = _int_param(node, "input_shift_value")
-    d = x - x.amax(dim=axis, keepdim=True)
     return _shift_floor(d * mult, shift - frac_bits)
+
+
+def fast_exp_terms(node: PyNode, d: torch.Tensor) -> torch.Tensor:
+    """The FAST_EXP table path's exponential terms e for differences d = x - max(x) (int64, <= 0): a function of
+    each difference alone, so an exporter can tabulate it."""
+    adjust_q = _adjust_q(node, allow_simple=False)
+    return _pow2_terms(node, _log2_of_difference(node, d, adjust_q), adjust_q, _int_param(node, "pow2_out_q"))
 
 
 def _pow2_terms(node: PyNode, u: torch.Tensor, frac_bits: int, out_q: int) -> torch.Tensor:
@@ -315,8 +326,7 @@ def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
     zp = tensor_zp(out)
     if adjust_q < POW2_TABLE_BITS:
         return _softmax_pow2_path(node, x, axis, adjust_q, out_q, zp, qmin, qmax)
-    u = _log2_domain(node, x, axis, adjust_q)
-    e = _pow2_terms(node, u, adjust_q, out_q)
+    e = fast_exp_terms(node, x - x.amax(dim=axis, keepdim=True))
     total = e.sum(dim=axis, keepdim=True)
     mult, shift = requant_of(node)
     if isinstance(mult, torch.Tensor):
@@ -415,6 +425,19 @@ def _logsoftmax_integer_forward(node: PyNode) -> torch.Tensor:
         raise node._error("LogSoftmax needs one scale_value/shift_value, not per-channel constants")
     qmin, qmax = out_range(out)
     return requantize_int(u - log_sum, mult, shift + frac, tensor_zp(out), qmin, qmax)
+
+
+def logsoftmax_tables(node: PyNode, bits: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For a backend or exporter: (u, e) for every difference d = x - max(x) in [-(2^bits - 1), 0] (index
+    d + 2^bits - 1), and lg >> (16 - F) for every 16-bit mantissa of the sum: what the integer forward reads."""
+    frac = _adjust_q(node, allow_simple=False)
+    d = torch.arange(-(2 ** bits - 1), 1, dtype=torch.int64)
+    u = _log2_of_difference(node, d, frac)
+    e = _pow2_terms(node, u, frac, _int_param(node, "pow2_out_q"))
+    table = node.get_constant("log2_lut").betensor.to(torch.int64)
+    mant = torch.arange(2 ** LOG2_MANTISSA_BITS, dtype=torch.int64)
+    lg = _table_interp(table, mant, LOG2_MANTISSA_BITS, 2 ** LOG2_VALUE_BITS) >> (LOG2_VALUE_BITS - frac)
+    return u, e, lg
 
 
 @op_register(OpType.LogSoftmax)
