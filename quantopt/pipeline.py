@@ -10,7 +10,7 @@ import torch
 from .analysis.similarity import to_float
 from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
 from .calibration.unify_scales import RuleSource, unify_scales
-from .config.layer_settings import LayerSettings, check_settings
+from .config.layer_settings import LayerSettings, check_settings, with_operator_defaults
 from .graph.graph import PyGraph, QuantizeGraph
 from .quantizer import quantize_graph
 
@@ -32,7 +32,9 @@ def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
     """
     base = settings if isinstance(settings, LayerSettings) else LayerSettings(**dict(settings or {}))
     for n in graph.nodes:
-        n.settings = dataclasses.replace(base, **dict((per_layer or {}).get(n.name, {})))
+        own = dict((per_layer or {}).get(n.name, {}))
+        n.settings = with_operator_defaults(dataclasses.replace(base, **own, explicit=base.explicit | frozenset(own)),
+                                            n)
         check_settings(n.settings, n)
     collect_weight_statistics(graph)
     batches = [[b] if isinstance(b, torch.Tensor) else list(b) for b in calibration]

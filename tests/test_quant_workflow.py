@@ -81,6 +81,27 @@ def test_per_layer_cfg_values_resolve_per_layer(model_dir: Path) -> None:
     assert s["c2"].q_mode_weight.startswith("per_channel") and s["c3"].q_mode_weight.startswith("per_tensor")
 
 
+def test_batchnorm_weight_bits_follow_per_layer_rules_only(model_dir: Path) -> None:
+    """BatchNorm's 16-bit weights are an operator default: a global weight_bits does not lower them, a per-layer
+    rule naming the layer (by type here) or an opt_config entry does."""
+    from quantopt.config.layer_settings import OptConfig
+    from quantopt.graph.builder import GraphBuilder
+
+    b = GraphBuilder("bn")
+    x = b.input("x", [1, 4, 4, 3])
+    y = b.layer("BatchNorm", [x], [[1, 4, 4, 3]], name="bn", params=dict(axis=3),
+                constants={"weights": np.ones(3, np.float32), "biases": np.zeros(3, np.float32)})
+    z = b.layer("Activation", [y], [[1, 4, 4, 3]], name="act", params=dict(method="RELU"))
+    bn = b.build([z]).node("bn")
+    plain = settings_from_cfg(read_cfg(str(write_cfg(model_dir, weight_bits="8"))), bn)
+    assert plain.q_bits_weight == 16 and "q_bits_weight" not in plain.explicit
+    ruled = settings_from_cfg(read_cfg(str(write_cfg(model_dir, weight_bits="8 & <[BatchNorm]:8>"))), bn)
+    assert ruled.q_bits_weight == 8 and "q_bits_weight" in ruled.explicit
+    path = model_dir / "bn.json"
+    path.write_text('{"bn": {"q_bits_weight": 10}}')
+    assert OptConfig.load(str(path), ["x", "bn", "act"]).apply(plain, bn).q_bits_weight == 10
+
+
 def test_per_channel_activations_are_rejected_clearly(model_dir: Path) -> None:
     cfg = read_cfg(str(write_cfg(model_dir, quantize_method_for_activation="per_channel_symmetric_full_range")))
     with pytest.raises(UnsupportedError, match="per-channel activation quantization is not implemented"):

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, Iterable, Optional
 
 from ..errors import ConfigError, UnsupportedError
+from ..quant.hardware import BN_WEIGHT_BITS
 from .fields import FIELDS
 
 # JSON/template key -> cfg field that gives its default and validates its value
@@ -60,6 +61,9 @@ class LayerSettings:
     trigger_float_op: str = "disable"
     qinvariant: bool = False  # set_qinvariant_for_start_nodes (not a JSON key: chosen by layer id in the cfg)
     concat_threshold: float = 1.05  # unify_scales_for_concat_threshold (global cfg field)
+    explicit: FrozenSet[str] = field(default=frozenset(), compare=False)
+    """Keys set for this layer in particular (a per-layer cfg rule, opt_config, quantize_model's per_layer): they
+    take precedence over an operator's own default (BatchNorm's 16-bit weights)."""
 
     @property
     def mult_bits(self) -> int:
@@ -82,8 +86,19 @@ def settings_from_cfg(cfg: Any, node: Any) -> LayerSettings:
         values[key] = v.get(node) if hasattr(v, "get") and not isinstance(v, dict) else v
     values["qinvariant"] = node.layer_id in (cfg.set_qinvariant_for_start_nodes or [])
     values["concat_threshold"] = float(cfg.unify_scales_for_concat_threshold)
-    settings = LayerSettings(**values)
+    values["explicit"] = frozenset(key for key, field_name in SETTING_FIELDS.items()
+                                   if hasattr(getattr(cfg, field_name), "overridden")
+                                   and getattr(cfg, field_name).overridden(node))
+    settings = with_operator_defaults(LayerSettings(**values), node)
     check_settings(settings, node)
+    return settings
+
+
+def with_operator_defaults(settings: LayerSettings, node: Any) -> LayerSettings:
+    """Operator defaults that differ from the global values, unless set for the layer itself: BatchNorm weights get
+    max(16, q_bits_weight) bits. Written into the settings, so the JSON template shows what the layer used."""
+    if str(node.type) == "BatchNorm" and "q_bits_weight" not in settings.explicit:
+        return dataclasses.replace(settings, q_bits_weight=max(BN_WEIGHT_BITS, int(settings.q_bits_weight)))
     return settings
 
 
@@ -135,7 +150,7 @@ class OptConfig:
         overrides = self.layers.get(node.name)
         if not overrides:
             return settings
-        result = dataclasses.replace(settings, **overrides)
+        result = dataclasses.replace(settings, **overrides, explicit=settings.explicit | frozenset(overrides))
         check_settings(result, node)
         return result
 

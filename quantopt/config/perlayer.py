@@ -73,6 +73,12 @@ class PerLayerValue:
         method = node.params.get("method") if str(node.type) == "Activation" else None
         return self.resolve(node.layer_id, str(node.type), node.name, str(method) if method is not None else None)
 
+    def overridden(self, node: Any) -> bool:
+        """Whether a per-layer rule (not the global value) decides this layer's value."""
+        method = node.params.get("method") if str(node.type) == "Activation" else None
+        method = str(method) if method is not None else None
+        return any(sel.matches(node.layer_id, str(node.type), method, node.name) for sel, _ in self.rules)
+
     def __str__(self) -> str:
         if not self.rules:
             return str(self.global_value)

@@ -142,8 +142,10 @@ def _prepare_affine(node: PyNode) -> None:
 
 
 def bn_weight_bits(node: PyNode) -> int:
-    """max(16, q_bits_weight): upstream's 16-bit BatchNorm default, wider per-layer requests honoured."""
-    return max(BN_WEIGHT_BITS, int(layer_settings(node).q_bits_weight))
+    """The layer's q_bits_weight when set for the layer itself, else max(16, q_bits_weight): upstream's 16-bit
+    BatchNorm default (a graph quantized with settings resolved from a cfg already carries it)."""
+    s = layer_settings(node)
+    return int(s.q_bits_weight) if "q_bits_weight" in s.explicit else max(BN_WEIGHT_BITS, int(s.q_bits_weight))
 
 
 @quant_register(OpType.BatchNorm)

@@ -313,10 +313,22 @@ def test_batchnorm_weights_default_to_16_bits_and_store_per_channel_requant() ->
     assert node.constants["biases"].dtype == Dtype.INT32
     assert node.constants["scale"].dtype == Dtype.UINT16 and node.constants["shift"].dtype == Dtype.INT8
     assert node.constants["scale"].betensor.numel() == 5
-    assert node.settings.q_bits_weight == 8  # the layer's settings are left as they were
+    assert node.settings.q_bits_weight == 16  # what the layer used, as the JSON template shows it
     wide = quantize_model(bn_graph(16), data([2, 6, 7, 5], 17), settings("per_tensor_asymmetric", 8,
                                                                            q_bits_weight=16, q_bits_bias=48))
     assert wide.node("op").constants["weights"].dtype == Dtype.INT16
+
+
+@pytest.mark.parametrize("bits,dtype", [(8, Dtype.INT8), (12, Dtype.ALIGNED_INT12), (4, Dtype.ALIGNED_INT4)])
+def test_batchnorm_weight_bits_set_for_the_layer_are_honoured(bits: int, dtype: Dtype) -> None:
+    """A per-layer q_bits_weight below 16 wins over BatchNorm's 16-bit default; the weights use that range."""
+    qg = quantize_model(bn_graph(16), data([2, 6, 7, 5], 17), settings("per_tensor_asymmetric", 8),
+                        per_layer={"op": {"q_bits_weight": bits}})
+    node = qg.node("op")
+    w = node.constants["weights"]
+    assert w.dtype == dtype and node.settings.q_bits_weight == bits
+    assert int(w.betensor.abs().max()) <= 2 ** (bits - 1) - 1
+    assert int(w.betensor.abs().max()) > 2 ** (bits - 2)  # the range is used, not just bounded
 
 
 # ------------------------------------------------------------------------------------------------ Pad
