@@ -261,6 +261,10 @@ def g_eltwise(wide: bool = False) -> Any:
                   params=dict(method="AVG", kernel_x=6, kernel_y=6, stride_x=1, stride_y=1))
     outs.append(b.layer("Mul", [a, gap], [s], name="mul_se", params=dict(with_activation="NONE")))
     outs.append(b.layer("Add", [a, c], [s], name="add_relu", params=dict(with_activation="RELU")))
+    outs.append(b.layer("Eltwise", [a, c, outs[0]], [s], name="e_add3", params=dict(method="ADD",
+                                                                                    with_activation="NONE")))
+    outs.append(b.layer("Eltwise", [a, c, outs[1]], [s], name="e_max3", params=dict(method="MAX",
+                                                                                    with_activation="NONE")))
     same = b.layer("Concat", [a, a], [[1, 6, 6, 8]], name="cat_same", params=dict(axis=3))
     mixed = b.layer("Concat", [outs[0], outs[1], c], [[1, 6, 6, 12]], name="cat_mixed", params=dict(axis=-1))
     return b.build(outs + [same, mixed])

@@ -145,25 +145,30 @@ def _fits(bound: float) -> bool:
 
 
 def eltwise(g: QDQGraph, node: PyNode, method: str, perm: Optional[Perm]) -> bool:
-    """Two-input Eltwise ADD/SUB/MAX/MIN/MUL (and Add/Sub/Mul) in double: False when not applicable."""
-    if not g.unit_domain or len(node.inputs) != 2 or any(t.qmin is None for t in node.inputs):
+    """Eltwise ADD/SUB/MAX/MIN/MUL (and Add/Sub/Mul; ADD/MAX/MIN with any number of inputs) in double: False when
+    not applicable."""
+    inputs = list(node.inputs)
+    if not g.unit_domain or len(inputs) < 2 or any(t.qmin is None for t in inputs):
         return False
-    a, b = node.inputs
-    ea, eb = offset_absmax(a), offset_absmax(b)
     if method == "MUL":
-        if isinstance(node.params.get("scale_value"), (list, tuple)):
+        if len(inputs) != 2 or isinstance(node.params.get("scale_value"), (list, tuple)):
             return False
-        m_out, shift, m_a, m_b = int(node.params["scale_value"]), int(node.params["shift_value"]), 1, 1
-        bound = ea * eb * abs(m_out)
+        m_out, shift, muls = int(node.params["scale_value"]), int(node.params["shift_value"]), [1, 1]
+        bound = offset_absmax(inputs[0]) * offset_absmax(inputs[1]) * abs(m_out)
     else:
-        m_out, m_a, m_b = (int(v) for v in node.params["scale_value"])
+        m_out, *muls = (int(v) for v in node.params["scale_value"])
         shift = int(node.params["shift_value"])
-        bound = (ea * abs(m_a) + eb * abs(m_b)) * abs(m_out)
+        if len(muls) != len(inputs):
+            return False
+        bound = sum(offset_absmax(t) * abs(m) for t, m in zip(inputs, muls)) * abs(m_out)
     if not _fits(bound):
         return False
     ops = {"ADD": "Add", "SUB": "Sub", "MAX": "Max", "MIN": "Min", "MUL": "Mul"}
-    va, vb = scaled_codes(g, node, [a, b], [float(m_a), float(m_b)], perm)
-    requantize(g, node, g.add(ops[method], [va, vb]), m_out * 2.0 ** -shift, perm, fused_activation_bounds(node))
+    values = scaled_codes(g, node, inputs, [float(m) for m in muls], perm)
+    acc = values[0]
+    for v in values[1:]:
+        acc = g.add(ops[method], [acc, v])
+    requantize(g, node, acc, m_out * 2.0 ** -shift, perm, fused_activation_bounds(node))
     return True
 
 

@@ -7,11 +7,12 @@ from typing import Callable, Dict, List
 
 import torch
 
+from ..config.layer_settings import LayerSettings
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..log import OPT_WARN
-from ..quant.requant import eltwise_multipliers, requantize_int
+from ..quant.requant import eltwise_multipliers, eltwise_multipliers_n, requantize_int
 from ..registry import op_register, quant_register
 from ._eltwise_int import activation_clamp, check_int64_bound, offset_absmax, set_integer_output
 from ._quant import (
@@ -92,10 +93,10 @@ def _output_signed(node: PyNode, method: str) -> bool:
 
 
 def _check_quantizable(node: PyNode, method: str) -> None:
-    if len(node.inputs) != 2:
+    if len(node.inputs) < 2 or (len(node.inputs) > 2 and method not in NARY_METHODS):
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): quantized {method} with {len(node.inputs)} "
-                               "inputs is not implemented (the integer scheme aligns exactly two inputs); split it "
-                               "into a chain of two-input layers")
+                               f"inputs is not supported ({method} takes exactly two; ADD, MAX and MIN take two or "
+                               "more); split it into a chain of two-input layers")
     check_fused_activation_quantizable(node)
     check_quantized_inputs(node, node.inputs)
 
@@ -111,20 +112,23 @@ def eltwise_quantize(self: PyNode) -> None:
     """
     method = eltwise_method(self)
     _check_quantizable(self, method)
-    a, b = self.inputs
     out = self.outputs[0]
     s = layer_settings(self)
     signed = _output_signed(self, method)
-    if a.qinvariant and b.qinvariant:
-        set_integer_output(self, out, signed, [a.qbits or 8, b.qbits or 8])
+    if all(t.qinvariant for t in self.inputs):
+        set_integer_output(self, out, signed, [t.qbits or 8 for t in self.inputs])
     else:
-        if a.qinvariant != b.qinvariant:
-            OPT_WARN(f"layer '{self.name}' ({self.type}): one input is an integer (scale 1) and the other is "
+        if any(t.qinvariant for t in self.inputs):
+            OPT_WARN(f"layer '{self.name}' ({self.type}): one input is an integer (scale 1) and another is "
                      "quantized; the integer input is treated as a tensor of scale 1, which may cost accuracy")
         quantize_activation(self, out, signed)
-    s0, s1, s_out = tensor_scale(a), tensor_scale(b), tensor_scale(out)
     for key in ("scale_value", "shift_value", "scale_type", "shift_type"):
         self.params.pop(key, None)
+    if len(self.inputs) > 2:
+        _store_n_ary(self, s)
+        return
+    a, b = self.inputs
+    s0, s1, s_out = tensor_scale(a), tensor_scale(b), tensor_scale(out)
     if method == "MUL":
         ratio = torch.tensor(s_out, dtype=torch.float32) / (torch.tensor(s0, dtype=torch.float32) *
                                                             torch.tensor(s1, dtype=torch.float32))
@@ -138,6 +142,21 @@ def eltwise_quantize(self: PyNode) -> None:
     self.params["shift_value"] = int(r.shift_value)
     self.params["scale_type"] = list(r.scale_type)
     self.params["shift_type"] = r.shift_type
+
+
+def _store_n_ary(node: PyNode, s: LayerSettings) -> None:
+    """ADD/MAX/MIN of three or more inputs: `eltwise_multipliers_n` (every input aligned to the finest grid)."""
+    out = node.outputs[0]
+    try:
+        r = eltwise_multipliers_n([tensor_scale(t) for t in node.inputs], tensor_scale(out), int(out.qbits),
+                                  [tensor_zp(t) for t in node.inputs], unify_threshold=EQUAL_SCALE_THRESHOLD,
+                                  force_shift_positive=s.force_shift_positive)
+    except ValueError as e:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): {e}; quantize the inputs more alike") from None
+    node.params["scale_value"] = [int(v) for v in r.scale_value]
+    node.params["shift_value"] = int(r.shift_value)
+    node.params["scale_type"] = list(r.scale_type)
+    node.params["shift_type"] = r.shift_type
 
 
 # ------------------------------------------------------------------------------------------------ integer forward
@@ -158,11 +177,12 @@ def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
     ADD/SUB/MAX/MIN: acc = op((a + zp_a) * M_in0, (b + zp_b) * M_in1); MUL: acc = (a + zp_a) * (b + zp_b);
     y = clamp(round_half_even(acc * M_out * 2^-shift) - zp_out, qmin, qmax), then the fused activation bound.
     """
-    if len(node.inputs) != 2:
-        raise UnsupportedError(f"layer '{node.name}' ({node.type}): quantized {method} needs exactly 2 inputs")
-    a_t, b_t = node.inputs
+    _check_quantizable(node, method)
     out = node.outputs[0]
     qmin, qmax = out_range(out)
+    if len(node.inputs) > 2:
+        return _n_ary_int_forward(node, method, qmin, qmax)
+    a_t, b_t = node.inputs
     a = int_value(a_t) + tensor_zp(a_t)
     b = int_value(b_t) + tensor_zp(b_t)
     _check_inputs(node, method, [a, b])
@@ -182,6 +202,24 @@ def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
         acc = INT_METHODS[method](a * m0, b * m1)
     y = requantize_int(acc, m_out, shift, tensor_zp(out), qmin, qmax)
     return activation_clamp(node, y)
+
+def _n_ary_int_forward(node: PyNode, method: str, qmin: int, qmax: int) -> torch.Tensor:
+    """acc = op over i of (x_i + zp_i) * M_i (sum, max or min), y = requant(acc, M_out, shift), fused bounds."""
+    count = len(node.inputs)
+    m_out, *muls = _int_list(node, "scale_value", count + 1)
+    if "shift_value" not in node.params:
+        raise node._error("quantized layer lacks 'shift_value'")
+    shift = int(node.params["shift_value"])
+    xs = [int_value(t) + tensor_zp(t) for t in node.inputs]
+    _check_inputs(node, method, xs)
+    check_int64_bound(node, sum(offset_absmax(t) * abs(m) for t, m in zip(node.inputs, muls)) * abs(m_out),
+                      "aligned sum times M_out")
+    acc = xs[0] * muls[0]
+    for x, m in zip(xs[1:], muls[1:]):
+        acc = INT_METHODS[method](acc, x * m)
+    y = requantize_int(acc, m_out, shift, tensor_zp(node.outputs[0]), qmin, qmax)
+    return activation_clamp(node, y)
+
 
 describe_op(["Eltwise", "Add", "Sub"],
             params="method=ADD|SUB|MUL|MAX|MIN (Eltwise), with_activation; numpy broadcasting",

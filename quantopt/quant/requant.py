@@ -296,6 +296,36 @@ def eltwise_multipliers(s0: float, s1: float, s_out: float, out_bits: int, zp0: 
                           range_dtype(-1, s, force_signed=True))
 
 
+def eltwise_multipliers_n(scales: Sequence[float], s_out: float, out_bits: int, zps: Sequence[Number],
+                          unify_threshold: float = 1.0, force_shift_positive: bool = False) -> EltwiseRequant:
+    """Multipliers of an Eltwise ADD/MAX/MIN with any number K of inputs (quantopt's extension: upstream quantizes
+    two). Every input is aligned to the finest input grid: with s_max the largest input scale and r_i = s_max / s_i,
+    M_i = round_half_even(r_i · 2^P) for the largest P keeping every M_i <= 32767, so Σ (x_i + zp_i) · M_i is the
+    float sum times s_max · 2^P; the output ratio s_out / (s_max · 2^P) becomes (M_out, shift) with `out_bits` (a
+    negative shift folded into M_out, as for two inputs). Equal scales and zero points give [M, 1, ..., 1] with
+    s_out / s. Float32 arithmetic. Raises ValueError when the scales differ by more than 32767 times."""
+    f32 = torch.float32
+    ts = [torch.tensor(float(v), dtype=f32) for v in scales]
+    tso = torch.tensor(float(s_out), dtype=f32)
+    hi, lo = max(ts, key=float), min(ts, key=float)
+    if float(hi / (lo + FLT_EPSILON)) <= unify_threshold and max(zps) - min(zps) <= FLT_EPSILON:
+        m, s, mdt, sdt = scale_shift(tso / ts[0], out_bits, force_shift_positive=force_shift_positive)
+        return EltwiseRequant([int(m)] + [1] * len(ts), int(s), [mdt] + [Dtype.UINT16] * len(ts), sdt, unified=True)
+    ratios = [float(hi / t) for t in ts]
+    top = max(ratios)
+    if top > ELTWISE_INPUT_MULTIPLIER_MAX:
+        raise ValueError(f"input scales differ by {top:.4g} times, more than {ELTWISE_INPUT_MULTIPLIER_MAX}")
+    power = math.floor(math.log2(ELTWISE_INPUT_MULTIPLIER_MAX / top))
+    muls = [max(1, min(ELTWISE_INPUT_MULTIPLIER_MAX, round(r * 2.0 ** power))) for r in ratios]
+    m, s, _, _ = scale_shift(tso / (hi * torch.tensor(2.0 ** power, dtype=f32)), out_bits,
+                             force_shift_positive=force_shift_positive)
+    if s < 0:
+        m = max(1, min(ELTWISE_INPUT_MULTIPLIER_MAX, int(m * 2 ** (-s))))
+        s = 0
+    return EltwiseRequant([int(m)] + muls, int(s), [Dtype.UINT16] * (len(ts) + 1),
+                          range_dtype(-1, s, force_signed=True))
+
+
 def bias_quantize(bias: Union[torch.Tensor, np.ndarray], s_in: Union[float, torch.Tensor],
                   s_w: Union[float, torch.Tensor], bias_bits: int,
                   upstream_float32_clip: bool = False) -> Tuple[torch.Tensor, Union[float, torch.Tensor]]:
