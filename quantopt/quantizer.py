@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional
 from .config.layer_settings import OptConfig, settings_from_cfg
 from .errors import UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
+from .ops._per_channel import check_per_channel_inputs, is_per_channel
 from .passes.float_islands import float_choices, insert_boundary_layers, make_float_layer
 from .registry import OP_QUANTIZE
 
@@ -48,6 +49,7 @@ def quantize_graph(graph: QuantizeGraph) -> QuantizeGraph:
             continue
         n.params["is_perf_mode"] = True
         n.params["unquantifiable"] = False
+        check_per_channel_inputs(n)
         try:
             n.quantize()
         except (ValueError, RuntimeError) as e:
@@ -60,6 +62,7 @@ def quantize_graph(graph: QuantizeGraph) -> QuantizeGraph:
                 raise RuntimeError(f"quantize function of {n.type} left output '{t.name}' of layer '{n.name}' "
                                    "without quantization parameters")
         n.params.pop("activation_quantization_axis", None)
-        n.params["activation_quantization_axis"] = [None] * len(n.outputs)
+        n.params["activation_quantization_axis"] = [len(t.ir_shape) - 1 if is_per_channel(t) else None
+                                                    for t in n.outputs]
     graph.quantgraph = q
     return q

@@ -14,7 +14,7 @@ from quantopt.analysis.template import build_template
 from quantopt.cli import main
 from quantopt.config.layer_settings import OptConfig, settings_from_cfg
 from quantopt.config.reader import read_cfg
-from quantopt.errors import ConfigError, UnsupportedError
+from quantopt.errors import ConfigError
 from quantopt.graph.builder import GraphBuilder
 from quantopt.ir.dtype import Dtype
 from quantopt.ir.reader import read_ir
@@ -102,10 +102,13 @@ def test_batchnorm_weight_bits_follow_per_layer_rules_only(model_dir: Path) -> N
     assert OptConfig.load(str(path), ["x", "bn", "act"]).apply(plain, bn).q_bits_weight == 10
 
 
-def test_per_channel_activations_are_rejected_clearly(model_dir: Path) -> None:
-    cfg = read_cfg(str(write_cfg(model_dir, quantize_method_for_activation="per_channel_symmetric_full_range")))
-    with pytest.raises(UnsupportedError, match="per-channel activation quantization is not implemented"):
-        settings_from_cfg(cfg, small_model().nodes[1])
+def test_per_channel_activation_modes_from_the_cfg(model_dir: Path) -> None:
+    """The two symmetric per-channel modes are accepted (which layers support them: tests/ops/
+    test_per_channel_activations.py); per_channel_asymmetric is a weight-only mode, refused when the cfg is read."""
+    ok = read_cfg(str(write_cfg(model_dir, quantize_method_for_activation="per_channel_symmetric_full_range")))
+    assert settings_from_cfg(ok, small_model().nodes[1]).q_mode_activation == "per_channel_symmetric_full_range"
+    with pytest.raises(ConfigError, match="quantize_method_for_activation.*per_channel_asymmetric"):
+        read_cfg(str(write_cfg(model_dir, quantize_method_for_activation="per_channel_asymmetric")))
 
 
 def test_opt_config_validation(tmp_path: Path) -> None:

@@ -45,10 +45,32 @@ def collect_weight_statistics(graph: PyGraph) -> None:
             update_statistics(t.stats, t.betensor, cfg, 0)
 
 
+def _per_channel_activations(node: PyNode) -> bool:
+    return QuantMode.from_name(node.settings.q_mode_activation).is_per_channel
+
+
+def recalibrate_weight(node: PyNode, t: PyTensor) -> None:
+    """Statistics and calibrated ranges of one weight constant again, after its float values changed."""
+    from .statistics import TensorStatistics
+
+    s = node.settings
+    t.stats = TensorStatistics()
+    cfg = _stat_config(node, s.q_strategy_weight, key_axis=0 if t.betensor.dim() > 0 else None)
+    update_statistics(t.stats, t.betensor, cfg, 0)
+    symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
+    t.min, t.max = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight, symmetric=symmetric,
+                                  ir_range=t.ir_range, per_channel=False)
+    if t.stats.extrema_min_key_axis is not None:
+        t.min_key_axis, t.max_key_axis = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight,
+                                                        symmetric=symmetric, ir_range=t.ir_range, per_channel=True)
+
+
 def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[torch.Tensor]]) -> int:
-    """Fold every batch's layer outputs into their tensors' statistics; returns the number of batches."""
-    configs: Dict[int, StatisticsConfig] = {id(n): _stat_config(n, n.settings.q_strategy_activation)
-                                            for n in graph.nodes}
+    """Fold every batch's layer outputs into their tensors' statistics (per channel of the last axis too where the
+    layer's activation mode is per channel); returns the number of batches."""
+    configs: Dict[int, StatisticsConfig] = {
+        id(n): _stat_config(n, n.settings.q_strategy_activation, key_axis=-1 if _per_channel_activations(n) else None)
+        for n in graph.nodes}
     count = 0
 
     def hook(node: PyNode) -> None:
@@ -66,7 +88,8 @@ def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[tor
 
 
 def calibrate_graph(graph: PyGraph) -> None:
-    """Calibrated ranges (`min`/`max`, and `min_key_axis`/`max_key_axis` for weights), each with min <= 0 <= max."""
+    """Calibrated ranges (`min`/`max`, and `min_key_axis`/`max_key_axis` for weights and per-channel activations),
+    each with min <= 0 <= max."""
     for n in graph.nodes:
         s = n.settings
         act_symmetric = not QuantMode.from_name(s.q_mode_activation).is_asymmetric
@@ -76,6 +99,10 @@ def calibrate_graph(graph: PyGraph) -> None:
                                 "(did the calibration data reach it?)")
             t.min, t.max = apply_strategy(t.stats, s.q_strategy_activation, s.q_bits_activation,
                                           symmetric=act_symmetric, ir_range=t.ir_range, per_channel=False)
+            if _per_channel_activations(n) and t.stats.extrema_min_key_axis is not None:
+                t.min_key_axis, t.max_key_axis = apply_strategy(t.stats, s.q_strategy_activation,
+                                                                s.q_bits_activation, symmetric=act_symmetric,
+                                                                ir_range=t.ir_range, per_channel=True)
         w_symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
         for t in weight_constants(n):
             t.min, t.max = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight, symmetric=w_symmetric,

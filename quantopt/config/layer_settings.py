@@ -104,10 +104,10 @@ def with_operator_defaults(settings: LayerSettings, node: Any) -> LayerSettings:
 
 def check_settings(settings: LayerSettings, node: Any) -> None:
     """Combinations quantopt rejects for a layer (the error names the field)."""
-    if settings.q_mode_activation.startswith("per_channel"):
-        raise UnsupportedError(f"layer '{node.name}': quantize_method_for_activation={settings.q_mode_activation}: "
-                               "per-channel activation quantization is not implemented yet; use a per_tensor mode",
-                               field="quantize_method_for_activation")
+    if settings.q_mode_activation == "per_channel_asymmetric":
+        raise UnsupportedError(f"layer '{node.name}': quantize_method_for_activation=per_channel_asymmetric: "
+                               "activations take per_tensor modes or per_channel_symmetric_restricted_range/"
+                               "per_channel_symmetric_full_range", field="quantize_method_for_activation")
 
 
 class OptConfig:

@@ -55,14 +55,31 @@ def set_params(t: PyTensor, p: QuantParams, bits: int) -> None:
     t.ir_range = None
 
 
-def quantize_activation(node: PyNode, t: PyTensor, signed: bool, bits: Optional[int] = None) -> None:
-    """Output params of `t` from its calibrated range with the layer's activation mode and bits."""
+def quantize_activation(node: PyNode, t: PyTensor, signed: bool, bits: Optional[int] = None,
+                        per_channel_ok: bool = False) -> None:
+    """Output params of `t` from its calibrated range with the layer's activation mode and bits. A per-channel mode
+    gives one scale per channel of the last axis (zero point 0) where the layer supports it (`per_channel_ok`, see
+    ops/_per_channel.py) and is refused elsewhere."""
     s = layer_settings(node)
     bits = int(bits or s.q_bits_activation)
     signed = bool(signed or s.force_dtype_int)
     if t.min is None or t.max is None:
         raise node._error(f"tensor '{t.name}' has no calibrated range; run calibration before quantization")
-    set_params(t, linear_quant_params(t.min, t.max, bits, activation_mode(node, bits), signed), bits)
+    mode = activation_mode(node, bits)
+    if not mode.is_per_channel:
+        set_params(t, linear_quant_params(t.min, t.max, bits, mode, signed), bits)
+        return
+    if not per_channel_ok:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel activation quantization "
+                               f"({s.q_mode_activation}) is supported for the outputs of Convolution, DepthwiseConv, "
+                               "FullyConnected and BatchNorm only; use a per_tensor mode for this layer",
+                               field="quantize_method_for_activation")
+    if t.min_key_axis is None or t.max_key_axis is None:
+        raise node._error(f"tensor '{t.name}' has no per-channel calibrated range; calibrate with the per-channel "
+                          "mode set")
+    p = linear_quant_params(t.min_key_axis, t.max_key_axis, bits, mode, signed)
+    set_params(t, p, bits)
+    t.zerop = 0  # symmetric: one zero point for all channels
 
 
 def set_qinvariant(t: PyTensor, bits: int, signed: bool) -> None:
@@ -95,6 +112,13 @@ def _single(t: PyTensor, value: Any, what: str) -> float:
 
 def tensor_zp(t: PyTensor) -> int:
     return int(round(_single(t, t.zerop, "zero points")))
+
+
+def scale_of(t: PyTensor) -> Union[float, torch.Tensor]:
+    """The scale as a float, or as a float32 vector along the last axis for a per-channel activation."""
+    if isinstance(t.scale, torch.Tensor) and t.scale.numel() > 1:
+        return t.scale.to(torch.float32).reshape(-1)
+    return tensor_scale(t)
 
 
 def tensor_scale(t: PyTensor) -> float:
@@ -180,7 +204,7 @@ def check_fused_activation_quantizable(node: PyNode) -> None:
                                "implemented yet (NONE, RELU, RELU6 and CLIP are)")
 
 
-def fused_activation_bounds(node: PyNode) -> Tuple[int, int]:
+def fused_activation_bounds(node: PyNode) -> Tuple[Union[int, torch.Tensor], Union[int, torch.Tensor]]:
     """Integer output bounds of a layer with a fused RELU/RELU6/CLIP: (q(lo), q(hi)) with
     q(v) = clamp(round_half_even(v * scale_out - zp_out), qmin, qmax) in float64; the output range otherwise."""
     out = node.outputs[0]
@@ -193,8 +217,9 @@ def fused_activation_bounds(node: PyNode) -> Tuple[int, int]:
     else:
         lo_f, hi_f = 0.0, (6.0 if act == "RELU6" else None)
 
-    def q(v: float) -> int:
-        return int(quantize(torch.tensor(v), out.scale, out.zerop, qmin, qmax, compute_dtype=torch.float64))
+    def q(v: float) -> Union[int, torch.Tensor]:
+        r = quantize(torch.tensor(v), out.scale, out.zerop, qmin, qmax, compute_dtype=torch.float64)
+        return int(r) if r.numel() == 1 else r.to(torch.int64).reshape(-1)  # per channel: one bound each
 
     return q(lo_f), (qmax if hi_f is None else q(hi_f))
 
@@ -205,6 +230,8 @@ def fused_activation_clamp(node: PyNode, y: torch.Tensor) -> torch.Tensor:
     if fused_activation(node) not in ("RELU", "RELU6", "CLIP"):
         return y
     lo, hi = fused_activation_bounds(node)
+    if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):  # per-channel output: bounds per last axis
+        return torch.clamp(y, torch.as_tensor(lo, dtype=y.dtype), torch.as_tensor(hi, dtype=y.dtype))
     return torch.clamp(y, lo, hi)
 
 
@@ -233,7 +260,7 @@ def quantize_weights(node: PyNode, per_channel: bool, groups: Optional[int] = No
     return p
 
 
-def _weight_ratio_fn(node: PyNode, s_in: float, s_out: float):
+def _weight_ratio_fn(node: PyNode, s_in: float, s_out: Union[float, torch.Tensor]):
     s = layer_settings(node)
     w = node.get_constant("weights")
     mode = QuantMode.from_name(s.q_mode_weight).to_per_channel()
@@ -241,7 +268,7 @@ def _weight_ratio_fn(node: PyNode, s_in: float, s_out: float):
     def ratios(groups: int) -> torch.Tensor:
         lo, hi, _ = group_ranges(w.min_key_axis, w.max_key_axis, groups)
         ws = linear_quant_params(lo, hi, int(s.q_bits_weight), mode, True).scale
-        return torch.tensor(s_out, dtype=torch.float32) / (torch.tensor(s_in, dtype=torch.float32) * ws)
+        return torch.as_tensor(s_out, dtype=torch.float32) / (torch.tensor(s_in, dtype=torch.float32) * ws)
     return ratios
 
 
@@ -280,18 +307,33 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
     multiplier/shift (per channel: one shift shared by all channels, `unify_shifts_for_aiff`); biases quantized
     with scale s_in * s_w, the input zero point folded in, then limited to `bias_effective_bits`.
     """
+    from ._per_channel import absorb_input_scales
+
     check_fused_activation_quantizable(node)
     s = layer_settings(node)
     inp, out = node.inputs[0], node.outputs[0]
-    s_in, zp_in = tensor_scale(inp), tensor_zp(inp)
-    quantize_activation(node, out, fused_output_signed(node))
-    s_out = tensor_scale(out)
+    if absorb_input_scales(node):  # a per-channel input: its scales are in the weights, the input has scale 1
+        s_in, zp_in = 1.0, 0
+    else:
+        s_in, zp_in = tensor_scale(inp), tensor_zp(inp)
+    quantize_activation(node, out, fused_output_signed(node), per_channel_ok=True)
+    s_out = scale_of(out)
     w = node.get_constant("weights")
     channels = int(w.betensor.shape[0])
-    if per_channel or groups > 1:
+    # a per-channel output keeps one shift per channel: its ratios spread with the channels' ranges, and a shared
+    # shift would zero the multipliers of the narrow ones
+    per_out = isinstance(s_out, torch.Tensor)
+    unify = s.unify_shifts_for_aiff and not per_out
+    if per_out and not (per_channel or groups > 1):  # per-tensor weights, per-channel output
+        wp = quantize_weights(node, per_channel=False)
+        ratios = s_out / (torch.tensor(s_in, dtype=torch.float32) * torch.tensor(wp.scale, dtype=torch.float32))
+        unified = unify_shifts_for_aiff(lambda _groups: ratios, channels, s.mult_bits, initial_groups=channels,
+                                        force_shift_positive=s.force_shift_positive, unify=False)
+        store_requant(node, unified.multiplier, unified.shift, unified.mult_dtype, unified.shift_dtype)
+    elif per_channel or groups > 1:
         unified = unify_shifts_for_aiff(_weight_ratio_fn(node, s_in, s_out), channels, s.mult_bits,
                                         initial_groups=channels if per_channel else groups,
-                                        force_shift_positive=s.force_shift_positive, unify=s.unify_shifts_for_aiff)
+                                        force_shift_positive=s.force_shift_positive, unify=unify)
         if unified.fell_back:
             OPT_WARN(f"layer '{node.name}': multipliers of some channels vanished under a shared shift; weights are "
                      f"quantized per {unified.group_size} channels")

@@ -1,0 +1,88 @@
+"""Per-channel activation quantization (`quantize_method_for_activation = per_channel_symmetric_*`).
+
+An activation quantized per channel has one scale per channel of its last axis (channels-last IR) and zero point
+0. Which layers take part (docs/integer-semantics.md, "Per-channel activations"):
+
+* producers: Convolution, DepthwiseConv, FullyConnected and BatchNorm, whose requantization is per output channel
+  anyway (s_out[c] / (s_in · s_w[c]));
+* consumers: the same layers, which absorb the input scales into their float weights before quantizing them
+  (w'[.., i] = w[.., i] / s_in[i], input scale 1), and MAX/AVG pooling, which works per channel and passes the
+  scales on. Any other consumer is refused with an error naming both layers.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.tensor import PyTensor
+
+PER_CHANNEL_PRODUCERS = ("Convolution", "DepthwiseConv", "FullyConnected", "BatchNorm")
+PER_CHANNEL_CONSUMERS = PER_CHANNEL_PRODUCERS + ("Pooling", "GlobalPool")
+
+
+def is_per_channel(t: PyTensor) -> bool:
+    return isinstance(t.scale, torch.Tensor) and t.scale.numel() > 1
+
+
+def channel_scales(t: PyTensor) -> Optional[torch.Tensor]:
+    """The float32 scales along the last axis of a per-channel activation, else None."""
+    return t.scale.to(torch.float32).reshape(-1) if is_per_channel(t) else None
+
+
+def check_per_channel_inputs(node: PyNode) -> None:
+    """Refuse a layer that cannot read a per-channel quantized input, naming the producer's tensor."""
+    if str(node.type) in PER_CHANNEL_CONSUMERS:
+        return
+    for t in node.inputs:
+        if is_per_channel(t):
+            raise UnsupportedError(
+                f"layer '{node.name}' ({node.type}) reads '{t.name}', quantized per channel; per-channel "
+                f"activations feed only {', '.join(PER_CHANNEL_CONSUMERS)} layers and graph outputs: give the "
+                "producer a per_tensor activation mode")
+
+
+def input_channel_index(node: PyNode, weights: torch.Tensor) -> torch.Tensor:
+    """For every weight element, the input channel it multiplies (int64, the weights' shape).
+
+    Convolution OHWI [O, kh, kw, I/g]: channel (o // (O/g)) · (I/g) + i; DepthwiseConv [I·m, kh, kw, 1]: o // m;
+    FullyConnected [O, I]: i; BatchNorm [C]: c."""
+    kind = str(node.type)
+    shape = list(weights.shape)
+    if kind == "BatchNorm":
+        rank = len(node.inputs[0].ir_shape)
+        axis = int(node.params.get("axis", -1))
+        if axis % max(rank, 1) != rank - 1:
+            raise UnsupportedError(f"layer '{node.name}' (BatchNorm): a per-channel input needs the BatchNorm on the "
+                                   f"last axis (the activation's channel axis), not axis {axis}")
+        return torch.arange(weights.numel()).reshape(shape)
+    if kind == "FullyConnected":
+        return torch.arange(shape[-1]).expand(shape)
+    in_c = int(node.inputs[0].ir_shape[-1])
+    out_c, per_group = shape[0], shape[-1]
+    groups = in_c // per_group if per_group else 1
+    out_per_group = max(out_c // max(groups, 1), 1)
+    first = (torch.arange(out_c) // out_per_group) * per_group
+    index = first.reshape([out_c] + [1] * (len(shape) - 1)) + torch.arange(per_group)
+    return index.expand(shape)
+
+
+def absorb_input_scales(node: PyNode, key: str = "weights") -> bool:
+    """Divide the layer's float weights by the scales of its per-channel input (each weight by the scale of the
+    input channel it multiplies), so that the layer sees an input of scale 1; the weight statistics and ranges are
+    computed again with the layer's weight strategy. False (nothing done) for a per-tensor input."""
+    from ..calibration.collect import recalibrate_weight
+
+    scales = channel_scales(node.inputs[0])
+    if scales is None:
+        return False
+    w = node.get_constant(key)
+    index = input_channel_index(node, w.betensor)
+    if int(index.max()) >= scales.numel():
+        raise node._error(f"per-channel input '{node.inputs[0].name}' has {scales.numel()} scales but the weights "
+                          f"read {int(index.max()) + 1} input channels")
+    w.betensor = (w.betensor.to(torch.float64) / scales.to(torch.float64)[index]).to(w.betensor.dtype)
+    recalibrate_weight(node, w)
+    return True

@@ -1,0 +1,192 @@
+"""Per-channel activation quantization (per_channel_symmetric_*): MAC producers with one scale per output channel,
+MAC consumers absorbing the input scales into their weights, pooling passing them on; integer forward against the
+independent reference of test_int_mac, float-vs-dequantized cosine, IR round trip, template, and clear errors."""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+import torch
+from test_int_mac import ref_conv, ref_requant, requant_params
+
+from quantopt.analysis.similarity import cosine, to_float
+from quantopt.analysis.template import build_template
+from quantopt.config.layer_settings import LayerSettings, check_settings
+from quantopt.errors import UnsupportedError
+from quantopt.graph.builder import GraphBuilder
+from quantopt.ir.reader import read_ir
+from quantopt.ir.writer import write_ir
+from quantopt.pipeline import quantize_model, run_quantized
+
+GEO = dict(kernel_x=3, kernel_y=3, stride_x=1, stride_y=1, pad_left=1, pad_right=1, pad_top=1, pad_bottom=1,
+           dilation_x=1, dilation_y=1)
+PER_CHANNEL = "per_channel_symmetric_full_range"
+
+
+def _w(r: np.random.Generator, shape: List[int], std: float = 0.4) -> np.ndarray:
+    return r.normal(0, std, shape).astype(np.float32)
+
+
+def chain(seed: int = 0):
+    """conv (channels of very different ranges, RELU6) → depthwise → MAX pool → conv → FC on the flattened map."""
+    r = np.random.default_rng(seed)
+    b = GraphBuilder("pc")
+    x = b.input("x", [1, 8, 8, 3])
+    wc = _w(r, [8, 3, 3, 3])
+    wc[0] *= 8.0
+    wc[1] *= 0.02  # a channel 400 times narrower than the widest: per tensor it keeps only a few levels
+    c1 = b.layer("Convolution", [x], [[1, 8, 8, 8]], name="c1",
+                 params=dict(num_output=8, group=1, with_activation="RELU6", **GEO),
+                 constants={"weights": wc, "biases": _w(r, [8], 0.05)})
+    dw = b.layer("DepthwiseConv", [c1], [[1, 8, 8, 8]], name="dw",
+                 params=dict(num_output=8, group=8, multiplier=1, with_activation="NONE", **GEO),
+                 constants={"weights": _w(r, [8, 3, 3, 1]), "biases": _w(r, [8], 0.1)})
+    pool = b.layer("Pooling", [dw], [[1, 4, 4, 8]], name="pool",
+                   params=dict(method="MAX", kernel_x=2, kernel_y=2, stride_x=2, stride_y=2))
+    c2 = b.layer("Convolution", [pool], [[1, 4, 4, 6]], name="c2",
+                 params=dict(num_output=6, group=2, with_activation="NONE", **GEO),
+                 constants={"weights": _w(r, [6, 3, 3, 4]), "biases": _w(r, [6], 0.1)})
+    return b.build([c2])
+
+
+def data(seed: int, n: int = 4) -> List[torch.Tensor]:
+    r = np.random.default_rng(seed)
+    return [torch.from_numpy(r.normal(0, 1, [2, 8, 8, 3]).astype(np.float32)) for _ in range(n)]
+
+
+def per_channel(layers, **extra: Any) -> Dict[str, Dict[str, Any]]:
+    return {name: dict(q_mode_activation=PER_CHANNEL, **extra) for name in layers}
+
+
+def ref_output(node, x_q: np.ndarray) -> np.ndarray:
+    """The MAC output stage of docs/integer-semantics.md with per-channel fused-activation bounds."""
+    acc = ref_conv(node, x_q)
+    mult, shift = requant_params(node)
+    out = node.outputs[0]
+    y = ref_requant(acc, mult, shift, int(out.zerop), out.qmin, out.qmax)
+    if node.params.get("with_activation") == "RELU6":
+        scale = out.scale.numpy().astype(np.float64)
+        hi = np.clip(np.round(6.0 * scale), out.qmin, out.qmax).astype(np.int64)
+        y = np.minimum(y, hi)
+    return y
+
+
+@pytest.mark.parametrize("mode", ["per_channel_symmetric_full_range", "per_channel_symmetric_restricted_range"])
+def test_integer_forward_matches_reference(mode: str) -> None:
+    qg = quantize_model(chain(), data(1), per_layer={n: dict(q_mode_activation=mode) for n in ("c1", "dw")})
+    c1, dw, pool, c2 = (qg.node(n) for n in ("c1", "dw", "pool", "c2"))
+    for t in (c1.outputs[0], dw.outputs[0], pool.outputs[0]):
+        assert isinstance(t.scale, torch.Tensor) and t.scale.numel() == 8 and int(t.zerop) == 0
+    assert c1.params["activation_quantization_axis"] == [3] and c2.params["activation_quantization_axis"] == [None]
+    assert c1.outputs[0].scale.max() / c1.outputs[0].scale.min() > 50  # the channels really got their own scales
+    qg.forward([data(2, 1)[0]], keep_tensors=True)
+    for node in (c1, dw, c2):
+        np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), ref_output(node, node.inputs[0].betensor
+                                                                                    .numpy()))
+
+
+@pytest.mark.parametrize("bits,threshold", [(8, 0.99), (16, 0.9999)])
+def test_float_vs_dequantized_cosine(bits: int, threshold: float) -> None:
+    graph = chain()
+    calib = data(3)
+    settings = dict(q_bits_activation=bits, q_bits_weight=bits, q_bits_bias=48 if bits > 8 else 32,
+                    q_strategy_activation="extrema")  # no clipping: the cosine measures rounding alone
+    qg = quantize_model(graph, calib, settings, per_layer=per_channel(("c1", "dw", "c2"), **settings))
+    graph.forward([calib[0]])
+    want = graph.output_tensors[0].betensor.clone()
+    assert cosine(want, run_quantized(qg, [calib[0]])[0]) > threshold
+
+
+def test_narrow_channel_is_kept_where_per_tensor_loses_it() -> None:
+    """Channel 1 of c1 is 400 times narrower than channel 0: per tensor it gets a handful of levels."""
+    graph = chain()
+    calib = data(4)
+    graph.forward([calib[0]], keep_tensors=True)
+    want = graph.node("c1").outputs[0].betensor[..., 1].clone()
+    results = {}
+    weights = dict(q_mode_weight="per_channel_symmetric_restricted_range")  # else the narrow filter rounds to 0
+    for name, layers in (("tensor", {"c1": weights}), ("channel", per_channel(("c1",), **weights))):
+        qg = quantize_model(graph, calib, per_layer=layers)
+        qg.forward([calib[0]], keep_tensors=True)
+        results[name] = cosine(want, to_float(qg.node("c1").outputs[0])[..., 1])
+    assert results["channel"] > 0.999 > results["tensor"]
+
+
+def test_written_ir_reloads_bit_identical_and_template_is_json(tmp_path) -> None:
+    graph = chain()
+    qg = quantize_model(graph, data(5), per_layer=per_channel(("c1", "dw")))
+    txt, _ = write_ir(qg, str(tmp_path / "pc_o.txt"))
+    text = open(txt).read()
+    assert "layer_top_scale_offset" in text and "activation_quantization_axis=[3]" in text
+    again = read_ir(txt)
+    batch = [data(6, 1)[0]]
+    assert torch.equal(run_quantized(qg, batch)[0], run_quantized(again, batch)[0])
+    template = json.loads(json.dumps(build_template(graph, qg)))
+    info = template["c1"]["just_for_display"]["quantization_info"]
+    assert len(json.dumps(info)) > 0
+
+
+def test_unsupported_consumers_and_modes_are_named() -> None:
+    r = np.random.default_rng(7)
+    b = GraphBuilder("bad")
+    x = b.input("x", [1, 4, 4, 3])
+    c = b.layer("Convolution", [x], [[1, 4, 4, 3]], name="c", params=dict(num_output=3, group=1,
+                                                                          with_activation="NONE", **GEO),
+                constants={"weights": _w(r, [3, 3, 3, 3]), "biases": _w(r, [3])})
+    y = b.layer("Eltwise", [c, x], [[1, 4, 4, 3]], name="add", params=dict(method="ADD", with_activation="NONE"))
+    graph = b.build([y])
+    calib = [torch.from_numpy(r.normal(size=[2, 4, 4, 3]).astype(np.float32)) for _ in range(2)]
+    with pytest.raises(UnsupportedError, match=r"layer 'add' \(Eltwise\) reads .* quantized per channel"):
+        quantize_model(graph, calib, per_layer=per_channel(("c",)))
+    with pytest.raises(UnsupportedError, match=r"layer 'add' \(Eltwise\): per-channel activation quantization"):
+        quantize_model(graph, calib, per_layer=per_channel(("add",)))
+    with pytest.raises(UnsupportedError, match="per_channel_asymmetric"):
+        check_settings(LayerSettings(q_mode_activation="per_channel_asymmetric"), graph.node("c"))
+
+
+def test_fully_connected_and_batchnorm_chains() -> None:
+    """FC → FC and conv → BatchNorm → conv with per-channel activations in between: integer FC against the
+    reference, and float-vs-dequantized cosine."""
+    r = np.random.default_rng(8)
+    b = GraphBuilder("fc")
+    x = b.input("x", [1, 16])
+    w1 = _w(r, [12, 16])
+    w1[3] *= 0.01
+    f1 = b.layer("FullyConnected", [x], [[1, 12]], name="f1", params=dict(num_output=12, with_activation="NONE"),
+                 constants={"weights": w1, "biases": _w(r, [12], 0.1)})
+    f2 = b.layer("FullyConnected", [f1], [[1, 5]], name="f2", params=dict(num_output=5, with_activation="NONE"),
+                 constants={"weights": _w(r, [5, 12]), "biases": _w(r, [5], 0.1)})
+    graph = b.build([f2])
+    calib = [torch.from_numpy(r.normal(size=[4, 16]).astype(np.float32)) for _ in range(3)]
+    qg = quantize_model(graph, calib, dict(q_strategy_activation="extrema"), per_layer=per_channel(("f1",)))
+    qg.forward([calib[0]], keep_tensors=True)
+    node = qg.node("f2")
+    x_q = node.inputs[0].betensor.numpy().astype(np.int64)
+    w = node.constants["weights"].betensor.numpy().astype(np.int64)
+    acc = x_q @ w.T + node.constants["biases"].betensor.numpy().astype(np.int64)
+    mult, shift = requant_params(node)
+    out = node.outputs[0]
+    np.testing.assert_array_equal(out.betensor.numpy(), ref_requant(acc, mult, shift, int(out.zerop), out.qmin,
+                                                                    out.qmax))
+    graph.forward([calib[0]])
+    assert cosine(graph.output_tensors[0].betensor, run_quantized(qg, [calib[0]])[0]) > 0.99
+
+    b = GraphBuilder("bn")
+    x = b.input("x", [1, 6, 6, 3])
+    c = b.layer("Convolution", [x], [[1, 6, 6, 4]], name="c", params=dict(num_output=4, group=1,
+                                                                          with_activation="NONE", **GEO),
+                constants={"weights": _w(r, [4, 3, 3, 3]), "biases": _w(r, [4], 0.1)})
+    bn = b.layer("BatchNorm", [c], [[1, 6, 6, 4]], name="bn", params=dict(axis=3, with_activation="RELU"),
+                 constants={"weights": np.array([2.0, 0.05, -1.0, 0.5], np.float32),
+                            "biases": np.array([0.1, 0.0, -0.2, 0.3], np.float32)})
+    c2 = b.layer("Convolution", [bn], [[1, 6, 6, 2]], name="c2", params=dict(num_output=2, group=1,
+                                                                             with_activation="NONE", **GEO),
+                 constants={"weights": _w(r, [2, 3, 3, 4]), "biases": _w(r, [2], 0.1)})
+    graph = b.build([c2])
+    calib = [torch.from_numpy(r.normal(size=[2, 6, 6, 3]).astype(np.float32)) for _ in range(3)]
+    qg = quantize_model(graph, calib, dict(q_strategy_activation="extrema"), per_layer=per_channel(("c", "bn")))
+    assert qg.node("bn").outputs[0].scale.numel() == 4
+    graph.forward([calib[0]])
+    assert cosine(graph.output_tensors[0].betensor, run_quantized(qg, [calib[0]])[0]) > 0.99
