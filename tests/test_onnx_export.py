@@ -9,6 +9,7 @@ amplify a single tie-rounding difference into several steps (ppocr_cls and mtcnn
 from __future__ import annotations
 
 import functools
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -540,3 +541,26 @@ def test_cfg_field_writes_the_export(tmp_path: Path) -> None:
     model = onnx.load(str(path))
     again = read_ir(str(tmp_path / "out" / "digits_o.txt"))
     assert model.SerializeToString() == build_onnx_qdq(again).SerializeToString()
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_per_channel_activations_export(bits: int) -> None:
+    """Per-channel activations: exact mode reads and writes them in integer units (per-axis DequantizeLinear where a
+    float value or a graph output needs the real scales); the other modes take per-channel outputs but not
+    per-channel inputs, whose scales live in the consumer's integer weights."""
+    ops_tests = str(Path(__file__).resolve().parent / "ops")
+    if ops_tests not in sys.path:
+        sys.path.insert(0, ops_tests)
+    from test_per_channel_activations import chain, data, per_channel
+
+    settings = dict(q_bits_activation=bits, q_bits_bias=48 if bits > 8 else 32)
+    qgraph = quantize_model(chain(), data(1), settings, per_layer=per_channel(("c1", "dw"), **settings))
+    result = measure_agreement(qgraph, [torch.cat(data(2, 2))], per_layer=True)
+    assert result.identical == 1.0 and min(result.layers.values()) == 1.0
+    with pytest.raises(UnsupportedError, match=r"'dw' \(DepthwiseConv\): a per-channel quantized input"):
+        build_onnx_qdq(qgraph, scales="effective")
+    output_only = quantize_model(chain(), data(1), settings, per_layer=per_channel(("c2",), **settings))
+    model = build_onnx_qdq(output_only, scales="effective")
+    dq = next(n for n in model.graph.node if n.output[0] == output_only.output_tensors[0].name)
+    assert onnx.helper.get_attribute_value(next(a for a in dq.attribute if a.name == "axis")) == 3
+    assert measure_agreement(output_only, [torch.cat(data(2, 2))], scales="effective").share == 1.0

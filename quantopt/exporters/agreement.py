@@ -21,7 +21,7 @@ from ..graph.graph import PyGraph
 from ..graph.tensor import PyTensor
 from .convert_layout import takes_float
 from .onnx_qdq import DEFAULT_SCALES, convert_graph, require_onnx
-from .qdq_graph import inverse, scalar
+from .qdq_graph import inverse, per_channel_scales, scalar
 
 STEP_TOLERANCE = 1e-3
 """A difference of up to 1 + this many steps counts as one step (float32 rounding of the dequantized values)."""
@@ -50,8 +50,12 @@ def require_onnxruntime() -> Any:
     return onnxruntime
 
 
-def _step(t: PyTensor) -> float:
-    return 1.0 if t.qinvariant else 1.0 / scalar(t.scale, "scales", t)
+def _step(t: PyTensor) -> Any:
+    """One quantization step of an output: a float, or one per channel of the last axis."""
+    if t.qinvariant:
+        return 1.0
+    channels = per_channel_scales(t)
+    return 1.0 / scalar(t.scale, "scales", t) if channels is None else 1.0 / channels.astype(np.float64)
 
 
 def _feeds(graph: PyGraph, inputs: Sequence[Any]) -> Dict[str, np.ndarray]:

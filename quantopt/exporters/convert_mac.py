@@ -38,13 +38,13 @@ def _vector(node: PyNode, key: str, default: float) -> np.ndarray:
     return np.asarray([float(node.params.get(key, default))], dtype=np.float64)
 
 
-def exact_weight_scale(ratio: np.ndarray, x_scale: float, y_scale: float) -> np.ndarray:
+def exact_weight_scale(ratio: np.ndarray, x_scale: float, y_scale: Any) -> np.ndarray:
     """float32 weight scales W ≈ M · 2^-N · y_scale / x_scale, moved by a few ulps where that makes
     float32(x_scale · W) / y_scale equal M · 2^-N exactly: the output multiplier a QLinear kernel derives from the
     three scales is then the IR's integer multiplier itself, so its requantization rounds as quantopt's does."""
-    x, y = np.float32(x_scale), np.float32(y_scale)
+    x, y = np.float32(x_scale), np.asarray(y_scale, dtype=np.float32)
     target = ratio.astype(np.float32)
-    w = (ratio * float(y) / float(x)).astype(np.float32)
+    w = (ratio * y.astype(np.float64) / float(x)).astype(np.float32)
     best = w.copy()
     found = (x * w) / y == target
     up, down = w.copy(), w.copy()
@@ -62,6 +62,9 @@ def weight_onnx_scale(g: QDQGraph, node: PyNode, x: PyTensor, y: PyTensor, unit:
     M · 2^-N itself, exact in float32."""
     if unit:
         return requant_ratio(node).astype(np.float32)
+    if g.qparams(x).per_channel:
+        raise node_error(node, "a per-channel quantized input is exported in the exact mode only (its scales are "
+                               "folded into the integer weights)")
     if g.folds_multipliers:
         return exact_weight_scale(requant_ratio(node), g.qparams(x).scale, g.qparams(y).scale)
     s_w = _vector(node, "weights_scale", 1.0)

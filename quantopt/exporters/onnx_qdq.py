@@ -137,7 +137,7 @@ def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEF
         raise UnsupportedError(f"{len(problems)} layer(s) cannot be exported as ONNX QDQ: " + "; ".join(problems))
     g.layer = "output"
     for t in graph.output_tensors:
-        g.add("DequantizeLinear", [g.int_value(t), *g.qparam_inputs(t)], output=t.name)
+        g.add("DequantizeLinear", [g.int_value(t), *g.qparam_inputs(t)], output=t.name, axis=g.channel_axis(t, None))
         g.outputs.append(g.value_info(t.name, "FLOAT", g.io_shape(t)))
     helper = onnx.helper
     model = helper.make_model_gen_version(

@@ -71,6 +71,13 @@ def scalar(value: Union[float, int, torch.Tensor], what: str, tensor: PyTensor) 
     return float(value)
 
 
+def per_channel_scales(t: PyTensor) -> Optional[np.ndarray]:
+    """float32 scales along the last axis of a per-channel activation (zero point 0), else None."""
+    if isinstance(t.scale, torch.Tensor) and t.scale.numel() > 1:
+        return t.scale.to(torch.float32).reshape(-1).numpy()
+    return None
+
+
 def onnx_scale(ir_scale: Union[float, np.ndarray]) -> np.ndarray:
     """float32(1) / float32(scale): the reciprocal quantopt's own dequantization multiplies by."""
     return (np.float32(1.0) / np.asarray(ir_scale, dtype=np.float32)).astype(np.float32)
@@ -80,12 +87,16 @@ def onnx_scale(ir_scale: Union[float, np.ndarray]) -> np.ndarray:
 class QParams:
     """ONNX quantization parameters of one activation tensor."""
 
-    scale: float          # ONNX scale (1 / IR scale), float32 value
+    scale: Union[float, Tuple[float, ...]]  # ONNX scale (1 / IR scale), float32; one per channel (last IR axis)
     zero_point: int       # ONNX zero point (-IR zp)
     dtype: Dtype          # integer dtype of the ONNX value
     qmin: int
     qmax: int
     offset: int = 0       # ONNX integer - IR integer (128 where "effective" mode carries an int8 tensor as uint8)
+
+    @property
+    def per_channel(self) -> bool:
+        return isinstance(self.scale, tuple)
 
 
 class QDQGraph:
@@ -177,7 +188,8 @@ class QDQGraph:
         if t.dtype not in ONNX_INT_TYPES:
             raise UnsupportedError(f"tensor '{t.name}' has dtype {t.dtype}; the exported graph carries int8, uint8, "
                                    "int16, uint16 activations (and int32 integer inputs/constants)")
-        scale = scalar(t.scale, "scales", t)
+        channel_scales = per_channel_scales(t)
+        scale = scalar(t.scale, "scales", t) if channel_scales is None else float(channel_scales.min())
         zp = int(round(scalar(t.zerop, "zero points", t)))
         lo, hi = t.dtype.int_range()
         if not lo <= -zp <= hi:
@@ -185,17 +197,27 @@ class QDQGraph:
                                    f"the {t.dtype} range")
         if scale <= 0:
             raise UnsupportedError(f"tensor '{t.name}' has a non-positive scale {scale}")
+        onnx = (float(onnx_scale(scale)) if channel_scales is None
+                else tuple(float(v) for v in onnx_scale(channel_scales)))
         qmin, qmax = max(int(t.qmin), lo), min(int(t.qmax), hi)
         if self.unit_domain and t.dtype == Dtype.INT8 and not t.qinvariant:
             # the same real values as uint8: onnxruntime fuses a QDQ convolution into its integer kernel only
             # when input and output share one type, and uint8 is the one every 8-bit kernel takes
-            return QParams(float(onnx_scale(scale)), UINT8_OFFSET - zp, Dtype.UINT8, qmin + UINT8_OFFSET,
-                           qmax + UINT8_OFFSET, UINT8_OFFSET)
-        return QParams(float(onnx_scale(scale)), -zp, t.dtype, qmin, qmax)
+            return QParams(onnx, UINT8_OFFSET - zp, Dtype.UINT8, qmin + UINT8_OFFSET, qmax + UINT8_OFFSET,
+                           UINT8_OFFSET)
+        return QParams(onnx, -zp, t.dtype, qmin, qmax)
+
+    def channel_axis(self, t: PyTensor, perm: Optional[Perm]) -> Optional[int]:
+        """The ONNX axis of a per-channel tensor's channels (its last IR axis) in layout `perm`; None per tensor."""
+        if not self.qparams(t).per_channel:
+            return None
+        rank = self.rank(t)
+        return (tuple(perm) if perm is not None else identity(rank)).index(rank - 1)
 
     def qparam_inputs(self, t: PyTensor) -> Tuple[str, str]:
-        """(scale, zero point) initializers of `t`, shared by every tensor with the same ONNX params."""
-        return self._scale_input(t), self._zero_point_input(t)
+        """(scale, zero point) initializers of `t`, shared by every tensor with the same ONNX params (one zero
+        point per channel for a per-channel tensor, as per-axis DequantizeLinear wants)."""
+        return self._scale_input(t), self._zero_point_input(t, per_axis=self.qparams(t).per_channel)
 
     def _key(self, t: PyTensor) -> Tuple[float, int, Dtype]:
         p = self.qparams(t)
@@ -207,11 +229,12 @@ class QDQGraph:
             self._qparam_names[key] = self.const(f"{t.name}_scale", np.array(key[1], dtype=np.float32))
         return self._qparam_names[key]
 
-    def _zero_point_input(self, t: PyTensor) -> str:
-        key = ("zero_point",) + self._key(t)
+    def _zero_point_input(self, t: PyTensor, per_axis: bool = False) -> str:
+        key = ("zero_point",) + self._key(t) + (per_axis,)
         if key not in self._qparam_names:
             np_dtype = ONNX_INT_TYPES[key[3]][1]
-            self._qparam_names[key] = self.const(f"{t.name}_zero_point", np.array(key[2], dtype=np_dtype))
+            value = np.full(len(key[1]), key[2], dtype=np_dtype) if per_axis else np.array(key[2], dtype=np_dtype)
+            self._qparam_names[key] = self.const(f"{t.name}_zero_point", value)
         return self._qparam_names[key]
 
     # ------------------------------------------------------------------------------------------------ views
@@ -253,10 +276,11 @@ class QDQGraph:
         if key not in self._dq:
             q = self.int_value(t, want)
             scale = self._unit_scale() if unit else self._scale_input(t)
-            zp = self._zero_point_input(t)
+            zp = self._zero_point_input(t, per_axis=not unit and self.qparams(t).per_channel)
             suffix = "" if want == identity(len(want)) else "_t" + "".join(map(str, want))
             suffix += "_codes" if unit else ""
-            self._dq[key] = self.add("DequantizeLinear", [q, scale, zp], hint=f"{t.name}_dq{suffix}")
+            axis = None if unit else self.channel_axis(t, want)
+            self._dq[key] = self.add("DequantizeLinear", [q, scale, zp], hint=f"{t.name}_dq{suffix}", axis=axis)
         return self._dq[key]
 
     def _unit_scale(self) -> str:
@@ -292,7 +316,10 @@ class QDQGraph:
         if p.dtype not in QUANTIZABLE:
             raise UnsupportedError(f"tensor '{t.name}' has dtype {p.dtype}: QuantizeLinear makes 8- and 16-bit "
                                    "integers only")
-        zp = self._zero_point_input(t)
+        per_axis = p.per_channel and not (unit or (exact and self.folds_multipliers))
+        zp = self._zero_point_input(t, per_axis=per_axis)
+        if p.per_channel and exact and not unit:
+            raise UnsupportedError(f"tensor '{t.name}': a per-channel float32 quantization has no exact QDQ form")
         if unit or (exact and self.folds_multipliers):
             if not unit:
                 ir_scale = np.array(scalar(t.scale, "scales", t), dtype=np.float32)
@@ -300,17 +327,38 @@ class QDQGraph:
                                  hint=f"{t.name}_scaled")
             scale, step = self._unit_scale(), np.float32(1.0)
         else:
-            scale, step = self._scale_input(t), np.float32(p.scale)
+            scale, step = self._scale_input(t), np.asarray(p.scale, dtype=np.float32)
         qmin, qmax = p.qmin, p.qmax
-        if bounds is not None:
+        if bounds is not None and any(isinstance(b, torch.Tensor) for b in bounds):
+            value = self._channel_bounds(t, value, perm, bounds, p, step)  # per-channel RELU6/CLIP bounds
+        elif bounds is not None:
             qmin, qmax = max(qmin, bounds[0] + p.offset), min(qmax, bounds[1] + p.offset)
-        if (qmin, qmax) != p.dtype.int_range():  # in float: onnxruntime has no 16-bit integer Clip
+        if (qmin, qmax) != p.dtype.int_range() and np.ndim(step):  # a narrower range on per-channel steps
+            value = self._channel_bounds(t, value, perm, (qmin - p.offset, qmax - p.offset), p, step)
+        elif (qmin, qmax) != p.dtype.int_range():  # in float: onnxruntime has no 16-bit integer Clip
             lo, hi = ((np.float32(v - p.zero_point) * step).astype(np.float32) for v in (qmin, qmax))
             value = self.add("Clip", [value, self.const(f"{t.name}_qmin", lo), self.const(f"{t.name}_qmax", hi)],
                              hint=f"{t.name}_range")
-        q = self.add("QuantizeLinear", [value, scale, zp], hint=f"{t.name}_q")
+        axis = None if unit or (exact and self.folds_multipliers) else self.channel_axis(t, perm)
+        q = self.add("QuantizeLinear", [value, scale, zp], hint=f"{t.name}_q", axis=axis)
         self.set_int(t, q, perm)
         return q
+
+    def _channel_bounds(self, t: PyTensor, value: str, perm: Optional[Perm], bounds: Tuple[Any, Any], p: QParams,
+                        step: Any) -> str:
+        """Max/Min with per-channel integer bounds (Clip takes scalars only), shaped along the channel axis."""
+        rank = self.rank(t)
+        shape = [1] * rank
+        shape[(tuple(perm) if perm is not None else identity(rank)).index(rank - 1)] = -1
+        for i, (bound, op) in enumerate(zip(bounds, ("Max", "Min"))):
+            ints = np.asarray(bound.numpy() if isinstance(bound, torch.Tensor) else bound, dtype=np.float64)
+            values = ((ints + p.offset - p.zero_point) * np.asarray(step, dtype=np.float64)).astype(np.float32)
+            values = np.broadcast_to(values, (self._channels(t),)) if values.ndim == 0 else values
+            value = self.add(op, [value, self.const(f"{t.name}_{'lo' if i == 0 else 'hi'}", values.reshape(shape))])
+        return value
+
+    def _channels(self, t: PyTensor) -> int:
+        return int(t.ir_shape[-1])
 
     def rescale(self, value: str, factor: float, what: str = "requant") -> str:
         """When `folds_multipliers`, multiply `value` by `factor`: the ratio between what an integer multiplier/shift
@@ -331,6 +379,10 @@ class QDQGraph:
 
 def same_qparams(a: PyTensor, b: PyTensor) -> bool:
     """Whether two tensors carry identical quantization (integers can then move between them unchanged)."""
+    sa, sb = per_channel_scales(a), per_channel_scales(b)
+    if sa is not None or sb is not None:
+        return (sa is not None and sb is not None and np.array_equal(sa, sb) and a.dtype == b.dtype
+                and (a.qmin, a.qmax) == (b.qmin, b.qmax) and float(a.zerop) == float(b.zerop))
     try:
         return (scalar(a.scale, "scales", a) == scalar(b.scale, "scales", b) and
                 scalar(a.zerop, "zero points", a) == scalar(b.zerop, "zero points", b) and
