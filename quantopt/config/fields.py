@@ -109,9 +109,11 @@ ACTIVATION_MODES = ("per_tensor_symmetric_restricted_range", "per_tensor_symmetr
 field("quantize_method_for_weight", "per_tensor_symmetric_restricted_range", ChoiceKind(WEIGHT_MODES),
       "how weights are quantized (scale/zero point granularity and symmetry)", per_layer=True, group="quantization")
 field("quantize_method_for_activation", "per_tensor_symmetric_full_range", ChoiceKind(ACTIVATION_MODES),
-      "how activations are quantized; 16-bit activations are always symmetric", per_layer=True,
+      "how activations are quantized; 16-bit activations are always symmetric; per_channel_symmetric_* give "
+      "Convolution/DepthwiseConv/FullyConnected/BatchNorm outputs one scale per channel", per_layer=True,
       group="quantization")
-field("weight_bits", 8, IntKind(4, 16), "bits of quantized weights", per_layer=True, group="quantization")
+field("weight_bits", 8, IntKind(4, 16), "bits of quantized weights (BatchNorm: at least 16 unless set for the layer "
+      "by a per-layer rule or opt_config)", per_layer=True, group="quantization")
 field("activation_bits", 8, IntKind(8, 16), "bits of quantized activations", per_layer=True, group="quantization")
 field("bias_bits", 32, IntKind(16, 48), "bits of quantized biases (48 is stored as int64)", per_layer=True,
       group="quantization")
