@@ -9,6 +9,7 @@ amplify a single tie-rounding difference into several steps (ppocr_cls and mtcnn
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
@@ -30,6 +31,7 @@ from quantopt.errors import ConfigError, UnsupportedError  # noqa: E402
 from quantopt.exporters import build_onnx_qdq, export_onnx_qdq  # noqa: E402
 from quantopt.exporters.agreement import measure_agreement, rounding_sensitivity  # noqa: E402
 from quantopt.exporters.convert_layout import pool_axis, reduced_perm  # noqa: E402
+from quantopt.exporters.onnx_qdq import convert_graph  # noqa: E402
 from quantopt.exporters.qdq_graph import channels_first, compose, inverse, requant_ratio  # noqa: E402
 from quantopt.graph.builder import GraphBuilder  # noqa: E402
 from quantopt.ir.reader import read_ir  # noqa: E402
@@ -417,6 +419,7 @@ def test_small_graphs_agree(name: str, variant: str) -> None:
     result = measure_agreement(qgraph, data, per_layer=True)
     assert min(result.layers.values()) >= THRESHOLD, {k: v for k, v in result.layers.items() if v < THRESHOLD}
     assert result.identical == 1.0 and result.max_steps == 0.0, result.outputs
+    assert not convert_graph(qgraph)[1].float_layers
     if variant != "int16":  # at 16 bits "effective" follows the float functions, coarser tables do not
         effective = measure_agreement(qgraph, data, scales="effective")
         assert effective.share >= THRESHOLD, effective.outputs
@@ -564,3 +567,25 @@ def test_per_channel_activations_export(bits: int) -> None:
     dq = next(n for n in model.graph.node if n.output[0] == output_only.output_tensors[0].name)
     assert onnx.helper.get_attribute_value(next(a for a in dq.attribute if a.name == "axis")) == 3
     assert measure_agreement(output_only, [torch.cat(data(2, 2))], scales="effective").share == 1.0
+
+
+def test_layers_left_in_float_form_are_named(caplog) -> None:
+    """A 16-bit ConvTranspose sums beyond float32's exact range: exact mode keeps its float QDQ form and says so."""
+    b = GraphBuilder("ct16")
+    x = b.input("x", [1, 5, 5, 4])
+    a, _ = _conv(b, x, [1, 5, 5, 4], 4, "pre")
+    y = b.layer("ConvTranspose", [a], [[1, 10, 10, 3]], name="up", params=dict(
+        num_output=3, group=1, kernel_y=2, kernel_x=2, stride_y=2, stride_x=2, with_activation="NONE"),
+        constants={"weights": _w([3, 2, 2, 4], 15), "biases": _w([3], 16, 0.1)})
+    graph = b.build([y])
+    settings = dict(q_bits_activation=16, q_bits_weight=16, q_bits_bias=48)
+    qgraph = quantize_model(graph, [_data(graph, s, 2) for s in range(3)], settings)
+    logger = logging.getLogger("quantopt")  # the CLI tests turn propagation off: attach the capture directly
+    logger.addHandler(caplog.handler)
+    try:
+        _, qdq = convert_graph(qgraph)
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert list(qdq.float_layers) == ["up"]
+    assert "1 layer(s) keep the float QDQ form" in caplog.text and "up" in caplog.text
+    assert measure_agreement(qgraph, _data(graph, 7, 2)).share >= 0.99

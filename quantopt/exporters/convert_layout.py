@@ -180,7 +180,7 @@ def convert_pad(g: QDQGraph, node: PyNode) -> None:
         p = g.qparams(y)
         inputs.append(g.const(f"{node.name}/value", np.array((value - p.zero_point) * np.float32(p.scale),
                                                               dtype=np.float32)))
-    g.quantize(y, g.add("Pad", inputs, mode=modes[mode]), perm)
+    g.quantize(y, g.add("Pad", inputs, mode=modes[mode]), perm, lossless=True)
 
 
 # ------------------------------------------------------------------------------------------------ pooling
@@ -301,7 +301,8 @@ def convert_pooling(g: QDQGraph, node: PyNode) -> None:
     if method == "AVG" and same_qparams(x, y):
         g.set_int(y, _average_codes(g, node, g.int_value(x, cf), g.qparams(x), rank, spatial, params), cf)
         return
-    g.quantize(y, _pool_float(g, node, method, g.float_value(x, cf), rank, spatial, params), cf)
+    g.quantize(y, _pool_float(g, node, method, g.float_value(x, cf), rank, spatial, params), cf,
+               lossless=method == "MAX" and same_qparams(x, y))
 
 
 @converter("GlobalPool")
@@ -321,7 +322,7 @@ def convert_global_pool(g: QDQGraph, node: PyNode) -> None:
         g.set_int(y, _average_codes(g, node, g.int_value(x, cf), g.qparams(x), g.rank(x),
                                     list(range(2, g.rank(x))), params), cf)
         return
-    g.quantize(y, g.add(ops[method], [g.float_value(x, cf)]), cf)
+    g.quantize(y, g.add(ops[method], [g.float_value(x, cf)]), cf, lossless=method == "MAX" and same_qparams(x, y))
 
 
 # ------------------------------------------------------------------------------------------------ resize
@@ -390,7 +391,7 @@ def convert_resize(g: QDQGraph, node: PyNode) -> None:
                 nearest_mode=nearest if mode == "nearest" else None,
                 cubic_coeff_a=float(node.get_param("cubic_coeff_a", optional=True, default_value=-0.75))
                 if mode == "cubic" else None)
-    g.quantize(y, out, perm)
+    g.quantize(y, out, perm, lossless=mode == "nearest" and same_qparams(x, y))
 
 
 # ------------------------------------------------------------------------------------------------ reduce
@@ -426,4 +427,4 @@ def convert_reduce(g: QDQGraph, node: PyNode) -> None:
     if method in ("SUM", "MEAN"):  # one multiplier for s_out / s_in (/ count)
         ratio = float(requant_ratio(node)[0])
         out = g.rescale(out, ratio * tensor_scale(x) * (count if method == "MEAN" else 1) / tensor_scale(y))
-    g.quantize(y, out, out_perm)
+    g.quantize(y, out, out_perm, lossless=method in ("MAX", "MIN") and same_qparams(x, y))

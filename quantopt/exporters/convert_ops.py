@@ -309,7 +309,7 @@ def convert_softmax(g: QDQGraph, node: PyNode) -> None:
     out = g.add(str(node.type), [g.float_value(x, perm)], axis=axis)
     if str(node.type) == "Softmax" and str(node.params.get("quantize_method", "LUT")).upper() == "LUT":
         out = g.rescale(out, requant_factor(node, 1.0))  # the table's e/S times M · 2^-N stands for softmax · s_out
-    g.quantize(y, out, perm)
+    g.quantize(y, out, perm, lossless=str(node.type) == "Hardmax")
 
 
 # ------------------------------------------------------------------------------------------------ Pow, Div

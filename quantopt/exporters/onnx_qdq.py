@@ -15,6 +15,7 @@ from typing import Any, List, Optional, Tuple
 from ..errors import ConfigError, IRError, UnsupportedError
 from ..graph.graph import PyGraph
 from ..ir.dtype import Dtype
+from ..log import OPT_WARN
 from ..version import __version__
 from . import convert_exact, convert_index, convert_layout, convert_mac, convert_ops  # noqa: F401  (fill CONVERTERS)
 from .qdq_graph import CONVERTERS, QDQGraph
@@ -135,6 +136,10 @@ def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEF
             failed.update(t.name for t in node.outputs)
     if problems:
         raise UnsupportedError(f"{len(problems)} layer(s) cannot be exported as ONNX QDQ: " + "; ".join(problems))
+    if g.float_layers:
+        names = list(g.float_layers)
+        OPT_WARN(f"ONNX QDQ export: {len(names)} layer(s) keep the float QDQ form, within about one step of "
+                 f"quantopt but not bit-exact: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}")
     g.layer = "output"
     for t in graph.output_tensors:
         g.add("DequantizeLinear", [g.int_value(t), *g.qparam_inputs(t)], output=t.name, axis=g.channel_axis(t, None))

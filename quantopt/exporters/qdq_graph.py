@@ -120,6 +120,8 @@ class QDQGraph:
         self._qparam_names: Dict[Tuple[Any, ...], str] = {}
         self._ranks: Dict[str, int] = {}
         self.layer = ""  # name of the IR layer being converted (node name prefix)
+        self.float_layers: Dict[str, None] = {}
+        """"exact" mode: layers left in the float QDQ form (not bit-exact), in graph order."""
 
     # ------------------------------------------------------------------------------------------------ names
     def reserve(self, name: str) -> None:
@@ -303,7 +305,7 @@ class QDQGraph:
         return self.scales != "ir"
 
     def quantize(self, t: PyTensor, value: str, perm: Optional[Perm] = None, exact: bool = False,
-                 unit: bool = False, bounds: Optional[Tuple[int, int]] = None) -> str:
+                 unit: bool = False, bounds: Optional[Tuple[Any, Any]] = None, lossless: bool = False) -> str:
         """QuantizeLinear of the float `value` with `t`'s params (after a Clip to the dequantized bounds of a range
         narrower than the dtype); the result becomes `t`'s integer value in layout `perm`.
 
@@ -311,8 +313,12 @@ class QDQGraph:
         round(x · scale − zp), i.e. graph inputs and lookup tables): QuantizeLinear computes x / (1 / scale), which
         rounds exact ties such as 0.5 · 255 = 127.5 differently, so the value is multiplied by the IR scale and
         quantized with scale 1 instead. `unit`: `value` is already in integer units (scale 1). `bounds`: IR
-        integer bounds narrower than the range (a fused RELU6/CLIP), applied by the same Clip."""
+        integer bounds narrower than the range (a fused RELU6/CLIP), applied by the same Clip. `lossless`: the float
+        value is one of the input's dequantized values (MAX, nearest Resize, Pad of unchanged params), so the float
+        form is exact; any other float form in "exact" mode is recorded in `float_layers`."""
         p = self.qparams(t)
+        if self.unit_domain and not (unit or exact or lossless) and self.layer:
+            self.float_layers.setdefault(self.layer, None)
         if p.dtype not in QUANTIZABLE:
             raise UnsupportedError(f"tensor '{t.name}' has dtype {p.dtype}: QuantizeLinear makes 8- and 16-bit "
                                    "integers only")
