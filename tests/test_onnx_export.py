@@ -429,16 +429,23 @@ def test_small_graphs_agree(name: str, variant: str) -> None:
     assert (onnx.TensorProto.INT16 in types) == (variant == "int16")
 
 
+def conv_transpose_graph(out_c: int, group: int, kernel: int, act: str, seed: int) -> Any:
+    """conv → ConvTranspose 'up' (stride 2) on a 5×5×4 map; IR weights [out_c/group, k, k, 4]."""
+    b = GraphBuilder("ct")
+    x = b.input("x", [1, 5, 5, 4])
+    a, _ = _conv(b, x, [1, 5, 5, 4], 4, "pre")
+    size = 4 * 2 + kernel  # (5 - 1) · 2 + kernel
+    y = b.layer("ConvTranspose", [a], [[1, size, size, out_c]], name="up", params=dict(
+        num_output=out_c, group=group, kernel_y=kernel, kernel_x=kernel, stride_y=2, stride_x=2,
+        with_activation=act),
+        constants={"weights": _w([out_c // group, kernel, kernel, 4], seed), "biases": _w([out_c], seed + 1, 0.1)})
+    return b.build([y])
+
+
 def test_grouped_conv_transpose_is_exact_in_integer_units() -> None:
     """Grouped ConvTranspose: float32 sums of the integers (exact below 2^24) in "exact" mode; the per-output-channel
     weight scales of the other modes have no ONNX form for groups."""
-    b = GraphBuilder("ct_group")
-    x = b.input("x", [1, 5, 5, 4])
-    a, _ = _conv(b, x, [1, 5, 5, 4], 4, "pre")
-    y = b.layer("ConvTranspose", [a], [[1, 11, 11, 6]], name="up", params=dict(
-        num_output=6, group=2, kernel_y=3, kernel_x=3, stride_y=2, stride_x=2, with_activation="RELU"),
-        constants={"weights": _w([3, 3, 3, 4], 13), "biases": _w([6], 14, 0.1)})
-    graph = b.build([y])
+    graph = conv_transpose_graph(out_c=6, group=2, kernel=3, act="RELU", seed=13)
     qgraph = quantize_model(graph, [_data(graph, s, 2) for s in range(3)])
     result = measure_agreement(qgraph, _data(graph, 7, 4), per_layer=True)
     assert result.identical == 1.0 and min(result.layers.values()) == 1.0
@@ -551,9 +558,7 @@ def test_per_channel_activations_export(bits: int) -> None:
     """Per-channel activations: exact mode reads and writes them in integer units (per-axis DequantizeLinear where a
     float value or a graph output needs the real scales); the other modes take per-channel outputs but not
     per-channel inputs, whose scales live in the consumer's integer weights."""
-    ops_tests = str(Path(__file__).resolve().parent / "ops")
-    if ops_tests not in sys.path:
-        sys.path.insert(0, ops_tests)
+    _ops_tests()
     from test_per_channel_activations import chain, data, per_channel
 
     settings = dict(q_bits_activation=bits, q_bits_bias=48 if bits > 8 else 32)
@@ -571,13 +576,7 @@ def test_per_channel_activations_export(bits: int) -> None:
 
 def test_layers_left_in_float_form_are_named(caplog) -> None:
     """A 16-bit ConvTranspose sums beyond float32's exact range: exact mode keeps its float QDQ form and says so."""
-    b = GraphBuilder("ct16")
-    x = b.input("x", [1, 5, 5, 4])
-    a, _ = _conv(b, x, [1, 5, 5, 4], 4, "pre")
-    y = b.layer("ConvTranspose", [a], [[1, 10, 10, 3]], name="up", params=dict(
-        num_output=3, group=1, kernel_y=2, kernel_x=2, stride_y=2, stride_x=2, with_activation="NONE"),
-        constants={"weights": _w([3, 2, 2, 4], 15), "biases": _w([3], 16, 0.1)})
-    graph = b.build([y])
+    graph = conv_transpose_graph(out_c=3, group=1, kernel=2, act="NONE", seed=15)
     settings = dict(q_bits_activation=16, q_bits_weight=16, q_bits_bias=48)
     qgraph = quantize_model(graph, [_data(graph, s, 2) for s in range(3)], settings)
     logger = logging.getLogger("quantopt")  # the CLI tests turn propagation off: attach the capture directly
@@ -589,3 +588,27 @@ def test_layers_left_in_float_form_are_named(caplog) -> None:
     assert list(qdq.float_layers) == ["up"]
     assert "1 layer(s) keep the float QDQ form" in caplog.text and "up" in caplog.text
     assert measure_agreement(qgraph, _data(graph, 7, 2)).share >= 0.99
+
+
+def _ops_tests() -> None:
+    ops_tests = str(Path(__file__).resolve().parent / "ops")
+    if ops_tests not in sys.path:
+        sys.path.insert(0, ops_tests)
+
+
+@pytest.mark.parametrize("variant", [0, 1, 2, 3])
+@pytest.mark.parametrize("bits,mode", [(8, "per_tensor_symmetric_full_range"), (8, "per_tensor_asymmetric"),
+                                       (16, "per_tensor_asymmetric")])
+def test_recurrent_layers_export_exactly(variant: int, bits: int, mode: str) -> None:
+    """BasicLSTM and GRUv3 (forward/reverse, threshold, cell_clip, GRUV1/GRUV3) unrolled in integer arithmetic:
+    identical outputs; the float modes have no form for them."""
+    _ops_tests()
+    from test_recurrent import VARIANTS as RNN_VARIANTS
+    from test_recurrent import feeds, quantized_case
+
+    optype, params, wmode = RNN_VARIANTS[variant]
+    _, _, qgraph = quantized_case(optype, params, bits, mode, wmode)
+    result = measure_agreement(qgraph, feeds(14, optype, n=2, x_std=1.5, h_scale=0.8), per_layer=True)
+    assert result.identical == 1.0 and min(result.layers.values()) == 1.0
+    with pytest.raises(UnsupportedError, match="exact mode only"):
+        build_onnx_qdq(qgraph, scales="effective")

@@ -99,7 +99,7 @@ def measure_agreement(graph: PyGraph, inputs: Sequence[Any], scales: str = DEFAU
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     feeds = _feeds(graph, inputs)
     tally = _Tally({t.name: 0 for t in graph.output_tensors})
-    for chunk in _chunks(feeds, None if qdq.dynamic_batch else _ir_batch(graph)):
+    for chunk in _chunks(feeds, None if qdq.dynamic_batch else _ir_batches(graph)):
         names = [o.name for o in session.get_outputs()]
         results = dict(zip(names, session.run(None, chunk)))
         with torch.no_grad():
@@ -145,18 +145,27 @@ class _Tally:
         return Agreement(within / max(total, 1), self.worst, total, self.same / max(total, 1), shares, layers)
 
 
-def _ir_batch(graph: PyGraph) -> int:
-    return int(graph.input_tensors[0].ir_shape[0]) if graph.input_tensors and graph.input_tensors[0].ir_shape else 1
+def _ir_batches(graph: PyGraph) -> Dict[str, int]:
+    return {t.name: int(t.ir_shape[0]) if t.ir_shape else 1 for t in graph.input_tensors}
 
 
-def _chunks(feeds: Dict[str, np.ndarray], size: Optional[int]) -> List[Dict[str, np.ndarray]]:
-    """The feeds whole, or split along dim 0 into pieces of `size` (a model with a static batch)."""
-    batch = min((a.shape[0] for a in feeds.values() if a.ndim), default=0)
-    if size is None or size <= 0 or batch == size:
+def _chunks(feeds: Dict[str, np.ndarray], sizes: Optional[Dict[str, int]]) -> List[Dict[str, np.ndarray]]:
+    """The feeds whole, or (a model with its IR batch) each input split along dim 0 into pieces of its IR dim 0:
+    several samples of every input stacked on dim 0, e.g. LSTM states [layers, 1, C] two samples deep."""
+    if sizes is None:
         return [feeds]
-    if batch % size:
-        raise DataError(f"the data's batch {batch} is not a multiple of the exported model's batch {size}")
-    return [{k: v[i:i + size] for k, v in feeds.items()} for i in range(0, batch, size)]
+    counts = {k: (v.shape[0] // sizes[k] if v.ndim and sizes[k] > 0 else 1) for k, v in feeds.items()}
+    for k, v in feeds.items():
+        if v.ndim and sizes[k] > 0 and v.shape[0] % sizes[k]:
+            raise DataError(f"input '{k}': {v.shape[0]} rows are not a multiple of the exported model's "
+                            f"{sizes[k]}")
+    if len(set(counts.values())) != 1:
+        raise DataError(f"the inputs hold different numbers of samples: {counts}")
+    count = next(iter(counts.values()), 1)
+    if count <= 1:
+        return [feeds]
+    return [{k: v[i * sizes[k]:(i + 1) * sizes[k]] if v.ndim else v for k, v in feeds.items()}
+            for i in range(count)]
 
 
 def _isolated_layers(graph: PyGraph, views: Dict[str, Any], results: Dict[str, np.ndarray]

@@ -17,7 +17,14 @@ from ..graph.graph import PyGraph
 from ..ir.dtype import Dtype
 from ..log import OPT_WARN
 from ..version import __version__
-from . import convert_exact, convert_index, convert_layout, convert_mac, convert_ops  # noqa: F401  (fill CONVERTERS)
+from . import (  # noqa: F401  (they fill CONVERTERS)
+    convert_exact,
+    convert_index,
+    convert_layout,
+    convert_mac,
+    convert_ops,
+    convert_recurrent,
+)
 from .qdq_graph import CONVERTERS, QDQGraph
 
 SCALE_MODES = ("exact", "effective", "ir")
