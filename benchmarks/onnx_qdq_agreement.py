@@ -1,11 +1,14 @@
 """Benchmark: how closely onnxruntime running the ONNX QDQ export follows quantopt's integer forward.
 
     python benchmarks/onnx_qdq_agreement.py [model ...] [--models-dir DIR] [--bits 16] [--scales MODE ...]
+    python benchmarks/onnx_qdq_agreement.py --onnx-models [name ...] [--bits 16]
 
 Models: `digits` (examples/digits) and the folders of ../shared/models (syn_resnet, syn_mobilenet, ppocr_cls,
 mtcnn_onet by default). Each is quantized with the default settings on its calib.npy (two samples a batch; the
 digits example: 16) and evaluated on calib.npy + val.npy (the digits example: its 597 validation digits).
-`--bits 16` quantizes with 16-bit activations and 48-bit biases instead.
+`--bits 16` quantizes with 16-bit activations and 48-bit biases instead. `--onnx-models` takes the real ONNX
+models of examples/onnx_models instead (PP-OCR det 96×96, rec 48×96, cls, Silero VAD, the torch exports; those
+whose package is missing are skipped): imported, quantized on 2 seeded samples and measured on 2 others, exact mode.
 
 Per model and scale mode (exact, effective, ir) it prints:
   outputs   share of output elements within one output quantization step (whole model, onnxruntime with its
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -53,17 +57,50 @@ def load(name: str, models_dir: Path, bits: int = 8) -> Tuple[PyGraph, torch.Ten
     return quantize_model(graph, [calib[i:i + 2] for i in range(0, len(calib), 2)], settings), data
 
 
+def onnx_model_rows(names: List[str], bits: int) -> None:
+    """Real ONNX models (examples/onnx_models): import, quantize, export in exact mode, measure."""
+    import importlib.util
+
+    from quantopt.exporters.onnx_qdq import convert_graph
+    from quantopt.frontends.onnx import import_onnx
+
+    spec = importlib.util.spec_from_file_location("onnx_model_cases", REPO / "examples" / "onnx_models" / "cases.py")
+    cases = importlib.util.module_from_spec(spec)
+    sys.modules["onnx_model_cases"] = cases
+    spec.loader.exec_module(cases)
+    settings: Dict[str, object] = {} if bits == 8 else dict(q_bits_activation=bits, q_bits_weight=bits,
+                                                                 q_bits_bias=48)
+    print(f"{'model':<20} {'identical':>10} {'elements':>9} {'max steps':>10}  float-form layers")
+    for name, case in cases.all_cases(96, 96).items():
+        if (names and name not in names) or case.available() is not None:
+            continue
+        with tempfile.TemporaryDirectory() as folder:
+            path = case.make_onnx(folder)
+            graph = import_onnx(path, case.shapes)
+            feeds = case.make_feeds(path, np.random.default_rng(0), 4)
+            tensors = [[torch.from_numpy(np.asarray(v)) for v in f.values()] for f in feeds]
+            qgraph = quantize_model(graph, tensors[:2], settings)
+            data = [torch.cat([f[i] for f in tensors[2:]]) for i in range(len(tensors[0]))]
+            floats = list(convert_graph(qgraph)[1].float_layers)
+            r = measure_agreement(qgraph, data)
+            print(f"{name:<20} {r.identical:>10.2%} {r.elements:>9} {r.max_steps:>10.1f}  {len(floats)}")
+
+
 def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="*", default=DEFAULT_MODELS)
+    ap.add_argument("models", nargs="*", help=f"default: {' '.join(DEFAULT_MODELS)} (all, with --onnx-models)")
     ap.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR))
     ap.add_argument("--bits", type=int, choices=(8, 16), default=8, help="activation bits (16: 48-bit biases)")
     ap.add_argument("--scales", nargs="+", choices=SCALE_MODES, default=list(SCALE_MODES))
+    ap.add_argument("--onnx-models", action="store_true", help="the real ONNX models of examples/onnx_models")
     args = ap.parse_args(argv)
     discover_plugins()
+    if args.onnx_models:
+        onnx_model_rows(args.models, args.bits)
+        return 0
     print(f"{'model':<14} {'scales':<10} {'outputs':>9} {'identical':>10} {'elements':>9} {'max steps':>10} "
           f"{'layers (min)':>13}")
-    for name in args.models:
+    for name in args.models or DEFAULT_MODELS:
         qgraph, data = load(name, Path(args.models_dir), args.bits)
         for scales in args.scales:
             r = measure_agreement(qgraph, [data], scales=scales, per_layer=True)

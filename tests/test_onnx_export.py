@@ -31,6 +31,7 @@ from quantopt.errors import ConfigError, UnsupportedError  # noqa: E402
 from quantopt.exporters import build_onnx_qdq, export_onnx_qdq  # noqa: E402
 from quantopt.exporters.agreement import measure_agreement, rounding_sensitivity  # noqa: E402
 from quantopt.exporters.convert_layout import pool_axis, reduced_perm  # noqa: E402
+from quantopt.exporters.convert_mac import qlinear_fusable  # noqa: E402
 from quantopt.exporters.onnx_qdq import convert_graph  # noqa: E402
 from quantopt.exporters.qdq_graph import channels_first, compose, inverse, requant_ratio  # noqa: E402
 from quantopt.graph.builder import GraphBuilder  # noqa: E402
@@ -134,14 +135,19 @@ def test_reread_ir_exports_the_same_bytes(tmp_path: Path) -> None:
 
 def test_exact_export_structure(tmp_path: Path) -> None:
     """MAC layers in integer units (scale-1 activations, the multiplier as weight scale) fused by onnxruntime into
-    QLinearConv; int8 activations as uint8; real scales wherever a float value is read."""
+    QLinearConv where its float32 requantization is exact, ConvInteger + float64 requantization elsewhere; int8
+    activations as uint8; real scales wherever a float value is read."""
     qgraph, data = quantized_model("syn_resnet")
     model = build_onnx_qdq(qgraph)
     onnx.checker.check_model(model, full_check=True)
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
-    conv = qgraph.node("/stem/Conv")
-    assert np.array_equal(inits["/stem/Conv/weights_scale"].reshape(-1), requant_ratio(conv).astype(np.float32))
-    q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0].startswith("/stem/Conv/"))
+    convs = [n for n in qgraph.nodes if str(n.type) in ("Convolution", "DepthwiseConv")]
+    qlinear = [n for n in convs if qlinear_fusable(convert_graph(qgraph)[1], n)]
+    assert qlinear and len(qlinear) < len(convs)  # both kinds occur in this model
+    conv = qlinear[0]
+    weights_scale = inits[f"{conv.name}/weights_scale"].reshape(-1)
+    assert np.array_equal(weights_scale, requant_ratio(conv).astype(np.float32))
+    q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0].startswith(f"{conv.name}/"))
     assert float(inits[q.input[1]]) == 1.0
     signed = [t for n in qgraph.nodes for t in n.outputs if str(t.dtype) == "int8" and not t.qinvariant]
     assert signed
@@ -158,8 +164,9 @@ def test_exact_export_structure(tmp_path: Path) -> None:
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     fused = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
-    convs = sum(str(n.type) in ("Convolution", "DepthwiseConv") for n in qgraph.nodes)
-    assert fused.count("QLinearConv") == convs  # every convolution runs in the integer kernel
+    assert fused.count("QLinearConv") == len(qlinear)  # every convolution runs in an integer kernel
+    assert fused.count("ConvInteger") == len(convs) - len(qlinear) and "Conv" not in [
+        n.op_type for n in model.graph.node if n.name.split("/Conv")[0] in {c.name for c in convs}]
 
 
 def test_export_is_a_valid_qdq_model(tmp_path: Path) -> None:
@@ -574,20 +581,36 @@ def test_per_channel_activations_export(bits: int) -> None:
     assert measure_agreement(output_only, [torch.cat(data(2, 2))], scales="effective").share == 1.0
 
 
+def test_wide_conv_transpose_is_exact_in_float64() -> None:
+    """16-bit ConvTranspose sums leave float32's exact range: spread, padded and convolved in float64 instead."""
+    for group, out_c in ((1, 3), (2, 6)):
+        graph = conv_transpose_graph(out_c=out_c, group=group, kernel=3, act="NONE", seed=15)
+        settings = dict(q_bits_activation=16, q_bits_weight=16, q_bits_bias=48)
+        qgraph = quantize_model(graph, [_data(graph, s, 2) for s in range(3)], settings)
+        _, qdq = convert_graph(qgraph)
+        assert not qdq.float_layers
+        assert measure_agreement(qgraph, _data(graph, 7, 2)).identical == 1.0
+
+
 def test_layers_left_in_float_form_are_named(caplog) -> None:
-    """A 16-bit ConvTranspose sums beyond float32's exact range: exact mode keeps its float QDQ form and says so."""
-    graph = conv_transpose_graph(out_c=3, group=1, kernel=2, act="NONE", seed=15)
-    settings = dict(q_bits_activation=16, q_bits_weight=16, q_bits_bias=48)
-    qgraph = quantize_model(graph, [_data(graph, s, 2) for s in range(3)], settings)
+    """A FAST_EXP Softmax with upstream's power-of-two path (adjust_q 1, from an IR made elsewhere) has no integer
+    form here: exact mode keeps its float QDQ form and says so."""
+    b = GraphBuilder("pow2")
+    x = b.input("x", [1, 6, 6, 4])
+    a, s = _conv(b, x, [1, 6, 6, 4], 4, "pre")
+    soft = b.layer("Softmax", [a], [s], name="soft", params=dict(axis=-1, adjust_q=1))
+    y = b.layer("Reshape", [soft], [[1, 144]], name="flat", params=dict(shape=[1, 144]))
+    graph = b.build([y])
+    qgraph = quantize_model(graph, [_data(graph, s_, 2) for s_ in range(3)])
+    assert qgraph.node("soft").params["quantize_method"] == "FAST_EXP"
     logger = logging.getLogger("quantopt")  # the CLI tests turn propagation off: attach the capture directly
     logger.addHandler(caplog.handler)
     try:
         _, qdq = convert_graph(qgraph)
     finally:
         logger.removeHandler(caplog.handler)
-    assert list(qdq.float_layers) == ["up"]
-    assert "1 layer(s) keep the float QDQ form" in caplog.text and "up" in caplog.text
-    assert measure_agreement(qgraph, _data(graph, 7, 2)).share >= 0.99
+    assert list(qdq.float_layers) == ["soft"]
+    assert "1 layer(s) keep the float QDQ form" in caplog.text and "soft" in caplog.text
 
 
 def _ops_tests() -> None:

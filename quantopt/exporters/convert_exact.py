@@ -131,6 +131,20 @@ def exact_ratio(node: PyNode) -> Optional[np.ndarray]:
     return requant_ratio(node)
 
 
+def requant_fraction_bits(node: PyNode) -> Optional[int]:
+    """The largest N - trailing_zeros(M) over the layer's (per-channel) multipliers: how many fraction bits
+    acc · M · 2^-N can have; None without stored multipliers."""
+    try:
+        mult, shift = requant_of(node)
+    except QuantOptError:
+        return None
+    m = np.asarray(mult.numpy() if isinstance(mult, torch.Tensor) else [mult], dtype=np.int64).reshape(-1)
+    n = np.asarray(shift.numpy() if isinstance(shift, torch.Tensor) else [shift], dtype=np.int64).reshape(-1)
+    n = np.broadcast_to(n, m.shape)
+    zeros = np.array([(int(v) & -int(v)).bit_length() - 1 if v else 0 for v in m], dtype=np.int64)
+    return int(np.max(n - zeros)) if m.size else 0
+
+
 def scaled_codes(g: QDQGraph, node: PyNode, tensors: Sequence[PyTensor], multipliers: Sequence[float],
                  perm: Optional[Perm]) -> list:
     values = []

@@ -171,13 +171,13 @@ def _int(node: PyNode, key: str, default: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ wide MACs
-def _wide_double_mac(g: QDQGraph, node: PyNode, inner: int) -> Optional[np.ndarray]:
+def _wide_double_mac(g: QDQGraph, node: PyNode, inner: int, force: bool = False) -> Optional[np.ndarray]:
     """The requant ratios when a MAC layer with wider than 8-bit inputs or weights (which onnxruntime has no
-    integer kernel for) can be computed exactly in float64 (`convert_exact`): no remain_shift, sums of `inner`
-    products below 2^53, shifts small enough; None otherwise."""
+    integer kernel for; or any, with `force`) can be computed exactly in float64 (`convert_exact`): no
+    remain_shift, sums of `inner` products below 2^53, shifts small enough; None otherwise."""
     x = node.inputs[0]
     w = effective_weights(node)
-    wide = (x.qbits or 8) > 8 or node.get_constant("weights").dtype.bits > 8
+    wide = force or (x.qbits or 8) > 8 or node.get_constant("weights").dtype.bits > 8
     if not g.unit_domain or not wide or node.params.get("remain_shift") is not None:
         return None
     lo, hi = x.qmin + int(round(float(x.zerop))), x.qmax + int(round(float(x.zerop)))
@@ -187,23 +187,13 @@ def _wide_double_mac(g: QDQGraph, node: PyNode, inner: int) -> Optional[np.ndarr
     return convert_exact.exact_ratio(node)
 
 
-def _conv_double(g: QDQGraph, node: PyNode, group: int) -> bool:
-    """Σ over kernel positions of (strided slice of the padded codes) · weights, in NHWC float64: a MatMul with
-    the block-diagonal [C, O] matrix of the position, or for one input channel per group (depthwise) a Gather of
-    each output's channel times its weights; then bias and requantization (exact, see `_wide_double_mac`)."""
-    x, y = node.inputs[0], node.outputs[0]
-    w = effective_weights(node).numpy()  # [O, kh, kw, C/group]
+def _window_sums(g: QDQGraph, node: PyNode, codes: str, w: np.ndarray, in_c: int, group: int, out_hw: Tuple[int, int],
+                 stride: Tuple[int, int], dilation: Tuple[int, int]) -> str:
+    """Σ over kernel positions (i, j) of the strided window of `codes` (NHWC float64, already padded) times the
+    weights `w` [O, kh, kw, C/group] of that position: a MatMul with the block-diagonal [C, O] matrix, or for one
+    input channel per group (depthwise) a Gather of each output's channel and a Mul."""
     out_c, kh, kw, per_group = w.shape
-    ratio = _wide_double_mac(g, node, kh * kw * per_group)
-    if ratio is None:
-        return False
-    in_c, oh, ow = int(x.ir_shape[3]), int(y.ir_shape[1]), int(y.ir_shape[2])
-    sy, sx = _int(node, "stride_y", 1), _int(node, "stride_x", 1)
-    dy, dx = _int(node, "dilation_y", 1), _int(node, "dilation_x", 1)
-    top, left, bottom, right = (_int(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right"))
-    codes = convert_exact.codes(g, x)
-    if top or left or bottom or right:
-        codes = g.add("Pad", [codes, g.ints(f"{node.name}/pads", [0, top, left, 0, 0, bottom, right, 0])])
+    (oh, ow), (sy, sx), (dy, dx) = out_hw, stride, dilation
     out_per_group = out_c // group
     source = np.arange(out_c) // out_per_group  # the input channel of each output when per_group == 1
     total = None
@@ -224,16 +214,112 @@ def _conv_double(g: QDQGraph, node: PyNode, group: int) -> bool:
                     matrix[first:first + per_group, o] = w[o, i, j, :]
                 term = g.add("MatMul", [window, g.const(f"{node.name}/w{i}_{j}", matrix)])
             total = term if total is None else g.add("Add", [total, term])
+    return total
+
+
+FLOAT32_BITS = 24
+
+
+def qlinear_requant_is_exact(node: PyNode) -> bool:
+    """Whether a QLinearConv/QGemm's float32 requantization, float(acc) · (M · 2^-N) rounded half to even, is
+    quantopt's exact one for every accumulator the stored ranges allow: the accumulator (bias included) below 2^24
+    (exact in float32), and every result that does not saturate (|v| below 2^(bits + 1)) a multiple of 2^-N' with
+    at most 24 significant bits, N' the shift less the multiplier's trailing zero bits."""
+    x, y = node.inputs[0], node.outputs[0]
+    w = effective_weights(node)
+    per_out = w.abs().reshape(w.shape[0], -1).sum(dim=1)
+    bias = node.get_constant("biases").betensor.to(torch.int64).reshape(-1).abs()
+    zp = int(round(float(x.zerop if not isinstance(x.zerop, torch.Tensor) else x.zerop.reshape(-1)[0])))
+    xmax = max(abs(int(x.qmin) + zp), abs(int(x.qmax) + zp))
+    if int((per_out * xmax).max()) + int(bias.max()) >= 2 ** FLOAT32_BITS:
+        return False
+    ratio_bits = convert_exact.requant_fraction_bits(node)
+    return ratio_bits is not None and (y.qbits or 8) + 1 + ratio_bits <= FLOAT32_BITS
+
+
+def qlinear_fusable(g: QDQGraph, node: PyNode) -> bool:
+    """Whether onnxruntime turns the unit-domain QDQ convolution into a QLinearConv that computes quantopt's integers:
+    its float32 requantization is exact (`qlinear_requant_is_exact`), the weights have one zero point (QLinearConv
+    refuses several), and no Clip sits between the Conv and its QuantizeLinear (which would stop the fusion and
+    leave a float32 convolution)."""
+    x, y = node.inputs[0], node.outputs[0]
+    zp_w = np.round(_vector(node, "weights_zp", 0.0))
+    if np.unique(zp_w).size != 1 or (x.qbits or 8) > 8 or (y.qbits or 8) > 8 or not qlinear_requant_is_exact(node):
+        return False
+    p = g.qparams(y)
+    lo, hi = fused_activation_bounds(node)
+    if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
+        return False
+    full = p.dtype.int_range()
+    return (p.qmin, p.qmax) == full and lo + p.offset <= full[0] and hi + p.offset >= full[1]
+
+
+def _integer_kernel(g: QDQGraph, node: PyNode, group: int) -> bool:
+    """ConvInteger / MatMulInteger (int32 accumulation of the input and weight integers, onnxruntime's integer
+    GEMM), then the bias and M · 2^-N in float64 and Round: exact where QLinearConv's float32 requantization is not
+    (`qlinear_requant_is_exact`). Needs int8/uint8 weights with one zero point; False otherwise."""
+    x = node.inputs[0]
+    w_q = node.get_constant("weights").betensor.to(torch.int64).numpy()
+    zp_w = np.round(_vector(node, "weights_zp", 0.0)).astype(np.int64)
+    ratio = convert_exact.exact_ratio(node)
+    if ratio is None or np.unique(zp_w).size != 1 or (x.qbits or 8) > 8 or g.qparams(x).dtype.bits != 8 \
+            or node.params.get("remain_shift") is not None:
+        return False
+    w_dtype = next((d for d in (np.int8, np.uint8) if np.iinfo(d).min <= min(w_q.min(), -zp_w[0])
+                    and max(w_q.max(), -zp_w[0]) <= np.iinfo(d).max), None)
+    if w_dtype is None:
+        return False
+    w_zp = g.const(f"{node.name}/weights_zero_point", np.array(-zp_w[0], dtype=w_dtype))
+    x_zp = g.zero_point(x)
+    bias = g.const(f"{node.name}/bias", input_folded_bias(node, x).astype(np.float64))
+    if str(node.type) == "FullyConnected":
+        weights = g.const(f"{node.name}/weights", np.ascontiguousarray(w_q.T).astype(w_dtype))
+        acc = g.add("MatMulInteger", [g.int_value(x), weights, x_zp, w_zp])
+        perm, channel_shape = None, None
+    else:
+        cf = channels_first(4)
+        weights = g.const(f"{node.name}/weights", np.ascontiguousarray(w_q.transpose(0, 3, 1, 2)).astype(w_dtype))
+        pads = [_int(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right")]
+        acc = g.add("ConvInteger", [g.int_value(x, cf), weights, x_zp, w_zp],
+                    kernel_shape=[int(w_q.shape[1]), int(w_q.shape[2])],
+                    strides=[_int(node, "stride_y", 1), _int(node, "stride_x", 1)],
+                    dilations=[_int(node, "dilation_y", 1), _int(node, "dilation_x", 1)], pads=pads, group=group)
+        perm, channel_shape = cf, (-1, 1, 1)
+        bias = g.add("Reshape", [bias, g.ints(f"{node.name}/bias_shape", [-1, 1, 1])])
+    total = g.add("Add", [g.add("Cast", [acc], to=convert_exact.DOUBLE), bias])
+    convert_exact.requantize(g, node, total, ratio, perm, fused_activation_bounds(node),
+                             channel_shape=channel_shape if ratio.size > 1 else None)
+    return True
+
+
+def _conv_double(g: QDQGraph, node: PyNode, group: int, force: bool = False) -> bool:
+    """Σ over kernel positions of (strided slice of the padded codes) · weights, in NHWC float64: a MatMul with
+    the block-diagonal [C, O] matrix of the position, or for one input channel per group (depthwise) a Gather of
+    each output's channel times its weights; then bias and requantization (exact, see `_wide_double_mac`)."""
+    x, y = node.inputs[0], node.outputs[0]
+    w = effective_weights(node).numpy()  # [O, kh, kw, C/group]
+    out_c, kh, kw, per_group = w.shape
+    ratio = _wide_double_mac(g, node, kh * kw * per_group, force)
+    if ratio is None:
+        return False
+    in_c, oh, ow = int(x.ir_shape[3]), int(y.ir_shape[1]), int(y.ir_shape[2])
+    sy, sx = _int(node, "stride_y", 1), _int(node, "stride_x", 1)
+    dy, dx = _int(node, "dilation_y", 1), _int(node, "dilation_x", 1)
+    top, left, bottom, right = (_int(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right"))
+    codes = convert_exact.codes(g, x)
+    if top or left or bottom or right:
+        codes = g.add("Pad", [codes, g.ints(f"{node.name}/pads", [0, top, left, 0, 0, bottom, right, 0])])
+    total = _window_sums(g, node, codes, w, in_c, group, (oh, ow), (sy, sx), (dy, dx))
     bias = input_folded_bias(node, x).astype(np.float64)
     total = g.add("Add", [total, g.const(f"{node.name}/bias", bias)])
     convert_exact.requantize(g, node, total, ratio, None, fused_activation_bounds(node))
     return True
 
 
-def _fully_connected_double(g: QDQGraph, node: PyNode) -> bool:
+def _fully_connected_double(g: QDQGraph, node: PyNode, force: bool = False) -> bool:
     x = node.inputs[0]
     w = effective_weights(node).numpy()  # [O, K]
-    ratio = _wide_double_mac(g, node, int(w.shape[1]))
+    ratio = _wide_double_mac(g, node, int(w.shape[1]), force)
     if ratio is None:
         return False
     product = g.add("MatMul", [convert_exact.codes(g, x), g.const(f"{node.name}/weights", w.T.astype(np.float64))])
@@ -257,6 +343,10 @@ def convert_conv(g: QDQGraph, node: PyNode) -> None:
     if _conv_double(g, node, group):
         return
     unit = g.unit_domain
+    if unit and not qlinear_fusable(g, node):
+        if _integer_kernel(g, node, group) or _conv_double(g, node, group, force=True):
+            return
+        g.float_layers.setdefault(node.name, None)  # the float32 convolution below is not bit-exact
     scale = weight_onnx_scale(g, node, x, y, unit)
     w = weight_value(g, node, w_q.transpose(0, 3, 1, 2), scale, axis=0)
     b = bias_value(g, node, x, scale, unit=unit)
@@ -273,8 +363,12 @@ def convert_fully_connected(g: QDQGraph, node: PyNode) -> None:
     x, y = node.inputs[0], node.outputs[0]
     if _fully_connected_double(g, node):
         return
-    w_q = node.get_constant("weights").betensor.to(torch.int64).numpy()
     unit = g.unit_domain
+    if unit:  # MatMulInteger (or float64): onnxruntime's QGemm fusion is not certain for every FC
+        if _integer_kernel(g, node, 1) or _fully_connected_double(g, node, force=True):
+            return
+        g.float_layers.setdefault(node.name, None)
+    w_q = node.get_constant("weights").betensor.to(torch.int64).numpy()
     scale = weight_onnx_scale(g, node, x, y, unit)
     b = bias_value(g, node, x, scale, unit=unit)
     xf = g.float_value(x, unit=unit)
@@ -395,6 +489,9 @@ def convert_conv_transpose(g: QDQGraph, node: PyNode) -> None:
     bound = max(abs(lo), abs(hi)) * int(np.abs(w_oc.reshape(out_c, -1).numpy()).sum(axis=1).max()) \
         + int(np.abs(bias).max(initial=0))
     ratio = convert_exact.exact_ratio(node) if g.unit_domain and node.params.get("remain_shift") is None else None
+    if ratio is not None and bound >= 2 ** 24 and bound < 2 ** 53:  # wide: the same sums in float64
+        _conv_transpose_double(g, node, w_oc.numpy(), bias, group, ratio, attrs)
+        return
     if ratio is not None and bound < 2 ** 24:
         acc = g.add("ConvTranspose", [g.float_value(x, cf, unit=True), g.const(f"{node.name}/weights",
                                                                                torch_w.astype(np.float32)),
@@ -417,3 +514,48 @@ def convert_conv_transpose(g: QDQGraph, node: PyNode) -> None:
 
 def _ir_weights(node: PyNode) -> torch.Tensor:
     return node.get_constant("weights").betensor.to(torch.int64)
+
+
+def _conv_transpose_double(g: QDQGraph, node: PyNode, w_oc: np.ndarray, bias: np.ndarray, group: int,
+                           ratio: np.ndarray, attrs: dict) -> None:
+    """ConvTranspose in float64 as docs/semantics/mac.md states it: the integers plus zero point spread `stride` apart
+    (0 between them, the integer of float 0), padded by (k - 1)·d - pad_begin and (k - 1)·d + output_padding - pad_end,
+    then a stride-1 convolution with the kernel flipped (`_window_sums`), the bias and the multiplier."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape = [int(v) for v in x.ir_shape]
+    codes = convert_exact.codes(g, x)
+    for axis in (1, 2):
+        k = int(attrs["kernel_shape"][axis - 1])
+        s, d = int(attrs["strides"][axis - 1]), int(attrs["dilations"][axis - 1])
+        begin, end = int(attrs["pads"][axis - 1]), int(attrs["pads"][axis + 1])
+        extra = int(attrs["output_padding"][axis - 1])
+        n = shape[axis]
+        if s > 1 and n > 1:  # n, 1 → n, s → n·s, then the trailing s - 1 zeros dropped
+            spread = g.add("Unsqueeze", [codes, g.ints(f"{node.name}/spread_axis", [axis + 1])])
+            pads = [0] * 10
+            pads[5 + axis + 1] = s - 1
+            spread = g.add("Pad", [spread, g.ints(f"{node.name}/spread_pads", pads)])
+            merged = shape[:axis] + [n * s] + shape[axis + 1:]
+            target = ([0] if g.dynamic_batch else [merged[0]]) + merged[1:]
+            codes = g.add("Reshape", [spread, g.ints(f"{node.name}/spread_shape", target)])
+            shape[axis] = (n - 1) * s + 1
+            codes = g.add("Slice", [codes, g.ints(f"{node.name}/spread_start", [0]),
+                                    g.ints(f"{node.name}/spread_end", [shape[axis]]),
+                                    g.ints(f"{node.name}/spread_axes", [axis])])
+        before, after = (k - 1) * d - begin, (k - 1) * d + extra - end
+        if before < 0 or after < 0:
+            start, stop = max(0, -before), shape[axis] - max(0, -after)
+            codes = g.add("Slice", [codes, g.ints(f"{node.name}/crop_start", [start]),
+                                    g.ints(f"{node.name}/crop_end", [stop]), g.ints(f"{node.name}/crop_axes", [axis])])
+            shape[axis] = stop - start
+        if before > 0 or after > 0:
+            pads = [0] * 8
+            pads[axis], pads[4 + axis] = max(0, before), max(0, after)
+            codes = g.add("Pad", [codes, g.ints(f"{node.name}/pads", pads)])
+            shape[axis] += max(0, before) + max(0, after)
+    flipped = np.ascontiguousarray(w_oc[:, ::-1, ::-1, :])
+    out_hw = (int(y.ir_shape[1]), int(y.ir_shape[2]))
+    dilation = (int(attrs["dilations"][0]), int(attrs["dilations"][1]))
+    total = _window_sums(g, node, codes, flipped, int(x.ir_shape[3]), group, out_hw, (1, 1), dilation)
+    total = g.add("Add", [total, g.const(f"{node.name}/bias", bias.astype(np.float64))])
+    convert_exact.requantize(g, node, total, ratio, None, fused_activation_bounds(node))

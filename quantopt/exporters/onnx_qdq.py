@@ -145,8 +145,8 @@ def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEF
         raise UnsupportedError(f"{len(problems)} layer(s) cannot be exported as ONNX QDQ: " + "; ".join(problems))
     if g.float_layers:
         names = list(g.float_layers)
-        OPT_WARN(f"ONNX QDQ export: {len(names)} layer(s) keep the float QDQ form, within about one step of "
-                 f"quantopt but not bit-exact: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}")
+        OPT_WARN(f"ONNX QDQ export: {len(names)} layer(s) keep the float QDQ form (float32 arithmetic, not "
+                 f"bit-exact): {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}")
     g.layer = "output"
     for t in graph.output_tensors:
         g.add("DequantizeLinear", [g.int_value(t), *g.qparam_inputs(t)], output=t.name, axis=g.channel_axis(t, None))

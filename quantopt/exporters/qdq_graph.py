@@ -221,6 +221,10 @@ class QDQGraph:
         point per channel for a per-channel tensor, as per-axis DequantizeLinear wants)."""
         return self._scale_input(t), self._zero_point_input(t, per_axis=self.qparams(t).per_channel)
 
+    def zero_point(self, t: PyTensor) -> str:
+        """`t`'s ONNX zero point as one scalar initializer (what integer kernels take)."""
+        return self._zero_point_input(t)
+
     def _key(self, t: PyTensor) -> Tuple[float, int, Dtype]:
         p = self.qparams(t)
         return p.scale, p.zero_point, p.dtype
