@@ -21,6 +21,7 @@ import torch
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
+from ..ir.dtype import Dtype
 from ..ops._quant import effective_weights, fused_activation_bounds, tensor_scale
 from ..ops._shared import axis_param, bool_param
 from . import convert_exact
@@ -247,6 +248,8 @@ def qlinear_fusable(g: QDQGraph, node: PyNode) -> bool:
     if np.unique(zp_w).size != 1 or (x.qbits or 8) > 8 or (y.qbits or 8) > 8 or not qlinear_requant_is_exact(node):
         return False
     p = g.qparams(y)
+    if g.qparams(x).dtype != p.dtype:  # QLinearConv takes one activation type for input and output
+        return False
     lo, hi = fused_activation_bounds(node)
     if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
         return False
@@ -262,7 +265,7 @@ def _integer_kernel(g: QDQGraph, node: PyNode, group: int) -> bool:
     w_q = node.get_constant("weights").betensor.to(torch.int64).numpy()
     zp_w = np.round(_vector(node, "weights_zp", 0.0)).astype(np.int64)
     ratio = convert_exact.exact_ratio(node)
-    if ratio is None or np.unique(zp_w).size != 1 or (x.qbits or 8) > 8 or g.qparams(x).dtype.bits != 8 \
+    if ratio is None or np.unique(zp_w).size != 1 or (x.qbits or 8) > 8 or g.qparams(x).dtype != Dtype.UINT8 \
             or node.params.get("remain_shift") is not None:
         return False
     w_dtype = next((d for d in (np.int8, np.uint8) if np.iinfo(d).min <= min(w_q.min(), -zp_w[0])
