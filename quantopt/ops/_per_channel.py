@@ -6,8 +6,9 @@ An activation quantized per channel has one scale per channel of its last axis (
 * producers: Convolution, DepthwiseConv, FullyConnected and BatchNorm, whose requantization is per output channel
   anyway (s_out[c] / (s_in · s_w[c]));
 * consumers: the same layers, which absorb the input scales into their float weights before quantizing them
-  (w'[.., i] = w[.., i] / s_in[i], input scale 1), and MAX/AVG pooling, which works per channel and passes the
-  scales on. Any other consumer is refused with an error naming both layers.
+  (w'[.., i] = w[.., i] / s_in[i], input scale 1); MAX/AVG pooling, which works per channel and passes the scales
+  on; Concat on the channel axis, which passes the integers through and joins the scales. Any other consumer is
+  refused with an error naming both layers.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 
 PER_CHANNEL_PRODUCERS = ("Convolution", "DepthwiseConv", "FullyConnected", "BatchNorm")
-PER_CHANNEL_CONSUMERS = PER_CHANNEL_PRODUCERS + ("Pooling", "GlobalPool")
+PER_CHANNEL_CONSUMERS = PER_CHANNEL_PRODUCERS + ("Pooling", "GlobalPool", "Concat")
 
 
 def is_per_channel(t: PyTensor) -> bool:

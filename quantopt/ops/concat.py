@@ -5,6 +5,7 @@ from typing import List
 
 import torch
 
+from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..log import OPT_WARN
@@ -12,6 +13,7 @@ from ..quant.hardware import FLT_EPSILON
 from ..quant.requant import requantize_int, scale_shift
 from ..registry import op_register, quant_register
 from ._eltwise_int import check_int64_bound, offset_absmax
+from ._per_channel import is_per_channel
 from ._quant import (
     check_quantized_inputs,
     copy_params,
@@ -109,6 +111,9 @@ def concat_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, ins)
     for key in REQUANT_KEYS:
         self.params.pop(key, None)
+    if any(is_per_channel(t) for t in ins):
+        _concat_channels(self, ins, out)
+        return
     bits = max(int(t.qbits or 8) for t in ins)
     signed = any(is_signed(t) for t in ins) or bool(s.force_dtype_int)
     if all(t.qinvariant for t in ins):
@@ -138,6 +143,28 @@ def concat_quantize(self: PyNode) -> None:
     self.params["shift_value"] = shifts
     self.params["scale_type"] = mtypes
     self.params["shift_type"] = stypes
+
+def _concat_channels(node: PyNode, ins: List, out) -> None:
+    """Branches quantized per channel (ops/_per_channel.py), joined on the channel axis: the integers pass through
+    and the output's scales are the branches' scales one after the other (a per-tensor branch repeats its scale
+    over its channels). The branches must share one integer type and range and have zero point 0."""
+    rank = len(out.ir_shape)
+    axis = axis_param(node, node.get_param("axis"), rank)
+    if axis != rank - 1:
+        raise UnsupportedError(f"layer '{node.name}' (Concat): per-channel quantized inputs are joined on their "
+                               f"channel axis ({rank - 1}) only, not axis {axis}")
+    first = ins[0]
+    for t in ins:
+        if (t.dtype, t.qmin, t.qmax) != (first.dtype, first.qmin, first.qmax) or \
+                (not is_per_channel(t) and tensor_zp(t) != 0) or t.qinvariant:
+            raise UnsupportedError(f"layer '{node.name}' (Concat): per-channel branches pass through unchanged, so "
+                                   f"every branch needs the integer type and range of '{first.name}' and zero point "
+                                   f"0; '{t.name}' differs")
+    scales = [t.scale.to(torch.float32).reshape(-1) if is_per_channel(t)
+              else torch.full((int(t.ir_shape[-1]),), tensor_scale(t), dtype=torch.float32) for t in ins]
+    copy_params(out, first)
+    out.scale, out.zerop = torch.cat(scales), 0
+
 
 describe_op("Concat", params="axis", integer="passthrough within unify_scales_for_concat_threshold, else per-branch "
             "multiplier and shift", semantics="integer-semantics.md#concat")

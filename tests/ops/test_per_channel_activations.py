@@ -190,3 +190,46 @@ def test_fully_connected_and_batchnorm_chains() -> None:
     assert qg.node("bn").outputs[0].scale.numel() == 4
     graph.forward([calib[0]])
     assert cosine(graph.output_tensors[0].betensor, run_quantized(qg, [calib[0]])[0]) > 0.99
+
+
+def concat_graph(act_b: str = "RELU", axis: int = -1):
+    r = np.random.default_rng(9)
+    b = GraphBuilder("cat")
+    x = b.input("x", [1, 6, 6, 3])
+    branches = []
+    for name, act, out_c in (("a", "RELU", 4), ("b", act_b, 2 if axis == -1 else 4)):
+        branches.append(b.layer("Convolution", [x], [[1, 6, 6, out_c]], name=name,
+                                params=dict(num_output=out_c, group=1, with_activation=act, **GEO),
+                                constants={"weights": _w(r, [out_c, 3, 3, 3]), "biases": _w(r, [out_c], 0.1)}))
+    shape = [1, 6, 6, 6] if axis == -1 else [1, 12, 6, 4]
+    cat = b.layer("Concat", branches, [shape], name="cat", params=dict(axis=axis))
+    y = b.layer("Convolution", [cat], [[1, 6, 6, 2] if axis == -1 else [1, 12, 6, 2]], name="after",
+                params=dict(num_output=2, group=1, with_activation="NONE", **GEO),
+                constants={"weights": _w(r, [2, 3, 3, shape[-1]]), "biases": _w(r, [2], 0.1)})
+    return b.build([y])
+
+
+def test_concat_on_the_channel_axis_joins_the_scales(tmp_path) -> None:
+    graph = concat_graph()
+    calib = [torch.from_numpy(np.random.default_rng(s).normal(size=[2, 6, 6, 3]).astype(np.float32))
+             for s in range(3)]
+    qg = quantize_model(graph, calib, dict(q_strategy_activation="extrema"), per_layer=per_channel(("a",)))
+    a, b, cat = qg.node("a").outputs[0], qg.node("b").outputs[0], qg.node("cat").outputs[0]
+    assert torch.equal(cat.scale, torch.cat([a.scale.float(), torch.full((2,), float(b.scale))]))
+    assert "scale_value" not in qg.node("cat").params
+    qg.forward([calib[0]], keep_tensors=True)
+    np.testing.assert_array_equal(cat.betensor.numpy(), np.concatenate([a.betensor.numpy(), b.betensor.numpy()],
+                                                                        axis=-1))
+    graph.forward([calib[0]])
+    assert cosine(graph.output_tensors[0].betensor, run_quantized(qg, [calib[0]])[0]) > 0.99
+    txt, _ = write_ir(qg, str(tmp_path / "cat_o.txt"))
+    assert torch.equal(run_quantized(qg, [calib[1]])[0], run_quantized(read_ir(txt), [calib[1]])[0])
+
+
+def test_concat_of_per_channel_branches_needs_the_channel_axis_and_one_type() -> None:
+    calib = [torch.from_numpy(np.random.default_rng(s).normal(size=[2, 6, 6, 3]).astype(np.float32))
+             for s in range(2)]
+    with pytest.raises(UnsupportedError, match=r"'cat' \(Concat\): per-channel quantized inputs are joined on"):
+        quantize_model(concat_graph(axis=1), calib, per_layer=per_channel(("a",)))
+    with pytest.raises(UnsupportedError, match=r"'cat' \(Concat\): per-channel branches pass through unchanged"):
+        quantize_model(concat_graph(act_b="NONE"), calib, per_layer=per_channel(("a",)))
