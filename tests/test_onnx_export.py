@@ -579,11 +579,15 @@ def test_per_channel_activations_export(bits: int) -> None:
     dq = next(n for n in model.graph.node if n.output[0] == output_only.output_tensors[0].name)
     assert onnx.helper.get_attribute_value(next(a for a in dq.attribute if a.name == "axis")) == 3
     assert measure_agreement(output_only, [torch.cat(data(2, 2))], scales="effective").share == 1.0
-    from test_per_channel_activations import concat_graph
+    from test_per_channel_activations import concat_graph, residual_graph
 
     maps = [torch.from_numpy(_rng(s).normal(size=[2, 6, 6, 3]).astype(np.float32)) for s in range(3)]
     joined = quantize_model(concat_graph(), maps[:2], settings, per_layer=per_channel(("a",), **settings))
     assert measure_agreement(joined, [maps[2]]).identical == 1.0
+    for method in ("ADD", "MUL"):
+        residual = quantize_model(residual_graph(method), maps[:2], settings,
+                                  per_layer=per_channel(("a", "op"), **settings))
+        assert measure_agreement(residual, [maps[2]]).identical == 1.0
 
 
 def test_wide_conv_transpose_is_exact_in_float64() -> None:

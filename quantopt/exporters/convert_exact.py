@@ -164,6 +164,8 @@ def eltwise(g: QDQGraph, node: PyNode, method: str, perm: Optional[Perm]) -> boo
     inputs = list(node.inputs)
     if not g.unit_domain or len(inputs) < 2 or any(t.qmin is None for t in inputs):
         return False
+    if "scale" in node.constants:
+        return _eltwise_per_channel(g, node, method, inputs, perm)
     if method == "MUL":
         if len(inputs) != 2 or isinstance(node.params.get("scale_value"), (list, tuple)):
             return False
@@ -183,6 +185,36 @@ def eltwise(g: QDQGraph, node: PyNode, method: str, perm: Optional[Perm]) -> boo
     for v in values[1:]:
         acc = g.add(ops[method], [acc, v])
     requantize(g, node, acc, m_out * 2.0 ** -shift, perm, fused_activation_bounds(node))
+    return True
+
+
+def _eltwise_per_channel(g: QDQGraph, node: PyNode, method: str, inputs: Sequence[PyTensor],
+                         perm: Optional[Perm]) -> bool:
+    """Per-channel Eltwise (ops/eltwise.py): every multiplier a vector along the channel axis of the layout."""
+    rank = len(node.outputs[0].ir_shape)
+    shape = [1] * rank
+    shape[(tuple(perm) if perm is not None else tuple(range(rank))).index(rank - 1)] = -1
+    mult = node.get_constant("scale").betensor.to(torch.int64).reshape(-1).numpy()
+    shift = node.get_constant("shift").betensor.to(torch.int64).reshape(-1).numpy()
+    if method == "MUL":
+        muls = np.ones((2, mult.size), dtype=np.int64)
+        bound = offset_absmax(inputs[0]) * offset_absmax(inputs[1]) * int(mult.max())
+    else:
+        muls = node.get_constant("input_scale").betensor.to(torch.int64).reshape(len(inputs), -1).numpy()
+        bound = sum(offset_absmax(t) * int(m.max()) for t, m in zip(inputs, muls)) * int(mult.max())
+    if not _fits(bound) or int(shift.max()) > MAX_EXACT_SHIFT:
+        return False
+    ops = {"ADD": "Add", "SUB": "Sub", "MAX": "Max", "MIN": "Min", "MUL": "Mul"}
+    values = []
+    for i, (t, m) in enumerate(zip(inputs, muls)):
+        v = codes(g, t, perm)
+        values.append(v if method == "MUL" else g.add("Mul", [v, g.const(f"{node.name}/input{i}_multipliers",
+                                                                         m.astype(np.float64).reshape(shape))]))
+    acc = values[0]
+    for v in values[1:]:
+        acc = g.add(ops[method], [acc, v])
+    ratio = mult.astype(np.float64) * np.power(2.0, -shift.astype(np.float64))
+    requantize(g, node, acc, ratio, perm, fused_activation_bounds(node), channel_shape=shape)
     return True
 
 

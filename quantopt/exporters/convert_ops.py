@@ -277,6 +277,8 @@ def convert_eltwise(g: QDQGraph, node: PyNode) -> None:
     perm = g.common_perm(node.inputs, rank, prefer=channels_first(rank)) if ranks == {rank} else tuple(range(rank))
     if convert_exact.eltwise(g, node, method, perm if ranks == {rank} else None):
         return
+    if "scale" in node.constants:
+        raise node_error(node, "per-channel Eltwise multipliers are exported in the exact mode only")
     values = [g.float_value(t, perm) if ranks == {rank} else g.float_value(t) for t in node.inputs]
     y = node.outputs[0]
     if method == "MUL" or len(values) != 2:

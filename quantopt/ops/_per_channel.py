@@ -4,11 +4,11 @@ An activation quantized per channel has one scale per channel of its last axis (
 0. Which layers take part (docs/integer-semantics.md, "Per-channel activations"):
 
 * producers: Convolution, DepthwiseConv, FullyConnected and BatchNorm, whose requantization is per output channel
-  anyway (s_out[c] / (s_in · s_w[c]));
-* consumers: the same layers, which absorb the input scales into their float weights before quantizing them
-  (w'[.., i] = w[.., i] / s_in[i], input scale 1); MAX/AVG pooling, which works per channel and passes the scales
-  on; Concat on the channel axis, which passes the integers through and joins the scales. Any other consumer is
-  refused with an error naming both layers.
+  anyway (s_out[c] / (s_in · s_w[c])), and Eltwise/Add/Sub/Mul, which then align their inputs channel by channel;
+* consumers: the same layers; the MAC layers absorb the input scales into their float weights before quantizing them
+  (w'[.., i] = w[.., i] / s_in[i], input scale 1), the element-wise ones align per channel; MAX/AVG pooling, which
+  works per channel and passes the scales on; Concat on the channel axis, which passes the integers through and joins
+  the scales. Any other consumer is refused with an error naming both layers.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 
-PER_CHANNEL_PRODUCERS = ("Convolution", "DepthwiseConv", "FullyConnected", "BatchNorm")
+PER_CHANNEL_PRODUCERS = ("Convolution", "DepthwiseConv", "FullyConnected", "BatchNorm", "Eltwise", "Add", "Sub",
+                         "Mul")
 PER_CHANNEL_CONSUMERS = PER_CHANNEL_PRODUCERS + ("Pooling", "GlobalPool", "Concat")
 
 

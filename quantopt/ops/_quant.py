@@ -72,7 +72,8 @@ def quantize_activation(node: PyNode, t: PyTensor, signed: bool, bits: Optional[
     if not per_channel_ok:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel activation quantization "
                                f"({s.q_mode_activation}) is supported for the outputs of Convolution, DepthwiseConv, "
-                               "FullyConnected and BatchNorm only; use a per_tensor mode for this layer",
+                               "FullyConnected, BatchNorm and Eltwise/Add/Sub/Mul only; use a per_tensor mode for this "
+                               "layer",
                                field="quantize_method_for_activation")
     if t.min_key_axis is None or t.max_key_axis is None:
         raise node._error(f"tensor '{t.name}' has no per-channel calibrated range; calibrate with the per-channel "

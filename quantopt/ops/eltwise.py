@@ -11,10 +11,13 @@ from ..config.layer_settings import LayerSettings
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
+from ..ir.dtype import Dtype
 from ..log import OPT_WARN
-from ..quant.requant import eltwise_multipliers, eltwise_multipliers_n, requantize_int
+from ..quant.hardware import ELTWISE_INPUT_MULTIPLIER_MAX
+from ..quant.requant import eltwise_multipliers, eltwise_multipliers_n, requantize_int, scale_shift
 from ..registry import op_register, quant_register
 from ._eltwise_int import activation_clamp, check_int64_bound, offset_absmax, set_integer_output
+from ._per_channel import is_per_channel
 from ._quant import (
     check_fused_activation_quantizable,
     check_quantized_inputs,
@@ -27,6 +30,7 @@ from ._quant import (
     quantize_activation,
     requant_of,
     requant_scale_shift,
+    set_constant,
     store_requant,
     tensor_scale,
     tensor_zp,
@@ -121,9 +125,14 @@ def eltwise_quantize(self: PyNode) -> None:
         if any(t.qinvariant for t in self.inputs):
             OPT_WARN(f"layer '{self.name}' ({self.type}): one input is an integer (scale 1) and another is "
                      "quantized; the integer input is treated as a tensor of scale 1, which may cost accuracy")
-        quantize_activation(self, out, signed)
+        quantize_activation(self, out, signed, per_channel_ok=True)
     for key in ("scale_value", "shift_value", "scale_type", "shift_type"):
         self.params.pop(key, None)
+    for key in PER_CHANNEL_CONSTANTS:
+        self.constants.pop(key, None)
+    if any(is_per_channel(t) for t in list(self.inputs) + [out]):
+        _store_per_channel(self, method, s)
+        return
     if len(self.inputs) > 2:
         _store_n_ary(self, s)
         return
@@ -142,6 +151,67 @@ def eltwise_quantize(self: PyNode) -> None:
     self.params["shift_value"] = int(r.shift_value)
     self.params["scale_type"] = list(r.scale_type)
     self.params["shift_type"] = r.shift_type
+
+
+PER_CHANNEL_CONSTANTS = ("input_scale", "scale", "shift")
+"""Constants of an Eltwise with per-channel scales: `input_scale` uint16 [K, C] (ADD/SUB/MAX/MIN), `scale` uint16
+[C] and `shift` int8 [C], the output multiplier and shift of every channel."""
+
+
+def _channel_scales(node: PyNode, t, channels: int) -> torch.Tensor:
+    if is_per_channel(t):
+        return t.scale.to(torch.float32).reshape(-1)
+    return torch.full((channels,), tensor_scale(t), dtype=torch.float32)
+
+
+def _store_per_channel(node: PyNode, method: str, s: LayerSettings) -> None:
+    """Inputs or output quantized per channel (last axis): the N-input alignment of `eltwise_multipliers_n` made
+    channel by channel (ADD/SUB/MAX/MIN: M_i[c] = round_half_even(2^P[c] · s_max[c] / s_i[c]), the output ratio
+    s_out[c] / (s_max[c] · 2^P[c])); MUL: s_out[c] / (s_a[c] · s_b[c]). One multiplier and shift per channel."""
+    out = node.outputs[0]
+    channels = int(out.ir_shape[-1])
+    if any(int(t.ir_shape[-1]) != channels for t in node.inputs):
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel scales need every input to have the "
+                               f"output's {channels} channels (no broadcasting along the channel axis)")
+    scales = torch.stack([_channel_scales(node, t, channels) for t in node.inputs])  # [K, C]
+    s_out = _channel_scales(node, out, channels)
+    if method == "MUL":
+        ratio = s_out / (scales[0] * scales[1])
+    else:
+        top = scales.max(dim=0).values
+        ratios = top / scales
+        if float(ratios.max()) > ELTWISE_INPUT_MULTIPLIER_MAX:
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): input scales differ by more than "
+                                   f"{ELTWISE_INPUT_MULTIPLIER_MAX} times in a channel")
+        power = torch.floor(torch.log2(ELTWISE_INPUT_MULTIPLIER_MAX / ratios.max(dim=0).values))
+        muls = torch.clamp(torch.round(ratios * torch.pow(2.0, power)), 1, ELTWISE_INPUT_MULTIPLIER_MAX)
+        set_constant(node, "input_scale", muls.to(torch.int64), Dtype.UINT16)
+        ratio = s_out / (top * torch.pow(2.0, power))
+    mult, shift, _, _ = scale_shift(ratio.to(torch.float32), 15, force_shift_positive=s.force_shift_positive)
+    set_constant(node, "scale", torch.as_tensor(mult, dtype=torch.int64).reshape(-1), Dtype.UINT16)
+    set_constant(node, "shift", torch.as_tensor(shift, dtype=torch.int64).reshape(-1), Dtype.INT8)
+
+
+def _per_channel_int_forward(node: PyNode, method: str, qmin: int, qmax: int) -> torch.Tensor:
+    """acc = op over i of (x_i + zp_i) · input_scale[i] (MUL: the product), y = requant(acc, scale, shift) per
+    channel of the last axis, fused bounds."""
+    xs = [int_value(t) + tensor_zp(t) for t in node.inputs]
+    _check_inputs(node, method, xs)
+    mult = node.get_constant("scale").betensor.to(torch.int64).reshape(-1)
+    shift = node.get_constant("shift").betensor.to(torch.int64).reshape(-1)
+    if method == "MUL":
+        check_int64_bound(node, offset_absmax(node.inputs[0]) * offset_absmax(node.inputs[1]) * int(mult.max()),
+                          "product (a + zp_a)(b + zp_b) * M")
+        acc = xs[0] * xs[1]
+    else:
+        muls = node.get_constant("input_scale").betensor.to(torch.int64).reshape(len(xs), -1)
+        check_int64_bound(node, sum(offset_absmax(t) * int(m.max()) for t, m in zip(node.inputs, muls)) *
+                          int(mult.max()), "aligned sum times M_out")
+        acc = xs[0] * muls[0]
+        for x, m in zip(xs[1:], muls[1:]):
+            acc = INT_METHODS[method](acc, x * m)
+    y = requantize_int(acc, mult, shift, tensor_zp(node.outputs[0]), qmin, qmax)
+    return activation_clamp(node, y)
 
 
 def _store_n_ary(node: PyNode, s: LayerSettings) -> None:
@@ -180,6 +250,8 @@ def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
     _check_quantizable(node, method)
     out = node.outputs[0]
     qmin, qmax = out_range(out)
+    if "scale" in node.constants:
+        return _per_channel_int_forward(node, method, qmin, qmax)
     if len(node.inputs) > 2:
         return _n_ary_int_forward(node, method, qmin, qmax)
     a_t, b_t = node.inputs

@@ -135,13 +135,13 @@ def test_unsupported_consumers_and_modes_are_named() -> None:
     c = b.layer("Convolution", [x], [[1, 4, 4, 3]], name="c", params=dict(num_output=3, group=1,
                                                                           with_activation="NONE", **GEO),
                 constants={"weights": _w(r, [3, 3, 3, 3]), "biases": _w(r, [3])})
-    y = b.layer("Eltwise", [c, x], [[1, 4, 4, 3]], name="add", params=dict(method="ADD", with_activation="NONE"))
+    y = b.layer("Activation", [c], [[1, 4, 4, 3]], name="sig", params=dict(method="SIGMOID"))
     graph = b.build([y])
     calib = [torch.from_numpy(r.normal(size=[2, 4, 4, 3]).astype(np.float32)) for _ in range(2)]
-    with pytest.raises(UnsupportedError, match=r"layer 'add' \(Eltwise\) reads .* quantized per channel"):
+    with pytest.raises(UnsupportedError, match=r"layer 'sig' \(Activation\) reads .* quantized per channel"):
         quantize_model(graph, calib, per_layer=per_channel(("c",)))
-    with pytest.raises(UnsupportedError, match=r"layer 'add' \(Eltwise\): per-channel activation quantization"):
-        quantize_model(graph, calib, per_layer=per_channel(("add",)))
+    with pytest.raises(UnsupportedError, match=r"layer 'sig' \(Activation\): per-channel activation quantization"):
+        quantize_model(graph, calib, per_layer=per_channel(("sig",)))
     with pytest.raises(UnsupportedError, match="per_channel_asymmetric"):
         check_settings(LayerSettings(q_mode_activation="per_channel_asymmetric"), graph.node("c"))
 
@@ -233,3 +233,57 @@ def test_concat_of_per_channel_branches_needs_the_channel_axis_and_one_type() ->
         quantize_model(concat_graph(axis=1), calib, per_layer=per_channel(("a",)))
     with pytest.raises(UnsupportedError, match=r"'cat' \(Concat\): per-channel branches pass through unchanged"):
         quantize_model(concat_graph(act_b="NONE"), calib, per_layer=per_channel(("a",)))
+
+
+def residual_graph(method: str = "ADD"):
+    r = np.random.default_rng(10)
+    b = GraphBuilder("res")
+    x = b.input("x", [1, 6, 6, 3])
+    branches = []
+    for name, out_c, scale in (("a", 4, 1.0), ("b", 4, 0.05)):
+        wc = _w(r, [out_c, 3, 3, 3]) * scale
+        branches.append(b.layer("Convolution", [x], [[1, 6, 6, out_c]], name=name,
+                                params=dict(num_output=out_c, group=1, with_activation="NONE", **GEO),
+                                constants={"weights": wc, "biases": _w(r, [out_c], 0.05)}))
+    y = b.layer("Eltwise", branches, [[1, 6, 6, 4]], name="op", params=dict(method=method, with_activation="NONE"))
+    z = b.layer("Convolution", [y], [[1, 6, 6, 2]], name="after",
+                params=dict(num_output=2, group=1, with_activation="NONE", **GEO),
+                constants={"weights": _w(r, [2, 3, 3, 4]), "biases": _w(r, [2], 0.1)})
+    return b.build([z])
+
+
+def ref_eltwise(node) -> np.ndarray:
+    method = str(node.params["method"]).upper()
+    xs = [t.betensor.numpy().astype(np.int64) + int(t.zerop) for t in node.inputs]
+    mult = node.constants["scale"].betensor.numpy().astype(np.int64)
+    shift = node.constants["shift"].betensor.numpy().astype(np.int64)
+    if method == "MUL":
+        acc = xs[0] * xs[1]
+    else:
+        muls = node.constants["input_scale"].betensor.numpy().astype(np.int64).reshape(len(xs), -1)
+        parts = [x * m for x, m in zip(xs, muls)]
+        acc = {"ADD": np.add, "SUB": np.subtract, "MAX": np.maximum, "MIN": np.minimum}[method](*parts)
+    out = node.outputs[0]
+    return ref_requant(acc, np.broadcast_to(mult, acc.shape), np.broadcast_to(shift, acc.shape), int(out.zerop),
+                       out.qmin, out.qmax)
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize("method,layers", [("ADD", ("a",)), ("SUB", ("a", "b")), ("MAX", ("a", "op")),
+                                           ("MUL", ("a",)), ("ADD", ("a", "b", "op"))])
+def test_eltwise_with_per_channel_scales(method: str, layers, bits: int, tmp_path) -> None:
+    graph = residual_graph(method)
+    calib = [torch.from_numpy(np.random.default_rng(s).normal(size=[2, 6, 6, 3]).astype(np.float32))
+             for s in range(3)]
+    settings = dict(q_bits_activation=bits, q_bits_weight=bits, q_bits_bias=48 if bits > 8 else 32,
+                    q_strategy_activation="extrema")
+    qg = quantize_model(graph, calib, settings, per_layer=per_channel(layers, **settings))
+    node = qg.node("op")
+    assert node.constants["scale"].betensor.numel() == 4 and ("input_scale" in node.constants) == (method != "MUL")
+    qg.forward([calib[0]], keep_tensors=True)
+    np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), ref_eltwise(node))
+    graph.forward([calib[0]])
+    assert cosine(graph.output_tensors[0].betensor, run_quantized(qg, [calib[0]])[0]) > (0.99 if bits == 8
+                                                                                          else 0.9999)
+    txt, _ = write_ir(qg, str(tmp_path / "res_o.txt"))
+    assert torch.equal(run_quantized(qg, [calib[1]])[0], run_quantized(read_ir(txt), [calib[1]])[0])
