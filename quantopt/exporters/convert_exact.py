@@ -1,17 +1,19 @@
-"""Integer paths of the "exact" export: layers whose QDQ float form cannot round as quantopt does.
+"""Integer paths of the "exact" export: layers whose QDQ float form cannot round as quantopt does (the full list,
+with the MAC layers of convert_mac.py and the recurrent cells of convert_recurrent.py: docs/onnx-export.md).
 
 * **Code tables.** A one-input layer whose output integer depends on its input integer alone (every table
-  activation, RELU/RELU6/CLIP/LEAKYRELU, the unary math tables, Abs/Negative) becomes a `Gather` on the table of
-  its outputs for every input integer, computed by quantopt's own integer forward: `Cast(int32)` of the input
+  activation, RELU/RELU6/CLIP/LEAKYRELU, the unary math tables, Abs/Negative, Pow) becomes a `Gather` on the table
+  of its outputs for every input integer, computed by quantopt's own integer forward: `Cast(int32)` of the input
   integers (minus the dtype's lowest value) indexes a constant of the output type. 256 entries for 8-bit inputs,
   65536 for 16-bit ones. Position independence is checked, not assumed: the forward runs on the codes in two
   orders and must give the same table.
-* **Softmax** (LUT method): the exp table read at every possible `x - max`, then sums and divisions in int64.
-* **Double arithmetic.** Eltwise ADD/SUB/MAX/MIN/MUL, MatMul and per-channel PRELU compute with integers that
-  stay below 2^49 (docs/integer-semantics.md), exact in float64: the inputs are read as integers plus zero point
-  (`DequantizeLinear` with scale 1, `Cast` to double), multiplied by their integer multipliers, combined, scaled by
-  `M · 2^-N` (exact), rounded by `Round` (half to even, as quantopt) and quantized with scale 1 after the Clip to
-  the output range and fused-activation bounds.
+* **Double arithmetic.** Eltwise (also N-ary and per channel), MatMul, per-channel PRELU, CRELU, Concat, Reduce
+  SUM/MEAN/L1 and linear/cubic Resize compute with integers that stay below 2^53, exact in float64: the inputs are
+  read as integers plus zero point (`DequantizeLinear` with scale 1, `Cast` to double), multiplied by their integer
+  multipliers, combined, scaled by `M · 2^-N` (exact), rounded by `Round` (half to even, as quantopt) and quantized
+  with scale 1 after the Clip to the output range and fused-activation bounds.
+* **int64 arithmetic** where float64 is not enough (rounding division, bit length, integer square root as ONNX
+  ops): Softmax (LUT and FAST_EXP), LogSoftmax, LayerNorm, Reduce L2, Div.
 """
 from __future__ import annotations
 
