@@ -5,8 +5,9 @@
 For each shared model (default: syn_resnet, syn_mobilenet, ppocr_cls, mtcnn_onet), quantized on calib.npy with
 per-channel symmetric weights and 8 bits: once with per-tensor activations, once with
 `per_channel_symmetric_full_range` on every Convolution/DepthwiseConv/Eltwise/Add/BatchNorm whose readers all take
-per-channel activations (ops/_per_channel.py) and which is not a graph output. Prints the lowest output cosine on
-val.npy for both and how many layers went per channel (docs/integer-semantics.md, "Per-channel activations").
+per-channel activations (ops/_per_channel.py) and which is not a graph output; and once more with only those whose
+readers are no MAC layers (which fold the scales into their weights). Prints the lowest output cosine on val.npy
+and how many layers went per channel (docs/integer-semantics.md, "Per-channel activations").
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 
 from quantopt.analysis.similarity import cosine
 from quantopt.graph.graph import PyGraph, QuantizeGraph
-from quantopt.ops._per_channel import PER_CHANNEL_CONSUMERS
+from quantopt.ops._per_channel import reads_per_channel
 from quantopt.pipeline import quantize_model, run_quantized
 from quantopt.registry import discover_plugins
 
@@ -35,9 +36,13 @@ PASS_ON = ("Pooling", "GlobalPool", "Concat")
 """Readers whose output carries the per-channel scales on: their own readers must take them too."""
 
 
-def eligible(graph: PyGraph) -> Dict[str, Dict[str, str]]:
+MAC_READERS = ("Convolution", "DepthwiseConv", "FullyConnected", "BatchNorm")
+"""Readers that fold per-channel input scales into their weights."""
+
+
+def eligible(graph: PyGraph, mac_readers: bool = True) -> Dict[str, Dict[str, str]]:
     """Layers that may go per channel: a candidate type, not a graph output, every reader (through pooling and
-    Concat) a per-channel consumer."""
+    Concat) a per-channel consumer; without `mac_readers`, none of those readers a MAC layer."""
     outputs = {t.name for t in graph.output_tensors}
 
     def readers(name: str) -> List:
@@ -46,8 +51,8 @@ def eligible(graph: PyGraph) -> Dict[str, Dict[str, str]]:
     def accepts(name: str) -> bool:
         found = readers(name)
         return bool(found) and name not in outputs and all(
-            str(c.type) in PER_CHANNEL_CONSUMERS and (str(c.type) not in PASS_ON or accepts(c.outputs[0].name))
-            for c in found)
+            reads_per_channel(c) and (mac_readers or str(c.type) not in MAC_READERS)
+            and (str(c.type) not in PASS_ON or accepts(c.outputs[0].name)) for c in found)
 
     return {n.name: {"q_mode_activation": MODE} for n in graph.nodes
             if str(n.type) in CANDIDATES and accepts(n.outputs[0].name)}
@@ -59,7 +64,7 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR))
     args = ap.parse_args(argv)
     discover_plugins()
-    print(f"{'model':<14} {'per tensor':>11} {'per channel':>12} {'layers':>7}")
+    print(f"{'model':<14} {'per tensor':>11} {'per channel':>12} {'layers':>7} {'no MAC readers':>15} {'layers':>7}")
     for name in args.models:
         folder = Path(args.models_dir) / name
         graph = QuantizeGraph.parse(str(folder / f"{name}.txt"))
@@ -67,13 +72,14 @@ def main(argv: List[str]) -> int:
         val = torch.from_numpy(np.load(folder / "val.npy"))
         batches = [calib[i:i + 2] for i in range(0, len(calib), 2)]
         settings = dict(q_mode_weight="per_channel_symmetric_restricted_range")
-        layers = eligible(graph)
+        layers, gentle = eligible(graph), eligible(graph, mac_readers=False)
         results = []
-        for per_layer in ({}, layers):
+        for per_layer in ({}, layers, gentle):
             qgraph = quantize_model(graph, batches, settings, per_layer=per_layer)
             want = [t.clone() for t in graph.forward([val])]
             results.append(min(cosine(w, g) for w, g in zip(want, run_quantized(qgraph, [val]))))
-        print(f"{name:<14} {results[0]:>11.5f} {results[1]:>12.5f} {len(layers):>7}")
+        print(f"{name:<14} {results[0]:>11.5f} {results[1]:>12.5f} {len(layers):>7} {results[2]:>15.5f} "
+              f"{len(gentle):>7}")
     return 0
 
 

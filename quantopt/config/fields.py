@@ -110,8 +110,8 @@ field("quantize_method_for_weight", "per_tensor_symmetric_restricted_range", Cho
       "how weights are quantized (scale/zero point granularity and symmetry)", per_layer=True, group="quantization")
 field("quantize_method_for_activation", "per_tensor_symmetric_full_range", ChoiceKind(ACTIVATION_MODES),
       "how activations are quantized; 16-bit activations are always symmetric; per_channel_symmetric_* give "
-      "Convolution/DepthwiseConv/FullyConnected/BatchNorm/Eltwise outputs one scale per channel (read by the same "
-      "layers, pooling and channel-axis Concat)", per_layer=True,
+      "Convolution/DepthwiseConv/FullyConnected/BatchNorm/Eltwise/table-activation outputs one scale per channel "
+      "(read by the same layers, pooling and channel-axis Concat)", per_layer=True,
       group="quantization")
 field("weight_bits", 8, IntKind(4, 16), "bits of quantized weights (BatchNorm: at least 16 unless set for the layer "
       "by a per-layer rule or opt_config)", per_layer=True, group="quantization")

@@ -43,16 +43,20 @@ MAX_TABLE_BITS = 16
 MAX_EXACT_SHIFT = 36
 
 
-def _run_on(node: PyNode, codes: torch.Tensor) -> Optional[torch.Tensor]:
-    """quantopt's integer forward of `node` on `codes` (laid along dim 0), or None when it is not element-wise."""
+def _run_on(node: PyNode, codes: torch.Tensor, channels: int = 0) -> Optional[torch.Tensor]:
+    """quantopt's integer forward of `node` on `codes` (laid along dim 0; with `channels`, repeated along the last
+    axis: [codes, C] out), or None when it is not element-wise."""
     x = node.inputs[0]
     rank = max(len(x.ir_shape), 1)
-    x.betensor = codes.reshape((-1,) + (1,) * (rank - 1))
+    if channels:
+        x.betensor = codes.reshape((-1,) + (1,) * (rank - 2) + (1,)).expand(*((-1,) + (1,) * (rank - 2)), channels)
+    else:
+        x.betensor = codes.reshape((-1,) + (1,) * (rank - 1))
     node.forward()
     y = node.outputs[0].betensor
-    if y.numel() != codes.numel():
+    if y.numel() != codes.numel() * max(channels, 1):
         return None
-    return y.reshape(-1).to(torch.int64)
+    return y.reshape(codes.numel(), -1).to(torch.int64) if channels else y.reshape(-1).to(torch.int64)
 
 
 def code_table(node: PyNode, lo: int, hi: int, offset: int) -> Optional[np.ndarray]:
@@ -63,19 +67,21 @@ def code_table(node: PyNode, lo: int, hi: int, offset: int) -> Optional[np.ndarr
         return None
     if any(key != "lut" and c.betensor.numel() > 1 for key, c in node.constants.items()):
         return None  # per-channel constants (PRELU slopes): a function of the position too
+    lut = node.constants.get("lut")
+    channels = int(x.ir_shape[-1]) if lut is not None and lut.betensor.dim() == 2 else 0  # one table per channel
     saved = (x.betensor, y.betensor)
     codes = torch.clamp(torch.arange(lo, hi + 1, dtype=torch.int64) - offset, int(x.qmin), int(x.qmax))
     try:
         with torch.no_grad():
-            forward = _run_on(node, codes)
-            backward = _run_on(node, codes.flip(0))
+            forward = _run_on(node, codes, channels)
+            backward = _run_on(node, codes.flip(0), channels)
     except (RuntimeError, ValueError, QuantOptError):  # a shape the layer refuses: not element-wise
         return None
     finally:
         x.betensor, y.betensor = saved
     if forward is None or backward is None or not torch.equal(forward, backward.flip(0)):
         return None
-    return forward.numpy()
+    return forward.t().contiguous().numpy() if channels else forward.numpy()  # [C, codes] per channel
 
 
 def try_table(g: QDQGraph, node: PyNode, perm: Perm) -> bool:
@@ -94,6 +100,13 @@ def try_table(g: QDQGraph, node: PyNode, perm: Perm) -> bool:
     index = g.add("Cast", [g.int_value(x, perm)], to=INT32)
     if lo:
         index = g.add("Sub", [index, g.const(f"{node.name}/table_start", np.array(lo, dtype=np.int32))])
+    if table.ndim == 2:  # per channel: row c of the flattened [C, codes] table
+        rank = len(x.ir_shape)
+        shape = [1] * rank
+        shape[(tuple(perm) if perm is not None else tuple(range(rank))).index(rank - 1)] = -1
+        rows = (np.arange(table.shape[0], dtype=np.int32) * table.shape[1]).reshape(shape)
+        index = g.add("Add", [index, g.const(f"{node.name}/table_rows", rows)])
+        values = values.reshape(-1)
     g.set_int(y, g.add("Gather", [g.const(f"{node.name}/table", values), index], axis=0), perm)
     return True
 

@@ -4,7 +4,8 @@ An activation quantized per channel has one scale per channel of its last axis (
 0. Which layers take part (docs/integer-semantics.md, "Per-channel activations"):
 
 * producers: Convolution, DepthwiseConv, FullyConnected and BatchNorm, whose requantization is per output channel
-  anyway (s_out[c] / (s_in · s_w[c])), and Eltwise/Add/Sub/Mul, which then align their inputs channel by channel;
+  anyway (s_out[c] / (s_in · s_w[c])), Eltwise/Add/Sub/Mul, which then align their inputs channel by channel, and
+  the table activations, with one table per channel;
 * consumers: the same layers; the MAC layers absorb the input scales into their float weights before quantizing them
   (w'[.., i] = w[.., i] / s_in[i], input scale 1), the element-wise ones align per channel; MAX/AVG pooling, which
   works per channel and passes the scales on; Concat on the channel axis, which passes the integers through and joins
@@ -20,8 +21,12 @@ from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 
+TABLE_ACTIVATIONS = ("Activation", "Sigmoid", "Tanh", "Hardswish", "HardSigmoid", "ELU", "SELU", "CELU", "GELU",
+                     "Silu", "Swish", "MISH", "Softplus", "Softsign", "SHRINK", "THRESHOLDEDRELU", "BNLL")
+"""Activation layer types that may take per-channel inputs with one table per channel (their table methods only;
+the multiplier methods of `Activation` refuse them)."""
 PER_CHANNEL_PRODUCERS = ("Convolution", "DepthwiseConv", "FullyConnected", "BatchNorm", "Eltwise", "Add", "Sub",
-                         "Mul")
+                         "Mul") + TABLE_ACTIVATIONS
 PER_CHANNEL_CONSUMERS = PER_CHANNEL_PRODUCERS + ("Pooling", "GlobalPool", "Concat")
 
 
@@ -34,9 +39,20 @@ def channel_scales(t: PyTensor) -> Optional[torch.Tensor]:
     return t.scale.to(torch.float32).reshape(-1) if is_per_channel(t) else None
 
 
+MULTIPLIER_METHODS = ("NONE", "RELU", "RELU6", "CLIP", "LEAKYRELU", "PRELU", "CRELU")
+"""`Activation` methods computed with one multiplier (not a table): per-tensor inputs only."""
+
+
+def reads_per_channel(node: PyNode) -> bool:
+    """Whether the layer can read a per-channel quantized input."""
+    if str(node.type) == "Activation":
+        return str(node.params.get("method", "")).upper() not in MULTIPLIER_METHODS
+    return str(node.type) in PER_CHANNEL_CONSUMERS
+
+
 def check_per_channel_inputs(node: PyNode) -> None:
     """Refuse a layer that cannot read a per-channel quantized input, naming the producer's tensor."""
-    if str(node.type) in PER_CHANNEL_CONSUMERS:
+    if reads_per_channel(node):
         return
     for t in node.inputs:
         if is_per_channel(t):

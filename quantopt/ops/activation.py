@@ -25,6 +25,7 @@ from ..quant.requant import range_dtype, requantize_int
 from ..quant.rounding import round_shift
 from ..registry import op_register, quant_register
 from ._lut_int import constants_first, int_input, is_restricted, range_bits
+from ._per_channel import is_per_channel
 from ._quant import (
     copy_params,
     layer_settings,
@@ -357,12 +358,20 @@ def _quantize_lut(node: PyNode, method: str) -> None:
     inp, out = node.inputs[0], node.outputs[0]
     fn = _lut_function(node, method)
     fn(torch.zeros(1))  # parameter errors surface as IR errors before anything is changed
-    quantize_activation(node, out, output_signed(node, method))
+    quantize_activation(node, out, output_signed(node, method), per_channel_ok=True)
     in_qmin, in_qmax = out_range(inp)
     out_qmin, out_qmax = out_range(out)
-    table = build_lut(fn, tensor_scale(inp), tensor_zp(inp), in_qmin, in_qmax, range_bits(inp),
-                      tensor_scale(out), tensor_zp(out), out_qmin, out_qmax,
-                      lut_items_in_bits=int(layer_settings(node).lut_items_in_bits))
+    items = int(layer_settings(node).lut_items_in_bits)
+    if not (is_per_channel(inp) or is_per_channel(out)):
+        table = build_lut(fn, tensor_scale(inp), tensor_zp(inp), in_qmin, in_qmax, range_bits(inp),
+                          tensor_scale(out), tensor_zp(out), out_qmin, out_qmax, lut_items_in_bits=items)
+    else:  # one table per channel of the last axis, from that channel's input and output scales
+        channels = int(inp.ir_shape[-1])
+        s_in, s_out = (t.scale.reshape(-1).tolist() if is_per_channel(t) else [tensor_scale(t)] * channels
+                       for t in (inp, out))
+        table = torch.stack([build_lut(fn, float(a), tensor_zp(inp), in_qmin, in_qmax, range_bits(inp), float(b),
+                                       tensor_zp(out), out_qmin, out_qmax, lut_items_in_bits=items)
+                             for a, b in zip(s_in, s_out)])
     set_constant(node, "lut", table, out.dtype)
     constants_first(node, ["lut"])
 
@@ -374,9 +383,10 @@ def activation_quantize(self: PyNode) -> None:
     inp = self.inputs[0]
     if inp.qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
-    if layer_settings(self).q_mode_activation.startswith("per_channel") and method != "NONE":
-        raise UnsupportedError(f"layer '{self.name}' ({self.type}): per-channel activation quantization is not "
-                               "supported for activations (upstream neither)")
+    table = method not in ("NONE", "CRELU") + LINEAR_METHODS + SLOPE_METHODS
+    if not table and (is_per_channel(inp) or layer_settings(self).q_mode_activation.startswith("per_channel")):
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): method {method} takes per-tensor activations "
+                               "only (the table methods take per-channel ones, with one table per channel)")
     if method == "NONE":
         copy_params(self.outputs[0], inp)
     elif method in LINEAR_METHODS:

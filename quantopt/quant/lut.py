@@ -70,9 +70,12 @@ def lookup_lut(x_q: Union[torch.Tensor, np.ndarray], lut: torch.Tensor, in_qmin:
         value = lut[hi] + (((lut[hi + 1] - lut[hi]) * lo) >> b)
     in int64, where lut[len] repeats the last entry and `>>` is an arithmetic shift: the interpolated part is
     floored (rounded toward -inf), never rounded to nearest. The result is clamped to the full range of the table
-    dtype (out_bits, out_signed).
+    dtype (out_bits, out_signed). A 2-D table `[C, 2^N]` holds one table per channel of the last axis of `x_q`.
     """
-    table = torch.as_tensor(lut).to(torch.int64).flatten()
+    table = torch.as_tensor(lut).to(torch.int64)
+    if table.dim() == 2:
+        return _lookup_per_channel(x_q, table, in_qmin, in_bits, out_bits, out_signed, in_restricted)
+    table = table.flatten()
     size = table.numel()
     table_bits = int(round(math.log2(size))) if size > 0 else -1
     if size == 0 or 2 ** table_bits != size:
@@ -91,3 +94,16 @@ def lookup_lut(x_q: Union[torch.Tensor, np.ndarray], lut: torch.Tensor, in_qmin:
         value = padded[torch.clamp(index, 0, size - 1)]
     out_min, out_max = integer_range(out_bits, out_signed)
     return torch.clamp(value, out_min, out_max)
+
+
+def _lookup_per_channel(x_q: Union[torch.Tensor, np.ndarray], table: torch.Tensor, in_qmin: int, in_bits: int,
+                        out_bits: int, out_signed: bool, in_restricted: bool) -> torch.Tensor:
+    """`lookup_lut` with the table of channel c (the last axis of x) for every element of that channel."""
+    x = torch.as_tensor(np.asarray(x_q) if isinstance(x_q, np.ndarray) else x_q)
+    channels, size = int(table.shape[0]), int(table.shape[1])
+    if x.dim() == 0 or int(x.shape[-1]) != channels:
+        raise ValueError(f"a per-channel table of {channels} channels needs inputs with {channels} channels on the "
+                         f"last axis, got shape {list(x.shape)}")
+    columns = [lookup_lut(x[..., c], table[c], in_qmin, in_bits, out_bits, out_signed, in_restricted)
+               for c in range(channels)]
+    return torch.stack(columns, dim=-1) if size else x.to(torch.int64)

@@ -488,8 +488,11 @@ def test_chain_reloads_bit_identical(tmp_path) -> None:
 
 
 # --- errors ------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("optype,params", [("Softmax", {"axis": -1}), ("Activation", {"method": "SIGMOID"})])
+@pytest.mark.parametrize("optype,params", [("Softmax", {"axis": -1}), ("Activation", {"method": "RELU"}),
+                                           ("Activation", {"method": "LEAKYRELU", "negative_slope": 0.1})])
 def test_per_channel_activation_mode_is_unsupported(optype: str, params: Dict[str, Any]) -> None:
+    """Softmax and the multiplier methods refuse per-channel modes (the table methods take them:
+    tests/ops/test_per_channel_activations.py)."""
     g = one_layer(optype, params, {})
     with pytest.raises(UnsupportedError, match="per-channel"):
         quantize_model(g, calib([2, 4, 5, 6], 11), {"q_mode_activation": "per_channel_symmetric_full_range"},

@@ -135,13 +135,14 @@ def test_unsupported_consumers_and_modes_are_named() -> None:
     c = b.layer("Convolution", [x], [[1, 4, 4, 3]], name="c", params=dict(num_output=3, group=1,
                                                                           with_activation="NONE", **GEO),
                 constants={"weights": _w(r, [3, 3, 3, 3]), "biases": _w(r, [3])})
-    y = b.layer("Activation", [c], [[1, 4, 4, 3]], name="sig", params=dict(method="SIGMOID"))
-    graph = b.build([y])
+    y = b.layer("Activation", [c], [[1, 4, 4, 3]], name="relu", params=dict(method="RELU"))
+    z = b.layer("Reshape", [c], [[1, 48]], name="flat", params=dict(shape=[1, 48]))
+    graph = b.build([y, z])
     calib = [torch.from_numpy(r.normal(size=[2, 4, 4, 3]).astype(np.float32)) for _ in range(2)]
-    with pytest.raises(UnsupportedError, match=r"layer 'sig' \(Activation\) reads .* quantized per channel"):
+    with pytest.raises(UnsupportedError, match=r"layer '(relu|flat)' \((Activation|Reshape)\) reads .* per channel"):
         quantize_model(graph, calib, per_layer=per_channel(("c",)))
-    with pytest.raises(UnsupportedError, match=r"layer 'sig' \(Activation\): per-channel activation quantization"):
-        quantize_model(graph, calib, per_layer=per_channel(("sig",)))
+    with pytest.raises(UnsupportedError, match=r"layer 'relu' \(Activation\): method RELU takes per-tensor"):
+        quantize_model(graph, calib, per_layer=per_channel(("relu",)))
     with pytest.raises(UnsupportedError, match="per_channel_asymmetric"):
         check_settings(LayerSettings(q_mode_activation="per_channel_asymmetric"), graph.node("c"))
 
@@ -286,4 +287,50 @@ def test_eltwise_with_per_channel_scales(method: str, layers, bits: int, tmp_pat
     assert cosine(graph.output_tensors[0].betensor, run_quantized(qg, [calib[0]])[0]) > (0.99 if bits == 8
                                                                                           else 0.9999)
     txt, _ = write_ir(qg, str(tmp_path / "res_o.txt"))
+    assert torch.equal(run_quantized(qg, [calib[1]])[0], run_quantized(read_ir(txt), [calib[1]])[0])
+
+
+def table_graph(method: str = "HARDSWISH"):
+    r = np.random.default_rng(11)
+    b = GraphBuilder("tab")
+    x = b.input("x", [1, 6, 6, 3])
+    wc = _w(r, [4, 3, 3, 3])
+    wc[1] *= 0.05
+    c = b.layer("Convolution", [x], [[1, 6, 6, 4]], name="c", params=dict(num_output=4, group=1,
+                                                                          with_activation="NONE", **GEO),
+                constants={"weights": wc, "biases": _w(r, [4], 0.05)})
+    act = b.layer("Activation", [c], [[1, 6, 6, 4]], name="act", params=dict(method=method))
+    y = b.layer("Convolution", [act], [[1, 6, 6, 2]], name="after",
+                params=dict(num_output=2, group=1, with_activation="NONE", **GEO),
+                constants={"weights": _w(r, [2, 3, 3, 4]), "biases": _w(r, [2], 0.1)})
+    return b.build([y])
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize("method,layers", [("HARDSWISH", ("c",)), ("SIGMOID", ("c", "act"))])
+def test_table_activations_take_one_table_per_channel(method: str, layers, bits: int, tmp_path) -> None:
+    """A per-channel input gets one table per channel (from that channel's scale); the output may be per tensor."""
+    from quantopt.quant.lut import lookup_lut
+
+    graph = table_graph(method)
+    calib = [torch.from_numpy(np.random.default_rng(s).normal(size=[2, 6, 6, 3]).astype(np.float32))
+             for s in range(3)]
+    settings = dict(q_bits_activation=bits, q_bits_weight=bits, q_bits_bias=48 if bits > 8 else 32,
+                    q_strategy_activation="extrema", q_mode_weight="per_channel_symmetric_restricted_range")
+    qg = quantize_model(graph, calib, settings, per_layer=per_channel(layers, **settings))
+    node = qg.node("act")
+    lut = node.constants["lut"].betensor
+    assert lut.dim() == 2 and lut.shape[0] == 4
+    qg.forward([calib[0]], keep_tensors=True)
+    x, out = node.inputs[0], node.outputs[0]
+    qmin_in = int(x.qmin)
+    for ch in range(4):  # each channel read through its own table, as a one-table lookup
+        want = lookup_lut(x.betensor[..., ch], lut[ch], qmin_in, 8 if bits == 8 else 16, out.qbits,
+                          int(out.qmin) < 0, in_restricted=False)
+        want = torch.clamp(want, int(out.qmin), int(out.qmax))
+        assert torch.equal(out.betensor[..., ch], want)
+    graph.forward([calib[0]])
+    assert cosine(graph.output_tensors[0].betensor, run_quantized(qg, [calib[0]])[0]) > (0.99 if bits == 8
+                                                                                          else 0.999)
+    txt, _ = write_ir(qg, str(tmp_path / "tab_o.txt"))
     assert torch.equal(run_quantized(qg, [calib[1]])[0], run_quantized(read_ir(txt), [calib[1]])[0])
