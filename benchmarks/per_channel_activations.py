@@ -1,6 +1,6 @@
 """Benchmark: output cosine against the float model with per-tensor and with per-channel activations.
 
-    python benchmarks/per_channel_activations.py [model ...] [--models-dir DIR]
+    python benchmarks/per_channel_activations.py [model ...] [--models-dir DIR] [--strategy extrema]
 
 For each shared model (default: syn_resnet, syn_mobilenet, ppocr_cls, mtcnn_onet), quantized on calib.npy with
 per-channel symmetric weights and 8 bits: once with per-tensor activations, once with
@@ -62,6 +62,7 @@ def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", default=DEFAULT_MODELS)
     ap.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR))
+    ap.add_argument("--strategy", default="mean", help="activation calibration strategy (default: mean)")
     args = ap.parse_args(argv)
     discover_plugins()
     print(f"{'model':<14} {'per tensor':>11} {'per channel':>12} {'layers':>7} {'no MAC readers':>15} {'layers':>7}")
@@ -71,7 +72,7 @@ def main(argv: List[str]) -> int:
         calib = torch.from_numpy(np.load(folder / "calib.npy"))
         val = torch.from_numpy(np.load(folder / "val.npy"))
         batches = [calib[i:i + 2] for i in range(0, len(calib), 2)]
-        settings = dict(q_mode_weight="per_channel_symmetric_restricted_range")
+        settings = dict(q_mode_weight="per_channel_symmetric_restricted_range", q_strategy_activation=args.strategy)
         layers, gentle = eligible(graph), eligible(graph, mac_readers=False)
         results = []
         for per_layer in ({}, layers, gentle):
