@@ -4,7 +4,13 @@ from __future__ import annotations
 import torch
 from test_quant_workflow import batches, small_model
 
-from quantopt.analysis.ir_compare import compare_quantized_irs, identical_fraction
+from quantopt.analysis.ir_compare import (
+    INT32_MAX,
+    INT32_MIN,
+    compare_quantized_irs,
+    forgive_upstream_bias_wrap,
+    identical_fraction,
+)
 from quantopt.pipeline import quantize_model
 
 
@@ -31,3 +37,17 @@ def test_differences_are_named() -> None:
     del a.node("c3").constants["weights"]
     assert "missing" in {d.name: d for d in compare_quantized_irs(a, b)}["c3"].differences[0]
     assert torch.is_tensor(b.node("c3").constants["weights"].betensor)
+
+
+def test_upstream_bias_wrap_is_forgiven_only_where_upstream_wrapped() -> None:
+    """Upstream writes a bias saturating at +2^31-1 as -2^31: that layer's biases are left out, no other layer's."""
+    mine, upstream = quantized(), quantized()
+    for g in (mine, upstream):
+        g.node("c2").constants["biases"].betensor[0] = INT32_MAX
+    upstream.node("c2").constants["biases"].betensor[0] = INT32_MIN
+    upstream.node("c3").constants["biases"].betensor[0] += 1
+    diffs = compare_quantized_irs(mine, upstream)
+    forgive_upstream_bias_wrap(diffs, mine, upstream)
+    by_name = {d.name: d for d in diffs}
+    assert by_name["c2"].identical
+    assert by_name["c3"].differences[0].startswith("constant biases: 1 of")

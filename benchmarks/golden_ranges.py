@@ -1,0 +1,130 @@
+"""Benchmark: how closely quantopt reproduces the upstream optimizer's goldens, layer by layer and range by range.
+
+    python benchmarks/golden_ranges.py [model ...] [--goldens A,B,C] [--models-dir DIR] [--mac-float float32]
+
+For each shared model and golden (`golden/{A,B,C}/opt.cfg`), runs `quantopt --cfg` with the golden's cfg and prints
+two figures:
+- identical layers: the share of layers whose written parameters and constants equal the golden IR's
+  (`quantopt.analysis.ir_compare`, scales within 1e-6 relative; the biases upstream wraps around at int32 are left
+  out, as in tests/test_golden_conformance.py);
+- identical ranges: how many calibrated tensors have the golden template's `fmin` and `fmax` bit for bit.
+
+`--mac-float float32` computes the float forward of Convolution/DepthwiseConv/FullyConnected with torch's float32
+kernels instead of quantopt's float64 accumulation rounded once. Those kernels sum in an order that depends on the
+machine and on the MKL/oneDNN settings (`MKL_ENABLE_INSTRUCTIONS`, `MKL_CBWR`, `ONEDNN_MAX_CPU_ISA`), which is how
+docs/golden-differences.md measures which float forward comes closest to upstream's.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+import quantopt.ops.conv as conv_ops
+import quantopt.ops.linear as linear_ops
+from quantopt.analysis.ir_compare import compare_quantized_irs, forgive_upstream_bias_wrap, identical_fraction
+from quantopt.cli import main as quantopt_main
+from quantopt.ir.reader import read_ir
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_MODELS_DIR = REPO.parent / "shared" / "models"
+DEFAULT_MODELS = ["syn_resnet", "syn_mobilenet", "ppocr_cls", "mtcnn_onet"]
+PATH_KEYS = ("graph", "bin", "calibration_data", "data", "label")
+SCALE_RTOL = 1e-6
+
+Range = Tuple[float, float]
+
+
+def golden_cfg(folder: Path, out: Path) -> Path:
+    """The golden's cfg with its relative paths made absolute and its output sent to `out`."""
+    lines: List[str] = []
+    for raw in (folder / "opt.cfg").read_text().splitlines():
+        key, sep, value = raw.partition("=")
+        k = key.strip().lower()
+        if sep and k in PATH_KEYS:
+            raw = f"{key.strip()} = {(folder / value.strip()).resolve()}"
+        elif sep and k == "output_dir":
+            raw = f"output_dir = {out}"
+        lines.append(raw)
+    cfg = out.parent / "golden.cfg"
+    cfg.write_text("\n".join(lines) + "\n")
+    return cfg
+
+
+def _as_float32(value: object) -> Optional[float]:
+    """A range bound as the templates write it: a number (quantopt) or the text of a one-element list (upstream)."""
+    if isinstance(value, str):
+        value = ast.literal_eval(value)
+    if isinstance(value, (list, tuple)):
+        if len(value) != 1:
+            return None  # per-channel ranges are not compared
+        value = value[0]
+    return None if value is None else float(np.float32(value))
+
+
+def template_ranges(path: Path) -> Dict[str, Range]:
+    """tensor name -> (fmin, fmax) from the display section of a per-layer JSON template, quantopt's or upstream's
+    (whose `quantization_info` is the text of a Python dict)."""
+    ranges: Dict[str, Range] = {}
+    for settings in json.loads(path.read_text()).values():
+        info = settings.get("just_for_display", {}).get("quantization_info") if isinstance(settings, dict) else None
+        if isinstance(info, str):
+            info = ast.literal_eval(info)
+        for tensor, q in (info or {}).items():
+            lo, hi = _as_float32(q.get("fmin")), _as_float32(q.get("fmax"))
+            if lo is not None and hi is not None:
+                ranges[tensor] = (lo, hi)
+    return ranges
+
+
+def measure(models_dir: Path, model: str, letter: str, work: Path) -> Tuple[float, int, int, int]:
+    """(identical-layer share, layers, tensors with identical ranges, tensors compared) for one golden."""
+    folder = models_dir / model / "golden" / letter
+    out = work / f"{model}_{letter}" / "out"
+    out.mkdir(parents=True)
+    if quantopt_main(["--cfg", str(golden_cfg(folder, out)), "--log-level", "ERROR"]) != 0:
+        raise SystemExit(f"quantopt failed on {folder / 'opt.cfg'}")
+    mine, golden = read_ir(str(out / f"{model}_o.txt")), read_ir(str(folder / f"{model}_o.txt"))
+    diffs = compare_quantized_irs(mine, golden, rtol=SCALE_RTOL)
+    forgive_upstream_bias_wrap(diffs, mine, golden)
+    ours = template_ranges(out / f"{model}_opt_template.json")
+    theirs = template_ranges(folder / f"{model}_opt_template.json")
+    shared = [t for t in ours if t in theirs]
+    same = sum(ours[t] == theirs[t] for t in shared)
+    return identical_fraction(diffs), len(diffs), same, len(shared)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=DEFAULT_MODELS)
+    parser.add_argument("--goldens", default="A,B,C", help="comma-separated golden letters (default A,B,C)")
+    parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
+    parser.add_argument("--mac-float", choices=("float64", "float32"), default="float64",
+                        help="float forward of the MAC layers: float64 rounded once (quantopt) or torch float32")
+    args = parser.parse_args(argv)
+    if args.mac_float == "float32":  # a diagnostic switch of this script only: quantopt always uses float64
+        conv_ops.MAC_FLOAT_DTYPE = torch.float32
+        linear_ops.MAC_FLOAT_DTYPE = torch.float32
+    print(f"float forward of Convolution/FullyConnected: {args.mac_float}; torch {torch.__version__}")
+    print(f"{'golden':<18} {'identical layers':>18} {'identical ranges':>18}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models:
+            for letter in args.goldens.split(","):
+                if not (args.models_dir / model / "golden" / letter / "opt.cfg").is_file():
+                    print(f"{model}/{letter}: no golden here, skipped")
+                    continue
+                share, layers, same, compared = measure(args.models_dir, model, letter, Path(tmp))
+                print(f"{model + '/' + letter:<18} {share:>8.1%} of {layers:<6} {same:>8} of {compared:<6}",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
