@@ -1,6 +1,6 @@
 """Benchmark: how closely quantopt reproduces the upstream optimizer's goldens, layer by layer and range by range.
 
-    python benchmarks/golden_ranges.py [model ...] [--goldens A,B,C] [--models-dir DIR] [--mac-float float32]
+    python benchmarks/golden_ranges.py [model ...] [--goldens A,B,C] [--models-dir DIR] [--torch-float32 fc|mac]
 
 For each shared model and golden (`golden/{A,B,C}/opt.cfg`), runs `quantopt --cfg` with the golden's cfg and prints
 two figures:
@@ -9,10 +9,10 @@ two figures:
   out, as in tests/test_golden_conformance.py);
 - identical ranges: how many calibrated tensors have the golden template's `fmin` and `fmax` bit for bit.
 
-`--mac-float float32` computes the float forward of Convolution/DepthwiseConv/FullyConnected with torch's float32
-kernels instead of quantopt's float64 accumulation rounded once. Those kernels sum in an order that depends on the
-machine and on the MKL/oneDNN settings (`MKL_ENABLE_INSTRUCTIONS`, `MKL_CBWR`, `ONEDNN_MAX_CPU_ISA`), which is how
-docs/golden-differences.md measures which float forward comes closest to upstream's.
+`--torch-float32 fc` computes the float forward of FullyConnected with torch's float32 kernel instead of quantopt's
+float64 sum rounded once; `--torch-float32 mac` does so for Convolution/DepthwiseConv too. Those kernels sum in an
+order that depends on the machine and on the MKL/oneDNN settings (`MKL_ENABLE_INSTRUCTIONS`, `MKL_CBWR`,
+`ONEDNN_MAX_CPU_ISA`), which is how docs/golden-differences.md finds the float forward upstream's goldens come from.
 """
 from __future__ import annotations
 
@@ -106,13 +106,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("models", nargs="*", default=DEFAULT_MODELS)
     parser.add_argument("--goldens", default="A,B,C", help="comma-separated golden letters (default A,B,C)")
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
-    parser.add_argument("--mac-float", choices=("float64", "float32"), default="float64",
-                        help="float forward of the MAC layers: float64 rounded once (quantopt) or torch float32")
+    parser.add_argument("--torch-float32", choices=("none", "fc", "mac"), default="none",
+                        help="layers whose float forward runs torch's float32 kernel instead of quantopt's float64 "
+                             "sum: none, FullyConnected (fc), or FullyConnected and convolutions (mac)")
     args = parser.parse_args(argv)
-    if args.mac_float == "float32":  # a diagnostic switch of this script only: quantopt always uses float64
-        conv_ops.MAC_FLOAT_DTYPE = torch.float32
+    # a diagnostic switch of this script only: quantopt itself always sums in float64
+    if args.torch_float32 in ("fc", "mac"):
         linear_ops.MAC_FLOAT_DTYPE = torch.float32
-    print(f"float forward of Convolution/FullyConnected: {args.mac_float}; torch {torch.__version__}")
+    if args.torch_float32 == "mac":
+        conv_ops.MAC_FLOAT_DTYPE = torch.float32
+    print(f"torch float32 kernels for: {args.torch_float32}; torch {torch.__version__}")
     print(f"{'golden':<18} {'identical layers':>18} {'identical ranges':>18}")
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:

@@ -45,6 +45,9 @@ class PyTensor:
                  shape: Optional[Sequence[int]] = None) -> None:
         self.name = name
         self.betensor: torch.Tensor = data if data is not None else torch.empty(0)
+        # float forward only: the float64 value `betensor` was rounded from, kept where upstream's float forward
+        # passes it on unrounded (ops/_shared.py, `unrounded_input`; docs/architecture.md, "Float reference")
+        self.unrounded: Optional[torch.Tensor] = None
         self.ir_shape: Tuple[int, ...] = tuple(shape) if shape is not None else tuple(self.betensor.shape)
         self.ir_dtype: Dtype = dtype
         self.dtype: Dtype = dtype
@@ -84,12 +87,14 @@ class PyTensor:
             v = getattr(self, key)
             setattr(t, key, v.clone() if isinstance(v, torch.Tensor) else v)
         t.extra = dict(self.extra)
+        t.unrounded = self.unrounded
         t.stats = self.stats  # shared: statistics are read-only once collected
         return t
 
     def release(self) -> None:
         """Drop the value (the executor calls this once the last consumer has run)."""
         self.betensor = torch.empty(0)
+        self.unrounded = None
 
     def __repr__(self) -> str:
         return f"PyTensor({self.name!r}, shape={list(self.ir_shape)}, dtype={self.dtype.value})"

@@ -11,6 +11,27 @@ from ..graph.node import PyNode
 FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU6", "CLIP", "LEAKYRELU", "PRELU")
 
 
+def unrounded_input(node: PyNode, index: int = 0) -> torch.Tensor:
+    """Input `index` as the float forward's readers of unrounded values take it: the float64 value its producer
+    kept before rounding (a Convolution/DepthwiseConv without fused activation), else its value.
+
+    Upstream's float forward accumulates convolutions in float64 and hands that result on unrounded to the
+    convolutions and PReLU that read it, while every other layer reads float32; calibrated ranges match upstream's
+    only with the same flow (docs/architecture.md, "Float reference")."""
+    t = node.inputs[index]
+    if not node.quantized and t.unrounded is not None:
+        return t.unrounded
+    return t.betensor
+
+
+def keep_unrounded(node: PyNode, value: torch.Tensor, dtype: torch.dtype) -> None:
+    """Output 0 of a float forward: `value` rounded to `dtype`, with `value` itself kept for `unrounded_input`
+    when it is wider."""
+    out = node.outputs[0]
+    out.betensor = value.to(dtype)
+    out.unrounded = value if value.dtype != dtype else None
+
+
 def apply_fused_activation(node: PyNode, x: torch.Tensor, method: Optional[str] = None) -> torch.Tensor:
     """Apply `with_activation` (or `method`) of a MAC/eltwise layer in float: NONE, RELU, RELU6, CLIP,
     LEAKYRELU (`negative_slope` param) and PRELU (`negative_slope` constant, broadcast over the last axis)."""

@@ -38,7 +38,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import apply_fused_activation, axis_param
+from ._shared import apply_fused_activation, axis_param, unrounded_input
 from .catalog import describe_op
 
 # ONNX defaults, used when the IR leaves a parameter out.
@@ -488,8 +488,14 @@ def activation_forward(self: PyNode) -> None:
     if self.quantized:
         self.outputs[0].betensor = activation_integer_forward(self)
         return
+    method = activation_method(self)
     x = self.inputs[0].betensor
-    self.outputs[0].betensor = ACTIVATION_METHODS[activation_method(self)](self, x)
+    if method == "PRELU":
+        # upstream's PReLU multiplies the unrounded convolution result by the slope and rounds once
+        # (docs/architecture.md, "Float reference")
+        self.outputs[0].betensor = _prelu(self, unrounded_input(self)).to(x.dtype)
+        return
+    self.outputs[0].betensor = ACTIVATION_METHODS[method](self, x)
 
 
 _ACT_DOC = "docs/integer-semantics.md"

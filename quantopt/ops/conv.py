@@ -20,7 +20,7 @@ from ._quant import (
     mac_weights,
     quantize_mac,
 )
-from ._shared import apply_fused_activation
+from ._shared import apply_fused_activation, keep_unrounded, unrounded_input
 from .catalog import describe_op
 
 _MISSING = object()
@@ -87,16 +87,26 @@ def _bias(node: PyNode, out_c: int, like: torch.Tensor) -> torch.Tensor | None:
 
 
 def conv2d_nhwc(node: PyNode, depthwise: bool) -> torch.Tensor:
-    """Float NHWC convolution of the node's input with its constants, before the fused activation.
+    """Float NHWC convolution of the node's input with its constants, before the fused activation, in float64.
 
-    Accumulated in float64 and rounded once to the input's float type (docs/architecture.md, "Float reference"):
-    the result no longer depends on the kernel library's float32 summation order, so calibrated ranges are the
-    same on every machine."""
-    x = node.inputs[0].betensor
-    dtype = _compute_dtype(x)
+    Accumulated in float64 (docs/architecture.md, "Float reference"): the result no longer depends on the kernel
+    library's float32 summation order, so calibrated ranges are the same on every machine. Reads its input
+    unrounded where the producer kept it (`unrounded_input`)."""
+    x = unrounded_input(node)
     w = node.get_constant("weights").betensor.to(device=x.device, dtype=MAC_FLOAT_DTYPE)
-    y = _conv_nhwc(node, x.to(MAC_FLOAT_DTYPE), w, _bias(node, int(w.shape[0]), w), depthwise, 0.0)
-    return y.to(dtype)
+    return _conv_nhwc(node, x.to(MAC_FLOAT_DTYPE), w, _bias(node, int(w.shape[0]), w), depthwise, 0.0)
+
+
+def _conv_float_forward(node: PyNode, depthwise: bool) -> None:
+    """Rounded once to the input's float type; without a fused activation the float64 result is kept for the
+    layers that read it unrounded, as upstream's float forward does (fused activations see the rounded value)."""
+    y = conv2d_nhwc(node, depthwise)
+    dtype = _compute_dtype(node.inputs[0].betensor)
+    act = str(node.get_param("with_activation", optional=True, default_value="NONE")).upper()
+    if act == "NONE":
+        keep_unrounded(node, y, dtype)
+    else:
+        node.outputs[0].betensor = apply_fused_activation(node, y.to(dtype))
 
 
 def conv2d_nhwc_int(node: PyNode, depthwise: bool) -> torch.Tensor:
@@ -129,7 +139,7 @@ def convolution_forward(self: PyNode) -> None:
     if self.quantized:
         self.outputs[0].betensor = mac_finish(self, conv2d_nhwc_int(self, depthwise=False))
         return
-    self.outputs[0].betensor = apply_fused_activation(self, conv2d_nhwc(self, depthwise=False))
+    _conv_float_forward(self, depthwise=False)
 
 
 @op_register(OpType.DepthwiseConv)
@@ -138,7 +148,7 @@ def depthwise_conv_forward(self: PyNode) -> None:
     if self.quantized:
         self.outputs[0].betensor = mac_finish(self, conv2d_nhwc_int(self, depthwise=True))
         return
-    self.outputs[0].betensor = apply_fused_activation(self, conv2d_nhwc(self, depthwise=True))
+    _conv_float_forward(self, depthwise=True)
 
 
 @quant_register(OpType.Convolution)
