@@ -10,26 +10,29 @@ two figures:
 - identical ranges: how many calibrated tensors have the golden template's `fmin` and `fmax` bit for bit.
 
 `--torch-float32 fc` computes the float forward of FullyConnected with torch's float32 kernel instead of quantopt's
-float64 sum rounded once; `--torch-float32 mac` does so for Convolution/DepthwiseConv too. Those kernels sum in an
+fixed float32 order (ops/_fc_order.py); `--torch-float32 mac` also runs Convolution/DepthwiseConv in torch's float32
+instead of quantopt's float64. Those kernels sum in an
 order that depends on the machine and on the MKL/oneDNN settings (`MKL_ENABLE_INSTRUCTIONS`, `MKL_CBWR`,
 `ONEDNN_MAX_CPU_ISA`), which is how docs/golden-differences.md finds the float forward upstream's goldens come from.
 """
 from __future__ import annotations
 
 import argparse
-import ast
-import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
-import numpy as np
 import torch
 
 import quantopt.ops.conv as conv_ops
 import quantopt.ops.linear as linear_ops
-from quantopt.analysis.ir_compare import compare_quantized_irs, forgive_upstream_bias_wrap, identical_fraction
+from quantopt.analysis.ir_compare import (
+    compare_quantized_irs,
+    forgive_upstream_bias_wrap,
+    identical_fraction,
+    template_ranges,
+)
 from quantopt.cli import main as quantopt_main
 from quantopt.ir.reader import read_ir
 
@@ -38,8 +41,6 @@ DEFAULT_MODELS_DIR = REPO.parent / "shared" / "models"
 DEFAULT_MODELS = ["syn_resnet", "syn_mobilenet", "ppocr_cls", "mtcnn_onet"]
 PATH_KEYS = ("graph", "bin", "calibration_data", "data", "label")
 SCALE_RTOL = 1e-6
-
-Range = Tuple[float, float]
 
 
 def golden_cfg(folder: Path, out: Path) -> Path:
@@ -56,32 +57,6 @@ def golden_cfg(folder: Path, out: Path) -> Path:
     cfg = out.parent / "golden.cfg"
     cfg.write_text("\n".join(lines) + "\n")
     return cfg
-
-
-def _as_float32(value: object) -> Optional[float]:
-    """A range bound as the templates write it: a number (quantopt) or the text of a one-element list (upstream)."""
-    if isinstance(value, str):
-        value = ast.literal_eval(value)
-    if isinstance(value, (list, tuple)):
-        if len(value) != 1:
-            return None  # per-channel ranges are not compared
-        value = value[0]
-    return None if value is None else float(np.float32(value))
-
-
-def template_ranges(path: Path) -> Dict[str, Range]:
-    """tensor name -> (fmin, fmax) from the display section of a per-layer JSON template, quantopt's or upstream's
-    (whose `quantization_info` is the text of a Python dict)."""
-    ranges: Dict[str, Range] = {}
-    for settings in json.loads(path.read_text()).values():
-        info = settings.get("just_for_display", {}).get("quantization_info") if isinstance(settings, dict) else None
-        if isinstance(info, str):
-            info = ast.literal_eval(info)
-        for tensor, q in (info or {}).items():
-            lo, hi = _as_float32(q.get("fmin")), _as_float32(q.get("fmax"))
-            if lo is not None and hi is not None:
-                ranges[tensor] = (lo, hi)
-    return ranges
 
 
 def measure(models_dir: Path, model: str, letter: str, work: Path) -> Tuple[float, int, int, int]:
@@ -107,12 +82,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--goldens", default="A,B,C", help="comma-separated golden letters (default A,B,C)")
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
     parser.add_argument("--torch-float32", choices=("none", "fc", "mac"), default="none",
-                        help="layers whose float forward runs torch's float32 kernel instead of quantopt's float64 "
-                             "sum: none, FullyConnected (fc), or FullyConnected and convolutions (mac)")
+                        help="layers whose float forward runs torch's float32 kernel instead of quantopt's own sums: "
+                             "none, FullyConnected (fc), or FullyConnected and convolutions (mac)")
     args = parser.parse_args(argv)
-    # a diagnostic switch of this script only: quantopt itself always sums in float64
+    # diagnostic switches of this script only (quantopt itself never uses torch's float32 kernels here)
     if args.torch_float32 in ("fc", "mac"):
-        linear_ops.MAC_FLOAT_DTYPE = torch.float32
+        linear_ops.FLOAT32_FC_ORDER = "torch"
     if args.torch_float32 == "mac":
         conv_ops.MAC_FLOAT_DTYPE = torch.float32
     print(f"torch float32 kernels for: {args.torch_float32}; torch {torch.__version__}")

@@ -2,8 +2,11 @@
 quantization parameters and quantized constants that decide the integer computation."""
 from __future__ import annotations
 
+import ast
+import json
 from dataclasses import dataclass, field
-from typing import Any, List, Sequence
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -135,3 +138,30 @@ def forgive_upstream_bias_wrap(diffs: Sequence[LayerDiff], mine: PyGraph, refere
     for d in diffs:
         if d.differences and upstream_bias_wrap(mine, reference, d.name):
             d.differences = [x for x in d.differences if not x.startswith("constant biases")]
+
+
+def _range_bound(value: Any) -> Optional[float]:
+    """A range bound as the templates write it: a number (quantopt) or the text of a one-element list (upstream);
+    None for per-channel ranges, which are not compared."""
+    if isinstance(value, str):
+        value = ast.literal_eval(value)
+    if isinstance(value, (list, tuple)):
+        if len(value) != 1:
+            return None
+        value = value[0]
+    return None if value is None else float(np.float32(value))
+
+
+def template_ranges(path: Path) -> Dict[str, Tuple[float, float]]:
+    """tensor name -> calibrated (fmin, fmax) as float32 values, from the display section of a per-layer JSON
+    template, quantopt's or upstream's (whose `quantization_info` is the text of a Python dict)."""
+    ranges: Dict[str, Tuple[float, float]] = {}
+    for settings in json.loads(Path(path).read_text()).values():
+        info = settings.get("just_for_display", {}).get("quantization_info") if isinstance(settings, dict) else None
+        if isinstance(info, str):
+            info = ast.literal_eval(info)
+        for tensor, q in (info or {}).items():
+            lo, hi = _range_bound(q.get("fmin")), _range_bound(q.get("fmax"))
+            if lo is not None and hi is not None:
+                ranges[tensor] = (lo, hi)
+    return ranges

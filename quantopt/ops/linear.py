@@ -11,6 +11,7 @@ from ..graph.optype import OpType
 from ..ir.dtype import Dtype
 from ..quant.rounding import round_shift
 from ..registry import op_register, quant_register
+from ._fc_order import linear_float32
 from ._quant import (
     FLOAT32_EXACT,
     check_fused_activation_quantizable,
@@ -39,7 +40,12 @@ from .catalog import describe_op
 
 FLOAT64_EXACT = 2 ** 53
 MAC_FLOAT_DTYPE = torch.float64
-"""Accumulation type of the float FullyConnected forward (the result is rounded back to the input's float type)."""
+"""Accumulation type of the float FullyConnected forward for inputs other than float32 (the result is rounded back
+to the input's float type)."""
+FLOAT32_FC_ORDER = "upstream"
+"""How the float forward sums a float32 FullyConnected: "upstream", in upstream's fixed float32 order (_fc_order.py),
+or "torch", with torch's own float32 kernel, whose order follows the machine (a diagnostic switch for
+benchmarks/golden_ranges.py)."""
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 SATURATED = 2 ** 40
 """Any |value| beyond this saturates every output range (qmin/qmax/zp are at most 32-bit), so it may be capped."""
@@ -62,19 +68,36 @@ def fully_connected_forward(self: PyNode) -> None:
         return
     x = self.inputs[0].betensor
     dtype = _compute_dtype(x)
+    weights = self.get_constant("weights").betensor
+    biases = self.get_constant("biases", optional=True)
+    # gradient-based calibration (global_calibration) differentiates through the layer: it gets the float64 sum,
+    # which autograd follows; calibrated ranges never need gradients and use the fixed float32 order
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weights.requires_grad
+                                              or (biases is not None and biases.betensor.requires_grad))
+    if dtype == torch.float32 and not needs_grad:
+        w32 = weights.to(device=x.device, dtype=torch.float32)
+        _check_fc_shapes(self, x, w32)
+        b32 = _fc_bias(self, int(w32.shape[0]), w32)
+        x32 = x.to(torch.float32)
+        y = linear_float32(x32, w32, b32) if FLOAT32_FC_ORDER == "upstream" else F.linear(x32, w32, b32)
+        self.outputs[0].betensor = apply_fused_activation(self, y)
+        return
     x = x.to(MAC_FLOAT_DTYPE)
-    w = self.get_constant("weights").betensor.to(device=x.device, dtype=MAC_FLOAT_DTYPE)
+    w = weights.to(device=x.device, dtype=MAC_FLOAT_DTYPE)
     _check_fc_shapes(self, x, w)
-    out_f = int(w.shape[0])
-    b_t = self.get_constant("biases", optional=True)
-    b = None
-    if b_t is not None:
-        b = b_t.betensor.to(device=x.device, dtype=MAC_FLOAT_DTYPE)
-        if b.numel() != out_f:
-            raise self._error(f"biases must have {out_f} elements, got shape {list(b.shape)}")
-        b = b.reshape(out_f)
+    b = _fc_bias(self, int(w.shape[0]), w)
     # float64 accumulation rounded once, as for convolutions (conv.py, MAC_FLOAT_DTYPE)
     self.outputs[0].betensor = apply_fused_activation(self, F.linear(x, w, b).to(dtype))
+
+
+def _fc_bias(node: PyNode, out_f: int, like: torch.Tensor) -> Optional[torch.Tensor]:
+    b_t = node.get_constant("biases", optional=True)
+    if b_t is None:
+        return None
+    b = b_t.betensor.to(device=like.device, dtype=like.dtype)
+    if b.numel() != out_f:
+        raise node._error(f"biases must have {out_f} elements, got shape {list(b.shape)}")
+    return b.reshape(out_f)
 
 
 @quant_register(OpType.FullyConnected)

@@ -1,0 +1,116 @@
+"""The float32 FullyConnected of upstream's float forward, summed in one fixed, documented order.
+
+Upstream runs FullyConnected as torch's float32 linear; its goldens were made where that is MKL's single-threaded
+SSE4.2 kernel (docs/golden-differences.md). That kernel's order, written out here, makes every calibrated range of
+the goldens' FullyConnected layers identical, on any machine and for any batch size (each row is summed as a batch
+of one). All arithmetic is float32: every product is rounded, then added one float32 addition at a time (no fused
+multiply-add). For an input row x [K] and weights W [N, K], with p_k = x_k · W[n, k]:
+
+- Columns come in blocks of four (n < 4·floor(N/4)); each is a *quad* dot product. The remaining columns (N mod 4)
+  come in pairs, then a single one: the first of a pair and the single one are *wide* dot products, the second of
+  a pair a *narrow* one.
+- quad: the first h = ((K - 1) mod 4) + 1 products are summed in order; that sum starts lane 0 of four lanes, which
+  then take the remaining products round-robin (lane j gets p_{h+4i+j}, i = 0, 1, ...). Result (l0 + l2) + (l1 + l3).
+- wide: the first h = min(4, K) products are summed in order; the next 8·floor((K - h)/8) products go, four at a
+  time, alternately to two four-lane accumulators (the first one's lane 0 starts from the head sum), which are
+  added lane by lane before (l0 + l2) + (l1 + l3); the last (K - h) mod 8 products are then added in order.
+- narrow: as wide, with one four-lane accumulator taking the same products in the same order.
+- The bias is added last.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+MAX_LANE_ELEMENTS = 1 << 22
+"""Partial sums held at once (rows x columns x 4); more rows are summed in chunks."""
+
+
+def _reduce_lanes(lanes: torch.Tensor) -> torch.Tensor:
+    """[..., 4] -> (l0 + l2) + (l1 + l3)."""
+    return (lanes[..., 0] + lanes[..., 2]) + (lanes[..., 1] + lanes[..., 3])
+
+
+def _head_sum(x: torch.Tensor, w: torch.Tensor, h: int) -> torch.Tensor:
+    """Sum of the first h products in order: [B, K] x [C, K] -> [B, C]."""
+    s = x[:, None, 0] * w[None, :, 0]
+    for k in range(1, h):
+        s = s + x[:, None, k] * w[None, :, k]
+    return s
+
+
+def _groups(t: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """[R, K] -> [count, R, 4]: the groups of four elements from `start`, group-major and contiguous."""
+    return t[:, start:start + 4 * count].reshape(int(t.shape[0]), count, 4).transpose(0, 1).contiguous()
+
+
+def _lane_sums(x: torch.Tensor, w: torch.Tensor, start: int, count: int, head: torch.Tensor,
+               accumulators: int) -> torch.Tensor:
+    """Groups `start`.. of four products into `accumulators` four-lane partial sums taken in turn (the first
+    accumulator's lane 0 starting from `head`), added lane by lane and reduced: [B, C]."""
+    xg, wg = _groups(x, start, count), _groups(w, start, count)
+    accs: List[torch.Tensor] = []
+    product = torch.empty(int(x.shape[0]), int(w.shape[0]), 4, dtype=torch.float32, device=x.device)
+    for i in range(count):
+        torch.mul(xg[i][:, None, :], wg[i][None, :, :], out=product)  # rounded products, then one addition each
+        if i < accumulators:
+            accs.append(product.clone())
+            if i == 0:
+                accs[0][..., 0] = head + accs[0][..., 0]
+        else:
+            accs[i % accumulators].add_(product)
+    lanes = accs[0]
+    for extra in accs[1:]:
+        lanes = lanes + extra
+    return _reduce_lanes(lanes)
+
+
+def _quad(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    k_total = int(x.shape[1])
+    h = (k_total - 1) % 4 + 1
+    s = _head_sum(x, w, h)
+    if k_total == h:
+        return s
+    return _lane_sums(x, w, h, (k_total - h) // 4, s, 1)
+
+
+def _wide_or_narrow(x: torch.Tensor, w: torch.Tensor, accumulators: int) -> torch.Tensor:
+    k_total = int(x.shape[1])
+    h = min(4, k_total)
+    s = _head_sum(x, w, h)
+    n_body = 8 * ((k_total - h) // 8)
+    if n_body:
+        s = _lane_sums(x, w, h, n_body // 4, s, accumulators)
+    for k in range(h + n_body, k_total):
+        s = s + x[:, None, k] * w[None, :, k]
+    return s
+
+
+def _dot_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """[B, K] x [N, K] -> [B, N] float32 in the order above."""
+    n_out = int(w.shape[0])
+    main = 4 * (n_out // 4)
+    out = torch.empty(int(x.shape[0]), n_out, dtype=torch.float32, device=x.device)
+    if main:
+        out[:, :main] = _quad(x, w[:main])
+    rest = n_out - main
+    for r in range(rest):
+        n = main + r
+        second_of_pair = r % 2 == 1 and r < 2 * (rest // 2)
+        out[:, n:n + 1] = _wide_or_narrow(x, w[n:n + 1], 1 if second_of_pair else 2)
+    return out
+
+
+def linear_float32(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+    """y = x @ w.T + b over the last axis of a float32 `x`, summed in the module's order; float32 result."""
+    x32 = x.to(torch.float32)
+    w32 = w.to(device=x32.device, dtype=torch.float32)
+    lead = tuple(x32.shape[:-1])
+    rows = x32.reshape(-1, int(x32.shape[-1]))
+    step = max(1, MAX_LANE_ELEMENTS // max(1, 4 * int(w32.shape[0])))
+    parts = [_dot_rows(rows[i:i + step], w32) for i in range(0, int(rows.shape[0]), step)]
+    y = torch.cat(parts) if parts else torch.empty(0, int(w32.shape[0]), dtype=torch.float32, device=x32.device)
+    if b is not None:
+        y = y + b.to(device=y.device, dtype=torch.float32)
+    return y.reshape(*lead, int(w32.shape[0]))
