@@ -24,6 +24,18 @@ def unrounded_input(node: PyNode, index: int = 0) -> torch.Tensor:
     return t.betensor
 
 
+def float_biases(node: PyNode, count: int, like: torch.Tensor) -> Optional[torch.Tensor]:
+    """The `biases` constant as a flat [count] tensor of `like`'s dtype and device (None when absent); a bias of
+    another size is an IR error naming the layer."""
+    t = node.get_constant("biases", optional=True)
+    if t is None:
+        return None
+    b = t.betensor.to(device=like.device, dtype=like.dtype)
+    if b.numel() != count:
+        raise node._error(f"biases must have {count} elements (one per output channel), got shape {list(b.shape)}")
+    return b.reshape(count)
+
+
 def keep_unrounded(node: PyNode, value: torch.Tensor, dtype: torch.dtype) -> None:
     """Output 0 of a float forward: `value` rounded to `dtype`, with `value` itself kept for `unrounded_input`
     when it is wider."""

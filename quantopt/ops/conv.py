@@ -20,7 +20,7 @@ from ._quant import (
     mac_weights,
     quantize_mac,
 )
-from ._shared import apply_fused_activation, keep_unrounded, unrounded_input
+from ._shared import apply_fused_activation, float_biases, keep_unrounded, unrounded_input
 from .catalog import describe_op
 
 _MISSING = object()
@@ -76,16 +76,6 @@ def _check_weights(node: PyNode, w: torch.Tensor, in_c: int, depthwise: bool) ->
     return group
 
 
-def _bias(node: PyNode, out_c: int, like: torch.Tensor) -> torch.Tensor | None:
-    t = node.get_constant("biases", optional=True)
-    if t is None:
-        return None
-    b = t.betensor.to(device=like.device, dtype=like.dtype)
-    if b.numel() != out_c:
-        raise node._error(f"biases must have {out_c} elements (one per output channel), got shape {list(b.shape)}")
-    return b.reshape(out_c)
-
-
 def conv2d_nhwc(node: PyNode, depthwise: bool) -> torch.Tensor:
     """Float NHWC convolution of the node's input with its constants, before the fused activation, in float64.
 
@@ -94,7 +84,7 @@ def conv2d_nhwc(node: PyNode, depthwise: bool) -> torch.Tensor:
     unrounded where the producer kept it (`unrounded_input`)."""
     x = unrounded_input(node)
     w = node.get_constant("weights").betensor.to(device=x.device, dtype=MAC_FLOAT_DTYPE)
-    return _conv_nhwc(node, x.to(MAC_FLOAT_DTYPE), w, _bias(node, int(w.shape[0]), w), depthwise, 0.0)
+    return _conv_nhwc(node, x.to(MAC_FLOAT_DTYPE), w, float_biases(node, int(w.shape[0]), w), depthwise, 0.0)
 
 
 def _conv_float_forward(node: PyNode, depthwise: bool) -> None:

@@ -35,7 +35,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import apply_fused_activation, bool_param
+from ._shared import apply_fused_activation, bool_param, float_biases
 from .catalog import describe_op
 
 FLOAT64_EXACT = 2 ** 53
@@ -77,7 +77,7 @@ def fully_connected_forward(self: PyNode) -> None:
     if dtype == torch.float32 and not needs_grad:
         w32 = weights.to(device=x.device, dtype=torch.float32)
         _check_fc_shapes(self, x, w32)
-        b32 = _fc_bias(self, int(w32.shape[0]), w32)
+        b32 = float_biases(self, int(w32.shape[0]), w32)
         x32 = x.to(torch.float32)
         y = linear_float32(x32, w32, b32) if FLOAT32_FC_ORDER == "upstream" else F.linear(x32, w32, b32)
         self.outputs[0].betensor = apply_fused_activation(self, y)
@@ -85,19 +85,9 @@ def fully_connected_forward(self: PyNode) -> None:
     x = x.to(MAC_FLOAT_DTYPE)
     w = weights.to(device=x.device, dtype=MAC_FLOAT_DTYPE)
     _check_fc_shapes(self, x, w)
-    b = _fc_bias(self, int(w.shape[0]), w)
+    b = float_biases(self, int(w.shape[0]), w)
     # float64 accumulation rounded once, as for convolutions (conv.py, MAC_FLOAT_DTYPE)
     self.outputs[0].betensor = apply_fused_activation(self, F.linear(x, w, b).to(dtype))
-
-
-def _fc_bias(node: PyNode, out_f: int, like: torch.Tensor) -> Optional[torch.Tensor]:
-    b_t = node.get_constant("biases", optional=True)
-    if b_t is None:
-        return None
-    b = b_t.betensor.to(device=like.device, dtype=like.dtype)
-    if b.numel() != out_f:
-        raise node._error(f"biases must have {out_f} elements, got shape {list(b.shape)}")
-    return b.reshape(out_f)
 
 
 @quant_register(OpType.FullyConnected)
