@@ -111,5 +111,9 @@ def test_only_a_float_forward_keeps_an_unrounded_value() -> None:
     quantized.node("conv").outputs[0].unrounded = torch.zeros(1, dtype=torch.float64)  # a stale value
     quantized.forward(_inputs()[:1], keep_tensors=True)
     assert quantized.node("conv").outputs[0].unrounded is None  # every forward drops it before running
+    conv_out.unrounded = torch.zeros(1, dtype=torch.float64)
+    conv_out.betensor = torch.zeros(1)  # a new value (fake quant, isolated similarity) drops the old unrounded one
+    assert conv_out.unrounded is None
+    conv_out.unrounded = torch.zeros(1, dtype=torch.float64)
     conv_out.release()
     assert conv_out.unrounded is None
