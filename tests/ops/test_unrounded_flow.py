@@ -36,6 +36,10 @@ def _chain(act: str, reader: str, seed: int = 0) -> Tuple[PyGraph, Dict, Dict]:
     if reader == "Convolution":
         second = _conv_constants(rng)
         out = b.layer("Convolution", [y], [[1, H, W, C]], name="reader", params=_conv_params(), constants=second)
+    elif reader == "DepthwiseConv":
+        second = _conv_constants(rng, cin=1)
+        out = b.layer("DepthwiseConv", [y], [[1, H, W, C]], name="reader", params=_conv_params(group=C),
+                      constants=second)
     elif reader == "PRELU":
         second = {"negative_slope": torch.from_numpy(rng.uniform(0.05, 0.9, C).astype(np.float32))}
         out = b.layer("Activation", [y], [[1, H, W, C]], name="reader", params={"method": "PRELU"},
@@ -86,6 +90,18 @@ def test_convolution_reads_the_unrounded_convolution() -> None:
         c = _conv64(x.numpy(), first)
         np.testing.assert_array_equal(got, _f32(_conv64(c, second)))
         moved += int((_f32(_conv64(c, second)) != _f32(_conv64(_f32(c), second))).sum())
+    assert moved > 0
+
+
+def test_depthwise_convolution_reads_the_unrounded_convolution() -> None:
+    graph, first, second = _chain("NONE", "DepthwiseConv")
+    w = second["weights"].numpy().astype(np.float64)[:, 0, 0, 0]
+    b = second["biases"].numpy().astype(np.float64)
+    moved = 0
+    for x, got in zip(_inputs(), _run(graph, _inputs())):
+        c = _conv64(x.numpy(), first)
+        np.testing.assert_array_equal(got, _f32(c * w + b))
+        moved += int((_f32(c * w + b) != _f32(_f32(c) * w + b)).sum())
     assert moved > 0
 
 
