@@ -1,6 +1,7 @@
 """Benchmark: how closely quantopt reproduces the upstream optimizer's goldens, layer by layer and range by range.
 
     python benchmarks/golden_ranges.py [model ...] [--goldens A,B,C] [--models-dir DIR] [--torch-float32 fc|mac]
+                                       [--set FIELD=VALUE ...]
 
 For each shared model and golden (`golden/{A,B,C}/opt.cfg`), runs `quantopt --cfg` with the golden's cfg and prints
 two figures:
@@ -9,6 +10,7 @@ two figures:
   out, as in tests/test_golden_conformance.py);
 - identical ranges: how many calibrated tensors have the golden template's `fmin` and `fmax` bit for bit.
 
+`--set FIELD=VALUE` adds a cfg field to every golden's cfg (e.g. `--set fc_float_summation=float64`).
 `--torch-float32 fc` computes the float forward of FullyConnected with torch's float32 kernel instead of quantopt's
 fixed float32 order (ops/_fc_order.py); `--torch-float32 mac` also runs Convolution/DepthwiseConv in torch's float32
 instead of quantopt's float64. Those kernels sum in an
@@ -21,7 +23,7 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -43,8 +45,9 @@ PATH_KEYS = ("graph", "bin", "calibration_data", "data", "label")
 SCALE_RTOL = 1e-6
 
 
-def golden_cfg(folder: Path, out: Path) -> Path:
-    """The golden's cfg with its relative paths made absolute and its output sent to `out`."""
+def golden_cfg(folder: Path, out: Path, extra: Sequence[str] = ()) -> Path:
+    """The golden's cfg with its relative paths made absolute, its output sent to `out` and `extra` lines
+    (`field = value`) added."""
     lines: List[str] = []
     for raw in (folder / "opt.cfg").read_text().splitlines():
         key, sep, value = raw.partition("=")
@@ -54,17 +57,19 @@ def golden_cfg(folder: Path, out: Path) -> Path:
         elif sep and k == "output_dir":
             raw = f"output_dir = {out}"
         lines.append(raw)
+    lines.extend(extra)
     cfg = out.parent / "golden.cfg"
     cfg.write_text("\n".join(lines) + "\n")
     return cfg
 
 
-def measure(models_dir: Path, model: str, letter: str, work: Path) -> Tuple[float, int, int, int]:
+def measure(models_dir: Path, model: str, letter: str, work: Path,
+            extra: Sequence[str] = ()) -> Tuple[float, int, int, int]:
     """(identical-layer share, layers, tensors with identical ranges, tensors compared) for one golden."""
     folder = models_dir / model / "golden" / letter
     out = work / f"{model}_{letter}" / "out"
     out.mkdir(parents=True)
-    if quantopt_main(["--cfg", str(golden_cfg(folder, out)), "--log-level", "ERROR"]) != 0:
+    if quantopt_main(["--cfg", str(golden_cfg(folder, out, extra)), "--log-level", "ERROR"]) != 0:
         raise SystemExit(f"quantopt failed on {folder / 'opt.cfg'}")
     mine, golden = read_ir(str(out / f"{model}_o.txt")), read_ir(str(folder / f"{model}_o.txt"))
     diffs = compare_quantized_irs(mine, golden, rtol=SCALE_RTOL)
@@ -84,7 +89,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--torch-float32", choices=("none", "fc", "mac"), default="none",
                         help="layers whose float forward runs torch's float32 kernel instead of quantopt's own sums: "
                              "none, FullyConnected (fc), or FullyConnected and convolutions (mac)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a cfg field added to every golden's cfg (repeatable)")
     args = parser.parse_args(argv)
+    extra = []
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--set expects FIELD=VALUE, got {item!r}")
+        extra.append(f"{key.strip()} = {value.strip()}")
     # diagnostic switches of this script only (quantopt itself never uses torch's float32 kernels here)
     if args.torch_float32 in ("fc", "mac"):
         linear_ops.FLOAT32_FC_ORDER = "torch"
@@ -98,7 +111,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if not (args.models_dir / model / "golden" / letter / "opt.cfg").is_file():
                     print(f"{model}/{letter}: no golden here, skipped")
                     continue
-                share, layers, same, compared = measure(args.models_dir, model, letter, Path(tmp))
+                share, layers, same, compared = measure(args.models_dir, model, letter, Path(tmp), extra)
                 print(f"{model + '/' + letter:<18} {share:>8.1%} of {layers:<6} {same:>8} of {compared:<6}",
                       flush=True)
     return 0

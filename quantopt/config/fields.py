@@ -140,6 +140,11 @@ field("remain_shift", None, OptionalIntKind(0, 32),
 field("set_qinvariant_for_start_nodes", [], IntListKind(),
       "layer ids of Input/Constant layers whose values are used as integers (scale 1, zero point 0)",
       group="quantization")
+field("fc_float_summation", "upstream", ChoiceKind(("upstream", "float64")),
+      "how the float forward sums FullyConnected layers: upstream, in float32 in the upstream optimizer's fixed "
+      "order (calibrated ranges identical to its; 30-200x slower than a BLAS kernel on large layers), or float64, "
+      "exactly rounded (fast, the same on every machine, ranges may differ from upstream's by an ulp)",
+      group="quantization")
 field("unify_scales_for_concat_threshold", 1.05, FloatKind(minimum=1.0),
       "Concat inputs whose scales differ by at most this ratio (and share the zero point) are not requantized; "
       "also the threshold of unify_scales_for_concat", group="quantization")

@@ -71,10 +71,12 @@ def fully_connected_forward(self: PyNode) -> None:
     weights = self.get_constant("weights").betensor
     biases = self.get_constant("biases", optional=True)
     # gradient-based calibration (global_calibration) differentiates through the layer: it gets the float64 sum,
-    # which autograd follows; calibrated ranges never need gradients and use the fixed float32 order
+    # which autograd follows; calibrated ranges never need gradients and use the fixed float32 order unless the
+    # cfg's fc_float_summation asks for the float64 sum
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or weights.requires_grad
                                               or (biases is not None and biases.betensor.requires_grad))
-    if dtype == torch.float32 and not needs_grad:
+    upstream_order = node_fc_summation(self) == "upstream"
+    if dtype == torch.float32 and upstream_order and not needs_grad:
         w32 = weights.to(device=x.device, dtype=torch.float32)
         _check_fc_shapes(self, x, w32)
         b32 = float_biases(self, int(w32.shape[0]), w32)
@@ -93,6 +95,11 @@ def fully_connected_forward(self: PyNode) -> None:
 @quant_register(OpType.FullyConnected)
 def fully_connected_quantize(self: PyNode) -> None:
     quantize_mac(self, per_channel=layer_settings(self).q_mode_weight.startswith("per_channel"))
+
+
+def node_fc_summation(node: PyNode) -> str:
+    """The layer's `fc_float_summation` (the default where no cfg resolved its settings)."""
+    return node.settings.fc_float_summation if node.settings is not None else "upstream"
 
 
 def _check_fc_shapes(self: PyNode, x: torch.Tensor, w: torch.Tensor) -> None:

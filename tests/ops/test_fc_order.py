@@ -128,3 +128,44 @@ def test_equals_mkl_single_threaded_sse42_kernel() -> None:
     for x, w, b, y in json.loads(run.stdout):
         got = linear_float32(torch.tensor(x), torch.tensor(w), torch.tensor(b))
         assert torch.equal(got, torch.tensor(y)), f"K={len(x[0])}, N={len(w)}"
+
+
+def _fc_graph(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor):
+    from quantopt.graph.builder import GraphBuilder
+
+    g = GraphBuilder("fc")
+    i = g.input("x", list(x.shape))
+    out = g.layer("FullyConnected", [i], [[int(x.shape[0]), int(w.shape[0])]], name="fc",
+                  params={"num_output": int(w.shape[0])}, constants={"weights": w, "biases": b})
+    return g.build([out])
+
+
+def test_fc_float_summation_field_chooses_the_sum() -> None:
+    """The cfg field `fc_float_summation`: upstream's float32 order by default, float64 rounded once on request."""
+    import dataclasses
+
+    from quantopt.config.layer_settings import LayerSettings
+
+    rng = np.random.default_rng(11)
+    x = torch.from_numpy(rng.standard_normal((16, 200)).astype(np.float32))
+    w = torch.from_numpy(rng.standard_normal((10, 200)).astype(np.float32))
+    b = torch.from_numpy(rng.standard_normal(10).astype(np.float32))
+    graph = _fc_graph(x, w, b)
+    assert torch.equal(graph.forward([x])[0], linear_float32(x, w, b))
+    graph.node("fc").settings = dataclasses.replace(LayerSettings(), fc_float_summation="float64")
+    exact = (x.double() @ w.double().T + b.double()).float()
+    assert torch.equal(graph.forward([x])[0], exact)
+    assert not torch.equal(exact, linear_float32(x, w, b))
+
+
+def test_fc_float_summation_field_is_read_from_the_cfg(tmp_path) -> None:
+    from quantopt.config.reader import read_cfg
+    from quantopt.errors import ConfigError
+
+    (tmp_path / "m.txt").write_text("")
+    base = "[Common]\ngraph = m.txt\ncalibrate_with_zero_inputs = true\n"
+    (tmp_path / "ok.cfg").write_text(base + "fc_float_summation = float64\n")
+    assert read_cfg(str(tmp_path / "ok.cfg")).fc_float_summation == "float64"
+    (tmp_path / "bad.cfg").write_text(base + "fc_float_summation = fast\n")
+    with pytest.raises(ConfigError, match="fc_float_summation"):
+        read_cfg(str(tmp_path / "bad.cfg"))
