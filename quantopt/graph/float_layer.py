@@ -61,6 +61,5 @@ def run_float_layer(node: Any, fn: Callable[[Any], None]) -> None:
         finally:
             w.betensor = stored
     for t in node.outputs:
-        t.unrounded = None  # a float island's readers see its output type's values only
         if t.dtype in NARROW_FLOATS:
             t.betensor = round_to_float_dtype(t.betensor, t.dtype)

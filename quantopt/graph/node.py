@@ -80,8 +80,6 @@ class PyNode:
         fn = forward_function(self.type)
         if fn is None:
             raise self._error("no forward implementation is registered for this operator type")
-        for t in self.outputs:
-            t.unrounded = None  # set again only by a float forward that keeps one
         override = self.attrs.get("forward_override")
         if override is not None:
             override(self, fn)

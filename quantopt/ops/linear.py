@@ -70,36 +70,26 @@ def fully_connected_forward(self: PyNode) -> None:
     dtype = _compute_dtype(x)
     weights = self.get_constant("weights").betensor
     biases = self.get_constant("biases", optional=True)
-    # gradient-based calibration (global_calibration) differentiates through the layer: it gets the float64 sum,
-    # which autograd follows; calibrated ranges never need gradients and use the fixed float32 order unless the
-    # cfg's fc_float_summation asks for the float64 sum
+    # float32 inputs are summed in upstream's fixed float32 order (cfg fc_float_summation = upstream); otherwise,
+    # and for gradient-based calibration that differentiates through the layer, the float64 sum rounded once
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or weights.requires_grad
                                               or (biases is not None and biases.betensor.requires_grad))
-    upstream_order = node_fc_summation(self) == "upstream"
-    if dtype == torch.float32 and upstream_order and not needs_grad:
-        w32 = weights.to(device=x.device, dtype=torch.float32)
-        _check_fc_shapes(self, x, w32)
-        b32 = float_biases(self, int(w32.shape[0]), w32)
-        x32 = x.to(torch.float32)
-        y = linear_float32(x32, w32, b32) if FLOAT32_FC_ORDER == "upstream" else F.linear(x32, w32, b32)
-        self.outputs[0].betensor = apply_fused_activation(self, y)
-        return
-    x = x.to(MAC_FLOAT_DTYPE)
-    w = weights.to(device=x.device, dtype=MAC_FLOAT_DTYPE)
+    ordered = dtype == torch.float32 and layer_settings(self).fc_float_summation == "upstream" and not needs_grad
+    acc = torch.float32 if ordered else MAC_FLOAT_DTYPE
+    w = weights.to(device=x.device, dtype=acc)
     _check_fc_shapes(self, x, w)
     b = float_biases(self, int(w.shape[0]), w)
-    # float64 accumulation rounded once, as for convolutions (conv.py, MAC_FLOAT_DTYPE)
-    self.outputs[0].betensor = apply_fused_activation(self, F.linear(x, w, b).to(dtype))
+    x = x.to(acc)
+    if not ordered:
+        y = F.linear(x, w, b).to(dtype)
+    else:
+        y = linear_float32(x, w, b) if FLOAT32_FC_ORDER == "upstream" else F.linear(x, w, b)
+    self.outputs[0].betensor = apply_fused_activation(self, y)
 
 
 @quant_register(OpType.FullyConnected)
 def fully_connected_quantize(self: PyNode) -> None:
     quantize_mac(self, per_channel=layer_settings(self).q_mode_weight.startswith("per_channel"))
-
-
-def node_fc_summation(node: PyNode) -> str:
-    """The layer's `fc_float_summation` (the default where no cfg resolved its settings)."""
-    return node.settings.fc_float_summation if node.settings is not None else "upstream"
 
 
 def _check_fc_shapes(self: PyNode, x: torch.Tensor, w: torch.Tensor) -> None:
