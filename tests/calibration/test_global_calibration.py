@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import shared_model_dir
+from global_helpers import RecordedLog, one_thread  # noqa: F401 (one_thread is a fixture)
 
 from quantopt.calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
 from quantopt.calibration.global_methods import (
@@ -32,12 +33,7 @@ PER_TENSOR = "per_tensor_symmetric_restricted_range"
 PER_CHANNEL = "per_channel_symmetric_restricted_range"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------------------------------------ parser
@@ -182,15 +178,6 @@ def _same(a, b) -> bool:
     return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: List[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 @pytest.mark.parametrize("spec, mode", [
     ("bias_correction[3]", PER_TENSOR),
     ("easy_quant[3]", PER_TENSOR),
@@ -203,7 +190,7 @@ def test_method_lowers_layer_reconstruction_error(spec: str, mode: str) -> None:
     reference = plain.clone()
     before = reconstruction_errors(plain, reference, _data())
     g = _calibrated(mode)
-    handler = _Records()
+    handler = RecordedLog()
     LOGGER.addHandler(handler)
     level = LOGGER.level
     LOGGER.setLevel(logging.DEBUG)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import shared_model_dir
+from global_helpers import RecordedLog, one_thread  # noqa: F401 (one_thread is a fixture)
 
 from quantopt.calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
 from quantopt.calibration.global_methods import (
@@ -29,26 +30,12 @@ PER_TENSOR = "per_tensor_symmetric_restricted_range"
 PER_CHANNEL = "per_channel_symmetric_restricted_range"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: List[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _run(g, spec: str, batches) -> tuple:
     """apply_global_calibration with its log captured: (report, log lines)."""
-    handler = _Records()
+    handler = RecordedLog()
     LOGGER.addHandler(handler)
     level = LOGGER.level
     LOGGER.setLevel(logging.DEBUG)
