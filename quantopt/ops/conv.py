@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from ..graph.node import PyNode
 from ..graph.optype import OpType
@@ -20,6 +19,7 @@ from ._quant import (
     mac_weights,
     quantize_mac,
 )
+from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
 from ._shared import apply_fused_activation, float_biases, keep_unrounded, unrounded_input
 from .catalog import describe_op
 
@@ -84,7 +84,7 @@ def conv2d_nhwc(node: PyNode, depthwise: bool) -> torch.Tensor:
     unrounded where the producer kept it (`unrounded_input`)."""
     x = unrounded_input(node)
     w = node.get_constant("weights").betensor.to(device=x.device, dtype=MAC_FLOAT_DTYPE)
-    return _conv_nhwc(node, x.to(MAC_FLOAT_DTYPE), w, float_biases(node, int(w.shape[0]), w), depthwise, 0.0)
+    return _conv_nhwc(node, x, w, float_biases(node, int(w.shape[0]), w), depthwise, 0.0, MAC_FLOAT_DTYPE)
 
 
 def _conv_float_forward(node: PyNode, depthwise: bool) -> None:
@@ -103,25 +103,23 @@ def conv2d_nhwc_int(node: PyNode, depthwise: bool) -> torch.Tensor:
     """Exact integer accumulator conv(x_q padded with -zp_in, w_q + zp_w) as float64, bias not added."""
     x, zp = mac_input(node)
     w, dtype = mac_weights(node)
-    acc = _conv_nhwc(node, x.to(dtype), w, None, depthwise, float(-zp))
+    acc = _conv_nhwc(node, x, w, None, depthwise, float(-zp), dtype)
     return acc.to(torch.float64)
 
 
 def _conv_nhwc(node: PyNode, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, depthwise: bool,
-               pad_value: float) -> torch.Tensor:
+               pad_value: float, dtype: torch.dtype) -> torch.Tensor:
+    """Checked convolution of NHWC `x` computed in `dtype` (the input is converted while it is padded)."""
     if x.dim() != 4:
         raise node._error(f"input must be 4-D NHWC, got shape {list(x.shape)}")
     group = _check_weights(node, w, int(x.shape[3]), depthwise)
     stride, dilation, pads = _geometry(node)
-    xc = x.permute(0, 3, 1, 2)
-    if any(pads):
-        xc = F.pad(xc, pads, value=pad_value)
     kh, kw = int(w.shape[1]), int(w.shape[2])
     need = ((kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1)
-    if xc.shape[2] < need[0] or xc.shape[3] < need[1]:
-        raise node._error(f"padded input {list(xc.shape[2:])} (HW) is smaller than the dilated kernel {list(need)}")
-    y = F.conv2d(xc, w.permute(0, 3, 1, 2), bias, stride=stride, padding=0, dilation=dilation, groups=group)
-    return y.permute(0, 2, 3, 1).contiguous()
+    padded = (int(x.shape[1]) + pads[2] + pads[3], int(x.shape[2]) + pads[0] + pads[1])
+    if padded[0] < need[0] or padded[1] < need[1]:
+        raise node._error(f"padded input {list(padded)} (HW) is smaller than the dilated kernel {list(need)}")
+    return _conv2d_kernel(x, w, bias, stride, dilation, pads, group, pad_value, dtype)
 
 
 @op_register(OpType.Convolution)

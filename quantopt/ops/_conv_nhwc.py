@@ -1,0 +1,127 @@
+"""2-D convolution kernels on NHWC tensors, in the tensor's own dtype, without layout permutes.
+
+The float forward accumulates convolutions in float64 (docs/architecture.md, "Float reference"), where torch's own
+convolution is slow (no vectorised float64 kernel, and a channels-last view is permuted to NCHW first). These kernels
+keep the data channels-last and contiguous:
+
+- a depthwise convolution (one input channel per group) is a sum over the kernel taps of a shifted, strided view
+  of the padded input times that tap's per-channel weights (`addcmul_`, vectorised over channels);
+- any other convolution is one GEMM per group over the unfolded input (im2col on NHWC: patches
+  [N·Ho·Wo, kh·kw·Cg] against weights [out_g, kh·kw·Cg]), a 1×1 unit-stride one needing no unfolding at all.
+
+Products of float32 operands are exact in float64, so the float64 result differs from another summation order only
+in its last bits, which decide a float32 rounding only at near-ties (the golden conformance test and
+benchmarks/golden_ranges.py check the calibrated ranges). The integer forward calls the same kernels on exact
+integers held in float32 or float64 (bounded below 2^24 or 2^53), where the order does not matter at all.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+MAX_PATCH_ELEMENTS = 1 << 24
+"""Unfolded-input elements held at once (128 MiB of float64); larger inputs are convolved in bands of output rows."""
+
+
+def pad_nhwc(x: torch.Tensor, pads: Tuple[int, int, int, int], value: float,
+             dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """x [N, H, W, C] as `dtype`, padded by (left, right, top, bottom) with `value`: one pass over the data (the
+    interior is copied and converted at once, only the border is filled)."""
+    dtype = dtype or x.dtype
+    if not any(pads):
+        return x.to(dtype).contiguous()
+    left, right, top, bottom = pads
+    n, h, w, c = (int(s) for s in x.shape)
+    out = torch.empty(n, h + top + bottom, w + left + right, c, dtype=dtype, device=x.device)
+    out[:, top:top + h, left:left + w].copy_(x)
+    for rows in (slice(0, top), slice(top + h, None)):
+        out[:, rows].fill_(value)
+    for cols in (slice(0, left), slice(left + w, None)):
+        out[:, top:top + h, cols].fill_(value)
+    return out
+
+
+def output_size(size: int, kernel: int, stride: int, dilation: int) -> int:
+    """Output length of a padding-free convolution along one axis."""
+    return (size - (kernel - 1) * dilation - 1) // stride + 1
+
+
+def _depthwise(xp: torch.Tensor, w: torch.Tensor, stride: Tuple[int, int], dilation: Tuple[int, int],
+               out_hw: Tuple[int, int]) -> torch.Tensor:
+    """xp [N, Hp, Wp, C] (padded), w [C·m, kh, kw, 1] (m output channels per input channel) -> [N, Ho, Wo, C·m]."""
+    out_c, kh, kw = int(w.shape[0]), int(w.shape[1]), int(w.shape[2])
+    multiplier = out_c // int(xp.shape[3])
+    if multiplier > 1:  # output channel o reads input channel o // m
+        xp = xp.repeat_interleave(multiplier, dim=3)
+    taps = w[..., 0].permute(1, 2, 0).contiguous()  # [kh, kw, out_c]: one contiguous weight vector per tap
+    (sy, sx), (dy, dx), (ho, wo) = stride, dilation, out_hw
+    out = torch.empty(int(xp.shape[0]), ho, wo, out_c, dtype=xp.dtype, device=xp.device)
+    for ky in range(kh):
+        for kx in range(kw):
+            y0, x0 = ky * dy, kx * dx
+            view = xp[:, y0:y0 + sy * (ho - 1) + 1:sy, x0:x0 + sx * (wo - 1) + 1:sx, :]
+            if ky == 0 and kx == 0:
+                torch.mul(view, taps[0, 0], out=out)
+            else:
+                out.addcmul_(view, taps[ky, kx])
+    return out
+
+
+def _patches(xp: torch.Tensor, kernel: Tuple[int, int], stride: Tuple[int, int], dilation: Tuple[int, int],
+             out_hw: Tuple[int, int]) -> torch.Tensor:
+    """Strided view [N, Ho, Wo, kh, kw, C] of the padded input: the im2col patches, not yet copied."""
+    n, _, _, c = (int(s) for s in xp.shape)
+    s_n, s_h, s_w, s_c = xp.stride()
+    (kh, kw), (sy, sx), (dy, dx), (ho, wo) = kernel, stride, dilation, out_hw
+    return xp.as_strided((n, ho, wo, kh, kw, c), (s_n, s_h * sy, s_w * sx, s_h * dy, s_w * dx, s_c))
+
+
+def _gemm_conv(xp: torch.Tensor, w: torch.Tensor, group: int, stride: Tuple[int, int], dilation: Tuple[int, int],
+               out_hw: Tuple[int, int]) -> torch.Tensor:
+    """Grouped convolution as one GEMM per group over the unfolded input; banded over output rows when the
+    unfolded input would be large."""
+    out_c, kh, kw, cin_g = (int(s) for s in w.shape)
+    n, c = int(xp.shape[0]), int(xp.shape[3])
+    ho, wo = out_hw
+    out_g = out_c // group
+    # [G, out_g, kh·kw·Cg]: the weights in the patches' (ky, kx, c) order, transposed for the GEMM
+    wg = w.reshape(group, out_g, kh, kw, cin_g).reshape(group, out_g, kh * kw * cin_g).transpose(1, 2)
+    if kh == kw == 1 and stride == (1, 1) and group == 1:  # a 1x1 unit-stride conv is a plain GEMM
+        return torch.matmul(xp.reshape(n * ho * wo, c), wg[0]).reshape(n, ho, wo, out_c)
+    rows = max(1, MAX_PATCH_ELEMENTS // max(1, n * wo * kh * kw * c))
+    bands = []
+    for r0 in range(0, ho, rows):
+        r1 = min(ho, r0 + rows)
+        sy = stride[0]
+        band = xp[:, r0 * sy:(r1 - 1) * sy + (kh - 1) * dilation[0] + 1]
+        patches = _patches(band, (kh, kw), stride, dilation, (r1 - r0, wo))
+        m = n * (r1 - r0) * wo
+        if group == 1:
+            y = torch.matmul(patches.reshape(m, kh * kw * c), wg[0])
+        else:  # [G, M, kh·kw·Cg] @ [G, kh·kw·Cg, out_g] -> [G, M, out_g] -> [M, G·out_g]
+            p = patches.reshape(m, kh * kw, group, cin_g).permute(2, 0, 1, 3).reshape(group, m, kh * kw * cin_g)
+            y = torch.bmm(p, wg).permute(1, 0, 2).reshape(m, out_c)
+        bands.append(y.reshape(n, r1 - r0, wo, out_c))
+    return bands[0] if len(bands) == 1 else torch.cat(bands, dim=1)
+
+
+def conv2d_nhwc(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: Tuple[int, int],
+                dilation: Tuple[int, int], pads: Tuple[int, int, int, int], group: int,
+                pad_value: float = 0.0, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Convolution of x [N, H, W, C] with OHWI weights [out_c, kh, kw, C/group] in `dtype` (default x's), plus
+    `bias` [out_c] added last; pads are (left, right, top, bottom) filled with `pad_value`. Shapes are checked by
+    the caller."""
+    xp = pad_nhwc(x, pads, pad_value, dtype)
+    out_c, kh, kw, cin_g = (int(s) for s in w.shape)
+    out_hw = (output_size(int(xp.shape[1]), kh, stride[0], dilation[0]),
+              output_size(int(xp.shape[2]), kw, stride[1], dilation[1]))
+    w = w.to(dtype=xp.dtype, device=xp.device)
+    if cin_g == 1 and group == int(xp.shape[3]) and group > 1:
+        y = _depthwise(xp, w, stride, dilation, out_hw)
+    else:
+        y = _gemm_conv(xp, w, group, stride, dilation, out_hw)
+    if bias is not None:
+        y = y + bias.to(dtype=y.dtype, device=y.device)
+    return y
