@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
 MAX_PATCH_ELEMENTS = 1 << 24
 """Unfolded-input elements held at once (128 MiB of float64); larger inputs are convolved in bands of output rows."""

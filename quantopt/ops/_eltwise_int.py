@@ -14,7 +14,7 @@ from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 from ..quant.requant import range_dtype
-from ..quant.rounding import INT64_SAFE
+from ..quant.rounding import INT64_SAFE, MAGIC_EXACT, int_to_float64
 from ._quant import (
     fused_activation,
     fused_activation_clamp,
@@ -30,6 +30,16 @@ def offset_absmax(t: PyTensor) -> int:
     lo, hi = out_range(t)
     zp = tensor_zp(t)
     return max(abs(lo + zp), abs(hi + zp))
+
+
+def offset_value(t: PyTensor, dtype: torch.dtype) -> torch.Tensor:
+    """q + zp of a quantized tensor as `dtype` (float64 only where the caller's bound proves it exact)."""
+    x = t.betensor
+    if x.is_floating_point():  # integers held in a float tensor (a hand-fed input)
+        x = torch.round(x.to(torch.float64))
+    elif dtype == torch.float64 and offset_absmax(t) < MAGIC_EXACT:  # the stored range bounds the values
+        return int_to_float64(x.to(torch.int64)) + tensor_zp(t)
+    return x.to(dtype) + tensor_zp(t)
 
 
 def check_int64_bound(node: PyNode, bound: int, what: str) -> None:

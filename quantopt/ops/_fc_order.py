@@ -27,7 +27,9 @@ import torch
 MAX_LANE_ELEMENTS = 1 << 22
 """Partial sums held at once (rows x columns x 4); more rows are summed in chunks."""
 MAX_TILE_PRODUCTS = 1 << 18
-"""Products of one tile of columns (1 MiB of float32), summed while they are still in cache."""
+"""Products made and summed at once (512 KiB of float32), so that they are summed while still in cache."""
+MIN_TILE_COLUMNS, MIN_TILE_GROUPS = 64, 8
+"""A tile spans at least this many columns (long contiguous passes) and, where that allows, this many groups."""
 
 
 def _reduce_lanes(lanes: torch.Tensor) -> torch.Tensor:
@@ -69,22 +71,14 @@ def _lane_sums(x: torch.Tensor, w: torch.Tensor, start: int, count: int, head: t
     return _reduce_lanes(lanes)
 
 
-def _sequential_sum(terms: torch.Tensor) -> torch.Tensor:
-    """terms [S, ...] -> [...]: ((t0 + t1) + t2) + ... in float32, one addition at a time.
-
-    On the CPU this is one numpy reduction over the leading axis of a C-contiguous array, which numpy performs
-    as S - 1 element-wise additions of whole rows (pairwise summation applies only along the contiguous axis);
-    tests/ops/test_fc_order.py checks it against a scalar reference. Elsewhere it is a loop of in-place adds."""
-    if terms.device.type == "cpu" and not terms.requires_grad:
-        return torch.from_numpy(np.add.reduce(terms.contiguous().numpy(), axis=0))
-    acc = terms[0].clone()
-    for i in range(1, int(terms.shape[0])):
-        acc.add_(terms[i])
-    return acc
-
-
 def _quad(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Blocks of four columns, in tiles of columns sized so the products of a tile stay in cache."""
+    """Blocks of four columns, computed with numpy on the CPU.
+
+    The products are made and summed in tiles (a band of columns, a run of groups) small enough to stay in cache;
+    each lane's running sum is carried from one run to the next. A tile's sum is one `np.add.reduce` over the
+    leading axis of a C-contiguous array, which numpy performs as one element-wise addition of whole rows after
+    another (pairwise summation applies only along the contiguous axis); tests/ops/test_fc_order.py checks the
+    result against a scalar reference."""
     k_total = int(x.shape[1])
     h = (k_total - 1) % 4 + 1
     s = _head_sum(x, w, h)
@@ -93,18 +87,30 @@ def _quad(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     count = (k_total - h) // 4
     rows, cols = int(x.shape[0]), int(w.shape[0])
     # [count, lane, rows, 1] and [count, lane, 1, cols]: product p_{h+4i+j} of group i at lane j, with the columns
-    # innermost so every element-wise pass runs over long contiguous rows
-    xg = x[:, h:].reshape(rows, count, 4).permute(1, 2, 0).contiguous()[:, :, :, None]
-    wg = w[:, h:].reshape(cols, count, 4).permute(1, 2, 0).contiguous()[:, :, None, :]
-    tile = max(4, MAX_TILE_PRODUCTS // max(1, 4 * count * rows))
-    out = torch.empty(rows, cols, dtype=torch.float32, device=x.device)
+    # innermost so every element-wise pass runs over contiguous rows
+    xg = x[:, h:].reshape(rows, count, 4).permute(1, 2, 0).contiguous().cpu().numpy()[:, :, :, None]
+    wg = w[:, h:].reshape(cols, count, 4).permute(1, 2, 0).contiguous().cpu().numpy()[:, :, None, :]
+    head = s.cpu().numpy()
+    tile = min(cols, max(MIN_TILE_COLUMNS, MAX_TILE_PRODUCTS // (4 * rows * MIN_TILE_GROUPS)))
+    run = max(1, MAX_TILE_PRODUCTS // (4 * rows * tile))
+    out = np.empty((rows, cols), dtype=np.float32)
+    terms = np.empty((min(run, count) + 1, 4, rows, tile), dtype=np.float32)
     for c0 in range(0, cols, tile):
         c1 = min(cols, c0 + tile)
-        products = xg * wg[..., c0:c1]  # each product rounded to float32
-        products[0, 0] = s[:, c0:c1] + products[0, 0]  # lane 0 starts from the head sum
-        lanes = _sequential_sum(products)  # [lane, rows, tile]
+        lanes = None
+        for g0 in range(0, count, run):
+            g1 = min(count, g0 + run)
+            if lanes is None:  # the first run: lane 0 starts from the head sum, the others from their product
+                part = terms[:g1 - g0, :, :, :c1 - c0]
+                np.multiply(xg[g0:g1], wg[g0:g1, :, :, c0:c1], out=part)  # each product rounded to float32
+                part[0, 0] = head[:, c0:c1] + part[0, 0]
+            else:  # later runs start from the running lanes
+                part = terms[:g1 - g0 + 1, :, :, :c1 - c0]
+                part[0] = lanes
+                np.multiply(xg[g0:g1], wg[g0:g1, :, :, c0:c1], out=part[1:])
+            lanes = np.add.reduce(part, axis=0)
         out[:, c0:c1] = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])
-    return out
+    return torch.from_numpy(out).to(x.device)
 
 
 def _wide_or_narrow(x: torch.Tensor, w: torch.Tensor, accumulators: int) -> torch.Tensor:

@@ -7,6 +7,7 @@ Quantized activations are int64 tensors holding values in [qmin, qmax].
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -22,15 +23,14 @@ from ..quant.requant import (
     aiff_ahead_shift,
     bias_quantize,
     compress_bias,
+    exact_int64,
     fold_input_zero_point,
     group_ranges,
     linear_requantize,
     scale_shift,
     unify_shifts_for_aiff,
 )
-
-FLOAT32_EXACT = 2 ** 24
-"""Integers below this magnitude, and all partial sums below it, are exact in float32."""
+from ..quant.rounding import FLOAT32_EXACT, FLOAT64_EXACT
 
 
 # ------------------------------------------------------------------------------------------------ settings / params
@@ -408,9 +408,30 @@ def mac_finish(node: PyNode, acc: torch.Tensor) -> torch.Tensor:
     else:
         acc = acc + b
     qmin, qmax = out_range(out)
+    fast = _requantize_exact_float64(acc, mult, shift, tensor_zp(out), qmin, qmax)
+    if fast is not None:
+        return fused_activation_clamp(node, fast)
     axis = -1 if isinstance(mult, torch.Tensor) else None
     y = linear_requantize(acc, mult, shift, tensor_zp(out), qmin, qmax, axis=axis)
     return fused_activation_clamp(node, y)
+
+
+def _requantize_exact_float64(acc: torch.Tensor, mult: Union[int, torch.Tensor], shift: Union[int, torch.Tensor],
+                              zp_out: Union[int, float], qmin: int, qmax: int) -> Optional[torch.Tensor]:
+    """`linear_requantize` of a fresh float64 accumulator of finite integers (channels last), done in place in
+    four passes, when one look at its extrema proves |acc * M| < 2^53 (the usual case); None otherwise, for the
+    general path (NaN, wide accumulators, per-channel zero points)."""
+    if acc.dtype != torch.float64 or not acc.numel() or isinstance(zp_out, torch.Tensor):
+        return None
+    lo, hi = (float(v) for v in torch.aminmax(acc))
+    m = torch.as_tensor(mult, dtype=torch.float64, device=acc.device)
+    s = torch.as_tensor(shift, dtype=torch.float64, device=acc.device)
+    if not (math.isfinite(lo) and math.isfinite(hi)) or max(-lo, hi) * float(m.abs().max()) >= FLOAT64_EXACT:
+        return None
+    if not -900 < float(s.min()) <= float(s.max()) < 900:
+        return None
+    y = acc.mul_(m * torch.pow(2.0, -s)).round_().sub_(float(zp_out)).clamp_(float(qmin), float(qmax))
+    return exact_int64(y, qmin, qmax)
 
 
 def _wide_mac(node: PyNode) -> bool:

@@ -11,15 +11,17 @@ import torch
 
 from ..graph.node import PyNode
 from ..graph.optype import OpType
+from ..quant.rounding import MAGIC_EXACT, int_to_float64
 from ..registry import op_register, quant_register
+from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
 from ._quant import (
     layer_settings,
     mac_finish,
     mac_input,
     mac_weights,
+    out_range,
     quantize_mac,
 )
-from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
 from ._shared import apply_fused_activation, float_biases, keep_unrounded, unrounded_input
 from .catalog import describe_op
 
@@ -103,6 +105,8 @@ def conv2d_nhwc_int(node: PyNode, depthwise: bool) -> torch.Tensor:
     """Exact integer accumulator conv(x_q padded with -zp_in, w_q + zp_w) as float64, bias not added."""
     x, zp = mac_input(node)
     w, dtype = mac_weights(node)
+    if x.dtype == torch.int64 and max(abs(v) for v in out_range(node.inputs[0])) < MAGIC_EXACT:
+        x = int_to_float64(x)  # the fast exact conversion; the kernel then narrows it while padding
     acc = _conv_nhwc(node, x, w, None, depthwise, float(-zp), dtype)
     return acc.to(torch.float64)
 

@@ -14,9 +14,16 @@ from ..graph.optype import OpType
 from ..ir.dtype import Dtype
 from ..log import OPT_WARN
 from ..quant.hardware import ELTWISE_INPUT_MULTIPLIER_MAX
-from ..quant.requant import eltwise_multipliers, eltwise_multipliers_n, requantize_int, scale_shift
+from ..quant.requant import (
+    eltwise_multipliers,
+    eltwise_multipliers_n,
+    requantize_float64,
+    requantize_int,
+    scale_shift,
+)
+from ..quant.rounding import FLOAT64_EXACT
 from ..registry import op_register, quant_register
-from ._eltwise_int import activation_clamp, check_int64_bound, offset_absmax, set_integer_output
+from ._eltwise_int import activation_clamp, check_int64_bound, offset_absmax, offset_value, set_integer_output
 from ._per_channel import is_per_channel
 from ._quant import (
     check_fused_activation_quantizable,
@@ -255,25 +262,35 @@ def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
     if len(node.inputs) > 2:
         return _n_ary_int_forward(node, method, qmin, qmax)
     a_t, b_t = node.inputs
-    a = int_value(a_t) + tensor_zp(a_t)
-    b = int_value(b_t) + tensor_zp(b_t)
-    _check_inputs(node, method, [a, b])
     ea, eb = offset_absmax(a_t), offset_absmax(b_t)
     if method == "MUL":
         m_out, shift = requant_of(node)
         if not isinstance(m_out, int):
             raise node._error("quantized Mul needs a per-tensor scale_value/shift_value")
-        check_int64_bound(node, ea * eb * abs(m_out), "product (a + zp_a)(b + zp_b) * M")
-        acc = a * b
+        m0 = m1 = 1
+        bound = ea * eb * max(1, abs(m_out))
+        check_int64_bound(node, bound, "product (a + zp_a)(b + zp_b) * M")
     else:
         m_out, m0, m1 = _int_list(node, "scale_value", 3)
         if "shift_value" not in node.params:
             raise node._error("quantized layer lacks 'shift_value'")
         shift = int(node.params["shift_value"])
-        check_int64_bound(node, (ea * abs(m0) + eb * abs(m1)) * abs(m_out), "aligned sum times M_out")
-        acc = INT_METHODS[method](a * m0, b * m1)
-    y = requantize_int(acc, m_out, shift, tensor_zp(out), qmin, qmax)
+        bound = (ea * abs(m0) + eb * abs(m1)) * max(1, abs(m_out))
+        check_int64_bound(node, bound, "aligned sum times M_out")
+    # every intermediate is an integer below `bound`: float64 holds them exactly below 2^53 (the usual case, and
+    # much faster than int64 arithmetic), int64 otherwise; the results are the same integers
+    exact_float = bound < FLOAT64_EXACT and abs(shift) < 900
+    dtype = torch.float64 if exact_float else torch.int64
+    a = offset_value(a_t, dtype)
+    b = offset_value(b_t, dtype)
+    _check_inputs(node, method, [a, b])
+    acc = a * b if method == "MUL" else INT_METHODS[method](a * m0, b * m1)
+    if exact_float:
+        y = requantize_float64(acc, m_out, shift, tensor_zp(out), qmin, qmax)
+    else:
+        y = requantize_int(acc, m_out, shift, tensor_zp(out), qmin, qmax)
     return activation_clamp(node, y)
+
 
 def _n_ary_int_forward(node: PyNode, method: str, qmin: int, qmax: int) -> torch.Tensor:
     """acc = op over i of (x_i + zp_i) * M_i (sum, max or min), y = requant(acc, M_out, shift), fused bounds."""

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..ir.dtype import Dtype
-from ..quant.rounding import round_shift
+from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import op_register, quant_register
 from ._fc_order import linear_float32
 from ._quant import (
@@ -38,7 +38,6 @@ from ._quant import (
 from ._shared import apply_fused_activation, bool_param, float_biases
 from .catalog import describe_op
 
-FLOAT64_EXACT = 2 ** 53
 MAC_FLOAT_DTYPE = torch.float64
 """Accumulation type of the float FullyConnected forward for inputs other than float32 (the result is rounded back
 to the input's float type)."""

@@ -23,7 +23,7 @@ from ..ir.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS, AIFF_SHIFT_MAX, ITP_INPUT_BITS
 from ..quant.params import integer_range
 from ..quant.requant import scale_shift
-from ..quant.rounding import round_shift
+from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import op_register, quant_register
 from ._quant import (
     FLOAT32_EXACT,
@@ -52,7 +52,6 @@ from ._quant import (
 from ._shared import apply_fused_activation, bool_param
 from .catalog import describe_op
 
-FLOAT64_EXACT = 2 ** 53
 """Integers and partial sums below this magnitude are exact in float64: the bound for float64 accumulation and for
 the float64 requantization of `mac_finish` (|(acc + bias) * M| must stay below it)."""
 

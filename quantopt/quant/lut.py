@@ -83,7 +83,7 @@ def lookup_lut(x_q: Union[torch.Tensor, np.ndarray], lut: torch.Tensor, in_qmin:
     x = torch.as_tensor(np.asarray(x_q) if isinstance(x_q, np.ndarray) else x_q)
     x = torch.round(x.to(torch.float64)).to(torch.int64) if torch.is_floating_point(x) else x.to(torch.int64)
     offset = in_qmin - 1 if in_restricted and in_qmin < 0 else in_qmin
-    index = torch.clamp(x - offset, 0, 2 ** int(in_bits) - 1)
+    index = torch.sub(x, offset).clamp_(0, 2 ** int(in_bits) - 1)
     padded = torch.cat([table, table[-1:]])
     if in_bits > table_bits:
         b = int(in_bits) - table_bits
@@ -91,8 +91,10 @@ def lookup_lut(x_q: Union[torch.Tensor, np.ndarray], lut: torch.Tensor, in_qmin:
         lo = index - (hi << b)
         value = padded[hi] + (((padded[hi + 1] - padded[hi]) * lo) >> b)
     else:
-        value = padded[torch.clamp(index, 0, size - 1)]
+        value = torch.take(padded, index.clamp_(0, size - 1))
     out_min, out_max = integer_range(out_bits, out_signed)
+    if out_min <= int(table.min()) and int(table.max()) <= out_max:
+        return value  # entries (and the floored interpolations between them) already lie in the output range
     return torch.clamp(value, out_min, out_max)
 
 

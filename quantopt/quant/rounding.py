@@ -95,6 +95,27 @@ def round_tensor(t: torch.Tensor, mode: Union[str, RoundMode] = RoundMode.ROUND_
 
 INT64_SAFE = 2 ** 62
 """Saturation magnitude of `round_shift`'s left shifts: far outside every output range, with headroom in int64."""
+FLOAT32_EXACT = 2 ** 24
+"""Integers of magnitude below this are exact in float32, and so is every sum or product that stays below it."""
+FLOAT64_EXACT = 2 ** 53
+"""The same bound for float64."""
+_MAGIC_BITS = 0x4338000000000000
+_MAGIC = 6755399441055744.0
+"""1.5 * 2^52 and its float64 bit pattern: between 2^52 and 2^53 float64 steps by exactly 1, so adding an integer k
+with |k| < 2^51 to the bit pattern adds k to the value (and back)."""
+MAGIC_EXACT = 2 ** 51
+"""Magnitude below which `int_to_float64` and `float64_to_int` are exact."""
+
+
+def int_to_float64(x: torch.Tensor) -> torch.Tensor:
+    """int64 tensor -> float64, exact for |x| < 2^51, in two vectorised passes (CPUs without AVX-512 have no
+    vector int64 -> float64 conversion, and torch's scalar one costs about 5x an element-wise add)."""
+    return (x + _MAGIC_BITS).view(torch.float64) - _MAGIC
+
+
+def float64_to_int(x: torch.Tensor) -> torch.Tensor:
+    """float64 tensor of integers -> int64, exact for |x| < 2^51 (the inverse of `int_to_float64`)."""
+    return (x + _MAGIC).view(torch.int64) - _MAGIC_BITS
 
 
 def round_shift(v: torch.Tensor, shift: Union[int, torch.Tensor]) -> torch.Tensor:
