@@ -1,7 +1,7 @@
 """Float helpers shared by several operator families (op modules import only this, never each other)."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +74,21 @@ def apply_fused_activation(node: PyNode, x: torch.Tensor, method: Optional[str] 
                 slope = slope.expand_as(x) if slope.shape[1:] == x.shape[1:] else slope
         return torch.where(x >= 0, x, x * slope)
     raise node._error(f"unsupported fused activation '{act}' (supported: {', '.join(FUSED_ACTIVATIONS)})")
+
+
+def broadcast_shape(shapes: Sequence[Sequence[int]]) -> Tuple[int, ...]:
+    """numpy's broadcast of `shapes` (ValueError when they do not broadcast), in plain Python: the per-layer check
+    runs every forward, and torch.broadcast_shapes costs far more than this for a few short shapes."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for shape in shapes:
+        for i, d in enumerate(shape, start=rank - len(shape)):
+            d = int(d)
+            if d != 1:
+                if out[i] not in (1, d):
+                    raise ValueError(f"shapes {[list(s) for s in shapes]} do not broadcast")
+                out[i] = d
+    return tuple(out)
 
 
 def axis_param(node: PyNode, axis: Any, rank: int) -> int:

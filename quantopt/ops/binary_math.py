@@ -42,7 +42,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import bool_param
+from ._shared import bool_param, broadcast_shape
 from .catalog import describe_op
 
 DIV_RECIPROCAL_EXTRA_BITS = 15
@@ -81,8 +81,8 @@ def _check_inputs(node: PyNode, count: int, xs: Sequence[torch.Tensor]) -> None:
     if len(xs) != count:
         raise node._error(f"expects {count} input(s), got {len(xs)}")
     try:
-        torch.broadcast_shapes(*(tuple(x.shape) for x in xs))
-    except RuntimeError:
+        broadcast_shape([tuple(x.shape) for x in xs])
+    except ValueError:
         raise node._error(f"input shapes {[list(x.shape) for x in xs]} do not broadcast") from None
 
 

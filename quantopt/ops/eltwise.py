@@ -42,7 +42,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import apply_fused_activation
+from ._shared import apply_fused_activation, broadcast_shape
 from .catalog import describe_op
 
 ELTWISE_METHODS: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
@@ -73,8 +73,8 @@ def _check_inputs(node: PyNode, method: str, xs: List[torch.Tensor]) -> None:
         wanted = "at least 2" if method in NARY_METHODS else "exactly 2"
         raise node._error(f"{method} needs {wanted} inputs, got {len(xs)}")
     try:
-        torch.broadcast_shapes(*(tuple(x.shape) for x in xs))
-    except RuntimeError:
+        broadcast_shape([tuple(x.shape) for x in xs])
+    except ValueError:
         raise node._error(f"input shapes {[list(x.shape) for x in xs]} do not broadcast") from None
 
 
