@@ -27,7 +27,7 @@ import torch
 MAX_LANE_ELEMENTS = 1 << 22
 """Partial sums held at once (rows x columns x 4); more rows are summed in chunks."""
 MAX_TILE_PRODUCTS = 1 << 18
-"""Products made and summed at once (512 KiB of float32), so that they are summed while still in cache."""
+"""Products made and summed at once (1 MiB of float32), so that they are summed while still in cache."""
 MIN_TILE_COLUMNS, MIN_TILE_GROUPS = 64, 8
 """A tile spans at least this many columns (long contiguous passes) and, where that allows, this many groups."""
 
