@@ -31,7 +31,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 
-from quantopt.exporters.agreement import measure_agreement, rounding_sensitivity
+from quantopt.exporters.agreement import measure_agreement, rounding_sensitivity, runtime_description
 from quantopt.exporters.onnx_qdq import SCALE_MODES
 from quantopt.graph.graph import PyGraph, QuantizeGraph
 from quantopt.pipeline import quantize_model
@@ -95,6 +95,7 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--onnx-models", action="store_true", help="the real ONNX models of examples/onnx_models")
     args = ap.parse_args(argv)
     discover_plugins()
+    print(runtime_description())
     if args.onnx_models:
         onnx_model_rows(args.models, args.bits)
         return 0

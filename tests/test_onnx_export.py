@@ -37,6 +37,7 @@ from quantopt.exporters.qdq_graph import channels_first, compose, inverse, requa
 from quantopt.graph.builder import GraphBuilder  # noqa: E402
 from quantopt.ir.reader import read_ir  # noqa: E402
 from quantopt.ir.writer import write_ir  # noqa: E402
+from quantopt.ops._quant import effective_weights  # noqa: E402
 from quantopt.pipeline import quantize_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,10 +189,12 @@ def test_export_is_a_valid_qdq_model(tmp_path: Path) -> None:
     q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0].startswith("/stem/Conv/"))
     assert inits[q.input[1]] == np.float32(1) / np.float32(conv.outputs[0].scale)
     assert int(inits[q.input[2]]) == -int(conv.outputs[0].zerop) and inits[q.input[2]].dtype == np.uint8
-    # weights: integer initializers behind a DequantizeLinear, biases int32
-    assert inits["/stem/Conv/weights"].dtype == np.int8 and inits["/stem/Conv/bias"].dtype == np.int32
-    assert np.array_equal(inits["/stem/Conv/weights"],
-                          conv.constants["weights"].betensor.numpy().transpose(0, 3, 1, 2))
+    # weights: integer initializers behind a DequantizeLinear, biases int32; 8-bit weights as uint8 + 128 with
+    # zero point 128 (the same real values), which onnxruntime's integer kernels compute exactly on every CPU
+    assert inits["/stem/Conv/weights"].dtype == np.uint8 and inits["/stem/Conv/bias"].dtype == np.int32
+    assert np.all(inits["/stem/Conv/weights_zero_point"] == 128)
+    assert np.array_equal(inits["/stem/Conv/weights"].astype(np.int64) - 128,
+                          effective_weights(conv).numpy().transpose(0, 3, 1, 2))
     out = session(model).run(None, {x.name: data[:3].numpy()})[0]
     assert out.shape == (3, 10) and np.allclose(out.sum(axis=1), 1.0, atol=0.05)
     again = export_onnx_qdq(qgraph, str(tmp_path / "again.onnx"), scales="effective")
@@ -205,6 +208,8 @@ def test_ir_scales_are_the_plain_mapping() -> None:
     dw = qgraph.node("/b1/dw/dw.0/Conv")
     want = np.float32(1) / dw.constants["weights_scale"].betensor.numpy().astype(np.float32)
     assert inits["/b1/dw/dw.0/Conv/weights_scale"].shape == (64,)
+    assert np.array_equal(inits["/b1/dw/dw.0/Conv/weights"],  # the IR's int8 weights: the portable form
+                          dw.constants["weights"].betensor.numpy().transpose(0, 3, 1, 2))
     assert np.array_equal(inits["/b1/dw/dw.0/Conv/weights_scale"], want)
     assert not any(n.input[1].endswith("_rounding") for n in model.graph.node if n.op_type == "Mul")
 
@@ -458,6 +463,55 @@ def test_grouped_conv_transpose_is_exact_in_integer_units() -> None:
     assert result.identical == 1.0 and min(result.layers.values()) == 1.0
     with pytest.raises(UnsupportedError, match="grouped ConvTranspose"):
         build_onnx_qdq(qgraph, scales="effective")
+
+
+def saturating_graph(channels: int = 32) -> Any:
+    """A 1×1 convolution and an FC whose weights come in same-sign pairs of ±127 along the input channels, fed
+    int8 codes far from zero (uint8 codes near 0 or 255 once carried +128). A u8·s8 integer kernel that adds pairs
+    of products into int16 with saturation (onnxruntime's vpmaddubsw on AVX2 CPUs without VNNI) gets these sums
+    wrong: 2 · 255 · 127 > 32767."""
+    rng = _rng(5)
+    pairs = np.tile([1.0, 1.0, -1.0, -1.0], channels // 4)
+    b = GraphBuilder("saturate")
+    x = b.input("x", [1, 4, 4, channels])
+    conv = b.layer("Convolution", [x], [[1, 4, 4, 8]], name="conv", params=dict(
+        num_output=8, group=1, with_activation="NONE", **dict(CONV_GEO, kernel_x=1, kernel_y=1, pad_left=0,
+                                                             pad_right=0, pad_top=0, pad_bottom=0)),
+        constants={"weights": (pairs * rng.uniform(0.97, 1.0, [8, 1, 1, channels])).astype(np.float32),
+                   "biases": np.zeros(8, np.float32)})
+    rows = b.layer("Reshape", [x], [[1, 16 * channels]], name="rows", params=dict(shape=[1, 16 * channels]))
+    fc = b.layer("FullyConnected", [rows], [[1, 4]], name="fc", params=dict(num_output=4, with_activation="NONE"),
+                 constants={"weights": (np.tile(pairs, 16) * rng.uniform(0.97, 1.0, [4, 16 * channels])).astype(
+                     np.float32), "biases": np.zeros(4, np.float32)})
+    return b.build([conv, fc])
+
+
+def _saturating_data(seed: int, batch: int, channels: int = 32) -> torch.Tensor:
+    """One value per pixel (±1) in every channel, plus a little noise: the true sums of the paired weights nearly
+    cancel (a fine output grid), the codes the kernels multiply are extreme."""
+    r = _rng(seed)
+    pixel = r.uniform(-1.0, 1.0, [batch, 4, 4, 1])
+    return torch.from_numpy((pixel + r.normal(0, 0.02, [batch, 4, 4, channels])).astype(np.float32))
+
+
+def test_exact_export_does_not_depend_on_cpu_features() -> None:
+    """Extreme codes and weights through both integer kernels (the convolution fused into QLinearConv, the FC as
+    MatMulInteger): identical integers. With int8 weights (u8·s8), AVX2 CPUs without VNNI saturate pairs of
+    products and get about half of these outputs wrong; uint8 weights + 128 (u8·u8) are exact on every CPU."""
+    qgraph = quantize_model(saturating_graph(), [_saturating_data(s, 2) for s in range(3)])
+    _, qdq = convert_graph(qgraph)
+    assert qlinear_fusable(qdq, qgraph.node("conv")) and not qdq.float_layers
+    result = measure_agreement(qgraph, [_saturating_data(9, 4)], per_layer=True)
+    assert result.identical == 1.0 and result.max_steps == 0.0 and min(result.layers.values()) == 1.0
+    model = build_onnx_qdq(qgraph)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    kernels = [n for n in model.graph.node if n.op_type in ("Conv", "MatMulInteger")]
+    assert sorted(n.op_type for n in kernels) == ["Conv", "MatMulInteger"]
+    for layer in ("conv", "fc"):
+        w = inits[f"{layer}/weights"]
+        assert w.dtype == np.uint8 and np.all(inits[f"{layer}/weights_zero_point"] == 128)
+        assert np.abs(w.astype(np.int64) - 128).max() == 127  # as int8 ±127: pairs that saturate int16
+    assert measure_agreement(qgraph, [_saturating_data(9, 4)], scales="effective").share == 1.0
 
 
 def test_layer_types_of_small_graphs_are_covered() -> None:

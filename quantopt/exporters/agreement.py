@@ -50,6 +50,26 @@ def require_onnxruntime() -> Any:
     return onnxruntime
 
 
+INT8_CPU_FEATURES = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx_vnni_int8", "amx_int8")
+"""x86 features that choose onnxruntime's 8-bit GEMM kernels (docs/onnx-export.md, "How closely ...")."""
+
+
+def runtime_description() -> str:
+    """"onnxruntime <version>, CPU: <features>": what a measurement ran on. The exact export gives the same
+    integers on every CPU, but figures of the float modes depend on these features (u8·s8 saturation)."""
+    ort = require_onnxruntime()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+        flags = set(line.split(":", 1)[1].split()) if ":" in line else set()
+        features = ", ".join(x for x in INT8_CPU_FEATURES if x in flags) or "none of " + "/".join(INT8_CPU_FEATURES)
+        if flags and not flags & {"avx512_vnni", "avx_vnni", "amx_int8"}:
+            features += " (no VNNI)"
+    except OSError:
+        features = "unknown"
+    return f"onnxruntime {ort.__version__}, CPU: {features}"
+
+
 def _step(t: PyTensor) -> Any:
     """One quantization step of an output: a float, or one per channel of the last axis."""
     if t.qinvariant:

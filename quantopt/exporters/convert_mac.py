@@ -9,6 +9,10 @@ Weight scales (`QDQGraph.scales`):
 * "ir": the IR's `weights_scale` (ONNX scale 1 / weights_scale, per tensor or per channel);
 * "effective": the scale the integer requantization really applies, M · 2^-N · y_scale / x_scale per tensor or
   channel, which folds the multiplier's rounding into the weights (see `exact_weight_scale`).
+
+Weight integers ("exact" and "effective"): where an integer kernel of onnxruntime reads them (QLinearConv,
+ConvInteger, MatMulInteger, the QGemm/MatMul fusions), 8-bit weights are uint8 `w_q + zp_w + c` with zero point c
+(128 for int8 weights, `kernel_weight_offset`): the same real values, computed exactly on every CPU.
 """
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ from .qdq_graph import QDQGraph, channels_first, converter, identity, node_error
 
 EXACT_SCALE_ULPS = 4
 """How many float32 neighbours on each side `exact_weight_scale` tries."""
+KERNEL_WEIGHT_OFFSET = 128
+"""The zero point of 8-bit weights carried as uint8 for onnxruntime's integer kernels: int8 weights + 128."""
 
 
 # ------------------------------------------------------------------------------------------------ constants
@@ -109,6 +115,62 @@ def dq_constant(g: QDQGraph, hint: str, q: np.ndarray, zp_ir: np.ndarray, scale:
     inputs = [g.const(hint, q.astype(chosen)), g.const(hint + "_scale", scale_values),
               g.const(hint + "_zero_point", zp_values)]
     return g.add("DequantizeLinear", inputs, hint=hint + "_dq", axis=axis if per_axis else None)
+
+
+def kernel_weight_offset(e: np.ndarray) -> Optional[int]:
+    """The offset c in [0, 255] (128 where it fits) that carries the integer weights `e` (w_q + zp_w) as uint8
+    e + c with the one zero point c; None when they span more than 256 values.
+
+    Why uint8: onnxruntime's u8·s8 integer GEMM (QLinearConv, MatMulInteger, QGemm, MatMulIntegerToFloat) runs on
+    AVX2 CPUs without VNNI with vpmaddubsw, which adds each pair of u8·s8 products into int16 *with saturation*
+    (255 · 127 · 2 > 32767), so its int32 sums depend on the CPU. Its u8·u8 GEMM widens both operands to 16 bits
+    and adds pairs of products in int32 (at most 2 · 255², no saturation) on every x86 CPU; the zero-point
+    corrections are int32 sums that wrap consistently, so a true accumulator that fits int32 comes out exact."""
+    if e.size == 0:
+        return KERNEL_WEIGHT_OFFSET
+    lo, hi = max(0, -int(e.min())), min(255, 255 - int(e.max()))
+    if lo > hi:
+        return None
+    return min(max(KERNEL_WEIGHT_OFFSET, lo), hi)
+
+
+def _kernel_reads(g: QDQGraph, node: PyNode) -> bool:
+    """Whether an integer kernel of onnxruntime may read the layer's weights in a mode that carries them as uint8
+    (`QDQGraph.unsigned_kernels`): 8-bit input and weights (onnxruntime has no wider integer kernel)."""
+    x = node.inputs[0]
+    return g.unsigned_kernels and (x.qbits or 8) <= 8 and node.get_constant("weights").dtype.bits <= 8
+
+
+def kernel_weights(g: QDQGraph, node: PyNode) -> Optional[Tuple[np.ndarray, int]]:
+    """(w_q + zp_w as int64 in the IR layout, offset c) when a MAC layer's weights are carried as uint8 e + c for
+    onnxruntime's integer kernels (`_kernel_reads`) and every weight lies within 256 values of the others
+    (`kernel_weight_offset`); None otherwise."""
+    if not _kernel_reads(g, node):
+        return None
+    e = effective_weights(node).numpy()
+    c = kernel_weight_offset(e)
+    return None if c is None else (e, c)
+
+
+def mac_weight_value(g: QDQGraph, node: PyNode, scale: np.ndarray, axis: int,
+                     perm: Optional[Tuple[int, ...]] = None) -> str:
+    """DequantizeLinear of a Convolution's or FullyConnected's weights in layout `perm` (of the IR weights), the
+    same real values in every form: uint8 e + c with zero point c where onnxruntime's integer kernels read them
+    (`kernel_weights`); where they would but e spans more than 256 values, the dequantized float32 values
+    e · scale (what DequantizeLinear computes): one uint8 zero point cannot hold them, several are refused by
+    older onnxruntime QLinearConv kernels, an int8 form would run as u8·s8, and an int32 one is fused into an
+    invalid QLinearConv, while float weights keep the layer a float convolution; the IR's integers and zero points
+    otherwise (`weight_value`)."""
+    if not _kernel_reads(g, node):
+        w_q = node.get_constant("weights").betensor.to(torch.int64).numpy()
+        return weight_value(g, node, w_q if perm is None else w_q.transpose(perm), scale, axis)
+    kernel = kernel_weights(g, node)
+    e, c = kernel if kernel is not None else (effective_weights(node).numpy(), None)
+    e = e if perm is None else e.transpose(perm)
+    if c is None:
+        step = _along(scale.astype(np.float32), e.ndim, axis) if scale.size > 1 else np.float32(scale.reshape(-1)[0])
+        return g.const(f"{node.name}/weights", (e.astype(np.float32) * step).astype(np.float32))
+    return dq_constant(g, f"{node.name}/weights", e + c, np.array([-c]), scale, axis=axis, dtypes=(np.uint8,))
 
 
 def input_folded_bias(node: PyNode, x: PyTensor) -> np.ndarray:
@@ -240,12 +302,11 @@ def qlinear_requant_is_exact(node: PyNode) -> bool:
 
 def qlinear_fusable(g: QDQGraph, node: PyNode) -> bool:
     """Whether onnxruntime turns the unit-domain QDQ convolution into a QLinearConv that computes quantopt's integers:
-    its float32 requantization is exact (`qlinear_requant_is_exact`), the weights have one zero point (QLinearConv
-    refuses several), and no Clip sits between the Conv and its QuantizeLinear (which would stop the fusion and
-    leave a float32 convolution)."""
+    its float32 requantization is exact (`qlinear_requant_is_exact`), the weights are uint8 with one zero point
+    (`kernel_weights`: QLinearConv refuses several, and its u8·u8 accumulation is exact on every CPU), and no Clip
+    sits between the Conv and its QuantizeLinear (which would stop the fusion and leave a float32 convolution)."""
     x, y = node.inputs[0], node.outputs[0]
-    zp_w = np.round(_vector(node, "weights_zp", 0.0))
-    if np.unique(zp_w).size != 1 or (x.qbits or 8) > 8 or (y.qbits or 8) > 8 or not qlinear_requant_is_exact(node):
+    if kernel_weights(g, node) is None or (y.qbits or 8) > 8 or not qlinear_requant_is_exact(node):
         return False
     p = g.qparams(y)
     if g.qparams(x).dtype != p.dtype:  # QLinearConv takes one activation type for input and output
@@ -260,31 +321,28 @@ def qlinear_fusable(g: QDQGraph, node: PyNode) -> bool:
 def _integer_kernel(g: QDQGraph, node: PyNode, group: int) -> bool:
     """ConvInteger / MatMulInteger (int32 accumulation of the input and weight integers, onnxruntime's integer
     GEMM), then the bias and M · 2^-N in float64 and Round: exact where QLinearConv's float32 requantization is not
-    (`qlinear_requant_is_exact`). Needs int8/uint8 weights with one zero point; False otherwise."""
+    (`qlinear_requant_is_exact`). Needs uint8 inputs and weights that fit uint8 with one zero point
+    (`kernel_weights`, u8·u8: exact on every CPU); False otherwise."""
     x = node.inputs[0]
-    w_q = node.get_constant("weights").betensor.to(torch.int64).numpy()
-    zp_w = np.round(_vector(node, "weights_zp", 0.0)).astype(np.int64)
+    kernel = kernel_weights(g, node)
     ratio = convert_exact.exact_ratio(node)
-    if ratio is None or np.unique(zp_w).size != 1 or (x.qbits or 8) > 8 or g.qparams(x).dtype != Dtype.UINT8 \
+    if ratio is None or kernel is None or g.qparams(x).dtype != Dtype.UINT8 \
             or node.params.get("remain_shift") is not None:
         return False
-    w_dtype = next((d for d in (np.int8, np.uint8) if np.iinfo(d).min <= min(w_q.min(), -zp_w[0])
-                    and max(w_q.max(), -zp_w[0]) <= np.iinfo(d).max), None)
-    if w_dtype is None:
-        return False
-    w_zp = g.const(f"{node.name}/weights_zero_point", np.array(-zp_w[0], dtype=w_dtype))
+    e, c = kernel
+    w_zp = g.const(f"{node.name}/weights_zero_point", np.array(c, dtype=np.uint8))
     x_zp = g.zero_point(x)
     bias = g.const(f"{node.name}/bias", input_folded_bias(node, x).astype(np.float64))
     if str(node.type) == "FullyConnected":
-        weights = g.const(f"{node.name}/weights", np.ascontiguousarray(w_q.T).astype(w_dtype))
+        weights = g.const(f"{node.name}/weights", np.ascontiguousarray(e.T + c).astype(np.uint8))
         acc = g.add("MatMulInteger", [g.int_value(x), weights, x_zp, w_zp])
         perm, channel_shape = None, None
     else:
         cf = channels_first(4)
-        weights = g.const(f"{node.name}/weights", np.ascontiguousarray(w_q.transpose(0, 3, 1, 2)).astype(w_dtype))
+        weights = g.const(f"{node.name}/weights", np.ascontiguousarray(e.transpose(0, 3, 1, 2) + c).astype(np.uint8))
         pads = [_int(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right")]
         acc = g.add("ConvInteger", [g.int_value(x, cf), weights, x_zp, w_zp],
-                    kernel_shape=[int(w_q.shape[1]), int(w_q.shape[2])],
+                    kernel_shape=[int(e.shape[1]), int(e.shape[2])],
                     strides=[_int(node, "stride_y", 1), _int(node, "stride_x", 1)],
                     dilations=[_int(node, "dilation_y", 1), _int(node, "dilation_x", 1)], pads=pads, group=group)
         perm, channel_shape = cf, (-1, 1, 1)
@@ -351,7 +409,7 @@ def convert_conv(g: QDQGraph, node: PyNode) -> None:
             return
         g.float_layers.setdefault(node.name, None)  # the float32 convolution below is not bit-exact
     scale = weight_onnx_scale(g, node, x, y, unit)
-    w = weight_value(g, node, w_q.transpose(0, 3, 1, 2), scale, axis=0)
+    w = mac_weight_value(g, node, scale, axis=0, perm=(0, 3, 1, 2))
     b = bias_value(g, node, x, scale, unit=unit)
     pads = [_int(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right")]
     conv = g.add("Conv", [g.float_value(x, cf, unit), w, b], kernel_shape=[int(w_q.shape[1]), int(w_q.shape[2])],
@@ -371,14 +429,13 @@ def convert_fully_connected(g: QDQGraph, node: PyNode) -> None:
         if _integer_kernel(g, node, 1) or _fully_connected_double(g, node, force=True):
             return
         g.float_layers.setdefault(node.name, None)
-    w_q = node.get_constant("weights").betensor.to(torch.int64).numpy()
     scale = weight_onnx_scale(g, node, x, y, unit)
     b = bias_value(g, node, x, scale, unit=unit)
     xf = g.float_value(x, unit=unit)
     if g.rank(x) == 2:
-        out = g.add("Gemm", [xf, weight_value(g, node, w_q, scale, axis=0), b], transB=1)
+        out = g.add("Gemm", [xf, mac_weight_value(g, node, scale, axis=0), b], transB=1)
     else:
-        mm = g.add("MatMul", [xf, weight_value(g, node, w_q.T, scale, axis=1)])
+        mm = g.add("MatMul", [xf, mac_weight_value(g, node, scale, axis=1, perm=(1, 0))])
         out = g.add("Add", [mm, b])
     quantize_mac_output(g, node, out, None, unit)
 

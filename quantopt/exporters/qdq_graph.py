@@ -35,7 +35,8 @@ ONNX_INT_TYPES: Dict[Dtype, Tuple[str, Any]] = {
 """IR integer dtypes an activation may have in the exported graph (QuantizeLinear makes the 8/16-bit ones; int32
 tensors come from integer inputs and constants only)."""
 UINT8_OFFSET = 128
-"""In "exact" mode an int8 activation is exported as uint8 holding the IR integer + 128 (zero point + 128)."""
+"""In "exact" and "effective" mode an int8 activation is exported as uint8 holding the IR integer + 128 (zero point
++ 128), and 8-bit weights read by an integer kernel as uint8 (`convert_mac.kernel_weight_offset`)."""
 QUANTIZABLE = (Dtype.INT8, Dtype.UINT8, Dtype.INT16, Dtype.UINT16)
 FLOAT = 1
 """onnx.TensorProto.FLOAT (a Cast target)."""
@@ -92,7 +93,7 @@ class QParams:
     dtype: Dtype          # integer dtype of the ONNX value
     qmin: int
     qmax: int
-    offset: int = 0       # ONNX integer - IR integer (128 where "effective" mode carries an int8 tensor as uint8)
+    offset: int = 0       # ONNX integer - IR integer (128 where an int8 tensor is carried as uint8)
 
     @property
     def per_channel(self) -> bool:
@@ -202,9 +203,13 @@ class QDQGraph:
         onnx = (float(onnx_scale(scale)) if channel_scales is None
                 else tuple(float(v) for v in onnx_scale(channel_scales)))
         qmin, qmax = max(int(t.qmin), lo), min(int(t.qmax), hi)
-        if self.unit_domain and t.dtype == Dtype.INT8 and not t.qinvariant:
+        if self.unsigned_kernels and t.dtype == Dtype.INT8 and not t.qinvariant \
+                and (self.unit_domain or channel_scales is None):
             # the same real values as uint8: onnxruntime fuses a QDQ convolution into its integer kernel only
-            # when input and output share one type, and uint8 is the one every 8-bit kernel takes
+            # when input and output share one type, and with uint8 on both sides (`unsigned_kernels`) its integer
+            # GEMMs are exact on every CPU. A per-channel tensor of the float modes stays int8: no MAC layer reads
+            # it there, and onnxruntime would fuse a per-axis uint8 QuantizeLinear into a QLinearConv that refuses
+            # per-axis output zero points
             return QParams(onnx, UINT8_OFFSET - zp, Dtype.UINT8, qmin + UINT8_OFFSET, qmax + UINT8_OFFSET,
                            UINT8_OFFSET)
         return QParams(onnx, -zp, t.dtype, qmin, qmax)
@@ -302,6 +307,15 @@ class QDQGraph:
         integer QLinear kernel derives, x_scale · w_scale / y_scale, is then M · 2^-N exactly in float32 (with the
         IR's scales no float32 weight scale may give it exactly), so its requantization rounds as quantopt's."""
         return self.scales == "exact"
+
+    @property
+    def unsigned_kernels(self) -> bool:
+        """"exact" and "effective": every 8-bit integer an onnxruntime integer kernel reads is uint8 (int8
+        activations carried +128, weights +128 with zero point 128). On x86 onnxruntime turns int8 QDQ activations
+        into uint8 itself, and its u8·s8 GEMM (vpmaddubsw on AVX2 CPUs without VNNI) adds pairs of products into
+        int16 with saturation, while its u8·u8 GEMM widens to 16 bits first and is exact on every CPU. "ir" keeps
+        the IR's types: the plain, portable QDQ model (int8 with zero point 0 is what other runtimes expect)."""
+        return self.scales in ("exact", "effective")
 
     @property
     def folds_multipliers(self) -> bool:
