@@ -56,13 +56,13 @@ def _depthwise(xp: torch.Tensor, w: torch.Tensor, stride: Tuple[int, int], dilat
         xp = xp.repeat_interleave(multiplier, dim=3)
     taps = w[..., 0].permute(1, 2, 0).contiguous()  # [kh, kw, out_c]: one contiguous weight vector per tap
     (sy, sx), (dy, dx), (ho, wo) = stride, dilation, out_hw
-    out = torch.empty(int(xp.shape[0]), ho, wo, out_c, dtype=xp.dtype, device=xp.device)
+    out = None
     for ky in range(kh):
         for kx in range(kw):
             y0, x0 = ky * dy, kx * dx
             view = xp[:, y0:y0 + sy * (ho - 1) + 1:sy, x0:x0 + sx * (wo - 1) + 1:sx, :]
-            if ky == 0 and kx == 0:
-                torch.mul(view, taps[0, 0], out=out)
+            if out is None:
+                out = view * taps[0, 0]  # a new contiguous tensor (and differentiable, for gradient-based methods)
             else:
                 out.addcmul_(view, taps[ky, kx])
     return out
