@@ -3,15 +3,18 @@
 
 User errors print one line and exit with the error's code (2 config, 3 IR, 4 data, 5 plugin, 6 unsupported);
 a traceback is shown only with --debug.
+
+Importing this module loads no torch, numpy, networkx or onnx: `--version`, `--help` (also of the subcommands),
+`--field` and cfg errors answer in a fraction of a second, and everything that computes is imported inside the
+function that needs it (tests/test_fast_start.py checks it).
 """
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import sys
 import traceback
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, TextIO
 
 from .errors import QuantOptError, UnsupportedError
 from .log import OPT_ERROR, setup_console
@@ -30,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def print_fields(out=None) -> None:
+def print_fields(out: Optional[TextIO] = None) -> None:
+    """`quantopt --field`: the field table by group, with defaults and allowed values (imports no torch)."""
     out = out or sys.stdout
     from .config.fields import all_fields
 
@@ -48,6 +52,8 @@ def print_fields(out=None) -> None:
 
 
 def _signature(cls: type) -> str:
+    import inspect
+
     try:
         sig = inspect.signature(cls.__init__)
     except (TypeError, ValueError):
@@ -64,7 +70,8 @@ def _short(path: str) -> str:
         return path
 
 
-def print_plugins(out=None) -> None:
+def print_plugins(out: Optional[TextIO] = None) -> None:
+    """`quantopt --plugin`: the registered datasets, metrics and operators (after plugin discovery)."""
     out = out or sys.stdout
     from .graph.optype import OpType
     from .registry import DATASETS, LOADED, METRICS, OP_FORWARD, OP_QUANTIZE
@@ -93,11 +100,17 @@ def print_plugins(out=None) -> None:
 
 
 def run_cfg(path: str) -> int:
+    """`quantopt --cfg`: the cfg is read and checked before plugins and the model code (torch) are loaded, so that
+    its errors answer at once; an operator type the cfg names that only a plugin registers loads the plugins
+    during reading (config/optypes.py)."""
     from .config.reader import read_cfg
-    from .graph.graph import QuantizeGraph
-    from .master import OptMaster
 
     cfg = read_cfg(path)
+    from .graph.graph import QuantizeGraph
+    from .master import OptMaster
+    from .registry import discover_plugins
+
+    discover_plugins()
     if str(cfg.graph).lower().endswith(".onnx"):
         from .frontends.onnx import import_onnx, parse_input_shapes, parse_input_values
         shapes = cfg.input_shape or ""
@@ -159,12 +172,40 @@ def import_main(argv: List[str]) -> int:
     return guarded(convert, args.debug)
 
 
+def run_parser() -> argparse.ArgumentParser:
+    """The arguments of `quantopt run` (here rather than in runner.py, which imports torch, so that --help and
+    usage errors answer at once)."""
+    p = argparse.ArgumentParser(prog="quantopt run", description="Run a float or quantized IR on .npy inputs and "
+                                                                 "save its outputs as .npy files.")
+    p.add_argument("model", help="the IR graph file (.txt)")
+    p.add_argument("--bin", default=None, help="the IR weights file (default: model_bin of the header, or "
+                                               "MODEL.bin)")
+    p.add_argument("-i", "--input", action="append", required=True, metavar="FILE",
+                   help="one .npy per IR input, in IR input order (repeat -i), or one .npz with an array per input")
+    p.add_argument("-o", "--output-dir", required=True, metavar="OUTDIR",
+                   help="folder for the outputs (new, empty, or an earlier run's output, which is replaced)")
+    p.add_argument("--dequantize", action="store_true",
+                   help="also save each integer output dequantized to float32 as <name>.dequant.npy")
+    p.add_argument("--quantize-inputs", action="store_true",
+                   help="quantized IR: take float inputs and quantize them with the input tensors' scale/zp")
+    p.add_argument("--batch-size", type=int, default=None, metavar="N",
+                   help="run N samples at a time (default: all at once)")
+    p.add_argument("--dump-all", action="store_true", help="also save every layer's outputs under OUTDIR/layers/")
+    p.add_argument("--log-level", default=None, help="debug, info (default), warning or error")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    return p
+
+
 def run_main(argv: List[str]) -> int:
+    """`quantopt run`: the arguments are checked here first (--help, usage errors: no torch), then runner.run_main
+    parses the same argv again and runs."""
+    run_parser().parse_args(argv)
     from .runner import run_main as main_fn
     return main_fn(argv)
 
 
 def export_main(argv: List[str]) -> int:
+    """`quantopt export` (exporters/cli.py parses its arguments before importing the exporter)."""
     from .exporters.cli import export_main as main_fn
     return main_fn(argv)
 
@@ -192,10 +233,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.field:
         print_fields()
         return 0
-    from .registry import discover_plugins
-
-    discover_plugins()
     if args.plugin:
+        from .registry import discover_plugins
+
+        discover_plugins()
         print_plugins()
         return 0
     if args.cfg:

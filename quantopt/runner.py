@@ -11,7 +11,6 @@ temporary folder beside OUTDIR that is renamed into place at the end, so a faile
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -255,32 +254,44 @@ def _has_dequant(t: PyTensor) -> bool:
 
 class _Sink:
     """Writes arrays into a folder: whole, or batch by batch into .npy files sized for all samples (so memory
-    stays that of one batch), keeping each file's shape, dtype and extrema."""
+    stays that of one batch), keeping each file's shape, dtype and extrema.
 
-    def __init__(self, folder: str, total: int, batched: bool) -> None:
-        self.folder, self.total, self.batched = folder, total, batched
+    A batch of n samples holds n / (IR batch) IR batches of every tensor concatenated along dim 0
+    (quantopt.graph.batch), so a tensor whose IR dim 0 is d has n * d / (IR batch) rows: d per IR batch (a
+    batch-major output has d = IR batch, i.e. one row per sample; an imported model's output may hold the batch
+    folded into dim 0, e.g. [seq, 1])."""
+
+    def __init__(self, folder: str, total: int, batched: bool, ir_batch: int = 1) -> None:
+        self.folder, self.total, self.batched, self.ir_batch = folder, total, batched, max(int(ir_batch), 1)
         self.info: Dict[str, Dict[str, Any]] = {}
         self._maps: Dict[str, np.memmap] = {}
 
-    def put(self, file: str, arr: np.ndarray, start: int, rows: int, what: str) -> None:
+    def put(self, file: str, arr: np.ndarray, start: int, rows: int, what: str, ir0: Optional[int] = None,
+            shared: bool = False) -> None:
+        """Write `arr`, the values of samples [start, start + rows); a `shared` tensor (one that does not depend on
+        the inputs, e.g. a Constant layer's) is the same for every batch and is written once."""
         path = os.path.join(self.folder, file)
-        if not self.batched:
+        if shared and file in self.info:
+            return
+        if not self.batched or shared:
             np.save(path, arr, allow_pickle=False)
             shape: Tuple[int, ...] = tuple(arr.shape)
         else:
-            if arr.ndim == 0 or arr.shape[0] != rows:
-                raise UnsupportedError(f"{what} has shape {_shape(arr.shape)}, whose first dimension is not the batch "
-                                       f"of {rows}: run without --batch-size")
+            per = self.ir_batch if ir0 is None else int(ir0)  # rows per IR batch
+            if arr.ndim == 0 or arr.shape[0] * self.ir_batch != rows * per:
+                raise UnsupportedError(f"{what} has shape {_shape(arr.shape)}, whose first dimension does not grow "
+                                       f"with the batch of {rows}: run without --batch-size")
             mm = self._maps.get(file)
             if mm is None:
-                shape = (self.total,) + tuple(arr.shape[1:])
+                shape = (self.total * per // self.ir_batch,) + tuple(arr.shape[1:])
                 mm = np.lib.format.open_memmap(path, mode="w+", dtype=arr.dtype, shape=shape)
                 self._maps[file] = mm
             elif mm.shape[1:] != arr.shape[1:] or mm.dtype != arr.dtype:
                 raise UnsupportedError(f"{what} changes from {_shape(mm.shape[1:])} {mm.dtype} to "
                                        f"{_shape(arr.shape[1:])} {arr.dtype} between batches: run without "
                                        f"--batch-size")
-            mm[start:start + rows] = arr
+            first = start * per // self.ir_batch
+            mm[first:first + arr.shape[0]] = arr
             shape = tuple(mm.shape)
         self._update(file, arr, shape)
 
@@ -370,6 +381,16 @@ def _unique(tensors: Sequence[PyTensor]) -> List[PyTensor]:
     return out
 
 
+def _data_dependent(graph: PyGraph) -> set:
+    """Names of the tensors computed from the graph inputs (the others, e.g. Constant layers' outputs, are the same
+    for every batch)."""
+    names = {t.name for t in graph.input_tensors}
+    for n in graph.nodes:
+        if any(t.name in names for t in n.inputs):
+            names.update(t.name for t in n.outputs)
+    return names
+
+
 def run_graph(graph: PyGraph, specs: Sequence[InputSpec], folder: str, batch_size: Optional[int] = None,
               dequantize: bool = False, dump_all: bool = False) -> Dict[str, Any]:
     """Run `graph` on checked inputs, writing the outputs (and with `dump_all` every layer output) into `folder`;
@@ -378,7 +399,10 @@ def run_graph(graph: PyGraph, specs: Sequence[InputSpec], folder: str, batch_siz
     total = int(batched[0].array.shape[0]) if batched else 1
     step = total if not batch_size or not batched else min(batch_size, total)
     chunks = [(lo, min(lo + step, total)) for lo in range(0, total, step)]
-    sink = _Sink(folder, total, len(chunks) > 1)
+    ir_batch = int(graph.input_tensors[0].ir_shape[0]) if graph.input_tensors and graph.input_tensors[0].ir_shape \
+        else 1
+    sink = _Sink(folder, total, len(chunks) > 1, ir_batch)
+    data_dependent = _data_dependent(graph)
     outputs = _unique(graph.output_tensors)
     out_files = _output_files(outputs, dequantize)
     layer_files = _layer_files(graph, dequantize) if dump_all else {}
@@ -387,9 +411,11 @@ def run_graph(graph: PyGraph, specs: Sequence[InputSpec], folder: str, batch_siz
 
     def save(t: PyTensor, files: Tuple[str, Optional[str]], lo: int, hi: int) -> None:
         what = f"output '{t.name}' of layer '{t.pnode.name if t.pnode is not None else '?'}'"
-        sink.put(files[0], _values(t), lo, hi - lo, what)
+        ir0 = int(t.ir_shape[0]) if t.ir_shape else None
+        shared = t.name not in data_dependent
+        sink.put(files[0], _values(t), lo, hi - lo, what, ir0, shared)
         if files[1] is not None:
-            sink.put(files[1], to_float(t).numpy(), lo, hi - lo, what)
+            sink.put(files[1], to_float(t).numpy(), lo, hi - lo, what, ir0, shared)
 
     span = [0, 0]
 
@@ -554,37 +580,16 @@ def print_summary(index: Dict[str, Any], out_dir: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------- CLI
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="quantopt run", description="Run a float or quantized IR on .npy inputs and "
-                                                                 "save its outputs as .npy files.")
-    p.add_argument("model", help="the IR graph file (.txt)")
-    p.add_argument("--bin", default=None, help="the IR weights file (default: model_bin of the header, or "
-                                               "MODEL.bin)")
-    p.add_argument("-i", "--input", action="append", required=True, metavar="FILE",
-                   help="one .npy per IR input, in IR input order (repeat -i), or one .npz with an array per input")
-    p.add_argument("-o", "--output-dir", required=True, metavar="OUTDIR",
-                   help="folder for the outputs (new, empty, or an earlier run's output, which is replaced)")
-    p.add_argument("--dequantize", action="store_true",
-                   help="also save each integer output dequantized to float32 as <name>.dequant.npy")
-    p.add_argument("--quantize-inputs", action="store_true",
-                   help="quantized IR: take float inputs and quantize them with the input tensors' scale/zp")
-    p.add_argument("--batch-size", type=int, default=None, metavar="N",
-                   help="run N samples at a time (default: all at once)")
-    p.add_argument("--dump-all", action="store_true", help="also save every layer's outputs under OUTDIR/layers/")
-    p.add_argument("--log-level", default=None, help="debug, info (default), warning or error")
-    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
-    return p
-
-
 def run_main(argv: List[str]) -> int:
     """`quantopt run MODEL.txt -i IN.npy [-i ...] -o OUTDIR [...]`; returns the exit code."""
-    args = _parser().parse_args(argv)
+    from .cli import guarded, run_parser  # the parser lives in the torch-free cli (`quantopt run --help`)
+
+    args = run_parser().parse_args(argv)
     try:
         setup_console(args.log_level)
     except ValueError as e:
         print(f"quantopt run: {e}", file=sys.stderr)
         return 2
-    from .cli import guarded
 
     def run() -> int:
         index = run_files(args.model, args.input, args.output_dir, args.bin, args.dequantize, args.quantize_inputs,

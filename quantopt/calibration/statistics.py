@@ -45,15 +45,16 @@ remaining values (upstream semantics: the trimmed values first count as 0 while 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import numpy as np
 import torch
 
+from ..config.calibration_values import Trim, parse_trim  # torch-free (the cfg reader's); re-exported
 from ..graph.tensor import TensorStatistics
 from ..quant.hardware import STATISTICS_CLIP_RANGE
+from ..threads import one_thread
 
 # Statistics are clipped to the int32 range as upstream (OPT_INT_MIN / OPT_INT_MAX, reference Appendix C).
 STAT_INT_MIN, STAT_INT_MAX = (float(v) for v in STATISTICS_CLIP_RANGE)
@@ -65,39 +66,6 @@ __all__ = [
     "STAT_INT_MAX", "STAT_INT_MIN", "StatisticsConfig", "Trim", "apply_trim", "histogram_range", "parse_trim",
     "rebin_histogram", "update_statistics",
 ]
-
-
-class Trim(NamedTuple):
-    """`trim_infinity_before_statistic`: method 'clip' or 'second', and the bounds lo <= 0 <= hi."""
-
-    method: str
-    lo: float
-    hi: float
-
-
-_NUM = r"[-+]?(?:inf|(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?)"
-_TRIM_RE = re.compile(rf"^(clip|second)\s*\(\s*({_NUM})\s*,\s*({_NUM})\s*\)$", re.IGNORECASE)
-
-
-def parse_trim(text: Optional[str]) -> Optional[Trim]:
-    """Parse the upstream field text `clip(-inf, inf)` / `second(-1e4, 1e4)`; '' or None means no trimming.
-
-    Bounds are decimal numbers or +-inf and must satisfy lo <= 0 <= hi (upstream's requirement).
-    """
-    if text is None:
-        return None
-    s = str(text).strip()
-    if not s:
-        return None
-    m = _TRIM_RE.match(s)
-    if not m:
-        raise ValueError(f"invalid trim_infinity_before_statistic {text!r}: expected 'clip(lo, hi)' or "
-                         "'second(lo, hi)' with numbers or -inf/inf, e.g. 'clip(-inf, inf)' or "
-                         "'second(-65504, 65504)'")
-    lo, hi = float(m.group(2)), float(m.group(3))
-    if not lo <= 0.0 <= hi:
-        raise ValueError(f"invalid trim_infinity_before_statistic {text!r}: need lo <= 0 <= hi")
-    return Trim(m.group(1).lower(), lo, hi)
 
 
 def _as_trim(trim: Union[None, str, Tuple[str, float, float], Trim]) -> Optional[Trim]:
@@ -259,13 +227,15 @@ def _bin_counts(v2d: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bins: int
 
 
 def _moments(v2d: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Row-wise (mean, unbiased std, mean absolute deviation), clamped to int32 range, NaN std -> 1, mean/mad -> 0."""
-    if v2d.shape[1] > 1:
-        std, mean = torch.std_mean(v2d, dim=1)
-    else:  # unbiased std of a single value is NaN (-> 1 below); avoid torch's degrees-of-freedom warning
-        mean = v2d.mean(dim=1)
-        std = torch.full_like(mean, math.nan)
-    mad = torch.mean(torch.abs(v2d - mean.reshape(-1, 1)), dim=1)
+    """Row-wise (mean, unbiased std, mean absolute deviation), clamped to int32 range, NaN std -> 1, mean/mad -> 0.
+    One row (per tensor) is summed on one thread (`threads.one_thread`): the same at any thread count."""
+    with one_thread(v2d.shape[0] == 1):
+        if v2d.shape[1] > 1:
+            std, mean = torch.std_mean(v2d, dim=1)
+        else:  # unbiased std of a single value is NaN (-> 1 below); avoid torch's degrees-of-freedom warning
+            mean = v2d.mean(dim=1)
+            std = torch.full_like(mean, math.nan)
+        mad = torch.mean(torch.abs(v2d - mean.reshape(-1, 1)), dim=1)
     mean, std, mad = (t.to(_STAT_DTYPE).clamp(STAT_INT_MIN, STAT_INT_MAX) for t in (mean, std, mad))
     std = torch.where(torch.isnan(std), torch.ones_like(std), std)
     mean = torch.where(torch.isnan(mean), torch.zeros_like(mean), mean)

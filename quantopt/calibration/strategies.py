@@ -38,14 +38,20 @@ histogram as if it spanned [running_min, running_max] — for a single batch, an
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..errors import UnsupportedError
+from ..config.calibration_values import (  # the torch-free grammar the cfg reader uses; re-exported here
+    STRATEGY_FORMS,
+    WEIGHTED_SCALE_PARAM_DEFAULTS,
+    Strategy,
+    parse_strategy,
+)
+from ..config.calibration_values import check_not_auto as _check_not_auto
+from ..config.calibration_values import invalid_strategy as _invalid
 from ..graph.tensor import TensorStatistics
+from ..threads import one_thread
 from .statistics import histogram_range
 
 __all__ = [
@@ -64,94 +70,7 @@ ACIQ_LAPLACE_ALPHA = {0: 1.05, 1: 1.86, 2: 2.83, 3: 3.89, 4: 5.03, 5: 6.2, 6: 7.
 ACIQ_GAUSS_ALPHA = {1: 1.24, 2: 1.71, 3: 2.15, 4: 2.55, 5: 2.93, 6: 3.28, 7: 3.61, 8: 3.92, 9: 4.21, 10: 4.49,
                     11: 4.75, 12: 4.99, 13: 5.24, 14: 5.47, 15: 5.69, 16: 5.89}
 
-WEIGHTED_SCALE_PARAM_DEFAULTS = (0.685, 0.875, 0.7175, 0.01965)
-
-STRATEGY_FORMS = ("extrema", "mean", "in_ir", "Nstd (e.g. 3std, 2.5std)", "[R]percentile (e.g. percentile, "
-                  "0.9percentile)", "[N]kld (e.g. kld, 5kld)", "[R]aciq_laplace", "[R]aciq_gauss",
-                  "weighted_scale_param", "weighted_scale_param[r1,r2,r3,r4]")
-
 _F32_EPS = float(torch.finfo(torch.float32).eps)
-_NUM = r"(?:\d+\.?\d*|\.\d+)"
-_RE_STD = re.compile(rf"^({_NUM})std$")
-_RE_KLD = re.compile(r"^(\d*)kld$")
-_RE_R = re.compile(rf"^({_NUM})?(percentile|aciq_laplace|aciq_gauss)$")
-_RE_WSP = re.compile(rf"^weighted_scale_param(?:\[({_NUM}),({_NUM}),({_NUM}),({_NUM}),?\])?$")  # spaces removed
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """A parsed local calibration strategy.
-
-    name: 'extrema' | 'mean' | 'in_ir' | 'std' | 'percentile' | 'kld' | 'aciq_laplace' | 'aciq_gauss' |
-    'weighted_scale_param'. value: N for std, R for percentile/aciq, top-N for kld (an integer >= 2), unused
-    otherwise. params: (r1, r2, r3, r4) for weighted_scale_param. text: the normalised spelling.
-    """
-
-    name: str
-    value: float = 1.0
-    params: Tuple[float, ...] = ()
-    text: str = ""
-
-    @property
-    def needs_histogram(self) -> bool:
-        return self.name == "kld"
-
-    @property
-    def needs_moments(self) -> bool:
-        return self.name in ("std", "aciq_laplace", "aciq_gauss", "weighted_scale_param")
-
-    @property
-    def is_auto_weighted(self) -> bool:
-        return self.name == "weighted_scale_param" and self.params[0] > 1.0
-
-    def __str__(self) -> str:
-        return self.text or self.name
-
-
-def _invalid(text: str, why: str = "unknown calibration strategy") -> ValueError:
-    return ValueError(f"{why} {text!r}; valid forms: {', '.join(STRATEGY_FORMS)}")
-
-
-def parse_strategy(text: Union[str, Strategy]) -> Strategy:
-    """Parse a strategy name (case-insensitive, surrounding spaces ignored). Unknown -> ValueError.
-
-    `weighted_scale_param[r1,...]` with r1 > 1 (upstream's automatic search) raises UnsupportedError.
-    """
-    if isinstance(text, Strategy):
-        return text
-    if not isinstance(text, str):
-        raise TypeError(f"calibration strategy must be a string, got {type(text).__name__}")
-    s = text.strip().lower()
-    if s in ("extrema", "mean", "in_ir"):
-        return Strategy(s, text=s)
-    m = _RE_STD.match(s)
-    if m:
-        return Strategy("std", float(m.group(1)), text=s)
-    m = _RE_KLD.match(s)
-    if m:
-        n = 10 if not m.group(1) else max(2, int(m.group(1)))
-        return Strategy("kld", float(n), text=s)
-    m = _RE_R.match(s)
-    if m:
-        r = 1.0 if m.group(1) is None else float(m.group(1))
-        return Strategy(m.group(2), r, text=s)
-    m = _RE_WSP.match(s.replace(" ", ""))
-    if m:
-        params = WEIGHTED_SCALE_PARAM_DEFAULTS if m.group(1) is None else tuple(float(g) for g in m.groups())
-        strategy = Strategy("weighted_scale_param", params=params,
-                            text="weighted_scale_param[" + ",".join(f"{p:g}" for p in params) + "]")
-        _check_not_auto(strategy)
-        return strategy
-    raise _invalid(text)
-
-
-def _check_not_auto(strategy: Strategy) -> None:
-    if strategy.is_auto_weighted:
-        raise UnsupportedError(
-            f"calibration strategy '{strategy}': weighted_scale_param with r1 > 1 selects upstream's automatic "
-            "heuristic search (spectral divergence + cosine over the raw tensor values, with state shared across "
-            "tensors); quantopt does not implement it. Give explicit r1..r4 <= 1, e.g. "
-            "weighted_scale_param[0.685,0.875,0.7175,0.01965].")
 
 
 def statistics_needs(strategy: Union[str, Strategy]) -> Tuple[bool, bool]:
@@ -180,7 +99,8 @@ def kld_threshold(hist: torch.Tensor, lo: float, hi: float, target_bins: int, to
     h = hist.detach().reshape(-1).to(torch.float64).cpu()
     hbins = h.numel()
     lo, hi = float(lo), float(hi)
-    total = float(h.sum())
+    with one_thread():  # a full sum over more than 32768 bins would otherwise depend on the thread count
+        total = float(h.sum())
     if hbins <= target_bins or target_bins < 2 or not total > 0.0:
         return lo, hi
     tb = int(target_bins)

@@ -16,23 +16,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
+from ..config.calibration_values import UNIFY_ALLOWED_TEXT as ALLOWED_TEXT  # noqa: F401  (re-exported)
+from ..config.calibration_values import UNIFY_METHODS as METHODS  # noqa: F401  (re-exported)
+from ..config.calibration_values import (  # the field value's torch-free grammar (the cfg reader's); re-exported
+    UnifyRule,
+    UnifyRules,
+    parse_unify_rules,
+)
 from ..errors import QuantOptError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..graph.tensor import PyTensor
 from ..log import LOGGER, OPT_DEBUG, OPT_INFO
 from ..quant.hardware import FLT_EPSILON
 from ..quant.params import QuantMode, integer_range
 from ..quantizer import quantize_graph
-
-METHODS = ("max", "min", "avg", "out", "skip")
-"""How the common scale is chosen: the largest (finest) or smallest (coarsest) branch scale, their mean, the
-target's own output scale, or leave the layer alone."""
 
 SCALE_DECIDING_TYPES = frozenset((
     "Convolution", "ConvTranspose", "Convolution3D", "ConvTranspose3D", "DepthwiseConv", "FullyConnected", "RNN",
@@ -48,89 +49,6 @@ PROBE_RANGE_FACTOR = 2.0
 """Output range stretch tried when probing whether a layer's output scale follows its calibrated range."""
 
 _THROUGH, _THROUGH_ALL, _LEAF = "through", "through_all", "leaf"
-
-
-# ------------------------------------------------------------------------------------------------ the field value
-@dataclass(frozen=True)
-class UnifyRule:
-    """One `(OpType, depth, threshold, method)` entry: depth 0 means no limit."""
-
-    optype: str
-    depth: int
-    threshold: float
-    method: str
-
-    def __str__(self) -> str:
-        return f"({self.optype}, {self.depth}, {self.threshold:g}, {self.method})"
-
-
-class UnifyRules(tuple):
-    """The parsed value of `unify_scales_for_multi_inputs_operators` (a tuple of UnifyRule)."""
-
-    def rule_for(self, optype: str) -> Optional[UnifyRule]:
-        low = str(optype).lower()
-        return next((r for r in self if r.optype.lower() == low), None)
-
-    def __str__(self) -> str:
-        return "[" + ", ".join(str(r) for r in self) + "]"
-
-
-ALLOWED_TEXT = ("[(OpType, depth, threshold, method), ...] with depth an integer >= 0 (0: no limit), threshold a "
-                "number >= 1 and method one of " + ", ".join(METHODS))
-
-
-def parse_unify_rules(text: str) -> UnifyRules:
-    """Parse `[(Concat, 20, 1.05, max), (Eltwise, 0, 1.0, avg)]`; raises ValueError saying what is wrong."""
-    t = text.strip()
-    if not t:
-        return UnifyRules()
-    if not (t.startswith("[") and t.endswith("]")):
-        raise ValueError("expected a list in brackets: [(OpType, depth, threshold, method), ...]")
-    body = t[1:-1].strip()
-    rules: List[UnifyRule] = []
-    pos = 0
-    while pos < len(body):
-        m = re.compile(r"\s*,?\s*").match(body, pos)
-        pos = m.end() if m else pos
-        if pos >= len(body):
-            break
-        if body[pos] != "(":
-            raise ValueError(f"expected '(' at '{body[pos:pos + 20]}'")
-        end = body.find(")", pos)
-        if end < 0:
-            raise ValueError(f"missing ')' after '{body[pos:pos + 20]}'")
-        rules.append(_parse_rule(body[pos + 1:end]))
-        pos = end + 1
-    seen = set()
-    for r in rules:
-        if r.optype.lower() in seen:
-            raise ValueError(f"operator type '{r.optype}' is listed twice")
-        seen.add(r.optype.lower())
-    return UnifyRules(rules)
-
-
-def _parse_rule(text: str) -> UnifyRule:
-    parts = [p.strip() for p in text.split(",")]
-    if parts and parts[-1] == "":
-        parts = parts[:-1]
-    if len(parts) != 4:
-        raise ValueError(f"'({text})' needs 4 items: OpType, depth, threshold, method")
-    name, depth, threshold, method = parts
-    try:
-        optype = str(OpType.lookup(name))
-    except KeyError:
-        raise ValueError(f"unknown operator type '{name}'") from None
-    if not re.fullmatch(r"\d+", depth):
-        raise ValueError(f"depth '{depth}' of {optype} is not an integer >= 0")
-    try:
-        thr = float(threshold)
-    except ValueError:
-        raise ValueError(f"threshold '{threshold}' of {optype} is not a number") from None
-    if not thr >= 1.0 or thr == float("inf"):
-        raise ValueError(f"threshold {threshold} of {optype} must be a finite number >= 1")
-    if method.lower() not in METHODS:
-        raise ValueError(f"method '{method}' of {optype} is not one of {', '.join(METHODS)}")
-    return UnifyRule(optype, int(depth), thr, method.lower())
 
 
 RuleSource = Union[None, str, Sequence[UnifyRule], Any]

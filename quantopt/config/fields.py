@@ -197,7 +197,9 @@ field("opt_config", "", PathKind(),
       group="model")
 field("eval_optimized_model", True, BoolKind(), "evaluate the metric on the quantized model", group="data")
 field("similarity_data_num", 1, IntKind(minimum=1),
-      "calibration batches used for the per-layer float-vs-quantized similarity", group="analysis")
+      "calibration batches (of calibration_batch_size samples) the per-layer float-vs-quantized similarity and its "
+      "histograms use; each costs about one forward of the float and of the quantized graph, plus one run of each "
+      "quantized layer", group="analysis")
 
 
 # --- accuracy tools (docs/mixed-precision.md) ------------------------------------------------------------------

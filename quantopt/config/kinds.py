@@ -1,4 +1,8 @@
-"""Value kinds of cfg fields: each parses the text of a value and describes what it accepts."""
+"""Value kinds of cfg fields: each parses the text of a value and describes what it accepts.
+
+Nothing here imports torch or numpy (the calibration grammars come from calibration_values.py), so that cfg errors
+and `quantopt --field` answer at once.
+"""
 from __future__ import annotations
 
 import abc
@@ -6,6 +10,8 @@ import os
 import re
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
+
+from .calibration_values import STRATEGY_FORMS, UNIFY_ALLOWED_TEXT, parse_strategy, parse_trim, parse_unify_rules
 
 
 class ValueKind(abc.ABC):
@@ -147,16 +153,16 @@ class PluginNameKind(ValueKind):
 
 
 class GlobalCalibrationKind(ValueKind):
-    """`global_calibration`: parsed by calibration/global_methods/spec.py (imported lazily: that package imports
-    the quantizer, which imports the field table)."""
+    """`global_calibration`: parsed by config/global_calibration.py (imported lazily: that module's kind derives
+    from ValueKind, defined here)."""
 
     def parse(self, text: str) -> Any:
-        from ..calibration.global_methods.spec import GlobalCalibrationKind as Spec
+        from .global_calibration import GlobalCalibrationKind as Spec
 
         return Spec().parse(text)
 
     def allowed(self) -> str:
-        from ..calibration.global_methods.spec import GlobalCalibrationKind as Spec
+        from .global_calibration import GlobalCalibrationKind as Spec
 
         return Spec().allowed()
 
@@ -275,13 +281,9 @@ class StrategyKind(ValueKind):
     """A local calibration strategy name (`mean`, `extrema`, `3std`, `kld`, `0.99percentile`, ...)."""
 
     def parse(self, text: str) -> str:
-        from ..calibration.strategies import parse_strategy
-
         return str(parse_strategy(text))
 
     def allowed(self) -> str:
-        from ..calibration.strategies import STRATEGY_FORMS
-
         return "one of " + ", ".join(STRATEGY_FORMS)
 
 
@@ -289,8 +291,6 @@ class TrimKind(ValueKind):
     """`clip(lo, hi)` or `second(lo, hi)` applied to tensors before statistics; empty for none."""
 
     def parse(self, text: str) -> str:
-        from ..calibration.statistics import parse_trim
-
         trim = parse_trim(text)
         return "" if trim is None else f"{trim.method}({trim.lo:g},{trim.hi:g})"
 
@@ -315,15 +315,11 @@ class IntListKind(ValueKind):
 
 
 class UnifyScalesKind(ValueKind):
-    """`[(OpType, depth, threshold, max|min|avg|out|skip), ...]`: parsed by calibration/unify_scales.py (imported
-    lazily: that module imports the quantizer, which imports the field table)."""
+    """`[(OpType, depth, threshold, max|min|avg|out|skip), ...]`, the grammar of config/calibration_values.py
+    (applied by calibration/unify_scales.py)."""
 
     def parse(self, text: str) -> Any:
-        from ..calibration.unify_scales import parse_unify_rules
-
         return parse_unify_rules(text)
 
     def allowed(self) -> str:
-        from ..calibration.unify_scales import ALLOWED_TEXT
-
-        return ALLOWED_TEXT
+        return UNIFY_ALLOWED_TEXT

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from .kinds import ValueKind
+from .optypes import optype_names
 
 FLOAT_ACT_TYPES = ("float16", "bfloat16", "float32")
 WEIGHT_ONLY_FORMATS = ("int", "fp8e4m3fn", "fp4e2m1fn")
@@ -128,14 +129,15 @@ class OpTypeListKind(ValueKind):
     """`[Convolution, Eltwise]` or `Convolution,Eltwise`: operator type names (checked against the known types)."""
 
     def parse(self, text: str) -> List[str]:
-        from ..graph.optype import OpType
-
         t = str(text).strip().strip("[]").strip()
         if not t:
             return []
-        known = {str(o).lower(): str(o) for o in OpType}
+        items = [s.strip() for s in t.split(",")]
+        known = {n.lower(): n for n in optype_names(include_plugins=False)}
+        if any(item.lower() not in known for item in items):  # a plugin's type: known once plugins are loaded
+            known = {n.lower(): n for n in optype_names(include_plugins=True)}
         names = []
-        for item in (s.strip() for s in t.split(",")):
+        for item in items:
             if item.lower() not in known:
                 raise ValueError(f"unknown operator type '{item}'")
             names.append(known[item.lower()])

@@ -1,4 +1,8 @@
-"""Reads the `[Common]` INI file into a validated `Config`; every error names the file, line and field."""
+"""Reads the `[Common]` INI file into a validated `Config`; every error names the file, line and field.
+
+Reading imports neither torch nor numpy (tests/test_fast_start.py checks it): a cfg error is reported before any
+model code loads.
+"""
 from __future__ import annotations
 
 import difflib
@@ -6,19 +10,12 @@ import os
 from typing import Any, Dict, Optional, Tuple
 
 from ..errors import ConfigError
-from ..graph.optype import OpType
 from .fields import FIELDS, UPSTREAM_FIELDS, Field
+from .optypes import ACTIVATION_METHODS  # noqa: F401  (re-exported)
+from .optypes import known_optype as _known_optype
 from .perlayer import PerLayerSyntaxError, PerLayerValue, parse_per_layer
 
 SECTION = "common"
-ACTIVATION_METHODS = {"RELU", "RELU6", "LEAKYRELU", "PRELU", "CLIP", "SIGMOID", "TANH", "HARDSWISH", "HARDSIGMOID",
-                      "ELU", "SELU", "CELU", "GELU", "SILU", "SWISH", "MISH", "SOFTPLUS", "SOFTSIGN", "SHRINK",
-                      "THRESHOLDEDRELU", "CRELU"}
-
-
-def _known_optype(name: str) -> bool:
-    return name in OpType or any(t.lower() == name.lower() for t in OpType.names()) or \
-        name.upper() in ACTIVATION_METHODS
 
 
 class Config:

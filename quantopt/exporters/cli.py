@@ -8,7 +8,7 @@ from typing import List
 
 from ..errors import QuantOptError, UnsupportedError
 from ..log import OPT_ERROR, setup_console
-from .onnx_qdq import DEFAULT_SCALES, SCALE_MODES
+from .options import DEFAULT_SCALES, SCALE_MODES
 
 FORMATS = ("onnx-qdq",)
 

@@ -25,17 +25,9 @@ from . import (  # noqa: F401  (they fill CONVERTERS)
     convert_ops,
     convert_recurrent,
 )
+from .options import DEFAULT_SCALES, SCALE_MODES  # torch-free for `quantopt export --help`
 from .qdq_graph import CONVERTERS, QDQGraph
 
-SCALE_MODES = ("exact", "effective", "ir")
-""""ir": weight DequantizeLinear scales are the IR's weights_scale and nothing else is added, a plain QDQ model.
-"effective": weight scales are what the integer multiplier/shift effectively applies (M · 2^-N · s_in / s_out), and
-layers requantizing with a multiplier get a Mul by the multiplier's rounding ratio (≈ 1) before QuantizeLinear, so
-onnxruntime follows quantopt's integer forward closely; activations keep the IR's scales.
-"exact" (the default): "effective", plus MAC layers in integer units (scale-1 activations around them, the
-multiplier as weight scale), int8 activations as uint8, tables as Gathers and the other requantizing layers in
-float64 arithmetic (convert_exact), so that onnxruntime computes quantopt's integers."""
-DEFAULT_SCALES = "exact"
 DEFAULT_OPSET = 19
 WIDE_OPSET = 21
 """QuantizeLinear/DequantizeLinear of int16/uint16 exist from opset 21."""
