@@ -64,5 +64,7 @@ def quantize_graph(graph: QuantizeGraph) -> QuantizeGraph:
         n.params.pop("activation_quantization_axis", None)
         n.params["activation_quantization_axis"] = [len(t.ir_shape) - 1 if is_per_channel(t) else None
                                                     for t in n.outputs]
+    if q.device.type != "cpu":  # quantize functions build their constants (integer weights, tables) on the CPU
+        q.to(q.device)
     graph.quantgraph = q
     return q

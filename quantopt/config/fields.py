@@ -10,6 +10,7 @@ from typing import Any, Dict, List
 from .kinds import (
     BoolKind,
     ChoiceKind,
+    DeviceKind,
     FloatKind,
     GlobalCalibrationKind,
     InputShapesKind,
@@ -140,6 +141,11 @@ field("remain_shift", None, OptionalIntKind(0, 32),
 field("set_qinvariant_for_start_nodes", [], IntListKind(),
       "layer ids of Input/Constant layers whose values are used as integers (scale 1, zero point 0)",
       group="quantization")
+field("device", "cpu", DeviceKind(),
+      "where the float and integer forwards run: cpu, cuda, cuda:N, or auto (CUDA when torch sees a device, else "
+      "the CPU); integer outputs are meant to be identical on every device, and the CUDA path is not yet verified "
+      "on a GPU, so cpu stays the default (docs/performance.md)",
+      group="model")
 field("fc_float_summation", "upstream", ChoiceKind(("upstream", "float64")),
       "how the float forward sums FullyConnected layers: upstream, in float32 in the upstream optimizer's fixed "
       "order (calibrated ranges identical to its; 30-200x slower than a BLAS kernel on large layers), or float64, "

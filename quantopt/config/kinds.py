@@ -103,6 +103,22 @@ class ChoiceKind(ValueKind):
         return "one of " + ", ".join(self.choices)
 
 
+class DeviceKind(ValueKind):
+    """Where tensors live: `auto`, `cpu`, `cuda` or `cuda:N` (checked against the machine when the run starts, not
+    here, so that reading a cfg never needs torch)."""
+
+    def parse(self, text: str) -> str:
+        value = text.strip().lower()
+        if value in ("auto", "cpu", "cuda"):
+            return value
+        if value.startswith("cuda:") and value[5:].isdigit():
+            return f"cuda:{int(value[5:])}"
+        raise ValueError("not a device")
+
+    def allowed(self) -> str:
+        return "auto, cpu, cuda or cuda:N (N the CUDA device index)"
+
+
 @dataclass
 class PathKind(ValueKind):
     """A file or folder path; relative paths are resolved against the cfg file's folder by the reader."""

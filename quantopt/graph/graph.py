@@ -27,6 +27,7 @@ class PyGraph:
         self.source_file: Optional[str] = None
         self._storage: Any = None  # keeps the mmap of the .bin alive while constants view it
         self._last_use: Dict[int, int] = {}
+        self.device = torch.device("cpu")
 
     # ----------------------------------------------------------------------------------------- structure
     def add_node(self, node: PyNode) -> PyNode:
@@ -39,6 +40,15 @@ class PyGraph:
             if n.name == name:
                 return n
         raise KeyError(f"no layer named '{name}'")
+
+    def to(self, device: Union[str, torch.device]) -> PyGraph:
+        """Move every constant to `device`; inputs fed later follow it (`feed_inputs`). Returns the graph."""
+        device = torch.device(device)
+        for n in self.nodes:
+            for t in n.constants.values():
+                t.betensor = t.betensor.to(device)
+        self.device = device
+        return self
 
     def tensors(self) -> Dict[str, PyTensor]:
         """Activation tensors by name (node outputs)."""
@@ -129,7 +139,7 @@ class PyGraph:
         for t, d in zip(self.input_tensors, data):
             if not isinstance(d, torch.Tensor):
                 d = torch.as_tensor(d)
-            t.betensor = d
+            t.betensor = d.to(self.device)
 
     def forward(self, data: Union[Sequence[torch.Tensor], Mapping[str, torch.Tensor], torch.Tensor],
                 keep_tensors: bool = False, after_node: Optional[NodeHook] = None) -> List[torch.Tensor]:
@@ -163,6 +173,7 @@ class PyGraph:
         g.header = OrderedDict(self.header)
         g.source_file = self.source_file
         g._storage = self._storage
+        g.device = self.device
         tmap: Dict[int, PyTensor] = {}
 
         def ct(t: PyTensor) -> PyTensor:
