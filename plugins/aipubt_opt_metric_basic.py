@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from quantopt import DataError, OptBaseMetric, PluginError, PluginType, register_plugin
 from quantopt.metric_helpers import as_tensor_list, bool_arg, require_labels
+from quantopt.threads import one_thread
 
 Outputs = Union[torch.Tensor, Sequence[torch.Tensor]]
 
@@ -52,8 +53,10 @@ def _pairs(metric: str, pred: Outputs, target: Any) -> List[Tuple[torch.Tensor, 
 
 
 def _cosine(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Per-row cosine in float64; a zero row gives 0 (not NaN)."""
-    return F.cosine_similarity(p, q, dim=1, eps=1e-12)
+    """Per-row cosine in float64; a zero row gives 0 (not NaN). Summed on one thread: one row's sum would depend on
+    the thread count otherwise (quantopt.threads)."""
+    with one_thread():
+        return F.cosine_similarity(p, q, dim=1, eps=1e-12)
 
 
 def _fmt(x: float) -> str:
@@ -180,7 +183,8 @@ class _PerOutputMetric(OptBaseMetric):
         for i, (p, q) in enumerate(pairs):
             diff = p - q
             self.cos_sum[i] += float(_cosine(p, q).sum())
-            self.sq_sum[i] += float((diff * diff).sum())
+            with one_thread():  # a full float sum: the same at any thread count (quantopt.threads)
+                self.sq_sum[i] += float((diff * diff).sum())
             if diff.numel():
                 self.max_abs[i] = max(self.max_abs[i], float(diff.abs().max()))
             self.values[i] += diff.numel()
@@ -278,7 +282,8 @@ class PsnrMetric(OptBaseMetric):
         p, q = _pairs("PsnrMetric", outs[:1], labels[:1])[0]
         if q.numel() == 0:
             raise DataError("PsnrMetric: output 0 is empty")
-        self.mse.append(((p - q) ** 2).mean(dim=1).numpy())
+        with one_thread(p.shape[0] == 1):  # a float sum to one value: the same at any thread count
+            self.mse.append(((p - q) ** 2).mean(dim=1).numpy())
         self.label_min = min(self.label_min, float(q.min()))
         self.label_max = max(self.label_max, float(q.max()))
 

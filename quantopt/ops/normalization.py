@@ -25,6 +25,7 @@ from ..quant.params import QuantMode, integer_range, linear_quant_params, quanti
 from ..quant.requant import bias_quantize, range_dtype, requantize_int, scale_shift
 from ..quant.rounding import bit_length, div_round_half_even, round_shift
 from ..registry import op_register, quant_register
+from ..threads import one_thread
 from ._lut_int import ceil_log2, int_input
 from ._quant import (
     insert_keys_after,
@@ -228,14 +229,15 @@ def norm_forward(self: PyNode) -> None:
     rows_of = _Rows(self, x.shape)
     rows = rows_of.to_rows(x)
     eps = _epsilon(self) if _normalize_variance(self) else 0.0
-    if str(self.type) == "RMSNorm":
-        n = rows / torch.sqrt(torch.mean(rows * rows, dim=1, keepdim=True) + eps)
-    else:
-        centered = rows - rows.mean(dim=1, keepdim=True)
-        if _normalize_variance(self):
-            n = centered / torch.sqrt(torch.mean(centered * centered, dim=1, keepdim=True) + eps)
+    with one_thread(int(rows.shape[0]) == 1):  # a float sum to one value: the same at any thread count
+        if str(self.type) == "RMSNorm":
+            n = rows / torch.sqrt(torch.mean(rows * rows, dim=1, keepdim=True) + eps)
         else:
-            n = centered
+            centered = rows - rows.mean(dim=1, keepdim=True)
+            if _normalize_variance(self):
+                n = centered / torch.sqrt(torch.mean(centered * centered, dim=1, keepdim=True) + eps)
+            else:
+                n = centered
     y = rows_of.from_rows(n)
     w = _affine_tensor(self, "weights", x.shape)
     b = _affine_tensor(self, "biases", x.shape)
@@ -531,7 +533,8 @@ def l2_normalization_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     x = x.float() if not x.is_floating_point() else x
     axes, eps = _lp_params(self, x.dim())
-    ss = torch.sum(x * x, dim=axes, keepdim=True)
+    with one_thread():  # summed over every axis, to one value, it would depend on the thread count
+        ss = torch.sum(x * x, dim=axes, keepdim=True)
     self.outputs[0].betensor = x / torch.sqrt(torch.clamp(ss, min=eps))
 
 

@@ -1,20 +1,9 @@
-"""Shared by the global-calibration tests: one torch thread (the methods' float sums are then reproducible from run to
-run) and a handler that records log lines."""
+"""Shared by the global-calibration tests: a handler that records log lines. They run at whatever thread count torch
+has: the methods' results do not depend on it (quantopt/threads.py, tests/test_threads.py)."""
 from __future__ import annotations
 
 import logging
-from typing import Iterator, List
-
-import pytest
-import torch
-
-
-@pytest.fixture(scope="module")
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from typing import List
 
 
 class RecordedLog(logging.Handler):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import shared_model_dir
-from global_helpers import RecordedLog, one_thread  # noqa: F401 (one_thread is a fixture)
+from global_helpers import RecordedLog
 
 from quantopt.calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
 from quantopt.calibration.global_methods import (
@@ -28,9 +28,6 @@ from quantopt.quantizer import quantize_graph
 
 PER_TENSOR = "per_tensor_symmetric_restricted_range"
 PER_CHANNEL = "per_channel_symmetric_restricted_range"
-
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _run(g, spec: str, batches) -> tuple:

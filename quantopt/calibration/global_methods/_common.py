@@ -17,6 +17,7 @@ from ...graph.tensor import PyTensor, TensorStatistics
 from ...ops._quant import activation_mode, is_signed
 from ...quant.params import QuantMode, dequantize, linear_quant_params, quantize
 from ...quantizer import quantize_graph
+from ...threads import one_thread
 from ..collect import weight_constants
 from ..statistics import StatisticsConfig, update_statistics
 from ..strategies import apply_strategy, parse_strategy
@@ -135,7 +136,8 @@ def layer_errors(graph: PyGraph, reference: PyGraph, batches: Sequence[Batch],
     for name in names:
         acc = 0.0
         for (_, yf), (_, yq) in zip(ref[name], qio[name]):
-            acc += float(((yf[0].to(torch.float64) - yq[0].to(torch.float64)) ** 2).mean())
+            with one_thread():  # a full float sum: the same at any thread count (threads.py)
+                acc += float(((yf[0].to(torch.float64) - yq[0].to(torch.float64)) ** 2).mean())
         errors[name] = acc / len(batches)
     return errors
 

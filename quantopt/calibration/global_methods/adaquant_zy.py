@@ -36,6 +36,7 @@ from ...ops._quant import activation_mode
 from ...progress import progress
 from ...quant.params import QuantMode
 from ...quantizer import quantize_graph
+from ...threads import one_thread
 from ._common import (
     SEED,
     Batch,
@@ -81,8 +82,9 @@ def _optimizers(groups: Sequence[Tuple[Optional[torch.Tensor], float]]) -> List[
 def _total_mse(qgraph: PyGraph, data: Sequence[Batch], targets: Dict[str, List[torch.Tensor]]) -> float:
     """Summed reconstruction MSE of the layers in scope (quantized graph, errors of earlier layers included)."""
     q = capture(qgraph, data, set(targets), quantized=True)
-    return sum(sum(float(((yq[0].to(torch.float64) - y.to(torch.float64)) ** 2).mean())
-                   for (_, yq), y in zip(q[name], ys)) / max(len(ys), 1) for name, ys in targets.items())
+    with one_thread():  # full float sums: the same at any thread count (threads.py)
+        return sum(sum(float(((yq[0].to(torch.float64) - y.to(torch.float64)) ** 2).mean())
+                       for (_, yq), y in zip(q[name], ys)) / max(len(ys), 1) for name, ys in targets.items())
 
 
 class _Learner:
@@ -222,7 +224,8 @@ def adaquant_zy(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batc
         y = pad_samples(torch.cat(targets[node.name], dim=0), batch_size)
         producer = range_honoured(qgraph, node.inputs[0], qnode.inputs[0])
         learner = _Learner(node, qnode, spec, producer is not None)
-        first, last = learner.train(x, y, epochs, batch_size, SEED + index)
+        with one_thread():  # the losses and the gradients of scalar scales are full sums (threads.py)
+            first, last = learner.train(x, y, epochs, batch_size, SEED + index)
         saved = _save(node)
         text = _apply(node, learner, producer)
         candidate = quantize_graph(graph)

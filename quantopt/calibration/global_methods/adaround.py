@@ -28,6 +28,7 @@ from ...log import OPT_INFO
 from ...progress import progress
 from ...quant.params import quantize
 from ...quantizer import quantize_graph
+from ...threads import one_thread
 from ._common import SEED, Batch, capture, float_apply, pad_samples, target_layers, weight_quant
 from .spec import GlobalMethodSpec
 
@@ -42,7 +43,8 @@ def _h(alpha: torch.Tensor) -> torch.Tensor:
 
 
 def _recon(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return (pred - target).pow(2).sum(-1).mean()
+    with one_thread():  # a full float sum: the same at any thread count (threads.py)
+        return (pred - target).pow(2).sum(-1).mean()
 
 
 class _Grid:

@@ -18,6 +18,7 @@ from ...graph.tensor import PyTensor
 from ...log import OPT_INFO
 from ...progress import progress
 from ...quantizer import quantize_graph
+from ...threads import one_thread
 from ._common import Batch, capture, channels_last, dequantized_weights, float_apply, target_layers
 from .spec import GlobalMethodSpec
 
@@ -43,8 +44,9 @@ def bias_correction(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, 
                 diffs.append(channels_last(y_f - y_q, channels))
         d = torch.cat(diffs, dim=0)
         delta = d.mean(dim=0)
-        before = float((d ** 2).mean())
-        after = float(((d - delta) ** 2).mean())
+        with one_thread():  # full float sums: the same at any thread count (threads.py)
+            before = float((d ** 2).mean())
+            after = float(((d - delta) ** 2).mean())
         if not after < before:
             OPT_INFO(f"bias_correction: layer '{node.name}' unchanged (pre-activation mse {before:.6g})")
             continue

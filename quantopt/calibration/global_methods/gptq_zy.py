@@ -28,6 +28,7 @@ from ...log import OPT_INFO
 from ...progress import progress
 from ...quant.params import dequantize, quantize
 from ...quantizer import quantize_graph
+from ...threads import one_thread
 from ._common import Batch, skip_reason, target_layers, weight_quant
 from .spec import GlobalMethodSpec
 
@@ -144,10 +145,11 @@ def _layer(node: PyNode, qnode: PyNode, h: torch.Tensor, spec: GlobalMethodSpec)
     w = wt.betensor.to(torch.float64).reshape(groups, int(shape[0]) // groups, -1)
     grid = _Grid(qnode, groups)
     nearest = grid.integers(w)
-    chosen = _gptq(w, h, grid, spec.param("use_act_order"), float(spec.param("perc_damp")),
-                   spec.param("block_size"))
-    e_rtn = _error(w, grid.values(nearest), h)
-    e_gptq = _error(w, grid.values(chosen), h)
+    with one_thread():  # LAPACK factorizations and the scalar error: the same at any thread count (threads.py)
+        chosen = _gptq(w, h, grid, spec.param("use_act_order"), float(spec.param("perc_damp")),
+                       spec.param("block_size"))
+        e_rtn = _error(w, grid.values(nearest), h)
+        e_gptq = _error(w, grid.values(chosen), h)
     if not e_gptq < e_rtn:
         return False, f"rounding to nearest kept (Hessian-weighted error {e_rtn:.6g}, GPTQ {e_gptq:.6g})"
     new_w = grid.values(chosen).reshape(shape)

@@ -36,6 +36,7 @@ from ...log import OPT_INFO
 from ...ops._quant import copy_params
 from ...progress import progress
 from ...quantizer import quantize_graph
+from ...threads import one_thread
 from ._common import Batch, clone_nodes, consumers, recalibrate_weights, remember_constants
 from .spec import GlobalMethodSpec
 
@@ -281,7 +282,8 @@ class PairProbe:
                     n.forward()
                 for fc in self.pair.fcs:
                     y = to_float(by_name[fc.name].outputs[0]).to(torch.float64)
-                    total += float(((y - self.targets[fc.name][i].to(torch.float64)) ** 2).sum())
+                    with one_thread():  # a full float sum: the same at any thread count (threads.py)
+                        total += float(((y - self.targets[fc.name][i].to(torch.float64)) ** 2).sum())
                     count += y.numel()
         return total / max(count, 1)
 

@@ -31,6 +31,7 @@ from ...graph.tensor import PyTensor
 from ...log import OPT_DEBUG, OPT_INFO
 from ...progress import progress
 from ...quantizer import quantize_graph
+from ...threads import one_thread
 from ._common import (
     Batch,
     capture,
@@ -63,11 +64,12 @@ class _Target:
         self.batch_ranges: List[Tuple[float, float]] = []
 
     def spectrum_losses(self, x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
-        ref = _spectrum(x)
         out = torch.zeros(len(self.factors), dtype=torch.float64)
-        for i, f in enumerate(self.factors):
-            q = fake_quant_range(x, lo * f, hi * f, self.qt, self.producer)
-            out[i] = ((ref - _spectrum(q)) ** 2).mean()
+        with one_thread():  # batched FFTs and full float sums: the same at any thread count (threads.py)
+            ref = _spectrum(x)
+            for i, f in enumerate(self.factors):
+                q = fake_quant_range(x, lo * f, hi * f, self.qt, self.producer)
+                out[i] = ((ref - _spectrum(q)) ** 2).mean()
         return out
 
     def best(self, losses: torch.Tensor) -> float:
@@ -82,7 +84,8 @@ def _denoised_range(x: torch.Tensor, thresh: float) -> Tuple[float, float]:
     U factor is formed, whatever the number of rows."""
     m = torch.nan_to_num(x.to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
     m = m.reshape(-1, x.shape[-1]) if x.dim() > 1 else m.reshape(1, -1)
-    evals, v = torch.linalg.eigh(m.T @ m)
+    with one_thread():  # LAPACK: the same at any thread count (threads.py)
+        evals, v = torch.linalg.eigh(m.T @ m)
     s = torch.sqrt(torch.clamp(evals, min=0.0))
     cut = s.sort().values[min(int(s.numel() * thresh), s.numel() - 1)]
     keep = v[:, s > cut]
@@ -178,10 +181,11 @@ def _activation_ranges(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpe
             if tg.node.name in found:
                 lo, hi = found[tg.node.name]
                 old, new = losses[tg.node.name]
-                losses[tg.node.name] = (old + float(((_spectrum(x) - _spectrum(fake_quant_range(
-                    x, float(tg.t.min), float(tg.t.max), tg.qt, tg.producer))) ** 2).mean()),
-                    new + float(((_spectrum(x) - _spectrum(fake_quant_range(x, lo, hi, tg.qt, tg.producer)))
-                                 ** 2).mean()))
+                with one_thread():  # batched FFTs and full float sums: the same at any thread count (threads.py)
+                    losses[tg.node.name] = (old + float(((_spectrum(x) - _spectrum(fake_quant_range(
+                        x, float(tg.t.min), float(tg.t.max), tg.qt, tg.producer))) ** 2).mean()),
+                        new + float(((_spectrum(x) - _spectrum(fake_quant_range(x, lo, hi, tg.qt, tg.producer)))
+                                     ** 2).mean()))
 
         _each_output(reference, data, targets, f"svd_quant mode {mode}: check", check)
     changed = []
@@ -225,8 +229,9 @@ def _fc_weight_ranges(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec
         for i, f in enumerate(factors):
             _scale_range(w, saved, f)
             probe = quantize_alone(node, qnode)
-            losses[i] = sum(float(((run_alone(probe, [x]).to(torch.float64) - y.to(torch.float64)) ** 2).mean())
-                            for x, y in zip(xs, ys)) / len(xs)
+            with one_thread():  # full float sums: the same at any thread count (threads.py)
+                losses[i] = sum(float(((run_alone(probe, [x]).to(torch.float64) - y.to(torch.float64)) ** 2).mean())
+                                for x, y in zip(xs, ys)) / len(xs)
         one = factors.index(1.0)
         best = int(torch.argmin(losses))
         f = factors[best] if losses[best] < losses[one] else 1.0
