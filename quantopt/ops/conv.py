@@ -55,6 +55,22 @@ def _geometry(node: PyNode) -> Tuple[Tuple[int, int], Tuple[int, int], Tuple[int
     return stride, dilation, pads  # type: ignore[return-value]
 
 
+GEOMETRY_KEYS = ("stride_y", "stride_x", "dilation_y", "dilation_x", "pad_left", "pad_right", "pad_top", "pad_bottom",
+                 "kernel_y", "kernel_x", "num_output", "group", "multiplier")
+
+
+def _checked_geometry(node: PyNode, w: torch.Tensor, in_c: int, depthwise: bool) -> Tuple[int, Any, Any, Any]:
+    """(group, stride, dilation, pads), validated once per layer and remembered while the weights' shape, the input
+    channels and the geometry params stay the same (the per-forward checks cost more than a small convolution)."""
+    key = (tuple(w.shape), in_c, depthwise, tuple(node.params.get(k) for k in GEOMETRY_KEYS))
+    cached = node.attrs.get("_conv_geometry")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    value = (_check_weights(node, w, in_c, depthwise), *_geometry(node))
+    node.attrs["_conv_geometry"] = (key, value)
+    return value
+
+
 def _check_weights(node: PyNode, w: torch.Tensor, in_c: int, depthwise: bool) -> int:
     """Validate OHWI weights against the input and the IR params; returns the group count."""
     if w.dim() != 4:
@@ -116,8 +132,7 @@ def _conv_nhwc(node: PyNode, x: torch.Tensor, w: torch.Tensor, bias: torch.Tenso
     """Checked convolution of NHWC `x` computed in `dtype` (the input is converted while it is padded)."""
     if x.dim() != 4:
         raise node._error(f"input must be 4-D NHWC, got shape {list(x.shape)}")
-    group = _check_weights(node, w, int(x.shape[3]), depthwise)
-    stride, dilation, pads = _geometry(node)
+    group, stride, dilation, pads = _checked_geometry(node, w, int(x.shape[3]), depthwise)
     kh, kw = int(w.shape[1]), int(w.shape[2])
     need = ((kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1)
     padded = (int(x.shape[1]) + pads[2] + pads[3], int(x.shape[2]) + pads[0] + pads[1])
