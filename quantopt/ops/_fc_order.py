@@ -19,7 +19,7 @@ multiply-add). For an input row x [K] and weights W [N, K], with p_k = x_k · W[
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -32,12 +32,7 @@ MIN_TILE_COLUMNS, MIN_TILE_GROUPS = 64, 8
 """A tile spans at least this many columns (long contiguous passes) and, where that allows, this many groups."""
 
 
-def _reduce_lanes(lanes: torch.Tensor) -> torch.Tensor:
-    """[..., 4] -> (l0 + l2) + (l1 + l3)."""
-    return (lanes[..., 0] + lanes[..., 2]) + (lanes[..., 1] + lanes[..., 3])
-
-
-def _head_sum(x: torch.Tensor, w: torch.Tensor, h: int) -> torch.Tensor:
+def _head_sum(x: np.ndarray, w: np.ndarray, h: int) -> np.ndarray:
     """Sum of the first h products in order: [B, K] x [C, K] -> [B, C]."""
     s = x[:, None, 0] * w[None, :, 0]
     for k in range(1, h):
@@ -45,34 +40,27 @@ def _head_sum(x: torch.Tensor, w: torch.Tensor, h: int) -> torch.Tensor:
     return s
 
 
-def _groups(t: torch.Tensor, start: int, count: int) -> torch.Tensor:
-    """[R, K] -> [count, R, 4]: the groups of four elements from `start`, group-major and contiguous."""
-    return t[:, start:start + 4 * count].reshape(int(t.shape[0]), count, 4).transpose(0, 1).contiguous()
+def _group_layout(t: np.ndarray, h: int) -> np.ndarray:
+    """[R, K] -> [count, lane, R]: element h + 4i + j at [i, j], contiguous."""
+    rows, count = int(t.shape[0]), (int(t.shape[1]) - h) // 4
+    return np.ascontiguousarray(t[:, h:].reshape(rows, count, 4).transpose(1, 2, 0))
 
 
-def _lane_sums(x: torch.Tensor, w: torch.Tensor, start: int, count: int, head: torch.Tensor,
-               accumulators: int) -> torch.Tensor:
-    """Groups `start`.. of four products into `accumulators` four-lane partial sums taken in turn (the first
-    accumulator's lane 0 starting from `head`), added lane by lane and reduced: [B, C]."""
-    xg, wg = _groups(x, start, count), _groups(w, start, count)
-    accs: List[torch.Tensor] = []
-    product = torch.empty(int(x.shape[0]), int(w.shape[0]), 4, dtype=torch.float32, device=x.device)
-    for i in range(count):
-        torch.mul(xg[i][:, None, :], wg[i][None, :, :], out=product)  # rounded products, then one addition each
-        if i < accumulators:
-            accs.append(product.clone())
-            if i == 0:
-                accs[0][..., 0] = head + accs[0][..., 0]
-        else:
-            accs[i % accumulators].add_(product)
-    lanes = accs[0]
-    for extra in accs[1:]:
-        lanes = lanes + extra
-    return _reduce_lanes(lanes)
+class OrderedWeights:
+    """Weights [N, K] as float32 numpy, with the four-column blocks already in the layout the sums read: made once
+    per layer and reused by every forward while the weights are unchanged (the transposing copy costs more than a
+    small layer's sums)."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        self.w = np.ascontiguousarray(w.detach().to(device="cpu", dtype=torch.float32).numpy())
+        k_total, n_out = int(self.w.shape[1]), int(self.w.shape[0])
+        self.h = (k_total - 1) % 4 + 1
+        self.main = 4 * (n_out // 4)
+        self.blocks = _group_layout(self.w[:self.main], self.h)[:, :, None, :] if k_total > self.h else None
 
 
-def _quad(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Blocks of four columns, computed with numpy on the CPU.
+def _quad(x: np.ndarray, w: np.ndarray, wg: Optional[np.ndarray]) -> np.ndarray:
+    """Blocks of four columns (`wg`: their products' weights in `_group_layout`, [count, lane, 1, cols]).
 
     The products are made and summed in tiles (a band of columns, a run of groups) small enough to stay in cache;
     each lane's running sum is carried from one run to the next. A tile's sum is one `np.add.reduce` over the
@@ -88,9 +76,7 @@ def _quad(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     rows, cols = int(x.shape[0]), int(w.shape[0])
     # [count, lane, rows, 1] and [count, lane, 1, cols]: product p_{h+4i+j} of group i at lane j, with the columns
     # innermost so every element-wise pass runs over contiguous rows
-    xg = x[:, h:].reshape(rows, count, 4).permute(1, 2, 0).contiguous().cpu().numpy()[:, :, :, None]
-    wg = w[:, h:].reshape(cols, count, 4).permute(1, 2, 0).contiguous().cpu().numpy()[:, :, None, :]
-    head = s.cpu().numpy()
+    xg = _group_layout(x, h)[:, :, :, None]
     tile = min(cols, max(MIN_TILE_COLUMNS, MAX_TILE_PRODUCTS // (4 * rows * MIN_TILE_GROUPS)))
     run = max(1, MAX_TILE_PRODUCTS // (4 * rows * tile))
     out = np.empty((rows, cols), dtype=np.float32)
@@ -103,35 +89,43 @@ def _quad(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             if lanes is None:  # the first run: lane 0 starts from the head sum, the others from their product
                 part = terms[:g1 - g0, :, :, :c1 - c0]
                 np.multiply(xg[g0:g1], wg[g0:g1, :, :, c0:c1], out=part)  # each product rounded to float32
-                part[0, 0] = head[:, c0:c1] + part[0, 0]
+                part[0, 0] = s[:, c0:c1] + part[0, 0]
             else:  # later runs start from the running lanes
                 part = terms[:g1 - g0 + 1, :, :, :c1 - c0]
                 part[0] = lanes
                 np.multiply(xg[g0:g1], wg[g0:g1, :, :, c0:c1], out=part[1:])
             lanes = np.add.reduce(part, axis=0)
         out[:, c0:c1] = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])
-    return torch.from_numpy(out).to(x.device)
+    return out
 
 
-def _wide_or_narrow(x: torch.Tensor, w: torch.Tensor, accumulators: int) -> torch.Tensor:
+def _wide_or_narrow(x: np.ndarray, w: np.ndarray, accumulators: int) -> np.ndarray:
+    """One column (w [1, K]) as a wide (two accumulators) or narrow (one) dot product: [B, K] -> [B, 1]."""
     k_total = int(x.shape[1])
     h = min(4, k_total)
-    s = _head_sum(x, w, h)
+    s = _head_sum(x, w, h)[:, 0]
     n_body = 8 * ((k_total - h) // 8)
     if n_body:
-        s = _lane_sums(x, w, h, n_body // 4, s, accumulators)
+        rows, groups = int(x.shape[0]), n_body // 4
+        products = np.ascontiguousarray((x[:, h:h + n_body] * w[0, h:h + n_body]).reshape(rows, groups, 4)
+                                        .transpose(1, 0, 2))  # [groups, rows, lane]
+        products[0, :, 0] = s + products[0, :, 0]  # the first accumulator's lane 0 starts from the head sum
+        lanes = np.add.reduce(products[0::accumulators], axis=0)  # groups taken in turn by the accumulators
+        for a in range(1, accumulators):
+            lanes = lanes + np.add.reduce(products[a::accumulators], axis=0)
+        s = (lanes[:, 0] + lanes[:, 2]) + (lanes[:, 1] + lanes[:, 3])
     for k in range(h + n_body, k_total):
-        s = s + x[:, None, k] * w[None, :, k]
-    return s
+        s = s + x[:, k] * w[0, k]
+    return s[:, None]
 
 
-def _dot_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _dot_rows(x: np.ndarray, weights: OrderedWeights) -> np.ndarray:
     """[B, K] x [N, K] -> [B, N] float32 in the order above."""
+    w, main = weights.w, weights.main
     n_out = int(w.shape[0])
-    main = 4 * (n_out // 4)
-    out = torch.empty(int(x.shape[0]), n_out, dtype=torch.float32, device=x.device)
+    out = np.empty((int(x.shape[0]), n_out), dtype=np.float32)
     if main:
-        out[:, :main] = _quad(x, w[:main])
+        out[:, :main] = _quad(x, w[:main], weights.blocks)
     rest = n_out - main
     for r in range(rest):
         n = main + r
@@ -140,15 +134,19 @@ def _dot_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def linear_float32(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
-    """y = x @ w.T + b over the last axis of a float32 `x`, summed in the module's order; float32 result."""
-    x32 = x.to(torch.float32)
-    w32 = w.to(device=x32.device, dtype=torch.float32)
+def linear_float32(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
+                   prepared: Optional[OrderedWeights] = None) -> torch.Tensor:
+    """y = x @ w.T + b over the last axis of a float32 `x`, summed in the module's order; float32 result on x's
+    device (the sums themselves are computed with numpy on the CPU). `prepared`: `OrderedWeights(w)` kept by the
+    caller across forwards."""
+    weights = prepared if prepared is not None else OrderedWeights(w)
+    n_out = int(weights.w.shape[0])
+    x32 = x.detach().to(device="cpu", dtype=torch.float32)
     lead = tuple(x32.shape[:-1])
-    rows = x32.reshape(-1, int(x32.shape[-1]))
-    step = max(1, MAX_LANE_ELEMENTS // max(1, 4 * int(w32.shape[0])))
-    parts = [_dot_rows(rows[i:i + step], w32) for i in range(0, int(rows.shape[0]), step)]
-    y = torch.cat(parts) if parts else torch.empty(0, int(w32.shape[0]), dtype=torch.float32, device=x32.device)
+    rows = x32.reshape(-1, int(x32.shape[-1])).numpy()
+    step = max(1, MAX_LANE_ELEMENTS // max(1, 4 * n_out))
+    parts = [_dot_rows(rows[i:i + step], weights) for i in range(0, int(rows.shape[0]), step)]
+    y = np.concatenate(parts) if parts else np.empty((0, n_out), dtype=np.float32)
     if b is not None:
-        y = y + b.to(device=y.device, dtype=torch.float32)
-    return y.reshape(*lead, int(w32.shape[0]))
+        y = y + b.detach().to(device="cpu", dtype=torch.float32).numpy()
+    return torch.from_numpy(y).reshape(*lead, n_out).to(x.device)

@@ -11,7 +11,7 @@ from ..graph.optype import OpType
 from ..ir.dtype import Dtype
 from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import op_register, quant_register
-from ._fc_order import linear_float32
+from ._fc_order import OrderedWeights, linear_float32
 from ._quant import (
     FLOAT32_EXACT,
     check_fused_activation_quantizable,
@@ -82,8 +82,20 @@ def fully_connected_forward(self: PyNode) -> None:
     if not ordered:
         y = F.linear(x, w, b).to(dtype)
     else:
-        y = linear_float32(x, w, b) if FLOAT32_FC_ORDER == "upstream" else F.linear(x, w, b)
+        y = linear_float32(x, w, b, _ordered_weights(self, weights)) if FLOAT32_FC_ORDER == "upstream" \
+            else F.linear(x, w, b)
     self.outputs[0].betensor = apply_fused_activation(self, y)
+
+
+def _ordered_weights(node: PyNode, t: torch.Tensor) -> OrderedWeights:
+    """The layer's weights in the fixed order's layout, kept while the weight tensor is the same and unmodified
+    (a global method that rewrites the weights in place bumps the tensor's version)."""
+    cached = node.attrs.get("_fc_order_weights")
+    if cached is not None and cached[0] is t and cached[1] == t._version:
+        return cached[2]
+    prepared = OrderedWeights(t)
+    node.attrs["_fc_order_weights"] = (t, t._version, prepared)
+    return prepared
 
 
 @quant_register(OpType.FullyConnected)
