@@ -32,7 +32,7 @@ PACKAGED = {
 
 COMMON_SETTINGS = {"quantize_method_for_weight": "per_channel_symmetric_restricted_range"}
 """Quantization settings of every model's cfg (the rest are quantopt's defaults: int8, mean calibration)."""
-VAD_SETTINGS = {"activation_bits": "8 & <[Pow,Sqrt,Eltwise]:16>", "lut_items_in_bits": "10"}
+VAD_SETTINGS = {"activation_bits": "8 & <[Pow,Square,Sqrt,Eltwise]:16>", "lut_items_in_bits": "10"}
 """Silero VAD: the STFT magnitude (sqrt(re^2 + im^2), over a range dominated by a few spectral peaks) keeps 16-bit
 activations (in the If-free export the LSTM cell's Adds too); with int8 there most low-energy bins are lost."""
 

@@ -10,7 +10,7 @@ Bitwise, BitShift and DivMod run on integer (scale 1) tensors only.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -22,6 +22,7 @@ from ..ir.dtype import Dtype
 from ..log import OPT_WARN
 from ..quant.hardware import AIFF_MULTIPLIER_BITS, INT_INPUT_MAX_BITS, WIDE_SHIFT_MAX
 from ..quant.lut import build_lut, lookup_lut
+from ..quant.params import dequantize
 from ..quant.requant import eltwise_multipliers, range_dtype, scale_shift
 from ..quant.rounding import bit_length, round_shift
 from ..registry import op_register, quant_register
@@ -521,6 +522,23 @@ def _exponent(node: PyNode) -> float:
         raise node._error(f"parameter 'exponent' must be a number, got {value!r}") from None
 
 
+def _constant_exponent(node: PyNode) -> Optional[float]:
+    """The exponent of the Parser's form: a second input that a Constant layer holds with one value throughout
+    (dequantized when that layer was quantized before this one); None for any other second input."""
+    if len(node.inputs) != 2 or node.graph is None:
+        return None
+    t = node.inputs[1]
+    src = next((n for n in node.graph.nodes if any(o is t for o in n.outputs)), None)
+    w = src.get_constant("weights", optional=True) if src is not None and str(src.type) == "Constant" else None
+    if w is None or w.betensor.numel() == 0:
+        return None
+    v = w.betensor.to(torch.float32) if w.betensor.is_floating_point() else dequantize(w.betensor, w.scale, w.zerop)
+    first = float(v.reshape(-1)[0])
+    if not bool((v == first).all()):
+        return None
+    return float(f"{first:.7g}")  # undo the float32 rounding of a quantized constant (1.5000001 → 1.5)
+
+
 @op_register(OpType.Pow)
 def pow_forward(self: PyNode) -> None:
     xs = [t.betensor for t in self.inputs]
@@ -533,7 +551,10 @@ def pow_forward(self: PyNode) -> None:
         return
     _check_inputs(self, 2, xs)
     if self.quantized:
-        raise UnsupportedError(f"layer '{self.name}' ({self.type}): a quantized Pow needs the `exponent` param")
+        if self.get_constant("lut", optional=True) is None:
+            raise UnsupportedError(f"layer '{self.name}' ({self.type}): a quantized Pow needs a constant exponent")
+        self.outputs[0].betensor = _pow_int(self)
+        return
     self.outputs[0].betensor = torch.pow(xs[0].to(torch.float32), xs[1].to(torch.float32))
 
 
@@ -546,14 +567,19 @@ def _pow_function(p: float) -> Callable[[torch.Tensor], torch.Tensor]:
 
 @quant_register(OpType.Pow)
 def pow_quantize(self: PyNode) -> None:
-    """Constant exponent (`exponent` param): a `lut` over the input range, as the LUT activations. Signed output
-    iff the input is signed and the exponent is an odd integer."""
-    if "exponent" not in self.params:
-        raise UnsupportedError(f"layer '{self.name}' ({self.type}): quantizing Pow with the exponent as a second "
-                               "input tensor is not supported; write a constant exponent as the `exponent` param")
-    p = _exponent(self)
-    if len(self.inputs) != 1:
-        raise self._error(f"Pow with an `exponent` param expects 1 input, got {len(self.inputs)}")
+    """Constant exponent (the `exponent` param, or the Parser's second input from a Constant layer holding one
+    value): a `lut` over the input range, as the LUT activations. Signed output iff the input is signed and the
+    exponent is an odd integer."""
+    if "exponent" in self.params:
+        p = _exponent(self)
+        if len(self.inputs) != 1:
+            raise self._error(f"Pow with an `exponent` param expects 1 input, got {len(self.inputs)}")
+    else:
+        exponent = _constant_exponent(self)
+        if exponent is None:
+            raise UnsupportedError(f"layer '{self.name}' ({self.type}): quantizing Pow needs a constant exponent "
+                                   "(the `exponent` param, or a second input from a Constant layer of one value)")
+        p = exponent
     check_quantized_inputs(self, self.inputs)
     inp, out = self.inputs[0], self.outputs[0]
     odd = float(p).is_integer() and int(p) % 2 == 1

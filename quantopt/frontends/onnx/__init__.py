@@ -18,8 +18,10 @@ from ...graph.builder import GraphBuilder
 from ...graph.graph import PyGraph, QuantizeGraph
 from .context import Context, ConvertError, ir_dtype
 from .converters import CONVERTERS, unsupported_attr
+from .fused_ops import FUSED_CONVERTERS
 from .fusion import run_fusions
 from .loader import fix_input_shapes, load_model, parse_input_shapes, parse_input_values, pin_input_values, require_onnx
+from .pattern import FUSED_DOMAIN
 from .recurrent import lstm as _lstm  # noqa: F401  (registers the LSTM/GRU/If/Loop converters)
 from .simplify import OGraph, build_ograph
 
@@ -83,7 +85,8 @@ def import_onnx(path: str, input_shapes: Optional[Mapping[str, Sequence[int]]] =
             failed.update(node.outputs)
             continue
         where = f"node '{node.name}' ({node.op}, opset {g.opset})"
-        fn = CONVERTERS.get(node.op) if node.domain in ("", "ai.onnx") else None
+        fn = CONVERTERS.get(node.op) if node.domain in ("", "ai.onnx") else \
+            FUSED_CONVERTERS.get(node.op) if node.domain == FUSED_DOMAIN else None
         reason = unsupported_attr(node)
         problem = None
         if fn is None or reason:
@@ -112,6 +115,7 @@ def import_onnx(path: str, input_shapes: Optional[Mapping[str, Sequence[int]]] =
             outputs.append(ctx.value(out, None) if perm is not None else ir)
         except (ConvertError, KeyError) as e:
             raise UnsupportedError(f"graph output '{out}' cannot be produced ({e})", file=path) from None
+    ctx.flush(outputs)
     graph = builder.build(outputs, graph_cls=graph_cls)
     graph.header = OrderedDict([("model_name", builder.name), ("layer_number", len(graph.nodes)),
                                 ("precision", "float32"), ("compat_quantized_model", False),

@@ -4,6 +4,10 @@ Every ONNX activation tensor is held in the IR either in its ONNX layout or perm
 ONNX tensor.transpose(perm)); channels-first tensors that feed convolutions, pooling and the like are held
 channels-last (NHWC: perm [0, 2, ..., r-1, 1]) as the Compass Parser lays them out. A consumer asks for the
 layout it needs and gets a Transpose inserted once (or a Reshape when only size-1 dims move).
+
+Reshape and Transpose layers go through `reshape`/`transpose`, which remember how each such tensor was made from
+the last non-view tensor before it and emit the shortest equivalent chain (views.py). Layers are buffered and
+written by `flush`, which leaves out the Reshape, Transpose and Constant layers that nothing reads any more.
 """
 from __future__ import annotations
 
@@ -13,9 +17,14 @@ import numpy as np
 
 from ...graph.builder import GraphBuilder
 from ...ir.dtype import Dtype
+from . import views
 from .simplify import OGraph, ONode
 
 Perm = Optional[Tuple[int, ...]]
+PRUNABLE = ("Reshape", "Transpose", "Constant")
+"""Layers dropped by `flush` when nothing reads them (views superseded by a shorter chain, unused constants)."""
+DEDUP_MAX_ELEMENTS = 1 << 16
+"""Constant layers up to this size with equal values are shared, as the Parser shares them."""
 
 _NP_DTYPES = {"float32": Dtype.FP32, "float64": Dtype.FP32, "float16": Dtype.FP16, "int8": Dtype.INT8,
               "uint8": Dtype.UINT8, "int16": Dtype.INT16, "int32": Dtype.INT32, "int64": Dtype.INT32,
@@ -67,9 +76,16 @@ class Context:
         self.tmap: Dict[str, Tuple[str, Perm]] = {}
         self.ir_shapes: Dict[str, Tuple[int, ...]] = {}
         self.ir_dtypes: Dict[str, Dtype] = {}
-        self._cache: Dict[Tuple[str, Perm], str] = {}
+        self._cache: Dict[Any, str] = {}
         self._layers: set = set()
         self._tensors: set = set()
+        self.pending: List[Dict[str, Any]] = []
+        self.views: Dict[str, Tuple[str, List[views.ViewOp], int]] = {}
+        """IR tensor made by Reshape/Transpose layers → (source tensor, ops from it, layers on the way)."""
+        self.made_by: Dict[str, str] = {}
+        """IR tensor → type of the layer that computes it."""
+        self.view_layer: Dict[str, Tuple[str, views.ViewOp]] = {}
+        """IR tensor made by one Reshape/Transpose layer → (its input, the op)."""
 
     # ------------------------------------------------------------------------------------------- queries
     def shape(self, t: str) -> Tuple[int, ...]:
@@ -128,12 +144,82 @@ class Context:
         dts = list(out_dtypes) if out_dtypes else [Dtype.FP32] * len(outs)
         consts = {k: ir_array(v) for k, v in (constants or {}).items()}
         cdt = {k: ir_dtype(v.dtype) for k, v in consts.items()}
-        self.b.layer(optype, list(inputs), [list(s) for s in out_shapes], name=layer, params=dict(params or {}),
-                     constants=consts, outputs=outs, output_dtypes=dts, constant_dtypes=cdt)
+        self.pending.append(dict(optype=optype, inputs=list(inputs), output_shapes=[list(s) for s in out_shapes],
+                                 name=layer, params=dict(params or {}), constants=consts, outputs=outs,
+                                 output_dtypes=dts, constant_dtypes=cdt))
         for o, s, d in zip(outs, out_shapes, dts):
             self.ir_shapes[o] = tuple(int(x) for x in s)
             self.ir_dtypes[o] = d
+            self.made_by[o] = optype
         return outs
+
+    def flush(self, outputs: Sequence[str]) -> None:
+        """Write the buffered layers to the builder in order, leaving out Reshape/Transpose/Constant layers whose
+        outputs nothing reads."""
+        used = set(outputs)
+        keep = []
+        for layer in reversed(self.pending):
+            if layer["optype"] in PRUNABLE and not any(o in used for o in layer["outputs"]):
+                continue
+            keep.append(layer)
+            used.update(layer["inputs"])
+        for layer in reversed(keep):
+            self.b.layer(layer.pop("optype"), layer.pop("inputs"), layer.pop("output_shapes"), **layer)
+        self.pending = []
+
+    # ------------------------------------------------------------------------------------------- views
+    def reshape(self, src: str, shape: Sequence[int], name: str) -> str:
+        """IR tensor `src` reshaped to `shape` (nothing when it has that shape already)."""
+        return self._view(src, ("reshape", tuple(int(d) for d in shape)), name)
+
+    def transpose(self, src: str, perm: Sequence[int], name: str) -> str:
+        """IR tensor `src` transposed by `perm` (a Reshape when only size-1 dims move)."""
+        perm = tuple(int(p) for p in perm)
+        shape = self.ir_shapes[src]
+        if self._trivial(shape, perm):
+            return self.reshape(src, [shape[p] for p in perm], name)
+        return self._view(src, ("transpose", perm), name)
+
+    def _view(self, src: str, op: views.ViewOp, name: str) -> str:
+        key = ("view", src) + op
+        if key in self._cache:
+            return self._cache[key]
+        if views.out_shape(self.ir_shapes[src], [op]) == self.ir_shapes[src] and \
+                (op[0] == "reshape" or op[1] == tuple(range(len(op[1])))):
+            return src
+        root, ops, count = self.views.get(src, (src, [], 0))
+        chain = ops + [op]
+        plan = views.shortest(self.ir_shapes[root], chain) if count else None
+        if plan is not None and len(plan) < count + 1:
+            out = root
+            for k, step in enumerate(plan):  # a step the chain already made (a layout Transpose) is reused
+                known = self._cache.get(("view", out) + step)
+                out = known or self._emit_view(out, step[0], step[1], name if k == len(plan) - 1 else f"{name}_pre")
+            count = len(plan)
+        else:
+            out = self._emit_view(src, op[0], op[1], name)
+            count += 1
+        if out != root:
+            self.views[out] = (root, chain, count)
+        self._cache[key] = out
+        return out
+
+    def _emit_view(self, src: str, kind: str, arg: Tuple[int, ...], name: str) -> str:
+        shape = views.out_shape(self.ir_shapes[src], [(kind, arg)])
+        params = {"shape": list(shape)} if kind == "reshape" else {"perm": list(arg)}
+        out = self.add("Reshape" if kind == "reshape" else "Transpose", [src], [shape], name, params,
+                       out_dtypes=[self.ir_dtypes[src]])[0]
+        self.view_layer[out] = (src, (kind, tuple(arg)))
+        self._cache[("view", src, kind, tuple(arg))] = out
+        return out
+
+    def reshaped_from(self, ir: str) -> Optional[str]:
+        """The tensor `ir` is a pure Reshape of (through any chain of views), or None."""
+        if ir not in self.views:
+            return None
+        root, ops, _ = self.views[ir]
+        plan = views.shortest(self.ir_shapes[root], ops)
+        return root if plan is not None and all(kind == "reshape" for kind, _ in plan) else None
 
     def bind(self, onnx_name: str, ir_name: str, perm: Perm) -> None:
         self.tmap[onnx_name] = (ir_name, None if is_identity(perm) else tuple(perm))  # type: ignore[arg-type]
@@ -177,13 +263,11 @@ class Context:
         want = perm if perm is not None else tuple(range(rank))
         q = [pinv[w] for w in want]
         target = self.out_shape(t, perm)
-        src_layer = self._producer_layer(ir)
+        src_layer = self.producer_layer(ir)
         if self._trivial(self.ir_shapes[ir], q):
-            out = self.add("Reshape", [ir], [target], f"{src_layer}_reshape", {"shape": list(target)},
-                           out_dtypes=[self.ir_dtypes[ir]])[0]
+            out = self.reshape(ir, target, f"{src_layer}_reshape")
         else:
-            out = self.add("Transpose", [ir], [target], f"{src_layer}_post_transpose", {"perm": q},
-                           out_dtypes=[self.ir_dtypes[ir]])[0]
+            out = self.transpose(ir, q, f"{src_layer}_post_transpose")
         self._cache[key] = out
         return out
 
@@ -201,7 +285,8 @@ class Context:
         moved = [a for a in q if shape[a] != 1]
         return moved == sorted(moved)
 
-    def _producer_layer(self, ir: str) -> str:
+    def producer_layer(self, ir: str) -> str:
+        """Name of the layer computing IR tensor `ir` (tensors are named `<layer>_0`)."""
         return ir[:-2] if ir.endswith("_0") else ir
 
     def constant_layer(self, t: str, perm: Perm = None, rank: Optional[int] = None) -> str:
@@ -214,10 +299,17 @@ class Context:
         if rank is not None and v.ndim < rank:
             v = v.reshape((1,) * (rank - v.ndim) + v.shape)
         if perm is not None and v.ndim == len(perm):
-            v = np.transpose(v, perm)
-        out = self.add("Constant", [], [v.shape if v.ndim else (1,)], f"{t}", {},
-                       {"weights": v if v.ndim else v.reshape(1)}, [ir_dtype(v.dtype)])[0]
+            v = np.ascontiguousarray(np.transpose(v, perm))
+        v = np.require(v if v.ndim else v.reshape(1), requirements=["C", "W"])  # initializers are read-only views
+        same = ("value", v.dtype.str, v.shape, v.tobytes()) if v.size <= DEDUP_MAX_ELEMENTS else None
+        if same is not None and same in self._cache:
+            out = self._cache[same]
+        else:
+            name = self.g.const_sources.get(t, t)
+            out = self.add("Constant", [], [v.shape], name, {}, {"weights": v}, [ir_dtype(v.dtype)])[0]
         self._cache[key] = out
+        if same is not None:
+            self._cache[same] = out
         return out
 
     def broadcast_value(self, t: str, rank: int, perm: Perm) -> str:
@@ -234,8 +326,7 @@ class Context:
         # lower-rank activation: reshape to the full rank in ONNX layout, then permute
         src = self.value(t)
         full = (1,) * (rank - r) + self.shape(t)
-        reshaped = self.add("Reshape", [src], [full], f"{self._producer_layer(src)}_expand_rank",
-                            {"shape": list(full)}, out_dtypes=[self.ir_dtypes[src]])[0]
+        reshaped = self.reshape(src, full, f"{self.producer_layer(src)}_expand_rank")
         tmp = f"{t}@rank{rank}"
         self.g.shapes[tmp] = full
         self.bind(tmp, reshaped, None)

@@ -10,6 +10,7 @@ import numpy as np
 
 from ...ir.dtype import Dtype
 from .context import Context, ConvertError, Perm, inverse, ir_dtype, nhwc
+from .pattern import FUSED_DOMAIN, new_const
 from .simplify import ONode
 
 Converter = Callable[[Context, ONode], None]
@@ -94,7 +95,7 @@ def _spatial_input(ctx: Context, node: ONode, x: str) -> Tuple[str, int]:
     if rank == 3:
         src = ctx.value(x, nhwc(3))
         n, c, w = ctx.shape(x)
-        return ctx.add("Reshape", [src], [(n, 1, w, c)], f"{node.name}_to_2d", {"shape": [n, 1, w, c]})[0], 1
+        return ctx.reshape(src, (n, 1, w, c), f"{node.name}_to_2d"), 1
     raise ConvertError(f"{rank}-D input is not supported (1-D and 2-D spatial inputs are)")
 
 
@@ -106,8 +107,7 @@ def _spatial_output(ctx: Context, node: ONode, optype: str, src: str, nd: int, p
         return
     n, c, w = ctx.shape(out)
     mid = ctx.add(optype, [src], [(n, 1, w, c)], node.name, params, constants)[0]
-    res = ctx.add("Reshape", [mid], [(n, w, c)], f"{node.name}_to_1d", {"shape": [n, w, c]})[0]
-    ctx.bind(out, res, nhwc(3))
+    ctx.bind(out, ctx.reshape(mid, (n, w, c), f"{node.name}_to_1d"), nhwc(3))
 
 
 def _lift(values: Sequence[int], nd: int, fill: int) -> List[int]:
@@ -303,11 +303,27 @@ def _keep_layout(ctx: Context, x: str) -> Perm:
 
 def _activation(ctx: Context, node: ONode, method: str, params: Optional[Dict[str, Any]] = None,
                 constants: Optional[Dict[str, np.ndarray]] = None) -> None:
+    """An Activation in the layout its input is held in; on the 2-D output of a fully connected layer when the
+    input is only that output reshaped back (so that FC → activation → FC needs no reshapes, as in the Parser)."""
     x = node.inputs[0]
-    perm = _keep_layout(ctx, x)
     p = {"method": method}
     p.update(params or {})
+    flat = _fc_output_behind(ctx, x) if constants is None else None
+    if flat is not None:
+        y = ctx.add("Activation", [flat], [ctx.ir_shapes[flat]], node.name, p, out_dtypes=[ctx.ir_dtypes[flat]])[0]
+        ctx.bind(node.outputs[0], ctx.reshape(y, ctx.shape(node.outputs[0]), f"{ctx.producer_layer(y)}_post_reshape"),
+                 None)
+        return
+    perm = _keep_layout(ctx, x)
     ctx.emit(node, "Activation", [ctx.value(x, perm)], perm, p, constants)
+
+
+def _fc_output_behind(ctx: Context, x: str) -> Optional[str]:
+    """The 2-D FullyConnected output that ONNX tensor `x` is a reshape of, if it is one."""
+    if x not in ctx.tmap or ctx.perm(x) is not None:
+        return None
+    root = ctx.reshaped_from(ctx.tmap[x][0])
+    return root if root is not None and ctx.made_by.get(root) == "FullyConnected" else None
 
 
 @converter(*_ACT_SIMPLE)
@@ -361,7 +377,7 @@ def selu(ctx: Context, node: ONode) -> None:
 
 @converter("Gelu")
 def gelu(ctx: Context, node: ONode) -> None:
-    _activation(ctx, node, "GELU", {"approximate": str(node.attrs.get("approximate", "none"))})
+    _activation(ctx, node, "GELU", {"approximate": str(node.attrs.get("approximate", "none")).upper()})
 
 
 @converter("Shrink")
@@ -432,10 +448,21 @@ def eltwise(ctx: Context, node: ONode) -> None:
         return
     if len(node.inputs) != 2:
         raise ConvertError(f"{len(node.inputs)} inputs are not supported (2 are)")
-    method = {"Add": "ADD", "Sum": "ADD", "Sub": "SUB", "Max": "MAX", "Min": "MIN"}[node.op]
+    _arith(ctx, node, {"Add": "ADD", "Sum": "ADD", "Sub": "SUB", "Max": "MAX", "Min": "MIN"}[node.op])
+
+
+def _arith(ctx: Context, node: ONode, method: str, inputs: Optional[Sequence[str]] = None) -> None:
+    """Eltwise `method` when the operands have one shape; the standalone Add / Sub / Mul when one broadcasts
+    (MAX/MIN stay Eltwise), as the Parser names them."""
+    ins = list(inputs if inputs is not None else node.inputs)
+    rank = ctx.rank(node.outputs[0])
+    perm = _common_layout(ctx, node, ins)
+    irs = [ctx.broadcast_value(t, rank, perm) for t in ins]
     p = _fused(node)
-    p["method"] = method
-    _elementwise(ctx, node, "Eltwise", {"with_activation": p.pop("with_activation"), **p})
+    if method in ("MAX", "MIN") or len({ctx.ir_shapes[t] for t in irs}) == 1:
+        ctx.emit(node, "Eltwise", irs, perm, {"with_activation": p.pop("with_activation"), "method": method, **p})
+    else:
+        ctx.emit(node, method.capitalize(), irs, perm, p)
 
 
 def _variadic(ctx: Context, node: ONode) -> None:
@@ -461,13 +488,19 @@ def _variadic(ctx: Context, node: ONode) -> None:
 
 @converter("Mul")
 def mul(ctx: Context, node: ONode) -> None:
-    _elementwise(ctx, node, "Mul", _fused(node))
+    _arith(ctx, node, "MUL")
 
 
 @converter("Div")
 def div(ctx: Context, node: ONode) -> None:
     out = node.outputs[0]
     if ctx.dtype(out).is_float:
+        d = node.inputs[1]
+        if ctx.is_const(d) and np.issubdtype(ctx.const(d).dtype, np.floating) and np.all(ctx.const(d) != 0):
+            # by a constant: a Mul by its reciprocal, as the Parser writes it
+            inv = new_const(ctx.g, f"{node.name}_new_const", np.reciprocal(ctx.const(d)))
+            _arith(ctx, node, "MUL", [node.inputs[0], inv])
+            return
         _elementwise(ctx, node, "Div")
         return
     # integer Div truncates toward zero (ONNX): the quotient of a DivMod in TRUNC mode
@@ -481,11 +514,17 @@ def div(ctx: Context, node: ONode) -> None:
 
 @converter("Pow")
 def power(ctx: Context, node: ONode) -> None:
-    e = node.inputs[1]
-    if ctx.is_const(e) and ctx.const(e).size == 1:
-        x = node.inputs[0]
+    """A constant exponent as the Parser writes it: x^2 a Square, x^0.5 a Sqrt, any other a Pow reading the
+    exponent as its second input, a Constant of the input's shape."""
+    x, e = node.inputs
+    if ctx.is_const(e) and ctx.const(e).size == 1 and ctx.dtype(node.outputs[0]).is_float:
+        p = float(ctx.const(e).reshape(-1)[0])
         perm = _keep_layout(ctx, x)
-        ctx.emit(node, "Pow", [ctx.value(x, perm)], perm, {"exponent": float(ctx.const(e).reshape(-1)[0])})
+        if p in (2.0, 0.5):
+            ctx.emit(node, "Square" if p == 2.0 else "Sqrt", [ctx.value(x, perm)], perm)
+            return
+        tiled = new_const(ctx.g, f"{node.name}_pre_tile", np.full(ctx.shape(x), p, np.float32))
+        ctx.emit(node, "Pow", [ctx.value(x, perm), ctx.constant_layer(tiled, perm)], perm)
         return
     _elementwise(ctx, node, "Pow")
 
@@ -581,6 +620,9 @@ def slice_op(ctx: Context, node: ONode) -> None:
         last = idx[-1] + (1 if st > 0 else -1)
         end[a] = last if last >= 0 else -1
     perm = _keep_layout(ctx, x)
+    if begin == [0] * rank and end == list(shape) and stride == [1] * rank:
+        ctx.bind(node.outputs[0], ctx.value(x, perm), perm)  # selects everything: no layer (as the Parser)
+        return
     order = list(perm) if perm is not None else list(range(rank))
     ctx.emit(node, "Slice", [ctx.value(x, perm)], perm,
              {"begin": [begin[a] for a in order], "end": [end[a] for a in order],
@@ -604,6 +646,15 @@ def reduce(ctx: Context, node: ONode) -> None:
         axes = list(range(rank))
     axes = sorted({_axis(a, rank) for a in axes})
     keep = bool(node.attrs.get("keepdims", 1))
+    if node.op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd") and \
+            all(ctx.shape(x)[a] == 1 for a in axes):  # over size-1 axes: the input itself (the Parser drops it)
+        out = node.outputs[0]
+        perm = _keep_layout(ctx, x)
+        if keep:
+            ctx.bind(out, ctx.value(x, perm), perm)
+        else:
+            ctx.bind(out, ctx.reshape(ctx.source_for_reshape(x), ctx.shape(out), node.name), None)
+        return
     perm = _keep_layout(ctx, x) if keep else None
     method = node.op[len("Reduce"):].upper()
     ctx.emit(node, "Reduce", [ctx.value(x, perm)], perm,
@@ -630,6 +681,9 @@ def gather(ctx: Context, node: ONode) -> None:
     if ctx.is_const(idx) and not ctx.is_const(data):
         ind = ctx.const(idx).astype(np.int64)
         ind = np.where(ind < 0, ind + ctx.shape(data)[axis], ind).astype(np.int32)
+        if ind.size == 1 and ind.ndim <= 1:
+            _gather_one(ctx, node, data, axis, int(ind.reshape(-1)[0]), keep_axis=ind.ndim == 1)
+            return
         perm = _keep_layout(ctx, data) if ind.ndim == 1 else None
         ctx.emit(node, "Gather", [ctx.value(data, perm)], perm, {"axis": _ir_axis(axis, perm), "batch_dims": 0},
                  {"indices": ind})
@@ -637,11 +691,35 @@ def gather(ctx: Context, node: ONode) -> None:
     ctx.emit(node, "Gather", [ctx.value(data), ctx.value(idx)], None, {"axis": axis, "batch_dims": 0})
 
 
+def _gather_one(ctx: Context, node: ONode, data: str, axis: int, index: int, keep_axis: bool) -> None:
+    """Gather of one constant index: a Slice of that index (and a Reshape dropping the axis for a scalar index),
+    as the Parser writes it."""
+    shape = list(ctx.shape(data))
+    perm = _keep_layout(ctx, data)
+    order = list(perm) if perm is not None else list(range(len(shape)))
+    begin, end = [0] * len(shape), list(shape)
+    begin[axis], end[axis] = index, index + 1
+    params = {"begin": [begin[a] for a in order], "end": [end[a] for a in order], "strides": [1] * len(shape)}
+    out = node.outputs[0]
+    if keep_axis:
+        ctx.emit(node, "Slice", [ctx.value(data, perm)], perm, params)
+        return
+    sliced = f"{out}@slice"
+    ctx.g.shapes[sliced] = tuple(shape[:axis] + [1] + shape[axis + 1:])
+    ctx.g.dtypes[sliced] = ctx.g.dtypes.get(out, np.dtype(np.float32))
+    ctx.emit(node, "Slice", [ctx.value(data, perm)], perm, params, outputs=[sliced])
+    src = ctx.source_for_reshape(sliced)
+    ctx.bind(out, ctx.reshape(src, ctx.shape(out), f"{ctx.producer_layer(src)}_post_reshape"), None)
+
+
 @converter("Tile")
 def tile(ctx: Context, node: ONode) -> None:
     x = node.inputs[0]
     reps = ctx.const(node.inputs[1]).astype(np.int64).tolist()
     perm = _keep_layout(ctx, x)
+    if all(r == 1 for r in reps):
+        ctx.bind(node.outputs[0], ctx.value(x, perm), perm)  # repeats nothing: no layer
+        return
     order = list(perm) if perm is not None else list(range(len(reps)))
     ctx.emit(node, "Tile", [ctx.value(x, perm)], perm, {"repeats": [int(reps[a]) for a in order]})
 
@@ -663,6 +741,9 @@ def pad(ctx: Context, node: ONode) -> None:
     if any(p < 0 for pr in pairs for p in pr):
         raise ConvertError("negative pads are not supported")
     perm = _keep_layout(ctx, x)
+    if not any(p for pr in pairs for p in pr):
+        ctx.bind(node.outputs[0], ctx.value(x, perm), perm)  # pads nothing: no layer
+        return
     order = list(perm) if perm is not None else list(range(rank))
     ctx.emit(node, "Pad", [ctx.value(x, perm)], perm,
              {"pads": [pairs[a] for a in order], "mode": mode, "constant_value": value})
@@ -672,8 +753,7 @@ def pad(ctx: Context, node: ONode) -> None:
 @converter("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 def reshape(ctx: Context, node: ONode) -> None:
     out = node.outputs[0]
-    shape = list(ctx.shape(out))
-    ctx.emit(node, "Reshape", [ctx.source_for_reshape(node.inputs[0])], None, {"shape": shape})
+    ctx.bind(out, ctx.reshape(ctx.source_for_reshape(node.inputs[0]), ctx.shape(out), node.name), None)
 
 
 @converter("Transpose")
@@ -684,10 +764,7 @@ def transpose(ctx: Context, node: ONode) -> None:
     ir, have = ctx.tmap[x] if x in ctx.tmap else (ctx.value(x), None)
     pinv = inverse(have) if have is not None else list(range(rank))
     q = [pinv[a] for a in t]
-    if q == list(range(rank)):
-        ctx.bind(node.outputs[0], ir, None)
-        return
-    ctx.emit(node, "Transpose", [ir], None, {"perm": q})
+    ctx.bind(node.outputs[0], ctx.transpose(ir, q, node.name), None)
 
 
 @converter("Cast", "CastLike")
@@ -699,7 +776,9 @@ def cast(ctx: Context, node: ONode) -> None:
     if src == dst or (src.is_float and dst.is_float):
         ctx.bind(out, ctx.value(x, perm), perm)
         return
-    ctx.emit(node, "Cast", [ctx.value(x, perm)], perm, {"to_dtype": dst.name.lower()}, out_dtypes=[dst])
+    # the Parser's params: out-of-range integers wrap (as onnxruntime's casts do), no scale/zero-point change
+    ctx.emit(node, "Cast", [ctx.value(x, perm)], perm,
+             {"to_dtype": dst.value, "clip_mode": "TRUNCATION", "ignore_scale_zp": True}, out_dtypes=[dst])
 
 
 @converter("DepthToSpace", "SpaceToDepth")
@@ -761,12 +840,24 @@ def resize(ctx: Context, node: ONode) -> None:
 
 # ================================================================================================ MAC
 def _fc(ctx: Context, node: ONode, a: str, w: np.ndarray, b: np.ndarray) -> None:
-    """y = a @ w^T + b over the last axis; w [out, in]."""
+    """y = a @ w^T + b over the last axis; w [out, in]. As the Parser writes it, the layer is 2-D: an input of
+    higher rank is reshaped to [rows, in] before it and the output back after it (views.py drops the pairs that
+    cancel, e.g. between two fully connected layers with an activation between them)."""
     params = {"num_output": int(w.shape[0])}
     params.update(_fused(node))
-    ctx.emit(node, "FullyConnected", [ctx.source_for_reshape(a) if ctx.rank(a) == 2 else ctx.value(a)], None,
-             params, {"weights": np.ascontiguousarray(w.astype(np.float32)),
-                      "biases": np.ascontiguousarray(b.astype(np.float32).reshape(-1))})
+    consts = {"weights": np.ascontiguousarray(w.astype(np.float32)),
+              "biases": np.ascontiguousarray(b.astype(np.float32).reshape(-1))}
+    src = ctx.source_for_reshape(a)
+    if ctx.rank(a) <= 2:
+        ctx.emit(node, "FullyConnected", [src], None, params, consts)
+        return
+    shape = ctx.shape(a)
+    rows = int(np.prod(shape[:-1]))
+    flat = ctx.reshape(src, (rows, shape[-1]), f"{ctx.producer_layer(src)}_post_reshape")
+    out = node.outputs[0]
+    y = ctx.add("FullyConnected", [flat], [(rows, int(w.shape[0]))], node.name, params, consts,
+                [ir_dtype(ctx.g.dtypes.get(out, np.float32))])[0]
+    ctx.bind(out, ctx.reshape(y, ctx.shape(out), f"{ctx.producer_layer(y)}_post_reshape"), None)
 
 
 @converter("Gemm")
@@ -800,7 +891,22 @@ def matmul(ctx: Context, node: ONode) -> None:
         return
     if ctx.rank(a) < 2 or ctx.rank(bname) < 2:
         raise ConvertError("1-D operands are not supported")
-    ctx.emit(node, "MatMul", [ctx.value(a), ctx.value(bname)], None, {"trans_a": False, "trans_b": False})
+    ins, params = [], {}
+    for t, key in ((a, "trans_a"), (bname, "trans_b")):
+        ir, swapped = _untransposed(ctx, ctx.value(t))
+        ins.append(ir)
+        params[key] = swapped
+    ctx.emit(node, "MatMul", ins, None, params)
+
+
+def _untransposed(ctx: Context, ir: str) -> Tuple[str, bool]:
+    """An operand made by a Transpose that swaps the last two axes is read before it, with trans_a/trans_b set
+    (the Parser merges such Transposes into the MatMul)."""
+    made = ctx.view_layer.get(ir)
+    rank = len(ctx.ir_shapes[ir])
+    if made is not None and made[1] == ("transpose", tuple(range(rank - 2)) + (rank - 1, rank - 2)):
+        return made[0], True
+    return ir, False
 
 
 def supported_ops() -> List[str]:
@@ -812,7 +918,7 @@ def unsupported_attr(node: ONode) -> Optional[str]:
     for key in ("activations", "clip"):
         if key in node.attrs and node.op not in ("Clip", "LSTM", "GRU"):  # the RNN converters check their own
             return f"attribute '{key}'"
-    if node.domain not in ("", "ai.onnx"):
+    if node.domain not in ("", "ai.onnx", FUSED_DOMAIN):
         return f"domain '{node.domain}'"
     if node.op == "Dropout":  # the inference-mode ones were removed while simplifying
         return "training-mode Dropout (random, or a training_mode input that is not constant) is not supported"

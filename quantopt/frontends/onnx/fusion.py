@@ -1,90 +1,40 @@
-"""Graph rewrites on the prepared ONNX graph, the ones the Compass Parser performs:
+"""Graph rewrites on the prepared ONNX graph, the ones the Compass Parser performs, in the Parser's order:
 
-- BatchNormalization folded into the preceding Conv (when the Conv output feeds only the BatchNorm);
-- x * clip(x + 3, 0, 6) / 6 (and x * HardSigmoid(x) with alpha 1/6) recognised as one HardSwish;
-- MatMul by a constant matrix plus a constant bias vector merged into one fully connected layer;
-- Relu / Clip after Conv, ConvTranspose, Gemm, MatMul (constant B), Add, Sub, Mul fused into `with_activation`.
+1. GELU, LayerNorm / MVN, SiLU / Swish, HardSwish / HardSigmoid written out in primitive ops → one node each
+   (fuse_act.py, fuse_norm.py);
+2. MatMul by a constant matrix plus a constant bias vector → one fully connected layer;
+3. BatchNormalization, and Mul + Add/Sub by per-channel constants → ChannelAffine (a BatchNorm layer);
+4. a constant per-channel Add after a Conv → the Conv's bias; a ChannelAffine or a single Mul/Div/Sub by a constant
+   right after a Conv, ConvTranspose or fully connected layer → folded into its weights and biases;
+5. Relu / Clip(0, 6) after Conv, ConvTranspose, fully connected MatMul/Gemm, Add, Sub, Mul, Max, Min → their
+   `with_activation`.
 
-A fused layer keeps the name of its first ONNX node and takes over the output tensor of the last one.
+Each pass leaves the graph in topological order and every remaining tensor with its shape.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import List
 
 import numpy as np
 
+from .fuse_act import clip_bounds, fuse_gelu, fuse_hard_activations, fuse_swish
+from .fuse_norm import batchnorm_to_affine, fold_into_linear, fuse_layernorm, fuse_mul_add
+from .pattern import Index, new_const, remove
 from .simplify import OGraph, ONode
 
-ACT_HOSTS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul"}
-HARDSWISH_TOL = 1e-6
-
-
-def _single_consumer(g: OGraph, tensor: str, index: Dict[str, List[ONode]]) -> Optional[ONode]:
-    users = index.get(tensor, [])
-    if len(users) != 1 or tensor in g.outputs:
-        return None
-    return users[0]
-
-
-def _index(g: OGraph) -> Dict[str, List[ONode]]:
-    out: Dict[str, List[ONode]] = {}
-    for n in g.nodes:
-        for t in n.inputs:
-            if t:
-                out.setdefault(t, []).append(n)
-    return out
-
-
-def _scalar(g: OGraph, name: str) -> Optional[float]:
-    v = g.consts.get(name)
-    if v is None or v.size != 1 or not np.issubdtype(v.dtype, np.number):
-        return None
-    return float(v.reshape(-1)[0])
-
-
-def _remove(g: OGraph, dead: List[ONode]) -> None:
-    ids = {id(n) for n in dead}
-    g.nodes = [n for n in g.nodes if id(n) not in ids]
-
-
-def fold_batchnorm(g: OGraph) -> None:
-    index = _index(g)
-    dead = []
-    for bn in list(g.nodes):
-        if bn.op != "BatchNormalization" or len([o for o in bn.outputs if o]) != 1:
-            continue
-        if not all(t in g.consts for t in bn.inputs[1:5]):
-            continue
-        conv = next((n for n in g.nodes if bn.inputs[0] in n.outputs), None)
-        if conv is None or conv.op != "Conv" or _single_consumer(g, bn.inputs[0], index) is not bn:
-            continue
-        if conv.inputs[1] not in g.consts or (len(conv.inputs) > 2 and conv.inputs[2]
-                                              and conv.inputs[2] not in g.consts):
-            continue
-        gamma, beta, mean, var = (g.consts[t].astype(np.float64) for t in bn.inputs[1:5])
-        eps = float(bn.attrs.get("epsilon", 1e-5))
-        s = gamma / np.sqrt(var + eps)
-        w = g.consts[conv.inputs[1]].astype(np.float64)
-        b = g.consts[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] \
-            else np.zeros(w.shape[0])
-        wname, bname = f"{conv.name}::weights_bn", f"{conv.name}::biases_bn"
-        g.consts[wname] = (w * s.reshape(-1, *([1] * (w.ndim - 1)))).astype(np.float32)
-        g.consts[bname] = ((b - mean) * s + beta).astype(np.float32)
-        conv.inputs = [conv.inputs[0], wname, bname]
-        conv.outputs = [bn.outputs[0]]
-        dead.append(bn)
-    _remove(g, dead)
+ELTWISE_HOSTS = ("Add", "Sub", "Mul", "Max", "Min", "Sum")
+ACT_HOSTS = ("Conv", "ConvTranspose", "Gemm", "MatMul") + ELTWISE_HOSTS
 
 
 def fuse_conv_bias(g: OGraph) -> None:
     """Conv (constant weights) followed by Add of a constant per-channel vector [1, C, 1, 1] → the Conv's bias."""
-    index = _index(g)
-    dead = []
+    idx = Index(g)
+    dead: List[ONode] = []
     for conv in list(g.nodes):
         if conv.op not in ("Conv", "ConvTranspose") or conv.inputs[1] not in g.consts:
             continue
-        add = _single_consumer(g, conv.outputs[0], index)
-        if add is None or add.op != "Add":
+        add = idx.single(conv.outputs[0])
+        if add is None or add.op != "Add" or len(add.inputs) != 2:
             continue
         other = add.inputs[1] if add.inputs[0] == conv.outputs[0] else add.inputs[0]
         v = g.consts.get(other)
@@ -98,75 +48,21 @@ def fuse_conv_bias(g: OGraph) -> None:
         if v.size == out_c and out_c > 1 and full.shape[1] != out_c:
             continue
         b = g.consts[conv.inputs[2]] if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(out_c, np.float32)
-        bname = f"{conv.name}::biases_add"
-        g.consts[bname] = (b.astype(np.float64) + np.broadcast_to(full.reshape(-1), (out_c,))).astype(np.float32)
-        conv.inputs = [conv.inputs[0], conv.inputs[1], bname]
+        total = (b.astype(np.float64) + np.broadcast_to(full.reshape(-1), (out_c,))).astype(np.float32)
+        conv.inputs = [conv.inputs[0], conv.inputs[1], new_const(g, f"{conv.name}_biases", total)]
         conv.outputs = list(add.outputs)
         dead.append(add)
-    _remove(g, dead)
-
-
-def fuse_hardswish(g: OGraph) -> None:
-    """Add(x,3) → Clip(0,6) → Mul(x,·) → Div(6) | Mul(1/6), and Mul(x, HardSigmoid(x; 1/6, 0.5)), → HardSwish."""
-    index = _index(g)
-    dead = []
-    for add in list(g.nodes):
-        if add.op == "HardSigmoid":
-            a, b = float(add.attrs.get("alpha", 0.2)), float(add.attrs.get("beta", 0.5))
-            mul = _single_consumer(g, add.outputs[0], index)
-            x = add.inputs[0]
-            if abs(a - 1 / 6) > HARDSWISH_TOL or abs(b - 0.5) > HARDSWISH_TOL or mul is None or mul.op != "Mul" \
-                    or set(mul.inputs) != {x, add.outputs[0]}:
-                continue
-            g.nodes[g.nodes.index(mul)] = ONode(mul.name, "HardSwish", [x], mul.outputs, {})
-            dead.append(add)
-            continue
-        if add.op != "Add":
-            continue
-        x = next((t for t in add.inputs if t not in g.consts), None)
-        three = next((t for t in add.inputs if t in g.consts), None)
-        if x is None or three is None or _scalar(g, three) != 3.0:
-            continue
-        clip = _single_consumer(g, add.outputs[0], index)
-        if clip is None or clip.op != "Clip" or _clip_bounds(g, clip) != (0.0, 6.0):
-            continue
-        mul = _single_consumer(g, clip.outputs[0], index)
-        if mul is None or mul.op != "Mul" or set(mul.inputs) != {x, clip.outputs[0]}:
-            continue
-        div = _single_consumer(g, mul.outputs[0], index)
-        if div is None or div.op not in ("Div", "Mul") or div.inputs[0] != mul.outputs[0]:
-            continue
-        k = _scalar(g, div.inputs[1])
-        if k is None or (div.op == "Div" and k != 6.0) or (div.op == "Mul" and abs(k - 1 / 6) > HARDSWISH_TOL):
-            continue
-        g.nodes[g.nodes.index(div)] = ONode(div.name, "HardSwish", [x], div.outputs, {})
-        dead += [add, clip, mul]
-    _remove(g, dead)
-
-
-def _clip_bounds(g: OGraph, clip: ONode) -> Optional[tuple]:
-    """(min, max) of a Clip with constant bounds (attributes before opset 11, inputs after); None otherwise."""
-    lo, hi = clip.attrs.get("min", -np.inf), clip.attrs.get("max", np.inf)
-    for pos in (1, 2):
-        if len(clip.inputs) > pos and clip.inputs[pos]:
-            v = _scalar(g, clip.inputs[pos])
-            if v is None:
-                return None
-            if pos == 1:
-                lo = v
-            else:
-                hi = v
-    return float(lo), float(hi)
+    remove(g, dead)
 
 
 def fuse_matmul_bias(g: OGraph) -> None:
-    index = _index(g)
-    dead = []
+    idx = Index(g)
+    dead: List[ONode] = []
     for mm in list(g.nodes):
         if mm.op != "MatMul" or mm.inputs[1] not in g.consts or g.consts[mm.inputs[1]].ndim != 2:
             continue
-        add = _single_consumer(g, mm.outputs[0], index)
-        if add is None or add.op != "Add":
+        add = idx.single(mm.outputs[0])
+        if add is None or add.op != "Add" or len(add.inputs) != 2:
             continue
         other = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]
         n_out = g.consts[mm.inputs[1]].shape[1]
@@ -178,43 +74,51 @@ def fuse_matmul_bias(g: OGraph) -> None:
         mm.fused["bias"] = other
         mm.outputs = list(add.outputs)
         dead.append(add)
-    _remove(g, dead)
+    remove(g, dead)
 
 
 def fuse_activations(g: OGraph) -> None:
-    index = _index(g)
-    producers = {t: n for n in g.nodes for t in n.outputs}
-    dead = []
+    """Relu after a Conv, ConvTranspose, fully connected MatMul/Gemm or element-wise Add/Sub/Mul/Max/Min, and Clip(0, 6)
+    after those but an Add/Sub/Mul whose operands broadcast → their `with_activation` RELU / RELU6, as the Parser
+    fuses them. It fuses no other Clip; LeakyRelu, which it fuses too, stays a layer here (quantopt does not quantize
+    a fused LEAKYRELU)."""
+    idx = Index(g)
+    dead: List[ONode] = []
     for act in list(g.nodes):
-        if act.op not in ("Relu", "Clip"):
+        if act.op not in ("Relu", "Clip") or act.domain not in ("", "ai.onnx"):
             continue
-        host = producers.get(act.inputs[0])
-        if host is None or host.op not in ACT_HOSTS or host.fused.get("with_activation"):
+        host = idx.producer.get(act.inputs[0])
+        if host is None or host.op not in ACT_HOSTS or host.domain not in ("", "ai.onnx") \
+                or host.fused.get("with_activation") or idx.single(act.inputs[0]) is not act:
             continue
-        if _single_consumer(g, act.inputs[0], index) is not act:
+        if host.op in ("MatMul", "Gemm") and host.inputs[1] not in g.consts:
+            continue  # not a fully connected layer
+        if host.op in ELTWISE_HOSTS and len([t for t in host.inputs if t]) != 2:
             continue
-        if host.op == "MatMul" and host.inputs[1] not in g.consts:
-            continue
-        if host.op in ("Add", "Sub", "Mul") and any(t in g.consts for t in host.inputs):
-            continue  # a constant operand becomes a Constant layer; keep the ONNX structure readable
-        if act.op == "Relu":
-            host.fused["with_activation"] = "RELU"
-        else:
-            bounds = _clip_bounds(g, act)
-            if bounds is None or not all(np.isfinite(bounds)):
+        if act.op == "Clip":
+            if clip_bounds(g, act) != (0.0, 6.0) or (host.op in ("Add", "Sub", "Mul") and _broadcasts(g, host)):
                 continue
-            if bounds == (0.0, 6.0):
-                host.fused["with_activation"] = "RELU6"
-            else:
-                host.fused.update(with_activation="CLIP", clip_min=bounds[0], clip_max=bounds[1])
+            host.fused["with_activation"] = "RELU6"
+        else:
+            host.fused["with_activation"] = "RELU"
         host.outputs = list(act.outputs)
         dead.append(act)
-    _remove(g, dead)
+    remove(g, dead)
+
+
+def _broadcasts(g: OGraph, node: ONode) -> bool:
+    """The operands' shapes differ: the layer is a standalone Add/Sub/Mul, not an Eltwise."""
+    return len({tuple(g.shapes.get(t, ())) for t in node.inputs}) > 1
 
 
 def run_fusions(g: OGraph) -> None:
-    fold_batchnorm(g)
-    fuse_conv_bias(g)
-    fuse_hardswish(g)
+    fuse_gelu(g)
+    fuse_layernorm(g)
+    fuse_swish(g)
+    fuse_hard_activations(g)
     fuse_matmul_bias(g)
+    batchnorm_to_affine(g)
+    fuse_mul_add(g)
+    fuse_conv_bias(g)
+    fold_into_linear(g)
     fuse_activations(g)

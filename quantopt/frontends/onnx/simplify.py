@@ -47,6 +47,9 @@ class OGraph:
     consts: Dict[str, np.ndarray]
     shapes: Dict[str, Tuple[int, ...]]
     dtypes: Dict[str, np.dtype]
+    const_sources: Dict[str, str] = field(default_factory=dict)
+    """Constant tensor → name of the Constant node or folded node that made it (a Constant layer's name, as the
+    Parser names it); initializers are named after themselves."""
 
     def consumers(self, tensor: str) -> List[ONode]:
         return [n for n in self.nodes if tensor in n.inputs]
@@ -144,6 +147,7 @@ def build_ograph(model: Any, path: str) -> OGraph:
     graph_inputs = [i.name for i in model.graph.input if i.name not in consts]
     graph_outputs = [o.name for o in model.graph.output]
     alias: Dict[str, str] = {}
+    sources: Dict[str, str] = {}
     nodes: List[Any] = []
     counters: Dict[str, int] = {}
     names: set = set()
@@ -158,6 +162,7 @@ def build_ograph(model: Any, path: str) -> OGraph:
         names.add(node.name)
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             consts[node.output[0]] = _constant_node_value(onnx, node)
+            sources[node.output[0]] = node.name
             continue
         nodes.append(node)
 
@@ -200,6 +205,8 @@ def build_ograph(model: Any, path: str) -> OGraph:
             if folded is not None:
                 for name, value in zip(node.output, folded):
                     consts[name] = value
+                    if len(node.output) == 1:
+                        sources[name] = node.name
                 changed = True
                 continue
             kept.append(node)
@@ -222,7 +229,7 @@ def build_ograph(model: Any, path: str) -> OGraph:
     missing += [t for t in graph_inputs if t not in shapes]
     if missing:
         _fallback_shapes(onnx, model, missing, shapes, dtypes, path)
-    return OGraph(model.graph.name or "model", opset, onodes, graph_inputs, outs, consts, shapes, dtypes)
+    return OGraph(model.graph.name or "model", opset, onodes, graph_inputs, outs, consts, shapes, dtypes, sources)
 
 
 def _is_plain_passthrough(node: Any, consts: Dict[str, np.ndarray], shapes: Dict[str, Tuple[int, ...]]) -> bool:

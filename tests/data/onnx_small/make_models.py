@@ -1,0 +1,218 @@
+"""Export the small ONNX models of the Parser-parity test (tests/test_onnx_parser_parity.py) from torch, with seeded
+weights, into this folder:
+
+    python tests/data/onnx_small/make_models.py [out_dir]
+
+- `bert_encoder.onnx` (opset 14): a BERT-style encoder with `input_ids` and an `attention_mask` input (int64, the
+  mask turned into an additive bias as BERT does), word/position embeddings, LayerNorm written out as
+  ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add (opset < 17), softmax attention, GELU in the Erf form and a
+  tanh pooler;
+- `mobilenetv3_block.onnx` (opset 14): MobileNetV3-like blocks: conv-BN-hardswish as the HardSwish op and written
+  out as x*relu6(x+3)/6, hardsigmoid as the HardSigmoid op and as relu6(x+3)/6, depthwise convolutions, SE,
+  a BatchNorm after a ReLU, a per-channel scale and shift after an activation, SiLU x*sigmoid(x) and swish
+  x*sigmoid(1.5x);
+- `transformer_tanh.onnx` (opset 17): a transformer block with a float attention mask, the ONNX LayerNormalization
+  op, GELU in the tanh form and a SiLU feed-forward.
+
+The committed files were made with torch 2.13 (TorchScript exporter); another torch version may spell some
+patterns differently, which is why the files themselves are committed.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+from typing import Callable, Dict, List, Tuple
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# ------------------------------------------------------------------------------------------------ BERT
+class _SelfAttention(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.dh = heads, d // heads
+        self.q, self.k, self.v, self.out = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, self.dh).permute(0, 2, 1, 3)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._split(self.q(x)), self._split(self.k(x)), self._split(self.v(x))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.dh) + bias
+        ctx = torch.matmul(torch.softmax(scores, dim=-1), v).permute(0, 2, 1, 3).contiguous()
+        return self.out(ctx.view(x.shape))
+
+
+class _BertLayer(nn.Module):
+    def __init__(self, d: int, heads: int, ff: int, act: nn.Module) -> None:
+        super().__init__()
+        self.att = _SelfAttention(d, heads)
+        self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-12), nn.LayerNorm(d, eps=1e-12)
+        self.ff1, self.ff2, self.act = nn.Linear(d, ff), nn.Linear(ff, d), act
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        x = self.ln1(x + self.att(x, bias))
+        return self.ln2(x + self.ff2(self.act(self.ff1(x))))
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, vocab: int = 100, tokens: int = 16, d: int = 32, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.word, self.pos = nn.Embedding(vocab, d), nn.Embedding(tokens, d)
+        self.ln = nn.LayerNorm(d, eps=1e-12)
+        self.layers = nn.ModuleList([_BertLayer(d, heads, 2 * d, nn.GELU()) for _ in range(layers)])
+        self.pooler = nn.Linear(d, d)
+        self.register_buffer("positions", torch.arange(tokens)[None], persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        x = self.ln(self.word(input_ids) + self.pos(self.positions))
+        bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -10000.0
+        for layer in self.layers:
+            x = layer(x, bias)
+        return x, torch.tanh(self.pooler(x[:, 0]))
+
+
+# ------------------------------------------------------------------------------------------------ MobileNetV3
+def _hswish_explicit(x: torch.Tensor) -> torch.Tensor:
+    return x * F.relu6(x + 3.0) / 6.0
+
+
+def _hsigmoid_explicit(x: torch.Tensor) -> torch.Tensor:
+    return F.relu6(x + 3.0) / 6.0
+
+
+class _SE(nn.Module):
+    def __init__(self, c: int, explicit: bool) -> None:
+        super().__init__()
+        self.reduce, self.expand, self.explicit = nn.Conv2d(c, c // 4, 1), nn.Conv2d(c // 4, c, 1), explicit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.expand(F.relu(self.reduce(F.adaptive_avg_pool2d(x, 1))))
+        return x * (_hsigmoid_explicit(s) if self.explicit else F.hardsigmoid(s))
+
+
+class _Block(nn.Module):
+    def __init__(self, cin: int, mid: int, cout: int, stride: int, act: Callable, se: int) -> None:
+        super().__init__()
+        self.expand, self.bn1 = nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid)
+        self.dw, self.bn2 = nn.Conv2d(mid, mid, 3, stride, 1, groups=mid, bias=False), nn.BatchNorm2d(mid)
+        self.se = _SE(mid, se == 2) if se else None
+        self.project, self.bn3 = nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout)
+        self.act, self.residual = act, stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act(self.bn2(self.dw(self.act(self.bn1(self.expand(x))))))
+        if self.se is not None:
+            y = self.se(y)
+        y = self.bn3(self.project(y))
+        return x + y if self.residual else y
+
+
+class MobileNetV3Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.stem_bn = nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16)
+        self.blocks = nn.Sequential(_Block(16, 32, 16, 1, F.hardswish, 1), _Block(16, 48, 24, 2, _hswish_explicit, 2),
+                                    _Block(24, 48, 24, 1, F.silu, 0))
+        self.post_bn = nn.BatchNorm2d(24)
+        self.scale = nn.Parameter(torch.rand(1, 24, 1, 1) + 0.5)
+        self.shift = nn.Parameter(torch.rand(1, 24, 1, 1) - 0.5)
+        self.head = nn.Conv2d(24, 32, 1)
+        self.fc1, self.fc2 = nn.Linear(32, 40), nn.Linear(40, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _hswish_explicit(self.stem_bn(self.stem(x)))
+        x = self.post_bn(F.relu(self.blocks(x)))       # a BatchNorm that follows no convolution
+        x = F.relu6(x) * self.scale + self.shift        # a per-channel scale and shift after an activation
+        h = self.head(x)
+        x = h * torch.sigmoid(1.5 * h)                   # swish with beta 1.5
+        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+        return self.fc2(F.hardswish(self.fc1(x)))
+
+
+# ------------------------------------------------------------------------------------------------ transformer (tanh)
+class TransformerTanh(nn.Module):
+    def __init__(self, features: int = 24, tokens: int = 16, d: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.embed, self.ln0 = nn.Linear(features, d), nn.LayerNorm(d)
+        self.att = _SelfAttention(d, heads)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.ff1, self.ff2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.ff3, self.ff4 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.head = nn.Linear(d, 6)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.ln0(self.embed(x))
+        bias = (1.0 - mask[:, None, None, :]) * -1e4
+        x = self.ln1(x + self.att(x, bias))
+        x = x + self.ff2(F.gelu(self.ff1(x), approximate="tanh"))
+        x = self.ln2(x + self.ff4(F.silu(self.ff3(x))))
+        return self.head(x)
+
+
+# ------------------------------------------------------------------------------------------------ export
+def _randomise(model: nn.Module) -> nn.Module:
+    """BatchNorm statistics and affine parameters away from identity, so that folding them is exercised."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.BatchNorm2d, nn.LayerNorm)):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def _bert_inputs() -> Tuple[torch.Tensor, ...]:
+    ids = torch.randint(0, 100, (1, 16))
+    mask = torch.ones(1, 16, dtype=torch.int64)
+    mask[:, 12:] = 0
+    return ids, mask
+
+
+def _tanh_inputs() -> Tuple[torch.Tensor, ...]:
+    mask = torch.ones(1, 16)
+    mask[:, 13:] = 0
+    return torch.randn(1, 16, 24), mask
+
+
+MODELS: Dict[str, Tuple[Callable[[], nn.Module], Callable[[], Tuple[torch.Tensor, ...]], List[str], List[str], int]] = {
+    "bert_encoder": (BertEncoder, _bert_inputs, ["input_ids", "attention_mask"], ["sequence", "pooled"], 14),
+    "mobilenetv3_block": (MobileNetV3Block, lambda: (torch.randn(1, 3, 32, 32),), ["x"], ["y"], 14),
+    "transformer_tanh": (TransformerTanh, _tanh_inputs, ["x", "mask"], ["y"], 17),
+}
+"""name → (model, example inputs, input names, output names, opset)."""
+
+
+def export(name: str, out_dir: str = HERE, seed: int = 0) -> str:
+    """Export model `name` with weights drawn from `seed`; returns the .onnx path."""
+    make, inputs, in_names, out_names, opset = MODELS[name]
+    torch.manual_seed(seed)
+    model = _randomise(make())
+    path = os.path.join(out_dir, f"{name}.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, inputs(), path, input_names=in_names, output_names=out_names, opset_version=opset,
+                          dynamo=False)
+    return path
+
+
+def main(argv: List[str]) -> int:
+    out_dir = argv[0] if argv else HERE
+    os.makedirs(out_dir, exist_ok=True)
+    for name in MODELS:
+        path = export(name, out_dir)
+        print(f"{path}: {os.path.getsize(path)} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
