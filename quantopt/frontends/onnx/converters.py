@@ -724,6 +724,34 @@ def tile(ctx: Context, node: ONode) -> None:
     ctx.emit(node, "Tile", [ctx.value(x, perm)], perm, {"repeats": [int(reps[a]) for a in order]})
 
 
+@converter("Expand")
+def expand(ctx: Context, node: ONode) -> None:
+    """Numpy broadcast to a constant shape (a non-constant input; a constant one was folded): nothing when the
+    input has the output's shape already, else a Reshape to the output's rank (if lower) and a Tile."""
+    x, out = node.inputs[0], node.outputs[0]
+    if not ctx.is_const(node.inputs[1]):
+        raise ConvertError("a target shape computed at run time is not supported")
+    in_shape, out_shape = tuple(ctx.shape(x)), tuple(ctx.shape(out))
+    rank = len(out_shape)
+    full = (1,) * (rank - len(in_shape)) + in_shape
+    if any(i not in (1, o) for i, o in zip(full, out_shape)):
+        raise ConvertError(f"input shape {list(in_shape)} does not broadcast to {list(out_shape)}")
+    if full != in_shape:
+        src = ctx.source_for_reshape(x)
+        tmp = f"{out}@rank{rank}"
+        ctx.g.shapes[tmp] = full
+        ctx.g.dtypes[tmp] = ctx.g.dtypes.get(x, np.dtype(np.float32))
+        ctx.bind(tmp, ctx.reshape(src, full, f"{node.name}_pre_reshape"), None)
+        x = tmp
+    perm = _keep_layout(ctx, x)
+    if full == out_shape:
+        ctx.bind(out, ctx.value(x, perm), perm)  # a no-op broadcast: no Tile
+        return
+    reps = [o // i for i, o in zip(full, out_shape)]
+    order = list(perm) if perm is not None else list(range(rank))
+    ctx.emit(node, "Tile", [ctx.value(x, perm)], perm, {"repeats": [int(reps[a]) for a in order]})
+
+
 @converter("Pad")
 def pad(ctx: Context, node: ONode) -> None:
     x = node.inputs[0]
@@ -775,6 +803,14 @@ def cast(ctx: Context, node: ONode) -> None:
     perm = _keep_layout(ctx, x)
     if src == dst or (src.is_float and dst.is_float):
         ctx.bind(out, ctx.value(x, perm), perm)
+        return
+    if dst is Dtype.BOOL:
+        # as the Parser writes it (convert_special_cast): x != 0, a Logical NOT_EQUAL against zeros
+        zeros = new_const(ctx.g, f"{node.name}_equal_zeros",
+                          np.zeros((1,) * ctx.rank(x), np.dtype(ctx.g.dtypes.get(x, np.float32))))
+        rank = ctx.rank(out)
+        ctx.emit(node, "Logical", [ctx.value(x, perm), ctx.broadcast_value(zeros, rank, perm)], perm,
+                 {"method": "NOT_EQUAL"}, name=f"{node.name}_equal")
         return
     # the Parser's params: out-of-range integers wrap (as onnxruntime's casts do), no scale/zero-point change
     ctx.emit(node, "Cast", [ctx.value(x, perm)], perm,
@@ -920,6 +956,9 @@ def unsupported_attr(node: ONode) -> Optional[str]:
             return f"attribute '{key}'"
     if node.domain not in ("", "ai.onnx", FUSED_DOMAIN):
         return f"domain '{node.domain}'"
+    if node.op in ("Range", "NonZero"):  # reached only when an input is not constant: the output size is data-bound
+        return ("inputs computed at run time are not supported (it is folded when its inputs are constants or "
+                "come from fixed input shapes)")
     if node.op == "Dropout":  # the inference-mode ones were removed while simplifying
         return "training-mode Dropout (random, or a training_mode input that is not constant) is not supported"
     return None
