@@ -9,8 +9,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 
 from .analysis.dump import dump_tensors
-from .analysis.report import build_report, collect_histograms, layer_bits, worst_tensors, write_report
-from .analysis.similarity import LayerSimilarity, layer_similarity, to_float, worst_layers_table
+from .analysis.report import build_report, histograms_of, layer_bits, worst_tensors, write_report
+from .analysis.similarity import FirstBatch, LayerSimilarity, layer_similarity, to_float, worst_layers_table
 from .analysis.template import build_template, write_template
 from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
 from .calibration.global_methods import (
@@ -212,6 +212,15 @@ class OptMaster:
 
         qgraph.forward(qgraph.zero_inputs(), after_node=check)
 
+    def precision_analysis(self, qgraph: QuantizeGraph) -> None:
+        """Per-layer similarity on the first `similarity_data_num` calibration batches, and the histograms of the
+        worst layers from the first of them (kept by the similarity pass: no forward of its own)."""
+        limit = self.cfg.similarity_data_num
+        first: FirstBatch = {}
+        batches = progress(self.calibration_batches(limit), "similarity", total=self.calibration_batch_count(limit))
+        self.similarities = layer_similarity(self.graph, qgraph, batches, first_batch=first)
+        self.histograms = histograms_of(first, worst_tensors(self.similarities))
+
     def write_outputs(self, qgraph: QuantizeGraph) -> None:
         base = self.cfg.out_ir_name or f"{self.model_name}_o"
         onnx_bytes = None
@@ -300,11 +309,7 @@ class OptMaster:
             with self.timer.step("quantized zero-input check"):
                 self.quant_forward_check(qgraph)
             with self.timer.step("precision analysis"):
-                batches = list(self.calibration_batches(self.cfg.similarity_data_num))
-                self.similarities = layer_similarity(self.graph, qgraph, progress(batches, "similarity"))
-                if batches:
-                    self.histograms = collect_histograms(self.graph, qgraph, batches[0],
-                                                         worst_tensors(self.similarities))
+                self.precision_analysis(qgraph)
                 self.layer_bits = layer_bits(qgraph)
                 for line in worst_layers_table(self.similarities).splitlines():
                     OPT_INFO(line)

@@ -15,6 +15,7 @@ import torch
 from quantopt.analysis.report import (
     build_report,
     collect_histograms,
+    histogram_svg,
     layer_bits,
     nice_ticks,
     render_html,
@@ -89,6 +90,15 @@ def test_value_histogram_constant_and_nonfinite() -> None:
     assert (h["lo"], h["hi"]) == (1.5, 2.5)
     assert h["float_counts"] == [0, 2] and h["quant_counts"] == [0, 3] and h["nonfinite"] == 1
     json.dumps(h, allow_nan=False)
+
+
+def test_value_histogram_of_one_huge_value_keeps_a_width() -> None:
+    """A masked tensor holding only a huge constant (a dequantized -inf mask): the range stays non-empty after the
+    9-digit rounding, and its chart renders (this was a ZeroDivisionError that left the HTML report unwritten)."""
+    big = torch.full((4,), -2155905280.0)
+    h = {"tensor": "t", "layer": "l", **value_histogram(big, big, bins=4)}
+    assert h["lo"] < h["hi"]
+    assert "<svg" in histogram_svg(h, 0)
 
 
 def test_worst_layers_order() -> None:

@@ -329,7 +329,9 @@ def test_bad_batch_size_is_an_error(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
-def test_batch_size_refuses_outputs_without_batch_dim(tmp_path: Path, capsys) -> None:
+def test_batch_size_keeps_outputs_whose_dim0_is_not_the_batch(tmp_path: Path) -> None:
+    """A Transpose [1,4] -> [4,1] moves the IR batch out of dim 0: a run at another batch is the dim-0
+    concatenation of the per-sample results (quantopt.graph.batch), the same whatever --batch-size."""
     g = GraphBuilder("tr")
     x = g.input("x", [1, 4])
     y = g.layer("Transpose", [x], [[4, 1]], name="t", outputs=["y"], params=dict(perm=[1, 0]))
@@ -337,9 +339,21 @@ def test_batch_size_refuses_outputs_without_batch_dim(tmp_path: Path, capsys) ->
     data = np.arange(12, dtype=np.float32).reshape(3, 4)
     np.save(tmp_path / "x.npy", data)
     assert run(txt, "-i", tmp_path / "x.npy", "-o", tmp_path / "whole") == 0
-    assert np.array_equal(np.load(tmp_path / "whole" / "y.npy"), data.T)
+    assert np.array_equal(np.load(tmp_path / "whole" / "y.npy"), data.reshape(12, 1))
+    assert run(txt, "-i", tmp_path / "x.npy", "-o", tmp_path / "parts", "--batch-size", "2") == 0
+    assert np.array_equal(np.load(tmp_path / "parts" / "y.npy"), data.reshape(12, 1))
+
+
+def test_batch_size_refuses_outputs_without_batch_dim(tmp_path: Path, capsys) -> None:
+    g = GraphBuilder("sh")
+    x = g.input("x", [1, 4])
+    y = g.layer("Shape", [x], [[2]], name="s", outputs=["y"], output_dtypes=[Dtype.INT32])
+    txt, _ = write_ir(g.build([y]), str(tmp_path / "sh.txt"))
+    np.save(tmp_path / "x.npy", np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert run(txt, "-i", tmp_path / "x.npy", "-o", tmp_path / "whole") == 0
+    assert np.load(tmp_path / "whole" / "y.npy").tolist() == [3, 4]
     capsys.readouterr()
     assert run(txt, "-i", tmp_path / "x.npy", "-o", tmp_path / "parts", "--batch-size", "2") == 6
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "output 'y' of layer 't' has shape [4,2]" in err
+    assert len(err.splitlines()) == 1 and "output 'y' of layer 's' has shape [2]" in err
     assert not (tmp_path / "parts").exists()

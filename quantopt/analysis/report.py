@@ -7,7 +7,7 @@ step. The HTML needs no network and no plotting library: its charts are inline S
 ids and classes (`#similarity-chart`, `.series-cumulative`, `.series-isolated`, `#bits-chart`, `#steps-chart`,
 `svg.histogram`, `.hist-float`, `.hist-quant`) so that tests and users' scripts can find them.
 
-Data flow: graphs → `layer_bits`, `collect_histograms` (one batch) → `build_report` (a JSON-ready dict) →
+Data flow: graphs → `layer_bits`, `histograms_of` (the first analysed batch) → `build_report` (a JSON-ready dict) →
 `render_html` (a string) → `write_report` (both files, atomically). Everything after the graphs is a pure
 function of its arguments, so the same run gives byte-identical files.
 """
@@ -25,6 +25,7 @@ import torch
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from ..ir.writer import atomic_write
+from ..threads import one_thread
 from .similarity import LayerSimilarity, cosine, to_float
 
 REPORT_FORMAT = "quantopt-report"
@@ -63,12 +64,14 @@ def worst_tensors(similarities: Sequence[LayerSimilarity], count: int = 5) -> Li
 
 
 def value_stats(x: torch.Tensor) -> Dict[str, Optional[float]]:
-    """min/max/mean/std of a tensor in float64 (None for an empty tensor)."""
+    """min/max/mean/std of a tensor in float64 (None for an empty tensor), summed on one thread
+    (`threads.one_thread`: the same at any thread count)."""
     v = x.detach().reshape(-1).to(torch.float64)
     if v.numel() == 0:
         return {"min": None, "max": None, "mean": None, "std": None}
-    return {"min": _num(v.min()), "max": _num(v.max()), "mean": _num(v.mean()),
-            "std": _num(v.std(unbiased=False))}
+    with one_thread():
+        return {"min": _num(v.min()), "max": _num(v.max()), "mean": _num(v.mean()),
+                "std": _num(v.std(unbiased=False))}
 
 
 def value_histogram(float_values: torch.Tensor, quant_values: torch.Tensor, bins: int = 48) -> Dict[str, Any]:
@@ -84,8 +87,9 @@ def value_histogram(float_values: torch.Tensor, quant_values: torch.Tensor, bins
     f_ok, q_ok = f[np.isfinite(f)], q[np.isfinite(q)]
     both = np.concatenate([f_ok, q_ok])
     lo, hi = (float(both.min()), float(both.max())) if both.size else (0.0, 0.0)
-    if hi <= lo:
-        lo, hi = lo - 0.5, hi + 0.5
+    if hi <= lo:  # one value: widen by enough to survive `_num`'s 9-digit rounding at any magnitude
+        pad = max(0.5, abs(lo) * 1e-6)
+        lo, hi = lo - pad, hi + pad
     fc, _ = np.histogram(f_ok, bins=bins, range=(lo, hi))
     qc, _ = np.histogram(q_ok, bins=bins, range=(lo, hi))
     same = f.shape == q.shape
@@ -102,6 +106,7 @@ def collect_histograms(float_graph: PyGraph, quant_graph: PyGraph, inputs: Seque
 
     Only the named tensors are copied as the graphs run (no `keep_tensors`), so this costs one forward of each
     graph and the memory of a few tensors. Returns tensor name → `value_histogram` dict plus `layer`/`type`.
+    A run that computed the per-layer similarity already has these values: `histograms_of` reads them.
     """
     wanted = set(tensors)
     if not wanted:
@@ -119,13 +124,21 @@ def collect_histograms(float_graph: PyGraph, quant_graph: PyGraph, inputs: Seque
     with torch.no_grad():
         float_graph.forward(list(inputs), after_node=grab(fvals, False))
         quant_graph.forward(list(inputs), after_node=grab(qvals, True))
+    values = {name: (fvals[name][0], fvals[name][1], qvals[name][1]) for name in fvals if name in qvals}
+    return histograms_of(values, tensors, bins)
+
+
+def histograms_of(values: Mapping[str, Tuple[PyNode, torch.Tensor, torch.Tensor]], tensors: Sequence[str],
+                  bins: int = 48) -> Dict[str, Dict[str, Any]]:
+    """Histograms of the named tensors from (float layer, float value, dequantized value) per tensor name, e.g.
+    the first batch `analysis.similarity.layer_similarity` kept (no forward at all)."""
     out: Dict[str, Dict[str, Any]] = {}
     for name in tensors:
-        if name not in fvals or name not in qvals or name in out:
+        if name not in values or name in out:
             continue
-        node, fv = fvals[name]
+        node, fv, qv = values[name]
         h = {"layer": node.name, "type": str(node.type), "tensor": name}
-        h.update(value_histogram(fv, qvals[name][1], bins))
+        h.update(value_histogram(fv, qv, bins))
         out[name] = h
     return out
 
@@ -428,7 +441,7 @@ def histogram_svg(h: Mapping[str, Any], index: int, width: int = 440, height: in
              f'<path class="hist-quant" d="{outline(qc)}" fill="none" stroke="{COLORS["quant"]}" '
              f'stroke-width="1.5"><title>dequantized values</title></path>']
     for v in nice_ticks(lo, hi, 4):
-        x = x0 + (x1 - x0) * (v - lo) / (hi - lo)
+        x = x0 + (x1 - x0) * ((v - lo) / (hi - lo) if hi > lo else 0.5)  # a degenerate range draws its ticks mid-axis
         parts.append(f'<text x="{_c(x)}" y="{y1 + 14}" text-anchor="middle">{_e(f"{v:.4g}")}</text>')
     parts.append(f'<text x="{x0 - 4}" y="{y0 + 10}" text-anchor="end">{top}</text>'
                  f'<text x="{x0 - 4}" y="{y1}" text-anchor="end">0</text>'

@@ -9,14 +9,16 @@ Two views per layer output, averaged over the given batches:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..graph.float_layer import round_to_float_dtype
 from ..graph.graph import PyGraph
+from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 from ..quant.params import dequantize, quantize
+from ..threads import one_thread
 
 
 @dataclass
@@ -35,21 +37,25 @@ class LayerSimilarity:
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Cosine similarity of two tensors as flat float64 vectors; two all-zero tensors count as identical."""
+    """Cosine similarity of two tensors as flat float64 vectors; two all-zero tensors count as identical. Summed on
+    one thread (`threads.one_thread`), so the value does not depend on the thread count."""
     x = a.detach().reshape(-1).to(torch.float64)
     y = b.detach().reshape(-1).to(torch.float64)
-    nx, ny = float(x.norm()), float(y.norm())
-    if nx == 0.0 and ny == 0.0:
-        return 1.0
-    if nx == 0.0 or ny == 0.0:
-        return 0.0
-    return float(torch.dot(x, y) / (nx * ny))
+    with one_thread():
+        nx, ny = float(x.norm()), float(y.norm())
+        if nx == 0.0 and ny == 0.0:
+            return 1.0
+        if nx == 0.0 or ny == 0.0:
+            return 0.0
+        return float(torch.dot(x, y) / (nx * ny))
 
 
 def mse(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Mean squared difference in float64, summed on one thread (`threads.one_thread`)."""
     x = a.detach().reshape(-1).to(torch.float64)
     y = b.detach().reshape(-1).to(torch.float64)
-    return float(((x - y) ** 2).mean()) if x.numel() else 0.0
+    with one_thread():
+        return float(((x - y) ** 2).mean()) if x.numel() else 0.0
 
 
 def to_float(t: PyTensor) -> torch.Tensor:
@@ -69,56 +75,101 @@ def to_quantized(x: torch.Tensor, like: PyTensor) -> torch.Tensor:
     return quantize(x, like.scale, like.zerop, like.qmin, like.qmax)
 
 
-def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph,
-                     batches: Sequence[Sequence[torch.Tensor]]) -> List[LayerSimilarity]:
-    """Cumulative and isolated similarity of every layer output, averaged over `batches`."""
+def _flat64(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().reshape(-1).to(torch.float64)
+
+
+def _cos_mse(x: torch.Tensor, y: torch.Tensor) -> Tuple[float, float]:
+    """(cosine, mse) of two flat float64 vectors: the arithmetic of `cosine` and `mse`, converting each tensor
+    once for both and switching to one thread once."""
+    with one_thread():
+        nx, ny = float(x.norm()), float(y.norm())
+        if nx == 0.0 and ny == 0.0:
+            cos = 1.0
+        elif nx == 0.0 or ny == 0.0:
+            cos = 0.0
+        else:
+            cos = float(torch.dot(x, y) / (nx * ny))
+        return cos, (float(((x - y) ** 2).mean()) if x.numel() else 0.0)
+
+
+FirstBatch = Dict[str, Tuple[PyNode, torch.Tensor, torch.Tensor]]
+"""tensor name -> (float layer, float value, dequantized quantized value) of the first analysed batch."""
+
+
+def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterable[Sequence[torch.Tensor]],
+                     first_batch: Optional[FirstBatch] = None) -> List[LayerSimilarity]:
+    """Cumulative and isolated similarity of every layer output, averaged over `batches`.
+
+    Per batch it costs one forward of each graph (activations kept) plus, for the isolated view, one run of each
+    quantized layer on its quantized float inputs: the float activations of the cumulative run serve the isolated
+    view, each float tensor is quantized once for all its consumers, a layer whose quantized float inputs equal
+    its inputs in the quantized run is not run again (its isolated result is its cumulative one), and each output
+    is dequantized and converted once. With `first_batch` (a dict), the float and dequantized values of every layer
+    output of the first batch are kept there (the report's histograms read them instead of running again).
+    """
     sums: Dict[tuple, List[float]] = {}
     qnodes = {n.name: n for n in quant_graph.nodes}
+    pairs = [(f, qnodes[f.name]) for f in float_graph.nodes if f.name in qnodes]
+    count = 0
     with torch.no_grad():
         for inputs in batches:
             float_graph.forward(inputs, keep_tensors=True)
             quant_graph.forward(inputs, keep_tensors=True)
-            for fnode in float_graph.nodes:
-                qnode = qnodes.get(fnode.name)
-                if qnode is None:
-                    continue
-                cumulative = [(cosine(f.betensor, to_float(q)), mse(f.betensor, to_float(q)))
-                              for f, q in zip(fnode.outputs, qnode.outputs)]
-                isolated = _isolated(fnode, qnode)
+            quantized: Dict[Tuple[int, int], torch.Tensor] = {}
+            for fnode, qnode in pairs:
+                fvals = [_flat64(f.betensor) for f in fnode.outputs]
+                deq = [to_float(q) for q in qnode.outputs]
+                cumulative = [_cos_mse(x, _flat64(y)) for x, y in zip(fvals, deq)]
+                isolated = _isolated(fnode, qnode, fvals, cumulative, quantized)
                 for f, c, i in zip(fnode.outputs, cumulative, isolated):
                     acc = sums.setdefault((fnode.name, f.name), [0.0, 0.0, 0.0, 0.0])
                     for k, v in enumerate(c + i):
                         acc[k] += v
+                if first_batch is not None and count == 0:
+                    for f, y in zip(fnode.outputs, deq):
+                        first_batch.setdefault(f.name, (fnode, f.betensor, y))
+            count += 1
             _release(float_graph)
             _release(quant_graph)
-    n = max(len(batches), 1)
+    n = max(count, 1)
     results = []
-    for fnode in float_graph.nodes:
-        for f in fnode.outputs:
+    for fnode, qnode in pairs:
+        for f, qt in zip(fnode.outputs, qnode.outputs):
             acc = sums.get((fnode.name, f.name))
             if acc is None:
                 continue
             cum_cos, cum_mse, iso_cos, iso_mse = (v / n for v in acc)
-            qt = qnodes[fnode.name].outputs[fnode.outputs.index(f)]
             qt.similarity, qt.mse = cum_cos, cum_mse
             results.append(LayerSimilarity(fnode.layer_id, fnode.name, str(fnode.type), f.name, cum_cos, cum_mse,
                                            iso_cos, iso_mse))
     return results
 
 
-def _isolated(fnode, qnode) -> List[tuple]:
-    """Run the quantized layer alone on the float graph's inputs quantized with its input params."""
+def _isolated(fnode: PyNode, qnode: PyNode, fvals: Sequence[torch.Tensor], cumulative: List[Tuple[float, float]],
+              quantized: Dict[Tuple[int, int], torch.Tensor]) -> List[Tuple[float, float]]:
+    """Run the quantized layer alone on the float graph's inputs quantized with its input params (`quantized`
+    caches them per tensor pair for the batch); when they equal its inputs of the quantized run (and no input
+    carries an unrounded float value the layer might read), the result is the cumulative one."""
     if not qnode.inputs:
-        return [(cosine(f.betensor, to_float(q)), mse(f.betensor, to_float(q)))
-                for f, q in zip(fnode.outputs, qnode.outputs)]
+        return cumulative
+    feeds = []
+    for qt, ft in zip(qnode.inputs, fnode.inputs):
+        key = (id(qt), id(ft))
+        if key not in quantized:
+            quantized[key] = to_quantized(ft.betensor, qt)
+        feeds.append(quantized[key])
+    if len(feeds) == len(qnode.inputs) and all(
+            qt.unrounded is None and v.dtype == qt.betensor.dtype and torch.equal(v, qt.betensor)
+            for qt, v in zip(qnode.inputs, feeds)):
+        return cumulative
     saved_in = [t.betensor for t in qnode.inputs]
     saved_out = [t.betensor for t in qnode.outputs]
     try:
-        for qt, ft in zip(qnode.inputs, fnode.inputs):
-            qt.betensor = to_quantized(ft.betensor, qt)
+        for qt, v in zip(qnode.inputs, feeds):
+            qt.betensor = v
         qnode.forward()
-        return [(cosine(f.betensor, to_float(q)), mse(f.betensor, to_float(q)))
-                for f, q in zip(fnode.outputs, qnode.outputs)]
+        return [_cos_mse(x, _flat64(to_float(q))) for x, q in zip(fvals, qnode.outputs)]
     finally:
         for t, v in zip(qnode.inputs, saved_in):
             t.betensor = v

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..errors import IRError
+from .batch import forward_batched
 from .float_layer import run_float_layer
 from .optype import OpTypeName
 from .tensor import PyTensor
@@ -81,12 +82,16 @@ class PyNode:
         if fn is None:
             raise self._error("no forward implementation is registered for this operator type")
         override = self.attrs.get("forward_override")
-        if override is not None:
-            override(self, fn)
-        elif not self.quantized and self.params.get("unquantifiable") is True:
-            run_float_layer(self, fn)
-        else:
-            fn(self)
+
+        def run() -> None:
+            if override is not None:
+                override(self, fn)
+            elif not self.quantized and self.params.get("unquantifiable") is True:
+                run_float_layer(self, fn)
+            else:
+                fn(self)
+
+        forward_batched(self, run)
         return [t.betensor for t in self.outputs]
 
     def quantize(self) -> None:

@@ -21,6 +21,7 @@ from ..quant.hardware import AIFF_MULTIPLIER_BITS, WIDE_SHIFT_MAX
 from ..quant.requant import range_dtype, scale_shift
 from ..quant.rounding import bit_length, div_round_half_even, round_shift
 from ..registry import op_register, quant_register
+from ..threads import one_thread
 from ._eltwise_int import check_int64_bound, offset_absmax, set_integer_output
 from ._quant import (
     copy_params,
@@ -171,7 +172,11 @@ def reduce_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     axes = _axes(self, x.dim())
     rows, kept = _rows(x, axes)
-    y = _reduce_int(self, method, axes, rows) if self.quantized else _float_reduce(self, method, rows)
+    if self.quantized:
+        y = _reduce_int(self, method, axes, rows)
+    else:
+        with one_thread(int(rows.shape[0]) == 1):  # a float sum to one value: the same at any thread count
+            y = _float_reduce(self, method, rows)
     self.outputs[0].betensor = y.reshape(_shape_out(self, kept, axes))
 
 

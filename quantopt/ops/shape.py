@@ -13,6 +13,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 
 from ..errors import UnsupportedError
+from ..graph.batch import batch_error, batch_rows
 from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..graph.tensor import PyTensor
@@ -97,15 +98,29 @@ def permute_forward(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ Reshape, Squeeze
+def batched_shape(node: PyNode, inp: PyTensor, shape: List[int]) -> List[int]:
+    """The IR `shape` of a reshape for the data's batch: the input is the dim-0 concatenation of groups of the IR
+    batch (quantopt.graph.batch), so dim 0 of the result grows by the same factor (a dim 0 equal to the input's IR
+    dim 0 simply takes the data's rows: the batch may then be any size). A value that is not such a concatenation
+    (another dim changed) keeps `shape`, for the reshape itself to report."""
+    rows = batch_rows(inp)
+    if rows is None or not shape:
+        return shape
+    ir0 = int(inp.ir_shape[0])
+    if shape[0] == ir0:
+        return [rows] + shape[1:]
+    if rows % ir0:
+        raise batch_error(node, f"input '{inp.name}' has {rows} rows in dim 0 where the IR has {ir0}, and the "
+                                f"target shape {shape} does not keep dim 0")
+    return [shape[0] * (rows // ir0)] + shape[1:]
+
+
 @op_register(OpType.Reshape)
 def reshape_forward(self: PyNode) -> None:
-    """IR `shape` includes the batch dim of the IR; the actual batch may differ, so dim 0 follows the input."""
-    x = self.inputs[0].betensor
-    shape = [int(s) for s in self.get_param("shape")]
-    ir_batch = self.inputs[0].ir_shape[0] if self.inputs[0].ir_shape else 1
-    if shape and x.dim() > 0 and x.shape[0] != ir_batch and shape[0] == ir_batch:
-        shape[0] = x.shape[0]
-    self.outputs[0].betensor = x.reshape(shape)
+    """IR `shape` fixes the IR batch; for another batch dim 0 grows with the data (`batched_shape`)."""
+    inp = self.inputs[0]
+    shape = batched_shape(self, inp, [int(s) for s in self.get_param("shape")])
+    self.outputs[0].betensor = inp.betensor.reshape(shape)
 
 
 @op_register(OpType.Squeeze)
@@ -187,7 +202,8 @@ def _slice_forward(node: PyNode, masks: bool) -> None:
         if axis == 0 and size != ir_batch:
             # the IR slices its own batch; an actual batch of N * ir_batch repeats that selection per group
             if size % ir_batch:
-                raise node._error(f"batch {size} is not a multiple of the IR batch {ir_batch}")
+                raise batch_error(node, f"input '{inp.name}' has {size} rows in dim 0 where the IR has {ir_batch}, "
+                                        "not a whole number of IR batches")
             base = slice_indices(ir_batch, b_, e_, s, upper)
             idx = [g * ir_batch + i for g in range(size // ir_batch) for i in base]
         else:

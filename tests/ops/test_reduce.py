@@ -345,9 +345,17 @@ def test_bad_params_are_ir_errors() -> None:
         quantize_model(g, [x], settings(8, "per_tensor_asymmetric"))
 
 
-def test_mean_over_a_resized_batch_is_refused() -> None:
+def test_mean_over_the_batch_axis_runs_per_sample() -> None:
+    """A reduction over the IR batch axis reduces each sample alone at another batch (quantopt.graph.batch)."""
     g = one("Reduce", {"method": "MEAN", "axis": [0, 1]}, [1, 1, 5, 6])
     qg = quantize_model(g, [data("MEAN", [1, 4, 5, 6], 101)], settings(8, "per_tensor_asymmetric"))
-    qg.forward([data("MEAN", [1, 4, 5, 6], 102)])
+    x = data("MEAN", [2, 4, 5, 6], 103)
+    whole = qg.forward([x])[0].clone()
+    assert torch.equal(whole, torch.cat([qg.forward([x[i:i + 1]])[0] for i in range(2)]))
+
+
+def test_mean_over_a_resized_axis_is_refused() -> None:
+    g = one("Reduce", {"method": "MEAN", "axis": [1]}, [1, 4, 5, 6])
+    qg = quantize_model(g, [data("MEAN", [1, 4, 5, 6], 101)], settings(8, "per_tensor_asymmetric"))
     with pytest.raises(UnsupportedError, match="reduced elements"):
-        qg.forward([data("MEAN", [2, 4, 5, 6], 103)])
+        qg.forward([data("MEAN", [1, 3, 5, 6], 103)])

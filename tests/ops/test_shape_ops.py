@@ -77,7 +77,8 @@ PASSTHROUGH_CASES = [
     ("Permute", {}, [1, 3, 4, 5], [[5, 4, 3, 1]], lambda a: [a.transpose()]),
     ("Reshape", {"shape": [1, 12, 5]}, [1, 3, 4, 5], [[1, 12, 5]], lambda a: [a.reshape(a.shape[0], 12, 5)]),
     ("Squeeze", {"axis": [2]}, [1, 3, 1, 5], [[1, 3, 5]], lambda a: [a.squeeze(2)]),
-    ("Squeeze", {}, [1, 3, 1, 5], [[3, 5]], lambda a: [a.squeeze(2) if a.shape[0] > 1 else a.squeeze((0, 2))]),
+    # squeezing the IR batch: at batch N the samples' [3, 5] results are concatenated along dim 0
+    ("Squeeze", {}, [1, 3, 1, 5], [[3, 5]], lambda a: [a.reshape(a.shape[0] * 3, 5)]),
     ("Split", {"axis": 3, "splits": [2, 3]}, [1, 3, 4, 5], [[1, 3, 4, 2], [1, 3, 4, 3]],
      lambda a: np.split(a, [2], axis=3)),
     ("Split", {"axis": 1}, [1, 3, 4, 5], [[1, 1, 4, 5]] * 3, lambda a: np.split(a, 3, axis=1)),

@@ -1,0 +1,119 @@
+"""The per-layer precision analysis reuses what it computed: its cosines/MSEs are those of the plain definition
+(every layer's isolated step run on the float inputs quantized with its input params), its histograms those of a
+separate forward of the first batch, and a cfg run's analysis costs one forward of each graph per batch."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import numpy as np
+import pytest
+import torch
+
+from quantopt.analysis.report import collect_histograms, histograms_of, worst_tensors
+from quantopt.analysis.similarity import LayerSimilarity, cosine, layer_similarity, mse, to_float, to_quantized
+from quantopt.config.reader import read_cfg
+from quantopt.graph.graph import PyGraph, QuantizeGraph
+from quantopt.master import OptMaster
+from quantopt.pipeline import quantize_model
+
+REPO = Path(__file__).resolve().parents[1]
+DIGITS = REPO / "examples" / "digits"
+
+
+def reference_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Sequence[Sequence[torch.Tensor]]
+                         ) -> List[LayerSimilarity]:
+    """The analysis by its definition, without any reuse (what quantopt computed before it reused values)."""
+    sums: Dict[tuple, List[float]] = {}
+    qnodes = {n.name: n for n in quant_graph.nodes}
+    with torch.no_grad():
+        for inputs in batches:
+            float_graph.forward(inputs, keep_tensors=True)
+            quant_graph.forward(inputs, keep_tensors=True)
+            for fnode in float_graph.nodes:
+                qnode = qnodes.get(fnode.name)
+                if qnode is None:
+                    continue
+                cumulative = [(cosine(f.betensor, to_float(q)), mse(f.betensor, to_float(q)))
+                              for f, q in zip(fnode.outputs, qnode.outputs)]
+                if qnode.inputs:
+                    saved_in = [t.betensor for t in qnode.inputs]
+                    saved_out = [t.betensor for t in qnode.outputs]
+                    for qt, ft in zip(qnode.inputs, fnode.inputs):
+                        qt.betensor = to_quantized(ft.betensor, qt)
+                    qnode.forward()
+                    isolated = [(cosine(f.betensor, to_float(q)), mse(f.betensor, to_float(q)))
+                                for f, q in zip(fnode.outputs, qnode.outputs)]
+                    for t, v in zip(qnode.inputs, saved_in):
+                        t.betensor = v
+                    for t, v in zip(qnode.outputs, saved_out):
+                        t.betensor = v
+                else:
+                    isolated = cumulative
+                for f, c, i in zip(fnode.outputs, cumulative, isolated):
+                    acc = sums.setdefault((fnode.name, f.name), [0.0, 0.0, 0.0, 0.0])
+                    for k, v in enumerate(c + i):
+                        acc[k] += v
+    results = []
+    for fnode in float_graph.nodes:
+        for f in fnode.outputs:
+            acc = sums.get((fnode.name, f.name))
+            if acc is not None:
+                results.append(LayerSimilarity(fnode.layer_id, fnode.name, str(fnode.type), f.name,
+                                               *(v / len(batches) for v in acc)))
+    return results
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple:
+    graph = QuantizeGraph.parse(str(DIGITS / "model" / "digits.txt"))
+    calib = torch.from_numpy(np.load(DIGITS / "data" / "calib.npy", allow_pickle=False))
+    qgraph = quantize_model(graph, [calib[i:i + 16] for i in range(0, 64, 16)])
+    return graph, qgraph, [[calib[i:i + 8]] for i in range(0, 24, 8)]
+
+
+def test_similarity_and_histograms_equal_the_plain_definition(digits: tuple) -> None:
+    graph, qgraph, batches = digits
+    want = reference_similarity(graph, qgraph, batches)
+    first: Dict = {}
+    got = layer_similarity(graph, qgraph, iter(batches), first_batch=first)
+    assert [s.as_dict() for s in got] == [s.as_dict() for s in want]
+    names = [t.name for n in graph.nodes for t in n.outputs]
+    assert histograms_of(first, names) == collect_histograms(graph, qgraph, batches[0], names)
+
+
+def test_similarity_with_a_float_island_equals_the_plain_definition() -> None:
+    """A float layer inside the quantized graph (trigger_float_op) and inserted Quantize/DeQuantize layers."""
+    graph = QuantizeGraph.parse(str(DIGITS / "model" / "digits.txt"))
+    calib = torch.from_numpy(np.load(DIGITS / "data" / "calib.npy", allow_pickle=False))
+    conv = next(n.name for n in graph.nodes if str(n.type) == "Convolution")
+    qgraph = quantize_model(graph, [calib[:32]], per_layer={conv: {"trigger_float_op": "float16_preferred"}})
+    batches = [[calib[32:40]]]
+    want = reference_similarity(graph, qgraph, batches)
+    assert [s.as_dict() for s in layer_similarity(graph, qgraph, batches)] == [s.as_dict() for s in want]
+
+
+def test_a_cfg_run_analyses_with_one_forward_of_each_graph_per_batch(tmp_path: Path, monkeypatch) -> None:
+    cfg_path = tmp_path / "opt.cfg"
+    cfg_path.write_text("[Common]\n"
+                        f"graph = {DIGITS / 'model' / 'digits.txt'}\n"
+                        "dataset = NumpyDataset\n"
+                        f"calibration_data = {DIGITS / 'data' / 'calib.npy'}\n"
+                        "calibration_batch_size = 16\nsimilarity_data_num = 2\n"
+                        f"output_dir = {tmp_path / 'out'}\n", encoding="utf-8")
+    cfg = read_cfg(str(cfg_path))
+    graph = QuantizeGraph.parse(cfg.graph)
+    master = OptMaster(graph, cfg)
+    master.prepare_statistics()
+    qgraph = master.quantize()
+    calls: List[str] = []
+    for name, g in (("float", graph), ("quantized", qgraph)):
+        forward = g.forward
+        monkeypatch.setattr(g, "forward", lambda *a, _f=forward, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    master.precision_analysis(qgraph)
+    assert sorted(calls) == ["float", "float", "quantized", "quantized"]
+    assert master.histograms and set(master.histograms) == set(worst_tensors(master.similarities))
+    batches = list(master.calibration_batches(2))
+    monkeypatch.undo()
+    want = reference_similarity(graph, qgraph, batches)
+    assert [s.as_dict() for s in master.similarities] == [s.as_dict() for s in want]
