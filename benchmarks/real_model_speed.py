@@ -213,6 +213,7 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, Any]:
     import torch
 
     from quantopt.calibration.collect import collect_activation_statistics
+    from quantopt.config.layer_settings import LayerSettings
     from quantopt.pipeline import quantize_model
     from quantopt.registry import discover_plugins
 
@@ -223,6 +224,9 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, Any]:
     if len(graph.input_tensors) != len(p.feeds[0]):
         raise RuntimeError(f"graph has {len(graph.input_tensors)} inputs, the ONNX model {len(p.feeds[0])}")
     batches = [[torch.from_numpy(np.ascontiguousarray(a)) for a in f.values()] for f in p.feeds]
+    settings = {"fc_float_summation": args.fc_float_summation}
+    for n in graph.nodes:
+        n.settings = LayerSettings(**settings)
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = args.threads
@@ -244,7 +248,7 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, Any]:
     float_pass()
     t_float = best_cpu(args.repeat, float_pass)
     start = time.process_time()
-    qgraph = quantize_model(graph, batches[:args.calib])
+    qgraph = quantize_model(graph, batches[:args.calib], settings=settings)
     t_quant = time.process_time() - start
     t_stats = best_cpu(args.repeat, lambda: collect_activation_statistics(graph, batches))
 
@@ -315,6 +319,9 @@ def parse(argv: List[str]) -> argparse.Namespace:
     ap.add_argument("--samples", type=int, default=4, help="inputs per pass (batch 1)")
     ap.add_argument("--calib", type=int, default=2, help="calibration samples for quantize_model")
     ap.add_argument("--cache", default=str(DEFAULT_CACHE), help="folder for the MiniLM export")
+    ap.add_argument("--fc-float-summation", choices=("upstream", "float64"), default="upstream",
+                    help="the cfg field of that name: FullyConnected in upstream's fixed float32 order (default) or "
+                         "as an exactly rounded float64 sum")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 sample, 1 repeat, 1 calibration sample")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -333,9 +340,10 @@ def main(argv: List[str]) -> int:
         return child_main(args.child, args)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     child_argv = ["--threads", str(args.threads), "--repeat", str(args.repeat), "--samples", str(args.samples),
-                  "--calib", str(args.calib), "--cache", args.cache]
+                  "--calib", str(args.calib), "--cache", args.cache, "--fc-float-summation", args.fc_float_summation]
     print(f"{len(names)} models, {args.threads} thread(s), {args.samples} samples (batch 1), best of {args.repeat}, "
-          f"quantized on {args.calib}; CPU time per sample (time.process_time)", flush=True)
+          f"quantized on {args.calib}, fc_float_summation = {args.fc_float_summation}; CPU time per sample "
+          "(time.process_time)", flush=True)
     rows, failed = [], []
     for name in names:
         r = run_child(name, args, child_argv)
