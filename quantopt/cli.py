@@ -107,6 +107,7 @@ def run_cfg(path: str) -> int:
 
     cfg = read_cfg(path)
     from .graph.graph import QuantizeGraph
+    from .ir.reader import read_ir
     from .master import OptMaster
     from .registry import discover_plugins
 
@@ -117,11 +118,18 @@ def run_cfg(path: str) -> int:
         values = parse_input_values([cfg.input_value] if cfg.input_value else [])
         graph = import_onnx(cfg.graph, parse_input_shapes([shapes] if shapes else []), input_values=values)
     else:
-        graph = QuantizeGraph.parse(cfg.graph, cfg.bin or None)
+        graph = read_ir(cfg.graph, cfg.bin or None, QuantizeGraph, allow_unknown_keys=cfg.allow_unknown_ir_keys)
     if graph.header.get("compat_quantized_model") is True:
         raise UnsupportedError("IRs of pre-quantized models (compat_quantized_model=true) are not supported",
                                file=cfg.graph)
-    OptMaster(graph, cfg)()
+    master = OptMaster(graph, cfg)
+    try:
+        master()
+    except BaseException:  # a failed run (a metric plugin raising after the IR was written) leaves only its log
+        for path in master.files_written:
+            if os.path.isfile(path) and not path.endswith("_opt.log"):
+                os.remove(path)
+        raise
     return 0
 
 
@@ -191,6 +199,8 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, metavar="N",
                    help="run N samples at a time (default: all at once)")
     p.add_argument("--dump-all", action="store_true", help="also save every layer's outputs under OUTDIR/layers/")
+    p.add_argument("--allow-unknown-ir-keys", action="store_true",
+                   help="accept layer keys the layer's type does not know (an IR of a newer Parser; warned, unused)")
     p.add_argument("--log-level", default=None, help="debug, info (default), warning or error")
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     return p
@@ -199,9 +209,11 @@ def run_parser() -> argparse.ArgumentParser:
 def run_main(argv: List[str]) -> int:
     """`quantopt run`: the arguments are checked here first (--help, usage errors: no torch), then runner.run_main
     parses the same argv again and runs."""
-    run_parser().parse_args(argv)
+    args = run_parser().parse_args(argv)
+    from .ir.known_keys import allow_unknown_keys_by_default
     from .runner import run_main as main_fn
-    return main_fn(argv)
+    with allow_unknown_keys_by_default(args.allow_unknown_ir_keys):  # reaches the runner's read_ir call
+        return main_fn(argv)
 
 
 def export_main(argv: List[str]) -> int:

@@ -16,11 +16,21 @@ class QuantOptError(Exception):
 
     def __init__(self, message: str, *, file: Optional[str] = None, line: Optional[int] = None,
                  field: Optional[str] = None) -> None:
-        self.message = message
+        self.message = self._from_worker(str(message))
         self.file = file
         self.line = line
         self.field = field
         super().__init__(self.__str__())
+
+    @classmethod
+    def _from_worker(cls, message: str) -> str:
+        """torch's DataLoader re-raises an error of a worker process as `type(error)(text)`, the text holding the
+        worker's traceback; the last line of that traceback is the original one-line error, which is kept."""
+        if not (message.startswith("Caught ") and "\nOriginal Traceback" in message):
+            return message
+        last = message.rstrip().rsplit("\n", 1)[-1]  # "quantopt.errors.PluginError: plugin error: f.py:3: ..."
+        text = last.split(": ", 1)[1] if ": " in last else last
+        return text[len(cls.kind) + 2:] if text.startswith(cls.kind + ": ") else text
 
     def location(self) -> str:
         if self.file and self.line:

@@ -3,11 +3,18 @@
 Rules: versions compare as versions (`1.10` > `1.9`); the highest registered version is active; on a tie the
 first registration stays (so a plugin overrides a built-in only with a strictly higher version). Registries are
 the only global state of quantopt.
+
+What the registry hands out for a registration outside quantopt (a user plugin) is guarded: an exception other
+than quantopt's own errors raised inside the plugin's code (an operator's forward or quantize function, a dataset's
+`__init__`/`__len__`/`__getitem__`, a metric's `__init__`/`__call__`/`reset`/`compute`/`report`) becomes a
+`PluginError` (exit code 5) naming the plugin file, the line in it and the plugin, instead of an internal error
+blamed on quantopt. Built-ins are handed out as they are: their exceptions are quantopt's bugs.
 """
 from __future__ import annotations
 
 import abc
 import enum
+import functools
 import importlib.util
 import inspect
 import os
@@ -16,8 +23,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
-from .errors import PluginError
+from .errors import PluginError, QuantOptError
 from .graph.optype import OpType, OpTypeName
+from .ir.known_keys import declare_keys
 from .log import OPT_DEBUG, OPT_WARN
 
 PLUGIN_PREFIX = "aipubt_"
@@ -58,6 +66,12 @@ class Registration:
     version: Version
     source: str
     builtin: bool
+    guarded: Any = None
+    """What the registry hands out for a plugin: `obj` wrapped so that its exceptions become PluginErrors (set
+    on first use for operator functions, at registration for dataset and metric classes)."""
+
+    def handed_out(self) -> Any:
+        return self.obj if self.builtin or self.guarded is None else self.guarded
 
 
 class VersionedRegistry:
@@ -141,14 +155,71 @@ def quant_register(optype_or_list: Union[str, Iterable[str]], version: Union[str
     return decorator
 
 
+def register_op_keys(optype_or_list: Union[str, Iterable[str]], keys: Iterable[str]) -> None:
+    """Declare the layer keys (parameters and constants) an operator type reads, so that the IR reader checks
+    its layers: any other key is then an error with a did-you-mean hint (docs/plugins.md). A new type that
+    declares nothing is not checked; on a built-in type the keys are added to the built-in ones (for an override
+    that reads more)."""
+    names = [keys] if isinstance(keys, str) else list(keys)
+    for t in _optypes(optype_or_list):
+        try:
+            declare_keys(str(t), names)
+        except ValueError as e:
+            raise PluginError(f"register_op_keys: {e}") from None
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _line_in(error: BaseException, source: str) -> Optional[int]:
+    """The line of the innermost traceback frame in `source` (the plugin file), if any."""
+    path = os.path.abspath(source)
+    frames = traceback.extract_tb(error.__traceback__)
+    return next((f.lineno for f in reversed(frames) if os.path.abspath(f.filename) == path), None)
+
+
+def plugin_failure(error: BaseException, reg: Registration, what: str) -> PluginError:
+    """The PluginError for `error`, raised inside the plugin of `reg` while doing `what`."""
+    return PluginError(f"{what} raised {type(error).__name__}: {_one_line(error) or '(no message)'}",
+                       file=reg.source, line=_line_in(error, reg.source))
+
+
+def _guard_operator(reg: Registration, role: str, optype: str) -> Callable:
+    fn = reg.obj
+
+    @functools.wraps(fn)
+    def guarded(node: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(node, *args, **kwargs)
+        except QuantOptError:
+            raise
+        except Exception as e:
+            where = getattr(node, "where", lambda: "?")()
+            raise plugin_failure(e, reg, f"operator plugin {getattr(fn, '__name__', fn)} ({role} of {optype}, "
+                                         f"version {reg.version}) on layer '{getattr(node, 'name', '?')}' "
+                                         f"({where})") from e
+    return guarded
+
+
+def _handed_out_function(table: VersionedRegistry, optype: str, role: str) -> Optional[Callable]:
+    reg = table.get(str(optype))
+    if reg is None:
+        return None
+    if not reg.builtin and reg.guarded is None:
+        reg.guarded = _guard_operator(reg, role, str(optype))
+    return reg.handed_out()
+
+
 def forward_function(optype: str) -> Optional[Callable]:
-    reg = OP_FORWARD.get(str(optype))
-    return reg.obj if reg else None
+    """The active forward function of `optype` (a plugin's guarded: its exceptions become PluginErrors)."""
+    return _handed_out_function(OP_FORWARD, optype, "forward")
 
 
 def quantize_function(optype: str) -> Optional[Callable]:
-    reg = OP_QUANTIZE.get(str(optype))
-    return reg.obj if reg else None
+    """The active quantize function of `optype` (a plugin's guarded: its exceptions become PluginErrors)."""
+    return _handed_out_function(OP_QUANTIZE, optype, "quantize")
 
 
 class OptBaseMetric(abc.ABC):
@@ -191,25 +262,78 @@ def register_plugin(plugin_type: PluginType, version: Union[str, int, float] = "
             if not (isinstance(cls, type) and issubclass(cls, OptBaseMetric)):
                 raise PluginError(f"metric plugin {getattr(cls, '__name__', cls)} in {source} must subclass "
                                   f"OptBaseMetric")
-            METRICS.register(cls.__name__.lower(), cls, version, source)
+            table, methods = METRICS, _METRIC_METHODS
         else:
             import torch.utils.data
 
             if not (isinstance(cls, type) and issubclass(cls, torch.utils.data.Dataset)):
                 raise PluginError(f"dataset plugin {getattr(cls, '__name__', cls)} in {source} must subclass "
                                   f"torch.utils.data.Dataset")
-            DATASETS.register(cls.__name__.lower(), cls, version, source)
+            table, methods = DATASETS, _DATASET_METHODS
+        table.register(cls.__name__.lower(), cls, version, source)
+        reg = table.all[cls.__name__.lower()][Version.parse(version)]
+        if reg.obj is cls and not reg.builtin:
+            reg.guarded = _guard_class(reg, plugin_type.name.lower(), methods)
         return cls
     return decorator
 
 
+_DATASET_METHODS = ("__init__", "__len__", "__getitem__")
+_METRIC_METHODS = ("__init__", "__call__", "reset", "compute", "report")
+
+
+def _guard_method(reg: Registration, kind: str, method: Callable, name: str) -> Callable:
+    @functools.wraps(method)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = method(self, *args, **kwargs)
+        except QuantOptError:
+            raise
+        except Exception as e:
+            call = f"{name}({_one_line(repr(args[0]), 40)})" if name == "__getitem__" and args else name
+            raise plugin_failure(e, reg, f"{kind} plugin {reg.obj.__name__}: {call}") from e
+        if name == "compute" and not _is_score(result):  # the protocol: a score the report can print and compare
+            code = getattr(method, "__code__", None)
+            raise PluginError(f"{kind} plugin {reg.obj.__name__}: compute returned {_one_line(repr(result), 60)}, "
+                              f"not a number", file=reg.source, line=code.co_firstlineno if code else None)
+        return result
+    return guarded
+
+
+def _is_score(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several values
+        return False
+    return True
+
+
+def _guard_class(reg: Registration, kind: str, methods: Tuple[str, ...]) -> type:
+    """A subclass of the plugin class whose methods turn the plugin's exceptions into PluginErrors. It keeps the
+    class's name and signature (`inspect.signature` follows the wrappers) and pickles by reference as an
+    attribute of the plugin class, so DataLoader worker processes can rebuild it."""
+    cls = reg.obj
+    namespace: Dict[str, Any] = {"__module__": cls.__module__, "__doc__": cls.__doc__,
+                                 "__qualname__": f"{cls.__qualname__}._quantopt_guarded"}
+    for name in methods:
+        method = getattr(cls, name, None)
+        if callable(method) and not getattr(method, "__isabstractmethod__", False):
+            namespace[name] = _guard_method(reg, kind, method, name)
+    guarded = type(cls)(cls.__name__, (cls,), namespace)
+    cls._quantopt_guarded = guarded  # type: ignore[attr-defined]  # the pickle reference (see __qualname__)
+    return guarded
+
+
 def get_plugin(plugin_type: PluginType, name: str) -> type:
+    """The active dataset or metric class named `name` (a user plugin's guarded subclass: its exceptions become
+    PluginErrors naming the plugin file)."""
     table = DATASETS if plugin_type is PluginType.Dataset else METRICS
     reg = table.get(name.strip().lower())
     if reg is None:
         known = ", ".join(sorted(r.obj.__name__ for r in table.active.values())) or "none"
-        raise PluginError(f"no {plugin_type.name.lower()} plugin named '{name}' (registered: {known})")
-    return reg.obj
+        raise PluginError(f"no {plugin_type.name.lower()} plugin named '{name}' (registered: {known})",
+                          field=plugin_type.name.lower())
+    return reg.handed_out()
 
 
 # --------------------------------------------------------------------------------------------- discovery

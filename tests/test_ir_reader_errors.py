@@ -358,7 +358,7 @@ def test_error_is_a_quantopt_error_with_exit_code(tmp_path):
 # ------------------------------------------------------------------------------- accepted variants
 def test_equals_inside_value_is_accepted(tmp_path):
     text = VALID.replace("method=RELU", "method=RELU\nnote=a=b=c")
-    g = read_ir(write_ir_files(tmp_path, text))
+    g = read_ir(write_ir_files(tmp_path, text), allow_unknown_keys=True)  # 'note' is no Activation key
     assert g.node("act").params["note"] == "a=b=c"
 
 
@@ -378,3 +378,26 @@ def test_missing_io_names_are_guessed(tmp_path):
 def test_layer_number_is_optional(tmp_path):
     g = read_ir(write_ir_files(tmp_path, VALID.replace("layer_number=3\n", "")))
     assert len(g.nodes) == 3
+
+
+def _mask_ir(tmp_path, fill: float) -> str:
+    """x + a Constant mask holding `fill` in its upper triangle (a causal attention mask), written as an IR."""
+    from quantopt.graph.builder import GraphBuilder
+    from quantopt.ir.writer import write_ir
+
+    mask = np.triu(np.full((4, 4), fill, dtype=np.float32), k=1)
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 4])
+    m = b.layer("Constant", [], [[1, 4, 4]], name="mask", constants={"weights": mask[None]})
+    y = b.layer("Add", [x, m], [[1, 4, 4]], name="add")
+    txt, _ = write_ir(b.build([y]), str(tmp_path / "mask.txt"))
+    return txt
+
+
+def test_a_constant_layer_may_hold_an_infinite_mask(tmp_path):
+    """Exporters write causal/padding masks as -inf: a Constant layer keeps them (NaN stays an error)."""
+    g = read_ir(_mask_ir(tmp_path, float("-inf")))
+    mask = g.node("mask").constants["weights"].betensor
+    assert bool(np.isneginf(mask.numpy()).any())
+    with pytest.raises(IRError, match="constant 'weights' holds 6 NaN value"):
+        read_ir(_mask_ir(tmp_path, float("nan")))

@@ -78,6 +78,9 @@ field("model_name", "", NameKind(), "model name used in output file names; defau
 field("output_dir", "./opt_log", PathKind(must_exist=False, directory=True),
       "folder for outputs and the run log (created if missing)", group="model")
 field("out_ir_name", "", NameKind(), "base name of the written IR; default: <model_name>_o", group="model")
+field("allow_unknown_ir_keys", False, BoolKind(), "accept IR layer keys that the layer's operator type does not "
+      "know (an IR of a newer Parser): each is warned about once and left unused; by default such a key is an IR "
+      "error naming it (docs/ir-format.md)", group="model")
 field("export_onnx_qdq", False, BoolKind(), "also write <model_name>_o.qdq.onnx next to the quantized IR (ONNX "
       "with QuantizeLinear/DequantizeLinear pairs; needs the onnx package, docs/onnx-export.md)", group="model")
 

@@ -128,6 +128,12 @@ class OptConfig:
             raise ConfigError("opt_config file not found", file=path) from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"opt_config is not valid JSON: {e.msg}", file=path, line=e.lineno) from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"opt_config is not UTF-8 text (undecodable byte at offset {e.start})", file=path) \
+                from None
+        except RecursionError:
+            raise ConfigError("opt_config is not valid JSON: arrays or objects nested too deeply", file=path) \
+                from None
         if not isinstance(data, dict):
             raise ConfigError("opt_config must be a JSON object keyed by layer name", file=path)
         known = set(layer_names)

@@ -21,6 +21,11 @@ class GrammarError(ValueError):
     """A value that is not well formed (unbalanced brackets, text after a closing bracket)."""
 
 
+MAX_DEPTH = 32
+"""Deepest list nesting a value may have (shapes nest 2 levels, list-valued constant shapes 3): deeper text is an
+error rather than a recursion that runs out of stack."""
+
+
 def parse_scalar(text: str) -> Any:
     s = text.strip()
     if _INT_RE.match(s):
@@ -88,9 +93,11 @@ def parse_names(text: str) -> Any:
     return value
 
 
-def _parse_list(text: str, pos: int, convert: Callable[[str], Any]) -> Tuple[List[Any], int]:
+def _parse_list(text: str, pos: int, convert: Callable[[str], Any], depth: int = 1) -> Tuple[List[Any], int]:
     """Parse the list starting at text[pos] == '[' (elements converted by `convert`); return it and the index
     after its ']'."""
+    if depth > MAX_DEPTH:
+        raise GrammarError(f"lists nested more than {MAX_DEPTH} levels deep")
     items: List[Any] = []
     pos += 1
     token_start = pos
@@ -100,7 +107,7 @@ def _parse_list(text: str, pos: int, convert: Callable[[str], Any]) -> Tuple[Lis
         if ch == "[":
             if text[token_start:pos].strip():
                 raise GrammarError(f"unexpected '[' after '{text[token_start:pos].strip()}'")
-            sub, pos = _parse_list(text, pos, convert)
+            sub, pos = _parse_list(text, pos, convert, depth + 1)
             items.append(sub)
             while pos < len(text) and text[pos] == " ":
                 pos += 1

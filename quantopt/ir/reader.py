@@ -5,11 +5,12 @@ Every error names the file and line. Float32 constants are zero-copy views of a 
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Type
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set, Tuple, Type
 
 import numpy as np
 import torch
@@ -22,11 +23,22 @@ from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 from .dtype import Dtype, decode_storage, dtype_from_name
 from .grammar import GrammarError, parse_names, parse_value
+from .known_keys import (
+    INT_LIMIT,
+    STRUCTURAL_KEYS,
+    TOP_INFO_KEYS,
+    is_builtin,
+    is_known,
+    known_keys,
+    suggestion,
+    unknown_keys_allowed_default,
+    value_problem,
+)
 
-STRUCTURAL_KEYS = ("layer_id", "layer_name", "layer_type", "layer_bottom", "layer_bottom_shape", "layer_bottom_type",
-                   "layer_top", "layer_top_shape", "layer_top_type")
-TOP_INFO_KEYS = ("layer_top_range", "layer_top_scale", "layer_top_zp")
 CONSTANT_SUFFIXES = ("_type", "_offset", "_size", "_shape")
+MAX_ELEMENTS = 2 ** 40
+"""Bound of a tensor's element count (4 TiB of float32): a larger IR shape is a corrupted one."""
+__all__ = ["read_ir", "STRUCTURAL_KEYS", "TOP_INFO_KEYS", "CONSTANT_SUFFIXES"]
 
 
 @dataclass
@@ -42,7 +54,7 @@ Section = "OrderedDict[str, Line]"
 def _split_sections(text: str, path: str) -> List[OrderedDict[str, Line]]:
     sections: List[OrderedDict[str, Line]] = []
     current: Optional[OrderedDict[str, Line]] = None
-    for number, raw_line in enumerate(text.splitlines(), start=1):
+    for number, raw_line in enumerate(text.split("\n"), start=1):  # \n only: line numbers as editors count
         line = raw_line.strip()
         if not line:
             current = None
@@ -126,6 +138,9 @@ class _SectionReader:
         for s in v:
             if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in s):
                 raise self.error(key, f"'{key}' has a non-integer or negative dimension in {s}")
+            if any(d >= INT_LIMIT for d in s) or math.prod(s) >= MAX_ELEMENTS:
+                raise self.error(key, f"'{key}' holds an impossible tensor shape {s} (dimensions must be below 2^31 "
+                                      f"and tensors hold fewer than 2^40 elements)")
         if len(v) != count:
             raise self.error(key, f"'{key}' lists {len(v)} shape(s) but the layer has {count} tensor(s)")
         return [tuple(s) for s in v]
@@ -150,29 +165,83 @@ class _BinFile:
         self.path = path
         if not os.path.isfile(path):
             raise IRError("binary file not found", file=path)
-        self.size = os.path.getsize(path)
         self._mm: Any = b""
-        if self.size:
-            with open(path, "rb") as f:
-                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        try:
+            self.size = os.path.getsize(path)
+            if self.size:
+                with open(path, "rb") as f:
+                    self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError) as e:  # unreadable, or changed size while being mapped
+            raise IRError(f"cannot read the binary file: {e.__class__.__name__}: {e}", file=path) from None
 
     def array(self, offset: int, count: int, dtype: Dtype) -> np.ndarray:
         return np.frombuffer(self._mm, dtype=dtype.storage, count=count, offset=offset)
 
+    def nonfinite_float32(self, offset: int, count: int, nan_only: bool = False) -> Tuple[int, int]:
+        """(number of NaN/inf values, or NaN only, flat index of the first) of a float32 constant, read through a
+        plain file in small chunks rather than the mapping: the check must not fault the whole model into this
+        process's memory (the mapping stays lazy, docs/ir-format.md section 7)."""
+        bad, first, done = 0, -1, 0
+        buf = np.empty(min(count, _CHECK_CHUNK), dtype="<f4")
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            while done < count:
+                n = min(count - done, _CHECK_CHUNK)
+                chunk = buf[:n]
+                if f.readinto(chunk.view(np.uint8)) != n * 4:
+                    raise IRError(f"the binary file is shorter than {offset + (done + n) * 4} bytes (did it change "
+                                  f"while being read?)", file=self.path)
+                finite = ~np.isnan(chunk) if nan_only else np.isfinite(chunk)
+                if not finite.all():
+                    hits = n - int(finite.sum())
+                    if first < 0:
+                        first = done + int(np.argmin(finite))
+                    bad += hits
+                done += n
+        return bad, first
 
-def _constant_stems(section: OrderedDict[str, Line]) -> List[str]:
+
+_CHECK_CHUNK = 1 << 18
+"""float32 values per read of the NaN/inf check (1 MiB)."""
+
+
+@dataclass
+class _Layout:
+    """Every constant's byte span, to check alignment once the whole file is read: upstream packs constants with
+    no padding (an int32 after 3 int8 weights sits at offset 3), so a misaligned offset is accepted only where it
+    directly follows another constant; anywhere else it is a typo or a corrupted offset."""
+
+    ends: Set[int] = field(default_factory=lambda: {0})
+    misaligned: List[Tuple[int, IRError]] = field(default_factory=list)
+
+
+def _constant_stems(section: OrderedDict[str, Line], sr: _SectionReader) -> List[str]:
+    """Stems with all four of `X_type/_offset/_size/_shape`; a stem with `X_offset`, or two of the others, but not
+    all four is an error (upstream would silently read its keys as parameters and drop the constant)."""
     stems = []
+    seen = set()
     for key in section:
-        if key.endswith("_offset"):
-            stem = key[: -len("_offset")]
-            if all(stem + s in section for s in CONSTANT_SUFFIXES):
-                stems.append(stem)
+        for suffix in CONSTANT_SUFFIXES:
+            if key.endswith(suffix) and len(key) > len(suffix):
+                stem = key[: -len(suffix)]
+                if stem in seen:
+                    continue
+                seen.add(stem)
+                present = [x for x in CONSTANT_SUFFIXES if stem + x in section]
+                if len(present) == len(CONSTANT_SUFFIXES):
+                    stems.append(stem)
+                elif "_offset" in present or len(present) >= 2 and "_size" in present:
+                    missing = [stem + x for x in CONSTANT_SUFFIXES if x not in present]
+                    raise sr.error(stem + present[0], f"constant '{stem}' misses "
+                                                      f"{' and '.join(repr(m) for m in missing)} (a constant needs "
+                                                      f"{stem}_type, _offset, _size and _shape)")
     return stems
 
 
-def _load_constants(sr: _SectionReader, stem: str, bin_file: _BinFile, layer_name: str
-                    ) -> List[Tuple[str, PyTensor, int]]:
-    """(node key, tensor, offset) for the constant(s) described by `stem_type/_offset/_size/_shape`."""
+def _load_constants(sr: _SectionReader, stem: str, bin_file: _BinFile, layer_name: str, layout: _Layout,
+                    allow_inf: bool = False) -> List[Tuple[str, PyTensor, int]]:
+    """(node key, tensor, offset) for the constant(s) described by `stem_type/_offset/_size/_shape`. NaN is always
+    refused; ±inf only where `allow_inf` is false (a Constant layer may hold an attention mask of -inf)."""
     types = sr.value(stem + "_type")
     offsets = sr.value(stem + "_offset")
     sizes = sr.value(stem + "_size")
@@ -183,12 +252,14 @@ def _load_constants(sr: _SectionReader, stem: str, bin_file: _BinFile, layer_nam
                 and len(types) == len(offsets) == len(sizes) == len(shapes)):
             raise sr.error(stem + "_type", f"constant '{stem}': list-valued _type needs equally long "
                                            f"_offset/_size/_shape lists")
+        if not types:
+            raise sr.error(stem + "_type", f"constant '{stem}': list-valued _type is empty")
         entries = [(f"{stem}_{i}", types[i], offsets[i], sizes[i], shapes[i]) for i in range(len(types))]
     else:
         entries = [(stem, types, offsets, sizes, shapes)]
     out = []
     for key, dt, off, size, shape in entries:
-        dtype = dt if isinstance(dt, Dtype) else dtype_from_name(str(dt))
+        dtype = dt if isinstance(dt, Dtype) else dtype_from_name(str(dt)) if isinstance(dt, str) else None
         if dtype is None:
             raise sr.error(stem + "_type", f"unknown dtype '{dt}' for constant '{stem}'")
         for nm, v in ((stem + "_offset", off), (stem + "_size", size)):
@@ -196,23 +267,59 @@ def _load_constants(sr: _SectionReader, stem: str, bin_file: _BinFile, layer_nam
                 raise sr.error(nm, f"'{nm}' must be a non-negative integer, got '{v}'")
         if not isinstance(shape, list) or any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in shape):
             raise sr.error(stem + "_shape", f"'{stem}_shape' must be a list of non-negative integers, got {shape}")
-        numel = int(np.prod(shape)) if shape else 1
-        expected = numel * dtype.itemsize
+        numel = math.prod(shape)  # Python integers: a huge shape cannot wrap around
+        itemsize = dtype.itemsize
+        if size % itemsize:
+            raise sr.error(stem + "_size", f"constant '{stem}': size {size} bytes is not a multiple of the "
+                                           f"{itemsize}-byte {dtype.value}")
+        expected = numel * itemsize
         if expected != size:
             raise sr.error(stem + "_size", f"constant '{stem}': size {size} bytes does not match shape {shape} of "
                                            f"{dtype.value} ({expected} bytes)")
         if off + size > bin_file.size:
             raise sr.error(stem + "_offset", f"constant '{stem}' spans bytes [{off}, {off + size}) but "
                                              f"{bin_file.path} has only {bin_file.size} bytes")
+        if off % itemsize:
+            layout.misaligned.append((off, sr.error(
+                stem + "_offset", f"constant '{stem}': offset {off} is not a multiple of the {itemsize}-byte "
+                                  f"{dtype.value} and does not follow another constant (a corrupted offset?)")))
+        layout.ends.add(off + size)
         raw = bin_file.array(off, numel, dtype).reshape(shape)
-        tensor = PyTensor(layer_name + key, decode_storage(raw, dtype), dtype, shape)
+        values = decode_storage(raw, dtype)
+        if dtype.is_float and numel:
+            if dtype is Dtype.FP32:  # a view of the mapping: checked without touching it
+                count, first = bin_file.nonfinite_float32(off, numel, nan_only=allow_inf)
+            else:  # decoded into a new tensor already
+                bad = (torch.isnan(values) if allow_inf else ~torch.isfinite(values)).reshape(-1)
+                count = int(bad.sum())
+                first = int(bad.nonzero()[0]) if count else -1
+            if count:
+                what = "NaN" if allow_inf else "NaN/inf"
+                raise sr.error(stem + "_offset", f"constant '{key}' holds {count} {what} value(s) (first at flat "
+                                                 f"index {first}) in {bin_file.path}")
+        tensor = PyTensor(layer_name + key, values, dtype, shape)
         out.append((key, tensor, off))
     return out
 
 
-def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGraph] = QuantizeGraph) -> PyGraph:
-    """Parse a Compass IR. `bin_path` defaults to the header's `model_bin`, else `<txt stem>.bin`."""
+def _header_value(header: _SectionReader, key: str, names: bool) -> Any:
+    ln = header.section[key]
+    try:
+        return parse_names(ln.raw) if names else parse_value(ln.raw)
+    except GrammarError as e:
+        raise IRError(f"header: bad value for '{key}': {e}", file=header.path, line=ln.number) from None
+
+
+def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGraph] = QuantizeGraph,
+            allow_unknown_keys: Optional[bool] = None) -> PyGraph:
+    """Parse a Compass IR. `bin_path` defaults to the header's `model_bin`, else `<txt stem>.bin`.
+
+    A layer key its operator type does not know (quantopt/ir/known_keys.py) is an error unless
+    `allow_unknown_keys` (the cfg field `allow_unknown_ir_keys`); None means the ambient default
+    (`known_keys.allow_unknown_keys_by_default`, False unless a command line flag set it)."""
     txt_path = str(txt_path)
+    if allow_unknown_keys is None:
+        allow_unknown_keys = unknown_keys_allowed_default()
     if not os.path.isfile(txt_path):
         raise IRError("graph file not found", file=txt_path)
     try:
@@ -220,6 +327,9 @@ def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGra
             text = f.read()
     except UnicodeDecodeError as e:
         raise IRError(f"not a text IR file (undecodable byte at offset {e.start})", file=txt_path) from None
+    except OSError as e:
+        raise IRError(f"cannot read the graph file: {e.__class__.__name__}: {e.strerror or e}", file=txt_path) \
+            from None
     sections = _split_sections(text, txt_path)
     if not sections:
         raise IRError("empty IR file", file=txt_path)
@@ -239,25 +349,37 @@ def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGra
             bin_path = os.path.splitext(txt_path)[0] + ".bin"
     bin_file = _BinFile(str(bin_path))
 
-    graph = graph_cls(str(parse_names(header.section["model_name"].raw)) if header.has("model_name") else "model")
+    model_name = _header_value(header, "model_name", names=True) if header.has("model_name") else "model"
+    if not isinstance(model_name, str) or not model_name:
+        raise header.error("model_name", "'model_name' must be a non-empty name")
+    graph = graph_cls(model_name)
     graph.source_file = txt_path
     graph._storage = bin_file
     for key, ln in header.section.items():
         if key in ("input_tensors", "output_tensors", "model_name"):
-            graph.header[key] = parse_names(ln.raw) if ln.raw.startswith("[") else ln.raw
+            graph.header[key] = _header_value(header, key, names=True) if ln.raw.startswith("[") else ln.raw
         else:
-            try:
-                graph.header[key] = parse_value(ln.raw)
-            except GrammarError as e:
-                raise IRError(f"header: bad value for '{key}': {e}", file=txt_path, line=ln.number) from None
+            graph.header[key] = _header_value(header, key, names=False)
     layers = sections[1:]
     if header.has("layer_number"):
         declared = header.integer("layer_number")
         if declared != len(layers):
             raise header.error("layer_number", f"layer_number={declared} but the file has {len(layers)} layer "
                                                f"section(s)")
+    layout = _Layout()
+    ids: Dict[int, PyNode] = {}
     for sec in layers:
-        graph.add_node(_read_layer(sec, txt_path, bin_file))
+        node = _read_layer(sec, txt_path, bin_file, layout, allow_unknown_keys)
+        if node.layer_id in ids:
+            first = ids[node.layer_id]
+            raise IRError(f"layer '{node.name}': layer_id {node.layer_id} is already used by layer '{first.name}' "
+                          f"at line {first.source[1] if first.source else '?'}", file=txt_path,
+                          line=node.source[1] if node.source else None)
+        ids[node.layer_id] = node
+        graph.add_node(node)
+    for offset, error in layout.misaligned:
+        if offset not in layout.ends:
+            raise error
     graph.finalize(file=txt_path)
     _check_bottom_shapes(graph, txt_path)
     _mark_quantized(graph)
@@ -272,10 +394,41 @@ def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGra
     return graph
 
 
-def _read_layer(sec: OrderedDict[str, Line], path: str, bin_file: _BinFile) -> PyNode:
+_warned_unknown: Set[Tuple[str, str]] = set()
+
+
+def _check_keys(sr: _SectionReader, optype: str, stems: List[str], allow_unknown: bool) -> None:
+    """Every key of the layer must be known to its operator type (known_keys.py); types that declare no keys are
+    not checked. With `allow_unknown` an unknown key is kept as a parameter, with one warning per type and key."""
+    known = known_keys(optype)
+    if known is None:
+        return
+    stem_of = {stem + x: stem for stem in stems for x in CONSTANT_SUFFIXES}
+    for key in sr.section:
+        name = stem_of.get(key, key)
+        if is_known(name, known, stems):
+            continue
+        what = "constant" if key in stem_of else "key"
+        if allow_unknown:
+            if (optype, name) not in _warned_unknown:
+                _warned_unknown.add((optype, name))
+                OPT_WARN(f"{sr.path}:{sr.line(key)}: {sr.what}: {what} '{name}' is unknown to {optype} layers; "
+                         f"kept unused (allow_unknown_ir_keys)")
+            continue
+        why = "an IR of a newer Parser?" if is_builtin(optype) else "its plugin declares the keys it reads with " \
+                                                                   "register_op_keys;"
+        raise sr.error(key, f"unknown {what} '{name}' for a {optype} layer{suggestion(name, known)} ({why} "
+                            f"allow_unknown_ir_keys = true in the cfg, or quantopt run --allow-unknown-ir-keys, "
+                            f"accepts it)")
+
+
+def _read_layer(sec: OrderedDict[str, Line], path: str, bin_file: _BinFile, layout: _Layout,
+                allow_unknown: bool) -> PyNode:
     first = next(iter(sec.values())).number
     probe = _SectionReader(sec, path, f"layer section at line {first}")
     name = probe.require("layer_name").raw
+    if not name:
+        raise probe.error("layer_name", "'layer_name' is empty")
     sr = _SectionReader(sec, path, f"layer '{name}'")
     layer_id = sr.integer("layer_id")
     type_name = sr.require("layer_type").raw
@@ -285,7 +438,7 @@ def _read_layer(sec: OrderedDict[str, Line], path: str, bin_file: _BinFile) -> P
         try:
             optype = register_optype(type_name)
         except ValueError:
-            raise sr.error("layer_type", f"invalid layer_type '{type_name}'") from None
+            raise sr.error("layer_type", f"invalid layer_type '{_clip(type_name)}'") from None
     node = PyNode(name, optype, layer_id)
     node.source = (path, sr.line("layer_id"))
     bottoms = sr.names("layer_bottom")
@@ -301,20 +454,22 @@ def _read_layer(sec: OrderedDict[str, Line], path: str, bin_file: _BinFile) -> P
     node.inputs = [PyTensor(b) for b in bottoms]
     node.outputs = [PyTensor(t, dtype=dt, shape=s) for t, s, dt in zip(tops, top_shapes, top_types)]
 
-    consumed = set(STRUCTURAL_KEYS)
     order: List[str] = []
-    stems = _constant_stems(sec)
+    stems = _constant_stems(sec, sr)
+    _check_keys(sr, str(optype), stems, allow_unknown)
     constants: List[Tuple[str, PyTensor, int, str]] = []
     for stem in stems:
-        consumed.update(stem + s for s in CONSTANT_SUFFIXES)
-        for key, tensor, off in _load_constants(sr, stem, bin_file, name):
+        for key, tensor, off in _load_constants(sr, stem, bin_file, name, layout,
+                                                allow_inf=str(optype) == "Constant"):
             constants.append((key, tensor, off, stem))
     raw_params: Dict[str, str] = {}
     stem_first_line = {stem: min(sec[stem + s].number for s in CONSTANT_SUFFIXES) for stem in stems}
+    stem_of = {stem + x: stem for stem in stems for x in CONSTANT_SUFFIXES}
+    builtin = is_builtin(str(optype))
     for key, ln in sec.items():
         if key in STRUCTURAL_KEYS:
             continue
-        stem = next((s for s in stems if key in (s + x for x in CONSTANT_SUFFIXES)), None)
+        stem = stem_of.get(key)
         if stem is not None:
             if stem_first_line[stem] == ln.number:
                 order.append(stem)
@@ -323,7 +478,11 @@ def _read_layer(sec: OrderedDict[str, Line], path: str, bin_file: _BinFile) -> P
         if key in TOP_INFO_KEYS:
             _apply_top_info(sr, node, key)
             continue
-        node.params[key] = sr.value(key)
+        value = sr.value(key)
+        problem = value_problem(key, value) if builtin else None
+        if problem:
+            raise sr.error(key, f"parameter '{key}': {problem}")
+        node.params[key] = value
         raw_params[key] = ln.raw
     # constants in bin-offset order (the writer lays them out sequentially in this order)
     groups: Dict[str, List[str]] = {}
@@ -344,15 +503,26 @@ def _read_layer(sec: OrderedDict[str, Line], path: str, bin_file: _BinFile) -> P
     return node
 
 
+def _number(v: Any) -> bool:
+    """A finite float, or an integer that fits int64 (what scales, zero points and ranges are computed in)."""
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return -2 ** 63 <= v < 2 ** 63
+    return isinstance(v, float) and math.isfinite(v)
+
+
 def _apply_top_info(sr: _SectionReader, node: PyNode, key: str) -> None:
     v = sr.value(key)
     if not isinstance(v, list) or len(v) != len(node.outputs):
         raise sr.error(key, f"'{key}' must list one entry per output ({len(node.outputs)})")
     for t, item in zip(node.outputs, v):
         if key == "layer_top_range":
-            if not (isinstance(item, list) and len(item) == 2):
-                raise sr.error(key, f"'{key}' entries must be [min,max] pairs")
+            if not (isinstance(item, list) and len(item) == 2 and all(_number(x) for x in item)):
+                raise sr.error(key, f"'{key}' entries must be [min,max] pairs of finite numbers, got {item}")
             t.ir_range = item
+        elif not _number(item):
+            raise sr.error(key, f"'{key}' entries must be finite numbers, got {item}")
         elif key == "layer_top_scale":
             t.scale = item
         else:
@@ -368,7 +538,10 @@ def _apply_top_constant(sr: _SectionReader, node: PyNode, stem: str, tensor: PyT
     elif stem == "layer_top_zp":
         out.zerop = tensor.betensor
     else:
-        out.ir_range = tensor.betensor.tolist()
+        if tensor.betensor.numel() != 2:
+            raise sr.error(stem + "_offset", f"bin-stored '{stem}' must hold two values [min,max], got shape "
+                                             f"{list(tensor.betensor.shape)}")
+        out.ir_range = tensor.betensor.reshape(-1).tolist()
     node.attrs.setdefault("ir_top_constant_dtypes", {})[stem] = tensor.dtype
 
 
@@ -382,13 +555,23 @@ def _mark_quantized(graph: PyGraph) -> None:
             continue
         n.quantized = True
         for t in n.outputs:
-            rng = t.ir_range if t.ir_range is not None else list(t.dtype.int_range())
+            rng = t.ir_range if t.ir_range is not None else \
+                [0, 1] if t.dtype is Dtype.BOOL else list(t.dtype.int_range())
+            if not (isinstance(rng, list) and len(rng) == 2 and all(_number(x) for x in rng)):
+                raise n._error(f"layer_top_range of output '{t.name}' must be one [min,max] pair, got {rng}")
             t.qmin, t.qmax = int(rng[0]), int(rng[1])
             t.qbits = t.dtype.bits
-            t.qinvariant = not isinstance(t.scale, torch.Tensor) and float(t.scale) == 1.0 and float(t.zerop) == 0.0
+            t.qinvariant = not isinstance(t.scale, torch.Tensor) and float(t.scale) == 1.0 and _is_zero(t.zerop)
         for t in n.constants.values():
             if not t.dtype.is_float:
                 t.qbits = t.dtype.bits
+
+
+def _is_zero(zp: Any) -> bool:
+    """A scalar zero point of 0 (a bin-stored one of several values is per channel, so never invariant)."""
+    if isinstance(zp, torch.Tensor):
+        return zp.numel() == 1 and float(zp) == 0.0
+    return float(zp) == 0.0
 
 
 def _check_bottom_shapes(graph: PyGraph, path: str) -> None:
