@@ -39,19 +39,29 @@ class _Records(logging.Handler):
 
 @pytest.fixture(autouse=True)
 def _restore_registries() -> Iterator[None]:
-    """The plugins a case loads (and the layer types its IR registers) are forgotten afterwards, so that later tests
-    (docs/operators.md lists every registered operator) see only what they registered themselves."""
+    """The plugins a case loads (and the layer types its IR registers) and the logging the CLI sets up are forgotten
+    afterwards, so that later tests (docs/operators.md lists every registered operator; progress and log output
+    tests read stderr) see only what they set up themselves."""
     from quantopt import registry
     from quantopt.graph.optype import OpType
 
     tables = (registry.OP_FORWARD, registry.OP_QUANTIZE, registry.DATASETS, registry.METRICS)
     saved = [({k: dict(v) for k, v in t.all.items()}, dict(t.active)) for t in tables]
     loaded, paths = list(registry.LOADED), dict(registry._loaded_paths)
+    from quantopt import log
+
     types = object.__getattribute__(OpType, "_types")
     saved_types = dict(types)
+    logger = logging.getLogger("quantopt")
+    saved_log = (list(logger.handlers), logger.level, logger.propagate, log._console_handler, log._file_handler)
     try:
         yield
     finally:
+        # the CLI attaches a console handler to the quantopt logger: later in-process tests must not inherit it
+        logger.handlers[:] = saved_log[0]
+        logger.setLevel(saved_log[1])
+        logger.propagate = saved_log[2]
+        log._console_handler, log._file_handler = saved_log[3], saved_log[4]
         for t, (all_, active) in zip(tables, saved):
             t.all.clear()
             t.all.update(all_)
