@@ -44,6 +44,8 @@ def make_dataset(cfg: Config, data_file: str, label_file: Optional[str] = None) 
                         file=data_file) from None
     try:
         n = len(ds)
+    except QuantOptError:  # a user plugin's own error, already reported as a plugin error by the registry
+        raise
     except Exception as e:
         raise PluginError(f"dataset plugin '{cfg.dataset}' has no usable __len__: {e}") from None
     if n == 0:

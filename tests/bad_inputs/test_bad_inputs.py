@@ -111,6 +111,7 @@ def test_bad_input(c: Case, tmp_path: Path, records: _Records) -> None:
     message = errors[0]
     assert "\n" not in message, message
     assert "internal error" not in message
+    assert message.count("plugin error") <= 1, message  # one prefix, however deep the plugin call
     assert where in message, f"{where!r} not in {message!r}"
     if c.match:
         assert re.search(c.match, message), f"{c.match!r} does not match {message!r}"
