@@ -73,15 +73,18 @@ class OptMaster:
     def check_operators(self) -> None:
         """Every layer type must have a forward implementation; list all offenders at once."""
         missing: Dict[str, List[str]] = {}
+        first_line: Optional[int] = None
         for n in self.graph.nodes:
             if OP_FORWARD.get(str(n.type)) is None:
                 missing.setdefault(str(n.type), []).append(n.name)
+                if first_line is None and n.source:
+                    first_line = n.source[1]
         if missing:
             parts = [f"{t} (layer{'s' if len(v) > 1 else ''} {', '.join(repr(x) for x in v[:3])}"
                      f"{', ...' if len(v) > 3 else ''})" for t, v in missing.items()]
             raise UnsupportedError("no forward implementation for layer type(s) " + "; ".join(parts) +
                                    ". Add one with an operator plugin (see docs/plugins.md)",
-                                   file=self.graph.source_file)
+                                   file=self.graph.source_file, line=first_line)
 
     def prepare(self) -> None:
         cfg = self.cfg

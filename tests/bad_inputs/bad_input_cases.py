@@ -414,7 +414,7 @@ def layer_type_invalid_name(w: Work) -> str:
     return w.loc(w.set(FLATTEN, "layer_type", "Re-shape"))
 
 
-@case(UNSUPPORTED, match="no forward implementation for layer type.*Reshpe")
+@case(UNSUPPORTED, match=r"digits\.txt:\d+\b.*no forward implementation for layer type.*Reshpe")
 def layer_type_unknown(w: Work) -> str:
     w.set(FLATTEN, "layer_type", "Reshpe")
     return "digits.txt"
