@@ -209,11 +209,9 @@ def run_parser() -> argparse.ArgumentParser:
 def run_main(argv: List[str]) -> int:
     """`quantopt run`: the arguments are checked here first (--help, usage errors: no torch), then runner.run_main
     parses the same argv again and runs."""
-    args = run_parser().parse_args(argv)
-    from .ir.known_keys import allow_unknown_keys_by_default
+    run_parser().parse_args(argv)
     from .runner import run_main as main_fn
-    with allow_unknown_keys_by_default(args.allow_unknown_ir_keys):  # reaches the runner's read_ir call
-        return main_fn(argv)
+    return main_fn(argv)
 
 
 def export_main(argv: List[str]) -> int:

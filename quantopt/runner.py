@@ -523,9 +523,10 @@ def _remove_created(folder: str, created: Optional[str]) -> None:
 
 def run_files(model: str, inputs: Sequence[str], out_dir: str, bin_path: Optional[str] = None,
               dequantize: bool = False, quantize_inputs: bool = False, batch_size: Optional[int] = None,
-              dump_all: bool = False) -> Dict[str, Any]:
+              dump_all: bool = False, allow_unknown_ir_keys: bool = False) -> Dict[str, Any]:
     """Load the IR and the input files, check them, run, and write OUTDIR atomically; returns the index."""
     from .graph.graph import QuantizeGraph
+    from .ir.reader import read_ir
     from .registry import discover_plugins
 
     if batch_size is not None and batch_size < 1:
@@ -533,7 +534,7 @@ def run_files(model: str, inputs: Sequence[str], out_dir: str, bin_path: Optiona
     out_dir = os.path.abspath(out_dir)
     _check_out_dir(out_dir)
     discover_plugins()
-    graph = QuantizeGraph.parse(model, bin_path)
+    graph = read_ir(model, bin_path, QuantizeGraph, allow_unknown_keys=allow_unknown_ir_keys)
     if graph.header.get("compat_quantized_model") is True:
         raise UnsupportedError("IRs of pre-quantized models (compat_quantized_model=true) are not supported",
                                file=model)
@@ -593,7 +594,7 @@ def run_main(argv: List[str]) -> int:
 
     def run() -> int:
         index = run_files(args.model, args.input, args.output_dir, args.bin, args.dequantize, args.quantize_inputs,
-                          args.batch_size, args.dump_all)
+                          args.batch_size, args.dump_all, args.allow_unknown_ir_keys)
         print_summary(index, args.output_dir)
         OPT_INFO(f"wrote {len(index['outputs'])} output(s) and {INDEX_FILE} to {args.output_dir}")
         return 0

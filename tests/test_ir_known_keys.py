@@ -133,11 +133,8 @@ def test_a_plugin_can_extend_a_builtin_type(tmp_path: Path) -> None:
         known_keys._DECLARED["Softmax"].discard("known_keys_test_extra")
 
 
-def test_ambient_default_for_callers_without_the_argument(tmp_path: Path) -> None:
+def test_unknown_keys_are_allowed_only_when_asked(tmp_path: Path) -> None:
     path = _ir(tmp_path, "Softmax", "axis=-1\nfuture_key=1")
-    with known_keys.allow_unknown_keys_by_default(True):
-        assert read_ir(path).node("y").params["future_key"] == 1
-        with pytest.raises(IRError):
-            read_ir(path, allow_unknown_keys=False)
+    assert read_ir(path, allow_unknown_keys=True).node("y").params["future_key"] == 1
     with pytest.raises(IRError):
         read_ir(path)

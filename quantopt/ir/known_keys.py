@@ -14,11 +14,9 @@ declare nothing, types quantopt does not implement) are not checked. Plugins dec
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import difflib
 import math
-from typing import Any, Dict, FrozenSet, Iterable, Iterator, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, Optional, Set, Tuple
 
 STRUCTURAL_KEYS = ("layer_id", "layer_name", "layer_type", "layer_bottom", "layer_bottom_shape", "layer_bottom_type",
                    "layer_top", "layer_top_shape", "layer_top_type")
@@ -369,23 +367,3 @@ def suggestion(key: str, known: FrozenSet[str]) -> str:
     if not close:
         return ""
     return "; did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
-
-
-_ALLOW_UNKNOWN: contextvars.ContextVar[bool] = contextvars.ContextVar("quantopt_allow_unknown_ir_keys", default=False)
-
-
-def unknown_keys_allowed_default() -> bool:
-    """What `read_ir` does with unknown keys when its caller does not say (False unless inside
-    `allow_unknown_keys_by_default`)."""
-    return _ALLOW_UNKNOWN.get()
-
-
-@contextlib.contextmanager
-def allow_unknown_keys_by_default(allow: bool = True) -> Iterator[None]:
-    """Within the block, `read_ir` calls that do not pass `allow_unknown_keys` use `allow`: lets a command line
-    flag reach IR reads made by code that takes no such argument (`quantopt run --allow-unknown-ir-keys`)."""
-    token = _ALLOW_UNKNOWN.set(bool(allow))
-    try:
-        yield
-    finally:
-        _ALLOW_UNKNOWN.reset(token)

@@ -31,7 +31,6 @@ from .known_keys import (
     is_known,
     known_keys,
     suggestion,
-    unknown_keys_allowed_default,
     value_problem,
 )
 
@@ -311,15 +310,12 @@ def _header_value(header: _SectionReader, key: str, names: bool) -> Any:
 
 
 def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGraph] = QuantizeGraph,
-            allow_unknown_keys: Optional[bool] = None) -> PyGraph:
+            allow_unknown_keys: bool = False) -> PyGraph:
     """Parse a Compass IR. `bin_path` defaults to the header's `model_bin`, else `<txt stem>.bin`.
 
     A layer key its operator type does not know (quantopt/ir/known_keys.py) is an error unless
-    `allow_unknown_keys` (the cfg field `allow_unknown_ir_keys`); None means the ambient default
-    (`known_keys.allow_unknown_keys_by_default`, False unless a command line flag set it)."""
+    `allow_unknown_keys` (the cfg field `allow_unknown_ir_keys`, `quantopt run --allow-unknown-ir-keys`)."""
     txt_path = str(txt_path)
-    if allow_unknown_keys is None:
-        allow_unknown_keys = unknown_keys_allowed_default()
     if not os.path.isfile(txt_path):
         raise IRError("graph file not found", file=txt_path)
     try:
