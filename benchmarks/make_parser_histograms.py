@@ -3,11 +3,11 @@ Compass Unified Parser makes of each model that tests/test_onnx_parser_parity.py
 
     python benchmarks/make_parser_histograms.py [--models ppocr_rec,bert_encoder] [--out DIR] [--keep DIR]
 
-Needs the upstream Parser and its venv: ../shared/upstream/run-parser.sh (set up with
-../shared/upstream/setup.sh parser); exits with code 2 and a message when they are absent. The Parser is only run
-as a separate program (about a minute per model): quantopt never imports it. The PP-OCR and Silero VAD models come
-from the optional packages of requirements-models.txt; the small torch exports are tests/data/onnx_small/*.onnx
-(made by tests/data/onnx_small/make_models.py).
+Needs the upstream Parser and its venv: ../shared/upstream/run-parser.sh, or run-parser.sh in $QUANTOPT_UPSTREAM
+(set up with ../shared/upstream/setup.sh parser); exits with code 2 and a message when they are absent. The Parser
+is only run as a separate program (about a minute per model): quantopt never imports it. The PP-OCR and Silero VAD
+models come from the optional packages of requirements-models.txt; the small torch exports are
+tests/data/onnx_small/*.onnx (made by tests/data/onnx_small/make_models.py).
 
 Each JSON records where the model comes from, the input shapes (and pinned input values) it is imported with, the
 model file's SHA-256, the Parser's layer count and its histogram: layer types, with Activation layers counted per
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-UPSTREAM = ROOT.parent / "shared" / "upstream"
+UPSTREAM = Path(os.environ.get("QUANTOPT_UPSTREAM", ROOT.parent / "shared" / "upstream"))
 RUN_PARSER = UPSTREAM / "run-parser.sh"
 OUT = ROOT / "tests" / "data" / "parser_histograms"
 PARSER_VERSION = "Compass_Unified_Parser 4.3 release (9d4cfb7)"
@@ -51,6 +51,14 @@ MODELS: Dict[str, Dict] = {
     "mobilenetv3_block": {"file": "tests/data/onnx_small/mobilenetv3_block.onnx", "inputs": {"x": [1, 3, 32, 32]}},
     "transformer_tanh": {"file": "tests/data/onnx_small/transformer_tanh.onnx",
                          "inputs": {"x": [1, 16, 24], "mask": [1, 16]}},
+    "ppocrv6_rec": {"package": "rapidocr", "file": "models/PP-OCRv6_rec_small.onnx",
+                    "inputs": {"x": [1, 3, 48, 320]}},
+    "resnet18_like": {"file": "tests/data/onnx_small/resnet18_like.onnx", "inputs": {"x": [1, 3, 64, 64]}},
+    "vit_tiny": {"file": "tests/data/onnx_small/vit_tiny.onnx", "inputs": {"x": [1, 3, 32, 32]}},
+    "gpt2_like": {"file": "tests/data/onnx_small/gpt2_like.onnx", "inputs": {"input_ids": [1, 16]}},
+    "unet": {"file": "tests/data/onnx_small/unet.onnx", "inputs": {"x": [1, 3, 32, 32]}},
+    "lstm_model": {"file": "tests/data/onnx_small/lstm_model.onnx", "inputs": {"x": [1, 10, 12]}},
+    "gru_model": {"file": "tests/data/onnx_small/gru_model.onnx", "inputs": {"x": [1, 10, 12]}},
 }
 """Model → where its file is (`package` + `file` inside it, or `file` in this repository), the import shapes and
 the inputs pinned to constants (`values`)."""

@@ -4,20 +4,21 @@ calibration data, in CPU seconds of each process, at 1 and 2 threads.
     python benchmarks/vs_upstream.py [--models a,b] [--threads 1,2] [--repeat 1] [--variant A] [--wait-policy passive]
                                      [--quick]
 
-Models: the shared Parser IRs in ../shared/models with their golden/<variant>/opt.cfg and calib.npy, and a Parser IR
-of PP-OCRv4 rec at 1x3x48x320 (made once with ../shared/upstream/run-parser.sh into --cache, calibrated on 8
-seeded text-line images). Each tool runs as its own process with OMP_NUM_THREADS / MKL_NUM_THREADS (which set
-torch's thread count too) at each thread count; its CPU time is the resource.getrusage(RUSAGE_CHILDREN) delta
-around the run (user + system), the least of --repeat runs. Printed per model and thread count: both CPU times,
-wall times and quantopt / upstream (target <= 0.5). Imports dominate the small models, so each tool's startup alone
-is measured too (quantopt's workflow imported with its plugins; optimizer_main.py --help) and the ratio net of it
-printed. A tool failing on a model is one line; the exit code is 1 then. Figures: docs/performance.md.
+Models: the shared Parser IRs in ../shared/models ($QUANTOPT_SHARED_MODELS) with their golden/<variant>/opt.cfg and
+calib.npy, and a Parser IR of PP-OCRv4 rec at 1x3x48x320 (made once with ../shared/upstream/run-parser.sh into
+--cache, calibrated on 8 seeded text-line images). Each tool runs as its own process with OMP_NUM_THREADS /
+MKL_NUM_THREADS (which set torch's thread count too) at each thread count; its CPU time is the
+resource.getrusage(RUSAGE_CHILDREN) delta around the run (user + system), the least of --repeat runs. Printed per
+model and thread count: both CPU times, wall times and quantopt / upstream (target <= 0.5). Imports dominate the
+small models, so each tool's startup alone is measured too (quantopt's workflow imported with its plugins;
+optimizer_main.py --help) and the ratio net of it printed. A tool failing on a model is one line; the exit code is 1
+then. Figures: docs/performance.md.
 
 The upstream tools are a yardstick only: quantopt never imports or depends on ../shared/upstream. This script runs
-them as separate programs and exits with code 2 and a message when they or their venvs are absent (set them up
-with ../shared/upstream/setup.sh opt and ../shared/upstream/setup.sh parser; the parser is needed only for the
-PP-OCRv4 rec IR). Upstream reads calibration data in its own dataset formats, so the data is written for it into
-a scratch folder, never next to the models.
+them as separate programs and exits with code 2 and a message when they or their venvs are absent (another folder:
+$QUANTOPT_UPSTREAM; set them up with ../shared/upstream/setup.sh opt and ../shared/upstream/setup.sh parser; the
+parser is needed only for the PP-OCRv4 rec IR). Upstream reads calibration data in its own dataset formats, so the
+data is written for it into a scratch folder, never next to the models.
 """
 from __future__ import annotations
 
@@ -40,14 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402  (the benchmarks folder is not a package)
     DEFAULT_CACHE,
     PPOCR_REC,
-    SHARED,
     SHARED_IR_NAMES,
     SHARED_MODELS,
+    UPSTREAM,
     packaged_file,
     ppocr_rec_input,
 )
 
-UPSTREAM = SHARED / "upstream"
 OPT_MAIN = UPSTREAM / "Compass_Optimizer" / "AIPUBuilder" / "Optimizer" / "tools" / "optimizer_main.py"
 OPT_VENV = Path(os.environ.get("UPSTREAM_OPT_VENV", "/tmp/upstream-opt-venv"))
 PARSER_VENV = Path(os.environ.get("UPSTREAM_PARSER_VENV", "/tmp/upstream-parser-venv"))

@@ -10,7 +10,7 @@ cannot score those, so it raises a `DataError` that says so instead of reporting
 from __future__ import annotations
 
 import math
-from typing import Any, List, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -63,6 +63,22 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
+def _check_class_indices(classes: torch.Tensor, count: Optional[int]) -> None:
+    """Labels must be whole class indices in range: a fractional label would be truncated and an out-of-range one
+    never matches, either way a silently wrong accuracy."""
+    values = classes.to(torch.float64)
+    fractional = values != torch.round(values)
+    if bool(fractional.any()):
+        i = int(fractional.nonzero()[0, 0])
+        raise DataError(f"TopKMetric: label {float(values[i])!r} (sample {i} of the batch) is not a whole class "
+                        "index; labels must be integer class indices")
+    outside = (values < 0) if count is None else (values < 0) | (values >= count)
+    if bool(outside.any()):
+        i = int(outside.nonzero()[0, 0])
+        span = "a non-negative class index" if count is None else f"a class index in [0, {count - 1}]"
+        raise DataError(f"TopKMetric: label {int(values[i])} (sample {i} of the batch) is not {span} of output 0")
+
+
 @register_plugin(PluginType.Metric, "1.0")
 class TopKMetric(OptBaseMetric):
     """Top-K accuracy of output 0 (flattened per batch row) against class-index labels.
@@ -94,6 +110,7 @@ class TopKMetric(OptBaseMetric):
         if classes.numel() != batch:
             raise DataError(f"TopKMetric: {batch} predictions but {classes.numel()} labels in the batch; labels "
                             f"must be one class index per sample (shape [B] or [B,1])")
+        _check_class_indices(classes, None if self.with_argmax else scores.shape[1])
         k = min(self.k, scores.shape[1])
         if self.with_argmax:
             # dequantized indices are floats: round; a NaN index never equals a label, so it counts as a miss

@@ -20,9 +20,20 @@ from .errors import QuantOptError, UnsupportedError
 from .log import OPT_ERROR, setup_console
 from .version import __version__
 
+_COMMANDS_HELP = """commands:
+  import MODEL.onnx -o DIR     convert an ONNX model to a float IR
+  run MODEL.txt -i X.npy -o DIR
+                               run a float or quantized IR on .npy inputs
+  export MODEL_o.txt --format onnx-qdq -o F.onnx
+                               export a quantized IR as an exact ONNX QDQ model
+"""
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="quantopt", description="Post-training quantization for an integer NPU.")
+    p = argparse.ArgumentParser(prog="quantopt", usage="quantopt [-h] [-c CFG] [-f] [-p] [-v] [--log-level LEVEL] "
+                                "[--debug]\n       quantopt {import,run,export} ... (see quantopt COMMAND --help)",
+                                description="Post-training quantization for an integer NPU.", epilog=_COMMANDS_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-c", "--cfg", help="run the workflow described by this cfg file ([Common] section)")
     p.add_argument("-f", "--field", action="store_true", help="list every cfg field with default and allowed values")
     p.add_argument("-p", "--plugin", action="store_true", help="list registered datasets, metrics and operators")
@@ -106,6 +117,7 @@ def run_cfg(path: str) -> int:
     from .config.reader import read_cfg
 
     cfg = read_cfg(path)
+    from .config.graph_checks import check_cfg_against_graph
     from .graph.graph import QuantizeGraph
     from .ir.reader import read_ir
     from .master import OptMaster
@@ -122,6 +134,7 @@ def run_cfg(path: str) -> int:
     if graph.header.get("compat_quantized_model") is True:
         raise UnsupportedError("IRs of pre-quantized models (compat_quantized_model=true) are not supported",
                                file=cfg.graph)
+    check_cfg_against_graph(cfg, graph)
     master = OptMaster(graph, cfg)
     try:
         master()
@@ -152,7 +165,8 @@ def guarded(action: Callable[[], int], debug: bool) -> int:
     except Exception as e:  # a bug in quantopt, not a user error
         if debug:
             traceback.print_exc()
-        OPT_ERROR(f"internal error: {type(e).__name__}: {e} (rerun with --debug for a traceback)")
+        hint = "the traceback is above" if debug else "rerun with --debug for a traceback"
+        OPT_ERROR(f"internal error: {type(e).__name__}: {e} ({hint})")
         return 1
 
 
@@ -227,6 +241,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
         return SUBCOMMANDS[argv[0]](argv[1:])
+    if argv and not argv[0].startswith("-"):
+        return _unknown_command(argv[0])
     args = _parser().parse_args(argv)
     try:
         setup_console(args.log_level)
@@ -234,6 +250,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"quantopt: {e}", file=sys.stderr)
         return 2
     return guarded(lambda: _dispatch(args), args.debug)
+
+
+def _unknown_command(word: str) -> int:
+    """A first argument that is neither an option nor a command: name it, and the command it was probably meant to
+    be, instead of argparse's "unrecognized arguments"."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(SUBCOMMANDS), n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    names = ", ".join(SUBCOMMANDS)
+    print(f"quantopt: unknown command {_clip(word)!r}{hint} (commands: {names}; or quantopt --cfg FILE)",
+          file=sys.stderr)
+    return 2
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _dispatch(args: argparse.Namespace) -> int:

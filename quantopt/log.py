@@ -80,6 +80,13 @@ def detach_file() -> None:
         _file_handler = None
 
 
+def error_to_file(msg: str) -> None:
+    """Write an error line to the attached log file only: the CLI prints the same error to the console once the
+    run has unwound, after the file is detached, and the log must hold it too."""
+    if _file_handler is not None:
+        _file_handler.handle(LOGGER.makeRecord(LOGGER.name, logging.ERROR, __file__, 0, msg, None, None))
+
+
 def warning_count() -> int:
     return _warning_count
 

@@ -1,4 +1,4 @@
-"""OptMaster: runs the workflow (reference §6.1) step by step, each step timed and logged."""
+"""OptMaster: runs the workflow (docs/user-guide.md, "What a run does") step by step, each step timed and logged."""
 from __future__ import annotations
 
 import copy
@@ -8,9 +8,17 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import torch
 
+from .analysis.advisor import Advice, advice_lines, advise
 from .analysis.dump import dump_tensors
 from .analysis.report import build_report, histograms_of, layer_bits, worst_tensors, write_report
-from .analysis.similarity import FirstBatch, LayerSimilarity, layer_similarity, to_float, worst_layers_table
+from .analysis.similarity import (
+    FirstBatch,
+    LayerSimilarity,
+    layer_similarity,
+    to_float,
+    worst_key,
+    worst_layers_table,
+)
 from .analysis.template import build_template, write_template
 from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
 from .calibration.global_methods import (
@@ -25,13 +33,14 @@ from .calibration.unify_scales import unify_scales_from_cfg
 from .config.layer_settings import OptConfig
 from .config.reader import Config
 from .data import make_dataset, make_loader, make_metrics, prepare_inputs, split_sample
-from .errors import ConfigError, IRError, UnsupportedError
+from .errors import ConfigError, DataError, IRError, QuantOptError, UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
 from .graph.node import PyNode
 from .graph.tensor import PyTensor
 from .ir.writer import atomic_write, write_ir
-from .log import OPT_INFO, StepTimer, attach_file, detach_file, warning_count
+from .log import OPT_INFO, OPT_WARN, StepTimer, attach_file, detach_file, error_to_file, warning_count
 from .passes.fake_quant import apply_fake_quant
+from .passes.inf_mask import detect_inf_mask_nodes
 from .progress import progress
 from .quantizer import assign_settings, check_quantizable, quantize_graph
 from .registry import OP_FORWARD, OptBaseMetric
@@ -49,6 +58,14 @@ def io_params(t: PyTensor, role: str) -> Dict[str, Any]:
             "qmin": t.qmin, "qmax": t.qmax}
 
 
+def _no_label(label: Any) -> bool:
+    """Datasets built without a label file give labels that are all -inf (docs/datasets.md)."""
+    items = label if isinstance(label, (list, tuple)) else [label]
+    tensors = [torch.as_tensor(t) for t in items]
+    return bool(tensors) and all(t.is_floating_point() and t.numel() > 0 and bool((t == float("-inf")).all())
+                                 for t in tensors)
+
+
 class OptMaster:
     """Owns one run: the graph, the cfg, the data loaders and the metrics."""
 
@@ -64,6 +81,7 @@ class OptMaster:
         self.float_metrics: List[OptBaseMetric] = []
         self.quant_metrics: List[OptBaseMetric] = []
         self.similarities: List[LayerSimilarity] = []
+        self.advice: List[Advice] = []
         self.report: Dict[str, Any] = {}
         self.histograms: Dict[str, Any] = {}
         self.layer_bits: List[Dict[str, Any]] = []
@@ -101,17 +119,24 @@ class OptMaster:
             ds = make_dataset(cfg, cfg.data, cfg.label or None)
             self.validation_loader = make_loader(cfg, ds, cfg.metric_batch_size)
             OPT_INFO(f"validation data: {len(ds)} samples from {cfg.data}")
-            self._check_first_batch(self.validation_loader, cfg.data)
+            label = self._check_first_batch(self.validation_loader, cfg.data)
+            if cfg.metric and _no_label(label):
+                names = ", ".join(name for name, _ in cfg.metric)
+                raise cfg.error("label" if cfg.is_set("label") else "metric",
+                                f"the metric(s) {names} need labels, but the dataset {cfg.dataset} gives none for "
+                                f"{cfg.data}: set 'label' to the label file")
         self.float_metrics = make_metrics(cfg)
         self.quant_metrics = [copy.deepcopy(m) for m in self.float_metrics]
         if cfg.mixed_precision_auto_search.enabled and (not self.float_metrics or self.validation_loader is None):
             raise ConfigError("mixed_precision_auto_search needs a metric and validation data (metric, data, label)",
                               field="mixed_precision_auto_search")
 
-    def _check_first_batch(self, loader: torch.utils.data.DataLoader, source: str) -> None:
+    def _check_first_batch(self, loader: torch.utils.data.DataLoader, source: str) -> Any:
+        """Check the first batch against the IR's inputs before any model work; returns its label."""
         batch = next(iter(loader))
-        inputs, _ = split_sample(batch, source)
+        inputs, label = split_sample(batch, source)
         prepare_inputs(self.graph, inputs, self.cfg, source, 0)
+        return label
 
     def zero_forward_check(self) -> None:
         """Run all-zero inputs through the float graph; every layer's output shape must match the IR."""
@@ -253,7 +278,12 @@ class OptMaster:
                 graph.forward(prepare_inputs(self.graph, inputs, self.cfg, source, i))
                 outputs = [to_float(t) if quantized else t.betensor for t in graph.output_tensors]
                 for m in metrics:
-                    m(list(outputs), label)
+                    try:
+                        m(list(outputs), label)
+                    except DataError as e:
+                        if e.file or e.field:
+                            raise
+                        raise DataError(e.message, file=self.cfg.label or source) from None
         for (cls_name, args), m in zip(self.cfg.metric, metrics):
             name = cls_name + (f"({','.join(args)})" if args else "")
             scores[name] = float(m.compute())
@@ -277,6 +307,7 @@ class OptMaster:
             opt_config = OptConfig.load(self.cfg.opt_config, [n.name for n in self.graph.nodes]) \
                 if self.cfg.opt_config else None
             assign_settings(self.graph, self.cfg, opt_config)
+            detect_inf_mask_nodes(self.graph)
         with self.timer.step("statistics"):
             if self.cfg.statistic_file:
                 count = load_statistics(self.graph, self.cfg.statistic_file)
@@ -292,7 +323,10 @@ class OptMaster:
 
     # ------------------------------------------------------------------------------------------------ run
     def __call__(self) -> Dict[str, Any]:
-        os.makedirs(self.output_dir, exist_ok=True)
+        try:
+            os.makedirs(self.output_dir, exist_ok=True)
+        except OSError as e:
+            raise self.cfg.error("output_dir", f"cannot create '{self.output_dir}': {e.strerror}") from None
         log_path = os.path.join(self.output_dir, f"{self.model_name}_opt.log")
         attach_file(log_path)
         start = time.perf_counter()
@@ -316,6 +350,9 @@ class OptMaster:
                 self.layer_bits = layer_bits(qgraph)
                 for line in worst_layers_table(self.similarities).splitlines():
                     OPT_INFO(line)
+                self.advice = advise(self.graph, qgraph, self.similarities)
+                for line in advice_lines(self.advice):
+                    OPT_WARN(f"accuracy advice: {line}")
             if self.cfg.dump:
                 with self.timer.step("dump tensors"):
                     batch = next(iter(self.calibration_batches(1)))
@@ -341,8 +378,8 @@ class OptMaster:
                 "float_metrics": float_scores,
                 "quant_metrics": quant_scores,
                 "metric_drop": {k: float_scores[k] - quant_scores[k] for k in float_scores if k in quant_scores},
-                "worst_layers": [s.as_dict() for s in sorted(self.similarities,
-                                                             key=lambda s: s.isolated_cos)[:5]],
+                "worst_layers": [s.as_dict() for s in sorted(self.similarities, key=worst_key)[:5]],
+                "advice": [a.as_dict() for a in self.advice],
                 "steps": [(name, round(sec, 3)) for name, sec in self.timer.steps],
                 "wall_time": round(time.perf_counter() - start, 3),
                 "warnings": warning_count(),
@@ -356,6 +393,12 @@ class OptMaster:
             self.report["files"] = list(self.files_written)
             self._print_report()
             return self.report
+        except QuantOptError as e:
+            error_to_file(str(e))
+            raise
+        except Exception as e:
+            error_to_file(f"internal error: {type(e).__name__}: {e}")
+            raise
         finally:
             detach_file()
 

@@ -12,6 +12,8 @@ from .calibration.collect import calibrate_graph, collect_activation_statistics,
 from .calibration.unify_scales import RuleSource, unify_scales
 from .config.layer_settings import LayerSettings, check_settings, with_operator_defaults
 from .graph.graph import PyGraph, QuantizeGraph
+from .passes.inf_mask import detect_inf_mask_nodes
+from .passes.per_channel_fallback import fall_back_to_per_tensor
 from .quantizer import quantize_graph
 
 Batch = Union[torch.Tensor, Sequence[torch.Tensor]]
@@ -36,6 +38,8 @@ def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
         n.settings = with_operator_defaults(dataclasses.replace(base, **own, explicit=base.explicit | frozenset(own)),
                                             n)
         check_settings(n.settings, n)
+    fall_back_to_per_tensor(graph)
+    detect_inf_mask_nodes(graph)
     collect_weight_statistics(graph)
     batches = [[b] if isinstance(b, torch.Tensor) else list(b) for b in calibration]
     collect_activation_statistics(graph, batches)

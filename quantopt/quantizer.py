@@ -9,15 +9,21 @@ from .errors import UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
 from .ops._per_channel import check_per_channel_inputs, is_per_channel
 from .passes.float_islands import float_choices, insert_boundary_layers, make_float_layer
+from .passes.per_channel_fallback import fall_back_to_per_tensor
 from .registry import OP_QUANTIZE
+
+FLOAT_IR_HEADER_KEYS = ("precision", "compat_quantized_model")
+"""Header keys of the Parser's float IR that the quantized copy drops (upstream's quantized IRs have neither)."""
 
 
 def assign_settings(graph: PyGraph, cfg: Any, opt_config: Optional[OptConfig] = None) -> None:
-    """Resolve every layer's LayerSettings from the cfg, then the opt_config JSON (highest priority)."""
+    """Resolve every layer's LayerSettings from the cfg, then the opt_config JSON (highest priority); per-channel
+    activations that no reader could take fall back to per-tensor (passes/per_channel_fallback.py)."""
     for n in graph.nodes:
         n.settings = settings_from_cfg(cfg, n)
         if opt_config is not None:
             n.settings = opt_config.apply(n.settings, n)
+    fall_back_to_per_tensor(graph)
 
 
 def check_quantizable(graph: PyGraph) -> None:
@@ -41,6 +47,8 @@ def quantize_graph(graph: QuantizeGraph) -> QuantizeGraph:
     layers inserted at their borders (passes/float_islands.py)."""
     check_quantizable(graph)
     q = graph.clone()
+    for key in FLOAT_IR_HEADER_KEYS:  # a quantized IR with these lines is read as a float IR by upstream's tools
+        q.header.pop(key, None)
     choices = float_choices(q)
     insert_boundary_layers(q, choices)
     for n in q.nodes:

@@ -63,6 +63,47 @@ def test_nothing_to_do_is_an_error(capsys):
     assert main([]) == 2
 
 
+def test_help_lists_the_commands(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "quantopt {import,run,export}" in out
+    for command in ("import MODEL.onnx", "run MODEL.txt", "export MODEL_o.txt"):
+        assert command in out
+
+
+@pytest.mark.parametrize("word, hint", [("improt", "did you mean 'import'?"), ("rnu", "did you mean 'run'?"),
+                                        ("frobnicate", "(commands: import, run, export; or quantopt --cfg FILE)")])
+def test_mistyped_command_is_named(capsys, word, hint):
+    assert main([word, "x.onnx"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"unknown command '{word}'" in err[0] and hint in err[0], err
+
+
+def test_internal_error_hint_follows_debug(capsys, caplog):
+    from quantopt.cli import guarded
+
+    def bug() -> int:
+        raise ZeroDivisionError("a bug")
+
+    assert guarded(bug, debug=False) == 1
+    assert "(rerun with --debug for a traceback)" in caplog.text
+    caplog.clear()
+    assert guarded(bug, debug=True) == 1
+    assert "Traceback" in capsys.readouterr().err
+    assert "(the traceback is above)" in caplog.text and "rerun with --debug" not in caplog.text
+
+
+def test_cfg_with_byte_order_mark_is_read(tmp_path):
+    from quantopt.config.reader import read_cfg
+
+    path = example_cfg(tmp_path)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    cfg = read_cfg(str(path))
+    assert cfg.model_name == "digits" and cfg.metric_batch_size == 64
+
+
 @pytest.mark.skipif(not (EXAMPLE / "model" / "digits.txt").is_file(), reason="example not generated")
 def _metric_line(err: str, name: str = "TopKMetric") -> tuple:
     line = err.split(f"metric {name}: ")[1].splitlines()[0]

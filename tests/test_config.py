@@ -54,7 +54,7 @@ def test_paths_resolve_from_cfg_folder_not_cwd(tmp_path, model, monkeypatch):
 @pytest.mark.parametrize("body, line, phrase", [
     ("[Common]\ngraph = m.txt\nmetric_batch_sise = 4\n", 3, "did you mean 'metric_batch_size'"),
     ("[Common]\ngraph = m.txt\ngraph = m.txt\n", 3, "duplicate key 'graph' (first set at line 2)"),
-    ("[Common]\ngraph = m.txt\nmetric_batch_size = 0\n", 3, "expected an integer >= 1"),
+    ("[Common]\ngraph = m.txt\nmetric_batch_size = 0\n", 3, "expected an integer in [1, 1048576]"),
     ("[Common]\ngraph = m.txt\nmetric_batch_size = four\n", 3, "invalid value 'four'"),
     ("[Common]\ngraph = nope.txt\n", 2, "expected the path of an existing file"),
     ("[Common]\ngraph = m.txt\neval_original_model = maybe\n", 3, "expected true or false"),

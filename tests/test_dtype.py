@@ -1,4 +1,4 @@
-"""Dtype (reference §2.6): names, storage, integer ranges, and bit-exact encode/decode of every format."""
+"""Dtype (docs/ir-format.md, section 6): names, storage, integer ranges, and bit-exact encode/decode of every format."""
 from __future__ import annotations
 
 import math

@@ -103,3 +103,21 @@ def test_zero_inputs_follow_ir_shapes_and_dtypes():
     feeds = g.zero_inputs()
     assert feeds[0].shape == (1, 3, 2) and feeds[0].dtype == torch.float32
     assert feeds[1].dtype == torch.int64
+
+
+def test_deepcopy_runs_like_the_original(tmp_path):
+    """copy.deepcopy is clone(): the copy runs (its free-after-last-use plan follows its own tensors), also for a
+    graph read from files whose weights are memory-mapped."""
+    import copy
+    from pathlib import Path
+
+    from quantopt.ir.reader import read_ir
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "digits" / "model" / "digits.txt"
+    graph = read_ir(str(example))
+    x = torch.from_numpy(np.random.default_rng(0).normal(size=[2, 1, 8, 8]).astype(np.float32))
+    expected = graph.forward([x])[0].clone()
+    twin = copy.deepcopy(graph)
+    assert twin is not graph and twin.nodes[0] is not graph.nodes[0]
+    assert torch.equal(twin.forward([x])[0], expected)
+    assert torch.equal(graph.forward([x])[0], expected)

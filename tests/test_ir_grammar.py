@@ -1,4 +1,4 @@
-"""The IR value grammar (reference §2.1): parse_value / format_value / parse_names."""
+"""The IR value grammar (docs/ir-format.md, section 2): parse_value / format_value / parse_names."""
 from __future__ import annotations
 
 import math

@@ -359,6 +359,26 @@ def test_failure_renaming_leaves_no_temp_files(tiny, tmp_path, monkeypatch):
     assert _files(out) == []
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits")
+def test_written_files_get_default_permissions_without_touching_the_umask(tiny, tmp_path, monkeypatch):
+    """The IR files get the mode any file the user creates gets (the kernel applies the umask), and the writer
+    never sets the process umask (a process-wide change other threads would see)."""
+    g = read_ir(tiny[0])
+    out = tmp_path / "out"
+    out.mkdir()
+    plain = out / "plain"
+    plain.write_bytes(b"")
+    expected = plain.stat().st_mode & 0o777
+    plain.unlink()
+
+    def umask(mask):
+        raise AssertionError("the writer changed the process umask")
+
+    monkeypatch.setattr(writer_module.os, "umask", umask)
+    txt, binp = write_ir(g, str(out / "tiny.txt"))
+    assert (os.stat(txt).st_mode & 0o777, os.stat(binp).st_mode & 0o777) == (expected, expected)
+    assert sorted(_files(out)) == ["tiny.bin", "tiny.txt"]
+
 # --------------------------------------------------------------------------------------------- mmap
 def _mapped_ranges(path: str) -> List[Tuple[int, int]]:
     real = os.path.realpath(path)

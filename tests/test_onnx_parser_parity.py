@@ -76,7 +76,8 @@ def _import(name: str):
 
 def test_histograms_are_present():
     assert {"ppocr_rec", "ppocr_det", "ppocr_cls", "silero_vad", "bert_encoder", "mobilenetv3_block",
-            "transformer_tanh"} <= set(RECORDS)
+            "transformer_tanh", "ppocrv6_rec", "resnet18_like", "vit_tiny", "gpt2_like", "unet", "lstm_model",
+            "gru_model"} <= set(RECORDS)
 
 
 @pytest.mark.parametrize("name", sorted(RECORDS))
@@ -100,6 +101,8 @@ def _small_feeds(name: str, rng: np.random.Generator) -> Dict[str, np.ndarray]:
         mask = np.ones(shapes["attention_mask"], np.int64)
         mask[:, 11:] = 0
         return {"input_ids": rng.integers(0, 100, shapes["input_ids"]).astype(np.int64), "attention_mask": mask}
+    if name == "gpt2_like":
+        return {"input_ids": rng.integers(0, 64, shapes["input_ids"]).astype(np.int64)}
     feeds = {k: rng.normal(0, 1, s).astype(np.float32) for k, s in shapes.items()}
     if "mask" in feeds:
         feeds["mask"] = (np.arange(shapes["mask"][-1]) < 13).astype(np.float32)[None].repeat(shapes["mask"][0], 0)

@@ -1,4 +1,4 @@
-"""The per-layer value grammar and its resolution order (reference §4.2)."""
+"""The per-layer value grammar and its resolution order (docs/user-guide.md, Per-layer values)."""
 from __future__ import annotations
 
 import pytest

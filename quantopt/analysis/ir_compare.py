@@ -13,6 +13,7 @@ import torch
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..quant.requant import INT32_MAX, INT32_MIN
 
 COMPARED_PARAMS = ("scale_value", "shift_value", "scale_type", "shift_type", "weights_scale", "weights_zp",
                    "biases_scale", "biases_zp", "quantize_method")
@@ -113,9 +114,6 @@ def compare_quantized_irs(mine: PyGraph, reference: PyGraph, rtol: float = 0.0) 
 
 def identical_fraction(diffs: Sequence[LayerDiff]) -> float:
     return sum(d.identical for d in diffs) / len(diffs) if diffs else 1.0
-
-
-INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
 
 def upstream_bias_wrap(mine: PyGraph, reference: PyGraph, name: str) -> bool:

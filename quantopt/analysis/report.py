@@ -174,9 +174,14 @@ def layer_bits(quant_graph: PyGraph) -> List[Dict[str, Any]]:
 
 
 def _sim_dict(s: LayerSimilarity) -> Dict[str, Any]:
+    """Strict-JSON record of one layer output; a NaN/inf value becomes null, `note` says why."""
+    note = s.note
+    bad = [k for k in ("isolated_cos", "cumulative_cos") if not math.isfinite(getattr(s, k))]
+    if bad and not note:
+        note = f"{' and '.join(bad)} not finite"
     return {"layer_id": s.layer_id, "name": s.name, "type": s.type, "tensor": s.tensor,
             "cumulative_cos": _num(s.cumulative_cos), "cumulative_mse": _num(s.cumulative_mse),
-            "isolated_cos": _num(s.isolated_cos), "isolated_mse": _num(s.isolated_mse)}
+            "isolated_cos": _num(s.isolated_cos), "isolated_mse": _num(s.isolated_mse), "note": note}
 
 
 def build_report(summary: Mapping[str, Any], similarities: Sequence[LayerSimilarity] = (),
@@ -202,6 +207,8 @@ def build_report(summary: Mapping[str, Any], similarities: Sequence[LayerSimilar
         if summary.get("mixed_precision") else {}
     if summary.get("quantized_io"):
         extra["quantized_io"] = [dict(io) for io in summary["quantized_io"]]
+    if summary.get("advice"):
+        extra["advice"] = [dict(a) for a in summary["advice"]]
     return {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
@@ -219,6 +226,11 @@ def build_report(summary: Mapping[str, Any], similarities: Sequence[LayerSimilar
         "files": [str(f) for f in summary.get("files", [])],
         **extra,
     }
+
+
+def _cos_text(w: Mapping[str, Any], key: str) -> str:
+    """A cosine cell: the value, or "NaN" where the similarity was not finite (JSON null)."""
+    return "NaN" if w.get(key) is None else _fmt(w[key])
 
 
 def _search_dict(search: Mapping[str, Any]) -> Dict[str, Any]:
@@ -534,9 +546,16 @@ def render_html(report: Mapping[str, Any]) -> str:
     worst = report.get("worst_layers", [])
     p.append(_table("worst-table", ["id", "layer", "type", "tensor", "isolated cos", "isolated mse", "cumulative cos",
                                     "cumulative mse"],
-                    [[w["layer_id"], w["name"], w["type"], w["tensor"], _fmt(w["isolated_cos"]),
-                      _fmt(w["isolated_mse"], ".4g"), _fmt(w["cumulative_cos"]), _fmt(w["cumulative_mse"], ".4g")]
+                    [[w["layer_id"], w["name"] + (f' ({w["note"]})' if w.get("note") else ""), w["type"],
+                      w["tensor"], _cos_text(w, "isolated_cos"), _fmt(w["isolated_mse"], ".4g"),
+                      _cos_text(w, "cumulative_cos"), _fmt(w["cumulative_mse"], ".4g")]
                      for w in worst], numeric=(0, 4, 5, 6, 7)))
+    advice = report.get("advice", [])
+    if advice:
+        p.append('<h2 id="advice">Accuracy advice</h2><ul id="advice-list">' +
+                 "".join(f'<li><b>{_e(a["layer"])}</b> ({_e(a["layer_type"])}): <code>{_e(a["cause"])}</code> '
+                         f'{_e(a["message"])}' + (f'; fix: <code>{_e(a["field"])}</code>' if a.get("field") else "")
+                         + "</li>" for a in advice) + "</ul>")
 
     hists = report.get("histograms", [])
     p.append('<h2 id="histograms">Value histograms of the worst layers</h2>')

@@ -5,18 +5,25 @@ Two views per layer output, averaged over the given batches:
   includes everything accumulated before it (what the final output sees);
 * isolated: each quantized layer is fed the float graph's inputs quantized with its own input params, so the
   error is the layer's own (what tells a user which layer is to blame).
+
+A mask tensor (its statistics saw ±inf or |x| >= 1e30, passes/inf_mask.py) is compared on its other positions only:
+the mask positions saturate by design and their huge float values would decide cosine and MSE alone. A NaN or
+infinite result is kept, with a `note` saying why, and listed first among the worst layers.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..graph.float_layer import round_to_float_dtype
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
+from ..passes.inf_mask import is_mask_tensor
 from ..quant.params import dequantize, quantize
 from ..threads import one_thread
 
@@ -31,6 +38,8 @@ class LayerSimilarity:
     cumulative_mse: float
     isolated_cos: float
     isolated_mse: float
+    note: str = ""
+    """Why a value is NaN/inf, or that mask positions were left out (empty: nothing to say)."""
 
     def as_dict(self) -> Dict[str, object]:
         return asdict(self)
@@ -109,6 +118,7 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
     output of the first batch are kept there (the report's histograms read them instead of running again).
     """
     sums: Dict[tuple, List[float]] = {}
+    notes: Dict[str, str] = {}
     qnodes = {n.name: n for n in quant_graph.nodes}
     pairs = [(f, qnodes[f.name]) for f in float_graph.nodes if f.name in qnodes]
     count = 0
@@ -119,13 +129,17 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
             quantized: Dict[Tuple[int, int], torch.Tensor] = {}
             for fnode, qnode in pairs:
                 fvals = [_flat64(f.betensor) for f in fnode.outputs]
+                keep = [_unmasked(f, x, notes) for f, x in zip(fnode.outputs, fvals)]
+                fvals = [x if k is None else x[k] for x, k in zip(fvals, keep)]
                 deq = [to_float(q) for q in qnode.outputs]
-                cumulative = [_cos_mse(x, _flat64(y)) for x, y in zip(fvals, deq)]
-                isolated = _isolated(fnode, qnode, fvals, cumulative, quantized)
+                cumulative = [_cos_mse(x, _select(y, k)) for x, y, k in zip(fvals, deq, keep)]
+                isolated = _isolated(fnode, qnode, fvals, cumulative, quantized, keep)
                 for f, c, i in zip(fnode.outputs, cumulative, isolated):
                     acc = sums.setdefault((fnode.name, f.name), [0.0, 0.0, 0.0, 0.0])
                     for k, v in enumerate(c + i):
                         acc[k] += v
+                    if not all(math.isfinite(v) for v in c + i) and f.name not in notes:
+                        notes[f.name] = _nonfinite_reason(f.betensor, qnode, f.name)
                 if first_batch is not None and count == 0:
                     for f, y in zip(fnode.outputs, deq):
                         first_batch.setdefault(f.name, (fnode, f.betensor, y))
@@ -142,12 +156,40 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
             cum_cos, cum_mse, iso_cos, iso_mse = (v / n for v in acc)
             qt.similarity, qt.mse = cum_cos, cum_mse
             results.append(LayerSimilarity(fnode.layer_id, fnode.name, str(fnode.type), f.name, cum_cos, cum_mse,
-                                           iso_cos, iso_mse))
+                                           iso_cos, iso_mse, notes.get(f.name, "")))
     return results
 
 
+def _unmasked(t: PyTensor, x: torch.Tensor, notes: Dict[str, str]) -> Optional[torch.Tensor]:
+    """Positions of a mask tensor's float values that are not mask values (None: compare everything)."""
+    if not is_mask_tensor(t):
+        return None
+    keep = ~(x.abs() >= INF_MASK_THRESHOLD)
+    if bool(keep.all()):
+        return None
+    notes.setdefault(t.name, f"inf mask: {int((~keep).sum())} mask position(s) of the first batch left out")
+    return keep
+
+
+def _select(y: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
+    y = _flat64(y)
+    return y if keep is None else y[keep]
+
+
+def _nonfinite_reason(x: torch.Tensor, qnode: PyNode, name: str) -> str:
+    """Why a similarity is NaN/inf: what the float or the quantized values hold."""
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        kinds = [k for k, bad in (("NaN", torch.isnan(x)), ("±inf", torch.isinf(x))) if bool(bad.any())]
+        return f"float output holds {' and '.join(kinds)}"
+    for q in qnode.outputs:
+        if q.name == name and q.betensor.is_floating_point() and not bool(torch.isfinite(q.betensor).all()):
+            return "quantized output holds NaN or ±inf"
+    return "values too large for float64 (overflow in cosine/MSE)"
+
+
 def _isolated(fnode: PyNode, qnode: PyNode, fvals: Sequence[torch.Tensor], cumulative: List[Tuple[float, float]],
-              quantized: Dict[Tuple[int, int], torch.Tensor]) -> List[Tuple[float, float]]:
+              quantized: Dict[Tuple[int, int], torch.Tensor],
+              keep: Sequence[Optional[torch.Tensor]] = ()) -> List[Tuple[float, float]]:
     """Run the quantized layer alone on the float graph's inputs quantized with its input params (`quantized`
     caches them per tensor pair for the batch); when they equal its inputs of the quantized run (and no input
     carries an unrounded float value the layer might read), the result is the cumulative one."""
@@ -169,7 +211,8 @@ def _isolated(fnode: PyNode, qnode: PyNode, fvals: Sequence[torch.Tensor], cumul
         for qt, v in zip(qnode.inputs, feeds):
             qt.betensor = v
         qnode.forward()
-        return [_cos_mse(x, _flat64(to_float(q))) for x, q in zip(fvals, qnode.outputs)]
+        keep = list(keep) or [None] * len(fvals)
+        return [_cos_mse(x, _select(to_float(q), k)) for x, q, k in zip(fvals, qnode.outputs, keep)]
     finally:
         for t, v in zip(qnode.inputs, saved_in):
             t.betensor = v
@@ -185,16 +228,30 @@ def _release(graph: PyGraph) -> None:
                 t.release()
 
 
+def worst_key(r: LayerSimilarity) -> Tuple[float, float, int]:
+    """Sort key of the worst layers: lowest isolated cosine, then cumulative; NaN and inf count as lowest, so a
+    similarity that could not be computed is listed first, never dropped."""
+    iso = r.isolated_cos if math.isfinite(r.isolated_cos) else -math.inf
+    cum = r.cumulative_cos if math.isfinite(r.cumulative_cos) else -math.inf
+    return iso, cum, r.layer_id
+
+
+def _cell(v: float, width: int, fmt: str) -> str:
+    return f"{'NaN' if math.isnan(v) else format(v, fmt):>{width}}"
+
+
 def worst_layers_table(results: Sequence[LayerSimilarity], count: int = 10) -> str:
-    """A text table of the layers with the lowest isolated cosine (ties: lowest cumulative cosine)."""
+    """A text table of the layers with the lowest isolated cosine (ties: lowest cumulative cosine); a NaN or inf
+    similarity comes first, shown as such with its reason."""
     if not results:
         return "per-layer similarity: no layers"
-    rows = sorted(results, key=lambda r: (r.isolated_cos, r.cumulative_cos))[:count]
+    rows = sorted(results, key=worst_key)[:count]
     width = max(len(r.name) for r in rows)
     lines = [f"worst {len(rows)} of {len(results)} layer outputs by isolated cosine (the layer's own error):",
              f"{'id':>4}  {'layer':<{width}}  {'type':<16} {'isolated cos':>12} {'isolated mse':>12} "
              f"{'cumul. cos':>11} {'cumul. mse':>11}"]
     for r in rows:
-        lines.append(f"{r.layer_id:>4}  {r.name:<{width}}  {r.type:<16} {r.isolated_cos:>12.6f} "
-                     f"{r.isolated_mse:>12.4g} {r.cumulative_cos:>11.6f} {r.cumulative_mse:>11.4g}")
+        lines.append(f"{r.layer_id:>4}  {r.name:<{width}}  {r.type:<16} {_cell(r.isolated_cos, 12, '.6f')} "
+                     f"{_cell(r.isolated_mse, 12, '.4g')} {_cell(r.cumulative_cos, 11, '.6f')} "
+                     f"{_cell(r.cumulative_mse, 11, '.4g')}" + (f"  ({r.note})" if r.note else ""))
     return "\n".join(lines)

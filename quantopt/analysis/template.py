@@ -1,4 +1,4 @@
-"""The per-layer JSON template `<model>_opt_template.json` (reference §4.7): every layer's editable settings
+"""The per-layer JSON template `<model>_opt_template.json` (docs/user-guide.md): every layer's editable settings
 (the keys `opt_config` accepts) plus a read-only `just_for_display` section with real JSON values."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The statistics pass over a graph and local calibration of every tensor (reference §6.3, §6.4).
+"""The statistics pass over a graph and local calibration of every tensor.
 
 Statistics of activations are folded in one float forward per calibration batch (a hook after each layer), so
 memory does not grow with the number of batches. Weights (every floating constant but biases) get their
@@ -15,6 +15,7 @@ from ..errors import DataError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
+from ..passes.inf_mask import apply_inf_mask_ranges
 from ..quant.params import QuantMode
 from .statistics import StatisticsConfig, update_statistics
 from .strategies import apply_strategy, parse_strategy
@@ -89,7 +90,13 @@ def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[tor
 
 def calibrate_graph(graph: PyGraph) -> None:
     """Calibrated ranges (`min`/`max`, and `min_key_axis`/`max_key_axis` for weights and per-channel activations),
-    each with min <= 0 <= max."""
+    each with min <= 0 <= max. Mask tensors (statistics that saw ±inf or |x| >= 1e30) then get the ranges that keep
+    their masking through the integer forward (passes/inf_mask.py); other tensors are left as calibrated."""
+    _calibrate_ranges(graph)
+    apply_inf_mask_ranges(graph)
+
+
+def _calibrate_ranges(graph: PyGraph) -> None:
     for n in graph.nodes:
         s = n.settings
         act_symmetric = not QuantMode.from_name(s.q_mode_activation).is_asymmetric

@@ -1,4 +1,4 @@
-"""`mixed_precision_auto_search = batches, threshold, L|G` (reference §6.6), searched per layer.
+"""`mixed_precision_auto_search = batches, threshold, L|G` (docs/mixed-precision.md), searched per layer.
 
 Upstream assumes deeper layers are more sensitive and searches one cut point: every layer after it is promoted.
 A model whose sensitive layer sits early (a first conv, an attention softmax) then promotes most of the network.

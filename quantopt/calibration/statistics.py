@@ -1,4 +1,4 @@
-"""Streaming tensor statistics for calibration (upstream `PyTensor.statistic`, reference §6.3), as pure functions.
+"""Streaming tensor statistics for calibration (upstream `PyTensor.statistic`), as pure functions.
 
 `update_statistics(stats, x, cfg, batch_index)` folds one calibration batch `x` into a `TensorStatistics` in
 O(x.numel()) time. The state it keeps has a fixed size (a few scalars, `histc_bins` histogram bins, and the same
@@ -16,7 +16,7 @@ What is computed (per tensor, and additionally per channel along `cfg.key_axis`)
   time-saving mode).
 * `running_histc` (only when `cfg.need_histogram`): `histc_bins` bins. **Deviation from upstream, on purpose**:
   upstream averaged (EMA) per-batch histograms whose bins spanned *each batch's own* [min, max], so bin i of two
-  batches meant different values (reference §11). Here every histogram always spans the current global range
+  batches meant different values. Here every histogram always spans the current global range
   `histogram_range(stats)` = [extrema_min, extrema_max] (a degenerate range lo == hi becomes
   [lo, lo + |lo|/2 + 1], upstream's rule). When a batch widens the extrema, the accumulated histogram is
   **re-binned** onto the wider range before the batch's own histogram (computed directly on the new edges) is added:
@@ -32,7 +32,7 @@ What is computed (per tensor, and additionally per channel along `cfg.key_axis`)
   travel with a saved statistic file). By default the histogram **accumulates counts** (every element of every batch
   weighs the same, the sum of bins = number of non-NaN elements seen); `cfg.histogram_mode = "ema"` instead blends
   the re-binned histogram with the batch histogram using the momentum, as upstream did, but on common edges.
-  Values outside the int32-clipped range (e.g. +-inf) are counted in the border bins; NaN values are not counted.
+  Values outside the int32-clipped range are counted in the border bins; NaN and mask values (below) are not.
 
 Per-channel statistics are computed vectorized over a (channels, elements) view; per-channel histograms are
 computed with one `bincount` per block of channels (blocks of about `_CHUNK` elements) only to bound the temporary
@@ -41,6 +41,12 @@ index tensor's memory, each block is fully vectorized.
 `cfg.trim` (upstream `trim_infinity_before_statistic`) is applied to the whole tensor before anything else:
 `('clip', a, b)` clamps values into [a, b]; `('second', a, b)` replaces values <= a or >= b by the min / max of the
 remaining values (upstream semantics: the trimmed values first count as 0 while finding that min / max).
+
+Mask values (after the trim): values with |x| >= `cfg.mask_threshold` (`INF_MASK_THRESHOLD`, 1e30, by default; ±inf
+included) are what attention masks add before a Softmax (-inf, -FLT_MAX). They are left out of every statistic, as
+NaN values are (the per-tensor moments are those of the other values; a channel or tensor holding nothing else
+counts as 0), and counted in `inf_mask_low` / `inf_mask_high`, which tell the inf-mask pass (passes/inf_mask.py)
+that the tensor is a mask. A batch without such values takes exactly the path it took before this rule.
 """
 from __future__ import annotations
 
@@ -56,15 +62,19 @@ from ..graph.tensor import TensorStatistics
 from ..quant.hardware import STATISTICS_CLIP_RANGE
 from ..threads import one_thread
 
-# Statistics are clipped to the int32 range as upstream (OPT_INT_MIN / OPT_INT_MAX, reference Appendix C).
+# Statistics are clipped to the int32 range as upstream (OPT_INT_MIN / OPT_INT_MAX).
 STAT_INT_MIN, STAT_INT_MAX = (float(v) for v in STATISTICS_CLIP_RANGE)
+
+INF_MASK_THRESHOLD = 1e30
+"""Values at least this large in magnitude (±inf included) are mask values, not data (docs/statistics-and-dump.md,
+"Masks with infinite values"): no real activation comes near it, and masks use -inf or -FLT_MAX (-3.4e38)."""
 
 _STAT_DTYPE = torch.float64  # dtype of all kept statistics (EMA and histogram accumulation precision)
 _CHUNK = 1 << 22  # elements per block when binning (bounds the temporary float64/int64 tensors)
 
 __all__ = [
-    "STAT_INT_MAX", "STAT_INT_MIN", "StatisticsConfig", "Trim", "apply_trim", "histogram_range", "parse_trim",
-    "rebin_histogram", "update_statistics",
+    "INF_MASK_THRESHOLD", "STAT_INT_MAX", "STAT_INT_MIN", "StatisticsConfig", "Trim", "apply_trim", "histogram_range",
+    "parse_trim", "rebin_histogram", "update_statistics",
 ]
 
 
@@ -92,6 +102,7 @@ class StatisticsConfig:
     ('clip'|'second', lo, hi) tuple, the upstream text, or None.
     histogram_mode: 'accumulate' (default, counts of all batches summed on common edges) or 'ema' (upstream-style
     momentum blend, on common edges).
+    mask_threshold: values with |x| >= it are mask values, left out and counted (math.inf: none are).
     """
 
     momentum: float = 0.9
@@ -101,6 +112,7 @@ class StatisticsConfig:
     key_axis: Optional[int] = None
     trim: Union[None, str, Tuple[str, float, float], Trim] = None
     histogram_mode: str = "accumulate"
+    mask_threshold: float = INF_MASK_THRESHOLD
 
     def __post_init__(self) -> None:
         if not 0.0 <= float(self.momentum) <= 1.0:
@@ -314,10 +326,14 @@ def _ema32(old: float, new: float, m: float) -> float:
     return float(np.float32(m) * np.float32(old) + np.float32(1.0 - m) * np.float32(new))
 
 
-def _update_extrema_only(stats: TensorStatistics, x: torch.Tensor, m: float, reset: bool) -> bool:
+def _update_extrema_only(stats: TensorStatistics, x: torch.Tensor, m: float, reset: bool,
+                         mask_threshold: float = INF_MASK_THRESHOLD) -> bool:
     """Fast path of the default strategies (extrema/mean): one aminmax and scalar arithmetic, the same results as
-    the general path. Returns False (nothing changed) when the batch holds NaN, for the general path to handle."""
+    the general path. Returns False (nothing changed) when the batch holds NaN or mask values, for the general path
+    to handle."""
     lo_t, hi_t = torch.aminmax(x if x.is_floating_point() else x.float())
+    if float(lo_t) <= -mask_threshold or float(hi_t) >= mask_threshold:
+        return False
     lo = min(max(float(lo_t), STAT_INT_MIN), STAT_INT_MAX)
     hi = min(max(float(hi_t), STAT_INT_MIN), STAT_INT_MAX)
     if math.isnan(lo) or math.isnan(hi):
@@ -332,6 +348,26 @@ def _update_extrema_only(stats: TensorStatistics, x: torch.Tensor, m: float, res
         setattr(stats, name, torch.tensor(v, dtype=_STAT_DTYPE))
     stats.batches = 1 if reset else stats.batches + 1
     return True
+
+
+def _drop_mask_values(stats: TensorStatistics, xf: torch.Tensor,
+                      threshold: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(xf with mask values as NaN, the per-tensor values without them); counts them in `stats`. Without mask
+    values both are `xf` itself. A tensor of mask values only keeps them as NaN (it then counts as 0)."""
+    if math.isinf(threshold) or xf.numel() == 0:
+        return xf, xf
+    huge = xf.abs() >= threshold
+    if not bool(huge.any()):
+        return xf, xf
+    low = int((huge & (xf < 0)).sum())
+    for name, count in (("inf_mask_low", low), ("inf_mask_high", int(huge.sum()) - low)):
+        if not count:
+            continue
+        old = getattr(stats, name)
+        setattr(stats, name, torch.tensor((0.0 if old is None else float(old)) + count, dtype=_STAT_DTYPE))
+    masked = torch.where(huge, torch.full_like(xf, math.nan), xf)
+    rest = xf[~huge]
+    return masked, (rest if rest.numel() else masked)
 
 
 def update_statistics(stats: TensorStatistics, x: torch.Tensor, cfg: StatisticsConfig,
@@ -349,12 +385,13 @@ def update_statistics(stats: TensorStatistics, x: torch.Tensor, cfg: StatisticsC
     with torch.no_grad():
         reset = int(batch_index) == 0 or stats.batches == 0 or stats.extrema_min is None
         if cfg.key_axis is None and not cfg.need_moments and not cfg.need_histogram and cfg.trim is None \
-                and _update_extrema_only(stats, x.detach(), cfg.momentum, reset):
+                and _update_extrema_only(stats, x.detach(), cfg.momentum, reset, float(cfg.mask_threshold)):
             return stats
         if reset:
             stats.reset()
         xf = apply_trim(x.detach().float(), cfg.trim)
-        _update_group(stats, xf.reshape(1, -1), cfg, reset, "", squeeze=True)
+        xf, rest = _drop_mask_values(stats, xf, float(cfg.mask_threshold))
+        _update_group(stats, rest.reshape(1, -1), cfg, reset, "", squeeze=True)
         if cfg.key_axis is not None and xf.dim() > 0:
             axis = int(cfg.key_axis)
             if not -xf.dim() <= axis < xf.dim():

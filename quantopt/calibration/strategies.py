@@ -1,4 +1,4 @@
-"""Local calibration strategies (reference §6.4): statistics of one tensor -> its calibrated range (min, max).
+"""Local calibration strategies (docs/user-guide.md): statistics of one tensor -> its calibrated range (min, max).
 
 `parse_strategy(text)` turns a `calibration_strategy_for_weight/activation` value into a `Strategy`;
 `apply_strategy(stats, strategy, qbits, signed, symmetric, ir_range)` returns the range, per tensor (Python floats)
@@ -27,6 +27,10 @@ Names and meanings are upstream's (the Zhouyi Compass Optimizer):
                                            running_std > r4 else r3); plain `weighted_scale_param` uses the
                                            upstream defaults [0.685, 0.875, 0.7175, 0.01965]. r1 > 1 (upstream's
                                            automatic search mode) is not supported: UnsupportedError.
+`quantile[P]`, e.g. `quantile[99.99]`      quantopt's own: a true percentile on the accumulated histogram: the
+                                           range holding P % of all calibration values (histogram_search.py)
+`mse`                                      quantopt's own: the range of least expected squared quantization
+                                           error on the histogram, searched over 256 shrinks of the extrema
 =========================================  =================================================================
 
 Differences from upstream, all deliberate: an unknown strategy is a `ValueError` listing the valid forms (upstream
@@ -52,6 +56,7 @@ from ..config.calibration_values import check_not_auto as _check_not_auto
 from ..config.calibration_values import invalid_strategy as _invalid
 from ..graph.tensor import TensorStatistics
 from ..threads import one_thread
+from .histogram_search import mse_range, quantile_range
 from .statistics import histogram_range
 
 __all__ = [
@@ -207,6 +212,13 @@ def _weighted_scale_range(running_min: float, running_max: float, running_std: f
     return fmin.item(), fmax.item()
 
 
+def _histogram_search(st: Strategy, hist: torch.Tensor, lo: float, hi: float, qbits: int,
+                      symmetric: bool) -> Tuple[float, float]:
+    if st.name == "quantile":
+        return quantile_range(hist, lo, hi, st.value, symmetric)
+    return mse_range(hist, lo, hi, qbits, symmetric)
+
+
 def _per_tensor(stats: TensorStatistics, st: Strategy, qbits: int, signed: Optional[bool], symmetric: bool,
                 ir_range: Optional[Sequence[float]]) -> Tuple[float, float]:
     name = st.name
@@ -232,6 +244,10 @@ def _per_tensor(stats: TensorStatistics, st: Strategy, qbits: int, signed: Optio
         (hist,) = _need(stats, st, "running_histc")
         lo, hi = histogram_range(stats)
         return kld_threshold(hist, _f(lo), _f(hi), 2 ** int(qbits), int(st.value))
+    if name in ("quantile", "mse"):
+        (hist,) = _need(stats, st, "running_histc")
+        lo, hi = histogram_range(stats)
+        return _histogram_search(st, hist, _f(lo), _f(hi), qbits, symmetric)
     if name in ("aciq_laplace", "aciq_gauss"):
         spread = "running_mad" if name == "aciq_laplace" else "running_std"
         rmin, mean, dev = (_f(v) for v in _need(stats, st, "running_min", "running_mean", spread))
@@ -277,6 +293,13 @@ def _per_channel(stats: TensorStatistics, st: Strategy, qbits: int, symmetric: b
         hists = stats.running_histc_key_axis
         # one search per channel: each has its own window geometry; each search is vectorized inside
         pairs = [kld_threshold(hists[c], float(lo[c]), float(hi[c]), 2 ** int(qbits), int(st.value))
+                 for c in range(hists.shape[0])]
+        return (torch.tensor([p[0] for p in pairs], dtype=torch.float64, device=hists.device),
+                torch.tensor([p[1] for p in pairs], dtype=torch.float64, device=hists.device))
+    if name in ("quantile", "mse"):
+        (hists,) = _need(stats, st, "running_histc_key_axis")
+        lo, hi = histogram_range(stats, per_channel=True)
+        pairs = [_histogram_search(st, hists[c], float(lo[c]), float(hi[c]), qbits, symmetric)
                  for c in range(hists.shape[0])]
         return (torch.tensor([p[0] for p in pairs], dtype=torch.float64, device=hists.device),
                 torch.tensor([p[1] for p in pairs], dtype=torch.float64, device=hists.device))

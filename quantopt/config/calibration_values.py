@@ -25,12 +25,16 @@ WEIGHTED_SCALE_PARAM_DEFAULTS = (0.685, 0.875, 0.7175, 0.01965)
 
 STRATEGY_FORMS = ("extrema", "mean", "in_ir", "Nstd (e.g. 3std, 2.5std)", "[R]percentile (e.g. percentile, "
                   "0.9percentile)", "[N]kld (e.g. kld, 5kld)", "[R]aciq_laplace", "[R]aciq_gauss",
-                  "weighted_scale_param", "weighted_scale_param[r1,r2,r3,r4]")
+                  "weighted_scale_param", "weighted_scale_param[r1,r2,r3,r4]",
+                  "quantile[P] (a true percentile, e.g. quantile[99.99]; plain quantile: 99.99)", "mse")
+
+QUANTILE_DEFAULT = 99.99
 
 _STRATEGY_NUM = r"(?:\d+\.?\d*|\.\d+)"
 _RE_STD = re.compile(rf"^({_STRATEGY_NUM})std$")
 _RE_KLD = re.compile(r"^(\d*)kld$")
 _RE_R = re.compile(rf"^({_STRATEGY_NUM})?(percentile|aciq_laplace|aciq_gauss)$")
+_RE_QUANTILE = re.compile(rf"^quantile(?:\[({_STRATEGY_NUM})\])?$")  # spaces removed
 _RE_WSP = re.compile(rf"^weighted_scale_param(?:\[({_STRATEGY_NUM}),({_STRATEGY_NUM}),({_STRATEGY_NUM}),"
                      rf"({_STRATEGY_NUM}),?\])?$")  # spaces removed
 
@@ -40,8 +44,9 @@ class Strategy:
     """A parsed local calibration strategy.
 
     name: 'extrema' | 'mean' | 'in_ir' | 'std' | 'percentile' | 'kld' | 'aciq_laplace' | 'aciq_gauss' |
-    'weighted_scale_param'. value: N for std, R for percentile/aciq, top-N for kld (an integer >= 2), unused
-    otherwise. params: (r1, r2, r3, r4) for weighted_scale_param. text: the normalised spelling.
+    'weighted_scale_param' | 'quantile' | 'mse'. value: N for std, R for percentile/aciq, top-N for kld (an
+    integer >= 2), P (percent) for quantile, unused otherwise. params: (r1, r2, r3, r4) for
+    weighted_scale_param. text: the normalised spelling.
     """
 
     name: str
@@ -51,7 +56,7 @@ class Strategy:
 
     @property
     def needs_histogram(self) -> bool:
-        return self.name == "kld"
+        return self.name in ("kld", "quantile", "mse")
 
     @property
     def needs_moments(self) -> bool:
@@ -80,8 +85,14 @@ def parse_strategy(text: Union[str, Strategy]) -> Strategy:
     if not isinstance(text, str):
         raise TypeError(f"calibration strategy must be a string, got {type(text).__name__}")
     s = text.strip().lower()
-    if s in ("extrema", "mean", "in_ir"):
+    if s in ("extrema", "mean", "in_ir", "mse"):
         return Strategy(s, text=s)
+    m = _RE_QUANTILE.match(s.replace(" ", ""))
+    if m:
+        percent = QUANTILE_DEFAULT if m.group(1) is None else float(m.group(1))
+        if not 0.0 < percent <= 100.0:
+            raise invalid_strategy(text, "quantile percent must be in (0, 100] in")
+        return Strategy("quantile", percent, text=f"quantile[{percent:g}]")
     m = _RE_STD.match(s)
     if m:
         return Strategy("std", float(m.group(1)), text=s)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List
 
 from .kinds import (
+    MAX_BATCH,
     BoolKind,
     ChoiceKind,
     DeviceKind,
@@ -93,9 +94,9 @@ field("data", "", PathKind(), "validation data file, read by the dataset plugin"
 field("label", "", PathKind(), "validation label file, read by the dataset plugin", group="data")
 field("metric", "", MetricListKind(), "metric plugins evaluated on the validation data, e.g. TopKMetric,TopKMetric(5)",
       group="data")
-field("metric_batch_size", 1, IntKind(minimum=1), "batch size for metric evaluation", group="data")
+field("metric_batch_size", 1, IntKind(minimum=1, maximum=MAX_BATCH), "batch size for metric evaluation", group="data")
 field("calibration_data", "", PathKind(), "calibration data file, read by the dataset plugin", group="data")
-field("calibration_batch_size", 1, IntKind(minimum=1), "batch size for calibration", group="data")
+field("calibration_batch_size", 1, IntKind(minimum=1, maximum=MAX_BATCH), "batch size for calibration", group="data")
 field("dataloader_workers", 0, IntKind(minimum=0, maximum=64), "worker processes of the data loaders (0 = main)",
       group="data")
 field("without_batch_dim", False, BoolKind(),
@@ -196,6 +197,11 @@ field("histc_bins", 2048, IntKind(16, 1 << 20), "histogram bins (kld strategy)",
 field("trim_infinity_before_statistic", "", TrimKind(),
       "clip(lo, hi) clamps values, second(lo, hi) replaces values beyond the bounds by the second min/max, before "
       "statistics", per_layer=True, group="calibration")
+field("enable_pass_detect_inf_mask_nodes", False, BoolKind(),
+      "also take Constant values <= -32767 (masks written as -1e9, -65504, -32768) as attention-mask values: they "
+      "become -FLT_MAX before statistics. Masks of ±inf or |x| >= 1e30 are always handled, without this field: left "
+      "out of statistics, saturated to the integer minimum, probability 0 after Softmax "
+      "(docs/statistics-and-dump.md, \"Masks with infinite values\")", group="calibration")
 field("calibrate_with_zero_inputs", False, BoolKind(),
       "allow calibration without calibration_data by feeding all-zero inputs (activation ranges will be "
       "meaningless; only for smoke tests)", group="calibration")
@@ -238,7 +244,7 @@ resize_degrade_to_nearest unify_scales_for_kvc_concat with_winograd
 compat_quantized_model_simplify_dequantize_quantize enable_pass_merge_matmul_mul
 enable_pass_convert_resize_to_convolution enable_pass_decompose_nonmonotonic_activations
 enable_pass_tune_op_complicated_activations enable_pass_tune_op_softmax enable_pass_deeply_set_unquantifiable
-enable_pass_split_qkv_fc_in_transformer enable_pass_detect_inf_mask_nodes optimize_wdc_for_x2 ignore_missing_statistic
+enable_pass_split_qkv_fc_in_transformer optimize_wdc_for_x2 ignore_missing_statistic
 modify_batch_dim export_parallel_batch ds_output_shape_constant enable_ds quant_ir_name activation_block_size
 featuremap_tiling_param featuremap_splits_item_x featuremap_splits_item_y featuremap_splits_concat_blk
 featuremap_splits_overlap_rate featuremap_splits_sram_size write_similarity_to_ir record_debug_acc_info

@@ -1,7 +1,7 @@
 """The `global_calibration` value: methods joined by `&`, each `name`, `name[p1,p2,...]` or `name[params]<scope>`.
 
-Upstream's syntax (reference §4.3): `none`, or one or more methods joined by `&`; each method takes positional
-numeric parameters in brackets (missing ones take their defaults, §6.5) and an optional scope right after them:
+Upstream's syntax (docs/global-calibration.md): `none`, or one or more methods joined by `&`; each method takes
+positional numeric parameters in brackets (missing ones take their defaults) and an optional scope right after them:
 `[OpType,...]` (operator types, case-insensitive; an Activation layer also matches its `method`),
 `[(i,j),...]` (inclusive ranges of layer ids of the input float IR) or `{regex}` (`re.match` on layer names).
 As upstream, every space of the value is removed before parsing. Methods run in the order written.

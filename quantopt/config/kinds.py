@@ -55,6 +55,13 @@ class BoolKind(ValueKind):
         return "true or false"
 
 
+INT_LIMIT = 2**31 - 1
+"""No integer field means anything beyond int32: a larger value is a typo, not a request."""
+
+MAX_BATCH = 1 << 20
+"""Largest batch size: far beyond memory for any model, small enough for every index type."""
+
+
 @dataclass
 class IntKind(ValueKind):
     minimum: Optional[int] = None
@@ -64,7 +71,10 @@ class IntKind(ValueKind):
         t = text.strip()
         if not re.fullmatch(r"[+-]?\d+", t):
             raise ValueError("not an integer")
-        return _check_range(int(t), self.minimum, self.maximum)
+        value = int(t)
+        if self.maximum is None and abs(value) > INT_LIMIT:
+            raise ValueError(f"out of range: beyond {INT_LIMIT}")
+        return _check_range(value, self.minimum, self.maximum)
 
     def allowed(self) -> str:
         return _range_text("an integer", self.minimum, self.maximum)
@@ -142,6 +152,11 @@ class PathKind(ValueKind):
         return f"the path of an existing {what}" if self.must_exist else f"a {what} path"
 
 
+MAX_NAME_BYTES = 200
+"""Longest name in output file names: with quantopt's suffixes (`_opt_template.json`...) it stays below the 255
+bytes most file systems allow."""
+
+
 class NameKind(ValueKind):
     """A non-empty name used in output file names (no path separators)."""
 
@@ -149,10 +164,13 @@ class NameKind(ValueKind):
         t = text.strip()
         if not t or "/" in t or "\\" in t or t in (".", ".."):
             raise ValueError("not a plain name")
+        if len(t.encode("utf-8")) > MAX_NAME_BYTES:
+            raise ValueError(f"{len(t)} characters long")
         return t
 
     def allowed(self) -> str:
-        return "a non-empty name without path separators"
+        return f"a non-empty name without path separators, at most {MAX_NAME_BYTES} bytes (output file names add " \
+               "suffixes to it)"
 
 
 class PluginNameKind(ValueKind):

@@ -1,5 +1,5 @@
 """Value kinds of the accuracy-tool fields: `trigger_float_op`, `mixed_precision_auto_search` and the fake-quant
-debug scopes (reference §4.4, §6.6, §6.7)."""
+debug scopes (docs/mixed-precision.md)."""
 from __future__ import annotations
 
 import re

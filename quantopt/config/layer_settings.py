@@ -62,6 +62,7 @@ class LayerSettings:
     qinvariant: bool = False  # set_qinvariant_for_start_nodes (not a JSON key: chosen by layer id in the cfg)
     concat_threshold: float = 1.05  # unify_scales_for_concat_threshold (global cfg field)
     fc_float_summation: str = "upstream"  # fc_float_summation (global cfg field; ops/linear.py)
+    detect_inf_mask_nodes: bool = False  # enable_pass_detect_inf_mask_nodes (global cfg field; passes/inf_mask.py)
     explicit: FrozenSet[str] = field(default=frozenset(), compare=False)
     """Keys set for this layer in particular (a per-layer cfg rule, opt_config, quantize_model's per_layer): they
     take precedence over an operator's own default (BatchNorm's 16-bit weights)."""
@@ -88,6 +89,7 @@ def settings_from_cfg(cfg: Any, node: Any) -> LayerSettings:
     values["qinvariant"] = node.layer_id in (cfg.set_qinvariant_for_start_nodes or [])
     values["concat_threshold"] = float(cfg.unify_scales_for_concat_threshold)
     values["fc_float_summation"] = str(cfg.fc_float_summation)
+    values["detect_inf_mask_nodes"] = bool(cfg.enable_pass_detect_inf_mask_nodes)
     values["explicit"] = frozenset(key for key, field_name in SETTING_FIELDS.items()
                                    if hasattr(getattr(cfg, field_name), "overridden")
                                    and getattr(cfg, field_name).overridden(node))

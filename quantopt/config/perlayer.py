@@ -1,7 +1,7 @@
 """The per-layer value grammar `global & <[(i,j),...]:v> <[OpType,...]:v> <{regex}:v>` and its resolution.
 
-Priority for a layer (reference §4.2): the first matching layer-id range rule, then the first matching
-operator-type rule (an Activation layer also matches its `method`), then the first matching name regex
+Priority for a layer (docs/user-guide.md, Per-layer values): the first matching layer-id range rule, then the first
+matching operator-type rule (an Activation layer also matches its `method`), then the first matching name regex
 (`re.match`, prefix-anchored), else the global value. Layer ids are those of the input float IR.
 """
 from __future__ import annotations

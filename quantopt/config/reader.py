@@ -42,6 +42,11 @@ class Config:
         return ConfigError(f"field '{name}': {message}", file=self.path, line=self.explicit.get(name))
 
 
+def clip(text: str, limit: int = 120) -> str:
+    """A user's text quoted in an error line, shortened: a pasted 10,000-character line is not echoed whole."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _parse_field(f: Field, text: str, base_dir: str) -> Any:
     if f.is_path:
         text = text.strip()
@@ -55,7 +60,7 @@ def _parse_field(f: Field, text: str, base_dir: str) -> Any:
 
 def _read_lines(path: str) -> Dict[str, Tuple[int, str]]:
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:  # a leading byte-order mark (Windows editors) is dropped
             lines = fh.read().splitlines()
     except FileNotFoundError:
         raise ConfigError("cfg file not found", file=path) from None
@@ -72,10 +77,10 @@ def _read_lines(path: str) -> Dict[str, Tuple[int, str]]:
             continue
         if line.startswith("["):
             if not line.endswith("]"):
-                raise ConfigError(f"malformed section header '{line}'", file=path, line=number)
+                raise ConfigError(f"malformed section header '{clip(line)}'", file=path, line=number)
             name = line[1:-1].strip()
             if name.lower() != SECTION:
-                raise ConfigError(f"unknown section [{name}]: all options belong in [Common]", file=path,
+                raise ConfigError(f"unknown section [{clip(name)}]: all options belong in [Common]", file=path,
                                   line=number)
             if seen_section:
                 raise ConfigError("duplicate [Common] section", file=path, line=number)
@@ -84,13 +89,14 @@ def _read_lines(path: str) -> Dict[str, Tuple[int, str]]:
         if not in_common:
             raise ConfigError("options must follow a [Common] section header", file=path, line=number)
         if "=" not in line:
-            raise ConfigError(f"malformed line '{line}': expected key = value", file=path, line=number)
+            raise ConfigError(f"malformed line '{clip(line)}': expected key = value", file=path, line=number)
         key, value = line.split("=", 1)
         key = key.strip().lower()
         if not key:
-            raise ConfigError(f"malformed line '{line}': empty key", file=path, line=number)
+            raise ConfigError(f"malformed line '{clip(line)}': empty key", file=path, line=number)
         if key in entries:
-            raise ConfigError(f"duplicate key '{key}' (first set at line {entries[key][0]})", file=path, line=number)
+            raise ConfigError(f"duplicate key '{clip(key)}' (first set at line {entries[key][0]})", file=path,
+                              line=number)
         entries[key] = (number, value.strip())
     if not seen_section:
         raise ConfigError("no [Common] section found", file=path)
@@ -111,24 +117,24 @@ def read_cfg(path: str) -> Config:
             close = difflib.get_close_matches(key, list(FIELDS), n=3, cutoff=0.6)
             hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else \
                 "; run 'quantopt --field' to list all fields"
-            raise ConfigError(f"unknown key '{key}'{hint}", file=path, line=number)
+            raise ConfigError(f"unknown key '{clip(key)}'{hint}", file=path, line=number)
         cfg.explicit[key] = number
         if text == "":
             continue  # empty value: keep the default
         try:
             cfg.values[key] = _parse_field(f, text, base_dir)
         except PerLayerSyntaxError as e:
-            raise ConfigError(f"field '{key}': invalid per-layer value '{text}': {e}", file=path,
+            raise ConfigError(f"field '{key}': invalid per-layer value '{clip(text)}': {e}", file=path,
                               line=number) from None
         except ValueError as e:
-            raise ConfigError(f"field '{key}': invalid value '{text}' ({e}); expected {f.allowed()}",
+            raise ConfigError(f"field '{key}': invalid value '{clip(text)}' ({e}); expected {f.allowed()}",
                               file=path, line=number) from None
     check_cross_fields(cfg)
     return cfg
 
 
 def check_cross_fields(cfg: Config) -> None:
-    """Rules that involve several fields (reference §4.5), checked before anything runs."""
+    """Rules that involve several fields, checked before anything runs."""
     if not cfg.graph:
         raise ConfigError("field 'graph' is required: the float IR .txt to optimize", file=cfg.path)
     if cfg.metric and not cfg.data:
@@ -140,3 +146,25 @@ def check_cross_fields(cfg: Config) -> None:
             raise cfg.error(name, f"'{name}' is set but no 'dataset' plugin is given to read it")
     if cfg.label and not cfg.data:
         raise cfg.error("label", "'label' is set without 'data'")
+    _check_writable_folder(cfg, "output_dir")
+    if cfg.dump:
+        _check_writable_folder(cfg, "dump_dir")
+
+
+def _check_writable_folder(cfg: Config, name: str) -> None:
+    """An output folder that is a file, lies under a file, or cannot be created is reported now, naming the field,
+    not as an OS error once the model has been quantized. Nothing is created here."""
+    path = os.path.abspath(cfg.values[name])
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise cfg.error(name, f"'{path}' is a file, not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise cfg.error(name, f"the folder '{path}' is not writable")
+        return
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise cfg.error(name, f"'{path}' cannot be created: '{parent}' is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise cfg.error(name, f"'{path}' cannot be created: '{parent}' is not writable")

@@ -30,7 +30,7 @@ from ..ops._lut_int import ceil_log2, range_bits
 from ..ops._quant import fused_activation_bounds, requant_of
 from ..quant.hardware import SOFTMAX_DIVIDEND_BITS, SOFTMAX_ROW_BLOCK, SOFTMAX_SMALL_AXIS
 from ..quant.lut import lookup_lut
-from ..quant.rounding import bit_length
+from ..quant.rounding import FLOAT64_EXACT, bit_length
 from .qdq_graph import FLOAT, ONNX_INT_TYPES, Perm, QDQGraph, inverse, requant_ratio
 
 DOUBLE = 11
@@ -170,7 +170,7 @@ def scaled_codes(g: QDQGraph, node: PyNode, tensors: Sequence[PyTensor], multipl
 
 
 def _fits(bound: float) -> bool:
-    return bound < 2.0 ** 53
+    return bound < FLOAT64_EXACT
 
 
 def eltwise(g: QDQGraph, node: PyNode, method: str, perm: Optional[Perm]) -> bool:
@@ -263,6 +263,19 @@ def prelu(g: QDQGraph, node: PyNode, slope: np.ndarray, shift: int, perm: Perm) 
 
 
 
+def masked_softmax_terms(g: QDQGraph, node: PyNode, v: str, row_max: str, e: str) -> str:
+    """`mask_saturated_input` (docs/integer-semantics.md): terms of the input's minimum code are 0 in rows holding
+    another code. `v` and `row_max` are codes plus the zero point (float64), `e` int64 terms."""
+    from ..ops.softmax import masks_saturated_input
+
+    if not masks_saturated_input(node):
+        return e
+    x = node.inputs[0]
+    low = double(g, node, "mask_code", float(int(x.qmin) + int(round(float(x.zerop)))))
+    masked = g.add("And", [g.add("Equal", [v, low]), g.add("Greater", [row_max, low])])
+    return g.add("Where", [masked, g.const(f"{node.name}/masked_term", np.array(0, dtype=np.int64)), e])
+
+
 def softmax_lut(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
     """Softmax with quantopt's LUT method (docs/integer-semantics.md) in int64/float64: t = x - max + 2^b - 1,
     e = the exp table read at t (interpolated entries precomputed for every t), S = Σe, then upstream's two division
@@ -287,6 +300,7 @@ def softmax_lut(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
     shifted = g.add("Add", [g.add("Sub", [v, top]), double(g, node, "top_index", 2.0 ** bits - 1)])
     e = g.add("Gather", [g.const(f"{node.name}/exp_table", exps.astype(np.int64)),
                          g.add("Cast", [shifted], to=INT64)], axis=0)
+    e = masked_softmax_terms(g, node, v, top, e)
     total = g.add("ReduceSum", [e, axes], keepdims=1)
     den = g.add("Max", [total, g.const(f"{node.name}/one", np.array(1, dtype=np.int64))])
 
@@ -446,10 +460,11 @@ def softmax_fast_exp(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
     terms = fast_exp_terms(node, torch.arange(-top, 1, dtype=torch.int64)).numpy()
     axes = g.ints(f"{node.name}/axes", [axis])
     v = codes(g, node.inputs[0], perm)
-    index = g.add("Add", [g.add("Sub", [v, g.add("ReduceMax", [v, axes], keepdims=1)]),
-                          double(g, node, "top_index", float(top))])
+    row_max = g.add("ReduceMax", [v, axes], keepdims=1)
+    index = g.add("Add", [g.add("Sub", [v, row_max]), double(g, node, "top_index", float(top))])
     e = g.add("Gather", [g.const(f"{node.name}/exp_terms", terms.astype(np.int64)),
                          g.add("Cast", [index], to=INT64)], axis=0)
+    e = masked_softmax_terms(g, node, v, row_max, e)
     total = g.add("ReduceSum", [e, axes], keepdims=1)
     num = g.add("Mul", [e, g.const(f"{node.name}/numerator_scale", np.array(mult << max(0, -shift), np.int64))])
     den = g.add("Mul", [total, g.const(f"{node.name}/denominator_scale", np.array(1 << max(0, shift), np.int64))])

@@ -17,6 +17,7 @@ from ..graph.tensor import PyTensor
 from ..ops._quant import tensor_scale
 from ..ops._shared import axis_param, bool_param
 from ..ops.batchnorm_pad import pad_pairs
+from ..quant.rounding import FLOAT32_EXACT
 from . import convert_exact
 from .convert_exact import DOUBLE
 from .qdq_graph import (
@@ -253,7 +254,7 @@ def _average_codes(g: QDQGraph, node: PyNode, codes: str, p: QParams, rank: int,
     cells = int(np.prod(params["k"]))
     if g.unit_domain and cells < BYTE_SPLIT_CELLS:
         channels = int(node.inputs[0].ir_shape[-1])
-        if cells * max(abs(p.qmin - p.zero_point), abs(p.qmax - p.zero_point)) < 2 ** 24:
+        if cells * max(abs(p.qmin - p.zero_point), abs(p.qmax - p.zero_point)) < FLOAT32_EXACT:
             sums = g.add("Cast", [_window_sums(g, node, shifted, params, channels)], to=DOUBLE)
         else:  # float32 sums of the high and low bytes (each below 2^24), combined in float64
             byte = g.const(f"{node.name}/byte", np.array(256.0, dtype=np.float32))

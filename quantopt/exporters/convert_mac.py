@@ -28,6 +28,7 @@ from ..graph.tensor import PyTensor
 from ..ir.dtype import Dtype
 from ..ops._quant import effective_weights, fused_activation_bounds, tensor_scale
 from ..ops._shared import axis_param, bool_param
+from ..quant.rounding import FLOAT32_EXACT, FLOAT64_EXACT
 from . import convert_exact
 from .qdq_graph import QDQGraph, channels_first, converter, identity, node_error, requant_ratio
 
@@ -245,7 +246,7 @@ def _wide_double_mac(g: QDQGraph, node: PyNode, inner: int, force: bool = False)
         return None
     lo, hi = x.qmin + int(round(float(x.zerop))), x.qmax + int(round(float(x.zerop)))
     bias = np.abs(input_folded_bias(node, x)).max(initial=0)
-    if inner * max(abs(lo), abs(hi)) * int(w.abs().max()) + bias >= 2 ** 53:
+    if inner * max(abs(lo), abs(hi)) * int(w.abs().max()) + bias >= FLOAT64_EXACT:
         return None
     return convert_exact.exact_ratio(node)
 
@@ -549,10 +550,10 @@ def convert_conv_transpose(g: QDQGraph, node: PyNode) -> None:
     bound = max(abs(lo), abs(hi)) * int(np.abs(w_oc.reshape(out_c, -1).numpy()).sum(axis=1).max()) \
         + int(np.abs(bias).max(initial=0))
     ratio = convert_exact.exact_ratio(node) if g.unit_domain and node.params.get("remain_shift") is None else None
-    if ratio is not None and bound >= 2 ** 24 and bound < 2 ** 53:  # wide: the same sums in float64
+    if ratio is not None and FLOAT32_EXACT <= bound < FLOAT64_EXACT:  # wide: the same sums in float64
         _conv_transpose_double(g, node, w_oc.numpy(), bias, group, ratio, attrs)
         return
-    if ratio is not None and bound < 2 ** 24:
+    if ratio is not None and bound < FLOAT32_EXACT:
         acc = g.add("ConvTranspose", [g.float_value(x, cf, unit=True), g.const(f"{node.name}/weights",
                                                                                torch_w.astype(np.float32)),
                                       g.const(f"{node.name}/bias", bias.astype(np.float32))], **attrs)

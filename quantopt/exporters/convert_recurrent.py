@@ -180,7 +180,7 @@ def _write_outputs(g: QDQGraph, node: PyNode, op: _Ops, spec: RnnSpec, products:
         g.quantize(out, g.add("Reshape", [rounded, op.i64(shape)]), unit=True)
 
 
-@converter("GRUv3")
+@converter("GRUv1", "GRUv3")
 def convert_gru(g: QDQGraph, node: PyNode) -> None:
     """GRUv3 (GRUV3: reset before the hidden MatMul; GRUV1: after it), quantopt's integer cell unrolled."""
     cell = _cell(g, node, states=1)

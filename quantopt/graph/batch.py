@@ -283,7 +283,7 @@ FLOAT_PER_GROUP_METHODS = frozenset({"SIGMOID", "TANH", "ELU", "SELU", "CELU", "
 FLOAT_PER_GROUP_TYPES = frozenset({"Sigmoid", "Tanh", "ELU", "SELU", "CELU", "GELU", "Silu", "Swish", "MISH",
                                    "Softplus", "BNLL", "Exp", "Log", "Erf", "Sine", "Cosine", "Tan", "Sinh", "Cosh",
                                    "Asin", "Acos", "Atan", "Asinh", "Acosh", "Atanh", "Rsqrt", "Pow", "Reduce",
-                                   "BasicLSTM", "GRUv3"})
+                                   "BasicLSTM", "GRUv1", "GRUv3"})
 """Operator types whose float kernel is not batch-invariant (checked with torch 2.x on x86)."""
 
 

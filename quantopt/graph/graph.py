@@ -204,6 +204,13 @@ class PyGraph:
         g._compute_last_use()
         return g
 
+    def __deepcopy__(self, memo: Dict[int, Any]) -> PyGraph:
+        """`copy.deepcopy` is `clone()`: the graph keys its execution plan by tensor identity and may share a
+        memory-mapped weights file, neither of which a generic deep copy carries over."""
+        copied = self.clone()
+        memo[id(self)] = copied
+        return copied
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, {len(self.nodes)} layers)"
 

@@ -64,7 +64,7 @@ def register_optype(name: str) -> OpTypeName:
     return OpType.register(name)
 
 
-# The operator types quantopt knows by name (reference §3.8); forward/quantize support is a separate question,
+# The operator types quantopt knows by name (upstream's type names); forward/quantize support is a separate question,
 # answered by the op registries.
 _KNOWN = """
 Input Constant ConstantOfShape Shape Dummy NoOp If Loop Switch CacheUpdate SlotUpdate QueryRebatch DataStride

@@ -31,6 +31,10 @@ class TensorStatistics:
     running_std_key_axis: Optional[torch.Tensor] = None
     running_mad_key_axis: Optional[torch.Tensor] = None
     running_histc_key_axis: Optional[torch.Tensor] = None
+    # mask values (|x| >= the inf-mask threshold, ±inf included) left out of every statistic above: how many were
+    # seen below -threshold / above +threshold (0-d float64 counts; None: none seen). calibration/statistics.py
+    inf_mask_low: Optional[torch.Tensor] = None
+    inf_mask_high: Optional[torch.Tensor] = None
     batches: int = 0
 
     def reset(self) -> None:

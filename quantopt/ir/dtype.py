@@ -1,4 +1,5 @@
-"""The `Dtype` enum of the IR (§2.6): names, storage in the .bin, integer ranges and torch compute types."""
+"""The `Dtype` enum of the IR: names, storage in the .bin, integer ranges and torch compute types (docs/ir-format.md,
+section 6)."""
 from __future__ import annotations
 
 import enum

@@ -1,4 +1,5 @@
-"""The value grammar of IR `key=value` lines (§2.1): nested lists, ints, floats, bools, dtype names, None, strings.
+"""The value grammar of IR `key=value` lines: nested lists, ints, floats, bools, dtype names, None, strings
+(docs/ir-format.md, section 2).
 
 `parse_value(format_value(v)) == v` holds for every value the reader produces, so a read/write round trip
 keeps every parameter.

@@ -165,7 +165,7 @@ _TABLE: Tuple[Tuple[str, str], ...] = (
      ("axis axis_shape biases eps_value epsilon group lut norm_frac_bits norm_scale_type norm_scale_value "
          "norm_shift_type norm_shift_value normalize_variance scale scale_shift_shape shift var_shift_type "
          "var_shift_value weights")),
-    ("GRUv3",
+    ("GRUv1 GRUv3",
      ("activation_alpha activation_beta activations biases cell_clip cell_clip_value cell_frac_bits "
          "cell_scale_value cell_shift_value cell_size direction forget_bias gate_bits gate_clamp_value "
          "gate_scale gate_shift hidden_frac_bits hidden_scale hidden_scale_type hidden_scale_value "
@@ -261,7 +261,7 @@ _TABLE: Tuple[Tuple[str, str], ...] = (
          "scale shrink_axis_mask strides upper_bound")),
     ("Softmax",
      ("adjust_q axis float_lut input_scale_type input_scale_value input_shift_type input_shift_value "
-         "log2_lut lut lut_mode pow2_lut pow2_out_q quantize_method scale shift")),
+         "log2_lut lut lut_mode mask_saturated_input pow2_lut pow2_out_q quantize_method scale shift")),
     ("Sort",
      "axis descending scale"),
     ("SpaceToBatch",

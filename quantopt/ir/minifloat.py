@@ -1,6 +1,6 @@
 """Bit-exact conversion between small float formats (fp8/fp6/fp4) and float32, without extra dependencies.
 
-Each format is stored one element per byte in the IR's .bin (§2.4); the code in the low bits.
+Each format is stored one element per byte in the IR's .bin (docs/ir-format.md, section 6); the code in the low bits.
 """
 from __future__ import annotations
 

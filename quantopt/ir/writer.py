@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import secrets
 import tempfile
 from typing import Any, List, Optional, Tuple
 
@@ -179,13 +180,25 @@ def serialize_ir(graph: PyGraph, bin_name: str) -> Tuple[str, bytes]:
     return "\n\n".join(sections) + "\n", bin_out.buf.getvalue()
 
 
-def _atomic_write(path: str, data: bytes) -> str:
+def _create_temp(path: str) -> Tuple[int, str]:
+    """A new, uniquely named hidden file next to `path`, open for writing: (fd, name). Created with mode 0666 so that
+    the kernel applies the process umask (and a folder's default ACL) and the file gets the permissions any file the
+    user creates gets; `tempfile.mkstemp` would make it 0600, and fixing that afterwards needs the umask, which can
+    only be read by setting it, a process-wide change other threads would see."""
     directory = os.path.dirname(os.path.abspath(path)) or "."
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(tempfile.TMP_MAX):
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no unused temporary file name next to {path}")
+
+
+def _atomic_write(path: str, data: bytes) -> str:
+    fd, tmp = _create_temp(path)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the user's usual permissions
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -42,7 +42,7 @@ def layer_settings(node: PyNode) -> LayerSettings:
 
 
 def activation_mode(node: PyNode, bits: int) -> QuantMode:
-    """The activation mode of the layer; activations wider than 8 bits are always symmetric (§3.2)."""
+    """The activation mode of the layer; activations wider than 8 bits are always symmetric."""
     mode = QuantMode.from_name(layer_settings(node).q_mode_activation)
     if bits > 8 and mode.is_asymmetric:
         mode = mode.to_symmetric()
@@ -301,7 +301,7 @@ def mac_weights(node: PyNode) -> Tuple[torch.Tensor, torch.dtype]:
 
 
 def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
-    """Convolution / DepthwiseConv / FullyConnected quantization (§3.5, reference `linear_op_quantize`).
+    """Convolution / DepthwiseConv / FullyConnected quantization (upstream `linear_op_quantize`).
 
     Output params from the calibrated output range (unsigned after RELU/RELU6/CLIP>=0); weights symmetric or
     asymmetric per tensor, per channel, or per group for grouped convs; requant ratio s_out / (s_in * s_w) as

@@ -104,6 +104,25 @@ def axis_param(node: PyNode, axis: Any, rank: int) -> int:
     return value % rank
 
 
+MISSING: Any = object()
+"""`int_param`'s default for a required param (None is a real default: an absent param reads as None)."""
+
+
+def int_param(node: PyNode, key: str, default: Any = MISSING, minimum: int = 1) -> Optional[int]:
+    """Integer param `key` (required unless a default is given), checked against `minimum`; a bad value is an IR
+    error naming the layer. None when the value is None (an absent param whose default is None: the caller derives
+    it, e.g. a kernel size from the weights)."""
+    value = node.get_param(key, optional=default is not MISSING,
+                           default_value=None if default is MISSING else default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise node._error(f"parameter '{key}' must be an integer, got {value!r}")
+    if int(value) < minimum:
+        raise node._error(f"parameter '{key}' must be >= {minimum}, got {value}")
+    return int(value)
+
+
 def bool_param(node: PyNode, key: str, default: bool) -> bool:
     """Boolean param; the IR reader gives bools, hand-built graphs may use 0/1 or 'true'/'false'."""
     value: Any = node.get_param(key, optional=True, default_value=default)

@@ -97,7 +97,7 @@ def _same_quantization(inputs: List, signed: bool) -> bool:
 
 @quant_register(OpType.Concat)
 def concat_quantize(self: PyNode) -> None:
-    """Output params and per-branch requantization (§3.5 Concat).
+    """Output params and per-branch requantization (docs/integer-semantics.md, Concat).
 
     Output bits = the widest branch, signed if any branch is (or `force_dtype_int`). Identically quantized
     branches: the output copies their params. All-integer branches: integer output (scale 1). Otherwise output

@@ -5,7 +5,7 @@ asymmetric, so they are applied explicitly before a padding-free torch convoluti
 """
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, List, Tuple
 
 import torch
 
@@ -22,25 +22,11 @@ from ._quant import (
     out_range,
     quantize_mac,
 )
-from ._shared import apply_fused_activation, float_biases, keep_unrounded, unrounded_input
+from ._shared import apply_fused_activation, float_biases, int_param, keep_unrounded, unrounded_input
 from .catalog import describe_op
 
-_MISSING = object()
 MAC_FLOAT_DTYPE = torch.float64
 """Accumulation type of the float forward of MAC layers (results are rounded back to the input's float type)."""
-
-
-def _int_param(node: PyNode, key: str, default: Any = _MISSING, minimum: int = 1) -> int | None:
-    """Integer param `key` (required unless a default is given), checked against `minimum`."""
-    value = node.get_param(key, optional=default is not _MISSING,
-                           default_value=None if default is _MISSING else default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise node._error(f"parameter '{key}' must be an integer, got {value!r}")
-    if int(value) < minimum:
-        raise node._error(f"parameter '{key}' must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -49,9 +35,9 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 def _geometry(node: PyNode) -> Tuple[Tuple[int, int], Tuple[int, int], Tuple[int, int, int, int]]:
     """(stride_yx, dilation_yx, pads as F.pad wants them: left, right, top, bottom)."""
-    stride = (_int_param(node, "stride_y", 1), _int_param(node, "stride_x", 1))
-    dilation = (_int_param(node, "dilation_y", 1), _int_param(node, "dilation_x", 1))
-    pads = tuple(_int_param(node, k, 0, minimum=0) for k in ("pad_left", "pad_right", "pad_top", "pad_bottom"))
+    stride = (int_param(node, "stride_y", 1), int_param(node, "stride_x", 1))
+    dilation = (int_param(node, "dilation_y", 1), int_param(node, "dilation_x", 1))
+    pads = tuple(int_param(node, k, 0, minimum=0) for k in ("pad_left", "pad_right", "pad_top", "pad_bottom"))
     return stride, dilation, pads  # type: ignore[return-value]
 
 
@@ -77,10 +63,10 @@ def _check_weights(node: PyNode, w: torch.Tensor, in_c: int, depthwise: bool) ->
         raise node._error(f"weights must be 4-D OHWI [out_c, kh, kw, in_c/group], got shape {list(w.shape)}")
     out_c, kh, kw, cin_g = (int(s) for s in w.shape)
     for key, size in (("kernel_y", kh), ("kernel_x", kw), ("num_output", out_c)):
-        value = _int_param(node, key, None)
+        value = int_param(node, key, None)
         if value is not None and value != size:
             raise node._error(f"parameter {key}={value} does not match weights shape {list(w.shape)}")
-    group = _int_param(node, "group", in_c if depthwise else 1)
+    group = int_param(node, "group", in_c if depthwise else 1)
     if cin_g * group != in_c or out_c % group != 0:
         raise node._error(f"group={group} with weights {list(w.shape)} does not fit {in_c} input channels "
                           f"(needs in_c == weights[3] * group and out_c % group == 0)")
@@ -88,7 +74,7 @@ def _check_weights(node: PyNode, w: torch.Tensor, in_c: int, depthwise: bool) ->
         if cin_g != 1:
             raise node._error(f"DepthwiseConv weights must be [out_c, kh, kw, 1] with group = in_c, "
                               f"got {list(w.shape)} with group={group}")
-        multiplier = _int_param(node, "multiplier", None)
+        multiplier = int_param(node, "multiplier", None)
         if multiplier is not None and multiplier * in_c != out_c:
             raise node._error(f"multiplier={multiplier} does not match {out_c} outputs for {in_c} input channels")
     return group
@@ -127,6 +113,18 @@ def conv2d_nhwc_int(node: PyNode, depthwise: bool) -> torch.Tensor:
     return acc.to(torch.float64)
 
 
+def _check_output_size(node: PyNode, out_hw: List[int]) -> None:
+    """The output height and width the params give must be the IR's (layer_top_shape): a wrong pad or stride is an
+    IR error here, not a wrong-sized result or an allocation of hundreds of gigabytes."""
+    ir_shape = node.outputs[0].ir_shape if node.outputs else None
+    if ir_shape is None or len(ir_shape) != 4:
+        return
+    expected = [int(ir_shape[1]), int(ir_shape[2])]
+    if out_hw != expected:
+        raise node._error(f"kernel, stride, dilation and pads give an output of {out_hw} (HW) but layer_top_shape "
+                          f"says {expected}")
+
+
 def _conv_nhwc(node: PyNode, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, depthwise: bool,
                pad_value: float, dtype: torch.dtype) -> torch.Tensor:
     """Checked convolution of NHWC `x` computed in `dtype` (the input is converted while it is padded)."""
@@ -138,6 +136,7 @@ def _conv_nhwc(node: PyNode, x: torch.Tensor, w: torch.Tensor, bias: torch.Tenso
     padded = (int(x.shape[1]) + pads[2] + pads[3], int(x.shape[2]) + pads[0] + pads[1])
     if padded[0] < need[0] or padded[1] < need[1]:
         raise node._error(f"padded input {list(padded)} (HW) is smaller than the dilated kernel {list(need)}")
+    _check_output_size(node, [(p - n) // s + 1 for p, n, s in zip(padded, need, stride)])
     return _conv2d_kernel(x, w, bias, stride, dilation, pads, group, pad_value, dtype)
 
 
@@ -162,7 +161,7 @@ def depthwise_conv_forward(self: PyNode) -> None:
 def convolution_quantize(self: PyNode) -> None:
     """Per-channel weights when the weight mode says so; grouped convs are quantized per group otherwise."""
     per_channel = layer_settings(self).q_mode_weight.startswith("per_channel")
-    group = _int_param(self, "group", 1)
+    group = int_param(self, "group", 1)
     quantize_mac(self, per_channel=per_channel, groups=1 if per_channel else int(group))
 
 

@@ -114,7 +114,7 @@ def _check_quantizable(node: PyNode, method: str) -> None:
 
 @quant_register([OpType.Eltwise, OpType.Add, OpType.Sub, OpType.Mul])
 def eltwise_quantize(self: PyNode) -> None:
-    """Output params from the calibrated output range, then the integer multipliers (§3.5, Appendix A.1).
+    """Output params from the calibrated output range, then the integer multipliers (docs/integer-semantics.md).
 
     ADD/SUB/MAX/MIN: both inputs are aligned to a common scale by cross-multiplying with 15-bit approximations
     of the other input's scale, and the output ratio s_out / (s0 * s1 * 2^N) becomes M_out / 2^shift

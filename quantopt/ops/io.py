@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import torch
 
+from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..graph.node import PyNode
 from ..graph.optype import OpType
+from ..log import OPT_WARN
 from ..quant.hardware import INT_INPUT_MAX_BITS
 from ..quant.params import integer_range, quantize
 from ..registry import op_register, quant_register
@@ -57,12 +59,20 @@ def constant_forward(self: PyNode) -> None:
 
 @quant_register(OpType.Constant)
 def constant_quantize(self: PyNode) -> None:
-    """All-integer constants are used as integers (scale 1); others are quantized with the output's params."""
+    """All-integer constants are used as integers (scale 1); others are quantized with the output's params. A float
+    constant holding mask values (±inf, |x| >= 1e30: -FLT_MAX is an integer-valued float) is quantized from its
+    calibrated range, its mask values saturating (passes/inf_mask.py), never taken as an int32 of scale 1."""
     out = self.outputs[0]
     w = self.get_constant("weights")
     s = layer_settings(self)
     values = w.betensor
-    if not values.is_floating_point():
+    mask = values.is_floating_point() and bool((values.abs() >= INF_MASK_THRESHOLD).any())
+    if mask and s.qinvariant:
+        OPT_WARN(f"layer '{self.name}' (Constant): set_qinvariant_for_start_nodes names a constant holding mask "
+                 f"values (±inf or |x| >= {INF_MASK_THRESHOLD:g}); they saturate to the integer range")
+    if mask and not s.qinvariant:
+        quantize_activation(self, out, float(out.min) < 0 or bool((values < 0).any()))
+    elif not values.is_floating_point():
         bits = min(w.dtype.bits, INT_INPUT_MAX_BITS)
         set_qinvariant(out, bits, bool((values < 0).any()) or w.dtype.is_signed)
     elif s.qinvariant or (bool(torch.isfinite(values).all()) and bool((values == torch.round(values)).all())):

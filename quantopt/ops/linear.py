@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..ir.dtype import Dtype
+from ..quant.requant import INT32_MAX, INT32_MIN
 from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import op_register, quant_register
 from ._fc_order import OrderedWeights, linear_float32
@@ -45,7 +46,6 @@ FLOAT32_FC_ORDER = "upstream"
 """How the float forward sums a float32 FullyConnected: "upstream", in upstream's fixed float32 order (_fc_order.py),
 or "torch", with torch's own float32 kernel, whose order follows the machine (a diagnostic switch for
 benchmarks/golden_ranges.py)."""
-INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 SATURATED = 2 ** 40
 """Any |value| beyond this saturates every output range (qmin/qmax/zp are at most 32-bit), so it may be capped."""
 

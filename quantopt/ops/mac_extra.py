@@ -49,7 +49,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import apply_fused_activation, bool_param
+from ._shared import apply_fused_activation, bool_param, int_param
 from .catalog import describe_op
 
 """Integers and partial sums below this magnitude are exact in float64: the bound for float64 accumulation and for
@@ -72,23 +72,8 @@ at most `AIFF_SHIFT_MAX` = 31."""
 BIAS_ADD_WEIGHT_BITS = (8, 16)
 """BiasAdd's implicit unit weight is quantized with the layer's weight bits clamped to this range."""
 
-_MISSING = object()
-
 
 # ================================================================================================ params / geometry
-def _int_param(node: PyNode, key: str, default: Any = _MISSING, minimum: int = 1) -> Optional[int]:
-    """Integer param `key` (required unless a default is given), checked against `minimum`."""
-    value = node.get_param(key, optional=default is not _MISSING,
-                           default_value=None if default is _MISSING else default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise node._error(f"parameter '{key}' must be an integer, got {value!r}")
-    if int(value) < minimum:
-        raise node._error(f"parameter '{key}' must be >= {minimum}, got {value}")
-    return int(value)
-
-
 def _float_param(node: PyNode, key: str, default: float) -> float:
     value = node.get_param(key, optional=True, default_value=default)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -126,14 +111,14 @@ def _geometry(node: PyNode, kernel: Tuple[int, ...], transposed: bool) -> _Geome
     nd = len(kernel)
     axes = _AXES[nd]
     for a, k in zip(axes, kernel):
-        value = _int_param(node, f"kernel_{a}", None)
+        value = int_param(node, f"kernel_{a}", None)
         if value is not None and value != k:
             raise node._error(f"parameter kernel_{a}={value} does not match the weights' kernel size {k}")
-    stride = tuple(_int_param(node, f"stride_{a}", 1) for a in axes)
-    dilation = tuple(_int_param(node, f"dilation_{a}", 1) for a in axes)
-    begin = tuple(_int_param(node, b, 0, minimum=0) for b, _ in _PADS[nd])
-    end = tuple(_int_param(node, e, 0, minimum=0) for _, e in _PADS[nd])
-    out_pad = tuple(_int_param(node, f"output_padding_{a}", 0, minimum=0) for a in axes) if transposed \
+    stride = tuple(int_param(node, f"stride_{a}", 1) for a in axes)
+    dilation = tuple(int_param(node, f"dilation_{a}", 1) for a in axes)
+    begin = tuple(int_param(node, b, 0, minimum=0) for b, _ in _PADS[nd])
+    end = tuple(int_param(node, e, 0, minimum=0) for _, e in _PADS[nd])
+    out_pad = tuple(int_param(node, f"output_padding_{a}", 0, minimum=0) for a in axes) if transposed \
         else (0,) * nd
     return _Geometry(kernel, stride, dilation, begin, end, out_pad)  # type: ignore[arg-type]
 
@@ -283,10 +268,10 @@ def _conv3d_weights(node: PyNode, w: torch.Tensor, in_c: int) -> int:
     if w.dim() != 5:
         raise node._error(f"weights must be 5-D [out_c, kh, kw, kd, in_c/group], got shape {list(w.shape)}")
     out_c, cin_g = int(w.shape[0]), int(w.shape[4])
-    num_output = _int_param(node, "num_output", None)
+    num_output = int_param(node, "num_output", None)
     if num_output is not None and num_output != out_c:
         raise node._error(f"parameter num_output={num_output} does not match weights shape {list(w.shape)}")
-    group = _int_param(node, "group", 1)
+    group = int_param(node, "group", 1)
     if cin_g * group != in_c or out_c % group != 0:
         raise node._error(f"group={group} with weights {list(w.shape)} does not fit {in_c} input channels "
                           "(needs in_c == weights[4] * group and out_c % group == 0)")
@@ -360,7 +345,7 @@ def _conv3d_int(node: PyNode) -> torch.Tensor:
 def convolution3d_quantize(self: PyNode) -> None:
     """As Convolution: per-channel weights when the weight mode says so, else per group (per tensor if group=1)."""
     per_channel = layer_settings(self).q_mode_weight.startswith("per_channel")
-    group = _int_param(self, "group", 1)
+    group = int_param(self, "group", 1)
     quantize_mac(self, per_channel=per_channel, groups=1 if per_channel else int(group))  # type: ignore[arg-type]
 
 
@@ -377,10 +362,10 @@ def _convt_check(node: PyNode, shape: Sequence[int], in_c: int, nd: int) -> int:
         raise node._error(f"weights must be {nd + 2}-D {layout}, got shape {shape}")
     if shape[-1] != in_c:
         raise node._error(f"weights {shape} must end in the {in_c} input channels")
-    group = int(_int_param(node, "group", 1))  # type: ignore[arg-type]
+    group = int(int_param(node, "group", 1))  # type: ignore[arg-type]
     if in_c % group != 0:
         raise node._error(f"group={group} does not divide the {in_c} input channels")
-    num_output = _int_param(node, "num_output", None)
+    num_output = int_param(node, "num_output", None)
     out_c = shape[0] * group
     if num_output is not None and num_output != out_c:
         raise node._error(f"parameter num_output={num_output} does not match weights {shape} with "
@@ -552,7 +537,7 @@ def conv_transpose3d_quantize(self: PyNode) -> None:
 
 # ================================================================================================ BiasAdd
 def _bias_add_axis(node: PyNode, rank: int) -> int:
-    axis = _int_param(node, "axis", -1, minimum=-rank)
+    axis = int_param(node, "axis", -1, minimum=-rank)
     if not -rank <= axis < rank:  # type: ignore[operator]
         raise node._error(f"axis={axis} is out of range for a rank-{rank} input")
     return int(axis) % rank  # type: ignore[arg-type]

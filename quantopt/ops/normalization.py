@@ -494,7 +494,7 @@ def lrn_quantize(self: PyNode) -> None:
 
 def _lrn_integer_forward(node: PyNode, size: int) -> torch.Tensor:
     """v = x_q + zp; u = clamp(round_half_even(Σ_window v² * M_sum / 2^N_sum), 0, 65535); L = lut at u
-    (§3.4 interpolation over a 16-bit index); y = requant(v * L)."""
+    (the table interpolation of docs/semantics/normalization.md over a 16-bit index); y = requant(v * L)."""
     out = node.outputs[0]
     x, zp = int_input(node)
     if x.dim() < 2:

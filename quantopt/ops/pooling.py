@@ -29,7 +29,7 @@ from ..quant.hardware import POOLING_SHIFT_MAX
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import linear_quant_params
 from ..quant.requant import requantize_int, scale_shift
-from ..quant.rounding import div_round_half_even, round_shift
+from ..quant.rounding import FLOAT64_EXACT, div_round_half_even, round_shift
 from ..registry import op_register, quant_register
 from ..threads import one_thread
 from ._lut_int import range_bits
@@ -56,8 +56,6 @@ from .catalog import PASSTHROUGH_DTYPES, describe_op
 COUNT_INCLUDE_PAD_DEFAULT = False
 _MISSING = object()
 METHODS = ("MAX", "AVG", "L1", "L2")
-EXACT_FLOAT64 = 2 ** 53
-"""Window sums of integers below this magnitude are exact in float64."""
 _PAD_KEYS = ("pad_left", "pad_right", "pad_top", "pad_bottom")
 
 
@@ -184,7 +182,7 @@ def pool2d_nchw_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, method: str
     shifted = x + zp
     window = p["k"][0] * p["k"][1]
     bound = (int(shifted.abs().max()) if shifted.numel() else 0) * window
-    if bound >= EXACT_FLOAT64:
+    if bound >= FLOAT64_EXACT:
         raise UnsupportedError(f"layer '{node.name}': AVG window sums up to {bound} are too wide for the exact "
                                "integer forward (limit 2^53)")
     xp = F.pad(shifted.to(torch.float64), full, value=0.0) if any(full) else shifted.to(torch.float64)
@@ -232,7 +230,7 @@ def lp_window_sums_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, power: i
     shifted = x + zp
     a = shifted.abs() if power == 1 else shifted * shifted
     bound = (int(a.max()) if a.numel() else 0) * p["k"][0] * p["k"][1]
-    if bound >= EXACT_FLOAT64:
+    if bound >= FLOAT64_EXACT:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): window sums up to {bound} are too wide for the "
                                "exact integer forward (limit 2^53)")
     af = a.to(torch.float64)

@@ -161,7 +161,9 @@ def rnn_spec(node: PyNode) -> RnnSpec:
                                           (values if isinstance(values, (list, tuple)) else [values])):
                 raise UnsupportedError(f"layer '{node.name}' ({node.type}): {key}={values} is not supported "
                                        f"(only {default})")
-    version = str(node.get_param("version", optional=True, default_value="GRUV3")).upper()
+    # GRUv1 is the Parser's layer type for a GRU that resets after the hidden MatMul (GRUv3 with version GRUV1)
+    default_version = "GRUV1" if str(node.type) == "GRUv1" else "GRUV3"
+    version = str(node.get_param("version", optional=True, default_value=default_version)).upper()
     if kind == "GRU" and version not in ("GRUV3", "GRUV1"):
         raise node._error(f"parameter 'version' must be GRUV3 or GRUV1, got {version!r}")
     forget_bias = float(node.get_param("forget_bias", optional=True, default_value=0.0)) if kind == "LSTM" else 0.0
@@ -350,7 +352,7 @@ def _clamp_code(bound: Optional[float], scale: float, limit: int) -> int:
     return max(0, min(limit, int(round(bound * scale))))
 
 
-@quant_register([OpType.BasicLSTM, OpType.GRUv3])
+@quant_register([OpType.BasicLSTM, OpType.GRUv1, OpType.GRUv3])
 def rnn_quantize(self: PyNode) -> None:
     """Weights per row, biases with the input zero point folded in, gate multipliers, Q15 tables, state formats and
     output multipliers; everything the integer forward reads is stored in the layer (see the module doc)."""
@@ -549,7 +551,7 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
     return results
 
 
-@op_register([OpType.BasicLSTM, OpType.GRUv3])
+@op_register([OpType.BasicLSTM, OpType.GRUv1, OpType.GRUv3])
 def rnn_forward(self: PyNode) -> None:
     """Sequence input [batch, time_steps, input_size], initial state(s) [batch or 1, cell_size]."""
     if self.quantized:
@@ -586,4 +588,8 @@ describe_op("GRUv3", params="time_steps, input_size, cell_size, direction (forwa
             integer="int64 MAC, per-gate requant to fixed gate scales, Q15 sigmoid/tanh tables, Q30 state update "
             "requantized to the outputs",
             dtypes="float32 → int8 (8 bits) or int16 (16 bits), signed",
+            semantics="docs/semantics/recurrent.md#gruv3")
+describe_op("GRUv1", params="as GRUv3 with version GRUV1 (the reset gate applied after the hidden MatMul): "
+            "weights [3C, I+C], biases [4C]",
+            integer="as GRUv3", dtypes="float32 → int8 (8 bits) or int16 (16 bits), signed",
             semantics="docs/semantics/recurrent.md#gruv3")

@@ -8,6 +8,7 @@ The integer semantics are in docs/semantics/indexing.md.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -82,8 +83,12 @@ def _check_integer_input(node: PyNode, t: PyTensor, what: str) -> None:
 # ------------------------------------------------------------------------------------------------ Transpose, Permute
 @op_register(OpType.Transpose)
 def transpose_forward(self: PyNode) -> None:
-    perm = [int(p) for p in self.get_param("perm")]
-    self.outputs[0].betensor = self.inputs[0].betensor.permute(*perm).contiguous()
+    x = self.inputs[0].betensor
+    perm = self.get_param("perm")
+    perm = _ints(self, "perm", perm) if isinstance(perm, (list, tuple)) else perm
+    if not isinstance(perm, list) or sorted(perm) != list(range(x.dim())):
+        raise self._error(f"perm {perm} is not a permutation of the {x.dim()} input axes")
+    self.outputs[0].betensor = x.permute(*perm).contiguous()
 
 
 @op_register(OpType.Permute)
@@ -119,8 +124,22 @@ def batched_shape(node: PyNode, inp: PyTensor, shape: List[int]) -> List[int]:
 def reshape_forward(self: PyNode) -> None:
     """IR `shape` fixes the IR batch; for another batch dim 0 grows with the data (`batched_shape`)."""
     inp = self.inputs[0]
-    shape = batched_shape(self, inp, [int(s) for s in self.get_param("shape")])
+    shape = self.get_param("shape")
+    if not isinstance(shape, (list, tuple)):
+        raise self._error(f"parameter 'shape' must be a list of integers, got {shape!r}")
+    shape = _ints(self, "shape", shape)
+    if any(d < -1 for d in shape) or shape.count(-1) > 1:
+        raise self._error(f"shape {shape}: dims must be >= 0, with at most one -1 (inferred)")
+    shape = batched_shape(self, inp, shape)
+    _check_reshape(self, tuple(inp.betensor.shape), shape)
     self.outputs[0].betensor = inp.betensor.reshape(shape)
+
+
+def _check_reshape(node: PyNode, src: Tuple[int, ...], shape: List[int]) -> None:
+    """A target shape that cannot hold the input's elements is an IR error naming the layer."""
+    count, known = math.prod(src), math.prod(d for d in shape if d != -1)
+    if (-1 in shape and (known == 0 or count % known)) or (-1 not in shape and known != count):
+        raise node._error(f"shape {shape} cannot hold the {count} elements of the input {list(src)}")
 
 
 @op_register(OpType.Squeeze)

@@ -19,6 +19,7 @@ from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.optype import OpType
 from ..ir.dtype import Dtype
+from ..passes.inf_mask import SOFTMAX_MASK_PARAM, has_low_mask
 from ..quant.hardware import (
     AIFF_MULTIPLIER_BITS,
     SOFTMAX_DIVIDEND_BITS,
@@ -105,8 +106,9 @@ def _softmax_lut_forward(node: PyNode) -> torch.Tensor:
     bits = range_bits(inp)
     if x.numel() == 0:
         return x.clone()
-    shifted = x - x.amax(dim=axis, keepdim=True) + (2 ** bits - 1)
-    e = lookup_lut(shifted, table, 0, bits, lut.dtype.bits, lut.dtype.is_signed)
+    top = x.amax(dim=axis, keepdim=True)
+    shifted = x - top + (2 ** bits - 1)
+    e = masked_terms(node, x, top, lookup_lut(shifted, table, 0, bits, lut.dtype.bits, lut.dtype.is_signed))
     total = e.sum(dim=axis, keepdim=True)
     den = torch.clamp(total, min=1)
     mult, shift = requant_of(node)
@@ -130,7 +132,7 @@ def _softmax_lut_forward(node: PyNode) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------- method choice
 LUT_METHOD_CONSUMERS = ("NMS", "Sort", "ArgMinMax", "TopK", "InTopK")
 """Layer types whose Softmax producer keeps the LUT method: they compare probabilities, and the LUT method keeps
-more distinct output codes near the top (§3.5, upstream pass `tune_op_softmax`)."""
+more distinct output codes near the top (upstream pass `tune_op_softmax`)."""
 
 SOFTMAX_METHODS = ("LUT", "FAST_EXP")
 
@@ -188,10 +190,13 @@ def softmax_quantize(self: PyNode) -> None:
         raise UnsupportedError(f"layer '{self.name}' (Softmax): per-channel activation quantization is not "
                                "supported (upstream neither)")
     _axis(self, len(inp.ir_shape))
+    self.params.pop(SOFTMAX_MASK_PARAM, None)
     if softmax_method(self) == "LUT":
         _softmax_lut_quantize(self)
     else:
         _softmax_fast_exp_quantize(self)
+    if has_low_mask(inp):
+        self.params[SOFTMAX_MASK_PARAM] = True
 
 
 # --------------------------------------------------------------------------------------------- FAST_EXP helpers
@@ -326,7 +331,8 @@ def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
     zp = tensor_zp(out)
     if adjust_q < POW2_TABLE_BITS:
         return _softmax_pow2_path(node, x, axis, adjust_q, out_q, zp, qmin, qmax)
-    e = fast_exp_terms(node, x - x.amax(dim=axis, keepdim=True))
+    top = x.amax(dim=axis, keepdim=True)
+    e = masked_terms(node, x, top, fast_exp_terms(node, x - top))
     total = e.sum(dim=axis, keepdim=True)
     mult, shift = requant_of(node)
     if isinstance(mult, torch.Tensor):
@@ -348,6 +354,7 @@ def _softmax_pow2_path(node: PyNode, x: torch.Tensor, axis: int, adjust_q: int, 
     l_ = _log2_domain(node, x, axis, 0)
     p = out_q + l_
     y = torch.where(p >= 0, torch.ones_like(p) << torch.clamp(p, 0, 62), torch.zeros_like(p))
+    y = masked_terms(node, x, x.amax(dim=axis, keepdim=True), y)
     total = torch.clamp(y.sum(dim=axis, keepdim=True), 1, 2 ** 31 - 1)
     lead = 31 - bit_length(total)
     norm = total << lead
@@ -356,7 +363,23 @@ def _softmax_pow2_path(node: PyNode, x: torch.Tensor, axis: int, adjust_q: int, 
     bits = range_bits(node.outputs[0])
     z = (((l_ + bits) << adjust_q) - log2_sum) >> adjust_q
     v = torch.where(z >= 0, torch.ones_like(z) << torch.clamp(z, 0, 62), torch.zeros_like(z))
+    v = masked_terms(node, x, x.amax(dim=axis, keepdim=True), v)
     return torch.clamp(v - zp, qmin, qmax)
+
+
+def masks_saturated_input(node: PyNode) -> bool:
+    """`mask_saturated_input` (written for a Softmax whose input is an attention mask, passes/inf_mask.py)."""
+    value = node.params.get(SOFTMAX_MASK_PARAM, False)
+    return value is True or str(value).lower() == "true"
+
+
+def masked_terms(node: PyNode, x: torch.Tensor, top: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """With `mask_saturated_input`, the exponential terms of inputs equal to the input's qmin are 0 in rows whose
+    maximum `top` is above qmin (a fully masked row keeps its equal terms: uniform, as float gives); else `e`."""
+    if not masks_saturated_input(node):
+        return e
+    qmin = int(node.inputs[0].qmin)
+    return torch.where((x == qmin) & (top > qmin), torch.zeros_like(e), e)
 
 
 def softmax_integer_forward(node: PyNode) -> torch.Tensor:

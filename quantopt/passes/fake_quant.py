@@ -1,4 +1,4 @@
-"""Fake-quant debugging (`fake_quant_scopes_for_debug`, `fake_quant_operators_for_debug`, reference §6.7).
+"""Fake-quant debugging (`fake_quant_scopes_for_debug`, `fake_quant_operators_for_debug`, docs/mixed-precision.md).
 
 Chosen layers of the quantized graph run their float forward, with the original float params and constants, on
 their dequantized inputs; their outputs are quantized again with the layer's own output params, so downstream

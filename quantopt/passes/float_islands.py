@@ -1,4 +1,4 @@
-"""Float islands (`trigger_float_op`, reference §3.6): layers that stay float inside a quantized model.
+"""Float islands (`trigger_float_op`, docs/mixed-precision.md): layers that stay float inside a quantized model.
 
 `quantize_graph` calls `insert_boundary_layers` on the quantized copy before any layer is quantized, then
 `make_float_layer` instead of the quantize function for each float layer:

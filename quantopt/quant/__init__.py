@@ -1,4 +1,5 @@
-"""Pure quantization math of OPT (§3.1-3.5): hardware limits, rounding, range → params, requantization, LUTs.
+"""Pure quantization math of OPT: hardware limits, rounding, range → params, requantization, LUTs
+(docs/integer-semantics.md).
 
 No graph objects here: torch/numpy/python numbers in and out, so every rule can be tested on its own.
 """

@@ -1,5 +1,5 @@
-"""Lookup tables of nonlinear ops: construction and integer lookup (§3.4, upstream `unknown_quantize` and
-`lookup_lut_powerof2`).
+"""Lookup tables of nonlinear ops: construction and integer lookup (docs/integer-semantics.md, Lookup-table methods;
+upstream `unknown_quantize` and `lookup_lut_powerof2`).
 
 Construction reproduces upstream bit for bit (every `lut` constant of the golden IRs, 8-bit and 16-bit inputs, is
 rebuilt exactly by tests/quant/test_golden_vectors.py): float32 `torch.linspace` samples of the input integer range,
@@ -20,7 +20,7 @@ Number = Union[int, float]
 
 
 def lut_size(in_bits: int, lut_items_in_bits: int = DEFAULT_LUT_ITEMS_IN_BITS) -> int:
-    """Number of table entries: 2^min(in_bits, lut_items_in_bits) (§3.4)."""
+    """Number of table entries: 2^min(in_bits, lut_items_in_bits)."""
     return 2 ** min(int(in_bits), int(lut_items_in_bits))
 
 
@@ -41,7 +41,7 @@ def lut_sample_points(in_qmin: int, in_qmax: int, steps: int) -> torch.Tensor:
 def build_lut(fn: Callable[[torch.Tensor], torch.Tensor], in_scale: float, in_zp: Number, in_qmin: int,
               in_qmax: int, in_bits: int, out_scale: float, out_zp: Number, out_qmin: int, out_qmax: int,
               lut_items_in_bits: int = DEFAULT_LUT_ITEMS_IN_BITS, mirror_offset: float = 0.0) -> torch.Tensor:
-    """Table of round(f(dequant(x)) * s_out - zp_out) clipped to [out_qmin, out_qmax], as int64 (§3.4).
+    """Table of round(f(dequant(x)) * s_out - zp_out) clipped to [out_qmin, out_qmax], as int64.
 
     `fn` takes and returns float32 tensors. `mirror_offset` (used by the RNN sigmoid) is subtracted from f before
     quantization and added back as round(offset * s_out) afterwards, like upstream. Store the result with the

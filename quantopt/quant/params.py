@@ -1,4 +1,5 @@
-"""Quantization parameters from a float range, and (de)quantization, in OPT's convention (§3.1, §3.2).
+"""Quantization parameters from a float range, and (de)quantization, in OPT's convention
+(docs/integer-semantics.md, Conventions).
 
 OPT stores `scale` as "quantized units per float unit" and subtracts the zero point:
     quantize:   q = clamp(round(scale * x - zerop), qmin, qmax)
@@ -26,7 +27,7 @@ ZeropLike = Union[int, float, torch.Tensor]
 
 
 class QuantMode(str, enum.Enum):
-    """The nine quantization method names of §3.2 (cfg `quantize_method_for_weight/activation`)."""
+    """The nine quantization method names (cfg `quantize_method_for_weight/activation`)."""
 
     PER_TENSOR_SYMMETRIC_RESTRICTED_RANGE = "per_tensor_symmetric_restricted_range"
     PER_TENSOR_SYMMETRIC_FULL_RANGE = "per_tensor_symmetric_full_range"
@@ -106,7 +107,7 @@ class QuantMode(str, enum.Enum):
 ACTIVATION_MODES = (QuantMode.PER_TENSOR_SYMMETRIC_RESTRICTED_RANGE, QuantMode.PER_TENSOR_SYMMETRIC_FULL_RANGE,
                     QuantMode.PER_TENSOR_ASYMMETRIC, QuantMode.PER_CHANNEL_SYMMETRIC_RESTRICTED_RANGE,
                     QuantMode.PER_CHANNEL_SYMMETRIC_FULL_RANGE)
-"""Modes accepted for activations (§3.2, §4.4)."""
+"""Modes accepted for activations (docs/user-guide.md, `quantize_method_for_activation`)."""
 
 
 def integer_range(bits: int, signed: bool, restricted: bool = False) -> Tuple[int, int]:
@@ -140,7 +141,7 @@ def _is_channel_tensor(v: object) -> bool:
 
 def linear_quant_params(fmin: Union[Number, torch.Tensor], fmax: Union[Number, torch.Tensor], bits: int,
                         mode: Union[str, QuantMode], signed: bool) -> QuantParams:
-    """Scale/zero point for the float range [fmin, fmax] (upstream `get_linear_quant_params_from_tensor`, §3.2).
+    """Scale/zero point for the float range [fmin, fmax] (upstream `get_linear_quant_params_from_tensor`).
 
     The range is first forced to contain 0. Symmetric: f_range = max(|min|, |max|), doubled if signed, zerop 0.
     Asymmetric: f_range = max - min, zerop = round(scale * min) - qmin clamped to ±(2^(b-1)-1).
@@ -204,7 +205,7 @@ def _along(v: Union[Number, torch.Tensor], axis: Optional[int], ndim: int, dtype
 def quantize(x: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zerop: ZeropLike, qmin: int, qmax: int,
              round_mode: Union[str, RoundMode] = RoundMode.ROUND_TO_EVEN, axis: Optional[int] = None,
              compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """q = clamp(round(scale * x - zerop), qmin, qmax) as int64 (upstream `linear_quantize_clip`, §3.1).
+    """q = clamp(round(scale * x - zerop), qmin, qmax) as int64 (upstream `linear_quantize_clip`).
 
     Per-channel `scale`/`zerop` broadcast along `axis`. NaN inputs give 0. Computed in float32 by default like
     upstream (`scale * x.float()`), which decides ties differently from float64 for large |scale * x|.

@@ -1,4 +1,4 @@
-"""Requantization: float ratio → integer multiplier/shift, shift unification, Eltwise multipliers and biases (§3.3).
+"""Requantization: float ratio → integer multiplier/shift, shift unification, Eltwise multipliers and biases.
 
 Pure functions on python numbers and torch tensors. Ratios are approximated in float32 exactly like upstream's
 `get_scale_approximation_params` (every per-tensor Conv/FC/Eltwise `scale_value/shift_value` and every per-channel
@@ -55,7 +55,8 @@ def range_dtype(vmin: float, vmax: float, force_signed: bool = False) -> Dtype:
 def scale_shift(ratio: RatioLike, mult_bits: int, force_shift_positive: bool = False,
                 shift_limit: Optional[int] = None, limit_to_mult_bits: bool = False,
                 mult_bits_ceil: int = AIFF_MULTIPLIER_BITS) -> Tuple[IntLike, IntLike, Dtype, Dtype]:
-    """Approximate `ratio` by multiplier * 2^-shift (§3.3 steps 1-6, upstream `get_scale_approximation_params`).
+    """Approximate `ratio` by multiplier * 2^-shift (upstream `get_scale_approximation_params`; the rule of
+    docs/integer-semantics.md, Requantization).
 
     1. mb = min(mult_bits, 15)   2. shift = floor(log2((2^mb - 1) / r)), optionally <= mb, always <= shift_limit
     (31; 63 for pooling)   3. M = floor(r * 2^shift + 0.5)   4. force_shift_positive: negative shifts become 0 and
@@ -91,7 +92,7 @@ def scale_shift(ratio: RatioLike, mult_bits: int, force_shift_positive: bool = F
 
 def unify_shifts(multipliers: Union[torch.Tensor, Sequence[int]], shifts: Union[torch.Tensor, Sequence[int]],
                  max_multiplier: int = AIFF_MULTIPLIER_MAX) -> Tuple[torch.Tensor, int]:
-    """One shift for all channels (core step of `unify_shifts_for_aiff`, §3.3).
+    """One shift for all channels (core step of `unify_shifts_for_aiff`).
 
     N = max(0, max_c N_c); M_c <<= N - N_c; if max M_c > max_multiplier, N -= a and M_c >>= a with
     a = ceil(log2(max M_c / max_multiplier)) (arithmetic shift, i.e. floor). Small channels may become 0, which is
@@ -147,7 +148,7 @@ class UnifiedShifts:
 def unify_shifts_for_aiff(ratio_fn: Callable[[int], torch.Tensor], channels: int, mult_bits: int,
                           initial_groups: Optional[int] = None, force_shift_positive: bool = False,
                           max_multiplier: int = AIFF_MULTIPLIER_MAX, unify: bool = True) -> UnifiedShifts:
-    """Per-channel requant with a shared shift and the per-N-channel fallback (`unify_shifts_for_aiff`, §3.3).
+    """Per-channel requant with a shared shift and the per-N-channel fallback (`unify_shifts_for_aiff`).
 
     `ratio_fn(groups)` returns the C per-channel ratios s_out / (s_in * s_w[c]) computed with the weight ranges
     merged into `groups` channel groups (see `group_ranges`). Starting from `initial_groups` (default C, one group
@@ -175,7 +176,7 @@ def unify_shifts_for_aiff(ratio_fn: Callable[[int], torch.Tensor], channels: int
 def linear_requantize(x: Union[torch.Tensor, np.ndarray, Number], multiplier: IntLike, shift: IntLike,
                       zerop_out: Union[Number, torch.Tensor], qmin: int, qmax: int, axis: Optional[int] = None,
                       round_mode: Union[str, RoundMode] = RoundMode.ROUND_TO_EVEN) -> torch.Tensor:
-    """y = clamp(round_half_even(x * M * 2^-shift) - zerop_out, qmin, qmax) as int64, computed in float64 (§3.3).
+    """y = clamp(round_half_even(x * M * 2^-shift) - zerop_out, qmin, qmax) as int64, computed in float64.
 
     Exact (identical to infinite-precision rounding) whenever |x * M| < 2^53: x*M is then an exact float64
     integer and scaling by 2^-shift is exact. For int32 accumulators and 15-bit multipliers that always holds.
@@ -200,7 +201,7 @@ def linear_requantize(x: Union[torch.Tensor, np.ndarray, Number], multiplier: In
 def _needs_int64(x: torch.Tensor, m: torch.Tensor) -> bool:
     """True when float64 cannot hold x * M exactly but int64 can: x integer-valued, |x| * |M| in [2^53, 2^62)."""
     bound = float(x.abs().max()) * float(m.abs().max())
-    if bound < 2.0 ** 53 or not bool(torch.isfinite(x).all()) or not bool((x == torch.round(x)).all()):
+    if bound < FLOAT64_EXACT or not bool(torch.isfinite(x).all()) or not bool((x == torch.round(x)).all()):
         return False
     if bound >= 2.0 ** 62:
         raise ValueError(f"requantization product |x * M| reaches 2^{math.log2(bound):.1f}, beyond int64's exact range")
@@ -292,7 +293,7 @@ class EltwiseRequant:
 def eltwise_multipliers(s0: float, s1: float, s_out: float, out_bits: int, zp0: Number = 0, zp1: Number = 0,
                         method: str = "ADD", unify_threshold: float = 1.0,
                         force_shift_positive: bool = False) -> EltwiseRequant:
-    """Multipliers of Eltwise ADD/SUB/MAX/MIN (§3.5, Appendix A.1).
+    """Multipliers of Eltwise ADD/SUB/MAX/MIN (docs/integer-semantics.md, Eltwise).
 
     Y = ((A+zpA)·M1·2^(N-N1) + (B+zpB)·M0·2^(N-N0)) · M·2^-shift with (Mi, Ni) = 15-bit approximations of the
     input scales and N = max(N0, N1): input 0 gets input 1's multiplier and vice versa. If the larger one exceeds
@@ -368,7 +369,7 @@ def eltwise_multipliers_n(scales: Sequence[float], s_out: float, out_bits: int, 
 def bias_quantize(bias: Union[torch.Tensor, np.ndarray], s_in: Union[float, torch.Tensor],
                   s_w: Union[float, torch.Tensor], bias_bits: int,
                   upstream_float32_clip: bool = False) -> Tuple[torch.Tensor, Union[float, torch.Tensor]]:
-    """b_q = clip(round(b * s_in * s_w)) with zero point 0 (§3.5); returns (int64 b_q, bias scale).
+    """b_q = clip(round(b * s_in * s_w)) with zero point 0; returns (int64 b_q, bias scale).
 
     As upstream: bias scale = float32(s_in) * float32(s_w) in float32 (the IR `biases_scale`), product with the
     float32 bias and round-half-even in float32 (so |b_q| > 2^24 carries float32 spacing). The clip range is
@@ -392,7 +393,7 @@ def bias_quantize(bias: Union[torch.Tensor, np.ndarray], s_in: Union[float, torc
 
 def fold_input_zero_point(bias_q: torch.Tensor, w_q: torch.Tensor, zp_in: Union[Number, torch.Tensor],
                           qmin: Optional[int] = None, qmax: Optional[int] = None) -> torch.Tensor:
-    """b' = b + zp_in * Σ w_q over every axis but 0 (output channels first, any layout), exact in int64 (§3.5).
+    """b' = b + zp_in * Σ w_q over every axis but 0 (output channels first, any layout), exact in int64.
 
     Exact because x_f = (x_q + zp)/s: conv(x_q + zp, w) = conv(x_q, w) + zp·Σw. `zp_in` is the input zero point
     (a number, or a tensor broadcastable to the weights). Optionally clamped to the bias range as upstream does
@@ -410,7 +411,7 @@ def fold_input_zero_point(bias_q: torch.Tensor, w_q: torch.Tensor, zp_in: Union[
 
 
 def compress_bias(bias_q: torch.Tensor, effective_bits: int) -> Tuple[torch.Tensor, int]:
-    """Keep only the top `effective_bits` bits of the biases (`bias_effective_bits`, §3.3); returns (b', k).
+    """Keep only the top `effective_bits` bits of the biases (`bias_effective_bits`); returns (b', k).
 
     k = ceil(max(log2(max(bmax, 1) / (2^(N-1)-1)), log2(min(bmin, -1) / -2^(N-1)))), computed in float64 as the
     latest upstream `clear_lower_bits_for_bias`; if k > 0, b' = (b >> k) << k with an arithmetic shift, i.e. each
@@ -430,7 +431,7 @@ def compress_bias(bias_q: torch.Tensor, effective_bits: int) -> Tuple[torch.Tens
 
 def aiff_ahead_shift(acc: torch.Tensor, shift: int, remain_shift: int,
                      bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, int]:
-    """Model the 48-bit MAC → 32-bit ITP hand-over (`remain_shift`, §3.3); returns (data, shift still to apply).
+    """Model the 48-bit MAC → 32-bit ITP hand-over (`remain_shift`); returns (data, shift still to apply).
 
     If shift > remain_shift: data = clip(round_half_even(acc · 2^-(shift-remain)), int32) and the bias is
     pre-shifted with an arithmetic right shift (floor) and clipped to int32; else data = clip(acc, int32) and

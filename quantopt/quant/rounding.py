@@ -1,4 +1,4 @@
-"""Rounding modes of the quantizer (§3.3): ROUND_TO_EVEN everywhere by default, CEIL/FLOOR/TRUNC/NEAREST by name.
+"""Rounding modes of the quantizer: ROUND_TO_EVEN everywhere by default, CEIL/FLOOR/TRUNC/NEAREST by name.
 
 All functions accept a torch tensor, a numpy array or a python number and answer in the same kind. They are exact
 for float64 (and float32) inputs of any magnitude and for integer tensors (returned unchanged): NEAREST is not
@@ -79,7 +79,7 @@ def round_by_mode(x: ArrayLike, mode: Union[str, RoundMode] = RoundMode.ROUND_TO
 
 
 def round_half_even(x: ArrayLike) -> Any:
-    """torch.round semantics (banker's rounding): the rounding of every quantize/requantize step (§3.1, §3.3)."""
+    """torch.round semantics (banker's rounding): the rounding of every quantize/requantize step."""
     return round_by_mode(x, RoundMode.ROUND_TO_EVEN)
 
 

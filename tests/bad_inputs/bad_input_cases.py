@@ -1001,6 +1001,278 @@ def _bad_run_input(w: Work) -> str:
 def run_input_wrong_shape(w: Work) -> str:
     return _bad_run_input(w)
 
+# ============================================================================================ cfg against the model
+def _cfg_line(w: Work, key: str, value: str) -> str:
+    return f"opt.cfg:{w.cfg_set(key, value)}"
+
+
+@case(CFG, match="field 'output_dir': .* is a file, not a folder")
+def cfg_output_dir_is_a_file(w: Work) -> str:
+    (w.root / "afile").write_text("x")
+    return _cfg_line(w, "output_dir", str(w.root / "afile"))
+
+
+@case(CFG, match="field 'output_dir': .* cannot be created: .* is a file")
+def cfg_output_dir_under_a_file(w: Work) -> str:
+    (w.root / "afile").write_text("x")
+    return _cfg_line(w, "output_dir", str(w.root / "afile" / "out"))
+
+
+@case(CFG, match="field 'dump_dir': .* is a file, not a folder")
+def cfg_dump_dir_is_a_file(w: Work) -> str:
+    (w.root / "afile").write_text("x")
+    w.cfg_set("dump", "true")
+    return _cfg_line(w, "dump_dir", str(w.root / "afile"))
+
+
+@case(CFG, match=r"field 'model_name': invalid value '.*\.\.\. \(300 characters\)' \(300 characters long\)")
+def cfg_model_name_too_long(w: Work) -> str:
+    return _cfg_line(w, "model_name", "m" * 300)
+
+
+@case(CFG, match="the IR's model_name is 260 characters long")
+def cfg_ir_model_name_too_long(w: Work) -> str:
+    w.set(None, "model_name", "n" * 260)
+    w.cfg_set("model_name", "")
+    return "opt.cfg"
+
+
+@case(CFG, match=r"field 'calibration_batch_size': .*expected an integer in \[1, 1048576\]")
+def cfg_calibration_batch_size_huge(w: Work) -> str:
+    return _cfg_line(w, "calibration_batch_size", str(10 ** 20))
+
+
+@case(CFG, match=r"field 'metric_batch_size': .*out of range")
+def cfg_metric_batch_size_huge(w: Work) -> str:
+    return _cfg_line(w, "metric_batch_size", "2000000")
+
+
+@case(CFG, match="field 'calibration_batch_size'.*out of range")
+def cfg_negative_batch_size(w: Work) -> str:
+    return _cfg_line(w, "calibration_batch_size", "-1")
+
+
+@case(CFG, match="beyond 2147483647")
+def cfg_integer_beyond_int32(w: Work) -> str:
+    return _cfg_line(w, "similarity_data_num", str(2 ** 40))
+
+
+@case(CFG, match="field 'metric': the metric\\(s\\) TopKMetric need labels")
+def cfg_metric_without_label(w: Work) -> str:
+    lines = [ln for ln in w.cfg.read_text().split("\n") if not ln.startswith("label")]
+    w.cfg.write_text("\n".join(lines))
+    return f"opt.cfg:{next(i for i, ln in enumerate(lines, 1) if ln.startswith('metric ='))}"
+
+
+@case(CFG, match="field 'metric': a metric needs validation 'data'")
+def cfg_metric_without_data(w: Work) -> str:
+    lines = [ln for ln in w.cfg.read_text().split("\n") if not ln.startswith(("label", "data "))]
+    w.cfg.write_text("\n".join(lines))
+    return f"opt.cfg:{next(i for i, ln in enumerate(lines, 1) if ln.startswith('metric ='))}"
+
+
+@case(CFG, match="layer id 99 names no layer of the graph")
+def cfg_qinvariant_layer_missing(w: Work) -> str:
+    return _cfg_line(w, "set_qinvariant_for_start_nodes", "[99]")
+
+
+@case(CFG, match="layer 2 .* is a Convolution layer; only Input and Constant")
+def cfg_qinvariant_not_a_start_layer(w: Work) -> str:
+    return _cfg_line(w, "set_qinvariant_for_start_nodes", "[2]")
+
+
+@case(CFG, match=r"field 'activation_bits': layer-id range \(50,60\) names no layer")
+def cfg_per_layer_range_names_no_layer(w: Work) -> str:
+    return _cfg_line(w, "activation_bits", "8 & <[(50,60)]:16>")
+
+
+@case(CFG, match=r"field 'fake_quant_scopes_for_debug': layer-id range \(40,41\) names no layer")
+def cfg_fake_quant_scope_names_no_layer(w: Work) -> str:
+    return _cfg_line(w, "fake_quant_scopes_for_debug", "[(1,2),(40,41)]")
+
+
+@case(CFG, match=r"field 'global_calibration': layer-id range \(70,80\) names no layer")
+def cfg_global_calibration_scope_names_no_layer(w: Work) -> str:
+    return _cfg_line(w, "global_calibration", "bias_correction[][(70,80)]")
+
+
+@case(CFG, match=r"malformed line 'x{120}\.\.\. \(10000 characters\)'")
+def cfg_long_bad_line_is_clipped(w: Work) -> str:
+    w.cfg.write_text(w.cfg.read_text() + "x" * 10000 + "\n")
+    return f"opt.cfg:{len(w.cfg.read_text().splitlines())}"
+
+
+@case(CFG, match="not UTF-8 text")
+def cfg_latin1_text(w: Work) -> str:
+    w.cfg.write_bytes(w.cfg.read_bytes() + "# caf\xe9\n".encode("latin-1"))
+    return "opt.cfg"
+
+
+@case(CFG, match="no \\[Common\\] section")
+def cfg_empty_file(w: Work) -> str:
+    w.cfg.write_text("")
+    return "opt.cfg"
+
+
+@case(CFG, match="unknown section \\[Comon\\]")
+def cfg_misspelled_section(w: Work) -> str:
+    w.cfg.write_text(w.cfg.read_text().replace("[Common]", "[Comon]"))
+    return "opt.cfg:1"
+
+
+@case(CFG, match="not implemented in quantopt yet")
+def cfg_upstream_field_not_implemented(w: Work) -> str:
+    return _cfg_line(w, "quant_ir_name", "other")
+
+
+@case(CFG, match="unknown calibration strategy 'magic'")
+def cfg_unknown_strategy(w: Work) -> str:
+    return _cfg_line(w, "calibration_strategy_for_activation", "magic")
+
+
+@case(CFG, match="need lo <= 0 <= hi")
+def cfg_bad_trim(w: Work) -> str:
+    return _cfg_line(w, "trim_infinity_before_statistic", "clip(5, 3)")
+
+
+@case(CFG, match="field 'activation_bits'.*out of range")
+def cfg_activation_bits_out_of_range(w: Work) -> str:
+    return _cfg_line(w, "activation_bits", "3")
+
+
+@case(CFG, match="field 'opt_config'.*no such file")
+def cfg_opt_config_missing(w: Work) -> str:
+    return _cfg_line(w, "opt_config", "nope.json")
+
+
+@case(PLUGIN, match="TopKMetric: K must be a positive integer")
+def cfg_metric_bad_argument(w: Work) -> str:
+    w.cfg_set("metric", "TopKMetric(abc)")
+    return "TopKMetric"
+
+
+# ============================================================================================ data files
+def _edit_npy(w: Work, name: str, edit: Callable[[np.ndarray], np.ndarray]) -> str:
+    path = w.root / "data" / name
+    np.save(path, edit(np.load(path)))
+    return name
+
+
+def _set_nan(x: np.ndarray, index: int) -> np.ndarray:
+    x = x.copy()
+    x[index] = np.nan
+    return x
+
+
+@case(DATA, match="contains NaN at sample 3")
+def data_nan_in_calibration(w: Work) -> str:
+    return _edit_npy(w, "calib.npy", lambda x: _set_nan(x, 3))
+
+
+@case(DATA, match="contains NaN at sample 15")
+def data_nan_late_in_validation(w: Work) -> str:
+    return _edit_npy(w, "val.npy", lambda x: _set_nan(x, 15))
+
+
+@case(DATA, match=r"samples have shape \[3, 3\] but the IR expects \[1, 8, 8\]")
+def data_calibration_wrong_shape(w: Work) -> str:
+    return _edit_npy(w, "calib.npy", lambda x: np.zeros((8, 3, 3), np.float32))
+
+
+@case(DATA, match="holds no samples")
+def data_calibration_empty(w: Work) -> str:
+    return _edit_npy(w, "calib.npy", lambda x: x[:0])
+
+
+@case(DATA, match="not a NumPy .npy or .npz file")
+def data_calibration_not_npy(w: Work) -> str:
+    (w.root / "data" / "calib.npy").write_text("hello")
+    return "calib.npy"
+
+
+@case(DATA, match="object \\(pickled\\) array")
+def data_calibration_pickled(w: Work) -> str:
+    np.save(w.root / "data" / "calib.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    return "calib.npy"
+
+
+@case(DATA, match="the label array has 5 samples but the data file")
+def data_labels_too_few(w: Work) -> str:
+    return _edit_npy(w, "val_label.npy", lambda y: y[:5])
+
+
+@case(DATA, match=r"TopKMetric: label 50 \(sample 0 of the batch\) is not a class index in \[0, 9\]")
+def data_labels_out_of_range(w: Work) -> str:
+    return _edit_npy(w, "val_label.npy", lambda y: np.full_like(y, 50))
+
+
+@case(DATA, match=r"TopKMetric: label -1 .* is not a class index")
+def data_labels_negative(w: Work) -> str:
+    return _edit_npy(w, "val_label.npy", lambda y: np.where(np.arange(len(y)) == 4, -1, y))
+
+
+@case(DATA, match=r"TopKMetric: label \d+\.5 .* is not a whole class index")
+def data_labels_fractional(w: Work) -> str:
+    return _edit_npy(w, "val_label.npy", lambda y: y.astype(np.float32) + 0.5)
+
+
+@case(DATA, match="labels of this batch contain NaN")
+def data_labels_nan(w: Work) -> str:
+    return _edit_npy(w, "val_label.npy", lambda y: _set_nan(y.astype(np.float32), 2))
+
+
+# ============================================================================================ op params at run time
+def _layer_loc(w: Work, layer: str) -> str:
+    return w.loc(w.section(layer).start + 1)
+
+
+@case(IR, match=r"perm \[\] is not a permutation of the 4 input axes")
+def op_transpose_perm_empty(w: Work) -> str:
+    w.set("input_post_transpose", "perm", "[]")
+    return _layer_loc(w, "input_post_transpose")
+
+
+@case(IR, command="run", match=r"perm \[0, 1, 1, 3\] is not a permutation")
+def op_transpose_perm_repeats_an_axis(w: Work) -> str:
+    w.set("input_post_transpose", "perm", "[0,1,1,3]")
+    return _layer_loc(w, "input_post_transpose")
+
+
+@case(IR, match=r"perm \[0, 1, 2, 7\] is not a permutation")
+def op_transpose_perm_axis_out_of_range(w: Work) -> str:
+    w.set("input_post_transpose", "perm", "[0,1,2,7]")
+    return _layer_loc(w, "input_post_transpose")
+
+
+@case(IR, match=r"shape \[1, 7\] cannot hold the 64 elements of the input \[1, 2, 2, 16\]")
+def op_reshape_wrong_element_count(w: Work) -> str:
+    w.set(FLATTEN, "shape", "[1,7]")
+    return _layer_loc(w, FLATTEN)
+
+
+@case(IR, command="run", match=r"shape \[-1, -1\]: dims must be >= 0, with at most one -1")
+def op_reshape_two_inferred_dims(w: Work) -> str:
+    w.set(FLATTEN, "shape", "[-1,-1]")
+    return _layer_loc(w, FLATTEN)
+
+
+@case(IR, match=r"give an output of \[8, 2000000007\] \(HW\) but layer_top_shape says \[8, 8\]")
+def op_conv_huge_pad(w: Work) -> str:
+    w.set(CONV1, "pad_left", "2000000000")
+    return _layer_loc(w, CONV1)
+
+
+@case(IR, command="run", match=r"give an output of \[4, 8\] \(HW\) but layer_top_shape says \[8, 8\]")
+def op_conv_stride_disagrees_with_top_shape(w: Work) -> str:
+    w.set(CONV2, "stride_y", "2")
+    return _layer_loc(w, CONV2)
+
+
+@case(IR, match="axis 5 is out of range for a 2-D input")
+def op_softmax_axis_out_of_range(w: Work) -> str:
+    w.set(SOFTMAX, "axis", "5")
+    return _layer_loc(w, SOFTMAX)
+
 
 def case_ids() -> List[str]:
     ids = [c.id for c in CASES]

@@ -92,9 +92,10 @@ def _argv(c: Case, w: Work) -> List[str]:
 
 
 def test_catalogue_is_large_and_covers_every_kind():
-    assert len(CASES) >= 80
+    assert len(CASES) >= 150
     ids = case_ids()
-    for prefix in ("txt_", "header_", "layer_", "key_", "value_", "bin_", "const_", "cfg_", "plugin_", "run_"):
+    for prefix in ("txt_", "header_", "layer_", "key_", "value_", "bin_", "const_", "cfg_", "data_", "op_", "plugin_",
+                   "run_"):
         assert any(i.startswith(prefix) for i in ids), prefix
 
 
@@ -115,9 +116,11 @@ def test_bad_input(c: Case, tmp_path: Path, records: _Records) -> None:
     assert where in message, f"{where!r} not in {message!r}"
     if c.match:
         assert re.search(c.match, message), f"{c.match!r} does not match {message!r}"
-    # nothing written but the log: no half-written (or complete) outputs of a failed run
+    # nothing written but the log, which holds the error: no half-written (or complete) outputs of a failed run
     if w.out_dir.exists():
         assert {p.name for p in w.out_dir.iterdir()} <= {"digits_opt.log"}
+        log = w.out_dir / "digits_opt.log"
+        assert not log.exists() or f"[ERROR] {message}" in log.read_text(), "the log misses the error"
     assert not w.run_out.exists() or not any(w.run_out.iterdir())
 
 

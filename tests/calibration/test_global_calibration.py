@@ -46,7 +46,7 @@ def test_defaults_fill_missing_positional_params() -> None:
     assert m.name == "easy_quant" and m.given == 3 and m.scope is None
     assert m.params == (2, 1, 0.6, 2.0, 10, 4)
     assert m.param("batches") == 2 and isinstance(m.param("nsteps"), int) and m.param("alpha") == 0.6
-    (a,) = parse_global_calibration("adaround[10,3,32]")  # reference Appendix B
+    (a,) = parse_global_calibration("adaround[10,3,32]")  # upstream's example
     assert a.params == (10, 3, 32, 0.001, 0.01, 20, 2, 0.2)
     (b,) = parse_global_calibration("bias_correction")
     assert b.params == (1,) and b.given == 0

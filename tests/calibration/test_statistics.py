@@ -82,7 +82,11 @@ def test_extrema_over_batches_and_int32_clip():
     big = _run([torch.tensor([-1e12, 0.0, 1e12, math.inf])], StatisticsConfig(need_histogram=True, histc_bins=8))
     assert _f(big.extrema_max) == STAT_INT_MAX and _f(big.extrema_min) == -(2.0 ** 31)
     assert _f(big.running_max) == STAT_INT_MAX
-    assert _f(big.running_histc.sum()) == 4.0  # out-of-range values are counted in the border bins
+    assert _f(big.running_histc.sum()) == 3.0  # out-of-range values are counted in the border bins; inf is a mask
+    assert _f(big.inf_mask_high) == 1.0         # value, left out (tests/test_inf_mask.py)
+    no_mask = _run([torch.tensor([-1e12, 0.0, 1e12, math.inf])],
+                   StatisticsConfig(need_histogram=True, histc_bins=8, mask_threshold=math.inf))
+    assert _f(no_mask.running_histc.sum()) == 4.0 and no_mask.inf_mask_high is None
 
 
 def test_nan_rules():

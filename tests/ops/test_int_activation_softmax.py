@@ -1,6 +1,6 @@
 """Activations (every Activation method and standalone type) and Softmax: integer forward against an independent
-python-int reference written from docs/integer-semantics.md, float-vs-dequantized cosine, Appendix
-A.4, the golden IRs' Activation/Softmax parameters recomputed by our quantize functions, IR write → re-read."""
+python-int reference written from docs/integer-semantics.md, float-vs-dequantized cosine, upstream's sigmoid LUT
+example, the golden IRs' Activation/Softmax parameters recomputed by our quantize functions, IR write → re-read."""
 from __future__ import annotations
 
 import functools
@@ -296,7 +296,7 @@ def test_float_vs_dequantized_cosine(case, bits: int, lut_bits: int, threshold: 
     assert cosine(ref, got) > threshold
 
 
-# --- 3. Appendix A.4 --------------------------------------------------------------------------------------------
+# --- 3. Upstream's sigmoid LUT example -----------------------------------------------------------------------------
 def _range_for_scale(scale: float, zp: int, bits: int, mode: str, signed: bool) -> Tuple[float, float]:
     """A float range whose linear_quant_params give exactly (scale, zp): f_range searched among float32 neighbours
     of q_range / scale."""
@@ -341,7 +341,7 @@ def _quantize_with_params(optype: str, params: Mapping[str, Any], consts: Mappin
     return node
 
 
-def test_appendix_a4_sigmoid_lut() -> None:
+def test_example_sigmoid_lut() -> None:
     from quantopt.ir.dtype import Dtype
 
     s = LayerSettings(q_mode_activation="per_tensor_symmetric_full_range")
@@ -488,6 +488,11 @@ def test_chain_reloads_bit_identical(tmp_path) -> None:
 
 
 # --- errors ------------------------------------------------------------------------------------------------------
+PER_CHANNEL = "per_channel_symmetric_full_range"
+"""Set for the layer itself, a per-channel mode it cannot produce is refused; a global one falls back to per
+tensor (passes/per_channel_fallback.py, tests/ops/test_per_channel_activations.py)."""
+
+
 @pytest.mark.parametrize("optype,params", [("Softmax", {"axis": -1}), ("Activation", {"method": "RELU"}),
                                            ("Activation", {"method": "LEAKYRELU", "negative_slope": 0.1})])
 def test_per_channel_activation_mode_is_unsupported(optype: str, params: Dict[str, Any]) -> None:
@@ -495,8 +500,7 @@ def test_per_channel_activation_mode_is_unsupported(optype: str, params: Dict[st
     tests/ops/test_per_channel_activations.py)."""
     g = one_layer(optype, params, {})
     with pytest.raises(UnsupportedError, match="per-channel"):
-        quantize_model(g, calib([2, 4, 5, 6], 11), {"q_mode_activation": "per_channel_symmetric_full_range"},
-                       per_layer={"x": {"q_mode_activation": "per_tensor_symmetric_full_range"}})
+        quantize_model(g, calib([2, 4, 5, 6], 11), per_layer={"op": {"q_mode_activation": PER_CHANNEL}})
 
 
 def test_prelu_slope_not_broadcasting_is_an_error() -> None:

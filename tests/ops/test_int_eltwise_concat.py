@@ -1,5 +1,6 @@
 """Eltwise (ADD/SUB/MUL/MAX/MIN), Add/Sub/Mul and Concat: integer forward against an independent numpy/python-int
-reference written from docs/integer-semantics.md, float-vs-dequantized cosine, Appendix A.1, and IR
+reference written from docs/integer-semantics.md, float-vs-dequantized cosine, the Eltwise ADD example of
+docs/integer-semantics.md, and IR
 write → re-load bit identity."""
 from __future__ import annotations
 
@@ -350,8 +351,8 @@ def test_concat_float_vs_dequantized_cosine(bits: int, threshold: float) -> None
     assert cosine(ref, run_quantized(qg, data[0])[0]) > threshold
 
 
-# --- 3. Appendix A.1 -----------------------------------------------------------------------------------------------
-def test_appendix_a1_eltwise_add() -> None:
+# --- 3. The Eltwise ADD example of docs/integer-semantics.md --------------------------------------------------------
+def test_eltwise_example_add() -> None:
     g = binary_graph("Eltwise", "ADD")
     node = g.node("op")
     node.settings = LayerSettings(q_mode_activation="per_tensor_asymmetric")

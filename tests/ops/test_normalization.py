@@ -406,10 +406,14 @@ def test_lrn_needs_positive_bias_to_quantize() -> None:
         quantize_model(g, [activations([1, 2, 2, C], 2, 13)])
 
 
+PER_CHANNEL = "per_channel_symmetric_full_range"
+"""Set for the layer itself, a per-channel mode it cannot produce is refused; a global one falls back to per
+tensor (passes/per_channel_fallback.py, tests/ops/test_per_channel_activations.py)."""
+
+
 @pytest.mark.parametrize("case", [CASES[0], CASES[9], CASES[11]], ids=["ln", "lrn", "l2"])
 def test_per_channel_activation_mode_is_unsupported(case) -> None:
     _, optype, shape, params, consts = case
     g = one_layer(optype, shape, params, consts)
     with pytest.raises(UnsupportedError, match="per-channel"):
-        quantize_model(g, [activations(shape, 2, 14)], {"q_mode_activation": "per_channel_symmetric_full_range"},
-                       per_layer={"x": {"q_mode_activation": "per_tensor_symmetric_full_range"}})
+        quantize_model(g, [activations(shape, 2, 14)], per_layer={"op": {"q_mode_activation": PER_CHANNEL}})

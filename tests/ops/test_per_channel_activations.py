@@ -139,8 +139,6 @@ def test_unsupported_consumers_and_modes_are_named() -> None:
     z = b.layer("Reshape", [c], [[1, 48]], name="flat", params=dict(shape=[1, 48]))
     graph = b.build([y, z])
     calib = [torch.from_numpy(r.normal(size=[2, 4, 4, 3]).astype(np.float32)) for _ in range(2)]
-    with pytest.raises(UnsupportedError, match=r"layer '(relu|flat)' \((Activation|Reshape)\) reads .* per channel"):
-        quantize_model(graph, calib, per_layer=per_channel(("c",)))
     with pytest.raises(UnsupportedError, match=r"layer 'relu' \(Activation\): method RELU takes per-tensor"):
         quantize_model(graph, calib, per_layer=per_channel(("relu",)))
     with pytest.raises(UnsupportedError, match="per_channel_asymmetric"):
@@ -230,8 +228,6 @@ def test_concat_on_the_channel_axis_joins_the_scales(tmp_path) -> None:
 def test_concat_of_per_channel_branches_needs_the_channel_axis_and_one_type() -> None:
     calib = [torch.from_numpy(np.random.default_rng(s).normal(size=[2, 6, 6, 3]).astype(np.float32))
              for s in range(2)]
-    with pytest.raises(UnsupportedError, match=r"'cat' \(Concat\): per-channel quantized inputs are joined on"):
-        quantize_model(concat_graph(axis=1), calib, per_layer=per_channel(("a",)))
     with pytest.raises(UnsupportedError, match=r"'cat' \(Concat\): per-channel branches pass through unchanged"):
         quantize_model(concat_graph(act_b="NONE"), calib, per_layer=per_channel(("a",)))
 
@@ -334,3 +330,54 @@ def test_table_activations_take_one_table_per_channel(method: str, layers, bits:
                                                                                           else 0.999)
     txt, _ = write_ir(qg, str(tmp_path / "tab_o.txt"))
     assert torch.equal(run_quantized(qg, [calib[1]])[0], run_quantized(read_ir(txt), [calib[1]])[0])
+
+
+# ------------------------------------------------------------------ per-tensor fallback, decided before statistics
+def test_layers_whose_readers_cannot_take_per_channel_fall_back_with_one_warning(caplog) -> None:
+    """A global per-channel mode on a graph with a broadcasting Mul, a per-tensor reader and a Concat on another axis:
+    exactly the layers that cannot stay per channel fall back, listed in one warning; the others keep one scale per
+    channel and the model quantizes end to end."""
+    r = np.random.default_rng(3)
+    b = GraphBuilder("fallback")
+    x = b.input("x", [1, 4, 4, 3])
+
+    def conv(name: str, src, out_c: int, in_c: int = 3):
+        return b.layer("Convolution", [src], [[1, 4, 4, out_c]], name=name,
+                       params=dict(num_output=out_c, group=1, with_activation="NONE", **GEO),
+                       constants={"weights": _w(r, [out_c, 3, 3, in_c]), "biases": _w(r, [out_c])})
+
+    keep = conv("keep", x, 4)  # read by a convolution only
+    after = conv("after", keep, 4, in_c=4)
+    gate = conv("gate", x, 1)  # one channel: the Mul broadcasts it over 4
+    mul = b.layer("Mul", [after, gate], [[1, 4, 4, 4]], name="mul")
+    flat_src = conv("flat_src", x, 3)
+    flat = b.layer("Reshape", [flat_src], [[1, 48]], name="flat", params=dict(shape=[1, 48]))
+    cat_src = conv("cat_src", x, 3)
+    cat = b.layer("Concat", [cat_src, x], [[1, 8, 4, 3]], name="cat", params=dict(axis=1))
+    graph = b.build([mul, flat, cat])
+    calib = [torch.from_numpy(r.normal(size=[2, 4, 4, 3]).astype(np.float32)) for _ in range(2)]
+    with caplog.at_level("WARNING", logger="quantopt"):
+        qg = quantize_model(graph, calib, dict(q_mode_activation=PER_CHANNEL, q_strategy_activation="extrema"))
+    warnings = [m for m in caplog.messages if "fall back to per-tensor" in m]
+    assert len(warnings) == 1, caplog.messages
+    for name, why in (("after", "read by 'mul' broadcasts along the channel axis"),
+                      ("gate", "read by 'mul' broadcasts"), ("mul", "'mul' broadcasts along the channel axis (1, 4"),
+                      ("flat_src", "read by 'flat' (Reshape), which takes per-tensor inputs only"),
+                      ("cat_src", "read by 'cat' (Concat), which joins on another axis")):
+        assert f"'{name}' ({why}" in warnings[0], (name, warnings[0])
+        assert graph.node(name).settings.q_mode_activation == "per_tensor_symmetric_full_range"
+    assert "'keep'" not in warnings[0] and "5 layer(s)" in warnings[0]
+    assert graph.node("keep").settings.q_mode_activation == PER_CHANNEL
+    assert qg.node("keep").outputs[0].scale.numel() == 4
+    assert all(torch.as_tensor(qg.node(n).outputs[0].scale).numel() == 1
+               for n in ("after", "gate", "mul", "flat_src", "cat_src"))
+    graph.forward([calib[0]])
+    outs = run_quantized(qg, [calib[0]])
+    assert all(cosine(f.betensor, q) > 0.98 for f, q in zip(graph.output_tensors, outs))
+
+
+def test_no_warning_when_every_per_channel_layer_can_stay(caplog) -> None:
+    with caplog.at_level("WARNING", logger="quantopt"):
+        qg = quantize_model(chain(), data(1, 2), per_layer=per_channel(("c1", "dw")))
+    assert not [m for m in caplog.messages if "fall back" in m]
+    assert qg.node("c1").outputs[0].scale.numel() == 8

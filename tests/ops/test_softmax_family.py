@@ -300,10 +300,13 @@ def test_bad_params_are_clear_errors(optype: str, params, match: str) -> None:
         quantized(optype, [1, 4, 10], params, 8, "per_tensor_asymmetric", 8)
 
 
+PER_CHANNEL = "per_channel_symmetric_full_range"
+"""Set for the layer itself, a per-channel mode it cannot produce is refused; a global one falls back to per
+tensor (passes/per_channel_fallback.py, tests/ops/test_per_channel_activations.py)."""
+
+
 @pytest.mark.parametrize("optype", ["Softmax", "LogSoftmax"])
 def test_per_channel_activation_mode_is_unsupported(optype: str) -> None:
     g = graph(optype, [1, 4, 10], {"axis": -1})
     with pytest.raises(UnsupportedError, match="per-channel"):
-        quantize_model(g, [logits([2, 4, 10], 8)], {"q_mode_activation": "per_channel_symmetric_full_range"},
-                       per_layer={"x": {"q_mode_activation": "per_tensor_symmetric_full_range"},
-                                  "next": {"q_mode_activation": "per_tensor_symmetric_full_range"}})
+        quantize_model(g, [logits([2, 4, 10], 8)], per_layer={"op": {"q_mode_activation": PER_CHANNEL}})

@@ -572,12 +572,16 @@ def test_crelu_output_shape_must_double_the_axis() -> None:
         quantize_model(g, data(_normal(0, 1), [2, 4, 5, 6], 51))
 
 
+PER_CHANNEL = "per_channel_symmetric_full_range"
+"""Set for the layer itself, a per-channel mode it cannot produce is refused; a global one falls back to per
+tensor (passes/per_channel_fallback.py, tests/ops/test_per_channel_activations.py)."""
+
+
 @pytest.mark.parametrize("optype", ["Exp", "Abs", "Negative"])
 def test_per_channel_activation_mode_is_unsupported(optype: str) -> None:
     with pytest.raises(UnsupportedError, match="per-channel"):
         quantize_model(one_layer(optype), data(_normal(0, 1), [2, 4, 5, 6], 52),
-                       {"q_mode_activation": "per_channel_symmetric_full_range"},
-                       per_layer={"x": {"q_mode_activation": "per_tensor_symmetric_full_range"}})
+                       per_layer={"op": {"q_mode_activation": PER_CHANNEL}})
 
 
 def test_missing_lut_is_an_ir_error() -> None:

@@ -1,4 +1,5 @@
-"""The quant math against the real OPT outputs in /work/shared/models/<model>/golden/{A,B,C} (all 4 models).
+"""The quant math against the real OPT outputs in ../shared/models/<model>/golden/{A,B,C} (all 4 models; see
+tests/conftest.py).
 
 Golden configs: A = int8, per-tensor weights (DepthwiseConv forced per-channel), symmetric full-range activations,
 `mean` calibration; B = per-channel weights, asymmetric activations, `extrema` calibration; C = 16-bit weights and
@@ -167,7 +168,7 @@ def test_eltwise_add_multipliers() -> None:
 
 
 def test_mul_multipliers() -> None:
-    """Mul: scale_shift(s_out / (s0 * s1), activation bits) (§3.5 MUL)."""
+    """Mul: scale_shift(s_out / (s0 * s1), activation bits) (docs/integer-semantics.md, Eltwise MUL)."""
     matched = total = 0
     misses: List[str] = []
     for model in MODEL_NAMES:
@@ -278,7 +279,7 @@ def test_activation_luts() -> None:
 
 def test_input_params_from_calibration_data() -> None:
     """The Input layer's scale/zp from calib.npy: A/C use the `mean` strategy (EMA of per-batch min/max with
-    momentum 0.9, §6.3), B uses `extrema`; calibration_batch_size = 1."""
+    momentum 0.9), B uses `extrema`; calibration_batch_size = 1."""
     matched = total = 0
     misses: List[str] = []
     for model in MODEL_NAMES:

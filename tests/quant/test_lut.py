@@ -1,4 +1,4 @@
-"""LUT construction and lookup (§3.4, Appendix A.4)."""
+"""LUT construction and lookup (docs/integer-semantics.md, Lookup-table methods), with upstream's sigmoid example."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 from quantopt.quant.lut import build_lut, lookup_lut, lut_sample_points, lut_size
 
 
-def test_appendix_a4_sigmoid_lut() -> None:
+def test_example_sigmoid_lut() -> None:
     """uint8 in (s=66.1239, zp=0) → uint8 out (s=260.5147, zp=0): 130, 131, 132, ... 255."""
     lut = build_lut(torch.sigmoid, 66.1239, 0, 0, 255, 8, 260.5147, 0, 0, 255)
     assert lut.shape == (256,)

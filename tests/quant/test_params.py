@@ -1,4 +1,4 @@
-"""Range → quantization parameters, (de)quantization and rounding modes (§3.1, §3.2, Appendix A.5)."""
+"""Range → quantization parameters, (de)quantization and rounding modes (docs/integer-semantics.md, Conventions)."""
 from __future__ import annotations
 
 import math
@@ -110,9 +110,9 @@ def test_golden_input_scales() -> None:
     assert (b.scale, b.zerop, b.dtype) == (27.71491813659668, -5, Dtype.INT8)
 
 
-def test_appendix_a5_asymmetric_params() -> None:
-    """A.5: [-2.757944, 2.947409] int8 asymmetric → scale 44.694862, zp 5 (the listed range is rounded to 7
-    digits, so the scale is compared to 2e-7 relative)."""
+def test_example_asymmetric_params() -> None:
+    """Upstream's example: [-2.757944, 2.947409] int8 asymmetric → scale 44.694862, zp 5 (the listed range is
+    rounded to 7 digits, so the scale is compared to 2e-7 relative)."""
     p = linear_quant_params(-2.757944, 2.947409, 8, "per_tensor_asymmetric", True)
     assert p.scale == pytest.approx(44.694862, rel=2e-7)
     assert p.zerop == 5 == round(p.scale * -2.757944) + 128

@@ -1,5 +1,6 @@
-"""Multiplier/shift approximation, shift unification, requantization, Eltwise multipliers and biases (§3.3, §3.5,
-Appendix A.1-A.3)."""
+"""Multiplier/shift approximation, shift unification, requantization, Eltwise multipliers and biases
+(docs/integer-semantics.md), with upstream's worked examples of a per-tensor and a per-channel convolution and an
+int8 Eltwise ADD."""
 from __future__ import annotations
 
 import math
@@ -26,6 +27,7 @@ from quantopt.quant.requant import (
     unify_shifts_for_aiff,
 )
 
+# the int8 asymmetric Eltwise ADD example of docs/integer-semantics.md (Eltwise ADD/SUB/MAX/MIN)
 A1 = dict(s0=44.694862, zp0=5, s1=44.760075, zp1=-15, s_out=31.199003, zp_out=-5)
 
 
@@ -44,8 +46,9 @@ def test_verified_example_shift_22_multiplier_128() -> None:
     assert scale_shift(3.046e-5, 8) == (128, 22, Dtype.UINT8, Dtype.INT8)
 
 
-def test_appendix_a2_conv_per_tensor() -> None:
-    """A.2: r = 66.123856 / (42.438183 * 182.07645) → shift 14, M 140 (uint8), biases_scale = s_in * s_w."""
+def test_example_conv_per_tensor() -> None:
+    """Upstream's per-tensor convolution example: r = 66.123856 / (42.438183 * 182.07645) → shift 14, M 140 (uint8),
+    biases_scale = s_in * s_w."""
     r = 66.123856 / (42.438183 * 182.07645)
     assert scale_shift(r, 8) == (140, 14, Dtype.UINT8, Dtype.INT8)
     assert f32(182.07645) == 182.07644653320312
@@ -112,9 +115,9 @@ def test_ratio_is_approximated_in_float32() -> None:
 
 # --- unify_shifts -----------------------------------------------------------------------------------------------
 
-def test_unify_shifts_a3_form() -> None:
-    """A.3's written result [266, 224, 252, 193] with shift 15: the first channel's own approximation has shift 14
-    (its ratio is below half the others) and is shifted up to the common 15."""
+def test_unify_shifts_example_form() -> None:
+    """Upstream's per-channel example's written result [266, 224, 252, 193] with shift 15: the first channel's own
+    approximation has shift 14 (its ratio is below half the others) and is shifted up to the common 15."""
     ratios = torch.tensor([266, 224, 252, 193], dtype=torch.float64) / 2 ** 15
     m, s, _, _ = scale_shift(ratios, 8)
     assert m.tolist() == [133, 224, 252, 193] and s.tolist() == [14, 15, 15, 15]
@@ -189,7 +192,7 @@ def test_unify_shifts_for_aiff_single_group_gives_up() -> None:
 
 # --- linear_requantize ------------------------------------------------------------------------------------------
 
-def test_appendix_a1_integer_forward() -> None:
+def test_eltwise_example_integer_forward() -> None:
     """y = clamp(round_half_even(((a+5)·22917 + (b-15)·22884)·128·2^-22) + 5, -128, 127) on hand-picked inputs."""
     res = eltwise_multipliers(A1["s0"], A1["s1"], A1["s_out"], 8, A1["zp0"], A1["zp1"])
     m_out, m0, m1 = res.scale_value
@@ -233,7 +236,7 @@ def test_requantize_per_channel_axis_and_negative_shift() -> None:
 
 # --- Eltwise ----------------------------------------------------------------------------------------------------
 
-def test_appendix_a1_eltwise_multipliers() -> None:
+def test_eltwise_example_multipliers() -> None:
     assert scale_shift(A1["s0"], 16)[:2] == (22884, 9)
     assert scale_shift(A1["s1"], 16)[:2] == (22917, 9)
     res = eltwise_multipliers(A1["s0"], A1["s1"], A1["s_out"], 8, A1["zp0"], A1["zp1"])

@@ -1,4 +1,4 @@
-"""Global calibration (reference §4.3, §6.5): multi-layer methods run between local calibration and quantization.
+"""Global calibration (docs/global-calibration.md): multi-layer methods run between local calibration and quantization.
 
 `apply_global_calibration(graph, spec, batches)` runs the methods of the `global_calibration` field in the order
 written. Methods change what quantization reads: tensor ranges (`min`/`max`, `min_key_axis`/`max_key_axis`),

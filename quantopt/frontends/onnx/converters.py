@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ...ir.dtype import Dtype
-from .context import Context, ConvertError, Perm, inverse, ir_dtype, nhwc
+from .context import Context, ConvertError, Perm, inverse, ir_dtype, is_identity, nhwc
 from .pattern import FUSED_DOMAIN, new_const
 from .simplify import ONode
 
@@ -655,10 +655,28 @@ def reduce(ctx: Context, node: ONode) -> None:
         else:
             ctx.bind(out, ctx.reshape(ctx.source_for_reshape(x), ctx.shape(out), node.name), None)
         return
+    if node.op == "ReduceMean" and rank == 4 and axes == [2, 3] and ctx.dtype(x).is_float:
+        _mean_as_pooling(ctx, node, keep)
+        return
     perm = _keep_layout(ctx, x) if keep else None
     method = node.op[len("Reduce"):].upper()
     ctx.emit(node, "Reduce", [ctx.value(x, perm)], perm,
              {"method": method, "axis": sorted(_ir_axis(a, perm) for a in axes), "keepdims": keep})
+
+
+def _mean_as_pooling(ctx: Context, node: ONode, keep: bool) -> None:
+    """A mean over H and W of an NCHW tensor is a global average Pooling, as the Parser writes it (an SE block's
+    squeeze): channels-last, and a Reshape after it when the reduced axes are dropped."""
+    x, out = node.inputs[0], node.outputs[0]
+    n, c, h, w = ctx.shape(x)
+    params = _geom_params([h, w], [1, 1], [0, 0], [0, 0], [1, 1])
+    params.update(method="AVG", ceil_mode=False, count_include_pad=False)
+    if keep:
+        ctx.emit(node, "Pooling", [ctx.value(x, nhwc(4))], nhwc(4), params)
+        return
+    pooled = ctx.add("Pooling", [ctx.value(x, nhwc(4))], [(n, 1, 1, c)], node.name, params, None,
+                     [ctx.dtype(x)])[0]
+    ctx.bind(out, ctx.reshape(pooled, ctx.shape(out), f"{node.name}_post_reshape"), None)
 
 
 @converter("ArgMax", "ArgMin")
@@ -792,6 +810,11 @@ def transpose(ctx: Context, node: ONode) -> None:
     ir, have = ctx.tmap[x] if x in ctx.tmap else (ctx.value(x), None)
     pinv = inverse(have) if have is not None else list(range(rank))
     q = [pinv[a] for a in t]
+    if rank == 4 and not is_identity(q) and is_identity([pinv[t[p]] for p in nhwc(rank)]):
+        # the held tensor already is the output's channels-last layout (a channels-last → channels-first Transpose
+        # of a tensor held in its ONNX layout): no layer, as the Parser cancels it against its own layout Transpose
+        ctx.bind(node.outputs[0], ir, nhwc(rank))
+        return
     ctx.bind(node.outputs[0], ctx.transpose(ir, q, node.name), None)
 
 

@@ -3,7 +3,8 @@
 1. GELU, LayerNorm / MVN, SiLU / Swish, HardSwish / HardSigmoid written out in primitive ops → one node each
    (fuse_act.py, fuse_norm.py);
 2. MatMul by a constant matrix plus a constant bias vector → one fully connected layer;
-3. BatchNormalization, and Mul + Add/Sub by per-channel constants → ChannelAffine (a BatchNorm layer);
+3. BatchNormalization, and Mul + Add/Sub by per-channel constants → ChannelAffine (a BatchNorm layer); then any
+   other Add/Sub of zeros → no node (after: a Mul by a constant and an Add of zeros are a BatchNorm for the Parser);
 4. a constant per-channel Add after a Conv → the Conv's bias; a ChannelAffine or a single Mul/Div/Sub by a constant
    right after a Conv, ConvTranspose or fully connected layer → folded into its weights and biases;
 5. Relu / Clip(0, 6) after Conv, ConvTranspose, fully connected MatMul/Gemm, Add, Sub, Mul, Max, Min → their
@@ -13,7 +14,7 @@ Each pass leaves the graph in topological order and every remaining tensor with 
 """
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List
 
 import numpy as np
 
@@ -24,6 +25,36 @@ from .simplify import OGraph, ONode
 
 ELTWISE_HOSTS = ("Add", "Sub", "Mul", "Max", "Min", "Sum")
 ACT_HOSTS = ("Conv", "ConvTranspose", "Gemm", "MatMul") + ELTWISE_HOSTS
+
+
+def drop_neutral_arithmetic(g: OGraph) -> None:
+    """Add/Sub of an all-zero constant that leaves the activation's shape and element type as they are → no node, as
+    the Parser drops it (e.g. an attention bias of 0 in a model without padding). Run after `fuse_mul_add`: a Mul
+    by a constant followed by an Add of zeros is a BatchNorm for the Parser. A Mul by 1 stays: the Parser reads
+    `x·sigmoid(1·x)` as a SWISH, not a SILU."""
+    alias: Dict[str, str] = {}
+    dead: List[ONode] = []
+    for n in g.nodes:
+        if n.op not in ("Add", "Sub") or n.domain not in ("", "ai.onnx") or len(n.inputs) != 2:
+            continue
+        x, c = n.inputs
+        if n.op == "Add" and x in g.consts:
+            x, c = c, x
+        if x in g.consts or c not in g.consts or n.outputs[0] in g.outputs:
+            continue
+        v = g.consts[c]
+        if v.size == 0 or not np.issubdtype(v.dtype, np.number) or np.any(v != 0):
+            continue
+        out = n.outputs[0]
+        if g.shapes.get(out) != g.shapes.get(x) or g.dtypes.get(out) != g.dtypes.get(x):
+            continue
+        alias[out] = alias.get(x, x)
+        dead.append(n)
+    if not dead:
+        return
+    remove(g, dead)
+    for n in g.nodes:
+        n.inputs = [alias.get(t, t) for t in n.inputs]
 
 
 def fuse_conv_bias(g: OGraph) -> None:
@@ -119,6 +150,7 @@ def run_fusions(g: OGraph) -> None:
     fuse_matmul_bias(g)
     batchnorm_to_affine(g)
     fuse_mul_add(g)
+    drop_neutral_arithmetic(g)
     fuse_conv_bias(g)
     fold_into_linear(g)
     fuse_activations(g)

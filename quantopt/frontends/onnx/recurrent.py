@@ -1,10 +1,10 @@
-"""ONNX LSTM / GRU → the Parser's BasicLSTM / GRUv3 layers (one direction per layer, batch-major sequences), and
-clear refusals for the control-flow operators that remain after If folding (see control.py).
+"""ONNX LSTM / GRU → the Parser's BasicLSTM / GRUv3 / GRUv1 layers (one direction per layer, batch-major sequences),
+and clear refusals for the control-flow operators that remain after If folding (see control.py).
 
 ONNX keeps W [dirs, G·H, I], R [dirs, G·H, H] and B [dirs, 2·G·H] with gate blocks i, o, f, c (LSTM) or z, r, h
 (GRU); the IR layers take one matrix [G·H, I + H] over [x_t, h] with blocks i, g, f, o (BasicLSTM) or r, z,
 candidate (GRUv3), and one bias vector (the ONNX input and recurrence biases added; GRU with linear_before_reset
-keeps the recurrence bias of the candidate apart, as GRUV1).
+keeps the recurrence bias of the candidate apart: the Parser's GRUv1 layer, a GRUv3 with version GRUV1).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 
 from .context import Context, ConvertError
 from .converters import converter
+from .pattern import new_const
 from .simplify import ONode
 
 LSTM_ORDER = [0, 3, 2, 1]
@@ -76,10 +77,13 @@ def _state(ctx: Context, node: ONode, pos: int, info: Dict[str, Any], what: str)
     """Initial state [1, B, H] (layout 0) or [B, 1, H] (layout 1) as an IR tensor [B, H]; zeros when absent."""
     name = _opt(node, pos)
     hidden, batch = info["hidden"], info["batch"]
-    if name is None or ctx.is_const(name):
-        v = np.zeros((1, hidden), np.float32) if name is None else ctx.const(name).astype(np.float32)
-        v = v.reshape(-1, hidden)
-        return ctx.add("Constant", [], [v.shape], f"{node.name}_{what}", {}, {"weights": v})[0]
+    if name is None:
+        return ctx.add("Constant", [], [(1, hidden)], f"{node.name}_{what}", {},
+                       {"weights": np.zeros((1, hidden), np.float32)})[0]
+    if ctx.is_const(name):  # one Constant per distinct value, named after what made it (as the Parser shares them)
+        state = new_const(ctx.g, f"{name}_state", ctx.const(name).astype(np.float32).reshape(-1, hidden))
+        ctx.g.const_sources[state] = ctx.g.const_sources.get(name, name)
+        return ctx.constant_layer(state)
     src = ctx.source_for_reshape(name)
     return ctx.add("Reshape", [src], [(batch, hidden)], f"{node.name}_{what}", {"shape": [batch, hidden]})[0]
 
@@ -100,12 +104,11 @@ def _emit(ctx: Context, node: ONode, optype: str, info: Dict[str, Any], names: L
                   {"weights": weights.astype(np.float32), "biases": biases.astype(np.float32)})
     for (k, onnx_out), ir in zip(used, irs):
         if k == 0:
-            held = ctx.add("Reshape", [ir], [(b, t, 1, h)], f"{node.name}_Y", {"shape": [b, t, 1, h]})[0]
+            # views (ctx.reshape), so that the Squeeze / Transpose / Reshape chain after the layer collapses
+            held = ctx.reshape(ir, (b, t, 1, h), f"{node.name}_Y")
             ctx.bind(onnx_out, held, (2, 0, 1, 3) if info["layout"] == 0 else None)
         else:
-            target = list(ctx.shape(onnx_out))
-            ctx.bind(onnx_out, ctx.add("Reshape", [ir], [target], f"{node.name}_{names[k]}",
-                                       {"shape": target})[0], None)
+            ctx.bind(onnx_out, ctx.reshape(ir, ctx.shape(onnx_out), f"{node.name}_{names[k]}"), None)
 
 
 def _base_params(info: Dict[str, Any], acts: List[str]) -> Dict[str, Any]:
@@ -148,8 +151,10 @@ def gru(ctx: Context, node: ONode) -> None:
     else:
         biases = np.concatenate([gates, wb[2 * h:] + rb[2 * h:]])
     params = _base_params(info, _activations(node, ["SIGMOID", "TANH"]))
-    params["version"] = "GRUV1" if lbr else "GRUV3"
-    _emit(ctx, node, "GRUv3", info, ["H", "Hn"], params, weights, biases, [_state(ctx, node, 5, info, "h0")])
+    if not lbr:
+        params["version"] = "GRUV3"
+    _emit(ctx, node, "GRUv1" if lbr else "GRUv3", info, ["H", "Hn"], params, weights, biases,
+          [_state(ctx, node, 5, info, "h0")])
 
 
 @converter("If")

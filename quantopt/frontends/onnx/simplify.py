@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ...errors import IRError
+from ...log import OPT_DEBUG
 from .control import inline_if, rename_inputs
 
 FOLD_MAX_ELEMENTS = 1 << 24
@@ -100,9 +101,13 @@ def _constant_node_value(onnx: Any, node: Any) -> np.ndarray:
 
 
 def _infer(onnx: Any, model: Any) -> Any:
+    """`model` with ONNX's inferred shapes, or `model` unchanged when inference refuses it (an inconsistent or
+    invalid graph, or one over protobuf's 2 GB): safe, because tensors left without a shape get one from
+    `_fallback_shapes`, and a converter that still lacks one reports it with the node."""
     try:
         return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except Exception:
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError, RuntimeError) as e:
+        OPT_DEBUG(f"ONNX shape inference failed, shapes come from the fallback run: {type(e).__name__}: {e}")
         return model
 
 
@@ -119,9 +124,11 @@ def _shape_of(vi: Any) -> Optional[Tuple[int, ...]]:
 
 
 def _np_dtype(onnx: Any, elem_type: int) -> Optional[np.dtype]:
+    """The numpy dtype of an ONNX element type; None for UNDEFINED (0, a tensor of unknown type) and element types
+    this onnx version does not map (KeyError), or maps to no numpy dtype (TypeError)."""
     try:
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-    except Exception:
+    except (KeyError, TypeError):
         return None
 
 
@@ -276,8 +283,10 @@ def _try_fold(onnx: Any, node: Any, opset: int, consts: Dict[str, np.ndarray],
         return None
     try:
         out = _eval_node(onnx, node, opset, [consts.get(i) if i else None for i in node.input])
-    except Exception:
-        return None  # left as a layer; the converter reports it if it is unsupported
+    except Exception as e:  # the reference evaluator runs arbitrary operator code: any exception means "not foldable"
+        # safe: the node stays a layer, and its converter computes it or reports it as unsupported
+        OPT_DEBUG(f"ONNX node '{node.name}' ({node.op_type}) not constant-folded: {type(e).__name__}: {e}")
+        return None
     if any(o.size > FOLD_MAX_ELEMENTS for o in out):
         return None
     return out
@@ -310,8 +319,11 @@ def _fallback_shapes(onnx: Any, model: Any, missing: List[str], shapes: Dict[str
         except ImportError:
             from onnx.reference import ReferenceEvaluator
             values = ReferenceEvaluator(m).run(missing, feeds)
-    except Exception:
-        return  # left unknown: the converter of each affected node reports "no known shape" with the node
+    except Exception as e:  # onnxruntime's own exception classes or any error of the reference evaluator
+        # safe: the shapes stay unknown and the converter of each affected node reports "no known shape" with it
+        OPT_DEBUG(f"ONNX fallback shape run failed, {len(missing)} tensor shape(s) stay unknown: "
+                  f"{type(e).__name__}: {e}")
+        return
     for name, v in zip(missing, values):
         shapes[name] = tuple(int(d) for d in np.shape(v))
         dtypes.setdefault(name, np.asarray(v).dtype)

@@ -1,7 +1,7 @@
 """Export the small ONNX models of the Parser-parity test (tests/test_onnx_parser_parity.py) from torch, with seeded
 weights, into this folder:
 
-    python tests/data/onnx_small/make_models.py [out_dir]
+    python tests/data/onnx_small/make_models.py [out_dir [name,name,...]]
 
 - `bert_encoder.onnx` (opset 14): a BERT-style encoder with `input_ids` and an `attention_mask` input (int64, the
   mask turned into an additive bias as BERT does), word/position embeddings, LayerNorm written out as
@@ -13,6 +13,10 @@ weights, into this folder:
   x*sigmoid(1.5x);
 - `transformer_tanh.onnx` (opset 17): a transformer block with a float attention mask, the ONNX LayerNormalization
   op, GELU in the tanh form and a SiLU feed-forward.
+- `resnet18_like.onnx` (opset 13), `unet.onnx` (opset 13): ResNet-18's layout at small widths; a two-level U-Net;
+- `vit_tiny.onnx` (opset 17): patch convolution, class token, pre-LN blocks (LayerNormalization op), Erf GELU;
+- `gpt2_like.onnx` (opset 14): pre-LN decoder blocks with a causal mask (Trilu + Where), tanh GELU, an LM head;
+- `lstm_model.onnx`, `gru_model.onnx` (opset 14): a projection, one LSTM / GRU layer and a per-step head.
 
 The committed files were made with torch 2.13 (TorchScript exporter); another torch version may spell some
 patterns differently, which is why the files themselves are committed.
@@ -157,6 +161,131 @@ class TransformerTanh(nn.Module):
         return self.head(x)
 
 
+# ------------------------------------------------------------------------------------------------ ResNet-18-like
+class _BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+        self.conv2, self.bn2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+        self.down = None if stride == 1 and cin == cout else nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        return F.relu(y + (x if self.down is None else self.down(x)))
+
+
+class ResNet18Like(nn.Module):
+    """ResNet-18's layout (stem conv + max pool, four stages of two basic blocks, average pool, fc) at small widths."""
+
+    def __init__(self, widths: Tuple[int, ...] = (8, 16, 24, 32), classes: int = 10) -> None:
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(3, widths[0], 7, 2, 3, bias=False), nn.BatchNorm2d(widths[0])
+        blocks, cin = [], widths[0]
+        for k, w in enumerate(widths):
+            blocks += [_BasicBlock(cin, w, 1 if k == 0 else 2), _BasicBlock(w, w, 1)]
+            cin = w
+        self.blocks, self.fc = nn.Sequential(*blocks), nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.bn(self.stem(x))), 3, 2, 1)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.blocks(x), 1), 1))
+
+
+# ------------------------------------------------------------------------------------------------ ViT-tiny-like
+class _PreLNBlock(nn.Module):
+    def __init__(self, d: int, heads: int, gelu: str = "none") -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-6), nn.LayerNorm(d, eps=1e-6)
+        self.att = _SelfAttention(d, heads)
+        self.ff1, self.ff2, self.gelu = nn.Linear(d, 4 * d), nn.Linear(4 * d, d), gelu
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        x = x + self.att(self.ln1(x), bias)
+        return x + self.ff2(F.gelu(self.ff1(self.ln2(x)), approximate=self.gelu))
+
+
+class ViTTiny(nn.Module):
+    """Patch convolution, a class token, learned positions, pre-LN blocks with Erf GELU, a head on the class token."""
+
+    def __init__(self, image: int = 32, patch: int = 8, d: int = 32, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, d, patch, patch)
+        tokens = (image // patch) ** 2 + 1
+        self.cls, self.pos = nn.Parameter(torch.randn(1, 1, d) * 0.1), nn.Parameter(torch.randn(1, tokens, d) * 0.1)
+        self.blocks = nn.ModuleList([_PreLNBlock(d, heads) for _ in range(layers)])
+        self.ln, self.head = nn.LayerNorm(d, eps=1e-6), nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        for block in self.blocks:
+            x = block(x, torch.zeros(()))
+        return self.head(self.ln(x)[:, 0])
+
+
+# ------------------------------------------------------------------------------------------------ GPT-2-like
+class GPT2Like(nn.Module):
+    """Token and position embeddings, pre-LN decoder blocks with a causal mask (torch.tril of ones made in the forward,
+    applied with masked_fill: Trilu/Where in the export), tanh GELU, a final LayerNorm and a tied-free LM head."""
+
+    def __init__(self, vocab: int = 64, tokens: int = 16, d: int = 32, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.word, self.pos = nn.Embedding(vocab, d), nn.Embedding(tokens, d)
+        self.blocks = nn.ModuleList([_PreLNBlock(d, heads, "tanh") for _ in range(layers)])
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+        self.register_buffer("positions", torch.arange(tokens)[None], persistent=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        t = input_ids.shape[1]
+        x = self.word(input_ids) + self.pos(self.positions[:, :t])
+        causal = torch.tril(torch.ones(t, t, dtype=torch.bool))
+        bias = torch.zeros(t, t).masked_fill(~causal, -1e4)[None, None]
+        for block in self.blocks:
+            x = block(x, bias)
+        return self.head(self.ln(x))
+
+
+# ------------------------------------------------------------------------------------------------ U-Net
+def _double_conv(cin: int, cout: int) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+                         nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
+
+
+class UNet(nn.Module):
+    """Two down levels (max pool), a bottleneck, two up levels (ConvTranspose + skip Concat), a 1x1 head."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.d1, self.d2, self.mid = _double_conv(3, c), _double_conv(c, 2 * c), _double_conv(2 * c, 4 * c)
+        self.up2, self.u2 = nn.ConvTranspose2d(4 * c, 2 * c, 2, 2), _double_conv(4 * c, 2 * c)
+        self.up1, self.u1 = nn.ConvTranspose2d(2 * c, c, 2, 2), _double_conv(2 * c, c)
+        self.head = nn.Conv2d(c, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s1 = self.d1(x)
+        s2 = self.d2(F.max_pool2d(s1, 2))
+        m = self.mid(F.max_pool2d(s2, 2))
+        y = self.u2(torch.cat([self.up2(m), s2], dim=1))
+        y = self.u1(torch.cat([self.up1(y), s1], dim=1))
+        return torch.sigmoid(self.head(y))
+
+
+# ------------------------------------------------------------------------------------------------ LSTM / GRU
+class RecurrentModel(nn.Module):
+    """A linear input projection, one unidirectional LSTM or GRU layer (batch first) and a linear head per step."""
+
+    def __init__(self, cell: str, features: int = 12, hidden: int = 24, classes: int = 5) -> None:
+        super().__init__()
+        self.proj = nn.Linear(features, hidden)
+        self.rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(hidden, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.rnn(torch.tanh(self.proj(x)))
+        return self.head(y)
+
+
 # ------------------------------------------------------------------------------------------------ export
 def _randomise(model: nn.Module) -> nn.Module:
     """BatchNorm statistics and affine parameters away from identity, so that folding them is exercised."""
@@ -188,6 +317,12 @@ MODELS: Dict[str, Tuple[Callable[[], nn.Module], Callable[[], Tuple[torch.Tensor
     "bert_encoder": (BertEncoder, _bert_inputs, ["input_ids", "attention_mask"], ["sequence", "pooled"], 14),
     "mobilenetv3_block": (MobileNetV3Block, lambda: (torch.randn(1, 3, 32, 32),), ["x"], ["y"], 14),
     "transformer_tanh": (TransformerTanh, _tanh_inputs, ["x", "mask"], ["y"], 17),
+    "resnet18_like": (ResNet18Like, lambda: (torch.randn(1, 3, 64, 64),), ["x"], ["y"], 13),
+    "vit_tiny": (ViTTiny, lambda: (torch.randn(1, 3, 32, 32),), ["x"], ["y"], 17),
+    "gpt2_like": (GPT2Like, lambda: (torch.randint(0, 64, (1, 16)),), ["input_ids"], ["logits"], 14),
+    "unet": (UNet, lambda: (torch.randn(1, 3, 32, 32),), ["x"], ["y"], 13),
+    "lstm_model": (lambda: RecurrentModel("lstm"), lambda: (torch.randn(1, 10, 12),), ["x"], ["y"], 14),
+    "gru_model": (lambda: RecurrentModel("gru"), lambda: (torch.randn(1, 10, 12),), ["x"], ["y"], 14),
 }
 """name → (model, example inputs, input names, output names, opset)."""
 
@@ -208,7 +343,8 @@ def export(name: str, out_dir: str = HERE, seed: int = 0) -> str:
 def main(argv: List[str]) -> int:
     out_dir = argv[0] if argv else HERE
     os.makedirs(out_dir, exist_ok=True)
-    for name in MODELS:
+    names = argv[1].split(",") if len(argv) > 1 else list(MODELS)
+    for name in names:
         path = export(name, out_dir)
         print(f"{path}: {os.path.getsize(path)} bytes")
     return 0

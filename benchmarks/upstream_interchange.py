@@ -1,0 +1,235 @@
+"""Interchange with the upstream Compass Optimizer: does it load and run the IRs quantopt writes?
+
+    python benchmarks/upstream_interchange.py [--models vit_tiny,unet] [--upstream DIR] [--work DIR] [--calib 4]
+
+For each model of benchmarks/make_parser_histograms.py whose file is available here, quantopt imports the ONNX file
+(float IR), quantizes it at 8 bits with the default settings on `--calib` seeded random inputs and writes both IRs.
+The upstream optimizer (run as a separate program with its own venv, `run-opt.sh`'s environment: one thread, no
+GPU) then loads each IR with its forward tool's loader and runs one more seeded input through it: the float IR as a
+float graph, the quantized IR with quantopt's quantized input integers. The table compares its outputs with
+quantopt's: for the float IR the largest difference relative to the output range, for the quantized IR the share
+of output integers equal to quantopt's and the largest difference in quantization steps. The same quantized graph
+is also exported as ONNX QDQ (`--scales exact`) and run by onnxruntime: the `qdq export` column is the share of
+output integers equal to quantopt's, or the export's refusal.
+
+Upstream location: `--upstream`, else $QUANTOPT_UPSTREAM, else ../shared/upstream (its opt venv at
+$UPSTREAM_OPT_VENV, default /tmp/upstream-opt-venv). quantopt itself never imports or calls upstream; this script
+runs outside CI. Scratch files go to `--work` (default: a new temporary folder).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_parser_histograms as histograms  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 1200
+
+DRIVER = r'''
+import json, sys, traceback
+import numpy as np
+from AIPUBuilder.Optimizer.tools.optimizer_forward import OptForward
+
+txt, bin_path, feeds, out, quantized = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "1"
+status = {"loaded": False, "ran": False, "error": ""}
+try:
+    handler = OptForward(txt, bin_path)
+    status["loaded"] = True
+    data = np.load(feeds)
+    inputs = [data[f"arr_{i}"] for i in range(len(data.files))]
+    if quantized:
+        outs = handler.forward_with_quantized_data(inputs)
+    else:
+        outs = handler.forward(inputs)
+    np.savez(out, *[np.asarray(o) for o in outs])
+    status["ran"] = True
+except Exception as e:
+    status["error"] = (type(e).__name__ + ": " + str(e)).splitlines()[0][:300]
+    traceback.print_exc()
+print("INTERCHANGE_STATUS " + json.dumps(status))
+'''
+"""Runs inside the upstream venv: load one IR with the upstream forward tool, run the given inputs, save outputs."""
+
+
+@dataclass
+class Row:
+    model: str
+    layers: int = 0
+    float_ir: str = ""
+    quant_ir: str = ""
+    qdq: str = ""
+    notes: List[str] = field(default_factory=list)
+
+
+def seeded_inputs(graph, rng: np.random.Generator) -> List[torch.Tensor]:
+    """One random input per graph input: normal floats; token ids in [0, 64); masks ones with the last quarter 0."""
+    feeds = []
+    for t in graph.input_tensors:
+        shape = [int(d) for d in t.ir_shape]
+        if t.ir_dtype.torch_dtype.is_floating_point:
+            feeds.append(torch.from_numpy(rng.normal(0, 1, shape).astype(np.float32)))
+        elif "mask" in t.name:
+            mask = np.ones(shape, np.int64)
+            mask[..., shape[-1] * 3 // 4:] = 0
+            feeds.append(torch.from_numpy(mask).to(t.ir_dtype.torch_dtype))
+        else:
+            feeds.append(torch.from_numpy(rng.integers(0, 64, shape)).to(t.ir_dtype.torch_dtype))
+    return feeds
+
+
+def run_upstream(upstream: Path, txt: str, bin_path: str, feeds: Sequence[np.ndarray], out: str,
+                 quantized: bool, work: str) -> Dict:
+    """Load and run one IR with the upstream optimizer's forward tool in its venv; its status and outputs."""
+    venv = Path(os.environ.get("UPSTREAM_OPT_VENV", "/tmp/upstream-opt-venv"))
+    driver = os.path.join(work, "upstream_forward.py")
+    Path(driver).write_text(DRIVER)
+    feeds_path = out[:-4] + "_inputs.npz"
+    np.savez(feeds_path, *feeds)
+    env = dict(os.environ, PYTHONPATH=f"{upstream / 'Compass_Optimizer'}:{upstream / 'stubs'}", CUDA_VISIBLE_DEVICES="",
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    log = out[:-4] + ".log"
+    with open(log, "w") as f:
+        proc = subprocess.run([str(venv / "bin" / "python"), driver, txt, bin_path, feeds_path, out,
+                               "1" if quantized else "0"], stdout=f, stderr=subprocess.STDOUT, env=env,
+                              timeout=TIMEOUT_S, cwd=work)
+    text = Path(log).read_text(errors="replace")
+    errors = [ln.split("]: ", 1)[-1].strip() for ln in text.splitlines() if ln.startswith("[E]")]
+    # upstream exits on its first logged error: that error says why
+    status = {"loaded": False, "ran": False,
+              "error": errors[0][:300] if errors else f"exit code {proc.returncode}, see {log}"}
+    for line in text.splitlines():
+        if line.startswith("INTERCHANGE_STATUS "):
+            status = json.loads(line.split(" ", 1)[1])
+    if errors and not status["error"]:
+        status["error"] = errors[0][:300]
+    status["log"] = log
+    if status["ran"]:
+        data = np.load(out)
+        status["outputs"] = [data[f"arr_{i}"] for i in range(len(data.files))]
+    return status
+
+
+def _float_cell(status: Dict, ours: Sequence[torch.Tensor]) -> str:
+    if not status["loaded"]:
+        return f"load fails: {status['error']}"
+    if not status["ran"]:
+        return f"loads; run fails: {status['error']}"
+    worst = 0.0
+    for got, ref in zip(status["outputs"], ours):
+        ref = ref.detach().double().numpy()
+        span = max(float(ref.max() - ref.min()), 1e-12)
+        worst = max(worst, float(np.abs(got.astype(np.float64).reshape(ref.shape) - ref).max()) / span)
+    return f"loads, runs (max err {worst:.1e} of range)" + (f"; {status['error']}" if status["error"] else "")
+
+
+def _quant_cell(status: Dict, ours: Sequence[torch.Tensor]) -> str:
+    if not status["loaded"]:
+        return f"load fails: {status['error']}"
+    if not status["ran"]:
+        return f"loads; run fails: {status['error']}"
+    equal = total = 0
+    steps = 0.0
+    for got, ref in zip(status["outputs"], ours):
+        ref = ref.detach().double().numpy()
+        diff = np.abs(got.astype(np.float64).reshape(ref.shape) - ref)
+        equal, total, steps = equal + int((diff == 0).sum()), total + diff.size, max(steps, float(diff.max()))
+    return f"loads, runs ({equal / max(total, 1):.2%} identical, max {steps:g} steps)" + \
+        (f"; {status['error']}" if status["error"] else "")
+
+
+def check_model(name: str, upstream: Path, work: str, calib: int) -> Row:
+    from quantopt.exporters.agreement import measure_agreement
+    from quantopt.frontends.onnx import import_onnx
+    from quantopt.ir.writer import write_ir
+    from quantopt.pipeline import quantize_model
+
+    spec = histograms.MODELS[name]
+    row = Row(name)
+    path = histograms.model_path(spec)
+    if path is None:
+        row.float_ir = row.quant_ir = row.qdq = "model not available"
+        return row
+    folder = os.path.join(work, name)
+    os.makedirs(folder, exist_ok=True)
+    graph = import_onnx(path, spec["inputs"], input_values=spec.get("values") or None)
+    row.layers = len(graph.nodes)
+    rng = np.random.default_rng(0)
+    batches = [seeded_inputs(graph, rng) for _ in range(calib)]
+    test = seeded_inputs(graph, rng)
+    float_txt, float_bin = write_ir(graph, os.path.join(folder, f"{name}.txt"))
+    with torch.no_grad():
+        float_out = [o.clone() for o in graph.forward(test)]
+    status = run_upstream(upstream, float_txt, float_bin, [t.numpy() for t in test],
+                          os.path.join(folder, "float_out.npz"), False, folder)
+    row.float_ir = _float_cell(status, float_out)
+
+    qgraph = quantize_model(graph, batches)
+    q_txt, q_bin = write_ir(qgraph, os.path.join(folder, f"{name}_o.txt"))
+    with torch.no_grad():
+        q_out = [o.clone() for o in qgraph.forward(test, keep_tensors=True)]
+        q_in = [t.betensor.clone() for t in qgraph.input_tensors]
+    status = run_upstream(upstream, q_txt, q_bin, [t.numpy() for t in q_in], os.path.join(folder, "quant_out.npz"),
+                          True, folder)
+    row.quant_ir = _quant_cell(status, q_out)
+    try:
+        r = measure_agreement(qgraph, [t.numpy() for t in test])
+        row.qdq = f"{r.identical:.2%} identical, max {r.max_steps:g} steps"
+    except Exception as e:  # noqa: BLE001 - a refusal or failure of the export is the result being reported
+        row.qdq = f"refused: {str(e).splitlines()[0][:300]}"
+    return row
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(histograms.MODELS),
+                    help="comma-separated subset of: " + ", ".join(histograms.MODELS))
+    ap.add_argument("--upstream", default=os.environ.get("QUANTOPT_UPSTREAM", str(ROOT.parent / "shared" / "upstream")),
+                    help="the upstream folder (default: %(default)s)")
+    ap.add_argument("--work", default=None, help="scratch folder (default: a new temporary folder)")
+    ap.add_argument("--calib", type=int, default=4, help="calibration inputs per model (default: %(default)s)")
+    args = ap.parse_args(argv)
+    upstream = Path(args.upstream)
+    if not (upstream / "Compass_Optimizer").is_dir():
+        print(f"the upstream optimizer is not at {upstream} (set --upstream or QUANTOPT_UPSTREAM)", file=sys.stderr)
+        return 2
+    names = [n for n in args.models.split(",") if n]
+    unknown = [n for n in names if n not in histograms.MODELS]
+    if unknown:
+        print(f"unknown models: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    work = args.work or tempfile.mkdtemp(prefix="upstream_interchange_")
+    warnings.simplefilter("ignore")
+    rows = []
+    for name in names:
+        try:
+            row = check_model(name, upstream, work, args.calib)
+        except Exception as e:  # noqa: BLE001 - one model's failure is reported in its row, the others still run
+            traceback.print_exc()
+            row = Row(name, notes=[f"quantopt failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"])
+        rows.append(row)
+        print(f"{name}: float IR: {row.float_ir} | quantized IR: {row.quant_ir} | qdq: {row.qdq} "
+              f"{'; '.join(row.notes)}", flush=True)
+    print("\n| model | layers | upstream: float IR | upstream: quantized IR (int8) | ONNX QDQ export (exact) |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r.model} | {r.layers} | {r.float_ir or '; '.join(r.notes)} | {r.quant_ir} | {r.qdq} |")
+    print(f"\nscratch files: {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

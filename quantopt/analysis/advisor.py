@@ -1,0 +1,182 @@
+"""Accuracy advisor: after quantization, name the layers that lost accuracy, say why, and which field fixes it.
+
+The per-layer similarity tells *where* accuracy went; the statistics and the quantized graph usually tell *why*.
+`advise` looks for causes a user can act on, one `Advice` (one line) each:
+
+* `inf_mask`: statistics that saw ±inf or |x| >= 1e30 (an attention mask; handled automatically, passes/inf_mask.py)
+  or, not handled, huge finite values (|x| >= 32767, e.g. a mask written as -1e9) that set a useless range;
+* `bias_saturation`: quantized biases clipped at their bit width (input scale × weight scale too large), worse with
+  16-bit activations, whose scales are 256 times larger;
+* `weight_channels`: per-tensor weights over output channels of very different ranges (the small channels get a few
+  integer steps only) in a layer that lost accuracy;
+* `collapsed`: a layer whose isolated cosine is below the threshold (its own quantization), NaN or infinite, or the
+  first layer where the cumulative cosine falls below it while every layer's own error stays small (error piling
+  up along the graph).
+
+The advice is printed by a cfg run after the worst-layers table and written to the report (docs/report.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from ..graph.graph import PyGraph
+from ..graph.node import PyNode
+from ..passes.inf_mask import mask_counts
+from .similarity import LayerSimilarity
+
+COLLAPSE_COSINE = 0.9
+"""A layer output below this cosine (isolated, or cumulative for the first such layer) has collapsed."""
+
+SUSPECT_COSINE = 0.99
+"""Below this isolated cosine a layer is examined for a cause (weight channel spread)."""
+
+HUGE_VALUE = 32767.0
+"""Finite activations this large in magnitude are almost surely a mask or an overflow, not data."""
+
+CHANNEL_SPREAD = 32.0
+"""Per-tensor weights whose largest channel range exceeds the median channel range by this factor."""
+
+MAX_LINES = 20
+"""At most this many advice lines are printed (all of them go to the report)."""
+
+
+@dataclass
+class Advice:
+    """One piece of advice: the layer, the cause (a short code), what was seen and which field fixes it."""
+
+    layer: str
+    layer_type: str
+    cause: str
+    message: str
+    field: str
+
+    def line(self) -> str:
+        fix = f"; fix: {self.field}" if self.field else ""
+        return f"layer '{self.layer}' ({self.layer_type}): {self.cause}: {self.message}{fix}"
+
+    def as_dict(self) -> Dict[str, str]:
+        return asdict(self)
+
+
+def _fmt(v: float) -> str:
+    return "NaN" if math.isnan(v) else f"{v:.4f}"
+
+
+def _inf_mask(node: PyNode) -> List[Advice]:
+    out = []
+    for t in node.outputs:
+        low, high = mask_counts(t)
+        st = t.stats
+        if low or high:
+            out.append(Advice(node.name, str(node.type), "inf_mask",
+                              f"'{t.name}' holds {low + high} mask value(s) (±inf or |x| >= 1e30); left out of its "
+                              "statistics, saturated to the integer minimum, probability 0 after Softmax",
+                              "none needed (handled automatically)"))
+        elif t.ir_dtype.is_float and st.extrema_min is not None and st.extrema_max is not None and \
+                max(abs(float(st.extrema_min)), abs(float(st.extrema_max))) >= HUGE_VALUE:
+            lo, hi = float(st.extrema_min), float(st.extrema_max)
+            out.append(Advice(node.name, str(node.type), "inf_mask",
+                              f"'{t.name}' has huge values in its statistics (range [{lo:.4g}, {hi:.4g}]): if they are "
+                              "a mask, its range leaves the real values a few integer steps",
+                              "enable_pass_detect_inf_mask_nodes = true (mask constants <= -32767), or "
+                              "trim_infinity_before_statistic for this layer"))
+    return out
+
+
+def _bias_saturation(fnode: PyNode, qnode: PyNode) -> List[Advice]:
+    fb = fnode.constants.get("biases")
+    qb = qnode.constants.get("biases")
+    if fb is None or qb is None or qb.scale is None or qb.qbits is None or not fb.betensor.is_floating_point():
+        return []
+    scale = torch.as_tensor(qb.scale, dtype=torch.float64).reshape(-1)
+    b = fb.betensor.detach().to(torch.float64).reshape(-1)
+    if scale.numel() not in (1, b.numel()):
+        return []
+    bits = int(qb.qbits)
+    clipped = int(((b * scale).abs() > 2.0 ** (bits - 1)).sum())
+    if not clipped:
+        return []
+    s = qnode.settings
+    act16 = s is not None and int(s.q_bits_activation) > 8
+    fix = f"bias_bits = 48 (or <[{fnode.type}]:48>)" if bits < 48 else "weight_bits / activation_bits (smaller scales)"
+    return [Advice(fnode.name, str(fnode.type), "bias_saturation",
+                   f"{clipped} of {b.numel()} bias(es) clipped at {bits} bits (input scale x weight scale is large"
+                   + ("; 16-bit activations make it 256 times larger" if act16 else "") + ")", fix)]
+
+
+def _weight_channels(fnode: PyNode, qnode: PyNode) -> List[Advice]:
+    s = qnode.settings
+    if s is None or "per_channel" in str(s.q_mode_weight):
+        return []
+    w = fnode.constants.get("weights")
+    if w is None or w.stats.extrema_min_key_axis is None or w.stats.extrema_max_key_axis is None:
+        return []
+    rng = torch.maximum(w.stats.extrema_max_key_axis.abs(), w.stats.extrema_min_key_axis.abs()).reshape(-1)
+    if rng.numel() < 2:
+        return []
+    median = float(rng.median())
+    top = float(rng.max())
+    if median <= 0.0 or top / median < CHANNEL_SPREAD:
+        return []
+    return [Advice(fnode.name, str(fnode.type), "weight_channels",
+                   f"per-tensor weights over {rng.numel()} channels whose ranges differ up to {top / median:.0f}x "
+                   "the median: small channels keep a few integer steps",
+                   "quantize_method_for_weight = per_channel_symmetric_restricted_range")]
+
+
+def _collapsed(sims: Sequence[LayerSimilarity], threshold: float) -> List[Advice]:
+    out = []
+    first_cumulative: Optional[LayerSimilarity] = None
+    for r in sims:
+        if not math.isfinite(r.isolated_cos):
+            out.append(Advice(r.name, r.type, "collapsed", f"isolated cosine {_fmt(r.isolated_cos)} of '{r.tensor}'"
+                              + (f" ({r.note})" if r.note else ""),
+                              "trigger_float_op for this layer, or find the NaN/inf source upstream"))
+        elif r.isolated_cos < threshold:
+            out.append(Advice(r.name, r.type, "collapsed",
+                              f"isolated cosine {_fmt(r.isolated_cos)} of '{r.tensor}': its own quantization loses "
+                              "the values",
+                              f"activation_bits = 8 & <[{r.type}]:16> (with lut_items_in_bits = 10), or "
+                              "calibration_strategy_for_activation, or trigger_float_op for this layer"))
+        elif first_cumulative is None and math.isfinite(r.cumulative_cos) and r.cumulative_cos < threshold:
+            first_cumulative = r
+    if first_cumulative is not None and not out:
+        r = first_cumulative
+        out.append(Advice(r.name, r.type, "collapsed",
+                          f"cumulative cosine {_fmt(r.cumulative_cos)} (isolated {_fmt(r.isolated_cos)}): small "
+                          "errors of the layers above pile up here",
+                          "mixed_precision_auto_search, or 16-bit activation_bits for the layers above"))
+    return out
+
+
+def advise(float_graph: PyGraph, quant_graph: Optional[PyGraph] = None,
+           similarities: Sequence[LayerSimilarity] = (), threshold: float = COLLAPSE_COSINE) -> List[Advice]:
+    """Advice for a quantized model, in graph order within each cause: inf masks, bias saturation, weight channel
+    spread (layers with an isolated cosine below 0.99, or all layers without similarity), collapsed layers."""
+    qnodes = {n.name: n for n in quant_graph.nodes} if quant_graph is not None else {}
+    suspect = {r.name for r in similarities if not math.isfinite(r.isolated_cos) or r.isolated_cos < SUSPECT_COSINE}
+    advice: List[Advice] = []
+    for n in float_graph.nodes:
+        advice += _inf_mask(n)
+    for n in float_graph.nodes:
+        q = qnodes.get(n.name)
+        if q is not None and q.quantized:
+            advice += _bias_saturation(n, q)
+    for n in float_graph.nodes:
+        q = qnodes.get(n.name)
+        if q is not None and q.quantized and (not similarities or n.name in suspect):
+            advice += _weight_channels(n, q)
+    advice += _collapsed(similarities, threshold)
+    return advice
+
+
+def advice_lines(advice: Sequence[Advice], limit: int = MAX_LINES) -> List[str]:
+    """The console lines: one per advice, at most `limit`, then how many more the report holds."""
+    lines = [a.line() for a in advice[:limit]]
+    if len(advice) > limit:
+        lines.append(f"... and {len(advice) - limit} more in the report")
+    return lines

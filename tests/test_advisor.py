@@ -1,0 +1,105 @@
+"""The accuracy advisor (quantopt/analysis/advisor.py) on small synthetic graphs: an inf mask, saturated biases, a
+collapsed layer and per-tensor weights over channels of very different ranges, each named with cause and field."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from test_inf_mask import feeds, masked_softmax_model
+
+import quantopt.ops  # noqa: F401  (registers the operators)
+from quantopt.analysis.advisor import Advice, advice_lines, advise
+from quantopt.analysis.report import build_report
+from quantopt.analysis.similarity import LayerSimilarity, layer_similarity
+from quantopt.graph.builder import GraphBuilder
+from quantopt.pipeline import quantize_model
+
+
+def fc_model(weights: np.ndarray, biases: np.ndarray):
+    g = GraphBuilder("fc")
+    x = g.input("x", [1, weights.shape[1]])
+    y = g.layer("FullyConnected", [x], [[1, weights.shape[0]]], name="fc",
+                params={"num_output": weights.shape[0], "with_activation": "NONE"},
+                constants={"weights": weights.astype(np.float32), "biases": biases.astype(np.float32)})
+    return g.build([y])
+
+
+def batches(n: int, width: int, seed: int = 0, scale: float = 1.0):
+    rng = np.random.default_rng(seed)
+    return [torch.from_numpy((rng.normal(0, 1, (1, width)) * scale).astype(np.float32)) for _ in range(n)]
+
+
+def causes(advice, cause: str):
+    return [a for a in advice if a.cause == cause]
+
+
+def test_inf_mask_is_reported() -> None:
+    graph = masked_softmax_model()
+    q = quantize_model(graph, feeds(6, 0))
+    advice = advise(graph, q, layer_similarity(graph, q, feeds(1, 1)))
+    named = {a.layer for a in causes(advice, "inf_mask")}
+    assert {"neg", "mask", "add"} <= named
+    assert all(a.field for a in advice)
+
+
+def test_huge_finite_mask_suggests_the_field() -> None:
+    graph = masked_softmax_model(-1e9)
+    q = quantize_model(graph, feeds(6, 0))
+    hits = causes(advise(graph, q), "inf_mask")
+    assert hits and all("enable_pass_detect_inf_mask_nodes" in a.field for a in hits)
+
+
+def test_bias_saturation() -> None:
+    rng = np.random.default_rng(1)
+    w = rng.normal(0, 1, (4, 16))
+    b = np.array([1e9, 0.1, -0.2, 0.3])  # b * s_in * s_w far beyond int32
+    graph = fc_model(w, b)
+    q = quantize_model(graph, batches(4, 16))
+    hits = causes(advise(graph, q), "bias_saturation")
+    assert len(hits) == 1 and hits[0].layer == "fc" and "1 of 4" in hits[0].message
+    assert "bias_bits = 48" in hits[0].field
+    assert "layer 'fc' (FullyConnected): bias_saturation:" in hits[0].line()
+
+
+def test_weight_channels_and_collapsed_layer() -> None:
+    rng = np.random.default_rng(2)
+    w = rng.normal(0, 1, (8, 16))
+    w[0] *= 1000.0  # one huge channel: per-tensor int8 leaves the others a few steps
+    graph = fc_model(w, np.zeros(8))
+    q = quantize_model(graph, batches(4, 16))
+    spread = causes(advise(graph, q), "weight_channels")
+    assert len(spread) == 1 and spread[0].layer == "fc" and "per_channel" in spread[0].field
+    fine = [LayerSimilarity(1, "fc", "FullyConnected", "fc", 0.999, 0.0, 0.999, 0.0)]
+    assert not causes(advise(graph, q, fine), "weight_channels")  # a layer that kept its accuracy is left alone
+    low = [LayerSimilarity(1, "fc", "FullyConnected", "fc", 0.5, 1.0, 0.6, 1.0)]
+    advice = advise(graph, q, low)
+    assert causes(advice, "weight_channels")
+    collapsed = causes(advice, "collapsed")
+    assert len(collapsed) == 1 and "0.6000" in collapsed[0].message and "activation_bits" in collapsed[0].field
+
+
+def test_cumulative_collapse_names_the_first_layer() -> None:
+    sims = [LayerSimilarity(1, "a", "Conv", "a", 0.99, 0.0, 0.995, 0.0),
+            LayerSimilarity(2, "b", "Conv", "b", 0.85, 0.0, 0.99, 0.0),
+            LayerSimilarity(3, "c", "Conv", "c", 0.7, 0.0, 0.99, 0.0)]
+    hits = causes(advise(fc_model(np.eye(2), np.zeros(2)), None, sims), "collapsed")
+    assert [a.layer for a in hits] == ["b"] and "cumulative" in hits[0].message
+
+
+def test_nan_similarity_collapses_and_reaches_the_report() -> None:
+    graph = fc_model(np.eye(4), np.zeros(4))
+    sims = [LayerSimilarity(1, "fc", "FullyConnected", "fc", math.nan, math.nan, math.nan, math.nan,
+                            "float output holds NaN")]
+    advice = advise(graph, None, sims)
+    hits = causes(advice, "collapsed")
+    assert hits and "NaN" in hits[0].message and "float output holds NaN" in hits[0].message
+    report = build_report({"model": "fc", "advice": [a.as_dict() for a in advice]}, sims)
+    assert report["worst_layers"][0]["isolated_cos"] is None and report["worst_layers"][0]["note"]
+    assert report["advice"][0]["cause"] == "collapsed"
+
+
+def test_advice_lines_are_capped() -> None:
+    advice = [Advice(f"l{i}", "Conv", "collapsed", "x", "f") for i in range(25)]
+    lines = advice_lines(advice, 20)
+    assert len(lines) == 21 and "5 more" in lines[-1]
