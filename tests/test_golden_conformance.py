@@ -11,6 +11,7 @@ from typing import Dict, List
 import numpy as np
 import pytest
 from conftest import shared_model_dir
+from golden_helpers import run_golden_cfg
 
 from quantopt.analysis.ir_compare import (
     compare_quantized_irs,
@@ -18,7 +19,6 @@ from quantopt.analysis.ir_compare import (
     identical_fraction,
     template_ranges,
 )
-from quantopt.cli import main
 from quantopt.ir.reader import read_ir
 
 MODELS = ("syn_resnet", "syn_mobilenet", "ppocr_cls", "mtcnn_onet")
@@ -35,20 +35,7 @@ kernels versus torch's on this machine) give calibrated ranges a few float32 ulp
 
 def run_golden(model: str, letter: str, out: Path) -> Path:
     """The golden cfg with paths made absolute and output redirected to `out`; returns the written IR."""
-    folder = shared_model_dir(model) / "golden" / letter
-    lines: List[str] = []
-    for raw in (folder / "opt.cfg").read_text().splitlines():
-        key, sep, value = raw.partition("=")
-        k = key.strip().lower()
-        if sep and k in ("graph", "bin", "calibration_data", "data", "label"):
-            raw = f"{key.strip()} = {(folder / value.strip()).resolve()}"
-        elif sep and k == "output_dir":
-            raw = f"output_dir = {out}"
-        lines.append(raw)
-    cfg = out.parent / f"{model}_{letter}.cfg"
-    cfg.write_text("\n".join(lines) + "\n")
-    assert main(["--cfg", str(cfg)]) == 0
-    return out / f"{model}_o.txt"
+    return run_golden_cfg(shared_model_dir(model) / "golden" / letter, model, out)
 
 
 @pytest.mark.parametrize("letter", GOLDENS)

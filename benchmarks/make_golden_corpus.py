@@ -1,0 +1,431 @@
+"""Regenerate the golden corpus under tests/data/golden_corpus/: small seeded torch models, their float IR made by
+the upstream Compass Unified Parser and the upstream Compass Optimizer's quantized IRs for the cfg variants A/B/C.
+
+    python benchmarks/make_golden_corpus.py [--out DIR] [--only NAME[,NAME...]] [--upstream DIR] [--keep DIR]
+
+Needs the upstream tools only to regenerate: `run-parser.sh` and `run-opt.sh` of the upstream folder (default
+../shared/upstream beside the repository, or $QUANTOPT_UPSTREAM, or --upstream), with their venvs set up; the script
+exits with code 2 and says so when they are missing. Upstream is only ever run as a separate program; the tests read
+the committed files and never need it.
+
+Per model the folder `<out>/<name>/` gets:
+- `<name>.onnx` (torch export, opset 14, `dynamo=False`) and the Parser's float IR `<name>.txt` / `<name>.bin`;
+- `calib.npy` (one input) or `calib.npz` (one array per input, in the IR's input order): 8 seeded samples;
+- `golden/{A,B,C}/opt.cfg` (paths relative to that folder) with upstream's `<name>_o.txt/.bin` and
+  `<name>_opt_template.json`. A: defaults; B: per-channel symmetric weights, asymmetric activations, `extrema`;
+  C: 16 bits, `lut_items_in_bits = 10` (the variants of the shared reference models). Where upstream's optimizer
+  fails on a variant, `golden/<variant>/upstream_failed.txt` holds its error lines instead of a golden.
+
+Upstream's multi-input dataset plugin reads the .npz as it is (it asks the loaded file for its keys), so the same cfg
+text serves both tools. `floors.json` (the regression floors of tests/test_golden_corpus.py) is not written here but by
+`python benchmarks/golden_corpus_report.py --write-floors`, which measures quantopt on the corpus.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "tests" / "data" / "golden_corpus"
+DEFAULT_UPSTREAM = Path(os.environ.get("QUANTOPT_UPSTREAM", ROOT.parent / "shared" / "upstream"))
+OPSET = 14
+SAMPLES = 8
+TIMEOUT_S = 900
+FAILED_NOTE = "upstream_failed.txt"
+"""Written in golden/<variant>/ instead of the golden IR when upstream's optimizer fails on that variant."""
+
+VARIANTS: Dict[str, List[str]] = {
+    "A": ["quantize_method_for_weight = per_tensor_symmetric_restricted_range",
+          "quantize_method_for_activation = per_tensor_symmetric_full_range"],
+    "B": ["quantize_method_for_weight = per_channel_symmetric_restricted_range",
+          "quantize_method_for_activation = per_tensor_asymmetric",
+          "calibration_strategy_for_activation = extrema"],
+    "C": ["weight_bits = 16", "activation_bits = 16", "lut_items_in_bits = 10"],
+}
+"""The cfg lines of each variant, as in the shared reference models' goldens."""
+
+
+# --------------------------------------------------------------------------------------------------- the models
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention written out (q/k/v projections, scaled scores, optional additive mask, softmax),
+    so the export shows the MatMul/Transpose/Softmax pattern real encoder and decoder exports have."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        b, t, d = x.shape
+
+        def split(y: torch.Tensor) -> torch.Tensor:
+            return y.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (self.head_dim ** -0.5)
+        if mask is not None:
+            scores = scores + mask
+        ctx = torch.matmul(torch.softmax(scores, dim=-1), v)
+        return self.o(ctx.transpose(1, 2).reshape(b, t, d))
+
+
+class EncoderBlock(nn.Module):
+    """Post-LN transformer encoder block (BERT style) with an additive attention mask input [B, 1, T, T]."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, ff: int = 64) -> None:
+        super().__init__()
+        self.attn = Attention(dim, heads)
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.ff = nn.Sequential(nn.Linear(dim, ff), nn.GELU(), nn.Linear(ff, dim))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.ln1(x + self.attn(x, mask))
+        return self.ln2(x + self.ff(x))
+
+
+class DecoderBlock(nn.Module):
+    """Pre-LN GPT-style decoder block: a constant causal mask (large negative above the diagonal), GELU MLP, final
+    LayerNorm and a small vocabulary head."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, ff: int = 64, seq: int = 16, vocab: int = 40) -> None:
+        super().__init__()
+        self.attn = Attention(dim, heads)
+        self.ln1, self.ln2, self.ln_f = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.ff = nn.Sequential(nn.Linear(dim, ff), nn.GELU(), nn.Linear(ff, dim))
+        self.head = nn.Linear(dim, vocab)
+        causal = torch.triu(torch.full((seq, seq), -1e4), diagonal=1)
+        self.register_buffer("causal", causal.reshape(1, 1, seq, seq))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), self.causal)
+        x = x + self.ff(self.ln2(x))
+        return self.head(self.ln_f(x))
+
+
+class Recurrent(nn.Module):
+    """One LSTM or GRU layer (batch first) and a per-step classifier."""
+
+    def __init__(self, cell: str, features: int = 16, hidden: int = 32, classes: int = 10) -> None:
+        super().__init__()
+        self.rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(features, hidden, batch_first=True)
+        self.fc = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.rnn(x)
+        return self.fc(y)
+
+
+class SvtrTiny(nn.Module):
+    """SVTR-like text recognizer: a strided conv stem (BN, hardswish), height pooled away, one pre-LN transformer
+    block over the width positions, a classifier over 37 characters and a softmax."""
+
+    def __init__(self, dim: int = 32, classes: int = 37) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.Hardswish(),
+            nn.Conv2d(16, dim, 3, stride=(2, 1), padding=1), nn.BatchNorm2d(dim), nn.Hardswish(),
+        )
+        self.pool = nn.AvgPool2d((8, 1))
+        self.ln1, self.ln2, self.ln_f = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = Attention(dim, 2)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+        self.fc = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.pool(self.stem(x))  # [B, C, 1, W]
+        y = y.flatten(2).transpose(1, 2)  # [B, W, C]
+        y = y + self.attn(self.ln1(y))
+        y = y + self.mlp(self.ln2(y))
+        return torch.softmax(self.fc(self.ln_f(y)), dim=-1)
+
+
+class DetHead(nn.Module):
+    """FPN-like detection head: two strided conv stages, the deeper one upsampled (nearest Resize) and concatenated
+    with the shallower, then a class map through a sigmoid and a box regression map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU())
+        self.c2 = nn.Sequential(nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU())
+        self.lat = nn.Conv2d(32, 16, 1)
+        self.mix = nn.Sequential(nn.Conv2d(32, 16, 3, padding=1), nn.ReLU())
+        self.cls = nn.Conv2d(16, 3, 1)
+        self.box = nn.Conv2d(16, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        a = self.c1(x)
+        b = nn.functional.interpolate(self.lat(self.c2(a)), scale_factor=2.0, mode="nearest")
+        y = self.mix(torch.cat([a, b], dim=1))
+        return torch.sigmoid(self.cls(y)), self.box(y)
+
+
+def _double_conv(cin: int, cout: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
+                         nn.Conv2d(cout, cout, 3, padding=1), nn.ReLU())
+
+
+class UNetTiny(nn.Module):
+    """Two-level U-Net: max pooling down, one ConvTranspose and one bilinear Resize up, skip concatenations and a
+    per-pixel two-class output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.e1, self.e2, self.mid = _double_conv(3, 8), _double_conv(8, 16), _double_conv(16, 32)
+        self.up2 = nn.ConvTranspose2d(32, 16, 2, stride=2)
+        self.d2 = _double_conv(32, 16)
+        self.red1 = nn.Conv2d(16, 8, 1)
+        self.d1 = _double_conv(16, 8)
+        self.out = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e1 = self.e1(x)
+        e2 = self.e2(nn.functional.max_pool2d(e1, 2))
+        m = self.mid(nn.functional.max_pool2d(e2, 2))
+        d2 = self.d2(torch.cat([self.up2(m), e2], dim=1))
+        up = nn.functional.interpolate(self.red1(d2), scale_factor=2.0, mode="bilinear", align_corners=False)
+        return self.out(self.d1(torch.cat([up, e1], dim=1)))
+
+
+class OneOp(nn.Module):
+    """A graph of one operator (after the Parser), for the one-operator cases."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        return self.fn(*xs)
+
+
+# ------------------------------------------------------------------------------------------------- the catalogue
+
+
+Sampler = Callable[[np.random.Generator], Dict[str, np.ndarray]]
+
+
+@dataclass
+class Spec:
+    """One corpus model: how to build it, its inputs (name → shape with batch 1), its outputs and its data."""
+
+    build: Callable[[], nn.Module]
+    inputs: Dict[str, Tuple[int, ...]]
+    outputs: Sequence[str]
+    sample: Optional[Sampler] = None
+    """SAMPLES samples per input; default: standard normal noise."""
+
+
+def _normal(spec_inputs: Dict[str, Tuple[int, ...]]) -> Sampler:
+    def sample(rng: np.random.Generator) -> Dict[str, np.ndarray]:
+        return {k: rng.standard_normal((SAMPLES, *s[1:])).astype(np.float32) for k, s in spec_inputs.items()}
+    return sample
+
+
+def _encoder_data(rng: np.random.Generator) -> Dict[str, np.ndarray]:
+    """Token features plus a padding mask: each sample keeps its first L of 16 positions (L from 8 to 16), the
+    others get -10000 as BERT's extended attention mask does."""
+    x = rng.standard_normal((SAMPLES, 16, 32)).astype(np.float32)
+    mask = np.zeros((SAMPLES, 1, 16, 16), np.float32)
+    for i, keep in enumerate(rng.integers(8, 17, SAMPLES)):
+        mask[i, :, :, keep:] = -10000.0
+    return {"x": x, "mask": mask}
+
+
+def _image(rng: np.random.Generator, shape: Tuple[int, ...]) -> np.ndarray:
+    """Smooth image-like data in [-1, 1]: low-frequency noise upsampled, plus a little pixel noise."""
+    n, c, h, w = SAMPLES, shape[1], shape[2], shape[3]
+    low = rng.uniform(-1, 1, (n, c, max(h // 8, 1), max(w // 8, 1))).astype(np.float32)
+    up = np.repeat(np.repeat(low, 8, axis=2), 8, axis=3)[:, :, :h, :w]
+    return np.clip(up + 0.1 * rng.standard_normal((n, c, h, w)), -1, 1).astype(np.float32)
+
+
+def _image_sampler(name: str, shape: Tuple[int, ...]) -> Sampler:
+    return lambda rng: {name: _image(rng, shape)}
+
+
+MODELS: Dict[str, Spec] = {
+    "transformer_encoder": Spec(EncoderBlock, {"x": (1, 16, 32), "mask": (1, 1, 16, 16)}, ["y"], _encoder_data),
+    "gpt_decoder": Spec(DecoderBlock, {"x": (1, 16, 32)}, ["logits"]),
+    "lstm": Spec(lambda: Recurrent("lstm"), {"x": (1, 12, 16)}, ["y"]),
+    "gru": Spec(lambda: Recurrent("gru"), {"x": (1, 12, 16)}, ["y"]),
+    "svtr_tiny": Spec(SvtrTiny, {"x": (1, 3, 32, 64)}, ["probs"], _image_sampler("x", (1, 3, 32, 64))),
+    "det_head": Spec(DetHead, {"x": (1, 3, 64, 64)}, ["cls", "box"], _image_sampler("x", (1, 3, 64, 64))),
+    "unet_tiny": Spec(UNetTiny, {"x": (1, 3, 32, 32)}, ["seg"], _image_sampler("x", (1, 3, 32, 32))),
+    "op_softmax": Spec(lambda: OneOp(lambda x: torch.softmax(x, dim=-1)), {"x": (1, 8, 32)}, ["y"]),
+    "op_sigmoid": Spec(lambda: OneOp(torch.sigmoid), {"x": (1, 8, 32)}, ["y"]),
+    "op_tanh": Spec(lambda: OneOp(torch.tanh), {"x": (1, 8, 32)}, ["y"]),
+    "op_gelu": Spec(lambda: OneOp(nn.GELU()), {"x": (1, 8, 32)}, ["y"]),
+    "op_layernorm": Spec(lambda: nn.LayerNorm(32), {"x": (1, 8, 32)}, ["y"]),
+    "op_matmul": Spec(lambda: OneOp(torch.matmul), {"a": (1, 8, 16), "b": (1, 16, 8)}, ["y"]),
+    "op_add": Spec(lambda: OneOp(torch.add), {"a": (1, 8, 32), "b": (1, 8, 32)}, ["y"]),
+    "op_mul": Spec(lambda: OneOp(torch.mul), {"a": (1, 8, 32), "b": (1, 8, 32)}, ["y"]),
+    "op_concat": Spec(lambda: OneOp(lambda a, b: torch.cat([a, b], dim=-1)), {"a": (1, 8, 16), "b": (1, 8, 16)},
+                      ["y"]),
+    "op_reducemean": Spec(lambda: OneOp(lambda x: x.mean(dim=-1, keepdim=True)), {"x": (1, 8, 32)}, ["y"]),
+}
+"""Every corpus model. Weights are seeded per model (`_seed`), as is the data, so regeneration is reproducible."""
+
+
+def _seed(name: str) -> int:
+    """A per-model seed that does not change when models are added or reordered."""
+    return sum((i + 1) * ord(c) for i, c in enumerate(name)) % 100_003
+
+
+# --------------------------------------------------------------------------------------------------- the steps
+
+
+def export_onnx(name: str, spec: Spec, folder: Path) -> Path:
+    """Seeded weights (BatchNorm statistics perturbed, so folding them matters), exported with the legacy exporter."""
+    torch.manual_seed(_seed(name))
+    model = spec.build().eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+    args = tuple(torch.randn(*s) for s in spec.inputs.values())
+    path = folder / f"{name}.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, args, str(path), input_names=list(spec.inputs), output_names=list(spec.outputs),
+                          opset_version=OPSET, dynamo=False, do_constant_folding=True)
+    return path
+
+
+def write_data(name: str, spec: Spec, folder: Path) -> str:
+    """The calibration samples; returns the file name (calib.npy for one input, calib.npz in input order)."""
+    rng = np.random.default_rng(_seed(name))
+    data = (spec.sample or _normal(spec.inputs))(rng)
+    if len(data) == 1:
+        np.save(folder / "calib.npy", next(iter(data.values())))
+        return "calib.npy"
+    np.savez(folder / "calib.npz", **{k: data[k] for k in spec.inputs})
+    return "calib.npz"
+
+
+def _run(cmd: List[str], log: Path, fail: bool = True) -> bool:
+    """Runs an upstream script, its output in `log`; a failure stops the script naming the log, or with
+    `fail=False` returns False (an upstream defect on one variant is recorded, not fatal)."""
+    with open(log, "w") as f:
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=TIMEOUT_S, check=False)
+    if done.returncode != 0 and fail:
+        raise SystemExit(f"{' '.join(cmd)} failed (exit {done.returncode}); see {log}")
+    return done.returncode == 0
+
+
+def parse(name: str, spec: Spec, onnx_path: Path, folder: Path, upstream: Path, scratch: Path) -> None:
+    """The upstream Parser's float IR of the ONNX file, written as <name>.txt/.bin into `folder`."""
+    out = scratch / "parser_out"
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = scratch / "parser.cfg"
+    cfg.write_text("\n".join([
+        "[Common]", "model_type = onnx", f"model_name = {name}", "model_domain = image_classification",
+        f"input_model = {onnx_path.resolve()}", f"input = {','.join(spec.inputs)}",
+        "input_shape = " + ",".join("[" + ",".join(str(d) for d in s) + "]" for s in spec.inputs.values()),
+        f"output = {','.join(spec.outputs)}", f"output_dir = {out}", ""]))
+    _run([str(upstream / "run-parser.sh"), str(cfg)], scratch / "parser.log")
+    for ext in ("txt", "bin"):
+        shutil.copyfile(out / f"{name}.{ext}", folder / f"{name}.{ext}")
+
+
+def opt_cfg_lines(name: str, data_file: str, letter: str, graph_dir: str) -> List[str]:
+    """An opt cfg of one variant; paths are relative to `graph_dir` (text put in front of each file name)."""
+    dataset = "numpydataset" if data_file.endswith(".npy") else "numpymultiinputdataset"
+    return ["[Common]", f"graph = {graph_dir}{name}.txt", f"bin = {graph_dir}{name}.bin", f"model_name = {name}",
+            f"dataset = {dataset}", f"calibration_data = {graph_dir}{data_file}", "calibration_batch_size = 1",
+            *VARIANTS[letter]]
+
+
+def quantize(name: str, data_file: str, folder: Path, upstream: Path, scratch: Path) -> None:
+    """The upstream Optimizer's output for each variant, copied with the variant's committed cfg into golden/L/."""
+    for letter in VARIANTS:
+        golden = folder / "golden" / letter
+        if golden.exists():
+            shutil.rmtree(golden)
+        golden.mkdir(parents=True)
+        (golden / "opt.cfg").write_text("\n".join(opt_cfg_lines(name, data_file, letter, "../../")
+                                                  + ["output_dir = ./out", ""]))
+        work = scratch / f"opt_{letter}"
+        work.mkdir()
+        cfg = work / "opt.cfg"
+        cfg.write_text("\n".join(opt_cfg_lines(name, data_file, letter, f"{folder.resolve()}/")
+                                 + [f"output_dir = {work / 'out'}", ""]))
+        log = work / "opt.log"
+        if not _run([str(upstream / "run-opt.sh"), str(cfg)], log, fail=False):
+            errors = [line.split("]: ", 1)[-1].strip() for line in log.read_text().splitlines()
+                      if line.startswith("[E]")]  # without the log prefix and its time stamp
+            (golden / FAILED_NOTE).write_text("upstream's optimizer failed on this variant:\n"
+                                              + "\n".join(errors[:3] or ["(no error line; see its log)"]) + "\n")
+            print(f"{name}/{letter}: upstream failed; noted in {golden / FAILED_NOTE}", flush=True)
+            continue
+        for file in (f"{name}_o.txt", f"{name}_o.bin", f"{name}_opt_template.json"):
+            src = work / "out" / file
+            if not src.is_file():
+                raise SystemExit(f"upstream wrote no {file} for {name}/{letter}; see {work / 'opt.log'}")
+            shutil.copyfile(src, golden / file)
+
+
+def make(name: str, out: Path, upstream: Path, keep: Optional[Path]) -> None:
+    """One corpus model from scratch: ONNX, data, float IR, the three goldens."""
+    spec = MODELS[name]
+    folder = out / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"golden_corpus_{name}_", dir=keep))
+    onnx_path = export_onnx(name, spec, folder)
+    data_file = write_data(name, spec, folder)
+    parse(name, spec, onnx_path, folder, upstream, scratch)
+    quantize(name, data_file, folder, upstream, scratch)
+    if keep is None:
+        shutil.rmtree(scratch)
+    print(f"{name}: done ({folder})", flush=True)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="corpus folder (default %(default)s)")
+    parser.add_argument("--only", default="", help="comma-separated model names (default: all)")
+    parser.add_argument("--upstream", type=Path, default=DEFAULT_UPSTREAM,
+                        help="folder with run-parser.sh and run-opt.sh (default ../shared/upstream, or "
+                             "$QUANTOPT_UPSTREAM)")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the scratch folders (upstream logs) here")
+    parser.add_argument("--list", action="store_true", help="list the models and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(MODELS))
+        return 0
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(MODELS)
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    missing = [s for s in ("run-parser.sh", "run-opt.sh") if not (args.upstream / s).is_file()]
+    if missing:
+        print(f"make_golden_corpus: the upstream tools are needed to regenerate the corpus, and {args.upstream} has "
+              f"no {' or '.join(missing)}; pass --upstream DIR or set QUANTOPT_UPSTREAM (the committed corpus "
+              f"needs no regeneration to be tested)", file=sys.stderr)
+        return 2
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        make(name, args.out, args.upstream.resolve(), args.keep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Helpers shared by the golden tests (tests/test_golden_conformance.py, tests/test_golden_corpus.py) and
+benchmarks/golden_corpus_report.py: run quantopt with a golden's cfg and compare its IR with the golden's layer by
+layer. No pytest here, so the benchmark can import it too."""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+from quantopt.analysis.ir_compare import LayerDiff, compare_quantized_irs, forgive_upstream_bias_wrap
+from quantopt.cli import main as quantopt_main
+from quantopt.graph.graph import PyGraph
+from quantopt.ir.reader import read_ir
+
+FAILED_NOTE = "upstream_failed.txt"
+"""In a corpus variant's golden folder instead of the golden IR: upstream's optimizer failed there
+(benchmarks/make_golden_corpus.py writes its error lines)."""
+PATH_KEYS = ("graph", "bin", "calibration_data", "data", "label")
+SCALE_RTOL = 1e-6
+"""Scales agree to float32 precision: two float32 forwards that sum in different orders give calibrated ranges a few
+float32 ulps apart (docs/golden-differences.md)."""
+
+
+def upstream_failure(folder: Path) -> str:
+    """The first error line of a variant's `upstream_failed.txt`, without upstream's log prefix."""
+    lines = (folder / FAILED_NOTE).read_text().splitlines()[1:]
+    text = lines[0] if lines else "no error line"
+    return text.split("]: ", 1)[-1][:200]
+
+
+def golden_cfg(folder: Path, out: Path, cfg: Path, extra: Sequence[str] = ()) -> Path:
+    """Writes to `cfg` the golden's `opt.cfg` with its relative paths made absolute, its output sent to `out` and
+    `extra` lines (`field = value`) added: the committed cfg text stays what upstream ran."""
+    lines: List[str] = []
+    for raw in (folder / "opt.cfg").read_text().splitlines():
+        key, sep, value = raw.partition("=")
+        k = key.strip().lower()
+        if sep and k in PATH_KEYS:
+            raw = f"{key.strip()} = {(folder / value.strip()).resolve()}"
+        elif sep and k == "output_dir":
+            raw = f"output_dir = {out}"
+        lines.append(raw)
+    lines.extend(extra)
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text("\n".join(lines) + "\n")
+    return cfg
+
+
+class QuantoptFailed(RuntimeError):
+    """quantopt refused or failed a golden cfg: its exit code and error line (directories left out of paths)."""
+
+    def __init__(self, code: int, error: str) -> None:
+        super().__init__(f"quantopt exited with {code}: {error}")
+        self.code, self.error = code, error
+
+
+def run_golden_cfg(folder: Path, model: str, out: Path, quiet: bool = False) -> Path:
+    """Runs `quantopt --cfg` with the golden cfg of `folder`; returns the written IR (`out/<model>_o.txt`), or raises
+    QuantoptFailed with the error line of quantopt's log."""
+    cfg = golden_cfg(folder, out, out.parent / f"{model}_{folder.name}.cfg")
+    argv = ["--cfg", str(cfg)] + (["--log-level", "ERROR"] if quiet else [])
+    errors = _ErrorLines()
+    logger = logging.getLogger("quantopt")
+    logger.addHandler(errors)
+    try:
+        code = quantopt_main(argv)
+    finally:
+        logger.removeHandler(errors)
+    if code != 0:
+        error = errors.lines[-1] if errors.lines else "no error logged"
+        raise QuantoptFailed(code, re.sub(r"(?<![\w'/])/(?:[^/\s:']+/)+", "", error))
+    return out / f"{model}_o.txt"
+
+
+class _ErrorLines(logging.Handler):
+    """Collects the error lines quantopt logs while a cfg runs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@dataclass
+class GoldenComparison:
+    """quantopt's IR against a golden: one LayerDiff per golden layer, and the layers only quantopt has."""
+
+    diffs: List[LayerDiff]
+    extra: List[str] = field(default_factory=list)
+    ranges: Tuple[int, int] = (0, 0)
+    """(tensors with bit-identical calibrated ranges, tensors compared), where the caller measured them."""
+
+    @property
+    def identical(self) -> int:
+        return sum(d.identical for d in self.diffs)
+
+    @property
+    def differing(self) -> Dict[str, LayerDiff]:
+        return {d.name: d for d in self.diffs if not d.identical}
+
+
+def compare_with_golden(ours_ir: Path, golden_ir: Path, rtol: float = SCALE_RTOL) -> GoldenComparison:
+    """Layer-by-layer comparison (quantopt.analysis.ir_compare), with upstream's int32 bias wrap-around forgiven.
+    The golden is read accepting layer keys quantopt does not know (upstream's LayerNorm carries a `lut`, say): the
+    comparison names what it lacks."""
+    ours: PyGraph = read_ir(str(ours_ir))
+    golden: PyGraph = read_ir(str(golden_ir), allow_unknown_keys=True)
+    diffs = compare_quantized_irs(ours, golden, rtol=rtol)
+    forgive_upstream_bias_wrap(diffs, ours, golden)
+    names = {n.name for n in golden.nodes}
+    return GoldenComparison(diffs, [f"{n.name} ({n.type})" for n in ours.nodes if n.name not in names])
+
+
+KINDS = (
+    ("layer missing", "missing layer"),
+    ("type ", "layer type"),
+    ("scale_value", "scale/shift"),
+    ("shift_value", "scale/shift"),
+    ("scale_type", "scale/shift"),
+    ("shift_type", "scale/shift"),
+    ("constant lut", "lut"),
+    ("constant weights_scale", "weights scale/zp"),
+    ("constant weights_zp", "weights scale/zp"),
+    ("constant biases_scale", "bias scale/zp"),
+    ("constant weights", "weights"),
+    ("weights_", "weights scale/zp"),
+    ("constant biases", "biases"),
+    ("biases_", "bias scale/zp"),
+    ("constant scale", "per-channel scale/shift"),
+    ("constant shift", "per-channel scale/shift"),
+    ("constant negative_slope", "negative slope"),
+    ("quantize_method", "quantize method"),
+)
+"""Prefix of an ir_compare difference → the kind of difference the corpus report and docs speak of."""
+
+
+def difference_kind(difference: str) -> str:
+    """The kind of one ir_compare difference: output type, range (output scale/zero point), scale/shift, lut,
+    weights, biases, ...; `<kind> absent` when quantopt writes no such value at all (another quantization form)."""
+    if difference.startswith("output "):
+        what = difference.split()[2]
+        return "output type" if what == "dtype" else "range"
+    absent = " None != " in difference or difference.endswith(" missing")
+    for prefix, kind in KINDS:
+        if difference.startswith(prefix):
+            return f"{kind} absent" if absent and kind != "missing layer" else kind
+    return "other"
+
+
+def layer_kinds(diff: LayerDiff) -> List[str]:
+    """The sorted distinct kinds of a layer's differences."""
+    return sorted({difference_kind(d) for d in diff.differences})
