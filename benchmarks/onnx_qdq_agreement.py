@@ -2,6 +2,7 @@
 
     python benchmarks/onnx_qdq_agreement.py [model ...] [--models-dir DIR] [--bits 16] [--scales MODE ...]
     python benchmarks/onnx_qdq_agreement.py --onnx-models [name ...] [--bits 16]
+    python benchmarks/onnx_qdq_agreement.py --onnx-small [name ...] [--bits 16]
 
 Models: `digits` (examples/digits) and the folders of ../shared/models (syn_resnet, syn_mobilenet, ppocr_cls,
 mtcnn_onet by default). Each is quantized with the default settings on its calib.npy (two samples a batch; the
@@ -9,6 +10,11 @@ digits example: 16) and evaluated on calib.npy + val.npy (the digits example: it
 `--bits 16` quantizes with 16-bit activations and 48-bit biases instead. `--onnx-models` takes the real ONNX
 models of examples/onnx_models instead (PP-OCR det 96×96, rec 48×96, cls, Silero VAD, the torch exports; those
 whose package is missing are skipped): imported, quantized on 2 seeded samples and measured on 2 others, exact mode.
+`--onnx-small` takes the torch exports of tests/data/onnx_small (bert_encoder, transformer_tanh, gpt2_like, vit_tiny,
+...; the import shapes of benchmarks/make_parser_histograms.py) and all-MiniLM-L6-v2 (`minilm`, the export of
+benchmarks/real_model_speed.py; skipped without its package): each quantized on 4 seeded inputs (token ids, masks
+with padding; MiniLM: 4 of the calibration sentences of benchmarks/minilm_mask_accuracy.py, padded to 64 tokens) and
+measured on 4 others (MiniLM: 8 other sentences), exact mode, also layer by layer.
 
 Per model and scale mode (exact, effective, ir) it prints:
   outputs   share of output elements within one output quantization step (whole model, onnxruntime with its
@@ -86,6 +92,74 @@ def onnx_model_rows(names: List[str], bits: int) -> None:
             print(f"{name:<20} {r.identical:>10.2%} {r.elements:>9} {r.max_steps:>10.1f}  {len(floats)}")
 
 
+def _small_feeds(graph: PyGraph, rng: np.random.Generator) -> List[torch.Tensor]:
+    """Seeded inputs: normal floats; masks of ones with the last quarter 0 (padding); token ids in [0, 64)."""
+    feeds = []
+    for t in graph.input_tensors:
+        shape = [int(d) for d in t.ir_shape]
+        if t.ir_dtype.torch_dtype.is_floating_point:
+            feeds.append(torch.from_numpy(rng.normal(0, 1, shape).astype(np.float32)))
+        elif "mask" in t.name:
+            mask = np.ones(shape, np.int64)
+            mask[..., shape[-1] * 3 // 4:] = 0
+            feeds.append(torch.from_numpy(mask).to(t.ir_dtype.torch_dtype))
+        else:
+            feeds.append(torch.from_numpy(rng.integers(0, 64, shape)).to(t.ir_dtype.torch_dtype))
+    return feeds
+
+
+def _minilm(bits_settings: Dict[str, object]) -> Tuple[PyGraph, List[torch.Tensor]]:
+    """all-MiniLM-L6-v2 (benchmarks/real_model_speed.py's export), quantized on 4 sentences, and 8 others."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import onnx
+    from _bench_common import DEFAULT_CACHE
+    from minilm_mask_accuracy import CALIBRATION, EVALUATION, tokenize
+    from real_model_speed import export_minilm
+
+    from quantopt.frontends.onnx import import_onnx
+
+    path = export_minilm(Path(DEFAULT_CACHE))
+    names = [i.name for i in onnx.load(str(path), load_external_data=False).graph.input]
+    graph = import_onnx(str(path), None)
+    calib, evals = tokenize(CALIBRATION[:4], names), tokenize(EVALUATION[:8], names)
+    qgraph = quantize_model(graph, [[torch.from_numpy(f[n]) for n in names] for f in calib],
+                            {"fc_float_summation": "float64", **bits_settings})
+    return qgraph, [torch.cat([torch.from_numpy(f[n]) for f in evals]) for n in names]
+
+
+def onnx_small_rows(names: List[str], bits: int) -> None:
+    """tests/data/onnx_small and MiniLM: import, quantize, export in exact mode, measure (also per layer)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import make_parser_histograms as histograms
+    from real_model_speed import Skip
+
+    from quantopt.exporters.onnx_qdq import convert_graph
+    from quantopt.frontends.onnx import import_onnx
+
+    settings: Dict[str, object] = {} if bits == 8 else dict(q_bits_activation=bits, q_bits_bias=48)
+    small = [n for n, spec in histograms.MODELS.items() if spec["file"].startswith("tests/data/onnx_small/")]
+    print(f"{'model':<20} {'identical':>10} {'elements':>9} {'max steps':>10} {'layers (min)':>13}  float-form layers")
+    for name in small + ["minilm"]:
+        if names and name not in names:
+            continue
+        if name == "minilm":
+            try:
+                qgraph, data = _minilm(settings)
+            except Skip as e:
+                print(f"{name:<20} skipped: {e}")
+                continue
+        else:
+            spec = histograms.MODELS[name]
+            graph = import_onnx(str(REPO / spec["file"]), spec["inputs"])
+            rng = np.random.default_rng(0)
+            qgraph = quantize_model(graph, [_small_feeds(graph, rng) for _ in range(4)], settings)
+            data = [torch.cat(t) for t in zip(*[_small_feeds(graph, rng) for _ in range(4)])]
+        floats = list(convert_graph(qgraph)[1].float_layers)
+        r = measure_agreement(qgraph, data, per_layer=True)
+        print(f"{name:<20} {r.identical:>10.2%} {r.elements:>9} {r.max_steps:>10.1f} "
+              f"{min(r.layers.values()):>13.2%}  {len(floats)}")
+
+
 def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", help=f"default: {' '.join(DEFAULT_MODELS)} (all, with --onnx-models)")
@@ -93,11 +167,15 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--bits", type=int, choices=(8, 16), default=8, help="activation bits (16: 48-bit biases)")
     ap.add_argument("--scales", nargs="+", choices=SCALE_MODES, default=list(SCALE_MODES))
     ap.add_argument("--onnx-models", action="store_true", help="the real ONNX models of examples/onnx_models")
+    ap.add_argument("--onnx-small", action="store_true", help="tests/data/onnx_small and MiniLM (minilm)")
     args = ap.parse_args(argv)
     discover_plugins()
     print(runtime_description())
     if args.onnx_models:
         onnx_model_rows(args.models, args.bits)
+        return 0
+    if args.onnx_small:
+        onnx_small_rows(args.models, args.bits)
         return 0
     print(f"{'model':<14} {'scales':<10} {'outputs':>9} {'identical':>10} {'elements':>9} {'max steps':>10} "
           f"{'layers (min)':>13}")

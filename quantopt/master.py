@@ -41,6 +41,7 @@ from .ir.writer import atomic_write, write_ir
 from .log import OPT_INFO, OPT_WARN, StepTimer, attach_file, detach_file, error_to_file, warning_count
 from .passes.fake_quant import apply_fake_quant
 from .passes.inf_mask import detect_inf_mask_nodes
+from .passes.merge_matmul_mul import merge_matmul_mul
 from .progress import progress
 from .quantizer import assign_settings, check_quantizable, quantize_graph
 from .registry import OP_FORWARD, OptBaseMetric
@@ -294,13 +295,17 @@ class OptMaster:
         return self.evaluate(self.graph, self.float_metrics, quantized=False)
 
     def prepare_statistics(self) -> None:
-        """Every step before calibration: operator checks, data, zero-input check, layer settings, statistics."""
+        """Every step before calibration: operator checks, data, zero-input check, graph passes (upstream's stage 1:
+        merge_matmul_mul), layer settings, statistics."""
         with self.timer.step("check operators"):
             self.check_operators()
         with self.timer.step("prepare data and metrics"):
             self.prepare()
         with self.timer.step("zero-input forward check"):
             self.zero_forward_check()
+        if self.cfg.enable_pass_merge_matmul_mul:
+            with self.timer.step("graph passes"):
+                merge_matmul_mul(self.graph)
         with self.timer.step("check quantize functions"):
             check_quantizable(self.graph)
         with self.timer.step("layer settings"):
@@ -331,6 +336,10 @@ class OptMaster:
         attach_file(log_path)
         start = time.perf_counter()
         try:
+            if self.cfg.preset != "none":
+                fields = ", ".join(f"{k} = {v}" for k, v in self.cfg.preset_fields.items()) or \
+                    "nothing (the cfg sets every field it would)"
+                OPT_INFO(f"preset {self.cfg.preset}: {fields}")
             OPT_INFO(f"model '{self.model_name}': {len(self.graph.nodes)} layers, inputs "
                      f"{[t.name for t in self.graph.input_tensors]}, outputs "
                      f"{[t.name for t in self.graph.output_tensors]}")

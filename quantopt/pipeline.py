@@ -13,6 +13,7 @@ from .calibration.unify_scales import RuleSource, unify_scales
 from .config.layer_settings import LayerSettings, check_settings, with_operator_defaults
 from .graph.graph import PyGraph, QuantizeGraph
 from .passes.inf_mask import detect_inf_mask_nodes
+from .passes.merge_matmul_mul import merge_matmul_mul
 from .passes.per_channel_fallback import fall_back_to_per_tensor
 from .quantizer import quantize_graph
 
@@ -22,7 +23,8 @@ Batch = Union[torch.Tensor, Sequence[torch.Tensor]]
 def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
                    settings: Union[None, LayerSettings, Mapping[str, Any]] = None,
                    per_layer: Optional[Mapping[str, Mapping[str, Any]]] = None,
-                   unify: RuleSource = None, global_calibration: Optional[str] = None) -> QuantizeGraph:
+                   unify: RuleSource = None, global_calibration: Optional[str] = None,
+                   merge_matmul_mul_pass: bool = True) -> QuantizeGraph:
     """Quantized copy of `graph` calibrated on `calibration` batches.
 
     `settings`: a LayerSettings or a dict of its fields for every layer (default: the cfg defaults);
@@ -30,8 +32,12 @@ def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
     `unify`: scale unification rules in `unify_scales_for_multi_inputs_operators` syntax (text or UnifyRule list),
     e.g. "[(Concat, 20, 1.05, out)]" for what `unify_scales_for_concat` does;
     `global_calibration`: methods in the cfg field's syntax (e.g. "bias_correction[2] & adaround[2]"), run on the
-    calibration batches after local calibration; the float constants are restored once quantized.
+    calibration batches after local calibration; the float constants are restored once quantized;
+    `merge_matmul_mul_pass`: the cfg field `enable_pass_merge_matmul_mul` (upstream's default, on): constant factors
+    after MatMuls are folded into them first, which rewrites `graph` itself (passes/merge_matmul_mul.py).
     """
+    if merge_matmul_mul_pass:
+        merge_matmul_mul(graph)
     base = settings if isinstance(settings, LayerSettings) else LayerSettings(**dict(settings or {}))
     for n in graph.nodes:
         own = dict((per_layer or {}).get(n.name, {}))

@@ -245,3 +245,18 @@ def test_summary_block_lists_quantized_inputs_and_outputs(tmp_path, capsys):
     report = json.loads((tmp_path / "out" / "digits_report.json").read_text())
     roles = [(io["role"], io["name"], io["dtype"]) for io in report["quantized_io"]]
     assert roles == [("input", "input_0", "uint8"), ("output", "/Softmax_0", "uint8")]
+
+
+def test_preset_accurate_end_to_end(tmp_path, capsys):
+    """The example quantizes with the preset; the log names the fields it set and the template shows them."""
+    cfg = example_cfg(tmp_path, extra="preset = accurate\nunify_shifts_for_aiff = true\n")
+    assert main(["--cfg", str(cfg)]) == 0
+    err = capsys.readouterr().err
+    assert "preset accurate: quantize_method_for_weight = per_channel_symmetric_restricted_range, " \
+           "calibration_strategy_for_activation = quantile[99.99]" in err
+    assert "unify_shifts_for_aiff = false" not in err  # written in the cfg: the cfg wins
+    template = json.loads((tmp_path / "out" / "digits_opt_template.json").read_text())
+    conv = template["/conv1/Conv"]
+    assert conv["q_mode_weight"] == "per_channel_symmetric_restricted_range"
+    assert conv["q_strategy_activation"] == "quantile[99.99]" and conv["unify_shifts_for_aiff"] is True
+    assert _metric_line(err)[1] > 0.9

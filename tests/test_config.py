@@ -141,3 +141,52 @@ def test_field_table_is_complete_and_described():
         assert isinstance(f, Field)
         assert f.description and f.allowed()
         assert f.name == f.name.lower()
+
+
+# ------------------------------------------------------------------ presets
+def test_preset_accurate_fills_the_fields_the_cfg_leaves_out(tmp_path, model):
+    from quantopt.config.presets import PRESETS
+
+    path = write(tmp_path, "[Common]\ngraph = m.txt\npreset = accurate\n")
+    cfg = read_cfg(str(path))
+    assert cfg.preset == "accurate" and set(cfg.preset_fields) == set(PRESETS["accurate"])
+    from quantopt.config.fields import FIELDS
+
+    for name, text in PRESETS["accurate"].items():
+        value = getattr(cfg, name)
+        assert (value.get() if hasattr(value, "get") else value) == FIELDS[name].kind.parse(text), name
+
+
+def test_a_field_written_in_the_cfg_wins_over_the_preset(tmp_path, model):
+    body = ("[Common]\ngraph = m.txt\npreset = accurate\n"
+            "quantize_method_for_weight = per_tensor_symmetric_restricted_range\n")
+    cfg = read_cfg(str(write(tmp_path, body)))
+    assert str(cfg.quantize_method_for_weight) == "per_tensor_symmetric_restricted_range"
+    assert "quantize_method_for_weight" not in cfg.preset_fields
+    from quantopt.config.presets import PRESETS
+
+    expected = PRESETS["accurate"]["calibration_strategy_for_activation"]
+    assert str(cfg.calibration_strategy_for_activation) == expected
+
+
+def test_without_preset_the_defaults_are_upstreams(tmp_path, model):
+    cfg = read_cfg(str(write(tmp_path, "[Common]\ngraph = m.txt\n")))
+    assert cfg.preset == "none" and cfg.preset_fields == {}
+    assert str(cfg.quantize_method_for_weight) == "per_tensor_symmetric_restricted_range"
+    assert str(cfg.calibration_strategy_for_activation) == "mean"
+
+
+def test_unknown_preset_is_a_config_error(tmp_path, model):
+    with pytest.raises(ConfigError, match=r"opt.cfg:3: field 'preset': invalid value 'fast'.*none, accurate"):
+        read_cfg(str(write(tmp_path, "[Common]\ngraph = m.txt\npreset = fast\n")))
+
+
+def test_preset_settings_for_the_python_api():
+    from quantopt.config.layer_settings import LayerSettings
+    from quantopt.config.presets import preset_settings
+
+    settings = LayerSettings(**preset_settings("accurate"))
+    assert settings.q_mode_weight == "per_channel_symmetric_restricted_range"
+    assert preset_settings("none") == {}
+    with pytest.raises(ValueError, match="unknown preset 'x'"):
+        preset_settings("x")

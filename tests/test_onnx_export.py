@@ -698,3 +698,133 @@ def test_recurrent_layers_export_exactly(variant: int, bits: int, mode: str) -> 
     assert result.identical == 1.0 and min(result.layers.values()) == 1.0
     with pytest.raises(UnsupportedError, match="exact mode only"):
         build_onnx_qdq(qgraph, scales="effective")
+
+
+# ------------------------------------------------------------------------------------------------ attention masks
+INTEGER_OUTPUTS = ("cmp_equal", "cmp_not_equal", "cmp_greater", "cmp_greater_equal", "cmp_less", "cmp_less_equal",
+                   "bool_or", "bool_xor", "not", "to_int8", "to_uint8_wrap", "ids_int8", "ids_wrap", "ids_float")
+
+
+def mask_graph() -> Any:
+    """The attention-mask paths of BERT (`(1 - Cast(mask)) · -10000` in int32, added to the scores) and MiniLM
+    (`Where(mask != 0 and a bool constant, 0, -FLT_MAX)` added to the scores before a Softmax), every Logical
+    method (comparisons of inputs of different scales), Where of two quantized branches, the Cast cases
+    (quantized → integer with TRUNC rounding, saturation and wrap-around, integer → integer, integer → float, a
+    requantizing only_for_quantized Cast) and Crop (part of the tensor, and the whole of it)."""
+    from quantopt.ir.dtype import Dtype
+
+    b = GraphBuilder("mask")
+    x = b.input("x", [1, 4, 8])
+    mask = b.input("mask", [1, 8], Dtype.INT32)
+    ids = b.input("ids", [1, 8], Dtype.INT32)
+    s = [1, 4, 8]
+    sig = b.layer("Activation", [x], [s], name="sig", params=dict(method="SIGMOID"))
+    row = b.layer("Reshape", [mask], [[1, 1, 8]], name="row", params=dict(shape=[1, 1, 8]))
+    cast = b.layer("Cast", [row], [[1, 1, 8]], name="cast", params=dict(to_dtype=Dtype.INT32, clip_mode="TRUNCATION"),
+                   output_dtypes=[Dtype.INT32])
+    one = b.layer("Constant", [], [[1]], name="one", constants={"weights": np.array([1.0], np.float32)})
+    inv = b.layer("Sub", [one, cast], [[1, 1, 8]], name="inv", params=dict(with_activation="NONE"))
+    big = b.layer("Constant", [], [[1]], name="big", constants={"weights": np.array([-10000.0], np.float32)})
+    neg = b.layer("Mul", [inv, big], [[1, 1, 8]], name="neg", params=dict(with_activation="NONE"))
+    scores = b.layer("Add", [x, neg], [s], name="scores", params=dict(with_activation="NONE"))
+    zeros = b.layer("Constant", [], [[1, 1]], name="zeros", constants={"weights": np.zeros([1, 1], np.float32)})
+    ne = b.layer("Logical", [mask, zeros], [[1, 8]], name="ne", params=dict(method="NOT_EQUAL"))
+    ne_row = b.layer("Reshape", [ne], [[1, 1, 8]], name="ne_row", params=dict(shape=[1, 1, 8]))
+    causal = b.layer("Constant", [], [[1, 4, 1]], name="causal",  # bool: an aligned_uint4 integer constant
+                     constants={"weights": np.array([1, 1, 0, 1], np.float32).reshape(1, 4, 1)},
+                     constant_dtypes={"weights": Dtype.BOOL})
+    both = b.layer("Logical", [causal, ne_row], [s], name="both", params=dict(method="AND"))
+    zero = b.layer("Constant", [], [[1]], name="zero", constants={"weights": np.array([0.0], np.float32)})
+    low = b.layer("Constant", [], [[1]], name="low", constants={"weights": np.array([-3.4028234e38], np.float32)})
+    where = b.layer("Where", [both, zero, low], [s], name="where")
+    masked = b.layer("Add", [x, where], [s], name="masked", params=dict(with_activation="NONE"))
+    outs = [scores, b.layer("Softmax", [masked], [s], name="softmax", params=dict(axis=-1))]
+    for m in ("EQUAL", "NOT_EQUAL", "GREATER", "GREATER_EQUAL", "LESS", "LESS_EQUAL"):
+        outs.append(b.layer("Logical", [x, sig], [s], name=f"cmp_{m.lower()}", params=dict(method=m)))
+    for m in ("OR", "XOR"):
+        outs.append(b.layer("Logical", [x, outs[2]], [s], name=f"bool_{m.lower()}", params=dict(method=m)))
+    outs.append(b.layer("Logical", [x], [s], name="not", params=dict(method="NOT")))
+    outs.append(b.layer("Where", [outs[4], x, sig], [s], name="pick"))
+    outs.append(b.layer("Cast", [x], [s], name="to_int8", params=dict(to_dtype=Dtype.INT8),
+                        output_dtypes=[Dtype.INT8]))
+    outs.append(b.layer("Cast", [sig], [s], name="to_uint8_wrap",
+                        params=dict(to_dtype=Dtype.UINT8, clip_mode="TRUNCATION"), output_dtypes=[Dtype.UINT8]))
+    outs.append(b.layer("Cast", [ids], [[1, 8]], name="ids_int8", params=dict(to_dtype=Dtype.INT8),
+                        output_dtypes=[Dtype.INT8]))
+    outs.append(b.layer("Cast", [ids], [[1, 8]], name="ids_wrap", params=dict(to_dtype=Dtype.UINT8,
+                                                                              clip_mode="TRUNCATION"),
+                        output_dtypes=[Dtype.UINT8]))
+    outs.append(b.layer("Cast", [ids], [[1, 8]], name="ids_float", params=dict(to_dtype=Dtype.FP32)))
+    outs.append(b.layer("Cast", [sig], [s], name="requant_int8", params=dict(to_dtype=Dtype.INT8,
+                                                                              only_for_quantized=True),
+                        output_dtypes=[Dtype.INT8]))
+    outs.append(b.layer("Crop", [x], [[1, 2, 8]], name="crop", params=dict(crops=[[0, 1], [1, 3], [0, 8]])))
+    outs.append(b.layer("Crop", [sig], [s], name="crop_all", params=dict(crops=[[0, 1], [0, 4], [0, 8]])))
+    return b.build(outs)
+
+
+def mask_data(seed: int) -> List[torch.Tensor]:
+    """Scores; a mask of ones with padding (and a 2, which `!= 0` and Cast keep apart); ids beyond int8/uint8."""
+    r = _rng(seed)
+    mask = np.ones([1, 8], np.int32)
+    mask[:, 6:] = 0
+    mask[:, 1] = 2
+    return [torch.from_numpy(r.normal(0, 3, [1, 4, 8]).astype(np.float32)), torch.from_numpy(mask),
+            torch.from_numpy(r.integers(-300, 300, [1, 8]).astype(np.int32))]
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_mask_layers_export_exactly(bits: int) -> None:
+    """Cast, Logical, Where, int32 Eltwise and Crop: quantopt's integers in onnxruntime, layer by layer; the integer
+    layers take the same form in every scale mode (they have no float QDQ form)."""
+    settings = {} if bits == 8 else dict(q_bits_activation=16, q_bits_bias=48)
+    qgraph = quantize_model(mask_graph(), [mask_data(s) for s in range(3)], settings)
+    assert str(qgraph.node("causal").outputs[0].dtype) == "aligned_uint4"
+    assert str(qgraph.node("neg").outputs[0].dtype) == "int32"
+    assert qgraph.node("softmax").params.get("mask_saturated_input")
+    result = measure_agreement(qgraph, mask_data(7), per_layer=True)
+    assert result.identical == 1.0 and result.max_steps == 0.0, result.outputs
+    assert min(result.layers.values()) == 1.0, {k: v for k, v in result.layers.items() if v < 1}
+    model, qdq = convert_graph(qgraph)
+    assert not qdq.float_layers
+    quantized = {n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    assert not any(name.startswith(layer) for name in quantized for layer in ("cast", "ne", "both", "where", "pick"))
+    effective = measure_agreement(qgraph, mask_data(7), scales="effective")
+    assert all(effective.outputs[name] == 1.0 for name in INTEGER_OUTPUTS), effective.outputs
+
+
+def test_cast_without_an_onnx_type_is_refused_naming_the_layer() -> None:
+    """A Cast to uint32 makes an integer tensor no QDQ model carries: one line naming the layer and why."""
+    from quantopt.ir.dtype import Dtype
+
+    b = GraphBuilder("u32")
+    ids = b.input("ids", [1, 8], Dtype.INT32)
+    y = b.layer("Cast", [ids], [[1, 8]], name="to_u32", params=dict(to_dtype=Dtype.UINT32),
+                output_dtypes=[Dtype.UINT32])
+    qgraph = quantize_model(b.build([y]), [[torch.arange(8, dtype=torch.int32).reshape(1, 8)]])
+    with pytest.raises(UnsupportedError, match=r"layer 'to_u32' \(Cast\): tensor 'to_u32' has dtype uint32") as err:
+        build_onnx_qdq(qgraph)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_bert_encoder_exports_exactly(bits: int) -> None:
+    """tests/data/onnx_small/bert_encoder.onnx (attention mask: Cast, Sub, Mul in int32, Add to the scores), imported,
+    quantized on seeded inputs with padding in the mask and exported: quantopt's integers."""
+    from quantopt.frontends.onnx import import_onnx
+
+    graph = import_onnx(str(REPO / "tests" / "data" / "onnx_small" / "bert_encoder.onnx"),
+                        {"input_ids": [1, 16], "attention_mask": [1, 16]})
+    rng = _rng(0)
+
+    def feeds() -> List[torch.Tensor]:
+        mask = np.ones([1, 16], np.int32)
+        mask[:, int(rng.integers(8, 16)):] = 0
+        return [torch.from_numpy(rng.integers(0, 64, [1, 16]).astype(np.int32)), torch.from_numpy(mask)]
+
+    settings = {} if bits == 8 else dict(q_bits_activation=16, q_bits_bias=48)
+    qgraph = quantize_model(graph, [feeds() for _ in range(4)], settings)
+    assert {"Cast", "Sub", "Mul"} <= {str(n.type) for n in qgraph.nodes}
+    result = measure_agreement(qgraph, [torch.cat(t) for t in zip(*[feeds() for _ in range(3)])], per_layer=True)
+    assert result.identical == 1.0 and min(result.layers.values()) == 1.0
+    assert not convert_graph(qgraph)[1].float_layers

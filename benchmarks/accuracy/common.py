@@ -16,6 +16,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from quantopt.config.presets import preset_settings
+
 Feeds = Dict[str, np.ndarray]
 Outputs = List[np.ndarray]
 Scorer = Callable[[List[Outputs], List[Outputs]], Dict[str, float]]
@@ -61,9 +63,12 @@ class Unavailable(Exception):
 PER_CHANNEL = {"q_mode_weight": "per_channel_symmetric_restricted_range"}
 QUANTOPT_RECIPES: Dict[str, Dict[str, Any]] = {
     "default": {},
+    "preset = accurate": preset_settings("accurate"),
     "per-channel w": PER_CHANNEL,
     "per-channel w + extrema": {**PER_CHANNEL, "q_strategy_activation": "extrema"},
     "per-channel w + kld": {**PER_CHANNEL, "q_strategy_activation": "kld"},
+    "per-channel w + mse": {**PER_CHANNEL, "q_strategy_activation": "mse"},
+    "per-channel w + quantile": {**PER_CHANNEL, "q_strategy_activation": "quantile[99.99]"},
     "per-channel w + 16-bit act": {**PER_CHANNEL, "q_bits_activation": 16, "lut_items_in_bits": 10},
 }
 """quantopt settings shown side by side, as LayerSettings fields (the per-layer JSON's names: q_mode_weight is the

@@ -32,8 +32,6 @@ from common import ORT_METHODS, QUANTOPT_RECIPES, Row, Unavailable, evaluate  # 
 
 MODELS = ["rec", "minilm", "mtcnn", "vad"]
 METHODS = [*ORT_METHODS, "nncf"]
-PRESET_PLACEHOLDER = "quantopt preset = accurate"
-"""A row kept in every table for the recipe other engineers are building (not measured here yet)."""
 
 
 def pin_one_core() -> Optional[int]:
@@ -79,7 +77,6 @@ def table(rows: List[Row], models: List[str], metrics: Dict[str, str]) -> str:
             gap = "" if r.gap is None else f"{r.gap:+.4f}"
             lines.append(f"| {model} | {r.method} | {metric} | {fmt(r.headline)} | {gap} | {others} | "
                          f"{fmt(r.quantize_s, 1)} | {fmt(r.eval_ms, 1)} |")
-        lines.append(f"| {model} | {PRESET_PLACEHOLDER} | {metric} | *(to be measured)* | | | | |")
     return "\n".join(lines)
 
 

@@ -30,6 +30,7 @@ from .kinds import (
     ValueKind,
 )
 from .kinds_accuracy import AutoSearch, AutoSearchKind, LayerRangesKind, OpTypeListKind, TriggerFloatKind
+from .presets import PRESET_NAMES
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,10 @@ ACTIVATION_MODES = ("per_tensor_symmetric_restricted_range", "per_tensor_symmetr
                     "per_tensor_asymmetric", "per_channel_symmetric_restricted_range",
                     "per_channel_symmetric_full_range")
 
+field("preset", "none", ChoiceKind(PRESET_NAMES),
+      "a recipe that sets the defaults of the fields this cfg does not set itself: none (upstream's defaults) or "
+      "accurate (the recommended int8 recipe: per-channel weights, a shift per channel, activation ranges holding "
+      "99.99% of the calibration values; measured in docs/accuracy.md)", group="quantization")
 field("quantize_method_for_weight", "per_tensor_symmetric_restricted_range", ChoiceKind(WEIGHT_MODES),
       "how weights are quantized (scale/zero point granularity and symmetry)", per_layer=True, group="quantization")
 field("quantize_method_for_activation", "per_tensor_symmetric_full_range", ChoiceKind(ACTIVATION_MODES),
@@ -202,6 +207,11 @@ field("enable_pass_detect_inf_mask_nodes", False, BoolKind(),
       "become -FLT_MAX before statistics. Masks of ±inf or |x| >= 1e30 are always handled, without this field: left "
       "out of statistics, saturated to the integer minimum, probability 0 after Softmax "
       "(docs/statistics-and-dump.md, \"Masks with infinite values\")", group="calibration")
+field("enable_pass_merge_matmul_mul", True, BoolKind(),
+      "fold a positive constant factor multiplying a MatMul's only consumer (the attention scores' 1/sqrt(d), "
+      "possibly behind Reshape/Transpose-like layers) into the MatMul before statistics, as upstream does by default: "
+      "its output is calibrated after the factor, the Mul stays as an identity Crop and its Constant goes "
+      "(docs/user-guide.md, \"Graph passes\"); false keeps MatMul, Constant and Mul as written", group="quantization")
 field("calibrate_with_zero_inputs", False, BoolKind(),
       "allow calibration without calibration_data by feeding all-zero inputs (activation ranges will be "
       "meaningless; only for smoke tests)", group="calibration")
@@ -241,7 +251,7 @@ qconfig skip_optimization data_batch_dim label_batch_dim
 calibration_shuffe weight_block_size quant_type bias_effective_bits_auto_adaption cast_dtypes_for_lib
 perf_mode_for_lib min_compatible_zhouyi_target
 resize_degrade_to_nearest unify_scales_for_kvc_concat with_winograd
-compat_quantized_model_simplify_dequantize_quantize enable_pass_merge_matmul_mul
+compat_quantized_model_simplify_dequantize_quantize
 enable_pass_convert_resize_to_convolution enable_pass_decompose_nonmonotonic_activations
 enable_pass_tune_op_complicated_activations enable_pass_tune_op_softmax enable_pass_deeply_set_unquantifiable
 enable_pass_split_qkv_fc_in_transformer optimize_wdc_for_x2 ignore_missing_statistic

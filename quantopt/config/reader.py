@@ -14,6 +14,7 @@ from .fields import FIELDS, UPSTREAM_FIELDS, Field
 from .optypes import ACTIVATION_METHODS  # noqa: F401  (re-exported)
 from .optypes import known_optype as _known_optype
 from .perlayer import PerLayerSyntaxError, PerLayerValue, parse_per_layer
+from .presets import preset_values
 
 SECTION = "common"
 
@@ -34,6 +35,9 @@ class Config:
         if values is not None and name in values:
             return values[name]
         raise AttributeError(f"no cfg field '{name}'")
+
+    preset_fields: Dict[str, str] = {}
+    """The fields the `preset` set (field -> value text), the others keep the cfg's value or the default."""
 
     def is_set(self, name: str) -> bool:
         return name in self.explicit
@@ -129,8 +133,20 @@ def read_cfg(path: str) -> Config:
         except ValueError as e:
             raise ConfigError(f"field '{key}': invalid value '{clip(text)}' ({e}); expected {f.allowed()}",
                               file=path, line=number) from None
+    _apply_preset(cfg, base_dir)
     check_cross_fields(cfg)
     return cfg
+
+
+def _apply_preset(cfg: Config, base_dir: str) -> None:
+    """The preset's values for the fields the cfg leaves at their defaults (config/presets.py); the fields it set
+    are listed in `cfg.preset_fields`, for the log."""
+    cfg.preset_fields = {}
+    for name, text in preset_values(cfg.preset).items():
+        if cfg.is_set(name):
+            continue
+        cfg.values[name] = _parse_field(FIELDS[name], text, base_dir)
+        cfg.preset_fields[name] = text
 
 
 def check_cross_fields(cfg: Config) -> None:

@@ -31,7 +31,7 @@ from ..ops._quant import fused_activation_bounds, requant_of
 from ..quant.hardware import SOFTMAX_DIVIDEND_BITS, SOFTMAX_ROW_BLOCK, SOFTMAX_SMALL_AXIS
 from ..quant.lut import lookup_lut
 from ..quant.rounding import FLOAT64_EXACT, bit_length
-from .qdq_graph import FLOAT, ONNX_INT_TYPES, Perm, QDQGraph, inverse, requant_ratio
+from .qdq_graph import FLOAT, ONNX_INT_TYPES, QUANTIZABLE, Perm, QDQGraph, inverse, requant_ratio
 
 DOUBLE = 11
 """onnx.TensorProto.DOUBLE."""
@@ -39,6 +39,8 @@ INT32 = 6
 """onnx.TensorProto.INT32."""
 INT64 = 7
 """onnx.TensorProto.INT64."""
+INT64_EXACT = 2 ** 62
+"""The int64 forms' bound: what quantopt's own integer forward refuses beyond (ops/_eltwise_int.py)."""
 MAX_TABLE_BITS = 16
 MAX_EXACT_SHIFT = 36
 
@@ -113,8 +115,14 @@ def try_table(g: QDQGraph, node: PyNode, perm: Perm) -> bool:
 
 # ------------------------------------------------------------------------------------------------ double arithmetic
 def codes(g: QDQGraph, t: PyTensor, perm: Optional[Perm] = None) -> str:
-    """`t`'s integers plus its IR zero point (the float value times the scale), as float64."""
-    return g.add("Cast", [g.float_value(t, perm, unit=True)], to=DOUBLE)
+    """`t`'s integers plus its IR zero point (the float value times the scale), as float64. int32 integers are
+    cast directly: DequantizeLinear's float32 would round those above 2^24."""
+    p = g.qparams(t)
+    if p.dtype in QUANTIZABLE:
+        return g.add("Cast", [g.float_value(t, perm, unit=True)], to=DOUBLE)
+    value = g.add("Cast", [g.int_value(t, perm)], to=DOUBLE)
+    return value if not p.zero_point else g.add("Sub", [value, g.const(f"{t.name}_zero_point_codes",
+                                                                       np.array(p.zero_point, dtype=np.float64))])
 
 
 def double(g: QDQGraph, node: PyNode, what: str, value: float) -> str:
@@ -132,8 +140,37 @@ def requantize(g: QDQGraph, node: PyNode, value: str, ratio: Union[float, np.nda
         value = g.add("Mul", [value, g.const(f"{node.name}/multiplier", shaped)])
     elif float(ratio.reshape(-1)[0]) != 1.0:
         value = g.add("Mul", [value, double(g, node, "multiplier", float(ratio.reshape(-1)[0]))])
+    y = node.outputs[0]
+    if g.qparams(y).dtype not in QUANTIZABLE and not any(isinstance(b, torch.Tensor) for b in bounds or ()):
+        # an int32 integer tensor (integer inputs): no QuantizeLinear makes it, and float32 would round it
+        zp = int(round(float(y.zerop)))
+        rounded = g.add("Round", [value])
+        rounded = rounded if not zp else g.add("Sub", [rounded, double(g, node, "output_zero_point", float(zp))])
+        emit_integers(g, node, y, rounded, perm, bounds=bounds)
+        return
     rounded = g.add("Cast", [g.add("Round", [value])], to=FLOAT)
-    g.quantize(node.outputs[0], rounded, perm, unit=True, bounds=bounds)
+    g.quantize(y, rounded, perm, unit=True, bounds=bounds)
+
+
+def emit_integers(g: QDQGraph, node: PyNode, t: PyTensor, value: str, perm: Optional[Perm],
+                  clip_mode: str = "SATURATION", bounds: Optional[Tuple[int, int]] = None) -> None:
+    """`value` (float64 integers, the IR integers of `t`) clamped (SATURATION, also to `bounds`) or wrapped
+    (TRUNCATION: two's complement modulo the range) into t's integer range, moved by the ONNX offset and cast to
+    t's ONNX type: integer outputs without a QuantizeLinear (int32 included, which float32 would round)."""
+    p = g.qparams(t)
+    lo, hi = int(t.qmin), int(t.qmax)
+    if clip_mode == "TRUNCATION":
+        as_int = g.add("Cast", [value], to=INT64)
+        start = g.const(f"{node.name}/wrap_start", np.array(lo, dtype=np.int64))
+        wrapped = g.add("Mod", [g.add("Sub", [as_int, start]),
+                                g.const(f"{node.name}/wrap_span", np.array(hi - lo + 1, dtype=np.int64))])
+        shifted = g.add("Add", [wrapped, g.const(f"{node.name}/wrap_end", np.array(lo + p.offset, dtype=np.int64))])
+    else:
+        if bounds is not None:
+            lo, hi = max(lo, int(bounds[0])), min(hi, int(bounds[1]))
+        clipped = g.add("Clip", [value, double(g, node, "qmin", float(lo)), double(g, node, "qmax", float(hi))])
+        shifted = clipped if not p.offset else g.add("Add", [clipped, double(g, node, "offset", float(p.offset))])
+    g.set_int(t, g.add("Cast", [shifted], to=g.elem_type(p.dtype)), perm)
 
 
 def exact_ratio(node: PyNode) -> Optional[np.ndarray]:
@@ -175,9 +212,12 @@ def _fits(bound: float) -> bool:
 
 def eltwise(g: QDQGraph, node: PyNode, method: str, perm: Optional[Perm]) -> bool:
     """Eltwise ADD/SUB/MAX/MIN/MUL (and Add/Sub/Mul; ADD/MAX/MIN with any number of inputs) in double: False when
-    not applicable."""
+    not applicable. Every mode takes this form for a layer of integer tensors only (scale 1: an attention mask's
+    `(1 - mask) · -10000`), which has no float QDQ form for its int32 output."""
     inputs = list(node.inputs)
-    if not g.unit_domain or len(inputs) < 2 or any(t.qmin is None for t in inputs):
+    if len(inputs) < 2 or any(t.qmin is None for t in inputs):
+        return False
+    if not g.unit_domain and not all(t.qinvariant for t in inputs + list(node.outputs)):
         return False
     if "scale" in node.constants:
         return _eltwise_per_channel(g, node, method, inputs, perm)
@@ -193,13 +233,41 @@ def eltwise(g: QDQGraph, node: PyNode, method: str, perm: Optional[Perm]) -> boo
             return False
         bound = sum(offset_absmax(t) * abs(m) for t, m in zip(inputs, muls)) * abs(m_out)
     if not _fits(bound):
-        return False
+        return bound < INT64_EXACT and _eltwise_int64(g, node, method, inputs, muls, m_out, shift, perm)
     ops = {"ADD": "Add", "SUB": "Sub", "MAX": "Max", "MIN": "Min", "MUL": "Mul"}
     values = scaled_codes(g, node, inputs, [float(m) for m in muls], perm)
     acc = values[0]
     for v in values[1:]:
         acc = g.add(ops[method], [acc, v])
     requantize(g, node, acc, m_out * 2.0 ** -shift, perm, fused_activation_bounds(node))
+    return True
+
+
+def _eltwise_int64(g: QDQGraph, node: PyNode, method: str, inputs: Sequence[PyTensor], muls: Sequence[int],
+                   m_out: int, shift: int, perm: Optional[Perm]) -> bool:
+    """The same Eltwise in int64 where float64's 53 bits do not hold the accumulator (an int32 attention mask added
+    to the scores): op over i of X_i · M_i, times M_out, `round_half_even(· / 2^shift)` as a rounding division."""
+    bounds = fused_activation_bounds(node)
+    if not 0 <= shift <= 61 or any(isinstance(b, torch.Tensor) for b in bounds):
+        return False
+    ops = {"ADD": "Add", "SUB": "Sub", "MAX": "Max", "MIN": "Min", "MUL": "Mul"}
+
+    def int64(what: str, v: int) -> str:
+        return g.const(f"{node.name}/{what}", np.array(v, dtype=np.int64))
+
+    values = []
+    for i, (t, m) in enumerate(zip(inputs, muls)):
+        v = g.add("Cast", [codes(g, t, perm)], to=INT64)
+        values.append(v if int(m) == 1 else g.add("Mul", [v, int64(f"input{i}_multiplier", int(m))]))
+    acc = values[0]
+    for v in values[1:]:
+        acc = g.add(ops[method], [acc, v])
+    acc = acc if m_out == 1 else g.add("Mul", [acc, int64("multiplier", m_out)])
+    result = acc if shift == 0 else round_div_int64(g, node, acc, int64("divisor", 1 << shift))
+    zp = int(round(float(node.outputs[0].zerop)))
+    result = g.add("Cast", [result], to=DOUBLE)
+    result = result if not zp else g.add("Sub", [result, double(g, node, "output_zero_point", float(zp))])
+    emit_integers(g, node, node.outputs[0], result, perm, bounds=bounds)
     return True
 
 

@@ -1,4 +1,4 @@
-"""QDQ export of the indexing layers that move integers without changing them: Slice, StridedSlice and Gather.
+"""QDQ export of the indexing layers that move integers without changing them: Slice, StridedSlice, Crop and Gather.
 
 Each runs on the integers in any layout the input already has (Gather: the IR layout); the output keeps the
 input's quantization (docs/semantics/indexing.md: passthrough).
@@ -97,3 +97,33 @@ def convert_gather(g: QDQGraph, node: PyNode) -> None:
     else:
         raise node_error(node, "indices must be a constant or an integer tensor")
     g.set_int(y, g.add("Gather", [g.int_value(x), indices], axis=axis))
+
+
+@converter("Crop")
+def convert_crop(g: QDQGraph, node: PyNode) -> None:
+    """`crops=[[begin, end], ...]`: an integer Slice of the cropped axes in any layout the input has (none for a
+    whole-tensor Crop, which the merge_matmul_mul pass leaves where it folded a factor); [0, IR batch] on axis 0
+    keeps the whole batch, as in quantopt."""
+    x, y = node.inputs[0], node.outputs[0]
+    _require_same(node, x, y)
+    rank = g.rank(x)
+    crops = node.get_param("crops")
+    if not isinstance(crops, (list, tuple)) or len(crops) != rank:
+        raise node_error(node, f"crops {crops!r} must hold one [begin, end] pair per axis of the {rank}-D input")
+    perm = g.common_perm([x], rank)
+    starts, ends, axes = [], [], []
+    for axis, pair in enumerate(crops):
+        begin, end = (int(v) for v in pair)
+        size = int(x.ir_shape[axis])
+        if (begin, end) == (0, size):
+            continue
+        if axis == 0 and g.dynamic_batch:
+            raise node_error(node, "cropping the batch axis needs a static batch (--static-batch)")
+        starts.append(begin)
+        ends.append(end)
+        axes.append(perm.index(axis))
+    value = g.int_value(x, perm)
+    if axes:
+        value = g.add("Slice", [value, g.ints(f"{node.name}/starts", starts), g.ints(f"{node.name}/ends", ends),
+                                g.ints(f"{node.name}/axes", axes)])
+    g.set_int(y, value, perm)

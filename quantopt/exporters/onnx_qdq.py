@@ -20,6 +20,7 @@ from ..version import __version__
 from . import (  # noqa: F401  (they fill CONVERTERS)
     convert_exact,
     convert_index,
+    convert_integer,
     convert_layout,
     convert_mac,
     convert_ops,
@@ -131,7 +132,9 @@ def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEF
                 raise UnsupportedError(f"layer '{node.name}' ({node.type}): no QDQ mapping for this layer type")
             convert(g, node)
         except (UnsupportedError, IRError) as e:
-            problems.append(e.message)
+            # every problem names its layer (a tensor-level refusal from deeper down does not)
+            named = e.message.startswith(f"layer '{node.name}'")
+            problems.append(e.message if named else f"layer '{node.name}' ({node.type}): {e.message}")
             failed.update(t.name for t in node.outputs)
     if problems:
         raise UnsupportedError(f"{len(problems)} layer(s) cannot be exported as ONNX QDQ: " + "; ".join(problems))

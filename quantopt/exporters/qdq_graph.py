@@ -37,6 +37,12 @@ tensors come from integer inputs and constants only)."""
 UINT8_OFFSET = 128
 """In "exact" and "effective" mode an int8 activation is exported as uint8 holding the IR integer + 128 (zero point
 + 128), and 8-bit weights read by an integer kernel as uint8 (`convert_mac.kernel_weight_offset`)."""
+CARRIED_INT_TYPES: Dict[Dtype, Dtype] = {
+    Dtype.ALIGNED_INT4: Dtype.INT8, Dtype.ALIGNED_UINT4: Dtype.UINT8,
+    Dtype.ALIGNED_INT12: Dtype.INT16, Dtype.ALIGNED_UINT12: Dtype.UINT16,
+}
+"""Integer tensors (scale 1) of types ONNX has no QDQ form for, carried in the next wider ONNX type (a 0/1 mask
+constant the importer stored as aligned_uint4): the same integers."""
 QUANTIZABLE = (Dtype.INT8, Dtype.UINT8, Dtype.INT16, Dtype.UINT16)
 FLOAT = 1
 """onnx.TensorProto.FLOAT (a Cast target)."""
@@ -188,6 +194,9 @@ class QDQGraph:
     def qparams(self, t: PyTensor) -> QParams:
         if t.qmin is None or t.qmax is None:
             raise UnsupportedError(f"tensor '{t.name}' is not quantized (no integer range)")
+        if t.dtype in CARRIED_INT_TYPES and t.qinvariant:
+            lo, hi = t.dtype.int_range()
+            return QParams(1.0, 0, CARRIED_INT_TYPES[t.dtype], max(int(t.qmin), lo), min(int(t.qmax), hi))
         if t.dtype not in ONNX_INT_TYPES:
             raise UnsupportedError(f"tensor '{t.name}' has dtype {t.dtype}; the exported graph carries int8, uint8, "
                                    "int16, uint16 activations (and int32 integer inputs/constants)")

@@ -146,7 +146,11 @@ def matmul_forward(self: PyNode) -> None:
     a, b = self.inputs[0].betensor, self.inputs[1].betensor
     dtype = torch.promote_types(_compute_dtype(a), _compute_dtype(b))
     a, b = _matmul_operands(self, a.to(dtype), b.to(dtype))
-    self.outputs[0].betensor = apply_fused_activation(self, _matmul(self, a, b))
+    y = apply_fused_activation(self, _matmul(self, a, b))
+    factor = self.params.get("fused_multiplier")
+    if factor is not None:  # a folded constant factor (passes/merge_matmul_mul.py): one rounding, as the Mul did
+        y = y * torch.tensor(float(factor), dtype=y.dtype)
+    self.outputs[0].betensor = y
 
 
 def _shifted_absmax(t) -> int:
@@ -225,7 +229,9 @@ def _matmul_int(node: PyNode) -> torch.Tensor:
 def matmul_quantize(self: PyNode) -> None:
     """Output params from the calibrated output range, signed iff an input is signed and no RELU-like fused
     activation makes it non-negative; requant ratio s_out / (s_a · s_b) as scale_value/shift_value.
-    Two integer (qinvariant) inputs give an integer output (scale 1, zp 0, multiplier 1, shift 0)."""
+    Two integer (qinvariant) inputs give an integer output (scale 1, zp 0, multiplier 1, shift 0). A folded factor
+    (`fused_multiplier`, passes/merge_matmul_mul.py) multiplies s_out in float32 first and leaves the IR: the output
+    already holds the scaled value, so the multiplier carries it."""
     check_fused_activation_quantizable(self)
     if len(self.inputs) != 2:
         raise self._error(f"MatMul needs exactly 2 inputs, got {len(self.inputs)}")
@@ -234,12 +240,17 @@ def matmul_quantize(self: PyNode) -> None:
     out = self.outputs[0]
     signed = (is_signed(ta) or is_signed(tb)) and fused_output_signed(self)
     s = layer_settings(self)
+    factor = self.params.pop("fused_multiplier", None)
+    fused = torch.tensor(1.0 if factor is None else float(factor), dtype=torch.float32)
     if ta.qinvariant and tb.qinvariant:
         set_qinvariant(out, integer_output_bits(self, signed or s.force_dtype_int), signed or s.force_dtype_int)
-        store_requant(self, 1, 0, Dtype.UINT8, Dtype.INT8)
+        if factor is None:
+            store_requant(self, 1, 0, Dtype.UINT8, Dtype.INT8)
+        else:
+            store_requant(self, *requant_scale_shift(self, fused))
     else:
         quantize_activation(self, out, signed)
-        ratio = torch.tensor(tensor_scale(out), dtype=torch.float32) / (
+        ratio = torch.tensor(tensor_scale(out), dtype=torch.float32) * fused / (
             torch.tensor(tensor_scale(ta), dtype=torch.float32) * torch.tensor(tensor_scale(tb), dtype=torch.float32))
         store_requant(self, *requant_scale_shift(self, ratio))
     if s.remain_shift is not None:
@@ -248,6 +259,7 @@ def matmul_quantize(self: PyNode) -> None:
 describe_op("FullyConnected", params="weights [O,I], biases, num_output, with_activation",
             integer="int32/int48 MAC accumulation + multiplier and shift",
             semantics="integer-semantics.md#convolution-depthwiseconv-fullyconnected")
-describe_op("MatMul", params="trans_a, trans_b, with_activation; two activation inputs",
+describe_op("MatMul", params="trans_a, trans_b, with_activation, fused_multiplier (a folded constant factor); two "
+            "activation inputs",
             integer="exact product of (a + zp_a)(b + zp_b) sums + multiplier and shift",
             semantics="integer-semantics.md#matmul")

@@ -22,19 +22,20 @@ from ..graph.tensor import PyTensor
 from ..ir.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.lut import build_lut, lookup_lut
-from ..quant.params import QuantMode, integer_range
+from ..quant.params import QuantMode, integer_range, linear_quant_params
 from ..quant.requant import bias_quantize, fold_input_zero_point, range_dtype, scale_shift
 from ..quant.rounding import INT64_SAFE, round_shift
 from ..registry import op_register, quant_register
 from ._quant import (
+    activation_mode,
     check_quantized_inputs,
     effective_weights,
     int_value,
     layer_settings,
     out_range,
-    quantize_activation,
     quantize_weights,
     set_constant,
+    set_params,
     tensor_scale,
     tensor_zp,
 )
@@ -57,6 +58,9 @@ CELL_MAX_FRAC_BITS = 30
 
 CELL_INT_MAX = 2 ** 31 - 1
 """Saturation bound of the int32 cell state (never reached when F follows from the bound of the docs)."""
+
+OUTPUT_MODE = QuantMode.PER_TENSOR_SYMMETRIC_RESTRICTED_RANGE
+"""Every recurrent output's mode, whatever quantize_method_for_activation says (upstream's rule)."""
 
 RNN_MULTIPLIER_BITS = AIFF_MULTIPLIER_BITS
 """Every multiplier of a recurrent layer has 15 bits (the AIFF maximum), independent of `multiplier_bits`."""
@@ -352,6 +356,19 @@ def _clamp_code(bound: Optional[float], scale: float, limit: int) -> int:
     return max(0, min(limit, int(round(bound * scale))))
 
 
+def _quantize_output(node: PyNode, t: PyTensor, bits: int) -> None:
+    """A cell output: symmetric restricted range (scale (2^(b-1) - 1) / max|x|, zero point 0) whatever the activation
+    mode, as upstream quantizes recurrent outputs (docs/semantics/recurrent.md): the cell's values are centred on 0.
+    Per-channel modes stay refused."""
+    if activation_mode(node, bits).is_per_channel:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel activation quantization "
+                               f"({layer_settings(node).q_mode_activation}) is not supported for recurrent outputs; "
+                               "use a per_tensor mode for this layer", field="quantize_method_for_activation")
+    if t.min is None or t.max is None:
+        raise node._error(f"tensor '{t.name}' has no calibrated range; run calibration before quantization")
+    set_params(t, linear_quant_params(t.min, t.max, bits, OUTPUT_MODE, True), bits)
+
+
 @quant_register([OpType.BasicLSTM, OpType.GRUv1, OpType.GRUv3])
 def rnn_quantize(self: PyNode) -> None:
     """Weights per row, biases with the input zero point folded in, gate multipliers, Q15 tables, state formats and
@@ -363,7 +380,7 @@ def rnn_quantize(self: PyNode) -> None:
     x, h0 = self.inputs[0], self.inputs[1]
     s_x, zp_x = tensor_scale(x), tensor_zp(x)
     for out in self.outputs:
-        quantize_activation(self, out, True, bits)
+        _quantize_output(self, out, bits)
     # hidden state fed back: fixed point with Hf fraction bits, enough integer bits for the initial state
     k = _ceil_log2_real(_absmax(h0))
     hid_frac = bits - 1 - k

@@ -131,3 +131,23 @@ def test_mse_strategy_per_tensor_clips_the_tail():
     stats = _stats([x[:100_000], x[100_000:]])
     lo, hi = apply_strategy(stats, "mse", 8, symmetric=True, per_channel=False)
     assert 8.5 < hi < 11 and lo == -hi < 0 and hi < float(np.abs(x).max())
+
+
+def test_sample_order_moves_the_histogram_ranges_by_at_most_a_few_bins():
+    """Extrema do not depend on the order of the calibration batches; the accumulated histogram does only through
+    re-binning when a batch widens the range (mass moves by at most one old bin), so quantile and mse ranges move by
+    a few bins at most (docs/statistics-and-dump.md, "Sample order")."""
+    rng = np.random.default_rng(4)
+    batches = [rng.laplace(0, s, 4000).astype(np.float32) for s in (0.5, 1, 2, 4, 8, 1, 3)]
+    ranges = {}
+    for order in ([0, 1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1, 0], [4, 0, 6, 2, 1, 5, 3]):
+        stats = _stats([batches[i] for i in order])
+        width = float(stats.extrema_max - stats.extrema_min) / BINS
+        ranges[tuple(order)] = (float(stats.extrema_min), float(stats.extrema_max),
+                                apply_strategy(stats, "quantile[99.9]", 8, per_channel=False),
+                                apply_strategy(stats, "mse", 8, symmetric=True, per_channel=False))
+    first = next(iter(ranges.values()))
+    for lo, hi, q, m in ranges.values():
+        assert (lo, hi) == first[:2]
+        assert q == pytest.approx(first[2], abs=3 * width)
+        assert m == pytest.approx(first[3], abs=3 * width)

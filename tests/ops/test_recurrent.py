@@ -318,6 +318,28 @@ def test_integer_forward_matches_reference(optype: str, params: Dict[str, Any], 
         np.testing.assert_array_equal(g_.numpy(), w_)
 
 
+@pytest.mark.parametrize("bits,mode", MODES + [(8, "per_tensor_symmetric_restricted_range")])
+@pytest.mark.parametrize("optype,params,wmode", VARIANTS[:1] + VARIANTS[2:3])
+def test_outputs_are_symmetric_restricted_whatever_the_mode(optype: str, params: Dict[str, Any], wmode: str,
+                                                            bits: int, mode: str) -> None:
+    """Upstream's rule (docs/semantics/recurrent.md): scale (2^(b-1) - 1) / max|x|, zero point 0, [-qmax, qmax]."""
+    _, _, qg = quantized_case(optype, params, bits, mode, wmode)
+    qmax = 2 ** (bits - 1) - 1
+    for t in qg.node("op").outputs:
+        absmax = max(abs(float(t.min)), abs(float(t.max)))
+        assert (t.qmin, t.qmax, int(t.zerop)) == (-qmax, qmax, 0), t.name
+        assert float(t.scale) == pytest.approx(qmax / absmax, rel=1e-6), t.name
+
+
+def test_per_channel_activation_mode_set_for_the_cell_is_refused() -> None:
+    _, w, b = lstm_weights(10)
+    g = build("BasicLSTM", {}, w, b)
+    mode = "per_channel_symmetric_full_range"
+    with pytest.raises(UnsupportedError, match="per-channel activation"):
+        quantize_model(g, [feeds(11, "BasicLSTM")], settings(8, mode, "per_tensor_symmetric_restricted_range"),
+                       per_layer={"op": {"q_mode_activation": mode}})
+
+
 # --- 3. float vs dequantized ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("bits,threshold", [(8, 0.99), (16, 0.999)])
 @pytest.mark.parametrize("optype,params", [("BasicLSTM", {}), ("BasicLSTM", {"forget_bias": 1.0}),

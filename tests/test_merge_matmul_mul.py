@@ -1,0 +1,178 @@
+"""`enable_pass_merge_matmul_mul` (passes/merge_matmul_mul.py): which constant factors after a MatMul are folded into
+it, that the float model computes the same bits afterwards, how the folded MatMul quantizes (the factor in its
+multiplier, not in the IR) and runs as a float layer, and the field off (upstream's behaviour with false)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import pytest
+import torch
+from golden_helpers import golden_cfg
+
+from quantopt.cli import main
+from quantopt.config.fields import FIELDS, UPSTREAM_FIELDS
+from quantopt.graph.builder import GraphBuilder
+from quantopt.graph.graph import QuantizeGraph
+from quantopt.ir.reader import read_ir
+from quantopt.ir.writer import write_ir
+from quantopt.passes.merge_matmul_mul import FUSED_MULTIPLIER, merge_matmul_mul
+from quantopt.pipeline import quantize_model, run_quantized
+
+SCALE = np.float32(1.0 / np.sqrt(8.0))
+CORPUS = Path(__file__).resolve().parent / "data" / "golden_corpus"
+
+
+def _attention(factor: Optional[np.ndarray] = None, shape_only: bool = False, mm_act: str = "NONE",
+               extra_reader: str = "", mm_output: bool = False) -> QuantizeGraph:
+    """q [1,4,16,8] @ k [1,4,8,16] -> (Reshape, Transpose) -> Mul by a Constant -> Softmax.
+
+    `extra_reader`: "matmul" or "constant" gives that layer's output a second reader (an Add into the output);
+    `mm_output`: the MatMul's output is also a graph output."""
+    factor = np.asarray(SCALE if factor is None else factor, dtype=np.float32)
+    b = GraphBuilder("attn")
+    b.input("q", [1, 4, 16, 8])
+    b.input("k", [1, 4, 8, 16])
+    b.layer("MatMul", ["q", "k"], [[1, 4, 16, 16]], name="mm",
+            params={"trans_a": False, "trans_b": False, "with_activation": mm_act})
+    side = "mm"
+    if shape_only:
+        b.layer("Reshape", ["mm"], [[1, 4, 256]], name="flat", params={"shape": [1, 4, 256]})
+        b.layer("Transpose", ["flat"], [[1, 256, 4]], name="tr", params={"perm": [0, 2, 1]})
+        side = "tr"
+    shape = [1, 256, 4] if shape_only else [1, 4, 16, 16]
+    b.layer("Constant", [], [list(factor.shape)], name="scale", constants={"weights": factor})
+    b.layer("Mul", [side, "scale"], [shape], name="mul", params={"with_activation": "NONE"})
+    b.layer("Softmax", ["mul"], [shape], name="softmax", params={"axis": -1})
+    outputs = ["softmax"]
+    if extra_reader:
+        b.layer("Add", ["softmax", {"matmul": side, "constant": "scale"}[extra_reader]], [shape], name="extra",
+                params={"with_activation": "NONE"})
+        outputs = ["extra"]
+    if mm_output:
+        outputs.append("mm")
+    return b.build(outputs)
+
+
+def _batches(n: int = 3, seed: int = 5) -> List[List[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randn(1, 4, 16, 8, generator=g), torch.randn(1, 4, 8, 16, generator=g)] for _ in range(n)]
+
+
+def _types(graph: QuantizeGraph) -> Dict[str, str]:
+    return {n.name: str(n.type) for n in graph.nodes}
+
+
+def _outputs(graph: QuantizeGraph, batch: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    graph.forward(list(batch))
+    return [t.betensor.clone() for t in graph.output_tensors]
+
+
+@pytest.mark.parametrize("shape_only", [False, True])
+def test_scalar_factor_folds_and_float_forward_keeps_its_bits(shape_only: bool) -> None:
+    g = _attention(shape_only=shape_only)
+    batch = _batches(1)[0]
+    before = _outputs(g, batch)
+    folds = merge_matmul_mul(g)
+    assert folds == [("mm", "mul", float(SCALE))]
+    types = _types(g)
+    assert "scale" not in types and types["mul"] == "Crop"
+    mul = g.node("mul")
+    assert [t.name for t in mul.inputs] == ["tr" if shape_only else "mm"] and not mul.constants
+    assert mul.params == {"crops": [[0, 1], [0, 256], [0, 4]] if shape_only else [[0, 1], [0, 4], [0, 16], [0, 16]]}
+    assert g.node("mm").params[FUSED_MULTIPLIER] == float(SCALE)
+    after = _outputs(g, batch)
+    assert all(torch.equal(x, y) for x, y in zip(before, after))
+
+
+def test_uniform_tensor_factor_and_scaling_batchnorm_fold() -> None:
+    g = _attention(factor=np.full([16], 0.25, np.float32))
+    assert merge_matmul_mul(g) == [("mm", "mul", 0.25)]
+    b = GraphBuilder("bn")
+    b.input("a", [1, 6, 5])
+    b.input("c", [1, 5, 3])
+    b.layer("MatMul", ["a", "c"], [[1, 6, 3]], name="mm", params={"trans_a": False, "trans_b": False})
+    b.layer("BatchNorm", ["mm"], [[1, 6, 3]], name="bn", params={"axis": 2},
+            constants={"weights": np.full(3, 0.5, np.float32), "biases": np.zeros(3, np.float32)})
+    g = b.build(["bn"])
+    x = [torch.randn(1, 6, 5), torch.randn(1, 5, 3)]
+    before = _outputs(g, x)
+    assert merge_matmul_mul(g) == [("mm", "bn", 0.5)]
+    assert _types(g)["bn"] == "Crop" and not g.node("bn").constants
+    assert torch.equal(before[0], _outputs(g, x)[0])
+
+
+@pytest.mark.parametrize("case", ["distinct values", "negative", "zero", "broadcast grows", "matmul two readers",
+                                  "constant two readers", "matmul graph output", "relu6 matmul", "mul relu"])
+def test_not_folded(case: str) -> None:
+    kwargs = {
+        "distinct values": dict(factor=np.linspace(0.1, 0.4, 16, dtype=np.float32)),
+        "negative": dict(factor=np.float32(-0.5)),
+        "zero": dict(factor=np.float32(0.0)),
+        "matmul two readers": dict(extra_reader="matmul"),
+        "constant two readers": dict(extra_reader="constant"),
+        "matmul graph output": dict(mm_output=True),
+        "relu6 matmul": dict(mm_act="RELU6"),
+    }.get(case, {})
+    if case == "broadcast grows":  # [1,4,16,1] * [16] of equal values -> [1,4,16,16]: not a pure scaling
+        b = GraphBuilder("grow")
+        b.input("q", [1, 4, 16, 8])
+        b.input("k", [1, 4, 8, 1])
+        b.layer("MatMul", ["q", "k"], [[1, 4, 16, 1]], name="mm", params={"trans_a": False, "trans_b": False})
+        b.layer("Constant", [], [[16]], name="scale", constants={"weights": np.full(16, 0.5, np.float32)})
+        b.layer("Mul", ["mm", "scale"], [[1, 4, 16, 16]], name="mul", params={"with_activation": "NONE"})
+        g = b.build(["mul"])
+    else:
+        g = _attention(**kwargs)
+        if case == "mul relu":
+            g.node("mul").params["with_activation"] = "RELU"
+    types = _types(g)
+    assert merge_matmul_mul(g) == []
+    assert _types(g) == types and FUSED_MULTIPLIER not in g.node("mm").params
+
+
+def test_quantized_matmul_carries_the_factor_in_its_multiplier() -> None:
+    folded = quantize_model(_attention(), _batches())
+    kept = quantize_model(_attention(), _batches(), merge_matmul_mul_pass=False)
+    assert "scale" in _types(kept) and _types(kept)["mul"] == "Mul"
+    mm = folded.node("mm")
+    assert FUSED_MULTIPLIER not in mm.params
+    s_out = float(mm.outputs[0].scale)
+    s_in = float(mm.inputs[0].scale) * float(mm.inputs[1].scale)
+    ratio = float(mm.params["scale_value"]) * 2.0 ** -int(mm.params["shift_value"])
+    assert ratio == pytest.approx(s_out * float(SCALE) / s_in, rel=2e-3)
+    assert folded.node("mul").outputs[0].scale == mm.outputs[0].scale  # the Crop passes the scale through
+    # the folded MatMul's output is calibrated after the factor: the scale of the kept Mul's output
+    assert float(mm.outputs[0].scale) == pytest.approx(float(kept.node("mul").outputs[0].scale), rel=1e-6)
+    batch = _batches(1, seed=9)[0]
+    reference = _outputs(_attention(), batch)[0]
+    error = [float((run_quantized(q, batch)[0] - reference).abs().mean()) for q in (folded, kept)]
+    assert error[0] < 0.01 and error[0] <= 1.1 * error[1], error  # one rounding fewer: no worse than unfolded
+
+
+def test_float_matmul_keeps_the_factor_and_round_trips(tmp_path: Path) -> None:
+    q = quantize_model(_attention(), _batches(), per_layer={"mm": {"trigger_float_op": "float32_preferred"}})
+    assert q.node("mm").params[FUSED_MULTIPLIER] == float(SCALE)
+    batch = _batches(1, seed=11)[0]
+    first = run_quantized(q, batch)
+    txt, _ = write_ir(q, str(tmp_path / "q.txt"))
+    again = run_quantized(read_ir(txt), batch)
+    assert all(torch.equal(x, y) for x, y in zip(first, again))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_cfg_field_on_the_corpus_encoder(enabled: bool, tmp_path: Path) -> None:
+    """The field's default folds the encoder's 1/sqrt(d) as upstream's golden shows; false keeps the layers."""
+    name = "enable_pass_merge_matmul_mul"
+    assert FIELDS[name].default is True and name not in UPSTREAM_FIELDS
+    folder = CORPUS / "transformer_encoder" / "golden" / "A"
+    out = tmp_path / "out"
+    extra = [] if enabled else ["enable_pass_merge_matmul_mul = false"]
+    cfg = golden_cfg(folder, out, tmp_path / "enc.cfg", extra)
+    assert main(["--cfg", str(cfg), "--log-level", "ERROR"]) == 0
+    types = _types(read_ir(str(out / "transformer_encoder_o.txt")))
+    if enabled:
+        assert types["/attn/Mul"] == "Crop" and "/attn/Constant_3" not in types
+    else:
+        assert types["/attn/Mul"] == "Mul" and types["/attn/Constant_3"] == "Constant"
