@@ -14,9 +14,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
-SHARED_MODELS = Path(os.environ.get("QUANTOPT_SHARED_MODELS", SHARED / "models"))
-"""The shared Parser IRs and their goldens: ../shared/models beside the repository, or $QUANTOPT_SHARED_MODELS (the
-same variable tests/conftest.py reads)."""
+SHARED_MODELS = Path(os.environ.get("QUANTOPT_SHARED_MODELS", REPO / "tests" / "data" / "shared_models"))
+"""The reference Parser IRs and their goldens: tests/data/shared_models, or $QUANTOPT_SHARED_MODELS (the same
+variable tests/conftest.py reads)."""
 UPSTREAM = Path(os.environ.get("QUANTOPT_UPSTREAM", SHARED / "upstream"))
 """The upstream tools (run-parser.sh, Compass_Optimizer, setup.sh): ../shared/upstream, or $QUANTOPT_UPSTREAM."""
 SHARED_IR_NAMES = ["syn_resnet", "syn_mobilenet", "ppocr_cls", "mtcnn_onet"]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+from _bench_common import SHARED_MODELS
 
 import quantopt.ops.conv as conv_ops
 import quantopt.ops.linear as linear_ops
@@ -39,7 +40,7 @@ from quantopt.cli import main as quantopt_main
 from quantopt.ir.reader import read_ir
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_MODELS_DIR = REPO.parent / "shared" / "models"
+DEFAULT_MODELS_DIR = SHARED_MODELS
 DEFAULT_MODELS = ["syn_resnet", "syn_mobilenet", "ppocr_cls", "mtcnn_onet"]
 PATH_KEYS = ("graph", "bin", "calibration_data", "data", "label")
 SCALE_RTOL = 1e-6

@@ -4,7 +4,7 @@
     python benchmarks/onnx_qdq_agreement.py --onnx-models [name ...] [--bits 16]
     python benchmarks/onnx_qdq_agreement.py --onnx-small [name ...] [--bits 16]
 
-Models: `digits` (examples/digits) and the folders of ../shared/models (syn_resnet, syn_mobilenet, ppocr_cls,
+Models: `digits` (examples/digits) and the folders of tests/data/shared_models (syn_resnet, syn_mobilenet, ppocr_cls,
 mtcnn_onet by default). Each is quantized with the default settings on its calib.npy (two samples a batch; the
 digits example: 16) and evaluated on calib.npy + val.npy (the digits example: its 597 validation digits).
 `--bits 16` quantizes with 16-bit activations and 48-bit biases instead. `--onnx-models` takes the real ONNX
@@ -36,6 +36,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
+from _bench_common import SHARED_MODELS
 
 from quantopt.exporters.agreement import measure_agreement, rounding_sensitivity, runtime_description
 from quantopt.exporters.onnx_qdq import SCALE_MODES
@@ -44,7 +45,7 @@ from quantopt.pipeline import quantize_model
 from quantopt.registry import discover_plugins
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_MODELS_DIR = REPO.parent / "shared" / "models"
+DEFAULT_MODELS_DIR = SHARED_MODELS
 DEFAULT_MODELS = ["digits", "syn_resnet", "syn_mobilenet", "ppocr_cls", "mtcnn_onet"]
 
 

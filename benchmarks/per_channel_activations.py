@@ -18,6 +18,7 @@ from typing import Dict, List
 
 import numpy as np
 import torch
+from _bench_common import SHARED_MODELS
 
 from quantopt.analysis.similarity import cosine
 from quantopt.graph.graph import PyGraph, QuantizeGraph
@@ -26,7 +27,7 @@ from quantopt.pipeline import quantize_model, run_quantized
 from quantopt.registry import discover_plugins
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_MODELS_DIR = REPO.parent / "shared" / "models"
+DEFAULT_MODELS_DIR = SHARED_MODELS
 DEFAULT_MODELS = ["syn_resnet", "syn_mobilenet", "ppocr_cls", "mtcnn_onet"]
 CANDIDATES = ("Convolution", "DepthwiseConv", "Eltwise", "Add", "BatchNorm")
 MODE = "per_channel_symmetric_full_range"

@@ -2,7 +2,7 @@
 
     python benchmarks/preset_shared_models.py [model ...] [--models-dir DIR]
 
-For each shared model (default: syn_resnet, syn_mobilenet, ppocr_cls, mtcnn_onet; ../shared/models or
+For each shared model (default: syn_resnet, syn_mobilenet, ppocr_cls, mtcnn_onet; tests/data/shared_models or
 $QUANTOPT_SHARED_MODELS), quantized on its calib.npy with the defaults and with the preset (config/presets.py),
 prints on its val.npy the lowest output cosine against the float model, so that "the preset is no worse than the
 defaults" can be checked on models other than the ones the preset was chosen on (docs/accuracy.md).

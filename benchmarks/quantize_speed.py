@@ -2,7 +2,7 @@
 
     python benchmarks/quantize_speed.py [model_dir] [--batches N] [--batch-size B] [--strategy mean]
 
-model_dir holds <name>.txt/.bin and calib.npy (default: ../shared/models/syn_mobilenet). Prints the time of the
+model_dir holds <name>.txt/.bin and calib.npy (default: tests/data/shared_models/syn_mobilenet). Prints the time of the
 float forward, of the statistics pass and of the integer forward over the same batches (best of --repeat runs)
 and the ratios against the float forward. Targets: statistics ÷ float <= 1.5, integer ÷ float <= 3.
 """
@@ -22,7 +22,7 @@ from quantopt.graph.graph import QuantizeGraph
 from quantopt.pipeline import quantize_model
 from quantopt.registry import discover_plugins
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "shared" / "models" / "syn_mobilenet"
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "tests" / "data" / "shared_models" / "syn_mobilenet"
 
 
 def best_of(repeat: int, fn: Callable[[], None]) -> float:

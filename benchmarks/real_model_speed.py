@@ -5,7 +5,7 @@ thread count, against onnxruntime's float32 forward of the same ONNX file.
 
 Models: PP-OCRv4 rec at 1x3x48x320 and 1x3x48x640 and PP-OCRv4 det (files of the `rapidocr_onnxruntime` package,
 located without importing it), all-MiniLM-L6-v2 (seq 64, exported once to ONNX into --cache) and the shared Parser
-IRs in ../shared/models or $QUANTOPT_SHARED_MODELS (the float IR made by the upstream Parser, timed against
+IRs in tests/data/shared_models or $QUANTOPT_SHARED_MODELS (the float IR made by the upstream Parser, timed against
 onnxruntime on its source ONNX). The ONNX models go through quantopt's importer. Per model, best of --repeat runs
 over the same --samples inputs (batch 1, seeded; real calibration data for the shared IRs): ms per sample of each
 pass, the ratios

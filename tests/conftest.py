@@ -1,4 +1,4 @@
-"""Shared test fixtures: paths to the reference models that live in ../shared beside the repository."""
+"""Shared test fixtures: paths to the reference models with upstream goldens (tests/data/shared_models)."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_MODELS = Path(os.environ.get("QUANTOPT_SHARED_MODELS", REPO.parent / "shared" / "models"))
+SHARED_MODELS = Path(os.environ.get("QUANTOPT_SHARED_MODELS", REPO / "tests" / "data" / "shared_models"))
 MODEL_NAMES = ["syn_resnet", "syn_mobilenet", "ppocr_cls", "mtcnn_onet"]
 
 

@@ -310,7 +310,7 @@ def test_cfg_with_an_onnx_graph_quantizes_end_to_end(tmp_path):
     pytest.importorskip("onnx")
     from quantopt.cli import main
 
-    model_dir = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "ppocr_cls"
+    model_dir = Path(__file__).resolve().parents[1] / "tests" / "data" / "shared_models" / "ppocr_cls"
     if not model_dir.is_dir():
         pytest.skip(f"shared models not found at {model_dir}")
     cfg = tmp_path / "opt.cfg"

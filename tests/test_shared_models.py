@@ -1,4 +1,4 @@
-"""Every reference IR in ../shared/models loads, round-trips, and its float forward matches onnxruntime."""
+"""Every reference IR in tests/data/shared_models loads, round-trips, and its float forward matches onnxruntime."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Every reference IR in ../shared/models quantizes with the default settings, its quantized IR re-loads and the
+"""Every reference IR in tests/data/shared_models quantizes with the default settings, its quantized IR re-loads and the
 re-loaded integer forward is bit-identical; dequantized outputs stay close to the float outputs."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The quant math against the real OPT outputs in ../shared/models/<model>/golden/{A,B,C} (all 4 models; see
+"""The quant math against the real OPT outputs in tests/data/shared_models/<model>/golden/{A,B,C} (all 4 models; see
 tests/conftest.py).
 
 Golden configs: A = int8, per-tensor weights (DepthwiseConv forced per-channel), symmetric full-range activations,
