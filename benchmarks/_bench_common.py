@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -69,3 +69,21 @@ def ppocr_det_input(rng: np.random.Generator, size: int) -> np.ndarray:
     mean = np.array([0.485, 0.456, 0.406], np.float32)
     std = np.array([0.229, 0.224, 0.225], np.float32)
     return ((img - mean) / std).transpose(2, 0, 1)[None].astype(np.float32)
+
+
+def seeded_inputs(graph: Any, rng: np.random.Generator) -> List[Any]:
+    """One random input per graph input: normal floats; token ids in [0, 64); masks ones with the last quarter 0."""
+    import torch
+
+    feeds = []
+    for t in graph.input_tensors:
+        shape = [int(d) for d in t.ir_shape]
+        if t.ir_dtype.torch_dtype.is_floating_point:
+            feeds.append(torch.from_numpy(rng.normal(0, 1, shape).astype(np.float32)))
+        elif "mask" in t.name:
+            mask = np.ones(shape, np.int64)
+            mask[..., shape[-1] * 3 // 4:] = 0
+            feeds.append(torch.from_numpy(mask).to(t.ir_dtype.torch_dtype))
+        else:
+            feeds.append(torch.from_numpy(rng.integers(0, 64, shape)).to(t.ir_dtype.torch_dtype))
+    return feeds

@@ -26,7 +26,11 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+from _bench_common import REPO as _REPO
 from _bench_common import SHARED_MODELS
+
+sys.path.insert(0, str(_REPO / "tests"))  # the golden cfg helper shared with the tests
+from golden_helpers import golden_cfg  # noqa: E402
 
 import quantopt.ops.conv as conv_ops
 import quantopt.ops.linear as linear_ops
@@ -42,26 +46,7 @@ from quantopt.ir.reader import read_ir
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODELS_DIR = SHARED_MODELS
 DEFAULT_MODELS = ["syn_resnet", "syn_mobilenet", "ppocr_cls", "mtcnn_onet"]
-PATH_KEYS = ("graph", "bin", "calibration_data", "data", "label")
 SCALE_RTOL = 1e-6
-
-
-def golden_cfg(folder: Path, out: Path, extra: Sequence[str] = ()) -> Path:
-    """The golden's cfg with its relative paths made absolute, its output sent to `out` and `extra` lines
-    (`field = value`) added."""
-    lines: List[str] = []
-    for raw in (folder / "opt.cfg").read_text().splitlines():
-        key, sep, value = raw.partition("=")
-        k = key.strip().lower()
-        if sep and k in PATH_KEYS:
-            raw = f"{key.strip()} = {(folder / value.strip()).resolve()}"
-        elif sep and k == "output_dir":
-            raw = f"output_dir = {out}"
-        lines.append(raw)
-    lines.extend(extra)
-    cfg = out.parent / "golden.cfg"
-    cfg.write_text("\n".join(lines) + "\n")
-    return cfg
 
 
 def measure(models_dir: Path, model: str, letter: str, work: Path,
@@ -70,7 +55,8 @@ def measure(models_dir: Path, model: str, letter: str, work: Path,
     folder = models_dir / model / "golden" / letter
     out = work / f"{model}_{letter}" / "out"
     out.mkdir(parents=True)
-    if quantopt_main(["--cfg", str(golden_cfg(folder, out, extra)), "--log-level", "ERROR"]) != 0:
+    cfg = golden_cfg(folder, out, out.parent / "golden.cfg", extra)
+    if quantopt_main(["--cfg", str(cfg), "--log-level", "ERROR"]) != 0:
         raise SystemExit(f"quantopt failed on {folder / 'opt.cfg'}")
     mine, golden = read_ir(str(out / f"{model}_o.txt")), read_ir(str(folder / f"{model}_o.txt"))
     diffs = compare_quantized_irs(mine, golden, rtol=SCALE_RTOL)

@@ -36,7 +36,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
-from _bench_common import SHARED_MODELS
+from _bench_common import SHARED_MODELS, seeded_inputs
 
 from quantopt.exporters.agreement import measure_agreement, rounding_sensitivity, runtime_description
 from quantopt.exporters.onnx_qdq import SCALE_MODES
@@ -93,22 +93,6 @@ def onnx_model_rows(names: List[str], bits: int) -> None:
             print(f"{name:<20} {r.identical:>10.2%} {r.elements:>9} {r.max_steps:>10.1f}  {len(floats)}")
 
 
-def _small_feeds(graph: PyGraph, rng: np.random.Generator) -> List[torch.Tensor]:
-    """Seeded inputs: normal floats; masks of ones with the last quarter 0 (padding); token ids in [0, 64)."""
-    feeds = []
-    for t in graph.input_tensors:
-        shape = [int(d) for d in t.ir_shape]
-        if t.ir_dtype.torch_dtype.is_floating_point:
-            feeds.append(torch.from_numpy(rng.normal(0, 1, shape).astype(np.float32)))
-        elif "mask" in t.name:
-            mask = np.ones(shape, np.int64)
-            mask[..., shape[-1] * 3 // 4:] = 0
-            feeds.append(torch.from_numpy(mask).to(t.ir_dtype.torch_dtype))
-        else:
-            feeds.append(torch.from_numpy(rng.integers(0, 64, shape)).to(t.ir_dtype.torch_dtype))
-    return feeds
-
-
 def _minilm(bits_settings: Dict[str, object]) -> Tuple[PyGraph, List[torch.Tensor]]:
     """all-MiniLM-L6-v2 (benchmarks/real_model_speed.py's export), quantized on 4 sentences, and 8 others."""
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -153,8 +137,8 @@ def onnx_small_rows(names: List[str], bits: int) -> None:
             spec = histograms.MODELS[name]
             graph = import_onnx(str(REPO / spec["file"]), spec["inputs"])
             rng = np.random.default_rng(0)
-            qgraph = quantize_model(graph, [_small_feeds(graph, rng) for _ in range(4)], settings)
-            data = [torch.cat(t) for t in zip(*[_small_feeds(graph, rng) for _ in range(4)])]
+            qgraph = quantize_model(graph, [seeded_inputs(graph, rng) for _ in range(4)], settings)
+            data = [torch.cat(t) for t in zip(*[seeded_inputs(graph, rng) for _ in range(4)])]
         floats = list(convert_graph(qgraph)[1].float_layers)
         r = measure_agreement(qgraph, data, per_layer=True)
         print(f"{name:<20} {r.identical:>10.2%} {r.elements:>9} {r.max_steps:>10.1f} "

@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_parser_histograms as histograms  # noqa: E402
+from _bench_common import seeded_inputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 1200
@@ -73,22 +74,6 @@ class Row:
     quant_ir: str = ""
     qdq: str = ""
     notes: List[str] = field(default_factory=list)
-
-
-def seeded_inputs(graph, rng: np.random.Generator) -> List[torch.Tensor]:
-    """One random input per graph input: normal floats; token ids in [0, 64); masks ones with the last quarter 0."""
-    feeds = []
-    for t in graph.input_tensors:
-        shape = [int(d) for d in t.ir_shape]
-        if t.ir_dtype.torch_dtype.is_floating_point:
-            feeds.append(torch.from_numpy(rng.normal(0, 1, shape).astype(np.float32)))
-        elif "mask" in t.name:
-            mask = np.ones(shape, np.int64)
-            mask[..., shape[-1] * 3 // 4:] = 0
-            feeds.append(torch.from_numpy(mask).to(t.ir_dtype.torch_dtype))
-        else:
-            feeds.append(torch.from_numpy(rng.integers(0, 64, shape)).to(t.ir_dtype.torch_dtype))
-    return feeds
 
 
 def run_upstream(upstream: Path, txt: str, bin_path: str, feeds: Sequence[np.ndarray], out: str,
