@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from quantopt.calibration.mixed_precision import candidate_layers, cut_point_search, per_layer_search
 from quantopt.config.reader import read_cfg
-from quantopt.graph.graph import QuantizeGraph
+from quantopt.ir.reader import read_ir
 from quantopt.log import setup_console
 from quantopt.master import OptMaster
 from quantopt.registry import discover_plugins
+from quantopt.tuning.mixed_precision import candidate_layers, cut_point_search, per_layer_search
 
 EXAMPLE_CFG = Path(__file__).resolve().parents[1] / "examples" / "digits" / "opt.cfg"
 DEFAULT_SET = ["weight_bits=4", "mixed_precision_auto_search=6,0.0,L"]
@@ -57,7 +57,7 @@ def main(argv: List[str]) -> int:
             cfg = read_cfg(str(path))
         finally:
             path.unlink()
-        graph = QuantizeGraph.parse(cfg.graph, cfg.bin or None)
+        graph = read_ir(cfg.graph, cfg.bin or None)
         master = OptMaster(graph, cfg)
         master.output_dir = tmp
         master.prepare_statistics()

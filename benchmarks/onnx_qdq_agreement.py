@@ -40,7 +40,8 @@ from _bench_common import SHARED_MODELS, seeded_inputs
 
 from quantopt.exporters.agreement import measure_agreement, rounding_sensitivity, runtime_description
 from quantopt.exporters.onnx_qdq import SCALE_MODES
-from quantopt.graph.graph import PyGraph, QuantizeGraph
+from quantopt.graph.graph import PyGraph
+from quantopt.ir.reader import read_ir
 from quantopt.pipeline import quantize_model
 from quantopt.registry import discover_plugins
 
@@ -53,12 +54,12 @@ def load(name: str, models_dir: Path, bits: int = 8) -> Tuple[PyGraph, torch.Ten
     settings: Dict[str, object] = {} if bits == 8 else dict(q_bits_activation=bits, q_bits_bias=48)
     if name == "digits":
         folder = REPO / "examples" / "digits"
-        graph = QuantizeGraph.parse(str(folder / "model" / "digits.txt"))
+        graph = read_ir(str(folder / "model" / "digits.txt"))
         calib = torch.from_numpy(np.load(folder / "data" / "calib.npy"))
         data = torch.from_numpy(np.load(folder / "data" / "val.npy"))
         return quantize_model(graph, [calib[i:i + 16] for i in range(0, len(calib), 16)], settings), data
     folder = models_dir / name
-    graph = QuantizeGraph.parse(str(folder / f"{name}.txt"))
+    graph = read_ir(str(folder / f"{name}.txt"))
     calib = torch.from_numpy(np.load(folder / "calib.npy"))
     data = torch.cat([calib, torch.from_numpy(np.load(folder / "val.npy"))])
     return quantize_model(graph, [calib[i:i + 2] for i in range(0, len(calib), 2)], settings), data

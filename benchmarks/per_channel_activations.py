@@ -21,7 +21,8 @@ import torch
 from _bench_common import SHARED_MODELS
 
 from quantopt.analysis.similarity import cosine
-from quantopt.graph.graph import PyGraph, QuantizeGraph
+from quantopt.graph.graph import PyGraph
+from quantopt.ir.reader import read_ir
 from quantopt.ops._per_channel import reads_per_channel
 from quantopt.pipeline import quantize_model, run_quantized
 from quantopt.registry import discover_plugins
@@ -69,7 +70,7 @@ def main(argv: List[str]) -> int:
     print(f"{'model':<14} {'per tensor':>11} {'per channel':>12} {'layers':>7} {'no MAC readers':>15} {'layers':>7}")
     for name in args.models:
         folder = Path(args.models_dir) / name
-        graph = QuantizeGraph.parse(str(folder / f"{name}.txt"))
+        graph = read_ir(str(folder / f"{name}.txt"))
         calib = torch.from_numpy(np.load(folder / "calib.npy"))
         val = torch.from_numpy(np.load(folder / "val.npy"))
         batches = [calib[i:i + 2] for i in range(0, len(calib), 2)]

@@ -20,7 +20,7 @@ from _bench_common import SHARED_IR_NAMES, SHARED_MODELS
 
 from quantopt.analysis.similarity import cosine
 from quantopt.config.presets import preset_settings
-from quantopt.graph.graph import QuantizeGraph
+from quantopt.ir.reader import read_ir
 from quantopt.pipeline import quantize_model, run_quantized
 from quantopt.registry import discover_plugins
 
@@ -38,7 +38,7 @@ def main(argv: List[str]) -> int:
         if not folder.is_dir():
             print(f"{name:<14} skipped: {folder} not found")
             continue
-        graph = QuantizeGraph.parse(str(folder / f"{name}.txt"))
+        graph = read_ir(str(folder / f"{name}.txt"))
         calib = torch.from_numpy(np.load(folder / "calib.npy"))
         val = torch.from_numpy(np.load(folder / "val.npy"))
         batches = [calib[i:i + 2] for i in range(0, len(calib), 2)]

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from quantopt.calibration.collect import collect_activation_statistics
-from quantopt.graph.graph import QuantizeGraph
+from quantopt.ir.reader import read_ir
 from quantopt.pipeline import quantize_model
 from quantopt.registry import discover_plugins
 
@@ -46,7 +46,7 @@ def main(argv: List[str]) -> int:
     discover_plugins()
     folder = Path(args.model_dir)
     txt = next(p for p in folder.glob("*.txt") if (folder / (p.stem + ".bin")).exists())
-    graph = QuantizeGraph.parse(str(txt))
+    graph = read_ir(str(txt))
     calib = np.load(folder / "calib.npy")
     rng = np.random.default_rng(0)
     idx = rng.integers(0, len(calib), size=(args.batches, args.batch_size))

@@ -153,7 +153,7 @@ def _minilm(samples: int, cache: Path) -> Prepared:
 
 def _shared_ir(name: str, samples: int) -> Prepared:
     """The upstream Parser's float IR, read as it is; onnxruntime runs the ONNX file it was made from."""
-    from quantopt.graph.graph import QuantizeGraph
+    from quantopt.ir.reader import read_ir
 
     folder = SHARED_MODELS / name
     if not (folder / f"{name}.txt").is_file():
@@ -162,7 +162,7 @@ def _shared_ir(name: str, samples: int) -> Prepared:
     onnx_name = re.search(r"^\s*input_model\s*=\s*(.+?)\s*$", cfg, re.M)
     onnx_path = folder / Path(onnx_name.group(1)).name if onnx_name else next(folder.glob("*.onnx"))
     start = time.process_time()
-    graph = QuantizeGraph.parse(str(folder / f"{name}.txt"))
+    graph = read_ir(str(folder / f"{name}.txt"))
     import_s = time.process_time() - start
     import onnxruntime as ort
 

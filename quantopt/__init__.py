@@ -16,15 +16,15 @@ from .version import __version__
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
     from .graph.graph import PyGraph, QuantizeGraph
     from .graph.node import PyNode
-    from .graph.optype import OpType, register_optype
     from .graph.tensor import PyTensor, TensorStatistics
-    from .ir.dtype import Dtype
+    from .quant.dtype import Dtype
     from .registry import OptBaseMetric, PluginType, op_register, quant_register, register_plugin
+    from .registry.optype import OpType, register_optype
 
 _LAZY = {
     "PyGraph": ".graph.graph", "QuantizeGraph": ".graph.graph", "PyNode": ".graph.node",
-    "OpType": ".graph.optype", "register_optype": ".graph.optype",
-    "PyTensor": ".graph.tensor", "TensorStatistics": ".graph.tensor", "Dtype": ".ir.dtype",
+    "OpType": ".registry.optype", "register_optype": ".registry.optype",
+    "PyTensor": ".graph.tensor", "TensorStatistics": ".graph.tensor", "Dtype": ".quant.dtype",
     "OptBaseMetric": ".registry", "PluginType": ".registry", "op_register": ".registry",
     "quant_register": ".registry", "register_plugin": ".registry",
 }

@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
-from typing import Callable, List, Optional, TextIO
+from typing import List, Optional, TextIO
 
-from .errors import QuantOptError, UnsupportedError
-from .log import OPT_ERROR, setup_console
+from .cli_support import guarded, run_parser
+from .errors import UnsupportedError
+from .log import setup_console
 from .version import __version__
 
 _COMMANDS_HELP = """commands:
@@ -84,8 +84,8 @@ def _short(path: str) -> str:
 def print_plugins(out: Optional[TextIO] = None) -> None:
     """`quantopt --plugin`: the registered datasets, metrics and operators (after plugin discovery)."""
     out = out or sys.stdout
-    from .graph.optype import OpType
     from .registry import DATASETS, LOADED, METRICS, OP_FORWARD, OP_QUANTIZE
+    from .registry.optype import OpType
 
     for title, table in (("datasets", DATASETS), ("metrics", METRICS)):
         print(f"{title}:", file=out)
@@ -146,30 +146,6 @@ def run_cfg(path: str) -> int:
     return 0
 
 
-def guarded(action: Callable[[], int], debug: bool) -> int:
-    """Run a command: a user error prints one line and returns its exit code, a bug one line (traceback with
-    --debug) and 1."""
-    try:
-        return action()
-    except QuantOptError as e:
-        if debug:
-            traceback.print_exc()
-        OPT_ERROR(str(e))
-        return e.exit_code
-    except BrokenPipeError:  # output piped into e.g. `head`
-        sys.stderr.close()
-        return 0
-    except KeyboardInterrupt:
-        OPT_ERROR("interrupted")
-        return 130
-    except Exception as e:  # a bug in quantopt, not a user error
-        if debug:
-            traceback.print_exc()
-        hint = "the traceback is above" if debug else "rerun with --debug for a traceback"
-        OPT_ERROR(f"internal error: {type(e).__name__}: {e} ({hint})")
-        return 1
-
-
 def import_main(argv: List[str]) -> int:
     """`quantopt import model.onnx -o DIR [--input-shape name:1,3,224,224 ...]`: ONNX → float IR files."""
     p = argparse.ArgumentParser(prog="quantopt import", description="Convert an ONNX model to a float IR.")
@@ -192,32 +168,6 @@ def import_main(argv: List[str]) -> int:
         print(bin_path)
         return 0
     return guarded(convert, args.debug)
-
-
-def run_parser() -> argparse.ArgumentParser:
-    """The arguments of `quantopt run` (here rather than in runner.py, which imports torch, so that --help and
-    usage errors answer at once)."""
-    p = argparse.ArgumentParser(prog="quantopt run", description="Run a float or quantized IR on .npy inputs and "
-                                                                 "save its outputs as .npy files.")
-    p.add_argument("model", help="the IR graph file (.txt)")
-    p.add_argument("--bin", default=None, help="the IR weights file (default: model_bin of the header, or "
-                                               "MODEL.bin)")
-    p.add_argument("-i", "--input", action="append", required=True, metavar="FILE",
-                   help="one .npy per IR input, in IR input order (repeat -i), or one .npz with an array per input")
-    p.add_argument("-o", "--output-dir", required=True, metavar="OUTDIR",
-                   help="folder for the outputs (new, empty, or an earlier run's output, which is replaced)")
-    p.add_argument("--dequantize", action="store_true",
-                   help="also save each integer output dequantized to float32 as <name>.dequant.npy")
-    p.add_argument("--quantize-inputs", action="store_true",
-                   help="quantized IR: take float inputs and quantize them with the input tensors' scale/zp")
-    p.add_argument("--batch-size", type=int, default=None, metavar="N",
-                   help="run N samples at a time (default: all at once)")
-    p.add_argument("--dump-all", action="store_true", help="also save every layer's outputs under OUTDIR/layers/")
-    p.add_argument("--allow-unknown-ir-keys", action="store_true",
-                   help="accept layer keys the layer's type does not know (an IR of a newer Parser; warned, unused)")
-    p.add_argument("--log-level", default=None, help="debug, info (default), warning or error")
-    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
-    return p
 
 
 def run_main(argv: List[str]) -> int:

@@ -21,15 +21,7 @@ from .analysis.similarity import (
 )
 from .analysis.template import build_template, write_template
 from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
-from .calibration.global_methods import (
-    METHODS,
-    apply_global_calibration,
-    parse_global_calibration,
-    restore_float_constants,
-)
-from .calibration.mixed_precision import SearchResult, per_layer_search
 from .calibration.statistic_file import load_statistics, save_statistics, statistic_file_name
-from .calibration.unify_scales import unify_scales_from_cfg
 from .config.layer_settings import OptConfig
 from .config.reader import Config
 from .data import make_dataset, make_loader, make_metrics, prepare_inputs, split_sample
@@ -45,6 +37,14 @@ from .passes.merge_matmul_mul import merge_matmul_mul
 from .progress import progress
 from .quantizer import assign_settings, check_quantizable, quantize_graph
 from .registry import OP_FORWARD, OptBaseMetric
+from .tuning.global_methods import (
+    METHODS,
+    apply_global_calibration,
+    parse_global_calibration,
+    restore_float_constants,
+)
+from .tuning.mixed_precision import SearchResult, per_layer_search
+from .tuning.unify_scales import unify_scales_from_cfg
 
 
 def io_params(t: PyTensor, role: str) -> Dict[str, Any]:

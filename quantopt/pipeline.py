@@ -7,15 +7,15 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from .analysis.similarity import to_float
 from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
-from .calibration.unify_scales import RuleSource, unify_scales
 from .config.layer_settings import LayerSettings, check_settings, with_operator_defaults
 from .graph.graph import PyGraph, QuantizeGraph
+from .graph.values import to_float
 from .passes.inf_mask import detect_inf_mask_nodes
 from .passes.merge_matmul_mul import merge_matmul_mul
 from .passes.per_channel_fallback import fall_back_to_per_tensor
 from .quantizer import quantize_graph
+from .tuning.unify_scales import RuleSource, unify_scales
 
 Batch = Union[torch.Tensor, Sequence[torch.Tensor]]
 
@@ -54,7 +54,7 @@ def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
         unify_scales(graph, unify)
     if not global_calibration:
         return quantize_graph(graph)
-    from .calibration.global_methods import apply_global_calibration, restore_float_constants
+    from .tuning.global_methods import apply_global_calibration, restore_float_constants
 
     apply_global_calibration(graph, global_calibration, batches)
     try:

@@ -26,14 +26,14 @@ import numpy as np
 import torch
 
 from .analysis.dump import jsonable, safe_stem
-from .analysis.similarity import to_float, to_quantized
 from .errors import ConfigError, DataError, IRError, UnsupportedError
 from .graph.graph import PyGraph
 from .graph.node import PyNode
 from .graph.tensor import PyTensor
-from .ir.dtype import Dtype
+from .graph.values import to_float, to_quantized
 from .log import OPT_INFO, OPT_WARN, setup_console
 from .progress import progress
+from .quant.dtype import Dtype
 from .version import __version__
 
 RUN_FORMAT = "quantopt-run"
@@ -583,7 +583,7 @@ def print_summary(index: Dict[str, Any], out_dir: str) -> None:
 # --------------------------------------------------------------------------------------------------------- CLI
 def run_main(argv: List[str]) -> int:
     """`quantopt run MODEL.txt -i IN.npy [-i ...] -o OUTDIR [...]`; returns the exit code."""
-    from .cli import guarded, run_parser  # the parser lives in the torch-free cli (`quantopt run --help`)
+    from .cli_support import guarded, run_parser  # torch-free, shared with the cli (`quantopt run --help`)
 
     args = run_parser().parse_args(argv)
     try:

@@ -13,7 +13,8 @@ import torch
 from quantopt.analysis.report import collect_histograms, histograms_of, worst_tensors
 from quantopt.analysis.similarity import LayerSimilarity, cosine, layer_similarity, mse, to_float, to_quantized
 from quantopt.config.reader import read_cfg
-from quantopt.graph.graph import PyGraph, QuantizeGraph
+from quantopt.graph.graph import PyGraph
+from quantopt.ir.reader import read_ir
 from quantopt.master import OptMaster
 from quantopt.pipeline import quantize_model
 
@@ -66,7 +67,7 @@ def reference_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Se
 
 @pytest.fixture(scope="module")
 def digits() -> tuple:
-    graph = QuantizeGraph.parse(str(DIGITS / "model" / "digits.txt"))
+    graph = read_ir(str(DIGITS / "model" / "digits.txt"))
     calib = torch.from_numpy(np.load(DIGITS / "data" / "calib.npy", allow_pickle=False))
     qgraph = quantize_model(graph, [calib[i:i + 16] for i in range(0, 64, 16)])
     return graph, qgraph, [[calib[i:i + 8]] for i in range(0, 24, 8)]
@@ -84,7 +85,7 @@ def test_similarity_and_histograms_equal_the_plain_definition(digits: tuple) -> 
 
 def test_similarity_with_a_float_island_equals_the_plain_definition() -> None:
     """A float layer inside the quantized graph (trigger_float_op) and inserted Quantize/DeQuantize layers."""
-    graph = QuantizeGraph.parse(str(DIGITS / "model" / "digits.txt"))
+    graph = read_ir(str(DIGITS / "model" / "digits.txt"))
     calib = torch.from_numpy(np.load(DIGITS / "data" / "calib.npy", allow_pickle=False))
     conv = next(n.name for n in graph.nodes if str(n.type) == "Convolution")
     qgraph = quantize_model(graph, [calib[:32]], per_layer={conv: {"trigger_float_op": "float16_preferred"}})
@@ -102,7 +103,7 @@ def test_a_cfg_run_analyses_with_one_forward_of_each_graph_per_batch(tmp_path: P
                         "calibration_batch_size = 16\nsimilarity_data_num = 2\n"
                         f"output_dir = {tmp_path / 'out'}\n", encoding="utf-8")
     cfg = read_cfg(str(cfg_path))
-    graph = QuantizeGraph.parse(cfg.graph)
+    graph = read_ir(cfg.graph)
     master = OptMaster(graph, cfg)
     master.prepare_statistics()
     qgraph = master.quantize()

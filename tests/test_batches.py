@@ -23,9 +23,10 @@ from quantopt.cli import main
 from quantopt.errors import UnsupportedError
 from quantopt.graph.builder import GraphBuilder
 from quantopt.graph.graph import PyGraph, QuantizeGraph
-from quantopt.ir.dtype import Dtype
+from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
 from quantopt.pipeline import quantize_model
+from quantopt.quant.dtype import Dtype
 
 REPO = Path(__file__).resolve().parents[1]
 DIGITS = REPO / "examples" / "digits"
@@ -148,7 +149,7 @@ MODELS = {"bert": (_bert, {"input_ids": [1, SEQ], "attention_mask": [1, SEQ]}, _
 def load(name: str, folder: Path) -> QuantizeGraph:
     export, shapes, _ = MODELS[name]
     if export is None:
-        return QuantizeGraph.parse(str(DIGITS / "model" / "digits.txt"))
+        return read_ir(str(DIGITS / "model" / "digits.txt"))
     from quantopt.frontends.onnx import import_onnx
 
     path = folder / f"{name}.onnx"

@@ -82,7 +82,7 @@ def test_mistyped_command_is_named(capsys, word, hint):
 
 
 def test_internal_error_hint_follows_debug(capsys, caplog):
-    from quantopt.cli import guarded
+    from quantopt.cli_support import guarded
 
     def bug() -> int:
         raise ZeroDivisionError("a bug")

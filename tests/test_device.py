@@ -9,7 +9,7 @@ import torch
 from quantopt.config.kinds import DeviceKind
 from quantopt.device import exact_arithmetic, resolve_device
 from quantopt.errors import UnsupportedError
-from quantopt.graph.graph import QuantizeGraph
+from quantopt.ir.reader import read_ir
 from quantopt.pipeline import quantize_model, run_quantized
 from quantopt.registry import discover_plugins
 
@@ -49,7 +49,7 @@ def test_exact_arithmetic_restores_the_settings() -> None:
 
 def _digits(device: str):
     discover_plugins()
-    g = QuantizeGraph.parse(DIGITS).to(device)
+    g = read_ir(DIGITS).to(device)
     torch.manual_seed(0)
     batches = [torch.randn(4, *g.input_tensors[0].ir_shape[1:]) for _ in range(2)]
     with exact_arithmetic(torch.device(device)):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from quantopt.ir import minifloat
-from quantopt.ir.dtype import Dtype, decode_storage, dtype_from_name, encode_storage, int_dtype_for_bits
+from quantopt.quant import minifloat
+from quantopt.quant.dtype import Dtype, decode_storage, dtype_from_name, encode_storage, int_dtype_for_bits
 
 IR_NAMES = ["float16", "bfloat16", "float32", "float64", "bool", "int8", "uint8", "int16", "uint16", "int32",
             "uint32", "int64", "uint64", "aligned_int4", "aligned_uint4", "aligned_int12", "aligned_uint12",

@@ -104,9 +104,9 @@ def test_field_listing_loads_no_torch_and_is_unchanged(tmp_path, capsys):
     assert r.out == capsys.readouterr().out
     for name in FIELDS:
         assert f"  {name}\n" in r.out
-    from quantopt.calibration.global_methods import METHODS
     from quantopt.calibration.strategies import STRATEGY_FORMS
-    from quantopt.calibration.unify_scales import ALLOWED_TEXT
+    from quantopt.tuning.global_methods import METHODS
+    from quantopt.tuning.unify_scales import ALLOWED_TEXT
     assert "allowed: one of " + ", ".join(STRATEGY_FORMS) + "\n" in r.out
     assert "methods: " + ", ".join(k for k, v in METHODS.items() if v.implemented) + "\n" in r.out
     assert f"allowed: {ALLOWED_TEXT}\n" in r.out
@@ -201,9 +201,10 @@ def test_public_api_resolves_lazily():
 
 def test_calibration_grammar_is_shared_with_the_calibration_modules():
     """The torch-free grammar is the one the calibration code applies (re-exported, not copied)."""
-    from quantopt.calibration import statistics, strategies, unify_scales
-    from quantopt.calibration.global_methods import spec
+    from quantopt.calibration import statistics, strategies
+    from quantopt.tuning import unify_scales
     from quantopt.config import calibration_values, global_calibration
+    from quantopt.tuning.global_methods import spec
 
     assert strategies.parse_strategy is calibration_values.parse_strategy
     assert strategies.Strategy is calibration_values.Strategy

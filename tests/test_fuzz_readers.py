@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from quantopt.config.layer_settings import SETTING_FIELDS, OptConfig
 from quantopt.config.reader import read_cfg
 from quantopt.errors import QuantOptError
-from quantopt.graph.optype import OpType
 from quantopt.ir.reader import read_ir
+from quantopt.registry.optype import OpType
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits"

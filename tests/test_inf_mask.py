@@ -12,13 +12,13 @@ import torch
 
 import quantopt.ops  # noqa: F401  (registers the operators)
 from quantopt.analysis.similarity import LayerSimilarity, cosine, layer_similarity, worst_layers_table
+from quantopt.calibration.inf_mask import SOFTMAX_MASK_PARAM, is_mask_tensor
 from quantopt.calibration.statistics import StatisticsConfig, update_statistics
 from quantopt.config.fields import FIELDS, UPSTREAM_FIELDS
 from quantopt.graph.builder import GraphBuilder
 from quantopt.graph.tensor import TensorStatistics
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
-from quantopt.passes.inf_mask import SOFTMAX_MASK_PARAM, is_mask_tensor
 from quantopt.pipeline import quantize_model, run_quantized
 
 FLT_MAX = float(torch.finfo(torch.float32).max)

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from quantopt.ir.dtype import Dtype
 from quantopt.ir.grammar import GrammarError, format_value, parse_names, parse_value
+from quantopt.quant.dtype import Dtype
 
 
 @pytest.mark.parametrize("text, expected", [

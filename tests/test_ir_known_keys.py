@@ -1,4 +1,4 @@
-"""The per-type table of known layer keys (quantopt/ir/known_keys.py) against the operators' source, and the
+"""The per-type table of known layer keys (quantopt/registry/known_keys.py) against the operators' source, and the
 reader's check of it: an op that starts reading a new parameter must add it to the table, or every IR using it
 would be refused."""
 from __future__ import annotations
@@ -11,12 +11,11 @@ import pytest
 
 import quantopt.ops  # noqa: F401  (registers the built-in operators)
 from quantopt.errors import IRError, PluginError
-from quantopt.graph.optype import OpType, register_optype
-from quantopt.ir import known_keys
-from quantopt.ir.known_keys import COMMON_KEYS, builtin_table, is_known, value_problem
-from quantopt.ir.known_keys import known_keys as keys_of
 from quantopt.ir.reader import read_ir
-from quantopt.registry import OP_FORWARD, OP_QUANTIZE, register_op_keys
+from quantopt.registry import OP_FORWARD, OP_QUANTIZE, known_keys, register_op_keys
+from quantopt.registry.known_keys import COMMON_KEYS, builtin_table, is_known, value_problem
+from quantopt.registry.known_keys import known_keys as keys_of
+from quantopt.registry.optype import OpType, register_optype
 
 OPS_DIR = Path(quantopt.ops.__file__).parent
 _READ = re.compile(r"""(?:get_param|params\.get|get_constant)\(\s*["']([A-Za-z_][A-Za-z0-9_]*)["']""")
@@ -43,7 +42,7 @@ def test_every_param_an_op_reads_is_in_the_table(path: Path) -> None:
     allowed = frozenset().union(*(table.get(t, frozenset()) for t in types))
     read = set(_READ.findall(path.read_text()))
     missing = sorted(k for k in read if not is_known(k, allowed))
-    assert not missing, f"{path.name} reads {missing}: add them to quantopt/ir/known_keys.py for {sorted(types)}"
+    assert not missing, f"{path.name} reads {missing}: add them to quantopt/registry/known_keys.py for {sorted(types)}"
 
 
 def test_every_builtin_operator_has_a_table_entry() -> None:
@@ -138,3 +137,28 @@ def test_unknown_keys_are_allowed_only_when_asked(tmp_path: Path) -> None:
     assert read_ir(path, allow_unknown_keys=True).node("y").params["future_key"] == 1
     with pytest.raises(IRError):
         read_ir(path)
+
+
+def test_declared_keys_equal_the_table() -> None:
+    """While the operators move from the legacy table to their declarations: a declared built-in type has exactly
+    the table's keys, and the table's value rules never get weaker (sizes, int lists, axes)."""
+    from quantopt.registry import OP_SPECS
+    from quantopt.registry.known_keys import AXIS_KEYS, INT_LIST_KEYS, SIZE_KEYS
+
+    table = builtin_table()
+    for optype, spec in OP_SPECS.items():
+        if optype not in table:
+            continue
+        declared = spec.schema.keys()
+        assert declared == table[optype], (optype, sorted(declared ^ table[optype]))
+        for key in declared:
+            param = spec.schema.param(key)
+            if param is None:
+                continue
+            if key in SIZE_KEYS:
+                for bad in (-1, 1.5, True, 2 ** 31, float("nan")):
+                    assert param.kind.problem(bad) is not None, (optype, key, bad)
+            if key in INT_LIST_KEYS:
+                assert param.kind.problem([0, "1"]) is not None, (optype, key)
+            if key in AXIS_KEYS:
+                assert param.kind.problem([0.5]) is not None, (optype, key)

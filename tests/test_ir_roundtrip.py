@@ -13,9 +13,9 @@ import torch
 from conftest import MODEL_NAMES, SHARED_MODELS
 
 import quantopt.ir.writer as writer_module
-from quantopt.ir.dtype import Dtype, decode_storage
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import serialize_ir, write_ir
+from quantopt.quant.dtype import Dtype, decode_storage
 
 
 # ------------------------------------------------------------------------------------- the tiny IR

@@ -711,7 +711,7 @@ def mask_graph() -> Any:
     method (comparisons of inputs of different scales), Where of two quantized branches, the Cast cases
     (quantized → integer with TRUNC rounding, saturation and wrap-around, integer → integer, integer → float, a
     requantizing only_for_quantized Cast) and Crop (part of the tensor, and the whole of it)."""
-    from quantopt.ir.dtype import Dtype
+    from quantopt.quant.dtype import Dtype
 
     b = GraphBuilder("mask")
     x = b.input("x", [1, 4, 8])
@@ -795,7 +795,7 @@ def test_mask_layers_export_exactly(bits: int) -> None:
 
 def test_cast_without_an_onnx_type_is_refused_naming_the_layer() -> None:
     """A Cast to uint32 makes an integer tensor no QDQ model carries: one line naming the layer and why."""
-    from quantopt.ir.dtype import Dtype
+    from quantopt.quant.dtype import Dtype
 
     b = GraphBuilder("u32")
     ids = b.input("ids", [1, 8], Dtype.INT32)

@@ -25,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import quantopt.ops  # noqa: E402,F401
 from quantopt.errors import UnsupportedError  # noqa: E402
 from quantopt.frontends.onnx import import_onnx  # noqa: E402
+from quantopt.ir.reader import read_ir  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "onnx_models"
 RTOL = 1e-4
@@ -120,9 +121,8 @@ def _check_qdq_export(name: str, qtxt: str, val) -> None:
     """The written quantized IR exported as ONNX QDQ: onnxruntime computes quantopt's integers (docs/onnx-export.md),
     Silero VAD's LSTM included. Samples are stacked on dim 0 of every input (its LSTM state two layers deep each)."""
     from quantopt.exporters.agreement import measure_agreement
-    from quantopt.graph.graph import QuantizeGraph
 
-    qgraph = QuantizeGraph.parse(qtxt)
+    qgraph = read_ir(qtxt)
     result = measure_agreement(qgraph, [np.concatenate([f[k] for f in val]) for k in val[0]])
     assert result.identical == 1.0 and result.max_steps == 0.0, f"{name}: {result}"
 

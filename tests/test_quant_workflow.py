@@ -16,10 +16,10 @@ from quantopt.config.layer_settings import OptConfig, settings_from_cfg
 from quantopt.config.reader import read_cfg
 from quantopt.errors import ConfigError
 from quantopt.graph.builder import GraphBuilder
-from quantopt.ir.dtype import Dtype
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
 from quantopt.pipeline import quantize_model
+from quantopt.quant.dtype import Dtype
 
 
 def small_model(seed: int = 0):

@@ -14,10 +14,10 @@ import quantopt.runner as runner
 from quantopt.analysis.similarity import to_quantized
 from quantopt.cli import main
 from quantopt.graph.builder import GraphBuilder
-from quantopt.ir.dtype import Dtype
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
 from quantopt.pipeline import quantize_model, run_quantized
+from quantopt.quant.dtype import Dtype
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits"

@@ -327,7 +327,7 @@ def test_similarity_statistics_and_svd_sums_are_identical_at_1_and_2_threads() -
     r = np.random.default_rng(6)
     a = torch.from_numpy(_f32(r, [4, 64, 64, 16], loc=0.3))
     b = a + torch.from_numpy(_f32(r, [4, 64, 64, 16], std=0.01))
-    svd_quant = importlib.import_module("quantopt.calibration.global_methods.svd_quant")
+    svd_quant = importlib.import_module("quantopt.tuning.global_methods.svd_quant")
 
     def sums() -> tuple:
         stats = TensorStatistics()

@@ -23,9 +23,9 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from ..calibration.inf_mask import mask_counts
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..passes.inf_mask import mask_counts
 from .similarity import LayerSimilarity
 
 COLLAPSE_COSINE = 0.9

@@ -18,14 +18,19 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..calibration.inf_mask import is_mask_tensor
 from ..calibration.statistics import INF_MASK_THRESHOLD
-from ..graph.float_layer import round_to_float_dtype
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
-from ..passes.inf_mask import is_mask_tensor
-from ..quant.params import dequantize, quantize
+from ..graph.values import to_float, to_quantized
+from ..quant.compare import cosine, mse
 from ..threads import one_thread
+
+__all__ = [  # cosine/mse and to_float/to_quantized are re-exported: the analysis's own vocabulary
+    "LayerSimilarity", "cosine", "layer_similarity", "mse", "to_float", "to_quantized", "worst_key",
+    "worst_layers_table",
+]
 
 
 @dataclass
@@ -43,45 +48,6 @@ class LayerSimilarity:
 
     def as_dict(self) -> Dict[str, object]:
         return asdict(self)
-
-
-def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Cosine similarity of two tensors as flat float64 vectors; two all-zero tensors count as identical. Summed on
-    one thread (`threads.one_thread`), so the value does not depend on the thread count."""
-    x = a.detach().reshape(-1).to(torch.float64)
-    y = b.detach().reshape(-1).to(torch.float64)
-    with one_thread():
-        nx, ny = float(x.norm()), float(y.norm())
-        if nx == 0.0 and ny == 0.0:
-            return 1.0
-        if nx == 0.0 or ny == 0.0:
-            return 0.0
-        return float(torch.dot(x, y) / (nx * ny))
-
-
-def mse(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Mean squared difference in float64, summed on one thread (`threads.one_thread`)."""
-    x = a.detach().reshape(-1).to(torch.float64)
-    y = b.detach().reshape(-1).to(torch.float64)
-    with one_thread():
-        return float(((x - y) ** 2).mean()) if x.numel() else 0.0
-
-
-def to_float(t: PyTensor) -> torch.Tensor:
-    """Dequantized values of a quantized tensor (integer tensors used as is)."""
-    if t.qinvariant or t.qmin is None:
-        return t.betensor.to(torch.float32)
-    return dequantize(t.betensor, t.scale, t.zerop)
-
-
-def to_quantized(x: torch.Tensor, like: PyTensor) -> torch.Tensor:
-    """Float values quantized with the params of the quantized tensor `like` (a float tensor of a float island:
-    the values rounded to its float type)."""
-    if like.qmin is None:
-        return round_to_float_dtype(x.to(torch.float32), like.dtype)
-    if like.qinvariant:
-        return torch.clamp(torch.round(x.to(torch.float64)), like.qmin, like.qmax).to(torch.int64)
-    return quantize(x, like.scale, like.zerop, like.qmin, like.qmax)
 
 
 def _flat64(x: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,8 @@ from ..errors import DataError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
-from ..passes.inf_mask import apply_inf_mask_ranges
 from ..quant.params import QuantMode
+from .inf_mask import apply_inf_mask_ranges
 from .statistics import StatisticsConfig, update_statistics
 from .strategies import apply_strategy, parse_strategy
 

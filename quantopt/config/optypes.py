@@ -1,7 +1,7 @@
 """Operator type names that cfg values may mention: per-layer selectors `[OpType,...]`, global_calibration scopes,
 unify_scales rules and the fake-quant operator list.
 
-The built-in names come from `graph/optype.py`, which imports nothing heavy, so a cfg is checked without torch.
+The built-in names come from `registry/optype.py`, which imports nothing heavy, so a cfg is checked without torch.
 Plugins may register more types, and they exist only once plugins are loaded, which imports the operators (and
 torch): that is done only for a name not known otherwise, so a correct cfg naming a plugin's type is accepted as
 before while every other cfg error is reported at once.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import List
 
-from ..graph.optype import OpType, OpTypeName
+from ..registry.optype import OpType, OpTypeName
 
 ACTIVATION_METHODS = frozenset({
     "RELU", "RELU6", "LEAKYRELU", "PRELU", "CLIP", "SIGMOID", "TANH", "HARDSWISH", "HARDSIGMOID", "ELU", "SELU",

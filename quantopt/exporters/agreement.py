@@ -15,10 +15,10 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from ..analysis.similarity import to_float
 from ..errors import DataError, UnsupportedError
 from ..graph.graph import PyGraph
 from ..graph.tensor import PyTensor
+from ..graph.values import to_float
 from .convert_layout import takes_float
 from .onnx_qdq import DEFAULT_SCALES, convert_graph, require_onnx
 from .qdq_graph import inverse, per_channel_scales, scalar

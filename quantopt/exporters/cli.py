@@ -35,12 +35,12 @@ def export_main(argv: List[str]) -> int:
     args = _parser().parse_args(argv)
     setup_console(None)
     try:
-        from ..graph.graph import QuantizeGraph
+        from ..ir.reader import read_ir
         from ..registry import discover_plugins
         from .onnx_qdq import export_onnx_qdq
 
         discover_plugins()
-        graph = QuantizeGraph.parse(args.model, args.bin)
+        graph = read_ir(args.model, args.bin)
         if not any(n.quantized for n in graph.nodes):
             raise UnsupportedError("this is a float IR; export a quantized IR written by quantopt",
                                    file=args.model)

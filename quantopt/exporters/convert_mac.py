@@ -25,9 +25,9 @@ import torch
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
-from ..ir.dtype import Dtype
 from ..ops._quant import effective_weights, fused_activation_bounds, tensor_scale
 from ..ops._shared import axis_param, bool_param
+from ..quant.dtype import Dtype
 from ..quant.rounding import FLOAT32_EXACT, FLOAT64_EXACT
 from . import convert_exact
 from .qdq_graph import QDQGraph, channels_first, converter, identity, node_error, requant_ratio

@@ -14,8 +14,8 @@ from typing import Any, List, Optional, Tuple
 
 from ..errors import ConfigError, IRError, UnsupportedError
 from ..graph.graph import PyGraph
-from ..ir.dtype import Dtype
 from ..log import OPT_WARN
+from ..quant.dtype import Dtype
 from ..version import __version__
 from . import (  # noqa: F401  (they fill CONVERTERS)
     convert_exact,

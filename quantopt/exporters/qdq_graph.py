@@ -22,8 +22,8 @@ import torch
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
-from ..ir.dtype import Dtype
 from ..ops._quant import requant_of
+from ..quant.dtype import Dtype
 
 Perm = Tuple[int, ...]
 

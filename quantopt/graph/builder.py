@@ -7,10 +7,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ..ir.dtype import Dtype
+from ..quant.dtype import Dtype
+from ..registry.optype import OpType, register_optype
 from .graph import PyGraph, QuantizeGraph
 from .node import PyNode
-from .optype import OpType, register_optype
 from .tensor import PyTensor
 
 ArrayLike = Union[np.ndarray, torch.Tensor, Sequence[float]]

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..ir.dtype import Dtype
+from ..quant.dtype import Dtype
 
 NARROW_FLOATS = {Dtype.FP16: torch.float16, Dtype.BFP16: torch.bfloat16}
 WEIGHT_ONLY_FLOAT_FORMATS = (Dtype.FP8_E4M3FN, Dtype.FP4_E2M1FN)

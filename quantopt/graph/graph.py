@@ -222,8 +222,3 @@ class QuantizeGraph(PyGraph):
         super().__init__(name)
         self.quantgraph: Optional[QuantizeGraph] = None
 
-    @classmethod
-    def parse(cls, txt_path: str, bin_path: Optional[str] = None) -> QuantizeGraph:
-        from ..ir.reader import read_ir
-
-        return read_ir(txt_path, bin_path, graph_cls=cls)

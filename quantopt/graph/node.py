@@ -7,9 +7,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..errors import IRError
+from ..registry.optype import OpTypeName
 from .batch import forward_batched
 from .float_layer import run_float_layer
-from .optype import OpTypeName
 from .tensor import PyTensor
 
 _MISSING = object()

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..ir.dtype import Dtype
+from ..quant.dtype import Dtype
 
 Number = Union[int, float]
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, List, Tuple
 
 import numpy as np
 
-from .dtype import Dtype, dtype_from_name
+from ..quant.dtype import Dtype, dtype_from_name
 
 _INT_RE = re.compile(r"^[+-]?\d+$")
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$|^[+-]?(inf|infinity|nan)$", re.IGNORECASE)

@@ -18,21 +18,23 @@ import torch
 from ..errors import IRError, UnsupportedError
 from ..graph.graph import PyGraph, QuantizeGraph
 from ..graph.node import PyNode
-from ..graph.optype import OpType, register_optype
 from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
-from .dtype import Dtype, decode_storage, dtype_from_name
-from .grammar import GrammarError, parse_names, parse_value
-from .known_keys import (
+from ..quant.dtype import Dtype, decode_storage, dtype_from_name
+from ..registry import load_builtin_operators
+from ..registry.known_keys import (
     INT_LIMIT,
     STRUCTURAL_KEYS,
     TOP_INFO_KEYS,
     is_builtin,
     is_known,
     known_keys,
+    param_problem,
+    schema_of,
     suggestion,
-    value_problem,
 )
+from ..registry.optype import OpType, register_optype
+from .grammar import GrammarError, parse_names, parse_value
 
 CONSTANT_SUFFIXES = ("_type", "_offset", "_size", "_shape")
 MAX_ELEMENTS = 2 ** 40
@@ -313,11 +315,12 @@ def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGra
             allow_unknown_keys: bool = False) -> PyGraph:
     """Parse a Compass IR. `bin_path` defaults to the header's `model_bin`, else `<txt stem>.bin`.
 
-    A layer key its operator type does not know (quantopt/ir/known_keys.py) is an error unless
+    A layer key its operator type does not know (quantopt/registry/known_keys.py) is an error unless
     `allow_unknown_keys` (the cfg field `allow_unknown_ir_keys`, `quantopt run --allow-unknown-ir-keys`)."""
     txt_path = str(txt_path)
     if not os.path.isfile(txt_path):
         raise IRError("graph file not found", file=txt_path)
+    load_builtin_operators()  # their declarations say which keys each type's layers may carry
     try:
         with open(txt_path, encoding="utf-8-sig") as f:
             text = f.read()
@@ -399,6 +402,10 @@ def _check_keys(sr: _SectionReader, optype: str, stems: List[str], allow_unknown
     known = known_keys(optype)
     if known is None:
         return
+    schema = schema_of(optype)
+    for key, param in schema.params if schema is not None else ():
+        if param.required and key not in sr.section:
+            raise sr.error(None, f"a {optype} layer needs parameter '{key}' ({param.describe()})")
     stem_of = {stem + x: stem for stem in stems for x in CONSTANT_SUFFIXES}
     for key in sr.section:
         name = stem_of.get(key, key)
@@ -461,7 +468,6 @@ def _read_layer(sec: OrderedDict[str, Line], path: str, bin_file: _BinFile, layo
     raw_params: Dict[str, str] = {}
     stem_first_line = {stem: min(sec[stem + s].number for s in CONSTANT_SUFFIXES) for stem in stems}
     stem_of = {stem + x: stem for stem in stems for x in CONSTANT_SUFFIXES}
-    builtin = is_builtin(str(optype))
     for key, ln in sec.items():
         if key in STRUCTURAL_KEYS:
             continue
@@ -475,7 +481,7 @@ def _read_layer(sec: OrderedDict[str, Line], path: str, bin_file: _BinFile, layo
             _apply_top_info(sr, node, key)
             continue
         value = sr.value(key)
-        problem = value_problem(key, value) if builtin else None
+        problem = param_problem(str(optype), key, value)
         if problem:
             raise sr.error(key, f"parameter '{key}': {problem}")
         node.params[key] = value

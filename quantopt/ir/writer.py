@@ -18,7 +18,7 @@ from ..errors import IRError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
-from .dtype import Dtype, encode_storage
+from ..quant.dtype import Dtype, encode_storage
 from .grammar import GrammarError, format_value, parse_value
 from .reader import TOP_INFO_KEYS
 

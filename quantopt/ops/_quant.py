@@ -16,8 +16,8 @@ from ..config.layer_settings import LayerSettings
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
-from ..ir.dtype import Dtype, int_dtype_for_bits
 from ..log import OPT_WARN
+from ..quant.dtype import Dtype, int_dtype_for_bits
 from ..quant.params import QuantMode, QuantParams, integer_range, linear_quant_params, quantize
 from ..quant.requant import (
     aiff_ahead_shift,

@@ -16,14 +16,14 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
-from ..ir.dtype import Dtype
+from ..quant.dtype import Dtype
 from ..quant.hardware import PRELU_SLOPE_SHIFT, SLOPE_ACC_BITS
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import quantize
 from ..quant.requant import range_dtype, requantize_int
 from ..quant.rounding import round_shift
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._lut_int import constants_first, int_input, is_restricted, range_bits
 from ._per_channel import is_per_channel
 from ._quant import (

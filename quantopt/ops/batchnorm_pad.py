@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..quant.hardware import BN_WEIGHT_BITS
 from ..quant.params import quantize
 from ..quant.rounding import int_to_float64
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._quant import (
     check_quantized_inputs,
     copy_params,

@@ -16,16 +16,16 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..graph.tensor import PyTensor
-from ..ir.dtype import Dtype
 from ..log import OPT_WARN
+from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS, INT_INPUT_MAX_BITS, WIDE_SHIFT_MAX
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import dequantize
 from ..quant.requant import eltwise_multipliers, range_dtype, scale_shift
 from ..quant.rounding import bit_length, round_shift
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._eltwise_int import check_int64_bound, offset_absmax, set_integer_output
 from ._lut_int import constants_first, is_restricted, range_bits
 from ._quant import (

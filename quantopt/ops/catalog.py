@@ -1,17 +1,17 @@
-"""Operator catalog: one short description per built-in operator type, next to its implementation.
+"""Operator catalog: docs/operators.md rendered from the operator declarations.
 
-Each op module calls `describe_op` at import time with the params it reads (as the Parser writes them), the
-dtypes it accepts and produces, and its integer method in one line; the full integer computation is in
-docs/integer-semantics.md and docs/semantics/. `render_operators_markdown` turns the catalog plus the registries
-(forward / quantize registered?) into docs/operators.md, and a test keeps that file current.
+Each operator module declares its types with `quantopt.registry.declare_op`: typed params and constants, the dtypes
+it accepts and produces, and its integer method in one line (the full integer computation is in
+docs/integer-semantics.md and docs/semantics/). `render_operators_markdown` turns the declarations plus the
+registries (forward / quantize registered?) into docs/operators.md, and a test keeps that file current.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Union
+from typing import Dict, Iterable, List, Optional, Union
 
-from ..graph.optype import OpType
-from ..registry import OP_FORWARD, OP_QUANTIZE
+from ..registry import ACTIVATION_DTYPES, OP_FORWARD, OP_QUANTIZE, OP_SPECS, PASSTHROUGH_DTYPES, OpSpec
+from ..registry.optype import OpType
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,8 @@ class OpDoc:
 
 OP_DOCS: Dict[str, OpDoc] = {}
 
-ACTIVATION_DTYPES = "float32 → int8/uint8 (8 bits) or int16/uint16 (16 bits)"
-PASSTHROUGH_DTYPES = "any; quantized output keeps the input's dtype, scale and zero point"
+__all__ = ["ACTIVATION_DTYPES", "PASSTHROUGH_DTYPES", "describe_op", "operator_doc", "render_operators_markdown",
+           "spec_params_text"]
 
 
 def describe_op(optypes: Union[str, Iterable[str]], *, params: str, integer: str,
@@ -43,9 +43,31 @@ def describe_op(optypes: Union[str, Iterable[str]], *, params: str, integer: str
         OP_DOCS[str(name)] = OpDoc(str(name), params, dtypes, integer, semantics)
 
 
+def operator_doc(name: str) -> Optional[OpDoc]:
+    """The documentation of operator type `name`: from its declaration, else from a `describe_op` entry."""
+    spec = OP_SPECS.get(str(name))
+    if spec is None:
+        return OP_DOCS.get(str(name))
+    return OpDoc(str(name), spec_params_text(spec), spec.dtypes, spec.integer, spec.semantics)
+
+
 def builtin_optypes_with_both() -> List[str]:
     """Operator types that have both a forward and a quantize registration."""
     return sorted(set(OP_FORWARD.keys()) & set(OP_QUANTIZE.keys()))
+
+
+def spec_params_text(spec: OpSpec) -> str:
+    """The Params cell of a declared operator: each key with its kind (quantized-only keys marked), the constants,
+    then the declaration's summary."""
+    plain = [f"{k} ({p.describe()})" for k, p in spec.schema.params if not p.quantized]
+    quant = [k for k, p in spec.schema.params if p.quantized]
+    parts = [", ".join(plain) if plain else "(none)"]
+    if spec.schema.constants:
+        parts.append("constants " + ", ".join(f"{k} ({d})" if d else k for k, d in spec.schema.constants))
+    if quant:
+        parts.append("written when quantized: " + ", ".join(quant))
+    text = "; ".join(parts)
+    return text + (". " + spec.summary if spec.summary else "")
 
 
 def _cell(text: str) -> str:
@@ -59,18 +81,18 @@ def render_operators_markdown() -> str:
     lines = [
         "# Operators",
         "",
-        "Generated from the operator registries and `quantopt/ops/catalog.py` by",
+        "Generated from the operator declarations (`declare_op` in each `quantopt/ops/` module) by",
         "`python -m quantopt.ops.catalog > docs/operators.md`; a test fails when this file is out of date.",
         "",
         f"{len(both)} operator types have both a float/integer forward and a quantize function.",
-        "Params are the layer keys as the Compass Parser writes them; the integer method links to its full",
-        "definition.",
+        "Params are the layer keys as the Compass Parser writes them, each with the kind the IR reader checks; the",
+        "integer method links to its full definition.",
         "",
         "| Operator | Forward | Quantize | Params | Dtypes | Integer method |",
         "|---|---|---|---|---|---|",
     ]
     for name in names:
-        doc = OP_DOCS.get(name)
+        doc = operator_doc(name)
         fwd = "yes" if name in OP_FORWARD.keys() else "no"
         qnt = "yes" if name in OP_QUANTIZE.keys() else "no"
         if doc is None:

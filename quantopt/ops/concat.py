@@ -7,11 +7,11 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..log import OPT_WARN
 from ..quant.hardware import FLT_EPSILON
 from ..quant.requant import requantize_int, scale_shift
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._eltwise_int import check_int64_bound, offset_absmax
 from ._per_channel import is_per_channel
 from ._quant import (

@@ -10,9 +10,9 @@ from typing import Any, List, Tuple
 import torch
 
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..quant.rounding import MAGIC_EXACT, int_to_float64
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
 from ._quant import (
     layer_settings,

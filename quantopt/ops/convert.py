@@ -11,9 +11,9 @@ import torch
 
 from ..graph.float_layer import round_to_float_dtype
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..quant.params import dequantize, quantize
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._quant import integer_output_bits, out_range, quantize_activation, set_qinvariant, tensor_scale, tensor_zp
 from .catalog import describe_op
 

@@ -17,14 +17,14 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..graph.tensor import PyTensor
-from ..ir.dtype import Dtype
+from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.requant import scale_shift
 from ..quant.rounding import round_shift
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._lut_int import is_restricted, range_bits
 from ._quant import (
     check_quantized_inputs,

@@ -10,9 +10,8 @@ import torch
 from ..config.layer_settings import LayerSettings
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
-from ..ir.dtype import Dtype
 from ..log import OPT_WARN
+from ..quant.dtype import Dtype
 from ..quant.hardware import ELTWISE_INPUT_MULTIPLIER_MAX
 from ..quant.requant import (
     eltwise_multipliers,
@@ -23,6 +22,7 @@ from ..quant.requant import (
 )
 from ..quant.rounding import FLOAT64_EXACT
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._eltwise_int import activation_clamp, check_int64_bound, offset_absmax, offset_value, set_integer_output
 from ._per_channel import is_per_channel
 from ._quant import (

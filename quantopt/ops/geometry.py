@@ -23,13 +23,13 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..graph.tensor import PyTensor
-from ..ir.dtype import Dtype
+from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS, INTERP_FRACTION_BITS
 from ..quant.requant import scale_shift
 from ..quant.rounding import round_shift
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._eltwise_int import check_int64_bound, offset_absmax
 from ._quant import (
     check_quantized_inputs,

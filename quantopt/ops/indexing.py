@@ -15,12 +15,12 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..graph.tensor import PyTensor
-from ..ir.dtype import Dtype, int_dtype_for_bits
+from ..quant.dtype import Dtype, int_dtype_for_bits
 from ..quant.params import QuantParams, integer_range
 from ..quant.rounding import round_shift
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._quant import (
     copy_params,
     int_value,

@@ -5,11 +5,11 @@ import torch
 
 from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..log import OPT_WARN
 from ..quant.hardware import INT_INPUT_MAX_BITS
 from ..quant.params import integer_range, quantize
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._quant import layer_settings, out_range, quantize_activation, set_qinvariant
 from .catalog import describe_op
 

@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from ..graph.node import PyNode
-from ..graph.optype import OpType
-from ..ir.dtype import Dtype
+from ..quant.dtype import Dtype
 from ..quant.requant import INT32_MAX, INT32_MIN
 from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._fc_order import OrderedWeights, linear_float32
 from ._quant import (
     FLOAT32_EXACT,

@@ -17,14 +17,14 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..graph.tensor import PyTensor
-from ..ir.dtype import Dtype
+from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS, AIFF_SHIFT_MAX, ITP_INPUT_BITS
 from ..quant.params import integer_range
 from ..quant.requant import scale_shift
 from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._quant import (
     FLOAT32_EXACT,
     check_fused_activation_quantizable,

@@ -17,14 +17,14 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
-from ..ir.dtype import Dtype
+from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.lut import lookup_lut
 from ..quant.params import QuantMode, integer_range, linear_quant_params, quantize
 from ..quant.requant import bias_quantize, range_dtype, requantize_int, scale_shift
 from ..quant.rounding import bit_length, div_round_half_even, round_shift
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ..threads import one_thread
 from ._lut_int import ceil_log2, int_input
 from ._quant import (

@@ -24,13 +24,13 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..quant.hardware import POOLING_SHIFT_MAX
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import linear_quant_params
 from ..quant.requant import requantize_int, scale_shift
 from ..quant.rounding import FLOAT64_EXACT, div_round_half_even, round_shift
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ..threads import one_thread
 from ._lut_int import range_bits
 from ._quant import (

@@ -17,15 +17,15 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..graph.tensor import PyTensor
-from ..ir.dtype import Dtype
+from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import QuantMode, integer_range, linear_quant_params
 from ..quant.requant import bias_quantize, fold_input_zero_point, range_dtype, scale_shift
 from ..quant.rounding import INT64_SAFE, round_shift
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._quant import (
     activation_mode,
     check_quantized_inputs,

@@ -15,12 +15,12 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
-from ..ir.dtype import Dtype
+from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS, WIDE_SHIFT_MAX
 from ..quant.requant import range_dtype, scale_shift
 from ..quant.rounding import bit_length, div_round_half_even, round_shift
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ..threads import one_thread
 from ._eltwise_int import check_int64_bound, offset_absmax, set_integer_output
 from ._quant import (

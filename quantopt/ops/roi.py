@@ -17,11 +17,11 @@ import torch
 
 from ..errors import DataError, UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.requant import scale_shift
 from ..quant.rounding import INT64_SAFE, round_shift
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._quant import check_quantized_inputs, copy_params, int_value, out_range, tensor_scale, tensor_zp
 from .catalog import describe_op
 

@@ -16,12 +16,13 @@ import torch
 from ..errors import UnsupportedError
 from ..graph.batch import batch_error, batch_rows
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..graph.tensor import PyTensor
-from ..ir.dtype import Dtype, dtype_from_name
+from ..quant.dtype import Dtype, dtype_from_name
 from ..quant.params import integer_range, linear_quant_params
 from ..quant.rounding import round_shift
-from ..registry import op_register, quant_register
+from ..registry import declare_op, op_register, quant_register
+from ..registry.optype import OpType
+from ..registry.schema import Ints, Param, Value
 from ._quant import (
     activation_mode,
     copy_params,
@@ -81,7 +82,14 @@ def _check_integer_input(node: PyNode, t: PyTensor, what: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ Transpose, Permute
-@op_register(OpType.Transpose)
+TRANSPOSE = declare_op(
+    ["Transpose", "Permute"],
+    params={"perm": Param(Ints(), "output axis i is input axis perm[i] (Permute: reversed axes when absent)"),
+            "scale": Param(Value(), "written by some Parser versions; not read")},
+    dtypes=PASSTHROUGH_DTYPES, integer="passthrough (data movement only)", semantics=f"{SEMANTICS}#transpose-permute")
+
+
+@TRANSPOSE.only("Transpose").forward
 def transpose_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     perm = self.get_param("perm")
@@ -91,7 +99,7 @@ def transpose_forward(self: PyNode) -> None:
     self.outputs[0].betensor = x.permute(*perm).contiguous()
 
 
-@op_register(OpType.Permute)
+@TRANSPOSE.only("Permute").forward
 def permute_forward(self: PyNode) -> None:
     """`perm` like Transpose; a missing or non-list `perm` reverses the axes (numpy's default)."""
     x = self.inputs[0].betensor
@@ -247,8 +255,8 @@ def strided_slice_forward(self: PyNode) -> None:
     _slice_forward(self, masks=True)
 
 
-@quant_register([OpType.Transpose, OpType.Permute, OpType.Reshape, OpType.Squeeze, OpType.Slice,
-                 OpType.StridedSlice, OpType.Split])
+@TRANSPOSE.quantize
+@quant_register([OpType.Reshape, OpType.Squeeze, OpType.Slice, OpType.StridedSlice, OpType.Split])
 def shape_only_quantize(self: PyNode) -> None:
     for out in self.outputs:
         copy_params(out, self.inputs[0])
@@ -457,8 +465,6 @@ def _store_cast_requant(node: PyNode, m: int, n: int, mdt: Dtype, sdt: Dtype) ->
 
 
 # ------------------------------------------------------------------------------------------------ catalog
-describe_op(["Transpose", "Permute"], params="perm (Permute: reversed axes when absent)", dtypes=PASSTHROUGH_DTYPES,
-            integer="passthrough (data movement only)", semantics=f"{SEMANTICS}#transpose-permute")
 describe_op("Reshape", params="shape (dim 0 follows the actual batch)", dtypes=PASSTHROUGH_DTYPES,
             integer="passthrough (data movement only)", semantics=f"{SEMANTICS}#reshape-squeeze")
 describe_op("Squeeze", params="axis (int or list; default: the size-1 dims of the IR shape)",

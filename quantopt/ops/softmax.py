@@ -15,11 +15,10 @@ from typing import Tuple
 
 import torch
 
+from ..calibration.inf_mask import SOFTMAX_MASK_PARAM, has_low_mask
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
-from ..ir.dtype import Dtype
-from ..passes.inf_mask import SOFTMAX_MASK_PARAM, has_low_mask
+from ..quant.dtype import Dtype
 from ..quant.hardware import (
     AIFF_MULTIPLIER_BITS,
     SOFTMAX_DIVIDEND_BITS,
@@ -34,6 +33,7 @@ from ..quant.params import QuantMode, dequantize, linear_quant_params
 from ..quant.requant import range_dtype, requantize_int, scale_shift
 from ..quant.rounding import bit_length, div_round_half_even
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._lut_int import ceil_log2, constants_first, int_input, range_bits
 from ._quant import (
     activation_mode,

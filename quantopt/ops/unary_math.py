@@ -18,12 +18,12 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.optype import OpType
-from ..ir.dtype import Dtype
+from ..quant.dtype import Dtype
 from ..quant.lut import build_lut, lookup_lut, lut_sample_points, lut_size
 from ..quant.params import dequantize
 from ..quant.requant import requantize_int
 from ..registry import op_register, quant_register
+from ..registry.optype import OpType
 from ._lut_int import constants_first, int_input, is_restricted, range_bits
 from ._quant import (
     copy_params,

@@ -11,9 +11,9 @@ from typing import Callable, List, Sequence, Tuple
 
 import torch
 
-from ..analysis.similarity import to_float, to_quantized
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..graph.values import to_float, to_quantized
 from ..log import OPT_INFO
 
 OVERRIDE_KEY = "forward_override"

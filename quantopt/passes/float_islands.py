@@ -26,11 +26,11 @@ from ..config.kinds_accuracy import FloatChoice, parse_trigger_float
 from ..graph.float_layer import round_to_float_dtype
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..graph.tensor import PyTensor
-from ..ir import minifloat
-from ..ir.dtype import Dtype
 from ..log import OPT_INFO
+from ..quant import minifloat
+from ..quant.dtype import Dtype
+from ..registry.optype import OpType
 
 FLOAT_DTYPES = {"float16": Dtype.FP16, "bfloat16": Dtype.BFP16, "float32": Dtype.FP32}
 FLOAT_WIDTH = {Dtype.FP16: 16, Dtype.BFP16: 16, Dtype.FP32: 32}

@@ -1,131 +1,16 @@
-"""Attention masks holding -inf or -FLT_MAX: found from the statistics, quantized so that masking survives.
-
-BERT-style models add a mask of 0 (keep) and -inf / -3.4e38 (drop) to the attention scores before Softmax. Taken as
-data, those values give the scores a scale of about 6e-8 and destroy attention. Here (docs/statistics-and-dump.md,
-"Masks with infinite values"):
-
-* the statistics leave values with |x| >= `INF_MASK_THRESHOLD` out and count them (calibration/statistics.py); a
-  tensor with such counts is a *mask tensor*, calibrated on its other values;
-* `apply_inf_mask_ranges`, right after local calibration, makes the integer code of a mask value reach the Softmax:
-  a mask value quantizes to the tensor's qmin (saturation), and the range of each mask tensor feeding a layer
-  whose output is a mask tensor is widened (only below) so that its qmin still lands on the output's qmin: below
-  `2 · (out.min - Σ max|other input|)` for Add / Eltwise ADD, `2 · out.min / max|other input|` for Mul / Eltwise
-  MUL, `out.min` for any other layer (Where, Reshape, Cast...). A mask tensor read by a Softmax keeps 1/64 of its
-  span below its calibrated minimum, so that only mask values reach qmin;
-* a Softmax whose input is a mask tensor is written with `mask_saturated_input=true`: its integer forward gives
-  the inputs equal to the input's qmin a zero exponential term (in rows holding any other code), so a masked
-  position gets probability 0 exactly, as in float (ops/softmax.py, docs/integer-semantics.md).
-
-Models without such values are untouched: nothing here changes a tensor without mask counts.
-
-`detect_inf_mask_nodes` is the cfg field `enable_pass_detect_inf_mask_nodes` (upstream's default, off): before the
-statistics, Constant layers' float values at or below -32767 (masks written as -1e9, -65504, -32768) become -FLT_MAX,
-so that the rules above treat them as mask values too.
+"""`enable_pass_detect_inf_mask_nodes` (upstream's default, off): before the statistics, Constant layers' float values
+at or below -32767 (masks written as -1e9, -65504, -32768) become -FLT_MAX, so that the mask rules of
+calibration/inf_mask.py treat them as mask values too (docs/statistics-and-dump.md, "Masks with infinite values").
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import List
 
 import torch
 
+from ..calibration.inf_mask import FLT_MAX, MASK_SOURCE_THRESHOLD
 from ..graph.graph import PyGraph
-from ..graph.node import PyNode
-from ..graph.tensor import PyTensor
-from ..log import OPT_INFO, OPT_WARN
-
-MASK_SOURCE_THRESHOLD = 32767.0
-"""`enable_pass_detect_inf_mask_nodes`: Constant values at or below -this are mask values (upstream's bound)."""
-
-FLT_MAX = float(torch.finfo(torch.float32).max)
-
-SOFTMAX_MASK_PARAM = "mask_saturated_input"
-"""Softmax IR key: true when inputs equal to the input's qmin are masked (zero exponential term)."""
-
-ADDITIVE = ("Add",)
-MULTIPLICATIVE = ("Mul",)
-SOFTMAX_CODE_MARGIN = 1.0 / 64
-"""Part of a Softmax-input mask tensor's span kept below its calibrated minimum, so data does not reach qmin."""
-
-
-def mask_counts(t: PyTensor) -> tuple:
-    """(values below -threshold, values above +threshold) left out of `t`'s statistics."""
-    st = t.stats
-    low = 0 if st.inf_mask_low is None else int(float(st.inf_mask_low))
-    high = 0 if st.inf_mask_high is None else int(float(st.inf_mask_high))
-    return low, high
-
-
-def is_mask_tensor(t: PyTensor) -> bool:
-    """Whether the statistics of `t` saw mask values (±inf or |x| >= INF_MASK_THRESHOLD)."""
-    return any(mask_counts(t))
-
-
-def has_low_mask(t: PyTensor) -> bool:
-    """Whether `t` holds negative mask values (what an attention mask adds)."""
-    return mask_counts(t)[0] > 0
-
-
-def _method(node: PyNode) -> str:
-    t = str(node.type)
-    if t == "Eltwise":
-        return str(node.params.get("method", "")).upper()
-    if t in ADDITIVE:
-        return "ADD"
-    if t in MULTIPLICATIVE:
-        return "MUL"
-    return t
-
-
-def _magnitude(t: PyTensor) -> float:
-    return max(abs(float(t.min or 0.0)), abs(float(t.max or 0.0)))
-
-
-def _required_min(node: PyNode, out: PyTensor, inp: PyTensor) -> Optional[float]:
-    """The calibrated minimum the mask input `inp` needs so that its qmin gives `out`'s qmin; None: no rule."""
-    others = [t for t in node.inputs if t is not inp]
-    method = _method(node)
-    if method == "ADD":
-        return 2.0 * (float(out.min) - sum(_magnitude(t) for t in others))
-    if method == "SUB":
-        return 2.0 * (float(out.min) - sum(_magnitude(t) for t in others)) if node.inputs[0] is inp else None
-    if method == "MUL":
-        scale = 1.0
-        for t in others:
-            scale *= max(_magnitude(t), 1e-6)
-        return 2.0 * float(out.min) / scale
-    return float(out.min)
-
-
-def apply_inf_mask_ranges(graph: PyGraph, log: bool = True) -> List[str]:
-    """Widen the calibrated ranges of mask tensors (module docstring); returns the names of the layers whose
-    outputs are mask tensors, logged as one warning line when `log`. Runs after local calibration."""
-    masked = [n for n in graph.nodes if any(is_mask_tensor(t) for t in n.outputs)]
-    if not masked:
-        return []
-    consumers: Dict[int, List[PyNode]] = {}
-    for n in graph.nodes:
-        for t in n.inputs:
-            consumers.setdefault(id(t), []).append(n)
-    for n in reversed(graph.nodes):
-        for out in n.outputs:
-            if not has_low_mask(out) or out.min is None:
-                continue
-            if any(str(c.type) == "Softmax" for c in consumers.get(id(out), [])):
-                span = float(out.max) - float(out.min)
-                out.min = min(float(out.min) - span * SOFTMAX_CODE_MARGIN, -span * SOFTMAX_CODE_MARGIN)
-            for inp in n.inputs:
-                if not has_low_mask(inp) or inp.min is None:
-                    continue
-                need = _required_min(n, out, inp)
-                if need is not None and need < float(inp.min):
-                    inp.min = need
-    names = [n.name for n in masked]
-    if log:
-        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-        OPT_WARN(f"inf mask detected: {len(names)} layer output(s) hold ±inf or |x| >= 1e30 (attention masks): "
-                 f"{shown}; their statistics leave those values out, they saturate to the integer minimum and the "
-                 "Softmax they reach gives them probability 0 (docs/statistics-and-dump.md)")
-    return names
+from ..log import OPT_INFO
 
 
 def detect_inf_mask_nodes(graph: PyGraph) -> List[str]:

@@ -30,9 +30,9 @@ import torch
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..graph.optype import OpType
 from ..graph.tensor import PyTensor
 from ..log import OPT_DEBUG, OPT_INFO
+from ..registry.optype import OpType
 
 FUSED_MULTIPLIER = "fused_multiplier"
 """MatMul IR key of a folded factor (read by ops/linear.py)."""

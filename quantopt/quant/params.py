@@ -17,7 +17,7 @@ from typing import Optional, Tuple, Union
 import numpy as np
 import torch
 
-from ..ir.dtype import Dtype, int_dtype_for_bits
+from .dtype import Dtype, int_dtype_for_bits
 from .hardware import FLT_EPSILON
 from .rounding import RoundMode, round_tensor
 

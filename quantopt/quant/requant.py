@@ -14,7 +14,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ..ir.dtype import Dtype
+from .dtype import Dtype
 from .hardware import (
     AIFF_MULTIPLIER_BITS,
     AIFF_MULTIPLIER_MAX,

@@ -43,7 +43,7 @@ def _restore_registries() -> Iterator[None]:
     afterwards, so that later tests (docs/operators.md lists every registered operator; progress and log output
     tests read stderr) see only what they set up themselves."""
     from quantopt import registry
-    from quantopt.graph.optype import OpType
+    from quantopt.registry.optype import OpType
 
     tables = (registry.OP_FORWARD, registry.OP_QUANTIZE, registry.DATASETS, registry.METRICS)
     saved = [({k: dict(v) for k, v in t.all.items()}, dict(t.active)) for t in tables]

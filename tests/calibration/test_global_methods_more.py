@@ -13,18 +13,18 @@ from conftest import shared_model_dir
 from global_helpers import RecordedLog
 
 from quantopt.calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
-from quantopt.calibration.global_methods import (
-    apply_global_calibration,
-    parse_global_calibration,
-    reconstruction_errors,
-    restore_float_constants,
-)
 from quantopt.config.layer_settings import LayerSettings
 from quantopt.errors import ConfigError
 from quantopt.graph.builder import GraphBuilder
 from quantopt.log import LOGGER
 from quantopt.pipeline import run_quantized
 from quantopt.quantizer import quantize_graph
+from quantopt.tuning.global_methods import (
+    apply_global_calibration,
+    parse_global_calibration,
+    reconstruction_errors,
+    restore_float_constants,
+)
 
 PER_TENSOR = "per_tensor_symmetric_restricted_range"
 PER_CHANNEL = "per_channel_symmetric_restricted_range"

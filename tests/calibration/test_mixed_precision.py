@@ -13,11 +13,11 @@ import torch
 
 from quantopt.analysis.similarity import cosine, to_float
 from quantopt.calibration.collect import collect_activation_statistics, collect_weight_statistics
-from quantopt.calibration.mixed_precision import candidate_layers, cut_point_search, per_layer_search
 from quantopt.cli import main
 from quantopt.config.kinds_accuracy import AutoSearch, AutoSearchKind
 from quantopt.config.layer_settings import LayerSettings
 from quantopt.graph.builder import GraphBuilder
+from quantopt.tuning.mixed_precision import candidate_layers, cut_point_search, per_layer_search
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_cli import example_cfg  # noqa: E402

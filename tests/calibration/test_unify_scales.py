@@ -12,11 +12,6 @@ import torch
 from conftest import shared_model_dir
 
 from quantopt.analysis.similarity import cosine, to_float
-from quantopt.calibration.unify_scales import (
-    UnifyRule,
-    parse_unify_rules,
-    unify_scales,
-)
 from quantopt.cli import main
 from quantopt.config.fields import FIELDS, UPSTREAM_FIELDS
 from quantopt.config.kinds import UnifyScalesKind
@@ -28,6 +23,11 @@ from quantopt.graph.builder import GraphBuilder
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
 from quantopt.pipeline import quantize_model
+from quantopt.tuning.unify_scales import (
+    UnifyRule,
+    parse_unify_rules,
+    unify_scales,
+)
 
 SHAPE = [1, 4, 4, 4]
 GEO = dict(kernel_x=1, kernel_y=1, stride_x=1, stride_y=1, pad_left=0, pad_right=0, pad_top=0, pad_bottom=0,

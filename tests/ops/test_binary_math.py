@@ -13,10 +13,10 @@ import quantopt.ops.binary_math  # noqa: F401  (registers the family even when i
 from quantopt.analysis.similarity import cosine
 from quantopt.errors import IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
-from quantopt.ir.dtype import Dtype
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
 from quantopt.pipeline import quantize_model, run_quantized
+from quantopt.quant.dtype import Dtype
 
 SHAPE = [1, 4, 5, 6]
 # (bits, q_mode_activation, lut_items_in_bits); 16-bit asymmetric becomes symmetric

@@ -14,10 +14,10 @@ import quantopt.ops.detection  # noqa: F401  (registers the ops)
 from quantopt.analysis.similarity import cosine
 from quantopt.errors import IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
-from quantopt.ir.dtype import Dtype
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
 from quantopt.pipeline import quantize_model, run_quantized
+from quantopt.quant.dtype import Dtype
 
 A, K, CN = 40, 4, 3  # anchors, score columns, classes (one background column)
 MAXB, MAXC, NMSB = 30, 3, 16

@@ -342,7 +342,7 @@ def _quantize_with_params(optype: str, params: Mapping[str, Any], consts: Mappin
 
 
 def test_example_sigmoid_lut() -> None:
-    from quantopt.ir.dtype import Dtype
+    from quantopt.quant.dtype import Dtype
 
     s = LayerSettings(q_mode_activation="per_tensor_symmetric_full_range")
     node = _quantize_with_params("Activation", {"method": "SIGMOID"}, {}, [1, 8],

@@ -14,10 +14,10 @@ from quantopt.analysis.similarity import cosine
 from quantopt.config.layer_settings import LayerSettings
 from quantopt.errors import QuantOptError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
-from quantopt.ir.dtype import Dtype
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
 from quantopt.pipeline import quantize_model, run_quantized
+from quantopt.quant.dtype import Dtype
 from quantopt.quant.rounding import round_shift
 
 AMODES = ["per_tensor_symmetric_full_range", "per_tensor_symmetric_restricted_range", "per_tensor_asymmetric"]

@@ -13,10 +13,10 @@ from test_pooling import _out_size
 from quantopt.analysis.similarity import cosine
 from quantopt.errors import UnsupportedError
 from quantopt.graph.builder import GraphBuilder
-from quantopt.ir.dtype import Dtype
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
 from quantopt.pipeline import quantize_model, run_quantized
+from quantopt.quant.dtype import Dtype
 
 # (activation mode, bits); 16-bit activations are always symmetric
 ACT_MODES = [

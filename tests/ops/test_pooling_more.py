@@ -16,10 +16,10 @@ from test_pooling import _out_size
 from quantopt.analysis.similarity import cosine
 from quantopt.errors import IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
-from quantopt.ir.dtype import Dtype
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
 from quantopt.pipeline import quantize_model, run_quantized
+from quantopt.quant.dtype import Dtype
 
 MODES = [(8, "per_tensor_symmetric_full_range"), (8, "per_tensor_asymmetric"), (16, "per_tensor_symmetric_full_range")]
 

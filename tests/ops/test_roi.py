@@ -14,10 +14,10 @@ import torch
 from quantopt.analysis.similarity import cosine
 from quantopt.errors import DataError, IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
-from quantopt.ir.dtype import Dtype
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
 from quantopt.pipeline import quantize_model, run_quantized
+from quantopt.quant.dtype import Dtype
 
 F_BITS = 16
 ONE = 1 << F_BITS

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from quantopt.ir.dtype import Dtype
+from quantopt.quant.dtype import Dtype
 from quantopt.quant.params import QuantMode, dequantize, integer_range, linear_quant_params, quantize
 from quantopt.quant.rounding import RoundMode, round_by_mode, round_half_away, round_half_even
 

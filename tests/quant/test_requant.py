@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from quantopt.ir.dtype import Dtype
+from quantopt.quant.dtype import Dtype
 from quantopt.quant.hardware import AIFF_MULTIPLIER_MAX
 from quantopt.quant.params import linear_quant_params
 from quantopt.quant.requant import (

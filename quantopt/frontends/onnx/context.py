@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ...graph.builder import GraphBuilder
-from ...ir.dtype import Dtype
+from ...quant.dtype import Dtype
 from . import views
 from .simplify import OGraph, ONode
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ...ir.dtype import Dtype
+from ...quant.dtype import Dtype
 from .context import Context, ConvertError, Perm, inverse, ir_dtype, is_identity, nhwc
 from .pattern import FUSED_DOMAIN, new_const
 from .simplify import ONode

@@ -18,6 +18,8 @@ import difflib
 import math
 from typing import Any, Dict, FrozenSet, Iterable, Optional, Set, Tuple
 
+from .schema import ParamSchema
+
 STRUCTURAL_KEYS = ("layer_id", "layer_name", "layer_type", "layer_bottom", "layer_bottom_shape", "layer_bottom_type",
                    "layer_top", "layer_top_shape", "layer_top_type")
 TOP_INFO_KEYS = ("layer_top_range", "layer_top_scale", "layer_top_zp")
@@ -290,6 +292,21 @@ for _types, _keys in _TABLE:
     for _t in _types.split():
         _BUILTIN[_t] = _BUILTIN.get(_t, frozenset()) | frozenset(_keys.split())
 _DECLARED: Dict[str, Set[str]] = {}
+_SCHEMAS: Dict[str, ParamSchema] = {}
+_BUILTIN_SCHEMAS: Set[str] = set()
+
+
+def declare_schema(optype: str, schema: ParamSchema, builtin: bool) -> None:
+    """The typed keys of `optype` from its operator declaration (`quantopt.registry.declare_op`); they replace
+    the table entry of a built-in type."""
+    _SCHEMAS[str(optype)] = schema
+    if builtin:
+        _BUILTIN_SCHEMAS.add(str(optype))
+
+
+def schema_of(optype: str) -> Optional[ParamSchema]:
+    """The declared schema of `optype`, if any."""
+    return _SCHEMAS.get(str(optype))
 
 
 def builtin_table() -> Dict[str, FrozenSet[str]]:
@@ -311,6 +328,9 @@ def known_keys(optype: str) -> Optional[FrozenSet[str]]:
     """The keys a layer of `optype` may carry besides the common ones; None when the type declares none (then
     its layers are not checked)."""
     name = str(optype)
+    schema = _SCHEMAS.get(name)
+    if schema is not None:
+        return schema.keys() | frozenset(_DECLARED.get(name, ()))
     if name not in _BUILTIN and name not in _DECLARED:
         return None
     return _BUILTIN.get(name, frozenset()) | frozenset(_DECLARED.get(name, ()))
@@ -338,6 +358,15 @@ def _has_nan(v: Any) -> bool:
     return isinstance(v, list) and any(_has_nan(x) for x in v)
 
 
+def param_problem(optype: str, key: str, value: Any) -> Optional[str]:
+    """Why `value` cannot be the value of `key` on a layer of `optype` (None when it can): the declared kind of a
+    declared type, else the table's rules for built-in types (plugin types without a schema are not checked)."""
+    schema = _SCHEMAS.get(str(optype))
+    if schema is not None:
+        return schema.problem(key, value)
+    return value_problem(key, value) if str(optype) in _BUILTIN else None
+
+
 def value_problem(key: str, value: Any) -> Optional[str]:
     """Why `value` cannot be the value of parameter `key` of a built-in type (None when it can): NaN anywhere,
     a geometry size that is not a non-negative integer below 2^31, a shape, perm or axis that is not integers.
@@ -358,7 +387,7 @@ def value_problem(key: str, value: Any) -> Optional[str]:
 
 def is_builtin(optype: str) -> bool:
     """Whether quantopt's own table describes `optype` (value checks apply to built-in types only)."""
-    return str(optype) in _BUILTIN
+    return str(optype) in _BUILTIN or str(optype) in _BUILTIN_SCHEMAS
 
 
 def suggestion(key: str, known: FrozenSet[str]) -> str:

@@ -13,6 +13,7 @@ blamed on quantopt. Built-ins are handed out as they are: their exceptions are q
 from __future__ import annotations
 
 import abc
+import dataclasses
 import enum
 import functools
 import importlib.util
@@ -23,13 +24,14 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
-from .errors import PluginError, QuantOptError
-from .graph.optype import OpType, OpTypeName
-from .ir.known_keys import declare_keys
-from .log import OPT_DEBUG, OPT_WARN
+from ..errors import PluginError, QuantOptError
+from ..log import OPT_DEBUG, OPT_WARN
+from .known_keys import declare_keys, declare_schema
+from .optype import OpType, OpTypeName, register_optype
+from .schema import Kind, Param, ParamSchema
 
 PLUGIN_PREFIX = "aipubt_"
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class PluginType(enum.Enum):
@@ -111,6 +113,7 @@ class VersionedRegistry:
 
 OP_FORWARD = VersionedRegistry("forward of operator")
 OP_QUANTIZE = VersionedRegistry("quantize of operator")
+OP_EXPORT = VersionedRegistry("ONNX export of operator")
 DATASETS = VersionedRegistry("dataset plugin")
 METRICS = VersionedRegistry("metric plugin")
 
@@ -153,6 +156,100 @@ def quant_register(optype_or_list: Union[str, Iterable[str]], version: Union[str
             OP_QUANTIZE.register(str(t), fn, version, _caller_file(fn))
         return fn
     return decorator
+
+
+ACTIVATION_DTYPES = "float32 → int8/uint8 (8 bits) or int16/uint16 (16 bits)"
+PASSTHROUGH_DTYPES = "any; quantized output keeps the input's dtype, scale and zero point"
+
+
+@dataclass
+class OpSpec:
+    """One operator declaration: the types it covers, their typed layer keys, what the docs say of them, and the
+    functions attached to it with its decorators (`forward`, `quantize`, `export`)."""
+    optypes: Tuple[str, ...]
+    schema: ParamSchema
+    dtypes: str
+    integer: str
+    semantics: str
+    summary: str
+    version: str
+    source: str
+
+    def only(self, *optypes: str) -> OpSpec:
+        """The same declaration restricted to some of its types, for a function that serves only those
+        (`@SPEC.only("Permute").forward`)."""
+        unknown = [str(t) for t in optypes if str(t) not in self.optypes]
+        if unknown or not optypes:
+            raise PluginError(f"OpSpec.only: {unknown or 'no type'} not among {list(self.optypes)}")
+        return dataclasses.replace(self, optypes=tuple(str(t) for t in optypes))
+
+    def forward(self, fn: Callable) -> Callable:
+        """Decorator: `fn(node)` computes the outputs (float, or integer when `node.quantized`)."""
+        return op_register(self.optypes, self.version)(fn)
+
+    def quantize(self, fn: Callable) -> Callable:
+        """Decorator: `fn(node)` chooses the quantization parameters and quantizes the constants."""
+        return quant_register(self.optypes, self.version)(fn)
+
+    def export(self, fn: Callable) -> Callable:
+        """Decorator: `fn(g, node)` writes the quantized layer into the ONNX QDQ graph `g` under construction
+        (docs/onnx-export.md, "Operators of plugins"); it replaces the exporter's own mapping of the type."""
+        for t in self.optypes:
+            OP_EXPORT.register(t, fn, self.version, _caller_file(fn))
+        return fn
+
+
+OP_SPECS: Dict[str, OpSpec] = {}
+"""optype -> its declaration (the last declaration of a type wins, as its registrations' versions decide)."""
+
+
+def declare_op(optypes: Union[str, Iterable[str]], *, params: Optional[Dict[str, Union[Param, Kind]]] = None,
+               constants: Optional[Dict[str, str]] = None, integer: str, dtypes: str = ACTIVATION_DTYPES,
+               semantics: str = "docs/integer-semantics.md", summary: str = "",
+               version: Union[str, int, float] = "1.0") -> OpSpec:
+    """Declare one operator (or a family sharing one implementation): its typed layer keys, which the IR reader
+    checks (any other key, or a value of another kind, is an IR error naming the line), its constants, and its
+    documentation; attach the functions with the returned spec's decorators. A type name quantopt does not know
+    is registered as a new operator type. docs/plugins.md shows a complete operator written this way."""
+    names = [optypes] if isinstance(optypes, str) else [str(t) for t in optypes]
+    if not names:
+        raise PluginError("declare_op: no operator type given")
+    for name in names:
+        if name not in OpType:
+            register_optype(name)
+    items: List[Tuple[str, Param]] = []
+    for key, p in (params or {}).items():
+        if isinstance(p, Kind):
+            p = Param(p)
+        if not isinstance(p, Param):
+            raise PluginError(f"declare_op({names[0]}): parameter '{key}' must be a Param or a kind such as "
+                              f"Int(), got {p!r}")
+        items.append((str(key), p))
+    frame = inspect.currentframe()
+    source = frame.f_back.f_code.co_filename if frame is not None and frame.f_back is not None else "?"
+    spec = OpSpec(tuple(names), ParamSchema(tuple(items), tuple((constants or {}).items())), dtypes, integer,
+                  semantics, summary, str(version), source)
+    for name in names:
+        OP_SPECS[name] = spec
+        declare_schema(name, spec.schema, builtin=_is_builtin(source))
+    return spec
+
+
+def export_function(optype: str) -> Optional[Callable]:
+    """The ONNX export function declared with an operator (`OpSpec.export`), or None (the exporter's own)."""
+    reg = OP_EXPORT.get(str(optype))
+    return None if reg is None else reg.obj
+
+
+BUILTIN_OPERATORS = "quantopt.ops"
+"""The package of the built-in operators. Discovery loads it by name, as it loads plugin folders by path: the
+registry sits below the operators (docs/architecture.md, "Layers") and depends on none of them."""
+
+
+def load_builtin_operators() -> None:
+    """Import the built-in operator package (once): its declarations fill the registries and the key schemas the
+    IR reader checks. Loaded by name, not imported: the registry sits below the operators."""
+    importlib.import_module(BUILTIN_OPERATORS)
 
 
 def register_op_keys(optype_or_list: Union[str, Iterable[str]], keys: Iterable[str]) -> None:
@@ -409,7 +506,7 @@ def discover_plugins(force: bool = False) -> List[PluginLoad]:
     global _discovered
     if _discovered and not force:
         return list(LOADED)
-    import quantopt.ops  # noqa: F401  (registers the built-in operators)
+    load_builtin_operators()
 
     results = load_plugin_dir(builtin_plugin_dir())
     for folder in plugin_search_dirs():

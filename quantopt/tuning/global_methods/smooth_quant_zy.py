@@ -28,10 +28,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ...analysis.similarity import to_float, to_quantized
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
 from ...graph.tensor import PyTensor
+from ...graph.values import to_float, to_quantized
 from ...log import OPT_INFO
 from ...ops._quant import copy_params
 from ...progress import progress

@@ -22,13 +22,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from ..calibration.collect import calibrate_graph
 from ..config.kinds_accuracy import AutoSearch
 from ..config.layer_settings import LayerSettings
 from ..graph.graph import QuantizeGraph
 from ..log import OPT_INFO, OPT_WARN
 from ..progress import progress
 from ..quantizer import quantize_graph
-from .collect import calibrate_graph
 
 PROMOTIONS: Dict[str, Dict[str, Any]] = {
     "16bit": {"q_bits_activation": 16, "q_bits_weight": 16, "q_bits_bias": 48, "lut_items_in_bits": 10},

@@ -8,19 +8,20 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
-from ...analysis.similarity import cosine, to_float, to_quantized
+from ...calibration.collect import weight_constants
+from ...calibration.statistics import StatisticsConfig, update_statistics
+from ...calibration.strategies import apply_strategy, parse_strategy
 from ...config.layer_settings import LayerSettings
 from ...errors import QuantOptError
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
 from ...graph.tensor import PyTensor, TensorStatistics
+from ...graph.values import to_float, to_quantized
 from ...ops._quant import activation_mode, is_signed
+from ...quant.compare import cosine
 from ...quant.params import QuantMode, dequantize, linear_quant_params, quantize
 from ...quantizer import quantize_graph
 from ...threads import one_thread
-from ..collect import weight_constants
-from ..statistics import StatisticsConfig, update_statistics
-from ..strategies import apply_strategy, parse_strategy
 from .spec import GlobalMethodSpec
 
 MAC_TYPES = ("Convolution", "DepthwiseConv", "FullyConnected", "Convolution3D")
