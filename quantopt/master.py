@@ -20,7 +20,6 @@ from .analysis.similarity import (
     worst_layers_table,
 )
 from .analysis.template import build_template, write_template
-from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
 from .calibration.statistic_file import load_statistics, save_statistics, statistic_file_name
 from .config.layer_settings import OptConfig
 from .config.reader import Config
@@ -32,19 +31,16 @@ from .graph.tensor import PyTensor
 from .ir.writer import atomic_write, write_ir
 from .log import OPT_INFO, OPT_WARN, StepTimer, attach_file, detach_file, error_to_file, warning_count
 from .passes.fake_quant import apply_fake_quant
-from .passes.inf_mask import detect_inf_mask_nodes
-from .passes.merge_matmul_mul import merge_matmul_mul
+from .pipeline import calibrate, collect_statistics, finish_settings, graph_passes, quantize_calibrated
 from .progress import progress
-from .quantizer import assign_settings, check_quantizable, quantize_graph
+from .quantizer import assign_settings, check_quantizable
 from .registry import OP_FORWARD, OptBaseMetric
 from .tuning.global_methods import (
     METHODS,
-    apply_global_calibration,
     parse_global_calibration,
-    restore_float_constants,
 )
 from .tuning.mixed_precision import SearchResult, per_layer_search
-from .tuning.unify_scales import unify_scales_from_cfg
+from .tuning.unify_scales import unify_rules_from_cfg
 
 
 def io_params(t: PyTensor, role: str) -> Dict[str, Any]:
@@ -168,9 +164,8 @@ class OptMaster:
         return n if limit is None else min(n, limit)
 
     def statistics(self) -> None:
-        collect_weight_statistics(self.graph)
-        count = collect_activation_statistics(self.graph, progress(self.calibration_batches(), "statistics",
-                                                                   total=self.calibration_batch_count()))
+        count = collect_statistics(self.graph, progress(self.calibration_batches(), "statistics",
+                                                        total=self.calibration_batch_count()))
         OPT_INFO(f"statistics collected over {count} calibration batch(es)")
 
     def search_scorer(self) -> Tuple[Callable[[PyGraph], float], float]:
@@ -197,7 +192,7 @@ class OptMaster:
         return score, score(self.graph, quantized=False)
 
     def mixed_precision_search(self) -> None:
-        """Per-layer mixed-precision search on the first metric (calibration/mixed_precision.py); the chosen
+        """Per-layer mixed-precision search on the first metric (tuning/mixed_precision.py); the chosen
         settings stay on the layers, so the JSON template records them."""
         auto = self.cfg.mixed_precision_auto_search
         score, float_score = self.search_scorer()
@@ -206,23 +201,17 @@ class OptMaster:
         self.search_result = per_layer_search(self.graph, score, float_score, auto)
 
     def quantize(self) -> QuantizeGraph:
-        """Local calibration, the global methods (which may adjust ranges, weights and biases of the float graph
-        for quantization only: the float constants are restored right after), then quantization."""
-        calibrate_graph(self.graph)
-        unify_scales_from_cfg(self.graph, self.cfg)
+        """Local calibration and scale unification, the global methods (which may adjust ranges, weights and biases
+        of the float graph for quantization only: the float constants are restored right after), then
+        quantization (pipeline.calibrate, pipeline.quantize_calibrated)."""
+        calibrate(self.graph, unify_rules_from_cfg(self.cfg))
         specs = parse_global_calibration(self.cfg.global_calibration)
-        if not specs:
-            return quantize_graph(self.graph)
-        if self.calibration_loader is None:
+        if specs and self.calibration_loader is None:
             raise ConfigError("global_calibration needs calibration_data (it measures the layers on real batches)",
                               field="global_calibration")
         limit = max((s.param("batches") for s in specs if "batches" in METHODS[s.name].params), default=1)
-        with self.timer.step("global calibration"):
-            apply_global_calibration(self.graph, specs, list(self.calibration_batches(int(limit))))
-        try:
-            return quantize_graph(self.graph)
-        finally:
-            restore_float_constants(self.graph)
+        return quantize_calibrated(self.graph, specs, lambda: list(self.calibration_batches(int(limit))),
+                                   self.timer.step)
 
     def quant_forward_check(self, qgraph: QuantizeGraph) -> None:
         """All-zero inputs through the integer graph: shapes as in the IR, every value inside its integer range."""
@@ -305,14 +294,14 @@ class OptMaster:
             self.zero_forward_check()
         if self.cfg.enable_pass_merge_matmul_mul:
             with self.timer.step("graph passes"):
-                merge_matmul_mul(self.graph)
+                graph_passes(self.graph, merge_matmul_mul_pass=True)
         with self.timer.step("check quantize functions"):
             check_quantizable(self.graph)
         with self.timer.step("layer settings"):
             opt_config = OptConfig.load(self.cfg.opt_config, [n.name for n in self.graph.nodes]) \
                 if self.cfg.opt_config else None
             assign_settings(self.graph, self.cfg, opt_config)
-            detect_inf_mask_nodes(self.graph)
+            finish_settings(self.graph)
         with self.timer.step("statistics"):
             if self.cfg.statistic_file:
                 count = load_statistics(self.graph, self.cfg.statistic_file)

@@ -1,9 +1,15 @@
-"""Calibrate-and-quantize in one call, for Python users, tests and benchmarks (the CLI goes through OptMaster,
-which runs the same steps with logging, data plugins and outputs)."""
+"""The calibrate-and-quantize workflow as one sequence of steps, shared by `quantopt --cfg` and the Python API.
+
+`OptMaster` (master.py) runs these steps in this order, timing and logging each, with the cfg's data plugins, checks
+and output files around them; `quantize_model` runs the same steps on in-memory batches for Python users, tests and
+benchmarks. A step takes the graph (and what it needs) and leaves its result on the graph's layers and tensors:
+settings, statistics, ranges (docs/architecture.md, "The flow").
+"""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -15,9 +21,76 @@ from .passes.inf_mask import detect_inf_mask_nodes
 from .passes.merge_matmul_mul import merge_matmul_mul
 from .passes.per_channel_fallback import fall_back_to_per_tensor
 from .quantizer import quantize_graph
-from .tuning.unify_scales import RuleSource, unify_scales
+from .tuning.unify_scales import RuleSource, UnifyReport, unify_scales
 
 Batch = Union[torch.Tensor, Sequence[torch.Tensor]]
+StepTimer = Callable[[str], ContextManager[Any]]
+
+
+def _untimed(_name: str) -> ContextManager[Any]:
+    return nullcontext()
+
+
+def graph_passes(graph: QuantizeGraph, merge_matmul_mul_pass: bool = True) -> None:
+    """Float graph rewrites before settings and statistics (upstream's stage 1): `enable_pass_merge_matmul_mul`
+    folds constant factors after MatMuls into them (passes/merge_matmul_mul.py)."""
+    if merge_matmul_mul_pass:
+        merge_matmul_mul(graph)
+
+
+def settings_from_arguments(graph: QuantizeGraph, settings: Union[None, LayerSettings, Mapping[str, Any]] = None,
+                            per_layer: Optional[Mapping[str, Mapping[str, Any]]] = None) -> None:
+    """Every layer's LayerSettings from Python values (the library's form of `quantizer.assign_settings`)."""
+    base = settings if isinstance(settings, LayerSettings) else LayerSettings(**dict(settings or {}))
+    for n in graph.nodes:
+        own = dict((per_layer or {}).get(n.name, {}))
+        n.settings = with_operator_defaults(dataclasses.replace(base, **own, explicit=base.explicit | frozenset(own)),
+                                            n)
+        check_settings(n.settings, n)
+
+
+def finish_settings(graph: QuantizeGraph) -> List[Tuple[str, str]]:
+    """After the settings are assigned, before the statistics: per-channel activations that no reader could take
+    fall back to per-tensor (passes/per_channel_fallback.py), and Constant mask values become -FLT_MAX where
+    `enable_pass_detect_inf_mask_nodes` asks for it (passes/inf_mask.py). Returns the fallen-back layers."""
+    fallen = fall_back_to_per_tensor(graph)
+    detect_inf_mask_nodes(graph)
+    return fallen
+
+
+def collect_statistics(graph: PyGraph, batches: Iterable[Sequence[torch.Tensor]]) -> int:
+    """Weight statistics, then one forward per calibration batch folded into the activation statistics; returns the
+    number of batches."""
+    collect_weight_statistics(graph)
+    return collect_activation_statistics(graph, batches)
+
+
+def calibrate(graph: PyGraph, unify: Sequence[RuleSource] = ()) -> UnifyReport:
+    """Local calibration (each tensor's range from its statistics and strategy), then each scale unification in
+    `unify`, in order (tuning/unify_scales.py)."""
+    calibrate_graph(graph)
+    report = UnifyReport()
+    for rules in unify:
+        if rules:
+            report.extend(unify_scales(graph, rules))
+    return report
+
+
+def quantize_calibrated(graph: QuantizeGraph, global_calibration: Any = None,
+                        batches: Callable[[], Sequence[Batch]] = list, step: StepTimer = _untimed) -> QuantizeGraph:
+    """The quantized copy of a calibrated graph. With `global_calibration` methods (the cfg field's text or parsed
+    specs), they first adjust ranges and the float constants on `batches()` for quantization only; the float
+    constants are put back once the copy exists, so `graph` stays the float reference."""
+    if not global_calibration:
+        return quantize_graph(graph)
+    from .tuning.global_methods import apply_global_calibration, restore_float_constants
+
+    with step("global calibration"):
+        apply_global_calibration(graph, global_calibration, batches())
+    try:
+        return quantize_graph(graph)
+    finally:
+        restore_float_constants(graph)
 
 
 def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
@@ -25,7 +98,7 @@ def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
                    per_layer: Optional[Mapping[str, Mapping[str, Any]]] = None,
                    unify: RuleSource = None, global_calibration: Optional[str] = None,
                    merge_matmul_mul_pass: bool = True) -> QuantizeGraph:
-    """Quantized copy of `graph` calibrated on `calibration` batches.
+    """Quantized copy of `graph` calibrated on `calibration` batches: the steps above in `quantopt --cfg`'s order.
 
     `settings`: a LayerSettings or a dict of its fields for every layer (default: the cfg defaults);
     `per_layer`: layer name -> dict of fields overriding `settings` for that layer;
@@ -36,31 +109,13 @@ def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
     `merge_matmul_mul_pass`: the cfg field `enable_pass_merge_matmul_mul` (upstream's default, on): constant factors
     after MatMuls are folded into them first, which rewrites `graph` itself (passes/merge_matmul_mul.py).
     """
-    if merge_matmul_mul_pass:
-        merge_matmul_mul(graph)
-    base = settings if isinstance(settings, LayerSettings) else LayerSettings(**dict(settings or {}))
-    for n in graph.nodes:
-        own = dict((per_layer or {}).get(n.name, {}))
-        n.settings = with_operator_defaults(dataclasses.replace(base, **own, explicit=base.explicit | frozenset(own)),
-                                            n)
-        check_settings(n.settings, n)
-    fall_back_to_per_tensor(graph)
-    detect_inf_mask_nodes(graph)
-    collect_weight_statistics(graph)
+    graph_passes(graph, merge_matmul_mul_pass)
+    settings_from_arguments(graph, settings, per_layer)
+    finish_settings(graph)
     batches = [[b] if isinstance(b, torch.Tensor) else list(b) for b in calibration]
-    collect_activation_statistics(graph, batches)
-    calibrate_graph(graph)
-    if unify:
-        unify_scales(graph, unify)
-    if not global_calibration:
-        return quantize_graph(graph)
-    from .tuning.global_methods import apply_global_calibration, restore_float_constants
-
-    apply_global_calibration(graph, global_calibration, batches)
-    try:
-        return quantize_graph(graph)
-    finally:
-        restore_float_constants(graph)
+    collect_statistics(graph, batches)
+    calibrate(graph, [unify] if unify else [])
+    return quantize_calibrated(graph, global_calibration, lambda: batches)
 
 
 def run_quantized(qgraph: PyGraph, inputs: Batch) -> list:

@@ -9,7 +9,6 @@ from .errors import UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
 from .ops._per_channel import check_per_channel_inputs, is_per_channel
 from .passes.float_islands import float_choices, insert_boundary_layers, make_float_layer
-from .passes.per_channel_fallback import fall_back_to_per_tensor
 from .registry import OP_QUANTIZE
 
 FLOAT_IR_HEADER_KEYS = ("precision", "compat_quantized_model")
@@ -17,13 +16,12 @@ FLOAT_IR_HEADER_KEYS = ("precision", "compat_quantized_model")
 
 
 def assign_settings(graph: PyGraph, cfg: Any, opt_config: Optional[OptConfig] = None) -> None:
-    """Resolve every layer's LayerSettings from the cfg, then the opt_config JSON (highest priority); per-channel
-    activations that no reader could take fall back to per-tensor (passes/per_channel_fallback.py)."""
+    """Resolve every layer's LayerSettings from the cfg, then the opt_config JSON (highest priority); the workflow
+    then finishes them (`pipeline.finish_settings`)."""
     for n in graph.nodes:
         n.settings = settings_from_cfg(cfg, n)
         if opt_config is not None:
             n.settings = opt_config.apply(n.settings, n)
-    fall_back_to_per_tensor(graph)
 
 
 def check_quantizable(graph: PyGraph) -> None:

@@ -202,8 +202,8 @@ def test_public_api_resolves_lazily():
 def test_calibration_grammar_is_shared_with_the_calibration_modules():
     """The torch-free grammar is the one the calibration code applies (re-exported, not copied)."""
     from quantopt.calibration import statistics, strategies
-    from quantopt.tuning import unify_scales
     from quantopt.config import calibration_values, global_calibration
+    from quantopt.tuning import unify_scales
     from quantopt.tuning.global_methods import spec
 
     assert strategies.parse_strategy is calibration_values.parse_strategy

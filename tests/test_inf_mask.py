@@ -1,4 +1,5 @@
-"""Attention masks of -inf / -FLT_MAX (passes/inf_mask.py, docs/statistics-and-dump.md "Masks with infinite values"):
+"""Attention masks of -inf / -FLT_MAX (calibration/inf_mask.py, docs/statistics-and-dump.md "Masks with infinite
+values"):
 statistics leave the mask values out, a -FLT_MAX constant is no int32 of scale 1, the mask saturates to the integer
 minimum through Where and Add, and the quantized Softmax gives masked positions probability 0."""
 from __future__ import annotations

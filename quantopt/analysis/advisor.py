@@ -3,7 +3,7 @@
 The per-layer similarity tells *where* accuracy went; the statistics and the quantized graph usually tell *why*.
 `advise` looks for causes a user can act on, one `Advice` (one line) each:
 
-* `inf_mask`: statistics that saw ±inf or |x| >= 1e30 (an attention mask; handled automatically, passes/inf_mask.py)
+* `inf_mask`: statistics that saw ±inf or |x| >= 1e30 (an attention mask, handled by calibration/inf_mask.py)
   or, not handled, huge finite values (|x| >= 32767, e.g. a mask written as -1e9) that set a useless range;
 * `bias_saturation`: quantized biases clipped at their bit width (input scale × weight scale too large), worse with
   16-bit activations, whose scales are 256 times larger;

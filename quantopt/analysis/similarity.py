@@ -6,7 +6,7 @@ Two views per layer output, averaged over the given batches:
 * isolated: each quantized layer is fed the float graph's inputs quantized with its own input params, so the
   error is the layer's own (what tells a user which layer is to blame).
 
-A mask tensor (its statistics saw ±inf or |x| >= 1e30, passes/inf_mask.py) is compared on its other positions only:
+A mask tensor (its statistics saw ±inf or |x| >= 1e30, calibration/inf_mask.py) is compared on its other positions only:
 the mask positions saturate by design and their huge float values would decide cosine and MSE alone. A NaN or
 infinite result is kept, with a `note` saying why, and listed first among the worst layers.
 """

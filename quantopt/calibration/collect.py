@@ -91,7 +91,7 @@ def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[tor
 def calibrate_graph(graph: PyGraph) -> None:
     """Calibrated ranges (`min`/`max`, and `min_key_axis`/`max_key_axis` for weights and per-channel activations),
     each with min <= 0 <= max. Mask tensors (statistics that saw ±inf or |x| >= 1e30) then get the ranges that keep
-    their masking through the integer forward (passes/inf_mask.py); other tensors are left as calibrated."""
+    their masking through the integer forward (calibration/inf_mask.py); other tensors are left as calibrated."""
     _calibrate_ranges(graph)
     apply_inf_mask_ranges(graph)
 

@@ -45,7 +45,7 @@ remaining values (upstream semantics: the trimmed values first count as 0 while 
 Mask values (after the trim): values with |x| >= `cfg.mask_threshold` (`INF_MASK_THRESHOLD`, 1e30, by default; ±inf
 included) are what attention masks add before a Softmax (-inf, -FLT_MAX). They are left out of every statistic, as
 NaN values are (the per-tensor moments are those of the other values; a channel or tensor holding nothing else
-counts as 0), and counted in `inf_mask_low` / `inf_mask_high`, which tell the inf-mask pass (passes/inf_mask.py)
+counts as 0), and counted in `inf_mask_low` / `inf_mask_high`, which tell the inf-mask pass (calibration/inf_mask.py)
 that the tensor is a mask. A batch without such values takes exactly the path it took before this rule.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ positional numeric parameters in brackets (missing ones take their defaults) and
 As upstream, every space of the value is removed before parsing. Methods run in the order written.
 
 This grammar lives in the config package, without torch, so that reading a cfg needs no tensor code;
-`calibration/global_methods/spec.py` re-exports it for the methods.
+`tuning/global_methods/spec.py` re-exports it for the methods.
 """
 from __future__ import annotations
 

@@ -350,7 +350,7 @@ class IntListKind(ValueKind):
 
 class UnifyScalesKind(ValueKind):
     """`[(OpType, depth, threshold, max|min|avg|out|skip), ...]`, the grammar of config/calibration_values.py
-    (applied by calibration/unify_scales.py)."""
+    (applied by tuning/unify_scales.py)."""
 
     def parse(self, text: str) -> Any:
         return parse_unify_rules(text)

@@ -16,6 +16,7 @@ from ..errors import ConfigError, IRError, UnsupportedError
 from ..graph.graph import PyGraph
 from ..log import OPT_WARN
 from ..quant.dtype import Dtype
+from ..registry import OP_EXPORT, export_function
 from ..version import __version__
 from . import (  # noqa: F401  (they fill CONVERTERS)
     convert_exact,
@@ -45,8 +46,8 @@ def require_onnx() -> Any:
 
 
 def supported_layer_types() -> List[str]:
-    """IR layer types with a QDQ mapping."""
-    return sorted(CONVERTERS)
+    """IR layer types with a QDQ mapping (the exporter's own, and those declared with an operator)."""
+    return sorted(set(CONVERTERS) | set(OP_EXPORT.keys()))
 
 
 def _quantized(graph: PyGraph) -> PyGraph:
@@ -123,7 +124,7 @@ def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEF
             failed.update(t.name for t in node.outputs)  # reported at its source already
             continue
         g.layer = node.name
-        convert = CONVERTERS.get(str(node.type))
+        convert = export_function(str(node.type)) or CONVERTERS.get(str(node.type))
         try:
             if not node.quantized:
                 raise UnsupportedError(f"layer '{node.name}' ({node.type}) is not quantized (float layers have no "

@@ -412,18 +412,17 @@ def _log(group: UnifiedGroup, rule: UnifyRule) -> None:
                  f"[{c.new_range[0]:.6g}, {c.new_range[1]:.6g}]")
 
 
-def unify_scales_from_cfg(graph: PyGraph, cfg: Any) -> UnifyReport:
-    """What the cfg asks for: `unify_scales_for_concat` (Concat, its max depth and threshold, method `out`), then
-    `unify_scales_for_multi_inputs_operators` (per-layer rules)."""
-    report = UnifyReport()
+def unify_rules_from_cfg(cfg: Any) -> List[RuleSource]:
+    """The unifications the cfg asks for, in order: `unify_scales_for_concat` (Concat, its max depth and
+    threshold, method `out`), then `unify_scales_for_multi_inputs_operators` (per-layer rules)."""
+    steps: List[RuleSource] = []
     if cfg.unify_scales_for_concat:
-        rule = UnifyRule("Concat", int(cfg.unify_scales_for_concat_max_depth),
-                         float(cfg.unify_scales_for_concat_threshold), "out")
-        report.extend(unify_scales(graph, [rule]))
+        steps.append([UnifyRule("Concat", int(cfg.unify_scales_for_concat_max_depth),
+                                float(cfg.unify_scales_for_concat_threshold), "out")])
     rules = cfg.unify_scales_for_multi_inputs_operators
     if _any_rules(rules):
-        report.extend(unify_scales(graph, rules))
-    return report
+        steps.append(rules)
+    return steps
 
 
 def _any_rules(rules: Any) -> bool:
