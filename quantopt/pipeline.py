@@ -79,18 +79,16 @@ def calibrate(graph: PyGraph, unify: Sequence[RuleSource] = ()) -> UnifyReport:
 def quantize_calibrated(graph: QuantizeGraph, global_calibration: Any = None,
                         batches: Callable[[], Sequence[Batch]] = list, step: StepTimer = _untimed) -> QuantizeGraph:
     """The quantized copy of a calibrated graph. With `global_calibration` methods (the cfg field's text or parsed
-    specs), they first adjust ranges and the float constants on `batches()` for quantization only; the float
-    constants are put back once the copy exists, so `graph` stays the float reference."""
+    specs), they first make a calibrated copy on `batches()` (ranges, constants, settings for quantization only,
+    tuning/global_methods) and the copy is quantized; `graph` itself stays the float model."""
     if not global_calibration:
         return quantize_graph(graph)
-    from .tuning.global_methods import apply_global_calibration, restore_float_constants
+    from .tuning.global_methods import calibrate_globally
 
     with step("global calibration"):
-        apply_global_calibration(graph, global_calibration, batches())
-    try:
-        return quantize_graph(graph)
-    finally:
-        restore_float_constants(graph)
+        tuned = calibrate_globally(graph, global_calibration, batches()).graph
+    graph.quantgraph = quantize_graph(tuned)
+    return graph.quantgraph
 
 
 def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
@@ -105,7 +103,7 @@ def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
     `unify`: scale unification rules in `unify_scales_for_multi_inputs_operators` syntax (text or UnifyRule list),
     e.g. "[(Concat, 20, 1.05, out)]" for what `unify_scales_for_concat` does;
     `global_calibration`: methods in the cfg field's syntax (e.g. "bias_correction[2] & adaround[2]"), run on the
-    calibration batches after local calibration; the float constants are restored once quantized;
+    calibration batches after local calibration, on a copy (`graph` keeps its float constants);
     `merge_matmul_mul_pass`: the cfg field `enable_pass_merge_matmul_mul` (upstream's default, on): constant factors
     after MatMuls are folded into them first, which rewrites `graph` itself (passes/merge_matmul_mul.py).
     """

@@ -28,7 +28,9 @@ def _plain(v: Any) -> Any:
 
 
 def tensor_info(q: PyTensor, f: Optional[PyTensor]) -> Dict[str, Any]:
-    ref = f if f is not None else q
+    """The quantization of `q` and the float range that decided it: `q`'s own calibrated range (the quantized graph
+    is made from the calibrated graph, after any global method), else the float tensor's."""
+    ref = q if q.min is not None or f is None else f
     return {"scale": _plain(q.scale), "zerop": _plain(q.zerop), "qbits": q.qbits, "dtype": _plain(q.dtype),
             "qmin": q.qmin, "qmax": q.qmax, "fmin": _plain(ref.min), "fmax": _plain(ref.max),
             "qinvariant": bool(q.qinvariant)}

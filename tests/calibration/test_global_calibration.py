@@ -23,10 +23,10 @@ from quantopt.quantizer import quantize_graph
 from quantopt.tuning.global_methods import (
     GlobalCalibrationKind,
     apply_global_calibration,
+    calibrate_globally,
     format_global_calibration,
     parse_global_calibration,
     reconstruction_errors,
-    restore_float_constants,
 )
 
 PER_TENSOR = "per_tensor_symmetric_restricted_range"
@@ -232,17 +232,15 @@ def test_scope_limits_the_layers_touched() -> None:
     assert not torch.equal(before[("fc", "biases", "value")], after[("fc", "biases", "value")])
 
 
-def test_restore_float_constants_after_quantization() -> None:
+def test_calibrate_globally_returns_a_copy_and_leaves_the_float_graph() -> None:
     g = _calibrated()
     original = _state(g)
     plain_q = quantize_graph(_calibrated())
-    report = apply_global_calibration(g, "adaround[3,10,8,0.01] & bias_correction[3]", _data(), log_loss=False)
-    q = quantize_graph(g)
-    assert restore_float_constants(g) == 3
-    restored = _state(g)
-    for key, value in original.items():
-        if key[2] == "value":
-            assert _equal(value, restored[key]), key
+    result = calibrate_globally(g, "adaround[3,10,8,0.01] & bias_correction[3]", _data(), log_loss=False)
+    report = result.changed
+    q = quantize_graph(result.graph)
+    assert _same(original, _state(g))  # constants, ranges and settings of the float graph: untouched
+    assert not _same(original, _state(result.graph))  # the copy carries the calibrated constants
     # the quantized copy keeps the calibrated integers: adaround's layers have other integer weights
     for name in report["adaround[3,10,8,0.01]"]:
         assert not torch.equal(q.node(name).constants["weights"].betensor,
@@ -280,5 +278,4 @@ def test_shared_model_runs_every_method() -> None:
     after = sum(reconstruction_errors(g, reference, batches).values())
     assert after < before
     q = quantize_graph(g)
-    restore_float_constants(g)
     assert run_quantized(q, batches[0])[0].shape == g.forward(batches[0])[0].shape

@@ -1,24 +1,25 @@
 """Global calibration (docs/global-calibration.md): multi-layer methods run between local calibration and quantization.
 
-`apply_global_calibration(graph, spec, batches)` runs the methods of the `global_calibration` field in the order
-written. Methods change what quantization reads: tensor ranges (`min`/`max`, `min_key_axis`/`max_key_axis`),
-the float weights/biases of MAC layers and the affine parameters of norms, and (mvn_correction) layer settings.
-They measure against a copy of the float graph taken before the first method, so the float reference never drifts
-(the smoothing methods, which turn the float model into an equivalent one, smooth that copy too). Because float
-constants are the model itself, their calibrated values are only meant for quantization: call
-`restore_float_constants(graph)` once `quantize_graph` has made the quantized copy, so the float graph evaluates
-as the original model again.
+`calibrate_globally(graph, spec, batches)` is the workflow's step: it returns a copy of the calibrated float graph on
+which the methods of the `global_calibration` field ran, in the order written, and leaves `graph` as it is (the float
+model, for metrics and the similarity analysis). Methods change what quantization reads: tensor ranges
+(`min`/`max`, `min_key_axis`/`max_key_axis`), the float weights/biases of MAC layers and the affine parameters of
+norms, and (mvn_correction) layer settings; the copy holds them, and quantization reads the copy.
+`apply_global_calibration(graph, spec, batches)` runs the methods in place on a graph the caller owns. Either way
+they measure against a copy of the float graph taken before the first method, so the float reference never drifts
+(the smoothing methods, which turn the float model into an equivalent one, smooth that copy too).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 
 from ...errors import ConfigError, DataError
-from ...graph.graph import PyGraph
+from ...graph.graph import PyGraph, QuantizeGraph
 from ...log import OPT_INFO
-from ._common import ORIGINALS_ATTR, Batch, layer_errors, remember_constants, target_layers
+from ._common import Batch, layer_errors, target_layers
 from .adaquant_zy import adaquant_zy
 from .adaround import adaround
 from .awq_zy import awq_zy
@@ -50,26 +51,21 @@ IMPLEMENTATIONS: Dict[str, MethodFn] = {
     "mvn_correction": mvn_correction,
 }
 
-def _remember(graph: PyGraph) -> None:
-    for n in graph.nodes:
-        if n.constants:
-            remember_constants(n)
+@dataclass
+class GlobalCalibration:
+    """What `calibrate_globally` returns: the calibrated copy and, per method text, the layers it changed."""
+    graph: QuantizeGraph
+    changed: Dict[str, List[str]]
 
 
-def restore_float_constants(graph: PyGraph) -> int:
-    """Put back the float constants changed by global calibration (weights, biases, norm parameters; constants a
-    method added are removed again); returns the number of layers restored."""
-    count = 0
-    for n in graph.nodes:
-        saved = n.attrs.pop(ORIGINALS_ATTR, None)
-        if saved is None:
-            continue
-        for key in [k for k in n.constants if k not in saved]:
-            del n.constants[key]
-        for key, value in saved.items():
-            n.constants[key].betensor = value
-        count += 1
-    return count
+def calibrate_globally(graph: QuantizeGraph, spec: Union[str, Sequence[GlobalMethodSpec], None],
+                       batches: Sequence[Union[torch.Tensor, Sequence[torch.Tensor]]],
+                       log_loss: bool = True) -> GlobalCalibration:
+    """A copy of the calibrated float `graph` with the methods of `spec` applied (ranges, constants, settings), for
+    quantization; `graph` is left as it is. Arguments as `apply_global_calibration`."""
+    tuned = graph.clone()
+    changed = apply_global_calibration(tuned, spec, batches, log_loss)
+    return GlobalCalibration(tuned, changed)
 
 
 def _batches(batches: Sequence[Union[torch.Tensor, Sequence[torch.Tensor]]]) -> List[Batch]:
@@ -79,7 +75,8 @@ def _batches(batches: Sequence[Union[torch.Tensor, Sequence[torch.Tensor]]]) -> 
 def apply_global_calibration(graph: PyGraph, spec: Union[str, Sequence[GlobalMethodSpec], None],
                              batches: Sequence[Union[torch.Tensor, Sequence[torch.Tensor]]],
                              log_loss: bool = True) -> Dict[str, List[str]]:
-    """Run the methods of `spec` on a calibrated float graph (ranges set by `calibrate_graph`).
+    """Run the methods of `spec` in place on a calibrated float graph the caller owns (ranges set by
+    `calibrate_graph`); the workflow runs them on a copy (`calibrate_globally`).
 
     `batches`: calibration input batches (each a tensor or a list of input tensors); a method with a `batches`
     parameter uses that many of the first ones, the others use them all. Returns method text -> names of the
@@ -95,9 +92,7 @@ def apply_global_calibration(graph: PyGraph, spec: Union[str, Sequence[GlobalMet
     for s in specs:
         if s.name not in IMPLEMENTATIONS:
             raise ConfigError(f"method '{s.name}' is not implemented yet in quantopt", field="global_calibration")
-    _remember(graph)
     reference = graph.clone()
-    restore_float_constants(reference)
     report: Dict[str, List[str]] = {}
     for s in specs:
         names = [n.name for n in target_layers(graph, s)]
@@ -124,6 +119,6 @@ def reconstruction_errors(graph: PyGraph, reference: PyGraph, batches, names: Op
     return layer_errors(graph, reference, data, names)
 
 
-__all__ = ["IMPLEMENTATIONS", "METHODS", "GlobalCalibrationKind", "GlobalMethodSpec", "apply_global_calibration",
-           "format_global_calibration", "parse_global_calibration", "reconstruction_errors",
-           "restore_float_constants"]
+__all__ = ["IMPLEMENTATIONS", "METHODS", "GlobalCalibration", "GlobalCalibrationKind", "GlobalMethodSpec",
+           "apply_global_calibration", "calibrate_globally", "format_global_calibration", "parse_global_calibration",
+           "reconstruction_errors"]

@@ -30,9 +30,6 @@ MAC_TYPES = ("Convolution", "DepthwiseConv", "FullyConnected", "Convolution3D")
 SEED = 20240
 """Base seed of the methods that draw random numbers (adaround's sample order); each layer adds its index."""
 
-ORIGINALS_ATTR = "float_constants_before_global_calibration"
-"""Layer attribute holding the float constants as they were before global calibration (key -> tensor)."""
-
 Batch = List[torch.Tensor]
 LayerIO = Dict[str, List[Tuple[List[torch.Tensor], List[torch.Tensor]]]]
 
@@ -293,9 +290,3 @@ def pad_samples(x: torch.Tensor, batch_size: int) -> torch.Tensor:
     reps = int(math.ceil(total / n))
     return torch.cat([x] * reps, dim=0)[:total]
 
-
-def remember_constants(node: PyNode) -> None:
-    """Keep the layer's float constants as they are now, once, so `restore_float_constants` can put them back
-    (and remove constants a method adds later)."""
-    if ORIGINALS_ATTR not in node.attrs:
-        node.attrs[ORIGINALS_ATTR] = {k: t.betensor.clone() for k, t in node.constants.items()}

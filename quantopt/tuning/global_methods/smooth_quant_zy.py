@@ -37,7 +37,7 @@ from ...ops._quant import copy_params
 from ...progress import progress
 from ...quantizer import quantize_graph
 from ...threads import one_thread
-from ._common import Batch, clone_nodes, consumers, recalibrate_weights, remember_constants
+from ._common import Batch, clone_nodes, consumers, recalibrate_weights
 from .spec import GlobalMethodSpec
 
 NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm", "BatchNorm")
@@ -181,7 +181,6 @@ def weight_absmax(pair: Pair) -> torch.Tensor:
 def fold_constants(norm: PyNode, fcs: Sequence[PyNode], sigma: torch.Tensor) -> None:
     """Divide the norm's per-channel affine parameters by σ and multiply the FullyConnected columns by it."""
     rank = len(norm.outputs[0].ir_shape)
-    remember_constants(norm)
     w = norm.constants.get("weights")
     if w is None:
         numel = math.prod(_affine_dims(norm, rank))
