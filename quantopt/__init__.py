@@ -1,6 +1,13 @@
 """quantopt: post-training quantization with an exact simulated integer NPU backend.
 
-Public API for plugins (operators, datasets, metrics) — everything a plugin file needs is importable from here.
+Public API for plugins (operators, datasets, metrics) — everything a plugin file needs is importable from here:
+the graph objects, the registries' decorators, and an operator's declaration (`declare_op`, `Param` and the
+parameter kinds `Int`, `Float`, `Bool`, `Text`, `Ints`, `Floats`, `Axis`, `DtypeName`, `Either`, `Value`).
+The helpers an operator's quantize and integer forward functions call (output params from the calibrated range,
+requantization multiplier/shift, exact integer requantization, weights, biases, ...) are the module
+`quantopt.ops.api` (`from quantopt.ops.api import requant_scale_shift, ...`; docs/plugins.md, "Writing an
+operator"): the same functions the built-in operators use.
+
 The names that need torch are imported on first use (module `__getattr__`), so that `import quantopt.cli`, and
 with it `quantopt --version`, `--help`, `--field` and cfg errors, load no torch.
 """
@@ -18,15 +25,18 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from .graph.node import PyNode
     from .graph.tensor import PyTensor, TensorStatistics
     from .quant.dtype import Dtype
-    from .registry import OptBaseMetric, PluginType, op_register, quant_register, register_plugin
+    from .registry import OptBaseMetric, PluginType, declare_op, op_register, quant_register, register_plugin
     from .registry.optype import OpType, register_optype
+    from .registry.schema import Axis, Bool, DtypeName, Either, Float, Floats, Int, Ints, Param, Text, Value
 
 _LAZY = {
     "PyGraph": ".graph.graph", "QuantizeGraph": ".graph.graph", "PyNode": ".graph.node",
     "OpType": ".registry.optype", "register_optype": ".registry.optype",
     "PyTensor": ".graph.tensor", "TensorStatistics": ".graph.tensor", "Dtype": ".quant.dtype",
     "OptBaseMetric": ".registry", "PluginType": ".registry", "op_register": ".registry",
-    "quant_register": ".registry", "register_plugin": ".registry",
+    "quant_register": ".registry", "register_plugin": ".registry", "declare_op": ".registry",
+    **{name: ".registry.schema" for name in ("Param", "Int", "Float", "Bool", "Text", "Ints", "Floats", "Axis",
+                                              "DtypeName", "Either", "Value")},
 }
 """Public name -> the module defining it, imported on first access."""
 
@@ -34,7 +44,8 @@ __all__ = [
     "ConfigError", "DataError", "IRError", "PluginError", "QuantOptError", "UnsupportedError",
     "PyGraph", "QuantizeGraph", "PyNode", "OpType", "register_optype", "PyTensor", "TensorStatistics", "Dtype",
     "OPT_DEBUG", "OPT_ERROR", "OPT_INFO", "OPT_WARN", "OptBaseMetric", "PluginType", "op_register",
-    "quant_register", "register_plugin", "__version__",
+    "quant_register", "register_plugin", "declare_op", "Param", "Int", "Float", "Bool", "Text", "Ints", "Floats",
+    "Axis", "DtypeName", "Either", "Value", "__version__",
 ]
 
 

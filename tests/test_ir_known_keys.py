@@ -1,6 +1,6 @@
-"""The per-type table of known layer keys (quantopt/registry/known_keys.py) against the operators' source, and the
-reader's check of it: an op that starts reading a new parameter must add it to the table, or every IR using it
-would be refused."""
+"""The layer keys each operator declares (quantopt.registry.declare_op) against the operators' source, and the
+reader's check of them: an op that starts reading a new parameter must declare it, or every IR using it would be
+refused; the declared kinds keep the geometry rules (sizes, shapes, axes) that keep a malformed IR out of the ops."""
 from __future__ import annotations
 
 import re
@@ -12,8 +12,8 @@ import pytest
 import quantopt.ops  # noqa: F401  (registers the built-in operators)
 from quantopt.errors import IRError, PluginError
 from quantopt.ir.reader import read_ir
-from quantopt.registry import OP_FORWARD, OP_QUANTIZE, known_keys, register_op_keys
-from quantopt.registry.known_keys import COMMON_KEYS, builtin_table, is_known, value_problem
+from quantopt.registry import OP_FORWARD, OP_QUANTIZE, OP_SPECS, known_keys, register_op_keys
+from quantopt.registry.known_keys import COMMON_KEYS, declared_types, is_builtin, is_known, param_problem
 from quantopt.registry.known_keys import known_keys as keys_of
 from quantopt.registry.optype import OpType, register_optype
 
@@ -31,27 +31,36 @@ def _types_by_module() -> Dict[str, Set[str]]:
     return out
 
 
+def _builtin_declared() -> Dict[str, frozenset]:
+    return {t: schema.keys() for t, schema in declared_types().items() if is_builtin(t)}
+
+
 @pytest.mark.parametrize("path", sorted(OPS_DIR.glob("*.py")), ids=lambda p: p.name)
-def test_every_param_an_op_reads_is_in_the_table(path: Path) -> None:
-    """Literal get_param("k") / params.get("k") / get_constant("k") in an ops module must be a known key of a type
-    the module registers (helper modules, `_*.py`: of some built-in type)."""
+def test_every_param_an_op_reads_is_declared(path: Path) -> None:
+    """Literal get_param("k") / params.get("k") / get_constant("k") in an ops module must be a declared key of a
+    type the module registers (helper modules, `_*.py`: of some built-in type)."""
     types = _types_by_module().get(path.stem)
-    table = builtin_table()
+    declared = _builtin_declared()
     if types is None:
-        types = set(table)
-    allowed = frozenset().union(*(table.get(t, frozenset()) for t in types))
+        types = set(declared)
+    allowed = frozenset().union(*(declared.get(t, frozenset()) for t in types))
     read = set(_READ.findall(path.read_text()))
     missing = sorted(k for k in read if not is_known(k, allowed))
-    assert not missing, f"{path.name} reads {missing}: add them to quantopt/registry/known_keys.py for {sorted(types)}"
+    assert not missing, f"{path.name} reads {missing}: declare them in its declare_op for {sorted(types)}"
 
 
-def test_every_builtin_operator_has_a_table_entry() -> None:
+def test_every_builtin_operator_has_a_declaration() -> None:
     implemented = {t for table in (OP_FORWARD, OP_QUANTIZE) for t, r in table.active.items() if r.builtin}
-    assert implemented <= set(builtin_table()), sorted(implemented - set(builtin_table()))
+    assert implemented <= set(_builtin_declared()), sorted(implemented - set(_builtin_declared()))
+    for optype in implemented:  # the declaration and the registrations live in one module
+        spec_module = Path(OP_SPECS[optype].source).stem
+        for table in (OP_FORWARD, OP_QUANTIZE):
+            reg = table.get(optype)
+            assert reg is not None and reg.obj.__module__.rsplit(".", 1)[-1] == spec_module, (optype, spec_module)
 
 
-def test_table_names_real_types_and_identifier_keys() -> None:
-    for optype, keys in builtin_table().items():
+def test_declarations_name_real_types_and_identifier_keys() -> None:
+    for optype, keys in _builtin_declared().items():
         assert optype in OpType, optype
         for k in keys:
             assert re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", k), (optype, k)
@@ -68,13 +77,39 @@ def test_derived_quantization_keys_and_debug_keys() -> None:
 
 
 def test_value_problems() -> None:
-    assert value_problem("stride_x", 2) is None
-    assert value_problem("axis", [-1, 2]) is None and value_problem("axis", None) is None
-    assert "NaN" in value_problem("alpha", float("nan"))
-    assert value_problem("kernel_x", 1.0) is not None
-    assert value_problem("pad_left", True) is not None
-    assert value_problem("perm", [0, "1"]) is not None
-    assert value_problem("epsilon", float("inf")) is None  # only sizes must be finite integers
+    assert param_problem("Convolution", "stride_x", 2) is None
+    assert param_problem("Squeeze", "axis", [-1, 2]) is None and param_problem("Squeeze", "axis", None) is None
+    assert "NaN" in param_problem("Activation", "alpha", float("nan"))
+    assert param_problem("Convolution", "kernel_x", 1.0) is not None
+    assert param_problem("Convolution", "pad_left", True) is not None
+    assert param_problem("Transpose", "perm", [0, "1"]) is not None
+    assert param_problem("LayerNorm", "epsilon", 1e-5) is None
+    assert param_problem("Pooling", "method", "avg") is None  # words in any case
+    assert "one of" in param_problem("Pooling", "method", "MEDIAN")
+    assert param_problem("NoSuchTypeDeclared", "x", [1, "a"]) is None  # undeclared types are not checked
+
+
+SIZE_KEYS = frozenset([f"{k}_{a}" for k in ("kernel", "stride", "dilation", "output_padding") for a in "xyz"]
+                      + ["pad_left", "pad_right", "pad_top", "pad_bottom"]
+                      + [f"pad_{a}_{e}" for a in "xyz" for e in ("begin", "end")]
+                      + ["group", "num_output", "multiplier", "block_size", "block_size_x", "block_size_y"])
+
+
+def test_declared_kinds_keep_the_geometry_rules() -> None:
+    """Sizes are non-negative integers below 2^31, shapes and perms lists of integers, axes integers: whatever kind
+    a declaration gives them, these values are refused at read time rather than crashing an operator."""
+    for optype, schema in declared_types().items():
+        if not is_builtin(optype):
+            continue
+        for key, param in schema.params:
+            if key in SIZE_KEYS:
+                for bad in (-1, 1.5, True, 2 ** 31, "3"):
+                    assert param.kind.problem(bad) is not None, (optype, key, bad)
+            if key in ("shape", "perm"):
+                for bad in ([0, "1"], 3, [1.5]):
+                    assert param.kind.problem(bad) is not None, (optype, key, bad)
+            if key == "axis":
+                assert param.kind.problem([0.5]) is not None and param.kind.problem("1") is not None, optype
 
 
 _IR = """model_name=m
@@ -137,28 +172,3 @@ def test_unknown_keys_are_allowed_only_when_asked(tmp_path: Path) -> None:
     assert read_ir(path, allow_unknown_keys=True).node("y").params["future_key"] == 1
     with pytest.raises(IRError):
         read_ir(path)
-
-
-def test_declared_keys_equal_the_table() -> None:
-    """While the operators move from the legacy table to their declarations: a declared built-in type has exactly
-    the table's keys, and the table's value rules never get weaker (sizes, int lists, axes)."""
-    from quantopt.registry import OP_SPECS
-    from quantopt.registry.known_keys import AXIS_KEYS, INT_LIST_KEYS, SIZE_KEYS
-
-    table = builtin_table()
-    for optype, spec in OP_SPECS.items():
-        if optype not in table:
-            continue
-        declared = spec.schema.keys()
-        assert declared == table[optype], (optype, sorted(declared ^ table[optype]))
-        for key in declared:
-            param = spec.schema.param(key)
-            if param is None:
-                continue
-            if key in SIZE_KEYS:
-                for bad in (-1, 1.5, True, 2 ** 31, float("nan")):
-                    assert param.kind.problem(bad) is not None, (optype, key, bad)
-            if key in INT_LIST_KEYS:
-                assert param.kind.problem([0, "1"]) is not None, (optype, key)
-            if key in AXIS_KEYS:
-                assert param.kind.problem([0.5]) is not None, (optype, key)

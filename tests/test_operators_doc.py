@@ -42,7 +42,7 @@ def test_library_size() -> None:
 def test_every_operator_is_described_and_linked() -> None:
     names = sorted(set(OP_FORWARD.keys()) | set(OP_QUANTIZE.keys()))
     undocumented = [n for n in names if operator_doc(n) is None]
-    assert not undocumented, f"operators without a describe_op entry: {undocumented}"
+    assert not undocumented, f"operators without a declaration (declare_op): {undocumented}"
     broken = []
     for name in names:
         target = operator_doc(name).semantics
@@ -72,3 +72,11 @@ def test_unknown_layer_type_is_one_clear_error(tmp_path: Path, capsys) -> None:
     assert "FrobnicateV2" in err[0] and "'mystery'" in err[0] and "docs/plugins.md" in err[0]
     written = sorted(p.name for p in (tmp_path / "out").glob("*")) if (tmp_path / "out").exists() else []
     assert all(name.endswith(".log") for name in written), f"half-written outputs: {written}"
+
+
+def test_parameter_links_resolve_and_every_declaration_has_a_section() -> None:
+    text = (DOCS / "operators.md").read_text()
+    anchors = _anchors(DOCS / "operators.md")
+    links = set(re.findall(r"\]\(#([^)]+)\)", text))
+    assert links and links <= anchors, sorted(links - anchors)
+    assert "### Transpose, Permute" in text and "| `perm` | int list |" in text

@@ -402,10 +402,6 @@ def _check_keys(sr: _SectionReader, optype: str, stems: List[str], allow_unknown
     known = known_keys(optype)
     if known is None:
         return
-    schema = schema_of(optype)
-    for key, param in schema.params if schema is not None else ():
-        if param.required and key not in sr.section:
-            raise sr.error(None, f"a {optype} layer needs parameter '{key}' ({param.describe()})")
     stem_of = {stem + x: stem for stem in stems for x in CONSTANT_SUFFIXES}
     for key in sr.section:
         name = stem_of.get(key, key)
@@ -419,10 +415,14 @@ def _check_keys(sr: _SectionReader, optype: str, stems: List[str], allow_unknown
                          f"kept unused (allow_unknown_ir_keys)")
             continue
         why = "an IR of a newer Parser?" if is_builtin(optype) else "its plugin declares the keys it reads with " \
-                                                                   "register_op_keys;"
+                                                                   "declare_op or register_op_keys;"
         raise sr.error(key, f"unknown {what} '{name}' for a {optype} layer{suggestion(name, known)} ({why} "
                             f"allow_unknown_ir_keys = true in the cfg, or quantopt run --allow-unknown-ir-keys, "
                             f"accepts it)")
+    schema = schema_of(optype)  # after the unknown keys: a misspelt required key gets its did-you-mean first
+    for key, param in schema.params if schema is not None else ():
+        if param.required and key not in sr.section:
+            raise sr.error(None, f"a {optype} layer needs parameter '{key}' ({param.describe()})")
 
 
 def _read_layer(sec: OrderedDict[str, Line], path: str, bin_file: _BinFile, layout: _Layout,

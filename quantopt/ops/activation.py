@@ -9,7 +9,8 @@ passes the input through.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from dataclasses import replace
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +23,8 @@ from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import quantize
 from ..quant.requant import range_dtype, requantize_int
 from ..quant.rounding import round_shift
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Axis, DtypeName, Float, Int, Param, Text, Value, quantized
 from ._lut_int import constants_first, int_input, is_restricted, range_bits
 from ._per_channel import is_per_channel
 from ._quant import (
@@ -38,8 +39,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import apply_fused_activation, axis_param, unrounded_input
-from .catalog import describe_op
+from ._shared import FUSED_ACTIVATIONS, apply_fused_activation, axis_param, unrounded_input
 
 # ONNX defaults, used when the IR leaves a parameter out.
 SELU_ALPHA = 1.67326319217681884765625
@@ -51,6 +51,147 @@ SHRINK_BIAS = 0.0
 THRESHOLDEDRELU_ALPHA = 1.0
 CRELU_AXIS = -1
 """CRELU concatenates along the channel axis, the last one in the IR's channels-last layout (TensorFlow's default)."""
+
+
+# --------------------------------------------------------------------------------------------- declarations
+METHOD_NAMES = ("NONE", "RELU", "RELU6", "CLIP", "LEAKYRELU", "PRELU", "SIGMOID", "TANH", "HARDSWISH", "HARDSIGMOID",
+                "ELU", "SELU", "CELU", "GELU", "SILU", "SWISH", "MISH", "SOFTPLUS", "SOFTSIGN", "SHRINK",
+                "THRESHOLDEDRELU", "CRELU", "BNLL")
+"""The `method` values of an Activation layer (the keys of ACTIVATION_METHODS)."""
+
+_SLOPE = ("LEAKYRELU", "PRELU")
+_REQUANT = ("RELU", "RELU6", "CLIP", "CRELU") + _SLOPE
+_TABLE_METHODS = tuple(m for m in METHOD_NAMES if m not in ("NONE",) + _REQUANT)
+_UPSTREAM_TABLE = "upstream's float-table approximation; not read"
+
+_ACTIVATION_KEYS: Dict[str, Tuple[Param, Tuple[str, ...]]] = {
+    "alpha": (Param(Float(), "ELU, CELU, SWISH, THRESHOLDEDRELU: alpha (1.0); SELU: alpha (1.6733); HARDSIGMOID, "
+                             "HARDSWISH: the slope of alpha*x + beta (0.2 resp. 1/6)"),
+              ("ELU", "CELU", "SWISH", "THRESHOLDEDRELU", "SELU", "HARDSIGMOID", "HARDSWISH")),
+    "beta": (Param(Float(), "HARDSIGMOID, HARDSWISH: the offset of alpha*x + beta (0.5)"),
+             ("HARDSIGMOID", "HARDSWISH")),
+    "gamma": (Param(Float(), "SELU: the output scale (1.0507)"), ("SELU",)),
+    "clip_min": (Param(Float(infinite=True), "CLIP: the lower bound (required); HARDSIGMOID: the lower clamp (0)"),
+                 ("CLIP", "HARDSIGMOID")),
+    "clip_max": (Param(Float(infinite=True), "CLIP: the upper bound (required); HARDSIGMOID: the upper clamp (1)"),
+                 ("CLIP", "HARDSIGMOID")),
+    "approximate": (Param(Text(choices=GELU_APPROXIMATIONS), "GELU: none (the erf form, default) or tanh, any case"),
+                    ("GELU",)),
+    "lambd": (Param(Float(), "SHRINK: the threshold (0.5)"), ("SHRINK",)),
+    "bias": (Param(Float(), "SHRINK: what values beyond the threshold move towards 0 (0)"), ("SHRINK",)),
+    "axis": (Param(Int(), "CRELU: the concatenation axis, negative counts from the end", default=CRELU_AXIS),
+             ("CRELU",)),
+    "negative_slope": (Param(Float(), "LEAKYRELU, PRELU: the scalar slope (read before negative_slope_value); PRELU "
+                                      "also takes it as a constant broadcast to the input (int16 over "
+                                      "2^negative_slope_shift when quantized)"), _SLOPE),
+    "negative_slope_value": (Param(Float(), "LEAKYRELU, PRELU: the scalar slope when negative_slope is absent "
+                                            "(LEAKYRELU: 0.01); quantized LEAKYRELU: the integer slope over "
+                                            "2^negative_slope_shift"), _SLOPE),
+    "negative_slope_shift": (quantized(Int(), "LEAKYRELU, PRELU: fraction bits of the quantized slope (LEAKYRELU: "
+                                              "the output bits, PRELU: 12)"), _SLOPE),
+    "negative_slope_type": (quantized(DtypeName(), "LEAKYRELU: the dtype of the quantized negative_slope_value"),
+                            ("LEAKYRELU",)),
+    "with_activation": (Param(Text(choices=FUSED_ACTIVATIONS), "not read (a MAC layer's fused activation)"), ()),
+    "lut_mode": (quantized(Text(), f"{_UPSTREAM_TABLE} (NORMAL, MIRROR, ...)"), ()),
+    "index_scale_value": (quantized(Float(), f"{_UPSTREAM_TABLE}: the index scale"), ()),
+    "index_offset_value": (quantized(Float(), f"{_UPSTREAM_TABLE}: the index offset"), ()),
+    "value_offset_value": (quantized(Float(), f"{_UPSTREAM_TABLE}: the value offset"), ()),
+    "index_scale_type": (quantized(DtypeName(), f"{_UPSTREAM_TABLE}: the index scale's dtype"), ()),
+    "index_offset_type": (quantized(DtypeName(), f"{_UPSTREAM_TABLE}: the index offset's dtype"), ()),
+    "value_offset_type": (quantized(DtypeName(), f"{_UPSTREAM_TABLE}: the value offset's dtype"), ()),
+}
+"""Every non-constant key of the activation types: its kind and doc, and the methods that read it (none: no method,
+the doc says so)."""
+
+_ACTIVATION_CONSTANTS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
+    "lut": ("the output table over the input's integer range, written when quantized", _TABLE_METHODS),
+    "scale": ("per-channel requantization multipliers, in place of scale_value", _REQUANT),
+    "shift": ("per-channel requantization shifts, in place of shift_value", _REQUANT),
+}
+
+_KEYS = ("alpha beta gamma clip_min clip_max approximate lambd bias axis negative_slope negative_slope_value "
+         "negative_slope_shift negative_slope_type lut scale shift with_activation")
+"""The keys of every activation type (the standalone ones also have `method`, not read)."""
+_INDEX_KEYS = _KEYS + " index_scale_value index_offset_value value_offset_value"
+_MODE_KEYS = _INDEX_KEYS + " lut_mode"
+_STANDALONE_METHOD = {"method": Param(Value(), "not read: the type is the method")}
+
+
+def _params(keys: str, methods: Tuple[str, ...], required: Tuple[str, ...] = ()) -> Dict[str, Param]:
+    """The declared params among `keys` of types computing `methods`: a key none of them reads is documented as not
+    read (an axis then takes any axis value); `required` ones are required."""
+    out: Dict[str, Param] = {}
+    for key in keys.split():
+        if key not in _ACTIVATION_KEYS:
+            continue
+        param, readers = _ACTIVATION_KEYS[key]
+        if readers and not set(readers) & set(methods):
+            param = replace(param, kind=Axis() if key == "axis" else param.kind, doc="not read", default=None)
+        out[key] = replace(param, required=True) if key in required else param
+    return out
+
+
+def _constants(keys: str, methods: Tuple[str, ...]) -> Dict[str, str]:
+    """The declared constants among `keys` of types computing `methods`."""
+    return {key: doc if set(readers) & set(methods) else "not read"
+            for key, (doc, readers) in _ACTIVATION_CONSTANTS.items() if key in keys.split()}
+
+
+_ACT_DOC = "docs/integer-semantics.md"
+_LUT_INTEGER = "LUT over the input range"
+
+ACTIVATION = declare_op(
+    "Activation",
+    params={"method": Param(Text(choices=METHOD_NAMES), "the function computed", required=True),
+            **_params(_MODE_KEYS + " index_scale_type index_offset_type value_offset_type", METHOD_NAMES)},
+    constants=_constants(_KEYS, METHOD_NAMES), summary="Absent params take the ONNX defaults",
+    integer="per method: requantization (RELU/RELU6/CLIP/CRELU), quantized slope (LEAKYRELU/PRELU), LUT",
+    semantics=f"{_ACT_DOC}#activations-and-softmax-quantization-and-integer-semantics")
+RELU_RELU6 = declare_op(
+    ["RELU", "RELU6"], params={**_STANDALONE_METHOD, **_params(_KEYS, ("RELU", "RELU6"))},
+    constants=_constants(_KEYS, ("RELU", "RELU6")), integer="requantization s_out/s_in, clamp to the quantized bounds",
+    semantics=f"{_ACT_DOC}#relu-relu6-clip-linear-requantization")
+CLIP = declare_op(
+    "Clip", params={**_STANDALONE_METHOD, **_params(_KEYS, ("CLIP",), required=("clip_min", "clip_max"))},
+    constants=_constants(_KEYS, ("CLIP",)), integer="requantization s_out/s_in, clamp to the quantized bounds",
+    semantics=f"{_ACT_DOC}#relu-relu6-clip-linear-requantization")
+LEAKYRELU_PRELU = declare_op(
+    ["LeakyRELU", "PRELU"], params={**_STANDALONE_METHOD, **_params(_KEYS, _SLOPE)},
+    constants=_constants(_KEYS, _SLOPE), summary="PRELU: a constant negative_slope, or a scalar one",
+    integer="quantized negative slope, then requantization s_out/s_in",
+    semantics=f"{_ACT_DOC}#leakyrelu-and-prelu-quantized-negative-slope")
+_LUT_SEMANTICS = f"{_ACT_DOC}#lookup-table-methods"
+_HARD_LUT_METHODS = ("HARDSIGMOID", "HARDSWISH")
+HARD_LUT = declare_op(
+    ["HardSigmoid", "Hardswish"], params={**_STANDALONE_METHOD, **_params(_KEYS, _HARD_LUT_METHODS)},
+    constants=_constants(_KEYS, _HARD_LUT_METHODS), summary="Absent params take the ONNX defaults",
+    integer=_LUT_INTEGER, semantics=_LUT_SEMANTICS)
+_INDEX_LUT_METHODS = ("SIGMOID", "ELU", "SELU", "CELU", "SWISH", "MISH", "SOFTPLUS")
+INDEX_LUT = declare_op(
+    ["Sigmoid", "ELU", "SELU", "CELU", "Swish", "MISH", "Softplus"],
+    params={**_STANDALONE_METHOD, **_params(_INDEX_KEYS, _INDEX_LUT_METHODS)},
+    constants=_constants(_KEYS, _INDEX_LUT_METHODS), summary="Absent params take the ONNX defaults",
+    integer=_LUT_INTEGER, semantics=_LUT_SEMANTICS)
+_MODE_LUT_METHODS = ("TANH", "GELU", "SILU", "SOFTSIGN")
+MODE_LUT = declare_op(
+    ["Tanh", "GELU", "Silu", "Softsign"], params={**_STANDALONE_METHOD, **_params(_MODE_KEYS, _MODE_LUT_METHODS)},
+    constants=_constants(_KEYS, _MODE_LUT_METHODS), summary="Absent params take the ONNX defaults",
+    integer=_LUT_INTEGER, semantics=_LUT_SEMANTICS)
+SHRINK = declare_op(
+    "SHRINK", params={**_STANDALONE_METHOD, **_params(_MODE_KEYS, ("SHRINK",))},
+    constants=_constants(_KEYS, ("SHRINK",)), integer=_LUT_INTEGER, semantics="docs/semantics/unary.md#shrink")
+THRESHOLDEDRELU = declare_op(
+    "THRESHOLDEDRELU", params={**_STANDALONE_METHOD, **_params(_KEYS, ("THRESHOLDEDRELU",))},
+    constants=_constants(_KEYS, ("THRESHOLDEDRELU",)),
+    integer="LUT over the input range (signed output iff alpha < 0)",
+    semantics="docs/semantics/unary.md#thresholdedrelu")
+BNLL = declare_op(
+    "BNLL", params={**_STANDALONE_METHOD, **_params(_KEYS, ("BNLL",))}, constants=_constants(_KEYS, ("BNLL",)),
+    integer=_LUT_INTEGER, semantics="docs/semantics/unary.md#bnll")
+CRELU = declare_op(
+    "CRELU", params={**_STANDALONE_METHOD, **_params(_KEYS, ("CRELU",))}, constants=_constants(_KEYS, ("CRELU",)),
+    integer="concat(max(x+zp_in,0), max(-(x+zp_in),0)), one requantization s_out/s_in, unsigned",
+    semantics="docs/semantics/unary.md#crelu")
 
 
 def _number(node: PyNode, key: str, default: Any = None) -> float:
@@ -233,8 +374,6 @@ def activation_method(node: PyNode) -> str:
     return method
 
 
-ACTIVATION_OPTYPES = [OpType.Activation] + [getattr(OpType, name) for name in STANDALONE_METHODS]
-
 # --------------------------------------------------------------------------------------------- quantization
 LINEAR_METHODS = ("RELU", "RELU6", "CLIP")
 """Piecewise-linear methods realised by a requantization and a clamp."""
@@ -376,7 +515,17 @@ def _quantize_lut(node: PyNode, method: str) -> None:
     constants_first(node, ["lut"])
 
 
-@quant_register(ACTIVATION_OPTYPES)
+@ACTIVATION.quantize
+@RELU_RELU6.quantize
+@CLIP.quantize
+@LEAKYRELU_PRELU.quantize
+@HARD_LUT.quantize
+@INDEX_LUT.quantize
+@MODE_LUT.quantize
+@SHRINK.quantize
+@THRESHOLDEDRELU.quantize
+@BNLL.quantize
+@CRELU.quantize
 def activation_quantize(self: PyNode) -> None:
     """Quantize one activation layer; what the integer forward reads is all stored in the layer (see module doc)."""
     method = activation_method(self)
@@ -483,7 +632,17 @@ def activation_integer_forward(node: PyNode) -> torch.Tensor:
     return _int_lut(node, x)
 
 
-@op_register(ACTIVATION_OPTYPES)
+@ACTIVATION.forward
+@RELU_RELU6.forward
+@CLIP.forward
+@LEAKYRELU_PRELU.forward
+@HARD_LUT.forward
+@INDEX_LUT.forward
+@MODE_LUT.forward
+@SHRINK.forward
+@THRESHOLDEDRELU.forward
+@BNLL.forward
+@CRELU.forward
 def activation_forward(self: PyNode) -> None:
     if self.quantized:
         self.outputs[0].betensor = activation_integer_forward(self)
@@ -496,30 +655,3 @@ def activation_forward(self: PyNode) -> None:
         self.outputs[0].betensor = _prelu(self, unrounded_input(self)).to(x.dtype)
         return
     self.outputs[0].betensor = ACTIVATION_METHODS[method](self, x)
-
-
-_ACT_DOC = "docs/integer-semantics.md"
-describe_op("Activation", params="method=NONE|RELU|RELU6|CLIP|LEAKYRELU|PRELU|SIGMOID|TANH|HARDSWISH|HARDSIGMOID|ELU|"
-            "SELU|CELU|GELU|SILU|SWISH|MISH|SOFTPLUS|SOFTSIGN|SHRINK|THRESHOLDEDRELU|CRELU|BNLL + the method's params",
-            integer="per method: requantization (RELU/RELU6/CLIP/CRELU), quantized slope (LEAKYRELU/PRELU), LUT",
-            semantics=f"{_ACT_DOC}#activations-and-softmax-quantization-and-integer-semantics")
-describe_op(["RELU", "RELU6", "Clip"], params="Clip: clip_min, clip_max",
-            integer="requantization s_out/s_in, clamp to the quantized bounds",
-            semantics=f"{_ACT_DOC}#relu-relu6-clip-linear-requantization")
-describe_op(["LeakyRELU", "PRELU"], params="LeakyRELU: negative_slope_value; PRELU: constant negative_slope",
-            integer="quantized negative slope, then requantization s_out/s_in",
-            semantics=f"{_ACT_DOC}#leakyrelu-and-prelu-quantized-negative-slope")
-describe_op(["Sigmoid", "Tanh", "HardSigmoid", "Hardswish", "ELU", "SELU", "CELU", "GELU", "Silu", "Swish", "MISH",
-             "Softplus", "Softsign"],
-            params="alpha/beta/gamma/clip_min/clip_max/approximate where the method has them (ONNX defaults)",
-            integer="LUT over the input range", semantics=f"{_ACT_DOC}#lookup-table-methods")
-describe_op("SHRINK", params="lambd (0.5), bias (0); constant lut when quantized",
-            integer="LUT over the input range", semantics="docs/semantics/unary.md#shrink")
-describe_op("THRESHOLDEDRELU", params="alpha (1.0); constant lut when quantized",
-            integer="LUT over the input range (signed output iff alpha < 0)",
-            semantics="docs/semantics/unary.md#thresholdedrelu")
-describe_op("BNLL", params="(none); constant lut when quantized", integer="LUT over the input range",
-            semantics="docs/semantics/unary.md#bnll")
-describe_op("CRELU", params="axis (-1)",
-            integer="concat(max(x+zp_in,0), max(-(x+zp_in),0)), one requantization s_out/s_in, unsigned",
-            semantics="docs/semantics/unary.md#crelu")

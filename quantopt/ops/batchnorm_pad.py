@@ -16,8 +16,8 @@ from ..graph.node import PyNode
 from ..quant.hardware import BN_WEIGHT_BITS
 from ..quant.params import quantize
 from ..quant.rounding import int_to_float64
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Float, Int, Param, Text, Value, quantized
 from ._quant import (
     check_quantized_inputs,
     copy_params,
@@ -31,8 +31,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import apply_fused_activation
-from .catalog import describe_op
+from ._shared import FUSED_ACTIVATIONS, apply_fused_activation
 
 
 def _int_value(node: PyNode, key: str, value: Any) -> int:
@@ -42,6 +41,32 @@ def _int_value(node: PyNode, key: str, value: Any) -> int:
 
 
 # --------------------------------------------------------------------------------------------- BatchNorm
+BATCHNORM = declare_op(
+    "BatchNorm",
+    params={"axis": Param(Int(), "the channel axis", default=-1),
+            "epsilon": Param(Float(), "added to var when the mean and var constants are present (informative in the "
+                                      "folded form the Parser writes)"),
+            "with_activation": Param(Text(choices=FUSED_ACTIVATIONS), "fused activation of the output",
+                                     default="NONE"),
+            "clip_min": Param(Float(infinite=True), "lower bound of a fused CLIP"),
+            "clip_max": Param(Float(infinite=True), "upper bound of a fused CLIP"),
+            "negative_slope": Param(Float(), "slope of a fused LEAKYRELU (a fused PRELU reads a constant of this "
+                                             "name)"),
+            "negative_slope_value": Param(Float(), "slope of a fused LEAKYRELU without negative_slope (default "
+                                                   "0.01)"),
+            "weights_scale": quantized(Float(), "per-tensor weight scale (per channel: a constant of this name)"),
+            "weights_zp": quantized(Int(), "per-tensor weight zero point (per channel: a constant of this name)"),
+            "biases_scale": quantized(Float(), "bias scale s_in * s_w (per channel: a constant of this name)"),
+            "biases_zp": quantized(Int(), "bias zero point, 0 (per channel: a constant of this name)"),
+            "remain_shift": quantized(Int(), "shift applied before the 32-bit hand-over of wide accumulators")},
+    constants={"weights": "gamma/sqrt(var+eps), [C]", "biases": "[C], absent means zero",
+               "mean": "optional, with var: applied first as (x - mean) / sqrt(var + epsilon)", "var": "with mean",
+               "scale": "per-channel requantization multipliers (quantized)",
+               "shift": "per-channel requantization shifts (quantized)"},
+    integer="per-channel quantized weight times (x + zp) plus bias, multiplier and shift",
+    semantics="integer-semantics.md#batchnorm")
+
+
 def _channel_vector(node: PyNode, key: str, channels: int, like: torch.Tensor, required: bool):
     t = node.get_constant(key, optional=not required)
     if t is None:
@@ -60,7 +85,7 @@ def _bn_axis(node: PyNode, rank: int) -> int:
     return axis % rank
 
 
-@op_register(OpType.BatchNorm)
+@BATCHNORM.forward
 def batchnorm_forward(self: PyNode) -> None:
     """y = x * weights + biases along `axis` (default last), the folded form the Parser writes; its `epsilon`
     is informative there. If `mean` and `var` constants are present they are applied first:
@@ -150,7 +175,7 @@ def bn_weight_bits(node: PyNode) -> int:
     return int(s.q_bits_weight) if "q_bits_weight" in s.explicit else max(BN_WEIGHT_BITS, int(s.q_bits_weight))
 
 
-@quant_register(OpType.BatchNorm)
+@BATCHNORM.quantize
 def batchnorm_quantize(self: PyNode) -> None:
     """Per-channel MAC quantization (weights per channel as a DepthwiseConv, 16-bit by default, biases with scale
     s_in * s_w[c] and the input zero point folded, per-channel multipliers with one shared shift).
@@ -167,6 +192,19 @@ def batchnorm_quantize(self: PyNode) -> None:
 
 # --------------------------------------------------------------------------------------------- Pad
 PAD_MODES = ("CONSTANT", "REFLECT", "SYMMETRIC", "EDGE")
+
+PAD = declare_op(
+    "Pad",
+    params={"pads": Param(Value("[[before, after]] per axis or the flat ONNX list"),
+                          "the Parser's pairs per axis (NHWC order), or ONNX's [b0, b1, ..., e0, e1, ...]; not "
+                          "negative", required=True),
+            "mode": Param(Text(choices=PAD_MODES), "how the border is filled", default="CONSTANT"),
+            "constant_value": Param(Float(infinite=True), "the CONSTANT fill value (quantized: its integer)",
+                                    default=0),
+            "scale": Param(Value(), "written by some Parser versions; not read")},
+    dtypes="any; quantized output keeps the input's params",
+    integer="passthrough; constant pad value quantized with the input params",
+    semantics="integer-semantics.md#pad")
 
 
 def pad_pairs(node: PyNode, pads: Any, rank: int) -> List[Tuple[int, int]]:
@@ -217,7 +255,7 @@ def pad_tensor(x: torch.Tensor, pairs: Sequence[Tuple[int, int]], mode: str, val
     return x
 
 
-@op_register(OpType.Pad)
+@PAD.forward
 def pad_forward(self: PyNode) -> None:
     """Pad keeps the input dtype; `constant_value` only matters in CONSTANT mode (the Parser writes it always)."""
     x = self.inputs[0].betensor
@@ -241,7 +279,7 @@ def pad_forward(self: PyNode) -> None:
     self.outputs[0].betensor = pad_tensor(x, pairs, mode, float(value))
 
 
-@quant_register(OpType.Pad)
+@PAD.quantize
 def pad_quantize(self: PyNode) -> None:
     """Output params pass through; `constant_value` is replaced by its quantized integer
     clamp(round_half_even(v * scale - zp), qmin, qmax) (upstream), which the integer forward pads with."""
@@ -254,11 +292,3 @@ def pad_quantize(self: PyNode) -> None:
     qmin, qmax = out_range(out)
     q = quantize(torch.tensor(float(value)), tensor_scale(inp), tensor_zp(inp), qmin, qmax)
     self.params["constant_value"] = int(q)
-
-describe_op("BatchNorm", params="weights (gamma/sqrt(var+eps)), biases, axis",
-            integer="per-channel quantized weight times (x + zp) plus bias, multiplier and shift",
-            semantics="integer-semantics.md#batchnorm")
-describe_op("Pad", params="pads, mode, constant_value",
-            dtypes="any; quantized output keeps the input's params",
-            integer="passthrough; constant pad value quantized with the input params",
-            semantics="integer-semantics.md#pad")

@@ -24,8 +24,8 @@ from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import dequantize
 from ..quant.requant import eltwise_multipliers, range_dtype, scale_shift
 from ..quant.rounding import bit_length, round_shift
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Bool, Float, Int, Param, Text, Value, quantized
 from ._eltwise_int import check_int64_bound, offset_absmax, set_integer_output
 from ._lut_int import constants_first, is_restricted, range_bits
 from ._quant import (
@@ -44,7 +44,8 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import bool_param, broadcast_shape
-from .catalog import describe_op
+
+_BINARY = "docs/semantics/binary.md"
 
 DIV_RECIPROCAL_EXTRA_BITS = 15
 """Div: the reciprocal table holds round(2^P / i) with P = log2(table length) + 15, so even its smallest entries
@@ -175,7 +176,15 @@ def _wrap_float_result(node: PyNode, y: torch.Tensor, index: int = 0) -> torch.T
 
 
 # ------------------------------------------------------------------------------------------------ Logical
-@op_register(OpType.Logical)
+LOGICAL = declare_op(
+    "Logical",
+    params={"method": Param(Text(choices=LOGICAL_METHODS), "the comparison or boolean operation (NOT: one input)",
+                            required=True)},
+    integer="exact comparison on Eltwise-aligned integers / nonzero tests → 0/1",
+    dtypes="any → uint8 0/1 (scale 1)", semantics=f"{_BINARY}#logical")
+
+
+@LOGICAL.forward
 def logical_forward(self: PyNode) -> None:
     method = _method(self, "method", LOGICAL_METHODS)
     xs = [t.betensor for t in self.inputs]
@@ -192,7 +201,7 @@ def logical_forward(self: PyNode) -> None:
     self.outputs[0].betensor = y.to(torch.int64)
 
 
-@quant_register(OpType.Logical)
+@LOGICAL.quantize
 def logical_quantize(self: PyNode) -> None:
     """Output: a 0/1 integer tensor (uint8, int8 with force_dtype_int). Comparisons store the alignment
     multipliers `scale_value=[M_a, M_b]`; AND/OR/XOR/NOT need none (they test q + zp != 0)."""
@@ -221,6 +230,23 @@ def _logical_int(node: PyNode, method: str) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ Bitwise / BitShift
+_INTEGER_DTYPES = "int8/uint8/int16/uint16/int32 → same (scale 1)"
+BITWISE = declare_op(
+    "Bitwise",
+    params={"method": Param(Text(choices=tuple(BITWISE_METHODS)), "the bit operation (NOT: one input)",
+                            required=True),
+            "direction": Param(Value(), "not read (a BitShift key)")},
+    integer="two's-complement bit operations (integer inputs only)", dtypes=_INTEGER_DTYPES,
+    semantics=f"{_BINARY}#bitwise")
+BITSHIFT = declare_op(
+    "BitShift",
+    params={"direction": Param(Text(choices=BITSHIFT_DIRECTIONS), "the shift direction; the second input holds "
+                               "the shift amounts", required=True),
+            "method": Param(Value(), "not read (a Bitwise key)")},
+    integer="shift, wrapped to the output type (integer inputs only)", dtypes=_INTEGER_DTYPES,
+    semantics=f"{_BINARY}#bitshift")
+
+
 def _bitwise_compute(method: str, xs: List[torch.Tensor], lo: int, hi: int) -> torch.Tensor:
     xs = [_wrap(x, lo, hi) for x in xs]
     return _wrap(BITWISE_METHODS[method](*xs), lo, hi)
@@ -241,7 +267,7 @@ def _float_int_range(node: PyNode) -> Tuple[int, int]:
     return Dtype.INT32.int_range()
 
 
-@op_register(OpType.Bitwise)
+@BITWISE.forward
 def bitwise_forward(self: PyNode) -> None:
     method = _method(self, "method", tuple(BITWISE_METHODS))
     xs = [t.betensor for t in self.inputs]
@@ -250,7 +276,7 @@ def bitwise_forward(self: PyNode) -> None:
     self.outputs[0].betensor = _bitwise_compute(method, [_as_int(x) for x in xs], lo, hi)
 
 
-@op_register(OpType.BitShift)
+@BITSHIFT.forward
 def bitshift_forward(self: PyNode) -> None:
     direction = _method(self, "direction", BITSHIFT_DIRECTIONS)
     xs = [t.betensor for t in self.inputs]
@@ -259,7 +285,8 @@ def bitshift_forward(self: PyNode) -> None:
     self.outputs[0].betensor = _bitshift_compute(direction, _as_int(xs[0]), _as_int(xs[1]), lo, hi)
 
 
-@quant_register([OpType.Bitwise, OpType.BitShift])
+@BITWISE.quantize
+@BITSHIFT.quantize
 def integer_only_quantize(self: PyNode) -> None:
     """Integer inputs only; the output is an integer tensor of the float IR's top type (else the input's)."""
     if str(self.type) == "Bitwise":
@@ -275,6 +302,18 @@ def integer_only_quantize(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ Mod / DivMod
+MOD = declare_op(
+    "Mod",
+    params={"fmod": Param(Bool(), "false: the remainder has the divisor's sign; true: the dividend's (C fmod)",
+                          default=False)},
+    integer="exact remainder of the Eltwise-aligned integers, one multiplier/shift", semantics=f"{_BINARY}#mod")
+DIVMOD = declare_op(
+    "DivMod",
+    params={"mode": Param(Text(choices=DIVMOD_MODES), "how the quotient is rounded", default="FLOOR")},
+    summary="Two outputs: quotient, remainder", integer="exact integer quotient/remainder (integer inputs only)",
+    dtypes=_INTEGER_DTYPES, semantics=f"{_BINARY}#divmod")
+
+
 def _mod(a: torch.Tensor, b: torch.Tensor, fmod: bool) -> torch.Tensor:
     """a mod b (sign of b; C fmod: sign of a); 0 where b == 0. Exact for integers."""
     zero = b == 0
@@ -283,7 +322,7 @@ def _mod(a: torch.Tensor, b: torch.Tensor, fmod: bool) -> torch.Tensor:
     return torch.where(zero, torch.zeros_like(r), r)
 
 
-@op_register(OpType.Mod)
+@MOD.forward
 def mod_forward(self: PyNode) -> None:
     fmod = bool_param(self, "fmod", False)
     xs = [t.betensor for t in self.inputs]
@@ -297,7 +336,7 @@ def mod_forward(self: PyNode) -> None:
     self.outputs[0].betensor = _mod(a, b, fmod)
 
 
-@quant_register(OpType.Mod)
+@MOD.quantize
 def mod_quantize(self: PyNode) -> None:
     """Both inputs are aligned on a common scale with Eltwise ADD's multipliers (`scale_value=[M, M_a, M_b]`), the
     remainder is taken exactly on the aligned integers and requantized with (M, `shift_value`) for s_out / K,
@@ -345,7 +384,7 @@ def _divmod(a: torch.Tensor, b: torch.Tensor, mode: str) -> Tuple[torch.Tensor, 
     return torch.where(zero, torch.zeros_like(q), q), torch.where(zero, torch.zeros_like(r), r)
 
 
-@op_register(OpType.DivMod)
+@DIVMOD.forward
 def divmod_forward(self: PyNode) -> None:
     mode = str(self.get_param("mode", optional=True, default_value="FLOOR")).upper()
     if mode not in DIVMOD_MODES:
@@ -370,7 +409,7 @@ def divmod_forward(self: PyNode) -> None:
     self.outputs[0].betensor, self.outputs[1].betensor = q, r
 
 
-@quant_register(OpType.DivMod)
+@DIVMOD.quantize
 def divmod_quantize(self: PyNode) -> None:
     """Integer inputs only; quotient and remainder are integer tensors of the float IR's top type (else the
     dividend's dtype)."""
@@ -386,7 +425,13 @@ def divmod_quantize(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ Where
-@op_register(OpType.Where)
+WHERE = declare_op(
+    "Where", summary="Inputs condition, x, y; numpy broadcasting",
+    integer="both value branches requantized to the output; select on condition + zp != 0",
+    semantics=f"{_BINARY}#where")
+
+
+@WHERE.forward
 def where_forward(self: PyNode) -> None:
     xs = [t.betensor for t in self.inputs]
     if len(xs) != 3:
@@ -402,7 +447,7 @@ def where_forward(self: PyNode) -> None:
     self.outputs[0].betensor = torch.where(xs[0] != 0, x, y)
 
 
-@quant_register(OpType.Where)
+@WHERE.quantize
 def where_quantize(self: PyNode) -> None:
     """Output params from calibration (signed if a value input is signed); each value branch is requantized to
     them (`scale_value=[M_x, M_y]`, `shift_value=[N_x, N_y]`). Two integer branches give an integer output."""
@@ -444,7 +489,17 @@ def _where_int(node: PyNode) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ Div
-@op_register(OpType.Div)
+DIV = declare_op(
+    "Div",
+    params={"reciprocal_shift": quantized(Int(lo=0), "fraction bits of the reciprocal table `lut`"),
+            "scale": Param(Value(), "written by some Parser versions; not read"),
+            "shift": Param(Value(), "written by some Parser versions; not read")},
+    constants={"lut": "reciprocals of |divisor|, written when quantized"},
+    summary="Two inputs, numpy broadcasting",
+    integer="dividend × reciprocal LUT of |divisor| (normalized), one multiplier/shift", semantics=f"{_BINARY}#div")
+
+
+@DIV.forward
 def div_forward(self: PyNode) -> None:
     xs = [t.betensor for t in self.inputs]
     _check_inputs(self, 2, xs)
@@ -463,7 +518,7 @@ def reciprocal_table(index_bits: int, frac_bits: int) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64)
 
 
-@quant_register(OpType.Div)
+@DIV.quantize
 def div_quantize(self: PyNode) -> None:
     """Output params from calibration (signed if an input is signed); `lut` (uint32, 2^t entries with
     t = min(bits of max|divisor + zp|, lut_items_in_bits)) holds reciprocals with `reciprocal_shift` P = t + 15
@@ -514,6 +569,15 @@ def _div_int(node: PyNode) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ Pow
+POW = declare_op(
+    "Pow",
+    params={"exponent": Param(Float(), "the constant exponent (a second input tensor instead is float only)")},
+    constants={"lut": "x^exponent over the input range, written when quantized",
+               "lut_log": "upstream's log table; not read", "lut_exp": "upstream's exp table; not read",
+               "weights": "written by some Parser versions; not read"},
+    integer="LUT over the input range", semantics=f"{_BINARY}#pow")
+
+
 def _exponent(node: PyNode) -> float:
     value = node.get_param("exponent")
     try:
@@ -539,7 +603,7 @@ def _constant_exponent(node: PyNode) -> Optional[float]:
     return float(f"{first:.7g}")  # undo the float32 rounding of a quantized constant (1.5000001 → 1.5)
 
 
-@op_register(OpType.Pow)
+@POW.forward
 def pow_forward(self: PyNode) -> None:
     xs = [t.betensor for t in self.inputs]
     if "exponent" in self.params:
@@ -565,7 +629,7 @@ def _pow_function(p: float) -> Callable[[torch.Tensor], torch.Tensor]:
     return fn
 
 
-@quant_register(OpType.Pow)
+@POW.quantize
 def pow_quantize(self: PyNode) -> None:
     """Constant exponent (the `exponent` param, or the Parser's second input from a Constant layer holding one
     value): a `lut` over the input range, as the LUT activations. Signed output iff the input is signed and the
@@ -604,7 +668,14 @@ def _pow_int(node: PyNode) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ SquaredDifference
-@op_register(OpType.SquaredDifference)
+SQUARED_DIFFERENCE = declare_op(
+    "SquaredDifference",
+    params={"diff_shift": quantized(Int(lo=0), "right shift of the aligned difference before squaring")},
+    summary="Two inputs, numpy broadcasting", integer="aligned exact difference, squared, one multiplier/shift",
+    semantics=f"{_BINARY}#squareddifference")
+
+
+@SQUARED_DIFFERENCE.forward
 def squared_difference_forward(self: PyNode) -> None:
     xs = [t.betensor for t in self.inputs]
     _check_inputs(self, 2, xs)
@@ -615,7 +686,7 @@ def squared_difference_forward(self: PyNode) -> None:
     self.outputs[0].betensor = d * d
 
 
-@quant_register(OpType.SquaredDifference)
+@SQUARED_DIFFERENCE.quantize
 def squared_difference_quantize(self: PyNode) -> None:
     """Unsigned output from calibration. The aligned difference D = (a+zp_a)·M_a − (b+zp_b)·M_b is rounded right by
     `diff_shift` k, squared and requantized: `scale_value=[M, M_a, M_b]`, `shift_value=N` for
@@ -659,30 +730,3 @@ def _sqd_int(node: PyNode) -> torch.Tensor:
     d = round_shift(_offset_int(a) * m_a - _offset_int(b) * m_b, k)
     qmin, qmax = out_range(out)
     return torch.clamp(round_shift(d * d * m, n) - tensor_zp(out), qmin, qmax)
-
-
-# ------------------------------------------------------------------------------------------------ catalog
-_BINARY = "docs/semantics/binary.md"
-describe_op("Div", params="(two inputs, numpy broadcasting)",
-            integer="dividend × reciprocal LUT of |divisor| (normalized), one multiplier/shift",
-            semantics=f"{_BINARY}#div")
-describe_op("Pow", params="exponent (constant; a second input tensor is float only)",
-            integer="LUT over the input range", semantics=f"{_BINARY}#pow")
-describe_op("Mod", params="fmod=false|true",
-            integer="exact remainder of the Eltwise-aligned integers, one multiplier/shift",
-            semantics=f"{_BINARY}#mod")
-describe_op("DivMod", params="mode=FLOOR|TRUNC (two outputs: quotient, remainder)",
-            integer="exact integer quotient/remainder (integer inputs only)",
-            dtypes="int8/uint8/int16/uint16/int32 → same (scale 1)", semantics=f"{_BINARY}#divmod")
-describe_op("SquaredDifference", params="(two inputs, numpy broadcasting)",
-            integer="aligned exact difference, squared, one multiplier/shift", semantics=f"{_BINARY}#squareddifference")
-describe_op("Where", params="(condition, x, y; numpy broadcasting)",
-            integer="both value branches requantized to the output; select on condition + zp != 0",
-            semantics=f"{_BINARY}#where")
-describe_op("Logical", params="method=" + "|".join(LOGICAL_METHODS),
-            integer="exact comparison on Eltwise-aligned integers / nonzero tests → 0/1",
-            dtypes="any → uint8 0/1 (scale 1)", semantics=f"{_BINARY}#logical")
-describe_op("Bitwise", params="method=AND|OR|XOR|NOT", integer="two's-complement bit operations (integer inputs only)",
-            dtypes="int8/uint8/int16/uint16/int32 → same (scale 1)", semantics=f"{_BINARY}#bitwise")
-describe_op("BitShift", params="direction=LEFT|RIGHT", integer="shift, wrapped to the output type (integer inputs "
-            "only)", dtypes="int8/uint8/int16/uint16/int32 → same (scale 1)", semantics=f"{_BINARY}#bitshift")

@@ -7,11 +7,12 @@ registries (forward / quantize registered?) into docs/operators.md, and a test k
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Union
+from typing import List, Optional
 
 from ..registry import ACTIVATION_DTYPES, OP_FORWARD, OP_QUANTIZE, OP_SPECS, PASSTHROUGH_DTYPES, OpSpec
-from ..registry.optype import OpType
+from ..registry.known_keys import is_builtin
 
 
 @dataclass(frozen=True)
@@ -27,27 +28,14 @@ class OpDoc:
     """Where the full integer semantics are documented (a docs/ path with an optional #anchor)."""
 
 
-OP_DOCS: Dict[str, OpDoc] = {}
-
-__all__ = ["ACTIVATION_DTYPES", "PASSTHROUGH_DTYPES", "describe_op", "operator_doc", "render_operators_markdown",
-           "spec_params_text"]
-
-
-def describe_op(optypes: Union[str, Iterable[str]], *, params: str, integer: str,
-                dtypes: str = ACTIVATION_DTYPES, semantics: str = "docs/integer-semantics.md") -> None:
-    """Record the catalog entry of one or more operator types (the last description of a type wins)."""
-    names = [optypes] if isinstance(optypes, str) else list(optypes)
-    for name in names:
-        if str(name) not in OpType:
-            raise ValueError(f"describe_op: unknown operator type '{name}'")
-        OP_DOCS[str(name)] = OpDoc(str(name), params, dtypes, integer, semantics)
+__all__ = ["ACTIVATION_DTYPES", "PASSTHROUGH_DTYPES", "operator_doc", "render_operators_markdown", "spec_params_text"]
 
 
 def operator_doc(name: str) -> Optional[OpDoc]:
-    """The documentation of operator type `name`: from its declaration, else from a `describe_op` entry."""
+    """The documentation of operator type `name`, from its declaration (None for a type without one)."""
     spec = OP_SPECS.get(str(name))
     if spec is None:
-        return OP_DOCS.get(str(name))
+        return None
     return OpDoc(str(name), spec_params_text(spec), spec.dtypes, spec.integer, spec.semantics)
 
 
@@ -57,25 +45,55 @@ def builtin_optypes_with_both() -> List[str]:
 
 
 def spec_params_text(spec: OpSpec) -> str:
-    """The Params cell of a declared operator: each key with its kind (quantized-only keys marked), the constants,
-    then the declaration's summary."""
-    plain = [f"{k} ({p.describe()})" for k, p in spec.schema.params if not p.quantized]
+    """The Params cell of a declared operator: its float params, constants and quantized keys by name (their kinds
+    and meaning are in the operator's parameter section)."""
+    plain = [k for k, p in spec.schema.params if not p.quantized]
     quant = [k for k, p in spec.schema.params if p.quantized]
     parts = [", ".join(plain) if plain else "(none)"]
     if spec.schema.constants:
-        parts.append("constants " + ", ".join(f"{k} ({d})" if d else k for k, d in spec.schema.constants))
+        parts.append("constants " + ", ".join(k for k, _ in spec.schema.constants))
     if quant:
         parts.append("written when quantized: " + ", ".join(quant))
-    text = "; ".join(parts)
-    return text + (". " + spec.summary if spec.summary else "")
+    return "; ".join(parts)
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _heading(spec: OpSpec) -> str:
+    return ", ".join(spec.optypes)
+
+
+def _slug(heading: str) -> str:
+    """The anchor a markdown renderer gives a heading: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _builtin_specs() -> List[OpSpec]:
+    """The built-in declarations, one per family (a declaration covering several types once), by heading."""
+    unique = {id(s): s for s in OP_SPECS.values() if is_builtin(s.optypes[0])}
+    return sorted(unique.values(), key=_heading)
+
+
+def _spec_section(spec: OpSpec) -> List[str]:
+    lines = [f"### {_heading(spec)}", ""]
+    if spec.summary:
+        lines += [spec.summary, ""]
+    if not spec.schema.params and not spec.schema.constants:
+        return lines + ["No parameters.", ""]
+    lines += ["| key | kind | meaning |", "|---|---|---|"]
+    for key, param in spec.schema.params:
+        what = ("written when quantized. " if param.quantized else "") + param.doc
+        lines.append(f"| `{key}` | {_cell(param.describe())} | {_cell(what)} |")
+    for key, doc in spec.schema.constants:
+        lines.append(f"| `{key}` | constant | {_cell(doc)} |")
+    return lines + [""]
+
+
 def render_operators_markdown() -> str:
-    """docs/operators.md: every operator with a forward registration, sorted by name."""
+    """docs/operators.md: every operator with a forward registration, sorted by name, then each built-in
+    declaration's parameters."""
     names = sorted(set(OP_FORWARD.keys()) | set(OP_QUANTIZE.keys()))
     both = set(builtin_optypes_with_both())
     lines = [
@@ -85,8 +103,9 @@ def render_operators_markdown() -> str:
         "`python -m quantopt.ops.catalog > docs/operators.md`; a test fails when this file is out of date.",
         "",
         f"{len(both)} operator types have both a float/integer forward and a quantize function.",
-        "Params are the layer keys as the Compass Parser writes them, each with the kind the IR reader checks; the",
-        "integer method links to its full definition.",
+        "Params are the layer keys as the Compass Parser writes them; the IR reader checks each against the kind in",
+        "the operator's parameter section below and refuses any other key. The integer method links to its full",
+        "definition.",
         "",
         "| Operator | Forward | Quantize | Params | Dtypes | Integer method |",
         "|---|---|---|---|---|---|",
@@ -100,9 +119,17 @@ def render_operators_markdown() -> str:
             continue
         link = doc.semantics if doc.semantics.startswith("docs/") else "docs/" + doc.semantics
         rel = link[len("docs/"):]
-        lines.append(f"| {name} | {fwd} | {qnt} | {_cell(doc.params)} | {_cell(doc.dtypes)} | "
-                     f"[{_cell(doc.integer)}]({rel}) |")
-    return "\n".join(lines) + "\n"
+        params = f"[{_cell(doc.params)}](#{_slug(_heading(OP_SPECS[name]))})"
+        lines.append(f"| {name} | {fwd} | {qnt} | {params} | {_cell(doc.dtypes)} | [{_cell(doc.integer)}]({rel}) |")
+    lines += ["", "## Parameters", "",
+              "Kinds: `int` an integer below 2^31 in magnitude (with its bounds), `float` a number (finite unless",
+              "said), `bool` true/false (or 0/1), a `A|B` word one of those (any case), `int list`/`float list` a",
+              "list (a single value counts as one element unless said), `axis` an integer, a list of them or None,",
+              "`dtype` a dtype name; NaN is never valid. A constant is stored in the .bin with its",
+              "`_type/_offset/_size/_shape` keys.", ""]
+    for spec in _builtin_specs():
+        lines += _spec_section(spec)
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 if __name__ == "__main__":  # pragma: no cover - documentation generator

@@ -10,8 +10,8 @@ from ..graph.node import PyNode
 from ..log import OPT_WARN
 from ..quant.hardware import FLT_EPSILON
 from ..quant.requant import requantize_int, scale_shift
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Int, Param, Value
 from ._eltwise_int import check_int64_bound, offset_absmax
 from ._per_channel import is_per_channel
 from ._quant import (
@@ -27,9 +27,16 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param
-from .catalog import describe_op
 
 REQUANT_KEYS = ("scale_value", "shift_value", "scale_type", "shift_type")
+
+CONCAT = declare_op(
+    "Concat",
+    params={"axis": Param(Int(), "the axis the inputs are joined on (negative counts from the end)", required=True),
+            "scale": Param(Value(), "written by some Parser versions; not read")},
+    constants={"weights": "written by some Parser versions; not read"},
+    integer="passthrough within unify_scales_for_concat_threshold, else per-branch multiplier and shift",
+    semantics="integer-semantics.md#concat")
 
 
 def _batch_broadcast(xs: List[torch.Tensor], axis: int) -> List[torch.Tensor]:
@@ -55,7 +62,7 @@ def _concat(node: PyNode, xs: List[torch.Tensor]) -> torch.Tensor:
             from None
 
 
-@op_register(OpType.Concat)
+@CONCAT.forward
 def concat_forward(self: PyNode) -> None:
     if self.quantized:
         self.outputs[0].betensor = concat_int_forward(self)
@@ -95,7 +102,7 @@ def _same_quantization(inputs: List, signed: bool) -> bool:
                for t in inputs)
 
 
-@quant_register(OpType.Concat)
+@CONCAT.quantize
 def concat_quantize(self: PyNode) -> None:
     """Output params and per-branch requantization (docs/integer-semantics.md, Concat).
 
@@ -164,7 +171,3 @@ def _concat_channels(node: PyNode, ins: List, out) -> None:
               else torch.full((int(t.ir_shape[-1]),), tensor_scale(t), dtype=torch.float32) for t in ins]
     copy_params(out, first)
     out.scale, out.zerop = torch.cat(scales), 0
-
-
-describe_op("Concat", params="axis", integer="passthrough within unify_scales_for_concat_threshold, else per-branch "
-            "multiplier and shift", semantics="integer-semantics.md#concat")

@@ -5,14 +5,14 @@ asymmetric, so they are applied explicitly before a padding-free torch convoluti
 """
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
 from ..graph.node import PyNode
 from ..quant.rounding import MAGIC_EXACT, int_to_float64
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Bool, Float, Int, Param, Text, quantized
 from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
 from ._quant import (
     layer_settings,
@@ -22,11 +22,72 @@ from ._quant import (
     out_range,
     quantize_mac,
 )
-from ._shared import apply_fused_activation, float_biases, int_param, keep_unrounded, unrounded_input
-from .catalog import describe_op
+from ._shared import (
+    FUSED_ACTIVATIONS,
+    apply_fused_activation,
+    float_biases,
+    int_param,
+    keep_unrounded,
+    unrounded_input,
+)
 
 MAC_FLOAT_DTYPE = torch.float64
 """Accumulation type of the float forward of MAC layers (results are rounded back to the input's float type)."""
+
+
+# ------------------------------------------------------------------------------------------ Convolution, DepthwiseConv
+_INTEGER = "int32/int48 MAC accumulation + per-tensor/per-channel multiplier and shift"
+_SEMANTICS = "integer-semantics.md#convolution-depthwiseconv-fullyconnected"
+
+
+def _conv_params(depthwise: bool) -> Dict[str, Param]:
+    """The layer keys Convolution and DepthwiseConv share."""
+    return {
+        "kernel_x": Param(Int(lo=1), "kernel width; must match the weights (taken from them when absent)"),
+        "kernel_y": Param(Int(lo=1), "kernel height; must match the weights (taken from them when absent)"),
+        "stride_x": Param(Int(lo=1), "horizontal stride", default=1),
+        "stride_y": Param(Int(lo=1), "vertical stride", default=1),
+        "pad_left": Param(Int(lo=0), "zero padding before the width axis", default=0),
+        "pad_right": Param(Int(lo=0), "zero padding after the width axis", default=0),
+        "pad_top": Param(Int(lo=0), "zero padding before the height axis", default=0),
+        "pad_bottom": Param(Int(lo=0), "zero padding after the height axis", default=0),
+        "dilation_x": Param(Int(lo=1), "horizontal dilation", default=1),
+        "dilation_y": Param(Int(lo=1), "vertical dilation", default=1),
+        "group": (Param(Int(lo=1), "channel groups, the input channels", default="in_c") if depthwise else
+                  Param(Int(lo=1), "channel groups: in_c = weights[3] * group, out_c % group == 0", default=1)),
+        "num_output": Param(Int(lo=1), "output channels; must match the weights"),
+        "multiplier": (Param(Int(lo=1), "outputs per input channel: multiplier * in_c = out_c") if depthwise else
+                       Param(Int(lo=0), "written by some Parser versions; not read")),
+        "with_activation": Param(Text(choices=FUSED_ACTIVATIONS), "fused activation of the output", default="NONE"),
+        "clip_min": Param(Float(infinite=True), "lower bound of a fused CLIP"),
+        "clip_max": Param(Float(infinite=True), "upper bound of a fused CLIP"),
+        "negative_slope": Param(Float(), "slope of a fused LEAKYRELU (a fused PRELU reads a constant of this name)"),
+        "negative_slope_value": Param(Float(), "slope of a fused LEAKYRELU without negative_slope (default 0.01)"),
+        "weights_scale": quantized(Float(), "per-tensor weight scale (per channel: a constant of this name)"),
+        "weights_zp": quantized(Int(), "per-tensor weight zero point (per channel: a constant of this name)"),
+        "biases_scale": quantized(Float(), "bias scale s_in * s_w (per channel: a constant of this name)"),
+        "biases_zp": quantized(Int(), "bias zero point, 0 (per channel: a constant of this name)"),
+        "remain_shift": quantized(Int(), "shift applied before the 32-bit hand-over of wide accumulators"),
+    }
+
+
+_CONV_CONSTANTS = {"weights": "[O,kh,kw,I/g]", "biases": "[O], absent means zero",
+                   "scale": "per-channel requantization multipliers (quantized)",
+                   "shift": "per-channel requantization shifts (quantized)"}
+
+CONVOLUTION = declare_op(
+    "Convolution",
+    params={**_conv_params(depthwise=False),
+            "with_winograd": Param(Bool(), "upstream's Winograd switch; not read")},
+    constants={**_CONV_CONSTANTS, "WinogradWeights": "upstream's Winograd-transformed weights; not read"},
+    integer=_INTEGER, semantics=_SEMANTICS)
+
+DEPTHWISE_CONV = declare_op(
+    "DepthwiseConv",
+    params=_conv_params(depthwise=True),
+    constants={**_CONV_CONSTANTS, "weights": "[in_c*multiplier,kh,kw,1]"},
+    integer=_INTEGER, semantics=_SEMANTICS,
+    summary="The Parser writes DepthwiseConv as a grouped conv with group = in_c.")
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -140,7 +201,7 @@ def _conv_nhwc(node: PyNode, x: torch.Tensor, w: torch.Tensor, bias: torch.Tenso
     return _conv2d_kernel(x, w, bias, stride, dilation, pads, group, pad_value, dtype)
 
 
-@op_register(OpType.Convolution)
+@CONVOLUTION.forward
 def convolution_forward(self: PyNode) -> None:
     if self.quantized:
         self.outputs[0].betensor = mac_finish(self, conv2d_nhwc_int(self, depthwise=False))
@@ -148,7 +209,7 @@ def convolution_forward(self: PyNode) -> None:
     _conv_float_forward(self, depthwise=False)
 
 
-@op_register(OpType.DepthwiseConv)
+@DEPTHWISE_CONV.forward
 def depthwise_conv_forward(self: PyNode) -> None:
     """The Parser writes DepthwiseConv as a grouped conv: weights [in_c*multiplier, kh, kw, 1], group = in_c."""
     if self.quantized:
@@ -157,7 +218,7 @@ def depthwise_conv_forward(self: PyNode) -> None:
     _conv_float_forward(self, depthwise=True)
 
 
-@quant_register(OpType.Convolution)
+@CONVOLUTION.quantize
 def convolution_quantize(self: PyNode) -> None:
     """Per-channel weights when the weight mode says so; grouped convs are quantized per group otherwise."""
     per_channel = layer_settings(self).q_mode_weight.startswith("per_channel")
@@ -165,12 +226,7 @@ def convolution_quantize(self: PyNode) -> None:
     quantize_mac(self, per_channel=per_channel, groups=1 if per_channel else int(group))
 
 
-@quant_register(OpType.DepthwiseConv)
+@DEPTHWISE_CONV.quantize
 def depthwise_conv_quantize(self: PyNode) -> None:
     """DepthwiseConv weights are always per channel (each channel is its own filter), as upstream."""
     quantize_mac(self, per_channel=True)
-
-describe_op(["Convolution", "DepthwiseConv"], params="weights [O,kh,kw,I/g], biases, kernel_x/y, stride_x/y, "
-            "pad_left/right/top/bottom, dilation_x/y, group, num_output, with_activation",
-            integer="int32/int48 MAC accumulation + per-tensor/per-channel multiplier and shift",
-            semantics="integer-semantics.md#convolution-depthwiseconv-fullyconnected")

@@ -12,13 +12,26 @@ import torch
 from ..graph.float_layer import round_to_float_dtype
 from ..graph.node import PyNode
 from ..quant.params import dequantize, quantize
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Float, Int, Text, quantized
 from ._quant import integer_output_bits, out_range, quantize_activation, set_qinvariant, tensor_scale, tensor_zp
-from .catalog import describe_op
 
 SEMANTICS = "docs/semantics/convert.md"
-@op_register(OpType.Quantize)
+
+_SCALE_DOC = "q = x · quantize_scale − quantize_zp: the scale of the integer side (written by quantopt)"
+_ZP_DOC = "the zero point of the integer side (written by quantopt)"
+
+QUANTIZE = declare_op(
+    "Quantize",
+    params={"quantize_scale": quantized(Float(), _SCALE_DOC),
+            "quantize_zp": quantized(Int(), _ZP_DOC),
+            "round_mode": quantized(Text(), "ROUND_TO_EVEN (written by quantopt; not read)")},
+    dtypes="float32/float16/bfloat16 → int8/uint8/int16/uint16 (integer-valued inputs: exact, scale 1)",
+    integer="q = clamp(round_half_even(x·scale − zp)) in float32, like Input",
+    semantics=f"{SEMANTICS}#quantize")
+
+
+@QUANTIZE.forward
 def quantize_forward(self: PyNode) -> None:
     """Integer: q = clamp(round_half_even(x · quantize_scale − quantize_zp), qmin, qmax), computed in float32 like the
     Input layer; NaN gives 0. Float graph: the input as is."""
@@ -38,7 +51,7 @@ def quantize_forward(self: PyNode) -> None:
     out.betensor = quantize(x, scale, zp, qmin, qmax)
 
 
-@quant_register(OpType.Quantize)
+@QUANTIZE.quantize
 def quantize_quantize(self: PyNode) -> None:
     """Output params from the calibrated range of the float tensor (copied onto the output when the layer was
     inserted) with the layer's activation bits and mode; an integer-valued float tensor (an index output of a
@@ -55,7 +68,16 @@ def quantize_quantize(self: PyNode) -> None:
     self.params["round_mode"] = "ROUND_TO_EVEN"
 
 
-@op_register(OpType.DeQuantize)
+DEQUANTIZE = declare_op(
+    "DeQuantize",
+    params={"quantize_scale": quantized(Float(), _SCALE_DOC),
+            "quantize_zp": quantized(Int(), _ZP_DOC)},
+    dtypes="int8/uint8/int16/uint16/int32 → float32/float16/bfloat16",
+    integer="x = (q + zp)·(1/scale) in float32, rounded to the output float dtype",
+    semantics=f"{SEMANTICS}#dequantize")
+
+
+@DEQUANTIZE.forward
 def dequantize_forward(self: PyNode) -> None:
     """x = (q + quantize_zp) · (1 / quantize_scale) in float32, then rounded to the output dtype (float16/bfloat16).
     A float input (float graph) passes through."""
@@ -69,7 +91,7 @@ def dequantize_forward(self: PyNode) -> None:
     out.betensor = round_to_float_dtype(dequantize(q, scale, zp), out.dtype)
 
 
-@quant_register(OpType.DeQuantize)
+@DEQUANTIZE.quantize
 def dequantize_quantize(self: PyNode) -> None:
     """Stores the input's scale and zero point; the output stays float (its dtype is the consuming island's)."""
     inp = self.inputs[0]
@@ -78,13 +100,3 @@ def dequantize_quantize(self: PyNode) -> None:
     self.params["quantize_scale"] = tensor_scale(inp)
     self.params["quantize_zp"] = tensor_zp(inp)
     self.params["unquantifiable"] = True
-
-
-describe_op("Quantize", params="quantize_scale, quantize_zp, round_mode=ROUND_TO_EVEN (written by quantopt)",
-            dtypes="float32/float16/bfloat16 → int8/uint8/int16/uint16 (integer-valued inputs: exact, scale 1)",
-            integer="q = clamp(round_half_even(x·scale − zp)) in float32, like Input",
-            semantics=f"{SEMANTICS}#quantize")
-describe_op("DeQuantize", params="quantize_scale, quantize_zp (written by quantopt)",
-            dtypes="int8/uint8/int16/uint16/int32 → float32/float16/bfloat16",
-            integer="x = (q + zp)·(1/scale) in float32, rounded to the output float dtype",
-            semantics=f"{SEMANTICS}#dequantize")

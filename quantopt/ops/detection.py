@@ -23,8 +23,8 @@ from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.requant import scale_shift
 from ..quant.rounding import round_shift
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Bool, DtypeName, Either, Float, Floats, Int, Ints, Param, Text, Value, quantized
 from ._lut_int import is_restricted, range_bits
 from ._quant import (
     check_quantized_inputs,
@@ -39,7 +39,6 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import bool_param
-from .catalog import describe_op
 
 DEFAULT_VARIANCE = [10.0, 10.0, 5.0, 5.0]
 """DecodeBox's default `variance` (TF object-detection box coder scales): deltas are divided by these."""
@@ -236,6 +235,50 @@ def _quantize_boxes(node: PyNode, anchor_unit: float, clip: Optional[Tuple[float
 
 
 # ------------------------------------------------------------------------------------------------ DecodeBox
+DECODEBOX = declare_op(
+    "DecodeBox",
+    params={
+        "class_num": Param(Int(lo=0), "number of classes: the last class_num score columns (earlier ones, such as a "
+                           "background column, are dropped)", required=True),
+        "score_threshold": Param(Float(infinite=True), "a candidate (anchor, class) is kept when its score is above "
+                                 "it", required=True),
+        "variance": Param(Floats(), "the 4 divisors of the deltas (ty, tx, th, tw), finite and non-zero",
+                          default=DEFAULT_VARIANCE),
+        "clip": Param(Bool(), "clip the decoded boxes to [0, height_max] x [0, width_max]", default=True),
+        "height_max": Param(Float(), "upper clip bound of the y coordinates", default=1.0),
+        "width_max": Param(Float(), "upper clip bound of the x coordinates", default=1.0),
+        "image_height": Param(Float(), "upstream's image height (its clip bound without proposal_normalized); not "
+                              "read: height_max gives the bound"),
+        "image_width": Param(Float(), "upstream's image width; not read: width_max gives the bound"),
+        "proposal_normalized": Param(Bool(), "upstream's flag for normalized anchors; not read"),
+        "boxes": Param(Value(), "written by some Parser versions (named like an output); not read"),
+        "box_num_perclass": Param(Value(), "written by some Parser versions (named like an output); not read"),
+        "scale": Param(Value(), "written by some Parser versions; not read"),
+        "anchor_frac_bits": quantized(Int(lo=0), "fraction bits of the int32 fixed-point anchors"),
+        "lut_frac_bits": quantized(Int(lo=0), "fraction bits Lf of the decode tables"),
+        "box_scale_value": quantized(Int(lo=0), "multiplier of the box requantization"),
+        "box_shift_value": quantized(Int(), "shift of the box requantization"),
+        "height": quantized(Int(), "upper clip bound of the y coordinates, as an output code"),
+        "width": quantized(Int(), "upper clip bound of the x coordinates, as an output code"),
+        "score_threshold_value": quantized(Int(), "score_threshold as an exact integer code of the score input"),
+        "box_shift": quantized(Int(), "upstream's box shift; not read"),
+        "score_threshold_uint8": quantized(Int(), "upstream's integer score threshold; not read"),
+    },
+    constants={"weights": "anchors [A, 4] (ya, xa, ha, wa); int32 fixed point when quantized",
+               "lut_ty": "decode table t / variance[0] (quantized)",
+               "lut_tx": "decode table t / variance[1] (quantized)",
+               "lut_th": "decode table exp(t / variance[2]) (quantized)",
+               "lut_tw": "decode table exp(t / variance[3]) (quantized)",
+               "ha": "upstream's anchor heights; not read", "wa": "upstream's anchor widths; not read",
+               "xcenter": "upstream's anchor x centres; not read", "ycenter": "upstream's anchor y centres; not read",
+               "ty_lut": "upstream's decode table; not read", "tx_lut": "upstream's decode table; not read",
+               "th_lut": "upstream's decode table; not read", "tw_lut": "upstream's decode table; not read"},
+    integer="delta tables (t/v, exp(t/v)) in fixed point, int32 anchors, one exact requant per coordinate, "
+            "integer score threshold; scores passthrough, counts/labels integers",
+    dtypes="scores any, deltas int8/int16 → boxes int16/uint16, scores as input, counts uint16",
+    semantics="docs/semantics/detection.md#decodebox")
+
+
 def _decodebox_params(node: PyNode) -> Tuple[int, float, List[float], bool, float, float]:
     if len(node.inputs) != 2:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): anchors given as an input are not supported "
@@ -304,7 +347,7 @@ def _ssd_outputs(node: PyNode, boxes: torch.Tensor, scores: torch.Tensor, passed
     return [out_boxes, counts_t, total_t, out_scores, labels_t]
 
 
-@op_register(OpType.DecodeBox)
+@DECODEBOX.forward
 def decodebox_forward(self: PyNode) -> None:
     """Inputs: scores [N, A, K] (the last class_num columns are classes), deltas [N, A, 4] (ty, tx, th, tw);
     constant anchors `weights` [A, 4] (ya, xa, ha, wa). Outputs: boxes, box_num_perclass, total_class_num, scores,
@@ -332,7 +375,7 @@ def decodebox_forward(self: PyNode) -> None:
         o.betensor = v
 
 
-@quant_register(OpType.DecodeBox)
+@DECODEBOX.quantize
 def decodebox_quantize(self: PyNode) -> None:
     """Anchors to int32 fixed point (`anchor_frac_bits`), decode tables, 16-bit box params from calibration, the
     exact integer score threshold; scores copy the score input's params; counts and labels are integers."""
@@ -360,6 +403,38 @@ def decodebox_quantize(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ NMS
+NMS = declare_op(
+    "NMS",
+    params={
+        "iou_threshold": Param(Float(), "a box is suppressed when its IoU with a kept box of its class exceeds it, "
+                               "in [0, 1] (upstream's quantized IR holds an integer)", required=True),
+        "score_threshold": Param(Float(infinite=True), "only boxes with a score above it are candidates",
+                                 default=float("-inf")),
+        "method": Param(Text(choices=("HARD", "GAUSSIAN")), "HARD (GAUSSIAN, soft NMS, is not supported)",
+                        default="HARD"),
+        "max_output_size": Param(Int(lo=0), "boxes kept per class at most (default: the output capacity)"),
+        "center_point_box": Param(Bool(), "0: corner boxes (1, centre boxes, is not supported)", default=0),
+        "soft_nms_sigma": Param(Float(), "upstream's GAUSSIAN sigma; not read"),
+        "image_height": Param(Float(), "upstream's image height; not read"),
+        "image_width": Param(Float(), "upstream's image width; not read"),
+        "boxes": Param(Value(), "written by some Parser versions (named like an input); not read"),
+        "box_num_perclass": Param(Value(), "written by some Parser versions (named like an input); not read"),
+        "scale": Param(Value(), "written by some Parser versions; not read"),
+        "iou_threshold_value": quantized(Int(lo=0), "round(iou_threshold * 2^iou_threshold_shift)"),
+        "iou_threshold_shift": quantized(Int(lo=0), "fraction bits of iou_threshold_value (16)"),
+        "score_threshold_value": quantized(Int(), "score_threshold as an exact integer code of the score input"),
+        "areas_shift": quantized(Int(), "upstream's area shift; not read"),
+        "iou_thresh_shift": quantized(Int(), "upstream's IoU threshold shift; not read"),
+        "soft_nms_sigma_in_shift": quantized(Int(), "upstream's GAUSSIAN table input shift; not read"),
+    },
+    constants={"gaussian_scale_lut": "upstream's GAUSSIAN table; not read",
+               "gaussian_shift_lut": "upstream's GAUSSIAN table; not read"},
+    integer="exact integer IoU test inter * 2^16 > round(t * 2^16) * union; boxes and scores "
+            "passthrough, counts/indices integers",
+    dtypes="boxes/scores keep their params; counts and keep uint16",
+    semantics="docs/semantics/detection.md#nms")
+
+
 def _nms_params(node: PyNode) -> Tuple[float, float, int]:
     if len(node.inputs) != 4 or len(node.outputs) != 4:
         raise node._error("expects 4 inputs (boxes, box_num_perclass, total_class_num, scores) and 4 outputs "
@@ -451,7 +526,7 @@ def _nms_run(node: PyNode, boxes: torch.Tensor, counts: torch.Tensor, total: tor
     return [out_boxes, out_counts, out_scores, out_keep]
 
 
-@op_register(OpType.NMS)
+@NMS.forward
 def nms_forward(self: PyNode) -> None:
     """Per class (contiguous blocks given by box_num_perclass / total_class_num), keep boxes by score unless their
     IoU with a kept box exceeds iou_threshold. Outputs: boxes, box_num_perclass, scores, keep (input box indices)."""
@@ -482,7 +557,7 @@ def nms_forward(self: PyNode) -> None:
         o.betensor = v
 
 
-@quant_register(OpType.NMS)
+@NMS.quantize
 def nms_quantize(self: PyNode) -> None:
     """Boxes and scores keep their input params (values are selected, never changed); the IoU threshold becomes
     round(t * 2^16) and the score threshold an exact integer code; counts and indices are integers."""
@@ -505,6 +580,47 @@ def nms_quantize(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ DetectionOutput
+DETECTIONOUTPUT = declare_op(
+    "DetectionOutput",
+    params={
+        "score_threshold": Param(Float(infinite=True), "a (proposal, class) is kept when its score is above it"),
+        "image_height": Param(Float(), "upper clip bound of the y coordinates"),
+        "image_width": Param(Float(), "upper clip bound of the x coordinates"),
+        "variance": Param(Floats(), "the 4 divisors of the encodings (ty, tx, th, tw), finite and non-zero",
+                          default=[1.0, 1.0, 1.0, 1.0]),
+        "anchor_mode": Param(Text(choices=("default_detect", "caffe_detection")), "default_detect: (y, x) order; "
+                             "caffe_detection: (x, y) order of encodings and proposals", default="default_detect"),
+        "bbox_xform_clip": Param(Float(infinite=True), "upstream's clamp of th, tw; not read"),
+        "clip": Param(Value(), "written by some Parser versions; not read (boxes are always clipped to the image)"),
+        "box_num_perclass": Param(Value(), "written by some Parser versions (named like an output); not read"),
+        "scores": Param(Value(), "written by some Parser versions (named like an output); not read"),
+        "scale": Param(Value(), "written by some Parser versions; not read"),
+        "lut_frac_bits": quantized(Int(lo=0), "fraction bits Lf of the decode tables"),
+        "box_scale_value": quantized(Either(kinds=(Int(lo=0), Ints(lo=0))),
+                                     "multiplier of the box requantization (upstream writes a list)"),
+        "box_shift_value": quantized(Either(kinds=(Int(), Ints())),
+                                     "shift of the box requantization (upstream writes a list)"),
+        "box_scale_type": quantized(Either(kinds=(DtypeName(), Value("dtype list"))),
+                                    "upstream's dtypes of box_scale_value; not read"),
+        "box_shift_type": quantized(Either(kinds=(DtypeName(), Value("dtype list"))),
+                                    "upstream's dtypes of box_shift_value; not read"),
+        "delta_shift": quantized(Either(kinds=(Int(), Ints())), "upstream's pre-shifts; not read"),
+        "height": quantized(Int(), "upper clip bound of the y coordinates, as an output code"),
+        "width": quantized(Int(), "upper clip bound of the x coordinates, as an output code"),
+        "score_threshold_value": quantized(Int(), "score_threshold as an exact integer code of the score input"),
+    },
+    constants={"lut_ty": "decode table t / variance[0] (quantized)",
+               "lut_tx": "decode table t / variance[1] (quantized)",
+               "lut_th": "decode table exp(t / variance[2]) (quantized)",
+               "lut_tw": "decode table exp(t / variance[3]) (quantized)",
+               "ty_lut": "upstream's decode table; not read", "tx_lut": "upstream's decode table; not read",
+               "th_lut": "upstream's decode table; not read", "tw_lut": "upstream's decode table; not read"},
+    integer="delta tables in fixed point on integer proposals, one exact requant per coordinate, integer "
+            "score threshold; scores passthrough, counts/labels integers",
+    dtypes="scores as input, boxes int16/uint16, counts/labels uint16",
+    semantics="docs/semantics/detection.md#detectionoutput")
+
+
 def _detout_params(node: PyNode) -> Tuple[bool, List[float], float, float, float]:
     if len(node.inputs) != 3 or len(node.outputs) != 5:
         raise node._error("expects 3 inputs (class scores, box encodings, proposals) and 5 outputs (scores, boxes, "
@@ -555,7 +671,7 @@ def _detout_outputs(node: PyNode, scores: torch.Tensor, boxes: torch.Tensor, pas
     return [out_scores, out_boxes, counts_t, labels_t, total_t]
 
 
-@op_register(OpType.DetectionOutput)
+@DETECTIONOUTPUT.forward
 def detectionoutput_forward(self: PyNode) -> None:
     """Decode per-class encodings [N, R, C, 4] on proposals [N, R, 4], clip to the image, keep scores above
     score_threshold class by class (background column 0 dropped). Outputs: scores, boxes, box_num_perclass,
@@ -582,7 +698,7 @@ def detectionoutput_forward(self: PyNode) -> None:
         o.betensor = v
 
 
-@quant_register(OpType.DetectionOutput)
+@DETECTIONOUTPUT.quantize
 def detectionoutput_quantize(self: PyNode) -> None:
     """Decode tables on the encoding input, 16-bit box params from calibration (proposals in their own integer
     units), clip codes, the exact integer score threshold; scores copy the class-score input's params."""
@@ -599,21 +715,3 @@ def detectionoutput_quantize(self: PyNode) -> None:
     for idx in (2, 3, 4):
         _set_index(self.outputs[idx], max_box)
 
-
-describe_op("DecodeBox", params="class_num, score_threshold, variance ([10,10,5,5]), clip (true), height_max, "
-            "width_max (1.0); constant weights = anchors [A, 4] (ya, xa, ha, wa)",
-            integer="delta tables (t/v, exp(t/v)) in fixed point, int32 anchors, one exact requant per coordinate, "
-            "integer score threshold; scores passthrough, counts/labels integers",
-            dtypes="scores any, deltas int8/int16 → boxes int16/uint16, scores as input, counts uint16",
-            semantics="docs/semantics/detection.md#decodebox")
-describe_op("NMS", params="iou_threshold, score_threshold (-inf), method (HARD), max_output_size, center_point_box "
-            "(0)", integer="exact integer IoU test inter * 2^16 > round(t * 2^16) * union; boxes and scores "
-            "passthrough, counts/indices integers",
-            dtypes="boxes/scores keep their params; counts and keep uint16",
-            semantics="docs/semantics/detection.md#nms")
-describe_op("DetectionOutput", params="score_threshold, image_height, image_width, variance ([1,1,1,1]), "
-            "anchor_mode (default_detect|caffe_detection)",
-            integer="delta tables in fixed point on integer proposals, one exact requant per coordinate, integer "
-            "score threshold; scores passthrough, counts/labels integers",
-            dtypes="scores as input, boxes int16/uint16, counts/labels uint16",
-            semantics="docs/semantics/detection.md#detectionoutput")

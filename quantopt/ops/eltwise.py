@@ -21,8 +21,8 @@ from ..quant.requant import (
     scale_shift,
 )
 from ..quant.rounding import FLOAT64_EXACT
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Float, Param, Text, Value
 from ._eltwise_int import activation_clamp, check_int64_bound, offset_absmax, offset_value, set_integer_output
 from ._per_channel import is_per_channel
 from ._quant import (
@@ -42,8 +42,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import apply_fused_activation, broadcast_shape
-from .catalog import describe_op
+from ._shared import FUSED_ACTIVATIONS, apply_fused_activation, broadcast_shape
 
 ELTWISE_METHODS: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "ADD": torch.add,
@@ -55,6 +54,39 @@ ELTWISE_METHODS: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
 # Methods whose result does not depend on how more than two inputs are grouped.
 NARY_METHODS = ("ADD", "MAX", "MIN")
 STANDALONE_METHODS: Dict[str, str] = {"Add": "ADD", "Sub": "SUB", "Mul": "MUL"}
+
+_FUSED_PARAMS = {
+    "with_activation": Param(Text(choices=FUSED_ACTIVATIONS), "the fused activation", default="NONE"),
+    "clip_min": Param(Float(infinite=True), "lower bound of a fused CLIP"),
+    "clip_max": Param(Float(infinite=True), "upper bound of a fused CLIP"),
+    "negative_slope": Param(Float(), "slope of a fused LEAKYRELU (a PRELU's slopes are a constant of this name)"),
+    "negative_slope_value": Param(Float(), "slope of a fused LEAKYRELU when `negative_slope` is absent "
+                                           "(default 0.01)"),
+}
+_PER_CHANNEL_CONSTANTS = {
+    "input_scale": "per-channel input multipliers, uint16 [inputs, C], written when quantized per channel",
+    "scale": "per-channel output multipliers, uint16 [C], written when quantized per channel",
+    "shift": "per-channel output shifts, int8 [C], written when quantized per channel",
+}
+_ELTWISE_INTEGER = "inputs aligned with 15-bit multipliers, exact int64 op, output multiplier and shift"
+_ELTWISE_SEMANTICS = "integer-semantics.md#eltwise-addsubmaxmin-add-sub"
+
+ELTWISE = declare_op(
+    "Eltwise",
+    params={"method": Param(Text(choices=tuple(ELTWISE_METHODS)), "the element-wise operation", required=True),
+            **_FUSED_PARAMS},
+    constants=_PER_CHANNEL_CONSTANTS, summary="Numpy broadcasting", integer=_ELTWISE_INTEGER,
+    semantics=_ELTWISE_SEMANTICS)
+ADD_SUB = declare_op(
+    ["Add", "Sub"],
+    params={"method": Param(Value(), "not read: the type is the method"), **_FUSED_PARAMS},
+    constants=_PER_CHANNEL_CONSTANTS, summary="Numpy broadcasting", integer=_ELTWISE_INTEGER,
+    semantics=_ELTWISE_SEMANTICS)
+MUL = declare_op(
+    "Mul",
+    params={"method": Param(Value(), "not read: the type is the method"), **_FUSED_PARAMS},
+    constants=_PER_CHANNEL_CONSTANTS, summary="Numpy broadcasting",
+    integer="(a + zp_a)(b + zp_b) exact, one multiplier and shift", semantics="integer-semantics.md#eltwise-mul-mul")
 
 
 def eltwise_method(node: PyNode) -> str:
@@ -78,7 +110,9 @@ def _check_inputs(node: PyNode, method: str, xs: List[torch.Tensor]) -> None:
         raise node._error(f"input shapes {[list(x.shape) for x in xs]} do not broadcast") from None
 
 
-@op_register([OpType.Eltwise, OpType.Add, OpType.Sub, OpType.Mul])
+@ELTWISE.forward
+@ADD_SUB.forward
+@MUL.forward
 def eltwise_forward(self: PyNode) -> None:
     method = eltwise_method(self)
     if self.quantized:
@@ -112,7 +146,9 @@ def _check_quantizable(node: PyNode, method: str) -> None:
     check_quantized_inputs(node, node.inputs)
 
 
-@quant_register([OpType.Eltwise, OpType.Add, OpType.Sub, OpType.Mul])
+@ELTWISE.quantize
+@ADD_SUB.quantize
+@MUL.quantize
 def eltwise_quantize(self: PyNode) -> None:
     """Output params from the calibrated output range, then the integer multipliers (docs/integer-semantics.md).
 
@@ -308,12 +344,3 @@ def _n_ary_int_forward(node: PyNode, method: str, qmin: int, qmax: int) -> torch
         acc = INT_METHODS[method](acc, x * m)
     y = requantize_int(acc, m_out, shift, tensor_zp(node.outputs[0]), qmin, qmax)
     return activation_clamp(node, y)
-
-
-describe_op(["Eltwise", "Add", "Sub"],
-            params="method=ADD|SUB|MUL|MAX|MIN (Eltwise), with_activation; numpy broadcasting",
-            integer="inputs aligned with 15-bit multipliers, exact int64 op, output multiplier and shift",
-            semantics="integer-semantics.md#eltwise-addsubmaxmin-add-sub")
-describe_op("Mul", params="with_activation; numpy broadcasting",
-            integer="(a + zp_a)(b + zp_b) exact, one multiplier and shift",
-            semantics="integer-semantics.md#eltwise-mul-mul")

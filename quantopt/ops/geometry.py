@@ -28,8 +28,8 @@ from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS, INTERP_FRACTION_BITS
 from ..quant.requant import scale_shift
 from ..quant.rounding import round_shift
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import PASSTHROUGH_DTYPES, declare_op
+from ..registry.schema import Bool, DtypeName, Float, Int, Ints, Param, Text, Value, quantized
 from ._eltwise_int import check_int64_bound, offset_absmax
 from ._quant import (
     check_quantized_inputs,
@@ -42,7 +42,6 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param
-from .catalog import PASSTHROUGH_DTYPES, describe_op
 
 _MISSING = object()
 SEMANTICS = "docs/semantics/geometry.md"
@@ -53,6 +52,9 @@ takes, because a coordinate error of W * 2^-bits pixels must stay small for wide
 
 INTERP_SHIFT_TYPE: Dtype = Dtype.INT8
 """IR dtype written as `interp_shift_type` (upstream's SHIFT_DTYPE)."""
+
+_UNREAD_SCALE = Param(Value(), "written by some Parser versions; not read")
+_PASSTHROUGH = "passthrough (data movement only)"
 
 
 # ------------------------------------------------------------------------------------------------ param helpers
@@ -120,6 +122,40 @@ NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "si
 CUBIC_COEFF_A_DEFAULT = -0.75
 RATIO_KEYS = ("ratio_x", "ratio_y", "ratio_z")  # last spatial axis first
 HALF = Fraction(1, 2)
+_RATIO_AXES = {"ratio_x": "last", "ratio_y": "second-last", "ratio_z": "third-last"}
+
+_RESIZE_PARAMS = {
+    "method": Param(Text(choices=tuple(m.upper() for m in RESIZE_METHODS) + ("AREA",)),
+                    "interpolation (AREA is not supported)", required=True),
+    "mode": Param(Text(choices=tuple(m.upper() for m in RESIZE_MODES + UNSUPPORTED_RESIZE_MODES)),
+                  "coordinate transformation (HALF_PIXEL_SYMMETRIC and TF_CROP_AND_RESIZE are not supported)",
+                  default="HALF_PIXEL"),
+    "nearest_mode": Param(Text(choices=tuple(m.upper() for m in NEAREST_MODES)),
+                          "nearest: how a source coordinate rounds to a pixel", default="ROUND_PREFER_FLOOR"),
+    "size": Param(Ints(lo=1, scalar_ok=False), "output shape [N, (D,) (H,) W, C], or only its spatial sizes (absent: "
+                                               "the output's IR shape)"),
+    **{key: Param(Float(), f"scale factor out / in of the {_RATIO_AXES[key]} spatial axis (absent or 0: in / out "
+                           "sizes)") for key in RATIO_KEYS},
+    "cubic_coeff_a": Param(Float(), "the a of the cubic kernel", default=CUBIC_COEFF_A_DEFAULT),
+    "exclude_outside": Param(Bool(), "cubic: only false is supported", default=False),
+    "antialias": Param(Bool(), "only false is supported", default=False),
+    "align_corners": Param(Bool(), "not read (mode ALIGN_CORNERS selects those coordinates)"),
+    "interp_shift_value": quantized(Int(lo=0), "fraction bits of the integer weights (13 linear/cubic, 0 nearest)"),
+    "interp_shift_type": quantized(DtypeName(), "dtype of interp_shift_value (int8)"),
+    "scale": _UNREAD_SCALE,
+}
+_RESIZE_DOC = dict(
+    integer="gather (nearest); exact separable sum with interp_shift_value-bit weights, one rounding shift",
+    dtypes=PASSTHROUGH_DTYPES, semantics=f"{SEMANTICS}#resize-and-interp")
+
+RESIZE = declare_op("Resize", params=_RESIZE_PARAMS, **_RESIZE_DOC)
+
+INTERP = declare_op(
+    "Interp",
+    params={**_RESIZE_PARAMS,
+            **{f"bound_{a}_{e}": Param(Value(), "upstream's; not read") for a in "xy" for e in ("min", "max")},
+            **{f"weight_coefficients_{a}": Param(Value(), "upstream's; not read") for a in "xy"}},
+    summary="Interp is Resize under another name.", **_RESIZE_DOC)
 
 
 def _resize_method(node: PyNode) -> str:
@@ -325,7 +361,8 @@ def _interp_shift(node: PyNode) -> int:
     return _int_param(node, "interp_shift_value", minimum=0)
 
 
-@op_register([OpType.Resize, OpType.Interp])
+@RESIZE.forward
+@INTERP.forward
 def resize_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     if self.quantized:
@@ -375,7 +412,8 @@ def resize_int_forward(node: PyNode) -> torch.Tensor:
     return torch.clamp(y, qmin, qmax).contiguous()
 
 
-@quant_register([OpType.Resize, OpType.Interp])
+@RESIZE.quantize
+@INTERP.quantize
 def resize_quantize(self: PyNode) -> None:
     """The output keeps the input's params (upstream). Linear and cubic store `interp_shift_value` = 13 fraction
     bits of the interpolation weights (0 for nearest, as upstream) and `interp_shift_type` int8."""
@@ -393,6 +431,26 @@ def resize_quantize(self: PyNode) -> None:
 # ================================================================================================ GridSample
 GRID_METHODS = ("bilinear", "nearest")
 GRID_PADDING = ("zeros", "border", "reflection")
+
+GRIDSAMPLE = declare_op(
+    "GridSample",
+    params={"method": Param(Text(choices=("BILINEAR", "NEAREST", "BICUBIC", "CUBIC")),
+                            "interpolation (BICUBIC is not supported)", default="BILINEAR"),
+            "padding_mode": Param(Text(choices=tuple(m.upper() for m in GRID_PADDING)),
+                                  "what a coordinate outside the image reads", default="ZEROS"),
+            "align_corners": Param(Bool(), "grid -1/1 are the corner pixels' centres (else their outer edges)",
+                                   default=False),
+            "interp_shift_value": quantized(Int(lo=0), "fraction bits of the fixed-point pixel coordinates (13)"),
+            "interp_shift_type": quantized(DtypeName(), "dtype of interp_shift_value (int8)"),
+            **{key: Param(Value(), "upstream's quantized form; not read")
+               for key in ("coordinate_x_shift", "coordinate_y_shift", "coordinate_z_shift", "x_terp", "y_terp")}},
+    constants={"scale": "per-channel multipliers; refused (the integer forward needs scale_value)",
+               "shift": "per-channel shifts; refused (the integer forward needs shift_value)",
+               "lutx": "upstream's coordinate table; not read", "luty": "upstream's coordinate table; not read"},
+    integer="grid to fixed-point pixel coordinates (multiplier/shift), bilinear with 13-bit weights",
+    dtypes="feature: any quantized; grid: per-tensor quantized; output keeps the feature's params",
+    semantics=f"{SEMANTICS}#gridsample",
+    summary="Inputs: feature and grid. Quantized: scale_value/shift_value map the grid to pixel coordinates.")
 
 
 def _grid_params(node: PyNode) -> Tuple[str, str, bool]:
@@ -421,7 +479,7 @@ def _grid_inputs(node: PyNode) -> Tuple[torch.Tensor, torch.Tensor]:
     return x, g
 
 
-@op_register(OpType.GridSample)
+@GRIDSAMPLE.forward
 def gridsample_forward(self: PyNode) -> None:
     method, padding, align = _grid_params(self)
     x, g = _grid_inputs(self)
@@ -506,7 +564,7 @@ def gridsample_int_forward(node: PyNode, method: str, padding: str, align: bool)
     return torch.clamp(round_shift(acc, 2 * frac), qmin, qmax)
 
 
-@quant_register(OpType.GridSample)
+@GRIDSAMPLE.quantize
 def gridsample_quantize(self: PyNode) -> None:
     """Output params copied from the feature (a bilinear mix or a copy of feature values, or float 0, never leaves
     the feature's range). 1 / grid_scale as a 15-bit multiplier/shift (`scale_value`/`shift_value`), coordinates
@@ -524,6 +582,13 @@ def gridsample_quantize(self: PyNode) -> None:
 
 
 # ================================================================================================ layout ops
+_BLOCK_PARAMS = {
+    "block_size": Param(Int(lo=1), "block size of both axes, where block_size_y/block_size_x are absent"),
+    "block_size_x": Param(Int(lo=1), "block width (default block_size)"),
+    "block_size_y": Param(Int(lo=1), "block height (default block_size)"),
+}
+
+
 def _block_sizes(node: PyNode) -> Tuple[int, int]:
     """(block_size_y, block_size_x); a single `block_size` serves both."""
     common = node.get_param("block_size", optional=True, default_value=None)
@@ -532,7 +597,21 @@ def _block_sizes(node: PyNode) -> Tuple[int, int]:
     return by, bx
 
 
-@op_register(OpType.DepthToSpace)
+# ------------------------------------------------------------------------------------------- DepthToSpace, SpaceToDepth
+_DEPTH_SPACE_DOC = dict(integer=_PASSTHROUGH, dtypes=PASSTHROUGH_DTYPES,
+                        semantics=f"{SEMANTICS}#depthtospace-and-spacetodepth")
+
+DEPTH_TO_SPACE = declare_op(
+    "DepthToSpace",
+    params={**_BLOCK_PARAMS,
+            "mode": Param(Text(choices=("DCR", "CRD")), "channel order of the blocks", default="DCR"),
+            "scale": _UNREAD_SCALE},
+    **_DEPTH_SPACE_DOC)
+
+SPACE_TO_DEPTH = declare_op("SpaceToDepth", params={**_BLOCK_PARAMS, "scale": _UNREAD_SCALE}, **_DEPTH_SPACE_DOC)
+
+
+@DEPTH_TO_SPACE.forward
 def depthtospace_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     _rank(self, x, (4,))
@@ -551,7 +630,7 @@ def depthtospace_forward(self: PyNode) -> None:
     self.outputs[0].betensor = y.reshape(n, h * by, w * bx, co).contiguous()
 
 
-@op_register(OpType.SpaceToDepth)
+@SPACE_TO_DEPTH.forward
 def spacetodepth_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     _rank(self, x, (4,))
@@ -567,7 +646,28 @@ def _pad_value(node: PyNode) -> float:
     return float(_quantized_zero(node.inputs[0])) if node.quantized else 0.0
 
 
-@op_register(OpType.SpaceToBatch)
+# ------------------------------------------------------------------------------------------- SpaceToBatch, BatchToSpace
+_SPACE_BATCH_DOC = dict(integer="passthrough (data movement; padding is the quantized 0)", dtypes=PASSTHROUGH_DTYPES,
+                        semantics=f"{SEMANTICS}#spacetobatch-and-batchtospace")
+
+SPACE_TO_BATCH = declare_op(
+    "SpaceToBatch",
+    params={**_BLOCK_PARAMS,
+            **{f"pad_{side}": Param(Int(lo=0), f"{side} padding before the blocks", default=0)
+               for side in ("left", "right", "top", "bottom")},
+            "scale": _UNREAD_SCALE},
+    **_SPACE_BATCH_DOC)
+
+BATCH_TO_SPACE = declare_op(
+    "BatchToSpace",
+    params={**_BLOCK_PARAMS,
+            **{f"crop_{side}": Param(Int(lo=0), f"cells cropped at the {side} of the result", default=0)
+               for side in ("left", "right", "top", "bottom")},
+            "scale": _UNREAD_SCALE},
+    **_SPACE_BATCH_DOC)
+
+
+@SPACE_TO_BATCH.forward
 def spacetobatch_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     _rank(self, x, (4,))
@@ -584,7 +684,7 @@ def spacetobatch_forward(self: PyNode) -> None:
     self.outputs[0].betensor = y.reshape(by * bx * n, h // by, w // bx, c).contiguous()
 
 
-@op_register(OpType.BatchToSpace)
+@BATCH_TO_SPACE.forward
 def batchtospace_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     _rank(self, x, (4,))
@@ -601,7 +701,16 @@ def batchtospace_forward(self: PyNode) -> None:
     self.outputs[0].betensor = y[:, crop_t:h * by - crop_b, crop_l:w * bx - crop_r, :].contiguous()
 
 
-@op_register(OpType.ChannelShuffle)
+# ------------------------------------------------------------------------------------------------ ChannelShuffle
+CHANNEL_SHUFFLE = declare_op(
+    "ChannelShuffle",
+    params={"group": Param(Int(lo=1), "channel groups interleaved", required=True),
+            "splits": Param(Int(lo=1), "outputs the shuffled channels are split into", default=1),
+            "scale": _UNREAD_SCALE},
+    integer=_PASSTHROUGH, dtypes=PASSTHROUGH_DTYPES, semantics=f"{SEMANTICS}#channelshuffle")
+
+
+@CHANNEL_SHUFFLE.forward
 def channelshuffle_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     group = _int_param(self, "group")
@@ -616,7 +725,16 @@ def channelshuffle_forward(self: PyNode) -> None:
         out.betensor = part.contiguous()
 
 
-@op_register(OpType.Crop)
+# ------------------------------------------------------------------------------------------------ Crop
+CROP = declare_op(
+    "Crop",
+    params={"crops": Param(Value("[[begin, end], ...]"), "one [begin, end) pair of integers per axis", required=True),
+            "ds_crops": Param(Value(), "upstream's dynamic-shape crops; not read"),
+            "scale": _UNREAD_SCALE},
+    integer=_PASSTHROUGH, dtypes=PASSTHROUGH_DTYPES, semantics=f"{SEMANTICS}#crop")
+
+
+@CROP.forward
 def crop_forward(self: PyNode) -> None:
     """`crops=[[begin, end], ...]` per axis; [0, IR batch] on axis 0 keeps the whole actual batch."""
     x = self.inputs[0].betensor
@@ -635,13 +753,32 @@ def crop_forward(self: PyNode) -> None:
     self.outputs[0].betensor = x[tuple(index)].contiguous()
 
 
-@op_register(OpType.Tile)
+# ------------------------------------------------------------------------------------------------ Tile
+TILE = declare_op(
+    "Tile",
+    params={"repeats": Param(Ints(lo=1, scalar_ok=False), "copies along each axis", required=True),
+            "scale": _UNREAD_SCALE},
+    integer=_PASSTHROUGH, dtypes=PASSTHROUGH_DTYPES, semantics=f"{SEMANTICS}#tile")
+
+
+@TILE.forward
 def tile_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     reps = _int_list(self, "repeats", self.get_param("repeats"))
     if len(reps) < x.dim() or any(r < 1 for r in reps):
         raise self._error(f"repeats {reps} must hold one positive count per axis of the {x.dim()}-D input")
     self.outputs[0].betensor = x.repeat(*reps).contiguous()
+
+
+# ------------------------------------------------------------------------------------------------ Repeat
+REPEAT = declare_op(
+    "Repeat",
+    params={"axis": Param(Int(), "the repeated axis (absent: the flattened input)"),
+            "scale": _UNREAD_SCALE},
+    constants={"repeats": "per-element repeat counts, when they are not the second input"},
+    integer="passthrough (data movement; padding is the quantized 0)", dtypes=PASSTHROUGH_DTYPES,
+    semantics=f"{SEMANTICS}#repeat",
+    summary="Repeats: input 1 (integer) or the constant repeats.")
 
 
 def _repeats(node: PyNode) -> torch.Tensor:
@@ -662,7 +799,7 @@ def _repeats(node: PyNode) -> torch.Tensor:
     return r
 
 
-@op_register(OpType.Repeat)
+@REPEAT.forward
 def repeat_forward(self: PyNode) -> None:
     """repeat_interleave along `axis` (flattened input when absent), then cut or padded with float 0 to the output
     IR length along that axis (upstream's `max_dim`)."""
@@ -688,7 +825,17 @@ def repeat_forward(self: PyNode) -> None:
     self.outputs[0].betensor = y.contiguous()
 
 
-@op_register(OpType.ReverseSequence)
+# ------------------------------------------------------------------------------------------------ ReverseSequence
+REVERSE_SEQUENCE = declare_op(
+    "ReverseSequence",
+    params={"batch_axis": Param(Int(), "the axis of the sequences", default=0),
+            "time_axis": Param(Int(), "the reversed axis", default=1),
+            "scale": _UNREAD_SCALE},
+    integer=_PASSTHROUGH, dtypes=PASSTHROUGH_DTYPES, semantics=f"{SEMANTICS}#reversesequence",
+    summary="Sequence lengths: input 1 (integer), else every sequence is reversed whole.")
+
+
+@REVERSE_SEQUENCE.forward
 def reversesequence_forward(self: PyNode) -> None:
     """Reverse the first seq_len[b] entries along `time_axis` for every b along `batch_axis` (lengths clamped to
     [0, T]; one length serves every b; no lengths input reverses everything)."""
@@ -719,14 +866,19 @@ def reversesequence_forward(self: PyNode) -> None:
     self.outputs[0].betensor = torch.gather(x, time_axis, idx).contiguous()
 
 
-@quant_register([OpType.DepthToSpace, OpType.SpaceToDepth, OpType.SpaceToBatch, OpType.BatchToSpace,
-                 OpType.ChannelShuffle, OpType.Crop, OpType.Tile])
+@DEPTH_TO_SPACE.quantize
+@SPACE_TO_DEPTH.quantize
+@SPACE_TO_BATCH.quantize
+@BATCH_TO_SPACE.quantize
+@CHANNEL_SHUFFLE.quantize
+@CROP.quantize
+@TILE.quantize
 def layout_quantize(self: PyNode) -> None:
     """Pure data movement: the outputs carry the input's params; SpaceToBatch pads with the quantized float 0."""
     _passthrough_quantize(self)
 
 
-@quant_register(OpType.Repeat)
+@REPEAT.quantize
 def repeat_quantize(self: PyNode) -> None:
     """Output params copied from the data input; the repeats input (if any) must be an integer tensor."""
     if len(self.inputs) >= 2:
@@ -735,42 +887,10 @@ def repeat_quantize(self: PyNode) -> None:
     _passthrough_quantize(self)
 
 
-@quant_register(OpType.ReverseSequence)
+@REVERSE_SEQUENCE.quantize
 def reversesequence_quantize(self: PyNode) -> None:
     """Output params copied from the data input; the lengths input (if any) must be an integer tensor."""
     if len(self.inputs) >= 2:
         check_quantized_inputs(self, self.inputs[1:2])
         _check_integer_input(self, self.inputs[1], "sequence lengths")
     _passthrough_quantize(self)
-
-
-# ------------------------------------------------------------------------------------------------ catalog
-describe_op([OpType.Resize, OpType.Interp],
-            params="method=NEAREST|BILINEAR|LINEAR|BICUBIC, mode=HALF_PIXEL|ALIGN_CORNERS|ASYMMETRIC|"
-                   "PYTORCH_HALF_PIXEL|TF_HALF_PIXEL_FOR_NN, nearest_mode, size or ratio_x/ratio_y(/ratio_z), "
-                   "cubic_coeff_a",
-            integer="gather (nearest); exact separable sum with interp_shift_value-bit weights, one rounding shift",
-            dtypes=PASSTHROUGH_DTYPES, semantics=f"{SEMANTICS}#resize-and-interp")
-describe_op(OpType.GridSample, params="method=BILINEAR|NEAREST, padding_mode=ZEROS|BORDER|REFLECTION, align_corners",
-            integer="grid to fixed-point pixel coordinates (multiplier/shift), bilinear with 13-bit weights",
-            dtypes="feature: any quantized; grid: per-tensor quantized; output keeps the feature's params",
-            semantics=f"{SEMANTICS}#gridsample")
-describe_op([OpType.DepthToSpace, OpType.SpaceToDepth], params="block_size_x, block_size_y, mode=DCR|CRD",
-            integer="passthrough (data movement only)", dtypes=PASSTHROUGH_DTYPES,
-            semantics=f"{SEMANTICS}#depthtospace-and-spacetodepth")
-describe_op([OpType.SpaceToBatch, OpType.BatchToSpace],
-            params="block_size_x, block_size_y, pad_left/right/top/bottom | crop_left/right/top/bottom",
-            integer="passthrough (data movement; padding is the quantized 0)", dtypes=PASSTHROUGH_DTYPES,
-            semantics=f"{SEMANTICS}#spacetobatch-and-batchtospace")
-describe_op(OpType.ChannelShuffle, params="group, splits", integer="passthrough (data movement only)",
-            dtypes=PASSTHROUGH_DTYPES, semantics=f"{SEMANTICS}#channelshuffle")
-describe_op(OpType.Crop, params="crops=[[begin,end],...]", integer="passthrough (data movement only)",
-            dtypes=PASSTHROUGH_DTYPES, semantics=f"{SEMANTICS}#crop")
-describe_op(OpType.Tile, params="repeats", integer="passthrough (data movement only)", dtypes=PASSTHROUGH_DTYPES,
-            semantics=f"{SEMANTICS}#tile")
-describe_op(OpType.Repeat, params="axis; repeats as 2nd input (integer) or constant",
-            integer="passthrough (data movement; padding is the quantized 0)", dtypes=PASSTHROUGH_DTYPES,
-            semantics=f"{SEMANTICS}#repeat")
-describe_op(OpType.ReverseSequence, params="batch_axis, time_axis; sequence lengths as 2nd input (integer)",
-            integer="passthrough (data movement only)", dtypes=PASSTHROUGH_DTYPES,
-            semantics=f"{SEMANTICS}#reversesequence")

@@ -19,8 +19,8 @@ from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype, int_dtype_for_bits
 from ..quant.params import QuantParams, integer_range
 from ..quant.rounding import round_shift
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Bool, Floats, Int, Param, Text, Value
 from ._quant import (
     copy_params,
     int_value,
@@ -36,7 +36,6 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param
-from .catalog import describe_op
 
 SEMANTICS = "docs/semantics/indexing.md"
 
@@ -51,6 +50,10 @@ SCATTER_MUL_ACC_BITS = 32
 accumulator after every multiplication."""
 
 SCATTER_REDUCTIONS = ("NONE", "ADD", "MUL", "MAX", "MIN")
+
+_PASS = "data: any, quantized output keeps the data's dtype, scale and zero point; indices: integer"
+_UNREAD_SCALE = Param(Value(), "written by some Parser versions; not read")
+_INDICES = {"indices": "integer; used when there is no index input"}
 
 
 # ------------------------------------------------------------------------------------------------ index inputs
@@ -123,6 +126,34 @@ def _wrap(idx: torch.Tensor, size: int) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------------------------ Gather
+GATHER = declare_op(
+    "Gather",
+    params={"axis": Param(Int(), "the gathered axis (default 0)", default=0),
+            "batch_dims": Param(Int(), "leading dims shared by data and indices (default 0; negative: from the "
+                                       "index rank)", default=0),
+            "method": Param(Text(), "upstream's lut form (idx_lut); not read"),
+            "scale": _UNREAD_SCALE},
+    constants={**_INDICES, "lut": "upstream's table form of a one-input Gather; not read"},
+    dtypes=_PASS, integer="passthrough; out-of-range index → -zp", semantics=f"{SEMANTICS}#gather",
+    summary="Indices: input 1, else the constant indices.")
+
+GATHER_ELEMENTS = declare_op(
+    "GatherElements",
+    params={"axis": Param(Int(), "the gathered axis (default 0)", default=0),
+            "scale": _UNREAD_SCALE},
+    constants=_INDICES,
+    dtypes=_PASS, integer="passthrough (indices clamped)", semantics=f"{SEMANTICS}#gatherelements",
+    summary="Indices: input 1, else the constant indices.")
+
+GATHER_ND = declare_op(
+    "GatherND",
+    params={"batch_dims": Param(Int(lo=0), "leading dims shared by data and indices (default 0)", default=0),
+            "scale": _UNREAD_SCALE},
+    constants=_INDICES,
+    dtypes=_PASS, integer="passthrough; out-of-range tuple → -zp", semantics=f"{SEMANTICS}#gathernd",
+    summary="Indices: input 1, else the constant indices.")
+
+
 def _take(x: torch.Tensor, idx: torch.Tensor, axis: int, fill: torch.Tensor) -> torch.Tensor:
     """x.shape[:axis] + idx.shape + x.shape[axis+1:]: entries of `x` along `axis`, `fill` where out of range."""
     size = int(x.shape[axis])
@@ -138,7 +169,7 @@ def _take(x: torch.Tensor, idx: torch.Tensor, axis: int, fill: torch.Tensor) -> 
     return out
 
 
-@op_register(OpType.Gather)
+@GATHER.forward
 def gather_forward(self: PyNode) -> None:
     """ONNX/TF Gather along `axis` with `batch_dims`; negative indices count from the end, indices outside
     [-n, n) give 0 (the integer -zp)."""
@@ -166,7 +197,7 @@ def gather_forward(self: PyNode) -> None:
     self.outputs[0].betensor = out
 
 
-@op_register(OpType.GatherElements)
+@GATHER_ELEMENTS.forward
 def gather_elements_forward(self: PyNode) -> None:
     """torch.gather along `axis`; an index >= n becomes n-1, a negative one +n (still negative: n-1)."""
     x = self.inputs[0].betensor
@@ -198,7 +229,7 @@ def _nd_offsets(node: PyNode, idx: torch.Tensor, dims: Sequence[int]) -> Tuple[t
     return lin, valid
 
 
-@op_register(OpType.GatherND)
+@GATHER_ND.forward
 def gather_nd_forward(self: PyNode) -> None:
     """ONNX GatherND with `batch_dims`; each index tuple wraps negatives per dim, a tuple out of range gives 0."""
     data = self.inputs[0]
@@ -223,13 +254,36 @@ def gather_nd_forward(self: PyNode) -> None:
     self.outputs[0].betensor = out.reshape(list(idx.shape[:-1]) + rest)
 
 
-@quant_register([OpType.Gather, OpType.GatherElements, OpType.GatherND])
+@GATHER.quantize
+@GATHER_ELEMENTS.quantize
+@GATHER_ND.quantize
 def gather_quantize(self: PyNode) -> None:
     _quantize_indices(self, 1)
     copy_params(self.outputs[0], self.inputs[0])
 
 
 # ------------------------------------------------------------------------------------------------ scatter
+_SCATTER_PARAMS = {
+    "reduction": Param(Text(choices=SCATTER_REDUCTIONS), "how updates combine with the data (default NONE)",
+                       default="NONE"),
+    "method": Param(Text(), "written by some Parser versions; not read"),
+    "scale": _UNREAD_SCALE,
+}
+_SCATTER_DOC = dict(
+    constants=_INDICES,
+    dtypes="data/updates → data's dtype (NONE) or int8/uint8/int16/uint16; indices: integer",
+    integer="updates requantized to the output scale, integer combine",
+    semantics=f"{SEMANTICS}#scatternd-scatterelements",
+    summary="Inputs: data, indices (else the constant indices), updates. Quantized: scale_value and shift_value "
+            "hold [data, updates].")
+
+SCATTER_ND = declare_op("ScatterND", params=_SCATTER_PARAMS, **_SCATTER_DOC)
+
+SCATTER_ELEMENTS = declare_op(
+    "ScatterElements",
+    params={"axis": Param(Int(), "the scattered axis (default 0)", default=0), **_SCATTER_PARAMS}, **_SCATTER_DOC)
+
+
 def _reduction(node: PyNode) -> str:
     r = str(node.get_param("reduction", optional=True, default_value="NONE")).upper()
     if r not in SCATTER_REDUCTIONS:
@@ -288,7 +342,7 @@ def _run_scatter(node: PyNode, base: torch.Tensor, lin: torch.Tensor, upd: torch
     return _scatter(base, lin, upd, reduction)
 
 
-@op_register(OpType.ScatterND)
+@SCATTER_ND.forward
 def scatter_nd_forward(self: PyNode) -> None:
     """ONNX ScatterND (inputs data, indices, updates; `reduction`): index tuples wrap negatives per dim; a tuple
     out of range is dropped; duplicates: see `_scatter`."""
@@ -308,7 +362,7 @@ def scatter_nd_forward(self: PyNode) -> None:
     self.outputs[0].betensor = out.reshape(x.shape)
 
 
-@op_register(OpType.ScatterElements)
+@SCATTER_ELEMENTS.forward
 def scatter_elements_forward(self: PyNode) -> None:
     """ONNX ScatterElements (inputs data, indices, updates; `axis`, `reduction`): an index is wrapped once if
     negative and then clamped to [0, n-1]; duplicates: see `_scatter`."""
@@ -334,7 +388,8 @@ def scatter_elements_forward(self: PyNode) -> None:
     self.outputs[0].betensor = out.reshape(x.shape)
 
 
-@quant_register([OpType.ScatterND, OpType.ScatterElements])
+@SCATTER_ND.quantize
+@SCATTER_ELEMENTS.quantize
 def scatter_quantize(self: PyNode) -> None:
     """NONE: the output copies the data's params. ADD/MUL/MAX/MIN: output params from the calibrated output range
     (qinvariant when data and updates are). Data and updates get (multiplier, shift) pairs to the output scale
@@ -364,7 +419,18 @@ def scatter_quantize(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ OneHot
-@op_register(OpType.OneHot)
+ONEHOT = declare_op(
+    "OneHot",
+    params={"depth": Param(Int(lo=0), "the number of classes", required=True),
+            "values": Param(Floats(), "[off_value, on_value] (default [0, 1]; quantized: their integers)",
+                            default=[0, 1]),
+            "axis": Param(Int(), "the new axis, counted in the output (default -1)", default=-1)},
+    constants=_INDICES,
+    dtypes="integer indices → int8/uint8/int16/uint16", integer="select quantized on/off values",
+    semantics=f"{SEMANTICS}#onehot", summary="Input: the integer indices, else the constant indices.")
+
+
+@ONEHOT.forward
 def onehot_forward(self: PyNode) -> None:
     """values=[off, on], depth, axis (default -1, counted in the output): index i in [-depth, depth) sets
     position i (negatives + depth); other indices give an all-off line."""
@@ -386,7 +452,7 @@ def onehot_forward(self: PyNode) -> None:
     self.outputs[0].betensor = torch.where(hot, on, off)
 
 
-@quant_register(OpType.OneHot)
+@ONEHOT.quantize
 def onehot_quantize(self: PyNode) -> None:
     """Symmetric output: scale = (2^(b-1) - 1) / max|v| signed (any negative value, or force_dtype_int) or
     (2^b - 1) / max|v| unsigned, zp 0; `values` become their integers."""
@@ -404,6 +470,27 @@ def onehot_quantize(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ TopK, Sort
+TOPK = declare_op(
+    "TopK",
+    params={"k": Param(Int(lo=0), "how many values", required=True),
+            "axis": Param(Int(), "the sorted axis (default -1)", default=-1),
+            "largest": Param(Bool(), "the largest values (else the smallest)", default=True),
+            "sorted": Param(Bool(), "not read: the output is always sorted"),
+            "select_index": Param(Text(choices=("first", "last", "random")),
+                                  "ties: lower index first (first, random) or higher (last)", default="first"),
+            "scale": _UNREAD_SCALE},
+    dtypes="values: passthrough; indices: uint16/uint32 (scale 1)",
+    integer="stable integer sort, exact indices", semantics=f"{SEMANTICS}#topk-sort")
+
+SORT = declare_op(
+    "Sort",
+    params={"axis": Param(Int(), "the sorted axis (default -1)", default=-1),
+            "descending": Param(Bool(), "largest first", default=True),
+            "scale": _UNREAD_SCALE},
+    dtypes="values: passthrough; indices: uint16/uint32 (scale 1)",
+    integer="stable integer sort, exact indices", semantics=f"{SEMANTICS}#topk-sort")
+
+
 def _sort_along(x: torch.Tensor, axis: int, descending: bool, last_first: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """Stable sort along `axis`: equal values keep index order (or reverse index order with `last_first`)."""
     if not last_first:
@@ -420,7 +507,7 @@ def _index_output_quantize(node: PyNode, out: PyTensor, length: int) -> None:
     set_qinvariant(out, bits, signed)
 
 
-@op_register(OpType.TopK)
+@TOPK.forward
 def topk_forward(self: PyNode) -> None:
     """The k largest (`largest`, default true) or smallest values along `axis` (default -1), in sorted order
     (also when `sorted` is false), with their indices; ties: lower index first (`select_index=last`: higher)."""
@@ -439,7 +526,7 @@ def topk_forward(self: PyNode) -> None:
         self.outputs[1].betensor = idx.narrow(axis, 0, k).contiguous()
 
 
-@op_register(OpType.Sort)
+@SORT.forward
 def sort_forward(self: PyNode) -> None:
     """Stable sort along `axis` (default -1), `descending` (default true); second output: the indices."""
     x = self.inputs[0].betensor
@@ -450,7 +537,8 @@ def sort_forward(self: PyNode) -> None:
         self.outputs[1].betensor = idx
 
 
-@quant_register([OpType.TopK, OpType.Sort])
+@TOPK.quantize
+@SORT.quantize
 def topk_sort_quantize(self: PyNode) -> None:
     inp = self.inputs[0]
     copy_params(self.outputs[0], inp)
@@ -460,7 +548,15 @@ def topk_sort_quantize(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ ArgMinMax
-@op_register(OpType.ArgMinMax)
+ARGMINMAX = declare_op(
+    "ArgMinMax",
+    params={"method": Param(Text(choices=("MAX", "MIN")), "index of the maximum or the minimum", required=True),
+            "axis": Param(Int(), "the reduced axis, kept with size 1 (default 0)", default=0),
+            "select_last_index": Param(Bool(), "ties: the last occurrence (else the first)", default=False)},
+    dtypes="any → int32 (scale 1)", integer="exact index of the integer extreme", semantics=f"{SEMANTICS}#argminmax")
+
+
+@ARGMINMAX.forward
 def argminmax_forward(self: PyNode) -> None:
     """Index of the max (`method=MAX`) or min along `axis`, keeping the dim; ties: the first occurrence, or the
     last with `select_last_index`."""
@@ -476,32 +572,6 @@ def argminmax_forward(self: PyNode) -> None:
     self.outputs[0].betensor = (x.shape[axis] - 1 - idx) if last else idx
 
 
-@quant_register(OpType.ArgMinMax)
+@ARGMINMAX.quantize
 def argminmax_quantize(self: PyNode) -> None:
     set_qinvariant(self.outputs[0], ARGMINMAX_OUTPUT_BITS, True)
-
-
-# ------------------------------------------------------------------------------------------------ catalog
-_PASS = "data: any, quantized output keeps the data's dtype, scale and zero point; indices: integer"
-describe_op("Gather", params="axis, batch_dims; indices: input 1 or constant indices", dtypes=_PASS,
-            integer="passthrough; out-of-range index → -zp", semantics=f"{SEMANTICS}#gather")
-describe_op("GatherElements", params="axis; indices: input 1 or constant indices", dtypes=_PASS,
-            integer="passthrough (indices clamped)", semantics=f"{SEMANTICS}#gatherelements")
-describe_op("GatherND", params="batch_dims; indices: input 1 or constant indices", dtypes=_PASS,
-            integer="passthrough; out-of-range tuple → -zp", semantics=f"{SEMANTICS}#gathernd")
-describe_op(["ScatterND", "ScatterElements"],
-            params="reduction=NONE|ADD|MUL|MAX|MIN (ScatterElements: axis); quantized: scale_value, shift_value "
-                   "[data, updates]",
-            dtypes="data/updates → data's dtype (NONE) or int8/uint8/int16/uint16; indices: integer",
-            integer="updates requantized to the output scale, integer combine",
-            semantics=f"{SEMANTICS}#scatternd-scatterelements")
-describe_op("OneHot", params="depth, values=[off,on], axis; input: indices (integer)",
-            dtypes="integer indices → int8/uint8/int16/uint16", integer="select quantized on/off values",
-            semantics=f"{SEMANTICS}#onehot")
-describe_op("TopK", params="k, axis, largest, sorted, select_index=first|last",
-            dtypes="values: passthrough; indices: uint16/uint32 (scale 1)",
-            integer="stable integer sort, exact indices", semantics=f"{SEMANTICS}#topk-sort")
-describe_op("Sort", params="axis, descending", dtypes="values: passthrough; indices: uint16/uint32 (scale 1)",
-            integer="stable integer sort, exact indices", semantics=f"{SEMANTICS}#topk-sort")
-describe_op("ArgMinMax", params="method=MAX|MIN, axis, select_last_index", dtypes="any → int32 (scale 1)",
-            integer="exact index of the integer extreme", semantics=f"{SEMANTICS}#argminmax")

@@ -8,13 +8,16 @@ from ..graph.node import PyNode
 from ..log import OPT_WARN
 from ..quant.hardware import INT_INPUT_MAX_BITS
 from ..quant.params import integer_range, quantize
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
 from ._quant import layer_settings, out_range, quantize_activation, set_qinvariant
-from .catalog import describe_op
+
+INPUT = declare_op(
+    "Input", summary="The fed data",
+    dtypes="float32 → int8/uint8/int16/uint16; integer inputs stay integer (qinvariant, at most 32 bits)",
+    integer="quantize the fed floats with the output params", semantics="integer-semantics.md#input")
 
 
-@op_register(OpType.Input)
+@INPUT.forward
 def input_forward(self: PyNode) -> None:
     """The executor has already placed the fed data on the output tensor; a quantized Input quantizes it:
     q = clamp(round_half_even(x · scale − zp), qmin, qmax), float32 like upstream; integer inputs pass through."""
@@ -32,7 +35,7 @@ def input_forward(self: PyNode) -> None:
         out.betensor = quantize(x, out.scale, out.zerop, qmin, qmax)
 
 
-@quant_register(OpType.Input)
+@INPUT.quantize
 def input_quantize(self: PyNode) -> None:
     """Integer IR inputs are used as is; float inputs get params from their range, unsigned iff never negative."""
     out = self.outputs[0]
@@ -49,7 +52,14 @@ def input_quantize(self: PyNode) -> None:
     quantize_activation(self, out, signed)
 
 
-@op_register(OpType.Constant)
+CONSTANT = declare_op(
+    "Constant",
+    constants={"weights": "the output's values; ±inf allowed for attention masks"},
+    dtypes="float32 → activation dtype, or integer (qinvariant) when all values are integers",
+    integer="stored already quantized with the output params", semantics="integer-semantics.md#constant")
+
+
+@CONSTANT.forward
 def constant_forward(self: PyNode) -> None:
     """Outputs the `weights` constant, broadcast over the current batch if the IR shape has a batch dim of 1.
     Quantized, the constant already holds the output's integer values."""
@@ -57,11 +67,11 @@ def constant_forward(self: PyNode) -> None:
     self.outputs[0].betensor = w.reshape(self.outputs[0].ir_shape) if w.numel() == self.outputs[0].ir_numel else w
 
 
-@quant_register(OpType.Constant)
+@CONSTANT.quantize
 def constant_quantize(self: PyNode) -> None:
     """All-integer constants are used as integers (scale 1); others are quantized with the output's params. A float
     constant holding mask values (±inf, |x| >= 1e30: -FLT_MAX is an integer-valued float) is quantized from its
-    calibrated range, its mask values saturating (passes/inf_mask.py), never taken as an int32 of scale 1."""
+    calibrated range, its mask values saturating (calibration/inf_mask.py), never taken as an int32 of scale 1."""
     out = self.outputs[0]
     w = self.get_constant("weights")
     s = layer_settings(self)
@@ -85,10 +95,3 @@ def constant_quantize(self: PyNode) -> None:
     qmin, qmax = out_range(out)
     w.betensor = quantize(values, out.scale, out.zerop, qmin, qmax) if values.is_floating_point() else values
     w.dtype, w.scale, w.zerop, w.qmin, w.qmax, w.qbits = out.dtype, out.scale, out.zerop, qmin, qmax, out.qbits
-
-describe_op("Input", params="(none); the fed data", dtypes="float32 → int8/uint8/int16/uint16; integer inputs stay "
-            "integer (qinvariant, at most 32 bits)", integer="quantize the fed floats with the output params",
-            semantics="integer-semantics.md#input")
-describe_op("Constant", params="weights constant",
-            dtypes="float32 → activation dtype, or integer (qinvariant) when all values are integers",
-            integer="stored already quantized with the output params", semantics="integer-semantics.md#constant")

@@ -10,8 +10,8 @@ from ..graph.node import PyNode
 from ..quant.dtype import Dtype
 from ..quant.requant import INT32_MAX, INT32_MIN
 from ..quant.rounding import FLOAT64_EXACT, round_shift
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Bool, Float, Int, Param, Text, Value, quantized
 from ._fc_order import OrderedWeights, linear_float32
 from ._quant import (
     FLOAT32_EXACT,
@@ -36,8 +36,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import apply_fused_activation, bool_param, float_biases
-from .catalog import describe_op
+from ._shared import FUSED_ACTIVATIONS, apply_fused_activation, bool_param, float_biases
 
 MAC_FLOAT_DTYPE = torch.float64
 """Accumulation type of the float FullyConnected forward for inputs other than float32 (the result is rounded back
@@ -50,11 +49,41 @@ SATURATED = 2 ** 40
 """Any |value| beyond this saturates every output range (qmin/qmax/zp are at most 32-bit), so it may be capped."""
 
 
+_FUSED_ACTIVATION = {
+    "with_activation": Param(Text(choices=FUSED_ACTIVATIONS), "fused activation of the output", default="NONE"),
+    "clip_min": Param(Float(infinite=True), "lower bound of a fused CLIP"),
+    "clip_max": Param(Float(infinite=True), "upper bound of a fused CLIP"),
+    "negative_slope": Param(Float(), "slope of a fused LEAKYRELU (a fused PRELU reads a constant of this name)"),
+    "negative_slope_value": Param(Float(), "slope of a fused LEAKYRELU without negative_slope (default 0.01)"),
+}
+"""The keys of a fused activation (`apply_fused_activation`)."""
+
+_UPSTREAM_SCALES = {f"scale{i}": quantized(Value(), "written by some upstream versions; not read") for i in (1, 2, 3)}
+_REQUANT_CONSTANTS = {"scale": "per-channel requantization multipliers (quantized)",
+                      "shift": "per-channel requantization shifts (quantized)"}
+
+
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype if x.is_floating_point() else torch.float32
 
 
-@op_register(OpType.FullyConnected)
+# ------------------------------------------------------------------------------------------------ FullyConnected
+FULLY_CONNECTED = declare_op(
+    "FullyConnected",
+    params={"num_output": Param(Int(lo=0), "output features; must match the weights"),
+            **_FUSED_ACTIVATION,
+            "weights_scale": quantized(Float(), "per-tensor weight scale (per channel: a constant of this name)"),
+            "weights_zp": quantized(Int(), "per-tensor weight zero point (per channel: a constant of this name)"),
+            "biases_scale": quantized(Float(), "bias scale s_in * s_w (per channel: a constant of this name)"),
+            "biases_zp": quantized(Int(), "bias zero point, 0 (per channel: a constant of this name)"),
+            "remain_shift": quantized(Int(), "shift applied before the 32-bit hand-over of wide accumulators"),
+            **_UPSTREAM_SCALES},
+    constants={"weights": "[O,I]", "biases": "[O], absent means zero", **_REQUANT_CONSTANTS},
+    integer="int32/int48 MAC accumulation + multiplier and shift",
+    semantics="integer-semantics.md#convolution-depthwiseconv-fullyconnected")
+
+
+@FULLY_CONNECTED.forward
 def fully_connected_forward(self: PyNode) -> None:
     """y = x @ W^T + b over the last axis; weights [out, in], biases [out] (absent means zero)."""
     if self.quantized:
@@ -98,7 +127,7 @@ def _ordered_weights(node: PyNode, t: torch.Tensor) -> OrderedWeights:
     return prepared
 
 
-@quant_register(OpType.FullyConnected)
+@FULLY_CONNECTED.quantize
 def fully_connected_quantize(self: PyNode) -> None:
     quantize_mac(self, per_channel=layer_settings(self).q_mode_weight.startswith("per_channel"))
 
@@ -113,6 +142,22 @@ def _check_fc_shapes(self: PyNode, x: torch.Tensor, w: torch.Tensor) -> None:
     num_output = self.get_param("num_output", optional=True, default_value=out_f)
     if isinstance(num_output, bool) or num_output != out_f:
         raise self._error(f"parameter num_output={num_output} does not match weights shape {list(w.shape)}")
+
+
+# ------------------------------------------------------------------------------------------------ MatMul
+MATMUL = declare_op(
+    "MatMul",
+    params={"trans_a": Param(Bool(), "swap the last two axes of the first input", default=False),
+            "trans_b": Param(Bool(), "swap the last two axes of the second input", default=False),
+            **_FUSED_ACTIVATION,
+            "fused_multiplier": Param(Float(), "a folded constant factor of the output (passes/merge_matmul_mul.py); "
+                                               "quantization moves it into the multiplier"),
+            "remain_shift": quantized(Int(), "shift applied before the 32-bit hand-over of wide accumulators"),
+            **_UPSTREAM_SCALES},
+    constants=_REQUANT_CONSTANTS,
+    integer="exact product of (a + zp_a)(b + zp_b) sums + multiplier and shift",
+    semantics="integer-semantics.md#matmul",
+    summary="Two activation inputs.")
 
 
 def _maybe_transpose(node: PyNode, t: torch.Tensor, key: str) -> torch.Tensor:
@@ -135,7 +180,7 @@ def _matmul(node: PyNode, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
                           f"cannot be multiplied: {e}") from None
 
 
-@op_register(OpType.MatMul)
+@MATMUL.forward
 def matmul_forward(self: PyNode) -> None:
     """Batched matmul of two activations with torch.matmul broadcasting; trans_a/trans_b swap the last two axes."""
     if len(self.inputs) != 2:
@@ -225,7 +270,7 @@ def _matmul_int(node: PyNode) -> torch.Tensor:
     return fused_activation_clamp(node, y)
 
 
-@quant_register(OpType.MatMul)
+@MATMUL.quantize
 def matmul_quantize(self: PyNode) -> None:
     """Output params from the calibrated output range, signed iff an input is signed and no RELU-like fused
     activation makes it non-negative; requant ratio s_out / (s_a · s_b) as scale_value/shift_value.
@@ -255,11 +300,3 @@ def matmul_quantize(self: PyNode) -> None:
         store_requant(self, *requant_scale_shift(self, ratio))
     if s.remain_shift is not None:
         self.params["remain_shift"] = int(s.remain_shift)
-
-describe_op("FullyConnected", params="weights [O,I], biases, num_output, with_activation",
-            integer="int32/int48 MAC accumulation + multiplier and shift",
-            semantics="integer-semantics.md#convolution-depthwiseconv-fullyconnected")
-describe_op("MatMul", params="trans_a, trans_b, with_activation, fused_multiplier (a folded constant factor); two "
-            "activation inputs",
-            integer="exact product of (a + zp_a)(b + zp_b) sums + multiplier and shift",
-            semantics="integer-semantics.md#matmul")

@@ -10,7 +10,7 @@ two-activation product with an optional requantized `C` branch. docs/semantics/m
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +23,9 @@ from ..quant.hardware import AIFF_MULTIPLIER_BITS, AIFF_SHIFT_MAX, ITP_INPUT_BIT
 from ..quant.params import integer_range
 from ..quant.requant import scale_shift
 from ..quant.rounding import FLOAT64_EXACT, round_shift
-from ..registry import op_register, quant_register
+from ..registry import declare_op
 from ..registry.optype import OpType
+from ..registry.schema import Bool, Float, Int, Param, Text, Value, quantized
 from ._quant import (
     FLOAT32_EXACT,
     check_fused_activation_quantizable,
@@ -49,8 +50,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import apply_fused_activation, bool_param, int_param
-from .catalog import describe_op
+from ._shared import FUSED_ACTIVATIONS, apply_fused_activation, bool_param, int_param
 
 """Integers and partial sums below this magnitude are exact in float64: the bound for float64 accumulation and for
 the float64 requantization of `mac_finish` (|(acc + bias) * M| must stay below it)."""
@@ -74,6 +74,33 @@ BIAS_ADD_WEIGHT_BITS = (8, 16)
 
 
 # ================================================================================================ params / geometry
+_SEM = "docs/semantics/mac.md"
+_CONV_INT = ("exact MAC (x_q padded with -zp_in) · (w_q + zp_w) + folded bias; per-tensor/per-channel "
+             "multiplier, shared shift")
+_CONVT_INT = "exact transposed MAC of (x_q + zp_in) minus zp_in·Σw + folded bias; per-output-channel requant"
+
+_FUSED_ACTIVATION = {
+    "with_activation": Param(Text(choices=FUSED_ACTIVATIONS), "fused activation of the output", default="NONE"),
+    "clip_min": Param(Float(infinite=True), "lower bound of a fused CLIP"),
+    "clip_max": Param(Float(infinite=True), "upper bound of a fused CLIP"),
+    "negative_slope": Param(Float(), "slope of a fused LEAKYRELU (a fused PRELU reads a constant of this name)"),
+    "negative_slope_value": Param(Float(), "slope of a fused LEAKYRELU without negative_slope (default 0.01)"),
+}
+"""The keys of a fused activation (`apply_fused_activation`)."""
+
+_MAC_QUANTIZED = {
+    "weights_scale": quantized(Float(), "per-tensor weight scale (per channel: a constant of this name)"),
+    "weights_zp": quantized(Int(), "per-tensor weight zero point (per channel: a constant of this name)"),
+    "biases_scale": quantized(Float(), "bias scale s_in * s_w (per channel: a constant of this name)"),
+    "biases_zp": quantized(Int(), "bias zero point, 0 (per channel: a constant of this name)"),
+    "remain_shift": quantized(Int(), "shift applied before the 32-bit hand-over of wide accumulators"),
+}
+"""The keys the shared MAC quantization (`quantize_mac`) writes."""
+
+_REQUANT_CONSTANTS = {"scale": "per-channel requantization multipliers (quantized)",
+                      "shift": "per-channel requantization shifts (quantized)"}
+
+
 def _float_param(node: PyNode, key: str, default: float) -> float:
     value = node.get_param(key, optional=True, default_value=default)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -86,6 +113,31 @@ def _float_param(node: PyNode, key: str, default: float) -> float:
 _AXES = {2: ("y", "x"), 3: ("z", "y", "x")}
 _PADS = {2: (("pad_top", "pad_bottom"), ("pad_left", "pad_right")),
          3: (("pad_z_begin", "pad_z_end"), ("pad_y_begin", "pad_y_end"), ("pad_x_begin", "pad_x_end"))}
+
+
+def _conv_nd_params(nd: int, transposed: bool) -> Dict[str, Param]:
+    """The layer keys of Convolution3D, ConvTranspose and ConvTranspose3D (one key set): the geometry of the `nd`
+    spatial axes the type reads, the keys of the other layouts (not read), the fused activation and the MAC
+    quantization keys."""
+    read = _AXES[nd]
+    unread = Param(Int(lo=0), "not read by this type")
+    pad = "crop of the output" if transposed else "zero padding"
+    params: Dict[str, Param] = {}
+    for a in "xyz":
+        on = a in read
+        params[f"kernel_{a}"] = Param(Int(lo=1), f"kernel size along {a}; must match the weights") if on else unread
+        params[f"stride_{a}"] = Param(Int(lo=1), f"stride along {a}", default=1) if on else unread
+        params[f"dilation_{a}"] = Param(Int(lo=1), f"dilation along {a}", default=1) if on else unread
+        params[f"output_padding_{a}"] = (Param(Int(lo=0), f"extension of the output at the end of {a}", default=0)
+                                         if on and transposed else unread)
+        for end in ("begin", "end"):
+            params[f"pad_{a}_{end}"] = Param(Int(lo=0), f"{pad} at the {end} of {a}", default=0) if nd == 3 \
+                else unread
+    for key in ("pad_left", "pad_right", "pad_top", "pad_bottom"):
+        params[key] = Param(Int(lo=0), f"{pad}, {key[len('pad_'):]}", default=0) if nd == 2 else unread
+    params["group"] = Param(Int(lo=1), "channel groups", default=1)
+    params["num_output"] = Param(Int(lo=1), "output channels; must match the weights and group")
+    return {**params, **_FUSED_ACTIVATION, **_MAC_QUANTIZED}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,6 +315,12 @@ def _cached(node: PyNode, key: str, build: Callable[[], Any]) -> Any:
 
 
 # ================================================================================================ Convolution3D
+CONVOLUTION3D = declare_op(
+    "Convolution3D", params=_conv_nd_params(3, transposed=False),
+    constants={"weights": "[out_c,kh,kw,kd,in_c/group]", "biases": "[out_c], absent means zero", **_REQUANT_CONSTANTS},
+    integer=_CONV_INT, semantics=_SEM + "#convolution3d")
+
+
 def _conv3d_weights(node: PyNode, w: torch.Tensor, in_c: int) -> int:
     """Validate `[out_c, kh, kw, kd, in_c/group]` weights against the input and params; returns the group."""
     if w.dim() != 5:
@@ -309,7 +367,7 @@ def _bias_vector(node: PyNode, out_c: int, like: torch.Tensor) -> Optional[torch
     return t.betensor.to(device=like.device, dtype=like.dtype).reshape(out_c)
 
 
-@op_register(OpType.Convolution3D)
+@CONVOLUTION3D.forward
 def convolution3d_forward(self: PyNode) -> None:
     """NDHWC 3-D convolution with weights [out_c, kh, kw, kd, in_c/group], explicit begin/end pads per axis."""
     if self.quantized:
@@ -341,7 +399,7 @@ def _conv3d_int(node: PyNode) -> torch.Tensor:
     return _mac_output(node, acc, x_absmax * w_sum)
 
 
-@quant_register(OpType.Convolution3D)
+@CONVOLUTION3D.quantize
 def convolution3d_quantize(self: PyNode) -> None:
     """As Convolution: per-channel weights when the weight mode says so, else per group (per tensor if group=1)."""
     per_channel = layer_settings(self).q_mode_weight.startswith("per_channel")
@@ -350,6 +408,18 @@ def convolution3d_quantize(self: PyNode) -> None:
 
 
 # ================================================================================================ ConvTranspose(3D)
+CONV_TRANSPOSE = declare_op(
+    "ConvTranspose", params=_conv_nd_params(2, transposed=True),
+    constants={"weights": "[out_c/group,kh,kw,in_c]", "biases": "[out_c], absent means zero", **_REQUANT_CONSTANTS},
+    integer=_CONVT_INT, semantics=_SEM + "#convtranspose")
+
+CONV_TRANSPOSE3D = declare_op(
+    "ConvTranspose3D", params=_conv_nd_params(3, transposed=True),
+    constants={"weights": "[out_c/group,kh,kw,kd,in_c]", "biases": "[out_c], absent means zero",
+               **_REQUANT_CONSTANTS},
+    integer=_CONVT_INT, semantics=_SEM + "#convtranspose3d")
+
+
 def _convt_nd(node: PyNode) -> int:
     return 2 if node.type == OpType.ConvTranspose else 3
 
@@ -513,29 +583,40 @@ def _convt_quantize(node: PyNode) -> None:
         w.betensor = _oc_to_ir(w.betensor, group)
 
 
-@op_register(OpType.ConvTranspose)
+@CONV_TRANSPOSE.forward
 def conv_transpose_forward(self: PyNode) -> None:
     """NHWC transposed convolution, weights [out_c/group, kh, kw, in_c], pads crop, output_padding_y/x extend."""
     _convt_forward(self)
 
 
-@op_register(OpType.ConvTranspose3D)
+@CONV_TRANSPOSE3D.forward
 def conv_transpose3d_forward(self: PyNode) -> None:
     """NDHWC transposed convolution, weights [out_c/group, kh, kw, kd, in_c], pad_{z,y,x}_{begin,end} crop."""
     _convt_forward(self)
 
 
-@quant_register(OpType.ConvTranspose)
+@CONV_TRANSPOSE.quantize
 def conv_transpose_quantize(self: PyNode) -> None:
     _convt_quantize(self)
 
 
-@quant_register(OpType.ConvTranspose3D)
+@CONV_TRANSPOSE3D.quantize
 def conv_transpose3d_quantize(self: PyNode) -> None:
     _convt_quantize(self)
 
 
 # ================================================================================================ BiasAdd
+BIAS_ADD = declare_op(
+    "BiasAdd",
+    params={"axis": Param(Int(), "the channel axis of the biases", default=-1),
+            **_FUSED_ACTIVATION, **_MAC_QUANTIZED,
+            **{k: quantized(Value(), "written by some upstream versions; not read") for k in ("scale1", "scale2")}},
+    constants={"biases": "[C]", "weights": "the unit weight quantization adds (quantized)",
+               "weights_bk": "upstream's saved unit weights; not read", **_REQUANT_CONSTANTS},
+    integer="x_q · unit weight + folded bias, per-tensor multiplier/shift",
+    semantics=_SEM + "#biasadd")
+
+
 def _bias_add_axis(node: PyNode, rank: int) -> int:
     axis = int_param(node, "axis", -1, minimum=-rank)
     if not -rank <= axis < rank:  # type: ignore[operator]
@@ -543,7 +624,7 @@ def _bias_add_axis(node: PyNode, rank: int) -> int:
     return int(axis) % rank  # type: ignore[arg-type]
 
 
-@op_register(OpType.BiasAdd)
+@BIAS_ADD.forward
 def bias_add_forward(self: PyNode) -> None:
     """y = x + biases along `axis` (default the last, the channel axis), then the fused activation."""
     x = self.inputs[0].betensor
@@ -583,7 +664,7 @@ def _bias_add_settings(node: PyNode) -> Any:
                                remain_shift=None)
 
 
-@quant_register(OpType.BiasAdd)
+@BIAS_ADD.quantize
 def bias_add_quantize(self: PyNode) -> None:
     """A per-channel affine map with unit weight: a `weights` constant [1] holding float 1 is quantized per tensor,
     symmetric restricted range (exactly 2^(b-1)-1 with scale 2^(b-1)-1), then the MAC path quantizes the biases
@@ -606,6 +687,21 @@ def bias_add_quantize(self: PyNode) -> None:
 
 
 # ================================================================================================ Gemm
+GEMM = declare_op(
+    "Gemm",
+    params={"alpha": Param(Float(), "factor of the product A' @ B'", default=1.0),
+            "beta": Param(Float(), "factor of C", default=1.0),
+            "trans_a": Param(Bool(), "A' = A^T", default=False),
+            "trans_b": Param(Bool(), "B' = B^T", default=False),
+            **_FUSED_ACTIVATION},
+    constants={"scale": "written by some upstream versions; not read",
+               "shift": "written by some upstream versions; not read"},
+    integer="(A+zp)·(B+zp) exact + C aligned by M_c/2^N_c, then M/2^N requant",
+    dtypes="float32 → int8/uint8 or int16/uint16; all-integer inputs → integer output (8/16/32 bits)",
+    semantics=_SEM + "#gemm",
+    summary="Inputs A, B and an optional C.")
+
+
 def _gemm_operand(node: PyNode, t: torch.Tensor, key: str) -> torch.Tensor:
     if not bool_param(node, key, False):
         return t
@@ -637,7 +733,7 @@ def _broadcast_add(node: PyNode, y: torch.Tensor, c: torch.Tensor) -> torch.Tens
     return y + c
 
 
-@op_register(OpType.Gemm)
+@GEMM.forward
 def gemm_forward(self: PyNode) -> None:
     """y = alpha * A' @ B' + beta * C (A' = A^T if trans_a, B' = B^T if trans_b, C optional and broadcast)."""
     _gemm_inputs(self)
@@ -709,7 +805,7 @@ def _gemm_int(node: PyNode) -> torch.Tensor:
     return fused_activation_clamp(node, y)
 
 
-@quant_register(OpType.Gemm)
+@GEMM.quantize
 def gemm_quantize(self: PyNode) -> None:
     """Output params from the calibrated range, signed iff an input is signed, alpha < 0 or beta < 0 (with C), unless
     a RELU-like fused activation makes it non-negative; all-integer inputs give an integer output.
@@ -756,30 +852,3 @@ def gemm_quantize(self: PyNode) -> None:
     self.params["shift_value"] = [int(n), int(nc)]
     self.params["scale_type"] = [m_dtype, Dtype.UINT16]
     self.params["shift_type"] = [n_dtype, Dtype.INT8]
-
-
-# ================================================================================================ catalog
-_SEM = "docs/semantics/mac.md"
-_CONV_INT = ("exact MAC (x_q padded with -zp_in) · (w_q + zp_w) + folded bias; per-tensor/per-channel "
-             "multiplier, shared shift")
-describe_op("Convolution3D",
-            params="weights [out_c,kh,kw,kd,in_c/group], biases, kernel_/stride_/dilation_{x,y,z}, "
-                   "pad_{x,y,z}_{begin,end}, group, num_output, with_activation",
-            integer=_CONV_INT, semantics=_SEM + "#convolution3d")
-describe_op("ConvTranspose",
-            params="weights [out_c/group,kh,kw,in_c], biases, kernel_/stride_/dilation_{x,y}, pad_left/right/top/"
-                   "bottom, output_padding_{x,y}, group, num_output, with_activation",
-            integer="exact transposed MAC of (x_q + zp_in) minus zp_in·Σw + folded bias; per-output-channel requant",
-            semantics=_SEM + "#convtranspose")
-describe_op("ConvTranspose3D",
-            params="weights [out_c/group,kh,kw,kd,in_c], biases, kernel_/stride_/dilation_{x,y,z}, "
-                   "pad_{x,y,z}_{begin,end}, output_padding_{x,y,z}, group, num_output, with_activation",
-            integer="exact transposed MAC of (x_q + zp_in) minus zp_in·Σw + folded bias; per-output-channel requant",
-            semantics=_SEM + "#convtranspose3d")
-describe_op("Gemm", params="inputs A, B, optional C; alpha, beta, trans_a, trans_b, with_activation (optional)",
-            integer="(A+zp)·(B+zp) exact + C aligned by M_c/2^N_c, then M/2^N requant",
-            dtypes="float32 → int8/uint8 or int16/uint16; all-integer inputs → integer output (8/16/32 bits)",
-            semantics=_SEM + "#gemm")
-describe_op("BiasAdd", params="biases [C], axis (default -1), with_activation",
-            integer="x_q · unit weight + folded bias, per-tensor multiplier/shift",
-            semantics=_SEM + "#biasadd")

@@ -10,7 +10,7 @@ from a 16-bit-indexed table.
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +23,8 @@ from ..quant.lut import lookup_lut
 from ..quant.params import QuantMode, integer_range, linear_quant_params, quantize
 from ..quant.requant import bias_quantize, range_dtype, requantize_int, scale_shift
 from ..quant.rounding import bit_length, div_round_half_even, round_shift
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Axis, Bool, DtypeName, Float, Int, Ints, Param, Text, quantized
 from ..threads import one_thread
 from ._lut_int import ceil_log2, int_input
 from ._quant import (
@@ -42,7 +42,6 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param
-from .catalog import describe_op
 
 NORM_BITS = 16
 """Bits of the internal normalized tensor (symmetric, restricted range [-32767, 32767]) whatever the activation
@@ -72,7 +71,72 @@ NORMALIZATION_EPSILON = 1e-12
 """Default `epsilon` of Normalization: the squared norm is clamped from below by it (upstream)."""
 
 LRN_METHODS = ("ACROSS_CHANNELS", "WITHIN_CHANNEL")
-NORM_OPTYPES = [OpType.LayerNorm, OpType.GroupNorm, OpType.InstanceNorm, OpType.RMSNorm, OpType.MVN]
+
+
+# ===================================================================== LayerNorm, GroupNorm, InstanceNorm, RMSNorm, MVN
+_NORM_INT = ("exact int64 mean and sum of squares, integer inverse square root, 16-bit normalized tensor, "
+             "gamma/beta as per-element weights/biases with per-element multiplier/shift")
+_NORM_SEM = "docs/semantics/normalization.md"
+_UPSTREAM = "written by the Parser or upstream's Optimizer; not read"
+
+
+def _norm_params(axis: Param, **extra: Param) -> Dict[str, Param]:
+    """The layer keys of a normalization type: its `axis`, `epsilon`, the integer keys its quantization writes, and
+    the type's `extra` keys."""
+    return {
+        "axis": axis,
+        "epsilon": Param(Float(), "added to the variance (RMSNorm: to the mean square)"),
+        **extra,
+        "norm_frac_bits": quantized(Int(lo=0), "fraction bits kept on the integer mean"),
+        "eps_value": quantized(Float(), "integer epsilon term of the sum of squares (an int64 integer: may exceed "
+                                        "2^31)"),
+        "norm_scale_value": quantized(Int(), "multiplier of the 16-bit normalized tensor"),
+        "norm_scale_type": quantized(DtypeName(), "dtype of norm_scale_value"),
+        "norm_shift_value": quantized(Int(), "shift of the 16-bit normalized tensor"),
+        "norm_shift_type": quantized(DtypeName(), "dtype of norm_shift_value"),
+    }
+
+
+_NORM_CONSTANTS = {"weights": "gamma, optional", "biases": "beta, optional",
+                   "scale": "per-element requantization multipliers (quantized, with weights)",
+                   "shift": "per-element requantization shifts (quantized, with weights)"}
+_UPSTREAM_LUT = {"lut": "upstream's inverse square root table; not read"}
+_LAYOUT_KEYS = {"axis_shape": Param(Ints(), _UPSTREAM), "scale_shift_shape": Param(Ints(), _UPSTREAM)}
+_NOT_MVN_KEYS = {"group": Param(Int(lo=0), _UPSTREAM), "normalize_variance": Param(Bool(), _UPSTREAM)}
+
+LAYERNORM = declare_op(
+    "LayerNorm",
+    params=_norm_params(Param(Axis(), "the normalized axes", default=[-1]), **_LAYOUT_KEYS, **_NOT_MVN_KEYS),
+    constants=_NORM_CONSTANTS, integer=_NORM_INT, semantics=f"{_NORM_SEM}#layernorm")
+
+GROUPNORM = declare_op(
+    "GroupNorm",
+    params=_norm_params(Param(Int(), "the channel axis", default=-1),
+                        group=Param(Int(lo=1), "channel groups; divides the channels", required=True),
+                        normalize_variance=Param(Bool(), _UPSTREAM), **_LAYOUT_KEYS,
+                        var_shift_value=quantized(Int(), _UPSTREAM), var_shift_type=quantized(DtypeName(), _UPSTREAM)),
+    constants={**_NORM_CONSTANTS, **_UPSTREAM_LUT}, integer=_NORM_INT, semantics=f"{_NORM_SEM}#groupnorm")
+
+INSTANCENORM = declare_op(
+    "InstanceNorm",
+    params=_norm_params(Param(Axis(), "the normalized axes", default="the spatial axes"), **_LAYOUT_KEYS,
+                        **_NOT_MVN_KEYS),
+    constants=_NORM_CONSTANTS, integer=_NORM_INT, semantics=f"{_NORM_SEM}#instancenorm")
+
+RMSNORM = declare_op(
+    "RMSNorm",
+    params=_norm_params(Param(Axis(), "the normalized axes", default=[-1]), **_LAYOUT_KEYS, **_NOT_MVN_KEYS),
+    constants={**_NORM_CONSTANTS, **_UPSTREAM_LUT}, integer="as LayerNorm without the mean",
+    semantics=f"{_NORM_SEM}#rmsnorm")
+
+MVN = declare_op(
+    "MVN",
+    params=_norm_params(Param(Axis(), "the normalized axes", required=True),
+                        normalize_variance=Param(Bool(), "divide by the standard deviation (false: only subtract "
+                                                         "the mean)", default=True),
+                        group=Param(Int(lo=0), _UPSTREAM), ngamma_scale_value=quantized(Int(), _UPSTREAM)),
+    constants=_NORM_CONSTANTS, integer="as LayerNorm; without variance an exact mean subtraction and one "
+                                       "requantization", semantics=f"{_NORM_SEM}#mvn")
 
 
 # =============================================================================================== layout helpers
@@ -217,7 +281,11 @@ def _normalize_variance(node: PyNode) -> bool:
 
 
 # =============================================================================================== float forward
-@op_register(NORM_OPTYPES)
+@LAYERNORM.forward
+@GROUPNORM.forward
+@INSTANCENORM.forward
+@RMSNORM.forward
+@MVN.forward
 def norm_forward(self: PyNode) -> None:
     """y = (x - mean) / sqrt(var + epsilon) * weights + biases over the normalization group (biased variance);
     RMSNorm: y = x / sqrt(mean(x²) + epsilon) * weights + biases; MVN with normalize_variance=false: x - mean."""
@@ -286,7 +354,11 @@ def _mean_frac_bits(node: PyNode, count: int, vmax: int) -> int:
 
 
 # =============================================================================================== quantize
-@quant_register(NORM_OPTYPES)
+@LAYERNORM.quantize
+@GROUPNORM.quantize
+@INSTANCENORM.quantize
+@RMSNORM.quantize
+@MVN.quantize
 def norm_quantize(self: PyNode) -> None:
     """Integer mean/variance parameters (norm_frac_bits, eps_value), the normalized tensor's multiplier
     (norm_scale_value/norm_shift_value for sqrt(N) * s_n, s_n = 32767/sqrt(N)), then gamma/beta as per-element
@@ -414,6 +486,24 @@ def _norm_integer_forward(node: PyNode) -> torch.Tensor:
 
 
 # =============================================================================================== LRN
+LRN = declare_op(
+    "LRN",
+    params={"method": Param(Text(choices=LRN_METHODS), "the window (WITHIN_CHANNEL is not supported)",
+                            default="ACROSS_CHANNELS"),
+            "size": Param(Int(lo=1), "channels in the window", required=True),
+            "alpha": Param(Float(), "factor of the window's mean square", required=True),
+            "beta": Param(Float(), "exponent", required=True),
+            "bias": Param(Float(), "added to the scaled sum", required=True),
+            "scale_sum_value": quantized(Int(), "multiplier of the sum of squares to the 16-bit table index"),
+            "scale_sum_type": quantized(DtypeName(), "dtype of scale_sum_value"),
+            "shift_sum_value": quantized(Int(), "shift of the sum of squares to the 16-bit table index"),
+            "shift_sum_type": quantized(DtypeName(), "dtype of shift_sum_value")},
+    constants={"lut": "(bias + A)^-beta, uint16 (quantized)",
+               "scale": "per-channel requantization multipliers", "shift": "per-channel requantization shifts"},
+    integer="window sum of squares, 16-bit index, (bias + A)^-beta table, requantization",
+    semantics=f"{_NORM_SEM}#lrn")
+
+
 def _lrn_params(node: PyNode) -> Tuple[int, float, float, float]:
     method = str(node.get_param("method", optional=True, default_value="ACROSS_CHANNELS")).upper()
     if method not in LRN_METHODS:
@@ -432,7 +522,7 @@ def _window_sum(sq: torch.Tensor, size: int) -> torch.Tensor:
     return padded.unfold(-1, size, 1).sum(dim=-1)
 
 
-@op_register(OpType.LRN)
+@LRN.forward
 def lrn_forward(self: PyNode) -> None:
     """ACROSS_CHANNELS on the last (channel) axis: y = x / (bias + alpha/size * Σ_window x²)^beta."""
     size, alpha, beta, bias = _lrn_params(self)
@@ -454,7 +544,7 @@ def lrn_table(fn: Callable[[torch.Tensor], torch.Tensor], index_scale: float, va
     return torch.clamp(torch.round(fn(a) * value_scale), 0, 2 ** LRN_VALUE_BITS - 1).to(torch.int64)
 
 
-@quant_register(OpType.LRN)
+@LRN.quantize
 def lrn_quantize(self: PyNode) -> None:
     """Output signed iff the input is; A = alpha/size * Σ(x²) requantized to a 16-bit index (scale_sum_value/
     shift_sum_value for s_u * alpha/(size * s_in²), s_u = (2^16 - 2^16/entries)/A_max, A_max = alpha * vmax²/s_in²);
@@ -511,6 +601,21 @@ def _lrn_integer_forward(node: PyNode, size: int) -> torch.Tensor:
 
 
 # =============================================================================================== Normalization
+NORMALIZATION = declare_op(
+    "Normalization",
+    params={"method": Param(Text(choices=("L2", "L1")), "the norm (L1 is not supported)", default="L2"),
+            "axis": Param(Axis(), "the normalized axes", default=-1),
+            "epsilon": Param(Float(), "lower bound of the squared norm", default=NORMALIZATION_EPSILON),
+            "eps_value": quantized(Float(), "integer epsilon of the sum of squares (an int64 integer: may exceed "
+                                            "2^31)"),
+            "reciprocal_shift_value": quantized(Int(), _UPSTREAM),
+            "reciprocal_shift_type": quantized(DtypeName(), _UPSTREAM)},
+    constants={"lut": "upstream's table; not read", "scale": "per-channel requantization multipliers (refused)",
+               "shift": "per-channel requantization shifts (refused)"},
+    integer="sum of squares, integer inverse square root, requantization",
+    semantics=f"{_NORM_SEM}#normalization")
+
+
 def _lp_params(node: PyNode, rank: int) -> Tuple[List[int], float]:
     method = str(node.get_param("method", optional=True, default_value="L2")).upper()
     if method == "L1":
@@ -524,7 +629,7 @@ def _lp_params(node: PyNode, rank: int) -> Tuple[List[int], float]:
     return axes, eps
 
 
-@op_register(OpType.Normalization)
+@NORMALIZATION.forward
 def l2_normalization_forward(self: PyNode) -> None:
     """y = x / sqrt(max(Σ_axis x², epsilon)) (method L2, default axis -1, default epsilon 1e-12)."""
     if self.quantized:
@@ -538,7 +643,7 @@ def l2_normalization_forward(self: PyNode) -> None:
     self.outputs[0].betensor = x / torch.sqrt(torch.clamp(ss, min=eps))
 
 
-@quant_register(OpType.Normalization)
+@NORMALIZATION.quantize
 def l2_normalization_quantize(self: PyNode) -> None:
     """Output signed iff the input can be negative; eps_value = round_half_even(epsilon * s_in²);
     scale_value/shift_value approximate s_out (the normalized value is scale free)."""
@@ -578,25 +683,3 @@ def _l2_integer_forward(node: PyNode) -> torch.Tensor:
         raise node._error("Normalization needs one scale_value/shift_value, not per-channel constants")
     qmin, qmax = out_range(out)
     return torch.clamp(round_shift(v * r * mult, RSQRT_FRAC_BITS + (t >> 1) + shift) - tensor_zp(out), qmin, qmax)
-
-
-# =============================================================================================== catalog
-_NORM_INT = ("exact int64 mean and sum of squares, integer inverse square root, 16-bit normalized tensor, "
-             "gamma/beta as per-element weights/biases with per-element multiplier/shift")
-describe_op("LayerNorm", params="axis ([-1]), epsilon; constants weights, biases (optional)", integer=_NORM_INT,
-            semantics="docs/semantics/normalization.md#layernorm")
-describe_op("GroupNorm", params="group, axis (channel axis, -1), epsilon; constants weights, biases (optional)",
-            integer=_NORM_INT, semantics="docs/semantics/normalization.md#groupnorm")
-describe_op("InstanceNorm", params="axis (spatial axes), epsilon; constants weights, biases (optional)",
-            integer=_NORM_INT, semantics="docs/semantics/normalization.md#instancenorm")
-describe_op("RMSNorm", params="axis ([-1]), epsilon; constants weights, biases (optional)",
-            integer="as LayerNorm without the mean", semantics="docs/semantics/normalization.md#rmsnorm")
-describe_op("MVN", params="axis, epsilon, normalize_variance (true)",
-            integer="as LayerNorm; without variance an exact mean subtraction and one requantization",
-            semantics="docs/semantics/normalization.md#mvn")
-describe_op("LRN", params="method (ACROSS_CHANNELS), size, alpha, beta, bias",
-            integer="window sum of squares, 16-bit index, (bias + A)^-beta table, requantization",
-            semantics="docs/semantics/normalization.md#lrn")
-describe_op("Normalization", params="method (L2), axis (-1), epsilon (1e-12)",
-            integer="sum of squares, integer inverse square root, requantization",
-            semantics="docs/semantics/normalization.md#normalization")

@@ -29,8 +29,8 @@ from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import linear_quant_params
 from ..quant.requant import requantize_int, scale_shift
 from ..quant.rounding import FLOAT64_EXACT, div_round_half_even, round_shift
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import PASSTHROUGH_DTYPES, declare_op
+from ..registry.schema import Bool, Int, Ints, Param, Text, Value
 from ..threads import one_thread
 from ._lut_int import range_bits
 from ._quant import (
@@ -49,7 +49,6 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import bool_param
-from .catalog import PASSTHROUGH_DTYPES, describe_op
 
 # The Parser always writes count_include_pad for AVG pooling; when a hand-made IR omits it we follow the Parser's
 # own attribute default (false, as ONNX). Note: the original OPT forward defaults it to true.
@@ -57,6 +56,49 @@ COUNT_INCLUDE_PAD_DEFAULT = False
 _MISSING = object()
 METHODS = ("MAX", "AVG", "L1", "L2")
 _PAD_KEYS = ("pad_left", "pad_right", "pad_top", "pad_bottom")
+_SEM = "docs/semantics/pooling.md"
+_UNREAD_SCALE = Param(Value(), "written by some Parser versions; not read")
+_REQUANT_CONSTANTS = {"scale": "per-channel L1/L2 multipliers, read when present",
+                      "shift": "per-channel L1/L2 shifts, read when present"}
+_PADS_2D = {key: Param(Int(lo=0), f"{key[4:]} padding (input cells)", default=0) for key in _PAD_KEYS}
+_POOL_DTYPES = "float32 → MAX/AVG: input's dtype; L1/L2: uint8/uint16"
+_LP_SUMMARY = ("Quantized L1/L2 layers carry scale_value/shift_value (16-bit multiplier and shift) and L2 also the "
+               "constant sqrt_lut.")
+
+# ------------------------------------------------------------------------------------------------ Pooling, GlobalPool
+POOLING = declare_op(
+    "Pooling",
+    params={"method": Param(Text(choices=METHODS), "pooling method", required=True),
+            "kernel_x": Param(Int(lo=1), "window width", required=True),
+            "kernel_y": Param(Int(lo=1), "window height (required for a 4-D input; 1 or absent for a 3-D [N, W, C] "
+                                         "one)"),
+            "stride_x": Param(Int(lo=1), "horizontal stride", default=1),
+            "stride_y": Param(Int(lo=1), "vertical stride", default=1),
+            "dilation_x": Param(Int(lo=1), "horizontal dilation", default=1),
+            "dilation_y": Param(Int(lo=1), "vertical dilation", default=1),
+            **_PADS_2D,
+            "ceil_mode": Param(Bool(), "ceil instead of floor for the output size (a window starting in the "
+                                       "right/bottom padding is dropped)", default=False),
+            "count_include_pad": Param(Bool(), "AVG: divide by the real + padding cells a window covers instead of "
+                                               "the real ones", default=False)},
+    constants={**_REQUANT_CONSTANTS, "sqrt_lut": "quantized L2: the square-root table"},
+    dtypes=_POOL_DTYPES,
+    integer="MAX/AVG: window max / exact rounded average; L1: sum |x+zp| then M/shift; L2: sum of squares "
+            "→ 16-bit code (M/shift) → sqrt LUT", semantics=f"{_SEM}#pooling", summary=_LP_SUMMARY)
+
+GLOBALPOOL = declare_op(
+    "GlobalPool",
+    params={"method": Param(Text(choices=METHODS), "pooling method", required=True),
+            **_PADS_2D,
+            "count_include_pad": Param(Bool(), "AVG: divide by the real + padding cells instead of the real ones",
+                                       default=False),
+            **{key: Param(Int(lo=0), "not read: the window covers the whole padded input")
+               for key in ("kernel_x", "kernel_y", "stride_x", "stride_y", "dilation_x", "dilation_y")},
+            "ceil_mode": Param(Bool(), "not read (one window)")},
+    constants={**_REQUANT_CONSTANTS, "sqrt_lut": "quantized L2: the square-root table"},
+    dtypes=_POOL_DTYPES,
+    integer="Pooling with one window covering the whole padded input", semantics=f"{_SEM}#globalpool",
+    summary=_LP_SUMMARY)
 
 
 def _int_param(node: PyNode, key: str, default: Any = _MISSING, minimum: int = 1) -> int:
@@ -318,28 +360,37 @@ def _pool_quantize(node: PyNode) -> None:
     store_requant(node, mult, shift, mdt, sdt)
 
 
-@op_register(OpType.Pooling)
+@POOLING.forward
 def pooling_forward(self: PyNode) -> None:
     _run_pool(self, global_pool=False)
 
 
-@quant_register(OpType.Pooling)
+@POOLING.quantize
 def pooling_quantize(self: PyNode) -> None:
     _pool_quantize(self)
 
 
-@op_register(OpType.GlobalPool)
+@GLOBALPOOL.forward
 def globalpool_forward(self: PyNode) -> None:
     _run_pool(self, global_pool=True)
 
 
-@quant_register(OpType.GlobalPool)
+@GLOBALPOOL.quantize
 def globalpool_quantize(self: PyNode) -> None:
     _pool_quantize(self)
 
 
 # ------------------------------------------------------------------------------------------------ AdaptivePool
 ADAPTIVE_METHODS = ("MAX", "AVG")
+
+ADAPTIVEPOOL = declare_op(
+    "AdaptivePool",
+    params={"method": Param(Text(choices=ADAPTIVE_METHODS), "pooling method", required=True),
+            "output_size": Param(Ints(lo=1), "output [h, w] (one integer serves both)", required=True),
+            "scale": _UNREAD_SCALE},
+    dtypes=PASSTHROUGH_DTYPES,
+    integer="adaptive windows: max, or exact sum of (x+zp) divided by the cell count (round half even)",
+    semantics=f"{_SEM}#adaptivepool")
 
 
 def adaptive_bounds(n: int, o: int) -> Tuple[List[int], List[int]]:
@@ -395,7 +446,7 @@ def _adaptive_method(node: PyNode, quantizing: bool = False) -> str:
     return _method(node, quantizing, ADAPTIVE_METHODS)
 
 
-@op_register(OpType.AdaptivePool)
+@ADAPTIVEPOOL.forward
 def adaptivepool_forward(self: PyNode) -> None:
     method = _adaptive_method(self)
     size = _output_size(self)
@@ -413,7 +464,7 @@ def adaptivepool_forward(self: PyNode) -> None:
     self.outputs[0].betensor = (y[0] if x.dim() == 3 else y).contiguous()
 
 
-@quant_register(OpType.AdaptivePool)
+@ADAPTIVEPOOL.quantize
 def adaptivepool_quantize(self: PyNode) -> None:
     """Output keeps the input's quantization (as upstream): a maximum or an average stays in the input's range."""
     _adaptive_method(self, quantizing=True)
@@ -426,6 +477,21 @@ def adaptivepool_quantize(self: PyNode) -> None:
 _PAD3D_KEYS = (("pad_z_begin", "pad_z_end"), ("pad_y_begin", "pad_y_end"), ("pad_x_begin", "pad_x_end"))
 _INT_PAD_SENTINEL = -(2 ** 62)
 """Padding value of the integer MAX windows: below every quantized value (windows always hold a real cell)."""
+_AXIS_NAMES = {"z": "depth", "y": "height", "x": "width"}
+
+POOLING3D = declare_op(
+    "Pooling3D",
+    params={"method": Param(Text(choices=("MAX", "AVG")), "pooling method", required=True),
+            **{f"kernel_{a}": Param(Int(lo=1), f"window {_AXIS_NAMES[a]}", required=True) for a in "zyx"},
+            **{f"stride_{a}": Param(Int(lo=1), f"{_AXIS_NAMES[a]} stride", default=1) for a in "zyx"},
+            **{f"dilation_{a}": Param(Int(lo=1), f"{_AXIS_NAMES[a]} dilation", default=1) for a in "zyx"},
+            **{key: Param(Int(lo=0), f"{_AXIS_NAMES[key[4]]} padding at the {'start' if side == 0 else 'end'}",
+                          default=0) for pair in _PAD3D_KEYS for side, key in enumerate(pair)},
+            "ceil_mode": Param(Bool(), "ceil instead of floor for the output size", default=False),
+            "count_include_pad": Param(Bool(), "AVG: divide by the real + padding cells a window covers instead of "
+                                               "the real ones", default=False),
+            "scale": _UNREAD_SCALE},
+    dtypes=PASSTHROUGH_DTYPES, integer="NDHWC window max / exact rounded average", semantics=f"{_SEM}#pooling3d")
 
 
 def _params3d(node: PyNode) -> dict:
@@ -505,7 +571,7 @@ def _method3d(node: PyNode, quantizing: bool = False) -> str:
     return _method(node, quantizing, ("MAX", "AVG"))
 
 
-@op_register(OpType.Pooling3D)
+@POOLING3D.forward
 def pooling3d_forward(self: PyNode) -> None:
     method = _method3d(self)
     x = self.inputs[0].betensor
@@ -522,7 +588,7 @@ def pooling3d_forward(self: PyNode) -> None:
     self.outputs[0].betensor = y.permute(0, 2, 3, 4, 1).contiguous()
 
 
-@quant_register(OpType.Pooling3D)
+@POOLING3D.quantize
 def pooling3d_quantize(self: PyNode) -> None:
     """Output keeps the input's quantization, as for 2-D MAX/AVG pooling."""
     _method3d(self, quantizing=True)
@@ -535,6 +601,33 @@ def pooling3d_quantize(self: PyNode) -> None:
 FLATTEN_DIMS = ("HW", "HWC", "NHWC", "NCHW")
 INDEX_BITS = 32
 """MaxPoolingWithArgMax indices are exact signed 32-bit integers (upstream: max(32, activation bits))."""
+_FLATTEN_DIM = Param(Text(choices=FLATTEN_DIMS), "layout of the flat indices: within each (n, c) plane (HW), each "
+                                                 "image (HWC) or the whole tensor (NHWC, NCHW)", required=True)
+
+MAXPOOLINGWITHARGMAX = declare_op(
+    "MaxPoolingWithArgMax",
+    params={"kernel_x": Param(Int(lo=1), "window width", required=True),
+            "kernel_y": Param(Int(lo=1), "window height", required=True),
+            "stride_x": Param(Int(lo=1), "horizontal stride", default=1),
+            "stride_y": Param(Int(lo=1), "vertical stride", default=1),
+            "dilation_x": Param(Int(lo=1), "horizontal dilation", default=1),
+            "dilation_y": Param(Int(lo=1), "vertical dilation", default=1),
+            **_PADS_2D,
+            "ceil_mode": Param(Bool(), "ceil instead of floor for the output size", default=False),
+            "count_include_pad": Param(Bool(), "not read (a max)"),
+            "flatten_dim": _FLATTEN_DIM,
+            "storage_order": Param(Int(lo=0, hi=1), "0: row-major (h * W + w) positions, 1: column-major "
+                                                    "(w * H + h)", default=0),
+            "scale": _UNREAD_SCALE},
+    dtypes="float32 → values: input's dtype; indices: int32 (exact integers)",
+    integer="window max (first maximal cell wins) and its flat index", semantics=f"{_SEM}#maxpoolingwithargmax")
+
+MAXUNPOOL = declare_op(
+    "MaxUnpool",
+    params={"flatten_dim": _FLATTEN_DIM, "scale": _UNREAD_SCALE},
+    dtypes="values float32 + indices int → values' dtype",
+    integer="scatter values to their indices, other cells float 0 (-zp)", semantics=f"{_SEM}#maxunpool",
+    summary="Inputs: values and indices (integer); the output shape is layer_top_shape.")
 
 
 def _flatten_dim(node: PyNode) -> str:
@@ -588,7 +681,7 @@ def argmax_indices(pos: torch.Tensor, shape_nchw: Sequence[int], flatten_dim: st
     return nn * (c * h * w) + cc * (h * w) + base
 
 
-@op_register(OpType.MaxPoolingWithArgMax)
+@MAXPOOLINGWITHARGMAX.forward
 def maxpoolingwithargmax_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     if x.dim() != 4:
@@ -611,7 +704,7 @@ def maxpoolingwithargmax_forward(self: PyNode) -> None:
     self.outputs[1].betensor = idx.permute(0, 2, 3, 1).contiguous()
 
 
-@quant_register(OpType.MaxPoolingWithArgMax)
+@MAXPOOLINGWITHARGMAX.quantize
 def maxpoolingwithargmax_quantize(self: PyNode) -> None:
     """Values keep the input's quantization; indices are exact int32 integers (qinvariant)."""
     check_quantized_inputs(self, self.inputs[:1])
@@ -652,7 +745,7 @@ def max_unpool(values: torch.Tensor, idx: torch.Tensor, out_hwc: Sequence[int], 
     return flat.reshape(n, oh, ow, oc)
 
 
-@op_register(OpType.MaxUnpool)
+@MAXUNPOOL.forward
 def maxunpool_forward(self: PyNode) -> None:
     values = self.inputs[0].betensor
     if values.dim() != 4 or len(self.inputs) < 2:
@@ -675,7 +768,7 @@ def maxunpool_forward(self: PyNode) -> None:
     self.outputs[0].betensor = y
 
 
-@quant_register(OpType.MaxUnpool)
+@MAXUNPOOL.quantize
 def maxunpool_quantize(self: PyNode) -> None:
     """Output keeps the values' quantization; the indices must be exact integers (qinvariant)."""
     check_quantized_inputs(self, self.inputs[:2])
@@ -684,28 +777,3 @@ def maxunpool_quantize(self: PyNode) -> None:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): the indices input '{self.inputs[1].name}' must be "
                                "an integer tensor (qinvariant), not a quantized float")
     copy_params(self.outputs[0], self.inputs[0])
-
-
-# ------------------------------------------------------------------------------------------------ catalog
-_SEM = "docs/semantics/pooling.md"
-describe_op("Pooling", params="method=MAX|AVG|L1|L2, kernel_y/x, stride_y/x, dilation_y/x, pad_left/right/top/bottom, "
-            "ceil_mode, count_include_pad (AVG); L1/L2 quantized: scale_value, shift_value; L2 also constant "
-            "sqrt_lut", dtypes="float32 → MAX/AVG: input's dtype; L1/L2: uint8/uint16",
-            integer="MAX/AVG: window max / exact rounded average; L1: sum |x+zp| then M/shift; L2: sum of squares "
-                    "→ 16-bit code (M/shift) → sqrt LUT", semantics=f"{_SEM}#pooling")
-describe_op("GlobalPool", params="method=MAX|AVG|L1|L2, pad_left/right/top/bottom, count_include_pad",
-            dtypes="float32 → MAX/AVG: input's dtype; L1/L2: uint8/uint16",
-            integer="Pooling with one window covering the whole padded input", semantics=f"{_SEM}#globalpool")
-describe_op("AdaptivePool", params="method=MAX|AVG, output_size=[h,w]", dtypes=PASSTHROUGH_DTYPES,
-            integer="adaptive windows: max, or exact sum of (x+zp) divided by the cell count (round half even)",
-            semantics=f"{_SEM}#adaptivepool")
-describe_op("Pooling3D", params="method=MAX|AVG, kernel_z/y/x, stride_z/y/x, dilation_z/y/x, "
-            "pad_{z,y,x}_{begin,end}, ceil_mode, count_include_pad", dtypes=PASSTHROUGH_DTYPES,
-            integer="NDHWC window max / exact rounded average", semantics=f"{_SEM}#pooling3d")
-describe_op("MaxPoolingWithArgMax", params="kernel_y/x, stride_y/x, dilation_y/x, pads, ceil_mode, "
-            "flatten_dim=HW|HWC|NHWC|NCHW, storage_order",
-            dtypes="float32 → values: input's dtype; indices: int32 (exact integers)",
-            integer="window max (first maximal cell wins) and its flat index", semantics=f"{_SEM}#maxpoolingwithargmax")
-describe_op("MaxUnpool", params="flatten_dim=HW|HWC|NHWC|NCHW; output shape from layer_top_shape",
-            dtypes="values float32 + indices int → values' dtype",
-            integer="scatter values to their indices, other cells float 0 (-zp)", semantics=f"{_SEM}#maxunpool")

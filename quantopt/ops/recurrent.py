@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -24,8 +24,8 @@ from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import QuantMode, integer_range, linear_quant_params
 from ..quant.requant import bias_quantize, fold_input_zero_point, range_dtype, scale_shift
 from ..quant.rounding import INT64_SAFE, round_shift
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Bool, DtypeName, Float, Floats, Int, Ints, Param, Text, Value, quantized
 from ._quant import (
     activation_mode,
     check_quantized_inputs,
@@ -39,7 +39,6 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from .catalog import describe_op
 
 SIGMOID_INPUT_RANGE = 8.0
 """Gate pre-activations feeding a SIGMOID table are quantized symmetrically over [-8, 8] (sigmoid(8) = 0.99966)."""
@@ -79,6 +78,125 @@ LSTM_DEFAULT_ACTIVATIONS = ["SIGMOID", "TANH", "TANH"]
 GRU_DEFAULT_ACTIVATIONS = ["SIGMOID", "TANH"]
 LSTM_OUTPUTS = ("Y", "H", "C")
 GRU_OUT_SEQUENCES = (["H"], ["Hn"], ["H", "Hn"])
+
+
+# ------------------------------------------------------------------------------------------------ declarations
+_NOT_READ_BY_GRU = "; not read by GRUs"
+
+_RNN_PARAMS: Dict[str, Param] = {
+    "time_steps": Param(Int(lo=1), "sequence length T", required=True),
+    "input_size": Param(Int(lo=1), "input features I per step", required=True),
+    "cell_size": Param(Int(lo=1), "hidden (and cell) size C", required=True),
+    "direction": Param(Text(choices=("forward", "reverse", "bidirectional")),
+                       "forward or reverse (bidirectional is not supported: split it into two layers)",
+                       default="forward"),
+    "threshold": Param(Float(infinite=True), "clamp of the gate pre-activations to [-threshold, threshold], positive "
+                       "(absent or inf: none)"),
+    "weights_scale": quantized(Floats(), "scale of the weights (a constant when per-channel)"),
+    "weights_zp": quantized(Int(), "zero point of the weights (a constant when per-channel)"),
+    "gate_bits": quantized(Int(lo=8, hi=16), "8 or 16: the bits of the gate table inputs and the hidden state"),
+    "hidden_frac_bits": quantized(Int(lo=0), "fraction bits of the fixed-point hidden state fed back"),
+    "gate_clamp_value": quantized(Ints(lo=0), "threshold as codes of the gate and the candidate table inputs"),
+    "hidden_scale_value": quantized(Int(lo=0), "multiplier of the hidden part of the MACs"),
+    "hidden_shift_value": quantized(Int(), "shift of the hidden part of the MACs"),
+    "init_h_scale_value": quantized(Int(lo=0), "multiplier of the initial hidden state to its fixed point"),
+    "init_h_shift_value": quantized(Int(), "shift of the initial hidden state to its fixed point"),
+    "out_scale_value": quantized(Ints(lo=0), "multiplier of each output"),
+    "out_shift_value": quantized(Ints(), "shift of each output"),
+}
+"""The keys every recurrent type reads the same way."""
+
+
+def _cell_params(suffix: str) -> Dict[str, Param]:
+    """The LSTM cell-state keys (GRU IRs may carry them too: `suffix` says that GRUs do not read them)."""
+    return {
+        "cell_clip": Param(Float(infinite=True), f"clamp of the cell state, positive (absent or inf: none){suffix}"),
+        "cell_frac_bits": quantized(Int(lo=0, hi=CELL_MAX_FRAC_BITS), f"fraction bits of the int32 cell state{suffix}"),
+        "cell_clip_value": quantized(Int(lo=0), f"cell_clip in cell state units{suffix}"),
+        "init_c_scale_value": quantized(Int(lo=0), f"multiplier of the initial cell state to its fixed point{suffix}"),
+        "init_c_shift_value": quantized(Int(), f"shift of the initial cell state to its fixed point{suffix}"),
+        "cell_scale_value": quantized(Int(lo=0), f"multiplier of the cell state to the cell table input{suffix}"),
+        "cell_shift_value": quantized(Int(), f"shift of the cell state to the cell table input{suffix}"),
+    }
+
+
+_RNN_CONSTANTS: Dict[str, str] = {
+    "gate_scale": "per-row multipliers of the gate pre-activations (quantized)",
+    "gate_shift": "per-row shifts of the gate pre-activations (quantized)",
+    "lut_gate": "Q15 table of the gate activation (quantized)",
+    "lut_cand": "Q15 table of the candidate activation (quantized)",
+    "scale": "upstream's requantization multipliers; not read",
+    "shift": "upstream's requantization shifts; not read",
+}
+_RNN_DTYPES = "float32 → int8 (8 bits) or int16 (16 bits), signed"
+
+BASICLSTM = declare_op(
+    "BasicLSTM",
+    params={
+        **_RNN_PARAMS,
+        "out_sequence": Param(Value("output names"), "distinct outputs among Y, H, C, in output order",
+                              default=["Y", "H", "C"]),
+        "activations": Param(Value("activation names"), "SIGMOID or TANH for the gates, the candidate and the cell "
+                             "output", default=LSTM_DEFAULT_ACTIVATIONS),
+        "forget_bias": Param(Float(), "added to the forget gate pre-activation", default=0.0),
+        **_cell_params(""),
+        "activation_alpha": Param(Floats(), "alpha of the activations; not read"),
+        "activation_beta": Param(Floats(), "beta of the activations; not read"),
+        "version": Param(Value("version name"), "not read by BasicLSTM"),
+        "basiclstm_for_qat": Param(Bool(), "upstream's QAT variant; not read"),
+        "lut_shift_value": quantized(Int(), "upstream's table shift; not read"),
+        "lut_shift_type": quantized(DtypeName(), "upstream's dtype of lut_shift_value; not read"),
+    },
+    constants={
+        "weights": "[4C, I+C] (gates i, g, f, o)", "biases": "[4C]", **_RNN_CONSTANTS,
+        "lut_cell": "Q15 table of the cell output activation (quantized)",
+        "diff_shifts": "upstream's per-step shifts; not read", "zerop": "upstream's QAT zero points; not read",
+        "lut_it": "upstream's table; not read", "lut_ft": "upstream's table; not read",
+        "lut_ct": "upstream's table; not read", "lut_ot": "upstream's table; not read",
+        "lut_h": "upstream's table; not read",
+    },
+    integer="int64 MAC, per-gate requant to fixed gate scales, Q15 sigmoid/tanh tables, int32 fixed-point "
+            "cell state, Q30 hidden products requantized to the outputs",
+    dtypes=_RNN_DTYPES, semantics="docs/semantics/recurrent.md#basiclstm")
+
+
+def _gru_params(version: str) -> Dict[str, Param]:
+    """The keys of GRUv3 and GRUv1, which differ in the default of `version` only."""
+    return {
+        **_RNN_PARAMS,
+        "out_sequence": Param(Value("output names"), "[H], [Hn] or [H,Hn]", default=["H"]),
+        "activations": Param(Value("activation names"), "SIGMOID or TANH for the gates and the candidate",
+                             default=GRU_DEFAULT_ACTIVATIONS),
+        "activation_alpha": Param(Floats(), "alpha of the activations: 1.0 only"),
+        "activation_beta": Param(Floats(), "beta of the activations: 0.0 only"),
+        "version": Param(Text(choices=("GRUV3", "GRUV1")), "GRUV3: the reset gate applied before the hidden MatMul; "
+                         "GRUV1: after it (biases [4C], with the hidden candidate bias)", default=version),
+        "forget_bias": Param(Float(), "not read by GRUs"),
+        **_cell_params(_NOT_READ_BY_GRU),
+        "remain_shift": quantized(Int(), "upstream's shift; not read"),
+        "hidden_scale": quantized(Floats(), "upstream's hidden-state requantization; not read"),
+        "hidden_shift": quantized(Floats(), "upstream's hidden-state requantization; not read"),
+        "hidden_scale_type": quantized(DtypeName(), "upstream's dtype of hidden_scale_value; not read"),
+        "hidden_shift_type": quantized(DtypeName(), "upstream's dtype of hidden_shift_value; not read"),
+    }
+
+
+def _gru_constants(biases: str) -> Dict[str, str]:
+    return {"weights": "[3C, I+C] (gates r, z, candidate)", "biases": biases, **_RNN_CONSTANTS,
+            "lut_cell": "not used by GRUs", "lut_rt": "upstream's table; not read",
+            "lut_zt": "upstream's table; not read", "lut_ht": "upstream's table; not read"}
+
+
+GRUV3 = declare_op(
+    "GRUv3", params=_gru_params("GRUV3"), constants=_gru_constants("[3C] (GRUV1: [4C])"),
+    integer="int64 MAC, per-gate requant to fixed gate scales, Q15 sigmoid/tanh tables, Q30 state update "
+            "requantized to the outputs",
+    dtypes=_RNN_DTYPES, semantics="docs/semantics/recurrent.md#gruv3")
+
+GRUV1 = declare_op(
+    "GRUv1", params=_gru_params("GRUV1"), constants=_gru_constants("[4C]"),
+    summary="As GRUv3 with version GRUV1 (the reset gate applied after the hidden MatMul).",
+    integer="as GRUv3", dtypes=_RNN_DTYPES, semantics="docs/semantics/recurrent.md#gruv3")
 
 
 @dataclass
@@ -369,7 +487,9 @@ def _quantize_output(node: PyNode, t: PyTensor, bits: int) -> None:
     set_params(t, linear_quant_params(t.min, t.max, bits, OUTPUT_MODE, True), bits)
 
 
-@quant_register([OpType.BasicLSTM, OpType.GRUv1, OpType.GRUv3])
+@BASICLSTM.quantize
+@GRUV1.quantize
+@GRUV3.quantize
 def rnn_quantize(self: PyNode) -> None:
     """Weights per row, biases with the input zero point folded in, gate multipliers, Q15 tables, state formats and
     output multipliers; everything the integer forward reads is stored in the layer (see the module doc)."""
@@ -568,7 +688,9 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
     return results
 
 
-@op_register([OpType.BasicLSTM, OpType.GRUv1, OpType.GRUv3])
+@BASICLSTM.forward
+@GRUV1.forward
+@GRUV3.forward
 def rnn_forward(self: PyNode) -> None:
     """Sequence input [batch, time_steps, input_size], initial state(s) [batch or 1, cell_size]."""
     if self.quantized:
@@ -587,26 +709,3 @@ def rnn_forward(self: PyNode) -> None:
     for t, name in zip(self.outputs, spec.out_sequence):
         t.betensor = res[name]
 
-
-def _names(values: Sequence[str]) -> str:
-    return ", ".join(values)
-
-
-describe_op("BasicLSTM", params="time_steps, input_size, cell_size, direction (forward|reverse), out_sequence "
-            f"(subset of {_names(LSTM_OUTPUTS)}), activations ([SIGMOID,TANH,TANH]), threshold, cell_clip, "
-            "forget_bias; weights [4C, I+C] (gates i, g, f, o), biases [4C]",
-            integer="int64 MAC, per-gate requant to fixed gate scales, Q15 sigmoid/tanh tables, int32 fixed-point "
-            "cell state, Q30 hidden products requantized to the outputs",
-            dtypes="float32 → int8 (8 bits) or int16 (16 bits), signed",
-            semantics="docs/semantics/recurrent.md#basiclstm")
-describe_op("GRUv3", params="time_steps, input_size, cell_size, direction (forward|reverse), out_sequence ([H], [Hn] "
-            "or [H,Hn]), activations ([SIGMOID,TANH]), threshold, version (GRUV3|GRUV1); weights [3C, I+C] "
-            "(gates r, z, candidate), biases [3C] (GRUV1: [4C])",
-            integer="int64 MAC, per-gate requant to fixed gate scales, Q15 sigmoid/tanh tables, Q30 state update "
-            "requantized to the outputs",
-            dtypes="float32 → int8 (8 bits) or int16 (16 bits), signed",
-            semantics="docs/semantics/recurrent.md#gruv3")
-describe_op("GRUv1", params="as GRUv3 with version GRUV1 (the reset gate applied after the hidden MatMul): "
-            "weights [3C, I+C], biases [4C]",
-            integer="as GRUv3", dtypes="float32 → int8 (8 bits) or int16 (16 bits), signed",
-            semantics="docs/semantics/recurrent.md#gruv3")

@@ -19,8 +19,8 @@ from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS, WIDE_SHIFT_MAX
 from ..quant.requant import range_dtype, scale_shift
 from ..quant.rounding import bit_length, div_round_half_even, round_shift
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Bool, Int, Ints, Param, Text, quantized
 from ..threads import one_thread
 from ._eltwise_int import check_int64_bound, offset_absmax, set_integer_output
 from ._quant import (
@@ -38,10 +38,10 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param
-from .catalog import describe_op
 
 REDUCE_METHODS = ("SUM", "MEAN", "MAX", "MIN", "PROD", "L1", "L2", "VARIANCE", "UNBIASED_VARIANCE", "ANY", "ALL")
 CUMULATE_METHODS = ("SUM", "PROD")
+_REDUCE = "docs/semantics/reduce.md"
 
 PROD_ACC_BITS = 31
 """Products keep their running value within 31 magnitude bits (|acc| <= 2^31): after each factor the value is
@@ -135,6 +135,20 @@ def _per_tensor_requant(node: PyNode) -> Tuple[int, int]:
 
 
 # ------------------------------------------------------------------------------------------------ Reduce
+REDUCE = declare_op(
+    "Reduce",
+    params={"method": Param(Text(choices=REDUCE_METHODS), "the reduction", required=True),
+            "axis": Param(Ints(), "the reduced axes (negative: from the end)", required=True),
+            "keepdims": Param(Bool(), "keep the reduced axes with size 1", default=True),
+            "sqrt_fraction_bits": quantized(Int(lo=0), "L2: fraction bits kept by the integer square root")},
+    constants={"scale": "per-channel multipliers; refused (the integer forward needs scale_value)",
+               "shift": "per-channel shifts; refused (the integer forward needs shift_value)",
+               "sqrt_lut": "upstream's L2 square-root table; not read (the integer L2 takes an exact root)"},
+    integer="exact int64 reduction of q + zp, one multiplier/shift (MAX/MIN passthrough, L2 integer sqrt)",
+    semantics=f"{_REDUCE}#reduce",
+    summary="Quantized: scale_value/shift_value (all but MAX, MIN, ANY, ALL).")
+
+
 def _reduce_method(node: PyNode) -> str:
     method = str(node.get_param("method")).upper()
     if method not in REDUCE_METHODS:
@@ -166,7 +180,7 @@ def _float_reduce(node: PyNode, method: str, rows: torch.Tensor) -> torch.Tensor
     return (dev * dev).sum(dim=1) / d if d > 0 else torch.full(r.shape[:1], float("nan"))
 
 
-@op_register(OpType.Reduce)
+@REDUCE.forward
 def reduce_forward(self: PyNode) -> None:
     method = _reduce_method(self)
     x = self.inputs[0].betensor
@@ -180,7 +194,7 @@ def reduce_forward(self: PyNode) -> None:
     self.outputs[0].betensor = y.reshape(_shape_out(self, kept, axes))
 
 
-@quant_register(OpType.Reduce)
+@REDUCE.quantize
 def reduce_quantize(self: PyNode) -> None:
     """MAX/MIN copy the input's params, ANY/ALL give a 0/1 uint8 integer output; the others get output params from
     calibration (SUM/MEAN/PROD signed like the input, L1/L2/VARIANCE unsigned; SUM/PROD/L1 of an integer input
@@ -273,6 +287,19 @@ def _reduce_int(node: PyNode, method: str, axes: Sequence[int], rows_q: torch.Te
 
 
 # ------------------------------------------------------------------------------------------------ Cumulate
+CUMULATE = declare_op(
+    "Cumulate",
+    params={"method": Param(Text(choices=CUMULATE_METHODS), "running sum or product", required=True),
+            "axis": Param(Int(), "the cumulated axis (negative: from the end)", required=True),
+            "exclusive": Param(Bool(), "position i excludes element i", default=False),
+            "reverse": Param(Bool(), "run from the last element to the first", default=False)},
+    constants={"scale": "PROD quantized: per-position multipliers, uint16",
+               "shift": "PROD quantized: per-position shifts, int32"},
+    integer="exact running sum (or normalized running product), requantized per position",
+    semantics=f"{_REDUCE}#cumulate",
+    summary="Quantized SUM: scale_value/shift_value.")
+
+
 def _cumulate_params(node: PyNode, rank: int) -> Tuple[str, int, bool, bool]:
     method = str(node.get_param("method")).upper()
     if method not in CUMULATE_METHODS:
@@ -281,7 +308,7 @@ def _cumulate_params(node: PyNode, rank: int) -> Tuple[str, int, bool, bool]:
     return method, axis, bool_param(node, "exclusive", False), bool_param(node, "reverse", False)
 
 
-@op_register(OpType.Cumulate)
+@CUMULATE.forward
 def cumulate_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     method, axis, exclusive, reverse = _cumulate_params(self, x.dim())
@@ -305,7 +332,7 @@ def _factor_counts(length: int, exclusive: bool) -> List[int]:
     return [j if exclusive else j + 1 for j in range(length)]
 
 
-@quant_register(OpType.Cumulate)
+@CUMULATE.quantize
 def cumulate_quantize(self: PyNode) -> None:
     """Output params from calibration (signed like the input; an integer input gives an integer output). SUM:
     one 15-bit multiplier/shift for s_out / s_in. PROD: per-position constants `scale` (uint16) / `shift` (int32)
@@ -368,13 +395,3 @@ def _cumulate_int(node: PyNode, method: str, axis: int, exclusive: bool, v: torc
         if exclusive:
             acc, dropped = _normalize_product(acc * x[..., j], dropped)
     return torch.stack(ys, dim=-1)
-
-
-# ------------------------------------------------------------------------------------------------ catalog
-_REDUCE = "docs/semantics/reduce.md"
-describe_op("Reduce", params="method=" + "|".join(REDUCE_METHODS) + ", axis=[...], keepdims=true|false",
-            integer="exact int64 reduction of q + zp, one multiplier/shift (MAX/MIN passthrough, L2 integer sqrt)",
-            semantics=f"{_REDUCE}#reduce")
-describe_op("Cumulate", params="method=SUM|PROD, axis, exclusive, reverse",
-            integer="exact running sum (or normalized running product), requantized per position",
-            semantics=f"{_REDUCE}#cumulate")

@@ -20,10 +20,9 @@ from ..graph.node import PyNode
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.requant import scale_shift
 from ..quant.rounding import INT64_SAFE, round_shift
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import DtypeName, Either, Float, Floats, Int, Ints, Param, Text, Value, quantized
 from ._quant import check_quantized_inputs, copy_params, int_value, out_range, tensor_scale, tensor_zp
-from .catalog import describe_op
 
 ROI_FRACTION_BITS = 16
 """Fraction bits of box coordinates, sampling positions and bilinear weights in the integer ROI forwards (a
@@ -31,6 +30,18 @@ weight product has 2 * ROI_FRACTION_BITS bits)."""
 COORD_MULT_BITS = AIFF_MULTIPLIER_BITS
 """Box-coordinate multipliers are 15-bit, like every AIFF multiplier; a negative shift is an exact left shift."""
 _SEM = "docs/semantics/pooling.md"
+
+_MULTIPLIERS = Either(kinds=(Int(), Ints()))
+"""A multiplier or shift: one integer, or one per axis."""
+_UNREAD_SCALE = Param(Value(), "written by some Parser versions; not read")
+_COORD_KEYS = {
+    "coord_scale_value": quantized(_MULTIPLIERS, "box-coordinate multipliers (one per axis)"),
+    "coord_shift_value": quantized(_MULTIPLIERS, "box-coordinate shifts (one per axis)"),
+    "batch_scale_value": quantized(_MULTIPLIERS, "batch-index multiplier"),
+    "batch_shift_value": quantized(_MULTIPLIERS, "batch-index shift"),
+}
+"""The fixed-point box requantization every ROI type may carry (`_coord_requant` writes f"{key}_scale_value")."""
+_FRACTION_BITS = quantized(Int(), "fraction bits of the fixed-point coordinates (ROI_FRACTION_BITS)")
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -135,6 +146,31 @@ def _feature(node: PyNode) -> torch.Tensor:
 ROIALIGN_METHODS = ("AVG", "MAX")
 COORD_MODES = ("HALF_PIXEL", "OUTPUT_HALF_PIXEL")
 
+_UPSTREAM = "upstream's quantized RoiAlign; not read"
+ROIALIGN = declare_op(
+    "RoiAlign",
+    params={"method": Param(Text(choices=ROIALIGN_METHODS), "average or maximum of the samples (default AVG)",
+                            default="AVG"),
+            "pooled_shape": Param(Ints(lo=1), "[PH, PW] output bins", required=True),
+            "sample": Param(Ints(lo=0), "[sh, sw] samples per bin and axis (0: adaptive; default [0, 0])",
+                            default=[0, 0]),
+            "spatial_scale_value": Param(Floats(), "[sy, sx] box → feature-map scale, positive (default [1, 1]; "
+                                                   "upstream's quantized IR: integers)", default=[1.0, 1.0]),
+            "coordinate_transformation_mode": Param(Text(choices=COORD_MODES), "default HALF_PIXEL",
+                                                    default="HALF_PIXEL"),
+            **_COORD_KEYS,
+            "coord_fraction_bits": _FRACTION_BITS,
+            **{f"{k}_value": quantized(Ints(), _UPSTREAM)
+               for k in ("bin_scale", "bin_shift", "grid_scale", "grid_shift")},
+            **{f"{k}_type": quantized(Value("dtype list"), _UPSTREAM)
+               for k in ("bin_scale", "bin_shift", "grid_scale", "grid_shift", "spatial_scale")},
+            "spatial_shift_value": quantized(_MULTIPLIERS, _UPSTREAM),
+            "spatial_shift_type": quantized(Either(kinds=(DtypeName(), Value("dtype list"))), _UPSTREAM),
+            "scale": _UNREAD_SCALE},
+    dtypes="float32 feature + float32 boxes [R,5] → feature's dtype",
+    integer="fixed-point box coordinates (M/shift), exact bilinear sampling with 16-bit fraction weights, "
+            "average by exact rounded division", semantics=f"{_SEM}#roialign")
+
 
 def _roialign_params(node: PyNode) -> dict:
     method = str(node.get_param("method", optional=True, default_value="AVG")).upper()
@@ -235,7 +271,7 @@ def roi_align(node: PyNode, fm: torch.Tensor, rois: torch.Tensor, p: dict, integ
     return out
 
 
-@op_register(OpType.RoiAlign)
+@ROIALIGN.forward
 def roialign_forward(self: PyNode) -> None:
     p = _roialign_params(self)
     x = _feature(self)
@@ -258,7 +294,7 @@ def roialign_forward(self: PyNode) -> None:
     self.outputs[0].betensor = torch.clamp(y, qmin, qmax)
 
 
-@quant_register(OpType.RoiAlign)
+@ROIALIGN.quantize
 def roialign_quantize(self: PyNode) -> None:
     """Output = feature map's params; box coordinates: M/2^N ~ spatial_scale * 2^F / s_b per axis; batch index:
     M/2^N ~ 1 / s_b."""
@@ -271,6 +307,16 @@ def roialign_quantize(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ MaxRoiPool
+MAXROIPOOL = declare_op(
+    "MaxRoiPool",
+    params={"spatial": Param(Floats(), "[sy, sx] box → feature-map scale, positive (float forward and quantize)"),
+            **_COORD_KEYS,
+            "scale": _UNREAD_SCALE},
+    dtypes="float32 feature + float32 boxes [R,5] → feature's dtype",
+    integer="box corners rounded from fixed point (M/shift), bin maximum", semantics=f"{_SEM}#maxroipool",
+    summary="The output shape comes from layer_top_shape.")
+
+
 def _out_hw(node: PyNode) -> Tuple[int, int]:
     shape = node.outputs[0].ir_shape
     if len(shape) != 4:
@@ -306,7 +352,7 @@ def max_roi_pool(node: PyNode, fm: torch.Tensor, batch: Sequence[int], coords: t
     return out
 
 
-@op_register(OpType.MaxRoiPool)
+@MAXROIPOOL.forward
 def maxroipool_forward(self: PyNode) -> None:
     x = _feature(self)
     if len(self.inputs) < 2:
@@ -344,7 +390,7 @@ def round_half_up(q: torch.Tensor, zp: int, mult: int, shift: int) -> torch.Tens
     return (v + (1 << (shift - 1))) >> shift
 
 
-@quant_register(OpType.MaxRoiPool)
+@MAXROIPOOL.quantize
 def maxroipool_quantize(self: PyNode) -> None:
     """Output = feature map's params; box corners: M/2^N ~ spatial / s_b (rounded half up); batch: ~ 1 / s_b."""
     sy, sx = _float_list(self, "spatial", 2)
@@ -354,6 +400,19 @@ def maxroipool_quantize(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ ROIPooling
+ROIPOOLING = declare_op(
+    "ROIPooling",
+    params={**_COORD_KEYS,
+            "coord_fraction_bits": _FRACTION_BITS,
+            **{f"{a}_index_scale": quantized(Float(), "upstream's quantized ROIPooling (written as a float); not "
+                                                      "read") for a in "xy"},
+            **{f"{a}_index_shift": quantized(Int(), "upstream's quantized ROIPooling; not read") for a in "xy"},
+            "scale": _UNREAD_SCALE},
+    dtypes="float32 feature + float32 normalized boxes [1,R,4] → feature's dtype",
+    integer="fixed-point box edges, exact truncated sample indices, gather", semantics=f"{_SEM}#roipooling",
+    summary="The output shape comes from layer_top_shape.")
+
+
 def roi_pooling_indices(a: torch.Tensor, b: torch.Tensor, size: int, out: int, unit: Any) -> torch.Tensor:
     """Upstream ROIPooling sample index i of one axis: trunc(A + i * ((B - A) / out + 1)) clipped to [0, size-1],
     where A, B are the box edges times the feature size in units of `unit` (1 in float, 2^F in fixed point);
@@ -368,7 +427,7 @@ def roi_pooling_indices(a: torch.Tensor, b: torch.Tensor, size: int, out: int, u
     return torch.clamp(idx, 0, size - 1)
 
 
-@op_register(OpType.ROIPooling)
+@ROIPOOLING.forward
 def roipooling_forward(self: PyNode) -> None:
     x = _feature(self)
     if len(self.inputs) < 2:
@@ -399,7 +458,7 @@ def roipooling_forward(self: PyNode) -> None:
     self.outputs[0].betensor = out
 
 
-@quant_register(OpType.ROIPooling)
+@ROIPOOLING.quantize
 def roipooling_quantize(self: PyNode) -> None:
     """Output = feature map's params; normalized box edges times the feature size: M/2^N ~ size * 2^F / s_b."""
     s_b = _quantize_boxes(self)
@@ -410,6 +469,20 @@ def roipooling_quantize(self: PyNode) -> None:
 
 # ------------------------------------------------------------------------------------------------ CropAndResize
 CROP_METHODS = ("BILINEAR", "NEAREST")
+
+CROP_AND_RESIZE = declare_op(
+    "CropAndResize",
+    params={"crop_size": Param(Ints(lo=1), "[CH, CW] output size of each crop", required=True),
+            "method": Param(Text(choices=CROP_METHODS), "sampling (default BILINEAR)", default="BILINEAR"),
+            "extrapolation_value": Param(Float(), "the value of positions outside the map (default 0)",
+                                         default=0.0),
+            "extrapolation_qvalue": quantized(Int(), "extrapolation_value quantized with the output's params"),
+            **_COORD_KEYS,
+            "coord_fraction_bits": _FRACTION_BITS,
+            "scale": _UNREAD_SCALE},
+    dtypes="float32 feature + float32 boxes [R,4] + int32 indices → feature's dtype",
+    integer="fixed-point sampling positions, exact bilinear weights, rounded half to even",
+    semantics=f"{_SEM}#cropandresize")
 
 
 def _crop_params(node: PyNode) -> dict:
@@ -488,7 +561,7 @@ def crop_and_resize(node: PyNode, fm: torch.Tensor, boxes: torch.Tensor, index: 
     return out
 
 
-@op_register(OpType.CropAndResize)
+@CROP_AND_RESIZE.forward
 def cropandresize_forward(self: PyNode) -> None:
     p = _crop_params(self)
     x = _feature(self)
@@ -512,7 +585,7 @@ def cropandresize_forward(self: PyNode) -> None:
     self.outputs[0].betensor = torch.clamp(y, qmin, qmax)
 
 
-@quant_register(OpType.CropAndResize)
+@CROP_AND_RESIZE.quantize
 def cropandresize_quantize(self: PyNode) -> None:
     """Output = feature map's params; normalized edges: M/2^N ~ 2^F / s_b; the extrapolation value quantized with
     the output params as `extrapolation_qvalue`."""
@@ -526,25 +599,3 @@ def cropandresize_quantize(self: PyNode) -> None:
     out = self.outputs[0]
     q = round(float(torch.tensor(p["extra"], dtype=torch.float64) * float(tensor_scale(out))) - tensor_zp(out))
     self.params["extrapolation_qvalue"] = min(max(int(q), int(out.qmin)), int(out.qmax))
-
-
-# ------------------------------------------------------------------------------------------------ catalog
-describe_op("RoiAlign", params="method=AVG|MAX, pooled_shape, sample, spatial_scale_value, "
-            "coordinate_transformation_mode=HALF_PIXEL|OUTPUT_HALF_PIXEL; quantized: coord_scale_value, "
-            "coord_shift_value, batch_scale_value, batch_shift_value, coord_fraction_bits",
-            dtypes="float32 feature + float32 boxes [R,5] → feature's dtype",
-            integer="fixed-point box coordinates (M/shift), exact bilinear sampling with 16-bit fraction weights, "
-                    "average by exact rounded division", semantics=f"{_SEM}#roialign")
-describe_op("MaxRoiPool", params="spatial=[sy,sx]; output shape from layer_top_shape; quantized: coord_scale_value, "
-            "coord_shift_value, batch_scale_value, batch_shift_value",
-            dtypes="float32 feature + float32 boxes [R,5] → feature's dtype",
-            integer="box corners rounded from fixed point (M/shift), bin maximum", semantics=f"{_SEM}#maxroipool")
-describe_op("ROIPooling", params="output shape from layer_top_shape; quantized: coord_scale_value, "
-            "coord_shift_value, coord_fraction_bits",
-            dtypes="float32 feature + float32 normalized boxes [1,R,4] → feature's dtype",
-            integer="fixed-point box edges, exact truncated sample indices, gather", semantics=f"{_SEM}#roipooling")
-describe_op("CropAndResize", params="crop_size, method=BILINEAR|NEAREST, extrapolation_value; quantized: "
-            "coord_scale_value, coord_shift_value, coord_fraction_bits, extrapolation_qvalue",
-            dtypes="float32 feature + float32 boxes [R,4] + int32 indices → feature's dtype",
-            integer="fixed-point sampling positions, exact bilinear weights, rounded half to even",
-            semantics=f"{_SEM}#cropandresize")

@@ -20,9 +20,8 @@ from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype, dtype_from_name
 from ..quant.params import integer_range, linear_quant_params
 from ..quant.rounding import round_shift
-from ..registry import declare_op, op_register, quant_register
-from ..registry.optype import OpType
-from ..registry.schema import Ints, Param, Value
+from ..registry import PASSTHROUGH_DTYPES, declare_op
+from ..registry.schema import Axis, Bool, DtypeName, Float, Int, Ints, Param, Text, Value, quantized
 from ._quant import (
     activation_mode,
     copy_params,
@@ -37,7 +36,6 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param
-from .catalog import PASSTHROUGH_DTYPES, describe_op
 
 SEMANTICS = "docs/semantics/indexing.md"
 
@@ -49,6 +47,9 @@ CAST_MAX_INT_BITS = 32
 
 CAST_MULTIPLIER_BITS = 16
 """Multiplier bits of the float → integer Cast requantization (ratio 1 / scale_in), as upstream."""
+
+_UNREAD_SCALE = Param(Value(), "written by some Parser versions; not read")
+_DS = "dynamic-shape value written by the Parser; not read"
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -84,7 +85,8 @@ def _check_integer_input(node: PyNode, t: PyTensor, what: str) -> None:
 # ------------------------------------------------------------------------------------------------ Transpose, Permute
 TRANSPOSE = declare_op(
     ["Transpose", "Permute"],
-    params={"perm": Param(Ints(), "output axis i is input axis perm[i] (Permute: reversed axes when absent)"),
+    params={"perm": Param(Ints(scalar_ok=False),
+                          "output axis i is input axis perm[i] (Permute: reversed axes when absent)"),
             "scale": Param(Value(), "written by some Parser versions; not read")},
     dtypes=PASSTHROUGH_DTYPES, integer="passthrough (data movement only)", semantics=f"{SEMANTICS}#transpose-permute")
 
@@ -111,6 +113,21 @@ def permute_forward(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ Reshape, Squeeze
+RESHAPE = declare_op(
+    "Reshape",
+    params={"shape": Param(Ints(lo=-1, scalar_ok=False), "target shape (dims >= 0, at most one -1); dim 0 follows "
+                       "the actual batch", required=True),
+            "ds_output_shape": Param(Value(), _DS),
+            "scale": _UNREAD_SCALE},
+    dtypes=PASSTHROUGH_DTYPES, integer="passthrough (data movement only)", semantics=f"{SEMANTICS}#reshape-squeeze")
+
+SQUEEZE = declare_op(
+    "Squeeze",
+    params={"axis": Param(Axis(), "dims to remove (int or list); default: the size-1 dims of the IR shape"),
+            "scale": _UNREAD_SCALE},
+    dtypes=PASSTHROUGH_DTYPES, integer="passthrough (data movement only)", semantics=f"{SEMANTICS}#reshape-squeeze")
+
+
 def batched_shape(node: PyNode, inp: PyTensor, shape: List[int]) -> List[int]:
     """The IR `shape` of a reshape for the data's batch: the input is the dim-0 concatenation of groups of the IR
     batch (quantopt.graph.batch), so dim 0 of the result grows by the same factor (a dim 0 equal to the input's IR
@@ -128,7 +145,7 @@ def batched_shape(node: PyNode, inp: PyTensor, shape: List[int]) -> List[int]:
     return [shape[0] * (rows // ir0)] + shape[1:]
 
 
-@op_register(OpType.Reshape)
+@RESHAPE.forward
 def reshape_forward(self: PyNode) -> None:
     """IR `shape` fixes the IR batch; for another batch dim 0 grows with the data (`batched_shape`)."""
     inp = self.inputs[0]
@@ -150,7 +167,7 @@ def _check_reshape(node: PyNode, src: Tuple[int, ...], shape: List[int]) -> None
         raise node._error(f"shape {shape} cannot hold the {count} elements of the input {list(src)}")
 
 
-@op_register(OpType.Squeeze)
+@SQUEEZE.forward
 def squeeze_forward(self: PyNode) -> None:
     """Removes the `axis` dims (int or list) that have size 1; without `axis`, the size-1 dims of the IR input
     shape. Like torch.squeeze, a listed dim whose actual size is not 1 (a batch > 1) stays."""
@@ -165,7 +182,16 @@ def squeeze_forward(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ Split
-@op_register(OpType.Split)
+SPLIT = declare_op(
+    "Split",
+    params={"axis": Param(Int(), "the split axis (default 0)", default=0),
+            "splits": Param(Ints(lo=0), "one size per output; default: equal parts"),
+            "scale": _UNREAD_SCALE},
+    dtypes=PASSTHROUGH_DTYPES, integer="passthrough; every output carries the input's params",
+    semantics=f"{SEMANTICS}#split")
+
+
+@SPLIT.forward
 def split_forward(self: PyNode) -> None:
     """`splits` sizes along `axis` (default 0), one output each; without `splits`, equal parts."""
     x = self.inputs[0].betensor
@@ -187,6 +213,40 @@ def split_forward(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ Slice, StridedSlice
+_SLICE_PARAMS = {
+    "begin": Param(Ints(), "first index per sliced axis", required=True),
+    "end": Param(Ints(), "end per sliced axis (exclusive; a negative end with a negative stride: through index 0)",
+                 required=True),
+    "strides": Param(Ints(), "step per sliced axis, not 0 (default 1)"),
+    "upper_bound": Param(Bool(), "a negative end is inclusive", default=False),
+}
+_MASKS = ("begin_mask", "end_mask", "shrink_axis_mask", "ellipsis_mask", "new_axis_mask")
+
+SLICE = declare_op(
+    "Slice",
+    params={**_SLICE_PARAMS,
+            **{k: Param(Int(lo=0), "a StridedSlice mask written by some Parser versions; not read by Slice")
+               for k in _MASKS},
+            **{k: Param(Value(), _DS) for k in ("ds_begin", "ds_end", "ds_strides", "ds_output_shape")},
+            "scale": _UNREAD_SCALE},
+    dtypes=PASSTHROUGH_DTYPES, integer="passthrough (data movement only)",
+    semantics=f"{SEMANTICS}#slice-stridedslice")
+
+STRIDED_SLICE = declare_op(
+    "StridedSlice",
+    params={**_SLICE_PARAMS,
+            "begin_mask": Param(Int(lo=0), "bit i set: axis i starts at its beginning", default=0),
+            "end_mask": Param(Int(lo=0), "bit i set: axis i runs to its end", default=0),
+            "shrink_axis_mask": Param(Int(lo=0), "bit i set: axis i (one element long) is removed", default=0),
+            "ellipsis_mask": Param(Int(lo=0), "must be 0 (the Parser resolves it into begin/end/strides)",
+                                   default=0),
+            "new_axis_mask": Param(Int(lo=0), "must be 0 (the Parser resolves it into begin/end/strides)",
+                                   default=0),
+            "scale": _UNREAD_SCALE},
+    dtypes=PASSTHROUGH_DTYPES, integer="passthrough (data movement only)",
+    semantics=f"{SEMANTICS}#slice-stridedslice")
+
+
 def slice_indices(size: int, begin: Optional[int], end: Optional[int], stride: int, upper_bound: bool) -> List[int]:
     """Indices one axis of `size` keeps, as the Parser writes begin/end/strides (docs: Slice).
 
@@ -245,25 +305,36 @@ def _slice_forward(node: PyNode, masks: bool) -> None:
     node.outputs[0].betensor = x.contiguous()
 
 
-@op_register(OpType.Slice)
+@SLICE.forward
 def slice_forward(self: PyNode) -> None:
     _slice_forward(self, masks=False)
 
 
-@op_register(OpType.StridedSlice)
+@STRIDED_SLICE.forward
 def strided_slice_forward(self: PyNode) -> None:
     _slice_forward(self, masks=True)
 
 
 @TRANSPOSE.quantize
-@quant_register([OpType.Reshape, OpType.Squeeze, OpType.Slice, OpType.StridedSlice, OpType.Split])
+@RESHAPE.quantize
+@SQUEEZE.quantize
+@SLICE.quantize
+@STRIDED_SLICE.quantize
+@SPLIT.quantize
 def shape_only_quantize(self: PyNode) -> None:
     for out in self.outputs:
         copy_params(out, self.inputs[0])
 
 
 # ------------------------------------------------------------------------------------------------ Shape
-@op_register(OpType.Shape)
+SHAPE = declare_op(
+    "Shape",
+    params={"start": Param(Int(), "first dim (default 0)", default=0),
+            "end": Param(Int(), "end dim, exclusive (default: the rank)")},
+    dtypes="any → int32 (scale 1)", integer="exact integer dims", semantics=f"{SEMANTICS}#shape")
+
+
+@SHAPE.forward
 def shape_forward(self: PyNode) -> None:
     """dims [start:end] of the input's actual shape as an integer vector (start 0, end = rank by default)."""
     x = self.inputs[0].betensor
@@ -273,13 +344,23 @@ def shape_forward(self: PyNode) -> None:
     self.outputs[0].betensor = torch.tensor(dims, dtype=torch.int64)
 
 
-@quant_register(OpType.Shape)
+@SHAPE.quantize
 def shape_quantize(self: PyNode) -> None:
     set_qinvariant(self.outputs[0], SHAPE_OUTPUT_BITS, True)
 
 
 # ------------------------------------------------------------------------------------------------ ConstantOfShape
-@op_register(OpType.ConstantOfShape)
+CONSTANT_OF_SHAPE = declare_op(
+    "ConstantOfShape",
+    params={"value": Param(Float(infinite=True), "the fill value (default 0; quantized: its stored integer)",
+                           default=0.0),
+            "shape": Param(Ints(scalar_ok=False), "written by some Parser versions; not read (the shape is input 0)")},
+    dtypes="int32 shape → int8/uint8/int16/uint16 (scale 1 for integer values)",
+    integer="fill with the quantized value", semantics=f"{SEMANTICS}#constantofshape",
+    summary="Input: the shape (integer).")
+
+
+@CONSTANT_OF_SHAPE.forward
 def constant_of_shape_forward(self: PyNode) -> None:
     """A tensor of shape `input` filled with `value` (quantized: the stored integer `value`)."""
     inp = self.inputs[0]
@@ -296,7 +377,7 @@ def constant_of_shape_forward(self: PyNode) -> None:
         out.betensor = torch.full(shape, float(value), dtype=torch.float32).to(out.ir_dtype.torch_dtype)
 
 
-@quant_register(OpType.ConstantOfShape)
+@CONSTANT_OF_SHAPE.quantize
 def constant_of_shape_quantize(self: PyNode) -> None:
     """An integer `value` gives a qinvariant output; any other value is quantized with a range [min(v,0),
     max(v,0)] and stored as its integer."""
@@ -328,6 +409,21 @@ def constant_of_shape_quantize(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ Cast
+CAST = declare_op(
+    "Cast",
+    params={"to_dtype": Param(DtypeName(), "the output dtype (integers at most 32 bits wide)", required=True),
+            "clip_mode": Param(Text(choices=("SATURATION", "TRUNCATION")),
+                               "out-of-range integers saturate or wrap around", default="SATURATION"),
+            "ignore_scale_zp": Param(Bool(), "integer cast without the zero-point change", default=True),
+            "only_for_quantized": Param(Value("flag"), "present: a bit-width change between quantized tensors "
+                                                       "(the identity in float; removed when quantized)"),
+            "round_mode": quantized(Text(), "TRUNC: the requantization rounds toward zero (else half to even)"),
+            "scale": _UNREAD_SCALE},
+    dtypes="any → to_dtype (integers at most 32 bits)",
+    integer="exact integer cast, or requantize to scale 1 (truncating)", semantics=f"{SEMANTICS}#cast",
+    summary="Quantized, a requantizing Cast carries scale_value and shift_value.")
+
+
 def _to_dtype(node: PyNode) -> Dtype:
     raw = node.get_param("to_dtype")
     dt = raw if isinstance(raw, Dtype) else dtype_from_name(str(raw))
@@ -356,7 +452,7 @@ def _int_bits(dt: Dtype) -> Tuple[int, bool]:
     return min(dt.bits, CAST_MAX_INT_BITS), dt.is_signed
 
 
-@op_register(OpType.Cast)
+@CAST.forward
 def cast_forward(self: PyNode) -> None:
     """Float: to a float dtype, the value; to an integer dtype, truncation toward zero, then saturation or
     wrap-around into the dtype's range (`clip_mode`). `only_for_quantized` casts are the identity in float."""
@@ -405,7 +501,7 @@ def round_shift_floor(v: torch.Tensor, shift: int) -> torch.Tensor:
     return v >> shift if shift >= 0 else v << -shift
 
 
-@quant_register(OpType.Cast)
+@CAST.quantize
 def cast_quantize(self: PyNode) -> None:
     """See docs: Cast. Integer → integer: exact (qinvariant); float → float: passthrough; quantized float →
     integer: requantize to scale 1 with truncation; `only_for_quantized` (a bit-width change between quantized
@@ -462,27 +558,3 @@ def _store_cast_requant(node: PyNode, m: int, n: int, mdt: Dtype, sdt: Dtype) ->
     node.params["scale_type"] = mdt
     node.params["shift_value"] = int(n)
     node.params["shift_type"] = sdt
-
-
-# ------------------------------------------------------------------------------------------------ catalog
-describe_op("Reshape", params="shape (dim 0 follows the actual batch)", dtypes=PASSTHROUGH_DTYPES,
-            integer="passthrough (data movement only)", semantics=f"{SEMANTICS}#reshape-squeeze")
-describe_op("Squeeze", params="axis (int or list; default: the size-1 dims of the IR shape)",
-            dtypes=PASSTHROUGH_DTYPES, integer="passthrough (data movement only)",
-            semantics=f"{SEMANTICS}#reshape-squeeze")
-describe_op("Split", params="axis, splits (one size per output)", dtypes=PASSTHROUGH_DTYPES,
-            integer="passthrough; every output carries the input's params", semantics=f"{SEMANTICS}#split")
-describe_op("Slice", params="begin, end, strides, upper_bound", dtypes=PASSTHROUGH_DTYPES,
-            integer="passthrough (data movement only)", semantics=f"{SEMANTICS}#slice-stridedslice")
-describe_op("StridedSlice", params="begin, end, strides, upper_bound, begin_mask, end_mask, shrink_axis_mask",
-            dtypes=PASSTHROUGH_DTYPES, integer="passthrough (data movement only)",
-            semantics=f"{SEMANTICS}#slice-stridedslice")
-describe_op("Shape", params="start, end", dtypes="any → int32 (scale 1)", integer="exact integer dims",
-            semantics=f"{SEMANTICS}#shape")
-describe_op("ConstantOfShape", params="value; input: the shape (integer)",
-            dtypes="int32 shape → int8/uint8/int16/uint16 (scale 1 for integer values)",
-            integer="fill with the quantized value", semantics=f"{SEMANTICS}#constantofshape")
-describe_op("Cast", params="to_dtype, clip_mode=SATURATION|TRUNCATION, ignore_scale_zp, only_for_quantized; "
-                            "quantized: scale_value, shift_value, round_mode",
-            dtypes="any → to_dtype (integers at most 32 bits)",
-            integer="exact integer cast, or requantize to scale 1 (truncating)", semantics=f"{SEMANTICS}#cast")

@@ -32,8 +32,8 @@ from ..quant.lut import lookup_lut, lut_size
 from ..quant.params import QuantMode, dequantize, linear_quant_params
 from ..quant.requant import range_dtype, requantize_int, scale_shift
 from ..quant.rounding import bit_length, div_round_half_even
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Bool, DtypeName, Floats, Int, Param, Text, quantized
 from ._lut_int import ceil_log2, constants_first, int_input, range_bits
 from ._quant import (
     activation_mode,
@@ -50,11 +50,49 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param
-from .catalog import describe_op
 
 LUT_VALUE_BITS = SOFTMAX_LUT_AUTO_VALUE_BITS
 """Table values are e^(x - max) * (2^20 - 1): the value bits upstream uses when it selects the LUT method itself
 (`[2, 20]`), the case of every golden Softmax."""
+
+SOFTMAX_METHODS = ("LUT", "FAST_EXP")
+
+FAST_EXP_ADJUST_Q = 8
+"""Fraction bits of the base-2 exponent that quantopt writes for FAST_EXP and LogSoftmax (`adjust_q`). Upstream's
+automatic choice is 1 (a power-of-two result, cosine about 0.97 on typical logits); 8 adds a 256-entry 2^f table
+and keeps the result within about 0.3 % of e^x. IRs with adjust_q 0 or 1 still run upstream's power-of-two path."""
+
+FAST_EXP_MAX_ADJUST_Q = 15
+
+_PER_CHANNEL_REFUSED = "per-channel requantization: refused, the integer forward takes one scale_value/shift_value"
+
+
+# --------------------------------------------------------------------------------------------- Softmax
+SOFTMAX = declare_op(
+    "Softmax",
+    params={
+        "axis": Param(Int(), "the axis normalized (negative counts from the end)", default=-1),
+        "quantize_method": Param(Text(choices=SOFTMAX_METHODS), "the integer method, written when quantized; when "
+                                 "absent, LUT for a graph output or a Softmax feeding NMS/Sort/ArgMinMax/TopK/InTopK, "
+                                 "else FAST_EXP"),
+        "adjust_q": Param(Int(lo=0, hi=FAST_EXP_MAX_ADJUST_Q), "FAST_EXP: fraction bits of the base-2 exponent, 0 or "
+                          "1 (upstream's power-of-two path) or 8..15 (default 8, written when quantized)"),
+        "input_scale_value": quantized(Int(lo=0), "FAST_EXP: the multiplier of log2(e)/s_in"),
+        "input_shift_value": quantized(Int(), "FAST_EXP: the shift of log2(e)/s_in"),
+        "input_scale_type": quantized(DtypeName(), "the dtype of input_scale_value"),
+        "input_shift_type": quantized(DtypeName(), "the dtype of input_shift_value"),
+        "pow2_out_q": quantized(Int(lo=0), "FAST_EXP: fraction bits of the exponential terms, 31 - floor(log2(axis "
+                                           "length))"),
+        "mask_saturated_input": quantized(Bool(), "true when the input is an attention mask: inputs at the input's "
+                                                  "qmin contribute 0 to rows whose maximum is above it"),
+        "lut_mode": quantized(Text(), "upstream's float-table approximation (EXP); not read"),
+    },
+    constants={"lut": "LUT: the exp table (uint32), written when quantized",
+               "pow2_lut": "FAST_EXP with adjust_q >= 8: the 2^f table (uint16), written when quantized",
+               "log2_lut": "not read", "float_lut": "upstream's float table; not read",
+               "scale": _PER_CHANNEL_REFUSED, "shift": _PER_CHANNEL_REFUSED},
+    integer="LUT: exp table, sum, division; FAST_EXP: base-2 exponent with a 2^f table, sum, rounded division",
+    semantics="docs/semantics/softmax.md#softmax")
 
 
 def _axis(node: PyNode, rank: int) -> int:
@@ -134,13 +172,6 @@ LUT_METHOD_CONSUMERS = ("NMS", "Sort", "ArgMinMax", "TopK", "InTopK")
 """Layer types whose Softmax producer keeps the LUT method: they compare probabilities, and the LUT method keeps
 more distinct output codes near the top (upstream pass `tune_op_softmax`)."""
 
-SOFTMAX_METHODS = ("LUT", "FAST_EXP")
-
-FAST_EXP_ADJUST_Q = 8
-"""Fraction bits of the base-2 exponent that quantopt writes for FAST_EXP and LogSoftmax (`adjust_q`). Upstream's
-automatic choice is 1 (a power-of-two result, cosine about 0.97 on typical logits); 8 adds a 256-entry 2^f table
-and keeps the result within about 0.3 % of e^x. IRs with adjust_q 0 or 1 still run upstream's power-of-two path."""
-
 POW2_TABLE_BITS = 8
 """The 2^f table (`pow2_lut`) and the log2 table (`log2_lut`) have 2^8 entries, indexed by the top 8 fraction bits."""
 
@@ -157,8 +188,6 @@ LOG2E = 1.4426950408889634
 
 SIMPLE_LOG2_HALF = 1518500250
 """floor(sqrt(2)/2 * 2^31): a normalized sum above it rounds its Q1 log2 up by one half (upstream `simple_log2`)."""
-
-FAST_EXP_MAX_ADJUST_Q = 15
 
 
 def softmax_method(node: PyNode) -> str:
@@ -180,7 +209,7 @@ def softmax_method(node: PyNode) -> str:
     return "FAST_EXP"
 
 
-@quant_register(OpType.Softmax)
+@SOFTMAX.quantize
 def softmax_quantize(self: PyNode) -> None:
     """Chooses the method (`softmax_method`) and quantizes with it; both write `quantize_method`."""
     inp = self.inputs[0]
@@ -368,9 +397,10 @@ def _softmax_pow2_path(node: PyNode, x: torch.Tensor, axis: int, adjust_q: int, 
 
 
 def masks_saturated_input(node: PyNode) -> bool:
-    """`mask_saturated_input` (written for a Softmax whose input is an attention mask, passes/inf_mask.py)."""
+    """`mask_saturated_input` (written for a Softmax whose input is an attention mask, calibration/inf_mask.py):
+    true, or 1 as the declared `Bool` kind reads it."""
     value = node.params.get(SOFTMAX_MASK_PARAM, False)
-    return value is True or str(value).lower() == "true"
+    return value is True or (isinstance(value, int) and value == 1) or str(value).lower() == "true"
 
 
 def masked_terms(node: PyNode, x: torch.Tensor, top: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
@@ -393,7 +423,7 @@ def softmax_integer_forward(node: PyNode) -> torch.Tensor:
                            f"(LUT and FAST_EXP are)")
 
 
-@op_register(OpType.Softmax)
+@SOFTMAX.forward
 def softmax_forward(self: PyNode) -> None:
     if self.quantized:
         self.outputs[0].betensor = softmax_integer_forward(self)
@@ -404,7 +434,28 @@ def softmax_forward(self: PyNode) -> None:
 
 
 # --------------------------------------------------------------------------------------------- LogSoftmax
-@quant_register(OpType.LogSoftmax)
+LOGSOFTMAX = declare_op(
+    "LogSoftmax",
+    params={
+        "axis": Param(Int(), "the axis normalized (negative counts from the end)", default=-1),
+        "adjust_q": Param(Int(lo=POW2_TABLE_BITS, hi=FAST_EXP_MAX_ADJUST_Q), "fraction bits of the base-2 exponent "
+                          "(default 8, written when quantized)"),
+        "input_scale_value": quantized(Int(lo=0), "the multiplier of log2(e)/s_in"),
+        "input_shift_value": quantized(Int(), "the shift of log2(e)/s_in"),
+        "input_scale_type": quantized(DtypeName(), "the dtype of input_scale_value"),
+        "input_shift_type": quantized(DtypeName(), "the dtype of input_shift_value"),
+        "pow2_out_q": quantized(Int(lo=0), "fraction bits of the power-of-two terms, 31 - floor(log2(axis length))"),
+        "quantize_scale": quantized(Floats(), "upstream's float-path scales [s_out/s_in, s_out]; not read"),
+    },
+    constants={"pow2_lut": "the 2^f table (uint16), written when quantized",
+               "log2_lut": "the log2 table (uint16), written when quantized",
+               "lut_exp": "upstream's exp table; not read", "lut_log": "upstream's log table; not read",
+               "scale": _PER_CHANNEL_REFUSED, "shift": _PER_CHANNEL_REFUSED},
+    integer="base-2 exponent, power-of-two sum, table log2, requantization of the difference",
+    semantics="docs/semantics/softmax.md#logsoftmax")
+
+
+@LOGSOFTMAX.quantize
 def logsoftmax_quantize(self: PyNode) -> None:
     """Output signed from its calibrated range; log2(e)/s_in with a 15-bit multiplier; adjust_q = 8 fraction bits;
     pow2_lut and log2_lut (uint16); scale_value/shift_value approximate s_out * ln(2)."""
@@ -463,7 +514,7 @@ def logsoftmax_tables(node: PyNode, bits: int) -> Tuple[torch.Tensor, torch.Tens
     return u, e, lg
 
 
-@op_register(OpType.LogSoftmax)
+@LOGSOFTMAX.forward
 def logsoftmax_forward(self: PyNode) -> None:
     if self.quantized:
         self.outputs[0].betensor = _logsoftmax_integer_forward(self)
@@ -473,6 +524,12 @@ def logsoftmax_forward(self: PyNode) -> None:
 
 
 # --------------------------------------------------------------------------------------------- Hardmax
+HARDMAX = declare_op(
+    "Hardmax", params={"axis": Param(Int(), "the axis of the maximum (negative counts from the end)", default=-1)},
+    dtypes="float32 → uint8 0/1 (qinvariant)", integer="one-hot of the first maximum of the integer codes",
+    semantics="docs/semantics/softmax.md#hardmax")
+
+
 def _one_hot_argmax(x: torch.Tensor, axis: int, dtype: torch.dtype) -> torch.Tensor:
     """1 at the first maximum along `axis` (ONNX Hardmax ties), 0 elsewhere."""
     if x.numel() == 0:
@@ -482,7 +539,7 @@ def _one_hot_argmax(x: torch.Tensor, axis: int, dtype: torch.dtype) -> torch.Ten
     return out.scatter(axis, idx, torch.ones(idx.shape, dtype=dtype))
 
 
-@quant_register(OpType.Hardmax)
+@HARDMAX.quantize
 def hardmax_quantize(self: PyNode) -> None:
     """The output is an exact 0/1 integer tensor: qinvariant uint8 (scale 1, zero point 0)."""
     inp = self.inputs[0]
@@ -492,7 +549,7 @@ def hardmax_quantize(self: PyNode) -> None:
     set_qinvariant(self.outputs[0], 8, False)
 
 
-@op_register(OpType.Hardmax)
+@HARDMAX.forward
 def hardmax_forward(self: PyNode) -> None:
     """One-hot of the first maximum along `axis`; quantized, the maximum of the integer codes (the input scale is
     positive, so the float order is kept; values equal after quantization tie to the first)."""
@@ -502,14 +559,3 @@ def hardmax_forward(self: PyNode) -> None:
         return
     x = self.inputs[0].betensor
     self.outputs[0].betensor = _one_hot_argmax(x, _axis(self, x.dim()), torch.float32)
-
-
-describe_op("Softmax", params="axis (-1); quantize_method LUT|FAST_EXP (chosen by the graph when absent)",
-            integer="LUT: exp table, sum, division; FAST_EXP: base-2 exponent with a 2^f table, sum, rounded "
-                    "division", semantics="docs/semantics/softmax.md#softmax")
-describe_op("LogSoftmax", params="axis (-1); constants pow2_lut, log2_lut when quantized",
-            integer="base-2 exponent, power-of-two sum, table log2, requantization of the difference",
-            semantics="docs/semantics/softmax.md#logsoftmax")
-describe_op("Hardmax", params="axis (-1)", dtypes="float32 → uint8 0/1 (qinvariant)",
-            integer="one-hot of the first maximum of the integer codes",
-            semantics="docs/semantics/softmax.md#hardmax")

@@ -22,8 +22,8 @@ from ..quant.dtype import Dtype
 from ..quant.lut import build_lut, lookup_lut, lut_sample_points, lut_size
 from ..quant.params import dequantize
 from ..quant.requant import requantize_int
-from ..registry import op_register, quant_register
-from ..registry.optype import OpType
+from ..registry import declare_op
+from ..registry.schema import Bool, Float, Param, Text, Value, quantized
 from ._lut_int import constants_first, int_input, is_restricted, range_bits
 from ._quant import (
     copy_params,
@@ -39,7 +39,6 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import bool_param
-from .catalog import describe_op
 
 SEMANTICS = "docs/semantics/unary.md"
 
@@ -133,6 +132,32 @@ def _isinf_flags(node: PyNode) -> Tuple[bool, bool]:
 
 
 # --------------------------------------------------------------------------------------------- table ops
+_TABLE_INTEGER = "LUT over the input range (domain-clamped samples for restricted domains)"
+_TABLE_SEMANTICS = f"{SEMANTICS}#table-ops"
+_LUT = {"lut": "the output table over the input's integer range, written when quantized"}
+_UNREAD_SCALE = {"scale": Param(Value(), "written by some Parser versions; not read")}
+_UPSTREAM_TABLE = "upstream's float-table approximation; not read"
+_UPSTREAM_INDEX = {
+    "index_scale_value": quantized(Float(), f"{_UPSTREAM_TABLE}: the index scale"),
+    "index_offset_value": quantized(Float(), f"{_UPSTREAM_TABLE}: the index offset"),
+    "value_offset_value": quantized(Float(), f"{_UPSTREAM_TABLE}: the value offset"),
+}
+TABLE_OPS = declare_op(
+    ["Exp", "Sqrt", "Rsqrt", "Reciprocal", "Square", "Tan"], params=_UNREAD_SCALE, constants=_LUT,
+    integer=_TABLE_INTEGER, semantics=_TABLE_SEMANTICS)
+INDEX_TABLE_OPS = declare_op(
+    ["Log", "Acosh", "Sine"], params={**_UNREAD_SCALE, **_UPSTREAM_INDEX}, constants=_LUT, integer=_TABLE_INTEGER,
+    semantics=_TABLE_SEMANTICS)
+MODE_TABLE_OPS = declare_op(
+    ["Erf", "Acos", "Asin", "Asinh", "Atan", "Atanh", "Cosine", "Cosh", "Sinh"],
+    params={**_UNREAD_SCALE, **_UPSTREAM_INDEX,
+            "lut_mode": quantized(Text(), f"{_UPSTREAM_TABLE} (NORMAL, MIRROR, ...)")},
+    constants=_LUT, integer=_TABLE_INTEGER, semantics=_TABLE_SEMANTICS)
+ROUNDING_TABLE_OPS = declare_op(
+    list(ROUNDING_OPS), params=_UNREAD_SCALE, constants=_LUT,
+    integer="LUT over the input range; identity on integer inputs", semantics=_TABLE_SEMANTICS)
+
+
 def _lut_sample_values(node: PyNode, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """f at the table's sample points (float32, exactly the values `build_lut` quantizes)."""
     inp = node.inputs[0]
@@ -199,10 +224,10 @@ def _int_lut(node: PyNode, x: torch.Tensor) -> torch.Tensor:
     return torch.clamp(y, qmin, qmax)
 
 
-LUT_OPTYPES = [getattr(OpType, name) for name in LUT_FUNCTIONS]
-
-
-@quant_register(LUT_OPTYPES)
+@TABLE_OPS.quantize
+@INDEX_TABLE_OPS.quantize
+@MODE_TABLE_OPS.quantize
+@ROUNDING_TABLE_OPS.quantize
 def unary_lut_quantize(self: PyNode) -> None:
     _check_one_in_one_out(self)
     _check_per_tensor_mode(self)
@@ -210,7 +235,10 @@ def unary_lut_quantize(self: PyNode) -> None:
     _quantize_lut(self)
 
 
-@op_register(LUT_OPTYPES)
+@TABLE_OPS.forward
+@INDEX_TABLE_OPS.forward
+@MODE_TABLE_OPS.forward
+@ROUNDING_TABLE_OPS.forward
 def unary_lut_forward(self: PyNode) -> None:
     _check_one_in_one_out(self)
     if self.quantized:
@@ -221,12 +249,19 @@ def unary_lut_forward(self: PyNode) -> None:
 
 
 # --------------------------------------------------------------------------------------------- Abs, Negative
+ABS_NEGATIVE = declare_op(
+    ["Abs", "Negative"],
+    constants={"scale": "per-channel requantization multipliers, in place of scale_value",
+               "shift": "per-channel requantization shifts, in place of shift_value"},
+    integer="|x+zp_in| or -(x+zp_in), one requantization s_out/s_in (Abs unsigned, Negative signed)",
+    semantics=f"{SEMANTICS}#abs-negative")
+
 INTEGER_NEGATIVE_BITS = (16, 32)
 """Bits of a signed integer Negative/Abs output: 16 for inputs of up to 8 bits (-(-128), -255 and |-128| as a signed
 value need 9 bits), else 32 (32-bit inputs can saturate at the int32 bounds, e.g. -(-2^31) → 2^31 - 1)."""
 
 
-@quant_register([OpType.Abs, OpType.Negative])
+@ABS_NEGATIVE.quantize
 def abs_negative_quantize(self: PyNode) -> None:
     """Abs: unsigned output; Negative: signed. Quantized inputs: output params from the calibrated range and
     scale_value/shift_value for s_out / s_in. Integer inputs: integer outputs, multiplier 1, shift 0."""
@@ -250,7 +285,7 @@ def abs_negative_quantize(self: PyNode) -> None:
     store_requant(self, *requant_scale_shift(self, ratio))
 
 
-@op_register([OpType.Abs, OpType.Negative])
+@ABS_NEGATIVE.forward
 def abs_negative_forward(self: PyNode) -> None:
     _check_one_in_one_out(self)
     negative = str(self.type) == "Negative"
@@ -274,15 +309,28 @@ SIGN_BITS = 8
 FLAG_BITS = 8
 """IsInf / IsNaN outputs are uint8 integer tensors holding 0 or 1."""
 
+SIGN = declare_op("Sign", dtypes="float32 → int8 (integer tensor: -1, 0, 1)", integer="sign(x + zp_in), exact",
+                  semantics=f"{SEMANTICS}#sign")
+ISINF = declare_op(
+    "IsInf", params={"detect_negative": Param(Bool(), "flag -inf", default=True),
+                     "detect_positive": Param(Bool(), "flag +inf", default=True)},
+    dtypes="float32 → uint8 (integer tensor: 0, 1)", integer="always 0 (a quantized tensor holds no inf)",
+    semantics=f"{SEMANTICS}#isinf-isnan")
+ISNAN = declare_op(
+    "IsNaN", params={"detect_negative": Param(Bool(), "not read (IsInf's flag)"),
+                     "detect_positive": Param(Bool(), "not read (IsInf's flag)")},
+    dtypes="float32 → uint8 (integer tensor: 0, 1)", integer="always 0 (a quantized tensor holds no NaN)",
+    semantics=f"{SEMANTICS}#isinf-isnan")
 
-@quant_register(OpType.Sign)
+
+@SIGN.quantize
 def sign_quantize(self: PyNode) -> None:
     _check_one_in_one_out(self)
     _check_input_quantized(self)
     set_qinvariant(self.outputs[0], SIGN_BITS, True)
 
 
-@op_register(OpType.Sign)
+@SIGN.forward
 def sign_forward(self: PyNode) -> None:
     """Float: torch.sign. Quantized: sign(x + zp_in), exact because the input scale is positive."""
     _check_one_in_one_out(self)
@@ -294,7 +342,8 @@ def sign_forward(self: PyNode) -> None:
     self.outputs[0].betensor = torch.clamp(torch.sign(x + zp_in), qmin, qmax)
 
 
-@quant_register([OpType.IsInf, OpType.IsNaN])
+@ISINF.quantize
+@ISNAN.quantize
 def isinf_isnan_quantize(self: PyNode) -> None:
     _check_one_in_one_out(self)
     if str(self.type) == "IsInf":
@@ -302,7 +351,8 @@ def isinf_isnan_quantize(self: PyNode) -> None:
     set_qinvariant(self.outputs[0], FLAG_BITS, False)
 
 
-@op_register([OpType.IsInf, OpType.IsNaN])
+@ISINF.forward
+@ISNAN.forward
 def isinf_isnan_forward(self: PyNode) -> None:
     """Float: 1 where the input is inf (of a detected sign) / NaN, else 0, as uint8. Quantized: always 0."""
     _check_one_in_one_out(self)
@@ -316,21 +366,3 @@ def isinf_isnan_forward(self: PyNode) -> None:
     else:
         flags = torch.zeros(x.shape, dtype=torch.bool) if self.quantized else torch.isnan(x)
     self.outputs[0].betensor = flags.to(torch.int64 if self.quantized else torch.uint8)
-
-
-# --------------------------------------------------------------------------------------------- catalog
-describe_op(["Abs", "Negative"], params="(none)",
-            integer="|x+zp_in| or -(x+zp_in), one requantization s_out/s_in (Abs unsigned, Negative signed)",
-            semantics=f"{SEMANTICS}#abs-negative")
-describe_op("Sign", params="(none)", dtypes="float32 → int8 (integer tensor: -1, 0, 1)",
-            integer="sign(x + zp_in), exact", semantics=f"{SEMANTICS}#sign")
-describe_op("IsInf", params="detect_negative, detect_positive (default true)",
-            dtypes="float32 → uint8 (integer tensor: 0, 1)",
-            integer="always 0 (a quantized tensor holds no inf)", semantics=f"{SEMANTICS}#isinf-isnan")
-describe_op("IsNaN", params="(none)", dtypes="float32 → uint8 (integer tensor: 0, 1)",
-            integer="always 0 (a quantized tensor holds no NaN)", semantics=f"{SEMANTICS}#isinf-isnan")
-describe_op([n for n in LUT_FUNCTIONS if n not in ROUNDING_OPS], params="(none); constant lut when quantized",
-            integer="LUT over the input range (domain-clamped samples for restricted domains)",
-            semantics=f"{SEMANTICS}#table-ops")
-describe_op(list(ROUNDING_OPS), params="(none); constant lut when quantized",
-            integer="LUT over the input range; identity on integer inputs", semantics=f"{SEMANTICS}#table-ops")

@@ -60,11 +60,15 @@ class Int(Kind):
     hi: Optional[int] = None
 
     def problem(self, value: Any) -> Optional[str]:
-        if not _is_int(value) or abs(value) >= INT_LIMIT:
-            return f"must be an integer below 2^31 in magnitude, got {value!r}"
-        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
-            return f"must be an integer{_bounds(self.lo, self.hi)}, got {value!r}"
+        if not _is_int(value) or abs(value) >= INT_LIMIT or \
+                (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+            return f"must be {self._what()}, got {value!r}"
         return None
+
+    def _what(self) -> str:
+        if self.hi is None and self.lo in (0, 1):
+            return f"a {'non-negative' if self.lo == 0 else 'positive'} integer below 2^31"
+        return "an integer" + (_bounds(self.lo, self.hi) or " below 2^31 in magnitude")
 
     def describe(self) -> str:
         return "int" + _bounds(self.lo, self.hi)
@@ -247,7 +251,7 @@ class ParamSchema:
 
     def problem(self, key: str, value: Any) -> Optional[str]:
         """Why `value` cannot be the value of `key` (None when it can, or when `key` is not a declared param)."""
+        if _has_nan(value):
+            return "NaN is not a valid value"
         p = self.param(key)
-        if p is None:
-            return "NaN is not a valid value" if _has_nan(value) else None
-        return p.kind.problem(value)
+        return None if p is None else p.kind.problem(value)

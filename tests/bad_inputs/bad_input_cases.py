@@ -494,7 +494,7 @@ def value_nan_stride(w: Work) -> str:
     return w.loc(w.set(CONV1, "stride_x", "nan"))
 
 
-@case(IR, match="parameter 'kernel_x': must be a non-negative integer")
+@case(IR, match="parameter 'kernel_x': must be a positive integer")
 def value_inf_kernel(w: Work) -> str:
     return w.loc(w.set(CONV2, "kernel_x", "inf"))
 
@@ -509,7 +509,7 @@ def value_huge_int_pad(w: Work) -> str:
     return w.loc(w.set(CONV1, "pad_top", "99999999999999999999"))
 
 
-@case(IR, match="parameter 'group': must be a non-negative integer")
+@case(IR, match="parameter 'group': must be a positive integer")
 def value_negative_group(w: Work) -> str:
     return w.loc(w.set(CONV2, "group", "-1"))
 
