@@ -14,6 +14,7 @@ from typing import Any, Callable, ContextManager, Iterable, List, Mapping, Optio
 import torch
 
 from .calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
+from .calibration.low_sqnr import promote_low_sqnr_activations
 from .config.layer_settings import LayerSettings, check_settings, with_operator_defaults
 from .graph.graph import PyGraph, QuantizeGraph
 from .graph.values import to_float
@@ -66,9 +67,11 @@ def collect_statistics(graph: PyGraph, batches: Iterable[Sequence[torch.Tensor]]
 
 
 def calibrate(graph: PyGraph, unify: Sequence[RuleSource] = ()) -> UnifyReport:
-    """Local calibration (each tensor's range from its statistics and strategy), then each scale unification in
-    `unify`, in order (tuning/unify_scales.py)."""
+    """Local calibration (each tensor's range from its statistics and strategy), 16 bits for the layers whose
+    outputs no 8-bit range holds (`min_activation_sqnr_db`, calibration/low_sqnr.py), then each scale unification
+    in `unify`, in order (tuning/unify_scales.py)."""
     calibrate_graph(graph)
+    promote_low_sqnr_activations(graph)
     report = UnifyReport()
     for rules in unify:
         if rules:

@@ -30,11 +30,15 @@ def weight_constants(node: PyNode) -> List[PyTensor]:
             if key not in NOT_WEIGHTS and t.betensor.is_floating_point() and t.betensor.numel() > 0]
 
 
-def _stat_config(node: PyNode, strategy: str, key_axis: int | None = None) -> StatisticsConfig:
+def _stat_config(node: PyNode, strategy: str, key_axis: int | None = None,
+                 activation: bool = False) -> StatisticsConfig:
+    """What to collect for one tensor: what its strategy needs, and for activations the histogram the
+    `min_activation_sqnr_db` check reads (calibration/low_sqnr.py)."""
     st = parse_strategy(strategy)
     s = node.settings
+    histogram = st.needs_histogram or (activation and s.min_activation_sqnr_db > 0.0)
     return StatisticsConfig(momentum=s.running_statistic_momentum, histc_bins=s.histc_bins,
-                            need_histogram=st.needs_histogram, need_moments=st.needs_moments, key_axis=key_axis,
+                            need_histogram=histogram, need_moments=st.needs_moments, key_axis=key_axis,
                             trim=s.trim_infinity_before_statistic or None)
 
 
@@ -70,7 +74,8 @@ def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[tor
     """Fold every batch's layer outputs into their tensors' statistics (per channel of the last axis too where the
     layer's activation mode is per channel); returns the number of batches."""
     configs: Dict[int, StatisticsConfig] = {
-        id(n): _stat_config(n, n.settings.q_strategy_activation, key_axis=-1 if _per_channel_activations(n) else None)
+        id(n): _stat_config(n, n.settings.q_strategy_activation, key_axis=-1 if _per_channel_activations(n) else None,
+                            activation=True)
         for n in graph.nodes}
     count = 0
 
@@ -98,23 +103,28 @@ def calibrate_graph(graph: PyGraph) -> None:
 
 def _calibrate_ranges(graph: PyGraph) -> None:
     for n in graph.nodes:
-        s = n.settings
-        act_symmetric = not QuantMode.from_name(s.q_mode_activation).is_asymmetric
-        for t in n.outputs:
-            if t.stats.extrema_min is None:
-                raise DataError(f"layer '{n.name}': no statistics were collected for tensor '{t.name}' "
-                                "(did the calibration data reach it?)")
-            t.min, t.max = apply_strategy(t.stats, s.q_strategy_activation, s.q_bits_activation,
-                                          symmetric=act_symmetric, ir_range=t.ir_range, per_channel=False)
-            if _per_channel_activations(n) and t.stats.extrema_min_key_axis is not None:
-                t.min_key_axis, t.max_key_axis = apply_strategy(t.stats, s.q_strategy_activation,
-                                                                s.q_bits_activation, symmetric=act_symmetric,
-                                                                ir_range=t.ir_range, per_channel=True)
-        w_symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
-        for t in weight_constants(n):
-            t.min, t.max = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight, symmetric=w_symmetric,
-                                          ir_range=t.ir_range, per_channel=False)
-            if t.stats.extrema_min_key_axis is not None:
-                t.min_key_axis, t.max_key_axis = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight,
-                                                                symmetric=w_symmetric, ir_range=t.ir_range,
-                                                                per_channel=True)
+        calibrate_layer(n)
+
+
+def calibrate_layer(n: PyNode) -> None:
+    """The calibrated ranges of one layer's outputs and weight constants from its statistics and settings."""
+    s = n.settings
+    act_symmetric = not QuantMode.from_name(s.q_mode_activation).is_asymmetric
+    for t in n.outputs:
+        if t.stats.extrema_min is None:
+            raise DataError(f"layer '{n.name}': no statistics were collected for tensor '{t.name}' "
+                            "(did the calibration data reach it?)")
+        t.min, t.max = apply_strategy(t.stats, s.q_strategy_activation, s.q_bits_activation,
+                                      symmetric=act_symmetric, ir_range=t.ir_range, per_channel=False)
+        if _per_channel_activations(n) and t.stats.extrema_min_key_axis is not None:
+            t.min_key_axis, t.max_key_axis = apply_strategy(t.stats, s.q_strategy_activation,
+                                                            s.q_bits_activation, symmetric=act_symmetric,
+                                                            ir_range=t.ir_range, per_channel=True)
+    w_symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
+    for t in weight_constants(n):
+        t.min, t.max = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight, symmetric=w_symmetric,
+                                      ir_range=t.ir_range, per_channel=False)
+        if t.stats.extrema_min_key_axis is not None:
+            t.min_key_axis, t.max_key_axis = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight,
+                                                            symmetric=w_symmetric, ir_range=t.ir_range,
+                                                            per_channel=True)

@@ -15,7 +15,8 @@ is piecewise linear between the bin edges), which is exact for the quantile up t
 """
 from __future__ import annotations
 
-from typing import Tuple
+import math
+from typing import Optional, Tuple
 
 import torch
 
@@ -109,3 +110,25 @@ def mse_range(hist: torch.Tensor, lo: float, hi: float, qbits: int, symmetric: b
     rounded = torch.round(error / max(float(error.max()), 1e-300) * 1e12)
     best = int((rounded == rounded.min()).nonzero()[-1, 0])
     return float(c_lo[best]), float(c_hi[best])
+
+
+def expected_sqnr_db(hist: torch.Tensor, lo: float, hi: float, range_lo: float, range_hi: float,
+                     qbits: int) -> Optional[float]:
+    """The expected signal-to-quantization-noise ratio, in dB, of quantizing the histogram's values (bins over
+    [lo, hi], each taken at its centre) with `qbits` bits over [range_lo, range_hi]: the signal is the mean square
+    of the values, the noise the clipping error plus step^2/12 per value inside the range (the model of
+    `mse_range`). None when the histogram is empty or all zero."""
+    h, total = _prepare(hist)
+    lo, hi, a, b = float(lo), float(hi), float(range_lo), float(range_hi)
+    if not total > 0.0 or not hi > lo:
+        return None
+    width = (hi - lo) / h.numel()
+    centres = lo + (torch.arange(h.numel(), dtype=torch.float64) + 0.5) * width
+    step = (b - a) / float(2 ** int(qbits) - 1) if b > a else 0.0
+    inside = ((centres >= a) & (centres <= b)).to(torch.float64)
+    with one_thread():
+        signal = float((centres ** 2 * h).sum())
+        noise = float(((centres - centres.clamp(a, b)) ** 2 * h).sum() + (inside * h).sum() * step ** 2 / 12.0)
+    if signal <= 0.0:
+        return None
+    return math.inf if noise <= 0.0 else 10.0 * math.log10(signal / noise)

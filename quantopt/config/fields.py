@@ -182,6 +182,11 @@ field("calibration_strategy_for_activation", "mean", StrategyKind(),
       "local calibration strategy of activations", per_layer=True, group="calibration")
 field("running_statistic_momentum", 0.9, FloatKind(0.0, 1.0),
       "momentum of the running (EMA) statistics over calibration batches", per_layer=True, group="calibration")
+field("min_activation_sqnr_db", 0.0, FloatKind(0.0, 100.0),
+      "a layer whose outputs no range at its activation bits quantizes with an expected signal-to-quantization-"
+      "noise ratio of this many dB (from the histogram; tensors a few channels dominate) gets 16-bit activations "
+      "with the least-error (mse) range; 0 = off; docs/user-guide.md", per_layer=True,
+      group="calibration")
 field("global_calibration", "none", GlobalCalibrationKind(),
       "global calibration methods run after local calibration, in order: none, or methods joined by '&', each "
       "name[p1,p2,...] with an optional scope [OpType,...], [(i,j),...] or {regex} (e.g. bias_correction[4] & "

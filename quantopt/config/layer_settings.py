@@ -34,6 +34,7 @@ SETTING_FIELDS: Dict[str, str] = {
     "force_shift_positive": "force_shift_positive",
     "remain_shift": "remain_shift",
     "trigger_float_op": "trigger_float_op",
+    "min_activation_sqnr_db": "min_activation_sqnr_db",
 }
 
 
@@ -59,6 +60,7 @@ class LayerSettings:
     force_shift_positive: bool = False
     remain_shift: Optional[int] = None
     trigger_float_op: str = "disable"
+    min_activation_sqnr_db: float = 0.0
     qinvariant: bool = False  # set_qinvariant_for_start_nodes (not a JSON key: chosen by layer id in the cfg)
     concat_threshold: float = 1.05  # unify_scales_for_concat_threshold (global cfg field)
     fc_float_summation: str = "upstream"  # fc_float_summation (global cfg field; ops/linear.py)
