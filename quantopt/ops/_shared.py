@@ -7,8 +7,32 @@ import torch
 import torch.nn.functional as F
 
 from ..graph.node import PyNode
+from ..registry.schema import Float, Int, Param, Text, quantized
 
 FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU6", "CLIP", "LEAKYRELU", "PRELU")
+
+FUSED_ACTIVATION_PARAMS = {
+    "with_activation": Param(Text(choices=FUSED_ACTIVATIONS), "fused activation of the output", default="NONE"),
+    "clip_min": Param(Float(infinite=True), "lower bound of a fused CLIP"),
+    "clip_max": Param(Float(infinite=True), "upper bound of a fused CLIP"),
+    "negative_slope": Param(Float(), "slope of a fused LEAKYRELU (a fused PRELU reads a constant of this name)"),
+    "negative_slope_value": Param(Float(), "slope of a fused LEAKYRELU without negative_slope (default 0.01)"),
+}
+"""The declared keys of a fused activation (`apply_fused_activation`), for the declarations of the layers that
+fuse one."""
+
+MAC_QUANTIZED_PARAMS = {
+    "weights_scale": quantized(Float(), "per-tensor weight scale (per channel: a constant of this name)"),
+    "weights_zp": quantized(Int(), "per-tensor weight zero point (per channel: a constant of this name)"),
+    "biases_scale": quantized(Float(), "bias scale s_in * s_w (per channel: a constant of this name)"),
+    "biases_zp": quantized(Int(), "bias zero point, 0 (per channel: a constant of this name)"),
+    "remain_shift": quantized(Int(), "shift applied before the 32-bit hand-over of wide accumulators"),
+}
+"""The declared keys the shared MAC quantization (`_quant.quantize_mac`) writes."""
+
+REQUANT_CONSTANTS = {"scale": "per-channel requantization multipliers (quantized)",
+                     "shift": "per-channel requantization shifts (quantized)"}
+"""The constants of a per-channel requantization."""
 
 
 def unrounded_input(node: PyNode, index: int = 0) -> torch.Tensor:

@@ -17,7 +17,7 @@ from ..quant.hardware import BN_WEIGHT_BITS
 from ..quant.params import quantize
 from ..quant.rounding import int_to_float64
 from ..registry import declare_op
-from ..registry.schema import Float, Int, Param, Text, Value, quantized
+from ..registry.schema import Float, Int, Param, Text, Value
 from ._quant import (
     check_quantized_inputs,
     copy_params,
@@ -31,7 +31,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import FUSED_ACTIVATIONS, apply_fused_activation
+from ._shared import FUSED_ACTIVATION_PARAMS, MAC_QUANTIZED_PARAMS, apply_fused_activation
 
 
 def _int_value(node: PyNode, key: str, value: Any) -> int:
@@ -46,19 +46,8 @@ BATCHNORM = declare_op(
     params={"axis": Param(Int(), "the channel axis", default=-1),
             "epsilon": Param(Float(), "added to var when the mean and var constants are present (informative in the "
                                       "folded form the Parser writes)"),
-            "with_activation": Param(Text(choices=FUSED_ACTIVATIONS), "fused activation of the output",
-                                     default="NONE"),
-            "clip_min": Param(Float(infinite=True), "lower bound of a fused CLIP"),
-            "clip_max": Param(Float(infinite=True), "upper bound of a fused CLIP"),
-            "negative_slope": Param(Float(), "slope of a fused LEAKYRELU (a fused PRELU reads a constant of this "
-                                             "name)"),
-            "negative_slope_value": Param(Float(), "slope of a fused LEAKYRELU without negative_slope (default "
-                                                   "0.01)"),
-            "weights_scale": quantized(Float(), "per-tensor weight scale (per channel: a constant of this name)"),
-            "weights_zp": quantized(Int(), "per-tensor weight zero point (per channel: a constant of this name)"),
-            "biases_scale": quantized(Float(), "bias scale s_in * s_w (per channel: a constant of this name)"),
-            "biases_zp": quantized(Int(), "bias zero point, 0 (per channel: a constant of this name)"),
-            "remain_shift": quantized(Int(), "shift applied before the 32-bit hand-over of wide accumulators")},
+            **FUSED_ACTIVATION_PARAMS,
+            **MAC_QUANTIZED_PARAMS},
     constants={"weights": "gamma/sqrt(var+eps), [C]", "biases": "[C], absent means zero",
                "mean": "optional, with var: applied first as (x - mean) / sqrt(var + epsilon)", "var": "with mean",
                "scale": "per-channel requantization multipliers (quantized)",

@@ -12,7 +12,7 @@ import torch
 from ..graph.node import PyNode
 from ..quant.rounding import MAGIC_EXACT, int_to_float64
 from ..registry import declare_op
-from ..registry.schema import Bool, Float, Int, Param, Text, quantized
+from ..registry.schema import Bool, Int, Param
 from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
 from ._quant import (
     layer_settings,
@@ -23,7 +23,8 @@ from ._quant import (
     quantize_mac,
 )
 from ._shared import (
-    FUSED_ACTIVATIONS,
+    FUSED_ACTIVATION_PARAMS,
+    MAC_QUANTIZED_PARAMS,
     apply_fused_activation,
     float_biases,
     int_param,
@@ -58,16 +59,8 @@ def _conv_params(depthwise: bool) -> Dict[str, Param]:
         "num_output": Param(Int(lo=1), "output channels; must match the weights"),
         "multiplier": (Param(Int(lo=1), "outputs per input channel: multiplier * in_c = out_c") if depthwise else
                        Param(Int(lo=0), "written by some Parser versions; not read")),
-        "with_activation": Param(Text(choices=FUSED_ACTIVATIONS), "fused activation of the output", default="NONE"),
-        "clip_min": Param(Float(infinite=True), "lower bound of a fused CLIP"),
-        "clip_max": Param(Float(infinite=True), "upper bound of a fused CLIP"),
-        "negative_slope": Param(Float(), "slope of a fused LEAKYRELU (a fused PRELU reads a constant of this name)"),
-        "negative_slope_value": Param(Float(), "slope of a fused LEAKYRELU without negative_slope (default 0.01)"),
-        "weights_scale": quantized(Float(), "per-tensor weight scale (per channel: a constant of this name)"),
-        "weights_zp": quantized(Int(), "per-tensor weight zero point (per channel: a constant of this name)"),
-        "biases_scale": quantized(Float(), "bias scale s_in * s_w (per channel: a constant of this name)"),
-        "biases_zp": quantized(Int(), "bias zero point, 0 (per channel: a constant of this name)"),
-        "remain_shift": quantized(Int(), "shift applied before the 32-bit hand-over of wide accumulators"),
+        **FUSED_ACTIVATION_PARAMS,
+        **MAC_QUANTIZED_PARAMS,
     }
 
 

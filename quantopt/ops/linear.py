@@ -11,7 +11,7 @@ from ..quant.dtype import Dtype
 from ..quant.requant import INT32_MAX, INT32_MIN
 from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import declare_op
-from ..registry.schema import Bool, Float, Int, Param, Text, Value, quantized
+from ..registry.schema import Bool, Float, Int, Param, Value, quantized
 from ._fc_order import OrderedWeights, linear_float32
 from ._quant import (
     FLOAT32_EXACT,
@@ -36,7 +36,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import FUSED_ACTIVATIONS, apply_fused_activation, bool_param, float_biases
+from ._shared import FUSED_ACTIVATION_PARAMS, MAC_QUANTIZED_PARAMS, apply_fused_activation, bool_param, float_biases
 
 MAC_FLOAT_DTYPE = torch.float64
 """Accumulation type of the float FullyConnected forward for inputs other than float32 (the result is rounded back
@@ -48,15 +48,6 @@ benchmarks/golden_ranges.py)."""
 SATURATED = 2 ** 40
 """Any |value| beyond this saturates every output range (qmin/qmax/zp are at most 32-bit), so it may be capped."""
 
-
-_FUSED_ACTIVATION = {
-    "with_activation": Param(Text(choices=FUSED_ACTIVATIONS), "fused activation of the output", default="NONE"),
-    "clip_min": Param(Float(infinite=True), "lower bound of a fused CLIP"),
-    "clip_max": Param(Float(infinite=True), "upper bound of a fused CLIP"),
-    "negative_slope": Param(Float(), "slope of a fused LEAKYRELU (a fused PRELU reads a constant of this name)"),
-    "negative_slope_value": Param(Float(), "slope of a fused LEAKYRELU without negative_slope (default 0.01)"),
-}
-"""The keys of a fused activation (`apply_fused_activation`)."""
 
 _UPSTREAM_SCALES = {f"scale{i}": quantized(Value(), "written by some upstream versions; not read") for i in (1, 2, 3)}
 _REQUANT_CONSTANTS = {"scale": "per-channel requantization multipliers (quantized)",
@@ -71,12 +62,8 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 FULLY_CONNECTED = declare_op(
     "FullyConnected",
     params={"num_output": Param(Int(lo=0), "output features; must match the weights"),
-            **_FUSED_ACTIVATION,
-            "weights_scale": quantized(Float(), "per-tensor weight scale (per channel: a constant of this name)"),
-            "weights_zp": quantized(Int(), "per-tensor weight zero point (per channel: a constant of this name)"),
-            "biases_scale": quantized(Float(), "bias scale s_in * s_w (per channel: a constant of this name)"),
-            "biases_zp": quantized(Int(), "bias zero point, 0 (per channel: a constant of this name)"),
-            "remain_shift": quantized(Int(), "shift applied before the 32-bit hand-over of wide accumulators"),
+            **FUSED_ACTIVATION_PARAMS,
+            **MAC_QUANTIZED_PARAMS,
             **_UPSTREAM_SCALES},
     constants={"weights": "[O,I]", "biases": "[O], absent means zero", **_REQUANT_CONSTANTS},
     integer="int32/int48 MAC accumulation + multiplier and shift",
@@ -149,7 +136,7 @@ MATMUL = declare_op(
     "MatMul",
     params={"trans_a": Param(Bool(), "swap the last two axes of the first input", default=False),
             "trans_b": Param(Bool(), "swap the last two axes of the second input", default=False),
-            **_FUSED_ACTIVATION,
+            **FUSED_ACTIVATION_PARAMS,
             "fused_multiplier": Param(Float(), "a folded constant factor of the output (passes/merge_matmul_mul.py); "
                                                "quantization moves it into the multiplier"),
             "remain_shift": quantized(Int(), "shift applied before the 32-bit hand-over of wide accumulators"),

@@ -25,7 +25,7 @@ from ..quant.requant import scale_shift
 from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import declare_op
 from ..registry.optype import OpType
-from ..registry.schema import Bool, Float, Int, Param, Text, Value, quantized
+from ..registry.schema import Bool, Float, Int, Param, Value, quantized
 from ._quant import (
     FLOAT32_EXACT,
     check_fused_activation_quantizable,
@@ -50,7 +50,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import FUSED_ACTIVATIONS, apply_fused_activation, bool_param, int_param
+from ._shared import FUSED_ACTIVATION_PARAMS, MAC_QUANTIZED_PARAMS, apply_fused_activation, bool_param, int_param
 
 """Integers and partial sums below this magnitude are exact in float64: the bound for float64 accumulation and for
 the float64 requantization of `mac_finish` (|(acc + bias) * M| must stay below it)."""
@@ -78,24 +78,6 @@ _SEM = "docs/semantics/mac.md"
 _CONV_INT = ("exact MAC (x_q padded with -zp_in) · (w_q + zp_w) + folded bias; per-tensor/per-channel "
              "multiplier, shared shift")
 _CONVT_INT = "exact transposed MAC of (x_q + zp_in) minus zp_in·Σw + folded bias; per-output-channel requant"
-
-_FUSED_ACTIVATION = {
-    "with_activation": Param(Text(choices=FUSED_ACTIVATIONS), "fused activation of the output", default="NONE"),
-    "clip_min": Param(Float(infinite=True), "lower bound of a fused CLIP"),
-    "clip_max": Param(Float(infinite=True), "upper bound of a fused CLIP"),
-    "negative_slope": Param(Float(), "slope of a fused LEAKYRELU (a fused PRELU reads a constant of this name)"),
-    "negative_slope_value": Param(Float(), "slope of a fused LEAKYRELU without negative_slope (default 0.01)"),
-}
-"""The keys of a fused activation (`apply_fused_activation`)."""
-
-_MAC_QUANTIZED = {
-    "weights_scale": quantized(Float(), "per-tensor weight scale (per channel: a constant of this name)"),
-    "weights_zp": quantized(Int(), "per-tensor weight zero point (per channel: a constant of this name)"),
-    "biases_scale": quantized(Float(), "bias scale s_in * s_w (per channel: a constant of this name)"),
-    "biases_zp": quantized(Int(), "bias zero point, 0 (per channel: a constant of this name)"),
-    "remain_shift": quantized(Int(), "shift applied before the 32-bit hand-over of wide accumulators"),
-}
-"""The keys the shared MAC quantization (`quantize_mac`) writes."""
 
 _REQUANT_CONSTANTS = {"scale": "per-channel requantization multipliers (quantized)",
                       "shift": "per-channel requantization shifts (quantized)"}
@@ -137,7 +119,7 @@ def _conv_nd_params(nd: int, transposed: bool) -> Dict[str, Param]:
         params[key] = Param(Int(lo=0), f"{pad}, {key[len('pad_'):]}", default=0) if nd == 2 else unread
     params["group"] = Param(Int(lo=1), "channel groups", default=1)
     params["num_output"] = Param(Int(lo=1), "output channels; must match the weights and group")
-    return {**params, **_FUSED_ACTIVATION, **_MAC_QUANTIZED}
+    return {**params, **FUSED_ACTIVATION_PARAMS, **MAC_QUANTIZED_PARAMS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -609,7 +591,7 @@ def conv_transpose3d_quantize(self: PyNode) -> None:
 BIAS_ADD = declare_op(
     "BiasAdd",
     params={"axis": Param(Int(), "the channel axis of the biases", default=-1),
-            **_FUSED_ACTIVATION, **_MAC_QUANTIZED,
+            **FUSED_ACTIVATION_PARAMS, **MAC_QUANTIZED_PARAMS,
             **{k: quantized(Value(), "written by some upstream versions; not read") for k in ("scale1", "scale2")}},
     constants={"biases": "[C]", "weights": "the unit weight quantization adds (quantized)",
                "weights_bk": "upstream's saved unit weights; not read", **_REQUANT_CONSTANTS},
@@ -693,7 +675,7 @@ GEMM = declare_op(
             "beta": Param(Float(), "factor of C", default=1.0),
             "trans_a": Param(Bool(), "A' = A^T", default=False),
             "trans_b": Param(Bool(), "B' = B^T", default=False),
-            **_FUSED_ACTIVATION},
+            **FUSED_ACTIVATION_PARAMS},
     constants={"scale": "written by some upstream versions; not read",
                "shift": "written by some upstream versions; not read"},
     integer="(A+zp)·(B+zp) exact + C aligned by M_c/2^N_c, then M/2^N requant",
