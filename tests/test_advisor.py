@@ -103,3 +103,39 @@ def test_advice_lines_are_capped() -> None:
     advice = [Advice(f"l{i}", "Conv", "collapsed", "x", "f") for i in range(25)]
     lines = advice_lines(advice, 20)
     assert len(lines) == 21 and "5 more" in lines[-1]
+
+
+def test_outputs_no_8_bit_range_holds_suggest_min_activation_sqnr_db() -> None:
+    """A layer whose outputs are dominated by rare huge values (input feature 0 spikes to 1000 in one row of the
+    calibration data) and which lost accuracy gets the `low_sqnr` advice naming the field; with the field set the
+    layer is promoted and the advice is gone."""
+    rng = np.random.default_rng(4)
+    w = rng.normal(0, 0.2, (16, 16))
+    w[:, 0] = 1.0
+    data = []
+    for i in range(8):
+        x = rng.normal(0, 1, (64, 16)).astype(np.float32)
+        x[:, 0] = 0.0
+        if i == 0:
+            x[0, 0] = 1000.0
+        data.append(torch.from_numpy(x))
+
+    def model():
+        g = GraphBuilder("spiky")
+        x = g.input("x", [64, 16])
+        y = g.layer("FullyConnected", [x], [[64, 16]], name="fc", params={"num_output": 16, "with_activation": "NONE"},
+                    constants={"weights": w.astype(np.float32), "biases": np.zeros(16, np.float32)})
+        return g.build([y])
+
+    settings = {"q_strategy_activation": "quantile[99.99]"}
+    graph = model()
+    q = quantize_model(graph, data, settings=settings)
+    sims = layer_similarity(graph, q, [[data[1]]])
+    assert sims[-1].isolated_cos < 0.99
+    low = {a.layer: a for a in causes(advise(graph, q, sims), "low_sqnr")}
+    assert set(low) == {"x", "fc"}  # the spiky input itself, and the layer it feeds
+    assert "min_activation_sqnr_db = 30" in low["fc"].field and "dB" in low["fc"].message
+    graph = model()
+    q = quantize_model(graph, data, settings={**settings, "min_activation_sqnr_db": 30.0})
+    assert q.node("fc").settings.q_bits_activation == 16
+    assert not causes(advise(graph, q, layer_similarity(graph, q, [[data[1]]])), "low_sqnr")

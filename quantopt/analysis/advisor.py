@@ -9,6 +9,9 @@ The per-layer similarity tells *where* accuracy went; the statistics and the qua
   16-bit activations, whose scales are 256 times larger;
 * `weight_channels`: per-tensor weights over output channels of very different ranges (the small channels get a few
   integer steps only) in a layer that lost accuracy;
+* `low_sqnr`: a layer that lost accuracy whose outputs no range at its activation bits holds (the best expected
+  SQNR on its histogram below `ADVICE_SQNR_DB`: a few channels or values carry most of the signal), which
+  `min_activation_sqnr_db` would give 16 bits;
 * `collapsed`: a layer whose isolated cosine is below the threshold (its own quantization), NaN or infinite, or the
   first layer where the cumulative cosine falls below it while every layer's own error stays small (error piling
   up along the graph).
@@ -24,6 +27,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ..calibration.inf_mask import mask_counts
+from ..calibration.low_sqnr import layer_sqnr_db
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from .similarity import LayerSimilarity
@@ -39,6 +43,10 @@ HUGE_VALUE = 32767.0
 
 CHANNEL_SPREAD = 32.0
 """Per-tensor weights whose largest channel range exceeds the median channel range by this factor."""
+
+ADVICE_SQNR_DB = 30.0
+"""Below this best expected SQNR at the layer's bits, 16-bit activations are advised (`preset = accurate`'s
+`min_activation_sqnr_db`)."""
 
 MAX_LINES = 20
 """At most this many advice lines are printed (all of them go to the report)."""
@@ -128,6 +136,19 @@ def _weight_channels(fnode: PyNode, qnode: PyNode) -> List[Advice]:
                    "quantize_method_for_weight = per_channel_symmetric_restricted_range")]
 
 
+def _low_sqnr(fnode: PyNode, qnode: PyNode) -> List[Advice]:
+    s = qnode.settings
+    if fnode.settings is None or s is None or s.q_bits_activation >= 16:
+        return []
+    best = layer_sqnr_db(fnode, best_range=True)
+    if best is None or best >= ADVICE_SQNR_DB:
+        return []
+    return [Advice(fnode.name, str(fnode.type), "low_sqnr",
+                   f"no {s.q_bits_activation}-bit range holds its outputs (best expected SQNR {best:.1f} dB on the "
+                   "calibration histogram: a few channels or values carry most of the signal)",
+                   f"min_activation_sqnr_db = {ADVICE_SQNR_DB:g} (16 bits where needed; preset = accurate sets it)")]
+
+
 def _collapsed(sims: Sequence[LayerSimilarity], threshold: float) -> List[Advice]:
     out = []
     first_cumulative: Optional[LayerSimilarity] = None
@@ -156,7 +177,8 @@ def _collapsed(sims: Sequence[LayerSimilarity], threshold: float) -> List[Advice
 def advise(float_graph: PyGraph, quant_graph: Optional[PyGraph] = None,
            similarities: Sequence[LayerSimilarity] = (), threshold: float = COLLAPSE_COSINE) -> List[Advice]:
     """Advice for a quantized model, in graph order within each cause: inf masks, bias saturation, weight channel
-    spread (layers with an isolated cosine below 0.99, or all layers without similarity), collapsed layers."""
+    spread (layers with an isolated cosine below 0.99, or all layers without similarity), outputs no 8-bit range
+    holds (layers below 0.99), collapsed layers."""
     qnodes = {n.name: n for n in quant_graph.nodes} if quant_graph is not None else {}
     suspect = {r.name for r in similarities if not math.isfinite(r.isolated_cos) or r.isolated_cos < SUSPECT_COSINE}
     advice: List[Advice] = []
@@ -170,6 +192,10 @@ def advise(float_graph: PyGraph, quant_graph: Optional[PyGraph] = None,
         q = qnodes.get(n.name)
         if q is not None and q.quantized and (not similarities or n.name in suspect):
             advice += _weight_channels(n, q)
+    for n in float_graph.nodes:
+        q = qnodes.get(n.name)
+        if q is not None and q.quantized and n.name in suspect:
+            advice += _low_sqnr(n, q)
     advice += _collapsed(similarities, threshold)
     return advice
 
