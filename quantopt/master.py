@@ -20,6 +20,7 @@ from .analysis.similarity import (
     worst_layers_table,
 )
 from .analysis.template import build_template, write_template
+from .calibration.collect import calibrate_graph
 from .calibration.statistic_file import load_statistics, save_statistics, statistic_file_name
 from .config.layer_settings import OptConfig
 from .config.reader import Config
@@ -33,7 +34,7 @@ from .log import OPT_INFO, OPT_WARN, StepTimer, attach_file, detach_file, error_
 from .passes.fake_quant import apply_fake_quant
 from .pipeline import calibrate, collect_statistics, finish_settings, graph_passes, quantize_calibrated
 from .progress import progress
-from .quantizer import assign_settings, check_quantizable
+from .quantizer import assign_settings, check_quantizable, quantize_graph
 from .registry import OP_FORWARD, OptBaseMetric
 from .tuning.global_methods import (
     METHODS,
@@ -83,6 +84,7 @@ class OptMaster:
         self.histograms: Dict[str, Any] = {}
         self.layer_bits: List[Dict[str, Any]] = []
         self.search_result: Optional[SearchResult] = None
+        self.search_inputs: List[List[torch.Tensor]] = []
 
     # ------------------------------------------------------------------------------------------------ steps
     def check_operators(self) -> None:
@@ -179,6 +181,7 @@ class OptMaster:
                 break
             inputs, label = split_sample(batch, source)
             batches.append((prepare_inputs(self.graph, inputs, self.cfg, source, i), label))
+        self.search_inputs = [inputs for inputs, _ in batches]
         metric = copy.deepcopy(self.float_metrics[0])
 
         def score(graph: PyGraph, quantized: bool = True) -> float:
@@ -198,7 +201,20 @@ class OptMaster:
         score, float_score = self.search_scorer()
         OPT_INFO(f"mixed precision search: {auto} on the first {auto.batches} validation batch(es), metric "
                  f"{self.cfg.metric[0][0]}, float score {float_score:.6f}")
-        self.search_result = per_layer_search(self.graph, score, float_score, auto)
+        ranking = self.similarity_ranking() if self.cfg.mixed_precision_ranking == "similarity" else None
+        self.search_result = per_layer_search(self.graph, score, float_score, auto, ranking=ranking)
+
+    def similarity_ranking(self) -> Dict[str, float]:
+        """Layer -> 1 - its lowest isolated cosine on the search batches at the configured precision (NaN stays
+        NaN: ranked first), for `mixed_precision_ranking = similarity`."""
+        calibrate_graph(self.graph)
+        qgraph = quantize_graph(self.graph)
+        ranking: Dict[str, float] = {}
+        for r in layer_similarity(self.graph, qgraph, self.search_inputs):
+            value = 1.0 - r.isolated_cos
+            previous = ranking.get(r.name, value)
+            ranking[r.name] = value if value != value or previous != previous else max(previous, value)
+        return ranking
 
     def quantize(self) -> QuantizeGraph:
         """Local calibration and scale unification, the global methods (which may adjust ranges, weights and biases

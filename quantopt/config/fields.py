@@ -242,6 +242,11 @@ field("mixed_precision_auto_search", AutoSearch(0, 0.0, "L"), AutoSearchKind(),
       "batches,threshold,L|G: measure each layer's sensitivity on that many validation batches and promote the "
       "most sensitive layers to 16 bits (or float when 16 bits cannot reach it) until the first metric's drop "
       "(float - quantized) is <= threshold (L) or >= threshold (G); needs metric and data", group="quantization")
+field("mixed_precision_ranking", "probe", ChoiceKind(("probe", "similarity")),
+      "how mixed_precision_auto_search orders the layers: probe (quantize and score with each candidate promoted "
+      "alone: one evaluation per candidate, then promote greedily and prune), or similarity (the layers' isolated "
+      "cosines from one precision analysis on the search batches, then the shortest promoted prefix found by "
+      "bisection: a few evaluations, for large models; docs/mixed-precision.md)", group="quantization")
 field("fake_quant_scopes_for_debug", [], LayerRangesKind(),
       "[(i,j),...] layer-id ranges whose layers run their float forward on dequantized inputs in the quantized "
       "forward (similarity and metrics only; the written IR is unchanged)", group="analysis")

@@ -11,6 +11,11 @@ quantopt measures instead:
 4. greedy promotion, most sensitive first, scoring after each step until the threshold holds;
 5. pruning: each promoted layer, least sensitive first, is demoted again if the threshold still holds without it.
 
+With `mixed_precision_ranking = similarity` the sensitivities come instead from one precision analysis (each
+layer's isolated cosine on the search batches, passed in as `ranking`), and step 4 bisects for the shortest
+promoted prefix of that order that satisfies the threshold (the order is assumed monotone enough), without
+pruning: a few evaluations instead of one per candidate, for models with hundreds of layers.
+
 Every probe re-calibrates and re-quantizes the whole graph (the statistics are kept) and scores it on the
 search batches. The chosen settings stay on the float graph's layers, so the JSON template records them and can
 be fed back with `opt_config` to skip the search. `cut_point_search` is upstream's method, kept for comparison
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..calibration.collect import calibrate_graph
 from ..config.kinds_accuracy import AutoSearch
@@ -122,10 +127,12 @@ def _log_step(result: SearchResult, prober: _Prober, what: str, promoted: Sequen
 
 
 def per_layer_search(graph: QuantizeGraph, score_fn: ScoreFn, float_score: float, auto: AutoSearch,
-                     candidates: Optional[Sequence[str]] = None) -> SearchResult:
+                     candidates: Optional[Sequence[str]] = None,
+                     ranking: Optional[Mapping[str, float]] = None) -> SearchResult:
     """The per-layer greedy search (module doc). Leaves the chosen settings on `graph`'s layers and returns what
     it did; when the threshold cannot be reached even with every candidate in float, the settings are left as
-    configured and `reached` is False."""
+    configured and `reached` is False. `ranking` (layer -> sensitivity, larger is more sensitive; e.g. 1 - the
+    isolated cosine) replaces the per-layer probes and the greedy steps by a bisection over its order."""
     cands = list(candidates) if candidates is not None else candidate_layers(graph)
     prober = _Prober(graph, score_fn, float_score, auto)
     base = prober.score([], None)
@@ -146,6 +153,8 @@ def per_layer_search(graph: QuantizeGraph, score_fn: ScoreFn, float_score: float
         result.evaluations, result.reached = prober.evaluations, False
         return result
     result.level = level
+    if ranking is not None:
+        return _bisect_ranked(result, prober, cands, level, ranking)
     for name in progress(cands, "sensitivity"):
         result.sensitivity[name] = prober.score([name], level) - base
     order = sorted(cands, key=lambda nm: (-result.sensitivity[nm], cands.index(nm)))
@@ -171,6 +180,37 @@ def per_layer_search(graph: QuantizeGraph, score_fn: ScoreFn, float_score: float
     result.promoted, result.final_score, result.evaluations = chosen, score, prober.evaluations
     OPT_INFO(f"mixed precision search: {len(chosen)} layer(s) at {level}: {', '.join(chosen)}; metric "
              f"{score:.6f} (float {float_score:.6f}); {prober.evaluations} evaluations")
+    return result
+
+
+def _bisect_ranked(result: SearchResult, prober: _Prober, cands: List[str], level: str,
+                   ranking: Mapping[str, float]) -> SearchResult:
+    """The shortest prefix of `cands` ordered by `ranking` (most sensitive first; NaN ranks first) whose
+    promotion satisfies the threshold, by bisection: every candidate promoted satisfies it (checked by the
+    caller), none does not."""
+    def key(name: str) -> tuple:
+        value = float(ranking.get(name, 0.0))
+        return (0 if value != value else 1, -value if value == value else 0.0, cands.index(name))
+
+    order = sorted(cands, key=key)
+    result.sensitivity = {name: float(ranking.get(name, 0.0)) for name in cands}
+    lo, hi = 0, len(order)
+    scores = {hi: None}
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        score = prober.score(order[:mid], level)
+        if _log_step(result, prober, f"most sensitive {mid}", order[:mid], score):
+            hi, scores[hi] = mid, score
+        else:
+            lo = mid
+    chosen = [c for c in cands if c in set(order[:hi])]
+    final = scores.get(hi)
+    if final is None:
+        final = prober.score(chosen, level)
+    prober.apply(chosen, level)
+    result.promoted, result.final_score, result.evaluations = chosen, final, prober.evaluations
+    OPT_INFO(f"mixed precision search (similarity ranking): {len(chosen)} layer(s) at {level}: {', '.join(chosen)}; "
+             f"metric {final:.6f} (float {result.float_score:.6f}); {prober.evaluations} evaluations")
     return result
 
 

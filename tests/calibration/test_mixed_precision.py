@@ -133,3 +133,32 @@ def test_cli_search_needs_a_metric(tmp_path, capsys):
     cfg = example_cfg(tmp_path, metric=None, mixed_precision_auto_search="2,0.0,L")
     assert main(["--cfg", str(cfg)]) == 2
     assert "mixed_precision_auto_search" in capsys.readouterr().err
+
+
+def test_ranked_search_bisects_to_the_sensitive_layer_in_few_evaluations():
+    """With a ranking (`mixed_precision_ranking = similarity` passes the layers' 1 - isolated cosine), the search
+    bisects over the ranked order instead of probing every candidate: same promotion here, fewer evaluations."""
+    g, score = _prepared("fc2")
+    auto = AutoSearch(3, 0.05, "L")
+    probed = per_layer_search(g, score, 1.0, auto)
+    ranking = {"x": 0.0, "fc1": 0.01, "fc2": 0.6, "fc3": 0.02, "fc4": 0.03}
+    g, score = _prepared("fc2")  # the search leaves its choice on the layers: start again from the configured ones
+    ranked = per_layer_search(g, score, 1.0, auto, ranking=ranking)
+    assert ranked.promoted == probed.promoted == ["fc2"]
+    assert ranked.reached and ranked.final_score >= 1.0 - 0.05
+    assert ranked.evaluations < probed.evaluations
+    assert g.node("fc2").settings.q_bits_weight == 16 and g.node("fc3").settings.q_bits_weight == 4
+    # a NaN sensitivity ranks first; a misleading ranking still ends satisfied, with more layers
+    g, score = _prepared("fc2")
+    wrong = per_layer_search(g, score, 1.0, auto, ranking={"fc1": float("nan"), "fc3": 0.5, "fc2": 0.0})
+    assert wrong.reached and "fc2" in wrong.promoted and "fc1" in wrong.promoted
+    assert wrong.final_score >= 1.0 - 0.05
+
+
+def test_cli_similarity_ranking(tmp_path, capsys):
+    cfg = example_cfg(tmp_path, weight_bits="4", mixed_precision_auto_search="3,0.0,L",
+                      mixed_precision_ranking="similarity", metric_batch_size="128", eval_original_model="false")
+    assert main(["--log-level", "info", "--cfg", str(cfg)]) == 0
+    assert "mixed precision search (similarity ranking):" in capsys.readouterr().err
+    search = json.loads((tmp_path / "out" / "digits_report.json").read_text())["mixed_precision"]
+    assert search["reached"] and search["promoted"] and search["sensitivity"]
