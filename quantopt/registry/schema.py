@@ -11,6 +11,7 @@ int, float, bool, None, a dtype, a string, or nested lists of those. This module
 """
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Tuple
@@ -33,14 +34,16 @@ def _has_nan(v: Any) -> bool:
     return isinstance(v, list) and any(_has_nan(x) for x in v)
 
 
-class Kind:
+class Kind(abc.ABC):
     """What a parameter value may be."""
 
-    def problem(self, value: Any) -> Optional[str]:  # pragma: no cover - every kind overrides it
-        raise NotImplementedError
+    @abc.abstractmethod
+    def problem(self, value: Any) -> Optional[str]:
+        """None when `value` fits, else why not (the text of the IR error)."""
 
-    def describe(self) -> str:  # pragma: no cover - every kind overrides it
-        raise NotImplementedError
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """The kind as docs/operators.md shows it."""
 
 
 def _bounds(lo: Optional[float], hi: Optional[float]) -> str:
