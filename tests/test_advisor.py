@@ -138,4 +138,5 @@ def test_outputs_no_8_bit_range_holds_suggest_min_activation_sqnr_db() -> None:
     graph = model()
     q = quantize_model(graph, data, settings={**settings, "min_activation_sqnr_db": 30.0})
     assert q.node("fc").settings.q_bits_activation == 16
-    assert not causes(advise(graph, q, layer_similarity(graph, q, [[data[1]]])), "low_sqnr")
+    left = causes(advise(graph, q, layer_similarity(graph, q, [[data[1]]])), "low_sqnr")
+    assert [a.layer for a in left] in ([], ["x"])  # the input is never promoted (its dtype is the interface)

@@ -9,7 +9,8 @@ of the best 8-bit range (the least-error one, `histogram_search.mse_range`, judg
 `histogram_search.expected_sqnr_db`) is far below that of ordinary tensors (docs/accuracy.md: 10-30 dB for them,
 26-45 dB for the activations of the convolutional networks measured). A layer whose outputs no range at its bits
 quantizes with the threshold's SQNR gets 16-bit activations, the mse range at 16 bits and tables of at least 2^10
-entries; every other layer keeps its bits and its calibrated range. It needs no labels and no quantized forward, and
+entries; every other layer keeps its bits and its calibrated range, and so do Input layers (the model's input
+dtype is its interface). It needs no labels and no quantized forward, and
 runs after local calibration, before scale unification and the global methods.
 """
 from __future__ import annotations
@@ -84,6 +85,8 @@ def _widen_biases(n: PyNode) -> None:
 
 def _eligible(n: PyNode) -> bool:
     s = n.settings
+    if str(n.type) == "Input":  # the model's input dtype is its interface: only a rule for the layer changes it
+        return False
     if s is None or s.min_activation_sqnr_db <= 0.0 or s.q_bits_activation >= PROMOTED_BITS or s.qinvariant:
         return False
     if QuantMode.from_name(s.q_mode_activation).is_per_channel:  # per-channel ranges keep their own strategy

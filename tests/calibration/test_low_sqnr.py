@@ -88,8 +88,11 @@ def _data(n: int = 8, spikes: bool = True) -> List[torch.Tensor]:
 
 
 def _quantize(threshold: float):
+    """The model quantized with the preset and `threshold`; its input is 16-bit by a rule of the user's (the
+    promotion never changes the model's input dtype, and an 8-bit input would already lose the ordinary values)."""
     g = _model()
-    q = quantize_model(g, _data(), settings={**preset_settings("accurate"), "min_activation_sqnr_db": threshold})
+    q = quantize_model(g, _data(), settings={**preset_settings("accurate"), "min_activation_sqnr_db": threshold},
+                       per_layer={"x": {"q_bits_activation": 16}})
     return g, q
 
 
@@ -100,6 +103,7 @@ def test_outlier_layer_gets_16_bits_and_its_error_drops() -> None:
     assert q.node("fc_plain").settings.q_bits_activation == 8
     assert q.node("fc_plain").settings.q_strategy_activation == "quantile[99.99]"
     assert str(q.node("fc_out").outputs[0].dtype.value) == "int16"
+    assert q.node("x").settings.q_bits_activation == 16 and q.node("x").settings.q_strategy_activation != "mse"
     x = _data(1, spikes=False)[0]
     g0, q0 = _quantize(0.0)
     assert q0.node("fc_out").settings.q_bits_activation == 8
@@ -135,7 +139,8 @@ def test_nothing_below_the_threshold_changes_nothing() -> None:
     """With a threshold no tensor falls under, the quantized graph is bit-identical to the one without the field."""
     _, q_off = _quantize(0.0)
     g = _model()
-    q_low = quantize_model(g, _data(), settings={**preset_settings("accurate"), "min_activation_sqnr_db": 1e-3})
+    q_low = quantize_model(g, _data(), settings={**preset_settings("accurate"), "min_activation_sqnr_db": 1e-3},
+                           per_layer={"x": {"q_bits_activation": 16}})
     assert promote_low_sqnr_activations(g) == []
     x = _data(1, spikes=False)[0]
     for a, b in zip(run_quantized(q_off, x), run_quantized(q_low, x)):
