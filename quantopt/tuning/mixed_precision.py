@@ -13,8 +13,8 @@ quantopt measures instead:
 
 With `mixed_precision_ranking = similarity` the sensitivities come instead from one precision analysis (each
 layer's isolated cosine on the search batches, passed in as `ranking`), and step 4 bisects for the shortest
-promoted prefix of that order that satisfies the threshold (the order is assumed monotone enough), without
-pruning: a few evaluations instead of one per candidate, for models with hundreds of layers.
+promoted prefix of that order that satisfies the threshold (the order is assumed monotone enough) before step 5
+prunes it: a few evaluations plus one per promoted layer instead of one per candidate.
 
 Every probe re-calibrates and re-quantizes the whole graph (the statistics are kept) and scores it on the
 search batches. The chosen settings stay on the float graph's layers, so the JSON template records them and can
@@ -167,14 +167,7 @@ def per_layer_search(graph: QuantizeGraph, score_fn: ScoreFn, float_score: float
             break
     else:
         chosen, score = list(cands), prober.score(cands, level)
-    for name in sorted(chosen, key=lambda nm: (result.sensitivity[nm], -cands.index(nm))):
-        if len(chosen) == 1:
-            break
-        trial = [c for c in chosen if c != name]
-        trial_score = prober.score(trial, level)
-        if prober.satisfied(trial_score):
-            chosen, score = trial, trial_score
-            _log_step(result, prober, f"demote {name}", chosen, score)
+    chosen, score = _prune(result, prober, chosen, score, level, cands)
     chosen = [c for c in cands if c in chosen]
     prober.apply(chosen, level)
     result.promoted, result.final_score, result.evaluations = chosen, score, prober.evaluations
@@ -183,11 +176,29 @@ def per_layer_search(graph: QuantizeGraph, score_fn: ScoreFn, float_score: float
     return result
 
 
+def _prune(result: SearchResult, prober: _Prober, chosen: List[str], score: float, level: str,
+           cands: List[str]) -> tuple:
+    """Demote each promoted layer again, least sensitive first, when the threshold still holds without it."""
+    def least_first(name: str) -> tuple:
+        value = result.sensitivity.get(name, 0.0)
+        return (1 if value != value else 0, value if value == value else 0.0, -cands.index(name))
+
+    for name in sorted(chosen, key=least_first):
+        if len(chosen) == 1:
+            break
+        trial = [c for c in chosen if c != name]
+        trial_score = prober.score(trial, level)
+        if prober.satisfied(trial_score):
+            chosen, score = trial, trial_score
+            _log_step(result, prober, f"demote {name}", chosen, score)
+    return chosen, score
+
+
 def _bisect_ranked(result: SearchResult, prober: _Prober, cands: List[str], level: str,
                    ranking: Mapping[str, float]) -> SearchResult:
     """The shortest prefix of `cands` ordered by `ranking` (most sensitive first; NaN ranks first) whose
-    promotion satisfies the threshold, by bisection: every candidate promoted satisfies it (checked by the
-    caller), none does not."""
+    promotion satisfies the threshold, by bisection (every candidate promoted satisfies it, checked by the caller;
+    none does not), then pruned like the probe search's choice."""
     def key(name: str) -> tuple:
         value = float(ranking.get(name, 0.0))
         return (0 if value != value else 1, -value if value == value else 0.0, cands.index(name))
@@ -203,10 +214,12 @@ def _bisect_ranked(result: SearchResult, prober: _Prober, cands: List[str], leve
             hi, scores[hi] = mid, score
         else:
             lo = mid
-    chosen = [c for c in cands if c in set(order[:hi])]
+    chosen = list(order[:hi])
     final = scores.get(hi)
     if final is None:
         final = prober.score(chosen, level)
+    chosen, final = _prune(result, prober, chosen, final, level, cands)
+    chosen = [c for c in cands if c in set(chosen)]
     prober.apply(chosen, level)
     result.promoted, result.final_score, result.evaluations = chosen, final, prober.evaluations
     OPT_INFO(f"mixed precision search (similarity ranking): {len(chosen)} layer(s) at {level}: {', '.join(chosen)}; "
