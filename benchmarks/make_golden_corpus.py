@@ -35,7 +35,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from golden_cases import IrCase, ir_cases
 from torch import nn
+
+from quantopt.ir.writer import write_ir
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "tests" / "data" / "golden_corpus"
@@ -278,6 +281,9 @@ MODELS: Dict[str, Spec] = {
 }
 """Every corpus model. Weights are seeded per model (`_seed`), as is the data, so regeneration is reproducible."""
 
+IR_CASES: Dict[str, IrCase] = ir_cases()
+"""The one-operator cases whose float IR quantopt writes (benchmarks/golden_cases/)."""
+
 
 def _seed(name: str) -> int:
     """A per-model seed that does not change when models are added or reordered."""
@@ -380,17 +386,38 @@ def quantize(name: str, data_file: str, folder: Path, upstream: Path, scratch: P
             shutil.copyfile(src, golden / file)
 
 
+def write_ir_case(name: str, case: IrCase, folder: Path) -> str:
+    """The float IR of a one-operator case written by quantopt (`<name>.txt/.bin`) and its calibration samples;
+    returns the data file name as `write_data` does."""
+    graph = case.build()
+    graph.name = name
+    write_ir(graph, str(folder / f"{name}.txt"), str(folder / f"{name}.bin"))
+    data = case.sample(np.random.default_rng(_seed(name)))
+    order = [t.name for t in graph.input_tensors]
+    if sorted(data) != sorted(order):
+        raise SystemExit(f"golden case {name}: samples for {sorted(data)}, graph inputs {order}")
+    if len(order) == 1:
+        np.save(folder / "calib.npy", data[order[0]])
+        return "calib.npy"
+    np.savez(folder / "calib.npz", **{k: data[k] for k in order})
+    return "calib.npz"
+
+
 def make(name: str, out: Path, upstream: Path, keep: Optional[Path]) -> None:
-    """One corpus model from scratch: ONNX, data, float IR, the three goldens."""
-    spec = MODELS[name]
+    """One corpus model from scratch: ONNX, data, float IR, the three goldens (for a case of golden_cases/: its
+    float IR and data written by quantopt, then the three goldens)."""
     folder = out / name
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     scratch = Path(tempfile.mkdtemp(prefix=f"golden_corpus_{name}_", dir=keep))
-    onnx_path = export_onnx(name, spec, folder)
-    data_file = write_data(name, spec, folder)
-    parse(name, spec, onnx_path, folder, upstream, scratch)
+    if name in IR_CASES:
+        data_file = write_ir_case(name, IR_CASES[name], folder)
+    else:
+        spec = MODELS[name]
+        onnx_path = export_onnx(name, spec, folder)
+        data_file = write_data(name, spec, folder)
+        parse(name, spec, onnx_path, folder, upstream, scratch)
     quantize(name, data_file, folder, upstream, scratch)
     if keep is None:
         shutil.rmtree(scratch)
@@ -407,13 +434,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--keep", type=Path, default=None, help="keep the scratch folders (upstream logs) here")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
     args = parser.parse_args(argv)
+    known = [*MODELS, *IR_CASES]
     if args.list:
-        print("\n".join(MODELS))
+        print("\n".join(known))
         return 0
-    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(MODELS)
-    unknown = [n for n in names if n not in MODELS]
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or known
+    unknown = [n for n in names if n not in known]
     if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
     missing = [s for s in ("run-parser.sh", "run-opt.sh") if not (args.upstream / s).is_file()]
     if missing:
         print(f"make_golden_corpus: the upstream tools are needed to regenerate the corpus, and {args.upstream} has "
