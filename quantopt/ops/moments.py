@@ -1,0 +1,272 @@
+"""Statistical moments: Moments (the mean and the population variance over some axes) and SufficientStatistics
+(the sum of deviations from a shift and the sum of their squares).
+
+Quantized, the mean output keeps the input's params, so it is the exactly rounded mean of the input integers; the
+variance output is requantized from the exact integer sum of squared deviations with one rounding (upstream first
+truncates the sum divided by the count, and for inputs over 8 bits rounds two 16-bit halves separately:
+docs/semantics/moments.md gives both and the difference).
+"""
+from __future__ import annotations
+
+import math
+from typing import List
+
+import torch
+
+from ..errors import UnsupportedError
+from ..graph.node import PyNode
+from ..graph.tensor import PyTensor
+from ..log import OPT_WARN
+from ..quant.dtype import Dtype, int_dtype_for_bits
+from ..quant.rounding import div_round_half_even, round_shift
+from ..registry import declare_op
+from ..registry.schema import Axis, Bool, DtypeName, Int, Ints, Param, Value, quantized
+from ._quant import (
+    check_quantized_inputs,
+    copy_params,
+    layer_settings,
+    out_range,
+    quantize_activation,
+    requant_scale_shift,
+    set_qinvariant,
+    tensor_scale,
+    tensor_zp,
+)
+from ._shared import axis_param, bool_param
+
+SEMANTICS = "docs/semantics/moments.md"
+
+INT64_BOUND = 2 ** 62
+"""Exact int64 products stay below this (the simulator refuses a layer whose worst case reaches it)."""
+
+
+def _per_tensor(node: PyNode, t: PyTensor) -> None:
+    for what in ("scale", "zerop"):
+        v = getattr(t, what)
+        if isinstance(v, torch.Tensor) and v.numel() > 1:
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): input '{t.name}' has per-channel "
+                                   "quantization; this op needs per-tensor scale and zero point")
+
+
+def _axes(node: PyNode, rank: int) -> List[int]:
+    raw = node.get_param("axis")
+    items = raw if isinstance(raw, (list, tuple)) else [raw]
+    if not items:
+        raise node._error("axis must name at least one dim")
+    axes = sorted({axis_param(node, a, rank) for a in items})
+    if len(axes) != len(items):
+        raise node._error(f"axis {raw} names a dim twice")
+    return axes
+
+
+def rounded_ratio(num: torch.Tensor, den: int, shift: int) -> torch.Tensor:
+    """Exact round_half_even(num / (den * 2^shift)) of a non-negative int64 tensor (`num` < 2^62, den >= 1; a
+    negative shift multiplies, saturating at 2^62)."""
+    if shift < 0:
+        k = -shift
+        big = num >= (INT64_BOUND >> min(k, 62)) if k < 62 else num > 0
+        return torch.where(big, torch.full_like(num, INT64_BOUND), div_round_half_even(num << min(k, 62), den))
+    if den.bit_length() + shift <= 62:
+        return div_round_half_even(num, den << shift)
+    return torch.zeros_like(num)  # den * 2^shift >= 2^62 > 2 * num: the ratio is below 1/2
+
+
+# ------------------------------------------------------------------------------------------------ Moments
+MOMENTS = declare_op(
+    "Moments",
+    params={"axis": Param(Axis(), "the reduced dims (negative count from the end)", required=True),
+            "keepdims": Param(Bool(), "reduced dims stay with size 1", default=True),
+            "var_scale_value": quantized(Int(lo=0), "variance multiplier M"),
+            "var_scale_type": quantized(DtypeName(), "dtype of M"),
+            "var_shift_value": quantized(Int(), "variance shift N"),
+            "var_shift_type": quantized(DtypeName(), "dtype of N"),
+            "input_scale_value": quantized(Int(lo=0), "input multiplier, always 1 (written as upstream; must be 1)"),
+            "input_scale_type": quantized(DtypeName(), "its dtype"),
+            "input_shift_value": quantized(Int(), "input shift, always 0 (written as upstream; must be 0)"),
+            "input_shift_type": quantized(DtypeName(), "its dtype")},
+    dtypes="float32 → output 0 (mean): the input's params; output 1 (variance): uint8/uint16 (int with "
+           "force_dtype_int), or an integer tensor of twice the input's bits for an integer input",
+    integer="exact: rounded integer mean; variance requantized from the exact sum of squared deviations",
+    semantics=f"{SEMANTICS}#moments",
+    summary="Outputs: the mean and the population variance over `axis`.")
+
+
+@MOMENTS.forward
+def moments_forward(self: PyNode) -> None:
+    if len(self.outputs) != 2:
+        raise self._error(f"needs two outputs (mean, variance), got {len(self.outputs)}")
+    inp = self.inputs[0]
+    x = inp.betensor
+    axes = _axes(self, x.dim())
+    keep = bool_param(self, "keepdims", True)
+    mean_out, var_out = self.outputs
+    if not self.quantized:
+        # float32 std then squared, as upstream (its calibrated variance range is that of std * std)
+        std, mean = torch.std_mean(x.to(torch.float32), dim=axes, keepdim=keep, unbiased=False)
+        mean_out.betensor = mean
+        var_out.betensor = std * std
+        return
+    if int(self.get_param("input_scale_value", optional=True, default_value=1)) != 1 or \
+            int(self.get_param("input_shift_value", optional=True, default_value=0)) != 0:
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): input_scale_value/input_shift_value other than "
+                               "1/0 are not supported")
+    q = x.to(torch.int64)
+    n = math.prod(int(q.shape[a]) for a in axes)
+    total = q.sum(dim=axes, keepdim=True)
+    mean = div_round_half_even(total, n)
+    dev = q - mean
+    sq = (dev * dev).sum(dim=axes, keepdim=True)
+    m = int(self.get_param("var_scale_value"))
+    shift = int(self.get_param("var_shift_value"))
+    qmin, qmax = out_range(var_out)
+    emax = max(abs(v) for v in out_range(inp))
+    if n * (2 * emax) ** 2 * max(m, 1) >= INT64_BOUND:
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): the variance accumulator of {n} values may "
+                               "reach 2^62; reduce fewer elements")
+    var = torch.clamp(rounded_ratio(sq * m, n, shift) - tensor_zp(var_out), qmin, qmax)
+    if not keep:
+        mean, var = mean.squeeze(axes), var.squeeze(axes)
+    mean_out.betensor = mean
+    var_out.betensor = var
+
+
+@MOMENTS.quantize
+def moments_quantize(self: PyNode) -> None:
+    """Mean: the input's params. Variance: an integer input gives an integer output of twice its bits (M = 1,
+    N = 0); otherwise calibrated, unsigned, with (M, N) = scale_shift(s_var / s_in^2, activation bits) as upstream
+    (its multiplier has the activation's bits, not multiplier_bits)."""
+    inp = self.inputs[0]
+    check_quantized_inputs(self, [inp])
+    _per_tensor(self, inp)
+    mean_out, var_out = self.outputs
+    copy_params(mean_out, inp)
+    s = layer_settings(self)
+    bits = int(s.q_bits_activation)
+    signed = bool(s.force_dtype_int)
+    if inp.qinvariant:
+        set_qinvariant(var_out, min(2 * int(inp.qbits), 32), signed)
+        m, shift, m_type, shift_type = 1, 0, int_dtype_for_bits(bits, False), Dtype.INT8
+    else:
+        quantize_activation(self, var_out, signed, bits)
+        s_in = tensor_scale(inp)
+        m, shift, m_type, shift_type = requant_scale_shift(self, tensor_scale(var_out) / (s_in * s_in),
+                                                           mult_bits=bits)
+    self.params["var_scale_value"] = int(m)
+    self.params["var_scale_type"] = m_type
+    self.params["var_shift_value"] = int(shift)
+    self.params["var_shift_type"] = shift_type
+    self.params["input_scale_value"] = 1
+    self.params["input_scale_type"] = int_dtype_for_bits(bits, False)
+    self.params["input_shift_value"] = 0
+    self.params["input_shift_type"] = Dtype.INT8
+
+
+# ------------------------------------------------------------------------------------------------ SufficientStatistics
+SS_MULTIPLIER_BITS = 16
+"""Width of SufficientStatistics' four multipliers (upstream's fixed choice)."""
+
+SS_ALIGN_BITS = 15
+"""The inputs are aligned to one scale with up to 15 bits of headroom (upstream)."""
+
+_I32 = (-2 ** 31, 2 ** 31 - 1)
+_U32_MAX = 2 ** 32 - 1
+
+SUFFICIENT_STATISTICS = declare_op(
+    "SufficientStatistics",
+    params={"axis": Param(Axis(), "the reduced dims (kept with size 1)", required=True),
+            "scale_value": quantized(Ints(lo=0), "[M_out0, M_out1, M_in0, M_in1]"),
+            "scale_type": quantized(Value("list of dtypes"), "their dtypes"),
+            "shift_value": quantized(Ints(), "[N_out0, N_out1, N_in0, N_in1]"),
+            "shift_type": quantized(Value("list of dtypes"), "their dtypes")},
+    dtypes="float32 → output 0 signed, output 1 unsigned (activation bits; 32-bit integers for integer inputs)",
+    integer="both inputs requantized to one scale, exact sums; output 0 truncated, output 1 floored (as upstream)",
+    semantics=f"{SEMANTICS}#sufficientstatistics",
+    summary="Inputs: x and a shift broadcast to it. Outputs: Σ (x - shift) and Σ (x - shift)² over `axis`.")
+
+
+def signed_bits(lo: int, hi: int) -> int:
+    """The fewest bits b whose signed range [-2^(b-1), 2^(b-1) - 1] holds [lo, hi] (upstream `range2bits`)."""
+    b = 1
+    while lo < -(1 << (b - 1)) or hi > (1 << (b - 1)) - 1:
+        b += 1
+    return b
+
+
+@SUFFICIENT_STATISTICS.forward
+def sufficient_statistics_forward(self: PyNode) -> None:
+    if len(self.inputs) != 2 or len(self.outputs) != 2:
+        raise self._error(f"needs two inputs (x, shift) and two outputs, got {len(self.inputs)} and "
+                          f"{len(self.outputs)}")
+    x_t, s_t = self.inputs
+    x = x_t.betensor
+    axes = _axes(self, x.dim())
+    try:
+        torch.broadcast_shapes(tuple(x.shape), tuple(s_t.betensor.shape))
+    except RuntimeError:
+        raise self._error(f"shift of shape {list(s_t.betensor.shape)} does not broadcast to the input "
+                          f"{list(x.shape)}") from None
+    out0, out1 = self.outputs
+    if not self.quantized:
+        m = x.to(torch.float32) - s_t.betensor.to(torch.float32)
+        out0.betensor = torch.sum(m, axes, keepdim=True)
+        out1.betensor = torch.sum(m * m, axes, keepdim=True)
+        return
+    mo0, mo1, mi0, mi1 = (int(v) for v in self.get_param("scale_value"))
+    no0, no1, ni0, ni1 = (int(v) for v in self.get_param("shift_value"))
+    xa = _requant(x.to(torch.int64) + tensor_zp(x_t), mi0, ni0)
+    sa = _requant(s_t.betensor.to(torch.int64) + tensor_zp(s_t), mi1, ni1)
+    m = xa - sa
+    total = torch.clamp(m.sum(axes, keepdim=True), *_I32)
+    lo0, hi0 = out_range(out0)
+    prod = total * mo0
+    trunc = torch.sign(prod) * torch.div(prod.abs(), 1 << no0, rounding_mode="floor") if no0 >= 0 else prod << -no0
+    out0.betensor = torch.clamp(trunc - tensor_zp(out0), lo0, hi0)
+    v = torch.clamp(m * m, 0, _U32_MAX)
+    high = v >> 16
+    high_sum = torch.clamp(high.sum(axes, keepdim=True), 0, _U32_MAX)
+    low_sum = torch.clamp((v - (high << 16)).sum(axes, keepdim=True), 0, _U32_MAX)
+    acc = (high_sum << 16) * mo1 + low_sum * mo1
+    lo1, hi1 = out_range(out1)
+    out1.betensor = torch.clamp((acc >> no1 if no1 >= 0 else acc << -no1) - tensor_zp(out1), lo1, hi1)
+
+
+def _requant(x: torch.Tensor, m: int, n: int) -> torch.Tensor:
+    """clamp(round_half_even(x · m / 2^n), int32): the alignment of an input to the common scale."""
+    return torch.clamp(round_shift(x * m, n), *_I32)
+
+
+@SUFFICIENT_STATISTICS.quantize
+def sufficient_statistics_quantize(self: PyNode) -> None:
+    """Outputs: integer inputs give 32-bit integer outputs (scale 1); otherwise calibrated with the activation bits,
+    output 0 signed, output 1 unsigned (signed with force_dtype_int). Then, as upstream, with b_i the signed bits of
+    input i's integers plus zero point: r = max(2 (max(b_0, b_1) - 15), 1), L = min(max(0, 15 - b_0), max(0, 15 -
+    b_1)), s = min(s_0, s_1) / r and the 16-bit multipliers of s / s_0 · 2^L, s / s_1 · 2^L, s_out0 / s / 2^L,
+    s_out1 / s² / 2^2L."""
+    x_t, s_t = self.inputs
+    check_quantized_inputs(self, [x_t, s_t])
+    for t in (x_t, s_t):
+        _per_tensor(self, t)
+    if x_t.qinvariant != s_t.qinvariant:
+        OPT_WARN(f"layer '{self.name}' (SufficientStatistics): one input is an integer tensor and the other is not, "
+                 "which may cost accuracy")
+    s = layer_settings(self)
+    bits = int(s.q_bits_activation)
+    signs = (True, bool(s.force_dtype_int))
+    for out, signed in zip(self.outputs, signs):
+        if x_t.qinvariant and s_t.qinvariant:
+            set_qinvariant(out, 32, signed)
+        else:
+            quantize_activation(self, out, signed, bits)
+    b0, b1 = (signed_bits(*(v + tensor_zp(t) for v in out_range(t))) for t in (x_t, s_t))
+    reduce_multiplier = max(2 * (max(b0, b1) - SS_ALIGN_BITS), 1)
+    left = min(max(0, SS_ALIGN_BITS - b0), max(0, SS_ALIGN_BITS - b1))
+    s0, s1 = tensor_scale(x_t), tensor_scale(s_t)
+    common = min(s0, s1) / reduce_multiplier
+    ratios = [tensor_scale(self.outputs[0]) / common / 2 ** left,
+              tensor_scale(self.outputs[1]) / (common * common) / 2 ** (2 * left),
+              common / s0 * 2 ** left, common / s1 * 2 ** left]
+    found = [requant_scale_shift(self, r, mult_bits=SS_MULTIPLIER_BITS) for r in ratios]
+    self.params["shift_value"] = [int(f[1]) for f in found]
+    self.params["shift_type"] = [f[3] for f in found]
+    self.params["scale_value"] = [int(f[0]) for f in found]
+    self.params["scale_type"] = [f[2] for f in found]
