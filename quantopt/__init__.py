@@ -33,7 +33,7 @@ _LAZY = {
     "PyGraph": ".graph.graph", "QuantizeGraph": ".graph.graph", "PyNode": ".graph.node",
     "OpType": ".registry.optype", "register_optype": ".registry.optype",
     "PyTensor": ".graph.tensor", "TensorStatistics": ".graph.tensor", "Dtype": ".quant.dtype",
-    "OptBaseMetric": ".registry", "PluginType": ".registry", "op_register": ".registry",
+    "OptBaseMetric": ".registry", "OptBaseQConfig": ".registry", "PluginType": ".registry", "op_register": ".registry",
     "quant_register": ".registry", "register_plugin": ".registry", "declare_op": ".registry",
     **{name: ".registry.schema" for name in ("Param", "Int", "Float", "Bool", "Text", "Ints", "Floats", "Axis",
                                               "DtypeName", "Either", "Value")},
@@ -43,7 +43,7 @@ _LAZY = {
 __all__ = [
     "ConfigError", "DataError", "IRError", "PluginError", "QuantOptError", "UnsupportedError",
     "PyGraph", "QuantizeGraph", "PyNode", "OpType", "register_optype", "PyTensor", "TensorStatistics", "Dtype",
-    "OPT_DEBUG", "OPT_ERROR", "OPT_INFO", "OPT_WARN", "OptBaseMetric", "PluginType", "op_register",
+    "OPT_DEBUG", "OPT_ERROR", "OPT_INFO", "OPT_WARN", "OptBaseMetric", "OptBaseQConfig", "PluginType", "op_register",
     "quant_register", "register_plugin", "declare_op", "Param", "Int", "Float", "Bool", "Text", "Ints", "Floats",
     "Axis", "DtypeName", "Either", "Value", "__version__",
 ]

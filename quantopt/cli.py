@@ -84,10 +84,10 @@ def _short(path: str) -> str:
 def print_plugins(out: Optional[TextIO] = None) -> None:
     """`quantopt --plugin`: the registered datasets, metrics and operators (after plugin discovery)."""
     out = out or sys.stdout
-    from .registry import DATASETS, LOADED, METRICS, OP_FORWARD, OP_QUANTIZE
+    from .registry import DATASETS, LOADED, METRICS, OP_FORWARD, OP_QUANTIZE, QCONFIGS
     from .registry.optype import OpType
 
-    for title, table in (("datasets", DATASETS), ("metrics", METRICS)):
+    for title, table in (("datasets", DATASETS), ("metrics", METRICS), ("qconfigs", QCONFIGS)):
         print(f"{title}:", file=out)
         for key in table.keys():
             reg = table.get(key)

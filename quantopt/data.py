@@ -1,6 +1,7 @@
 """Datasets and metrics from the cfg: plugin lookup, loaders, and the checks that data fits the model."""
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -53,11 +54,38 @@ def make_dataset(cfg: Config, data_file: str, label_file: Optional[str] = None) 
     return ds
 
 
+SHUFFLE_SEED = 0
+"""`calibration_shuffe`: the seed of the one fixed permutation of the calibration samples (runs stay reproducible)."""
+
+
+def shuffled(dataset: torch.utils.data.Dataset) -> torch.utils.data.Dataset:
+    """The dataset in one fixed pseudo-random order (seed SHUFFLE_SEED): every pass over it, and every run, sees the
+    samples in the same order, unlike a loader that shuffles anew on each pass."""
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(SHUFFLE_SEED)).tolist()
+    return torch.utils.data.Subset(dataset, order)
+
+
+def collate_along(data_dim: int, label_dim: int, samples: List[Any]) -> Any:
+    """Collate `[inputs, label]` samples as torch does, then move the sample axis of every input tensor to
+    `data_dim` and of a tensor label to `label_dim` (`data_batch_dim`, `label_batch_dim`)."""
+    inputs, label = torch.utils.data.default_collate(samples)
+
+    def moved(x: Any, dim: int) -> Any:
+        if isinstance(x, torch.Tensor) and dim and x.dim() > dim:
+            return x.movedim(0, dim)
+        return x
+
+    inputs = [moved(x, data_dim) for x in inputs] if isinstance(inputs, (list, tuple)) else moved(inputs, data_dim)
+    return [inputs, moved(label, label_dim)]
+
+
 def make_loader(cfg: Config, dataset: torch.utils.data.Dataset, batch_size: int) -> torch.utils.data.DataLoader:
     if cfg.without_batch_dim:
         batch_size = 1
+    collate = functools.partial(collate_along, cfg.data_batch_dim, cfg.label_batch_dim) \
+        if cfg.data_batch_dim or cfg.label_batch_dim else None
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False,
-                                       num_workers=cfg.dataloader_workers)
+                                       num_workers=cfg.dataloader_workers, collate_fn=collate)
 
 
 def make_metrics(cfg: Config) -> List[OptBaseMetric]:
@@ -97,20 +125,23 @@ def prepare_inputs(graph: PyGraph, inputs: Sequence[torch.Tensor], cfg: Config, 
                         f"{[t.name for t in graph.input_tensors]} but the dataset gives {len(inputs)}", file=source)
     feed = []
     for x, t in zip(inputs, graph.input_tensors):
+        axis = int(cfg.data_batch_dim)
         if cfg.without_batch_dim:
             x = x[0]
             sample_shape, ir_shape = tuple(x.shape), tuple(t.ir_shape)
         else:
-            sample_shape, ir_shape = tuple(x.shape[1:]), tuple(t.ir_shape[1:])
+            sample_shape = tuple(x.shape[:axis]) + tuple(x.shape[axis + 1:])
+            ir_shape = tuple(t.ir_shape[:axis]) + tuple(t.ir_shape[axis + 1:])
         if sample_shape != ir_shape:
             raise DataError(f"input '{t.name}': samples have shape {list(sample_shape)} but the IR expects "
-                            f"{list(ir_shape)} (without the batch dim)", file=source)
+                            f"{list(ir_shape)} (without the batch dim{f', axis {axis}' if axis else ''})",
+                            file=source)
         x = x.to(t.ir_dtype.torch_dtype) if (x.is_floating_point() == t.ir_dtype.is_float) else x
         if x.is_floating_point() != t.ir_dtype.is_float:
             raise DataError(f"input '{t.name}': data dtype {x.dtype} does not fit the IR dtype "
                             f"{t.ir_dtype.value}", file=source)
         if x.is_floating_point() and not torch.isfinite(x).all():
-            bad = int((~torch.isfinite(x)).reshape(x.shape[0], -1).any(dim=1).nonzero()[0]) \
+            bad = int((~torch.isfinite(x)).movedim(axis, 0).reshape(x.shape[axis], -1).any(dim=1).nonzero()[0]) \
                 if not cfg.without_batch_dim else 0
             raise DataError(f"input '{t.name}': NaN or inf in batch {batch_index} (sample {bad} of that batch)",
                             file=source)

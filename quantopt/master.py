@@ -11,6 +11,7 @@ import torch
 from .analysis.advisor import Advice, advice_lines, advise
 from .analysis.dump import dump_tensors
 from .analysis.report import build_report, histograms_of, layer_bits, worst_tensors, write_report
+from .analysis.run_records import append_accuracy_record, similarity_keys
 from .analysis.similarity import (
     FirstBatch,
     LayerSimilarity,
@@ -24,18 +25,20 @@ from .calibration.collect import calibrate_graph
 from .calibration.statistic_file import load_statistics, save_statistics, statistic_file_name
 from .config.layer_settings import OptConfig
 from .config.reader import Config
-from .data import make_dataset, make_loader, make_metrics, prepare_inputs, split_sample
+from .data import make_dataset, make_loader, make_metrics, prepare_inputs, shuffled, split_sample
 from .errors import ConfigError, DataError, IRError, QuantOptError, UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
 from .graph.node import PyNode
 from .graph.tensor import PyTensor
 from .ir.writer import atomic_write, write_ir
 from .log import OPT_INFO, OPT_WARN, StepTimer, attach_file, detach_file, error_to_file, warning_count
+from .passes.batch_size import modify_batch_size
 from .passes.fake_quant import apply_fake_quant
+from .passes.parallel_batch import parallel_copies
 from .pipeline import calibrate, collect_statistics, finish_settings, graph_passes, quantize_calibrated
 from .progress import progress
-from .quantizer import assign_settings, check_quantizable, quantize_graph
-from .registry import OP_FORWARD, OptBaseMetric
+from .quantizer import apply_qconfig, assign_settings, check_quantizable, quantize_graph
+from .registry import OP_FORWARD, OptBaseMetric, PluginType, get_plugin
 from .tuning.global_methods import (
     METHODS,
     parse_global_calibration,
@@ -103,20 +106,55 @@ class OptMaster:
                                    ". Add one with an operator plugin (see docs/plugins.md)",
                                    file=self.graph.source_file, line=first_line)
 
+    def modify_batch_size(self) -> None:
+        """`modify_batch_dim`: the graph rewritten for another batch size before any forward (the zero-input check
+        then verifies every layer's shape)."""
+        for name in ("modify_batch_dim", "export_parallel_batch"):
+            if getattr(self.cfg, name) is not None and self.cfg.without_batch_dim:
+                raise self.cfg.error(name, "needs a batch dimension, and without_batch_dim = true says the model "
+                                           "has none")
+        if self.cfg.modify_batch_dim is None:
+            return
+        if self.cfg.data_batch_dim:
+            raise self.cfg.error("modify_batch_dim", f"rewrites dim 0 of every tensor; with data_batch_dim = "
+                                                     f"{self.cfg.data_batch_dim} the batch lies elsewhere")
+        modify_batch_size(self.graph, int(self.cfg.modify_batch_dim))
+
+    def batch_size(self, requested: int, name: str) -> int:
+        """The loader's batch size: `requested`, but with `data_batch_dim` > 0 the IR's size on that axis (the
+        graph batches along dim 0 only), said once when it differs."""
+        axis = int(self.cfg.data_batch_dim)
+        if not axis:
+            return requested
+        if self.cfg.without_batch_dim:
+            raise self.cfg.error("data_batch_dim", "the model has no batch dimension (without_batch_dim = true)")
+        short = [t.name for t in self.graph.input_tensors if len(t.ir_shape) <= axis]
+        if short:
+            raise self.cfg.error("data_batch_dim", f"input '{short[0]}' has no axis {axis}")
+        size = int(self.graph.input_tensors[0].ir_shape[axis])
+        if requested != size:
+            OPT_WARN(f"{name} = {requested} is used as {size}: with data_batch_dim = {axis} a batch holds the IR's "
+                     f"size on that axis")
+        return size
+
     def prepare(self) -> None:
         cfg = self.cfg
-        if not cfg.calibration_data and not cfg.calibrate_with_zero_inputs and not cfg.statistic_file:
+        if not cfg.calibration_data and not cfg.calibrate_with_zero_inputs and not cfg.statistic_file \
+                and not cfg.skip_optimization:
             raise ConfigError("field 'calibration_data' is required to quantize: activation ranges come from it "
                               "(set calibrate_with_zero_inputs = true to calibrate on all-zero inputs, for smoke "
                               "tests only)", file=cfg.path)
         if cfg.calibration_data:
             ds = make_dataset(cfg, cfg.calibration_data)
-            self.calibration_loader = make_loader(cfg, ds, cfg.calibration_batch_size)
+            if cfg.calibration_shuffe:
+                ds = shuffled(ds)
+            self.calibration_loader = make_loader(cfg, ds, self.batch_size(cfg.calibration_batch_size,
+                                                                           "calibration_batch_size"))
             OPT_INFO(f"calibration data: {len(ds)} samples from {cfg.calibration_data}")
             self._check_first_batch(self.calibration_loader, cfg.calibration_data)
         if cfg.data:
             ds = make_dataset(cfg, cfg.data, cfg.label or None)
-            self.validation_loader = make_loader(cfg, ds, cfg.metric_batch_size)
+            self.validation_loader = make_loader(cfg, ds, self.batch_size(cfg.metric_batch_size, "metric_batch_size"))
             OPT_INFO(f"validation data: {len(ds)} samples from {cfg.data}")
             label = self._check_first_batch(self.validation_loader, cfg.data)
             if cfg.metric and _no_label(label):
@@ -124,6 +162,8 @@ class OptMaster:
                 raise cfg.error("label" if cfg.is_set("label") else "metric",
                                 f"the metric(s) {names} need labels, but the dataset {cfg.dataset} gives none for "
                                 f"{cfg.data}: set 'label' to the label file")
+        if cfg.qconfig:  # a missing or broken QConfig plugin is found before any model work
+            get_plugin(PluginType.QConfig, cfg.qconfig)
         self.float_metrics = make_metrics(cfg)
         self.quant_metrics = [copy.deepcopy(m) for m in self.float_metrics]
         if cfg.mixed_precision_auto_search.enabled and (not self.float_metrics or self.validation_loader is None):
@@ -256,13 +296,17 @@ class OptMaster:
         self.histograms = histograms_of(first, worst_tensors(self.similarities))
 
     def write_outputs(self, qgraph: QuantizeGraph) -> None:
-        base = self.cfg.out_ir_name or f"{self.model_name}_o"
+        base = self.cfg.quant_ir_name or self.cfg.out_ir_name or f"{self.model_name}_o"
         onnx_bytes = None
         if self.cfg.export_onnx_qdq:  # built first: a layer without a QDQ mapping fails before any file is written
             from .exporters.onnx_qdq import build_onnx_qdq
             onnx_bytes = build_onnx_qdq(qgraph).SerializeToString()
+        if self.cfg.write_similarity_to_ir:
+            similarity_keys(qgraph, self.similarities)
         txt = os.path.join(self.output_dir, base + ".txt")
-        txt, bin_path = write_ir(qgraph, txt)
+        copies = self.cfg.export_parallel_batch
+        txt, bin_path = write_ir(parallel_copies(qgraph, int(copies), int(self.cfg.data_batch_dim))
+                                 if copies and copies > 1 else qgraph, txt)
         template = build_template(self.graph, qgraph, self.similarities)
         json_path = write_template(os.path.join(self.output_dir, f"{self.model_name}_opt_template.json"), template)
         self.files_written += [txt, bin_path, json_path]
@@ -304,6 +348,7 @@ class OptMaster:
         merge_matmul_mul), layer settings, statistics."""
         with self.timer.step("check operators"):
             self.check_operators()
+        self.modify_batch_size()
         with self.timer.step("prepare data and metrics"):
             self.prepare()
         with self.timer.step("zero-input forward check"):
@@ -317,10 +362,13 @@ class OptMaster:
             opt_config = OptConfig.load(self.cfg.opt_config, [n.name for n in self.graph.nodes]) \
                 if self.cfg.opt_config else None
             assign_settings(self.graph, self.cfg, opt_config)
+            if self.cfg.qconfig:
+                apply_qconfig(self.graph, self.cfg.qconfig)
             finish_settings(self.graph)
         with self.timer.step("statistics"):
             if self.cfg.statistic_file:
-                count = load_statistics(self.graph, self.cfg.statistic_file)
+                count = load_statistics(self.graph, self.cfg.statistic_file,
+                                        ignore_missing=self.cfg.ignore_missing_statistic)
                 OPT_INFO(f"statistics of {count} tensor(s) loaded from {self.cfg.statistic_file}; "
                          "statistics pass skipped")
             else:
@@ -348,6 +396,8 @@ class OptMaster:
             OPT_INFO(f"model '{self.model_name}': {len(self.graph.nodes)} layers, inputs "
                      f"{[t.name for t in self.graph.input_tensors]}, outputs "
                      f"{[t.name for t in self.graph.output_tensors]}")
+            if self.cfg.skip_optimization:
+                return self._float_only(start, log_path)
             self.prepare_statistics()
             if self.cfg.mixed_precision_auto_search.enabled:
                 with self.timer.step("mixed precision search"):
@@ -382,31 +432,7 @@ class OptMaster:
             if self.cfg.eval_optimized_model and self.quant_metrics:
                 with self.timer.step("quantized metric"):
                     quant_scores = self.evaluate(qgraph, self.quant_metrics, quantized=True)
-            self.files_written.append(log_path)
-            self.report = {
-                "model": self.model_name,
-                "inputs": [t.name for t in self.graph.input_tensors],
-                "outputs": [t.name for t in self.graph.output_tensors],
-                "quantized_io": [io_params(t, role) for role, ts in (("input", qgraph.input_tensors),
-                                                                     ("output", qgraph.output_tensors)) for t in ts],
-                "float_metrics": float_scores,
-                "quant_metrics": quant_scores,
-                "metric_drop": {k: float_scores[k] - quant_scores[k] for k in float_scores if k in quant_scores},
-                "worst_layers": [s.as_dict() for s in sorted(self.similarities, key=worst_key)[:5]],
-                "advice": [a.as_dict() for a in self.advice],
-                "steps": [(name, round(sec, 3)) for name, sec in self.timer.steps],
-                "wall_time": round(time.perf_counter() - start, 3),
-                "warnings": warning_count(),
-                "files": list(self.files_written),
-            }
-            if self.search_result is not None:
-                self.report["mixed_precision"] = self.search_result.as_dict()
-            report_files = write_report(self.output_dir, build_report(self.report, self.similarities,
-                                                                      self.layer_bits, self.histograms))
-            self.files_written += report_files
-            self.report["files"] = list(self.files_written)
-            self._print_report()
-            return self.report
+            return self._finish(start, log_path, qgraph, float_scores, quant_scores)
         except QuantOptError as e:
             error_to_file(str(e))
             raise
@@ -415,6 +441,58 @@ class OptMaster:
             raise
         finally:
             detach_file()
+
+    def _float_only(self, start: float, log_path: str) -> Dict[str, Any]:
+        """`skip_optimization`: the float model's checks and metric only; no statistics, no IR."""
+        with self.timer.step("check operators"):
+            self.check_operators()
+        self.modify_batch_size()
+        with self.timer.step("prepare data and metrics"):
+            self.prepare()
+        with self.timer.step("zero-input forward check"):
+            self.zero_forward_check()
+        OPT_INFO("skip_optimization = true: no statistics, no quantization, no IR"
+                 + ("; eval_optimized_model has no quantized model to evaluate"
+                    if self.cfg.eval_optimized_model and self.quant_metrics else ""))
+        float_scores: Dict[str, float] = {}
+        if self.cfg.eval_original_model and self.float_metrics:
+            with self.timer.step("float metric"):
+                float_scores = self.evaluate(self.graph, self.float_metrics, quantized=False)
+        return self._finish(start, log_path, None, float_scores, {})
+
+    def _finish(self, start: float, log_path: str, qgraph: Optional[QuantizeGraph], float_scores: Dict[str, float],
+                quant_scores: Dict[str, float]) -> Dict[str, Any]:
+        """The report (returned, printed and written as files) and, with `record_debug_acc_info`, the run's
+        record appended to <model_name>_record_model_acc.txt."""
+        self.files_written.append(log_path)
+        self.report = {
+            "model": self.model_name,
+            "inputs": [t.name for t in self.graph.input_tensors],
+            "outputs": [t.name for t in self.graph.output_tensors],
+            "quantized_io": [] if qgraph is None else [
+                io_params(t, role) for role, ts in (("input", qgraph.input_tensors),
+                                                    ("output", qgraph.output_tensors)) for t in ts],
+            "float_metrics": float_scores,
+            "quant_metrics": quant_scores,
+            "metric_drop": {k: float_scores[k] - quant_scores[k] for k in float_scores if k in quant_scores},
+            "worst_layers": [s.as_dict() for s in sorted(self.similarities, key=worst_key)[:5]],
+            "advice": [a.as_dict() for a in self.advice],
+            "steps": [(name, round(sec, 3)) for name, sec in self.timer.steps],
+            "wall_time": round(time.perf_counter() - start, 3),
+            "warnings": warning_count(),
+            "files": list(self.files_written),
+        }
+        if self.search_result is not None:
+            self.report["mixed_precision"] = self.search_result.as_dict()
+        if self.cfg.record_debug_acc_info:
+            path = os.path.join(self.output_dir, f"{self.model_name}_record_model_acc.txt")
+            self.files_written.append(append_accuracy_record(path, self.cfg, self.report, self.similarities))
+        report_files = write_report(self.output_dir, build_report(self.report, self.similarities,
+                                                                  self.layer_bits, self.histograms))
+        self.files_written += report_files
+        self.report["files"] = list(self.files_written)
+        self._print_report()
+        return self.report
 
     def _print_report(self) -> None:
         r = self.report

@@ -2,14 +2,16 @@
 in topological order on a copy of the graph (producers are always quantized before their consumers)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from .config.layer_settings import OptConfig, settings_from_cfg
-from .errors import UnsupportedError
+from .errors import ConfigError, PluginError, UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
+from .log import OPT_INFO
 from .ops._per_channel import check_per_channel_inputs, is_per_channel
 from .passes.float_islands import float_choices, insert_boundary_layers, make_float_layer
-from .registry import OP_QUANTIZE
+from .passes.recurrent_casts import insert_recurrent_state_casts
+from .registry import OP_QUANTIZE, QCONFIGS, PluginType, get_plugin
 
 FLOAT_IR_HEADER_KEYS = ("precision", "compat_quantized_model")
 """Header keys of the Parser's float IR that the quantized copy drops (upstream's quantized IRs have neither)."""
@@ -53,7 +55,7 @@ def quantize_graph(graph: QuantizeGraph) -> QuantizeGraph:
         if n.name in choices:
             make_float_layer(n, choices[n.name])
             continue
-        n.params["is_perf_mode"] = True
+        n.params["is_perf_mode"] = bool(n.settings.perf_mode_for_lib) if n.settings is not None else True
         n.params["unquantifiable"] = False
         check_per_channel_inputs(n)
         try:
@@ -70,7 +72,30 @@ def quantize_graph(graph: QuantizeGraph) -> QuantizeGraph:
         n.params.pop("activation_quantization_axis", None)
         n.params["activation_quantization_axis"] = [len(t.ir_shape) - 1 if is_per_channel(t) else None
                                                     for t in n.outputs]
+    insert_recurrent_state_casts(q)  # upstream's signed initial states (passes/recurrent_casts.py)
     if q.device.type != "cpu":  # quantize functions build their constants (integer weights, tables) on the CPU
         q.to(q.device)
     graph.quantgraph = q
     return q
+
+
+def apply_qconfig(graph: PyGraph, name: str) -> int:
+    """The cfg field `qconfig`: the QConfig plugin `name` sees the float graph (every layer's settings assigned)
+    and returns per-layer settings, checked like the opt_config JSON and applied over the layers' settings.
+    Returns the number of layers it changed. A wrong layer name, key or value is a PluginError naming the plugin's
+    file (docs/plugins.md, "QConfig plugins")."""
+    cls = get_plugin(PluginType.QConfig, name)
+    source = QCONFIGS.get(name.strip().lower()).source
+    wanted = cls().configure(graph)
+    if not isinstance(wanted, Mapping):
+        raise PluginError(f"qconfig plugin {cls.__name__}: configure returned {type(wanted).__name__}, not a mapping "
+                          "of layer name -> {setting: value}", file=source)
+    try:
+        config = OptConfig.from_mapping(source, dict(wanted), [n.name for n in graph.nodes],
+                                        what=f"qconfig plugin {cls.__name__}")
+    except ConfigError as e:
+        raise PluginError(e.message, file=source) from None
+    for n in graph.nodes:
+        n.settings = config.apply(n.settings, n)
+    OPT_INFO(f"qconfig plugin {cls.__name__}: settings of {len(config.layers)} layer(s) set")
+    return len(config.layers)

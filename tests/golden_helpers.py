@@ -12,6 +12,7 @@ from typing import Dict, List, Sequence, Tuple
 from quantopt.analysis.ir_compare import LayerDiff, compare_quantized_irs, forgive_upstream_bias_wrap
 from quantopt.cli import main as quantopt_main
 from quantopt.graph.graph import PyGraph
+from quantopt.graph.node import PyNode
 from quantopt.ir.reader import read_ir
 
 FAILED_NOTE = "upstream_failed.txt"
@@ -93,6 +94,8 @@ class GoldenComparison:
     extra: List[str] = field(default_factory=list)
     ranges: Tuple[int, int] = (0, 0)
     """(tensors with bit-identical calibrated ranges, tensors compared), where the caller measured them."""
+    paired: Dict[str, str] = field(default_factory=dict)
+    """Golden layer name -> quantopt's layer name, for the inserted layers paired by position (their tensors)."""
 
     @property
     def identical(self) -> int:
@@ -103,16 +106,45 @@ class GoldenComparison:
         return {d.name: d for d in self.diffs if not d.identical}
 
 
+def _edge(node: PyNode) -> Tuple[str, Tuple[str, ...], Tuple[str, ...]]:
+    return str(node.type), tuple(t.name for t in node.inputs), tuple(t.name for t in node.outputs)
+
+
+def pair_inserted_layers(ours: PyGraph, golden: PyGraph) -> Dict[str, str]:
+    """Golden layer name -> quantopt layer name for the layers upstream inserted under a run-dependent name (the
+    recurrent layers' Casts, `<producer>_Cast__<numbers>`): a golden layer absent from quantopt's IR by name is
+    paired with the one quantopt layer, itself absent from the golden by name, of the same type reading and writing
+    the same tensors. Renames quantopt's layer in `ours` (a graph read for the comparison) so the comparison then
+    compares everything as for any other layer; nothing else is paired."""
+    golden_names = {n.name for n in golden.nodes}
+    our_names = {n.name for n in ours.nodes}
+    candidates: Dict[Tuple[str, Tuple[str, ...], Tuple[str, ...]], List[PyNode]] = {}
+    for n in ours.nodes:
+        if n.name not in golden_names:
+            candidates.setdefault(_edge(n), []).append(n)
+    pairs: Dict[str, str] = {}
+    for ref in golden.nodes:
+        if ref.name in our_names:
+            continue
+        found = candidates.get(_edge(ref), [])
+        if len(found) == 1:
+            pairs[ref.name] = found[0].name
+            found[0].name = ref.name
+    return pairs
+
+
 def compare_with_golden(ours_ir: Path, golden_ir: Path, rtol: float = SCALE_RTOL) -> GoldenComparison:
     """Layer-by-layer comparison (quantopt.analysis.ir_compare), with upstream's int32 bias wrap-around forgiven.
     The golden is read accepting layer keys quantopt does not know (upstream's LayerNorm carries a `lut`, say): the
-    comparison names what it lacks."""
+    comparison names what it lacks. Layers upstream inserted under run-dependent names are paired with quantopt's
+    by their tensors first (`pair_inserted_layers`)."""
     ours: PyGraph = read_ir(str(ours_ir))
     golden: PyGraph = read_ir(str(golden_ir), allow_unknown_keys=True)
+    pairs = pair_inserted_layers(ours, golden)
     diffs = compare_quantized_irs(ours, golden, rtol=rtol)
     forgive_upstream_bias_wrap(diffs, ours, golden)
     names = {n.name for n in golden.nodes}
-    return GoldenComparison(diffs, [f"{n.name} ({n.type})" for n in ours.nodes if n.name not in names])
+    return GoldenComparison(diffs, [f"{n.name} ({n.type})" for n in ours.nodes if n.name not in names], paired=pairs)
 
 
 KINDS = (

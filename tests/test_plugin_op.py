@@ -42,7 +42,7 @@ def registries_restored() -> Iterator[None]:
     """Put back, on exit, everything that loading a plugin changes in quantopt's global state."""
     tables = [(t, {k: dict(v) for k, v in t.all.items()}, dict(t.active))
               for t in (registry.OP_FORWARD, registry.OP_QUANTIZE, registry.OP_EXPORT, registry.DATASETS,
-                        registry.METRICS)]
+                        registry.METRICS, registry.QCONFIGS)]
     specs = dict(registry.OP_SPECS)
     schemas, builtin_schemas = dict(known_keys._SCHEMAS), set(known_keys._BUILTIN_SCHEMAS)
     declared = {k: set(v) for k, v in known_keys._DECLARED.items()}

@@ -14,7 +14,7 @@ import torch
 from ..errors import DataError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..graph.tensor import PyTensor
+from ..graph.tensor import PyTensor, TensorStatistics
 from ..quant.params import QuantMode
 from .inf_mask import apply_inf_mask_ranges
 from .statistics import StatisticsConfig, update_statistics
@@ -46,8 +46,15 @@ def collect_weight_statistics(graph: PyGraph) -> None:
     """Per-tensor and per-channel (axis 0) statistics of every weight constant."""
     for n in graph.nodes:
         for t in weight_constants(n):
-            cfg = _stat_config(n, n.settings.q_strategy_weight, key_axis=0 if t.betensor.dim() > 0 else None)
-            update_statistics(t.stats, t.betensor, cfg, 0)
+            t.stats = weight_statistics(n, t)
+
+
+def weight_statistics(node: PyNode, t: PyTensor) -> TensorStatistics:
+    """New statistics of one weight constant of `node` from its values (per tensor, and per channel along axis 0)."""
+    stats = TensorStatistics()
+    cfg = _stat_config(node, node.settings.q_strategy_weight, key_axis=0 if t.betensor.dim() > 0 else None)
+    update_statistics(stats, t.betensor, cfg, 0)
+    return stats
 
 
 def _per_channel_activations(node: PyNode) -> bool:
@@ -56,12 +63,8 @@ def _per_channel_activations(node: PyNode) -> bool:
 
 def recalibrate_weight(node: PyNode, t: PyTensor) -> None:
     """Statistics and calibrated ranges of one weight constant again, after its float values changed."""
-    from .statistics import TensorStatistics
-
     s = node.settings
-    t.stats = TensorStatistics()
-    cfg = _stat_config(node, s.q_strategy_weight, key_axis=0 if t.betensor.dim() > 0 else None)
-    update_statistics(t.stats, t.betensor, cfg, 0)
+    t.stats = weight_statistics(node, t)
     symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
     t.min, t.max = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight, symmetric=symmetric,
                                   ir_range=t.ir_range, per_channel=False)

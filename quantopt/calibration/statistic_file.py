@@ -27,8 +27,10 @@ from ..errors import DataError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor, TensorStatistics
+from ..log import OPT_WARN
 from ..version import __version__
 from .collect import weight_constants
+from .missing_statistics import fill_missing
 from .strategies import statistics_needs
 
 FORMAT_NAME = "quantopt-statistics"
@@ -265,53 +267,98 @@ def _check_needs(reader: _Reader, node: PyNode, kind: str, where: str, stats: Te
                           f"'{strategy}' needs: collect the statistics again with this strategy")
 
 
-def load_statistics(graph: PyGraph, path: str, check_strategies: bool = True) -> int:
+def load_statistics(graph: PyGraph, path: str, check_strategies: bool = True, ignore_missing: bool = False) -> int:
     """Replace every output's and weight constant's statistics of `graph` by those saved in `path`.
 
     The file must have been made for this graph: same layers (names, types, output tensor names and IR shapes) and
     the same weights. With `check_strategies` (and layer settings assigned), the statistics each layer's
     calibration strategy needs (histogram, moments) must be present. Nothing is changed unless the whole file is
     valid. Returns the number of tensors whose statistics were loaded. Raises DataError (one line, naming the file).
+
+    With `ignore_missing` (`ignore_missing_statistic`) the file may be made for another graph: tensors it has no
+    matching statistics for (absent, another tensor name, other weights or shape) get them from their weights or
+    their neighbours (calibration/missing_statistics.py), listed in one warning; a corrupt file still fails.
     """
     reader = _Reader(path)
     header, arrays = reader.read()
     records = _layer_records(graph)
-    if header["fingerprint"] != _fingerprint(records):
-        saved = header["layers"]
-        if not all(isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("outputs"), list)
-                   for r in saved):
-            raise reader.fail("corrupt statistic file header (invalid 'layers')")
+    saved = header["layers"]
+    if not all(isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("outputs"), list)
+               for r in saved):
+        raise reader.fail("corrupt statistic file header (invalid 'layers')")
+    if header["fingerprint"] != _fingerprint(records) and not ignore_missing:
         raise reader.fail(f"made for a different graph (model '{header.get('model', '?')}'): "
                           f"{_first_difference(saved, records)}")
+    saved_shapes = {str(o[0]): o[1] for r in saved for o in r["outputs"] if isinstance(o, list) and len(o) == 2}
     by_key: Dict[Tuple[str, str, Any], Dict[str, Any]] = {}
     for entry in header["entries"]:
         if not isinstance(entry, dict) or entry.get("kind") not in ("output", "constant"):
             raise reader.fail("corrupt statistic file header (invalid entry)")
         by_key[(str(entry.get("layer")), entry["kind"], entry.get("key"))] = entry
     staged: List[Tuple[PyTensor, TensorStatistics]] = []
+    missing: List[Tuple[PyNode, str, PyTensor]] = []
     for node, kind, key, t in _tensors(graph):
         what = "tensor" if kind == "output" else "constant"
         where = f"{what} '{t.name if kind == 'output' else key}' of layer '{node.name}'"
         entry = by_key.get((node.name, kind, key))
-        if entry is None:
-            raise reader.fail(f"the file has no statistics for {where}")
-        if kind == "output" and entry.get("tensor") != t.name:
-            raise reader.fail(f"output {key} of layer '{node.name}' is '{entry.get('tensor')}' in the file but "
-                              f"'{t.name}' in the graph")
-        if kind == "constant":
-            shape = [int(d) for d in t.betensor.shape]
-            if entry.get("shape") != shape:
-                raise reader.fail(f"{where} has shape {shape} in the graph but {entry.get('shape')} in the file")
-            if entry.get("crc32") != _crc32(t):
-                raise reader.fail(f"{where} holds different values than the weights the file was made for")
-        stats = _check_entry_arrays(reader, where, entry, arrays)
-        if stats.extrema_min_key_axis is not None and kind == "constant" and t.betensor.dim() > 0 \
-                and int(stats.extrema_min_key_axis.shape[0]) != int(t.betensor.shape[0]):
-            raise reader.fail(f"per-channel statistics of {where} have {stats.extrema_min_key_axis.shape[0]} "
-                              f"channels, the constant has {t.betensor.shape[0]}")
+        problem = _entry_problem(entry, node, kind, key, t, where, saved_shapes)
+        if problem is None:
+            stats = _check_entry_arrays(reader, where, entry, arrays)
+            problem = _channel_problem(stats, kind, t, where)
+        if problem is not None:
+            if not ignore_missing:
+                raise reader.fail(problem)
+            missing.append((node, kind, t))
+            continue
         if check_strategies:
             _check_needs(reader, node, kind, where, stats)
         staged.append((t, stats))
+    filled: Dict[int, TensorStatistics] = {}
+    if missing:
+        filled, unfilled = fill_missing(graph, missing, {t.name: st for t, st in staged})
+        if unfilled:
+            raise reader.fail(f"no statistics for tensor '{unfilled[0]}' and none for any tensor around it "
+                              f"({len(unfilled)} such tensor(s)): collect the statistics again")
+        names = [t.name if kind == "output" else f"{node.name}.{_constant_key(node, t)}" for node, kind, t in missing]
+        OPT_WARN(f"ignore_missing_statistic: {len(missing)} tensor(s) have no usable statistics in {path} and take "
+                 f"them from their weights or neighbours: {', '.join(names[:20])}"
+                 + (f", ... ({len(names) - 20} more)" if len(names) > 20 else ""))
     for t, stats in staged:
         t.stats = stats
+    for _node, _, t in missing:
+        t.stats = filled[id(t)]
     return len(staged)
+
+
+def _constant_key(node: PyNode, t: PyTensor) -> str:
+    return next((k for k, c in node.constants.items() if c is t), t.name)
+
+
+def _entry_problem(entry: Optional[Dict[str, Any]], node: PyNode, kind: str, key: Any, t: PyTensor,
+                   where: str, saved_shapes: Dict[str, Any]) -> Optional[str]:
+    """Why the file's entry does not fit the tensor (None: it fits)."""
+    if entry is None:
+        return f"the file has no statistics for {where}"
+    if kind == "output" and entry.get("tensor") != t.name:
+        return f"output {key} of layer '{node.name}' is '{entry.get('tensor')}' in the file but '{t.name}' in the graph"
+    if kind == "output" and saved_shapes.get(t.name) != [int(d) for d in t.ir_shape]:
+        return f"{where} has shape {list(t.ir_shape)} in the graph but {saved_shapes.get(t.name)} in the file"
+    if kind == "constant":
+        shape = [int(d) for d in t.betensor.shape]
+        if entry.get("shape") != shape:
+            return f"{where} has shape {shape} in the graph but {entry.get('shape')} in the file"
+        if entry.get("crc32") != _crc32(t):
+            return f"{where} holds different values than the weights the file was made for"
+    return None
+
+
+def _channel_problem(stats: TensorStatistics, kind: str, t: PyTensor, where: str) -> Optional[str]:
+    if stats.extrema_min_key_axis is not None and kind == "constant" and t.betensor.dim() > 0 \
+            and int(stats.extrema_min_key_axis.shape[0]) != int(t.betensor.shape[0]):
+        return (f"per-channel statistics of {where} have {stats.extrema_min_key_axis.shape[0]} channels, the "
+                f"constant has {t.betensor.shape[0]}")
+    if stats.extrema_min_key_axis is not None and kind == "output" and t.ir_shape \
+            and int(stats.extrema_min_key_axis.shape[0]) != int(t.ir_shape[-1]):
+        return (f"per-channel statistics of {where} have {stats.extrema_min_key_axis.shape[0]} channels, the "
+                f"tensor has {t.ir_shape[-1]}")
+    return None

@@ -80,6 +80,11 @@ field("model_name", "", NameKind(), "model name used in output file names; defau
 field("output_dir", "./opt_log", PathKind(must_exist=False, directory=True),
       "folder for outputs and the run log (created if missing)", group="model")
 field("out_ir_name", "", NameKind(), "base name of the written IR; default: <model_name>_o", group="model")
+field("quant_ir_name", "", NameKind(), "the older spelling of out_ir_name, kept for upstream cfgs: when set it wins "
+      "over out_ir_name", group="model")
+field("skip_optimization", False, BoolKind(), "check the float model (operators, data, zero-input forward) and "
+      "evaluate its metric, but collect no statistics, quantize nothing and write no IR (the report holds the float "
+      "metric only)", group="model")
 field("allow_unknown_ir_keys", False, BoolKind(), "accept IR layer keys that the layer's operator type does not "
       "know (an IR of a newer Parser): each is warned about once and left unused; by default such a key is an IR "
       "error naming it (docs/ir-format.md)", group="model")
@@ -97,9 +102,27 @@ field("metric", "", MetricListKind(), "metric plugins evaluated on the validatio
       group="data")
 field("metric_batch_size", 1, IntKind(minimum=1, maximum=MAX_BATCH), "batch size for metric evaluation", group="data")
 field("calibration_data", "", PathKind(), "calibration data file, read by the dataset plugin", group="data")
+field("calibration_shuffe", False, BoolKind(),
+      "calibrate on the calibration samples in a fixed pseudo-random order (seed 0: every pass and every run see "
+      "the same order) instead of the file's; matters for the strategies that depend on sample order (mean, Nstd, "
+      "aciq, weighted_scale_param). Upstream's spelling (sic)", group="data")
 field("calibration_batch_size", 1, IntKind(minimum=1, maximum=MAX_BATCH), "batch size for calibration", group="data")
 field("dataloader_workers", 0, IntKind(minimum=0, maximum=64), "worker processes of the data loaders (0 = main)",
       group="data")
+field("modify_batch_dim", None, OptionalIntKind(1, MAX_BATCH, off_words=("false",)),
+      "write the IR for this batch size instead of the float IR's: before any model work, dim 0 of every layer "
+      "output is scaled to it (Reshape shapes and whole-batch slices follow; a layer whose params still hold the old "
+      "batch is reported by the zero-input check); empty or false: off", group="data")
+field("export_parallel_batch", None, OptionalIntKind(1, 64, off_words=("false",)),
+      "the written quantized IR holds this many copies of the model, fed by one input N times as large along dim 0 "
+      "(a Split per input, a Concat per output): N batches in one run; the in-memory model, the ONNX export and "
+      "the report keep one copy; empty or false: off", group="data")
+field("data_batch_dim", 0, IntKind(0, 8),
+      "the axis of the model inputs that counts the samples: a batch stacks the data file's samples (its first axis) "
+      "along this axis, e.g. 1 for a time-major [T, N, F] input; batches then hold the IR's size on that axis "
+      "(usually 1 sample)", group="data")
+field("label_batch_dim", 0, IntKind(0, 8),
+      "the axis along which a batch's labels are stacked (a tensor label per sample)", group="data")
 field("without_batch_dim", False, BoolKind(),
       "the model inputs have no batch dimension (batch sizes become 1 and the loader's batch dim is removed)",
       group="data")
@@ -116,6 +139,9 @@ field("preset", "none", ChoiceKind(PRESET_NAMES),
       "a recipe that sets the defaults of the fields this cfg does not set itself: none (upstream's defaults) or "
       "accurate (the recommended int8 recipe: per-channel weights, a shift per channel, activation ranges holding "
       "99.99% of the calibration values; measured in docs/accuracy.md)", group="quantization")
+field("qconfig", "", PluginNameKind("qconfig"),
+      "a QConfig plugin (an OptBaseQConfig class) whose configure(graph) returns per-layer settings, applied after "
+      "the cfg's rules and the opt_config JSON (docs/plugins.md, \"QConfig plugins\")", group="quantization")
 field("quantize_method_for_weight", "per_tensor_symmetric_restricted_range", ChoiceKind(WEIGHT_MODES),
       "how weights are quantized (scale/zero point granularity and symmetry)", per_layer=True, group="quantization")
 field("quantize_method_for_activation", "per_tensor_symmetric_full_range", ChoiceKind(ACTIVATION_MODES),
@@ -131,6 +157,10 @@ field("bias_bits", 32, IntKind(16, 48), "bits of quantized biases (48 is stored 
 field("bias_effective_bits", None, OptionalIntKind(16, 48),
       "only the top N bits of quantized biases may be non-zero (default: bias_bits)", per_layer=True,
       group="quantization")
+field("bias_effective_bits_auto_adaption", False, BoolKind(),
+      "with bias_effective_bits below bias_bits: clamp the layer's biases to the width (19 bits up to bias_bits) "
+      "whose compressed biases are nearest the exact ones, so a few large biases saturate instead of every bias "
+      "losing low bits", per_layer=True, group="quantization")
 field("lut_items_in_bits", 8, IntKind(8, 16), "lookup tables hold at most 2^N entries (10+ advised for 16 bits)",
       per_layer=True, group="quantization")
 field("multiplier_bits", None, OptionalIntKind(2, 15),
@@ -141,6 +171,10 @@ field("unify_shifts_for_aiff", True, BoolKind(),
       group="quantization")
 field("force_dtype_int", False, BoolKind(), "outputs are always signed integers", per_layer=True,
       group="quantization")
+field("layernorm_integer_form", "upstream", ChoiceKind(("upstream", "exact")),
+      "LayerNorm's integer form: upstream (the upstream optimizer's: rounded mean, inverse square root table, "
+      "normalized tensor at the activation bits) or exact (8 fraction bits on the mean, integer square root, 16-bit "
+      "normalized tensor; more accurate); docs/semantics/normalization.md", per_layer=True, group="quantization")
 field("force_shift_positive", False, BoolKind(),
       "negative requantization shifts become 0 (the multiplier saturates: accuracy loss)", per_layer=True,
       group="quantization")
@@ -226,6 +260,36 @@ field("opt_config", "", PathKind(),
       "per-layer JSON (the edited <model>_opt_template.json); its values override the cfg for the layers it names",
       group="model")
 field("eval_optimized_model", True, BoolKind(), "evaluate the metric on the quantized model", group="data")
+field("write_similarity_to_ir", False, BoolKind(),
+      "write each quantized layer's precision-analysis results into the quantized IR as extra layer keys D_cos and "
+      "D_mse (cumulative cosine and MSE of each output against the float model), D_dynamic_shape and D_layer_id, for "
+      "IR viewers; quantopt and upstream's tools read such an IR back unchanged (docs/ir-format.md)",
+      group="analysis")
+field("record_debug_acc_info", False, BoolKind(),
+      "append one record per run to <output_dir>/<model_name>_record_model_acc.txt: the time, the main quantization "
+      "fields and the run's metrics and output similarities (a log across runs, for comparing settings)",
+      group="analysis")
+field("perf_mode_for_lib", True, BoolKind(),
+      "the is_perf_mode key written on each quantized layer: a hint to the NPU library that it may use its fast "
+      "hardware paths for the layer; the integer semantics quantopt simulates do not depend on it",
+      per_layer=True, group="quantization")
+field("resize_degrade_to_nearest", False, BoolKind(),
+      "Resize layers are quantized as nearest-neighbour resizes (faster on the NPU, less accurate): the quantized "
+      "IR and the integer forward use method nearest, the float model keeps its method", per_layer=True,
+      group="quantization")
+field("unify_scales_for_kvc_concat", False, BoolKind(),
+      "a key/value-cache Concat (a computed tensor joined with graph Inputs fed back from the previous step, or "
+      "Constants of zeros) gives its cache inputs and output the computed input's quantization, so the cache "
+      "keeps one scale from step to step", per_layer=True, group="quantization")
+field("activation_perchannel_min_elements", 1, IntKind(minimum=1),
+      "per-channel activations only where each channel of the output holds at least this many elements per "
+      "sample; outputs with fewer fall back to per-tensor activations (too few values make unstable channel ranges)",
+      group="quantization")
+field("ignore_missing_statistic", False, BoolKind(),
+      "with statistic_file: accept a file made for a somewhat different graph; tensors it has no statistics for "
+      "(or statistics of another shape or other weights) take them from the weights themselves (constants) or from "
+      "the nearest producer or reader with statistics (activations), listed in one warning",
+      group="calibration")
 field("similarity_data_num", 1, IntKind(minimum=1),
       "calibration batches (of calibration_batch_size samples) the per-layer float-vs-quantized similarity and its "
       "histograms use; each costs about one forward of the float and of the quantized graph, plus one run of each "
@@ -257,19 +321,17 @@ field("fake_quant_operators_for_debug", [], OpTypeListKind(),
 # Fields of the upstream Compass Optimizer that quantopt does not implement yet: a cfg using one gets a clear
 # "not implemented yet" error instead of "unknown key" (and never a silent no-op).
 UPSTREAM_FIELDS = frozenset("""
-qconfig skip_optimization data_batch_dim label_batch_dim
-calibration_shuffe weight_block_size quant_type bias_effective_bits_auto_adaption cast_dtypes_for_lib
-perf_mode_for_lib min_compatible_zhouyi_target
-resize_degrade_to_nearest unify_scales_for_kvc_concat with_winograd
+weight_block_size quant_type cast_dtypes_for_lib
+min_compatible_zhouyi_target with_winograd
 compat_quantized_model_simplify_dequantize_quantize
 enable_pass_convert_resize_to_convolution enable_pass_decompose_nonmonotonic_activations
 enable_pass_tune_op_complicated_activations enable_pass_tune_op_softmax enable_pass_deeply_set_unquantifiable
-enable_pass_split_qkv_fc_in_transformer optimize_wdc_for_x2 ignore_missing_statistic
-modify_batch_dim export_parallel_batch ds_output_shape_constant enable_ds quant_ir_name activation_block_size
+enable_pass_split_qkv_fc_in_transformer optimize_wdc_for_x2
+ds_output_shape_constant enable_ds activation_block_size
 featuremap_tiling_param featuremap_splits_item_x featuremap_splits_item_y featuremap_splits_concat_blk
-featuremap_splits_overlap_rate featuremap_splits_sram_size write_similarity_to_ir record_debug_acc_info
+featuremap_splits_overlap_rate featuremap_splits_sram_size
 compat_quantized_model compat_quantized_model_strategy compat_quantized_model_eliminate_cast
 compat_quantized_model_int8_to_uint8 compat_quantized_model_ops compat_quantized_model_unify_shifts_mode
-compat_quantized_model_left_shift_bits compat_quantized_model_force_weight_asym activation_perchannel_min_elements
+compat_quantized_model_left_shift_bits compat_quantized_model_force_weight_asym
 regularize_activation_perchannel_scales enable_pass_scaled_dot_product_attention ds_parameter_constant
 """.split())

@@ -173,8 +173,11 @@ class NameKind(ValueKind):
                "suffixes to it)"
 
 
+@dataclass
 class PluginNameKind(ValueKind):
-    """A dataset plugin name (checked against the registry when the run starts)."""
+    """A plugin's class name (checked against the registry when the run starts)."""
+
+    what: str = "dataset"
 
     def parse(self, text: str) -> str:
         t = text.strip()
@@ -183,7 +186,7 @@ class PluginNameKind(ValueKind):
         return t
 
     def allowed(self) -> str:
-        return "the class name of a registered dataset plugin (quantopt --plugin lists them)"
+        return f"the class name of a registered {self.what} plugin (quantopt --plugin lists them)"
 
 
 class GlobalCalibrationKind(ValueKind):
@@ -299,15 +302,21 @@ class MetricListKind(ValueKind):
 
 
 @dataclass
+@dataclass
 class OptionalIntKind(IntKind):
-    """An integer, or an empty value meaning "derived from other fields" (parsed as None)."""
+    """An integer, or an empty value meaning "derived from other fields" (parsed as None); `off_words` are other
+    spellings of the empty value (upstream writes `false` for an integer field that is off)."""
+
+    off_words: Tuple[str, ...] = ()
 
     def parse(self, text: str) -> Optional[int]:  # type: ignore[override]
-        if not text.strip():
+        if not text.strip() or text.strip().lower() in self.off_words:
             return None
         return super().parse(text)
 
     def allowed(self) -> str:
+        if self.off_words:
+            return super().allowed() + f" (empty or {'/'.join(self.off_words)}: off)"
         return super().allowed() + " (empty: derived from other fields)"
 
 

@@ -35,6 +35,11 @@ SETTING_FIELDS: Dict[str, str] = {
     "remain_shift": "remain_shift",
     "trigger_float_op": "trigger_float_op",
     "min_activation_sqnr_db": "min_activation_sqnr_db",
+    "layernorm_integer_form": "layernorm_integer_form",
+    "perf_mode_for_lib": "perf_mode_for_lib",
+    "resize_degrade_to_nearest": "resize_degrade_to_nearest",
+    "unify_scales_for_kvc_concat": "unify_scales_for_kvc_concat",
+    "bias_effective_bits_auto_adaption": "bias_effective_bits_auto_adaption",
 }
 
 
@@ -61,10 +66,16 @@ class LayerSettings:
     remain_shift: Optional[int] = None
     trigger_float_op: str = "disable"
     min_activation_sqnr_db: float = 0.0
+    layernorm_integer_form: str = "upstream"
+    perf_mode_for_lib: bool = True
+    resize_degrade_to_nearest: bool = False
+    unify_scales_for_kvc_concat: bool = False
+    bias_effective_bits_auto_adaption: bool = False
     qinvariant: bool = False  # set_qinvariant_for_start_nodes (not a JSON key: chosen by layer id in the cfg)
     concat_threshold: float = 1.05  # unify_scales_for_concat_threshold (global cfg field)
     fc_float_summation: str = "upstream"  # fc_float_summation (global cfg field; ops/linear.py)
     detect_inf_mask_nodes: bool = False  # enable_pass_detect_inf_mask_nodes (global cfg field; passes/inf_mask.py)
+    perchannel_min_elements: int = 1  # activation_perchannel_min_elements (global; passes/per_channel_fallback.py)
     explicit: FrozenSet[str] = field(default=frozenset(), compare=False)
     """Keys set for this layer in particular (a per-layer cfg rule, opt_config, quantize_model's per_layer): they
     take precedence over an operator's own default (BatchNorm's 16-bit weights)."""
@@ -92,6 +103,7 @@ def settings_from_cfg(cfg: Any, node: Any) -> LayerSettings:
     values["concat_threshold"] = float(cfg.unify_scales_for_concat_threshold)
     values["fc_float_summation"] = str(cfg.fc_float_summation)
     values["detect_inf_mask_nodes"] = bool(cfg.enable_pass_detect_inf_mask_nodes)
+    values["perchannel_min_elements"] = int(cfg.activation_perchannel_min_elements)
     values["explicit"] = frozenset(key for key, field_name in SETTING_FIELDS.items()
                                    if hasattr(getattr(cfg, field_name), "overridden")
                                    and getattr(cfg, field_name).overridden(node))
@@ -124,6 +136,30 @@ class OptConfig:
         self.layers = layers
 
     @classmethod
+    def from_mapping(cls, source: str, data: Any, layer_names: Iterable[str], what: str = "opt_config") -> OptConfig:
+        """The per-layer settings of `data` (layer name -> {key: value}), checked as a loaded JSON file is;
+        errors name `source` (a file, or a QConfig plugin's file) and call the settings `what`."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{what} must be a JSON object keyed by layer name", file=source)
+        known = set(layer_names)
+        layers: Dict[str, Dict[str, Any]] = {}
+        for name, entry in data.items():
+            if name not in known:
+                raise ConfigError(f"{what} names layer '{name}' that the model does not have", file=source)
+            if not isinstance(entry, dict):
+                raise ConfigError(f"{what} layer '{name}': expected an object of settings", file=source)
+            parsed: Dict[str, Any] = {}
+            for key, value in entry.items():
+                if key in READ_ONLY_KEYS:
+                    continue
+                if key not in SETTING_FIELDS:
+                    raise ConfigError(f"{what} layer '{name}': unknown key '{key}' (editable keys: "
+                                      f"{', '.join(SETTING_FIELDS)})", file=source)
+                parsed[key] = _parse_json_value(source, name, key, value, what)
+            layers[name] = parsed
+        return cls(source, layers)
+
+    @classmethod
     def load(cls, path: str, layer_names: Iterable[str]) -> OptConfig:
         try:
             with open(path, encoding="utf-8") as fh:
@@ -138,25 +174,7 @@ class OptConfig:
         except RecursionError:
             raise ConfigError("opt_config is not valid JSON: arrays or objects nested too deeply", file=path) \
                 from None
-        if not isinstance(data, dict):
-            raise ConfigError("opt_config must be a JSON object keyed by layer name", file=path)
-        known = set(layer_names)
-        layers: Dict[str, Dict[str, Any]] = {}
-        for name, entry in data.items():
-            if name not in known:
-                raise ConfigError(f"opt_config names layer '{name}' that the model does not have", file=path)
-            if not isinstance(entry, dict):
-                raise ConfigError(f"opt_config layer '{name}': expected an object of settings", file=path)
-            parsed: Dict[str, Any] = {}
-            for key, value in entry.items():
-                if key in READ_ONLY_KEYS:
-                    continue
-                if key not in SETTING_FIELDS:
-                    raise ConfigError(f"opt_config layer '{name}': unknown key '{key}' (editable keys: "
-                                      f"{', '.join(SETTING_FIELDS)})", file=path)
-                parsed[key] = _parse_json_value(path, name, key, value)
-            layers[name] = parsed
-        return cls(path, layers)
+        return cls.from_mapping(path, data, layer_names)
 
     def apply(self, settings: LayerSettings, node: Any) -> LayerSettings:
         overrides = self.layers.get(node.name)
@@ -170,15 +188,15 @@ class OptConfig:
 READ_ONLY_KEYS = ("layer_id", "layer_type", "just_for_display")
 
 
-def _parse_json_value(path: str, layer: str, key: str, value: Any) -> Any:
+def _parse_json_value(path: str, layer: str, key: str, value: Any, what: str = "opt_config") -> Any:
     f = FIELDS[SETTING_FIELDS[key]]
     if value is None:
         if f.default is None:
             return None
-        raise ConfigError(f"opt_config layer '{layer}': '{key}' cannot be null; expected {f.allowed()}", file=path)
+        raise ConfigError(f"{what} layer '{layer}': '{key}' cannot be null; expected {f.allowed()}", file=path)
     text = ("true" if value else "false") if isinstance(value, bool) else str(value)
     try:
         return f.kind.parse(text)
     except ValueError as e:
-        raise ConfigError(f"opt_config layer '{layer}': invalid value {value!r} for '{key}' ({e}); expected "
+        raise ConfigError(f"{what} layer '{layer}': invalid value {value!r} for '{key}' ({e}); expected "
                           f"{f.allowed()}", file=path) from None

@@ -7,7 +7,8 @@ what upstream's defaults lose most on: per-channel weights (convolutions whose o
 tens of times), one requantization shift per channel (a shared shift zeroes the multipliers of narrow channels),
 activation ranges that hold 99.99% of the calibration values (a true percentile) instead of the mean of per-batch
 extrema, and 16 bits for the layers whose outputs no 8-bit range quantizes with an expected SQNR of 30 dB (the
-outlier features of transformer residual streams; convolutional networks keep 8 bits nearly everywhere).
+outlier features of transformer residual streams; convolutional networks keep 8 bits nearly everywhere), and
+LayerNorm's exact integer form instead of upstream's table-based one.
 
 Torch-free, like the rest of the cfg reading.
 """
@@ -22,6 +23,7 @@ PRESETS: Dict[str, Dict[str, str]] = {
         "calibration_strategy_for_activation": "quantile[99.99]",
         "unify_shifts_for_aiff": "false",
         "min_activation_sqnr_db": "30",
+        "layernorm_integer_form": "exact",
     },
 }
 """preset name -> {cfg field: value as written in a cfg}."""

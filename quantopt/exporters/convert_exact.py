@@ -13,7 +13,7 @@ with the MAC layers of convert_mac.py and the recurrent cells of convert_recurre
   multipliers, combined, scaled by `M · 2^-N` (exact), rounded by `Round` (half to even, as quantopt) and quantized
   with scale 1 after the Clip to the output range and fused-activation bounds.
 * **int64 arithmetic** where float64 is not enough (rounding division, bit length, integer square root as ONNX
-  ops): Softmax (LUT and FAST_EXP), LogSoftmax, LayerNorm, Reduce L2, Div.
+  ops): Softmax (LUT and FAST_EXP), LogSoftmax, LayerNorm (both integer forms), Reduce L2, Div.
 """
 from __future__ import annotations
 
@@ -627,6 +627,101 @@ def layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
     acc = g.add("Cast", [normalized], to=DOUBLE)
     if gamma is not None:
         acc = g.add("Mul", [acc, g.const(f"{node.name}/gamma", gamma.to(torch.float64).numpy())])
+    if beta is not None:
+        acc = g.add("Add", [acc, g.const(f"{node.name}/beta", beta.to(torch.float64).numpy())])
+    requantize(g, node, acc, ratio, None, channel_shape=affine if ratio.size > 1 else None)
+    return True
+
+
+def layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
+    """LayerNorm in upstream's form (docs/semantics/normalization.md, "LayerNorm, upstream form") over trailing
+    `axes`, in int64: the rounded mean, the sum of squares shifted (8 bits) or divided by N (16 bits), the table
+    inverse square root (bit length, normalizing shift, index and 15-bit fraction, interpolation), the normalized
+    tensor, then gamma/beta and the multipliers in float64. Also in "effective" mode: the rounded mean and the
+    table have no float form within a step (rows of small variance move by many). False in "ir" mode, or where the
+    multipliers' shifts leave float64 (the caller then refuses the layer)."""
+    from ..ops._quant import effective_weights
+    from ..ops.normalization import (
+        ISQRT_NORM_BITS,
+        ISQRT_TABLE_BITS,
+        ISQRT_TABLE_STEPS,
+        UPSTREAM_NORM_Q8,
+        UPSTREAM_NORM_Q16,
+        norm_affine,
+    )
+    from ..quant.params import integer_range
+
+    if g.scales == "ir" or str(node.type) != "LayerNorm" or "lut" not in node.constants:
+        return False
+    x, y = node.inputs[0], node.outputs[0]
+    table = node.constants["lut"].betensor.to(torch.int64).reshape(-1).numpy()
+    ratio = exact_ratio(node)
+    if ratio is None or table.size != 3 * ISQRT_TABLE_STEPS + 1:
+        return False
+    shape = [int(v) for v in x.ir_shape]
+    count = int(np.prod([shape[a] for a in axes]))
+    m_n, sh_n = int(node.params["norm_scale_value"]), int(node.params["norm_shift_value"])
+    lo, hi = integer_range(int(y.qbits or range_bits(y)), int(y.qmin) < 0)
+    affine, gamma, beta = norm_affine(node, shape)
+
+    def int64(what: str, v: object) -> str:
+        return g.const(f"{node.name}/{what}", np.asarray(v, dtype=np.int64))
+
+    pow2 = int64("pow2", [1 << k for k in range(63)])
+
+    def shifted(value: str, k: int, what: str) -> str:
+        """round_half_even(value / 2^k), or value · 2^-k for k <= 0."""
+        if k <= 0:
+            return g.add("Mul", [value, int64(f"{what}_scale", 1 << -k)])
+        return round_div_int64(g, node, value, int64(f"{what}_den", 1 << k))
+
+    axes_input = g.ints(f"{node.name}/axes", list(axes))
+    v = g.add("Cast", [codes(g, x)], to=INT64)
+    zp_in = int(round(float(x.zerop)))
+    if zp_in:  # the stored integers themselves: half-to-even ties of the mean move with an odd zero point
+        v = g.add("Sub", [v, int64("input_zero_point", zp_in)])
+    d = g.add("Sub", [v, round_div_int64(g, node, g.add("ReduceSum", [v, axes_input], keepdims=1),
+                                         int64("count", count))])
+    squares = g.add("ReduceSum", [g.add("Mul", [d, d]), axes_input], keepdims=1)
+    in8 = range_bits(x) <= 8
+    if in8:
+        vs = int(node.params["var_shift_value"])
+        var = g.add("Div", [squares, int64("var_shift", 1 << vs)]) if vs >= 0 else \
+            g.add("Mul", [squares, int64("var_shift", 1 << -vs)])
+    else:
+        var = g.add("Div", [squares, int64("var_count", count)])  # non-negative: truncation is the floor
+    top = int64("norm_top", ISQRT_NORM_BITS + 1)
+    k = g.add("Min", [g.add("Max", [g.add("Sub", [top, _bit_length(g, node, var, "variance")]), int64("k_min", 0)]),
+                      int64("k_max", ISQRT_NORM_BITS)])
+    e = g.add("Sub", [top, k])
+    u = g.add("Mul", [var, g.add("Gather", [pow2, k], axis=0)])
+    f = g.add("Div", [u, g.add("Gather", [pow2, g.add("Mod", [e, int64("two", 2)])], axis=0)])
+    index_shift = ISQRT_NORM_BITS - 7  # the top 8 bits of f index the table (64 .. 255, less 64)
+    i = g.add("Max", [g.add("Sub", [g.add("Div", [f, int64("index_den", 1 << index_shift)]),
+                                     int64("index_base", ISQRT_TABLE_STEPS)]), int64("index_min", 0)])
+    a = g.add("Mod", [g.add("Div", [f, int64("fraction_den", 1 << (index_shift - ISQRT_TABLE_BITS))]),
+                      int64("fraction_mod", 1 << ISQRT_TABLE_BITS)])
+    lut = int64("isqrt_table", table)
+    t_i = g.add("Gather", [lut, i], axis=0)
+    t_next = g.add("Gather", [lut, g.add("Add", [i, int64("index_next", 1)])], axis=0)
+    r = g.add("Sub", [g.add("Mul", [t_i, int64("table_scale", 1 << 16)]),
+                      g.add("Mul", [g.add("Mul", [g.add("Sub", [t_i, t_next]), a]), int64("twice", 2)])])
+    half_e = g.add("Div", [g.add("Sub", [e, int64("e_one", 1)]), int64("e_two", 2)])
+    gain = g.add("Div", [g.add("Add", [g.add("Div", [r, g.add("Gather", [pow2, half_e], axis=0)]),
+                                       int64("gain_half", 1 << 15)]), int64("gain_den", 1 << 16)])
+    if in8:
+        normalized = shifted(g.add("Mul", [g.add("Mul", [d, gain]), int64("norm_scale", m_n)]),
+                             UPSTREAM_NORM_Q8 + sh_n, "norm")
+    else:
+        gain = g.add("Clip", [shifted(g.add("Mul", [gain, int64("norm_scale", m_n)]), sh_n, "gain"),
+                              int64("gain_min", 0), int64("gain_max", (1 << 16) - 1)])
+        half_d = g.add("Div", [g.add("Sub", [d, g.add("Mod", [d, int64("d_two", 2)])]), int64("d_half", 2)])
+        normalized = shifted(g.add("Mul", [half_d, gain]), UPSTREAM_NORM_Q16, "norm")
+    normalized = g.add("Clip", [normalized, int64("norm_min", lo), int64("norm_max", hi)])
+    acc = g.add("Cast", [normalized], to=DOUBLE)
+    if gamma is not None:
+        w = effective_weights(node).to(torch.float64).reshape(affine).numpy()
+        acc = g.add("Mul", [acc, g.const(f"{node.name}/gamma", w)])
     if beta is not None:
         acc = g.add("Add", [acc, g.const(f"{node.name}/beta", beta.to(torch.float64).numpy())])
     requantize(g, node, acc, ratio, None, channel_shape=affine if ratio.size > 1 else None)

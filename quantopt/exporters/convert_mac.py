@@ -500,17 +500,28 @@ def convert_layernorm(g: QDQGraph, node: PyNode) -> None:
         raise node_error(node, f"normalized axes {axes} are not the trailing axes of a rank-{rank} input")
     if "norm_scale_value" not in node.params:
         raise node_error(node, "a quantized LayerNorm needs norm_scale_value/norm_shift_value")
-    if convert_exact.layer_norm(g, node, axes):
+    upstream = "norm_frac_bits" not in node.params  # upstream's integer form (docs/semantics/normalization.md)
+    if upstream and "lut" not in node.constants:
+        raise node_error(node, "a quantized LayerNorm needs norm_frac_bits (exact form) or its 'lut' (upstream form)")
+    if convert_exact.layer_norm(g, node, axes) or (upstream and convert_exact.layer_norm_upstream(g, node, axes)):
         return
+    if upstream and g.scales != "ir":
+        raise node_error(node, "the integer LayerNorm's multiplier shifts are too large for an exact float64 "
+                               "requantization; export with --scales ir")
     count = math.prod(int(x.ir_shape[a]) for a in axes)
-    norm_scale = float(node.params["norm_scale_value"]) * 2.0 ** -float(node.params["norm_shift_value"]) \
-        / math.sqrt(count)
+    if upstream:
+        from ..ops.normalization import upstream_norm_gain
+
+        norm_scale = upstream_norm_gain(node)
+    else:
+        norm_scale = float(node.params["norm_scale_value"]) * 2.0 ** -float(node.params["norm_shift_value"]) \
+            / math.sqrt(count)
     affine = tuple(int(x.ir_shape[a]) for a in axes)
     ratio = requant_ratio(node) / tensor_scale(y)
     ratio = ratio.reshape(affine) if ratio.size > 1 else float(ratio[0])
     w_t = node.get_constant("weights", optional=True)
     b_t = node.get_constant("biases", optional=True)
-    w = w_t.betensor.to(torch.float64).reshape(affine).numpy() if w_t is not None else np.ones(affine)
+    w = effective_weights(node).to(torch.float64).reshape(affine).numpy() if w_t is not None else np.ones(affine)
     b = b_t.betensor.to(torch.float64).reshape(affine).numpy() if b_t is not None else np.zeros(affine)
     gamma = (w * norm_scale * ratio).astype(np.float32)
     beta = (b * ratio * np.ones(affine)).astype(np.float32)

@@ -16,7 +16,7 @@ from ..config.layer_settings import LayerSettings
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
-from ..log import OPT_WARN
+from ..log import OPT_INFO, OPT_WARN
 from ..quant.dtype import Dtype, int_dtype_for_bits
 from ..quant.params import QuantMode, QuantParams, integer_range, linear_quant_params, quantize
 from ..quant.requant import (
@@ -28,6 +28,7 @@ from ..quant.requant import (
     group_ranges,
     linear_requantize,
     scale_shift,
+    search_bias_clamp_bits,
     unify_shifts_for_aiff,
 )
 from ..quant.rounding import FLOAT32_EXACT, FLOAT64_EXACT
@@ -358,6 +359,12 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
     b = node.get_constant("biases", optional=True)
     b_float = b.betensor if b is not None else torch.zeros(channels)
     b_q, b_scale = bias_quantize(b_float, s_in, wp.scale, bias_bits)
+    if s.bias_effective_bits_auto_adaption:
+        clamp_bits = search_bias_clamp_bits(b_float, b_q, b_scale, s.effective_bias_bits, bias_bits)
+        if clamp_bits is not None:
+            b_q = torch.clamp(b_q, -(2 ** (clamp_bits - 1)), 2 ** (clamp_bits - 1) - 1)
+            OPT_INFO(f"layer '{node.name}': bias_effective_bits_auto_adaption clamps the biases to {clamp_bits} bits "
+                     f"before keeping their top {s.effective_bias_bits} bits")
     b_q = fold_input_zero_point(b_q, w_eff, zp_in, qmin=b_lo, qmax=b_hi)
     b_q, _ = compress_bias(b_q, s.effective_bias_bits)
     if bool((b_q == b_hi).any() or (b_q == b_lo).any()):

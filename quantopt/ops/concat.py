@@ -118,6 +118,8 @@ def concat_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, ins)
     for key in REQUANT_KEYS:
         self.params.pop(key, None)
+    if s.unify_scales_for_kvc_concat and _kv_cache_concat(self):
+        return
     if any(is_per_channel(t) for t in ins):
         _concat_channels(self, ins, out)
         return
@@ -150,6 +152,43 @@ def concat_quantize(self: PyNode) -> None:
     self.params["shift_value"] = shifts
     self.params["scale_type"] = mtypes
     self.params["shift_type"] = stypes
+
+def _kv_cache_concat(node: PyNode) -> bool:
+    """`unify_scales_for_kvc_concat`: a key/value-cache Concat joins a computed tensor with the cache fed back from
+    the previous step (graph Inputs) or an empty cache (Constants of zeros), and its output is fed back as the next
+    step's cache. The cache inputs and the output then take the computed input's quantization, so the cache keeps
+    one scale from step to step and the Concat moves integers only; a zero Constant is stored as the integer of 0
+    under those params. Applies when the inputs come from exactly two kinds of layer, one of them Input or
+    Constant, every Constant holds zeros, and the computed inputs share one quantization; returns whether it did."""
+    cache = [t for t in node.inputs if t.pnode is not None and str(t.pnode.type) in ("Input", "Constant")]
+    computed = [t for t in node.inputs if t not in cache]
+    kinds = {str(t.pnode.type) if t.pnode is not None else "" for t in node.inputs}
+    if not cache or not computed or len(kinds) != 2:
+        return False
+    real = computed[0]
+    if is_per_channel(real) or not all(_same_quantization([t, real], is_signed(real)) for t in computed):
+        OPT_WARN(f"layer '{node.name}' (Concat): unify_scales_for_kvc_concat needs its computed inputs quantized "
+                 "alike (one per-tensor scale); quantized as a plain Concat")
+        return False
+    for t in cache:
+        if str(t.pnode.type) == "Constant":
+            w = t.pnode.get_constant("weights")
+            if not bool(((w.betensor.to(torch.int64) + int(tensor_zp(t))) == 0).all()):  # dequantizes to 0
+                return False
+    for t in cache:
+        copy_params(t, real)
+        if str(t.pnode.type) == "Constant":
+            constant = t.pnode
+            w = constant.get_constant("weights")
+            qmin, qmax = out_range(real)
+            w.betensor = torch.full_like(w.betensor, min(max(-int(tensor_zp(real)), qmin), qmax), dtype=torch.int64)
+            w.dtype, w.scale, w.zerop, w.qmin, w.qmax, w.qbits = (real.dtype, real.scale, real.zerop, qmin, qmax,
+                                                                 real.qbits)
+            constant.params["weights_scale"] = float(tensor_scale(real))
+            constant.params["weights_zp"] = int(tensor_zp(real))
+    copy_params(node.outputs[0], real)
+    return True
+
 
 def _concat_channels(node: PyNode, ins: List, out) -> None:
     """Branches quantized per channel (ops/_per_channel.py), joined on the channel axis: the integers pass through

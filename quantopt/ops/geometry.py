@@ -35,6 +35,7 @@ from ._quant import (
     check_quantized_inputs,
     copy_params,
     int_value,
+    layer_settings,
     out_range,
     requant_of,
     store_requant,
@@ -416,7 +417,11 @@ def resize_int_forward(node: PyNode) -> torch.Tensor:
 @INTERP.quantize
 def resize_quantize(self: PyNode) -> None:
     """The output keeps the input's params (upstream). Linear and cubic store `interp_shift_value` = 13 fraction
-    bits of the interpolation weights (0 for nearest, as upstream) and `interp_shift_type` int8."""
+    bits of the interpolation weights (0 for nearest, as upstream) and `interp_shift_type` int8. With
+    `resize_degrade_to_nearest` the quantized layer becomes a nearest resize (its own nearest_mode, default
+    ROUND_PREFER_FLOOR); the float model keeps its method."""
+    if layer_settings(self).resize_degrade_to_nearest and _resize_method(self) != "nearest":
+        self.params["method"] = "NEAREST"
     method = _resize_method(self)
     _resize_mode(self)
     if method == "nearest":

@@ -42,8 +42,6 @@ SEMANTICS = "docs/semantics/indexing.md"
 INDEX_MIN_BITS = 16
 """Index outputs (TopK/Sort indices) are at least 16-bit integers, whatever the activation bits (as upstream)."""
 
-ARGMINMAX_OUTPUT_BITS = 32
-"""ArgMinMax outputs int32 indices (scale 1)."""
 
 SCATTER_MUL_ACC_BITS = 32
 """ScatterND/ScatterElements MUL: the running product (in output-scale units) is clamped to a signed 32-bit
@@ -553,7 +551,8 @@ ARGMINMAX = declare_op(
     params={"method": Param(Text(choices=("MAX", "MIN")), "index of the maximum or the minimum", required=True),
             "axis": Param(Int(), "the reduced axis, kept with size 1 (default 0)", default=0),
             "select_last_index": Param(Bool(), "ties: the last occurrence (else the first)", default=False)},
-    dtypes="any → int32 (scale 1)", integer="exact index of the integer extreme", semantics=f"{SEMANTICS}#argminmax")
+    dtypes="any → uint16 (int16 with force_dtype_int; 32 bits past 65535 indices or with wider activations; scale 1)",
+    integer="exact index of the integer extreme", semantics=f"{SEMANTICS}#argminmax")
 
 
 @ARGMINMAX.forward
@@ -574,4 +573,13 @@ def argminmax_forward(self: PyNode) -> None:
 
 @ARGMINMAX.quantize
 def argminmax_quantize(self: PyNode) -> None:
-    set_qinvariant(self.outputs[0], ARGMINMAX_OUTPUT_BITS, True)
+    """Indices as upstream types them: max(16, activation bits) bits, unsigned unless `force_dtype_int`; 32 bits
+    when the reduced axis has more positions than the type holds (upstream's type would wrap)."""
+    s = layer_settings(self)
+    signed = bool(s.force_dtype_int)
+    bits = max(INDEX_MIN_BITS, int(s.q_bits_activation))
+    shape = self.inputs[0].ir_shape
+    axis = axis_param(self, self.get_param("axis", optional=True, default_value=0), len(shape)) if shape else 0
+    if shape and int(shape[axis]) - 1 > integer_range(bits, signed)[1]:
+        bits = 32
+    set_qinvariant(self.outputs[0], bits, signed)

@@ -1,6 +1,8 @@
 """Graph inputs and constants: float forward, quantization, integer forward."""
 from __future__ import annotations
 
+from typing import Tuple
+
 import torch
 
 from ..calibration.statistics import INF_MASK_THRESHOLD
@@ -9,6 +11,7 @@ from ..log import OPT_WARN
 from ..quant.hardware import INT_INPUT_MAX_BITS
 from ..quant.params import integer_range, quantize
 from ..registry import declare_op
+from ..registry.schema import Float, Int, quantized
 from ._quant import layer_settings, out_range, quantize_activation, set_qinvariant
 
 INPUT = declare_op(
@@ -54,9 +57,22 @@ def input_quantize(self: PyNode) -> None:
 
 CONSTANT = declare_op(
     "Constant",
+    params={"weights_scale": quantized(Float(), "scale of the stored integers (the output's scale)"),
+            "weights_zp": quantized(Int(), "zero point of the stored integers (the output's zero point)")},
     constants={"weights": "the output's values; ±inf allowed for attention masks"},
     dtypes="float32 → activation dtype, or integer (qinvariant) when all values are integers",
     integer="stored already quantized with the output params", semantics="integer-semantics.md#constant")
+
+
+def integer_bits(lo: float, hi: float) -> Tuple[int, bool]:
+    """(bits, signed) of the narrowest integer type holding [lo, hi], as upstream types an integer-valued Constant:
+    unsigned when lo >= 0 unless hi > 65535 (then int32), of 8, 16 or 32 bits."""
+    signed = lo < 0 or hi > 65535
+    for bits in (8, 16):
+        qmin, qmax = integer_range(bits, signed)
+        if qmin <= lo and hi <= qmax:
+            return bits, signed
+    return INT_INPUT_MAX_BITS, signed
 
 
 @CONSTANT.forward
@@ -82,16 +98,16 @@ def constant_quantize(self: PyNode) -> None:
                  f"values (±inf or |x| >= {INF_MASK_THRESHOLD:g}); they saturate to the integer range")
     if mask and not s.qinvariant:
         quantize_activation(self, out, float(out.min) < 0 or bool((values < 0).any()))
-    elif not values.is_floating_point():
-        bits = min(w.dtype.bits, INT_INPUT_MAX_BITS)
-        set_qinvariant(out, bits, bool((values < 0).any()) or w.dtype.is_signed)
-    elif s.qinvariant or (bool(torch.isfinite(values).all()) and bool((values == torch.round(values)).all())):
+    elif not values.is_floating_point() or s.qinvariant or \
+            (bool(torch.isfinite(values).all()) and bool((values == torch.round(values)).all())):
         lo, hi = (float(values.min()), float(values.max())) if values.numel() else (0.0, 0.0)
-        signed = lo < 0
-        fits = [b for b in (8, 16, 32) if integer_range(b, signed)[0] <= lo and hi <= integer_range(b, signed)[1]]
-        set_qinvariant(out, fits[0] if fits else INT_INPUT_MAX_BITS, signed)
+        set_qinvariant(out, *integer_bits(lo, hi))
     else:
         quantize_activation(self, out, float(out.min) < 0)
     qmin, qmax = out_range(out)
     w.betensor = quantize(values, out.scale, out.zerop, qmin, qmax) if values.is_floating_point() else values
     w.dtype, w.scale, w.zerop, w.qmin, w.qmax, w.qbits = out.dtype, out.scale, out.zerop, qmin, qmax, out.qbits
+    # the IR names the stored integers' params as a weight-carrying layer's, as upstream (scalar params: a Constant's
+    # output is per tensor, quantize_activation refuses per-channel modes here)
+    self.params["weights_scale"] = float(out.scale)
+    self.params["weights_zp"] = int(out.zerop)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -98,9 +99,26 @@ def fully_connected_forward(self: PyNode) -> None:
     if not ordered:
         y = F.linear(x, w, b).to(dtype)
     else:
-        y = linear_float32(x, w, b, _ordered_weights(self, weights)) if FLOAT32_FC_ORDER == "upstream" \
-            else F.linear(x, w, b)
+        y = linear_float32(x, w, b, _ordered_weights(self, weights), group_rows=_sample_rows(self, int(w.shape[0]))) \
+            if FLOAT32_FC_ORDER == "upstream" else F.linear(x, w, b)
     self.outputs[0].betensor = apply_fused_activation(self, y)
+
+
+GEMM_ORDER_MAX_MACS = 1 << 20
+"""Largest sample (rows x inputs x outputs multiply-adds) whose rows are summed in the order of MKL's several-row
+kernels; larger ones are summed one row at a time (docs/golden-differences.md, "Upstream's float forward")."""
+
+
+def _sample_rows(node: PyNode, n_out: int) -> int:
+    """Rows of one IR sample of the layer's input (all axes but the last of its IR shape): upstream calibrates one
+    sample at a time, so its GEMM sums these rows together, whatever batch quantopt runs (ops/_fc_order.py). The
+    exact several-row order emulates a fused multiply-add per product (5-8x the cost of the one-row order), so a
+    sample beyond GEMM_ORDER_MAX_MACS multiply-adds is summed row by row (1: each row alone)."""
+    shape = [int(d) for d in node.inputs[0].ir_shape]
+    if len(shape) < 2:
+        return 1
+    rows = max(1, int(np.prod(shape[:-1], dtype=np.int64)))
+    return rows if rows * shape[-1] * n_out <= GEMM_ORDER_MAX_MACS else 1
 
 
 def _ordered_weights(node: PyNode, t: torch.Tensor) -> OrderedWeights:

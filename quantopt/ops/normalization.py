@@ -9,6 +9,7 @@ from a 16-bit-indexed table.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.lut import lookup_lut
@@ -26,13 +28,17 @@ from ..quant.rounding import bit_length, div_round_half_even, round_shift
 from ..registry import declare_op
 from ..registry.schema import Axis, Bool, DtypeName, Float, Int, Ints, Param, Text, quantized
 from ..threads import one_thread
-from ._lut_int import ceil_log2, int_input
+from ._lut_int import ceil_log2, int_input, range_bits
 from ._quant import (
+    activation_mode,
+    effective_weights,
     insert_keys_after,
+    int_value,
     is_signed,
     layer_settings,
     out_range,
     quantize_activation,
+    quantize_mac,
     requant_of,
     requant_scale_shift,
     set_constant,
@@ -104,10 +110,19 @@ _UPSTREAM_LUT = {"lut": "upstream's inverse square root table; not read"}
 _LAYOUT_KEYS = {"axis_shape": Param(Ints(), _UPSTREAM), "scale_shift_shape": Param(Ints(), _UPSTREAM)}
 _NOT_MVN_KEYS = {"group": Param(Int(lo=0), _UPSTREAM), "normalize_variance": Param(Bool(), _UPSTREAM)}
 
+_LN_UPSTREAM_KEYS = {
+    "var_shift_value": quantized(Int(), "upstream form, 8 bits: right shift of the sum of squares"),
+    "var_shift_type": quantized(DtypeName(), "dtype of var_shift_value"),
+}
 LAYERNORM = declare_op(
     "LayerNorm",
-    params=_norm_params(Param(Axis(), "the normalized axes", default=[-1]), **_LAYOUT_KEYS, **_NOT_MVN_KEYS),
-    constants=_NORM_CONSTANTS, integer=_NORM_INT, semantics=f"{_NORM_SEM}#layernorm")
+    params=_norm_params(Param(Axis(), "the normalized axes", default=[-1]), **_LAYOUT_KEYS, **_NOT_MVN_KEYS,
+                        **_LN_UPSTREAM_KEYS),
+    constants={**_NORM_CONSTANTS, "lut": "upstream form: the int16 inverse square root table (193 entries)"},
+    integer="upstream form (default): rounded mean, inverse square root table, normalized tensor at the activation "
+            "bits, gamma/beta as weights/biases with one multiplier/shift (per channel with per-channel weights); "
+            "exact form (layernorm_integer_form = exact): " + _NORM_INT,
+    semantics=f"{_NORM_SEM}#layernorm")
 
 GROUPNORM = declare_op(
     "GroupNorm",
@@ -290,7 +305,8 @@ def norm_forward(self: PyNode) -> None:
     """y = (x - mean) / sqrt(var + epsilon) * weights + biases over the normalization group (biased variance);
     RMSNorm: y = x / sqrt(mean(x²) + epsilon) * weights + biases; MVN with normalize_variance=false: x - mean."""
     if self.quantized:
-        self.outputs[0].betensor = _norm_integer_forward(self)
+        upstream = str(self.type) == "LayerNorm" and "norm_frac_bits" not in self.params
+        self.outputs[0].betensor = _layernorm_upstream_forward(self) if upstream else _norm_integer_forward(self)
         return
     x = self.inputs[0].betensor
     x = x.float() if not x.is_floating_point() else x
@@ -363,7 +379,11 @@ def norm_quantize(self: PyNode) -> None:
     """Integer mean/variance parameters (norm_frac_bits, eps_value), the normalized tensor's multiplier
     (norm_scale_value/norm_shift_value for sqrt(N) * s_n, s_n = 32767/sqrt(N)), then gamma/beta as per-element
     weights (symmetric, q_bits_weight) and biases (scale s_n * s_w, q_bits_bias) with per-element scale/shift
-    (s_out / (s_n * s_w)), or one scale_value/shift_value (s_out / s_n) without them. Output signed."""
+    (s_out / (s_n * s_w)), or one scale_value/shift_value (s_out / s_n) without them. Output signed.
+    LayerNorm takes upstream's form unless its `layernorm_integer_form` is exact (`_layernorm_upstream_quantize`)."""
+    if str(self.type) == "LayerNorm" and layer_settings(self).layernorm_integer_form == "upstream":
+        _layernorm_upstream_quantize(self)
+        return
     inp, out = self.inputs[0], self.outputs[0]
     if inp.qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
@@ -479,6 +499,209 @@ def _norm_integer_forward(node: PyNode) -> torch.Tensor:
     if w is None:
         return requantize_int(n, mult, shift, zp_out, qmin, qmax)
     acc = n * w.to(torch.int64)
+    b = _affine_tensor(node, "biases", x.shape)
+    if b is not None:
+        acc = acc + b.to(torch.int64)
+    return requantize_int(acc, mult, shift, zp_out, qmin, qmax)
+
+
+# ======================================================================================== LayerNorm, upstream form
+ISQRT_TABLE_STEPS = 64
+"""The inverse square root table samples 1/sqrt(m) for m = 1 + j/64, j = 0 .. 192 (m in [1, 4])."""
+
+ISQRT_TABLE_BITS = 15
+"""Table entries are min(32767, round(2^15 / sqrt(m))): int16."""
+
+ISQRT_NORM_BITS = 30
+"""The inverse square root normalizes its argument into [2^30, 2^31) by a left shift of at most 30 bits."""
+
+UPSTREAM_NORM_Q8 = 8
+"""8-bit form: the normalized tensor is (x_q - mean) * g >> (8 + norm_shift_value)."""
+
+UPSTREAM_NORM_Q16 = 7
+"""16-bit form: the normalized tensor is ((x_q - mean) >> 1) * g >> 7."""
+
+
+def isqrt_table() -> torch.Tensor:
+    """The 193-entry int16 table `lut` of the upstream form: entry j = min(32767, round(2^15 / sqrt(1 + j/64)))."""
+    m = 1.0 + torch.arange(3 * ISQRT_TABLE_STEPS + 1, dtype=torch.float64) / ISQRT_TABLE_STEPS
+    return torch.clamp(torch.round(2.0 ** ISQRT_TABLE_BITS / torch.sqrt(m)), max=2 ** ISQRT_TABLE_BITS - 1) \
+        .to(torch.int64)
+
+
+def table_inverse_sqrt(v: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """G ≈ 2^31 / sqrt(v) of int64 values 0 <= v < 2^32 from the 193-entry table (docs/semantics/normalization.md,
+    "LayerNorm, upstream form"): k = min(30, max(0, 31 - bit_length(v))), u = v << k, e = 31 - k; f = u >> 1 if e is
+    odd, else u; i = max((f >> 23) - 64, 0), a = (f >> 8) mod 2^15;
+    G = (T[i] * 2^16 - 2 * a * (T[i] - T[i+1])) >> ((e - 1) >> 1). v = 0 gives G = T[0] * 2^16."""
+    if int(table.numel()) != 3 * ISQRT_TABLE_STEPS + 1:
+        raise ValueError(f"the inverse square root table has {int(table.numel())} entries, "
+                         f"{3 * ISQRT_TABLE_STEPS + 1} expected")
+    k = torch.clamp(ISQRT_NORM_BITS + 1 - bit_length(v), 0, ISQRT_NORM_BITS)
+    u = v << k
+    e = ISQRT_NORM_BITS + 1 - k
+    f = torch.where(e % 2 == 1, u >> 1, u)
+    i = torch.clamp((f >> 23) - ISQRT_TABLE_STEPS, min=0)
+    if bool((i >= 3 * ISQRT_TABLE_STEPS).any()):
+        raise ValueError("inverse square root argument beyond 2^32")
+    a = (f >> 8) & (2 ** ISQRT_TABLE_BITS - 1)
+    t = table.to(torch.int64).reshape(-1)
+    lo, hi = t[i], t[i + 1]
+    return ((lo << 16) - ((lo - hi) * a << 1)) >> ((e - 1) >> 1)
+
+
+def _upstream_var_shift(count: int) -> int:
+    """8-bit form: the sum of squares is shifted right by ceil(log2 N) - 4, rounded up to even."""
+    shift = ceil_log2(count) - 4
+    return shift + (shift & 1)
+
+
+def _shift_dtype(v: int) -> Dtype:
+    """uint8 as upstream writes these shifts; int8 for a negative one (small N), which uint8 cannot hold."""
+    return Dtype.UINT8 if v >= 0 else Dtype.INT8
+
+
+def _layernorm_upstream_quantize(node: PyNode) -> None:
+    """Upstream's LayerNorm (docs/semantics/normalization.md, "LayerNorm, upstream form"): the normalized tensor gets
+    the range ±sqrt(N)·2^adj at the activation bits and mode; 8 bits: var_shift_value, norm_shift_value; 16 bits:
+    norm_scale_value/norm_shift_value for s_norm/127; gamma/beta quantized as a MAC layer's weights/biases on the
+    normalized tensor (per channel with per-channel weights, shifts not unified); the inverse square root table."""
+    inp, out = node.inputs[0], node.outputs[0]
+    if inp.qmin is None:
+        raise node._error(f"input '{inp.name}' is not quantized; quantize the producer first")
+    s = layer_settings(node)
+    if s.q_mode_activation.startswith("per_channel"):
+        raise UnsupportedError(f"layer '{node.name}' (LayerNorm): per-channel activation quantization is not "
+                               "supported")
+    bits = int(s.q_bits_activation)
+    in_bits = range_bits(inp)
+    if (in_bits <= 8) != (bits <= 8):
+        raise UnsupportedError(f"layer '{node.name}' (LayerNorm): upstream's integer form needs the input and the "
+                               f"output on the same side of 8 bits (input {in_bits} bits, activation_bits {bits}); "
+                               "set layernorm_integer_form = exact for this layer", field="layernorm_integer_form")
+    count = _Rows(node, list(inp.ir_shape)).count
+    sqrt_n = math.sqrt(count)
+    adj = math.ceil(math.log2(127.5 / sqrt_n / 4)) if bits <= 8 and sqrt_n > 127 else 0
+    limit = sqrt_n * 2.0 ** adj
+    norm = PyTensor(f"{node.name}/normalized")
+    set_params(norm, linear_quant_params(-limit, limit, bits, activation_mode(node, bits), True), bits)
+    norm.zerop = 0  # only its scale is used: the forward keeps n symmetric, and no zero point goes into the biases
+    if bits <= 8:
+        var_shift = _upstream_var_shift(count)
+        norm_shift = (var_shift >> 1) + adj
+        node.params["var_shift_value"] = var_shift
+        node.params["var_shift_type"] = _shift_dtype(var_shift)
+        node.params["norm_scale_value"] = 1
+        node.params["norm_scale_type"] = Dtype.UINT8
+        node.params["norm_shift_value"] = norm_shift
+        node.params["norm_shift_type"] = _shift_dtype(norm_shift)
+    else:
+        local = torch.tensor(tensor_scale(norm), dtype=torch.float32) / 127
+        m, sh, m_dtype, sh_dtype = scale_shift(local, bits, force_shift_positive=s.force_shift_positive)
+        node.params["var_shift_value"] = 0
+        node.params["var_shift_type"] = Dtype.UINT8
+        node.params["norm_scale_value"] = int(m)
+        node.params["norm_scale_type"] = m_dtype
+        node.params["norm_shift_value"] = int(sh)
+        node.params["norm_shift_type"] = sh_dtype
+    shape = list(inp.ir_shape)
+    if "weights" not in node.constants and "biases" not in node.constants:
+        quantize_activation(node, out, True)
+        ratio = torch.tensor(tensor_scale(out), dtype=torch.float32) / torch.tensor(tensor_scale(norm),
+                                                                                    dtype=torch.float32)
+        store_requant(node, *requant_scale_shift(node, ratio, mult_bits=bits))
+    else:
+        if "weights" not in node.constants:  # beta alone: gamma of ones, so that beta gets the weights' scale
+            numel = math.prod(_affine_shape(node, shape))
+            ones = set_constant(node, "weights", torch.ones(numel, dtype=torch.float32), Dtype.FP32)
+            ones.min, ones.max = 1.0, 1.0
+            ones.min_key_axis, ones.max_key_axis = torch.ones(numel), torch.ones(numel)
+            insert_keys_after(node, "biases", ["weights"])
+        gamma = _affine_tensor(node, "weights", shape)
+        per_channel = QuantMode.from_name(s.q_mode_weight).is_per_channel
+        if per_channel and node.constants["weights"].betensor.dim() != 1:
+            raise UnsupportedError(f"layer '{node.name}' (LayerNorm): per-channel weights need a 1-D gamma, got "
+                                   f"shape {list(node.constants['weights'].betensor.shape)} (broadcast "
+                                   f"{list(gamma.shape)})")
+        if "biases" in node.constants:
+            _affine_tensor(node, "biases", shape)
+        node.inputs[0] = norm
+        node.settings = dataclasses.replace(s, unify_shifts_for_aiff=False)
+        try:
+            quantize_mac(node, per_channel)
+        finally:
+            node.inputs[0] = inp
+            node.settings = s
+        node.params.pop("remain_shift", None)
+    set_constant(node, "lut", isqrt_table(), Dtype.INT16)
+    insert_keys_after(node, "shift" if "shift" in node.constants else "biases", ["lut"])
+
+
+def upstream_norm_gain(node: PyNode) -> float:
+    """What the normalized tensor n of a LayerNorm in upstream's form holds per unit of (x - mean)/std, from the
+    stored params: 8 bits M_n · 2^(7 + var_shift/2 - N_n) / sqrt(N); 16 bits M_n · 2^(7 - N_n) (G rounds 2^15/std in
+    integer units, n = (d/2) · G · M_n 2^-N_n / 2^7). For the exporters' float forms."""
+    x = node.inputs[0]
+    count = _Rows(node, list(x.ir_shape)).count
+    m_n, sh_n = _int_param(node, "norm_scale_value"), _int_param(node, "norm_shift_value")
+    if range_bits(x) <= 8:
+        vs = _int_param(node, "var_shift_value")
+        return m_n * 2.0 ** (UPSTREAM_NORM_Q8 - 1 + vs / 2 - sh_n) / math.sqrt(count)
+    return m_n * 2.0 ** (UPSTREAM_NORM_Q16 - sh_n)
+
+
+def _layernorm_upstream_forward(node: PyNode) -> torch.Tensor:
+    """Per row of N input integers q (no zero point: the mean removes it): m = rhe_div(Σq, N), d = q - m;
+    8 bits: V = Σd² >> var_shift, G = (table_inverse_sqrt(V) + 2^15) >> 16, n = clamp(rhe(d·G·M_n, 8 + N_n));
+    16 bits: V = floor(Σd² / N), G = clamp(rhe(((table_inverse_sqrt(V) + 2^15) >> 16)·M_n, N_n), 0, 65535),
+    n = clamp(rhe((d >> 1)·G, 7)); n clamped to the output dtype's full range; then
+    y = requant((w_q + zp_w)·n + b_q) (per element with per-channel constants) or requant(n)."""
+    inp, out = node.inputs[0], node.outputs[0]
+    x = int_value(inp)
+    if x.numel() == 0:
+        return x.clone()
+    for key in ("var_shift_value", "norm_scale_value", "norm_shift_value"):
+        if key not in node.params:
+            raise node._error(f"a quantized LayerNorm needs '{key}' (upstream form) or 'norm_frac_bits' (exact form)")
+    lut = node.get_constant("lut", optional=True)
+    if lut is None:
+        raise node._error("a quantized LayerNorm of upstream's form needs its constant 'lut'")
+    rows_of = _Rows(node, x.shape)
+    v = rows_of.to_rows(x)
+    count = int(v.shape[1])
+    m = div_round_half_even(v.sum(dim=1, keepdim=True), count)
+    d = v - m
+    sq = (d * d).sum(dim=1, keepdim=True)
+    m_n = _int_param(node, "norm_scale_value")
+    sh_n = _int_param(node, "norm_shift_value")
+    lo, hi = integer_range(int(out.qbits or range_bits(out)), is_signed(out))
+    try:
+        if range_bits(inp) <= 8:
+            vs = _int_param(node, "var_shift_value")
+            var = sq >> vs if vs >= 0 else sq << -vs
+            if bool((var >= 2 ** 32).any()):
+                raise UnsupportedError(f"layer '{node.name}' (LayerNorm): the shifted sum of squares reaches 2^32 "
+                                       "(normalization axes larger than at quantization?)")
+            g = (table_inverse_sqrt(var, lut.betensor) + 2 ** 15) >> 16
+            n = torch.clamp(round_shift(d * g * m_n, UPSTREAM_NORM_Q8 + sh_n), lo, hi)
+        else:
+            var = torch.div(sq, count, rounding_mode="floor")
+            g = (table_inverse_sqrt(var, lut.betensor) + 2 ** 15) >> 16
+            g = torch.clamp(round_shift(g * m_n, sh_n), 0, 2 ** 16 - 1)
+            n = torch.clamp(round_shift((d >> 1) * g, UPSTREAM_NORM_Q16), lo, hi)
+    except ValueError as e:
+        raise UnsupportedError(f"layer '{node.name}' (LayerNorm): {e}") from None
+    n = rows_of.from_rows(n).contiguous()
+    mult, shift = requant_of(node)
+    bshape = _affine_shape(node, x.shape)
+    if isinstance(mult, torch.Tensor):
+        mult, shift = mult.reshape(bshape), shift.reshape(bshape)
+    qmin, qmax = out_range(out)
+    zp_out = tensor_zp(out)
+    if _affine_tensor(node, "weights", x.shape) is None:
+        return requantize_int(n, mult, shift, zp_out, qmin, qmax)
+    w = effective_weights(node).reshape(bshape)
+    acc = n * w
     b = _affine_tensor(node, "biases", x.shape)
     if b is not None:
         acc = acc + b.to(torch.int64)

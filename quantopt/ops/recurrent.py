@@ -94,6 +94,8 @@ _RNN_PARAMS: Dict[str, Param] = {
                        "(absent or inf: none)"),
     "weights_scale": quantized(Floats(), "scale of the weights (a constant when per-channel)"),
     "weights_zp": quantized(Int(), "zero point of the weights (a constant when per-channel)"),
+    "biases_scale": quantized(Float(), "BasicLSTM: scale of the biases s_x * s_w (a constant when per-channel)"),
+    "biases_zp": quantized(Int(), "BasicLSTM: zero point of the biases, 0 (a constant when per-channel)"),
     "gate_bits": quantized(Int(lo=8, hi=16), "8 or 16: the bits of the gate table inputs and the hidden state"),
     "hidden_frac_bits": quantized(Int(lo=0), "fraction bits of the fixed-point hidden state fed back"),
     "gate_clamp_value": quantized(Ints(lo=0), "threshold as codes of the gate and the candidate table inputs"),
@@ -121,6 +123,10 @@ def _cell_params(suffix: str) -> Dict[str, Param]:
 
 
 _RNN_CONSTANTS: Dict[str, str] = {
+    "weights_scale": "per-row weight scales (per-channel weights, quantized)",
+    "weights_zp": "per-row weight zero points (per-channel weights, quantized)",
+    "biases_scale": "BasicLSTM: per-row bias scales s_x * s_w[r] (per-channel weights, quantized)",
+    "biases_zp": "BasicLSTM: bias zero point 0 (per-channel weights, quantized)",
     "gate_scale": "per-row multipliers of the gate pre-activations (quantized)",
     "gate_shift": "per-row shifts of the gate pre-activations (quantized)",
     "lut_gate": "Q15 table of the gate activation (quantized)",
@@ -449,7 +455,9 @@ def _store_biases(node: PyNode, spec: RnnSpec, s_x: float, zp_x: int, s_w: torch
     if spec.kind == "LSTM" and spec.forget_bias:
         bf[2 * cs:3 * cs] = bf[2 * cs:3 * cs] + torch.tensor(spec.forget_bias, dtype=torch.float32)
     w_eff = effective_weights(node)
-    gate_q, _ = bias_quantize(bf[:rows], s_x, s_w, bias_bits)
+    gate_q, gate_scale = bias_quantize(bf[:rows], s_x, s_w, bias_bits)
+    if spec.kind == "LSTM":
+        _store_bias_scale(node, gate_scale)
     gate_q = fold_input_zero_point(gate_q, w_eff[:, :spec.input_size], zp_x, qmin=lo, qmax=hi)
     parts = [gate_q]
     if spec.linear_before_reset:
@@ -458,6 +466,18 @@ def _store_biases(node: PyNode, spec: RnnSpec, s_x: float, zp_x: int, s_w: torch
     b.betensor = torch.cat(parts)
     b.dtype = Dtype.INT32 if bias_bits <= 32 else Dtype.INT64
     b.scale, b.zerop, b.qbits = 1.0, 0, bias_bits
+
+
+def _store_bias_scale(node: PyNode, scale: torch.Tensor) -> None:
+    """The LSTM's bias scale s_x * s_w[r] (float32) and zero point 0 in the IR, as upstream writes them: params when
+    every row has the same weight scale (per-tensor weights), else constants `biases_scale` [4C] and `biases_zp` [1].
+    GRUs write none: a GRUV1's hidden bias has another scale than its gate biases."""
+    if "weights_scale" in node.constants:
+        set_constant(node, "biases_scale", scale.to(torch.float32).reshape(-1), Dtype.FP32)
+        set_constant(node, "biases_zp", torch.zeros(1, dtype=torch.int64), Dtype.INT64)
+        return
+    node.params["biases_scale"] = float(scale.reshape(-1)[0])
+    node.params["biases_zp"] = 0
 
 
 def _build_table(node: PyNode, key: str, act: str, bits: int) -> None:

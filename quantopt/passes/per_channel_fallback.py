@@ -11,6 +11,8 @@ per-channel mode they keep per-tensor activations (one info line counts them); s
 is refused when it is quantized.
 
 A per-channel output stays per channel when the layer produces per-channel activations (PER_CHANNEL_PRODUCERS) and:
+* each channel holds at least `activation_perchannel_min_elements` values per sample (all axes but the batch and
+  the channel axis);
 * it is no element-wise layer that broadcasts along the channel axis (inputs and output all have the same number
   of channels in their last axis);
 * every reader reads per-channel inputs (`reads_per_channel`) and is no broadcasting element-wise layer;
@@ -48,7 +50,7 @@ def fall_back_to_per_tensor(graph: PyGraph) -> List[Tuple[str, str]]:
                 node.settings = dataclasses.replace(node.settings, q_mode_activation=PER_TENSOR_OF[mode])
                 other_types[str(node.type)] = other_types.get(str(node.type), 0) + 1
             continue
-        reason = _broadcast_reason(node) or _reader_reason(node, readers, set())
+        reason = _too_few_elements(node) or _broadcast_reason(node) or _reader_reason(node, readers, set())
         if reason:
             node.settings = dataclasses.replace(node.settings, q_mode_activation=PER_TENSOR_OF[mode])
             changed.append((node.name, reason))
@@ -78,6 +80,23 @@ def _readers(graph: PyGraph) -> Dict[str, List[PyNode]]:
 
 def _channels(shape: Optional[tuple]) -> Optional[int]:
     return int(shape[-1]) if shape else None
+
+
+def _too_few_elements(node: PyNode) -> str:
+    """`activation_perchannel_min_elements`: an output whose channels hold fewer values per sample than asked
+    (the elements of all other axes but the batch) keeps per-tensor activations."""
+    minimum = int(getattr(node.settings, "perchannel_min_elements", 1))
+    for t in node.outputs:
+        shape = tuple(int(d) for d in t.ir_shape or ())
+        if len(shape) < 2 or minimum <= 1:
+            continue
+        per_channel = 1
+        for d in shape[1:-1]:
+            per_channel *= d
+        if per_channel < minimum:
+            return f"its channels hold {per_channel} element(s) per sample, fewer than " \
+                   f"activation_perchannel_min_elements = {minimum}"
+    return ""
 
 
 def _broadcast_reason(node: PyNode) -> str:

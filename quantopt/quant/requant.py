@@ -429,6 +429,46 @@ def compress_bias(bias_q: torch.Tensor, effective_bits: int) -> Tuple[torch.Tens
     return (b >> k) << k, k
 
 
+def _batchmean_kl(log_q: torch.Tensor, p: torch.Tensor) -> float:
+    """torch's `kl_div(log_q, p, reduction="batchmean")` of one vector: sum(p * (log p - log_q)) / len."""
+    return float(torch.nn.functional.kl_div(log_q, p, reduction="batchmean"))
+
+
+def search_bias_clamp_bits(bias_float: torch.Tensor, bias_q: torch.Tensor, bias_scale: Union[float, torch.Tensor],
+                           effective_bits: int, bias_bits: int) -> Optional[int]:
+    """`bias_effective_bits_auto_adaption`, upstream's search: the width to clamp the quantized biases to before
+    `compress_bias` keeps their top `effective_bits` bits, or None to leave them as they are.
+
+    The search runs only when compressing the biases changes how they compare with the float biases: the KL
+    divergences of softmax(quantized biases) and of softmax(compressed biases) from softmax(float biases) (each
+    over the layer's bias vector, `batchmean`) differ by more than 0.05. Then each width c in
+    [min(max(effective_bits, 19), bias_bits - 1), bias_bits) is tried: the biases clamped to c bits, and the same
+    compressed (the dropped low bits counted on the clamped values); the c whose compressed biases diverge least
+    (KL of their dequantized softmax from that of the clamped ones) wins, the first on a tie. quantopt drops no bits
+    where a width needs none (upstream shifts by the negative count there) and computes the divergences in float64:
+    they are often 1e-12 or less, below float32's resolution, where upstream's float32 choice is rounding noise."""
+    b = torch.as_tensor(bias_q).to(torch.int64).reshape(-1)
+    if effective_bits >= bias_bits or b.numel() == 0:
+        return None
+    f = torch.as_tensor(bias_float).to(torch.float64).reshape(-1)
+    scale = torch.as_tensor(bias_scale).to(torch.float64).reshape(-1)
+    float_softmax = f.softmax(dim=-1)
+    compressed, _ = compress_bias(b, effective_bits)
+    drift = _batchmean_kl(b.to(torch.float64).log_softmax(dim=-1), float_softmax) - \
+        _batchmean_kl(compressed.to(torch.float64).log_softmax(dim=-1), float_softmax)
+    if abs(drift) <= 0.05:
+        return None
+    best: Optional[Tuple[float, int]] = None
+    for c in range(min(max(effective_bits, 19), bias_bits - 1), bias_bits):
+        clamped = torch.clamp(b, -(2 ** (c - 1)), 2 ** (c - 1) - 1)
+        packed, _ = compress_bias(clamped, effective_bits)
+        kld = abs(_batchmean_kl((packed.to(torch.float64) / scale).log_softmax(dim=-1),
+                                (clamped.to(torch.float64) / scale).softmax(dim=-1)))
+        if best is None or kld < best[0]:
+            best = (kld, c)
+    return best[1] if best is not None else None
+
+
 def aiff_ahead_shift(acc: torch.Tensor, shift: int, remain_shift: int,
                      bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, int]:
     """Model the 48-bit MAC → 32-bit ITP hand-over (`remain_shift`); returns (data, shift still to apply).

@@ -37,6 +37,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class PluginType(enum.Enum):
     Dataset = 0x110
     Metric = 0x120
+    QConfig = 0x130
 
 
 @dataclass(frozen=True, order=True)
@@ -116,6 +117,7 @@ OP_QUANTIZE = VersionedRegistry("quantize of operator")
 OP_EXPORT = VersionedRegistry("ONNX export of operator")
 DATASETS = VersionedRegistry("dataset plugin")
 METRICS = VersionedRegistry("metric plugin")
+QCONFIGS = VersionedRegistry("qconfig plugin")
 
 
 def _is_builtin(source: str) -> bool:
@@ -345,8 +347,21 @@ class OptBaseMetric(abc.ABC):
         return f"{type(self).__name__}: {self.compute()}"
 
 
+class OptBaseQConfig(abc.ABC):
+    """Base class of QConfig plugins (cfg field `qconfig`): per-layer quantization settings programmed in Python,
+    for rules the cfg's per-layer syntax cannot say (a layer's shape, its weights, its neighbours...).
+
+    Constructed without arguments once per run, after the cfg's rules and the `opt_config` JSON are applied;
+    `configure` sees the float graph and returns the settings to change (docs/plugins.md, "QConfig plugins")."""
+
+    @abc.abstractmethod
+    def configure(self, graph: Any) -> Dict[str, Dict[str, Any]]:
+        """layer name -> {setting key of the per-layer JSON template: value}; layers left out keep theirs."""
+
+
 def register_plugin(plugin_type: PluginType, version: Union[str, int, float] = "1.0") -> Callable:
-    """Class decorator for Dataset (a torch Dataset) and Metric (an OptBaseMetric) plugins.
+    """Class decorator for Dataset (a torch Dataset), Metric (an OptBaseMetric) and QConfig (an OptBaseQConfig)
+    plugins.
 
     The cfg refers to a plugin by its class name, case-insensitively.
     """
@@ -360,6 +375,11 @@ def register_plugin(plugin_type: PluginType, version: Union[str, int, float] = "
                 raise PluginError(f"metric plugin {getattr(cls, '__name__', cls)} in {source} must subclass "
                                   f"OptBaseMetric")
             table, methods = METRICS, _METRIC_METHODS
+        elif plugin_type is PluginType.QConfig:
+            if not (isinstance(cls, type) and issubclass(cls, OptBaseQConfig)):
+                raise PluginError(f"qconfig plugin {getattr(cls, '__name__', cls)} in {source} must subclass "
+                                  f"OptBaseQConfig")
+            table, methods = QCONFIGS, _QCONFIG_METHODS
         else:
             import torch.utils.data
 
@@ -377,6 +397,7 @@ def register_plugin(plugin_type: PluginType, version: Union[str, int, float] = "
 
 _DATASET_METHODS = ("__init__", "__len__", "__getitem__")
 _METRIC_METHODS = ("__init__", "__call__", "reset", "compute", "report")
+_QCONFIG_METHODS = ("__init__", "configure")
 
 
 def _guard_method(reg: Registration, kind: str, method: Callable, name: str) -> Callable:
@@ -422,9 +443,9 @@ def _guard_class(reg: Registration, kind: str, methods: Tuple[str, ...]) -> type
 
 
 def get_plugin(plugin_type: PluginType, name: str) -> type:
-    """The active dataset or metric class named `name` (a user plugin's guarded subclass: its exceptions become
-    PluginErrors naming the plugin file)."""
-    table = DATASETS if plugin_type is PluginType.Dataset else METRICS
+    """The active dataset, metric or qconfig class named `name` (a user plugin's guarded subclass: its exceptions
+    become PluginErrors naming the plugin file)."""
+    table = {PluginType.Dataset: DATASETS, PluginType.Metric: METRICS, PluginType.QConfig: QCONFIGS}[plugin_type]
     reg = table.get(name.strip().lower())
     if reg is None:
         known = ", ".join(sorted(r.obj.__name__ for r in table.active.values())) or "none"

@@ -1122,7 +1122,7 @@ def cfg_misspelled_section(w: Work) -> str:
 
 @case(CFG, match="not implemented in quantopt yet")
 def cfg_upstream_field_not_implemented(w: Work) -> str:
-    return _cfg_line(w, "quant_ir_name", "other")
+    return _cfg_line(w, "with_winograd", "true")
 
 
 @case(CFG, match="unknown calibration strategy 'magic'")

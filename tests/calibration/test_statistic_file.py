@@ -246,3 +246,53 @@ def test_statistics_a_strategy_needs_must_be_in_the_file(tmp_path: Path, saved: 
     assert f"has no {missing}" in msg and f"'{wanted}'" in msg
     # the check can be turned off (e.g. to inspect a file)
     assert load_statistics(with_settings(model(), wanted), str(path), check_strategies=False) > 0
+
+
+# --------------------------------------------------------------------------------------------- ignore_missing_statistic
+@pytest.mark.parametrize("kw, filled", [
+    (dict(seed=3), {"c1.weights", "c2.weights", "fc.weights"}),  # other weights: recomputed from the new values
+    (dict(c2_name="conv2"), {"conv2", "conv2.weights"}),  # a renamed layer: its output borrows c1's statistics
+    (dict(fc_out=6), {"fc", "fc.weights"}),  # another shape: the FC output borrows its input's statistics
+])
+def test_ignore_missing_fills_from_weights_and_neighbours(tmp_path: Path, kw, filled, caplog) -> None:
+    path = tmp_path / "s.npz"
+    saved = collected()
+    save_statistics(saved, str(path))
+    other = with_settings(model(**kw))
+    with caplog.at_level("WARNING", logger="quantopt"):
+        load_statistics(other, str(path), ignore_missing=True)
+    warning = " ".join(r.getMessage() for r in caplog.records if "ignore_missing_statistic" in r.getMessage())
+    named = set(warning.split("weights or neighbours: ", 1)[1].split(", "))
+    assert named == filled
+    fresh = with_settings(model(**kw))  # what the statistics pass gives the new weights
+    collect_weight_statistics(fresh)
+    by_name = {n.name: n for n in other.nodes}
+    for n in fresh.nodes:
+        for key, t in n.constants.items():
+            if key == "weights":
+                assert stats_equal(by_name[n.name].constants[key].stats, t.stats), (n.name, key)
+    old = {t.name: t.stats for n in saved.nodes for t in n.outputs}
+    new = {t.name: t.stats for n in other.nodes for t in n.outputs}
+    if "conv2" in filled:
+        assert stats_equal(new["conv2"], old["c1"]) and stats_equal(new["add"], old["add"])
+    if "fc" in filled:
+        assert stats_equal(new["fc"], old["flat"]) and not stats_equal(new["fc"], old["fc"])
+    calibrate_graph(other)  # the filled statistics calibrate
+    assert all(t.min is not None for n in other.nodes for t in n.outputs)
+
+
+def test_ignore_missing_without_any_neighbour_is_refused(tmp_path: Path) -> None:
+    g = GraphBuilder("one")
+    x = g.input("x", [1, 4])
+    y = g.layer("Activation", [x], [[1, 4]], name="act", params=dict(method="RELU"))
+    one = with_settings(g.build([y]))
+    collect_activation_statistics(one, [[torch.ones(1, 4)]])
+    path = tmp_path / "s.npz"
+    save_statistics(one, str(path))
+    g = GraphBuilder("one")
+    x = g.input("x2", [1, 4])
+    y = g.layer("Activation", [x], [[1, 4]], name="act2", params=dict(method="RELU"))
+    other = with_settings(g.build([y]))
+    with pytest.raises(DataError) as exc:
+        load_statistics(other, str(path), ignore_missing=True)
+    assert "no statistics for tensor 'x2' and none for any tensor around it" in one_line_data_error(exc, path)

@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+from fractions import Fraction
 from typing import List
 
 import numpy as np
@@ -73,6 +74,89 @@ def ref_linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return y
 
 
+def ref_quad_head(p: List[np.float32], h: int) -> np.float32:
+    """quad(h) of the module's description: head, four lanes while four products are left, then the tail."""
+    s = _seq(p[:h]) if h else None
+    k = h
+    if len(p) - h >= 4:
+        lanes: List = [s, None, None, None]
+        while len(p) - k >= 4:
+            for j in range(4):
+                lanes[j] = p[k + j] if lanes[j] is None else f32(lanes[j] + p[k + j])
+            k += 4
+        s = _pair(lanes)
+    for v in p[k:]:
+        s = v if s is None else f32(s + v)
+    return s
+
+
+def ref_wide_head(p: List[np.float32], h: int) -> np.float32:
+    """wide(h): head, two four-lane accumulators over 8·floor((K - h)/8) products, then the tail."""
+    s = _seq(p[:h]) if h else None
+    n_body = 8 * ((len(p) - h) // 8)
+    if n_body:
+        accs: List[List] = [[s, None, None, None], [None] * 4]
+        for i, v in enumerate(p[h:h + n_body]):
+            acc, j = accs[(i // 4) % 2], i % 4
+            acc[j] = v if acc[j] is None else f32(acc[j] + v)
+        s = _pair([f32(accs[0][j] + accs[1][j]) for j in range(4)])
+    for v in p[h + n_body:]:
+        s = v if s is None else f32(s + v)
+    return s
+
+
+def fma32(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
+    """float32 fma, exactly rounded (ties to even), from the exact rational value."""
+    exact = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    near = np.float32(float(exact))
+    cands = [near, np.nextafter(near, f32(np.inf)), np.nextafter(near, f32(-np.inf))]
+    best = min(cands, key=lambda v: (abs(Fraction(float(v)) - exact), int(np.array(v).view(np.int32)) & 1))
+    return f32(best)
+
+
+def ref_k_blocks(k: int) -> List[int]:
+    if k <= 192:
+        return [0, k]
+    size = k // 2 if k <= 384 else 192
+    cut = list(range(0, size * (k // size) + 1, size))
+    return cut if cut[-1] == k else cut + [k]
+
+
+def ref_gemm(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One GEMM of M rows in the order of the module's description, one scalar at a time."""
+    m, k = x.shape
+    n_out = w.shape[0]
+    if m == 1:
+        return ref_linear(x, w, b)
+    y = np.empty((m, n_out), np.float32)
+    main_rows = 4 * (m // 4)
+    packed = m >= 4 and n_out >= 12
+    for r in range(m):
+        for n in range(n_out):
+            p = [f32(x[r, i] * w[n, i]) for i in range(k)]
+            if n_out == 1:
+                if r < main_rows:
+                    d = ref_quad(p)
+                else:
+                    q, rest = r - main_rows, m - main_rows
+                    d = ref_wide(p, 1 if (q % 2 == 1 and q < 2 * (rest // 2)) else 2)
+                y[r, n] = f32(d + b[n])
+            elif packed:
+                cut = ref_k_blocks(k)
+                c = b[n]
+                for k0, k1 in zip(cut[:-1], cut[1:]):
+                    s = f32(0)
+                    for i in range(k0, k1):
+                        s = fma32(x[r, i], w[n, i], s)
+                    c = f32(c + s)
+                y[r, n] = c
+            else:
+                h = min(k, (-r * k) % 4)
+                d = ref_quad_head(p, h) if n < 4 * (n_out // 4) else ref_wide_head(p, h)
+                y[r, n] = f32(d + b[n])
+    return y
+
+
 K_VALUES = (1, 2, 3, 4, 5, 7, 8, 11, 12, 13, 19, 20, 21, 27, 28, 33, 64, 65, 130)
 SHAPES = [(k, n) for k in K_VALUES for n in (1, 2, 3, 4, 5, 7)]
 
@@ -87,14 +171,43 @@ def test_matches_the_scalar_reference(k: int, n: int) -> None:
     np.testing.assert_array_equal(got, ref_linear(x, w, b))
 
 
-def test_rows_are_summed_alone_and_leading_axes_kept() -> None:
+GEMM_SHAPES = [(m, k, n) for m in (2, 3, 5, 6, 13) for k in (3, 8, 13, 33) for n in (1, 2, 5, 12, 17)] \
+    + [(4, 197, 12), (4, 400, 12), (16, 32, 32)]
+
+
+@pytest.mark.parametrize("m,k,n", GEMM_SHAPES)
+def test_several_rows_match_the_scalar_reference(m: int, k: int, n: int) -> None:
+    rng = np.random.default_rng(m * 10000 + k * 100 + n)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    got = linear_float32(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), group_rows=m).numpy()
+    np.testing.assert_array_equal(got, ref_gemm(x, w, b))
+
+
+def test_fma_reference_rounds_exactly() -> None:
+    """The test's own fma: one rounding, not a rounded product then a rounded sum."""
+    a, c = f32(1 + 2 ** -12), f32(-(1 + 2 ** -11))  # a·a = 1 + 2^-11 + 2^-24: rounded alone, 1 + 2^-11
+    assert fma32(a, a, c) == f32(2 ** -24)
+    assert f32(f32(a * a) + c) == 0
+
+
+def test_rows_grouped_per_sample_and_leading_axes_kept() -> None:
+    """A 2-D x sums each row alone; a batched x [B, rows, K] sums each sample's rows as one GEMM, so a sample's
+    result does not depend on the batch it is in; group_rows groups a 2-D x the same way."""
     rng = np.random.default_rng(7)
-    x = torch.from_numpy(rng.standard_normal((2, 5, 37)).astype(np.float32))
-    w = torch.from_numpy(rng.standard_normal((10, 37)).astype(np.float32))
+    x = torch.from_numpy(rng.standard_normal((3, 16, 37)).astype(np.float32))
+    w = torch.from_numpy(rng.standard_normal((20, 37)).astype(np.float32))
     y = linear_float32(x, w, None)
-    assert y.shape == (2, 5, 10) and y.dtype == torch.float32
-    assert torch.equal(y[1, 3], linear_float32(x[1, 3:4], w, None)[0])
+    assert y.shape == (3, 16, 20) and y.dtype == torch.float32
+    assert torch.equal(y[1], linear_float32(x[1:2], w, None)[0])
+    assert torch.equal(y.reshape(48, 20), linear_float32(x.reshape(48, 37), w, None, group_rows=16))
+    flat = x.reshape(48, 37)
+    assert torch.equal(linear_float32(flat, w, None)[5], linear_float32(flat[5:6], w, None)[0])
+    assert not torch.equal(y.reshape(48, 20), linear_float32(flat, w, None))  # the grouping matters
     assert torch.allclose(y, x @ w.T, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="groups of 5"):
+        linear_float32(flat, w, None, group_rows=5)
 
 
 def test_differs_from_an_exact_sum_somewhere() -> None:
@@ -110,8 +223,8 @@ MKL_SCRIPT = """
 import json, sys, torch, torch.nn.functional as F
 torch.manual_seed(0)
 out = []
-for k, n in json.loads(sys.argv[1]):
-    x, w, b = torch.randn(1, k), torch.randn(n, k), torch.randn(n)
+for m, k, n in json.loads(sys.argv[1]):
+    x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
     out.append([x.tolist(), w.tolist(), b.tolist(), F.linear(x, w, b).tolist()])
 print(json.dumps(out))
 """
@@ -120,14 +233,19 @@ print(json.dumps(out))
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkl.is_available(),
                     reason="needs torch on MKL on x86-64 to run MKL's SSE4.2 kernel")
 def test_equals_mkl_single_threaded_sse42_kernel() -> None:
-    """The order is the one MKL's SSE4.2 kernel uses (upstream's goldens were made with it)."""
-    shapes = [[32, 10], [64, 10], [200, 2], [256, 4], [256, 2], [1152, 8], [13, 3], [5, 5], [21, 1]]
+    """The order is the one MKL's kernels use for one row and for several (upstream's goldens were made with
+    them)."""
+    shapes = [[1, k, n] for k, n in [[32, 10], [64, 10], [200, 2], [256, 4], [256, 2], [1152, 8], [13, 3], [5, 5],
+                                     [21, 1]]]
+    # several rows: the corpus's transformer layers, and every kernel (aligned, packed, leftover rows, N = 1)
+    shapes += [[16, 32, 32], [16, 32, 64], [16, 64, 32], [16, 32, 40], [32, 32, 37], [12, 32, 10], [3, 13, 7],
+               [5, 32, 12], [7, 8, 20], [13, 33, 17], [4, 400, 12], [6, 200, 24], [7, 13, 1], [2, 1000, 8]]
     env = dict(os.environ, MKL_ENABLE_INSTRUCTIONS="SSE4_2", MKL_NUM_THREADS="1", OMP_NUM_THREADS="1")
     run = subprocess.run([sys.executable, "-c", MKL_SCRIPT, json.dumps(shapes)], env=env, capture_output=True,
                          text=True, timeout=120, check=True)
     for x, w, b, y in json.loads(run.stdout):
-        got = linear_float32(torch.tensor(x), torch.tensor(w), torch.tensor(b))
-        assert torch.equal(got, torch.tensor(y)), f"K={len(x[0])}, N={len(w)}"
+        got = linear_float32(torch.tensor(x), torch.tensor(w), torch.tensor(b), group_rows=len(x))
+        assert torch.equal(got, torch.tensor(y)), f"M={len(x)}, K={len(x[0])}, N={len(w)}"
 
 
 def _fc_graph(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor):
@@ -151,11 +269,11 @@ def test_fc_float_summation_field_chooses_the_sum() -> None:
     w = torch.from_numpy(rng.standard_normal((10, 200)).astype(np.float32))
     b = torch.from_numpy(rng.standard_normal(10).astype(np.float32))
     graph = _fc_graph(x, w, b)
-    assert torch.equal(graph.forward([x])[0], linear_float32(x, w, b))
+    assert torch.equal(graph.forward([x])[0], linear_float32(x, w, b, group_rows=16))  # one IR sample: 16 rows
     graph.node("fc").settings = dataclasses.replace(LayerSettings(), fc_float_summation="float64")
     exact = (x.double() @ w.double().T + b.double()).float()
     assert torch.equal(graph.forward([x])[0], exact)
-    assert not torch.equal(exact, linear_float32(x, w, b))
+    assert not torch.equal(exact, linear_float32(x, w, b, group_rows=16))
 
 
 def test_fc_float_summation_field_is_read_from_the_cfg(tmp_path) -> None:

@@ -539,7 +539,7 @@ def test_argminmax(tmp_path, method: str, axis: int, last: bool, bits: int, mode
     np.testing.assert_array_equal(g.forward(f)[0].numpy(), ref_argminmax(f[0].numpy(), axis % 3, method, last))
     qg = quantize_model(g, [tied(shape, s) for s in (2, 3)] + f, settings(bits, mode))
     node = qg.node("op")
-    assert node.outputs[0].qinvariant and node.outputs[0].dtype == Dtype.INT32
+    assert node.outputs[0].qinvariant and node.outputs[0].dtype == Dtype.UINT16  # max(16, bits) bits, as upstream
     got = qg.forward(f)[0]
     np.testing.assert_array_equal(got.numpy(), ref_argminmax(node.inputs[0].betensor.numpy(), axis % 3, method,
                                                              last))
@@ -610,3 +610,12 @@ def test_onehot_bad_values() -> None:
     y = b.layer("OneHot", [i], [[2, 3]], name="op", params={"depth": 3, "values": [1.0]})
     with pytest.raises(IRError, match="off_value, on_value"):
         b.build([y]).forward([torch.tensor([0, 1])])
+
+
+def test_argminmax_index_type_follows_upstream_and_widens_past_its_range() -> None:
+    for shape, bits, force_int, expected in [([2, 6], 8, False, Dtype.UINT16), ([2, 6], 8, True, Dtype.INT16),
+                                             ([2, 70000], 8, False, Dtype.UINT32), ([2, 40000], 8, True, Dtype.INT32)]:
+        g = one_layer("ArgMinMax", {"method": "MAX", "axis": 1}, shape, [[shape[0], 1]])
+        data = [torch.from_numpy(np.random.default_rng(0).normal(0, 1, shape).astype(np.float32))]
+        qg = quantize_model(g, [data], dict(q_bits_activation=bits, force_dtype_int=force_int))
+        assert qg.node("op").outputs[0].dtype == expected, (shape, force_int)

@@ -66,8 +66,10 @@ def one_layer(optype: str, shape: Sequence[int], params: Dict[str, Any], consts:
 
 
 def settings(bits: int, mode: str, lut_bits: int) -> Dict[str, Any]:
+    """LayerNorm in its exact form, which this file's reference implements (the upstream form, LayerNorm's default:
+    tests/ops/test_layernorm_upstream.py)."""
     return dict(q_bits_activation=bits, q_mode_activation=mode, lut_items_in_bits=lut_bits,
-                q_bits_bias=48 if bits > 8 else 32, q_strategy_activation="extrema")
+                q_bits_bias=48 if bits > 8 else 32, q_strategy_activation="extrema", layernorm_integer_form="exact")
 
 
 def quantized(case, bits: int, mode: str, lut_bits: int, seed: int = 5):

@@ -1,0 +1,93 @@
+"""`export_parallel_batch`: the written quantized IR holds N copies of the model side by side, so the NPU runs N
+batches at once.
+
+Each Input layer's tensor grows N times along dim 0 (the names stay: they are the model's interface) and a Split
+layer hands one slice to each copy; each copy is the quantized model with its layers and inner tensors renamed
+`<name>_clone_<k>` (copy 0 keeps the names); each model output becomes the Concat along dim 0 of the copies'
+outputs, under the output's own name. Split and Concat move integers only: every copy's tensors have the same
+quantization, so the Concat needs no requantization. Run on N batches joined along dim 0, the written IR gives
+exactly the integers of N runs of the single model. The in-memory quantized model, the ONNX QDQ export and the
+report keep one copy.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Dict, List
+
+from ..graph.graph import PyGraph
+from ..graph.node import PyNode
+from ..graph.tensor import PyTensor
+from ..registry.optype import OpType
+
+
+def _joined(t: PyTensor, copies: int, name: str, axis: int) -> PyTensor:
+    """A copy of `t` (quantization included) holding `copies` of it along `axis`."""
+    j = t.clone(name)
+    shape = list(t.ir_shape)
+    shape[axis] = int(shape[axis]) * copies
+    j.ir_shape = tuple(shape)
+    return j
+
+
+def _layer(name: str, optype: str, inputs: List[PyTensor], outputs: List[PyTensor], like: PyNode,
+           params: Dict) -> PyNode:
+    n = PyNode(name, getattr(OpType, optype), like.layer_id)
+    n.params = OrderedDict(params)
+    n.inputs, n.outputs = inputs, outputs
+    n.quantized, n.settings = like.quantized, like.settings
+    n.params["is_perf_mode"] = like.params.get("is_perf_mode", True)
+    n.params["unquantifiable"] = False
+    return n
+
+
+def parallel_copies(qgraph: PyGraph, copies: int, axis: int = 0) -> PyGraph:
+    """A new graph with `copies` copies of the quantized `qgraph` (see the module docstring), joined along `axis`
+    (`data_batch_dim`); `qgraph` is unchanged. `copies` <= 1 returns a plain clone."""
+    base = qgraph.clone()
+    if copies <= 1:
+        return base
+    out = type(qgraph)(qgraph.name)
+    out.header = OrderedDict(base.header)
+    out.source_file, out._storage, out.device = base.source_file, base._storage, base.device
+    input_names = [t.name for t in base.input_tensors]
+    output_names = [t.name for t in base.output_tensors]
+    inner: Dict[str, List[PyTensor]] = {}  # model input name -> the copies' input tensors
+    for t in base.input_tensors:
+        inner[t.name] = [t.clone(f"{t.name}_part{k}") for k in range(copies)]
+    for k in range(copies):
+        source = base if k == 0 else qgraph.clone()
+        rename: Dict[str, PyTensor] = {name: inner[name][k] for name in input_names}
+        suffix = "" if k == 0 else f"_clone_{k - 1}"
+        for n in source.nodes:
+            if str(n.type) == "Input":
+                continue
+            n.name += suffix
+            for t in n.outputs:
+                if t.name in output_names:
+                    t.name = f"{t.name}_part{k}"
+                elif suffix:
+                    t.name += suffix
+                rename[t.name] = t
+            n.inputs = [rename.get(t.name, t) for t in n.inputs]
+            for key, c in n.constants.items():
+                c.name = n.name + key
+            out.add_node(n)
+    for t in base.input_tensors:
+        node = t.pnode
+        joined = _joined(t, copies, t.name, axis)
+        layer = _layer(node.name, "Input", [], [joined], node, node.params)
+        out.add_node(layer)
+        split = _layer(f"{node.name}_split", "Split", [joined], inner[t.name], node,
+                       {"axis": axis, "splits": [int(t.ir_shape[axis])] * copies})
+        split.params["activation_quantization_axis"] = [None] * copies
+        out.add_node(split)
+    parts = {t.name: t for n in out.nodes for t in n.outputs}
+    for name, t in zip(output_names, base.output_tensors):
+        pieces = [parts[f"{name}_part{k}"] for k in range(copies)]
+        concat = _layer(f"{t.pnode.name}_concat", "Concat", pieces, [_joined(pieces[0], copies, name, axis)],
+                        t.pnode, {"axis": axis})
+        concat.params["activation_quantization_axis"] = [None]
+        out.add_node(concat)
+    out.finalize()
+    out.set_io(input_names, output_names)
+    return out

@@ -1,0 +1,105 @@
+"""Signed initial states for the recurrent layers (docs/semantics/recurrent.md, "Cast of an unsigned initial state").
+
+Upstream's backend takes a BasicLSTM's initial states (inputs 1 and 2) and a GRU's (input 1) as signed integers of
+the layer's activation width only, so its optimizer inserts a `Cast` (to int8/int16, `ignore_scale_zp`, saturating)
+on every such edge whose tensor is unsigned: the usual zero initial state is a Constant quantized as uint8 of scale
+1. `quantize_graph` calls `insert_recurrent_state_casts` on the quantized copy after every layer is quantized, so
+quantopt's IR has the same layers.
+
+A Cast is inserted only where it is exact: the producer is a quantized Constant whose stored integers all lie in the
+signed range (then saturation never changes a value, and the Cast keeps the scale and zero point). Upstream casts
+any unsigned state and saturates codes above 2^(B-1) - 1; quantopt leaves such a state unsigned (its recurrent
+layers read either signedness exactly). One Cast per edge, as upstream (a BasicLSTM reading the same constant as
+both states gets two). Names are deterministic: the layer `<producer>_Cast_<k>`, the output tensor
+`<tensor>_Cast_tensor_` then `<tensor>_Cast_tensor__<k>` (upstream's tensor names; its layer names carry run-dependent
+numbers, which the golden comparison pairs by position: tests/golden_helpers.py).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import torch
+
+from ..graph.graph import PyGraph
+from ..graph.node import PyNode
+from ..graph.tensor import PyTensor
+from ..quant.dtype import Dtype
+from ..quant.params import integer_range
+from ..registry.optype import OpType
+
+STATE_INPUTS: Dict[str, Tuple[int, ...]] = {"BasicLSTM": (1, 2), "GRUv1": (1,), "GRUv3": (1,)}
+"""The initial-state inputs of each recurrent type, which upstream's backend takes signed."""
+
+SIGNED = {8: Dtype.INT8, 16: Dtype.INT16}
+
+
+def _exact_constant(t: PyTensor, lo: int, hi: int) -> bool:
+    """`t` is the output of a quantized Constant whose stored integers all lie in [lo, hi]."""
+    p = t.pnode
+    if p is None or str(p.type) != "Constant" or not p.quantized or "weights" not in p.constants:
+        return False
+    w = p.constants["weights"].betensor
+    if w.is_floating_point() and not bool((w == torch.round(w)).all()):
+        return False
+    return w.numel() == 0 or (int(w.min()) >= lo and int(w.max()) <= hi)
+
+
+def _unique(base: str, taken: set, sep: str) -> str:
+    """`base` itself, else `base<sep>0`, `base<sep>1`, ... (the first name not taken)."""
+    name, k = base, 0
+    while name in taken:
+        name, k = f"{base}{sep}{k}", k + 1
+    taken.add(name)
+    return name
+
+
+def _cast_layer(graph: PyGraph, consumer: PyNode, src: PyTensor, dtype: Dtype, taken: set) -> PyNode:
+    """A quantized Cast of `src` to `dtype` keeping its scale and zero point (its output range the full dtype)."""
+    name = _unique(f"{src.pnode.name}_Cast", taken, "_")
+    node = PyNode(name, OpType.Cast, consumer.layer_id)
+    node.additional = True
+    node.settings = consumer.settings
+    node.inputs = [src]
+    out = src.clone(_unique(f"{src.name}_Cast_tensor_", taken, "_"))
+    out.dtype = dtype
+    out.qbits = dtype.bits
+    out.qmin, out.qmax = integer_range(dtype.bits, True)
+    out.pnode = node
+    node.outputs = [out]
+    node.params["to_dtype"] = dtype
+    node.params["ignore_scale_zp"] = True
+    node.params["clip_mode"] = "SATURATION"
+    node.params["is_perf_mode"] = True
+    node.params["unquantifiable"] = False
+    node.params["activation_quantization_axis"] = [None]
+    node.quantized = True
+    graph.add_node(node)
+    return node
+
+
+def insert_recurrent_state_casts(graph: PyGraph) -> List[str]:
+    """Insert the exact Casts of unsigned initial states of quantized recurrent layers (see the module doc); returns
+    the inserted layer names in graph order."""
+    taken = {n.name for n in graph.nodes} | set(graph.tensors())
+    inserted: List[str] = []
+    for n in list(graph.nodes):
+        indices = STATE_INPUTS.get(str(n.type))
+        if indices is None or not n.quantized or not n.outputs:
+            continue
+        dtype = SIGNED.get(n.outputs[0].dtype.bits) if n.outputs[0].dtype.is_signed else None
+        if dtype is None:
+            continue
+        lo, hi = integer_range(dtype.bits, True)
+        for i in indices:
+            if i >= len(n.inputs):
+                continue
+            t = n.inputs[i]
+            if t.dtype.is_float or t.dtype.is_signed or not _exact_constant(t, lo, hi):
+                continue
+            cast = _cast_layer(graph, n, t, dtype, taken)
+            n.inputs[i] = cast.outputs[0]
+            inserted.append(cast.name)
+    if inserted:
+        graph.finalize(graph.source_file)
+        graph.set_io([t.name for t in graph.input_tensors], [t.name for t in graph.output_tensors])
+    return inserted

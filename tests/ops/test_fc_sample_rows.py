@@ -1,0 +1,38 @@
+"""FullyConnected's float forward groups the rows of one IR sample as upstream's GEMM does (ops/_fc_order.py):
+the same per-sample result at any batch, the several-row order for small samples, one row at a time beyond
+GEMM_ORDER_MAX_MACS multiply-adds."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from quantopt.graph.builder import GraphBuilder
+from quantopt.ops._fc_order import linear_float32
+from quantopt.ops.linear import GEMM_ORDER_MAX_MACS
+
+
+def _fc(rows: int, k: int, n: int, seed: int = 0):
+    r = np.random.default_rng(seed)
+    g = GraphBuilder("fc")
+    x = g.input("x", [rows, k])  # a 2-D IR input: one sample is all its rows
+    w = r.normal(0, 0.3, (n, k)).astype(np.float32)
+    b = r.normal(0, 0.1, n).astype(np.float32)
+    y = g.layer("FullyConnected", [x], [[rows, n]], name="fc", params=dict(num_output=n, with_activation="NONE"),
+                constants={"weights": w, "biases": b})
+    return g.build([y]), torch.from_numpy(w), torch.from_numpy(b)
+
+
+@pytest.mark.parametrize("rows, k, n, grouped", [(16, 32, 32, True), (4, 200, 12, True), (64, 128, 160, False)])
+def test_sample_rows_and_batches(rows: int, k: int, n: int, grouped: bool) -> None:
+    assert (rows * k * n <= GEMM_ORDER_MAX_MACS) == grouped
+    graph, w, b = _fc(rows, k, n)
+    x = torch.from_numpy(np.random.default_rng(1).normal(0, 1, (3 * rows, k)).astype(np.float32))
+    one, = graph.forward([x[:rows]])
+    one = one.clone()
+    three, = graph.forward([x])  # three samples in one batch, concatenated along dim 0
+    assert torch.equal(three[:rows], one)
+    expected = linear_float32(x[:rows], w, b, group_rows=rows if grouped else 1)
+    assert torch.equal(one, expected)
+    if grouped:  # the several-row order is another rounding than one row at a time
+        assert not torch.equal(one, linear_float32(x[:rows], w, b, group_rows=1))
