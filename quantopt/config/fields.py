@@ -25,12 +25,15 @@ from .kinds import (
     PathKind,
     PluginNameKind,
     StrategyKind,
+    TargetKind,
     TrimKind,
     UnifyScalesKind,
     ValueKind,
 )
 from .kinds_accuracy import AutoSearch, AutoSearchKind, LayerRangesKind, OpTypeListKind, TriggerFloatKind
+from .kinds_passes import TuneOpKind, TuneOpValue
 from .presets import PRESET_NAMES
+from .targets import DEFAULT_TARGET
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,11 @@ ACTIVATION_MODES = ("per_tensor_symmetric_restricted_range", "per_tensor_symmetr
                     "per_tensor_asymmetric", "per_channel_symmetric_restricted_range",
                     "per_channel_symmetric_full_range")
 
+field("min_compatible_zhouyi_target", DEFAULT_TARGET, TargetKind(),
+      "the oldest NPU generation the quantized model must run on (Z1, Z2, Z3, X1, X2; X3, X3P, X3S are refused: "
+      "their integer forms are not simulated); it sets the defaults of fields the cfg leaves unset: "
+      "bias_effective_bits 16 (Z1-X1) or 32 (X2), and for X2 RMSNorm in float16 (trigger_float_op); "
+      "docs/user-guide.md", group="quantization")
 field("preset", "none", ChoiceKind(PRESET_NAMES),
       "a recipe that sets the defaults of the fields this cfg does not set itself: none (upstream's defaults) or "
       "accurate (the recommended int8 recipe: per-channel weights, a shift per channel, activation ranges holding "
@@ -251,6 +259,36 @@ field("enable_pass_merge_matmul_mul", True, BoolKind(),
       "possibly behind Reshape/Transpose-like layers) into the MatMul before statistics, as upstream does by default: "
       "its output is calibrated after the factor, the Mul stays as an identity Crop and its Constant goes "
       "(docs/user-guide.md, \"Graph passes\"); false keeps MatMul, Constant and Mul as written", group="quantization")
+field("enable_pass_tune_op_softmax", TuneOpValue(((0.0,), (0.0,))), TuneOpKind(),
+      "[quant_method, p][approx_method]: a Softmax's integer method: 0 automatic (LUT for a graph output or a "
+      "Softmax feeding NMS/Sort/ArgMinMax/TopK/InTopK, else FAST_EXP), [1, adjust_q] FAST_EXP with adjust_q 0, 1 "
+      "(default) or 8..15, [2, 20] LUT (20-bit table values; other widths refused); approx_method 0, or 1 (changes "
+      "float Softmax layers on X3 targets only: no effect here); docs/user-guide.md, \"Graph passes\"",
+      per_layer=True, group="quantization")
+field("enable_pass_tune_op_complicated_activations", TuneOpValue(((0.0,), (0.0,))), TuneOpKind(),
+      "[quant_method][approx_method, use_dynamic_lut] for Sigmoid, Tanh, GELU, Silu, Swish, ELU, Exp, ... (BasicLSTM: "
+      "one pair per gate): quant_method 0 (the one integer form); approx_method 0, or 1 (changes float activations "
+      "on X3 targets only: no effect here); other numbers refused", per_layer=True, group="quantization")
+field("enable_pass_decompose_nonmonotonic_activations", False, BoolKind(),
+      "before statistics, an Activation SILU, SWISH (alpha 1) or HARDSWISH with at least 2^21 output elements "
+      "becomes x * sigmoid(x) resp. x * hardsigmoid(x) (an Activation and a Mul: a monotonic gate quantizes with a "
+      "small table); GELU, MISH and other SWISH gates are refused (upstream's gate is an arbitrary-function table "
+      "quantopt lacks)", per_layer=True, group="quantization")
+field("enable_pass_split_qkv_fc_in_transformer", False, BoolKind(),
+      "before statistics, a FullyConnected read only by a Split of its feature axis (a fused query/key/value "
+      "projection) becomes one FullyConnected per part, each calibrated and quantized on its own; the float "
+      "outputs do not change", group="quantization")
+field("enable_pass_deeply_set_unquantifiable", False, BoolKind(),
+      "shape-only layers (Reshape, Transpose, Slice, Split, Pad, ...) reading a float layer of trigger_float_op run "
+      "in float too, chains included, so no Quantize/DeQuantize pair sits between them", group="quantization")
+field("enable_pass_scaled_dot_product_attention", False, BoolKind(),
+      "upstream fuses softmax(Q K^T * s [+ mask]) V into one SDPAttention layer, an operator quantopt does not "
+      "implement: true is an error on a graph with such a chain (and changes nothing on one without)",
+      group="quantization")
+field("enable_pass_convert_resize_to_convolution", False, BoolKind(),
+      "upstream rewrites bilinear Resize layers as convolutions only in its compat_quantized_model flow (whatever "
+      "this field says) and ignores the field otherwise; quantopt lacks that flow, so true is an error",
+      group="quantization")
 field("calibrate_with_zero_inputs", False, BoolKind(),
       "allow calibration without calibration_data by feeding all-zero inputs (activation ranges will be "
       "meaningless; only for smoke tests)", group="calibration")
@@ -322,16 +360,14 @@ field("fake_quant_operators_for_debug", [], OpTypeListKind(),
 # "not implemented yet" error instead of "unknown key" (and never a silent no-op).
 UPSTREAM_FIELDS = frozenset("""
 weight_block_size quant_type cast_dtypes_for_lib
-min_compatible_zhouyi_target with_winograd
+with_winograd
 compat_quantized_model_simplify_dequantize_quantize
-enable_pass_convert_resize_to_convolution enable_pass_decompose_nonmonotonic_activations
-enable_pass_tune_op_complicated_activations enable_pass_tune_op_softmax enable_pass_deeply_set_unquantifiable
-enable_pass_split_qkv_fc_in_transformer optimize_wdc_for_x2
+optimize_wdc_for_x2
 ds_output_shape_constant enable_ds activation_block_size
 featuremap_tiling_param featuremap_splits_item_x featuremap_splits_item_y featuremap_splits_concat_blk
 featuremap_splits_overlap_rate featuremap_splits_sram_size
 compat_quantized_model compat_quantized_model_strategy compat_quantized_model_eliminate_cast
 compat_quantized_model_int8_to_uint8 compat_quantized_model_ops compat_quantized_model_unify_shifts_mode
 compat_quantized_model_left_shift_bits compat_quantized_model_force_weight_asym
-regularize_activation_perchannel_scales enable_pass_scaled_dot_product_attention ds_parameter_constant
+regularize_activation_perchannel_scales ds_parameter_constant
 """.split())

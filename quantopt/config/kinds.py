@@ -173,6 +173,20 @@ class NameKind(ValueKind):
                "suffixes to it)"
 
 
+class TargetKind(ValueKind):
+    """`min_compatible_zhouyi_target`: an NPU generation whose integer forms quantopt simulates (config/targets.py)."""
+
+    def parse(self, text: str) -> str:
+        from .targets import target_defaults, target_name
+
+        name = target_name(text)
+        target_defaults(name)  # refuses the targets quantopt does not simulate
+        return name
+
+    def allowed(self) -> str:
+        return "Z1, Z2, Z3, X1 or X2 (any case; a '_' suffix such as X2_1204 is ignored)"
+
+
 @dataclass
 class PluginNameKind(ValueKind):
     """A plugin's class name (checked against the registry when the run starts)."""

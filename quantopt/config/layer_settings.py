@@ -13,6 +13,7 @@ from typing import Any, Dict, FrozenSet, Iterable, Optional
 from ..errors import ConfigError, UnsupportedError
 from ..quant.hardware import BN_WEIGHT_BITS
 from .fields import FIELDS
+from .targets import target_level
 
 # JSON/template key -> cfg field that gives its default and validates its value
 SETTING_FIELDS: Dict[str, str] = {
@@ -76,6 +77,7 @@ class LayerSettings:
     fc_float_summation: str = "upstream"  # fc_float_summation (global cfg field; ops/linear.py)
     detect_inf_mask_nodes: bool = False  # enable_pass_detect_inf_mask_nodes (global cfg field; passes/inf_mask.py)
     perchannel_min_elements: int = 1  # activation_perchannel_min_elements (global; passes/per_channel_fallback.py)
+    target_level: int = 1  # min_compatible_zhouyi_target's level (global; config/targets.py)
     explicit: FrozenSet[str] = field(default=frozenset(), compare=False)
     """Keys set for this layer in particular (a per-layer cfg rule, opt_config, quantize_model's per_layer): they
     take precedence over an operator's own default (BatchNorm's 16-bit weights)."""
@@ -104,6 +106,7 @@ def settings_from_cfg(cfg: Any, node: Any) -> LayerSettings:
     values["fc_float_summation"] = str(cfg.fc_float_summation)
     values["detect_inf_mask_nodes"] = bool(cfg.enable_pass_detect_inf_mask_nodes)
     values["perchannel_min_elements"] = int(cfg.activation_perchannel_min_elements)
+    values["target_level"] = target_level(cfg.min_compatible_zhouyi_target)
     values["explicit"] = frozenset(key for key, field_name in SETTING_FIELDS.items()
                                    if hasattr(getattr(cfg, field_name), "overridden")
                                    and getattr(cfg, field_name).overridden(node))

@@ -15,6 +15,7 @@ from .optypes import ACTIVATION_METHODS  # noqa: F401  (re-exported)
 from .optypes import known_optype as _known_optype
 from .perlayer import PerLayerSyntaxError, PerLayerValue, parse_per_layer
 from .presets import preset_values
+from .targets import target_defaults
 
 SECTION = "common"
 
@@ -38,6 +39,8 @@ class Config:
 
     preset_fields: Dict[str, str] = {}
     """The fields the `preset` set (field -> value text), the others keep the cfg's value or the default."""
+    target_fields: Dict[str, str] = {}
+    """The fields `min_compatible_zhouyi_target` set (field -> value text), as `preset_fields`."""
 
     def is_set(self, name: str) -> bool:
         return name in self.explicit
@@ -134,6 +137,7 @@ def read_cfg(path: str) -> Config:
             raise ConfigError(f"field '{key}': invalid value '{clip(text)}' ({e}); expected {f.allowed()}",
                               file=path, line=number) from None
     _apply_preset(cfg, base_dir)
+    _apply_target(cfg, base_dir)
     check_cross_fields(cfg)
     return cfg
 
@@ -147,6 +151,17 @@ def _apply_preset(cfg: Config, base_dir: str) -> None:
             continue
         cfg.values[name] = _parse_field(FIELDS[name], text, base_dir)
         cfg.preset_fields[name] = text
+
+
+def _apply_target(cfg: Config, base_dir: str) -> None:
+    """`min_compatible_zhouyi_target`'s defaults (config/targets.py) for the fields neither the cfg nor the preset
+    set; listed in `cfg.target_fields` for the log."""
+    cfg.target_fields = {}
+    for name, text in target_defaults(cfg.min_compatible_zhouyi_target).items():
+        if cfg.is_set(name) or name in cfg.preset_fields:
+            continue
+        cfg.values[name] = _parse_field(FIELDS[name], text, base_dir)
+        cfg.target_fields[name] = text
 
 
 def check_cross_fields(cfg: Config) -> None:

@@ -466,6 +466,10 @@ def logsoftmax_quantize(self: PyNode) -> None:
     if s.q_mode_activation.startswith("per_channel"):
         raise UnsupportedError(f"layer '{self.name}' (LogSoftmax): per-channel activation quantization is not "
                                "supported")
+    if s.target_level < 1:
+        raise UnsupportedError(f"layer '{self.name}' (LogSoftmax): targets older than X2 have another LogSoftmax "
+                               "integer form, which quantopt does not simulate; set min_compatible_zhouyi_target = X2",
+                               field="min_compatible_zhouyi_target")
     _axis(self, len(inp.ir_shape))
     quantize_activation(self, out, True)
     self.params.setdefault("adjust_q", FAST_EXP_ADJUST_Q)
