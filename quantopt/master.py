@@ -35,7 +35,14 @@ from .log import OPT_INFO, OPT_WARN, StepTimer, attach_file, detach_file, error_
 from .passes.batch_size import modify_batch_size
 from .passes.fake_quant import apply_fake_quant
 from .passes.parallel_batch import parallel_copies
-from .pipeline import calibrate, collect_statistics, finish_settings, graph_passes, quantize_calibrated
+from .pipeline import (
+    calibrate,
+    collect_statistics,
+    finish_settings,
+    graph_pass_options,
+    graph_passes,
+    quantize_calibrated,
+)
 from .progress import progress
 from .quantizer import apply_qconfig, assign_settings, check_quantizable, quantize_graph
 from .registry import OP_FORWARD, OptBaseMetric, PluginType, get_plugin
@@ -340,12 +347,9 @@ class OptMaster:
             OPT_INFO(f"{'quantized' if quantized else 'float'} metric: {m.report()}")
         return scores
 
-    def evaluate_float(self) -> Dict[str, float]:
-        return self.evaluate(self.graph, self.float_metrics, quantized=False)
-
-    def prepare_statistics(self) -> None:
-        """Every step before calibration: operator checks, data, zero-input check, graph passes (upstream's stage 1:
-        merge_matmul_mul), layer settings, statistics."""
+    def model_checks(self) -> None:
+        """The first steps of every run: operators, the batch size (`modify_batch_dim`), data and metrics, and the
+        float graph's zero-input forward."""
         with self.timer.step("check operators"):
             self.check_operators()
         self.modify_batch_size()
@@ -353,9 +357,16 @@ class OptMaster:
             self.prepare()
         with self.timer.step("zero-input forward check"):
             self.zero_forward_check()
-        if self.cfg.enable_pass_merge_matmul_mul:
-            with self.timer.step("graph passes"):
-                graph_passes(self.graph, merge_matmul_mul_pass=True)
+
+    def evaluate_float(self) -> Dict[str, float]:
+        return self.evaluate(self.graph, self.float_metrics, quantized=False)
+
+    def prepare_statistics(self) -> None:
+        """Every step before calibration: operator checks, data, zero-input check, graph passes (upstream's stage 1,
+        pipeline.graph_passes), layer settings, statistics."""
+        self.model_checks()
+        with self.timer.step("graph passes"):
+            graph_passes(self.graph, **graph_pass_options(self.cfg))
         with self.timer.step("check quantize functions"):
             check_quantizable(self.graph)
         with self.timer.step("layer settings"):
@@ -364,7 +375,7 @@ class OptMaster:
             assign_settings(self.graph, self.cfg, opt_config)
             if self.cfg.qconfig:
                 apply_qconfig(self.graph, self.cfg.qconfig)
-            finish_settings(self.graph)
+            finish_settings(self.graph, self.cfg.enable_pass_deeply_set_unquantifiable)
         with self.timer.step("statistics"):
             if self.cfg.statistic_file:
                 count = load_statistics(self.graph, self.cfg.statistic_file,
@@ -389,6 +400,9 @@ class OptMaster:
         attach_file(log_path)
         start = time.perf_counter()
         try:
+            if self.cfg.target_fields:
+                OPT_INFO(f"min_compatible_zhouyi_target {self.cfg.min_compatible_zhouyi_target}: "
+                         + ", ".join(f"{k} = {v}" for k, v in self.cfg.target_fields.items()))
             if self.cfg.preset != "none":
                 fields = ", ".join(f"{k} = {v}" for k, v in self.cfg.preset_fields.items()) or \
                     "nothing (the cfg sets every field it would)"
@@ -444,13 +458,7 @@ class OptMaster:
 
     def _float_only(self, start: float, log_path: str) -> Dict[str, Any]:
         """`skip_optimization`: the float model's checks and metric only; no statistics, no IR."""
-        with self.timer.step("check operators"):
-            self.check_operators()
-        self.modify_batch_size()
-        with self.timer.step("prepare data and metrics"):
-            self.prepare()
-        with self.timer.step("zero-input forward check"):
-            self.zero_forward_check()
+        self.model_checks()
         OPT_INFO("skip_optimization = true: no statistics, no quantization, no IR"
                  + ("; eval_optimized_model has no quantized model to evaluate"
                     if self.cfg.eval_optimized_model and self.quant_metrics else ""))

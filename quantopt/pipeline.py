@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import nullcontext
-from typing import Any, Callable, ContextManager, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -18,9 +18,15 @@ from .calibration.low_sqnr import promote_low_sqnr_activations
 from .config.layer_settings import LayerSettings, check_settings, with_operator_defaults
 from .graph.graph import PyGraph, QuantizeGraph
 from .graph.values import to_float
+from .passes.decompose_activations import decompose_nonmonotonic_activations as decompose_nonmonotonic_activations_pass
+from .passes.deep_float import deeply_set_unquantifiable as deeply_set_unquantifiable_pass
 from .passes.inf_mask import detect_inf_mask_nodes
 from .passes.merge_matmul_mul import merge_matmul_mul
 from .passes.per_channel_fallback import fall_back_to_per_tensor
+from .passes.split_qkv_fc import split_qkv_fc
+from .passes.tune_op import tune_op_complicated_activations as tune_op_complicated_activations_pass
+from .passes.tune_op import tune_op_softmax as tune_op_softmax_pass
+from .passes.unsupported_passes import check_scaled_dot_product_attention, refuse_convert_resize_to_convolution
 from .quantizer import quantize_graph
 from .tuning.unify_scales import RuleSource, UnifyReport, unify_scales
 
@@ -32,11 +38,45 @@ def _untimed(_name: str) -> ContextManager[Any]:
     return nullcontext()
 
 
-def graph_passes(graph: QuantizeGraph, merge_matmul_mul_pass: bool = True) -> None:
-    """Float graph rewrites before settings and statistics (upstream's stage 1): `enable_pass_merge_matmul_mul`
-    folds constant factors after MatMuls into them (passes/merge_matmul_mul.py)."""
+GRAPH_PASS_FIELDS = {
+    "merge_matmul_mul_pass": "enable_pass_merge_matmul_mul",
+    "scaled_dot_product_attention": "enable_pass_scaled_dot_product_attention",
+    "decompose_nonmonotonic_activations": "enable_pass_decompose_nonmonotonic_activations",
+    "tune_op_softmax": "enable_pass_tune_op_softmax",
+    "tune_op_complicated_activations": "enable_pass_tune_op_complicated_activations",
+    "split_qkv_fc_in_transformer": "enable_pass_split_qkv_fc_in_transformer",
+    "convert_resize_to_convolution": "enable_pass_convert_resize_to_convolution",
+}
+"""`graph_passes` keyword -> the cfg field that gives it."""
+
+
+def graph_pass_options(cfg: Any) -> Dict[str, Any]:
+    """`graph_passes` keywords from a read cfg (per-layer fields stay per-layer values)."""
+    return {key: getattr(cfg, name) for key, name in GRAPH_PASS_FIELDS.items()}
+
+
+def graph_passes(graph: QuantizeGraph, merge_matmul_mul_pass: bool = True, *,
+                 scaled_dot_product_attention: bool = False, decompose_nonmonotonic_activations: Any = False,
+                 tune_op_softmax: Any = "[0][0]", tune_op_complicated_activations: Any = "[0][0]",
+                 split_qkv_fc_in_transformer: bool = False, convert_resize_to_convolution: bool = False) -> None:
+    """Float graph rewrites before settings and statistics (upstream's stage 1, in its order), each given by the
+    cfg field of its name (`GRAPH_PASS_FIELDS`; per-layer fields take a value with `.get(node)` or one value):
+    scaled_dot_product_attention and convert_resize_to_convolution are refused where they would act
+    (passes/unsupported_passes.py); decompose_nonmonotonic_activations (passes/decompose_activations.py); the two
+    tune_op fields (passes/tune_op.py); merge_matmul_mul folds constant factors after MatMuls into them
+    (passes/merge_matmul_mul.py); split_qkv_fc_in_transformer (passes/split_qkv_fc.py)."""
+    if convert_resize_to_convolution:
+        refuse_convert_resize_to_convolution()
+    if scaled_dot_product_attention:
+        check_scaled_dot_product_attention(graph)
+    if decompose_nonmonotonic_activations:
+        decompose_nonmonotonic_activations_pass(graph, decompose_nonmonotonic_activations)
+    tune_op_softmax_pass(graph, tune_op_softmax)
+    tune_op_complicated_activations_pass(graph, tune_op_complicated_activations)
     if merge_matmul_mul_pass:
         merge_matmul_mul(graph)
+    if split_qkv_fc_in_transformer:
+        split_qkv_fc(graph)
 
 
 def settings_from_arguments(graph: QuantizeGraph, settings: Union[None, LayerSettings, Mapping[str, Any]] = None,
@@ -50,11 +90,14 @@ def settings_from_arguments(graph: QuantizeGraph, settings: Union[None, LayerSet
         check_settings(n.settings, n)
 
 
-def finish_settings(graph: QuantizeGraph) -> List[Tuple[str, str]]:
+def finish_settings(graph: QuantizeGraph, deeply_set_unquantifiable: bool = False) -> List[Tuple[str, str]]:
     """After the settings are assigned, before the statistics: per-channel activations that no reader could take
-    fall back to per-tensor (passes/per_channel_fallback.py), and Constant mask values become -FLT_MAX where
-    `enable_pass_detect_inf_mask_nodes` asks for it (passes/inf_mask.py). Returns the fallen-back layers."""
+    fall back to per-tensor (passes/per_channel_fallback.py), shape-only readers of float layers run in float too
+    with `enable_pass_deeply_set_unquantifiable` (passes/deep_float.py), and Constant mask values become -FLT_MAX
+    where `enable_pass_detect_inf_mask_nodes` asks for it (passes/inf_mask.py). Returns the fallen-back layers."""
     fallen = fall_back_to_per_tensor(graph)
+    if deeply_set_unquantifiable:
+        deeply_set_unquantifiable_pass(graph)
     detect_inf_mask_nodes(graph)
     return fallen
 

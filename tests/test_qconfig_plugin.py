@@ -11,6 +11,7 @@ from typing import Iterator
 import pytest
 from test_cli import example_cfg
 from test_plugin_op import registries_restored
+from test_upstream_fields import _layers
 
 from quantopt import registry
 from quantopt.cli import main
@@ -28,19 +29,6 @@ def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
         monkeypatch.chdir(tmp_path)
         monkeypatch.setattr(registry, "_discovered", False)
         yield folder
-
-
-def _layers(txt: Path) -> dict:
-    layers, current = {}, None
-    for line in txt.read_text().splitlines():
-        key, _, value = line.partition("=")
-        if key == "layer_id":
-            current = {}
-        if current is not None and key:
-            current[key] = value
-        if key == "layer_name":
-            layers[value] = current
-    return layers
 
 
 def test_example_plugin_sets_the_layers_it_names(plugin_dir: Path, tmp_path: Path) -> None:

@@ -32,9 +32,11 @@ PACKAGED = {
 
 COMMON_SETTINGS = {"quantize_method_for_weight": "per_channel_symmetric_restricted_range"}
 """Quantization settings of every model's cfg (the rest are quantopt's defaults: int8, mean calibration)."""
-VAD_SETTINGS = {"activation_bits": "8 & <[Pow,Square,Sqrt,Eltwise]:16>", "lut_items_in_bits": "10"}
+VAD_SETTINGS = {"activation_bits": "8 & <[Pow,Square,Sqrt,Eltwise]:16>", "lut_items_in_bits": "10",
+                "lstm_integer_form": "q15"}
 """Silero VAD: the STFT magnitude (sqrt(re^2 + im^2), over a range dominated by a few spectral peaks) keeps 16-bit
-activations (in the If-free export the LSTM cell's Adds too); with int8 there most low-energy bins are lost."""
+activations (in the If-free export the LSTM cell's Adds too); with int8 there most low-energy bins are lost. The
+LSTM takes quantopt's q15 cell, the form the ONNX QDQ export writes (upstream's form is refused there)."""
 
 VAD_RATE = 16000
 VAD_CHUNK = 512

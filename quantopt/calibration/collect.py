@@ -1,7 +1,10 @@
 """The statistics pass over a graph and local calibration of every tensor.
 
 Statistics of activations are folded in one float forward per calibration batch (a hook after each layer), so
-memory does not grow with the number of batches. Weights (every floating constant but biases) get their
+memory does not grow with the number of batches. A layer's placeholders (`node.placeholders`: tensors inside the
+layer that its float forward sets, such as a recurrent cell's gate activations) are folded after its forward like
+its outputs, per tensor, and calibrated with the layer's activation strategy, so its quantize function can read their
+ranges. Weights (every floating constant but biases) get their
 statistics once, per tensor and per output channel (axis 0). Each layer's `settings` (a LayerSettings) decide the
 strategies and hence which statistics are worth computing.
 """
@@ -75,11 +78,14 @@ def recalibrate_weight(node: PyNode, t: PyTensor) -> None:
 
 def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[torch.Tensor]]) -> int:
     """Fold every batch's layer outputs into their tensors' statistics (per channel of the last axis too where the
-    layer's activation mode is per channel); returns the number of batches."""
+    layer's activation mode is per channel), and the values the float forward left in the layer's placeholders (per
+    tensor only: their shapes are the layer's own business); returns the number of batches."""
     configs: Dict[int, StatisticsConfig] = {
         id(n): _stat_config(n, n.settings.q_strategy_activation, key_axis=-1 if _per_channel_activations(n) else None,
                             activation=True)
         for n in graph.nodes}
+    placeholder_configs: Dict[int, StatisticsConfig] = {
+        id(n): _stat_config(n, n.settings.q_strategy_activation, key_axis=None, activation=True) for n in graph.nodes}
     count = 0
 
     def hook(node: PyNode) -> None:
@@ -88,6 +94,9 @@ def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[tor
             if node.type == "Input" and t.betensor.is_floating_point() and bool(torch.isnan(t.betensor).any()):
                 raise DataError(f"calibration batch {count} has NaN values in input '{t.name}'")
             update_statistics(t.stats, t.betensor, cfg, count)
+        for t in node.placeholders:
+            if t.betensor.numel() > 0 and t.betensor.is_floating_point():
+                update_statistics(t.stats, t.betensor, placeholder_configs[id(node)], count)
 
     with torch.no_grad():
         for inputs in batches:
@@ -109,8 +118,21 @@ def _calibrate_ranges(graph: PyGraph) -> None:
         calibrate_layer(n)
 
 
+def calibrate_placeholders(n: PyNode) -> None:
+    """Per-tensor ranges of the layer's placeholders that have statistics, with its activation strategy and bits
+    (placeholders without statistics keep min/max None: a quantize function that needs them says so)."""
+    s = n.settings
+    symmetric = not QuantMode.from_name(s.q_mode_activation).is_asymmetric
+    for t in n.placeholders:
+        if t.stats.extrema_min is None:
+            continue
+        t.min, t.max = apply_strategy(t.stats, s.q_strategy_activation, s.q_bits_activation, symmetric=symmetric,
+                                      ir_range=t.ir_range, per_channel=False)
+
+
 def calibrate_layer(n: PyNode) -> None:
-    """The calibrated ranges of one layer's outputs and weight constants from its statistics and settings."""
+    """The calibrated ranges of one layer's outputs, placeholders and weight constants from its statistics and
+    settings."""
     s = n.settings
     act_symmetric = not QuantMode.from_name(s.q_mode_activation).is_asymmetric
     for t in n.outputs:
@@ -123,6 +145,7 @@ def calibrate_layer(n: PyNode) -> None:
             t.min_key_axis, t.max_key_axis = apply_strategy(t.stats, s.q_strategy_activation,
                                                             s.q_bits_activation, symmetric=act_symmetric,
                                                             ir_range=t.ir_range, per_channel=True)
+    calibrate_placeholders(n)
     w_symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
     for t in weight_constants(n):
         t.min, t.max = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight, symmetric=w_symmetric,

@@ -9,6 +9,11 @@ The header names the graph the statistics were collected on by a fingerprint (SH
 type and output tensors' names and IR shapes, independent of layer order) and a CRC-32 of every weight constant's
 bytes. Loading a file onto a graph whose fingerprint differs is refused with the first difference named (a missing
 or extra layer, a changed type or output shape), as is a file whose weights differ from the graph's.
+
+Version 2 adds the statistics of layers' placeholders (tensors inside a layer that its float forward sets, e.g. a
+recurrent cell's gate activations): entries of kind `placeholder`, keyed by the placeholder's index in the layer,
+with its name and shape, so loading can create the placeholders of a layer that has not run yet. A file without
+placeholder entries is still written as version 1 (its layout is unchanged), and version 1 files stay readable.
 """
 from __future__ import annotations
 
@@ -36,8 +41,12 @@ from .strategies import statistics_needs
 FORMAT_NAME = "quantopt-statistics"
 """Value of the header's `format` key: tells a statistic file from any other npz archive."""
 
-FORMAT_VERSION = 1
-"""Version of the file layout written by `save_statistics`; `load_statistics` reads versions 1..FORMAT_VERSION."""
+FORMAT_VERSION = 2
+"""Newest file layout `save_statistics` writes (version 1 where the file holds no placeholder entries);
+`load_statistics` reads versions 1..FORMAT_VERSION."""
+
+PLACEHOLDER_VERSION = 2
+"""The first version with `placeholder` entries."""
 
 HEADER_KEY = "header"
 """Name of the archive member holding the JSON header (uint8 bytes)."""
@@ -117,20 +126,29 @@ def _tensors(graph: PyGraph) -> List[Tuple[PyNode, str, Any, PyTensor]]:
     return out
 
 
+def _placeholders(graph: PyGraph) -> List[Tuple[PyNode, str, Any, PyTensor]]:
+    """(layer, "placeholder", index, tensor) of every layer's placeholders, in topological order."""
+    return [(n, "placeholder", i, t) for n in graph.nodes for i, t in enumerate(n.placeholders)]
+
+
 # ------------------------------------------------------------------------------------------------- save
 def save_statistics(graph: PyGraph, path: str) -> str:
-    """Write every output's and weight constant's statistics to `path` (written whole, then renamed into place).
+    """Write every output's, weight constant's and placeholder's statistics to `path` (written whole, then renamed
+    into place).
 
     Returns `path`. Tensors without statistics get an entry without arrays (loading gives them empty statistics).
     """
     arrays: Dict[str, np.ndarray] = {}
     entries: List[Dict[str, Any]] = []
-    for i, (node, kind, key, t) in enumerate(_tensors(graph)):
+    placeholders = _placeholders(graph)
+    for i, (node, kind, key, t) in enumerate(_tensors(graph) + placeholders):
         entry: Dict[str, Any] = {"layer": node.name, "kind": kind, "key": key, "tensor": t.name,
                                  "batches": int(t.stats.batches), "arrays": {}}
         if kind == "constant":
             entry["shape"] = [int(d) for d in t.betensor.shape]
             entry["crc32"] = _crc32(t)
+        elif kind == "placeholder":
+            entry["shape"] = [int(d) for d in (t.betensor.shape if t.betensor.numel() else t.ir_shape)]
         for name in STAT_FIELDS:
             value = getattr(t.stats, name)
             if value is None:
@@ -140,7 +158,8 @@ def save_statistics(graph: PyGraph, path: str) -> str:
             entry["arrays"][name] = member
         entries.append(entry)
     records = _layer_records(graph)
-    header = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "quantopt_version": __version__,
+    version = PLACEHOLDER_VERSION if placeholders else 1
+    header = {"format": FORMAT_NAME, "format_version": version, "quantopt_version": __version__,
               "model": graph.name, "fingerprint": _fingerprint(records), "layers": records, "entries": entries}
     arrays[HEADER_KEY] = np.frombuffer(json.dumps(header, ensure_ascii=False).encode("utf-8"), dtype=np.uint8)
     folder = os.path.dirname(os.path.abspath(path))
@@ -268,7 +287,7 @@ def _check_needs(reader: _Reader, node: PyNode, kind: str, where: str, stats: Te
 
 
 def load_statistics(graph: PyGraph, path: str, check_strategies: bool = True, ignore_missing: bool = False) -> int:
-    """Replace every output's and weight constant's statistics of `graph` by those saved in `path`.
+    """Replace every output's, weight constant's and placeholder's statistics of `graph` by those saved in `path`.
 
     The file must have been made for this graph: same layers (names, types, output tensor names and IR shapes) and
     the same weights. With `check_strategies` (and layer settings assigned), the statistics each layer's
@@ -278,6 +297,10 @@ def load_statistics(graph: PyGraph, path: str, check_strategies: bool = True, ig
     With `ignore_missing` (`ignore_missing_statistic`) the file may be made for another graph: tensors it has no
     matching statistics for (absent, another tensor name, other weights or shape) get them from their weights or
     their neighbours (calibration/missing_statistics.py), listed in one warning; a corrupt file still fails.
+
+    Placeholders: a layer that has none yet gets those the file lists for it (name and shape; values come with its
+    next float forward); a placeholder of the graph the file has no statistics for (a version 1 file, another name)
+    is left without statistics, so the quantize function that needs its range says so.
     """
     reader = _Reader(path)
     header, arrays = reader.read()
@@ -291,8 +314,10 @@ def load_statistics(graph: PyGraph, path: str, check_strategies: bool = True, ig
                           f"{_first_difference(saved, records)}")
     saved_shapes = {str(o[0]): o[1] for r in saved for o in r["outputs"] if isinstance(o, list) and len(o) == 2}
     by_key: Dict[Tuple[str, str, Any], Dict[str, Any]] = {}
+    kinds = ("output", "constant", "placeholder") if header["format_version"] >= PLACEHOLDER_VERSION \
+        else ("output", "constant")
     for entry in header["entries"]:
-        if not isinstance(entry, dict) or entry.get("kind") not in ("output", "constant"):
+        if not isinstance(entry, dict) or entry.get("kind") not in kinds:
             raise reader.fail("corrupt statistic file header (invalid entry)")
         by_key[(str(entry.get("layer")), entry["kind"], entry.get("key"))] = entry
     staged: List[Tuple[PyTensor, TensorStatistics]] = []
@@ -313,6 +338,7 @@ def load_statistics(graph: PyGraph, path: str, check_strategies: bool = True, ig
         if check_strategies:
             _check_needs(reader, node, kind, where, stats)
         staged.append((t, stats))
+    created, unmatched = _stage_placeholders(reader, graph, by_key, arrays, staged, check_strategies)
     filled: Dict[int, TensorStatistics] = {}
     if missing:
         filled, unfilled = fill_missing(graph, missing, {t.name: st for t, st in staged})
@@ -327,7 +353,51 @@ def load_statistics(graph: PyGraph, path: str, check_strategies: bool = True, ig
         t.stats = stats
     for _node, _, t in missing:
         t.stats = filled[id(t)]
+    for node, tensors in created:
+        node.placeholders = tensors
+    for t in unmatched:
+        t.stats = TensorStatistics()
     return len(staged)
+
+
+def _placeholder_entries(reader: _Reader, node: PyNode, by_key: Dict[Tuple[str, str, Any], Dict[str, Any]]
+                         ) -> List[Dict[str, Any]]:
+    """The file's placeholder entries of `node`, by index 0, 1, ... (stops at the first index it lacks)."""
+    out = []
+    while (node.name, "placeholder", len(out)) in by_key:
+        entry = by_key[(node.name, "placeholder", len(out))]
+        shape = entry.get("shape")
+        if not isinstance(entry.get("tensor"), str) or not isinstance(shape, list) \
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise reader.fail(f"corrupt entry for placeholder {len(out)} of layer '{node.name}'")
+        out.append(entry)
+    return out
+
+
+def _stage_placeholders(reader: _Reader, graph: PyGraph, by_key: Dict[Tuple[str, str, Any], Dict[str, Any]],
+                        arrays: Dict[str, np.ndarray], staged: List[Tuple[PyTensor, TensorStatistics]],
+                        check_strategies: bool) -> Tuple[List[Tuple[PyNode, List[PyTensor]]], List[PyTensor]]:
+    """Stage the placeholders' statistics (appended to `staged`); returns the placeholders to create (layers that
+    have none yet) and the graph's placeholders the file has no statistics for. Changes nothing in the graph."""
+    created: List[Tuple[PyNode, List[PyTensor]]] = []
+    unmatched: List[PyTensor] = []
+    for node in graph.nodes:
+        entries = _placeholder_entries(reader, node, by_key)
+        tensors = node.placeholders
+        if not tensors and entries:
+            tensors = [PyTensor(e["tensor"], shape=e["shape"]) for e in entries]
+            created.append((node, tensors))
+        for i, t in enumerate(tensors):
+            entry = entries[i] if i < len(entries) else None
+            if entry is None or entry["tensor"] != t.name:
+                unmatched.append(t)
+                continue
+            where = f"placeholder '{t.name}' of layer '{node.name}'"
+            stats = _check_entry_arrays(reader, where, entry, arrays)
+            if check_strategies:
+                _check_needs(reader, node, "placeholder", where, stats)
+            staged.append((t, stats))
+    return created, unmatched
 
 
 def _constant_key(node: PyNode, t: PyTensor) -> str:

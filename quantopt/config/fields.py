@@ -24,6 +24,7 @@ from .kinds import (
     OptionalIntKind,
     PathKind,
     PluginNameKind,
+    QuantTypeKind,
     StrategyKind,
     TargetKind,
     TrimKind,
@@ -133,7 +134,8 @@ field("eval_original_model", True, BoolKind(), "evaluate the metric on the float
 
 # --- quantization (per-layer fields accept `global & <selector:value> ...`) ---------------------------------------
 WEIGHT_MODES = ("per_tensor_symmetric_restricted_range", "per_tensor_symmetric_full_range", "per_tensor_asymmetric",
-                "per_channel_symmetric_restricted_range", "per_channel_symmetric_full_range", "per_channel_asymmetric")
+                "per_channel_symmetric_restricted_range", "per_channel_symmetric_full_range", "per_channel_asymmetric",
+                "per_block_symmetric_restricted_range", "per_block_symmetric_full_range", "per_block_asymmetric")
 ACTIVATION_MODES = ("per_tensor_symmetric_restricted_range", "per_tensor_symmetric_full_range",
                     "per_tensor_asymmetric", "per_channel_symmetric_restricted_range",
                     "per_channel_symmetric_full_range")
@@ -157,6 +159,15 @@ field("quantize_method_for_activation", "per_tensor_symmetric_full_range", Choic
       "Convolution/DepthwiseConv/FullyConnected/BatchNorm/Eltwise/table-activation outputs one scale per channel "
       "(read by the same layers, pooling and channel-axis Concat)", per_layer=True,
       group="quantization")
+field("quant_type", "disable", QuantTypeKind(),
+      "a named precision recipe of upstream that overrides the layer's bits, lut size and trigger_float_op: w8a8, "
+      "w16a16, weight-only w4/w8/w4afp16/w8afp16/w4abfp16/w8abfp16/wfp4/wfp4afp16/wfp4abfp16/wfp4afp32 (float "
+      "activations, int4/int8/fp4 weights), fp16/bf16/bfp16 (the layer in float); the fp8-activation types are "
+      "refused (not simulated); docs/mixed-precision.md", per_layer=True, group="quantization")
+field("weight_block_size", 256, IntKind(1, 1 << 20),
+      "weights per block with a per-block weight mode (quantize_method_for_weight = per_block_*), used by "
+      "weight-only layers (trigger_float_op *_act_*_wht, quant_type w4afp16...): each run of this many weights "
+      "along a row gets its own scale", per_layer=True, group="quantization")
 field("weight_bits", 8, IntKind(4, 16), "bits of quantized weights (BatchNorm: at least 16 unless set for the layer "
       "by a per-layer rule or opt_config)", per_layer=True, group="quantization")
 field("activation_bits", 8, IntKind(8, 16), "bits of quantized activations", per_layer=True, group="quantization")
@@ -183,6 +194,11 @@ field("layernorm_integer_form", "upstream", ChoiceKind(("upstream", "exact")),
       "LayerNorm's integer form: upstream (the upstream optimizer's: rounded mean, inverse square root table, "
       "normalized tensor at the activation bits) or exact (8 fraction bits on the mean, integer square root, 16-bit "
       "normalized tensor; more accurate); docs/semantics/normalization.md", per_layer=True, group="quantization")
+field("lstm_integer_form", "upstream", ChoiceKind(("upstream", "q15")),
+      "BasicLSTM's integer form: upstream (the upstream optimizer's: 256-entry tables and per-step requantization from "
+      "the calibrated ranges of the cell's inner tensors) or q15 (fixed-range Q15 tables, int32 cell state; more "
+      "accurate at 16 bits with per-channel weights); docs/semantics/recurrent.md", per_layer=True,
+      group="quantization")
 field("force_shift_positive", False, BoolKind(),
       "negative requantization shifts become 0 (the multiplier saturates: accuracy loss)", per_layer=True,
       group="quantization")
@@ -359,7 +375,7 @@ field("fake_quant_operators_for_debug", [], OpTypeListKind(),
 # Fields of the upstream Compass Optimizer that quantopt does not implement yet: a cfg using one gets a clear
 # "not implemented yet" error instead of "unknown key" (and never a silent no-op).
 UPSTREAM_FIELDS = frozenset("""
-weight_block_size quant_type cast_dtypes_for_lib
+cast_dtypes_for_lib
 with_winograd
 compat_quantized_model_simplify_dequantize_quantize
 optimize_wdc_for_x2

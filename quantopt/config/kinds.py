@@ -173,6 +173,24 @@ class NameKind(ValueKind):
                "suffixes to it)"
 
 
+class QuantTypeKind(ValueKind):
+    """`quant_type`: `disable` or one of upstream's recipe names (config/quant_types.py)."""
+
+    def parse(self, text: str) -> str:
+        from .quant_types import QUANT_TYPE_NAMES, quant_type_settings
+
+        name = text.strip().lower()
+        if name not in QUANT_TYPE_NAMES:
+            raise ValueError("not a quant_type name")
+        quant_type_settings(name)  # refuses the fp8-activation types
+        return name
+
+    def allowed(self) -> str:
+        from .quant_types import QUANT_TYPES
+
+        return "disable or one of " + ", ".join(QUANT_TYPES)
+
+
 class TargetKind(ValueKind):
     """`min_compatible_zhouyi_target`: an NPU generation whose integer forms quantopt simulates (config/targets.py)."""
 

@@ -13,6 +13,7 @@ from typing import Any, Dict, FrozenSet, Iterable, Optional
 from ..errors import ConfigError, UnsupportedError
 from ..quant.hardware import BN_WEIGHT_BITS
 from .fields import FIELDS
+from .quant_types import quant_type_settings
 from .targets import target_level
 
 # JSON/template key -> cfg field that gives its default and validates its value
@@ -37,10 +38,12 @@ SETTING_FIELDS: Dict[str, str] = {
     "trigger_float_op": "trigger_float_op",
     "min_activation_sqnr_db": "min_activation_sqnr_db",
     "layernorm_integer_form": "layernorm_integer_form",
+    "lstm_integer_form": "lstm_integer_form",
     "perf_mode_for_lib": "perf_mode_for_lib",
     "resize_degrade_to_nearest": "resize_degrade_to_nearest",
     "unify_scales_for_kvc_concat": "unify_scales_for_kvc_concat",
     "bias_effective_bits_auto_adaption": "bias_effective_bits_auto_adaption",
+    "weight_block_size": "weight_block_size",
 }
 
 
@@ -68,10 +71,12 @@ class LayerSettings:
     trigger_float_op: str = "disable"
     min_activation_sqnr_db: float = 0.0
     layernorm_integer_form: str = "upstream"
+    lstm_integer_form: str = "upstream"
     perf_mode_for_lib: bool = True
     resize_degrade_to_nearest: bool = False
     unify_scales_for_kvc_concat: bool = False
     bias_effective_bits_auto_adaption: bool = False
+    weight_block_size: int = 256
     qinvariant: bool = False  # set_qinvariant_for_start_nodes (not a JSON key: chosen by layer id in the cfg)
     concat_threshold: float = 1.05  # unify_scales_for_concat_threshold (global cfg field)
     fc_float_summation: str = "upstream"  # fc_float_summation (global cfg field; ops/linear.py)
@@ -110,9 +115,16 @@ def settings_from_cfg(cfg: Any, node: Any) -> LayerSettings:
     values["explicit"] = frozenset(key for key, field_name in SETTING_FIELDS.items()
                                    if hasattr(getattr(cfg, field_name), "overridden")
                                    and getattr(cfg, field_name).overridden(node))
+    recipe = quant_type_settings(_for_layer(cfg.quant_type, node))  # quant_type overrides bits and float choice
+    values.update(recipe)
+    values["explicit"] = values["explicit"] | frozenset(recipe)
     settings = with_operator_defaults(LayerSettings(**values), node)
     check_settings(settings, node)
     return settings
+
+
+def _for_layer(value: Any, node: Any) -> Any:
+    return value.get(node) if hasattr(value, "get") and not isinstance(value, dict) else value
 
 
 def with_operator_defaults(settings: LayerSettings, node: Any) -> LayerSettings:

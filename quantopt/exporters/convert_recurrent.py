@@ -1,5 +1,6 @@
 """QDQ export of BasicLSTM and GRUv3 ("exact" mode only): quantopt's integer cells (docs/semantics/recurrent.md)
-unrolled over their time steps in ONNX float64/int64 arithmetic.
+unrolled over their time steps in ONNX float64/int64 arithmetic. A BasicLSTM in upstream's integer form
+(`lstm_integer_form = upstream`, the default) is refused by name.
 
 Per step: the gate accumulator in float64 (input and hidden MatMuls, every sum below 2^53), the per-row gate
 multiplier and shift as an int64 rounding division, the Q15 tables as Gathers over every gate input integer, the
@@ -132,6 +133,9 @@ def _initial_state(g: QDQGraph, node: PyNode, cell: _Cell, t: PyTensor, key: str
 
 @converter("BasicLSTM")
 def convert_lstm(g: QDQGraph, node: PyNode) -> None:
+    if "lut_it" in node.constants:
+        raise node_error(node, "a BasicLSTM in upstream's integer form is not exported; quantize it with "
+                               "lstm_integer_form = q15 (docs/semantics/recurrent.md)")
     cell = _cell(g, node, states=2)
     spec, op, bits, hq, hid_frac, w = cell.spec, cell.op, cell.bits, cell.hq, cell.hid_frac, cell.weights
     cs, isz, steps = spec.cell_size, spec.input_size, spec.time_steps

@@ -102,6 +102,7 @@ def run_grouped(node: Any, run: Callable[[], None], k: int, batched: Sequence[bo
             parts[id(t)] = (_split(t.betensor, k), _split(t.unrounded, k))
     values: List[List[torch.Tensor]] = [[] for _ in node.outputs]
     unrounded: List[List[Optional[torch.Tensor]]] = [[] for _ in node.outputs]
+    inner: List[List[torch.Tensor]] = []  # each group's placeholder values (tensors inside the layer, batch-major)
     try:
         for g in range(k):
             for key, (t, _, _) in saved.items():
@@ -111,6 +112,7 @@ def run_grouped(node: Any, run: Callable[[], None], k: int, batched: Sequence[bo
             for i, out in enumerate(node.outputs):
                 values[i].append(out.betensor)
                 unrounded[i].append(out.unrounded)
+            inner.append([p.betensor for p in getattr(node, "placeholders", [])])
     finally:
         for t, value, unr in saved.values():
             t.betensor = value
@@ -119,6 +121,11 @@ def run_grouped(node: Any, run: Callable[[], None], k: int, batched: Sequence[bo
         out.betensor = torch.cat(values[i], dim=0)
         if all(u is not None for u in unrounded[i]):
             out.unrounded = torch.cat(unrounded[i], dim=0)  # type: ignore[arg-type]
+    placeholders = getattr(node, "placeholders", [])
+    if placeholders and all(len(v) == len(placeholders) for v in inner):
+        for j, p in enumerate(placeholders):  # the whole batch's values, as the outputs
+            if all(v[j].dim() > 0 and v[j].numel() for v in inner):
+                p.betensor = torch.cat([v[j] for v in inner], dim=0)
 
 
 def forward_batched(node: Any, run: Callable[[], None]) -> None:

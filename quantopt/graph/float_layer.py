@@ -34,6 +34,15 @@ def weight_only_dequantized(node: Any) -> Optional[torch.Tensor]:
     cached = node.attrs.get("_weight_only_float")
     if cached is not None and cached[0] is w.betensor:
         return cached[1]
+    if "weight_block_size" in node.params:  # one scale (and zero point) per block of consecutive weights
+        size = int(node.params["weight_block_size"])
+        blocks = w.betensor.to(torch.float32).reshape(-1, size)
+        scale = node.constants["weights_scale"].betensor.to(torch.float32).reshape(-1, 1)
+        zp = node.constants["weights_zp"].betensor.to(torch.float32).reshape(-1, 1) \
+            if "weights_zp" in node.constants else torch.zeros_like(scale)
+        values = ((blocks + zp) * (1.0 / scale)).reshape(w.betensor.shape)
+        node.attrs["_weight_only_float"] = (w.betensor, values)
+        return values
     if "weights_scale" in node.constants:
         shape = [-1] + [1] * (w.betensor.dim() - 1)
         scale = node.constants["weights_scale"].betensor.to(torch.float32).reshape(shape)

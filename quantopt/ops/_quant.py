@@ -248,6 +248,7 @@ def quantize_weights(node: PyNode, per_channel: bool, groups: Optional[int] = No
     if w.min is None:
         raise node._error(f"constant '{key}' has no calibrated range; run calibration before quantization")
     mode = QuantMode.from_name(s.q_mode_weight)
+    _refuse_per_block(node, mode)
     mode = mode.to_per_channel() if per_channel else mode.to_per_tensor()
     bits = int(s.q_bits_weight)
     if per_channel:
@@ -301,6 +302,16 @@ def mac_weights(node: PyNode) -> Tuple[torch.Tensor, torch.dtype]:
     return w.to(dtype), dtype
 
 
+def _refuse_per_block(node: PyNode, mode: QuantMode) -> None:
+    """Per-block weights need a scale per block inside the accumulation, which the integer MAC does not have: they
+    serve weight-only layers (float activations), as upstream's."""
+    if mode.is_per_block:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-block weights ({mode.value}) are for "
+                               "weight-only layers (trigger_float_op *_act_*_wht, or quant_type w4afp16, wfp4afp16, "
+                               "...); an integer layer takes per_tensor or per_channel weights",
+                               field="quantize_method_for_weight")
+
+
 def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
     """Convolution / DepthwiseConv / FullyConnected quantization (upstream `linear_op_quantize`).
 
@@ -313,6 +324,7 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
 
     check_fused_activation_quantizable(node)
     s = layer_settings(node)
+    _refuse_per_block(node, QuantMode.from_name(s.q_mode_weight))
     inp, out = node.inputs[0], node.outputs[0]
     if absorb_input_scales(node):  # a per-channel input: its scales are in the weights, the input has scale 1
         s_in, zp_in = 1.0, 0

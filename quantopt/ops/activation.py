@@ -9,6 +9,7 @@ passes the input through.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -46,6 +47,8 @@ SELU_ALPHA = 1.67326319217681884765625
 SELU_GAMMA = 1.05070102214813232421875
 LEAKYRELU_SLOPE = 0.01
 GELU_APPROXIMATIONS = ("none", "tanh")
+GELU_TANH_CUBIC = 0.044715
+"""Cubic coefficient of GELU's tanh approximation."""
 SHRINK_LAMBD = 0.5
 SHRINK_BIAS = 0.0
 THRESHOLDEDRELU_ALPHA = 1.0
@@ -286,7 +289,12 @@ def _gelu(node: PyNode, x: torch.Tensor) -> torch.Tensor:
     approx = str(node.get_param("approximate", optional=True, default_value="none")).lower()
     if approx not in GELU_APPROXIMATIONS:
         raise node._error(f"unsupported GELU approximate '{approx}' (supported: {', '.join(GELU_APPROXIMATIONS)})")
-    return F.gelu(x, approximate=approx)
+    if approx == "none":
+        return F.gelu(x)
+    # the tanh form in upstream's float order: Φ(x) = 0.5 · (1 + tanh(c · (x + 0.044715 · x³))) with
+    # c = sqrt(2/π) rounded to float32, then x · Φ(x); torch's fused tanh GELU rounds differently in the last bit
+    c = torch.sqrt(torch.tensor(2 / math.pi, dtype=torch.float32))
+    return x * (0.5 * (1 + torch.tanh(c * (x + GELU_TANH_CUBIC * torch.pow(x, 3)))))
 
 
 def _swish(node: PyNode, x: torch.Tensor) -> torch.Tensor:

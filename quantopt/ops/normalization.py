@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -296,14 +297,101 @@ def _normalize_variance(node: PyNode) -> bool:
 
 
 # =============================================================================================== float forward
+SUM_LANES = 8
+"""Lanes of the vector accumulators of the fixed float32 row sum (torch's CPU sum with 256-bit vectors)."""
+
+SUM_ILP = 4
+"""Vector accumulators interleaved by the fixed float32 row sum."""
+
+SUM_LEVELS = 4
+"""Levels of the cascade that groups the fixed float32 row sum's partial sums."""
+
+
+def _fold(t: np.ndarray, axis: int) -> np.ndarray:
+    """Left-to-right float sum of `t` along `axis`, starting from 0 (zeros where the axis is empty)."""
+    acc = np.zeros(t.shape[:axis] + t.shape[axis + 1:], dtype=t.dtype)
+    index: List[Any] = [slice(None)] * axis
+    for k in range(t.shape[axis]):
+        acc = acc + t[tuple(index + [k])]
+    return acc
+
+
+def _cascade(v: np.ndarray) -> np.ndarray:
+    """Sum over axis 1 of v [R, S, ...] in a cascade of SUM_LEVELS levels: blocks of `step` consecutive items are
+    folded, `step` consecutive block sums make a level-2 sum and so on; the last level folds all the level below, and
+    the unfinished remainder of each level is added at the end, lowest level first."""
+    size = int(v.shape[1])
+    step = 1 << max(4, ceil_log2(max(size, 1)) // SUM_LEVELS)
+    sums = v
+    partial = []
+    for level in range(SUM_LEVELS):
+        n = int(sums.shape[1])
+        if level == SUM_LEVELS - 1:
+            partial.append(_fold(sums, 1))
+            break
+        full = n // step * step
+        partial.append(_fold(sums[:, full:], 1))
+        sums = _fold(sums[:, :full].reshape(sums.shape[0], n // step, step, *sums.shape[2:]), 2)
+    out = partial[0]
+    for p in partial[1:]:
+        out = out + p
+    return out
+
+
+def _interleaved_sum(x: np.ndarray) -> np.ndarray:
+    """Sum over axis 1 of x [R, n, ...]: SUM_ILP interleaved accumulators over the first n // SUM_ILP * SUM_ILP items
+    (each summed by `_cascade`), the leftover items added to the first accumulator, then the others added to it."""
+    rows, n = int(x.shape[0]), int(x.shape[1])
+    groups = n // SUM_ILP
+    acc = _cascade(x[:, :groups * SUM_ILP].reshape(rows, groups, SUM_ILP, *x.shape[2:]))
+    first = acc[:, 0]
+    for k in range(groups * SUM_ILP, n):
+        first = first + x[:, k]
+    for k in range(1, SUM_ILP):
+        first = first + acc[:, k]
+    return first
+
+
+def fixed_row_sum(rows: torch.Tensor) -> torch.Tensor:
+    """Float32 sum of each row of `rows` [R, N] in one fixed order, that of torch's single-threaded CPU reduction of a
+    contiguous row with 256-bit vectors (upstream's float LayerNorm statistics, docs/golden-differences.md): rows of
+    N >= SUM_LANES are read as N // SUM_LANES vectors summed by `_interleaved_sum`; the trailing N % SUM_LANES elements
+    are folded from 0, then the vector's lanes added in order. Shorter rows are summed element by element with
+    `_interleaved_sum`. The result depends on neither the machine nor the thread count."""
+    if rows.dtype != torch.float32 or rows.dim() != 2:
+        raise ValueError(f"fixed_row_sum takes a 2-D float32 tensor, got {rows.dtype} of shape {list(rows.shape)}")
+    x = rows.detach().cpu().numpy()
+    n_rows, n = x.shape
+    if n < SUM_LANES:
+        out = _interleaved_sum(x)
+    else:
+        vectors = n // SUM_LANES
+        lanes = _interleaved_sum(x[:, :vectors * SUM_LANES].reshape(n_rows, vectors, SUM_LANES))
+        out = _fold(x[:, vectors * SUM_LANES:], 1)
+        for k in range(SUM_LANES):
+            out = out + lanes[:, k]
+    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).to(rows.device)
+
+
+def _row_mean(rows: torch.Tensor) -> torch.Tensor:
+    """Mean of each row [R, N] -> [R, 1]: float32 as `fixed_row_sum` / N (upstream's float forward); other float
+    dtypes, and a forward that autograd must differentiate (global calibration), by torch's mean."""
+    if rows.dtype != torch.float32 or (torch.is_grad_enabled() and rows.requires_grad):
+        with one_thread(int(rows.shape[0]) == 1):  # a float sum to one value: the same at any thread count
+            return rows.mean(dim=1, keepdim=True)
+    return (fixed_row_sum(rows) / rows.shape[1]).unsqueeze(1)
+
+
 @LAYERNORM.forward
 @GROUPNORM.forward
 @INSTANCENORM.forward
 @RMSNORM.forward
 @MVN.forward
 def norm_forward(self: PyNode) -> None:
-    """y = (x - mean) / sqrt(var + epsilon) * weights + biases over the normalization group (biased variance);
-    RMSNorm: y = x / sqrt(mean(x²) + epsilon) * weights + biases; MVN with normalize_variance=false: x - mean."""
+    """y = (x - mean) · (1 / sqrt(var + epsilon)) · weights + biases over the normalization group (biased variance);
+    RMSNorm: y = x · (1 / sqrt(mean(x²) + epsilon)) · weights + biases; MVN with normalize_variance=false: x - mean.
+    Float32 as upstream's float forward: each row's mean and variance summed in one fixed order (`_row_mean`), the
+    reciprocal of the standard deviation taken first and multiplied in, each step rounded to float32."""
     if self.quantized:
         upstream = str(self.type) == "LayerNorm" and "norm_frac_bits" not in self.params
         self.outputs[0].betensor = _layernorm_upstream_forward(self) if upstream else _norm_integer_forward(self)
@@ -313,15 +401,16 @@ def norm_forward(self: PyNode) -> None:
     rows_of = _Rows(self, x.shape)
     rows = rows_of.to_rows(x)
     eps = _epsilon(self) if _normalize_variance(self) else 0.0
-    with one_thread(int(rows.shape[0]) == 1):  # a float sum to one value: the same at any thread count
-        if str(self.type) == "RMSNorm":
-            n = rows / torch.sqrt(torch.mean(rows * rows, dim=1, keepdim=True) + eps)
+    if rows.shape[1] == 0:
+        raise self._error("the normalization group is empty")
+    if str(self.type) == "RMSNorm":
+        n = rows * (1.0 / torch.sqrt(_row_mean(rows * rows) + eps))
+    else:
+        centered = rows - _row_mean(rows)
+        if _normalize_variance(self):
+            n = centered * (1.0 / torch.sqrt(_row_mean(centered * centered) + eps))
         else:
-            centered = rows - rows.mean(dim=1, keepdim=True)
-            if _normalize_variance(self):
-                n = centered / torch.sqrt(torch.mean(centered * centered, dim=1, keepdim=True) + eps)
-            else:
-                n = centered
+            n = centered
     y = rows_of.from_rows(n)
     w = _affine_tensor(self, "weights", x.shape)
     b = _affine_tensor(self, "biases", x.shape)

@@ -5,7 +5,10 @@ GRU gate blocks r, z, then the candidate). Quantized (docs/semantics/recurrent.m
 [x_t, h_{t-1}] with the input zero point folded into the biases, per-channel requantization of every gate
 pre-activation to a fixed gate scale, sigmoid/tanh through int16 Q15 lookup tables, the LSTM cell state in int32
 fixed point with a fraction width that provably cannot overflow, and the hidden state fed back in a fixed
-power-of-two format; the outputs are requantized from the exact Q30 products to their calibrated params.
+power-of-two format; the outputs are requantized from the exact Q30 products to their calibrated params (the "q15"
+form). BasicLSTM's default form is upstream's instead (`lstm_integer_form`): 256-entry tables and per-step
+multipliers from the calibrated ranges of the cell's inner tensors, which the float forward keeps as the layer's
+placeholders (calibration/collect.py).
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import QuantMode, integer_range, linear_quant_params
-from ..quant.requant import bias_quantize, fold_input_zero_point, range_dtype, scale_shift
+from ..quant.requant import bias_quantize, fold_input_zero_point, range_dtype, requantize_int, scale_shift
 from ..quant.rounding import INT64_SAFE, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, DtypeName, Float, Floats, Int, Ints, Param, Text, Value, quantized
@@ -150,19 +153,28 @@ BASICLSTM = declare_op(
         "activation_beta": Param(Floats(), "beta of the activations; not read"),
         "version": Param(Value("version name"), "not read by BasicLSTM"),
         "basiclstm_for_qat": Param(Bool(), "upstream's QAT variant; not read"),
-        "lut_shift_value": quantized(Int(), "upstream's table shift; not read"),
-        "lut_shift_type": quantized(DtypeName(), "upstream's dtype of lut_shift_value; not read"),
+        "lut_shift_value": quantized(Int(), "upstream form: the shift the 16-bit gate sums are brought to before "
+                                     "their multipliers (0 at 8 bits)"),
+        "lut_shift_type": quantized(DtypeName(), "upstream form: dtype of lut_shift_value (int8)"),
     },
     constants={
         "weights": "[4C, I+C] (gates i, g, f, o)", "biases": "[4C]", **_RNN_CONSTANTS,
-        "lut_cell": "Q15 table of the cell output activation (quantized)",
-        "diff_shifts": "upstream's per-step shifts; not read", "zerop": "upstream's QAT zero points; not read",
-        "lut_it": "upstream's table; not read", "lut_ft": "upstream's table; not read",
-        "lut_ct": "upstream's table; not read", "lut_ot": "upstream's table; not read",
-        "lut_h": "upstream's table; not read",
+        "lut_cell": "q15 form: Q15 table of the cell output activation (quantized)",
+        "scale": "upstream form: multipliers, 5 then 2 per time step (per-channel weights: 1, 4C, C, 1, 1, then 2 "
+                 "per step) (quantized)",
+        "shift": "upstream form: the shifts of `scale` (quantized)",
+        "diff_shifts": "upstream form: per-step shift moved from the cell products to the cell state (16 bits; 0 at "
+                       "8 bits) (quantized)",
+        "zerop": "upstream's QAT zero points; not read",
+        "lut_it": "upstream form: 256-entry table of the input gate (activation 0) (quantized)",
+        "lut_ft": "upstream form: the forget gate's table, as lut_it (quantized)",
+        "lut_ot": "upstream form: the output gate's table, as lut_it (quantized)",
+        "lut_ct": "upstream form: 256-entry table of the candidate (activation 1) (quantized)",
+        "lut_h": "upstream form: 256-entry table of the cell output (activation 2) (quantized)",
     },
-    integer="int64 MAC, per-gate requant to fixed gate scales, Q15 sigmoid/tanh tables, int32 fixed-point "
-            "cell state, Q30 hidden products requantized to the outputs",
+    integer="upstream form (default): int64 MAC, per-gate multiplier/shift to 256-entry tables from the calibrated "
+            "ranges of the cell's inner tensors, per-step requantization of the cell state; q15 form "
+            "(lstm_integer_form = q15): fixed gate scales, Q15 tables, int32 fixed-point cell state",
     dtypes=_RNN_DTYPES, semantics="docs/semantics/recurrent.md#basiclstm")
 
 
@@ -345,20 +357,63 @@ def lstm_float(node: PyNode, spec: RnnSpec, x: torch.Tensor, h0: torch.Tensor,
     a_gate, a_cand, a_cell = (_act(a) for a in spec.activations)
     xs = torch.flip(x, [1]) if spec.reverse else x
     h, c = h0, c0
-    ys = []
+    ys, cs, gate_in, gate_out, cand_in, cand_out, cell_out = [], [], [], [], [], [], []
     for t in range(spec.time_steps):
         z = torch.cat([xs[:, t], h], dim=1) @ w.t() + b
         zi, zg, zf, zo = z.chunk(4, dim=1)
         th = spec.threshold
-        i = a_gate(_clamp_opt(zi, th))
-        g = a_cand(_clamp_opt(zg, th))
-        f = a_gate(_clamp_opt(zf + spec.forget_bias, th))
-        o = a_gate(_clamp_opt(zo, th))
+        zi, zg, zf, zo = (_clamp_opt(v, th) for v in (zi, zg, zf + spec.forget_bias, zo))
+        i, g, f, o = a_gate(zi), a_cand(zg), a_gate(zf), a_gate(zo)
         c = _clamp_opt(f * c + i * g, spec.cell_clip)
-        h = o * a_cell(c)
+        ac = a_cell(c)
+        h = o * ac
         ys.append(h)
+        cs.append(c)
+        gate_in.append(torch.cat([zi, zf, zo], dim=1))
+        gate_out.append(torch.cat([i, f, o], dim=1))
+        cand_in.append(zg)
+        cand_out.append(g)
+        cell_out.append(ac)
     y = torch.stack(ys, dim=1)
+    tables = [[torch.stack(gate_in, 1), torch.stack(gate_out, 1)], [torch.stack(cand_in, 1), torch.stack(cand_out, 1)],
+              [torch.stack(cs, 1), torch.stack(cell_out, 1)]]
+    _merge_shared_tables(spec.activations, tables)
+    _set_placeholders(node, [("h_batch", y)] + [(f"{name}_lut_{io}", tables[k][j])
+                                                for k, name in enumerate(("f", "g", "h"))
+                                                for j, io in enumerate(("in", "out"))]
+                      + [(f"c_state_{t}", c_t) for t, c_t in enumerate(cs)])
     return {"Y": torch.flip(y, [1]) if spec.reverse else y, "H": h, "C": c}
+
+
+LSTM_PLACEHOLDERS = 7
+"""BasicLSTM placeholders before the per-step cell states: h_batch, then the input and output of the gate (f),
+candidate (g) and cell (h) tables; `c_state_<t>` follow, one per time step."""
+
+
+GRU_PLACEHOLDERS = ("f_lut_in", "f_lut_out", "g_lut_in", "g_lut_out", "hidden_gate_out")
+"""GRU placeholders after `state_batch`: the gate (r, z) and candidate table inputs and outputs, and GRUV1's hidden
+candidate product h W_ch + b_h (zeros for GRUV3), as upstream keeps them; no GRU form reads them yet."""
+
+
+def _merge_shared_tables(acts: List[str], tables: List[List[torch.Tensor]]) -> None:
+    """Activations that share a function share one table, so their placeholders hold the values of both (joined
+    along the last axis, in upstream's order of pairs: (0, 1), (0, 2), (1, 2))."""
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        if acts[a] == acts[b]:
+            joined = [torch.cat([tables[a][j], tables[b][j]], dim=-1) for j in range(2)]
+            tables[a] = tables[b] = joined
+
+
+def _set_placeholders(node: PyNode, values: List[Tuple[str, torch.Tensor]]) -> None:
+    """The cell's inner tensors as the layer's placeholders `<layer>/<name>` (their statistics and ranges feed
+    upstream's quantization, docs/statistics-and-dump.md): existing ones of the same names are filled in place
+    (keeping their statistics), otherwise they are created."""
+    names = [f"{node.name}/{n}" for n, _ in values]
+    if [t.name for t in node.placeholders] != names:
+        node.placeholders = [PyTensor(n, v.detach().to(torch.float32)) for n, (_, v) in zip(names, values)]
+        return
+    for t, (_, v) in zip(node.placeholders, values):
+        t.betensor = v.detach().to(torch.float32)
 
 
 def gru_float(node: PyNode, spec: RnnSpec, x: torch.Tensor, h0: torch.Tensor) -> Dict[str, torch.Tensor]:
@@ -372,20 +427,26 @@ def gru_float(node: PyNode, spec: RnnSpec, x: torch.Tensor, h0: torch.Tensor) ->
     a_gate, a_cand = (_act(a) for a in spec.activations)
     xs = torch.flip(x, [1]) if spec.reverse else x
     h = h0
-    ys = []
+    ys, inner = [], []
     for t in range(spec.time_steps):
         xt = xs[:, t]
-        rz = a_gate(_clamp_opt(torch.cat([xt, h], dim=1) @ wg.t() + bg, spec.threshold))
+        zrz = _clamp_opt(torch.cat([xt, h], dim=1) @ wg.t() + bg, spec.threshold)
+        rz = a_gate(zrz)
         r, z = rz.chunk(2, dim=1)
         if spec.linear_before_reset:
             hn = h @ wc[:, isz:].t() + b[3 * cs:4 * cs]
             pre = xt @ wc[:, :isz].t() + bc + r * hn
         else:
+            hn = torch.zeros_like(h)
             pre = torch.cat([xt, r * h], dim=1) @ wc.t() + bc
-        n = a_cand(_clamp_opt(pre, spec.threshold))
+        pre = _clamp_opt(pre, spec.threshold)
+        n = a_cand(pre)
         h = (1.0 - z) * n + z * h
         ys.append(h)
+        inner.append((zrz, rz, pre, n, hn))
     y = torch.stack(ys, dim=1)
+    _set_placeholders(node, [("state_batch", y)] + [(name, torch.stack([v[k] for v in inner], 1)) for k, name in
+                                                    enumerate(GRU_PLACEHOLDERS)])
     return {"H": torch.flip(y, [1]) if spec.reverse else y, "Hn": h}
 
 
@@ -515,6 +576,9 @@ def rnn_quantize(self: PyNode) -> None:
     output multipliers; everything the integer forward reads is stored in the layer (see the module doc)."""
     spec = rnn_spec(self)
     check_quantized_inputs(self, self.inputs)
+    if spec.kind == "LSTM" and _upstream_form(self):
+        lstm_upstream_quantize(self, spec)
+        return
     bits = _gate_bits(self)
     hq = 2 ** (bits - 1) - 1
     x, h0 = self.inputs[0], self.inputs[1]
@@ -622,6 +686,8 @@ def _gate_in(acc: torch.Tensor, mult: torch.Tensor, shift: torch.Tensor, clamp: 
 def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
     """Integer forward of a quantized BasicLSTM / GRUv3 (docs/semantics/recurrent.md), int64 outputs."""
     spec = rnn_spec(node)
+    if spec.kind == "LSTM" and "lut_it" in node.constants:
+        return lstm_upstream_forward(node, spec)
     cs, isz = spec.cell_size, spec.input_size
     bits = _ip(node, "gate_bits")
     if bits not in (8, 16):
@@ -729,3 +795,247 @@ def rnn_forward(self: PyNode) -> None:
     for t, name in zip(self.outputs, spec.out_sequence):
         t.betensor = res[name]
 
+
+
+# ------------------------------------------------------------------------------------------------ upstream form
+LSTM_TABLE_CLAMP: Dict[int, Dict[str, float]] = {8: {"SIGMOID": 4.564205, "TANH": 2.6293793},
+                                                 16: {"SIGMOID": 10.0, "TANH": 6.0}}
+"""Upstream form: the largest |input| each BasicLSTM table is quantized for, by activation bits."""
+
+TABLE_ENTRIES_BITS = 8
+"""Upstream form: every table has 2^8 entries, whatever `lut_items_in_bits` says."""
+
+LSTM_TABLE_KEYS = (("lut_it", "lut_ft", "lut_ot"), ("lut_ct",), ("lut_h",))
+"""Upstream form: the table constants of activations 0, 1, 2 (gates, candidate, cell)."""
+
+INT8_TABLE_INPUT_GAIN = 256
+"""Upstream form, 8 bits: the table input scales are 256 times the placeholder scales, 8 bits shifted back."""
+
+SYM = QuantMode.PER_TENSOR_SYMMETRIC_RESTRICTED_RANGE
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+def _f32(v) -> torch.Tensor:
+    return torch.as_tensor(v, dtype=torch.float32)
+
+
+def _placeholder(node: PyNode, index: int, name: str) -> PyTensor:
+    """Placeholder `index` of the layer with its calibrated range, or an error saying how to get it."""
+    full = f"{node.name}/{name}"
+    if index >= len(node.placeholders) or node.placeholders[index].name != full:
+        raise node._error(f"placeholder '{full}' is missing: the layer's float forward must run before quantization "
+                          "(statistic files written before quantopt collected placeholders lack it: collect again)")
+    t = node.placeholders[index]
+    if t.min is None or t.max is None:
+        raise node._error(f"placeholder '{full}' has no calibrated range (statistic files written before quantopt "
+                          "collected placeholders lack it: collect the statistics again)")
+    return t
+
+
+def _sym_scale(lo, hi, bits: int) -> float:
+    return float(linear_quant_params(lo, hi, bits, SYM, True).scale)
+
+
+def _upstream_table(node: PyNode, k: int, act: str, bits: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Input scale, output scale and table of activation `k` from its placeholders (docs/semantics/recurrent.md,
+    upstream form): the input range clamped to the table's bound, the table sampled over that range."""
+    names = ("f", "g", "h")[k]
+    ph_in = _placeholder(node, 1 + 2 * k, f"{names}_lut_in")
+    ph_out = _placeholder(node, 2 + 2 * k, f"{names}_lut_out")
+    bound = LSTM_TABLE_CLAMP[bits][act]
+    lo = float(ph_in.min) if float(ph_in.min) >= -bound else -bound
+    hi = float(ph_in.max) if float(ph_in.max) <= bound else bound
+    in_scale = _f32(_sym_scale(lo, hi, bits))
+    out_scale = _f32(_sym_scale(ph_out.min, ph_out.max, bits))
+    length = 1
+    for d in ph_in.ir_shape:
+        length *= int(d)
+    sampled = _act(act)(torch.linspace(lo, hi, steps=length))
+    table_scale = _sym_scale(float(sampled.min()), float(sampled.max()), bits)
+    qmax = 2 ** (bits - 1) - 1
+    offset = 0.5 if act == "SIGMOID" else 0.0
+    table = build_lut(_act(act), float(in_scale), 0, -qmax, qmax, bits, table_scale, 0, -qmax, qmax,
+                      lut_items_in_bits=TABLE_ENTRIES_BITS, mirror_offset=offset)
+    if bits == 8:
+        in_scale = in_scale * INT8_TABLE_INPUT_GAIN
+        table[0] = table[1]
+    # the sigmoid's offset is added after the clip: entries can pass the table dtype, which stores them saturated
+    return in_scale, out_scale, torch.clamp(table, -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
+
+def _approx(node: PyNode, ratio: torch.Tensor, bits: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    m, n, _, _ = scale_shift(ratio, bits, force_shift_positive=bool(layer_settings(node).force_shift_positive))
+    return torch.as_tensor(m, dtype=torch.int64).reshape(-1), torch.as_tensor(n, dtype=torch.int64).reshape(-1)
+
+
+def _compress_bits(b: torch.Tensor, effective_bits: int, pre_shift: int) -> torch.Tensor:
+    """Upstream form: clear the low bits of one bias block: k = bits the block exceeds `effective_bits` by, at least
+    `pre_shift`; b = (b >> k) << k (floor)."""
+    lmin, lmax = -(2 ** (effective_bits - 1)), 2 ** (effective_bits - 1) - 1
+    bmin = min(int(b.min()), -1)
+    bmax = max(int(b.max()), 1)
+    k = math.ceil(max(math.log2(bmax / lmax), math.log2(bmin / lmin)))
+    k = k if k > pre_shift else pre_shift
+    if k <= 0:
+        return b << -k if k < 0 else b
+    return (b >> k) << k
+
+
+def _upstream_form(node: PyNode) -> bool:
+    """BasicLSTM takes upstream's integer form unless its `lstm_integer_form` is q15."""
+    return str(layer_settings(node).lstm_integer_form) == "upstream"
+
+
+def lstm_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
+    """BasicLSTM in upstream's integer form (docs/semantics/recurrent.md, "BasicLSTM, upstream form")."""
+    s = layer_settings(node)
+    bits = _gate_bits(node)
+    cs, steps = spec.cell_size, spec.time_steps
+    x = node.inputs[0]
+    for out in node.outputs:
+        _quantize_output(node, out, bits)
+    in_scales, out_scales = [], []
+    for k, act in enumerate(spec.activations):
+        in_scale, out_scale, table = _upstream_table(node, k, act, bits)
+        for key in LSTM_TABLE_KEYS[k]:
+            set_constant(node, key, table, Dtype.INT8 if bits == 8 else Dtype.INT16)
+        in_scales.append(in_scale)
+        out_scales.append(out_scale)
+    (f_in, g_in, h_in), (f_out, g_out, h_out) = in_scales, out_scales
+    s_w = _store_weights(node)
+    per_channel = "weights_scale" in node.constants
+    xw = _f32(tensor_scale(x)) * (s_w if per_channel else s_w[:1])
+    h_all = _placeholder(node, 0, "h_batch")
+    h_scale = _f32(_sym_scale(h_all.min, h_all.max, bits))
+    hw_m, hw_n = _approx(node, _f32(tensor_scale(x)) / h_scale, bits)
+    sig_m, sig_n = _approx(node, f_in / xw, bits)
+    tanh_m, tanh_n = _approx(node, g_in / xw, bits)
+    ct_m, ct_n = _approx(node, h_in / f_out / g_out, bits)
+    lut_shift = 0
+    if bits == 8:
+        sig_n, tanh_n, ct_n = sig_n + 8, tanh_n + 8, ct_n + 8
+    else:
+        lut_shift = int(torch.cat([hw_n, sig_n, torch.tensor([15])]).min())
+    ho_m, ho_n = _approx(node, h_scale / f_out / h_out, bits)
+    if per_channel:
+        tanh_m, tanh_n = tanh_m[cs:2 * cs], tanh_n[cs:2 * cs]
+    scales = [hw_m, sig_m, tanh_m, ct_m, ho_m]
+    shifts = [hw_n, sig_n, tanh_n, ct_n, ho_n]
+    c_scale = _f32(tensor_scale(node.inputs[2]))
+    diff_shifts = []
+    for t in range(steps):
+        c_t = _placeholder(node, LSTM_PLACEHOLDERS + t, f"c_state_{t}")
+        c_t_scale = _f32(_sym_scale(c_t.min, c_t.max, bits))
+        cp_m, cp_n = _approx(node, g_out / c_scale, bits)
+        co_m, co_n = _approx(node, c_t_scale / f_out / g_out, bits)
+        diff = 0
+        if bits == 16 and int(cp_n) < 15:
+            diff = min(15 - int(cp_n), int(co_n), int(ct_n))
+        diff_shifts.append(diff)
+        scales += [cp_m, co_m]
+        shifts += [cp_n, co_n]
+        c_scale = c_t_scale
+    scale = torch.cat(scales)
+    shift = torch.cat(shifts)
+    shift_dtype = range_dtype(float(shift.min()), float(shift.max()), force_signed=True)
+    set_constant(node, "scale", scale, range_dtype(0, float(scale.max())))
+    set_constant(node, "shift", shift, shift_dtype)
+    set_constant(node, "diff_shifts", torch.tensor(diff_shifts, dtype=torch.int64), shift_dtype)
+    node.params["lut_shift_value"] = lut_shift
+    node.params["lut_shift_type"] = Dtype.INT8
+    # biases at s_x * s_w with the input zero point folded in, then their low bits cleared (per-tensor weights)
+    bias_bits = int(s.q_bits_bias)
+    lo, hi = integer_range(bias_bits, True)
+    b = node.get_constant("biases")
+    bf = b.betensor.to(torch.float32).reshape(-1).clone()
+    if spec.forget_bias:
+        bf[2 * cs:3 * cs] = bf[2 * cs:3 * cs] + _f32(spec.forget_bias)
+    bq, bias_scale = bias_quantize(bf, tensor_scale(x), s_w, bias_bits)
+    _store_bias_scale(node, torch.as_tensor(bias_scale))
+    bq = fold_input_zero_point(bq, effective_weights(node)[:, :spec.input_size], tensor_zp(x), qmin=lo, qmax=hi)
+    if not per_channel:
+        pre = 0 if bits == 8 else int(sig_n[0]) - lut_shift
+        eff = int(s.effective_bias_bits)
+        bi, bg, bfo = bq[:cs], bq[cs:2 * cs], bq[2 * cs:]
+        ifo = _compress_bits(torch.cat([bi, bfo]), eff, pre)
+        bg = _compress_bits(bg, eff, pre)
+        bq = torch.cat([ifo[:cs], bg, ifo[cs:]])
+    b.betensor = bq
+    b.dtype = Dtype.INT32 if bias_bits <= 32 else Dtype.INT64
+    b.scale, b.zerop, b.qbits = 1.0, 0, bias_bits
+
+
+def _upstream_lookup(node: PyNode, key: str, v: torch.Tensor, bits: int) -> torch.Tensor:
+    table = node.get_constant(key).betensor
+    if table.numel() != 2 ** TABLE_ENTRIES_BITS:
+        raise node._error(f"constant '{key}' must hold {2 ** TABLE_ENTRIES_BITS} entries, got {table.numel()}")
+    return lookup_lut(v, table, -(2 ** (bits - 1)), bits, bits, True)
+
+
+def _rq(v: torch.Tensor, m, n, lo: int, hi: int) -> torch.Tensor:
+    return requantize_int(v, m, n, 0, lo, hi)
+
+
+def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
+    """Integer forward of a BasicLSTM in upstream's form (docs/semantics/recurrent.md), int64 outputs."""
+    cs, isz, steps = spec.cell_size, spec.input_size, spec.time_steps
+    x = int_value(node.inputs[0])
+    _check_sequence(node, spec, x)
+    bits = int(node.outputs[0].qbits or 0)
+    if bits not in (8, 16):
+        raise node._error(f"outputs must be 8 or 16 bits, got {bits}")
+    qmin, qmax = integer_range(bits, True)
+    batch = x.shape[0]
+    w = effective_weights(node)
+    wx, wh = w[:, :isz].t().contiguous(), w[:, isz:].t().contiguous()
+    b = node.get_constant("biases").betensor.to(torch.int64).reshape(-1)
+    scale = node.get_constant("scale").betensor.to(torch.int64).reshape(-1)
+    shift = node.get_constant("shift").betensor.to(torch.int64).reshape(-1)
+    diffs = node.get_constant("diff_shifts").betensor.to(torch.int64).reshape(-1)
+    head = [1, 4 * cs, cs, 1, 1] if "weights_scale" in node.constants else [1, 1, 1, 1, 1]
+    if scale.numel() != sum(head) + 2 * steps or shift.numel() != scale.numel() or diffs.numel() != steps:
+        raise node._error(f"constants scale/shift must hold {sum(head) + 2 * steps} values and diff_shifts {steps}")
+    sc, sh = list(torch.split(scale[:sum(head)], head)), list(torch.split(shift[:sum(head)], head))
+    step_m, step_n = scale[sum(head):].reshape(steps, 2), shift[sum(head):].reshape(steps, 2)
+    gate_m, gate_n = sc[1], sh[1]
+    # per row multiplier/shift of the i, f, o blocks (the gate pair) and of the g block (the candidate pair)
+    mi, mf, mo = (gate_m if gate_m.numel() == 1 else gate_m[j * cs:(j + 1) * cs] for j in (0, 2, 3))
+    ni, nf, no = (gate_n if gate_n.numel() == 1 else gate_n[j * cs:(j + 1) * cs] for j in (0, 2, 3))
+    mg, ng = sc[2], sh[2]
+    h = _initial_state(node, spec, int_value(node.inputs[1]), batch)
+    c = _initial_state(node, spec, int_value(node.inputs[2]), batch)
+    xs = torch.flip(x, [1]) if spec.reverse else x
+    lut_shift = int(node.get_param("lut_shift_value", optional=True, default_value=0))
+    hs, cs_seq = [], []
+    for t in range(steps):
+        xw = xs[:, t] @ wx
+        hw = h @ wh
+        if bits == 8:
+            acc = xw + _rq(hw, sc[0], sh[0], INT32_MIN, INT32_MAX) + b
+            zi, zg, zf, zo = acc.chunk(4, dim=1)
+            gi, gg, gf, go = (_rq(zi, mi, ni, qmin, qmax), _rq(zg, mg, ng, qmin, qmax),
+                              _rq(zf, mf, nf, qmin, qmax), _rq(zo, mo, no, qmin, qmax))
+        else:
+            hw_s = _rq(_rq(hw, 1, sh[0] - lut_shift, INT32_MIN, INT32_MAX), sc[0], gate_n, INT32_MIN, INT32_MAX)
+            acc = (_rq(xw, 1, gate_n - lut_shift, INT32_MIN, INT32_MAX) + hw_s
+                   + _rq(b.unsqueeze(0), 1, gate_n - lut_shift, INT32_MIN, INT32_MAX))
+            acc = torch.clamp(acc, INT32_MIN, INT32_MAX)
+            zi, zg, zf, zo = acc.chunk(4, dim=1)
+            gi, gg, gf, go = (_rq(zi, mi, lut_shift, qmin, qmax), _rq(zg, mg, ng - ni + lut_shift, qmin, qmax),
+                              _rq(zf, mf, lut_shift, qmin, qmax), _rq(zo, mo, lut_shift, qmin, qmax))
+        i = _upstream_lookup(node, "lut_it", gi, bits)
+        g = _upstream_lookup(node, "lut_ct", gg, bits)
+        f = _upstream_lookup(node, "lut_ft", gf, bits)
+        o = _upstream_lookup(node, "lut_ot", go, bits)
+        d = int(diffs[t])
+        ig = _rq(i * g, 1, d, INT32_MIN, INT32_MAX)
+        fc = _rq(f * c, step_m[t, 0], step_n[t, 0] + d, INT32_MIN, INT32_MAX)
+        c_tmp = torch.clamp(ig + fc, INT32_MIN, INT32_MAX)
+        cell_in = _rq(c_tmp, sc[3], sh[3] - d, qmin + 1, qmax)
+        h = _rq(o * _upstream_lookup(node, "lut_h", cell_in, bits), sc[4], sh[4], qmin + 1, qmax)
+        c = _rq(c_tmp, step_m[t, 1], step_n[t, 1] - d, qmin + 1, qmax)
+        hs.append(h)
+        cs_seq.append(c)
+    y = torch.stack(hs, dim=1)
+    finals = {"Y": torch.flip(y, [1]) if spec.reverse else y, "H": hs[-1], "C": cs_seq[-1]}
+    return [finals[name] for name in spec.out_sequence]

@@ -156,9 +156,13 @@ def make_float_layer(node: PyNode, choice: FloatChoice) -> None:
 def _weight_only(node: PyNode, w: PyTensor, fmt: str) -> None:
     """Weight-only quantization of a float layer's weights: integers with the layer's weight bits/mode, or fp8/fp4
     values scaled per output channel (axis 0) so each channel's |w|max maps to the format's largest value."""
+    from ..quant.params import QuantMode
+
+    if QuantMode.from_name(node.settings.q_mode_weight).is_per_block:
+        _weight_only_blocks(node, w, fmt)
+        return
     if fmt == "int":
         from ..ops._quant import quantize_weights
-        from ..quant.params import QuantMode
 
         per_channel = not QuantMode.from_name(node.settings.q_mode_weight).is_per_tensor
         p = quantize_weights(node, per_channel=per_channel)
@@ -178,6 +182,52 @@ def _weight_only(node: PyNode, w: PyTensor, fmt: str) -> None:
     w.betensor = torch.from_numpy(np.ascontiguousarray(grid, dtype=np.float32))
     w.dtype = w.ir_dtype = dtype
     _set_constant(node, "weights_scale", scale, Dtype.FP32)
+
+
+def _weight_blocks(node: PyNode, w: PyTensor) -> Tuple[torch.Tensor, int]:
+    """The weights as rows of `weight_block_size` consecutive values along their last axis (the input channels of
+    a FullyConnected), and that size; a last axis the size does not divide is an error naming the layer."""
+    size = int(node.settings.weight_block_size)
+    values = w.betensor.to(torch.float32)
+    if values.dim() < 2 or int(values.shape[-1]) % size:
+        raise node._error(f"per-block weights: weight_block_size = {size} does not divide the weights' last axis "
+                          f"({list(values.shape)})")
+    return values.reshape(-1, size), size
+
+
+def _weight_only_blocks(node: PyNode, w: PyTensor, fmt: str) -> None:
+    """Weight-only weights with one scale per block (`quantize_method_for_weight = per_block_*`): integers of the
+    layer's weight bits from each block's calibrated range (the layer's weight strategy over the block's values),
+    or fp8/fp4 values with each block's |w|max at the format's largest value. `weights_scale` (and `weights_zp`)
+    hold one value per block, in row-major block order; the layer records `weight_block_size`."""
+    from ..calibration.collect import weight_statistics
+    from ..calibration.strategies import apply_strategy
+    from ..quant.params import QuantMode, linear_quant_params, quantize
+
+    blocks, size = _weight_blocks(node, w)
+    shape = list(w.betensor.shape)
+    s = node.settings
+    if fmt == "int":
+        mode = QuantMode.from_name(s.q_mode_weight)
+        block_tensor = PyTensor(w.name + "_blocks", blocks, Dtype.FP32, list(blocks.shape))
+        stats = weight_statistics(node, block_tensor)
+        lo, hi = apply_strategy(stats, s.q_strategy_weight, int(s.q_bits_weight), symmetric=not mode.is_asymmetric,
+                                ir_range=None, per_channel=True)
+        mode = QuantMode.make("per_channel", mode.is_asymmetric, not mode.is_restricted)
+        p = linear_quant_params(lo, hi, int(s.q_bits_weight), mode, True)
+        q = quantize(blocks, p.scale, p.zerop, p.qmin, p.qmax, axis=0)
+        w.betensor = q.reshape(shape)
+        w.dtype = w.ir_dtype = p.dtype
+        _set_constant(node, "weights_scale", torch.as_tensor(p.scale, dtype=torch.float32).reshape(-1), Dtype.FP32)
+        _set_constant(node, "weights_zp", torch.as_tensor(p.zerop).to(torch.int64).reshape(-1), Dtype.INT32)
+    else:
+        dtype, fmt_table, largest = MINIFLOAT_WEIGHTS[fmt]
+        scale = (largest / (blocks.abs().amax(dim=1) + MINIFLOAT_SCALE_GUARD)).to(torch.float32)
+        grid = minifloat.decode(minifloat.encode((blocks * scale.reshape(-1, 1)).numpy(), fmt_table), fmt_table)
+        w.betensor = torch.from_numpy(np.ascontiguousarray(grid, dtype=np.float32)).reshape(shape)
+        w.dtype = w.ir_dtype = dtype
+        _set_constant(node, "weights_scale", scale, Dtype.FP32)
+    node.params["weight_block_size"] = size
 
 
 def _set_constant(node: PyNode, key: str, values: torch.Tensor, dtype: Dtype) -> None:

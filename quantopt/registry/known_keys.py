@@ -27,6 +27,9 @@ TOP_INFO_KEYS = ("layer_top_range", "layer_top_scale", "layer_top_zp")
 COMMON_KEYS: FrozenSet[str] = frozenset(STRUCTURAL_KEYS + TOP_INFO_KEYS + (
     # written on every layer of a quantized IR (quantopt's and upstream's)
     "is_perf_mode", "unquantifiable", "activation_quantization_axis",
+    # a weight-only layer with one weight scale per block (trigger_float_op *_act_*_wht, quantize_method_for_weight
+    # = per_block_*)
+    "weight_block_size",
     # per-tensor requantization of any quantized layer (a multiplier and a shift, or one per input)
     "scale_value", "shift_value", "scale_type", "shift_type",
 ))

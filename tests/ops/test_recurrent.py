@@ -290,6 +290,9 @@ VARIANTS: List[Tuple[str, Dict[str, Any], str]] = [
 
 
 def settings(bits: int, mode: str, wmode: str, **extra: Any) -> Dict[str, Any]:
+    """The cell settings of these tests: BasicLSTM in quantopt's q15 form (its upstream form:
+    tests/ops/test_lstm_upstream.py)."""
+    extra.setdefault("lstm_integer_form", "q15")
     return dict(q_bits_activation=bits, q_mode_activation=mode, q_mode_weight=wmode, q_bits_weight=bits,
                 q_bits_bias=48 if bits > 8 else 32, lut_items_in_bits=8 if bits == 8 else 10, **extra)
 
@@ -393,3 +396,31 @@ def test_unsupported_variants_name_the_layer() -> None:
     with pytest.raises(UnsupportedError, match="12-bit"):
         quantize_model(g, [feeds(20, "GRUv3")], settings(12, "per_tensor_symmetric_full_range",
                                                          "per_tensor_symmetric_restricted_range"))
+
+
+def test_gruv1_float_forward_records_the_cell_tensors_as_placeholders() -> None:
+    """state sequence, gate and candidate table inputs/outputs and the hidden candidate product (upstream's list),
+    against a numpy GRUV1 cell; the calibration reads them like outputs (docs/statistics-and-dump.md)."""
+    _, w, b = gru_weights(4, "GRUV1")
+    g = build("GRUv3", {"version": "GRUV1", "threshold": 1.5}, w, b)
+    x, h0 = feeds(5, "GRUv3")
+    g.forward([x, h0])
+    ph = g.node("op").placeholders
+    names = ["state_batch", "f_lut_in", "f_lut_out", "g_lut_in", "g_lut_out", "hidden_gate_out"]
+    assert [t.name for t in ph] == [f"op/{n}" for n in names]
+    w64, b64 = w.astype(np.float64), b.astype(np.float64)
+    h = h0.numpy().astype(np.float64)
+    got: Dict[str, List[np.ndarray]] = {n: [] for n in names}
+    for t in range(T):
+        xt = x.numpy()[:, t].astype(np.float64)
+        zrz = np.clip(np.concatenate([xt, h], 1) @ w64[:2 * C].T + b64[:2 * C], -1.5, 1.5)
+        rz = np_sigmoid(zrz)
+        r, z = rz[:, :C], rz[:, C:]
+        hn = h @ w64[2 * C:, IN:].T + b64[3 * C:]
+        pre = np.clip(xt @ w64[2 * C:, :IN].T + b64[2 * C:3 * C] + r * hn, -1.5, 1.5)
+        n = np.tanh(pre)
+        h = (1 - z) * n + z * h
+        for name, v in zip(names, (h, zrz, rz, pre, n, hn)):
+            got[name].append(v)
+    for t, name in zip(ph, names):
+        np.testing.assert_allclose(t.betensor.numpy(), np.stack(got[name], 1), atol=2e-6, err_msg=name)
