@@ -357,19 +357,21 @@ def opt_cfg_lines(name: str, data_file: str, letter: str, graph_dir: str) -> Lis
             *VARIANTS[letter]]
 
 
-def quantize(name: str, data_file: str, folder: Path, upstream: Path, scratch: Path) -> None:
-    """The upstream Optimizer's output for each variant, copied with the variant's committed cfg into golden/L/."""
+def quantize(name: str, data_file: str, folder: Path, upstream: Path, scratch: Path,
+             extra: Sequence[str] = ()) -> None:
+    """The upstream Optimizer's output for each variant, copied with the variant's committed cfg into golden/L/;
+    `extra` cfg lines are added to every variant (a one-operator case's field)."""
     for letter in VARIANTS:
         golden = folder / "golden" / letter
         if golden.exists():
             shutil.rmtree(golden)
         golden.mkdir(parents=True)
-        (golden / "opt.cfg").write_text("\n".join(opt_cfg_lines(name, data_file, letter, "../../")
+        (golden / "opt.cfg").write_text("\n".join(opt_cfg_lines(name, data_file, letter, "../../") + list(extra)
                                                   + ["output_dir = ./out", ""]))
         work = scratch / f"opt_{letter}"
         work.mkdir()
         cfg = work / "opt.cfg"
-        cfg.write_text("\n".join(opt_cfg_lines(name, data_file, letter, f"{folder.resolve()}/")
+        cfg.write_text("\n".join(opt_cfg_lines(name, data_file, letter, f"{folder.resolve()}/") + list(extra)
                                  + [f"output_dir = {work / 'out'}", ""]))
         log = work / "opt.log"
         if not _run([str(upstream / "run-opt.sh"), str(cfg)], log, fail=False):
@@ -418,7 +420,7 @@ def make(name: str, out: Path, upstream: Path, keep: Optional[Path]) -> None:
         onnx_path = export_onnx(name, spec, folder)
         data_file = write_data(name, spec, folder)
         parse(name, spec, onnx_path, folder, upstream, scratch)
-    quantize(name, data_file, folder, upstream, scratch)
+    quantize(name, data_file, folder, upstream, scratch, IR_CASES[name].cfg_lines if name in IR_CASES else ())
     if keep is None:
         shutil.rmtree(scratch)
     print(f"{name}: done ({folder})", flush=True)

@@ -130,7 +130,38 @@ def pair_inserted_layers(ours: PyGraph, golden: PyGraph) -> Dict[str, str]:
         if len(found) == 1:
             pairs[ref.name] = found[0].name
             found[0].name = ref.name
+    # second pass: inserted layers whose output tensors carry run-dependent names too (float islands' Quantize and
+    # DeQuantize): same type and input tensors, and each output read by the same layers at the same positions; the
+    # output tensors are renamed to the golden's as well
+    by_readers: Dict[tuple, List[PyNode]] = {}
+    readers_ours = _readers(ours)
+    for n in ours.nodes:
+        if n.name not in golden_names and n.name not in pairs.values():
+            by_readers.setdefault(_reader_edge(n, readers_ours), []).append(n)
+    readers_golden = _readers(golden)
+    for ref in golden.nodes:
+        if ref.name in our_names or ref.name in pairs:
+            continue
+        found = by_readers.get(_reader_edge(ref, readers_golden), [])
+        if len(found) == 1:
+            pairs[ref.name] = found[0].name
+            found[0].name = ref.name
+            for mine, theirs in zip(found[0].outputs, ref.outputs):
+                mine.name = theirs.name
     return pairs
+
+
+def _readers(graph: PyGraph) -> Dict[str, Tuple[Tuple[str, int], ...]]:
+    found: Dict[str, List[Tuple[str, int]]] = {}
+    for n in graph.nodes:
+        for i, t in enumerate(n.inputs):
+            found.setdefault(t.name, []).append((n.name, i))
+    return {k: tuple(sorted(v)) for k, v in found.items()}
+
+
+def _reader_edge(node: PyNode, readers: Dict[str, Tuple[Tuple[str, int], ...]]) -> tuple:
+    return (str(node.type), tuple(t.name for t in node.inputs),
+            tuple(readers.get(t.name, ()) for t in node.outputs))
 
 
 def compare_with_golden(ours_ir: Path, golden_ir: Path, rtol: float = SCALE_RTOL) -> GoldenComparison:

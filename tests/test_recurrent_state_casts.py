@@ -156,15 +156,28 @@ def _golden(model: str):
 
 def test_pairing_matches_inserted_layers_by_their_tensors() -> None:
     """Upstream's Casts (run-dependent names) pair with layers of the same type reading and writing the same
-    tensors; a layer writing another tensor is not paired, and layers present by name are left alone."""
+    tensors, or, when the written tensor's name differs too, read by the same layers at the same positions (the
+    output is renamed to the golden's); a layer whose output other layers read is not paired, and layers present by
+    name are left alone."""
+    from quantopt.graph.tensor import PyTensor
+
     golden = _golden("lstm")
+    first, second = [n.name for n in golden.nodes if str(n.type) == "Cast"]
+    golden_second_out = [n for n in golden.nodes if n.name == second][0].outputs[0].name
     ours = _golden("lstm")
     casts = [n for n in ours.nodes if str(n.type) == "Cast"]
     assert len(casts) == 2
     casts[0].name, casts[1].name = "/rnn/Expand_Cast", "/rnn/Expand_Cast_0"
-    casts[1].outputs[0].name = "another_tensor"
-    pairs = pair_inserted_layers(ours, golden)
-    first, second = [n.name for n in golden.nodes if str(n.type) == "Cast"]
-    assert pairs == {first: "/rnn/Expand_Cast"}
-    assert casts[0].name == first and casts[1].name == "/rnn/Expand_Cast_0"
+    casts[1].outputs[0].name = "another_tensor"  # same readers: paired by the second pass, output renamed back
+    assert pair_inserted_layers(ours, golden) == {first: "/rnn/Expand_Cast", second: "/rnn/Expand_Cast_0"}
+    assert casts[0].name == first and casts[1].name == second and casts[1].outputs[0].name == golden_second_out
+    ours = _golden("lstm")
+    casts = [n for n in ours.nodes if str(n.type) == "Cast"]
+    casts[0].name, casts[1].name = "/rnn/Expand_Cast", "/rnn/Expand_Cast_0"
+    written = casts[1].outputs[0]
+    written.name = "another_tensor"
+    for n in ours.nodes:  # its reader now reads something else: nothing ties it to upstream's Cast
+        n.inputs = [PyTensor("unrelated") if t is written else t for t in n.inputs]
+    assert pair_inserted_layers(ours, golden) == {first: "/rnn/Expand_Cast"}
+    assert casts[1].name == "/rnn/Expand_Cast_0"
     assert pair_inserted_layers(_golden("lstm"), golden) == {}

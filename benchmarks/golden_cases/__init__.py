@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass
-from typing import Callable, Dict
+from typing import Callable, Dict, Sequence
 
 import numpy as np
 
@@ -21,10 +21,11 @@ Sampler = Callable[[np.random.Generator], Dict[str, np.ndarray]]
 class IrCase:
     """A float graph built with `quantopt.graph.builder.GraphBuilder` (batch 1 shapes) and its calibration data:
     `sample(rng)` returns the corpus' 8 samples per input (first axis), keyed by input tensor name, in the graph's
-    input order."""
+    input order. `cfg_lines` are added to every variant's cfg (a graph pass or field the case is about)."""
 
     build: Callable[[], PyGraph]
     sample: Sampler
+    cfg_lines: Sequence[str] = ()
 
 
 def ir_cases() -> Dict[str, IrCase]:

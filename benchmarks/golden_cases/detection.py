@@ -187,6 +187,60 @@ def _post_nms2() -> PyGraph:
     return b.build(y)
 
 
+# ------------------------------------------------------------------------------------------------ PyramidROIAlign
+PYRAMID_SIDES = (16, 8, 4, 2)
+"""Map sizes of the four levels of a 512 x 512 image (spatial scales 1/32 .. 1/256), kept tiny."""
+
+
+def _pyramid_roi(sample: list, mode: str) -> PyGraph:
+    b = GraphBuilder("pyramid_roi_align")
+    ins = [b.input("boxes", [1, 6, 4])] + [b.input(f"p{i + 2}", [1, s, s, 2]) for i, s in enumerate(PYRAMID_SIDES)]
+    y = b.layer("PyramidROIAlign", ins, [[6, 3, 3, 2]], name="pyramid_roi_align",
+                params={"resize_height": 3, "resize_width": 3, "sample": sample,
+                        "spatial_scale_value": [1.0 / 32, 1.0 / 64, 1.0 / 128, 1.0 / 256],
+                        "coordinate_transformation_mode": mode, "image_height": 512, "image_width": 512})
+    return b.build([y])
+
+
+def _pyramid_roi_data(rng: np.random.Generator) -> Dict[str, np.ndarray]:
+    # box sides around the level thresholds (112, 224, 448 pixels)
+    side = rng.uniform(40.0, 500.0, size=(SAMPLES, 6, 2))
+    y0 = rng.uniform(0.0, 1.0, size=(SAMPLES, 6)) * (512.0 - side[..., 0])
+    x0 = rng.uniform(0.0, 1.0, size=(SAMPLES, 6)) * (512.0 - side[..., 1])
+    boxes = np.stack([y0, x0, y0 + side[..., 0], x0 + side[..., 1]], axis=-1)
+    data = {"boxes": boxes.astype(np.float32)}
+    for i, s in enumerate(PYRAMID_SIDES):
+        data[f"p{i + 2}"] = rng.normal(0.0, 1.0, size=(SAMPLES, s, s, 2)).astype(np.float32)
+    return data
+
+
+# ------------------------------------------------------------------------------------------------ Proposal
+def _anchor_centres() -> Dict[str, np.ndarray]:
+    """24 anchors (a 4 x 2 grid of 3 shapes) of a 256 x 256 image, as centres and sizes (float32 [24])."""
+    cy, cx = np.meshgrid(np.arange(4) * 64.0 + 32.0, np.arange(2) * 128.0 + 64.0, indexing="ij")
+    sizes = np.array([[48.0, 48.0], [40.0, 80.0], [96.0, 64.0]])
+    rows = [(y, x, h, w) for y, x in zip(cy.ravel(), cx.ravel()) for h, w in sizes]
+    a = np.array(rows, dtype=np.float32)
+    return {"xcenter": a[:, 1], "ycenter": a[:, 0], "ha": a[:, 2], "wa": a[:, 3]}
+
+
+def _proposal() -> PyGraph:
+    b = GraphBuilder("proposal")
+    s = b.input("scores", [1, 24, 2])
+    d = b.input("deltas", [1, 24, 4])
+    y = b.layer("Proposal", [s, d], [[1, 8], [1, 8, 4], [1, 1], [1, 1]], name="proposal",
+                params={"width": 256, "height": 256, "score_threshold": 0.5, "scale_anchor": [10.0, 10.0, 5.0, 5.0]},
+                constants=_anchor_centres(), outputs=["scores_out", "boxes", "box_num_perclass", "total_class_num"],
+                output_dtypes=[Dtype.FP32, Dtype.FP32, Dtype.INT32, Dtype.INT32])
+    return b.build(y)
+
+
+def _proposal_data(rng: np.random.Generator) -> Dict[str, np.ndarray]:
+    fg = rng.uniform(0.0, 1.0, size=(SAMPLES, 24))
+    return {"scores": np.stack([1.0 - fg, fg], axis=-1).astype(np.float32),
+            "deltas": rng.normal(0.0, 1.0, size=(SAMPLES, 24, 4)).astype(np.float32)}
+
+
 CASES: Dict[str, IrCase] = {
     "op_getvalidcount": IrCase(_get_valid_count, _get_valid_count_data),
     "op_filterboxes": IrCase(_filter_boxes, _filter_boxes_data),
@@ -197,4 +251,7 @@ CASES: Dict[str, IrCase] = {
     "op_heatmapmaxkeypoint": IrCase(_heatmap, _heatmap_data),
     "op_postnms1": IrCase(_post_nms1, lambda rng: {"proposals": _pixel_boxes(rng, 12)}),
     "op_postnms2": IrCase(_post_nms2, lambda rng: {"detections": _pixel_boxes(rng, 10)}),
+    "op_pyramidroialign": IrCase(lambda: _pyramid_roi([2, 2], "half_pixel"), _pyramid_roi_data),
+    "op_pyramidroialign_adaptive": IrCase(lambda: _pyramid_roi([0, 0], "output_half_pixel"), _pyramid_roi_data),
+    "op_proposal": IrCase(_proposal, _proposal_data),
 }

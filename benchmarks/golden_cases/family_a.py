@@ -105,6 +105,23 @@ def _sufficient_statistics() -> PyGraph:
     return b.build(outs)
 
 
+def _normalized_moments() -> PyGraph:
+    b = GraphBuilder("case")
+    ins = [b.input(n, [1, 4, 3]) for n in ("mean_ss", "variance_ss", "shift")]
+    outs = b.layer("NormalizedMoments", ins, [[1, 4, 3], [1, 4, 3]], name="normalizedmoments",
+                   params={"counts": 24.0})
+    return b.build(outs)
+
+
+def _sums(rng: np.random.Generator) -> Dict[str, np.ndarray]:
+    """The sums TensorFlow's sufficient_statistics gives for 24 values per position around a shift."""
+    shift = rng.normal(0.5, 0.4, size=(SAMPLES, 4, 3))
+    x = rng.normal(0.7, 1.1, size=(SAMPLES, 24, 4, 3))
+    d = x - shift[:, None]
+    return {"mean_ss": d.sum(1).astype(np.float32), "variance_ss": (d * d).sum(1).astype(np.float32),
+            "shift": shift.astype(np.float32)}
+
+
 def _morphology(optype: str) -> Callable[[], PyGraph]:
     def build() -> PyGraph:
         b = GraphBuilder("case")
@@ -162,6 +179,7 @@ CASES: Dict[str, IrCase] = {
     "op_yuvtorgb": IrCase(_colour("YuvToRgb", [1, 36], [1, 4, 6, 3]), _pixels([1, 36])),
     "op_sufficientstatistics": IrCase(_sufficient_statistics,
                                       _normal({"x": [1, 4, 6, 3], "shift": [1, 1, 1, 3]}, scale=1.2, shift=0.2)),
+    "op_normalizedmoments": IrCase(_normalized_moments, _sums),
     "op_dilation": IrCase(_morphology("Dilation"), _normal({"x": [1, 6, 7, 3]})),
     "op_erosion": IrCase(_morphology("Erosion"), _normal({"x": [1, 6, 7, 3]})),
     "op_col2im": IrCase(_col2im, _normal({"x": [1, 8, 15]})),

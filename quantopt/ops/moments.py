@@ -1,5 +1,6 @@
-"""Statistical moments: Moments (the mean and the population variance over some axes) and SufficientStatistics
-(the sum of deviations from a shift and the sum of their squares).
+"""Statistical moments: Moments (the mean and the population variance over some axes), SufficientStatistics (the sum
+of deviations from a shift and the sum of their squares) and NormalizedMoments (mean and variance from those sums; its
+squared mean is a placeholder whose calibrated range sets the scale of its table, as upstream).
 
 Quantized, the mean output keeps the input's params, so it is the exactly rounded mean of the input integers; the
 variance output is requantized from the exact integer sum of squared deviations with one rounding (upstream first
@@ -9,7 +10,7 @@ docs/semantics/moments.md gives both and the difference).
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import List, Tuple
 
 import torch
 
@@ -18,16 +19,23 @@ from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 from ..quant.dtype import Dtype, int_dtype_for_bits
+from ..quant.lut import lookup_lut, lut_size
+from ..quant.params import dequantize, integer_range, linear_quant_params, quantize
+from ..quant.requant import range_dtype, requantize_int, scale_shift
 from ..quant.rounding import div_round_half_even, round_shift
 from ..registry import declare_op
-from ..registry.schema import Axis, Bool, DtypeName, Int, Ints, Param, Value, quantized
+from ..registry.schema import Axis, Bool, DtypeName, Float, Int, Ints, Param, Value, quantized
 from ._quant import (
+    activation_mode,
     check_quantized_inputs,
     copy_params,
+    is_signed,
     layer_settings,
     out_range,
     quantize_activation,
     requant_scale_shift,
+    set_constant,
+    set_params,
     set_qinvariant,
     tensor_scale,
     tensor_zp,
@@ -270,3 +278,178 @@ def sufficient_statistics_quantize(self: PyNode) -> None:
     self.params["shift_type"] = [f[3] for f in found]
     self.params["scale_value"] = [int(f[0]) for f in found]
     self.params["scale_type"] = [f[2] for f in found]
+
+
+# ------------------------------------------------------------------------------------------------ NormalizedMoments
+NM_PLACEHOLDER = "mean_square"
+"""The layer's one placeholder `<layer>/mean_square`: (mean / counts)², whose calibrated range sets the table's
+output scale (docs/semantics/moments.md)."""
+
+NM_CLIP_MAX = 2 ** 15 - 1
+"""Largest input-alignment multiplier (int16's maximum); halved when a zero point is not 0."""
+
+NORMALIZED_MOMENTS = declare_op(
+    "NormalizedMoments",
+    params={"counts": Param(Float(), "the number of summed elements (truncated to an integer, as upstream)",
+                            required=True),
+            "mean_shift_value": quantized(Int(), "mean output shift N_mean"),
+            "mean_shift_type": quantized(DtypeName(), "its dtype"),
+            "mean_scale_value": quantized(Ints(lo=0), "[M_mean, M_in_mean, M_in_shift]"),
+            "mean_scale_type": quantized(Value("list of dtypes"), "their dtypes"),
+            "var_shift_value": quantized(Int(), "variance output shift N_var"),
+            "var_shift_type": quantized(DtypeName(), "its dtype"),
+            "var_scale_value": quantized(Ints(lo=0), "[M_var, M_in_var, M_in_square]"),
+            "var_scale_type": quantized(Value("list of dtypes"), "their dtypes")},
+    constants={"lut": "table of (mean / counts)² indexed by the mean input, unsigned, activation bits"},
+    dtypes="float32 → output 0 (mean) signed when the mean and shift inputs are (or force_dtype_int), output 1 "
+           "(variance) signed; activation bits",
+    integer="aligned sums requantized with round half to even; the squared mean from a table (as upstream)",
+    semantics=f"{SEMANTICS}#normalizedmoments",
+    summary="Inputs: a sum, a sum of squares and a shift. Outputs: mean = sum / counts + shift and "
+            "variance = squares / counts - (sum / counts)² (TensorFlow's normalize_moments).")
+
+
+def _counts(node: PyNode) -> int:
+    raw = float(node.get_param("counts"))
+    counts = int(raw)
+    if counts < 1:
+        raise node._error(f"counts must be at least 1, got {raw:g}")
+    return counts
+
+
+def _nm_shapes(node: PyNode) -> None:
+    if len(node.inputs) != 3 or len(node.outputs) != 2:
+        raise node._error(f"needs three inputs (mean_ss, variance_ss, shift) and two outputs (mean, variance), got "
+                          f"{len(node.inputs)} and {len(node.outputs)}")
+    shapes = [tuple(t.betensor.shape) for t in node.inputs]
+    try:
+        torch.broadcast_shapes(shapes[0], shapes[2])
+        torch.broadcast_shapes(shapes[0], shapes[1])
+    except RuntimeError:
+        raise node._error(f"input shapes {[list(s) for s in shapes]} do not broadcast (the shift and the variance "
+                          "sum must broadcast with the mean sum)") from None
+
+
+@NORMALIZED_MOMENTS.forward
+def normalized_moments_forward(self: PyNode) -> None:
+    _nm_shapes(self)
+    counts = _counts(self)
+    mean_t, var_t, shift_t = self.inputs
+    out0, out1 = self.outputs
+    if not self.quantized:
+        mean = mean_t.betensor.to(torch.float32) / counts
+        square = mean * mean
+        out0.betensor = mean + shift_t.betensor.to(torch.float32)
+        out1.betensor = var_t.betensor.to(torch.float32) / counts - square
+        name = f"{self.name}/{NM_PLACEHOLDER}"
+        if [t.name for t in self.placeholders] != [name]:
+            self.placeholders = [PyTensor(name, square.detach())]
+        else:
+            self.placeholders[0].betensor = square.detach()
+        return
+    m_mean, m_in0, m_in1 = _three(self, "mean_scale_value")
+    m_var, v_in0, v_in1 = _three(self, "var_scale_value")
+    n_mean, n_var = int(self.get_param("mean_shift_value")), int(self.get_param("var_shift_value"))
+    if "lut" not in self.constants:
+        raise self._error("quantized layer lacks its 'lut' constant")
+    table = self.constants["lut"].betensor.to(torch.int64).flatten()
+    bits = int(mean_t.qbits)
+    lo_m, _ = out_range(mean_t)
+    emax = max(abs(v + tensor_zp(t)) for t in self.inputs for v in out_range(t))
+    tmax = int(table.abs().max()) if table.numel() else 0
+    bound = max(emax * (m_in0 + m_in1) * max(m_mean, 1), (emax * v_in0 + tmax * v_in1) * max(m_var, 1))
+    if bound >= INT64_BOUND:
+        raise UnsupportedError(f"layer '{self.name}' ({self.type}): the aligned sums may reach 2^62; use fewer "
+                               "input bits")
+    mean_q = mean_t.betensor.to(torch.int64)
+    acc0 = (mean_q + tensor_zp(mean_t)) * m_in0 + (shift_t.betensor.to(torch.int64) + tensor_zp(shift_t)) * m_in1
+    out0.betensor = requantize_int(acc0, m_mean, n_mean, tensor_zp(out0), *out_range(out0))
+    try:
+        square = lookup_lut(mean_q, table, integer_range(bits, lo_m < 0)[0], bits,
+                            int(self.constants["lut"].dtype.bits), False)
+    except ValueError as e:
+        raise self._error(f"lut: {e}") from None
+    acc1 = (var_t.betensor.to(torch.int64) + tensor_zp(var_t)) * v_in0 - square * v_in1
+    out1.betensor = requantize_int(acc1, m_var, n_var, tensor_zp(out1), *out_range(out1))
+
+
+def _three(node: PyNode, key: str) -> List[int]:
+    value = node.get_param(key)
+    if not isinstance(value, (list, tuple)) or len(value) != 3:
+        raise node._error(f"quantized layer needs '{key}' as a list of 3 integers, got {value!r}")
+    return [int(v) for v in value]
+
+
+def add_like_multipliers(s0: torch.Tensor, s1: torch.Tensor, s_out: torch.Tensor, clip_max: int,
+                         mult_bits: int) -> Tuple[int, int, int, int, Dtype]:
+    """(M_in0, M_in1, M_out, N_out, shift dtype) aligning two inputs of scales s0, s1 by cross-multiplication with
+    15-bit approximations of each other's scale, multipliers capped at `clip_max` (docs/semantics/moments.md; float32
+    arithmetic, as upstream)."""
+    m0, n0, _, _ = scale_shift(s0, 16)
+    m1, n1, _, _ = scale_shift(s1, 16)
+    common = max(n0, n1)
+    f32 = torch.float32
+    mul0 = torch.tensor(float(m1 * 2 ** max(common - n1, 0)), dtype=f32)
+    mul1 = torch.tensor(float(m0 * 2 ** max(common - n0, 0)), dtype=f32)
+    rscale = s_out / (s1 * s0) / (2.0 ** common)
+    shrink = torch.maximum(mul0, mul1) / float(clip_max)
+    if float(shrink) > 1.0:
+        mul0, mul1, rscale = mul0 / shrink, mul1 / shrink, rscale * shrink
+    mul0 = int(torch.clamp(torch.round(mul0), 0, clip_max))
+    mul1 = int(torch.clamp(torch.round(mul1), 0, clip_max))
+    m, n, _, _ = scale_shift(rscale, mult_bits)
+    if n < 0:
+        m, n = max(1, min(clip_max, m * 2 ** (-n))), 0
+    return mul0, mul1, int(m), int(n), range_dtype(-1, n)
+
+
+@NORMALIZED_MOMENTS.quantize
+def normalized_moments_quantize(self: PyNode) -> None:
+    """Outputs from their calibrated ranges (activation bits; output 0 signed when the mean and shift inputs are,
+    output 1 signed), the placeholder unsigned and symmetric; the table of (dequantized mean / counts)² on the
+    placeholder's scale; the two add-like multiplier sets (docs/semantics/moments.md)."""
+    _nm_shapes(self)
+    counts = _counts(self)
+    mean_t, var_t, shift_t = self.inputs
+    check_quantized_inputs(self, [mean_t, var_t, shift_t])
+    for t in self.inputs:
+        _per_tensor(self, t)
+    s = layer_settings(self)
+    bits = int(s.q_bits_activation)
+    name = f"{self.name}/{NM_PLACEHOLDER}"
+    if len(self.placeholders) != 1 or self.placeholders[0].name != name:
+        raise self._error(f"placeholder '{name}' is missing: the layer's float forward must run before quantization "
+                          "(statistic files written before quantopt collected placeholders lack it: collect again)")
+    plh = self.placeholders[0]
+    if plh.min is None or plh.max is None:
+        raise self._error(f"placeholder '{name}' has no calibrated range (statistic files written before quantopt "
+                          "collected placeholders lack it: collect the statistics again)")
+    out0, out1 = self.outputs
+    quantize_activation(self, out0, is_signed(mean_t) and is_signed(shift_t), bits)
+    quantize_activation(self, out1, True, bits)
+    mode = activation_mode(self, bits).to_symmetric()
+    set_params(plh, linear_quant_params(plh.min, plh.max, bits, mode, False), bits)
+    f32 = torch.float32
+
+    def sc(t: PyTensor) -> torch.Tensor:
+        return torch.tensor(tensor_scale(t), dtype=f32)
+
+    clip0 = NM_CLIP_MAX // 2 if tensor_zp(mean_t) != 0 or tensor_zp(shift_t) != 0 else NM_CLIP_MAX
+    mean0, mean1, m_mean, n_mean, mean_shift_type = add_like_multipliers(sc(mean_t) * counts, sc(shift_t), sc(out0),
+                                                                         clip0, s.mult_bits)
+    lo, hi = out_range(mean_t)
+    steps = lut_size(int(mean_t.qbits), int(s.lut_items_in_bits))
+    x = dequantize(torch.linspace(float(lo), float(hi), steps=steps), sc(mean_t), tensor_zp(mean_t))
+    lut = quantize(torch.square(x / counts), sc(plh), tensor_zp(plh), *out_range(plh))
+    set_constant(self, "lut", lut, int_dtype_for_bits(bits, False))
+    clip1 = NM_CLIP_MAX // 2 if tensor_zp(var_t) != 0 else NM_CLIP_MAX
+    var0, var1, m_var, n_var, var_shift_type = add_like_multipliers(sc(var_t) * counts, sc(plh), sc(out1), clip1,
+                                                                    s.mult_bits)
+    self.params["mean_shift_value"] = n_mean
+    self.params["mean_shift_type"] = mean_shift_type
+    self.params["mean_scale_value"] = [m_mean, mean0, mean1]
+    self.params["mean_scale_type"] = [Dtype.UINT16] * 3
+    self.params["var_shift_value"] = n_var
+    self.params["var_shift_type"] = var_shift_type
+    self.params["var_scale_value"] = [m_var, var0, var1]
+    self.params["var_scale_type"] = [Dtype.UINT16] * 3

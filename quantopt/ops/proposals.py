@@ -7,25 +7,29 @@ semantics are in docs/semantics/proposals.md.
 """
 from __future__ import annotations
 
-from typing import List
+import math
+from typing import List, Tuple
 
 import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
-from ..quant.dtype import Dtype
-from ..quant.params import linear_quant_params
+from ..quant.dtype import Dtype, int_dtype_for_bits
+from ..quant.lut import build_lut, lookup_lut
+from ..quant.params import integer_range, linear_quant_params, quantize
 from ..quant.requant import scale_shift
 from ..quant.rounding import round_shift
 from ..registry import declare_op
-from ..registry.schema import Int, Param, quantized
+from ..registry.schema import DtypeName, Float, Floats, Int, Param, quantized
 from ._quant import (
     activation_mode,
     check_quantized_inputs,
     copy_params,
     int_value,
+    layer_settings,
     out_range,
+    set_constant,
     set_qinvariant,
     tensor_scale,
     tensor_zp,
@@ -257,3 +261,199 @@ def post_nms2_quantize(self: PyNode) -> None:
     copy_params(self.outputs[0], self.inputs[0])
     copy_params(self.outputs[1], self.inputs[0])
     set_qinvariant(self.outputs[2], 32, True)
+
+
+# ------------------------------------------------------------------------------------------------ Proposal
+PROPOSAL_STD_DIV = [10.0, 10.0, 5.0, 5.0]
+"""Upstream's fixed divisors of the deltas (dy, dx, dh, dw); its `scale_anchor` param is not read."""
+COORD_BITS = 16
+"""Anchors, boxes and the decode tables are int16 (upstream: max(16, activation bits) with an int16 dtype)."""
+_ANCHORS = ("ycenter", "xcenter", "ha", "wa")
+_TABLES = ("ty_lut", "tx_lut", "th_lut", "tw_lut")
+
+PROPOSAL = declare_op(
+    "Proposal",
+    params={
+        "height": Param(Int(), "image height in pixels (quantized IR: in box codes, as upstream writes it)",
+                        required=True),
+        "width": Param(Int(), "image width in pixels (quantized IR: in box codes)", required=True),
+        "score_threshold": Param(Float(), "an anchor is kept when its foreground score is above this",
+                                 required=True),
+        "scale_anchor": Param(Floats(), "upstream's divisors of the deltas; not read (always [10, 10, 5, 5])"),
+        "score_threshold_value": quantized(Int(), "the threshold in score codes"),
+        "score_threshold_type": quantized(DtypeName(), "dtype of score_threshold_value"),
+        "box_shift_value": quantized(Int(), "shift F of the decode: table value * anchor size >> F"),
+        "box_shift_type": quantized(DtypeName(), "dtype of box_shift_value"),
+    },
+    constants={"ycenter": "anchor centre y (pixels; quantized: int16 box codes)",
+               "xcenter": "anchor centre x", "ha": "anchor height", "wa": "anchor width",
+               "ty_lut": "decode table dy / 10 (quantized)", "tx_lut": "decode table dx / 10 (quantized)",
+               "th_lut": "decode table exp(dh / 5) (quantized)", "tw_lut": "decode table exp(dw / 5) (quantized)"},
+    integer="delta tables (int16, 2^F fixed point), (table * anchor) >> F, box edges rounded half to even, "
+            "clipped to the image; scores compared as codes",
+    dtypes="scores [N,A,2], deltas [N,A,4] → scores (scores' dtype), boxes int16, count uint16, ones uint16",
+    semantics=f"{SEMANTICS}#proposal",
+    summary="Region proposals of an RPN: anchors decoded by deltas (dy, dx, dh, dw) / [10, 10, 5, 5], clipped to "
+            "the image; the first M anchors whose foreground score (scores[..., 1]) is above score_threshold, in "
+            "anchor order (M the outputs' IR dim 1). Outputs: scores [N, M], boxes [N, M, 4], count [N, 1], "
+            "and a constant [1, 1] of ones.")
+
+
+def _proposal_check(node: PyNode) -> Tuple[int, int]:
+    """(A, M): anchors per image and boxes written per image."""
+    if len(node.inputs) != 2 or len(node.outputs) != 4:
+        raise node._error("expects 2 inputs (scores [N, A, 2], deltas [N, A, 4]) and 4 outputs")
+    s, d = node.inputs[0].betensor, node.inputs[1].betensor
+    if s.dim() != 3 or s.shape[2] != 2 or d.dim() != 3 or d.shape[2] != 4 or d.shape[:2] != s.shape[:2]:
+        raise node._error(f"scores must be [N, A, 2] and deltas [N, A, 4], got {list(s.shape)} and "
+                          f"{list(d.shape)}")
+    a = int(s.shape[1])
+    for k in _ANCHORS:
+        c = node.get_constant(k, optional=True)
+        if c is None or c.betensor.numel() != a:
+            raise node._error(f"constant '{k}' must hold {a} anchor values")
+    shape = node.outputs[0].ir_shape
+    if not shape or len(shape) < 2 or int(shape[1]) < 1:
+        raise node._error("output 0 needs an IR shape [N, M] (M: the boxes written per image)")
+    return a, int(shape[1])
+
+
+def _anchor(node: PyNode, key: str) -> torch.Tensor:
+    return node.constants[key].betensor.reshape(-1)
+
+
+def _proposal_select(score: torch.Tensor, boxes: torch.Tensor, thresh, m: int, fill) -> tuple:
+    """Per image the first m anchors with score > thresh: (scores [N, m], boxes [N, m, 4], counts [N, 1])."""
+    n = score.shape[0]
+    out_s = torch.full((n, m), fill[0], dtype=score.dtype)
+    out_b = torch.full((n, m, 4), fill[1], dtype=boxes.dtype)
+    counts = torch.zeros((n, 1), dtype=torch.int64)
+    for i in range(n):
+        idx = torch.nonzero(score[i] > thresh).reshape(-1)[:m]
+        out_s[i, :idx.numel()] = score[i, idx]
+        out_b[i, :idx.numel()] = boxes[i, idx]
+        counts[i, 0] = idx.numel()
+    return out_s, out_b, counts
+
+
+def _proposal_placeholders(node: PyNode, values: List[torch.Tensor]) -> None:
+    """Upstream's two inner statistics: `<layer>/coords` (anchor-space values: centres, sizes, edges) and
+    `<layer>/box` (the scaled deltas and their exponentials), each the concatenation of its tensors."""
+    names = [f"{node.name}/coords", f"{node.name}/box"]
+    if [t.name for t in node.placeholders] != names:
+        node.placeholders = [PyTensor(nm, v.detach().to(torch.float32)) for nm, v in zip(names, values)]
+        return
+    for t, v in zip(node.placeholders, values):
+        t.betensor = v.detach().to(torch.float32)
+
+
+def _proposal_float(node: PyNode, a: int, m: int) -> None:
+    h_img, w_img = float(node.get_param("height")), float(node.get_param("width"))
+    s = node.inputs[0].betensor.to(torch.float32)
+    d = node.inputs[1].betensor.to(torch.float32)
+    ya, xa, ha, wa = (_anchor(node, k).to(torch.float32) for k in _ANCHORS)
+    dy, dx, dh, dw = (d[..., i] / PROPOSAL_STD_DIV[i] for i in range(4))
+    cy, cx = dy * ha + ya, dx * wa + xa
+    eh, ew = torch.exp(dh), torch.exp(dw)
+    h, w = eh * ha, ew * wa
+    ymin, xmin, ymax, xmax = cy - h / 2, cx - w / 2, cy + h / 2, cx + w / 2
+    _proposal_placeholders(node, [
+        torch.cat([t.reshape(-1) for t in (cy, cx, h, w, ymin, ymax, xmin, xmax, cy, cx, h, w, dy * h, dx * w)]),
+        torch.cat([t.reshape(-1) for t in (dy, dx, dh, dw, eh, ew)])])
+    boxes = torch.stack([torch.clamp(ymin, 0, h_img), torch.clamp(xmin, 0, w_img), torch.clamp(ymax, 0, h_img),
+                         torch.clamp(xmax, 0, w_img)], dim=-1)
+    thresh = float(node.get_param("score_threshold"))
+    out_s, out_b, counts = _proposal_select(s[..., 1], boxes, thresh, m, (0.0, 0.0))
+    node.outputs[0].betensor = out_s
+    node.outputs[1].betensor = out_b
+    node.outputs[2].betensor = counts.to(torch.float32)
+    node.outputs[3].betensor = torch.ones((1, 1))
+
+
+def _proposal_int(node: PyNode, a: int, m: int) -> None:
+    s_t, d_t = node.inputs
+    d = int_value(d_t)
+    in_bits = int(d_t.qbits)
+    in_qmin = int(d_t.qmin) if d_t.qmin is not None else 0
+    in_qmin = -(1 << (in_bits - 1)) if in_qmin < 0 else 0  # the table spans the dtype's full range
+    f = int(node.get_param("box_shift_value"))
+    ly, lx, lh, lw = (lookup_lut(d[..., i], node.constants[k].betensor, in_qmin, in_bits, COORD_BITS, True)
+                      for i, k in enumerate(_TABLES))
+    ya, xa, ha, wa = (int_value(node.constants[k]).reshape(-1) for k in _ANCHORS)
+    h, w = (lh * ha) >> f, (lw * wa) >> f
+    cy, cx = ((ly * ha) >> f) + ya, ((lx * wa) >> f) + xa
+    hq, wq = int(node.get_param("height")), int(node.get_param("width"))
+    edges = [(2 * cy - h, hq), (2 * cx - w, wq), (2 * cy + h, hq), (2 * cx + w, wq)]
+    boxes = torch.stack([torch.clamp(round_shift(v, 1), 0, lim) for v, lim in edges], dim=-1)
+    thresh = int(node.get_param("score_threshold_value"))
+    o_s, o_b = node.outputs[0], node.outputs[1]
+    out_s, out_b, counts = _proposal_select(int_value(s_t)[..., 1], boxes, thresh, m,
+                                            (_zero_code(o_s), _zero_code(o_b)))
+    node.outputs[0].betensor = out_s
+    node.outputs[1].betensor = torch.clamp(out_b, *out_range(o_b))
+    node.outputs[2].betensor = counts
+    node.outputs[3].betensor = torch.ones((1, 1), dtype=torch.int64)
+
+
+@PROPOSAL.forward
+def proposal_forward(self: PyNode) -> None:
+    """Float: decode, clip, select (and the placeholders' values). Integer: _proposal_int."""
+    a, m = _proposal_check(self)
+    if self.quantized:
+        _proposal_int(self, a, m)
+    else:
+        _proposal_float(self, a, m)
+
+
+def _coord_scale(node: PyNode, index: int, name: str, bits: int) -> Tuple[float, int]:
+    """2^floor(log2(scale)) of placeholder `index`'s symmetric signed params at `bits`."""
+    t = node.placeholders[index] if index < len(node.placeholders) else None
+    if t is None or t.name != f"{node.name}/{name}" or t.min is None or t.max is None:
+        raise node._error(f"placeholder '{node.name}/{name}' has no calibrated range: the layer's float forward "
+                          "must run during calibration")
+    mode = activation_mode(node, bits).to_symmetric()
+    scale = float(linear_quant_params(t.min, t.max, bits, mode, True).scale)
+    return scale, math.floor(math.log2(scale))
+
+
+@PROPOSAL.quantize
+def proposal_quantize(self: PyNode) -> None:
+    """Anchors (int16) in the power-of-two scale 2^Fa of the coords placeholder, decode tables in 2^F of the box
+    placeholder (F = box_shift_value), threshold as a score code; height/width become box codes."""
+    a, m = _proposal_check(self)
+    check_quantized_inputs(self, self.inputs)
+    s_t, d_t = self.inputs
+    _single_scale(self, s_t)
+    _single_scale(self, d_t)
+    bits = max(COORD_BITS, int(layer_settings(self).q_bits_activation))
+    _, fa = _coord_scale(self, 0, "coords", bits)
+    _, f = _coord_scale(self, 1, "box", bits)
+    sa = 2.0 ** fa
+    self.params["height"] = int(float(self.get_param("height")) * sa)
+    self.params["width"] = int(float(self.get_param("width")) * sa)
+    lo, hi = integer_range(COORD_BITS, True)
+    for k in _ANCHORS:
+        q = quantize(_anchor(self, k).to(torch.float32), sa, 0, lo, hi)
+        set_constant(self, k, q.to(torch.float32), Dtype.INT16)
+    in_bits = int(d_t.qbits)
+    in_lo, in_hi = integer_range(in_bits, bool(d_t.qmin is not None and d_t.qmin < 0))
+    lut_bits = min(in_bits, int(layer_settings(self).lut_items_in_bits))
+    for k, div, use_exp in zip(_TABLES, PROPOSAL_STD_DIV, (False, False, True, True)):
+        fn = (lambda x, v=div: torch.exp(x / v)) if use_exp else (lambda x, v=div: x / v)
+        table = build_lut(fn, tensor_scale(d_t), tensor_zp(d_t), in_lo, in_hi, in_bits, 2.0 ** f, 0, lo, hi,
+                          lut_bits)
+        set_constant(self, k, table.to(torch.float32), Dtype.INT16)
+    self.params["box_shift_value"] = int(f)
+    self.params["box_shift_type"] = Dtype.INT8
+    s_bits = int(s_t.qbits)
+    s_lo, s_hi = integer_range(s_bits, False)
+    thresh = float(self.get_param("score_threshold"))
+    self.params["score_threshold_value"] = int(quantize(torch.tensor(thresh), tensor_scale(s_t), tensor_zp(s_t),
+                                                        s_lo, s_hi))
+    self.params["score_threshold_type"] = int_dtype_for_bits(s_bits, False)
+    copy_params(self.outputs[0], s_t)
+    o = self.outputs[1]
+    o.scale, o.zerop, o.qbits, o.dtype, o.qinvariant, o.ir_range = sa, 0, COORD_BITS, Dtype.INT16, False, None
+    o.qmin, o.qmax = lo, hi
+    for t in self.outputs[2:]:
+        set_qinvariant(t, 16, False)

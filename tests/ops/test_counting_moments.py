@@ -1,7 +1,7 @@
-"""Count and ZeroFraction (ops/counting.py) and Moments (ops/moments.py): float forward against numpy, quantize
-(params as docs/semantics/counting.md and moments.md state them), the integer forward against independent python-int
-references written from those pages, dequantized integer output close to float, a re-read IR bit-identical, and
-clear errors for bad params."""
+"""Count and ZeroFraction (ops/counting.py), Moments, SufficientStatistics and NormalizedMoments (ops/moments.py): float
+forward against numpy, quantize (params and tables as docs/semantics/counting.md and moments.md state them), the
+integer forward against independent python-int references written from those pages, dequantized integer output
+close to float, a re-read IR bit-identical, and clear errors for bad params."""
 from __future__ import annotations
 
 from fractions import Fraction
@@ -361,3 +361,142 @@ def test_written_ir_reloads_bit_identical(tmp_path, which: str) -> None:
     txt, _ = write_ir(qg, str(tmp_path / "q.txt"))
     after = read_ir(txt).forward(feed)
     assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+# ================================================================================================ NormalizedMoments
+def nm_graph(shapes: Sequence[Sequence[int]] = ((2, 4, 3), (2, 4, 3), (1, 4, 3)), counts: float = 24.0):
+    b = GraphBuilder("t")
+    ins = [b.input(n, list(s)) for n, s in zip(("mean_ss", "variance_ss", "shift"), shapes)]
+    out = list(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    outs = b.layer("NormalizedMoments", ins, [out, out], name="op", params={"counts": counts})
+    return b.build(outs)
+
+
+def nm_data(seed: int, count: int = 4, n: int = 24, shift_shape: Sequence[int] = (1, 4, 3)) -> List[tuple]:
+    """sufficient statistics of n values per position around a shift (so the variance is positive)."""
+    r = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        shift = r.normal(0.4, 0.5, size=list(shift_shape))
+        d = r.normal(0.6, 1.2, size=[n, 2, 4, 3]) - shift
+        out.append(tuple(torch.from_numpy(v.astype(np.float32)) for v in (d.sum(0), (d * d).sum(0), shift)))
+    return out
+
+
+def ref_nm_lut(node) -> np.ndarray:
+    """The table per docs/semantics/moments.md in numpy float32."""
+    m_t, plh = node.inputs[0], node.placeholders[0]
+    c = int(node.params["counts"])
+    steps = 2 ** min(int(m_t.qbits), 8)
+    p = np.linspace(float(m_t.qmin), float(m_t.qmax), steps).astype(np.float32)
+    v = (p + np.float32(m_t.zerop)) * (np.float32(1.0) / np.float32(m_t.scale))
+    y = np.square(v / np.float32(c)) * np.float32(plh.scale)
+    return np.clip(np.round(y), int(plh.qmin), int(plh.qmax)).astype(np.int64)
+
+
+def ref_nm_int(node, qm: np.ndarray, qv: np.ndarray, qs: np.ndarray):
+    """The integer forward of docs/semantics/moments.md with python ints and Fractions."""
+    m_t, v_t, s_t = node.inputs
+    o0, o1 = node.outputs
+    lut = [int(v) for v in node.constants["lut"].betensor.flatten()]
+    mm, p0, p1 = node.params["mean_scale_value"]
+    mv, v0, v1 = node.params["var_scale_value"]
+    nm, nv = int(node.params["mean_shift_value"]), int(node.params["var_shift_value"])
+    bits = int(m_t.qbits)
+    lo = -2 ** (bits - 1) if int(m_t.qmin) < 0 else 0
+    sub = bits - int(np.log2(len(lut)))
+
+    def req(acc: int, m: int, n: int, o) -> int:
+        return min(max(rhe(Fraction(acc * m, 2 ** n)) - int(o.zerop), int(o.qmin)), int(o.qmax))
+
+    def square(q: int) -> int:
+        i = q - lo
+        hi, low = i >> sub, i - ((i >> sub) << sub)
+        nxt = lut[min(hi + 1, len(lut) - 1)]
+        return lut[hi] + (((nxt - lut[hi]) * low) >> sub)
+
+    qm, qv, qs = np.broadcast_arrays(qm, qv, qs)
+    a = [req((int(m) + int(m_t.zerop)) * p0 + (int(s) + int(s_t.zerop)) * p1, mm, nm, o0)
+         for m, s in zip(qm.flat, qs.flat)]
+    b = [req((int(v) + int(v_t.zerop)) * v0 - square(int(m)) * v1, mv, nv, o1) for m, v in zip(qm.flat, qv.flat)]
+    return np.array(a).reshape(qm.shape), np.array(b).reshape(qm.shape)
+
+
+def test_normalized_moments_float_and_placeholder() -> None:
+    g = nm_graph(counts=24.9)  # truncated to 24, as upstream
+    m, v, s = nm_data(60, 1)[0]
+    a, b = (t.clone() for t in g.forward([m, v, s]))
+    mean = m.numpy().astype(np.float64) / 24
+    np.testing.assert_allclose(a.numpy(), mean + s.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.numpy(), v.numpy() / 24 - mean * mean, rtol=1e-4, atol=1e-5)
+    node = g.nodes[-1]
+    assert [t.name for t in node.placeholders] == ["op/mean_square"]
+    np.testing.assert_allclose(node.placeholders[0].betensor.numpy(), mean * mean, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bits,mode", MODES)
+@pytest.mark.parametrize("shift_shape", [(1, 4, 3), (2, 4, 3)])
+def test_normalized_moments_integer(bits: int, mode: str, shift_shape) -> None:
+    g = nm_graph(((2, 4, 3), (2, 4, 3), shift_shape))
+    batches = nm_data(61, shift_shape=shift_shape)
+    feed = list(batches[1])  # inside the calibrated ranges: no input clipping
+    fa, fb = (t.clone() for t in g.forward(feed))
+    qg = quantize_model(g, batches, settings(bits, mode))
+    node = qg.nodes[-1]
+    plh = node.placeholders[0]
+    assert int(plh.qmin) == 0 and int(plh.zerop) == 0 and int(plh.qbits) == bits
+    assert node.params["mean_scale_type"] == [Dtype.UINT16] * 3 and node.params["var_scale_type"] == [Dtype.UINT16] * 3
+    assert node.constants["lut"].dtype == (Dtype.UINT8 if bits == 8 else Dtype.UINT16)
+    np.testing.assert_array_equal(node.constants["lut"].betensor.numpy(), ref_nm_lut(node))
+    clip = 16383 if any(int(t.zerop) for t in (node.inputs[0], node.inputs[2])) else 32767
+    assert max(node.params["mean_scale_value"][1:]) <= clip
+    o0, o1 = qg.output_tensors
+    assert int(o1.qmin) < 0
+    qa, qb = qg.forward(feed)
+    ea, eb = ref_nm_int(node, *(t.betensor.numpy() for t in qg.input_tensors))
+    np.testing.assert_array_equal(qa.numpy(), ea)
+    np.testing.assert_array_equal(qb.numpy(), eb)
+    da, db = run_quantized(qg, feed)
+    m_t, v_t, s_t = node.inputs
+    # half a step of each input term and of the output, plus 1% for the multipliers' and the table's rounding
+    tol0 = 0.5 / float(m_t.scale) / 24 + 0.5 / float(s_t.scale) + 0.5 / float(o0.scale) + 0.01 * float(fa.abs().max())
+    tol1 = 0.5 / float(v_t.scale) / 24 + 1.0 / float(plh.scale) + 0.5 / float(o1.scale) + 0.01 * float(fb.abs().max())
+    if bits > 8:  # the table's samples drift by up to 2^bits / 256 codes from the codes that read them (documented)
+        tol1 += 2 * float(m_t.max - m_t.min) / 24 * 2 ** bits / 256 / float(m_t.scale) / 24
+    np.testing.assert_allclose(da.numpy(), fa.numpy(), atol=tol0)
+    np.testing.assert_allclose(db.numpy(), fb.numpy(), atol=tol1)
+
+
+def test_normalized_moments_ir_round_trip(tmp_path) -> None:
+    g = nm_graph()
+    batches = nm_data(63)
+    qg = quantize_model(g, batches, settings(*MODES[0]))
+    feed = list(batches[0])
+    before = [t.clone() for t in qg.forward(feed)]
+    txt, _ = write_ir(qg, str(tmp_path / "q.txt"))
+    after = read_ir(txt).forward(feed)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+@pytest.mark.parametrize("counts,match", [(0.5, "counts must be at least 1"), (-3.0, "counts must be at least 1")])
+def test_normalized_moments_bad_counts(counts: float, match: str) -> None:
+    g = nm_graph(counts=counts)
+    with pytest.raises(IRError, match=match):
+        g.forward(list(nm_data(64, 1)[0]))
+
+
+def test_normalized_moments_bad_shapes() -> None:
+    g = nm_graph(((2, 4, 3), (2, 4, 3), (1, 4, 3)))
+    with pytest.raises(IRError, match="do not broadcast"):
+        g.forward([torch.zeros(2, 4, 3), torch.zeros(2, 4, 3), torch.zeros(5)])
+
+
+def test_normalized_moments_needs_placeholder_range() -> None:
+    g = nm_graph()
+    node = g.nodes[-1]
+    node.placeholders = []  # as from a float forward that never ran
+    from quantopt.ops.moments import normalized_moments_quantize
+    for t in list(node.inputs) + list(node.outputs):
+        t.min, t.max, t.scale, t.zerop, t.qbits, t.qmin, t.qmax = -1.0, 1.0, 100.0, 0, 8, -128, 127
+    with pytest.raises(IRError, match="placeholder 'op/mean_square' is missing"):
+        normalized_moments_quantize(node)
