@@ -100,6 +100,25 @@ def copy_params(dst: PyTensor, src: PyTensor) -> None:
     dst.ir_range = None
 
 
+def integer_index_input(node: PyNode, t: PyTensor, what: str) -> torch.Tensor:
+    """An index/count/label input as int64: float values truncated toward zero; in a quantized layer it must hold
+    exact integers (an integer tensor), not quantized values."""
+    if node.quantized:
+        if not t.qinvariant:
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): the {what} input '{t.name}' must hold exact "
+                                   "integers (an integer tensor), not quantized values")
+        return int_value(t)
+    x = t.betensor
+    return (torch.trunc(x.to(torch.float64)) if x.is_floating_point() else x).to(torch.int64)
+
+
+def zero_code(t: PyTensor) -> int:
+    """The integer that stands for the float 0 in `t`'s params: clamp(-zp, qmin, qmax) (padding of quantized
+    outputs)."""
+    qmin, qmax = out_range(t)
+    return min(max(-tensor_zp(t), qmin), qmax)
+
+
 def is_signed(t: PyTensor) -> bool:
     return t.qmin is not None and t.qmin < 0
 

@@ -30,6 +30,7 @@ from ._quant import (
     check_quantized_inputs,
     copy_params,
     int_value,
+    integer_index_input,
     layer_settings,
     out_range,
     set_constant,
@@ -76,15 +77,6 @@ def _single_scale(node: PyNode, t: PyTensor) -> None:
                                "supported")
 
 
-def _integers(node: PyNode, t: PyTensor, what: str) -> torch.Tensor:
-    """A count/label input as int64: float values truncated toward zero; quantized it must hold exact integers."""
-    if node.quantized:
-        if not t.qinvariant:
-            raise UnsupportedError(f"layer '{node.name}' ({node.type}): the {what} input '{t.name}' must hold exact "
-                                   "integers (an integer tensor), not quantized values")
-        return int_value(t)
-    x = t.betensor
-    return (torch.trunc(x.to(torch.float64)) if x.is_floating_point() else x).to(torch.int64)
 
 
 def _index_bits(limit: int) -> int:
@@ -259,7 +251,7 @@ def filter_boxes_forward(self: PyNode) -> None:
     """Per-class score and minimum-size filter of grouped boxes; see the module docstring."""
     min_h, min_w, _, thr = _fb_params(self)
     b_t, s_t, n_t, l_t, t_t = self.inputs
-    counts = [_integers(self, t, w) for t, w in ((n_t, "box_num_perclass"), (l_t, "label_perclass"),
+    counts = [integer_index_input(self, t, w) for t, w in ((n_t, "box_num_perclass"), (l_t, "label_perclass"),
                                                  (t_t, "total_class_num"))]
     if self.quantized:
         fill = (_fill_code(b_t, 0.0), _fill_code(s_t, 0.0))
@@ -911,7 +903,7 @@ def region_fuse_forward(self: PyNode) -> None:
     upstream); capacity the outputs' IR sizes (the rest is cut)."""
     _fuse_check(self)
     t = self.inputs
-    ints = [_integers(self, x, "count/label") for x in t[4:]]
+    ints = [integer_index_input(self, x, "count/label") for x in t[4:]]
     counts, labels, totals = ints[0:2], ints[2:4], ints[4:6]
     if self.quantized:
         scores, boxes = [], []

@@ -27,12 +27,14 @@ from ._quant import (
     check_quantized_inputs,
     copy_params,
     int_value,
+    integer_index_input,
     layer_settings,
     out_range,
     set_constant,
     set_qinvariant,
     tensor_scale,
     tensor_zp,
+    zero_code,
 )
 
 SEMANTICS = "docs/semantics/proposals.md"
@@ -44,15 +46,6 @@ MULT_BITS = 15
 SHIFT_MAX = 62
 
 
-def _integers(node: PyNode, t: PyTensor, what: str) -> torch.Tensor:
-    """An index/count input as int64: float values truncated toward zero; quantized it must hold exact integers."""
-    if node.quantized:
-        if not t.qinvariant:
-            raise UnsupportedError(f"layer '{node.name}' ({node.type}): the {what} input '{t.name}' must hold exact "
-                                   "integers (an integer tensor), not quantized values")
-        return int_value(t)
-    x = t.betensor
-    return (torch.trunc(x.to(torch.float64)) if x.is_floating_point() else x).to(torch.int64)
 
 
 def _check_integer_inputs(node: PyNode, tensors: List[PyTensor]) -> None:
@@ -62,10 +55,6 @@ def _check_integer_inputs(node: PyNode, tensors: List[PyTensor]) -> None:
                                    "exact integers (an integer tensor), not quantized values")
 
 
-def _zero_code(t: PyTensor) -> int:
-    """The code of the float 0 in t's params: clamp(-zp)."""
-    qmin, qmax = out_range(t)
-    return min(max(-tensor_zp(t), qmin), qmax)
 
 
 def _single_scale(node: PyNode, t: PyTensor) -> None:
@@ -139,15 +128,15 @@ def post_nms1_forward(self: PyNode) -> None:
     """Kept proposals (see _pn1_gather) and the same divided by max(image_height, image_width)."""
     h, w, cnt = _pn1_params(self)
     p_t, k_t, c_t = self.inputs
-    keep, counts = _integers(self, k_t, "keep"), _integers(self, c_t, "nms_box_num_perclass")
+    keep, counts = integer_index_input(self, k_t, "keep"), integer_index_input(self, c_t, "nms_box_num_perclass")
     if self.quantized:
-        boxes, written = _pn1_gather(self, int_value(p_t), keep, counts, cnt, _zero_code(p_t))
+        boxes, written = _pn1_gather(self, int_value(p_t), keep, counts, cnt, zero_code(p_t))
         o1 = self.outputs[1]
         qmin, qmax = out_range(o1)
         m, n = int(self.get_param("nor_box_scale_value")), int(self.get_param("nor_box_shift_value"))
         norm = torch.clamp(round_shift((boxes + tensor_zp(p_t)) * m, n) - tensor_zp(o1), qmin, qmax)
         for b, k in enumerate(written):
-            norm[b, k:] = _zero_code(o1)
+            norm[b, k:] = zero_code(o1)
         self.outputs[0].betensor = boxes
         self.outputs[1].betensor = norm
     else:
@@ -237,15 +226,16 @@ def post_nms2_forward(self: PyNode) -> None:
     of input boxes of the classes read (first batch item, as upstream)."""
     cnt = _pn2_check(self)
     d_t, n_t, _, t_t, _, k_t = self.inputs
-    per_class, total = _integers(self, n_t, "box_num_perclass"), _integers(self, t_t, "total_class_num")
-    keep = _integers(self, k_t, "keep")
+    per_class = integer_index_input(self, n_t, "box_num_perclass")
+    total = integer_index_input(self, t_t, "total_class_num")
+    keep = integer_index_input(self, k_t, "keep")
     boxes = int_value(d_t) if self.quantized else d_t.betensor
-    fill = _zero_code(d_t) if self.quantized else 0.0
+    fill = zero_code(d_t) if self.quantized else 0.0
     out, offsets = _pn2_gather(self, boxes, per_class, total, keep, cnt, fill)
     batch = int(out.shape[0])
     self.outputs[0].betensor = out
     if self.quantized:
-        self.outputs[1].betensor = torch.full((batch, cnt), _zero_code(self.outputs[1]), dtype=torch.int64)
+        self.outputs[1].betensor = torch.full((batch, cnt), zero_code(self.outputs[1]), dtype=torch.int64)
     else:
         self.outputs[1].betensor = torch.zeros(batch, cnt, dtype=out.dtype)
     self.outputs[2].betensor = offsets[:1].to(torch.int64 if self.quantized else out.dtype)
@@ -388,7 +378,7 @@ def _proposal_int(node: PyNode, a: int, m: int) -> None:
     thresh = int(node.get_param("score_threshold_value"))
     o_s, o_b = node.outputs[0], node.outputs[1]
     out_s, out_b, counts = _proposal_select(int_value(s_t)[..., 1], boxes, thresh, m,
-                                            (_zero_code(o_s), _zero_code(o_b)))
+                                            (zero_code(o_s), zero_code(o_b)))
     node.outputs[0].betensor = out_s
     node.outputs[1].betensor = torch.clamp(out_b, *out_range(o_b))
     node.outputs[2].betensor = counts
