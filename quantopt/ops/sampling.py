@@ -36,6 +36,7 @@ from ._quant import (
     store_requant,
     tensor_scale,
     tensor_zp,
+    zero_code,
 )
 from ._shared import bool_param
 
@@ -108,8 +109,7 @@ def upsample_by_index_forward(self: PyNode) -> None:
     last = torch.full((size,), -1, dtype=torch.int64).scatter_reduce(0, pos, order, "amax")
     win = last[pos] == order
     if self.quantized:
-        qmin, qmax = out_range(data)
-        fill = torch.tensor(min(max(-tensor_zp(data), qmin), qmax), dtype=vals.dtype)
+        fill = torch.tensor(zero_code(data), dtype=vals.dtype)
     else:
         fill = torch.zeros((), dtype=vals.dtype)
     flat = fill.expand(size).clone()

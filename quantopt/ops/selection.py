@@ -37,6 +37,7 @@ from ._quant import (
     store_requant,
     tensor_scale,
     tensor_zp,
+    zero_code,
 )
 from ._shared import axis_param, bool_param
 
@@ -77,8 +78,7 @@ def _nonzero_mask(node: PyNode, t: PyTensor) -> torch.Tensor:
 def _zero_fill(node: PyNode, t: PyTensor, like: torch.Tensor) -> torch.Tensor:
     """Float 0 in `t`'s representation: 0, or the integer -zp clamped to the range when quantized."""
     if node.quantized:
-        qmin, qmax = out_range(t)
-        return torch.tensor(min(max(-tensor_zp(t), qmin), qmax), dtype=like.dtype)
+        return torch.tensor(zero_code(t), dtype=like.dtype)
     return torch.zeros((), dtype=like.dtype)
 
 
@@ -398,7 +398,7 @@ def segment_reduce_forward(self: PyNode) -> None:
         m, n = requant_of(self)
         qmin, qmax = out_range(out)
         y = requantize_int(acc, m, n, tensor_zp(out), qmin, qmax)
-        self.outputs[0].betensor = _fit(self, 0, y, 0, torch.tensor(min(max(-tensor_zp(out), qmin), qmax)))
+        self.outputs[0].betensor = _fit(self, 0, y, 0, torch.tensor(zero_code(out)))
         return
     v = x if x.is_floating_point() else x.to(torch.float32)
     acc = torch.zeros([segments] + list(x.shape[1:]), dtype=v.dtype)

@@ -16,7 +16,7 @@ from ..log import OPT_WARN
 from ..quant.params import integer_range
 from ..registry import declare_op
 from ..registry.schema import Bool, Param
-from ._quant import copy_params, int_value, layer_settings, out_range, set_qinvariant, tensor_zp
+from ._quant import copy_params, int_value, layer_settings, out_range, set_qinvariant, zero_code
 
 SEMANTICS = "docs/semantics/sequence.md"
 
@@ -149,8 +149,7 @@ def collapse_repeated_forward(self: PyNode) -> None:
     keep &= torch.arange(maxlen).reshape(1, -1) < lengths.reshape(-1, 1)
     counts = keep.sum(dim=1)
     if self.quantized:
-        qmin, qmax = out_range(self.inputs[0])
-        pad = torch.tensor(min(max(-tensor_zp(self.inputs[0]), qmin), qmax), dtype=labels.dtype)
+        pad = torch.tensor(zero_code(self.inputs[0]), dtype=labels.dtype)
     else:
         pad = torch.zeros((), dtype=labels.dtype)
     out = pad.expand(batch, width).clone()

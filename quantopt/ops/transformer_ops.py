@@ -40,6 +40,7 @@ from ._quant import (
     store_requant,
     tensor_scale,
     tensor_zp,
+    zero_code,
 )
 from ._shared import bool_param, int_param
 
@@ -343,8 +344,7 @@ def _fit_axis2(node: PyNode, x: torch.Tensor) -> torch.Tensor:
         return x
     fill = 0
     if node.quantized:
-        qmin, qmax = out_range(node.outputs[0])
-        fill = min(max(-tensor_zp(node.outputs[0]), qmin), qmax)
+        fill = zero_code(node.outputs[0])
     pad = torch.full((x.shape[0], x.shape[1], size - have, x.shape[3]), fill, dtype=x.dtype, device=x.device)
     return torch.cat([x, pad], dim=2)
 
@@ -472,8 +472,7 @@ def query_rebatch_forward(self: PyNode) -> None:
         raise self._error(f"an index input has {longest} entries, more than the output's dim 2 ({length})")
     fill = 0
     if self.quantized:
-        qmin, qmax = out_range(out)
-        fill = min(max(-tensor_zp(out), qmin), qmax)
+        fill = zero_code(out)
     y = torch.full((int(x.shape[0]), n, length, *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
     for i, idx in enumerate(indices):
         y[:, i, :int(idx.numel())] = x[:, idx]
