@@ -100,13 +100,25 @@ def copy_params(dst: PyTensor, src: PyTensor) -> None:
     dst.ir_range = None
 
 
+def require_integer_input(node: PyNode, t: PyTensor, what: str) -> None:
+    """An index/count/label input of a quantized layer must hold exact integers (an integer tensor)."""
+    if not t.qinvariant:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): the {what} input '{t.name}' must hold exact "
+                               "integers (an integer tensor), not quantized values")
+
+
+def refuse_per_channel(node: PyNode, t: PyTensor) -> None:
+    """For operators whose integer forward takes one scale per tensor."""
+    if isinstance(t.scale, torch.Tensor) and t.scale.numel() > 1:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel params of '{t.name}' are not "
+                               "supported")
+
+
 def integer_index_input(node: PyNode, t: PyTensor, what: str) -> torch.Tensor:
     """An index/count/label input as int64: float values truncated toward zero; in a quantized layer it must hold
     exact integers (an integer tensor), not quantized values."""
     if node.quantized:
-        if not t.qinvariant:
-            raise UnsupportedError(f"layer '{node.name}' ({node.type}): the {what} input '{t.name}' must hold exact "
-                                   "integers (an integer tensor), not quantized values")
+        require_integer_input(node, t, what)
         return int_value(t)
     x = t.betensor
     return (torch.trunc(x.to(torch.float64)) if x.is_floating_point() else x).to(torch.int64)

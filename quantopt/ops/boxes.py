@@ -33,6 +33,7 @@ from ._quant import (
     integer_index_input,
     layer_settings,
     out_range,
+    refuse_per_channel,
     set_constant,
     set_qinvariant,
     tensor_scale,
@@ -69,14 +70,6 @@ def _floor_code(threshold: float, t: PyTensor) -> int:
     if math.isinf(threshold):
         return (out_range(t)[0] - 1) if threshold < 0 else out_range(t)[1]
     return math.floor(Fraction(threshold) * Fraction(tensor_scale(t)) - tensor_zp(t))
-
-
-def _single_scale(node: PyNode, t: PyTensor) -> None:
-    if isinstance(t.scale, torch.Tensor) and t.scale.numel() > 1:
-        raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel params of '{t.name}' are not "
-                               "supported")
-
-
 
 
 def _index_bits(limit: int) -> int:
@@ -159,7 +152,7 @@ def get_valid_count_quantize(self: PyNode) -> None:
     """Rows keep the input's params; count and indices are int16 (scale 1); the threshold becomes an exact code."""
     t = self.inputs[0]
     check_quantized_inputs(self, self.inputs)
-    _single_scale(self, t)
+    refuse_per_channel(self, t)
     _gvc_params(self, int(t.ir_shape[2]) if len(t.ir_shape) == 3 else 1 << 30)
     self.params["score_threshold_value"] = _floor_code(float(self.get_param("score_threshold")), t)
     self.params["score_threshold_type"] = t.dtype
@@ -271,7 +264,7 @@ def filter_boxes_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs)
     b_t, s_t = self.inputs[:2]
     for t in (b_t, s_t):
-        _single_scale(self, t)
+        refuse_per_channel(self, t)
     for t, w in zip(self.inputs[2:], ("box_num_perclass", "label_perclass", "total_class_num")):
         if not t.qinvariant:
             raise UnsupportedError(f"layer '{self.name}' ({self.type}): the {w} input '{t.name}' must hold exact "
@@ -405,7 +398,7 @@ def _quantize_decode(node: PyNode, p_t: PyTensor, d_t: PyTensor, std_div: Sequen
     """Decode tables over the delta input's codes with Lf fraction bits and the multiplier/shift of 32767 / (2 * s_p
     * 2^Lf) (s_p the proposal scale)."""
     for t, what in ((p_t, "the proposal/anchor input"), (d_t, "the delta input")):
-        _single_scale(node, t)
+        refuse_per_channel(node, t)
         if range_bits(t) > 16:
             raise UnsupportedError(f"layer '{node.name}' ({node.type}): {what} '{t.name}' has {range_bits(t)}-bit "
                                    "codes; at most 16 bits are supported")
@@ -574,7 +567,7 @@ def multibox_quantize(self: PyNode) -> None:
     std_div = _mb_params(self)
     check_quantized_inputs(self, self.inputs)
     c_t, l_t, a_t = self.inputs
-    _single_scale(self, c_t)
+    refuse_per_channel(self, c_t)
     thr = self.get_param("score_threshold")
     self.params["score_threshold_value"] = _floor_code(float(thr), c_t)
     self.params["score_threshold_type"] = c_t.dtype
@@ -785,7 +778,7 @@ def region_quantize(self: PyNode) -> None:
     output params of upstream: scores uint scale 2^b - 1, boxes int16 scale 2^col_shift, counts/labels integers."""
     t = self.inputs[0]
     check_quantized_inputs(self, self.inputs)
-    _single_scale(self, t)
+    refuse_per_channel(self, t)
     shape = [int(v) for v in t.ir_shape]
     gh, gw, nb, _, anchors, _ = _region_params(self, shape)
     bits = range_bits(t)
@@ -931,7 +924,7 @@ def region_fuse_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs)
     t = self.inputs
     for x in t[:4]:
-        _single_scale(self, x)
+        refuse_per_channel(self, x)
     for x in t[4:]:
         if not x.qinvariant:
             raise UnsupportedError(f"layer '{self.name}' ({self.type}): the count/label input '{x.name}' must hold "

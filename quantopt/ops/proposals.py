@@ -12,7 +12,6 @@ from typing import List, Tuple
 
 import torch
 
-from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype, int_dtype_for_bits
@@ -30,6 +29,8 @@ from ._quant import (
     integer_index_input,
     layer_settings,
     out_range,
+    refuse_per_channel,
+    require_integer_input,
     set_constant,
     set_qinvariant,
     tensor_scale,
@@ -46,21 +47,9 @@ MULT_BITS = 15
 SHIFT_MAX = 62
 
 
-
-
 def _check_integer_inputs(node: PyNode, tensors: List[PyTensor]) -> None:
     for t in tensors:
-        if not t.qinvariant:
-            raise UnsupportedError(f"layer '{node.name}' ({node.type}): the index/count input '{t.name}' must hold "
-                                   "exact integers (an integer tensor), not quantized values")
-
-
-
-
-def _single_scale(node: PyNode, t: PyTensor) -> None:
-    if isinstance(t.scale, torch.Tensor) and t.scale.numel() > 1:
-        raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel params of '{t.name}' are not "
-                               "supported")
+        require_integer_input(node, t, "index/count")
 
 
 # ------------------------------------------------------------------------------------------------ PostNMS1
@@ -152,7 +141,7 @@ def post_nms1_quantize(self: PyNode) -> None:
     h, w, _ = _pn1_params(self)
     check_quantized_inputs(self, self.inputs)
     p_t = self.inputs[0]
-    _single_scale(self, p_t)
+    refuse_per_channel(self, p_t)
     _check_integer_inputs(self, self.inputs[1:])
     copy_params(self.outputs[0], p_t)
     bits = int(p_t.qbits or 8)
@@ -246,7 +235,7 @@ def post_nms2_quantize(self: PyNode) -> None:
     """Boxes and the (zero) scores keep the box input's params; the count is an int32 integer."""
     _pn2_check(self)
     check_quantized_inputs(self, self.inputs)
-    _single_scale(self, self.inputs[0])
+    refuse_per_channel(self, self.inputs[0])
     _check_integer_inputs(self, [self.inputs[i] for i in (1, 3, 5)])
     copy_params(self.outputs[0], self.inputs[0])
     copy_params(self.outputs[1], self.inputs[0])
@@ -413,8 +402,8 @@ def proposal_quantize(self: PyNode) -> None:
     a, m = _proposal_check(self)
     check_quantized_inputs(self, self.inputs)
     s_t, d_t = self.inputs
-    _single_scale(self, s_t)
-    _single_scale(self, d_t)
+    refuse_per_channel(self, s_t)
+    refuse_per_channel(self, d_t)
     bits = max(COORD_BITS, int(layer_settings(self).q_bits_activation))
     _, fa = _coord_scale(self, 0, "coords", bits)
     _, f = _coord_scale(self, 1, "box", bits)
