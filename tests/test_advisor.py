@@ -140,3 +140,28 @@ def test_outputs_no_8_bit_range_holds_suggest_min_activation_sqnr_db() -> None:
     assert q.node("fc").settings.q_bits_activation == 16
     left = causes(advise(graph, q, layer_similarity(graph, q, [[data[1]]])), "low_sqnr")
     assert [a.layer for a in left] in ([], ["x"])  # the input is never promoted (its dtype is the interface)
+
+
+def test_recurrent_cell_in_upstream_form_suggests_the_q15_field() -> None:
+    """A GRU whose gates do not saturate loses accuracy in upstream's form: the advice names gru_integer_form; in
+    the q15 form there is none."""
+    torch.manual_seed(10)
+    m = torch.nn.GRU(3, 5, batch_first=True)
+    w = torch.cat([m.weight_ih_l0, m.weight_hh_l0], 1).detach().numpy()
+    b = torch.cat([m.bias_ih_l0[:10] + m.bias_hh_l0[:10], m.bias_ih_l0[10:], m.bias_hh_l0[10:]]).detach().numpy()
+    g = GraphBuilder("gru")
+    ins = [g.input("x", [1, 4, 3]), g.input("h", [1, 5])]
+    y = g.layer("GRUv1", ins, [[1, 4, 5]], name="op",
+                params=dict(time_steps=4, input_size=3, cell_size=5, direction="forward", out_sequence=["H"]),
+                constants=dict(weights=w, biases=b))
+    graph = g.build([y])
+    rng = np.random.default_rng(11)
+    data = [[torch.from_numpy(rng.normal(0.2, 1.0, (2, 4, 3)).astype(np.float32)),
+             torch.from_numpy(rng.uniform(-0.5, 0.5, (2, 5)).astype(np.float32))] for _ in range(3)]
+    q = quantize_model(graph, data)
+    sims = layer_similarity(graph, q, data[:1])
+    assert any(r.name == "op" and r.isolated_cos < 0.99 for r in sims)
+    hits = causes(advise(graph, q, sims), "recurrent_form")
+    assert [a.layer for a in hits] == ["op"] and hits[0].field.startswith("gru_integer_form = q15")
+    q15 = quantize_model(graph, data, {"gru_integer_form": "q15"})
+    assert not causes(advise(graph, q15, layer_similarity(graph, q15, data[:1])), "recurrent_form")

@@ -149,6 +149,21 @@ def _low_sqnr(fnode: PyNode, qnode: PyNode) -> List[Advice]:
                    f"min_activation_sqnr_db = {ADVICE_SQNR_DB:g} (16 bits where needed; preset = accurate sets it)")]
 
 
+_UPSTREAM_CELL_FIELD = {"BasicLSTM": ("lut_it", "lstm_integer_form"), "GRUv1": ("lut_rt", "gru_integer_form"),
+                        "GRUv3": ("lut_rt", "gru_integer_form")}
+"""Recurrent types with two integer forms: the constant that marks upstream's form, and the field choosing it."""
+
+
+def _recurrent_form(fnode: PyNode, qnode: PyNode) -> List[Advice]:
+    marker = _UPSTREAM_CELL_FIELD.get(str(qnode.type))
+    if marker is None or marker[0] not in qnode.constants:
+        return []
+    return [Advice(fnode.name, str(fnode.type), "recurrent_form",
+                   "the cell runs in upstream's integer form (tables and multipliers from the observed ranges of its "
+                   "inner tensors; coarse where the gates do not saturate, docs/semantics/recurrent.md)",
+                   f"{marker[1]} = q15 (quantopt's cell; preset = accurate sets it)")]
+
+
 def _collapsed(sims: Sequence[LayerSimilarity], threshold: float) -> List[Advice]:
     out = []
     first_cumulative: Optional[LayerSimilarity] = None
@@ -178,7 +193,7 @@ def advise(float_graph: PyGraph, quant_graph: Optional[PyGraph] = None,
            similarities: Sequence[LayerSimilarity] = (), threshold: float = COLLAPSE_COSINE) -> List[Advice]:
     """Advice for a quantized model, in graph order within each cause: inf masks, bias saturation, weight channel
     spread (layers with an isolated cosine below 0.99, or all layers without similarity), outputs no 8-bit range
-    holds (layers below 0.99), collapsed layers."""
+    holds and recurrent cells in upstream's coarse form (layers below 0.99), collapsed layers."""
     qnodes = {n.name: n for n in quant_graph.nodes} if quant_graph is not None else {}
     suspect = {r.name for r in similarities if not math.isfinite(r.isolated_cos) or r.isolated_cos < SUSPECT_COSINE}
     advice: List[Advice] = []
@@ -196,6 +211,7 @@ def advise(float_graph: PyGraph, quant_graph: Optional[PyGraph] = None,
         q = qnodes.get(n.name)
         if q is not None and q.quantized and n.name in suspect:
             advice += _low_sqnr(n, q)
+            advice += _recurrent_form(n, q)
     advice += _collapsed(similarities, threshold)
     return advice
 

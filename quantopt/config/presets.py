@@ -25,6 +25,7 @@ PRESETS: Dict[str, Dict[str, str]] = {
         "min_activation_sqnr_db": "30",
         "layernorm_integer_form": "exact",
         "lstm_integer_form": "q15",
+        "gru_integer_form": "q15",
     },
 }
 """preset name -> {cfg field: value as written in a cfg}."""

@@ -1,6 +1,6 @@
 """QDQ export of BasicLSTM and GRUv3 ("exact" mode only): quantopt's integer cells (docs/semantics/recurrent.md)
-unrolled over their time steps in ONNX float64/int64 arithmetic. A BasicLSTM in upstream's integer form
-(`lstm_integer_form = upstream`, the default) is refused by name.
+unrolled over their time steps in ONNX float64/int64 arithmetic. A BasicLSTM or GRU in upstream's integer form
+(`lstm_integer_form` / `gru_integer_form = upstream`, the defaults) is refused by name.
 
 Per step: the gate accumulator in float64 (input and hidden MatMuls, every sum below 2^53), the per-row gate
 multiplier and shift as an int64 rounding division, the Q15 tables as Gathers over every gate input integer, the
@@ -187,6 +187,9 @@ def _write_outputs(g: QDQGraph, node: PyNode, op: _Ops, spec: RnnSpec, products:
 @converter("GRUv1", "GRUv3")
 def convert_gru(g: QDQGraph, node: PyNode) -> None:
     """GRUv3 (GRUV3: reset before the hidden MatMul; GRUV1: after it), quantopt's integer cell unrolled."""
+    if "lut_rt" in node.constants:
+        raise node_error(node, f"a {node.type} in upstream's integer form is not exported; quantize it with "
+                               "gru_integer_form = q15 (docs/semantics/recurrent.md)")
     cell = _cell(g, node, states=1)
     spec, op, bits, hq, hid_frac, w = cell.spec, cell.op, cell.bits, cell.hq, cell.hid_frac, cell.weights
     cs, isz, steps = spec.cell_size, spec.input_size, spec.time_steps

@@ -24,7 +24,7 @@ from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.lut import build_lut, lookup_lut
-from ..quant.params import QuantMode, integer_range, linear_quant_params
+from ..quant.params import QuantMode, integer_range, linear_quant_params, quantize
 from ..quant.requant import bias_quantize, fold_input_zero_point, range_dtype, requantize_int, scale_shift
 from ..quant.rounding import INT64_SAFE, round_shift
 from ..registry import declare_op
@@ -128,8 +128,10 @@ def _cell_params(suffix: str) -> Dict[str, Param]:
 _RNN_CONSTANTS: Dict[str, str] = {
     "weights_scale": "per-row weight scales (per-channel weights, quantized)",
     "weights_zp": "per-row weight zero points (per-channel weights, quantized)",
-    "biases_scale": "BasicLSTM: per-row bias scales s_x * s_w[r] (per-channel weights, quantized)",
-    "biases_zp": "BasicLSTM: bias zero point 0 (per-channel weights, quantized)",
+    "biases_scale": "BasicLSTM: per-row bias scales s_x * s_w[r] (per-channel weights); GRU upstream form: the "
+                    "gate and candidate bias scales (quantized)",
+    "biases_zp": "BasicLSTM: bias zero point 0 (per-channel weights); GRU upstream form: one 0 per bias scale "
+                 "(quantized)",
     "gate_scale": "per-row multipliers of the gate pre-activations (quantized)",
     "gate_shift": "per-row shifts of the gate pre-activations (quantized)",
     "lut_gate": "Q15 table of the gate activation (quantized)",
@@ -191,24 +193,32 @@ def _gru_params(version: str) -> Dict[str, Param]:
                          "GRUV1: after it (biases [4C], with the hidden candidate bias)", default=version),
         "forget_bias": Param(Float(), "not read by GRUs"),
         **_cell_params(_NOT_READ_BY_GRU),
-        "remain_shift": quantized(Int(), "upstream's shift; not read"),
-        "hidden_scale": quantized(Floats(), "upstream's hidden-state requantization; not read"),
-        "hidden_shift": quantized(Floats(), "upstream's hidden-state requantization; not read"),
-        "hidden_scale_type": quantized(DtypeName(), "upstream's dtype of hidden_scale_value; not read"),
-        "hidden_shift_type": quantized(DtypeName(), "upstream's dtype of hidden_shift_value; not read"),
+        "remain_shift": quantized(Int(), "upstream form, 16 bits: the shift the multiplier steps keep (default 10; "
+                                  "the rest of each shift is applied to the product first)"),
+        "hidden_scale_type": quantized(DtypeName(), "upstream form: dtype of hidden_scale_value"),
+        "hidden_shift_type": quantized(DtypeName(), "upstream form: dtype of hidden_shift_value"),
     }
 
 
 def _gru_constants(biases: str) -> Dict[str, str]:
     return {"weights": "[3C, I+C] (gates r, z, candidate)", "biases": biases, **_RNN_CONSTANTS,
-            "lut_cell": "not used by GRUs", "lut_rt": "upstream's table; not read",
-            "lut_zt": "upstream's table; not read", "lut_ht": "upstream's table; not read"}
+            "scale": "upstream form, per-channel weights: the six multipliers, the first four per row (quantized)",
+            "shift": "upstream form, per-channel weights: the shifts of `scale` (quantized)",
+            "hidden_scale": "upstream form, GRUV1 with per-channel weights: per-row multipliers of the hidden "
+                            "candidate product (quantized)",
+            "hidden_shift": "upstream form: the shifts of `hidden_scale` (quantized)",
+            "lut_cell": "not used by GRUs",
+            "lut_rt": "upstream form: 256-entry table of the reset and update gates (quantized)",
+            "lut_zt": "upstream form: a copy of lut_rt (quantized)",
+            "lut_ht": "upstream form: 256-entry table of the candidate (quantized)"}
 
 
 GRUV3 = declare_op(
     "GRUv3", params=_gru_params("GRUV3"), constants=_gru_constants("[3C] (GRUV1: [4C])"),
-    integer="int64 MAC, per-gate requant to fixed gate scales, Q15 sigmoid/tanh tables, Q30 state update "
-            "requantized to the outputs",
+    integer="upstream form (default): four weight blocks, int64 MAC, six multiplier/shift pairs to 256-entry "
+            "tables from the calibrated ranges of the cell's inner tensors; q15 form (gru_integer_form = q15): "
+            "per-gate requant to fixed gate scales, Q15 sigmoid/tanh tables, Q30 state update requantized to the "
+            "outputs",
     dtypes=_RNN_DTYPES, semantics="docs/semantics/recurrent.md#gruv3")
 
 GRUV1 = declare_op(
@@ -430,7 +440,10 @@ def gru_float(node: PyNode, spec: RnnSpec, x: torch.Tensor, h0: torch.Tensor) ->
     ys, inner = [], []
     for t in range(spec.time_steps):
         xt = xs[:, t]
-        zrz = _clamp_opt(torch.cat([xt, h], dim=1) @ wg.t() + bg, spec.threshold)
+        if spec.linear_before_reset:  # as upstream sums a GRUV1's gates: (x Wgx^T + bg) + h Wgh^T
+            zrz = _clamp_opt((xt @ wg[:, :isz].t() + bg) + h @ wg[:, isz:].t(), spec.threshold)
+        else:
+            zrz = _clamp_opt(torch.cat([xt, h], dim=1) @ wg.t() + bg, spec.threshold)
         rz = a_gate(zrz)
         r, z = rz.chunk(2, dim=1)
         if spec.linear_before_reset:
@@ -532,7 +545,7 @@ def _store_biases(node: PyNode, spec: RnnSpec, s_x: float, zp_x: int, s_w: torch
 def _store_bias_scale(node: PyNode, scale: torch.Tensor) -> None:
     """The LSTM's bias scale s_x * s_w[r] (float32) and zero point 0 in the IR, as upstream writes them: params when
     every row has the same weight scale (per-tensor weights), else constants `biases_scale` [4C] and `biases_zp` [1].
-    GRUs write none: a GRUV1's hidden bias has another scale than its gate biases."""
+    GRUs in the q15 form write none: a GRUV1's hidden bias has another scale than its gate biases."""
     if "weights_scale" in node.constants:
         set_constant(node, "biases_scale", scale.to(torch.float32).reshape(-1), Dtype.FP32)
         set_constant(node, "biases_zp", torch.zeros(1, dtype=torch.int64), Dtype.INT64)
@@ -578,6 +591,9 @@ def rnn_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs)
     if spec.kind == "LSTM" and _upstream_form(self):
         lstm_upstream_quantize(self, spec)
+        return
+    if spec.kind == "GRU" and _gru_upstream_form(self):
+        gru_upstream_quantize(self, spec)
         return
     bits = _gate_bits(self)
     hq = 2 ** (bits - 1) - 1
@@ -688,6 +704,8 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
     spec = rnn_spec(node)
     if spec.kind == "LSTM" and "lut_it" in node.constants:
         return lstm_upstream_forward(node, spec)
+    if spec.kind == "GRU" and "lut_rt" in node.constants:
+        return gru_upstream_forward(node, spec)
     cs, isz = spec.cell_size, spec.input_size
     bits = _ip(node, "gate_bits")
     if bits not in (8, 16):
@@ -836,13 +854,18 @@ def _sym_scale(lo, hi, bits: int) -> float:
     return float(linear_quant_params(lo, hi, bits, SYM, True).scale)
 
 
-def _upstream_table(node: PyNode, k: int, act: str, bits: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+TableClamp = Dict[int, Dict[str, float]]
+"""Largest |input| a table is quantized for, by activation bits and activation."""
+
+
+def _upstream_table(node: PyNode, k: int, act: str, bits: int,
+                    clamp: Optional[TableClamp] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Input scale, output scale and table of activation `k` from its placeholders (docs/semantics/recurrent.md,
     upstream form): the input range clamped to the table's bound, the table sampled over that range."""
     names = ("f", "g", "h")[k]
     ph_in = _placeholder(node, 1 + 2 * k, f"{names}_lut_in")
     ph_out = _placeholder(node, 2 + 2 * k, f"{names}_lut_out")
-    bound = LSTM_TABLE_CLAMP[bits][act]
+    bound = (LSTM_TABLE_CLAMP if clamp is None else clamp)[bits][act]
     lo = float(ph_in.min) if float(ph_in.min) >= -bound else -bound
     hi = float(ph_in.max) if float(ph_in.max) <= bound else bound
     in_scale = _f32(_sym_scale(lo, hi, bits))
@@ -1039,3 +1062,263 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     y = torch.stack(hs, dim=1)
     finals = {"Y": torch.flip(y, [1]) if spec.reverse else y, "H": hs[-1], "C": cs_seq[-1]}
     return [finals[name] for name in spec.out_sequence]
+
+
+GRU_TABLE_CLAMP: Dict[str, TableClamp] = {
+    "GRUv1": {8: {"SIGMOID": 4.564202, "TANH": 2.629377}, 16: {"SIGMOID": 10.0, "TANH": 6.0}},
+    "GRUv3": {8: {"SIGMOID": 4.8, "TANH": 2.8}, 16: {"SIGMOID": 10.0, "TANH": 6.0}},
+}
+"""Upstream form: the largest |input| each GRU table is quantized for, by layer type and activation bits."""
+
+GRU_TABLE_KEYS = (("lut_rt", "lut_zt"), ("lut_ht",))
+"""Upstream form: the table constants of activations 0 (reset and update gates) and 1 (candidate)."""
+
+GRU_REMAIN_SHIFT = 10
+"""Upstream form, 16 bits: the shift kept for the multiplier step when `remain_shift` is absent."""
+
+GRU_BIAS_REMAIN_SHIFT = 15
+"""Upstream form, 16 bits: the `remain_shift` default of the bias low-bit clearing (another default than above)."""
+
+
+def _gru_upstream_form(node: PyNode) -> bool:
+    """GRUv1/GRUv3 take upstream's integer form unless its `gru_integer_form` is q15."""
+    return str(layer_settings(node).gru_integer_form) == "upstream"
+
+
+def _gru_blocks(spec: RnnSpec) -> List[Tuple[slice, slice]]:
+    """(rows, columns) of the four weight blocks upstream quantizes apart: x and h parts of the gates, then of the
+    candidate."""
+    cs, isz = spec.cell_size, spec.input_size
+    gates, cand = slice(0, 2 * cs), slice(2 * cs, 3 * cs)
+    xs, hs = slice(0, isz), slice(isz, isz + cs)
+    return [(gates, xs), (gates, hs), (cand, xs), (cand, hs)]
+
+
+def _gru_block_weights(node: PyNode, spec: RnnSpec) -> Tuple[List[torch.Tensor], bool]:
+    """Quantize each weight block with its own scale (per tensor: one per block; per channel: one per row of each
+    block) and write `weights_scale`/`weights_zp` as upstream does (the four blocks' values, in block order).
+    Returns each block's scale (float32, [1] or [rows]) and whether the weights are per channel."""
+    s = layer_settings(node)
+    mode = QuantMode.from_name(s.q_mode_weight)
+    if mode.is_per_block:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-block weights are not supported by the "
+                               "upstream GRU form", field="quantize_method_for_weight")
+    bits = int(s.q_bits_weight)
+    w = node.get_constant("weights")
+    wf = w.betensor.to(torch.float32)
+    wq = torch.zeros(wf.shape, dtype=torch.int64)
+    scales, zps = [], []
+    for rows, cols in _gru_blocks(spec):
+        block = wf[rows, cols]
+        if mode.is_per_channel:
+            lo, hi = torch.aminmax(block, dim=1)
+            p = linear_quant_params(lo, hi, bits, mode, True)
+        else:
+            p = linear_quant_params(block.min(), block.max(), bits, mode, True)
+        wq[rows, cols] = quantize(block, p.scale, p.zerop, p.qmin, p.qmax, axis=0 if mode.is_per_channel else None)
+        scales.append(_f32(p.scale).reshape(-1))
+        zps.append(torch.as_tensor(p.zerop, dtype=torch.int64).reshape(-1))
+        qmin, qmax = p.qmin, p.qmax
+    w.betensor = wq
+    set_params(w, linear_quant_params(wf.min(), wf.max(), bits, mode.to_per_tensor(), True), bits)
+    w.qmin, w.qmax = qmin, qmax
+    set_constant(node, "weights_scale", torch.cat(scales), Dtype.FP32)
+    set_constant(node, "weights_zp", torch.cat(zps), Dtype.INT32)
+    return scales, mode.is_per_channel
+
+
+def _gru_effective_weights(node: PyNode, spec: RnnSpec) -> torch.Tensor:
+    """w_q + zp of the upstream form, int64 [3C, I+C]: `weights_zp` holds one zero point per block (per-tensor
+    weights) or per row of each block (per-channel weights)."""
+    w = node.get_constant("weights").betensor.to(torch.int64).clone()
+    zp = node.get_constant("weights_zp").betensor.to(torch.int64).reshape(-1) if "weights_zp" in node.constants \
+        else torch.zeros(4, dtype=torch.int64)
+    blocks = _gru_blocks(spec)
+    sizes = [r.stop - r.start for r, _ in blocks]
+    if zp.numel() not in (4, sum(sizes)):
+        raise node._error(f"constant 'weights_zp' must hold 4 or {sum(sizes)} values (one per weight block or per "
+                          f"row of each block), got {zp.numel()}")
+    per_row = zp.numel() != 4
+    start = 0
+    for k, (rows, cols) in enumerate(blocks):
+        z = zp[start:start + sizes[k]].reshape(-1, 1) if per_row else zp[k]
+        start += sizes[k]
+        w[rows, cols] = w[rows, cols] + z
+    return w
+
+
+def gru_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
+    """GRUv1/GRUv3 in upstream's integer form (docs/semantics/recurrent.md, "GRU, upstream form")."""
+    s = layer_settings(node)
+    bits = _gate_bits(node)
+    cs = spec.cell_size
+    x = node.inputs[0]
+    for out in node.outputs:
+        _quantize_output(node, out, bits)
+    clamp = GRU_TABLE_CLAMP["GRUv1" if str(node.type) == "GRUv1" else "GRUv3"]
+    (f_in, f_out, rz_table), (g_in, g_out, c_table) = (
+        _upstream_table(node, k, act, bits, clamp) for k, act in enumerate(spec.activations))
+    for key, table in (("lut_rt", rz_table), ("lut_zt", rz_table), ("lut_ht", c_table)):
+        set_constant(node, key, table, Dtype.INT8 if bits == 8 else Dtype.INT16)
+    h_all = _placeholder(node, 0, "state_batch")
+    h_scale = _f32(_sym_scale(h_all.min, h_all.max, bits))
+    (sx_gk, sh_gk, sx_ck, sh_ck), per_channel = _gru_block_weights(node, spec)
+    s_x = _f32(tensor_scale(x))
+    gb_scale = s_x * sx_gk
+    cb_scale = s_x * sx_ck
+    bias_bits = int(s.q_bits_bias)
+    lo, hi = integer_range(bias_bits, True)
+    b = node.get_constant("biases")
+    bf = b.betensor.to(torch.float32).reshape(-1)
+    gates_q, _ = bias_quantize(bf[:2 * cs], 1.0, gb_scale, bias_bits)
+    cand_q, _ = bias_quantize(bf[2 * cs:3 * cs], 1.0, cb_scale, bias_bits)
+    parts = [gates_q, cand_q]
+    p = node.params
+    if spec.linear_before_reset:
+        factor = 1.0
+        ph = _placeholder(node, 5, "hidden_gate_out")
+        hidden_out_scale = _f32(_sym_scale(ph.min, ph.max, bits))
+        hm, hn, hm_type, hn_type = scale_shift(hidden_out_scale / (h_scale * sh_ck), bits,
+                                               force_shift_positive=bool(s.force_shift_positive))
+        if per_channel:
+            set_constant(node, "hidden_scale", torch.as_tensor(hm, dtype=torch.int64), hm_type)
+            set_constant(node, "hidden_shift", torch.as_tensor(hn, dtype=torch.int64), hn_type)
+        else:
+            p["hidden_shift_value"], p["hidden_shift_type"] = int(hn), hn_type
+            p["hidden_scale_value"], p["hidden_scale_type"] = int(hm), hm_type
+        hidden_q, _ = bias_quantize(bf[3 * cs:], 1.0, h_scale * sh_ck, bias_bits)
+        parts.append(hidden_q)
+        # upstream divides by the hidden multiplier itself (an integer), not by the hidden gate's scale
+        hwc_scale = _f32(torch.as_tensor(hm, dtype=torch.float32)) * f_out
+    else:
+        factor = float(2 ** bits)
+        hwc_scale = h_scale * f_out * sh_ck
+    hwg_m, hwg_n = _approx(node, gb_scale / (h_scale * sh_gk), bits)
+    sig_m, sig_n = _approx(node, f_in / gb_scale, bits)
+    hwc_m, hwc_n = _approx(node, factor * cb_scale / hwc_scale, bits)
+    tanh_m, tanh_n = _approx(node, g_in / cb_scale, bits)
+    if bits == 8:
+        sig_n, tanh_n = sig_n + 8, tanh_n + 8
+    c1mu_m, c1mu_n = _approx(node, h_scale / g_out, bits)
+    hm1_m, hm1_n = _approx(node, 1.0 / f_out, bits)
+    scale = torch.cat([hwg_m, sig_m, hwc_m, tanh_m, c1mu_m, hm1_m])
+    shift = torch.cat([hwg_n, sig_n, hwc_n, tanh_n, c1mu_n, hm1_n])
+    scale_dtype = range_dtype(0, float(scale.max()))
+    shift_dtype = range_dtype(float(shift.min()), float(shift.max()), force_signed=True)
+    if per_channel:
+        set_constant(node, "scale", scale, scale_dtype)
+        set_constant(node, "shift", shift, shift_dtype)
+    else:
+        p["shift_value"], p["shift_type"] = [int(v) for v in shift], [shift_dtype] * 6
+        p["scale_value"], p["scale_type"] = [int(v) for v in scale], [scale_dtype] * 6
+    if s.remain_shift is not None:
+        p["remain_shift"] = int(s.remain_shift)
+    bq = torch.cat(parts)
+    gate_rows = 3 * cs
+    bq[:gate_rows] = fold_input_zero_point(bq[:gate_rows], _gru_effective_weights(node, spec)[:, :spec.input_size],
+                                           tensor_zp(x), qmin=lo, qmax=hi)
+    bq = torch.clamp(bq, lo, hi)
+    if not per_channel:
+        pre = [0, 0, 0]
+        if bits > 8:
+            rem = int(s.remain_shift) if s.remain_shift is not None else GRU_BIAS_REMAIN_SHIFT
+            pre = [max(int(sig_n[0]) - rem, 0), max(int(tanh_n[0]) - rem, 0), max(int(hwc_n[0]) - rem, 0)]
+        eff = int(s.effective_bias_bits)
+        pieces = [bq[:2 * cs], bq[2 * cs:3 * cs]] + ([bq[3 * cs:]] if spec.linear_before_reset else [])
+        bq = torch.cat([_compress_bits(piece, eff, pre[k]) for k, piece in enumerate(pieces)])
+    b.betensor = bq
+    b.dtype = Dtype.INT32 if bias_bits <= 32 else Dtype.INT64
+    b.scale, b.zerop, b.qbits = 1.0, 0, bias_bits
+    bias_scale = torch.cat([gb_scale.reshape(-1), cb_scale.reshape(-1)])
+    set_constant(node, "biases_scale", bias_scale, Dtype.FP32)
+    set_constant(node, "biases_zp", torch.zeros(bias_scale.numel()), Dtype.FP32)
+
+
+def _gru_requant_pairs(node: PyNode, spec: RnnSpec) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """The six multiplier/shift pairs of the upstream form (per channel: the first four per row)."""
+    cs = spec.cell_size
+    if "scale" in node.constants:
+        scale = node.get_constant("scale").betensor.to(torch.int64).reshape(-1)
+        shift = node.get_constant("shift").betensor.to(torch.int64).reshape(-1)
+        sizes = [2 * cs, 2 * cs, cs, cs, 1, 1]
+        if scale.numel() != sum(sizes) or shift.numel() != sum(sizes):
+            raise node._error(f"constants scale/shift must hold {sum(sizes)} values")
+        return list(torch.split(scale, sizes)), list(torch.split(shift, sizes))
+    m, n = node.get_param("scale_value"), node.get_param("shift_value")
+    if not isinstance(m, list) or not isinstance(n, list) or len(m) != 6 or len(n) != 6:
+        raise node._error("scale_value/shift_value must list six integers")
+    return [torch.tensor([int(v)]) for v in m], [torch.tensor([int(v)]) for v in n]
+
+
+def _gru_hidden_pair(node: PyNode) -> Tuple[torch.Tensor, torch.Tensor]:
+    if "hidden_scale" in node.constants:
+        return (node.get_constant("hidden_scale").betensor.to(torch.int64).reshape(-1),
+                node.get_constant("hidden_shift").betensor.to(torch.int64).reshape(-1))
+    return torch.tensor([_ip(node, "hidden_scale_value")]), torch.tensor([_ip(node, "hidden_shift_value")])
+
+
+def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
+    """Integer forward of a GRUv1/GRUv3 in upstream's form (docs/semantics/recurrent.md), int64 outputs."""
+    cs, isz = spec.cell_size, spec.input_size
+    x = int_value(node.inputs[0])
+    _check_sequence(node, spec, x)
+    bits = int(node.outputs[0].qbits or 0)
+    if bits not in (8, 16):
+        raise node._error(f"outputs must be 8 or 16 bits, got {bits}")
+    qmin, qmax = integer_range(bits, True)
+    w = _gru_effective_weights(node, spec)
+    wx_g, wh_g = w[:2 * cs, :isz].t().contiguous(), w[:2 * cs, isz:].t().contiguous()
+    wx_c, wh_c = w[2 * cs:, :isz].t().contiguous(), w[2 * cs:, isz:].t().contiguous()
+    b = node.get_constant("biases").betensor.to(torch.int64).reshape(-1)
+    bg, bc, bh = b[:2 * cs], b[2 * cs:3 * cs], b[3 * cs:]
+    m, n = _gru_requant_pairs(node, spec)
+    hm, hn = _gru_hidden_pair(node) if spec.linear_before_reset else (None, None)
+    h = _initial_state(node, spec, int_value(node.inputs[1]), x.shape[0])
+    xs = torch.flip(x, [1]) if spec.reverse else x
+    wide = bits > 8
+    if wide:
+        # 16 bits: each product is first shifted by what its shift exceeds remain_shift by (the biases with it,
+        # once), the multiplier step keeps the rest
+        rem = int(node.get_param("remain_shift", optional=True, default_value=GRU_REMAIN_SHIFT))
+        zero = torch.zeros(1, dtype=torch.int64)
+        pre_rz_h, pre_rz_x = torch.maximum(n[0] - rem, zero), torch.maximum(n[1] - rem, zero)
+        pre_c_h, pre_c_x = torch.maximum(n[2] - rem, zero), torch.maximum(n[3] - rem, zero)
+        post_rz_h, post_rz = torch.minimum(n[0], zero + rem) + pre_rz_x, torch.minimum(n[1], zero + rem)
+        post_c_h, post_c = torch.minimum(n[2], zero + rem) + pre_c_x, torch.minimum(n[3], zero + rem)
+        bg = _rq(bg, 1, pre_rz_x, INT32_MIN, INT32_MAX)
+        bc = _rq(bc, 1, pre_c_x, INT32_MIN, INT32_MAX)
+        if spec.linear_before_reset:
+            bh = _rq(bh, 1, pre_c_h, INT32_MIN, INT32_MAX)
+    hs = []
+    for t in range(spec.time_steps):
+        xt = xs[:, t]
+        xg, hg = xt @ wx_g, h @ wh_g
+        if wide:
+            hg = _rq(_rq(hg, 1, pre_rz_h, INT32_MIN, INT32_MAX), m[0], post_rz_h, INT32_MIN, INT32_MAX)
+            z = _rq(_rq(xg, 1, pre_rz_x, INT32_MIN, INT32_MAX) + hg + bg, m[1], post_rz, qmin, qmax)
+        else:
+            z = _rq(xg + _rq(hg, m[0], n[0], INT32_MIN, INT32_MAX) + bg, m[1], n[1], qmin, qmax)
+        rz = _upstream_lookup(node, "lut_rt", z, bits)
+        r, u = rz[:, :cs], rz[:, cs:]
+        xc = xt @ wx_c
+        if spec.linear_before_reset:
+            hc = r * _rq(h @ wh_c + bh, hm, hn, qmin, qmax)
+        else:
+            hc = _round_div(r * h, 2 ** bits) @ wh_c
+        if wide:
+            hc = _rq(_rq(hc, 1, pre_c_h, INT32_MIN, INT32_MAX), m[2], post_c_h, INT32_MIN, INT32_MAX)
+            z2 = _rq(_rq(xc, 1, pre_c_x, INT32_MIN, INT32_MAX) + hc + bc, m[3], post_c, qmin, qmax)
+        else:
+            z2 = _rq(xc + _rq(hc, m[2], n[2], INT32_MIN, INT32_MAX) + bc, m[3], n[3], qmin, qmax)
+        c = _upstream_lookup(node, "lut_ht", z2, bits)
+        cu = _rq((qmax - u) * c, m[4], n[4], INT32_MIN, INT32_MAX)
+        h = _rq(cu + u * h, m[5], n[5], qmin + 1, qmax)
+        hs.append(h)
+    y = torch.stack(hs, dim=1)
+    finals = {"H": torch.flip(y, [1]) if spec.reverse else y, "Hn": hs[-1]}
+    return [finals[name] for name in spec.out_sequence]
+
+
+def _round_div(v: torch.Tensor, d: int) -> torch.Tensor:
+    """round(v / d) half to even, exact in int64 (d a power of two)."""
+    return round_shift(v, int(math.log2(d)))

@@ -293,6 +293,7 @@ def settings(bits: int, mode: str, wmode: str, **extra: Any) -> Dict[str, Any]:
     """The cell settings of these tests: BasicLSTM in quantopt's q15 form (its upstream form:
     tests/ops/test_lstm_upstream.py)."""
     extra.setdefault("lstm_integer_form", "q15")
+    extra.setdefault("gru_integer_form", "q15")
     return dict(q_bits_activation=bits, q_mode_activation=mode, q_mode_weight=wmode, q_bits_weight=bits,
                 q_bits_bias=48 if bits > 8 else 32, lut_items_in_bits=8 if bits == 8 else 10, **extra)
 
