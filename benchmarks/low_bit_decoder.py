@@ -2,18 +2,20 @@
 text against float (docs/low-bit.md).
 
     python benchmarks/low_bit_decoder.py [--steps 400] [--seq 64] [--eval 16] [--block 32] [--markdown FILE]
+                                         [--only TEXT]
 
 A 2-layer character-level decoder (byte vocabulary, d=96, 4 heads, causal mask) is trained for `--steps` steps on
-this repository's docs (every docs/*.md but one, seeded, one thread, about a minute), exported to ONNX, imported by
-quantopt and quantized with several recipes on 8 training sequences; each recipe's perplexity on `--eval` held-out
-sequences (docs/user-guide.md, never trained on) is printed next to float's, with the mean KL divergence of its
+a frozen snapshot of this repository's docs (benchmarks/data/decoder_train.txt.gz; seeded, one thread, about a
+minute), exported to ONNX, imported by quantopt and quantized with several recipes on 8 training sequences; each
+recipe's perplexity on `--eval` held-out sequences (the snapshot's user guide, decoder_heldout.txt.gz, never trained
+on) is printed next to float's, with the mean KL divergence of its
 next-character distribution from float's. Everything is seeded: the figures repeat run to run on one machine.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import math
-import os
 import sys
 import tempfile
 import time
@@ -32,7 +34,6 @@ from quantopt.frontends.onnx import import_onnx  # noqa: E402
 from quantopt.graph.values import to_float  # noqa: E402
 from quantopt.pipeline import quantize_model  # noqa: E402
 
-HELD_OUT = "user-guide.md"
 VOCAB = 256
 
 
@@ -67,10 +68,12 @@ class TinyGPT(nn.Module):
 
 
 def corpus() -> Tuple[np.ndarray, np.ndarray]:
-    """(training bytes, held-out bytes) from the repository's docs."""
-    train = b"".join((ROOT / "docs" / f).read_bytes() for f in sorted(os.listdir(ROOT / "docs"))
-                     if f.endswith(".md") and f != HELD_OUT)
-    return np.frombuffer(train, np.uint8), np.frombuffer((ROOT / "docs" / HELD_OUT).read_bytes(), np.uint8)
+    """(training bytes, held-out bytes): a frozen snapshot of this repository's docs (benchmarks/data/decoder_*.txt.gz,
+    the user guide held out), so the figures do not move when the docs change."""
+    data = ROOT / "benchmarks" / "data"
+    train = gzip.decompress((data / "decoder_train.txt.gz").read_bytes())
+    held = gzip.decompress((data / "decoder_heldout.txt.gz").read_bytes())
+    return np.frombuffer(train, np.uint8), np.frombuffer(held, np.uint8)
 
 
 def windows(data: np.ndarray, seq: int, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -117,6 +120,14 @@ def recipes(block: int) -> Dict[str, Callable[[List[str]], Tuple[dict, dict, Opt
                 {name: dict(layer) for name in fcs}, gcal
         return make
 
+    def fp8_activations(quant_type: str, mode: str = "per_tensor_symmetric_restricted_range"):
+        """fp8 activations where upstream has fp8 kernels (FullyConnected and MatMul here), 16-bit integers
+        elsewhere (the fp8 layers take their own bits)."""
+        def make(fcs: List[str]):
+            return {"quant_type": quant_type, "q_mode_weight": mode, "q_bits_activation": 16, "q_bits_weight": 16,
+                    "q_bits_bias": 48, "lut_items_in_bits": 10}, {}, None
+        return make
+
     return {
         "w8a8 (int8, per-channel weights)": lambda fcs: (
             {"q_mode_weight": "per_channel_symmetric_restricted_range"}, {}, None),
@@ -130,6 +141,20 @@ def recipes(block: int) -> Dict[str, Callable[[List[str]], Tuple[dict, dict, Opt
                                                      "per_block_symmetric_restricted_range"),
         "fp8e4m3 weights afp16, per-channel": weight_only("float16_act_fp8e4m3fn_wht", 8,
                                                           "per_channel_symmetric_restricted_range"),
+        f"w4afp16, blocks of {block} + GPTQ": weight_only("float16_act_int_wht", 4,
+                                                          "per_block_symmetric_restricted_range", "gptq_zy[8]"),
+        f"w4afp16, blocks of {block} + AWQ": weight_only("float16_act_int_wht", 4,
+                                                         "per_block_symmetric_restricted_range", "awq_zy[20,0.2]"),
+        f"w4afp16, blocks of {block} + AWQ + GPTQ": weight_only(
+            "float16_act_int_wht", 4, "per_block_symmetric_restricted_range", "awq_zy[20,0.2] & gptq_zy[8]"),
+        f"wfp4afp16, blocks of {block} + GPTQ": weight_only("float16_act_fp4e2m1fn_wht", 4,
+                                                            "per_block_symmetric_restricted_range", "gptq_zy[8]"),
+        "wfp8e4m3afp8e4m3 (fp8 FC/MatMul, others int16)": fp8_activations("wfp8e4m3afp8e4m3"),
+        "wfp8e4m3afp8e4m3, per-channel weights": fp8_activations("wfp8e4m3afp8e4m3",
+                                                                 "per_channel_symmetric_restricted_range"),
+        "wfp8e5m2afp8e5m2 (fp8 FC/MatMul, others int16)": fp8_activations("wfp8e5m2afp8e5m2"),
+        "w4afp8e4m3, per-channel (fp8 FC, others int16)": fp8_activations("w4afp8e4m3",
+                                                                          "per_channel_symmetric_restricted_range"),
     }
 
 
@@ -157,6 +182,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--eval", type=int, default=16)
     parser.add_argument("--block", type=int, default=32)
     parser.add_argument("--markdown", type=Path, default=None)
+    parser.add_argument("--only", default="", help="run only the recipes whose name contains this text")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -175,6 +201,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         rows = [("float (quantopt's float forward)", ppl, 0.0)]
         print(f"{'float':<40} perplexity {ppl:8.3f}", flush=True)
         for name, make in recipes(args.block).items():
+            if args.only not in name:
+                continue
             graph = import_onnx(onnx_path, name="tiny_gpt")
             settings, per_layer, gcal = make(fc_layers(graph))
             q = quantize_model(graph, calib, settings=settings, per_layer=per_layer, global_calibration=gcal)

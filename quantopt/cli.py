@@ -117,6 +117,9 @@ def run_cfg(path: str) -> int:
     from .config.reader import read_cfg
 
     cfg = read_cfg(path)
+    from .config.kinds_compat import check_compat_cfg
+
+    check_compat_cfg(cfg)
     from .config.graph_checks import check_cfg_against_graph
     from .graph.graph import QuantizeGraph
     from .ir.reader import read_ir
@@ -128,6 +131,8 @@ def run_cfg(path: str) -> int:
         from .frontends.onnx import import_onnx, parse_input_shapes, parse_input_values
         shapes = cfg.input_shape or ""
         values = parse_input_values([cfg.input_value] if cfg.input_value else [])
+        if cfg.compat_quantized_model:  # a QDQ model keeps its own quantization (docs/compat-quantized.md)
+            from .frontends.onnx_qdq import import_onnx_qdq as import_onnx
         graph = import_onnx(cfg.graph, parse_input_shapes([shapes] if shapes else []), input_values=values)
     else:
         graph = read_ir(cfg.graph, cfg.bin or None, QuantizeGraph, allow_unknown_keys=cfg.allow_unknown_ir_keys)

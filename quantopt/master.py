@@ -32,7 +32,9 @@ from .graph.node import PyNode
 from .graph.tensor import PyTensor
 from .ir.writer import atomic_write, write_ir
 from .log import OPT_INFO, OPT_WARN, StepTimer, attach_file, detach_file, error_to_file, warning_count
+from .passes import compat_quantized as compat
 from .passes.batch_size import modify_batch_size
+from .passes.compiler_fields import check_compiler_fields, wdc_from_cfg, write_compiler_keys
 from .passes.fake_quant import apply_fake_quant
 from .passes.parallel_batch import parallel_copies
 from .pipeline import (
@@ -147,7 +149,7 @@ class OptMaster:
     def prepare(self) -> None:
         cfg = self.cfg
         if not cfg.calibration_data and not cfg.calibrate_with_zero_inputs and not cfg.statistic_file \
-                and not cfg.skip_optimization:
+                and not cfg.skip_optimization and not cfg.compat_quantized_model:
             raise ConfigError("field 'calibration_data' is required to quantize: activation ranges come from it "
                               "(set calibrate_with_zero_inputs = true to calibrate on all-zero inputs, for smoke "
                               "tests only)", file=cfg.path)
@@ -267,11 +269,17 @@ class OptMaster:
         """Local calibration and scale unification, the global methods (which may adjust ranges, weights and biases
         of the float graph for quantization only: the float constants are restored right after), then
         quantization (pipeline.calibrate, pipeline.quantize_calibrated)."""
+        if self.cfg.compat_quantized_model:  # the given params decide (docs/compat-quantized.md)
+            compat.compat_calibrate(self.graph)
+            qgraph = quantize_graph(self.graph)
+            compat.check_given_kept(qgraph)
+            return qgraph
         calibrate(self.graph, unify_rules_from_cfg(self.cfg))
         specs = parse_global_calibration(self.cfg.global_calibration)
         if specs and self.calibration_loader is None:
             raise ConfigError("global_calibration needs calibration_data (it measures the layers on real batches)",
                               field="global_calibration")
+        wdc_from_cfg(self.graph, self.cfg, bool(specs))  # optimize_wdc_for_x2 (passes/compiler_fields.py)
         limit = max((s.param("batches") for s in specs if "batches" in METHODS[s.name].params), default=1)
         return quantize_calibrated(self.graph, specs, lambda: list(self.calibration_batches(int(limit))),
                                    self.timer.step)
@@ -286,6 +294,9 @@ class OptMaster:
                                   f"'{t.name}' but the IR declares {list(t.ir_shape)}")
                 if not node.quantized:
                     continue
+                if t.dtype.is_minifloat and t.betensor.is_floating_point():  # fp8 values (ops/_fp8.py)
+                    if not t.betensor.numel() or float(t.betensor.abs().max()) <= t.qmax:
+                        continue
                 if t.betensor.is_floating_point() or (t.betensor.numel() and (int(t.betensor.min()) < t.qmin or
                                                                                int(t.betensor.max()) > t.qmax)):
                     raise RuntimeError(f"integer forward of layer '{node.name}' ({node.type}) left '{t.name}' "
@@ -296,6 +307,9 @@ class OptMaster:
     def precision_analysis(self, qgraph: QuantizeGraph) -> None:
         """Per-layer similarity on the first `similarity_data_num` calibration batches, and the histograms of the
         worst layers from the first of them (kept by the similarity pass: no forward of its own)."""
+        if self.cfg.compat_quantized_model and self.calibration_loader is None:
+            OPT_INFO("compat_quantized_model without calibration_data: no precision analysis")
+            return
         limit = self.cfg.similarity_data_num
         first: FirstBatch = {}
         batches = progress(self.calibration_batches(limit), "similarity", total=self.calibration_batch_count(limit))
@@ -310,6 +324,8 @@ class OptMaster:
             onnx_bytes = build_onnx_qdq(qgraph).SerializeToString()
         if self.cfg.write_similarity_to_ir:
             similarity_keys(qgraph, self.similarities)
+        write_compiler_keys(qgraph, self.cfg.enable_ds, self.cfg.ds_output_shape_constant,
+                            self.cfg.ds_parameter_constant)  # dynamic-shape keys (passes/compiler_fields.py)
         txt = os.path.join(self.output_dir, base + ".txt")
         copies = self.cfg.export_parallel_batch
         txt, bin_path = write_ir(parallel_copies(qgraph, int(copies), int(self.cfg.data_batch_dim))
@@ -365,6 +381,7 @@ class OptMaster:
         """Every step before calibration: operator checks, data, zero-input check, graph passes (upstream's stage 1,
         pipeline.graph_passes), layer settings, statistics."""
         self.model_checks()
+        check_compiler_fields(self.graph, self.cfg)  # passes/compiler_fields.py
         with self.timer.step("graph passes"):
             graph_passes(self.graph, **graph_pass_options(self.cfg))
         with self.timer.step("check quantize functions"):
@@ -375,6 +392,8 @@ class OptMaster:
             assign_settings(self.graph, self.cfg, opt_config)
             if self.cfg.qconfig:
                 apply_qconfig(self.graph, self.cfg.qconfig)
+            if self.cfg.compat_quantized_model:  # the given weights' modes and bits (docs/compat-quantized.md)
+                compat.prepare_given(self.graph, self.cfg)
             finish_settings(self.graph, self.cfg.enable_pass_deeply_set_unquantifiable)
         with self.timer.step("statistics"):
             if self.cfg.statistic_file:
@@ -382,6 +401,9 @@ class OptMaster:
                                         ignore_missing=self.cfg.ignore_missing_statistic)
                 OPT_INFO(f"statistics of {count} tensor(s) loaded from {self.cfg.statistic_file}; "
                          "statistics pass skipped")
+            elif self.cfg.compat_quantized_model and self.calibration_loader is None:
+                collect_statistics(self.graph, [])
+                OPT_INFO("compat_quantized_model without calibration_data: weight statistics only")
             else:
                 self.statistics()
             if self.cfg.save_statistic_info:
@@ -412,6 +434,10 @@ class OptMaster:
                      f"{[t.name for t in self.graph.output_tensors]}")
             if self.cfg.skip_optimization:
                 return self._float_only(start, log_path)
+            if self.cfg.compat_quantized_model:
+                compat.check_compat_graph(self.graph, self.cfg)
+                if compat.is_prequantized_ir(self.graph):
+                    return self._keep_prequantized(start, log_path)
             self.prepare_statistics()
             if self.cfg.mixed_precision_auto_search.enabled:
                 with self.timer.step("mixed precision search"):
@@ -455,6 +481,21 @@ class OptMaster:
             raise
         finally:
             detach_file()
+
+    def _keep_prequantized(self, start: float, log_path: str) -> Dict[str, Any]:
+        """compat_quantized_model with a quantized IR: kept as it is (no statistics, no calibration), checked by the
+        zero-input forward, written again and evaluated."""
+        self.model_checks()
+        qgraph = self.graph
+        with self.timer.step("quantized zero-input check"):
+            self.quant_forward_check(qgraph)
+        with self.timer.step("write IR and template"):
+            self.write_outputs(qgraph)
+        quant_scores: Dict[str, float] = {}
+        if self.cfg.eval_optimized_model and self.quant_metrics:
+            with self.timer.step("quantized metric"):
+                quant_scores = self.evaluate(qgraph, self.quant_metrics, quantized=True)
+        return self._finish(start, log_path, qgraph, {}, quant_scores)
 
     def _float_only(self, start: float, log_path: str) -> Dict[str, Any]:
         """`skip_optimization`: the float model's checks and metric only; no statistics, no IR."""

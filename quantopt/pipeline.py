@@ -162,6 +162,27 @@ def quantize_model(graph: QuantizeGraph, calibration: Iterable[Batch],
     return quantize_calibrated(graph, global_calibration, lambda: batches)
 
 
+def quantize_prequantized(graph: QuantizeGraph, calibration: Iterable[Batch] = (), options: Any = None,
+                          settings: Union[None, LayerSettings, Mapping[str, Any]] = None) -> QuantizeGraph:
+    """compat_quantized_model: the quantized copy of a graph carrying a pre-quantized model's params (an ONNX QDQ
+    import, frontends/onnx_qdq.py), which it keeps; `calibration` batches are needed only for tensors without
+    them; `options`: the compat fields (a read cfg or passes.compat_quantized.CompatOptions;
+    docs/compat-quantized.md)."""
+    from .passes import compat_quantized as compat
+
+    options = options if options is not None else compat.CompatOptions()
+    compat.check_compat_graph(graph, options)
+    graph_passes(graph, merge_matmul_mul_pass=False)
+    settings_from_arguments(graph, settings)
+    compat.prepare_given(graph, options)
+    finish_settings(graph)
+    collect_statistics(graph, [[b] if isinstance(b, torch.Tensor) else list(b) for b in calibration])
+    compat.compat_calibrate(graph)
+    qgraph = quantize_graph(graph)
+    compat.check_given_kept(qgraph)
+    return qgraph
+
+
 def run_quantized(qgraph: PyGraph, inputs: Batch) -> list:
     """Integer forward; returns the outputs dequantized to float32 (integer outputs of scale 1 as they are)."""
     qgraph.forward([inputs] if isinstance(inputs, torch.Tensor) else list(inputs))

@@ -10,6 +10,7 @@ from .graph.graph import PyGraph, QuantizeGraph
 from .log import OPT_INFO
 from .ops._per_channel import check_per_channel_inputs, is_per_channel
 from .passes.float_islands import float_choices, insert_boundary_layers, make_float_layer
+from .passes.fp8_borders import insert_fp8_borders
 from .passes.recurrent_casts import insert_recurrent_state_casts
 from .registry import OP_QUANTIZE, QCONFIGS, PluginType, get_plugin
 
@@ -51,6 +52,7 @@ def quantize_graph(graph: QuantizeGraph) -> QuantizeGraph:
         q.header.pop(key, None)
     choices = float_choices(q)
     insert_boundary_layers(q, choices)
+    insert_fp8_borders(q)  # fp8 activations (quant_type w*afp8*, passes/fp8_borders.py)
     for n in q.nodes:
         if n.name in choices:
             make_float_layer(n, choices[n.name])

@@ -148,7 +148,37 @@ def pair_inserted_layers(ours: PyGraph, golden: PyGraph) -> Dict[str, str]:
             found[0].name = ref.name
             for mine, theirs in zip(found[0].outputs, ref.outputs):
                 mine.name = theirs.name
-    return pairs
+    # third pass: chains of inserted layers (a DeQuantize then a Quantize between two quantized layers): in graph
+    # order, the one unpaired layer of the same type reading the same tensors whose outputs have as many readers, the
+    # same ones where they are layers of both graphs; its outputs are renamed to the golden's so the next layer of
+    # the chain reads known tensors; repeated while it pairs
+    def same_readers(mine: PyNode, theirs: PyNode) -> bool:
+        ro, rg = _readers(ours), _readers(golden)
+        for a, b in zip(mine.outputs, theirs.outputs):
+            x, y = ro.get(a.name, ()), rg.get(b.name, ())
+            known = golden_names & our_names
+            if len(x) != len(y) or [r for r in x if r[0] in known] != [r for r in y if r[0] in known]:
+                return False
+        return True
+
+    while True:
+        paired = set(pairs.values())
+        left = [n for n in ours.nodes if n.name not in golden_names and n.name not in paired]
+        progress = False
+        for ref in golden.nodes:
+            if ref.name in our_names or ref.name in pairs:
+                continue
+            found = [n for n in left if str(n.type) == str(ref.type) and len(n.outputs) == len(ref.outputs)
+                     and [t.name for t in n.inputs] == [t.name for t in ref.inputs] and same_readers(n, ref)]
+            if len(found) == 1:
+                pairs[ref.name] = found[0].name
+                found[0].name = ref.name
+                for mine, theirs in zip(found[0].outputs, ref.outputs):
+                    mine.name = theirs.name
+                left.remove(found[0])
+                progress = True
+        if not progress:
+            return pairs
 
 
 def _readers(graph: PyGraph) -> Dict[str, Tuple[Tuple[str, int], ...]]:

@@ -63,7 +63,7 @@ def test_paths_resolve_from_cfg_folder_not_cwd(tmp_path, model, monkeypatch):
     ("[Other]\ngraph = m.txt\n", 1, "unknown section [Other]"),
     ("[Common]\ngraph = m.txt\nmodel_name = a/b\n", 3, "without path separators"),
     ("[Common]\ngraph = m.txt\nmetric = TopKMetric(1\n", 3, "field 'metric'"),
-    ("[Common]\ngraph = m.txt\nfeaturemap_tiling_param = [(1,2,2,2)]\n", 3, "not implemented in quantopt yet"),
+    ("[Common]\ngraph = m.txt\nfeaturemap_tiling_param = [(1,2,2)]\n", 3, "field 'featuremap_tiling_param'"),
     ("[Common]\ngraph = m.txt\n[Common]\n", 3, "duplicate [Common]"),
 ])
 def test_errors_name_file_line_and_field(tmp_path, model, body, line, phrase):

@@ -32,6 +32,9 @@ from .kinds import (
     ValueKind,
 )
 from .kinds_accuracy import AutoSearch, AutoSearchKind, LayerRangesKind, OpTypeListKind, TriggerFloatKind
+from .kinds_compat import CompatOpsKind, FixedBoolKind, HonouredChoiceKind, LeftShiftBitsKind
+from .kinds_compiler import DsShapeConstantKind, TilingParamKind
+from .kinds_fp8 import ACTIVATION_BLOCK_SIZE_DEFAULT, ActivationBlockSizeKind
 from .kinds_passes import TuneOpKind, TuneOpValue
 from .presets import PRESET_NAMES
 from .targets import DEFAULT_TARGET
@@ -162,8 +165,9 @@ field("quantize_method_for_activation", "per_tensor_symmetric_full_range", Choic
 field("quant_type", "disable", QuantTypeKind(),
       "a named precision recipe of upstream that overrides the layer's bits, lut size and trigger_float_op: w8a8, "
       "w16a16, weight-only w4/w8/w4afp16/w8afp16/w4abfp16/w8abfp16/wfp4/wfp4afp16/wfp4abfp16/wfp4afp32 (float "
-      "activations, int4/int8/fp4 weights), fp16/bf16/bfp16 (the layer in float); the fp8-activation types are "
-      "refused (not simulated); docs/mixed-precision.md", per_layer=True, group="quantization")
+      "activations, int4/int8/fp4 weights), fp16/bf16/bfp16 (the layer in float), fp8 activations "
+      "w4afp8e5m2/w4afp8e4m3/wfp4afp8e5m2/wfp4afp8e4m3/wfp8afp8/wfp8e5m2afp8e5m2/wfp8e4m3afp8e4m3 (the layer types "
+      "upstream has fp8 kernels for; docs/low-bit.md); docs/mixed-precision.md", per_layer=True, group="quantization")
 field("weight_block_size", 256, IntKind(1, 1 << 20),
       "weights per block with a per-block weight mode (quantize_method_for_weight = per_block_*), used by "
       "weight-only layers (trigger_float_op *_act_*_wht, quant_type w4afp16...): each run of this many weights "
@@ -199,6 +203,10 @@ field("lstm_integer_form", "upstream", ChoiceKind(("upstream", "q15")),
       "the calibrated ranges of the cell's inner tensors) or q15 (fixed-range Q15 tables, int32 cell state; more "
       "accurate at 16 bits with per-channel weights); docs/semantics/recurrent.md", per_layer=True,
       group="quantization")
+field("gru_integer_form", "upstream", ChoiceKind(("upstream", "q15")),
+      "GRUv1/GRUv3's integer form: upstream (the upstream optimizer's: four weight blocks, 256-entry tables and "
+      "requantization from the calibrated ranges of the cell's inner tensors) or q15 (fixed-range Q15 tables, "
+      "fixed-point hidden state; more accurate); docs/semantics/recurrent.md", per_layer=True, group="quantization")
 field("force_shift_positive", False, BoolKind(),
       "negative requantization shifts become 0 (the multiplier saturates: accuracy loss)", per_layer=True,
       group="quantization")
@@ -303,7 +311,8 @@ field("enable_pass_scaled_dot_product_attention", False, BoolKind(),
       group="quantization")
 field("enable_pass_convert_resize_to_convolution", False, BoolKind(),
       "upstream rewrites bilinear Resize layers as convolutions only in its compat_quantized_model flow (whatever "
-      "this field says) and ignores the field otherwise; quantopt lacks that flow, so true is an error",
+      "this field says) and ignores the field otherwise; quantopt's compat flow (docs/compat-quantized.md) keeps "
+      "Resize layers as they are, so true is an error",
       group="quantization")
 field("calibrate_with_zero_inputs", False, BoolKind(),
       "allow calibration without calibration_data by feeding all-zero inputs (activation ranges will be "
@@ -372,18 +381,99 @@ field("fake_quant_operators_for_debug", [], OpTypeListKind(),
       "operator types whose layers run in float like fake_quant_scopes_for_debug, e.g. [Softmax, LayerNorm]",
       group="analysis")
 
+# --- pre-quantized models (compat_quantized_model, docs/compat-quantized.md) --------------------------------------
+field("compat_quantized_model", False, BoolKind(),
+      "the model is already quantized: an ONNX QDQ model (graph = .onnx; its Q/DQ scales, zero points and integer "
+      "weights are kept, statistics and calibration only run for tensors without them) or a quantized IR (kept "
+      "as it is and written again); upstream's flag for TFLite-quantized IRs", group="quantization")
+field("compat_quantized_model_strategy", "8bSymWeightUnchange",
+      HonouredChoiceKind(("8bSymWeightUnchange", "8bAsymWeightTo16bSymWeight"), ("sym", "asym", "fasymp", "fsym"),
+                         "they re-quantize the model in upstream's closed library"),
+      "compat_quantized_model: 8bSymWeightUnchange keeps symmetric weights as given (asymmetric ones are an error "
+      "unless compat_quantized_model_force_weight_asym); 8bAsymWeightTo16bSymWeight turns 8-bit asymmetric weights "
+      "into the exact 16-bit symmetric integers q - zp", group="quantization")
+field("compat_quantized_model_eliminate_cast", True, BoolKind(),
+      "compat_quantized_model: upstream removes Cast layers of the quantized model; quantopt's QDQ import and "
+      "quantized IRs hold none to remove, and a compat graph with a Cast layer is an error whatever the value",
+      group="quantization")
+field("compat_quantized_model_int8_to_uint8", False, BoolKind(),
+      "compat_quantized_model: int8 activations with zero point -128 become uint8 with zero point 0 (the same "
+      "values, q + 128)", group="quantization")
+field("compat_quantized_model_ops", "", CompatOpsKind(),
+      "compat_quantized_model: operator types upstream re-quantizes with another method; quantopt keeps every "
+      "layer's given quantization, so only the empty default is accepted", group="quantization")
+field("compat_quantized_model_unify_shifts_mode", "auto",
+      HonouredChoiceKind(("auto", "none"), ("max", "mean", "entropy"),
+                         "quantopt either shares one shift per layer (auto) or keeps one per channel (none)"),
+      "compat_quantized_model: auto shares one requantization shift over the channels of a per-channel layer as "
+      "unify_shifts_for_aiff says; none keeps one shift per channel", group="quantization")
+field("compat_quantized_model_left_shift_bits", 8, LeftShiftBitsKind(),
+      "compat_quantized_model: upstream's Eltwise input left shift; quantopt's Eltwise has none, so setting it is "
+      "an error", group="quantization")
+field("compat_quantized_model_force_weight_asym", False, BoolKind(),
+      "compat_quantized_model: keep asymmetric weights asymmetric (weights_zp), whatever the strategy",
+      group="quantization")
+field("compat_quantized_model_simplify_dequantize_quantize", True,
+      FixedBoolKind(True, "quantopt always merges the Q/DQ pairs of a QDQ model into the quantized layers"),
+      "compat_quantized_model: Q/DQ pairs merged into the quantized layers (the only form quantopt has)",
+      group="quantization")
+
+# --- compiler and library fields (passes/compiler_fields.py; docs/user-guide.md, "Compiler and library fields") --
+field("enable_ds", False, BoolKind(),
+      "dynamic shapes: Reshape layers write their output shape as the ds_output_shape key of the quantized IR (read "
+      "by the NPU compiler for dynamic-shape models); the quantization does not change", per_layer=True,
+      group="compiler")
+field("ds_output_shape_constant", "disable", DsShapeConstantKind(),
+      "dynamic shapes: all (or a 0/1 flag per output, all 1) writes the layer's output shapes as a constant "
+      "ds_output_shape key of the quantized IR, e.g. disable & <[Reshape]:[1]>; a list mixing 0 and 1 only makes "
+      "the flagged entries of a ds_output_shape the layer already has constant (else a warning, nothing written)",
+      per_layer=True, group="compiler")
+field("ds_parameter_constant", "disable", ChoiceKind(("disable", "default")),
+      "dynamic shapes: default writes a Crop layer's crops as its constant ds_crops key of the quantized IR; other "
+      "layers have no ds parameter", per_layer=True, group="compiler")
+field("cast_dtypes_for_lib", False, BoolKind(),
+      "upstream inserts Cast layers where the NPU library lacks a layer's input/output dtypes; that needs the "
+      "library's dtype table, which quantopt does not have: true is an error", per_layer=True, group="compiler")
+field("with_winograd", False, BoolKind(),
+      "Convolution layers the NPU runs as Winograd F(2,3) (3x3, stride 1, dilation 1, group 1, more than 4 input "
+      "channels, inputs larger than 7x7, faster on the V3 targets) get transformed 3x4 weights; quantopt does not "
+      "implement that form: true is an error on a graph with such a layer (and changes nothing on one without)",
+      per_layer=True, group="compiler")
+field("optimize_wdc_for_x2", False, BoolKind(),
+      "weight data compression (X2 NPUs): a per-tensor weight constant that would compress to 90% or more of its "
+      "size gets its range doubled (up to 4 times, until it compresses below 90%), so its integer values need "
+      "fewer bits; may cost accuracy. Per-channel weights do not change", per_layer=True, group="compiler")
+field("regularize_activation_perchannel_scales", "disable", ChoiceKind(("disable", "enable")),
+      "upstream's switch for merging per-channel activation scales; its optimizer reads it from a place its flow "
+      "never sets, so enable changes nothing there, and nothing here (a warning says so)", per_layer=True,
+      group="compiler")
+field("featuremap_tiling_param", [], TilingParamKind(),
+      "feature-map tiling of layer-id ranges for the NPU ([(i,j,h,w),...]); quantopt does not tile graphs: only the "
+      "empty default is accepted", group="compiler")
+field("featuremap_splits_item_x", 1, IntKind(1, 127),
+      "feature-map data-parallel splits along x; quantopt does not tile graphs: values other than 1 are an error",
+      group="compiler")
+field("featuremap_splits_item_y", 1, IntKind(1, 127),
+      "feature-map data-parallel splits along y; quantopt does not tile graphs: values other than 1 are an error",
+      group="compiler")
+field("featuremap_splits_sram_size", 0, IntKind(0, 8191),
+      "SRAM size in KiB that feature-map tiling must fit; quantopt does not tile graphs: values other than 0 are an "
+      "error", group="compiler")
+field("featuremap_splits_concat_blk", 3, IntKind(1, 127),
+      "inputs per sub-Concat when feature-map tiling splits a large Concat; read only by tiling (which the "
+      "featuremap_splits_* / featuremap_tiling_param fields refuse), so any valid value changes nothing",
+      group="compiler")
+field("featuremap_splits_overlap_rate", 50, IntKind(0, 99),
+      "largest overlap (percent) between feature-map tiles; read only by tiling (which the featuremap_splits_* / "
+      "featuremap_tiling_param fields refuse), so any valid value changes nothing", group="compiler")
+
+# fp8 activations (quant_type w*afp8*, docs/low-bit.md)
+field("activation_block_size", ACTIVATION_BLOCK_SIZE_DEFAULT, ActivationBlockSizeKind(),
+      "upstream's block size for per-block activations, which upstream reads and never uses (its activations, fp8 "
+      "ones included, take one scale per tensor): only the default 256 is accepted; others are an error",
+      per_layer=True, group="quantization")
+
 # Fields of the upstream Compass Optimizer that quantopt does not implement yet: a cfg using one gets a clear
 # "not implemented yet" error instead of "unknown key" (and never a silent no-op).
 UPSTREAM_FIELDS = frozenset("""
-cast_dtypes_for_lib
-with_winograd
-compat_quantized_model_simplify_dequantize_quantize
-optimize_wdc_for_x2
-ds_output_shape_constant enable_ds activation_block_size
-featuremap_tiling_param featuremap_splits_item_x featuremap_splits_item_y featuremap_splits_concat_blk
-featuremap_splits_overlap_rate featuremap_splits_sram_size
-compat_quantized_model compat_quantized_model_strategy compat_quantized_model_eliminate_cast
-compat_quantized_model_int8_to_uint8 compat_quantized_model_ops compat_quantized_model_unify_shifts_mode
-compat_quantized_model_left_shift_bits compat_quantized_model_force_weight_asym
-regularize_activation_perchannel_scales ds_parameter_constant
 """.split())

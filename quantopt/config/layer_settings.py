@@ -39,6 +39,7 @@ SETTING_FIELDS: Dict[str, str] = {
     "min_activation_sqnr_db": "min_activation_sqnr_db",
     "layernorm_integer_form": "layernorm_integer_form",
     "lstm_integer_form": "lstm_integer_form",
+    "gru_integer_form": "gru_integer_form",
     "perf_mode_for_lib": "perf_mode_for_lib",
     "resize_degrade_to_nearest": "resize_degrade_to_nearest",
     "unify_scales_for_kvc_concat": "unify_scales_for_kvc_concat",
@@ -72,6 +73,7 @@ class LayerSettings:
     min_activation_sqnr_db: float = 0.0
     layernorm_integer_form: str = "upstream"
     lstm_integer_form: str = "upstream"
+    gru_integer_form: str = "upstream"
     perf_mode_for_lib: bool = True
     resize_degrade_to_nearest: bool = False
     unify_scales_for_kvc_concat: bool = False
@@ -83,6 +85,7 @@ class LayerSettings:
     detect_inf_mask_nodes: bool = False  # enable_pass_detect_inf_mask_nodes (global cfg field; passes/inf_mask.py)
     perchannel_min_elements: int = 1  # activation_perchannel_min_elements (global; passes/per_channel_fallback.py)
     target_level: int = 1  # min_compatible_zhouyi_target's level (global; config/targets.py)
+    quant_type: str = "disable"  # an fp8-activation quant_type (config/quant_types.py, ops/_fp8.py; not a JSON key)
     explicit: FrozenSet[str] = field(default=frozenset(), compare=False)
     """Keys set for this layer in particular (a per-layer cfg rule, opt_config, quantize_model's per_layer): they
     take precedence over an operator's own default (BatchNorm's 16-bit weights)."""

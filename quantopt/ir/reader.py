@@ -553,8 +553,8 @@ def _mark_quantized(graph: PyGraph) -> None:
     for n in graph.nodes:
         if "layer_top_scale" not in n.attrs.get("ir_top_keys", []) or n.params.get("unquantifiable") is True:
             continue
-        if not n.outputs or any(t.dtype.is_float for t in n.outputs):
-            continue
+        if not n.outputs or any(t.dtype.is_float and not t.dtype.is_minifloat for t in n.outputs):
+            continue  # (fp8 outputs are quantized: fp8 activations, ops/_fp8.py)
         n.quantized = True
         for t in n.outputs:
             rng = t.ir_range if t.ir_range is not None else \

@@ -18,6 +18,7 @@ from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 from ..log import OPT_INFO, OPT_WARN
 from ..quant.dtype import Dtype, int_dtype_for_bits
+from ..quant.given import GIVEN_PARAMS, GIVEN_VALUES
 from ..quant.params import QuantMode, QuantParams, integer_range, linear_quant_params, quantize
 from ..quant.requant import (
     aiff_ahead_shift,
@@ -61,6 +62,10 @@ def quantize_activation(node: PyNode, t: PyTensor, signed: bool, bits: Optional[
     """Output params of `t` from its calibrated range with the layer's activation mode and bits. A per-channel mode
     gives one scale per channel of the last axis (zero point 0) where the layer supports it (`per_channel_ok`, see
     ops/_per_channel.py) and is refused elsewhere."""
+    given = t.extra.get(GIVEN_PARAMS)
+    if given is not None:  # a pre-quantized model's own params (compat_quantized_model, docs/compat-quantized.md)
+        set_params(t, given, int(given.dtype.bits))
+        return
     s = layer_settings(node)
     bits = int(bits or s.q_bits_activation)
     signed = bool(signed or s.force_dtype_int)
@@ -276,6 +281,15 @@ def quantize_weights(node: PyNode, per_channel: bool, groups: Optional[int] = No
     """
     s = layer_settings(node)
     w = node.get_constant(key)
+    given = w.extra.get(GIVEN_PARAMS)
+    if given is not None:  # a pre-quantized model's integer weights, kept as they are (docs/compat-quantized.md)
+        if per_channel != given.per_channel or (groups is not None and given.per_channel and
+                                                 groups < given.scale.numel()):
+            raise node._error(f"constant '{key}' keeps the given {'per-channel' if given.per_channel else 'per-tensor'}"
+                              " quantization of the pre-quantized model, which this layer's settings cannot take")
+        w.betensor = w.extra[GIVEN_VALUES].clone()
+        set_params(w, given, int(given.dtype.bits))
+        return given
     if w.min is None:
         raise node._error(f"constant '{key}' has no calibrated range; run calibration before quantization")
     mode = QuantMode.from_name(s.q_mode_weight)
@@ -300,6 +314,10 @@ def _weight_ratio_fn(node: PyNode, s_in: float, s_out: Union[float, torch.Tensor
     mode = QuantMode.from_name(s.q_mode_weight).to_per_channel()
 
     def ratios(groups: int) -> torch.Tensor:
+        given = w.extra.get(GIVEN_PARAMS)
+        if given is not None and given.per_channel and groups == given.scale.numel():
+            return torch.as_tensor(s_out, dtype=torch.float32) / (torch.tensor(s_in, dtype=torch.float32) *
+                                                                  given.scale.to(torch.float32))
         lo, hi, _ = group_ranges(w.min_key_axis, w.max_key_axis, groups)
         ws = linear_quant_params(lo, hi, int(s.q_bits_weight), mode, True).scale
         return torch.as_tensor(s_out, dtype=torch.float32) / (torch.tensor(s_in, dtype=torch.float32) * ws)

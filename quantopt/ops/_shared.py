@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ..graph.node import PyNode
-from ..registry.schema import Float, Int, Param, Text, quantized
+from ..registry.schema import Float, Int, IntValued, Param, Text, quantized
 
 FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU6", "CLIP", "LEAKYRELU", "PRELU")
 
@@ -23,7 +23,8 @@ fuse one."""
 
 MAC_QUANTIZED_PARAMS = {
     "weights_scale": quantized(Float(), "per-tensor weight scale (per channel: a constant of this name)"),
-    "weights_zp": quantized(Int(), "per-tensor weight zero point (per channel: a constant of this name)"),
+    "weights_zp": quantized(IntValued(), "per-tensor weight zero point (per channel: a constant of this name; 0.0 "
+                                         "in an fp8 layer)"),
     "biases_scale": quantized(Float(), "bias scale s_in * s_w (per channel: a constant of this name)"),
     "biases_zp": quantized(Int(), "bias zero point, 0 (per channel: a constant of this name)"),
     "remain_shift": quantized(Int(), "shift applied before the 32-bit hand-over of wide accumulators"),

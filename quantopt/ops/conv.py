@@ -13,6 +13,7 @@ from ..graph.node import PyNode
 from ..quant.rounding import MAGIC_EXACT, int_to_float64
 from ..registry import declare_op
 from ..registry.schema import Bool, Int, Param
+from . import _fp8
 from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
 from ._quant import (
     layer_settings,
@@ -196,6 +197,9 @@ def _conv_nhwc(node: PyNode, x: torch.Tensor, w: torch.Tensor, bias: torch.Tenso
 
 @CONVOLUTION.forward
 def convolution_forward(self: PyNode) -> None:
+    if _fp8.fp8_layer(self):  # fp8 activations (quant_type w*afp8*, ops/_fp8.py)
+        _fp8.mac_forward(self, lambda x, w, b: _conv_nhwc(self, x, w, b, False, 0.0, torch.float64))
+        return
     if self.quantized:
         self.outputs[0].betensor = mac_finish(self, conv2d_nhwc_int(self, depthwise=False))
         return
@@ -205,6 +209,9 @@ def convolution_forward(self: PyNode) -> None:
 @DEPTHWISE_CONV.forward
 def depthwise_conv_forward(self: PyNode) -> None:
     """The Parser writes DepthwiseConv as a grouped conv: weights [in_c*multiplier, kh, kw, 1], group = in_c."""
+    if _fp8.fp8_layer(self):  # fp8 activations (quant_type w*afp8*, ops/_fp8.py)
+        _fp8.mac_forward(self, lambda x, w, b: _conv_nhwc(self, x, w, b, True, 0.0, torch.float64))
+        return
     if self.quantized:
         self.outputs[0].betensor = mac_finish(self, conv2d_nhwc_int(self, depthwise=True))
         return
@@ -216,10 +223,13 @@ def convolution_quantize(self: PyNode) -> None:
     """Per-channel weights when the weight mode says so; grouped convs are quantized per group otherwise."""
     per_channel = layer_settings(self).q_mode_weight.startswith("per_channel")
     group = int_param(self, "group", 1)
+    if _fp8.quantize_mac(self, per_channel=per_channel, groups=1 if per_channel else int(group)):
+        return
     quantize_mac(self, per_channel=per_channel, groups=1 if per_channel else int(group))
 
 
 @DEPTHWISE_CONV.quantize
 def depthwise_conv_quantize(self: PyNode) -> None:
     """DepthwiseConv weights are always per channel (each channel is its own filter), as upstream."""
-    quantize_mac(self, per_channel=True)
+    if not _fp8.quantize_mac(self, per_channel=True):
+        quantize_mac(self, per_channel=True)

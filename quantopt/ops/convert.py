@@ -13,7 +13,8 @@ from ..graph.float_layer import round_to_float_dtype
 from ..graph.node import PyNode
 from ..quant.params import dequantize, quantize
 from ..registry import declare_op
-from ..registry.schema import Float, Int, Text, quantized
+from ..registry.schema import Float, Int, IntValued, Text, quantized
+from . import _fp8
 from ._quant import integer_output_bits, out_range, quantize_activation, set_qinvariant, tensor_scale, tensor_zp
 
 SEMANTICS = "docs/semantics/convert.md"
@@ -24,7 +25,7 @@ _ZP_DOC = "the zero point of the integer side (written by quantopt)"
 QUANTIZE = declare_op(
     "Quantize",
     params={"quantize_scale": quantized(Float(), _SCALE_DOC),
-            "quantize_zp": quantized(Int(), _ZP_DOC),
+            "quantize_zp": quantized(IntValued(), _ZP_DOC + "; 0.0 before an fp8 layer"),
             "round_mode": quantized(Text(), "ROUND_TO_EVEN (written by quantopt; not read)")},
     dtypes="float32/float16/bfloat16 → int8/uint8/int16/uint16 (integer-valued inputs: exact, scale 1)",
     integer="q = clamp(round_half_even(x·scale − zp)) in float32, like Input",
@@ -42,6 +43,9 @@ def quantize_forward(self: PyNode) -> None:
     x = inp.betensor
     if not x.is_floating_point():
         raise self._error(f"input '{inp.name}' must be float (a Quantize layer converts float to integer)")
+    if _fp8.is_fp8(out):  # before an fp8 layer (ops/_fp8.py)
+        out.betensor = _fp8.fp8_quantize_forward(self, x)
+        return
     qmin, qmax = out_range(out)
     if out.qinvariant:
         out.betensor = torch.clamp(torch.round(x.to(torch.float64)), qmin, qmax).to(torch.int64)
@@ -57,6 +61,10 @@ def quantize_quantize(self: PyNode) -> None:
     inserted) with the layer's activation bits and mode; an integer-valued float tensor (an index output of a
     float layer) becomes an exact integer tensor (scale 1)."""
     inp, out = self.inputs[0], self.outputs[0]
+    fp8_dtype = self.attrs.get("fp8_output")
+    if fp8_dtype is not None:  # inserted before an fp8 layer (passes/fp8_borders.py)
+        _fp8.quantize_to_fp8(self, fp8_dtype)
+        return
     if not inp.ir_dtype.is_float:
         set_qinvariant(out, integer_output_bits(self, bool(float(out.min or 0.0) < 0)),
                        bool(float(out.min or 0.0) < 0))
@@ -83,7 +91,7 @@ def dequantize_forward(self: PyNode) -> None:
     A float input (float graph) passes through."""
     inp, out = self.inputs[0], self.outputs[0]
     q = inp.betensor
-    if q.is_floating_point():
+    if q.is_floating_point() and not _fp8.is_fp8(inp):
         out.betensor = q
         return
     scale = float(self.get_param("quantize_scale"))

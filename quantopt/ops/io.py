@@ -12,6 +12,7 @@ from ..quant.hardware import INT_INPUT_MAX_BITS
 from ..quant.params import integer_range, quantize
 from ..registry import declare_op
 from ..registry.schema import Float, Int, quantized
+from . import _fp8
 from ._quant import layer_settings, out_range, quantize_activation, set_qinvariant
 
 INPUT = declare_op(
@@ -27,7 +28,7 @@ def input_forward(self: PyNode) -> None:
     out = self.outputs[0]
     if out.betensor.numel() == 0 and out.ir_numel != 0:
         raise self._error("no data was fed to this input")
-    if not self.quantized:
+    if not self.quantized or _fp8.input_forward(self):  # fp8 inputs: ops/_fp8.py
         return
     x = out.betensor
     qmin, qmax = out_range(out)
@@ -51,6 +52,8 @@ def input_quantize(self: PyNode) -> None:
     signed = bool(emin is not None and float(emin) < 0) or (emin is None and out.min is not None and out.min < 0)
     if s.qinvariant:
         set_qinvariant(out, s.q_bits_activation, signed or s.force_dtype_int)
+        return
+    if _fp8.quantize_input(self):  # fp8 activations (quant_type w*afp8*, ops/_fp8.py)
         return
     quantize_activation(self, out, signed)
 

@@ -13,6 +13,7 @@ from ..quant.requant import INT32_MAX, INT32_MIN
 from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, Float, Int, Param, Value, quantized
+from . import _fp8
 from ._fc_order import OrderedWeights, linear_float32
 from ._quant import (
     FLOAT32_EXACT,
@@ -74,6 +75,9 @@ FULLY_CONNECTED = declare_op(
 @FULLY_CONNECTED.forward
 def fully_connected_forward(self: PyNode) -> None:
     """y = x @ W^T + b over the last axis; weights [out, in], biases [out] (absent means zero)."""
+    if _fp8.fp8_layer(self):  # fp8 activations (quant_type w*afp8*, ops/_fp8.py)
+        _fp8.mac_forward(self, lambda x, w, b: _checked_linear(self, x, w, b))
+        return
     if self.quantized:
         x, _ = mac_input(self)
         w, dtype = mac_weights(self)
@@ -134,7 +138,14 @@ def _ordered_weights(node: PyNode, t: torch.Tensor) -> OrderedWeights:
 
 @FULLY_CONNECTED.quantize
 def fully_connected_quantize(self: PyNode) -> None:
-    quantize_mac(self, per_channel=layer_settings(self).q_mode_weight.startswith("per_channel"))
+    per_channel = layer_settings(self).q_mode_weight.startswith("per_channel")
+    if not _fp8.quantize_mac(self, per_channel=per_channel):
+        quantize_mac(self, per_channel=per_channel)
+
+
+def _checked_linear(self: PyNode, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+    _check_fc_shapes(self, x, w)
+    return F.linear(x, w, b)
 
 
 def _check_fc_shapes(self: PyNode, x: torch.Tensor, w: torch.Tensor) -> None:
@@ -190,6 +201,9 @@ def matmul_forward(self: PyNode) -> None:
     """Batched matmul of two activations with torch.matmul broadcasting; trans_a/trans_b swap the last two axes."""
     if len(self.inputs) != 2:
         raise self._error(f"MatMul needs exactly 2 inputs, got {len(self.inputs)}")
+    if _fp8.fp8_layer(self):  # fp8 activations (quant_type w*afp8*, ops/_fp8.py)
+        _fp8.matmul_forward(self, lambda a, b: _matmul(self, *_matmul_operands(self, a, b)))
+        return
     if self.quantized:
         self.outputs[0].betensor = _matmul_int(self)
         return
@@ -286,6 +300,8 @@ def matmul_quantize(self: PyNode) -> None:
     if len(self.inputs) != 2:
         raise self._error(f"MatMul needs exactly 2 inputs, got {len(self.inputs)}")
     check_quantized_inputs(self, self.inputs)
+    if _fp8.quantize_matmul(self):  # fp8 activations (quant_type w*afp8*, ops/_fp8.py)
+        return
     ta, tb = self.inputs
     out = self.outputs[0]
     signed = (is_signed(ta) or is_signed(tb)) and fused_output_signed(self)

@@ -54,5 +54,5 @@ def refuse_convert_resize_to_convolution() -> None:
     """`enable_pass_convert_resize_to_convolution = true`: always an error (see the message)."""
     raise ConfigError(f"{RESIZE_FIELD}: upstream applies this rewrite (bilinear Resize as Convolution, DepthToSpace "
                       "and friends) only in its compat_quantized_model flow, where it is always on whatever this "
-                      "field says, and ignores the field otherwise; quantopt does not implement that flow. Remove "
-                      "the field or set it false", field=RESIZE_FIELD)
+                      "field says, and ignores the field otherwise; quantopt's compat flow keeps Resize layers as they "
+                      "are (docs/compat-quantized.md). Remove the field or set it false", field=RESIZE_FIELD)

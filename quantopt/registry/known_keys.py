@@ -32,6 +32,8 @@ COMMON_KEYS: FrozenSet[str] = frozenset(STRUCTURAL_KEYS + TOP_INFO_KEYS + (
     "weight_block_size",
     # per-tensor requantization of any quantized layer (a multiplier and a shift, or one per input)
     "scale_value", "shift_value", "scale_type", "shift_type",
+    # upstream's dynamic-shape output shapes, on any layer (ds_output_shape_constant, passes/compiler_fields.py)
+    "ds_output_shape",
 ))
 COMMON_PREFIXES = ("D_",)
 """Upstream's debug keys (`write_similarity_to_ir`: D_cos, D_mse, D_layer_id...)."""

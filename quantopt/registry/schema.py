@@ -78,6 +78,17 @@ class Int(Kind):
 
 
 @dataclass(frozen=True)
+class IntValued(Int):
+    """An integer, also written as a float with an integral value: upstream writes the zero points of its fp8
+    layers as 0.0 (docs/low-bit.md)."""
+
+    def problem(self, value: Any) -> Optional[str]:
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)
+        return super().problem(value)
+
+
+@dataclass(frozen=True)
 class Float(Kind):
     """A number (integers accepted), not NaN; ±inf only where `infinite` allows it."""
     infinite: bool = False

@@ -1120,9 +1120,9 @@ def cfg_misspelled_section(w: Work) -> str:
     return "opt.cfg:1"
 
 
-@case(CFG, match="not implemented in quantopt yet")
-def cfg_upstream_field_not_implemented(w: Work) -> str:
-    return _cfg_line(w, "with_winograd", "true")
+@case(CFG, match="field 'featuremap_splits_item_x': invalid value '0' .*expected an integer in \\[1, 127\\]")
+def cfg_compiler_field_out_of_range(w: Work) -> str:
+    return _cfg_line(w, "featuremap_splits_item_x", "0")
 
 
 @case(CFG, match="unknown calibration strategy 'magic'")

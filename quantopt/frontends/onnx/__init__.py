@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ...errors import UnsupportedError
 from ...graph.builder import GraphBuilder
@@ -55,9 +55,11 @@ def prepare_onnx(path: str, input_shapes: Optional[Mapping[str, Sequence[int]]] 
 
 def import_onnx(path: str, input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
                 name: Optional[str] = None, graph_cls: type = QuantizeGraph,
-                input_values: Optional[Mapping[str, Sequence[float]]] = None) -> PyGraph:
+                input_values: Optional[Mapping[str, Sequence[float]]] = None,
+                tensor_map: Optional[Dict[str, str]] = None) -> PyGraph:
     """Convert an ONNX file to a float graph; all unsupported nodes are reported in one UnsupportedError.
-    `input_values` fixes inputs to constants (e.g. Silero VAD's sample rate), which then fold away."""
+    `input_values` fixes inputs to constants (e.g. Silero VAD's sample rate), which then fold away; `tensor_map`,
+    when given, receives each ONNX tensor's IR tensor name (frontends/onnx_qdq.py)."""
     path = str(path)
     g = prepare_onnx(path, input_shapes, input_values)
     builder = GraphBuilder(_model_name(path, name))
@@ -116,6 +118,8 @@ def import_onnx(path: str, input_shapes: Optional[Mapping[str, Sequence[int]]] =
         except (ConvertError, KeyError) as e:
             raise UnsupportedError(f"graph output '{out}' cannot be produced ({e})", file=path) from None
     ctx.flush(outputs)
+    if tensor_map is not None:
+        tensor_map.update({k: v[0] for k, v in ctx.tmap.items()})
     graph = builder.build(outputs, graph_cls=graph_cls)
     graph.header = OrderedDict([("model_name", builder.name), ("layer_number", len(graph.nodes)),
                                 ("precision", "float32"), ("compat_quantized_model", False),

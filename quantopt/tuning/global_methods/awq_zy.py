@@ -8,19 +8,31 @@ outputs (quantized on their own, the norm fed its float input quantized with its
 MSE against the float outputs. Then, when max_shrink > 0, the weight ranges of the pair's FullyConnected layers
 are multiplied by 1 − r/n_grid for r = 0..⌊max_shrink·n_grid⌋ − 1 (clipping), keeping the ratio with the lowest
 MSE. Ranges, reference model and restoring work as in smooth_quant_zy.
+
+Weight-only FullyConnected layers (float layers of the quantized graph, e.g. per-block w4afp16/wfp4afp16 weights) are
+measured as the quantized graph runs them: quantized weight-only (the block scales derived from the smoothed
+weights, so the block-quantized weights are in the loss), fed the norm's output dequantized and rounded to their
+float type. Clipping a layer with per-block weights clips each block's weights to the ratio times the block's range
+(its scale comes from its weights): the same as shrinking the range for the extrema weight strategy.
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Callable, List, Optional, Sequence, Set
 
 import torch
 
+from ...graph.float_layer import round_to_float_dtype
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
+from ...graph.values import to_float, to_quantized
 from ...log import OPT_INFO
+from ...ops._quant import copy_params
+from ...passes.float_islands import FLOAT_DTYPES, float_choices, make_float_layer
 from ...progress import progress
 from ...quantizer import quantize_graph
-from ._common import Batch
+from ...threads import one_thread
+from ._common import Batch, clone_nodes
+from .gptq_zy import block_bounds, is_block_layer
 from .smooth_quant_zy import Pair, PairProbe, apply_pair, channel_stats, clean_sigma, describe, find_pairs, smooth
 from .spec import GlobalMethodSpec
 
@@ -33,15 +45,99 @@ def _sigma(pair: Pair, alpha: float) -> torch.Tensor:
     return clean_sigma(s / torch.sqrt(s.max() * s.min()))
 
 
-def _shrink(nodes: Sequence[PyNode], pair: Pair, ratio: float) -> None:
+def _shrink(nodes: Sequence[PyNode], pair: Pair, ratio: float, block_fcs: Optional[Set[str]] = None) -> None:
+    """Multiply the weight ranges of the pair's FullyConnected layers by `ratio`; a layer with per-block weights
+    (its block ranges come from its weights when it is quantized) gets its weights clipped to `ratio` times each
+    block's range instead, which is the same for the extrema weight strategy."""
     names = {fc.name for fc in pair.fcs}
     for n in nodes:
         if n.name not in names:
             continue
         w = n.constants["weights"]
+        if block_fcs and n.name in block_fcs:
+            if ratio != 1.0:
+                blocks = w.betensor.to(torch.float32).reshape(-1, int(n.settings.weight_block_size))
+                lo, hi, _ = block_bounds(n, blocks)
+                clipped = torch.maximum(torch.minimum(blocks, hi * ratio), lo * ratio)
+                w.betensor = clipped.reshape(w.betensor.shape).to(w.betensor.dtype)
+            continue
         w.min, w.max = float(w.min) * ratio, float(w.max) * ratio
         if w.min_key_axis is not None:
             w.min_key_axis, w.max_key_axis = w.min_key_axis * ratio, w.max_key_axis * ratio
+
+
+def _mixed(qgraph: PyGraph, pair: Pair) -> bool:
+    """Whether a layer of the pair stays float in the quantized graph (weight-only FullyConnected layers)."""
+    return any(not qgraph.node(n.name).quantized for n in [pair.norm] + pair.chain + pair.fcs)
+
+
+class MixedPairProbe(PairProbe):
+    """PairProbe for pairs with float layers (weight-only FullyConnected layers, per-channel or per-block): each
+    copy is quantized as the quantized graph treats it (float layers get their weight-only weights), and a float
+    layer reading an integer layer's output gets it dequantized and rounded to its float type, as the DeQuantize
+    layer of the quantized graph does."""
+
+    def __init__(self, graph: PyGraph, qgraph: PyGraph, pair: Pair, data: Sequence[Batch]) -> None:
+        super().__init__(graph, qgraph, pair, data)
+        self.choices = float_choices(graph)
+        self.floats = {n.name for n in self.nodes if not qgraph.node(n.name).quantized}
+
+    def unusable(self) -> Optional[str]:
+        if not self.inputs:
+            return "no calibration data reached it"
+        if self.pair.norm.name not in self.floats and self.q_input.qmin is None:
+            return "its input is not quantized"
+        for n in self.nodes:
+            if n.name not in self.floats and any(t.pnode is not None and t.pnode.name in self.floats
+                                                 for t in n.inputs):
+                return f"integer layer '{n.name}' reads a float layer of the pair"
+        return None
+
+    def loss(self, change: Optional[Callable[[List[PyNode]], None]]) -> float:
+        copies = clone_nodes(self.nodes)
+        if change is not None:
+            change(copies)
+        first = copies[0]
+        if first.name not in self.floats:
+            copy_params(first.inputs[0], self.q_input)
+        for n in copies:
+            if n.name in self.floats:
+                make_float_layer(n, self.choices[n.name])
+            else:
+                n.quantize()
+        inside = {id(t) for n in copies for t in n.outputs}
+        total, count = 0.0, 0
+        by_name = {n.name: n for n in copies}
+        with torch.no_grad():
+            for i, x in enumerate(self.inputs):
+                if first.name in self.floats:
+                    first.inputs[0].betensor = round_to_float_dtype(x.to(torch.float32),
+                                                                    FLOAT_DTYPES[self.choices[first.name].act_type])
+                else:
+                    first.inputs[0].betensor = to_quantized(x, self.q_input)
+                for n in copies:
+                    self._forward(n, inside)
+                for fc in self.pair.fcs:
+                    y = to_float(by_name[fc.name].outputs[0]).to(torch.float64)
+                    with one_thread():  # a full float sum: the same at any thread count (threads.py)
+                        total += float(((y - self.targets[fc.name][i].to(torch.float64)) ** 2).sum())
+                    count += y.numel()
+        return total / max(count, 1)
+
+    def _forward(self, n: PyNode, inside: Set[int]) -> None:
+        if n.name not in self.floats:
+            n.forward()
+            return
+        dtype = FLOAT_DTYPES[self.choices[n.name].act_type]
+        stored = [t.betensor for t in n.inputs]
+        for t in n.inputs:
+            if id(t) in inside and t.qmin is not None:
+                t.betensor = round_to_float_dtype(to_float(t), dtype)
+        try:
+            n.forward()
+        finally:
+            for t, v in zip(n.inputs, stored):
+                t.betensor = v
 
 
 def awq_zy(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batches: Sequence[Batch]) -> List[str]:
@@ -57,7 +153,8 @@ def awq_zy(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batches: 
     n_grid = spec.param("n_grid")
     changed: List[str] = []
     for pair in progress(pairs, "awq_zy"):
-        probe = PairProbe(graph, qgraph, pair, data)
+        blocks = {fc.name for fc in pair.fcs if is_block_layer(qgraph.node(fc.name))}
+        probe = (MixedPairProbe if _mixed(qgraph, pair) else PairProbe)(graph, qgraph, pair, data)
         if probe.unusable():
             OPT_INFO(f"awq_zy: {describe(pair)} skipped: {probe.unusable()}")
             continue
@@ -68,10 +165,10 @@ def awq_zy(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batches: 
         sigma = sigmas[best]
         ratios = [1.0 - r / n_grid for r in range(int(float(spec.param("max_shrink")) * n_grid))] or [1.0]
 
-        def candidate(nodes, p=pair, s=sigma, a=alphas[best], ratio=1.0):
+        def candidate(nodes, p=pair, s=sigma, a=alphas[best], ratio=1.0, b=blocks):
             if a > 0:
                 smooth(nodes, p, s)
-            _shrink(nodes, p, ratio)
+            _shrink(nodes, p, ratio, b)
 
         clip = [probe.loss(lambda nodes, r=r: candidate(nodes, ratio=r)) for r in ratios]
         best_clip = min(range(len(ratios)), key=lambda i: (clip[i], i))
@@ -83,7 +180,7 @@ def awq_zy(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batches: 
             continue
         if alphas[best] > 0:
             apply_pair(graph, reference, pair, sigma)
-        _shrink(pair.nodes(graph), pair, ratio)
+        _shrink(pair.nodes(graph), pair, ratio, blocks)
         changed += ([pair.norm.name] if alphas[best] > 0 else []) + [fc.name for fc in pair.fcs]
         OPT_INFO(f"awq_zy: {describe(pair)}: alpha={alphas[best]:.4g}, sigma in [{float(sigma.min()):.4g}, "
                  f"{float(sigma.max()):.4g}], weight range x {ratio:.4g}; FullyConnected output mse {base:.6g} -> "
