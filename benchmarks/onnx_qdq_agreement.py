@@ -123,7 +123,7 @@ def onnx_small_rows(names: List[str], bits: int) -> None:
     from quantopt.frontends.onnx import import_onnx
 
     settings: Dict[str, object] = {} if bits == 8 else dict(q_bits_activation=bits, q_bits_bias=48)
-    small = [n for n, spec in histograms.MODELS.items() if spec["file"].startswith("tests/data/onnx_small/")]
+    small = [n for n, spec in histograms.MODELS.items() if spec.get("file", "").startswith("tests/data/onnx_small/")]
     print(f"{'model':<20} {'identical':>10} {'elements':>9} {'max steps':>10} {'layers (min)':>13}  float-form layers")
     for name in small + ["minilm"]:
         if names and name not in names:

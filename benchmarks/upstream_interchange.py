@@ -1,9 +1,11 @@
 """Interchange with the upstream Compass Optimizer: does it load and run the IRs quantopt writes?
 
     python benchmarks/upstream_interchange.py [--models vit_tiny,unet] [--upstream DIR] [--work DIR] [--calib 4]
+                                              [--bits 16]
 
 For each model of benchmarks/make_parser_histograms.py whose file is available here, quantopt imports the ONNX file
-(float IR), quantizes it at 8 bits with the default settings on `--calib` seeded random inputs and writes both IRs.
+(float IR), quantizes it at 8 bits with the default settings on `--calib` seeded random inputs and writes both IRs
+(`--bits 16`: 16-bit activations and weights, 48-bit biases).
 The upstream optimizer (run as a separate program with its own venv, `run-opt.sh`'s environment: one thread, no
 GPU) then loads each IR with its forward tool's loader and runs one more seeded input through it: the float IR as a
 float graph, the quantized IR with quantopt's quantized input integers. The table compares its outputs with
@@ -136,7 +138,18 @@ def _quant_cell(status: Dict, ours: Sequence[torch.Tensor]) -> str:
         (f"; {status['error']}" if status["error"] else "")
 
 
-def check_model(name: str, upstream: Path, work: str, calib: int) -> Row:
+def model_inputs(name: str, graph, rng: np.random.Generator) -> List[torch.Tensor]:
+    """One seeded input per graph input; for MiniLM token ids between [CLS] and [SEP], padding and token types 0
+    (real_model_speed.minilm_feed: the embedding tables do not take seeded_inputs' ids)."""
+    if name != "minilm_l6":
+        return seeded_inputs(graph, rng)
+    from real_model_speed import minilm_feed
+
+    names = [t.name[:-2] for t in graph.input_tensors]  # the Input layer of ONNX input `n` writes `n_0`
+    return [torch.from_numpy(v) for v in minilm_feed(rng, names).values()]
+
+
+def check_model(name: str, upstream: Path, work: str, calib: int, bits: int = 8) -> Row:
     from quantopt.exporters.agreement import measure_agreement
     from quantopt.frontends.onnx import import_onnx
     from quantopt.ir.writer import write_ir
@@ -153,8 +166,8 @@ def check_model(name: str, upstream: Path, work: str, calib: int) -> Row:
     graph = import_onnx(path, spec["inputs"], input_values=spec.get("values") or None)
     row.layers = len(graph.nodes)
     rng = np.random.default_rng(0)
-    batches = [seeded_inputs(graph, rng) for _ in range(calib)]
-    test = seeded_inputs(graph, rng)
+    batches = [model_inputs(name, graph, rng) for _ in range(calib)]
+    test = model_inputs(name, graph, rng)
     float_txt, float_bin = write_ir(graph, os.path.join(folder, f"{name}.txt"))
     with torch.no_grad():
         float_out = [o.clone() for o in graph.forward(test)]
@@ -162,7 +175,8 @@ def check_model(name: str, upstream: Path, work: str, calib: int) -> Row:
                           os.path.join(folder, "float_out.npz"), False, folder)
     row.float_ir = _float_cell(status, float_out)
 
-    qgraph = quantize_model(graph, batches)
+    settings = {} if bits == 8 else dict(q_bits_activation=bits, q_bits_weight=bits, q_bits_bias=48)
+    qgraph = quantize_model(graph, batches, settings)
     q_txt, q_bin = write_ir(qgraph, os.path.join(folder, f"{name}_o.txt"))
     with torch.no_grad():
         q_out = [o.clone() for o in qgraph.forward(test, keep_tensors=True)]
@@ -186,6 +200,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="the upstream folder (default: %(default)s)")
     ap.add_argument("--work", default=None, help="scratch folder (default: a new temporary folder)")
     ap.add_argument("--calib", type=int, default=4, help="calibration inputs per model (default: %(default)s)")
+    ap.add_argument("--bits", type=int, choices=(8, 16), default=8,
+                    help="activation and weight bits of the quantized IR (16: 48-bit biases; default: %(default)s)")
     args = ap.parse_args(argv)
     upstream = Path(args.upstream)
     if not (upstream / "Compass_Optimizer").is_dir():
@@ -201,14 +217,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = []
     for name in names:
         try:
-            row = check_model(name, upstream, work, args.calib)
+            row = check_model(name, upstream, work, args.calib, args.bits)
         except Exception as e:  # noqa: BLE001 - one model's failure is reported in its row, the others still run
             traceback.print_exc()
             row = Row(name, notes=[f"quantopt failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"])
         rows.append(row)
         print(f"{name}: float IR: {row.float_ir} | quantized IR: {row.quant_ir} | qdq: {row.qdq} "
               f"{'; '.join(row.notes)}", flush=True)
-    print("\n| model | layers | upstream: float IR | upstream: quantized IR (int8) | ONNX QDQ export (exact) |")
+    print(f"\n| model | layers | upstream: float IR | upstream: quantized IR (int{args.bits}) "
+          "| ONNX QDQ export (exact) |")
     print("|---|---|---|---|---|")
     for r in rows:
         print(f"| {r.model} | {r.layers} | {r.float_ir or '; '.join(r.notes)} | {r.quant_ir} | {r.qdq} |")

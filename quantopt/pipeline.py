@@ -18,15 +18,18 @@ from .calibration.low_sqnr import promote_low_sqnr_activations
 from .config.layer_settings import LayerSettings, check_settings, with_operator_defaults
 from .graph.graph import PyGraph, QuantizeGraph
 from .graph.values import to_float
+from .passes.control_op_preprocess import control_op_preprocess
 from .passes.decompose_activations import decompose_nonmonotonic_activations as decompose_nonmonotonic_activations_pass
 from .passes.deep_float import deeply_set_unquantifiable as deeply_set_unquantifiable_pass
 from .passes.inf_mask import detect_inf_mask_nodes
 from .passes.merge_matmul_mul import merge_matmul_mul
 from .passes.per_channel_fallback import fall_back_to_per_tensor
+from .passes.sdp_attention import apply_sdpa_settings
+from .passes.sdp_attention import scaled_dot_product_attention as scaled_dot_product_attention_pass
 from .passes.split_qkv_fc import split_qkv_fc
 from .passes.tune_op import tune_op_complicated_activations as tune_op_complicated_activations_pass
 from .passes.tune_op import tune_op_softmax as tune_op_softmax_pass
-from .passes.unsupported_passes import check_scaled_dot_product_attention, refuse_convert_resize_to_convolution
+from .passes.unsupported_passes import refuse_convert_resize_to_convolution
 from .quantizer import quantize_graph
 from .tuning.unify_scales import RuleSource, UnifyReport, unify_scales
 
@@ -61,14 +64,15 @@ def graph_passes(graph: QuantizeGraph, merge_matmul_mul_pass: bool = True, *,
                  split_qkv_fc_in_transformer: bool = False, convert_resize_to_convolution: bool = False) -> None:
     """Float graph rewrites before settings and statistics (upstream's stage 1, in its order), each given by the
     cfg field of its name (`GRAPH_PASS_FIELDS`; per-layer fields take a value with `.get(node)` or one value):
-    scaled_dot_product_attention and convert_resize_to_convolution are refused where they would act
-    (passes/unsupported_passes.py); decompose_nonmonotonic_activations (passes/decompose_activations.py); the two
-    tune_op fields (passes/tune_op.py); merge_matmul_mul folds constant factors after MatMuls into them
-    (passes/merge_matmul_mul.py); split_qkv_fc_in_transformer (passes/split_qkv_fc.py)."""
+    scaled_dot_product_attention fuses attention chains into SDPAttention layers (passes/sdp_attention.py);
+    convert_resize_to_convolution is refused (passes/unsupported_passes.py); decompose_nonmonotonic_activations
+    (passes/decompose_activations.py); the two tune_op fields (passes/tune_op.py); merge_matmul_mul folds
+    constant factors after MatMuls into them (passes/merge_matmul_mul.py); split_qkv_fc_in_transformer
+    (passes/split_qkv_fc.py)."""
     if convert_resize_to_convolution:
         refuse_convert_resize_to_convolution()
     if scaled_dot_product_attention:
-        check_scaled_dot_product_attention(graph)
+        scaled_dot_product_attention_pass(graph)
     if decompose_nonmonotonic_activations:
         decompose_nonmonotonic_activations_pass(graph, decompose_nonmonotonic_activations)
     tune_op_softmax_pass(graph, tune_op_softmax)
@@ -91,11 +95,14 @@ def settings_from_arguments(graph: QuantizeGraph, settings: Union[None, LayerSet
 
 
 def finish_settings(graph: QuantizeGraph, deeply_set_unquantifiable: bool = False) -> List[Tuple[str, str]]:
-    """After the settings are assigned, before the statistics: per-channel activations that no reader could take
+    """After the settings are assigned, before the statistics: the layers of fused attentions get upstream's modes
+    (passes/sdp_attention.py), per-channel activations that no reader could take
     fall back to per-tensor (passes/per_channel_fallback.py), shape-only readers of float layers run in float too
     with `enable_pass_deeply_set_unquantifiable` (passes/deep_float.py), and Constant mask values become -FLT_MAX
     where `enable_pass_detect_inf_mask_nodes` asks for it (passes/inf_mask.py). Returns the fallen-back layers."""
+    apply_sdpa_settings(graph)
     fallen = fall_back_to_per_tensor(graph)
+    control_op_preprocess(graph)  # If/Loop and their subgraphs run in float (passes/control_op_preprocess.py)
     if deeply_set_unquantifiable:
         deeply_set_unquantifiable_pass(graph)
     detect_inf_mask_nodes(graph)

@@ -8,7 +8,7 @@ from typing import Callable, Optional
 import numpy as np
 import pytest
 
-from quantopt.errors import IRError, QuantOptError, UnsupportedError
+from quantopt.errors import IRError, QuantOptError
 from quantopt.ir.reader import read_ir
 
 VALID = """\
@@ -281,17 +281,17 @@ def test_cycle(tmp_path):
     assert err.line in (line_of(text, "layer_id=1"), line_of(text, "layer_id=2"))
 
 
-def test_subgraph_is_unsupported(tmp_path):
-    text = VALID.replace("layer_number=3", "layer_number=4") + "\nsubgraph_name=body\nlayer_number=0\n"
+def test_subgraph_without_layers(tmp_path):
+    """Subgraph sections are read (tests/ops/test_if_loop.py); one with no layer is an IR error at its line."""
+    text = VALID + "\nsubgraph_name=body\nlayer_number=0\ninput_tensors=[]\noutput_tensors=[]\n"
     path = write_ir_files(tmp_path, text)
-    err = expect_error(path, UnsupportedError, line_of(text, "subgraph_name=body"), "subgraph sections")
-    assert err.exit_code == 6
+    expect_error(path, IRError, line_of(text, "layer_number=0"), "layer_number=0 but 0 section(s) follow")
 
 
 def test_subgraph_inside_header(tmp_path):
     text = VALID.replace("model_name=tiny", "model_name=tiny\nsubgraph_name=main")
     path = write_ir_files(tmp_path, text)
-    expect_error(path, UnsupportedError, 2, "not supported yet")
+    expect_error(path, IRError, 2, "the file starts with a subgraph")
 
 
 # ------------------------------------------------------------------------------- file-level errors

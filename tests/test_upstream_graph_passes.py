@@ -1,7 +1,8 @@
 """Upstream's remaining `enable_pass_*` fields (docs/user-guide.md, "Graph passes"): split_qkv_fc_in_transformer,
 decompose_nonmonotonic_activations, tune_op_softmax, tune_op_complicated_activations, deeply_set_unquantifiable,
-and the refused scaled_dot_product_attention / convert_resize_to_convolution. For each: a graph where it applies,
-one where it must not, the float outputs, the quantized effect, and a cfg run through `quantopt.cli.main`."""
+and the refused convert_resize_to_convolution (scaled_dot_product_attention: tests/test_sdpa_pass.py). For each: a
+graph where it applies, one where it must not, the float outputs, the quantized effect, and a cfg run through
+`quantopt.cli.main`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,7 +25,6 @@ from quantopt.passes.decompose_activations import MIN_ELEMENTS, decompose_nonmon
 from quantopt.passes.deep_float import deeply_set_unquantifiable
 from quantopt.passes.split_qkv_fc import split_qkv_fc
 from quantopt.passes.tune_op import tune_op_complicated_activations, tune_op_softmax
-from quantopt.passes.unsupported_passes import attention_candidates
 from quantopt.pipeline import (
     calibrate,
     collect_statistics,
@@ -321,10 +321,11 @@ def _attention() -> QuantizeGraph:
     return b.build(["pv"])
 
 
-def test_scaled_dot_product_attention_is_refused_where_it_would_fuse() -> None:
-    assert attention_candidates(_attention()) == ["sm"]
-    with pytest.raises(ConfigError, match="enable_pass_scaled_dot_product_attention.*'?sm'?.*SDPAttention"):
-        graph_passes(_attention(), scaled_dot_product_attention=True)
+def test_scaled_dot_product_attention_leaves_unscaled_chains() -> None:
+    """Upstream fuses only a chain whose Q·K MatMul has a folded constant scale; this one has none."""
+    g = _attention()
+    graph_passes(g, scaled_dot_product_attention=True, merge_matmul_mul_pass=False)
+    assert _types(g) == _types(_attention())
     g = _softmaxes()
     graph_passes(g, scaled_dot_product_attention=True)  # nothing to fuse: nothing changes
     assert _types(g) == _types(_softmaxes())
@@ -377,7 +378,6 @@ def test_cli_tune_op_softmax_and_deep_float(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("line,match", [
     ("enable_pass_convert_resize_to_convolution = true", "compat_quantized_model"),
-    ("enable_pass_scaled_dot_product_attention = true", "SDPAttention"),
     ("enable_pass_tune_op_softmax = [2,16]", "16-bit values"),
     ("enable_pass_tune_op_softmax = [0]x", "enable_pass_tune_op_softmax"),
     ("enable_pass_decompose_nonmonotonic_activations = maybe", "enable_pass_decompose_nonmonotonic_activations"),

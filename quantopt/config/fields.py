@@ -306,8 +306,10 @@ field("enable_pass_deeply_set_unquantifiable", False, BoolKind(),
       "shape-only layers (Reshape, Transpose, Slice, Split, Pad, ...) reading a float layer of trigger_float_op run "
       "in float too, chains included, so no Quantize/DeQuantize pair sits between them", group="quantization")
 field("enable_pass_scaled_dot_product_attention", False, BoolKind(),
-      "upstream fuses softmax(Q K^T * s [+ mask]) V into one SDPAttention layer, an operator quantopt does not "
-      "implement: true is an error on a graph with such a chain (and changes nothing on one without)",
+      "before statistics, each attention chain MatMul(Q, K) -> constant scale (Mul or scaling BatchNorm) -> "
+      "[Add mask] -> Softmax -> MatMul(V) becomes one SDPAttention layer (trans_q/trans_k/trans_v from the MatMuls' "
+      "trans_a/trans_b), and it and the layers producing Q, K and V get symmetric restricted-range activations, as "
+      "upstream; chains without such a scale are left alone; the float outputs change only by float rounding",
       group="quantization")
 field("enable_pass_convert_resize_to_convolution", False, BoolKind(),
       "upstream rewrites bilinear Resize layers as convolutions only in its compat_quantized_model flow (whatever "

@@ -512,32 +512,54 @@ def div(g: QDQGraph, node: PyNode, perm: Optional[Perm]) -> bool:
 
 
 def softmax_fast_exp(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
-    """Softmax FAST_EXP with the 2^f table (adjust_q >= 8): e is a function of x - max(x) alone (tabulated from
-    quantopt's forward for every difference), S = Σe, out = round_half_even(e · M / (S · 2^shift)), in int64."""
-    from ..ops.softmax import POW2_TABLE_BITS, fast_exp_terms
+    """Softmax FAST_EXP with the 2^f table (adjust_q >= 8), upstream's log-domain form (docs/semantics/softmax.md):
+    u and e are functions of x - max(x) alone, S = clamp(Σe, 1, 2^31 - 1), its bit length by comparisons, the Q15
+    log2 of its normalized mantissa and the output 2^(u - log2_sum) by table lookups (`fast_exp_export_tables`)."""
+    from ..ops.softmax import POW2_TABLE_BITS, fast_exp_export_tables
 
     if not g.unit_domain or str(node.get_param("quantize_method", optional=True, default_value="LUT")).upper() \
             != "FAST_EXP" or int(node.get_param("adjust_q", optional=True, default_value=0)) < POW2_TABLE_BITS:
         return False
-    mult, shift = requant_of(node)
     bits = range_bits(node.inputs[0])
-    if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor) or bits > MAX_TABLE_BITS or int(shift) > 30:
+    adjust_q = int(node.get_param("adjust_q"))
+    out_q = int(node.get_param("pow2_out_q"))
+    if bits > MAX_TABLE_BITS or adjust_q > 12 or not 0 <= out_q <= 30:
         return False
-    mult, shift = int(mult), int(shift)
+    u_table, e_table, log2_first, y_table, lo = fast_exp_export_tables(node, bits)
+    if int(e_table[-1]) != 1 << out_q:  # the row maximum's term must be 2^P, so u - log2_sum <= 0
+        return False
+
+    def int64(what: str, v: object) -> str:
+        return g.const(f"{node.name}/{what}", np.array(v, dtype=np.int64))
+
     top = 2 ** bits - 1
-    terms = fast_exp_terms(node, torch.arange(-top, 1, dtype=torch.int64)).numpy()
     axes = g.ints(f"{node.name}/axes", [axis])
     v = codes(g, node.inputs[0], perm)
     row_max = g.add("ReduceMax", [v, axes], keepdims=1)
-    index = g.add("Add", [g.add("Sub", [v, row_max]), double(g, node, "top_index", float(top))])
-    e = g.add("Gather", [g.const(f"{node.name}/exp_terms", terms.astype(np.int64)),
-                         g.add("Cast", [index], to=INT64)], axis=0)
+    index = g.add("Cast", [g.add("Add", [g.add("Sub", [v, row_max]), double(g, node, "top_index", float(top))])],
+                  to=INT64)
+    u = g.add("Gather", [int64("log2_terms", u_table.numpy()), index], axis=0)
+    e = g.add("Gather", [int64("exp_terms", e_table.numpy()), index], axis=0)
     e = masked_softmax_terms(g, node, v, row_max, e)
-    total = g.add("ReduceSum", [e, axes], keepdims=1)
-    num = g.add("Mul", [e, g.const(f"{node.name}/numerator_scale", np.array(mult << max(0, -shift), np.int64))])
-    den = g.add("Mul", [total, g.const(f"{node.name}/denominator_scale", np.array(1 << max(0, shift), np.int64))])
-    result = round_div_int64(g, node, num, den)
-    g.quantize(node.outputs[0], g.add("Cast", [result], to=FLOAT), perm, unit=True)
+    total = g.add("Min", [g.add("Max", [g.add("ReduceSum", [e, axes], keepdims=1), int64("one", 1)]),
+                          int64("sum_max", 2 ** 31 - 1)])
+    rank = len(node.inputs[0].ir_shape)
+    powers = [1 << k for k in range(31)]
+    above = g.add("GreaterOrEqual", [g.add("Unsqueeze", [total, g.ints(f"{node.name}/last_axis", [rank])]),
+                                     int64("powers", powers)])
+    bit_length = g.add("ReduceSum", [g.add("Cast", [above], to=INT64), g.ints(f"{node.name}/bit_axis", [rank])],
+                       keepdims=0)
+    lead = g.add("Sub", [int64("thirty_one", 31), bit_length])
+    norm = g.add("Mul", [total, g.add("Gather", [int64("shifts", powers), lead], axis=0)])
+    mantissa = g.add("Mod", [g.add("Div", [norm, int64("mantissa_div", 1 << 22)]), int64("mantissa_mod", 256)])
+    log2_sum = g.add("Sub", [g.add("Gather", [int64("log2_table", log2_first.numpy()), mantissa], axis=0),
+                             g.add("Mul", [g.add("Sub", [lead, int64("lead_ref", 30 - out_q)]),
+                                           int64("frac_unit", 1 << adjust_q)])])
+    diff = g.add("Max", [g.add("Sub", [u, log2_sum]), int64("diff_lo", lo)])
+    y = g.add("Gather", [int64("pow2_terms", y_table.numpy()), g.add("Sub", [diff, int64("diff_index", lo)])],
+              axis=0)
+    y = masked_softmax_terms(g, node, v, row_max, y)
+    g.quantize(node.outputs[0], g.add("Cast", [y], to=FLOAT), perm, unit=True)
     return True
 
 

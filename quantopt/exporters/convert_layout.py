@@ -17,6 +17,7 @@ from ..graph.tensor import PyTensor
 from ..ops._quant import tensor_scale
 from ..ops._shared import axis_param, bool_param
 from ..ops.batchnorm_pad import pad_pairs
+from ..ops.pooling import AVG_SUM_LIMIT, avg_requant
 from ..quant.rounding import FLOAT32_EXACT
 from . import convert_exact
 from .convert_exact import DOUBLE
@@ -234,6 +235,14 @@ def _window_counts(params: dict) -> np.ndarray:
     return total.reshape((1,) + total.shape)  # [1, 1, out_h, out_w]: batch and channel broadcast
 
 
+def _avg_factors(node: PyNode, params: dict) -> np.ndarray:
+    """M · 2^-shift per output cell (float64, exact): the integer forward's 8-bit approximation of 1 / count for a
+    pool that keeps its input's params (docs/integer-semantics.md, Pooling AVG; quantopt/ops/pooling.py)."""
+    scale = tensor_scale(node.inputs[0])
+    mult, shift = avg_requant(scale, scale, torch.from_numpy(_window_counts(params)))
+    return mult.numpy().astype(np.float64) * np.power(2.0, -shift.numpy().astype(np.float64))
+
+
 def _window_sums(g: QDQGraph, node: PyNode, x: str, params: dict, channels: int) -> str:
     """Σ over every pooling window (padding and ceil-mode cells 0) by a depthwise Conv with ones, float32."""
     kernel, strides, dil, pads_b, pads_e = (params[k] for k in ("k", "s", "d", "before", "after"))
@@ -263,7 +272,10 @@ def _average_codes(g: QDQGraph, node: PyNode, codes: str, p: QParams, rank: int,
             high_sums = g.add("Cast", [_window_sums(g, node, high, params, channels)], to=DOUBLE)
             sums = g.add("Add", [g.add("Mul", [high_sums, g.const(f"{node.name}/byte_d", np.array(256.0))]),
                                  g.add("Cast", [_window_sums(g, node, low, params, channels)], to=DOUBLE)])
-        mean = g.add("Div", [sums, g.const(f"{node.name}/counts", _window_counts(params))])
+        limit = float(AVG_SUM_LIMIT)
+        sums = g.add("Clip", [sums, g.const(f"{node.name}/sum_lo", np.array(-limit)),
+                              g.const(f"{node.name}/sum_hi", np.array(limit))])
+        mean = g.add("Mul", [sums, g.const(f"{node.name}/reciprocals", _avg_factors(node, params))])
         mean = g.add("Cast", [g.add("Round", [mean])], to=FLOAT)
     else:
         mean = g.add("Round", [_pool_float(g, node, "AVG", shifted, rank, spatial, params)])

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..graph.node import PyNode
+from ..ops._lut_int import range_bits
 from ..ops._quant import tensor_scale
 from ..ops._shared import axis_param
 from ..ops.activation import STANDALONE_METHODS as ACTIVATION_STANDALONE
@@ -311,6 +312,10 @@ def convert_softmax(g: QDQGraph, node: PyNode) -> None:
     out = g.add(str(node.type), [g.float_value(x, perm)], axis=axis)
     if str(node.type) == "Softmax" and str(node.params.get("quantize_method", "LUT")).upper() == "LUT":
         out = g.rescale(out, requant_factor(node, 1.0))  # the table's e/S times M · 2^-N stands for softmax · s_out
+    elif str(node.type) == "Softmax" and str(node.params.get("quantize_method")).upper() == "FAST_EXP" \
+            and int(node.params.get("adjust_q", 0)) >= 8:
+        # FAST_EXP table path: the integers are 2^(b_out + log2 softmax), i.e. softmax · 2^b_out, not softmax · s_out
+        out = g.rescale(out, 2.0 ** range_bits(y) / tensor_scale(y))
     g.quantize(y, out, perm, lossless=str(node.type) == "Hardmax")
 
 

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple, Type
 import numpy as np
 import torch
 
-from ..errors import IRError, UnsupportedError
+from ..errors import IRError
 from ..graph.graph import PyGraph, QuantizeGraph
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
@@ -39,7 +39,7 @@ from .grammar import GrammarError, parse_names, parse_value
 CONSTANT_SUFFIXES = ("_type", "_offset", "_size", "_shape")
 MAX_ELEMENTS = 2 ** 40
 """Bound of a tensor's element count (4 TiB of float32): a larger IR shape is a corrupted one."""
-__all__ = ["read_ir", "STRUCTURAL_KEYS", "TOP_INFO_KEYS", "CONSTANT_SUFFIXES"]
+__all__ = ["read_ir", "attach_subgraphs", "SUBGRAPH_KEYS", "STRUCTURAL_KEYS", "TOP_INFO_KEYS", "CONSTANT_SUFFIXES"]
 
 
 @dataclass
@@ -336,10 +336,7 @@ def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGra
     if header.has("layer_type") or header.has("layer_id"):
         raise header.error(None, "the first section must be the header (model_name, input_tensors, ...), "
                                  "not a layer")
-    for sec in sections:
-        if "subgraph_name" in sec:
-            raise UnsupportedError("subgraph sections (subgraph_name=..., used by If/Loop bodies) are not "
-                                   "supported yet", file=txt_path, line=sec["subgraph_name"].number)
+    sections, subgraph_sections = _split_subgraphs(sections, txt_path)
     if bin_path is None:
         base = os.path.dirname(os.path.abspath(txt_path))
         if header.has("model_bin"):
@@ -366,6 +363,20 @@ def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGra
             raise header.error("layer_number", f"layer_number={declared} but the file has {len(layers)} layer "
                                                f"section(s)")
     layout = _Layout()
+    _add_layers(graph, layers, txt_path, bin_file, layout, allow_unknown_keys)
+    subgraphs = [_read_subgraph(head, body, txt_path, bin_file, layout, allow_unknown_keys)
+                 for head, body in subgraph_sections]
+    for offset, error in layout.misaligned:
+        if offset not in layout.ends:
+            raise error
+    _finish_graph(graph, header, txt_path)
+    if subgraphs:
+        attach_subgraphs(graph, subgraphs, txt_path)
+    return graph
+
+
+def _add_layers(graph: PyGraph, layers: List[OrderedDict[str, Line]], txt_path: str, bin_file: _BinFile,
+                layout: _Layout, allow_unknown_keys: bool) -> None:
     ids: Dict[int, PyNode] = {}
     for sec in layers:
         node = _read_layer(sec, txt_path, bin_file, layout, allow_unknown_keys)
@@ -376,9 +387,9 @@ def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGra
                           line=node.source[1] if node.source else None)
         ids[node.layer_id] = node
         graph.add_node(node)
-    for offset, error in layout.misaligned:
-        if offset not in layout.ends:
-            raise error
+
+
+def _finish_graph(graph: PyGraph, header: _SectionReader, txt_path: str) -> None:
     graph.finalize(file=txt_path)
     _check_bottom_shapes(graph, txt_path)
     _mark_quantized(graph)
@@ -390,7 +401,116 @@ def read_ir(txt_path: str, bin_path: Optional[str] = None, graph_cls: Type[PyGra
             raise IRError(f"{key} names tensor '{unknown[0]}' that no layer produces", file=txt_path,
                           line=header.line(key) if header.has(key) else None)
     graph.set_io(inputs, outputs, file=txt_path)
-    return graph
+
+
+def _split_subgraphs(sections: List[OrderedDict[str, Line]], path: str) -> Tuple[
+        List[OrderedDict[str, Line]], List[Tuple[OrderedDict[str, Line], List[OrderedDict[str, Line]]]]]:
+    """(the root graph's sections, [(subgraph header, its layer sections)]): a section with `subgraph_name` starts
+    a subgraph (an If branch, a Loop body) whose `layer_number` following sections are its layers
+    (docs/ir-format.md, "Subgraph sections")."""
+    root: List[OrderedDict[str, Line]] = []
+    subs: List[Tuple[OrderedDict[str, Line], List[OrderedDict[str, Line]]]] = []
+    i = 0
+    while i < len(sections):
+        sec = sections[i]
+        if "subgraph_name" not in sec:
+            root.append(sec)
+            i += 1
+            continue
+        name = sec["subgraph_name"].raw
+        sr = _SectionReader(sec, path, f"subgraph header '{name}'")
+        if not name:
+            raise sr.error("subgraph_name", "'subgraph_name' is empty")
+        if i == 0:
+            raise sr.error("subgraph_name", "the file starts with a subgraph; the root graph's header comes first")
+        for key in ("layer_type", "layer_id"):
+            if sr.has(key):
+                raise sr.error("subgraph_name", f"a subgraph header holds '{key}' (a layer's key): a blank line is "
+                                                f"missing between the header and its first layer?")
+        for key in ("layer_number", "input_tensors", "output_tensors"):
+            sr.require(key)
+        count = sr.integer("layer_number")
+        if count < 1 or i + count >= len(sections):
+            raise sr.error("layer_number", f"layer_number={count} but {len(sections) - i - 1} section(s) follow "
+                                           f"the subgraph header")
+        body = sections[i + 1: i + 1 + count]
+        for b in body:
+            if "subgraph_name" in b:
+                raise IRError(f"subgraph '{name}' declares layer_number={count} but another subgraph starts "
+                              f"among its layers", file=path, line=b["subgraph_name"].number)
+            if "layer_type" not in b:
+                raise IRError(f"subgraph '{name}': a section without layer_type among its {count} layer(s) "
+                              f"(layer_number too large?)", file=path, line=next(iter(b.values())).number)
+        subs.append((sec, body))
+        i += 1 + count
+    return root, subs
+
+
+def _read_subgraph(head: OrderedDict[str, Line], body: List[OrderedDict[str, Line]], path: str, bin_file: _BinFile,
+                   layout: _Layout, allow_unknown_keys: bool) -> PyGraph:
+    """One subgraph as a PyGraph of its own (its names are its own: a subgraph may reuse the root's tensor names)."""
+    sr = _SectionReader(head, path, f"subgraph header '{head['subgraph_name'].raw}'")
+    sub = PyGraph(head["subgraph_name"].raw)
+    sub.source_file = path
+    sub._storage = bin_file
+    sub.header["subgraph_name"] = sub.name
+    for key in head:
+        if key != "subgraph_name":
+            sub.header[key] = _header_value(sr, key, names=key in ("input_tensors", "output_tensors"))
+    _add_layers(sub, body, path, bin_file, layout, allow_unknown_keys)
+    _finish_graph(sub, sr, path)
+    sub.ir_line = head["subgraph_name"].number  # type: ignore[attr-defined]  # the writer keeps the file's order
+    return sub
+
+
+SUBGRAPH_KEYS = ("then_branch", "else_branch", "body")
+"""Layer parameters that name a subgraph (If: then_branch/else_branch, Loop: body)."""
+
+
+def attach_subgraphs(graph: PyGraph, subgraphs: List[PyGraph], path: Optional[str] = None) -> None:
+    """Attach every subgraph to the layer(s) naming it (`node.attrs["subgraphs"]`: parameter -> PyGraph); a
+    subgraph's own layers may name others (nested control flow). A name that no subgraph has, a subgraph no layer
+    uses, or a subgraph that (through its layers) contains itself is an IRError."""
+    by_name: Dict[str, PyGraph] = {}
+    for sub in subgraphs:
+        if sub.name in by_name:
+            raise IRError(f"two subgraphs are named '{sub.name}'", file=path, line=getattr(sub, "ir_line", None))
+        by_name[sub.name] = sub
+    used: Set[str] = set()
+    for g in [graph] + subgraphs:
+        for n in g.nodes:
+            found = OrderedDict()
+            for key in SUBGRAPH_KEYS:
+                if key not in n.params:
+                    continue
+                value = n.params[key]
+                if not isinstance(value, str) or value not in by_name:
+                    raise n._error(f"parameter '{key}={value}' names no subgraph of this IR (subgraphs: "
+                                   f"{sorted(by_name) or 'none'})")
+                found[key] = by_name[value]
+                used.add(value)
+            if found:
+                n.attrs["subgraphs"] = found
+    for sub in subgraphs:
+        if sub.name not in used:
+            raise IRError(f"subgraph '{sub.name}' is used by no layer (no then_branch/else_branch/body names it)",
+                          file=path, line=getattr(sub, "ir_line", None))
+    _check_no_recursion(subgraphs, path)
+
+
+def _check_no_recursion(subgraphs: List[PyGraph], path: Optional[str]) -> None:
+    children = {s.name: {c.name for n in s.nodes for c in n.attrs.get("subgraphs", {}).values()} for s in subgraphs}
+    for start in children:
+        stack, seen = list(children[start]), set()
+        while stack:
+            name = stack.pop()
+            if name == start:
+                sub = next(s for s in subgraphs if s.name == start)
+                raise IRError(f"subgraph '{start}' contains itself through its layers' then_branch/else_branch/body",
+                              file=path, line=getattr(sub, "ir_line", None))
+            if name not in seen:
+                seen.add(name)
+                stack.extend(children.get(name, ()))
 
 
 _warned_unknown: Set[Tuple[str, str]] = set()

@@ -17,6 +17,7 @@ import torch
 from ..errors import IRError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..graph.subgraphs import all_subgraphs
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype, encode_storage
 from .grammar import GrammarError, format_value, parse_value
@@ -177,7 +178,24 @@ def serialize_ir(graph: PyGraph, bin_name: str) -> Tuple[str, bytes]:
     sections = ["\n".join(lines)]
     for i, node in enumerate(graph.nodes):
         sections.append("\n".join(_layer_lines(node, i, bin_out)))
+    for sub in all_subgraphs(graph):  # after the root's layers, each led by an empty line more (as upstream)
+        sections.append("\n" + "\n".join(_subgraph_header(sub)))
+        for i, node in enumerate(sub.nodes):
+            sections.append("\n".join(_layer_lines(node, i, bin_out)))
     return "\n\n".join(sections) + "\n", bin_out.buf.getvalue()
+
+
+def _subgraph_header(sub: PyGraph) -> List[str]:
+    """`subgraph_name`, `layer_number`, the subgraph header's other keys as read, then its inputs and outputs."""
+    lines: List[str] = []
+    lines.append(f"subgraph_name={sub.name}")
+    _kv(lines, "layer_number", len(sub.nodes))
+    for k, v in sub.header.items():
+        if k not in ("subgraph_name", "layer_number", "input_tensors", "output_tensors", "model_bin"):
+            _kv(lines, k, v)
+    _kv(lines, "input_tensors", [t.name for t in sub.input_tensors])
+    _kv(lines, "output_tensors", [t.name for t in sub.output_tensors])
+    return lines
 
 
 def _create_temp(path: str) -> Tuple[int, str]:

@@ -211,10 +211,28 @@ def logical_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs)
     _pop_requant(self)
     if method in LOGICAL_COMPARISONS:
-        m_a, m_b = _align_multipliers(self, self.inputs[0], self.inputs[1])
+        m_a, m_b = _comparison_multipliers(self, self.inputs[0], self.inputs[1])
         self.params["scale_value"] = [m_a, m_b]
         self.params["scale_type"] = [Dtype.UINT16, Dtype.UINT16]
     set_qinvariant(self.outputs[0], 8, layer_settings(self).force_dtype_int)
+
+
+def _comparison_multipliers(node: PyNode, a: PyTensor, b: PyTensor) -> Tuple[int, int]:
+    """Upstream's comparison multipliers: with r = s_big / s_small (the integer input's scale 1 counts as the big
+    one when only one input is an integer), f = min(32767, min(r·8192, 32767) / r) and M_i = max(1, trunc(s_big /
+    s_i · f)) in float32; (q + zp)·M_i then compare on one scale, to within the truncation of M_i."""
+    if a.qinvariant and b.qinvariant:
+        return 1, 1
+    sa, sb = (torch.tensor(float(tensor_scale(t)), dtype=torch.float32) for t in (a, b))
+    if a.qinvariant != b.qinvariant:
+        OPT_WARN(f"layer '{node.name}' ({node.type}): one input is an integer (scale 1) and the other is quantized; "
+                 "the integer input is compared as a tensor of scale 1")
+        big, small = (sa, sb) if a.qinvariant else (sb, sa)
+    else:
+        big, small = torch.maximum(sa, sb), torch.minimum(sa, sb)
+    r = big / small
+    f = torch.clamp(torch.clamp(r * 8192, max=32767) / r, max=32767)
+    return tuple(max(1, int(big / s * f)) for s in (sa, sb))
 
 
 def _logical_int(node: PyNode, method: str) -> torch.Tensor:

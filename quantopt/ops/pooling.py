@@ -1,4 +1,4 @@
-"""Pooling MAX / AVG on NHWC (or [N, W, C] 1-D) activations: float forward, quantization, exact integer forward.
+"""Pooling MAX / AVG on NHWC (or [N, W, C] 1-D) activations: float forward, quantization, integer forward.
 
 Output sizes follow ONNX/PyTorch: floor or ceil of (in + pads - dilated kernel) / stride + 1, where in ceil mode a
 window that would start in the right/bottom padding is dropped. Pads may be asymmetric, so they are applied
@@ -8,8 +8,8 @@ input-plus-pad cells it covers (count_include_pad=true); cells beyond the padded
 
 Quantized, both methods pass the input's scale/zero point/dtype through (as upstream; no IR params are added) and
 the integer forward follows the same window geometry: MAX takes the integer maximum (padding never wins), AVG sums
-(x_q + zp) exactly, divides by the same count with round-half-to-even and subtracts zp again
-(docs/integer-semantics.md).
+(x_q + zp) exactly, multiplies by upstream's 8-bit approximation of 1/count (M / 2^N), rounds half to even and
+subtracts zp again (docs/integer-semantics.md).
 
 The rest of the family lives here too (docs/semantics/pooling.md): Pooling L1/L2 (integer window sums, a 16-bit
 multiplier/shift and, for L2, a sqrt table), GlobalPool, AdaptivePool, Pooling3D (NDHWC), MaxPoolingWithArgMax
@@ -83,8 +83,8 @@ POOLING = declare_op(
                                                "the real ones", default=False)},
     constants={**_REQUANT_CONSTANTS, "sqrt_lut": "quantized L2: the square-root table"},
     dtypes=_POOL_DTYPES,
-    integer="MAX/AVG: window max / exact rounded average; L1: sum |x+zp| then M/shift; L2: sum of squares "
-            "→ 16-bit code (M/shift) → sqrt LUT", semantics=f"{_SEM}#pooling", summary=_LP_SUMMARY)
+    integer="MAX/AVG: window max / window sum times an 8-bit M/2^N of 1/count; L1: sum |x+zp| then M/shift; "
+            "L2: sum of squares → 16-bit code (M/shift) → sqrt LUT", semantics=f"{_SEM}#pooling", summary=_LP_SUMMARY)
 
 GLOBALPOOL = declare_op(
     "GlobalPool",
@@ -210,7 +210,8 @@ def pool2d_nchw_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, method: str
     """Integer MAX/AVG pool of an NCHW int64 tensor (values in [qmin, qmax]); int64 result before clamping.
 
     MAX: window maximum, padding acts as -inf. AVG: S = sum of (x + zp) over the window's real cells (padding is
-    float 0, i.e. contributes 0 to S), y = round_half_even(S / count) - zp with the float forward's count.
+    float 0, i.e. contributes 0 to S), clamped to [-2^31, 2^31]; y = round_half_even(S * M / 2^shift) - zp_out with
+    (M, shift) the 8-bit approximation of s_out / s_in / count (float32, as upstream's integer forward; `avg_requant`).
     Sums are formed in float64, exact while |x + zp| * window size < 2^53 (checked).
     """
     size, full, extra = _plan(node, x, p)
@@ -230,7 +231,26 @@ def pool2d_nchw_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, method: str
     xp = F.pad(shifted.to(torch.float64), full, value=0.0) if any(full) else shifted.to(torch.float64)
     total = _window_sum(xp, p["k"], p["s"], p["d"]).to(torch.int64)
     _check_size(node, total, size)
-    return div_round_half_even(total, divisor.to(torch.int64)) - zp
+    total = torch.clamp(total, -AVG_SUM_LIMIT, AVG_SUM_LIMIT)
+    mult, shift = avg_requant(tensor_scale(node.inputs[0]), tensor_scale(node.outputs[0]), divisor)
+    return requantize_int(total, mult, shift, 0, -2 ** 62, 2 ** 62) - tensor_zp(node.outputs[0])
+
+
+AVG_SUM_LIMIT = 2 ** 31
+"""Integer AVG pooling clamps each window sum to [-2^31, 2^31] before the requantization (as upstream)."""
+
+AVG_MULT_BITS = 8
+"""Multiplier bits of the integer AVG requantization s_out / s_in / count (upstream's value)."""
+
+
+def avg_requant(in_scale: float, out_scale: float, count: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(M, shift) per output cell for integer AVG pooling: `scale_shift` of the float32 ratio
+    float32(float32(s_out) / float32(s_in)) / float32(count) with 8 multiplier bits (shift at most 31, may be
+    negative). Not stored in the IR: a backend derives it from the scales and the window geometry."""
+    ratio = (torch.tensor(out_scale, dtype=torch.float32) / torch.tensor(in_scale, dtype=torch.float32)) \
+        / count.to(torch.float32)
+    mult, shift, _, _ = scale_shift(ratio, AVG_MULT_BITS)
+    return torch.as_tensor(mult, dtype=torch.int64), torch.as_tensor(shift, dtype=torch.int64)
 
 
 def _method(node: PyNode, quantizing: bool = False, allowed: Sequence[str] = METHODS) -> str:

@@ -4,8 +4,9 @@ Softmax has two integer methods, recorded in the quantized IR as `quantize_metho
 LUT (upstream's, docs/integer-semantics.md): an exp table indexed by x - max(x) (uint32 constant `lut`), an int64
 sum along the axis, an integer division, then the output requantization `scale_value/shift_value`; FAST_EXP: the
 exponent in base 2 from an input multiplier (`input_scale_value/input_shift_value`), powers of two from a small
-fraction table, an int64 sum and one rounded division. LUT is chosen when the Softmax feeds NMS/Sort/ArgMinMax/
-TopK/InTopK or is a graph output, FAST_EXP otherwise; an explicit `quantize_method` param wins.
+fraction table, an int64 sum, its log2 from a Q15 table and a second power of two (upstream's log-domain form).
+LUT is chosen when the Softmax feeds NMS/Sort/ArgMinMax/TopK/InTopK or is a graph output, FAST_EXP otherwise; an
+explicit `quantize_method` param wins.
 LogSoftmax subtracts a table log2 of the same power-of-two sum; Hardmax outputs exact 0/1 integers.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..quant.hardware import (
 from ..quant.lut import lookup_lut, lut_size
 from ..quant.params import QuantMode, dequantize, linear_quant_params
 from ..quant.requant import range_dtype, requantize_int, scale_shift
-from ..quant.rounding import bit_length, div_round_half_even
+from ..quant.rounding import bit_length
 from ..registry import declare_op
 from ..registry.schema import Bool, DtypeName, Floats, Int, Param, Text, quantized
 from ._lut_int import ceil_log2, constants_first, int_input, range_bits
@@ -91,7 +92,8 @@ SOFTMAX = declare_op(
                "pow2_lut": "FAST_EXP with adjust_q >= 8: the 2^f table (uint16), written when quantized",
                "log2_lut": "not read", "float_lut": "upstream's float table; not read",
                "scale": _PER_CHANNEL_REFUSED, "shift": _PER_CHANNEL_REFUSED},
-    integer="LUT: exp table, sum, division; FAST_EXP: base-2 exponent with a 2^f table, sum, rounded division",
+    integer="LUT: exp table, sum, division; FAST_EXP: base-2 exponent with a 2^f table, sum, table log2, 2^f of the "
+            "difference",
     semantics="docs/semantics/softmax.md#softmax")
 
 
@@ -273,13 +275,6 @@ def _log2_of_difference(node: PyNode, d: torch.Tensor, frac_bits: int) -> torch.
     return _shift_floor(d * mult, shift - frac_bits)
 
 
-def fast_exp_terms(node: PyNode, d: torch.Tensor) -> torch.Tensor:
-    """The FAST_EXP table path's exponential terms e for differences d = x - max(x) (int64, <= 0): a function of
-    each difference alone, so an exporter can tabulate it."""
-    adjust_q = _adjust_q(node, allow_simple=False)
-    return _pow2_terms(node, _log2_of_difference(node, d, adjust_q), adjust_q, _int_param(node, "pow2_out_q"))
-
-
 def _pow2_terms(node: PyNode, u: torch.Tensor, frac_bits: int, out_q: int) -> torch.Tensor:
     """e = floor(p * 2^(out_q + i - 15)) with i = u >> F, p = pow2_lut interpolated at u - (i << F); e <= 2^out_q."""
     table = node.get_constant("pow2_lut").betensor.to(torch.int64)
@@ -347,7 +342,8 @@ def _softmax_fast_exp_quantize(self: PyNode) -> None:
 
 
 def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
-    """Table path (adjust_q >= 8): e from `_pow2_terms`, S = Σe, z = round_half_even(e * M / (S * 2^shift)).
+    """Table path (adjust_q >= 8, upstream's log-domain form): e = 2^(u) terms from pow2_lut, S = clamp(Σe),
+    L = log2(S / 2^P) from the Q15 log2 table, y = 2^(b_out + u - L) from pow2_lut again.
     Power-of-two path (adjust_q 0 or 1, upstream's): see docs/semantics/softmax.md#fast_exp."""
     out = node.outputs[0]
     x, _ = int_input(node)
@@ -361,19 +357,67 @@ def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
     if adjust_q < POW2_TABLE_BITS:
         return _softmax_pow2_path(node, x, axis, adjust_q, out_q, zp, qmin, qmax)
     top = x.amax(dim=axis, keepdim=True)
-    e = masked_terms(node, x, top, fast_exp_terms(node, x - top))
-    total = e.sum(dim=axis, keepdim=True)
-    mult, shift = requant_of(node)
-    if isinstance(mult, torch.Tensor):
-        raise node._error("Softmax needs one scale_value/shift_value, not per-channel constants")
-    if shift > 30:
-        raise UnsupportedError(f"layer '{node.name}' (Softmax): FAST_EXP output shift {shift} exceeds 30")
-    num = e * mult
-    if shift >= 0:
-        z = div_round_half_even(num, total << shift)
-    else:
-        z = div_round_half_even(num << (-shift), total)
-    return torch.clamp(z - zp, qmin, qmax)
+    u = _log2_of_difference(node, x - top, adjust_q)
+    table = _pow2_lut(node)
+    e = masked_terms(node, x, top, _pow2_lookup(table, u, adjust_q, out_q))
+    total = torch.clamp(e.sum(dim=axis, keepdim=True), 1, 2 ** 31 - 1)
+    lead = 31 - bit_length(total)  # left shifts that bring S into [2^30, 2^31)
+    index = ((total << lead) >> (30 - POW2_TABLE_BITS)) & (2 ** POW2_TABLE_BITS - 1)
+    log2_sum = ((log2_q15_table()[index] << 15) >> (30 - adjust_q)) - ((lead - (30 - out_q)) << adjust_q)
+    y = _pow2_lookup(table, u - log2_sum, adjust_q, range_bits(out))
+    y = masked_terms(node, x, top, y)
+    return torch.clamp(y - zp, qmin, qmax)
+
+
+def _pow2_lut(node: PyNode) -> torch.Tensor:
+    table = node.get_constant("pow2_lut").betensor.to(torch.int64).flatten()
+    if table.numel() != 2 ** POW2_TABLE_BITS:
+        raise node._error(f"pow2_lut must have {2 ** POW2_TABLE_BITS} entries, got {table.numel()}")
+    return table
+
+
+def _pow2_lookup(table: torch.Tensor, v: torch.Tensor, frac_bits: int, out_bits: int) -> torch.Tensor:
+    """Upstream's Pow2 for v <= 0 in units of 2^-F: i = v >> F, j = (v - (i << F)) >> (F - 8),
+    floor(table[j] * 2^15 / 2^(30 - out_bits - i)), no interpolation (a negative shift multiplies)."""
+    i = v >> frac_bits
+    j = (v - (i << frac_bits)) >> (frac_bits - POW2_TABLE_BITS)
+    shift = 30 - out_bits - i
+    t = table[j] << 15
+    return torch.where(shift >= 0, t >> torch.clamp(shift, 0, 62), t << torch.clamp(-shift, 0, 30))
+
+
+def log2_q15_table() -> torch.Tensor:
+    """round(log2(1 + j/256) * 2^15), j = 0..255 (int64, float64 evaluation): the log2 table of the FAST_EXP
+    Softmax table path (upstream's Q15 table, equal entry by entry)."""
+    j = torch.arange(2 ** POW2_TABLE_BITS, dtype=torch.float64)
+    return torch.round(torch.log2(1.0 + j / 2 ** POW2_TABLE_BITS) * 2 ** 15).to(torch.int64)
+
+
+def fast_exp_terms(node: PyNode, d: torch.Tensor) -> torch.Tensor:
+    """The FAST_EXP table path's exponential terms e for differences d = x - max(x) (int64, <= 0): a function of
+    each difference alone, so an exporter can tabulate it."""
+    adjust_q = _adjust_q(node, allow_simple=False)
+    u = _log2_of_difference(node, d, adjust_q)
+    return _pow2_lookup(_pow2_lut(node), u, adjust_q, _int_param(node, "pow2_out_q"))
+
+
+def fast_exp_export_tables(node: PyNode, bits: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                int]:
+    """For an exporter of the FAST_EXP table path (int64 tables of what `_softmax_fast_exp_forward` reads):
+    u and e for every difference d = x - max(x) in [-(2^bits - 1), 0] (index d + 2^bits - 1), the first term of
+    log2_sum for every 8-bit mantissa index, and the output 2^v for every v in [lo, 0] (index v - lo; below lo it
+    is 0), with lo the last value returned."""
+    adjust_q = _adjust_q(node, allow_simple=False)
+    out_q = _int_param(node, "pow2_out_q")
+    table = _pow2_lut(node)
+    d = torch.arange(-(2 ** bits - 1), 1, dtype=torch.int64)
+    u = _log2_of_difference(node, d, adjust_q)
+    e = _pow2_lookup(table, u, adjust_q, out_q)
+    log2_first = (log2_q15_table() << 15) >> (30 - adjust_q)
+    out_bits = range_bits(node.outputs[0])
+    lo = -((out_bits + 17) << adjust_q)  # 2^15 * 2^16 >> (30 - out_bits + out_bits + 17) = 0
+    y = _pow2_lookup(table, torch.arange(lo, 1, dtype=torch.int64), adjust_q, out_bits)
+    return u, e, log2_first, y, lo
 
 
 def _softmax_pow2_path(node: PyNode, x: torch.Tensor, axis: int, adjust_q: int, out_q: int, zp: int, qmin: int,

@@ -294,7 +294,7 @@ def header_unknown_output_tensor(w: Work) -> str:
     return w.loc(w.set(None, "output_tensors", "[nope]"))
 
 
-@case(UNSUPPORTED, match="subgraph")
+@case(IR, match="a subgraph header holds")
 def header_subgraph_section(w: Work) -> str:
     return w.loc(w.add(FC, "subgraph_name", "body"))
 

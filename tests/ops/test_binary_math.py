@@ -432,13 +432,14 @@ def test_logical_on_integers_is_exact(method: str) -> None:
 
 
 def test_logical_equal_params_compare_exactly_on_grid() -> None:
-    """Same calibrated ranges → equal scales: multipliers [1, 1], comparisons are exact on the integer grid."""
+    """Same calibrated ranges → equal scales: upstream's multipliers [8192, 8192] (r = 1), comparisons are exact on the
+    integer grid."""
     b = GraphBuilder("t")
     x = b.input("x", SHAPE)
     y = b.layer("Logical", [x, x], [SHAPE], name="op", params={"method": "GREATER_EQUAL"})
     g = b.build([y])
     qg = quantize_model(g, [[normal([2, 4, 5, 6], 30)]], settings(8, "per_tensor_asymmetric"))
-    assert qg.node("op").params["scale_value"] == [1, 1]
+    assert qg.node("op").params["scale_value"] == [8192, 8192]
     assert bool((qg.forward([normal([2, 4, 5, 6], 31)])[0] == 1).all())
 
 

@@ -53,6 +53,16 @@ def rhe_div(num: int, den: int) -> int:
     return q
 
 
+def avg_ref(total: int, count: int, zp_out: int, s_in: float = 1.0, s_out: float = 1.0) -> int:
+    """Integer AVG (docs/integer-semantics.md, Pooling AVG): the window sum clamped to [-2^31, 2^31] times the 8-bit
+    approximation M / 2^N of s_out / s_in / count (numpy float32 steps), rounded half to even, minus zp_out."""
+    ratio = np.float32(np.float32(s_out) / np.float32(s_in)) / np.float32(count)
+    shift = min(int(np.floor(np.log2(np.float32(255.0) / ratio))), 31)
+    mult = int(np.floor(ratio * np.float32(2.0 ** shift) + np.float32(0.5)))
+    num = min(max(total, -2 ** 31), 2 ** 31) * mult
+    return (num << -shift if shift <= 0 else rhe_div(num, 1 << shift)) - zp_out
+
+
 def ref_requant(acc: np.ndarray, mult, shift, zp_out: int, qmin: int, qmax: int) -> np.ndarray:
     """clamp(round_half_even(acc * M / 2^shift) - zp_out, qmin, qmax) elementwise with python integers."""
     acc = np.asarray(acc, dtype=np.int64)
@@ -104,7 +114,7 @@ def pool_graph(method: str, k, s, pads, d=(1, 1), ceil=False, include: Optional[
 
 
 def ref_pool(node, x_q: np.ndarray) -> np.ndarray:
-    """Window by window: MAX over the real cells; AVG = round_half_even(sum(x + zp) / count) - zp with count the
+    """Window by window: MAX over the real cells; AVG = avg_ref(sum(x + zp), count) with count the
     real cells, or (count_include_pad) the cells inside the padded input; cells past it never count."""
     p = node.params
     one_d = x_q.ndim == 3
@@ -131,7 +141,7 @@ def ref_pool(node, x_q: np.ndarray) -> np.ndarray:
                         v = max(vals)
                     else:
                         inside = sum(1 for r in rows for q in cols if -top <= r < h + bottom and -left <= q < w + right)
-                        v = rhe_div(sum(t + zp for t in vals), inside if include else len(vals)) - zp
+                        v = avg_ref(sum(t + zp for t in vals), inside if include else len(vals), zp)
                     y[b, i, j, ch] = min(max(v, qmin), qmax)
     assert zp_out == zp
     return y[:, 0] if one_d else y
@@ -186,8 +196,9 @@ def test_pooling_unsigned_input_with_padding() -> None:
 
 
 @pytest.mark.parametrize("case", POOL_CASES)
-def test_avg_pool_is_within_half_a_step_of_the_float_average(case) -> None:
-    """The integer AVG is the float average of the dequantized input rounded to the output grid."""
+def test_avg_pool_is_close_to_the_float_average(case) -> None:
+    """The integer AVG is the float average of the dequantized input rounded to the output grid, up to the 8-bit
+    multiplier's relative error (at most 2^-8 of |mean + zp| < 2^8 codes, i.e. one more step)."""
     method, k, s, pads, d, ceil, include = case
     g = pool_graph(method, k, s, pads, d, ceil, include)
     qg = quantize_model(g, data([2, 9, 10, 5], 6), settings("per_tensor_asymmetric", 8))
@@ -196,7 +207,7 @@ def test_avg_pool_is_within_half_a_step_of_the_float_average(case) -> None:
     got = run_quantized(qg, x)[0]
     x_deq = (node.inputs[0].betensor.to(torch.float64) + node.inputs[0].zerop) / node.inputs[0].scale
     want = g.forward([x_deq.to(torch.float32)])[0].to(torch.float64)
-    assert float((got.to(torch.float64) - want).abs().max()) <= 0.5 / node.outputs[0].scale + 1e-5
+    assert float((got.to(torch.float64) - want).abs().max()) <= 1.5 / node.outputs[0].scale + 1e-5
 
 
 def test_pooling_quantization_passes_params_through_and_adds_no_keys() -> None:

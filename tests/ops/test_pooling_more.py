@@ -168,9 +168,20 @@ def ref_lp_int(node, x_q: np.ndarray, p: Dict, power: int) -> np.ndarray:
     return y
 
 
+def avg_ref(total: int, count: int, zp_out: int, s_in: float = 1.0, s_out: float = 1.0) -> int:
+    """Integer AVG (docs/integer-semantics.md, Pooling AVG): the window sum clamped to [-2^31, 2^31] times the 8-bit
+    approximation M / 2^N of s_out / s_in / count (numpy float32 steps), rounded half to even, minus zp_out."""
+    ratio = np.float32(np.float32(s_out) / np.float32(s_in)) / np.float32(count)
+    shift = min(int(np.floor(np.log2(np.float32(255.0) / ratio))), 31)
+    mult = int(np.floor(ratio * np.float32(2.0 ** shift) + np.float32(0.5)))
+    num = min(max(total, -2 ** 31), 2 ** 31) * mult
+    return (num << -shift if shift <= 0 else rhe_div(num, 1 << shift)) - zp_out
+
+
 def ref_window_int(x_q: np.ndarray, rows, cols, method: str, zp: int, include: bool, qmin: int,
-                   qmax: int) -> np.ndarray:
-    """MAX over real cells, or AVG = rhe_div(sum(x+zp), count) - zp (count: real, or real+pad with include)."""
+                   qmax: int, exact_div: bool = False) -> np.ndarray:
+    """MAX over real cells, or AVG = avg_ref(sum(x+zp), count) (AdaptivePool, `exact_div`: rhe_div(sum, count) - zp;
+    count: real, or real+pad with include)."""
     n, _, _, c = x_q.shape
     y = np.zeros((n, len(rows), len(cols), c), dtype=np.int64)
     for b, ch in itertools.product(range(n), range(c)):
@@ -183,7 +194,8 @@ def ref_window_int(x_q: np.ndarray, rows, cols, method: str, zp: int, include: b
                 else:
                     count = (sum(1 for _, kr in rw if kr != "out") * sum(1 for _, kq in cl if kq != "out")
                              if include else len(vals))
-                    v = rhe_div(sum(t + zp for t in vals), count) - zp
+                    total = sum(t + zp for t in vals)
+                    v = rhe_div(total, count) - zp if exact_div else avg_ref(total, count, zp)
                 y[b, i, j, ch] = clamp(v, qmin, qmax)
     return y
 
@@ -354,7 +366,7 @@ def test_adaptivepool_integer_matches_reference(method: str, bits: int, mode: st
 
     out = node.outputs[0]
     ref = ref_window_int(xq, windows(7, 3), windows(9, 4), method, int(node.inputs[0].zerop), False, out.qmin,
-                         out.qmax)
+                         out.qmax, exact_div=True)
     np.testing.assert_array_equal(y, ref)
     assert (out.scale, out.zerop, out.dtype) == (node.inputs[0].scale, node.inputs[0].zerop, node.inputs[0].dtype)
     assert cosine(g.forward([x])[0], run_quantized(qg, x)[0]) > 0.99

@@ -4,6 +4,7 @@ Hardmax, IR write → re-read, bad params. (The LUT method is tested in test_int
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Dict, List, Sequence
 
 import numpy as np
@@ -86,6 +87,13 @@ def rows_of(node, x_q: np.ndarray):
     return axis, moved, moved.reshape(-1, moved.shape[-1])
 
 
+def pow2_no_interp(table: List[int], v: int, frac: int, out_bits: int) -> int:
+    """floor(table[top 8 fraction bits of v] * 2^(out_bits + floor(v / 2^frac) - 15)), v <= 0."""
+    i = v >> frac
+    j = (v - (i << frac)) >> (frac - 8)
+    return floor_shift(table[j] << 15, 30 - out_bits - i)
+
+
 def log2_terms(node, row: List[int]):
     """u per element and the power-of-two terms e (table path)."""
     p = node.params
@@ -113,12 +121,18 @@ def ref_fast_exp(node, x_q: np.ndarray) -> np.ndarray:
     q = int(p["adjust_q"])
     for r, row in enumerate(rows.tolist()):
         if q >= 8:
-            _, es = log2_terms(node, row)
-            total = sum(es)
-            mult, sh = int(p["scale_value"]), int(p["shift_value"])
-            for j, e in enumerate(es):
-                z = rhe_div(e * mult, total << sh) if sh >= 0 else rhe_div((e * mult) << -sh, total)
-                res[r, j] = clamp(z - zp, qmin, qmax)
+            # upstream's log-domain form: no interpolation, Q15 log2 of the normalized sum, a second 2^x lookup
+            table = [int(v) for v in node.constants["pow2_lut"].betensor.tolist()]
+            m, n, big_p = int(p["input_scale_value"]), int(p["input_shift_value"]), int(p["pow2_out_q"])
+            top = max(row)
+            us = [floor_shift((v - top) * m, n - q) for v in row]
+            total = clamp(sum(pow2_no_interp(table, u, q, big_p) for u in us), 1, 2 ** 31 - 1)
+            lead = 31 - total.bit_length()
+            mant = ((total << lead) >> 22) & 255
+            log2_sum = ((round(math.log2(1 + mant / 256) * 2 ** 15) << 15) >> (30 - q)) - ((lead - (30 - big_p)) << q)
+            bits = (qmax - qmin).bit_length()
+            for j, u in enumerate(us):
+                res[r, j] = clamp(pow2_no_interp(table, u - log2_sum, q, bits) - zp, qmin, qmax)
             continue
         m, n, big_p = int(p["input_scale_value"]), int(p["input_shift_value"]), int(p["pow2_out_q"])
         top = max(row)

@@ -703,8 +703,15 @@ def gather(ctx: Context, node: ONode) -> None:
             _gather_one(ctx, node, data, axis, int(ind.reshape(-1)[0]), keep_axis=ind.ndim == 1)
             return
         perm = _keep_layout(ctx, data) if ind.ndim == 1 else None
-        ctx.emit(node, "Gather", [ctx.value(data, perm)], perm, {"axis": _ir_axis(axis, perm), "batch_dims": 0},
-                 {"indices": ind})
+        # the indices as a Constant layer (int32, negatives wrapped), the Parser's form: upstream reads a Gather of
+        # one input as its table-lookup variant
+        if (ind == ctx.const(idx)).all():
+            indices = ctx.constant_layer(idx)
+        else:
+            indices = ctx.add("Constant", [], [ind.shape], ctx.g.const_sources.get(idx, idx), {}, {"weights": ind},
+                              [Dtype.INT32])[0]
+        ctx.emit(node, "Gather", [ctx.value(data, perm), indices], perm,
+                 {"axis": _ir_axis(axis, perm), "batch_dims": 0})
         return
     ctx.emit(node, "Gather", [ctx.value(data), ctx.value(idx)], None, {"axis": axis, "batch_dims": 0})
 
