@@ -20,6 +20,7 @@ from typing import List
 
 from ..config.kinds_accuracy import FloatChoice, parse_trigger_float
 from ..graph.graph import PyGraph
+from ..graph.names import unique_name as _unique
 from ..graph.node import PyNode
 from ..graph.tensor import TensorStatistics
 from ..log import OPT_INFO
@@ -97,13 +98,6 @@ def _float_copy(sub: PyGraph, choice: FloatChoice) -> PyGraph:
                                                      for k, s in n.attrs.get("subgraphs", {}).items())
     return copy
 
-
-def _unique(name: str, taken: set) -> str:
-    candidate, i = name, 1
-    while candidate in taken:
-        candidate, i = f"{name}_{i}", i + 1
-    taken.add(candidate)
-    return candidate
 
 
 __all__ = ["control_op_preprocess", "CONTROL_TYPES"]

@@ -21,10 +21,11 @@ sigmoid(alpha*x)) are refused with an error naming the field. The gates here tak
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import ConfigError
 from ..graph.graph import PyGraph
+from ..graph.names import unique_name as _unique
 from ..graph.node import PyNode
 from ..log import OPT_INFO
 from ..registry.optype import OpType
@@ -56,13 +57,6 @@ def _gate(node: PyNode, method: str) -> Tuple[str, dict]:
                       "quantopt does not implement; set the field false for this layer (e.g. "
                       f"`true & <{{{node.name}}}:false>`)", field=FIELD)
 
-
-def _unique(name: str, taken: Set[str]) -> str:
-    candidate, i = name, 1
-    while candidate in taken:
-        candidate, i = f"{name}_{i}", i + 1
-    taken.add(candidate)
-    return candidate
 
 
 def _qualifies(node: PyNode, value: Any) -> Optional[str]:

@@ -25,6 +25,7 @@ import torch
 from ..config.kinds_accuracy import FloatChoice, parse_trigger_float
 from ..graph.float_layer import round_to_float_dtype
 from ..graph.graph import PyGraph
+from ..graph.names import unique_name as _unique
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 from ..log import OPT_INFO
@@ -51,13 +52,6 @@ def float_choices(graph: PyGraph) -> Dict[str, FloatChoice]:
             out[n.name] = choice
     return out
 
-
-def _unique(name: str, taken: set) -> str:
-    candidate, i = name, 1
-    while candidate in taken:
-        candidate, i = f"{name}_{i}", i + 1
-    taken.add(candidate)
-    return candidate
 
 
 def _new_layer(graph: PyGraph, optype: OpType, name: str, src: PyTensor, out_name: str, layer_id: int,

@@ -17,6 +17,7 @@ from ..config.kinds_accuracy import parse_trigger_float
 from ..config.quant_types import FP8_ACTIVATION_TYPES
 from ..errors import UnsupportedError
 from ..graph.graph import PyGraph
+from ..graph.names import unique_name as _unique
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 from ..log import OPT_INFO, OPT_WARN
@@ -46,13 +47,6 @@ def _new(graph: PyGraph, optype: OpType, name: str, src: PyTensor, out_name: str
     graph.add_node(node)
     return node
 
-
-def _unique(name: str, taken: set) -> str:
-    candidate, i = name, 1
-    while candidate in taken:
-        candidate, i = f"{name}_{i}", i + 1
-    taken.add(candidate)
-    return candidate
 
 
 def _check_no_float_layers(graph: PyGraph, fp8: Dict[str, Dtype]) -> None:
