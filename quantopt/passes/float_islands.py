@@ -54,8 +54,9 @@ def float_choices(graph: PyGraph) -> Dict[str, FloatChoice]:
 
 
 
-def _new_layer(graph: PyGraph, optype: OpType, name: str, src: PyTensor, out_name: str, layer_id: int,
-               settings) -> PyNode:
+def new_border_layer(graph: PyGraph, optype: OpType, name: str, src: PyTensor, out_name: str, layer_id: int,
+                     settings) -> PyNode:
+    """A Quantize/DeQuantize/Cast layer reading `src`, added to `graph`; its output's quantization is set later."""
     node = PyNode(name, optype, layer_id)
     node.additional = True
     node.settings = settings
@@ -88,7 +89,7 @@ def insert_boundary_layers(graph: PyGraph, choices: Dict[str, FloatChoice]) -> L
                 continue
             if producer is not None and consumer is None:
                 if id(t) not in quantizers:
-                    q = _new_layer(graph, OpType.Quantize, _unique(f"{t.name}_quantize", taken), t,
+                    q = new_border_layer(graph, OpType.Quantize, _unique(f"{t.name}_quantize", taken), t,
                                    _unique(f"{t.name}_q", taken), n.layer_id, n.settings)
                     quantizers[id(t)] = q.outputs[0]
                     inserted.append(q.name)
@@ -98,7 +99,7 @@ def insert_boundary_layers(graph: PyGraph, choices: Dict[str, FloatChoice]) -> L
             if producer is None:
                 key = (id(t), want)
                 if key not in dequantizers:
-                    d = _new_layer(graph, OpType.DeQuantize, _unique(f"{t.name}_dequantize", taken), t,
+                    d = new_border_layer(graph, OpType.DeQuantize, _unique(f"{t.name}_dequantize", taken), t,
                                    _unique(f"{t.name}_dq", taken), n.layer_id, n.settings)
                     d.outputs[0].dtype = d.outputs[0].ir_dtype = want
                     d.params["unquantifiable"] = True
@@ -110,7 +111,7 @@ def insert_boundary_layers(graph: PyGraph, choices: Dict[str, FloatChoice]) -> L
             if FLOAT_WIDTH[want] < FLOAT_WIDTH[have] or (want != have and FLOAT_WIDTH[want] == FLOAT_WIDTH[have]):
                 key = (id(t), want)
                 if key not in casts:
-                    c = _new_layer(graph, OpType.Cast, _unique(f"{t.name}_cast_{want.value}", taken), t,
+                    c = new_border_layer(graph, OpType.Cast, _unique(f"{t.name}_cast_{want.value}", taken), t,
                                    _unique(f"{t.name}_{want.value}", taken), n.layer_id, n.settings)
                     c.params["to_dtype"] = want
                     c.params["unquantifiable"] = True

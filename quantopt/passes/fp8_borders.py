@@ -24,6 +24,7 @@ from ..log import OPT_INFO, OPT_WARN
 from ..ops._fp8 import layer_formats
 from ..quant.dtype import Dtype
 from ..registry.optype import OpType
+from .float_islands import new_border_layer
 
 SHAPE_ONLY = frozenset(("Reshape", "Permute", "Transpose", "Squeeze", "Tile", "Repeat", "StridedSlice", "Slice",
                         "Split", "Crop", "SpaceToDepth", "DepthToSpace", "SpaceToBatch", "BatchToSpace",
@@ -35,17 +36,7 @@ BORDER_FLOAT = Dtype.FP16
 
 
 def _new(graph: PyGraph, optype: OpType, name: str, src: PyTensor, out_name: str, consumer: PyNode) -> PyNode:
-    node = PyNode(name, optype, consumer.layer_id)
-    node.additional = True
-    node.settings = consumer.settings
-    node.inputs = [src]
-    out = src.clone(out_name)
-    out.qmin = out.qmax = out.qbits = None
-    out.scale, out.zerop, out.qinvariant = 1.0, 0, False
-    out.pnode = node
-    node.outputs = [out]
-    graph.add_node(node)
-    return node
+    return new_border_layer(graph, optype, name, src, out_name, consumer.layer_id, consumer.settings)
 
 
 
