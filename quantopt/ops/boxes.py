@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
@@ -81,6 +81,18 @@ def _fill_code(t: PyTensor, value: float) -> int:
     qmin, qmax = out_range(t)
     code = Fraction(value) * Fraction(tensor_scale(t)) - tensor_zp(t)
     return min(max(round(code), qmin), qmax)
+
+
+_UPSTREAM_BOX_KEYS: Dict[str, Param] = {
+    "box_scale_value": quantized(Ints(), "upstream's multipliers; not read"),
+    "box_shift_value": quantized(Ints(), "upstream's shifts; not read"),
+    "box_scale_type": quantized(Value("dtype list"), "upstream's dtypes; not read"),
+    "box_shift_type": quantized(Value("dtype list"), "upstream's dtypes; not read"),
+    "delta_shift": quantized(Int(), "upstream's pre-shift; not read"),
+}
+"""The box requantization keys of upstream's decoders (BoundingBox, MultiboxTransformLoc): read, never used."""
+
+_UPSTREAM_BOX_TABLES = {"th_lut": "upstream's decode table; not read", "tw_lut": "upstream's decode table; not read"}
 
 
 # ------------------------------------------------------------------------------------------------ GetValidCount
@@ -287,17 +299,13 @@ BOUNDING_BOX = declare_op(
         "lut_frac_bits": quantized(Int(lo=0), "fraction bits Lf of the decode tables"),
         "box_out_scale_value": quantized(Int(lo=0), "multiplier of the box requantization"),
         "box_out_shift_value": quantized(Int(), "shift of the box requantization"),
-        "box_scale_value": quantized(Ints(), "upstream's multipliers; not read"),
-        "box_shift_value": quantized(Ints(), "upstream's shifts; not read"),
-        "box_scale_type": quantized(Value("dtype list"), "upstream's dtypes; not read"),
-        "box_shift_type": quantized(Value("dtype list"), "upstream's dtypes; not read"),
-        "delta_shift": quantized(Int(), "upstream's pre-shift; not read"),
+        **_UPSTREAM_BOX_KEYS,
     },
     constants={"lut_ty": "decode table dy / std_div[0] (quantized)",
                "lut_tx": "decode table dx / std_div[1] (quantized)",
                "lut_th": "decode table exp(dh / std_div[2]) (quantized)",
                "lut_tw": "decode table exp(dw / std_div[3]) (quantized)",
-               "th_lut": "upstream's decode table; not read", "tw_lut": "upstream's decode table; not read"},
+               **_UPSTREAM_BOX_TABLES},
     integer="delta tables (d/v, exp(d/v)) in fixed point on integer proposals, one exact requant per coordinate "
             "to int16 scale 32767, clip to [0, 32767]",
     dtypes="proposals, deltas int8/int16 → boxes int16 (scale 32767)",
@@ -467,17 +475,13 @@ MULTIBOX = declare_op(
         "score_shift_value": quantized(Int(), "upstream's score shift; not read"),
         "score_scale_type": quantized(DtypeName(), "upstream's dtype; not read"),
         "score_shift_type": quantized(DtypeName(), "upstream's dtype; not read"),
-        "box_scale_value": quantized(Ints(), "upstream's multipliers; not read"),
-        "box_shift_value": quantized(Ints(), "upstream's shifts; not read"),
-        "box_scale_type": quantized(Value("dtype list"), "upstream's dtypes; not read"),
-        "box_shift_type": quantized(Value("dtype list"), "upstream's dtypes; not read"),
-        "delta_shift": quantized(Int(), "upstream's pre-shift; not read"),
+        **_UPSTREAM_BOX_KEYS,
     },
     constants={"lut_ty": "decode table dy * variance[1] (quantized)",
                "lut_tx": "decode table dx * variance[0] (quantized)",
                "lut_th": "decode table exp(dh * variance[3]) (quantized)",
                "lut_tw": "decode table exp(dw * variance[2]) (quantized)",
-               "th_lut": "upstream's decode table; not read", "tw_lut": "upstream's decode table; not read"},
+               **_UPSTREAM_BOX_TABLES},
     integer="max score code, exact integer threshold, score requantized to scale 32767, boxes decoded as "
             "BoundingBox; class id column an exact integer",
     dtypes="scores, deltas, anchors int8/int16 → rows int16 (scale 32767; column 0 raw class ids), count uint16",
