@@ -87,15 +87,7 @@ def _rope_layout(node: PyNode, x: torch.Tensor) -> Tuple[torch.Tensor, bool]:
 def _rope_positions(node: PyNode, batch: int, seq: int, device: torch.device) -> torch.Tensor:
     if len(node.inputs) < 4:
         return torch.arange(seq, device=device).repeat(batch, 1)
-    t = node.inputs[3]
-    if node.quantized:
-        if not t.qinvariant:
-            raise UnsupportedError(f"layer '{node.name}' ({node.type}): position_ids '{t.name}' is a quantized "
-                                   "tensor; it must hold exact integers")
-        pos = int_value(t)
-    else:
-        pos = t.betensor
-        pos = (torch.trunc(pos.to(torch.float64)) if pos.is_floating_point() else pos).to(torch.int64)
+    pos = _exact_integers(node, node.inputs[3], "position_ids")
     if pos.dim() == 1:
         pos = pos.unsqueeze(0)
     try:
@@ -257,16 +249,21 @@ CACHE_UPDATE = declare_op(
             "the updated buffer.")
 
 
-def _cache_positions(node: PyNode, t: PyTensor) -> torch.Tensor:
-    """The first row of the positions input as int64 (float values truncated; quantized: an integer tensor)."""
+def _exact_integers(node: PyNode, t: PyTensor, what: str) -> torch.Tensor:
+    """An index input as int64: float values truncated; quantized, an integer tensor (a quantized float tensor
+    is refused naming `what`)."""
     if node.quantized:
         if not t.qinvariant:
-            raise UnsupportedError(f"layer '{node.name}' ({node.type}): positions '{t.name}' is a quantized tensor; "
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): {what} '{t.name}' is a quantized tensor; "
                                    "it must hold exact integers")
-        idx = int_value(t)
-    else:
-        idx = t.betensor
-        idx = (torch.trunc(idx.to(torch.float64)) if idx.is_floating_point() else idx).to(torch.int64)
+        return int_value(t)
+    v = t.betensor
+    return (torch.trunc(v.to(torch.float64)) if v.is_floating_point() else v).to(torch.int64)
+
+
+def _cache_positions(node: PyNode, t: PyTensor) -> torch.Tensor:
+    """The first row of the positions input as int64 (float values truncated; quantized: an integer tensor)."""
+    idx = _exact_integers(node, t, "positions")
     if idx.dim() < 1 or idx.dim() > 2 or idx.numel() == 0:
         raise node._error(f"positions must be [1, n] (or [n]), got shape {list(idx.shape)}")
     return idx[0] if idx.dim() == 2 else idx
