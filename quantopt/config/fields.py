@@ -223,8 +223,10 @@ field("device", "cpu", DeviceKind(),
       group="model")
 field("fc_float_summation", "upstream", ChoiceKind(("upstream", "float64")),
       "how the float forward sums FullyConnected layers: upstream, in float32 in the upstream optimizer's fixed "
-      "order (calibrated ranges identical to its; 30-200x slower than a BLAS kernel on large layers), or float64, "
-      "exactly rounded (fast, the same on every machine, ranges may differ from upstream's by an ulp)",
+      "order (calibrated ranges identical to its; 20-30x slower than a BLAS kernel), for samples of one row and "
+      "samples of several rows up to 2^20 multiply-adds, larger ones as float64 (no affordable float32 order is "
+      "upstream's there); or float64 everywhere, exactly rounded (fast, the same on every machine, ranges may "
+      "differ from upstream's by an ulp)",
       group="quantization")
 field("unify_scales_for_concat_threshold", 1.05, FloatKind(minimum=1.0),
       "Concat inputs whose scales differ by at most this ratio (and share the zero point) are not requantized; "

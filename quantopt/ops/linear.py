@@ -94,7 +94,10 @@ def fully_connected_forward(self: PyNode) -> None:
     # and for gradient-based calibration that differentiates through the layer, the float64 sum rounded once
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or weights.requires_grad
                                               or (biases is not None and biases.betensor.requires_grad))
-    ordered = dtype == torch.float32 and layer_settings(self).fc_float_summation == "upstream" and not needs_grad
+    # (a several-row sample beyond GEMM_ORDER_MAX_MACS too: the order would not be upstream's there either)
+    group_rows = _sample_rows(self, int(weights.shape[0]))
+    ordered = (dtype == torch.float32 and layer_settings(self).fc_float_summation == "upstream" and not needs_grad
+               and group_rows is not None)
     acc = torch.float32 if ordered else MAC_FLOAT_DTYPE
     w = weights.to(device=x.device, dtype=acc)
     _check_fc_shapes(self, x, w)
@@ -103,26 +106,30 @@ def fully_connected_forward(self: PyNode) -> None:
     if not ordered:
         y = F.linear(x, w, b).to(dtype)
     else:
-        y = linear_float32(x, w, b, _ordered_weights(self, weights), group_rows=_sample_rows(self, int(w.shape[0]))) \
+        y = linear_float32(x, w, b, _ordered_weights(self, weights), group_rows=group_rows) \
             if FLOAT32_FC_ORDER == "upstream" else F.linear(x, w, b)
     self.outputs[0].betensor = apply_fused_activation(self, y)
 
 
 GEMM_ORDER_MAX_MACS = 1 << 20
-"""Largest sample (rows x inputs x outputs multiply-adds) whose rows are summed in the order of MKL's several-row
-kernels; larger ones are summed one row at a time (docs/golden-differences.md, "Upstream's float forward")."""
+"""Largest sample of several rows (rows x inputs x outputs multiply-adds) summed in the order of MKL's several-row
+kernels; larger ones take the exactly rounded float64 sum (docs/golden-differences.md, "Upstream's float forward")."""
 
 
-def _sample_rows(node: PyNode, n_out: int) -> int:
+def _sample_rows(node: PyNode, n_out: int) -> Optional[int]:
     """Rows of one IR sample of the layer's input (all axes but the last of its IR shape): upstream calibrates one
     sample at a time, so its GEMM sums these rows together, whatever batch quantopt runs (ops/_fc_order.py). The
-    exact several-row order emulates a fused multiply-add per product (5-8x the cost of the one-row order), so a
-    sample beyond GEMM_ORDER_MAX_MACS multiply-adds is summed row by row (1: each row alone)."""
+    exact several-row order emulates a fused multiply-add per product, 20-30x the cost of a BLAS kernel even in
+    cache-sized tiles, so a sample of several rows beyond GEMM_ORDER_MAX_MACS multiply-adds gets None: no float32
+    order that quantopt can afford is upstream's there, and the exactly rounded float64 sum is both faster and
+    closer to the exact value than any of them. One row is always summed in upstream's one-row order."""
     shape = [int(d) for d in node.inputs[0].ir_shape]
     if len(shape) < 2:
         return 1
     rows = max(1, int(np.prod(shape[:-1], dtype=np.int64)))
-    return rows if rows * shape[-1] * n_out <= GEMM_ORDER_MAX_MACS else 1
+    if rows == 1:
+        return 1
+    return rows if rows * shape[-1] * n_out <= GEMM_ORDER_MAX_MACS else None
 
 
 def _ordered_weights(node: PyNode, t: torch.Tensor) -> OrderedWeights:

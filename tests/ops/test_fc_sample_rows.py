@@ -1,6 +1,7 @@
 """FullyConnected's float forward groups the rows of one IR sample as upstream's GEMM does (ops/_fc_order.py):
-the same per-sample result at any batch, the several-row order for small samples, one row at a time beyond
-GEMM_ORDER_MAX_MACS multiply-adds."""
+the same per-sample result at any batch, the several-row order for small samples, and beyond GEMM_ORDER_MAX_MACS
+multiply-adds (where no affordable float32 order is upstream's) the exactly rounded float64 sum; one row is always
+summed in the one-row order."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,7 +33,21 @@ def test_sample_rows_and_batches(rows: int, k: int, n: int, grouped: bool) -> No
     one = one.clone()
     three, = graph.forward([x])  # three samples in one batch, concatenated along dim 0
     assert torch.equal(three[:rows], one)
-    expected = linear_float32(x[:rows], w, b, group_rows=rows if grouped else 1)
-    assert torch.equal(one, expected)
-    if grouped:  # the several-row order is another rounding than one row at a time
+    if grouped:
+        assert torch.equal(one, linear_float32(x[:rows], w, b, group_rows=rows))
+        # the several-row order is another rounding than one row at a time
         assert not torch.equal(one, linear_float32(x[:rows], w, b, group_rows=1))
+    else:
+        exact = (x[:rows].double() @ w.double().T + b.double()).float()
+        assert torch.equal(one, exact)
+        assert not torch.equal(one, linear_float32(x[:rows], w, b, group_rows=1))
+
+
+@pytest.mark.parametrize("k, n", [(1024, 1100), (2048, 1000)])
+def test_one_row_keeps_the_upstream_order_at_any_size(k: int, n: int) -> None:
+    """A one-row sample (a CNN's classifier) is summed in MKL's one-row order whatever its size."""
+    assert k * n > GEMM_ORDER_MAX_MACS
+    graph, w, b = _fc(1, k, n)
+    x = torch.from_numpy(np.random.default_rng(2).normal(0, 1, (2, k)).astype(np.float32))
+    out, = graph.forward([x])
+    assert torch.equal(out, linear_float32(x, w, b, group_rows=1))
