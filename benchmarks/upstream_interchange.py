@@ -1,7 +1,7 @@
 """Interchange with the upstream Compass Optimizer: does it load and run the IRs quantopt writes?
 
     python benchmarks/upstream_interchange.py [--models vit_tiny,unet] [--upstream DIR] [--work DIR] [--calib 4]
-                                              [--bits 16]
+                                              [--bits 16] [--trace] [--without-softmax-mask]
 
 For each model of benchmarks/make_parser_histograms.py whose file is available here, quantopt imports the ONNX file
 (float IR), quantizes it at 8 bits with the default settings on `--calib` seeded random inputs and writes both IRs
@@ -17,6 +17,11 @@ output integers equal to quantopt's, or the export's refusal.
 Upstream location: `--upstream`, else $QUANTOPT_UPSTREAM, else ../shared/upstream (its opt venv at
 $UPSTREAM_OPT_VENV, default /tmp/upstream-opt-venv). quantopt itself never imports or calls upstream; this script
 runs outside CI. Scratch files go to `--work` (default: a new temporary folder).
+
+`--trace` has upstream's forward tool dump every tensor of the quantized run and prints, in topological order, the
+first layers whose integers differ from quantopt's (share identical, largest difference in steps).
+`--without-softmax-mask` writes the Softmax layers fed by an attention mask without quantopt's
+`mask_saturated_input` key (docs/integer-semantics.md), so both tools compute the masked Softmax upstream's way.
 """
 from __future__ import annotations
 
@@ -48,6 +53,7 @@ import numpy as np
 from AIPUBuilder.Optimizer.tools.optimizer_forward import OptForward
 
 txt, bin_path, feeds, out, quantized = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "1"
+dump_dir = sys.argv[6] if len(sys.argv) > 6 else None
 status = {"loaded": False, "ran": False, "error": ""}
 try:
     handler = OptForward(txt, bin_path)
@@ -55,7 +61,7 @@ try:
     data = np.load(feeds)
     inputs = [data[f"arr_{i}"] for i in range(len(data.files))]
     if quantized:
-        outs = handler.forward_with_quantized_data(inputs)
+        outs = handler.forward_with_quantized_data(inputs, dump_dir=dump_dir)
     else:
         outs = handler.forward(inputs)
     np.savez(out, *[np.asarray(o) for o in outs])
@@ -79,7 +85,7 @@ class Row:
 
 
 def run_upstream(upstream: Path, txt: str, bin_path: str, feeds: Sequence[np.ndarray], out: str,
-                 quantized: bool, work: str) -> Dict:
+                 quantized: bool, work: str, dump_dir: Optional[str] = None) -> Dict:
     """Load and run one IR with the upstream optimizer's forward tool in its venv; its status and outputs."""
     venv = Path(os.environ.get("UPSTREAM_OPT_VENV", "/tmp/upstream-opt-venv"))
     driver = os.path.join(work, "upstream_forward.py")
@@ -90,8 +96,8 @@ def run_upstream(upstream: Path, txt: str, bin_path: str, feeds: Sequence[np.nda
                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     log = out[:-4] + ".log"
     with open(log, "w") as f:
-        proc = subprocess.run([str(venv / "bin" / "python"), driver, txt, bin_path, feeds_path, out,
-                               "1" if quantized else "0"], stdout=f, stderr=subprocess.STDOUT, env=env,
+        command = [str(venv / "bin" / "python"), driver, txt, bin_path, feeds_path, out, "1" if quantized else "0"]
+        proc = subprocess.run(command + ([dump_dir] if dump_dir else []), stdout=f, stderr=subprocess.STDOUT, env=env,
                               timeout=TIMEOUT_S, cwd=work)
     text = Path(log).read_text(errors="replace")
     errors = [ln.split("]: ", 1)[-1].strip() for ln in text.splitlines() if ln.startswith("[E]")]
@@ -149,7 +155,38 @@ def model_inputs(name: str, graph, rng: np.random.Generator) -> List[torch.Tenso
     return [torch.from_numpy(v) for v in minilm_feed(rng, names).values()]
 
 
-def check_model(name: str, upstream: Path, work: str, calib: int, bits: int = 8) -> Row:
+NP_DTYPES = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16, "int32": np.int32,
+             "uint32": np.uint32, "int64": np.int64, "float16": np.float16, "float32": np.float32}
+TRACE_LAYERS = 12
+
+
+def trace_layers(qgraph, dump_dir: str) -> List[str]:
+    """The first TRACE_LAYERS layer outputs (topological order) whose integers in upstream's dump differ from
+    quantopt's; upstream names each dumped file `<layer_id>_[<layer>]_<tensor>.bin` with '/' and ':' as '_'."""
+    lines = []
+    for n in qgraph.nodes:
+        for t in n.outputs:
+            path = os.path.join(dump_dir, f"{n.layer_id}_[{n.name}]_{t.name}".replace("/", "_").replace(":", "_")
+                                + ".bin")
+            dtype = NP_DTYPES.get(t.dtype.value)
+            if dtype is None or not os.path.isfile(path):
+                continue
+            ours = t.betensor.detach().cpu().numpy().astype(np.float64)
+            theirs = np.fromfile(path, dtype=dtype).astype(np.float64)
+            if theirs.size != ours.size:
+                lines.append(f"{n.name} ({n.type}): upstream wrote {theirs.size} values, quantopt has {ours.size}")
+                continue
+            diff = np.abs(theirs - ours.reshape(-1))
+            if diff.max() > 0:
+                lines.append(f"{n.name} ({n.type}, {t.dtype.value}): {np.mean(diff == 0):.4%} identical, "
+                             f"max {diff.max():g} steps")
+            if len(lines) >= TRACE_LAYERS:
+                return lines
+    return lines
+
+
+def check_model(name: str, upstream: Path, work: str, calib: int, bits: int = 8, trace: bool = False,
+                without_softmax_mask: bool = False) -> Row:
     from quantopt.exporters.agreement import measure_agreement
     from quantopt.frontends.onnx import import_onnx
     from quantopt.ir.writer import write_ir
@@ -177,13 +214,22 @@ def check_model(name: str, upstream: Path, work: str, calib: int, bits: int = 8)
 
     settings = {} if bits == 8 else dict(q_bits_activation=bits, q_bits_weight=bits, q_bits_bias=48)
     qgraph = quantize_model(graph, batches, settings)
+    if without_softmax_mask:
+        from quantopt.calibration.inf_mask import SOFTMAX_MASK_PARAM
+
+        for n in qgraph.nodes:
+            if n.params.get(SOFTMAX_MASK_PARAM):
+                n.params[SOFTMAX_MASK_PARAM] = False
     q_txt, q_bin = write_ir(qgraph, os.path.join(folder, f"{name}_o.txt"))
     with torch.no_grad():
         q_out = [o.clone() for o in qgraph.forward(test, keep_tensors=True)]
         q_in = [t.betensor.clone() for t in qgraph.input_tensors]
+    dump_dir = os.path.join(folder, "upstream_dump") if trace else None
     status = run_upstream(upstream, q_txt, q_bin, [t.numpy() for t in q_in], os.path.join(folder, "quant_out.npz"),
-                          True, folder)
+                          True, folder, dump_dir)
     row.quant_ir = _quant_cell(status, q_out)
+    if dump_dir and status["ran"]:
+        row.notes.extend(trace_layers(qgraph, dump_dir) or ["trace: every dumped layer output identical"])
     try:
         r = measure_agreement(qgraph, [t.numpy() for t in test])
         row.qdq = f"{r.identical:.2%} identical, max {r.max_steps:g} steps"
@@ -202,6 +248,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--calib", type=int, default=4, help="calibration inputs per model (default: %(default)s)")
     ap.add_argument("--bits", type=int, choices=(8, 16), default=8,
                     help="activation and weight bits of the quantized IR (16: 48-bit biases; default: %(default)s)")
+    ap.add_argument("--trace", action="store_true",
+                    help="dump upstream's tensors and list the first layers whose integers differ from quantopt's")
+    ap.add_argument("--without-softmax-mask", action="store_true",
+                    help="write masked Softmax layers without quantopt's mask_saturated_input key")
     args = ap.parse_args(argv)
     upstream = Path(args.upstream)
     if not (upstream / "Compass_Optimizer").is_dir():
@@ -217,13 +267,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = []
     for name in names:
         try:
-            row = check_model(name, upstream, work, args.calib, args.bits)
+            row = check_model(name, upstream, work, args.calib, args.bits, args.trace, args.without_softmax_mask)
         except Exception as e:  # noqa: BLE001 - one model's failure is reported in its row, the others still run
             traceback.print_exc()
             row = Row(name, notes=[f"quantopt failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"])
         rows.append(row)
-        print(f"{name}: float IR: {row.float_ir} | quantized IR: {row.quant_ir} | qdq: {row.qdq} "
-              f"{'; '.join(row.notes)}", flush=True)
+        print(f"{name}: float IR: {row.float_ir} | quantized IR: {row.quant_ir} | qdq: {row.qdq}", flush=True)
+        for note in row.notes:
+            print(f"    {note}", flush=True)
     print(f"\n| model | layers | upstream: float IR | upstream: quantized IR (int{args.bits}) "
           "| ONNX QDQ export (exact) |")
     print("|---|---|---|---|---|")
