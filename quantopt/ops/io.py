@@ -67,6 +67,11 @@ CONSTANT = declare_op(
     integer="stored already quantized with the output params", semantics="integer-semantics.md#constant")
 
 
+KEEP_IR_INTEGER = "keep_ir_integer_dtype"
+"""`PyTensor.extra` key: this integer Constant output is read only by layers that take it as it is (If/Loop, set by
+passes/float_islands.py), so it keeps its IR integer dtype, as upstream leaves such a constant unquantized."""
+
+
 def integer_bits(lo: float, hi: float) -> Tuple[int, bool]:
     """(bits, signed) of the narrowest integer type holding [lo, hi], as upstream types an integer-valued Constant:
     unsigned when lo >= 0 unless hi > 65535 (then int32), of 8, 16 or 32 bits."""
@@ -88,7 +93,8 @@ def constant_forward(self: PyNode) -> None:
 
 @CONSTANT.quantize
 def constant_quantize(self: PyNode) -> None:
-    """All-integer constants are used as integers (scale 1); others are quantized with the output's params. A float
+    """All-integer constants are used as integers (scale 1) of the narrowest type holding them, or of their IR
+    dtype when only If/Loop layers read them (KEEP_IR_INTEGER); others are quantized with the output's params. A float
     constant holding mask values (±inf, |x| >= 1e30: -FLT_MAX is an integer-valued float) is quantized from its
     calibrated range, its mask values saturating (calibration/inf_mask.py), never taken as an int32 of scale 1."""
     out = self.outputs[0]
@@ -101,6 +107,8 @@ def constant_quantize(self: PyNode) -> None:
                  f"values (±inf or |x| >= {INF_MASK_THRESHOLD:g}); they saturate to the integer range")
     if mask and not s.qinvariant:
         quantize_activation(self, out, float(out.min) < 0 or bool((values < 0).any()))
+    elif out.extra.get(KEEP_IR_INTEGER) and not out.ir_dtype.is_float and out.ir_dtype.bits >= 8:
+        set_qinvariant(out, out.ir_dtype.bits, out.ir_dtype.is_signed)
     elif not values.is_floating_point() or s.qinvariant or \
             (bool(torch.isfinite(values).all()) and bool((values == torch.round(values)).all())):
         lo, hi = (float(values.min()), float(values.max())) if values.numel() else (0.0, 0.0)

@@ -7,6 +7,10 @@
   consumers), a `DeQuantize` layer on every edge from an integer layer to a float layer (one per tensor and float
   type), and a `Cast` where a float tensor enters a layer of a narrower float type (float32 → float16/bfloat16);
   an integer consumer accepts an integer producer of another bit width as it is (as upstream does);
+- an If/Loop layer reads an integer tensor of the model (an index, a count, a condition: its IR dtype is an integer
+  type) as it is, without a DeQuantize (as upstream): such a tensor is quantized as an exact integer (scale 1,
+  zero point 0), so its values are the model's; an integer Constant read only by such layers keeps its IR dtype
+  (`ops/io.py`, `KEEP_IR_INTEGER`). docs/semantics/control-flow.md;
 - float layers keep float weights rounded to their float type (biases stay float32), or with `*_act_*_wht`
   store weight-only quantized weights (integers with `weights_scale`/`weights_zp`, or fp8/fp4 values with a
   per-channel `weights_scale`) that their forward dequantizes;
@@ -29,6 +33,7 @@ from ..graph.names import unique_name as _unique
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 from ..log import OPT_INFO
+from ..ops.io import KEEP_IR_INTEGER
 from ..quant import minifloat
 from ..quant.dtype import Dtype
 from ..registry.optype import OpType
@@ -40,6 +45,8 @@ MINIFLOAT_WEIGHTS = {"fp8e4m3fn": (Dtype.FP8_E4M3FN, minifloat.E4M3FN, 448.0),
 """Weight-only float formats: (IR dtype, format, largest finite value)."""
 MINIFLOAT_SCALE_GUARD = 1e-5
 """Added to |w|max before scale = largest value / |w|max, so an all-zero channel gets a finite scale."""
+INTEGER_READERS = frozenset({"If", "Loop"})
+"""Float layers that read an integer tensor of the model as it is (a condition, a trip count), as upstream's."""
 
 
 def float_choices(graph: PyGraph) -> Dict[str, FloatChoice]:
@@ -81,11 +88,15 @@ def insert_boundary_layers(graph: PyGraph, choices: Dict[str, FloatChoice]) -> L
     dequantizers: Dict[Tuple[int, Dtype], PyTensor] = {}
     casts: Dict[Tuple[int, Dtype], PyTensor] = {}
     inserted: List[str] = []
+    as_is: Dict[int, PyTensor] = {}
     for n in list(graph.nodes):
         consumer = choices.get(n.name)
         for i, t in enumerate(list(n.inputs)):
             producer = choices.get(t.pnode.name) if t.pnode is not None else None
             if producer is None and consumer is None:
+                continue
+            if producer is None and reads_integer_as_is(n, t):
+                as_is[id(t)] = t
                 continue
             if producer is not None and consumer is None:
                 if id(t) not in quantizers:
@@ -120,6 +131,7 @@ def insert_boundary_layers(graph: PyGraph, choices: Dict[str, FloatChoice]) -> L
                     inserted.append(c.name)
                     choices[c.name] = FloatChoice(consumer.act_type, None, consumer.forced)
                 n.inputs[i] = casts[key]
+    _mark_integer_constants(graph, as_is)
     graph.finalize(graph.source_file)
     graph.set_io([t.name for t in graph.input_tensors], [t.name for t in graph.output_tensors])
     if inserted:
@@ -128,9 +140,42 @@ def insert_boundary_layers(graph: PyGraph, choices: Dict[str, FloatChoice]) -> L
     return inserted
 
 
+def reads_integer_as_is(node: PyNode, t: PyTensor) -> bool:
+    """`node` (a float layer) reads the integer tensor `t` of an integer layer as it is, without a DeQuantize: an
+    If/Loop layer reading a tensor whose IR dtype is an integer type (an index, a count, a condition)."""
+    return str(node.type) in INTEGER_READERS and not t.ir_dtype.is_float
+
+
+def _mark_integer_constants(graph: PyGraph, as_is: Dict[int, PyTensor]) -> None:
+    """Integer Constants read only by layers that take them as they are keep their IR dtype when quantized
+    (upstream leaves such a Constant unquantized): their output is marked with `KEEP_IR_INTEGER`."""
+    readers: Dict[int, List[PyNode]] = {}
+    for n in graph.nodes:
+        for t in n.inputs:
+            readers.setdefault(id(t), []).append(n)
+    for key, t in as_is.items():
+        if t.pnode is not None and str(t.pnode.type) == "Constant" and \
+                all(reads_integer_as_is(r, t) for r in readers.get(key, [])):
+            t.extra[KEEP_IR_INTEGER] = True
+
+
+def check_integer_inputs(node: PyNode) -> None:
+    """The integer inputs an If/Loop layer reads as they are must hold exact integers (scale 1, zero point 0)
+    once their producers are quantized; any other quantized integer input would be read wrongly."""
+    for t in node.inputs:
+        if t.pnode is None or not t.pnode.quantized or not reads_integer_as_is(node, t):
+            continue
+        exact = t.qinvariant and bool(torch.all(torch.as_tensor(t.scale) == 1)) and \
+            bool(torch.all(torch.as_tensor(t.zerop) == 0))
+        if not exact:
+            raise node._error(f"integer input '{t.name}' is quantized (scale {t.scale}, zero point {t.zerop}); "
+                              "an If/Loop layer reads its integer inputs as they are")
+
+
 def make_float_layer(node: PyNode, choice: FloatChoice) -> None:
     """Turn a layer of the quantized copy into a float layer of `choice` (see the module doc)."""
     dtype = FLOAT_DTYPES[choice.act_type]
+    check_integer_inputs(node)
     node.quantized = False
     node.params["unquantifiable"] = True
     for t in node.outputs:
@@ -230,4 +275,5 @@ def _set_constant(node: PyNode, key: str, values: torch.Tensor, dtype: Dtype) ->
     node.constants[key] = t
 
 
-__all__ = ["FLOAT_DTYPES", "float_choices", "insert_boundary_layers", "make_float_layer"]
+__all__ = ["FLOAT_DTYPES", "INTEGER_READERS", "check_integer_inputs", "float_choices", "insert_boundary_layers",
+           "make_float_layer", "reads_integer_as_is"]
