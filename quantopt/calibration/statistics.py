@@ -332,10 +332,11 @@ def _update_extrema_only(stats: TensorStatistics, x: torch.Tensor, m: float, res
     the general path. Returns False (nothing changed) when the batch holds NaN or mask values, for the general path
     to handle."""
     lo_t, hi_t = torch.aminmax(x if x.is_floating_point() else x.float())
-    if float(lo_t) <= -mask_threshold or float(hi_t) >= mask_threshold:
+    lo_f, hi_f = float(lo_t), float(hi_t)
+    if lo_f <= -mask_threshold or hi_f >= mask_threshold:
         return False
-    lo = min(max(float(lo_t), STAT_INT_MIN), STAT_INT_MAX)
-    hi = min(max(float(hi_t), STAT_INT_MIN), STAT_INT_MAX)
+    lo = min(max(lo_f, STAT_INT_MIN), STAT_INT_MAX)
+    hi = min(max(hi_f, STAT_INT_MIN), STAT_INT_MAX)
     if math.isnan(lo) or math.isnan(hi):
         return False
     if reset:
@@ -344,8 +345,10 @@ def _update_extrema_only(stats: TensorStatistics, x: torch.Tensor, m: float, res
     else:
         emin, emax = min(float(stats.extrema_min), lo), max(float(stats.extrema_max), hi)
         rmin, rmax = _ema32(float(stats.running_min), lo, m), _ema32(float(stats.running_max), hi, m)
-    for name, v in (("extrema_min", emin), ("extrema_max", emax), ("running_min", rmin), ("running_max", rmax)):
-        setattr(stats, name, torch.tensor(v, dtype=_STAT_DTYPE))
+    # four 0-d float64 tensors made at once (one small allocation instead of four torch.tensor calls: the update of
+    # a small layer's output costs about as much as the layer otherwise)
+    stats.extrema_min, stats.extrema_max, stats.running_min, stats.running_max = \
+        torch.from_numpy(np.array([emin, emax, rmin, rmax], dtype=np.float64)).unbind()
     stats.batches = 1 if reset else stats.batches + 1
     return True
 

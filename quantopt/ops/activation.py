@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedError
+from ..graph.memo import layer_key, memo
 from ..graph.node import PyNode
 from ..quant.dtype import Dtype
 from ..quant.hardware import PRELU_SLOPE_SHIFT, SLOPE_ACC_BITS
@@ -593,11 +594,15 @@ def _int_crelu(node: PyNode, x: torch.Tensor, zp_in: int) -> torch.Tensor:
     return requantize_int(both, mult, shift, tensor_zp(out), qmin, qmax)
 
 
-def _int_slope(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> torch.Tensor:
+def _int_slope(node: PyNode, method: str, x: torch.Tensor, zp_in: int,
+               slope: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`slope`: PRELU's slopes when given (`_code_table` passes the one row of slopes a constant holds repeated)."""
     out = node.outputs[0]
     qmin, qmax = out_range(out)
     if method == "PRELU":
-        slope = node.get_constant("negative_slope").betensor.to(torch.int64)
+        if slope is None:
+            slope = node.get_constant("negative_slope").betensor
+        slope = slope.to(torch.int64)
         shift_slope = int(node.get_param("negative_slope_shift"))
     else:
         slope = torch.tensor(int(node.get_param("negative_slope_value")), dtype=torch.int64)
@@ -624,10 +629,72 @@ def _int_lut(node: PyNode, x: torch.Tensor) -> torch.Tensor:
     return torch.clamp(y, qmin, qmax)
 
 
+TABLE_MAX_CODES = 1 << 16
+"""Input ranges of at most this many codes get their integer forward tabulated (`_code_table`)."""
+
+
+def _code_table(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> Optional[Tuple[int, int, torch.Tensor]]:
+    """(qmin, qmax, table) of an element-wise integer activation: table[(x - qmin) * C + c] (C = 1 when every
+    channel maps alike) is the output of input code x in channel c of the last axis, computed once by the method's
+    own integer forward on every code (docs/performance.md, "Small models"); None where the method is not
+    element-wise per channel (CRELU, slopes varying along other axes) or the input range is too wide."""
+    inp = node.inputs[0]
+    if method == "CRELU" or x.dim() < 2 or inp.qmin is None or inp.qmax is None:
+        return None
+    qmin, qmax = int(inp.qmin), int(inp.qmax)
+    channels = int(x.shape[-1])
+    if not 0 < qmax - qmin + 1 <= TABLE_MAX_CODES or channels < 1:
+        return None
+    if method == "PRELU":  # slopes that do not broadcast to this input take the general path (and its error)
+        shape = tuple(node.get_constant("negative_slope").betensor.shape)
+        if len(shape) > x.dim() or any(s not in (1, d) for s, d in zip(reversed(shape), reversed(x.shape))):
+            return None
+
+    def build() -> Optional[Tuple[int, int, torch.Tensor]]:
+        slope = None
+        if method == "PRELU":  # the Parser repeats per-channel slopes over the spatial axes: one row serves all
+            slope = node.get_constant("negative_slope").betensor
+            if slope.dim() > x.dim() or (slope.dim() and int(slope.shape[-1]) not in (1, channels)):
+                return None
+            rows = slope.reshape(-1, int(slope.shape[-1]) if slope.dim() else 1)
+            if not bool((rows == rows[:1]).all()):
+                return None
+            slope = rows[0]
+        codes = torch.arange(qmin, qmax + 1, dtype=torch.int64, device=x.device)
+        probe = codes.reshape([-1] + [1] * (x.dim() - 1)).expand([-1] + [1] * (x.dim() - 2) + [channels])
+        if slope is not None:
+            y = _int_slope(node, method, probe.contiguous(), zp_in, slope)
+        else:
+            y = _integer_forward(node, method, probe.contiguous(), zp_in)
+        if tuple(y.shape) != tuple(probe.shape) or y.dtype != torch.int64:
+            return None
+        y = y.reshape(-1, channels)
+        if bool((y == y[:, :1]).all()):
+            return qmin, qmax, y[:, 0].contiguous()
+        return qmin, qmax, y.reshape(-1).contiguous()
+
+    return memo(node, "activation_table", (layer_key(node), x.dim(), channels, x.device), build)
+
+
 def activation_integer_forward(node: PyNode) -> torch.Tensor:
-    """Integer forward of a quantized activation layer (int64 in [qmin, qmax])."""
+    """Integer forward of a quantized activation layer (int64 in [qmin, qmax]); element-wise methods on inputs of
+    at most `TABLE_MAX_CODES` codes read a table of their own results (`_code_table`), exactly the same values."""
     method = activation_method(node)
     x, zp_in = int_input(node)
+    table = _code_table(node, method, x, zp_in)
+    if table is not None:
+        qmin, qmax, values = table
+        lo, hi = torch.aminmax(x)
+        if qmin <= int(lo) and int(hi) <= qmax:
+            index = x - qmin
+            channels = int(x.shape[-1])
+            if values.numel() != qmax - qmin + 1:  # one table per channel of the last axis
+                index = index.mul_(channels).add_(torch.arange(channels, dtype=torch.int64, device=x.device))
+            return values.index_select(0, index.reshape(-1)).reshape(x.shape)
+    return _integer_forward(node, method, x, zp_in)
+
+
+def _integer_forward(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> torch.Tensor:
     if method == "NONE":
         qmin, qmax = out_range(node.outputs[0])
         return torch.clamp(x, qmin, qmax)

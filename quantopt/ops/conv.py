@@ -15,9 +15,9 @@ from ..registry import declare_op
 from ..registry.schema import Bool, Int, Param
 from . import _fp8
 from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
+from ._mac_finish import finish_mac
 from ._quant import (
     layer_settings,
-    mac_finish,
     mac_input,
     mac_weights,
     out_range,
@@ -201,7 +201,7 @@ def convolution_forward(self: PyNode) -> None:
         _fp8.mac_forward(self, lambda x, w, b: _conv_nhwc(self, x, w, b, False, 0.0, torch.float64))
         return
     if self.quantized:
-        self.outputs[0].betensor = mac_finish(self, conv2d_nhwc_int(self, depthwise=False))
+        self.outputs[0].betensor = finish_mac(self, conv2d_nhwc_int(self, depthwise=False))
         return
     _conv_float_forward(self, depthwise=False)
 
@@ -213,7 +213,7 @@ def depthwise_conv_forward(self: PyNode) -> None:
         _fp8.mac_forward(self, lambda x, w, b: _conv_nhwc(self, x, w, b, True, 0.0, torch.float64))
         return
     if self.quantized:
-        self.outputs[0].betensor = mac_finish(self, conv2d_nhwc_int(self, depthwise=True))
+        self.outputs[0].betensor = finish_mac(self, conv2d_nhwc_int(self, depthwise=True))
         return
     _conv_float_forward(self, depthwise=True)
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedError
+from ..graph.memo import freeze, layer_key, memo
 from ..graph.node import PyNode
 from ..quant.hardware import POOLING_SHIFT_MAX
 from ..quant.lut import build_lut, lookup_lut
@@ -214,8 +215,7 @@ def pool2d_nchw_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, method: str
     (M, shift) the 8-bit approximation of s_out / s_in / count (float32, as upstream's integer forward; `avg_requant`).
     Sums are formed in float64, exact while |x + zp| * window size < 2^53 (checked).
     """
-    size, full, extra = _plan(node, x, p)
-    divisor = _divisors(node, x, p, extra, method)
+    size, full, _, divisor, requant = _int_plan(node, x, p, method)
     if method == "MAX":
         xf = x.to(torch.float64)
         xp = F.pad(xf, full, value=float("-inf")) if any(full) else xf
@@ -232,8 +232,21 @@ def pool2d_nchw_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, method: str
     total = _window_sum(xp, p["k"], p["s"], p["d"]).to(torch.int64)
     _check_size(node, total, size)
     total = torch.clamp(total, -AVG_SUM_LIMIT, AVG_SUM_LIMIT)
-    mult, shift = avg_requant(tensor_scale(node.inputs[0]), tensor_scale(node.outputs[0]), divisor)
+    mult, shift = requant
     return requantize_int(total, mult, shift, 0, -2 ** 62, 2 ** 62) - tensor_zp(node.outputs[0])
+
+
+def _int_plan(node: PyNode, x: torch.Tensor, p: dict, method: str) -> Tuple[Any, ...]:
+    """(size, pads, extra cells, divisors, AVG's (M, shift) or None) of the integer MAX/AVG pool: memoized per layer
+    and input shape (graph/memo.py), they cost more than the pooling of a small input."""
+    def build() -> Tuple[Any, ...]:
+        size, full, extra = _plan(node, x, p)
+        divisor = _divisors(node, x, p, extra, method)
+        requant = (avg_requant(tensor_scale(node.inputs[0]), tensor_scale(node.outputs[0]), divisor)
+                   if method == "AVG" else None)
+        return size, full, extra, divisor, requant
+
+    return memo(node, "pool_int", (layer_key(node), tuple(x.shape), freeze(p), method), build)
 
 
 AVG_SUM_LIMIT = 2 ** 31
@@ -329,7 +342,8 @@ def _run_pool(node: PyNode, global_pool: bool) -> None:
     if x.dim() not in (3, 4):
         raise node._error(f"input must be 4-D NHWC (or 3-D [N, W, C]), got shape {list(x.shape)}")
     one_d = x.dim() == 3
-    p = _global_params(node, x, one_d) if global_pool else _params(node, one_d)
+    p = memo(node, "pool_params", (freeze(node.params), tuple(x.shape), global_pool),
+             lambda: _global_params(node, x, one_d) if global_pool else _params(node, one_d))
     if node.quantized:
         xi = int_value(node.inputs[0])
         xc = (xi.unsqueeze(1) if one_d else xi).permute(0, 3, 1, 2)
