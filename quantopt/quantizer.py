@@ -9,6 +9,7 @@ from .errors import ConfigError, PluginError, UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
 from .log import OPT_INFO
 from .ops._per_channel import check_per_channel_inputs, is_per_channel
+from .passes.absorb_scales import absorb_input_scales
 from .passes.float_islands import float_choices, insert_boundary_layers, make_float_layer
 from .passes.fp8_borders import insert_fp8_borders
 from .passes.recurrent_casts import insert_recurrent_state_casts
@@ -45,7 +46,9 @@ def quantize_graph(graph: QuantizeGraph) -> QuantizeGraph:
     """A quantized copy of `graph` (which keeps its float values); also stored as `graph.quantgraph`.
 
     Layers whose settings ask for `trigger_float_op` stay float in the copy, with Quantize/DeQuantize/Cast
-    layers inserted at their borders (passes/float_islands.py)."""
+    layers inserted at their borders (passes/float_islands.py). A MAC layer reading a per-channel activation gets
+    the producer's scales absorbed into its float weights on the copy before it is quantized
+    (passes/absorb_scales.py)."""
     check_quantizable(graph)
     q = graph.clone()
     for key in FLOAT_IR_HEADER_KEYS:  # a quantized IR with these lines is read as a float IR by upstream's tools
@@ -60,6 +63,7 @@ def quantize_graph(graph: QuantizeGraph) -> QuantizeGraph:
         n.params["is_perf_mode"] = bool(n.settings.perf_mode_for_lib) if n.settings is not None else True
         n.params["unquantifiable"] = False
         check_per_channel_inputs(n)
+        absorb_input_scales(n)  # a MAC layer's per-channel input scales into its float weights, on this copy
         try:
             n.quantize()
         except (ValueError, RuntimeError) as e:

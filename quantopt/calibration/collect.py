@@ -10,7 +10,7 @@ strategies and hence which statistics are worth computing.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Sequence
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
@@ -22,6 +22,9 @@ from ..quant.params import QuantMode
 from .inf_mask import apply_inf_mask_ranges
 from .statistics import StatisticsConfig, update_statistics
 from .strategies import apply_strategy, parse_strategy
+
+if TYPE_CHECKING:
+    from ..config.layer_settings import LayerSettings
 
 NOT_WEIGHTS = ("biases",)
 """Constants that are never calibrated as weights: biases are quantized with the input and weight scales."""
@@ -64,9 +67,10 @@ def _per_channel_activations(node: PyNode) -> bool:
     return QuantMode.from_name(node.settings.q_mode_activation).is_per_channel
 
 
-def recalibrate_weight(node: PyNode, t: PyTensor) -> None:
-    """Statistics and calibrated ranges of one weight constant again, after its float values changed."""
-    s = node.settings
+def recalibrate_weight(node: PyNode, t: PyTensor, settings: Optional[LayerSettings] = None) -> None:
+    """Statistics and calibrated ranges of one weight constant again, after its float values changed, with the
+    layer's settings (or `settings`: those its quantize function uses, when it replaces some)."""
+    s = settings if settings is not None else node.settings
     t.stats = weight_statistics(node, t)
     symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
     t.min, t.max = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight, symmetric=symmetric,

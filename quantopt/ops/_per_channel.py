@@ -6,10 +6,11 @@ An activation quantized per channel has one scale per channel of its last axis (
 * producers: Convolution, DepthwiseConv, FullyConnected and BatchNorm, whose requantization is per output channel
   anyway (s_out[c] / (s_in · s_w[c])), Eltwise/Add/Sub/Mul, which then align their inputs channel by channel, and
   the table activations, with one table per channel;
-* consumers: the same layers; the MAC layers absorb the input scales into their float weights before quantizing them
-  (w'[.., i] = w[.., i] / s_in[i], input scale 1), the element-wise ones align per channel; MAX/AVG pooling, which
-  works per channel and passes the scales on; Concat on the channel axis, which passes the integers through and joins
-  the scales. Any other consumer is refused with an error naming both layers.
+* consumers: the same layers; the MAC layers read float weights into which the input scales were absorbed before
+  their quantize function ran (w'[.., i] = w[.., i] / s_in[i], input scale 1; passes/absorb_scales.py does it on the
+  quantized copy, here are the pure helpers and the check), the element-wise ones align per channel; MAX/AVG pooling,
+  which works per channel and passes the scales on; Concat on the channel axis, which passes the integers through and
+  joins the scales. Any other consumer is refused with an error naming both layers.
 """
 from __future__ import annotations
 
@@ -87,20 +88,41 @@ def input_channel_index(node: PyNode, weights: torch.Tensor) -> torch.Tensor:
     return index.expand(shape)
 
 
-def absorb_input_scales(node: PyNode, key: str = "weights") -> bool:
-    """Divide the layer's float weights by the scales of its per-channel input (each weight by the scale of the
-    input channel it multiplies), so that the layer sees an input of scale 1; the weight statistics and ranges are
-    computed again with the layer's weight strategy. False (nothing done) for a per-tensor input."""
-    from ..calibration.collect import recalibrate_weight
+ABSORBING_TYPES = ("Convolution", "DepthwiseConv", "FullyConnected", "BatchNorm")
+"""The per-channel consumers that take the input scales into their float weights (the MAC layers)."""
 
-    scales = channel_scales(node.inputs[0])
-    if scales is None:
-        return False
-    w = node.get_constant(key)
-    index = input_channel_index(node, w.betensor)
+ABSORBED_SCALES = "absorbed_input_scales"
+"""`node.attrs` key: the float32 input scales a layer's float weights were divided by (passes/absorb_scales.py)."""
+
+
+class UnabsorbedInputScales(AssertionError):
+    """Internal error: a MAC layer is quantized with weights that do not hold its per-channel input's scales."""
+
+
+def absorbed_weights(node: PyNode, weights: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The float weights with the input scales absorbed (each weight divided by the scale of the input channel it
+    multiplies, in float64, rounded once to the weights' dtype); `weights` is left as it is."""
+    index = input_channel_index(node, weights)
     if int(index.max()) >= scales.numel():
         raise node._error(f"per-channel input '{node.inputs[0].name}' has {scales.numel()} scales but the weights "
                           f"read {int(index.max()) + 1} input channels")
-    w.betensor = (w.betensor.to(torch.float64) / scales.to(torch.float64)[index]).to(w.betensor.dtype)
-    recalibrate_weight(node, w)
+    return (weights.to(torch.float64) / scales.to(torch.float64)[index]).to(weights.dtype)
+
+
+def input_scales_absorbed(node: PyNode) -> bool:
+    """Whether the layer's input scales are in its float weights (then the input counts with scale 1, zero point 0).
+
+    True for a per-channel input whose scales, bit for bit, are those the weights were divided by; False for a
+    per-tensor input whose scales nothing absorbed. Anything else means the absorption step before quantization
+    did not run or ran with other scales: an internal error (UnabsorbedInputScales)."""
+    scales = channel_scales(node.inputs[0])
+    absorbed = node.attrs.get(ABSORBED_SCALES)
+    if scales is None and absorbed is None:
+        return False
+    if scales is None or absorbed is None or not torch.equal(absorbed, scales):
+        got = "none" if scales is None else f"{scales.numel()} per-channel scales"
+        raise UnabsorbedInputScales(
+            f"layer '{node.name}' ({node.type}): input '{node.inputs[0].name}' has {got} but the weights "
+            f"{'hold no input scales' if absorbed is None else 'hold other input scales'}; the per-channel "
+            "absorption (passes/absorb_scales.py) must run on the layer right before it is quantized")
     return True

@@ -367,15 +367,17 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
     Output params from the calibrated output range (unsigned after RELU/RELU6/CLIP>=0); weights symmetric or
     asymmetric per tensor, per channel, or per group for grouped convs; requant ratio s_out / (s_in * s_w) as
     multiplier/shift (per channel: one shift shared by all channels, `unify_shifts_for_aiff`); biases quantized
-    with scale s_in * s_w, the input zero point folded in, then limited to `bias_effective_bits`.
+    with scale s_in * s_w, the input zero point folded in, then limited to `bias_effective_bits`. A per-channel
+    input's scales are already in the float weights (passes/absorb_scales.py ran before): the input counts with
+    scale 1 and zero point 0.
     """
-    from ._per_channel import absorb_input_scales
+    from ._per_channel import input_scales_absorbed
 
     check_fused_activation_quantizable(node)
     s = layer_settings(node)
     _refuse_per_block(node, QuantMode.from_name(s.q_mode_weight))
     inp, out = node.inputs[0], node.outputs[0]
-    if absorb_input_scales(node):  # a per-channel input: its scales are in the weights, the input has scale 1
+    if input_scales_absorbed(node):
         s_in, zp_in = 1.0, 0
     else:
         s_in, zp_in = tensor_scale(inp), tensor_zp(inp)

@@ -18,6 +18,7 @@ from ...graph.node import PyNode
 from ...graph.tensor import PyTensor, TensorStatistics
 from ...graph.values import to_float, to_quantized
 from ...ops._quant import activation_mode, is_signed
+from ...passes.absorb_scales import absorb_input_scales
 from ...quant.compare import cosine
 from ...quant.params import QuantMode, dequantize, linear_quant_params, quantize
 from ...quantizer import quantize_graph
@@ -63,12 +64,20 @@ def capture(graph: PyGraph, batches: Sequence[Batch], names: Set[str], quantized
 
 def quantize_alone(fnode: PyNode, qnode: PyNode, input_params: Optional[PyTensor] = None) -> PyNode:
     """A copy of the float layer quantized on its own, its input carrying the params of the quantized graph's
-    input (or of `input_params`). The float layer and the graphs are left untouched."""
+    input (or of `input_params`). The float layer and the graphs are left untouched; a per-channel input's scales
+    are absorbed into the copy's float weights first, as `quantize_graph` does (passes/absorb_scales.py)."""
     m = fnode.detached_copy(inputs=list(qnode.inputs))
     if input_params is not None:
         m.inputs[0] = input_params.clone()
-    m.quantize()
+    quantize_copy(m)
     return m
+
+
+def quantize_copy(node: PyNode) -> None:
+    """Quantize a layer copied out of its graph (its inputs already carry their params) as `quantize_graph` would
+    quantize it: a per-channel input's scales absorbed into its float weights first (passes/absorb_scales.py)."""
+    absorb_input_scales(node)
+    node.quantize()
 
 
 def run_alone(node: PyNode, inputs: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -31,7 +31,7 @@ from ...passes.float_islands import FLOAT_DTYPES, float_choices, make_float_laye
 from ...progress import progress
 from ...quantizer import quantize_graph
 from ...threads import one_thread
-from ._common import Batch, clone_nodes
+from ._common import Batch, clone_nodes, quantize_copy
 from .gptq_zy import block_bounds, is_block_layer
 from .smooth_quant_zy import Pair, PairProbe, apply_pair, channel_stats, clean_sigma, describe, find_pairs, smooth
 from .spec import GlobalMethodSpec
@@ -104,7 +104,7 @@ class MixedPairProbe(PairProbe):
             if n.name in self.floats:
                 make_float_layer(n, self.choices[n.name])
             else:
-                n.quantize()
+                quantize_copy(n)
         inside = {id(t) for n in copies for t in n.outputs}
         total, count = 0.0, 0
         by_name = {n.name: n for n in copies}

@@ -37,7 +37,7 @@ from ...ops._quant import copy_params
 from ...progress import progress
 from ...quantizer import quantize_graph
 from ...threads import one_thread
-from ._common import Batch, clone_nodes, consumers, recalibrate_weights
+from ._common import Batch, clone_nodes, consumers, quantize_copy, recalibrate_weights
 from .spec import GlobalMethodSpec
 
 NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm", "BatchNorm")
@@ -271,7 +271,7 @@ class PairProbe:
             change(copies)
         copy_params(copies[0].inputs[0], self.q_input)
         for n in copies:
-            n.quantize()
+            quantize_copy(n)
         total, count = 0.0, 0
         by_name = {n.name: n for n in copies}
         with torch.no_grad():
