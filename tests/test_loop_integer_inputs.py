@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from control_flow_graphs import loop_body
 
 from quantopt.errors import IRError
 from quantopt.graph.builder import GraphBuilder
@@ -21,23 +22,6 @@ from quantopt.pipeline import quantize_model
 from quantopt.quant.dtype import Dtype
 
 K = np.array([[0.5, -0.25, 1.0, 0.125]], dtype=np.float32)
-
-
-def _body() -> PyGraph:
-    """(i, cond, v) -> (cond, v * K + i, v * K + i)."""
-    b = GraphBuilder("body_g")
-    cond_in = b.input("cond_in_0", [], Dtype.UINT8, layer_name="cond_in")
-    it = b.input("iter_0", [], Dtype.INT32, layer_name="iter")
-    v = b.input("v_0", [1, 4], layer_name="v")
-    it_f = b.layer("Cast", [it], [[]], name="iter_f", outputs=["iter_f_0"],
-                   params={"to_dtype": Dtype.FP32, "clip_mode": "TRUNCATION", "ignore_scale_zp": True})
-    k = b.layer("Constant", [], [[1, 4]], name="k", outputs=["k_0"], constants={"weights": K})
-    vm = b.layer("Eltwise", [v, k], [[1, 4]], name="vm", outputs=["vm_0"],
-                 params={"with_activation": "NONE", "method": "MUL"})
-    v_out = b.layer("Add", [vm, it_f], [[1, 4]], name="v_out", outputs=["v_out_0"], params={"with_activation": "NONE"})
-    cond_out = b.layer("Dummy", [cond_in], [[]], name="cond_out", outputs=["cond_out_0"], output_dtypes=[Dtype.UINT8])
-    b._inputs = [it, cond_in, v]
-    return b.build([cond_out, v_out, v_out], graph_cls=PyGraph)
 
 
 def loop_graph(m: int, m_as_input: bool = False, m_also_read: bool = False) -> PyGraph:
@@ -64,7 +48,7 @@ def loop_graph(m: int, m_as_input: bool = False, m_also_read: bool = False) -> P
         final.append(b.layer("Eltwise", [x, mt], [[1, 4]], name="xm", outputs=["xm_0"],
                              params={"with_activation": "NONE", "method": "MUL"}))
     g = b.build(final)
-    set_subgraphs(g.node("vf"), {"body": _body()})
+    set_subgraphs(g.node("vf"), {"body": loop_body(K)})
     return g
 
 

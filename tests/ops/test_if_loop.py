@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from control_flow_graphs import loop_body
 
 from quantopt.errors import IRError
 from quantopt.graph.builder import GraphBuilder
@@ -49,22 +50,6 @@ def if_graph() -> PyGraph:
     return g
 
 
-def _body() -> PyGraph:
-    b = GraphBuilder("body_g")
-    cond_in = b.input("cond_in_0", [], Dtype.UINT8, layer_name="cond_in")
-    it = b.input("iter_0", [], Dtype.INT32, layer_name="iter")
-    v = b.input("v_0", [1, 4], layer_name="v")
-    it_f = b.layer("Cast", [it], [[]], name="iter_f", outputs=["iter_f_0"],
-                   params={"to_dtype": Dtype.FP32, "clip_mode": "TRUNCATION", "ignore_scale_zp": True})
-    k = b.layer("Constant", [], [[1, 4]], name="k", outputs=["k_0"], constants={"weights": K})
-    vm = b.layer("Eltwise", [v, k], [[1, 4]], name="vm", outputs=["vm_0"],
-                 params={"with_activation": "NONE", "method": "MUL"})
-    v_out = b.layer("Add", [vm, it_f], [[1, 4]], name="v_out", outputs=["v_out_0"], params={"with_activation": "NONE"})
-    cond_out = b.layer("Dummy", [cond_in], [[]], name="cond_out", outputs=["cond_out_0"], output_dtypes=[Dtype.UINT8])
-    b._inputs = [it, cond_in, v]
-    return b.build([cond_out, v_out, v_out], graph_cls=PyGraph)
-
-
 def loop_graph() -> PyGraph:
     """M (int32 scalar), cond (uint8 scalar), v -> Loop(body: v*K + i, scan of the new v) -> (final v, scans)."""
     b = GraphBuilder("loopg")
@@ -74,7 +59,7 @@ def loop_graph() -> PyGraph:
     outs = b.layer("Loop", [m, cond, v], [[1, 4], [100, 4]], name="vf", outputs=["vf_0", "vf_1"],
                    params={"dependency_inputs_num": 1, "scan_outputs_num": 1, "loop_default_count": 100})
     g = b.build(outs)
-    set_subgraphs(g.node("vf"), {"body": _body()})
+    set_subgraphs(g.node("vf"), {"body": loop_body(K)})
     return g
 
 
