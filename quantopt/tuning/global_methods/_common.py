@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
-from ...calibration.collect import weight_constants
-from ...calibration.statistics import StatisticsConfig, update_statistics
-from ...calibration.strategies import apply_strategy, parse_strategy
-from ...config.layer_settings import LayerSettings
 from ...errors import QuantOptError
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
-from ...graph.tensor import PyTensor, TensorStatistics
+from ...graph.tensor import PyTensor
 from ...graph.values import to_float, to_quantized
 from ...ops._quant import activation_mode, is_signed
 from ...passes.absorb_scales import absorb_input_scales
 from ...quant.compare import cosine
-from ...quant.params import QuantMode, dequantize, linear_quant_params, quantize
+from ...quant.params import dequantize, linear_quant_params, quantize
 from ...quantizer import quantize_graph
 from ...threads import one_thread
 from .spec import GlobalMethodSpec
@@ -62,13 +58,18 @@ def capture(graph: PyGraph, batches: Sequence[Batch], names: Set[str], quantized
     return found
 
 
-def quantize_alone(fnode: PyNode, qnode: PyNode, input_params: Optional[PyTensor] = None) -> PyNode:
+def quantize_alone(fnode: PyNode, qnode: PyNode, input_params: Optional[PyTensor] = None,
+                   change: Optional[Callable[[PyNode], None]] = None) -> PyNode:
     """A copy of the float layer quantized on its own, its input carrying the params of the quantized graph's
-    input (or of `input_params`). The float layer and the graphs are left untouched; a per-channel input's scales
-    are absorbed into the copy's float weights first, as `quantize_graph` does (passes/absorb_scales.py)."""
+    input (or of `input_params`); `change` (a candidate: ranges, constants) is applied to the copy before it is
+    quantized. The float layer and the graphs are left untouched, so a method measures a candidate without setting
+    and restoring anything; a per-channel input's scales are absorbed into the copy's float weights first, as
+    `quantize_graph` does (passes/absorb_scales.py)."""
     m = fnode.detached_copy(inputs=list(qnode.inputs))
     if input_params is not None:
         m.inputs[0] = input_params.clone()
+    if change is not None:
+        change(m)
     quantize_copy(m)
     return m
 
@@ -165,6 +166,23 @@ def scaled(v: Union[float, torch.Tensor], f: float) -> Union[float, torch.Tensor
     return v / f if isinstance(v, torch.Tensor) else float(v) / f
 
 
+RANGE_KEYS = ("min", "max", "min_key_axis", "max_key_axis")
+Range = Dict[str, object]
+"""Calibrated range values of a tensor by attribute name (a subset of RANGE_KEYS): a candidate or a method's
+result, applied to a copy to measure it and to the graph's tensor once chosen (`set_range`)."""
+
+
+def tensor_range(t: PyTensor) -> Range:
+    """The calibrated range of `t` as values (min, max and the per-channel ones)."""
+    return {key: getattr(t, key) for key in RANGE_KEYS}
+
+
+def set_range(t: PyTensor, values: Range) -> None:
+    """Give tensor `t` (a copy's, or the graph's once a method has chosen) the calibrated range `values`."""
+    for key, value in values.items():
+        setattr(t, key, value)
+
+
 def search_factors(alpha: float, beta: float, nsteps: int) -> List[float]:
     """linspace(alpha, beta, nsteps) plus 1 (the current range), sorted, without repeats."""
     grid = torch.linspace(alpha, beta, nsteps, dtype=torch.float64).tolist() if nsteps > 1 else [alpha]
@@ -201,15 +219,14 @@ def range_honoured(qgraph: PyGraph, t: PyTensor, qt: PyTensor) -> Optional[PyNod
     p = linear_quant_params(t.min, t.max, bits, activation_mode(producer, bits), is_signed(qt))
     if float(p.scale) != float(qt.scale) or int(p.zerop) != int(qt.zerop) or (p.qmin, p.qmax) != (qt.qmin, qt.qmax):
         return None
-    lo, hi = t.min, t.max
+    index = producer.outputs.index(t)
+    wide = {"min": scaled(t.min, 0.5), "max": scaled(t.max, 0.5)}
     try:
-        t.min, t.max = scaled(lo, 0.5), scaled(hi, 0.5)
-        probe = quantize_alone(producer, qgraph.node(producer.name))
-        wider = probe.outputs[producer.outputs.index(t)].scale
+        probe = quantize_alone(producer, qgraph.node(producer.name),
+                               change=lambda m: set_range(m.outputs[index], wide))
+        wider = probe.outputs[index].scale
     except (QuantOptError, ValueError, RuntimeError, KeyError):
         return None
-    finally:
-        t.min, t.max = lo, hi
     return producer if not isinstance(wider, torch.Tensor) and float(wider) != float(qt.scale) else None
 
 
@@ -219,27 +236,6 @@ def fake_quant_range(x: torch.Tensor, lo: float, hi: float, qt: PyTensor, produc
     bits = int(qt.qbits)
     p = linear_quant_params(lo, hi, bits, activation_mode(producer, bits), is_signed(qt))
     return dequantize(quantize(x, p.scale, p.zerop, p.qmin, p.qmax), p.scale, p.zerop)
-
-
-def recalibrate_weights(node: PyNode) -> None:
-    """Fresh statistics and calibrated ranges of a layer's weight constants after a method changed their values,
-    as the statistics pass and local calibration compute them (the layer's weight strategy, per tensor and per
-    output channel). New statistics objects: clones of the graph share the old ones."""
-    s = node.settings if node.settings is not None else LayerSettings()
-    st = parse_strategy(s.q_strategy_weight)
-    symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
-    for t in weight_constants(node):
-        t.stats = TensorStatistics()
-        cfg = StatisticsConfig(momentum=s.running_statistic_momentum, histc_bins=s.histc_bins,
-                               need_histogram=st.needs_histogram, need_moments=st.needs_moments,
-                               key_axis=0 if t.betensor.dim() > 0 else None,
-                               trim=s.trim_infinity_before_statistic or None)
-        update_statistics(t.stats, t.betensor, cfg, 0)
-        t.min, t.max = apply_strategy(t.stats, st, s.q_bits_weight, symmetric=symmetric, ir_range=t.ir_range,
-                                      per_channel=False)
-        if t.stats.extrema_min_key_axis is not None:
-            t.min_key_axis, t.max_key_axis = apply_strategy(t.stats, st, s.q_bits_weight, symmetric=symmetric,
-                                                            ir_range=t.ir_range, per_channel=True)
 
 
 # ------------------------------------------------------------------------------------------------ graph helpers

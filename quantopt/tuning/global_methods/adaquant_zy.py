@@ -16,8 +16,8 @@ for every layer. A learning rate of 0 freezes its group; Δb is learned only for
 when the input's producer takes its quantization params from its calibrated range (the input range is then
 shared by every reader of that tensor; the last layer's choice stays, as upstream).
 
-The result is written as the layer's float weights W + ΔW and biases b + Δb (restored after quantization), the
-weight range giving S_w and the input range giving S_x. It is kept only when the summed reconstruction MSE of
+The result is the layer's float weights W + ΔW and biases b + Δb, the weight range giving S_w and the input range
+giving S_x. It is measured on a copy of the graph and set on the layer only when the summed reconstruction MSE of
 the layers in scope (quantized graph, errors of earlier layers included, against the float outputs) drops, since
 an input range is also the output range of the layer before; otherwise the layer is left as it was.
 """
@@ -46,6 +46,7 @@ from ._common import (
     pad_samples,
     range_for_scale,
     range_honoured,
+    set_range,
     skip_reason,
     target_layers,
     weight_quant,
@@ -166,42 +167,35 @@ def _weight_range(node: PyNode, grid: _Grid) -> Dict[str, object]:
     return {"min": float(lo[0]), "max": float(hi[0])}
 
 
-def _save(node: PyNode) -> Dict[str, object]:
-    state: Dict[str, object] = {key: t.betensor for key, t in node.constants.items() if key in ("weights", "biases")}
-    w = node.constants["weights"]
-    state.update({f"w.{k}": getattr(w, k) for k in ("min", "max", "min_key_axis", "max_key_axis")})
-    t = node.inputs[0]
-    state.update({"x.min": t.min, "x.max": t.max})
-    return state
-
-
-def _load(node: PyNode, state: Dict[str, object]) -> None:
-    for key in ("weights", "biases"):
-        if key in state:
-            node.constants[key].betensor = state[key]
-    w = node.constants["weights"]
-    for k in ("min", "max", "min_key_axis", "max_key_axis"):
-        setattr(w, k, state[f"w.{k}"])
-    node.inputs[0].min, node.inputs[0].max = state["x.min"], state["x.max"]
-
-
-def _apply(node: PyNode, learner: _Learner, producer: Optional[PyNode]) -> str:
+def _learned(node: PyNode, learner: _Learner, producer: Optional[PyNode]) -> Tuple[Dict[str, object], str]:
+    """The values the learner found for `node`, as the graph stores them (float weights and biases, the weight
+    range, the input range when its scale was learned), and their log text."""
     wt = node.constants["weights"]
-    wt.betensor = learner.weights().detach().reshape(wt.betensor.shape).to(wt.betensor.dtype)
+    values: Dict[str, object] = {
+        "weights": learner.weights().detach().reshape(wt.betensor.shape).to(wt.betensor.dtype),
+        "weight_range": _weight_range(node, learner.wgrid)}
     if learner.b is not None:
         bt = node.constants["biases"]
-        bt.betensor = learner.biases().detach().reshape(bt.betensor.shape).to(bt.betensor.dtype)
-    for key, value in _weight_range(node, learner.wgrid).items():
-        setattr(wt, key, value)
+        values["biases"] = learner.biases().detach().reshape(bt.betensor.shape).to(bt.betensor.dtype)
     f_w = torch.exp(learner.wgrid.rho.detach())
     text = f"weight scale x [{float(f_w.min()):.4g}, {float(f_w.max()):.4g}]"
     g = learner.xgrid
     if producer is not None and g is not None and g.rho.requires_grad:
         symmetric = activation_mode(producer, learner.x_bits).is_symmetric
         lo, hi = range_for_scale(g.scale().detach(), g.zerop, g.qmin, g.qmax, symmetric, g.qmin < 0)
-        node.inputs[0].min, node.inputs[0].max = float(lo), float(hi)
+        values["input_range"] = {"min": float(lo), "max": float(hi)}
         text += f", input '{node.inputs[0].name}' scale x {math.exp(float(g.rho.detach())):.4g}"
-    return text
+    return values, text
+
+
+def _apply(node: PyNode, values: Dict[str, object]) -> None:
+    """Give `node` (of the graph, or of a copy that measures the candidate) the learned `values`."""
+    node.constants["weights"].betensor = values["weights"]
+    if "biases" in values:
+        node.constants["biases"].betensor = values["biases"]
+    set_range(node.constants["weights"], values["weight_range"])
+    if "input_range" in values:
+        set_range(node.inputs[0], values["input_range"])
 
 
 def adaquant_zy(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batches: Sequence[Batch]) -> List[str]:
@@ -226,18 +220,19 @@ def adaquant_zy(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batc
         learner = _Learner(node, qnode, spec, producer is not None)
         with one_thread():  # the losses and the gradients of scalar scales are full sums (threads.py)
             first, last = learner.train(x, y, epochs, batch_size, SEED + index)
-        saved = _save(node)
-        text = _apply(node, learner, producer)
-        candidate = quantize_graph(graph)
+        values, text = _learned(node, learner, producer)
+        trial = graph.clone()  # the candidate is measured on a copy: a rejected one leaves the graph as it was
+        _apply(trial.node(node.name), values)
+        candidate = quantize_graph(trial)
         after = _total_mse(candidate, data, targets)
         if not after < current:
-            _load(node, saved)
             OPT_INFO(f"adaquant_zy: layer '{node.name}' unchanged: the learned values ({text}; simulated loss "
                      f"{first:.6g} -> {last:.6g}) would not lower the summed reconstruction mse {current:.6g} "
                      f"(got {after:.6g})")
             continue
         OPT_INFO(f"adaquant_zy: layer '{node.name}': {text}; simulated loss {first:.6g} -> {last:.6g}; summed "
                  f"reconstruction mse {current:.6g} -> {after:.6g}")
+        _apply(node, values)
         qgraph, current = candidate, after
         changed.append(node.name)
     return changed

@@ -7,7 +7,7 @@ no scaling), X the norm's output on the calibration batches given, keeping the �
 outputs (quantized on their own, the norm fed its float input quantized with its input params) have the lowest
 MSE against the float outputs. Then, when max_shrink > 0, the weight ranges of the pair's FullyConnected layers
 are multiplied by 1 − r/n_grid for r = 0..⌊max_shrink·n_grid⌋ − 1 (clipping), keeping the ratio with the lowest
-MSE. Ranges, reference model and restoring work as in smooth_quant_zy.
+MSE. Ranges, the reference model and the single final assignment work as in smooth_quant_zy.
 
 Weight-only FullyConnected layers (float layers of the quantized graph, e.g. per-block w4afp16/wfp4afp16 weights) are
 measured as the quantized graph runs them: quantized weight-only (the block scales derived from the smoothed
@@ -17,13 +17,14 @@ float type. Clipping a layer with per-block weights clips each block's weights t
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Set
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
 from ...graph.float_layer import round_to_float_dtype
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
+from ...graph.tensor import PyTensor
 from ...graph.values import to_float, to_quantized
 from ...log import OPT_INFO
 from ...ops._quant import copy_params
@@ -105,7 +106,7 @@ class MixedPairProbe(PairProbe):
                 make_float_layer(n, self.choices[n.name])
             else:
                 quantize_copy(n)
-        inside = {id(t) for n in copies for t in n.outputs}
+        feeds = self._float_feeds(copies)
         total, count = 0.0, 0
         by_name = {n.name: n for n in copies}
         with torch.no_grad():
@@ -116,7 +117,9 @@ class MixedPairProbe(PairProbe):
                 else:
                     first.inputs[0].betensor = to_quantized(x, self.q_input)
                 for n in copies:
-                    self._forward(n, inside)
+                    for own, src, dtype in feeds.get(n.name, ()):
+                        own.betensor = round_to_float_dtype(to_float(src), dtype)
+                    n.forward()
                 for fc in self.pair.fcs:
                     y = to_float(by_name[fc.name].outputs[0]).to(torch.float64)
                     with one_thread():  # a full float sum: the same at any thread count (threads.py)
@@ -124,20 +127,22 @@ class MixedPairProbe(PairProbe):
                     count += y.numel()
         return total / max(count, 1)
 
-    def _forward(self, n: PyNode, inside: Set[int]) -> None:
-        if n.name not in self.floats:
-            n.forward()
-            return
-        dtype = FLOAT_DTYPES[self.choices[n.name].act_type]
-        stored = [t.betensor for t in n.inputs]
-        for t in n.inputs:
-            if id(t) in inside and t.qmin is not None:
-                t.betensor = round_to_float_dtype(to_float(t), dtype)
-        try:
-            n.forward()
-        finally:
-            for t, v in zip(n.inputs, stored):
-                t.betensor = v
+    def _float_feeds(self, copies: Sequence[PyNode]) -> Dict[str, List[Tuple[PyTensor, PyTensor, torch.dtype]]]:
+        """Per float copy, its inputs produced by an integer copy: each gets a tensor of its own (a clone of the
+        quantized output, params included), which `loss` fills with that output dequantized and rounded to the float
+        layer's type before the layer runs, so the integer layer's output is never swapped and restored."""
+        inside = {id(t) for n in copies for t in n.outputs}
+        feeds: Dict[str, List[Tuple[PyTensor, PyTensor, torch.dtype]]] = {}
+        for n in copies:
+            if n.name not in self.floats:
+                continue
+            dtype = FLOAT_DTYPES[self.choices[n.name].act_type]
+            for k, t in enumerate(n.inputs):
+                if id(t) in inside and t.qmin is not None:
+                    own = t.clone()
+                    n.inputs[k] = own
+                    feeds.setdefault(n.name, []).append((own, t, dtype))
+        return feeds
 
 
 def awq_zy(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batches: Sequence[Batch]) -> List[str]:

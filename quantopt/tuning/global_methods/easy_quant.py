@@ -9,13 +9,14 @@ For each MAC layer in scope (topological order, `epochs` passes), on the first `
 2. input: with the weights fixed, the same search on the range of the layer's input tensor (the producer's
    output range), when the producer's quantization honours that range. A tensor read by several layers keeps the
    choice of the last one (upstream's rule).
-Factor 1 (the current range) is always a candidate, so a layer's cosine never decreases. Results are the
-tensors' calibrated ranges (`min`/`max`, `min_key_axis`/`max_key_axis`).
+Factor 1 (the current range) is always a candidate, so a layer's cosine never decreases. Candidates are measured
+on copies of the layer (`quantize_alone`); the searches return the chosen ranges, which are set once per layer on
+the tensors' calibrated ranges (`min`/`max`, `min_key_axis`/`max_key_axis`).
 """
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -29,6 +30,7 @@ from ...quant.params import linear_quant_params
 from ...quantizer import quantize_graph
 from ._common import (
     Batch,
+    Range,
     capture,
     concat_cos,
     quantize_alone,
@@ -36,6 +38,7 @@ from ._common import (
     run_alone,
     scaled,
     search_factors,
+    set_range,
     target_layers,
 )
 from .spec import GlobalMethodSpec
@@ -48,12 +51,18 @@ def _channel_groups(channels: int, ngroups: int) -> List[slice]:
     return [slice(i, min(i + per, channels)) for i in range(0, channels, per)]
 
 
-def _outputs(node: PyNode, qnode: PyNode, xs: Sequence[torch.Tensor], input_params: Optional[PyTensor] = None):
-    probe = quantize_alone(node, qnode, input_params)
+def _outputs(node: PyNode, qnode: PyNode, xs: Sequence[torch.Tensor], input_params: Optional[PyTensor] = None,
+             weight_range: Optional[Range] = None) -> List[torch.Tensor]:
+    """Dequantized outputs of a copy of the layer quantized on its own (with the candidate `input_params` and
+    weight range `weight_range` when given), fed the float inputs `xs`."""
+    change = None if weight_range is None else lambda m: set_range(m.constants["weights"], weight_range)
+    probe = quantize_alone(node, qnode, input_params, change)
     return [run_alone(probe, [x]) for x in xs]
 
 
-def _search_weights(node: PyNode, qnode: PyNode, xs, ys, factors: List[float], ngroups: int) -> str:
+def _search_weights(node: PyNode, qnode: PyNode, xs, ys, factors: List[float], ngroups: int
+                    ) -> Tuple[Optional[Range], str]:
+    """The weight range chosen (None: keep the current one) and the log text; candidates are measured on copies."""
     w = node.constants["weights"]
     per_channel = isinstance(qnode.constants["weights"].scale, torch.Tensor) and \
         qnode.constants["weights"].scale.numel() > 1
@@ -61,19 +70,17 @@ def _search_weights(node: PyNode, qnode: PyNode, xs, ys, factors: List[float], n
         lo, hi = w.min, w.max
         best_f, best = 1.0, -2.0
         for f in factors:
-            w.min, w.max = scaled(lo, f), scaled(hi, f)
-            c = concat_cos(ys, _outputs(node, qnode, xs))
+            c = concat_cos(ys, _outputs(node, qnode, xs, weight_range={"min": scaled(lo, f), "max": scaled(hi, f)}))
             if c > best + 1e-12 or (f == 1.0 and c >= best):
                 best_f, best = f, c
-        w.min, w.max = scaled(lo, best_f), scaled(hi, best_f)
-        return f"weight range / {best_f:.4g} (cosine {best:.6f})"
+        return {"min": scaled(lo, best_f), "max": scaled(hi, best_f)}, \
+            f"weight range / {best_f:.4g} (cosine {best:.6f})"
     lo, hi = w.min_key_axis.clone(), w.max_key_axis.clone()
     channels = int(lo.numel())
     groups = _channel_groups(channels, ngroups)
     scores = torch.full((len(factors), len(groups)), -2.0, dtype=torch.float64)
     for i, f in enumerate(factors):
-        w.min_key_axis, w.max_key_axis = lo / f, hi / f
-        outs = _outputs(node, qnode, xs)
+        outs = _outputs(node, qnode, xs, weight_range={"min_key_axis": lo / f, "max_key_axis": hi / f})
         for j, g in enumerate(groups):
             scores[i, j] = concat_cos([y[..., g] for y in ys], [y[..., g] for y in outs])
     one = factors.index(1.0)
@@ -84,22 +91,24 @@ def _search_weights(node: PyNode, qnode: PyNode, xs, ys, factors: List[float], n
     scale = torch.ones(channels, dtype=lo.dtype)
     for j, g in enumerate(groups):
         scale[g] = factors[choice[j]]
-    w.min_key_axis, w.max_key_axis = lo / scale, hi / scale
-    final = concat_cos(ys, _outputs(node, qnode, xs))
-    w.min_key_axis, w.max_key_axis = lo, hi
-    base = concat_cos(ys, _outputs(node, qnode, xs))
+    chosen = {"min_key_axis": lo / scale, "max_key_axis": hi / scale}
+    final = concat_cos(ys, _outputs(node, qnode, xs, weight_range=chosen))
+    base = concat_cos(ys, _outputs(node, qnode, xs, weight_range={"min_key_axis": lo, "max_key_axis": hi}))
     if final < base:
-        return f"weight ranges kept (cosine {base:.6f})"
-    w.min_key_axis, w.max_key_axis = lo / scale, hi / scale
-    return (f"per-channel weight ranges / [{float(scale.min()):.4g}, {float(scale.max()):.4g}] over {len(groups)} "
-            f"group(s) (cosine {final:.6f})")
+        return {"min_key_axis": lo, "max_key_axis": hi}, f"weight ranges kept (cosine {base:.6f})"
+    return chosen, (f"per-channel weight ranges / [{float(scale.min()):.4g}, {float(scale.max()):.4g}] over "
+                    f"{len(groups)} group(s) (cosine {final:.6f})")
 
 
-def _search_input(qgraph: PyGraph, node: PyNode, qnode: PyNode, xs, ys, factors: List[float]) -> str:
+def _search_input(qgraph: PyGraph, node: PyNode, qnode: PyNode, xs, ys, factors: List[float],
+                  weight_range: Optional[Range]) -> Tuple[Optional[Range], str]:
+    """The input range chosen (None: keep the current one) with the layer's weights at `weight_range`, and the log
+    text; candidates are measured on copies (the input params of a candidate range on a clone of the quantized
+    input)."""
     t, qt = node.inputs[0], qnode.inputs[0]
     producer = range_honoured(qgraph, t, qt)
     if producer is None:
-        return "input range kept (its producer does not take it from the calibrated range)"
+        return None, "input range kept (its producer does not take it from the calibrated range)"
     lo, hi = t.min, t.max
     bits = int(qt.qbits)
     best_f, best = 1.0, -2.0
@@ -107,11 +116,11 @@ def _search_input(qgraph: PyGraph, node: PyNode, qnode: PyNode, xs, ys, factors:
         cand = qt.clone()
         p = linear_quant_params(scaled(lo, f), scaled(hi, f), bits, activation_mode(producer, bits), is_signed(qt))
         set_params(cand, p, bits)
-        c = concat_cos(ys, _outputs(node, qnode, xs, cand))
+        c = concat_cos(ys, _outputs(node, qnode, xs, cand, weight_range))
         if c > best + 1e-12 or (f == 1.0 and c >= best):
             best_f, best = f, c
-    t.min, t.max = scaled(lo, best_f), scaled(hi, best_f)
-    return f"input '{t.name}' range / {best_f:.4g} (cosine {best:.6f})"
+    return {"min": scaled(lo, best_f), "max": scaled(hi, best_f)}, \
+        f"input '{t.name}' range / {best_f:.4g} (cosine {best:.6f})"
 
 
 def easy_quant(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batches: Sequence[Batch]) -> List[str]:
@@ -127,8 +136,11 @@ def easy_quant(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batch
             ys = [io[1][0] for io in ref_io[node.name]]
             qnode = qgraph.node(node.name)
             before = concat_cos(ys, _outputs(node, qnode, xs))
-            w_msg = _search_weights(node, qnode, xs, ys, factors, spec.param("ngroups"))
-            i_msg = _search_input(qgraph, node, qnode, xs, ys, factors)
+            w_range, w_msg = _search_weights(node, qnode, xs, ys, factors, spec.param("ngroups"))
+            x_range, i_msg = _search_input(qgraph, node, qnode, xs, ys, factors, w_range)
+            set_range(node.constants["weights"], w_range)
+            if x_range is not None:
+                set_range(node.inputs[0], x_range)
             qgraph = quantize_graph(graph)
             after = concat_cos(ys, _outputs(node, qgraph.node(node.name), xs))
             OPT_INFO(f"easy_quant epoch {epoch}: layer '{node.name}': {w_msg}; {i_msg}; isolated cosine "

@@ -11,8 +11,8 @@ zero point and integer range): the column's rounding error, divided by U[i, i], 
 yet quantized, inside the block at once and after it in one matrix product.
 
 The quantized weights are written into the layer's float weights as their dequantized grid values, so the
-unchanged calibrated range and the layer's usual quantize function produce exactly those integers (the float
-constants are restored after quantization). A layer keeps rounding to nearest when GPTQ does not lower the
+unchanged calibrated range and the layer's usual quantize function produce exactly those integers (on the
+calibrated copy; the float graph keeps its weights). A layer keeps rounding to nearest when GPTQ does not lower the
 Hessian-weighted error tr(ΔW·H·ΔWᵀ) of the undamped Hessian.
 
 Weight-only layers with per-block weights (`quantize_method_for_weight = per_block_*`, integer or fp4/fp8 values,

@@ -11,7 +11,8 @@ the scale of the norm's output in the quantized graph, the ancestor's output get
 (s >= s_in: a finer step, clipping the ancestor's outliers, which matter little to a normalization), i.e. the
 range ±(qmax − qmin)/s/2 (signed) or [0, (qmax − qmin)/s]. The range is kept only when it lowers the MSE of the
 norm's quantized output (errors of earlier layers included) against the float output on the calibration batches
-given, and only when the ancestor's quantized params follow its range. alpha = 0 leaves ranges alone.
+given (measured on a copy of the graph with the new range), and only when the ancestor's quantized params follow
+its range; it is then set once. alpha = 0 leaves ranges alone.
 
 mode > 0 first promotes the ancestor, the layers on the paths from it to the norm, the norm, plus `beta`
 generations of the ancestor's producers and `gamma` generations of the norm's consumers, to act_bits activations
@@ -35,7 +36,7 @@ from ...log import OPT_INFO
 from ...progress import progress
 from ...quant.params import QuantMode
 from ...quantizer import quantize_graph
-from ._common import Batch, layer_errors, range_for_scale, range_honoured
+from ._common import Batch, layer_errors, range_for_scale, range_honoured, set_range
 from .spec import GlobalMethodSpec
 
 MVN_TYPES = ("MVN", "LayerNorm", "InstanceNorm", "GroupNorm", "RMSNorm")
@@ -96,15 +97,16 @@ def _correct_range(graph: PyGraph, reference: PyGraph, norm: PyNode, ancestor: P
     s = math.sqrt(s_in * s_out) * max(alpha, math.sqrt(s_in / s_out))
     lo, hi = range_for_scale(torch.tensor(s, dtype=torch.float64), torch.tensor(0.0), int(qt.qmin), int(qt.qmax),
                              True, int(qt.qmin) < 0)
-    old = (t.min, t.max)
+    new = {"min": float(lo), "max": float(hi)}
     before = layer_errors(graph, reference, data, [norm.name])[norm.name]
-    t.min, t.max = float(lo), float(hi)
-    after = layer_errors(graph, reference, data, [norm.name])[norm.name]
-    text = (f"'{t.name}' range [{float(old[0]):.6g}, {float(old[1]):.6g}] -> [{float(lo):.6g}, {float(hi):.6g}] "
+    candidate = graph.clone()
+    set_range(candidate.node(ancestor.name).outputs[0], new)
+    after = layer_errors(candidate, reference, data, [norm.name])[norm.name]
+    text = (f"'{t.name}' range [{float(t.min):.6g}, {float(t.max):.6g}] -> [{float(lo):.6g}, {float(hi):.6g}] "
             f"(scale {s_in:.6g} -> {s:.6g}, norm output scale {s_out:.6g})")
     if not after < before:
-        t.min, t.max = old
         return False, f"{text} not kept: norm output mse {before:.6g} -> {after:.6g}"
+    set_range(t, new)
     return True, f"{text}; norm output mse {before:.6g} -> {after:.6g}"
 
 

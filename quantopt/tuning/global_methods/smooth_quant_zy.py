@@ -17,8 +17,9 @@ Ranges follow: the weights get fresh statistics and their calibrated ranges; the
 norm's output and of the shape-only outputs on the path is multiplied by the ratio of the smallest (largest)
 per-channel value of the batches after and before smoothing. A candidate is judged by the MSE of the pair's
 FullyConnected outputs, quantized on their own (the norm fed the float input quantized with its input params),
-against the float outputs; a pair keeps its weights when smoothing does not lower it. The reference float model of
-the later methods is smoothed the same way, and the float constants are restored after quantization.
+against the float outputs; a pair keeps its weights when smoothing does not lower it. Candidates are measured on
+copies of the pair's layers (`PairProbe.loss`); the chosen σ is applied once, to the pair's layers of the graph
+(the calibrated copy) and to the reference float model of the later methods.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ...calibration.collect import recalibrate_weight, weight_constants
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
 from ...graph.tensor import PyTensor
@@ -37,7 +39,7 @@ from ...ops._quant import copy_params
 from ...progress import progress
 from ...quantizer import quantize_graph
 from ...threads import one_thread
-from ._common import Batch, clone_nodes, consumers, quantize_copy, recalibrate_weights
+from ._common import Batch, clone_nodes, consumers, quantize_copy
 from .spec import GlobalMethodSpec
 
 NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm", "BatchNorm")
@@ -229,7 +231,8 @@ def smooth(nodes: Sequence[PyNode], pair: Pair, sigma: torch.Tensor) -> None:
     fcs = [by_name[fc.name] for fc in pair.fcs]
     fold_constants(norm, fcs, sigma)
     for n in [norm] + fcs:
-        recalibrate_weights(n)
+        for t in weight_constants(n):
+            recalibrate_weight(n, t)
     fold_ranges(nodes, pair, sigma)
 
 

@@ -21,7 +21,7 @@ params.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -34,14 +34,17 @@ from ...quantizer import quantize_graph
 from ...threads import one_thread
 from ._common import (
     Batch,
+    Range,
     capture,
     fake_quant_range,
     quantize_alone,
     range_honoured,
     run_alone,
     search_factors,
+    set_range,
     skip_reason,
     target_layers,
+    tensor_range,
 )
 from .spec import GlobalMethodSpec
 
@@ -223,19 +226,13 @@ def _fc_weight_ranges(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec
             continue
         xs = [io[0][0] for io in ref_io[node.name]]
         ys = [io[1][0] for io in ref_io[node.name]]
-        w = node.constants["weights"]
-        saved = (w.min, w.max, w.min_key_axis, w.max_key_axis)
-        losses = torch.zeros(len(factors), dtype=torch.float64)
-        for i, f in enumerate(factors):
-            _scale_range(w, saved, f)
-            probe = quantize_alone(node, qnode)
-            with one_thread():  # full float sums: the same at any thread count (threads.py)
-                losses[i] = sum(float(((run_alone(probe, [x]).to(torch.float64) - y.to(torch.float64)) ** 2).mean())
-                                for x, y in zip(xs, ys)) / len(xs)
+        current = tensor_range(node.constants["weights"])
+        losses = torch.tensor([_isolated_mse(node, qnode, xs, ys, _scaled_range(current, f)) for f in factors],
+                              dtype=torch.float64)
         one = factors.index(1.0)
         best = int(torch.argmin(losses))
         f = factors[best] if losses[best] < losses[one] else 1.0
-        _scale_range(w, saved, f)
+        set_range(node.constants["weights"], _scaled_range(current, f))
         if f != 1.0:
             changed.append(node.name)
         OPT_INFO(f"svd_quant: layer '{node.name}': weight range x {f:.4g} (isolated output mse "
@@ -243,11 +240,22 @@ def _fc_weight_ranges(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec
     return changed
 
 
-def _scale_range(w: PyTensor, saved: Tuple[Optional[object], ...], f: float) -> None:
-    lo, hi, lo_c, hi_c = saved
-    w.min, w.max = float(lo) * f, float(hi) * f
-    w.min_key_axis = lo_c * f if isinstance(lo_c, torch.Tensor) else lo_c
-    w.max_key_axis = hi_c * f if isinstance(hi_c, torch.Tensor) else hi_c
+def _scaled_range(current: Range, f: float) -> Range:
+    """The weight range `current` multiplied by `f` (per tensor and per channel)."""
+    lo_c, hi_c = current["min_key_axis"], current["max_key_axis"]
+    return {"min": float(current["min"]) * f, "max": float(current["max"]) * f,
+            "min_key_axis": lo_c * f if isinstance(lo_c, torch.Tensor) else lo_c,
+            "max_key_axis": hi_c * f if isinstance(hi_c, torch.Tensor) else hi_c}
+
+
+def _isolated_mse(node: PyNode, qnode: PyNode, xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor],
+                  weight_range: Range) -> float:
+    """MSE against the float outputs `ys` of a copy of the layer with the weight range `weight_range`, quantized on
+    its own and fed the float inputs `xs` quantized with its input params (the layer itself is not touched)."""
+    probe = quantize_alone(node, qnode, change=lambda m: set_range(m.constants["weights"], weight_range))
+    with one_thread():  # full float sums: the same at any thread count (threads.py)
+        return sum(float(((run_alone(probe, [x]).to(torch.float64) - y.to(torch.float64)) ** 2).mean())
+                   for x, y in zip(xs, ys)) / len(xs)
 
 
 def svd_quant(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batches: Sequence[Batch]) -> List[str]:
