@@ -37,6 +37,7 @@ class Same:
 
 
 _PLAIN = (int, float, str, bool, type(None))
+_PLAIN_TYPES = frozenset(_PLAIN)
 
 
 def freeze(value: Any) -> Any:
@@ -46,6 +47,8 @@ def freeze(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return Same(value)
     if isinstance(value, (list, tuple)):
+        if _PLAIN_TYPES.issuperset(map(type, value)):  # a flat list of plain values (most params): no recursion
+            return (type(value).__name__, *value)
         return (type(value).__name__, *(freeze(v) for v in value))
     if isinstance(value, np.ndarray):
         return ("ndarray", value.dtype.str, value.shape, value.tobytes())

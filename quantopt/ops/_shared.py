@@ -6,6 +6,7 @@ from typing import Any, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from ..graph.memo import Same, memo
 from ..graph.node import PyNode
 from ..registry.schema import Float, Int, IntValued, Param, Text, quantized
 
@@ -94,11 +95,19 @@ def apply_fused_activation(node: PyNode, x: torch.Tensor, method: Optional[str] 
         if slope_t is None:
             slope = torch.tensor(float(node.get_param("negative_slope")), dtype=x.dtype)
         else:
-            slope = slope_t.betensor.to(x.dtype)
+            slope = _slope_as(node, slope_t.betensor, x)
             if slope.dim() == x.dim() and slope.shape[0] == 1 and x.shape[0] != 1:
                 slope = slope.expand_as(x) if slope.shape[1:] == x.shape[1:] else slope
         return torch.where(x >= 0, x, x * slope)
     raise node._error(f"unsupported fused activation '{act}' (supported: {', '.join(FUSED_ACTIVATIONS)})")
+
+
+def _slope_as(node: PyNode, slope: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A PRELU slope constant in `x`'s dtype, memoized per layer while the constant is the same tensor at the same
+    version (graph/memo.py): the float forward reads it in float64 on every run."""
+    if torch.is_grad_enabled() and slope.requires_grad:
+        return slope.to(x.dtype)
+    return memo(node, "prelu_slope", (Same(slope), x.dtype), lambda: slope.to(x.dtype))
 
 
 def broadcast_shape(shapes: Sequence[Sequence[int]]) -> Tuple[int, ...]:

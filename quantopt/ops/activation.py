@@ -41,7 +41,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import FUSED_ACTIVATIONS, apply_fused_activation, axis_param, unrounded_input
+from ._shared import FUSED_ACTIVATIONS, apply_fused_activation, axis_param, broadcast_shape, unrounded_input
 
 # ONNX defaults, used when the IR leaves a parameter out.
 SELU_ALPHA = 1.67326319217681884765625
@@ -245,8 +245,8 @@ def _prelu(node: PyNode, x: torch.Tensor) -> torch.Tensor:
             raise node._error("PRELU needs a 'negative_slope' constant or a negative_slope parameter")
         return F.leaky_relu(x, _slope_param(node))
     try:
-        shape = torch.broadcast_shapes(tuple(slope.betensor.shape), tuple(x.shape))
-    except RuntimeError:
+        shape = broadcast_shape((tuple(slope.betensor.shape), tuple(x.shape)))
+    except ValueError:
         shape = None
     if shape != tuple(x.shape):
         raise node._error(f"negative_slope constant of shape {list(slope.betensor.shape)} does not broadcast "

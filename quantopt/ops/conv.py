@@ -9,12 +9,14 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
+from ..graph.memo import Same, memo
 from ..graph.node import PyNode
 from ..quant.rounding import MAGIC_EXACT, int_to_float64
 from ..registry import declare_op
 from ..registry.schema import Bool, Int, Param
 from . import _fp8
 from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
+from ._conv_nhwc import depthwise_taps
 from ._mac_finish import finish_mac
 from ._quant import (
     layer_settings,
@@ -142,8 +144,26 @@ def conv2d_nhwc(node: PyNode, depthwise: bool) -> torch.Tensor:
     library's float32 summation order, so calibrated ranges are the same on every machine. Reads its input
     unrounded where the producer kept it (`unrounded_input`)."""
     x = unrounded_input(node)
-    w = node.get_constant("weights").betensor.to(device=x.device, dtype=MAC_FLOAT_DTYPE)
-    return _conv_nhwc(node, x, w, float_biases(node, int(w.shape[0]), w), depthwise, 0.0, MAC_FLOAT_DTYPE)
+    w, bias, taps = _float_constants(node, x.device, depthwise)
+    return _conv_nhwc(node, x, w, bias, depthwise, 0.0, MAC_FLOAT_DTYPE, taps)
+
+
+def _float_constants(node: PyNode, device: torch.device, depthwise: bool) -> Tuple[torch.Tensor, Any, Any]:
+    """(weights as MAC_FLOAT_DTYPE, biases likewise or None, a depthwise layer's per-tap weight vectors or None),
+    memoized per layer while the weight and bias tensors are the same objects at the same version (graph/memo.py):
+    converting them on every forward costs more than a small convolution. The values are those the conversions
+    give, so the convolution's result does not change by a bit."""
+    wt = node.get_constant("weights")
+    bt = node.get_constant("biases", optional=True)
+    key = (Same(wt.betensor), None if bt is None else Same(bt.betensor), str(device), depthwise)
+
+    def build() -> Tuple[torch.Tensor, Any, Any]:
+        w = wt.betensor.to(device=device, dtype=MAC_FLOAT_DTYPE)
+        return w, float_biases(node, int(w.shape[0]), w), depthwise_taps(w) if depthwise and w.dim() == 4 else None
+
+    if torch.is_grad_enabled() and (wt.betensor.requires_grad or (bt is not None and bt.betensor.requires_grad)):
+        return build()  # a gradient-based method's tensors: a kept conversion would outlive its autograd graph
+    return memo(node, "conv_float_constants", key, build)
 
 
 def _conv_float_forward(node: PyNode, depthwise: bool) -> None:
@@ -181,7 +201,7 @@ def _check_output_size(node: PyNode, out_hw: List[int]) -> None:
 
 
 def _conv_nhwc(node: PyNode, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, depthwise: bool,
-               pad_value: float, dtype: torch.dtype) -> torch.Tensor:
+               pad_value: float, dtype: torch.dtype, taps: Any = None) -> torch.Tensor:
     """Checked convolution of NHWC `x` computed in `dtype` (the input is converted while it is padded)."""
     if x.dim() != 4:
         raise node._error(f"input must be 4-D NHWC, got shape {list(x.shape)}")
@@ -192,7 +212,7 @@ def _conv_nhwc(node: PyNode, x: torch.Tensor, w: torch.Tensor, bias: torch.Tenso
     if padded[0] < need[0] or padded[1] < need[1]:
         raise node._error(f"padded input {list(padded)} (HW) is smaller than the dilated kernel {list(need)}")
     _check_output_size(node, [(p - n) // s + 1 for p, n, s in zip(padded, need, stride)])
-    return _conv2d_kernel(x, w, bias, stride, dilation, pads, group, pad_value, dtype)
+    return _conv2d_kernel(x, w, bias, stride, dilation, pads, group, pad_value, dtype, taps)
 
 
 @CONVOLUTION.forward

@@ -320,7 +320,12 @@ def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
     a = offset_value(a_t, dtype)
     b = offset_value(b_t, dtype)
     _check_inputs(node, method, [a, b])
-    acc = a * b if method == "MUL" else INT_METHODS[method](a * m0, b * m1)
+    if method == "MUL":
+        acc = a * b
+    elif method in ("ADD", "SUB"):  # exact integers (bounded above): a·m0 ± b·m1 in two passes, a being a new tensor
+        acc = INT_METHODS[method](a.mul_(m0) if m0 != 1 else a, b, alpha=m1)
+    else:
+        acc = INT_METHODS[method](a * m0, b * m1)
     if exact_float:
         y = requantize_float64(acc, m_out, shift, tensor_zp(out), qmin, qmax)
     else:

@@ -6,6 +6,7 @@ from typing import Tuple
 import torch
 
 from ..calibration.statistics import INF_MASK_THRESHOLD
+from ..graph.memo import freeze, memo
 from ..graph.node import PyNode
 from ..log import OPT_WARN
 from ..quant.hardware import INT_INPUT_MAX_BITS
@@ -35,8 +36,25 @@ def input_forward(self: PyNode) -> None:
     if out.qinvariant:
         xi = torch.round(x.to(torch.float64)) if x.is_floating_point() else x
         out.betensor = torch.clamp(xi.to(torch.int64), qmin, qmax)
+    elif x.dtype == torch.float32 and _scalar(out.scale) and _scalar(out.zerop):
+        out.betensor = _quantize_per_tensor(self, x, qmin, qmax)
     else:
         out.betensor = quantize(x, out.scale, out.zerop, qmin, qmax)
+
+
+def _scalar(v: object) -> bool:
+    return isinstance(v, (int, float)) or (isinstance(v, torch.Tensor) and v.dim() == 0)
+
+
+def _quantize_per_tensor(node: PyNode, x: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+    """`quantize(x, scale, zerop, qmin, qmax)` of float32 data with a per-tensor scale and zero point, the same
+    float32 operations in the same order, with the 0-d float32 scale and zero point memoized per layer
+    (graph/memo.py) and the steps after the first in place: the Input layer runs on every integer forward."""
+    out = node.outputs[0]
+    s, z = memo(node, "input_quantize", (freeze(out.scale), freeze(out.zerop)),
+                lambda: (torch.as_tensor(out.scale).to(torch.float32), torch.as_tensor(out.zerop).to(torch.float32)))
+    y = (s * x).sub_(z).round_().clamp_(qmin, qmax).nan_to_num_(nan=0.0)
+    return y.to(torch.int64)
 
 
 @INPUT.quantize

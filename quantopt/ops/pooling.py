@@ -196,7 +196,9 @@ def _divisors(node: PyNode, x: torch.Tensor, p: dict, extra: Tuple[int, int], me
 def pool2d_nchw(node: PyNode, x: torch.Tensor, p: dict, method: str) -> torch.Tensor:
     """MAX/AVG pool of an NCHW float tensor with explicit asymmetric pads and exact ceil-mode windows."""
     size, full, extra = _plan(node, x, p)
-    divisor = _divisors(node, x, p, extra, method)
+    key = (freeze(p), extra, tuple(x.shape), x.dtype, str(x.device), method,
+           freeze(node.params.get("count_include_pad")))
+    divisor = memo(node, "pool_divisors", key, lambda: _divisors(node, x, p, extra, method))
     if method == "MAX":
         xp = F.pad(x, full, value=float("-inf")) if any(full) else x
         y = F.max_pool2d(xp, p["k"], p["s"], padding=0, dilation=p["d"], ceil_mode=False)

@@ -18,6 +18,7 @@ import torch
 
 from ..calibration.inf_mask import SOFTMAX_MASK_PARAM, has_low_mask
 from ..errors import UnsupportedError
+from ..graph.memo import Same, memo
 from ..graph.node import PyNode
 from ..quant.dtype import Dtype
 from ..quant.hardware import (
@@ -134,6 +135,12 @@ def _softmax_lut_quantize(self: PyNode) -> None:
                                      force_shift_positive=s.force_shift_positive))
 
 
+def _table_and_max(lut: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    """The exp table as int64 and max(1, its largest entry): what every LUT Softmax forward reads from it."""
+    table = lut.to(torch.int64)
+    return table, max(1, int(table.max())) if table.numel() else 1
+
+
 def _softmax_lut_forward(node: PyNode) -> torch.Tensor:
     """e = lut[x - max + 2^b - 1] (interpolated for wide inputs), S = Σe (int64), then either
     z = floor((e·2^k + floor(S/2)) / S) requantized with (M, shift + k), k = 31 - ceil(log2(max lut)) (short rows)
@@ -142,7 +149,8 @@ def _softmax_lut_forward(node: PyNode) -> torch.Tensor:
     x, _ = int_input(node)
     axis = _axis(node, x.dim())
     lut = node.get_constant("lut")
-    table = lut.betensor.to(torch.int64)
+    table, lut_max = memo(node, "softmax_lut", Same(lut.betensor),
+                          lambda: _table_and_max(lut.betensor))
     bits = range_bits(inp)
     if x.numel() == 0:
         return x.clone()
@@ -154,7 +162,6 @@ def _softmax_lut_forward(node: PyNode) -> torch.Tensor:
     mult, shift = requant_of(node)
     if isinstance(mult, torch.Tensor):
         raise node._error("Softmax needs one scale_value/shift_value, not per-channel constants")
-    lut_max = max(1, int(table.max()))
     base = SOFTMAX_DIVIDEND_BITS - 1 if lut_max == 1 else SOFTMAX_DIVIDEND_BITS
     qmin, qmax = out_range(out)
     zp = tensor_zp(out)
