@@ -244,14 +244,16 @@ class OptMaster:
         return score, score(self.graph, quantized=False)
 
     def mixed_precision_search(self) -> None:
-        """Per-layer mixed-precision search on the first metric (tuning/mixed_precision.py); the chosen
-        settings stay on the layers, so the JSON template records them."""
+        """Per-layer mixed-precision search on the first metric (tuning/mixed_precision.py), which returns its
+        choice; the chosen settings are assigned to the layers here, once, so the JSON template records them."""
         auto = self.cfg.mixed_precision_auto_search
         score, float_score = self.search_scorer()
         OPT_INFO(f"mixed precision search: {auto} on the first {auto.batches} validation batch(es), metric "
                  f"{self.cfg.metric[0][0]}, float score {float_score:.6f}")
         ranking = self.similarity_ranking() if self.cfg.mixed_precision_ranking == "similarity" else None
         self.search_result = per_layer_search(self.graph, score, float_score, auto, ranking=ranking)
+        for name, settings in self.search_result.settings.items():
+            self.graph.node(name).settings = settings
 
     def similarity_ranking(self) -> Dict[str, float]:
         """Layer -> 1 - its lowest isolated cosine on the search batches at the configured precision (NaN stays

@@ -16,9 +16,12 @@ layer's isolated cosine on the search batches, passed in as `ranking`), and step
 promoted prefix of that order that satisfies the threshold (the order is assumed monotone enough) before step 5
 prunes it: a few evaluations plus one per promoted layer instead of one per candidate.
 
-Every probe re-calibrates and re-quantizes the whole graph (the statistics are kept) and scores it on the
-search batches. The chosen settings stay on the float graph's layers, so the JSON template records them and can
-be fed back with `opt_config` to skip the search. `cut_point_search` is upstream's method, kept for comparison
+Every probe scores a mapping layer -> settings (`score_settings`): a copy of the float graph takes those settings,
+is re-calibrated from the kept statistics and quantized, and is scored on the search batches; the float graph is
+never changed, so one probe cannot leak settings or ranges into the next. The search returns its choice as values
+(`SearchResult.settings`, the promoted layers' new settings), which the caller assigns to the float graph once
+(OptMaster.mixed_precision_search), so the JSON template records them and can be fed back with `opt_config` to
+skip the search. `cut_point_search` is upstream's method, kept for comparison
 (benchmarks/mixed_precision_search.py).
 """
 from __future__ import annotations
@@ -64,6 +67,8 @@ class SearchStep:
 
 @dataclass
 class SearchResult:
+    """What a search did and chose. `settings` (layer -> settings) holds the promoted layers' new settings, empty
+    when nothing is promoted: the caller assigns them (the search itself leaves the graph as it was)."""
     level: str
     promoted: List[str]
     float_score: float
@@ -73,9 +78,12 @@ class SearchResult:
     steps: List[SearchStep] = field(default_factory=list)
     evaluations: int = 0
     reached: bool = True
+    settings: Dict[str, LayerSettings] = field(default_factory=dict, repr=False)
 
     def as_dict(self) -> Dict[str, Any]:
-        d = dataclasses.asdict(self)
+        """The record for the report (the settings are in the template, not here)."""
+        d = dataclasses.asdict(dataclasses.replace(self, settings={}))
+        d.pop("settings")
         d["steps"] = [s.as_dict() for s in self.steps]
         return d
 
@@ -89,8 +97,19 @@ def promoted_settings(settings: LayerSettings, level: str) -> LayerSettings:
     return dataclasses.replace(settings, **PROMOTIONS[level])
 
 
+def score_settings(graph: QuantizeGraph, settings: Mapping[str, LayerSettings], score_fn: ScoreFn) -> float:
+    """The score of `graph` calibrated and quantized with `settings` (layer -> settings; layers not named keep
+    their own), measured on a copy so that `graph` (settings, ranges, constants) stays as it was."""
+    work = graph.clone()
+    for n in work.nodes:
+        if n.name in settings:
+            n.settings = settings[n.name]
+    calibrate_graph(work)
+    return float(score_fn(quantize_graph(work)))
+
+
 class _Prober:
-    """Scores the graph with a given set of promoted layers; restores the original settings afterwards."""
+    """Scores sets of promoted layers (`score_settings`) and counts the evaluations; never changes the graph."""
 
     def __init__(self, graph: QuantizeGraph, score_fn: ScoreFn, float_score: float, auto: AutoSearch) -> None:
         self.graph = graph
@@ -100,18 +119,17 @@ class _Prober:
         self.original = {n.name: n.settings for n in graph.nodes}
         self.evaluations = 0
 
-    def apply(self, promoted: Sequence[str], level: Optional[str]) -> None:
+    def settings(self, promoted: Sequence[str], level: Optional[str]) -> Dict[str, LayerSettings]:
+        """The promoted layers' settings at `level` (none when `level` is None), in graph order."""
+        if level is None:
+            return {}
         chosen = set(promoted)
-        for n in self.graph.nodes:
-            base = self.original[n.name]
-            n.settings = promoted_settings(base, level) if level is not None and n.name in chosen else base
+        return {name: promoted_settings(s, level) for name, s in self.original.items() if name in chosen}
 
     def score(self, promoted: Sequence[str], level: Optional[str]) -> float:
-        self.apply(promoted, level)
-        calibrate_graph(self.graph)
-        qgraph = quantize_graph(self.graph)
+        score = score_settings(self.graph, self.settings(promoted, level), self.score_fn)
         self.evaluations += 1
-        return float(self.score_fn(qgraph))
+        return score
 
     def satisfied(self, score: float) -> bool:
         return self.auto.satisfied(self.float_score - score)
@@ -129,16 +147,15 @@ def _log_step(result: SearchResult, prober: _Prober, what: str, promoted: Sequen
 def per_layer_search(graph: QuantizeGraph, score_fn: ScoreFn, float_score: float, auto: AutoSearch,
                      candidates: Optional[Sequence[str]] = None,
                      ranking: Optional[Mapping[str, float]] = None) -> SearchResult:
-    """The per-layer greedy search (module doc). Leaves the chosen settings on `graph`'s layers and returns what
-    it did; when the threshold cannot be reached even with every candidate in float, the settings are left as
-    configured and `reached` is False. `ranking` (layer -> sensitivity, larger is more sensitive; e.g. 1 - the
-    isolated cosine) replaces the per-layer probes and the greedy steps by a bisection over its order."""
+    """The per-layer greedy search (module doc). Returns what it did and chose (`SearchResult.settings`, for the
+    caller to assign; `graph` is left as it was); when the threshold cannot be reached even with every candidate in
+    float, nothing is promoted and `reached` is False. `ranking` (layer -> sensitivity, larger is more sensitive;
+    e.g. 1 - the isolated cosine) replaces the per-layer probes and the greedy steps by a bisection over its order."""
     cands = list(candidates) if candidates is not None else candidate_layers(graph)
     prober = _Prober(graph, score_fn, float_score, auto)
     base = prober.score([], None)
     result = SearchResult("none", [], float_score, base, base)
     if _log_step(result, prober, "configured precision", [], base):
-        prober.apply([], None)
         result.evaluations = prober.evaluations
         return result
     level = None
@@ -149,7 +166,6 @@ def per_layer_search(graph: QuantizeGraph, score_fn: ScoreFn, float_score: float
     if level is None:
         OPT_WARN(f"mixed_precision_auto_search: the threshold {auto} is not reachable even with every candidate "
                  "layer in float; the configured precision is kept")
-        prober.apply([], None)
         result.evaluations, result.reached = prober.evaluations, False
         return result
     result.level = level
@@ -169,8 +185,8 @@ def per_layer_search(graph: QuantizeGraph, score_fn: ScoreFn, float_score: float
         chosen, score = list(cands), prober.score(cands, level)
     chosen, score = _prune(result, prober, chosen, score, level, cands)
     chosen = [c for c in cands if c in chosen]
-    prober.apply(chosen, level)
     result.promoted, result.final_score, result.evaluations = chosen, score, prober.evaluations
+    result.settings = prober.settings(chosen, level)
     OPT_INFO(f"mixed precision search: {len(chosen)} layer(s) at {level}: {', '.join(chosen)}; metric "
              f"{score:.6f} (float {float_score:.6f}); {prober.evaluations} evaluations")
     return result
@@ -220,8 +236,8 @@ def _bisect_ranked(result: SearchResult, prober: _Prober, cands: List[str], leve
         final = prober.score(chosen, level)
     chosen, final = _prune(result, prober, chosen, final, level, cands)
     chosen = [c for c in cands if c in set(chosen)]
-    prober.apply(chosen, level)
     result.promoted, result.final_score, result.evaluations = chosen, final, prober.evaluations
+    result.settings = prober.settings(chosen, level)
     OPT_INFO(f"mixed precision search (similarity ranking): {len(chosen)} layer(s) at {level}: {', '.join(chosen)}; "
              f"metric {final:.6f} (float {result.float_score:.6f}); {prober.evaluations} evaluations")
     return result
@@ -231,7 +247,7 @@ def cut_point_search(graph: QuantizeGraph, score_fn: ScoreFn, float_score: float
                      candidates: Optional[Sequence[str]] = None, level: str = "16bit") -> SearchResult:
     """Upstream's one-cut search: the largest p such that promoting candidates[p:] satisfies the threshold, found
     by halving p from len(candidates) until satisfied, then probing p + 2^t upward while still satisfied.
-    Restores the configured settings; for comparison only."""
+    Like the per-layer search, it returns its choice and leaves `graph` as it was; for comparison only."""
     cands = list(candidates) if candidates is not None else candidate_layers(graph)
     prober = _Prober(graph, score_fn, float_score, auto)
     n = len(cands)
@@ -248,7 +264,6 @@ def cut_point_search(graph: QuantizeGraph, score_fn: ScoreFn, float_score: float
     p = n
     while not sat(p):
         if p == 0:
-            prober.apply([], None)
             result.reached, result.evaluations = False, prober.evaluations
             return result
         p //= 2
@@ -260,8 +275,8 @@ def cut_point_search(graph: QuantizeGraph, score_fn: ScoreFn, float_score: float
             break
         else:
             t = 0
-    prober.apply([], None)
     result.promoted = cands[best:]
+    result.settings = prober.settings(result.promoted, level)
     result.final_score = scores[best]
     result.evaluations = prober.evaluations
     return result

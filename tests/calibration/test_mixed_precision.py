@@ -75,8 +75,9 @@ def test_per_layer_search_promotes_only_the_sensitive_layer():
     assert result.promoted == ["fc2"]
     assert max(result.sensitivity, key=result.sensitivity.get) == "fc2"
     assert result.base_score < 1.0 - 0.05 <= result.final_score
-    assert g.node("fc2").settings.q_bits_activation == 16 and g.node("fc2").settings.q_bits_weight == 16
-    assert g.node("fc1").settings.q_bits_weight == 4
+    assert list(result.settings) == ["fc2"]  # returned for the caller to assign; the graph keeps its own
+    assert result.settings["fc2"].q_bits_activation == 16 and result.settings["fc2"].q_bits_weight == 16
+    assert all(n.settings.q_bits_weight == 4 for n in g.nodes if n.name.startswith("fc"))
     assert [s.what for s in result.steps][:2] == ["configured precision", "every candidate at 16bit"]
 
 
@@ -142,12 +143,11 @@ def test_ranked_search_bisects_to_the_sensitive_layer_in_few_evaluations():
     auto = AutoSearch(3, 0.05, "L")
     probed = per_layer_search(g, score, 1.0, auto)
     ranking = {"x": 0.0, "fc1": 0.01, "fc2": 0.6, "fc3": 0.02, "fc4": 0.03}
-    g, score = _prepared("fc2")  # the search leaves its choice on the layers: start again from the configured ones
     ranked = per_layer_search(g, score, 1.0, auto, ranking=ranking)
     assert ranked.promoted == probed.promoted == ["fc2"]
     assert ranked.reached and ranked.final_score >= 1.0 - 0.05
     assert ranked.evaluations < probed.evaluations
-    assert g.node("fc2").settings.q_bits_weight == 16 and g.node("fc3").settings.q_bits_weight == 4
+    assert list(ranked.settings) == ["fc2"] and ranked.settings["fc2"].q_bits_weight == 16
     # a NaN sensitivity ranks first; with a misleading ranking the bisection promotes more layers and the pruning
     # demotes the ones that do not matter
     g, score = _prepared("fc2")
