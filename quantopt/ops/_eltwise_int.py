@@ -13,7 +13,7 @@ import torch
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
-from ..quant.requant import range_dtype
+from ..quant.requant import int64_to_float64, range_dtype
 from ..quant.rounding import INT64_SAFE, MAGIC_EXACT, int_to_float64
 from ._quant import (
     fused_activation,
@@ -38,7 +38,10 @@ def offset_value(t: PyTensor, dtype: torch.dtype) -> torch.Tensor:
     if x.is_floating_point():  # integers held in a float tensor (a hand-fed input)
         x = torch.round(x.to(torch.float64))
     elif dtype == torch.float64 and offset_absmax(t) < MAGIC_EXACT:  # the stored range bounds the values
-        return int_to_float64(x.to(torch.int64)) + tensor_zp(t)
+        zp = tensor_zp(t)
+        if isinstance(zp, (int, float)):  # one allocation: the same exact values, the zero point added in place
+            return int64_to_float64(x.to(torch.int64)).add_(zp)
+        return int_to_float64(x.to(torch.int64)) + zp
     return x.to(dtype) + tensor_zp(t)
 
 

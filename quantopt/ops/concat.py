@@ -1,7 +1,7 @@
 """Concat along `axis` (negative counts from the end): float forward, quantization and integer forward."""
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List, Optional, Sequence
 
 import torch
 
@@ -9,10 +9,11 @@ from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..log import OPT_WARN
 from ..quant.hardware import FLT_EPSILON
-from ..quant.requant import requantize_int, scale_shift
+from ..quant.requant import exact_int64_, requantize_int, scale_shift
+from ..quant.rounding import FLOAT64_EXACT
 from ..registry import declare_op
 from ..registry.schema import Int, Param, Value
-from ._eltwise_int import check_int64_bound, offset_absmax
+from ._eltwise_int import check_int64_bound, offset_absmax, offset_value
 from ._per_channel import is_per_channel
 from ._quant import (
     check_quantized_inputs,
@@ -88,11 +89,36 @@ def concat_int_forward(node: PyNode) -> torch.Tensor:
         raise node._error(f"quantized Concat needs scale_value and shift_value lists of {count} integers (one per "
                           f"input), got {mults!r} and {shifts!r}")
     zp_out = tensor_zp(out)
+    fast = _concat_float64(node, mults, shifts, zp_out, qmin, qmax)
+    if fast is not None:
+        return fast
     ys = []
     for t, m, sh in zip(node.inputs, mults, shifts):
         check_int64_bound(node, offset_absmax(t) * abs(int(m)), f"branch '{t.name}' times its multiplier")
         ys.append(requantize_int(int_value(t) + tensor_zp(t), int(m), int(sh), zp_out, qmin, qmax))
     return _concat(node, ys)
+
+
+def _concat_float64(node: PyNode, mults: Sequence[Any], shifts: Sequence[Any], zp_out: int, qmin: int,
+                    qmax: int) -> Optional[torch.Tensor]:
+    """`requantize_int` per branch and the concatenation, bit for bit, in float64 with one new map per branch and
+    one for the result (instead of four per branch), when the stored ranges prove every product exact:
+    max|x + zp| * |M| < 2^53 (the values are held within their ranges, as `offset_value` relies on) and |shift| < 900;
+    None otherwise (and for float-held inputs), for the general path."""
+    if any(t.betensor.is_floating_point() for t in node.inputs):
+        return None
+    for t, m, sh in zip(node.inputs, mults, shifts):
+        check_int64_bound(node, offset_absmax(t) * abs(int(m)), f"branch '{t.name}' times its multiplier")
+        if offset_absmax(t) * abs(int(m)) >= FLOAT64_EXACT or not -900 < int(sh) < 900:
+            return None
+    ys = []
+    for t, m, sh in zip(node.inputs, mults, shifts):
+        # the factor as requantize_float64 forms it: M * 2^-shift, exact in float64
+        factor = torch.tensor(float(int(m)), dtype=torch.float64) * torch.pow(2.0, -torch.tensor(float(int(sh)),
+                                                                                              dtype=torch.float64))
+        ys.append(offset_value(t, torch.float64).mul_(factor).round_().sub_(float(zp_out))
+                  .clamp_(float(qmin), float(qmax)))
+    return exact_int64_(_concat(node, ys).contiguous(), qmin, qmax)
 
 
 def _same_quantization(inputs: List, signed: bool) -> bool:

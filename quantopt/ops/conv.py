@@ -221,7 +221,7 @@ def convolution_forward(self: PyNode) -> None:
         _fp8.mac_forward(self, lambda x, w, b: _conv_nhwc(self, x, w, b, False, 0.0, torch.float64))
         return
     if self.quantized:
-        self.outputs[0].betensor = finish_mac(self, conv2d_nhwc_int(self, depthwise=False))
+        self.outputs[0].betensor = finish_mac(self, conv2d_nhwc_int(self, depthwise=False), owned=True)
         return
     _conv_float_forward(self, depthwise=False)
 
@@ -233,7 +233,7 @@ def depthwise_conv_forward(self: PyNode) -> None:
         _fp8.mac_forward(self, lambda x, w, b: _conv_nhwc(self, x, w, b, True, 0.0, torch.float64))
         return
     if self.quantized:
-        self.outputs[0].betensor = finish_mac(self, conv2d_nhwc_int(self, depthwise=True))
+        self.outputs[0].betensor = finish_mac(self, conv2d_nhwc_int(self, depthwise=True), owned=True)
         return
     _conv_float_forward(self, depthwise=True)
 

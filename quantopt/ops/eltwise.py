@@ -14,9 +14,10 @@ from ..log import OPT_WARN
 from ..quant.dtype import Dtype
 from ..quant.hardware import ELTWISE_INPUT_MULTIPLIER_MAX
 from ..quant.requant import (
+    broadcasts_into,
     eltwise_multipliers,
     eltwise_multipliers_n,
-    requantize_float64,
+    requantize_float64_,
     requantize_int,
     scale_shift,
 )
@@ -320,14 +321,23 @@ def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
     a = offset_value(a_t, dtype)
     b = offset_value(b_t, dtype)
     _check_inputs(node, method, [a, b])
-    if method == "MUL":
-        acc = a * b
+    if method == "MUL":  # a and b are new tensors (offset_value): the product goes into the one of the result's shape
+        if broadcasts_into(b.shape, a.shape):
+            acc = a.mul_(b)
+        elif broadcasts_into(a.shape, b.shape):
+            acc = b.mul_(a)
+        else:
+            acc = a * b
     elif method in ("ADD", "SUB"):  # exact integers (bounded above): a·m0 ± b·m1 in two passes, a being a new tensor
-        acc = INT_METHODS[method](a.mul_(m0) if m0 != 1 else a, b, alpha=m1)
+        a = a.mul_(m0) if m0 != 1 else a
+        if broadcasts_into(b.shape, a.shape):  # the same kernel, written into a
+            acc = a.add_(b, alpha=m1) if method == "ADD" else a.sub_(b, alpha=m1)
+        else:
+            acc = INT_METHODS[method](a, b, alpha=m1)
     else:
         acc = INT_METHODS[method](a * m0, b * m1)
-    if exact_float:
-        y = requantize_float64(acc, m_out, shift, tensor_zp(out), qmin, qmax)
+    if exact_float:  # acc is a new tensor of this function's: requantized in place
+        y = requantize_float64_(acc, m_out, shift, tensor_zp(out), qmin, qmax)
     else:
         y = requantize_int(acc, m_out, shift, tensor_zp(out), qmin, qmax)
     return activation_clamp(node, y)

@@ -400,6 +400,8 @@ def resize_int_forward(node: PyNode) -> torch.Tensor:
         y = x
         for axis, idx, _ in plan:
             y = _gather_axis(y, axis, idx, None)
+        if y is not x and y.is_contiguous():  # a new tensor of the gathers': clamped in place
+            return y.clamp_(qmin, qmax)
         return torch.clamp(y, qmin, qmax).contiguous()
     lo, hi = out_range(inp)
     growth = 1

@@ -26,6 +26,7 @@ from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import declare_op
 from ..registry.optype import OpType
 from ..registry.schema import Bool, Float, Int, Param, Value, quantized
+from ._mac_finish import finish_mac
 from ._quant import (
     FLOAT32_EXACT,
     check_fused_activation_quantizable,
@@ -527,9 +528,33 @@ def _convt_int(node: PyNode) -> torch.Tensor:
     wt, sums, w_sum = _cached(node, "_convt_int_weights", build)
     wt = wt.to(x.device)
     x_absmax = _input_absmax(node.inputs[0], zp)
+    fast = _convt_int_float(node, x + zp, wt, sums, group, geo, x_absmax, w_sum)
+    if fast is not None:
+        return fast
     acc = _exact_apply(lambda xf: _conv_transpose(node, xf, wt.to(xf.dtype), group, geo), x + zp, x_absmax, w_sum)
     acc = acc - zp * sums.to(acc.device)
     return _mac_output(node, acc, (x_absmax + abs(zp)) * w_sum)
+
+
+def _convt_int_float(node: PyNode, x: torch.Tensor, wt: torch.Tensor, sums: torch.Tensor, group: int, geo: Any,
+                     x_absmax: int, w_sum: int) -> Optional[torch.Tensor]:
+    """`_convt_int`'s result when `_exact_apply` would take its float32 path and `_mac_output` `mac_finish`: the
+    same values without the int64 round trip (float32 sums below 2^24 are exact integers, so rounding them in
+    float64 gives the same integers; acc - zp·Σw stays below 2^53 since |zp| <= x_absmax), requantized in place by
+    `finish_mac` (mac_finish's bits). None otherwise."""
+    zp = tensor_zp(node.inputs[0])
+    if not (int(x_absmax) * int(w_sum) < FLOAT32_EXACT and x.device.type == "cpu"):
+        return None
+    mult, _ = requant_of(node)
+    b = node.get_constant("biases").betensor
+    m_max = int(mult.max()) if isinstance(mult, torch.Tensor) else int(mult)
+    b_max = int(b.abs().max()) if b.numel() else 0
+    if (int((x_absmax + abs(zp)) * w_sum) + b_max) * max(m_max, 1) >= FLOAT64_EXACT:
+        return None
+    xf = x.to(torch.float32)
+    acc = _conv_transpose(node, xf, wt.to(xf.dtype), group, geo).to(torch.float64).round_()
+    acc = acc.sub_(zp * sums.to(device=acc.device, dtype=torch.float64)) if zp else acc
+    return finish_mac(node, acc.contiguous(), owned=True)
 
 
 def _oc_ranges(node: PyNode, w: PyTensor, w_oc: torch.Tensor, group: int) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -17,6 +17,7 @@ multiplier/shift and, for L2, a sqrt table), GlobalPool, AdaptivePool, Pooling3D
 """
 from __future__ import annotations
 
+import math
 from typing import Any, List, Sequence, Tuple
 
 import torch
@@ -28,8 +29,8 @@ from ..graph.node import PyNode
 from ..quant.hardware import POOLING_SHIFT_MAX
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import linear_quant_params
-from ..quant.requant import requantize_int, scale_shift
-from ..quant.rounding import FLOAT64_EXACT, div_round_half_even, round_shift
+from ..quant.requant import broadcasts_into, exact_int64_, int64_to_float64, requantize_int, scale_shift
+from ..quant.rounding import FLOAT64_EXACT, MAGIC_EXACT, div_round_half_even, round_shift
 from ..registry import PASSTHROUGH_DTYPES, declare_op
 from ..registry.schema import Bool, Int, Ints, Param, Text, Value
 from ..threads import one_thread
@@ -224,6 +225,9 @@ def pool2d_nchw_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, method: str
         y = F.max_pool2d(xp, p["k"], p["s"], padding=0, dilation=p["d"], ceil_mode=False)
         _check_size(node, y, size)
         return y.to(torch.int64)
+    fast = _avg_int_float64(node, x, zp, p, full, size, requant)
+    if fast is not None:
+        return fast
     shifted = x + zp
     window = p["k"][0] * p["k"][1]
     bound = (int(shifted.abs().max()) if shifted.numel() else 0) * window
@@ -236,6 +240,37 @@ def pool2d_nchw_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, method: str
     total = torch.clamp(total, -AVG_SUM_LIMIT, AVG_SUM_LIMIT)
     mult, shift = requant
     return requantize_int(total, mult, shift, 0, -2 ** 62, 2 ** 62) - tensor_zp(node.outputs[0])
+
+
+def _avg_int_float64(node: PyNode, x: torch.Tensor, zp: int, p: dict, full: Any, size: Any,
+                     requant: Tuple[torch.Tensor, torch.Tensor]) -> Any:
+    """The AVG branch of `pool2d_nchw_int`, bit for bit, in float64 from end to end (one conversion each way instead
+    of four, no int64 temporaries) when the input's stored range proves every step exact: window sums of
+    |x + zp| below 2^53 (so the general path's check cannot fail), |S·M| < 2^53 after the ±2^31 clamp, and results
+    (zero point subtracted) below 2^51 with |shift| < 900; None otherwise, for the general path."""
+    lo, hi = out_range(node.inputs[0])
+    window = p["k"][0] * p["k"][1]
+    in_bound = max(abs(lo + zp), abs(hi + zp))
+    if max(abs(lo), abs(hi)) >= MAGIC_EXACT or in_bound * window >= FLOAT64_EXACT or not x.numel():
+        return None
+    mult, shift = requant
+    m = torch.as_tensor(mult, dtype=torch.float64, device=x.device)
+    sh = torch.as_tensor(shift, dtype=torch.float64, device=x.device)
+    s_lo, s_hi = float(sh.min()), float(sh.max())
+    m_max = float(m.abs().max())
+    zp_out = tensor_zp(node.outputs[0])
+    if not -900 < s_lo <= s_hi < 900 or AVG_SUM_LIMIT * m_max >= FLOAT64_EXACT or \
+            math.ldexp(AVG_SUM_LIMIT * m_max, int(-s_lo)) + abs(zp_out) + 1 >= MAGIC_EXACT:
+        return None
+    xf = int64_to_float64(x).add_(zp)
+    xp = F.pad(xf, full, value=0.0) if any(full) else xf
+    total = _window_sum(xp, p["k"], p["s"], p["d"])
+    _check_size(node, total, size)
+    factor = m * torch.pow(2.0, -sh)  # as requantize_float64 forms it
+    if not broadcasts_into(factor.shape, total.shape):
+        return None
+    y = total.clamp_(-AVG_SUM_LIMIT, AVG_SUM_LIMIT).mul_(factor).round_().sub_(float(zp_out))
+    return exact_int64_(y, -MAGIC_EXACT + 1, MAGIC_EXACT - 1)
 
 
 def _int_plan(node: PyNode, x: torch.Tensor, p: dict, method: str) -> Tuple[Any, ...]:

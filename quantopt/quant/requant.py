@@ -24,6 +24,8 @@ from .hardware import (
     ITP_INPUT_BITS,
 )
 from .rounding import (
+    _MAGIC,
+    _MAGIC_BITS,
     FLOAT64_EXACT,
     MAGIC_EXACT,
     RoundMode,
@@ -195,7 +197,7 @@ def linear_requantize(x: Union[torch.Tensor, np.ndarray, Number], multiplier: In
     y = torch.clamp(y.sub_(z), qmin, qmax)
     if bool(torch.isnan(y).any()):
         y = torch.nan_to_num(y, nan=0.0)
-    return exact_int64(y, qmin, qmax)
+    return exact_int64_(y, qmin, qmax)
 
 
 def _needs_int64(x: torch.Tensor, m: torch.Tensor) -> bool:
@@ -224,8 +226,8 @@ def requantize_int(acc: torch.Tensor, multiplier: IntLike, shift: IntLike, zerop
         lo, hi = torch.aminmax(acc)
         absmax = max(abs(int(lo)), abs(int(hi)))
         if absmax * int(m.abs().max()) < FLOAT64_EXACT:
-            x = int_to_float64(acc) if acc.dtype == torch.int64 and absmax < MAGIC_EXACT else acc.to(torch.float64)
-            return requantize_float64(x, m, s, zerop_out, qmin, qmax)
+            x = int64_to_float64(acc) if acc.dtype == torch.int64 and absmax < MAGIC_EXACT else acc.to(torch.float64)
+            return requantize_float64_(x, m, s, zerop_out, qmin, qmax)
     prod = acc.to(torch.int64) * m
     return torch.clamp(round_shift(prod, shift) - int(zerop_out), int(qmin), int(qmax))
 
@@ -237,7 +239,23 @@ def requantize_float64(acc: torch.Tensor, multiplier: IntLike, shift: IntLike, z
     m = torch.as_tensor(multiplier, device=acc.device).to(torch.float64)
     s = torch.as_tensor(shift, device=acc.device).to(torch.float64)
     y = torch.round(acc * (m * torch.pow(2.0, -s))).sub_(float(zerop_out))
-    return exact_int64(torch.clamp_(y, float(qmin), float(qmax)), qmin, qmax)
+    return exact_int64_(torch.clamp_(y, float(qmin), float(qmax)), qmin, qmax)
+
+
+def requantize_float64_(acc: torch.Tensor, multiplier: IntLike, shift: IntLike, zerop_out: int, qmin: int,
+                         qmax: int) -> torch.Tensor:
+    """`requantize_float64` that overwrites `acc` (a temporary of the caller's) when the factor broadcasts to its
+    shape: the same passes, no new allocation but the result's."""
+    m = torch.as_tensor(multiplier, device=acc.device).to(torch.float64)
+    s = torch.as_tensor(shift, device=acc.device).to(torch.float64)
+    factor = m * torch.pow(2.0, -s)
+    if acc.dtype != torch.float64 or not broadcasts_into(factor.shape, acc.shape):
+        return requantize_float64(acc, multiplier, shift, zerop_out, qmin, qmax)
+    if acc.numel() and float(s.min()) >= 3 and max(abs(qmin), abs(qmax)) + abs(int(zerop_out)) < MAGIC_SCALED_BOUND \
+            and int(zerop_out) == zerop_out:  # |acc * M| < 2^53 (the caller's proof) and shift >= 3: below 2^50
+        return requantize_scaled_(acc, factor, int(zerop_out), qmin, qmax)
+    y = acc.mul_(factor).round_().sub_(float(zerop_out))
+    return exact_int64_(y.clamp_(float(qmin), float(qmax)), qmin, qmax)
 
 
 def exact_int64(y: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
@@ -245,6 +263,42 @@ def exact_int64(y: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
     if -MAGIC_EXACT < lo and hi < MAGIC_EXACT:
         return float64_to_int(y)
     return y.to(torch.int64)
+
+
+def exact_int64_(y: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+    """`exact_int64` that may overwrite `y` (a temporary of the caller's): the same int64 values with one
+    allocation fewer. Why: on large maps the conversion's temporaries cost as much as the requantization."""
+    if -MAGIC_EXACT < lo and hi < MAGIC_EXACT and y.dtype == torch.float64:  # a same-size view: any strides
+        return y.add_(_MAGIC).view(torch.int64).sub_(_MAGIC_BITS)
+    return exact_int64(y, lo, hi)
+
+
+MAGIC_SCALED_BOUND = 2 ** 50
+"""Below this, |y * factor| and |q| + |zp_out| suit `requantize_scaled_`'s rounding by addition of 1.5 * 2^52."""
+
+
+def requantize_scaled_(y: torch.Tensor, factor: Union[float, torch.Tensor], zp_out: int, qmin: int,
+                       qmax: int) -> torch.Tensor:
+    """clamp(round_half_even(y * factor) - zp_out, qmin, qmax) as int64, overwriting the float64 `y`, in four passes
+    instead of six. The caller proves y * factor exact with |y * factor| < 2^50 and max(|qmin|, |qmax|) + |zp_out|
+    < 2^50: adding 1.5 * 2^52 then rounds to the nearest integer, ties to even (float64 steps by 1 between 2^52 and
+    2^53 and 1.5 * 2^52 is even), the clamp to [qmin + zp_out, qmax + zp_out] is exact there, and the bit pattern
+    minus that of 1.5 * 2^52 is the integer."""
+    off = _MAGIC + int(zp_out)
+    return y.mul_(factor).add_(_MAGIC).clamp_(qmin + off, qmax + off).view(torch.int64).sub_(_MAGIC_BITS + int(zp_out))
+
+
+def broadcasts_into(small: Sequence[int], shape: Sequence[int]) -> bool:
+    """Whether a tensor of shape `small` broadcasts to `shape` without enlarging it (an in-place operand); plain
+    Python, as torch.broadcast_shapes costs more than a small layer's arithmetic."""
+    return len(small) <= len(shape) and all(s == 1 or s == g for s, g in zip(reversed(small), reversed(shape)))
+
+
+def int64_to_float64(x: torch.Tensor) -> torch.Tensor:
+    """`int_to_float64` of an int64 tensor with |x| < 2^51 in one allocation instead of two (the same values)."""
+    if x.dtype == torch.int64:
+        return x.add(_MAGIC_BITS).view(torch.float64).sub_(_MAGIC)
+    return int_to_float64(x)
 
 
 def linear_requantize_floor(x: Union[torch.Tensor, np.ndarray, Number], multiplier: IntLike, shift: IntLike,
