@@ -257,20 +257,22 @@ class OptMaster:
 
     def similarity_ranking(self) -> Dict[str, float]:
         """Layer -> 1 - its lowest isolated cosine on the search batches at the configured precision (NaN stays
-        NaN: ranked first), for `mixed_precision_ranking = similarity`."""
-        calibrate_graph(self.graph)
-        qgraph = quantize_graph(self.graph)
+        NaN: ranked first), for `mixed_precision_ranking = similarity`. Measured on a copy, so the float graph
+        keeps its ranges for the search and the quantization after it."""
+        copy = self.graph.clone()
+        calibrate_graph(copy)
+        qgraph = quantize_graph(copy)
         ranking: Dict[str, float] = {}
-        for r in layer_similarity(self.graph, qgraph, self.search_inputs):
+        for r in layer_similarity(copy, qgraph, self.search_inputs):
             value = 1.0 - r.isolated_cos
             previous = ranking.get(r.name, value)
             ranking[r.name] = value if value != value or previous != previous else max(previous, value)
         return ranking
 
     def quantize(self) -> QuantizeGraph:
-        """Local calibration and scale unification, the global methods (which may adjust ranges, weights and biases
-        of the float graph for quantization only: the float constants are restored right after), then
-        quantization (pipeline.calibrate, pipeline.quantize_calibrated)."""
+        """Local calibration and scale unification, the global methods (which adjust ranges, weights and biases of
+        a copy of the calibrated graph, never the float graph), then quantization (pipeline.calibrate,
+        pipeline.quantize_calibrated)."""
         if self.cfg.compat_quantized_model:  # the given params decide (docs/compat-quantized.md)
             compat.compat_calibrate(self.graph)
             qgraph = quantize_graph(self.graph)
