@@ -45,7 +45,7 @@ FOLDABLE_ACTIVATIONS = ("NONE", "RELU")
 """Fused activations of the MatMul that commute with a positive factor (a RELU6/CLIP bound would move)."""
 
 
-def _readers(graph: PyGraph) -> Dict[int, List[PyNode]]:
+def readers_by_tensor(graph: PyGraph) -> Dict[int, List[PyNode]]:
     """Tensor id -> the layers reading it, once per input slot."""
     out: Dict[int, List[PyNode]] = {}
     for n in graph.nodes:
@@ -54,7 +54,7 @@ def _readers(graph: PyGraph) -> Dict[int, List[PyNode]]:
     return out
 
 
-def _only_reader(node: PyNode, readers: Dict[int, List[PyNode]], io: Set[int]) -> Optional[PyNode]:
+def only_reader(node: PyNode, readers: Dict[int, List[PyNode]], io: Set[int]) -> Optional[PyNode]:
     """The one layer reading `node`'s outputs (one slot, no graph output among them), else None."""
     slots = [r for t in node.outputs for r in readers.get(id(t), [])]
     if len(slots) != 1 or any(id(t) in io for t in node.outputs):
@@ -151,10 +151,10 @@ def merge_matmul_mul(graph: PyGraph) -> List[Tuple[str, str, float]]:
             continue
         if _activation(mm) not in FOLDABLE_ACTIVATIONS:
             continue
-        readers = _readers(graph)
-        prev, cur = mm, _only_reader(mm, readers, io)
+        readers = readers_by_tensor(graph)
+        prev, cur = mm, only_reader(mm, readers, io)
         while cur is not None and _commutes(cur):
-            prev, cur = cur, _only_reader(cur, readers, io)
+            prev, cur = cur, only_reader(cur, readers, io)
         if cur is None:
             continue
         side = next(t for t in prev.outputs if any(t is i for i in cur.inputs))

@@ -46,7 +46,7 @@ from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 from ..log import OPT_DEBUG, OPT_INFO
 from ..registry.optype import OpType
-from .merge_matmul_mul import SHAPE_ONLY, _factor_subgraph, _is_mul, _scaling_batchnorm
+from .merge_matmul_mul import SHAPE_ONLY, _factor_subgraph, _is_mul, _scaling_batchnorm, only_reader, readers_by_tensor
 
 FIELD = "enable_pass_scaled_dot_product_attention"
 SETTINGS_KEY = "sdpa_settings"
@@ -54,20 +54,9 @@ SETTINGS_KEY = "sdpa_settings"
 SDPA_ACTIVATION_MODE = "per_tensor_symmetric_restricted_range"
 
 
-def _readers(graph: PyGraph) -> Dict[int, List[PyNode]]:
-    out: Dict[int, List[PyNode]] = {}
-    for n in graph.nodes:
-        for t in n.inputs:
-            out.setdefault(id(t), []).append(n)
-    return out
-
-
 def _only_reader(node: PyNode, readers: Dict[int, List[PyNode]], io: Set[int]) -> Optional[PyNode]:
     """The one layer reading `node`'s single output (one slot, not a graph output), else None."""
-    if len(node.outputs) != 1 or id(node.outputs[0]) in io:
-        return None
-    slots = readers.get(id(node.outputs[0]), [])
-    return slots[0] if len(slots) == 1 else None
+    return only_reader(node, readers, io) if len(node.outputs) == 1 else None
 
 
 def _activation(node: PyNode) -> str:
@@ -252,7 +241,7 @@ def scaled_dot_product_attention(graph: PyGraph) -> List[Tuple[str, List[str]]]:
     done: List[Tuple[str, List[str]]] = []
     taken = set(graph.tensors())
     for sm in list(graph.nodes):
-        readers = _readers(graph)
+        readers = readers_by_tensor(graph)
         io = {id(t) for t in graph.input_tensors + graph.output_tensors}
         if str(sm.type) != "Softmax" or not any(n is sm for n in graph.nodes):
             continue

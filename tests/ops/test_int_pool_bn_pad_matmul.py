@@ -8,6 +8,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pytest
 import torch
+from int_refs import avg_ref, rhe_div
 from test_pooling import _out_size
 
 from quantopt.analysis.similarity import cosine
@@ -45,24 +46,6 @@ def settings(mode: str, bits: int, **extra) -> Dict:
 
 
 # --- independent reference helpers (python ints, no quantopt rounding/requant code) -------------------------------
-def rhe_div(num: int, den: int) -> int:
-    """round_half_even(num / den) for python ints, den > 0."""
-    q, rem = divmod(num, den)  # floor division, 0 <= rem < den
-    if 2 * rem > den or (2 * rem == den and q % 2 == 1):
-        q += 1
-    return q
-
-
-def avg_ref(total: int, count: int, zp_out: int, s_in: float = 1.0, s_out: float = 1.0) -> int:
-    """Integer AVG (docs/integer-semantics.md, Pooling AVG): the window sum clamped to [-2^31, 2^31] times the 8-bit
-    approximation M / 2^N of s_out / s_in / count (numpy float32 steps), rounded half to even, minus zp_out."""
-    ratio = np.float32(np.float32(s_out) / np.float32(s_in)) / np.float32(count)
-    shift = min(int(np.floor(np.log2(np.float32(255.0) / ratio))), 31)
-    mult = int(np.floor(ratio * np.float32(2.0 ** shift) + np.float32(0.5)))
-    num = min(max(total, -2 ** 31), 2 ** 31) * mult
-    return (num << -shift if shift <= 0 else rhe_div(num, 1 << shift)) - zp_out
-
-
 def ref_requant(acc: np.ndarray, mult, shift, zp_out: int, qmin: int, qmax: int) -> np.ndarray:
     """clamp(round_half_even(acc * M / 2^shift) - zp_out, qmin, qmax) elementwise with python integers."""
     acc = np.asarray(acc, dtype=np.int64)

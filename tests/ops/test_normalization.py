@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from int_refs import clamp, rhe_div
 
 from quantopt.analysis.similarity import cosine
 from quantopt.errors import IRError, UnsupportedError
@@ -144,15 +145,6 @@ def rhe(num: int, shift: int) -> int:
     q, r = divmod(num, 1 << shift)
     half = 1 << (shift - 1)
     return q + (1 if r > half or (r == half and q % 2 == 1) else 0)
-
-
-def rhe_div(num: int, den: int) -> int:
-    q, r = divmod(num, den)
-    return q + (1 if 2 * r > den or (2 * r == den and q % 2 == 1) else 0)
-
-
-def clamp(v: int, lo: int, hi: int) -> int:
-    return min(max(v, lo), hi)
 
 
 def ref_rsqrt(q: int) -> Tuple[int, int]:

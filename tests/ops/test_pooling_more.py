@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from int_refs import avg_ref, clamp, rhe_div
 from test_pooling import _out_size
 
 from quantopt.analysis.similarity import cosine
@@ -64,15 +65,6 @@ def rhe(num: int, shift: int) -> int:
     q, rem = divmod(num, 1 << shift)
     half = 1 << (shift - 1)
     return q + (1 if rem > half or (rem == half and q % 2 == 1) else 0)
-
-
-def rhe_div(num: int, den: int) -> int:
-    q, rem = divmod(num, den)
-    return q + (1 if 2 * rem > den or (2 * rem == den and q % 2 == 1) else 0)
-
-
-def clamp(v: int, lo: int, hi: int) -> int:
-    return min(max(v, lo), hi)
 
 
 def table_value(index: int, table: Sequence[int], in_bits: int) -> int:
@@ -166,16 +158,6 @@ def ref_lp_int(node, x_q: np.ndarray, p: Dict, power: int) -> np.ndarray:
                     v = clamp(table_value(code, table, 16), lo_t, hi_t)
                 y[b, i, j, ch] = clamp(v, qmin, qmax)
     return y
-
-
-def avg_ref(total: int, count: int, zp_out: int, s_in: float = 1.0, s_out: float = 1.0) -> int:
-    """Integer AVG (docs/integer-semantics.md, Pooling AVG): the window sum clamped to [-2^31, 2^31] times the 8-bit
-    approximation M / 2^N of s_out / s_in / count (numpy float32 steps), rounded half to even, minus zp_out."""
-    ratio = np.float32(np.float32(s_out) / np.float32(s_in)) / np.float32(count)
-    shift = min(int(np.floor(np.log2(np.float32(255.0) / ratio))), 31)
-    mult = int(np.floor(ratio * np.float32(2.0 ** shift) + np.float32(0.5)))
-    num = min(max(total, -2 ** 31), 2 ** 31) * mult
-    return (num << -shift if shift <= 0 else rhe_div(num, 1 << shift)) - zp_out
 
 
 def ref_window_int(x_q: np.ndarray, rows, cols, method: str, zp: int, include: bool, qmin: int,
