@@ -92,10 +92,12 @@ def test_conv_requantization_matches_mac_finish_and_follows_params() -> None:
     q.forward(data[0], keep_tensors=True)
     node = q.node("op")
     assert "_memo_mac_finish" in node.attrs
-    assert torch.equal(node.outputs[0].betensor, mac_finish(node, conv2d_nhwc_int(node, depthwise=False)))
+    reference = mac_finish(node, conv2d_nhwc_int(node, depthwise=False), planned=False)
+    assert torch.equal(node.outputs[0].betensor, reference)
     for change in (lambda: node.params.__setitem__("shift_value", int(node.params["shift_value"]) + 1),
                    lambda: node.constants["biases"].betensor.add_(1000),
                    lambda: node.params.__setitem__("with_activation", "NONE")):
         change()
         node.forward()
-        assert torch.equal(node.outputs[0].betensor, mac_finish(node, conv2d_nhwc_int(node, depthwise=False)))
+        reference = mac_finish(node, conv2d_nhwc_int(node, depthwise=False), planned=False)
+    assert torch.equal(node.outputs[0].betensor, reference)

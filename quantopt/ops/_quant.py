@@ -14,6 +14,7 @@ import torch
 
 from ..config.layer_settings import LayerSettings
 from ..errors import UnsupportedError
+from ..graph.memo import layer_key, memo
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 from ..log import OPT_INFO, OPT_WARN
@@ -21,13 +22,17 @@ from ..quant.dtype import Dtype, int_dtype_for_bits
 from ..quant.given import GIVEN_PARAMS, GIVEN_VALUES
 from ..quant.params import QuantMode, QuantParams, integer_range, linear_quant_params, quantize
 from ..quant.requant import (
+    MAGIC_SCALED_BOUND,
     aiff_ahead_shift,
     bias_quantize,
+    broadcasts_into,
     compress_bias,
     exact_int64,
+    exact_int64_,
     fold_input_zero_point,
     group_ranges,
     linear_requantize,
+    requantize_scaled_,
     scale_shift,
     search_bias_clamp_bits,
     unify_shifts_for_aiff,
@@ -460,13 +465,20 @@ def exact_float_dtype(x_absmax: int, w_eff: torch.Tensor) -> torch.dtype:
     return torch.float32 if bound < FLOAT32_EXACT else torch.float64
 
 
-def mac_finish(node: PyNode, acc: torch.Tensor) -> torch.Tensor:
+def mac_finish(node: PyNode, acc: torch.Tensor, owned: bool = False, planned: bool = True) -> torch.Tensor:
     """Integer accumulator (float64 holding exact ints, bias not yet added) → requantized int64 output.
 
     acc + b, optionally through the 48→32-bit `remain_shift` hand-over, then
     y = clamp(round_half_even((acc + b) · M · 2^-shift) - zp_out, qmin, qmax) per tensor or per output channel
-    (last axis), then the fused RELU6/CLIP bounds.
+    (last axis), then the fused RELU6/CLIP bounds. The usual case runs from a per-layer plan (`_finish_plan`:
+    biases, M·2^-shift and bounds memoized, graph/memo.py), whose derivation costs more than the arithmetic on small
+    inputs; `planned=False` computes without it (the reference the plan is tested against). `owned`: `acc` is the
+    caller's temporary and may be overwritten.
     """
+    if planned:
+        fast = _planned_finish(node, acc, owned)
+        if fast is not None:
+            return fast
     out = node.outputs[0]
     mult, shift = requant_of(node)
     b = node.get_constant("biases").betensor.to(torch.float64).reshape(-1)
@@ -484,6 +496,66 @@ def mac_finish(node: PyNode, acc: torch.Tensor) -> torch.Tensor:
     axis = -1 if isinstance(mult, torch.Tensor) else None
     y = linear_requantize(acc, mult, shift, tensor_zp(out), qmin, qmax, axis=axis)
     return fused_activation_clamp(node, y)
+
+
+_FinishPlan = Tuple[torch.Tensor, torch.Tensor, float, float, int, int, Any, Any, bool]
+
+
+def _finish_plan(node: PyNode, device: torch.device) -> Optional[_FinishPlan]:
+    """(float64 biases, M·2^-shift, max |M|, output zero point, qmin, qmax, fused bounds or None, whether
+    `requantize_scaled_` applies: every shift >= 3 and the output range small) of the layer."""
+    def build() -> Optional[_FinishPlan]:
+        if node.params.get("remain_shift") is not None:
+            return None
+        out = node.outputs[0]
+        mult, shift = requant_of(node)
+        b = node.get_constant("biases").betensor.to(torch.float64).reshape(-1)
+        m = torch.as_tensor(mult, dtype=torch.float64, device=device)
+        s = torch.as_tensor(shift, dtype=torch.float64, device=device)
+        if not -900 < float(s.min()) <= float(s.max()) < 900:
+            return None
+        qmin, qmax = out_range(out)
+        lo: Any = None
+        hi: Any = None
+        if fused_activation(node) in ("RELU", "RELU6", "CLIP"):
+            lo, hi = fused_activation_bounds(node)
+            if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):  # per-channel output
+                lo = torch.as_tensor(lo, dtype=torch.int64, device=device)
+                hi = torch.as_tensor(hi, dtype=torch.int64, device=device)
+        scaled = float(s.min()) >= 3 and max(abs(qmin), abs(qmax)) + abs(tensor_zp(out)) < MAGIC_SCALED_BOUND
+        return b, m * torch.pow(2.0, -s), float(m.abs().max()), float(tensor_zp(out)), qmin, qmax, lo, hi, scaled
+
+    return memo(node, "mac_finish", (layer_key(node), device), build)
+
+
+def _planned_finish(node: PyNode, acc: torch.Tensor, owned: bool) -> Optional[torch.Tensor]:
+    """`mac_finish`'s result from the layer's memoized plan (`_finish_plan`), or None (acc untouched) where the plan
+    does not apply: a `remain_shift` hand-over, shifts beyond ±900, an accumulator whose products may leave float64's
+    exact range, NaN. `owned`: `acc` is the caller's temporary and is overwritten (the bound is then checked on acc
+    and max|b|, which only sends more accumulators to the general path, whose result is the same)."""
+    plan = _finish_plan(node, acc.device) if acc.dtype == torch.float64 and acc.numel() else None
+    if plan is None:
+        return None
+    b, factor, m_absmax, zp_out, qmin, qmax, lo, hi, scaled = plan
+    if owned and broadcasts_into(b.shape, acc.shape):
+        a_lo, a_hi = (float(v) for v in torch.aminmax(acc))
+        b_absmax = float(b.abs().max()) if b.numel() else 0.0
+        if not (math.isfinite(a_lo) and math.isfinite(a_hi) and math.isfinite(b_absmax)) \
+                or (max(-a_lo, a_hi) + b_absmax) * m_absmax >= FLOAT64_EXACT:
+            return None
+        y = acc.add_(b)
+    else:
+        y = acc + b
+        y_lo, y_hi = (float(v) for v in torch.aminmax(y))
+        if not (math.isfinite(y_lo) and math.isfinite(y_hi)) or max(-y_lo, y_hi) * m_absmax >= FLOAT64_EXACT:
+            return None
+    if scaled:  # |y * M| < 2^53 (checked above) and every shift >= 3: |y * factor| < 2^50
+        y = requantize_scaled_(y, factor, int(zp_out), qmin, qmax)
+    else:
+        y = exact_int64_(y.mul_(factor).round_().sub_(zp_out).clamp_(float(qmin), float(qmax)), qmin, qmax)
+    if lo is None:
+        return y
+    return torch.clamp(y, lo, hi)
 
 
 def _requantize_exact_float64(acc: torch.Tensor, mult: Union[int, torch.Tensor], shift: Union[int, torch.Tensor],

@@ -18,13 +18,13 @@ from ..quant.params import quantize
 from ..quant.requant import int64_to_float64
 from ..registry import declare_op
 from ..registry.schema import Float, Int, Param, Text, Value
-from ._mac_finish import finish_mac
 from ._quant import (
     check_quantized_inputs,
     copy_params,
     effective_weights,
     int_value,
     layer_settings,
+    mac_finish,
     out_range,
     quantize_mac,
     set_constant,
@@ -118,9 +118,9 @@ def _batchnorm_int(node: PyNode) -> torch.Tensor:
                           f"axis), got {w.numel()}")
     # |x| <= 2^31 and |w| <= 2^16 (weights of at most 16 bits plus zero point): the product is below 2^47, exact in
     # float64 (faster than int64 arithmetic and its conversion)
-    # one new float64 map, multiplied and requantized in place (finish_mac: mac_finish's bits, its plan memoized)
+    # one new float64 map, multiplied and requantized in place (mac_finish, its plan memoized)
     acc = int64_to_float64(x.movedim(axis, -1)).mul_(w.to(torch.float64))
-    return finish_mac(node, acc, owned=True).movedim(-1, axis).contiguous()
+    return mac_finish(node, acc, owned=True).movedim(-1, axis).contiguous()
 
 
 def _set_extrema_ranges(w) -> None:

@@ -17,9 +17,9 @@ from ..registry.schema import Bool, Int, Param
 from . import _fp8
 from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
 from ._conv_nhwc import depthwise_taps
-from ._mac_finish import finish_mac
 from ._quant import (
     layer_settings,
+    mac_finish,
     mac_input,
     mac_weights,
     out_range,
@@ -221,7 +221,7 @@ def convolution_forward(self: PyNode) -> None:
         _fp8.mac_forward(self, lambda x, w, b: _conv_nhwc(self, x, w, b, False, 0.0, torch.float64))
         return
     if self.quantized:
-        self.outputs[0].betensor = finish_mac(self, conv2d_nhwc_int(self, depthwise=False), owned=True)
+        self.outputs[0].betensor = mac_finish(self, conv2d_nhwc_int(self, depthwise=False), owned=True)
         return
     _conv_float_forward(self, depthwise=False)
 
@@ -233,7 +233,7 @@ def depthwise_conv_forward(self: PyNode) -> None:
         _fp8.mac_forward(self, lambda x, w, b: _conv_nhwc(self, x, w, b, True, 0.0, torch.float64))
         return
     if self.quantized:
-        self.outputs[0].betensor = finish_mac(self, conv2d_nhwc_int(self, depthwise=True), owned=True)
+        self.outputs[0].betensor = mac_finish(self, conv2d_nhwc_int(self, depthwise=True), owned=True)
         return
     _conv_float_forward(self, depthwise=True)
 

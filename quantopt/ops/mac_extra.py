@@ -26,7 +26,6 @@ from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import declare_op
 from ..registry.optype import OpType
 from ..registry.schema import Bool, Float, Int, Param, Value, quantized
-from ._mac_finish import finish_mac
 from ._quant import (
     FLOAT32_EXACT,
     check_fused_activation_quantizable,
@@ -541,7 +540,7 @@ def _convt_int_float(node: PyNode, x: torch.Tensor, wt: torch.Tensor, sums: torc
     """`_convt_int`'s result when `_exact_apply` would take its float32 path and `_mac_output` `mac_finish`: the
     same values without the int64 round trip (float32 sums below 2^24 are exact integers, so rounding them in
     float64 gives the same integers; acc - zp·Σw stays below 2^53 since |zp| <= x_absmax), requantized in place by
-    `finish_mac` (mac_finish's bits). None otherwise."""
+    `mac_finish`. None otherwise."""
     zp = tensor_zp(node.inputs[0])
     if not (int(x_absmax) * int(w_sum) < FLOAT32_EXACT and x.device.type == "cpu"):
         return None
@@ -554,7 +553,7 @@ def _convt_int_float(node: PyNode, x: torch.Tensor, wt: torch.Tensor, sums: torc
     xf = x.to(torch.float32)
     acc = _conv_transpose(node, xf, wt.to(xf.dtype), group, geo).to(torch.float64).round_()
     acc = acc.sub_(zp * sums.to(device=acc.device, dtype=torch.float64)) if zp else acc
-    return finish_mac(node, acc.contiguous(), owned=True)
+    return mac_finish(node, acc.contiguous(), owned=True)
 
 
 def _oc_ranges(node: PyNode, w: PyTensor, w_oc: torch.Tensor, group: int) -> Tuple[torch.Tensor, torch.Tensor]:
