@@ -136,6 +136,9 @@ def _gemm_conv(xp: torch.Tensor, w: torch.Tensor, group: int, stride: Tuple[int,
     if kh == kw == 1 and stride == (1, 1) and group == 1:  # a 1x1 unit-stride conv is a plain GEMM
         return torch.matmul(xp.reshape(n * ho * wo, c), wg[0]).reshape(n, ho, wo, out_c)
     rows = max(1, MAX_PATCH_ELEMENTS // max(1, n * wo * kh * kw * c))
+    # one sample in several bands of a plain GEMM: each band's product goes straight into its rows of the output
+    into = (torch.empty(ho * wo, out_c, dtype=w.dtype, device=xp.device)
+            if n == 1 and group == 1 and rows < ho and not _needs_grad(xp, w) else None)
     bands = []
     for r0 in range(0, ho, rows):
         r1 = min(ho, r0 + rows)
@@ -143,13 +146,25 @@ def _gemm_conv(xp: torch.Tensor, w: torch.Tensor, group: int, stride: Tuple[int,
         band = xp[:, r0 * sy:(r1 - 1) * sy + (kh - 1) * dilation[0] + 1]
         patches = _patches(band, (kh, kw), stride, dilation, (r1 - r0, wo))
         m = n * (r1 - r0) * wo
+        if patches.dtype != w.dtype:  # unfolded and converted in one copy
+            patches = torch.empty(patches.shape, dtype=w.dtype, device=w.device).copy_(patches)
+        if into is not None:
+            torch.matmul(patches.reshape(m, kh * kw * c), wg[0], out=into[r0 * wo:r1 * wo])
+            continue
         if group == 1:
             y = torch.matmul(patches.reshape(m, kh * kw * c), wg[0])
         else:  # [G, M, kh·kw·Cg] @ [G, kh·kw·Cg, out_g] -> [G, M, out_g] -> [M, G·out_g]
             p = patches.reshape(m, kh * kw, group, cin_g).permute(2, 0, 1, 3).reshape(group, m, kh * kw * cin_g)
             y = torch.bmm(p, wg).permute(1, 0, 2).reshape(m, out_c)
         bands.append(y.reshape(n, r1 - r0, wo, out_c))
+    if into is not None:
+        return into.reshape(n, ho, wo, out_c)
     return bands[0] if len(bands) == 1 else torch.cat(bands, dim=1)
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    """A gradient-based method's forward: results must then be new tensors, never written in place."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _same_dtype(taps: Optional[List[List[torch.Tensor]]], xp: torch.Tensor) -> bool:
@@ -163,16 +178,24 @@ def conv2d_nhwc(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], 
     """Convolution of x [N, H, W, C] with OHWI weights [out_c, kh, kw, C/group] in `dtype` (default x's), plus
     `bias` [out_c] added last; pads are (left, right, top, bottom) filled with `pad_value`. Shapes are checked by
     the caller. `taps`: a depthwise convolution's `depthwise_taps(w)` in `dtype`, when the caller keeps them."""
-    xp = pad_nhwc(x, pads, pad_value, dtype)
+    dtype = dtype or x.dtype
     out_c, kh, kw, cin_g = (int(s) for s in w.shape)
+    depthwise = cin_g == 1 and group == int(x.shape[3]) and group > 1
+    plain_gemm = kh == kw == 1 and stride == (1, 1) and group == 1
+    # a float32 input unfolded for a float64 GEMM is converted while it is unfolded: its padded copy stays float32
+    # (half the bytes to write and to read kh·kw times); the values are the same, float32 being exact in float64
+    narrow = (not depthwise and not plain_gemm and x.dtype == torch.float32 and dtype == torch.float64
+              and float(torch.tensor(pad_value, dtype=torch.float32)) == pad_value)
+    xp = pad_nhwc(x, pads, pad_value, x.dtype if narrow else dtype)
     out_hw = (output_size(int(xp.shape[1]), kh, stride[0], dilation[0]),
               output_size(int(xp.shape[2]), kw, stride[1], dilation[1]))
-    if w.dtype != xp.dtype or w.device != xp.device:
-        w = w.to(dtype=xp.dtype, device=xp.device)
-    if cin_g == 1 and group == int(xp.shape[3]) and group > 1:
+    if w.dtype != dtype or w.device != xp.device:
+        w = w.to(dtype=dtype, device=xp.device)
+    if depthwise:
         y = _depthwise(xp, w, stride, dilation, out_hw, taps if _same_dtype(taps, xp) else None)
     else:
         y = _gemm_conv(xp, w, group, stride, dilation, out_hw)
     if bias is not None:
-        y = y + (bias if bias.dtype == y.dtype and bias.device == y.device else bias.to(dtype=y.dtype, device=y.device))
+        b = bias if bias.dtype == y.dtype and bias.device == y.device else bias.to(dtype=y.dtype, device=y.device)
+        y = y + b if _needs_grad(y, b) else y.add_(b)  # y is a new tensor of this module's own
     return y
