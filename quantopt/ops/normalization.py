@@ -331,6 +331,8 @@ def _cascade(v: np.ndarray) -> np.ndarray:
             break
         full = n // step * step
         partial.append(_fold(sums[:, full:], 1))
+        if full == 0:  # the levels above would all be empty: their partial sums 0, and a sum that is never -0 stays
+            break      # the same when 0 is added to it
         sums = _fold(sums[:, :full].reshape(sums.shape[0], n // step, step, *sums.shape[2:]), 2)
     out = partial[0]
     for p in partial[1:]:
