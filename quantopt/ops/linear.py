@@ -7,6 +7,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..graph.memo import Same, memo
 from ..graph.node import PyNode
 from ..quant.dtype import Dtype
 from ..quant.requant import INT32_MAX, INT32_MIN
@@ -99,9 +100,8 @@ def fully_connected_forward(self: PyNode) -> None:
     ordered = (dtype == torch.float32 and layer_settings(self).fc_float_summation == "upstream" and not needs_grad
                and group_rows is not None)
     acc = torch.float32 if ordered else MAC_FLOAT_DTYPE
-    w = weights.to(device=x.device, dtype=acc)
+    w, b = _float_constants(self, x.device, acc, needs_grad)
     _check_fc_shapes(self, x, w)
-    b = float_biases(self, int(w.shape[0]), w)
     x = x.to(acc)
     if not ordered:
         y = F.linear(x, w, b).to(dtype)
@@ -109,6 +109,24 @@ def fully_connected_forward(self: PyNode) -> None:
         y = linear_float32(x, w, b, _ordered_weights(self, weights), group_rows=group_rows) \
             if FLOAT32_FC_ORDER == "upstream" else F.linear(x, w, b)
     self.outputs[0].betensor = apply_fused_activation(self, y)
+
+
+def _float_constants(node: PyNode, device: torch.device, dtype: torch.dtype,
+                     needs_grad: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(weights, biases or None) as `dtype` on `device`, memoized per layer while the weight and bias tensors are the
+    same objects at the same version (graph/memo.py): converting a large weight matrix to float64 on every forward
+    costs as much as a tenth of its GEMM. Not kept for a forward that autograd differentiates."""
+    wt = node.get_constant("weights")
+    bt = node.get_constant("biases", optional=True)
+
+    def build() -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        w = wt.betensor.to(device=device, dtype=dtype)
+        return w, float_biases(node, int(w.shape[0]), w)
+
+    if needs_grad:
+        return build()
+    key = (Same(wt.betensor), None if bt is None else Same(bt.betensor), str(device), dtype)
+    return memo(node, "fc_float_constants", key, build)
 
 
 GEMM_ORDER_MAX_MACS = 1 << 20
