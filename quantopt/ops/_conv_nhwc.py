@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+import numpy as np
 import torch
 
 MAX_PATCH_ELEMENTS = 1 << 19
@@ -185,7 +186,7 @@ def conv2d_nhwc(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], 
     # a float32 input unfolded for a float64 GEMM is converted while it is unfolded: its padded copy stays float32
     # (half the bytes to write and to read kh·kw times); the values are the same, float32 being exact in float64
     narrow = (not depthwise and not plain_gemm and x.dtype == torch.float32 and dtype == torch.float64
-              and float(torch.tensor(pad_value, dtype=torch.float32)) == pad_value)
+              and float(np.float32(pad_value)) == pad_value)
     xp = pad_nhwc(x, pads, pad_value, x.dtype if narrow else dtype)
     out_hw = (output_size(int(xp.shape[1]), kh, stride[0], dilation[0]),
               output_size(int(xp.shape[2]), kw, stride[1], dilation[1]))
