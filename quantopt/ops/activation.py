@@ -480,8 +480,8 @@ def _quantize_prelu(node: PyNode) -> None:
         if q.shape[0] == 1:
             q = q.squeeze(0)
     try:
-        shape = torch.broadcast_shapes(tuple(q.shape), tuple(inp.ir_shape))
-    except RuntimeError:
+        shape = broadcast_shape([q.shape, inp.ir_shape])
+    except ValueError:
         shape = None
     if shape != tuple(inp.ir_shape):
         raise node._error(f"negative_slope of shape {list(q.shape)} does not broadcast to the input shape "

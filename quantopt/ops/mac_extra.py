@@ -50,7 +50,14 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import FUSED_ACTIVATION_PARAMS, MAC_QUANTIZED_PARAMS, apply_fused_activation, bool_param, int_param
+from ._shared import (
+    FUSED_ACTIVATION_PARAMS,
+    MAC_QUANTIZED_PARAMS,
+    apply_fused_activation,
+    bool_param,
+    broadcast_shape,
+    int_param,
+)
 
 """Integers and partial sums below this magnitude are exact in float64: the bound for float64 accumulation and for
 the float64 requantization of `mac_finish` (|(acc + bias) * M| must stay below it)."""
@@ -731,8 +738,8 @@ def _matmul(node: PyNode, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _broadcast_add(node: PyNode, y: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     try:
-        shape = torch.broadcast_shapes(y.shape, c.shape)
-    except RuntimeError:
+        shape = broadcast_shape([y.shape, c.shape])
+    except ValueError:
         shape = None
     if shape != y.shape:
         raise node._error(f"C of shape {list(c.shape)} does not broadcast to the product's shape {list(y.shape)}")

@@ -40,7 +40,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import axis_param, bool_param
+from ._shared import axis_param, bool_param, broadcast_shape
 
 SEMANTICS = "docs/semantics/moments.md"
 
@@ -209,8 +209,8 @@ def sufficient_statistics_forward(self: PyNode) -> None:
     x = x_t.betensor
     axes = _axes(self, x.dim())
     try:
-        torch.broadcast_shapes(tuple(x.shape), tuple(s_t.betensor.shape))
-    except RuntimeError:
+        broadcast_shape([x.shape, s_t.betensor.shape])
+    except ValueError:
         raise self._error(f"shift of shape {list(s_t.betensor.shape)} does not broadcast to the input "
                           f"{list(x.shape)}") from None
     out0, out1 = self.outputs
@@ -323,9 +323,9 @@ def _nm_shapes(node: PyNode) -> None:
                           f"{len(node.inputs)} and {len(node.outputs)}")
     shapes = [tuple(t.betensor.shape) for t in node.inputs]
     try:
-        torch.broadcast_shapes(shapes[0], shapes[2])
-        torch.broadcast_shapes(shapes[0], shapes[1])
-    except RuntimeError:
+        broadcast_shape([shapes[0], shapes[2]])
+        broadcast_shape([shapes[0], shapes[1]])
+    except ValueError:
         raise node._error(f"input shapes {[list(s) for s in shapes]} do not broadcast (the shift and the variance "
                           "sum must broadcast with the mean sum)") from None
 

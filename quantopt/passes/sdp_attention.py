@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-import torch
+import numpy as np
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
@@ -92,9 +92,9 @@ def _fused_shapes(q: Sequence[int], k: Sequence[int], v: Sequence[int], gqa: boo
     if gqa:
         k[-3] = v[-3] = q[-3]
     try:
-        logits = list(torch.broadcast_shapes(tuple(q[:-2]), tuple(k[:-2]))) + [q[-2], k[-1]]
-        out = list(torch.broadcast_shapes(tuple(logits[:-2]), tuple(v[:-2]))) + [q[-2], v[-1]]
-    except RuntimeError:
+        logits = [int(d) for d in np.broadcast_shapes(tuple(q[:-2]), tuple(k[:-2]))] + [q[-2], k[-1]]
+        out = [int(d) for d in np.broadcast_shapes(tuple(logits[:-2]), tuple(v[:-2]))] + [q[-2], v[-1]]
+    except ValueError:
         return None
     return logits, out
 
@@ -175,9 +175,9 @@ def _match(graph: PyGraph, sm: PyNode, readers: Dict[int, List[PyNode]], io: Set
         if mask is add.inputs[0] or list(add.outputs[0].ir_shape) != shapes[0]:
             return None
         try:
-            if list(torch.broadcast_shapes(tuple(shapes[0]), tuple(mask.ir_shape))) != shapes[0]:
+            if [int(d) for d in np.broadcast_shapes(tuple(shapes[0]), tuple(mask.ir_shape))] != shapes[0]:
                 return None
-        except RuntimeError:
+        except ValueError:
             return None
     return _Chain(qk, above, add, sm, pv, float(factor), factor_layers)
 
