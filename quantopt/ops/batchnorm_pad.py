@@ -334,10 +334,10 @@ def convert_batchnorm(g: QDQGraph, node: PyNode) -> None:
     if ratio is not None:  # x' · (w + zp_w) + b per channel, requantized per channel, in float64
         w_eff = effective_weights(node).reshape(-1).numpy().astype(np.float64)
         acc = g.add("Add", [g.add("Mul", [onnx_exact.codes(g, x, perm), g.const(f"{node.name}/weights",
-                                                                                  w_eff.reshape(shape))]),
+                                                                                w_eff.reshape(shape))]),
                             g.const(f"{node.name}/bias", input_folded_bias(node, x).astype(np.float64).reshape(shape))])
         onnx_exact.requantize(g, node, acc, ratio, perm, fused_activation_bounds(node),
-                                 channel_shape=shape if ratio.size > 1 else None)
+                              channel_shape=shape if ratio.size > 1 else None)
         return
     w_q = node.get_constant("weights").betensor.to(torch.int64).reshape(-1).numpy()
     scale = weight_onnx_scale(g, node, x, y)

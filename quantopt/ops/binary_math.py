@@ -791,8 +791,6 @@ def convert_div(g: QDQGraph, node: PyNode) -> None:
 LOGICAL_ONNX = {"EQUAL": "Equal", "GREATER": "Greater", "GREATER_EQUAL": "GreaterOrEqual", "LESS": "Less",
                 "LESS_EQUAL": "LessOrEqual"}
 """Comparison methods with an ONNX op of their own (NOT_EQUAL is Not(Equal))."""
-
-
 BOOLEAN_ONNX = {"AND": "And", "OR": "Or", "XOR": "Xor"}
 
 

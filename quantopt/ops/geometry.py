@@ -909,12 +909,8 @@ def reversesequence_quantize(self: PyNode) -> None:
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export
 ONNX_RESIZE_METHODS = {"nearest": "nearest", "bilinear": "linear", "linear": "linear", "trilinear": "linear",
-                "bicubic": "cubic", "cubic": "cubic"}
-
-
+                       "bicubic": "cubic", "cubic": "cubic"}
 ONNX_COORDINATE_MODES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel", "tf_half_pixel_for_nn")
-
-
 ONNX_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 

@@ -910,7 +910,7 @@ def convert_conv_transpose(g: QDQGraph, node: PyNode) -> None:
                                                                                torch_w.astype(np.float32)),
                                       g.const(f"{node.name}/bias", bias.astype(np.float32))], **attrs)
         onnx_exact.requantize(g, node, g.add("Cast", [acc], to=onnx_exact.DOUBLE), ratio, cf,
-                                 fused_activation_bounds(node), channel_shape=(-1, 1, 1) if ratio.size > 1 else None)
+                              fused_activation_bounds(node), channel_shape=(-1, 1, 1) if ratio.size > 1 else None)
         return
     if group != 1:
         raise node_error(node, "grouped ConvTranspose is exported in the exact mode only (within float32 sums)")

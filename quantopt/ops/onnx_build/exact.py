@@ -36,23 +36,13 @@ from .qdq_graph import FLOAT, ONNX_INT_TYPES, QUANTIZABLE, QDQGraph, requant_rat
 
 DOUBLE = 11
 """onnx.TensorProto.DOUBLE."""
-
-
 INT32 = 6
 """onnx.TensorProto.INT32."""
-
-
 INT64 = 7
 """onnx.TensorProto.INT64."""
-
-
 INT64_EXACT = 2 ** 62
 """The int64 forms' bound: what quantopt's own integer forward refuses beyond (ops/_eltwise_int.py)."""
-
-
 MAX_TABLE_BITS = 16
-
-
 MAX_EXACT_SHIFT = 36
 
 

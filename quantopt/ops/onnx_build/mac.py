@@ -35,8 +35,6 @@ from .qdq_graph import QDQGraph, int_or, node_error, requant_ratio
 
 EXACT_SCALE_ULPS = 4
 """How many float32 neighbours on each side `exact_weight_scale` tries."""
-
-
 KERNEL_WEIGHT_OFFSET = 128
 """The zero point of 8-bit weights carried as uint8 for onnxruntime's integer kernels: int8 weights + 128."""
 
@@ -249,7 +247,7 @@ def _wide_double_mac(g: QDQGraph, node: PyNode, inner: int, force: bool = False)
 
 
 def window_sums(g: QDQGraph, node: PyNode, codes: str, w: np.ndarray, in_c: int, group: int, out_hw: Tuple[int, int],
-                 stride: Tuple[int, int], dilation: Tuple[int, int]) -> str:
+                stride: Tuple[int, int], dilation: Tuple[int, int]) -> str:
     """Σ over kernel positions (i, j) of the strided window of `codes` (NHWC float64, already padded) times the
     weights `w` [O, kh, kw, C/group] of that position: a MatMul with the block-diagonal [C, O] matrix, or for one
     input channel per group (depthwise) a Gather of each output's channel and a Mul."""
@@ -347,7 +345,7 @@ def integer_kernel(g: QDQGraph, node: PyNode, group: int) -> bool:
         bias = g.add("Reshape", [bias, g.ints(f"{node.name}/bias_shape", [-1, 1, 1])])
     total = g.add("Add", [g.add("Cast", [acc], to=exact.DOUBLE), bias])
     exact.requantize(g, node, total, ratio, perm, fused_activation_bounds(node),
-                             channel_shape=channel_shape if ratio.size > 1 else None)
+                     channel_shape=channel_shape if ratio.size > 1 else None)
     return True
 
 

@@ -52,8 +52,6 @@ constant the importer stored as aligned_uint4): the same integers."""
 
 
 QUANTIZABLE = (Dtype.INT8, Dtype.UINT8, Dtype.INT16, Dtype.UINT16)
-
-
 FLOAT = 1
 """onnx.TensorProto.FLOAT (a Cast target)."""
 
@@ -414,6 +412,7 @@ def same_qparams(a: PyTensor, b: PyTensor) -> bool:
 
 
 def require_same(node: PyNode, a: PyTensor, b: PyTensor) -> None:
+    """Refuse a data-movement layer whose output is quantized unlike its input: its ONNX op moves integers."""
     if not same_qparams(a, b):
         raise node_error(node, f"output '{b.name}' is quantized differently from input '{a.name}'; a data-movement "
                                "layer must keep its input's params")
@@ -432,4 +431,5 @@ def node_error(node: PyNode, message: str) -> UnsupportedError:
 
 
 def int_or(node: PyNode, key: str, default: int) -> int:
+    """An integer param of the layer, `default` where it has none (pads, strides, kernel sizes, group)."""
     return int(node.get_param(key, optional=True, default_value=default))
