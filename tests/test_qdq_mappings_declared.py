@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from quantopt.exporters.onnx_qdq import supported_layer_types
-from quantopt.registry import OP_EXPORT, OP_SPECS
+from quantopt.registry import OP_EXPORT, OP_SPECS, Registration, Version
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "quantopt"
@@ -20,18 +22,36 @@ def _builtin_types() -> list:
     return [t for t in supported_layer_types() if OP_EXPORT.get(t).builtin]
 
 
-def test_every_builtin_mapping_sits_beside_its_declaration() -> None:
-    types = _builtin_types()
-    assert "Convolution" in types and "Activation" in types and len(types) >= 80
+def mappings_away_from_their_declaration() -> list:
+    """One line per built-in type whose export function is defined in another file than its `declare_op`."""
     elsewhere = []
-    for optype in types:
+    for optype in _builtin_types():
         spec = OP_SPECS.get(optype)
         fn = OP_EXPORT.get(optype).obj
         where = os.path.realpath(inspect.getsourcefile(fn))
         if spec is None or os.path.realpath(spec.source) != where:
             elsewhere.append(f"{optype}: declared in {spec.source if spec else 'nowhere'}, exported by "
                              f"{fn.__name__} in {where}")
+    return elsewhere
+
+
+def test_every_builtin_mapping_sits_beside_its_declaration() -> None:
+    types = _builtin_types()
+    assert "Convolution" in types and "Activation" in types and len(types) >= 80
+    elsewhere = mappings_away_from_their_declaration()
     assert not elsewhere, "mappings away from their declaration:\n" + "\n".join(elsewhere)
+
+
+def _convolution_elsewhere(g: object, node: object) -> None:
+    """A mapping of Convolution defined here, not in ops/conv.py (for the control below)."""
+
+
+def test_a_mapping_elsewhere_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: a built-in type exported by a function of another file is reported."""
+    monkeypatch.setitem(OP_EXPORT.active, "Convolution",
+                        Registration(_convolution_elsewhere, Version.parse("9"), __file__, True))
+    found = mappings_away_from_their_declaration()
+    assert len(found) == 1 and found[0].startswith("Convolution: declared in") and "_convolution_elsewhere" in found[0]
 
 
 def test_the_exporter_keeps_only_the_driver() -> None:
