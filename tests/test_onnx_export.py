@@ -30,14 +30,15 @@ from quantopt.cli import main as cli_main  # noqa: E402
 from quantopt.errors import ConfigError, UnsupportedError  # noqa: E402
 from quantopt.exporters import build_onnx_qdq, export_onnx_qdq  # noqa: E402
 from quantopt.exporters.agreement import measure_agreement, rounding_sensitivity  # noqa: E402
-from quantopt.exporters.convert_layout import pool_axis, reduced_perm  # noqa: E402
-from quantopt.exporters.convert_mac import qlinear_fusable  # noqa: E402
 from quantopt.exporters.onnx_qdq import convert_graph  # noqa: E402
-from quantopt.exporters.qdq_graph import channels_first, compose, inverse, requant_ratio  # noqa: E402
 from quantopt.graph.builder import GraphBuilder  # noqa: E402
 from quantopt.ir.reader import read_ir  # noqa: E402
 from quantopt.ir.writer import write_ir  # noqa: E402
 from quantopt.ops._quant import effective_weights  # noqa: E402
+from quantopt.ops.onnx_build.mac import qlinear_fusable  # noqa: E402
+from quantopt.ops.onnx_build.perms import channels_first, compose, inverse, reduced_perm  # noqa: E402
+from quantopt.ops.onnx_build.qdq_graph import requant_ratio  # noqa: E402
+from quantopt.ops.pooling import pool_axis  # noqa: E402
 from quantopt.pipeline import quantize_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -262,7 +262,7 @@ def test_onnx_export_computes_the_same_integers(quantized: Path, scales: str) ->
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     from quantopt.exporters.onnx_qdq import convert_graph
-    from quantopt.exporters.qdq_graph import inverse
+    from quantopt.ops.onnx_build.perms import inverse
 
     graph = read(quantized)
     model, qdq = convert_graph(graph, scales=scales)

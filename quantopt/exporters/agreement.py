@@ -19,9 +19,10 @@ from ..errors import DataError, UnsupportedError
 from ..graph.graph import PyGraph
 from ..graph.tensor import PyTensor
 from ..graph.values import to_float
-from .convert_layout import takes_float
+from ..ops.io import takes_float
+from ..ops.onnx_build.perms import inverse
+from ..ops.onnx_build.qdq_graph import per_channel_scales, scalar
 from .onnx_qdq import DEFAULT_SCALES, convert_graph, require_onnx
-from .qdq_graph import inverse, per_channel_scales, scalar
 
 STEP_TOLERANCE = 1e-3
 """A difference of up to 1 + this many steps counts as one step (float32 rounding of the dequantized values)."""

@@ -15,20 +15,11 @@ from typing import Any, List, Optional, Tuple
 from ..errors import ConfigError, IRError, UnsupportedError
 from ..graph.graph import PyGraph
 from ..log import OPT_WARN
+from ..ops.onnx_build.qdq_graph import QDQGraph
 from ..quant.dtype import Dtype
 from ..registry import OP_EXPORT, export_function
 from ..version import __version__
-from . import (  # noqa: F401  (they fill CONVERTERS)
-    convert_exact,
-    convert_index,
-    convert_integer,
-    convert_layout,
-    convert_mac,
-    convert_ops,
-    convert_recurrent,
-)
 from .options import DEFAULT_SCALES, SCALE_MODES  # torch-free for `quantopt export --help`
-from .qdq_graph import CONVERTERS, QDQGraph
 
 DEFAULT_OPSET = 19
 WIDE_OPSET = 21
@@ -46,8 +37,8 @@ def require_onnx() -> Any:
 
 
 def supported_layer_types() -> List[str]:
-    """IR layer types with a QDQ mapping (the exporter's own, and those declared with an operator)."""
-    return sorted(set(CONVERTERS) | set(OP_EXPORT.keys()))
+    """IR layer types with a QDQ mapping: those declared with an operator (`@SPEC.export`, built-in or plugin)."""
+    return OP_EXPORT.keys()
 
 
 def _quantized(graph: PyGraph) -> PyGraph:
@@ -124,7 +115,7 @@ def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEF
             failed.update(t.name for t in node.outputs)  # reported at its source already
             continue
         g.layer = node.name
-        convert = export_function(str(node.type)) or CONVERTERS.get(str(node.type))
+        convert = export_function(str(node.type))
         try:
             if not node.quantized:
                 raise UnsupportedError(f"layer '{node.name}' ({node.type}) is not quantized (float layers have no "

@@ -1,6 +1,7 @@
 """Built-in operators. Each module declares the operators of one family (`declare_op`: typed params, docs, and the
-float/integer forward and quantize attached to the declaration); modules never import each other, shared helpers
-live in `_shared` and `_quant`, and `api` is the public helper API for plugin operators (docs/plugins.md)."""
+float/integer forward, quantize and ONNX QDQ export attached to the declaration); modules never import each other,
+shared helpers live in `_shared` and `_quant`, the building blocks of the ONNX QDQ mappings in `onnx_build`, and
+`api` is the public helper API for plugin operators (docs/plugins.md)."""
 from . import (  # noqa: F401
     activation,
     api,

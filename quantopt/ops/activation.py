@@ -13,6 +13,7 @@ import math
 from dataclasses import replace
 from typing import Any, Callable, Dict, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -42,6 +43,18 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import FUSED_ACTIVATIONS, apply_fused_activation, axis_param, broadcast_shape, unrounded_input
+from .onnx_build import exact as onnx_exact
+from .onnx_build.activation_forms import (
+    ACTIVATIONS,
+    REQUANT_METHODS,
+    crelu_axis,
+    exact_prelu,
+    leakyrelu_slope,
+    prelu_slope,
+    slope_rounding,
+)
+from .onnx_build.float_forms import requant_factor, unary_perm
+from .onnx_build.qdq_graph import QDQGraph, node_error, same_qparams
 
 # ONNX defaults, used when the IR leaves a parameter out.
 SELU_ALPHA = 1.67326319217681884765625
@@ -730,3 +743,47 @@ def activation_forward(self: PyNode) -> None:
         self.outputs[0].betensor = _prelu(self, unrounded_input(self)).to(x.dtype)
         return
     self.outputs[0].betensor = ACTIVATION_METHODS[method](self, x)
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+@ACTIVATION.export
+@RELU_RELU6.export
+@CLIP.export
+@LEAKYRELU_PRELU.export
+@HARD_LUT.export
+@INDEX_LUT.export
+@MODE_LUT.export
+@SHRINK.export
+@THRESHOLDEDRELU.export
+@BNLL.export
+@CRELU.export
+def convert_activation(g: QDQGraph, node: PyNode) -> None:
+    """The float op; requantizing methods are scaled by the multiplier's rounding first (RELU/RELU6/CLIP clamp
+    on the output grid) or afterwards (the slope methods)."""
+    method = activation_method(node)
+    x, y = node.inputs[0], node.outputs[0]
+    perm = unary_perm(g, node)
+    if method == "NONE":
+        if not same_qparams(x, y):
+            raise node_error(node, "method NONE with different input and output quantization")
+        g.set_int(y, g.int_value(x, perm), perm)
+        return
+    if method not in ACTIVATIONS:
+        raise node_error(node, f"activation method {method} has no QDQ mapping")
+    if onnx_exact.try_table(g, node, perm):
+        return
+    if method == "PRELU" and exact_prelu(g, node, perm):
+        return
+    if method == "CRELU" and onnx_exact.crelu(g, node, perm, crelu_axis(node, perm)):
+        return
+    value = g.float_value(x, perm)
+    factor = requant_factor(node, tensor_scale(x)) if method in REQUANT_METHODS else 1.0
+    if method in ("RELU", "RELU6", "CLIP"):
+        value = g.rescale(value, factor)
+    value = ACTIVATIONS[method](g, node, value, perm)
+    if method in ("LEAKYRELU", "PRELU"):
+        slopes = prelu_slope(node) if method == "PRELU" else np.array([leakyrelu_slope(node)])
+        value = slope_rounding(g, node, value, slopes)
+    if method in ("LEAKYRELU", "PRELU", "CRELU"):
+        value = g.rescale(value, factor)
+    g.quantize(y, value, perm, exact=method not in REQUANT_METHODS)

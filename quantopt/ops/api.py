@@ -76,8 +76,8 @@ by hand and turn a bad value into an IR error naming the layer's line):
 
 Everything else a plugin needs comes from `quantopt` itself: `PyNode`, `PyTensor`, `Dtype`, the errors
 (`raise node._error(message)` is an IR error naming the layer) and the log functions. The ONNX export function
-of `@SPEC.export` receives a `quantopt.exporters.qdq_graph.QDQGraph` (docs/onnx-export.md, "Operators of
-plugins").
+of `@SPEC.export` receives a `quantopt.ops.onnx_build.qdq_graph.QDQGraph` (docs/onnx-export.md, "Operators
+of plugins").
 """
 from __future__ import annotations
 

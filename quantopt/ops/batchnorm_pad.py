@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, List, Sequence, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -22,6 +23,7 @@ from ._quant import (
     check_quantized_inputs,
     copy_params,
     effective_weights,
+    fused_activation_bounds,
     int_value,
     layer_settings,
     mac_finish,
@@ -31,7 +33,11 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import FUSED_ACTIVATION_PARAMS, MAC_QUANTIZED_PARAMS, apply_fused_activation
+from ._shared import FUSED_ACTIVATION_PARAMS, MAC_QUANTIZED_PARAMS, apply_fused_activation, axis_param
+from .onnx_build import exact as onnx_exact
+from .onnx_build.mac import bias_value, input_folded_bias, qdq_fused_activation, weight_onnx_scale, weight_value
+from .onnx_build.perms import channels_first
+from .onnx_build.qdq_graph import ONNX_INT_TYPES, QDQGraph, node_error, require_same
 
 
 def _int_value(node: PyNode, key: str, value: Any) -> int:
@@ -282,3 +288,60 @@ def pad_quantize(self: PyNode) -> None:
     qmin, qmax = out_range(out)
     q = quantize(torch.tensor(float(value)), tensor_scale(inp), tensor_zp(inp), qmin, qmax)
     self.params["constant_value"] = int(q)
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+@PAD.export
+def convert_pad(g: QDQGraph, node: PyNode) -> None:
+    """Pad of the codes (8-bit; 16-bit through DequantizeLinear/QuantizeLinear, which is exact for unchanged
+    params); CONSTANT pads with the stored (quantized) constant_value."""
+    x, y = node.inputs[0], node.outputs[0]
+    require_same(node, x, y)
+    mode = str(node.get_param("mode", optional=True, default_value="CONSTANT")).upper()
+    modes = {"CONSTANT": "constant", "REFLECT": "reflect", "EDGE": "edge"}
+    if mode not in modes:
+        raise node_error(node, f"pad mode {mode} has no ONNX equivalent (CONSTANT, REFLECT and EDGE do)")
+    rank = g.rank(x)
+    pairs = pad_pairs(node, node.get_param("pads"), rank)
+    perm = g.common_perm([x], rank, prefer=channels_first(rank))
+    pads = [pairs[a][0] for a in perm] + [pairs[a][1] for a in perm]
+    value = int(node.get_param("constant_value", optional=True, default_value=0)) if mode == "CONSTANT" else 0
+    if y.dtype.bits == 8:  # onnxruntime pads 8-bit integers but not 16-bit ones
+        inputs = [g.int_value(x, perm), g.ints(f"{node.name}/pads", pads)]
+        if mode == "CONSTANT":
+            p = g.qparams(y)
+            inputs.append(g.const(f"{node.name}/value", np.array(value + p.offset, dtype=ONNX_INT_TYPES[p.dtype][1])))
+        g.set_int(y, g.add("Pad", inputs, mode=modes[mode]), perm)
+        return
+    inputs = [g.float_value(x, perm), g.ints(f"{node.name}/pads", pads)]
+    if mode == "CONSTANT":  # the dequantized pad integer: QuantizeLinear gives the integer back
+        p = g.qparams(y)
+        inputs.append(g.const(f"{node.name}/value", np.array((value - p.zero_point) * np.float32(p.scale),
+                                                              dtype=np.float32)))
+    g.quantize(y, g.add("Pad", inputs, mode=modes[mode]), perm, lossless=True)
+
+
+@BATCHNORM.export
+def convert_batchnorm(g: QDQGraph, node: PyNode) -> None:
+    """x · w + b along `axis`, in whichever layout the input already has."""
+    x, y = node.inputs[0], node.outputs[0]
+    rank = g.rank(x)
+    axis = axis_param(node, node.get_param("axis", optional=True, default_value=-1), rank)
+    perm = g.common_perm([x], rank, prefer=channels_first(rank))
+    pos = perm.index(axis)
+    shape = (-1,) + (1,) * (rank - 1 - pos)
+    ratio = onnx_exact.exact_ratio(node) if g.unit_domain else None
+    if ratio is not None:  # x' · (w + zp_w) + b per channel, requantized per channel, in float64
+        w_eff = effective_weights(node).reshape(-1).numpy().astype(np.float64)
+        acc = g.add("Add", [g.add("Mul", [onnx_exact.codes(g, x, perm), g.const(f"{node.name}/weights",
+                                                                                w_eff.reshape(shape))]),
+                            g.const(f"{node.name}/bias", input_folded_bias(node, x).astype(np.float64).reshape(shape))])
+        onnx_exact.requantize(g, node, acc, ratio, perm, fused_activation_bounds(node),
+                              channel_shape=shape if ratio.size > 1 else None)
+        return
+    w_q = node.get_constant("weights").betensor.to(torch.int64).reshape(-1).numpy()
+    scale = weight_onnx_scale(g, node, x, y)
+    w = weight_value(g, node, w_q.reshape(shape), scale, axis=0)
+    b = bias_value(g, node, x, scale, shape=shape)
+    out = g.add("Add", [g.add("Mul", [g.float_value(x, perm), w]), b])
+    g.quantize(y, qdq_fused_activation(g, node, out), perm)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ..errors import UnsupportedError
@@ -23,7 +24,7 @@ from ..quant.hardware import AIFF_MULTIPLIER_BITS, INT_INPUT_MAX_BITS, WIDE_SHIF
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import dequantize
 from ..quant.requant import eltwise_multipliers, range_dtype, scale_shift
-from ..quant.rounding import bit_length, round_shift
+from ..quant.rounding import FLOAT64_EXACT, bit_length, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, Float, Int, Param, Text, Value, quantized
 from ._eltwise_int import check_int64_bound, offset_absmax, set_integer_output
@@ -44,6 +45,11 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import bool_param, broadcast_shape
+from .onnx_build import exact as onnx_exact
+from .onnx_build.exact import DOUBLE, codes, double, emit_integers, shared_perm
+from .onnx_build.float_forms import requant_factor, unary_perm
+from .onnx_build.perms import channels_first
+from .onnx_build.qdq_graph import QDQGraph, node_error
 
 _BINARY = "docs/semantics/binary.md"
 
@@ -748,3 +754,105 @@ def _sqd_int(node: PyNode) -> torch.Tensor:
     d = round_shift(_offset_int(a) * m_a - _offset_int(b) * m_b, k)
     qmin, qmax = out_range(out)
     return torch.clamp(round_shift(d * d * m, n) - tensor_zp(out), qmin, qmax)
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+@POW.export
+def convert_pow(g: QDQGraph, node: PyNode) -> None:
+    """x ^ exponent (the constant param): quantopt's table as a Gather ("exact"), else the float Pow."""
+    if "exponent" not in node.params or len(node.inputs) != 1:
+        raise node_error(node, "only Pow with a constant exponent is quantized and exported")
+    x, y = node.inputs[0], node.outputs[0]
+    perm = unary_perm(g, node)
+    if onnx_exact.try_table(g, node, perm):
+        return
+    exponent = g.const(f"{node.name}/exponent", np.array(float(node.get_param("exponent")), dtype=np.float32))
+    g.quantize(y, g.add("Pow", [g.float_value(x, perm), exponent]), perm, exact=True)
+
+
+@DIV.export
+def convert_div(g: QDQGraph, node: PyNode) -> None:
+    """a / b: quantopt's reciprocal-table division in int64 ("exact"), else the float Div scaled by the
+    multiplier's rounding."""
+    if len(node.inputs) != 2:
+        raise node_error(node, f"needs 2 inputs, got {len(node.inputs)}")
+    a, b = node.inputs
+    y = node.outputs[0]
+    rank = g.rank(y)
+    same_rank = {g.rank(a), g.rank(b)} == {rank}
+    perm = g.common_perm(node.inputs, rank, prefer=channels_first(rank)) if same_rank else tuple(range(rank))
+    if onnx_exact.div(g, node, perm if same_rank else None):
+        return
+    values = [g.float_value(t, perm) if same_rank else g.float_value(t) for t in node.inputs]
+    out = g.rescale(g.add("Div", values), requant_factor(node, tensor_scale(a) / tensor_scale(b)))
+    g.quantize(y, out, perm)
+
+
+LOGICAL_ONNX = {"EQUAL": "Equal", "GREATER": "Greater", "GREATER_EQUAL": "GreaterOrEqual", "LESS": "Less",
+                "LESS_EQUAL": "LessOrEqual"}
+"""Comparison methods with an ONNX op of their own (NOT_EQUAL is Not(Equal))."""
+BOOLEAN_ONNX = {"AND": "And", "OR": "Or", "XOR": "Xor"}
+
+
+def _scaled(g: QDQGraph, node: PyNode, value: str, multiplier: int, what: str) -> str:
+    return value if multiplier == 1 else g.add("Mul", [value, double(g, node, what, float(multiplier))])
+
+
+@LOGICAL.export
+def convert_logical(g: QDQGraph, node: PyNode) -> None:
+    """0/1 from comparisons of `X · M_a` and `Y · M_b` (exact in float64), or from `X != 0` (AND/OR/XOR; NOT:
+    `X == 0`), as the output's integer type."""
+    method = str(node.get_param("method")).upper()
+    count = 1 if method == "NOT" else 2
+    if len(node.inputs) != count:
+        raise node_error(node, f"{method} needs {count} input(s), got {len(node.inputs)}")
+    y = node.outputs[0]
+    perm = shared_perm(g, node.inputs, g.rank(y))
+    values: List[str] = [codes(g, t, perm) for t in node.inputs]
+    if method == "NOT":
+        truth = g.add("Equal", [values[0], double(g, node, "zero", 0.0)])
+    elif method in BOOLEAN_ONNX:
+        zero = double(g, node, "zero", 0.0)
+        a, b = (g.add("Not", [g.add("Equal", [v, zero])]) for v in values)
+        truth = g.add(BOOLEAN_ONNX[method], [a, b])
+    elif method in LOGICAL_ONNX or method == "NOT_EQUAL":
+        m_a, m_b = (int(v) for v in node.get_param("scale_value"))
+        bound = max(max(abs(int(t.qmin) + tensor_zp(t)), abs(int(t.qmax) + tensor_zp(t))) * m
+                    for t, m in zip(node.inputs, (m_a, m_b)))
+        if bound >= FLOAT64_EXACT:
+            raise node_error(node, "X · M leaves float64's exact integers; no exact form")
+        a, b = _scaled(g, node, values[0], m_a, "input0_multiplier"), _scaled(g, node, values[1], m_b,
+                                                                               "input1_multiplier")
+        truth = g.add("Not", [g.add("Equal", [a, b])]) if method == "NOT_EQUAL" else g.add(LOGICAL_ONNX[method],
+                                                                                            [a, b])
+    else:
+        raise node_error(node, f"Logical method {method} has no QDQ mapping")
+    emit_integers(g, node, y, g.add("Cast", [truth], to=DOUBLE), perm)
+
+
+@WHERE.export
+def convert_where(g: QDQGraph, node: PyNode) -> None:
+    """`clamp(rs(X · M_x, N_x) - zp_out)` where `C != 0`, else the same of `Y`, in float64 (exact: every product
+    is below 2^53 and scaling by 2^-N is exact)."""
+    if len(node.inputs) != 3:
+        raise node_error(node, f"only the three-input form (condition, x, y) is exported, got {len(node.inputs)}")
+    c, x, y = node.inputs
+    out = node.outputs[0]
+    ms = [int(v) for v in node.get_param("scale_value")]
+    ns = [int(v) for v in node.get_param("shift_value")]
+    for t, m in zip((x, y), ms):
+        if max(abs(int(t.qmin) + tensor_zp(t)), abs(int(t.qmax) + tensor_zp(t))) * abs(m) >= FLOAT64_EXACT:
+            raise node_error(node, f"(q + zp) · M of input '{t.name}' leaves float64's exact integers; no exact "
+                                   "form")
+    perm = shared_perm(g, node.inputs, g.rank(out))
+    lo, hi = out_range(out)
+    zp_out = tensor_zp(out)
+    branches = []
+    for i, (t, m, n) in enumerate(zip((x, y), ms, ns)):
+        v = g.add("Round", [g.add("Mul", [codes(g, t, perm), double(g, node, f"input{i + 1}_multiplier",
+                                                                      m * 2.0 ** -n)])])
+        v = v if not zp_out else g.add("Sub", [v, double(g, node, f"input{i + 1}_zero_point", float(zp_out))])
+        branches.append(g.add("Clip", [v, double(g, node, f"input{i + 1}_qmin", float(lo)),
+                                       double(g, node, f"input{i + 1}_qmax", float(hi))]))
+    condition = g.add("Not", [g.add("Equal", [codes(g, c, perm), double(g, node, "zero", 0.0)])])
+    emit_integers(g, node, out, g.add("Where", [condition, *branches]), perm)

@@ -3,7 +3,8 @@
 Each operator module declares its types with `quantopt.registry.declare_op`: typed params and constants, the dtypes
 it accepts and produces, and its integer method in one line (the full integer computation is in
 docs/integer-semantics.md and docs/semantics/). `render_operators_markdown` turns the declarations plus the
-registries (forward / quantize registered?) into docs/operators.md, and a test keeps that file current.
+registries (forward / quantize / ONNX QDQ export registered?) into docs/operators.md, and a test keeps that file
+current.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import List, Optional
 
-from ..registry import ACTIVATION_DTYPES, OP_FORWARD, OP_QUANTIZE, OP_SPECS, PASSTHROUGH_DTYPES, OpSpec
+from ..registry import ACTIVATION_DTYPES, OP_EXPORT, OP_FORWARD, OP_QUANTIZE, OP_SPECS, PASSTHROUGH_DTYPES, OpSpec
 from ..registry.known_keys import is_builtin
 
 
@@ -105,22 +106,25 @@ def render_operators_markdown() -> str:
         f"{len(both)} operator types have both a float/integer forward and a quantize function.",
         "Params are the layer keys as the Compass Parser writes them; the IR reader checks each against the kind in",
         "the operator's parameter section below and refuses any other key. The integer method links to its full",
-        "definition.",
+        "definition. ONNX QDQ says whether the declaration maps the quantized layer into an exported QDQ model",
+        "(`@SPEC.export`, docs/onnx-export.md); a layer of a type without one is refused by the export.",
         "",
-        "| Operator | Forward | Quantize | Params | Dtypes | Integer method |",
-        "|---|---|---|---|---|---|",
+        "| Operator | Forward | Quantize | ONNX QDQ | Params | Dtypes | Integer method |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in names:
         doc = operator_doc(name)
         fwd = "yes" if name in OP_FORWARD.keys() else "no"
         qnt = "yes" if name in OP_QUANTIZE.keys() else "no"
+        qdq = "yes" if OP_EXPORT.get(name) is not None else "no"
         if doc is None:
-            lines.append(f"| {name} | {fwd} | {qnt} | | | |")
+            lines.append(f"| {name} | {fwd} | {qnt} | {qdq} | | | |")
             continue
         link = doc.semantics if doc.semantics.startswith("docs/") else "docs/" + doc.semantics
         rel = link[len("docs/"):]
         params = f"[{_cell(doc.params)}](#{_slug(_heading(OP_SPECS[name]))})"
-        lines.append(f"| {name} | {fwd} | {qnt} | {params} | {_cell(doc.dtypes)} | [{_cell(doc.integer)}]({rel}) |")
+        lines.append(f"| {name} | {fwd} | {qnt} | {qdq} | {params} | {_cell(doc.dtypes)} | "
+                     f"[{_cell(doc.integer)}]({rel}) |")
     lines += ["", "## Parameters", "",
               "Kinds: `int` an integer below 2^31 in magnitude (with its bounds), `float` a number (finite unless",
               "said), `bool` true/false (or 0/1), a `A|B` word one of those (any case), `int list`/`float list` a",

@@ -28,6 +28,9 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param
+from .onnx_build import exact as onnx_exact
+from .onnx_build.perms import channels_first
+from .onnx_build.qdq_graph import QDQGraph, node_error, same_qparams
 
 REQUANT_KEYS = ("scale_value", "shift_value", "scale_type", "shift_type")
 
@@ -236,3 +239,26 @@ def _concat_channels(node: PyNode, ins: List, out) -> None:
               else torch.full((int(t.ir_shape[-1]),), tensor_scale(t), dtype=torch.float32) for t in ins]
     copy_params(out, first)
     out.scale, out.zerop = torch.cat(scales), 0
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+@CONCAT.export
+def convert_concat(g: QDQGraph, node: PyNode) -> None:
+    """Integer Concat when every branch has the output's params (no requantization stored), else float."""
+    y = node.outputs[0]
+    rank = g.rank(y)
+    if any(g.rank(t) != rank for t in node.inputs):
+        raise node_error(node, "inputs of different ranks")
+    perm = g.common_perm(node.inputs, rank, prefer=channels_first(rank))
+    axis = perm.index(axis_param(node, node.get_param("axis"), rank))
+    if all(same_qparams(t, y) for t in node.inputs):
+        g.set_int(y, g.add("Concat", [g.int_value(t, perm) for t in node.inputs], axis=axis), perm)
+        return
+    if onnx_exact.concat(g, node, perm, axis):
+        return
+    branches = [g.float_value(t, perm) for t in node.inputs]
+    if "scale_value" in node.params:  # per-branch multipliers M_i 2^-N_i for s_out / s_i
+        branches = [g.rescale(v, float(m) * 2.0 ** -float(n) * tensor_scale(t) / tensor_scale(y), f"requant{i}")
+                    for i, (v, m, n, t) in enumerate(zip(branches, node.params["scale_value"],
+                                                         node.params["shift_value"], node.inputs))]
+    g.quantize(y, g.add("Concat", branches, axis=axis), perm)

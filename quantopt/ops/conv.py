@@ -34,6 +34,17 @@ from ._shared import (
     keep_unrounded,
     unrounded_input,
 )
+from .onnx_build.mac import (
+    bias_value,
+    conv_double,
+    integer_kernel,
+    mac_weight_value,
+    qlinear_fusable,
+    quantize_mac_output,
+    weight_onnx_scale,
+)
+from .onnx_build.perms import channels_first
+from .onnx_build.qdq_graph import QDQGraph, int_or, node_error
 
 MAC_FLOAT_DTYPE = torch.float64
 """Accumulation type of the float forward of MAC layers (results are rounded back to the input's float type)."""
@@ -253,3 +264,33 @@ def depthwise_conv_quantize(self: PyNode) -> None:
     """DepthwiseConv weights are always per channel (each channel is its own filter), as upstream."""
     if not _fp8.quantize_mac(self, per_channel=True):
         quantize_mac(self, per_channel=True)
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+@CONVOLUTION.export
+@DEPTHWISE_CONV.export
+def convert_conv(g: QDQGraph, node: PyNode) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    if g.rank(x) != 4:
+        raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
+    cf = channels_first(4)
+    w_q = node.get_constant("weights").betensor.to(torch.int64).numpy()
+    if w_q.ndim != 4:
+        raise node_error(node, f"weights must be OHWI, got shape {list(w_q.shape)}")
+    in_c = int(x.ir_shape[3])
+    group = int_or(node, "group", in_c if str(node.type) == "DepthwiseConv" else 1)
+    if conv_double(g, node, group):
+        return
+    unit = g.unit_domain
+    if unit and not qlinear_fusable(g, node):
+        if integer_kernel(g, node, group) or conv_double(g, node, group, force=True):
+            return
+        g.float_layers.setdefault(node.name, None)  # the float32 convolution below is not bit-exact
+    scale = weight_onnx_scale(g, node, x, y, unit)
+    w = mac_weight_value(g, node, scale, axis=0, perm=(0, 3, 1, 2))
+    b = bias_value(g, node, x, scale, unit=unit)
+    pads = [int_or(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right")]
+    conv = g.add("Conv", [g.float_value(x, cf, unit), w, b], kernel_shape=[int(w_q.shape[1]), int(w_q.shape[2])],
+                 strides=[int_or(node, "stride_y", 1), int_or(node, "stride_x", 1)],
+                 dilations=[int_or(node, "dilation_y", 1), int_or(node, "dilation_x", 1)], pads=pads, group=group)
+    quantize_mac_output(g, node, conv, cf, unit)

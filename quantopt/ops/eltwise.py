@@ -44,6 +44,11 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import FUSED_ACTIVATIONS, apply_fused_activation, broadcast_shape
+from .onnx_build import exact as onnx_exact
+from .onnx_build.float_forms import requant_factor
+from .onnx_build.mac import qdq_fused_activation
+from .onnx_build.perms import channels_first
+from .onnx_build.qdq_graph import QDQGraph, node_error
 
 ELTWISE_METHODS: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "ADD": torch.add,
@@ -359,3 +364,41 @@ def _n_ary_int_forward(node: PyNode, method: str, qmin: int, qmax: int) -> torch
         acc = INT_METHODS[method](acc, x * m)
     y = requantize_int(acc, m_out, shift, tensor_zp(node.outputs[0]), qmin, qmax)
     return activation_clamp(node, y)
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+ELTWISE_OPS = {"ADD": "Add", "SUB": "Sub", "MUL": "Mul", "MAX": "Max", "MIN": "Min"}
+
+
+@ELTWISE.export
+@ADD_SUB.export
+@MUL.export
+def convert_eltwise(g: QDQGraph, node: PyNode) -> None:
+    """Both inputs in one layout (numpy broadcasting is preserved when ranks are equal), then the fused
+    activation."""
+    method = eltwise_method(node)
+    if method not in ELTWISE_OPS:
+        raise node_error(node, f"Eltwise method {method} has no QDQ mapping")
+    ranks = {g.rank(t) for t in node.inputs}
+    rank = g.rank(node.outputs[0])
+    perm = g.common_perm(node.inputs, rank, prefer=channels_first(rank)) if ranks == {rank} else tuple(range(rank))
+    if onnx_exact.eltwise(g, node, method, perm if ranks == {rank} else None):
+        return
+    if "scale" in node.constants:
+        raise node_error(node, "per-channel Eltwise multipliers are exported in the exact mode only")
+    values = [g.float_value(t, perm) if ranks == {rank} else g.float_value(t) for t in node.inputs]
+    y = node.outputs[0]
+    if method == "MUL" or len(values) != 2:
+        out = values[0]
+        for v in values[1:]:
+            out = g.add(ELTWISE_OPS[method], [out, v])
+        if method == "MUL" and len(values) == 2:
+            out = g.rescale(out, requant_factor(node, tensor_scale(node.inputs[0]) * tensor_scale(node.inputs[1])))
+    else:
+        # y = ((a + zp_a) M_a + (b + zp_b) M_b) M_out 2^-N: each input carries its own multiplier
+        m_out, m_a, m_b = (float(v) for v in node.get_param("scale_value"))
+        common = m_out * 2.0 ** -float(node.get_param("shift_value")) / tensor_scale(y)
+        a, b = (g.rescale(v, m * common * tensor_scale(t), f"requant{i}")
+                for i, (v, m, t) in enumerate(zip(values, (m_a, m_b), node.inputs)))
+        out = g.add(ELTWISE_OPS[method], [a, b])
+    g.quantize(y, qdq_fused_activation(g, node, out), perm)

@@ -18,6 +18,7 @@ import math
 from fractions import Fraction
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -43,6 +44,9 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param
+from .onnx_build.exact import codes, double, fits_double
+from .onnx_build.perms import channels_first, inverse
+from .onnx_build.qdq_graph import FLOAT, QDQGraph, node_error, require_same, same_qparams
 
 _MISSING = object()
 SEMANTICS = "docs/semantics/geometry.md"
@@ -901,3 +905,139 @@ def reversesequence_quantize(self: PyNode) -> None:
         check_quantized_inputs(self, self.inputs[1:2])
         _check_integer_input(self, self.inputs[1], "sequence lengths")
     _passthrough_quantize(self)
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+ONNX_RESIZE_METHODS = {"nearest": "nearest", "bilinear": "linear", "linear": "linear", "trilinear": "linear",
+                       "bicubic": "cubic", "cubic": "cubic"}
+ONNX_COORDINATE_MODES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel", "tf_half_pixel_for_nn")
+ONNX_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def _resize_scales(node: PyNode, x: PyTensor, y: PyTensor, spatial: List[int]) -> Optional[List[float]]:
+    """Explicit ratios when the IR has them and they differ from out/in (they then define the coordinates)."""
+    ratios: List[float] = []
+    for pos, a in enumerate(spatial):
+        r = node.params.get(RATIO_KEYS[len(spatial) - 1 - pos])
+        n_in, n_out = int(x.ir_shape[a]), int(y.ir_shape[a])
+        if r is None or float(r) <= 0 or float(r) == n_out / n_in:
+            ratios.append(n_out / n_in)
+            continue
+        if int(np.floor(n_in * float(r))) != n_out:
+            raise node_error(node, f"ratio {r} along axis {a} does not give the output size {n_out}")
+        ratios.append(float(r))
+    return None if all(r == int(y.ir_shape[a]) / int(x.ir_shape[a]) for r, a in zip(ratios, spatial)) else ratios
+
+
+def exact_resize(g: QDQGraph, node: PyNode) -> bool:
+    """Linear/cubic Resize with quantopt's S-bit integer weights: per axis a MatMul with the [in, out] weight
+    matrix on the integers, in float64 (exact: the sums stay below 2^53), then round_half_even(acc / 2^(S · axes))
+    (on the integers without their zero point: an odd zero point would move ties to the other even neighbour)."""
+    if not g.unit_domain:
+        return False
+    x = node.inputs[0]
+    method, shift, plan = resize_integer_plan(node, [int(v) for v in x.ir_shape])
+    if method == "nearest":
+        return False
+    growth = 1
+    for _, _, w in plan:
+        growth *= int(w.abs().sum(dim=1).max())
+    if not fits_double(offset_absmax(x) * growth):
+        return False
+    rank = len(x.ir_shape)
+    zp_in, zp_out = int(round(float(x.zerop))), int(round(float(node.outputs[0].zerop)))
+    value = codes(g, x)  # the integers themselves: quantopt rounds Σ w·q half to even, not Σ w·(q + zp)
+    value = value if zp_in == 0 else g.add("Sub", [value, double(g, node, "zero_point", float(zp_in))])
+    for axis, idx, w in plan:
+        size = int(x.ir_shape[axis])
+        matrix = np.zeros((size, int(idx.shape[0])), dtype=np.float64)
+        for o in range(int(idx.shape[0])):
+            for i, weight in zip(idx[o].tolist(), w[o].tolist()):
+                matrix[i, o] += weight
+        last = [a for a in range(rank) if a != axis] + [axis]
+        moved = value if axis == rank - 1 else g.add("Transpose", [value], perm=last)
+        value = g.add("MatMul", [moved, g.const(f"{node.name}/weights{axis}", matrix)])
+        if axis != rank - 1:
+            value = g.add("Transpose", [value], perm=list(inverse(last)))
+    scaled = g.add("Round", [g.add("Mul", [value, double(g, node, "interp_step", 2.0 ** -(shift * len(plan)))])])
+    if zp_out:
+        scaled = g.add("Add", [scaled, double(g, node, "output_zero_point", float(zp_out))])
+    g.quantize(node.outputs[0], g.add("Cast", [scaled], to=FLOAT), None, unit=True)
+    return True
+
+
+@RESIZE.export
+@INTERP.export
+def convert_resize(g: QDQGraph, node: PyNode) -> None:
+    """ONNX Resize to the output sizes (scales when the IR gives other ratios), in the layout the input already
+    has (channels-first preferred)."""
+    x, y = node.inputs[0], node.outputs[0]
+    rank = g.rank(x)
+    if rank not in (3, 4, 5):
+        raise node_error(node, f"only 3-D to 5-D channels-last inputs are exported, got rank {rank}")
+    method = str(node.get_param("method")).strip().lower()
+    coord = str(node.get_param("mode", optional=True, default_value="half_pixel")).strip().lower()
+    nearest = str(node.get_param("nearest_mode", optional=True, default_value="round_prefer_floor")).strip().lower()
+    if method not in ONNX_RESIZE_METHODS:
+        raise node_error(node, f"resize method {method.upper()} has no QDQ mapping")
+    if coord not in ONNX_COORDINATE_MODES:
+        raise node_error(node, f"coordinate mode {coord.upper()} has no QDQ mapping")
+    if ONNX_RESIZE_METHODS[method] == "nearest" and nearest not in ONNX_NEAREST_MODES:
+        raise node_error(node, f"nearest_mode {nearest.upper()} has no ONNX equivalent")
+    if bool_param(node, "antialias", False) or bool_param(node, "exclude_outside", False):
+        raise node_error(node, "antialias/exclude_outside resize has no QDQ mapping")
+    if exact_resize(g, node):
+        return
+    spatial = list(range(1, rank - 1))
+    perm = g.common_perm([x], rank, prefer=channels_first(rank))
+    value = g.float_value(x, perm)
+    scales = _resize_scales(node, x, y, spatial)
+    if scales is None:  # sizes of every axis (no `axes` attribute: onnxruntime's layout optimizer mishandles it)
+        sizes = [int(y.ir_shape[a]) for a in perm]
+        if g.dynamic_batch:
+            batch = g.add("Slice", [g.add("Shape", [value]), g.ints(f"{node.name}/batch_start", [0]),
+                                    g.ints(f"{node.name}/batch_end", [1])])
+            target = g.add("Concat", [batch, g.ints(f"{node.name}/sizes", sizes[1:])], axis=0)
+        else:
+            target = g.ints(f"{node.name}/sizes", sizes)
+        inputs = [value, "", "", target]
+    else:
+        ratio = dict(zip(spatial, scales))
+        full = np.asarray([ratio.get(a, 1.0) for a in perm], dtype=np.float32)
+        inputs = [value, "", g.const(f"{node.name}/scales", full)]
+    mode = ONNX_RESIZE_METHODS[method]
+    out = g.add("Resize", inputs, mode=mode, coordinate_transformation_mode=coord,
+                nearest_mode=nearest if mode == "nearest" else None,
+                cubic_coeff_a=float(node.get_param("cubic_coeff_a", optional=True, default_value=-0.75))
+                if mode == "cubic" else None)
+    g.quantize(y, out, perm, lossless=mode == "nearest" and same_qparams(x, y))
+
+
+@CROP.export
+def convert_crop(g: QDQGraph, node: PyNode) -> None:
+    """`crops=[[begin, end], ...]`: an integer Slice of the cropped axes in any layout the input has (none for a
+    whole-tensor Crop, which the merge_matmul_mul pass leaves where it folded a factor); [0, IR batch] on axis 0
+    keeps the whole batch, as in quantopt."""
+    x, y = node.inputs[0], node.outputs[0]
+    require_same(node, x, y)
+    rank = g.rank(x)
+    crops = node.get_param("crops")
+    if not isinstance(crops, (list, tuple)) or len(crops) != rank:
+        raise node_error(node, f"crops {crops!r} must hold one [begin, end] pair per axis of the {rank}-D input")
+    perm = g.common_perm([x], rank)
+    starts, ends, axes = [], [], []
+    for axis, pair in enumerate(crops):
+        begin, end = (int(v) for v in pair)
+        size = int(x.ir_shape[axis])
+        if (begin, end) == (0, size):
+            continue
+        if axis == 0 and g.dynamic_batch:
+            raise node_error(node, "cropping the batch axis needs a static batch (--static-batch)")
+        starts.append(begin)
+        ends.append(end)
+        axes.append(perm.index(axis))
+    value = g.int_value(x, perm)
+    if axes:
+        value = g.add("Slice", [value, g.ints(f"{node.name}/starts", starts), g.ints(f"{node.name}/ends", ends),
+                                g.ints(f"{node.name}/axes", axes)])
+    g.set_int(y, value, perm)

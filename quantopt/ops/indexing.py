@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import List, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ..errors import UnsupportedError
@@ -36,6 +37,8 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param
+from .onnx_build.exact import INT64
+from .onnx_build.qdq_graph import QDQGraph, node_error, require_same
 
 SEMANTICS = "docs/semantics/indexing.md"
 
@@ -583,3 +586,30 @@ def argminmax_quantize(self: PyNode) -> None:
     if shape and int(shape[axis]) - 1 > integer_range(bits, signed)[1]:
         bits = 32
     set_qinvariant(self.outputs[0], bits, signed)
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+@GATHER.export
+def convert_gather(g: QDQGraph, node: PyNode) -> None:
+    """ONNX Gather on the integers in the IR layout; indices from the `indices` constant (checked to be in range:
+    ONNX has no fill value for the others) or from an integer input."""
+    x, y = node.inputs[0], node.outputs[0]
+    require_same(node, x, y)
+    rank = g.rank(x)
+    axis = axis_param(node, node.get_param("axis", optional=True, default_value=0), rank)
+    if int(node.get_param("batch_dims", optional=True, default_value=0)):
+        raise node_error(node, "batch_dims has no ONNX Gather equivalent")
+    if axis == 0 and g.dynamic_batch:
+        raise node_error(node, "gathering along the batch axis needs a static batch (--static-batch)")
+    size = int(x.ir_shape[axis])
+    const = node.get_constant("indices", optional=True)
+    if const is not None:
+        idx = const.betensor.to(torch.int64).numpy()
+        if idx.size and (idx.min() < -size or idx.max() >= size):
+            raise node_error(node, f"indices outside [-{size}, {size}) (quantopt reads 0 there, ONNX Gather fails)")
+        indices = g.const(f"{node.name}/indices", idx.astype(np.int64))
+    elif len(node.inputs) == 2 and node.inputs[1].qinvariant:
+        indices = g.add("Cast", [g.int_value(node.inputs[1])], to=INT64)
+    else:
+        raise node_error(node, "indices must be a constant or an integer tensor")
+    g.set_int(y, g.add("Gather", [g.int_value(x), indices], axis=axis))

@@ -8,6 +8,7 @@ import torch
 from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..graph.memo import freeze, memo
 from ..graph.node import PyNode
+from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 from ..quant.hardware import INT_INPUT_MAX_BITS
 from ..quant.params import integer_range, quantize
@@ -15,6 +16,7 @@ from ..registry import declare_op
 from ..registry.schema import Float, Int, quantized
 from . import _fp8
 from ._quant import layer_settings, out_range, quantize_activation, set_qinvariant
+from .onnx_build.qdq_graph import ONNX_INT_TYPES, QDQGraph, node_error
 
 INPUT = declare_op(
     "Input", summary="The fed data",
@@ -140,3 +142,36 @@ def constant_quantize(self: PyNode) -> None:
     # output is per tensor, quantize_activation refuses per-channel modes here)
     self.params["weights_scale"] = float(out.scale)
     self.params["weights_zp"] = int(out.zerop)
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+def takes_float(t: PyTensor) -> bool:
+    """Whether a graph input is fed floats: a float IR input, or the quantized input of an IR quantopt wrote (its
+    dtype is the integer one, its scale the real one). Integer inputs used as they are (scale 1) take integers."""
+    return t.ir_dtype.is_float or not t.qinvariant
+
+
+@INPUT.export
+def convert_input(g: QDQGraph, node: PyNode) -> None:
+    """A float graph input quantized by QuantizeLinear; an integer input (scale 1, zero point 0) is used as is."""
+    t = node.outputs[0]
+    shape = g.io_shape(t)
+    if takes_float(t):
+        g.inputs.append(g.value_info(t.name, "FLOAT", shape))
+        g.quantize(t, t.name, exact=True)
+        return
+    if t.ir_dtype not in ONNX_INT_TYPES or t.ir_dtype != t.dtype:
+        raise node_error(node, f"integer input of dtype {t.ir_dtype} (quantized as {t.dtype}) has no QDQ mapping")
+    g.inputs.append(g.value_info(t.name, ONNX_INT_TYPES[t.ir_dtype][0], shape))
+    g.set_int(t, t.name)
+
+
+@CONSTANT.export
+def convert_constant(g: QDQGraph, node: PyNode) -> None:
+    """The stored integers become an initializer of the output dtype."""
+    t = node.outputs[0]
+    p = g.qparams(t)
+    values = node.get_constant("weights").betensor.to(torch.int64) + p.offset
+    if values.numel() == t.ir_numel:
+        values = values.reshape(t.ir_shape)
+    g.set_int(t, g.const(f"{t.name}_q", values.numpy().astype(ONNX_INT_TYPES[p.dtype][1])))

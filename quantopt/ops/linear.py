@@ -40,6 +40,18 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import FUSED_ACTIVATION_PARAMS, MAC_QUANTIZED_PARAMS, apply_fused_activation, bool_param, float_biases
+from .onnx_build import exact as onnx_exact
+from .onnx_build.mac import (
+    bias_value,
+    fully_connected_double,
+    integer_kernel,
+    mac_weight_value,
+    qdq_fused_activation,
+    quantize_mac_output,
+    weight_onnx_scale,
+)
+from .onnx_build.perms import identity
+from .onnx_build.qdq_graph import QDQGraph, node_error, requant_ratio
 
 MAC_FLOAT_DTYPE = torch.float64
 """Accumulation type of the float FullyConnected forward for inputs other than float32 (the result is rounded back
@@ -346,3 +358,46 @@ def matmul_quantize(self: PyNode) -> None:
         store_requant(self, *requant_scale_shift(self, ratio))
     if s.remain_shift is not None:
         self.params["remain_shift"] = int(s.remain_shift)
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+@FULLY_CONNECTED.export
+def convert_fully_connected(g: QDQGraph, node: PyNode) -> None:
+    """Gemm (transB) for 2-D inputs, MatMul + Add over the last axis otherwise."""
+    x, y = node.inputs[0], node.outputs[0]
+    if fully_connected_double(g, node):
+        return
+    unit = g.unit_domain
+    if unit:  # MatMulInteger (or float64): onnxruntime's QGemm fusion is not certain for every FC
+        if integer_kernel(g, node, 1) or fully_connected_double(g, node, force=True):
+            return
+        g.float_layers.setdefault(node.name, None)
+    scale = weight_onnx_scale(g, node, x, y, unit)
+    b = bias_value(g, node, x, scale, unit=unit)
+    xf = g.float_value(x, unit=unit)
+    if g.rank(x) == 2:
+        out = g.add("Gemm", [xf, mac_weight_value(g, node, scale, axis=0), b], transB=1)
+    else:
+        mm = g.add("MatMul", [xf, mac_weight_value(g, node, scale, axis=1, perm=(1, 0))])
+        out = g.add("Add", [mm, b])
+    quantize_mac_output(g, node, out, None, unit)
+
+
+@MATMUL.export
+def convert_matmul(g: QDQGraph, node: PyNode) -> None:
+    """Two activations; trans_a/trans_b become layouts of the inputs (integer Transposes, shared)."""
+    if len(node.inputs) != 2:
+        raise node_error(node, f"needs 2 inputs, got {len(node.inputs)}")
+    perms = []
+    for t, key in zip(node.inputs, ("trans_a", "trans_b")):
+        perm = list(identity(g.rank(t)))
+        if bool_param(node, key, False):
+            perm[-2], perm[-1] = perm[-1], perm[-2]
+        perms.append(tuple(perm))
+    if onnx_exact.matmul(g, node, perms):
+        return
+    values = [g.float_value(t, perm) for t, perm in zip(node.inputs, perms)]
+    a, b = node.inputs
+    factor = float(requant_ratio(node)[0]) * tensor_scale(a) * tensor_scale(b) / tensor_scale(node.outputs[0])
+    out = g.rescale(g.add("MatMul", values), factor)
+    g.quantize(node.outputs[0], qdq_fused_activation(g, node, out))

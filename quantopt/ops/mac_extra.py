@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -31,6 +32,7 @@ from ._quant import (
     check_fused_activation_quantizable,
     check_quantized_inputs,
     effective_weights,
+    fused_activation_bounds,
     fused_activation_clamp,
     fused_output_signed,
     int_value,
@@ -58,6 +60,17 @@ from ._shared import (
     broadcast_shape,
     int_param,
 )
+from .onnx_build import exact as onnx_exact
+from .onnx_build.mac import (
+    dq_constant,
+    param_vector,
+    qdq_fused_activation,
+    weight_dtypes,
+    weight_onnx_scale,
+    window_sums,
+)
+from .onnx_build.perms import channels_first
+from .onnx_build.qdq_graph import QDQGraph, int_or, node_error
 
 """Integers and partial sums below this magnitude are exact in float64: the bound for float64 accumulation and for
 the float64 requantization of `mac_finish` (|(acc + bias) * M| must stay below it)."""
@@ -865,3 +878,105 @@ def gemm_quantize(self: PyNode) -> None:
     self.params["shift_value"] = [int(n), int(nc)]
     self.params["scale_type"] = [m_dtype, Dtype.UINT16]
     self.params["shift_type"] = [n_dtype, Dtype.INT8]
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+@CONV_TRANSPOSE.export
+def convert_conv_transpose(g: QDQGraph, node: PyNode) -> None:
+    """ONNX ConvTranspose channels-first (pads, output_padding, strides, dilations, group).
+
+    "exact": on the integers (input plus zero point, weights plus zero point as float32 integers, the bias without
+    the input zero point), exact in float32 while every sum stays below 2^24, then the multiplier in float64 and
+    Round. Otherwise weights behind a per-output-channel DequantizeLinear (group 1 only: ONNX's axis 1 is the
+    output channel within a group)."""
+    x, y = node.inputs[0], node.outputs[0]
+    if g.rank(x) != 4:
+        raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
+    cf = channels_first(4)
+    group = int_or(node, "group", 1)
+    w_oc = _oc_effective_weights(node, group)                      # [out_c, kh, kw, in_c/g], w + zp_w
+    torch_w = _oc_to_torch(w_oc, group).numpy()                   # [in_c, out_c/g, kh, kw]
+    out_c = int(w_oc.shape[0])
+    sums = w_oc.reshape(out_c, -1).sum(dim=1).numpy()
+    zp_in = int(round(float(x.zerop if not isinstance(x.zerop, torch.Tensor) else x.zerop.reshape(-1)[0])))
+    bias = node.get_constant("biases").betensor.to(torch.int64).reshape(-1).numpy() - zp_in * sums
+    attrs = dict(kernel_shape=[int(torch_w.shape[2]), int(torch_w.shape[3])],
+                 strides=[int_or(node, "stride_y", 1), int_or(node, "stride_x", 1)],
+                 dilations=[int_or(node, "dilation_y", 1), int_or(node, "dilation_x", 1)],
+                 pads=[int_or(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right")],
+                 output_padding=[int_or(node, "output_padding_y", 0), int_or(node, "output_padding_x", 0)], group=group)
+    lo, hi = x.qmin + zp_in, x.qmax + zp_in
+    bound = max(abs(lo), abs(hi)) * int(np.abs(w_oc.reshape(out_c, -1).numpy()).sum(axis=1).max()) \
+        + int(np.abs(bias).max(initial=0))
+    ratio = onnx_exact.exact_ratio(node) if g.unit_domain and node.params.get("remain_shift") is None else None
+    if ratio is not None and FLOAT32_EXACT <= bound < FLOAT64_EXACT:  # wide: the same sums in float64
+        _conv_transpose_double(g, node, w_oc.numpy(), bias, group, ratio, attrs)
+        return
+    if ratio is not None and bound < FLOAT32_EXACT:
+        acc = g.add("ConvTranspose", [g.float_value(x, cf, unit=True), g.const(f"{node.name}/weights",
+                                                                               torch_w.astype(np.float32)),
+                                      g.const(f"{node.name}/bias", bias.astype(np.float32))], **attrs)
+        onnx_exact.requantize(g, node, g.add("Cast", [acc], to=onnx_exact.DOUBLE), ratio, cf,
+                              fused_activation_bounds(node), channel_shape=(-1, 1, 1) if ratio.size > 1 else None)
+        return
+    if group != 1:
+        raise node_error(node, "grouped ConvTranspose is exported in the exact mode only (within float32 sums)")
+    scale = weight_onnx_scale(g, node, x, y)
+    w_q = _oc_to_torch(_ir_weights(node), 1).numpy()
+    weights = dq_constant(g, f"{node.name}/weights", w_q,
+                          np.round(param_vector(node, "weights_zp", 0.0)).astype(np.int64),
+                          scale, axis=1 if scale.size > 1 else 0, dtypes=weight_dtypes(g))
+    x_scale = np.float32(g.qparams(x).scale)
+    b = g.const(f"{node.name}/bias", (bias.astype(np.float64) * (x_scale * scale.astype(np.float64))).astype(
+        np.float32))
+    out = g.add("ConvTranspose", [g.float_value(x, cf), weights, b], **attrs)
+    g.quantize(y, qdq_fused_activation(g, node, out), cf)
+
+
+def _ir_weights(node: PyNode) -> torch.Tensor:
+    return node.get_constant("weights").betensor.to(torch.int64)
+
+
+def _conv_transpose_double(g: QDQGraph, node: PyNode, w_oc: np.ndarray, bias: np.ndarray, group: int,
+                           ratio: np.ndarray, attrs: dict) -> None:
+    """ConvTranspose in float64 as docs/semantics/mac.md states it: the integers plus zero point spread `stride` apart
+    (0 between them, the integer of float 0), padded by (k - 1)·d - pad_begin and (k - 1)·d + output_padding - pad_end,
+    then a stride-1 convolution with the kernel flipped (`window_sums`), the bias and the multiplier."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape = [int(v) for v in x.ir_shape]
+    codes = onnx_exact.codes(g, x)
+    for axis in (1, 2):
+        k = int(attrs["kernel_shape"][axis - 1])
+        s, d = int(attrs["strides"][axis - 1]), int(attrs["dilations"][axis - 1])
+        begin, end = int(attrs["pads"][axis - 1]), int(attrs["pads"][axis + 1])
+        extra = int(attrs["output_padding"][axis - 1])
+        n = shape[axis]
+        if s > 1 and n > 1:  # n, 1 → n, s → n·s, then the trailing s - 1 zeros dropped
+            spread = g.add("Unsqueeze", [codes, g.ints(f"{node.name}/spread_axis", [axis + 1])])
+            pads = [0] * 10
+            pads[5 + axis + 1] = s - 1
+            spread = g.add("Pad", [spread, g.ints(f"{node.name}/spread_pads", pads)])
+            merged = shape[:axis] + [n * s] + shape[axis + 1:]
+            target = ([0] if g.dynamic_batch else [merged[0]]) + merged[1:]
+            codes = g.add("Reshape", [spread, g.ints(f"{node.name}/spread_shape", target)])
+            shape[axis] = (n - 1) * s + 1
+            codes = g.add("Slice", [codes, g.ints(f"{node.name}/spread_start", [0]),
+                                    g.ints(f"{node.name}/spread_end", [shape[axis]]),
+                                    g.ints(f"{node.name}/spread_axes", [axis])])
+        before, after = (k - 1) * d - begin, (k - 1) * d + extra - end
+        if before < 0 or after < 0:
+            start, stop = max(0, -before), shape[axis] - max(0, -after)
+            codes = g.add("Slice", [codes, g.ints(f"{node.name}/crop_start", [start]),
+                                    g.ints(f"{node.name}/crop_end", [stop]), g.ints(f"{node.name}/crop_axes", [axis])])
+            shape[axis] = stop - start
+        if before > 0 or after > 0:
+            pads = [0] * 8
+            pads[axis], pads[4 + axis] = max(0, before), max(0, after)
+            codes = g.add("Pad", [codes, g.ints(f"{node.name}/pads", pads)])
+            shape[axis] += max(0, before) + max(0, after)
+    flipped = np.ascontiguousarray(w_oc[:, ::-1, ::-1, :])
+    out_hw = (int(y.ir_shape[1]), int(y.ir_shape[2]))
+    dilation = (int(attrs["dilations"][0]), int(attrs["dilations"][1]))
+    total = window_sums(g, node, codes, flipped, int(x.ir_shape[3]), group, out_hw, (1, 1), dilation)
+    total = g.add("Add", [total, g.const(f"{node.name}/bias", bias.astype(np.float64))])
+    onnx_exact.requantize(g, node, total, ratio, None, fused_activation_bounds(node))

@@ -49,6 +49,17 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param
+from .onnx_build.exact import (
+    DOUBLE,
+    INT64,
+    bit_length_int64,
+    codes,
+    exact_ratio,
+    isqrt_int64,
+    requantize,
+    round_div_int64,
+)
+from .onnx_build.qdq_graph import QDQGraph, node_error, requant_ratio
 
 NORM_BITS = 16
 """Bits of the internal normalized tensor (symmetric, restricted range [-32767, 32767]) whatever the activation
@@ -997,3 +1008,182 @@ def _l2_integer_forward(node: PyNode) -> torch.Tensor:
         raise node._error("Normalization needs one scale_value/shift_value, not per-channel constants")
     qmin, qmax = out_range(out)
     return torch.clamp(round_shift(v * r * mult, RSQRT_FRAC_BITS + (t >> 1) + shift) - tensor_zp(out), qmin, qmax)
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+def exact_layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
+    """LayerNorm over trailing `axes` with quantopt's integer normalization (docs/semantics/normalization.md), in
+    int64: the mean with F fraction bits, the sum of squares, the inverse square root (bit length by comparison with
+    every power of two, isqrt from a float64 square root corrected by ±1), the 16-bit normalized tensor, then
+    gamma/beta and the per-element multipliers in float64."""
+    if not g.unit_domain or str(node.type) != "LayerNorm" or "norm_frac_bits" not in node.params:
+        return False
+    x = node.inputs[0]
+    shape = [int(v) for v in x.ir_shape]
+    count = int(np.prod([shape[a] for a in axes]))
+    frac, eps_value = int(node.params["norm_frac_bits"]), int(node.params["eps_value"])
+    m_n, sh_n = int(node.params["norm_scale_value"]), int(node.params["norm_shift_value"])
+    ratio = exact_ratio(node)
+    if ratio is None or frac < 0:
+        return False
+    affine, gamma, beta = norm_affine(node, shape)
+
+    def int64(what: str, v: object) -> str:
+        return g.const(f"{node.name}/{what}", np.asarray(v, dtype=np.int64))
+
+    axes_input = g.ints(f"{node.name}/axes", list(axes))
+    v = g.add("Cast", [codes(g, x)], to=INT64)
+    scaled = g.add("Mul", [v, int64("mean_scale", 1 << frac)])
+    mean = round_div_int64(g, node, g.add("ReduceSum", [scaled, axes_input], keepdims=1), int64("count", count))
+    d = g.add("Sub", [scaled, mean])
+    squares = g.add("Add", [g.add("ReduceSum", [g.add("Mul", [d, d]), axes_input], keepdims=1),
+                            int64("eps", count * eps_value)])
+    q = g.add("Max", [squares, int64("one_min", 1)])
+    powers = np.array([1 << k for k in range(63)], dtype=np.int64)
+    over = g.add("Sub", [bit_length_int64(g, node, q, "squares"), int64("norm_bits", RSQRT_NORM_BITS)])
+    t = g.add("Add", [over, g.add("Mod", [over, int64("two", 2)])])
+    table = int64("pow2", powers)
+    right = g.add("Gather", [table, g.add("Max", [t, int64("zero", 0)])], axis=0)
+    left = g.add("Gather", [table, g.add("Max", [g.add("Neg", [t]), int64("zero_left", 0)])], axis=0)
+    qn = g.add("Mul", [g.add("Div", [q, right]), left])
+    n = g.add("Div", [int64("numerator", 1 << RSQRT_NUMERATOR_BITS), qn])
+    r = isqrt_int64(g, node, n)
+    shift = g.add("Add", [g.add("Div", [t, int64("half", 2)]), int64("norm_shift", RSQRT_FRAC_BITS + sh_n)])
+    product = g.add("Mul", [g.add("Mul", [d, r]), int64("norm_scale", m_n)])
+    limit = 2 ** (NORM_BITS - 1) - 1
+    normalized = g.add("Clip", [round_div_int64(g, node, product, g.add("Gather", [table, shift], axis=0)),
+                                int64("norm_min", -limit), int64("norm_max", limit)])
+    acc = g.add("Cast", [normalized], to=DOUBLE)
+    if gamma is not None:
+        acc = g.add("Mul", [acc, g.const(f"{node.name}/gamma", gamma.to(torch.float64).numpy())])
+    if beta is not None:
+        acc = g.add("Add", [acc, g.const(f"{node.name}/beta", beta.to(torch.float64).numpy())])
+    requantize(g, node, acc, ratio, None, channel_shape=affine if ratio.size > 1 else None)
+    return True
+
+
+def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
+    """LayerNorm in upstream's form (docs/semantics/normalization.md, "LayerNorm, upstream form") over trailing
+    `axes`, in int64: the rounded mean, the sum of squares shifted (8 bits) or divided by N (16 bits), the table
+    inverse square root (bit length, normalizing shift, index and 15-bit fraction, interpolation), the normalized
+    tensor, then gamma/beta and the multipliers in float64. Also in "effective" mode: the rounded mean and the
+    table have no float form within a step (rows of small variance move by many). False in "ir" mode, or where the
+    multipliers' shifts leave float64 (the caller then refuses the layer)."""
+    if g.scales == "ir" or str(node.type) != "LayerNorm" or "lut" not in node.constants:
+        return False
+    x, y = node.inputs[0], node.outputs[0]
+    table = node.constants["lut"].betensor.to(torch.int64).reshape(-1).numpy()
+    ratio = exact_ratio(node)
+    if ratio is None or table.size != 3 * ISQRT_TABLE_STEPS + 1:
+        return False
+    shape = [int(v) for v in x.ir_shape]
+    count = int(np.prod([shape[a] for a in axes]))
+    m_n, sh_n = int(node.params["norm_scale_value"]), int(node.params["norm_shift_value"])
+    lo, hi = integer_range(int(y.qbits or range_bits(y)), int(y.qmin) < 0)
+    affine, gamma, beta = norm_affine(node, shape)
+
+    def int64(what: str, v: object) -> str:
+        return g.const(f"{node.name}/{what}", np.asarray(v, dtype=np.int64))
+
+    pow2 = int64("pow2", [1 << k for k in range(63)])
+
+    def shifted(value: str, k: int, what: str) -> str:
+        """round_half_even(value / 2^k), or value · 2^-k for k <= 0."""
+        if k <= 0:
+            return g.add("Mul", [value, int64(f"{what}_scale", 1 << -k)])
+        return round_div_int64(g, node, value, int64(f"{what}_den", 1 << k))
+
+    axes_input = g.ints(f"{node.name}/axes", list(axes))
+    v = g.add("Cast", [codes(g, x)], to=INT64)
+    zp_in = int(round(float(x.zerop)))
+    if zp_in:  # the stored integers themselves: half-to-even ties of the mean move with an odd zero point
+        v = g.add("Sub", [v, int64("input_zero_point", zp_in)])
+    d = g.add("Sub", [v, round_div_int64(g, node, g.add("ReduceSum", [v, axes_input], keepdims=1),
+                                         int64("count", count))])
+    squares = g.add("ReduceSum", [g.add("Mul", [d, d]), axes_input], keepdims=1)
+    in8 = range_bits(x) <= 8
+    if in8:
+        vs = int(node.params["var_shift_value"])
+        var = g.add("Div", [squares, int64("var_shift", 1 << vs)]) if vs >= 0 else \
+            g.add("Mul", [squares, int64("var_shift", 1 << -vs)])
+    else:
+        var = g.add("Div", [squares, int64("var_count", count)])  # non-negative: truncation is the floor
+    top = int64("norm_top", ISQRT_NORM_BITS + 1)
+    k = g.add("Min", [g.add("Max", [g.add("Sub", [top, bit_length_int64(g, node, var, "variance")]),
+                                    int64("k_min", 0)]),
+                      int64("k_max", ISQRT_NORM_BITS)])
+    e = g.add("Sub", [top, k])
+    u = g.add("Mul", [var, g.add("Gather", [pow2, k], axis=0)])
+    f = g.add("Div", [u, g.add("Gather", [pow2, g.add("Mod", [e, int64("two", 2)])], axis=0)])
+    index_shift = ISQRT_NORM_BITS - 7  # the top 8 bits of f index the table (64 .. 255, less 64)
+    i = g.add("Max", [g.add("Sub", [g.add("Div", [f, int64("index_den", 1 << index_shift)]),
+                                     int64("index_base", ISQRT_TABLE_STEPS)]), int64("index_min", 0)])
+    a = g.add("Mod", [g.add("Div", [f, int64("fraction_den", 1 << (index_shift - ISQRT_TABLE_BITS))]),
+                      int64("fraction_mod", 1 << ISQRT_TABLE_BITS)])
+    lut = int64("isqrt_table", table)
+    t_i = g.add("Gather", [lut, i], axis=0)
+    t_next = g.add("Gather", [lut, g.add("Add", [i, int64("index_next", 1)])], axis=0)
+    r = g.add("Sub", [g.add("Mul", [t_i, int64("table_scale", 1 << 16)]),
+                      g.add("Mul", [g.add("Mul", [g.add("Sub", [t_i, t_next]), a]), int64("twice", 2)])])
+    half_e = g.add("Div", [g.add("Sub", [e, int64("e_one", 1)]), int64("e_two", 2)])
+    gain = g.add("Div", [g.add("Add", [g.add("Div", [r, g.add("Gather", [pow2, half_e], axis=0)]),
+                                       int64("gain_half", 1 << 15)]), int64("gain_den", 1 << 16)])
+    if in8:
+        normalized = shifted(g.add("Mul", [g.add("Mul", [d, gain]), int64("norm_scale", m_n)]),
+                             UPSTREAM_NORM_Q8 + sh_n, "norm")
+    else:
+        gain = g.add("Clip", [shifted(g.add("Mul", [gain, int64("norm_scale", m_n)]), sh_n, "gain"),
+                              int64("gain_min", 0), int64("gain_max", (1 << 16) - 1)])
+        half_d = g.add("Div", [g.add("Sub", [d, g.add("Mod", [d, int64("d_two", 2)])]), int64("d_half", 2)])
+        normalized = shifted(g.add("Mul", [half_d, gain]), UPSTREAM_NORM_Q16, "norm")
+    normalized = g.add("Clip", [normalized, int64("norm_min", lo), int64("norm_max", hi)])
+    acc = g.add("Cast", [normalized], to=DOUBLE)
+    if gamma is not None:
+        w = effective_weights(node).to(torch.float64).reshape(affine).numpy()
+        acc = g.add("Mul", [acc, g.const(f"{node.name}/gamma", w)])
+    if beta is not None:
+        acc = g.add("Add", [acc, g.const(f"{node.name}/beta", beta.to(torch.float64).numpy())])
+    requantize(g, node, acc, ratio, None, channel_shape=affine if ratio.size > 1 else None)
+    return True
+
+
+@LAYERNORM.export
+def convert_layernorm(g: QDQGraph, node: PyNode) -> None:
+    """LayerNormalization over trailing axes with the IR epsilon; gamma/beta are the integer weights and biases
+    dequantized with the scales the integer forward applies (normalized value · M_n 2^-N_n / sqrt(N), then the
+    output multiplier), stored as float initializers."""
+    x, y = node.inputs[0], node.outputs[0]
+    rank = g.rank(x)
+    raw = node.get_param("axis", optional=True, default_value=[-1])
+    axes = sorted({axis_param(node, a, rank) for a in (raw if isinstance(raw, (list, tuple)) else [raw])})
+    if axes != list(range(axes[0], rank)):
+        raise node_error(node, f"normalized axes {axes} are not the trailing axes of a rank-{rank} input")
+    if "norm_scale_value" not in node.params:
+        raise node_error(node, "a quantized LayerNorm needs norm_scale_value/norm_shift_value")
+    upstream = "norm_frac_bits" not in node.params  # upstream's integer form (docs/semantics/normalization.md)
+    if upstream and "lut" not in node.constants:
+        raise node_error(node, "a quantized LayerNorm needs norm_frac_bits (exact form) or its 'lut' (upstream form)")
+    if exact_layer_norm(g, node, axes) or (upstream and exact_layer_norm_upstream(g, node, axes)):
+        return
+    if upstream and g.scales != "ir":
+        raise node_error(node, "the integer LayerNorm's multiplier shifts are too large for an exact float64 "
+                               "requantization; export with --scales ir")
+    count = math.prod(int(x.ir_shape[a]) for a in axes)
+    if upstream:
+        norm_scale = upstream_norm_gain(node)
+    else:
+        norm_scale = float(node.params["norm_scale_value"]) * 2.0 ** -float(node.params["norm_shift_value"]) \
+            / math.sqrt(count)
+    affine = tuple(int(x.ir_shape[a]) for a in axes)
+    ratio = requant_ratio(node) / tensor_scale(y)
+    ratio = ratio.reshape(affine) if ratio.size > 1 else float(ratio[0])
+    w_t = node.get_constant("weights", optional=True)
+    b_t = node.get_constant("biases", optional=True)
+    w = effective_weights(node).to(torch.float64).reshape(affine).numpy() if w_t is not None else np.ones(affine)
+    b = b_t.betensor.to(torch.float64).reshape(affine).numpy() if b_t is not None else np.zeros(affine)
+    gamma = (w * norm_scale * ratio).astype(np.float32)
+    beta = (b * ratio * np.ones(affine)).astype(np.float32)
+    eps = float(node.get_param("epsilon"))
+    out = g.add("LayerNormalization", [g.float_value(x), g.const(f"{node.name}/gamma", gamma),
+                                       g.const(f"{node.name}/beta", beta)], axis=axes[0], epsilon=eps)
+    g.quantize(y, out)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any, List, Sequence, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -30,7 +31,7 @@ from ..quant.hardware import POOLING_SHIFT_MAX
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import linear_quant_params
 from ..quant.requant import broadcasts_into, exact_int64_, int64_to_float64, requantize_int, scale_shift
-from ..quant.rounding import FLOAT64_EXACT, MAGIC_EXACT, div_round_half_even, round_shift
+from ..quant.rounding import FLOAT32_EXACT, FLOAT64_EXACT, MAGIC_EXACT, div_round_half_even, round_shift
 from ..registry import PASSTHROUGH_DTYPES, declare_op
 from ..registry.schema import Bool, Int, Ints, Param, Text, Value
 from ..threads import one_thread
@@ -51,6 +52,9 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import bool_param
+from .onnx_build.exact import DOUBLE
+from .onnx_build.perms import channels_first
+from .onnx_build.qdq_graph import FLOAT, QDQGraph, QParams, int_or, node_error, same_qparams
 
 # The Parser always writes count_include_pad for AVG pooling; when a hand-made IR omits it we follow the Parser's
 # own attribute default (false, as ONNX). Note: the original OPT forward defaults it to true.
@@ -848,3 +852,156 @@ def maxunpool_quantize(self: PyNode) -> None:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): the indices input '{self.inputs[1].name}' must be "
                                "an integer tensor (qinvariant), not a quantized float")
     copy_params(self.outputs[0], self.inputs[0])
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+def pool_axis(size: int, k: int, s: int, d: int, before: int, after: int, ceil_mode: bool) -> Tuple[int, int]:
+    """(output size, cells to add after the padding so that the last window fits), as quantopt's pooling plans
+    them: in ceil mode a last window starting beyond the input and its leading padding is dropped."""
+    k_ext = d * (k - 1) + 1
+    span = size + before + after - k_ext
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= size + before:
+        out -= 1
+    return out, max(0, (out - 1) * s + k_ext - (size + before + after))
+
+
+def _pool_float(g: QDQGraph, node: PyNode, method: str, x: str, rank: int, spatial: List[int],
+                params: dict) -> str:
+    kernel, strides, dil, pads_b, pads_e = (params[k] for k in ("k", "s", "d", "before", "after"))
+    extra = [pool_axis(int(params["sizes"][i]), kernel[i], strides[i], dil[i], pads_b[i], pads_e[i],
+                       params["ceil"])[1] for i in range(len(spatial))]
+    dil = dil if any(d != 1 for d in dil) else None  # left out when trivial (onnxruntime's QLinear pools lack it)
+    if method == "MAX":
+        return g.add("MaxPool", [x], kernel_shape=kernel, strides=strides, dilations=dil,
+                     pads=pads_b + [e + x_ for e, x_ in zip(pads_e, extra)])
+    if params["count_pad"] and any(extra) and any(pads_b + pads_e):
+        # pads count, the ceil-mode cells do not: pad with float 0 explicitly, then count only real cells
+        zero_pads = [0, 0] + pads_b + [0, 0] + pads_e
+        x = g.add("Pad", [x, g.ints(f"{node.name}/pads", zero_pads)], mode="constant")
+        pads_b, pads_e = [0] * len(spatial), [0] * len(spatial)
+        count_pad = 0
+    else:
+        count_pad = int(params["count_pad"])
+    return g.add("AveragePool", [x], kernel_shape=kernel, strides=strides, dilations=dil,
+                 pads=pads_b + [e + x_ for e, x_ in zip(pads_e, extra)], count_include_pad=count_pad)
+
+
+BYTE_SPLIT_CELLS = 1 << 16
+"""Windows below this many cells sum bytes (values below 2^8) exactly in float32."""
+
+
+def _window_counts(params: dict) -> np.ndarray:
+    """The divisor of every output cell (docs/integer-semantics.md, Pooling AVG): per axis the real cells of the
+    window (plus its padding cells with count_include_pad), multiplied over the axes."""
+    total = np.ones([1], dtype=np.float64)
+    for i, n in enumerate(params["sizes"]):
+        k, s, d, before, after = (params[key][i] for key in ("k", "s", "d", "before", "after"))
+        out, _ = pool_axis(n, k, s, d, before, after, params["ceil"])
+        pos = np.arange(out)[:, None] * s - before + np.arange(k)[None, :] * d
+        counted = (pos >= -before) & (pos < n + after) if params["count_pad"] else (pos >= 0) & (pos < n)
+        total = np.multiply.outer(total, counted.sum(axis=1).astype(np.float64))
+    return total.reshape((1,) + total.shape)  # [1, 1, out_h, out_w]: batch and channel broadcast
+
+
+def _avg_factors(node: PyNode, params: dict) -> np.ndarray:
+    """M · 2^-shift per output cell (float64, exact): the integer forward's 8-bit approximation of 1 / count for a
+    pool that keeps its input's params (docs/integer-semantics.md, Pooling AVG; quantopt/ops/pooling.py)."""
+    scale = tensor_scale(node.inputs[0])
+    mult, shift = avg_requant(scale, scale, torch.from_numpy(_window_counts(params)))
+    return mult.numpy().astype(np.float64) * np.power(2.0, -shift.numpy().astype(np.float64))
+
+
+def _window_sums(g: QDQGraph, node: PyNode, x: str, params: dict, channels: int) -> str:
+    """Σ over every pooling window (padding and ceil-mode cells 0) by a depthwise Conv with ones, float32."""
+    kernel, strides, dil, pads_b, pads_e = (params[k] for k in ("k", "s", "d", "before", "after"))
+    extra = [pool_axis(int(n), kernel[i], strides[i], dil[i], pads_b[i], pads_e[i], params["ceil"])[1]
+             for i, n in enumerate(params["sizes"])]
+    ones = g.const(f"{node.name}/window", np.ones([channels, 1, *kernel], dtype=np.float32))
+    return g.add("Conv", [x, ones], kernel_shape=kernel, strides=strides, dilations=dil, group=channels,
+                 pads=pads_b + [e + x_ for e, x_ in zip(pads_e, extra)])
+
+
+def _average_codes(g: QDQGraph, node: PyNode, codes: str, p: QParams, rank: int, spatial: List[int],
+                   params: dict) -> str:
+    """AVG pooling that keeps its input's params, on the codes: round_half_even(mean(q + zp)) - zp with float32
+    sums of integers (exact), so ties round as the integer forward rounds them. In "exact" mode the window sums
+    are divided by the cell counts in float64: float32's quotient of 16-bit sums can miss a rounding boundary."""
+    zp = g.const(f"{node.name}/zero_point", np.array(p.zero_point, dtype=np.float32))
+    shifted = g.add("Sub", [g.add("Cast", [codes], to=FLOAT), zp])  # ONNX zero point = -zp_ir
+    cells = int(np.prod(params["k"]))
+    if g.unit_domain and cells < BYTE_SPLIT_CELLS:
+        channels = int(node.inputs[0].ir_shape[-1])
+        if cells * max(abs(p.qmin - p.zero_point), abs(p.qmax - p.zero_point)) < FLOAT32_EXACT:
+            sums = g.add("Cast", [_window_sums(g, node, shifted, params, channels)], to=DOUBLE)
+        else:  # float32 sums of the high and low bytes (each below 2^24), combined in float64
+            byte = g.const(f"{node.name}/byte", np.array(256.0, dtype=np.float32))
+            high = g.add("Floor", [g.add("Div", [shifted, byte])])
+            low = g.add("Sub", [shifted, g.add("Mul", [high, byte])])
+            high_sums = g.add("Cast", [_window_sums(g, node, high, params, channels)], to=DOUBLE)
+            sums = g.add("Add", [g.add("Mul", [high_sums, g.const(f"{node.name}/byte_d", np.array(256.0))]),
+                                 g.add("Cast", [_window_sums(g, node, low, params, channels)], to=DOUBLE)])
+        limit = float(AVG_SUM_LIMIT)
+        sums = g.add("Clip", [sums, g.const(f"{node.name}/sum_lo", np.array(-limit)),
+                              g.const(f"{node.name}/sum_hi", np.array(limit))])
+        mean = g.add("Mul", [sums, g.const(f"{node.name}/reciprocals", _avg_factors(node, params))])
+        mean = g.add("Cast", [g.add("Round", [mean])], to=FLOAT)
+    else:
+        mean = g.add("Round", [_pool_float(g, node, "AVG", shifted, rank, spatial, params)])
+    return g.add("Cast", [g.add("Add", [mean, zp])], to=g.elem_type(p.dtype))
+
+
+@POOLING.export
+def convert_pooling(g: QDQGraph, node: PyNode) -> None:
+    """MaxPool/AveragePool channels-first, with explicit asymmetric pads and quantopt's ceil-mode windows. Pools
+    that keep their input's params run on the codes (MAX: int8/uint8 MaxPool; AVG: see _average_codes)."""
+    x, y = node.inputs[0], node.outputs[0]
+    method = str(node.get_param("method")).upper()
+    if method not in ("MAX", "AVG"):
+        raise node_error(node, f"pooling method {method} has no QDQ mapping (MAX and AVG do)")
+    rank = g.rank(x)
+    if rank not in (3, 4):
+        raise node_error(node, f"only 3-D [N,W,C] and 4-D NHWC inputs are exported, got rank {rank}")
+    one_d = rank == 3
+    keys = [("x", "left", "right")] if one_d else [("y", "top", "bottom"), ("x", "left", "right")]
+    params = {
+        "k": [int_or(node, f"kernel_{a}", 1) for a, _, _ in keys],
+        "s": [int_or(node, f"stride_{a}", 1) for a, _, _ in keys],
+        "d": [int_or(node, f"dilation_{a}", 1) for a, _, _ in keys],
+        "before": [int_or(node, f"pad_{b}", 0) for _, b, _ in keys],
+        "after": [int_or(node, f"pad_{e}", 0) for _, _, e in keys],
+        "sizes": [int(s) for s in x.ir_shape[1:-1]],
+        "ceil": bool_param(node, "ceil_mode", False),
+        "count_pad": bool_param(node, "count_include_pad", False),
+    }
+    cf = channels_first(rank)
+    spatial = list(range(2, rank))
+    if method == "MAX" and same_qparams(x, y) and x.dtype.bits == 8:
+        out = _pool_float(g, node, method, g.int_value(x, cf), rank, spatial, params)  # int8/uint8 MaxPool: exact
+        g.set_int(y, out, cf)
+        return
+    if method == "AVG" and same_qparams(x, y):
+        g.set_int(y, _average_codes(g, node, g.int_value(x, cf), g.qparams(x), rank, spatial, params), cf)
+        return
+    g.quantize(y, _pool_float(g, node, method, g.float_value(x, cf), rank, spatial, params), cf,
+               lossless=method == "MAX" and same_qparams(x, y))
+
+
+@GLOBALPOOL.export
+def convert_global_pool(g: QDQGraph, node: PyNode) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    method = str(node.get_param("method")).upper()
+    ops = {"AVG": "GlobalAveragePool", "MAX": "GlobalMaxPool"}
+    if method not in ops:
+        raise node_error(node, f"global pooling method {method} has no QDQ mapping (MAX and AVG do)")
+    if any(int_or(node, k, 0) for k in ("pad_left", "pad_right", "pad_top", "pad_bottom")):
+        raise node_error(node, "padded global pooling has no QDQ mapping")
+    cf = channels_first(g.rank(x))
+    if method == "AVG" and g.unit_domain and same_qparams(x, y):  # Pooling AVG with the whole input as window
+        sizes = [int(v) for v in x.ir_shape[1:-1]]
+        params = {"k": sizes, "s": [1] * len(sizes), "d": [1] * len(sizes), "before": [0] * len(sizes),
+                  "after": [0] * len(sizes), "sizes": sizes, "ceil": False, "count_pad": False}
+        g.set_int(y, _average_codes(g, node, g.int_value(x, cf), g.qparams(x), g.rank(x),
+                                    list(range(2, g.rank(x))), params), cf)
+        return
+    g.quantize(y, g.add(ops[method], [g.float_value(x, cf)]), cf, lossless=method == "MAX" and same_qparams(x, y))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import List, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ..errors import UnsupportedError
@@ -38,6 +39,9 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param
+from .onnx_build import exact as onnx_exact
+from .onnx_build.perms import channels_first, reduced_perm
+from .onnx_build.qdq_graph import QDQGraph, node_error, requant_ratio, same_qparams
 
 REDUCE_METHODS = ("SUM", "MEAN", "MAX", "MIN", "PROD", "L1", "L2", "VARIANCE", "UNBIASED_VARIANCE", "ANY", "ALL")
 CUMULATE_METHODS = ("SUM", "PROD")
@@ -395,3 +399,32 @@ def _cumulate_int(node: PyNode, method: str, axis: int, exclusive: bool, v: torc
         if exclusive:
             acc, dropped = _normalize_product(acc * x[..., j], dropped)
     return torch.stack(ys, dim=-1)
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+REDUCE_OPS = {"MEAN": "ReduceMean", "SUM": "ReduceSum", "MAX": "ReduceMax", "MIN": "ReduceMin", "PROD": "ReduceProd",
+              "L1": "ReduceL1", "L2": "ReduceL2"}
+
+
+@REDUCE.export
+def convert_reduce(g: QDQGraph, node: PyNode) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    method = str(node.get_param("method")).upper()
+    if method not in REDUCE_OPS:
+        raise node_error(node, f"reduce method {method} has no QDQ mapping ({', '.join(REDUCE_OPS)} do)")
+    rank = g.rank(x)
+    raw = node.get_param("axis")
+    axes = sorted({axis_param(node, a, rank) for a in (raw if isinstance(raw, (list, tuple)) else [raw])})
+    keepdims = bool_param(node, "keepdims", True)
+    perm = g.common_perm([x], rank, prefer=channels_first(rank))
+    onnx_axes = sorted(perm.index(a) for a in axes)
+    out_perm = perm if keepdims else reduced_perm(perm, axes)
+    count = int(np.prod([int(x.ir_shape[a]) for a in axes]))
+    if onnx_exact.reduce_sum(g, node, method, perm, onnx_axes, keepdims, out_perm, count):
+        return
+    out = g.add(REDUCE_OPS[method], [g.float_value(x, perm), g.ints(f"{node.name}/axes", onnx_axes)],
+                keepdims=int(keepdims))
+    if method in ("SUM", "MEAN"):  # one multiplier for s_out / s_in (/ count)
+        ratio = float(requant_ratio(node)[0])
+        out = g.rescale(out, ratio * tensor_scale(x) * (count if method == "MEAN" else 1) / tensor_scale(y))
+    g.quantize(y, out, out_perm, lossless=method in ("MAX", "MIN") and same_qparams(x, y))

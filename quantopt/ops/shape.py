@@ -9,7 +9,7 @@ The integer semantics are in docs/semantics/indexing.md.
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -19,7 +19,7 @@ from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype, dtype_from_name
 from ..quant.params import integer_range, linear_quant_params
-from ..quant.rounding import round_shift
+from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import PASSTHROUGH_DTYPES, declare_op
 from ..registry.schema import Axis, Bool, DtypeName, Float, Int, Ints, Param, Text, Value, quantized
 from ._quant import (
@@ -36,6 +36,9 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param
+from .onnx_build.exact import codes, double, emit_integers, shared_perm
+from .onnx_build.perms import channels_first, inverse, reduced_perm
+from .onnx_build.qdq_graph import QDQGraph, node_error, require_same
 
 SEMANTICS = "docs/semantics/indexing.md"
 
@@ -558,3 +561,148 @@ def _store_cast_requant(node: PyNode, m: int, n: int, mdt: Dtype, sdt: Dtype) ->
     node.params["scale_type"] = mdt
     node.params["shift_value"] = int(n)
     node.params["shift_type"] = sdt
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+def _int_values(values: Sequence[int]) -> List[int]:
+    return [int(v) for v in values]
+
+
+def _batch_shape(x: PyTensor, shape: Sequence[int]) -> List[int]:
+    """The IR shape with its batch dim (equal to the input's IR batch) written as 0: ONNX copies the input's."""
+    shape = _int_values(shape)
+    if shape and x.ir_shape and shape[0] == int(x.ir_shape[0]):
+        shape[0] = 0
+    return shape
+
+
+@RESHAPE.export
+@SQUEEZE.export
+def convert_reshape(g: QDQGraph, node: PyNode) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    require_same(node, x, y)
+    shape = node.get_param("shape") if str(node.type) == "Reshape" else y.ir_shape
+    shape = _batch_shape(x, shape) if g.dynamic_batch else [int(v) for v in y.ir_shape]
+    out = g.add("Reshape", [g.int_value(x), g.ints(f"{node.name}/shape", shape)])
+    g.set_int(y, out)
+
+
+@TRANSPOSE.export
+def convert_transpose(g: QDQGraph, node: PyNode) -> None:
+    """No ONNX node: every layout of the input is a layout of the output (y = x.transpose(P), so the value
+    x.transpose(have) equals y.transpose(inverse(P)[have]))."""
+    x, y = node.inputs[0], node.outputs[0]
+    require_same(node, x, y)
+    rank = g.rank(x)
+    raw = node.get_param("perm", optional=True)
+    perm = tuple(int(p) for p in raw) if isinstance(raw, (list, tuple)) else tuple(reversed(range(rank)))
+    if sorted(perm) != list(range(rank)):
+        raise node_error(node, f"perm {list(perm)} is not a permutation of {rank} axes")
+    inv = inverse(perm)
+    for have in g.perms(x):
+        g.set_int(y, g.int_value(x, have), tuple(inv[a] for a in have))
+
+
+@SPLIT.export
+def convert_split(g: QDQGraph, node: PyNode) -> None:
+    x = node.inputs[0]
+    for y in node.outputs:
+        require_same(node, x, y)
+    rank = g.rank(x)
+    perm = g.common_perm([x], rank, prefer=channels_first(rank))
+    axis = axis_param(node, node.get_param("axis", optional=True, default_value=0), rank)
+    sizes = [int(y.ir_shape[axis]) for y in node.outputs]
+    outs = g.add_multi("Split", [g.int_value(x, perm), g.ints(f"{node.name}/split", sizes)],
+                       [f"{y.name}_q" for y in node.outputs], axis=perm.index(axis))
+    for y, name in zip(node.outputs, outs):
+        g.set_int(y, name, perm)
+
+
+def _int_list(node: PyNode, key: str, default: Optional[List[int]] = None) -> List[int]:
+    raw = node.get_param(key, optional=default is not None, default_value=default)
+    values = raw if isinstance(raw, (list, tuple)) else [raw]
+    return [int(v) for v in values]
+
+
+@SLICE.export
+@STRIDED_SLICE.export
+def convert_slice(g: QDQGraph, node: PyNode) -> None:
+    """ONNX Slice with explicit starts/ends/steps per sliced axis (the Parser's begin/end encoding resolved on the
+    IR shape), then Squeeze for StridedSlice's shrink_axis_mask."""
+    x, y = node.inputs[0], node.outputs[0]
+    require_same(node, x, y)
+    begin, end = _int_list(node, "begin"), _int_list(node, "end")
+    strides = _int_list(node, "strides", [1] * len(begin))
+    masks = str(node.type) == "StridedSlice"
+    begin_mask = int(node.params.get("begin_mask", 0)) if masks else 0
+    end_mask = int(node.params.get("end_mask", 0)) if masks else 0
+    shrink = int(node.params.get("shrink_axis_mask", 0)) if masks else 0
+    if masks and (int(node.params.get("ellipsis_mask", 0)) or int(node.params.get("new_axis_mask", 0))):
+        raise node_error(node, "ellipsis_mask/new_axis_mask have no QDQ mapping")
+    upper = str(node.params.get("upper_bound", False)).lower() in ("true", "1")
+    rank = g.rank(x)
+    perm = g.common_perm([x], rank)  # whichever layout the input has: slicing works in any
+    starts, ends, axes, steps = [], [], [], []
+    for axis, (b, e, s) in enumerate(zip(begin, end, strides)):
+        if s == 0:
+            raise node_error(node, f"strides {strides} must not contain 0")
+        size = int(x.ir_shape[axis])
+        kept = slice_indices(size, None if begin_mask >> axis & 1 else b, None if end_mask >> axis & 1 else e, s,
+                             upper)
+        if kept == list(range(size)):
+            continue
+        if axis == 0 and g.dynamic_batch:
+            raise node_error(node, "slicing the batch axis needs a static batch (--static-batch)")
+        if not kept:
+            raise node_error(node, f"axis {axis} keeps no element")
+        stop = kept[-1] + s
+        starts.append(kept[0])
+        ends.append(stop if stop >= 0 else -(size + 1))  # a negative step through index 0
+        axes.append(perm.index(axis))
+        steps.append(s)
+    value = g.int_value(x, perm)
+    if axes:
+        value = g.add("Slice", [value, g.ints(f"{node.name}/starts", starts), g.ints(f"{node.name}/ends", ends),
+                                g.ints(f"{node.name}/axes", axes), g.ints(f"{node.name}/steps", steps)])
+    shrink_axes = [a for a in range(len(begin)) if shrink >> a & 1]
+    out_perm = perm
+    if shrink_axes:
+        value = g.add("Squeeze", [value, g.ints(f"{node.name}/squeeze", sorted(perm.index(a) for a in shrink_axes))])
+        out_perm = reduced_perm(perm, shrink_axes)
+    g.set_int(y, value, out_perm)
+
+
+@CAST.export
+def convert_cast(g: QDQGraph, node: PyNode) -> None:
+    """Integer Cast: `clip_mode(rs((q + zp_in) · M, N) - zp_out)` (TRUNC rounding: toward zero), or
+    `clip_mode(q [+ zp_in - zp_out])` without a multiplier; the identity when the integers fit unchanged."""
+    x, y = node.inputs[0], node.outputs[0]
+    if y.dtype.is_float or x.qmin is None or y.qmin is None:
+        raise node_error(node, "a Cast to a float type has no integer form (float layers have no QDQ form)")
+    clip_mode = str(node.get_param("clip_mode", optional=True, default_value="SATURATION")).upper()
+    rank = g.rank(x)
+    perm = shared_perm(g, [x], rank)
+    lo, hi = out_range(y)
+    if "scale_value" in node.params:
+        m, n = int(node.params["scale_value"]), int(node.get_param("shift_value"))
+        if max(abs(int(x.qmin) + tensor_zp(x)), abs(int(x.qmax) + tensor_zp(x))) * abs(m) >= FLOAT64_EXACT:
+            raise node_error(node, "(q + zp) · M leaves float64's exact integers; no exact form")
+        v = g.add("Mul", [codes(g, x, perm), double(g, node, "multiplier", m * 2.0 ** -n)])
+        if str(node.params.get("round_mode", "ROUND_TO_EVEN")).upper() == "TRUNC":
+            v = g.add("Mul", [g.add("Sign", [v]), g.add("Floor", [g.add("Abs", [v])])])
+        else:
+            v = g.add("Round", [v])
+        zp_out = tensor_zp(y)
+        v = v if not zp_out else g.add("Sub", [v, double(g, node, "output_zero_point", float(zp_out))])
+        emit_integers(g, node, y, v, perm, clip_mode)
+        return
+    shift = 0 if bool_param(node, "ignore_scale_zp", True) else tensor_zp(x) - tensor_zp(y)
+    px, py = g.qparams(x), g.qparams(y)
+    if lo <= int(x.qmin) + shift and int(x.qmax) + shift <= hi and px.dtype == py.dtype \
+            and px.offset == py.offset + shift:  # ONNX x = IR x + offset_x must be IR y + offset_y
+        g.set_int(y, g.int_value(x, perm), perm)  # the same ONNX integers
+        return
+    v = codes(g, x, perm)  # q + zp_in
+    v = g.add("Sub", [v, double(g, node, "input_zero_point", float(tensor_zp(x) - shift))]) \
+        if tensor_zp(x) != shift else v
+    emit_integers(g, node, y, v, perm, clip_mode)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Tuple
 
+import numpy as np
 import torch
 
 from ..calibration.inf_mask import SOFTMAX_MASK_PARAM, has_low_mask
@@ -52,6 +53,10 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param
+from .onnx_build.exact import DOUBLE, INT64, MAX_TABLE_BITS, bit_length_int64, codes, double, requantize
+from .onnx_build.float_forms import requant_factor, unary_perm
+from .onnx_build.perms import Perm
+from .onnx_build.qdq_graph import FLOAT, QDQGraph
 
 LUT_VALUE_BITS = SOFTMAX_LUT_AUTO_VALUE_BITS
 """Table values are e^(x - max) * (2^20 - 1): the value bits upstream uses when it selects the LUT method itself
@@ -614,3 +619,171 @@ def hardmax_forward(self: PyNode) -> None:
         return
     x = self.inputs[0].betensor
     self.outputs[0].betensor = _one_hot_argmax(x, _axis(self, x.dim()), torch.float32)
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+def masked_softmax_terms(g: QDQGraph, node: PyNode, v: str, row_max: str, e: str) -> str:
+    """`mask_saturated_input` (docs/integer-semantics.md): terms of the input's minimum code are 0 in rows holding
+    another code. `v` and `row_max` are codes plus the zero point (float64), `e` int64 terms."""
+    if not masks_saturated_input(node):
+        return e
+    x = node.inputs[0]
+    low = double(g, node, "mask_code", float(int(x.qmin) + int(round(float(x.zerop)))))
+    masked = g.add("And", [g.add("Equal", [v, low]), g.add("Greater", [row_max, low])])
+    return g.add("Where", [masked, g.const(f"{node.name}/masked_term", np.array(0, dtype=np.int64)), e])
+
+
+def exact_softmax_lut(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
+    """Softmax with quantopt's LUT method (docs/integer-semantics.md) in int64/float64: t = x - max + 2^b - 1,
+    e = the exp table read at t (interpolated entries precomputed for every t), S = Σe, then upstream's two division
+    variants; the short-row one applies when the row count at run time is a multiple of 128, as in quantopt."""
+    if not g.unit_domain or str(node.get_param("quantize_method", optional=True, default_value="LUT")).upper() \
+            != "LUT" or "lut" not in node.constants:
+        return False
+    x = node.inputs[0]
+    mult, shift = requant_of(node)
+    bits = range_bits(x)
+    if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor) or bits > MAX_TABLE_BITS:
+        return False
+    mult, shift = int(mult), int(shift)
+    lut = node.get_constant("lut")
+    table = lut.betensor.to(torch.int64)
+    exps = lookup_lut(torch.arange(2 ** bits), table, 0, bits, lut.dtype.bits, lut.dtype.is_signed).numpy()
+    lut_max = max(1, int(table.max()))
+    base = SOFTMAX_DIVIDEND_BITS - 1 if lut_max == 1 else SOFTMAX_DIVIDEND_BITS
+    axes = g.ints(f"{node.name}/axes", [axis])
+    v = codes(g, x, perm)
+    top = g.add("ReduceMax", [v, axes], keepdims=1)
+    shifted = g.add("Add", [g.add("Sub", [v, top]), double(g, node, "top_index", 2.0 ** bits - 1)])
+    e = g.add("Gather", [g.const(f"{node.name}/exp_table", exps.astype(np.int64)),
+                         g.add("Cast", [shifted], to=INT64)], axis=0)
+    e = masked_softmax_terms(g, node, v, top, e)
+    total = g.add("ReduceSum", [e, axes], keepdims=1)
+    den = g.add("Max", [total, g.const(f"{node.name}/one", np.array(1, dtype=np.int64))])
+
+    def int64(what: str, value: int) -> str:
+        return g.const(f"{node.name}/{what}", np.array(value, dtype=np.int64))
+
+    k = base - ceil_log2(mult)
+    recip = g.add("Div", [int64("dividend", mult << k), den])
+    general = g.add("Mul", [g.add("Cast", [g.add("Mul", [e, recip])], to=DOUBLE),
+                            double(g, node, "general_step", 2.0 ** -(shift + k))])
+    axis_len = int(x.ir_shape[perm[axis]])
+    if axis_len < SOFTMAX_SMALL_AXIS and bits <= 8:
+        k_short = base - ceil_log2(lut_max)
+        numerator = g.add("Add", [g.add("Mul", [e, int64("short_scale", 1 << k_short)]),
+                                  g.add("Div", [total, int64("two", 2)])])
+        short = g.add("Mul", [g.add("Cast", [g.add("Div", [numerator, den])], to=DOUBLE),
+                              double(g, node, "short_step", mult * 2.0 ** -(shift + k_short))])
+        rows = g.add("Div", [g.add("Size", [v]), int64("axis_len", axis_len)])
+        blocks = g.add("Equal", [g.add("Mod", [rows, int64("row_block", SOFTMAX_ROW_BLOCK)]), int64("zero", 0)])
+        general = g.add("Where", [blocks, short, general])
+    requantize(g, node, general, 1.0, perm)
+    return True
+
+
+def exact_softmax_fast_exp(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
+    """Softmax FAST_EXP with the 2^f table (adjust_q >= 8), upstream's log-domain form (docs/semantics/softmax.md):
+    u and e are functions of x - max(x) alone, S = clamp(Σe, 1, 2^31 - 1), its bit length by comparisons, the Q15
+    log2 of its normalized mantissa and the output 2^(u - log2_sum) by table lookups (`fast_exp_export_tables`)."""
+    if not g.unit_domain or str(node.get_param("quantize_method", optional=True, default_value="LUT")).upper() \
+            != "FAST_EXP" or int(node.get_param("adjust_q", optional=True, default_value=0)) < POW2_TABLE_BITS:
+        return False
+    bits = range_bits(node.inputs[0])
+    adjust_q = int(node.get_param("adjust_q"))
+    out_q = int(node.get_param("pow2_out_q"))
+    if bits > MAX_TABLE_BITS or adjust_q > 12 or not 0 <= out_q <= 30:
+        return False
+    u_table, e_table, log2_first, y_table, lo = fast_exp_export_tables(node, bits)
+    if int(e_table[-1]) != 1 << out_q:  # the row maximum's term must be 2^P, so u - log2_sum <= 0
+        return False
+
+    def int64(what: str, v: object) -> str:
+        return g.const(f"{node.name}/{what}", np.array(v, dtype=np.int64))
+
+    top = 2 ** bits - 1
+    axes = g.ints(f"{node.name}/axes", [axis])
+    v = codes(g, node.inputs[0], perm)
+    row_max = g.add("ReduceMax", [v, axes], keepdims=1)
+    index = g.add("Cast", [g.add("Add", [g.add("Sub", [v, row_max]), double(g, node, "top_index", float(top))])],
+                  to=INT64)
+    u = g.add("Gather", [int64("log2_terms", u_table.numpy()), index], axis=0)
+    e = g.add("Gather", [int64("exp_terms", e_table.numpy()), index], axis=0)
+    e = masked_softmax_terms(g, node, v, row_max, e)
+    total = g.add("Min", [g.add("Max", [g.add("ReduceSum", [e, axes], keepdims=1), int64("one", 1)]),
+                          int64("sum_max", 2 ** 31 - 1)])
+    rank = len(node.inputs[0].ir_shape)
+    powers = [1 << k for k in range(31)]
+    above = g.add("GreaterOrEqual", [g.add("Unsqueeze", [total, g.ints(f"{node.name}/last_axis", [rank])]),
+                                     int64("powers", powers)])
+    bit_length = g.add("ReduceSum", [g.add("Cast", [above], to=INT64), g.ints(f"{node.name}/bit_axis", [rank])],
+                       keepdims=0)
+    lead = g.add("Sub", [int64("thirty_one", 31), bit_length])
+    norm = g.add("Mul", [total, g.add("Gather", [int64("shifts", powers), lead], axis=0)])
+    mantissa = g.add("Mod", [g.add("Div", [norm, int64("mantissa_div", 1 << 22)]), int64("mantissa_mod", 256)])
+    log2_sum = g.add("Sub", [g.add("Gather", [int64("log2_table", log2_first.numpy()), mantissa], axis=0),
+                             g.add("Mul", [g.add("Sub", [lead, int64("lead_ref", 30 - out_q)]),
+                                           int64("frac_unit", 1 << adjust_q)])])
+    diff = g.add("Max", [g.add("Sub", [u, log2_sum]), int64("diff_lo", lo)])
+    y = g.add("Gather", [int64("pow2_terms", y_table.numpy()), g.add("Sub", [diff, int64("diff_index", lo)])],
+              axis=0)
+    y = masked_softmax_terms(g, node, v, row_max, y)
+    g.quantize(node.outputs[0], g.add("Cast", [y], to=FLOAT), perm, unit=True)
+    return True
+
+
+def exact_logsoftmax(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
+    """LogSoftmax (docs/semantics/softmax.md) in int64: u and the 2^u terms tabulated per x - max(x), S = Σ terms,
+    k = bit_length(S) - 1, the 16-bit mantissa of S indexes log2 (tabulated), out = requant(u - log2(S / 2^P))."""
+    if not g.unit_domain or "log2_lut" not in node.constants:
+        return False
+    mult, shift = requant_of(node)
+    bits = range_bits(node.inputs[0])
+    if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor) or bits > MAX_TABLE_BITS:
+        return False
+    frac = int(node.get_param("adjust_q"))
+    out_q = int(node.get_param("pow2_out_q"))
+    u_table, e_table, lg_table = logsoftmax_tables(node, bits)
+
+    def int64(what: str, v: object) -> str:
+        return g.const(f"{node.name}/{what}", np.asarray(v, dtype=np.int64))
+
+    axes = g.ints(f"{node.name}/axes", [axis])
+    v = codes(g, node.inputs[0], perm)
+    index = g.add("Cast", [g.add("Add", [g.add("Sub", [v, g.add("ReduceMax", [v, axes], keepdims=1)]),
+                                         double(g, node, "top_index", 2.0 ** bits - 1)])], to=INT64)
+    u = g.add("Gather", [int64("log2_terms", u_table.numpy()), index], axis=0)
+    total = g.add("ReduceSum", [g.add("Gather", [int64("exp_terms", e_table.numpy()), index], axis=0), axes],
+                  keepdims=1)
+    k = g.add("Sub", [bit_length_int64(g, node, total, "sum"), int64("one", 1)])
+    pow2 = int64("pow2", [1 << j for j in range(63)])
+    mantissa = g.add("Sub", [g.add("Div", [g.add("Mul", [total, int64("mantissa_scale", 1 << LOG2_MANTISSA_BITS)]),
+                                           g.add("Gather", [pow2, k], axis=0)]),
+                             int64("mantissa_one", 1 << LOG2_MANTISSA_BITS)])
+    log_sum = g.add("Add", [g.add("Mul", [g.add("Sub", [k, int64("out_q", out_q)]), int64("frac_scale", 1 << frac)]),
+                            g.add("Gather", [int64("log2_table", lg_table.numpy()), mantissa], axis=0)])
+    difference = g.add("Cast", [g.add("Sub", [u, log_sum])], to=DOUBLE)
+    requantize(g, node, difference, int(mult) * 2.0 ** -(int(shift) + frac), perm)
+    return True
+
+
+@SOFTMAX.export
+@LOGSOFTMAX.export
+@HARDMAX.export
+def convert_softmax(g: QDQGraph, node: PyNode) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    perm = unary_perm(g, node)
+    axis = perm.index(axis_param(node, node.get_param("axis", optional=True, default_value=-1), len(perm)))
+    if str(node.type) == "Softmax" and (exact_softmax_lut(g, node, perm, axis)
+                                        or exact_softmax_fast_exp(g, node, perm, axis)):
+        return
+    if str(node.type) == "LogSoftmax" and exact_logsoftmax(g, node, perm, axis):
+        return
+    out = g.add(str(node.type), [g.float_value(x, perm)], axis=axis)
+    if str(node.type) == "Softmax" and str(node.params.get("quantize_method", "LUT")).upper() == "LUT":
+        out = g.rescale(out, requant_factor(node, 1.0))  # the table's e/S times M · 2^-N stands for softmax · s_out
+    elif str(node.type) == "Softmax" and str(node.params.get("quantize_method")).upper() == "FAST_EXP" \
+            and int(node.params.get("adjust_q", 0)) >= 8:
+        # FAST_EXP table path: the integers are 2^(b_out + log2 softmax), i.e. softmax · 2^b_out, not softmax · s_out
+        out = g.rescale(out, 2.0 ** range_bits(y) / tensor_scale(y))
+    g.quantize(y, out, perm, lossless=str(node.type) == "Hardmax")

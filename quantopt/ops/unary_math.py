@@ -12,7 +12,7 @@ Quantized (docs/semantics/unary.md):
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -39,6 +39,9 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import bool_param
+from .onnx_build import exact as onnx_exact
+from .onnx_build.float_forms import float_const, requant_factor, unary_perm
+from .onnx_build.qdq_graph import QDQGraph
 
 SEMANTICS = "docs/semantics/unary.md"
 
@@ -366,3 +369,54 @@ def isinf_isnan_forward(self: PyNode) -> None:
     else:
         flags = torch.zeros(x.shape, dtype=torch.bool) if self.quantized else torch.isnan(x)
     self.outputs[0].betensor = flags.to(torch.int64 if self.quantized else torch.uint8)
+
+
+# ------------------------------------------------------------------------------------------------ ONNX QDQ export
+UNARY_OPS: Dict[str, List[str]] = {
+    "Abs": ["Abs"], "Negative": ["Neg"], "Exp": ["Exp"], "Log": ["Log"], "Erf": ["Erf"], "Sqrt": ["Sqrt"],
+    "Rsqrt": ["Sqrt", "Reciprocal"], "Reciprocal": ["Reciprocal"], "Floor": ["Floor"], "Ceil": ["Ceil"],
+    "Round": ["Round"], "Acos": ["Acos"], "Acosh": ["Acosh"], "Asin": ["Asin"], "Asinh": ["Asinh"],
+    "Atan": ["Atan"], "Atanh": ["Atanh"], "Cosine": ["Cos"], "Cosh": ["Cosh"], "Sine": ["Sin"], "Sinh": ["Sinh"],
+    "Tan": ["Tan"], "Sign": ["Sign"], "Square": ["Mul"],
+}
+"""Unary IR types → the chain of ONNX ops computing them (each applied to the previous result; Mul squares)."""
+
+
+def _domain(g: QDQGraph, node: PyNode, value: str) -> str:
+    """The clamp quantopt's table applies to a function with a restricted domain (ops.unary_math.domain_clamp):
+    Reciprocal moves |x| < h to ±h, the others clip to their domain; the bounds are read off that clamp."""
+    clamp = domain_clamp(str(node.type), tensor_scale(node.inputs[0]))
+    if clamp is None:
+        return value
+    if str(node.type) == "Reciprocal":
+        h = float(clamp(torch.tensor(0.0)))
+        near_zero = g.add("Less", [g.add("Abs", [value]), float_const(g, node, "h", h)])
+        signed_h = g.add("Where", [g.add("Less", [value, float_const(g, node, "zero", 0.0)]),
+                                   float_const(g, node, "neg_h", -h), float_const(g, node, "pos_h", h)])
+        return g.add("Where", [near_zero, signed_h, value])
+    lo, hi = (float(clamp(torch.tensor(v))) for v in (-math.inf, math.inf))
+    bounds = [float_const(g, node, "min", lo) if math.isfinite(lo) else "",
+              float_const(g, node, "max", hi) if math.isfinite(hi) else ""]
+    return g.add("Clip", [value, *bounds])
+
+
+@TABLE_OPS.export
+@INDEX_TABLE_OPS.export
+@MODE_TABLE_OPS.export
+@ROUNDING_TABLE_OPS.only("Floor", "Ceil", "Round").export
+@ABS_NEGATIVE.export
+@SIGN.export
+def convert_unary(g: QDQGraph, node: PyNode) -> None:
+    """The float function (after quantopt's domain clamp for Log, Sqrt, Reciprocal, ...)."""
+    x, y = node.inputs[0], node.outputs[0]
+    perm = unary_perm(g, node)
+    if onnx_exact.try_table(g, node, perm):
+        return
+    value = g.float_value(x, perm)
+    if "lut" in node.constants:
+        value = _domain(g, node, value)
+    for op in UNARY_OPS[str(node.type)]:
+        value = g.add(op, [value, value] if op == "Mul" else [value])  # Square: x · x
+    if "lut" not in node.constants and "scale_value" in node.params:  # Abs, Negative: a multiplier s_out / s_in
+        value = g.rescale(value, requant_factor(node, tensor_scale(x)))
+    g.quantize(y, value, perm, exact="lut" in node.constants)

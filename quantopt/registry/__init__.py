@@ -195,7 +195,8 @@ class OpSpec:
 
     def export(self, fn: Callable) -> Callable:
         """Decorator: `fn(g, node)` writes the quantized layer into the ONNX QDQ graph `g` under construction
-        (docs/onnx-export.md, "Operators of plugins"); it replaces the exporter's own mapping of the type."""
+        (docs/onnx-export.md, "Operators of plugins"). Every built-in mapping is declared this way, beside its
+        operator; a plugin replaces one with a higher version, as it replaces a forward."""
         for t in self.optypes:
             OP_EXPORT.register(t, fn, self.version, _caller_file(fn))
         return fn
@@ -238,7 +239,8 @@ def declare_op(optypes: Union[str, Iterable[str]], *, params: Optional[Dict[str,
 
 
 def export_function(optype: str) -> Optional[Callable]:
-    """The ONNX export function declared with an operator (`OpSpec.export`), or None (the exporter's own)."""
+    """The ONNX export function declared with an operator (`OpSpec.export`), or None (the type has no QDQ
+    mapping)."""
     reg = OP_EXPORT.get(str(optype))
     return None if reg is None else reg.obj
 

@@ -10,22 +10,24 @@ layouts: `views[tensor][perm]` is an ONNX value equal to `ir_value.transpose(per
 its output under the channels-first perm, and an integer Transpose is only inserted when a consumer asks for a
 layout nobody produced, so chains of convolutions stay channels-first without back-and-forth transposes, and an
 IR Transpose layer is just a new view of the same ONNX value.
+
+The graph every operator's `@SPEC.export` function writes into (docs/onnx-export.md, "Operators of plugins"); `onnx`
+is imported when a graph is made, so that importing the operators needs no onnx.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-from ..errors import UnsupportedError
-from ..graph.node import PyNode
-from ..graph.tensor import PyTensor
-from ..ops._quant import requant_of
-from ..quant.dtype import Dtype
-
-Perm = Tuple[int, ...]
+from ...errors import UnsupportedError
+from ...graph.node import PyNode
+from ...graph.tensor import PyTensor
+from ...quant.dtype import Dtype
+from .._quant import requant_of
+from .perms import Perm, identity, inverse
 
 ONNX_INT_TYPES: Dict[Dtype, Tuple[str, Any]] = {
     Dtype.INT8: ("INT8", np.int8), Dtype.UINT8: ("UINT8", np.uint8),
@@ -34,39 +36,24 @@ ONNX_INT_TYPES: Dict[Dtype, Tuple[str, Any]] = {
 }
 """IR integer dtypes an activation may have in the exported graph (QuantizeLinear makes the 8/16-bit ones; int32
 tensors come from integer inputs and constants only)."""
+
+
 UINT8_OFFSET = 128
 """In "exact" and "effective" mode an int8 activation is exported as uint8 holding the IR integer + 128 (zero point
-+ 128), and 8-bit weights read by an integer kernel as uint8 (`convert_mac.kernel_weight_offset`)."""
++ 128), and 8-bit weights read by an integer kernel as uint8 (`onnx_build.mac.kernel_weight_offset`)."""
+
+
 CARRIED_INT_TYPES: Dict[Dtype, Dtype] = {
     Dtype.ALIGNED_INT4: Dtype.INT8, Dtype.ALIGNED_UINT4: Dtype.UINT8,
     Dtype.ALIGNED_INT12: Dtype.INT16, Dtype.ALIGNED_UINT12: Dtype.UINT16,
 }
 """Integer tensors (scale 1) of types ONNX has no QDQ form for, carried in the next wider ONNX type (a 0/1 mask
 constant the importer stored as aligned_uint4): the same integers."""
+
+
 QUANTIZABLE = (Dtype.INT8, Dtype.UINT8, Dtype.INT16, Dtype.UINT16)
 FLOAT = 1
 """onnx.TensorProto.FLOAT (a Cast target)."""
-
-
-def identity(rank: int) -> Perm:
-    return tuple(range(rank))
-
-
-def channels_first(rank: int) -> Perm:
-    """The perm taking a channels-last IR tensor to channels-first (NHWC → NCHW, NWC → NCW, ...)."""
-    return (0, rank - 1, *range(1, rank - 1)) if rank >= 3 else identity(rank)
-
-
-def inverse(perm: Sequence[int]) -> Perm:
-    inv = [0] * len(perm)
-    for i, a in enumerate(perm):
-        inv[a] = i
-    return tuple(inv)
-
-
-def compose(first: Sequence[int], then: Sequence[int]) -> Perm:
-    """The perm of `x.transpose(first).transpose(then)`."""
-    return tuple(first[t] for t in then)
 
 
 def scalar(value: Union[float, int, torch.Tensor], what: str, tensor: PyTensor) -> float:
@@ -424,6 +411,13 @@ def same_qparams(a: PyTensor, b: PyTensor) -> bool:
         return False
 
 
+def require_same(node: PyNode, a: PyTensor, b: PyTensor) -> None:
+    """Refuse a data-movement layer whose output is quantized unlike its input: its ONNX op moves integers."""
+    if not same_qparams(a, b):
+        raise node_error(node, f"output '{b.name}' is quantized differently from input '{a.name}'; a data-movement "
+                               "layer must keep its input's params")
+
+
 def requant_ratio(node: PyNode) -> np.ndarray:
     """M · 2^-N of a layer's stored multiplier/shift, [1] per tensor or [C] per channel (float64)."""
     mult, shift = requant_of(node)
@@ -436,14 +430,6 @@ def node_error(node: PyNode, message: str) -> UnsupportedError:
     return UnsupportedError(f"layer '{node.name}' ({node.type}): {message}")
 
 
-Converter = Callable[[QDQGraph, PyNode], None]
-CONVERTERS: Dict[str, Converter] = {}
-"""IR layer type → function adding the layer's ONNX nodes (filled by the convert_* modules)."""
-
-
-def converter(*optypes: str) -> Callable[[Converter], Converter]:
-    def register(fn: Converter) -> Converter:
-        for name in optypes:
-            CONVERTERS[name] = fn
-        return fn
-    return register
+def int_or(node: PyNode, key: str, default: int) -> int:
+    """An integer param of the layer, `default` where it has none (pads, strides, kernel sizes, group)."""
+    return int(node.get_param(key, optional=True, default_value=default))

@@ -1,5 +1,5 @@
-"""QDQ export of the layers with integer weights: Convolution, DepthwiseConv, FullyConnected, BatchNorm, LayerNorm,
-and MatMul of two activations.
+"""Building blocks of the QDQ export of the layers with integer weights: Convolution, DepthwiseConv,
+FullyConnected, BatchNorm, LayerNorm, and MatMul of two activations.
 
 Each becomes DequantizeLinear(activation) → float op with DequantizeLinear(integer weights) and
 DequantizeLinear(int32 bias) → QuantizeLinear(output). The stored biases contain the input zero point
@@ -13,24 +13,25 @@ Weight scales (`QDQGraph.scales`):
 Weight integers ("exact" and "effective"): where an integer kernel of onnxruntime reads them (QLinearConv,
 ConvInteger, MatMulInteger, the QGemm/MatMul fusions), 8-bit weights are uint8 `w_q + zp_w + c` with zero point c
 (128 for int8 weights, `kernel_weight_offset`): the same real values, computed exactly on every CPU.
+
+Shared by the mappings of ops/conv.py, ops/linear.py, ops/batchnorm_pad.py and ops/mac_extra.py.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from ..errors import UnsupportedError
-from ..graph.node import PyNode
-from ..graph.tensor import PyTensor
-from ..ops._quant import effective_weights, fused_activation_bounds, tensor_scale
-from ..ops._shared import axis_param, bool_param
-from ..quant.dtype import Dtype
-from ..quant.rounding import FLOAT32_EXACT, FLOAT64_EXACT
-from . import convert_exact
-from .qdq_graph import QDQGraph, channels_first, converter, identity, node_error, requant_ratio
+from ...errors import UnsupportedError
+from ...graph.node import PyNode
+from ...graph.tensor import PyTensor
+from ...quant.dtype import Dtype
+from ...quant.rounding import FLOAT64_EXACT
+from .._quant import effective_weights, fused_activation_bounds
+from . import exact
+from .perms import channels_first
+from .qdq_graph import QDQGraph, int_or, node_error, requant_ratio
 
 EXACT_SCALE_ULPS = 4
 """How many float32 neighbours on each side `exact_weight_scale` tries."""
@@ -38,8 +39,7 @@ KERNEL_WEIGHT_OFFSET = 128
 """The zero point of 8-bit weights carried as uint8 for onnxruntime's integer kernels: int8 weights + 128."""
 
 
-# ------------------------------------------------------------------------------------------------ constants
-def _vector(node: PyNode, key: str, default: float) -> np.ndarray:
+def param_vector(node: PyNode, key: str, default: float) -> np.ndarray:
     """A per-tensor param or per-channel constant (`weights_scale`, `weights_zp`) as float64 numpy."""
     if key in node.constants:
         return node.constants[key].betensor.to(torch.float64).reshape(-1).numpy()
@@ -75,7 +75,7 @@ def weight_onnx_scale(g: QDQGraph, node: PyNode, x: PyTensor, y: PyTensor, unit:
                                "folded into the integer weights)")
     if g.folds_multipliers:
         return exact_weight_scale(requant_ratio(node), g.qparams(x).scale, g.qparams(y).scale)
-    s_w = _vector(node, "weights_scale", 1.0)
+    s_w = param_vector(node, "weights_scale", 1.0)
     if np.any(s_w <= 0):
         raise node_error(node, f"non-positive weights_scale {s_w.tolist()}")
     return (np.float32(1.0) / s_w.astype(np.float32)).astype(np.float32)
@@ -199,12 +199,12 @@ def bias_value(g: QDQGraph, node: PyNode, x: PyTensor, w_scale: np.ndarray, shap
 
 
 def weight_value(g: QDQGraph, node: PyNode, w_q: np.ndarray, scale: np.ndarray, axis: int) -> str:
-    zp = _vector(node, "weights_zp", 0.0)
+    zp = param_vector(node, "weights_zp", 0.0)
     return dq_constant(g, f"{node.name}/weights", w_q, np.round(zp).astype(np.int64), scale, axis=axis,
                        dtypes=weight_dtypes(g))
 
 
-def fused_activation(g: QDQGraph, node: PyNode, value: str) -> str:
+def qdq_fused_activation(g: QDQGraph, node: PyNode, value: str) -> str:
     """The float op of a fused RELU/RELU6/CLIP; other fused activations are not quantizable anyway."""
     act = str(node.params.get("with_activation", "NONE")).upper()
     if act == "NONE":
@@ -227,17 +227,12 @@ def quantize_mac_output(g: QDQGraph, node: PyNode, value: str, perm: Optional[Tu
     if unit:
         g.quantize(y, value, perm, unit=True, bounds=fused_activation_bounds(node))
     else:
-        g.quantize(y, fused_activation(g, node, value), perm)
+        g.quantize(y, qdq_fused_activation(g, node, value), perm)
 
 
-def _int(node: PyNode, key: str, default: int) -> int:
-    return int(node.get_param(key, optional=True, default_value=default))
-
-
-# ------------------------------------------------------------------------------------------------ wide MACs
 def _wide_double_mac(g: QDQGraph, node: PyNode, inner: int, force: bool = False) -> Optional[np.ndarray]:
     """The requant ratios when a MAC layer with wider than 8-bit inputs or weights (which onnxruntime has no
-    integer kernel for; or any, with `force`) can be computed exactly in float64 (`convert_exact`): no
+    integer kernel for; or any, with `force`) can be computed exactly in float64 (exact.py): no
     remain_shift, sums of `inner` products below 2^53, shifts small enough; None otherwise."""
     x = node.inputs[0]
     w = effective_weights(node)
@@ -248,11 +243,11 @@ def _wide_double_mac(g: QDQGraph, node: PyNode, inner: int, force: bool = False)
     bias = np.abs(input_folded_bias(node, x)).max(initial=0)
     if inner * max(abs(lo), abs(hi)) * int(w.abs().max()) + bias >= FLOAT64_EXACT:
         return None
-    return convert_exact.exact_ratio(node)
+    return exact.exact_ratio(node)
 
 
-def _window_sums(g: QDQGraph, node: PyNode, codes: str, w: np.ndarray, in_c: int, group: int, out_hw: Tuple[int, int],
-                 stride: Tuple[int, int], dilation: Tuple[int, int]) -> str:
+def window_sums(g: QDQGraph, node: PyNode, codes: str, w: np.ndarray, in_c: int, group: int, out_hw: Tuple[int, int],
+                stride: Tuple[int, int], dilation: Tuple[int, int]) -> str:
     """Σ over kernel positions (i, j) of the strided window of `codes` (NHWC float64, already padded) times the
     weights `w` [O, kh, kw, C/group] of that position: a MatMul with the block-diagonal [C, O] matrix, or for one
     input channel per group (depthwise) a Gather of each output's channel and a Mul."""
@@ -297,7 +292,7 @@ def qlinear_requant_is_exact(node: PyNode) -> bool:
     xmax = max(abs(int(x.qmin) + zp), abs(int(x.qmax) + zp))
     if int((per_out * xmax).max()) + int(bias.max()) >= 2 ** FLOAT32_BITS:
         return False
-    ratio_bits = convert_exact.requant_fraction_bits(node)
+    ratio_bits = exact.requant_fraction_bits(node)
     return ratio_bits is not None and (y.qbits or 8) + 1 + ratio_bits <= FLOAT32_BITS
 
 
@@ -319,14 +314,14 @@ def qlinear_fusable(g: QDQGraph, node: PyNode) -> bool:
     return (p.qmin, p.qmax) == full and lo + p.offset <= full[0] and hi + p.offset >= full[1]
 
 
-def _integer_kernel(g: QDQGraph, node: PyNode, group: int) -> bool:
+def integer_kernel(g: QDQGraph, node: PyNode, group: int) -> bool:
     """ConvInteger / MatMulInteger (int32 accumulation of the input and weight integers, onnxruntime's integer
     GEMM), then the bias and M · 2^-N in float64 and Round: exact where QLinearConv's float32 requantization is not
     (`qlinear_requant_is_exact`). Needs uint8 inputs and weights that fit uint8 with one zero point
     (`kernel_weights`, u8·u8: exact on every CPU); False otherwise."""
     x = node.inputs[0]
     kernel = kernel_weights(g, node)
-    ratio = convert_exact.exact_ratio(node)
+    ratio = exact.exact_ratio(node)
     if ratio is None or kernel is None or g.qparams(x).dtype != Dtype.UINT8 \
             or node.params.get("remain_shift") is not None:
         return False
@@ -341,20 +336,20 @@ def _integer_kernel(g: QDQGraph, node: PyNode, group: int) -> bool:
     else:
         cf = channels_first(4)
         weights = g.const(f"{node.name}/weights", np.ascontiguousarray(e.transpose(0, 3, 1, 2) + c).astype(np.uint8))
-        pads = [_int(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right")]
+        pads = [int_or(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right")]
         acc = g.add("ConvInteger", [g.int_value(x, cf), weights, x_zp, w_zp],
                     kernel_shape=[int(e.shape[1]), int(e.shape[2])],
-                    strides=[_int(node, "stride_y", 1), _int(node, "stride_x", 1)],
-                    dilations=[_int(node, "dilation_y", 1), _int(node, "dilation_x", 1)], pads=pads, group=group)
+                    strides=[int_or(node, "stride_y", 1), int_or(node, "stride_x", 1)],
+                    dilations=[int_or(node, "dilation_y", 1), int_or(node, "dilation_x", 1)], pads=pads, group=group)
         perm, channel_shape = cf, (-1, 1, 1)
         bias = g.add("Reshape", [bias, g.ints(f"{node.name}/bias_shape", [-1, 1, 1])])
-    total = g.add("Add", [g.add("Cast", [acc], to=convert_exact.DOUBLE), bias])
-    convert_exact.requantize(g, node, total, ratio, perm, fused_activation_bounds(node),
-                             channel_shape=channel_shape if ratio.size > 1 else None)
+    total = g.add("Add", [g.add("Cast", [acc], to=exact.DOUBLE), bias])
+    exact.requantize(g, node, total, ratio, perm, fused_activation_bounds(node),
+                     channel_shape=channel_shape if ratio.size > 1 else None)
     return True
 
 
-def _conv_double(g: QDQGraph, node: PyNode, group: int, force: bool = False) -> bool:
+def conv_double(g: QDQGraph, node: PyNode, group: int, force: bool = False) -> bool:
     """Σ over kernel positions of (strided slice of the padded codes) · weights, in NHWC float64: a MatMul with
     the block-diagonal [C, O] matrix of the position, or for one input channel per group (depthwise) a Gather of
     each output's channel times its weights; then bias and requantization (exact, see `_wide_double_mac`)."""
@@ -365,269 +360,26 @@ def _conv_double(g: QDQGraph, node: PyNode, group: int, force: bool = False) -> 
     if ratio is None:
         return False
     in_c, oh, ow = int(x.ir_shape[3]), int(y.ir_shape[1]), int(y.ir_shape[2])
-    sy, sx = _int(node, "stride_y", 1), _int(node, "stride_x", 1)
-    dy, dx = _int(node, "dilation_y", 1), _int(node, "dilation_x", 1)
-    top, left, bottom, right = (_int(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right"))
-    codes = convert_exact.codes(g, x)
+    sy, sx = int_or(node, "stride_y", 1), int_or(node, "stride_x", 1)
+    dy, dx = int_or(node, "dilation_y", 1), int_or(node, "dilation_x", 1)
+    top, left, bottom, right = (int_or(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right"))
+    codes = exact.codes(g, x)
     if top or left or bottom or right:
         codes = g.add("Pad", [codes, g.ints(f"{node.name}/pads", [0, top, left, 0, 0, bottom, right, 0])])
-    total = _window_sums(g, node, codes, w, in_c, group, (oh, ow), (sy, sx), (dy, dx))
+    total = window_sums(g, node, codes, w, in_c, group, (oh, ow), (sy, sx), (dy, dx))
     bias = input_folded_bias(node, x).astype(np.float64)
     total = g.add("Add", [total, g.const(f"{node.name}/bias", bias)])
-    convert_exact.requantize(g, node, total, ratio, None, fused_activation_bounds(node))
+    exact.requantize(g, node, total, ratio, None, fused_activation_bounds(node))
     return True
 
 
-def _fully_connected_double(g: QDQGraph, node: PyNode, force: bool = False) -> bool:
+def fully_connected_double(g: QDQGraph, node: PyNode, force: bool = False) -> bool:
     x = node.inputs[0]
     w = effective_weights(node).numpy()  # [O, K]
     ratio = _wide_double_mac(g, node, int(w.shape[1]), force)
     if ratio is None:
         return False
-    product = g.add("MatMul", [convert_exact.codes(g, x), g.const(f"{node.name}/weights", w.T.astype(np.float64))])
+    product = g.add("MatMul", [exact.codes(g, x), g.const(f"{node.name}/weights", w.T.astype(np.float64))])
     total = g.add("Add", [product, g.const(f"{node.name}/bias", input_folded_bias(node, x).astype(np.float64))])
-    convert_exact.requantize(g, node, total, ratio, None, fused_activation_bounds(node))
+    exact.requantize(g, node, total, ratio, None, fused_activation_bounds(node))
     return True
-
-
-# ------------------------------------------------------------------------------------------------ converters
-@converter("Convolution", "DepthwiseConv")
-def convert_conv(g: QDQGraph, node: PyNode) -> None:
-    x, y = node.inputs[0], node.outputs[0]
-    if g.rank(x) != 4:
-        raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
-    cf = channels_first(4)
-    w_q = node.get_constant("weights").betensor.to(torch.int64).numpy()
-    if w_q.ndim != 4:
-        raise node_error(node, f"weights must be OHWI, got shape {list(w_q.shape)}")
-    in_c = int(x.ir_shape[3])
-    group = _int(node, "group", in_c if str(node.type) == "DepthwiseConv" else 1)
-    if _conv_double(g, node, group):
-        return
-    unit = g.unit_domain
-    if unit and not qlinear_fusable(g, node):
-        if _integer_kernel(g, node, group) or _conv_double(g, node, group, force=True):
-            return
-        g.float_layers.setdefault(node.name, None)  # the float32 convolution below is not bit-exact
-    scale = weight_onnx_scale(g, node, x, y, unit)
-    w = mac_weight_value(g, node, scale, axis=0, perm=(0, 3, 1, 2))
-    b = bias_value(g, node, x, scale, unit=unit)
-    pads = [_int(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right")]
-    conv = g.add("Conv", [g.float_value(x, cf, unit), w, b], kernel_shape=[int(w_q.shape[1]), int(w_q.shape[2])],
-                 strides=[_int(node, "stride_y", 1), _int(node, "stride_x", 1)],
-                 dilations=[_int(node, "dilation_y", 1), _int(node, "dilation_x", 1)], pads=pads, group=group)
-    quantize_mac_output(g, node, conv, cf, unit)
-
-
-@converter("FullyConnected")
-def convert_fully_connected(g: QDQGraph, node: PyNode) -> None:
-    """Gemm (transB) for 2-D inputs, MatMul + Add over the last axis otherwise."""
-    x, y = node.inputs[0], node.outputs[0]
-    if _fully_connected_double(g, node):
-        return
-    unit = g.unit_domain
-    if unit:  # MatMulInteger (or float64): onnxruntime's QGemm fusion is not certain for every FC
-        if _integer_kernel(g, node, 1) or _fully_connected_double(g, node, force=True):
-            return
-        g.float_layers.setdefault(node.name, None)
-    scale = weight_onnx_scale(g, node, x, y, unit)
-    b = bias_value(g, node, x, scale, unit=unit)
-    xf = g.float_value(x, unit=unit)
-    if g.rank(x) == 2:
-        out = g.add("Gemm", [xf, mac_weight_value(g, node, scale, axis=0), b], transB=1)
-    else:
-        mm = g.add("MatMul", [xf, mac_weight_value(g, node, scale, axis=1, perm=(1, 0))])
-        out = g.add("Add", [mm, b])
-    quantize_mac_output(g, node, out, None, unit)
-
-
-@converter("MatMul")
-def convert_matmul(g: QDQGraph, node: PyNode) -> None:
-    """Two activations; trans_a/trans_b become layouts of the inputs (integer Transposes, shared)."""
-    if len(node.inputs) != 2:
-        raise node_error(node, f"needs 2 inputs, got {len(node.inputs)}")
-    perms = []
-    for t, key in zip(node.inputs, ("trans_a", "trans_b")):
-        perm = list(identity(g.rank(t)))
-        if bool_param(node, key, False):
-            perm[-2], perm[-1] = perm[-1], perm[-2]
-        perms.append(tuple(perm))
-    if convert_exact.matmul(g, node, perms):
-        return
-    values = [g.float_value(t, perm) for t, perm in zip(node.inputs, perms)]
-    a, b = node.inputs
-    factor = float(requant_ratio(node)[0]) * tensor_scale(a) * tensor_scale(b) / tensor_scale(node.outputs[0])
-    out = g.rescale(g.add("MatMul", values), factor)
-    g.quantize(node.outputs[0], fused_activation(g, node, out))
-
-
-@converter("BatchNorm")
-def convert_batchnorm(g: QDQGraph, node: PyNode) -> None:
-    """x · w + b along `axis`, in whichever layout the input already has."""
-    x, y = node.inputs[0], node.outputs[0]
-    rank = g.rank(x)
-    axis = axis_param(node, node.get_param("axis", optional=True, default_value=-1), rank)
-    perm = g.common_perm([x], rank, prefer=channels_first(rank))
-    pos = perm.index(axis)
-    shape = (-1,) + (1,) * (rank - 1 - pos)
-    ratio = convert_exact.exact_ratio(node) if g.unit_domain else None
-    if ratio is not None:  # x' · (w + zp_w) + b per channel, requantized per channel, in float64
-        w_eff = effective_weights(node).reshape(-1).numpy().astype(np.float64)
-        acc = g.add("Add", [g.add("Mul", [convert_exact.codes(g, x, perm), g.const(f"{node.name}/weights",
-                                                                                  w_eff.reshape(shape))]),
-                            g.const(f"{node.name}/bias", input_folded_bias(node, x).astype(np.float64).reshape(shape))])
-        convert_exact.requantize(g, node, acc, ratio, perm, fused_activation_bounds(node),
-                                 channel_shape=shape if ratio.size > 1 else None)
-        return
-    w_q = node.get_constant("weights").betensor.to(torch.int64).reshape(-1).numpy()
-    scale = weight_onnx_scale(g, node, x, y)
-    w = weight_value(g, node, w_q.reshape(shape), scale, axis=0)
-    b = bias_value(g, node, x, scale, shape=shape)
-    out = g.add("Add", [g.add("Mul", [g.float_value(x, perm), w]), b])
-    g.quantize(y, fused_activation(g, node, out), perm)
-
-
-@converter("LayerNorm")
-def convert_layernorm(g: QDQGraph, node: PyNode) -> None:
-    """LayerNormalization over trailing axes with the IR epsilon; gamma/beta are the integer weights and biases
-    dequantized with the scales the integer forward applies (normalized value · M_n 2^-N_n / sqrt(N), then the
-    output multiplier), stored as float initializers."""
-    x, y = node.inputs[0], node.outputs[0]
-    rank = g.rank(x)
-    raw = node.get_param("axis", optional=True, default_value=[-1])
-    axes = sorted({axis_param(node, a, rank) for a in (raw if isinstance(raw, (list, tuple)) else [raw])})
-    if axes != list(range(axes[0], rank)):
-        raise node_error(node, f"normalized axes {axes} are not the trailing axes of a rank-{rank} input")
-    if "norm_scale_value" not in node.params:
-        raise node_error(node, "a quantized LayerNorm needs norm_scale_value/norm_shift_value")
-    upstream = "norm_frac_bits" not in node.params  # upstream's integer form (docs/semantics/normalization.md)
-    if upstream and "lut" not in node.constants:
-        raise node_error(node, "a quantized LayerNorm needs norm_frac_bits (exact form) or its 'lut' (upstream form)")
-    if convert_exact.layer_norm(g, node, axes) or (upstream and convert_exact.layer_norm_upstream(g, node, axes)):
-        return
-    if upstream and g.scales != "ir":
-        raise node_error(node, "the integer LayerNorm's multiplier shifts are too large for an exact float64 "
-                               "requantization; export with --scales ir")
-    count = math.prod(int(x.ir_shape[a]) for a in axes)
-    if upstream:
-        from ..ops.normalization import upstream_norm_gain
-
-        norm_scale = upstream_norm_gain(node)
-    else:
-        norm_scale = float(node.params["norm_scale_value"]) * 2.0 ** -float(node.params["norm_shift_value"]) \
-            / math.sqrt(count)
-    affine = tuple(int(x.ir_shape[a]) for a in axes)
-    ratio = requant_ratio(node) / tensor_scale(y)
-    ratio = ratio.reshape(affine) if ratio.size > 1 else float(ratio[0])
-    w_t = node.get_constant("weights", optional=True)
-    b_t = node.get_constant("biases", optional=True)
-    w = effective_weights(node).to(torch.float64).reshape(affine).numpy() if w_t is not None else np.ones(affine)
-    b = b_t.betensor.to(torch.float64).reshape(affine).numpy() if b_t is not None else np.zeros(affine)
-    gamma = (w * norm_scale * ratio).astype(np.float32)
-    beta = (b * ratio * np.ones(affine)).astype(np.float32)
-    eps = float(node.get_param("epsilon"))
-    out = g.add("LayerNormalization", [g.float_value(x), g.const(f"{node.name}/gamma", gamma),
-                                       g.const(f"{node.name}/beta", beta)], axis=axes[0], epsilon=eps)
-    g.quantize(y, out)
-
-
-@converter("ConvTranspose")
-def convert_conv_transpose(g: QDQGraph, node: PyNode) -> None:
-    """ONNX ConvTranspose channels-first (pads, output_padding, strides, dilations, group).
-
-    "exact": on the integers (input plus zero point, weights plus zero point as float32 integers, the bias without
-    the input zero point), exact in float32 while every sum stays below 2^24, then the multiplier in float64 and
-    Round. Otherwise weights behind a per-output-channel DequantizeLinear (group 1 only: ONNX's axis 1 is the
-    output channel within a group)."""
-    from ..ops.mac_extra import _oc_effective_weights, _oc_to_torch
-
-    x, y = node.inputs[0], node.outputs[0]
-    if g.rank(x) != 4:
-        raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
-    cf = channels_first(4)
-    group = _int(node, "group", 1)
-    w_oc = _oc_effective_weights(node, group)                      # [out_c, kh, kw, in_c/g], w + zp_w
-    torch_w = _oc_to_torch(w_oc, group).numpy()                   # [in_c, out_c/g, kh, kw]
-    out_c = int(w_oc.shape[0])
-    sums = w_oc.reshape(out_c, -1).sum(dim=1).numpy()
-    zp_in = int(round(float(x.zerop if not isinstance(x.zerop, torch.Tensor) else x.zerop.reshape(-1)[0])))
-    bias = node.get_constant("biases").betensor.to(torch.int64).reshape(-1).numpy() - zp_in * sums
-    attrs = dict(kernel_shape=[int(torch_w.shape[2]), int(torch_w.shape[3])],
-                 strides=[_int(node, "stride_y", 1), _int(node, "stride_x", 1)],
-                 dilations=[_int(node, "dilation_y", 1), _int(node, "dilation_x", 1)],
-                 pads=[_int(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right")],
-                 output_padding=[_int(node, "output_padding_y", 0), _int(node, "output_padding_x", 0)], group=group)
-    lo, hi = x.qmin + zp_in, x.qmax + zp_in
-    bound = max(abs(lo), abs(hi)) * int(np.abs(w_oc.reshape(out_c, -1).numpy()).sum(axis=1).max()) \
-        + int(np.abs(bias).max(initial=0))
-    ratio = convert_exact.exact_ratio(node) if g.unit_domain and node.params.get("remain_shift") is None else None
-    if ratio is not None and FLOAT32_EXACT <= bound < FLOAT64_EXACT:  # wide: the same sums in float64
-        _conv_transpose_double(g, node, w_oc.numpy(), bias, group, ratio, attrs)
-        return
-    if ratio is not None and bound < FLOAT32_EXACT:
-        acc = g.add("ConvTranspose", [g.float_value(x, cf, unit=True), g.const(f"{node.name}/weights",
-                                                                               torch_w.astype(np.float32)),
-                                      g.const(f"{node.name}/bias", bias.astype(np.float32))], **attrs)
-        convert_exact.requantize(g, node, g.add("Cast", [acc], to=convert_exact.DOUBLE), ratio, cf,
-                                 fused_activation_bounds(node), channel_shape=(-1, 1, 1) if ratio.size > 1 else None)
-        return
-    if group != 1:
-        raise node_error(node, "grouped ConvTranspose is exported in the exact mode only (within float32 sums)")
-    scale = weight_onnx_scale(g, node, x, y)
-    w_q = _oc_to_torch(_ir_weights(node), 1).numpy()
-    weights = dq_constant(g, f"{node.name}/weights", w_q, np.round(_vector(node, "weights_zp", 0.0)).astype(np.int64),
-                          scale, axis=1 if scale.size > 1 else 0, dtypes=weight_dtypes(g))
-    x_scale = np.float32(g.qparams(x).scale)
-    b = g.const(f"{node.name}/bias", (bias.astype(np.float64) * (x_scale * scale.astype(np.float64))).astype(
-        np.float32))
-    out = g.add("ConvTranspose", [g.float_value(x, cf), weights, b], **attrs)
-    g.quantize(y, fused_activation(g, node, out), cf)
-
-
-def _ir_weights(node: PyNode) -> torch.Tensor:
-    return node.get_constant("weights").betensor.to(torch.int64)
-
-
-def _conv_transpose_double(g: QDQGraph, node: PyNode, w_oc: np.ndarray, bias: np.ndarray, group: int,
-                           ratio: np.ndarray, attrs: dict) -> None:
-    """ConvTranspose in float64 as docs/semantics/mac.md states it: the integers plus zero point spread `stride` apart
-    (0 between them, the integer of float 0), padded by (k - 1)·d - pad_begin and (k - 1)·d + output_padding - pad_end,
-    then a stride-1 convolution with the kernel flipped (`_window_sums`), the bias and the multiplier."""
-    x, y = node.inputs[0], node.outputs[0]
-    shape = [int(v) for v in x.ir_shape]
-    codes = convert_exact.codes(g, x)
-    for axis in (1, 2):
-        k = int(attrs["kernel_shape"][axis - 1])
-        s, d = int(attrs["strides"][axis - 1]), int(attrs["dilations"][axis - 1])
-        begin, end = int(attrs["pads"][axis - 1]), int(attrs["pads"][axis + 1])
-        extra = int(attrs["output_padding"][axis - 1])
-        n = shape[axis]
-        if s > 1 and n > 1:  # n, 1 → n, s → n·s, then the trailing s - 1 zeros dropped
-            spread = g.add("Unsqueeze", [codes, g.ints(f"{node.name}/spread_axis", [axis + 1])])
-            pads = [0] * 10
-            pads[5 + axis + 1] = s - 1
-            spread = g.add("Pad", [spread, g.ints(f"{node.name}/spread_pads", pads)])
-            merged = shape[:axis] + [n * s] + shape[axis + 1:]
-            target = ([0] if g.dynamic_batch else [merged[0]]) + merged[1:]
-            codes = g.add("Reshape", [spread, g.ints(f"{node.name}/spread_shape", target)])
-            shape[axis] = (n - 1) * s + 1
-            codes = g.add("Slice", [codes, g.ints(f"{node.name}/spread_start", [0]),
-                                    g.ints(f"{node.name}/spread_end", [shape[axis]]),
-                                    g.ints(f"{node.name}/spread_axes", [axis])])
-        before, after = (k - 1) * d - begin, (k - 1) * d + extra - end
-        if before < 0 or after < 0:
-            start, stop = max(0, -before), shape[axis] - max(0, -after)
-            codes = g.add("Slice", [codes, g.ints(f"{node.name}/crop_start", [start]),
-                                    g.ints(f"{node.name}/crop_end", [stop]), g.ints(f"{node.name}/crop_axes", [axis])])
-            shape[axis] = stop - start
-        if before > 0 or after > 0:
-            pads = [0] * 8
-            pads[axis], pads[4 + axis] = max(0, before), max(0, after)
-            codes = g.add("Pad", [codes, g.ints(f"{node.name}/pads", pads)])
-            shape[axis] += max(0, before) + max(0, after)
-    flipped = np.ascontiguousarray(w_oc[:, ::-1, ::-1, :])
-    out_hw = (int(y.ir_shape[1]), int(y.ir_shape[2]))
-    dilation = (int(attrs["dilations"][0]), int(attrs["dilations"][1]))
-    total = _window_sums(g, node, codes, flipped, int(x.ir_shape[3]), group, out_hw, (1, 1), dilation)
-    total = g.add("Add", [total, g.const(f"{node.name}/bias", bias.astype(np.float64))])
-    convert_exact.requantize(g, node, total, ratio, None, fused_activation_bounds(node))

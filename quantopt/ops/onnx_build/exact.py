@@ -1,5 +1,5 @@
 """Integer paths of the "exact" export: layers whose QDQ float form cannot round as quantopt does (the full list,
-with the MAC layers of convert_mac.py and the recurrent cells of convert_recurrent.py: docs/onnx-export.md).
+with the MAC layers of mac.py and the recurrent cells of ops/recurrent.py: docs/onnx-export.md).
 
 * **Code tables.** A one-input layer whose output integer depends on its input integer alone (every table
   activation, RELU/RELU6/CLIP/LEAKYRELU, the unary math tables, Abs/Negative, Pow) becomes a `Gather` on the table
@@ -14,6 +14,9 @@ with the MAC layers of convert_mac.py and the recurrent cells of convert_recurre
   with scale 1 after the Clip to the output range and fused-activation bounds.
 * **int64 arithmetic** where float64 is not enough (rounding division, bit length, integer square root as ONNX
   ops): Softmax (LUT and FAST_EXP), LogSoftmax, LayerNorm (both integer forms), Reduce L2, Div.
+
+The emitters several operators share live here; an emitter only one operator uses (Softmax, LogSoftmax,
+LayerNorm, Resize) sits beside that operator's mapping, since it reads the operator's own constants.
 """
 from __future__ import annotations
 
@@ -22,16 +25,14 @@ from typing import Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ..errors import QuantOptError
-from ..graph.node import PyNode
-from ..graph.tensor import PyTensor
-from ..ops._eltwise_int import offset_absmax
-from ..ops._lut_int import ceil_log2, range_bits
-from ..ops._quant import fused_activation_bounds, requant_of
-from ..quant.hardware import SOFTMAX_DIVIDEND_BITS, SOFTMAX_ROW_BLOCK, SOFTMAX_SMALL_AXIS
-from ..quant.lut import lookup_lut
-from ..quant.rounding import FLOAT64_EXACT, bit_length
-from .qdq_graph import FLOAT, ONNX_INT_TYPES, QUANTIZABLE, Perm, QDQGraph, inverse, requant_ratio
+from ...errors import QuantOptError
+from ...graph.node import PyNode
+from ...graph.tensor import PyTensor
+from ...quant.rounding import FLOAT64_EXACT, bit_length
+from .._eltwise_int import offset_absmax
+from .._quant import fused_activation_bounds, requant_of
+from .perms import Perm
+from .qdq_graph import FLOAT, ONNX_INT_TYPES, QUANTIZABLE, QDQGraph, requant_ratio
 
 DOUBLE = 11
 """onnx.TensorProto.DOUBLE."""
@@ -113,7 +114,6 @@ def try_table(g: QDQGraph, node: PyNode, perm: Perm) -> bool:
     return True
 
 
-# ------------------------------------------------------------------------------------------------ double arithmetic
 def codes(g: QDQGraph, t: PyTensor, perm: Optional[Perm] = None) -> str:
     """`t`'s integers plus its IR zero point (the float value times the scale), as float64. int32 integers are
     cast directly: DequantizeLinear's float32 would round those above 2^24."""
@@ -206,7 +206,7 @@ def scaled_codes(g: QDQGraph, node: PyNode, tensors: Sequence[PyTensor], multipl
     return values
 
 
-def _fits(bound: float) -> bool:
+def fits_double(bound: float) -> bool:
     return bound < FLOAT64_EXACT
 
 
@@ -232,7 +232,7 @@ def eltwise(g: QDQGraph, node: PyNode, method: str, perm: Optional[Perm]) -> boo
         if len(muls) != len(inputs):
             return False
         bound = sum(offset_absmax(t) * abs(m) for t, m in zip(inputs, muls)) * abs(m_out)
-    if not _fits(bound):
+    if not fits_double(bound):
         return bound < INT64_EXACT and _eltwise_int64(g, node, method, inputs, muls, m_out, shift, perm)
     ops = {"ADD": "Add", "SUB": "Sub", "MAX": "Max", "MIN": "Min", "MUL": "Mul"}
     values = scaled_codes(g, node, inputs, [float(m) for m in muls], perm)
@@ -285,7 +285,7 @@ def _eltwise_per_channel(g: QDQGraph, node: PyNode, method: str, inputs: Sequenc
     else:
         muls = node.get_constant("input_scale").betensor.to(torch.int64).reshape(len(inputs), -1).numpy()
         bound = sum(offset_absmax(t) * int(m.max()) for t, m in zip(inputs, muls)) * int(mult.max())
-    if not _fits(bound) or int(shift.max()) > MAX_EXACT_SHIFT:
+    if not fits_double(bound) or int(shift.max()) > MAX_EXACT_SHIFT:
         return False
     ops = {"ADD": "Add", "SUB": "Sub", "MAX": "Max", "MIN": "Min", "MUL": "Mul"}
     values = []
@@ -310,7 +310,7 @@ def matmul(g: QDQGraph, node: PyNode, perms: Sequence[Perm]) -> bool:
     if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor):
         return False
     inner = int(a.ir_shape[perms[0][-1]]) if a.ir_shape else 1
-    if not _fits(inner * offset_absmax(a) * offset_absmax(b) * abs(int(mult))):
+    if not fits_double(inner * offset_absmax(a) * offset_absmax(b) * abs(int(mult))):
         return False
     product = g.add("MatMul", [codes(g, a, perms[0]), codes(g, b, perms[1])])
     requantize(g, node, product, int(mult) * 2.0 ** -int(shift), None, fused_activation_bounds(node))
@@ -327,69 +327,6 @@ def prelu(g: QDQGraph, node: PyNode, slope: np.ndarray, shift: int, perm: Perm) 
     weights = g.const(f"{node.name}/slope_step", (slope.astype(np.float64) * 2.0 ** -shift))
     negative = g.add("Round", [g.add("Mul", [g.add("Min", [x, zero]), weights])])
     requantize(g, node, g.add("Add", [negative, g.add("Max", [x, zero])]), float(ratio[0]), perm)
-    return True
-
-
-
-def masked_softmax_terms(g: QDQGraph, node: PyNode, v: str, row_max: str, e: str) -> str:
-    """`mask_saturated_input` (docs/integer-semantics.md): terms of the input's minimum code are 0 in rows holding
-    another code. `v` and `row_max` are codes plus the zero point (float64), `e` int64 terms."""
-    from ..ops.softmax import masks_saturated_input
-
-    if not masks_saturated_input(node):
-        return e
-    x = node.inputs[0]
-    low = double(g, node, "mask_code", float(int(x.qmin) + int(round(float(x.zerop)))))
-    masked = g.add("And", [g.add("Equal", [v, low]), g.add("Greater", [row_max, low])])
-    return g.add("Where", [masked, g.const(f"{node.name}/masked_term", np.array(0, dtype=np.int64)), e])
-
-
-def softmax_lut(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
-    """Softmax with quantopt's LUT method (docs/integer-semantics.md) in int64/float64: t = x - max + 2^b - 1,
-    e = the exp table read at t (interpolated entries precomputed for every t), S = Σe, then upstream's two division
-    variants; the short-row one applies when the row count at run time is a multiple of 128, as in quantopt."""
-    if not g.unit_domain or str(node.get_param("quantize_method", optional=True, default_value="LUT")).upper() \
-            != "LUT" or "lut" not in node.constants:
-        return False
-    x = node.inputs[0]
-    mult, shift = requant_of(node)
-    bits = range_bits(x)
-    if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor) or bits > MAX_TABLE_BITS:
-        return False
-    mult, shift = int(mult), int(shift)
-    lut = node.get_constant("lut")
-    table = lut.betensor.to(torch.int64)
-    exps = lookup_lut(torch.arange(2 ** bits), table, 0, bits, lut.dtype.bits, lut.dtype.is_signed).numpy()
-    lut_max = max(1, int(table.max()))
-    base = SOFTMAX_DIVIDEND_BITS - 1 if lut_max == 1 else SOFTMAX_DIVIDEND_BITS
-    axes = g.ints(f"{node.name}/axes", [axis])
-    v = codes(g, x, perm)
-    top = g.add("ReduceMax", [v, axes], keepdims=1)
-    shifted = g.add("Add", [g.add("Sub", [v, top]), double(g, node, "top_index", 2.0 ** bits - 1)])
-    e = g.add("Gather", [g.const(f"{node.name}/exp_table", exps.astype(np.int64)),
-                         g.add("Cast", [shifted], to=INT64)], axis=0)
-    e = masked_softmax_terms(g, node, v, top, e)
-    total = g.add("ReduceSum", [e, axes], keepdims=1)
-    den = g.add("Max", [total, g.const(f"{node.name}/one", np.array(1, dtype=np.int64))])
-
-    def int64(what: str, value: int) -> str:
-        return g.const(f"{node.name}/{what}", np.array(value, dtype=np.int64))
-
-    k = base - ceil_log2(mult)
-    recip = g.add("Div", [int64("dividend", mult << k), den])
-    general = g.add("Mul", [g.add("Cast", [g.add("Mul", [e, recip])], to=DOUBLE),
-                            double(g, node, "general_step", 2.0 ** -(shift + k))])
-    axis_len = int(x.ir_shape[perm[axis]])
-    if axis_len < SOFTMAX_SMALL_AXIS and bits <= 8:
-        k_short = base - ceil_log2(lut_max)
-        numerator = g.add("Add", [g.add("Mul", [e, int64("short_scale", 1 << k_short)]),
-                                  g.add("Div", [total, int64("two", 2)])])
-        short = g.add("Mul", [g.add("Cast", [g.add("Div", [numerator, den])], to=DOUBLE),
-                              double(g, node, "short_step", mult * 2.0 ** -(shift + k_short))])
-        rows = g.add("Div", [g.add("Size", [v]), int64("axis_len", axis_len)])
-        blocks = g.add("Equal", [g.add("Mod", [rows, int64("row_block", SOFTMAX_ROW_BLOCK)]), int64("zero", 0)])
-        general = g.add("Where", [blocks, short, general])
-    requantize(g, node, general, 1.0, perm)
     return True
 
 
@@ -435,7 +372,7 @@ def reduce_sum(g: QDQGraph, node: PyNode, method: str, perm: Perm, axes: Sequenc
         return False
     mult, shift = requant_of(node)
     if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor) \
-            or not _fits(count * offset_absmax(node.inputs[0]) * abs(int(mult))):
+            or not fits_double(count * offset_absmax(node.inputs[0]) * abs(int(mult))):
         return False
     if method == "L2":  # R = isqrt(Σ X² · 4^f), requant(R, M, N + f)
         frac = int(node.get_param("sqrt_fraction_bits"))
@@ -511,289 +448,13 @@ def div(g: QDQGraph, node: PyNode, perm: Optional[Perm]) -> bool:
     return True
 
 
-def softmax_fast_exp(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
-    """Softmax FAST_EXP with the 2^f table (adjust_q >= 8), upstream's log-domain form (docs/semantics/softmax.md):
-    u and e are functions of x - max(x) alone, S = clamp(Σe, 1, 2^31 - 1), its bit length by comparisons, the Q15
-    log2 of its normalized mantissa and the output 2^(u - log2_sum) by table lookups (`fast_exp_export_tables`)."""
-    from ..ops.softmax import POW2_TABLE_BITS, fast_exp_export_tables
-
-    if not g.unit_domain or str(node.get_param("quantize_method", optional=True, default_value="LUT")).upper() \
-            != "FAST_EXP" or int(node.get_param("adjust_q", optional=True, default_value=0)) < POW2_TABLE_BITS:
-        return False
-    bits = range_bits(node.inputs[0])
-    adjust_q = int(node.get_param("adjust_q"))
-    out_q = int(node.get_param("pow2_out_q"))
-    if bits > MAX_TABLE_BITS or adjust_q > 12 or not 0 <= out_q <= 30:
-        return False
-    u_table, e_table, log2_first, y_table, lo = fast_exp_export_tables(node, bits)
-    if int(e_table[-1]) != 1 << out_q:  # the row maximum's term must be 2^P, so u - log2_sum <= 0
-        return False
-
-    def int64(what: str, v: object) -> str:
-        return g.const(f"{node.name}/{what}", np.array(v, dtype=np.int64))
-
-    top = 2 ** bits - 1
-    axes = g.ints(f"{node.name}/axes", [axis])
-    v = codes(g, node.inputs[0], perm)
-    row_max = g.add("ReduceMax", [v, axes], keepdims=1)
-    index = g.add("Cast", [g.add("Add", [g.add("Sub", [v, row_max]), double(g, node, "top_index", float(top))])],
-                  to=INT64)
-    u = g.add("Gather", [int64("log2_terms", u_table.numpy()), index], axis=0)
-    e = g.add("Gather", [int64("exp_terms", e_table.numpy()), index], axis=0)
-    e = masked_softmax_terms(g, node, v, row_max, e)
-    total = g.add("Min", [g.add("Max", [g.add("ReduceSum", [e, axes], keepdims=1), int64("one", 1)]),
-                          int64("sum_max", 2 ** 31 - 1)])
-    rank = len(node.inputs[0].ir_shape)
-    powers = [1 << k for k in range(31)]
-    above = g.add("GreaterOrEqual", [g.add("Unsqueeze", [total, g.ints(f"{node.name}/last_axis", [rank])]),
-                                     int64("powers", powers)])
-    bit_length = g.add("ReduceSum", [g.add("Cast", [above], to=INT64), g.ints(f"{node.name}/bit_axis", [rank])],
-                       keepdims=0)
-    lead = g.add("Sub", [int64("thirty_one", 31), bit_length])
-    norm = g.add("Mul", [total, g.add("Gather", [int64("shifts", powers), lead], axis=0)])
-    mantissa = g.add("Mod", [g.add("Div", [norm, int64("mantissa_div", 1 << 22)]), int64("mantissa_mod", 256)])
-    log2_sum = g.add("Sub", [g.add("Gather", [int64("log2_table", log2_first.numpy()), mantissa], axis=0),
-                             g.add("Mul", [g.add("Sub", [lead, int64("lead_ref", 30 - out_q)]),
-                                           int64("frac_unit", 1 << adjust_q)])])
-    diff = g.add("Max", [g.add("Sub", [u, log2_sum]), int64("diff_lo", lo)])
-    y = g.add("Gather", [int64("pow2_terms", y_table.numpy()), g.add("Sub", [diff, int64("diff_index", lo)])],
-              axis=0)
-    y = masked_softmax_terms(g, node, v, row_max, y)
-    g.quantize(node.outputs[0], g.add("Cast", [y], to=FLOAT), perm, unit=True)
-    return True
-
-
-def resize(g: QDQGraph, node: PyNode) -> bool:
-    """Linear/cubic Resize with quantopt's S-bit integer weights: per axis a MatMul with the [in, out] weight
-    matrix on the integers, in float64 (exact: the sums stay below 2^53), then round_half_even(acc / 2^(S · axes))
-    (on the integers without their zero point: an odd zero point would move ties to the other even neighbour)."""
-    from ..ops.geometry import resize_integer_plan
-
-    if not g.unit_domain:
-        return False
-    x = node.inputs[0]
-    method, shift, plan = resize_integer_plan(node, [int(v) for v in x.ir_shape])
-    if method == "nearest":
-        return False
-    growth = 1
-    for _, _, w in plan:
-        growth *= int(w.abs().sum(dim=1).max())
-    if not _fits(offset_absmax(x) * growth):
-        return False
-    rank = len(x.ir_shape)
-    zp_in, zp_out = int(round(float(x.zerop))), int(round(float(node.outputs[0].zerop)))
-    value = codes(g, x)  # the integers themselves: quantopt rounds Σ w·q half to even, not Σ w·(q + zp)
-    value = value if zp_in == 0 else g.add("Sub", [value, double(g, node, "zero_point", float(zp_in))])
-    for axis, idx, w in plan:
-        size = int(x.ir_shape[axis])
-        matrix = np.zeros((size, int(idx.shape[0])), dtype=np.float64)
-        for o in range(int(idx.shape[0])):
-            for i, weight in zip(idx[o].tolist(), w[o].tolist()):
-                matrix[i, o] += weight
-        last = [a for a in range(rank) if a != axis] + [axis]
-        moved = value if axis == rank - 1 else g.add("Transpose", [value], perm=last)
-        value = g.add("MatMul", [moved, g.const(f"{node.name}/weights{axis}", matrix)])
-        if axis != rank - 1:
-            value = g.add("Transpose", [value], perm=list(inverse(last)))
-    scaled = g.add("Round", [g.add("Mul", [value, double(g, node, "interp_step", 2.0 ** -(shift * len(plan)))])])
-    if zp_out:
-        scaled = g.add("Add", [scaled, double(g, node, "output_zero_point", float(zp_out))])
-    g.quantize(node.outputs[0], g.add("Cast", [scaled], to=FLOAT), None, unit=True)
-    return True
-
-
-def layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
-    """LayerNorm over trailing `axes` with quantopt's integer normalization (docs/semantics/normalization.md), in
-    int64: the mean with F fraction bits, the sum of squares, the inverse square root (bit length by comparison with
-    every power of two, isqrt from a float64 square root corrected by ±1), the 16-bit normalized tensor, then
-    gamma/beta and the per-element multipliers in float64."""
-    from ..ops.normalization import NORM_BITS, RSQRT_FRAC_BITS, RSQRT_NORM_BITS, RSQRT_NUMERATOR_BITS, norm_affine
-
-    if not g.unit_domain or str(node.type) != "LayerNorm" or "norm_frac_bits" not in node.params:
-        return False
-    x = node.inputs[0]
-    shape = [int(v) for v in x.ir_shape]
-    count = int(np.prod([shape[a] for a in axes]))
-    frac, eps_value = int(node.params["norm_frac_bits"]), int(node.params["eps_value"])
-    m_n, sh_n = int(node.params["norm_scale_value"]), int(node.params["norm_shift_value"])
-    ratio = exact_ratio(node)
-    if ratio is None or frac < 0:
-        return False
-    affine, gamma, beta = norm_affine(node, shape)
-
-    def int64(what: str, v: object) -> str:
-        return g.const(f"{node.name}/{what}", np.asarray(v, dtype=np.int64))
-
-    axes_input = g.ints(f"{node.name}/axes", list(axes))
-    v = g.add("Cast", [codes(g, x)], to=INT64)
-    scaled = g.add("Mul", [v, int64("mean_scale", 1 << frac)])
-    mean = round_div_int64(g, node, g.add("ReduceSum", [scaled, axes_input], keepdims=1), int64("count", count))
-    d = g.add("Sub", [scaled, mean])
-    squares = g.add("Add", [g.add("ReduceSum", [g.add("Mul", [d, d]), axes_input], keepdims=1),
-                            int64("eps", count * eps_value)])
-    q = g.add("Max", [squares, int64("one_min", 1)])
-    powers = np.array([1 << k for k in range(63)], dtype=np.int64)
-    over = g.add("Sub", [_bit_length(g, node, q, "squares"), int64("norm_bits", RSQRT_NORM_BITS)])
-    t = g.add("Add", [over, g.add("Mod", [over, int64("two", 2)])])
-    table = int64("pow2", powers)
-    right = g.add("Gather", [table, g.add("Max", [t, int64("zero", 0)])], axis=0)
-    left = g.add("Gather", [table, g.add("Max", [g.add("Neg", [t]), int64("zero_left", 0)])], axis=0)
-    qn = g.add("Mul", [g.add("Div", [q, right]), left])
-    n = g.add("Div", [int64("numerator", 1 << RSQRT_NUMERATOR_BITS), qn])
-    r = isqrt_int64(g, node, n)
-    shift = g.add("Add", [g.add("Div", [t, int64("half", 2)]), int64("norm_shift", RSQRT_FRAC_BITS + sh_n)])
-    product = g.add("Mul", [g.add("Mul", [d, r]), int64("norm_scale", m_n)])
-    limit = 2 ** (NORM_BITS - 1) - 1
-    normalized = g.add("Clip", [round_div_int64(g, node, product, g.add("Gather", [table, shift], axis=0)),
-                                int64("norm_min", -limit), int64("norm_max", limit)])
-    acc = g.add("Cast", [normalized], to=DOUBLE)
-    if gamma is not None:
-        acc = g.add("Mul", [acc, g.const(f"{node.name}/gamma", gamma.to(torch.float64).numpy())])
-    if beta is not None:
-        acc = g.add("Add", [acc, g.const(f"{node.name}/beta", beta.to(torch.float64).numpy())])
-    requantize(g, node, acc, ratio, None, channel_shape=affine if ratio.size > 1 else None)
-    return True
-
-
-def layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
-    """LayerNorm in upstream's form (docs/semantics/normalization.md, "LayerNorm, upstream form") over trailing
-    `axes`, in int64: the rounded mean, the sum of squares shifted (8 bits) or divided by N (16 bits), the table
-    inverse square root (bit length, normalizing shift, index and 15-bit fraction, interpolation), the normalized
-    tensor, then gamma/beta and the multipliers in float64. Also in "effective" mode: the rounded mean and the
-    table have no float form within a step (rows of small variance move by many). False in "ir" mode, or where the
-    multipliers' shifts leave float64 (the caller then refuses the layer)."""
-    from ..ops._quant import effective_weights
-    from ..ops.normalization import (
-        ISQRT_NORM_BITS,
-        ISQRT_TABLE_BITS,
-        ISQRT_TABLE_STEPS,
-        UPSTREAM_NORM_Q8,
-        UPSTREAM_NORM_Q16,
-        norm_affine,
-    )
-    from ..quant.params import integer_range
-
-    if g.scales == "ir" or str(node.type) != "LayerNorm" or "lut" not in node.constants:
-        return False
-    x, y = node.inputs[0], node.outputs[0]
-    table = node.constants["lut"].betensor.to(torch.int64).reshape(-1).numpy()
-    ratio = exact_ratio(node)
-    if ratio is None or table.size != 3 * ISQRT_TABLE_STEPS + 1:
-        return False
-    shape = [int(v) for v in x.ir_shape]
-    count = int(np.prod([shape[a] for a in axes]))
-    m_n, sh_n = int(node.params["norm_scale_value"]), int(node.params["norm_shift_value"])
-    lo, hi = integer_range(int(y.qbits or range_bits(y)), int(y.qmin) < 0)
-    affine, gamma, beta = norm_affine(node, shape)
-
-    def int64(what: str, v: object) -> str:
-        return g.const(f"{node.name}/{what}", np.asarray(v, dtype=np.int64))
-
-    pow2 = int64("pow2", [1 << k for k in range(63)])
-
-    def shifted(value: str, k: int, what: str) -> str:
-        """round_half_even(value / 2^k), or value · 2^-k for k <= 0."""
-        if k <= 0:
-            return g.add("Mul", [value, int64(f"{what}_scale", 1 << -k)])
-        return round_div_int64(g, node, value, int64(f"{what}_den", 1 << k))
-
-    axes_input = g.ints(f"{node.name}/axes", list(axes))
-    v = g.add("Cast", [codes(g, x)], to=INT64)
-    zp_in = int(round(float(x.zerop)))
-    if zp_in:  # the stored integers themselves: half-to-even ties of the mean move with an odd zero point
-        v = g.add("Sub", [v, int64("input_zero_point", zp_in)])
-    d = g.add("Sub", [v, round_div_int64(g, node, g.add("ReduceSum", [v, axes_input], keepdims=1),
-                                         int64("count", count))])
-    squares = g.add("ReduceSum", [g.add("Mul", [d, d]), axes_input], keepdims=1)
-    in8 = range_bits(x) <= 8
-    if in8:
-        vs = int(node.params["var_shift_value"])
-        var = g.add("Div", [squares, int64("var_shift", 1 << vs)]) if vs >= 0 else \
-            g.add("Mul", [squares, int64("var_shift", 1 << -vs)])
-    else:
-        var = g.add("Div", [squares, int64("var_count", count)])  # non-negative: truncation is the floor
-    top = int64("norm_top", ISQRT_NORM_BITS + 1)
-    k = g.add("Min", [g.add("Max", [g.add("Sub", [top, _bit_length(g, node, var, "variance")]), int64("k_min", 0)]),
-                      int64("k_max", ISQRT_NORM_BITS)])
-    e = g.add("Sub", [top, k])
-    u = g.add("Mul", [var, g.add("Gather", [pow2, k], axis=0)])
-    f = g.add("Div", [u, g.add("Gather", [pow2, g.add("Mod", [e, int64("two", 2)])], axis=0)])
-    index_shift = ISQRT_NORM_BITS - 7  # the top 8 bits of f index the table (64 .. 255, less 64)
-    i = g.add("Max", [g.add("Sub", [g.add("Div", [f, int64("index_den", 1 << index_shift)]),
-                                     int64("index_base", ISQRT_TABLE_STEPS)]), int64("index_min", 0)])
-    a = g.add("Mod", [g.add("Div", [f, int64("fraction_den", 1 << (index_shift - ISQRT_TABLE_BITS))]),
-                      int64("fraction_mod", 1 << ISQRT_TABLE_BITS)])
-    lut = int64("isqrt_table", table)
-    t_i = g.add("Gather", [lut, i], axis=0)
-    t_next = g.add("Gather", [lut, g.add("Add", [i, int64("index_next", 1)])], axis=0)
-    r = g.add("Sub", [g.add("Mul", [t_i, int64("table_scale", 1 << 16)]),
-                      g.add("Mul", [g.add("Mul", [g.add("Sub", [t_i, t_next]), a]), int64("twice", 2)])])
-    half_e = g.add("Div", [g.add("Sub", [e, int64("e_one", 1)]), int64("e_two", 2)])
-    gain = g.add("Div", [g.add("Add", [g.add("Div", [r, g.add("Gather", [pow2, half_e], axis=0)]),
-                                       int64("gain_half", 1 << 15)]), int64("gain_den", 1 << 16)])
-    if in8:
-        normalized = shifted(g.add("Mul", [g.add("Mul", [d, gain]), int64("norm_scale", m_n)]),
-                             UPSTREAM_NORM_Q8 + sh_n, "norm")
-    else:
-        gain = g.add("Clip", [shifted(g.add("Mul", [gain, int64("norm_scale", m_n)]), sh_n, "gain"),
-                              int64("gain_min", 0), int64("gain_max", (1 << 16) - 1)])
-        half_d = g.add("Div", [g.add("Sub", [d, g.add("Mod", [d, int64("d_two", 2)])]), int64("d_half", 2)])
-        normalized = shifted(g.add("Mul", [half_d, gain]), UPSTREAM_NORM_Q16, "norm")
-    normalized = g.add("Clip", [normalized, int64("norm_min", lo), int64("norm_max", hi)])
-    acc = g.add("Cast", [normalized], to=DOUBLE)
-    if gamma is not None:
-        w = effective_weights(node).to(torch.float64).reshape(affine).numpy()
-        acc = g.add("Mul", [acc, g.const(f"{node.name}/gamma", w)])
-    if beta is not None:
-        acc = g.add("Add", [acc, g.const(f"{node.name}/beta", beta.to(torch.float64).numpy())])
-    requantize(g, node, acc, ratio, None, channel_shape=affine if ratio.size > 1 else None)
-    return True
-
-
-def _bit_length(g: QDQGraph, node: PyNode, value: str, what: str) -> str:
+def bit_length_int64(g: QDQGraph, node: PyNode, value: str, what: str) -> str:
     """bit_length of non-negative int64 values (below 2^62): how many powers of two 2^0 .. 2^62 they reach."""
     powers = g.const(f"{node.name}/{what}_powers", np.array([1 << k for k in range(63)], dtype=np.int64))
     reached = g.add("GreaterOrEqual", [g.add("Unsqueeze", [value, g.ints(f"{node.name}/{what}_last", [-1])]),
                                        powers])
     return g.add("ReduceSum", [g.add("Cast", [reached], to=INT64), g.ints(f"{node.name}/{what}_axis", [-1])],
                  keepdims=0)
-
-
-def logsoftmax(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
-    """LogSoftmax (docs/semantics/softmax.md) in int64: u and the 2^u terms tabulated per x - max(x), S = Σ terms,
-    k = bit_length(S) - 1, the 16-bit mantissa of S indexes log2 (tabulated), out = requant(u - log2(S / 2^P))."""
-    from ..ops.softmax import LOG2_MANTISSA_BITS, logsoftmax_tables
-
-    if not g.unit_domain or "log2_lut" not in node.constants:
-        return False
-    mult, shift = requant_of(node)
-    bits = range_bits(node.inputs[0])
-    if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor) or bits > MAX_TABLE_BITS:
-        return False
-    frac = int(node.get_param("adjust_q"))
-    out_q = int(node.get_param("pow2_out_q"))
-    u_table, e_table, lg_table = logsoftmax_tables(node, bits)
-
-    def int64(what: str, v: object) -> str:
-        return g.const(f"{node.name}/{what}", np.asarray(v, dtype=np.int64))
-
-    axes = g.ints(f"{node.name}/axes", [axis])
-    v = codes(g, node.inputs[0], perm)
-    index = g.add("Cast", [g.add("Add", [g.add("Sub", [v, g.add("ReduceMax", [v, axes], keepdims=1)]),
-                                         double(g, node, "top_index", 2.0 ** bits - 1)])], to=INT64)
-    u = g.add("Gather", [int64("log2_terms", u_table.numpy()), index], axis=0)
-    total = g.add("ReduceSum", [g.add("Gather", [int64("exp_terms", e_table.numpy()), index], axis=0), axes],
-                  keepdims=1)
-    k = g.add("Sub", [_bit_length(g, node, total, "sum"), int64("one", 1)])
-    pow2 = int64("pow2", [1 << j for j in range(63)])
-    mantissa = g.add("Sub", [g.add("Div", [g.add("Mul", [total, int64("mantissa_scale", 1 << LOG2_MANTISSA_BITS)]),
-                                           g.add("Gather", [pow2, k], axis=0)]),
-                             int64("mantissa_one", 1 << LOG2_MANTISSA_BITS)])
-    log_sum = g.add("Add", [g.add("Mul", [g.add("Sub", [k, int64("out_q", out_q)]), int64("frac_scale", 1 << frac)]),
-                            g.add("Gather", [int64("log2_table", lg_table.numpy()), mantissa], axis=0)])
-    difference = g.add("Cast", [g.add("Sub", [u, log_sum])], to=DOUBLE)
-    requantize(g, node, difference, int(mult) * 2.0 ** -(int(shift) + frac), perm)
-    return True
 
 
 def isqrt_int64(g: QDQGraph, node: PyNode, n: str) -> str:
@@ -805,3 +466,11 @@ def isqrt_int64(g: QDQGraph, node: PyNode, n: str) -> str:
         up = g.add("Add", [r, one])
         r = g.add("Where", [g.add("LessOrEqual", [g.add("Mul", [up, up]), n]), up, r])
     return r
+
+
+def shared_perm(g: QDQGraph, tensors: Sequence[PyTensor], rank: int) -> Optional[Perm]:
+    """A layout every input has when all share the output's rank (numpy broadcasting survives one common
+    transpose), else None: the IR layout, where inputs of lower rank broadcast from the right."""
+    if any(g.rank(t) != rank for t in tensors):
+        return None
+    return g.common_perm(list(tensors), rank)
