@@ -83,6 +83,9 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
     its inputs in the quantized run is not run again (its isolated result is its cumulative one), and each output
     is dequantized and converted once. With `first_batch` (a dict), the float and dequantized values of every layer
     output of the first batch are kept there (the report's histograms read them instead of running again).
+
+    The returned list (one LayerSimilarity per compared output, in graph order) is the analysis' result table: the
+    template, report, advisor, run records and `D_*` IR keys read it; nothing is stored on the tensors.
     """
     sums: Dict[tuple, List[float]] = {}
     notes: Dict[str, str] = {}
@@ -116,12 +119,11 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
     n = max(count, 1)
     results = []
     for fnode, qnode in pairs:
-        for f, qt in zip(fnode.outputs, qnode.outputs):
+        for f, _ in zip(fnode.outputs, qnode.outputs):
             acc = sums.get((fnode.name, f.name))
             if acc is None:
                 continue
             cum_cos, cum_mse, iso_cos, iso_mse = (v / n for v in acc)
-            qt.similarity, qt.mse = cum_cos, cum_mse
             results.append(LayerSimilarity(fnode.layer_id, fnode.name, str(fnode.type), f.name, cum_cos, cum_mse,
                                            iso_cos, iso_mse, notes.get(f.name, "")))
     return results

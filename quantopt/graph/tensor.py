@@ -39,9 +39,6 @@ class PyTensor:
         self.max: Optional[Union[float, torch.Tensor]] = None
         self.min_key_axis: Optional[torch.Tensor] = None  # per-channel calibrated range along axis 0 (weights)
         self.max_key_axis: Optional[torch.Tensor] = None
-        # per-layer precision analysis
-        self.similarity: Optional[float] = None
-        self.mse: Optional[float] = None
         self.pnode: Any = None
         self.extra: Dict[str, Any] = {}
 
@@ -63,7 +60,7 @@ class PyTensor:
 
     def clone(self, name: Optional[str] = None) -> PyTensor:
         t = PyTensor(name or self.name, self.betensor.clone(), self.ir_dtype, self.ir_shape)
-        for key in ("dtype", "ir_range", "qbits", "qmin", "qmax", "qinvariant", "key_axis", "similarity", "mse"):
+        for key in ("dtype", "ir_range", "qbits", "qmin", "qmax", "qinvariant", "key_axis"):
             setattr(t, key, getattr(self, key))
         for key in ("scale", "zerop", "min", "max", "min_key_axis", "max_key_axis"):
             v = getattr(self, key)
