@@ -23,7 +23,8 @@ from .version import __version__
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
     from .graph.graph import PyGraph, QuantizeGraph
     from .graph.node import PyNode
-    from .graph.tensor import PyTensor, TensorStatistics
+    from .graph.tables import TensorStatistics
+    from .graph.tensor import PyTensor
     from .quant.dtype import Dtype
     from .registry import OptBaseMetric, PluginType, declare_op, op_register, quant_register, register_plugin
     from .registry.optype import OpType, register_optype
@@ -32,7 +33,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
 _LAZY = {
     "PyGraph": ".graph.graph", "QuantizeGraph": ".graph.graph", "PyNode": ".graph.node",
     "OpType": ".registry.optype", "register_optype": ".registry.optype",
-    "PyTensor": ".graph.tensor", "TensorStatistics": ".graph.tensor", "Dtype": ".quant.dtype",
+    "PyTensor": ".graph.tensor", "TensorStatistics": ".graph.tables", "Dtype": ".quant.dtype",
     "OptBaseMetric": ".registry", "OptBaseQConfig": ".registry", "PluginType": ".registry", "op_register": ".registry",
     "quant_register": ".registry", "register_plugin": ".registry", "declare_op": ".registry",
     **{name: ".registry.schema" for name in ("Param", "Int", "Float", "Bool", "Text", "Ints", "Floats", "Axis",

@@ -11,6 +11,7 @@ import torch
 
 from quantopt.analysis.similarity import cosine
 from quantopt.graph.builder import GraphBuilder
+from quantopt.graph.tables import statistics_of
 from quantopt.graph.values import to_float
 from quantopt.ops._per_channel import ABSORBED_SCALES, UnabsorbedInputScales, channel_scales
 from quantopt.passes.absorb_scales import absorb_input_scales
@@ -83,11 +84,12 @@ def test_absorption_divides_each_weight_by_its_input_channel_and_recalibrates() 
     scales = channel_scales(m.inputs[0]).to(torch.float64)
     w = fnode.constants["weights"].betensor.to(torch.float64)
     want = torch.stack([w[o] / scales[2 * o: 2 * o + 2] for o in range(2)]).to(torch.float32)
-    stats_before = m.constants["weights"].stats
+    stats_before = statistics_of(m).get(m.constants["weights"])
     assert absorb_input_scales(m)
     got = m.constants["weights"]
     assert torch.equal(got.betensor, want)
-    assert got.stats is not stats_before  # statistics of the new values (extrema strategy: the values' range)
+    # statistics of the new values (extrema strategy: the values' range)
+    assert statistics_of(m).get(got) is not stats_before
     assert got.min == min(float(want.min()), 0.0) and got.max == max(float(want.max()), 0.0)
     assert absorb_input_scales(m) and torch.equal(m.constants["weights"].betensor, want)  # done once only
     m.attrs[ABSORBED_SCALES] = m.attrs[ABSORBED_SCALES] * 2
@@ -106,9 +108,9 @@ def test_quantization_only_checks_the_absorption() -> None:
     m = fnode.detached_copy(inputs=list(qg.node("c2").inputs))
     absorb_input_scales(m)
     w = m.constants["weights"]
-    stats, lo, hi = w.stats, w.min, w.max
+    stats, lo, hi = statistics_of(m).get(w), w.min, w.max
     m.quantize()
-    assert w.stats is stats and (w.min, w.max) == (lo, hi)  # no calibration inside quantization
+    assert statistics_of(m).get(w) is stats and (w.min, w.max) == (lo, hi)  # no calibration inside quantization
     assert torch.equal(w.betensor, qg.node("c2").constants["weights"].betensor)
     for key in ("biases", "scale", "shift"):
         assert torch.equal(m.constants[key].betensor, qg.node("c2").constants[key].betensor)

@@ -17,7 +17,7 @@ from quantopt.calibration.inf_mask import SOFTMAX_MASK_PARAM, is_mask_tensor
 from quantopt.calibration.statistics import StatisticsConfig, update_statistics
 from quantopt.config.fields import FIELDS, UPSTREAM_FIELDS
 from quantopt.graph.builder import GraphBuilder
-from quantopt.graph.tensor import TensorStatistics
+from quantopt.graph.tables import TensorStatistics
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
 from quantopt.pipeline import quantize_model, run_quantized
@@ -97,7 +97,8 @@ def test_all_mask_tensor_counts_as_zero() -> None:
 def test_masked_positions_get_probability_zero(fill: float, tmp_path: Path) -> None:
     graph = masked_softmax_model(fill)
     q = quantize_model(graph, feeds(8, 0))
-    assert all(is_mask_tensor(t) for n in graph.nodes if n.name in ("neg", "mask", "add") for t in n.outputs)
+    assert all(is_mask_tensor(graph.statistics.get(t)) for n in graph.nodes if n.name in ("neg", "mask", "add")
+               for t in n.outputs)
     nodes = {n.name: n for n in q.nodes}
     neg = nodes["neg"].outputs[0]
     assert not neg.qinvariant and neg.qbits == 8, "a -FLT_MAX constant must not be an int32 of scale 1"
@@ -139,7 +140,7 @@ def test_finite_mask_needs_the_field() -> None:
     assert "enable_pass_detect_inf_mask_nodes" not in UPSTREAM_FIELDS
     plain = masked_softmax_model(-1e9)
     quantize_model(plain, feeds(8, 0))
-    assert not any(is_mask_tensor(t) for n in plain.nodes for t in n.outputs)
+    assert not any(is_mask_tensor(plain.statistics.get(t)) for n in plain.nodes for t in n.outputs)
     graph = masked_softmax_model(-1e9)
     q = quantize_model(graph, feeds(8, 0), settings={"detect_inf_mask_nodes": True})
     assert float(graph.nodes[[n.name for n in graph.nodes].index("neg")].constants["weights"].betensor.min()) \

@@ -29,12 +29,14 @@ def snapshot(graph: PyGraph) -> Dict[str, Any]:
     """Everything a probe could leave on the float graph: each layer's settings and parameters, each tensor's
     ranges and quantization fields, the constants' values, the statistics objects and the quantized copy."""
     snap: Dict[str, Any] = {"quantgraph": id(getattr(graph, "quantgraph", None))}
+    table = graph.statistics
     for n in graph.nodes:
         tensors = [("in", t) for t in n.inputs] + [("out", t) for t in n.outputs]
         tensors += [(f"const {k}", t) for k, t in n.constants.items()] + [("ph", t) for t in n.placeholders]
         snap[n.name] = {
             "settings": (id(n.settings), n.settings), "params": repr(n.params), "quantized": n.quantized,
-            "tensors": [(role, t.name, id(t.stats), {k: _value(getattr(t, k)) for k in TENSOR_KEYS},
+            "tensors": [(role, t.name, id(table.get(t)) if t in table else None,
+                         {k: _value(getattr(t, k)) for k in TENSOR_KEYS},
                          t.betensor.detach().clone() if role.startswith("const") else None) for role, t in tensors]}
     return snap
 

@@ -31,7 +31,7 @@ from quantopt.calibration.statistics import StatisticsConfig, update_statistics
 from quantopt.config.layer_settings import LayerSettings
 from quantopt.graph.builder import GraphBuilder
 from quantopt.graph.graph import PyGraph
-from quantopt.graph.tensor import TensorStatistics
+from quantopt.graph.tables import TensorStatistics
 from quantopt.pipeline import quantize_model, run_quantized
 
 REPO = Path(__file__).resolve().parents[1]

@@ -30,6 +30,7 @@ from ..calibration.inf_mask import mask_counts
 from ..calibration.low_sqnr import layer_sqnr_db
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..graph.tables import statistics_of
 from .similarity import LayerSimilarity
 
 COLLAPSE_COSINE = 0.9
@@ -76,9 +77,10 @@ def _fmt(v: float) -> str:
 
 def _inf_mask(node: PyNode) -> List[Advice]:
     out = []
+    table = statistics_of(node)
     for t in node.outputs:
-        low, high = mask_counts(t)
-        st = t.stats
+        st = table.get(t)
+        low, high = mask_counts(st)
         if low or high:
             out.append(Advice(node.name, str(node.type), "inf_mask",
                               f"'{t.name}' holds {low + high} mask value(s) (±inf or |x| >= 1e30); left out of its "
@@ -121,9 +123,10 @@ def _weight_channels(fnode: PyNode, qnode: PyNode) -> List[Advice]:
     if s is None or "per_channel" in str(s.q_mode_weight):
         return []
     w = fnode.constants.get("weights")
-    if w is None or w.stats.extrema_min_key_axis is None or w.stats.extrema_max_key_axis is None:
+    st = statistics_of(fnode).get(w) if w is not None else None
+    if st is None or st.extrema_min_key_axis is None or st.extrema_max_key_axis is None:
         return []
-    rng = torch.maximum(w.stats.extrema_max_key_axis.abs(), w.stats.extrema_min_key_axis.abs()).reshape(-1)
+    rng = torch.maximum(st.extrema_max_key_axis.abs(), st.extrema_min_key_axis.abs()).reshape(-1)
     if rng.numel() < 2:
         return []
     median = float(rng.median())

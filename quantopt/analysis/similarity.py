@@ -22,6 +22,7 @@ from ..calibration.inf_mask import is_mask_tensor
 from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..graph.tables import TensorStatistics
 from ..graph.tensor import PyTensor
 from ..graph.values import to_float, to_quantized
 from ..quant.compare import cosine, mse
@@ -82,6 +83,9 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
     its inputs in the quantized run is not run again (its isolated result is its cumulative one), and each output
     is dequantized and converted once. With `first_batch` (a dict), the float and dequantized values of every layer
     output of the first batch are kept there (the report's histograms read them instead of running again).
+
+    The returned list (one LayerSimilarity per compared output, in graph order) is the analysis' result table: the
+    template, report, advisor, run records and `D_*` IR keys read it; nothing is stored on the tensors.
     """
     sums: Dict[tuple, List[float]] = {}
     notes: Dict[str, str] = {}
@@ -95,7 +99,7 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
             quantized: Dict[Tuple[int, int], torch.Tensor] = {}
             for fnode, qnode in pairs:
                 fvals = [_flat64(f.betensor) for f in fnode.outputs]
-                keep = [_unmasked(f, x, notes) for f, x in zip(fnode.outputs, fvals)]
+                keep = [_unmasked(f, float_graph.statistics.get(f), x, notes) for f, x in zip(fnode.outputs, fvals)]
                 fvals = [x if k is None else x[k] for x, k in zip(fvals, keep)]
                 deq = [to_float(q) for q in qnode.outputs]
                 cumulative = [_cos_mse(x, _select(y, k)) for x, y, k in zip(fvals, deq, keep)]
@@ -115,20 +119,20 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
     n = max(count, 1)
     results = []
     for fnode, qnode in pairs:
-        for f, qt in zip(fnode.outputs, qnode.outputs):
+        for f, _ in zip(fnode.outputs, qnode.outputs):
             acc = sums.get((fnode.name, f.name))
             if acc is None:
                 continue
             cum_cos, cum_mse, iso_cos, iso_mse = (v / n for v in acc)
-            qt.similarity, qt.mse = cum_cos, cum_mse
             results.append(LayerSimilarity(fnode.layer_id, fnode.name, str(fnode.type), f.name, cum_cos, cum_mse,
                                            iso_cos, iso_mse, notes.get(f.name, "")))
     return results
 
 
-def _unmasked(t: PyTensor, x: torch.Tensor, notes: Dict[str, str]) -> Optional[torch.Tensor]:
-    """Positions of a mask tensor's float values that are not mask values (None: compare everything)."""
-    if not is_mask_tensor(t):
+def _unmasked(t: PyTensor, stats: TensorStatistics, x: torch.Tensor, notes: Dict[str, str]) -> Optional[torch.Tensor]:
+    """Positions of a mask tensor's float values that are not mask values (None: compare everything); `stats`: the
+    float tensor's statistics, which tell whether it is a mask tensor."""
+    if not is_mask_tensor(stats):
         return None
     keep = ~(x.abs() >= INF_MASK_THRESHOLD)
     if bool(keep.all()):

@@ -17,7 +17,8 @@ import torch
 from ..errors import DataError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..graph.tensor import PyTensor, TensorStatistics
+from ..graph.tables import TensorStatistics, statistics_of
+from ..graph.tensor import PyTensor
 from ..quant.params import QuantMode
 from .inf_mask import apply_inf_mask_ranges
 from .statistics import StatisticsConfig, update_statistics
@@ -52,7 +53,7 @@ def collect_weight_statistics(graph: PyGraph) -> None:
     """Per-tensor and per-channel (axis 0) statistics of every weight constant."""
     for n in graph.nodes:
         for t in weight_constants(n):
-            t.stats = weight_statistics(n, t)
+            graph.statistics.set(t, weight_statistics(n, t))
 
 
 def weight_statistics(node: PyNode, t: PyTensor) -> TensorStatistics:
@@ -71,12 +72,13 @@ def recalibrate_weight(node: PyNode, t: PyTensor, settings: Optional[LayerSettin
     """Statistics and calibrated ranges of one weight constant again, after its float values changed, with the
     layer's settings (or `settings`: those its quantize function uses, when it replaces some)."""
     s = settings if settings is not None else node.settings
-    t.stats = weight_statistics(node, t)
+    stats = weight_statistics(node, t)
+    statistics_of(node).set(t, stats)
     symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
-    t.min, t.max = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight, symmetric=symmetric,
+    t.min, t.max = apply_strategy(stats, s.q_strategy_weight, s.q_bits_weight, symmetric=symmetric,
                                   ir_range=t.ir_range, per_channel=False)
-    if t.stats.extrema_min_key_axis is not None:
-        t.min_key_axis, t.max_key_axis = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight,
+    if stats.extrema_min_key_axis is not None:
+        t.min_key_axis, t.max_key_axis = apply_strategy(stats, s.q_strategy_weight, s.q_bits_weight,
                                                         symmetric=symmetric, ir_range=t.ir_range, per_channel=True)
 
 
@@ -91,16 +93,17 @@ def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[tor
     placeholder_configs: Dict[int, StatisticsConfig] = {
         id(n): _stat_config(n, n.settings.q_strategy_activation, key_axis=None, activation=True) for n in graph.nodes}
     count = 0
+    table = graph.statistics
 
     def hook(node: PyNode) -> None:
         cfg = configs[id(node)]
         for t in node.outputs:
             if node.type == "Input" and t.betensor.is_floating_point() and bool(torch.isnan(t.betensor).any()):
                 raise DataError(f"calibration batch {count} has NaN values in input '{t.name}'")
-            update_statistics(t.stats, t.betensor, cfg, count)
+            update_statistics(table.of(t), t.betensor, cfg, count)
         for t in node.placeholders:
             if t.betensor.numel() > 0 and t.betensor.is_floating_point():
-                update_statistics(t.stats, t.betensor, placeholder_configs[id(node)], count)
+                update_statistics(table.of(t), t.betensor, placeholder_configs[id(node)], count)
 
     with torch.no_grad():
         for inputs in batches:
@@ -127,10 +130,12 @@ def calibrate_placeholders(n: PyNode) -> None:
     (placeholders without statistics keep min/max None: a quantize function that needs them says so)."""
     s = n.settings
     symmetric = not QuantMode.from_name(s.q_mode_activation).is_asymmetric
+    table = statistics_of(n)
     for t in n.placeholders:
-        if t.stats.extrema_min is None:
+        st = table.get(t)
+        if st.extrema_min is None:
             continue
-        t.min, t.max = apply_strategy(t.stats, s.q_strategy_activation, s.q_bits_activation, symmetric=symmetric,
+        t.min, t.max = apply_strategy(st, s.q_strategy_activation, s.q_bits_activation, symmetric=symmetric,
                                       ir_range=t.ir_range, per_channel=False)
 
 
@@ -139,22 +144,25 @@ def calibrate_layer(n: PyNode) -> None:
     settings."""
     s = n.settings
     act_symmetric = not QuantMode.from_name(s.q_mode_activation).is_asymmetric
+    table = statistics_of(n)
     for t in n.outputs:
-        if t.stats.extrema_min is None:
+        st = table.get(t)
+        if st.extrema_min is None:
             raise DataError(f"layer '{n.name}': no statistics were collected for tensor '{t.name}' "
                             "(did the calibration data reach it?)")
-        t.min, t.max = apply_strategy(t.stats, s.q_strategy_activation, s.q_bits_activation,
+        t.min, t.max = apply_strategy(st, s.q_strategy_activation, s.q_bits_activation,
                                       symmetric=act_symmetric, ir_range=t.ir_range, per_channel=False)
-        if _per_channel_activations(n) and t.stats.extrema_min_key_axis is not None:
-            t.min_key_axis, t.max_key_axis = apply_strategy(t.stats, s.q_strategy_activation,
+        if _per_channel_activations(n) and st.extrema_min_key_axis is not None:
+            t.min_key_axis, t.max_key_axis = apply_strategy(st, s.q_strategy_activation,
                                                             s.q_bits_activation, symmetric=act_symmetric,
                                                             ir_range=t.ir_range, per_channel=True)
     calibrate_placeholders(n)
     w_symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
     for t in weight_constants(n):
-        t.min, t.max = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight, symmetric=w_symmetric,
+        st = table.get(t)
+        t.min, t.max = apply_strategy(st, s.q_strategy_weight, s.q_bits_weight, symmetric=w_symmetric,
                                       ir_range=t.ir_range, per_channel=False)
-        if t.stats.extrema_min_key_axis is not None:
-            t.min_key_axis, t.max_key_axis = apply_strategy(t.stats, s.q_strategy_weight, s.q_bits_weight,
+        if st.extrema_min_key_axis is not None:
+            t.min_key_axis, t.max_key_axis = apply_strategy(st, s.q_strategy_weight, s.q_bits_weight,
                                                             symmetric=w_symmetric, ir_range=t.ir_range,
                                                             per_channel=True)

@@ -29,6 +29,7 @@ import torch
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..graph.tables import TensorStatistics
 from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 
@@ -46,22 +47,21 @@ SOFTMAX_CODE_MARGIN = 1.0 / 64
 """Part of a Softmax-input mask tensor's span kept below its calibrated minimum, so data does not reach qmin."""
 
 
-def mask_counts(t: PyTensor) -> tuple:
-    """(values below -threshold, values above +threshold) left out of `t`'s statistics."""
-    st = t.stats
+def mask_counts(st: TensorStatistics) -> tuple:
+    """(values below -threshold, values above +threshold) left out of a tensor's statistics `st`."""
     low = 0 if st.inf_mask_low is None else int(float(st.inf_mask_low))
     high = 0 if st.inf_mask_high is None else int(float(st.inf_mask_high))
     return low, high
 
 
-def is_mask_tensor(t: PyTensor) -> bool:
-    """Whether the statistics of `t` saw mask values (±inf or |x| >= INF_MASK_THRESHOLD)."""
-    return any(mask_counts(t))
+def is_mask_tensor(st: TensorStatistics) -> bool:
+    """Whether a tensor's statistics `st` saw mask values (±inf or |x| >= INF_MASK_THRESHOLD)."""
+    return any(mask_counts(st))
 
 
-def has_low_mask(t: PyTensor) -> bool:
-    """Whether `t` holds negative mask values (what an attention mask adds)."""
-    return mask_counts(t)[0] > 0
+def has_low_mask(st: TensorStatistics) -> bool:
+    """Whether a tensor's statistics `st` saw negative mask values (what an attention mask adds)."""
+    return mask_counts(st)[0] > 0
 
 
 def _method(node: PyNode) -> str:
@@ -98,7 +98,8 @@ def _required_min(node: PyNode, out: PyTensor, inp: PyTensor) -> Optional[float]
 def apply_inf_mask_ranges(graph: PyGraph, log: bool = True) -> List[str]:
     """Widen the calibrated ranges of mask tensors (module docstring); returns the names of the layers whose
     outputs are mask tensors, logged as one warning line when `log`. Runs after local calibration."""
-    masked = [n for n in graph.nodes if any(is_mask_tensor(t) for t in n.outputs)]
+    stats = graph.statistics
+    masked = [n for n in graph.nodes if any(is_mask_tensor(stats.get(t)) for t in n.outputs)]
     if not masked:
         return []
     consumers: Dict[int, List[PyNode]] = {}
@@ -107,13 +108,13 @@ def apply_inf_mask_ranges(graph: PyGraph, log: bool = True) -> List[str]:
             consumers.setdefault(id(t), []).append(n)
     for n in reversed(graph.nodes):
         for out in n.outputs:
-            if not has_low_mask(out) or out.min is None:
+            if not has_low_mask(stats.get(out)) or out.min is None:
                 continue
             if any(str(c.type) == "Softmax" for c in consumers.get(id(out), [])):
                 span = float(out.max) - float(out.min)
                 out.min = min(float(out.min) - span * SOFTMAX_CODE_MARGIN, -span * SOFTMAX_CODE_MARGIN)
             for inp in n.inputs:
-                if not has_low_mask(inp) or inp.min is None:
+                if not has_low_mask(stats.get(inp)) or inp.min is None:
                     continue
                 need = _required_min(n, out, inp)
                 if need is not None and need < float(inp.min):

@@ -21,6 +21,7 @@ from typing import List, Optional
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..graph.tables import statistics_of
 from ..log import OPT_INFO
 from ..quant.params import QuantMode
 from .collect import calibrate_layer
@@ -53,11 +54,13 @@ def layer_sqnr_db(n: PyNode, best_range: bool = False) -> Optional[float]:
     s = n.settings
     symmetric = not QuantMode.from_name(s.q_mode_activation).is_asymmetric
     worst: Optional[float] = None
+    table = statistics_of(n)
     for t in n.outputs:
-        h = t.stats.running_histc
-        if h is None or t.min is None or t.max is None or not t.ir_dtype.is_float or is_mask_tensor(t):
+        st = table.get(t)
+        h = st.running_histc
+        if h is None or t.min is None or t.max is None or not t.ir_dtype.is_float or is_mask_tensor(st):
             continue
-        lo, hi = (float(v) for v in histogram_range(t.stats))
+        lo, hi = (float(v) for v in histogram_range(st))
         a, b = mse_range(h, lo, hi, s.q_bits_activation, symmetric) if best_range else (float(t.min), float(t.max))
         a, b = _grid(a, b, symmetric)
         db = expected_sqnr_db(h, lo, hi, a, b, s.q_bits_activation)
@@ -91,7 +94,8 @@ def _eligible(n: PyNode) -> bool:
         return False
     if QuantMode.from_name(s.q_mode_activation).is_per_channel:  # per-channel ranges keep their own strategy
         return False
-    return not any(is_mask_tensor(t) for t in n.outputs)
+    table = statistics_of(n)
+    return not any(is_mask_tensor(table.get(t)) for t in n.outputs)
 
 
 def promote_low_sqnr_activations(graph: PyGraph) -> List[Promotion]:

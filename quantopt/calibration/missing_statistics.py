@@ -15,7 +15,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..graph.tensor import PyTensor, TensorStatistics
+from ..graph.tables import TensorStatistics
+from ..graph.tensor import PyTensor
 from .collect import weight_statistics
 
 Missing = Tuple[PyNode, str, PyTensor]

@@ -31,7 +31,8 @@ import torch
 from ..errors import DataError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..graph.tensor import PyTensor, TensorStatistics
+from ..graph.tables import TensorStatistics
+from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 from ..version import __version__
 from .collect import weight_constants
@@ -142,15 +143,16 @@ def save_statistics(graph: PyGraph, path: str) -> str:
     entries: List[Dict[str, Any]] = []
     placeholders = _placeholders(graph)
     for i, (node, kind, key, t) in enumerate(_tensors(graph) + placeholders):
+        stats = graph.statistics.get(t)
         entry: Dict[str, Any] = {"layer": node.name, "kind": kind, "key": key, "tensor": t.name,
-                                 "batches": int(t.stats.batches), "arrays": {}}
+                                 "batches": int(stats.batches), "arrays": {}}
         if kind == "constant":
             entry["shape"] = [int(d) for d in t.betensor.shape]
             entry["crc32"] = _crc32(t)
         elif kind == "placeholder":
             entry["shape"] = [int(d) for d in (t.betensor.shape if t.betensor.numel() else t.ir_shape)]
         for name in STAT_FIELDS:
-            value = getattr(t.stats, name)
+            value = getattr(stats, name)
             if value is None:
                 continue
             member = f"e{i}.{name}"
@@ -349,14 +351,15 @@ def load_statistics(graph: PyGraph, path: str, check_strategies: bool = True, ig
         OPT_WARN(f"ignore_missing_statistic: {len(missing)} tensor(s) have no usable statistics in {path} and take "
                  f"them from their weights or neighbours: {', '.join(names[:20])}"
                  + (f", ... ({len(names) - 20} more)" if len(names) > 20 else ""))
+    table = graph.statistics
     for t, stats in staged:
-        t.stats = stats
+        table.set(t, stats)
     for _node, _, t in missing:
-        t.stats = filled[id(t)]
+        table.set(t, filled[id(t)])
     for node, tensors in created:
         node.placeholders = tensors
     for t in unmatched:
-        t.stats = TensorStatistics()
+        table.set(t, TensorStatistics())
     return len(staged)
 
 

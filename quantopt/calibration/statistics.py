@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from ..config.calibration_values import Trim, parse_trim  # torch-free (the cfg reader's); re-exported
-from ..graph.tensor import TensorStatistics
+from ..graph.tables import TensorStatistics
 from ..quant.hardware import STATISTICS_CLIP_RANGE
 from ..threads import one_thread
 

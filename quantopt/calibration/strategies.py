@@ -54,7 +54,7 @@ from ..config.calibration_values import (  # the torch-free grammar the cfg read
 )
 from ..config.calibration_values import check_not_auto as _check_not_auto
 from ..config.calibration_values import invalid_strategy as _invalid
-from ..graph.tensor import TensorStatistics
+from ..graph.tables import TensorStatistics
 from ..threads import one_thread
 from .histogram_search import mse_range, quantile_range
 from .statistics import histogram_range

@@ -9,6 +9,7 @@ import torch
 
 from ..errors import DataError, IRError
 from .node import PyNode
+from .tables import StatisticsTable
 from .tensor import PyTensor
 
 NodeHook = Callable[[PyNode], None]
@@ -28,6 +29,7 @@ class PyGraph:
         self._storage: Any = None  # keeps the mmap of the .bin alive while constants view it
         self._last_use: Dict[int, int] = {}
         self.device = torch.device("cpu")
+        self.statistics = StatisticsTable()  # tensor name -> statistics (graph/tables.py)
 
     # ----------------------------------------------------------------------------------------- structure
     def add_node(self, node: PyNode) -> PyNode:
@@ -168,8 +170,10 @@ class PyGraph:
         return feeds
 
     def clone(self) -> PyGraph:
-        """Deep copy: new nodes and tensors (values cloned), same structure."""
+        """Deep copy: new nodes and tensors (values cloned), same structure. The statistics table is copied sharing
+        its entries (statistics are read-only once collected; graph/tables.py)."""
         g = type(self)(self.name)
+        g.statistics = self.statistics.copy()
         g.header = OrderedDict(self.header)
         g.source_file = self.source_file
         g._storage = self._storage

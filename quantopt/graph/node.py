@@ -10,6 +10,7 @@ from ..errors import IRError
 from ..registry.optype import OpTypeName
 from .batch import forward_batched
 from .float_layer import run_float_layer
+from .tables import StatisticsTable, detached_statistics
 from .tensor import PyTensor
 
 _MISSING = object()
@@ -47,6 +48,9 @@ class PyNode:
         self.source: Optional[Tuple[str, int]] = None
         self.graph: Any = None
         self.settings: Any = None  # config.layer_settings.LayerSettings once quantization starts
+        # outside a graph only: the statistics its tensors are looked up in (a detached copy's share the source
+        # layer's entries; graph/tables.py, `statistics_of`)
+        self.detached_statistics: Optional[StatisticsTable] = None
 
     def where(self) -> str:
         if self.source:
@@ -118,7 +122,7 @@ class PyNode:
     def detached_copy(self, inputs: Optional[List[PyTensor]] = None) -> PyNode:
         """A copy with its own tensors (clones of `inputs` when given, else of its own inputs), outside any
         graph: running or quantizing it never touches the original layer's values. Private attrs (`_*`, caches)
-        are not copied."""
+        are not copied. Its statistics table shares the original's entries (graph/tables.py)."""
         m = PyNode(self.name, self.type, self.layer_id)
         m.params = OrderedDict(self.params)
         m.attrs = {k: v for k, v in self.attrs.items() if not k.startswith("_")}
@@ -128,6 +132,7 @@ class PyNode:
         m.outputs = [t.clone() for t in self.outputs]
         m.constants = OrderedDict((k, v.clone()) for k, v in self.constants.items())
         m.placeholders = [t.clone() for t in self.placeholders]
+        m.detached_statistics = detached_statistics(self, m)
         return m
 
     def __repr__(self) -> str:

@@ -1,7 +1,7 @@
-"""PyTensor: a graph edge or constant: torch data plus IR info, quantization parameters and statistics."""
+"""PyTensor: a graph edge or constant: torch data plus IR info and quantization parameters (statistics live in the
+graph's side table, graph/tables.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -9,37 +9,6 @@ import torch
 from ..quant.dtype import Dtype
 
 Number = Union[int, float]
-
-
-@dataclass
-class TensorStatistics:
-    """Statistics slots filled by the statistics pass (per tensor, and per channel along `key_axis`)."""
-
-    extrema_min: Optional[torch.Tensor] = None
-    extrema_max: Optional[torch.Tensor] = None
-    running_min: Optional[torch.Tensor] = None
-    running_max: Optional[torch.Tensor] = None
-    running_mean: Optional[torch.Tensor] = None
-    running_std: Optional[torch.Tensor] = None
-    running_mad: Optional[torch.Tensor] = None
-    running_histc: Optional[torch.Tensor] = None
-    extrema_min_key_axis: Optional[torch.Tensor] = None
-    extrema_max_key_axis: Optional[torch.Tensor] = None
-    running_min_key_axis: Optional[torch.Tensor] = None
-    running_max_key_axis: Optional[torch.Tensor] = None
-    running_mean_key_axis: Optional[torch.Tensor] = None
-    running_std_key_axis: Optional[torch.Tensor] = None
-    running_mad_key_axis: Optional[torch.Tensor] = None
-    running_histc_key_axis: Optional[torch.Tensor] = None
-    # mask values (|x| >= the inf-mask threshold, ±inf included) left out of every statistic above: how many were
-    # seen below -threshold / above +threshold (0-d float64 counts; None: none seen). calibration/statistics.py
-    inf_mask_low: Optional[torch.Tensor] = None
-    inf_mask_high: Optional[torch.Tensor] = None
-    batches: int = 0
-
-    def reset(self) -> None:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, 0 if name == "batches" else None)
 
 
 class PyTensor:
@@ -70,10 +39,6 @@ class PyTensor:
         self.max: Optional[Union[float, torch.Tensor]] = None
         self.min_key_axis: Optional[torch.Tensor] = None  # per-channel calibrated range along axis 0 (weights)
         self.max_key_axis: Optional[torch.Tensor] = None
-        self.stats = TensorStatistics()
-        # per-layer precision analysis
-        self.similarity: Optional[float] = None
-        self.mse: Optional[float] = None
         self.pnode: Any = None
         self.extra: Dict[str, Any] = {}
 
@@ -95,14 +60,13 @@ class PyTensor:
 
     def clone(self, name: Optional[str] = None) -> PyTensor:
         t = PyTensor(name or self.name, self.betensor.clone(), self.ir_dtype, self.ir_shape)
-        for key in ("dtype", "ir_range", "qbits", "qmin", "qmax", "qinvariant", "key_axis", "similarity", "mse"):
+        for key in ("dtype", "ir_range", "qbits", "qmin", "qmax", "qinvariant", "key_axis"):
             setattr(t, key, getattr(self, key))
         for key in ("scale", "zerop", "min", "max", "min_key_axis", "max_key_axis"):
             v = getattr(self, key)
             setattr(t, key, v.clone() if isinstance(v, torch.Tensor) else v)
         t.extra = dict(self.extra)
         t.unrounded = self.unrounded
-        t.stats = self.stats  # shared: statistics are read-only once collected
         return t
 
     def release(self) -> None:

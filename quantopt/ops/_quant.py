@@ -16,6 +16,7 @@ from ..config.layer_settings import LayerSettings
 from ..errors import UnsupportedError
 from ..graph.memo import layer_key, memo
 from ..graph.node import PyNode
+from ..graph.tables import statistics_of
 from ..graph.tensor import PyTensor
 from ..log import OPT_INFO, OPT_WARN
 from ..quant.dtype import Dtype, int_dtype_for_bits
@@ -595,8 +596,9 @@ def check_quantized_inputs(node: PyNode, inputs: Sequence[PyTensor]) -> None:
 def integer_output_bits(node: PyNode, signed: bool) -> int:
     """Bits of an all-integer (qinvariant) output: the smallest of 8/16/32 holding its observed extrema."""
     out = node.outputs[0]
-    lo = out.stats.extrema_min if out.stats.extrema_min is not None else out.min
-    hi = out.stats.extrema_max if out.stats.extrema_max is not None else out.max
+    st = statistics_of(node).get(out)
+    lo = st.extrema_min if st.extrema_min is not None else out.min
+    hi = st.extrema_max if st.extrema_max is not None else out.max
     lo, hi = float(lo if lo is not None else 0.0), float(hi if hi is not None else 0.0)
     for bits in (8, 16):
         qmin, qmax = integer_range(bits, signed)

@@ -8,6 +8,7 @@ import torch
 from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..graph.memo import freeze, memo
 from ..graph.node import PyNode
+from ..graph.tables import statistics_of
 from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 from ..quant.hardware import INT_INPUT_MAX_BITS
@@ -68,7 +69,7 @@ def input_quantize(self: PyNode) -> None:
         bits = min(out.ir_dtype.bits, INT_INPUT_MAX_BITS)
         set_qinvariant(out, bits, out.ir_dtype.is_signed)
         return
-    emin = out.stats.extrema_min
+    emin = statistics_of(self).get(out).extrema_min
     signed = bool(emin is not None and float(emin) < 0) or (emin is None and out.min is not None and out.min < 0)
     if s.qinvariant:
         set_qinvariant(out, s.q_bits_activation, signed or s.force_dtype_int)

@@ -21,6 +21,7 @@ from ..calibration.inf_mask import SOFTMAX_MASK_PARAM, has_low_mask
 from ..errors import UnsupportedError
 from ..graph.memo import Same, memo
 from ..graph.node import PyNode
+from ..graph.tables import statistics_of
 from ..quant.dtype import Dtype
 from ..quant.hardware import (
     AIFF_MULTIPLIER_BITS,
@@ -238,7 +239,7 @@ def softmax_quantize(self: PyNode) -> None:
         _softmax_lut_quantize(self)
     else:
         _softmax_fast_exp_quantize(self)
-    if has_low_mask(inp):
+    if has_low_mask(statistics_of(self).get(inp)):
         self.params[SOFTMAX_MASK_PARAM] = True
 
 

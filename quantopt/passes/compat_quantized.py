@@ -152,19 +152,21 @@ def _given_range(t: Any, p: QuantParams) -> None:
 def compat_calibrate(graph: PyGraph) -> None:
     """Ranges of given tensors from their params; other tensors from their statistics where there are some (no
     statistics: no range, and a layer whose quantization needs one says so)."""
+    table = graph.statistics
     for n in graph.nodes:
-        if any(given(t) is None and t.stats.extrema_min is not None for t in n.outputs):
+        if any(given(t) is None and table.get(t).extrema_min is not None for t in n.outputs):
             calibrate_layer(n)
         elif any(given(w) is None for w in weight_constants(n)):
             s = n.settings
             from ..calibration.strategies import apply_strategy
 
             for w in weight_constants(n):
-                if given(w) is None and w.stats.extrema_min is not None:
-                    w.min, w.max = apply_strategy(w.stats, s.q_strategy_weight, s.q_bits_weight, symmetric=True,
+                st = table.get(w)
+                if given(w) is None and st.extrema_min is not None:
+                    w.min, w.max = apply_strategy(st, s.q_strategy_weight, s.q_bits_weight, symmetric=True,
                                                   ir_range=w.ir_range, per_channel=False)
-                    if w.stats.extrema_min_key_axis is not None:
-                        w.min_key_axis, w.max_key_axis = apply_strategy(w.stats, s.q_strategy_weight,
+                    if st.extrema_min_key_axis is not None:
+                        w.min_key_axis, w.max_key_axis = apply_strategy(st, s.q_strategy_weight,
                                                                         s.q_bits_weight, symmetric=True,
                                                                         ir_range=w.ir_range, per_channel=True)
         for t in list(n.outputs) + list(n.constants.values()):

@@ -22,7 +22,7 @@ from ..config.kinds_accuracy import FloatChoice, parse_trigger_float
 from ..graph.graph import PyGraph
 from ..graph.names import unique_name as _unique
 from ..graph.node import PyNode
-from ..graph.tensor import TensorStatistics
+from ..graph.tables import TensorStatistics
 from ..log import OPT_INFO
 from ..registry.optype import OpType
 from .float_islands import make_float_layer
@@ -62,7 +62,7 @@ def control_op_preprocess(graph: PyGraph) -> List[str]:
             dummy.settings = parent.settings
             dummy.inputs = [t]
             out = t.clone(_unique(f"{t.name}_dummy_{len(inserted)}", taken))
-            out.stats = TensorStatistics()  # its own: a clone shares the statistics, which the calibration fills
+            graph.statistics.set(out, TensorStatistics())  # its own entry, which the calibration fills
             out.pnode = dummy
             dummy.outputs = [out]
             n.inputs[i] = out

@@ -9,7 +9,7 @@ import torch
 from quantopt.calibration.histogram_search import mse_range, quantile_range
 from quantopt.calibration.statistics import StatisticsConfig, update_statistics
 from quantopt.calibration.strategies import apply_strategy, parse_strategy, statistics_needs
-from quantopt.graph.tensor import TensorStatistics
+from quantopt.graph.tables import TensorStatistics
 
 BINS = 2048
 

@@ -151,11 +151,12 @@ def test_nothing_below_the_threshold_changes_nothing() -> None:
 def test_histograms_are_collected_for_the_check_whatever_the_strategy() -> None:
     g = _model()
     quantize_model(g, _data(), settings={"q_strategy_activation": "extrema", "min_activation_sqnr_db": 30.0})
-    assert g.node("fc_out").outputs[0].stats.running_histc is not None
+    assert g.statistics.get(g.node("fc_out").outputs[0]).running_histc is not None
     assert g.node("fc_out").settings.q_bits_activation == PROMOTED_BITS
     g2 = _model()
     quantize_model(g2, _data(), settings={"q_strategy_activation": "extrema"})
-    assert g2.node("fc_out").outputs[0].stats.running_histc is None  # off: upstream's statistics, nothing more
+    # off: upstream's statistics, nothing more
+    assert g2.statistics.get(g2.node("fc_out").outputs[0]).running_histc is None
 
 
 def test_cfg_field_and_preset(tmp_path) -> None:

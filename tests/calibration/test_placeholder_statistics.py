@@ -78,12 +78,13 @@ def test_statistics_pass_folds_placeholders_like_outputs() -> None:
     g = collected()
     ph, empty = g.node("fc").placeholders
     ref = reference_placeholder()
-    assert ph.stats.batches == 3
-    assert float(ph.stats.extrema_min) == pytest.approx(ref.min(), abs=1e-5)
-    assert float(ph.stats.extrema_max) == pytest.approx(ref.max(), abs=1e-5)
+    st = g.statistics.get(ph)
+    assert st.batches == 3
+    assert float(st.extrema_min) == pytest.approx(ref.min(), abs=1e-5)
+    assert float(st.extrema_max) == pytest.approx(ref.max(), abs=1e-5)
     # `mean` strategies read the running per-batch extrema: the last batch's minimum is in them too
-    assert ph.stats.extrema_min_key_axis is None  # per tensor only
-    assert empty.stats.extrema_min is None  # never set: no statistics
+    assert st.extrema_min_key_axis is None  # per tensor only
+    assert g.statistics.get(empty).extrema_min is None  # never set: no statistics
     assert g.node("fc2").placeholders == []
 
 
@@ -129,8 +130,9 @@ def test_round_trip_creates_placeholders_of_a_layer_that_has_not_run(tmp_path: P
     ph = dst.node("fc").placeholders
     assert [t.name for t in ph] == list(PH_NAMES)
     assert list(ph[0].ir_shape) == [5, 3]
-    assert torch.equal(ph[0].stats.extrema_min, src.node("fc").placeholders[0].stats.extrema_min)
-    assert ph[1].stats.extrema_min is None
+    assert torch.equal(dst.statistics.get(ph[0]).extrema_min,
+                       src.statistics.get(src.node("fc").placeholders[0]).extrema_min)
+    assert dst.statistics.get(ph[1]).extrema_min is None
     calibrate_graph(src)
     calibrate_graph(dst)
     assert (float(dst.node("fc").placeholders[0].min), float(dst.node("fc").placeholders[0].max)) == \
@@ -139,7 +141,7 @@ def test_round_trip_creates_placeholders_of_a_layer_that_has_not_run(tmp_path: P
     kept = dst.node("fc").placeholders[0]
     dst.forward(batches(1)[0])
     assert dst.node("fc").placeholders[0] is kept and kept.betensor.shape == (5, 3)
-    assert kept.stats.batches == 3
+    assert dst.statistics.get(kept).batches == 3
 
 
 def test_graph_without_placeholders_still_writes_version_1(tmp_path: Path) -> None:
@@ -164,9 +166,9 @@ def test_file_without_placeholder_statistics_leaves_them_empty(tmp_path: Path) -
     save_statistics(g, str(path))  # an old-style file: no placeholder entries
     dst = collected()  # its placeholders have statistics from its own pass
     dst.node("fc").attrs["forward_override"] = override
-    assert dst.node("fc").placeholders[0].stats.extrema_min is not None
+    assert dst.statistics.get(dst.node("fc").placeholders[0]).extrema_min is not None
     load_statistics(dst, str(path))
-    assert dst.node("fc").placeholders[0].stats.extrema_min is None  # nothing stale
+    assert dst.statistics.get(dst.node("fc").placeholders[0]).extrema_min is None  # nothing stale
     calibrate_graph(dst)
     assert dst.node("fc").placeholders[0].min is None
 

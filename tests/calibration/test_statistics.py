@@ -16,7 +16,7 @@ from quantopt.calibration import (
     rebin_histogram,
     update_statistics,
 )
-from quantopt.graph.tensor import TensorStatistics
+from quantopt.graph.tables import TensorStatistics
 
 
 def _run(batches, cfg, stats=None):

@@ -18,7 +18,7 @@ from quantopt.calibration import (
     update_statistics,
 )
 from quantopt.errors import UnsupportedError
-from quantopt.graph.tensor import TensorStatistics
+from quantopt.graph.tables import TensorStatistics
 
 
 def _stats(*batches, **cfg):

@@ -11,6 +11,7 @@ import torch
 from ...errors import QuantOptError
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
+from ...graph.tables import detached_statistics
 from ...graph.tensor import PyTensor
 from ...graph.values import to_float, to_quantized
 from ...ops._quant import activation_mode, is_signed
@@ -255,7 +256,8 @@ def consumers(graph: PyGraph, t: PyTensor) -> List[PyNode]:
 def clone_nodes(nodes: Sequence[PyNode]) -> List[PyNode]:
     """Copies of a connected run of layers (topological order) wired among themselves: an input produced inside
     the run is the copy of that output; every other tensor and constant is cloned. Quantizing or running the
-    copies leaves the originals untouched."""
+    copies leaves the originals untouched; each copy looks its statistics up in its own table sharing the
+    originals' entries."""
     tmap: Dict[int, PyTensor] = {}
 
     def ct(t: PyTensor) -> PyTensor:
@@ -274,6 +276,7 @@ def clone_nodes(nodes: Sequence[PyNode]) -> List[PyNode]:
         for t in m.outputs:
             t.pnode = m
         m.constants = OrderedDict((k, v.clone()) for k, v in n.constants.items())
+        m.detached_statistics = detached_statistics(n, m)  # the originals' entries (graph/tables.py)
         out.append(m)
     return out
 

@@ -1,0 +1,125 @@
+"""Side tables of a graph: per-tensor state of the calibration stage kept out of `PyTensor`, keyed by tensor name.
+
+Tensor names are unique in a graph (outputs, weight constants and placeholders) and survive `PyGraph.clone`, so a
+table keyed by name follows its graph through clones. The statistics pass (calibration/collect.py) and the statistic
+file (calibration/statistic_file.py) fill `PyGraph.statistics`; calibration, the passes and the ops' quantize
+functions read it (docs/architecture.md, "Side tables").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, Iterable, Optional, Union
+
+import torch
+
+if TYPE_CHECKING:
+    from .node import PyNode
+    from .tensor import PyTensor
+
+
+@dataclass
+class TensorStatistics:
+    """Statistics slots filled by the statistics pass (per tensor, and per channel along `key_axis`)."""
+
+    extrema_min: Optional[torch.Tensor] = None
+    extrema_max: Optional[torch.Tensor] = None
+    running_min: Optional[torch.Tensor] = None
+    running_max: Optional[torch.Tensor] = None
+    running_mean: Optional[torch.Tensor] = None
+    running_std: Optional[torch.Tensor] = None
+    running_mad: Optional[torch.Tensor] = None
+    running_histc: Optional[torch.Tensor] = None
+    extrema_min_key_axis: Optional[torch.Tensor] = None
+    extrema_max_key_axis: Optional[torch.Tensor] = None
+    running_min_key_axis: Optional[torch.Tensor] = None
+    running_max_key_axis: Optional[torch.Tensor] = None
+    running_mean_key_axis: Optional[torch.Tensor] = None
+    running_std_key_axis: Optional[torch.Tensor] = None
+    running_mad_key_axis: Optional[torch.Tensor] = None
+    running_histc_key_axis: Optional[torch.Tensor] = None
+    # mask values (|x| >= the inf-mask threshold, ±inf included) left out of every statistic above: how many were
+    # seen below -threshold / above +threshold (0-d float64 counts; None: none seen). calibration/statistics.py
+    inf_mask_low: Optional[torch.Tensor] = None
+    inf_mask_high: Optional[torch.Tensor] = None
+    batches: int = 0
+
+    def reset(self) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, 0 if name == "batches" else None)
+
+
+TensorKey = Union[str, "PyTensor"]
+"""A tensor, or its name."""
+
+
+def _name(t: TensorKey) -> str:
+    return t if isinstance(t, str) else t.name
+
+
+class StatisticsTable:
+    """Tensor name -> TensorStatistics of one graph.
+
+    `of` gives the entry to fill in place (creating an empty one), `get` the entry to read (an unstored empty one
+    when the tensor has none), `set` replaces an entry. Statistics are read-only once collected, so copies of the
+    table (`copy`: graph clones, detached layer copies) share the entries; replacing an entry in one copy leaves the
+    others as they were.
+    """
+
+    def __init__(self, entries: Optional[Dict[str, TensorStatistics]] = None) -> None:
+        self._entries: Dict[str, TensorStatistics] = dict(entries or {})
+
+    def of(self, t: TensorKey) -> TensorStatistics:
+        """The entry of `t`, created empty when it has none (for the statistics pass to fill in place)."""
+        name = _name(t)
+        entry = self._entries.get(name)
+        if entry is None:
+            entry = self._entries[name] = TensorStatistics()
+        return entry
+
+    def get(self, t: TensorKey) -> TensorStatistics:
+        """The entry of `t`; an empty TensorStatistics, not stored, when it has none."""
+        entry = self._entries.get(_name(t))
+        return entry if entry is not None else TensorStatistics()
+
+    def set(self, t: TensorKey, stats: TensorStatistics) -> None:
+        self._entries[_name(t)] = stats
+
+    def __contains__(self, t: TensorKey) -> bool:
+        return _name(t) in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def copy(self, names: Optional[Iterable[str]] = None) -> StatisticsTable:
+        """A new table sharing the entries (of `names` only, when given)."""
+        if names is None:
+            return StatisticsTable(self._entries)
+        return StatisticsTable({n: self._entries[n] for n in names if n in self._entries})
+
+
+def node_tensors(node: PyNode) -> Iterable[PyTensor]:
+    """Every tensor a layer names: inputs, outputs, constants and placeholders."""
+    yield from node.inputs
+    yield from node.outputs
+    yield from node.constants.values()
+    yield from node.placeholders
+
+
+def statistics_of(node: PyNode) -> StatisticsTable:
+    """The statistics table a layer's tensors are looked up in: its graph's; otherwise the layer's own
+    (`PyNode.detached_statistics`: a detached copy's, or an empty one created here for a layer built on its own)."""
+    graph = node.graph
+    if graph is not None:
+        return graph.statistics
+    if node.detached_statistics is None:
+        node.detached_statistics = StatisticsTable()
+    return node.detached_statistics
+
+
+def detached_statistics(source: PyNode, copy: PyNode) -> StatisticsTable:
+    """The table of a layer copied out of its graph (`PyNode.detached_copy`, tuning's `clone_nodes`): the source
+    layer's entries for the copy's tensor names, shared, as tensor clones shared their statistics objects."""
+    return statistics_of(source).copy(t.name for t in node_tensors(copy))
+
+
+__all__ = ["StatisticsTable", "TensorStatistics", "detached_statistics", "node_tensors", "statistics_of"]
