@@ -169,15 +169,18 @@ def test_decompose_large_nonmonotonic_activation(method: str, gate: str, params:
 
 def test_decomposed_silu_quantizes_close_to_float() -> None:
     """The gate and the product quantize and run as integers; the product adds one rounding (measured: RMS error
-    0.041 undecomposed, 0.056 decomposed on this input, docs/user-guide.md)."""
+    0.0411 undecomposed, 0.0416 decomposed on this input, docs/user-guide.md). The gate is calibrated on its own
+    output: a sigmoid's range [0, 1] at 8 bits unsigned is scale about 255 (it once shared the product's statistics)."""
     x = _big_input()
     ref = _outputs(_act("SILU"), [x])[0]
     g = _act("SILU")
     graph_passes(g, decompose_nonmonotonic_activations=True)
     q = quantize_model(g, [[x]])
     assert [str(n.type) for n in q.nodes] == ["Input", "Activation", "Mul"]
+    gate = q.node("act/nonmonotonic").outputs[0]
+    assert abs(float(gate.scale) - 255.0) < 0.01  # the range [0, max sigmoid], not the product's (scale 18.1)
     err = run_quantized(q, [x])[0] - ref
-    assert float(err.pow(2).mean().sqrt()) < 0.07 and float(err.abs().max()) < 0.25
+    assert float(err.pow(2).mean().sqrt()) < 0.045 and float(err.abs().max()) < 0.15
 
 
 def test_decompose_leaves_small_or_disabled_layers() -> None:

@@ -86,10 +86,6 @@ def decompose_nonmonotonic_activations(graph: PyGraph, value: Any) -> List[Tuple
         gate.inputs = [inp]
         g_out = out.clone(_unique(f"{gate.name}_0", taken))
         g_out.pnode = gate
-        # the gate's output shares the statistics entry of the layer's output (the statistics pass folds both
-        # tensors into it), as the tensor clone shared its statistics object before the side table existed: kept
-        # so the quantized model stays as it was; the gate's range therefore spans the product's values too
-        graph.statistics.set(g_out, graph.statistics.of(out))
         gate.outputs = [g_out]
         mul = PyNode(_unique(f"{node.name}/Mul", taken), OpType.lookup("Mul"), node.layer_id)
         mul.source, mul.attrs = node.source, dict(node.attrs)
