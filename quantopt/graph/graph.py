@@ -10,6 +10,7 @@ import torch
 from ..errors import DataError, IRError
 from .node import PyNode
 from .tensor import PyTensor
+from .wide_values import WideValues
 
 NodeHook = Callable[[PyNode], None]
 
@@ -28,6 +29,7 @@ class PyGraph:
         self._storage: Any = None  # keeps the mmap of the .bin alive while constants view it
         self._last_use: Dict[int, int] = {}
         self.device = torch.device("cpu")
+        self.wide_values = WideValues()  # the float forward's float64 results (docs/architecture.md, "Float reference")
 
     # ----------------------------------------------------------------------------------------- structure
     def add_node(self, node: PyNode) -> PyNode:
@@ -155,6 +157,7 @@ class PyGraph:
             for t in list(n.inputs) + list(n.outputs):
                 if id(t) not in keep and self._last_use.get(id(t), -1) <= idx:
                     t.release()
+                    self.wide_values.drop(t)
         return [t.betensor for t in self.output_tensors]
 
     def zero_inputs(self, batch_size: Optional[int] = None) -> List[torch.Tensor]:
@@ -199,6 +202,7 @@ class PyGraph:
         g.nx = self.nx.copy()
         for name in g.nx.nodes:
             g.nx.nodes[name]["node"] = g.node(name)
+        self.wide_values.copy_to(g.wide_values, tmap)
         g.input_tensors = [tmap[id(t)] for t in self.input_tensors]
         g.output_tensors = [tmap[id(t)] for t in self.output_tensors]
         g._compute_last_use()
