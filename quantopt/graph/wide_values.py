@@ -82,4 +82,4 @@ def _forget(table: WideValues, t: PyTensor) -> Callable[[Any], None]:
 def wide_values_of(node: Any) -> Optional[WideValues]:
     """The wide values of the graph `node` runs in; None for a layer run outside a graph (a copy measured alone),
     which keeps and reads none."""
-    return getattr(node.graph, "wide_values", None)
+    return getattr(getattr(node, "graph", None), "wide_values", None)
