@@ -71,6 +71,14 @@ def test_an_entry_goes_with_the_value_it_was_kept_with() -> None:
     assert len(table) == 0
 
 
+def test_an_entry_goes_with_its_tensor() -> None:
+    table, t = WideValues(), PyTensor("t", torch.ones(3))
+    table.keep(t, torch.zeros(3, dtype=torch.float64))
+    del t  # a tensor no longer in the graph (a layer removed by a pass): its wide value is freed with it
+    gc.collect()
+    assert len(table) == 0
+
+
 def test_the_executor_drops_the_wide_value_of_each_intermediate_it_releases() -> None:
     graph = _chain()
     graph.forward([_data()])

@@ -6,8 +6,8 @@ Why a side table of the graph, not a field of the tensor: only a graph's float f
 was rounded from. An entry holds that value's identity (a weak reference to the torch tensor, and its in-place
 version) and is returned only while the PyTensor's `betensor` is that very tensor, unwritten: a new value (the next
 forward, fake quant, a float island, the isolated similarity run) or an in-place write invalidates it without the
-tensor knowing, and the entry goes when that value is freed. The executor drops the entry of each intermediate it
-releases (`PyGraph.forward`), so wide values cost no memory beyond the values they belong to.
+tensor knowing, and the entry goes when that value or the tensor is freed. The executor drops the entry of each
+intermediate it releases (`PyGraph.forward`), so wide values cost no memory beyond the values they belong to.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class WideValues:
     __slots__ = ("_entries", "__weakref__")
 
     def __init__(self) -> None:
-        self._entries: Dict[PyTensor, _Entry] = {}
+        self._entries: weakref.WeakKeyDictionary[PyTensor, _Entry] = weakref.WeakKeyDictionary()
 
     def keep(self, t: PyTensor, wide: Optional[torch.Tensor]) -> None:
         """`wide` as the value `t.betensor` (as it is now) was rounded from; None drops `t`'s entry."""
@@ -66,15 +66,16 @@ class WideValues:
 
 
 def _forget(table: WideValues, t: PyTensor) -> Callable[[Any], None]:
-    """The callback dropping `t`'s entry once the value it was kept with is freed (unless replaced since)."""
-    owner = weakref.ref(table)
+    """The callback dropping `t`'s entry once the value it was kept with is freed (unless replaced since); it holds
+    neither the table nor the tensor."""
+    owner, key = weakref.ref(table), weakref.ref(t)
 
     def forget(ref: Any) -> None:
-        live = owner()
-        if live is not None:
-            entry = live._entries.get(t)
+        live, tensor = owner(), key()
+        if live is not None and tensor is not None:
+            entry = live._entries.get(tensor)
             if entry is not None and entry[0] is ref:
-                del live._entries[t]
+                del live._entries[tensor]
 
     return forget
 
