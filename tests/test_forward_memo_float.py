@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from quantopt.graph.builder import GraphBuilder
+from quantopt.graph.graph import PyGraph
 from quantopt.graph.node import PyNode
 from quantopt.ops import _conv_nhwc
 from quantopt.ops.io import _quantize_per_tensor
@@ -30,11 +31,17 @@ def _graph(optype: str, params: dict, consts: dict, out_shape: list, shape: Opti
 
 
 def _fresh(node: PyNode) -> PyNode:
-    """The layer run again without any memo (private attrs are not copied)."""
+    """The layer run again without any memo (private attrs are not copied), in a graph of its own so that it keeps
+    its wide value as the original does."""
     m = node.detached_copy()
     m.quantized = node.quantized
+    PyGraph(node.graph.name).add_node(m)
     m.forward()
     return m
+
+
+def _wide(node: PyNode) -> Optional[torch.Tensor]:
+    return node.graph.wide_values.get(node.outputs[0])
 
 
 def _same_as_fresh(node: PyNode) -> None:
@@ -42,9 +49,9 @@ def _same_as_fresh(node: PyNode) -> None:
     m = _fresh(node)
     out, ref = node.outputs[0], m.outputs[0]
     assert out.betensor.dtype == ref.betensor.dtype and torch.equal(out.betensor, ref.betensor)
-    assert (out.unrounded is None) == (ref.unrounded is None)
-    if out.unrounded is not None:
-        assert torch.equal(out.unrounded, ref.unrounded)
+    assert (_wide(node) is None) == (_wide(m) is None)
+    if _wide(node) is not None:
+        assert torch.equal(_wide(node), _wide(m))
 
 
 def _conv(depthwise: bool, act: str = "NONE"):
@@ -66,11 +73,11 @@ def test_conv_float_constants_follow_writes_and_new_tensors(depthwise: bool) -> 
     g.forward(data[0], keep_tensors=True)
     node = g.node("op")
     assert "_memo_conv_float_constants" in node.attrs
-    first = node.outputs[0].unrounded.clone()
+    first = _wide(node).clone()
     _same_as_fresh(node)
     node.constants["weights"].betensor[0, 1, 1, 0] += 1.0  # in place: the float64 copy must be rebuilt
     _same_as_fresh(node)
-    assert not torch.equal(node.outputs[0].unrounded, first)
+    assert not torch.equal(_wide(node), first)
     node.constants["biases"].betensor = node.constants["biases"].betensor * 2  # a new tensor
     _same_as_fresh(node)
     node.params["pad_left"], node.params["pad_right"] = 0, 1  # geometry
@@ -83,7 +90,7 @@ def test_conv_float_constants_follow_writes_and_new_tensors(depthwise: bool) -> 
     b = node.constants["biases"].betensor.to(torch.float64)
     ref = torch.nn.functional.conv2d(torch.nn.functional.pad(x, (1, 0, 1, 1)), w, b, stride=(2, 1),
                                      groups=4 if depthwise else 1).permute(0, 2, 3, 1)
-    assert torch.allclose(node.outputs[0].unrounded, ref, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(_wide(node), ref, rtol=1e-12, atol=1e-12)
 
 
 def test_conv_float_constants_are_not_kept_for_gradients() -> None:
@@ -95,7 +102,7 @@ def test_conv_float_constants_are_not_kept_for_gradients() -> None:
     w.betensor = w.betensor.clone().requires_grad_(True)
     for _ in range(2):  # a kept conversion would make the second backward fail
         node.forward()
-        node.outputs[0].unrounded.sum().backward()
+        _wide(node).sum().backward()
     assert "_memo_conv_float_constants" not in node.attrs and w.betensor.grad is not None
 
 

@@ -302,7 +302,7 @@ def _forwards(build: Callable[[], Case], fc_sum: str = "upstream") -> Callable[[
             n.settings = LayerSettings(fc_float_summation=fc_sum)
         with torch.no_grad():
             outs = [t.clone() for t in graph.forward(list(xs))]
-        unrounded = [t.unrounded for t in graph.output_tensors if t.unrounded is not None]
+        unrounded = [w for w in map(graph.wide_values.get, graph.output_tensors) if w is not None]
         q = quantize_model(graph, [xs], settings={"fc_float_summation": fc_sum})
         return outs, unrounded, run_quantized(q, list(xs))
 

@@ -25,6 +25,7 @@ from ..graph.node import PyNode
 from ..graph.tables import TensorStatistics
 from ..graph.tensor import PyTensor
 from ..graph.values import to_float, to_quantized
+from ..graph.wide_values import wide_values_of
 from ..quant.compare import cosine, mse
 from ..threads import one_thread
 
@@ -171,8 +172,9 @@ def _isolated(fnode: PyNode, qnode: PyNode, fvals: Sequence[torch.Tensor], cumul
         if key not in quantized:
             quantized[key] = to_quantized(ft.betensor, qt)
         feeds.append(quantized[key])
+    wide = wide_values_of(qnode)
     if len(feeds) == len(qnode.inputs) and all(
-            qt.unrounded is None and v.dtype == qt.betensor.dtype and torch.equal(v, qt.betensor)
+            (wide is None or wide.get(qt) is None) and v.dtype == qt.betensor.dtype and torch.equal(v, qt.betensor)
             for qt, v in zip(qnode.inputs, feeds)):
         return cumulative
     saved_in = [t.betensor for t in qnode.inputs]
@@ -196,6 +198,7 @@ def _release(graph: PyGraph) -> None:
         for t in n.outputs:
             if id(t) not in keep:
                 t.release()
+                graph.wide_values.drop(t)
 
 
 def worst_key(r: LayerSimilarity) -> Tuple[float, float, int]:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..errors import UnsupportedError
+from .wide_values import wide_values_of
 
 BatchRule = Callable[[Any, Sequence[bool]], bool]
 """(node, which inputs are batched) -> True when the layer must run once per group of the IR batch."""
@@ -93,34 +94,40 @@ def _split(value: Optional[torch.Tensor], k: int) -> List[Optional[torch.Tensor]
 
 def run_grouped(node: Any, run: Callable[[], None], k: int, batched: Sequence[bool]) -> None:
     """Run `run` (the node's forward) once per group of `k` on each batched input's dim-0 slice; the outputs are
-    the concatenations along dim 0. Inputs get their values back afterwards."""
+    the concatenations along dim 0. Inputs get their values back afterwards. Wide values (graph/wide_values.py) are
+    split and concatenated with the values they belong to."""
+    wide = wide_values_of(node)
     saved: Dict[int, Tuple[Any, torch.Tensor, Optional[torch.Tensor]]] = {}
     parts: Dict[int, Tuple[List[Optional[torch.Tensor]], List[Optional[torch.Tensor]]]] = {}
     for t, is_batched in zip(node.inputs, batched):
         if is_batched and id(t) not in saved:
-            saved[id(t)] = (t, t.betensor, t.unrounded)
-            parts[id(t)] = (_split(t.betensor, k), _split(t.unrounded, k))
+            w = wide.get(t) if wide is not None else None
+            saved[id(t)] = (t, t.betensor, w)
+            parts[id(t)] = (_split(t.betensor, k), _split(w, k))
     values: List[List[torch.Tensor]] = [[] for _ in node.outputs]
-    unrounded: List[List[Optional[torch.Tensor]]] = [[] for _ in node.outputs]
+    wides: List[List[Optional[torch.Tensor]]] = [[] for _ in node.outputs]
     inner: List[List[torch.Tensor]] = []  # each group's placeholder values (tensors inside the layer, batch-major)
     try:
         for g in range(k):
             for key, (t, _, _) in saved.items():
                 t.betensor = parts[key][0][g]
-                t.unrounded = parts[key][1][g]
+                if wide is not None:
+                    wide.keep(t, parts[key][1][g])
             run()
             for i, out in enumerate(node.outputs):
                 values[i].append(out.betensor)
-                unrounded[i].append(out.unrounded)
+                wides[i].append(wide.get(out) if wide is not None else None)
             inner.append([p.betensor for p in getattr(node, "placeholders", [])])
     finally:
-        for t, value, unr in saved.values():
+        for t, value, w in saved.values():
             t.betensor = value
-            t.unrounded = unr
+            if wide is not None:
+                wide.keep(t, w)
     for i, out in enumerate(node.outputs):
         out.betensor = torch.cat(values[i], dim=0)
-        if all(u is not None for u in unrounded[i]):
-            out.unrounded = torch.cat(unrounded[i], dim=0)  # type: ignore[arg-type]
+        if wide is not None:
+            whole = all(u is not None for u in wides[i])
+            wide.keep(out, torch.cat(wides[i], dim=0) if whole else None)  # type: ignore[arg-type]
     placeholders = getattr(node, "placeholders", [])
     if placeholders and all(len(v) == len(placeholders) for v in inner):
         for j, p in enumerate(placeholders):  # the whole batch's values, as the outputs

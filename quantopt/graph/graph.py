@@ -11,6 +11,7 @@ from ..errors import DataError, IRError
 from .node import PyNode
 from .tables import StatisticsTable
 from .tensor import PyTensor
+from .wide_values import WideValues
 
 NodeHook = Callable[[PyNode], None]
 
@@ -30,6 +31,7 @@ class PyGraph:
         self._last_use: Dict[int, int] = {}
         self.device = torch.device("cpu")
         self.statistics = StatisticsTable()  # tensor name -> statistics (graph/tables.py)
+        self.wide_values = WideValues()  # the float forward's float64 results (docs/architecture.md, "Float reference")
 
     # ----------------------------------------------------------------------------------------- structure
     def add_node(self, node: PyNode) -> PyNode:
@@ -157,6 +159,7 @@ class PyGraph:
             for t in list(n.inputs) + list(n.outputs):
                 if id(t) not in keep and self._last_use.get(id(t), -1) <= idx:
                     t.release()
+                    self.wide_values.drop(t)
         return [t.betensor for t in self.output_tensors]
 
     def zero_inputs(self, batch_size: Optional[int] = None) -> List[torch.Tensor]:
@@ -203,6 +206,7 @@ class PyGraph:
         g.nx = self.nx.copy()
         for name in g.nx.nodes:
             g.nx.nodes[name]["node"] = g.node(name)
+        self.wide_values.copy_to(g.wide_values, tmap)
         g.input_tensors = [tmap[id(t)] for t in self.input_tensors]
         g.output_tensors = [tmap[id(t)] for t in self.output_tensors]
         g._compute_last_use()

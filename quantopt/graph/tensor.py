@@ -17,11 +17,7 @@ class PyTensor:
     def __init__(self, name: str, data: Optional[torch.Tensor] = None, dtype: Dtype = Dtype.FP32,
                  shape: Optional[Sequence[int]] = None) -> None:
         self.name = name
-        # float forward only: the float64 value `betensor` was rounded from, kept where upstream's float forward
-        # passes it on unrounded (ops/_shared.py, `unrounded_input`; docs/architecture.md, "Float reference");
-        # assigning `betensor` drops it, so it never outlives the value it belongs to
-        self.unrounded: Optional[torch.Tensor] = None
-        self._betensor: torch.Tensor = data if data is not None else torch.empty(0)
+        self.betensor: torch.Tensor = data if data is not None else torch.empty(0)
         self.ir_shape: Tuple[int, ...] = tuple(shape) if shape is not None else tuple(self.betensor.shape)
         self.ir_dtype: Dtype = dtype
         self.dtype: Dtype = dtype
@@ -43,15 +39,6 @@ class PyTensor:
         self.extra: Dict[str, Any] = {}
 
     @property
-    def betensor(self) -> torch.Tensor:
-        return self._betensor
-
-    @betensor.setter
-    def betensor(self, value: torch.Tensor) -> None:
-        self._betensor = value
-        self.unrounded = None
-
-    @property
     def ir_numel(self) -> int:
         n = 1
         for d in self.ir_shape:
@@ -66,7 +53,6 @@ class PyTensor:
             v = getattr(self, key)
             setattr(t, key, v.clone() if isinstance(v, torch.Tensor) else v)
         t.extra = dict(self.extra)
-        t.unrounded = self.unrounded
         return t
 
     def release(self) -> None:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from ..graph.memo import Same, memo
 from ..graph.node import PyNode
+from ..graph.wide_values import wide_values_of
 from ..registry.schema import Float, Int, IntValued, Param, Text, quantized
 
 FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU6", "CLIP", "LEAKYRELU", "PRELU")
@@ -45,8 +46,11 @@ def unrounded_input(node: PyNode, index: int = 0) -> torch.Tensor:
     convolutions and PReLU that read it, while every other layer reads float32; calibrated ranges match upstream's
     only with the same flow (docs/architecture.md, "Float reference")."""
     t = node.inputs[index]
-    if not node.quantized and t.unrounded is not None:
-        return t.unrounded
+    if not node.quantized:
+        table = wide_values_of(node)
+        wide = table.get(t) if table is not None else None
+        if wide is not None:
+            return wide
     return t.betensor
 
 
@@ -64,10 +68,12 @@ def float_biases(node: PyNode, count: int, like: torch.Tensor) -> Optional[torch
 
 def keep_unrounded(node: PyNode, value: torch.Tensor, dtype: torch.dtype) -> None:
     """Output 0 of a float forward: `value` rounded to `dtype`, with `value` itself kept for `unrounded_input`
-    when it is wider."""
+    when it is wider (in the graph's wide values: a layer run outside a graph keeps none)."""
     out = node.outputs[0]
     out.betensor = value.to(dtype)
-    out.unrounded = value if value.dtype != dtype else None
+    table = wide_values_of(node)
+    if table is not None:
+        table.keep(out, value if value.dtype != dtype else None)
 
 
 def apply_fused_activation(node: PyNode, x: torch.Tensor, method: Optional[str] = None) -> torch.Tensor:

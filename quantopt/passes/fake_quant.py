@@ -14,6 +14,7 @@ import torch
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from ..graph.values import to_float, to_quantized
+from ..graph.wide_values import wide_values_of
 from ..log import OPT_INFO
 
 OVERRIDE_KEY = "forward_override"
@@ -28,8 +29,11 @@ def _override(float_node: PyNode) -> Callable[[PyNode, Callable], None]:
         for qt, ft in zip(qnode.outputs, float_node.outputs):
             y = ft.betensor
             qt.betensor = to_quantized(y, qt) if qnode.quantized else y
+        wide = wide_values_of(float_node)
         for t in float_node.inputs + float_node.outputs:
             t.release()
+            if wide is not None:
+                wide.drop(t)
     return run
 
 

@@ -120,16 +120,23 @@ def test_only_a_float_forward_keeps_an_unrounded_value() -> None:
     graph, _, _ = _chain("NONE", "PRELU")
     graph.forward(_inputs()[:1], keep_tensors=True)
     conv_out = graph.node("conv").outputs[0]
-    assert conv_out.unrounded is not None and conv_out.unrounded.dtype == torch.float64
-    assert torch.equal(conv_out.unrounded.to(torch.float32), conv_out.betensor)
-    assert graph.node("reader").outputs[0].unrounded is None
+    wide = graph.wide_values.get(conv_out)
+    assert wide is not None and wide.dtype == torch.float64
+    assert torch.equal(wide.to(torch.float32), conv_out.betensor)
+    assert graph.wide_values.get(graph.node("reader").outputs[0]) is None
     quantized = quantize_model(graph, _inputs())
-    quantized.node("conv").outputs[0].unrounded = torch.zeros(1, dtype=torch.float64)  # a stale value
+    q_out = quantized.node("conv").outputs[0]
     quantized.forward(_inputs()[:1], keep_tensors=True)
-    assert quantized.node("conv").outputs[0].unrounded is None  # every forward drops it before running
-    conv_out.unrounded = torch.zeros(1, dtype=torch.float64)
-    conv_out.betensor = torch.zeros(1)  # a new value (fake quant, isolated similarity) drops the old unrounded one
-    assert conv_out.unrounded is None
-    conv_out.unrounded = torch.zeros(1, dtype=torch.float64)
+    assert quantized.wide_values.get(q_out) is None and len(quantized.wide_values) == 0
+    quantized.wide_values.keep(q_out, torch.zeros(q_out.betensor.shape, dtype=torch.float64))  # a planted value
+    reader = quantized.node("reader")
+    before = reader.outputs[0].betensor.clone()
+    reader.forward()  # the integer forward never reads a wide value
+    assert torch.equal(reader.outputs[0].betensor, before)
+    quantized.forward(_inputs()[:1], keep_tensors=True)
+    assert quantized.wide_values.get(q_out) is None  # every forward assigns a new value: the planted one is stale
+    conv_out.betensor = torch.zeros(1)  # a new value (fake quant, isolated similarity): the old wide value is stale
+    assert graph.wide_values.get(conv_out) is None
+    graph.forward(_inputs()[:1], keep_tensors=True)
     conv_out.release()
-    assert conv_out.unrounded is None
+    assert graph.wide_values.get(conv_out) is None
