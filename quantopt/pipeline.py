@@ -2,8 +2,9 @@
 
 `OptMaster` (master.py) runs these steps in this order, timing and logging each, with the cfg's data plugins, checks
 and output files around them; `quantize_model` runs the same steps on in-memory batches for Python users, tests and
-benchmarks. A step takes the graph (and what it needs) and leaves its result on the graph's layers and tensors:
-settings, statistics, ranges (docs/architecture.md, "The flow").
+benchmarks. A step takes the graph (and what it needs) and leaves its result on the graph: settings on its layers,
+statistics in its table, ranges on its tensors (docs/architecture.md, the flow at its top and "What a tensor holds,
+and the side tables").
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Tensor names are unique in a graph (outputs, weight constants and placeholders) and survive `PyGraph.clone`, so a
 table keyed by name follows its graph through clones. The statistics pass (calibration/collect.py) and the statistic
 file (calibration/statistic_file.py) fill `PyGraph.statistics`; calibration, the passes and the ops' quantize
-functions read it (docs/architecture.md, "Side tables").
+functions read it (docs/architecture.md, "What a tensor holds, and the side tables").
 """
 from __future__ import annotations
 
