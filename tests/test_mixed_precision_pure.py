@@ -18,7 +18,7 @@ from quantopt.tuning.mixed_precision import cut_point_search, per_layer_search, 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "calibration"))
 from test_mixed_precision import _prepared  # noqa: E402
 
-TENSOR_KEYS = ("min", "max", "min_key_axis", "max_key_axis", "scale", "zerop", "qmin", "qmax", "qbits", "dtype")
+TENSOR_KEYS = ("scale", "zerop", "qmin", "qmax", "qbits", "dtype")
 
 
 def _value(v: Any) -> Any:
@@ -37,6 +37,7 @@ def snapshot(graph: PyGraph) -> Dict[str, Any]:
             "settings": (id(n.settings), n.settings), "params": repr(n.params), "quantized": n.quantized,
             "tensors": [(role, t.name, id(table.get(t)) if t in table else None,
                          {k: _value(getattr(t, k)) for k in TENSOR_KEYS},
+                         [_value(v) for r in (graph.ranges.get(t), graph.ranges.channels(t)) for v in (r.min, r.max)],
                          t.betensor.detach().clone() if role.startswith("const") else None) for role, t in tensors]}
     return snap
 
@@ -114,7 +115,8 @@ def test_snapshot_sees_what_an_in_place_probe_leaves():
     assert not _same(snapshot(g), before)
     g, _ = _calibrated("fc2")
     before = snapshot(g)
-    g.node("fc2").outputs[0].max = g.node("fc2").outputs[0].max * 2
+    t = g.node("fc2").outputs[0]
+    g.ranges.set(t, g.ranges.get(t).min, g.ranges.get(t).max * 2)
     assert not _same(snapshot(g), before)
     g, _ = _calibrated("fc2")
     before = snapshot(g)

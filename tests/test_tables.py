@@ -1,5 +1,6 @@
 """The graph's side tables (graph/tables.py): statistics keyed by tensor name, shared entry by entry by graph clones
-and detached layer copies, and the analysis results returned rather than stored on tensors."""
+and detached layer copies; calibrated ranges keyed by tensor name, copied by clones and detached copies; and the
+analysis results returned rather than stored on tensors."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +8,7 @@ import torch
 
 from quantopt.graph.builder import GraphBuilder
 from quantopt.graph.node import PyNode
-from quantopt.graph.tables import StatisticsTable, TensorStatistics, statistics_of
+from quantopt.graph.tables import RangeTable, StatisticsTable, TensorRange, TensorStatistics, ranges_of, statistics_of
 from quantopt.graph.tensor import PyTensor
 from quantopt.registry.optype import OpType
 
@@ -39,7 +40,7 @@ def test_clone_shares_entries_and_replacing_one_leaves_the_other() -> None:
 
 def test_no_statistics_or_analysis_fields_on_tensors() -> None:
     t = PyTensor("t")
-    for name in ("stats", "similarity", "mse"):
+    for name in ("stats", "similarity", "mse", "min", "max", "min_key_axis", "max_key_axis"):
         assert not hasattr(t, name)
 
 
@@ -55,3 +56,44 @@ def test_detached_copy_and_standalone_layers_have_their_own_table() -> None:
     alone = PyNode("n", OpType.lookup("Activation"))
     statistics_of(alone).of("y").batches = 2
     assert statistics_of(alone).get("y").batches == 2
+
+
+def test_range_table_keeps_per_tensor_and_per_channel_ranges_apart() -> None:
+    table = RangeTable()
+    assert table.get("w") == TensorRange() and table.channels("w").min is None and "w" not in table
+    table.set("w", -1.0, 2.0)
+    table.set_channels("w", torch.tensor([-1.0, 0.0]), torch.tensor([1.0, 2.0]), axis=0)
+    assert table.get("w") == TensorRange(-1.0, 2.0) and table.channels("w").axis == 0 and len(table) == 1
+    table.set("w", -3.0, 3.0)
+    assert torch.equal(table.channels("w").max, torch.tensor([1.0, 2.0]))  # calibrated separately
+
+
+def test_clone_copies_ranges_and_editing_one_leaves_the_other() -> None:
+    g = _graph()
+    w = g.node("fc").constants["weights"]
+    g.ranges.set(w, -1.0, 1.0)
+    g.ranges.set_channels(w, -torch.ones(3), torch.ones(3))
+    c = g.clone()
+    assert c.ranges.get(w.name) == g.ranges.get(w)
+    assert c.ranges.channels(w.name).max is not g.ranges.channels(w).max  # values cloned, as tensor clones did
+    c.ranges.set(w.name, -2.0, 2.0)
+    assert g.ranges.get(w) == TensorRange(-1.0, 1.0)
+
+
+def test_detached_copy_takes_its_inputs_ranges_from_the_given_table() -> None:
+    g = _graph()
+    fc = g.node("fc")
+    x, w = fc.inputs[0], fc.constants["weights"]
+    g.ranges.set(x, -1.0, 1.0)
+    g.ranges.set(w, -0.5, 0.5)
+    other = RangeTable()
+    other.set(x, -4.0, 4.0)
+    m = fc.detached_copy(inputs=list(fc.inputs), input_ranges=other)
+    assert ranges_of(m).get(x.name) == TensorRange(-4.0, 4.0) and ranges_of(m).get(w.name) == TensorRange(-0.5, 0.5)
+    ranges_of(m).set(w.name, -9.0, 9.0)  # edited on the copy only
+    assert g.ranges.get(w) == TensorRange(-0.5, 0.5)
+    alone = PyNode("n", OpType.lookup("Activation"))
+    alone.outputs = [PyTensor("y")]
+    ranges_of(alone).set("y", 0.0, 6.0)
+    g.add_node(alone)  # a layer built on its own brings its ranges into the graph's table
+    assert g.ranges.get("y") == TensorRange(0.0, 6.0) and alone.detached_ranges is None

@@ -17,7 +17,7 @@ import torch
 from ..errors import DataError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..graph.tables import TensorStatistics, statistics_of
+from ..graph.tables import TensorStatistics, ranges_of, statistics_of
 from ..graph.tensor import PyTensor
 from ..quant.params import QuantMode
 from .inf_mask import apply_inf_mask_ranges
@@ -75,11 +75,12 @@ def recalibrate_weight(node: PyNode, t: PyTensor, settings: Optional[LayerSettin
     stats = weight_statistics(node, t)
     statistics_of(node).set(t, stats)
     symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
-    t.min, t.max = apply_strategy(stats, s.q_strategy_weight, s.q_bits_weight, symmetric=symmetric,
-                                  ir_range=t.ir_range, per_channel=False)
+    ranges = ranges_of(node)
+    ranges.set(t, *apply_strategy(stats, s.q_strategy_weight, s.q_bits_weight, symmetric=symmetric,
+                                  ir_range=t.ir_range, per_channel=False))
     if stats.extrema_min_key_axis is not None:
-        t.min_key_axis, t.max_key_axis = apply_strategy(stats, s.q_strategy_weight, s.q_bits_weight,
-                                                        symmetric=symmetric, ir_range=t.ir_range, per_channel=True)
+        ranges.set_channels(t, *apply_strategy(stats, s.q_strategy_weight, s.q_bits_weight,
+                                               symmetric=symmetric, ir_range=t.ir_range, per_channel=True), axis=0)
 
 
 def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[torch.Tensor]]) -> int:
@@ -135,8 +136,8 @@ def calibrate_placeholders(n: PyNode) -> None:
         st = table.get(t)
         if st.extrema_min is None:
             continue
-        t.min, t.max = apply_strategy(st, s.q_strategy_activation, s.q_bits_activation, symmetric=symmetric,
-                                      ir_range=t.ir_range, per_channel=False)
+        ranges_of(n).set(t, *apply_strategy(st, s.q_strategy_activation, s.q_bits_activation,
+                                            symmetric=symmetric, ir_range=t.ir_range, per_channel=False))
 
 
 def calibrate_layer(n: PyNode) -> None:
@@ -144,25 +145,24 @@ def calibrate_layer(n: PyNode) -> None:
     settings."""
     s = n.settings
     act_symmetric = not QuantMode.from_name(s.q_mode_activation).is_asymmetric
-    table = statistics_of(n)
+    table, ranges = statistics_of(n), ranges_of(n)
     for t in n.outputs:
         st = table.get(t)
         if st.extrema_min is None:
             raise DataError(f"layer '{n.name}': no statistics were collected for tensor '{t.name}' "
                             "(did the calibration data reach it?)")
-        t.min, t.max = apply_strategy(st, s.q_strategy_activation, s.q_bits_activation,
-                                      symmetric=act_symmetric, ir_range=t.ir_range, per_channel=False)
+        ranges.set(t, *apply_strategy(st, s.q_strategy_activation, s.q_bits_activation,
+                                      symmetric=act_symmetric, ir_range=t.ir_range, per_channel=False))
         if _per_channel_activations(n) and st.extrema_min_key_axis is not None:
-            t.min_key_axis, t.max_key_axis = apply_strategy(st, s.q_strategy_activation,
-                                                            s.q_bits_activation, symmetric=act_symmetric,
-                                                            ir_range=t.ir_range, per_channel=True)
+            ranges.set_channels(t, *apply_strategy(st, s.q_strategy_activation, s.q_bits_activation,
+                                                   symmetric=act_symmetric, ir_range=t.ir_range, per_channel=True),
+                                axis=-1)
     calibrate_placeholders(n)
     w_symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
     for t in weight_constants(n):
         st = table.get(t)
-        t.min, t.max = apply_strategy(st, s.q_strategy_weight, s.q_bits_weight, symmetric=w_symmetric,
-                                      ir_range=t.ir_range, per_channel=False)
+        ranges.set(t, *apply_strategy(st, s.q_strategy_weight, s.q_bits_weight, symmetric=w_symmetric,
+                                      ir_range=t.ir_range, per_channel=False))
         if st.extrema_min_key_axis is not None:
-            t.min_key_axis, t.max_key_axis = apply_strategy(st, s.q_strategy_weight, s.q_bits_weight,
-                                                            symmetric=w_symmetric, ir_range=t.ir_range,
-                                                            per_channel=True)
+            ranges.set_channels(t, *apply_strategy(st, s.q_strategy_weight, s.q_bits_weight, symmetric=w_symmetric,
+                                                   ir_range=t.ir_range, per_channel=True), axis=0)

@@ -9,8 +9,8 @@ data, those values give the scores a scale of about 6e-8 and destroy attention. 
 * `apply_inf_mask_ranges`, right after local calibration, makes the integer code of a mask value reach the Softmax:
   a mask value quantizes to the tensor's qmin (saturation), and the range of each mask tensor feeding a layer
   whose output is a mask tensor is widened (only below) so that its qmin still lands on the output's qmin: below
-  `2 · (out.min - Σ max|other input|)` for Add / Eltwise ADD, `2 · out.min / max|other input|` for Mul / Eltwise
-  MUL, `out.min` for any other layer (Where, Reshape, Cast...). A mask tensor read by a Softmax keeps 1/64 of its
+  `2 · (min(out) - Σ max|other input|)` for Add / Eltwise ADD, `2 · min(out) / max|other input|` for Mul / Eltwise
+  MUL, `min(out)` for any other layer (Where, Reshape, Cast...). A mask tensor read by a Softmax keeps 1/64 of its
   span below its calibrated minimum, so that only mask values reach qmin;
 * a Softmax whose input is a mask tensor is written with `mask_saturated_input=true`: its integer forward gives
   the inputs equal to the input's qmin a zero exponential term (in rows holding any other code), so a masked
@@ -29,7 +29,7 @@ import torch
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..graph.tables import TensorStatistics
+from ..graph.tables import RangeTable, TensorStatistics
 from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 
@@ -75,30 +75,32 @@ def _method(node: PyNode) -> str:
     return t
 
 
-def _magnitude(t: PyTensor) -> float:
-    return max(abs(float(t.min or 0.0)), abs(float(t.max or 0.0)))
+def _magnitude(ranges: RangeTable, t: PyTensor) -> float:
+    r = ranges.get(t)
+    return max(abs(float(r.min or 0.0)), abs(float(r.max or 0.0)))
 
 
-def _required_min(node: PyNode, out: PyTensor, inp: PyTensor) -> Optional[float]:
+def _required_min(ranges: RangeTable, node: PyNode, out: PyTensor, inp: PyTensor) -> Optional[float]:
     """The calibrated minimum the mask input `inp` needs so that its qmin gives `out`'s qmin; None: no rule."""
     others = [t for t in node.inputs if t is not inp]
+    out_min = ranges.get(out).min
     method = _method(node)
     if method == "ADD":
-        return 2.0 * (float(out.min) - sum(_magnitude(t) for t in others))
+        return 2.0 * (float(out_min) - sum(_magnitude(ranges, t) for t in others))
     if method == "SUB":
-        return 2.0 * (float(out.min) - sum(_magnitude(t) for t in others)) if node.inputs[0] is inp else None
+        return 2.0 * (float(out_min) - sum(_magnitude(ranges, t) for t in others)) if node.inputs[0] is inp else None
     if method == "MUL":
         scale = 1.0
         for t in others:
-            scale *= max(_magnitude(t), 1e-6)
-        return 2.0 * float(out.min) / scale
-    return float(out.min)
+            scale *= max(_magnitude(ranges, t), 1e-6)
+        return 2.0 * float(out_min) / scale
+    return float(out_min)
 
 
 def apply_inf_mask_ranges(graph: PyGraph, log: bool = True) -> List[str]:
     """Widen the calibrated ranges of mask tensors (module docstring); returns the names of the layers whose
     outputs are mask tensors, logged as one warning line when `log`. Runs after local calibration."""
-    stats = graph.statistics
+    stats, ranges = graph.statistics, graph.ranges
     masked = [n for n in graph.nodes if any(is_mask_tensor(stats.get(t)) for t in n.outputs)]
     if not masked:
         return []
@@ -108,17 +110,19 @@ def apply_inf_mask_ranges(graph: PyGraph, log: bool = True) -> List[str]:
             consumers.setdefault(id(t), []).append(n)
     for n in reversed(graph.nodes):
         for out in n.outputs:
-            if not has_low_mask(stats.get(out)) or out.min is None:
+            r = ranges.get(out)
+            if not has_low_mask(stats.get(out)) or r.min is None:
                 continue
             if any(str(c.type) == "Softmax" for c in consumers.get(id(out), [])):
-                span = float(out.max) - float(out.min)
-                out.min = min(float(out.min) - span * SOFTMAX_CODE_MARGIN, -span * SOFTMAX_CODE_MARGIN)
+                span = float(r.max) - float(r.min)
+                ranges.set(out, min(float(r.min) - span * SOFTMAX_CODE_MARGIN, -span * SOFTMAX_CODE_MARGIN), r.max)
             for inp in n.inputs:
-                if not has_low_mask(stats.get(inp)) or inp.min is None:
+                r_in = ranges.get(inp)
+                if not has_low_mask(stats.get(inp)) or r_in.min is None:
                     continue
-                need = _required_min(n, out, inp)
-                if need is not None and need < float(inp.min):
-                    inp.min = need
+                need = _required_min(ranges, n, out, inp)
+                if need is not None and need < float(r_in.min):
+                    ranges.set(inp, need, r_in.max)
     names = [n.name for n in masked]
     if log:
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")

@@ -21,7 +21,7 @@ from typing import List, Optional
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..graph.tables import statistics_of
+from ..graph.tables import ranges_of, statistics_of
 from ..log import OPT_INFO
 from ..quant.params import QuantMode
 from .collect import calibrate_layer
@@ -58,10 +58,11 @@ def layer_sqnr_db(n: PyNode, best_range: bool = False) -> Optional[float]:
     for t in n.outputs:
         st = table.get(t)
         h = st.running_histc
-        if h is None or t.min is None or t.max is None or not t.ir_dtype.is_float or is_mask_tensor(st):
+        r = ranges_of(n).get(t)
+        if h is None or r.min is None or r.max is None or not t.ir_dtype.is_float or is_mask_tensor(st):
             continue
         lo, hi = (float(v) for v in histogram_range(st))
-        a, b = mse_range(h, lo, hi, s.q_bits_activation, symmetric) if best_range else (float(t.min), float(t.max))
+        a, b = mse_range(h, lo, hi, s.q_bits_activation, symmetric) if best_range else (float(r.min), float(r.max))
         a, b = _grid(a, b, symmetric)
         db = expected_sqnr_db(h, lo, hi, a, b, s.q_bits_activation)
         if db is not None and (worst is None or db < worst):

@@ -9,7 +9,7 @@ import torch
 
 from ..errors import DataError, IRError
 from .node import PyNode
-from .tables import StatisticsTable
+from .tables import RangeTable, StatisticsTable, node_tensors
 from .tensor import PyTensor
 from .wide_values import WideValues
 
@@ -31,11 +31,17 @@ class PyGraph:
         self._last_use: Dict[int, int] = {}
         self.device = torch.device("cpu")
         self.statistics = StatisticsTable()  # tensor name -> statistics (graph/tables.py)
+        self.ranges = RangeTable()  # tensor name -> calibrated ranges (graph/tables.py)
         self.wide_values = WideValues()  # the float forward's float64 results (docs/architecture.md, "Float reference")
 
     # ----------------------------------------------------------------------------------------- structure
     def add_node(self, node: PyNode) -> PyNode:
         node.graph = self
+        if node.detached_ranges is not None:  # a layer built on its own brings the ranges set on it
+            for t in node_tensors(node):
+                if t in node.detached_ranges:
+                    self.ranges.copy_from(node.detached_ranges, t)
+            node.detached_ranges = None
         self.nodes.append(node)
         return node
 
@@ -174,9 +180,11 @@ class PyGraph:
 
     def clone(self) -> PyGraph:
         """Deep copy: new nodes and tensors (values cloned), same structure. The statistics table is copied sharing
-        its entries (statistics are read-only once collected; graph/tables.py)."""
+        its entries (statistics are read-only once collected), the range table with its values cloned (ranges are edited
+        on copies; graph/tables.py)."""
         g = type(self)(self.name)
         g.statistics = self.statistics.copy()
+        g.ranges = self.ranges.copy()
         g.header = OrderedDict(self.header)
         g.source_file = self.source_file
         g._storage = self._storage

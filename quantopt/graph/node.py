@@ -10,7 +10,7 @@ from ..errors import IRError
 from ..registry.optype import OpTypeName
 from .batch import forward_batched
 from .float_layer import run_float_layer
-from .tables import StatisticsTable, detached_statistics
+from .tables import RangeTable, StatisticsTable, detached_ranges, detached_statistics
 from .tensor import PyTensor
 
 _MISSING = object()
@@ -51,6 +51,8 @@ class PyNode:
         # outside a graph only: the statistics its tensors are looked up in (a detached copy's share the source
         # layer's entries; graph/tables.py, `statistics_of`)
         self.detached_statistics: Optional[StatisticsTable] = None
+        # outside a graph only: the calibrated ranges of its tensors (a detached copy's own copy; `ranges_of`)
+        self.detached_ranges: Optional[RangeTable] = None
 
     def where(self) -> str:
         if self.source:
@@ -119,10 +121,13 @@ class PyNode:
         fn(self)
         self.quantized = True
 
-    def detached_copy(self, inputs: Optional[List[PyTensor]] = None) -> PyNode:
+    def detached_copy(self, inputs: Optional[List[PyTensor]] = None,
+                      input_ranges: Optional[RangeTable] = None) -> PyNode:
         """A copy with its own tensors (clones of `inputs` when given, else of its own inputs), outside any
         graph: running or quantizing it never touches the original layer's values. Private attrs (`_*`, caches)
-        are not copied. Its statistics table shares the original's entries (graph/tables.py)."""
+        are not copied. Its statistics table shares the original's entries; its range table is its own copy of the
+        original's entries, the inputs' taken from `input_ranges` when given (the table `inputs` are looked up in;
+        graph/tables.py)."""
         m = PyNode(self.name, self.type, self.layer_id)
         m.params = OrderedDict(self.params)
         m.attrs = {k: v for k, v in self.attrs.items() if not k.startswith("_")}
@@ -133,6 +138,7 @@ class PyNode:
         m.constants = OrderedDict((k, v.clone()) for k, v in self.constants.items())
         m.placeholders = [t.clone() for t in self.placeholders]
         m.detached_statistics = detached_statistics(self, m)
+        m.detached_ranges = detached_ranges(self, m, input_ranges)
         return m
 
     def __repr__(self) -> str:

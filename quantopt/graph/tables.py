@@ -3,7 +3,9 @@
 Tensor names are unique in a graph (outputs, weight constants and placeholders) and survive `PyGraph.clone`, so a
 table keyed by name follows its graph through clones. The statistics pass (calibration/collect.py) and the statistic
 file (calibration/statistic_file.py) fill `PyGraph.statistics`; calibration, the passes and the ops' quantize
-functions read it (docs/architecture.md, "What a tensor holds, and the side tables").
+functions read it. The calibrated ranges live the same way in `PyGraph.ranges` (a `RangeTable` of `TensorRange`),
+filled by local calibration and edited by the global methods, the passes and the quantize functions
+(docs/architecture.md, "What a tensor holds, and the side tables").
 """
 from __future__ import annotations
 
@@ -97,6 +99,84 @@ class StatisticsTable:
         return StatisticsTable({n: self._entries[n] for n in names if n in self._entries})
 
 
+Bound = Union[float, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TensorRange:
+    """A calibrated range: per tensor (`axis` None; floats or 0-d tensors) or per channel along `axis` (1-d tensors).
+    `min`/`max` None: not calibrated."""
+
+    min: Optional[Bound] = None
+    max: Optional[Bound] = None
+    axis: Optional[int] = None
+
+
+def _cloned(r: TensorRange) -> TensorRange:
+    def c(v: Optional[Bound]) -> Optional[Bound]:
+        return v.clone() if isinstance(v, torch.Tensor) else v
+    return TensorRange(c(r.min), c(r.max), r.axis)
+
+
+class RangeTable:
+    """Tensor name -> calibrated ranges of one graph: a per-tensor entry and a per-channel one per name (weights have
+    both, calibrated separately).
+
+    `get(t)` is the per-tensor range, `channels(t)` the per-channel one (an empty TensorRange when there is none);
+    `set`/`set_channels` replace them. Ranges are edited on copies (global methods' candidates, the quantized copy),
+    so `copy` gives a table of its own with the values cloned, as tensor clones cloned them before.
+    """
+
+    def __init__(self) -> None:
+        self._tensor: Dict[str, TensorRange] = {}
+        self._channel: Dict[str, TensorRange] = {}
+
+    def get(self, t: TensorKey) -> TensorRange:
+        """The per-tensor range of `t` (an empty TensorRange when it has none)."""
+        return self._tensor.get(_name(t), _EMPTY)
+
+    def channels(self, t: TensorKey) -> TensorRange:
+        """The per-channel range of `t` (an empty TensorRange when it has none)."""
+        return self._channel.get(_name(t), _EMPTY_CHANNELS)
+
+    def set(self, t: TensorKey, lo: Optional[Bound], hi: Optional[Bound]) -> None:
+        """Give `t` the per-tensor range [lo, hi]."""
+        self._tensor[_name(t)] = TensorRange(lo, hi)
+
+    def set_channels(self, t: TensorKey, lo: Optional[Bound], hi: Optional[Bound], axis: int = 0) -> None:
+        """Give `t` the per-channel range [lo, hi] along `axis`."""
+        self._channel[_name(t)] = TensorRange(lo, hi, axis)
+
+    def __contains__(self, t: TensorKey) -> bool:
+        return _name(t) in self._tensor or _name(t) in self._channel
+
+    def __len__(self) -> int:
+        return len(set(self._tensor) | set(self._channel))
+
+    def copy_from(self, source: RangeTable, src: TensorKey, dst: Optional[TensorKey] = None) -> None:
+        """Copy `src`'s entries of `source` (values cloned) to `dst` (default: the same name) of this table."""
+        s, d = _name(src), _name(dst if dst is not None else src)
+        for mine, theirs in ((self._tensor, source._tensor), (self._channel, source._channel)):
+            if s in theirs:
+                mine[d] = _cloned(theirs[s])
+            else:
+                mine.pop(d, None)
+
+    def copy(self, names: Optional[Iterable[str]] = None) -> RangeTable:
+        """A new table with the entries (of `names` only, when given), values cloned."""
+        table = RangeTable()
+        keep = None if names is None else set(names)
+        for mine, theirs in ((table._tensor, self._tensor), (table._channel, self._channel)):
+            for n, r in theirs.items():
+                if keep is None or n in keep:
+                    mine[n] = _cloned(r)
+        return table
+
+
+_EMPTY = TensorRange()
+_EMPTY_CHANNELS = TensorRange(axis=0)
+
+
 def node_tensors(node: PyNode) -> Iterable[PyTensor]:
     """Every tensor a layer names: inputs, outputs, constants and placeholders."""
     yield from node.inputs
@@ -122,4 +202,27 @@ def detached_statistics(source: PyNode, copy: PyNode) -> StatisticsTable:
     return statistics_of(source).copy(t.name for t in node_tensors(copy))
 
 
-__all__ = ["StatisticsTable", "TensorStatistics", "detached_statistics", "node_tensors", "statistics_of"]
+def ranges_of(node: PyNode) -> RangeTable:
+    """The range table a layer's tensors are looked up in: its graph's; otherwise the layer's own
+    (`PyNode.detached_ranges`: a detached copy's, or an empty one created here for a layer built on its own)."""
+    graph = node.graph
+    if graph is not None:
+        return graph.ranges
+    if node.detached_ranges is None:
+        node.detached_ranges = RangeTable()
+    return node.detached_ranges
+
+
+def detached_ranges(source: PyNode, copy: PyNode, input_ranges: Optional[RangeTable] = None) -> RangeTable:
+    """The range table of a layer copied out of its graph: the source layer's entries for the copy's tensor names,
+    cloned (ranges are edited on copies); the inputs' from `input_ranges` when given (the quantized graph's, whose
+    input tensors the copy cloned)."""
+    table = ranges_of(source).copy(t.name for t in node_tensors(copy))
+    if input_ranges is not None:
+        for t in copy.inputs:
+            table.copy_from(input_ranges, t)
+    return table
+
+
+__all__ = ["RangeTable", "StatisticsTable", "TensorRange", "TensorStatistics", "detached_ranges", "detached_statistics",
+           "node_tensors", "ranges_of", "statistics_of"]

@@ -1,5 +1,5 @@
-"""PyTensor: a graph edge or constant: torch data plus IR info and quantization parameters (statistics live in the
-graph's side table, graph/tables.py)."""
+"""PyTensor: a graph edge or constant: torch data plus IR info and quantization parameters (statistics and
+calibrated ranges live in the graph's side tables, graph/tables.py)."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -30,11 +30,6 @@ class PyTensor:
         self.qmax: Optional[int] = None
         self.qinvariant: bool = False
         self.key_axis: Optional[int] = None
-        # calibrated range (scalars, or per-channel tensors along key_axis)
-        self.min: Optional[Union[float, torch.Tensor]] = None
-        self.max: Optional[Union[float, torch.Tensor]] = None
-        self.min_key_axis: Optional[torch.Tensor] = None  # per-channel calibrated range along axis 0 (weights)
-        self.max_key_axis: Optional[torch.Tensor] = None
         self.pnode: Any = None
         self.extra: Dict[str, Any] = {}
 
@@ -49,7 +44,7 @@ class PyTensor:
         t = PyTensor(name or self.name, self.betensor.clone(), self.ir_dtype, self.ir_shape)
         for key in ("dtype", "ir_range", "qbits", "qmin", "qmax", "qinvariant", "key_axis"):
             setattr(t, key, getattr(self, key))
-        for key in ("scale", "zerop", "min", "max", "min_key_axis", "max_key_axis"):
+        for key in ("scale", "zerop"):
             v = getattr(self, key)
             setattr(t, key, v.clone() if isinstance(v, torch.Tensor) else v)
         t.extra = dict(self.extra)

@@ -12,7 +12,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.tables import TensorStatistics, statistics_of
+from ..graph.tables import TensorRange, TensorStatistics, ranges_of, statistics_of
 from ..graph.tensor import PyTensor
 from ..quant.requant import int64_to_float64, range_dtype
 from ..quant.rounding import INT64_SAFE, MAGIC_EXACT, int_to_float64
@@ -73,16 +73,16 @@ def set_integer_output(node: PyNode, out: PyTensor, signed: bool, input_bits: Se
     Bits: the smallest of 8/16/32 holding the calibrated extrema (signed if `signed`, forced signed by
     `force_dtype_int`), at least as wide as the widest input, as upstream.
     """
-    lo, hi = _extrema(statistics_of(node).get(out), out)
+    lo, hi = _extrema(statistics_of(node).get(out), ranges_of(node).get(out), out)
     signed = bool(signed or layer_settings(node).force_dtype_int)
     dt = range_dtype(lo, hi, force_signed=signed)
     bits = max([dt.bits, *[int(b) for b in input_bits]])
     set_qinvariant(out, min(bits, 32), dt.is_signed)
 
 
-def _extrema(st: TensorStatistics, t: PyTensor) -> Tuple[float, float]:
+def _extrema(st: TensorStatistics, r: TensorRange, t: PyTensor) -> Tuple[float, float]:
     if st.extrema_min is not None and st.extrema_max is not None:
         return float(st.extrema_min), float(st.extrema_max)
-    if t.min is None or t.max is None:
+    if r.min is None or r.max is None:
         raise UnsupportedError(f"tensor '{t.name}' has no calibrated range; run calibration before quantization")
-    return float(t.min), float(t.max)
+    return float(r.min), float(r.max)

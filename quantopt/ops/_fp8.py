@@ -19,6 +19,7 @@ import torch
 from ..config.quant_types import fp8_layer_formats
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.fp8_activations import FP8_FORMATS, fp8_largest, fp8_scale, quantize_fp8, requantize_fp8, round_fp4
@@ -53,9 +54,10 @@ def _f32(v: Union[float, torch.Tensor]) -> torch.Tensor:
 
 def set_fp8_params(node: PyNode, t: PyTensor, dtype: Dtype) -> None:
     """Per-tensor fp8 params of `t` from its calibrated range: scale = largest / (|x|max + 1e-5) in float32."""
-    if t.min is None or t.max is None:
+    r = ranges_of(node).get(t)
+    if r.min is None or r.max is None:
         raise node._error(f"tensor '{t.name}' has no calibrated range; run calibration before quantization")
-    absmax = max(abs(float(t.min)), abs(float(t.max)))
+    absmax = max(abs(float(r.min)), abs(float(r.max)))
     largest = fp8_largest(dtype)
     t.scale, t.zerop = float(fp8_scale(absmax, dtype)), 0.0
     t.qmin, t.qmax, t.qbits, t.dtype, t.qinvariant, t.ir_range = -largest, largest, 8, dtype, False, None
@@ -118,11 +120,13 @@ def input_forward(node: PyNode) -> bool:
 
 def _weight_ranges(node: PyNode, w: PyTensor, per_channel: bool, groups: int) -> torch.Tensor:
     """float32 |w|max per tensor (0-d), per output channel, or per group of channels repeated to each channel."""
-    if w.min is None:
+    table = ranges_of(node)
+    r = table.get(w)
+    if r.min is None:
         raise node._error("constant 'weights' has no calibrated range; run calibration before quantization")
     if not (per_channel or groups > 1):
-        return _f32(max(abs(float(w.min)), abs(float(w.max))))
-    lo, hi = w.min_key_axis, w.max_key_axis
+        return _f32(max(abs(float(r.min)), abs(float(r.max))))
+    lo, hi = table.channels(w).min, table.channels(w).max
     if lo is None or hi is None:
         raise node._error("constant 'weights' has no per-channel calibrated range")
     r = torch.maximum(_f32(hi).abs(), _f32(lo).abs()).reshape(-1)
@@ -150,7 +154,8 @@ def _quantize_weights(node: PyNode, wdt: Dtype, per_channel: bool, groups: int) 
     elif wdt == Dtype.FP4_E2M1FN:
         mode = QuantMode.from_name(layer_settings(node).q_mode_weight)
         mode = mode.to_per_channel() if per_channel else mode.to_per_tensor()
-        lo, hi = (w.min_key_axis, w.max_key_axis) if per_channel else (w.min, w.max)
+        r = ranges_of(node).channels(w) if per_channel else ranges_of(node).get(w)
+        lo, hi = r.min, r.max
         p = linear_quant_params(lo, hi, 4, mode, True)
         scale = _f32(p.scale)
         s = scale.reshape([-1] + [1] * (values.dim() - 1)) if scale.dim() else scale

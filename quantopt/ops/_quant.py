@@ -16,7 +16,7 @@ from ..config.layer_settings import LayerSettings
 from ..errors import UnsupportedError
 from ..graph.memo import layer_key, memo
 from ..graph.node import PyNode
-from ..graph.tables import statistics_of
+from ..graph.tables import ranges_of, statistics_of
 from ..graph.tensor import PyTensor
 from ..log import OPT_INFO, OPT_WARN
 from ..quant.dtype import Dtype, int_dtype_for_bits
@@ -75,11 +75,13 @@ def quantize_activation(node: PyNode, t: PyTensor, signed: bool, bits: Optional[
     s = layer_settings(node)
     bits = int(bits or s.q_bits_activation)
     signed = bool(signed or s.force_dtype_int)
-    if t.min is None or t.max is None:
+    table = ranges_of(node)
+    r = table.get(t)
+    if r.min is None or r.max is None:
         raise node._error(f"tensor '{t.name}' has no calibrated range; run calibration before quantization")
     mode = activation_mode(node, bits)
     if not mode.is_per_channel:
-        set_params(t, linear_quant_params(t.min, t.max, bits, mode, signed), bits)
+        set_params(t, linear_quant_params(r.min, r.max, bits, mode, signed), bits)
         return
     if not per_channel_ok:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel activation quantization "
@@ -87,10 +89,11 @@ def quantize_activation(node: PyNode, t: PyTensor, signed: bool, bits: Optional[
                                "FullyConnected, BatchNorm and Eltwise/Add/Sub/Mul only; use a per_tensor mode for this "
                                "layer",
                                field="quantize_method_for_activation")
-    if t.min_key_axis is None or t.max_key_axis is None:
+    rc = table.channels(t)
+    if rc.min is None or rc.max is None:
         raise node._error(f"tensor '{t.name}' has no per-channel calibrated range; calibrate with the per-channel "
                           "mode set")
-    p = linear_quant_params(t.min_key_axis, t.max_key_axis, bits, mode, signed)
+    p = linear_quant_params(rc.min, rc.max, bits, mode, signed)
     set_params(t, p, bits)
     t.zerop = 0  # symmetric: one zero point for all channels
 
@@ -296,19 +299,22 @@ def quantize_weights(node: PyNode, per_channel: bool, groups: Optional[int] = No
         w.betensor = w.extra[GIVEN_VALUES].clone()
         set_params(w, given, int(given.dtype.bits))
         return given
-    if w.min is None:
+    table = ranges_of(node)
+    if table.get(w).min is None:
         raise node._error(f"constant '{key}' has no calibrated range; run calibration before quantization")
     mode = QuantMode.from_name(s.q_mode_weight)
     _refuse_per_block(node, mode)
     mode = mode.to_per_channel() if per_channel else mode.to_per_tensor()
     bits = int(s.q_bits_weight)
     if per_channel:
-        lo, hi = w.min_key_axis, w.max_key_axis
+        rc = table.channels(w)
+        lo, hi = rc.min, rc.max
         if groups is not None and groups < lo.numel():
             lo, hi, _ = group_ranges(lo, hi, groups)
         p = linear_quant_params(lo, hi, bits, mode, True)
     else:
-        p = linear_quant_params(w.min, w.max, bits, mode, True)
+        r = table.get(w)
+        p = linear_quant_params(r.min, r.max, bits, mode, True)
     w.betensor = quantize(w.betensor, p.scale, p.zerop, p.qmin, p.qmax, axis=0 if per_channel else None)
     set_params(w, p, bits)
     return p
@@ -324,7 +330,8 @@ def _weight_ratio_fn(node: PyNode, s_in: float, s_out: Union[float, torch.Tensor
         if given is not None and given.per_channel and groups == given.scale.numel():
             return torch.as_tensor(s_out, dtype=torch.float32) / (torch.tensor(s_in, dtype=torch.float32) *
                                                                   given.scale.to(torch.float32))
-        lo, hi, _ = group_ranges(w.min_key_axis, w.max_key_axis, groups)
+        rc = ranges_of(node).channels(w)
+        lo, hi, _ = group_ranges(rc.min, rc.max, groups)
         ws = linear_quant_params(lo, hi, int(s.q_bits_weight), mode, True).scale
         return torch.as_tensor(s_out, dtype=torch.float32) / (torch.tensor(s_in, dtype=torch.float32) * ws)
     return ratios
@@ -596,9 +603,9 @@ def check_quantized_inputs(node: PyNode, inputs: Sequence[PyTensor]) -> None:
 def integer_output_bits(node: PyNode, signed: bool) -> int:
     """Bits of an all-integer (qinvariant) output: the smallest of 8/16/32 holding its observed extrema."""
     out = node.outputs[0]
-    st = statistics_of(node).get(out)
-    lo = st.extrema_min if st.extrema_min is not None else out.min
-    hi = st.extrema_max if st.extrema_max is not None else out.max
+    st, r = statistics_of(node).get(out), ranges_of(node).get(out)
+    lo = st.extrema_min if st.extrema_min is not None else r.min
+    hi = st.extrema_max if st.extrema_max is not None else r.max
     lo, hi = float(lo if lo is not None else 0.0), float(hi if hi is not None else 0.0)
     for bits in (8, 16):
         qmin, qmax = integer_range(bits, signed)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..quant.hardware import BN_WEIGHT_BITS
 from ..quant.params import quantize
 from ..quant.requant import int64_to_float64
@@ -129,12 +130,12 @@ def _batchnorm_int(node: PyNode) -> torch.Tensor:
     return mac_finish(node, acc, owned=True).movedim(-1, axis).contiguous()
 
 
-def _set_extrema_ranges(w) -> None:
+def _set_extrema_ranges(node: PyNode, w) -> None:
     """Per-tensor and per-channel ranges of a 1-D weight vector from its values (each containing 0)."""
     values = w.betensor.reshape(-1)
-    w.min, w.max = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
-    w.min_key_axis = torch.clamp(values, max=0.0)
-    w.max_key_axis = torch.clamp(values, min=0.0)
+    table = ranges_of(node)
+    table.set(w, min(float(values.min()), 0.0), max(float(values.max()), 0.0))
+    table.set_channels(w, torch.clamp(values, max=0.0), torch.clamp(values, min=0.0))
 
 
 def _prepare_affine(node: PyNode) -> None:
@@ -161,7 +162,7 @@ def _prepare_affine(node: PyNode) -> None:
     if w.betensor.dim() != 1 or mean is not None:
         w.betensor = w.betensor.reshape(-1)
         w.ir_shape = (w.betensor.numel(),)  # written 1-D, so a re-loaded IR sees the same layout
-        _set_extrema_ranges(w)
+        _set_extrema_ranges(node, w)
 
 
 def bn_weight_bits(node: PyNode) -> int:

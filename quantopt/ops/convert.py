@@ -11,6 +11,7 @@ import torch
 
 from ..graph.float_layer import round_to_float_dtype
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..quant.params import dequantize, quantize
 from ..registry import declare_op
 from ..registry.schema import Float, Int, IntValued, Text, quantized
@@ -66,10 +67,12 @@ def quantize_quantize(self: PyNode) -> None:
         _fp8.quantize_to_fp8(self, fp8_dtype)
         return
     if not inp.ir_dtype.is_float:
-        set_qinvariant(out, integer_output_bits(self, bool(float(out.min or 0.0) < 0)),
-                       bool(float(out.min or 0.0) < 0))
+        lo = ranges_of(self).get(out).min
+        set_qinvariant(out, integer_output_bits(self, bool(float(lo or 0.0) < 0)),
+                       bool(float(lo or 0.0) < 0))
     else:
-        signed = bool(out.min is not None and float(out.min) < 0)
+        lo = ranges_of(self).get(out).min
+        signed = bool(lo is not None and float(lo) < 0)
         quantize_activation(self, out, signed)
     self.params["quantize_scale"] = tensor_scale(out)
     self.params["quantize_zp"] = tensor_zp(out)

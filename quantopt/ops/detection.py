@@ -17,6 +17,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
@@ -223,7 +224,8 @@ def _quantize_boxes(node: PyNode, anchor_unit: float, clip: Optional[Tuple[float
     """16-bit box output params from calibration; box_scale_value/box_shift_value for s_box / (2 * anchor_unit *
     2^Lf); clip codes `height`/`width` (output codes of the clip bounds)."""
     out = node.outputs[_box_output_index(node)]
-    signed = out.min is not None and float(out.min) < 0
+    lo = ranges_of(node).get(out).min
+    signed = lo is not None and float(lo) < 0
     quantize_activation(node, out, signed, max(BOX_BITS, int(layer_settings(node).q_bits_activation)))
     lf = _ip(node, "lut_frac_bits")
     ratio = tensor_scale(out) / (2.0 * anchor_unit * 2.0 ** lf)

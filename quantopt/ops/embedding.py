@@ -13,6 +13,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 from ..quant.dtype import Dtype
@@ -291,9 +292,10 @@ def embedding_lookup_sparse_quantize(self: PyNode) -> None:
         raise self._error(f"placeholders {names} are missing: the layer's float forward must run before quantization "
                           "(statistic files written before quantopt collected placeholders lack them: collect again)")
     for t, signed in zip(self.placeholders, (p_signed or w_signed, w_signed)):
-        if t.min is None or t.max is None:
+        r = ranges_of(self).get(t)
+        if r.min is None or r.max is None:
             raise self._error(f"placeholder '{t.name}' has no calibrated range (collect the statistics again)")
-        set_params(t, linear_quant_params(t.min, t.max, bits, mode, signed), bits)
+        set_params(t, linear_quant_params(r.min, r.max, bits, mode, signed), bits)
     out = self.outputs[0]
     quantize_activation(self, out, p_signed or w_signed, bits)
     s_p, s_w, s_o = (torch.tensor(tensor_scale(t), dtype=torch.float32) for t in (p_t, w_t, out))

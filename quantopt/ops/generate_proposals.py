@@ -14,6 +14,7 @@ from typing import List, Tuple
 import torch
 
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.lut import build_lut, lookup_lut
@@ -249,11 +250,12 @@ def generate_proposals_forward(self: PyNode) -> None:
 def _pow2_scale(node: PyNode, index: int, name: str, bits: int) -> int:
     """floor(log2(scale)) of placeholder `index`'s symmetric signed params at `bits`."""
     t = node.placeholders[index] if index < len(node.placeholders) else None
-    if t is None or t.name != f"{node.name}/{name}" or t.min is None or t.max is None:
+    r = ranges_of(node).get(t) if t is not None else None
+    if t is None or t.name != f"{node.name}/{name}" or r.min is None or r.max is None:
         raise node._error(f"placeholder '{node.name}/{name}' has no calibrated range: the layer's float forward "
                           "must run during calibration")
     mode = activation_mode(node, bits).to_symmetric()
-    return math.floor(math.log2(float(linear_quant_params(t.min, t.max, bits, mode, True).scale)))
+    return math.floor(math.log2(float(linear_quant_params(r.min, r.max, bits, mode, True).scale)))
 
 
 @GENERATE_PROPOSALS.quantize

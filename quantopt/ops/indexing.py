@@ -16,6 +16,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype, int_dtype_for_bits
 from ..quant.params import QuantParams, integer_range
@@ -404,11 +405,12 @@ def scatter_quantize(self: PyNode) -> None:
         copy_params(out, data)
     elif data.qinvariant and upd.qinvariant:
         signed = is_signed(data) or is_signed(upd)
-        lo, hi = float(out.min or 0.0), float(out.max or 0.0)
+        r = ranges_of(self).get(out)
+        lo, hi = float(r.min or 0.0), float(r.max or 0.0)
         fits = [b for b in (8, 16, 32) if integer_range(b, signed)[0] <= lo and hi <= integer_range(b, signed)[1]]
         set_qinvariant(out, max(int(data.qbits or 8), int(upd.qbits or 8), fits[0] if fits else 32), signed)
     else:
-        quantize_activation(self, out, float(out.min) < 0)
+        quantize_activation(self, out, float(ranges_of(self).get(out).min) < 0)
     s_out = tensor_scale(out)
     ratios = [s_out / tensor_scale(data), (1.0 if reduction == "MUL" else s_out) / tensor_scale(upd)]
     pairs = [requant_scale_shift(self, r) for r in ratios]

@@ -8,7 +8,7 @@ import torch
 from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..graph.memo import freeze, memo
 from ..graph.node import PyNode
-from ..graph.tables import statistics_of
+from ..graph.tables import ranges_of, statistics_of
 from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 from ..quant.hardware import INT_INPUT_MAX_BITS
@@ -69,8 +69,8 @@ def input_quantize(self: PyNode) -> None:
         bits = min(out.ir_dtype.bits, INT_INPUT_MAX_BITS)
         set_qinvariant(out, bits, out.ir_dtype.is_signed)
         return
-    emin = statistics_of(self).get(out).extrema_min
-    signed = bool(emin is not None and float(emin) < 0) or (emin is None and out.min is not None and out.min < 0)
+    emin, lo = statistics_of(self).get(out).extrema_min, ranges_of(self).get(out).min
+    signed = bool(emin is not None and float(emin) < 0) or (emin is None and lo is not None and lo < 0)
     if s.qinvariant:
         set_qinvariant(out, s.q_bits_activation, signed or s.force_dtype_int)
         return
@@ -127,7 +127,7 @@ def constant_quantize(self: PyNode) -> None:
         OPT_WARN(f"layer '{self.name}' (Constant): set_qinvariant_for_start_nodes names a constant holding mask "
                  f"values (±inf or |x| >= {INF_MASK_THRESHOLD:g}); they saturate to the integer range")
     if mask and not s.qinvariant:
-        quantize_activation(self, out, float(out.min) < 0 or bool((values < 0).any()))
+        quantize_activation(self, out, float(ranges_of(self).get(out).min) < 0 or bool((values < 0).any()))
     elif out.extra.get(KEEP_IR_INTEGER) and not out.ir_dtype.is_float and out.ir_dtype.bits >= 8:
         set_qinvariant(out, out.ir_dtype.bits, out.ir_dtype.is_signed)
     elif not values.is_floating_point() or s.qinvariant or \
@@ -135,7 +135,7 @@ def constant_quantize(self: PyNode) -> None:
         lo, hi = (float(values.min()), float(values.max())) if values.numel() else (0.0, 0.0)
         set_qinvariant(out, *integer_bits(lo, hi))
     else:
-        quantize_activation(self, out, float(out.min) < 0)
+        quantize_activation(self, out, float(ranges_of(self).get(out).min) < 0)
     qmin, qmax = out_range(out)
     w.betensor = quantize(values, out.scale, out.zerop, qmin, qmax) if values.is_floating_point() else values
     w.dtype, w.scale, w.zerop, w.qmin, w.qmax, w.qbits = out.dtype, out.scale, out.zerop, qmin, qmax, out.qbits

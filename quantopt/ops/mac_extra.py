@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS, AIFF_SHIFT_MAX, ITP_INPUT_BITS
@@ -582,10 +583,10 @@ def _oc_ranges(node: PyNode, w: PyTensor, w_oc: torch.Tensor, group: int) -> Tup
     flat = w_oc.reshape(w_oc.shape[0], -1).to(torch.float32)
     lo = torch.clamp(flat.min(dim=1).values, max=0.0)
     hi = torch.clamp(flat.max(dim=1).values, min=0.0)
-    if w.min_key_axis is not None and w.max_key_axis is not None and \
-            w.min_key_axis.numel() * group == w_oc.shape[0]:
-        row_lo = torch.as_tensor(w.min_key_axis, dtype=torch.float32).reshape(-1).repeat(group)
-        row_hi = torch.as_tensor(w.max_key_axis, dtype=torch.float32).reshape(-1).repeat(group)
+    rc = ranges_of(node).channels(w)
+    if rc.min is not None and rc.max is not None and rc.min.numel() * group == w_oc.shape[0]:
+        row_lo = torch.as_tensor(rc.min, dtype=torch.float32).reshape(-1).repeat(group)
+        row_hi = torch.as_tensor(rc.max, dtype=torch.float32).reshape(-1).repeat(group)
         lo = torch.clamp(torch.maximum(lo, row_lo), max=0.0)
         hi = torch.clamp(torch.minimum(hi, row_hi), min=0.0)
     return lo, hi
@@ -602,7 +603,7 @@ def _convt_quantize(node: PyNode) -> None:
     per_channel = layer_settings(node).q_mode_weight.startswith("per_channel")
     if group > 1:
         w.betensor = _ir_to_oc(w.betensor, group)
-        w.min_key_axis, w.max_key_axis = _oc_ranges(node, w, w.betensor, group)
+        ranges_of(node).set_channels(w, *_oc_ranges(node, w, w.betensor, group))
     try:
         quantize_mac(node, per_channel=per_channel, groups=1 if per_channel else group)
     finally:
@@ -699,8 +700,8 @@ def bias_add_quantize(self: PyNode) -> None:
     if "weights" in self.constants:
         raise self._error("a float BiasAdd has only 'biases'; found a 'weights' constant")
     one = set_constant(self, "weights", torch.ones(1), Dtype.FP32)
-    one.min, one.max = 0.0, 1.0
-    one.min_key_axis, one.max_key_axis = torch.zeros(1), torch.ones(1)
+    ranges_of(self).set(one, 0.0, 1.0)
+    ranges_of(self).set_channels(one, torch.zeros(1), torch.ones(1))
     order: List[str] = self.attrs.setdefault("ir_key_order", [])
     if "weights" not in order:
         order.insert(order.index("biases") if "biases" in order else len(order), "weights")

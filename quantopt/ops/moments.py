@@ -16,6 +16,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 from ..quant.dtype import Dtype, int_dtype_for_bits
@@ -421,14 +422,15 @@ def normalized_moments_quantize(self: PyNode) -> None:
         raise self._error(f"placeholder '{name}' is missing: the layer's float forward must run before quantization "
                           "(statistic files written before quantopt collected placeholders lack it: collect again)")
     plh = self.placeholders[0]
-    if plh.min is None or plh.max is None:
+    r = ranges_of(self).get(plh)
+    if r.min is None or r.max is None:
         raise self._error(f"placeholder '{name}' has no calibrated range (statistic files written before quantopt "
                           "collected placeholders lack it: collect the statistics again)")
     out0, out1 = self.outputs
     quantize_activation(self, out0, is_signed(mean_t) and is_signed(shift_t), bits)
     quantize_activation(self, out1, True, bits)
     mode = activation_mode(self, bits).to_symmetric()
-    set_params(plh, linear_quant_params(plh.min, plh.max, bits, mode, False), bits)
+    set_params(plh, linear_quant_params(r.min, r.max, bits, mode, False), bits)
     f32 = torch.float32
 
     def sc(t: PyTensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..quant.dtype import Dtype
 from ..quant.params import QuantMode, linear_quant_params, quantize
 from ..quant.requant import requantize_int
@@ -173,11 +174,12 @@ def morphology_quantize(self: PyNode) -> None:
     s = layer_settings(self)
     bits = int(s.q_bits_activation)
     w = self.get_constant("weights")
-    if w.min is None or w.max is None:
+    r = ranges_of(self).get(w)
+    if r.min is None or r.max is None:
         raise self._error("constant 'weights' has no calibrated range; run calibration before quantization")
     w_negative = float(w.betensor.min()) < 0
     mode = QuantMode.from_name(s.q_mode_weight).to_per_tensor()
-    p = linear_quant_params(w.min, w.max, bits, mode, True)
+    p = linear_quant_params(r.min, r.max, bits, mode, True)
     w.betensor = quantize(w.betensor, p.scale, p.zerop, p.qmin, p.qmax)
     set_params(w, p, bits)
     self.params["weights_scale"] = float(p.scale)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
@@ -716,8 +717,8 @@ def _layernorm_upstream_quantize(node: PyNode) -> None:
         if "weights" not in node.constants:  # beta alone: gamma of ones, so that beta gets the weights' scale
             numel = math.prod(_affine_shape(node, shape))
             ones = set_constant(node, "weights", torch.ones(numel, dtype=torch.float32), Dtype.FP32)
-            ones.min, ones.max = 1.0, 1.0
-            ones.min_key_axis, ones.max_key_axis = torch.ones(numel), torch.ones(numel)
+            ranges_of(node).set(ones, 1.0, 1.0)
+            ranges_of(node).set_channels(ones, torch.ones(numel), torch.ones(numel))
             insert_keys_after(node, "biases", ["weights"])
         gamma = _affine_tensor(node, "weights", shape)
         per_channel = QuantMode.from_name(s.q_mode_weight).is_per_channel

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from ..errors import UnsupportedError
 from ..graph.memo import freeze, layer_key, memo
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..quant.hardware import POOLING_SHIFT_MAX
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import linear_quant_params
@@ -423,7 +424,8 @@ def _pool_quantize(node: PyNode) -> None:
     if method == "L1":
         ratio = s_out / s_in
     else:
-        absmax = max(abs(float(out.min)), abs(float(out.max)))
+        r = ranges_of(node).get(out)
+        absmax = max(abs(float(r.min)), abs(float(r.max)))
         ph = linear_quant_params(0.0, absmax * absmax, L2_PLACEHOLDER_BITS,
                                  activation_mode(node, L2_PLACEHOLDER_BITS), False)
         ratio = float(ph.scale) / (s_in * s_in)

@@ -13,6 +13,7 @@ from typing import List, Tuple
 import torch
 
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype, int_dtype_for_bits
 from ..quant.lut import build_lut, lookup_lut
@@ -387,11 +388,12 @@ def proposal_forward(self: PyNode) -> None:
 def _coord_scale(node: PyNode, index: int, name: str, bits: int) -> Tuple[float, int]:
     """2^floor(log2(scale)) of placeholder `index`'s symmetric signed params at `bits`."""
     t = node.placeholders[index] if index < len(node.placeholders) else None
-    if t is None or t.name != f"{node.name}/{name}" or t.min is None or t.max is None:
+    r = ranges_of(node).get(t) if t is not None else None
+    if t is None or t.name != f"{node.name}/{name}" or r.min is None or r.max is None:
         raise node._error(f"placeholder '{node.name}/{name}' has no calibrated range: the layer's float forward "
                           "must run during calibration")
     mode = activation_mode(node, bits).to_symmetric()
-    scale = float(linear_quant_params(t.min, t.max, bits, mode, True).scale)
+    scale = float(linear_quant_params(r.min, r.max, bits, mode, True).scale)
     return scale, math.floor(math.log2(scale))
 
 

@@ -21,6 +21,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import TensorRange, ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
@@ -492,9 +493,10 @@ def _mult_shift(ratio) -> Tuple[int, int]:
     return int(m), int(n)
 
 
-def _absmax(t: PyTensor) -> float:
-    lo = 0.0 if t.min is None else float(t.min)
-    hi = 0.0 if t.max is None else float(t.max)
+def _absmax(node: PyNode, t: PyTensor) -> float:
+    r = ranges_of(node).get(t)
+    lo = 0.0 if r.min is None else float(r.min)
+    hi = 0.0 if r.max is None else float(r.max)
     return max(abs(lo), abs(hi))
 
 
@@ -580,9 +582,10 @@ def _quantize_output(node: PyNode, t: PyTensor, bits: int) -> None:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel activation quantization "
                                f"({layer_settings(node).q_mode_activation}) is not supported for recurrent outputs; "
                                "use a per_tensor mode for this layer", field="quantize_method_for_activation")
-    if t.min is None or t.max is None:
+    r = ranges_of(node).get(t)
+    if r.min is None or r.max is None:
         raise node._error(f"tensor '{t.name}' has no calibrated range; run calibration before quantization")
-    set_params(t, linear_quant_params(t.min, t.max, bits, OUTPUT_MODE, True), bits)
+    set_params(t, linear_quant_params(r.min, r.max, bits, OUTPUT_MODE, True), bits)
 
 
 @BASICLSTM.quantize
@@ -606,11 +609,11 @@ def rnn_quantize(self: PyNode) -> None:
     for out in self.outputs:
         _quantize_output(self, out, bits)
     # hidden state fed back: fixed point with Hf fraction bits, enough integer bits for the initial state
-    k = _ceil_log2_real(_absmax(h0))
+    k = _ceil_log2_real(_absmax(self, h0))
     hid_frac = bits - 1 - k
     if hid_frac < 1:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): the initial hidden state reaches "
-                               f"{_absmax(h0):g}, too large for the {bits}-bit fixed-point hidden state")
+                               f"{_absmax(self, h0):g}, too large for the {bits}-bit fixed-point hidden state")
     s_hid = float(2 ** hid_frac)
     s_w = _store_weights(self)
     _store_biases(self, spec, s_x, zp_x, s_w, s_hid)
@@ -635,7 +638,8 @@ def rnn_quantize(self: PyNode) -> None:
     out_frac = {}
     if spec.kind == "LSTM":
         c0 = self.inputs[2]
-        bound = max(_absmax(c0), spec.cell_clip) if spec.cell_clip is not None else _absmax(c0) + spec.time_steps
+        c0_max = _absmax(self, c0)
+        bound = max(c0_max, spec.cell_clip) if spec.cell_clip is not None else c0_max + spec.time_steps
         cell_frac = CELL_MAX_FRAC_BITS - _ceil_log2_real(bound)
         if cell_frac < 0:
             raise UnsupportedError(f"layer '{self.name}' ({self.type}): the cell state bound {bound:g} does not fit "
@@ -841,17 +845,18 @@ def _f32(v) -> torch.Tensor:
     return torch.as_tensor(v, dtype=torch.float32)
 
 
-def _placeholder(node: PyNode, index: int, name: str) -> PyTensor:
+def _placeholder(node: PyNode, index: int, name: str) -> Tuple[PyTensor, TensorRange]:
     """Placeholder `index` of the layer with its calibrated range, or an error saying how to get it."""
     full = f"{node.name}/{name}"
     if index >= len(node.placeholders) or node.placeholders[index].name != full:
         raise node._error(f"placeholder '{full}' is missing: the layer's float forward must run before quantization "
                           "(statistic files written before quantopt collected placeholders lack it: collect again)")
     t = node.placeholders[index]
-    if t.min is None or t.max is None:
+    r = ranges_of(node).get(t)
+    if r.min is None or r.max is None:
         raise node._error(f"placeholder '{full}' has no calibrated range (statistic files written before quantopt "
                           "collected placeholders lack it: collect the statistics again)")
-    return t
+    return t, r
 
 
 def _sym_scale(lo, hi, bits: int) -> float:
@@ -867,13 +872,13 @@ def _upstream_table(node: PyNode, k: int, act: str, bits: int,
     """Input scale, output scale and table of activation `k` from its placeholders (docs/semantics/recurrent.md,
     upstream form): the input range clamped to the table's bound, the table sampled over that range."""
     names = ("f", "g", "h")[k]
-    ph_in = _placeholder(node, 1 + 2 * k, f"{names}_lut_in")
-    ph_out = _placeholder(node, 2 + 2 * k, f"{names}_lut_out")
+    ph_in, r_in = _placeholder(node, 1 + 2 * k, f"{names}_lut_in")
+    _, r_out = _placeholder(node, 2 + 2 * k, f"{names}_lut_out")
     bound = (LSTM_TABLE_CLAMP if clamp is None else clamp)[bits][act]
-    lo = float(ph_in.min) if float(ph_in.min) >= -bound else -bound
-    hi = float(ph_in.max) if float(ph_in.max) <= bound else bound
+    lo = float(r_in.min) if float(r_in.min) >= -bound else -bound
+    hi = float(r_in.max) if float(r_in.max) <= bound else bound
     in_scale = _f32(_sym_scale(lo, hi, bits))
-    out_scale = _f32(_sym_scale(ph_out.min, ph_out.max, bits))
+    out_scale = _f32(_sym_scale(r_out.min, r_out.max, bits))
     length = 1
     for d in ph_in.ir_shape:
         length *= int(d)
@@ -932,7 +937,7 @@ def lstm_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
     s_w = _store_weights(node)
     per_channel = "weights_scale" in node.constants
     xw = _f32(tensor_scale(x)) * (s_w if per_channel else s_w[:1])
-    h_all = _placeholder(node, 0, "h_batch")
+    _, h_all = _placeholder(node, 0, "h_batch")
     h_scale = _f32(_sym_scale(h_all.min, h_all.max, bits))
     hw_m, hw_n = _approx(node, _f32(tensor_scale(x)) / h_scale, bits)
     sig_m, sig_n = _approx(node, f_in / xw, bits)
@@ -951,7 +956,7 @@ def lstm_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
     c_scale = _f32(tensor_scale(node.inputs[2]))
     diff_shifts = []
     for t in range(steps):
-        c_t = _placeholder(node, LSTM_PLACEHOLDERS + t, f"c_state_{t}")
+        _, c_t = _placeholder(node, LSTM_PLACEHOLDERS + t, f"c_state_{t}")
         c_t_scale = _f32(_sym_scale(c_t.min, c_t.max, bits))
         cp_m, cp_n = _approx(node, g_out / c_scale, bits)
         co_m, co_n = _approx(node, c_t_scale / f_out / g_out, bits)
@@ -1164,7 +1169,7 @@ def gru_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
         _upstream_table(node, k, act, bits, clamp) for k, act in enumerate(spec.activations))
     for key, table in (("lut_rt", rz_table), ("lut_zt", rz_table), ("lut_ht", c_table)):
         set_constant(node, key, table, Dtype.INT8 if bits == 8 else Dtype.INT16)
-    h_all = _placeholder(node, 0, "state_batch")
+    _, h_all = _placeholder(node, 0, "state_batch")
     h_scale = _f32(_sym_scale(h_all.min, h_all.max, bits))
     (sx_gk, sh_gk, sx_ck, sh_ck), per_channel = _gru_block_weights(node, spec)
     s_x = _f32(tensor_scale(x))
@@ -1180,7 +1185,7 @@ def gru_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
     p = node.params
     if spec.linear_before_reset:
         factor = 1.0
-        ph = _placeholder(node, 5, "hidden_gate_out")
+        _, ph = _placeholder(node, 5, "hidden_gate_out")
         hidden_out_scale = _f32(_sym_scale(ph.min, ph.max, bits))
         hm, hn, hm_type, hn_type = scale_shift(hidden_out_scale / (h_scale * sh_ck), bits,
                                                force_shift_positive=bool(s.force_shift_positive))

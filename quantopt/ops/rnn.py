@@ -14,6 +14,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
@@ -166,10 +167,11 @@ def _mult(ratio: float) -> Tuple[int, int]:
 
 
 def _absmax(t: PyTensor, what: str, node: PyNode) -> Tuple[float, float]:
-    if t.min is None or t.max is None:
+    r = ranges_of(node).get(t)
+    if r.min is None or r.max is None:
         raise node._error(f"{what} '{t.name}' has no calibrated range: the layer's float forward must run during "
                           "calibration")
-    return float(t.min), float(t.max)
+    return float(r.min), float(r.max)
 
 
 def _placeholder(node: PyNode, index: int, name: str) -> PyTensor:

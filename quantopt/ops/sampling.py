@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.tables import statistics_of
+from ..graph.tables import ranges_of, statistics_of
 from ..quant.dtype import Dtype
 from ..quant.params import integer_range
 from ..quant.requant import requantize_int, scale_shift
@@ -184,7 +184,7 @@ def overlap_add_quantize(self: PyNode) -> None:
     bits = int(s.q_bits_activation)
     if inp.qinvariant:
         emin = statistics_of(self).get(out).extrema_min
-        lo = emin if emin is not None else out.min
+        lo = emin if emin is not None else ranges_of(self).get(out).min
         signed = bool(lo is not None and float(lo) < 0) or bool(s.force_dtype_int)
         set_qinvariant(out, integer_output_bits(self, signed), signed)
         store_requant(self, 1, 0, *requant_scale_shift(self, 1.0, mult_bits=bits)[2:])

@@ -14,6 +14,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
@@ -178,16 +179,19 @@ def sdp_attention_quantize(self: PyNode) -> None:
                                "supported; use a per_tensor mode for this layer",
                                field="quantize_method_for_activation")
     o = self.outputs[0]
-    if o.min is None or o.max is None:
+    table = ranges_of(self)
+    r = table.get(o)
+    if r.min is None or r.max is None:
         raise self._error(f"output '{o.name}' has no calibrated range; run calibration before quantization")
-    set_params(o, linear_quant_params(o.min, o.max, bits, mode.to_symmetric(), is_signed(self.inputs[2])), bits)
+    set_params(o, linear_quant_params(r.min, r.max, bits, mode.to_symmetric(), is_signed(self.inputs[2])), bits)
     o.qinvariant = False
     ph = self.placeholders[1] if len(self.placeholders) > 1 else None
-    if ph is None or ph.name != f"{self.name}/qxk_normed" or ph.min is None or ph.max is None:
+    r = table.get(ph) if ph is not None else None
+    if ph is None or ph.name != f"{self.name}/qxk_normed" or r.min is None or r.max is None:
         raise self._error(f"placeholder '{self.name}/qxk_normed' has no calibrated range: the layer's float "
                           "forward must run during calibration")
     top = 2 ** QXK_BITS - 1
-    s_l = min(float(linear_quant_params(ph.min, ph.max, QXK_BITS, mode.to_symmetric(), True).scale),
+    s_l = min(float(linear_quant_params(r.min, r.max, QXK_BITS, mode.to_symmetric(), True).scale),
               top / MIN_WINDOW)
     q_t, k_t, v_t = self.inputs[:3]
     sf = float(self.get_param("scale_factor", optional=True, default_value=1.0))

@@ -16,6 +16,7 @@ import torch
 from ..errors import UnsupportedError
 from ..graph.batch import batch_error, batch_rows
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype, dtype_from_name
 from ..quant.params import integer_range, linear_quant_params
@@ -530,9 +531,10 @@ def cast_quantize(self: PyNode) -> None:
             if not mode.is_per_tensor:
                 raise UnsupportedError(f"layer '{self.name}' ({self.type}): per-channel activation quantization "
                                        "is not supported")
-            if out.min is None or out.max is None:
+            r = ranges_of(self).get(out)
+            if r.min is None or r.max is None:
                 raise self._error(f"tensor '{out.name}' has no calibrated range; run calibration first")
-            set_params(out, linear_quant_params(out.min, out.max, bits, mode, signed), bits)
+            set_params(out, linear_quant_params(r.min, r.max, bits, mode, signed), bits)
             m, n, mdt, sdt = requant_scale_shift(self, tensor_scale(out) / tensor_scale(inp), mult_bits=bits)
             _store_cast_requant(self, m, n, mdt, sdt)
             self.params["ignore_scale_zp"] = False

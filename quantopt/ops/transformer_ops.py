@@ -19,7 +19,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.tables import statistics_of
+from ..graph.tables import ranges_of, statistics_of
 from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 from ..quant.dtype import Dtype
@@ -428,9 +428,9 @@ def slot_update_quantize(self: PyNode) -> None:
     s = layer_settings(self)
     signed = is_signed(x_t) or bool(s.force_dtype_int)
     if x_t.qinvariant:
-        st = statistics_of(self).get(out)
-        lo = st.extrema_min if st.extrema_min is not None else out.min
-        hi = st.extrema_max if st.extrema_max is not None else out.max
+        st, r = statistics_of(self).get(out), ranges_of(self).get(out)
+        lo = st.extrema_min if st.extrema_min is not None else r.min
+        hi = st.extrema_max if st.extrema_max is not None else r.max
         dtype = range_dtype(float(lo or 0.0), float(hi or 0.0), force_signed=signed)
         set_qinvariant(out, dtype.bits, dtype.is_signed)
         store_requant(self, 1, 0, Dtype.UINT8 if dtype.bits <= 8 else Dtype.UINT16, Dtype.INT8)

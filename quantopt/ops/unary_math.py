@@ -18,6 +18,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
 from ..quant.dtype import Dtype
 from ..quant.lut import build_lut, lookup_lut, lut_sample_points, lut_size
 from ..quant.params import dequantize
@@ -178,10 +179,11 @@ def _limit_output_range(node: PyNode, values: torch.Tensor) -> None:
     if finite.numel() == 0:
         raise node._error("the function has no finite value over the input range; it cannot be tabulated")
     lo, hi = float(finite.min()), float(finite.max())
-    if out.min is None or out.max is None:
+    table = ranges_of(node)
+    r = table.get(out)
+    if r.min is None or r.max is None:
         raise node._error(f"tensor '{out.name}' has no calibrated range; run calibration before quantization")
-    out.min = min(max(float(out.min), lo), hi)
-    out.max = min(max(float(out.max), lo), hi)
+    table.set(out, min(max(float(r.min), lo), hi), min(max(float(r.max), lo), hi))
 
 
 def _lut_output_signed(node: PyNode) -> bool:

@@ -17,6 +17,7 @@ import torch
 from ..calibration.collect import calibrate_layer, weight_constants
 from ..errors import ConfigError, UnsupportedError
 from ..graph.graph import PyGraph, QuantizeGraph
+from ..graph.tables import RangeTable
 from ..log import OPT_INFO
 from ..quant.dtype import Dtype
 from ..quant.given import GIVEN_PARAMS, GIVEN_VALUES
@@ -139,14 +140,15 @@ def needs_statistics(graph: PyGraph) -> List[str]:
     return [t.name for n in graph.nodes for t in n.outputs if given(t) is None]
 
 
-def _given_range(t: Any, p: QuantParams) -> None:
+def _given_range(ranges: RangeTable, t: Any, p: QuantParams) -> None:
     lo = (p.qmin + p.zerop) / p.scale
     hi = (p.qmax + p.zerop) / p.scale
     if p.per_channel:
-        t.min_key_axis, t.max_key_axis = torch.clamp(lo, max=0.0), torch.clamp(hi, min=0.0)
-        t.min, t.max = float(t.min_key_axis.min()), float(t.max_key_axis.max())
+        lo_c, hi_c = torch.clamp(lo, max=0.0), torch.clamp(hi, min=0.0)
+        ranges.set_channels(t, lo_c, hi_c, axis=0)
+        ranges.set(t, float(lo_c.min()), float(hi_c.max()))
     else:
-        t.min, t.max = min(float(lo), 0.0), max(float(hi), 0.0)
+        ranges.set(t, min(float(lo), 0.0), max(float(hi), 0.0))
 
 
 def compat_calibrate(graph: PyGraph) -> None:
@@ -163,16 +165,16 @@ def compat_calibrate(graph: PyGraph) -> None:
             for w in weight_constants(n):
                 st = table.get(w)
                 if given(w) is None and st.extrema_min is not None:
-                    w.min, w.max = apply_strategy(st, s.q_strategy_weight, s.q_bits_weight, symmetric=True,
-                                                  ir_range=w.ir_range, per_channel=False)
+                    graph.ranges.set(w, *apply_strategy(st, s.q_strategy_weight, s.q_bits_weight, symmetric=True,
+                                                        ir_range=w.ir_range, per_channel=False))
                     if st.extrema_min_key_axis is not None:
-                        w.min_key_axis, w.max_key_axis = apply_strategy(st, s.q_strategy_weight,
-                                                                        s.q_bits_weight, symmetric=True,
-                                                                        ir_range=w.ir_range, per_channel=True)
+                        graph.ranges.set_channels(w, *apply_strategy(st, s.q_strategy_weight, s.q_bits_weight,
+                                                                     symmetric=True, ir_range=w.ir_range,
+                                                                     per_channel=True), axis=0)
         for t in list(n.outputs) + list(n.constants.values()):
             p = given(t)
             if p is not None:
-                _given_range(t, p)
+                _given_range(graph.ranges, t, p)
 
 
 def check_given_kept(qgraph: QuantizeGraph) -> int:

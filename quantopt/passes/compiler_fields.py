@@ -161,17 +161,19 @@ def optimize_weights_for_wdc(graph: PyGraph, flag: Any) -> List[Tuple[str, str, 
             mode = mode.to_per_channel()  # upstream's default weight mode of depthwise convolutions
         bits = int(s.q_bits_weight)
         for key, t in n.constants.items():
-            if t.min is None or t.max is None or not t.betensor.is_floating_point() or t.betensor.numel() == 0:
+            r, rc = graph.ranges.get(t), graph.ranges.channels(t)
+            if r.min is None or r.max is None or not t.betensor.is_floating_point() or t.betensor.numel() == 0:
                 continue
-            per_channel = mode.is_per_channel and t.min_key_axis is not None and t.max_key_axis is not None
+            per_channel = mode.is_per_channel and rc.min is not None and rc.max is not None
             doublings = 0
             for _ in range(WDC_TRIALS):
-                p = (linear_quant_params(t.min_key_axis, t.max_key_axis, bits, mode, True) if per_channel else
-                     linear_quant_params(t.min, t.max, bits, mode.to_per_tensor(), True))
+                r = graph.ranges.get(t)
+                p = (linear_quant_params(rc.min, rc.max, bits, mode, True) if per_channel else
+                     linear_quant_params(r.min, r.max, bits, mode.to_per_tensor(), True))
                 q = quantize(t.betensor, p.scale, p.zerop, p.qmin, p.qmax, axis=0 if per_channel else None)
                 if x2_compression_rate(q, bits) < WDC_GOOD_RATE:
                     break
-                t.min, t.max = t.min * 2, t.max * 2
+                graph.ranges.set(t, r.min * 2, r.max * 2)
                 doublings += 1
             if doublings:
                 changed.append((n.name, key, doublings))

@@ -69,6 +69,7 @@ def new_border_layer(graph: PyGraph, optype: OpType, name: str, src: PyTensor, o
     node.settings = settings
     node.inputs = [src]
     out = src.clone(out_name)
+    graph.ranges.copy_from(graph.ranges, src, out)  # it is quantized from its source's calibrated range
     out.qmin = out.qmax = out.qbits = None
     out.scale, out.zerop, out.qinvariant = 1.0, 0, False
     out.pnode = node

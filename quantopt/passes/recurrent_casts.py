@@ -61,6 +61,7 @@ def _cast_layer(graph: PyGraph, consumer: PyNode, src: PyTensor, dtype: Dtype, t
     node.settings = consumer.settings
     node.inputs = [src]
     out = src.clone(_unique(f"{src.name}_Cast_tensor_", taken, "_"))
+    graph.ranges.copy_from(graph.ranges, src, out)  # its source's calibrated range (graph/tables.py)
     out.dtype = dtype
     out.qbits = dtype.bits
     out.qmin, out.qmax = integer_range(dtype.bits, True)

@@ -29,6 +29,7 @@ from ..config.calibration_values import (  # the field value's torch-free gramma
 from ..errors import QuantOptError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..graph.tables import RangeTable, ranges_of
 from ..graph.tensor import PyTensor
 from ..log import LOGGER, OPT_DEBUG, OPT_INFO
 from ..quant.hardware import FLT_EPSILON
@@ -136,9 +137,10 @@ def _signed(t: PyTensor) -> bool:
     return t.qmin is not None and t.qmin < 0
 
 
-def _range(t: PyTensor) -> Tuple[float, float]:
-    lo = float(t.min.reshape(-1)[0]) if hasattr(t.min, "reshape") else float(t.min or 0.0)
-    hi = float(t.max.reshape(-1)[0]) if hasattr(t.max, "reshape") else float(t.max or 0.0)
+def _range(ranges: RangeTable, t: PyTensor) -> Tuple[float, float]:
+    r = ranges.get(t)
+    lo = float(r.min.reshape(-1)[0]) if hasattr(r.min, "reshape") else float(r.min or 0.0)
+    hi = float(r.max.reshape(-1)[0]) if hasattr(r.max, "reshape") else float(r.max or 0.0)
     return lo, hi
 
 
@@ -200,7 +202,8 @@ class _Pass:
         return None
 
     def _alone(self, node: PyNode) -> PyNode:
-        return node.detached_copy(inputs=list(self.qnodes[node.name].inputs))
+        qnode = self.qnodes[node.name]
+        return node.detached_copy(inputs=list(qnode.inputs), input_ranges=ranges_of(qnode))
 
     def _follows_input(self, node: PyNode, out_index: int) -> bool:
         for probe in PROBE_SCALES:
@@ -219,12 +222,12 @@ class _Pass:
 
     def _follows_range(self, node: PyNode, out_index: int) -> bool:
         scales = []
-        lo, hi = _range(node.outputs[out_index])
+        lo, hi = _range(self.graph.ranges, node.outputs[out_index])
         if hi - lo < FLT_EPSILON:
             lo, hi = -1.0, 1.0
         for factor in (1.0, PROBE_RANGE_FACTOR):
             m = self._alone(node)
-            m.outputs[out_index].min, m.outputs[out_index].max = lo * factor, hi * factor
+            ranges_of(m).set(m.outputs[out_index], lo * factor, hi * factor)
             try:
                 m.quantize()
             except (QuantOptError, ValueError, RuntimeError, ZeroDivisionError):
@@ -311,7 +314,7 @@ class _Pass:
         in the given signedness (default: the tensor's own)."""
         qt = self.qtensor(node, [o.name for o in node.outputs].index(t.name), inputs=False)
         signed = _signed(qt) if signed is None else signed
-        lo, hi = _range(t)
+        lo, hi = _range(self.graph.ranges, t)
         absmax = max(abs(lo), abs(hi))
         if absmax < FLT_EPSILON:
             return None
@@ -389,12 +392,12 @@ def unify_scales(graph: PyGraph, rules: RuleSource) -> UnifyReport:
                     continue
                 done.add(id(t))
                 qt = run.qtensor(leaf, [o.name for o in leaf.outputs].index(t.name), inputs=False)
-                old = _range(t)
+                old = _range(graph.ranges, t)
                 frange = float(qt.qmax - qt.qmin) / scale
                 new = (-frange / 2.0, frange / 2.0) if _signed(qt) else (0.0, frange)
                 if old == new:
                     continue
-                t.min, t.max = new
+                graph.ranges.set(t, *new)
                 result.changes.append(RangeChange(leaf.name, str(leaf.type), t.name, old, new, _scale(qt)))
         report.groups.append(result)
         _log(result, last.rule)

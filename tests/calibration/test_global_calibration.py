@@ -157,9 +157,9 @@ def _state(g):
     out = {}
     for n in g.nodes:
         for t in list(n.outputs) + list(n.constants.values()):
-            for key in ("min", "max", "min_key_axis", "max_key_axis"):
-                v = getattr(t, key)
-                out[(n.name, t.name, key)] = v.clone() if isinstance(v, torch.Tensor) else v
+            for key, r in (("tensor", g.ranges.get(t)), ("channels", g.ranges.channels(t))):
+                for end, v in (("min", r.min), ("max", r.max)):
+                    out[(n.name, t.name, key, end)] = v.clone() if isinstance(v, torch.Tensor) else v
         for key, t in n.constants.items():
             out[(n.name, key, "value")] = t.betensor.clone()
     return out

@@ -24,10 +24,9 @@ from test_global_methods_more import (
     _norm_model,
 )
 
+from quantopt.graph.tables import RangeTable
 from quantopt.graph.tensor import PyTensor
 from quantopt.tuning.global_methods import apply_global_calibration
-
-RANGE_KEYS = ("min", "max", "min_key_axis", "max_key_axis")
 
 
 def _snapshot(g) -> Dict[Tuple[str, ...], object]:
@@ -42,9 +41,9 @@ def _snapshot(g) -> Dict[Tuple[str, ...], object]:
         tensors = [("in", i, t) for i, t in enumerate(n.inputs)] + [("out", i, t) for i, t in enumerate(n.outputs)] + \
             [("const", k, t) for k, t in n.constants.items()]
         for kind, key, t in tensors:
-            for attr in RANGE_KEYS:
-                v = getattr(t, attr)
-                out[(n.name, kind, str(key), attr)] = v.clone() if isinstance(v, torch.Tensor) else v
+            for part, r in (("tensor", g.ranges.get(t)), ("channels", g.ranges.channels(t))):
+                for end, v in (("min", r.min), ("max", r.max)):
+                    out[(n.name, kind, str(key), part, end)] = v.clone() if isinstance(v, torch.Tensor) else v
     return out
 
 
@@ -142,20 +141,31 @@ CASES: List[Tuple[str, Callable]] = [
 
 
 def _forbid_changes(monkeypatch, g) -> None:
-    """An AssertionError as soon as anything sets a different calibrated range on a tensor of `g`, or different
-    values on one of its constants: with every candidate rejected, nothing of the graph may change, not even for a
-    while (a candidate set to be measured and taken back)."""
-    ranges = {id(t) for n in g.nodes for t in list(n.inputs) + list(n.outputs) + list(n.constants.values())}
+    """An AssertionError as soon as anything sets a different calibrated range in the range table of `g`, or
+    different values on one of its constants: with every candidate rejected, nothing of the graph may change, not
+    even for a while (a candidate set to be measured and taken back)."""
     constants = {id(t) for n in g.nodes for t in n.constants.values()}
     real = PyTensor.__setattr__
 
     def spy(self: PyTensor, name: str, value: object) -> None:
-        watched = (name in RANGE_KEYS and id(self) in ranges) or (name == "betensor" and id(self) in constants)
-        if watched and not _same(getattr(self, name), value):
+        if name == "betensor" and id(self) in constants and not _same(getattr(self, name), value):
             raise AssertionError(f"a rejected candidate set '{name}' of tensor '{self.name}'")
         real(self, name, value)
 
+    def spy_range(kind: str):
+        real_set = getattr(RangeTable, kind)
+        read = RangeTable.get if kind == "set" else RangeTable.channels
+
+        def setter(self: RangeTable, t, lo, hi, *args, **kwargs) -> None:
+            old = read(self, t)
+            if self is g.ranges and not (_same(old.min, lo) and _same(old.max, hi)):
+                raise AssertionError(f"a rejected candidate set the range of tensor '{getattr(t, 'name', t)}'")
+            real_set(self, t, lo, hi, *args, **kwargs)
+        return setter
+
     monkeypatch.setattr(PyTensor, "__setattr__", spy)
+    monkeypatch.setattr(RangeTable, "set", spy_range("set"))
+    monkeypatch.setattr(RangeTable, "set_channels", spy_range("set_channels"))
 
 
 @pytest.mark.parametrize("spec, make", CASES, ids=[c[0] for c in CASES])

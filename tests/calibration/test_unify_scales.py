@@ -190,7 +190,8 @@ def test_two_convs_share_one_scale_and_the_concat_writes_no_requant(method: str)
 def test_report_lists_layers_and_ranges() -> None:
     g = two_branch()
     quantize_model(g, data())  # calibrated ranges and settings, then rewrite again explicitly
-    before = {n: (g.node(n).outputs[0].min, g.node(n).outputs[0].max) for n in ("c0", "c1", "cat")}
+    before = {n: (g.ranges.get(g.node(n).outputs[0]).min, g.ranges.get(g.node(n).outputs[0]).max)
+              for n in ("c0", "c1", "cat")}
     report = unify_scales(g, [UnifyRule("Concat", 20, 1.05, "out")])
     assert [grp.targets for grp in report.groups] == [["cat"]] and report.skipped == {}
     group = report.groups[0]
@@ -199,8 +200,8 @@ def test_report_lists_layers_and_ranges() -> None:
                                                                  ("cat", "Concat")}
     assert group.scale == pytest.approx(g.quantgraph.node("cat").outputs[0].scale, rel=1e-6)  # `out`
     for c in group.changes:
-        t = g.node(c.layer).outputs[0]
-        assert c.old_range == pytest.approx(before[c.layer]) and (t.min, t.max) == c.new_range != c.old_range
+        r = g.ranges.get(g.node(c.layer).outputs[0])
+        assert c.old_range == pytest.approx(before[c.layer]) and (r.min, r.max) == c.new_range != c.old_range
         assert c.new_range == pytest.approx((0.0, 255.0 / group.scale))  # unsigned ReLU outputs
         assert c.old_scale == pytest.approx(g.quantgraph.node(c.layer).outputs[0].scale)
     assert report.changed_layers == [c.layer for c in group.changes]
@@ -307,10 +308,10 @@ def test_skip_and_per_layer_rules() -> None:
 def test_nothing_listed_changes_nothing() -> None:
     g = two_branch()
     quantize_model(g, data())
-    ranges = [(n.outputs[0].min, n.outputs[0].max) for n in g.nodes]
+    ranges = [(g.ranges.get(n.outputs[0]).min, g.ranges.get(n.outputs[0]).max) for n in g.nodes]
     for rules in (None, "", "[(Eltwise, 0, 1, max)]", [UnifyRule("Concat", 0, 1.0, "skip")]):
         assert unify_scales(g, rules).groups == []
-    assert ranges == [(n.outputs[0].min, n.outputs[0].max) for n in g.nodes]
+    assert ranges == [(g.ranges.get(n.outputs[0]).min, g.ranges.get(n.outputs[0]).max) for n in g.nodes]
 
 
 # ------------------------------------------------------------------------------------------------ through the CLI

@@ -8,6 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from range_helpers import range_of
 
 from quantopt.errors import IRError
 from quantopt.graph.builder import GraphBuilder
@@ -67,7 +68,8 @@ def test_switch_quantized() -> None:
                                       int(out.qmax)))(qd_val)
     np.testing.assert_array_equal(got, want)
     deq = (got + float(out.zerop)) / float(out.scale)
-    flt = np.clip((qd_val + float(qd.zerop)) / float(qd.scale), out.min, out.max)
+    flt = np.clip((qd_val + float(qd.zerop)) / float(qd.scale), range_of(node, out).min,
+                  range_of(node, out).max)
     assert np.abs(deq - flt).max() <= 0.51 / float(out.scale) + 0.51 / float(qd.scale)
 
 

@@ -10,6 +10,7 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 import torch
+from range_helpers import range_of
 from test_lstm_upstream import approx, lookup, rq, sym_scale
 from test_recurrent import IN, C, T, build, feeds, gru_weights, np_sigmoid
 
@@ -98,7 +99,7 @@ def test_constants_follow_the_weight_blocks_and_placeholder_ranges(optype: str, 
     np.testing.assert_array_equal(node.constants["weights_scale"].betensor.numpy(), np.concatenate(scales))
     assert node.constants["weights_zp"].betensor.numel() == (6 * C if per_channel else 4)
     ph = node.placeholders
-    h_scale = sym_scale(float(ph[0].min), float(ph[0].max), bits)
+    h_scale = sym_scale(float(range_of(node, ph[0]).min), float(range_of(node, ph[0]).max), bits)
     s_x = np.float32(node.inputs[0].scale)
     if per_channel:
         got_scale = node.constants["scale"].betensor.tolist()
@@ -109,15 +110,15 @@ def test_constants_follow_the_weight_blocks_and_placeholder_ranges(optype: str, 
         got_scale, got_shift = node.params["scale_value"], node.params["shift_value"]
         assert len(got_scale) == len(got_shift) == 6
         assert (got_scale[0], got_shift[0]) == approx((s_x * scales[0][0]) / (h_scale * scales[1][0]), bits)
-        g_out = sym_scale(float(ph[4].min), float(ph[4].max), bits)
+        g_out = sym_scale(float(range_of(node, ph[4]).min), float(range_of(node, ph[4]).max), bits)
         assert (got_scale[4], got_shift[4]) == approx(h_scale / g_out, bits)
-        f_out = sym_scale(float(ph[2].min), float(ph[2].max), bits)
+        f_out = sym_scale(float(range_of(node, ph[2]).min), float(range_of(node, ph[2]).max), bits)
         assert (got_scale[5], got_shift[5]) == approx(np.float32(1.0) / f_out, bits)
     for key in ("lut_rt", "lut_zt", "lut_ht"):
         assert node.constants[key].betensor.numel() == 256
     assert torch.equal(node.constants["lut_rt"].betensor, node.constants["lut_zt"].betensor)
     if version(optype, params) == "GRUV1" and not per_channel:
-        hid = sym_scale(float(ph[5].min), float(ph[5].max), bits)
+        hid = sym_scale(float(range_of(node, ph[5]).min), float(range_of(node, ph[5]).max), bits)
         want = approx(hid / (h_scale * scales[3][0]), bits)
         assert (node.params["hidden_scale_value"], node.params["hidden_shift_value"]) == want
     b_scale = node.constants["biases_scale"].betensor.numpy()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import MODEL_NAMES, shared_model_dir
+from range_helpers import set_range
 
 from quantopt.analysis.similarity import cosine
 from quantopt.config.layer_settings import LayerSettings
@@ -336,7 +337,7 @@ def _quantize_with_params(optype: str, params: Mapping[str, Any], consts: Mappin
     x.qbits, x.qinvariant = (x.qmax - x.qmin).bit_length(), False
     g.nodes[0].quantized = True
     node = g.node("op")
-    node.outputs[0].min, node.outputs[0].max = out_range
+    set_range(node, node.outputs[0], *out_range)
     node.quantize()
     return node
 

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import pytest
 import torch
+from range_helpers import set_range
 
 from quantopt.analysis.similarity import cosine
 from quantopt.config.layer_settings import LayerSettings
@@ -360,7 +361,7 @@ def test_eltwise_example_add() -> None:
         t.scale, t.zerop, t.qmin, t.qmax, t.dtype, t.qbits, t.qinvariant = s, zp, -128, 127, Dtype.INT8, 8, False
     out = node.outputs[0]
     s_out = 31.199003
-    out.min, out.max = -133 / s_out, -133 / s_out + 255 / s_out  # → s_out, zp_out = -5 (int8 asymmetric)
+    set_range(node, out, -133 / s_out, -133 / s_out + 255 / s_out)  # → s_out, zp_out = -5 (int8 asymmetric)
     node.quantize()
     assert abs(out.scale - s_out) < 1e-4 and out.zerop == -5 and (out.qmin, out.qmax) == (-128, 127)
     assert node.params["scale_value"] == [128, 22917, 22884]

@@ -10,6 +10,7 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 import torch
+from range_helpers import range_of, set_range
 from test_recurrent import build, feeds, lstm_weights, np_sigmoid
 
 import quantopt.ops.recurrent  # noqa: F401  (registers the ops)
@@ -112,15 +113,15 @@ def test_constants_follow_the_placeholder_ranges(params: Dict[str, Any], wmode: 
     shift = node.constants["shift"].betensor.tolist()
     assert len(scale) == len(shift) == head + 2 * T
     assert node.constants["diff_shifts"].betensor.numel() == T
-    h_scale = sym_scale(float(ph[0].min), float(ph[0].max), bits)
+    h_scale = sym_scale(float(range_of(node, ph[0]).min), float(range_of(node, ph[0]).max), bits)
     s_x = np.float32(node.inputs[0].scale)
     assert (scale[0], shift[0]) == approx(s_x / h_scale, bits)
     # cell state: step t rescales c_{t-1} to the candidate table's output scale, then to c_t's scale
-    g_out = sym_scale(float(ph[4].min), float(ph[4].max), bits)
-    f_out = sym_scale(float(ph[2].min), float(ph[2].max), bits)
+    g_out = sym_scale(float(range_of(node, ph[4]).min), float(range_of(node, ph[4]).max), bits)
+    f_out = sym_scale(float(range_of(node, ph[2]).min), float(range_of(node, ph[2]).max), bits)
     c_prev = np.float32(node.inputs[2].scale)
     for t in range(T):
-        c_t = sym_scale(float(ph[7 + t].min), float(ph[7 + t].max), bits)
+        c_t = sym_scale(float(range_of(node, ph[7 + t]).min), float(range_of(node, ph[7 + t]).max), bits)
         assert (scale[head + 2 * t], shift[head + 2 * t]) == approx(g_out / c_prev, bits)
         assert (scale[head + 2 * t + 1], shift[head + 2 * t + 1]) == approx(c_t / f_out / g_out, bits)
         c_prev = c_t
@@ -304,7 +305,7 @@ def test_missing_placeholder_ranges_are_named() -> None:
         lstm_upstream_quantize(node, rnn_spec(node))
     node.placeholders = full
     for t in full:
-        t.min = t.max = None
+        set_range(node, t, None, None)
     with pytest.raises(IRError, match="placeholder 'op/f_lut_in' has no calibrated range"):
         lstm_upstream_quantize(node, rnn_spec(node))
 
@@ -318,7 +319,7 @@ def test_table_bound_clamps_the_gate_range() -> None:
     qg = quantize_model(g, data, settings(8, "per_tensor_symmetric_restricted_range"))
     node = qg.node("op")
     ph = node.placeholders[1]
-    assert max(abs(float(ph.min)), float(ph.max)) > 4.6
+    assert max(abs(float(range_of(node, ph).min)), float(range_of(node, ph).max)) > 4.6
     s_x, s_w = np.float32(node.inputs[0].scale), np.float32(node.params["weights_scale"])
     in_scale = np.float32(127) / np.float32(4.564205) * np.float32(256)
     m, n = approx(in_scale / (s_x * s_w), 8)

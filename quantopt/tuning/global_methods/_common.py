@@ -11,7 +11,7 @@ import torch
 from ...errors import QuantOptError
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
-from ...graph.tables import detached_statistics
+from ...graph.tables import RangeTable, TensorRange, detached_statistics, node_tensors, ranges_of
 from ...graph.tensor import PyTensor
 from ...graph.values import to_float, to_quantized
 from ...ops._quant import activation_mode, is_signed
@@ -66,7 +66,7 @@ def quantize_alone(fnode: PyNode, qnode: PyNode, input_params: Optional[PyTensor
     quantized. The float layer and the graphs are left untouched, so a method measures a candidate without setting
     and restoring anything; a per-channel input's scales are absorbed into the copy's float weights first, as
     `quantize_graph` does (passes/absorb_scales.py)."""
-    m = fnode.detached_copy(inputs=list(qnode.inputs))
+    m = fnode.detached_copy(inputs=list(qnode.inputs), input_ranges=ranges_of(qnode))
     if input_params is not None:
         m.inputs[0] = input_params.clone()
     if change is not None:
@@ -167,21 +167,26 @@ def scaled(v: Union[float, torch.Tensor], f: float) -> Union[float, torch.Tensor
     return v / f if isinstance(v, torch.Tensor) else float(v) / f
 
 
-RANGE_KEYS = ("min", "max", "min_key_axis", "max_key_axis")
-Range = Dict[str, object]
-"""Calibrated range values of a tensor by attribute name (a subset of RANGE_KEYS): a candidate or a method's
-result, applied to a copy to measure it and to the graph's tensor once chosen (`set_range`)."""
+Range = Tuple[TensorRange, ...]
+"""Calibrated ranges of a tensor, per tensor (`axis` None) and/or per channel: a candidate or a method's result,
+applied to a copy to measure it and to the graph's tensor once chosen (`set_range`)."""
 
 
-def tensor_range(t: PyTensor) -> Range:
-    """The calibrated range of `t` as values (min, max and the per-channel ones)."""
-    return {key: getattr(t, key) for key in RANGE_KEYS}
+def tensor_range(node: PyNode, t: PyTensor) -> Range:
+    """The calibrated ranges of `t` (a tensor of `node`): per tensor, then per channel."""
+    table = ranges_of(node)
+    return table.get(t), table.channels(t)
 
 
-def set_range(t: PyTensor, values: Range) -> None:
-    """Give tensor `t` (a copy's, or the graph's once a method has chosen) the calibrated range `values`."""
-    for key, value in values.items():
-        setattr(t, key, value)
+def set_range(node: PyNode, t: PyTensor, values: Range) -> None:
+    """Give tensor `t` of `node` (a copy's, or the graph's once a method has chosen) the calibrated ranges `values`
+    (each per tensor or per channel by its axis)."""
+    table = ranges_of(node)
+    for r in values:
+        if r.axis is None:
+            table.set(t, r.min, r.max)
+        else:
+            table.set_channels(t, r.min, r.max, r.axis)
 
 
 def search_factors(alpha: float, beta: float, nsteps: int) -> List[float]:
@@ -210,21 +215,22 @@ def fake_quant(x: torch.Tensor, scale: torch.Tensor, zerop: torch.Tensor, qmin: 
 
 
 def range_honoured(qgraph: PyGraph, t: PyTensor, qt: PyTensor) -> Optional[PyNode]:
-    """The producer of `t` when its quantized output params follow the range `t.min/t.max` (they are those of
+    """The producer of `t` when its quantized output params follow its calibrated range (they are those of
     the range, and quantizing the producer again with a wider range changes them); shape-only producers that copy
     their input's params do not qualify."""
     producer = t.pnode
-    if producer is None or qt.qinvariant or qt.qbits is None or t.min is None or isinstance(qt.scale, torch.Tensor):
+    r = ranges_of(producer).get(t) if producer is not None else None
+    if producer is None or qt.qinvariant or qt.qbits is None or r.min is None or isinstance(qt.scale, torch.Tensor):
         return None
     bits = int(qt.qbits)
-    p = linear_quant_params(t.min, t.max, bits, activation_mode(producer, bits), is_signed(qt))
+    p = linear_quant_params(r.min, r.max, bits, activation_mode(producer, bits), is_signed(qt))
     if float(p.scale) != float(qt.scale) or int(p.zerop) != int(qt.zerop) or (p.qmin, p.qmax) != (qt.qmin, qt.qmax):
         return None
     index = producer.outputs.index(t)
-    wide = {"min": scaled(t.min, 0.5), "max": scaled(t.max, 0.5)}
+    wide = (TensorRange(scaled(r.min, 0.5), scaled(r.max, 0.5)),)
     try:
         probe = quantize_alone(producer, qgraph.node(producer.name),
-                               change=lambda m: set_range(m.outputs[index], wide))
+                               change=lambda m: set_range(m, m.outputs[index], wide))
         wider = probe.outputs[index].scale
     except (QuantOptError, ValueError, RuntimeError, KeyError):
         return None
@@ -257,7 +263,7 @@ def clone_nodes(nodes: Sequence[PyNode]) -> List[PyNode]:
     """Copies of a connected run of layers (topological order) wired among themselves: an input produced inside
     the run is the copy of that output; every other tensor and constant is cloned. Quantizing or running the
     copies leaves the originals untouched; each copy looks its statistics up in its own table sharing the
-    originals' entries."""
+    originals' entries, and all of them their ranges up in one table of copied entries."""
     tmap: Dict[int, PyTensor] = {}
 
     def ct(t: PyTensor) -> PyTensor:
@@ -278,6 +284,10 @@ def clone_nodes(nodes: Sequence[PyNode]) -> List[PyNode]:
         m.constants = OrderedDict((k, v.clone()) for k, v in n.constants.items())
         m.detached_statistics = detached_statistics(n, m)  # the originals' entries (graph/tables.py)
         out.append(m)
+    # one range table for the run: a copy's quantization edits ranges its readers' copies see (graph/tables.py)
+    ranges = ranges_of(nodes[0]).copy(t.name for m in out for t in node_tensors(m)) if nodes else RangeTable()
+    for m in out:
+        m.detached_ranges = ranges
     return out
 
 

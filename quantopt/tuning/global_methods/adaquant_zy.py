@@ -30,6 +30,7 @@ import torch
 
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
+from ...graph.tables import TensorRange
 from ...graph.tensor import PyTensor
 from ...log import OPT_INFO
 from ...ops._quant import activation_mode
@@ -40,6 +41,7 @@ from ...threads import one_thread
 from ._common import (
     SEED,
     Batch,
+    Range,
     capture,
     fake_quant,
     float_apply,
@@ -157,14 +159,14 @@ class _Learner:
         return first, best
 
 
-def _weight_range(node: PyNode, grid: _Grid) -> Dict[str, object]:
+def _weight_range(node: PyNode, grid: _Grid) -> Range:
     s = node.settings
     mode = QuantMode.from_name(s.q_mode_weight if s is not None else "per_tensor_symmetric_restricted_range")
     lo, hi = range_for_scale(grid.scale().detach(), grid.zerop, grid.qmin, grid.qmax, mode.is_symmetric, True)
     lo, hi = lo.reshape(-1), hi.reshape(-1)
     if lo.numel() > 1:
-        return {"min": float(lo.min()), "max": float(hi.max()), "min_key_axis": lo.clone(), "max_key_axis": hi.clone()}
-    return {"min": float(lo[0]), "max": float(hi[0])}
+        return TensorRange(float(lo.min()), float(hi.max())), TensorRange(lo.clone(), hi.clone(), 0)
+    return (TensorRange(float(lo[0]), float(hi[0])),)
 
 
 def _learned(node: PyNode, learner: _Learner, producer: Optional[PyNode]) -> Tuple[Dict[str, object], str]:
@@ -183,7 +185,7 @@ def _learned(node: PyNode, learner: _Learner, producer: Optional[PyNode]) -> Tup
     if producer is not None and g is not None and g.rho.requires_grad:
         symmetric = activation_mode(producer, learner.x_bits).is_symmetric
         lo, hi = range_for_scale(g.scale().detach(), g.zerop, g.qmin, g.qmax, symmetric, g.qmin < 0)
-        values["input_range"] = {"min": float(lo), "max": float(hi)}
+        values["input_range"] = (TensorRange(float(lo), float(hi)),)
         text += f", input '{node.inputs[0].name}' scale x {math.exp(float(g.rho.detach())):.4g}"
     return values, text
 
@@ -193,9 +195,9 @@ def _apply(node: PyNode, values: Dict[str, object]) -> None:
     node.constants["weights"].betensor = values["weights"]
     if "biases" in values:
         node.constants["biases"].betensor = values["biases"]
-    set_range(node.constants["weights"], values["weight_range"])
+    set_range(node, node.constants["weights"], values["weight_range"])
     if "input_range" in values:
-        set_range(node.inputs[0], values["input_range"])
+        set_range(node, node.inputs[0], values["input_range"])
 
 
 def adaquant_zy(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batches: Sequence[Batch]) -> List[str]:

@@ -24,6 +24,7 @@ import torch
 from ...graph.float_layer import round_to_float_dtype
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
+from ...graph.tables import ranges_of
 from ...graph.tensor import PyTensor
 from ...graph.values import to_float, to_quantized
 from ...log import OPT_INFO
@@ -62,9 +63,11 @@ def _shrink(nodes: Sequence[PyNode], pair: Pair, ratio: float, block_fcs: Option
                 clipped = torch.maximum(torch.minimum(blocks, hi * ratio), lo * ratio)
                 w.betensor = clipped.reshape(w.betensor.shape).to(w.betensor.dtype)
             continue
-        w.min, w.max = float(w.min) * ratio, float(w.max) * ratio
-        if w.min_key_axis is not None:
-            w.min_key_axis, w.max_key_axis = w.min_key_axis * ratio, w.max_key_axis * ratio
+        table = ranges_of(n)
+        r, rc = table.get(w), table.channels(w)
+        table.set(w, float(r.min) * ratio, float(r.max) * ratio)
+        if rc.min is not None:
+            table.set_channels(w, rc.min * ratio, rc.max * ratio, rc.axis)
 
 
 def _mixed(qgraph: PyGraph, pair: Pair) -> bool:

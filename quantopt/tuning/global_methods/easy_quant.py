@@ -22,6 +22,7 @@ import torch
 
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
+from ...graph.tables import TensorRange, ranges_of
 from ...graph.tensor import PyTensor
 from ...log import OPT_INFO
 from ...ops._quant import activation_mode, is_signed, set_params
@@ -55,7 +56,7 @@ def _outputs(node: PyNode, qnode: PyNode, xs: Sequence[torch.Tensor], input_para
              weight_range: Optional[Range] = None) -> List[torch.Tensor]:
     """Dequantized outputs of a copy of the layer quantized on its own (with the candidate `input_params` and
     weight range `weight_range` when given), fed the float inputs `xs`."""
-    change = None if weight_range is None else lambda m: set_range(m.constants["weights"], weight_range)
+    change = None if weight_range is None else lambda m: set_range(m, m.constants["weights"], weight_range)
     probe = quantize_alone(node, qnode, input_params, change)
     return [run_alone(probe, [x]) for x in xs]
 
@@ -67,20 +68,22 @@ def _search_weights(node: PyNode, qnode: PyNode, xs, ys, factors: List[float], n
     per_channel = isinstance(qnode.constants["weights"].scale, torch.Tensor) and \
         qnode.constants["weights"].scale.numel() > 1
     if not per_channel:
-        lo, hi = w.min, w.max
+        r = ranges_of(node).get(w)
+        lo, hi = r.min, r.max
         best_f, best = 1.0, -2.0
         for f in factors:
-            c = concat_cos(ys, _outputs(node, qnode, xs, weight_range={"min": scaled(lo, f), "max": scaled(hi, f)}))
+            c = concat_cos(ys, _outputs(node, qnode, xs, weight_range=(TensorRange(scaled(lo, f), scaled(hi, f)),)))
             if c > best + 1e-12 or (f == 1.0 and c >= best):
                 best_f, best = f, c
-        return {"min": scaled(lo, best_f), "max": scaled(hi, best_f)}, \
+        return (TensorRange(scaled(lo, best_f), scaled(hi, best_f)),), \
             f"weight range / {best_f:.4g} (cosine {best:.6f})"
-    lo, hi = w.min_key_axis.clone(), w.max_key_axis.clone()
+    rc = ranges_of(node).channels(w)
+    lo, hi, axis = rc.min.clone(), rc.max.clone(), rc.axis
     channels = int(lo.numel())
     groups = _channel_groups(channels, ngroups)
     scores = torch.full((len(factors), len(groups)), -2.0, dtype=torch.float64)
     for i, f in enumerate(factors):
-        outs = _outputs(node, qnode, xs, weight_range={"min_key_axis": lo / f, "max_key_axis": hi / f})
+        outs = _outputs(node, qnode, xs, weight_range=(TensorRange(lo / f, hi / f, axis),))
         for j, g in enumerate(groups):
             scores[i, j] = concat_cos([y[..., g] for y in ys], [y[..., g] for y in outs])
     one = factors.index(1.0)
@@ -91,11 +94,11 @@ def _search_weights(node: PyNode, qnode: PyNode, xs, ys, factors: List[float], n
     scale = torch.ones(channels, dtype=lo.dtype)
     for j, g in enumerate(groups):
         scale[g] = factors[choice[j]]
-    chosen = {"min_key_axis": lo / scale, "max_key_axis": hi / scale}
+    chosen = (TensorRange(lo / scale, hi / scale, axis),)
     final = concat_cos(ys, _outputs(node, qnode, xs, weight_range=chosen))
-    base = concat_cos(ys, _outputs(node, qnode, xs, weight_range={"min_key_axis": lo, "max_key_axis": hi}))
+    base = concat_cos(ys, _outputs(node, qnode, xs, weight_range=(TensorRange(lo, hi, axis),)))
     if final < base:
-        return {"min_key_axis": lo, "max_key_axis": hi}, f"weight ranges kept (cosine {base:.6f})"
+        return (TensorRange(lo, hi, axis),), f"weight ranges kept (cosine {base:.6f})"
     return chosen, (f"per-channel weight ranges / [{float(scale.min()):.4g}, {float(scale.max()):.4g}] over "
                     f"{len(groups)} group(s) (cosine {final:.6f})")
 
@@ -109,7 +112,8 @@ def _search_input(qgraph: PyGraph, node: PyNode, qnode: PyNode, xs, ys, factors:
     producer = range_honoured(qgraph, t, qt)
     if producer is None:
         return None, "input range kept (its producer does not take it from the calibrated range)"
-    lo, hi = t.min, t.max
+    r = ranges_of(node).get(t)
+    lo, hi = r.min, r.max
     bits = int(qt.qbits)
     best_f, best = 1.0, -2.0
     for f in factors:
@@ -119,7 +123,7 @@ def _search_input(qgraph: PyGraph, node: PyNode, qnode: PyNode, xs, ys, factors:
         c = concat_cos(ys, _outputs(node, qnode, xs, cand, weight_range))
         if c > best + 1e-12 or (f == 1.0 and c >= best):
             best_f, best = f, c
-    return {"min": scaled(lo, best_f), "max": scaled(hi, best_f)}, \
+    return (TensorRange(scaled(lo, best_f), scaled(hi, best_f)),), \
         f"input '{t.name}' range / {best_f:.4g} (cosine {best:.6f})"
 
 
@@ -138,9 +142,9 @@ def easy_quant(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batch
             before = concat_cos(ys, _outputs(node, qnode, xs))
             w_range, w_msg = _search_weights(node, qnode, xs, ys, factors, spec.param("ngroups"))
             x_range, i_msg = _search_input(qgraph, node, qnode, xs, ys, factors, w_range)
-            set_range(node.constants["weights"], w_range)
+            set_range(node, node.constants["weights"], w_range)
             if x_range is not None:
-                set_range(node.inputs[0], x_range)
+                set_range(node, node.inputs[0], x_range)
             qgraph = quantize_graph(graph)
             after = concat_cos(ys, _outputs(node, qgraph.node(node.name), xs))
             OPT_INFO(f"easy_quant epoch {epoch}: layer '{node.name}': {w_msg}; {i_msg}; isolated cosine "

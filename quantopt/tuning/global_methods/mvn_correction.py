@@ -32,6 +32,7 @@ import torch
 from ...config.layer_settings import LayerSettings
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
+from ...graph.tables import TensorRange
 from ...log import OPT_INFO
 from ...progress import progress
 from ...quant.params import QuantMode
@@ -97,16 +98,18 @@ def _correct_range(graph: PyGraph, reference: PyGraph, norm: PyNode, ancestor: P
     s = math.sqrt(s_in * s_out) * max(alpha, math.sqrt(s_in / s_out))
     lo, hi = range_for_scale(torch.tensor(s, dtype=torch.float64), torch.tensor(0.0), int(qt.qmin), int(qt.qmax),
                              True, int(qt.qmin) < 0)
-    new = {"min": float(lo), "max": float(hi)}
+    new = (TensorRange(float(lo), float(hi)),)
     before = layer_errors(graph, reference, data, [norm.name])[norm.name]
     candidate = graph.clone()
-    set_range(candidate.node(ancestor.name).outputs[0], new)
+    c_node = candidate.node(ancestor.name)
+    set_range(c_node, c_node.outputs[0], new)
     after = layer_errors(candidate, reference, data, [norm.name])[norm.name]
-    text = (f"'{t.name}' range [{float(t.min):.6g}, {float(t.max):.6g}] -> [{float(lo):.6g}, {float(hi):.6g}] "
+    r = graph.ranges.get(t)
+    text = (f"'{t.name}' range [{float(r.min):.6g}, {float(r.max):.6g}] -> [{float(lo):.6g}, {float(hi):.6g}] "
             f"(scale {s_in:.6g} -> {s:.6g}, norm output scale {s_out:.6g})")
     if not after < before:
         return False, f"{text} not kept: norm output mse {before:.6g} -> {after:.6g}"
-    set_range(t, new)
+    set_range(ancestor, t, new)
     return True, f"{text}; norm output mse {before:.6g} -> {after:.6g}"
 
 

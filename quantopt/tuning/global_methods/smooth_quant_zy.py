@@ -32,6 +32,7 @@ import torch
 from ...calibration.collect import recalibrate_weight, weight_constants
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
+from ...graph.tables import ranges_of
 from ...graph.tensor import PyTensor
 from ...graph.values import to_float, to_quantized
 from ...log import OPT_INFO
@@ -220,7 +221,9 @@ def fold_ranges(nodes: Sequence[PyNode], pair: Pair, sigma: torch.Tensor) -> Tup
         if n.name in fc_names:
             continue
         t = n.outputs[0]
-        t.min, t.max = float(t.min) * r_lo, float(t.max) * r_hi
+        table = ranges_of(n)
+        r = table.get(t)
+        table.set(t, float(r.min) * r_lo, float(r.max) * r_hi)
     return r_lo, r_hi
 
 

@@ -27,6 +27,7 @@ import torch
 
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
+from ...graph.tables import TensorRange
 from ...graph.tensor import PyTensor
 from ...log import OPT_DEBUG, OPT_INFO
 from ...progress import progress
@@ -119,7 +120,7 @@ def _targets(graph: PyGraph, qgraph: PyGraph, spec: GlobalMethodSpec, factors: L
         t = n.outputs[0]
         qt = qgraph.node(n.name).outputs[0]
         producer = range_honoured(qgraph, t, qt)
-        if producer is None or t.min is None:
+        if producer is None or graph.ranges.get(t).min is None:
             OPT_DEBUG(f"svd_quant: layer '{n.name}' skipped: its quantized output does not follow its range")
             continue
         found[n.name] = _Target(n, t, qt, producer, factors)
@@ -166,18 +167,24 @@ def _activation_ranges(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpe
     factors = search_factors(float(spec.param("alpha")), float(spec.param("beta")), spec.param("nsteps"))
     qgraph = quantize_graph(graph)
     targets = _targets(graph, qgraph, spec, factors)
+    rng = graph.ranges
+
+    def bounds(tg: _Target) -> Tuple[float, float]:
+        r = rng.get(tg.t)
+        return float(r.min), float(r.max)
+
     one = factors.index(1.0)
     if mode == 0:
         def visit(tg: _Target, x: torch.Tensor) -> None:
-            tg.losses += tg.spectrum_losses(x, float(tg.t.min), float(tg.t.max))
+            tg.losses += tg.spectrum_losses(x, *bounds(tg))
 
         _each_output(reference, data, targets, "svd_quant mode 0", visit)
-        found = {name: (float(tg.t.min) * f, float(tg.t.max) * f) for name, tg in targets.items()
+        found = {name: (bounds(tg)[0] * f, bounds(tg)[1] * f) for name, tg in targets.items()
                  if (f := tg.best(tg.losses)) != 1.0}
         losses = {name: (float(tg.losses[one]), float(tg.losses.min())) for name, tg in targets.items()}
     else:
         found = _denoised_candidates(reference, data, targets, mode, thresh)
-        found = {k: v for k, v in found.items() if v != (float(targets[k].t.min), float(targets[k].t.max))}
+        found = {k: v for k, v in found.items() if v != bounds(targets[k])}
         losses = {name: (0.0, 0.0) for name in found}
 
         def check(tg: _Target, x: torch.Tensor) -> None:
@@ -186,7 +193,7 @@ def _activation_ranges(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpe
                 old, new = losses[tg.node.name]
                 with one_thread():  # batched FFTs and full float sums: the same at any thread count (threads.py)
                     losses[tg.node.name] = (old + float(((_spectrum(x) - _spectrum(fake_quant_range(
-                        x, float(tg.t.min), float(tg.t.max), tg.qt, tg.producer))) ** 2).mean()),
+                        x, *bounds(tg), tg.qt, tg.producer))) ** 2).mean()),
                         new + float(((_spectrum(x) - _spectrum(fake_quant_range(x, lo, hi, tg.qt, tg.producer)))
                                      ** 2).mean()))
 
@@ -195,12 +202,12 @@ def _activation_ranges(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpe
     for name, (lo, hi) in found.items():
         tg = targets[name]
         old, new = losses[name]
-        text = (f"range [{float(tg.t.min):.6g}, {float(tg.t.max):.6g}] -> [{lo:.6g}, {hi:.6g}] (spectrum mse "
+        text = (f"range [{bounds(tg)[0]:.6g}, {bounds(tg)[1]:.6g}] -> [{lo:.6g}, {hi:.6g}] (spectrum mse "
                 f"{old:.6g} -> {new:.6g})")
         if not new < old:
             OPT_DEBUG(f"svd_quant: layer '{name}': {text} not kept")
             continue
-        tg.t.min, tg.t.max = lo, hi
+        rng.set(tg.t, lo, hi)
         changed.append(name)
         OPT_INFO(f"svd_quant: layer '{name}': {text}")
     OPT_INFO(f"svd_quant mode {mode}: {len(changed)} of {len(targets)} searchable output range(s) changed")
@@ -226,13 +233,13 @@ def _fc_weight_ranges(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec
             continue
         xs = [io[0][0] for io in ref_io[node.name]]
         ys = [io[1][0] for io in ref_io[node.name]]
-        current = tensor_range(node.constants["weights"])
+        current = tensor_range(node, node.constants["weights"])
         losses = torch.tensor([_isolated_mse(node, qnode, xs, ys, _scaled_range(current, f)) for f in factors],
                               dtype=torch.float64)
         one = factors.index(1.0)
         best = int(torch.argmin(losses))
         f = factors[best] if losses[best] < losses[one] else 1.0
-        set_range(node.constants["weights"], _scaled_range(current, f))
+        set_range(node, node.constants["weights"], _scaled_range(current, f))
         if f != 1.0:
             changed.append(node.name)
         OPT_INFO(f"svd_quant: layer '{node.name}': weight range x {f:.4g} (isolated output mse "
@@ -242,17 +249,19 @@ def _fc_weight_ranges(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec
 
 def _scaled_range(current: Range, f: float) -> Range:
     """The weight range `current` multiplied by `f` (per tensor and per channel)."""
-    lo_c, hi_c = current["min_key_axis"], current["max_key_axis"]
-    return {"min": float(current["min"]) * f, "max": float(current["max"]) * f,
-            "min_key_axis": lo_c * f if isinstance(lo_c, torch.Tensor) else lo_c,
-            "max_key_axis": hi_c * f if isinstance(hi_c, torch.Tensor) else hi_c}
+    def times(v: object) -> object:
+        return v * f if isinstance(v, torch.Tensor) else v
+
+    tensor, channels = current
+    return (TensorRange(float(tensor.min) * f, float(tensor.max) * f),
+            TensorRange(times(channels.min), times(channels.max), channels.axis))
 
 
 def _isolated_mse(node: PyNode, qnode: PyNode, xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor],
                   weight_range: Range) -> float:
     """MSE against the float outputs `ys` of a copy of the layer with the weight range `weight_range`, quantized on
     its own and fed the float inputs `xs` quantized with its input params (the layer itself is not touched)."""
-    probe = quantize_alone(node, qnode, change=lambda m: set_range(m.constants["weights"], weight_range))
+    probe = quantize_alone(node, qnode, change=lambda m: set_range(m, m.constants["weights"], weight_range))
     with one_thread():  # full float sums: the same at any thread count (threads.py)
         return sum(float(((run_alone(probe, [x]).to(torch.float64) - y.to(torch.float64)) ** 2).mean())
                    for x, y in zip(xs, ys)) / len(xs)
