@@ -47,6 +47,11 @@ Helpers of a quantize function (called once per layer, in graph order, after cal
                           bits; returns `(M, N, M dtype, N dtype)`
 `store_requant`           `store_requant(node, M, N, M dtype, N dtype)`: writes them as the layer's
                           `scale_value`/`shift_value` (per channel: `scale`/`shift` constants)
+`ranges_of`               `ranges_of(node)`: the table of calibrated ranges the layer's tensors have
+                          (`.get(t)` the per-tensor `TensorRange(min, max, axis)`, `.channels(t)` the per-channel
+                          one, `.set(t, lo, hi)` to narrow an output's range before `quantize_activation`)
+`statistics_of`           `statistics_of(node)`: the table of the statistics the calibration collected
+                          (`.get(t)`: the `TensorStatistics` of `t`, read-only)
 ========================  =========================================================================================
 
 Helpers of an integer forward (`node.quantized` is true):
@@ -81,6 +86,7 @@ of plugins").
 """
 from __future__ import annotations
 
+from ..graph.tables import ranges_of, statistics_of
 from ..quant.params import dequantize, quantize
 from ..quant.requant import bias_quantize, requantize_int
 from ..registry import OpSpec, declare_op
@@ -107,7 +113,7 @@ __all__ = [
     "Int", "Float", "Bool", "Text", "Ints", "Floats", "Axis", "DtypeName", "Either", "Value",
     # quantize functions
     "layer_settings", "quantize_activation", "copy_params", "set_qinvariant", "quantize_weights", "bias_quantize",
-    "requant_scale_shift", "store_requant",
+    "requant_scale_shift", "store_requant", "ranges_of", "statistics_of",
     # integer forwards
     "int_value", "tensor_scale", "tensor_zp", "out_range", "requant_of", "requantize_int", "quantize", "dequantize",
     # reading params
