@@ -10,7 +10,7 @@ filled by local calibration and edited by the global methods, the passes and the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Union
 
 import torch
 
@@ -185,15 +185,22 @@ def node_tensors(node: PyNode) -> Iterable[PyTensor]:
     yield from node.placeholders
 
 
-def statistics_of(node: PyNode) -> StatisticsTable:
-    """The statistics table a layer's tensors are looked up in: its graph's; otherwise the layer's own
-    (`PyNode.detached_statistics`: a detached copy's, or an empty one created here for a layer built on its own)."""
+def _table_of(node: PyNode, name: str, empty: Callable[[], Any]) -> Any:
+    """The side table `name` a layer's tensors are looked up in: its graph's (`graph.<name>`); otherwise the layer's
+    own (`node.detached_<name>`: a detached copy's, or an empty one created here for a layer built on its own)."""
     graph = node.graph
     if graph is not None:
-        return graph.statistics
-    if node.detached_statistics is None:
-        node.detached_statistics = StatisticsTable()
-    return node.detached_statistics
+        return getattr(graph, name)
+    own = getattr(node, "detached_" + name)
+    if own is None:
+        own = empty()
+        setattr(node, "detached_" + name, own)
+    return own
+
+
+def statistics_of(node: PyNode) -> StatisticsTable:
+    """The statistics table a layer's tensors are looked up in (`_table_of`)."""
+    return _table_of(node, "statistics", StatisticsTable)
 
 
 def detached_statistics(source: PyNode, copy: PyNode) -> StatisticsTable:
@@ -203,14 +210,8 @@ def detached_statistics(source: PyNode, copy: PyNode) -> StatisticsTable:
 
 
 def ranges_of(node: PyNode) -> RangeTable:
-    """The range table a layer's tensors are looked up in: its graph's; otherwise the layer's own
-    (`PyNode.detached_ranges`: a detached copy's, or an empty one created here for a layer built on its own)."""
-    graph = node.graph
-    if graph is not None:
-        return graph.ranges
-    if node.detached_ranges is None:
-        node.detached_ranges = RangeTable()
-    return node.detached_ranges
+    """The range table a layer's tensors are looked up in (`_table_of`)."""
+    return _table_of(node, "ranges", RangeTable)
 
 
 def detached_ranges(source: PyNode, copy: PyNode, input_ranges: Optional[RangeTable] = None) -> RangeTable:
