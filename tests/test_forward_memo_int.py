@@ -131,7 +131,7 @@ def test_batchnorm_equals_mac_finish() -> None:
 @pytest.mark.parametrize("shapes", [[SHAPE, SHAPE], [SHAPE, [1, 1, 1, 6]], [[1, 1, 1, 6], SHAPE]])
 def test_eltwise_in_place_equals_int64_reference(optype, params, shapes) -> None:
     q, node = _graph(optype, params, {}, shapes, SHAPE, seed=5, scales=[1.0, 3.0])
-    a, b = (int_value(t) + tensor_zp(t) for t in node.inputs)
+    a, b = (int_value(t) + tensor_zp(node, t) for t in node.inputs)
     method = params.get("method", "MUL")
     out = node.outputs[0]
     qmin, qmax = int(out.qmin), int(out.qmax)
@@ -142,7 +142,7 @@ def test_eltwise_in_place_equals_int64_reference(optype, params, shapes) -> None
         m, m0, m1 = (int(v) for v in node.params["scale_value"])
         s = int(node.params["shift_value"])
         acc = a * m0 + b * m1 if method == "ADD" else a * m0 - b * m1
-    expected = requantize_int(acc, m, s, tensor_zp(out), qmin, qmax)
+    expected = requantize_int(acc, m, s, tensor_zp(node, out), qmin, qmax)
     assert torch.equal(node.outputs[0].betensor, expected)
     assert node.inputs[0].betensor.dtype == torch.int64  # the inputs were not written into
 
@@ -199,7 +199,7 @@ def test_convtranspose_float_path_equals_general_path(monkeypatch, act, stride) 
     consts = {"weights": w_ir, "biases": r.normal(0, 0.3, size=cout).astype(np.float32)}
     q, node = _graph("ConvTranspose", params, consts, [[1, *spatial, cin]], [1, *out, cout], seed=13, scales=[2.0])
     fast = node.outputs[0].betensor.clone()
-    assert mac_extra._convt_int_float(node, int_value(node.inputs[0]) + tensor_zp(node.inputs[0]),
+    assert mac_extra._convt_int_float(node, int_value(node.inputs[0]) + tensor_zp(node, node.inputs[0]),
                                       *_convt_args(node)) is not None
     monkeypatch.setattr(mac_extra, "_convt_int_float", lambda *a: None)
     node.forward()
@@ -211,4 +211,4 @@ def _convt_args(node):
     x, zp = mac_extra.mac_input(node)
     group, geo = mac_extra._convt_setup(node, x, node.get_constant("weights").betensor.shape)
     wt, sums, w_sum = node.attrs["_convt_int_weights"][2]
-    return wt, sums, group, geo, mac_extra._input_absmax(node.inputs[0], zp), w_sum
+    return wt, sums, group, geo, mac_extra._input_absmax(node, node.inputs[0], zp), w_sum

@@ -9,7 +9,7 @@ import torch
 
 from ..errors import DataError, IRError
 from .node import PyNode
-from .tables import RangeTable, StatisticsTable, node_tensors
+from .tables import RangeTable, StatisticsTable, TensorBackedQuant, node_tensors
 from .tensor import PyTensor
 from .wide_values import WideValues
 
@@ -32,6 +32,7 @@ class PyGraph:
         self.device = torch.device("cpu")
         self.statistics = StatisticsTable()  # tensor name -> statistics (graph/tables.py)
         self.ranges = RangeTable()  # tensor name -> calibrated ranges (graph/tables.py)
+        self.quant = TensorBackedQuant()  # tensor name -> quantization parameters (graph/tables.py)
         self.wide_values = WideValues()  # the float forward's float64 results (docs/architecture.md, "Float reference")
 
     # ----------------------------------------------------------------------------------------- structure

@@ -10,7 +10,7 @@ from ..errors import IRError
 from ..registry.optype import OpTypeName
 from .batch import forward_batched
 from .float_layer import run_float_layer
-from .tables import RangeTable, StatisticsTable, detached_ranges, detached_statistics
+from .tables import QuantTable, RangeTable, StatisticsTable, detached_quant, detached_ranges, detached_statistics
 from .tensor import PyTensor
 
 _MISSING = object()
@@ -53,6 +53,8 @@ class PyNode:
         self.detached_statistics: Optional[StatisticsTable] = None
         # outside a graph only: the calibrated ranges of its tensors (a detached copy's own copy; `ranges_of`)
         self.detached_ranges: Optional[RangeTable] = None
+        # outside a graph only: the quantization parameters of its tensors (a detached copy's own copy; `quant_of`)
+        self.detached_quant: Optional[QuantTable] = None
 
     def where(self) -> str:
         if self.source:
@@ -121,13 +123,13 @@ class PyNode:
         fn(self)
         self.quantized = True
 
-    def detached_copy(self, inputs: Optional[List[PyTensor]] = None,
-                      input_ranges: Optional[RangeTable] = None) -> PyNode:
+    def detached_copy(self, inputs: Optional[List[PyTensor]] = None, input_ranges: Optional[RangeTable] = None,
+                      input_quant: Optional[QuantTable] = None) -> PyNode:
         """A copy with its own tensors (clones of `inputs` when given, else of its own inputs), outside any
         graph: running or quantizing it never touches the original layer's values. Private attrs (`_*`, caches)
         are not copied. Its statistics table shares the original's entries; its range table is its own copy of the
         original's entries, the inputs' taken from `input_ranges` when given (the table `inputs` are looked up in;
-        graph/tables.py)."""
+        graph/tables.py); its quantization parameters likewise, the inputs' from `input_quant` when given."""
         m = PyNode(self.name, self.type, self.layer_id)
         m.params = OrderedDict(self.params)
         m.attrs = {k: v for k, v in self.attrs.items() if not k.startswith("_")}
@@ -139,6 +141,7 @@ class PyNode:
         m.placeholders = [t.clone() for t in self.placeholders]
         m.detached_statistics = detached_statistics(self, m)
         m.detached_ranges = detached_ranges(self, m, input_ranges)
+        m.detached_quant = detached_quant(self, m, input_quant)
         return m
 
     def __repr__(self) -> str:

@@ -177,6 +177,109 @@ _EMPTY = TensorRange()
 _EMPTY_CHANNELS = TensorRange(axis=0)
 
 
+Scale = Union[float, torch.Tensor]
+ZeroPoint = Union[int, torch.Tensor]
+
+
+@dataclass
+class TensorQuant:
+    """The quantization parameters of one tensor, OPT convention: q = round(x * scale - zerop), x = (q + zerop) /
+    scale, q in [qmin, qmax].
+
+    Per tensor (`axis` None) `scale`/`zerop` are a float and an int; per channel they are 1-d tensors along `axis`
+    (weights: the output-channel axis 0; activations: the last axis). `qinvariant`: the tensor holds integers used as
+    they are (indices, counts; scale 1, zero point 0). `qbits` None: the tensor is not quantized.
+    """
+
+    scale: Scale = 1.0
+    zerop: ZeroPoint = 0
+    qbits: Optional[int] = None
+    qmin: Optional[int] = None
+    qmax: Optional[int] = None
+    qinvariant: bool = False
+    axis: Optional[int] = None
+
+    @property
+    def per_channel(self) -> bool:
+        """One scale per channel (a tensor of more than one element)."""
+        return isinstance(self.scale, torch.Tensor) and self.scale.numel() > 1
+
+    def copy(self) -> TensorQuant:
+        """A copy whose scale and zero point tensors are clones (the copy can be edited on its own)."""
+        return TensorQuant(_clone(self.scale), _clone(self.zerop), self.qbits, self.qmin, self.qmax, self.qinvariant,
+                           self.axis)
+
+
+def _clone(v: Any) -> Any:
+    return v.clone() if isinstance(v, torch.Tensor) else v
+
+
+class _Unquantized(TensorQuant):
+    """What `QuantTable.get` gives for a tensor without parameters: the defaults, read-only, so that a write meant
+    for the table (`QuantTable.of`) cannot land on an unstored object."""
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if getattr(self, "_sealed", False):
+            raise AttributeError(f"parameters read with QuantTable.get cannot be set ('{key}'); use QuantTable.of")
+        object.__setattr__(self, key, value)
+
+
+_UNQUANTIZED = _Unquantized()
+object.__setattr__(_UNQUANTIZED, "_sealed", True)
+
+
+class QuantTable:
+    """Tensor name -> TensorQuant of one graph.
+
+    `get(t)` is the parameters to read (read-only defaults when `t` has none), `of(t)` the entry to fill in place
+    (created with the defaults), `set` replaces an entry. Parameters are edited on copies (the global methods'
+    candidates, the mixed-precision search), so `copy` gives a table of its own with the values cloned.
+    """
+
+    def __init__(self) -> None:
+        self._entries: Dict[str, TensorQuant] = {}
+
+    def get(self, t: TensorKey) -> TensorQuant:
+        """The parameters of `t` (the read-only defaults, scale 1 and not quantized, when it has none)."""
+        return self._entries.get(_name(t), _UNQUANTIZED)
+
+    def of(self, t: TensorKey) -> TensorQuant:
+        """The entry of `t` to set in place, created with the defaults when it has none."""
+        name = _name(t)
+        entry = self._entries.get(name)
+        if entry is None:
+            entry = self._entries[name] = TensorQuant()
+        return entry
+
+    def set(self, t: TensorKey, q: TensorQuant) -> None:
+        self._entries[_name(t)] = q
+
+    def drop(self, t: TensorKey) -> None:
+        """Forget the parameters of `t` (it is float again)."""
+        self._entries.pop(_name(t), None)
+
+    def __contains__(self, t: TensorKey) -> bool:
+        return _name(t) in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def copy_from(self, source: QuantTable, src: TensorKey, dst: Optional[TensorKey] = None) -> None:
+        """Copy `src`'s entry of `source` (values cloned) to `dst` (default: the same name) of this table."""
+        entry = source._entries.get(_name(src))
+        if entry is None:
+            self.drop(dst if dst is not None else src)
+        else:
+            self._entries[_name(dst if dst is not None else src)] = entry.copy()
+
+    def copy(self, names: Optional[Iterable[str]] = None) -> QuantTable:
+        """A new table with the entries (of `names` only, when given), values cloned."""
+        table = QuantTable()
+        keep = None if names is None else set(names)
+        table._entries = {n: q.copy() for n, q in self._entries.items() if keep is None or n in keep}
+        return table
+
+
 def node_tensors(node: PyNode) -> Iterable[PyTensor]:
     """Every tensor a layer names: inputs, outputs, constants and placeholders."""
     yield from node.inputs
@@ -225,5 +328,64 @@ def detached_ranges(source: PyNode, copy: PyNode, input_ranges: Optional[RangeTa
     return table
 
 
-__all__ = ["RangeTable", "StatisticsTable", "TensorRange", "TensorStatistics", "detached_ranges", "detached_statistics",
-           "node_tensors", "ranges_of", "statistics_of"]
+class _ReadOnly:
+    """TRANSITIONAL: what `TensorBackedQuant.get` gives, the tensor's parameters read-only, so that a write through
+    `get` fails now as it will once the table holds the parameters."""
+
+    def __init__(self, q: TensorQuant) -> None:
+        object.__setattr__(self, "_q", q)
+
+    def __getattr__(self, key: str) -> Any:
+        return getattr(self._q, key)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError(f"parameters read with QuantTable.get cannot be set ('{key}'); use QuantTable.of")
+
+
+class TensorBackedQuant(QuantTable):
+    """TRANSITIONAL (removed once every reader and writer uses the tables): the parameters still live on the tensors
+    (`PyTensor._quant`), and this table reads and writes them there, so code moved to the table API and code not yet
+    moved see the same values."""
+
+    def get(self, t: TensorKey) -> TensorQuant:
+        return _ReadOnly(t._quant)  # type: ignore[union-attr,return-value]
+
+    def of(self, t: TensorKey) -> TensorQuant:
+        return t._quant  # type: ignore[union-attr]
+
+    def set(self, t: TensorKey, q: TensorQuant) -> None:
+        t._quant = q  # type: ignore[union-attr]
+
+    def drop(self, t: TensorKey) -> None:
+        t._quant = TensorQuant()  # type: ignore[union-attr]
+
+    def __contains__(self, t: TensorKey) -> bool:
+        return t._quant.qbits is not None  # type: ignore[union-attr]
+
+    def copy_from(self, source: QuantTable, src: TensorKey, dst: Optional[TensorKey] = None) -> None:
+        if dst is not None:
+            dst._quant = src._quant.copy()  # type: ignore[union-attr]
+
+    def copy(self, names: Optional[Iterable[str]] = None) -> QuantTable:
+        return TensorBackedQuant()
+
+
+def quant_of(node: PyNode) -> QuantTable:
+    """The table of quantization parameters a layer's tensors are looked up in (`_table_of`)."""
+    return _table_of(node, "quant", TensorBackedQuant)
+
+
+def detached_quant(source: PyNode, copy: PyNode, input_quant: Optional[QuantTable] = None) -> QuantTable:
+    """The parameter table of a layer copied out of its graph: the source layer's entries for the copy's tensor
+    names, cloned; the inputs' from `input_quant` when given (the table of the graph whose input tensors the copy
+    cloned)."""
+    table = quant_of(source).copy(t.name for t in node_tensors(copy))
+    if input_quant is not None:
+        for t in copy.inputs:
+            table.copy_from(input_quant, t)
+    return table
+
+
+__all__ = ["QuantTable", "RangeTable", "StatisticsTable", "TensorQuant", "TensorRange", "TensorStatistics",
+           "detached_quant", "detached_ranges", "detached_statistics", "node_tensors", "quant_of", "ranges_of",
+           "statistics_of"]

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from ..quant.dtype import Dtype
+from .tables import TensorQuant
 
 Number = Union[int, float]
 
@@ -22,16 +23,65 @@ class PyTensor:
         self.ir_dtype: Dtype = dtype
         self.dtype: Dtype = dtype
         self.ir_range: Optional[List[Number]] = None
-        # quantization parameters, OPT convention: q = round(x * scale - zerop); x = (q + zerop) / scale
-        self.scale: Union[float, torch.Tensor] = 1.0
-        self.zerop: Union[int, torch.Tensor] = 0
-        self.qbits: Optional[int] = None
-        self.qmin: Optional[int] = None
-        self.qmax: Optional[int] = None
-        self.qinvariant: bool = False
-        self.key_axis: Optional[int] = None
+        self._quant = TensorQuant()  # TRANSITIONAL: read and written through graph/tables.py `quant_of`
         self.pnode: Any = None
         self.extra: Dict[str, Any] = {}
+
+    @property
+    def scale(self) -> Any:  # TRANSITIONAL
+        return self._quant.scale
+
+    @scale.setter
+    def scale(self, value: Any) -> None:
+        self._quant.scale = value
+
+    @property
+    def zerop(self) -> Any:  # TRANSITIONAL
+        return self._quant.zerop
+
+    @zerop.setter
+    def zerop(self, value: Any) -> None:
+        self._quant.zerop = value
+
+    @property
+    def qbits(self) -> Any:  # TRANSITIONAL
+        return self._quant.qbits
+
+    @qbits.setter
+    def qbits(self, value: Any) -> None:
+        self._quant.qbits = value
+
+    @property
+    def qmin(self) -> Any:  # TRANSITIONAL
+        return self._quant.qmin
+
+    @qmin.setter
+    def qmin(self, value: Any) -> None:
+        self._quant.qmin = value
+
+    @property
+    def qmax(self) -> Any:  # TRANSITIONAL
+        return self._quant.qmax
+
+    @qmax.setter
+    def qmax(self, value: Any) -> None:
+        self._quant.qmax = value
+
+    @property
+    def qinvariant(self) -> Any:  # TRANSITIONAL
+        return self._quant.qinvariant
+
+    @qinvariant.setter
+    def qinvariant(self, value: Any) -> None:
+        self._quant.qinvariant = value
+
+    @property
+    def key_axis(self) -> Any:  # TRANSITIONAL
+        return self._quant.axis
+
+    @key_axis.setter
+    def key_axis(self, value: Any) -> None:
+        self._quant.axis = value
 
     @property
     def ir_numel(self) -> int:
@@ -42,11 +92,9 @@ class PyTensor:
 
     def clone(self, name: Optional[str] = None) -> PyTensor:
         t = PyTensor(name or self.name, self.betensor.clone(), self.ir_dtype, self.ir_shape)
-        for key in ("dtype", "ir_range", "qbits", "qmin", "qmax", "qinvariant", "key_axis"):
+        for key in ("dtype", "ir_range"):
             setattr(t, key, getattr(self, key))
-        for key in ("scale", "zerop"):
-            v = getattr(self, key)
-            setattr(t, key, v.clone() if isinstance(v, torch.Tensor) else v)
+        t._quant = self._quant.copy()
         t.extra = dict(self.extra)
         return t
 

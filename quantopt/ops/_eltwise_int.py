@@ -26,24 +26,24 @@ from ._quant import (
 )
 
 
-def offset_absmax(t: PyTensor) -> int:
+def offset_absmax(node: PyNode, t: PyTensor) -> int:
     """max |q + zp| over the tensor's integer range: the largest zero-point-corrected input magnitude."""
-    lo, hi = out_range(t)
-    zp = tensor_zp(t)
+    lo, hi = out_range(node, t)
+    zp = tensor_zp(node, t)
     return max(abs(lo + zp), abs(hi + zp))
 
 
-def offset_value(t: PyTensor, dtype: torch.dtype) -> torch.Tensor:
+def offset_value(node: PyNode, t: PyTensor, dtype: torch.dtype) -> torch.Tensor:
     """q + zp of a quantized tensor as `dtype` (float64 only where the caller's bound proves it exact)."""
     x = t.betensor
     if x.is_floating_point():  # integers held in a float tensor (a hand-fed input)
         x = torch.round(x.to(torch.float64))
-    elif dtype == torch.float64 and offset_absmax(t) < MAGIC_EXACT:  # the stored range bounds the values
-        zp = tensor_zp(t)
+    elif dtype == torch.float64 and offset_absmax(node, t) < MAGIC_EXACT:  # the stored range bounds the values
+        zp = tensor_zp(node, t)
         if isinstance(zp, (int, float)):  # one allocation: the same exact values, the zero point added in place
             return int64_to_float64(x.to(torch.int64)).add_(zp)
         return int_to_float64(x.to(torch.int64)) + zp
-    return x.to(dtype) + tensor_zp(t)
+    return x.to(dtype) + tensor_zp(node, t)
 
 
 def check_int64_bound(node: PyNode, bound: int, what: str) -> None:
@@ -61,8 +61,8 @@ def activation_clamp(node: PyNode, y: torch.Tensor) -> torch.Tensor:
     is already the quantized 0 or clip_min).
     """
     if fused_activation(node) == "RELU":
-        qmin, qmax = out_range(node.outputs[0])
-        zero = min(max(-tensor_zp(node.outputs[0]), qmin), qmax)
+        qmin, qmax = out_range(node, node.outputs[0])
+        zero = min(max(-tensor_zp(node, node.outputs[0]), qmin), qmax)
         y = torch.clamp(y, min=zero)
     return fused_activation_clamp(node, y)
 
@@ -77,7 +77,7 @@ def set_integer_output(node: PyNode, out: PyTensor, signed: bool, input_bits: Se
     signed = bool(signed or layer_settings(node).force_dtype_int)
     dt = range_dtype(lo, hi, force_signed=signed)
     bits = max([dt.bits, *[int(b) for b in input_bits]])
-    set_qinvariant(out, min(bits, 32), dt.is_signed)
+    set_qinvariant(node, out, min(bits, 32), dt.is_signed)
 
 
 def _extrema(st: TensorStatistics, r: TensorRange, t: PyTensor) -> Tuple[float, float]:

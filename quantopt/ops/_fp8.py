@@ -111,7 +111,7 @@ def input_forward(node: PyNode) -> bool:
     out = node.outputs[0]
     if not is_fp8(out):
         return False
-    out.betensor = quantize_fp8(out.betensor, tensor_scale(out), out.dtype)
+    out.betensor = quantize_fp8(out.betensor, tensor_scale(node, out), out.dtype)
     return True
 
 
@@ -186,7 +186,7 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> bool:
     inp, out = node.inputs[0], node.outputs[0]
     _check_input(node, inp, act)
     set_fp8_params(node, out, act)
-    s_in, s_out = _f32(tensor_scale(inp)), _f32(tensor_scale(out))
+    s_in, s_out = _f32(tensor_scale(node, inp)), _f32(tensor_scale(node, out))
     s_w = _quantize_weights(node, wdt, per_channel, groups)
     ratio = s_out / (s_in * s_w)
     b_scale = s_in * s_w
@@ -262,10 +262,10 @@ def quantize_matmul(node: PyNode) -> bool:
     out = node.outputs[0]
     set_fp8_params(node, out, act)
     factor = node.params.pop("fused_multiplier", None)
-    s_out = _f32(tensor_scale(out))
+    s_out = _f32(tensor_scale(node, out))
     if factor is not None:
         s_out = s_out * float(factor)
-    ratio = s_out / (_f32(tensor_scale(node.inputs[0])) * _f32(tensor_scale(node.inputs[1])))
+    ratio = s_out / (_f32(tensor_scale(node, node.inputs[0])) * _f32(tensor_scale(node, node.inputs[1])))
     for k in ("scale_value", "shift_value", "scale_type", "shift_type"):
         node.params.pop(k, None)
     node.params["scale_value"] = float(ratio)
@@ -287,7 +287,7 @@ def quantize_to_fp8(node: PyNode, dtype: Dtype) -> None:
     """A Quantize layer with an fp8 output (before an fp8 layer): params from the float tensor's range."""
     out = node.outputs[0]
     set_fp8_params(node, out, dtype)
-    node.params["quantize_scale"] = tensor_scale(out)
+    node.params["quantize_scale"] = tensor_scale(node, out)
     node.params["quantize_zp"] = 0.0
     node.params["round_mode"] = "ROUND_TO_EVEN"
 

@@ -16,16 +16,16 @@ from ._quant import int_value, out_range, tensor_zp
 IntLike = Union[int, torch.Tensor]
 
 
-def range_bits(t: PyTensor) -> int:
+def range_bits(node: PyNode, t: PyTensor) -> int:
     """Bits spanned by the integer range of a quantized tensor: bit length of qmax - qmin (8 for [-128, 127],
     [-127, 127] and [0, 255]). Read from the range the IR stores, so it survives a write/re-read."""
-    qmin, qmax = out_range(t)
+    qmin, qmax = out_range(node, t)
     return max(1, (qmax - qmin).bit_length())
 
 
-def is_restricted(t: PyTensor) -> bool:
+def is_restricted(node: PyNode, t: PyTensor) -> bool:
     """Signed symmetric restricted range ([-(2^(b-1)-1), 2^(b-1)-1])."""
-    qmin, qmax = out_range(t)
+    qmin, qmax = out_range(node, t)
     return qmin < 0 and qmin == -qmax
 
 
@@ -46,4 +46,4 @@ def constants_first(node: PyNode, keys: Iterable[str]) -> None:
 def int_input(node: PyNode) -> Tuple[torch.Tensor, int]:
     """(int64 input values, input zero point as an int)."""
     t = node.inputs[0]
-    return int_value(t), tensor_zp(t)
+    return int_value(t), tensor_zp(node, t)

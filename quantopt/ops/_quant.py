@@ -16,7 +16,7 @@ from ..config.layer_settings import LayerSettings
 from ..errors import UnsupportedError
 from ..graph.memo import layer_key, memo
 from ..graph.node import PyNode
-from ..graph.tables import ranges_of, statistics_of
+from ..graph.tables import TensorQuant, quant_of, ranges_of, statistics_of
 from ..graph.tensor import PyTensor
 from ..log import OPT_INFO, OPT_WARN
 from ..quant.dtype import Dtype, int_dtype_for_bits
@@ -57,10 +57,15 @@ def activation_mode(node: PyNode, bits: int) -> QuantMode:
     return mode
 
 
-def set_params(t: PyTensor, p: QuantParams, bits: int) -> None:
-    t.scale, t.zerop, t.qmin, t.qmax, t.dtype, t.qbits = p.scale, p.zerop, p.qmin, p.qmax, p.dtype, bits
-    t.qinvariant = False
+def set_params(node: PyNode, t: PyTensor, p: QuantParams, bits: int, axis: Optional[int] = None) -> TensorQuant:
+    """Give `t` the parameters `p` (per channel along `axis` when `p` is) at `bits` bits; returns its entry."""
+    q = quant_of(node).of(t)
+    q.scale, q.zerop, q.qmin, q.qmax, q.qbits = p.scale, p.zerop, p.qmin, p.qmax, bits
+    q.qinvariant = False
+    q.axis = axis if p.per_channel else None
+    t.dtype = p.dtype
     t.ir_range = None
+    return q
 
 
 def quantize_activation(node: PyNode, t: PyTensor, signed: bool, bits: Optional[int] = None,
@@ -70,7 +75,7 @@ def quantize_activation(node: PyNode, t: PyTensor, signed: bool, bits: Optional[
     ops/_per_channel.py) and is refused elsewhere."""
     given = t.extra.get(GIVEN_PARAMS)
     if given is not None:  # a pre-quantized model's own params (compat_quantized_model, docs/compat-quantized.md)
-        set_params(t, given, int(given.dtype.bits))
+        set_params(node, t, given, int(given.dtype.bits), axis=-1)
         return
     s = layer_settings(node)
     bits = int(bits or s.q_bits_activation)
@@ -81,7 +86,7 @@ def quantize_activation(node: PyNode, t: PyTensor, signed: bool, bits: Optional[
         raise node._error(f"tensor '{t.name}' has no calibrated range; run calibration before quantization")
     mode = activation_mode(node, bits)
     if not mode.is_per_channel:
-        set_params(t, linear_quant_params(r.min, r.max, bits, mode, signed), bits)
+        set_params(node, t, linear_quant_params(r.min, r.max, bits, mode, signed), bits)
         return
     if not per_channel_ok:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel activation quantization "
@@ -94,36 +99,41 @@ def quantize_activation(node: PyNode, t: PyTensor, signed: bool, bits: Optional[
         raise node._error(f"tensor '{t.name}' has no per-channel calibrated range; calibrate with the per-channel "
                           "mode set")
     p = linear_quant_params(rc.min, rc.max, bits, mode, signed)
-    set_params(t, p, bits)
-    t.zerop = 0  # symmetric: one zero point for all channels
+    set_params(node, t, p, bits, axis=-1).zerop = 0  # symmetric: one zero point for all channels
 
 
-def set_qinvariant(t: PyTensor, bits: int, signed: bool) -> None:
+def set_qinvariant(node: PyNode, t: PyTensor, bits: int, signed: bool) -> None:
     """An integer tensor used as is: scale 1, zero point 0, the full range of `bits`."""
-    t.scale, t.zerop, t.qbits, t.qinvariant = 1.0, 0, bits, True
-    t.qmin, t.qmax = integer_range(bits, signed)
+    q = quant_of(node).of(t)
+    q.scale, q.zerop, q.qbits, q.qinvariant, q.axis = 1.0, 0, bits, True, None
+    q.qmin, q.qmax = integer_range(bits, signed)
     t.dtype = int_dtype_for_bits(bits, signed)
     t.ir_range = None
 
 
-def copy_params(dst: PyTensor, src: PyTensor) -> None:
+def copy_params(node: PyNode, dst: PyTensor, src: PyTensor) -> None:
     """Shape-only ops: the output carries the input's quantization unchanged."""
-    for key in ("scale", "zerop", "qmin", "qmax", "dtype", "qbits", "qinvariant"):
-        v = getattr(src, key)
-        setattr(dst, key, v.clone() if isinstance(v, torch.Tensor) else v)
+    table = quant_of(node)
+    table.set(dst, table.get(src).copy())
+    dst.dtype = src.dtype
     dst.ir_range = None
+
+
+def params(node: PyNode, t: PyTensor) -> TensorQuant:
+    """The quantization parameters of `t`, a tensor of `node` (read-only defaults when it has none)."""
+    return quant_of(node).get(t)
 
 
 def require_integer_input(node: PyNode, t: PyTensor, what: str) -> None:
     """An index/count/label input of a quantized layer must hold exact integers (an integer tensor)."""
-    if not t.qinvariant:
+    if not quant_of(node).get(t).qinvariant:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): the {what} input '{t.name}' must hold exact "
                                "integers (an integer tensor), not quantized values")
 
 
 def refuse_per_channel(node: PyNode, t: PyTensor) -> None:
     """For operators whose integer forward takes one scale per tensor."""
-    if isinstance(t.scale, torch.Tensor) and t.scale.numel() > 1:
+    if quant_of(node).get(t).per_channel:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel params of '{t.name}' are not "
                                "supported")
 
@@ -138,15 +148,16 @@ def integer_index_input(node: PyNode, t: PyTensor, what: str) -> torch.Tensor:
     return (torch.trunc(x.to(torch.float64)) if x.is_floating_point() else x).to(torch.int64)
 
 
-def zero_code(t: PyTensor) -> int:
+def zero_code(node: PyNode, t: PyTensor) -> int:
     """The integer that stands for the float 0 in `t`'s params: clamp(-zp, qmin, qmax) (padding of quantized
     outputs)."""
-    qmin, qmax = out_range(t)
-    return min(max(-tensor_zp(t), qmin), qmax)
+    qmin, qmax = out_range(node, t)
+    return min(max(-tensor_zp(node, t), qmin), qmax)
 
 
-def is_signed(t: PyTensor) -> bool:
-    return t.qmin is not None and t.qmin < 0
+def is_signed(node: PyNode, t: PyTensor) -> bool:
+    q = quant_of(node).get(t)
+    return q.qmin is not None and q.qmin < 0
 
 
 def _single(t: PyTensor, value: Any, what: str) -> float:
@@ -157,25 +168,30 @@ def _single(t: PyTensor, value: Any, what: str) -> float:
     return float(value)
 
 
-def tensor_zp(t: PyTensor) -> int:
-    return int(round(_single(t, t.zerop, "zero points")))
+def tensor_zp(node: PyNode, t: PyTensor) -> int:
+    """The per-tensor zero point of `t` (an error when it has one per channel)."""
+    return int(round(_single(t, quant_of(node).get(t).zerop, "zero points")))
 
 
-def scale_of(t: PyTensor) -> Union[float, torch.Tensor]:
+def scale_of(node: PyNode, t: PyTensor) -> Union[float, torch.Tensor]:
     """The scale as a float, or as a float32 vector along the last axis for a per-channel activation."""
-    if isinstance(t.scale, torch.Tensor) and t.scale.numel() > 1:
-        return t.scale.to(torch.float32).reshape(-1)
-    return tensor_scale(t)
+    q = quant_of(node).get(t)
+    if q.per_channel:
+        return q.scale.to(torch.float32).reshape(-1)
+    return _single(t, q.scale, "scales")
 
 
-def tensor_scale(t: PyTensor) -> float:
-    return _single(t, t.scale, "scales")
+def tensor_scale(node: PyNode, t: PyTensor) -> float:
+    """The per-tensor scale of `t` (an error when it has one per channel)."""
+    return _single(t, quant_of(node).get(t).scale, "scales")
 
 
-def out_range(t: PyTensor) -> Tuple[int, int]:
-    if t.qmin is None or t.qmax is None:
+def out_range(node: PyNode, t: PyTensor) -> Tuple[int, int]:
+    """(qmin, qmax) of a quantized tensor."""
+    q = quant_of(node).get(t)
+    if q.qmin is None or q.qmax is None:
         raise UnsupportedError(f"tensor '{t.name}' has no integer range: it is not quantized")
-    return int(t.qmin), int(t.qmax)
+    return int(q.qmin), int(q.qmax)
 
 
 def int_value(t: PyTensor) -> torch.Tensor:
@@ -255,7 +271,8 @@ def fused_activation_bounds(node: PyNode) -> Tuple[Union[int, torch.Tensor], Uni
     """Integer output bounds of a layer with a fused RELU/RELU6/CLIP: (q(lo), q(hi)) with
     q(v) = clamp(round_half_even(v * scale_out - zp_out), qmin, qmax) in float64; the output range otherwise."""
     out = node.outputs[0]
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(node, out)
+    q_out = quant_of(node).get(out)
     act = fused_activation(node)
     if act not in ("RELU", "RELU6", "CLIP"):
         return qmin, qmax
@@ -265,7 +282,7 @@ def fused_activation_bounds(node: PyNode) -> Tuple[Union[int, torch.Tensor], Uni
         lo_f, hi_f = 0.0, (6.0 if act == "RELU6" else None)
 
     def q(v: float) -> Union[int, torch.Tensor]:
-        r = quantize(torch.tensor(v), out.scale, out.zerop, qmin, qmax, compute_dtype=torch.float64)
+        r = quantize(torch.tensor(v), q_out.scale, q_out.zerop, qmin, qmax, compute_dtype=torch.float64)
         return int(r) if r.numel() == 1 else r.to(torch.int64).reshape(-1)  # per channel: one bound each
 
     return q(lo_f), (qmax if hi_f is None else q(hi_f))
@@ -297,7 +314,7 @@ def quantize_weights(node: PyNode, per_channel: bool, groups: Optional[int] = No
             raise node._error(f"constant '{key}' keeps the given {'per-channel' if given.per_channel else 'per-tensor'}"
                               " quantization of the pre-quantized model, which this layer's settings cannot take")
         w.betensor = w.extra[GIVEN_VALUES].clone()
-        set_params(w, given, int(given.dtype.bits))
+        set_params(node, w, given, int(given.dtype.bits), axis=0)
         return given
     table = ranges_of(node)
     if table.get(w).min is None:
@@ -316,7 +333,7 @@ def quantize_weights(node: PyNode, per_channel: bool, groups: Optional[int] = No
         r = table.get(w)
         p = linear_quant_params(r.min, r.max, bits, mode, True)
     w.betensor = quantize(w.betensor, p.scale, p.zerop, p.qmin, p.qmax, axis=0 if per_channel else None)
-    set_params(w, p, bits)
+    set_params(node, w, p, bits, axis=0)
     return p
 
 
@@ -354,7 +371,7 @@ def mac_weights(node: PyNode) -> Tuple[torch.Tensor, torch.dtype]:
     the conversion and the exactness bound (a clone or a re-read graph has new tensors and recomputes).
     """
     w_q = node.get_constant("weights").betensor
-    in_range = out_range(node.inputs[0])
+    in_range = out_range(node, node.inputs[0])
     cached = node.attrs.get("_mac_weights")
     if cached is not None and cached[0] is w_q and cached[1] == in_range:
         return cached[2], cached[3]
@@ -393,9 +410,9 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
     if input_scales_absorbed(node):
         s_in, zp_in = 1.0, 0
     else:
-        s_in, zp_in = tensor_scale(inp), tensor_zp(inp)
+        s_in, zp_in = tensor_scale(node, inp), tensor_zp(node, inp)
     quantize_activation(node, out, fused_output_signed(node), per_channel_ok=True)
-    s_out = scale_of(out)
+    s_out = scale_of(node, out)
     w = node.get_constant("weights")
     channels = int(w.betensor.shape[0])
     # a per-channel output keeps one shift per channel: its ratios spread with the channels' ranges, and a shared
@@ -453,7 +470,9 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
         insert_keys_after(node, "weights", ["biases"])
     b.betensor = b_q
     b.dtype = bias_dtype
-    b.scale, b.zerop, b.qbits = b_scale, 0, bias_bits
+    qb = quant_of(node).of(b)
+    qb.scale, qb.zerop, qb.qbits = b_scale, 0, bias_bits
+    qb.axis = 0 if isinstance(b_scale, torch.Tensor) and b_scale.numel() > 1 else None
     if per_channel_weights:
         set_constant(node, "biases_scale", torch.as_tensor(b_scale, dtype=torch.float32), Dtype.FP32)
         set_constant(node, "biases_zp", torch.zeros(1, dtype=torch.int64), Dtype.INT64)
@@ -497,12 +516,12 @@ def mac_finish(node: PyNode, acc: torch.Tensor, owned: bool = False, planned: bo
         shift = rest if isinstance(shift, int) else torch.full_like(shift, rest)
     else:
         acc = acc + b
-    qmin, qmax = out_range(out)
-    fast = _requantize_exact_float64(acc, mult, shift, tensor_zp(out), qmin, qmax)
+    qmin, qmax = out_range(node, out)
+    fast = _requantize_exact_float64(acc, mult, shift, tensor_zp(node, out), qmin, qmax)
     if fast is not None:
         return fused_activation_clamp(node, fast)
     axis = -1 if isinstance(mult, torch.Tensor) else None
-    y = linear_requantize(acc, mult, shift, tensor_zp(out), qmin, qmax, axis=axis)
+    y = linear_requantize(acc, mult, shift, tensor_zp(node, out), qmin, qmax, axis=axis)
     return fused_activation_clamp(node, y)
 
 
@@ -522,7 +541,7 @@ def _finish_plan(node: PyNode, device: torch.device) -> Optional[_FinishPlan]:
         s = torch.as_tensor(shift, dtype=torch.float64, device=device)
         if not -900 < float(s.min()) <= float(s.max()) < 900:
             return None
-        qmin, qmax = out_range(out)
+        qmin, qmax = out_range(node, out)
         lo: Any = None
         hi: Any = None
         if fused_activation(node) in ("RELU", "RELU6", "CLIP"):
@@ -530,8 +549,8 @@ def _finish_plan(node: PyNode, device: torch.device) -> Optional[_FinishPlan]:
             if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):  # per-channel output
                 lo = torch.as_tensor(lo, dtype=torch.int64, device=device)
                 hi = torch.as_tensor(hi, dtype=torch.int64, device=device)
-        scaled = float(s.min()) >= 3 and max(abs(qmin), abs(qmax)) + abs(tensor_zp(out)) < MAGIC_SCALED_BOUND
-        return b, m * torch.pow(2.0, -s), float(m.abs().max()), float(tensor_zp(out)), qmin, qmax, lo, hi, scaled
+        scaled = float(s.min()) >= 3 and max(abs(qmin), abs(qmax)) + abs(tensor_zp(node, out)) < MAGIC_SCALED_BOUND
+        return b, m * torch.pow(2.0, -s), float(m.abs().max()), float(tensor_zp(node, out)), qmin, qmax, lo, hi, scaled
 
     return memo(node, "mac_finish", (layer_key(node), device), build)
 
@@ -586,17 +605,18 @@ def _requantize_exact_float64(acc: torch.Tensor, mult: Union[int, torch.Tensor],
 
 def _wide_mac(node: PyNode) -> bool:
     w = node.get_constant("weights")
-    return (node.inputs[0].qbits or 8) > 8 or (w.qbits or w.dtype.bits) > 8
+    table = quant_of(node)
+    return (table.get(node.inputs[0]).qbits or 8) > 8 or (table.get(w).qbits or w.dtype.bits) > 8
 
 
 def mac_input(node: PyNode) -> Tuple[torch.Tensor, int]:
     """(int64 input values, zero point) of a MAC op."""
-    return int_value(node.inputs[0]), tensor_zp(node.inputs[0])
+    return int_value(node.inputs[0]), tensor_zp(node, node.inputs[0])
 
 
 def check_quantized_inputs(node: PyNode, inputs: Sequence[PyTensor]) -> None:
     for t in inputs:
-        if t.qmin is None:
+        if quant_of(node).get(t).qmin is None:
             raise node._error(f"input '{t.name}' is not quantized; quantize the producer first")
 
 

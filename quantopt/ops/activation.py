@@ -429,7 +429,7 @@ def _f32_ratio(num: float, den: float) -> torch.Tensor:
 
 def _store_rescale(node: PyNode) -> None:
     """scale_value/shift_value approximating s_out / s_in with the layer's multiplier bits."""
-    ratio = _f32_ratio(tensor_scale(node.outputs[0]), tensor_scale(node.inputs[0]))
+    ratio = _f32_ratio(tensor_scale(node, node.outputs[0]), tensor_scale(node, node.inputs[0]))
     store_requant(node, *requant_scale_shift(node, ratio))
 
 
@@ -520,18 +520,18 @@ def _quantize_lut(node: PyNode, method: str) -> None:
     fn = _lut_function(node, method)
     fn(torch.zeros(1))  # parameter errors surface as IR errors before anything is changed
     quantize_activation(node, out, output_signed(node, method), per_channel_ok=True)
-    in_qmin, in_qmax = out_range(inp)
-    out_qmin, out_qmax = out_range(out)
+    in_qmin, in_qmax = out_range(node, inp)
+    out_qmin, out_qmax = out_range(node, out)
     items = int(layer_settings(node).lut_items_in_bits)
     if not (is_per_channel(inp) or is_per_channel(out)):
-        table = build_lut(fn, tensor_scale(inp), tensor_zp(inp), in_qmin, in_qmax, range_bits(inp),
-                          tensor_scale(out), tensor_zp(out), out_qmin, out_qmax, lut_items_in_bits=items)
+        table = build_lut(fn, tensor_scale(node, inp), tensor_zp(node, inp), in_qmin, in_qmax, range_bits(node, inp),
+                          tensor_scale(node, out), tensor_zp(node, out), out_qmin, out_qmax, lut_items_in_bits=items)
     else:  # one table per channel of the last axis, from that channel's input and output scales
         channels = int(inp.ir_shape[-1])
-        s_in, s_out = (t.scale.reshape(-1).tolist() if is_per_channel(t) else [tensor_scale(t)] * channels
+        s_in, s_out = (t.scale.reshape(-1).tolist() if is_per_channel(t) else [tensor_scale(node, t)] * channels
                        for t in (inp, out))
-        table = torch.stack([build_lut(fn, float(a), tensor_zp(inp), in_qmin, in_qmax, range_bits(inp), float(b),
-                                       tensor_zp(out), out_qmin, out_qmax, lut_items_in_bits=items)
+        table = torch.stack([build_lut(fn, float(a), tensor_zp(node, inp), in_qmin, in_qmax, range_bits(node, inp), float(b),
+                                       tensor_zp(node, out), out_qmin, out_qmax, lut_items_in_bits=items)
                              for a, b in zip(s_in, s_out)])
     set_constant(node, "lut", table, out.dtype)
     constants_first(node, ["lut"])
@@ -559,7 +559,7 @@ def activation_quantize(self: PyNode) -> None:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): method {method} takes per-tensor activations "
                                "only (the table methods take per-channel ones, with one table per channel)")
     if method == "NONE":
-        copy_params(self.outputs[0], inp)
+        copy_params(self, self.outputs[0], inp)
     elif method in LINEAR_METHODS:
         _quantize_linear(self, method)
     elif method == "CRELU":
@@ -576,19 +576,19 @@ def activation_quantize(self: PyNode) -> None:
 def _quantized_bound(node: PyNode, value: float) -> int:
     """The output code of the float `value`: clamp(round_half_even(value * s_out - zp_out), qmin, qmax), float64."""
     out = node.outputs[0]
-    qmin, qmax = out_range(out)
-    return int(quantize(torch.tensor(value, dtype=torch.float64), tensor_scale(out), tensor_zp(out), qmin, qmax,
+    qmin, qmax = out_range(node, out)
+    return int(quantize(torch.tensor(value, dtype=torch.float64), tensor_scale(node, out), tensor_zp(node, out), qmin, qmax,
                         compute_dtype=torch.float64))
 
 
 def _int_linear(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> torch.Tensor:
     out = node.outputs[0]
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(node, out)
     mult, shift = requant_of(node)
     xs = x + zp_in
     if method != "CLIP":
         xs = torch.clamp(xs, min=0)
-    y = requantize_int(xs, mult, shift, tensor_zp(out), qmin, qmax)
+    y = requantize_int(xs, mult, shift, tensor_zp(node, out), qmin, qmax)
     if method == "RELU6":
         y = torch.clamp(y, max=_quantized_bound(node, 6.0))
     elif method == "CLIP":
@@ -600,18 +600,18 @@ def _int_linear(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> torch
 def _int_crelu(node: PyNode, x: torch.Tensor, zp_in: int) -> torch.Tensor:
     """requant(concat(max(x + zp_in, 0), max(-(x + zp_in), 0))) along `axis`."""
     out = node.outputs[0]
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(node, out)
     mult, shift = requant_of(node)
     xs = x + zp_in
     both = torch.cat([torch.clamp(xs, min=0), torch.clamp(-xs, min=0)], dim=_crelu_axis(node, x.dim()))
-    return requantize_int(both, mult, shift, tensor_zp(out), qmin, qmax)
+    return requantize_int(both, mult, shift, tensor_zp(node, out), qmin, qmax)
 
 
 def _int_slope(node: PyNode, method: str, x: torch.Tensor, zp_in: int,
                slope: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`slope`: PRELU's slopes when given (`_code_table` passes the one row of slopes a constant holds repeated)."""
     out = node.outputs[0]
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(node, out)
     if method == "PRELU":
         if slope is None:
             slope = node.get_constant("negative_slope").betensor
@@ -629,16 +629,16 @@ def _int_slope(node: PyNode, method: str, x: torch.Tensor, zp_in: int,
     lim = 2 ** (SLOPE_ACC_BITS - 1)
     y = torch.clamp(neg + torch.clamp(xs, min=0), -lim, lim - 1)
     mult, shift = requant_of(node)
-    return requantize_int(y, mult, shift, tensor_zp(out), qmin, qmax)
+    return requantize_int(y, mult, shift, tensor_zp(node, out), qmin, qmax)
 
 
 def _int_lut(node: PyNode, x: torch.Tensor) -> torch.Tensor:
     inp, out = node.inputs[0], node.outputs[0]
     lut = node.get_constant("lut")
-    in_qmin, _ = out_range(inp)
-    y = lookup_lut(x, lut.betensor, in_qmin, range_bits(inp), lut.dtype.bits, lut.dtype.is_signed,
-                   in_restricted=is_restricted(inp))
-    qmin, qmax = out_range(out)
+    in_qmin, _ = out_range(node, inp)
+    y = lookup_lut(x, lut.betensor, in_qmin, range_bits(node, inp), lut.dtype.bits, lut.dtype.is_signed,
+                   in_restricted=is_restricted(node, inp))
+    qmin, qmax = out_range(node, out)
     return torch.clamp(y, qmin, qmax)
 
 
@@ -709,7 +709,7 @@ def activation_integer_forward(node: PyNode) -> torch.Tensor:
 
 def _integer_forward(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> torch.Tensor:
     if method == "NONE":
-        qmin, qmax = out_range(node.outputs[0])
+        qmin, qmax = out_range(node, node.outputs[0])
         return torch.clamp(x, qmin, qmax)
     if method in LINEAR_METHODS:
         return _int_linear(node, method, x, zp_in)
@@ -777,7 +777,7 @@ def convert_activation(g: QDQGraph, node: PyNode) -> None:
     if method == "CRELU" and onnx_exact.crelu(g, node, perm, crelu_axis(node, perm)):
         return
     value = g.float_value(x, perm)
-    factor = requant_factor(node, tensor_scale(x)) if method in REQUANT_METHODS else 1.0
+    factor = requant_factor(node, tensor_scale(node, x)) if method in REQUANT_METHODS else 1.0
     if method in ("RELU", "RELU6", "CLIP"):
         value = g.rescale(value, factor)
     value = ACTIVATIONS[method](g, node, value, perm)

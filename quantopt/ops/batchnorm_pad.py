@@ -269,7 +269,7 @@ def pad_forward(self: PyNode) -> None:
         # constant_value already holds the quantized integer (pad_quantize); other modes only move integers
         if mode == "CONSTANT" and int(value) != value:
             raise self._error(f"quantized Pad needs an integer constant_value, got {value!r}")
-        qmin, qmax = out_range(self.outputs[0])
+        qmin, qmax = out_range(self, self.outputs[0])
         y = pad_tensor(int_value(self.inputs[0]), pairs, mode, int(value))
         self.outputs[0].betensor = torch.clamp(y, qmin, qmax)
         return
@@ -282,12 +282,12 @@ def pad_quantize(self: PyNode) -> None:
     clamp(round_half_even(v * scale - zp), qmin, qmax) (upstream), which the integer forward pads with."""
     check_quantized_inputs(self, self.inputs[:1])
     inp, out = self.inputs[0], self.outputs[0]
-    copy_params(out, inp)
+    copy_params(self, out, inp)
     value = self.get_param("constant_value", optional=True, default_value=0)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise self._error(f"parameter 'constant_value' must be a number, got {value!r}")
-    qmin, qmax = out_range(out)
-    q = quantize(torch.tensor(float(value)), tensor_scale(inp), tensor_zp(inp), qmin, qmax)
+    qmin, qmax = out_range(self, out)
+    q = quantize(torch.tensor(float(value)), tensor_scale(self, inp), tensor_zp(self, inp), qmin, qmax)
     self.params["constant_value"] = int(q)
 
 

@@ -94,9 +94,9 @@ def _check_inputs(node: PyNode, count: int, xs: Sequence[torch.Tensor]) -> None:
         raise node._error(f"input shapes {[list(x.shape) for x in xs]} do not broadcast") from None
 
 
-def _offset_int(t: PyTensor) -> torch.Tensor:
+def _offset_int(node: PyNode, t: PyTensor) -> torch.Tensor:
     """q + zp as int64: the integer proportional to the float value (x = (q + zp) / scale)."""
-    return int_value(t) + tensor_zp(t)
+    return int_value(t) + tensor_zp(node, t)
 
 
 def _as_int(x: torch.Tensor) -> torch.Tensor:
@@ -136,12 +136,12 @@ def _align_multipliers(node: PyNode, a: PyTensor, b: PyTensor) -> Tuple[int, int
     if a.qinvariant != b.qinvariant:
         OPT_WARN(f"layer '{node.name}' ({node.type}): one input is an integer (scale 1) and the other is quantized; "
                  "the integer input is aligned as a tensor of scale 1")
-    r = eltwise_multipliers(tensor_scale(a), tensor_scale(b), 1.0, AIFF_MULTIPLIER_BITS, zp0=tensor_zp(a),
-                            zp1=tensor_zp(b), method="ADD", unify_threshold=1.0)
+    r = eltwise_multipliers(tensor_scale(node, a), tensor_scale(node, b), 1.0, AIFF_MULTIPLIER_BITS, zp0=tensor_zp(node, a),
+                            zp1=tensor_zp(node, b), method="ADD", unify_threshold=1.0)
     m_a, m_b = int(r.scale_value[1]), int(r.scale_value[2])
     if m_a <= 0 or m_b <= 0:
-        raise UnsupportedError(f"layer '{node.name}' ({node.type}): the input scales {tensor_scale(a)} and "
-                               f"{tensor_scale(b)} are too far apart to be aligned with 15-bit multipliers")
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): the input scales {tensor_scale(node, a)} and "
+                               f"{tensor_scale(node, b)} are too far apart to be aligned with 15-bit multipliers")
     return m_a, m_b
 
 
@@ -167,7 +167,7 @@ def _set_integer_dtype_output(node: PyNode, out: PyTensor, dtype: Dtype) -> None
     if not _int_dtype(dtype):
         raise node._error(f"output dtype {dtype.value} is not an integer type")
     signed = dtype.is_signed or layer_settings(node).force_dtype_int
-    set_qinvariant(out, min(dtype.bits, INT_INPUT_MAX_BITS), signed)
+    set_qinvariant(node, out, min(dtype.bits, INT_INPUT_MAX_BITS), signed)
 
 
 def _wrap_float_result(node: PyNode, y: torch.Tensor, index: int = 0) -> torch.Tensor:
@@ -220,7 +220,7 @@ def logical_quantize(self: PyNode) -> None:
         m_a, m_b = _comparison_multipliers(self, self.inputs[0], self.inputs[1])
         self.params["scale_value"] = [m_a, m_b]
         self.params["scale_type"] = [Dtype.UINT16, Dtype.UINT16]
-    set_qinvariant(self.outputs[0], 8, layer_settings(self).force_dtype_int)
+    set_qinvariant(self, self.outputs[0], 8, layer_settings(self).force_dtype_int)
 
 
 def _comparison_multipliers(node: PyNode, a: PyTensor, b: PyTensor) -> Tuple[int, int]:
@@ -229,7 +229,7 @@ def _comparison_multipliers(node: PyNode, a: PyTensor, b: PyTensor) -> Tuple[int
     s_i · f)) in float32; (q + zp)·M_i then compare on one scale, to within the truncation of M_i."""
     if a.qinvariant and b.qinvariant:
         return 1, 1
-    sa, sb = (torch.tensor(float(tensor_scale(t)), dtype=torch.float32) for t in (a, b))
+    sa, sb = (torch.tensor(float(tensor_scale(node, t)), dtype=torch.float32) for t in (a, b))
     if a.qinvariant != b.qinvariant:
         OPT_WARN(f"layer '{node.name}' ({node.type}): one input is an integer (scale 1) and the other is quantized; "
                  "the integer input is compared as a tensor of scale 1")
@@ -242,7 +242,7 @@ def _comparison_multipliers(node: PyNode, a: PyTensor, b: PyTensor) -> Tuple[int
 
 
 def _logical_int(node: PyNode, method: str) -> torch.Tensor:
-    xs = [_offset_int(t) for t in node.inputs]
+    xs = [_offset_int(node, t) for t in node.inputs]
     if method == "NOT":
         y = xs[0] == 0
     elif method in LOGICAL_BOOLEAN:
@@ -296,7 +296,7 @@ def bitwise_forward(self: PyNode) -> None:
     method = _method(self, "method", tuple(BITWISE_METHODS))
     xs = [t.betensor for t in self.inputs]
     _check_inputs(self, 1 if method == "NOT" else 2, xs)
-    lo, hi = out_range(self.outputs[0]) if self.quantized else _float_int_range(self)
+    lo, hi = out_range(self, self.outputs[0]) if self.quantized else _float_int_range(self)
     self.outputs[0].betensor = _bitwise_compute(method, [_as_int(x) for x in xs], lo, hi)
 
 
@@ -305,7 +305,7 @@ def bitshift_forward(self: PyNode) -> None:
     direction = _method(self, "direction", BITSHIFT_DIRECTIONS)
     xs = [t.betensor for t in self.inputs]
     _check_inputs(self, 2, xs)
-    lo, hi = out_range(self.outputs[0]) if self.quantized else _float_int_range(self)
+    lo, hi = out_range(self, self.outputs[0]) if self.quantized else _float_int_range(self)
     self.outputs[0].betensor = _bitshift_compute(direction, _as_int(xs[0]), _as_int(xs[1]), lo, hi)
 
 
@@ -372,21 +372,21 @@ def mod_quantize(self: PyNode) -> None:
     a, b = self.inputs
     out = self.outputs[0]
     s = layer_settings(self)
-    signed = is_signed(a) or is_signed(b)
+    signed = is_signed(self, a) or is_signed(self, b)
     _pop_requant(self)
     if a.qinvariant and b.qinvariant:
         set_integer_output(self, out, signed, [a.qbits or 8, b.qbits or 8])
     else:
         quantize_activation(self, out, signed)
     m_a, m_b = _align_multipliers(self, a, b)
-    common = math.sqrt(tensor_scale(a) * m_a * tensor_scale(b) * m_b)
-    m, n, mt, nt = scale_shift(tensor_scale(out) / common, s.mult_bits, force_shift_positive=s.force_shift_positive,
+    common = math.sqrt(tensor_scale(self, a) * m_a * tensor_scale(self, b) * m_b)
+    m, n, mt, nt = scale_shift(tensor_scale(self, out) / common, s.mult_bits, force_shift_positive=s.force_shift_positive,
                                shift_limit=WIDE_SHIFT_MAX)
     self.params["scale_value"] = [int(m), m_a, m_b]
     self.params["shift_value"] = int(n)
     self.params["scale_type"] = [mt, Dtype.UINT16, Dtype.UINT16]
     self.params["shift_type"] = range_dtype(min(int(n), 0), max(int(n), 0), force_signed=True)
-    check_int64_bound(self, offset_absmax(b) * m_b * int(m), "remainder times M")
+    check_int64_bound(self, offset_absmax(self, b) * m_b * int(m), "remainder times M")
 
 
 def _mod_int(node: PyNode, fmod: bool) -> torch.Tensor:
@@ -394,10 +394,10 @@ def _mod_int(node: PyNode, fmod: bool) -> torch.Tensor:
     out = node.outputs[0]
     m, m_a, m_b = _int_list(node, "scale_value", 3)
     n = int(node.get_param("shift_value"))
-    check_int64_bound(node, max(offset_absmax(a) * m_a, offset_absmax(b) * m_b * abs(m)), "remainder times M")
-    r = _mod(_offset_int(a) * m_a, _offset_int(b) * m_b, fmod)
-    qmin, qmax = out_range(out)
-    return torch.clamp(round_shift(r * m, n) - tensor_zp(out), qmin, qmax)
+    check_int64_bound(node, max(offset_absmax(node, a) * m_a, offset_absmax(node, b) * m_b * abs(m)), "remainder times M")
+    r = _mod(_offset_int(node, a) * m_a, _offset_int(node, b) * m_b, fmod)
+    qmin, qmax = out_range(node, out)
+    return torch.clamp(round_shift(r * m, n) - tensor_zp(node, out), qmin, qmax)
 
 
 def _divmod(a: torch.Tensor, b: torch.Tensor, mode: str) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -420,7 +420,7 @@ def divmod_forward(self: PyNode) -> None:
     if self.quantized:
         q, r = _divmod(_as_int(xs[0]), _as_int(xs[1]), mode)
         for i, v in enumerate((q, r)):
-            lo, hi = out_range(self.outputs[i])
+            lo, hi = out_range(self, self.outputs[i])
             self.outputs[i].betensor = _wrap(v, lo, hi)
         return
     a, b = xs
@@ -481,10 +481,10 @@ def where_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs)
     _, x, y = self.inputs
     out = self.outputs[0]
-    signed = is_signed(x) or is_signed(y)
+    signed = is_signed(self, x) or is_signed(self, y)
     _pop_requant(self)
     if x.qinvariant and y.qinvariant:
-        set_qinvariant(out, max(int(x.qbits or 8), int(y.qbits or 8)), signed or layer_settings(self).force_dtype_int)
+        set_qinvariant(self, out, max(int(x.qbits or 8), int(y.qbits or 8)), signed or layer_settings(self).force_dtype_int)
     else:
         if x.qinvariant != y.qinvariant:
             OPT_WARN(f"layer '{self.name}' ({self.type}): one value input is an integer (scale 1) and the other is "
@@ -492,7 +492,7 @@ def where_quantize(self: PyNode) -> None:
         quantize_activation(self, out, signed)
     ms, ns, mts, nts = [], [], [], []
     for t in (x, y):
-        m, n, mt, nt = requant_scale_shift(self, _f32_ratio(tensor_scale(out), tensor_scale(t)))
+        m, n, mt, nt = requant_scale_shift(self, _f32_ratio(tensor_scale(self, out), tensor_scale(self, t)))
         ms.append(int(m))
         ns.append(int(n))
         mts.append(mt)
@@ -504,12 +504,12 @@ def where_quantize(self: PyNode) -> None:
 def _where_int(node: PyNode) -> torch.Tensor:
     c, x, y = node.inputs
     out = node.outputs[0]
-    qmin, qmax = out_range(out)
-    zp_out = tensor_zp(out)
+    qmin, qmax = out_range(node, out)
+    zp_out = tensor_zp(node, out)
     (m_x, m_y), (n_x, n_y) = _int_list(node, "scale_value", 2), _int_list(node, "shift_value", 2)
-    vx = torch.clamp(round_shift(_offset_int(x) * m_x, n_x) - zp_out, qmin, qmax)
-    vy = torch.clamp(round_shift(_offset_int(y) * m_y, n_y) - zp_out, qmin, qmax)
-    return torch.where(_offset_int(c) != 0, vx, vy)
+    vx = torch.clamp(round_shift(_offset_int(node, x) * m_x, n_x) - zp_out, qmin, qmax)
+    vy = torch.clamp(round_shift(_offset_int(node, y) * m_y, n_y) - zp_out, qmin, qmax)
+    return torch.where(_offset_int(node, c) != 0, vx, vy)
 
 
 # ------------------------------------------------------------------------------------------------ Div
@@ -552,18 +552,18 @@ def div_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs)
     a, b = self.inputs
     out = self.outputs[0]
-    quantize_activation(self, out, is_signed(a) or is_signed(b))
-    t = max(1, min(offset_absmax(b).bit_length(), int(layer_settings(self).lut_items_in_bits)))
+    quantize_activation(self, out, is_signed(self, a) or is_signed(self, b))
+    t = max(1, min(offset_absmax(self, b).bit_length(), int(layer_settings(self).lut_items_in_bits)))
     frac = t + DIV_RECIPROCAL_EXTRA_BITS
     table = reciprocal_table(t, frac)
     set_constant(self, "lut", table, Dtype.UINT32)
     constants_first(self, ["lut"])
     self.params["reciprocal_shift"] = frac
-    ratio = _f32_ratio(tensor_scale(out), 1.0) * _f32_ratio(tensor_scale(b), tensor_scale(a))
+    ratio = _f32_ratio(tensor_scale(self, out), 1.0) * _f32_ratio(tensor_scale(self, b), tensor_scale(self, a))
     _pop_requant(self)
     store_requant(self, *requant_scale_shift(self, ratio))
     m, _ = requant_of(self)
-    check_int64_bound(self, offset_absmax(a) * int(table.max()) * int(m), "dividend x reciprocal x M")
+    check_int64_bound(self, offset_absmax(self, a) * int(table.max()) * int(m), "dividend x reciprocal x M")
 
 
 def _div_int(node: PyNode) -> torch.Tensor:
@@ -578,8 +578,8 @@ def _div_int(node: PyNode) -> torch.Tensor:
     m, n = requant_of(node)
     if not isinstance(m, int):
         raise node._error("quantized Div needs a per-tensor scale_value/shift_value")
-    check_int64_bound(node, offset_absmax(a) * int(table.max()) * abs(m), "dividend x reciprocal x M")
-    x, y = _offset_int(a), _offset_int(b)
+    check_int64_bound(node, offset_absmax(node, a) * int(table.max()) * abs(m), "dividend x reciprocal x M")
+    x, y = _offset_int(node, a), _offset_int(node, b)
     d = y.abs()
     e = torch.clamp(bit_length(d) - t, min=0)
     half = torch.where(e > 0, torch.ones_like(e) << torch.clamp(e - 1, min=0), torch.zeros_like(e))
@@ -588,8 +588,8 @@ def _div_int(node: PyNode) -> torch.Tensor:
     idx = torch.where(carry, torch.full_like(idx, size // 2), idx)
     e = e + carry.to(torch.int64)
     z = torch.sign(y) * x * table[idx]
-    qmin, qmax = out_range(out)
-    return torch.clamp(round_shift(z * m, n + frac + e) - tensor_zp(out), qmin, qmax)
+    qmin, qmax = out_range(node, out)
+    return torch.clamp(round_shift(z * m, n + frac + e) - tensor_zp(node, out), qmin, qmax)
 
 
 # ------------------------------------------------------------------------------------------------ Pow
@@ -671,11 +671,11 @@ def pow_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs)
     inp, out = self.inputs[0], self.outputs[0]
     odd = float(p).is_integer() and int(p) % 2 == 1
-    quantize_activation(self, out, is_signed(inp) and odd)
-    in_qmin, in_qmax = out_range(inp)
-    out_qmin, out_qmax = out_range(out)
-    table = build_lut(_pow_function(p), tensor_scale(inp), tensor_zp(inp), in_qmin, in_qmax, range_bits(inp),
-                      tensor_scale(out), tensor_zp(out), out_qmin, out_qmax,
+    quantize_activation(self, out, is_signed(self, inp) and odd)
+    in_qmin, in_qmax = out_range(self, inp)
+    out_qmin, out_qmax = out_range(self, out)
+    table = build_lut(_pow_function(p), tensor_scale(self, inp), tensor_zp(self, inp), in_qmin, in_qmax, range_bits(self, inp),
+                      tensor_scale(self, out), tensor_zp(self, out), out_qmin, out_qmax,
                       lut_items_in_bits=int(layer_settings(self).lut_items_in_bits))
     set_constant(self, "lut", table, out.dtype)
     constants_first(self, ["lut"])
@@ -684,10 +684,10 @@ def pow_quantize(self: PyNode) -> None:
 def _pow_int(node: PyNode) -> torch.Tensor:
     inp, out = node.inputs[0], node.outputs[0]
     lut = node.get_constant("lut")
-    in_qmin, _ = out_range(inp)
-    y = lookup_lut(int_value(inp), lut.betensor, in_qmin, range_bits(inp), lut.dtype.bits, lut.dtype.is_signed,
-                   in_restricted=is_restricted(inp))
-    qmin, qmax = out_range(out)
+    in_qmin, _ = out_range(node, inp)
+    y = lookup_lut(int_value(inp), lut.betensor, in_qmin, range_bits(node, inp), lut.dtype.bits, lut.dtype.is_signed,
+                   in_restricted=is_restricted(node, inp))
+    qmin, qmax = out_range(node, out)
     return torch.clamp(y, qmin, qmax)
 
 
@@ -727,10 +727,10 @@ def squared_difference_quantize(self: PyNode) -> None:
     else:
         quantize_activation(self, out, False)
     m_a, m_b = _align_multipliers(self, a, b)
-    dmax = offset_absmax(a) * m_a + offset_absmax(b) * m_b
+    dmax = offset_absmax(self, a) * m_a + offset_absmax(self, b) * m_b
     k = max(0, dmax.bit_length() - SQD_DIFF_BITS)
-    common = math.sqrt(tensor_scale(a) * m_a * tensor_scale(b) * m_b)
-    ratio = tensor_scale(out) * 4.0 ** k / (common * common)
+    common = math.sqrt(tensor_scale(self, a) * m_a * tensor_scale(self, b) * m_b)
+    ratio = tensor_scale(self, out) * 4.0 ** k / (common * common)
     m, n, mt, nt = scale_shift(ratio, s.mult_bits, force_shift_positive=s.force_shift_positive,
                                shift_limit=WIDE_SHIFT_MAX)
     self.params["scale_value"] = [int(m), m_a, m_b]
@@ -748,12 +748,12 @@ def _sqd_int(node: PyNode) -> torch.Tensor:
     m, m_a, m_b = _int_list(node, "scale_value", 3)
     n = int(node.get_param("shift_value"))
     k = int(node.get_param("diff_shift"))
-    dmax = offset_absmax(a) * m_a + offset_absmax(b) * m_b
+    dmax = offset_absmax(node, a) * m_a + offset_absmax(node, b) * m_b
     dq = ((dmax >> k) + 1) if k else dmax
     check_int64_bound(node, dq * dq * m, "squared difference times M")
-    d = round_shift(_offset_int(a) * m_a - _offset_int(b) * m_b, k)
-    qmin, qmax = out_range(out)
-    return torch.clamp(round_shift(d * d * m, n) - tensor_zp(out), qmin, qmax)
+    d = round_shift(_offset_int(node, a) * m_a - _offset_int(node, b) * m_b, k)
+    qmin, qmax = out_range(node, out)
+    return torch.clamp(round_shift(d * d * m, n) - tensor_zp(node, out), qmin, qmax)
 
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export
@@ -784,7 +784,7 @@ def convert_div(g: QDQGraph, node: PyNode) -> None:
     if onnx_exact.div(g, node, perm if same_rank else None):
         return
     values = [g.float_value(t, perm) if same_rank else g.float_value(t) for t in node.inputs]
-    out = g.rescale(g.add("Div", values), requant_factor(node, tensor_scale(a) / tensor_scale(b)))
+    out = g.rescale(g.add("Div", values), requant_factor(node, tensor_scale(node, a) / tensor_scale(node, b)))
     g.quantize(y, out, perm)
 
 
@@ -817,7 +817,7 @@ def convert_logical(g: QDQGraph, node: PyNode) -> None:
         truth = g.add(BOOLEAN_ONNX[method], [a, b])
     elif method in LOGICAL_ONNX or method == "NOT_EQUAL":
         m_a, m_b = (int(v) for v in node.get_param("scale_value"))
-        bound = max(max(abs(int(t.qmin) + tensor_zp(t)), abs(int(t.qmax) + tensor_zp(t))) * m
+        bound = max(max(abs(int(t.qmin) + tensor_zp(node, t)), abs(int(t.qmax) + tensor_zp(node, t))) * m
                     for t, m in zip(node.inputs, (m_a, m_b)))
         if bound >= FLOAT64_EXACT:
             raise node_error(node, "X · M leaves float64's exact integers; no exact form")
@@ -841,12 +841,12 @@ def convert_where(g: QDQGraph, node: PyNode) -> None:
     ms = [int(v) for v in node.get_param("scale_value")]
     ns = [int(v) for v in node.get_param("shift_value")]
     for t, m in zip((x, y), ms):
-        if max(abs(int(t.qmin) + tensor_zp(t)), abs(int(t.qmax) + tensor_zp(t))) * abs(m) >= FLOAT64_EXACT:
+        if max(abs(int(t.qmin) + tensor_zp(node, t)), abs(int(t.qmax) + tensor_zp(node, t))) * abs(m) >= FLOAT64_EXACT:
             raise node_error(node, f"(q + zp) · M of input '{t.name}' leaves float64's exact integers; no exact "
                                    "form")
     perm = shared_perm(g, node.inputs, g.rank(out))
-    lo, hi = out_range(out)
-    zp_out = tensor_zp(out)
+    lo, hi = out_range(node, out)
+    zp_out = tensor_zp(node, out)
     branches = []
     for i, (t, m, n) in enumerate(zip((x, y), ms, ns)):
         v = g.add("Round", [g.add("Mul", [codes(g, t, perm), double(g, node, f"input{i + 1}_multiplier",

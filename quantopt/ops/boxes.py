@@ -64,22 +64,22 @@ SHIFT_MAX = 62
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-def _floor_code(threshold: float, t: PyTensor) -> int:
+def _floor_code(node: PyNode, threshold: float, t: PyTensor) -> int:
     """T with (q + zp) / s > threshold <=> q > T for every integer q: floor(threshold * s - zp), exact rationals;
     -inf gives qmin - 1 (everything passes), +inf qmax (nothing passes)."""
     if math.isinf(threshold):
-        return (out_range(t)[0] - 1) if threshold < 0 else out_range(t)[1]
-    return math.floor(Fraction(threshold) * Fraction(tensor_scale(t)) - tensor_zp(t))
+        return (out_range(node, t)[0] - 1) if threshold < 0 else out_range(node, t)[1]
+    return math.floor(Fraction(threshold) * Fraction(tensor_scale(node, t)) - tensor_zp(node, t))
 
 
 def _index_bits(limit: int) -> int:
     return INDEX_BITS if limit < 2 ** (INDEX_BITS - 1) else 32
 
 
-def _fill_code(t: PyTensor, value: float) -> int:
+def _fill_code(node: PyNode, t: PyTensor, value: float) -> int:
     """The code of the float `value` in `t`'s params: round half to even of value * s - zp, clamped."""
-    qmin, qmax = out_range(t)
-    code = Fraction(value) * Fraction(tensor_scale(t)) - tensor_zp(t)
+    qmin, qmax = out_range(node, t)
+    code = Fraction(value) * Fraction(tensor_scale(node, t)) - tensor_zp(node, t)
     return min(max(round(code), qmin), qmax)
 
 
@@ -136,8 +136,8 @@ def get_valid_count_forward(self: PyNode) -> None:
         v = int_value(t)
         passed = v[:, :, score_index] > int(self.get_param("score_threshold_value"))
         if id_index >= 0:
-            passed &= v[:, :, id_index] + tensor_zp(t) >= 0
-        fill = _fill_code(t, -1.0)
+            passed &= v[:, :, id_index] + tensor_zp(self, t) >= 0
+        fill = _fill_code(self, t, -1.0)
         dtype = torch.int64
     else:
         v = x
@@ -166,12 +166,12 @@ def get_valid_count_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs)
     refuse_per_channel(self, t)
     _gvc_params(self, int(t.ir_shape[2]) if len(t.ir_shape) == 3 else 1 << 30)
-    self.params["score_threshold_value"] = _floor_code(float(self.get_param("score_threshold")), t)
+    self.params["score_threshold_value"] = _floor_code(self, float(self.get_param("score_threshold")), t)
     self.params["score_threshold_type"] = t.dtype
     rows = int(t.ir_shape[1]) if len(t.ir_shape) > 1 else 1
-    set_qinvariant(self.outputs[0], _index_bits(rows + 1), True)
-    copy_params(self.outputs[1], t)
-    set_qinvariant(self.outputs[2], _index_bits(rows), True)
+    set_qinvariant(self, self.outputs[0], _index_bits(rows + 1), True)
+    copy_params(self, self.outputs[1], t)
+    set_qinvariant(self, self.outputs[2], _index_bits(rows), True)
 
 
 # ------------------------------------------------------------------------------------------------ FilterBoxes
@@ -259,7 +259,7 @@ def filter_boxes_forward(self: PyNode) -> None:
     counts = [integer_index_input(self, t, w) for t, w in ((n_t, "box_num_perclass"), (l_t, "label_perclass"),
                                                  (t_t, "total_class_num"))]
     if self.quantized:
-        fill = (_fill_code(b_t, 0.0), _fill_code(s_t, 0.0))
+        fill = (_fill_code(self, b_t, 0.0), _fill_code(self, s_t, 0.0))
         outs = _fb_select(self, int_value(b_t), int_value(s_t), *counts, thr, min_h, min_w, fill)
     else:
         outs = _fb_select(self, b_t.betensor, s_t.betensor, *counts, thr, min_h, min_w, (0.0, 0.0))
@@ -282,10 +282,10 @@ def filter_boxes_quantize(self: PyNode) -> None:
             raise UnsupportedError(f"layer '{self.name}' ({self.type}): the {w} input '{t.name}' must hold exact "
                                    "integers (an integer tensor), not quantized values")
     for o, t in zip(self.outputs, self.inputs):
-        copy_params(o, t)
-    s = Fraction(tensor_scale(b_t))
+        copy_params(self, o, t)
+    s = Fraction(tensor_scale(self, b_t))
     self.params["min_size"] = [math.ceil(Fraction(min_h) * s), math.ceil(Fraction(min_w) * s)]
-    self.params["score_threshold"] = _floor_code(thr, s_t)
+    self.params["score_threshold"] = _floor_code(self, thr, s_t)
 
 
 # ------------------------------------------------------------------------------------------------ BoundingBox
@@ -346,9 +346,9 @@ def bounding_box_float(p: torch.Tensor, d: torch.Tensor, std_div: Sequence[float
     return torch.clamp(box, 0.0, 1.0)
 
 
-def _delta_range(t: PyTensor) -> float:
-    lo, hi = out_range(t)
-    zp, s = tensor_zp(t), tensor_scale(t)
+def _delta_range(node: PyNode, t: PyTensor) -> float:
+    lo, hi = out_range(node, t)
+    zp, s = tensor_zp(node, t), tensor_scale(node, t)
     return max(abs(lo + zp), abs(hi + zp)) / s
 
 
@@ -362,9 +362,9 @@ def _table(fn, lo: int, bits: int, scale: float, zp: int, lf: int, table_bits: i
     return torch.clamp(torch.round(fn(x) * 2.0 ** lf), -vmax, vmax).to(torch.int64)
 
 
-def _decode_table(fn, t: PyTensor, lf: int, table_bits: int) -> torch.Tensor:
+def _decode_table(node: PyNode, fn, t: PyTensor, lf: int, table_bits: int) -> torch.Tensor:
     """_table over the codes of tensor t."""
-    return _table(fn, out_range(t)[0], range_bits(t), tensor_scale(t), tensor_zp(t), lf, table_bits)
+    return _table(fn, out_range(node, t)[0], range_bits(node, t), tensor_scale(node, t), tensor_zp(node, t), lf, table_bits)
 
 
 def _lookup_table(node: PyNode, key: str, q: torch.Tensor, lo: int, hi_code: int, bits: int) -> torch.Tensor:
@@ -382,8 +382,8 @@ def _lookup_table(node: PyNode, key: str, q: torch.Tensor, lo: int, hi_code: int
 
 
 def _lookup(node: PyNode, key: str, q: torch.Tensor, t: PyTensor) -> torch.Tensor:
-    lo, hi_code = out_range(t)
-    return _lookup_table(node, key, q, lo, hi_code, range_bits(t))
+    lo, hi_code = out_range(node, t)
+    return _lookup_table(node, key, q, lo, hi_code, range_bits(node, t))
 
 
 def _decode_int(node: PyNode, p: torch.Tensor, p_zp: int, d: torch.Tensor, d_t: PyTensor) -> torch.Tensor:
@@ -407,22 +407,22 @@ def _quantize_decode(node: PyNode, p_t: PyTensor, d_t: PyTensor, std_div: Sequen
     * 2^Lf) (s_p the proposal scale)."""
     for t, what in ((p_t, "the proposal/anchor input"), (d_t, "the delta input")):
         refuse_per_channel(node, t)
-        if range_bits(t) > 16:
-            raise UnsupportedError(f"layer '{node.name}' ({node.type}): {what} '{t.name}' has {range_bits(t)}-bit "
+        if range_bits(node, t) > 16:
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): {what} '{t.name}' has {range_bits(node, t)}-bit "
                                    "codes; at most 16 bits are supported")
-    tmax = _delta_range(d_t)
+    tmax = _delta_range(node, d_t)
     biggest = max([tmax / abs(v) for v in std_div[:2]] + [math.exp(min(tmax / abs(v), 80.0)) for v in std_div[2:]])
     lf = min(LUT_MAX_FRAC_BITS, LUT_VALUE_BITS - max(0, math.ceil(math.log2(max(biggest, 1.0)))))
     if lf < 0:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): deltas up to {tmax:g} make exp(delta / divisor) "
                                "too large for the decode tables; calibrate the delta input narrower")
-    table_bits = min(range_bits(d_t), int(layer_settings(node).lut_items_in_bits))
+    table_bits = min(range_bits(node, d_t), int(layer_settings(node).lut_items_in_bits))
     for key, div, use_exp in (("lut_ty", std_div[0], False), ("lut_tx", std_div[1], False),
                               ("lut_th", std_div[2], True), ("lut_tw", std_div[3], True)):
         fn = (lambda x, v=div: torch.exp(x / v)) if use_exp else (lambda x, v=div: x / v)
-        set_constant(node, key, _decode_table(fn, d_t, lf, table_bits), Dtype.INT32)
+        set_constant(node, key, _decode_table(node, fn, d_t, lf, table_bits), Dtype.INT32)
     node.params["lut_frac_bits"] = lf
-    ratio = BOX_OUT_SCALE / (2.0 * tensor_scale(p_t) * 2.0 ** lf)
+    ratio = BOX_OUT_SCALE / (2.0 * tensor_scale(node, p_t) * 2.0 ** lf)
     m, n, _, _ = scale_shift(torch.tensor(ratio, dtype=torch.float32), MULT_BITS, shift_limit=SHIFT_MAX)
     node.params["box_out_scale_value"], node.params["box_out_shift_value"] = int(m), int(n)
 
@@ -444,7 +444,7 @@ def bounding_box_forward(self: PyNode) -> None:
         return
     p, d = int_value(p_t), int_value(d_t)
     _bb_check(self, p, d)
-    self.outputs[0].betensor = _decode_int(self, p, tensor_zp(p_t), d, d_t)
+    self.outputs[0].betensor = _decode_int(self, p, tensor_zp(self, p_t), d, d_t)
 
 
 @BOUNDING_BOX.quantize
@@ -549,8 +549,8 @@ def multibox_forward(self: PyNode) -> None:
         label = torch.argmax(cls[:, 1:, :], dim=1)
         passed = best > int(self.get_param("score_threshold_value"))
         m, n = int(self.get_param("score_out_scale_value")), int(self.get_param("score_out_shift_value"))
-        score = torch.clamp(round_shift((best + tensor_zp(c_t)) * m, n), -BOX_OUT_MAX - 1, BOX_OUT_MAX)
-        boxes = _decode_int(self, anchors.unsqueeze(0).expand_as(deltas), tensor_zp(a_t), deltas, l_t)
+        score = torch.clamp(round_shift((best + tensor_zp(self, c_t)) * m, n), -BOX_OUT_MAX - 1, BOX_OUT_MAX)
+        boxes = _decode_int(self, anchors.unsqueeze(0).expand_as(deltas), tensor_zp(self, a_t), deltas, l_t)
         rows, counts = _mb_rows(self, score, label, passed, boxes, (-1, -BOX_OUT_MAX), torch.int64)
     else:
         cls = c_t.betensor.to(torch.float32)
@@ -573,15 +573,15 @@ def multibox_quantize(self: PyNode) -> None:
     c_t, l_t, a_t = self.inputs
     refuse_per_channel(self, c_t)
     thr = self.get_param("score_threshold")
-    self.params["score_threshold_value"] = _floor_code(float(thr), c_t)
+    self.params["score_threshold_value"] = _floor_code(self, float(thr), c_t)
     self.params["score_threshold_type"] = c_t.dtype
-    m, n, _, _ = scale_shift(torch.tensor(BOX_OUT_SCALE / tensor_scale(c_t), dtype=torch.float32), MULT_BITS,
+    m, n, _, _ = scale_shift(torch.tensor(BOX_OUT_SCALE / tensor_scale(self, c_t), dtype=torch.float32), MULT_BITS,
                              shift_limit=SHIFT_MAX)
     self.params["score_out_scale_value"], self.params["score_out_shift_value"] = int(m), int(n)
     _quantize_decode(self, a_t, l_t, std_div)
     _set_box_output(self.outputs[0])
     count = int(c_t.ir_shape[2]) if len(c_t.ir_shape) == 3 else 0
-    set_qinvariant(self.outputs[1], 16 if count < 2 ** 16 else 32, False)
+    set_qinvariant(self, self.outputs[1], 16 if count < 2 ** 16 else 32, False)
 
 
 # ------------------------------------------------------------------------------------------------ Region
@@ -722,8 +722,8 @@ def _region_float(node: PyNode, x: torch.Tensor) -> List[torch.Tensor]:
 def _region_int(node: PyNode, t: PyTensor) -> List[torch.Tensor]:
     q = int_value(t)
     gh, gw, nb, max_box, _, comp = _region_params(node, list(q.shape))
-    lo, hi = out_range(t)
-    bits = range_bits(t)
+    lo, hi = out_range(node, t)
+    bits = range_bits(node, t)
     levels = 2 ** bits - 1
     thr = int(node.get_param("obj_thresh"))
     fe = int(node.get_param("region_table_bits"))
@@ -785,15 +785,15 @@ def region_quantize(self: PyNode) -> None:
     refuse_per_channel(self, t)
     shape = [int(v) for v in t.ir_shape]
     gh, gw, nb, _, anchors, _ = _region_params(self, shape)
-    bits = range_bits(t)
+    bits = range_bits(self, t)
     if bits > 16:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): {bits}-bit input codes; at most 16 bits are "
                                "supported")
     if max(gh, gw) > REGION_GRID_MAX or max(anchors) >= REGION_ANCHOR_MAX:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): grids above {REGION_GRID_MAX} cells or anchors "
                                f"of {REGION_ANCHOR_MAX} cells and more are not supported")
-    lo, hi = out_range(t)
-    s, zp = tensor_scale(t), tensor_zp(t)
+    lo, hi = out_range(self, t)
+    s, zp = tensor_scale(self, t), tensor_zp(self, t)
     xmax = max(abs(lo + zp), abs(hi + zp)) / s
     fe = min(LUT_MAX_FRAC_BITS, LUT_VALUE_BITS - max(0, math.ceil(xmax / math.log(2.0))))
     if fe < 0:
@@ -822,9 +822,9 @@ def region_quantize(self: PyNode) -> None:
     o[1].scale, o[1].zerop, o[1].qmin, o[1].qmax, o[1].dtype, o[1].qbits = float(2 ** cs), 0, -32768, 32767, \
         Dtype.INT16, 16
     o[1].qinvariant, o[1].ir_range = False, None
-    set_qinvariant(o[2], 16, False)
-    set_qinvariant(o[3], 16, True)
-    set_qinvariant(o[4], 16, False)
+    set_qinvariant(self, o[2], 16, False)
+    set_qinvariant(self, o[3], 16, True)
+    set_qinvariant(self, o[4], 16, False)
 
 
 # ------------------------------------------------------------------------------------------------ RegionFuse
@@ -908,9 +908,9 @@ def region_fuse_forward(self: PyNode) -> None:
                                    ("box", (2, 3), self.outputs[1], boxes)):
             mults = self.get_param(f"{key}_out_scale_value")
             shifts = self.get_param(f"{key}_out_shift_value")
-            qmin, qmax = out_range(out)
+            qmin, qmax = out_range(self, out)
             for j, i in enumerate(idx):
-                v = round_shift((int_value(t[i]) + tensor_zp(t[i])) * int(mults[j]), int(shifts[j])) - tensor_zp(out)
+                v = round_shift((int_value(t[i]) + tensor_zp(self, t[i])) * int(mults[j]), int(shifts[j])) - tensor_zp(self, out)
                 dst.append(torch.clamp(v, qmin, qmax))
         outs = _fuse(self, scores, boxes, counts, labels, totals, torch.int64)
     else:
@@ -934,20 +934,20 @@ def region_fuse_quantize(self: PyNode) -> None:
             raise UnsupportedError(f"layer '{self.name}' ({self.type}): the count/label input '{x.name}' must hold "
                                    "exact integers (an integer tensor), not quantized values")
     for o, pair in zip(self.outputs, ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))):
-        src = min(pair, key=lambda i: tensor_scale(t[i]))
-        copy_params(o, t[src])
+        src = min(pair, key=lambda i: tensor_scale(self, t[i]))
+        copy_params(self, o, t[src])
         o.zerop = 0
-    bits = int(t[0].qbits) if t[0].qbits else range_bits(t[0])
+    bits = int(t[0].qbits) if t[0].qbits else range_bits(self, t[0])
     levels = 2 ** bits - 1
     o0, o1 = self.outputs[0], self.outputs[1]
     o0.scale, o0.qbits, o0.qinvariant = float(levels), bits, False
     o0.qmin, o0.qmax = 0, levels
     o0.dtype = Dtype.UINT16 if bits > 8 else Dtype.UINT8
-    o1.scale, o1.qinvariant = float(out_range(o1)[1]), False
+    o1.scale, o1.qinvariant = float(out_range(self, o1)[1]), False
     for key, pair, out in (("score", (0, 1), o0), ("box", (2, 3), o1)):
         ms, ns = [], []
         for i in pair:
-            m, n, _, _ = scale_shift(torch.tensor(tensor_scale(out) / tensor_scale(t[i]), dtype=torch.float32),
+            m, n, _, _ = scale_shift(torch.tensor(tensor_scale(self, out) / tensor_scale(self, t[i]), dtype=torch.float32),
                                      MULT_BITS, shift_limit=SHIFT_MAX)
             ms.append(int(m))
             ns.append(int(n))

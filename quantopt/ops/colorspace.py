@@ -118,8 +118,8 @@ def _finish(node: PyNode, values: torch.Tensor, bits: int) -> None:
     out = node.outputs[0]
     top = 2 ** bits - 1
     if node.quantized:
-        qmin, qmax = out_range(out)
-        out.betensor = torch.clamp(torch.clamp(values, 0, top) - tensor_zp(out), qmin, qmax)
+        qmin, qmax = out_range(node, out)
+        out.betensor = torch.clamp(torch.clamp(values, 0, top) - tensor_zp(node, out), qmin, qmax)
     else:
         out.betensor = torch.clamp(values, 0.0, float(top)).to(torch.float32)
 
@@ -149,7 +149,7 @@ def rgbtoyuv_forward(self: PyNode) -> None:
     bits = _check_format(self)
     in_off, out_off, matrix, shift = _coefficients(self)
     if self.quantized:
-        px = x.to(torch.int64) + tensor_zp(self.inputs[0])
+        px = x.to(torch.int64) + tensor_zp(self, self.inputs[0])
         mat = torch.tensor(_integers(self, [v for row in matrix for v in row], "matrix"),
                            dtype=torch.int64).reshape(3, 3)
         d = px - torch.tensor(_integers(self, in_off, "input offsets"), dtype=torch.int64)
@@ -215,7 +215,7 @@ def yuvtorgb_forward(self: PyNode) -> None:
     bits = _check_format(self)
     in_off, out_off, matrix, shift = _coefficients(self)
     q = self.quantized
-    v = x.to(torch.int64) + tensor_zp(self.inputs[0]) if q else x.to(torch.float64)
+    v = x.to(torch.int64) + tensor_zp(self, self.inputs[0]) if q else x.to(torch.float64)
     plane = h * w // 4
     yy = v[:, :h * w].reshape(n, h, w)
     uu = _upsample(v[:, h * w:h * w + plane].reshape(n, h // 2, w // 2), h, w, q)

@@ -82,7 +82,7 @@ def concat_int_forward(node: PyNode) -> torch.Tensor:
     which only matters for a branch wider than the output).
     """
     out = node.outputs[0]
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(node, out)
     if "scale_value" not in node.params:
         return torch.clamp(_concat(node, [int_value(t) for t in node.inputs]), qmin, qmax)
     mults, shifts = node.params.get("scale_value"), node.params.get("shift_value")
@@ -91,14 +91,14 @@ def concat_int_forward(node: PyNode) -> torch.Tensor:
             len(mults) != count or len(shifts) != count:
         raise node._error(f"quantized Concat needs scale_value and shift_value lists of {count} integers (one per "
                           f"input), got {mults!r} and {shifts!r}")
-    zp_out = tensor_zp(out)
+    zp_out = tensor_zp(node, out)
     fast = _concat_float64(node, mults, shifts, zp_out, qmin, qmax)
     if fast is not None:
         return fast
     ys = []
     for t, m, sh in zip(node.inputs, mults, shifts):
-        check_int64_bound(node, offset_absmax(t) * abs(int(m)), f"branch '{t.name}' times its multiplier")
-        ys.append(requantize_int(int_value(t) + tensor_zp(t), int(m), int(sh), zp_out, qmin, qmax))
+        check_int64_bound(node, offset_absmax(node, t) * abs(int(m)), f"branch '{t.name}' times its multiplier")
+        ys.append(requantize_int(int_value(t) + tensor_zp(node, t), int(m), int(sh), zp_out, qmin, qmax))
     return _concat(node, ys)
 
 
@@ -111,23 +111,23 @@ def _concat_float64(node: PyNode, mults: Sequence[Any], shifts: Sequence[Any], z
     if any(t.betensor.is_floating_point() for t in node.inputs):
         return None
     for t, m, sh in zip(node.inputs, mults, shifts):
-        check_int64_bound(node, offset_absmax(t) * abs(int(m)), f"branch '{t.name}' times its multiplier")
-        if offset_absmax(t) * abs(int(m)) >= FLOAT64_EXACT or not -900 < int(sh) < 900:
+        check_int64_bound(node, offset_absmax(node, t) * abs(int(m)), f"branch '{t.name}' times its multiplier")
+        if offset_absmax(node, t) * abs(int(m)) >= FLOAT64_EXACT or not -900 < int(sh) < 900:
             return None
     ys = []
     for t, m, sh in zip(node.inputs, mults, shifts):
         # the factor as requantize_float64 forms it: M * 2^-shift, exact in float64
         factor = torch.tensor(float(int(m)), dtype=torch.float64) * torch.pow(2.0, -torch.tensor(float(int(sh)),
                                                                                               dtype=torch.float64))
-        ys.append(offset_value(t, torch.float64).mul_(factor).round_().sub_(float(zp_out))
+        ys.append(offset_value(node, t, torch.float64).mul_(factor).round_().sub_(float(zp_out))
                   .clamp_(float(qmin), float(qmax)))
     return exact_int64_(_concat(node, ys).contiguous(), qmin, qmax)
 
 
-def _same_quantization(inputs: List, signed: bool) -> bool:
+def _same_quantization(node: PyNode, inputs: List, signed: bool) -> bool:
     first = inputs[0]
-    return all(tensor_scale(t) == tensor_scale(first) and tensor_zp(t) == tensor_zp(first) and
-               (t.qmin, t.qmax, t.qbits) == (first.qmin, first.qmax, first.qbits) and is_signed(t) == signed
+    return all(tensor_scale(node, t) == tensor_scale(node, first) and tensor_zp(node, t) == tensor_zp(node, first) and
+               (t.qmin, t.qmax, t.qbits) == (first.qmin, first.qmax, first.qbits) and is_signed(node, t) == signed
                for t in inputs)
 
 
@@ -153,25 +153,25 @@ def concat_quantize(self: PyNode) -> None:
         _concat_channels(self, ins, out)
         return
     bits = max(int(t.qbits or 8) for t in ins)
-    signed = any(is_signed(t) for t in ins) or bool(s.force_dtype_int)
+    signed = any(is_signed(self, t) for t in ins) or bool(s.force_dtype_int)
     if all(t.qinvariant for t in ins):
-        set_qinvariant(out, bits, signed)
+        set_qinvariant(self, out, bits, signed)
         return
     if any(t.qinvariant for t in ins):
         OPT_WARN(f"layer '{self.name}' (Concat): some inputs are integers (scale 1) and others are quantized; the "
                  "integer inputs are requantized like tensors of scale 1")
-    if _same_quantization(ins, signed):
-        copy_params(out, ins[0])
+    if _same_quantization(self, ins, signed):
+        copy_params(self, out, ins[0])
     else:
         quantize_activation(self, out, signed, bits)
-    s_out = tensor_scale(out)
-    scales = [tensor_scale(t) for t in ins] + [s_out]
-    zps = [tensor_zp(t) for t in ins] + [tensor_zp(out)]
+    s_out = tensor_scale(self, out)
+    scales = [tensor_scale(self, t) for t in ins] + [s_out]
+    zps = [tensor_zp(self, t) for t in ins] + [tensor_zp(self, out)]
     if max(scales) / (min(scales) + FLT_EPSILON) <= float(s.concat_threshold) and len(set(zps)) == 1:
         return
     mults, shifts, mtypes, stypes = [], [], [], []
     for t in ins:
-        ratio = torch.tensor(s_out, dtype=torch.float32) / torch.tensor(tensor_scale(t), dtype=torch.float32)
+        ratio = torch.tensor(s_out, dtype=torch.float32) / torch.tensor(tensor_scale(self, t), dtype=torch.float32)
         m, sh, mdt, sdt = scale_shift(ratio, int(out.qbits), force_shift_positive=s.force_shift_positive)
         mults.append(int(m))
         shifts.append(int(sh))
@@ -195,27 +195,27 @@ def _kv_cache_concat(node: PyNode) -> bool:
     if not cache or not computed or len(kinds) != 2:
         return False
     real = computed[0]
-    if is_per_channel(real) or not all(_same_quantization([t, real], is_signed(real)) for t in computed):
+    if is_per_channel(real) or not all(_same_quantization(node, [t, real], is_signed(node, real)) for t in computed):
         OPT_WARN(f"layer '{node.name}' (Concat): unify_scales_for_kvc_concat needs its computed inputs quantized "
                  "alike (one per-tensor scale); quantized as a plain Concat")
         return False
     for t in cache:
         if str(t.pnode.type) == "Constant":
             w = t.pnode.get_constant("weights")
-            if not bool(((w.betensor.to(torch.int64) + int(tensor_zp(t))) == 0).all()):  # dequantizes to 0
+            if not bool(((w.betensor.to(torch.int64) + int(tensor_zp(node, t))) == 0).all()):  # dequantizes to 0
                 return False
     for t in cache:
-        copy_params(t, real)
+        copy_params(node, t, real)
         if str(t.pnode.type) == "Constant":
             constant = t.pnode
             w = constant.get_constant("weights")
-            qmin, qmax = out_range(real)
-            w.betensor = torch.full_like(w.betensor, min(max(-int(tensor_zp(real)), qmin), qmax), dtype=torch.int64)
+            qmin, qmax = out_range(node, real)
+            w.betensor = torch.full_like(w.betensor, min(max(-int(tensor_zp(node, real)), qmin), qmax), dtype=torch.int64)
             w.dtype, w.scale, w.zerop, w.qmin, w.qmax, w.qbits = (real.dtype, real.scale, real.zerop, qmin, qmax,
                                                                  real.qbits)
-            constant.params["weights_scale"] = float(tensor_scale(real))
-            constant.params["weights_zp"] = int(tensor_zp(real))
-    copy_params(node.outputs[0], real)
+            constant.params["weights_scale"] = float(tensor_scale(node, real))
+            constant.params["weights_zp"] = int(tensor_zp(node, real))
+    copy_params(node, node.outputs[0], real)
     return True
 
 
@@ -231,13 +231,13 @@ def _concat_channels(node: PyNode, ins: List, out) -> None:
     first = ins[0]
     for t in ins:
         if (t.dtype, t.qmin, t.qmax) != (first.dtype, first.qmin, first.qmax) or \
-                (not is_per_channel(t) and tensor_zp(t) != 0) or t.qinvariant:
+                (not is_per_channel(t) and tensor_zp(node, t) != 0) or t.qinvariant:
             raise UnsupportedError(f"layer '{node.name}' (Concat): per-channel branches pass through unchanged, so "
                                    f"every branch needs the integer type and range of '{first.name}' and zero point "
                                    f"0; '{t.name}' differs")
     scales = [t.scale.to(torch.float32).reshape(-1) if is_per_channel(t)
-              else torch.full((int(t.ir_shape[-1]),), tensor_scale(t), dtype=torch.float32) for t in ins]
-    copy_params(out, first)
+              else torch.full((int(t.ir_shape[-1]),), tensor_scale(node, t), dtype=torch.float32) for t in ins]
+    copy_params(node, out, first)
     out.scale, out.zerop = torch.cat(scales), 0
 
 
@@ -258,7 +258,7 @@ def convert_concat(g: QDQGraph, node: PyNode) -> None:
         return
     branches = [g.float_value(t, perm) for t in node.inputs]
     if "scale_value" in node.params:  # per-branch multipliers M_i 2^-N_i for s_out / s_i
-        branches = [g.rescale(v, float(m) * 2.0 ** -float(n) * tensor_scale(t) / tensor_scale(y), f"requant{i}")
+        branches = [g.rescale(v, float(m) * 2.0 ** -float(n) * tensor_scale(node, t) / tensor_scale(node, y), f"requant{i}")
                     for i, (v, m, n, t) in enumerate(zip(branches, node.params["scale_value"],
                                                          node.params["shift_value"], node.inputs))]
     g.quantize(y, g.add("Concat", branches, axis=axis), perm)

@@ -58,17 +58,17 @@ def _rescale(node: PyNode, src: PyTensor, dst: PyTensor) -> torch.Tensor:
     """round_half_even((q + zp_src) · s_dst / s_src) - zp_dst clamped to dst's range, the float32 scales taken as
     exact rationals (the identity for equal params)."""
     q = int_value(src)
-    qmin, qmax = out_range(dst)
-    s_src = float(torch.tensor(tensor_scale(src), dtype=torch.float32))
-    s_dst = float(torch.tensor(tensor_scale(dst), dtype=torch.float32))
-    zp_src, zp_dst = tensor_zp(src), tensor_zp(dst)
+    qmin, qmax = out_range(node, dst)
+    s_src = float(torch.tensor(tensor_scale(node, src), dtype=torch.float32))
+    s_dst = float(torch.tensor(tensor_scale(node, dst), dtype=torch.float32))
+    zp_src, zp_dst = tensor_zp(node, src), tensor_zp(node, dst)
     if s_src == s_dst:
         return torch.clamp(q + zp_src - zp_dst, qmin, qmax)
     (n_dst, d_dst), (n_src, d_src) = s_dst.as_integer_ratio(), s_src.as_integer_ratio()
     num, den = n_dst * d_src, n_src * d_dst
     g = math.gcd(num, den)
     num, den = num // g, den // g
-    lo, hi = out_range(src)
+    lo, hi = out_range(node, src)
     if max(abs(lo + zp_src), abs(hi + zp_src)) * num >= INT64_BOUND or 2 * den >= INT64_BOUND:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): the scales of '{src.name}' ({s_src}) and "
                                f"'{dst.name}' ({s_dst}) are too far apart to re-express the integers exactly")
@@ -96,11 +96,11 @@ def switch_quantize(self: PyNode) -> None:
         raise self._error(f"has {len(self.outputs)} outputs; Switch has one")
     inp, out = self.inputs[0], self.outputs[0]
     if inp.qmin is not None:
-        copy_params(out, inp)
+        copy_params(self, out, inp)
     elif inp.ir_dtype.is_float:
         quantize_activation(self, out, True, int(layer_settings(self).q_bits_activation))
     else:
-        set_qinvariant(out, inp.ir_dtype.bits, inp.ir_dtype.is_signed)
+        set_qinvariant(self, out, inp.ir_dtype.bits, inp.ir_dtype.is_signed)
 
 
 # ------------------------------------------------------------------------------------------------ If / Loop

@@ -193,7 +193,7 @@ def conv2d_nhwc_int(node: PyNode, depthwise: bool) -> torch.Tensor:
     """Exact integer accumulator conv(x_q padded with -zp_in, w_q + zp_w) as float64, bias not added."""
     x, zp = mac_input(node)
     w, dtype = mac_weights(node)
-    if x.dtype == torch.int64 and max(abs(v) for v in out_range(node.inputs[0])) < MAGIC_EXACT:
+    if x.dtype == torch.int64 and max(abs(v) for v in out_range(node, node.inputs[0])) < MAGIC_EXACT:
         x = int_to_float64(x)  # the fast exact conversion; the kernel then narrows it while padding
     acc = _conv_nhwc(node, x, w, None, depthwise, float(-zp), dtype)
     return acc.to(torch.float64)

@@ -47,7 +47,7 @@ def quantize_forward(self: PyNode) -> None:
     if _fp8.is_fp8(out):  # before an fp8 layer (ops/_fp8.py)
         out.betensor = _fp8.fp8_quantize_forward(self, x)
         return
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(self, out)
     if out.qinvariant:
         out.betensor = torch.clamp(torch.round(x.to(torch.float64)), qmin, qmax).to(torch.int64)
         return
@@ -68,14 +68,14 @@ def quantize_quantize(self: PyNode) -> None:
         return
     if not inp.ir_dtype.is_float:
         lo = ranges_of(self).get(out).min
-        set_qinvariant(out, integer_output_bits(self, bool(float(lo or 0.0) < 0)),
+        set_qinvariant(self, out, integer_output_bits(self, bool(float(lo or 0.0) < 0)),
                        bool(float(lo or 0.0) < 0))
     else:
         lo = ranges_of(self).get(out).min
         signed = bool(lo is not None and float(lo) < 0)
         quantize_activation(self, out, signed)
-    self.params["quantize_scale"] = tensor_scale(out)
-    self.params["quantize_zp"] = tensor_zp(out)
+    self.params["quantize_scale"] = tensor_scale(self, out)
+    self.params["quantize_zp"] = tensor_zp(self, out)
     self.params["round_mode"] = "ROUND_TO_EVEN"
 
 
@@ -108,6 +108,6 @@ def dequantize_quantize(self: PyNode) -> None:
     inp = self.inputs[0]
     if inp.qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; a DeQuantize layer needs an integer input")
-    self.params["quantize_scale"] = tensor_scale(inp)
-    self.params["quantize_zp"] = tensor_zp(inp)
+    self.params["quantize_scale"] = tensor_scale(self, inp)
+    self.params["quantize_zp"] = tensor_zp(self, inp)
     self.params["unquantifiable"] = True

@@ -88,7 +88,7 @@ def count_forward(self: PyNode) -> None:
     bins, lo, hi, discrete = _count_params(self)
     rows = _rows(self, self.inputs[0].betensor)
     if self.quantized:
-        self.outputs[0].betensor = _count_int(rows, bins, int(lo), int(hi), discrete, tensor_zp(self.inputs[0]))
+        self.outputs[0].betensor = _count_int(rows, bins, int(lo), int(hi), discrete, tensor_zp(self, self.inputs[0]))
     else:
         self.outputs[0].betensor = _count_float(rows.to(torch.float32), bins, lo, hi, discrete)
 
@@ -127,7 +127,7 @@ def count_quantize(self: PyNode) -> None:
     inp = self.inputs[0]
     check_quantized_inputs(self, [inp])
     _per_tensor(self, inp)
-    s = tensor_scale(inp)
+    s = tensor_scale(self, inp)
     lo_q, hi_q = (int(torch.round(torch.tensor(v * s, dtype=torch.float64)).item()) for v in (lo, hi))
     if lo_q == hi_q:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): min {lo} and max {hi} fall on the same input "
@@ -139,7 +139,7 @@ def count_quantize(self: PyNode) -> None:
     bits = max(COUNT_MIN_BITS, int(inp.qbits or 8))
     if per_row > integer_range(bits, signed)[1]:
         bits = 32
-    set_qinvariant(self.outputs[0], bits, signed)
+    set_qinvariant(self, self.outputs[0], bits, signed)
     self.outputs[0].dtype = int_dtype_for_bits(bits, signed)
 
 
@@ -161,11 +161,11 @@ def zerofraction_forward(self: PyNode) -> None:
     if n == 0:
         raise self._error("input rows have no elements")
     if self.quantized:
-        zeros = ((rows.to(torch.int64) + tensor_zp(inp)) == 0).sum(1)
+        zeros = ((rows.to(torch.int64) + tensor_zp(self, inp)) == 0).sum(1)
         m = int(self.get_param("output_scale"))
         out = self.outputs[0]
-        qmin, qmax = out_range(out)
-        y = torch.div(zeros * m + n // 2, n, rounding_mode="floor") - tensor_zp(out)
+        qmin, qmax = out_range(self, out)
+        y = torch.div(zeros * m + n // 2, n, rounding_mode="floor") - tensor_zp(self, out)
         out.betensor = torch.clamp(y, qmin, qmax)
     else:
         zeros = (rows == 0).sum(1)

@@ -101,12 +101,12 @@ def _out_dim(node: PyNode, idx: int, dim: int, what: str) -> int:
     return int(shape[dim])
 
 
-def score_threshold_code(threshold: float, t: PyTensor) -> int:
+def score_threshold_code(node: PyNode, threshold: float, t: PyTensor) -> int:
     """T with (q + zp) / s > threshold <=> q > T for every integer q: T = floor(threshold * s - zp), computed with
     exact rationals (s is the stored float)."""
     if math.isinf(threshold):
-        return (out_range(t)[0] - 1) if threshold < 0 else out_range(t)[1]
-    return math.floor(Fraction(threshold) * Fraction(tensor_scale(t)) - tensor_zp(t))
+        return (out_range(node, t)[0] - 1) if threshold < 0 else out_range(node, t)[1]
+    return math.floor(Fraction(threshold) * Fraction(tensor_scale(node, t)) - tensor_zp(node, t))
 
 
 def _stable_desc(values: torch.Tensor) -> torch.Tensor:
@@ -132,14 +132,14 @@ def _index_bits(n: int) -> int:
 
 def _require_16_bits(node: PyNode, t: PyTensor, what: str) -> None:
     """Box coordinates, proposals and deltas must be at most 16-bit codes (the int64 bounds of the docs rely on it)."""
-    if range_bits(t) > 16:
-        raise UnsupportedError(f"layer '{node.name}' ({node.type}): {what} '{t.name}' has {range_bits(t)}-bit codes; "
+    if range_bits(node, t) > 16:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): {what} '{t.name}' has {range_bits(node, t)}-bit codes; "
                                "at most 16 bits are supported")
 
 
-def _set_index(t: PyTensor, limit: int) -> None:
+def _set_index(node: PyNode, t: PyTensor, limit: int) -> None:
     bits = _index_bits(limit)
-    set_qinvariant(t, bits, bits > COUNT_BITS)
+    set_qinvariant(node, t, bits, bits > COUNT_BITS)
 
 
 # ------------------------------------------------------------------------------------------------ box decoding
@@ -158,31 +158,31 @@ def _clip_boxes(boxes: torch.Tensor, hmin: Any, hmax: Any, wmin: Any, wmax: Any)
                         torch.clamp(x1, wmin, wmax)], dim=-1)
 
 
-def _delta_range(t: PyTensor) -> float:
+def _delta_range(node: PyNode, t: PyTensor) -> float:
     """Largest |delta| the quantized delta input can represent."""
-    lo, hi = out_range(t)
-    zp, s = tensor_zp(t), tensor_scale(t)
+    lo, hi = out_range(node, t)
+    zp, s = tensor_zp(node, t), tensor_scale(node, t)
     return max(abs(lo + zp), abs(hi + zp)) / s
 
 
 def _store_decode_tables(node: PyNode, deltas: PyTensor, variance: Sequence[float]) -> int:
     """lut_ty, lut_tx (t / v) and lut_th, lut_tw (exp(t / v)) over the delta input's integer range, int32 with
     Lf fraction bits; returns Lf."""
-    tmax = _delta_range(deltas)
+    tmax = _delta_range(node, deltas)
     biggest = max([tmax / abs(v) for v in variance[:2]] + [math.exp(min(tmax / abs(v), 80.0)) for v in variance[2:]])
     lf = min(DECODE_LUT_MAX_FRAC_BITS, DECODE_LUT_VALUE_BITS - max(0, math.ceil(math.log2(max(biggest, 1.0)))))
     if lf < 0:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): box deltas up to {tmax:g} make exp(delta / "
                                "variance) too large for the decode tables; calibrate the delta input narrower")
-    lo, hi = out_range(deltas)
-    bits = range_bits(deltas)
+    lo, hi = out_range(node, deltas)
+    bits = range_bits(node, deltas)
     vmax = 2 ** DECODE_LUT_VALUE_BITS
     lut_bits = int(layer_settings(node).lut_items_in_bits)
     for key, var, use_exp in (("lut_ty", variance[0], False), ("lut_tx", variance[1], False),
                               ("lut_th", variance[2], True), ("lut_tw", variance[3], True)):
         v = torch.tensor(var, dtype=torch.float32)
         fn = (lambda x, v=v: torch.exp(x / v)) if use_exp else (lambda x, v=v: x / v)
-        table = build_lut(fn, tensor_scale(deltas), tensor_zp(deltas), lo, hi, bits, float(2 ** lf), 0, -vmax, vmax,
+        table = build_lut(fn, tensor_scale(node, deltas), tensor_zp(node, deltas), lo, hi, bits, float(2 ** lf), 0, -vmax, vmax,
                           lut_items_in_bits=lut_bits)
         set_constant(node, key, table, Dtype.INT32)
     node.params["lut_frac_bits"] = lf
@@ -190,9 +190,9 @@ def _store_decode_tables(node: PyNode, deltas: PyTensor, variance: Sequence[floa
 
 
 def _lookup(node: PyNode, key: str, q: torch.Tensor, deltas: PyTensor) -> torch.Tensor:
-    lo, _ = out_range(deltas)
-    return lookup_lut(q, node.get_constant(key).betensor, lo, range_bits(deltas), 32, True,
-                      in_restricted=is_restricted(deltas))
+    lo, _ = out_range(node, deltas)
+    return lookup_lut(q, node.get_constant(key).betensor, lo, range_bits(node, deltas), 32, True,
+                      in_restricted=is_restricted(node, deltas))
 
 
 def decode_int(node: PyNode, tq: torch.Tensor, deltas: PyTensor, cy2: torch.Tensor, cx2: torch.Tensor,
@@ -207,8 +207,8 @@ def decode_int(node: PyNode, tq: torch.Tensor, deltas: PyTensor, cy2: torch.Tens
     h, w = lh * ha, lw * wa
     v = torch.stack([y2 - h, x2 - w, y2 + h, x2 + w], dim=-1)
     out = node.outputs[_box_output_index(node)]
-    qmin, qmax = out_range(out)
-    zp = tensor_zp(out)
+    qmin, qmax = out_range(node, out)
+    zp = tensor_zp(node, out)
     y = torch.clamp(round_shift(v * _ip(node, "box_scale_value"), _ip(node, "box_shift_value")) - zp, qmin, qmax)
     if str(node.type) == "DecodeBox" and not bool_param(node, "clip", True):
         return y
@@ -228,10 +228,10 @@ def _quantize_boxes(node: PyNode, anchor_unit: float, clip: Optional[Tuple[float
     signed = lo is not None and float(lo) < 0
     quantize_activation(node, out, signed, max(BOX_BITS, int(layer_settings(node).q_bits_activation)))
     lf = _ip(node, "lut_frac_bits")
-    ratio = tensor_scale(out) / (2.0 * anchor_unit * 2.0 ** lf)
+    ratio = tensor_scale(node, out) / (2.0 * anchor_unit * 2.0 ** lf)
     node.params["box_scale_value"], node.params["box_shift_value"] = _mult_shift(ratio)
-    qmin, qmax = out_range(out)
-    zp, s = tensor_zp(out), tensor_scale(out)
+    qmin, qmax = out_range(node, out)
+    zp, s = tensor_zp(node, out), tensor_scale(node, out)
     codes = [qmax, qmax] if clip is None else [min(qmax, max(qmin, round(float(b) * s - zp))) for b in clip]
     node.params["height"], node.params["width"] = int(codes[0]), int(codes[1])
 
@@ -397,11 +397,11 @@ def decodebox_quantize(self: PyNode) -> None:
     self.params["anchor_frac_bits"] = af
     _store_decode_tables(self, deltas_t, variance)
     _quantize_boxes(self, float(2 ** af), (hmax, wmax) if clip else None)
-    self.params["score_threshold_value"] = score_threshold_code(thr, scores_t)
-    copy_params(self.outputs[3], scores_t)
+    self.params["score_threshold_value"] = score_threshold_code(self, thr, scores_t)
+    copy_params(self, self.outputs[3], scores_t)
     max_box = _out_dim(self, 0, 1, "boxes")
     for idx in (1, 2, 4):
-        _set_index(self.outputs[idx], max(max_box, class_num))
+        _set_index(self, self.outputs[idx], max(max_box, class_num))
 
 
 # ------------------------------------------------------------------------------------------------ NMS
@@ -573,12 +573,12 @@ def nms_quantize(self: PyNode) -> None:
                                    "supported")
     self.params["iou_threshold_value"] = int(round(iou * 2 ** IOU_THRESHOLD_SHIFT))
     self.params["iou_threshold_shift"] = IOU_THRESHOLD_SHIFT
-    self.params["score_threshold_value"] = score_threshold_code(score_thr, s_t)
-    copy_params(self.outputs[0], b_t)
-    copy_params(self.outputs[2], s_t)
+    self.params["score_threshold_value"] = score_threshold_code(self, score_thr, s_t)
+    copy_params(self, self.outputs[0], b_t)
+    copy_params(self, self.outputs[2], s_t)
     nbox = max(int(b_t.ir_shape[1]) if len(b_t.ir_shape) > 1 else 1, _out_dim(self, 0, 1, "boxes"))
-    _set_index(self.outputs[1], nbox)
-    _set_index(self.outputs[3], nbox)
+    _set_index(self, self.outputs[1], nbox)
+    _set_index(self, self.outputs[3], nbox)
 
 
 # ------------------------------------------------------------------------------------------------ DetectionOutput
@@ -683,7 +683,7 @@ def detectionoutput_forward(self: PyNode) -> None:
     if self.quantized:
         conf, enc, prop = int_value(c_t), int_value(e_t), int_value(p_t)
         enc, (y0, x0, y1, x1) = _detout_split(self, conf, enc, prop, caffe)
-        zp = tensor_zp(p_t)
+        zp = tensor_zp(self, p_t)
         cy2, cx2 = (y0 + y1 + 2 * zp).unsqueeze(-1), (x0 + x1 + 2 * zp).unsqueeze(-1)
         boxes = decode_int(self, enc, e_t, cy2, cx2, (y1 - y0).unsqueeze(-1), (x1 - x0).unsqueeze(-1))
         scores = conf[:, :, 1:]
@@ -710,10 +710,10 @@ def detectionoutput_quantize(self: PyNode) -> None:
     _require_16_bits(self, e_t, "the encoding input")
     _require_16_bits(self, p_t, "the proposal input")
     _store_decode_tables(self, e_t, variance)
-    _quantize_boxes(self, tensor_scale(p_t), (height, width))
-    self.params["score_threshold_value"] = score_threshold_code(thr, c_t)
-    copy_params(self.outputs[0], c_t)
+    _quantize_boxes(self, tensor_scale(self, p_t), (height, width))
+    self.params["score_threshold_value"] = score_threshold_code(self, thr, c_t)
+    copy_params(self, self.outputs[0], c_t)
     max_box = _out_dim(self, 0, 1, "scores")
     for idx in (2, 3, 4):
-        _set_index(self.outputs[idx], max_box)
+        _set_index(self, self.outputs[idx], max_box)
 

@@ -140,7 +140,7 @@ def _output_signed(node: PyNode, method: str) -> bool:
     """Signed if any input is signed or the method is SUB; a fused activation decides instead when present."""
     if fused_activation(node) != "NONE":
         return fused_output_signed(node)
-    return any(is_signed(t) for t in node.inputs) or method == "SUB"
+    return any(is_signed(node, t) for t in node.inputs) or method == "SUB"
 
 
 def _check_quantizable(node: PyNode, method: str) -> None:
@@ -186,7 +186,7 @@ def eltwise_quantize(self: PyNode) -> None:
         _store_n_ary(self, s)
         return
     a, b = self.inputs
-    s0, s1, s_out = tensor_scale(a), tensor_scale(b), tensor_scale(out)
+    s0, s1, s_out = tensor_scale(self, a), tensor_scale(self, b), tensor_scale(self, out)
     if method == "MUL":
         ratio = torch.tensor(s_out, dtype=torch.float32) / (torch.tensor(s0, dtype=torch.float32) *
                                                             torch.tensor(s1, dtype=torch.float32))
@@ -194,7 +194,7 @@ def eltwise_quantize(self: PyNode) -> None:
         return
     # SUB/MAX/MIN use ADD's multipliers: the op runs on the aligned integers, so the output ratio is the same
     # (upstream writes M=1, shift=0 for them in the equal-scale form, which ignores the output scale).
-    r = eltwise_multipliers(s0, s1, s_out, int(out.qbits), zp0=tensor_zp(a), zp1=tensor_zp(b), method="ADD",
+    r = eltwise_multipliers(s0, s1, s_out, int(out.qbits), zp0=tensor_zp(self, a), zp1=tensor_zp(self, b), method="ADD",
                             unify_threshold=EQUAL_SCALE_THRESHOLD, force_shift_positive=s.force_shift_positive)
     self.params["scale_value"] = [int(v) for v in r.scale_value]
     self.params["shift_value"] = int(r.shift_value)
@@ -210,7 +210,7 @@ PER_CHANNEL_CONSTANTS = ("input_scale", "scale", "shift")
 def _channel_scales(node: PyNode, t, channels: int) -> torch.Tensor:
     if is_per_channel(t):
         return t.scale.to(torch.float32).reshape(-1)
-    return torch.full((channels,), tensor_scale(t), dtype=torch.float32)
+    return torch.full((channels,), tensor_scale(node, t), dtype=torch.float32)
 
 
 def _store_per_channel(node: PyNode, method: str, s: LayerSettings) -> None:
@@ -244,22 +244,22 @@ def _store_per_channel(node: PyNode, method: str, s: LayerSettings) -> None:
 def _per_channel_int_forward(node: PyNode, method: str, qmin: int, qmax: int) -> torch.Tensor:
     """acc = op over i of (x_i + zp_i) · input_scale[i] (MUL: the product), y = requant(acc, scale, shift) per
     channel of the last axis, fused bounds."""
-    xs = [int_value(t) + tensor_zp(t) for t in node.inputs]
+    xs = [int_value(t) + tensor_zp(node, t) for t in node.inputs]
     _check_inputs(node, method, xs)
     mult = node.get_constant("scale").betensor.to(torch.int64).reshape(-1)
     shift = node.get_constant("shift").betensor.to(torch.int64).reshape(-1)
     if method == "MUL":
-        check_int64_bound(node, offset_absmax(node.inputs[0]) * offset_absmax(node.inputs[1]) * int(mult.max()),
+        check_int64_bound(node, offset_absmax(node, node.inputs[0]) * offset_absmax(node, node.inputs[1]) * int(mult.max()),
                           "product (a + zp_a)(b + zp_b) * M")
         acc = xs[0] * xs[1]
     else:
         muls = node.get_constant("input_scale").betensor.to(torch.int64).reshape(len(xs), -1)
-        check_int64_bound(node, sum(offset_absmax(t) * int(m.max()) for t, m in zip(node.inputs, muls)) *
+        check_int64_bound(node, sum(offset_absmax(node, t) * int(m.max()) for t, m in zip(node.inputs, muls)) *
                           int(mult.max()), "aligned sum times M_out")
         acc = xs[0] * muls[0]
         for x, m in zip(xs[1:], muls[1:]):
             acc = INT_METHODS[method](acc, x * m)
-    y = requantize_int(acc, mult, shift, tensor_zp(node.outputs[0]), qmin, qmax)
+    y = requantize_int(acc, mult, shift, tensor_zp(node, node.outputs[0]), qmin, qmax)
     return activation_clamp(node, y)
 
 
@@ -267,8 +267,8 @@ def _store_n_ary(node: PyNode, s: LayerSettings) -> None:
     """ADD/MAX/MIN of three or more inputs: `eltwise_multipliers_n` (every input aligned to the finest grid)."""
     out = node.outputs[0]
     try:
-        r = eltwise_multipliers_n([tensor_scale(t) for t in node.inputs], tensor_scale(out), int(out.qbits),
-                                  [tensor_zp(t) for t in node.inputs], unify_threshold=EQUAL_SCALE_THRESHOLD,
+        r = eltwise_multipliers_n([tensor_scale(node, t) for t in node.inputs], tensor_scale(node, out), int(out.qbits),
+                                  [tensor_zp(node, t) for t in node.inputs], unify_threshold=EQUAL_SCALE_THRESHOLD,
                                   force_shift_positive=s.force_shift_positive)
     except ValueError as e:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): {e}; quantize the inputs more alike") from None
@@ -298,13 +298,13 @@ def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
     """
     _check_quantizable(node, method)
     out = node.outputs[0]
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(node, out)
     if "scale" in node.constants:
         return _per_channel_int_forward(node, method, qmin, qmax)
     if len(node.inputs) > 2:
         return _n_ary_int_forward(node, method, qmin, qmax)
     a_t, b_t = node.inputs
-    ea, eb = offset_absmax(a_t), offset_absmax(b_t)
+    ea, eb = offset_absmax(node, a_t), offset_absmax(node, b_t)
     if method == "MUL":
         m_out, shift = requant_of(node)
         if not isinstance(m_out, int):
@@ -323,8 +323,8 @@ def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
     # much faster than int64 arithmetic), int64 otherwise; the results are the same integers
     exact_float = bound < FLOAT64_EXACT and abs(shift) < 900
     dtype = torch.float64 if exact_float else torch.int64
-    a = offset_value(a_t, dtype)
-    b = offset_value(b_t, dtype)
+    a = offset_value(node, a_t, dtype)
+    b = offset_value(node, b_t, dtype)
     _check_inputs(node, method, [a, b])
     if method == "MUL":  # a and b are new tensors (offset_value): the product goes into the one of the result's shape
         if broadcasts_into(b.shape, a.shape):
@@ -342,9 +342,9 @@ def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
     else:
         acc = INT_METHODS[method](a * m0, b * m1)
     if exact_float:  # acc is a new tensor of this function's: requantized in place
-        y = requantize_float64_(acc, m_out, shift, tensor_zp(out), qmin, qmax)
+        y = requantize_float64_(acc, m_out, shift, tensor_zp(node, out), qmin, qmax)
     else:
-        y = requantize_int(acc, m_out, shift, tensor_zp(out), qmin, qmax)
+        y = requantize_int(acc, m_out, shift, tensor_zp(node, out), qmin, qmax)
     return activation_clamp(node, y)
 
 
@@ -355,14 +355,14 @@ def _n_ary_int_forward(node: PyNode, method: str, qmin: int, qmax: int) -> torch
     if "shift_value" not in node.params:
         raise node._error("quantized layer lacks 'shift_value'")
     shift = int(node.params["shift_value"])
-    xs = [int_value(t) + tensor_zp(t) for t in node.inputs]
+    xs = [int_value(t) + tensor_zp(node, t) for t in node.inputs]
     _check_inputs(node, method, xs)
-    check_int64_bound(node, sum(offset_absmax(t) * abs(m) for t, m in zip(node.inputs, muls)) * abs(m_out),
+    check_int64_bound(node, sum(offset_absmax(node, t) * abs(m) for t, m in zip(node.inputs, muls)) * abs(m_out),
                       "aligned sum times M_out")
     acc = xs[0] * muls[0]
     for x, m in zip(xs[1:], muls[1:]):
         acc = INT_METHODS[method](acc, x * m)
-    y = requantize_int(acc, m_out, shift, tensor_zp(node.outputs[0]), qmin, qmax)
+    y = requantize_int(acc, m_out, shift, tensor_zp(node, node.outputs[0]), qmin, qmax)
     return activation_clamp(node, y)
 
 
@@ -393,12 +393,12 @@ def convert_eltwise(g: QDQGraph, node: PyNode) -> None:
         for v in values[1:]:
             out = g.add(ELTWISE_OPS[method], [out, v])
         if method == "MUL" and len(values) == 2:
-            out = g.rescale(out, requant_factor(node, tensor_scale(node.inputs[0]) * tensor_scale(node.inputs[1])))
+            out = g.rescale(out, requant_factor(node, tensor_scale(node, node.inputs[0]) * tensor_scale(node, node.inputs[1])))
     else:
         # y = ((a + zp_a) M_a + (b + zp_b) M_b) M_out 2^-N: each input carries its own multiplier
         m_out, m_a, m_b = (float(v) for v in node.get_param("scale_value"))
-        common = m_out * 2.0 ** -float(node.get_param("shift_value")) / tensor_scale(y)
-        a, b = (g.rescale(v, m * common * tensor_scale(t), f"requant{i}")
+        common = m_out * 2.0 ** -float(node.get_param("shift_value")) / tensor_scale(node, y)
+        a, b = (g.rescale(v, m * common * tensor_scale(node, t), f"requant{i}")
                 for i, (v, m, t) in enumerate(zip(values, (m_a, m_b), node.inputs)))
         out = g.add(ELTWISE_OPS[method], [a, b])
     g.quantize(y, qdq_fused_activation(g, node, out), perm)

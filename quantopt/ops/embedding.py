@@ -162,19 +162,19 @@ def embedding_lookup_sparse_forward(self: PyNode) -> None:
         out.betensor = y
         return
     p_t, w_t = self.inputs[0], self.inputs[3]
-    p = rows_data.to(torch.int64) + tensor_zp(p_t)
-    wq = w.to(torch.int64) + tensor_zp(w_t)
+    p = rows_data.to(torch.int64) + tensor_zp(self, p_t)
+    wq = w.to(torch.int64) + tensor_zp(self, w_t)
     acc = _segment_sum(p * wq, seg, rows)
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(self, out)
     if combiner == "SQRTN":
         out.betensor = _sqrtn_int(self, acc, _segment_sum(wq * wq, seg, rows), qmin, qmax)
         return
     m, n = _scalar(self, "scale_value"), _scalar(self, "shift_value")
     if combiner == "SUM":
-        out.betensor = requantize_int(acc, m, n, tensor_zp(out), qmin, qmax)
+        out.betensor = requantize_int(acc, m, n, tensor_zp(self, out), qmin, qmax)
         return
-    p_signed = int(p_t.qmin) + tensor_zp(p_t) < 0
-    w_signed = int(w_t.qmin) + tensor_zp(w_t) < 0
+    p_signed = int(p_t.qmin) + tensor_zp(self, p_t) < 0
+    w_signed = int(w_t.qmin) + tensor_zp(self, w_t) < 0
     scaled = acc * m
     w_sum = _segment_sum(wq, seg, rows)
     pre0 = max(_range_bits(scaled, p_signed) - MEAN_SUM_BITS, 0)
@@ -184,7 +184,7 @@ def embedding_lookup_sparse_forward(self: PyNode) -> None:
     w_sum = w_sum.expand_as(scaled)
     safe = torch.where(w_sum != 0, w_sum, torch.ones_like(w_sum))
     quotient = torch.where(w_sum != 0, torch.div(scaled, safe, rounding_mode="trunc"), torch.zeros_like(scaled))
-    out.betensor = requantize_int(quotient, 1, n - pre0 + pre1, tensor_zp(out), qmin, qmax)
+    out.betensor = requantize_int(quotient, 1, n - pre0 + pre1, tensor_zp(self, out), qmin, qmax)
 
 
 def _scalar(node: PyNode, key: str) -> int:
@@ -237,7 +237,7 @@ def _sqrtn_int(node: PyNode, acc: torch.Tensor, squares: torch.Tensor, qmin: int
     if "lut" not in node.constants:
         raise node._error("quantized layer lacks its 'lut' constant")
     p_t, out = node.inputs[0], node.outputs[0]
-    p_signed = int(p_t.qmin) + tensor_zp(p_t) < 0
+    p_signed = int(p_t.qmin) + tensor_zp(node, p_t) < 0
     x = requantize_int(acc, m0, n0, 0, *integer_range(int(p_t.qbits), p_signed))
     try:
         r, e = inverse_sqrt(squares, node.constants["lut"].betensor)
@@ -246,7 +246,7 @@ def _sqrtn_int(node: PyNode, acc: torch.Tensor, squares: torch.Tensor, qmin: int
     i32 = integer_range(32, True)
     x = torch.clamp(torch.clamp(x * m1, *i32) >> pre, *integer_range(SQRTN_MID_BITS, True))
     x = torch.clamp(x * r, *i32)
-    return requantize_int(x, 1, n1 + 31 - pre - e, tensor_zp(out), qmin, qmax)
+    return requantize_int(x, 1, n1 + 31 - pre - e, tensor_zp(node, out), qmin, qmax)
 
 
 def _range_bits(x: torch.Tensor, force_signed: bool) -> int:
@@ -284,8 +284,8 @@ def embedding_lookup_sparse_quantize(self: PyNode) -> None:
                  "tensor of scale 1")
     s = layer_settings(self)
     bits = int(s.q_bits_activation)
-    p_signed = int(p_t.qmin) + tensor_zp(p_t) < 0
-    w_signed = int(w_t.qmin) + tensor_zp(w_t) < 0
+    p_signed = int(p_t.qmin) + tensor_zp(self, p_t) < 0
+    w_signed = int(w_t.qmin) + tensor_zp(self, w_t) < 0
     mode = activation_mode(self, bits).to_symmetric()
     names = [f"{self.name}/{n}" for n in PLACEHOLDERS]
     if [t.name for t in self.placeholders] != names:
@@ -295,10 +295,10 @@ def embedding_lookup_sparse_quantize(self: PyNode) -> None:
         r = ranges_of(self).get(t)
         if r.min is None or r.max is None:
             raise self._error(f"placeholder '{t.name}' has no calibrated range (collect the statistics again)")
-        set_params(t, linear_quant_params(r.min, r.max, bits, mode, signed), bits)
+        set_params(self, t, linear_quant_params(r.min, r.max, bits, mode, signed), bits)
     out = self.outputs[0]
     quantize_activation(self, out, p_signed or w_signed, bits)
-    s_p, s_w, s_o = (torch.tensor(tensor_scale(t), dtype=torch.float32) for t in (p_t, w_t, out))
+    s_p, s_w, s_o = (torch.tensor(tensor_scale(self, t), dtype=torch.float32) for t in (p_t, w_t, out))
     for key in ("reciprocal_shift_value", "reciprocal_shift_type"):
         self.params.pop(key, None)
     self.constants.pop("lut", None)
@@ -320,7 +320,7 @@ def _sqrtn_quantize(node: PyNode, s_p: torch.Tensor, s_w: torch.Tensor, s_o: tor
     """SQRTN: (M_0, N_0) ≈ s_ps / (s_params · s_weights), (M_1, N_1) ≈ s_out · s_weights / s_ps (s_ps the params_sum
     placeholder's scale, activation bits), the pre-shift that keeps the scaled sums in 16 bits, the table."""
     plh = node.placeholders[0]
-    s_ps = torch.tensor(tensor_scale(plh), dtype=torch.float32)
+    s_ps = torch.tensor(tensor_scale(node, plh), dtype=torch.float32)
     m0, n0, t_m0, t_n0 = requant_scale_shift(node, s_ps / (s_p * s_w), mult_bits=bits)
     m1, n1, t_m1, t_n1 = requant_scale_shift(node, s_o * s_w / s_ps, mult_bits=bits)
     scale_bits = (int(m1) - 1).bit_length() if int(m1) >= 1 else 0  # ceil(log2 M_1)

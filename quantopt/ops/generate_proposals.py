@@ -234,7 +234,7 @@ def _int_forward(node: PyNode, n: int, k: int, a: int, post: int) -> None:
         boxes.append(bx)
         scores.append(sc)
         kept.append(_select(bx, sc, pre, post, (min_q, 0), keep_fn))
-    _write(node, boxes, scores, kept, post, (zero_code(node.outputs[0]), 0), torch.int64)
+    _write(node, boxes, scores, kept, post, (zero_code(node, node.outputs[0]), 0), torch.int64)
 
 
 @GENERATE_PROPOSALS.forward
@@ -290,7 +290,7 @@ def generate_proposals_quantize(self: PyNode) -> None:
     in_lo, in_hi = integer_range(in_bits, bool(d_t.qmin is not None and d_t.qmin < 0))
     lut_bits = min(in_bits, int(settings.lut_items_in_bits))
     for key, fn in (("xy_lut", lambda x: x), ("wh_lut", torch.exp)):
-        table = build_lut(fn, tensor_scale(d_t), tensor_zp(d_t), in_lo, in_hi, in_bits, float(2 ** f), 0, lo, hi,
+        table = build_lut(fn, tensor_scale(self, d_t), tensor_zp(self, d_t), in_lo, in_hi, in_bits, float(2 ** f), 0, lo, hi,
                           lut_bits)
         set_constant(self, key, table.to(torch.float32), Dtype.INT32)
     img_h, img_w = int(self.get_param("image_height")), int(self.get_param("image_width"))
@@ -303,9 +303,9 @@ def generate_proposals_quantize(self: PyNode) -> None:
     self.params["width_stride"] = int(math.ceil(img_w / fw) * sa)
     self.params["delta_shift"] = int(f)
     self.params["roi_last_shift"] = int(f)
-    copy_params(self.outputs[0], s_t)
+    copy_params(self, self.outputs[0], s_t)
     for t, scale, inv in ((self.outputs[1], float(sa), False), (self.outputs[2], float(sa), False),
                           (self.outputs[3], 1.0, True)):
-        set_qinvariant(t, 16, False)
+        set_qinvariant(self, t, 16, False)
         t.scale, t.zerop, t.qinvariant = scale, 0, inv
 

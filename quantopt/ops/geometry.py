@@ -90,10 +90,10 @@ def _rank(node: PyNode, x: torch.Tensor, ranks: Sequence[int]) -> None:
         raise node._error(f"input must be {want} (channels last), got shape {list(x.shape)}")
 
 
-def _quantized_zero(t: PyTensor) -> int:
+def _quantized_zero(node: PyNode, t: PyTensor) -> int:
     """The integer that stands for float 0 in `t`: clamp(-zp, qmin, qmax)."""
-    qmin, qmax = out_range(t)
-    return min(max(-tensor_zp(t), qmin), qmax)
+    qmin, qmax = out_range(node, t)
+    return min(max(-tensor_zp(node, t), qmin), qmax)
 
 
 def _check_per_tensor(node: PyNode, t: PyTensor) -> None:
@@ -115,7 +115,7 @@ def _passthrough_quantize(node: PyNode) -> None:
     check_quantized_inputs(node, node.inputs[:1])
     _check_per_tensor(node, node.inputs[0])
     for out in node.outputs:
-        copy_params(out, node.inputs[0])
+        copy_params(node, out, node.inputs[0])
 
 
 # ================================================================================================ Resize / Interp
@@ -399,7 +399,7 @@ def resize_int_forward(node: PyNode) -> torch.Tensor:
     method = _resize_method(node)
     shift = _interp_shift(node) if method != "nearest" else 0
     method, plan = _resize_plan(node, x, shift)
-    qmin, qmax = out_range(node.outputs[0])
+    qmin, qmax = out_range(node, node.outputs[0])
     if method == "nearest":
         y = x
         for axis, idx, _ in plan:
@@ -407,7 +407,7 @@ def resize_int_forward(node: PyNode) -> torch.Tensor:
         if y is not x and y.is_contiguous():  # a new tensor of the gathers': clamped in place
             return y.clamp_(qmin, qmax)
         return torch.clamp(y, qmin, qmax).contiguous()
-    lo, hi = out_range(inp)
+    lo, hi = out_range(node, inp)
     growth = 1
     for _, _, w in plan:
         growth *= int(w.abs().sum(dim=1).max())
@@ -545,7 +545,7 @@ def gridsample_int_forward(node: PyNode, method: str, padding: str, align: bool)
     then nearest (round half to even) or bilinear with F-bit weights: round_half_even(sum / 2^(2F)), clamp."""
     inp, grid = node.inputs[0], node.inputs[1]
     x = int_value(inp)
-    gq = int_value(grid) + tensor_zp(grid)
+    gq = int_value(grid) + tensor_zp(node, grid)
     mult, shift = requant_of(node)
     if not isinstance(mult, int):
         raise node._error("quantized GridSample needs a per-tensor scale_value/shift_value")
@@ -554,16 +554,16 @@ def gridsample_int_forward(node: PyNode, method: str, padding: str, align: bool)
         raise node._error(f"interp_shift_value must be >= 1 for GridSample, got {frac}")
     n, h, w, _ = x.shape
     e = max(shift, 0)
-    check_int64_bound(node, offset_absmax(grid) * abs(mult) * max(h, w) * (1 << (e - shift)) + max(h, w) * (1 << e),
+    check_int64_bound(node, offset_absmax(node, grid) * abs(mult) * max(h, w) * (1 << (e - shift)) + max(h, w) * (1 << e),
                       "grid coordinate numerator")
-    fill = _quantized_zero(inp)
+    fill = _quantized_zero(node, inp)
     ix = _grid_pad_coordinate(grid_fixed_coordinate(gq[..., 0], w, mult, shift, frac, align), w, frac, padding, align)
     iy = _grid_pad_coordinate(grid_fixed_coordinate(gq[..., 1], h, mult, shift, frac, align), h, frac, padding, align)
-    qmin, qmax = out_range(node.outputs[0])
+    qmin, qmax = out_range(node, node.outputs[0])
     if method == "nearest":
         y = _gather_pixels(x, round_shift(iy, frac), round_shift(ix, frac), fill)
         return torch.clamp(y, qmin, qmax)
-    lo, hi = out_range(inp)
+    lo, hi = out_range(node, inp)
     check_int64_bound(node, max(abs(lo), abs(hi), abs(fill)) << (2 * frac), "bilinear sum")
     x0, y0 = ix >> frac, iy >> frac
     lx, ly = ix - (x0 << frac), iy - (y0 << frac)
@@ -586,7 +586,7 @@ def gridsample_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs)
     _check_per_tensor(self, self.inputs[1])
     _passthrough_quantize(self)
-    ratio = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(tensor_scale(self.inputs[1]), dtype=torch.float32)
+    ratio = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(tensor_scale(self, self.inputs[1]), dtype=torch.float32)
     store_requant(self, *scale_shift(ratio, GRID_MULTIPLIER_BITS))
     self.params["interp_shift_value"] = INTERP_FRACTION_BITS
     self.params["interp_shift_type"] = INTERP_SHIFT_TYPE
@@ -654,7 +654,7 @@ def spacetodepth_forward(self: PyNode) -> None:
 
 
 def _pad_value(node: PyNode) -> float:
-    return float(_quantized_zero(node.inputs[0])) if node.quantized else 0.0
+    return float(_quantized_zero(node, node.inputs[0])) if node.quantized else 0.0
 
 
 # ------------------------------------------------------------------------------------------- SpaceToBatch, BatchToSpace
@@ -942,7 +942,7 @@ def exact_resize(g: QDQGraph, node: PyNode) -> bool:
     growth = 1
     for _, _, w in plan:
         growth *= int(w.abs().sum(dim=1).max())
-    if not fits_double(offset_absmax(x) * growth):
+    if not fits_double(offset_absmax(node, x) * growth):
         return False
     rank = len(x.ir_shape)
     zp_in, zp_out = int(round(float(x.zerop))), int(round(float(node.outputs[0].zerop)))

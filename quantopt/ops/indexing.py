@@ -109,8 +109,8 @@ def _quantize_indices(node: PyNode, position: int) -> None:
 def _fill_value(node: PyNode, data: PyTensor, like: torch.Tensor) -> torch.Tensor:
     """The value of an out-of-range gather: float 0, i.e. the integer -zp clamped to the range when quantized."""
     if node.quantized:
-        qmin, qmax = out_range(data)
-        return torch.tensor(min(max(-tensor_zp(data), qmin), qmax), dtype=like.dtype)
+        qmin, qmax = out_range(node, data)
+        return torch.tensor(min(max(-tensor_zp(node, data), qmin), qmax), dtype=like.dtype)
     return torch.zeros((), dtype=like.dtype)
 
 
@@ -261,7 +261,7 @@ def gather_nd_forward(self: PyNode) -> None:
 @GATHER_ND.quantize
 def gather_quantize(self: PyNode) -> None:
     _quantize_indices(self, 1)
-    copy_params(self.outputs[0], self.inputs[0])
+    copy_params(self, self.outputs[0], self.inputs[0])
 
 
 # ------------------------------------------------------------------------------------------------ scatter
@@ -316,8 +316,8 @@ def _scatter_int(node: PyNode, base_q: torch.Tensor, lin: torch.Tensor, upd_q: t
     data, upd_t, out = node.inputs[0], node.inputs[2], node.outputs[0]
     mults = _int_list(node, "scale_value")
     shifts = _int_list(node, "shift_value")
-    t = round_shift((base_q + tensor_zp(data)) * mults[0], shifts[0])
-    u = upd_q + tensor_zp(upd_t)
+    t = round_shift((base_q + tensor_zp(node, data)) * mults[0], shifts[0])
+    u = upd_q + tensor_zp(node, upd_t)
     if reduction == "MUL":
         lo, hi = integer_range(SCATTER_MUL_ACC_BITS, True)
         for j in range(lin.numel()):
@@ -325,8 +325,8 @@ def _scatter_int(node: PyNode, base_q: torch.Tensor, lin: torch.Tensor, upd_q: t
             t[row] = torch.clamp(round_shift(t[row] * u[j] * mults[1], shifts[1]), lo, hi)
     else:
         t = _scatter(t, lin, round_shift(u * mults[1], shifts[1]), reduction)
-    qmin, qmax = out_range(out)
-    return torch.clamp(t - tensor_zp(out), qmin, qmax)
+    qmin, qmax = out_range(node, out)
+    return torch.clamp(t - tensor_zp(node, out), qmin, qmax)
 
 
 def _int_list(node: PyNode, key: str) -> List[int]:
@@ -402,17 +402,17 @@ def scatter_quantize(self: PyNode) -> None:
     data, upd, out = self.inputs[0], self.inputs[2], self.outputs[0]
     reduction = _reduction(self)
     if reduction == "NONE":
-        copy_params(out, data)
+        copy_params(self, out, data)
     elif data.qinvariant and upd.qinvariant:
-        signed = is_signed(data) or is_signed(upd)
+        signed = is_signed(self, data) or is_signed(self, upd)
         r = ranges_of(self).get(out)
         lo, hi = float(r.min or 0.0), float(r.max or 0.0)
         fits = [b for b in (8, 16, 32) if integer_range(b, signed)[0] <= lo and hi <= integer_range(b, signed)[1]]
-        set_qinvariant(out, max(int(data.qbits or 8), int(upd.qbits or 8), fits[0] if fits else 32), signed)
+        set_qinvariant(self, out, max(int(data.qbits or 8), int(upd.qbits or 8), fits[0] if fits else 32), signed)
     else:
         quantize_activation(self, out, float(ranges_of(self).get(out).min) < 0)
-    s_out = tensor_scale(out)
-    ratios = [s_out / tensor_scale(data), (1.0 if reduction == "MUL" else s_out) / tensor_scale(upd)]
+    s_out = tensor_scale(self, out)
+    ratios = [s_out / tensor_scale(self, data), (1.0 if reduction == "MUL" else s_out) / tensor_scale(self, upd)]
     pairs = [requant_scale_shift(self, r) for r in ratios]
     self.params["scale_value"] = [int(p[0]) for p in pairs]
     self.params["scale_type"] = [p[2] for p in pairs]
@@ -467,7 +467,7 @@ def onehot_quantize(self: PyNode) -> None:
     qmin, qmax = integer_range(bits, signed)
     absmax = max(abs(v) for v in values)
     scale = qmax / absmax if absmax > 0 else 1.0
-    set_params(self.outputs[0], QuantParams(scale, 0, qmin, qmax, int_dtype_for_bits(bits, signed)), bits)
+    set_params(self, self.outputs[0], QuantParams(scale, 0, qmin, qmax, int_dtype_for_bits(bits, signed)), bits)
     self.params["values"] = [int(min(max(round(v * scale), qmin), qmax)) for v in values]
     self.params["depth"] = int(self.get_param("depth"))
 
@@ -507,7 +507,7 @@ def _index_output_quantize(node: PyNode, out: PyTensor, length: int) -> None:
     """Indices in [0, length): unsigned (signed with force_dtype_int), at least 16 bits, 32 when needed."""
     signed = bool(layer_settings(node).force_dtype_int)
     bits = INDEX_MIN_BITS if length - 1 <= integer_range(INDEX_MIN_BITS, signed)[1] else 32
-    set_qinvariant(out, bits, signed)
+    set_qinvariant(node, out, bits, signed)
 
 
 @TOPK.forward
@@ -544,7 +544,7 @@ def sort_forward(self: PyNode) -> None:
 @SORT.quantize
 def topk_sort_quantize(self: PyNode) -> None:
     inp = self.inputs[0]
-    copy_params(self.outputs[0], inp)
+    copy_params(self, self.outputs[0], inp)
     axis = axis_param(self, self.get_param("axis", optional=True, default_value=-1), len(inp.ir_shape))
     for out in self.outputs[1:]:
         _index_output_quantize(self, out, int(inp.ir_shape[axis]))
@@ -587,7 +587,7 @@ def argminmax_quantize(self: PyNode) -> None:
     axis = axis_param(self, self.get_param("axis", optional=True, default_value=0), len(shape)) if shape else 0
     if shape and int(shape[axis]) - 1 > integer_range(bits, signed)[1]:
         bits = 32
-    set_qinvariant(self.outputs[0], bits, signed)
+    set_qinvariant(self, self.outputs[0], bits, signed)
 
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export

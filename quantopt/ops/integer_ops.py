@@ -113,7 +113,7 @@ def matmul_integer_quantize(self: PyNode) -> None:
             raise UnsupportedError(f"layer '{self.name}' ({self.type}): input '{t.name}' is a quantized float tensor "
                                    f"(scale {t.scale}); MatMulInteger needs integer inputs (an integer model input, "
                                    "an integer constant or the integer output of another layer)")
-    set_qinvariant(self.outputs[0], MATMUL_INTEGER_BITS, True)
+    set_qinvariant(self, self.outputs[0], MATMUL_INTEGER_BITS, True)
 
 
 # ------------------------------------------------------------------------------------------------ ConvInteger
@@ -249,7 +249,7 @@ def conv_integer_quantize(self: PyNode) -> None:
     b = self.constants["biases"]
     b.scale, b.zerop, b.qmin, b.qmax, b.qbits, b.qinvariant = 1.0, 0, *INT32_RANGE, 32, True
     self.params.update(weights_scale=1.0, weights_zp=-wzp, biases_scale=1.0, biases_zp=0)
-    set_qinvariant(self.outputs[0], 32, True)
+    set_qinvariant(self, self.outputs[0], 32, True)
 
 
 # ---------------------------------------------------------------------------------------------- FakeQuantWithMinMaxVars
@@ -295,8 +295,8 @@ def fake_quant_forward(self: PyNode) -> None:
     inp, out = self.inputs[0], self.outputs[0]
     if self.quantized:
         q = int_value(inp)
-        s, zp = tensor_scale(inp), tensor_zp(inp)
-        qmin, qmax = out_range(out)
+        s, zp = tensor_scale(self, inp), tensor_zp(self, inp)
+        qmin, qmax = out_range(self, out)
         # ceil(lo·s) and floor(hi·s): float32 times float32 is exact in float64
         q_lo = max(qmin, min(qmax, math.ceil(lo * s) - zp))
         q_hi = max(qmin, min(qmax, math.floor(hi * s) - zp))
@@ -316,4 +316,4 @@ def fake_quant_forward(self: PyNode) -> None:
 def fake_quant_quantize(self: PyNode) -> None:
     """The output carries the input's params (upstream copies scale, zero point, bits, dtype and qinvariant)."""
     check_quantized_inputs(self, self.inputs[:1])
-    copy_params(self.outputs[0], self.inputs[0])
+    copy_params(self, self.outputs[0], self.inputs[0])

@@ -35,7 +35,7 @@ def input_forward(self: PyNode) -> None:
     if not self.quantized or _fp8.input_forward(self):  # fp8 inputs: ops/_fp8.py
         return
     x = out.betensor
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(self, out)
     if out.qinvariant:
         xi = torch.round(x.to(torch.float64)) if x.is_floating_point() else x
         out.betensor = torch.clamp(xi.to(torch.int64), qmin, qmax)
@@ -67,12 +67,12 @@ def input_quantize(self: PyNode) -> None:
     s = layer_settings(self)
     if not out.ir_dtype.is_float:
         bits = min(out.ir_dtype.bits, INT_INPUT_MAX_BITS)
-        set_qinvariant(out, bits, out.ir_dtype.is_signed)
+        set_qinvariant(self, out, bits, out.ir_dtype.is_signed)
         return
     emin, lo = statistics_of(self).get(out).extrema_min, ranges_of(self).get(out).min
     signed = bool(emin is not None and float(emin) < 0) or (emin is None and lo is not None and lo < 0)
     if s.qinvariant:
-        set_qinvariant(out, s.q_bits_activation, signed or s.force_dtype_int)
+        set_qinvariant(self, out, s.q_bits_activation, signed or s.force_dtype_int)
         return
     if _fp8.quantize_input(self):  # fp8 activations (quant_type w*afp8*, ops/_fp8.py)
         return
@@ -129,14 +129,14 @@ def constant_quantize(self: PyNode) -> None:
     if mask and not s.qinvariant:
         quantize_activation(self, out, float(ranges_of(self).get(out).min) < 0 or bool((values < 0).any()))
     elif out.extra.get(KEEP_IR_INTEGER) and not out.ir_dtype.is_float and out.ir_dtype.bits >= 8:
-        set_qinvariant(out, out.ir_dtype.bits, out.ir_dtype.is_signed)
+        set_qinvariant(self, out, out.ir_dtype.bits, out.ir_dtype.is_signed)
     elif not values.is_floating_point() or s.qinvariant or \
             (bool(torch.isfinite(values).all()) and bool((values == torch.round(values)).all())):
         lo, hi = (float(values.min()), float(values.max())) if values.numel() else (0.0, 0.0)
-        set_qinvariant(out, *integer_bits(lo, hi))
+        set_qinvariant(self, out, *integer_bits(lo, hi))
     else:
         quantize_activation(self, out, float(ranges_of(self).get(out).min) < 0)
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(self, out)
     w.betensor = quantize(values, out.scale, out.zerop, qmin, qmax) if values.is_floating_point() else values
     w.dtype, w.scale, w.zerop, w.qmin, w.qmax, w.qbits = out.dtype, out.scale, out.zerop, qmin, qmax, out.qbits
     # the IR names the stored integers' params as a weight-carrying layer's, as upstream (scalar params: a Constant's

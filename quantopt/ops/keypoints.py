@@ -164,11 +164,11 @@ def _int_fit(grid: torch.Tensor, valid_tol) -> Tuple[torch.Tensor, torch.Tensor,
 
 def _heatmap_int(node: PyNode) -> None:
     h_t, b_t = node.inputs
-    hm = int_value(h_t) + tensor_zp(h_t)
-    boxes = int_value(b_t) + tensor_zp(b_t)
+    hm = int_value(h_t) + tensor_zp(node, h_t)
+    boxes = int_value(b_t) + tensor_zp(node, b_t)
     r, size, k = _check(node, hm, boxes)
     col, row, grid = _grid(hm, size)
-    s = tensor_scale(h_t)
+    s = tensor_scale(node, h_t)
 
     def valid_tol(det16: torch.Tensor, cross: torch.Tensor) -> torch.Tensor:
         """|det| >= 1e-5 + 1e-5 * cross in float units (det = det16 / (16 s^2), cross = a00 a11 / s^2), decided
@@ -180,9 +180,9 @@ def _heatmap_int(node: PyNode) -> None:
 
     d0, d1, s19 = _int_fit(grid, valid_tol)
     o0, o1 = node.outputs[0], node.outputs[1]
-    q0min, q0max = out_range(o0)
+    q0min, q0max = out_range(node, o0)
     m, n = int(node.get_param("score_scale_value")), int(node.get_param("score_shift_value"))
-    score = torch.clamp(round_shift(s19 * m, n + SCORE_BITS) - tensor_zp(o0), q0min, q0max)
+    score = torch.clamp(round_shift(s19 * m, n + SCORE_BITS) - tensor_zp(node, o0), q0min, q0max)
     min_size = int(node.get_param("roi_min_size_value"))
     x1, y1 = boxes[:, 0:1], boxes[:, 1:2]
     w = torch.clamp((boxes[:, 2:3] - x1) << 8, min=min_size)
@@ -191,14 +191,14 @@ def _heatmap_int(node: PyNode) -> None:
     vx = (col * one + d0 + one // 2) * w + (x1 << 16) * size
     vy = (row * one + d1 + one // 2) * h + (y1 << 16) * size
     m, n = int(node.get_param("box_scale_value")), int(node.get_param("box_shift_value"))
-    q1min, q1max = out_range(o1)
+    q1min, q1max = out_range(node, o1)
     kp = torch.stack([vx, vy], dim=-1)
     o0.betensor = score.unsqueeze(-1)
-    o1.betensor = torch.clamp(round_shift(kp * m, n + 16) - tensor_zp(o1), q1min, q1max)
+    o1.betensor = torch.clamp(round_shift(kp * m, n + 16) - tensor_zp(node, o1), q1min, q1max)
     if len(node.outputs) == 3:
-        node.outputs[2].betensor = torch.full((r, k, 1), min(max(-tensor_zp(node.outputs[2]),
-                                                                 out_range(node.outputs[2])[0]),
-                                                             out_range(node.outputs[2])[1]), dtype=torch.int64)
+        node.outputs[2].betensor = torch.full((r, k, 1), min(max(-tensor_zp(node, node.outputs[2]),
+                                                                 out_range(node, node.outputs[2])[0]),
+                                                             out_range(node, node.outputs[2])[1]), dtype=torch.int64)
 
 
 @HEATMAP.forward
@@ -235,12 +235,12 @@ def heatmap_quantize(self: PyNode) -> None:
         raise self._error(f"heatmaps must be [R, S, S, K] with S >= 2, got {list(h_t.ir_shape)}")
     force = bool(layer_settings(self).force_dtype_int)
     hb, bb = int(h_t.qbits or 8), int(b_t.qbits or 8)
-    quantize_activation(self, self.outputs[0], is_signed(h_t) or force, hb)
-    quantize_activation(self, self.outputs[1], is_signed(b_t) or force, bb)
+    quantize_activation(self, self.outputs[0], is_signed(self, h_t) or force, hb)
+    quantize_activation(self, self.outputs[1], is_signed(self, b_t) or force, bb)
     if len(self.outputs) == 3:
         quantize_activation(self, self.outputs[2], force, hb)
-    m, n, mt, nt = _ratio(tensor_scale(self.outputs[0]) / tensor_scale(h_t))
+    m, n, mt, nt = _ratio(tensor_scale(self, self.outputs[0]) / tensor_scale(self, h_t))
     self.params.update(score_scale_value=m, score_shift_value=n, score_scale_type=mt, score_shift_type=nt)
-    m, n, mt, nt = _ratio(tensor_scale(self.outputs[1]) / (tensor_scale(b_t) * size))
+    m, n, mt, nt = _ratio(tensor_scale(self, self.outputs[1]) / (tensor_scale(self, b_t) * size))
     self.params.update(box_scale_value=m, box_shift_value=n, box_scale_type=mt, box_shift_type=nt)
-    self.params["roi_min_size_value"] = int(round(tensor_scale(b_t) * 256.0))
+    self.params["roi_min_size_value"] = int(round(tensor_scale(self, b_t) * 256.0))

@@ -254,10 +254,10 @@ def matmul_forward(self: PyNode) -> None:
     self.outputs[0].betensor = y
 
 
-def _shifted_absmax(t) -> int:
+def _shifted_absmax(node: PyNode, t) -> int:
     """max |q + zp| over the tensor's integer range: the largest operand the integer matmul multiplies."""
-    lo, hi = out_range(t)
-    zp = tensor_zp(t)
+    lo, hi = out_range(node, t)
+    zp = tensor_zp(node, t)
     return max(abs(lo + zp), abs(hi + zp))
 
 
@@ -265,11 +265,11 @@ def _matmul_acc(node: PyNode) -> torch.Tensor:
     """acc = (a_q + zp_a) @ (b_q + zp_b) exactly, int64: float32 or float64 when the bound K·max|a|·max|b| proves
     every partial sum exact there, otherwise an int64 matmul on the CPU."""
     ta, tb = node.inputs
-    a = int_value(ta) + tensor_zp(ta)
-    b = int_value(tb) + tensor_zp(tb)
+    a = int_value(ta) + tensor_zp(node, ta)
+    b = int_value(tb) + tensor_zp(node, tb)
     a, b = _matmul_operands(node, a, b)
     k = int(a.shape[-1]) if a.dim() else 1
-    bound = k * _shifted_absmax(ta) * _shifted_absmax(tb)
+    bound = k * _shifted_absmax(node, ta) * _shifted_absmax(node, tb)
     if bound < FLOAT32_EXACT:
         return _matmul(node, a.to(torch.float32), b.to(torch.float32)).to(torch.int64)
     if bound < FLOAT64_EXACT:
@@ -321,8 +321,8 @@ def _matmul_int(node: PyNode) -> torch.Tensor:
             shift = int(remain)
         else:
             acc = torch.clamp(acc, INT32_MIN, INT32_MAX)
-    qmin, qmax = out_range(out)
-    y = torch.clamp(requantize_exact(acc, mult, shift) - tensor_zp(out), qmin, qmax)
+    qmin, qmax = out_range(node, out)
+    y = torch.clamp(requantize_exact(acc, mult, shift) - tensor_zp(node, out), qmin, qmax)
     return fused_activation_clamp(node, y)
 
 
@@ -341,20 +341,20 @@ def matmul_quantize(self: PyNode) -> None:
         return
     ta, tb = self.inputs
     out = self.outputs[0]
-    signed = (is_signed(ta) or is_signed(tb)) and fused_output_signed(self)
+    signed = (is_signed(self, ta) or is_signed(self, tb)) and fused_output_signed(self)
     s = layer_settings(self)
     factor = self.params.pop("fused_multiplier", None)
     fused = torch.tensor(1.0 if factor is None else float(factor), dtype=torch.float32)
     if ta.qinvariant and tb.qinvariant:
-        set_qinvariant(out, integer_output_bits(self, signed or s.force_dtype_int), signed or s.force_dtype_int)
+        set_qinvariant(self, out, integer_output_bits(self, signed or s.force_dtype_int), signed or s.force_dtype_int)
         if factor is None:
             store_requant(self, 1, 0, Dtype.UINT8, Dtype.INT8)
         else:
             store_requant(self, *requant_scale_shift(self, fused))
     else:
         quantize_activation(self, out, signed)
-        ratio = torch.tensor(tensor_scale(out), dtype=torch.float32) * fused / (
-            torch.tensor(tensor_scale(ta), dtype=torch.float32) * torch.tensor(tensor_scale(tb), dtype=torch.float32))
+        ratio = torch.tensor(tensor_scale(self, out), dtype=torch.float32) * fused / (
+            torch.tensor(tensor_scale(self, ta), dtype=torch.float32) * torch.tensor(tensor_scale(self, tb), dtype=torch.float32))
         store_requant(self, *requant_scale_shift(self, ratio))
     if s.remain_shift is not None:
         self.params["remain_shift"] = int(s.remain_shift)
@@ -398,6 +398,6 @@ def convert_matmul(g: QDQGraph, node: PyNode) -> None:
         return
     values = [g.float_value(t, perm) for t, perm in zip(node.inputs, perms)]
     a, b = node.inputs
-    factor = float(requant_ratio(node)[0]) * tensor_scale(a) * tensor_scale(b) / tensor_scale(node.outputs[0])
+    factor = float(requant_ratio(node)[0]) * tensor_scale(node, a) * tensor_scale(node, b) / tensor_scale(node, node.outputs[0])
     out = g.rescale(g.add("MatMul", values), factor)
     g.quantize(node.outputs[0], qdq_fused_activation(g, node, out))

@@ -282,8 +282,8 @@ def _finish_int64(node: PyNode, acc: torch.Tensor) -> torch.Tensor:
             acc = torch.clamp(acc, lo32, hi32) + b
     else:
         acc = acc + b
-    qmin, qmax = out_range(out)
-    y = torch.clamp(_requantize(node, acc, mult, shift) - tensor_zp(out), qmin, qmax)
+    qmin, qmax = out_range(node, out)
+    y = torch.clamp(_requantize(node, acc, mult, shift) - tensor_zp(node, out), qmin, qmax)
     return fused_activation_clamp(node, y)
 
 
@@ -299,16 +299,16 @@ def _mac_output(node: PyNode, acc: torch.Tensor, acc_bound: int) -> torch.Tensor
     return _finish_int64(node, acc)
 
 
-def _input_absmax(t: PyTensor, zp_shift: int = 0) -> int:
+def _input_absmax(node: PyNode, t: PyTensor, zp_shift: int = 0) -> int:
     """max |q + zp_shift| over the input's integer range (and |zp_shift| itself, the value of float 0 padding)."""
-    lo, hi = out_range(t)
-    return max(abs(lo + zp_shift), abs(hi + zp_shift), abs(tensor_zp(t)))
+    lo, hi = out_range(node, t)
+    return max(abs(lo + zp_shift), abs(hi + zp_shift), abs(tensor_zp(node, t)))
 
 
 def _cached(node: PyNode, key: str, build: Callable[[], Any]) -> Any:
     """Per-layer cache of prepared integer weights, valid while the weight tensor and input range are unchanged."""
     w_q = node.get_constant("weights").betensor
-    in_range = out_range(node.inputs[0])
+    in_range = out_range(node, node.inputs[0])
     hit = node.attrs.get(key)
     if hit is not None and hit[0] is w_q and hit[1] == in_range:
         return hit[2]
@@ -397,7 +397,7 @@ def _conv3d_int(node: PyNode) -> torch.Tensor:
         return w, int(w.abs().reshape(w.shape[0], -1).sum(dim=1).max()) if w.numel() else 0
     w, w_sum = _cached(node, "_conv3d_int_weights", build)
     group, geo, wt = _conv3d_setup(node, x, w.to(x.device))
-    x_absmax = _input_absmax(node.inputs[0])
+    x_absmax = _input_absmax(node, node.inputs[0])
     acc = _exact_apply(lambda xf: _conv3d(node, xf, wt.to(xf.dtype), group, geo, float(-zp)), x, x_absmax, w_sum)
     return _mac_output(node, acc, x_absmax * w_sum)
 
@@ -547,7 +547,7 @@ def _convt_int(node: PyNode) -> torch.Tensor:
         return _oc_to_torch(w_oc, group), sums, abs_max
     wt, sums, w_sum = _cached(node, "_convt_int_weights", build)
     wt = wt.to(x.device)
-    x_absmax = _input_absmax(node.inputs[0], zp)
+    x_absmax = _input_absmax(node, node.inputs[0], zp)
     fast = _convt_int_float(node, x + zp, wt, sums, group, geo, x_absmax, w_sum)
     if fast is not None:
         return fast
@@ -562,7 +562,7 @@ def _convt_int_float(node: PyNode, x: torch.Tensor, wt: torch.Tensor, sums: torc
     same values without the int64 round trip (float32 sums below 2^24 are exact integers, so rounding them in
     float64 gives the same integers; acc - zp·Σw stays below 2^53 since |zp| <= x_absmax), requantized in place by
     `mac_finish`. None otherwise."""
-    zp = tensor_zp(node.inputs[0])
+    zp = tensor_zp(node, node.inputs[0])
     if not (int(x_absmax) * int(w_sum) < FLOAT32_EXACT and x.device.type == "cpu"):
         return None
     mult, _ = requant_of(node)
@@ -679,7 +679,7 @@ def _bias_add_int(node: PyNode, axis: int) -> torch.Tensor:
     if w.numel() != 1:
         raise node._error(f"a quantized BiasAdd stores one unit weight, got {w.numel()}")
     acc = x.movedim(axis, -1) * int(w[0])
-    bound = _input_absmax(node.inputs[0]) * abs(int(w[0]))
+    bound = _input_absmax(node, node.inputs[0]) * abs(int(w[0]))
     return _mac_output(node, acc, bound).movedim(-1, axis).contiguous()
 
 
@@ -779,9 +779,9 @@ def gemm_forward(self: PyNode) -> None:
     self.outputs[0].betensor = apply_fused_activation(self, y)
 
 
-def _shifted_absmax(t: PyTensor) -> int:
-    lo, hi = out_range(t)
-    zp = tensor_zp(t)
+def _shifted_absmax(node: PyNode, t: PyTensor) -> int:
+    lo, hi = out_range(node, t)
+    zp = tensor_zp(node, t)
     return max(abs(lo + zp), abs(hi + zp))
 
 
@@ -805,13 +805,13 @@ def _gemm_int(node: PyNode) -> torch.Tensor:
     ta, tb = node.inputs[0], node.inputs[1]
     m, n, mc, nc = _gemm_requant(node)
     alpha = _float_param(node, "alpha", 1.0)
-    a = _gemm_operand(node, int_value(ta) + tensor_zp(ta), "trans_a")
-    b = _gemm_operand(node, int_value(tb) + tensor_zp(tb), "trans_b")
+    a = _gemm_operand(node, int_value(ta) + tensor_zp(node, ta), "trans_a")
+    b = _gemm_operand(node, int_value(tb) + tensor_zp(node, tb), "trans_b")
     k = int(a.shape[-1]) if a.dim() else 1
-    bound = k * _shifted_absmax(ta) * _shifted_absmax(tb)
+    bound = k * _shifted_absmax(node, ta) * _shifted_absmax(node, tb)
     c_bound = 0
     if len(node.inputs) == 3:
-        c_bound = ((_shifted_absmax(node.inputs[2]) * abs(mc)) << max(0, -nc) >> max(0, nc)) + 1
+        c_bound = ((_shifted_absmax(node, node.inputs[2]) * abs(mc)) << max(0, -nc) >> max(0, nc)) + 1
     if bound + c_bound >= INT64_ACCUMULATOR_LIMIT:
         raise UnsupportedError(f"layer '{node.name}' (Gemm): accumulator bound {bound + c_bound} exceeds 2^62")
     if bound < FLOAT64_EXACT:
@@ -822,13 +822,13 @@ def _gemm_int(node: PyNode) -> torch.Tensor:
         acc = -acc
     if len(node.inputs) == 3:
         tc = node.inputs[2]
-        cb = round_shift((int_value(tc) + tensor_zp(tc)) * mc, nc)
+        cb = round_shift((int_value(tc) + tensor_zp(node, tc)) * mc, nc)
         if _float_param(node, "beta", 1.0) < 0:
             cb = -cb
         acc = _broadcast_add(node, acc, cb)
     out = node.outputs[0]
-    qmin, qmax = out_range(out)
-    y = torch.clamp(_requantize(node, acc, m, n) - tensor_zp(out), qmin, qmax)
+    qmin, qmax = out_range(node, out)
+    y = torch.clamp(_requantize(node, acc, m, n) - tensor_zp(node, out), qmin, qmax)
     return fused_activation_clamp(node, y)
 
 
@@ -848,19 +848,19 @@ def gemm_quantize(self: PyNode) -> None:
                                "supported; replace the layer by a multiplication of C")
     ta, tb = self.inputs[0], self.inputs[1]
     tc = self.inputs[2] if len(self.inputs) == 3 else None
-    signed = is_signed(ta) or is_signed(tb) or alpha < 0
+    signed = is_signed(self, ta) or is_signed(self, tb) or alpha < 0
     if tc is not None:
-        signed = signed or is_signed(tc) or beta < 0
+        signed = signed or is_signed(self, tc) or beta < 0
     signed = signed and fused_output_signed(self)
     s = layer_settings(self)
     out = self.outputs[0]
     if all(t.qinvariant for t in self.inputs):
         signed = signed or s.force_dtype_int
-        set_qinvariant(out, integer_output_bits(self, signed), signed)
+        set_qinvariant(self, out, integer_output_bits(self, signed), signed)
     else:
         quantize_activation(self, out, signed)
     f32 = torch.float32
-    s_a, s_b, s_out = (torch.tensor(tensor_scale(t), dtype=f32) for t in (ta, tb, out))
+    s_a, s_b, s_out = (torch.tensor(tensor_scale(self, t), dtype=f32) for t in (ta, tb, out))
     ratio = torch.tensor(abs(alpha), dtype=f32) * s_out / (s_a * s_b)
     m, n, m_dtype, n_dtype = requant_scale_shift(self, ratio)
     if tc is None:
@@ -870,7 +870,7 @@ def gemm_quantize(self: PyNode) -> None:
         mc, nc = 0, 0
     else:
         ratio_c = torch.tensor(abs(beta), dtype=f32) * s_a * s_b / (torch.tensor(abs(alpha), dtype=f32) *
-                                                                     torch.tensor(tensor_scale(tc), dtype=f32))
+                                                                     torch.tensor(tensor_scale(self, tc), dtype=f32))
         mc, nc, _, _ = scale_shift(ratio_c, AIFF_MULTIPLIER_BITS)
         if int(nc) < -AIFF_SHIFT_MAX:
             raise UnsupportedError(f"layer '{self.name}' (Gemm): C's scale differs from the product's by a factor "

@@ -127,12 +127,12 @@ def moments_forward(self: PyNode) -> None:
     sq = (dev * dev).sum(dim=axes, keepdim=True)
     m = int(self.get_param("var_scale_value"))
     shift = int(self.get_param("var_shift_value"))
-    qmin, qmax = out_range(var_out)
-    emax = max(abs(v) for v in out_range(inp))
+    qmin, qmax = out_range(self, var_out)
+    emax = max(abs(v) for v in out_range(self, inp))
     if n * (2 * emax) ** 2 * max(m, 1) >= INT64_BOUND:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): the variance accumulator of {n} values may "
                                "reach 2^62; reduce fewer elements")
-    var = torch.clamp(rounded_ratio(sq * m, n, shift) - tensor_zp(var_out), qmin, qmax)
+    var = torch.clamp(rounded_ratio(sq * m, n, shift) - tensor_zp(self, var_out), qmin, qmax)
     if not keep:
         mean, var = mean.squeeze(axes), var.squeeze(axes)
     mean_out.betensor = mean
@@ -148,17 +148,17 @@ def moments_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, [inp])
     _per_tensor(self, inp)
     mean_out, var_out = self.outputs
-    copy_params(mean_out, inp)
+    copy_params(self, mean_out, inp)
     s = layer_settings(self)
     bits = int(s.q_bits_activation)
     signed = bool(s.force_dtype_int)
     if inp.qinvariant:
-        set_qinvariant(var_out, min(2 * int(inp.qbits), 32), signed)
+        set_qinvariant(self, var_out, min(2 * int(inp.qbits), 32), signed)
         m, shift, m_type, shift_type = 1, 0, int_dtype_for_bits(bits, False), Dtype.INT8
     else:
         quantize_activation(self, var_out, signed, bits)
-        s_in = tensor_scale(inp)
-        m, shift, m_type, shift_type = requant_scale_shift(self, tensor_scale(var_out) / (s_in * s_in),
+        s_in = tensor_scale(self, inp)
+        m, shift, m_type, shift_type = requant_scale_shift(self, tensor_scale(self, var_out) / (s_in * s_in),
                                                            mult_bits=bits)
     self.params["var_scale_value"] = int(m)
     self.params["var_scale_type"] = m_type
@@ -222,21 +222,21 @@ def sufficient_statistics_forward(self: PyNode) -> None:
         return
     mo0, mo1, mi0, mi1 = (int(v) for v in self.get_param("scale_value"))
     no0, no1, ni0, ni1 = (int(v) for v in self.get_param("shift_value"))
-    xa = _requant(x.to(torch.int64) + tensor_zp(x_t), mi0, ni0)
-    sa = _requant(s_t.betensor.to(torch.int64) + tensor_zp(s_t), mi1, ni1)
+    xa = _requant(x.to(torch.int64) + tensor_zp(self, x_t), mi0, ni0)
+    sa = _requant(s_t.betensor.to(torch.int64) + tensor_zp(self, s_t), mi1, ni1)
     m = xa - sa
     total = torch.clamp(m.sum(axes, keepdim=True), *_I32)
-    lo0, hi0 = out_range(out0)
+    lo0, hi0 = out_range(self, out0)
     prod = total * mo0
     trunc = torch.sign(prod) * torch.div(prod.abs(), 1 << no0, rounding_mode="floor") if no0 >= 0 else prod << -no0
-    out0.betensor = torch.clamp(trunc - tensor_zp(out0), lo0, hi0)
+    out0.betensor = torch.clamp(trunc - tensor_zp(self, out0), lo0, hi0)
     v = torch.clamp(m * m, 0, _U32_MAX)
     high = v >> 16
     high_sum = torch.clamp(high.sum(axes, keepdim=True), 0, _U32_MAX)
     low_sum = torch.clamp((v - (high << 16)).sum(axes, keepdim=True), 0, _U32_MAX)
     acc = (high_sum << 16) * mo1 + low_sum * mo1
-    lo1, hi1 = out_range(out1)
-    out1.betensor = torch.clamp((acc >> no1 if no1 >= 0 else acc << -no1) - tensor_zp(out1), lo1, hi1)
+    lo1, hi1 = out_range(self, out1)
+    out1.betensor = torch.clamp((acc >> no1 if no1 >= 0 else acc << -no1) - tensor_zp(self, out1), lo1, hi1)
 
 
 def _requant(x: torch.Tensor, m: int, n: int) -> torch.Tensor:
@@ -263,16 +263,16 @@ def sufficient_statistics_quantize(self: PyNode) -> None:
     signs = (True, bool(s.force_dtype_int))
     for out, signed in zip(self.outputs, signs):
         if x_t.qinvariant and s_t.qinvariant:
-            set_qinvariant(out, 32, signed)
+            set_qinvariant(self, out, 32, signed)
         else:
             quantize_activation(self, out, signed, bits)
-    b0, b1 = (signed_bits(*(v + tensor_zp(t) for v in out_range(t))) for t in (x_t, s_t))
+    b0, b1 = (signed_bits(*(v + tensor_zp(self, t) for v in out_range(self, t))) for t in (x_t, s_t))
     reduce_multiplier = max(2 * (max(b0, b1) - SS_ALIGN_BITS), 1)
     left = min(max(0, SS_ALIGN_BITS - b0), max(0, SS_ALIGN_BITS - b1))
-    s0, s1 = tensor_scale(x_t), tensor_scale(s_t)
+    s0, s1 = tensor_scale(self, x_t), tensor_scale(self, s_t)
     common = min(s0, s1) / reduce_multiplier
-    ratios = [tensor_scale(self.outputs[0]) / common / 2 ** left,
-              tensor_scale(self.outputs[1]) / (common * common) / 2 ** (2 * left),
+    ratios = [tensor_scale(self, self.outputs[0]) / common / 2 ** left,
+              tensor_scale(self, self.outputs[1]) / (common * common) / 2 ** (2 * left),
               common / s0 * 2 ** left, common / s1 * 2 ** left]
     found = [requant_scale_shift(self, r, mult_bits=SS_MULTIPLIER_BITS) for r in ratios]
     self.params["shift_value"] = [int(f[1]) for f in found]
@@ -355,23 +355,23 @@ def normalized_moments_forward(self: PyNode) -> None:
         raise self._error("quantized layer lacks its 'lut' constant")
     table = self.constants["lut"].betensor.to(torch.int64).flatten()
     bits = int(mean_t.qbits)
-    lo_m, _ = out_range(mean_t)
-    emax = max(abs(v + tensor_zp(t)) for t in self.inputs for v in out_range(t))
+    lo_m, _ = out_range(self, mean_t)
+    emax = max(abs(v + tensor_zp(self, t)) for t in self.inputs for v in out_range(self, t))
     tmax = int(table.abs().max()) if table.numel() else 0
     bound = max(emax * (m_in0 + m_in1) * max(m_mean, 1), (emax * v_in0 + tmax * v_in1) * max(m_var, 1))
     if bound >= INT64_BOUND:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): the aligned sums may reach 2^62; use fewer "
                                "input bits")
     mean_q = mean_t.betensor.to(torch.int64)
-    acc0 = (mean_q + tensor_zp(mean_t)) * m_in0 + (shift_t.betensor.to(torch.int64) + tensor_zp(shift_t)) * m_in1
-    out0.betensor = requantize_int(acc0, m_mean, n_mean, tensor_zp(out0), *out_range(out0))
+    acc0 = (mean_q + tensor_zp(self, mean_t)) * m_in0 + (shift_t.betensor.to(torch.int64) + tensor_zp(self, shift_t)) * m_in1
+    out0.betensor = requantize_int(acc0, m_mean, n_mean, tensor_zp(self, out0), *out_range(self, out0))
     try:
         square = lookup_lut(mean_q, table, integer_range(bits, lo_m < 0)[0], bits,
                             int(self.constants["lut"].dtype.bits), False)
     except ValueError as e:
         raise self._error(f"lut: {e}") from None
-    acc1 = (var_t.betensor.to(torch.int64) + tensor_zp(var_t)) * v_in0 - square * v_in1
-    out1.betensor = requantize_int(acc1, m_var, n_var, tensor_zp(out1), *out_range(out1))
+    acc1 = (var_t.betensor.to(torch.int64) + tensor_zp(self, var_t)) * v_in0 - square * v_in1
+    out1.betensor = requantize_int(acc1, m_var, n_var, tensor_zp(self, out1), *out_range(self, out1))
 
 
 def _three(node: PyNode, key: str) -> List[int]:
@@ -427,24 +427,24 @@ def normalized_moments_quantize(self: PyNode) -> None:
         raise self._error(f"placeholder '{name}' has no calibrated range (statistic files written before quantopt "
                           "collected placeholders lack it: collect the statistics again)")
     out0, out1 = self.outputs
-    quantize_activation(self, out0, is_signed(mean_t) and is_signed(shift_t), bits)
+    quantize_activation(self, out0, is_signed(self, mean_t) and is_signed(self, shift_t), bits)
     quantize_activation(self, out1, True, bits)
     mode = activation_mode(self, bits).to_symmetric()
-    set_params(plh, linear_quant_params(r.min, r.max, bits, mode, False), bits)
+    set_params(self, plh, linear_quant_params(r.min, r.max, bits, mode, False), bits)
     f32 = torch.float32
 
     def sc(t: PyTensor) -> torch.Tensor:
-        return torch.tensor(tensor_scale(t), dtype=f32)
+        return torch.tensor(tensor_scale(self, t), dtype=f32)
 
-    clip0 = NM_CLIP_MAX // 2 if tensor_zp(mean_t) != 0 or tensor_zp(shift_t) != 0 else NM_CLIP_MAX
+    clip0 = NM_CLIP_MAX // 2 if tensor_zp(self, mean_t) != 0 or tensor_zp(self, shift_t) != 0 else NM_CLIP_MAX
     mean0, mean1, m_mean, n_mean, mean_shift_type = add_like_multipliers(sc(mean_t) * counts, sc(shift_t), sc(out0),
                                                                          clip0, s.mult_bits)
-    lo, hi = out_range(mean_t)
+    lo, hi = out_range(self, mean_t)
     steps = lut_size(int(mean_t.qbits), int(s.lut_items_in_bits))
-    x = dequantize(torch.linspace(float(lo), float(hi), steps=steps), sc(mean_t), tensor_zp(mean_t))
-    lut = quantize(torch.square(x / counts), sc(plh), tensor_zp(plh), *out_range(plh))
+    x = dequantize(torch.linspace(float(lo), float(hi), steps=steps), sc(mean_t), tensor_zp(self, mean_t))
+    lut = quantize(torch.square(x / counts), sc(plh), tensor_zp(self, plh), *out_range(self, plh))
     set_constant(self, "lut", lut, int_dtype_for_bits(bits, False))
-    clip1 = NM_CLIP_MAX // 2 if tensor_zp(var_t) != 0 else NM_CLIP_MAX
+    clip1 = NM_CLIP_MAX // 2 if tensor_zp(self, var_t) != 0 else NM_CLIP_MAX
     var0, var1, m_var, n_var, var_shift_type = add_like_multipliers(sc(var_t) * counts, sc(plh), sc(out1), clip1,
                                                                     s.mult_bits)
     self.params["mean_shift_value"] = n_mean

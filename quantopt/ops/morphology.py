@@ -127,13 +127,13 @@ def _forward(node: PyNode) -> None:
     shift = int(node.get_param("shift_value"))
     zp_w = int(node.get_param("weights_zp", optional=True, default_value=0) or 0)
     wq = _element(node, int(x.shape[-1]), kernel, w_t.betensor.to(torch.int64) + zp_w)
-    win, ok = _windows(node, x.to(torch.int64) + tensor_zp(inp), 0)
+    win, ok = _windows(node, x.to(torch.int64) + tensor_zp(node, inp), 0)
     acc = win * a_in + wq * a_w
     sentinel = torch.tensor(2 ** 62 if erosion else -2 ** 62, dtype=torch.int64)
     acc = torch.where(ok, acc, sentinel)
     best = acc.flatten(-2).amin(-1) if erosion else acc.flatten(-2).amax(-1)
-    qmin, qmax = out_range(node.outputs[0])
-    node.outputs[0].betensor = requantize_int(best, m, shift, tensor_zp(node.outputs[0]), qmin, qmax)
+    qmin, qmax = out_range(node, node.outputs[0])
+    node.outputs[0].betensor = requantize_int(best, m, shift, tensor_zp(node, node.outputs[0]), qmin, qmax)
 
 
 @DILATION.forward
@@ -181,15 +181,15 @@ def morphology_quantize(self: PyNode) -> None:
     mode = QuantMode.from_name(s.q_mode_weight).to_per_tensor()
     p = linear_quant_params(r.min, r.max, bits, mode, True)
     w.betensor = quantize(w.betensor, p.scale, p.zerop, p.qmin, p.qmax)
-    set_params(w, p, bits)
+    set_params(self, w, p, bits)
     self.params["weights_scale"] = float(p.scale)
     self.params["weights_zp"] = int(p.zerop)
     in_signed = inp.qmin is not None and int(inp.qmin) < 0
     quantize_activation(self, out, in_signed or w_negative or self.type == "Erosion", bits)
     if isinstance(out.scale, torch.Tensor) and out.scale.numel() > 1:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): per-channel activations are not supported")
-    s_max, a_in, a_w, g = _align(tensor_scale(inp), float(p.scale))
-    m, shift, m_type, shift_type = requant_scale_shift(self, tensor_scale(out) / s_max / 2 ** g, mult_bits=bits)
+    s_max, a_in, a_w, g = _align(tensor_scale(self, inp), float(p.scale))
+    m, shift, m_type, shift_type = requant_scale_shift(self, tensor_scale(self, out) / s_max / 2 ** g, mult_bits=bits)
     self.params["shift_value"] = int(shift)
     self.params["shift_type"] = shift_type
     self.params["scale_value"] = [int(m), a_in, a_w]
@@ -286,7 +286,7 @@ def col2im_forward(self: PyNode) -> None:
     c = ck // k
     idx, valid = _col2im_index(self, image, block, int(length))
     if self.quantized:
-        src = (x.to(torch.int64) + tensor_zp(x_t)).reshape(n, c, -1)
+        src = (x.to(torch.int64) + tensor_zp(self, x_t)).reshape(n, c, -1)
     else:
         src = x.to(torch.float32).reshape(n, c, -1)
     src = torch.where(valid, src, torch.zeros_like(src))
@@ -295,9 +295,9 @@ def col2im_forward(self: PyNode) -> None:
     out = out.reshape(n, c, *image)
     if self.quantized:
         o = self.outputs[0]
-        qmin, qmax = out_range(o)
+        qmin, qmax = out_range(self, o)
         out = requantize_int(out, int(self.get_param("scale_value")), int(self.get_param("shift_value")),
-                             tensor_zp(o), qmin, qmax)
+                             tensor_zp(self, o), qmin, qmax)
     self.outputs[0].betensor = out
 
 
@@ -314,7 +314,7 @@ def col2im_quantize(self: PyNode) -> None:
     bits = int(layer_settings(self).q_bits_activation)
     out = self.outputs[0]
     quantize_activation(self, out, x_t.qmin is not None and int(x_t.qmin) < 0, bits)
-    m, shift, m_type, shift_type = requant_scale_shift(self, tensor_scale(out) / tensor_scale(x_t), mult_bits=bits)
+    m, shift, m_type, shift_type = requant_scale_shift(self, tensor_scale(self, out) / tensor_scale(self, x_t), mult_bits=bits)
     self.params["shift_value"] = int(shift)
     self.params["shift_type"] = shift_type
     self.params["scale_value"] = int(m)

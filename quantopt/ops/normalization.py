@@ -455,10 +455,10 @@ def inverse_sqrt(q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return r, t
 
 
-def _vmax(t) -> int:
+def _vmax(node: PyNode, t) -> int:
     """Largest |x_q + zp| of a quantized tensor."""
-    qmin, qmax = out_range(t)
-    zp = tensor_zp(t)
+    qmin, qmax = out_range(node, t)
+    zp = tensor_zp(node, t)
     return max(abs(qmin + zp), abs(qmax + zp))
 
 
@@ -496,15 +496,15 @@ def norm_quantize(self: PyNode) -> None:
                                "supported")
     shape = list(inp.ir_shape)
     count = _Rows(self, shape).count
-    s_in = tensor_scale(inp)
-    frac = _mean_frac_bits(self, count, _vmax(inp))
+    s_in = tensor_scale(self, inp)
+    frac = _mean_frac_bits(self, count, _vmax(self, inp))
     quantize_activation(self, out, True)
     self.params["norm_frac_bits"] = frac
     if not _normalize_variance(self):
         if "weights" in self.constants or "biases" in self.constants:
             raise UnsupportedError(f"layer '{self.name}' (MVN): weights/biases with normalize_variance=false are "
                                    "not supported")
-        store_requant(self, *requant_scale_shift(self, tensor_scale(out) / s_in))
+        store_requant(self, *requant_scale_shift(self, tensor_scale(self, out) / s_in))
         return
     eps_value = int(round(_epsilon(self) * s_in * s_in * 2.0 ** (2 * frac)))
     if count * eps_value >= 2 ** SUM_SQUARES_BITS:
@@ -524,7 +524,7 @@ def norm_quantize(self: PyNode) -> None:
 def _quantize_affine(node: PyNode, norm_scale: float, shape: Sequence[int]) -> None:
     s = layer_settings(node)
     out = node.outputs[0]
-    s_out = tensor_scale(out)
+    s_out = tensor_scale(node, out)
     w = node.get_constant("weights", optional=True)
     b = node.get_constant("biases", optional=True)
     if w is None and b is None:
@@ -542,7 +542,7 @@ def _quantize_affine(node: PyNode, norm_scale: float, shape: Sequence[int]) -> N
     p = linear_quant_params(torch.clamp(wf, max=0.0), torch.clamp(wf, min=0.0), bits, mode, True)
     w_shape = list(w.betensor.shape)
     w.betensor = quantize(wf, p.scale, p.zerop, p.qmin, p.qmax, axis=0).reshape(w_shape)
-    set_params(w, p, bits)
+    set_params(node, w, p, bits)
     bias_bits = int(s.q_bits_bias)
     bias_dtype = Dtype.INT32 if bias_bits <= 32 else Dtype.INT64
     if b is not None:
@@ -577,8 +577,8 @@ def _norm_integer_forward(node: PyNode) -> torch.Tensor:
     else:
         m = div_round_half_even(v.sum(dim=1, keepdim=True) << frac, torch.tensor(count, dtype=torch.int64))
         d = (v << frac) - m
-    qmin, qmax = out_range(out)
-    zp_out = tensor_zp(out)
+    qmin, qmax = out_range(node, out)
+    zp_out = tensor_zp(node, out)
     if not _normalize_variance(node):
         mult, shift = requant_of(node)
         return rows_of.from_rows(requantize_int(d, mult, shift + frac, zp_out, qmin, qmax)).contiguous()
@@ -677,7 +677,7 @@ def _layernorm_upstream_quantize(node: PyNode) -> None:
         raise UnsupportedError(f"layer '{node.name}' (LayerNorm): per-channel activation quantization is not "
                                "supported")
     bits = int(s.q_bits_activation)
-    in_bits = range_bits(inp)
+    in_bits = range_bits(node, inp)
     if (in_bits <= 8) != (bits <= 8):
         raise UnsupportedError(f"layer '{node.name}' (LayerNorm): upstream's integer form needs the input and the "
                                f"output on the same side of 8 bits (input {in_bits} bits, activation_bits {bits}); "
@@ -687,7 +687,7 @@ def _layernorm_upstream_quantize(node: PyNode) -> None:
     adj = math.ceil(math.log2(127.5 / sqrt_n / 4)) if bits <= 8 and sqrt_n > 127 else 0
     limit = sqrt_n * 2.0 ** adj
     norm = PyTensor(f"{node.name}/normalized")
-    set_params(norm, linear_quant_params(-limit, limit, bits, activation_mode(node, bits), True), bits)
+    set_params(node, norm, linear_quant_params(-limit, limit, bits, activation_mode(node, bits), True), bits)
     norm.zerop = 0  # only its scale is used: the forward keeps n symmetric, and no zero point goes into the biases
     if bits <= 8:
         var_shift = _upstream_var_shift(count)
@@ -699,7 +699,7 @@ def _layernorm_upstream_quantize(node: PyNode) -> None:
         node.params["norm_shift_value"] = norm_shift
         node.params["norm_shift_type"] = _shift_dtype(norm_shift)
     else:
-        local = torch.tensor(tensor_scale(norm), dtype=torch.float32) / 127
+        local = torch.tensor(tensor_scale(node, norm), dtype=torch.float32) / 127
         m, sh, m_dtype, sh_dtype = scale_shift(local, bits, force_shift_positive=s.force_shift_positive)
         node.params["var_shift_value"] = 0
         node.params["var_shift_type"] = Dtype.UINT8
@@ -710,7 +710,7 @@ def _layernorm_upstream_quantize(node: PyNode) -> None:
     shape = list(inp.ir_shape)
     if "weights" not in node.constants and "biases" not in node.constants:
         quantize_activation(node, out, True)
-        ratio = torch.tensor(tensor_scale(out), dtype=torch.float32) / torch.tensor(tensor_scale(norm),
+        ratio = torch.tensor(tensor_scale(node, out), dtype=torch.float32) / torch.tensor(tensor_scale(node, norm),
                                                                                     dtype=torch.float32)
         store_requant(node, *requant_scale_shift(node, ratio, mult_bits=bits))
     else:
@@ -747,7 +747,7 @@ def upstream_norm_gain(node: PyNode) -> float:
     x = node.inputs[0]
     count = _Rows(node, list(x.ir_shape)).count
     m_n, sh_n = _int_param(node, "norm_scale_value"), _int_param(node, "norm_shift_value")
-    if range_bits(x) <= 8:
+    if range_bits(node, x) <= 8:
         vs = _int_param(node, "var_shift_value")
         return m_n * 2.0 ** (UPSTREAM_NORM_Q8 - 1 + vs / 2 - sh_n) / math.sqrt(count)
     return m_n * 2.0 ** (UPSTREAM_NORM_Q16 - sh_n)
@@ -777,9 +777,9 @@ def _layernorm_upstream_forward(node: PyNode) -> torch.Tensor:
     sq = (d * d).sum(dim=1, keepdim=True)
     m_n = _int_param(node, "norm_scale_value")
     sh_n = _int_param(node, "norm_shift_value")
-    lo, hi = integer_range(int(out.qbits or range_bits(out)), is_signed(out))
+    lo, hi = integer_range(int(out.qbits or range_bits(node, out)), is_signed(node, out))
     try:
-        if range_bits(inp) <= 8:
+        if range_bits(node, inp) <= 8:
             vs = _int_param(node, "var_shift_value")
             var = sq >> vs if vs >= 0 else sq << -vs
             if bool((var >= 2 ** 32).any()):
@@ -799,8 +799,8 @@ def _layernorm_upstream_forward(node: PyNode) -> torch.Tensor:
     bshape = _affine_shape(node, x.shape)
     if isinstance(mult, torch.Tensor):
         mult, shift = mult.reshape(bshape), shift.reshape(bshape)
-    qmin, qmax = out_range(out)
-    zp_out = tensor_zp(out)
+    qmin, qmax = out_range(node, out)
+    zp_out = tensor_zp(node, out)
     if _affine_tensor(node, "weights", x.shape) is None:
         return requantize_int(n, mult, shift, zp_out, qmin, qmax)
     w = effective_weights(node).reshape(bshape)
@@ -886,12 +886,12 @@ def lrn_quantize(self: PyNode) -> None:
     if bias <= 0 or alpha < 0:
         raise UnsupportedError(f"layer '{self.name}' (LRN): quantization needs bias > 0 and alpha >= 0 "
                                f"(got bias={bias}, alpha={alpha})")
-    s_in = tensor_scale(inp)
+    s_in = tensor_scale(self, inp)
     entries = 2 ** min(LRN_INDEX_BITS, int(s.lut_items_in_bits))
-    a_max = alpha * _vmax(inp) ** 2 / (s_in * s_in)
+    a_max = alpha * _vmax(self, inp) ** 2 / (s_in * s_in)
     top = float(2 ** LRN_INDEX_BITS - 2 ** LRN_INDEX_BITS // entries)
     s_u = top / a_max if a_max > 0 else 1.0
-    quantize_activation(self, out, is_signed(inp))
+    quantize_activation(self, out, is_signed(self, inp))
     m, sh, m_dtype, sh_dtype = scale_shift(s_u * alpha / (size * s_in * s_in), AIFF_MULTIPLIER_BITS,
                                            force_shift_positive=s.force_shift_positive)
     self.params["scale_sum_value"] = int(m)
@@ -905,7 +905,7 @@ def lrn_quantize(self: PyNode) -> None:
     f_max = max(bias ** -beta, float(fn(torch.tensor(a_max, dtype=torch.float64))))
     s_f = (2 ** LRN_VALUE_BITS - 1) / f_max
     set_constant(self, "lut", lrn_table(fn, s_u, s_f, entries), range_dtype(0, 2 ** LRN_VALUE_BITS - 1))
-    store_requant(self, *requant_scale_shift(self, tensor_scale(out) / (s_in * s_f)))
+    store_requant(self, *requant_scale_shift(self, tensor_scale(self, out) / (s_in * s_f)))
 
 
 def _lrn_integer_forward(node: PyNode, size: int) -> torch.Tensor:
@@ -922,8 +922,8 @@ def _lrn_integer_forward(node: PyNode, size: int) -> torch.Tensor:
     lut = node.get_constant("lut")
     level = lookup_lut(u, lut.betensor, 0, LRN_INDEX_BITS, LRN_VALUE_BITS, False)
     mult, shift = requant_of(node)
-    qmin, qmax = out_range(out)
-    return requantize_int(v * level, mult, shift, tensor_zp(out), qmin, qmax)
+    qmin, qmax = out_range(node, out)
+    return requantize_int(v * level, mult, shift, tensor_zp(node, out), qmin, qmax)
 
 
 # =============================================================================================== Normalization
@@ -981,13 +981,13 @@ def l2_normalization_quantize(self: PyNode) -> None:
                                "supported")
     axes, eps = _lp_params(self, len(inp.ir_shape))
     count = math.prod(int(inp.ir_shape[a]) for a in axes)
-    if count * _vmax(inp) ** 2 >= 2 ** SUM_SQUARES_BITS:
+    if count * _vmax(self, inp) ** 2 >= 2 ** SUM_SQUARES_BITS:
         raise UnsupportedError(f"layer '{self.name}' (Normalization): the sum of squares overflows 62 bits")
-    qmin, _ = out_range(inp)
-    quantize_activation(self, out, qmin + tensor_zp(inp) < 0)
-    s_in = tensor_scale(inp)
+    qmin, _ = out_range(self, inp)
+    quantize_activation(self, out, qmin + tensor_zp(self, inp) < 0)
+    s_in = tensor_scale(self, inp)
     self.params["eps_value"] = int(round(eps * s_in * s_in))
-    store_requant(self, *requant_scale_shift(self, tensor_scale(out)))
+    store_requant(self, *requant_scale_shift(self, tensor_scale(self, out)))
 
 
 def _l2_integer_forward(node: PyNode) -> torch.Tensor:
@@ -1007,8 +1007,8 @@ def _l2_integer_forward(node: PyNode) -> torch.Tensor:
     mult, shift = requant_of(node)
     if isinstance(mult, torch.Tensor):
         raise node._error("Normalization needs one scale_value/shift_value, not per-channel constants")
-    qmin, qmax = out_range(out)
-    return torch.clamp(round_shift(v * r * mult, RSQRT_FRAC_BITS + (t >> 1) + shift) - tensor_zp(out), qmin, qmax)
+    qmin, qmax = out_range(node, out)
+    return torch.clamp(round_shift(v * r * mult, RSQRT_FRAC_BITS + (t >> 1) + shift) - tensor_zp(node, out), qmin, qmax)
 
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export
@@ -1080,7 +1080,7 @@ def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) ->
     shape = [int(v) for v in x.ir_shape]
     count = int(np.prod([shape[a] for a in axes]))
     m_n, sh_n = int(node.params["norm_scale_value"]), int(node.params["norm_shift_value"])
-    lo, hi = integer_range(int(y.qbits or range_bits(y)), int(y.qmin) < 0)
+    lo, hi = integer_range(int(y.qbits or range_bits(node, y)), int(y.qmin) < 0)
     affine, gamma, beta = norm_affine(node, shape)
 
     def int64(what: str, v: object) -> str:
@@ -1102,7 +1102,7 @@ def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) ->
     d = g.add("Sub", [v, round_div_int64(g, node, g.add("ReduceSum", [v, axes_input], keepdims=1),
                                          int64("count", count))])
     squares = g.add("ReduceSum", [g.add("Mul", [d, d]), axes_input], keepdims=1)
-    in8 = range_bits(x) <= 8
+    in8 = range_bits(node, x) <= 8
     if in8:
         vs = int(node.params["var_shift_value"])
         var = g.add("Div", [squares, int64("var_shift", 1 << vs)]) if vs >= 0 else \
@@ -1176,7 +1176,7 @@ def convert_layernorm(g: QDQGraph, node: PyNode) -> None:
         norm_scale = float(node.params["norm_scale_value"]) * 2.0 ** -float(node.params["norm_shift_value"]) \
             / math.sqrt(count)
     affine = tuple(int(x.ir_shape[a]) for a in axes)
-    ratio = requant_ratio(node) / tensor_scale(y)
+    ratio = requant_ratio(node) / tensor_scale(node, y)
     ratio = ratio.reshape(affine) if ratio.size > 1 else float(ratio[0])
     w_t = node.get_constant("weights", optional=True)
     b_t = node.get_constant("biases", optional=True)

@@ -244,7 +244,7 @@ def pool2d_nchw_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, method: str
     _check_size(node, total, size)
     total = torch.clamp(total, -AVG_SUM_LIMIT, AVG_SUM_LIMIT)
     mult, shift = requant
-    return requantize_int(total, mult, shift, 0, -2 ** 62, 2 ** 62) - tensor_zp(node.outputs[0])
+    return requantize_int(total, mult, shift, 0, -2 ** 62, 2 ** 62) - tensor_zp(node, node.outputs[0])
 
 
 def _avg_int_float64(node: PyNode, x: torch.Tensor, zp: int, p: dict, full: Any, size: Any,
@@ -253,7 +253,7 @@ def _avg_int_float64(node: PyNode, x: torch.Tensor, zp: int, p: dict, full: Any,
     of four, no int64 temporaries) when the input's stored range proves every step exact: window sums of
     |x + zp| below 2^53 (so the general path's check cannot fail), |S·M| < 2^53 after the ±2^31 clamp, and results
     (zero point subtracted) below 2^51 with |shift| < 900; None otherwise, for the general path."""
-    lo, hi = out_range(node.inputs[0])
+    lo, hi = out_range(node, node.inputs[0])
     window = p["k"][0] * p["k"][1]
     in_bound = max(abs(lo + zp), abs(hi + zp))
     if max(abs(lo), abs(hi)) >= MAGIC_EXACT or in_bound * window >= FLOAT64_EXACT or not x.numel():
@@ -263,7 +263,7 @@ def _avg_int_float64(node: PyNode, x: torch.Tensor, zp: int, p: dict, full: Any,
     sh = torch.as_tensor(shift, dtype=torch.float64, device=x.device)
     s_lo, s_hi = float(sh.min()), float(sh.max())
     m_max = float(m.abs().max())
-    zp_out = tensor_zp(node.outputs[0])
+    zp_out = tensor_zp(node, node.outputs[0])
     if not -900 < s_lo <= s_hi < 900 or AVG_SUM_LIMIT * m_max >= FLOAT64_EXACT or \
             math.ldexp(AVG_SUM_LIMIT * m_max, int(-s_lo)) + abs(zp_out) + 1 >= MAGIC_EXACT:
         return None
@@ -284,7 +284,7 @@ def _int_plan(node: PyNode, x: torch.Tensor, p: dict, method: str) -> Tuple[Any,
     def build() -> Tuple[Any, ...]:
         size, full, extra = _plan(node, x, p)
         divisor = _divisors(node, x, p, extra, method)
-        requant = (avg_requant(tensor_scale(node.inputs[0]), tensor_scale(node.outputs[0]), divisor)
+        requant = (avg_requant(tensor_scale(node, node.inputs[0]), tensor_scale(node, node.outputs[0]), divisor)
                    if method == "AVG" else None)
         return size, full, extra, divisor, requant
 
@@ -358,11 +358,11 @@ def lp_window_sums_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, power: i
 
 def _lp_int(node: PyNode, x: torch.Tensor, p: dict, method: str) -> torch.Tensor:
     """Integer L1/L2 pool of an NCHW int64 tensor (docs/semantics/pooling.md#pooling-l1-and-l2)."""
-    s = lp_window_sums_int(node, x, tensor_zp(node.inputs[0]), p, 1 if method == "L1" else 2)
+    s = lp_window_sums_int(node, x, tensor_zp(node, node.inputs[0]), p, 1 if method == "L1" else 2)
     mult, shift = requant_of(node)
     if method == "L1":
-        qmin, qmax = out_range(node.outputs[0])
-        return requantize_int(s, mult, shift, tensor_zp(node.outputs[0]), qmin, qmax)
+        qmin, qmax = out_range(node, node.outputs[0])
+        return requantize_int(s, mult, shift, tensor_zp(node, node.outputs[0]), qmin, qmax)
     code = torch.clamp(round_shift(s * int(mult), shift), 0, 2 ** L2_PLACEHOLDER_BITS - 1)
     lut = node.get_constant("sqrt_lut")
     return lookup_lut(code, lut.betensor, 0, L2_PLACEHOLDER_BITS, lut.dtype.bits, lut.dtype.is_signed)
@@ -390,10 +390,10 @@ def _run_pool(node: PyNode, global_pool: bool) -> None:
         xi = int_value(node.inputs[0])
         xc = (xi.unsqueeze(1) if one_d else xi).permute(0, 3, 1, 2)
         if method in ("MAX", "AVG"):
-            y = pool2d_nchw_int(node, xc, tensor_zp(node.inputs[0]), p, method)
+            y = pool2d_nchw_int(node, xc, tensor_zp(node, node.inputs[0]), p, method)
         else:
             y = _lp_int(node, xc, p, method)
-        qmin, qmax = out_range(node.outputs[0])
+        qmin, qmax = out_range(node, node.outputs[0])
         y = torch.clamp(y, qmin, qmax).permute(0, 2, 3, 1)
     else:
         x = x.to(x.dtype if x.is_floating_point() else torch.float32)
@@ -413,14 +413,14 @@ def _pool_quantize(node: PyNode) -> None:
     63); L2 also a sqrt table over an unsigned 16-bit code of the sum of squares (upstream's scheme)."""
     method = _method(node, quantizing=True)
     check_quantized_inputs(node, node.inputs[:1])
-    tensor_zp(node.inputs[0])  # per-channel zero points are not supported by the integer forwards
+    tensor_zp(node, node.inputs[0])  # per-channel zero points are not supported by the integer forwards
     inp, out = node.inputs[0], node.outputs[0]
     if method in ("MAX", "AVG"):
-        copy_params(out, inp)
+        copy_params(node, out, inp)
         return
     s = layer_settings(node)
     quantize_activation(node, out, signed=False)
-    s_in, s_out = tensor_scale(inp), tensor_scale(out)
+    s_in, s_out = tensor_scale(node, inp), tensor_scale(node, out)
     if method == "L1":
         ratio = s_out / s_in
     else:
@@ -429,7 +429,7 @@ def _pool_quantize(node: PyNode) -> None:
         ph = linear_quant_params(0.0, absmax * absmax, L2_PLACEHOLDER_BITS,
                                  activation_mode(node, L2_PLACEHOLDER_BITS), False)
         ratio = float(ph.scale) / (s_in * s_in)
-        lut = build_lut(torch.sqrt, float(ph.scale), 0, ph.qmin, ph.qmax, range_bits(inp), s_out, tensor_zp(out),
+        lut = build_lut(torch.sqrt, float(ph.scale), 0, ph.qmin, ph.qmax, range_bits(node, inp), s_out, tensor_zp(node, out),
                         int(out.qmin), int(out.qmax), lut_items_in_bits=int(s.lut_items_in_bits))
         set_constant(node, "sqrt_lut", lut, out.dtype)
     mult, shift, mdt, sdt = scale_shift(ratio, LP_MULT_BITS, force_shift_positive=s.force_shift_positive,
@@ -532,9 +532,9 @@ def adaptivepool_forward(self: PyNode) -> None:
         raise self._error(f"input must be 4-D NHWC (or 3-D [H, W, C]), got shape {list(x.shape)}")
     xb = x.unsqueeze(0) if x.dim() == 3 else x
     if self.quantized:
-        qmin, qmax = out_range(self.outputs[0])
+        qmin, qmax = out_range(self, self.outputs[0])
         y = adaptive_pool_nhwc(int_value(self.inputs[0]).reshape(xb.shape), size, method,
-                               tensor_zp(self.inputs[0]), integer=True)
+                               tensor_zp(self, self.inputs[0]), integer=True)
         y = torch.clamp(y, qmin, qmax)
     else:
         y = adaptive_pool_nhwc(xb.to(xb.dtype if xb.is_floating_point() else torch.float32), size, method)
@@ -546,8 +546,8 @@ def adaptivepool_quantize(self: PyNode) -> None:
     """Output keeps the input's quantization (as upstream): a maximum or an average stays in the input's range."""
     _adaptive_method(self, quantizing=True)
     check_quantized_inputs(self, self.inputs[:1])
-    tensor_zp(self.inputs[0])
-    copy_params(self.outputs[0], self.inputs[0])
+    tensor_zp(self, self.inputs[0])
+    copy_params(self, self.outputs[0], self.inputs[0])
 
 
 # ------------------------------------------------------------------------------------------------ Pooling3D
@@ -657,8 +657,8 @@ def pooling3d_forward(self: PyNode) -> None:
     p = _params3d(self)
     if self.quantized:
         xc = int_value(self.inputs[0]).permute(0, 4, 1, 2, 3)
-        y = pool3d_ncdhw(self, xc, p, method, integer=True, zp=tensor_zp(self.inputs[0]))
-        y = torch.clamp(y, *out_range(self.outputs[0]))
+        y = pool3d_ncdhw(self, xc, p, method, integer=True, zp=tensor_zp(self, self.inputs[0]))
+        y = torch.clamp(y, *out_range(self, self.outputs[0]))
     else:
         xc = x.to(x.dtype if x.is_floating_point() else torch.float32).permute(0, 4, 1, 2, 3)
         y = pool3d_ncdhw(self, xc, p, method)
@@ -670,8 +670,8 @@ def pooling3d_quantize(self: PyNode) -> None:
     """Output keeps the input's quantization, as for 2-D MAX/AVG pooling."""
     _method3d(self, quantizing=True)
     check_quantized_inputs(self, self.inputs[:1])
-    tensor_zp(self.inputs[0])
-    copy_params(self.outputs[0], self.inputs[0])
+    tensor_zp(self, self.inputs[0])
+    copy_params(self, self.outputs[0], self.inputs[0])
 
 
 # ------------------------------------------------------------------------------------------------ arg max / unpool
@@ -776,7 +776,7 @@ def maxpoolingwithargmax_forward(self: PyNode) -> None:
     if idx.numel() and int(idx.max()) >= 2 ** (INDEX_BITS - 1):
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): indices do not fit int{INDEX_BITS}")
     if self.quantized:
-        values = torch.clamp(values.to(torch.int64), *out_range(self.outputs[0]))
+        values = torch.clamp(values.to(torch.int64), *out_range(self, self.outputs[0]))
     self.outputs[0].betensor = values.permute(0, 2, 3, 1).contiguous()
     self.outputs[1].betensor = idx.permute(0, 2, 3, 1).contiguous()
 
@@ -785,9 +785,9 @@ def maxpoolingwithargmax_forward(self: PyNode) -> None:
 def maxpoolingwithargmax_quantize(self: PyNode) -> None:
     """Values keep the input's quantization; indices are exact int32 integers (qinvariant)."""
     check_quantized_inputs(self, self.inputs[:1])
-    tensor_zp(self.inputs[0])
-    copy_params(self.outputs[0], self.inputs[0])
-    set_qinvariant(self.outputs[1], INDEX_BITS, True)
+    tensor_zp(self, self.inputs[0])
+    copy_params(self, self.outputs[0], self.inputs[0])
+    set_qinvariant(self, self.outputs[1], INDEX_BITS, True)
 
 
 def max_unpool(values: torch.Tensor, idx: torch.Tensor, out_hwc: Sequence[int], flatten_dim: str,
@@ -836,8 +836,8 @@ def maxunpool_forward(self: PyNode) -> None:
     flatten_dim = _flatten_dim(self)
     idx = int_value(self.inputs[1])
     if self.quantized:
-        qmin, qmax = out_range(self.outputs[0])
-        fill = min(max(-tensor_zp(self.outputs[0]), qmin), qmax)
+        qmin, qmax = out_range(self, self.outputs[0])
+        fill = min(max(-tensor_zp(self, self.outputs[0]), qmin), qmax)
         y = max_unpool(int_value(self.inputs[0]), idx, shape[1:], flatten_dim, fill)
     else:
         v = values.to(values.dtype if values.is_floating_point() else torch.float32)
@@ -849,11 +849,11 @@ def maxunpool_forward(self: PyNode) -> None:
 def maxunpool_quantize(self: PyNode) -> None:
     """Output keeps the values' quantization; the indices must be exact integers (qinvariant)."""
     check_quantized_inputs(self, self.inputs[:2])
-    tensor_zp(self.inputs[0])
+    tensor_zp(self, self.inputs[0])
     if not self.inputs[1].qinvariant:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): the indices input '{self.inputs[1].name}' must be "
                                "an integer tensor (qinvariant), not a quantized float")
-    copy_params(self.outputs[0], self.inputs[0])
+    copy_params(self, self.outputs[0], self.inputs[0])
 
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export
@@ -909,7 +909,7 @@ def _window_counts(params: dict) -> np.ndarray:
 def _avg_factors(node: PyNode, params: dict) -> np.ndarray:
     """M · 2^-shift per output cell (float64, exact): the integer forward's 8-bit approximation of 1 / count for a
     pool that keeps its input's params (docs/integer-semantics.md, Pooling AVG; quantopt/ops/pooling.py)."""
-    scale = tensor_scale(node.inputs[0])
+    scale = tensor_scale(node, node.inputs[0])
     mult, shift = avg_requant(scale, scale, torch.from_numpy(_window_counts(params)))
     return mult.numpy().astype(np.float64) * np.power(2.0, -shift.numpy().astype(np.float64))
 

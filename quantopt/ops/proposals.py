@@ -120,13 +120,13 @@ def post_nms1_forward(self: PyNode) -> None:
     p_t, k_t, c_t = self.inputs
     keep, counts = integer_index_input(self, k_t, "keep"), integer_index_input(self, c_t, "nms_box_num_perclass")
     if self.quantized:
-        boxes, written = _pn1_gather(self, int_value(p_t), keep, counts, cnt, zero_code(p_t))
+        boxes, written = _pn1_gather(self, int_value(p_t), keep, counts, cnt, zero_code(self, p_t))
         o1 = self.outputs[1]
-        qmin, qmax = out_range(o1)
+        qmin, qmax = out_range(self, o1)
         m, n = int(self.get_param("nor_box_scale_value")), int(self.get_param("nor_box_shift_value"))
-        norm = torch.clamp(round_shift((boxes + tensor_zp(p_t)) * m, n) - tensor_zp(o1), qmin, qmax)
+        norm = torch.clamp(round_shift((boxes + tensor_zp(self, p_t)) * m, n) - tensor_zp(self, o1), qmin, qmax)
         for b, k in enumerate(written):
-            norm[b, k:] = zero_code(o1)
+            norm[b, k:] = zero_code(self, o1)
         self.outputs[0].betensor = boxes
         self.outputs[1].betensor = norm
     else:
@@ -144,16 +144,16 @@ def post_nms1_quantize(self: PyNode) -> None:
     p_t = self.inputs[0]
     refuse_per_channel(self, p_t)
     _check_integer_inputs(self, self.inputs[1:])
-    copy_params(self.outputs[0], p_t)
+    copy_params(self, self.outputs[0], p_t)
     bits = int(p_t.qbits or 8)
-    s_p = tensor_scale(p_t)
+    s_p = tensor_scale(self, p_t)
     p = linear_quant_params(0.0, s_p * h, bits, activation_mode(self, bits), False)
     o1 = self.outputs[1]
     o1.scale = float(torch.tensor(float(p.scale) * max(h, w) * s_p, dtype=torch.float32))
     o1.zerop = int(p.zerop)
     o1.qbits, o1.dtype, o1.qinvariant, o1.ir_range = NORM_BITS, Dtype.UINT16, False, None
     o1.qmin, o1.qmax = 0, 2 ** NORM_BITS - 1
-    ratio = tensor_scale(o1) / (s_p * max(h, w))
+    ratio = tensor_scale(self, o1) / (s_p * max(h, w))
     m, n, _, _ = scale_shift(torch.tensor(ratio, dtype=torch.float32), MULT_BITS, shift_limit=SHIFT_MAX)
     self.params["nor_box_scale_value"], self.params["nor_box_shift_value"] = int(m), int(n)
 
@@ -220,12 +220,12 @@ def post_nms2_forward(self: PyNode) -> None:
     total = integer_index_input(self, t_t, "total_class_num")
     keep = integer_index_input(self, k_t, "keep")
     boxes = int_value(d_t) if self.quantized else d_t.betensor
-    fill = zero_code(d_t) if self.quantized else 0.0
+    fill = zero_code(self, d_t) if self.quantized else 0.0
     out, offsets = _pn2_gather(self, boxes, per_class, total, keep, cnt, fill)
     batch = int(out.shape[0])
     self.outputs[0].betensor = out
     if self.quantized:
-        self.outputs[1].betensor = torch.full((batch, cnt), zero_code(self.outputs[1]), dtype=torch.int64)
+        self.outputs[1].betensor = torch.full((batch, cnt), zero_code(self, self.outputs[1]), dtype=torch.int64)
     else:
         self.outputs[1].betensor = torch.zeros(batch, cnt, dtype=out.dtype)
     self.outputs[2].betensor = offsets[:1].to(torch.int64 if self.quantized else out.dtype)
@@ -238,9 +238,9 @@ def post_nms2_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs)
     refuse_per_channel(self, self.inputs[0])
     _check_integer_inputs(self, [self.inputs[i] for i in (1, 3, 5)])
-    copy_params(self.outputs[0], self.inputs[0])
-    copy_params(self.outputs[1], self.inputs[0])
-    set_qinvariant(self.outputs[2], 32, True)
+    copy_params(self, self.outputs[0], self.inputs[0])
+    copy_params(self, self.outputs[1], self.inputs[0])
+    set_qinvariant(self, self.outputs[2], 32, True)
 
 
 # ------------------------------------------------------------------------------------------------ Proposal
@@ -368,9 +368,9 @@ def _proposal_int(node: PyNode, a: int, m: int) -> None:
     thresh = int(node.get_param("score_threshold_value"))
     o_s, o_b = node.outputs[0], node.outputs[1]
     out_s, out_b, counts = _proposal_select(int_value(s_t)[..., 1], boxes, thresh, m,
-                                            (zero_code(o_s), zero_code(o_b)))
+                                            (zero_code(node, o_s), zero_code(node, o_b)))
     node.outputs[0].betensor = out_s
-    node.outputs[1].betensor = torch.clamp(out_b, *out_range(o_b))
+    node.outputs[1].betensor = torch.clamp(out_b, *out_range(node, o_b))
     node.outputs[2].betensor = counts
     node.outputs[3].betensor = torch.ones((1, 1), dtype=torch.int64)
 
@@ -421,7 +421,7 @@ def proposal_quantize(self: PyNode) -> None:
     lut_bits = min(in_bits, int(layer_settings(self).lut_items_in_bits))
     for k, div, use_exp in zip(_TABLES, PROPOSAL_STD_DIV, (False, False, True, True)):
         fn = (lambda x, v=div: torch.exp(x / v)) if use_exp else (lambda x, v=div: x / v)
-        table = build_lut(fn, tensor_scale(d_t), tensor_zp(d_t), in_lo, in_hi, in_bits, 2.0 ** f, 0, lo, hi,
+        table = build_lut(fn, tensor_scale(self, d_t), tensor_zp(self, d_t), in_lo, in_hi, in_bits, 2.0 ** f, 0, lo, hi,
                           lut_bits)
         set_constant(self, k, table.to(torch.float32), Dtype.INT16)
     self.params["box_shift_value"] = int(f)
@@ -429,12 +429,12 @@ def proposal_quantize(self: PyNode) -> None:
     s_bits = int(s_t.qbits)
     s_lo, s_hi = integer_range(s_bits, False)
     thresh = float(self.get_param("score_threshold"))
-    self.params["score_threshold_value"] = int(quantize(torch.tensor(thresh), tensor_scale(s_t), tensor_zp(s_t),
+    self.params["score_threshold_value"] = int(quantize(torch.tensor(thresh), tensor_scale(self, s_t), tensor_zp(self, s_t),
                                                         s_lo, s_hi))
     self.params["score_threshold_type"] = int_dtype_for_bits(s_bits, False)
-    copy_params(self.outputs[0], s_t)
+    copy_params(self, self.outputs[0], s_t)
     o = self.outputs[1]
     o.scale, o.zerop, o.qbits, o.dtype, o.qinvariant, o.ir_range = sa, 0, COORD_BITS, Dtype.INT16, False, None
     o.qmin, o.qmax = lo, hi
     for t in self.outputs[2:]:
-        set_qinvariant(t, 16, False)
+        set_qinvariant(self, t, 16, False)

@@ -209,8 +209,8 @@ def _int_forward(node: PyNode, p: dict, boxes: torch.Tensor, maps: List[torch.Te
     ss = int(node.get_param("spatial_shift"))
     ms, ns = _per_level(node, "input_scale"), _per_level(node, "input_shift")
     dm, dn = _per_level(node, "scale_value"), _per_level(node, "shift_value")
-    zp_out = tensor_zp(node.outputs[0])
-    qmin, qmax = out_range(node.outputs[0])
+    zp_out = tensor_zp(node, node.outputs[0])
+    qmin, qmax = out_range(node, node.outputs[0])
     zero = min(max(-zp_out, qmin), qmax)
     out = torch.full((boxes.shape[0], ph, pw, maps[0].shape[3]), zero, dtype=torch.int64)
     levels = _int_levels(node, boxes)
@@ -251,8 +251,8 @@ def pyramid_roi_align_forward(self: PyNode) -> None:
         y = _float_forward(self, p, boxes.to(torch.float64), maps)
         self.outputs[0].betensor = y.to(torch.float32)
         return
-    bq = int_value(self.inputs[0])[0] + tensor_zp(self.inputs[0])
-    fq = [int_value(t) + tensor_zp(t) for t in self.inputs[1:]]
+    bq = int_value(self.inputs[0])[0] + tensor_zp(self, self.inputs[0])
+    fq = [int_value(t) + tensor_zp(self, t) for t in self.inputs[1:]]
     self.outputs[0].betensor = _int_forward(self, p, bq, fq)
 
 
@@ -264,20 +264,20 @@ def pyramid_roi_align_quantize(self: PyNode) -> None:
     p = _params(self)
     check_quantized_inputs(self, self.inputs)
     for t in self.inputs:
-        tensor_zp(t)
-        tensor_scale(t)
+        tensor_zp(self, t)
+        tensor_scale(self, t)
     out = self.outputs[0]
     bits = int(layer_settings(self).q_bits_activation)
-    quantize_activation(self, out, signed=any(is_signed(t) for t in self.inputs[1:]), bits=bits)
-    s_b = tensor_scale(self.inputs[0])
-    s_out = tensor_scale(out)
+    quantize_activation(self, out, signed=any(is_signed(self, t) for t in self.inputs[1:]), bits=bits)
+    s_b = tensor_scale(self, self.inputs[0])
+    s_out = tensor_scale(self, out)
     ss = math.floor(math.log2(COORD_MAX / (max(p["image"]) * max(p["spatial"]))))
     if ss < 1:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): image size {p['image']} times spatial scale "
                                f"{max(p['spatial'])} leaves no fraction bits in 16-bit coordinates")
     sh, sw = p["sample"]
     coords = [scale_shift(s * 2.0 ** ss / s_b, COORD_MULT_BITS) for s in p["spatial"]]
-    ratios = [s_out / (tensor_scale(t) * (sh * sw if sh > 0 and sw > 0 else 1)) for t in self.inputs[1:]]
+    ratios = [s_out / (tensor_scale(self, t) * (sh * sw if sh > 0 and sw > 0 else 1)) for t in self.inputs[1:]]
     outs = [scale_shift(r, bits) for r in ratios]
     self.params["shift_value"] = [int(o[1]) for o in outs]
     self.params["shift_type"] = [o[3] for o in outs]

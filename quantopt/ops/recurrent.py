@@ -585,7 +585,7 @@ def _quantize_output(node: PyNode, t: PyTensor, bits: int) -> None:
     r = ranges_of(node).get(t)
     if r.min is None or r.max is None:
         raise node._error(f"tensor '{t.name}' has no calibrated range; run calibration before quantization")
-    set_params(t, linear_quant_params(r.min, r.max, bits, OUTPUT_MODE, True), bits)
+    set_params(node, t, linear_quant_params(r.min, r.max, bits, OUTPUT_MODE, True), bits)
 
 
 @BASICLSTM.quantize
@@ -605,7 +605,7 @@ def rnn_quantize(self: PyNode) -> None:
     bits = _gate_bits(self)
     hq = 2 ** (bits - 1) - 1
     x, h0 = self.inputs[0], self.inputs[1]
-    s_x, zp_x = tensor_scale(x), tensor_zp(x)
+    s_x, zp_x = tensor_scale(self, x), tensor_zp(self, x)
     for out in self.outputs:
         _quantize_output(self, out, bits)
     # hidden state fed back: fixed point with Hf fraction bits, enough integer bits for the initial state
@@ -634,7 +634,7 @@ def rnn_quantize(self: PyNode) -> None:
     p["gate_clamp_value"] = [_clamp_code(spec.threshold, gate_input_scale(acts[0], bits), hq),
                              _clamp_code(spec.threshold, gate_input_scale(acts[1], bits), hq)]
     p["hidden_scale_value"], p["hidden_shift_value"] = _mult_shift(_ratio(s_x, s_hid))
-    p["init_h_scale_value"], p["init_h_shift_value"] = _mult_shift(_ratio(s_hid, tensor_scale(h0)))
+    p["init_h_scale_value"], p["init_h_shift_value"] = _mult_shift(_ratio(s_hid, tensor_scale(self, h0)))
     out_frac = {}
     if spec.kind == "LSTM":
         c0 = self.inputs[2]
@@ -647,7 +647,7 @@ def rnn_quantize(self: PyNode) -> None:
         _build_table(self, "lut_cell", acts[2], bits)
         p["cell_frac_bits"] = cell_frac
         p["init_c_scale_value"], p["init_c_shift_value"] = _mult_shift(_ratio(float(2 ** cell_frac),
-                                                                             tensor_scale(c0)))
+                                                                             tensor_scale(self, c0)))
         p["cell_scale_value"], p["cell_shift_value"] = _mult_shift(_ratio(gate_input_scale(acts[2], bits),
                                                                          float(2 ** cell_frac)))
         if spec.cell_clip is not None:
@@ -655,7 +655,7 @@ def rnn_quantize(self: PyNode) -> None:
         out_frac = {"Y": PRODUCT_FRAC_BITS, "H": PRODUCT_FRAC_BITS, "C": cell_frac}
     else:
         out_frac = {"H": PRODUCT_FRAC_BITS, "Hn": PRODUCT_FRAC_BITS}
-    pairs = [_mult_shift(_ratio(tensor_scale(out), float(2 ** out_frac[name])))
+    pairs = [_mult_shift(_ratio(tensor_scale(self, out), float(2 ** out_frac[name])))
              for name, out in zip(spec.out_sequence, self.outputs)]
     p["out_scale_value"] = [m for m, _ in pairs]
     p["out_shift_value"] = [s for _, s in pairs]
@@ -676,18 +676,18 @@ def _ip(node: PyNode, key: str) -> int:
 
 def _requant_out(node: PyNode, idx: int, v: torch.Tensor) -> torch.Tensor:
     out = node.outputs[idx]
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(node, out)
     m = node.get_param("out_scale_value")
     s = node.get_param("out_shift_value")
     if not isinstance(m, list) or not isinstance(s, list) or len(m) != len(node.outputs) or len(s) != len(m):
         raise node._error("out_scale_value/out_shift_value must list one integer per output")
-    return torch.clamp(round_shift(v * int(m[idx]), int(s[idx])) - tensor_zp(out), qmin, qmax)
+    return torch.clamp(round_shift(v * int(m[idx]), int(s[idx])) - tensor_zp(node, out), qmin, qmax)
 
 
 def _check_bound(node: PyNode, spec: RnnSpec, w: torch.Tensor, b: torch.Tensor, bits: int) -> None:
     """Refuse (rather than wrap) a layer whose worst-case intermediate reaches 2^62: the hidden-part MAC times its
     multiplier (or times a Q15 gate for GRUV1) and the gate accumulator times its gate multiplier."""
-    lo, hi = out_range(node.inputs[0])
+    lo, hi = out_range(node, node.inputs[0])
     xmax, hmax = max(abs(lo), abs(hi)), 2 ** (bits - 1)
     wx = int(w[:, :spec.input_size].abs().sum(dim=1).max())
     wh = int(w[:, spec.input_size:].abs().sum(dim=1).max())
@@ -740,7 +740,7 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         raise node._error(f"gate_scale/gate_shift must hold {rows} values")
     # initial hidden state to the fixed-point hidden format
     h_in = node.inputs[1]
-    h = _initial_state(node, spec, int_value(h_in) + tensor_zp(h_in), batch)
+    h = _initial_state(node, spec, int_value(h_in) + tensor_zp(node, h_in), batch)
     h = torch.clamp(round_shift(h * _ip(node, "init_h_scale_value"), _ip(node, "init_h_shift_value")), -hq, hq)
     xs = torch.flip(x, [1]) if spec.reverse else x
     align = GATE_FRAC_BITS - hid_frac
@@ -750,7 +750,7 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         if not 0 <= cell_frac <= CELL_MAX_FRAC_BITS:
             raise node._error(f"cell_frac_bits must lie in [0, {CELL_MAX_FRAC_BITS}], got {cell_frac}")
         c_in = node.inputs[2]
-        c = _initial_state(node, spec, int_value(c_in) + tensor_zp(c_in), batch)
+        c = _initial_state(node, spec, int_value(c_in) + tensor_zp(node, c_in), batch)
         c = torch.clamp(round_shift(c * _ip(node, "init_c_scale_value"), _ip(node, "init_c_shift_value")),
                         -CELL_INT_MAX, CELL_INT_MAX)
         clip = node.get_param("cell_clip_value", optional=True, default_value=CELL_INT_MAX)
@@ -936,10 +936,10 @@ def lstm_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
     (f_in, g_in, h_in), (f_out, g_out, h_out) = in_scales, out_scales
     s_w = _store_weights(node)
     per_channel = "weights_scale" in node.constants
-    xw = _f32(tensor_scale(x)) * (s_w if per_channel else s_w[:1])
+    xw = _f32(tensor_scale(node, x)) * (s_w if per_channel else s_w[:1])
     _, h_all = _placeholder(node, 0, "h_batch")
     h_scale = _f32(_sym_scale(h_all.min, h_all.max, bits))
-    hw_m, hw_n = _approx(node, _f32(tensor_scale(x)) / h_scale, bits)
+    hw_m, hw_n = _approx(node, _f32(tensor_scale(node, x)) / h_scale, bits)
     sig_m, sig_n = _approx(node, f_in / xw, bits)
     tanh_m, tanh_n = _approx(node, g_in / xw, bits)
     ct_m, ct_n = _approx(node, h_in / f_out / g_out, bits)
@@ -953,7 +953,7 @@ def lstm_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
         tanh_m, tanh_n = tanh_m[cs:2 * cs], tanh_n[cs:2 * cs]
     scales = [hw_m, sig_m, tanh_m, ct_m, ho_m]
     shifts = [hw_n, sig_n, tanh_n, ct_n, ho_n]
-    c_scale = _f32(tensor_scale(node.inputs[2]))
+    c_scale = _f32(tensor_scale(node, node.inputs[2]))
     diff_shifts = []
     for t in range(steps):
         _, c_t = _placeholder(node, LSTM_PLACEHOLDERS + t, f"c_state_{t}")
@@ -982,9 +982,9 @@ def lstm_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
     bf = b.betensor.to(torch.float32).reshape(-1).clone()
     if spec.forget_bias:
         bf[2 * cs:3 * cs] = bf[2 * cs:3 * cs] + _f32(spec.forget_bias)
-    bq, bias_scale = bias_quantize(bf, tensor_scale(x), s_w, bias_bits)
+    bq, bias_scale = bias_quantize(bf, tensor_scale(node, x), s_w, bias_bits)
     _store_bias_scale(node, torch.as_tensor(bias_scale))
-    bq = fold_input_zero_point(bq, effective_weights(node)[:, :spec.input_size], tensor_zp(x), qmin=lo, qmax=hi)
+    bq = fold_input_zero_point(bq, effective_weights(node)[:, :spec.input_size], tensor_zp(node, x), qmin=lo, qmax=hi)
     if not per_channel:
         pre = 0 if bits == 8 else int(sig_n[0]) - lut_shift
         eff = int(s.effective_bias_bits)
@@ -1129,7 +1129,7 @@ def _gru_block_weights(node: PyNode, spec: RnnSpec) -> Tuple[List[torch.Tensor],
         zps.append(torch.as_tensor(p.zerop, dtype=torch.int64).reshape(-1))
         qmin, qmax = p.qmin, p.qmax
     w.betensor = wq
-    set_params(w, linear_quant_params(wf.min(), wf.max(), bits, mode.to_per_tensor(), True), bits)
+    set_params(node, w, linear_quant_params(wf.min(), wf.max(), bits, mode.to_per_tensor(), True), bits)
     w.qmin, w.qmax = qmin, qmax
     set_constant(node, "weights_scale", torch.cat(scales), Dtype.FP32)
     set_constant(node, "weights_zp", torch.cat(zps), Dtype.INT32)
@@ -1172,7 +1172,7 @@ def gru_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
     _, h_all = _placeholder(node, 0, "state_batch")
     h_scale = _f32(_sym_scale(h_all.min, h_all.max, bits))
     (sx_gk, sh_gk, sx_ck, sh_ck), per_channel = _gru_block_weights(node, spec)
-    s_x = _f32(tensor_scale(x))
+    s_x = _f32(tensor_scale(node, x))
     gb_scale = s_x * sx_gk
     cb_scale = s_x * sx_ck
     bias_bits = int(s.q_bits_bias)
@@ -1225,7 +1225,7 @@ def gru_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
     bq = torch.cat(parts)
     gate_rows = 3 * cs
     bq[:gate_rows] = fold_input_zero_point(bq[:gate_rows], _gru_effective_weights(node, spec)[:, :spec.input_size],
-                                           tensor_zp(x), qmin=lo, qmax=hi)
+                                           tensor_zp(node, x), qmin=lo, qmax=hi)
     bq = torch.clamp(bq, lo, hi)
     if not per_channel:
         pre = [0, 0, 0]
@@ -1372,7 +1372,7 @@ def _cell(g: QDQGraph, node: PyNode, states: int) -> _Cell:
     def ints(key: str) -> np.ndarray:
         return node.get_constant(key).betensor.to(torch.int64).reshape(-1).numpy()
 
-    x = g.add("Sub", [codes(g, x_t), op.f64(float(tensor_zp(x_t)))])
+    x = g.add("Sub", [codes(g, x_t), op.f64(float(tensor_zp(node, x_t)))])
     return _Cell(spec, op, bits, 2 ** (bits - 1) - 1, _int_param(node, "hidden_frac_bits"),
                  effective_weights(node).numpy().astype(np.float64), ints("biases"), ints("gate_scale"),
                  ints("gate_shift"), list(node.get_param("gate_clamp_value")),

@@ -214,19 +214,19 @@ def reduce_quantize(self: PyNode) -> None:
     for key in ("scale_value", "shift_value", "scale_type", "shift_type", "sqrt_fraction_bits"):
         self.params.pop(key, None)
     if method in ("MAX", "MIN"):
-        copy_params(out, inp)
+        copy_params(self, out, inp)
         return
     if method in ("ANY", "ALL"):
-        set_qinvariant(out, 8, layer_settings(self).force_dtype_int)
+        set_qinvariant(self, out, 8, layer_settings(self).force_dtype_int)
         return
     n = _ir_count(self, axes)
-    signed = is_signed(inp) if method in ("SUM", "MEAN", "PROD") else False
+    signed = is_signed(self, inp) if method in ("SUM", "MEAN", "PROD") else False
     if inp.qinvariant and method in ("SUM", "PROD", "L1"):
         set_integer_output(self, out, signed, [inp.qbits or 8])
     else:
         quantize_activation(self, out, signed)
-    s_in, s_out = tensor_scale(inp), tensor_scale(out)
-    emax = offset_absmax(inp)
+    s_in, s_out = tensor_scale(self, inp), tensor_scale(self, out)
+    emax = offset_absmax(self, inp)
     if method in ("SUM", "L1", "MEAN"):
         ratio = s_out / s_in / (n if method == "MEAN" else 1)
         store_requant(self, *requant_scale_shift(self, torch.tensor(ratio, dtype=torch.float32)))
@@ -255,15 +255,15 @@ def _reduce_int(node: PyNode, method: str, axes: Sequence[int], rows_q: torch.Te
     rows_q = rows_q.to(torch.int64)
     if method in ("MAX", "MIN"):
         return rows_q.amax(dim=1) if method == "MAX" else rows_q.amin(dim=1)
-    x = rows_q + tensor_zp(inp)
+    x = rows_q + tensor_zp(node, inp)
     if method in ("ANY", "ALL"):
         nz = x != 0
         return (nz.any(dim=1) if method == "ANY" else nz.all(dim=1)).to(torch.int64)
     n = int(x.shape[1])
-    qmin, qmax = out_range(out)
-    zp_out = tensor_zp(out)
+    qmin, qmax = out_range(node, out)
+    zp_out = tensor_zp(node, out)
     m, sh = _per_tensor_requant(node)
-    emax = offset_absmax(inp)
+    emax = offset_absmax(node, inp)
     if method in ("MEAN", "PROD", "VARIANCE", "UNBIASED_VARIANCE"):
         _check_count(node, n, _ir_count(node, axes))
     if method in ("SUM", "MEAN", "L1"):
@@ -351,19 +351,19 @@ def cumulate_quantize(self: PyNode) -> None:
         self.params.pop(key, None)
     self.constants.pop("scale", None)
     self.constants.pop("shift", None)
-    signed = is_signed(inp)
+    signed = is_signed(self, inp)
     if inp.qinvariant:
         set_integer_output(self, out, signed, [inp.qbits or 8])
     else:
         quantize_activation(self, out, signed)
-    s_in, s_out = tensor_scale(inp), tensor_scale(out)
+    s_in, s_out = tensor_scale(self, inp), tensor_scale(self, out)
     length = int(inp.ir_shape[axis])
     s = layer_settings(self)
     if method == "SUM":
         m, n, mt, nt = scale_shift(torch.tensor(s_out / s_in, dtype=torch.float32), AIFF_MULTIPLIER_BITS,
                                    force_shift_positive=s.force_shift_positive)
         store_requant(self, int(m), int(n), mt, nt)
-        check_int64_bound(self, length * offset_absmax(inp) * int(m), "running sum times M")
+        check_int64_bound(self, length * offset_absmax(self, inp) * int(m), "running sum times M")
         return
     pairs = [power_ratio(s_out, s_in, k) for k in _factor_counts(length, exclusive)]
     set_constant(self, "scale", torch.tensor([p[0] for p in pairs], dtype=torch.int64), Dtype.UINT16)
@@ -373,13 +373,13 @@ def cumulate_quantize(self: PyNode) -> None:
 def _cumulate_int(node: PyNode, method: str, axis: int, exclusive: bool, v: torch.Tensor) -> torch.Tensor:
     """v: input integers with the cumulated axis last (already flipped for reverse)."""
     inp, out = node.inputs[0], node.outputs[0]
-    x = v + tensor_zp(inp)
+    x = v + tensor_zp(node, inp)
     length = int(x.shape[-1])
-    qmin, qmax = out_range(out)
-    zp_out = tensor_zp(out)
+    qmin, qmax = out_range(node, out)
+    zp_out = tensor_zp(node, out)
     if method == "SUM":
         m, sh = _per_tensor_requant(node)
-        check_int64_bound(node, length * offset_absmax(inp) * abs(m), "running sum times M")
+        check_int64_bound(node, length * offset_absmax(node, inp) * abs(m), "running sum times M")
         acc = x.cumsum(-1)
         if exclusive:
             acc = acc - x
@@ -426,5 +426,5 @@ def convert_reduce(g: QDQGraph, node: PyNode) -> None:
                 keepdims=int(keepdims))
     if method in ("SUM", "MEAN"):  # one multiplier for s_out / s_in (/ count)
         ratio = float(requant_ratio(node)[0])
-        out = g.rescale(out, ratio * tensor_scale(x) * (count if method == "MEAN" else 1) / tensor_scale(y))
+        out = g.rescale(out, ratio * tensor_scale(node, x) * (count if method == "MEAN" else 1) / tensor_scale(node, y))
     g.quantize(y, out, out_perm, lossless=method in ("MAX", "MIN") and same_qparams(x, y))

@@ -213,13 +213,13 @@ def rnn_quantize(self: PyNode) -> None:
     # outputs: the state's calibrated range, symmetric signed (SIGN_BIT: 0/1 integers)
     if act == "SIGN_BIT":
         for o in self.outputs:
-            set_qinvariant(o, bits, True)
+            set_qinvariant(self, o, bits, True)
         s_h = 1.0
     else:
         lo, hi = _absmax(_placeholder(self, 0, "h_state"), "placeholder", self)
         p = linear_quant_params(lo, hi, bits, sym, True)
         for o in self.outputs:
-            set_params(o, p, bits)
+            set_params(self, o, p, bits)
             o.qinvariant = False
         s_h = float(p.scale)
     # weights: input and hidden columns per tensor, symmetric signed
@@ -235,7 +235,7 @@ def rnn_quantize(self: PyNode) -> None:
         codes.append(quantize(part, s, 0, wlo, whi))
     set_constant(self, "weights", torch.cat(codes, dim=1).to(torch.float32), Dtype.INT8 if w_bits <= 8 else
                  Dtype.INT16)
-    s_x = tensor_scale(x_t)
+    s_x = tensor_scale(self, x_t)
     s_xw, s_hw = s_x * scales[0], s_h * scales[1]
     s_acc = min(s_xw, s_hw)
     b_bits = int(settings.q_bits_bias)
@@ -271,12 +271,12 @@ def rnn_quantize(self: PyNode) -> None:
     p["scale_type"] = Dtype.UINT16
     p["shift_value"] = [n for _, n in mults]
     p["shift_type"] = range_dtype(min(n for _, n in mults), max(n for _, n in mults), force_signed=True)
-    p["init_h_scale_value"], p["init_h_shift_value"] = _mult(s_h / tensor_scale(h0_t))
+    p["init_h_scale_value"], p["init_h_shift_value"] = _mult(s_h / tensor_scale(self, h0_t))
 
 
 def _int_forward(node: PyNode, act: str, i_size: int, reverse: bool) -> None:
     x_t, h0_t = node.inputs
-    x = int_value(x_t) + tensor_zp(x_t)
+    x = int_value(x_t) + tensor_zp(node, x_t)
     if reverse:
         x = torch.flip(x, [1])
     w = int_value(node.constants["weights"])
@@ -286,7 +286,7 @@ def _int_forward(node: PyNode, act: str, i_size: int, reverse: bool) -> None:
     y_t = node.outputs[0]
     olo, ohi = int(y_t.qmin), int(y_t.qmax)
     big = 2 ** 62
-    h = requantize_int(_initial(int_value(h0_t) + tensor_zp(h0_t), int(x.shape[0])),
+    h = requantize_int(_initial(int_value(h0_t) + tensor_zp(node, h0_t), int(x.shape[0])),
                        int(node.get_param("init_h_scale_value")), int(node.get_param("init_h_shift_value")), 0,
                        olo, ohi)
     thr: Optional[int] = node.get_param("threshold_value", optional=True, default_value=None)

@@ -101,10 +101,10 @@ def _quantize_boxes(node: PyNode) -> float:
     if len(node.inputs) < 2:
         raise node._error("needs a feature map and a boxes input")
     check_quantized_inputs(node, node.inputs)
-    tensor_zp(node.inputs[0])
-    tensor_zp(node.inputs[1])
-    copy_params(node.outputs[0], node.inputs[0])
-    return tensor_scale(node.inputs[1])
+    tensor_zp(node, node.inputs[0])
+    tensor_zp(node, node.inputs[1])
+    copy_params(node, node.outputs[0], node.inputs[0])
+    return tensor_scale(node, node.inputs[1])
 
 
 def _check_bound(node: PyNode, absmax: int, factor: int) -> None:
@@ -114,8 +114,8 @@ def _check_bound(node: PyNode, absmax: int, factor: int) -> None:
 
 
 def _feature_zp_range(node: PyNode) -> Tuple[int, int, int]:
-    qmin, qmax = out_range(node.outputs[0])
-    return tensor_zp(node.inputs[0]), qmin, qmax
+    qmin, qmax = out_range(node, node.outputs[0])
+    return tensor_zp(node, node.inputs[0]), qmin, qmax
 
 
 def _rois(node: PyNode, boxes: torch.Tensor, width: int) -> torch.Tensor:
@@ -283,7 +283,7 @@ def roialign_forward(self: PyNode) -> None:
         self.outputs[0].betensor = y.to(torch.float32)
         return
     zp, qmin, qmax = _feature_zp_range(self)
-    bq, bzp = int_value(self.inputs[1]), tensor_zp(self.inputs[1])
+    bq, bzp = int_value(self.inputs[1]), tensor_zp(self, self.inputs[1])
     bq = bq[0] if bq.dim() == 3 else bq
     (my, ny), (mx, nx) = _coord_pairs(self, "coord", 2)
     (mb, nb), = _coord_pairs(self, "batch", 1)
@@ -361,7 +361,7 @@ def maxroipool_forward(self: PyNode) -> None:
     pooled = _out_hw(self)
     if self.quantized:
         zp, qmin, qmax = _feature_zp_range(self)
-        bq, bzp = int_value(self.inputs[1]), tensor_zp(self.inputs[1])
+        bq, bzp = int_value(self.inputs[1]), tensor_zp(self, self.inputs[1])
         bq = bq[0] if bq.dim() == 3 else bq
         (my, ny), (mx, nx) = _coord_pairs(self, "coord", 2)
         (mb, nb), = _coord_pairs(self, "batch", 1)
@@ -436,7 +436,7 @@ def roipooling_forward(self: PyNode) -> None:
     rh, rw = _out_hw(self)
     fh, fw = x.shape[1], x.shape[2]
     if self.quantized:
-        bq, bzp = int_value(self.inputs[1]), tensor_zp(self.inputs[1])
+        bq, bzp = int_value(self.inputs[1]), tensor_zp(self, self.inputs[1])
         bq = bq[0] if bq.dim() == 3 else bq
         (my, ny), (mx, nx) = _coord_pairs(self, "coord", 2)
         fm = int_value(self.inputs[0])
@@ -454,7 +454,7 @@ def roipooling_forward(self: PyNode) -> None:
         xi = roi_pooling_indices(edges[1][r], edges[3][r], fw, rw, unit)
         out[r] = fm[0][yi[:, None], xi[None, :]]
     if self.quantized:
-        out = torch.clamp(out, *out_range(self.outputs[0]))
+        out = torch.clamp(out, *out_range(self, self.outputs[0]))
     self.outputs[0].betensor = out
 
 
@@ -576,7 +576,7 @@ def cropandresize_forward(self: PyNode) -> None:
         self.outputs[0].betensor = y.to(torch.float32)
         return
     zp, qmin, qmax = _feature_zp_range(self)
-    bq, bzp = int_value(self.inputs[1]), tensor_zp(self.inputs[1])
+    bq, bzp = int_value(self.inputs[1]), tensor_zp(self, self.inputs[1])
     bq = bq[0] if bq.dim() == 3 else bq
     (m, s), = _coord_pairs(self, "coord", 1)
     fx = fixed_point(bq, bzp, m, s)
@@ -597,5 +597,5 @@ def cropandresize_quantize(self: PyNode) -> None:
     _coord_requant(self, "coord", [2 ** ROI_FRACTION_BITS / s_b])
     self.params["coord_fraction_bits"] = ROI_FRACTION_BITS
     out = self.outputs[0]
-    q = round(float(torch.tensor(p["extra"], dtype=torch.float64) * float(tensor_scale(out))) - tensor_zp(out))
+    q = round(float(torch.tensor(p["extra"], dtype=torch.float64) * float(tensor_scale(self, out))) - tensor_zp(self, out))
     self.params["extrapolation_qvalue"] = min(max(int(q), int(out.qmin)), int(out.qmax))

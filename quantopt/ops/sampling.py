@@ -110,7 +110,7 @@ def upsample_by_index_forward(self: PyNode) -> None:
     last = torch.full((size,), -1, dtype=torch.int64).scatter_reduce(0, pos, order, "amax")
     win = last[pos] == order
     if self.quantized:
-        fill = torch.tensor(zero_code(data), dtype=vals.dtype)
+        fill = torch.tensor(zero_code(self, data), dtype=vals.dtype)
     else:
         fill = torch.zeros((), dtype=vals.dtype)
     flat = fill.expand(size).clone()
@@ -126,7 +126,7 @@ def upsample_by_index_quantize(self: PyNode) -> None:
     if not self.inputs[1].qinvariant:
         raise UnsupportedError(f"layer '{self.name}' (UpsampleByIndex): argmax input '{self.inputs[1].name}' is a "
                                "quantized tensor; positions must be exact integers")
-    copy_params(self.outputs[0], self.inputs[0])
+    copy_params(self, self.outputs[0], self.inputs[0])
 
 
 # ------------------------------------------------------------------------------------------------ OverlapAdd
@@ -158,7 +158,7 @@ def overlap_add_forward(self: PyNode) -> None:
     x = inp.betensor
     step, frames, length, size = _overlap_geometry(self, tuple(x.shape))
     if self.quantized:
-        v = x.to(torch.int64) + tensor_zp(inp)
+        v = x.to(torch.int64) + tensor_zp(self, inp)
     else:
         v = x if x.is_floating_point() else x.to(torch.float32)
     acc = torch.zeros(list(x.shape[:-2]) + [size], dtype=v.dtype)
@@ -168,8 +168,8 @@ def overlap_add_forward(self: PyNode) -> None:
     if self.quantized:
         out = self.outputs[0]
         m, n = requant_of(self)
-        qmin, qmax = out_range(out)
-        acc = requantize_int(acc, m, n, tensor_zp(out), qmin, qmax)
+        qmin, qmax = out_range(self, out)
+        acc = requantize_int(acc, m, n, tensor_zp(self, out), qmin, qmax)
     self.outputs[0].betensor = acc
 
 
@@ -186,11 +186,11 @@ def overlap_add_quantize(self: PyNode) -> None:
         emin = statistics_of(self).get(out).extrema_min
         lo = emin if emin is not None else ranges_of(self).get(out).min
         signed = bool(lo is not None and float(lo) < 0) or bool(s.force_dtype_int)
-        set_qinvariant(out, integer_output_bits(self, signed), signed)
+        set_qinvariant(self, out, integer_output_bits(self, signed), signed)
         store_requant(self, 1, 0, *requant_scale_shift(self, 1.0, mult_bits=bits)[2:])
         return
-    quantize_activation(self, out, is_signed(inp), bits=bits)
-    store_requant(self, *requant_scale_shift(self, tensor_scale(out) / tensor_scale(inp), mult_bits=bits))
+    quantize_activation(self, out, is_signed(self, inp), bits=bits)
+    store_requant(self, *requant_scale_shift(self, tensor_scale(self, out) / tensor_scale(self, inp), mult_bits=bits))
 
 
 # ------------------------------------------------------------------------------------------------ AffineGrid
@@ -255,13 +255,13 @@ def affine_grid_forward(self: PyNode) -> None:
     # base[c] at each output position: the c-th coordinate (x, y, z) of the grid, channels last
     mesh = torch.meshgrid(*[lut for lut in reversed(luts)], indexing="ij")  # (z,) y, x grids of shape dims
     base = torch.stack(list(reversed(mesh)), dim=-1).reshape(-1, k)  # [P, k]: (x, y[, z])
-    t = int_value(inp) + tensor_zp(inp)  # [n, k, k + 1]
+    t = int_value(inp) + tensor_zp(self, inp)  # [n, k, k + 1]
     acc = torch.einsum("pj,bij->bpi", base, t[:, :, :k]) + (t[:, :, k] << frac).unsqueeze(1)
     lo, hi = integer_range(AFFINE_GRID_ACC_BITS, True)
     acc = torch.clamp(acc, lo, hi)
     m, sh = requant_of(self)
-    qmin, qmax = out_range(out_t)
-    y = requantize_int(acc, m, sh, tensor_zp(out_t), qmin, qmax)
+    qmin, qmax = out_range(self, out_t)
+    y = requantize_int(acc, m, sh, tensor_zp(self, out_t), qmin, qmax)
     self.outputs[0].betensor = y.reshape(n, *dims, k)
 
 
@@ -281,7 +281,7 @@ def affine_grid_quantize(self: PyNode) -> None:
         lut = torch.clamp(torch.round(_grid_vector(size, align) * float(2 ** frac)), lo, hi)
         set_constant(self, name, lut.to(torch.int64), Dtype.INT16)
     bits = int(layer_settings(self).q_bits_activation)
-    ratio = tensor_scale(out) / (tensor_scale(inp) * float(2 ** frac))
+    ratio = tensor_scale(self, out) / (tensor_scale(self, inp) * float(2 ** frac))
     store_requant(self, *requant_scale_shift(self, ratio, mult_bits=bits))
     self.params["multiplier_bits"] = frac
 
@@ -413,7 +413,7 @@ def fractional_pool_forward(self: PyNode) -> None:
     extra = 1 if overlap else 0
     out = torch.empty(int(x.shape[0]), oh, ow, int(x.shape[3]), dtype=x.dtype if self.quantized else torch.float32)
     if self.quantized and method == "AVG":
-        qmin, qmax = out_range(self.outputs[0])
+        qmin, qmax = out_range(self, self.outputs[0])
     for i in range(oh):
         r0, r1 = rows[i], min(rows[i + 1] + extra, h)
         for j in range(ow):
@@ -436,7 +436,7 @@ def fractional_pool_forward(self: PyNode) -> None:
 def fractional_pool_quantize(self: PyNode) -> None:
     """Output 0: passthrough. The boundary outputs: signed integers, 16 bits (32 when their IR length does not fit
     int16)."""
-    copy_params(self.outputs[0], self.inputs[0])
+    copy_params(self, self.outputs[0], self.inputs[0])
     for out in self.outputs[1:]:
         n = int(out.ir_shape[0]) if out.ir_shape else 1
-        set_qinvariant(out, 16 if n <= integer_range(16, True)[1] else 32, True)
+        set_qinvariant(self, out, 16 if n <= integer_range(16, True)[1] else 32, True)

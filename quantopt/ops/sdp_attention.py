@@ -135,13 +135,13 @@ def _mult(ratio: float) -> Tuple[int, int]:
 
 
 def _int_forward(node: PyNode, with_mask: bool) -> None:
-    q, k, v = _operands(node, *(int_value(t) + tensor_zp(t) for t in node.inputs[:3]))
+    q, k, v = _operands(node, *(int_value(t) + tensor_zp(node, t) for t in node.inputs[:3]))
     p = node.params
     big = 2 ** 62
     z = requantize_int(torch.matmul(q, k), int(p["logit_scale_value"]), int(p["logit_shift_value"]), 0, -big, big)
     if with_mask:
         m_t = node.inputs[3]
-        z = z + requantize_int(int_value(m_t) + tensor_zp(m_t), int(p["mask_scale_value"]),
+        z = z + requantize_int(int_value(m_t) + tensor_zp(node, m_t), int(p["mask_scale_value"]),
                                int(p["mask_shift_value"]), 0, -big, big)
     top = 2 ** int(p.get("qxk_bits", QXK_BITS)) - 1
     u = z - z.amax(dim=-1, keepdim=True) + top
@@ -151,7 +151,7 @@ def _int_forward(node: PyNode, with_mask: bool) -> None:
     prob = torch.clamp(div_round_half_even(e * P_CODES, total), 0, P_CODES)
     o = node.outputs[0]
     node.outputs[0].betensor = requantize_int(torch.matmul(prob, v), int(p["out_scale_value"]),
-                                              int(p["out_shift_value"]), int(tensor_zp(o)), int(o.qmin), int(o.qmax))
+                                              int(p["out_shift_value"]), int(tensor_zp(node, o)), int(o.qmin), int(o.qmax))
 
 
 @SDP_ATTENTION.forward
@@ -183,7 +183,7 @@ def sdp_attention_quantize(self: PyNode) -> None:
     r = table.get(o)
     if r.min is None or r.max is None:
         raise self._error(f"output '{o.name}' has no calibrated range; run calibration before quantization")
-    set_params(o, linear_quant_params(r.min, r.max, bits, mode.to_symmetric(), is_signed(self.inputs[2])), bits)
+    set_params(self, o, linear_quant_params(r.min, r.max, bits, mode.to_symmetric(), is_signed(self, self.inputs[2])), bits)
     o.qinvariant = False
     ph = self.placeholders[1] if len(self.placeholders) > 1 else None
     r = table.get(ph) if ph is not None else None
@@ -199,10 +199,10 @@ def sdp_attention_quantize(self: PyNode) -> None:
         raise self._error(f"scale_factor must be positive to be quantized, got {sf}")
     p = self.params
     p["qxk_bits"] = QXK_BITS
-    p["logit_scale_value"], p["logit_shift_value"] = _mult(s_l * sf / (tensor_scale(q_t) * tensor_scale(k_t)))
+    p["logit_scale_value"], p["logit_shift_value"] = _mult(s_l * sf / (tensor_scale(self, q_t) * tensor_scale(self, k_t)))
     if with_mask:
-        p["mask_scale_value"], p["mask_shift_value"] = _mult(s_l / tensor_scale(self.inputs[3]))
-    p["out_scale_value"], p["out_shift_value"] = _mult(tensor_scale(o) / (P_CODES * tensor_scale(v_t)))
+        p["mask_scale_value"], p["mask_shift_value"] = _mult(s_l / tensor_scale(self, self.inputs[3]))
+    p["out_scale_value"], p["out_shift_value"] = _mult(tensor_scale(self, o) / (P_CODES * tensor_scale(self, v_t)))
     emax = float(2 ** EXP_BITS - 1)
     log_max = torch.log(torch.tensor(emax, dtype=torch.float32))
     table = build_lut(lambda x: torch.exp(x + log_max), s_l, -top, 0, top, QXK_BITS, 1.0, 0, 0, int(emax),

@@ -71,14 +71,14 @@ def _integers(node: PyNode, t: PyTensor, what: str) -> torch.Tensor:
 def _nonzero_mask(node: PyNode, t: PyTensor) -> torch.Tensor:
     """Where the (float) value of `t` is not 0: `q + zp != 0` for a quantized tensor."""
     if node.quantized:
-        return int_value(t) + tensor_zp(t) != 0
+        return int_value(t) + tensor_zp(node, t) != 0
     return t.betensor != 0
 
 
 def _zero_fill(node: PyNode, t: PyTensor, like: torch.Tensor) -> torch.Tensor:
     """Float 0 in `t`'s representation: 0, or the integer -zp clamped to the range when quantized."""
     if node.quantized:
-        return torch.tensor(zero_code(t), dtype=like.dtype)
+        return torch.tensor(zero_code(node, t), dtype=like.dtype)
     return torch.zeros((), dtype=like.dtype)
 
 
@@ -107,9 +107,9 @@ def _dtype_range(dtype: Dtype) -> Tuple[int, int]:
     return integer_range(dtype.bits, dtype.is_signed)
 
 
-def _set_integer(t: PyTensor, dtype: Dtype) -> None:
+def _set_integer(node: PyNode, t: PyTensor, dtype: Dtype) -> None:
     """A qinvariant tensor of `dtype`: scale 1, zero point 0, the dtype's whole range."""
-    set_qinvariant(t, dtype.bits, dtype.is_signed)
+    set_qinvariant(node, t, dtype.bits, dtype.is_signed)
 
 
 # ------------------------------------------------------------------------------------------------ NonZero
@@ -145,14 +145,14 @@ def nonzero_quantize(self: PyNode) -> None:
     uint16/uint32 that does (upstream always copies the coordinates' dtype, which can overflow)."""
     bits = _nonzero_index_bits(self)
     dtype = int_dtype_for_bits(bits, False)
-    _set_integer(self.outputs[0], dtype)
+    _set_integer(self, self.outputs[0], dtype)
     self.outputs[0].qbits = bits
     if len(self.outputs) > 1:
         numel = int(self.inputs[0].ir_numel)
         if numel <= _dtype_range(dtype)[1]:
-            copy_params(self.outputs[1], self.outputs[0])
+            copy_params(self, self.outputs[1], self.outputs[0])
         else:
-            _set_integer(self.outputs[1], Dtype.UINT16 if numel <= integer_range(16, False)[1] else Dtype.UINT32)
+            _set_integer(self, self.outputs[1], Dtype.UINT16 if numel <= integer_range(16, False)[1] else Dtype.UINT32)
 
 
 # ------------------------------------------------------------------------------------------------ Unique
@@ -213,11 +213,11 @@ def unique_quantize(self: PyNode) -> None:
     """Values: passthrough. Indices, inverse indices and counts: integers of their IR dtype (scale 1)."""
     if len(self.outputs) != 4:
         raise self._error(f"needs 4 outputs (values, indices, inverse indices, counts), got {len(self.outputs)}")
-    copy_params(self.outputs[0], self.inputs[0])
+    copy_params(self, self.outputs[0], self.inputs[0])
     for out in self.outputs[1:]:
         if out.ir_dtype.is_float:
             raise self._error(f"output '{out.name}' must have an integer IR dtype, got {out.ir_dtype.value}")
-        _set_integer(out, out.ir_dtype)
+        _set_integer(self, out, out.ir_dtype)
 
 
 # ------------------------------------------------------------------------------------------------ Compress
@@ -248,7 +248,7 @@ def compress_forward(self: PyNode) -> None:
 
 @COMPRESS.quantize
 def compress_quantize(self: PyNode) -> None:
-    copy_params(self.outputs[0], self.inputs[0])
+    copy_params(self, self.outputs[0], self.inputs[0])
 
 
 # ------------------------------------------------------------------------------------------------ Filter
@@ -297,9 +297,9 @@ def filter_quantize(self: PyNode) -> None:
     """Data outputs: passthrough. Count: max(16, activation bits) bits, unsigned unless force_dtype_int."""
     num = _filter_check(self)
     for t, out in zip(self.inputs[:num], self.outputs[:num]):
-        copy_params(out, t)
+        copy_params(self, out, t)
     s = layer_settings(self)
-    set_qinvariant(self.outputs[num], max(COUNT_MIN_BITS, int(s.q_bits_activation)), bool(s.force_dtype_int))
+    set_qinvariant(self, self.outputs[num], max(COUNT_MIN_BITS, int(s.q_bits_activation)), bool(s.force_dtype_int))
 
 
 # ------------------------------------------------------------------------------------------------ InTopK
@@ -344,7 +344,7 @@ def in_top_k_forward(self: PyNode) -> None:
 @IN_TOP_K.quantize
 def in_top_k_quantize(self: PyNode) -> None:
     _check_integer_tensor(self, self.inputs[1], "target")
-    set_qinvariant(self.outputs[0], 8, bool(layer_settings(self).force_dtype_int))
+    set_qinvariant(self, self.outputs[0], 8, bool(layer_settings(self).force_dtype_int))
 
 
 # ------------------------------------------------------------------------------------------------ SegmentReduce
@@ -393,12 +393,12 @@ def segment_reduce_forward(self: PyNode) -> None:
     rows = x[valid]
     if self.quantized:
         acc = torch.zeros([segments] + list(x.shape[1:]), dtype=torch.int64)
-        acc.index_add_(0, ids[valid], rows.to(torch.int64) + tensor_zp(data))
+        acc.index_add_(0, ids[valid], rows.to(torch.int64) + tensor_zp(self, data))
         out = self.outputs[0]
         m, n = requant_of(self)
-        qmin, qmax = out_range(out)
-        y = requantize_int(acc, m, n, tensor_zp(out), qmin, qmax)
-        self.outputs[0].betensor = _fit(self, 0, y, 0, torch.tensor(zero_code(out)))
+        qmin, qmax = out_range(self, out)
+        y = requantize_int(acc, m, n, tensor_zp(self, out), qmin, qmax)
+        self.outputs[0].betensor = _fit(self, 0, y, 0, torch.tensor(zero_code(self, out)))
         return
     v = x if x.is_floating_point() else x.to(torch.float32)
     acc = torch.zeros([segments] + list(x.shape[1:]), dtype=v.dtype)
@@ -418,9 +418,9 @@ def segment_reduce_quantize(self: PyNode) -> None:
     _segment_method(self)
     _check_integer_tensor(self, self.inputs[1], "segment id")
     inp, out = self.inputs[0], self.outputs[0]
-    quantize_activation(self, out, is_signed(inp))
+    quantize_activation(self, out, is_signed(self, inp))
     bits = max(SEGMENT_MULT_MIN_BITS, int(layer_settings(self).q_bits_activation))
-    store_requant(self, *requant_scale_shift(self, tensor_scale(out) / tensor_scale(inp), mult_bits=bits))
+    store_requant(self, *requant_scale_shift(self, tensor_scale(self, out) / tensor_scale(self, inp), mult_bits=bits))
 
 
 
@@ -468,5 +468,5 @@ def accidental_hits_quantize(self: PyNode) -> None:
     for inp, out, what in zip(self.inputs, self.outputs[:2], ("true class", "sampled candidate")):
         _check_integer_tensor(self, inp, what)
         n = int(inp.ir_shape[0]) if inp.ir_shape else 1
-        set_qinvariant(out, COUNT_MIN_BITS if n <= integer_range(COUNT_MIN_BITS, signed)[1] else 32, signed)
-    set_qinvariant(self.outputs[2], max(COUNT_MIN_BITS, int(s.q_bits_activation)), signed)
+        set_qinvariant(self, out, COUNT_MIN_BITS if n <= integer_range(COUNT_MIN_BITS, signed)[1] else 32, signed)
+    set_qinvariant(self, self.outputs[2], max(COUNT_MIN_BITS, int(s.q_bits_activation)), signed)

@@ -56,7 +56,7 @@ def _pad_value(node: PyNode) -> int:
     """The padding of the decoded labels: the largest value of the output dtype (float graph: the IR dtype)."""
     out = node.outputs[0]
     if node.quantized:
-        return out_range(out)[1]
+        return out_range(node, out)[1]
     dtype = out.ir_dtype
     if dtype.is_float:
         raise node._error(f"output '{out.name}' must have an integer IR dtype (the decoded classes), got "
@@ -112,7 +112,7 @@ def ctc_greedy_decoder_quantize(self: PyNode) -> None:
         raise self._error(f"needs 2 inputs (logits, sequence lengths), got {len(self.inputs)}")
     _check_length_tensor(self, self.inputs[1])
     s = layer_settings(self)
-    set_qinvariant(self.outputs[0], max(CTC_OUTPUT_MIN_BITS, int(s.q_bits_activation)), bool(s.force_dtype_int))
+    set_qinvariant(self, self.outputs[0], max(CTC_OUTPUT_MIN_BITS, int(s.q_bits_activation)), bool(s.force_dtype_int))
 
 
 # ------------------------------------------------------------------------------------------------ CollapseRepeated
@@ -149,7 +149,7 @@ def collapse_repeated_forward(self: PyNode) -> None:
     keep &= torch.arange(maxlen).reshape(1, -1) < lengths.reshape(-1, 1)
     counts = keep.sum(dim=1)
     if self.quantized:
-        pad = torch.tensor(zero_code(self.inputs[0]), dtype=labels.dtype)
+        pad = torch.tensor(zero_code(self, self.inputs[0]), dtype=labels.dtype)
     else:
         pad = torch.zeros((), dtype=labels.dtype)
     out = pad.expand(batch, width).clone()
@@ -169,5 +169,5 @@ def collapse_repeated_quantize(self: PyNode) -> None:
         raise self._error(f"needs 2 inputs (labels, lengths) and 2 outputs, got {len(self.inputs)} and "
                           f"{len(self.outputs)}")
     _check_length_tensor(self, self.inputs[1])
-    copy_params(self.outputs[0], self.inputs[0])
-    copy_params(self.outputs[1], self.inputs[1])
+    copy_params(self, self.outputs[0], self.inputs[0])
+    copy_params(self, self.outputs[1], self.inputs[1])

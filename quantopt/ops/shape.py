@@ -327,7 +327,7 @@ def strided_slice_forward(self: PyNode) -> None:
 @SPLIT.quantize
 def shape_only_quantize(self: PyNode) -> None:
     for out in self.outputs:
-        copy_params(out, self.inputs[0])
+        copy_params(self, out, self.inputs[0])
 
 
 # ------------------------------------------------------------------------------------------------ Shape
@@ -350,7 +350,7 @@ def shape_forward(self: PyNode) -> None:
 
 @SHAPE.quantize
 def shape_quantize(self: PyNode) -> None:
-    set_qinvariant(self.outputs[0], SHAPE_OUTPUT_BITS, True)
+    set_qinvariant(self, self.outputs[0], SHAPE_OUTPUT_BITS, True)
 
 
 # ------------------------------------------------------------------------------------------------ ConstantOfShape
@@ -399,7 +399,7 @@ def constant_of_shape_quantize(self: PyNode) -> None:
         if not fits:
             raise UnsupportedError(f"layer '{self.name}' ({self.type}): integer fill value {value:g} does not fit "
                                    "32 bits")
-        set_qinvariant(out, fits[0], signed)
+        set_qinvariant(self, out, fits[0], signed)
         self.params["value"] = int(value)
         return
     mode = activation_mode(self, bits)
@@ -407,7 +407,7 @@ def constant_of_shape_quantize(self: PyNode) -> None:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): per-channel activation quantization is not "
                                "supported")
     p = linear_quant_params(min(value, 0.0), max(value, 0.0), bits, mode, signed)
-    set_params(out, p, bits)
+    set_params(self, out, p, bits)
     q = round(value * float(p.scale) - float(p.zerop))
     self.params["value"] = int(min(max(q, p.qmin), p.qmax))
 
@@ -484,9 +484,9 @@ def cast_int_forward(node: PyNode, inp: PyTensor, out: PyTensor, clip_mode: str)
     """Integer Cast (docs: Cast). With `scale_value`/`shift_value`: t = (q + zp_in) * M, shifted right by N with
     round half to even (`round_mode` absent) or toward zero (`round_mode=TRUNC`), minus zp_out, then the clip
     mode into [qmin, qmax]. Without: q (+ zp_in - zp_out unless `ignore_scale_zp`), then the clip mode."""
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(node, out)
     x = int_value(inp)
-    zp_in, zp_out = tensor_zp(inp), tensor_zp(out)
+    zp_in, zp_out = tensor_zp(node, inp), tensor_zp(node, out)
     if "scale_value" in node.params:
         m, n = int(node.params["scale_value"]), int(node.get_param("shift_value"))
         prod = (x + zp_in) * m
@@ -519,14 +519,14 @@ def cast_quantize(self: PyNode) -> None:
             raise self._error("an only_for_quantized Cast needs an integer to_dtype")
         bits, signed = _int_bits(to)
         if inp.qinvariant:
-            set_qinvariant(out, bits, signed)
+            set_qinvariant(self, out, bits, signed)
             self.params["ignore_scale_zp"] = True
         elif inp.dtype == to:
-            copy_params(out, inp)
+            copy_params(self, out, inp)
             self.params["ignore_scale_zp"] = True
         else:
             mode = activation_mode(self, bits)
-            if bits <= 8 and is_signed(inp) and not signed and not mode.is_asymmetric:
+            if bits <= 8 and is_signed(self, inp) and not signed and not mode.is_asymmetric:
                 mode = mode.make(mode.granularity, asymmetric=True, full_range=True)
             if not mode.is_per_tensor:
                 raise UnsupportedError(f"layer '{self.name}' ({self.type}): per-channel activation quantization "
@@ -534,24 +534,24 @@ def cast_quantize(self: PyNode) -> None:
             r = ranges_of(self).get(out)
             if r.min is None or r.max is None:
                 raise self._error(f"tensor '{out.name}' has no calibrated range; run calibration first")
-            set_params(out, linear_quant_params(r.min, r.max, bits, mode, signed), bits)
-            m, n, mdt, sdt = requant_scale_shift(self, tensor_scale(out) / tensor_scale(inp), mult_bits=bits)
+            set_params(self, out, linear_quant_params(r.min, r.max, bits, mode, signed), bits)
+            m, n, mdt, sdt = requant_scale_shift(self, tensor_scale(self, out) / tensor_scale(self, inp), mult_bits=bits)
             _store_cast_requant(self, m, n, mdt, sdt)
             self.params["ignore_scale_zp"] = False
         self.params["to_dtype"] = out.dtype
         return
     self.params["clip_mode"] = _clip_mode(self)
     if to.is_float:
-        copy_params(out, inp)
+        copy_params(self, out, inp)
         self.params["ignore_scale_zp"] = True
     elif inp.qinvariant:
         bits, signed = _int_bits(to)
-        set_qinvariant(out, bits, signed)
+        set_qinvariant(self, out, bits, signed)
         self.params["ignore_scale_zp"] = True
     else:
         bits, signed = _int_bits(to)
-        m, n, mdt, sdt = requant_scale_shift(self, 1.0 / tensor_scale(inp), mult_bits=CAST_MULTIPLIER_BITS)
-        set_qinvariant(out, bits, signed)
+        m, n, mdt, sdt = requant_scale_shift(self, 1.0 / tensor_scale(self, inp), mult_bits=CAST_MULTIPLIER_BITS)
+        set_qinvariant(self, out, bits, signed)
         _store_cast_requant(self, m, n, mdt, sdt)
         self.params["round_mode"] = "TRUNC"
         self.params["ignore_scale_zp"] = False
@@ -684,27 +684,27 @@ def convert_cast(g: QDQGraph, node: PyNode) -> None:
     clip_mode = str(node.get_param("clip_mode", optional=True, default_value="SATURATION")).upper()
     rank = g.rank(x)
     perm = shared_perm(g, [x], rank)
-    lo, hi = out_range(y)
+    lo, hi = out_range(node, y)
     if "scale_value" in node.params:
         m, n = int(node.params["scale_value"]), int(node.get_param("shift_value"))
-        if max(abs(int(x.qmin) + tensor_zp(x)), abs(int(x.qmax) + tensor_zp(x))) * abs(m) >= FLOAT64_EXACT:
+        if max(abs(int(x.qmin) + tensor_zp(node, x)), abs(int(x.qmax) + tensor_zp(node, x))) * abs(m) >= FLOAT64_EXACT:
             raise node_error(node, "(q + zp) · M leaves float64's exact integers; no exact form")
         v = g.add("Mul", [codes(g, x, perm), double(g, node, "multiplier", m * 2.0 ** -n)])
         if str(node.params.get("round_mode", "ROUND_TO_EVEN")).upper() == "TRUNC":
             v = g.add("Mul", [g.add("Sign", [v]), g.add("Floor", [g.add("Abs", [v])])])
         else:
             v = g.add("Round", [v])
-        zp_out = tensor_zp(y)
+        zp_out = tensor_zp(node, y)
         v = v if not zp_out else g.add("Sub", [v, double(g, node, "output_zero_point", float(zp_out))])
         emit_integers(g, node, y, v, perm, clip_mode)
         return
-    shift = 0 if bool_param(node, "ignore_scale_zp", True) else tensor_zp(x) - tensor_zp(y)
+    shift = 0 if bool_param(node, "ignore_scale_zp", True) else tensor_zp(node, x) - tensor_zp(node, y)
     px, py = g.qparams(x), g.qparams(y)
     if lo <= int(x.qmin) + shift and int(x.qmax) + shift <= hi and px.dtype == py.dtype \
             and px.offset == py.offset + shift:  # ONNX x = IR x + offset_x must be IR y + offset_y
         g.set_int(y, g.int_value(x, perm), perm)  # the same ONNX integers
         return
     v = codes(g, x, perm)  # q + zp_in
-    v = g.add("Sub", [v, double(g, node, "input_zero_point", float(tensor_zp(x) - shift))]) \
-        if tensor_zp(x) != shift else v
+    v = g.add("Sub", [v, double(g, node, "input_zero_point", float(tensor_zp(node, x) - shift))]) \
+        if tensor_zp(node, x) != shift else v
     emit_integers(g, node, y, v, perm, clip_mode)

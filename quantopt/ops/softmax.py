@@ -133,11 +133,11 @@ def _softmax_lut_quantize(self: PyNode) -> None:
     inp, out = self.inputs[0], self.outputs[0]
     s = layer_settings(self)
     quantize_activation(self, out, False)
-    lut = softmax_exp_lut(tensor_scale(inp), tensor_zp(inp), range_bits(inp), int(s.lut_items_in_bits))
+    lut = softmax_exp_lut(tensor_scale(self, inp), tensor_zp(self, inp), range_bits(self, inp), int(s.lut_items_in_bits))
     set_constant(self, "lut", lut, range_dtype(0, 2 ** LUT_VALUE_BITS - 1))
     constants_first(self, ["lut"])
     self.params["quantize_method"] = "LUT"
-    store_requant(self, *scale_shift(tensor_scale(out), int(out.qbits),
+    store_requant(self, *scale_shift(tensor_scale(self, out), int(out.qbits),
                                      force_shift_positive=s.force_shift_positive))
 
 
@@ -157,7 +157,7 @@ def _softmax_lut_forward(node: PyNode) -> torch.Tensor:
     lut = node.get_constant("lut")
     table, lut_max = memo(node, "softmax_lut", Same(lut.betensor),
                           lambda: _table_and_max(lut.betensor))
-    bits = range_bits(inp)
+    bits = range_bits(node, inp)
     if x.numel() == 0:
         return x.clone()
     top = x.amax(dim=axis, keepdim=True)
@@ -169,8 +169,8 @@ def _softmax_lut_forward(node: PyNode) -> torch.Tensor:
     if isinstance(mult, torch.Tensor):
         raise node._error("Softmax needs one scale_value/shift_value, not per-channel constants")
     base = SOFTMAX_DIVIDEND_BITS - 1 if lut_max == 1 else SOFTMAX_DIVIDEND_BITS
-    qmin, qmax = out_range(out)
-    zp = tensor_zp(out)
+    qmin, qmax = out_range(node, out)
+    zp = tensor_zp(node, out)
     axis_len = int(x.shape[axis])
     rows = x.numel() // axis_len
     if axis_len < SOFTMAX_SMALL_AXIS and rows % SOFTMAX_ROW_BLOCK == 0 and bits <= 8:
@@ -318,7 +318,7 @@ def _input_log2e_requant(node: PyNode, mult_bits: int) -> None:
     """input_scale_value/input_shift_value: log2(e)/s_in as a multiplier of `mult_bits` bits and a shift."""
     inp = node.inputs[0]
     s = layer_settings(node)
-    m, sh, _, sh_dtype = scale_shift(LOG2E / tensor_scale(inp), mult_bits, force_shift_positive=s.force_shift_positive)
+    m, sh, _, sh_dtype = scale_shift(LOG2E / tensor_scale(node, inp), mult_bits, force_shift_positive=s.force_shift_positive)
     node.params["input_scale_value"] = int(m)
     node.params["input_scale_type"] = Dtype.UINT16
     node.params["input_shift_value"] = int(sh)
@@ -342,7 +342,7 @@ def _softmax_fast_exp_quantize(self: PyNode) -> None:
     mode = activation_mode(self, bits).to_symmetric()
     if activation_mode(self, bits).is_full_range:
         mode = QuantMode.make("per_tensor", False, True)
-    set_params(out, linear_quant_params(0.0, 1.0, bits, mode, signed), bits)
+    set_params(self, out, linear_quant_params(0.0, 1.0, bits, mode, signed), bits)
     self.params["quantize_method"] = "FAST_EXP"
     self.params.setdefault("adjust_q", FAST_EXP_ADJUST_Q)
     adjust_q = _adjust_q(self, allow_simple=True)
@@ -351,7 +351,7 @@ def _softmax_fast_exp_quantize(self: PyNode) -> None:
     if adjust_q >= POW2_TABLE_BITS:
         set_constant(self, "pow2_lut", pow2_table(), Dtype.UINT16)
         constants_first(self, ["pow2_lut"])
-        store_requant(self, *scale_shift(tensor_scale(out), bits, force_shift_positive=s.force_shift_positive))
+        store_requant(self, *scale_shift(tensor_scale(self, out), bits, force_shift_positive=s.force_shift_positive))
 
 
 def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
@@ -365,8 +365,8 @@ def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
     axis = _axis(node, x.dim())
     adjust_q = _adjust_q(node, allow_simple=True)
     out_q = _int_param(node, "pow2_out_q")
-    qmin, qmax = out_range(out)
-    zp = tensor_zp(out)
+    qmin, qmax = out_range(node, out)
+    zp = tensor_zp(node, out)
     if adjust_q < POW2_TABLE_BITS:
         return _softmax_pow2_path(node, x, axis, adjust_q, out_q, zp, qmin, qmax)
     top = x.amax(dim=axis, keepdim=True)
@@ -377,7 +377,7 @@ def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
     lead = 31 - bit_length(total)  # left shifts that bring S into [2^30, 2^31)
     index = ((total << lead) >> (30 - POW2_TABLE_BITS)) & (2 ** POW2_TABLE_BITS - 1)
     log2_sum = ((log2_q15_table()[index] << 15) >> (30 - adjust_q)) - ((lead - (30 - out_q)) << adjust_q)
-    y = _pow2_lookup(table, u - log2_sum, adjust_q, range_bits(out))
+    y = _pow2_lookup(table, u - log2_sum, adjust_q, range_bits(node, out))
     y = masked_terms(node, x, top, y)
     return torch.clamp(y - zp, qmin, qmax)
 
@@ -427,7 +427,7 @@ def fast_exp_export_tables(node: PyNode, bits: int) -> Tuple[torch.Tensor, torch
     u = _log2_of_difference(node, d, adjust_q)
     e = _pow2_lookup(table, u, adjust_q, out_q)
     log2_first = (log2_q15_table() << 15) >> (30 - adjust_q)
-    out_bits = range_bits(node.outputs[0])
+    out_bits = range_bits(node, node.outputs[0])
     lo = -((out_bits + 17) << adjust_q)  # 2^15 * 2^16 >> (30 - out_bits + out_bits + 17) = 0
     y = _pow2_lookup(table, torch.arange(lo, 1, dtype=torch.int64), adjust_q, out_bits)
     return u, e, log2_first, y, lo
@@ -446,7 +446,7 @@ def _softmax_pow2_path(node: PyNode, x: torch.Tensor, axis: int, adjust_q: int, 
     norm = total << lead
     half = (norm > SIMPLE_LOG2_HALF).to(torch.int64) if adjust_q else torch.zeros_like(norm)
     log2_sum = half - ((lead - (30 - out_q)) << adjust_q)
-    bits = range_bits(node.outputs[0])
+    bits = range_bits(node, node.outputs[0])
     z = (((l_ + bits) << adjust_q) - log2_sum) >> adjust_q
     v = torch.where(z >= 0, torch.ones_like(z) << torch.clamp(z, 0, 62), torch.zeros_like(z))
     v = masked_terms(node, x, x.amax(dim=axis, keepdim=True), v)
@@ -536,7 +536,7 @@ def logsoftmax_quantize(self: PyNode) -> None:
     set_constant(self, "pow2_lut", pow2_table(), Dtype.UINT16)
     set_constant(self, "log2_lut", log2_table(), Dtype.UINT16)
     constants_first(self, ["pow2_lut", "log2_lut"])
-    store_requant(self, *requant_scale_shift(self, tensor_scale(out) * math.log(2.0)))
+    store_requant(self, *requant_scale_shift(self, tensor_scale(self, out) * math.log(2.0)))
 
 
 def _logsoftmax_integer_forward(node: PyNode) -> torch.Tensor:
@@ -558,8 +558,8 @@ def _logsoftmax_integer_forward(node: PyNode) -> torch.Tensor:
     mult, shift = requant_of(node)
     if isinstance(mult, torch.Tensor):
         raise node._error("LogSoftmax needs one scale_value/shift_value, not per-channel constants")
-    qmin, qmax = out_range(out)
-    return requantize_int(u - log_sum, mult, shift + frac, tensor_zp(out), qmin, qmax)
+    qmin, qmax = out_range(node, out)
+    return requantize_int(u - log_sum, mult, shift + frac, tensor_zp(node, out), qmin, qmax)
 
 
 def logsoftmax_tables(node: PyNode, bits: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -607,7 +607,7 @@ def hardmax_quantize(self: PyNode) -> None:
     if inp.qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
     _axis(self, len(inp.ir_shape))
-    set_qinvariant(self.outputs[0], 8, False)
+    set_qinvariant(self, self.outputs[0], 8, False)
 
 
 @HARDMAX.forward
@@ -643,7 +643,7 @@ def exact_softmax_lut(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
         return False
     x = node.inputs[0]
     mult, shift = requant_of(node)
-    bits = range_bits(x)
+    bits = range_bits(node, x)
     if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor) or bits > MAX_TABLE_BITS:
         return False
     mult, shift = int(mult), int(shift)
@@ -690,7 +690,7 @@ def exact_softmax_fast_exp(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> 
     if not g.unit_domain or str(node.get_param("quantize_method", optional=True, default_value="LUT")).upper() \
             != "FAST_EXP" or int(node.get_param("adjust_q", optional=True, default_value=0)) < POW2_TABLE_BITS:
         return False
-    bits = range_bits(node.inputs[0])
+    bits = range_bits(node, node.inputs[0])
     adjust_q = int(node.get_param("adjust_q"))
     out_q = int(node.get_param("pow2_out_q"))
     if bits > MAX_TABLE_BITS or adjust_q > 12 or not 0 <= out_q <= 30:
@@ -739,7 +739,7 @@ def exact_logsoftmax(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
     if not g.unit_domain or "log2_lut" not in node.constants:
         return False
     mult, shift = requant_of(node)
-    bits = range_bits(node.inputs[0])
+    bits = range_bits(node, node.inputs[0])
     if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor) or bits > MAX_TABLE_BITS:
         return False
     frac = int(node.get_param("adjust_q"))
@@ -786,5 +786,5 @@ def convert_softmax(g: QDQGraph, node: PyNode) -> None:
     elif str(node.type) == "Softmax" and str(node.params.get("quantize_method")).upper() == "FAST_EXP" \
             and int(node.params.get("adjust_q", 0)) >= 8:
         # FAST_EXP table path: the integers are 2^(b_out + log2 softmax), i.e. softmax · 2^b_out, not softmax · s_out
-        out = g.rescale(out, 2.0 ** range_bits(y) / tensor_scale(y))
+        out = g.rescale(out, 2.0 ** range_bits(node, y) / tensor_scale(node, y))
     g.quantize(y, out, perm, lossless=str(node.type) == "Hardmax")

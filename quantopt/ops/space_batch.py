@@ -39,7 +39,7 @@ def _passthrough_quantize(node: PyNode) -> None:
             raise UnsupportedError(f"layer '{node.name}' ({node.type}): input '{inp.name}' has per-channel "
                                    "quantization; this op needs per-tensor scale and zero point")
     for out in node.outputs:
-        copy_params(out, inp)
+        copy_params(node, out, inp)
 
 
 # ------------------------------------------------------------------------------------------------ BatchToDepth

@@ -162,9 +162,9 @@ def _bound(node: PyNode, what: str, value: int) -> None:
                                "of two); requantize cos and sin to one scale")
 
 
-def _absmax(t: PyTensor) -> int:
-    lo, hi = out_range(t)
-    zp = tensor_zp(t)
+def _absmax(node: PyNode, t: PyTensor) -> int:
+    lo, hi = out_range(node, t)
+    zp = tensor_zp(node, t)
     return max(abs(lo + zp), abs(hi + zp))
 
 
@@ -177,10 +177,10 @@ def _rope_int(node: PyNode) -> torch.Tensor:
                                                               "not_rotate_rescale"))
     k = max(kc, ks)
     mc, ms = nc << (k - kc), ns << (k - ks)
-    _bound(node, "sum", 2 * _absmax(tx) * max(_absmax(tc) * abs(mc), _absmax(ts) * abs(ms)))
-    _bound(node, "product", _absmax(tx) * abs(nr))
-    zp_out = tensor_zp(out)
-    qmin, qmax = out_range(out)
+    _bound(node, "sum", 2 * _absmax(node, tx) * max(_absmax(node, tc) * abs(mc), _absmax(node, ts) * abs(ms)))
+    _bound(node, "product", _absmax(node, tx) * abs(nr))
+    zp_out = tensor_zp(node, out)
+    qmin, qmax = out_range(node, out)
 
     def finish(num: torch.Tensor, shift: int) -> torch.Tensor:
         return torch.clamp(round_shift(num, shift) - zp_out, qmin, qmax)
@@ -190,9 +190,9 @@ def _rope_int(node: PyNode) -> torch.Tensor:
         cx1, cx2, sx1, sx2 = c * x1, c * x2, s * x1, s * x2
         return (finish(cx1 * mc - sx2 * ms, k), finish(sx1 * ms + cx2 * mc, k), finish(rest * nr, kr))
 
-    x = int_value(tx) + tensor_zp(tx)
-    cos = int_value(tc) + tensor_zp(tc)
-    sin = int_value(ts) + tensor_zp(ts)
+    x = int_value(tx) + tensor_zp(node, tx)
+    cos = int_value(tc) + tensor_zp(node, tc)
+    sin = int_value(ts) + tensor_zp(node, ts)
     return _rope(node, x, cos, sin, combine)
 
 
@@ -229,8 +229,8 @@ def rotary_embedding_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs[:3])
     out = self.outputs[0]
     quantize_activation(self, out, True)
-    s_out, s_x = _f32(tensor_scale(out)), _f32(tensor_scale(self.inputs[0]))
-    s_cos, s_sin = _f32(tensor_scale(self.inputs[1])), _f32(tensor_scale(self.inputs[2]))
+    s_out, s_x = _f32(tensor_scale(self, out)), _f32(tensor_scale(self, self.inputs[0]))
+    s_cos, s_sin = _f32(tensor_scale(self, self.inputs[1])), _f32(tensor_scale(self, self.inputs[2]))
     self.params["rotate_rescale_cos"] = float(s_out / (s_x * s_cos))
     self.params["rotate_rescale_sin"] = float(s_out / (s_x * s_sin))
     self.params["not_rotate_rescale"] = float(s_out / s_x)
@@ -273,16 +273,16 @@ def _cache_positions(node: PyNode, t: PyTensor) -> torch.Tensor:
 def _requantize_exact(node: PyNode, q: torch.Tensor, src: PyTensor, dst: PyTensor) -> torch.Tensor:
     """round_half_even((q + zp_src) · s_dst / s_src) - zp_dst, clamped to dst's range, with the float32 scales as
     exact dyadic rationals; the identity when the two tensors have the same scale and zero point."""
-    s_src, s_dst = float(_f32(tensor_scale(src))), float(_f32(tensor_scale(dst)))
-    zp_src, zp_dst = tensor_zp(src), tensor_zp(dst)
-    qmin, qmax = out_range(dst)
+    s_src, s_dst = float(_f32(tensor_scale(node, src))), float(_f32(tensor_scale(node, dst)))
+    zp_src, zp_dst = tensor_zp(node, src), tensor_zp(node, dst)
+    qmin, qmax = out_range(node, dst)
     if s_src == s_dst:
         return torch.clamp(q + zp_src - zp_dst, qmin, qmax)
     (n_dst, d_dst), (n_src, d_src) = s_dst.as_integer_ratio(), s_src.as_integer_ratio()
     num, den = n_dst * d_src, n_src * d_dst  # s_dst / s_src = num / den
     g = math.gcd(num, den)
     num, den = num // g, den // g
-    lo, hi = out_range(src)
+    lo, hi = out_range(node, src)
     if max(abs(lo + zp_src), abs(hi + zp_src)) * num >= INT64_BOUND or 2 * den >= INT64_BOUND:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): the scales of '{src.name}' ({s_src}) and "
                                f"'{dst.name}' ({s_dst}) are too far apart to re-express the buffer exactly in int64")
@@ -342,7 +342,7 @@ def _fit_axis2(node: PyNode, x: torch.Tensor) -> torch.Tensor:
         return x
     fill = 0
     if node.quantized:
-        fill = zero_code(node.outputs[0])
+        fill = zero_code(node, node.outputs[0])
     pad = torch.full((x.shape[0], x.shape[1], size - have, x.shape[3]), fill, dtype=x.dtype, device=x.device)
     return torch.cat([x, pad], dim=2)
 
@@ -355,7 +355,7 @@ def cache_update_quantize(self: PyNode) -> None:
                           f"{len(self.outputs)}")
     check_quantized_inputs(self, self.inputs)
     for out in self.outputs:
-        copy_params(out, self.inputs[2])
+        copy_params(self, out, self.inputs[2])
 
 
 # ------------------------------------------------------------------------------------------------ SlotUpdate
@@ -395,7 +395,7 @@ def slot_update_forward(self: PyNode) -> None:
     ir_shape = out.ir_shape
     if ir_shape is None or len(ir_shape) < 2:
         raise self._error("the output needs an IR shape [batch, M, ...] (M: the positions)")
-    x = int_value(x_t) + tensor_zp(x_t) if self.quantized else x_t.betensor
+    x = int_value(x_t) + tensor_zp(self, x_t) if self.quantized else x_t.betensor
     if x.dim() < 3 or int(x.shape[1]) != len(self.inputs) - 1:
         raise self._error(f"input x {list(x.shape)} must be [batch, N, S, ...] with N = the {len(self.inputs) - 1} "
                           "index inputs")
@@ -413,8 +413,8 @@ def slot_update_forward(self: PyNode) -> None:
             acc[:, int(idx[k])] += x[:, i, k].to(dtype)
     if self.quantized:
         m, n = requant_of(self)
-        qmin, qmax = out_range(out)
-        acc = requantize_int(acc, m, n, tensor_zp(out), qmin, qmax)
+        qmin, qmax = out_range(self, out)
+        acc = requantize_int(acc, m, n, tensor_zp(self, out), qmin, qmax)
     out.betensor = acc
 
 
@@ -426,18 +426,18 @@ def slot_update_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs)
     x_t, out = self.inputs[0], self.outputs[0]
     s = layer_settings(self)
-    signed = is_signed(x_t) or bool(s.force_dtype_int)
+    signed = is_signed(self, x_t) or bool(s.force_dtype_int)
     if x_t.qinvariant:
         st, r = statistics_of(self).get(out), ranges_of(self).get(out)
         lo = st.extrema_min if st.extrema_min is not None else r.min
         hi = st.extrema_max if st.extrema_max is not None else r.max
         dtype = range_dtype(float(lo or 0.0), float(hi or 0.0), force_signed=signed)
-        set_qinvariant(out, dtype.bits, dtype.is_signed)
+        set_qinvariant(self, out, dtype.bits, dtype.is_signed)
         store_requant(self, 1, 0, Dtype.UINT8 if dtype.bits <= 8 else Dtype.UINT16, Dtype.INT8)
         return
     quantize_activation(self, out, signed)
     bits = int(s.q_bits_activation)
-    m, n, mdtype, _ = requant_scale_shift(self, _f32(tensor_scale(out)) / _f32(tensor_scale(x_t)), mult_bits=bits)
+    m, n, mdtype, _ = requant_scale_shift(self, _f32(tensor_scale(self, out)) / _f32(tensor_scale(self, x_t)), mult_bits=bits)
     store_requant(self, m, n, mdtype, Dtype.INT8)
 
 
@@ -471,7 +471,7 @@ def query_rebatch_forward(self: PyNode) -> None:
         raise self._error(f"an index input has {longest} entries, more than the output's dim 2 ({length})")
     fill = 0
     if self.quantized:
-        fill = zero_code(out)
+        fill = zero_code(self, out)
     y = torch.full((int(x.shape[0]), n, length, *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
     for i, idx in enumerate(indices):
         y[:, i, :int(idx.numel())] = x[:, idx]
@@ -482,4 +482,4 @@ def query_rebatch_forward(self: PyNode) -> None:
 def query_rebatch_quantize(self: PyNode) -> None:
     """The output carries x's params (upstream clones them)."""
     check_quantized_inputs(self, self.inputs)
-    copy_params(self.outputs[0], self.inputs[0])
+    copy_params(self, self.outputs[0], self.inputs[0])

@@ -48,7 +48,7 @@ def noop_quantize(self: PyNode) -> None:
     """Every output carries input 0's params (upstream clones them)."""
     check_quantized_inputs(self, self.inputs[:1])
     for out in self.outputs:
-        copy_params(out, self.inputs[0])
+        copy_params(self, out, self.inputs[0])
 
 
 # ------------------------------------------------------------------------------------------------ Dummy
@@ -73,11 +73,11 @@ def dummy_quantize(self: PyNode) -> None:
     scale 1 with its own dtype's bits."""
     for out, inp in zip(self.outputs, self.inputs):
         if inp.qmin is not None:
-            copy_params(out, inp)
+            copy_params(self, out, inp)
         elif inp.ir_dtype.is_float:
             quantize_activation(self, out, True, int(layer_settings(self).q_bits_activation))
         else:
-            set_qinvariant(out, inp.ir_dtype.bits, inp.ir_dtype.is_signed)
+            set_qinvariant(self, out, inp.ir_dtype.bits, inp.ir_dtype.is_signed)
 
 
 # ------------------------------------------------------------------------------------------------ Meshgrid
@@ -122,4 +122,4 @@ def meshgrid_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs[:2])
     for out, inp in zip(self.outputs, self.inputs):
         _check_per_tensor(self, inp)
-        copy_params(out, inp)
+        copy_params(self, out, inp)

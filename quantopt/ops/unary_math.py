@@ -108,9 +108,9 @@ def domain_clamp(optype: str, s_in: float) -> Optional[Callable[[torch.Tensor], 
     return None
 
 
-def _is_integer_tensor(t) -> bool:
+def _is_integer_tensor(node: PyNode, t) -> bool:
     """Scale 1 and zero point 0: the integers are the values (what the stored IR says, not an in-memory flag)."""
-    return tensor_scale(t) == 1.0 and tensor_zp(t) == 0
+    return tensor_scale(node, t) == 1.0 and tensor_zp(node, t) == 0
 
 
 def _check_per_tensor_mode(node: PyNode) -> None:
@@ -165,9 +165,9 @@ ROUNDING_TABLE_OPS = declare_op(
 def _lut_sample_values(node: PyNode, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """f at the table's sample points (float32, exactly the values `build_lut` quantizes)."""
     inp = node.inputs[0]
-    qmin, qmax = out_range(inp)
-    steps = lut_size(range_bits(inp), int(layer_settings(node).lut_items_in_bits))
-    x = dequantize(lut_sample_points(qmin, qmax, steps), tensor_scale(inp), tensor_zp(inp))
+    qmin, qmax = out_range(node, inp)
+    steps = lut_size(range_bits(node, inp), int(layer_settings(node).lut_items_in_bits))
+    x = dequantize(lut_sample_points(qmin, qmax, steps), tensor_scale(node, inp), tensor_zp(node, inp))
     return fn(x).to(torch.float32)
 
 
@@ -189,7 +189,7 @@ def _limit_output_range(node: PyNode, values: torch.Tensor) -> None:
 def _lut_output_signed(node: PyNode) -> bool:
     signed = LUT_OUTPUT_SIGNED[str(node.type)]
     if signed is None:
-        return out_range(node.inputs[0])[0] < 0
+        return out_range(node, node.inputs[0])[0] < 0
     return signed
 
 
@@ -198,18 +198,18 @@ def _quantize_lut(node: PyNode) -> None:
     lut[i] = quantize_out(f(clamp_domain(dequantize_in(sample_i))))."""
     optype = str(node.type)
     inp, out = node.inputs[0], node.outputs[0]
-    if optype in ROUNDING_OPS and _is_integer_tensor(inp):
-        copy_params(out, inp)
+    if optype in ROUNDING_OPS and _is_integer_tensor(node, inp):
+        copy_params(node, out, inp)
         return
     base = LUT_FUNCTIONS[optype]
-    clamp = domain_clamp(optype, tensor_scale(inp))
+    clamp = domain_clamp(optype, tensor_scale(node, inp))
     fn = base if clamp is None else (lambda x: base(clamp(x)))
     _limit_output_range(node, _lut_sample_values(node, fn))
     quantize_activation(node, out, _lut_output_signed(node))
-    in_qmin, in_qmax = out_range(inp)
-    out_qmin, out_qmax = out_range(out)
-    table = build_lut(fn, tensor_scale(inp), tensor_zp(inp), in_qmin, in_qmax, range_bits(inp),
-                      tensor_scale(out), tensor_zp(out), out_qmin, out_qmax,
+    in_qmin, in_qmax = out_range(node, inp)
+    out_qmin, out_qmax = out_range(node, out)
+    table = build_lut(fn, tensor_scale(node, inp), tensor_zp(node, inp), in_qmin, in_qmax, range_bits(node, inp),
+                      tensor_scale(node, out), tensor_zp(node, out), out_qmin, out_qmax,
                       lut_items_in_bits=int(layer_settings(node).lut_items_in_bits))
     set_constant(node, "lut", table, out.dtype)
     constants_first(node, ["lut"])
@@ -217,15 +217,15 @@ def _quantize_lut(node: PyNode) -> None:
 
 def _int_lut(node: PyNode, x: torch.Tensor) -> torch.Tensor:
     inp, out = node.inputs[0], node.outputs[0]
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(node, out)
     lut = node.get_constant("lut", optional=True)
     if lut is None:
-        if str(node.type) in ROUNDING_OPS and _is_integer_tensor(inp) and _is_integer_tensor(out):
+        if str(node.type) in ROUNDING_OPS and _is_integer_tensor(node, inp) and _is_integer_tensor(node, out):
             return torch.clamp(x, qmin, qmax)
         raise node._error("missing required constant 'lut' (lut_type/_offset/_size/_shape)")
-    in_qmin, _ = out_range(inp)
-    y = lookup_lut(x, lut.betensor, in_qmin, range_bits(inp), lut.dtype.bits, lut.dtype.is_signed,
-                   in_restricted=is_restricted(inp))
+    in_qmin, _ = out_range(node, inp)
+    y = lookup_lut(x, lut.betensor, in_qmin, range_bits(node, inp), lut.dtype.bits, lut.dtype.is_signed,
+                   in_restricted=is_restricted(node, inp))
     return torch.clamp(y, qmin, qmax)
 
 
@@ -273,19 +273,19 @@ def abs_negative_quantize(self: PyNode) -> None:
     _check_one_in_one_out(self)
     _check_input_quantized(self)
     inp, out = self.inputs[0], self.outputs[0]
-    in_qmin, in_qmax = out_range(inp)
+    in_qmin, in_qmax = out_range(self, inp)
     negative = str(self.type) == "Negative"
-    if _is_integer_tensor(inp):
+    if _is_integer_tensor(self, inp):
         bits = (in_qmax - in_qmin).bit_length()
         signed = negative or layer_settings(self).force_dtype_int
         if signed:
             bits = INTEGER_NEGATIVE_BITS[0] if bits <= 8 else INTEGER_NEGATIVE_BITS[1]
-        set_qinvariant(out, bits, signed)
+        set_qinvariant(self, out, bits, signed)
         store_requant(self, 1, 0, Dtype.UINT8, Dtype.INT8)
         return
     _check_per_tensor_mode(self)
     quantize_activation(self, out, negative)
-    ratio = torch.tensor(tensor_scale(out), dtype=torch.float32) / torch.tensor(tensor_scale(inp),
+    ratio = torch.tensor(tensor_scale(self, out), dtype=torch.float32) / torch.tensor(tensor_scale(self, inp),
                                                                                dtype=torch.float32)
     store_requant(self, *requant_scale_shift(self, ratio))
 
@@ -302,9 +302,9 @@ def abs_negative_forward(self: PyNode) -> None:
     v = x + zp_in
     v = -v if negative else v.abs()
     out = self.outputs[0]
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(self, out)
     mult, shift = requant_of(self)
-    self.outputs[0].betensor = requantize_int(v, mult, shift, tensor_zp(out), qmin, qmax)
+    self.outputs[0].betensor = requantize_int(v, mult, shift, tensor_zp(self, out), qmin, qmax)
 
 
 # --------------------------------------------------------------------------------------------- Sign, IsInf, IsNaN
@@ -332,7 +332,7 @@ ISNAN = declare_op(
 def sign_quantize(self: PyNode) -> None:
     _check_one_in_one_out(self)
     _check_input_quantized(self)
-    set_qinvariant(self.outputs[0], SIGN_BITS, True)
+    set_qinvariant(self, self.outputs[0], SIGN_BITS, True)
 
 
 @SIGN.forward
@@ -343,7 +343,7 @@ def sign_forward(self: PyNode) -> None:
         self.outputs[0].betensor = torch.sign(self.inputs[0].betensor)
         return
     x, zp_in = int_input(self)
-    qmin, qmax = out_range(self.outputs[0])
+    qmin, qmax = out_range(self, self.outputs[0])
     self.outputs[0].betensor = torch.clamp(torch.sign(x + zp_in), qmin, qmax)
 
 
@@ -353,7 +353,7 @@ def isinf_isnan_quantize(self: PyNode) -> None:
     _check_one_in_one_out(self)
     if str(self.type) == "IsInf":
         _isinf_flags(self)
-    set_qinvariant(self.outputs[0], FLAG_BITS, False)
+    set_qinvariant(self, self.outputs[0], FLAG_BITS, False)
 
 
 @ISINF.forward
@@ -387,7 +387,7 @@ UNARY_OPS: Dict[str, List[str]] = {
 def _domain(g: QDQGraph, node: PyNode, value: str) -> str:
     """The clamp quantopt's table applies to a function with a restricted domain (ops.unary_math.domain_clamp):
     Reciprocal moves |x| < h to ±h, the others clip to their domain; the bounds are read off that clamp."""
-    clamp = domain_clamp(str(node.type), tensor_scale(node.inputs[0]))
+    clamp = domain_clamp(str(node.type), tensor_scale(node, node.inputs[0]))
     if clamp is None:
         return value
     if str(node.type) == "Reciprocal":
@@ -420,5 +420,5 @@ def convert_unary(g: QDQGraph, node: PyNode) -> None:
     for op in UNARY_OPS[str(node.type)]:
         value = g.add(op, [value, value] if op == "Mul" else [value])  # Square: x · x
     if "lut" not in node.constants and "scale_value" in node.params:  # Abs, Negative: a multiplier s_out / s_in
-        value = g.rescale(value, requant_factor(node, tensor_scale(x)))
+        value = g.rescale(value, requant_factor(node, tensor_scale(node, x)))
     g.quantize(y, value, perm, exact="lut" in node.constants)

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import pytest
 import torch
+from quant_helpers import set_quant
 
 import quantopt.ops.detection  # noqa: F401  (registers the ops)
 from quantopt.analysis.similarity import cosine
@@ -422,12 +423,15 @@ def test_detectionoutput_cosine_and_exact_counts(bits: int) -> None:
 
 def test_score_threshold_code_is_exact() -> None:
     """q > T  <=>  (q + zp) / s > threshold, checked over the whole integer range."""
+    from quantopt.graph.node import PyNode
     from quantopt.graph.tensor import PyTensor
     from quantopt.ops.detection import score_threshold_code
     t = PyTensor("s")
+    node = PyNode("detect", "DetectionOutput")
+    node.inputs = [t]
     for scale, zp, thr in [(255.0, 0, 0.5), (127.5, -128, 0.3), (3.0, 5, 2.0), (65535.0 / 0.97, 0, 0.6)]:
-        t.scale, t.zerop, t.qmin, t.qmax = scale, zp, -300, 70000
-        code = score_threshold_code(thr, t)
+        set_quant(node, t, scale=scale, zerop=zp, qmin=-300, qmax=70000)
+        code = score_threshold_code(node, thr, t)
         for q in range(-300, 70000, 7):
             assert (q > code) == (Fraction(q + zp) / Fraction(scale) > Fraction(thr))
 

@@ -61,14 +61,14 @@ def hardclip_forward(self: PyNode) -> None:
         self.outputs[0].betensor = torch.clamp(self.inputs[0].betensor * gain, -limit, limit)
         return
     inp, out = self.inputs[0], self.outputs[0]
-    acc = int_value(inp) + tensor_zp(inp)  # proportional to the float input
+    acc = int_value(inp) + tensor_zp(self, inp)  # proportional to the float input
     if gain < 0:
         acc = -acc
     mult, shift = requant_of(self)
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(self, out)
     lo = max(qmin, int(self.get_param("limit_lo")))
     hi = min(qmax, int(self.get_param("limit_hi")))
-    out.betensor = requantize_int(acc, mult, shift, tensor_zp(out), lo, hi)
+    out.betensor = requantize_int(acc, mult, shift, tensor_zp(self, out), lo, hi)
 
 
 @HARDCLIP.quantize
@@ -76,12 +76,12 @@ def hardclip_quantize(self: PyNode) -> None:
     gain, limit = hardclip_params(self)
     inp, out = self.inputs[0], self.outputs[0]
     quantize_activation(self, out, signed=True)  # scale, zero point and dtype from the calibrated range
-    ratio = abs(gain) * tensor_scale(out) / tensor_scale(inp)
+    ratio = abs(gain) * tensor_scale(self, out) / tensor_scale(self, inp)
     store_requant(self, *requant_scale_shift(self, ratio))  # scale_value, shift_value
-    qmin, qmax = out_range(out)
+    qmin, qmax = out_range(self, out)
     for key, bound in (("limit_lo", -limit), ("limit_hi", limit)):
         value = torch.tensor(bound, dtype=torch.float64)
-        self.params[key] = int(quantize(value, tensor_scale(out), tensor_zp(out), qmin, qmax,
+        self.params[key] = int(quantize(value, tensor_scale(self, out), tensor_zp(self, out), qmin, qmax,
                                         compute_dtype=torch.float64))
 
 

@@ -225,13 +225,13 @@ def eltwise(g: QDQGraph, node: PyNode, method: str, perm: Optional[Perm]) -> boo
         if len(inputs) != 2 or isinstance(node.params.get("scale_value"), (list, tuple)):
             return False
         m_out, shift, muls = int(node.params["scale_value"]), int(node.params["shift_value"]), [1, 1]
-        bound = offset_absmax(inputs[0]) * offset_absmax(inputs[1]) * abs(m_out)
+        bound = offset_absmax(node, inputs[0]) * offset_absmax(node, inputs[1]) * abs(m_out)
     else:
         m_out, *muls = (int(v) for v in node.params["scale_value"])
         shift = int(node.params["shift_value"])
         if len(muls) != len(inputs):
             return False
-        bound = sum(offset_absmax(t) * abs(m) for t, m in zip(inputs, muls)) * abs(m_out)
+        bound = sum(offset_absmax(node, t) * abs(m) for t, m in zip(inputs, muls)) * abs(m_out)
     if not fits_double(bound):
         return bound < INT64_EXACT and _eltwise_int64(g, node, method, inputs, muls, m_out, shift, perm)
     ops = {"ADD": "Add", "SUB": "Sub", "MAX": "Max", "MIN": "Min", "MUL": "Mul"}
@@ -281,10 +281,10 @@ def _eltwise_per_channel(g: QDQGraph, node: PyNode, method: str, inputs: Sequenc
     shift = node.get_constant("shift").betensor.to(torch.int64).reshape(-1).numpy()
     if method == "MUL":
         muls = np.ones((2, mult.size), dtype=np.int64)
-        bound = offset_absmax(inputs[0]) * offset_absmax(inputs[1]) * int(mult.max())
+        bound = offset_absmax(node, inputs[0]) * offset_absmax(node, inputs[1]) * int(mult.max())
     else:
         muls = node.get_constant("input_scale").betensor.to(torch.int64).reshape(len(inputs), -1).numpy()
-        bound = sum(offset_absmax(t) * int(m.max()) for t, m in zip(inputs, muls)) * int(mult.max())
+        bound = sum(offset_absmax(node, t) * int(m.max()) for t, m in zip(inputs, muls)) * int(mult.max())
     if not fits_double(bound) or int(shift.max()) > MAX_EXACT_SHIFT:
         return False
     ops = {"ADD": "Add", "SUB": "Sub", "MAX": "Max", "MIN": "Min", "MUL": "Mul"}
@@ -310,7 +310,7 @@ def matmul(g: QDQGraph, node: PyNode, perms: Sequence[Perm]) -> bool:
     if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor):
         return False
     inner = int(a.ir_shape[perms[0][-1]]) if a.ir_shape else 1
-    if not fits_double(inner * offset_absmax(a) * offset_absmax(b) * abs(int(mult))):
+    if not fits_double(inner * offset_absmax(node, a) * offset_absmax(node, b) * abs(int(mult))):
         return False
     product = g.add("MatMul", [codes(g, a, perms[0]), codes(g, b, perms[1])])
     requantize(g, node, product, int(mult) * 2.0 ** -int(shift), None, fused_activation_bounds(node))
@@ -372,7 +372,7 @@ def reduce_sum(g: QDQGraph, node: PyNode, method: str, perm: Perm, axes: Sequenc
         return False
     mult, shift = requant_of(node)
     if isinstance(mult, torch.Tensor) or isinstance(shift, torch.Tensor) \
-            or not fits_double(count * offset_absmax(node.inputs[0]) * abs(int(mult))):
+            or not fits_double(count * offset_absmax(node, node.inputs[0]) * abs(int(mult))):
         return False
     if method == "L2":  # R = isqrt(Σ X² · 4^f), requant(R, M, N + f)
         frac = int(node.get_param("sqrt_fraction_bits"))
@@ -419,8 +419,8 @@ def div(g: QDQGraph, node: PyNode, perm: Optional[Perm]) -> bool:
     size = table.numel()
     t = size.bit_length() - 1
     frac = int(node.get_param("reciprocal_shift"))
-    emax_b = offset_absmax(b)
-    if size < 2 or 2 ** t != size or emax_b >= 1 << 20 or offset_absmax(a) * int(table.max()) * abs(int(mult)) \
+    emax_b = offset_absmax(node, b)
+    if size < 2 or 2 ** t != size or emax_b >= 1 << 20 or offset_absmax(node, a) * int(table.max()) * abs(int(mult)) \
             >= 2 ** 62:
         return False
     d = torch.arange(emax_b + 1, dtype=torch.int64)

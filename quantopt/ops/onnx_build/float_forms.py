@@ -24,4 +24,4 @@ def unary_perm(g: QDQGraph, node: PyNode) -> Perm:
 
 def requant_factor(node: PyNode, numerator: float) -> float:
     """M · 2^-N / (s_out / numerator): how far the stored multiplier is from the exact ratio it stands for."""
-    return float(requant_ratio(node)[0]) * numerator / tensor_scale(node.outputs[0])
+    return float(requant_ratio(node)[0]) * numerator / tensor_scale(node, node.outputs[0])

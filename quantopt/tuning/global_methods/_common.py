@@ -223,7 +223,7 @@ def range_honoured(qgraph: PyGraph, t: PyTensor, qt: PyTensor) -> Optional[PyNod
     if producer is None or qt.qinvariant or qt.qbits is None or r.min is None or isinstance(qt.scale, torch.Tensor):
         return None
     bits = int(qt.qbits)
-    p = linear_quant_params(r.min, r.max, bits, activation_mode(producer, bits), is_signed(qt))
+    p = linear_quant_params(r.min, r.max, bits, activation_mode(producer, bits), is_signed(qgraph.node(producer.name), qt))
     if float(p.scale) != float(qt.scale) or int(p.zerop) != int(qt.zerop) or (p.qmin, p.qmax) != (qt.qmin, qt.qmax):
         return None
     index = producer.outputs.index(t)
@@ -241,7 +241,7 @@ def fake_quant_range(x: torch.Tensor, lo: float, hi: float, qt: PyTensor, produc
     """`x` quantized and dequantized with the params the producer would derive from the range [lo, hi] (the bits
     and signedness of the quantized tensor `qt`)."""
     bits = int(qt.qbits)
-    p = linear_quant_params(lo, hi, bits, activation_mode(producer, bits), is_signed(qt))
+    p = linear_quant_params(lo, hi, bits, activation_mode(producer, bits), is_signed(producer, qt))
     return dequantize(quantize(x, p.scale, p.zerop, p.qmin, p.qmax), p.scale, p.zerop)
 
 

@@ -103,7 +103,7 @@ class MixedPairProbe(PairProbe):
             change(copies)
         first = copies[0]
         if first.name not in self.floats:
-            copy_params(first.inputs[0], self.q_input)
+            copy_params(self, first.inputs[0], self.q_input)
         for n in copies:
             if n.name in self.floats:
                 make_float_layer(n, self.choices[n.name])

@@ -118,8 +118,8 @@ def _search_input(qgraph: PyGraph, node: PyNode, qnode: PyNode, xs, ys, factors:
     best_f, best = 1.0, -2.0
     for f in factors:
         cand = qt.clone()
-        p = linear_quant_params(scaled(lo, f), scaled(hi, f), bits, activation_mode(producer, bits), is_signed(qt))
-        set_params(cand, p, bits)
+        p = linear_quant_params(scaled(lo, f), scaled(hi, f), bits, activation_mode(producer, bits), is_signed(node, qt))
+        set_params(node, cand, p, bits)
         c = concat_cos(ys, _outputs(node, qnode, xs, cand, weight_range))
         if c > best + 1e-12 or (f == 1.0 and c >= best):
             best_f, best = f, c

@@ -275,7 +275,7 @@ class PairProbe:
         copies = clone_nodes(self.nodes)
         if change is not None:
             change(copies)
-        copy_params(copies[0].inputs[0], self.q_input)
+        copy_params(self, copies[0].inputs[0], self.q_input)
         for n in copies:
             quantize_copy(n)
         total, count = 0.0, 0

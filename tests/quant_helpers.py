@@ -1,0 +1,29 @@
+"""Quantization parameters in tests. They live in a side table keyed by tensor name (quantopt/graph/tables.py), not
+on the tensor: the graph's table, or the layer's own for a layer outside a graph. A test that reads or sets the
+parameters of a tensor it holds goes through a layer that names it (of the graph that holds the tensor)."""
+from __future__ import annotations
+
+from typing import Any
+
+from quantopt.graph.node import PyNode
+from quantopt.graph.tables import TensorQuant, quant_of
+from quantopt.graph.tensor import PyTensor
+
+_FIELDS = ("scale", "zerop", "qbits", "qmin", "qmax", "qinvariant", "axis")
+
+
+def params_of(node: PyNode, t: PyTensor) -> TensorQuant:
+    """The parameters of `t`, a tensor of `node` (read-only; the defaults when it has none)."""
+    return quant_of(node).get(t)
+
+
+def set_quant(node: PyNode, t: PyTensor, **fields: Any) -> TensorQuant:
+    """Set fields (scale, zerop, qbits, qmin, qmax, qinvariant, axis) of the parameters of `t`, a tensor of `node`;
+    returns its entry."""
+    unknown = set(fields) - set(_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown quantization fields {sorted(unknown)}")
+    q = quant_of(node).of(t)
+    for key, value in fields.items():
+        setattr(q, key, value)
+    return q
