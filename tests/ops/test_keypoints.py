@@ -9,6 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.errors import IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
@@ -106,9 +107,9 @@ def rhe(f: Fraction) -> int:
 
 def ref_int(node, hq: list, bq: list):
     """The documented integer fit on python integers."""
-    h_t, b_t = node.inputs
-    zh, zb = int(h_t.zerop), int(b_t.zerop)
-    s = Fraction(float(h_t.scale))
+    hp, bp = (params_of(node, t) for t in node.inputs)
+    zh, zb = int(hp.zerop), int(bp.zerop)
+    s = Fraction(float(hp.scale))
     size = len(hq[0])
     p = node.params
     scores, kps = [], []
@@ -133,7 +134,7 @@ def ref_int(node, hq: list, bq: list):
                     d0, d1 = rhe(Fraction(d0 * 384, big)), rhe(Fraction(d1 * 384, big))
                 s19 = g[1][1] * 2 ** 19 - (b0 * d0 + b1 * d1) * 2 ** 10 + 4 * a00 * d0 * d0 + \
                     2 * a01 * d0 * d1 + 4 * a11 * d1 * d1
-            o0, o1 = node.outputs[0], node.outputs[1]
+            o0, o1 = params_of(node, node.outputs[0]), params_of(node, node.outputs[1])
             sc = rhe(Fraction(s19 * p["score_scale_value"], 2 ** (p["score_shift_value"] + 19))) - int(o0.zerop)
             srow.append([min(max(sc, int(o0.qmin)), int(o0.qmax))])
             x1, y1, x2, y2 = (v + zb for v in bq[r])
@@ -156,17 +157,17 @@ def test_heatmap_quantized(tmp_path, bits: int, mode: str) -> None:
     qg = quantize_model(g, [inputs(s) for s in (2, 3)] + [feeds], settings(bits, mode))
     node = qg.node("op")
     h_t, b_t = node.inputs
-    assert node.outputs[0].qbits == h_t.qbits and node.outputs[1].qbits == b_t.qbits
-    assert node.params["roi_min_size_value"] == round(float(b_t.scale) * 256)
+    hp, bp = params_of(node, h_t), params_of(node, b_t)
+    o0, o1, o2 = (params_of(node, t) for t in node.outputs)
+    assert o0.qbits == hp.qbits and o1.qbits == bp.qbits
+    assert node.params["roi_min_size_value"] == round(float(bp.scale) * 256)
     score, kp, zeros = qg.forward(feeds)
     ws, wk = ref_int(node, h_t.betensor.to(torch.int64).tolist(), b_t.betensor.to(torch.int64).tolist())
     assert score.tolist() == ws and kp.tolist() == wk
-    o2 = node.outputs[2]
     assert torch.equal(zeros, torch.full((3, 2, 1), min(max(-int(o2.zerop), int(o2.qmin)), int(o2.qmax))))
     # close to the float op on the dequantized inputs
-    deq = [((t.betensor.to(torch.float64) + int(t.zerop)) / float(t.scale)).numpy() for t in (h_t, b_t)]
+    deq = [((t.betensor.to(torch.float64) + int(q.zerop)) / float(q.scale)).numpy() for t, q in ((h_t, hp), (b_t, bp))]
     fs, fk = ref_float(*deq)
-    o0, o1 = node.outputs[0], node.outputs[1]
     got_s = (score.numpy() + int(o0.zerop)) / float(o0.scale)
     got_k = (kp.numpy() + int(o1.zerop)) / float(o1.scale)
     assert np.abs(got_s - fs).max() <= 1.5 / float(o0.scale) + 0.01 * np.abs(fs).max()

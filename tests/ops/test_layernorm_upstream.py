@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.analysis.similarity import cosine
 from quantopt.config.presets import preset_settings
@@ -110,7 +111,7 @@ def _int_range(bits: int, signed: bool) -> Tuple[int, int]:
 
 
 def ref_forward(node, x_q: np.ndarray) -> np.ndarray:
-    inp, out = node.inputs[0], node.outputs[0]
+    inp, out = params_of(node, node.inputs[0]), params_of(node, node.outputs[0])
     p = node.params
     axes = sorted(a % x_q.ndim for a in p["axis"])
     assert axes == list(range(axes[0], x_q.ndim)), "the reference handles trailing axes"
@@ -205,7 +206,7 @@ def test_per_channel_weights_give_per_channel_multipliers_without_a_shared_shift
     assert n.constants["scale"].betensor.numel() == C and n.constants["shift"].betensor.numel() == C
     assert n.constants["weights_scale"].betensor.numel() == C
     assert len(set(n.constants["shift"].betensor.tolist())) > 1  # not unified (upstream's LayerNorm)
-    assert n.outputs[0].qmin < 0
+    assert params_of(n, n.outputs[0]).qmin < 0
 
 
 def test_long_rows_shrink_the_normalized_range() -> None:
@@ -237,7 +238,8 @@ def test_extreme_and_constant_rows_match_reference(bits: int, mode: str, wmode: 
     """Rows at the range limits, constant rows (zero variance) and rows alternating between the limits."""
     _, qg, _ = quantized(CASES[0], bits, mode, wmode)
     node = qg.node("op")
-    lo, hi = int(node.inputs[0].qmin), int(node.inputs[0].qmax)
+    inp = params_of(node, node.inputs[0])
+    lo, hi = int(inp.qmin), int(inp.qmax)
     alt = torch.tensor([lo, hi] * (C // 2))
     x = torch.stack([torch.full([C], lo), torch.full([C], hi), torch.zeros(C, dtype=torch.int64), alt,
                      torch.randint(lo, hi + 1, [C], generator=torch.Generator().manual_seed(3))]).reshape(1, 5, C)

@@ -3,15 +3,17 @@ including the golden op_if's mixed case (an integer input of scale 1 against a q
 from __future__ import annotations
 
 import pytest
+from quant_helpers import set_quant
 
 from quantopt.graph.node import PyNode
 from quantopt.graph.tensor import PyTensor
 from quantopt.ops.binary_math import _comparison_multipliers
 
 
-def tensor(scale: float, invariant: bool) -> PyTensor:
-    t = PyTensor("t")
-    t.scale, t.zerop, t.qinvariant = scale, 0, invariant
+def tensor(node: PyNode, name: str, scale: float, invariant: bool) -> PyTensor:
+    """An input of `node` with the given parameters (kept in the layer's own table: it is in no graph)."""
+    t = PyTensor(name)
+    set_quant(node, t, scale=scale, zerop=0, qinvariant=invariant)
     return t
 
 
@@ -25,4 +27,4 @@ def tensor(scale: float, invariant: bool) -> PyTensor:
 ])
 def test_multipliers_follow_upstream(sa: float, ia: bool, sb: float, ib: bool, want) -> None:
     node = PyNode("cmp", "Logical")
-    assert _comparison_multipliers(node, tensor(sa, ia), tensor(sb, ib)) == want
+    assert _comparison_multipliers(node, tensor(node, "a", sa, ia), tensor(node, "b", sb, ib)) == want

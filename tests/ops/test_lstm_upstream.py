@@ -10,6 +10,7 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 from range_helpers import range_of, set_range
 from test_recurrent import build, feeds, lstm_weights, np_sigmoid
 
@@ -114,12 +115,12 @@ def test_constants_follow_the_placeholder_ranges(params: Dict[str, Any], wmode: 
     assert len(scale) == len(shift) == head + 2 * T
     assert node.constants["diff_shifts"].betensor.numel() == T
     h_scale = sym_scale(float(range_of(node, ph[0]).min), float(range_of(node, ph[0]).max), bits)
-    s_x = np.float32(node.inputs[0].scale)
+    s_x = np.float32(params_of(node, node.inputs[0]).scale)
     assert (scale[0], shift[0]) == approx(s_x / h_scale, bits)
     # cell state: step t rescales c_{t-1} to the candidate table's output scale, then to c_t's scale
     g_out = sym_scale(float(range_of(node, ph[4]).min), float(range_of(node, ph[4]).max), bits)
     f_out = sym_scale(float(range_of(node, ph[2]).min), float(range_of(node, ph[2]).max), bits)
-    c_prev = np.float32(node.inputs[2].scale)
+    c_prev = np.float32(params_of(node, node.inputs[2]).scale)
     for t in range(T):
         c_t = sym_scale(float(range_of(node, ph[7 + t]).min), float(range_of(node, ph[7 + t]).max), bits)
         assert (scale[head + 2 * t], shift[head + 2 * t]) == approx(g_out / c_prev, bits)
@@ -134,7 +135,8 @@ def test_constants_follow_the_placeholder_ranges(params: Dict[str, Any], wmode: 
     assert node.params["lut_shift_value"] == (0 if bits == 8 else min(shift[0], min(shift[1:1 + (4 * C if per_channel
                                                                                                    else 1)]), 15))
     for t in node.outputs:
-        assert (t.qmin, t.qmax, int(t.zerop)) == (-(2 ** (bits - 1) - 1), 2 ** (bits - 1) - 1, 0)
+        q = params_of(node, t)
+        assert (q.qmin, q.qmax, int(q.zerop)) == (-(2 ** (bits - 1) - 1), 2 ** (bits - 1) - 1, 0)
 
 
 # --- integer forward -----------------------------------------------------------------------------------------------
@@ -320,8 +322,8 @@ def test_table_bound_clamps_the_gate_range() -> None:
     node = qg.node("op")
     ph = node.placeholders[1]
     assert max(abs(float(range_of(node, ph).min)), float(range_of(node, ph).max)) > 4.6
-    s_x, s_w = np.float32(node.inputs[0].scale), np.float32(node.params["weights_scale"])
+    s_x, s_w = np.float32(params_of(node, node.inputs[0]).scale), np.float32(node.params["weights_scale"])
     in_scale = np.float32(127) / np.float32(4.564205) * np.float32(256)
     m, n = approx(in_scale / (s_x * s_w), 8)
     assert (int(node.constants["scale"].betensor[1]), int(node.constants["shift"].betensor[1])) == (m, n + 8)
-    assert math.isfinite(float(node.outputs[0].scale))
+    assert math.isfinite(float(params_of(node, node.outputs[0]).scale))

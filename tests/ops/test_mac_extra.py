@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from quant_helpers import params_of
 
 import quantopt.ops.mac_extra as mac_extra
 from quantopt.analysis.similarity import cosine
@@ -75,15 +76,17 @@ def ref_requant(acc: np.ndarray, mult, shift, zp_out: int, qmin: int, qmax: int)
     return out
 
 
-def out_info(t) -> Tuple[int, int, int]:
-    return int(t.zerop), int(t.qmin), int(t.qmax)
+def out_info(node) -> Tuple[int, int, int]:
+    """Zero point and integer bounds of the layer's output."""
+    q = params_of(node, node.outputs[0])
+    return int(q.zerop), int(q.qmin), int(q.qmax)
 
 
 def ref_act_bounds(node, y: np.ndarray) -> np.ndarray:
     act = str(node.params.get("with_activation", "NONE")).upper()
     if act not in ("RELU", "RELU6", "CLIP"):
         return y
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     lo, hi = {"RELU": (0.0, None), "RELU6": (0.0, 6.0)}.get(act, (node.params.get("clip_min"),
                                                                   node.params.get("clip_max")))
 
@@ -111,7 +114,7 @@ def mac_reference(node, acc_nobias: np.ndarray) -> np.ndarray:
     mult, shift = requant_params(node)
     remain = node.params.get("remain_shift")
     common = int(np.asarray(shift).reshape(-1)[0])
-    wide = (node.inputs[0].qbits or 8) > 8 or node.constants["weights"].dtype.bits > 8
+    wide = (params_of(node, node.inputs[0]).qbits or 8) > 8 or node.constants["weights"].dtype.bits > 8
     if remain is not None and wide and len(set(np.asarray(shift).reshape(-1).tolist())) == 1:
         d = common - int(remain)
         if d > 0:
@@ -122,7 +125,7 @@ def mac_reference(node, acc_nobias: np.ndarray) -> np.ndarray:
             acc = np.clip(acc_nobias, -(2 ** 31), 2 ** 31 - 1) + b
     else:
         acc = acc_nobias + b
-    zp_out, qmin, qmax = out_info(node.outputs[0])
+    zp_out, qmin, qmax = out_info(node)
     return ref_act_bounds(node, ref_requant(acc, mult, shift, zp_out, qmin, qmax))
 
 
@@ -163,7 +166,7 @@ def ref_conv3d_int(node) -> np.ndarray:
     p = node.params
     w = node.constants["weights"].betensor.numpy().astype(np.int64)
     w = w + weight_zp(node, w.shape[0]).reshape(-1, 1, 1, 1, 1)
-    zp = int(node.inputs[0].zerop)
+    zp = int(params_of(node, node.inputs[0]).zerop)
     x = torch.from_numpy(node.inputs[0].betensor.numpy().astype(np.float64)).permute(0, 4, 1, 2, 3)
     x = F.pad(x, (p["pad_x_begin"], p["pad_x_end"], p["pad_y_begin"], p["pad_y_end"], p["pad_z_begin"],
                   p["pad_z_end"]), value=float(-zp))
@@ -227,7 +230,7 @@ def ref_convt_int(node, geo) -> np.ndarray:
     by (k-1)*d - pad_begin before and (k-1)*d - pad_end + output_padding after (negative amounts crop), then a plain
     convolution (stride 1, dilation d) with the spatially flipped kernel of each output channel; no bias."""
     nd = len(geo["s"])
-    zp = int(node.inputs[0].zerop)
+    zp = int(params_of(node, node.inputs[0]).zerop)
     x = node.inputs[0].betensor.numpy().astype(np.int64)
     w_ir = node.constants["weights"].betensor.numpy().astype(np.int64)  # [cog, kh, kw, (kd,) cin]
     g = geo["group"]
@@ -306,8 +309,8 @@ def ref_gemm_int(node) -> np.ndarray:
     """docs/semantics/mac.md Gemm, python ints for the requantizations."""
     p = node.params
     ta, tb = node.inputs[0], node.inputs[1]
-    a = ta.betensor.numpy().astype(np.int64) + int(ta.zerop)
-    b = tb.betensor.numpy().astype(np.int64) + int(tb.zerop)
+    a = ta.betensor.numpy().astype(np.int64) + int(params_of(node, ta).zerop)
+    b = tb.betensor.numpy().astype(np.int64) + int(params_of(node, tb).zerop)
     a = a.T if p["trans_a"] else a
     b = b.T if p["trans_b"] else b
     acc = a @ b
@@ -316,12 +319,12 @@ def ref_gemm_int(node) -> np.ndarray:
     if len(node.inputs) == 3:
         (m, mc), (n, nc) = p["scale_value"], p["shift_value"]
         tc = node.inputs[2]
-        c = tc.betensor.numpy().astype(np.int64) + int(tc.zerop)
+        c = tc.betensor.numpy().astype(np.int64) + int(params_of(node, tc).zerop)
         cb = np.vectorize(lambda v: rhe(int(v) * mc, nc), otypes=[np.int64])(c)
         acc = acc + (-cb if p["beta"] < 0 else cb)
     else:
         m, n = p["scale_value"], p["shift_value"]
-    zp_out, qmin, qmax = out_info(node.outputs[0])
+    zp_out, qmin, qmax = out_info(node)
     return ref_act_bounds(node, ref_requant(acc, m, n, zp_out, qmin, qmax))
 
 
@@ -479,7 +482,7 @@ def test_gemm_with_constant_operands_and_fused_activation(act: str) -> None:
     feeds = data((5, 7), 25)
     qg = quantize_model(g, [[f] for f in feeds], settings(8, "per_tensor_asymmetric"))
     node = qg.node("op")
-    assert (node.outputs[0].qmin < 0) == (act == "CLIP")
+    assert (params_of(node, node.outputs[0]).qmin < 0) == (act == "CLIP")
     qg.forward([feeds[0]], keep_tensors=True)
     np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), ref_gemm_int(node))
     ref = g.forward([feeds[0]])[0]
@@ -494,11 +497,12 @@ def test_gemm_of_integer_inputs_is_exact() -> None:
     qg = quantize_model(g, feeds, settings(8, "per_tensor_symmetric_full_range"))
     node = qg.node("op")
     out = node.outputs[0]
-    assert out.qinvariant and out.scale == 1.0 and out.zerop == 0
+    oq = params_of(node, out)
+    assert oq.qinvariant and oq.scale == 1.0 and oq.zerop == 0
     assert node.params["scale_value"] == [1, 1] and node.params["shift_value"] == [0, 0]
     qg.forward(feeds[0])
     a, b, c = (f.numpy().astype(np.int64) for f in feeds[0])
-    np.testing.assert_array_equal(out.betensor.numpy(), np.clip(a @ b + c, out.qmin, out.qmax))
+    np.testing.assert_array_equal(out.betensor.numpy(), np.clip(a @ b + c, oq.qmin, oq.qmax))
 
 
 @pytest.mark.parametrize("bits,amode", ACT_MODES)

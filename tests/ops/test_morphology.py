@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from quant_helpers import params_of
 from range_helpers import range_of
 
 import quantopt.ops.morphology  # noqa: F401  (registers the family even when imported alone)
@@ -122,16 +123,17 @@ def test_integer_forward(optype: str, window: int, bits: int, mode: str) -> None
     weight_mode = "per_tensor_asymmetric" if mode == "per_tensor_asymmetric" else "per_tensor_symmetric_full_range"
     qg = quantize_model(g, data(5) + [x], settings(bits, mode, q_mode_weight=weight_mode))
     node, inp, out = qg.nodes[-1], qg.input_tensors[0], qg.output_tensors[0]
+    iq, oq = params_of(node, inp), params_of(node, out)
     m, a_in, a_w = node.params["scale_value"]
     assert 1 <= a_in <= 32767 and 1 <= a_w <= 32767
     assert node.get_constant("weights").betensor.abs().max() <= 2 ** (bits - 1)
     if optype == "Erosion" or window == 0:
-        assert int(out.qmin) < 0
+        assert int(oq.qmin) < 0
     (qy,) = qg.forward([x])
     wq = node.get_constant("weights").betensor.numpy().astype(np.int64) + int(node.params["weights_zp"])
-    acc = ref(optype, inp.betensor.numpy().astype(np.int64) + int(inp.zerop), wq, p, exact=True, a=(a_in, a_w))
-    expect = np.vectorize(lambda v: rhe_requant(v, m, int(node.params["shift_value"]), int(out.zerop),
-                                                int(out.qmin), int(out.qmax)))(acc).astype(np.int64)
+    acc = ref(optype, inp.betensor.numpy().astype(np.int64) + int(iq.zerop), wq, p, exact=True, a=(a_in, a_w))
+    expect = np.vectorize(lambda v: rhe_requant(v, m, int(node.params["shift_value"]), int(oq.zerop),
+                                                int(oq.qmin), int(oq.qmax)))(acc).astype(np.int64)
     np.testing.assert_array_equal(qy.numpy(), expect)
     (dy,) = run_quantized(qg, [x])
     span = float(fy.abs().max())
@@ -236,11 +238,12 @@ def test_col2im_integer(case: int, bits: int, mode: str) -> None:
     fy = fy.clone()
     qg = quantize_model(g, xs, settings(bits, mode))
     node, inp, out = qg.nodes[-1], qg.input_tensors[0], qg.output_tensors[0]
+    iq, oq = params_of(node, inp), params_of(node, out)
     (qy,) = qg.forward([xs[0]])
-    acc = ref_col2im(inp.betensor.numpy().astype(np.int64) + int(inp.zerop), image, block, stride, dil, pads,
+    acc = ref_col2im(inp.betensor.numpy().astype(np.int64) + int(iq.zerop), image, block, stride, dil, pads,
                      exact=True)
     m, n = int(node.params["scale_value"]), int(node.params["shift_value"])
-    expect = np.vectorize(lambda v: rhe_requant(v, m, n, int(out.zerop), int(out.qmin), int(out.qmax)))(acc)
+    expect = np.vectorize(lambda v: rhe_requant(v, m, n, int(oq.zerop), int(oq.qmin), int(oq.qmax)))(acc)
     np.testing.assert_array_equal(qy.numpy(), expect.astype(np.int64))
     (dy,) = run_quantized(qg, [xs[0]])
     r = range_of(node, out)

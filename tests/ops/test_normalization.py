@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from int_refs import clamp, rhe_div
+from quant_helpers import params_of
 
 from quantopt.analysis.similarity import cosine
 from quantopt.errors import IRError, UnsupportedError
@@ -154,8 +155,9 @@ def ref_rsqrt(q: int) -> Tuple[int, int]:
     return math.isqrt((1 << 62) // qn), t
 
 
-def _tparams(t) -> Tuple[int, int, int]:
-    return int(t.zerop), int(t.qmin), int(t.qmax)
+def _tparams(node, t) -> Tuple[int, int, int]:
+    q = params_of(node, t)
+    return int(q.zerop), int(q.qmin), int(q.qmax)
 
 
 def _group_ids(node, shape: Sequence[int]) -> np.ndarray:
@@ -202,8 +204,8 @@ def _requant_pairs(node, shape: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def ref_norm(node, x_q: np.ndarray) -> np.ndarray:
-    zp, _, _ = _tparams(node.inputs[0])
-    zp_o, qmin, qmax = _tparams(node.outputs[0])
+    zp, _, _ = _tparams(node, node.inputs[0])
+    zp_o, qmin, qmax = _tparams(node, node.outputs[0])
     shape = x_q.shape
     v = x_q.astype(np.int64) + zp
     gid = _group_ids(node, shape)
@@ -254,8 +256,8 @@ def table_value(index: int, table: Sequence[int], in_bits: int) -> int:
 
 
 def ref_lrn(node, x_q: np.ndarray) -> np.ndarray:
-    zp, _, _ = _tparams(node.inputs[0])
-    zp_o, qmin, qmax = _tparams(node.outputs[0])
+    zp, _, _ = _tparams(node, node.inputs[0])
+    zp_o, qmin, qmax = _tparams(node, node.outputs[0])
     p = node.params
     size = int(p["size"])
     table = [int(a) for a in node.constants["lut"].betensor.tolist()]
@@ -273,8 +275,8 @@ def ref_lrn(node, x_q: np.ndarray) -> np.ndarray:
 
 
 def ref_l2(node, x_q: np.ndarray) -> np.ndarray:
-    zp, _, _ = _tparams(node.inputs[0])
-    zp_o, qmin, qmax = _tparams(node.outputs[0])
+    zp, _, _ = _tparams(node, node.inputs[0])
+    zp_o, qmin, qmax = _tparams(node, node.outputs[0])
     p = node.params
     rank = x_q.ndim
     axes = [a % rank for a in (p["axis"] if isinstance(p["axis"], list) else [p["axis"]])]
@@ -336,7 +338,7 @@ def test_quantized_ir_layout() -> None:
     assert (node.params["norm_scale_value"], node.params["norm_shift_value"]) == (32767, 0)
     for key in ("norm_frac_bits", "eps_value", "norm_scale_value", "norm_shift_value"):
         assert isinstance(node.params[key], int)
-    assert node.outputs[0].qmin < 0
+    assert params_of(node, node.outputs[0]).qmin < 0
 
 
 # --- 3. float vs dequantized ------------------------------------------------------------------------------------

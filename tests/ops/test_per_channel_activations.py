@@ -9,6 +9,7 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 from test_int_mac import ref_conv, ref_requant, requant_params
 
 from quantopt.analysis.similarity import cosine, to_float
@@ -64,7 +65,7 @@ def ref_output(node, x_q: np.ndarray) -> np.ndarray:
     """The MAC output stage of docs/integer-semantics.md with per-channel fused-activation bounds."""
     acc = ref_conv(node, x_q)
     mult, shift = requant_params(node)
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     y = ref_requant(acc, mult, shift, int(out.zerop), out.qmin, out.qmax)
     if node.params.get("with_activation") == "RELU6":
         scale = out.scale.numpy().astype(np.float64)
@@ -77,10 +78,12 @@ def ref_output(node, x_q: np.ndarray) -> np.ndarray:
 def test_integer_forward_matches_reference(mode: str) -> None:
     qg = quantize_model(chain(), data(1), per_layer={n: dict(q_mode_activation=mode) for n in ("c1", "dw")})
     c1, dw, pool, c2 = (qg.node(n) for n in ("c1", "dw", "pool", "c2"))
-    for t in (c1.outputs[0], dw.outputs[0], pool.outputs[0]):
-        assert isinstance(t.scale, torch.Tensor) and t.scale.numel() == 8 and int(t.zerop) == 0
+    for n in (c1, dw, pool):
+        q = params_of(n, n.outputs[0])
+        assert isinstance(q.scale, torch.Tensor) and q.scale.numel() == 8 and int(q.zerop) == 0
     assert c1.params["activation_quantization_axis"] == [3] and c2.params["activation_quantization_axis"] == [None]
-    assert c1.outputs[0].scale.max() / c1.outputs[0].scale.min() > 50  # the channels really got their own scales
+    c1_scale = params_of(c1, c1.outputs[0]).scale
+    assert c1_scale.max() / c1_scale.min() > 50  # the channels really got their own scales
     qg.forward([data(2, 1)[0]], keep_tensors=True)
     for node in (c1, dw, c2):
         np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), ref_output(node, node.inputs[0].betensor
@@ -167,8 +170,9 @@ def test_fully_connected_and_batchnorm_chains() -> None:
     acc = x_q @ w.T + node.constants["biases"].betensor.numpy().astype(np.int64)
     mult, shift = requant_params(node)
     out = node.outputs[0]
-    np.testing.assert_array_equal(out.betensor.numpy(), ref_requant(acc, mult, shift, int(out.zerop), out.qmin,
-                                                                    out.qmax))
+    oq = params_of(node, out)
+    np.testing.assert_array_equal(out.betensor.numpy(), ref_requant(acc, mult, shift, int(oq.zerop), oq.qmin,
+                                                                    oq.qmax))
     graph.forward([calib[0]])
     assert cosine(graph.output_tensors[0].betensor, run_quantized(qg, [calib[0]])[0]) > 0.99
 
@@ -186,7 +190,8 @@ def test_fully_connected_and_batchnorm_chains() -> None:
     graph = b.build([c2])
     calib = [torch.from_numpy(r.normal(size=[2, 6, 6, 3]).astype(np.float32)) for _ in range(3)]
     qg = quantize_model(graph, calib, dict(q_strategy_activation="extrema"), per_layer=per_channel(("c", "bn")))
-    assert qg.node("bn").outputs[0].scale.numel() == 4
+    bn = qg.node("bn")
+    assert params_of(bn, bn.outputs[0]).scale.numel() == 4
     graph.forward([calib[0]])
     assert cosine(graph.output_tensors[0].betensor, run_quantized(qg, [calib[0]])[0]) > 0.99
 
@@ -214,7 +219,8 @@ def test_concat_on_the_channel_axis_joins_the_scales(tmp_path) -> None:
              for s in range(3)]
     qg = quantize_model(graph, calib, dict(q_strategy_activation="extrema"), per_layer=per_channel(("a",)))
     a, b, cat = qg.node("a").outputs[0], qg.node("b").outputs[0], qg.node("cat").outputs[0]
-    assert torch.equal(cat.scale, torch.cat([a.scale.float(), torch.full((2,), float(b.scale))]))
+    sa, sb, sc = (params_of(qg.node(n), t).scale for n, t in (("a", a), ("b", b), ("cat", cat)))
+    assert torch.equal(sc, torch.cat([sa.float(), torch.full((2,), float(sb))]))
     assert "scale_value" not in qg.node("cat").params
     qg.forward([calib[0]], keep_tensors=True)
     np.testing.assert_array_equal(cat.betensor.numpy(), np.concatenate([a.betensor.numpy(), b.betensor.numpy()],
@@ -251,7 +257,7 @@ def residual_graph(method: str = "ADD"):
 
 def ref_eltwise(node) -> np.ndarray:
     method = str(node.params["method"]).upper()
-    xs = [t.betensor.numpy().astype(np.int64) + int(t.zerop) for t in node.inputs]
+    xs = [t.betensor.numpy().astype(np.int64) + int(params_of(node, t).zerop) for t in node.inputs]
     mult = node.constants["scale"].betensor.numpy().astype(np.int64)
     shift = node.constants["shift"].betensor.numpy().astype(np.int64)
     if method == "MUL":
@@ -260,7 +266,7 @@ def ref_eltwise(node) -> np.ndarray:
         muls = node.constants["input_scale"].betensor.numpy().astype(np.int64).reshape(len(xs), -1)
         parts = [x * m for x, m in zip(xs, muls)]
         acc = {"ADD": np.add, "SUB": np.subtract, "MAX": np.maximum, "MIN": np.minimum}[method](*parts)
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     return ref_requant(acc, np.broadcast_to(mult, acc.shape), np.broadcast_to(shift, acc.shape), int(out.zerop),
                        out.qmin, out.qmax)
 
@@ -319,11 +325,12 @@ def test_table_activations_take_one_table_per_channel(method: str, layers, bits:
     assert lut.dim() == 2 and lut.shape[0] == 4
     qg.forward([calib[0]], keep_tensors=True)
     x, out = node.inputs[0], node.outputs[0]
-    qmin_in = int(x.qmin)
+    oq = params_of(node, out)
+    qmin_in = int(params_of(node, x).qmin)
     for ch in range(4):  # each channel read through its own table, as a one-table lookup
-        want = lookup_lut(x.betensor[..., ch], lut[ch], qmin_in, 8 if bits == 8 else 16, out.qbits,
-                          int(out.qmin) < 0, in_restricted=False)
-        want = torch.clamp(want, int(out.qmin), int(out.qmax))
+        want = lookup_lut(x.betensor[..., ch], lut[ch], qmin_in, 8 if bits == 8 else 16, oq.qbits,
+                          int(oq.qmin) < 0, in_restricted=False)
+        want = torch.clamp(want, int(oq.qmin), int(oq.qmax))
         assert torch.equal(out.betensor[..., ch], want)
     graph.forward([calib[0]])
     assert cosine(graph.output_tensors[0].betensor, run_quantized(qg, [calib[0]])[0]) > (0.99 if bits == 8
@@ -368,8 +375,8 @@ def test_layers_whose_readers_cannot_take_per_channel_fall_back_with_one_warning
         assert graph.node(name).settings.q_mode_activation == "per_tensor_symmetric_full_range"
     assert "'keep'" not in warnings[0] and "5 layer(s)" in warnings[0]
     assert graph.node("keep").settings.q_mode_activation == PER_CHANNEL
-    assert qg.node("keep").outputs[0].scale.numel() == 4
-    assert all(torch.as_tensor(qg.node(n).outputs[0].scale).numel() == 1
+    assert params_of(qg.node("keep"), qg.node("keep").outputs[0]).scale.numel() == 4
+    assert all(torch.as_tensor(params_of(qg.node(n), qg.node(n).outputs[0]).scale).numel() == 1
                for n in ("after", "gate", "mul", "flat_src", "cat_src"))
     graph.forward([calib[0]])
     outs = run_quantized(qg, [calib[0]])
@@ -380,4 +387,4 @@ def test_no_warning_when_every_per_channel_layer_can_stay(caplog) -> None:
     with caplog.at_level("WARNING", logger="quantopt"):
         qg = quantize_model(chain(), data(1, 2), per_layer=per_channel(("c1", "dw")))
     assert not [m for m in caplog.messages if "fall back" in m]
-    assert qg.node("c1").outputs[0].scale.numel() == 8
+    assert params_of(qg.node("c1"), qg.node("c1").outputs[0]).scale.numel() == 8

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Sequence
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of, set_quant
 
 import quantopt.ops.space_batch  # noqa: F401  (registers the family even when imported alone)
 import quantopt.ops.trivial  # noqa: F401
@@ -105,8 +106,10 @@ def test_integer_forward_moves_integers_exactly(optype, params, in_shape, out_sh
     g = one(optype, params, in_shape, out_shapes)
     qg = quantize_model(g, data(in_shape, 2), settings(bits, mode))
     q_in, q_out = qg.input_tensors[0], qg.output_tensors[0]
-    for key in ("scale", "zerop", "qmin", "qmax", "dtype", "qbits"):
-        assert getattr(q_out, key) == getattr(q_in, key), key
+    p_in, p_out = (params_of(qg.node("op"), t) for t in (q_in, q_out))
+    for key in ("scale", "zerop", "qmin", "qmax", "qbits"):
+        assert getattr(p_out, key) == getattr(p_in, key), key
+    assert q_out.dtype == q_in.dtype
     (y,) = qg.forward([data(in_shape, 3, 1)[0]])
     assert y.dtype == torch.int64
     np.testing.assert_array_equal(y.numpy(), ref(q_in.betensor.numpy()))
@@ -122,8 +125,10 @@ def test_dummy_copies_each_input() -> None:
     assert torch.equal(a, xs[0]) and torch.equal(c, zs[0])
     qg = quantize_model(g, list(zip(xs, zs)), settings(8, "per_tensor_asymmetric"))
     a, c = qg.forward([xs[1], zs[1]])
+    node = qg.node("op")
     for q_in, q_out in zip(qg.input_tensors, qg.output_tensors):
-        assert (q_out.scale, q_out.zerop, q_out.dtype) == (q_in.scale, q_in.zerop, q_in.dtype)
+        p_in, p_out = params_of(node, q_in), params_of(node, q_out)
+        assert (p_out.scale, p_out.zerop, q_out.dtype) == (p_in.scale, p_in.zerop, q_in.dtype)
         assert torch.equal(q_out.betensor, q_in.betensor)
 
 
@@ -153,8 +158,9 @@ def test_meshgrid_float_and_integer(indexing: str, sparse: bool, shapes) -> None
     ra, rb = np.meshgrid(qx, qy, indexing=indexing, sparse=sparse)
     np.testing.assert_array_equal(a.numpy(), ra)
     np.testing.assert_array_equal(b.numpy(), rb)
-    assert qg.output_tensors[0].scale == qg.input_tensors[0].scale
-    assert qg.output_tensors[1].scale == qg.input_tensors[1].scale
+    node = qg.node("op")
+    assert params_of(node, qg.output_tensors[0]).scale == params_of(node, qg.input_tensors[0]).scale
+    assert params_of(node, qg.output_tensors[1]).scale == params_of(node, qg.input_tensors[1]).scale
 
 
 def test_meshgrid_integer_inputs_stay_integer() -> None:
@@ -162,7 +168,7 @@ def test_meshgrid_integer_inputs_stay_integer() -> None:
     xv, yv = torch.tensor([1, -7, 3], dtype=torch.int64), torch.tensor([2, 0, 5, -1], dtype=torch.int64)
     qg = quantize_model(g, [(xv, yv)], settings(8, "per_tensor_symmetric_full_range"))
     a, b = qg.forward([xv, yv])
-    assert all(t.qinvariant for t in qg.output_tensors)
+    assert all(params_of(qg.node("op"), t).qinvariant for t in qg.output_tensors)
     ra, rb = np.meshgrid(xv.numpy(), yv.numpy())
     np.testing.assert_array_equal(a.numpy(), ra)
     np.testing.assert_array_equal(b.numpy(), rb)
@@ -229,7 +235,7 @@ def test_meshgrid_needs_vectors() -> None:
 def test_per_channel_input_is_refused() -> None:
     g = one("DataStride", {"kernel_x": 2, "kernel_y": 2, "stride_x": 2, "stride_y": 2}, [1, 4, 4, 2],
             [[1, 4, 4, 2]])
-    qin = g.input_tensors[0]
-    qin.scale, qin.zerop, qin.qmin, qin.qmax = torch.tensor([1.0, 2.0]), torch.tensor([0, 0]), -128, 127
+    set_quant(g.nodes[-1], g.input_tensors[0], scale=torch.tensor([1.0, 2.0]), zerop=torch.tensor([0, 0]), qmin=-128,
+              qmax=127)
     with pytest.raises(UnsupportedError, match="per-channel"):
         quantopt.ops.space_batch.space_batch_quantize(g.nodes[-1])
