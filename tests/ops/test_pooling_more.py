@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from int_refs import avg_ref, clamp, rhe_div
+from quant_helpers import params_of
 from test_pooling import _out_size
 
 from quantopt.analysis.similarity import cosine
@@ -131,8 +132,8 @@ def naive_lp_float(x: np.ndarray, p: Dict, power: int) -> np.ndarray:
 def ref_lp_int(node, x_q: np.ndarray, p: Dict, power: int) -> np.ndarray:
     """Docs: S = sum |x+zp|^p over real cells, min(S, 2^32-1); L1: rhe(S*M, N) - zp_out; L2: code = clamp(rhe(S*M,
     N), 0, 65535), sqrt_lut read at code over a 2^16 domain (interpolated), clamped."""
-    zp = int(node.inputs[0].zerop)
-    out = node.outputs[0]
+    zp = int(params_of(node, node.inputs[0]).zerop)
+    out = params_of(node, node.outputs[0])
     zp_out, qmin, qmax = int(out.zerop), int(out.qmin), int(out.qmax)
     m, sh = int(node.params["scale_value"]), int(node.params["shift_value"])
     n, h, w, c = x_q.shape
@@ -248,7 +249,7 @@ def test_lp_pool_integer_matches_reference(case, bits: int, mode: str) -> None:
     node = qg.node("op")
     x = data([2, 9, 10, 4], 4, 1)[0]
     y = qg.forward([x])[0]
-    assert node.outputs[0].qmin == 0  # L1/L2 outputs are unsigned
+    assert params_of(node, node.outputs[0]).qmin == 0  # L1/L2 outputs are unsigned
     np.testing.assert_array_equal(y.numpy(), ref_lp_int(node, node.inputs[0].betensor.numpy(), p,
                                                         1 if method == "L1" else 2))
     assert cosine(g.forward([x])[0], run_quantized(qg, x)[0]) > 0.99
@@ -308,8 +309,9 @@ def test_globalpool_integer_matches_reference(method: str, include, bits: int, m
         ref = ref_lp_int(node, xq, p, 1 if method == "L1" else 2)
     else:
         rows, cols = axis_windows(5, 6, 1, 1, 0, 1, False), axis_windows(6, 7, 1, 1, 1, 0, False)
-        out = node.outputs[0]
-        ref = ref_window_int(xq, rows, cols, method, int(node.inputs[0].zerop), bool(include), out.qmin, out.qmax)
+        out = params_of(node, node.outputs[0])
+        ref = ref_window_int(xq, rows, cols, method, int(params_of(node, node.inputs[0]).zerop), bool(include),
+                             out.qmin, out.qmax)
     np.testing.assert_array_equal(y, ref)
     assert cosine(g.forward([x])[0], run_quantized(qg, x)[0]) > 0.99
 
@@ -346,11 +348,11 @@ def test_adaptivepool_integer_matches_reference(method: str, bits: int, mode: st
     def windows(n: int, o: int):  # [floor(i*n/o), ceil((i+1)*n/o))
         return [[(t, "real") for t in range((i * n) // o, math.ceil((i + 1) * n / o))] for i in range(o)]
 
-    out = node.outputs[0]
-    ref = ref_window_int(xq, windows(7, 3), windows(9, 4), method, int(node.inputs[0].zerop), False, out.qmin,
-                         out.qmax, exact_div=True)
+    out, inp = params_of(node, node.outputs[0]), params_of(node, node.inputs[0])
+    ref = ref_window_int(xq, windows(7, 3), windows(9, 4), method, int(inp.zerop), False, out.qmin, out.qmax,
+                         exact_div=True)
     np.testing.assert_array_equal(y, ref)
-    assert (out.scale, out.zerop, out.dtype) == (node.inputs[0].scale, node.inputs[0].zerop, node.inputs[0].dtype)
+    assert (out.scale, out.zerop, node.outputs[0].dtype) == (inp.scale, inp.zerop, node.inputs[0].dtype)
     assert cosine(g.forward([x])[0], run_quantized(qg, x)[0]) > 0.99
 
 
@@ -432,9 +434,9 @@ def test_pooling3d_integer_matches_reference(case, bits: int, mode: str) -> None
     node = qg.node("op")
     x = data([2, 5, 6, 7, 3], 18, 1)[0]
     y = qg.forward([x])[0].numpy()
-    out = node.outputs[0]
-    ref = naive_pool3d(node.inputs[0].betensor.numpy(), p, method, True, int(node.inputs[0].zerop), out.qmin,
-                       out.qmax)
+    out = params_of(node, node.outputs[0])
+    ref = naive_pool3d(node.inputs[0].betensor.numpy(), p, method, True, int(params_of(node, node.inputs[0]).zerop),
+                       out.qmin, out.qmax)
     np.testing.assert_array_equal(y, ref)
     assert cosine(g.forward([x])[0], run_quantized(qg, x)[0]) > 0.99
 
@@ -517,8 +519,8 @@ def test_argmax_integer_matches_reference(flatten: str, order: int, bits: int, m
     rv, ri = ref_argmax(node.inputs[0].betensor.numpy(), p)
     np.testing.assert_array_equal(vals.numpy(), rv)
     np.testing.assert_array_equal(idx.numpy(), ri)
-    assert node.outputs[1].qinvariant and node.outputs[1].dtype == Dtype.INT32
-    assert node.outputs[0].scale == node.inputs[0].scale
+    assert params_of(node, node.outputs[1]).qinvariant and node.outputs[1].dtype == Dtype.INT32
+    assert params_of(node, node.outputs[0]).scale == params_of(node, node.inputs[0]).scale
     fv, fi = g.forward([x])
     assert cosine(fv, run_quantized(qg, x)[0]) > 0.99
 
@@ -586,8 +588,9 @@ def test_maxunpool_integer_matches_reference(tmp_path, flatten: str, bits: int, 
     node = qg.node("op")
     x = data([2, 8, 9, 3], 26, 1)[0]
     y, v, i = (t.numpy() for t in qg.forward([x]))
-    zp = int(node.inputs[0].zerop)
-    fill = clamp(-zp, int(node.outputs[0].qmin), int(node.outputs[0].qmax))
+    zp = int(params_of(node, node.inputs[0]).zerop)
+    out = params_of(node, node.outputs[0])
+    fill = clamp(-zp, int(out.qmin), int(out.qmax))
     ref = ref_unpool(v, i, [2, 8, 9, 3], flatten, fill)
     np.testing.assert_array_equal(y, ref)
     assert cosine(g.forward([x])[0], run_quantized(qg, x)[0]) > 0.99

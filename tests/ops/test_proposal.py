@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 from range_helpers import range_of
 
 from quantopt.errors import IRError
@@ -91,8 +92,9 @@ def test_quantized(tmp_path, bits: int, mode: str) -> None:
                              q_strategy_activation="extrema"))
     node = qg.node("op")
     s_t, d_t = node.inputs
+    sq_p, dq_p = params_of(node, s_t), params_of(node, d_t)
     F = node.params["box_shift_value"]
-    sa = float(node.outputs[1].scale)
+    sa = float(params_of(node, node.outputs[1]).scale)
     fa = int(round(math.log2(sa)))
     assert sa == 2.0 ** fa and node.params["height"] == int(H * sa) and node.params["width"] == int(W * sa)
     # the coords placeholder's range (centres, sizes, edges) fits int16 at 2^Fa, but not at 2^(Fa + 1)
@@ -103,8 +105,8 @@ def test_quantized(tmp_path, bits: int, mode: str) -> None:
     for k in ("ycenter", "xcenter", "ha", "wa"):
         want = np.clip(np.round(a[k].astype(np.float64) * sa), -32768, 32767)
         assert node.constants[k].betensor.reshape(-1).double().tolist() == want.tolist()
-    d_bits = int(d_t.qbits)
-    qmin = -(2 ** (d_bits - 1)) if int(d_t.qmin) < 0 else 0
+    d_bits = int(dq_p.qbits)
+    qmin = -(2 ** (d_bits - 1)) if int(dq_p.qmin) < 0 else 0
     tables = {}
     for k, div, fn in (("ty_lut", 10.0, lambda x: x), ("th_lut", 5.0, np.exp), ("tx_lut", 10.0, lambda x: x),
                        ("tw_lut", 5.0, np.exp)):
@@ -113,10 +115,10 @@ def test_quantized(tmp_path, bits: int, mode: str) -> None:
         n = len(t)
         assert n == 2 ** min(d_bits, DEFAULT_LUT_ITEMS_IN_BITS)
         codes = np.linspace(qmin, qmin + 2 ** d_bits - 1, n)
-        want = np.clip(np.round(fn((codes + int(d_t.zerop)) / float(d_t.scale) / div) * 2.0 ** F), -32768, 32767)
+        want = np.clip(np.round(fn((codes + int(dq_p.zerop)) / float(dq_p.scale) / div) * 2.0 ** F), -32768, 32767)
         assert np.abs(np.array(t) - want).max() <= 1
     thr = node.params["score_threshold_value"]
-    assert thr == min(max(round(0.5 * float(s_t.scale) - int(s_t.zerop)), 0), 2 ** int(s_t.qbits) - 1)
+    assert thr == min(max(round(0.5 * float(sq_p.scale) - int(sq_p.zerop)), 0), 2 ** int(sq_p.qbits) - 1)
 
     f = feeds(9)
     s, b, c, ones = qg.forward(f)

@@ -9,6 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.errors import IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
@@ -91,21 +92,22 @@ def test_post_nms1_quantized(tmp_path, bits: int, mode: str) -> None:
     node = qg.node("op")
     p_t = node.inputs[0]
     o0, o1 = node.outputs
-    assert o0.scale == p_t.scale and o0.zerop == p_t.zerop and o0.dtype == p_t.dtype
-    assert o1.dtype == Dtype.UINT16 and o1.qbits == 16
+    pq, q0, q1 = (params_of(node, t) for t in (p_t, o0, o1))
+    assert q0.scale == pq.scale and q0.zerop == pq.zerop and o0.dtype == p_t.dtype
+    assert o1.dtype == Dtype.UINT16 and q1.qbits == 16
     kept, norm = qg.forward([p])
-    pad = min(max(-int(p_t.zerop), int(p_t.qmin)), int(p_t.qmax))
+    pad = min(max(-int(pq.zerop), int(pq.qmin)), int(pq.qmax))
     rows, want = ref_pn1(p_t.betensor[0].to(torch.int64).tolist(), 8, pad)
     assert kept[0].tolist() == want
     m, n = node.params["nor_box_scale_value"], node.params["nor_box_shift_value"]
-    zp1 = int(o1.zerop)
-    want_norm = [[min(max(round(Fraction((v + int(p_t.zerop)) * m, 2 ** n)) - zp1, 0), 65535) for v in r] for r in rows]
+    zp1 = int(q1.zerop)
+    want_norm = [[min(max(round(Fraction((v + int(pq.zerop)) * m, 2 ** n)) - zp1, 0), 65535) for v in r] for r in rows]
     pad1 = min(max(-zp1, 0), 65535)
     assert norm[0].tolist() == want_norm + [[pad1] * 4] * (8 - len(rows))
     # the normalized boxes dequantize to the kept boxes / 800 within the requantization's rounding
-    deq_in = (np.array(rows, dtype=np.float64) + int(p_t.zerop)) / float(p_t.scale)
-    deq = (norm[0, :len(rows)].numpy() + zp1) / float(o1.scale)
-    assert np.abs(deq - deq_in / 800.0).max() <= 1.01 / float(o1.scale)
+    deq_in = (np.array(rows, dtype=np.float64) + int(pq.zerop)) / float(pq.scale)
+    deq = (norm[0, :len(rows)].numpy() + zp1) / float(q1.scale)
+    assert np.abs(deq - deq_in / 800.0).max() <= 1.01 / float(q1.scale)
     roundtrip(tmp_path, qg, [p])
 
 
@@ -166,9 +168,10 @@ def test_post_nms2_quantized(tmp_path, bits: int, mode: str) -> None:
     qg = quantize_model(g, [[pixel_boxes(s, 10)] for s in (2, 3)] + [[d]], settings(bits, mode))
     node = qg.node("op")
     d_t = node.inputs[0]
-    assert node.outputs[0].scale == d_t.scale and node.outputs[2].qinvariant
+    dq = params_of(node, d_t)
+    assert params_of(node, node.outputs[0]).scale == dq.scale and params_of(node, node.outputs[2]).qinvariant
     boxes, scores, count = qg.forward([d])
-    pad = min(max(-int(d_t.zerop), int(d_t.qmin)), int(d_t.qmax))
+    pad = min(max(-int(dq.zerop), int(dq.qmin)), int(dq.qmax))
     want, offset = ref_pn2(d_t.betensor[0].to(torch.int64).tolist(), 10, 3, pad)
     assert boxes[0].tolist() == want and scores.tolist() == [[pad] * 10] and count.tolist() == [offset]
     roundtrip(tmp_path, qg, [d])

@@ -10,6 +10,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.errors import IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
@@ -84,7 +85,8 @@ def ref_int(node, boxes, maps, sample, half: bool, out) -> np.ndarray:
     ph, pw = out
     F = p["spatial_shift"]
     one = 1 << F
-    zp, qmin, qmax = int(node.outputs[0].zerop), int(node.outputs[0].qmin), int(node.outputs[0].qmax)
+    oq = params_of(node, node.outputs[0])
+    zp, qmin, qmax = int(oq.zerop), int(oq.qmin), int(oq.qmax)
     res = np.full((len(boxes), ph, pw, maps[0].shape[-1]), min(max(-zp, qmin), qmax), dtype=np.int64)
     for r, b in enumerate(boxes):
         area = (b[2] - b[0]) * (b[3] - b[1])
@@ -155,8 +157,8 @@ def test_quantized(tmp_path, bits: int, mode: str, sample, coord: str) -> None:
     qg = quantize_model(g, calib, dict(q_bits_activation=bits, q_mode_activation=mode,
                                        q_bits_bias=48 if bits > 8 else 32, q_strategy_activation="extrema"))
     node = qg.node("op")
-    s_b = float(node.inputs[0].scale)
-    s_out = float(node.outputs[0].scale)
+    s_b = float(params_of(node, node.inputs[0]).scale)
+    s_out = float(params_of(node, node.outputs[0]).scale)
     F = node.params["spatial_shift"]
     assert F == math.floor(math.log2(65535 / (512 * SPATIAL[0])))
     assert node.params["levels"] == [int(t * t * s_b * s_b + 0.5) for t in (112, 224, 448)]
@@ -164,16 +166,16 @@ def test_quantized(tmp_path, bits: int, mode: str, sample, coord: str) -> None:
         m, n = node.params["input_scale"][lv], node.params["input_shift"][lv]
         assert m < 2 ** 15 and abs(m - SPATIAL[lv] * 2 ** F / s_b * 2 ** n) <= 0.5 + 1e-5 * m
         dm, dn = node.params["scale_value"][lv], node.params["shift_value"][lv]
-        ratio = s_out / float(node.inputs[lv + 1].scale) / (4 if sample[0] > 0 else 1)
+        ratio = s_out / float(params_of(node, node.inputs[lv + 1]).scale) / (4 if sample[0] > 0 else 1)
         assert dm < 2 ** min(bits, 15) and abs(dm - ratio * 2 ** dn) <= 0.5 + 1e-3 * dm
     f = feeds(5)
     (y,) = qg.forward(f)
-    boxes = (node.inputs[0].betensor[0].to(torch.int64) + int(node.inputs[0].zerop)).tolist()
-    maps = [(t.betensor.to(torch.int64) + int(t.zerop)).numpy() for t in node.inputs[1:]]
+    boxes = (node.inputs[0].betensor[0].to(torch.int64) + int(params_of(node, node.inputs[0]).zerop)).tolist()
+    maps = [(t.betensor.to(torch.int64) + int(params_of(node, t).zerop)).numpy() for t in node.inputs[1:]]
     want = ref_int(node, boxes, maps, sample, coord == "half_pixel", (3, 2))
     assert torch.equal(y.to(torch.int64), torch.from_numpy(want))
     (yf,) = g.forward(f)
-    deq = (y.double() + int(node.outputs[0].zerop)) / s_out
+    deq = (y.double() + int(params_of(node, node.outputs[0]).zerop)) / s_out
     assert (deq - yf.double()).abs().max() < 0.25 * float(yf.abs().max())
     assert (deq - yf.double()).abs().mean() < 0.05 * float(yf.abs().max())
     before = y.clone()
