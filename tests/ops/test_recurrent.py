@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 from range_helpers import range_of
 
 import quantopt.ops.recurrent  # noqa: F401  (registers the ops)
@@ -213,7 +214,7 @@ def ref_rnn(node, x_q: np.ndarray, h_q: np.ndarray, c_q) -> List[np.ndarray]:
     clamp0, clamp1 = p["gate_clamp_value"]
     rows = 4 * C if kind == "LSTM" else 3 * C
     act1_rows = range(C, 2 * C) if kind == "LSTM" else range(2 * C, 3 * C)
-    zp = {t.name: int(t.zerop) for t in node.inputs}
+    zp = {t.name: int(params_of(node, t).zerop) for t in node.inputs}
     reverse = p["direction"] == "reverse"
     out_m, out_s = p["out_scale_value"], p["out_shift_value"]
     seq_name = "Y" if kind == "LSTM" else "H"
@@ -267,7 +268,7 @@ def ref_rnn(node, x_q: np.ndarray, h_q: np.ndarray, c_q) -> List[np.ndarray]:
         if kind == "LSTM":
             finals["C"] = c
         for idx, name in enumerate(p["out_sequence"]):
-            out = node.outputs[idx]
+            out = params_of(node, node.outputs[idx])
 
             def req(v: int, idx: int = idx, out=out) -> int:
                 return clamp(rhe(v * out_m[idx], out_s[idx]) - int(out.zerop), out.qmin, out.qmax)
@@ -319,7 +320,8 @@ def test_integer_forward_matches_reference(optype: str, params: Dict[str, Any], 
     got = [t.betensor for t in node.outputs]
     want = ref_rnn(node, ins[0], ins[1], ins[2] if optype == "BasicLSTM" else None)
     for g_, w_, t in zip(got, want, node.outputs):
-        assert g_.dtype == torch.int64 and int(g_.min()) >= t.qmin and int(g_.max()) <= t.qmax
+        q = params_of(node, t)
+        assert g_.dtype == torch.int64 and int(g_.min()) >= q.qmin and int(g_.max()) <= q.qmax
         np.testing.assert_array_equal(g_.numpy(), w_)
 
 
@@ -333,8 +335,9 @@ def test_outputs_are_symmetric_restricted_whatever_the_mode(optype: str, params:
     for t in qg.node("op").outputs:
         r = range_of(qg.node("op"), t)
         absmax = max(abs(float(r.min)), abs(float(r.max)))
-        assert (t.qmin, t.qmax, int(t.zerop)) == (-qmax, qmax, 0), t.name
-        assert float(t.scale) == pytest.approx(qmax / absmax, rel=1e-6), t.name
+        q = params_of(qg.node("op"), t)
+        assert (q.qmin, q.qmax, int(q.zerop)) == (-qmax, qmax, 0), t.name
+        assert float(q.scale) == pytest.approx(qmax / absmax, rel=1e-6), t.name
 
 
 def test_per_channel_activation_mode_set_for_the_cell_is_refused() -> None:

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 import quantopt.ops.reduce  # noqa: F401  (registers the family even when imported alone)
 from quantopt.analysis.similarity import cosine
@@ -133,7 +134,7 @@ def prod_step(acc: int, s: int, factor: int) -> Tuple[int, int]:
 
 def ref_reduce(node, x_q: np.ndarray, axes: List[int], keep: bool) -> np.ndarray:
     method = node.params["method"]
-    inp, out = node.inputs[0], node.outputs[0]
+    inp, out = params_of(node, node.inputs[0]), params_of(node, node.outputs[0])
     zp_in, zp_out, qmin, qmax = int(inp.zerop), int(out.zerop), int(out.qmin), int(out.qmax)
     ax = [a % x_q.ndim for a in axes]
     rest = [d for d in range(x_q.ndim) if d not in ax]
@@ -178,7 +179,7 @@ def ref_reduce(node, x_q: np.ndarray, axes: List[int], keep: bool) -> np.ndarray
 
 def ref_cumulate(node, x_q: np.ndarray) -> np.ndarray:
     p = node.params
-    inp, out = node.inputs[0], node.outputs[0]
+    inp, out = params_of(node, node.inputs[0]), params_of(node, node.outputs[0])
     zp_in, zp_out, qmin, qmax = int(inp.zerop), int(out.zerop), int(out.qmin), int(out.qmax)
     axis = int(p["axis"]) % x_q.ndim
     v = np.moveaxis(x_q.astype(np.int64), axis, -1)
@@ -236,7 +237,7 @@ def _check(qg, x: torch.Tensor, reference) -> np.ndarray:
     qg.forward([x], keep_tensors=True)
     node = qg.node("op")
     got = node.outputs[0].betensor
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     assert got.dtype == torch.int64 and int(got.min()) >= out.qmin and int(got.max()) <= out.qmax
     np.testing.assert_array_equal(got.numpy(), reference(node, node.inputs[0].betensor.numpy()))
     return got.numpy()
@@ -249,12 +250,13 @@ def test_reduce_integer_matches_reference(case, bits: int, mode: str) -> None:
     g = reduce_graph(method, axes, keep)
     qg = quantize_model(g, [data(method, [2, 4, 5, 6], 10 + i) for i in range(2)], settings(bits, mode))
     node = qg.node("op")
+    inp, out = params_of(node, node.inputs[0]), params_of(node, node.outputs[0])
     if method in ("MAX", "MIN"):
-        assert (node.outputs[0].scale, node.outputs[0].zerop) == (node.inputs[0].scale, node.inputs[0].zerop)
+        assert (out.scale, out.zerop) == (inp.scale, inp.zerop)
     if method in ("ANY", "ALL"):
-        assert node.outputs[0].qinvariant and node.outputs[0].dtype == Dtype.UINT8
+        assert out.qinvariant and node.outputs[0].dtype == Dtype.UINT8
     if method in ("L1", "L2", "VARIANCE", "UNBIASED_VARIANCE"):
-        assert node.outputs[0].qmin == 0
+        assert out.qmin == 0
     # batch 3 (IR batch 1), wider than calibration: saturation and clamping
     _check(qg, data(method, [3, 4, 5, 6], 20, scale=1.3), lambda n, xq: ref_reduce(n, xq, axes, keep))
 
@@ -286,8 +288,8 @@ def test_reduce_integer_input_is_exact(method: str) -> None:
     x = torch.from_numpy(np.random.default_rng(60).integers(-3, 4, size=[2, 4, 5, 6]))
     g = one("Reduce", {"method": method, "axis": [3]}, [1, 4, 5, 1], in_dtype=Dtype.INT8, out_dtype=Dtype.INT32)
     qg = quantize_model(g, [x], settings(8, "per_tensor_asymmetric"))
-    out = qg.node("op").outputs[0]
-    assert out.qinvariant
+    node = qg.node("op")
+    assert params_of(node, node.outputs[0]).qinvariant
     np.testing.assert_array_equal(qg.forward([x])[0].numpy(), g.forward([x])[0].numpy().astype(np.int64))
 
 

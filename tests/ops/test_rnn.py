@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.errors import IRError
 from quantopt.graph.builder import GraphBuilder
@@ -93,22 +94,22 @@ def ref_lookup(code: int, table: list, qmin: int, in_bits: int) -> int:
 
 def ref_int(node, xq: list, h0q: list, act: str, reverse: bool) -> tuple:
     p = node.params
-    x_t, h0_t, y_t = node.inputs[0], node.inputs[1], node.outputs[0]
+    x_p, h0_p, y_p = (params_of(node, t) for t in (node.inputs[0], node.inputs[1], node.outputs[0]))
     w = node.constants["weights"].betensor.to(torch.int64).tolist()
     b = node.constants["biases"].betensor.to(torch.int64).reshape(-1).tolist()
     ms, ns = p["scale_value"], p["shift_value"]
-    lo, hi = int(y_t.qmin), int(y_t.qmax)
-    bits = int(y_t.qbits)
+    lo, hi = int(y_p.qmin), int(y_p.qmax)
+    bits = int(y_p.qbits)
     big = 2 ** 62
     table = node.constants["lut"].betensor.to(torch.int64).tolist() if act in ("TANH", "SIGMOID") else None
     ys, hs = [], []
     for n in range(N):
-        h = [rq(v + int(h0_t.zerop), p["init_h_scale_value"], p["init_h_shift_value"], lo, hi)
+        h = [rq(v + int(h0_p.zerop), p["init_h_scale_value"], p["init_h_shift_value"], lo, hi)
              for v in h0q[n % len(h0q)]]
         steps = list(range(T))[::-1] if reverse else list(range(T))
         out = {}
         for t in steps:
-            xs = [v + int(x_t.zerop) for v in xq[n][t]]
+            xs = [v + int(x_p.zerop) for v in xq[n][t]]
             new = []
             for c in range(C):
                 ax = sum(xs[i] * w[c][i] for i in range(IN))
@@ -140,16 +141,17 @@ def test_quantized(tmp_path, act: str, bits: int, direction: str) -> None:
                              q_strategy_activation="extrema"))
     node = qg.node("op")
     p = node.params
-    x_t, y_t = node.inputs[0], node.outputs[0]
+    x_t = node.inputs[0]
+    x_q, y_q = params_of(node, x_t), params_of(node, node.outputs[0])
     s_wx, s_wh = p["weights_scale"]
     wmax = 2 ** (bits - 1) - 1
     assert math.isclose(s_wx, wmax / np.abs(WEIGHTS[:, :IN]).max(), rel_tol=1e-5)
     assert math.isclose(s_wh, wmax / np.abs(WEIGHTS[:, IN:]).max(), rel_tol=1e-5)
-    s_h = float(y_t.scale)
-    assert int(y_t.zerop) == 0 and float(node.outputs[1].scale) == s_h
-    s_acc = min(float(x_t.scale) * s_wx, s_h * s_wh)
+    s_h = float(y_q.scale)
+    assert int(y_q.zerop) == 0 and float(params_of(node, node.outputs[1]).scale) == s_h
+    s_acc = min(float(x_q.scale) * s_wx, s_h * s_wh)
     assert math.isclose(p["biases_scale"], s_acc, rel_tol=1e-6)
-    for k, ratio in enumerate((s_acc / (float(x_t.scale) * s_wx), s_acc / (s_h * s_wh))):
+    for k, ratio in enumerate((s_acc / (float(x_q.scale) * s_wx), s_acc / (s_h * s_wh))):
         assert abs(p["scale_value"][k] * 2.0 ** -p["shift_value"][k] / ratio - 1) < 2 ** -14
     f = feeds(3)
     y, h = qg.forward(f)
@@ -176,7 +178,7 @@ def test_sign_bit_quantized() -> None:
     fy, _ = ref_float(f[0].numpy(), f[1].numpy(), "SIGN_BIT")
     assert set(y.reshape(-1).tolist()) <= {0, 1}
     assert (y.numpy() != fy).mean() < 0.05
-    assert qg.node("op").outputs[0].qinvariant
+    assert params_of(qg.node("op"), qg.node("op").outputs[0]).qinvariant
 
 
 def test_bad_layers() -> None:

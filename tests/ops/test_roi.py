@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.analysis.similarity import cosine
 from quantopt.errors import DataError, IRError, UnsupportedError
@@ -97,8 +98,9 @@ def pairs(node, key: str) -> List[tuple]:
     return [(int(a), int(b)) for a, b in zip(m, s)]
 
 
-def qparams(t):
-    return int(t.zerop), int(t.qmin), int(t.qmax)
+def qparams(node, t):
+    q = params_of(node, t)
+    return int(q.zerop), int(q.qmin), int(q.qmax)
 
 
 # --- ONNX Runtime (optional) ----------------------------------------------------------------------------------------
@@ -164,8 +166,8 @@ def ref_align_int(node, fm_q: np.ndarray, box_q: np.ndarray) -> np.ndarray:
     """Docs: fixed-point box edges, positions S + rhe_div(R*(2k+1), 2*P*n), weights (2^F - frac, frac), AVG =
     rhe_div(sum, count*2^2F) - zp, MAX = rhe_div(max corner product, 2^2F) - zp."""
     p = node.params
-    zp, qmin, qmax = qparams(node.inputs[0])
-    bzp = int(node.inputs[1].zerop)
+    zp, qmin, qmax = qparams(node, node.inputs[0])
+    bzp = int(params_of(node, node.inputs[1]).zerop)
     (my, ny), (mx, nx) = pairs(node, "coord")
     (mb, nb), = pairs(node, "batch")
     n, h, w, c = fm_q.shape
@@ -256,7 +258,8 @@ def test_roialign_integer_matches_reference(p: Dict, bits: int, mode: str) -> No
     np.testing.assert_array_equal(y, ref_align_int(node, node.inputs[0].betensor.numpy(),
                                                    node.inputs[1].betensor.numpy()))
     out, inp = node.outputs[0], node.inputs[0]
-    assert (out.scale, out.zerop, out.dtype) == (inp.scale, inp.zerop, inp.dtype)
+    oq, iq = params_of(node, out), params_of(node, inp)
+    assert (oq.scale, oq.zerop, out.dtype) == (iq.scale, iq.zerop, inp.dtype)
     assert node.params["coord_fraction_bits"] == F_BITS
     assert cosine(g.forward([x, rois])[0], run_quantized(qg, [x, rois])[0]) > 0.99
 
@@ -267,7 +270,7 @@ def test_roialign_8bit_boxes_bit_exact() -> None:
     qg = quantize_model(g, [[feature(s), align_boxes(s + 10)] for s in (5, 6)],
                         settings(8, "per_tensor_asymmetric"))
     node = qg.node("op")
-    assert node.inputs[1].qbits == 8
+    assert params_of(node, node.inputs[1]).qbits == 8
     y = qg.forward([feature(7), align_boxes(8)])[0].numpy()
     np.testing.assert_array_equal(y, ref_align_int(node, node.inputs[0].betensor.numpy(),
                                                    node.inputs[1].betensor.numpy()))
@@ -324,8 +327,8 @@ def test_maxroipool_integer_matches_reference(bits: int, mode: str) -> None:
     x, rois = feature(17), align_boxes(18, scale=4.0)
     y = qg.forward([x, rois])[0].numpy()
     fm_q, box_q = node.inputs[0].betensor.numpy(), node.inputs[1].betensor.numpy()
-    zp, qmin, qmax = qparams(node.inputs[0])
-    bzp = int(node.inputs[1].zerop)
+    zp, qmin, qmax = qparams(node, node.inputs[0])
+    bzp = int(params_of(node, node.inputs[1]).zerop)
     (my, ny), (mx, nx) = pairs(node, "coord")
     (mb, nb), = pairs(node, "batch")
 
@@ -387,7 +390,7 @@ def test_roipooling_integer_matches_reference(bits: int, mode: str) -> None:
     x, boxes = feature(25)[:1], norm_boxes(26)
     y = qg.forward([x, boxes])[0].numpy()
     fm_q, box_q = node.inputs[0].betensor.numpy(), node.inputs[1].betensor.numpy()
-    bzp = int(node.inputs[1].zerop)
+    bzp = int(params_of(node, node.inputs[1]).zerop)
     (my, ny), (mx, nx) = pairs(node, "coord")
     ref = np.zeros((4, 5, 4, 3), dtype=np.int64)
 
@@ -465,8 +468,8 @@ def test_cropandresize_integer_matches_reference(method: str, crop, extra: float
     x, boxes = feature(33), crop_boxes(34)
     y = qg.forward([x, boxes, idx])[0].numpy()
     fm_q, box_q = node.inputs[0].betensor.numpy(), node.inputs[1].betensor.numpy()
-    zp, qmin, qmax = qparams(node.inputs[0])
-    bzp = int(node.inputs[1].zerop)
+    zp, qmin, qmax = qparams(node, node.inputs[0])
+    bzp = int(params_of(node, node.inputs[1]).zerop)
     (m, s), = pairs(node, "coord")
     fill = int(node.params["extrapolation_qvalue"])
     n, h, w, c = fm_q.shape

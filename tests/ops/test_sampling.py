@@ -8,6 +8,7 @@ from typing import Any, Dict
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.errors import IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
@@ -94,8 +95,9 @@ def test_upsample_by_index(tmp_path, mode: str, bits: int, qmode: str) -> None:
     qg = quantize_model(g, [[x * 0.5, a], [x, a]], settings(bits, qmode))
     node = qg.node("op")
     inp, out = node.inputs[0], node.outputs[0]
-    assert (out.scale, out.zerop, out.dtype) == (inp.scale, inp.zerop, inp.dtype)
-    fill = min(max(-int(inp.zerop), inp.qmin), inp.qmax)
+    iq, oq = params_of(node, inp), params_of(node, out)
+    assert (oq.scale, oq.zerop, out.dtype) == (iq.scale, iq.zerop, inp.dtype)
+    fill = min(max(-int(iq.zerop), iq.qmin), iq.qmax)
     got = qg.forward([x, a])[0]
     np.testing.assert_array_equal(got.numpy(), ref_unpool(inp.betensor.numpy(), a.numpy(), mode, TOP, fill))
     roundtrip(tmp_path, qg, [x, a])
@@ -145,13 +147,14 @@ def test_overlap_add(tmp_path, step: int, bits: int, mode: str) -> None:
     qg = quantize_model(g, [[feed(s)] for s in (2, 3)] + [[x]], settings(bits, mode))
     node = qg.node("op")
     inp, out = node.inputs[0], node.outputs[0]
+    iq, oq = params_of(node, inp), params_of(node, out)
     m, n = int(node.params["scale_value"]), int(node.params["shift_value"])
-    assert m < 2 ** bits and out.dtype.is_signed == (inp.qmin < 0)
+    assert m < 2 ** bits and out.dtype.is_signed == (iq.qmin < 0)
     got = qg.forward([x])[0]
-    acc = ref_overlap(inp.betensor.numpy().astype(np.int64) + int(inp.zerop), step)
-    want_q = np.vectorize(lambda v: min(max(rs(int(v) * m, n) - int(out.zerop), out.qmin), out.qmax))(acc)
+    acc = ref_overlap(inp.betensor.numpy().astype(np.int64) + int(iq.zerop), step)
+    want_q = np.vectorize(lambda v: min(max(rs(int(v) * m, n) - int(oq.zerop), oq.qmin), oq.qmax))(acc)
     np.testing.assert_array_equal(got.numpy(), want_q)
-    deq = (got.double() + float(out.zerop)) / float(out.scale)
+    deq = (got.double() + float(oq.zerop)) / float(oq.scale)
     assert float((deq - torch.from_numpy(want)).abs().max()) < (0.1 if bits == 8 else 0.002)
     roundtrip(tmp_path, qg, [x])
 
@@ -161,8 +164,10 @@ def test_overlap_add_integer_input() -> None:
     x = torch.tensor([[[[1, 2], [300, -4], [5, 6]]] * 2])
     want = ref_overlap(x.numpy(), 1)
     qg = quantize_model(g, [[x]], settings(8, "per_tensor_symmetric_full_range"))
-    out = qg.node("op").outputs[0]
-    assert out.qinvariant and out.dtype == Dtype.UINT16  # sums 1, 302, 1, 6
+    node = qg.node("op")
+    out = node.outputs[0]
+    oq = params_of(node, out)
+    assert oq.qinvariant and out.dtype == Dtype.UINT16  # sums 1, 302, 1, 6
     np.testing.assert_array_equal(qg.forward([x])[0].numpy(), want)
 
 
@@ -217,6 +222,7 @@ def test_affine_grid(tmp_path, dims, align: bool, bits: int, mode: str) -> None:
     qg = quantize_model(g, [feed(s) for s in (2, 3, 4)] + [f], settings(bits, mode))
     node = qg.node("op")
     inp, out = node.inputs[0], node.outputs[0]
+    iq, oq = params_of(node, inp), params_of(node, out)
     frac = int(node.params["multiplier_bits"])
     assert frac == max(8, min(14, int(np.ceil(np.log2(max(dims)))) + 1))
     m, n = int(node.params["scale_value"]), int(node.params["shift_value"])
@@ -228,7 +234,7 @@ def test_affine_grid(tmp_path, dims, align: bool, bits: int, mode: str) -> None:
         assert np.abs(lut.betensor.numpy() - expect).max() <= 1  # float32 grid vs exact: at most one unit
         luts[name] = lut.betensor.tolist()
     got = qg.forward(f)[0]
-    t = (inp.betensor.to(torch.int64) + int(inp.zerop))[0].tolist()
+    t = (inp.betensor.to(torch.int64) + int(iq.zerop))[0].tolist()
     lut_list = [luts[nm] for nm in ("w_lut", "h_lut", "d_lut")[:k]]
     want_q = np.zeros((1, *dims, k), dtype=np.int64)
     for idx in np.ndindex(*dims):
@@ -236,9 +242,9 @@ def test_affine_grid(tmp_path, dims, align: bool, bits: int, mode: str) -> None:
         for i in range(k):
             acc = sum(t[i][j] * coord[j] for j in range(k)) + (t[i][k] << frac)
             acc = min(max(acc, -2 ** 31), 2 ** 31 - 1)
-            want_q[(0, *idx, i)] = min(max(rs(acc * m, n) - int(out.zerop), out.qmin), out.qmax)
+            want_q[(0, *idx, i)] = min(max(rs(acc * m, n) - int(oq.zerop), oq.qmin), oq.qmax)
     np.testing.assert_array_equal(got.numpy(), want_q)
-    deq = (got.double() + float(out.zerop)) / float(out.scale)
+    deq = (got.double() + float(oq.zerop)) / float(oq.scale)
     # 16 bits: the tables' 2^-frac resolution (frac = 8 here) bounds the error, not the output scale
     assert float((deq - torch.from_numpy(want)).abs().max()) < (0.05 if bits == 8 else 4 * 2.0 ** -frac)
     roundtrip(tmp_path, qg, f)
@@ -329,7 +335,8 @@ def test_fractional_pool(tmp_path, method: str, pseudo: bool, overlap: bool, bit
     qg = quantize_model(g, [feed(s) for s in (2, 3)] + [f], settings(bits, mode))
     node = qg.node("op")
     inp, out = node.inputs[0], node.outputs[0]
-    assert (out.scale, out.zerop, out.dtype) == (inp.scale, inp.zerop, inp.dtype)
+    iq, oq = params_of(node, inp), params_of(node, out)
+    assert (oq.scale, oq.zerop, out.dtype) == (iq.scale, iq.zerop, inp.dtype)
     assert [o.dtype for o in node.outputs[1:]] == [Dtype.INT16, Dtype.INT16]
     qy, qrows, qcols = qg.forward(f)
     assert qrows.tolist() == rows and qcols.tolist() == cols
@@ -339,7 +346,7 @@ def test_fractional_pool(tmp_path, method: str, pseudo: bool, overlap: bool, bit
     else:
         def avg(v):
             m, n = mult_shift_8(1.0 / v.shape[1])
-            return np.vectorize(lambda s: min(max(rs(int(s) * m, n), out.qmin), out.qmax))(v.sum(axis=1))
+            return np.vectorize(lambda s: min(max(rs(int(s) * m, n), oq.qmin), oq.qmax))(v.sum(axis=1))
         want = ref_fractional(q, rows, cols, overlap, avg)
     np.testing.assert_array_equal(qy.numpy(), want.astype(np.int64))
     roundtrip(tmp_path, qg, f)
