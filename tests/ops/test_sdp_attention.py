@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 from range_helpers import range_of
 
 from quantopt.errors import IRError
@@ -94,12 +95,13 @@ def test_quantized(tmp_path, bits: int, mode: str, mask: bool) -> None:
                         dict(q_bits_activation=bits, q_mode_activation=mode, q_strategy_activation="extrema"))
     node = qg.node("op")
     p = node.params
-    q_t, k_t, v_t, o = node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]
+    q_t, k_t, v_t = node.inputs[0], node.inputs[1], node.inputs[2]
+    qq, kq, vq, o = (params_of(node, t) for t in (q_t, k_t, v_t, node.outputs[0]))
     assert int(o.zerop) == 0 and p["qxk_bits"] == 12
     ph = node.placeholders[1]
     big = max(abs(float(range_of(node, ph).min)), abs(float(range_of(node, ph).max)))
     s_l = min(2047 / big, 4095 / 12.0)
-    ratio = s_l * SF / (float(q_t.scale) * float(k_t.scale))
+    ratio = s_l * SF / (float(qq.scale) * float(kq.scale))
     assert abs(p["logit_scale_value"] * 2.0 ** -p["logit_shift_value"] / ratio - 1) < 1e-3
     table = node.constants["lut"].betensor.to(torch.int64).tolist()
     assert len(table) == 256 and table[-1] == 65535
@@ -108,10 +110,11 @@ def test_quantized(tmp_path, bits: int, mode: str, mask: bool) -> None:
     f = feeds(7, mask)
     y = qg.forward(f)
     y = y[0] if isinstance(y, (list, tuple)) else y
-    qi = (q_t.betensor.to(torch.int64) + int(q_t.zerop)).tolist()
-    ki = (k_t.betensor.to(torch.int64) + int(k_t.zerop)).tolist()
-    vi = (v_t.betensor.to(torch.int64) + int(v_t.zerop)).tolist()
-    mi = (node.inputs[3].betensor.to(torch.int64) + int(node.inputs[3].zerop)).tolist() if mask else None
+    qi = (q_t.betensor.to(torch.int64) + int(qq.zerop)).tolist()
+    ki = (k_t.betensor.to(torch.int64) + int(kq.zerop)).tolist()
+    vi = (v_t.betensor.to(torch.int64) + int(vq.zerop)).tolist()
+    mi = (node.inputs[3].betensor.to(torch.int64) + int(params_of(node, node.inputs[3]).zerop)).tolist() if mask \
+        else None
     lo, hi = int(o.qmin), int(o.qmax)
     out = y.to(torch.int64).tolist()
     for h in range(H):

@@ -9,6 +9,7 @@ from typing import Any, Dict
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.errors import IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
@@ -73,15 +74,15 @@ def test_nonzero(tmp_path, bits: int, mode: str) -> None:
     qg = quantize_model(g, [[sparse([1, 3, 5], s)] for s in (2, 3)] + [[x]], settings(bits, mode))
     node = qg.node("op")
     out = node.outputs[0]
-    assert out.qinvariant and out.dtype == (Dtype.UINT8 if bits == 8 else Dtype.UINT16)
+    assert params_of(node, out).qinvariant and out.dtype == (Dtype.UINT8 if bits == 8 else Dtype.UINT16)
     assert node.outputs[1].dtype == out.dtype
     qcoords, qcount = qg.forward([x])
     q = node.inputs[0].betensor.numpy()
-    want_q = ref_nonzero(q + int(node.inputs[0].zerop) != 0)
+    want_q = ref_nonzero(q + int(params_of(node, node.inputs[0]).zerop) != 0)
     np.testing.assert_array_equal(qcoords.numpy(), pad(want_q, 15, 1, 0))
     assert qcount.tolist() == [want_q.shape[1]]
     # a zero stays zero, a nonzero value of at least half a quantization step stays nonzero
-    step = 1.0 / float(node.inputs[0].scale)
+    step = 1.0 / float(params_of(node, node.inputs[0]).scale)
     assert set(map(tuple, want_q.T)) >= set(tuple(c) for c in want.T if abs(float(x[tuple(c)])) > step)
     roundtrip(tmp_path, qg, [x])
 
@@ -134,11 +135,12 @@ def test_unique_flat(tmp_path, sort: bool, bits: int, mode: str) -> None:
         assert a.tolist() == (b if i == 2 else b + [0] * (12 - len(b)))
     qg = quantize_model(g, [[_choice([2, 6], s)] for s in (2, 3)] + [[x]], settings(bits, mode))
     node = qg.node("op")
-    assert node.outputs[0].scale == node.inputs[0].scale and node.outputs[0].dtype == node.inputs[0].dtype
-    assert all(o.qinvariant and o.dtype == Dtype.INT32 for o in node.outputs[1:])
+    iq = params_of(node, node.inputs[0])
+    assert params_of(node, node.outputs[0]).scale == iq.scale and node.outputs[0].dtype == node.inputs[0].dtype
+    assert all(params_of(node, o).qinvariant and o.dtype == Dtype.INT32 for o in node.outputs[1:])
     qgot = qg.forward([x])
     qwant = ref_unique(node.inputs[0].betensor.reshape(-1).tolist(), sort)
-    fill = min(max(-int(node.inputs[0].zerop), node.inputs[0].qmin), node.inputs[0].qmax)
+    fill = min(max(-int(iq.zerop), iq.qmin), iq.qmax)
     for i, (a, b) in enumerate(zip(qgot, qwant)):
         assert a.tolist() == (b if i == 2 else b + [fill if i == 0 else 0] * (12 - len(b)))
     assert qgot[3].tolist()[:len(want[3])] == want[3]  # the 4 values stay distinct after quantization
@@ -181,10 +183,11 @@ def test_compress(tmp_path, axis: int, bits: int, mode: str) -> None:
     np.testing.assert_array_equal(g.forward([x, cond])[0].numpy(), want)
     qg = quantize_model(g, [[sparse(shape, s), cond] for s in (3, 4)] + [[x, cond]], settings(bits, mode))
     node = qg.node("op")
-    assert node.outputs[0].scale == node.inputs[0].scale and node.outputs[0].zerop == node.inputs[0].zerop
+    iq, oq = params_of(node, node.inputs[0]), params_of(node, node.outputs[0])
+    assert oq.scale == iq.scale and oq.zerop == iq.zerop
     got = qg.forward([x, cond])[0]
     inp = node.inputs[0]
-    fill = min(max(-int(inp.zerop), inp.qmin), inp.qmax)
+    fill = min(max(-int(iq.zerop), iq.qmin), iq.qmax)
     np.testing.assert_array_equal(got.numpy(), pad(np.take(inp.betensor.numpy(), keep, axis=axis), n, axis, fill))
     roundtrip(tmp_path, qg, [x, cond])
 
@@ -195,10 +198,11 @@ def test_compress_quantized_condition_uses_zero_point() -> None:
     x = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
     cond = torch.tensor([0.0, 1.0, 0.0, 0.5])
     qg = quantize_model(g, [[x, torch.tensor([-0.5, 1.0, 0.0, 0.5])], [x, cond]], settings(8, "per_tensor_asymmetric"))
-    assert int(qg.node("op").inputs[1].zerop) != 0
+    node = qg.node("op")
+    assert int(params_of(node, node.inputs[1]).zerop) != 0
     got = qg.forward([x, cond])[0]
-    inp = qg.node("op").inputs[0]
-    assert ((got.double() + float(inp.zerop)) / float(inp.scale)).round(decimals=1).tolist() == [[2.0, 4.0, 0.0, 0.0]]
+    iq = params_of(node, node.inputs[0])
+    assert ((got.double() + float(iq.zerop)) / float(iq.scale)).round(decimals=1).tolist() == [[2.0, 4.0, 0.0, 0.0]]
 
 
 # --- Filter --------------------------------------------------------------------------------------------------------
@@ -234,10 +238,11 @@ def test_filter(tmp_path, bits: int, mode: str) -> None:
     qg = quantize_model(g, calib, settings(bits, mode))
     node = qg.node("op")
     c = node.outputs[2]
-    assert c.qinvariant and c.dtype == Dtype.UINT16
+    assert params_of(node, c).qinvariant and c.dtype == Dtype.UINT16
     q1, q2, qcount = qg.forward(feeds)
     for got, inp in ((q1, node.inputs[0]), (q2, node.inputs[1])):
-        fill = min(max(-int(inp.zerop), inp.qmin), inp.qmax)
+        iq = params_of(node, inp)
+        fill = min(max(-int(iq.zerop), iq.qmin), iq.qmax)
         np.testing.assert_array_equal(got.numpy(), ref_filter(inp.betensor.numpy(), picked, fill))
     assert int(qcount) == 3
     roundtrip(tmp_path, qg, feeds)
@@ -280,7 +285,7 @@ def test_in_top_k(tmp_path, largest: bool, bits: int, mode: str) -> None:
     assert g.forward([x, target])[0].tolist() == want
     qg = quantize_model(g, [[x, target]], settings(bits, mode))
     out = qg.node("op").outputs[0]
-    assert out.qinvariant and out.dtype == Dtype.UINT8
+    assert params_of(qg.node("op"), out).qinvariant and out.dtype == Dtype.UINT8
     q = qg.node("op").inputs[0]
     got = qg.forward([x, target])[0].tolist()
     assert got == ref_in_top_k(q.betensor.numpy(), target.tolist(), 2, largest)
@@ -331,11 +336,12 @@ def test_segment_reduce(tmp_path, bits: int, mode: str) -> None:
     np.testing.assert_allclose(g.forward(f)[0].numpy(), want, rtol=0, atol=1e-6)
     qg = quantize_model(g, [feed(s) for s in (2, 3)] + [f], settings(bits, mode))
     node = qg.node("op")
-    inp, out = node.inputs[0], node.outputs[0]
+    inp, out = node.inputs[0], params_of(node, node.outputs[0])
     m, n = int(node.params["scale_value"]), int(node.params["shift_value"])
     assert m < 2 ** max(16, bits)
     got = qg.forward(f)[0]
-    acc = pad(ref_segment_sum(inp.betensor.numpy().astype(np.int64) + int(inp.zerop), ids.tolist(), 0), 6, 0, 0)
+    x_q = inp.betensor.numpy().astype(np.int64) + int(params_of(node, inp).zerop)
+    acc = pad(ref_segment_sum(x_q, ids.tolist(), 0), 6, 0, 0)
     want_q = np.vectorize(lambda a: min(max(rs(int(a) * m, n) - int(out.zerop), out.qmin), out.qmax))(acc)
     np.testing.assert_array_equal(got.numpy(), want_q)
     deq = (got.double() + float(out.zerop)) / float(out.scale)
@@ -386,7 +392,7 @@ def test_accidental_hits(tmp_path, size: int) -> None:
     assert [t.tolist() for t in g.forward([true, cand])] == list(want)
     qg = quantize_model(g, [[true, cand]], settings(8, "per_tensor_asymmetric"))
     outs = qg.node("op").outputs
-    assert [o.dtype for o in outs] == [Dtype.UINT16] * 3 and all(o.qinvariant for o in outs)
+    assert [o.dtype for o in outs] == [Dtype.UINT16] * 3 and all(params_of(qg.node("op"), o).qinvariant for o in outs)
     assert [t.tolist() for t in qg.forward([true, cand])] == list(want)
     roundtrip(tmp_path, qg, [true, cand])
     qg = quantize_model(g, [[true, cand]], settings(16, "per_tensor_symmetric_full_range", force_dtype_int=True))

@@ -8,6 +8,7 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.errors import IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
@@ -79,7 +80,8 @@ def test_ctc_greedy_decoder(tmp_path, merge: bool, bits: int, mode: str) -> None
     assert (want == 2 ** 31 - 1).any() and (want[..., 0, 0] < 4).any()
     qg = quantize_model(g, [ctc_feeds(s) for s in (2, 3, 4)], settings(bits, mode))
     out = qg.node("op").outputs[0]
-    assert out.qinvariant and out.scale == 1.0 and out.dtype == (Dtype.UINT16 if bits <= 16 else Dtype.UINT32)
+    oq = params_of(qg.node("op"), out)
+    assert oq.qinvariant and oq.scale == 1.0 and out.dtype == (Dtype.UINT16 if bits <= 16 else Dtype.UINT32)
     qx = qg.node("op").inputs[0]
     for seed in (5, 6):
         f = ctc_feeds(seed)
@@ -104,7 +106,8 @@ def test_ctc_force_int_and_cut() -> None:
     assert g.forward(feeds)[0].reshape(-1).tolist() == [0, 1]  # 5 labels, 2 kept
     qg = quantize_model(g, [feeds], settings(8, "per_tensor_symmetric_full_range", force_dtype_int=True))
     out = qg.node("op").outputs[0]
-    assert out.dtype == Dtype.INT16 and (out.qmin, out.qmax) == (-32768, 32767)
+    oq = params_of(qg.node("op"), out)
+    assert out.dtype == Dtype.INT16 and (oq.qmin, oq.qmax) == (-32768, 32767)
     assert qg.forward(feeds)[0].reshape(-1).tolist() == [0, 1]
 
 
@@ -166,7 +169,8 @@ def test_collapse_repeated_integer_labels(tmp_path) -> None:
     qg = quantize_model(g, [feeds], settings(8, "per_tensor_asymmetric"))
     node = qg.node("op")
     for out, inp in zip(node.outputs, node.inputs):
-        assert (out.scale, out.zerop, out.dtype, out.qinvariant) == (inp.scale, inp.zerop, inp.dtype, True)
+        oq, iq = params_of(node, out), params_of(node, inp)
+        assert (oq.scale, oq.zerop, out.dtype, oq.qinvariant) == (iq.scale, iq.zerop, inp.dtype, True)
     qy, qc = qg.forward(feeds)
     np.testing.assert_array_equal(qy.numpy(), want_y)
     np.testing.assert_array_equal(qc.numpy(), want_c)
@@ -189,13 +193,14 @@ def test_collapse_repeated_float_labels(bits: int, mode: str) -> None:
     np.testing.assert_array_equal(y.numpy(), want_y)
     qg = quantize_model(g, [feeds(s) for s in (2, 3)] + [f], settings(bits, mode))
     inp = qg.node("op").inputs[0]
+    iq = params_of(qg.node("op"), inp)
     qy, qc = qg.forward(f)
-    pad = min(max(-int(inp.zerop), inp.qmin), inp.qmax)
+    pad = min(max(-int(iq.zerop), iq.qmin), iq.qmax)
     want_qy, want_qc = ref_collapse(inp.betensor.numpy(), [8, 5], 8, pad)
     np.testing.assert_array_equal(qy.numpy(), want_qy)
     np.testing.assert_array_equal(qc.numpy(), want_c)
-    deq = (qy.double() + float(inp.zerop)) / float(inp.scale)
-    assert float((deq - y.double()).abs().max()) < 2.0 / float(inp.scale)
+    deq = (qy.double() + float(iq.zerop)) / float(iq.scale)
+    assert float((deq - y.double()).abs().max()) < 2.0 / float(iq.scale)
 
 
 def test_collapse_repeated_bad_inputs() -> None:
