@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.analysis.similarity import cosine
 from quantopt.errors import IRError, UnsupportedError
@@ -130,8 +131,9 @@ def test_passthrough_integer_forward_and_params(case, bits: int, mode: str) -> N
         assert a.dtype == torch.int64
         np.testing.assert_array_equal(a.numpy(), b)
         src = node.inputs[0]
-        assert (out.scale, out.zerop, out.qmin, out.qmax, out.dtype, out.qbits) == \
-            (src.scale, src.zerop, src.qmin, src.qmax, src.dtype, src.qbits)
+        oq, sq = params_of(node, out), params_of(node, src)
+        assert (oq.scale, oq.zerop, oq.qmin, oq.qmax, out.dtype, oq.qbits) == \
+            (sq.scale, sq.zerop, sq.qmin, sq.qmax, src.dtype, sq.qbits)
     ref_out = g.forward([data[0]])
     for a, b in zip(ref_out, run_quantized(qg, data[0])):
         assert cosine(a, b) > (0.99 if bits == 8 else 0.9999)
@@ -173,20 +175,21 @@ def test_shape_and_constant_of_shape(tmp_path, value: float, bits: int, mode: st
     np.testing.assert_array_equal(const.numpy(), np.full((2, 3, 4), value, dtype=np.float32))
     qg = quantize_model(g, calib([2, 3, 4], 7), settings(bits, mode))
     s_node, node = qg.node("shape"), qg.node("op")
-    assert s_node.outputs[0].qinvariant and s_node.outputs[0].dtype == Dtype.INT32
+    assert params_of(s_node, s_node.outputs[0]).qinvariant and s_node.outputs[0].dtype == Dtype.INT32
     out = node.outputs[0]
+    oq = params_of(node, out)
     stored = node.params["value"]
     assert isinstance(stored, int)
     if value == round(value):
-        assert out.qinvariant and stored == int(value) and out.dtype.is_signed == (value < 0)
+        assert oq.qinvariant and stored == int(value) and out.dtype.is_signed == (value < 0)
     else:  # docs: quantized from the range [min(v,0), max(v,0)]
-        assert not out.qinvariant
-        assert stored == min(max(round(value * float(out.scale) - float(out.zerop)), out.qmin), out.qmax)
+        assert not oq.qinvariant
+        assert stored == min(max(round(value * float(oq.scale) - float(oq.zerop)), oq.qmin), oq.qmax)
     q_shape, q_const = qg.forward([x])
     assert q_shape.tolist() == [2, 3, 4]
     assert torch.equal(q_const, torch.full((2, 3, 4), stored, dtype=torch.int64))
     deq = run_quantized(qg, x)[1]
-    assert float((deq - value).abs().max()) <= 0.5 / float(out.scale) + 1e-6
+    assert float((deq - value).abs().max()) <= 0.5 / float(oq.scale) + 1e-6
     roundtrip(tmp_path, qg, [x])
 
 
@@ -207,7 +210,7 @@ def ref_cast_float(a: np.ndarray, lo: int, hi: int, clip_mode: str) -> np.ndarra
 
 def ref_cast_int(node, q: np.ndarray) -> np.ndarray:
     """Docs: Cast integer computation, python ints."""
-    inp, out = node.inputs[0], node.outputs[0]
+    inp, out = params_of(node, node.inputs[0]), params_of(node, node.outputs[0])
     zp_in, zp_out, qmin, qmax = int(inp.zerop), int(out.zerop), int(out.qmin), int(out.qmax)
     p = node.params
     clip = str(p.get("clip_mode", "SATURATION")).upper()
@@ -245,7 +248,7 @@ def test_cast_float_to_int(tmp_path, to_dtype: str, clip_mode: str, bits: int, m
     np.testing.assert_array_equal(g.forward([x])[0].numpy(), ref_cast_float(x.numpy(), lo, hi, clip_mode))
     qg = quantize_model(g, data, settings(bits, mode))
     node = qg.node("op")
-    assert node.outputs[0].qinvariant and node.outputs[0].dtype == dt
+    assert params_of(node, node.outputs[0]).qinvariant and node.outputs[0].dtype == dt
     assert node.params["round_mode"] == "TRUNC" and node.params["ignore_scale_zp"] is False
     got = qg.forward([x])[0]
     np.testing.assert_array_equal(got.numpy(), ref_cast_int(node, node.inputs[0].betensor.numpy()))
@@ -269,7 +272,7 @@ def test_cast_int_to_int_is_exact(tmp_path, to_dtype: str, clip_mode: str) -> No
     np.testing.assert_array_equal(want.numpy(), ref_cast_float(feeds[0].numpy(), lo, hi, clip_mode))
     node = qg.node("op")
     np.testing.assert_array_equal(got.numpy(), ref_cast_int(node, feeds[0].numpy()))
-    assert node.outputs[0].qinvariant and node.params["to_dtype"] == node.outputs[0].dtype
+    assert params_of(node, node.outputs[0]).qinvariant and node.params["to_dtype"] == node.outputs[0].dtype
     roundtrip(tmp_path, qg, feeds)
 
 
@@ -279,7 +282,8 @@ def test_cast_to_float_is_passthrough(tmp_path) -> None:
     assert torch.equal(g.forward([x])[0], x)
     qg = quantize_model(g, calib([2, 8], 12), settings(8, "per_tensor_asymmetric"))
     node = qg.node("op")
-    assert (node.outputs[0].scale, node.outputs[0].zerop) == (node.inputs[0].scale, node.inputs[0].zerop)
+    oq, iq = params_of(node, node.outputs[0]), params_of(node, node.inputs[0])
+    assert (oq.scale, oq.zerop) == (iq.scale, iq.zerop)
     assert torch.equal(qg.forward([x])[0], node.inputs[0].betensor)
     roundtrip(tmp_path, qg, [x])
 

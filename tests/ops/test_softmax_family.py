@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import MODEL_NAMES, shared_model_dir
 from int_refs import clamp
+from quant_helpers import params_of
 
 from quantopt.analysis.similarity import cosine
 from quantopt.errors import IRError, UnsupportedError
@@ -106,7 +107,7 @@ def log2_terms(node, row: List[int]):
 
 def ref_fast_exp(node, x_q: np.ndarray) -> np.ndarray:
     p = node.params
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     zp, qmin, qmax = int(out.zerop), int(out.qmin), int(out.qmax)
     axis, moved, rows = rows_of(node, x_q)
     res = np.empty_like(rows)
@@ -142,7 +143,7 @@ def ref_fast_exp(node, x_q: np.ndarray) -> np.ndarray:
 
 def ref_logsoftmax(node, x_q: np.ndarray) -> np.ndarray:
     p = node.params
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     zp, qmin, qmax = int(out.zerop), int(out.qmin), int(out.qmax)
     frac, out_q = int(p["adjust_q"]), int(p["pow2_out_q"])
     log_table = [int(v) for v in node.constants["log2_lut"].betensor.tolist()]
@@ -223,7 +224,7 @@ def test_fast_exp_quantized_params() -> None:
     p = node.params
     assert p["quantize_method"] == "FAST_EXP" and p["adjust_q"] == 8 and p["pow2_out_q"] == 31 - 3
     assert p["input_scale_value"] < 2 ** 13 and p["input_scale_type"].value == "uint16"
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     assert (out.qmin, out.qmax, out.zerop, out.scale) == (0, 255, 0, 255.0)
     lut = node.constants["pow2_lut"]
     assert lut.dtype.value == "uint16" and lut.betensor.numel() == 256 and int(lut.betensor[0]) == 2 ** 15
@@ -252,7 +253,8 @@ def test_hardmax_is_exact(bits: int, mode: str, lut_bits: int) -> None:
     g, qg, _ = quantized("Hardmax", [1, 4, 10], {"axis": -1}, bits, mode, lut_bits, consumer="")
     node = qg.node("op")
     out = node.outputs[0]
-    assert out.qinvariant and (out.scale, out.zerop, out.qmin, out.qmax) == (1.0, 0, 0, 255)
+    oq = params_of(node, out)
+    assert oq.qinvariant and (oq.scale, oq.zerop, oq.qmin, oq.qmax) == (1.0, 0, 0, 255)
     x = logits([3, 4, 10], 6)
     x[0, 0, :3] = 5.0  # a tie: the first index wins
     qg.forward([x], keep_tensors=True)

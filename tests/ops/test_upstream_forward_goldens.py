@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.ir.reader import read_ir
 
@@ -40,7 +41,7 @@ def test_integer_forward_equals_upstreams(case: str) -> None:
 def test_softmax_golden_is_a_probability_up_to_the_power_of_two_scale() -> None:
     """Sanity of the golden itself: upstream's FAST_EXP integers are about 2^8 · softmax (not s_out = 255)."""
     node, x, want = _run_layer("softmax_fast_exp_q8")
-    inp = node.inputs[0]
+    inp = params_of(node, node.inputs[0])
     probs = torch.softmax((x.double() + float(inp.zerop)) / float(inp.scale), dim=-1).numpy()
     assert np.abs(want - np.clip(probs * 256.0, 0, 255)).max() <= 3
 
@@ -48,7 +49,7 @@ def test_softmax_golden_is_a_probability_up_to_the_power_of_two_scale() -> None:
 def test_avg_pool_golden_uses_the_8_bit_multiplier() -> None:
     """The global 2x96 window (count 192): 1/192 ≈ 171 / 2^15, not the exact average; some outputs show it."""
     node, x, want = _run_layer("pooling_avg_global")
-    zp = int(node.inputs[0].zerop)
+    zp = int(params_of(node, node.inputs[0]).zerop)
     sums = (x + zp).sum(dim=(1, 2)).numpy()
     exact = np.round(sums / 192.0).astype(np.int64) - zp
     approx = np.round(sums * 171 / 2.0 ** 15).astype(np.int64) - zp
