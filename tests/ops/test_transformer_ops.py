@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 from range_helpers import range_of
 
 from quantopt.errors import IRError, UnsupportedError
@@ -102,15 +103,16 @@ def test_rope_float(shape, dim, interleaved, heads) -> None:
 def ref_int(qg, f) -> np.ndarray:
     """The integer rotation with exact rationals: round_half_even(r_cos·C·X1 ∓ r_sin·S·X2) - zp_out."""
     node = qg.node("op")
-    tx, tc, ts = node.inputs[:3]
-    out = node.outputs[0]
+    tx = node.inputs[0]
+    xq, cq, sq = (params_of(node, t) for t in node.inputs[:3])
+    out = params_of(node, node.outputs[0])
     r = {k: Fraction(float(np.float32(node.params[k]))) for k in
          ("rotate_rescale_cos", "rotate_rescale_sin", "not_rotate_rescale")}
     qg.forward(f)
-    x = tx.betensor.numpy().astype(np.int64) + int(tx.zerop)
+    x = tx.betensor.numpy().astype(np.int64) + int(xq.zerop)
     # the graph frees intermediate tensors after use: the caches are read from their Constant layers
-    c = qg.node("cos").constants["weights"].betensor.numpy().astype(np.int64) + int(tc.zerop)
-    s = qg.node("sin").constants["weights"].betensor.numpy().astype(np.int64) + int(ts.zerop)
+    c = qg.node("cos").constants["weights"].betensor.numpy().astype(np.int64) + int(cq.zerop)
+    s = qg.node("sin").constants["weights"].betensor.numpy().astype(np.int64) + int(sq.zerop)
     dim = int(node.params["rotary_embedding_dim"]) or x.shape[-1]
     interleaved = bool(node.params["interleaved"])
     y = np.zeros(x.shape, dtype=np.int64)
@@ -138,17 +140,19 @@ def test_rope_quantized(tmp_path, bits: int, mode: str) -> None:
     qg = quantize_model(g, [feeds(s, shape) for s in (2, 3, 4, 5, 6)], settings(bits, mode))
     node = qg.node("op")
     out = node.outputs[0]
-    assert out.qmin < 0 and out.qbits == bits
-    s_x, s_c, s_s, s_o = (np.float32(t.scale) for t in (node.inputs[0], node.inputs[1], node.inputs[2], out))
+    oq = params_of(node, out)
+    assert oq.qmin < 0 and oq.qbits == bits
+    s_x, s_c, s_s, s_o = (np.float32(params_of(node, t).scale) for t in (node.inputs[0], node.inputs[1],
+                                                                         node.inputs[2], out))
     assert np.float32(node.params["rotate_rescale_cos"]) == np.float32(s_o / np.float32(s_x * s_c))
     assert np.float32(node.params["not_rotate_rescale"]) == np.float32(s_o / s_x)
     for seed in (5, 6):
         f = feeds(seed, shape)
         got = qg.forward(f)[0].numpy()
         np.testing.assert_array_equal(got, ref_int(qg, f))
-        deq = (got + float(out.zerop)) / float(out.scale)
+        deq = (got + float(oq.zerop)) / float(oq.scale)
         flt = g.forward(f)[0].numpy()
-        tol = 2.5 / float(out.scale) + 4.0 / float(node.inputs[0].scale)
+        tol = 2.5 / float(oq.scale) + 4.0 / float(params_of(node, node.inputs[0]).scale)
         assert np.abs(deq - np.clip(flt, range_of(node, out).min, range_of(node, out).max)).max() <= tol
     before = qg.forward(feeds(7, shape))[0].clone()
     re = read_ir(write_ir(qg, str(tmp_path / "q.txt"))[0])
@@ -162,7 +166,7 @@ def test_rope_quantized_positions_and_3d() -> None:
     qg = quantize_model(g, [feeds(s, shape, True) for s in (1, 2, 3)], settings(8, "per_tensor_symmetric_full_range"))
     got = qg.forward(f)[0].numpy()
     flt = g.forward(f)[0].numpy()
-    out = qg.node("op").outputs[0]
+    out = params_of(qg.node("op"), qg.node("op").outputs[0])
     assert np.abs(got / float(out.scale) - flt).max() < 6.0 / float(out.scale)
 
 
@@ -247,25 +251,26 @@ def test_cache_update_quantized(tmp_path, bits: int, mode: str) -> None:
     qg = quantize_model(g, [cache_feeds(s, pos) for s in (2, 3, 4)], settings(bits, mode))
     node = qg.node("op")
     tb, _, te = node.inputs
+    bp, ep = params_of(node, tb), params_of(node, te)
     for out in node.outputs:  # both outputs carry the entries' params
-        assert (out.scale, out.zerop, out.dtype, out.qmin, out.qmax) == (te.scale, te.zerop, te.dtype, te.qmin,
-                                                                         te.qmax)
-    assert tb.scale != te.scale
+        oq = params_of(node, out)
+        assert (oq.scale, oq.zerop, out.dtype, oq.qmin, oq.qmax) == (ep.scale, ep.zerop, te.dtype, ep.qmin, ep.qmax)
+    assert bp.scale != ep.scale
     f = cache_feeds(5, pos)
     got, new = (t.numpy() for t in qg.forward(f))
     qb, qe = tb.betensor.numpy().astype(np.int64), te.betensor.numpy().astype(np.int64)
     # the buffer's integers re-expressed in the entries' scale: exact rationals, round half to even
-    sb, se = Fraction(float(np.float32(tb.scale))), Fraction(float(np.float32(te.scale)))
-    conv = np.vectorize(lambda q: min(max(round((int(q) + int(tb.zerop)) * se / sb) - int(te.zerop), int(te.qmin)),
-                                      int(te.qmax)))
-    fill = min(max(-int(te.zerop), int(te.qmin)), int(te.qmax))
+    sb, se = Fraction(float(np.float32(bp.scale))), Fraction(float(np.float32(ep.scale)))
+    conv = np.vectorize(lambda q: min(max(round((int(q) + int(bp.zerop)) * se / sb) - int(ep.zerop), int(ep.qmin)),
+                                      int(ep.qmax)))
+    fill = min(max(-int(ep.zerop), int(ep.qmin)), int(ep.qmax))
     want, want_new = ref_cache(conv(qb).astype(np.int64), pos, qe, 1, rows, fill)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(new, want_new)
     flt = g.forward(f)[1].numpy()
-    deq = (new + float(te.zerop)) / float(te.scale)
+    deq = (new + float(ep.zerop)) / float(ep.scale)
     r = qg.ranges.get(te)
-    assert np.abs(deq - np.clip(flt, r.min, r.max)).max() < 1.01 / float(te.scale) + 1.01 / float(tb.scale)
+    assert np.abs(deq - np.clip(flt, r.min, r.max)).max() < 1.01 / float(ep.scale) + 1.01 / float(bp.scale)
     before = [t.clone() for t in qg.forward(f)]
     re = read_ir(write_ir(qg, str(tmp_path / "q.txt"))[0])
     for a, b in zip(before, re.forward(f)):
@@ -322,18 +327,19 @@ def test_slot_update_quantized(tmp_path, bits: int, mode: str) -> None:
     qg = quantize_model(g, [slot_feeds(s) for s in (2, 3, 4, 5)], settings(bits, mode))
     node = qg.node("op")
     x_t, out = node.inputs[0], node.outputs[0]
+    xq, oq = params_of(node, x_t), params_of(node, out)
     m, n = int(node.params["scale_value"]), int(node.params["shift_value"])
-    ratio = np.float32(np.float32(out.scale) / np.float32(x_t.scale))
+    ratio = np.float32(np.float32(oq.scale) / np.float32(xq.scale))
     assert m < 2 ** bits and abs(m / 2.0 ** n - ratio) <= ratio * 2.0 ** (1 - bits) + 2.0 ** -n
     assert node.params["shift_type"] == Dtype.INT8
     f = slot_feeds(5)
     got = qg.forward(f)[0].numpy()
-    acc = ref_slot(x_t.betensor.numpy().astype(np.int64) + int(x_t.zerop), SLOTS, 5)
-    want = np.vectorize(lambda a: min(max(round(Fraction(int(a) * m, 2 ** n)) - int(out.zerop), int(out.qmin)),
-                                      int(out.qmax)))(acc)
+    acc = ref_slot(x_t.betensor.numpy().astype(np.int64) + int(xq.zerop), SLOTS, 5)
+    want = np.vectorize(lambda a: min(max(round(Fraction(int(a) * m, 2 ** n)) - int(oq.zerop), int(oq.qmin)),
+                                      int(oq.qmax)))(acc)
     np.testing.assert_array_equal(got, want)
-    deq = (got + float(out.zerop)) / float(out.scale)
-    assert np.abs(deq - g.forward(f)[0].numpy()).max() < 2.5 / float(out.scale) + 3.0 / float(x_t.scale)
+    deq = (got + float(oq.zerop)) / float(oq.scale)
+    assert np.abs(deq - g.forward(f)[0].numpy()).max() < 2.5 / float(oq.scale) + 3.0 / float(xq.scale)
     re = read_ir(write_ir(qg, str(tmp_path / "q.txt"))[0])
     assert torch.equal(re.forward(f)[0], qg.forward(f)[0])
 
@@ -344,7 +350,7 @@ def test_slot_update_integer_input() -> None:
     f = [x] + [torch.tensor(s) for s in SLOTS]
     qg = quantize_model(g, [f], settings(8, "per_tensor_symmetric_full_range"))
     out = qg.node("op").outputs[0]
-    assert out.qinvariant and out.dtype == Dtype.INT16  # sums of two int8 values
+    assert params_of(qg.node("op"), out).qinvariant and out.dtype == Dtype.INT16  # sums of two int8 values
     np.testing.assert_array_equal(qg.forward(f)[0].numpy(), ref_slot(x.numpy(), SLOTS, 5))
 
 
@@ -387,12 +393,13 @@ def test_query_rebatch(bits: int, mode: str) -> None:
     qg = quantize_model(g, feeds_of, settings(bits, mode))
     node = qg.node("op")
     x_t, out = node.inputs[0], node.outputs[0]
-    assert (out.scale, out.zerop, out.dtype) == (x_t.scale, x_t.zerop, x_t.dtype)
+    xq, oq = params_of(node, x_t), params_of(node, out)
+    assert (oq.scale, oq.zerop, out.dtype) == (xq.scale, xq.zerop, x_t.dtype)
     got = qg.forward(f)[0].numpy()
-    fill = min(max(-int(out.zerop), int(out.qmin)), int(out.qmax))
+    fill = min(max(-int(oq.zerop), int(oq.qmin)), int(oq.qmax))
     np.testing.assert_array_equal(got, ref_rebatch(x_t.betensor.numpy(), QUERIES, 4, fill))
-    assert np.abs((got + float(out.zerop)) / float(out.scale) - g.forward(f)[0].numpy()).max() <= \
-        0.51 / float(out.scale)
+    assert np.abs((got + float(oq.zerop)) / float(oq.scale) - g.forward(f)[0].numpy()).max() <= \
+        0.51 / float(oq.scale)
 
 
 def test_query_rebatch_bad() -> None:

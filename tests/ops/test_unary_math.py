@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 from range_helpers import range_of
 
 import quantopt.ops.unary_math  # noqa: F401  (registers the ops even where quantopt.ops does not import it yet)
@@ -219,8 +220,9 @@ def clamp(v: int, lo: int, hi: int) -> int:
     return min(max(v, lo), hi)
 
 
-def tparams(t) -> Tuple[float, int, int, int]:
-    return float(t.scale), int(t.zerop), int(t.qmin), int(t.qmax)
+def tparams(node, t) -> Tuple[float, int, int, int]:
+    q = params_of(node, t)
+    return float(q.scale), int(q.zerop), int(q.qmin), int(q.qmax)
 
 
 def ref_domain_clamp(optype: str, x: np.ndarray, s_in: float) -> np.ndarray:
@@ -246,8 +248,8 @@ def ref_domain_clamp(optype: str, x: np.ndarray, s_in: float) -> np.ndarray:
 def ref_table(optype: str, node, fn: Callable[[torch.Tensor], torch.Tensor]) -> List[int]:
     """Table construction: N samples (float32 linspace, qmin prepended for a restricted range), dequantized with
     the float32 reciprocal of the scale, domain-clamped, f in float32, quantized in float32."""
-    s_in, zp_in, in_qmin, in_qmax = tparams(node.inputs[0])
-    s_out, zp_out, qmin, qmax = tparams(node.outputs[0])
+    s_in, zp_in, in_qmin, in_qmax = tparams(node, node.inputs[0])
+    s_out, zp_out, qmin, qmax = tparams(node, node.outputs[0])
     b_in = (in_qmax - in_qmin).bit_length()
     n = 2 ** min(b_in, int(node.settings.lut_items_in_bits))
     if in_qmin < 0 and in_qmin == -in_qmax:
@@ -264,8 +266,8 @@ def ref_table(optype: str, node, fn: Callable[[torch.Tensor], torch.Tensor]) -> 
 
 
 def ref_lookup(node, x_q: np.ndarray, table: Sequence[int], lut_dtype: Dtype) -> np.ndarray:
-    _, _, in_qmin, in_qmax = tparams(node.inputs[0])
-    _, _, qmin, qmax = tparams(node.outputs[0])
+    _, _, in_qmin, in_qmax = tparams(node, node.inputs[0])
+    _, _, qmin, qmax = tparams(node, node.outputs[0])
     b_in = (in_qmax - in_qmin).bit_length()
     o = in_qmin - 1 if (in_qmin < 0 and in_qmin == -in_qmax) else in_qmin
     n = len(table)
@@ -288,7 +290,7 @@ def ref_lookup(node, x_q: np.ndarray, table: Sequence[int], lut_dtype: Dtype) ->
 
 def ref_requant(node, values: np.ndarray) -> np.ndarray:
     """requant(v) = clamp(rhe(v * M, shift) - zp_out, qmin, qmax) for python-int values v."""
-    _, zp_out, qmin, qmax = tparams(node.outputs[0])
+    _, zp_out, qmin, qmax = tparams(node, node.outputs[0])
     m, sh = int(node.params["scale_value"]), int(node.params["shift_value"])
     out = np.empty(values.shape, dtype=np.int64)
     for idx in np.ndindex(values.shape):
@@ -301,7 +303,8 @@ def check_int(qg, x: torch.Tensor, reference: Callable) -> np.ndarray:
     node = qg.node("op")
     got = node.outputs[0].betensor
     assert got.dtype == torch.int64
-    assert int(got.min()) >= node.outputs[0].qmin and int(got.max()) <= node.outputs[0].qmax
+    out = params_of(node, node.outputs[0])
+    assert int(got.min()) >= out.qmin and int(got.max()) <= out.qmax
     want = reference(node, node.inputs[0].betensor.numpy())
     np.testing.assert_array_equal(got.numpy(), want)
     return got.numpy()
@@ -346,8 +349,8 @@ def test_table_op_output_signedness(optype: str) -> None:
         qg = quantize_model(one_layer(optype), data(kind, [2, 4, 5, 6], 12),
                             settings(8, "per_tensor_asymmetric", 8))
         node = qg.node("op")
-        assert (node.inputs[0].qmin < 0) == in_signed
-        assert (node.outputs[0].qmin < 0) == _signedness(optype, in_signed), (optype, in_signed)
+        assert (params_of(node, node.inputs[0]).qmin < 0) == in_signed
+        assert (params_of(node, node.outputs[0]).qmin < 0) == _signedness(optype, in_signed), (optype, in_signed)
 
 
 ACT_FNS = {
@@ -367,14 +370,14 @@ def test_new_activation_integer_forward(method: str, params: Dict[str, Any], sta
     g = one_layer(method, params) if standalone else one_layer("Activation", {"method": method, **params})
     kind = _normal(0.3, 2.0)
     qg = quantize_model(g, data(kind, [2, 4, 5, 6], 13), settings(bits, mode, lut_bits))
-    out = qg.node("op").outputs[0]
+    out = params_of(qg.node("op"), qg.node("op").outputs[0])
     signed = {"SHRINK": True, "BNLL": False}.get(method, params.get("alpha", 1.0) < 0)
     assert (out.qmin < 0) == signed
     check_int(qg, _wider(kind, [3, 4, 5, 6], 14), table_reference(method, ACT_FNS[method](params)))
 
 
 def ref_abs_negative(node, x_q: np.ndarray) -> np.ndarray:
-    zp_in = int(node.inputs[0].zerop)
+    zp_in = int(params_of(node, node.inputs[0]).zerop)
     v = x_q.astype(np.int64) + zp_in
     v = -v if str(node.type) == "Negative" else np.abs(v)
     return ref_requant(node, v)
@@ -386,12 +389,12 @@ def test_abs_negative_integer_forward(optype: str, bits: int, mode: str, lut_bit
     kind = _normal(0.4, 2.0)
     qg = quantize_model(one_layer(optype), data(kind, [2, 4, 5, 6], 15), settings(bits, mode, lut_bits))
     out = qg.node("op").outputs[0]
-    assert (out.qmin < 0) == (optype == "Negative") and out.dtype.bits == bits
+    assert (params_of(qg.node("op"), out).qmin < 0) == (optype == "Negative") and out.dtype.bits == bits
     check_int(qg, _wider(kind, [3, 4, 5, 6], 16), ref_abs_negative)
 
 
 def ref_crelu(node, x_q: np.ndarray) -> np.ndarray:
-    v = x_q.astype(np.int64) + int(node.inputs[0].zerop)
+    v = x_q.astype(np.int64) + int(params_of(node, node.inputs[0]).zerop)
     axis = int(node.params.get("axis", -1))
     return ref_requant(node, np.concatenate([np.maximum(v, 0), np.maximum(-v, 0)], axis=axis))
 
@@ -405,7 +408,7 @@ def test_crelu_integer_forward(optype: str, params: Dict[str, Any], out_shape: L
     kind = _normal(0.4, 2.0)
     qg = quantize_model(one_layer(optype, params, SHAPE, out_shape), data(kind, [2, 4, 5, 6], 17),
                         settings(bits, mode, lut_bits))
-    assert qg.node("op").outputs[0].qmin == 0
+    assert params_of(qg.node("op"), qg.node("op").outputs[0]).qmin == 0
     got = check_int(qg, _wider(kind, [3, 4, 5, 6], 18), ref_crelu)
     assert got.shape[0] == 3
 
@@ -416,15 +419,16 @@ def test_sign_isinf_isnan_integer_forward(bits: int, mode: str, lut_bits: int) -
     for optype in ("Sign", "IsInf", "IsNaN"):
         qg = quantize_model(one_layer(optype), data(kind, [2, 4, 5, 6], 19), settings(bits, mode, lut_bits))
         out = qg.node("op").outputs[0]
-        assert out.qinvariant and out.scale == 1.0 and out.zerop == 0
+        oq = params_of(qg.node("op"), out)
+        assert oq.qinvariant and oq.scale == 1.0 and oq.zerop == 0
         if optype == "Sign":
-            assert out.dtype == Dtype.INT8 and (out.qmin, out.qmax) == (-128, 127)
+            assert out.dtype == Dtype.INT8 and (oq.qmin, oq.qmax) == (-128, 127)
             x = _wider(kind, [3, 4, 5, 6], 20)
             x[0, 0, 0, 0] = 0.0
-            got = check_int(qg, x, lambda n, x: np.sign(x.astype(np.int64) + int(n.inputs[0].zerop)))
+            got = check_int(qg, x, lambda n, x: np.sign(x.astype(np.int64) + int(params_of(n, n.inputs[0]).zerop)))
             assert set(np.unique(got).tolist()) == {-1, 0, 1}
         else:
-            assert out.dtype == Dtype.UINT8 and (out.qmin, out.qmax) == (0, 255)
+            assert out.dtype == Dtype.UINT8 and (oq.qmin, oq.qmax) == (0, 255)
             check_int(qg, _wider(kind, [3, 4, 5, 6], 20), lambda n, x: np.zeros(x.shape, dtype=np.int64))
 
 
@@ -460,14 +464,15 @@ def test_out_of_domain_calibration_gives_finite_tables(optype: str, kind: Callab
     qg = quantize_model(one_layer(optype), calib, settings(bits, mode, lut_bits))
     node = qg.node("op")
     out = node.outputs[0]
-    s_in = float(node.inputs[0].scale)
+    oq = params_of(node, out)
+    s_in = float(params_of(node, node.inputs[0]).scale)
     h = 0.5 / s_in
     bound = {"Log": abs(np.log(h)) + 10, "Rsqrt": 1 / np.sqrt(h) + 10, "Reciprocal": 1 / h + 10,
              "Atanh": abs(np.arctanh(1 - min(h, 0.5))) + 10}.get(optype, 10.0)
     r = range_of(node, out)
     assert max(abs(float(r.min)), abs(float(r.max))) <= bound
-    q_range = out.qmax - out.qmin
-    assert float(out.scale) >= q_range / (4 * bound)
+    q_range = oq.qmax - oq.qmin
+    assert float(oq.scale) >= q_range / (4 * bound)
     check_int(qg, _wider(kind, [3, 4, 5, 6], 22), table_reference(optype, TORCH_F[optype]))
 
 
@@ -513,7 +518,7 @@ def test_sign_output_exact_where_float_sign_is_clear() -> None:
     calib = data(_normal(0.0, 2.0), [2, 4, 5, 6], 31)
     qg = quantize_model(g, calib)
     got = run_quantized(qg, calib[0])[0]
-    step = 1.0 / float(qg.node("op").inputs[0].scale)
+    step = 1.0 / float(params_of(qg.node("op"), qg.node("op").inputs[0]).scale)
     clear = calib[0].abs() > step
     assert torch.equal(got[clear], torch.sign(calib[0])[clear])
 
