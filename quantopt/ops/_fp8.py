@@ -39,8 +39,8 @@ def layer_formats(node: PyNode) -> Optional[Tuple[Dtype, Dtype, int]]:
 
 def is_fp8(node: PyNode, t: Optional[PyTensor] = None) -> bool:
     """Whether `t`, a quantized tensor of `node`, holds fp8 values."""
-    if t is None:  # TRANSITIONAL: a caller not yet given the layer passes the tensor only (its producer's table)
-        node, t = node.pnode, node  # type: ignore[assignment]
+    if t is None:  # TRANSITIONAL: a caller not yet given the layer passes the tensor only (params still on it)
+        return node.dtype in FP8_FORMATS and node._quant.qmin is not None  # type: ignore[attr-defined]
     return t.dtype in FP8_FORMATS and quant_of(node).get(t).qmin is not None
 
 
@@ -173,6 +173,7 @@ def _quantize_weights(node: PyNode, wdt: Dtype, per_channel: bool, groups: int) 
     if bounds is not None:
         qw.qmin, qw.qmax = bounds
     qw.qbits, qw.zerop, qw.qinvariant, qw.scale = wdt.bits, 0, False, scale
+    qw.axis = 0 if qw.per_channel else None
     return scale
 
 
@@ -210,6 +211,7 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> bool:
     b.betensor, b.dtype = b_q, Dtype.FP32
     qb = quant_of(node).of(b)
     qb.scale, qb.zerop, qb.qbits = b_scale, 0, 32
+    qb.axis = 0 if qb.per_channel else None
     for k in ("scale_value", "shift_value", "scale_type", "shift_type", "weights_scale", "weights_zp",
               "biases_scale", "biases_zp"):
         node.params.pop(k, None)

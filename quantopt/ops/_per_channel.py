@@ -14,13 +14,13 @@ An activation quantized per channel has one scale per channel of its last axis (
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.tables import quant_of
+from ..graph.tables import TensorQuant, quant_of
 from ..graph.tensor import PyTensor
 
 TABLE_ACTIVATIONS = ("Activation", "Sigmoid", "Tanh", "Hardswish", "HardSigmoid", "ELU", "SELU", "CELU", "GELU",
@@ -32,21 +32,20 @@ PER_CHANNEL_PRODUCERS = ("Convolution", "DepthwiseConv", "FullyConnected", "Batc
 PER_CHANNEL_CONSUMERS = PER_CHANNEL_PRODUCERS + ("Pooling", "GlobalPool", "Concat")
 
 
-def _layer_and_tensor(node: Any, t: Optional[PyTensor]) -> Tuple[PyNode, PyTensor]:
-    """TRANSITIONAL: callers not yet given the layer pass the tensor only; its producer's table holds it."""
-    return (node.pnode, node) if t is None else (node, t)
+def _params(node: Any, t: Optional[PyTensor]) -> TensorQuant:
+    """The parameters of `t`, a tensor of `node`. TRANSITIONAL: callers not yet given the layer pass the tensor
+    only, whose parameters the bridge still keeps on it (`PyTensor._quant`); that form goes with the bridge."""
+    return node._quant if t is None else quant_of(node).get(t)
 
 
 def is_per_channel(node: PyNode, t: Optional[PyTensor] = None) -> bool:
     """Whether `t`, a tensor of `node`, has one scale per channel."""
-    node, t = _layer_and_tensor(node, t)
-    return quant_of(node).get(t).per_channel
+    return _params(node, t).per_channel
 
 
 def channel_scales(node: PyNode, t: Optional[PyTensor] = None) -> Optional[torch.Tensor]:
     """The float32 scales along the last axis of `t`, a per-channel activation of `node`, else None."""
-    node, t = _layer_and_tensor(node, t)
-    q = quant_of(node).get(t)
+    q = _params(node, t)
     return q.scale.to(torch.float32).reshape(-1) if q.per_channel else None
 
 

@@ -254,6 +254,7 @@ def _concat_channels(node: PyNode, ins: List, out) -> None:
     copy_params(node, out, first)
     q_out = table.of(out)
     q_out.scale, q_out.zerop = torch.cat(scales), 0
+    q_out.axis = -1 if q_out.per_channel else None  # the activations' channel axis (ops/_per_channel.py)
 
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export

@@ -155,8 +155,8 @@ def takes_float(node: PyNode, t: Optional[PyTensor] = None) -> bool:
     """Whether a graph input `t` (the output of the Input layer `node`) is fed floats: a float IR input, or the
     quantized input of an IR quantopt wrote (its dtype is the integer one, its scale the real one). Integer inputs
     used as they are (scale 1) take integers."""
-    if t is None:  # TRANSITIONAL: a caller not yet given the layer passes the input tensor only (its Input layer)
-        node, t = node.pnode, node  # type: ignore[assignment]
+    if t is None:  # TRANSITIONAL: a caller not yet given the layer passes the tensor only (params still on it)
+        return node.ir_dtype.is_float or not node._quant.qinvariant  # type: ignore[attr-defined]
     return t.ir_dtype.is_float or not quant_of(node).get(t).qinvariant
 
 

@@ -553,6 +553,7 @@ def _quantize_affine(node: PyNode, norm_scale: float, shape: Sequence[int]) -> N
         qb = quant_of(node).of(b)
         qb.scale, qb.zerop, qb.qbits = b_scale, 0, bias_bits
         qb.qmin, qb.qmax = integer_range(bias_bits, True)
+        qb.axis = 0 if qb.per_channel else None
     ratio = torch.tensor(s_out, dtype=torch.float32) / (torch.tensor(norm_scale, dtype=torch.float32) * p.scale)
     store_requant(node, *requant_scale_shift(node, ratio))
 
