@@ -19,7 +19,7 @@ import torch
 from ..config.quant_types import fp8_layer_formats
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.tables import ranges_of
+from ..graph.tables import quant_of, ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.fp8_activations import FP8_FORMATS, fp8_largest, fp8_scale, quantize_fp8, requantize_fp8, round_fp4
@@ -37,14 +37,16 @@ def layer_formats(node: PyNode) -> Optional[Tuple[Dtype, Dtype, int]]:
     return None if f is None else (Dtype(f[0]), Dtype(f[1]), int(f[2]))
 
 
-def is_fp8(t: PyTensor) -> bool:
-    """Whether a quantized tensor holds fp8 values."""
-    return t.dtype in FP8_FORMATS and t.qmin is not None
+def is_fp8(node: PyNode, t: Optional[PyTensor] = None) -> bool:
+    """Whether `t`, a quantized tensor of `node`, holds fp8 values."""
+    if t is None:  # TRANSITIONAL: a caller not yet given the layer passes the tensor only (params still on it)
+        return node.dtype in FP8_FORMATS and node._quant.qmin is not None  # type: ignore[attr-defined]
+    return t.dtype in FP8_FORMATS and quant_of(node).get(t).qmin is not None
 
 
 def fp8_layer(node: PyNode) -> bool:
     """Whether the quantized forward of `node` is the fp8 one (its output is fp8)."""
-    return bool(node.quantized and node.outputs and is_fp8(node.outputs[0]))
+    return bool(node.quantized and node.outputs and is_fp8(node, node.outputs[0]))
 
 
 def _f32(v: Union[float, torch.Tensor]) -> torch.Tensor:
@@ -59,8 +61,10 @@ def set_fp8_params(node: PyNode, t: PyTensor, dtype: Dtype) -> None:
         raise node._error(f"tensor '{t.name}' has no calibrated range; run calibration before quantization")
     absmax = max(abs(float(r.min)), abs(float(r.max)))
     largest = fp8_largest(dtype)
-    t.scale, t.zerop = float(fp8_scale(absmax, dtype)), 0.0
-    t.qmin, t.qmax, t.qbits, t.dtype, t.qinvariant, t.ir_range = -largest, largest, 8, dtype, False, None
+    q = quant_of(node).of(t)
+    q.scale, q.zerop = float(fp8_scale(absmax, dtype)), 0.0
+    q.qmin, q.qmax, q.qbits, q.qinvariant = -largest, largest, 8, False
+    t.dtype, t.ir_range = dtype, None
 
 
 def _settings_for_fp8(node: PyNode, weight_bits: int) -> None:
@@ -74,7 +78,7 @@ def _settings_for_fp8(node: PyNode, weight_bits: int) -> None:
 
 
 def _check_input(node: PyNode, t: PyTensor, dtype: Dtype) -> None:
-    if not is_fp8(t) or t.dtype != dtype:
+    if not is_fp8(node, t) or t.dtype != dtype:
         raise node._error(f"input '{t.name}' is {t.dtype.value}, not {dtype.value}: an fp8 layer reads fp8 tensors "
                           "(the quantizer inserts DeQuantize/Quantize layers before it)")
 
@@ -109,7 +113,7 @@ def quantize_input(node: PyNode) -> bool:
 def input_forward(node: PyNode) -> bool:
     """Quantize the fed floats of an fp8 Input: round_fp8(float32(scale · x)); False when the Input is not fp8."""
     out = node.outputs[0]
-    if not is_fp8(out):
+    if not is_fp8(node, out):
         return False
     out.betensor = quantize_fp8(out.betensor, tensor_scale(node, out), out.dtype)
     return True
@@ -142,12 +146,13 @@ def _quantize_weights(node: PyNode, wdt: Dtype, per_channel: bool, groups: int) 
     """Quantize the weights in place to `wdt`; returns their float32 scale (0-d or per output channel)."""
     w = node.get_constant("weights")
     values = w.betensor.to(torch.float32)
+    bounds: Optional[Tuple[float, float]] = None  # (qmin, qmax); the int4 weights get theirs from quantize_weights
     if wdt in FP8_FORMATS:
         scale = fp8_scale(_weight_ranges(node, w, per_channel, groups), wdt)
         w.betensor = quantize_fp8(values.reshape(values.shape[0], -1).T, scale, wdt).T.reshape(values.shape) \
             if scale.dim() else quantize_fp8(values, scale, wdt)
         largest = fp8_largest(wdt)
-        w.qmin, w.qmax = -largest, largest
+        bounds = -largest, largest
     elif wdt == Dtype.ALIGNED_INT4:
         p = quantize_weights(node, per_channel=per_channel)
         scale = _f32(p.scale)
@@ -160,11 +165,15 @@ def _quantize_weights(node: PyNode, wdt: Dtype, per_channel: bool, groups: int) 
         scale = _f32(p.scale)
         s = scale.reshape([-1] + [1] * (values.dim() - 1)) if scale.dim() else scale
         w.betensor = torch.clamp(round_fp4(s * values), p.qmin, p.qmax)
-        w.qmin, w.qmax = p.qmin, p.qmax
+        bounds = p.qmin, p.qmax
     else:
         raise node._error(f"weights of type {wdt.value} are not an fp8 layer's weight type")
-    w.dtype, w.qbits, w.zerop, w.qinvariant, w.ir_range = wdt, wdt.bits, 0, False, None
-    w.scale = scale
+    w.dtype, w.ir_range = wdt, None
+    qw = quant_of(node).of(w)
+    if bounds is not None:
+        qw.qmin, qw.qmax = bounds
+    qw.qbits, qw.zerop, qw.qinvariant, qw.scale = wdt.bits, 0, False, scale
+    qw.axis = 0 if qw.per_channel else None
     return scale
 
 
@@ -199,7 +208,10 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> bool:
     if b is None:
         b = set_constant(node, "biases", b_q, Dtype.FP32)
         insert_keys_after(node, "weights", ["biases"])
-    b.betensor, b.dtype, b.scale, b.zerop, b.qbits = b_q, Dtype.FP32, b_scale, 0, 32
+    b.betensor, b.dtype = b_q, Dtype.FP32
+    qb = quant_of(node).of(b)
+    qb.scale, qb.zerop, qb.qbits = b_scale, 0, 32
+    qb.axis = 0 if qb.per_channel else None
     for k in ("scale_value", "shift_value", "scale_type", "shift_type", "weights_scale", "weights_zp",
               "biases_scale", "biases_zp"):
         node.params.pop(k, None)

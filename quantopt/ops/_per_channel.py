@@ -14,12 +14,13 @@ An activation quantized per channel has one scale per channel of its last axis (
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import TensorQuant, quant_of
 from ..graph.tensor import PyTensor
 
 TABLE_ACTIVATIONS = ("Activation", "Sigmoid", "Tanh", "Hardswish", "HardSigmoid", "ELU", "SELU", "CELU", "GELU",
@@ -31,13 +32,21 @@ PER_CHANNEL_PRODUCERS = ("Convolution", "DepthwiseConv", "FullyConnected", "Batc
 PER_CHANNEL_CONSUMERS = PER_CHANNEL_PRODUCERS + ("Pooling", "GlobalPool", "Concat")
 
 
-def is_per_channel(t: PyTensor) -> bool:
-    return isinstance(t.scale, torch.Tensor) and t.scale.numel() > 1
+def _params(node: Any, t: Optional[PyTensor]) -> TensorQuant:
+    """The parameters of `t`, a tensor of `node`. TRANSITIONAL: callers not yet given the layer pass the tensor
+    only, whose parameters the bridge still keeps on it (`PyTensor._quant`); that form goes with the bridge."""
+    return node._quant if t is None else quant_of(node).get(t)
 
 
-def channel_scales(t: PyTensor) -> Optional[torch.Tensor]:
-    """The float32 scales along the last axis of a per-channel activation, else None."""
-    return t.scale.to(torch.float32).reshape(-1) if is_per_channel(t) else None
+def is_per_channel(node: PyNode, t: Optional[PyTensor] = None) -> bool:
+    """Whether `t`, a tensor of `node`, has one scale per channel."""
+    return _params(node, t).per_channel
+
+
+def channel_scales(node: PyNode, t: Optional[PyTensor] = None) -> Optional[torch.Tensor]:
+    """The float32 scales along the last axis of `t`, a per-channel activation of `node`, else None."""
+    q = _params(node, t)
+    return q.scale.to(torch.float32).reshape(-1) if q.per_channel else None
 
 
 MULTIPLIER_METHODS = ("NONE", "RELU", "RELU6", "CLIP", "LEAKYRELU", "PRELU", "CRELU")
@@ -56,7 +65,7 @@ def check_per_channel_inputs(node: PyNode) -> None:
     if reads_per_channel(node):
         return
     for t in node.inputs:
-        if is_per_channel(t):
+        if is_per_channel(node, t):
             raise UnsupportedError(
                 f"layer '{node.name}' ({node.type}) reads '{t.name}', quantized per channel; per-channel "
                 f"activations feed only {', '.join(PER_CHANNEL_CONSUMERS)} layers and graph outputs: give the "
@@ -115,7 +124,7 @@ def input_scales_absorbed(node: PyNode) -> bool:
     True for a per-channel input whose scales, bit for bit, are those the weights were divided by; False for a
     per-tensor input whose scales nothing absorbed. Anything else means the absorption step before quantization
     did not run or ran with other scales: an internal error (UnabsorbedInputScales)."""
-    scales = channel_scales(node.inputs[0])
+    scales = channel_scales(node, node.inputs[0])
     absorbed = node.attrs.get(ABSORBED_SCALES)
     if scales is None and absorbed is None:
         return False

@@ -211,8 +211,11 @@ def insert_keys_after(node: PyNode, anchor: str, keys: Iterable[str]) -> None:
 
 
 def set_constant(node: PyNode, key: str, values: torch.Tensor, dtype: Dtype) -> PyTensor:
+    """A new constant `key` of the layer, without quantization parameters (a former constant of that name, whose
+    table entry has the same name, leaves none behind)."""
     t = PyTensor(f"{node.name}/{key}", values.detach().clone(), dtype, list(values.shape))
     node.constants[key] = t
+    quant_of(node).drop(t)
     return t
 
 

@@ -7,10 +7,12 @@ complete operator written with this module only::
 
     from quantopt.ops.api import Float, Param, declare_op, quantize_activation, requant_scale_shift, ...
 
-Conventions (docs/integer-semantics.md): a quantized tensor `t` holds int64 integers `q` in `[t.qmin, t.qmax]`
-with `q = round_half_even(x * t.scale - t.zerop)`, i.e. `x = (q + t.zerop) / t.scale`; the integer forward of a
-layer reads only what the quantized IR stores (tensor scale/zero point/range/dtype, the layer's params and
-constants), so a re-read quantized IR computes the same integers.
+Conventions (docs/integer-semantics.md): a quantized tensor `t` of a layer `node` holds int64 integers `q` in
+`[p.qmin, p.qmax]` with `q = round_half_even(x * p.scale - p.zerop)`, i.e. `x = (q + p.zerop) / p.scale`, where
+`p = quant_of(node).get(t)`: the parameters are not on the tensor but in the table of the layer's graph (keyed by
+tensor name, so every helper below that reads or sets them takes the layer first). The integer forward of a layer
+reads only what the quantized IR stores (tensor scale/zero point/range/dtype, the layer's params and constants), so
+a re-read quantized IR computes the same integers.
 
 Declaring an operator (also importable from `quantopt` itself, except `quantized` and `OpSpec`):
 
@@ -34,10 +36,11 @@ Helpers of a quantize function (called once per layer, in graph order, after cal
                           `multiplier_bits`, ... as the cfg and the per-layer JSON set them)
 `quantize_activation`     `quantize_activation(node, t, signed, bits=None)`: scale, zero point, range and dtype of
                           an output tensor from its calibrated range, with the layer's activation mode and bits
-`copy_params`             `copy_params(dst, src)`: the output carries the input's quantization unchanged (data
-                          movement: transpose, gather, max-pool...; the integer forward then moves integers only)
-`set_qinvariant`          `set_qinvariant(t, bits, signed)`: an integer output used as is (scale 1, zero point 0:
-                          indices, counts, shapes)
+`copy_params`             `copy_params(node, dst, src)`: the output carries the input's quantization unchanged
+                          (data movement: transpose, gather, max-pool...; the integer forward then moves integers
+                          only)
+`set_qinvariant`          `set_qinvariant(node, t, bits, signed)`: an integer output used as is (scale 1, zero point
+                          0: indices, counts, shapes)
 `quantize_weights`        `quantize_weights(node, per_channel, key="weights")`: quantizes a calibrated weight
                           constant in place (the layer's weight mode and bits); returns its `QuantParams`
 `bias_quantize`           `bias_quantize(bias, s_in, s_w, bits)`: `(round(bias * s_in * s_w) clipped to bits
@@ -52,15 +55,21 @@ Helpers of a quantize function (called once per layer, in graph order, after cal
                           one, `.set(t, lo, hi)` to narrow an output's range before `quantize_activation`)
 `statistics_of`           `statistics_of(node)`: the table of the statistics the calibration collected
                           (`.get(t)`: the `TensorStatistics` of `t`, read-only)
+`quant_of`                `quant_of(node)`: the table of quantization parameters the layer's tensors have:
+                          `.get(t)` the `TensorQuant` of `t` to read (read-only; the defaults, scale 1 and not
+                          quantized, when it has none), `.of(t)` its entry to set in place (created when missing)
+`TensorQuant`             the parameters of one tensor: `scale`, `zerop`, `qbits`, `qmin`, `qmax`, `qinvariant`
+                          (an integer used as is), `axis` (None per tensor, else the channel axis), `per_channel`
 ========================  =========================================================================================
 
 Helpers of an integer forward (`node.quantized` is true):
 
 ========================  =========================================================================================
 `int_value`               `int_value(t)`: a tensor's integers as int64
-`tensor_scale`            `tensor_scale(t)`, `tensor_zp(t)`: the per-tensor scale (float) and zero point (int)
-`tensor_zp`
-`out_range`               `out_range(t)`: `(qmin, qmax)` of a quantized tensor
+`tensor_scale`            `tensor_scale(node, t)`, `tensor_zp(node, t)`: the per-tensor scale (float) and zero point
+`tensor_zp`               (int) of `t`, a tensor of `node`
+`out_range`               `out_range(node, t)`: `(qmin, qmax)` of a quantized tensor
+`params`                  `params(node, t)`: all of `t`'s parameters, the `TensorQuant` `quant_of(node).get(t)`
 `requant_of`              `requant_of(node)`: the `(M, N)` stored by `store_requant`
 `requantize_int`          `requantize_int(acc, M, N, zp_out, qmin, qmax)`: exact
                           `clamp(round_half_even(acc * M * 2**-N) - zp_out, qmin, qmax)` of an int64 tensor
@@ -86,7 +95,7 @@ of plugins").
 """
 from __future__ import annotations
 
-from ..graph.tables import ranges_of, statistics_of
+from ..graph.tables import TensorQuant, quant_of, ranges_of, statistics_of
 from ..quant.params import dequantize, quantize
 from ..quant.requant import bias_quantize, requantize_int
 from ..registry import OpSpec, declare_op
@@ -96,6 +105,7 @@ from ._quant import (
     int_value,
     layer_settings,
     out_range,
+    params,
     quantize_activation,
     quantize_weights,
     requant_of,
@@ -113,9 +123,10 @@ __all__ = [
     "Int", "Float", "Bool", "Text", "Ints", "Floats", "Axis", "DtypeName", "Either", "Value",
     # quantize functions
     "layer_settings", "quantize_activation", "copy_params", "set_qinvariant", "quantize_weights", "bias_quantize",
-    "requant_scale_shift", "store_requant", "ranges_of", "statistics_of",
+    "requant_scale_shift", "store_requant", "ranges_of", "statistics_of", "quant_of", "TensorQuant",
     # integer forwards
-    "int_value", "tensor_scale", "tensor_zp", "out_range", "requant_of", "requantize_int", "quantize", "dequantize",
+    "int_value", "tensor_scale", "tensor_zp", "out_range", "params", "requant_of", "requantize_int", "quantize",
+    "dequantize",
     # reading params
     "axis_param", "int_param", "bool_param",
 ]

@@ -17,6 +17,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import quant_of
 from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 from ..quant.dtype import Dtype
@@ -131,13 +132,14 @@ def _int_list(node: PyNode, key: str, count: int) -> List[int]:
 def _align_multipliers(node: PyNode, a: PyTensor, b: PyTensor) -> Tuple[int, int]:
     """Integer multipliers (M_a, M_b) with (a + zp_a)·M_a and (b + zp_b)·M_b on one common scale: Eltwise ADD's
     cross-multiplied 15-bit input multipliers, or (1, 1) when the scales and zero points are equal."""
-    if a.qinvariant and b.qinvariant:
+    int_a, int_b = quant_of(node).get(a).qinvariant, quant_of(node).get(b).qinvariant
+    if int_a and int_b:
         return 1, 1
-    if a.qinvariant != b.qinvariant:
+    if int_a != int_b:
         OPT_WARN(f"layer '{node.name}' ({node.type}): one input is an integer (scale 1) and the other is quantized; "
                  "the integer input is aligned as a tensor of scale 1")
-    r = eltwise_multipliers(tensor_scale(node, a), tensor_scale(node, b), 1.0, AIFF_MULTIPLIER_BITS, zp0=tensor_zp(node, a),
-                            zp1=tensor_zp(node, b), method="ADD", unify_threshold=1.0)
+    r = eltwise_multipliers(tensor_scale(node, a), tensor_scale(node, b), 1.0, AIFF_MULTIPLIER_BITS,
+                            zp0=tensor_zp(node, a), zp1=tensor_zp(node, b), method="ADD", unify_threshold=1.0)
     m_a, m_b = int(r.scale_value[1]), int(r.scale_value[2])
     if m_a <= 0 or m_b <= 0:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): the input scales {tensor_scale(node, a)} and "
@@ -158,7 +160,7 @@ def _integer_output_dtype(node: PyNode) -> Dtype:
 def _require_integer_inputs(node: PyNode) -> None:
     check_quantized_inputs(node, node.inputs)
     for t in node.inputs:
-        if not t.qinvariant:
+        if not quant_of(node).get(t).qinvariant:
             raise UnsupportedError(f"layer '{node.name}' ({node.type}): input '{t.name}' is a quantized float tensor; "
                                    "this operator is only defined on integer tensors (scale 1, zero point 0)")
 
@@ -227,13 +229,14 @@ def _comparison_multipliers(node: PyNode, a: PyTensor, b: PyTensor) -> Tuple[int
     """Upstream's comparison multipliers: with r = s_big / s_small (the integer input's scale 1 counts as the big
     one when only one input is an integer), f = min(32767, min(r·8192, 32767) / r) and M_i = max(1, trunc(s_big /
     s_i · f)) in float32; (q + zp)·M_i then compare on one scale, to within the truncation of M_i."""
-    if a.qinvariant and b.qinvariant:
+    int_a, int_b = quant_of(node).get(a).qinvariant, quant_of(node).get(b).qinvariant
+    if int_a and int_b:
         return 1, 1
     sa, sb = (torch.tensor(float(tensor_scale(node, t)), dtype=torch.float32) for t in (a, b))
-    if a.qinvariant != b.qinvariant:
+    if int_a != int_b:
         OPT_WARN(f"layer '{node.name}' ({node.type}): one input is an integer (scale 1) and the other is quantized; "
                  "the integer input is compared as a tensor of scale 1")
-        big, small = (sa, sb) if a.qinvariant else (sb, sa)
+        big, small = (sa, sb) if int_a else (sb, sa)
     else:
         big, small = torch.maximum(sa, sb), torch.minimum(sa, sb)
     r = big / small
@@ -374,14 +377,15 @@ def mod_quantize(self: PyNode) -> None:
     s = layer_settings(self)
     signed = is_signed(self, a) or is_signed(self, b)
     _pop_requant(self)
-    if a.qinvariant and b.qinvariant:
-        set_integer_output(self, out, signed, [a.qbits or 8, b.qbits or 8])
+    qa, qb = quant_of(self).get(a), quant_of(self).get(b)
+    if qa.qinvariant and qb.qinvariant:
+        set_integer_output(self, out, signed, [qa.qbits or 8, qb.qbits or 8])
     else:
         quantize_activation(self, out, signed)
     m_a, m_b = _align_multipliers(self, a, b)
     common = math.sqrt(tensor_scale(self, a) * m_a * tensor_scale(self, b) * m_b)
-    m, n, mt, nt = scale_shift(tensor_scale(self, out) / common, s.mult_bits, force_shift_positive=s.force_shift_positive,
-                               shift_limit=WIDE_SHIFT_MAX)
+    m, n, mt, nt = scale_shift(tensor_scale(self, out) / common, s.mult_bits,
+                               force_shift_positive=s.force_shift_positive, shift_limit=WIDE_SHIFT_MAX)
     self.params["scale_value"] = [int(m), m_a, m_b]
     self.params["shift_value"] = int(n)
     self.params["scale_type"] = [mt, Dtype.UINT16, Dtype.UINT16]
@@ -394,7 +398,8 @@ def _mod_int(node: PyNode, fmod: bool) -> torch.Tensor:
     out = node.outputs[0]
     m, m_a, m_b = _int_list(node, "scale_value", 3)
     n = int(node.get_param("shift_value"))
-    check_int64_bound(node, max(offset_absmax(node, a) * m_a, offset_absmax(node, b) * m_b * abs(m)), "remainder times M")
+    check_int64_bound(node, max(offset_absmax(node, a) * m_a, offset_absmax(node, b) * m_b * abs(m)),
+                      "remainder times M")
     r = _mod(_offset_int(node, a) * m_a, _offset_int(node, b) * m_b, fmod)
     qmin, qmax = out_range(node, out)
     return torch.clamp(round_shift(r * m, n) - tensor_zp(node, out), qmin, qmax)
@@ -483,10 +488,12 @@ def where_quantize(self: PyNode) -> None:
     out = self.outputs[0]
     signed = is_signed(self, x) or is_signed(self, y)
     _pop_requant(self)
-    if x.qinvariant and y.qinvariant:
-        set_qinvariant(self, out, max(int(x.qbits or 8), int(y.qbits or 8)), signed or layer_settings(self).force_dtype_int)
+    qx, qy = quant_of(self).get(x), quant_of(self).get(y)
+    if qx.qinvariant and qy.qinvariant:
+        set_qinvariant(self, out, max(int(qx.qbits or 8), int(qy.qbits or 8)),
+                       signed or layer_settings(self).force_dtype_int)
     else:
-        if x.qinvariant != y.qinvariant:
+        if qx.qinvariant != qy.qinvariant:
             OPT_WARN(f"layer '{self.name}' ({self.type}): one value input is an integer (scale 1) and the other is "
                      "quantized; the integer branch is requantized as a tensor of scale 1")
         quantize_activation(self, out, signed)
@@ -620,7 +627,11 @@ def _constant_exponent(node: PyNode) -> Optional[float]:
     w = src.get_constant("weights", optional=True) if src is not None and str(src.type) == "Constant" else None
     if w is None or w.betensor.numel() == 0:
         return None
-    v = w.betensor.to(torch.float32) if w.betensor.is_floating_point() else dequantize(w.betensor, w.scale, w.zerop)
+    if w.betensor.is_floating_point():
+        v = w.betensor.to(torch.float32)
+    else:
+        qw = quant_of(src).get(w)
+        v = dequantize(w.betensor, qw.scale, qw.zerop)
     first = float(v.reshape(-1)[0])
     if not bool((v == first).all()):
         return None
@@ -674,8 +685,8 @@ def pow_quantize(self: PyNode) -> None:
     quantize_activation(self, out, is_signed(self, inp) and odd)
     in_qmin, in_qmax = out_range(self, inp)
     out_qmin, out_qmax = out_range(self, out)
-    table = build_lut(_pow_function(p), tensor_scale(self, inp), tensor_zp(self, inp), in_qmin, in_qmax, range_bits(self, inp),
-                      tensor_scale(self, out), tensor_zp(self, out), out_qmin, out_qmax,
+    table = build_lut(_pow_function(p), tensor_scale(self, inp), tensor_zp(self, inp), in_qmin, in_qmax,
+                      range_bits(self, inp), tensor_scale(self, out), tensor_zp(self, out), out_qmin, out_qmax,
                       lut_items_in_bits=int(layer_settings(self).lut_items_in_bits))
     set_constant(self, "lut", table, out.dtype)
     constants_first(self, ["lut"])
@@ -722,8 +733,9 @@ def squared_difference_quantize(self: PyNode) -> None:
     out = self.outputs[0]
     s = layer_settings(self)
     _pop_requant(self)
-    if a.qinvariant and b.qinvariant:
-        set_integer_output(self, out, False, [a.qbits or 8, b.qbits or 8])
+    qa, qb = quant_of(self).get(a), quant_of(self).get(b)
+    if qa.qinvariant and qb.qinvariant:
+        set_integer_output(self, out, False, [qa.qbits or 8, qb.qbits or 8])
     else:
         quantize_activation(self, out, False)
     m_a, m_b = _align_multipliers(self, a, b)
@@ -817,8 +829,7 @@ def convert_logical(g: QDQGraph, node: PyNode) -> None:
         truth = g.add(BOOLEAN_ONNX[method], [a, b])
     elif method in LOGICAL_ONNX or method == "NOT_EQUAL":
         m_a, m_b = (int(v) for v in node.get_param("scale_value"))
-        bound = max(max(abs(int(t.qmin) + tensor_zp(node, t)), abs(int(t.qmax) + tensor_zp(node, t))) * m
-                    for t, m in zip(node.inputs, (m_a, m_b)))
+        bound = max(offset_absmax(node, t) * m for t, m in zip(node.inputs, (m_a, m_b)))
         if bound >= FLOAT64_EXACT:
             raise node_error(node, "X · M leaves float64's exact integers; no exact form")
         a, b = _scaled(g, node, values[0], m_a, "input0_multiplier"), _scaled(g, node, values[1], m_b,
@@ -841,7 +852,7 @@ def convert_where(g: QDQGraph, node: PyNode) -> None:
     ms = [int(v) for v in node.get_param("scale_value")]
     ns = [int(v) for v in node.get_param("shift_value")]
     for t, m in zip((x, y), ms):
-        if max(abs(int(t.qmin) + tensor_zp(node, t)), abs(int(t.qmax) + tensor_zp(node, t))) * abs(m) >= FLOAT64_EXACT:
+        if offset_absmax(node, t) * abs(m) >= FLOAT64_EXACT:
             raise node_error(node, f"(q + zp) · M of input '{t.name}' leaves float64's exact integers; no exact "
                                    "form")
     perm = shared_perm(g, node.inputs, g.rank(out))

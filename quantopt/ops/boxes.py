@@ -19,6 +19,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import quant_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.requant import scale_shift
@@ -278,7 +279,7 @@ def filter_boxes_quantize(self: PyNode) -> None:
     for t in (b_t, s_t):
         refuse_per_channel(self, t)
     for t, w in zip(self.inputs[2:], ("box_num_perclass", "label_perclass", "total_class_num")):
-        if not t.qinvariant:
+        if not quant_of(self).get(t).qinvariant:
             raise UnsupportedError(f"layer '{self.name}' ({self.type}): the {w} input '{t.name}' must hold exact "
                                    "integers (an integer tensor), not quantized values")
     for o, t in zip(self.outputs, self.inputs):
@@ -364,7 +365,8 @@ def _table(fn, lo: int, bits: int, scale: float, zp: int, lf: int, table_bits: i
 
 def _decode_table(node: PyNode, fn, t: PyTensor, lf: int, table_bits: int) -> torch.Tensor:
     """_table over the codes of tensor t."""
-    return _table(fn, out_range(node, t)[0], range_bits(node, t), tensor_scale(node, t), tensor_zp(node, t), lf, table_bits)
+    return _table(fn, out_range(node, t)[0], range_bits(node, t), tensor_scale(node, t), tensor_zp(node, t), lf,
+                  table_bits)
 
 
 def _lookup_table(node: PyNode, key: str, q: torch.Tensor, lo: int, hi_code: int, bits: int) -> torch.Tensor:
@@ -408,8 +410,8 @@ def _quantize_decode(node: PyNode, p_t: PyTensor, d_t: PyTensor, std_div: Sequen
     for t, what in ((p_t, "the proposal/anchor input"), (d_t, "the delta input")):
         refuse_per_channel(node, t)
         if range_bits(node, t) > 16:
-            raise UnsupportedError(f"layer '{node.name}' ({node.type}): {what} '{t.name}' has {range_bits(node, t)}-bit "
-                                   "codes; at most 16 bits are supported")
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): {what} '{t.name}' has {range_bits(node, t)}-"
+                                   "bit codes; at most 16 bits are supported")
     tmax = _delta_range(node, d_t)
     biggest = max([tmax / abs(v) for v in std_div[:2]] + [math.exp(min(tmax / abs(v), 80.0)) for v in std_div[2:]])
     lf = min(LUT_MAX_FRAC_BITS, LUT_VALUE_BITS - max(0, math.ceil(math.log2(max(biggest, 1.0)))))
@@ -427,9 +429,15 @@ def _quantize_decode(node: PyNode, p_t: PyTensor, d_t: PyTensor, std_div: Sequen
     node.params["box_out_scale_value"], node.params["box_out_shift_value"] = int(m), int(n)
 
 
-def _set_box_output(out: PyTensor) -> None:
-    out.scale, out.zerop, out.qmin, out.qmax, out.dtype, out.qbits = BOX_OUT_SCALE, 0, -32768, 32767, Dtype.INT16, 16
-    out.qinvariant, out.ir_range = False, None
+def _set_output(node: PyNode, out: PyTensor, scale: float, qmin: int, qmax: int, dtype: Dtype, bits: int) -> None:
+    """Fixed output params: `scale`, zero point 0, [qmin, qmax] of `bits` bits, stored as `dtype`."""
+    q = quant_of(node).of(out)
+    q.scale, q.zerop, q.qmin, q.qmax, q.qbits, q.qinvariant = scale, 0, qmin, qmax, bits, False
+    out.dtype, out.ir_range = dtype, None
+
+
+def _set_box_output(node: PyNode, out: PyTensor) -> None:
+    _set_output(node, out, BOX_OUT_SCALE, -32768, 32767, Dtype.INT16, 16)
 
 
 @BOUNDING_BOX.forward
@@ -453,7 +461,7 @@ def bounding_box_quantize(self: PyNode) -> None:
     std_div = _bb_params(self)
     check_quantized_inputs(self, self.inputs)
     _quantize_decode(self, self.inputs[0], self.inputs[1], std_div)
-    _set_box_output(self.outputs[0])
+    _set_box_output(self, self.outputs[0])
 
 
 # ------------------------------------------------------------------------------------------------ MultiboxTransformLoc
@@ -579,7 +587,7 @@ def multibox_quantize(self: PyNode) -> None:
                              shift_limit=SHIFT_MAX)
     self.params["score_out_scale_value"], self.params["score_out_shift_value"] = int(m), int(n)
     _quantize_decode(self, a_t, l_t, std_div)
-    _set_box_output(self.outputs[0])
+    _set_box_output(self, self.outputs[0])
     count = int(c_t.ir_shape[2]) if len(c_t.ir_shape) == 3 else 0
     set_qinvariant(self, self.outputs[1], 16 if count < 2 ** 16 else 32, False)
 
@@ -815,13 +823,8 @@ def region_quantize(self: PyNode) -> None:
         cs += 1
     self.params["col_shift"] = self.params["row_shift"] = cs
     o = self.outputs
-    o[0].scale, o[0].zerop, o[0].qmin, o[0].qmax, o[0].dtype, o[0].qbits = (float(levels), 0, 0, levels,
-                                                                             Dtype.UINT16 if bits > 8 else Dtype.UINT8,
-                                                                             bits)
-    o[0].qinvariant, o[0].ir_range = False, None
-    o[1].scale, o[1].zerop, o[1].qmin, o[1].qmax, o[1].dtype, o[1].qbits = float(2 ** cs), 0, -32768, 32767, \
-        Dtype.INT16, 16
-    o[1].qinvariant, o[1].ir_range = False, None
+    _set_output(self, o[0], float(levels), 0, levels, Dtype.UINT16 if bits > 8 else Dtype.UINT8, bits)
+    _set_output(self, o[1], float(2 ** cs), -32768, 32767, Dtype.INT16, 16)
     set_qinvariant(self, o[2], 16, False)
     set_qinvariant(self, o[3], 16, True)
     set_qinvariant(self, o[4], 16, False)
@@ -910,7 +913,8 @@ def region_fuse_forward(self: PyNode) -> None:
             shifts = self.get_param(f"{key}_out_shift_value")
             qmin, qmax = out_range(self, out)
             for j, i in enumerate(idx):
-                v = round_shift((int_value(t[i]) + tensor_zp(self, t[i])) * int(mults[j]), int(shifts[j])) - tensor_zp(self, out)
+                v = round_shift((int_value(t[i]) + tensor_zp(self, t[i])) * int(mults[j]), int(shifts[j])) - \
+                    tensor_zp(self, out)
                 dst.append(torch.clamp(v, qmin, qmax))
         outs = _fuse(self, scores, boxes, counts, labels, totals, torch.int64)
     else:
@@ -929,26 +933,30 @@ def region_fuse_quantize(self: PyNode) -> None:
     t = self.inputs
     for x in t[:4]:
         refuse_per_channel(self, x)
+    table = quant_of(self)
     for x in t[4:]:
-        if not x.qinvariant:
+        if not table.get(x).qinvariant:
             raise UnsupportedError(f"layer '{self.name}' ({self.type}): the count/label input '{x.name}' must hold "
                                    "exact integers (an integer tensor), not quantized values")
     for o, pair in zip(self.outputs, ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))):
         src = min(pair, key=lambda i: tensor_scale(self, t[i]))
         copy_params(self, o, t[src])
-        o.zerop = 0
-    bits = int(t[0].qbits) if t[0].qbits else range_bits(self, t[0])
+        table.of(o).zerop = 0
+    in_bits = table.get(t[0]).qbits
+    bits = int(in_bits) if in_bits else range_bits(self, t[0])
     levels = 2 ** bits - 1
     o0, o1 = self.outputs[0], self.outputs[1]
-    o0.scale, o0.qbits, o0.qinvariant = float(levels), bits, False
-    o0.qmin, o0.qmax = 0, levels
+    q0 = table.of(o0)
+    q0.scale, q0.qbits, q0.qinvariant = float(levels), bits, False
+    q0.qmin, q0.qmax = 0, levels
     o0.dtype = Dtype.UINT16 if bits > 8 else Dtype.UINT8
-    o1.scale, o1.qinvariant = float(out_range(self, o1)[1]), False
+    q1 = table.of(o1)
+    q1.scale, q1.qinvariant = float(out_range(self, o1)[1]), False
     for key, pair, out in (("score", (0, 1), o0), ("box", (2, 3), o1)):
         ms, ns = [], []
         for i in pair:
-            m, n, _, _ = scale_shift(torch.tensor(tensor_scale(self, out) / tensor_scale(self, t[i]), dtype=torch.float32),
-                                     MULT_BITS, shift_limit=SHIFT_MAX)
+            ratio = torch.tensor(tensor_scale(self, out) / tensor_scale(self, t[i]), dtype=torch.float32)
+            m, n, _, _ = scale_shift(ratio, MULT_BITS, shift_limit=SHIFT_MAX)
             ms.append(int(m))
             ns.append(int(n))
         self.params[f"{key}_out_scale_value"], self.params[f"{key}_out_shift_value"] = ms, ns

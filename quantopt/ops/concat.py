@@ -7,6 +7,8 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import quant_of
+from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 from ..quant.hardware import FLT_EPSILON
 from ..quant.requant import exact_int64_, requantize_int, scale_shift
@@ -126,9 +128,14 @@ def _concat_float64(node: PyNode, mults: Sequence[Any], shifts: Sequence[Any], z
 
 def _same_quantization(node: PyNode, inputs: List, signed: bool) -> bool:
     first = inputs[0]
-    return all(tensor_scale(node, t) == tensor_scale(node, first) and tensor_zp(node, t) == tensor_zp(node, first) and
-               (t.qmin, t.qmax, t.qbits) == (first.qmin, first.qmax, first.qbits) and is_signed(node, t) == signed
-               for t in inputs)
+    table = quant_of(node)
+    q0 = table.get(first)
+
+    def alike(t: PyTensor) -> bool:
+        q = table.get(t)
+        return (tensor_scale(node, t) == tensor_scale(node, first) and tensor_zp(node, t) == tensor_zp(node, first) and
+                (q.qmin, q.qmax, q.qbits) == (q0.qmin, q0.qmax, q0.qbits) and is_signed(node, t) == signed)
+    return all(alike(t) for t in inputs)
 
 
 @CONCAT.quantize
@@ -149,15 +156,16 @@ def concat_quantize(self: PyNode) -> None:
         self.params.pop(key, None)
     if s.unify_scales_for_kvc_concat and _kv_cache_concat(self):
         return
-    if any(is_per_channel(t) for t in ins):
+    if any(is_per_channel(self, t) for t in ins):
         _concat_channels(self, ins, out)
         return
-    bits = max(int(t.qbits or 8) for t in ins)
+    table = quant_of(self)
+    bits = max(int(table.get(t).qbits or 8) for t in ins)
     signed = any(is_signed(self, t) for t in ins) or bool(s.force_dtype_int)
-    if all(t.qinvariant for t in ins):
+    if all(table.get(t).qinvariant for t in ins):
         set_qinvariant(self, out, bits, signed)
         return
-    if any(t.qinvariant for t in ins):
+    if any(table.get(t).qinvariant for t in ins):
         OPT_WARN(f"layer '{self.name}' (Concat): some inputs are integers (scale 1) and others are quantized; the "
                  "integer inputs are requantized like tensors of scale 1")
     if _same_quantization(self, ins, signed):
@@ -172,7 +180,7 @@ def concat_quantize(self: PyNode) -> None:
     mults, shifts, mtypes, stypes = [], [], [], []
     for t in ins:
         ratio = torch.tensor(s_out, dtype=torch.float32) / torch.tensor(tensor_scale(self, t), dtype=torch.float32)
-        m, sh, mdt, sdt = scale_shift(ratio, int(out.qbits), force_shift_positive=s.force_shift_positive)
+        m, sh, mdt, sdt = scale_shift(ratio, int(table.get(out).qbits), force_shift_positive=s.force_shift_positive)
         mults.append(int(m))
         shifts.append(int(sh))
         mtypes.append(mdt)
@@ -195,7 +203,8 @@ def _kv_cache_concat(node: PyNode) -> bool:
     if not cache or not computed or len(kinds) != 2:
         return False
     real = computed[0]
-    if is_per_channel(real) or not all(_same_quantization(node, [t, real], is_signed(node, real)) for t in computed):
+    if is_per_channel(node, real) or \
+            not all(_same_quantization(node, [t, real], is_signed(node, real)) for t in computed):
         OPT_WARN(f"layer '{node.name}' (Concat): unify_scales_for_kvc_concat needs its computed inputs quantized "
                  "alike (one per-tensor scale); quantized as a plain Concat")
         return False
@@ -210,9 +219,11 @@ def _kv_cache_concat(node: PyNode) -> bool:
             constant = t.pnode
             w = constant.get_constant("weights")
             qmin, qmax = out_range(node, real)
-            w.betensor = torch.full_like(w.betensor, min(max(-int(tensor_zp(node, real)), qmin), qmax), dtype=torch.int64)
-            w.dtype, w.scale, w.zerop, w.qmin, w.qmax, w.qbits = (real.dtype, real.scale, real.zerop, qmin, qmax,
-                                                                 real.qbits)
+            w.betensor = torch.full_like(w.betensor, min(max(-int(tensor_zp(node, real)), qmin), qmax),
+                                         dtype=torch.int64)
+            w.dtype = real.dtype
+            q_real, q_w = quant_of(node).get(real), quant_of(constant).of(w)
+            q_w.scale, q_w.zerop, q_w.qmin, q_w.qmax, q_w.qbits = q_real.scale, q_real.zerop, qmin, qmax, q_real.qbits
             constant.params["weights_scale"] = float(tensor_scale(node, real))
             constant.params["weights_zp"] = int(tensor_zp(node, real))
     copy_params(node, node.outputs[0], real)
@@ -229,16 +240,21 @@ def _concat_channels(node: PyNode, ins: List, out) -> None:
         raise UnsupportedError(f"layer '{node.name}' (Concat): per-channel quantized inputs are joined on their "
                                f"channel axis ({rank - 1}) only, not axis {axis}")
     first = ins[0]
+    table = quant_of(node)
+    q0 = table.get(first)
     for t in ins:
-        if (t.dtype, t.qmin, t.qmax) != (first.dtype, first.qmin, first.qmax) or \
-                (not is_per_channel(t) and tensor_zp(node, t) != 0) or t.qinvariant:
+        q = table.get(t)
+        if (t.dtype, q.qmin, q.qmax) != (first.dtype, q0.qmin, q0.qmax) or \
+                (not q.per_channel and tensor_zp(node, t) != 0) or q.qinvariant:
             raise UnsupportedError(f"layer '{node.name}' (Concat): per-channel branches pass through unchanged, so "
                                    f"every branch needs the integer type and range of '{first.name}' and zero point "
                                    f"0; '{t.name}' differs")
-    scales = [t.scale.to(torch.float32).reshape(-1) if is_per_channel(t)
+    scales = [table.get(t).scale.to(torch.float32).reshape(-1) if table.get(t).per_channel
               else torch.full((int(t.ir_shape[-1]),), tensor_scale(node, t), dtype=torch.float32) for t in ins]
     copy_params(node, out, first)
-    out.scale, out.zerop = torch.cat(scales), 0
+    q_out = table.of(out)
+    q_out.scale, q_out.zerop = torch.cat(scales), 0
+    q_out.axis = -1 if q_out.per_channel else None  # the activations' channel axis (ops/_per_channel.py)
 
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export
@@ -258,7 +274,8 @@ def convert_concat(g: QDQGraph, node: PyNode) -> None:
         return
     branches = [g.float_value(t, perm) for t in node.inputs]
     if "scale_value" in node.params:  # per-branch multipliers M_i 2^-N_i for s_out / s_i
-        branches = [g.rescale(v, float(m) * 2.0 ** -float(n) * tensor_scale(node, t) / tensor_scale(node, y), f"requant{i}")
+        branches = [g.rescale(v, float(m) * 2.0 ** -float(n) * tensor_scale(node, t) / tensor_scale(node, y),
+                              f"requant{i}")
                     for i, (v, m, n, t) in enumerate(zip(branches, node.params["scale_value"],
                                                          node.params["shift_value"], node.inputs))]
     g.quantize(y, g.add("Concat", branches, axis=axis), perm)

@@ -13,7 +13,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.tables import ranges_of
+from ..graph.tables import quant_of, ranges_of
 from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 from ..quant.dtype import Dtype
@@ -91,7 +91,7 @@ def _check_max_norm(node: PyNode) -> None:
 
 def _index_input(node: PyNode, t: PyTensor, what: str) -> torch.Tensor:
     if node.quantized:
-        if not t.qinvariant:
+        if not quant_of(node).get(t).qinvariant:
             raise UnsupportedError(f"layer '{node.name}' (EmbeddingLookupSparse): the {what} input '{t.name}' is a "
                                    "quantized tensor; it must hold exact integers")
         return int_value(t)
@@ -173,8 +173,8 @@ def embedding_lookup_sparse_forward(self: PyNode) -> None:
     if combiner == "SUM":
         out.betensor = requantize_int(acc, m, n, tensor_zp(self, out), qmin, qmax)
         return
-    p_signed = int(p_t.qmin) + tensor_zp(self, p_t) < 0
-    w_signed = int(w_t.qmin) + tensor_zp(self, w_t) < 0
+    p_signed = out_range(self, p_t)[0] + tensor_zp(self, p_t) < 0
+    w_signed = out_range(self, w_t)[0] + tensor_zp(self, w_t) < 0
     scaled = acc * m
     w_sum = _segment_sum(wq, seg, rows)
     pre0 = max(_range_bits(scaled, p_signed) - MEAN_SUM_BITS, 0)
@@ -237,8 +237,8 @@ def _sqrtn_int(node: PyNode, acc: torch.Tensor, squares: torch.Tensor, qmin: int
     if "lut" not in node.constants:
         raise node._error("quantized layer lacks its 'lut' constant")
     p_t, out = node.inputs[0], node.outputs[0]
-    p_signed = int(p_t.qmin) + tensor_zp(node, p_t) < 0
-    x = requantize_int(acc, m0, n0, 0, *integer_range(int(p_t.qbits), p_signed))
+    p_signed = out_range(node, p_t)[0] + tensor_zp(node, p_t) < 0
+    x = requantize_int(acc, m0, n0, 0, *integer_range(int(quant_of(node).get(p_t).qbits), p_signed))
     try:
         r, e = inverse_sqrt(squares, node.constants["lut"].betensor)
     except ValueError as err:
@@ -269,23 +269,24 @@ def embedding_lookup_sparse_quantize(self: PyNode) -> None:
     combiner = _combiner(self)
     _check_max_norm(self)
     p_t, seg_t, ids_t, w_t = self.inputs
+    table = quant_of(self)
     for t, what in ((seg_t, "segment ids"), (ids_t, "ids")):
-        if not t.qinvariant:
+        if not table.get(t).qinvariant:
             raise UnsupportedError(f"layer '{self.name}' (EmbeddingLookupSparse): the {what} input '{t.name}' is a "
                                    "quantized tensor; it must hold exact integers")
     for t in (p_t, w_t):
-        if t.qmin is None:
+        if table.get(t).qmin is None:
             raise self._error(f"input '{t.name}' is not quantized; quantize the producer first")
-        if isinstance(t.scale, torch.Tensor) and t.scale.numel() > 1:
+        if table.get(t).per_channel:
             raise UnsupportedError(f"layer '{self.name}' (EmbeddingLookupSparse): input '{t.name}' has per-channel "
                                    "quantization; this op needs per-tensor scales")
-    if p_t.qinvariant or w_t.qinvariant:
+    if table.get(p_t).qinvariant or table.get(w_t).qinvariant:
         OPT_WARN(f"layer '{self.name}' (EmbeddingLookupSparse): an integer params or weights input is treated as a "
                  "tensor of scale 1")
     s = layer_settings(self)
     bits = int(s.q_bits_activation)
-    p_signed = int(p_t.qmin) + tensor_zp(self, p_t) < 0
-    w_signed = int(w_t.qmin) + tensor_zp(self, w_t) < 0
+    p_signed = out_range(self, p_t)[0] + tensor_zp(self, p_t) < 0
+    w_signed = out_range(self, w_t)[0] + tensor_zp(self, w_t) < 0
     mode = activation_mode(self, bits).to_symmetric()
     names = [f"{self.name}/{n}" for n in PLACEHOLDERS]
     if [t.name for t in self.placeholders] != names:
@@ -324,7 +325,8 @@ def _sqrtn_quantize(node: PyNode, s_p: torch.Tensor, s_w: torch.Tensor, s_o: tor
     m0, n0, t_m0, t_n0 = requant_scale_shift(node, s_ps / (s_p * s_w), mult_bits=bits)
     m1, n1, t_m1, t_n1 = requant_scale_shift(node, s_o * s_w / s_ps, mult_bits=bits)
     scale_bits = (int(m1) - 1).bit_length() if int(m1) >= 1 else 0  # ceil(log2 M_1)
-    in_bits = int(plh.qbits) + (0 if int(plh.qmin) < 0 else 1)
+    q_plh = quant_of(node).get(plh)
+    in_bits = int(q_plh.qbits) + (0 if int(q_plh.qmin) < 0 else 1)
     node.params["reciprocal_shift_value"] = max(in_bits + scale_bits - SQRTN_MID_BITS, 0)
     node.params["reciprocal_shift_type"] = Dtype.INT8
     node.params["shift_value"] = [int(n0), int(n1)]

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import TensorQuant, quant_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.params import QuantMode, dequantize, integer_range, linear_quant_params, quantize
@@ -65,9 +66,10 @@ def _zero_point(node: PyNode, key: str) -> int:
 def _integer_operand(node: PyNode, t: PyTensor) -> torch.Tensor:
     """The integer values of an input: quantized, it must be an integer tensor; float, it must hold integers."""
     if node.quantized:
-        if not t.qinvariant:
+        q = quant_of(node).get(t)
+        if not q.qinvariant:
             raise UnsupportedError(f"layer '{node.name}' ({node.type}): input '{t.name}' is a quantized tensor "
-                                   f"(scale {t.scale}, zero point {t.zerop}); {node.type} needs integer inputs")
+                                   f"(scale {q.scale}, zero point {q.zerop}); {node.type} needs integer inputs")
         return int_value(t)
     x = t.betensor
     if x.is_floating_point():
@@ -109,9 +111,10 @@ def matmul_integer_quantize(self: PyNode) -> None:
         raise self._error(f"MatMulInteger needs exactly 2 inputs (zero points are params), got {len(self.inputs)}")
     check_quantized_inputs(self, self.inputs)
     for t in self.inputs:
-        if not t.qinvariant:
+        q = quant_of(self).get(t)
+        if not q.qinvariant:
             raise UnsupportedError(f"layer '{self.name}' ({self.type}): input '{t.name}' is a quantized float tensor "
-                                   f"(scale {t.scale}); MatMulInteger needs integer inputs (an integer model input, "
+                                   f"(scale {q.scale}); MatMulInteger needs integer inputs (an integer model input, "
                                    "an integer constant or the integer output of another layer)")
     set_qinvariant(self, self.outputs[0], MATMUL_INTEGER_BITS, True)
 
@@ -230,9 +233,10 @@ def conv_integer_quantize(self: PyNode) -> None:
     b - x_zero_point · sum(w - w_zero_point) per output channel, saturated to int32. Output: int32, scale 1."""
     inp = self.inputs[0]
     check_quantized_inputs(self, [inp])
-    if not inp.qinvariant:
+    q_in = quant_of(self).get(inp)
+    if not q_in.qinvariant:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): input '{inp.name}' is a quantized float tensor "
-                               f"(scale {inp.scale}); ConvInteger needs an integer input (an integer model input or "
+                               f"(scale {q_in.scale}); ConvInteger needs an integer input (an integer model input or "
                                "the integer output of another layer)")
     wt = self.get_constant("weights")
     w = _conv_weights(self)
@@ -240,14 +244,13 @@ def conv_integer_quantize(self: PyNode) -> None:
     lo, hi = INT32_RANGE if wdtype.is_float else integer_range(wdtype.bits, wdtype.is_signed)
     wzp = _zero_point(self, "w_zero_point")
     set_constant(self, "weights", torch.clamp(w + wzp, lo, hi), wdtype)
-    new_w = self.constants["weights"]
-    new_w.scale, new_w.zerop, new_w.qmin, new_w.qmax, new_w.qinvariant = 1.0, -wzp, lo, hi, True
-    new_w.qbits = 32 if wdtype.is_float else wdtype.bits
+    table = quant_of(self)
+    table.set(self.constants["weights"], TensorQuant(scale=1.0, zerop=-wzp, qbits=32 if wdtype.is_float
+                                                     else wdtype.bits, qmin=lo, qmax=hi, qinvariant=True))
     folded = _integer_biases(self, int(w.shape[0])) - w.reshape(int(w.shape[0]), -1).sum(dim=1) * _zero_point(
         self, "x_zero_point")
     set_constant(self, "biases", torch.clamp(folded, *INT32_RANGE), Dtype.INT32)
-    b = self.constants["biases"]
-    b.scale, b.zerop, b.qmin, b.qmax, b.qbits, b.qinvariant = 1.0, 0, *INT32_RANGE, 32, True
+    table.set(self.constants["biases"], TensorQuant(1.0, 0, 32, *INT32_RANGE, qinvariant=True))
     self.params.update(weights_scale=1.0, weights_zp=-wzp, biases_scale=1.0, biases_zp=0)
     set_qinvariant(self, self.outputs[0], 32, True)
 

@@ -1,14 +1,14 @@
 """Graph inputs and constants: float forward, quantization, integer forward."""
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
 from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..graph.memo import freeze, memo
 from ..graph.node import PyNode
-from ..graph.tables import ranges_of, statistics_of
+from ..graph.tables import quant_of, ranges_of, statistics_of
 from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 from ..quant.hardware import INT_INPUT_MAX_BITS
@@ -36,13 +36,14 @@ def input_forward(self: PyNode) -> None:
         return
     x = out.betensor
     qmin, qmax = out_range(self, out)
-    if out.qinvariant:
+    q = quant_of(self).get(out)
+    if q.qinvariant:
         xi = torch.round(x.to(torch.float64)) if x.is_floating_point() else x
         out.betensor = torch.clamp(xi.to(torch.int64), qmin, qmax)
-    elif x.dtype == torch.float32 and _scalar(out.scale) and _scalar(out.zerop):
+    elif x.dtype == torch.float32 and _scalar(q.scale) and _scalar(q.zerop):
         out.betensor = _quantize_per_tensor(self, x, qmin, qmax)
     else:
-        out.betensor = quantize(x, out.scale, out.zerop, qmin, qmax)
+        out.betensor = quantize(x, q.scale, q.zerop, qmin, qmax)
 
 
 def _scalar(v: object) -> bool:
@@ -53,9 +54,9 @@ def _quantize_per_tensor(node: PyNode, x: torch.Tensor, qmin: int, qmax: int) ->
     """`quantize(x, scale, zerop, qmin, qmax)` of float32 data with a per-tensor scale and zero point, the same
     float32 operations in the same order, with the 0-d float32 scale and zero point memoized per layer
     (graph/memo.py) and the steps after the first in place: the Input layer runs on every integer forward."""
-    out = node.outputs[0]
-    s, z = memo(node, "input_quantize", (freeze(out.scale), freeze(out.zerop)),
-                lambda: (torch.as_tensor(out.scale).to(torch.float32), torch.as_tensor(out.zerop).to(torch.float32)))
+    q = quant_of(node).get(node.outputs[0])
+    s, z = memo(node, "input_quantize", (freeze(q.scale), freeze(q.zerop)),
+                lambda: (torch.as_tensor(q.scale).to(torch.float32), torch.as_tensor(q.zerop).to(torch.float32)))
     y = (s * x).sub_(z).round_().clamp_(qmin, qmax).nan_to_num_(nan=0.0)
     return y.to(torch.int64)
 
@@ -137,19 +138,26 @@ def constant_quantize(self: PyNode) -> None:
     else:
         quantize_activation(self, out, float(ranges_of(self).get(out).min) < 0)
     qmin, qmax = out_range(self, out)
-    w.betensor = quantize(values, out.scale, out.zerop, qmin, qmax) if values.is_floating_point() else values
-    w.dtype, w.scale, w.zerop, w.qmin, w.qmax, w.qbits = out.dtype, out.scale, out.zerop, qmin, qmax, out.qbits
+    table = quant_of(self)
+    q = table.get(out)
+    w.betensor = quantize(values, q.scale, q.zerop, qmin, qmax) if values.is_floating_point() else values
+    w.dtype = out.dtype
+    qw = table.of(w)
+    qw.scale, qw.zerop, qw.qmin, qw.qmax, qw.qbits = q.scale, q.zerop, qmin, qmax, q.qbits
     # the IR names the stored integers' params as a weight-carrying layer's, as upstream (scalar params: a Constant's
     # output is per tensor, quantize_activation refuses per-channel modes here)
-    self.params["weights_scale"] = float(out.scale)
-    self.params["weights_zp"] = int(out.zerop)
+    self.params["weights_scale"] = float(q.scale)
+    self.params["weights_zp"] = int(q.zerop)
 
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export
-def takes_float(t: PyTensor) -> bool:
-    """Whether a graph input is fed floats: a float IR input, or the quantized input of an IR quantopt wrote (its
-    dtype is the integer one, its scale the real one). Integer inputs used as they are (scale 1) take integers."""
-    return t.ir_dtype.is_float or not t.qinvariant
+def takes_float(node: PyNode, t: Optional[PyTensor] = None) -> bool:
+    """Whether a graph input `t` (the output of the Input layer `node`) is fed floats: a float IR input, or the
+    quantized input of an IR quantopt wrote (its dtype is the integer one, its scale the real one). Integer inputs
+    used as they are (scale 1) take integers."""
+    if t is None:  # TRANSITIONAL: a caller not yet given the layer passes the tensor only (params still on it)
+        return node.ir_dtype.is_float or not node._quant.qinvariant  # type: ignore[attr-defined]
+    return t.ir_dtype.is_float or not quant_of(node).get(t).qinvariant
 
 
 @INPUT.export
@@ -157,7 +165,7 @@ def convert_input(g: QDQGraph, node: PyNode) -> None:
     """A float graph input quantized by QuantizeLinear; an integer input (scale 1, zero point 0) is used as is."""
     t = node.outputs[0]
     shape = g.io_shape(t)
-    if takes_float(t):
+    if takes_float(node, t):
         g.inputs.append(g.value_info(t.name, "FLOAT", shape))
         g.quantize(t, t.name, exact=True)
         return

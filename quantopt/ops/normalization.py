@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.tables import ranges_of
+from ..graph.tables import quant_of, ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
@@ -488,7 +488,7 @@ def norm_quantize(self: PyNode) -> None:
         _layernorm_upstream_quantize(self)
         return
     inp, out = self.inputs[0], self.outputs[0]
-    if inp.qmin is None:
+    if quant_of(self).get(inp).qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
     s = layer_settings(self)
     if s.q_mode_activation.startswith("per_channel"):
@@ -542,7 +542,7 @@ def _quantize_affine(node: PyNode, norm_scale: float, shape: Sequence[int]) -> N
     p = linear_quant_params(torch.clamp(wf, max=0.0), torch.clamp(wf, min=0.0), bits, mode, True)
     w_shape = list(w.betensor.shape)
     w.betensor = quantize(wf, p.scale, p.zerop, p.qmin, p.qmax, axis=0).reshape(w_shape)
-    set_params(node, w, p, bits)
+    set_params(node, w, p, bits, axis=0)
     bias_bits = int(s.q_bits_bias)
     bias_dtype = Dtype.INT32 if bias_bits <= 32 else Dtype.INT64
     if b is not None:
@@ -550,8 +550,10 @@ def _quantize_affine(node: PyNode, norm_scale: float, shape: Sequence[int]) -> N
         b_q, b_scale = bias_quantize(b.betensor.reshape(-1), norm_scale, p.scale, bias_bits)
         b.betensor = b_q.reshape(list(b.betensor.shape))
         b.dtype = bias_dtype
-        b.scale, b.zerop, b.qbits = b_scale, 0, bias_bits
-        b.qmin, b.qmax = integer_range(bias_bits, True)
+        qb = quant_of(node).of(b)
+        qb.scale, qb.zerop, qb.qbits = b_scale, 0, bias_bits
+        qb.qmin, qb.qmax = integer_range(bias_bits, True)
+        qb.axis = 0 if qb.per_channel else None
     ratio = torch.tensor(s_out, dtype=torch.float32) / (torch.tensor(norm_scale, dtype=torch.float32) * p.scale)
     store_requant(node, *requant_scale_shift(node, ratio))
 
@@ -670,7 +672,7 @@ def _layernorm_upstream_quantize(node: PyNode) -> None:
     norm_scale_value/norm_shift_value for s_norm/127; gamma/beta quantized as a MAC layer's weights/biases on the
     normalized tensor (per channel with per-channel weights, shifts not unified); the inverse square root table."""
     inp, out = node.inputs[0], node.outputs[0]
-    if inp.qmin is None:
+    if quant_of(node).get(inp).qmin is None:
         raise node._error(f"input '{inp.name}' is not quantized; quantize the producer first")
     s = layer_settings(node)
     if s.q_mode_activation.startswith("per_channel"):
@@ -686,9 +688,9 @@ def _layernorm_upstream_quantize(node: PyNode) -> None:
     sqrt_n = math.sqrt(count)
     adj = math.ceil(math.log2(127.5 / sqrt_n / 4)) if bits <= 8 and sqrt_n > 127 else 0
     limit = sqrt_n * 2.0 ** adj
-    norm = PyTensor(f"{node.name}/normalized")
-    set_params(node, norm, linear_quant_params(-limit, limit, bits, activation_mode(node, bits), True), bits)
-    norm.zerop = 0  # only its scale is used: the forward keeps n symmetric, and no zero point goes into the biases
+    norm = PyTensor(f"{node.name}/normalized")  # a stand-in input for quantize_mac, with an entry in the table
+    set_params(node, norm, linear_quant_params(-limit, limit, bits, activation_mode(node, bits), True), bits).zerop = 0
+    # (only its scale is used: the forward keeps n symmetric, and no zero point goes into the biases)
     if bits <= 8:
         var_shift = _upstream_var_shift(count)
         norm_shift = (var_shift >> 1) + adj
@@ -736,6 +738,7 @@ def _layernorm_upstream_quantize(node: PyNode) -> None:
             node.inputs[0] = inp
             node.settings = s
         node.params.pop("remain_shift", None)
+    quant_of(node).drop(norm)  # not a tensor of the graph
     set_constant(node, "lut", isqrt_table(), Dtype.INT16)
     insert_keys_after(node, "shift" if "shift" in node.constants else "biases", ["lut"])
 
@@ -777,7 +780,7 @@ def _layernorm_upstream_forward(node: PyNode) -> torch.Tensor:
     sq = (d * d).sum(dim=1, keepdim=True)
     m_n = _int_param(node, "norm_scale_value")
     sh_n = _int_param(node, "norm_shift_value")
-    lo, hi = integer_range(int(out.qbits or range_bits(node, out)), is_signed(node, out))
+    lo, hi = integer_range(int(quant_of(node).get(out).qbits or range_bits(node, out)), is_signed(node, out))
     try:
         if range_bits(node, inp) <= 8:
             vs = _int_param(node, "var_shift_value")
@@ -878,7 +881,7 @@ def lrn_quantize(self: PyNode) -> None:
     scale_value/shift_value for s_out/(s_in * s_f)."""
     size, alpha, beta, bias = _lrn_params(self)
     inp, out = self.inputs[0], self.outputs[0]
-    if inp.qmin is None:
+    if quant_of(self).get(inp).qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
     s = layer_settings(self)
     if s.q_mode_activation.startswith("per_channel"):
@@ -974,7 +977,7 @@ def l2_normalization_quantize(self: PyNode) -> None:
     """Output signed iff the input can be negative; eps_value = round_half_even(epsilon * s_in²);
     scale_value/shift_value approximate s_out (the normalized value is scale free)."""
     inp, out = self.inputs[0], self.outputs[0]
-    if inp.qmin is None:
+    if quant_of(self).get(inp).qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
     if layer_settings(self).q_mode_activation.startswith("per_channel"):
         raise UnsupportedError(f"layer '{self.name}' (Normalization): per-channel activation quantization is not "
@@ -1080,7 +1083,8 @@ def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) ->
     shape = [int(v) for v in x.ir_shape]
     count = int(np.prod([shape[a] for a in axes]))
     m_n, sh_n = int(node.params["norm_scale_value"]), int(node.params["norm_shift_value"])
-    lo, hi = integer_range(int(y.qbits or range_bits(node, y)), int(y.qmin) < 0)
+    q_y = quant_of(node).get(y)
+    lo, hi = integer_range(int(q_y.qbits or range_bits(node, y)), int(q_y.qmin) < 0)
     affine, gamma, beta = norm_affine(node, shape)
 
     def int64(what: str, v: object) -> str:
@@ -1096,7 +1100,7 @@ def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) ->
 
     axes_input = g.ints(f"{node.name}/axes", list(axes))
     v = g.add("Cast", [codes(g, x)], to=INT64)
-    zp_in = int(round(float(x.zerop)))
+    zp_in = int(round(float(quant_of(node).get(x).zerop)))
     if zp_in:  # the stored integers themselves: half-to-even ties of the mean move with an odd zero point
         v = g.add("Sub", [v, int64("input_zero_point", zp_in)])
     d = g.add("Sub", [v, round_div_int64(g, node, g.add("ReduceSum", [v, axes_input], keepdims=1),

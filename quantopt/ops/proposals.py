@@ -13,7 +13,7 @@ from typing import List, Tuple
 import torch
 
 from ..graph.node import PyNode
-from ..graph.tables import ranges_of
+from ..graph.tables import quant_of, ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype, int_dtype_for_bits
 from ..quant.lut import build_lut, lookup_lut
@@ -145,14 +145,16 @@ def post_nms1_quantize(self: PyNode) -> None:
     refuse_per_channel(self, p_t)
     _check_integer_inputs(self, self.inputs[1:])
     copy_params(self, self.outputs[0], p_t)
-    bits = int(p_t.qbits or 8)
+    bits = int(quant_of(self).get(p_t).qbits or 8)
     s_p = tensor_scale(self, p_t)
     p = linear_quant_params(0.0, s_p * h, bits, activation_mode(self, bits), False)
     o1 = self.outputs[1]
-    o1.scale = float(torch.tensor(float(p.scale) * max(h, w) * s_p, dtype=torch.float32))
-    o1.zerop = int(p.zerop)
-    o1.qbits, o1.dtype, o1.qinvariant, o1.ir_range = NORM_BITS, Dtype.UINT16, False, None
-    o1.qmin, o1.qmax = 0, 2 ** NORM_BITS - 1
+    q1 = quant_of(self).of(o1)
+    q1.scale = float(torch.tensor(float(p.scale) * max(h, w) * s_p, dtype=torch.float32))
+    q1.zerop = int(p.zerop)
+    q1.qbits, q1.qinvariant = NORM_BITS, False
+    o1.dtype, o1.ir_range = Dtype.UINT16, None
+    q1.qmin, q1.qmax = 0, 2 ** NORM_BITS - 1
     ratio = tensor_scale(self, o1) / (s_p * max(h, w))
     m, n, _, _ = scale_shift(torch.tensor(ratio, dtype=torch.float32), MULT_BITS, shift_limit=SHIFT_MAX)
     self.params["nor_box_scale_value"], self.params["nor_box_shift_value"] = int(m), int(n)
@@ -353,8 +355,9 @@ def _proposal_float(node: PyNode, a: int, m: int) -> None:
 def _proposal_int(node: PyNode, a: int, m: int) -> None:
     s_t, d_t = node.inputs
     d = int_value(d_t)
-    in_bits = int(d_t.qbits)
-    in_qmin = int(d_t.qmin) if d_t.qmin is not None else 0
+    q_d = quant_of(node).get(d_t)
+    in_bits = int(q_d.qbits)
+    in_qmin = int(q_d.qmin) if q_d.qmin is not None else 0
     in_qmin = -(1 << (in_bits - 1)) if in_qmin < 0 else 0  # the table spans the dtype's full range
     f = int(node.get_param("box_shift_value"))
     ly, lx, lh, lw = (lookup_lut(d[..., i], node.constants[k].betensor, in_qmin, in_bits, COORD_BITS, True)
@@ -416,25 +419,27 @@ def proposal_quantize(self: PyNode) -> None:
     for k in _ANCHORS:
         q = quantize(_anchor(self, k).to(torch.float32), sa, 0, lo, hi)
         set_constant(self, k, q.to(torch.float32), Dtype.INT16)
-    in_bits = int(d_t.qbits)
-    in_lo, in_hi = integer_range(in_bits, bool(d_t.qmin is not None and d_t.qmin < 0))
+    q_d = quant_of(self).get(d_t)
+    in_bits = int(q_d.qbits)
+    in_lo, in_hi = integer_range(in_bits, bool(q_d.qmin is not None and q_d.qmin < 0))
     lut_bits = min(in_bits, int(layer_settings(self).lut_items_in_bits))
     for k, div, use_exp in zip(_TABLES, PROPOSAL_STD_DIV, (False, False, True, True)):
         fn = (lambda x, v=div: torch.exp(x / v)) if use_exp else (lambda x, v=div: x / v)
-        table = build_lut(fn, tensor_scale(self, d_t), tensor_zp(self, d_t), in_lo, in_hi, in_bits, 2.0 ** f, 0, lo, hi,
-                          lut_bits)
+        table = build_lut(fn, tensor_scale(self, d_t), tensor_zp(self, d_t), in_lo, in_hi, in_bits, 2.0 ** f, 0, lo,
+                          hi, lut_bits)
         set_constant(self, k, table.to(torch.float32), Dtype.INT16)
     self.params["box_shift_value"] = int(f)
     self.params["box_shift_type"] = Dtype.INT8
-    s_bits = int(s_t.qbits)
+    s_bits = int(quant_of(self).get(s_t).qbits)
     s_lo, s_hi = integer_range(s_bits, False)
     thresh = float(self.get_param("score_threshold"))
-    self.params["score_threshold_value"] = int(quantize(torch.tensor(thresh), tensor_scale(self, s_t), tensor_zp(self, s_t),
-                                                        s_lo, s_hi))
+    self.params["score_threshold_value"] = int(quantize(torch.tensor(thresh), tensor_scale(self, s_t),
+                                                        tensor_zp(self, s_t), s_lo, s_hi))
     self.params["score_threshold_type"] = int_dtype_for_bits(s_bits, False)
     copy_params(self, self.outputs[0], s_t)
     o = self.outputs[1]
-    o.scale, o.zerop, o.qbits, o.dtype, o.qinvariant, o.ir_range = sa, 0, COORD_BITS, Dtype.INT16, False, None
-    o.qmin, o.qmax = lo, hi
+    q = quant_of(self).of(o)
+    q.scale, q.zerop, q.qbits, q.qinvariant, q.qmin, q.qmax = sa, 0, COORD_BITS, False, lo, hi
+    o.dtype, o.ir_range = Dtype.INT16, None
     for t in self.outputs[2:]:
         set_qinvariant(self, t, 16, False)

@@ -21,7 +21,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.tables import TensorRange, ranges_of
+from ..graph.tables import TensorRange, quant_of, ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
@@ -545,7 +545,8 @@ def _store_biases(node: PyNode, spec: RnnSpec, s_x: float, zp_x: int, s_w: torch
         parts.append(hid_q)
     b.betensor = torch.cat(parts)
     b.dtype = Dtype.INT32 if bias_bits <= 32 else Dtype.INT64
-    b.scale, b.zerop, b.qbits = 1.0, 0, bias_bits
+    qb = quant_of(node).of(b)
+    qb.scale, qb.zerop, qb.qbits = 1.0, 0, bias_bits
 
 
 def _store_bias_scale(node: PyNode, scale: torch.Tensor) -> None:
@@ -994,7 +995,8 @@ def lstm_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
         bq = torch.cat([ifo[:cs], bg, ifo[cs:]])
     b.betensor = bq
     b.dtype = Dtype.INT32 if bias_bits <= 32 else Dtype.INT64
-    b.scale, b.zerop, b.qbits = 1.0, 0, bias_bits
+    qb = quant_of(node).of(b)
+    qb.scale, qb.zerop, qb.qbits = 1.0, 0, bias_bits
 
 
 def _upstream_lookup(node: PyNode, key: str, v: torch.Tensor, bits: int) -> torch.Tensor:
@@ -1013,7 +1015,7 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     cs, isz, steps = spec.cell_size, spec.input_size, spec.time_steps
     x = int_value(node.inputs[0])
     _check_sequence(node, spec, x)
-    bits = int(node.outputs[0].qbits or 0)
+    bits = int(quant_of(node).get(node.outputs[0]).qbits or 0)
     if bits not in (8, 16):
         raise node._error(f"outputs must be 8 or 16 bits, got {bits}")
     qmin, qmax = integer_range(bits, True)
@@ -1124,13 +1126,14 @@ def _gru_block_weights(node: PyNode, spec: RnnSpec) -> Tuple[List[torch.Tensor],
             p = linear_quant_params(lo, hi, bits, mode, True)
         else:
             p = linear_quant_params(block.min(), block.max(), bits, mode, True)
-        wq[rows, cols] = quantize(block, p.scale, p.zerop, p.qmin, p.qmax, axis=0 if mode.is_per_channel else None)
+        wq[rows, cols] = quantize(block, p.scale, p.zerop, p.qmin, p.qmax,
+                                  axis=0 if mode.is_per_channel else None)
         scales.append(_f32(p.scale).reshape(-1))
         zps.append(torch.as_tensor(p.zerop, dtype=torch.int64).reshape(-1))
         qmin, qmax = p.qmin, p.qmax
     w.betensor = wq
-    set_params(node, w, linear_quant_params(wf.min(), wf.max(), bits, mode.to_per_tensor(), True), bits)
-    w.qmin, w.qmax = qmin, qmax
+    qw = set_params(node, w, linear_quant_params(wf.min(), wf.max(), bits, mode.to_per_tensor(), True), bits)
+    qw.qmin, qw.qmax = qmin, qmax
     set_constant(node, "weights_scale", torch.cat(scales), Dtype.FP32)
     set_constant(node, "weights_zp", torch.cat(zps), Dtype.INT32)
     return scales, mode.is_per_channel
@@ -1237,7 +1240,8 @@ def gru_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
         bq = torch.cat([_compress_bits(piece, eff, pre[k]) for k, piece in enumerate(pieces)])
     b.betensor = bq
     b.dtype = Dtype.INT32 if bias_bits <= 32 else Dtype.INT64
-    b.scale, b.zerop, b.qbits = 1.0, 0, bias_bits
+    qb = quant_of(node).of(b)
+    qb.scale, qb.zerop, qb.qbits = 1.0, 0, bias_bits
     bias_scale = torch.cat([gb_scale.reshape(-1), cb_scale.reshape(-1)])
     set_constant(node, "biases_scale", bias_scale, Dtype.FP32)
     set_constant(node, "biases_zp", torch.zeros(bias_scale.numel()), Dtype.FP32)
@@ -1271,7 +1275,7 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     cs, isz = spec.cell_size, spec.input_size
     x = int_value(node.inputs[0])
     _check_sequence(node, spec, x)
-    bits = int(node.outputs[0].qbits or 0)
+    bits = int(quant_of(node).get(node.outputs[0]).qbits or 0)
     if bits not in (8, 16):
         raise node._error(f"outputs must be 8 or 16 bits, got {bits}")
     qmin, qmax = integer_range(bits, True)

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.tables import ranges_of
+from ..graph.tables import quant_of, ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
@@ -28,6 +28,7 @@ from ._quant import (
     check_quantized_inputs,
     int_value,
     layer_settings,
+    out_range,
     refuse_per_channel,
     set_constant,
     set_params,
@@ -220,7 +221,6 @@ def rnn_quantize(self: PyNode) -> None:
         p = linear_quant_params(lo, hi, bits, sym, True)
         for o in self.outputs:
             set_params(self, o, p, bits)
-            o.qinvariant = False
         s_h = float(p.scale)
     # weights: input and hidden columns per tensor, symmetric signed
     w_t = self.constants["weights"]
@@ -253,7 +253,7 @@ def rnn_quantize(self: PyNode) -> None:
         t_par = linear_quant_params(max(lo, -bound), min(hi, bound), bits, sym, True)
         s_t = float(t_par.scale)
         tlo, thi = integer_range(bits, True)
-        olo, ohi = int(self.outputs[0].qmin), int(self.outputs[0].qmax)
+        olo, ohi = out_range(self, self.outputs[0])
         fn = torch.tanh if act == "TANH" else torch.sigmoid
         table = build_lut(fn, s_t, 0, tlo, thi, bits, s_h, 0, olo, ohi, min(bits, int(settings.lut_items_in_bits)))
         set_constant(self, "lut", table.to(torch.float32), Dtype.INT8 if bits <= 8 else Dtype.INT16)
@@ -284,13 +284,13 @@ def _int_forward(node: PyNode, act: str, i_size: int, reverse: bool) -> None:
     bias = int_value(node.constants["biases"]).reshape(1, -1)
     ms, ns = node.get_param("scale_value"), node.get_param("shift_value")
     y_t = node.outputs[0]
-    olo, ohi = int(y_t.qmin), int(y_t.qmax)
+    olo, ohi = out_range(node, y_t)
     big = 2 ** 62
     h = requantize_int(_initial(int_value(h0_t) + tensor_zp(node, h0_t), int(x.shape[0])),
                        int(node.get_param("init_h_scale_value")), int(node.get_param("init_h_shift_value")), 0,
                        olo, ohi)
     thr: Optional[int] = node.get_param("threshold_value", optional=True, default_value=None)
-    bits = int(y_t.qbits)
+    bits = int(quant_of(node).get(y_t).qbits)
     states = []
     for t in range(int(x.shape[1])):
         acc = (requantize_int(x[:, t] @ wx, ms[0], ns[0], 0, -big, big)
