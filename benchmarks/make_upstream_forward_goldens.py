@@ -74,7 +74,7 @@ def make_case(name: str, case: Dict[str, Any], out_dir: Path, upstream: Path, wo
     calib = [[torch.from_numpy(rng.normal(0.3, case["std"], case["shape"]).astype(np.float32))] for _ in range(3)]
     qgraph = quantize_model(graph, calib, SETTINGS)
     txt, bin_path = write_ir(qgraph, str(out_dir / f"{name}_o.txt"))
-    inp = qgraph.input_tensors[0]
+    inp = qgraph.quant.get(qgraph.input_tensors[0])  # the quantized input's params
     if "code_std" in case:  # logits a few dozen codes apart: varied probabilities
         codes = np.clip(np.rint(rng.normal(0.0, case["code_std"], case["shape"])), int(inp.qmin), int(inp.qmax))
     else:  # code_lo: averages far from zero, where the 8-bit multiplier's error reaches the rounding

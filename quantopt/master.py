@@ -29,6 +29,7 @@ from .data import make_dataset, make_loader, make_metrics, prepare_inputs, shuff
 from .errors import ConfigError, DataError, IRError, QuantOptError, UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
 from .graph.node import PyNode
+from .graph.tables import quant_of
 from .graph.tensor import PyTensor
 from .ir.writer import atomic_write, write_ir
 from .log import OPT_INFO, OPT_WARN, StepTimer, attach_file, detach_file, error_to_file, warning_count
@@ -56,16 +57,18 @@ from .tuning.mixed_precision import SearchResult, per_layer_search
 from .tuning.unify_scales import unify_rules_from_cfg
 
 
-def io_params(t: PyTensor, role: str) -> Dict[str, Any]:
-    """How a graph input or output of the quantized model is encoded (what the integer backend exchanges)."""
+def io_params(qgraph: PyGraph, t: PyTensor, role: str) -> Dict[str, Any]:
+    """How a graph input or output `t` of the quantized model `qgraph` is encoded (what the integer backend
+    exchanges)."""
     def plain(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return v.tolist() if v.numel() > 1 else v.item()
         return v
-    quantized = t.qmin is not None
+    q = qgraph.quant.get(t)
+    quantized = q.qmin is not None
     return {"role": role, "name": t.name, "dtype": getattr(t.dtype, "value", str(t.dtype)),
-            "scale": plain(t.scale) if quantized else None, "zp": plain(t.zerop) if quantized else None,
-            "qmin": t.qmin, "qmax": t.qmax}
+            "scale": plain(q.scale) if quantized else None, "zp": plain(q.zerop) if quantized else None,
+            "qmin": q.qmin, "qmax": q.qmax}
 
 
 def _no_label(label: Any) -> bool:
@@ -238,7 +241,8 @@ class OptMaster:
             with torch.no_grad():
                 for inputs, label in batches:
                     graph.forward(inputs)
-                    metric([to_float(t) if quantized else t.betensor for t in graph.output_tensors], label)
+                    metric([to_float(t, graph.quant) if quantized else t.betensor for t in graph.output_tensors],
+                           label)
             return float(metric.compute())
 
         return score, score(self.graph, quantized=False)
@@ -291,6 +295,7 @@ class OptMaster:
     def quant_forward_check(self, qgraph: QuantizeGraph) -> None:
         """All-zero inputs through the integer graph: shapes as in the IR, every value inside its integer range."""
         def check(node: PyNode) -> None:
+            table = quant_of(node)
             for t in node.outputs:
                 got = tuple(t.betensor.shape)
                 if got != tuple(t.ir_shape) and not _loop_scan(node, t):
@@ -298,13 +303,14 @@ class OptMaster:
                                   f"'{t.name}' but the IR declares {list(t.ir_shape)}")
                 if not node.quantized:
                     continue
+                q = table.get(t)
                 if t.dtype.is_minifloat and t.betensor.is_floating_point():  # fp8 values (ops/_fp8.py)
-                    if not t.betensor.numel() or float(t.betensor.abs().max()) <= t.qmax:
+                    if not t.betensor.numel() or float(t.betensor.abs().max()) <= q.qmax:
                         continue
-                if t.betensor.is_floating_point() or (t.betensor.numel() and (int(t.betensor.min()) < t.qmin or
-                                                                               int(t.betensor.max()) > t.qmax)):
+                if t.betensor.is_floating_point() or (t.betensor.numel() and (int(t.betensor.min()) < q.qmin or
+                                                                               int(t.betensor.max()) > q.qmax)):
                     raise RuntimeError(f"integer forward of layer '{node.name}' ({node.type}) left '{t.name}' "
-                                       f"outside its integer range [{t.qmin}, {t.qmax}] or not integer")
+                                       f"outside its integer range [{q.qmin}, {q.qmax}] or not integer")
 
         qgraph.forward(qgraph.zero_inputs(), after_node=check)
 
@@ -353,7 +359,7 @@ class OptMaster:
             for i, batch in enumerate(progress(self.validation_loader, desc)):
                 inputs, label = split_sample(batch, source)
                 graph.forward(prepare_inputs(self.graph, inputs, self.cfg, source, i))
-                outputs = [to_float(t) if quantized else t.betensor for t in graph.output_tensors]
+                outputs = [to_float(t, graph.quant) if quantized else t.betensor for t in graph.output_tensors]
                 for m in metrics:
                     try:
                         m(list(outputs), label)
@@ -523,7 +529,7 @@ class OptMaster:
             "inputs": [t.name for t in self.graph.input_tensors],
             "outputs": [t.name for t in self.graph.output_tensors],
             "quantized_io": [] if qgraph is None else [
-                io_params(t, role) for role, ts in (("input", qgraph.input_tensors),
+                io_params(qgraph, t, role) for role, ts in (("input", qgraph.input_tensors),
                                                     ("output", qgraph.output_tensors)) for t in ts],
             "float_metrics": float_scores,
             "quant_metrics": quant_scores,

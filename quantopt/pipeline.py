@@ -194,4 +194,4 @@ def quantize_prequantized(graph: QuantizeGraph, calibration: Iterable[Batch] = (
 def run_quantized(qgraph: PyGraph, inputs: Batch) -> list:
     """Integer forward; returns the outputs dequantized to float32 (integer outputs of scale 1 as they are)."""
     qgraph.forward([inputs] if isinstance(inputs, torch.Tensor) else list(inputs))
-    return [to_float(t) for t in qgraph.output_tensors]
+    return [to_float(t, qgraph.quant) for t in qgraph.output_tensors]

@@ -7,8 +7,9 @@ from typing import Any, Dict, List, Mapping, Optional
 from .config.layer_settings import OptConfig, settings_from_cfg
 from .errors import ConfigError, PluginError, UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
+from .graph.tables import quant_of
 from .log import OPT_INFO
-from .ops._per_channel import check_per_channel_inputs, is_per_channel
+from .ops._per_channel import check_per_channel_inputs
 from .passes.absorb_scales import absorb_input_scales
 from .passes.float_islands import float_choices, insert_boundary_layers, make_float_layer
 from .passes.fp8_borders import insert_fp8_borders
@@ -71,12 +72,13 @@ def quantize_graph(graph: QuantizeGraph) -> QuantizeGraph:
         if n.params.get("unquantifiable") is True:  # a DeQuantize layer: integer in, float out
             n.quantized = False
             continue
+        table = quant_of(n)
         for t in n.outputs:
-            if t.qmin is None:
+            if table.get(t).qmin is None:
                 raise RuntimeError(f"quantize function of {n.type} left output '{t.name}' of layer '{n.name}' "
                                    "without quantization parameters")
         n.params.pop("activation_quantization_axis", None)
-        n.params["activation_quantization_axis"] = [len(t.ir_shape) - 1 if is_per_channel(t) else None
+        n.params["activation_quantization_axis"] = [len(t.ir_shape) - 1 if table.get(t).per_channel else None
                                                     for t in n.outputs]
     insert_recurrent_state_casts(q)  # upstream's signed initial states (passes/recurrent_casts.py)
     if q.device.type != "cpu":  # quantize functions build their constants (integer weights, tables) on the CPU

@@ -29,6 +29,7 @@ from .analysis.dump import jsonable, safe_stem
 from .errors import ConfigError, DataError, IRError, UnsupportedError
 from .graph.graph import PyGraph
 from .graph.node import PyNode
+from .graph.tables import QuantTable, TensorQuant
 from .graph.tensor import PyTensor
 from .graph.values import to_float, to_quantized
 from .log import OPT_INFO, OPT_WARN, setup_console
@@ -133,14 +134,14 @@ def _int_bounds(arr: np.ndarray) -> Tuple[int, int]:
     return (int(arr.min()), int(arr.max())) if arr.size else (0, 0)
 
 
-def _describe_q(t: PyTensor) -> str:
-    scale = t.scale.tolist() if isinstance(t.scale, torch.Tensor) else t.scale
-    zerop = t.zerop.tolist() if isinstance(t.zerop, torch.Tensor) else t.zerop
+def _describe_q(t: PyTensor, q: TensorQuant) -> str:
+    scale = q.scale.tolist() if isinstance(q.scale, torch.Tensor) else q.scale
+    zerop = q.zerop.tolist() if isinstance(q.zerop, torch.Tensor) else q.zerop
     return f"{t.dtype}, scale {scale}, zp {zerop}"
 
 
-def _check_one(t: PyTensor, source: str, arr: np.ndarray, quantize_inputs: bool) -> InputSpec:
-    """The checks of one input; returns how its data is fed."""
+def _check_one(t: PyTensor, q: TensorQuant, source: str, arr: np.ndarray, quantize_inputs: bool) -> InputSpec:
+    """The checks of one input (its params `q`); returns how its data is fed."""
     name, kind = t.name, arr.dtype.kind
     ir_shape = tuple(int(d) for d in t.ir_shape)
     if arr.ndim != len(ir_shape) or tuple(arr.shape[1:]) != ir_shape[1:]:
@@ -162,15 +163,15 @@ def _check_one(t: PyTensor, source: str, arr: np.ndarray, quantize_inputs: bool)
             raise DataError(f"input '{name}' is bool in the IR but the file holds {arr.dtype} data", file=source)
         return InputSpec(t, source, arr, "bool")
     if quantized_input:
-        lo, hi = int(t.qmin), int(t.qmax)
+        lo, hi = int(q.qmin), int(q.qmax)
         if kind == "f":
             if not quantize_inputs:
-                raise DataError(f"input '{name}' is quantized ({_describe_q(t)}) and takes integers in [{lo}, {hi}], "
-                                f"but the file holds {arr.dtype} data: pass --quantize-inputs to quantize float data "
-                                f"with the input's scale/zp", file=source)
+                raise DataError(f"input '{name}' is quantized ({_describe_q(t, q)}) and takes integers in "
+                                f"[{lo}, {hi}], but the file holds {arr.dtype} data: pass --quantize-inputs to "
+                                f"quantize float data with the input's scale/zp", file=source)
             _nonfinite_error(arr, name, source)
             return InputSpec(t, source, arr, "quantize")
-        if kind != "b" and quantize_inputs and not t.qinvariant:
+        if kind != "b" and quantize_inputs and not q.qinvariant:
             raise DataError(f"input '{name}': --quantize-inputs quantizes float data but the file holds {arr.dtype} "
                             f"integers; give floats, or integers in [{lo}, {hi}] without --quantize-inputs",
                             file=source)
@@ -193,7 +194,8 @@ def check_inputs(graph: PyGraph, data: Sequence[Tuple[str, np.ndarray]], quantiz
     if len(data) != len(graph.input_tensors):
         names = [t.name for t in graph.input_tensors]
         raise DataError(f"the IR has {len(names)} input(s) {names} but {len(data)} array(s) were given")
-    specs = [_check_one(t, source, arr, quantize_inputs) for t, (source, arr) in zip(graph.input_tensors, data)]
+    specs = [_check_one(t, graph.quant.get(t), source, arr, quantize_inputs)
+             for t, (source, arr) in zip(graph.input_tensors, data)]
     batched = [s for s in specs if s.batched]
     for s in batched[1:]:
         if s.array.shape[0] != batched[0].array.shape[0]:
@@ -203,8 +205,9 @@ def check_inputs(graph: PyGraph, data: Sequence[Tuple[str, np.ndarray]], quantiz
     return specs
 
 
-def _feed(spec: InputSpec, lo: int, hi: int) -> torch.Tensor:
-    """The tensor fed for samples [lo, hi) of an input (a copy: the file stays untouched)."""
+def _feed(spec: InputSpec, lo: int, hi: int, table: QuantTable) -> torch.Tensor:
+    """The tensor fed for samples [lo, hi) of an input (a copy: the file stays untouched); `table`: the graph's
+    params."""
     arr = spec.array[lo:hi] if spec.batched else spec.array
     if spec.kind == "float":
         compute = spec.tensor.dtype.torch_dtype
@@ -212,7 +215,7 @@ def _feed(spec: InputSpec, lo: int, hi: int) -> torch.Tensor:
     if spec.kind == "bool":
         return torch.from_numpy(np.array(arr, dtype=np.bool_))
     if spec.kind == "quantize":
-        return to_quantized(torch.from_numpy(np.array(arr, dtype=np.float32)), spec.tensor)
+        return to_quantized(torch.from_numpy(np.array(arr, dtype=np.float32)), spec.tensor, table)
     return torch.from_numpy(np.array(arr, dtype=np.int64))
 
 
@@ -248,8 +251,8 @@ def _values(t: PyTensor) -> np.ndarray:
     return arr.astype(target)
 
 
-def _has_dequant(t: PyTensor) -> bool:
-    return t.qmin is not None and not t.dtype.is_float and t.dtype is not Dtype.BOOL
+def _has_dequant(table: QuantTable, t: PyTensor) -> bool:
+    return table.get(t).qmin is not None and not t.dtype.is_float and t.dtype is not Dtype.BOOL
 
 
 class _Sink:
@@ -320,16 +323,17 @@ class _Sink:
         self._maps.clear()
 
 
-def _output_files(tensors: Sequence[PyTensor], dequantize: bool) -> Dict[str, Tuple[str, Optional[str]]]:
+def _output_files(table: QuantTable, tensors: Sequence[PyTensor], dequantize: bool
+                  ) -> Dict[str, Tuple[str, Optional[str]]]:
     """tensor name -> (file, dequant file or None): `<safe name>.npy`, made unique (ignoring case) with `_2`,
-    `_3`... in output order."""
+    `_3`... in output order; `table`: the graph's params."""
     used = {INDEX_FILE.lower(), LAYERS_DIR.lower()}
     files: Dict[str, Tuple[str, Optional[str]]] = {}
     for t in tensors:
         base = safe_stem(t.name)
         stem, k = base, 1
         while True:
-            names = [stem + ".npy"] + ([stem + ".dequant.npy"] if dequantize and _has_dequant(t) else [])
+            names = [stem + ".npy"] + ([stem + ".dequant.npy"] if dequantize and _has_dequant(table, t) else [])
             if not any(n.lower() in used for n in names):
                 break
             k += 1
@@ -346,21 +350,23 @@ def _layer_files(graph: PyGraph, dequantize: bool) -> Dict[str, Tuple[str, Optio
     files: Dict[str, Tuple[str, Optional[str]]] = {}
     for i, t in enumerate(tensors):
         stem = f"{LAYERS_DIR}/{i:0{width}d}_{safe_stem(t.name)}"
-        files[t.name] = (stem + ".npy", stem + ".dequant.npy" if dequantize and _has_dequant(t) else None)
+        dequant = dequantize and _has_dequant(graph.quant, t)
+        files[t.name] = (stem + ".npy", stem + ".dequant.npy" if dequant else None)
     return files
 
 
-def _entry(t: PyTensor, files: Tuple[str, Optional[str]], sink: _Sink) -> Dict[str, Any]:
+def _entry(t: PyTensor, q: TensorQuant, files: Tuple[str, Optional[str]], sink: _Sink) -> Dict[str, Any]:
+    """The index entry of a written tensor `t` (its params `q`)."""
     info = sink.info[files[0]]
-    quantized = t.qmin is not None and not t.dtype.is_float
+    quantized = q.qmin is not None and not t.dtype.is_float
     entry: Dict[str, Any] = {
         "file": files[0], "shape": info["shape"], "dtype": info["dtype"], "ir_dtype": str(t.dtype),
         "layer": t.pnode.name if t.pnode is not None else None,
         "layer_type": str(t.pnode.type) if t.pnode is not None else None,
         "quantized": quantized,
-        "scale": jsonable(t.scale) if quantized else None, "zp": jsonable(t.zerop) if quantized else None,
-        "axis": t.key_axis if quantized else None,
-        "range": [int(t.qmin), int(t.qmax)] if quantized else None,
+        "scale": jsonable(q.scale) if quantized else None, "zp": jsonable(q.zerop) if quantized else None,
+        "axis": q.axis if quantized else None,
+        "range": [int(q.qmin), int(q.qmax)] if quantized else None,
         "min": jsonable(info["min"]), "max": jsonable(info["max"]),
     }
     if info["nonfinite"]:
@@ -404,7 +410,8 @@ def run_graph(graph: PyGraph, specs: Sequence[InputSpec], folder: str, batch_siz
     sink = _Sink(folder, total, len(chunks) > 1, ir_batch)
     data_dependent = _data_dependent(graph)
     outputs = _unique(graph.output_tensors)
-    out_files = _output_files(outputs, dequantize)
+    table = graph.quant
+    out_files = _output_files(table, outputs, dequantize)
     layer_files = _layer_files(graph, dequantize) if dump_all else {}
     if dump_all:
         os.makedirs(os.path.join(folder, LAYERS_DIR), exist_ok=True)
@@ -415,7 +422,7 @@ def run_graph(graph: PyGraph, specs: Sequence[InputSpec], folder: str, batch_siz
         shared = t.name not in data_dependent
         sink.put(files[0], _values(t), lo, hi - lo, what, ir0, shared)
         if files[1] is not None:
-            sink.put(files[1], to_float(t).numpy(), lo, hi - lo, what, ir0, shared)
+            sink.put(files[1], to_float(t, table).numpy(), lo, hi - lo, what, ir0, shared)
 
     span = [0, 0]
 
@@ -427,7 +434,7 @@ def run_graph(graph: PyGraph, specs: Sequence[InputSpec], folder: str, batch_siz
         with torch.no_grad(), _integer_fed(specs):
             for lo, hi in progress(chunks, "run"):
                 span[:] = [lo, hi]
-                graph.forward([_feed(s, lo, hi) for s in specs], after_node=dump_layer if dump_all else None)
+                graph.forward([_feed(s, lo, hi, table) for s in specs], after_node=dump_layer if dump_all else None)
                 for t in outputs:
                     save(t, out_files[t.name], lo, hi)
     finally:
@@ -441,10 +448,10 @@ def run_graph(graph: PyGraph, specs: Sequence[InputSpec], folder: str, batch_siz
         "inputs": {s.tensor.name: {"file": s.source, "shape": [int(d) for d in s.array.shape],
                                    "dtype": str(s.array.dtype), "quantized_by_run": s.kind == "quantize"}
                    for s in specs},
-        "outputs": {t.name: _entry(t, out_files[t.name], sink) for t in outputs},
+        "outputs": {t.name: _entry(t, table.get(t), out_files[t.name], sink) for t in outputs},
     }
     if dump_all:
-        index["layers"] = {n: _entry(t, layer_files[n], sink) for n, t in
+        index["layers"] = {n: _entry(t, table.get(t), layer_files[n], sink) for n, t in
                            ((t.name, t) for node in graph.nodes for t in node.outputs)}
     return index
 

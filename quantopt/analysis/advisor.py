@@ -30,7 +30,7 @@ from ..calibration.inf_mask import mask_counts
 from ..calibration.low_sqnr import layer_sqnr_db
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..graph.tables import statistics_of
+from ..graph.tables import quant_of, statistics_of
 from .similarity import LayerSimilarity
 
 COLLAPSE_COSINE = 0.9
@@ -100,13 +100,14 @@ def _inf_mask(node: PyNode) -> List[Advice]:
 def _bias_saturation(fnode: PyNode, qnode: PyNode) -> List[Advice]:
     fb = fnode.constants.get("biases")
     qb = qnode.constants.get("biases")
-    if fb is None or qb is None or qb.scale is None or qb.qbits is None or not fb.betensor.is_floating_point():
+    q = quant_of(qnode).get(qb) if qb is not None else None
+    if fb is None or q is None or q.scale is None or q.qbits is None or not fb.betensor.is_floating_point():
         return []
-    scale = torch.as_tensor(qb.scale, dtype=torch.float64).reshape(-1)
+    scale = torch.as_tensor(q.scale, dtype=torch.float64).reshape(-1)
     b = fb.betensor.detach().to(torch.float64).reshape(-1)
     if scale.numel() not in (1, b.numel()):
         return []
-    bits = int(qb.qbits)
+    bits = int(q.qbits)
     clipped = int(((b * scale).abs() > 2.0 ** (bits - 1)).sum())
     if not clipped:
         return []

@@ -22,6 +22,7 @@ import torch
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..graph.tables import TensorQuant, quant_of
 from ..graph.tensor import PyTensor
 from ..version import __version__
 
@@ -91,13 +92,14 @@ def _int_dtype(lo: int, hi: int) -> np.dtype:
     return np.dtype(np.int64)
 
 
-def _quant_array(t: PyTensor) -> np.ndarray:
-    """The integer values in the narrowest dtype their declared range allows (int64 when no range is known)."""
+def _quant_array(t: PyTensor, q: TensorQuant) -> np.ndarray:
+    """The integer values in the narrowest dtype their declared range (`q`, its params) allows (int64 when no range
+    is known)."""
     arr = t.betensor.detach().cpu().numpy()
     if t.betensor.is_floating_point() or t.betensor.dtype == torch.bool:
         return arr
-    if t.qmin is not None and t.qmax is not None:
-        dt = _int_dtype(int(t.qmin), int(t.qmax))
+    if q.qmin is not None and q.qmax is not None:
+        dt = _int_dtype(int(q.qmin), int(q.qmax))
     elif not t.dtype.is_float and t.dtype.storage.kind in "iu" and t.dtype.itemsize < 8:
         dt = t.dtype.storage.newbyteorder("=")
     else:
@@ -150,10 +152,11 @@ def dump_tensors(float_graph: PyGraph, quant_graph: Optional[PyGraph],
                     entry["float"] = _write(dump_dir, f"{entry['stem']}.float.npy",
                                             t.betensor.detach().cpu().numpy())
                 else:
-                    info = _write(dump_dir, f"{entry['stem']}.quant.npy", _quant_array(t))
-                    info.update({"ir_dtype": str(t.dtype), "scale": jsonable(t.scale), "zerop": jsonable(t.zerop),
-                                 "axis": t.key_axis, "qmin": t.qmin, "qmax": t.qmax, "qbits": t.qbits,
-                                 "qinvariant": bool(t.qinvariant)})
+                    q = quant_of(node).get(t)
+                    info = _write(dump_dir, f"{entry['stem']}.quant.npy", _quant_array(t, q))
+                    info.update({"ir_dtype": str(t.dtype), "scale": jsonable(q.scale), "zerop": jsonable(q.zerop),
+                                 "axis": q.axis, "qmin": q.qmin, "qmax": q.qmax, "qbits": q.qbits,
+                                 "qinvariant": bool(q.qinvariant)})
                     entry["quant"] = info
         return hook
 

@@ -13,6 +13,7 @@ import torch
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..graph.tables import quant_of
 from ..quant.requant import INT32_MAX, INT32_MIN
 
 COMPARED_PARAMS = ("scale_value", "shift_value", "scale_type", "shift_type", "weights_scale", "weights_zp",
@@ -58,14 +59,16 @@ FLOAT_PARAMS = ("weights_scale", "biases_scale")
 
 def _compare_node(mine: PyNode, ref: PyNode, rtol: float) -> List[str]:
     diffs: List[str] = []
+    mine_q, ref_q = quant_of(mine), quant_of(ref)  # each IR's own params
     for i, (t, r) in enumerate(zip(mine.outputs, ref.outputs)):
         if t.dtype != r.dtype:
             diffs.append(f"output {i} dtype {t.dtype.value} != {r.dtype.value}")
         if not r.dtype.is_float:
-            if not _same(t.scale, r.scale, rtol):
-                diffs.append(f"output {i} scale {_f32(t.scale).tolist()} != {_f32(r.scale).tolist()}")
-            if not _same(t.zerop, r.zerop):
-                diffs.append(f"output {i} zp {t.zerop} != {r.zerop}")
+            tq, rq = mine_q.get(t), ref_q.get(r)
+            if not _same(tq.scale, rq.scale, rtol):
+                diffs.append(f"output {i} scale {_f32(tq.scale).tolist()} != {_f32(rq.scale).tolist()}")
+            if not _same(tq.zerop, rq.zerop):
+                diffs.append(f"output {i} zp {tq.zerop} != {rq.zerop}")
     for key in COMPARED_PARAMS:
         tol = rtol if key in FLOAT_PARAMS else 0.0
         if key in ref.params and not _same(mine.params.get(key), ref.params[key], tol):

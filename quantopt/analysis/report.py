@@ -24,6 +24,7 @@ import torch
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..graph.tables import TensorQuant, quant_of
 from ..ir.writer import atomic_write
 from ..threads import one_thread
 from .similarity import LayerSimilarity, cosine, to_float
@@ -116,7 +117,8 @@ def collect_histograms(float_graph: PyGraph, quant_graph: PyGraph, inputs: Seque
         def hook(node: PyNode) -> None:
             for t in node.outputs:
                 if t.name in wanted:
-                    store[t.name] = (node, to_float(t).clone() if quantized else t.betensor.detach().clone())
+                    store[t.name] = (node, to_float(t, quant_of(node)).clone() if quantized
+                                     else t.betensor.detach().clone())
         return hook
 
     fvals: Dict[str, Tuple[PyNode, torch.Tensor]] = {}
@@ -143,8 +145,8 @@ def histograms_of(values: Mapping[str, Tuple[PyNode, torch.Tensor, torch.Tensor]
     return out
 
 
-def _scale_summary(t: Any) -> Dict[str, Any]:
-    scale = getattr(t, "scale", None)
+def _scale_summary(q: TensorQuant) -> Dict[str, Any]:
+    scale = q.scale
     if isinstance(scale, torch.Tensor) and scale.numel() > 1:
         s = scale.detach().to(torch.float64)
         return {"per_channel": True, "scale_min": _num(s.min()), "scale_max": _num(s.max())}
@@ -157,16 +159,19 @@ def layer_bits(quant_graph: PyGraph) -> List[Dict[str, Any]]:
     """Per layer of the quantized graph: output and constant dtypes, bit widths and scale (range if per-channel)."""
     rows: List[Dict[str, Any]] = []
     for n in quant_graph.nodes:
+        table = quant_of(n)
         outputs = []
         for t in n.outputs:
-            entry = {"tensor": t.name, "dtype": _dtype_name(t.dtype), "qbits": t.qbits,
-                     "qinvariant": bool(t.qinvariant)}
-            entry.update(_scale_summary(t))
+            q = table.get(t)
+            entry = {"tensor": t.name, "dtype": _dtype_name(t.dtype), "qbits": q.qbits,
+                     "qinvariant": bool(q.qinvariant)}
+            entry.update(_scale_summary(q))
             outputs.append(entry)
         constants = {}
         for key, t in n.constants.items():
-            entry = {"dtype": _dtype_name(t.dtype), "qbits": t.qbits}
-            entry.update(_scale_summary(t))
+            q = table.get(t)
+            entry = {"dtype": _dtype_name(t.dtype), "qbits": q.qbits}
+            entry.update(_scale_summary(q))
             constants[key] = entry
         rows.append({"layer_id": n.layer_id, "name": n.name, "type": str(n.type), "outputs": outputs,
                      "constants": constants})

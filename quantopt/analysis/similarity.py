@@ -22,7 +22,7 @@ from ..calibration.inf_mask import is_mask_tensor
 from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..graph.tables import TensorStatistics
+from ..graph.tables import TensorStatistics, quant_of
 from ..graph.tensor import PyTensor
 from ..graph.values import to_float, to_quantized
 from ..graph.wide_values import wide_values_of
@@ -102,7 +102,7 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
                 fvals = [_flat64(f.betensor) for f in fnode.outputs]
                 keep = [_unmasked(f, float_graph.statistics.get(f), x, notes) for f, x in zip(fnode.outputs, fvals)]
                 fvals = [x if k is None else x[k] for x, k in zip(fvals, keep)]
-                deq = [to_float(q) for q in qnode.outputs]
+                deq = [to_float(q, quant_of(qnode)) for q in qnode.outputs]
                 cumulative = [_cos_mse(x, _select(y, k)) for x, y, k in zip(fvals, deq, keep)]
                 isolated = _isolated(fnode, qnode, fvals, cumulative, quantized, keep)
                 for f, c, i in zip(fnode.outputs, cumulative, isolated):
@@ -167,10 +167,11 @@ def _isolated(fnode: PyNode, qnode: PyNode, fvals: Sequence[torch.Tensor], cumul
     if not qnode.inputs:
         return cumulative
     feeds = []
+    table = quant_of(qnode)  # the quantized graph's params
     for qt, ft in zip(qnode.inputs, fnode.inputs):
         key = (id(qt), id(ft))
         if key not in quantized:
-            quantized[key] = to_quantized(ft.betensor, qt)
+            quantized[key] = to_quantized(ft.betensor, qt, table)
         feeds.append(quantized[key])
     wide = wide_values_of(qnode)
     if len(feeds) == len(qnode.inputs) and all(
@@ -184,7 +185,7 @@ def _isolated(fnode: PyNode, qnode: PyNode, fvals: Sequence[torch.Tensor], cumul
             qt.betensor = v
         qnode.forward()
         keep = list(keep) or [None] * len(fvals)
-        return [_cos_mse(x, _select(to_float(q), k)) for x, q, k in zip(fvals, qnode.outputs, keep)]
+        return [_cos_mse(x, _select(to_float(q, table), k)) for x, q, k in zip(fvals, qnode.outputs, keep)]
     finally:
         for t, v in zip(qnode.inputs, saved_in):
             t.betensor = v

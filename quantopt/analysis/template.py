@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 
 from ..graph.graph import PyGraph
-from ..graph.tables import TensorRange
+from ..graph.tables import TensorQuant, TensorRange
 from ..graph.tensor import PyTensor
 from ..ir.writer import atomic_write
 from .similarity import LayerSimilarity
@@ -28,13 +28,15 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def tensor_info(q: PyTensor, q_range: TensorRange, f_range: Optional[TensorRange]) -> Dict[str, Any]:
-    """The quantization of `q` and the float range that decided it: `q`'s own calibrated range `q_range` (the
-    quantized graph is made from the calibrated graph, after any global method), else the float tensor's."""
+def tensor_info(t: PyTensor, params: TensorQuant, q_range: TensorRange,
+                f_range: Optional[TensorRange]) -> Dict[str, Any]:
+    """The quantization of the quantized tensor `t` (its params `params`) and the float range that decided it: its
+    own calibrated range `q_range` (the quantized graph is made from the calibrated graph, after any global method),
+    else the float tensor's."""
     ref = q_range if q_range.min is not None or f_range is None else f_range
-    return {"scale": _plain(q.scale), "zerop": _plain(q.zerop), "qbits": q.qbits, "dtype": _plain(q.dtype),
-            "qmin": q.qmin, "qmax": q.qmax, "fmin": _plain(ref.min), "fmax": _plain(ref.max),
-            "qinvariant": bool(q.qinvariant)}
+    return {"scale": _plain(params.scale), "zerop": _plain(params.zerop), "qbits": params.qbits,
+            "dtype": _plain(t.dtype), "qmin": params.qmin, "qmax": params.qmax, "fmin": _plain(ref.min),
+            "fmax": _plain(ref.max), "qinvariant": bool(params.qinvariant)}
 
 
 def build_template(float_graph: PyGraph, quant_graph: PyGraph,
@@ -53,7 +55,7 @@ def build_template(float_graph: PyGraph, quant_graph: PyGraph,
         info = {}
         for i, t in enumerate(n.outputs):
             ft = fn.outputs[i] if fn is not None and i < len(fn.outputs) else None
-            info[t.name] = tensor_info(t, quant_graph.ranges.get(t),
+            info[t.name] = tensor_info(t, quant_graph.quant.get(t), quant_graph.ranges.get(t),
                                        float_graph.ranges.get(ft) if ft is not None else None)
         display: Dict[str, Any] = {"quantization_info": info}
         similarity = {t.name: sims[(n.name, t.name)].as_dict() for t in n.outputs if (n.name, t.name) in sims}

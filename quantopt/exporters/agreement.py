@@ -17,11 +17,12 @@ import torch
 
 from ..errors import DataError, UnsupportedError
 from ..graph.graph import PyGraph
+from ..graph.tables import TensorQuant
 from ..graph.tensor import PyTensor
 from ..graph.values import to_float
 from ..ops.io import takes_float
 from ..ops.onnx_build.perms import inverse
-from ..ops.onnx_build.qdq_graph import per_channel_scales, scalar
+from ..ops.onnx_build.qdq_graph import scalar
 from .onnx_qdq import DEFAULT_SCALES, convert_graph, require_onnx
 
 STEP_TOLERANCE = 1e-3
@@ -71,12 +72,13 @@ def runtime_description() -> str:
     return f"onnxruntime {ort.__version__}, CPU: {features}"
 
 
-def _step(t: PyTensor) -> Any:
-    """One quantization step of an output: a float, or one per channel of the last axis."""
-    if t.qinvariant:
+def _step(t: PyTensor, q: TensorQuant) -> Any:
+    """One quantization step of an output (its params `q`): a float, or one per channel of the last axis."""
+    if q.qinvariant:
         return 1.0
-    channels = per_channel_scales(t)
-    return 1.0 / scalar(t.scale, "scales", t) if channels is None else 1.0 / channels.astype(np.float64)
+    if q.per_channel:  # float32 scales along the last axis (ops/onnx_build/qdq_graph.py per_channel_scales)
+        return 1.0 / q.scale.to(torch.float32).reshape(-1).numpy().astype(np.float64)
+    return 1.0 / scalar(q.scale, "scales", t)
 
 
 def _feeds(graph: PyGraph, inputs: Sequence[Any]) -> Dict[str, np.ndarray]:
@@ -126,12 +128,12 @@ def measure_agreement(graph: PyGraph, inputs: Sequence[Any], scales: str = DEFAU
         with torch.no_grad():
             graph.forward([torch.from_numpy(chunk[t.name]) for t in graph.input_tensors])
         for t in graph.output_tensors:
-            ref = to_float(t).numpy().astype(np.float64)
+            ref = to_float(t, graph.quant).numpy().astype(np.float64)
             got = results[t.name].astype(np.float64)
             if got.shape != ref.shape:
                 raise UnsupportedError(f"output '{t.name}': onnxruntime gives shape {list(got.shape)}, quantopt "
                                        f"{list(ref.shape)}")
-            tally.add_output(t.name, np.abs(got - ref) / _step(t))
+            tally.add_output(t.name, np.abs(got - ref) / _step(t, graph.quant.get(t)))
         if per_layer:
             for name, counts in _isolated_layers(graph, views, results).items():
                 tally.add_layer(name, counts)
@@ -234,7 +236,8 @@ def rounding_sensitivity(graph: PyGraph, inputs: Sequence[Any], rate: float = 1e
     feeds = [torch.as_tensor(x) for x in inputs]
     with torch.no_grad():
         graph.forward(feeds)
-        ref = [to_float(t).clone() for t in graph.output_tensors]
+        table = graph.quant
+        ref = [to_float(t, table).clone() for t in graph.output_tensors]
         gen = torch.Generator().manual_seed(seed)
 
         def nudge(node: Any) -> None:
@@ -245,13 +248,14 @@ def rounding_sensitivity(graph: PyGraph, inputs: Sequence[Any], rate: float = 1e
                 count = max(1, int(round(flat.numel() * rate)))
                 idx = torch.randint(0, flat.numel(), (count,), generator=gen)
                 sign = torch.randint(0, 2, (count,), generator=gen) * 2 - 1
-                flat[idx] = torch.clamp(flat[idx] + sign, int(t.qmin), int(t.qmax))
+                q = table.get(t)
+                flat[idx] = torch.clamp(flat[idx] + sign, int(q.qmin), int(q.qmax))
                 t.betensor = flat.reshape(t.betensor.shape)
 
         graph.forward(feeds, after_node=nudge)
         within, total = 0, 0
         for t, r in zip(graph.output_tensors, ref):
-            steps = (to_float(t) - r).abs() / _step(t)
+            steps = (to_float(t, table) - r).abs() / _step(t, table.get(t))
             within += int((steps <= 1.0 + STEP_TOLERANCE).sum())
             total += steps.numel()
     return within / max(total, 1)

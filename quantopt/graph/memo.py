@@ -15,6 +15,8 @@ from typing import Any, Callable, Optional, Tuple, TypeVar
 import numpy as np
 import torch
 
+from .tables import QuantTable, quant_of
+
 T = TypeVar("T")
 
 
@@ -57,18 +59,20 @@ def freeze(value: Any) -> Any:
     return value
 
 
-def qparams_key(t: Any) -> Tuple[Any, ...]:
-    """Everything of a tensor's quantization that an integer forward reads."""
-    return (t.dtype, t.qmin, t.qmax, t.qbits, t.qinvariant, t.key_axis, freeze(t.scale), freeze(t.zerop))
+def qparams_key(table: QuantTable, t: Any) -> Tuple[Any, ...]:
+    """Everything of a tensor's quantization that an integer forward reads (its parameters in `table`)."""
+    q = table.get(t)
+    return (t.dtype, q.qmin, q.qmax, q.qbits, q.qinvariant, q.axis, freeze(q.scale), freeze(q.zerop))
 
 
 def layer_key(node: Any) -> Tuple[Any, ...]:
     """A layer's type, state, params, constants (by identity and version, with their dtypes and quantization) and
     its inputs' and outputs' quantization: what a layer-level memo depends on, short of the data."""
     params = [(k, v if type(v) in _PLAIN else freeze(v)) for k, v in node.params.items()]
+    table = quant_of(node)  # the parameters live in the layer's graph's table (graph/tables.py)
     return (str(node.type), node.quantized, params,
-            tuple((k, Same(c.betensor), qparams_key(c)) for k, c in node.constants.items()),
-            tuple(qparams_key(t) for t in node.inputs), tuple(qparams_key(t) for t in node.outputs))
+            tuple((k, Same(c.betensor), qparams_key(table, c)) for k, c in node.constants.items()),
+            tuple(qparams_key(table, t) for t in node.inputs), tuple(qparams_key(table, t) for t in node.outputs))
 
 
 def memo(node: Any, name: str, key: Any, build: Callable[[], T]) -> T:

@@ -6,25 +6,42 @@ fake-quant debug layers, `quantopt run`, the exporter's agreement check) convert
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..quant.params import dequantize, quantize
 from .float_layer import round_to_float_dtype
+from .tables import QuantTable, TensorQuant, quant_of
 from .tensor import PyTensor
 
 
-def to_float(t: PyTensor) -> torch.Tensor:
-    """Dequantized values of a quantized tensor (integer tensors used as is)."""
-    if t.qinvariant or t.qmin is None:
+def _params(t: PyTensor, table: Optional[QuantTable]) -> TensorQuant:
+    """The parameters of `t` in `table`; by default in the table of the graph of its producing layer (every
+    activation of a graph has one: graph inputs are an Input layer's outputs)."""
+    if table is None:
+        if t.pnode is None:
+            raise ValueError(f"tensor '{t.name}' has no producing layer: pass the table its parameters are in")
+        table = quant_of(t.pnode)
+    return table.get(t)
+
+
+def to_float(t: PyTensor, table: Optional[QuantTable] = None) -> torch.Tensor:
+    """Dequantized values of a quantized tensor (integer tensors used as is); its parameters are looked up in
+    `table` (default: its producer's graph's table)."""
+    q = _params(t, table)
+    if q.qinvariant or q.qmin is None:
         return t.betensor.to(torch.float32)
-    return dequantize(t.betensor, t.scale, t.zerop)
+    return dequantize(t.betensor, q.scale, q.zerop)
 
 
-def to_quantized(x: torch.Tensor, like: PyTensor) -> torch.Tensor:
+def to_quantized(x: torch.Tensor, like: PyTensor, table: Optional[QuantTable] = None) -> torch.Tensor:
     """Float values quantized with the params of the quantized tensor `like` (a float tensor of a float island:
-    the values rounded to its float type)."""
-    if like.qmin is None:
+    the values rounded to its float type); its parameters are looked up in `table` (default: its producer's graph's
+    table)."""
+    q = _params(like, table)
+    if q.qmin is None:
         return round_to_float_dtype(x.to(torch.float32), like.dtype)
-    if like.qinvariant:
-        return torch.clamp(torch.round(x.to(torch.float64)), like.qmin, like.qmax).to(torch.int64)
-    return quantize(x, like.scale, like.zerop, like.qmin, like.qmax)
+    if q.qinvariant:
+        return torch.clamp(torch.round(x.to(torch.float64)), q.qmin, q.qmax).to(torch.int64)
+    return quantize(x, q.scale, q.zerop, q.qmin, q.qmax)

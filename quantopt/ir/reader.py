@@ -18,6 +18,7 @@ import torch
 from ..errors import IRError
 from ..graph.graph import PyGraph, QuantizeGraph
 from ..graph.node import PyNode
+from ..graph.tables import quant_of
 from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 from ..quant.dtype import Dtype, decode_storage, dtype_from_name
@@ -646,9 +647,9 @@ def _apply_top_info(sr: _SectionReader, node: PyNode, key: str) -> None:
         elif not _number(item):
             raise sr.error(key, f"'{key}' entries must be finite numbers, got {item}")
         elif key == "layer_top_scale":
-            t.scale = item
+            quant_of(node).of(t).scale = item  # the layer's own table until `add_node` (graph/tables.py)
         else:
-            t.zerop = item
+            quant_of(node).of(t).zerop = item
 
 
 def _apply_top_constant(sr: _SectionReader, node: PyNode, stem: str, tensor: PyTensor) -> None:
@@ -656,9 +657,9 @@ def _apply_top_constant(sr: _SectionReader, node: PyNode, stem: str, tensor: PyT
         raise sr.error(stem + "_offset", f"bin-stored '{stem}' is only supported for single-output layers")
     out = node.outputs[0]
     if stem == "layer_top_scale":
-        out.scale = tensor.betensor
+        quant_of(node).of(out).scale = tensor.betensor  # the layer's own table until `add_node` (graph/tables.py)
     elif stem == "layer_top_zp":
-        out.zerop = tensor.betensor
+        quant_of(node).of(out).zerop = tensor.betensor
     else:
         if tensor.betensor.numel() != 2:
             raise sr.error(stem + "_offset", f"bin-stored '{stem}' must hold two values [min,max], got shape "
@@ -669,7 +670,9 @@ def _apply_top_constant(sr: _SectionReader, node: PyNode, stem: str, tensor: PyT
 
 def _mark_quantized(graph: PyGraph) -> None:
     """Layers of a quantized IR (integer outputs with `layer_top_scale`, not `unquantifiable`) run their integer
-    forward: their outputs get qmin/qmax from `layer_top_range` and qbits from the dtype."""
+    forward: their outputs get qmin/qmax from `layer_top_range` and qbits from the dtype, and a bin-stored scale of
+    several values is per channel along the last axis (as `quantize_activation` sets it, ops/_quant.py)."""
+    table = graph.quant
     for n in graph.nodes:
         if "layer_top_scale" not in n.attrs.get("ir_top_keys", []) or n.params.get("unquantifiable") is True:
             continue
@@ -681,12 +684,14 @@ def _mark_quantized(graph: PyGraph) -> None:
                 [0, 1] if t.dtype is Dtype.BOOL else list(t.dtype.int_range())
             if not (isinstance(rng, list) and len(rng) == 2 and all(_number(x) for x in rng)):
                 raise n._error(f"layer_top_range of output '{t.name}' must be one [min,max] pair, got {rng}")
-            t.qmin, t.qmax = int(rng[0]), int(rng[1])
-            t.qbits = t.dtype.bits
-            t.qinvariant = not isinstance(t.scale, torch.Tensor) and float(t.scale) == 1.0 and _is_zero(t.zerop)
+            q = table.of(t)
+            q.qmin, q.qmax = int(rng[0]), int(rng[1])
+            q.qbits = t.dtype.bits
+            q.qinvariant = not isinstance(q.scale, torch.Tensor) and float(q.scale) == 1.0 and _is_zero(q.zerop)
+            q.axis = -1 if q.per_channel else None
         for t in n.constants.values():
             if not t.dtype.is_float:
-                t.qbits = t.dtype.bits
+                table.of(t).qbits = t.dtype.bits
 
 
 def _is_zero(zp: Any) -> bool:

@@ -18,6 +18,7 @@ from ..errors import IRError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from ..graph.subgraphs import all_subgraphs
+from ..graph.tables import quant_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype, encode_storage
 from .grammar import GrammarError, format_value, parse_value
@@ -77,15 +78,18 @@ def _param_line(lines: List[str], node: PyNode, key: str) -> None:
 
 
 _TOP_ATTR = {"layer_top_scale": "scale", "layer_top_zp": "zerop"}
+"""The TensorQuant field each top info key writes."""
 
 
 def _top_info_value(node: PyNode, key: str) -> Any:
     values = []
+    table = quant_of(node)
     for t in node.outputs:
+        q = table.get(t)
         if key == "layer_top_range":
-            v = t.ir_range if t.ir_range is not None else ([t.qmin, t.qmax] if t.qmin is not None else None)
+            v = t.ir_range if t.ir_range is not None else ([q.qmin, q.qmax] if q.qmin is not None else None)
         else:
-            v = getattr(t, _TOP_ATTR[key])
+            v = getattr(q, _TOP_ATTR[key])
         if isinstance(v, torch.Tensor):
             v = v.tolist() if v.numel() > 1 else v.item()
         values.append(v)
@@ -96,7 +100,7 @@ def _is_per_channel(node: PyNode, key: str) -> bool:
     attr = _TOP_ATTR.get(key)
     if attr is None or len(node.outputs) != 1:
         return False
-    v = getattr(node.outputs[0], attr)
+    v = getattr(quant_of(node).get(node.outputs[0]), attr)
     return isinstance(v, torch.Tensor) and v.numel() > 1
 
 
@@ -130,7 +134,7 @@ def _layer_lines(node: PyNode, index: int, bin_out: _BinBuilder) -> List[str]:
                 continue
             if _is_per_channel(node, key):
                 attr = _TOP_ATTR[key]
-                v = getattr(node.outputs[0], attr)
+                v = getattr(quant_of(node).get(node.outputs[0]), attr)
                 dt = node.attrs.get("ir_top_constant_dtypes", {}).get(key, Dtype.FP32 if attr == "scale"
                                                                           else Dtype.INT32)
                 t = PyTensor(node.name + key, v.detach().reshape(-1), dt, [v.numel()])

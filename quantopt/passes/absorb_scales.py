@@ -21,12 +21,12 @@ import torch
 from ..calibration.collect import recalibrate_weight
 from ..config.layer_settings import LayerSettings
 from ..graph.node import PyNode
+from ..graph.tables import quant_of
 from ..ops._per_channel import (
     ABSORBED_SCALES,
     ABSORBING_TYPES,
     UnabsorbedInputScales,
     absorbed_weights,
-    channel_scales,
 )
 from ..ops._quant import layer_settings
 
@@ -37,9 +37,10 @@ def absorb_input_scales(node: PyNode) -> bool:
     a per-tensor input or a layer that does not absorb; True when done, or already done with the same scales."""
     if str(node.type) not in ABSORBING_TYPES or not node.inputs:
         return False
-    scales = channel_scales(node.inputs[0])
-    if scales is None:
+    q = quant_of(node).get(node.inputs[0])  # the layer's table: its graph's, or a detached copy's own
+    if not q.per_channel:
         return False
+    scales = q.scale.to(torch.float32).reshape(-1)  # as ops/_per_channel.py channel_scales
     done = node.attrs.get(ABSORBED_SCALES)
     if done is not None:
         if torch.equal(done, scales):

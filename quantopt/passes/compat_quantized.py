@@ -17,7 +17,7 @@ import torch
 from ..calibration.collect import calibrate_layer, weight_constants
 from ..errors import ConfigError, UnsupportedError
 from ..graph.graph import PyGraph, QuantizeGraph
-from ..graph.tables import RangeTable
+from ..graph.tables import RangeTable, quant_of
 from ..log import OPT_INFO
 from ..quant.dtype import Dtype
 from ..quant.given import GIVEN_PARAMS, GIVEN_VALUES
@@ -182,13 +182,15 @@ def check_given_kept(qgraph: QuantizeGraph) -> int:
     params on where the model requantizes is refused); returns the number checked."""
     count = 0
     for n in qgraph.nodes:
+        table = quant_of(n)
         for t in list(n.outputs) + list(n.constants.values()):
             p = given(t)
             if p is None:
                 continue
-            same = torch.equal(torch.as_tensor(t.scale, dtype=torch.float32),
+            q = table.get(t)
+            same = torch.equal(torch.as_tensor(q.scale, dtype=torch.float32),
                                torch.as_tensor(p.scale, dtype=torch.float32)) and \
-                torch.equal(torch.as_tensor(t.zerop, dtype=torch.int64), torch.as_tensor(p.zerop, dtype=torch.int64))
+                torch.equal(torch.as_tensor(q.zerop, dtype=torch.int64), torch.as_tensor(p.zerop, dtype=torch.int64))
             if not same:
                 raise UnsupportedError(f"layer '{n.name}' ({n.type}): its quantization does not keep the given params "
                                        f"of tensor '{t.name}' (scale {p.scale}, zero point {p.zerop}); the "

@@ -13,6 +13,7 @@ import torch
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..graph.tables import quant_of
 from ..graph.values import to_float, to_quantized
 from ..graph.wide_values import wide_values_of
 from ..log import OPT_INFO
@@ -22,13 +23,14 @@ OVERRIDE_KEY = "forward_override"
 
 def _override(float_node: PyNode) -> Callable[[PyNode, Callable], None]:
     def run(qnode: PyNode, _fn: Callable) -> None:
+        table = quant_of(qnode)  # the quantized graph's params
         for ft, qt in zip(float_node.inputs, qnode.inputs):
-            ft.betensor = to_float(qt)
+            ft.betensor = to_float(qt, table)
         with torch.no_grad():
             float_node.forward()
         for qt, ft in zip(qnode.outputs, float_node.outputs):
             y = ft.betensor
-            qt.betensor = to_quantized(y, qt) if qnode.quantized else y
+            qt.betensor = to_quantized(y, qt, table) if qnode.quantized else y
         wide = wide_values_of(float_node)
         for t in float_node.inputs + float_node.outputs:
             t.release()

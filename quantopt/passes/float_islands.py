@@ -31,6 +31,7 @@ from ..graph.float_layer import round_to_float_dtype
 from ..graph.graph import PyGraph
 from ..graph.names import unique_name as _unique
 from ..graph.node import PyNode
+from ..graph.tables import quant_of
 from ..graph.tensor import PyTensor
 from ..log import OPT_INFO
 from ..ops.io import KEEP_IR_INTEGER
@@ -70,8 +71,7 @@ def new_border_layer(graph: PyGraph, optype: OpType, name: str, src: PyTensor, o
     node.inputs = [src]
     out = src.clone(out_name)
     graph.ranges.copy_from(graph.ranges, src, out)  # it is quantized from its source's calibrated range
-    out.qmin = out.qmax = out.qbits = None
-    out.scale, out.zerop, out.qinvariant = 1.0, 0, False
+    graph.quant.drop(out)  # not quantized until its quantize function runs
     out.pnode = node
     node.outputs = [out]
     graph.add_node(node)
@@ -166,10 +166,11 @@ def check_integer_inputs(node: PyNode) -> None:
     for t in node.inputs:
         if t.pnode is None or not t.pnode.quantized or not reads_integer_as_is(node, t):
             continue
-        exact = t.qinvariant and bool(torch.all(torch.as_tensor(t.scale) == 1)) and \
-            bool(torch.all(torch.as_tensor(t.zerop) == 0))
+        q = quant_of(node).get(t)
+        exact = q.qinvariant and bool(torch.all(torch.as_tensor(q.scale) == 1)) and \
+            bool(torch.all(torch.as_tensor(q.zerop) == 0))
         if not exact:
-            raise node._error(f"integer input '{t.name}' is quantized (scale {t.scale}, zero point {t.zerop}); "
+            raise node._error(f"integer input '{t.name}' is quantized (scale {q.scale}, zero point {q.zerop}); "
                               "an If/Loop layer reads its integer inputs as they are")
 
 
@@ -179,9 +180,9 @@ def make_float_layer(node: PyNode, choice: FloatChoice) -> None:
     check_integer_inputs(node)
     node.quantized = False
     node.params["unquantifiable"] = True
+    table = quant_of(node)
     for t in node.outputs:
-        t.qmin = t.qmax = t.qbits = None
-        t.scale, t.zerop, t.qinvariant = 1.0, 0, False
+        table.drop(t)  # a float output: no quantization params
         if t.ir_dtype.is_float:
             t.dtype = t.ir_dtype = dtype
     for key, c in list(node.constants.items()):

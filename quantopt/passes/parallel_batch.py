@@ -16,13 +16,15 @@ from typing import Dict, List
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..graph.tables import QuantTable
 from ..graph.tensor import PyTensor
 from ..registry.optype import OpType
 
 
-def _joined(t: PyTensor, copies: int, name: str, axis: int) -> PyTensor:
-    """A copy of `t` (quantization included) holding `copies` of it along `axis`."""
+def _joined(t: PyTensor, copies: int, name: str, axis: int, table: QuantTable, out: PyGraph) -> PyTensor:
+    """A copy of `t` holding `copies` of it along `axis`, with `t`'s params in `table` as its params in `out`."""
     j = t.clone(name)
+    out.quant.set(j, table.get(t).copy())
     shape = list(t.ir_shape)
     shape[axis] = int(shape[axis]) * copies
     j.ir_shape = tuple(shape)
@@ -54,6 +56,8 @@ def parallel_copies(qgraph: PyGraph, copies: int, axis: int = 0) -> PyGraph:
     inner: Dict[str, List[PyTensor]] = {}  # model input name -> the copies' input tensors
     for t in base.input_tensors:
         inner[t.name] = [t.clone(f"{t.name}_part{k}") for k in range(copies)]
+        for part in inner[t.name]:
+            out.quant.set(part, base.quant.get(t).copy())
     for k in range(copies):
         source = base if k == 0 else qgraph.clone()
         rename: Dict[str, PyTensor] = {name: inner[name][k] for name in input_names}
@@ -61,6 +65,8 @@ def parallel_copies(qgraph: PyGraph, copies: int, axis: int = 0) -> PyGraph:
         for n in source.nodes:
             if str(n.type) == "Input":
                 continue
+            # the copy's params move to `out` under the new names (read before a tensor is renamed)
+            params = [(t, source.quant.get(t).copy()) for t in n.outputs + list(n.constants.values()) + n.placeholders]
             n.name += suffix
             for t in n.outputs:
                 if t.name in output_names:
@@ -72,9 +78,11 @@ def parallel_copies(qgraph: PyGraph, copies: int, axis: int = 0) -> PyGraph:
             for key, c in n.constants.items():
                 c.name = n.name + key
             out.add_node(n)
+            for t, q in params:
+                out.quant.set(t, q)
     for t in base.input_tensors:
         node = t.pnode
-        joined = _joined(t, copies, t.name, axis)
+        joined = _joined(t, copies, t.name, axis, base.quant, out)
         layer = _layer(node.name, "Input", [], [joined], node, node.params)
         out.add_node(layer)
         split = _layer(f"{node.name}_split", "Split", [joined], inner[t.name], node,
@@ -84,8 +92,8 @@ def parallel_copies(qgraph: PyGraph, copies: int, axis: int = 0) -> PyGraph:
     parts = {t.name: t for n in out.nodes for t in n.outputs}
     for name, t in zip(output_names, base.output_tensors):
         pieces = [parts[f"{name}_part{k}"] for k in range(copies)]
-        concat = _layer(f"{t.pnode.name}_concat", "Concat", pieces, [_joined(pieces[0], copies, name, axis)],
-                        t.pnode, {"axis": axis})
+        concat = _layer(f"{t.pnode.name}_concat", "Concat", pieces,
+                        [_joined(pieces[0], copies, name, axis, out.quant, out)], t.pnode, {"axis": axis})
         concat.params["activation_quantization_axis"] = [None]
         out.add_node(concat)
     out.finalize()

@@ -63,8 +63,10 @@ def _cast_layer(graph: PyGraph, consumer: PyNode, src: PyTensor, dtype: Dtype, t
     out = src.clone(_unique(f"{src.name}_Cast_tensor_", taken, "_"))
     graph.ranges.copy_from(graph.ranges, src, out)  # its source's calibrated range (graph/tables.py)
     out.dtype = dtype
-    out.qbits = dtype.bits
-    out.qmin, out.qmax = integer_range(dtype.bits, True)
+    q = graph.quant.get(src).copy()  # its source's scale and zero point, the full range of `dtype`
+    q.qbits = dtype.bits
+    q.qmin, q.qmax = integer_range(dtype.bits, True)
+    graph.quant.set(out, q)
     out.pnode = node
     node.outputs = [out]
     node.params["to_dtype"] = dtype

@@ -29,7 +29,7 @@ from ..config.calibration_values import (  # the field value's torch-free gramma
 from ..errors import QuantOptError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..graph.tables import RangeTable, ranges_of
+from ..graph.tables import RangeTable, TensorQuant, quant_of, ranges_of
 from ..graph.tensor import PyTensor
 from ..log import LOGGER, OPT_DEBUG, OPT_INFO
 from ..quant.hardware import FLT_EPSILON
@@ -123,18 +123,18 @@ class _Target:
     needs: List[float]
 
 
-def _scale(t: PyTensor) -> float:
-    s = t.scale
+def _scale(q: TensorQuant) -> float:
+    s = q.scale
     return float(s.reshape(-1)[0]) if hasattr(s, "reshape") else float(s)
 
 
-def _zp(t: PyTensor) -> int:
-    z = t.zerop
+def _zp(q: TensorQuant) -> int:
+    z = q.zerop
     return int(z.reshape(-1)[0]) if hasattr(z, "reshape") else int(z)
 
 
-def _signed(t: PyTensor) -> bool:
-    return t.qmin is not None and t.qmin < 0
+def _signed(q: TensorQuant) -> bool:
+    return q.qmin is not None and q.qmin < 0
 
 
 def _range(ranges: RangeTable, t: PyTensor) -> Tuple[float, float]:
@@ -172,6 +172,7 @@ class _Pass:
         if hasattr(graph, "quantgraph"):
             graph.quantgraph = previous
         self.qnodes = {n.name: n for n in self.qgraph.nodes}
+        self.quant = self.qgraph.quant  # the provisional quantization's params (graph/tables.py)
         self.kinds: Dict[Tuple[str, int], Optional[str]] = {}
 
     def qtensor(self, node: PyNode, index: int, inputs: bool) -> PyTensor:
@@ -190,8 +191,9 @@ class _Pass:
         q = self.qnodes[node.name]
         out = q.outputs[out_index]
         if str(node.type) == "Concat":
-            ins = list(q.inputs)
-            same = all(not t.qinvariant and (t.dtype, t.qbits) == (out.dtype, out.qbits) for t in ins)
+            bits = self.quant.get(out).qbits
+            same = all(not self.quant.get(t).qinvariant and (t.dtype, self.quant.get(t).qbits) == (out.dtype, bits)
+                       for t in q.inputs)
             return _THROUGH_ALL if same else _LEAF
         if str(node.type) in SCALE_DECIDING_TYPES:
             return _LEAF
@@ -203,19 +205,20 @@ class _Pass:
 
     def _alone(self, node: PyNode) -> PyNode:
         qnode = self.qnodes[node.name]
-        return node.detached_copy(inputs=list(qnode.inputs), input_ranges=ranges_of(qnode))
+        return node.detached_copy(inputs=list(qnode.inputs), input_ranges=ranges_of(qnode), input_quant=self.quant)
 
     def _follows_input(self, node: PyNode, out_index: int) -> bool:
         for probe in PROBE_SCALES:
             m = self._alone(node)
-            if m.inputs[0].qinvariant:
+            table = quant_of(m)  # the copy's own params
+            if table.get(m.inputs[0]).qinvariant:
                 return False
-            m.inputs[0].scale = probe
+            table.of(m.inputs[0]).scale = probe
             try:
                 m.quantize()
             except (QuantOptError, ValueError, RuntimeError, ZeroDivisionError):
                 return False
-            got = m.outputs[out_index]
+            got = table.get(m.outputs[out_index])
             if got.qinvariant or abs(_scale(got) - probe) > 1e-6 * probe:
                 return False
         return True
@@ -232,7 +235,7 @@ class _Pass:
                 m.quantize()
             except (QuantOptError, ValueError, RuntimeError, ZeroDivisionError):
                 return False
-            got = m.outputs[out_index]
+            got = quant_of(m).get(m.outputs[out_index])
             if got.qinvariant:
                 return False
             scales.append(_scale(got))
@@ -250,7 +253,7 @@ class _Pass:
             q = self.qnodes.get(node.name)
             if q is None or _unquantifiable(q):
                 return [], f"layer '{node.name}' is not quantized"
-            if q.outputs[index].qinvariant:
+            if self.quant.get(q.outputs[index]).qinvariant:
                 return [], f"tensor '{t.name}' holds integers (scale 1)"
             if depth and d > depth:
                 return [], f"no scale-deciding layer within depth {depth} above '{tensor.name}'"
@@ -271,12 +274,12 @@ class _Pass:
         if q is None or _unquantifiable(q):
             skipped[node.name] = "the layer is not quantized"
             return None
-        out = q.outputs[0]
+        out = self.quant.get(q.outputs[0])
         if out.qinvariant:
             skipped[node.name] = "its output holds integers (scale 1)"
             return None
-        branches = [(t, qt) for t, qt in zip(node.inputs, q.inputs)
-                    if not qt.qinvariant and t.pnode.name in self.qnodes and
+        branches = [(t, self.quant.get(qt)) for t, qt in zip(node.inputs, q.inputs)
+                    if not self.quant.get(qt).qinvariant and t.pnode.name in self.qnodes and
                     not _unquantifiable(self.qnodes[t.pnode.name])]
         if len({id(t) for t, _ in branches}) < 2:
             skipped[node.name] = "fewer than two quantized input branches"
@@ -298,7 +301,7 @@ class _Pass:
             leaves += [lf for lf in found if all(lf[1] is not x[1] for x in leaves)]
         bits = int(out.qbits or 0)
         for leaf, t in leaves:
-            lt = self.qtensor(leaf, [o.name for o in leaf.outputs].index(t.name), inputs=False)
+            lt = self.quant.get(self.qtensor(leaf, [o.name for o in leaf.outputs].index(t.name), inputs=False))
             if int(lt.qbits or 0) != bits:
                 skipped[node.name] = (f"upstream layer '{leaf.name}' has {lt.qbits}-bit output, the layer "
                                       f"{bits}-bit")
@@ -312,7 +315,7 @@ class _Pass:
     def need(self, node: PyNode, t: PyTensor, signed: Optional[bool]) -> Optional[float]:
         """The scale at which a zero-centred (signed) or zero-based (unsigned) grid covers `t`'s calibrated range,
         in the given signedness (default: the tensor's own)."""
-        qt = self.qtensor(node, [o.name for o in node.outputs].index(t.name), inputs=False)
+        qt = self.quant.get(self.qtensor(node, [o.name for o in node.outputs].index(t.name), inputs=False))
         signed = _signed(qt) if signed is None else signed
         lo, hi = _range(self.graph.ranges, t)
         absmax = max(abs(lo), abs(hi))
@@ -391,7 +394,7 @@ def unify_scales(graph: PyGraph, rules: RuleSource) -> UnifyReport:
                 if id(t) in done:
                     continue
                 done.add(id(t))
-                qt = run.qtensor(leaf, [o.name for o in leaf.outputs].index(t.name), inputs=False)
+                qt = run.quant.get(run.qtensor(leaf, [o.name for o in leaf.outputs].index(t.name), inputs=False))
                 old = _range(graph.ranges, t)
                 frange = float(qt.qmax - qt.qmin) / scale
                 new = (-frange / 2.0, frange / 2.0) if _signed(qt) else (0.0, frange)

@@ -11,7 +11,16 @@ import torch
 from ...errors import QuantOptError
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
-from ...graph.tables import RangeTable, TensorRange, detached_statistics, node_tensors, ranges_of
+from ...graph.tables import (
+    QuantTable,
+    RangeTable,
+    TensorQuant,
+    TensorRange,
+    detached_statistics,
+    node_tensors,
+    quant_of,
+    ranges_of,
+)
 from ...graph.tensor import PyTensor
 from ...graph.values import to_float, to_quantized
 from ...ops._quant import activation_mode, is_signed
@@ -45,9 +54,10 @@ def target_layers(graph: PyGraph, spec: GlobalMethodSpec) -> List[PyNode]:
 def capture(graph: PyGraph, batches: Sequence[Batch], names: Set[str], quantized: bool = False) -> LayerIO:
     """Inputs and outputs of the named layers for every batch (dequantized for a quantized graph)."""
     found: LayerIO = {name: [] for name in names}
+    table = quant_of(graph.nodes[0]) if quantized and graph.nodes else None  # the graph's parameters
 
     def value(t: PyTensor) -> torch.Tensor:
-        return to_float(t).clone() if quantized else t.betensor.detach().clone()
+        return to_float(t, table).clone() if quantized else t.betensor.detach().clone()
 
     def hook(node: PyNode) -> None:
         if node.name in found:
@@ -59,20 +69,25 @@ def capture(graph: PyGraph, batches: Sequence[Batch], names: Set[str], quantized
     return found
 
 
-def quantize_alone(fnode: PyNode, qnode: PyNode, input_params: Optional[PyTensor] = None,
-                   change: Optional[Callable[[PyNode], None]] = None) -> PyNode:
-    """A copy of the float layer quantized on its own, its input carrying the params of the quantized graph's
-    input (or of `input_params`); `change` (a candidate: ranges, constants) is applied to the copy before it is
-    quantized. The float layer and the graphs are left untouched, so a method measures a candidate without setting
-    and restoring anything; a per-channel input's scales are absorbed into the copy's float weights first, as
-    `quantize_graph` does (passes/absorb_scales.py)."""
-    m = fnode.detached_copy(inputs=list(qnode.inputs), input_ranges=ranges_of(qnode))
-    if input_params is not None:
-        m.inputs[0] = input_params.clone()
+def quantize_alone(fnode: PyNode, qnode: PyNode, change: Optional[Callable[[PyNode], None]] = None) -> PyNode:
+    """A copy of the float layer quantized on its own, its inputs carrying the params of the quantized graph's
+    inputs (in the copy's own table); `change` (a candidate: ranges, constants, input params) is applied to the copy
+    before it is quantized. The float layer and the graphs are left untouched, so a method measures a candidate
+    without setting and restoring anything; a per-channel input's scales are absorbed into the copy's float weights
+    first, as `quantize_graph` does (passes/absorb_scales.py)."""
+    m = fnode.detached_copy(inputs=list(qnode.inputs), input_ranges=ranges_of(qnode), input_quant=quant_of(qnode))
     if change is not None:
         change(m)
     quantize_copy(m)
     return m
+
+
+def take_params(node: PyNode, t: PyTensor, table: QuantTable, src: PyTensor) -> None:
+    """Give `t`, a tensor of `node` (a copy outside the graph), the params and dtype `src` has in `table` (the
+    quantized graph's), as `copy_params` does within one table (ops/_quant.py)."""
+    quant_of(node).copy_from(table, src, t)
+    t.dtype = src.dtype
+    t.ir_range = None
 
 
 def quantize_copy(node: PyNode) -> None:
@@ -85,23 +100,25 @@ def quantize_copy(node: PyNode) -> None:
 def run_alone(node: PyNode, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
     """Dequantized output of a layer quantized by `quantize_alone`, fed float inputs quantized with its input
     params."""
+    table = quant_of(node)
     for t, x in zip(node.inputs, inputs):
-        t.betensor = to_quantized(x, t)
+        t.betensor = to_quantized(x, t, table)
     with torch.no_grad():
         node.forward()
-    return to_float(node.outputs[0])
+    return to_float(node.outputs[0], table)
 
 
 def weight_quant(qnode: PyNode) -> Tuple[torch.Tensor, torch.Tensor, int, int]:
     """(scale, zero point, qmin, qmax) of a quantized layer's weights, scale/zp shaped to broadcast over axis 0."""
     w = qnode.constants["weights"]
+    q = quant_of(qnode).get(w)
     nd = w.betensor.dim()
     shape = [-1] + [1] * (nd - 1)
-    scale = torch.as_tensor(w.scale, dtype=torch.float32).reshape(shape) if isinstance(w.scale, torch.Tensor) \
-        else torch.tensor(float(w.scale), dtype=torch.float32)
-    zp = torch.as_tensor(w.zerop, dtype=torch.float32).reshape(shape) if isinstance(w.zerop, torch.Tensor) \
-        else torch.tensor(float(w.zerop), dtype=torch.float32)
-    return scale, zp, int(w.qmin), int(w.qmax)
+    scale = torch.as_tensor(q.scale, dtype=torch.float32).reshape(shape) if isinstance(q.scale, torch.Tensor) \
+        else torch.tensor(float(q.scale), dtype=torch.float32)
+    zp = torch.as_tensor(q.zerop, dtype=torch.float32).reshape(shape) if isinstance(q.zerop, torch.Tensor) \
+        else torch.tensor(float(q.zerop), dtype=torch.float32)
+    return scale, zp, int(q.qmin), int(q.qmax)
 
 
 def dequantized_weights(qnode: PyNode) -> torch.Tensor:
@@ -220,28 +237,30 @@ def range_honoured(qgraph: PyGraph, t: PyTensor, qt: PyTensor) -> Optional[PyNod
     their input's params do not qualify."""
     producer = t.pnode
     r = ranges_of(producer).get(t) if producer is not None else None
-    if producer is None or qt.qinvariant or qt.qbits is None or r.min is None or isinstance(qt.scale, torch.Tensor):
+    q = qgraph.quant.get(qt)  # the quantized graph's parameters of `qt`
+    if producer is None or q.qinvariant or q.qbits is None or r.min is None or isinstance(q.scale, torch.Tensor):
         return None
-    bits = int(qt.qbits)
-    p = linear_quant_params(r.min, r.max, bits, activation_mode(producer, bits), is_signed(qgraph.node(producer.name), qt))
-    if float(p.scale) != float(qt.scale) or int(p.zerop) != int(qt.zerop) or (p.qmin, p.qmax) != (qt.qmin, qt.qmax):
+    qproducer = qgraph.node(producer.name)
+    bits = int(q.qbits)
+    p = linear_quant_params(r.min, r.max, bits, activation_mode(producer, bits), is_signed(qproducer, qt))
+    if float(p.scale) != float(q.scale) or int(p.zerop) != int(q.zerop) or (p.qmin, p.qmax) != (q.qmin, q.qmax):
         return None
     index = producer.outputs.index(t)
     wide = (TensorRange(scaled(r.min, 0.5), scaled(r.max, 0.5)),)
     try:
-        probe = quantize_alone(producer, qgraph.node(producer.name),
-                               change=lambda m: set_range(m, m.outputs[index], wide))
-        wider = probe.outputs[index].scale
+        probe = quantize_alone(producer, qproducer, change=lambda m: set_range(m, m.outputs[index], wide))
+        wider = quant_of(probe).get(probe.outputs[index]).scale
     except (QuantOptError, ValueError, RuntimeError, KeyError):
         return None
-    return producer if not isinstance(wider, torch.Tensor) and float(wider) != float(qt.scale) else None
+    return producer if not isinstance(wider, torch.Tensor) and float(wider) != float(q.scale) else None
 
 
-def fake_quant_range(x: torch.Tensor, lo: float, hi: float, qt: PyTensor, producer: PyNode) -> torch.Tensor:
+def fake_quant_range(x: torch.Tensor, lo: float, hi: float, q: TensorQuant, producer: PyNode) -> torch.Tensor:
     """`x` quantized and dequantized with the params the producer would derive from the range [lo, hi] (the bits
-    and signedness of the quantized tensor `qt`)."""
-    bits = int(qt.qbits)
-    p = linear_quant_params(lo, hi, bits, activation_mode(producer, bits), is_signed(producer, qt))
+    and signedness of `q`, the quantized tensor's params)."""
+    bits = int(q.qbits)
+    signed = q.qmin is not None and q.qmin < 0  # ops/_quant.py is_signed
+    p = linear_quant_params(lo, hi, bits, activation_mode(producer, bits), signed)
     return dequantize(quantize(x, p.scale, p.zerop, p.qmin, p.qmax), p.scale, p.zerop)
 
 
@@ -263,7 +282,8 @@ def clone_nodes(nodes: Sequence[PyNode]) -> List[PyNode]:
     """Copies of a connected run of layers (topological order) wired among themselves: an input produced inside
     the run is the copy of that output; every other tensor and constant is cloned. Quantizing or running the
     copies leaves the originals untouched; each copy looks its statistics up in its own table sharing the
-    originals' entries, and all of them their ranges up in one table of copied entries."""
+    originals' entries, and all of them their ranges and quantization parameters up in one table each of copied
+    entries."""
     tmap: Dict[int, PyTensor] = {}
 
     def ct(t: PyTensor) -> PyTensor:
@@ -284,10 +304,14 @@ def clone_nodes(nodes: Sequence[PyNode]) -> List[PyNode]:
         m.constants = OrderedDict((k, v.clone()) for k, v in n.constants.items())
         m.detached_statistics = detached_statistics(n, m)  # the originals' entries (graph/tables.py)
         out.append(m)
-    # one range table for the run: a copy's quantization edits ranges its readers' copies see (graph/tables.py)
-    ranges = ranges_of(nodes[0]).copy(t.name for m in out for t in node_tensors(m)) if nodes else RangeTable()
+    # one range table and one parameter table for the run: a copy's quantization edits ranges and sets parameters
+    # its readers' copies see (graph/tables.py)
+    names = [t.name for m in out for t in node_tensors(m)]
+    ranges = ranges_of(nodes[0]).copy(names) if nodes else RangeTable()
+    quant = quant_of(nodes[0]).copy(names) if nodes else QuantTable()
     for m in out:
         m.detached_ranges = ranges
+        m.detached_quant = quant
     return out
 
 
@@ -296,7 +320,7 @@ def skip_reason(qnode: PyNode) -> Optional[str]:
     if not qnode.quantized:
         return "it stays float in the quantized graph"
     w = qnode.constants.get("weights")
-    if w is None or w.qmin is None:
+    if w is None or quant_of(qnode).get(w).qmin is None:
         return "its weights are not quantized"
     return None
 

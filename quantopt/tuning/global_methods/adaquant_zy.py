@@ -30,8 +30,7 @@ import torch
 
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
-from ...graph.tables import TensorRange
-from ...graph.tensor import PyTensor
+from ...graph.tables import TensorQuant, TensorRange, quant_of
 from ...log import OPT_INFO
 from ...ops._quant import activation_mode
 from ...progress import progress
@@ -72,10 +71,11 @@ class _Grid:
         return fake_quant(x, self.scale(), self.zerop, self.qmin, self.qmax)
 
 
-def _input_grid(qt: PyTensor, learn: bool) -> Optional[_Grid]:
-    if qt.qinvariant or qt.qmin is None or isinstance(qt.scale, torch.Tensor):
+def _input_grid(q: TensorQuant, learn: bool) -> Optional[_Grid]:
+    """The grid of a quantized input's params `q` (None where it is not one per-tensor quantized grid)."""
+    if q.qinvariant or q.qmin is None or isinstance(q.scale, torch.Tensor):
         return None
-    return _Grid(torch.tensor(float(qt.scale)), torch.tensor(float(qt.zerop)), int(qt.qmin), int(qt.qmax), learn)
+    return _Grid(torch.tensor(float(q.scale)), torch.tensor(float(q.zerop)), int(q.qmin), int(q.qmax), learn)
 
 
 def _optimizers(groups: Sequence[Tuple[Optional[torch.Tensor], float]]) -> List[torch.optim.Optimizer]:
@@ -105,8 +105,9 @@ class _Learner:
         self.db = torch.zeros_like(self.b, requires_grad=lr_b > 0) if self.b is not None else None
         scale, zp, qmin, qmax = weight_quant(qnode)
         self.wgrid = _Grid(scale, zp, qmin, qmax, lr_qw > 0)
-        self.xgrid = _input_grid(qnode.inputs[0], learn_input and lr_qx > 0)
-        self.x_bits = int(qnode.inputs[0].qbits or 8)
+        q_input = quant_of(qnode).get(qnode.inputs[0])
+        self.xgrid = _input_grid(q_input, learn_input and lr_qx > 0)
+        self.x_bits = int(q_input.qbits or 8)
         self.opts = _optimizers([(self.dw, lr_w), (self.db, lr_b), (self.wgrid.rho, lr_qw)])
         self.x_opt = _optimizers([(self.xgrid.rho if self.xgrid is not None else None, lr_qx)])
 

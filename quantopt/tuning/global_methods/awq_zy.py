@@ -24,16 +24,15 @@ import torch
 from ...graph.float_layer import round_to_float_dtype
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
-from ...graph.tables import ranges_of
+from ...graph.tables import quant_of, ranges_of
 from ...graph.tensor import PyTensor
 from ...graph.values import to_float, to_quantized
 from ...log import OPT_INFO
-from ...ops._quant import copy_params
 from ...passes.float_islands import FLOAT_DTYPES, float_choices, make_float_layer
 from ...progress import progress
 from ...quantizer import quantize_graph
 from ...threads import one_thread
-from ._common import Batch, clone_nodes, quantize_copy
+from ._common import Batch, clone_nodes, quantize_copy, take_params
 from .gptq_zy import block_bounds, is_block_layer
 from .smooth_quant_zy import Pair, PairProbe, apply_pair, channel_stats, clean_sigma, describe, find_pairs, smooth
 from .spec import GlobalMethodSpec
@@ -89,7 +88,7 @@ class MixedPairProbe(PairProbe):
     def unusable(self) -> Optional[str]:
         if not self.inputs:
             return "no calibration data reached it"
-        if self.pair.norm.name not in self.floats and self.q_input.qmin is None:
+        if self.pair.norm.name not in self.floats and self.q_quant.get(self.q_input).qmin is None:
             return "its input is not quantized"
         for n in self.nodes:
             if n.name not in self.floats and any(t.pnode is not None and t.pnode.name in self.floats
@@ -103,12 +102,13 @@ class MixedPairProbe(PairProbe):
             change(copies)
         first = copies[0]
         if first.name not in self.floats:
-            copy_params(self, first.inputs[0], self.q_input)
+            take_params(first, first.inputs[0], self.q_quant, self.q_input)
         for n in copies:
             if n.name in self.floats:
                 make_float_layer(n, self.choices[n.name])
             else:
                 quantize_copy(n)
+        table = quant_of(first)  # the copies' table (clone_nodes)
         feeds = self._float_feeds(copies)
         total, count = 0.0, 0
         by_name = {n.name: n for n in copies}
@@ -118,13 +118,13 @@ class MixedPairProbe(PairProbe):
                     first.inputs[0].betensor = round_to_float_dtype(x.to(torch.float32),
                                                                     FLOAT_DTYPES[self.choices[first.name].act_type])
                 else:
-                    first.inputs[0].betensor = to_quantized(x, self.q_input)
+                    first.inputs[0].betensor = to_quantized(x, self.q_input, self.q_quant)
                 for n in copies:
                     for own, src, dtype in feeds.get(n.name, ()):
-                        own.betensor = round_to_float_dtype(to_float(src), dtype)
+                        own.betensor = round_to_float_dtype(to_float(src, table), dtype)
                     n.forward()
                 for fc in self.pair.fcs:
-                    y = to_float(by_name[fc.name].outputs[0]).to(torch.float64)
+                    y = to_float(by_name[fc.name].outputs[0], table).to(torch.float64)
                     with one_thread():  # a full float sum: the same at any thread count (threads.py)
                         total += float(((y - self.targets[fc.name][i].to(torch.float64)) ** 2).sum())
                     count += y.numel()
@@ -132,16 +132,18 @@ class MixedPairProbe(PairProbe):
 
     def _float_feeds(self, copies: Sequence[PyNode]) -> Dict[str, List[Tuple[PyTensor, PyTensor, torch.dtype]]]:
         """Per float copy, its inputs produced by an integer copy: each gets a tensor of its own (a clone of the
-        quantized output, params included), which `loss` fills with that output dequantized and rounded to the float
-        layer's type before the layer runs, so the integer layer's output is never swapped and restored."""
+        quantized output under its name, so it has the output's params in the copies' table), which `loss` fills
+        with that output dequantized and rounded to the float layer's type before the layer runs, so the integer
+        layer's output is never swapped and restored."""
         inside = {id(t) for n in copies for t in n.outputs}
+        table = quant_of(copies[0]) if copies else None
         feeds: Dict[str, List[Tuple[PyTensor, PyTensor, torch.dtype]]] = {}
         for n in copies:
             if n.name not in self.floats:
                 continue
             dtype = FLOAT_DTYPES[self.choices[n.name].act_type]
             for k, t in enumerate(n.inputs):
-                if id(t) in inside and t.qmin is not None:
+                if id(t) in inside and table.get(t).qmin is not None:
                     own = t.clone()
                     n.inputs[k] = own
                     feeds.setdefault(n.name, []).append((own, t, dtype))

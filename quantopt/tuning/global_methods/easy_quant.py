@@ -22,12 +22,11 @@ import torch
 
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
-from ...graph.tables import TensorRange, ranges_of
-from ...graph.tensor import PyTensor
+from ...graph.tables import TensorRange, quant_of, ranges_of
 from ...log import OPT_INFO
 from ...ops._quant import activation_mode, is_signed, set_params
 from ...progress import progress
-from ...quant.params import linear_quant_params
+from ...quant.params import QuantParams, linear_quant_params
 from ...quantizer import quantize_graph
 from ._common import (
     Batch,
@@ -52,12 +51,18 @@ def _channel_groups(channels: int, ngroups: int) -> List[slice]:
     return [slice(i, min(i + per, channels)) for i in range(0, channels, per)]
 
 
-def _outputs(node: PyNode, qnode: PyNode, xs: Sequence[torch.Tensor], input_params: Optional[PyTensor] = None,
+def _outputs(node: PyNode, qnode: PyNode, xs: Sequence[torch.Tensor],
+             input_params: Optional[Tuple[QuantParams, int]] = None,
              weight_range: Optional[Range] = None) -> List[torch.Tensor]:
-    """Dequantized outputs of a copy of the layer quantized on its own (with the candidate `input_params` and
-    weight range `weight_range` when given), fed the float inputs `xs`."""
-    change = None if weight_range is None else lambda m: set_range(m, m.constants["weights"], weight_range)
-    probe = quantize_alone(node, qnode, input_params, change)
+    """Dequantized outputs of a copy of the layer quantized on its own (with the candidate input params and bits
+    `input_params` and weight range `weight_range` when given), fed the float inputs `xs`."""
+    def change(m: PyNode) -> None:
+        if input_params is not None:  # the candidate's input params go in the copy's own table (graph/tables.py)
+            set_params(m, m.inputs[0], *input_params)
+        if weight_range is not None:
+            set_range(m, m.constants["weights"], weight_range)
+
+    probe = quantize_alone(node, qnode, change)
     return [run_alone(probe, [x]) for x in xs]
 
 
@@ -65,8 +70,7 @@ def _search_weights(node: PyNode, qnode: PyNode, xs, ys, factors: List[float], n
                     ) -> Tuple[Optional[Range], str]:
     """The weight range chosen (None: keep the current one) and the log text; candidates are measured on copies."""
     w = node.constants["weights"]
-    per_channel = isinstance(qnode.constants["weights"].scale, torch.Tensor) and \
-        qnode.constants["weights"].scale.numel() > 1
+    per_channel = quant_of(qnode).get(qnode.constants["weights"]).per_channel
     if not per_channel:
         r = ranges_of(node).get(w)
         lo, hi = r.min, r.max
@@ -106,21 +110,20 @@ def _search_weights(node: PyNode, qnode: PyNode, xs, ys, factors: List[float], n
 def _search_input(qgraph: PyGraph, node: PyNode, qnode: PyNode, xs, ys, factors: List[float],
                   weight_range: Optional[Range]) -> Tuple[Optional[Range], str]:
     """The input range chosen (None: keep the current one) with the layer's weights at `weight_range`, and the log
-    text; candidates are measured on copies (the input params of a candidate range on a clone of the quantized
-    input)."""
+    text; candidates are measured on copies (the input params of a candidate range on the copy's clone of the
+    quantized input, in the copy's own table)."""
     t, qt = node.inputs[0], qnode.inputs[0]
     producer = range_honoured(qgraph, t, qt)
     if producer is None:
         return None, "input range kept (its producer does not take it from the calibrated range)"
     r = ranges_of(node).get(t)
     lo, hi = r.min, r.max
-    bits = int(qt.qbits)
+    bits = int(quant_of(qnode).get(qt).qbits)
+    signed = is_signed(qnode, qt)
     best_f, best = 1.0, -2.0
     for f in factors:
-        cand = qt.clone()
-        p = linear_quant_params(scaled(lo, f), scaled(hi, f), bits, activation_mode(producer, bits), is_signed(node, qt))
-        set_params(node, cand, p, bits)
-        c = concat_cos(ys, _outputs(node, qnode, xs, cand, weight_range))
+        p = linear_quant_params(scaled(lo, f), scaled(hi, f), bits, activation_mode(producer, bits), signed)
+        c = concat_cos(ys, _outputs(node, qnode, xs, (p, bits), weight_range))
         if c > best + 1e-12 or (f == 1.0 and c >= best):
             best_f, best = f, c
     return (TensorRange(scaled(lo, best_f), scaled(hi, best_f)),), \

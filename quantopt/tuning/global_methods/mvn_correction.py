@@ -80,7 +80,8 @@ def _promote(nodes: Sequence[PyNode], spec: GlobalMethodSpec) -> None:
 
 
 def _scales(qgraph: PyGraph, ancestor: PyNode, norm: PyNode) -> Optional[Tuple[float, float]]:
-    qi, qo = qgraph.node(ancestor.name).outputs[0], qgraph.node(norm.name).outputs[0]
+    table = qgraph.quant  # the quantized graph's params
+    qi, qo = table.get(qgraph.node(ancestor.name).outputs[0]), table.get(qgraph.node(norm.name).outputs[0])
     if qi.qinvariant or qo.qinvariant or isinstance(qi.scale, torch.Tensor) or isinstance(qo.scale, torch.Tensor):
         return None
     return float(qi.scale), float(qo.scale)
@@ -96,8 +97,9 @@ def _correct_range(graph: PyGraph, reference: PyGraph, norm: PyNode, ancestor: P
         return False, f"range of '{t.name}' kept: its quantized params do not follow a per-tensor range"
     s_in, s_out = scales
     s = math.sqrt(s_in * s_out) * max(alpha, math.sqrt(s_in / s_out))
-    lo, hi = range_for_scale(torch.tensor(s, dtype=torch.float64), torch.tensor(0.0), int(qt.qmin), int(qt.qmax),
-                             True, int(qt.qmin) < 0)
+    q = qgraph.quant.get(qt)
+    lo, hi = range_for_scale(torch.tensor(s, dtype=torch.float64), torch.tensor(0.0), int(q.qmin), int(q.qmax),
+                             True, int(q.qmin) < 0)
     new = (TensorRange(float(lo), float(hi)),)
     before = layer_errors(graph, reference, data, [norm.name])[norm.name]
     candidate = graph.clone()

@@ -32,15 +32,14 @@ import torch
 from ...calibration.collect import recalibrate_weight, weight_constants
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
-from ...graph.tables import ranges_of
+from ...graph.tables import quant_of, ranges_of
 from ...graph.tensor import PyTensor
 from ...graph.values import to_float, to_quantized
 from ...log import OPT_INFO
-from ...ops._quant import copy_params
 from ...progress import progress
 from ...quantizer import quantize_graph
 from ...threads import one_thread
-from ._common import Batch, clone_nodes, consumers, quantize_copy
+from ._common import Batch, clone_nodes, consumers, quantize_copy, take_params
 from .spec import GlobalMethodSpec
 
 NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm", "BatchNorm")
@@ -248,6 +247,7 @@ class PairProbe:
         self.graph, self.pair = graph, pair
         self.nodes = pair.nodes(graph)
         self.q_input = qgraph.node(pair.norm.name).inputs[0]
+        self.q_quant = qgraph.quant  # the table of `q_input`'s params
         names = {pair.norm.name} | {fc.name for fc in pair.fcs}
         found: Dict[str, List[torch.Tensor]] = {name: [] for name in names}
         inputs: List[torch.Tensor] = []
@@ -266,8 +266,9 @@ class PairProbe:
 
     def unusable(self) -> Optional[str]:
         """Why the pair cannot be measured (None when it can)."""
-        if self.q_input.qmin is None or not self.inputs:
-            return "its input is not quantized" if self.q_input.qmin is None else "no calibration data reached it"
+        quantized = self.q_quant.get(self.q_input).qmin is not None
+        if not quantized or not self.inputs:
+            return "its input is not quantized" if not quantized else "no calibration data reached it"
         return None
 
     def loss(self, change: Optional[Callable[[List[PyNode]], None]]) -> float:
@@ -275,18 +276,19 @@ class PairProbe:
         copies = clone_nodes(self.nodes)
         if change is not None:
             change(copies)
-        copy_params(self, copies[0].inputs[0], self.q_input)
+        take_params(copies[0], copies[0].inputs[0], self.q_quant, self.q_input)
         for n in copies:
             quantize_copy(n)
+        table = quant_of(copies[0])  # the copies' table (clone_nodes)
         total, count = 0.0, 0
         by_name = {n.name: n for n in copies}
         with torch.no_grad():
             for i, x in enumerate(self.inputs):
-                copies[0].inputs[0].betensor = to_quantized(x, self.q_input)
+                copies[0].inputs[0].betensor = to_quantized(x, self.q_input, self.q_quant)
                 for n in copies:
                     n.forward()
                 for fc in self.pair.fcs:
-                    y = to_float(by_name[fc.name].outputs[0]).to(torch.float64)
+                    y = to_float(by_name[fc.name].outputs[0], table).to(torch.float64)
                     with one_thread():  # a full float sum: the same at any thread count (threads.py)
                         total += float(((y - self.targets[fc.name][i].to(torch.float64)) ** 2).sum())
                     count += y.numel()

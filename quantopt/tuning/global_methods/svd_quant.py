@@ -27,7 +27,7 @@ import torch
 
 from ...graph.graph import PyGraph
 from ...graph.node import PyNode
-from ...graph.tables import TensorRange
+from ...graph.tables import TensorQuant, TensorRange
 from ...graph.tensor import PyTensor
 from ...log import OPT_DEBUG, OPT_INFO
 from ...progress import progress
@@ -59,9 +59,10 @@ def _spectrum(x: torch.Tensor) -> torch.Tensor:
 
 
 class _Target:
-    """One activation tensor whose range is searched: the graph's tensor, its quantized twin and its producer."""
+    """One activation tensor whose range is searched: the graph's tensor, its quantized twin's params and its
+    producer."""
 
-    def __init__(self, node: PyNode, t: PyTensor, qt: PyTensor, producer: PyNode, factors: List[float]) -> None:
+    def __init__(self, node: PyNode, t: PyTensor, qt: TensorQuant, producer: PyNode, factors: List[float]) -> None:
         self.node, self.t, self.qt, self.producer = node, t, qt, producer
         self.factors = factors
         self.losses = torch.zeros(len(factors), dtype=torch.float64)
@@ -123,7 +124,7 @@ def _targets(graph: PyGraph, qgraph: PyGraph, spec: GlobalMethodSpec, factors: L
         if producer is None or graph.ranges.get(t).min is None:
             OPT_DEBUG(f"svd_quant: layer '{n.name}' skipped: its quantized output does not follow its range")
             continue
-        found[n.name] = _Target(n, t, qt, producer, factors)
+        found[n.name] = _Target(n, t, qgraph.quant.get(qt), producer, factors)
     return found
 
 
