@@ -29,11 +29,12 @@ from ..quant.rounding import round_shift
 from ..registry import declare_op
 from ..registry.schema import Axis, DtypeName, Float, Int, Param, Text, Value, quantized
 from ._lut_int import constants_first, int_input, is_restricted, range_bits
-from ._per_channel import is_per_channel
 from ._quant import (
     copy_params,
     layer_settings,
     out_range,
+    params,
+    quant_of,
     quantize_activation,
     requant_of,
     requant_scale_shift,
@@ -465,7 +466,7 @@ def _quantize_leakyrelu(node: PyNode) -> None:
     slope = _slope_param(node)
     out = node.outputs[0]
     quantize_activation(node, out, output_signed(node, "LEAKYRELU"))
-    bits = int(out.qbits)
+    bits = int(params(node, out).qbits)
     q = int(round(slope * 2 ** bits))
     node.params.pop("negative_slope", None)
     node.params["negative_slope_value"] = q
@@ -523,15 +524,16 @@ def _quantize_lut(node: PyNode, method: str) -> None:
     in_qmin, in_qmax = out_range(node, inp)
     out_qmin, out_qmax = out_range(node, out)
     items = int(layer_settings(node).lut_items_in_bits)
-    if not (is_per_channel(inp) or is_per_channel(out)):
+    q_in, q_out = params(node, inp), params(node, out)
+    if not (q_in.per_channel or q_out.per_channel):
         table = build_lut(fn, tensor_scale(node, inp), tensor_zp(node, inp), in_qmin, in_qmax, range_bits(node, inp),
                           tensor_scale(node, out), tensor_zp(node, out), out_qmin, out_qmax, lut_items_in_bits=items)
     else:  # one table per channel of the last axis, from that channel's input and output scales
         channels = int(inp.ir_shape[-1])
-        s_in, s_out = (t.scale.reshape(-1).tolist() if is_per_channel(t) else [tensor_scale(node, t)] * channels
-                       for t in (inp, out))
-        table = torch.stack([build_lut(fn, float(a), tensor_zp(node, inp), in_qmin, in_qmax, range_bits(node, inp), float(b),
-                                       tensor_zp(node, out), out_qmin, out_qmax, lut_items_in_bits=items)
+        s_in, s_out = (q.scale.reshape(-1).tolist() if q.per_channel else [tensor_scale(node, t)] * channels
+                       for t, q in ((inp, q_in), (out, q_out)))
+        table = torch.stack([build_lut(fn, float(a), tensor_zp(node, inp), in_qmin, in_qmax, range_bits(node, inp),
+                                       float(b), tensor_zp(node, out), out_qmin, out_qmax, lut_items_in_bits=items)
                              for a, b in zip(s_in, s_out)])
     set_constant(node, "lut", table, out.dtype)
     constants_first(node, ["lut"])
@@ -552,10 +554,11 @@ def activation_quantize(self: PyNode) -> None:
     """Quantize one activation layer; what the integer forward reads is all stored in the layer (see module doc)."""
     method = activation_method(self)
     inp = self.inputs[0]
-    if inp.qmin is None:
+    q_in = params(self, inp)
+    if q_in.qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
     table = method not in ("NONE", "CRELU") + LINEAR_METHODS + SLOPE_METHODS
-    if not table and (is_per_channel(inp) or layer_settings(self).q_mode_activation.startswith("per_channel")):
+    if not table and (q_in.per_channel or layer_settings(self).q_mode_activation.startswith("per_channel")):
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): method {method} takes per-tensor activations "
                                "only (the table methods take per-channel ones, with one table per channel)")
     if method == "NONE":
@@ -577,8 +580,8 @@ def _quantized_bound(node: PyNode, value: float) -> int:
     """The output code of the float `value`: clamp(round_half_even(value * s_out - zp_out), qmin, qmax), float64."""
     out = node.outputs[0]
     qmin, qmax = out_range(node, out)
-    return int(quantize(torch.tensor(value, dtype=torch.float64), tensor_scale(node, out), tensor_zp(node, out), qmin, qmax,
-                        compute_dtype=torch.float64))
+    return int(quantize(torch.tensor(value, dtype=torch.float64), tensor_scale(node, out), tensor_zp(node, out), qmin,
+                        qmax, compute_dtype=torch.float64))
 
 
 def _int_linear(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> torch.Tensor:
@@ -651,10 +654,10 @@ def _code_table(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> Optio
     channel maps alike) is the output of input code x in channel c of the last axis, computed once by the method's
     own integer forward on every code (docs/performance.md, "Small models"); None where the method is not
     element-wise per channel (CRELU, slopes varying along other axes) or the input range is too wide."""
-    inp = node.inputs[0]
-    if method == "CRELU" or x.dim() < 2 or inp.qmin is None or inp.qmax is None:
+    q_in = quant_of(node).get(node.inputs[0])
+    if method == "CRELU" or x.dim() < 2 or q_in.qmin is None or q_in.qmax is None:
         return None
-    qmin, qmax = int(inp.qmin), int(inp.qmax)
+    qmin, qmax = int(q_in.qmin), int(q_in.qmax)
     channels = int(x.shape[-1])
     if not 0 < qmax - qmin + 1 <= TABLE_MAX_CODES or channels < 1:
         return None
@@ -764,7 +767,7 @@ def convert_activation(g: QDQGraph, node: PyNode) -> None:
     x, y = node.inputs[0], node.outputs[0]
     perm = unary_perm(g, node)
     if method == "NONE":
-        if not same_qparams(x, y):
+        if not same_qparams(node, x, y):
             raise node_error(node, "method NONE with different input and output quantization")
         g.set_int(y, g.int_value(x, perm), perm)
         return

@@ -19,7 +19,7 @@ from ..quant.params import integer_range
 from ..quant.rounding import div_round_half_even
 from ..registry import declare_op
 from ..registry.schema import Floats, Int, Param, Text, Value
-from ._quant import check_quantized_inputs, layer_settings, out_range, tensor_zp
+from ._quant import check_quantized_inputs, layer_settings, out_range, quant_of, tensor_zp
 from ._shared import int_param
 
 SEMANTICS = "docs/semantics/colorspace.md"
@@ -86,9 +86,11 @@ def _quantize(node: PyNode, shift_bits: int) -> None:
     2^(bits-1), so the values keep their meaning)."""
     inp, out = node.inputs[0], node.outputs[0]
     check_quantized_inputs(node, [inp])
-    if not inp.qinvariant:
+    table = quant_of(node)
+    qi = table.get(inp)
+    if not qi.qinvariant:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): input '{inp.name}' must be an integer pixel "
-                               f"tensor (scale 1, zero point 0), not a quantized float tensor (scale {inp.scale}); "
+                               f"tensor (scale 1, zero point 0), not a quantized float tensor (scale {qi.scale}); "
                                "Cast the pixels to an integer type first")
     bits = _check_format(node)
     in_off, out_off, matrix, shift = _coefficients(node)
@@ -99,17 +101,18 @@ def _quantize(node: PyNode, shift_bits: int) -> None:
     node.params["coefficient_shift"] = shift_bits
     node.params["coefficient_dtype"] = COEFFICIENT_DTYPE
     signed = bool(layer_settings(node).force_dtype_int)
-    out.qbits = bits
-    out.scale = 1.0
+    qo = table.of(out)
+    qo.qbits = bits
+    qo.scale = 1.0
     out.dtype = Dtype.UINT8 if bits <= 8 else Dtype.UINT16
-    out.qmin, out.qmax = integer_range(8 if bits <= 8 else 16, False)
-    out.zerop = 0
-    out.qinvariant = True
+    qo.qmin, qo.qmax = integer_range(8 if bits <= 8 else 16, False)
+    qo.zerop = 0
+    qo.qinvariant = True
     if signed:
         out.dtype = Dtype.INT8 if bits <= 8 else Dtype.INT16
-        out.qmin, out.qmax = integer_range(8 if bits <= 8 else 16, True)
-        out.zerop = -out.qmin  # x = q + zp: q = pixel - 2^(bits-1)
-        out.qinvariant = False
+        qo.qmin, qo.qmax = integer_range(8 if bits <= 8 else 16, True)
+        qo.zerop = -qo.qmin  # x = q + zp: q = pixel - 2^(bits-1)
+        qo.qinvariant = False
     out.ir_range = None
 
 

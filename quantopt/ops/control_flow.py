@@ -28,6 +28,7 @@ from ._quant import (
     int_value,
     layer_settings,
     out_range,
+    params,
     quantize_activation,
     set_qinvariant,
     tensor_scale,
@@ -95,7 +96,7 @@ def switch_quantize(self: PyNode) -> None:
     if len(self.outputs) != 1:
         raise self._error(f"has {len(self.outputs)} outputs; Switch has one")
     inp, out = self.inputs[0], self.outputs[0]
-    if inp.qmin is not None:
+    if params(self, inp).qmin is not None:
         copy_params(self, out, inp)
     elif inp.ir_dtype.is_float:
         quantize_activation(self, out, True, int(layer_settings(self).q_bits_activation))

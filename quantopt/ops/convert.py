@@ -16,7 +16,15 @@ from ..quant.params import dequantize, quantize
 from ..registry import declare_op
 from ..registry.schema import Float, Int, IntValued, Text, quantized
 from . import _fp8
-from ._quant import integer_output_bits, out_range, quantize_activation, set_qinvariant, tensor_scale, tensor_zp
+from ._quant import (
+    integer_output_bits,
+    out_range,
+    params,
+    quantize_activation,
+    set_qinvariant,
+    tensor_scale,
+    tensor_zp,
+)
 
 SEMANTICS = "docs/semantics/convert.md"
 
@@ -48,7 +56,7 @@ def quantize_forward(self: PyNode) -> None:
         out.betensor = _fp8.fp8_quantize_forward(self, x)
         return
     qmin, qmax = out_range(self, out)
-    if out.qinvariant:
+    if params(self, out).qinvariant:
         out.betensor = torch.clamp(torch.round(x.to(torch.float64)), qmin, qmax).to(torch.int64)
         return
     scale = float(self.get_param("quantize_scale"))
@@ -106,7 +114,7 @@ def dequantize_forward(self: PyNode) -> None:
 def dequantize_quantize(self: PyNode) -> None:
     """Stores the input's scale and zero point; the output stays float (its dtype is the consuming island's)."""
     inp = self.inputs[0]
-    if inp.qmin is None:
+    if params(self, inp).qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; a DeQuantize layer needs an integer input")
     self.params["quantize_scale"] = tensor_scale(self, inp)
     self.params["quantize_zp"] = tensor_zp(self, inp)

@@ -24,6 +24,8 @@ from ._quant import (
     check_quantized_inputs,
     layer_settings,
     out_range,
+    params,
+    quant_of,
     set_qinvariant,
     tensor_scale,
     tensor_zp,
@@ -38,8 +40,9 @@ elements than 16 bits count."""
 
 
 def _per_tensor(node: PyNode, t: PyTensor) -> None:
+    q = params(node, t)
     for what in ("scale", "zerop"):
-        v = getattr(t, what)
+        v = getattr(q, what)
         if isinstance(v, torch.Tensor) and v.numel() > 1:
             raise UnsupportedError(f"layer '{node.name}' ({node.type}): input '{t.name}' has per-channel "
                                    "quantization; this op needs per-tensor scale and zero point")
@@ -136,7 +139,7 @@ def count_quantize(self: PyNode) -> None:
     shape = inp.ir_shape or tuple(inp.betensor.shape)
     per_row = math.prod(int(d) for d in shape[1:]) if len(shape) > 1 else 1
     signed = bool(layer_settings(self).force_dtype_int)
-    bits = max(COUNT_MIN_BITS, int(inp.qbits or 8))
+    bits = max(COUNT_MIN_BITS, int(params(self, inp).qbits or 8))
     if per_row > integer_range(bits, signed)[1]:
         bits = 32
     set_qinvariant(self, self.outputs[0], bits, signed)
@@ -185,10 +188,11 @@ def zerofraction_quantize(self: PyNode) -> None:
     m = 2 ** bits - 1
     self.params["output_scale"] = m
     out = self.outputs[0]
-    out.qinvariant = False
-    out.qbits = bits
+    q = quant_of(self).of(out)
+    q.qinvariant = False
+    q.qbits = bits
     out.dtype = int_dtype_for_bits(bits, signed)
-    out.qmin, out.qmax = integer_range(bits, signed)
-    out.scale = float(m)
-    out.zerop = -out.qmin if signed else 0
+    q.qmin, q.qmax = integer_range(bits, signed)
+    q.scale = float(m)
+    q.zerop = -q.qmin if signed else 0
     out.ir_range = None

@@ -33,6 +33,8 @@ from ._quant import (
     int_value,
     layer_settings,
     out_range,
+    params,
+    quant_of,
     quantize_activation,
     set_constant,
     set_qinvariant,
@@ -133,8 +135,8 @@ def _index_bits(n: int) -> int:
 def _require_16_bits(node: PyNode, t: PyTensor, what: str) -> None:
     """Box coordinates, proposals and deltas must be at most 16-bit codes (the int64 bounds of the docs rely on it)."""
     if range_bits(node, t) > 16:
-        raise UnsupportedError(f"layer '{node.name}' ({node.type}): {what} '{t.name}' has {range_bits(node, t)}-bit codes; "
-                               "at most 16 bits are supported")
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): {what} '{t.name}' has {range_bits(node, t)}-bit "
+                               "codes; at most 16 bits are supported")
 
 
 def _set_index(node: PyNode, t: PyTensor, limit: int) -> None:
@@ -182,8 +184,8 @@ def _store_decode_tables(node: PyNode, deltas: PyTensor, variance: Sequence[floa
                               ("lut_th", variance[2], True), ("lut_tw", variance[3], True)):
         v = torch.tensor(var, dtype=torch.float32)
         fn = (lambda x, v=v: torch.exp(x / v)) if use_exp else (lambda x, v=v: x / v)
-        table = build_lut(fn, tensor_scale(node, deltas), tensor_zp(node, deltas), lo, hi, bits, float(2 ** lf), 0, -vmax, vmax,
-                          lut_items_in_bits=lut_bits)
+        table = build_lut(fn, tensor_scale(node, deltas), tensor_zp(node, deltas), lo, hi, bits, float(2 ** lf), 0,
+                          -vmax, vmax, lut_items_in_bits=lut_bits)
         set_constant(node, key, table, Dtype.INT32)
     node.params["lut_frac_bits"] = lf
     return lf
@@ -393,7 +395,9 @@ def decodebox_quantize(self: PyNode) -> None:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): anchors up to {amax:g} do not fit the "
                                f"{ANCHOR_INT_BITS}-bit fixed-point anchor format")
     w.betensor = torch.round(anchors * 2.0 ** af).to(torch.int64)
-    w.dtype, w.scale, w.zerop, w.qbits, w.qinvariant = Dtype.INT32, float(2 ** af), 0, 32, False
+    w.dtype = Dtype.INT32
+    qw = quant_of(self).of(w)
+    qw.scale, qw.zerop, qw.qbits, qw.qinvariant = float(2 ** af), 0, 32, False
     self.params["anchor_frac_bits"] = af
     _store_decode_tables(self, deltas_t, variance)
     _quantize_boxes(self, float(2 ** af), (hmax, wmax) if clip else None)
@@ -568,7 +572,7 @@ def nms_quantize(self: PyNode) -> None:
     b_t, _, _, s_t = self.inputs
     _require_16_bits(self, b_t, "the box input")
     for t in (b_t, s_t):
-        if isinstance(t.scale, torch.Tensor) and t.scale.numel() > 1:
+        if params(self, t).per_channel:
             raise UnsupportedError(f"layer '{self.name}' ({self.type}): per-channel params of '{t.name}' are not "
                                    "supported")
     self.params["iou_threshold_value"] = int(round(iou * 2 ** IOU_THRESHOLD_SHIFT))

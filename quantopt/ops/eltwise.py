@@ -25,7 +25,6 @@ from ..quant.rounding import FLOAT64_EXACT
 from ..registry import declare_op
 from ..registry.schema import Float, Param, Text, Value
 from ._eltwise_int import activation_clamp, check_int64_bound, offset_absmax, offset_value, set_integer_output
-from ._per_channel import is_per_channel
 from ._quant import (
     check_fused_activation_quantizable,
     check_quantized_inputs,
@@ -35,6 +34,8 @@ from ._quant import (
     is_signed,
     layer_settings,
     out_range,
+    params,
+    quant_of,
     quantize_activation,
     requant_of,
     requant_scale_shift,
@@ -168,10 +169,12 @@ def eltwise_quantize(self: PyNode) -> None:
     out = self.outputs[0]
     s = layer_settings(self)
     signed = _output_signed(self, method)
-    if all(t.qinvariant for t in self.inputs):
-        set_integer_output(self, out, signed, [t.qbits or 8 for t in self.inputs])
+    table = quant_of(self)
+    q_in = [table.get(t) for t in self.inputs]
+    if all(q.qinvariant for q in q_in):
+        set_integer_output(self, out, signed, [q.qbits or 8 for q in q_in])
     else:
-        if any(t.qinvariant for t in self.inputs):
+        if any(q.qinvariant for q in q_in):
             OPT_WARN(f"layer '{self.name}' ({self.type}): one input is an integer (scale 1) and another is "
                      "quantized; the integer input is treated as a tensor of scale 1, which may cost accuracy")
         quantize_activation(self, out, signed, per_channel_ok=True)
@@ -179,7 +182,7 @@ def eltwise_quantize(self: PyNode) -> None:
         self.params.pop(key, None)
     for key in PER_CHANNEL_CONSTANTS:
         self.constants.pop(key, None)
-    if any(is_per_channel(t) for t in list(self.inputs) + [out]):
+    if any(table.get(t).per_channel for t in list(self.inputs) + [out]):
         _store_per_channel(self, method, s)
         return
     if len(self.inputs) > 2:
@@ -194,8 +197,9 @@ def eltwise_quantize(self: PyNode) -> None:
         return
     # SUB/MAX/MIN use ADD's multipliers: the op runs on the aligned integers, so the output ratio is the same
     # (upstream writes M=1, shift=0 for them in the equal-scale form, which ignores the output scale).
-    r = eltwise_multipliers(s0, s1, s_out, int(out.qbits), zp0=tensor_zp(self, a), zp1=tensor_zp(self, b), method="ADD",
-                            unify_threshold=EQUAL_SCALE_THRESHOLD, force_shift_positive=s.force_shift_positive)
+    r = eltwise_multipliers(s0, s1, s_out, int(table.get(out).qbits), zp0=tensor_zp(self, a), zp1=tensor_zp(self, b),
+                            method="ADD", unify_threshold=EQUAL_SCALE_THRESHOLD,
+                            force_shift_positive=s.force_shift_positive)
     self.params["scale_value"] = [int(v) for v in r.scale_value]
     self.params["shift_value"] = int(r.shift_value)
     self.params["scale_type"] = list(r.scale_type)
@@ -208,8 +212,9 @@ PER_CHANNEL_CONSTANTS = ("input_scale", "scale", "shift")
 
 
 def _channel_scales(node: PyNode, t, channels: int) -> torch.Tensor:
-    if is_per_channel(t):
-        return t.scale.to(torch.float32).reshape(-1)
+    q = params(node, t)
+    if q.per_channel:
+        return q.scale.to(torch.float32).reshape(-1)
     return torch.full((channels,), tensor_scale(node, t), dtype=torch.float32)
 
 
@@ -249,8 +254,8 @@ def _per_channel_int_forward(node: PyNode, method: str, qmin: int, qmax: int) ->
     mult = node.get_constant("scale").betensor.to(torch.int64).reshape(-1)
     shift = node.get_constant("shift").betensor.to(torch.int64).reshape(-1)
     if method == "MUL":
-        check_int64_bound(node, offset_absmax(node, node.inputs[0]) * offset_absmax(node, node.inputs[1]) * int(mult.max()),
-                          "product (a + zp_a)(b + zp_b) * M")
+        check_int64_bound(node, offset_absmax(node, node.inputs[0]) * offset_absmax(node, node.inputs[1]) *
+                          int(mult.max()), "product (a + zp_a)(b + zp_b) * M")
         acc = xs[0] * xs[1]
     else:
         muls = node.get_constant("input_scale").betensor.to(torch.int64).reshape(len(xs), -1)
@@ -267,9 +272,9 @@ def _store_n_ary(node: PyNode, s: LayerSettings) -> None:
     """ADD/MAX/MIN of three or more inputs: `eltwise_multipliers_n` (every input aligned to the finest grid)."""
     out = node.outputs[0]
     try:
-        r = eltwise_multipliers_n([tensor_scale(node, t) for t in node.inputs], tensor_scale(node, out), int(out.qbits),
-                                  [tensor_zp(node, t) for t in node.inputs], unify_threshold=EQUAL_SCALE_THRESHOLD,
-                                  force_shift_positive=s.force_shift_positive)
+        r = eltwise_multipliers_n([tensor_scale(node, t) for t in node.inputs], tensor_scale(node, out),
+                                  int(params(node, out).qbits), [tensor_zp(node, t) for t in node.inputs],
+                                  unify_threshold=EQUAL_SCALE_THRESHOLD, force_shift_positive=s.force_shift_positive)
     except ValueError as e:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): {e}; quantize the inputs more alike") from None
     node.params["scale_value"] = [int(v) for v in r.scale_value]
@@ -393,7 +398,8 @@ def convert_eltwise(g: QDQGraph, node: PyNode) -> None:
         for v in values[1:]:
             out = g.add(ELTWISE_OPS[method], [out, v])
         if method == "MUL" and len(values) == 2:
-            out = g.rescale(out, requant_factor(node, tensor_scale(node, node.inputs[0]) * tensor_scale(node, node.inputs[1])))
+            s_in = tensor_scale(node, node.inputs[0]) * tensor_scale(node, node.inputs[1])
+            out = g.rescale(out, requant_factor(node, s_in))
     else:
         # y = ((a + zp_a) M_a + (b + zp_b) M_b) M_out 2^-N: each input carries its own multiplier
         m_out, m_a, m_b = (float(v) for v in node.get_param("scale_value"))

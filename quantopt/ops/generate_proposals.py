@@ -27,6 +27,7 @@ from ._quant import (
     copy_params,
     int_value,
     layer_settings,
+    quant_of,
     refuse_per_channel,
     set_constant,
     set_qinvariant,
@@ -203,8 +204,9 @@ def _float_forward(node: PyNode, n: int, k: int, a: int, post: int) -> None:
 def _int_forward(node: PyNode, n: int, k: int, a: int, post: int) -> None:
     s_t, d_t = node.inputs[0], node.inputs[1]
     d = int_value(d_t).reshape(n, k * a, 4)
-    in_bits = int(d_t.qbits)
-    in_qmin = -(1 << (in_bits - 1)) if d_t.qmin is not None and int(d_t.qmin) < 0 else 0
+    q_d = quant_of(node).get(d_t)
+    in_bits = int(q_d.qbits)
+    in_qmin = -(1 << (in_bits - 1)) if q_d.qmin is not None and int(q_d.qmin) < 0 else 0
     f = int(node.get_param("delta_shift"))
     sa = int(node.get_param("anchor_scale"))
     ya, xa, ha, wa = (int_value(node.constants[key]).reshape(-1) for key in _ANCHOR_KEYS)
@@ -286,13 +288,15 @@ def generate_proposals_quantize(self: PyNode) -> None:
         base[:, 2:] += 1
         set_constant(self, "anchors", quantize(base.reshape(-1), float(sa), 0, lo, hi).to(torch.float32), Dtype.INT16)
     del self.constants["weights"]
-    in_bits = int(d_t.qbits)
-    in_lo, in_hi = integer_range(in_bits, bool(d_t.qmin is not None and d_t.qmin < 0))
+    table = quant_of(self)
+    q_d = table.get(d_t)
+    in_bits = int(q_d.qbits)
+    in_lo, in_hi = integer_range(in_bits, bool(q_d.qmin is not None and q_d.qmin < 0))
     lut_bits = min(in_bits, int(settings.lut_items_in_bits))
     for key, fn in (("xy_lut", lambda x: x), ("wh_lut", torch.exp)):
-        table = build_lut(fn, tensor_scale(self, d_t), tensor_zp(self, d_t), in_lo, in_hi, in_bits, float(2 ** f), 0, lo, hi,
-                          lut_bits)
-        set_constant(self, key, table.to(torch.float32), Dtype.INT32)
+        lut = build_lut(fn, tensor_scale(self, d_t), tensor_zp(self, d_t), in_lo, in_hi, in_bits, float(2 ** f), 0, lo,
+                        hi, lut_bits)
+        set_constant(self, key, lut.to(torch.float32), Dtype.INT32)
     img_h, img_w = int(self.get_param("image_height")), int(self.get_param("image_width"))
     fh, fw = int(d_t.betensor.shape[1]), int(d_t.betensor.shape[2])
     self.params["anchor_scale"] = int(sa)
@@ -307,5 +311,6 @@ def generate_proposals_quantize(self: PyNode) -> None:
     for t, scale, inv in ((self.outputs[1], float(sa), False), (self.outputs[2], float(sa), False),
                           (self.outputs[3], 1.0, True)):
         set_qinvariant(self, t, 16, False)
-        t.scale, t.zerop, t.qinvariant = scale, 0, inv
+        q = table.of(t)
+        q.scale, q.zerop, q.qinvariant = scale, 0, inv
 

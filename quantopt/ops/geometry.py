@@ -38,6 +38,8 @@ from ._quant import (
     int_value,
     layer_settings,
     out_range,
+    params,
+    quant_of,
     requant_of,
     store_requant,
     tensor_scale,
@@ -97,15 +99,16 @@ def _quantized_zero(node: PyNode, t: PyTensor) -> int:
 
 
 def _check_per_tensor(node: PyNode, t: PyTensor) -> None:
+    q = params(node, t)
     for what in ("scale", "zerop"):
-        v = getattr(t, what)
+        v = getattr(q, what)
         if isinstance(v, torch.Tensor) and v.numel() > 1:
             raise UnsupportedError(f"layer '{node.name}' ({node.type}): input '{t.name}' has per-channel "
                                    "quantization; this op needs per-tensor scale and zero point")
 
 
 def _check_integer_input(node: PyNode, t: PyTensor, what: str) -> None:
-    if not t.qinvariant:
+    if not params(node, t).qinvariant:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): the {what} input '{t.name}' must be an integer "
                                "tensor (scale 1, zero point 0); a quantized float tensor is not supported")
 
@@ -554,8 +557,8 @@ def gridsample_int_forward(node: PyNode, method: str, padding: str, align: bool)
         raise node._error(f"interp_shift_value must be >= 1 for GridSample, got {frac}")
     n, h, w, _ = x.shape
     e = max(shift, 0)
-    check_int64_bound(node, offset_absmax(node, grid) * abs(mult) * max(h, w) * (1 << (e - shift)) + max(h, w) * (1 << e),
-                      "grid coordinate numerator")
+    check_int64_bound(node, offset_absmax(node, grid) * abs(mult) * max(h, w) * (1 << (e - shift)) +
+                      max(h, w) * (1 << e), "grid coordinate numerator")
     fill = _quantized_zero(node, inp)
     ix = _grid_pad_coordinate(grid_fixed_coordinate(gq[..., 0], w, mult, shift, frac, align), w, frac, padding, align)
     iy = _grid_pad_coordinate(grid_fixed_coordinate(gq[..., 1], h, mult, shift, frac, align), h, frac, padding, align)
@@ -586,7 +589,8 @@ def gridsample_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs)
     _check_per_tensor(self, self.inputs[1])
     _passthrough_quantize(self)
-    ratio = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(tensor_scale(self, self.inputs[1]), dtype=torch.float32)
+    s_grid = torch.tensor(tensor_scale(self, self.inputs[1]), dtype=torch.float32)
+    ratio = torch.tensor(1.0, dtype=torch.float32) / s_grid
     store_requant(self, *scale_shift(ratio, GRID_MULTIPLIER_BITS))
     self.params["interp_shift_value"] = INTERP_FRACTION_BITS
     self.params["interp_shift_type"] = INTERP_SHIFT_TYPE
@@ -945,7 +949,8 @@ def exact_resize(g: QDQGraph, node: PyNode) -> bool:
     if not fits_double(offset_absmax(node, x) * growth):
         return False
     rank = len(x.ir_shape)
-    zp_in, zp_out = int(round(float(x.zerop))), int(round(float(node.outputs[0].zerop)))
+    table = quant_of(node)
+    zp_in, zp_out = int(round(float(table.get(x).zerop))), int(round(float(table.get(node.outputs[0]).zerop)))
     value = codes(g, x)  # the integers themselves: quantopt rounds Σ w·q half to even, not Σ w·(q + zp)
     value = value if zp_in == 0 else g.add("Sub", [value, double(g, node, "zero_point", float(zp_in))])
     for axis, idx, w in plan:
@@ -1010,7 +1015,7 @@ def convert_resize(g: QDQGraph, node: PyNode) -> None:
                 nearest_mode=nearest if mode == "nearest" else None,
                 cubic_coeff_a=float(node.get_param("cubic_coeff_a", optional=True, default_value=-0.75))
                 if mode == "cubic" else None)
-    g.quantize(y, out, perm, lossless=mode == "nearest" and same_qparams(x, y))
+    g.quantize(y, out, perm, lossless=mode == "nearest" and same_qparams(node, x, y))
 
 
 @CROP.export

@@ -29,6 +29,7 @@ from ._quant import (
     is_signed,
     layer_settings,
     out_range,
+    params,
     quantize_activation,
     requant_scale_shift,
     set_constant,
@@ -61,9 +62,10 @@ _INDICES = {"indices": "integer; used when there is no index input"}
 # ------------------------------------------------------------------------------------------------ index inputs
 def _check_index_tensor(node: PyNode, t: PyTensor) -> None:
     """Quantized, an index input must hold exact integers (qinvariant)."""
-    if not t.qinvariant:
+    q = params(node, t)
+    if not q.qinvariant:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): index input '{t.name}' is a quantized tensor "
-                               f"(scale {t.scale}, zero point {t.zerop}); indices must be exact integers (an integer "
+                               f"(scale {q.scale}, zero point {q.zerop}); indices must be exact integers (an integer "
                                "model input, an integer constant or the index output of another layer)")
 
 
@@ -403,12 +405,13 @@ def scatter_quantize(self: PyNode) -> None:
     reduction = _reduction(self)
     if reduction == "NONE":
         copy_params(self, out, data)
-    elif data.qinvariant and upd.qinvariant:
+    elif params(self, data).qinvariant and params(self, upd).qinvariant:
         signed = is_signed(self, data) or is_signed(self, upd)
         r = ranges_of(self).get(out)
         lo, hi = float(r.min or 0.0), float(r.max or 0.0)
         fits = [b for b in (8, 16, 32) if integer_range(b, signed)[0] <= lo and hi <= integer_range(b, signed)[1]]
-        set_qinvariant(self, out, max(int(data.qbits or 8), int(upd.qbits or 8), fits[0] if fits else 32), signed)
+        bits = max(int(params(self, data).qbits or 8), int(params(self, upd).qbits or 8), fits[0] if fits else 32)
+        set_qinvariant(self, out, bits, signed)
     else:
         quantize_activation(self, out, float(ranges_of(self).get(out).min) < 0)
     s_out = tensor_scale(self, out)
@@ -610,7 +613,7 @@ def convert_gather(g: QDQGraph, node: PyNode) -> None:
         if idx.size and (idx.min() < -size or idx.max() >= size):
             raise node_error(node, f"indices outside [-{size}, {size}) (quantopt reads 0 there, ONNX Gather fails)")
         indices = g.const(f"{node.name}/indices", idx.astype(np.int64))
-    elif len(node.inputs) == 2 and node.inputs[1].qinvariant:
+    elif len(node.inputs) == 2 and params(node, node.inputs[1]).qinvariant:
         indices = g.add("Cast", [g.int_value(node.inputs[1])], to=INT64)
     else:
         raise node_error(node, "indices must be a constant or an integer tensor")

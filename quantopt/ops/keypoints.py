@@ -25,6 +25,7 @@ from ._quant import (
     is_signed,
     layer_settings,
     out_range,
+    quant_of,
     quantize_activation,
     tensor_scale,
     tensor_zp,
@@ -222,11 +223,12 @@ def heatmap_quantize(self: PyNode) -> None:
     multipliers of s_score / s_heatmap and s_keypoint / (s_box * S); the smallest ROI size in box codes * 2^8."""
     check_quantized_inputs(self, self.inputs)
     h_t, b_t = self.inputs
+    table = quant_of(self)
     for t in (h_t, b_t):
-        if isinstance(t.scale, torch.Tensor) and t.scale.numel() > 1:
+        if table.get(t).per_channel:
             raise UnsupportedError(f"layer '{self.name}' ({self.type}): per-channel params of '{t.name}' are not "
                                    "supported")
-        if (t.qbits or 8) > 16:
+        if (table.get(t).qbits or 8) > 16:
             raise UnsupportedError(f"layer '{self.name}' ({self.type}): '{t.name}' has more than 16 bits")
     if bool_param(self, "isSoftmax", False):
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): isSoftmax = true is not supported")
@@ -234,7 +236,7 @@ def heatmap_quantize(self: PyNode) -> None:
     if size < 2:
         raise self._error(f"heatmaps must be [R, S, S, K] with S >= 2, got {list(h_t.ir_shape)}")
     force = bool(layer_settings(self).force_dtype_int)
-    hb, bb = int(h_t.qbits or 8), int(b_t.qbits or 8)
+    hb, bb = int(table.get(h_t).qbits or 8), int(table.get(b_t).qbits or 8)
     quantize_activation(self, self.outputs[0], is_signed(self, h_t) or force, hb)
     quantize_activation(self, self.outputs[1], is_signed(self, b_t) or force, bb)
     if len(self.outputs) == 3:

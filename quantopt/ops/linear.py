@@ -30,6 +30,8 @@ from ._quant import (
     mac_input,
     mac_weights,
     out_range,
+    params,
+    quant_of,
     quantize_activation,
     quantize_mac,
     requant_of,
@@ -302,7 +304,8 @@ def requantize_exact(acc: torch.Tensor, mult: int, shift: int) -> torch.Tensor:
 
 
 def _wide_matmul(node: PyNode) -> bool:
-    return any((t.qbits or 8) > 8 for t in node.inputs)
+    table = quant_of(node)
+    return any((table.get(t).qbits or 8) > 8 for t in node.inputs)
 
 
 def _matmul_int(node: PyNode) -> torch.Tensor:
@@ -345,7 +348,7 @@ def matmul_quantize(self: PyNode) -> None:
     s = layer_settings(self)
     factor = self.params.pop("fused_multiplier", None)
     fused = torch.tensor(1.0 if factor is None else float(factor), dtype=torch.float32)
-    if ta.qinvariant and tb.qinvariant:
+    if params(self, ta).qinvariant and params(self, tb).qinvariant:
         set_qinvariant(self, out, integer_output_bits(self, signed or s.force_dtype_int), signed or s.force_dtype_int)
         if factor is None:
             store_requant(self, 1, 0, Dtype.UINT8, Dtype.INT8)
@@ -353,8 +356,9 @@ def matmul_quantize(self: PyNode) -> None:
             store_requant(self, *requant_scale_shift(self, fused))
     else:
         quantize_activation(self, out, signed)
-        ratio = torch.tensor(tensor_scale(self, out), dtype=torch.float32) * fused / (
-            torch.tensor(tensor_scale(self, ta), dtype=torch.float32) * torch.tensor(tensor_scale(self, tb), dtype=torch.float32))
+        s_a = torch.tensor(tensor_scale(self, ta), dtype=torch.float32)
+        s_b = torch.tensor(tensor_scale(self, tb), dtype=torch.float32)
+        ratio = torch.tensor(tensor_scale(self, out), dtype=torch.float32) * fused / (s_a * s_b)
         store_requant(self, *requant_scale_shift(self, ratio))
     if s.remain_shift is not None:
         self.params["remain_shift"] = int(s.remain_shift)
@@ -398,6 +402,7 @@ def convert_matmul(g: QDQGraph, node: PyNode) -> None:
         return
     values = [g.float_value(t, perm) for t, perm in zip(node.inputs, perms)]
     a, b = node.inputs
-    factor = float(requant_ratio(node)[0]) * tensor_scale(node, a) * tensor_scale(node, b) / tensor_scale(node, node.outputs[0])
+    s_out = tensor_scale(node, node.outputs[0])
+    factor = float(requant_ratio(node)[0]) * tensor_scale(node, a) * tensor_scale(node, b) / s_out
     out = g.rescale(g.add("MatMul", values), factor)
     g.quantize(node.outputs[0], qdq_fused_activation(g, node, out))

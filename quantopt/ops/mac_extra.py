@@ -43,6 +43,8 @@ from ._quant import (
     mac_finish,
     mac_input,
     out_range,
+    params,
+    quant_of,
     quantize_activation,
     quantize_mac,
     requant_of,
@@ -261,7 +263,8 @@ def _requantize(node: PyNode, acc: torch.Tensor, mult: Union[int, torch.Tensor],
 
 def _wide_mac(node: PyNode) -> bool:
     w = node.get_constant("weights")
-    return (node.inputs[0].qbits or 8) > 8 or (w.qbits or w.dtype.bits) > 8
+    table = quant_of(node)
+    return (table.get(node.inputs[0]).qbits or 8) > 8 or (table.get(w).qbits or w.dtype.bits) > 8
 
 
 def _finish_int64(node: PyNode, acc: torch.Tensor) -> torch.Tensor:
@@ -854,7 +857,7 @@ def gemm_quantize(self: PyNode) -> None:
     signed = signed and fused_output_signed(self)
     s = layer_settings(self)
     out = self.outputs[0]
-    if all(t.qinvariant for t in self.inputs):
+    if all(params(self, t).qinvariant for t in self.inputs):
         signed = signed or s.force_dtype_int
         set_qinvariant(self, out, integer_output_bits(self, signed), signed)
     else:
@@ -899,14 +902,15 @@ def convert_conv_transpose(g: QDQGraph, node: PyNode) -> None:
     torch_w = _oc_to_torch(w_oc, group).numpy()                   # [in_c, out_c/g, kh, kw]
     out_c = int(w_oc.shape[0])
     sums = w_oc.reshape(out_c, -1).sum(dim=1).numpy()
-    zp_in = int(round(float(x.zerop if not isinstance(x.zerop, torch.Tensor) else x.zerop.reshape(-1)[0])))
+    qx = params(node, x)
+    zp_in = int(round(float(qx.zerop if not isinstance(qx.zerop, torch.Tensor) else qx.zerop.reshape(-1)[0])))
     bias = node.get_constant("biases").betensor.to(torch.int64).reshape(-1).numpy() - zp_in * sums
     attrs = dict(kernel_shape=[int(torch_w.shape[2]), int(torch_w.shape[3])],
                  strides=[int_or(node, "stride_y", 1), int_or(node, "stride_x", 1)],
                  dilations=[int_or(node, "dilation_y", 1), int_or(node, "dilation_x", 1)],
                  pads=[int_or(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right")],
                  output_padding=[int_or(node, "output_padding_y", 0), int_or(node, "output_padding_x", 0)], group=group)
-    lo, hi = x.qmin + zp_in, x.qmax + zp_in
+    lo, hi = qx.qmin + zp_in, qx.qmax + zp_in
     bound = max(abs(lo), abs(hi)) * int(np.abs(w_oc.reshape(out_c, -1).numpy()).sum(axis=1).max()) \
         + int(np.abs(bias).max(initial=0))
     ratio = onnx_exact.exact_ratio(node) if g.unit_domain and node.params.get("remain_shift") is None else None

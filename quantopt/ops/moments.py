@@ -33,6 +33,7 @@ from ._quant import (
     is_signed,
     layer_settings,
     out_range,
+    params,
     quantize_activation,
     requant_scale_shift,
     set_constant,
@@ -50,8 +51,9 @@ INT64_BOUND = 2 ** 62
 
 
 def _per_tensor(node: PyNode, t: PyTensor) -> None:
+    q = params(node, t)
     for what in ("scale", "zerop"):
-        v = getattr(t, what)
+        v = getattr(q, what)
         if isinstance(v, torch.Tensor) and v.numel() > 1:
             raise UnsupportedError(f"layer '{node.name}' ({node.type}): input '{t.name}' has per-channel "
                                    "quantization; this op needs per-tensor scale and zero point")
@@ -152,8 +154,9 @@ def moments_quantize(self: PyNode) -> None:
     s = layer_settings(self)
     bits = int(s.q_bits_activation)
     signed = bool(s.force_dtype_int)
-    if inp.qinvariant:
-        set_qinvariant(self, var_out, min(2 * int(inp.qbits), 32), signed)
+    q_in = params(self, inp)
+    if q_in.qinvariant:
+        set_qinvariant(self, var_out, min(2 * int(q_in.qbits), 32), signed)
         m, shift, m_type, shift_type = 1, 0, int_dtype_for_bits(bits, False), Dtype.INT8
     else:
         quantize_activation(self, var_out, signed, bits)
@@ -255,14 +258,15 @@ def sufficient_statistics_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, [x_t, s_t])
     for t in (x_t, s_t):
         _per_tensor(self, t)
-    if x_t.qinvariant != s_t.qinvariant:
+    integer = (params(self, x_t).qinvariant, params(self, s_t).qinvariant)
+    if integer[0] != integer[1]:
         OPT_WARN(f"layer '{self.name}' (SufficientStatistics): one input is an integer tensor and the other is not, "
                  "which may cost accuracy")
     s = layer_settings(self)
     bits = int(s.q_bits_activation)
     signs = (True, bool(s.force_dtype_int))
     for out, signed in zip(self.outputs, signs):
-        if x_t.qinvariant and s_t.qinvariant:
+        if all(integer):
             set_qinvariant(self, out, 32, signed)
         else:
             quantize_activation(self, out, signed, bits)
@@ -354,7 +358,7 @@ def normalized_moments_forward(self: PyNode) -> None:
     if "lut" not in self.constants:
         raise self._error("quantized layer lacks its 'lut' constant")
     table = self.constants["lut"].betensor.to(torch.int64).flatten()
-    bits = int(mean_t.qbits)
+    bits = int(params(self, mean_t).qbits)
     lo_m, _ = out_range(self, mean_t)
     emax = max(abs(v + tensor_zp(self, t)) for t in self.inputs for v in out_range(self, t))
     tmax = int(table.abs().max()) if table.numel() else 0
@@ -363,7 +367,8 @@ def normalized_moments_forward(self: PyNode) -> None:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): the aligned sums may reach 2^62; use fewer "
                                "input bits")
     mean_q = mean_t.betensor.to(torch.int64)
-    acc0 = (mean_q + tensor_zp(self, mean_t)) * m_in0 + (shift_t.betensor.to(torch.int64) + tensor_zp(self, shift_t)) * m_in1
+    acc0 = (mean_q + tensor_zp(self, mean_t)) * m_in0 + \
+        (shift_t.betensor.to(torch.int64) + tensor_zp(self, shift_t)) * m_in1
     out0.betensor = requantize_int(acc0, m_mean, n_mean, tensor_zp(self, out0), *out_range(self, out0))
     try:
         square = lookup_lut(mean_q, table, integer_range(bits, lo_m < 0)[0], bits,
@@ -440,7 +445,7 @@ def normalized_moments_quantize(self: PyNode) -> None:
     mean0, mean1, m_mean, n_mean, mean_shift_type = add_like_multipliers(sc(mean_t) * counts, sc(shift_t), sc(out0),
                                                                          clip0, s.mult_bits)
     lo, hi = out_range(self, mean_t)
-    steps = lut_size(int(mean_t.qbits), int(s.lut_items_in_bits))
+    steps = lut_size(int(params(self, mean_t).qbits), int(s.lut_items_in_bits))
     x = dequantize(torch.linspace(float(lo), float(hi), steps=steps), sc(mean_t), tensor_zp(self, mean_t))
     lut = quantize(torch.square(x / counts), sc(plh), tensor_zp(self, plh), *out_range(self, plh))
     set_constant(self, "lut", lut, int_dtype_for_bits(bits, False))

@@ -27,6 +27,7 @@ from ._quant import (
     check_quantized_inputs,
     layer_settings,
     out_range,
+    params,
     quantize_activation,
     requant_scale_shift,
     set_params,
@@ -184,9 +185,10 @@ def morphology_quantize(self: PyNode) -> None:
     set_params(self, w, p, bits)
     self.params["weights_scale"] = float(p.scale)
     self.params["weights_zp"] = int(p.zerop)
-    in_signed = inp.qmin is not None and int(inp.qmin) < 0
+    in_qmin = params(self, inp).qmin
+    in_signed = in_qmin is not None and int(in_qmin) < 0
     quantize_activation(self, out, in_signed or w_negative or self.type == "Erosion", bits)
-    if isinstance(out.scale, torch.Tensor) and out.scale.numel() > 1:
+    if params(self, out).per_channel:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): per-channel activations are not supported")
     s_max, a_in, a_w, g = _align(tensor_scale(self, inp), float(p.scale))
     m, shift, m_type, shift_type = requant_scale_shift(self, tensor_scale(self, out) / s_max / 2 ** g, mult_bits=bits)
@@ -308,13 +310,15 @@ def col2im_quantize(self: PyNode) -> None:
     x_t = self.inputs[0]
     check_quantized_inputs(self, self.inputs[:3])
     for i, what in ((1, "image shape"), (2, "block shape")):
-        if not self.inputs[i].qinvariant:
+        if not params(self, self.inputs[i]).qinvariant:
             raise UnsupportedError(f"layer '{self.name}' ({self.type}): the {what} input must be an integer tensor "
                                    "(scale 1)")
     bits = int(layer_settings(self).q_bits_activation)
     out = self.outputs[0]
-    quantize_activation(self, out, x_t.qmin is not None and int(x_t.qmin) < 0, bits)
-    m, shift, m_type, shift_type = requant_scale_shift(self, tensor_scale(self, out) / tensor_scale(self, x_t), mult_bits=bits)
+    x_qmin = params(self, x_t).qmin
+    quantize_activation(self, out, x_qmin is not None and int(x_qmin) < 0, bits)
+    ratio = tensor_scale(self, out) / tensor_scale(self, x_t)
+    m, shift, m_type, shift_type = requant_scale_shift(self, ratio, mult_bits=bits)
     self.params["shift_value"] = int(shift)
     self.params["shift_type"] = shift_type
     self.params["scale_value"] = int(m)

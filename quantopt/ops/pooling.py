@@ -44,6 +44,7 @@ from ._quant import (
     int_value,
     layer_settings,
     out_range,
+    quant_of,
     quantize_activation,
     requant_of,
     set_constant,
@@ -429,8 +430,10 @@ def _pool_quantize(node: PyNode) -> None:
         ph = linear_quant_params(0.0, absmax * absmax, L2_PLACEHOLDER_BITS,
                                  activation_mode(node, L2_PLACEHOLDER_BITS), False)
         ratio = float(ph.scale) / (s_in * s_in)
-        lut = build_lut(torch.sqrt, float(ph.scale), 0, ph.qmin, ph.qmax, range_bits(node, inp), s_out, tensor_zp(node, out),
-                        int(out.qmin), int(out.qmax), lut_items_in_bits=int(s.lut_items_in_bits))
+        q_out = quant_of(node).get(out)
+        lut = build_lut(torch.sqrt, float(ph.scale), 0, ph.qmin, ph.qmax, range_bits(node, inp), s_out,
+                        tensor_zp(node, out), int(q_out.qmin), int(q_out.qmax),
+                        lut_items_in_bits=int(s.lut_items_in_bits))
         set_constant(node, "sqrt_lut", lut, out.dtype)
     mult, shift, mdt, sdt = scale_shift(ratio, LP_MULT_BITS, force_shift_positive=s.force_shift_positive,
                                         shift_limit=POOLING_SHIFT_MAX)
@@ -850,7 +853,7 @@ def maxunpool_quantize(self: PyNode) -> None:
     """Output keeps the values' quantization; the indices must be exact integers (qinvariant)."""
     check_quantized_inputs(self, self.inputs[:2])
     tensor_zp(self, self.inputs[0])
-    if not self.inputs[1].qinvariant:
+    if not quant_of(self).get(self.inputs[1]).qinvariant:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): the indices input '{self.inputs[1].name}' must be "
                                "an integer tensor (qinvariant), not a quantized float")
     copy_params(self, self.outputs[0], self.inputs[0])
@@ -978,15 +981,15 @@ def convert_pooling(g: QDQGraph, node: PyNode) -> None:
     }
     cf = channels_first(rank)
     spatial = list(range(2, rank))
-    if method == "MAX" and same_qparams(x, y) and x.dtype.bits == 8:
+    if method == "MAX" and same_qparams(node, x, y) and x.dtype.bits == 8:
         out = _pool_float(g, node, method, g.int_value(x, cf), rank, spatial, params)  # int8/uint8 MaxPool: exact
         g.set_int(y, out, cf)
         return
-    if method == "AVG" and same_qparams(x, y):
+    if method == "AVG" and same_qparams(node, x, y):
         g.set_int(y, _average_codes(g, node, g.int_value(x, cf), g.qparams(x), rank, spatial, params), cf)
         return
     g.quantize(y, _pool_float(g, node, method, g.float_value(x, cf), rank, spatial, params), cf,
-               lossless=method == "MAX" and same_qparams(x, y))
+               lossless=method == "MAX" and same_qparams(node, x, y))
 
 
 @GLOBALPOOL.export
@@ -999,11 +1002,11 @@ def convert_global_pool(g: QDQGraph, node: PyNode) -> None:
     if any(int_or(node, k, 0) for k in ("pad_left", "pad_right", "pad_top", "pad_bottom")):
         raise node_error(node, "padded global pooling has no QDQ mapping")
     cf = channels_first(g.rank(x))
-    if method == "AVG" and g.unit_domain and same_qparams(x, y):  # Pooling AVG with the whole input as window
+    if method == "AVG" and g.unit_domain and same_qparams(node, x, y):  # Pooling AVG with the whole input as window
         sizes = [int(v) for v in x.ir_shape[1:-1]]
         params = {"k": sizes, "s": [1] * len(sizes), "d": [1] * len(sizes), "before": [0] * len(sizes),
                   "after": [0] * len(sizes), "sizes": sizes, "ceil": False, "count_pad": False}
         g.set_int(y, _average_codes(g, node, g.int_value(x, cf), g.qparams(x), g.rank(x),
                                     list(range(2, g.rank(x))), params), cf)
         return
-    g.quantize(y, g.add(ops[method], [g.float_value(x, cf)]), cf, lossless=method == "MAX" and same_qparams(x, y))
+    g.quantize(y, g.add(ops[method], [g.float_value(x, cf)]), cf, lossless=method == "MAX" and same_qparams(node, x, y))

@@ -29,6 +29,7 @@ from ._quant import (
     is_signed,
     layer_settings,
     out_range,
+    params,
     quantize_activation,
     requant_of,
     requant_scale_shift,
@@ -208,7 +209,8 @@ def reduce_quantize(self: PyNode) -> None:
     if len(self.inputs) != 1:
         raise self._error(f"expects 1 input, got {len(self.inputs)}")
     inp, out = self.inputs[0], self.outputs[0]
-    if inp.qmin is None:
+    q_in = params(self, inp)
+    if q_in.qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
     axes = _axes(self, len(inp.ir_shape))
     for key in ("scale_value", "shift_value", "scale_type", "shift_type", "sqrt_fraction_bits"):
@@ -221,8 +223,8 @@ def reduce_quantize(self: PyNode) -> None:
         return
     n = _ir_count(self, axes)
     signed = is_signed(self, inp) if method in ("SUM", "MEAN", "PROD") else False
-    if inp.qinvariant and method in ("SUM", "PROD", "L1"):
-        set_integer_output(self, out, signed, [inp.qbits or 8])
+    if q_in.qinvariant and method in ("SUM", "PROD", "L1"):
+        set_integer_output(self, out, signed, [q_in.qbits or 8])
     else:
         quantize_activation(self, out, signed)
     s_in, s_out = tensor_scale(self, inp), tensor_scale(self, out)
@@ -344,7 +346,8 @@ def cumulate_quantize(self: PyNode) -> None:
     inp, out = self.inputs[0], self.outputs[0]
     if len(self.inputs) != 1:
         raise self._error(f"expects 1 input, got {len(self.inputs)}")
-    if inp.qmin is None:
+    q_in = params(self, inp)
+    if q_in.qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
     method, axis, exclusive, _ = _cumulate_params(self, len(inp.ir_shape))
     for key in ("scale_value", "shift_value", "scale_type", "shift_type"):
@@ -352,8 +355,8 @@ def cumulate_quantize(self: PyNode) -> None:
     self.constants.pop("scale", None)
     self.constants.pop("shift", None)
     signed = is_signed(self, inp)
-    if inp.qinvariant:
-        set_integer_output(self, out, signed, [inp.qbits or 8])
+    if q_in.qinvariant:
+        set_integer_output(self, out, signed, [q_in.qbits or 8])
     else:
         quantize_activation(self, out, signed)
     s_in, s_out = tensor_scale(self, inp), tensor_scale(self, out)
@@ -427,4 +430,4 @@ def convert_reduce(g: QDQGraph, node: PyNode) -> None:
     if method in ("SUM", "MEAN"):  # one multiplier for s_out / s_in (/ count)
         ratio = float(requant_ratio(node)[0])
         out = g.rescale(out, ratio * tensor_scale(node, x) * (count if method == "MEAN" else 1) / tensor_scale(node, y))
-    g.quantize(y, out, out_perm, lossless=method in ("MAX", "MIN") and same_qparams(x, y))
+    g.quantize(y, out, out_perm, lossless=method in ("MAX", "MIN") and same_qparams(node, x, y))

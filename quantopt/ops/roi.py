@@ -22,7 +22,7 @@ from ..quant.requant import scale_shift
 from ..quant.rounding import INT64_SAFE, round_shift
 from ..registry import declare_op
 from ..registry.schema import DtypeName, Either, Float, Floats, Int, Ints, Param, Text, Value, quantized
-from ._quant import check_quantized_inputs, copy_params, int_value, out_range, tensor_scale, tensor_zp
+from ._quant import check_quantized_inputs, copy_params, int_value, out_range, quant_of, tensor_scale, tensor_zp
 
 ROI_FRACTION_BITS = 16
 """Fraction bits of box coordinates, sampling positions and bilinear weights in the integer ROI forwards (a
@@ -591,11 +591,14 @@ def cropandresize_quantize(self: PyNode) -> None:
     the output params as `extrapolation_qvalue`."""
     p = _crop_params(self)
     s_b = _quantize_boxes(self)
-    if not self.inputs[2].qinvariant:
+    table = quant_of(self)
+    if not table.get(self.inputs[2]).qinvariant:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): the box index input '{self.inputs[2].name}' must "
                                "be an integer tensor (qinvariant)")
     _coord_requant(self, "coord", [2 ** ROI_FRACTION_BITS / s_b])
     self.params["coord_fraction_bits"] = ROI_FRACTION_BITS
     out = self.outputs[0]
-    q = round(float(torch.tensor(p["extra"], dtype=torch.float64) * float(tensor_scale(self, out))) - tensor_zp(self, out))
-    self.params["extrapolation_qvalue"] = min(max(int(q), int(out.qmin)), int(out.qmax))
+    extra = torch.tensor(p["extra"], dtype=torch.float64) * float(tensor_scale(self, out))
+    code = round(float(extra) - tensor_zp(self, out))
+    q_out = table.get(out)
+    self.params["extrapolation_qvalue"] = min(max(int(code), int(q_out.qmin)), int(q_out.qmax))

@@ -29,6 +29,7 @@ from ._quant import (
     is_signed,
     layer_settings,
     out_range,
+    params,
     quantize_activation,
     requant_of,
     requant_scale_shift,
@@ -79,7 +80,7 @@ def upsample_by_index_forward(self: PyNode) -> None:
         raise self._error(f"needs 2 inputs (values, argmax), got {len(self.inputs)}")
     data, arg_t = self.inputs
     x = data.betensor
-    if self.quantized and not arg_t.qinvariant:
+    if self.quantized and not params(self, arg_t).qinvariant:
         raise UnsupportedError(f"layer '{self.name}' (UpsampleByIndex): argmax input '{arg_t.name}' is a quantized "
                                "tensor; positions must be exact integers")
     if self.quantized:
@@ -123,7 +124,7 @@ def upsample_by_index_forward(self: PyNode) -> None:
 def upsample_by_index_quantize(self: PyNode) -> None:
     if len(self.inputs) != 2:
         raise self._error(f"needs 2 inputs (values, argmax), got {len(self.inputs)}")
-    if not self.inputs[1].qinvariant:
+    if not params(self, self.inputs[1]).qinvariant:
         raise UnsupportedError(f"layer '{self.name}' (UpsampleByIndex): argmax input '{self.inputs[1].name}' is a "
                                "quantized tensor; positions must be exact integers")
     copy_params(self, self.outputs[0], self.inputs[0])
@@ -182,7 +183,7 @@ def overlap_add_quantize(self: PyNode) -> None:
     _overlap_geometry(self, tuple(inp.ir_shape))
     s = layer_settings(self)
     bits = int(s.q_bits_activation)
-    if inp.qinvariant:
+    if params(self, inp).qinvariant:
         emin = statistics_of(self).get(out).extrema_min
         lo = emin if emin is not None else ranges_of(self).get(out).min
         signed = bool(lo is not None and float(lo) < 0) or bool(s.force_dtype_int)

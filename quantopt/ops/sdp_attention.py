@@ -30,6 +30,7 @@ from ._quant import (
     int_value,
     is_signed,
     layer_settings,
+    out_range,
     refuse_per_channel,
     set_constant,
     set_params,
@@ -150,8 +151,9 @@ def _int_forward(node: PyNode, with_mask: bool) -> None:
     total = e.sum(dim=-1, keepdim=True)
     prob = torch.clamp(div_round_half_even(e * P_CODES, total), 0, P_CODES)
     o = node.outputs[0]
+    qmin, qmax = out_range(node, o)
     node.outputs[0].betensor = requantize_int(torch.matmul(prob, v), int(p["out_scale_value"]),
-                                              int(p["out_shift_value"]), int(tensor_zp(node, o)), int(o.qmin), int(o.qmax))
+                                              int(p["out_shift_value"]), int(tensor_zp(node, o)), qmin, qmax)
 
 
 @SDP_ATTENTION.forward
@@ -183,8 +185,8 @@ def sdp_attention_quantize(self: PyNode) -> None:
     r = table.get(o)
     if r.min is None or r.max is None:
         raise self._error(f"output '{o.name}' has no calibrated range; run calibration before quantization")
-    set_params(self, o, linear_quant_params(r.min, r.max, bits, mode.to_symmetric(), is_signed(self, self.inputs[2])), bits)
-    o.qinvariant = False
+    p_out = linear_quant_params(r.min, r.max, bits, mode.to_symmetric(), is_signed(self, self.inputs[2]))
+    set_params(self, o, p_out, bits).qinvariant = False
     ph = self.placeholders[1] if len(self.placeholders) > 1 else None
     r = table.get(ph) if ph is not None else None
     if ph is None or ph.name != f"{self.name}/qxk_normed" or r.min is None or r.max is None:
@@ -199,7 +201,8 @@ def sdp_attention_quantize(self: PyNode) -> None:
         raise self._error(f"scale_factor must be positive to be quantized, got {sf}")
     p = self.params
     p["qxk_bits"] = QXK_BITS
-    p["logit_scale_value"], p["logit_shift_value"] = _mult(s_l * sf / (tensor_scale(self, q_t) * tensor_scale(self, k_t)))
+    s_qk = tensor_scale(self, q_t) * tensor_scale(self, k_t)
+    p["logit_scale_value"], p["logit_shift_value"] = _mult(s_l * sf / s_qk)
     if with_mask:
         p["mask_scale_value"], p["mask_shift_value"] = _mult(s_l / tensor_scale(self, self.inputs[3]))
     p["out_scale_value"], p["out_shift_value"] = _mult(tensor_scale(self, o) / (P_CODES * tensor_scale(self, v_t)))

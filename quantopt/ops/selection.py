@@ -30,6 +30,8 @@ from ._quant import (
     is_signed,
     layer_settings,
     out_range,
+    params,
+    quant_of,
     quantize_activation,
     requant_of,
     requant_scale_shift,
@@ -53,9 +55,10 @@ SEGMENT_METHODS = ("SUM",)
 
 
 def _check_integer_tensor(node: PyNode, t: PyTensor, what: str) -> None:
-    if not t.qinvariant:
+    q = params(node, t)
+    if not q.qinvariant:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): {what} input '{t.name}' is a quantized tensor "
-                               f"(scale {t.scale}, zero point {t.zerop}); it must hold exact integers (an integer "
+                               f"(scale {q.scale}, zero point {q.zerop}); it must hold exact integers (an integer "
                                "model input, an integer constant or the index output of another layer)")
 
 
@@ -146,7 +149,7 @@ def nonzero_quantize(self: PyNode) -> None:
     bits = _nonzero_index_bits(self)
     dtype = int_dtype_for_bits(bits, False)
     _set_integer(self, self.outputs[0], dtype)
-    self.outputs[0].qbits = bits
+    quant_of(self).of(self.outputs[0]).qbits = bits
     if len(self.outputs) > 1:
         numel = int(self.inputs[0].ir_numel)
         if numel <= _dtype_range(dtype)[1]:

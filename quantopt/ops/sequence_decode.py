@@ -16,7 +16,7 @@ from ..log import OPT_WARN
 from ..quant.params import integer_range
 from ..registry import declare_op
 from ..registry.schema import Bool, Param
-from ._quant import copy_params, int_value, layer_settings, out_range, set_qinvariant, zero_code
+from ._quant import copy_params, int_value, layer_settings, out_range, params, set_qinvariant, zero_code
 
 SEMANTICS = "docs/semantics/sequence.md"
 
@@ -34,9 +34,10 @@ def _lengths(node: PyNode, t: PyTensor) -> torch.Tensor:
 
 
 def _check_length_tensor(node: PyNode, t: PyTensor) -> None:
-    if not t.qinvariant:
+    q = params(node, t)
+    if not q.qinvariant:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): length input '{t.name}' is a quantized tensor "
-                               f"(scale {t.scale}, zero point {t.zerop}); lengths must be exact integers (an integer "
+                               f"(scale {q.scale}, zero point {q.zerop}); lengths must be exact integers (an integer "
                                "model input, an integer constant or the length output of another layer)")
 
 

@@ -30,6 +30,7 @@ from ._quant import (
     is_signed,
     layer_settings,
     out_range,
+    params,
     requant_scale_shift,
     set_params,
     set_qinvariant,
@@ -80,9 +81,10 @@ def _require_inputs(node: PyNode, count: int) -> None:
 
 def _check_integer_input(node: PyNode, t: PyTensor, what: str) -> None:
     """Quantized, a shape/index input must hold exact integers: a qinvariant tensor (scale 1, zero point 0)."""
-    if not t.qinvariant:
+    q = params(node, t)
+    if not q.qinvariant:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): {what} input '{t.name}' is a quantized "
-                               f"tensor (scale {t.scale}, zero point {t.zerop}); it must hold exact integers (an "
+                               f"tensor (scale {q.scale}, zero point {q.zerop}); it must hold exact integers (an "
                                "integer model input, an integer constant or an integer output such as Shape)")
 
 
@@ -518,7 +520,7 @@ def cast_quantize(self: PyNode) -> None:
         if to.is_float:
             raise self._error("an only_for_quantized Cast needs an integer to_dtype")
         bits, signed = _int_bits(to)
-        if inp.qinvariant:
+        if params(self, inp).qinvariant:
             set_qinvariant(self, out, bits, signed)
             self.params["ignore_scale_zp"] = True
         elif inp.dtype == to:
@@ -535,7 +537,8 @@ def cast_quantize(self: PyNode) -> None:
             if r.min is None or r.max is None:
                 raise self._error(f"tensor '{out.name}' has no calibrated range; run calibration first")
             set_params(self, out, linear_quant_params(r.min, r.max, bits, mode, signed), bits)
-            m, n, mdt, sdt = requant_scale_shift(self, tensor_scale(self, out) / tensor_scale(self, inp), mult_bits=bits)
+            ratio = tensor_scale(self, out) / tensor_scale(self, inp)
+            m, n, mdt, sdt = requant_scale_shift(self, ratio, mult_bits=bits)
             _store_cast_requant(self, m, n, mdt, sdt)
             self.params["ignore_scale_zp"] = False
         self.params["to_dtype"] = out.dtype
@@ -544,7 +547,7 @@ def cast_quantize(self: PyNode) -> None:
     if to.is_float:
         copy_params(self, out, inp)
         self.params["ignore_scale_zp"] = True
-    elif inp.qinvariant:
+    elif params(self, inp).qinvariant:
         bits, signed = _int_bits(to)
         set_qinvariant(self, out, bits, signed)
         self.params["ignore_scale_zp"] = True
@@ -679,7 +682,8 @@ def convert_cast(g: QDQGraph, node: PyNode) -> None:
     """Integer Cast: `clip_mode(rs((q + zp_in) · M, N) - zp_out)` (TRUNC rounding: toward zero), or
     `clip_mode(q [+ zp_in - zp_out])` without a multiplier; the identity when the integers fit unchanged."""
     x, y = node.inputs[0], node.outputs[0]
-    if y.dtype.is_float or x.qmin is None or y.qmin is None:
+    qx, qy = params(node, x), params(node, y)
+    if y.dtype.is_float or qx.qmin is None or qy.qmin is None:
         raise node_error(node, "a Cast to a float type has no integer form (float layers have no QDQ form)")
     clip_mode = str(node.get_param("clip_mode", optional=True, default_value="SATURATION")).upper()
     rank = g.rank(x)
@@ -687,7 +691,8 @@ def convert_cast(g: QDQGraph, node: PyNode) -> None:
     lo, hi = out_range(node, y)
     if "scale_value" in node.params:
         m, n = int(node.params["scale_value"]), int(node.get_param("shift_value"))
-        if max(abs(int(x.qmin) + tensor_zp(node, x)), abs(int(x.qmax) + tensor_zp(node, x))) * abs(m) >= FLOAT64_EXACT:
+        zp_x = tensor_zp(node, x)
+        if max(abs(int(qx.qmin) + zp_x), abs(int(qx.qmax) + zp_x)) * abs(m) >= FLOAT64_EXACT:
             raise node_error(node, "(q + zp) · M leaves float64's exact integers; no exact form")
         v = g.add("Mul", [codes(g, x, perm), double(g, node, "multiplier", m * 2.0 ** -n)])
         if str(node.params.get("round_mode", "ROUND_TO_EVEN")).upper() == "TRUNC":
@@ -700,7 +705,7 @@ def convert_cast(g: QDQGraph, node: PyNode) -> None:
         return
     shift = 0 if bool_param(node, "ignore_scale_zp", True) else tensor_zp(node, x) - tensor_zp(node, y)
     px, py = g.qparams(x), g.qparams(y)
-    if lo <= int(x.qmin) + shift and int(x.qmax) + shift <= hi and px.dtype == py.dtype \
+    if lo <= int(qx.qmin) + shift and int(qx.qmax) + shift <= hi and px.dtype == py.dtype \
             and px.offset == py.offset + shift:  # ONNX x = IR x + offset_x must be IR y + offset_y
         g.set_int(y, g.int_value(x, perm), perm)  # the same ONNX integers
         return

@@ -43,6 +43,7 @@ from ._quant import (
     activation_mode,
     layer_settings,
     out_range,
+    params,
     quantize_activation,
     requant_of,
     requant_scale_shift,
@@ -133,11 +134,12 @@ def _softmax_lut_quantize(self: PyNode) -> None:
     inp, out = self.inputs[0], self.outputs[0]
     s = layer_settings(self)
     quantize_activation(self, out, False)
-    lut = softmax_exp_lut(tensor_scale(self, inp), tensor_zp(self, inp), range_bits(self, inp), int(s.lut_items_in_bits))
+    lut = softmax_exp_lut(tensor_scale(self, inp), tensor_zp(self, inp), range_bits(self, inp),
+                          int(s.lut_items_in_bits))
     set_constant(self, "lut", lut, range_dtype(0, 2 ** LUT_VALUE_BITS - 1))
     constants_first(self, ["lut"])
     self.params["quantize_method"] = "LUT"
-    store_requant(self, *scale_shift(tensor_scale(self, out), int(out.qbits),
+    store_requant(self, *scale_shift(tensor_scale(self, out), int(params(self, out).qbits),
                                      force_shift_positive=s.force_shift_positive))
 
 
@@ -228,7 +230,7 @@ def softmax_method(node: PyNode) -> str:
 def softmax_quantize(self: PyNode) -> None:
     """Chooses the method (`softmax_method`) and quantizes with it; both write `quantize_method`."""
     inp = self.inputs[0]
-    if inp.qmin is None:
+    if params(self, inp).qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
     if layer_settings(self).q_mode_activation.startswith("per_channel"):
         raise UnsupportedError(f"layer '{self.name}' (Softmax): per-channel activation quantization is not "
@@ -318,7 +320,8 @@ def _input_log2e_requant(node: PyNode, mult_bits: int) -> None:
     """input_scale_value/input_shift_value: log2(e)/s_in as a multiplier of `mult_bits` bits and a shift."""
     inp = node.inputs[0]
     s = layer_settings(node)
-    m, sh, _, sh_dtype = scale_shift(LOG2E / tensor_scale(node, inp), mult_bits, force_shift_positive=s.force_shift_positive)
+    m, sh, _, sh_dtype = scale_shift(LOG2E / tensor_scale(node, inp), mult_bits,
+                                     force_shift_positive=s.force_shift_positive)
     node.params["input_scale_value"] = int(m)
     node.params["input_scale_type"] = Dtype.UINT16
     node.params["input_shift_value"] = int(sh)
@@ -465,7 +468,7 @@ def masked_terms(node: PyNode, x: torch.Tensor, top: torch.Tensor, e: torch.Tens
     maximum `top` is above qmin (a fully masked row keeps its equal terms: uniform, as float gives); else `e`."""
     if not masks_saturated_input(node):
         return e
-    qmin = int(node.inputs[0].qmin)
+    qmin = int(params(node, node.inputs[0]).qmin)
     return torch.where((x == qmin) & (top > qmin), torch.zeros_like(e), e)
 
 
@@ -517,7 +520,7 @@ def logsoftmax_quantize(self: PyNode) -> None:
     """Output signed from its calibrated range; log2(e)/s_in with a 15-bit multiplier; adjust_q = 8 fraction bits;
     pow2_lut and log2_lut (uint16); scale_value/shift_value approximate s_out * ln(2)."""
     inp, out = self.inputs[0], self.outputs[0]
-    if inp.qmin is None:
+    if params(self, inp).qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
     s = layer_settings(self)
     if s.q_mode_activation.startswith("per_channel"):
@@ -604,7 +607,7 @@ def _one_hot_argmax(x: torch.Tensor, axis: int, dtype: torch.dtype) -> torch.Ten
 def hardmax_quantize(self: PyNode) -> None:
     """The output is an exact 0/1 integer tensor: qinvariant uint8 (scale 1, zero point 0)."""
     inp = self.inputs[0]
-    if inp.qmin is None:
+    if params(self, inp).qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
     _axis(self, len(inp.ir_shape))
     set_qinvariant(self, self.outputs[0], 8, False)
@@ -628,8 +631,8 @@ def masked_softmax_terms(g: QDQGraph, node: PyNode, v: str, row_max: str, e: str
     another code. `v` and `row_max` are codes plus the zero point (float64), `e` int64 terms."""
     if not masks_saturated_input(node):
         return e
-    x = node.inputs[0]
-    low = double(g, node, "mask_code", float(int(x.qmin) + int(round(float(x.zerop)))))
+    qx = params(node, node.inputs[0])
+    low = double(g, node, "mask_code", float(int(qx.qmin) + int(round(float(qx.zerop)))))
     masked = g.add("And", [g.add("Equal", [v, low]), g.add("Greater", [row_max, low])])
     return g.add("Where", [masked, g.const(f"{node.name}/masked_term", np.array(0, dtype=np.int64)), e])
 

@@ -17,7 +17,7 @@ from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..registry import PASSTHROUGH_DTYPES, declare_op
 from ..registry.schema import Int, Ints, Param, Value
-from ._quant import check_quantized_inputs, copy_params
+from ._quant import check_quantized_inputs, copy_params, params
 from ._shared import int_param
 
 SEMANTICS = "docs/semantics/space-batch.md"
@@ -33,8 +33,9 @@ def _passthrough_quantize(node: PyNode) -> None:
     """Data movement: the output carries the input's params unchanged (per-tensor only: the channel axis moves)."""
     inp = node.inputs[0]
     check_quantized_inputs(node, [inp])
+    q = params(node, inp)
     for what in ("scale", "zerop"):
-        v = getattr(inp, what)
+        v = getattr(q, what)
         if isinstance(v, torch.Tensor) and v.numel() > 1:
             raise UnsupportedError(f"layer '{node.name}' ({node.type}): input '{inp.name}' has per-channel "
                                    "quantization; this op needs per-tensor scale and zero point")

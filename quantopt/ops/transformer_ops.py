@@ -34,6 +34,7 @@ from ._quant import (
     is_signed,
     layer_settings,
     out_range,
+    params,
     quantize_activation,
     requant_of,
     requant_scale_shift,
@@ -254,7 +255,7 @@ def _exact_integers(node: PyNode, t: PyTensor, what: str) -> torch.Tensor:
     """An index input as int64: float values truncated; quantized, an integer tensor (a quantized float tensor
     is refused naming `what`)."""
     if node.quantized:
-        if not t.qinvariant:
+        if not params(node, t).qinvariant:
             raise UnsupportedError(f"layer '{node.name}' ({node.type}): {what} '{t.name}' is a quantized tensor; "
                                    "it must hold exact integers")
         return int_value(t)
@@ -372,7 +373,7 @@ SLOT_UPDATE = declare_op(
 def _index_vector(node: PyNode, t: PyTensor, size: int) -> torch.Tensor:
     """A 1-D index input as int64 within [0, size) (float values truncated; quantized: an integer tensor)."""
     if node.quantized:
-        if not t.qinvariant:
+        if not params(node, t).qinvariant:
             raise UnsupportedError(f"layer '{node.name}' ({node.type}): index input '{t.name}' is a quantized "
                                    "tensor; it must hold exact integers")
         idx = int_value(t)
@@ -427,7 +428,7 @@ def slot_update_quantize(self: PyNode) -> None:
     x_t, out = self.inputs[0], self.outputs[0]
     s = layer_settings(self)
     signed = is_signed(self, x_t) or bool(s.force_dtype_int)
-    if x_t.qinvariant:
+    if params(self, x_t).qinvariant:
         st, r = statistics_of(self).get(out), ranges_of(self).get(out)
         lo = st.extrema_min if st.extrema_min is not None else r.min
         hi = st.extrema_max if st.extrema_max is not None else r.max
@@ -437,7 +438,8 @@ def slot_update_quantize(self: PyNode) -> None:
         return
     quantize_activation(self, out, signed)
     bits = int(s.q_bits_activation)
-    m, n, mdtype, _ = requant_scale_shift(self, _f32(tensor_scale(self, out)) / _f32(tensor_scale(self, x_t)), mult_bits=bits)
+    ratio = _f32(tensor_scale(self, out)) / _f32(tensor_scale(self, x_t))
+    m, n, mdtype, _ = requant_scale_shift(self, ratio, mult_bits=bits)
     store_requant(self, m, n, mdtype, Dtype.INT8)
 
 

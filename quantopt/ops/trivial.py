@@ -14,7 +14,7 @@ from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
 from ..registry import PASSTHROUGH_DTYPES, declare_op
 from ..registry.schema import Bool, Param, Text
-from ._quant import check_quantized_inputs, copy_params, layer_settings, quantize_activation, set_qinvariant
+from ._quant import check_quantized_inputs, copy_params, layer_settings, params, quantize_activation, set_qinvariant
 from ._shared import bool_param
 
 SEMANTICS = "docs/semantics/plumbing.md"
@@ -22,8 +22,9 @@ SEMANTICS = "docs/semantics/plumbing.md"
 
 def _check_per_tensor(node: PyNode, t: PyTensor) -> None:
     """Per-channel params stay valid only where the last axis keeps its meaning; these ops may move it."""
+    q = params(node, t)
     for what in ("scale", "zerop"):
-        v = getattr(t, what)
+        v = getattr(q, what)
         if isinstance(v, torch.Tensor) and v.numel() > 1:
             raise UnsupportedError(f"layer '{node.name}' ({node.type}): input '{t.name}' has per-channel "
                                    "quantization; this op needs per-tensor scale and zero point")
@@ -72,7 +73,7 @@ def dummy_quantize(self: PyNode) -> None:
     gets, as upstream: a float one its calibrated range with the layer's activation mode (signed), an integer one
     scale 1 with its own dtype's bits."""
     for out, inp in zip(self.outputs, self.inputs):
-        if inp.qmin is not None:
+        if params(self, inp).qmin is not None:
             copy_params(self, out, inp)
         elif inp.ir_dtype.is_float:
             quantize_activation(self, out, True, int(layer_settings(self).q_bits_activation))

@@ -30,6 +30,7 @@ from ._quant import (
     copy_params,
     layer_settings,
     out_range,
+    params,
     quantize_activation,
     requant_of,
     requant_scale_shift,
@@ -121,7 +122,7 @@ def _check_per_tensor_mode(node: PyNode) -> None:
 
 def _check_input_quantized(node: PyNode) -> None:
     inp = node.inputs[0]
-    if inp.qmin is None:
+    if params(node, inp).qmin is None:
         raise node._error(f"input '{inp.name}' is not quantized; quantize the producer first")
 
 

@@ -30,7 +30,7 @@ from ...graph.node import PyNode
 from ...graph.tensor import PyTensor
 from ...quant.rounding import FLOAT64_EXACT, bit_length
 from .._eltwise_int import offset_absmax
-from .._quant import fused_activation_bounds, requant_of
+from .._quant import fused_activation_bounds, quant_of, requant_of
 from .perms import Perm
 from .qdq_graph import FLOAT, ONNX_INT_TYPES, QUANTIZABLE, QDQGraph, requant_ratio
 
@@ -66,14 +66,15 @@ def code_table(node: PyNode, lo: int, hi: int, offset: int) -> Optional[np.ndarr
     """IR output integer for every ONNX input integer in [lo, hi] (IR integer = ONNX integer - `offset`, clamped to
     the input range), from quantopt's forward; None when the layer is not a function of each integer alone."""
     x, y = node.inputs[0], node.outputs[0]
-    if len(node.inputs) != 1 or len(node.outputs) != 1 or x.qmin is None or hi - lo >= 1 << MAX_TABLE_BITS:
+    qx = quant_of(node).get(x)
+    if len(node.inputs) != 1 or len(node.outputs) != 1 or qx.qmin is None or hi - lo >= 1 << MAX_TABLE_BITS:
         return None
     if any(key != "lut" and c.betensor.numel() > 1 for key, c in node.constants.items()):
         return None  # per-channel constants (PRELU slopes): a function of the position too
     lut = node.constants.get("lut")
     channels = int(x.ir_shape[-1]) if lut is not None and lut.betensor.dim() == 2 else 0  # one table per channel
     saved = (x.betensor, y.betensor)
-    codes = torch.clamp(torch.arange(lo, hi + 1, dtype=torch.int64) - offset, int(x.qmin), int(x.qmax))
+    codes = torch.clamp(torch.arange(lo, hi + 1, dtype=torch.int64) - offset, int(qx.qmin), int(qx.qmax))
     try:
         with torch.no_grad():
             forward = _run_on(node, codes, channels)
@@ -143,7 +144,7 @@ def requantize(g: QDQGraph, node: PyNode, value: str, ratio: Union[float, np.nda
     y = node.outputs[0]
     if g.qparams(y).dtype not in QUANTIZABLE and not any(isinstance(b, torch.Tensor) for b in bounds or ()):
         # an int32 integer tensor (integer inputs): no QuantizeLinear makes it, and float32 would round it
-        zp = int(round(float(y.zerop)))
+        zp = int(round(float(quant_of(node).get(y).zerop)))
         rounded = g.add("Round", [value])
         rounded = rounded if not zp else g.add("Sub", [rounded, double(g, node, "output_zero_point", float(zp))])
         emit_integers(g, node, y, rounded, perm, bounds=bounds)
@@ -157,8 +158,8 @@ def emit_integers(g: QDQGraph, node: PyNode, t: PyTensor, value: str, perm: Opti
     """`value` (float64 integers, the IR integers of `t`) clamped (SATURATION, also to `bounds`) or wrapped
     (TRUNCATION: two's complement modulo the range) into t's integer range, moved by the ONNX offset and cast to
     t's ONNX type: integer outputs without a QuantizeLinear (int32 included, which float32 would round)."""
-    p = g.qparams(t)
-    lo, hi = int(t.qmin), int(t.qmax)
+    p, q = g.qparams(t), quant_of(node).get(t)
+    lo, hi = int(q.qmin), int(q.qmax)
     if clip_mode == "TRUNCATION":
         as_int = g.add("Cast", [value], to=INT64)
         start = g.const(f"{node.name}/wrap_start", np.array(lo, dtype=np.int64))
@@ -215,9 +216,10 @@ def eltwise(g: QDQGraph, node: PyNode, method: str, perm: Optional[Perm]) -> boo
     not applicable. Every mode takes this form for a layer of integer tensors only (scale 1: an attention mask's
     `(1 - mask) · -10000`), which has no float QDQ form for its int32 output."""
     inputs = list(node.inputs)
-    if len(inputs) < 2 or any(t.qmin is None for t in inputs):
+    table = quant_of(node)
+    if len(inputs) < 2 or any(table.get(t).qmin is None for t in inputs):
         return False
-    if not g.unit_domain and not all(t.qinvariant for t in inputs + list(node.outputs)):
+    if not g.unit_domain and not all(table.get(t).qinvariant for t in inputs + list(node.outputs)):
         return False
     if "scale" in node.constants:
         return _eltwise_per_channel(g, node, method, inputs, perm)
@@ -264,7 +266,7 @@ def _eltwise_int64(g: QDQGraph, node: PyNode, method: str, inputs: Sequence[PyTe
         acc = g.add(ops[method], [acc, v])
     acc = acc if m_out == 1 else g.add("Mul", [acc, int64("multiplier", m_out)])
     result = acc if shift == 0 else round_div_int64(g, node, acc, int64("divisor", 1 << shift))
-    zp = int(round(float(node.outputs[0].zerop)))
+    zp = int(round(float(quant_of(node).get(node.outputs[0]).zerop)))
     result = g.add("Cast", [result], to=DOUBLE)
     result = result if not zp else g.add("Sub", [result, double(g, node, "output_zero_point", float(zp))])
     emit_integers(g, node, node.outputs[0], result, perm, bounds=bounds)
@@ -333,10 +335,11 @@ def prelu(g: QDQGraph, node: PyNode, slope: np.ndarray, shift: int, perm: Perm) 
 def concat(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
     """Concat with per-branch multipliers, y_i = round_half_even((x_i + zp_i) · M_i · 2^-N_i), or passing every
     branch's integers through unchanged, in float64."""
-    if not g.unit_domain or any(t.qmin is None for t in node.inputs):
+    table = quant_of(node)
+    if not g.unit_domain or any(table.get(t).qmin is None for t in node.inputs):
         return False
     y = node.outputs[0]
-    zp_out = int(round(float(y.zerop)))
+    zp_out = int(round(float(table.get(y).zerop)))
     branches = []
     lists = "scale_value" in node.params
     for i, t in enumerate(node.inputs):
@@ -345,7 +348,7 @@ def concat(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
             ratio = int(node.params["scale_value"][i]) * 2.0 ** -int(node.params["shift_value"][i])
             v = g.add("Round", [g.add("Mul", [v, double(g, node, f"input{i}_multiplier", ratio)])])
         else:  # the integers themselves: x_i (IR) + zp_out
-            shift = zp_out - int(round(float(t.zerop)))
+            shift = zp_out - int(round(float(table.get(t).zerop)))
             v = v if shift == 0 else g.add("Add", [v, double(g, node, f"input{i}_offset", float(shift))])
         branches.append(v)
     requantize(g, node, g.add("Concat", branches, axis=axis), 1.0, perm)

@@ -28,7 +28,7 @@ from ...graph.node import PyNode
 from ...graph.tensor import PyTensor
 from ...quant.dtype import Dtype
 from ...quant.rounding import FLOAT64_EXACT
-from .._quant import effective_weights, fused_activation_bounds
+from .._quant import effective_weights, fused_activation_bounds, quant_of
 from . import exact
 from .perms import channels_first
 from .qdq_graph import QDQGraph, int_or, node_error, requant_ratio
@@ -138,8 +138,8 @@ def kernel_weight_offset(e: np.ndarray) -> Optional[int]:
 def _kernel_reads(g: QDQGraph, node: PyNode) -> bool:
     """Whether an integer kernel of onnxruntime may read the layer's weights in a mode that carries them as uint8
     (`QDQGraph.unsigned_kernels`): 8-bit input and weights (onnxruntime has no wider integer kernel)."""
-    x = node.inputs[0]
-    return g.unsigned_kernels and (x.qbits or 8) <= 8 and node.get_constant("weights").dtype.bits <= 8
+    bits = quant_of(node).get(node.inputs[0]).qbits or 8
+    return g.unsigned_kernels and bits <= 8 and node.get_constant("weights").dtype.bits <= 8
 
 
 def kernel_weights(g: QDQGraph, node: PyNode) -> Optional[Tuple[np.ndarray, int]]:
@@ -174,12 +174,18 @@ def mac_weight_value(g: QDQGraph, node: PyNode, scale: np.ndarray, axis: int,
     return dq_constant(g, f"{node.name}/weights", e + c, np.array([-c]), scale, axis=axis, dtypes=(np.uint8,))
 
 
+def _first_zero_point(node: PyNode, x: PyTensor) -> int:
+    """`x`'s zero point as an int (the first one of a per-channel tensor, whose zero points are all 0)."""
+    zerop = quant_of(node).get(x).zerop
+    return int(round(float(zerop if not isinstance(zerop, torch.Tensor) else zerop.reshape(-1)[0])))
+
+
 def input_folded_bias(node: PyNode, x: PyTensor) -> np.ndarray:
     """b_q = biases - zp_in · Σ_window (w_q + zp_w) per output channel: the bias without the input zero point."""
     b = node.get_constant("biases").betensor.to(torch.int64).reshape(-1)
     w = effective_weights(node)
     per_out = w.reshape(w.shape[0], -1).sum(dim=1) if w.dim() > 1 else w.reshape(-1)
-    zp_in = int(round(float(x.zerop if not isinstance(x.zerop, torch.Tensor) else x.zerop.reshape(-1)[0])))
+    zp_in = _first_zero_point(node, x)
     return (b - zp_in * per_out).numpy()
 
 
@@ -235,11 +241,12 @@ def _wide_double_mac(g: QDQGraph, node: PyNode, inner: int, force: bool = False)
     integer kernel for; or any, with `force`) can be computed exactly in float64 (exact.py): no
     remain_shift, sums of `inner` products below 2^53, shifts small enough; None otherwise."""
     x = node.inputs[0]
+    qx = quant_of(node).get(x)
     w = effective_weights(node)
-    wide = force or (x.qbits or 8) > 8 or node.get_constant("weights").dtype.bits > 8
+    wide = force or (qx.qbits or 8) > 8 or node.get_constant("weights").dtype.bits > 8
     if not g.unit_domain or not wide or node.params.get("remain_shift") is not None:
         return None
-    lo, hi = x.qmin + int(round(float(x.zerop))), x.qmax + int(round(float(x.zerop)))
+    lo, hi = qx.qmin + int(round(float(qx.zerop))), qx.qmax + int(round(float(qx.zerop)))
     bias = np.abs(input_folded_bias(node, x)).max(initial=0)
     if inner * max(abs(lo), abs(hi)) * int(w.abs().max()) + bias >= FLOAT64_EXACT:
         return None
@@ -288,12 +295,14 @@ def qlinear_requant_is_exact(node: PyNode) -> bool:
     w = effective_weights(node)
     per_out = w.abs().reshape(w.shape[0], -1).sum(dim=1)
     bias = node.get_constant("biases").betensor.to(torch.int64).reshape(-1).abs()
-    zp = int(round(float(x.zerop if not isinstance(x.zerop, torch.Tensor) else x.zerop.reshape(-1)[0])))
-    xmax = max(abs(int(x.qmin) + zp), abs(int(x.qmax) + zp))
+    table = quant_of(node)
+    qx = table.get(x)
+    zp = _first_zero_point(node, x)
+    xmax = max(abs(int(qx.qmin) + zp), abs(int(qx.qmax) + zp))
     if int((per_out * xmax).max()) + int(bias.max()) >= 2 ** FLOAT32_BITS:
         return False
     ratio_bits = exact.requant_fraction_bits(node)
-    return ratio_bits is not None and (y.qbits or 8) + 1 + ratio_bits <= FLOAT32_BITS
+    return ratio_bits is not None and (table.get(y).qbits or 8) + 1 + ratio_bits <= FLOAT32_BITS
 
 
 def qlinear_fusable(g: QDQGraph, node: PyNode) -> bool:
@@ -302,7 +311,7 @@ def qlinear_fusable(g: QDQGraph, node: PyNode) -> bool:
     (`kernel_weights`: QLinearConv refuses several, and its u8·u8 accumulation is exact on every CPU), and no Clip
     sits between the Conv and its QuantizeLinear (which would stop the fusion and leave a float32 convolution)."""
     x, y = node.inputs[0], node.outputs[0]
-    if kernel_weights(g, node) is None or (y.qbits or 8) > 8 or not qlinear_requant_is_exact(node):
+    if kernel_weights(g, node) is None or (quant_of(node).get(y).qbits or 8) > 8 or not qlinear_requant_is_exact(node):
         return False
     p = g.qparams(y)
     if g.qparams(x).dtype != p.dtype:  # QLinearConv takes one activation type for input and output

@@ -24,6 +24,7 @@ import torch
 
 from ...errors import UnsupportedError
 from ...graph.node import PyNode
+from ...graph.tables import QuantTable, TensorQuant, quant_of
 from ...graph.tensor import PyTensor
 from ...quant.dtype import Dtype
 from .._quant import requant_of
@@ -65,11 +66,20 @@ def scalar(value: Union[float, int, torch.Tensor], what: str, tensor: PyTensor) 
     return float(value)
 
 
-def per_channel_scales(t: PyTensor) -> Optional[np.ndarray]:
-    """float32 scales along the last axis of a per-channel activation (zero point 0), else None."""
-    if isinstance(t.scale, torch.Tensor) and t.scale.numel() > 1:
-        return t.scale.to(torch.float32).reshape(-1).numpy()
+def per_channel_scales(q: TensorQuant) -> Optional[np.ndarray]:
+    """float32 scales along the last axis of a per-channel activation (zero point 0) of parameters `q`, else None."""
+    if isinstance(q.scale, torch.Tensor) and q.scale.numel() > 1:
+        return q.scale.to(torch.float32).reshape(-1).numpy()
     return None
+
+
+def _bridge_table() -> QuantTable:
+    """TRANSITIONAL: the table that reads the parameters off the tensors, for callers that do not pass the graph's
+    table yet (exporters/onnx_qdq.py builds QDQGraph without `quant`; ops/concat.py calls `same_qparams` with two
+    tensors). Removed with the bridge (graph/tables.py `TensorBackedQuant`)."""
+    from ...graph.tables import TensorBackedQuant
+
+    return TensorBackedQuant()
 
 
 def onnx_scale(ir_scale: Union[float, np.ndarray]) -> np.ndarray:
@@ -96,13 +106,16 @@ class QParams:
 class QDQGraph:
     """Nodes, initializers and tensor views of the ONNX graph under construction."""
 
-    def __init__(self, opset: int, scales: str = "exact", dynamic_batch: bool = True) -> None:
+    def __init__(self, opset: int, scales: str = "exact", dynamic_batch: bool = True,
+                 quant: Optional[QuantTable] = None) -> None:
         from onnx import TensorProto, helper, numpy_helper
 
         self._helper, self._numpy_helper, self._tp = helper, numpy_helper, TensorProto
         self.opset = opset
         self.scales = scales  # "ir" or "effective" (see onnx_qdq.SCALE_MODES)
         self.dynamic_batch = dynamic_batch
+        self.quant: QuantTable = quant if quant is not None else _bridge_table()
+        """The quantization parameters of the exported (quantized) graph's tensors (`PyGraph.quant`)."""
         self.nodes: List[Any] = []
         self.initializers: List[Any] = []
         self.inputs: List[Any] = []
@@ -179,17 +192,18 @@ class QDQGraph:
 
     # ------------------------------------------------------------------------------------------------ qparams
     def qparams(self, t: PyTensor) -> QParams:
-        if t.qmin is None or t.qmax is None:
+        q = self.quant.get(t)
+        if q.qmin is None or q.qmax is None:
             raise UnsupportedError(f"tensor '{t.name}' is not quantized (no integer range)")
-        if t.dtype in CARRIED_INT_TYPES and t.qinvariant:
+        if t.dtype in CARRIED_INT_TYPES and q.qinvariant:
             lo, hi = t.dtype.int_range()
-            return QParams(1.0, 0, CARRIED_INT_TYPES[t.dtype], max(int(t.qmin), lo), min(int(t.qmax), hi))
+            return QParams(1.0, 0, CARRIED_INT_TYPES[t.dtype], max(int(q.qmin), lo), min(int(q.qmax), hi))
         if t.dtype not in ONNX_INT_TYPES:
             raise UnsupportedError(f"tensor '{t.name}' has dtype {t.dtype}; the exported graph carries int8, uint8, "
                                    "int16, uint16 activations (and int32 integer inputs/constants)")
-        channel_scales = per_channel_scales(t)
-        scale = scalar(t.scale, "scales", t) if channel_scales is None else float(channel_scales.min())
-        zp = int(round(scalar(t.zerop, "zero points", t)))
+        channel_scales = per_channel_scales(q)
+        scale = scalar(q.scale, "scales", t) if channel_scales is None else float(channel_scales.min())
+        zp = int(round(scalar(q.zerop, "zero points", t)))
         lo, hi = t.dtype.int_range()
         if not lo <= -zp <= hi:
             raise UnsupportedError(f"tensor '{t.name}': zero point {zp} gives the ONNX zero point {-zp}, outside "
@@ -198,8 +212,8 @@ class QDQGraph:
             raise UnsupportedError(f"tensor '{t.name}' has a non-positive scale {scale}")
         onnx = (float(onnx_scale(scale)) if channel_scales is None
                 else tuple(float(v) for v in onnx_scale(channel_scales)))
-        qmin, qmax = max(int(t.qmin), lo), min(int(t.qmax), hi)
-        if self.unsigned_kernels and t.dtype == Dtype.INT8 and not t.qinvariant \
+        qmin, qmax = max(int(q.qmin), lo), min(int(q.qmax), hi)
+        if self.unsigned_kernels and t.dtype == Dtype.INT8 and not q.qinvariant \
                 and (self.unit_domain or channel_scales is None):
             # the same real values as uint8: onnxruntime fuses a QDQ convolution into its integer kernel only
             # when input and output share one type, and with uint8 on both sides (`unsigned_kernels`) its integer
@@ -342,7 +356,7 @@ class QDQGraph:
             raise UnsupportedError(f"tensor '{t.name}': a per-channel float32 quantization has no exact QDQ form")
         if unit or (exact and self.folds_multipliers):
             if not unit:
-                ir_scale = np.array(scalar(t.scale, "scales", t), dtype=np.float32)
+                ir_scale = np.array(scalar(self.quant.get(t).scale, "scales", t), dtype=np.float32)
                 value = self.add("Mul", [value, self.const(f"{t.name}_ir_scale", ir_scale)],
                                  hint=f"{t.name}_scaled")
             scale, step = self._unit_scale(), np.float32(1.0)
@@ -397,23 +411,29 @@ class QDQGraph:
         return shared[0] if shared else identity(rank)
 
 
-def same_qparams(a: PyTensor, b: PyTensor) -> bool:
-    """Whether two tensors carry identical quantization (integers can then move between them unchanged)."""
-    sa, sb = per_channel_scales(a), per_channel_scales(b)
+def same_qparams(node: Union[PyNode, PyTensor], a: PyTensor, b: Optional[PyTensor] = None) -> bool:
+    """Whether two tensors `a`, `b` of layer `node` carry identical quantization (integers can then move between
+    them unchanged). TRANSITIONAL: `same_qparams(a, b)` (no layer) reads the bridge table (`_bridge_table`)."""
+    if b is None:
+        table, a, b = _bridge_table(), node, a  # type: ignore[assignment]
+    else:
+        table = quant_of(node)  # type: ignore[arg-type]
+    qa, qb = table.get(a), table.get(b)
+    sa, sb = per_channel_scales(qa), per_channel_scales(qb)
     if sa is not None or sb is not None:
         return (sa is not None and sb is not None and np.array_equal(sa, sb) and a.dtype == b.dtype
-                and (a.qmin, a.qmax) == (b.qmin, b.qmax) and float(a.zerop) == float(b.zerop))
+                and (qa.qmin, qa.qmax) == (qb.qmin, qb.qmax) and float(qa.zerop) == float(qb.zerop))
     try:
-        return (scalar(a.scale, "scales", a) == scalar(b.scale, "scales", b) and
-                scalar(a.zerop, "zero points", a) == scalar(b.zerop, "zero points", b) and
-                a.dtype == b.dtype and (a.qmin, a.qmax) == (b.qmin, b.qmax))
+        return (scalar(qa.scale, "scales", a) == scalar(qb.scale, "scales", b) and
+                scalar(qa.zerop, "zero points", a) == scalar(qb.zerop, "zero points", b) and
+                a.dtype == b.dtype and (qa.qmin, qa.qmax) == (qb.qmin, qb.qmax))
     except UnsupportedError:
         return False
 
 
 def require_same(node: PyNode, a: PyTensor, b: PyTensor) -> None:
     """Refuse a data-movement layer whose output is quantized unlike its input: its ONNX op moves integers."""
-    if not same_qparams(a, b):
+    if not same_qparams(node, a, b):
         raise node_error(node, f"output '{b.name}' is quantized differently from input '{a.name}'; a data-movement "
                                "layer must keep its input's params")
 
