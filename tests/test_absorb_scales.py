@@ -68,7 +68,7 @@ def quantized(mean_var: bool = False):
 def test_weights_hold_the_producers_scales_and_the_float_graph_keeps_its_own() -> None:
     graph, qg, float_weights = quantized()
     for name in ("bn", "c2"):  # both read a per-channel activation
-        scales = channel_scales(qg.node(name).inputs[0])
+        scales = channel_scales(qg.node(name), qg.node(name).inputs[0])
         assert scales is not None and scales.numel() == 4
         assert torch.equal(qg.node(name).attrs[ABSORBED_SCALES], scales)
     assert ABSORBED_SCALES not in qg.node("c").attrs  # its input is per tensor
@@ -82,7 +82,7 @@ def test_absorption_divides_each_weight_by_its_input_channel_and_recalibrates() 
     graph, qg, _ = quantized()
     fnode = graph.node("c2")  # grouped: output channel o reads input channels 2 * o, 2 * o + 1
     m = fnode.detached_copy(inputs=list(qg.node("c2").inputs))
-    scales = channel_scales(m.inputs[0]).to(torch.float64)
+    scales = channel_scales(m, m.inputs[0]).to(torch.float64)
     w = fnode.constants["weights"].betensor.to(torch.float64)
     want = torch.stack([w[o] / scales[2 * o: 2 * o + 2] for o in range(2)]).to(torch.float32)
     stats_before = statistics_of(m).get(m.constants["weights"])

@@ -87,7 +87,8 @@ def _feeds(graph: PyGraph, inputs: Sequence[Any]) -> Dict[str, np.ndarray]:
     feeds = {}
     for t, x in zip(graph.input_tensors, inputs):
         a = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-        feeds[t.name] = a.astype(np.float32) if takes_float(t) else a.astype(t.ir_dtype.storage.newbyteorder("="))
+        float_feed = takes_float(t.pnode, t)  # t.pnode: the Input layer
+        feeds[t.name] = a.astype(np.float32) if float_feed else a.astype(t.ir_dtype.storage.newbyteorder("="))
     return feeds
 
 

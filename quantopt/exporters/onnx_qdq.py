@@ -105,7 +105,7 @@ def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEF
         raise ConfigError(f"scales must be one of {', '.join(SCALE_MODES)}, got {scales!r}", field="scales")
     graph = _quantized(graph)
     opset = choose_opset(graph, opset)
-    g = QDQGraph(opset, scales, dynamic_batch and batch_is_leading(graph))
+    g = QDQGraph(opset, graph.quant, scales, dynamic_batch and batch_is_leading(graph))
     for t in list(graph.input_tensors) + list(graph.output_tensors):
         g.reserve(t.name)
     problems: List[str] = []

@@ -37,10 +37,8 @@ def layer_formats(node: PyNode) -> Optional[Tuple[Dtype, Dtype, int]]:
     return None if f is None else (Dtype(f[0]), Dtype(f[1]), int(f[2]))
 
 
-def is_fp8(node: PyNode, t: Optional[PyTensor] = None) -> bool:
+def is_fp8(node: PyNode, t: PyTensor) -> bool:
     """Whether `t`, a quantized tensor of `node`, holds fp8 values."""
-    if t is None:  # TRANSITIONAL: a caller not yet given the layer passes the tensor only (params still on it)
-        return node.dtype in FP8_FORMATS and node._quant.qmin is not None  # type: ignore[attr-defined]
     return t.dtype in FP8_FORMATS and quant_of(node).get(t).qmin is not None
 
 

@@ -14,7 +14,7 @@ An activation quantized per channel has one scale per channel of its last axis (
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
@@ -32,10 +32,9 @@ PER_CHANNEL_PRODUCERS = ("Convolution", "DepthwiseConv", "FullyConnected", "Batc
 PER_CHANNEL_CONSUMERS = PER_CHANNEL_PRODUCERS + ("Pooling", "GlobalPool", "Concat")
 
 
-def _params(node: Any, t: Optional[PyTensor]) -> TensorQuant:
-    """The parameters of `t`, a tensor of `node`. TRANSITIONAL: callers not yet given the layer pass the tensor
-    only, whose parameters the bridge still keeps on it (`PyTensor._quant`); that form goes with the bridge."""
-    return node._quant if t is None else quant_of(node).get(t)
+def _params(node: PyNode, t: PyTensor) -> TensorQuant:
+    """The parameters of `t`, a tensor of `node`."""
+    return quant_of(node).get(t)
 
 
 def is_per_channel(node: PyNode, t: Optional[PyTensor] = None) -> bool:

@@ -267,7 +267,7 @@ def convert_concat(g: QDQGraph, node: PyNode) -> None:
         raise node_error(node, "inputs of different ranks")
     perm = g.common_perm(node.inputs, rank, prefer=channels_first(rank))
     axis = perm.index(axis_param(node, node.get_param("axis"), rank))
-    if all(same_qparams(t, y) for t in node.inputs):
+    if all(same_qparams(node, t, y) for t in node.inputs):
         g.set_int(y, g.add("Concat", [g.int_value(t, perm) for t in node.inputs], axis=axis), perm)
         return
     if onnx_exact.concat(g, node, perm, axis):

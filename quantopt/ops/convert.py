@@ -52,7 +52,7 @@ def quantize_forward(self: PyNode) -> None:
     x = inp.betensor
     if not x.is_floating_point():
         raise self._error(f"input '{inp.name}' must be float (a Quantize layer converts float to integer)")
-    if _fp8.is_fp8(out):  # before an fp8 layer (ops/_fp8.py)
+    if _fp8.is_fp8(self, out):  # before an fp8 layer (ops/_fp8.py)
         out.betensor = _fp8.fp8_quantize_forward(self, x)
         return
     qmin, qmax = out_range(self, out)
@@ -102,7 +102,7 @@ def dequantize_forward(self: PyNode) -> None:
     A float input (float graph) passes through."""
     inp, out = self.inputs[0], self.outputs[0]
     q = inp.betensor
-    if q.is_floating_point() and not _fp8.is_fp8(inp):
+    if q.is_floating_point() and not _fp8.is_fp8(self, inp):
         out.betensor = q
         return
     scale = float(self.get_param("quantize_scale"))

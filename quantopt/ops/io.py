@@ -1,7 +1,7 @@
 """Graph inputs and constants: float forward, quantization, integer forward."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
@@ -151,12 +151,10 @@ def constant_quantize(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export
-def takes_float(node: PyNode, t: Optional[PyTensor] = None) -> bool:
+def takes_float(node: PyNode, t: PyTensor) -> bool:
     """Whether a graph input `t` (the output of the Input layer `node`) is fed floats: a float IR input, or the
     quantized input of an IR quantopt wrote (its dtype is the integer one, its scale the real one). Integer inputs
     used as they are (scale 1) take integers."""
-    if t is None:  # TRANSITIONAL: a caller not yet given the layer passes the tensor only (params still on it)
-        return node.ir_dtype.is_float or not node._quant.qinvariant  # type: ignore[attr-defined]
     return t.ir_dtype.is_float or not quant_of(node).get(t).qinvariant
 
 

@@ -73,15 +73,6 @@ def per_channel_scales(q: TensorQuant) -> Optional[np.ndarray]:
     return None
 
 
-def _bridge_table() -> QuantTable:
-    """TRANSITIONAL: the table that reads the parameters off the tensors, for callers that do not pass the graph's
-    table yet (exporters/onnx_qdq.py builds QDQGraph without `quant`; ops/concat.py calls `same_qparams` with two
-    tensors). Removed with the bridge (graph/tables.py `TensorBackedQuant`)."""
-    from ...graph.tables import TensorBackedQuant
-
-    return TensorBackedQuant()
-
-
 def onnx_scale(ir_scale: Union[float, np.ndarray]) -> np.ndarray:
     """float32(1) / float32(scale): the reciprocal quantopt's own dequantization multiplies by."""
     return (np.float32(1.0) / np.asarray(ir_scale, dtype=np.float32)).astype(np.float32)
@@ -106,15 +97,14 @@ class QParams:
 class QDQGraph:
     """Nodes, initializers and tensor views of the ONNX graph under construction."""
 
-    def __init__(self, opset: int, scales: str = "exact", dynamic_batch: bool = True,
-                 quant: Optional[QuantTable] = None) -> None:
+    def __init__(self, opset: int, quant: QuantTable, scales: str = "exact", dynamic_batch: bool = True) -> None:
         from onnx import TensorProto, helper, numpy_helper
 
         self._helper, self._numpy_helper, self._tp = helper, numpy_helper, TensorProto
         self.opset = opset
         self.scales = scales  # "ir" or "effective" (see onnx_qdq.SCALE_MODES)
         self.dynamic_batch = dynamic_batch
-        self.quant: QuantTable = quant if quant is not None else _bridge_table()
+        self.quant = quant
         """The quantization parameters of the exported (quantized) graph's tensors (`PyGraph.quant`)."""
         self.nodes: List[Any] = []
         self.initializers: List[Any] = []
@@ -411,13 +401,10 @@ class QDQGraph:
         return shared[0] if shared else identity(rank)
 
 
-def same_qparams(node: Union[PyNode, PyTensor], a: PyTensor, b: Optional[PyTensor] = None) -> bool:
+def same_qparams(node: PyNode, a: PyTensor, b: PyTensor) -> bool:
     """Whether two tensors `a`, `b` of layer `node` carry identical quantization (integers can then move between
-    them unchanged). TRANSITIONAL: `same_qparams(a, b)` (no layer) reads the bridge table (`_bridge_table`)."""
-    if b is None:
-        table, a, b = _bridge_table(), node, a  # type: ignore[assignment]
-    else:
-        table = quant_of(node)  # type: ignore[arg-type]
+    them unchanged)."""
+    table = quant_of(node)
     qa, qb = table.get(a), table.get(b)
     sa, sb = per_channel_scales(qa), per_channel_scales(qb)
     if sa is not None or sb is not None:
