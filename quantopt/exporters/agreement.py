@@ -89,6 +89,7 @@ def _feeds(graph: PyGraph, inputs: Sequence[Any]) -> Dict[str, np.ndarray]:
         a = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
         float_feed = takes_float(t.pnode, t)  # t.pnode: the Input layer
         feeds[t.name] = a.astype(np.float32) if float_feed else a.astype(t.ir_dtype.storage.newbyteorder("="))
+        feeds[t.name] = a.astype(np.float32) if float_feed else a.astype(t.ir_dtype.storage.newbyteorder("="))
     return feeds
 
 
