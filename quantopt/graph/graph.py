@@ -9,7 +9,7 @@ import torch
 
 from ..errors import DataError, IRError
 from .node import PyNode
-from .tables import RangeTable, StatisticsTable, TensorBackedQuant, node_tensors
+from .tables import QuantTable, RangeTable, StatisticsTable, node_tensors
 from .tensor import PyTensor
 from .wide_values import WideValues
 
@@ -32,7 +32,7 @@ class PyGraph:
         self.device = torch.device("cpu")
         self.statistics = StatisticsTable()  # tensor name -> statistics (graph/tables.py)
         self.ranges = RangeTable()  # tensor name -> calibrated ranges (graph/tables.py)
-        self.quant = TensorBackedQuant()  # tensor name -> quantization parameters (graph/tables.py)
+        self.quant = QuantTable()  # tensor name -> quantization parameters (graph/tables.py)
         self.wide_values = WideValues()  # the float forward's float64 results (docs/architecture.md, "Float reference")
 
     # ----------------------------------------------------------------------------------------- structure
@@ -43,6 +43,11 @@ class PyGraph:
                 if t in node.detached_ranges:
                     self.ranges.copy_from(node.detached_ranges, t)
             node.detached_ranges = None
+        if node.detached_quant is not None:  # ... and the quantization parameters set on it
+            for t in node_tensors(node):
+                if t in node.detached_quant:
+                    self.quant.copy_from(node.detached_quant, t)
+            node.detached_quant = None
         self.nodes.append(node)
         return node
 
@@ -181,11 +186,12 @@ class PyGraph:
 
     def clone(self) -> PyGraph:
         """Deep copy: new nodes and tensors (values cloned), same structure. The statistics table is copied sharing
-        its entries (statistics are read-only once collected), the range table with its values cloned (ranges are edited
-        on copies; graph/tables.py)."""
+        its entries (statistics are read-only once collected), the range and parameter tables with their values cloned
+        (they are edited on copies; graph/tables.py)."""
         g = type(self)(self.name)
         g.statistics = self.statistics.copy()
         g.ranges = self.ranges.copy()
+        g.quant = self.quant.copy()
         g.header = OrderedDict(self.header)
         g.source_file = self.source_file
         g._storage = self._storage

@@ -328,51 +328,9 @@ def detached_ranges(source: PyNode, copy: PyNode, input_ranges: Optional[RangeTa
     return table
 
 
-class _ReadOnly:
-    """TRANSITIONAL: what `TensorBackedQuant.get` gives, the tensor's parameters read-only, so that a write through
-    `get` fails now as it will once the table holds the parameters."""
-
-    def __init__(self, q: TensorQuant) -> None:
-        object.__setattr__(self, "_q", q)
-
-    def __getattr__(self, key: str) -> Any:
-        return getattr(self._q, key)
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        raise AttributeError(f"parameters read with QuantTable.get cannot be set ('{key}'); use QuantTable.of")
-
-
-class TensorBackedQuant(QuantTable):
-    """TRANSITIONAL (removed once every reader and writer uses the tables): the parameters still live on the tensors
-    (`PyTensor._quant`), and this table reads and writes them there, so code moved to the table API and code not yet
-    moved see the same values."""
-
-    def get(self, t: TensorKey) -> TensorQuant:
-        return _ReadOnly(t._quant)  # type: ignore[union-attr,return-value]
-
-    def of(self, t: TensorKey) -> TensorQuant:
-        return t._quant  # type: ignore[union-attr]
-
-    def set(self, t: TensorKey, q: TensorQuant) -> None:
-        t._quant = q  # type: ignore[union-attr]
-
-    def drop(self, t: TensorKey) -> None:
-        t._quant = TensorQuant()  # type: ignore[union-attr]
-
-    def __contains__(self, t: TensorKey) -> bool:
-        return t._quant.qbits is not None  # type: ignore[union-attr]
-
-    def copy_from(self, source: QuantTable, src: TensorKey, dst: Optional[TensorKey] = None) -> None:
-        if dst is not None:
-            dst._quant = src._quant.copy()  # type: ignore[union-attr]
-
-    def copy(self, names: Optional[Iterable[str]] = None) -> QuantTable:
-        return TensorBackedQuant()
-
-
 def quant_of(node: PyNode) -> QuantTable:
     """The table of quantization parameters a layer's tensors are looked up in (`_table_of`)."""
-    return _table_of(node, "quant", TensorBackedQuant)
+    return _table_of(node, "quant", QuantTable)
 
 
 def detached_quant(source: PyNode, copy: PyNode, input_quant: Optional[QuantTable] = None) -> QuantTable:
