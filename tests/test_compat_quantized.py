@@ -92,7 +92,7 @@ def _inputs(count: int = 12):
 
 
 def _max_steps(path: Path, qgraph) -> float:
-    step = 1.0 / float(qgraph.output_tensors[0].scale)
+    step = 1.0 / float(qgraph.quant.get(qgraph.output_tensors[0]).scale)
     worst = 0.0
     for x in _inputs():
         ref = _ort_reference(path, x)
@@ -114,11 +114,11 @@ def test_qdq_import_keeps_scales_zero_points_and_weights(tmp_path):
     inits = _onnx_inits(path)
     qg = quantize_prequantized(import_onnx_qdq(str(path)))
     # activations: scale = float32(1 / s), zerop = -zp
-    x = qg.input_tensors[0]
+    x = qg.quant.get(qg.input_tensors[0])
     assert x.scale == float(np.float32(1.0 / np.float64(inits["x_scale"])))
     assert x.zerop == -int(inits["x_zero_point"])
     conv1 = _layer(qg, "conv1")
-    assert conv1.outputs[0].scale == float(np.float32(1.0 / np.float64(inits["r1_scale"])))
+    assert qg.quant.get(conv1.outputs[0]).scale == float(np.float32(1.0 / np.float64(inits["r1_scale"])))
     # weights: the same integers (IR layout OHWI), the same per-channel scales
     w = conv1.constants["weights"].betensor.numpy().transpose(0, 3, 1, 2)
     assert np.array_equal(w, inits["W1_quantized"].astype(np.int64))
@@ -148,9 +148,10 @@ def test_int8_to_uint8(tmp_path):
         compat_quantized_model_int8_to_uint8=True))
     relu = _layer(plain, "conv1").outputs[0]
     relu_moved = _layer(moved, "conv1").outputs[0]
-    assert (relu.dtype.value, relu.zerop) == ("int8", 128)  # onnxruntime's relu output: zero point -128
-    assert (relu_moved.dtype.value, relu_moved.zerop, relu_moved.qmin, relu_moved.qmax) == ("uint8", 0, 0, 255)
-    assert relu_moved.scale == relu.scale
+    q, q_moved = plain.quant.get(relu), moved.quant.get(relu_moved)
+    assert (relu.dtype.value, q.zerop) == ("int8", 128)  # onnxruntime's relu output: zero point -128
+    assert (relu_moved.dtype.value, q_moved.zerop, q_moved.qmin, q_moved.qmax) == ("uint8", 0, 0, 255)
+    assert q_moved.scale == q.scale
     for x in _inputs(4):
         a = run_quantized(plain, torch.from_numpy(x))[0]
         b = run_quantized(moved, torch.from_numpy(x))[0]

@@ -53,7 +53,8 @@ def test_cast_keeps_zero_point_and_integers_are_onnx(tmp_path: Path) -> None:
     g = _graph(w, bias)
     q = quantize_model(g, [[torch.from_numpy(x)] for x in xs], settings={"q_strategy_activation": "extrema"})
     cast = q.node("cast").outputs[0]
-    assert (cast.dtype, cast.scale, cast.zerop, cast.qinvariant) == (Dtype.INT8, 1.0, 0, True)
+    p = q.quant.get(cast)
+    assert (cast.dtype, p.scale, p.zerop, p.qinvariant) == (Dtype.INT8, 1.0, 0, True)
     reread = read_ir(write_ir(q, str(tmp_path / "q.txt"))[0])
     for x in xs:
         feed = [torch.from_numpy(x)]

@@ -119,8 +119,9 @@ def test_quantize_and_dequantize_match_independent_reference():
     quant = q.node("act_quantize")
     scale, zp = quant.params["quantize_scale"], quant.params["quantize_zp"]
     out = quant.outputs[0]
+    p = q.quant.get(out)
     act = quant.inputs[0].betensor.numpy().astype(np.float32)
-    ref = np.clip(np.round((act * np.float32(scale)).astype(np.float32) - np.float32(zp)), out.qmin, out.qmax)
+    ref = np.clip(np.round((act * np.float32(scale)).astype(np.float32) - np.float32(zp)), p.qmin, p.qmax)
     assert np.array_equal(out.betensor.numpy(), ref.astype(np.int64))
     deq = q.node("fc1_dequantize")
     qin = deq.inputs[0].betensor.numpy()

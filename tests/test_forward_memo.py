@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from quant_helpers import params_of
 
 from quantopt.graph.builder import GraphBuilder
 from quantopt.graph.memo import Same, layer_key, memo
@@ -29,7 +30,7 @@ def _quantized(optype: str, params: dict, consts: dict, shape=SHAPE, conv_out=No
 
 def _general(node: PyNode) -> torch.Tensor:
     x = node.inputs[0].betensor.to(torch.int64)
-    return _integer_forward(node, activation_method(node), x, int(round(float(node.inputs[0].zerop))))
+    return _integer_forward(node, activation_method(node), x, int(round(float(params_of(node, node.inputs[0]).zerop))))
 
 
 def test_same_and_memo_follow_identity_version_and_key() -> None:
@@ -79,7 +80,7 @@ def test_lut_table_follows_lut_and_out_of_range_inputs() -> None:
     assert torch.equal(node.outputs[0].betensor, _general(node)) and not torch.equal(node.outputs[0].betensor, first)
     x = node.inputs[0]
     x.betensor = x.betensor.clone()
-    x.betensor[0, 0, 0, 0] = int(x.qmax) + 50  # outside the tabulated codes: the general path
+    x.betensor[0, 0, 0, 0] = int(params_of(node, x).qmax) + 50  # outside the tabulated codes: the general path
     assert torch.equal(activation_integer_forward(node), _general(node))
 
 

@@ -8,10 +8,12 @@ from typing import Optional
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of, set_quant
 
 from quantopt.graph.builder import GraphBuilder
 from quantopt.graph.graph import PyGraph
 from quantopt.graph.node import PyNode
+from quantopt.graph.tensor import PyTensor
 from quantopt.ops import _conv_nhwc
 from quantopt.ops.io import _quantize_per_tensor
 from quantopt.pipeline import quantize_model
@@ -164,20 +166,13 @@ def test_pool_divisors_follow_params_and_shapes(method: str) -> None:
 
 
 def test_integer_input_matches_quantize() -> None:
-    class Out:
-        pass
-
-    class Node:
-        def __init__(self, out: Out) -> None:
-            self.outputs, self.attrs = [out], {}
-
     x = torch.from_numpy(np.random.default_rng(2).normal(0, 50, size=(1, 8, 8, 3)).astype(np.float32))
     x[0, 0, 0, :] = torch.tensor([float("nan"), float("inf"), -float("inf")])
     x[0, 1, 0, 0] = 2.5 / 0.75  # a tie after scaling
-    out = Out()
-    node = Node(out)
+    node = PyNode("in", "Input")  # a layer on its own: its own parameter table
+    node.outputs = [PyTensor("x")]
     for scale, zp, lo, hi in [(0.75, -3, -128, 127), (torch.tensor(1.3), torch.tensor(7), 0, 255), (40.0, 0, -10, 10)]:
-        out.scale, out.zerop = scale, zp
+        set_quant(node, node.outputs[0], scale=scale, zerop=zp)
         assert torch.equal(_quantize_per_tensor(node, x, lo, hi), quantize(x, scale, zp, lo, hi))
 
 
@@ -200,11 +195,12 @@ def test_integer_eltwise_add_sub_match_the_plain_formula(method: str) -> None:
     a_t, b_t = node.inputs
     m_out, m0, m1 = (int(v) for v in node.params["scale_value"])
     shift = int(node.params["shift_value"])
-    a = a_t.betensor.to(torch.int64) + int(a_t.zerop)
-    b = b_t.betensor.to(torch.int64) + int(b_t.zerop)
+    a = a_t.betensor.to(torch.int64) + int(params_of(node, a_t).zerop)
+    b = b_t.betensor.to(torch.int64) + int(params_of(node, b_t).zerop)
     acc = a * m0 + b * m1 if method == "ADD" else a * m0 - b * m1
-    y = torch.round(acc.to(torch.float64) * m_out / 2.0 ** shift) - int(node.outputs[0].zerop)
-    ref = torch.clamp(y, int(node.outputs[0].qmin), int(node.outputs[0].qmax)).to(torch.int64)
+    out = params_of(node, node.outputs[0])
+    y = torch.round(acc.to(torch.float64) * m_out / 2.0 ** shift) - int(out.zerop)
+    ref = torch.clamp(y, int(out.qmin), int(out.qmax)).to(torch.int64)
     assert torch.equal(node.outputs[0].betensor, ref)
 
 

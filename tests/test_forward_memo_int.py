@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of, set_quant
 
 from quantopt.graph.builder import GraphBuilder
 from quantopt.ops import concat as concat_mod
@@ -100,7 +101,7 @@ def test_conv_owned_finish_equals_mac_finish_and_follows_shift_and_zero_point() 
     scaled = node.attrs["_memo_mac_finish"][1][-1]
     for change in (lambda: None, lambda: node.params.__setitem__("shift_value", 2),  # below 3: the rounding path
                    lambda: node.params.__setitem__("shift_value", 9),
-                   lambda: setattr(node.outputs[0], "zerop", torch.tensor(-3)),
+                   lambda: set_quant(node, node.outputs[0], zerop=torch.tensor(-3)),
                    lambda: node.constants["biases"].betensor.add_(2 ** 41)):  # |(acc + b) M| >= 2^53: mac_finish
         change()
         node.forward()
@@ -134,7 +135,7 @@ def test_eltwise_in_place_equals_int64_reference(optype, params, shapes) -> None
     a, b = (int_value(t) + tensor_zp(node, t) for t in node.inputs)
     method = params.get("method", "MUL")
     out = node.outputs[0]
-    qmin, qmax = int(out.qmin), int(out.qmax)
+    qmin, qmax = int(params_of(node, out).qmin), int(params_of(node, out).qmax)
     if method == "MUL":
         m, s = int(node.params["scale_value"]), int(node.params["shift_value"])
         acc = a * b
@@ -178,7 +179,8 @@ def test_avg_pool_float64_path_equals_general_path(monkeypatch, k, st, pads, d, 
     monkeypatch.setattr(pooling, "_avg_int_float64", lambda *a: None)
     node.forward()
     assert torch.equal(node.outputs[0].betensor, fast)
-    node.inputs[0].zerop = torch.tensor(int(node.inputs[0].zerop) + 3)  # another zero point: same again
+    x = node.inputs[0]
+    set_quant(node, x, zerop=torch.tensor(int(params_of(node, x).zerop) + 3))  # another zero point: same again
     node.forward()
     general = node.outputs[0].betensor.clone()
     monkeypatch.setattr(pooling, "_avg_int_float64", real)

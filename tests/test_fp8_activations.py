@@ -12,6 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 from test_cli import example_cfg
 
 from quantopt.cli import main
@@ -199,7 +200,7 @@ def test_fc_output_equals_an_independent_numpy_computation(mode: str) -> None:
     y32 = (acc * np.float64(np.float32(ratio))).astype(np.float32)
     expect = np.array([_reference_round(float(v), E4M3) for v in y32.ravel()], dtype=np.float32)
     np.testing.assert_array_equal(fc2.outputs[0].betensor.numpy().ravel(), expect)
-    s_in, s_out = np.float32(fc2.inputs[0].scale), np.float32(fc2.outputs[0].scale)
+    s_in, s_out = np.float32(params_of(fc2, fc2.inputs[0]).scale), np.float32(params_of(fc2, fc2.outputs[0]).scale)
     w_scale = (fc2.constants["weights_scale"].betensor.numpy() if "weights_scale" in fc2.constants
                else np.float32(fc2.params["weights_scale"]))
     np.testing.assert_array_equal(np.float32(ratio), np.float32(s_out / (s_in * w_scale)))
@@ -351,8 +352,8 @@ def test_matmul_equals_an_independent_numpy_computation() -> None:
     a, b = (t.betensor.numpy().astype(np.float64) for t in mm.inputs)
     assert all(t.dtype == E4M3 for t in mm.inputs) and "shift_value" not in mm.params
     ratio = np.float32(mm.params["scale_value"])
-    assert ratio == np.float32(np.float32(mm.outputs[0].scale) /
-                               (np.float32(mm.inputs[0].scale) * np.float32(mm.inputs[1].scale)))
+    s_out, s0, s1 = (params_of(mm, t).scale for t in (mm.outputs[0], mm.inputs[0], mm.inputs[1]))
+    assert ratio == np.float32(np.float32(s_out) / (np.float32(s0) * np.float32(s1)))
     y32 = ((a @ b) * np.float64(ratio)).astype(np.float32)
     expect = np.array([_reference_round(float(v), E4M3) for v in y32.ravel()], dtype=np.float32)
     np.testing.assert_array_equal(mm.outputs[0].betensor.numpy().ravel(), expect)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import shared_model_dir
 from golden_helpers import run_golden_cfg
+from quant_helpers import params_of
 
 from quantopt.analysis.ir_compare import (
     compare_quantized_irs,
@@ -84,7 +85,7 @@ def _ulp_consequence(ours, golden, name: str, differences: List[str]) -> bool:
     mine, ref = ours.node(name), golden.node(name)
     pairs = list(zip(mine.inputs, ref.inputs)) + list(zip(mine.outputs, ref.outputs))
     for t, r in pairs:
-        a, b = float(np.float32(t.scale)), float(np.float32(r.scale))
+        a, b = float(np.float32(params_of(mine, t).scale)), float(np.float32(params_of(ref, r).scale))
         if a != b and abs(a - b) <= SCALE_RTOL * abs(b):
             return True
     return False

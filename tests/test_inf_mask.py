@@ -100,11 +100,11 @@ def test_masked_positions_get_probability_zero(fill: float, tmp_path: Path) -> N
     assert all(is_mask_tensor(graph.statistics.get(t)) for n in graph.nodes if n.name in ("neg", "mask", "add")
                for t in n.outputs)
     nodes = {n.name: n for n in q.nodes}
-    neg = nodes["neg"].outputs[0]
+    neg = q.quant.get(nodes["neg"].outputs[0])
     assert not neg.qinvariant and neg.qbits == 8, "a -FLT_MAX constant must not be an int32 of scale 1"
     assert nodes["softmax"].params[SOFTMAX_MASK_PARAM] is True
     # the Add output keeps the scores' range, not one of 1e38
-    assert nodes["add"].outputs[0].scale > 5.0
+    assert q.quant.get(nodes["add"].outputs[0]).scale > 5.0
     for batch in feeds(6, 1):
         want = graph.forward(batch)[0]
         got = run_quantized(q, batch)[0]

@@ -25,7 +25,7 @@ def test_identical_graphs_match() -> None:
 
 def test_differences_are_named() -> None:
     a, b = quantized(), quantized()
-    a.node("c1").outputs[0].scale *= 1.0 + 1e-7
+    a.quant.of(a.node("c1").outputs[0]).scale *= 1.0 + 1e-7
     a.node("c2").constants["biases"].betensor[0] += 1
     a.node("fc").params["shift_value"] = 3
     diffs = {d.name: d for d in compare_quantized_irs(a, b)}

@@ -191,8 +191,9 @@ def test_multi_output_and_list_constants(tiny):
     split = g.node("split")
     a, b = split.outputs
     assert (a.ir_range, b.ir_range) == ([-128, 127], [0, 255])
-    assert (a.scale, b.scale) == (66.12385559082031, 0.5)
-    assert (a.zerop, b.zerop) == (0, -5)
+    qa, qb = g.quant.get(a), g.quant.get(b)
+    assert (qa.scale, qb.scale) == (66.12385559082031, 0.5)
+    assert (qa.zerop, qb.zerop) == (0, -5)
     assert (a.dtype, b.dtype) == (Dtype.INT8, Dtype.UINT8)
     assert list(split.constants) == ["lut_0", "lut_1", "lut_2"]
     assert [t.dtype for t in split.constants.values()] == [Dtype.UINT8, Dtype.INT16, Dtype.FP32]
@@ -200,8 +201,8 @@ def test_multi_output_and_list_constants(tiny):
     assert split.params["scale_type"] == [Dtype.UINT16] * 3
     assert split.params["activation_quantization_axis"] == [None, None]
     conv = g.node("conv")
-    assert conv.outputs[0].zerop.tolist() == [0, 1, -2, 3]
-    assert conv.outputs[0].scale.shape == (4,)
+    assert g.quant.get(conv.outputs[0]).zerop.tolist() == [0, 1, -2, 3]
+    assert g.quant.get(conv.outputs[0]).scale.shape == (4,)
     assert "layer_top_scale" not in conv.constants
     assert g.node("consts").constants["c_float32"].ir_range is None
     assert g.node("data").outputs[0].ir_range == [-1.5, 2.25]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from control_flow_graphs import loop_body
+from quant_helpers import params_of, set_quant
 
 from quantopt.errors import IRError
 from quantopt.graph.builder import GraphBuilder
@@ -85,8 +86,9 @@ def test_integer_inputs_reach_the_loop_unchanged(tmp_path: Path, m_as_input: boo
     m_t, cond_t, v_t = loop.inputs
     assert _dequantize_layers(q) == ["x_0_dequantize"]  # only the float activation v gets one
     assert m_t.pnode.name == "M" and cond_t.pnode.name == "cond_s"
-    assert (m_t.dtype, m_t.scale, m_t.zerop, m_t.qinvariant) == (Dtype.INT32, 1.0, 0, True)
-    assert (cond_t.dtype, cond_t.scale, cond_t.zerop, cond_t.qinvariant) == (Dtype.UINT8, 1.0, 0, True)
+    m_q, cond_q = params_of(loop, m_t), params_of(loop, cond_t)
+    assert (m_t.dtype, m_q.scale, m_q.zerop, m_q.qinvariant) == (Dtype.INT32, 1.0, 0, True)
+    assert (cond_t.dtype, cond_q.scale, cond_q.zerop, cond_q.qinvariant) == (Dtype.UINT8, 1.0, 0, True)
     if not m_as_input:
         w = q.node("M").constants["weights"]
         assert w.dtype is Dtype.INT32 and int(w.betensor) == 3 and not w.betensor.is_floating_point()
@@ -123,7 +125,8 @@ def test_constant_also_read_by_an_integer_layer_keeps_the_narrow_type() -> None:
     g = loop_graph(3, m_also_read=True)
     q = _quantize(g, _feeds(False, 3))
     m_t = q.node("vf").inputs[0]
-    assert m_t.pnode.name == "M" and m_t.dtype is Dtype.UINT8 and m_t.qinvariant  # as before: narrowest type
+    invariant = params_of(q.node("vf"), m_t).qinvariant
+    assert m_t.pnode.name == "M" and m_t.dtype is Dtype.UINT8 and invariant  # as before: narrowest type
     assert "M_0_dequantize" not in _dequantize_layers(q)  # the Loop still reads the integers as they are
     q.forward(_feeds(False, 3)[0], keep_tensors=True)
     assert q.node("vf").outputs[1].betensor.shape[0] == 3
@@ -135,6 +138,6 @@ def test_a_quantized_integer_input_is_refused() -> None:
     loop = q.node("vf")
     check_integer_inputs(loop)  # as quantized: fine
     loop.inputs[0].pnode.quantized = True
-    loop.inputs[0].scale = 0.5
+    set_quant(loop, loop.inputs[0], scale=0.5)
     with pytest.raises(IRError, match="reads its integer inputs as they are"):
         check_integer_inputs(loop)

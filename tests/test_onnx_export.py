@@ -151,16 +151,17 @@ def test_exact_export_structure(tmp_path: Path) -> None:
     assert np.array_equal(weights_scale, requant_ratio(conv).astype(np.float32))
     q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0].startswith(f"{conv.name}/"))
     assert float(inits[q.input[1]]) == 1.0
-    signed = [t for n in qgraph.nodes for t in n.outputs if str(t.dtype) == "int8" and not t.qinvariant]
+    signed = [t for n in qgraph.nodes for t in n.outputs
+              if str(t.dtype) == "int8" and not qgraph.quant.get(t).qinvariant]
     assert signed
     zero_points = {n.output[0]: inits[n.input[2]] for n in model.graph.node if n.op_type == "QuantizeLinear"}
     for t in signed:
         zp = zero_points.get(f"{t.name}_q")
         if zp is not None:
-            assert zp.dtype == np.uint8 and int(zp) == 128 - int(t.zerop)
+            assert zp.dtype == np.uint8 and int(zp) == 128 - int(qgraph.quant.get(t).zerop)
     out = qgraph.output_tensors[0]
     dq = next(n for n in model.graph.node if out.name in n.output)
-    assert np.isclose(float(inits[dq.input[1]]), 1.0 / float(out.scale), rtol=1e-6)
+    assert np.isclose(float(inits[dq.input[1]]), 1.0 / float(qgraph.quant.get(out).scale), rtol=1e-6)
     assert {"Gather", "ReduceMax", "Round"} <= {n.op_type for n in model.graph.node}  # the integer Softmax
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
@@ -188,8 +189,9 @@ def test_export_is_a_valid_qdq_model(tmp_path: Path) -> None:
     # activations: ONNX scale = 1 / scale, zero point = -zp
     conv = qgraph.node("/stem/Conv")
     q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0].startswith("/stem/Conv/"))
-    assert inits[q.input[1]] == np.float32(1) / np.float32(conv.outputs[0].scale)
-    assert int(inits[q.input[2]]) == -int(conv.outputs[0].zerop) and inits[q.input[2]].dtype == np.uint8
+    out = qgraph.quant.get(conv.outputs[0])
+    assert inits[q.input[1]] == np.float32(1) / np.float32(out.scale)
+    assert int(inits[q.input[2]]) == -int(out.zerop) and inits[q.input[2]].dtype == np.uint8
     # weights: integer initializers behind a DequantizeLinear, biases int32; 8-bit weights as uint8 + 128 with
     # zero point 128 (the same real values), which onnxruntime's integer kernels compute exactly on every CPU
     assert inits["/stem/Conv/weights"].dtype == np.uint8 and inits["/stem/Conv/bias"].dtype == np.int32
@@ -588,8 +590,8 @@ def test_cli_exports_a_written_ir(tmp_path: Path, capsys) -> None:
     assert capsys.readouterr().out.strip() == str(out)
     got = session(onnx.load(str(out))).run(None, {qgraph.input_tensors[0].name: data[:5].numpy()})[0]
     qgraph.forward([data[:5]])
-    assert np.abs(got - to_float(qgraph.output_tensors[0]).numpy()).max() * float(qgraph.output_tensors[0].scale) \
-        <= 1.001
+    out_scale = float(qgraph.quant.get(qgraph.output_tensors[0]).scale)
+    assert np.abs(got - to_float(qgraph.output_tensors[0]).numpy()).max() * out_scale <= 1.001
     float_ir = str(DIGITS / "model" / "digits.txt")
     assert cli_main(["export", float_ir, "--format", "onnx-qdq", "-o", str(tmp_path / "f.onnx")]) == 6
     err = capsys.readouterr().err

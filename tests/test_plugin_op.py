@@ -19,6 +19,7 @@ from typing import Dict, Iterator, List
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 import quantopt
 from quantopt import registry
@@ -139,10 +140,11 @@ def hardclip_reference(x_q: np.ndarray, zp_x: int, gain: float, mult: int, shift
 def check_layer(node) -> np.ndarray:
     """The layer's integer output against the reference on its actual integer input; returns the output."""
     x, y = node.inputs[0], node.outputs[0]
-    lo = max(int(y.qmin), int(node.params["limit_lo"]))
-    hi = min(int(y.qmax), int(node.params["limit_hi"]))
-    want = hardclip_reference(x.betensor.numpy(), int(x.zerop), float(node.params["gain"]),
-                              int(node.params["scale_value"]), int(node.params["shift_value"]), int(y.zerop), lo, hi)
+    qx, qy = params_of(node, x), params_of(node, y)
+    lo = max(int(qy.qmin), int(node.params["limit_lo"]))
+    hi = min(int(qy.qmax), int(node.params["limit_hi"]))
+    want = hardclip_reference(x.betensor.numpy(), int(qx.zerop), float(node.params["gain"]),
+                              int(node.params["scale_value"]), int(node.params["shift_value"]), int(qy.zerop), lo, hi)
     got = y.betensor.numpy()
     assert got.dtype == np.int64
     np.testing.assert_array_equal(got, want)
@@ -193,7 +195,7 @@ def test_integer_forward_is_the_documented_formula(quantized: Path) -> None:
         graph.forward([samples()], keep_tensors=True)
     outputs = [check_layer(graph.node(name)) for name in CLIPS]
     for got, node in zip(outputs, (graph.node(n) for n in CLIPS)):
-        y = node.outputs[0]
+        y = params_of(node, node.outputs[0])
         assert got.min() == y.qmin or got.max() == y.qmax  # the data reaches the clamp
     # narrower stored bounds clamp (as when the output range is wider than ±limit): edit them in the IR
     text = re.sub(r"^limit_lo=-?\d+$", "limit_lo=-90", quantized.read_text(), flags=re.M)

@@ -213,9 +213,9 @@ def test_qinvariant_start_node_and_force_dtype_int(model_dir: Path) -> None:
                  for n in g.nodes}
     assert overrides["x"]["qinvariant"] and not overrides["c1"]["qinvariant"]
     qg = quantize_model(g, [torch.round(b * 10) for b in batches()], per_layer=overrides)
-    x = qg.node("x").outputs[0]
+    x = qg.quant.get(qg.node("x").outputs[0])
     assert x.qinvariant and x.scale == 1.0 and x.zerop == 0
     relu_out = qg.node("c1").outputs[0]
     assert relu_out.dtype is Dtype.INT8  # RELU output forced signed
     qg.forward([torch.round(batches(1, seed=9)[0] * 10)], keep_tensors=True)
-    assert int(relu_out.betensor.min()) >= -int(relu_out.zerop)  # the fused RELU still clamps at float 0
+    assert int(relu_out.betensor.min()) >= -int(qg.quant.get(relu_out).zerop)  # the fused RELU still clamps at float 0

@@ -78,8 +78,9 @@ def test_zero_state_gets_one_exact_cast_per_edge(optype: str, bits: int, monkeyp
         assert cast.inputs[0] is state.outputs[0] and rnn.inputs[1 + k] is out
         assert cast.params["to_dtype"] is signed and cast.params["ignore_scale_zp"] is True
         assert str(cast.params["clip_mode"]).upper() == "SATURATION"
-        assert (out.dtype, out.qmin, out.qmax) == (signed, -2 ** (bits - 1), 2 ** (bits - 1) - 1)
-        assert float(out.scale) == float(state.outputs[0].scale) and int(out.zerop) == int(state.outputs[0].zerop)
+        qo, qs = q.quant.get(out), q.quant.get(state.outputs[0])
+        assert (out.dtype, qo.qmin, qo.qmax) == (signed, -2 ** (bits - 1), 2 ** (bits - 1) - 1)
+        assert float(qo.scale) == float(qs.scale) and int(qo.zerop) == int(qs.zerop)
     x = calib(1, seed=9)[0]
     got = [t.clone() for t in q.forward(x)]
     plain = quantize(optype, bits, casts=False, monkeypatch=monkeypatch)
@@ -131,7 +132,7 @@ def test_constant_params_are_its_output_params() -> None:
     q = quantize_model(g.build([y]), [[torch.from_numpy(r.normal(0, 1, (1, 4)).astype(np.float32))]
                                       for _ in range(3)])
     node = q.node("k")
-    out = node.outputs[0]
+    out = q.quant.get(node.outputs[0])
     assert node.params["weights_scale"] == float(out.scale) and node.params["weights_scale"] != 1.0
     assert node.params["weights_zp"] == int(out.zerop)
     want = torch.clamp(torch.round(torch.tensor([[0.3, -1.7, 2.2, 0.9]]) * float(out.scale) - int(out.zerop)),

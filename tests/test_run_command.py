@@ -106,7 +106,7 @@ def test_quantized_ir_integer_inputs_bit_identical(digits_q: Path, tmp_path: Pat
     assert np.array_equal(got.astype(np.int64), ints)
     got_deq = np.load(out / entry["dequant_file"], allow_pickle=False)
     assert got_deq.dtype == np.float32 and np.array_equal(got_deq, deq)
-    t = ref.output_tensors[0]
+    t = ref.quant.get(ref.output_tensors[0])
     assert entry["scale"] == pytest.approx(float(t.scale)) and entry["zp"] == int(t.zerop)
     assert entry["range"] == [t.qmin, t.qmax] and entry["quantized"] is True
     assert entry["min"] == int(ints.min()) and entry["max"] == int(ints.max())

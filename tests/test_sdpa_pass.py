@@ -275,14 +275,14 @@ def test_cfg_field_on_the_corpus_encoder(enabled: bool, tmp_path: Path) -> None:
                                                "v_/attn/Transpose_1_0", "mask_0"]
         assert (sd.params["trans_q"], sd.params["trans_k"], sd.params["trans_v"]) == (False, False, False)
         assert sd.params["scale_factor"] == pytest.approx(0.3535533845424652, rel=0, abs=0)
-        assert float(sd.outputs[0].scale) == pytest.approx(243.32794189453125, rel=1e-6)
+        assert float(q.quant.get(sd.outputs[0]).scale) == pytest.approx(243.32794189453125, rel=1e-6)
         # upstream's run: the Q/K/V projections (and the layers after them) symmetric with the restricted range
         for layer, scale in (("/attn/q/MatMul", 64.46920776367188), ("/attn/k/MatMul", 66.12952423095703),
                              ("/attn/v/MatMul", 63.58147430419922), ("/attn/Transpose_2", 66.12952423095703)):
-            t = q.node(layer).outputs[0]
+            t = q.quant.get(q.node(layer).outputs[0])
             assert (int(t.qmin), int(t.qmax)) == (-127, 127)
             assert float(t.scale) == pytest.approx(scale, rel=1e-6)
-        assert (int(q.node("x_post_reshape_1").outputs[0].qmin), float(q.node("x_post_reshape_1").outputs[0].scale)) \
-            == (-128, pytest.approx(39.16410446166992, rel=1e-6))
+        post = q.quant.get(q.node("x_post_reshape_1").outputs[0])
+        assert (int(post.qmin), float(post.scale)) == (-128, pytest.approx(39.16410446166992, rel=1e-6))
     else:
         assert types["/attn/MatMul_1"] == "MatMul" and types["/attn/Softmax"] == "Softmax"

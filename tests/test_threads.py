@@ -367,7 +367,8 @@ def test_global_calibration_is_identical_at_1_and_2_threads() -> None:
         g = _mac_model()
         q = quantize_model(g, data, settings={"q_bits_weight": 4}, global_calibration=spec)
         consts = {(n.name, k): t.betensor for n in q.nodes for k, t in n.constants.items()}
-        ranges = [(q.ranges.get(t).min, q.ranges.get(t).max, t.scale, t.zerop) for n in q.nodes for t in n.outputs]
+        ranges = [(q.ranges.get(t).min, q.ranges.get(t).max, q.quant.get(t).scale, q.quant.get(t).zerop)
+                  for n in q.nodes for t in n.outputs]
         return consts, ranges, run_quantized(q, data[0])
 
     one, two = at_each_thread_count(run)

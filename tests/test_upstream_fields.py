@@ -234,11 +234,11 @@ def test_unify_scales_for_kvc_concat_keeps_one_cache_scale(cache: str) -> None:
         batches = [b + [torch.from_numpy(r.uniform(-0.3, 0.3, (1, 3, 8)).astype(np.float32))] for b in batches]
     plain = quantize_model(_kv_graph(cache), batches)
     q = quantize_model(_kv_graph(cache), batches, settings={"unify_scales_for_kvc_concat": True})
-    k, past, out = q.node("k").outputs[0], q.node("past").outputs[0], q.node("cache").outputs[0]
+    k, past, out = (q.quant.get(q.node(n).outputs[0]) for n in ("k", "past", "cache"))
     assert float(past.scale) == float(k.scale) == float(out.scale) and int(past.zerop) == int(out.zerop)
     assert not {"scale_value", "shift_value"} & set(q.node("cache").params)
     if cache == "Input":
-        assert float(plain.node("past").outputs[0].scale) != float(k.scale)
+        assert float(plain.quant.get(plain.node("past").outputs[0]).scale) != float(k.scale)
     got, = run_quantized(q, batches[0])  # dequantized output
     if cache == "Constant":  # the empty cache is stored as the integer of 0 and dequantizes to 0
         assert torch.equal(got[:, :3], torch.zeros_like(got[:, :3]))

@@ -127,8 +127,8 @@ def test_split_qkv_fc_gives_each_part_its_scale() -> None:
     g = _qkv()
     graph_passes(g, split_qkv_fc_in_transformer=True)
     split = quantize_model(g, _x())
-    scales = [float(t.scale) for t in split.output_tensors]
-    assert len({float(t.scale) for t in joint.output_tensors}) == 1
+    scales = [float(split.quant.get(t).scale) for t in split.output_tensors]
+    assert len({float(joint.quant.get(t).scale) for t in joint.output_tensors}) == 1
     assert scales[1] < scales[0] / 2 and scales[2] > scales[0] * 2  # k has the widest range, v the narrowest
     batch = _x()[0]  # a calibration batch: no clipping, only rounding
     ref = _outputs(_qkv(), batch)
@@ -177,7 +177,7 @@ def test_decomposed_silu_quantizes_close_to_float() -> None:
     graph_passes(g, decompose_nonmonotonic_activations=True)
     q = quantize_model(g, [[x]])
     assert [str(n.type) for n in q.nodes] == ["Input", "Activation", "Mul"]
-    gate = q.node("act/nonmonotonic").outputs[0]
+    gate = q.quant.get(q.node("act/nonmonotonic").outputs[0])
     assert abs(float(gate.scale) - 255.0) < 0.01  # the range [0, max sigmoid], not the product's (scale 18.1)
     err = run_quantized(q, [x])[0] - ref
     assert float(err.pow(2).mean().sqrt()) < 0.045 and float(err.abs().max()) < 0.15

@@ -942,6 +942,7 @@ def plugin_file_syntax_error(w: Work) -> str:
 
 _OPERATOR = '''
     from quantopt import PyNode, op_register, quant_register, register_optype
+    from quantopt.ops.api import copy_params
 
     register_optype("{optype}")
 
@@ -956,9 +957,7 @@ _OPERATOR = '''
     @quant_register("{optype}", "1.0")
     def quantize(self: PyNode) -> None:
         {quantize}
-        inp, out = self.inputs[0], self.outputs[0]
-        out.scale, out.zerop, out.qbits, out.qmin, out.qmax = inp.scale, inp.zerop, inp.qbits, inp.qmin, inp.qmax
-        out.dtype, out.qinvariant = inp.dtype, inp.qinvariant
+        copy_params(self, self.outputs[0], self.inputs[0])
 '''
 
 

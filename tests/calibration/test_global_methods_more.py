@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import shared_model_dir
 from global_helpers import RecordedLog
+from quant_helpers import params_of
 
 from quantopt.calibration.collect import calibrate_graph, collect_activation_statistics, collect_weight_statistics
 from quantopt.config.layer_settings import LayerSettings
@@ -180,7 +181,8 @@ def test_gptq_integers_are_what_quantization_writes() -> None:
         assert not torch.equal(w_q, plain.node(name).constants["weights"].betensor)
         # the stored float weights sit exactly on the quantization grid
         w = g.node(name).constants["weights"].betensor
-        scale = torch.as_tensor(q.node(name).constants["weights"].scale).reshape([-1] + [1] * (w.dim() - 1))
+        qn = q.node(name)
+        scale = torch.as_tensor(params_of(qn, qn.constants["weights"]).scale).reshape([-1] + [1] * (w.dim() - 1))
         assert torch.allclose(w * scale, w_q.float(), atol=1e-3)
 
 
@@ -341,9 +343,12 @@ def test_mvn_correction_promotion_is_honoured_by_quantization() -> None:
     q = quantize_graph(g)
     for name in ("x", "fc0", "norm"):
         assert g.node(name).settings.q_bits_activation == 16
-        assert q.node(name).outputs[0].qbits == 16 and q.node(name).outputs[0].qmax == 32767
-    assert q.node("fc0").constants["weights"].qbits == 16 and q.node("fc0").constants["biases"].qbits == 48
-    assert g.node("fc1").settings.q_bits_activation == 8 and q.node("fc1").outputs[0].qbits == 8
+        out = params_of(q.node(name), q.node(name).outputs[0])
+        assert out.qbits == 16 and out.qmax == 32767
+    fc0 = q.node("fc0")
+    assert params_of(fc0, fc0.constants["weights"]).qbits == 16 and params_of(fc0, fc0.constants["biases"]).qbits == 48
+    fc1 = q.node("fc1")
+    assert g.node("fc1").settings.q_bits_activation == 8 and params_of(fc1, fc1.outputs[0]).qbits == 8
     after = reconstruction_errors(g, reference, data, ["norm", "fc1"])
     assert after["norm"] < 0.01 * before["norm"] and after["fc1"] < 0.1 * before["fc1"]
 

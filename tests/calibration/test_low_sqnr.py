@@ -11,6 +11,7 @@ from typing import List
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.analysis.similarity import cosine, to_float
 from quantopt.calibration.histogram_search import expected_sqnr_db
@@ -189,7 +190,7 @@ def test_per_channel_weight_range_search_lowers_every_channels_error() -> None:
         q = quantize_model(_rebuild(w), _fc_data(), settings={"q_mode_weight": per_channel, "q_bits_weight": 4,
                                                               "q_strategy_weight": strategy})
         wq = q.node("fc").constants["weights"].betensor.to(torch.float64)
-        scale = q.node("fc").constants["weights"].scale
+        scale = params_of(q.node("fc"), q.node("fc").constants["weights"]).scale
         deq = wq / torch.as_tensor(scale, dtype=torch.float64).reshape(-1, 1)
         errors[strategy] = ((deq - torch.from_numpy(w).double()) ** 2).mean(dim=1)
     assert bool((errors["mse"] < 0.8 * errors["extrema"]).all()), errors

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import shared_model_dir
+from quant_helpers import params_of
 
 from quantopt.analysis.similarity import cosine, to_float
 from quantopt.cli import main
@@ -89,9 +90,10 @@ def assert_concat_passthrough(qgraph, name: str = "cat") -> None:
     """No per-branch requantization: no multipliers, and every branch carries the output's scale and zero point."""
     node = qgraph.node(name)
     assert "scale_value" not in node.params and "shift_value" not in node.params
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     for t in node.inputs:
-        assert t.scale == pytest.approx(out.scale, rel=1e-6) and int(t.zerop) == int(out.zerop), t.name
+        p = params_of(node, t)
+        assert p.scale == pytest.approx(out.scale, rel=1e-6) and int(p.zerop) == int(out.zerop), t.name
 
 
 # ------------------------------------------------------------------------------------------------ field syntax
@@ -177,12 +179,12 @@ def test_without_unification_the_concat_requantizes() -> None:
 @pytest.mark.parametrize("method", ["out", "min", "max", "avg"])
 def test_two_convs_share_one_scale_and_the_concat_writes_no_requant(method: str) -> None:
     plain = quantized(two_branch())
-    s0, s1, s_out = (plain.node(n).outputs[0].scale for n in ("c0", "c1", "cat"))
+    s0, s1, s_out = (params_of(plain.node(n), plain.node(n).outputs[0]).scale for n in ("c0", "c1", "cat"))
     want = {"out": s_out, "min": min(s0, s1), "max": max(s0, s1), "avg": (s0 + s1) / 2}[method]
     g = two_branch()
     q = quantized(g, f"[(Concat, 20, 1.05, {method})]")
     assert_concat_passthrough(q)
-    assert q.node("cat").outputs[0].scale == pytest.approx(want, rel=1e-5)
+    assert params_of(q.node("cat"), q.node("cat").outputs[0]).scale == pytest.approx(want, rel=1e-5)
     if method in ("out", "min"):  # the coarser scale covers both branches (max/avg clip the wider one by choice)
         assert float_vs_quant(g, q)[0] > 0.99
 
@@ -198,12 +200,13 @@ def test_report_lists_layers_and_ranges() -> None:
     changed = [(c.layer, c.layer_type) for c in group.changes]
     assert ("c0", "Convolution") in changed and set(changed) <= {("c0", "Convolution"), ("c1", "Convolution"),
                                                                  ("cat", "Concat")}
-    assert group.scale == pytest.approx(g.quantgraph.node("cat").outputs[0].scale, rel=1e-6)  # `out`
+    qg = g.quantgraph
+    assert group.scale == pytest.approx(params_of(qg.node("cat"), qg.node("cat").outputs[0]).scale, rel=1e-6)  # `out`
     for c in group.changes:
         r = g.ranges.get(g.node(c.layer).outputs[0])
         assert c.old_range == pytest.approx(before[c.layer]) and (r.min, r.max) == c.new_range != c.old_range
         assert c.new_range == pytest.approx((0.0, 255.0 / group.scale))  # unsigned ReLU outputs
-        assert c.old_scale == pytest.approx(g.quantgraph.node(c.layer).outputs[0].scale)
+        assert c.old_scale == pytest.approx(params_of(qg.node(c.layer), qg.node(c.layer).outputs[0]).scale)
     assert report.changed_layers == [c.layer for c in group.changes]
     assert report.group_of("cat") is group and report.group_of("c0") is None
 
@@ -212,8 +215,10 @@ def test_walks_through_shape_ops_and_max_pooling() -> None:
     g = two_branch(mid=("Reshape", "Pooling", "Reshape"))
     report_q = quantized(g, "[(Concat, 20, 1.05, out)]")
     assert_concat_passthrough(report_q)
+    c1 = report_q.node("c1")
     for name in ("m0", "m1", "m2"):  # the shape ops carry the convolution's params unchanged
-        assert report_q.node(name).outputs[0].scale == report_q.node("c1").outputs[0].scale
+        m = report_q.node(name)
+        assert params_of(m, m.outputs[0]).scale == params_of(c1, c1.outputs[0]).scale
     assert float_vs_quant(g, report_q)[0] > 0.99
 
 
@@ -233,7 +238,7 @@ def test_depth_limit_is_respected(caplog) -> None:
 def test_threshold_is_respected() -> None:
     g = two_branch(ratio=1.3)
     quantize_model(g, data())
-    scales = [g.quantgraph.node(n).outputs[0].scale for n in ("c0", "c1")]
+    scales = [params_of(g.quantgraph.node(n), g.quantgraph.node(n).outputs[0]).scale for n in ("c0", "c1")]
     ratio = max(scales) / min(scales)
     assert 1.1 < ratio < 1.9
     report = unify_scales(g, [UnifyRule("Concat", 0, ratio * 1.01, "out")])
@@ -256,8 +261,9 @@ def test_eltwise_add_listed_in_the_multi_inputs_field_uses_the_equal_scale_form(
     q = quantized(g, "[(Eltwise, 0, 1.0, out)]")
     node = q.node("add")
     assert node.params["scale_value"][1:] == [1, 1]
-    assert node.inputs[0].scale == node.inputs[1].scale and int(node.inputs[0].zerop) == int(node.inputs[1].zerop)
-    assert node.inputs[0].qmin < 0 <= node.inputs[1].qmin  # a signed and an unsigned branch, one scale
+    in0, in1 = params_of(node, node.inputs[0]), params_of(node, node.inputs[1])
+    assert in0.scale == in1.scale and int(in0.zerop) == int(in1.zerop)
+    assert in0.qmin < 0 <= in1.qmin  # a signed and an unsigned branch, one scale
     assert float_vs_quant(g, q)[0] > 0.99
 
 
@@ -267,8 +273,8 @@ def test_mixed_signedness_and_asymmetric_activations(mode: Optional[str]) -> Non
     q = quantized(g, "[(Concat, 20, 1.05, out)]", mode=mode)
     node = q.node("cat")
     assert "scale_value" not in node.params
-    assert {int(t.zerop) for t in [*node.inputs, node.outputs[0]]} == {0}
-    assert len({float(t.scale) for t in node.inputs}) == 1
+    assert {int(params_of(node, t).zerop) for t in [*node.inputs, node.outputs[0]]} == {0}
+    assert len({float(params_of(node, t).scale) for t in node.inputs}) == 1
     assert float_vs_quant(g, q)[0] > 0.99
 
 
@@ -349,7 +355,8 @@ def test_cli_multi_inputs_field_on_a_shared_model(tmp_path) -> None:
     assert main(["--cfg", str(cfg)]) == 0
     out = read_ir(str(tmp_path / "out" / "syn_resnet_o.txt"))
     r1, r2 = out.node("/r1/Add"), out.node("/r2/Add")
-    assert r1.params["scale_value"][1:] == [1, 1] and r1.inputs[0].scale == r1.inputs[1].scale
+    assert r1.params["scale_value"][1:] == [1, 1]
+    assert params_of(r1, r1.inputs[0]).scale == params_of(r1, r1.inputs[1]).scale
     assert r2.params["scale_value"][1:] != [1, 1]
     val = torch.from_numpy(np.load(folder / "val.npy"))
     ref = read_ir(str(folder / "syn_resnet.txt"))

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 import quantopt.ops.binary_math  # noqa: F401  (registers the family even when imported alone)
 from quantopt.analysis.similarity import cosine
@@ -72,12 +73,13 @@ def clamp(v: int, lo: int, hi: int) -> int:
     return min(max(v, lo), hi)
 
 
-def tparams(t) -> Tuple[float, int, int, int]:
-    return float(t.scale), int(t.zerop), int(t.qmin), int(t.qmax)
+def tparams(node, t) -> Tuple[float, int, int, int]:
+    q = params_of(node, t)
+    return float(q.scale), int(q.zerop), int(q.qmin), int(q.qmax)
 
 
-def emax(t) -> int:
-    _, zp, lo, hi = tparams(t)
+def emax(node, t) -> int:
+    _, zp, lo, hi = tparams(node, t)
     return max(abs(lo + zp), abs(hi + zp))
 
 
@@ -109,7 +111,7 @@ def table_value(index: int, table: Sequence[int], in_bits: int) -> int:
 # --- references from docs/semantics/binary.md ------------------------------------------------------------------------
 def ref_logical(node, xs: List[np.ndarray]) -> np.ndarray:
     method = node.params["method"]
-    offs = [np.asarray(x, dtype=np.int64) + int(t.zerop) for x, t in zip(xs, node.inputs)]
+    offs = [np.asarray(x, dtype=np.int64) + int(params_of(node, t).zerop) for x, t in zip(xs, node.inputs)]
     if method == "NOT":
         return (offs[0] == 0).astype(np.int64)
     if method in ("AND", "OR", "XOR"):
@@ -122,27 +124,27 @@ def ref_logical(node, xs: List[np.ndarray]) -> np.ndarray:
 
 
 def ref_where(node, xs: List[np.ndarray]) -> np.ndarray:
-    c, x, y = node.inputs
-    _, zp_out, qmin, qmax = tparams(node.outputs[0])
+    zc, zx, zy = (int(params_of(node, t).zerop) for t in node.inputs)
+    _, zp_out, qmin, qmax = tparams(node, node.outputs[0])
     (mx, my), (nx, ny) = node.params["scale_value"], node.params["shift_value"]
 
     def one(cv: int, xv: int, yv: int) -> int:
-        vx = clamp(rs((xv + int(x.zerop)) * mx, nx) - zp_out, qmin, qmax)
-        vy = clamp(rs((yv + int(y.zerop)) * my, ny) - zp_out, qmin, qmax)
-        return vx if cv + int(c.zerop) != 0 else vy
+        vx = clamp(rs((xv + zx) * mx, nx) - zp_out, qmin, qmax)
+        vy = clamp(rs((yv + zy) * my, ny) - zp_out, qmin, qmax)
+        return vx if cv + zc != 0 else vy
     return elementwise(one, *xs)
 
 
 def ref_div(node, xs: List[np.ndarray]) -> np.ndarray:
-    a, b = node.inputs
-    _, zp_out, qmin, qmax = tparams(node.outputs[0])
+    za, zb = (int(params_of(node, t).zerop) for t in node.inputs)
+    _, zp_out, qmin, qmax = tparams(node, node.outputs[0])
     lut = [int(v) for v in node.constants["lut"].betensor.tolist()]
     t = len(lut).bit_length() - 1
     p = int(node.params["reciprocal_shift"])
     m, n = int(node.params["scale_value"]), int(node.params["shift_value"])
 
     def one(av: int, bv: int) -> int:
-        x, y = av + int(a.zerop), bv + int(b.zerop)
+        x, y = av + za, bv + zb
         d = abs(y)
         e = max(0, d.bit_length() - t)
         i = d if e == 0 else (d + (1 << (e - 1))) >> e
@@ -154,8 +156,8 @@ def ref_div(node, xs: List[np.ndarray]) -> np.ndarray:
 
 
 def ref_pow(node, xs: List[np.ndarray]) -> np.ndarray:
-    _, _, in_qmin, in_qmax = tparams(node.inputs[0])
-    _, _, qmin, qmax = tparams(node.outputs[0])
+    _, _, in_qmin, in_qmax = tparams(node, node.inputs[0])
+    _, _, qmin, qmax = tparams(node, node.outputs[0])
     table = [int(v) for v in node.constants["lut"].betensor.tolist()]
     bits = (in_qmax - in_qmin).bit_length()
     offset = in_qmin - 1 if in_qmin < 0 and in_qmin == -in_qmax else in_qmin
@@ -164,26 +166,26 @@ def ref_pow(node, xs: List[np.ndarray]) -> np.ndarray:
 
 
 def ref_sqd(node, xs: List[np.ndarray]) -> np.ndarray:
-    a, b = node.inputs
-    _, zp_out, qmin, qmax = tparams(node.outputs[0])
+    za, zb = (int(params_of(node, t).zerop) for t in node.inputs)
+    _, zp_out, qmin, qmax = tparams(node, node.outputs[0])
     m, ma, mb = node.params["scale_value"]
     n, k = int(node.params["shift_value"]), int(node.params["diff_shift"])
 
     def one(av: int, bv: int) -> int:
-        d = rs((av + int(a.zerop)) * ma - (bv + int(b.zerop)) * mb, k)
+        d = rs((av + za) * ma - (bv + zb) * mb, k)
         return clamp(rs(d * d * m, n) - zp_out, qmin, qmax)
     return elementwise(one, *xs)
 
 
 def ref_mod(node, xs: List[np.ndarray]) -> np.ndarray:
-    a, b = node.inputs
-    _, zp_out, qmin, qmax = tparams(node.outputs[0])
+    za, zb = (int(params_of(node, t).zerop) for t in node.inputs)
+    _, zp_out, qmin, qmax = tparams(node, node.outputs[0])
     m, ma, mb = node.params["scale_value"]
     n = int(node.params["shift_value"])
     fmod = bool(node.params.get("fmod", False))
 
     def one(av: int, bv: int) -> int:
-        x, y = (av + int(a.zerop)) * ma, (bv + int(b.zerop)) * mb
+        x, y = (av + za) * ma, (bv + zb) * mb
         if y == 0:
             r = 0
         elif fmod:
@@ -322,7 +324,7 @@ def check_integer(qg, optype: str, xs: List[torch.Tensor]) -> np.ndarray:
     node = qg.node("op")
     got = node.outputs[0].betensor
     assert got.dtype == torch.int64
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     assert int(got.min()) >= out.qmin and int(got.max()) <= out.qmax
     want = REFERENCES[optype](node, [t.betensor.numpy() for t in node.inputs])
     np.testing.assert_array_equal(got.numpy(), want)
@@ -351,7 +353,7 @@ def test_div_wide_divisor_uses_normalized_reciprocal() -> None:
     xs = case[3](60, 3)
     xs[1] = torch.cat([xs[1][:2], torch.linspace(0.3, 4.0, 120).reshape(1, 4, 5, 6)], dim=0)
     check_integer(qg, "Div", xs)
-    q = node.inputs[1].betensor + int(node.inputs[1].zerop)
+    q = node.inputs[1].betensor + int(params_of(node, node.inputs[1]).zerop)
     assert int(q.abs().max()) >= 256  # some divisors needed normalization
 
 
@@ -361,7 +363,8 @@ def test_div_by_zero_gives_float_zero() -> None:
     xs = case[3](61, 1)
     xs[1] = torch.zeros_like(xs[1])
     got = check_integer(qg, "Div", xs)
-    assert (got == -int(qg.node("op").outputs[0].zerop)).all()
+    op = qg.node("op")
+    assert (got == -int(params_of(op, op.outputs[0]).zerop)).all()
 
 
 # --- integer-only ops: exact --------------------------------------------------------------------------------------
@@ -380,8 +383,10 @@ def test_integer_ops_exact(dtype: Dtype, lo: int, hi: int) -> None:
         shapes = [SHAPE] * len(feeds)
         g = graph(optype, params, shapes, d2[:len(feeds)], [dtype] * outputs, outputs=outputs)
         qg = quantize_model(g, [feeds], s)
-        for t in qg.node("op").outputs:
-            assert t.qinvariant and t.dtype == dtype and (t.qmin, t.qmax) == (lo, hi)
+        op = qg.node("op")
+        for t in op.outputs:
+            q = params_of(op, t)
+            assert q.qinvariant and t.dtype == dtype and (q.qmin, q.qmax) == (lo, hi)
         got = [t.numpy() for t in qg.forward(feeds)]
         floats = [t.numpy() for t in g.forward(feeds)]
         for x, y in zip(got, floats):
@@ -413,7 +418,8 @@ def test_integer_ops_exact(dtype: Dtype, lo: int, hi: int) -> None:
         g = graph("Mod", {"fmod": fmod}, [SHAPE, SHAPE], d2)
         qg = quantize_model(g, [[a, b]], s)
         got = qg.forward([a, b])[0].numpy()
-        assert qg.node("op").outputs[0].qinvariant and qg.node("op").params["scale_value"] == [1, 1, 1]
+        op = qg.node("op")
+        assert params_of(op, op.outputs[0]).qinvariant and op.params["scale_value"] == [1, 1, 1]
         want = np.where(bn == 0, 0, np.fmod(an, np.where(bn == 0, 1, bn)) if fmod else
                         np.mod(an, np.where(bn == 0, 1, bn)))
         np.testing.assert_array_equal(got, want)
@@ -427,7 +433,7 @@ def test_logical_on_integers_is_exact(method: str) -> None:
     g = graph("Logical", {"method": method}, [SHAPE] * len(feeds), [Dtype.INT8] * len(feeds))
     qg = quantize_model(g, [feeds], settings(8, "per_tensor_asymmetric"))
     out = qg.node("op").outputs[0]
-    assert out.qinvariant and out.dtype == Dtype.UINT8
+    assert params_of(qg.node("op"), out).qinvariant and out.dtype == Dtype.UINT8
     np.testing.assert_array_equal(qg.forward(feeds)[0].numpy(), g.forward(feeds)[0].numpy())
 
 
@@ -450,7 +456,8 @@ def test_where_with_integer_branches_is_integer() -> None:
     g = graph("Where", {}, [SHAPE] * 3, [Dtype.UINT8, Dtype.INT8, Dtype.INT16])
     qg = quantize_model(g, [[c, x, y]], settings(8, "per_tensor_asymmetric"))
     out = qg.node("op").outputs[0]
-    assert out.qinvariant and out.qbits == 16 and out.qmin < 0
+    oq = params_of(qg.node("op"), out)
+    assert oq.qinvariant and oq.qbits == 16 and oq.qmin < 0
     np.testing.assert_array_equal(qg.forward([c, x, y])[0].numpy(), np.where(c.numpy() != 0, x.numpy(), y.numpy()))
 
 
@@ -466,13 +473,15 @@ def test_float_vs_dequantized_cosine(case, bits: int, lut_bits: int, threshold: 
         # 8-bit inputs move a few values across a period boundary of the remainder, whatever the kernel does:
         # measure the operator's own error against the float remainder of the dequantized inputs instead
         qg.forward(xs, keep_tensors=True)
-        deq = [run_quantized_input(t) for t in qg.node("op").inputs]
+        op = qg.node("op")
+        deq = [run_quantized_input(op, t) for t in op.inputs]
         ref = g.forward(deq)[0].clone().to(torch.float32)
     assert cosine(ref, got) > threshold
 
 
-def run_quantized_input(t) -> torch.Tensor:
-    return (t.betensor.to(torch.float64) + float(t.zerop)).div(float(t.scale)).to(torch.float32)
+def run_quantized_input(node, t) -> torch.Tensor:
+    q = params_of(node, t)
+    return (t.betensor.to(torch.float64) + float(q.zerop)).div(float(q.scale)).to(torch.float32)
 
 
 @pytest.mark.parametrize("case", [c for c in FLOAT_CASES if c[0] == "Logical"], ids=_id)

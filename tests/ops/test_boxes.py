@@ -11,6 +11,7 @@ from typing import Any, Dict
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.errors import IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
@@ -41,9 +42,9 @@ def boxes(rng: np.random.Generator, batch: int, n: int) -> np.ndarray:
     return np.stack([y0, x0, y0 + h, x0 + w], axis=-1).astype(np.float32)
 
 
-def rat(q: int, t) -> Fraction:
-    """The exact float value of code q of tensor t."""
-    return (Fraction(int(q)) + int(t.zerop)) / Fraction(float(t.scale))
+def rat(q: int, p) -> Fraction:
+    """The exact float value of code q of a tensor with parameters p (params_of)."""
+    return (Fraction(int(q)) + int(p.zerop)) / Fraction(float(p.scale))
 
 
 # --- GetValidCount -------------------------------------------------------------------------------------------------
@@ -85,17 +86,18 @@ def test_get_valid_count(tmp_path, bits: int, mode: str, id_index: int) -> None:
     qg = quantize_model(g, [[gvc_rows(s)] for s in (2, 3)] + [[x]], settings(bits, mode))
     node = qg.node("op")
     t = node.inputs[0]
+    tq, oq = params_of(node, t), [params_of(node, o) for o in node.outputs]
     assert node.outputs[0].dtype == Dtype.INT16 and node.outputs[2].dtype == Dtype.INT16
-    assert node.outputs[0].qinvariant and node.outputs[2].qinvariant
-    assert node.outputs[1].scale == t.scale and node.outputs[1].zerop == t.zerop and node.outputs[1].dtype == t.dtype
+    assert oq[0].qinvariant and oq[2].qinvariant
+    assert oq[1].scale == tq.scale and oq[1].zerop == tq.zerop and node.outputs[1].dtype == t.dtype
     assert node.params["score_threshold_type"] == t.dtype
     qcount, qdata, qindex = qg.forward([x])
     q = t.betensor.to(torch.int64).tolist()
-    pad = min(max(round(-float(t.scale) - int(t.zerop)), int(t.qmin)), int(t.qmax))
-    qwant = ref_gvc(q, lambda r: rat(r[1], t) > Fraction(0.3) and (id_index < 0 or rat(r[0], t) >= 0), pad)
+    pad = min(max(round(-float(tq.scale) - int(tq.zerop)), int(tq.qmin)), int(tq.qmax))
+    qwant = ref_gvc(q, lambda r: rat(r[1], tq) > Fraction(0.3) and (id_index < 0 or rat(r[0], tq) >= 0), pad)
     assert qcount.tolist() == qwant[0] and qdata.tolist() == qwant[1] and qindex.tolist() == qwant[2]
     # the quantized selection agrees with the float one away from the threshold
-    step = 1.0 / float(t.scale)
+    step = 1.0 / float(tq.scale)
     clear = [[i for i, r in enumerate(item) if abs(r[1] - 0.3) > step] for item in x.tolist()]
     for b in range(2):
         assert {i for i in clear[b] if i in want[2][b]} == {i for i in clear[b] if i in qwant[2][b]}
@@ -167,17 +169,19 @@ def test_filter_boxes(tmp_path, bits: int, mode: str, cap: int) -> None:
     node = qg.node("op")
     b_t, s_t = node.inputs[:2]
     for o, t in zip(node.outputs, node.inputs):
-        assert o.dtype == t.dtype and o.scale == t.scale and o.zerop == t.zerop
+        po, pt = params_of(node, o), params_of(node, t)
+        assert o.dtype == t.dtype and po.scale == pt.scale and po.zerop == pt.zerop
     assert all(isinstance(v, int) for v in node.params["min_size"]) and isinstance(node.params["score_threshold"], int)
     qgot = [o.reshape(-1).tolist() if i >= 2 else o[0].tolist() for i, o in enumerate(qg.forward(feeds))]
     qb, qs = b_t.betensor[0].to(torch.int64).tolist(), s_t.betensor[0].to(torch.int64).tolist()
-    sb = Fraction(float(b_t.scale))
+    bq, sq = params_of(node, b_t), params_of(node, s_t)
+    sb = Fraction(float(bq.scale))
 
     def keep(b, s):
-        return (rat(s, s_t) > Fraction(0.25) and Fraction(b[2] - b[0]) / sb >= Fraction(0.1)
+        return (rat(s, sq) > Fraction(0.25) and Fraction(b[2] - b[0]) / sb >= Fraction(0.1)
                 and Fraction(b[3] - b[1]) / sb >= Fraction(0.12))
 
-    pads = tuple(min(max(-int(t.zerop), int(t.qmin)), int(t.qmax)) for t in (b_t, s_t))
+    pads = tuple(min(max(-int(p.zerop), int(p.qmin)), int(p.qmax)) for p in (bq, sq))
     assert qgot == [list(w) for w in ref_fb(qb, qs, keep, cap, pads)]
     roundtrip(tmp_path, qg, feeds)
 
@@ -220,10 +224,11 @@ def ref_bb(p: np.ndarray, d: np.ndarray, div) -> np.ndarray:
     return np.clip(out, 0.0, 1.0)
 
 
-def table_value(table: list, q: int, t) -> int:
-    """The documented lookup: entries every 2^b codes from qmin, linear interpolation floored."""
-    idx = q - int(t.qmin)
-    bits = int(t.qmax - t.qmin).bit_length()
+def table_value(table: list, q: int, p) -> int:
+    """The documented lookup (p: the input's parameters): entries every 2^b codes from qmin, linear interpolation
+    floored."""
+    idx = q - int(p.qmin)
+    bits = int(p.qmax - p.qmin).bit_length()
     b = bits - (len(table) - 1).bit_length() + 1
     hi, r = idx >> b, idx & ((1 << b) - 1)
     return table[hi] + math.floor(Fraction((table[hi + 1] - table[hi]) * r, 1 << b))
@@ -239,21 +244,23 @@ def test_bounding_box(tmp_path, bits: int, mode: str) -> None:
     qg = quantize_model(g, [bb_inputs(s) for s in (2, 3, 4)] + [feeds], settings(bits, mode))
     node = qg.node("op")
     out = node.outputs[0]
-    assert out.dtype == Dtype.INT16 and float(out.scale) == 32767.0 and int(out.zerop) == 0
+    oq = params_of(node, out)
+    assert out.dtype == Dtype.INT16 and float(oq.scale) == 32767.0 and int(oq.zerop) == 0
     (qy,) = qg.forward(feeds)
     p_t, d_t = node.inputs
-    pq = (p_t.betensor.to(torch.float64) + int(p_t.zerop)) / float(p_t.scale)
-    dq = (d_t.betensor.to(torch.float64) + int(d_t.zerop)) / float(d_t.scale)
+    p_p, d_p = params_of(node, p_t), params_of(node, d_t)
+    pq = (p_t.betensor.to(torch.float64) + int(p_p.zerop)) / float(p_p.scale)
+    dq = (d_t.betensor.to(torch.float64) + int(d_p.zerop)) / float(d_p.scale)
     want = ref_bb(pq.numpy(), dq.numpy(), div) * 32767
     assert np.abs(qy.numpy() - want).max() <= 3
     # recompute the documented integer decode with python integers
     lf, m, n = (int(node.params[k]) for k in ("lut_frac_bits", "box_out_scale_value", "box_out_shift_value"))
     tabs = [node.constants[k].betensor.to(torch.int64).tolist() for k in ("lut_ty", "lut_tx", "lut_th", "lut_tw")]
-    zp = int(p_t.zerop)
+    zp = int(p_p.zerop)
     pi, di = p_t.betensor.to(torch.int64).tolist(), d_t.betensor.to(torch.int64).tolist()
     for r in range(12):
         y0, x0, y1, x1 = pi[0][r]
-        ly, lx, lh, lw = (table_value(tabs[k], di[0][r][k], d_t) for k in range(4))
+        ly, lx, lh, lw = (table_value(tabs[k], di[0][r][k], d_p) for k in range(4))
         h, w = y1 - y0, x1 - x0
         yc = 2 * ly * h + ((y0 + y1 + 2 * zp) << lf)
         xc = 2 * lx * w + ((x0 + x1 + 2 * zp) << lf)
@@ -340,12 +347,13 @@ def test_multibox_transform_loc_quantized(tmp_path, bits: int, mode: str) -> Non
     qg = quantize_model(g, [mb_inputs(s) for s in (2, 3)] + [feeds], settings(bits, mode))
     node = qg.node("op")
     c_t, d_t, a_t = node.inputs
-    assert node.outputs[0].dtype == Dtype.INT16 and float(node.outputs[0].scale) == 32767.0
-    assert node.outputs[1].dtype == Dtype.UINT16 and node.outputs[1].qinvariant
+    c_p = params_of(node, c_t)
+    assert node.outputs[0].dtype == Dtype.INT16 and float(params_of(node, node.outputs[0]).scale) == 32767.0
+    assert node.outputs[1].dtype == Dtype.UINT16 and params_of(node, node.outputs[1]).qinvariant
     rows, counts = qg.forward(feeds)
     cq = c_t.betensor.to(torch.int64).tolist()
     keep = []
-    want_rows, want_counts = ref_mb(cq, lambda s: rat(s, c_t) > Fraction(0.4), lambda b, a: [0] * 4, -1, -32767)
+    want_rows, want_counts = ref_mb(cq, lambda s: rat(s, c_p) > Fraction(0.4), lambda b, a: [0] * 4, -1, -32767)
     assert counts.tolist() == want_counts
     got = rows.numpy()
     want = np.array(want_rows)
@@ -355,15 +363,16 @@ def test_multibox_transform_loc_quantized(tmp_path, bits: int, mode: str) -> Non
         np.testing.assert_array_equal(got[b, n:, 1:], -32767)
         keep.append(n)
         # scores: the code of the kept score at scale 32767, within the multiplier's rounding
-        s = np.array([float(rat(v, c_t)) for v in want[b, :n, 1]])
+        s = np.array([float(rat(v, c_p)) for v in want[b, :n, 1]])
         assert np.abs(got[b, :n, 1] - s * 32767).max() <= 1.0
     # boxes: the float decode of the dequantized inputs, within a few codes
-    deq = [(t.betensor.to(torch.float64) + int(t.zerop)) / float(t.scale) for t in (c_t, d_t, a_t)]
+    deq = [(t.betensor.to(torch.float64) + int(params_of(node, t).zerop)) / float(params_of(node, t).scale)
+           for t in (c_t, d_t, a_t)]
     dd = deq[1].numpy().reshape(2, 10, 4)
     an = deq[2].numpy().reshape(10, 4)
     for b in range(2):
         kept = [i for i in range(10) if float(max(deq[0][b, 1:, i])) > 0.4 and
-                rat(max(cq[b][k][i] for k in range(1, 4)), c_t) > Fraction(0.4)]
+                rat(max(cq[b][k][i] for k in range(1, 4)), c_p) > Fraction(0.4)]
         assert len(kept) == keep[b]
         for r, i in enumerate(kept):
             dl = (dd[b, i][[1, 0, 3, 2]] * np.array([VAR[1], VAR[0], VAR[3], VAR[2]]))[None]
@@ -449,7 +458,7 @@ def test_region_float(max_box: int, compensate: bool) -> None:
 
 def int_region_cands(node, q: list, compensate: bool):
     """The documented integer Region on python integers (tables from the node, Fractions for every division)."""
-    t = node.inputs[0]
+    t = params_of(node, node.inputs[0])
     lo, hi = int(t.qmin), int(t.qmax)
     bits = (hi - lo).bit_length()
     levels = 2 ** bits - 1
@@ -501,9 +510,10 @@ def test_region_quantized(tmp_path, bits: int, mode: str, max_box: int) -> None:
     t = node.inputs[0]
     levels = 2 ** bits - 1
     o = node.outputs
-    assert float(o[0].scale) == levels and int(o[0].zerop) == 0
+    op = [params_of(node, ot) for ot in o]
+    assert float(op[0].scale) == levels and int(op[0].zerop) == 0
     assert o[0].dtype == (Dtype.UINT8 if bits == 8 else Dtype.UINT16)
-    assert o[1].dtype == Dtype.INT16 and float(o[1].scale) == 2.0 ** node.params["col_shift"]
+    assert o[1].dtype == Dtype.INT16 and float(op[1].scale) == 2.0 ** node.params["col_shift"]
     assert node.params["col_shift"] == 13 and node.params["obj_thresh"] == math.floor(0.3 * levels)
     assert [x.dtype for x in o[2:]] == [Dtype.UINT16, Dtype.INT16, Dtype.UINT16]
     got = qg.forward([x])
@@ -516,7 +526,8 @@ def test_region_quantized(tmp_path, bits: int, mode: str, max_box: int) -> None:
     assert [v[0].tolist() for v in got[2:]] == list(want[2:])
     # close to the float Region of the dequantized input
     if max_box == 96:
-        deq = ((t.betensor.to(torch.float64) + int(t.zerop)) / float(t.scale))[0].numpy()
+        tq = params_of(node, t)
+        deq = ((t.betensor.to(torch.float64) + int(tq.zerop)) / float(tq.scale))[0].numpy()
         fwant = ref_region(float_region_cands(deq, True, math.floor(0.3 * levels) / levels), max_box)
         assert got[2][0].tolist() == fwant[2]
         # 8 bits: within 2 output codes; 16 bits: the 2^8-entry tables' interpolation error dominates
@@ -590,13 +601,14 @@ def test_region_fuse(tmp_path, bits: int, mode: str) -> None:
     qg = quantize_model(g, [fuse_inputs(s) for s in (2, 3)] + [feeds], settings(bits, mode))
     node = qg.node("op")
     levels = 2 ** bits - 1
-    assert float(node.outputs[0].scale) == levels and float(node.outputs[1].scale) == 32767.0
+    assert float(params_of(node, node.outputs[0]).scale) == levels
+    assert float(params_of(node, node.outputs[1]).scale) == 32767.0
     assert node.outputs[1].dtype == Dtype.INT16
     got = qg.forward(feeds, keep_tensors=True)
     r0, r1 = region_lists(qg, "region0"), region_lists(qg, "region1")
     # scores: same scale in and out (identity); boxes: from scale 2^13 (grid width 4) to 32767, rounded half to even
     for item, name in ((r0, "region0"), (r1, "region1")):
-        assert float(qg.node(name).outputs[1].scale) == 2.0 ** 13
+        assert float(params_of(qg.node(name), qg.node(name).outputs[1]).scale) == 2.0 ** 13
         item[1] = [[round(Fraction(int(v) * 32767, 2 ** 13)) for v in box] for box in item[1]]
     want = ref_fuse(r0, r1)
     assert got[0][0].tolist() == [int(v) for v in want[0]]

@@ -8,6 +8,7 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 import quantopt.ops.colorspace  # noqa: F401  (registers the family even when imported alone)
 from quantopt.errors import IRError, UnsupportedError
@@ -121,7 +122,8 @@ def test_rgbtoyuv_float_and_integer() -> None:
     assert node.params["coefficient_shift"] == 10 and node.params["coefficient"][6:9] == [218, 732, 74]
     assert node.params["coefficient"][9:] == [-117, -395, 512, 512, -465, -47]
     out = qg.output_tensors[0]
-    assert out.qinvariant and out.dtype == Dtype.UINT8 and out.scale == 1.0
+    oq = params_of(node, out)
+    assert oq.qinvariant and out.dtype == Dtype.UINT8 and oq.scale == 1.0
     (yq,) = qg.forward([x[1]])
     np.testing.assert_array_equal(yq.numpy(), int_rgb2yuv(x[1].numpy(), node.params["coefficient"], 10))
     np.testing.assert_allclose(yq.numpy(), np_rgb2yuv(x[1].numpy(), RGB2YUV), atol=0.5 + 3 * 255 * 0.5 / 1024)
@@ -156,7 +158,8 @@ def test_force_dtype_int_shifts_by_128() -> None:
     x = pixels(shape, 4)
     qg = quantize_model(g, x, settings(force_dtype_int=True))
     out = qg.output_tensors[0]
-    assert out.dtype == Dtype.INT8 and out.zerop == 128 and not out.qinvariant
+    oq = params_of(qg.nodes[-1], out)
+    assert out.dtype == Dtype.INT8 and oq.zerop == 128 and not oq.qinvariant
     (deq,) = run_quantized(qg, [x[0]])
     np.testing.assert_array_equal(deq.numpy(), int_rgb2yuv(x[0].numpy(), qg.nodes[-1].params["coefficient"], 10))
 

@@ -8,6 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 from range_helpers import range_of
 
 from quantopt.errors import IRError
@@ -55,22 +56,23 @@ def test_switch_quantized() -> None:
     qg = quantize_model(g, [feeds(s) for s in (2, 3, 4)], SETTINGS)
     node = qg.node("op")
     a, qd, out = node.inputs[0], node.inputs[1], node.outputs[0]
-    assert (out.scale, out.zerop, out.dtype) == (a.scale, a.zerop, a.dtype)
+    ap, dp, op = (params_of(node, t) for t in (a, qd, out))
+    assert (op.scale, op.zerop, out.dtype) == (ap.scale, ap.zerop, a.dtype)
     f = feeds(5)
     np.testing.assert_array_equal(qg.forward(f)[0].numpy(), a.betensor.numpy())
     # input 0 empty: input 1 (Abs's uint8 integers, another scale and zero point) passes, re-expressed
-    qd_val = torch.from_numpy(np.random.default_rng(6).integers(int(qd.qmin), int(qd.qmax) + 1, size=(2, 4)))
+    qd_val = torch.from_numpy(np.random.default_rng(6).integers(int(dp.qmin), int(dp.qmax) + 1, size=(2, 4)))
     got = run_node(node, [a.betensor[:0], qd_val]).numpy()
     qd_val = qd_val.numpy()
-    assert qd.scale != out.scale
-    sa, sd = Fraction(float(np.float32(out.scale))), Fraction(float(np.float32(qd.scale)))
-    want = np.vectorize(lambda q: min(max(round((int(q) + int(qd.zerop)) * sa / sd) - int(out.zerop), int(out.qmin)),
-                                      int(out.qmax)))(qd_val)
+    assert dp.scale != op.scale
+    sa, sd = Fraction(float(np.float32(op.scale))), Fraction(float(np.float32(dp.scale)))
+    want = np.vectorize(lambda q: min(max(round((int(q) + int(dp.zerop)) * sa / sd) - int(op.zerop), int(op.qmin)),
+                                      int(op.qmax)))(qd_val)
     np.testing.assert_array_equal(got, want)
-    deq = (got + float(out.zerop)) / float(out.scale)
-    flt = np.clip((qd_val + float(qd.zerop)) / float(qd.scale), range_of(node, out).min,
+    deq = (got + float(op.zerop)) / float(op.scale)
+    flt = np.clip((qd_val + float(dp.zerop)) / float(dp.scale), range_of(node, out).min,
                   range_of(node, out).max)
-    assert np.abs(deq - flt).max() <= 0.51 / float(out.scale) + 0.51 / float(qd.scale)
+    assert np.abs(deq - flt).max() <= 0.51 / float(op.scale) + 0.51 / float(dp.scale)
 
 
 def test_switch_bad() -> None:

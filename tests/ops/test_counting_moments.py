@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Sequence
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of, set_quant
 from range_helpers import range_of, set_range
 
 import quantopt.ops.counting  # noqa: F401  (registers the family even when imported alone)
@@ -93,12 +94,13 @@ def test_count_integer_forward(bins: int, lo: float, hi: float, discrete: bool, 
     g = one("Count", {"nbins": bins, "min": lo, "max": hi, "discrete": discrete}, [2, 5, 7], [[2, bins]])
     qg = quantize_model(g, data([2, 5, 7], 2), settings(bits, mode))
     node, inp, out = qg.nodes[-1], qg.input_tensors[0], qg.output_tensors[0]
-    s = float(inp.scale)
+    ip, op = params_of(node, inp), params_of(node, out)
+    s = float(ip.scale)
     assert node.params["min"] == float(round(lo * s)) and node.params["max"] == float(round(hi * s))
-    assert out.qinvariant and out.zerop == 0 and out.dtype == Dtype.UINT16
+    assert op.qinvariant and op.zerop == 0 and out.dtype == Dtype.UINT16
     x = data([2, 5, 7], 3, 1)[0]
     (y,) = qg.forward([x])
-    expect = ref_count_int(inp.betensor.numpy(), int(inp.zerop), bins, int(node.params["min"]),
+    expect = ref_count_int(inp.betensor.numpy(), int(ip.zerop), bins, int(node.params["min"]),
                            int(node.params["max"]), discrete)
     np.testing.assert_array_equal(y.numpy(), expect)
     # the counts agree with float's but for elements next to a bin border (the quantization step)
@@ -152,13 +154,14 @@ def test_zerofraction(bits: int, mode: str, force: bool) -> None:
     np.testing.assert_allclose(y.numpy(), (x.numpy() == 0).reshape(3, -1).mean(1), rtol=1e-6)
     qg = quantize_model(g, sparse(shape, 7), settings(bits, mode, force_dtype_int=force))
     node, inp, out = qg.nodes[-1], qg.input_tensors[0], qg.output_tensors[0]
+    ip, op = params_of(node, inp), params_of(node, out)
     m = 2 ** bits - 1
-    assert node.params["output_scale"] == m and out.scale == m
-    assert out.zerop == (2 ** (bits - 1) if force else 0)
+    assert node.params["output_scale"] == m and op.scale == m
+    assert op.zerop == (2 ** (bits - 1) if force else 0)
     (yq,) = qg.forward([x])
     n = 20
-    zeros = ((inp.betensor.numpy().astype(np.int64) + int(inp.zerop)) == 0).reshape(3, -1).sum(1)
-    expect = [min(max((int(z) * m + n // 2) // n - int(out.zerop), int(out.qmin)), int(out.qmax)) for z in zeros]
+    zeros = ((inp.betensor.numpy().astype(np.int64) + int(ip.zerop)) == 0).reshape(3, -1).sum(1)
+    expect = [min(max((int(z) * m + n // 2) // n - int(op.zerop), int(op.qmin)), int(op.qmax)) for z in zeros]
     assert yq.tolist() == expect
     deq = run_quantized(qg, [x])[0]
     np.testing.assert_allclose(deq.numpy(), y.numpy(), atol=0.5 / m + 1e-6)
@@ -174,7 +177,7 @@ def moments_graph(axis: Any, keep: bool, shape: Sequence[int] = (2, 4, 5, 3), dt
 
 def ref_moments_int(node, q: np.ndarray, axes: List[int]) -> np.ndarray:
     """Mean and variance integers per docs/semantics/moments.md, with python ints and Fractions."""
-    out = node.outputs[1]
+    out = params_of(node, node.outputs[1])
     m, n_sh = int(node.params["var_scale_value"]), int(node.params["var_shift_value"])
     rest = [d for d in range(q.ndim) if d not in axes]
     rows = np.transpose(q, rest + axes).reshape(-1, int(np.prod([q.shape[a] for a in axes])))
@@ -213,8 +216,9 @@ def test_moments_integer(axis, keep, bits: int, mode: str) -> None:
     qg = quantize_model(g, data([2, 4, 5, 3], 10, std=1.5, mean=0.4), settings(bits, mode))
     node, inp = qg.nodes[-1], qg.input_tensors[0]
     mean_t, var_t = qg.output_tensors
-    assert (mean_t.scale, mean_t.zerop, mean_t.dtype) == (inp.scale, inp.zerop, inp.dtype)
-    assert not var_t.qinvariant and int(var_t.qmin) == 0
+    mp, vp, ip = (params_of(node, t) for t in (mean_t, var_t, inp))
+    assert (mp.scale, mp.zerop, mean_t.dtype) == (ip.scale, ip.zerop, inp.dtype)
+    assert not vp.qinvariant and int(vp.qmin) == 0
     assert node.params["input_scale_value"] == 1 and node.params["input_shift_value"] == 0
     qmean, qvar = qg.forward([x])
     axes = sorted(a % 4 for a in axis)
@@ -223,9 +227,9 @@ def test_moments_integer(axis, keep, bits: int, mode: str) -> None:
     np.testing.assert_array_equal(qvar.numpy().reshape(-1), evar)
     dmean, dvar = run_quantized(qg, [x])
     assert list(dmean.shape) == list(fmean.shape) and list(dvar.shape) == list(fvar.shape)
-    np.testing.assert_allclose(dmean.numpy(), fmean.numpy(), atol=2.0 / float(inp.scale))
+    np.testing.assert_allclose(dmean.numpy(), fmean.numpy(), atol=2.0 / float(ip.scale))
     rel = 0.05 if bits == 8 else 0.002
-    np.testing.assert_allclose(dvar.numpy(), fvar.numpy(), atol=rel * float(fvar.max()) + 1.0 / float(var_t.scale))
+    np.testing.assert_allclose(dvar.numpy(), fvar.numpy(), atol=rel * float(fvar.max()) + 1.0 / float(vp.scale))
 
 
 def test_moments_integer_input() -> None:
@@ -234,7 +238,8 @@ def test_moments_integer_input() -> None:
     xs = [torch.from_numpy(r.integers(-50, 50, size=(2, 4, 5, 3))) for _ in range(2)]
     qg = quantize_model(g, xs, settings(8, "per_tensor_symmetric_full_range"))
     var_t = qg.output_tensors[1]
-    assert var_t.qinvariant and var_t.dtype == Dtype.UINT16 and qg.nodes[-1].params["var_scale_value"] == 1
+    assert params_of(qg.nodes[-1], var_t).qinvariant and var_t.dtype == Dtype.UINT16
+    assert qg.nodes[-1].params["var_scale_value"] == 1
     mean, var = qg.forward([xs[0]])
     emean, evar = ref_moments_int(qg.nodes[-1], xs[0].numpy(), [1, 2])
     np.testing.assert_array_equal(mean.numpy().reshape(-1), emean)
@@ -269,8 +274,8 @@ def ss_graph(x_shape: Sequence[int], s_shape: Sequence[int], axis: List[int], dt
 
 def ref_ss_int(node, xq: np.ndarray, sq: np.ndarray, axes: List[int]):
     """docs/semantics/moments.md, SufficientStatistics, with python ints."""
-    x_t, s_t = node.inputs
-    o0, o1 = node.outputs
+    x_t, s_t = (params_of(node, t) for t in node.inputs)
+    o0, o1 = (params_of(node, t) for t in node.outputs)
     mo0, mo1, mi0, mi1 = node.params["scale_value"]
     no0, no1, ni0, ni1 = node.params["shift_value"]
 
@@ -317,7 +322,7 @@ def test_sufficient_statistics_integer(x_shape, s_shape, axis, bits: int, mode: 
     qg = quantize_model(g, batches, settings(bits, mode))
     node = qg.nodes[-1]
     assert len(node.params["scale_value"]) == 4 and len(node.params["shift_type"]) == 4
-    o0, o1 = qg.output_tensors
+    o0, o1 = (params_of(node, t) for t in qg.output_tensors)
     assert int(o0.qmin) < 0 and int(o1.qmin) == 0
     qa, qb = qg.forward([x, s])
     ea, eb = ref_ss_int(node, qg.input_tensors[0].betensor.numpy(), qg.input_tensors[1].betensor.numpy(), axis)
@@ -334,7 +339,7 @@ def test_sufficient_statistics_integer_inputs() -> None:
     r = np.random.default_rng(26)
     x, s = torch.from_numpy(r.integers(-100, 100, size=(2, 6))), torch.tensor([7])
     qg = quantize_model(g, [(x, s)], settings(8, "per_tensor_symmetric_full_range"))
-    assert all(t.qinvariant and t.qbits == 32 for t in qg.output_tensors)
+    assert all(q.qinvariant and q.qbits == 32 for q in (params_of(qg.nodes[-1], t) for t in qg.output_tensors))
     a, b = qg.forward([x, s])
     m = x.numpy() - 7
     np.testing.assert_array_equal(a.numpy(), m.sum(1, keepdims=True))
@@ -386,7 +391,7 @@ def nm_data(seed: int, count: int = 4, n: int = 24, shift_shape: Sequence[int] =
 
 def ref_nm_lut(node) -> np.ndarray:
     """The table per docs/semantics/moments.md in numpy float32."""
-    m_t, plh = node.inputs[0], node.placeholders[0]
+    m_t, plh = params_of(node, node.inputs[0]), params_of(node, node.placeholders[0])
     c = int(node.params["counts"])
     steps = 2 ** min(int(m_t.qbits), 8)
     p = np.linspace(float(m_t.qmin), float(m_t.qmax), steps).astype(np.float32)
@@ -397,8 +402,8 @@ def ref_nm_lut(node) -> np.ndarray:
 
 def ref_nm_int(node, qm: np.ndarray, qv: np.ndarray, qs: np.ndarray):
     """The integer forward of docs/semantics/moments.md with python ints and Fractions."""
-    m_t, v_t, s_t = node.inputs
-    o0, o1 = node.outputs
+    m_t, v_t, s_t = (params_of(node, t) for t in node.inputs)
+    o0, o1 = (params_of(node, t) for t in node.outputs)
     lut = [int(v) for v in node.constants["lut"].betensor.flatten()]
     mm, p0, p1 = node.params["mean_scale_value"]
     mv, v0, v1 = node.params["var_scale_value"]
@@ -444,14 +449,14 @@ def test_normalized_moments_integer(bits: int, mode: str, shift_shape) -> None:
     fa, fb = (t.clone() for t in g.forward(feed))
     qg = quantize_model(g, batches, settings(bits, mode))
     node = qg.nodes[-1]
-    plh = node.placeholders[0]
+    plh = params_of(node, node.placeholders[0])
     assert int(plh.qmin) == 0 and int(plh.zerop) == 0 and int(plh.qbits) == bits
     assert node.params["mean_scale_type"] == [Dtype.UINT16] * 3 and node.params["var_scale_type"] == [Dtype.UINT16] * 3
     assert node.constants["lut"].dtype == (Dtype.UINT8 if bits == 8 else Dtype.UINT16)
     np.testing.assert_array_equal(node.constants["lut"].betensor.numpy(), ref_nm_lut(node))
-    clip = 16383 if any(int(t.zerop) for t in (node.inputs[0], node.inputs[2])) else 32767
+    clip = 16383 if any(int(params_of(node, t).zerop) for t in (node.inputs[0], node.inputs[2])) else 32767
     assert max(node.params["mean_scale_value"][1:]) <= clip
-    o0, o1 = qg.output_tensors
+    o0, o1 = (params_of(node, t) for t in qg.output_tensors)
     assert int(o1.qmin) < 0
     qa, qb = qg.forward(feed)
     ea, eb = ref_nm_int(node, *(t.betensor.numpy() for t in qg.input_tensors))
@@ -459,12 +464,13 @@ def test_normalized_moments_integer(bits: int, mode: str, shift_shape) -> None:
     np.testing.assert_array_equal(qb.numpy(), eb)
     da, db = run_quantized(qg, feed)
     m_t, v_t, s_t = node.inputs
+    mp, vp, sp = (params_of(node, t) for t in node.inputs)
     # half a step of each input term and of the output, plus 1% for the multipliers' and the table's rounding
-    tol0 = 0.5 / float(m_t.scale) / 24 + 0.5 / float(s_t.scale) + 0.5 / float(o0.scale) + 0.01 * float(fa.abs().max())
-    tol1 = 0.5 / float(v_t.scale) / 24 + 1.0 / float(plh.scale) + 0.5 / float(o1.scale) + 0.01 * float(fb.abs().max())
+    tol0 = 0.5 / float(mp.scale) / 24 + 0.5 / float(sp.scale) + 0.5 / float(o0.scale) + 0.01 * float(fa.abs().max())
+    tol1 = 0.5 / float(vp.scale) / 24 + 1.0 / float(plh.scale) + 0.5 / float(o1.scale) + 0.01 * float(fb.abs().max())
     if bits > 8:  # the table's samples drift by up to 2^bits / 256 codes from the codes that read them (documented)
         r = range_of(node, m_t)
-        tol1 += 2 * float(r.max - r.min) / 24 * 2 ** bits / 256 / float(m_t.scale) / 24
+        tol1 += 2 * float(r.max - r.min) / 24 * 2 ** bits / 256 / float(mp.scale) / 24
     np.testing.assert_allclose(da.numpy(), fa.numpy(), atol=tol0)
     np.testing.assert_allclose(db.numpy(), fb.numpy(), atol=tol1)
 
@@ -500,6 +506,6 @@ def test_normalized_moments_needs_placeholder_range() -> None:
     from quantopt.ops.moments import normalized_moments_quantize
     for t in list(node.inputs) + list(node.outputs):
         set_range(node, t, -1.0, 1.0)
-        t.scale, t.zerop, t.qbits, t.qmin, t.qmax = 100.0, 0, 8, -128, 127
+        set_quant(node, t, scale=100.0, zerop=0, qbits=8, qmin=-128, qmax=127)
     with pytest.raises(IRError, match="placeholder 'op/mean_square' is missing"):
         normalized_moments_quantize(node)

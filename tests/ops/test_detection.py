@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import pytest
 import torch
-from quant_helpers import set_quant
+from quant_helpers import params_of, set_quant
 
 import quantopt.ops.detection  # noqa: F401  (registers the ops)
 from quantopt.analysis.similarity import cosine
@@ -260,8 +260,9 @@ def table_read(node, key: str, q: int, t) -> int:
     """Decode table entry for delta code q: index q - qmin (q - qmin + 1 for a restricted range), high bits select,
     low bits interpolate with a floored division."""
     tab = [int(v) for v in node.constants[key].betensor.tolist()]
-    bits = (t.qmax - t.qmin).bit_length()
-    offset = t.qmin - 1 if (t.qmin < 0 and t.qmin == -t.qmax) else t.qmin
+    tp = params_of(node, t)
+    bits = (tp.qmax - tp.qmin).bit_length()
+    offset = tp.qmin - 1 if (tp.qmin < 0 and tp.qmin == -tp.qmax) else tp.qmin
     idx = clamp(q - offset, 0, 2 ** bits - 1)
     tb = len(tab).bit_length() - 1
     if bits <= tb:
@@ -280,12 +281,13 @@ def int_decode(node, tq: Sequence[int], deltas, cy2: int, cx2: int, ha: int, wa:
                                                                                       "lut_tw")))
     y2, x2 = 2 * ly * ha + cy2 * 2 ** lf, 2 * lx * wa + cx2 * 2 ** lf
     h, w = lh * ha, lw * wa
-    zp = int(box_out.zerop)
-    v = [clamp(rhe(u * p["box_scale_value"], p["box_shift_value"]) - zp, box_out.qmin, box_out.qmax)
+    bp = params_of(node, box_out)
+    zp = int(bp.zerop)
+    v = [clamp(rhe(u * p["box_scale_value"], p["box_shift_value"]) - zp, bp.qmin, bp.qmax)
          for u in (y2 - h, x2 - w, y2 + h, x2 + w)]
     if not clip:
         return v
-    lo = clamp(-zp, box_out.qmin, box_out.qmax)
+    lo = clamp(-zp, bp.qmin, bp.qmax)
     return [clamp(v[0], lo, p["height"]), clamp(v[1], lo, p["width"]), clamp(v[2], lo, p["height"]),
             clamp(v[3], lo, p["width"])]
 
@@ -349,7 +351,7 @@ def test_decodebox_nms_integer_matches_reference(params: Dict[str, Any], bits: i
 def ref_detout(node, conf: np.ndarray, enc: np.ndarray, prop: np.ndarray, caffe: bool) -> List[np.ndarray]:
     p = node.params
     batch = conf.shape[0]
-    zp = int(node.inputs[2].zerop)
+    zp = int(params_of(node, node.inputs[2]).zerop)
     outs = [np.zeros((batch, 20), np.int64), np.zeros((batch, 20, 4), np.int64), np.zeros((batch, DC), np.int64),
             np.zeros((batch, DC), np.int64), np.zeros((batch, 1), np.int64)]
     for n in range(batch):
@@ -401,7 +403,7 @@ def test_ssd_head_cosine_and_exact_indices(bits: int) -> None:
     ref = [t.clone() for t in g.forward(data[0])]
     got = run_quantized(qg, data[0])
     for idx in (1, 2, 4, 6, 8):  # counts, totals, labels, NMS counts and kept indices: exact
-        assert qg.output_tensors[idx].qinvariant
+        assert params_of(qg.nodes[-1], qg.output_tensors[idx]).qinvariant
         assert torch.equal(ref[idx], got[idx]), idx
     for idx in (0, 3, 5, 7):  # boxes and scores
         assert cosine(ref[idx], got[idx]) > (0.99 if bits == 8 else 0.9999)

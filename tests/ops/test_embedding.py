@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Sequence
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 import quantopt.ops.embedding  # noqa: F401  (registers the op even when imported alone)
 from quantopt.errors import IRError, UnsupportedError
@@ -101,7 +102,7 @@ def ref_inverse_sqrt(v: int):
 
 
 def ref_sqrtn(node, acc, qw: np.ndarray, req) -> np.ndarray:
-    p_t, w_t = node.inputs[0], node.inputs[3]
+    p_t, w_t = params_of(node, node.inputs[0]), params_of(node, node.inputs[3])
     (m0, m1), (n0, n1) = node.params["scale_value"], node.params["shift_value"]
     pre = int(node.params["reciprocal_shift_value"])
     p_signed = int(p_t.qmin) + int(p_t.zerop) < 0
@@ -142,8 +143,8 @@ def test_inverse_sqrt_matches_upstream_and_reference() -> None:
 
 def ref_int(node, qp: np.ndarray, qw: np.ndarray, rows: int) -> np.ndarray:
     """docs/semantics/embedding.md, Integer, with python ints."""
-    p_t, _, _, w_t = node.inputs
-    out = node.outputs[0]
+    p_t, w_t = params_of(node, node.inputs[0]), params_of(node, node.inputs[3])
+    out = params_of(node, node.outputs[0])
     combiner = str(node.params["combiner"]).upper()
     zp_p, zp_w = int(p_t.zerop), int(w_t.zerop)
 
@@ -203,11 +204,11 @@ def test_integer_forward(combiner: str, bits: int, mode: str) -> None:
     fy = g.forward(feed)[0].clone()
     qg = quantize_model(g, batches, settings(bits, mode))
     node = qg.nodes[-1]
-    p_t, w_t = node.inputs[0], node.inputs[3]
-    out = qg.output_tensors[0]
+    p_t, w_t = params_of(node, node.inputs[0]), params_of(node, node.inputs[3])
+    out = params_of(node, qg.output_tensors[0])
     ratio = float(out.scale) / float(p_t.scale) / (float(w_t.scale) if combiner == "SUM" else 1.0)
     if combiner == "SQRTN":
-        s_ps = float(node.placeholders[0].scale)
+        s_ps = float(params_of(node, node.placeholders[0]).scale)
         (m0, m1), (n0, n1) = node.params["scale_value"], node.params["shift_value"]
         assert m0 * 2.0 ** -n0 == pytest.approx(s_ps / float(p_t.scale) / float(w_t.scale), rel=2.0 ** -(bits - 2))
         assert m1 * 2.0 ** -n1 == pytest.approx(float(out.scale) * float(w_t.scale) / s_ps, rel=2.0 ** -(bits - 2))

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.errors import IRError
 from quantopt.graph.builder import GraphBuilder
@@ -122,20 +123,21 @@ def test_quantized(tmp_path, bits: int, mode: str) -> None:
                              q_strategy_activation="extrema"))
     node = qg.node("op")
     s_t, d_t = node.inputs[0], node.inputs[1]
+    sp, dp = params_of(node, s_t), params_of(node, d_t)
     sa, F = node.params["anchor_scale"], node.params["delta_shift"]
-    assert sa == 2 ** int(round(math.log2(sa))) and float(node.outputs[1].scale) == sa
+    assert sa == 2 ** int(round(math.log2(sa))) and float(params_of(node, node.outputs[1]).scale) == sa
     assert node.params["min_size"] == int((MIN_SIZE - 1) * sa) and node.params["iou_threshold"] == int(IOU * 2048)
     an = ref_anchors()
     for key, col in (("wa_q", 0), ("ha_q", 1), ("xcenter_a_q", 2), ("ycenter_a_q", 3)):
         want = np.clip(np.round(an[:, col] * sa), -32768, 32767)
         assert node.constants[key].betensor.reshape(-1).double().tolist() == want.tolist()
-    d_bits = int(d_t.qbits)
-    qmin = -(2 ** (d_bits - 1)) if int(d_t.qmin) < 0 else 0
+    d_bits = int(dp.qbits)
+    qmin = -(2 ** (d_bits - 1)) if int(dp.qmin) < 0 else 0
     tables = {}
     for key, fn in (("xy_lut", lambda x: x), ("wh_lut", np.exp)):
         t = node.constants[key].betensor.to(torch.int64).tolist()
         codes = np.linspace(qmin, qmin + 2 ** d_bits - 1, len(t))
-        want = np.clip(np.round(fn((codes + int(d_t.zerop)) / float(d_t.scale)) * 2.0 ** F), -32768, 32767)
+        want = np.clip(np.round(fn((codes + int(dp.zerop)) / float(dp.scale)) * 2.0 ** F), -32768, 32767)
         assert np.abs(np.array(t) - want).max() <= 1
         tables[key] = t
 
@@ -172,7 +174,7 @@ def test_quantized(tmp_path, bits: int, mode: str) -> None:
     fs, fb, fkept = ref_float(f[0].numpy(), f[1].numpy())
     assert fkept == kept
     assert np.abs(b[0].double().numpy() / sa - fb).max() < 1.0
-    assert np.abs(s[0].double().numpy() / float(s_t.scale) - fs).max() < 2.0 / float(s_t.scale)
+    assert np.abs(s[0].double().numpy() / float(sp.scale) - fs).max() < 2.0 / float(sp.scale)
     before = [t.clone() for t in (s, b, idx, c)]
     re = read_ir(write_ir(qg, str(tmp_path / "q.txt"))[0])
     for x, y in zip(before, re.forward(f)):

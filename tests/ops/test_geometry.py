@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from quant_helpers import params_of, set_quant
 
 import quantopt.ops.geometry  # noqa: F401  (registers the family even when used alone)
 from quantopt.analysis.similarity import cosine
@@ -85,8 +86,9 @@ def np_rhe(acc: np.ndarray, s: int) -> np.ndarray:
     return np.vectorize(lambda v: rhe(int(v), s), otypes=[np.int64])(acc)
 
 
-def qinfo(t) -> Tuple[int, int, int]:
-    return int(t.zerop), int(t.qmin), int(t.qmax)
+def qinfo(node, t) -> Tuple[int, int, int]:
+    q = params_of(node, t)
+    return int(q.zerop), int(q.qmin), int(q.qmax)
 
 
 # ================================================================================================ Resize reference
@@ -257,14 +259,14 @@ def test_resize_integer_matches_reference(case, bits: int, mode: str) -> None:
     assert s == (0 if params["method"] == "NEAREST" else 13)
     assert node.params["interp_shift_type"] == Dtype.INT8
     inp, out = node.inputs[0], node.outputs[0]
-    assert (out.scale, out.zerop, out.qmin, out.qmax, out.dtype) == (inp.scale, inp.zerop, inp.qmin, inp.qmax,
-                                                                     inp.dtype)
+    ip, op = params_of(node, inp), params_of(node, out)
+    assert (op.scale, op.zerop, op.qmin, op.qmax, out.dtype) == (ip.scale, ip.zerop, ip.qmin, ip.qmax, inp.dtype)
     qg.forward([rng_data([3, *in_shape[1:]], 4, 1, std=2.5)[0]])  # wider than calibration: clamps exercised
     x_q = node.inputs[0].betensor.numpy()
     got = node.outputs[0].betensor
     assert got.dtype == torch.int64
     want = ref_resize(x_q, s=s, **_resize_args(in_shape, out_shape, params))
-    _, qmin, qmax = qinfo(out)
+    _, qmin, qmax = qinfo(node, out)
     np.testing.assert_array_equal(got.numpy(), np.clip(want, qmin, qmax))
 
 
@@ -332,8 +334,8 @@ def ref_grid_float(x: np.ndarray, grid: np.ndarray, method: str, padding: str, a
 
 def ref_grid_int(node, x_q: np.ndarray, g_q: np.ndarray) -> np.ndarray:
     """docs GridSample integer computation with python ints."""
-    zp_x, qmin, qmax = qinfo(node.inputs[0])
-    zp_g = int(node.inputs[1].zerop)
+    zp_x, qmin, qmax = qinfo(node, node.inputs[0])
+    zp_g = int(params_of(node, node.inputs[1]).zerop)
     m, k, f = int(node.params["scale_value"]), int(node.params["shift_value"]), int(node.params["interp_shift_value"])
     method = str(node.params["method"]).lower()
     padding = str(node.params["padding_mode"]).lower()
@@ -418,7 +420,8 @@ def test_gridsample_integer_matches_reference(method: str, padding: str, align: 
     node = qg.node("op")
     assert node.params["interp_shift_value"] == 13 and node.params["scale_type"] == Dtype.UINT16
     out, inp = node.outputs[0], node.inputs[0]
-    assert (out.scale, out.zerop, out.dtype) == (inp.scale, inp.zerop, inp.dtype)
+    op, ip = params_of(node, out), params_of(node, inp)
+    assert (op.scale, op.zerop, out.dtype) == (ip.scale, ip.zerop, inp.dtype)
     qg.forward(grid_data(8, 1, spread=1.6)[0])
     got = node.outputs[0].betensor
     assert got.dtype == torch.int64
@@ -579,9 +582,11 @@ def test_layout_integer_matches_reference(case, bits: int, mode: str) -> None:
     node = qg.node("op")
     qg.forward([rng_data(case[3], 13, 1)[0]])
     inp = node.inputs[0]
-    zp, qmin, qmax = qinfo(inp)
+    zp, qmin, qmax = qinfo(node, inp)
+    ip = params_of(node, inp)
     for out in node.outputs:
-        assert (out.scale, out.zerop, out.qmin, out.qmax, out.dtype) == (inp.scale, inp.zerop, qmin, qmax, inp.dtype)
+        op = params_of(node, out)
+        assert (op.scale, op.zerop, op.qmin, op.qmax, out.dtype) == (ip.scale, ip.zerop, qmin, qmax, inp.dtype)
     want = case[6](inp.betensor.numpy(), min(max(-zp, qmin), qmax))
     for out, w in zip(node.outputs, want):
         assert out.betensor.dtype == torch.int64
@@ -710,7 +715,8 @@ def test_unsupported_quantize_is_reported_at_quantization() -> None:
     g = one_layer("Resize", {"method": "AREA", "mode": "HALF_PIXEL"}, [1, 4, 4, 2], [[1, 2, 2, 2]])
     node = g.node("op")
     inp = node.inputs[0]
-    inp.scale, inp.zerop, inp.qmin, inp.qmax, inp.dtype, inp.qbits = 10.0, 0, -128, 127, Dtype.INT8, 8
+    set_quant(node, inp, scale=10.0, zerop=0, qmin=-128, qmax=127, qbits=8)
+    inp.dtype = Dtype.INT8
     with pytest.raises(UnsupportedError, match="'op'.*AREA"):
         node.quantize()
 

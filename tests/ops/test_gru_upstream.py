@@ -10,6 +10,7 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 from range_helpers import range_of
 from test_lstm_upstream import approx, lookup, rq, sym_scale
 from test_recurrent import IN, C, T, build, feeds, gru_weights, np_sigmoid
@@ -100,7 +101,7 @@ def test_constants_follow_the_weight_blocks_and_placeholder_ranges(optype: str, 
     assert node.constants["weights_zp"].betensor.numel() == (6 * C if per_channel else 4)
     ph = node.placeholders
     h_scale = sym_scale(float(range_of(node, ph[0]).min), float(range_of(node, ph[0]).max), bits)
-    s_x = np.float32(node.inputs[0].scale)
+    s_x = np.float32(params_of(node, node.inputs[0]).scale)
     if per_channel:
         got_scale = node.constants["scale"].betensor.tolist()
         got_shift = node.constants["shift"].betensor.tolist()
@@ -124,7 +125,8 @@ def test_constants_follow_the_weight_blocks_and_placeholder_ranges(optype: str, 
     b_scale = node.constants["biases_scale"].betensor.numpy()
     np.testing.assert_array_equal(b_scale, np.concatenate([s_x * scales[0], s_x * scales[2]]))
     for t in node.outputs:
-        assert (t.qmin, t.qmax, int(t.zerop)) == (-qmax, qmax, 0)
+        q = params_of(node, t)
+        assert (q.qmin, q.qmax, int(q.zerop)) == (-qmax, qmax, 0)
 
 
 # --- integer forward -----------------------------------------------------------------------------------------------

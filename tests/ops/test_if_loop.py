@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from control_flow_graphs import loop_body
+from quant_helpers import params_of
 
 from quantopt.errors import IRError
 from quantopt.graph.builder import GraphBuilder
@@ -198,11 +199,12 @@ def test_if_quantized_runs_in_float16_behind_a_dummy(tmp_path: Path) -> None:
         ref = _f16(x_in) * _f16(C_THEN) if cond else _f16(x_in) + _f16(C_ELSE)
         np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), ref.astype(np.float32))
         s, zp = float(quant.params["quantize_scale"]), int(quant.params["quantize_zp"])
-        q_ref = np.clip(np.round(ref.astype(np.float32) * np.float32(s) - zp), quant.outputs[0].qmin,
-                        quant.outputs[0].qmax)
+        qp = params_of(quant, quant.outputs[0])
+        q_ref = np.clip(np.round(ref.astype(np.float32) * np.float32(s) - zp), qp.qmin, qp.qmax)
         np.testing.assert_array_equal(quant.outputs[0].betensor.numpy(), q_ref)
         (y,) = g.forward([torch.tensor([cond], dtype=torch.uint8), torch.from_numpy(x)])
-        yq = (q.output_tensors[0].betensor.double() + q.output_tensors[0].zerop) / q.output_tensors[0].scale
+        yp = params_of(q.nodes[-1], q.output_tensors[0])
+        yq = (q.output_tensors[0].betensor.double() + yp.zerop) / yp.scale
         assert float((yq - y.double()).abs().max()) < 0.02
     # written and read back, the quantized IR runs the same
     txt, _ = write_ir(q, str(tmp_path / "q.txt"))

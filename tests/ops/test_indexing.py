@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Sequence
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.analysis.similarity import cosine
 from quantopt.errors import IRError, UnsupportedError
@@ -52,8 +53,8 @@ def check_cosine(g, qg, feeds, bits: int) -> None:
         assert cosine(a, b) > (0.99 if bits == 8 else 0.9999)
 
 
-def zp(t) -> int:
-    return int(t.zerop)
+def zp(node, t) -> int:
+    return int(params_of(node, t).zerop)
 
 
 def rs(v: int, n: int) -> int:
@@ -131,10 +132,10 @@ def test_gather(tmp_path, case, bits: int, mode: str) -> None:
     qg = quantize_model(g, [_gather_feeds(case, s) for s in (2, 3)] + [feeds], settings(bits, mode))
     node = qg.node("op")
     out, data = node.outputs[0], node.inputs[0]
-    assert (out.scale, out.zerop, out.qmin, out.qmax, out.dtype) == (data.scale, data.zerop, data.qmin, data.qmax,
-                                                                     data.dtype)
+    op, dp = params_of(node, out), params_of(node, data)
+    assert (op.scale, op.zerop, op.qmin, op.qmax, out.dtype) == (dp.scale, dp.zerop, dp.qmin, dp.qmax, data.dtype)
     got = qg.forward(feeds)[0]
-    fill = min(max(-zp(data), data.qmin), data.qmax)
+    fill = min(max(-zp(node, data), dp.qmin), dp.qmax)
     np.testing.assert_array_equal(got.numpy(), ref_gather(data.betensor.numpy(), idx, axis,
                                                           params.get("batch_dims", 0), fill))
     check_cosine(g, qg, feeds, bits)
@@ -229,7 +230,8 @@ def test_gather_nd(tmp_path, data_shape, idx_shape, b: int, out_shape, bits: int
     node = qg.node("op")
     data = node.inputs[0]
     got = qg.forward(f)[0]
-    fill = min(max(-zp(data), data.qmin), data.qmax)
+    dp = params_of(node, data)
+    fill = min(max(-zp(node, data), dp.qmin), dp.qmax)
     np.testing.assert_array_equal(got.numpy(), ref_gather_nd(data.betensor.numpy(), f[1].numpy(), b, fill))
     check_cosine(g, qg, f, bits)
     roundtrip(tmp_path, qg, f)
@@ -289,17 +291,17 @@ def ref_scatter_float(x: np.ndarray, upd_rows, targets, reduction: str) -> np.nd
 
 def ref_scatter_int(node, d_q: np.ndarray, upd_rows, targets, reduction: str) -> np.ndarray:
     """Docs: ScatterND integer computation, element by element with python ints."""
-    data, upd, out = node.inputs[0], node.inputs[2], node.outputs[0]
+    zd, zu, op = zp(node, node.inputs[0]), zp(node, node.inputs[2]), params_of(node, node.outputs[0])
     (md, mu), (nd, nu) = node.params["scale_value"], node.params["shift_value"]
     t = np.empty(d_q.shape, dtype=object)
     for p in np.ndindex(d_q.shape):
-        t[p] = rs((int(d_q[p]) + zp(data)) * md, nd)
+        t[p] = rs((int(d_q[p]) + zd) * md, nd)
     for j, tgt in targets:
         row = np.asarray(upd_rows[j])
         cur = np.asarray(t[tgt], dtype=object)
         res = np.empty(row.shape, dtype=object)
         for e in np.ndindex(row.shape):
-            uu = int(row[e]) + zp(upd)
+            uu = int(row[e]) + zu
             c = cur[e] if cur.shape else cur.item()
             if reduction == "MUL":
                 res[e] = min(max(rs(c * uu * mu, nu), -2 ** 31), 2 ** 31 - 1)
@@ -307,7 +309,7 @@ def ref_scatter_int(node, d_q: np.ndarray, upd_rows, targets, reduction: str) ->
                 v = rs(uu * mu, nu)
                 res[e] = {"NONE": v, "ADD": c + v, "MAX": max(c, v), "MIN": min(c, v)}[reduction]
         t[tgt] = res if res.shape else res.item()
-    return np.vectorize(lambda v: min(max(v - zp(out), out.qmin), out.qmax), otypes=[np.int64])(t)
+    return np.vectorize(lambda v: min(max(v - int(op.zerop), op.qmin), op.qmax), otypes=[np.int64])(t)
 
 
 SCATTER_REDUCTIONS = ["NONE", "ADD", "MUL", "MAX", "MIN"]
@@ -413,7 +415,7 @@ def test_onehot(tmp_path, values, axis: int, bits: int, mode: str) -> None:
                                   ref_onehot(f[0].numpy(), depth, values[0], values[1], axis, np.float32))
     qg = quantize_model(g, [f], settings(bits, mode))
     node = qg.node("op")
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     qmax = 2 ** (bits - 1) - 1 if min(values) < 0 else 2 ** bits - 1
     scale = qmax / max(abs(v) for v in values)
     assert float(out.scale) == scale and int(out.zerop) == 0 and out.qmax == qmax
@@ -479,7 +481,7 @@ def test_topk(tmp_path, params, bits: int, mode: str) -> None:
     qg = quantize_model(g, [tied([2, 4, 6], s) for s in (2, 3)] + f, settings(bits, mode))
     node = qg.node("op")
     idx_t = node.outputs[1]
-    assert idx_t.qinvariant and idx_t.dtype == Dtype.UINT16
+    assert params_of(node, idx_t).qinvariant and idx_t.dtype == Dtype.UINT16
     qv, qi = qg.forward(f)
     v, i = ref_sort(node.inputs[0].betensor.numpy(), axis, largest, last)
     np.testing.assert_array_equal(qv.numpy(), np.take(v, range(params["k"]), axis=axis))
@@ -504,7 +506,7 @@ def test_sort(tmp_path, axis: int, descending: bool, bits: int, mode: str) -> No
     v, i = ref_sort(node.inputs[0].betensor.numpy(), axis % 3, descending)
     np.testing.assert_array_equal(qv.numpy(), v)
     np.testing.assert_array_equal(qi.numpy(), i)
-    assert node.outputs[1].qinvariant and node.outputs[1].dtype == Dtype.UINT16
+    assert params_of(node, node.outputs[1]).qinvariant and node.outputs[1].dtype == Dtype.UINT16
     assert cosine(fv, run_quantized(qg, f)[0]) > (0.99 if bits == 8 else 0.9999)
     roundtrip(tmp_path, qg, f)
 
@@ -513,7 +515,7 @@ def test_sort_index_bits_follow_axis_length() -> None:
     g = one_layer("Sort", {"axis": 1}, [1, 70000], [[1, 70000], [1, 70000]])
     qg = quantize_model(g, [normal([1, 70000], 1)], settings(8, "per_tensor_asymmetric", force_dtype_int=True))
     out = qg.node("op").outputs[1]
-    assert out.dtype == Dtype.INT32 and out.qinvariant
+    assert out.dtype == Dtype.INT32 and params_of(qg.node("op"), out).qinvariant
 
 
 def ref_argminmax(a: np.ndarray, axis: int, method: str, last: bool) -> np.ndarray:
@@ -539,7 +541,8 @@ def test_argminmax(tmp_path, method: str, axis: int, last: bool, bits: int, mode
     np.testing.assert_array_equal(g.forward(f)[0].numpy(), ref_argminmax(f[0].numpy(), axis % 3, method, last))
     qg = quantize_model(g, [tied(shape, s) for s in (2, 3)] + f, settings(bits, mode))
     node = qg.node("op")
-    assert node.outputs[0].qinvariant and node.outputs[0].dtype == Dtype.UINT16  # max(16, bits) bits, as upstream
+    # max(16, bits) bits, as upstream
+    assert params_of(node, node.outputs[0]).qinvariant and node.outputs[0].dtype == Dtype.UINT16
     got = qg.forward(f)[0]
     np.testing.assert_array_equal(got.numpy(), ref_argminmax(node.inputs[0].betensor.numpy(), axis % 3, method,
                                                              last))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import MODEL_NAMES, shared_model_dir
+from quant_helpers import params_of, set_quant
 from range_helpers import set_range
 
 from quantopt.analysis.similarity import cosine
@@ -148,14 +149,15 @@ def table_value(index: int, table: Sequence[int], in_bits: int) -> int:
     return a + ((c - a) * lo) // (1 << b)
 
 
-def tensor_params(t) -> Tuple[float, int, int, int]:
-    return float(t.scale), int(t.zerop), int(t.qmin), int(t.qmax)
+def tensor_params(node, t) -> Tuple[float, int, int, int]:
+    q = params_of(node, t)
+    return float(q.scale), int(q.zerop), int(q.qmin), int(q.qmax)
 
 
 def ref_activation(node, x_q: np.ndarray) -> np.ndarray:
     """The documented integer computation of one Activation/standalone layer, element by element."""
-    s_in, zp_in, in_qmin, in_qmax = tensor_params(node.inputs[0])
-    s_out, zp_out, qmin, qmax = tensor_params(node.outputs[0])
+    s_in, zp_in, in_qmin, in_qmax = tensor_params(node, node.inputs[0])
+    s_out, zp_out, qmin, qmax = tensor_params(node, node.outputs[0])
     method = str(node.params.get("method", node.type)).upper()
     p = node.params
     out = np.empty(x_q.shape, dtype=np.int64)
@@ -199,8 +201,8 @@ def ref_activation(node, x_q: np.ndarray) -> np.ndarray:
 
 
 def ref_softmax(node, x_q: np.ndarray) -> np.ndarray:
-    _, _, in_qmin, in_qmax = tensor_params(node.inputs[0])
-    _, zp_out, qmin, qmax = tensor_params(node.outputs[0])
+    _, _, in_qmin, in_qmax = tensor_params(node, node.inputs[0])
+    _, zp_out, qmin, qmax = tensor_params(node, node.outputs[0])
     axis = int(node.params.get("axis", -1)) % x_q.ndim
     table = [int(v) for v in node.constants["lut"].betensor.flatten().tolist()]
     bits = (in_qmax - in_qmin).bit_length()
@@ -235,7 +237,7 @@ def run_and_check(qg, x: torch.Tensor, reference) -> None:
     x_q = node.inputs[0].betensor.numpy()
     got = node.outputs[0].betensor
     assert got.dtype == torch.int64
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     assert int(got.min()) >= out.qmin and int(got.max()) <= out.qmax
     np.testing.assert_array_equal(got.numpy(), reference(node, x_q))
 
@@ -269,7 +271,7 @@ def test_softmax_integer_forward_matches_reference(shape, params, bits: int, mod
     node = qg.node("op")
     assert node.params["quantize_method"] == "LUT"
     assert node.constants["lut"].dtype.value == "uint32"
-    assert node.outputs[0].qmin == 0
+    assert params_of(node, node.outputs[0]).qmin == 0
     run_and_check(qg, calib(shape, 4, 1, std=4.0)[0], ref_softmax)
 
 
@@ -333,8 +335,9 @@ def _quantize_with_params(optype: str, params: Mapping[str, Any], consts: Mappin
     for n in g.nodes:
         n.settings = s
     x = g.nodes[0].outputs[0]
-    x.scale, x.zerop, x.qmin, x.qmax, x.dtype = inp
-    x.qbits, x.qinvariant = (x.qmax - x.qmin).bit_length(), False
+    scale, zerop, qmin, qmax, x.dtype = inp
+    set_quant(g.nodes[0], x, scale=scale, zerop=zerop, qmin=qmin, qmax=qmax, qbits=(qmax - qmin).bit_length(),
+              qinvariant=False)
     g.nodes[0].quantized = True
     node = g.node("op")
     set_range(node, node.outputs[0], *out_range)
@@ -349,8 +352,9 @@ def test_example_sigmoid_lut() -> None:
     node = _quantize_with_params("Activation", {"method": "SIGMOID"}, {}, [1, 8],
                                  (66.1239, 0, 0, 255, Dtype.UINT8), (0.0, 255.0 / 260.5147), s)
     out = node.outputs[0]
-    assert (out.qmin, out.qmax, out.dtype) == (0, 255, Dtype.UINT8)
-    assert abs(out.scale - 260.5147) < 1e-3
+    op = params_of(node, out)
+    assert (op.qmin, op.qmax, out.dtype) == (0, 255, Dtype.UINT8)
+    assert abs(op.scale - 260.5147) < 1e-3
     lut = node.constants["lut"]
     assert lut.dtype == Dtype.UINT8 and lut.betensor.numel() == 256
     want = [min(255, max(0, round(1.0 / (1.0 + np.exp(-i / 66.1239)) * 260.5147))) for i in range(256)]
@@ -391,19 +395,21 @@ def _compare_quantized_layer(model: str, letter: str, gnode) -> List[str]:
     fnode = {n.name: n for n in _float_ir(model).nodes}[gnode.name]
     mode, lut_bits = GOLDEN_SETTINGS[letter]
     gi, go = gnode.inputs[0], gnode.outputs[0]
+    gip, gop = params_of(gnode, gi), params_of(gnode, go)
     bits = go.dtype.bits
     s = LayerSettings(q_mode_activation=mode, q_bits_activation=bits, lut_items_in_bits=lut_bits)
     rng = _top_range(gi)
-    inp = (gi.scale, gi.zerop, rng[0], rng[1], gi.dtype)
+    inp = (gip.scale, gip.zerop, rng[0], rng[1], gi.dtype)
     act_mode = mode if bits <= 8 else "per_tensor_symmetric_full_range"
-    out_rng = _range_for_scale(go.scale, go.zerop, bits, act_mode, go.dtype.is_signed)
+    out_rng = _range_for_scale(gop.scale, gop.zerop, bits, act_mode, go.dtype.is_signed)
     consts = {k: t.betensor.numpy() for k, t in fnode.constants.items()}
     node = _quantize_with_params(str(fnode.type), dict(fnode.params), consts, list(fnode.inputs[0].ir_shape), inp,
                                  out_rng, s)
     out = node.outputs[0]
+    op = params_of(node, out)
     diffs = []
-    if (out.scale, out.zerop, out.dtype, out.qmin, out.qmax) != (go.scale, go.zerop, go.dtype, *_top_range(go)):
-        diffs.append(f"output params {(out.scale, out.zerop, out.dtype)}")
+    if (op.scale, op.zerop, out.dtype, op.qmin, op.qmax) != (gop.scale, gop.zerop, go.dtype, *_top_range(go)):
+        diffs.append(f"output params {(op.scale, op.zerop, out.dtype)}")
     for key, t in gnode.constants.items():
         mine = node.constants.get(key)
         if mine is None or mine.dtype != t.dtype or not torch.equal(mine.betensor.long().reshape(t.betensor.shape),

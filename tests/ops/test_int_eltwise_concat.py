@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of, set_quant
 from range_helpers import set_range
 
 from quantopt.analysis.similarity import cosine
@@ -89,14 +90,14 @@ def ref_requant(acc: np.ndarray, mult: int, shift: int, zp_out: int, qmin: int, 
     return out
 
 
-def _zp(t) -> int:
-    return int(round(float(t.zerop)))
+def _zp(node, t) -> int:
+    return int(round(float(params_of(node, t).zerop)))
 
 
 def ref_activation(node, y: np.ndarray) -> np.ndarray:
     act = str(node.params.get("with_activation", "NONE")).upper()
-    out = node.outputs[0]
-    zp = _zp(out)
+    out = params_of(node, node.outputs[0])
+    zp = _zp(node, node.outputs[0])
     if act == "RELU":
         return np.maximum(y, min(max(-zp, out.qmin), out.qmax))
     if act in ("RELU6", "CLIP"):
@@ -110,9 +111,9 @@ def ref_binary(node) -> np.ndarray:
     """The documented integer formula, from the node's IR fields and its (already computed) integer inputs."""
     method = str(node.params.get("method", {"Add": "ADD", "Sub": "SUB", "Mul": "MUL"}.get(str(node.type)))).upper()
     a_t, b_t = node.inputs
-    out = node.outputs[0]
-    a = a_t.betensor.numpy().astype(np.int64) + _zp(a_t)
-    b = b_t.betensor.numpy().astype(np.int64) + _zp(b_t)
+    out = params_of(node, node.outputs[0])
+    a = a_t.betensor.numpy().astype(np.int64) + _zp(node, a_t)
+    b = b_t.betensor.numpy().astype(np.int64) + _zp(node, b_t)
     if method == "MUL":
         acc = a * b
         mult, shift = node.params["scale_value"], node.params["shift_value"]
@@ -122,18 +123,19 @@ def ref_binary(node) -> np.ndarray:
         fa, fb = a * m0, b * m1
         acc = {"ADD": lambda x, y: x + y, "SUB": lambda x, y: x - y, "MAX": np.maximum, "MIN": np.minimum}[method](
             fa, fb)
-    y = ref_requant(np.asarray(acc), mult, shift, _zp(out), out.qmin, out.qmax)
+    y = ref_requant(np.asarray(acc), mult, shift, _zp(node, node.outputs[0]), out.qmin, out.qmax)
     return ref_activation(node, y)
 
 
 def ref_concat(node) -> np.ndarray:
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
+    zp_out = _zp(node, node.outputs[0])
     axis = node.params["axis"]
     parts = []
     for i, t in enumerate(node.inputs):
         x = t.betensor.numpy().astype(np.int64)
         if "scale_value" in node.params:
-            x = ref_requant(x + _zp(t), node.params["scale_value"][i], node.params["shift_value"][i], _zp(out),
+            x = ref_requant(x + _zp(node, t), node.params["scale_value"][i], node.params["shift_value"][i], zp_out,
                             out.qmin, out.qmax)
         parts.append(x)
     return np.clip(np.concatenate(parts, axis=axis), out.qmin, out.qmax)
@@ -146,7 +148,7 @@ def run_and_check(qg, inputs: Sequence[torch.Tensor]) -> None:
     got = node.outputs[0].betensor
     assert got.dtype == torch.int64
     np.testing.assert_array_equal(got.numpy(), want)
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     assert int(got.min()) >= out.qmin and int(got.max()) <= out.qmax
 
 
@@ -172,7 +174,7 @@ def test_binary_integer_forward_matches_reference(optype: str, method: Optional[
     else:
         assert len(node.params["scale_value"]) == 3
         assert node.params["scale_type"] == [Dtype.UINT16] * 3 and node.params["shift_type"] == Dtype.INT8
-    assert node.outputs[0].qmin < 0  # input a is signed in this data
+    assert params_of(node, node.outputs[0]).qmin < 0  # input a is signed in this data
     # 2 batches with a wider spread than calibration: exercises saturation too
     run_and_check(qg, [x * 1.5 for x in binary_data(seed + 1, n=1)[0]])
 
@@ -194,7 +196,7 @@ def test_fused_activation_matches_reference(method: str, act: str, amode: str) -
     qg = quantize_model(binary_graph("Eltwise", method, act=act), binary_data(21),
                         {"q_mode_activation": amode})
     node = qg.node("op")
-    assert (node.outputs[0].qmin < 0) == (act == "CLIP")  # clip_min < 0 keeps it signed
+    assert (params_of(node, node.outputs[0]).qmin < 0) == (act == "CLIP")  # clip_min < 0 keeps it signed
     run_and_check(qg, [x * 2.0 for x in binary_data(22, n=1)[0]])
 
 
@@ -204,9 +206,9 @@ def test_relu_with_force_dtype_int_stays_non_negative() -> None:
     data = binary_data(23)
     qg = quantize_model(g, data, {"force_dtype_int": True})
     node = qg.node("op")
-    assert node.outputs[0].qmin < 0 and node.outputs[0].dtype == Dtype.INT8
+    assert params_of(node, node.outputs[0]).qmin < 0 and node.outputs[0].dtype == Dtype.INT8
     run_and_check(qg, data[0])
-    assert int(node.outputs[0].betensor.min()) >= -_zp(node.outputs[0])
+    assert int(node.outputs[0].betensor.min()) >= -_zp(node, node.outputs[0])
 
 
 @pytest.mark.parametrize("method", ["ADD", "SUB", "MAX", "MIN"])
@@ -220,7 +222,7 @@ def test_equal_input_scales_use_the_m11_form(method: str) -> None:
     qg = quantize_model(binary_graph("Eltwise", method), data, {"q_strategy_activation": "extrema",
                                                                 "q_mode_activation": "per_tensor_asymmetric"})
     node = qg.node("op")
-    a_t, b_t, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    a_t, b_t, out = (params_of(node, t) for t in (node.inputs[0], node.inputs[1], node.outputs[0]))
     assert a_t.scale == b_t.scale and a_t.zerop == b_t.zerop
     m, one0, one1 = node.params["scale_value"]
     assert (one0, one1) == (1, 1)
@@ -241,16 +243,17 @@ def test_integer_inputs_give_integer_output(optype: str, method: Optional[str]) 
     qg = quantize_model(binary_graph(optype, method, in_dtype=Dtype.INT8), data)
     node = qg.node("op")
     out = node.outputs[0]
-    assert out.qinvariant and out.scale == 1.0 and out.zerop == 0
+    op = params_of(node, out)
+    assert op.qinvariant and op.scale == 1.0 and op.zerop == 0
     m = node.params["scale_value"]
     assert (m == 1) if isinstance(m, int) else (m == [1, 1, 1])
     assert node.params["shift_value"] == 0
     qg.forward(data[0])
     a, b = (x.to(torch.int64) for x in data[0])
     fn = {"ADD": torch.add, "MUL": torch.mul, "SUB": torch.sub, "MAX": torch.maximum}[method or optype.upper()]
-    want = torch.clamp(fn(a, b), out.qmin, out.qmax)
+    want = torch.clamp(fn(a, b), op.qmin, op.qmax)
     assert torch.equal(out.betensor, want)
-    assert out.qbits >= 8
+    assert op.qbits >= 8
 
 
 def nary_graph(method: str, count: int, act: str = "NONE"):
@@ -280,10 +283,11 @@ def ref_nary(node) -> np.ndarray:
     mult, *muls = node.params["scale_value"]
     acc = None
     for t, m in zip(node.inputs, muls):
-        v = (t.betensor.numpy().astype(np.int64) + _zp(t)) * m
+        v = (t.betensor.numpy().astype(np.int64) + _zp(node, t)) * m
         acc = v if acc is None else {"ADD": np.add, "MAX": np.maximum, "MIN": np.minimum}[method](acc, v)
-    out = node.outputs[0]
-    return ref_activation(node, ref_requant(acc, mult, node.params["shift_value"], _zp(out), out.qmin, out.qmax))
+    out = params_of(node, node.outputs[0])
+    return ref_activation(node, ref_requant(acc, mult, node.params["shift_value"], _zp(node, node.outputs[0]),
+                                            out.qmin, out.qmax))
 
 
 @pytest.mark.parametrize("bits", [8, 16])
@@ -298,7 +302,8 @@ def test_nary_eltwise_matches_reference(method: str, count: int, act: str, amode
     qg = quantize_model(graph, nary_data(52, count), settings)
     node = qg.node("op")
     assert len(node.params["scale_value"]) == count + 1
-    assert node.params["scale_value"][1:] == ref_nary_multipliers([t.scale for t in node.inputs], node.outputs[0].scale)
+    in_scales = [params_of(node, t).scale for t in node.inputs]
+    assert node.params["scale_value"][1:] == ref_nary_multipliers(in_scales, params_of(node, node.outputs[0]).scale)
     for batch in nary_data(53, count, n=2):
         qg.forward(batch)
         np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), ref_nary(node))
@@ -358,12 +363,14 @@ def test_eltwise_example_add() -> None:
     node = g.node("op")
     node.settings = LayerSettings(q_mode_activation="per_tensor_asymmetric")
     for t, (s, zp) in zip(node.inputs, [(44.694862, 5), (44.760075, -15)]):
-        t.scale, t.zerop, t.qmin, t.qmax, t.dtype, t.qbits, t.qinvariant = s, zp, -128, 127, Dtype.INT8, 8, False
+        set_quant(node, t, scale=s, zerop=zp, qmin=-128, qmax=127, qbits=8, qinvariant=False)
+        t.dtype = Dtype.INT8
     out = node.outputs[0]
     s_out = 31.199003
     set_range(node, out, -133 / s_out, -133 / s_out + 255 / s_out)  # → s_out, zp_out = -5 (int8 asymmetric)
     node.quantize()
-    assert abs(out.scale - s_out) < 1e-4 and out.zerop == -5 and (out.qmin, out.qmax) == (-128, 127)
+    op = params_of(node, out)
+    assert abs(op.scale - s_out) < 1e-4 and op.zerop == -5 and (op.qmin, op.qmax) == (-128, 127)
     assert node.params["scale_value"] == [128, 22917, 22884]
     assert node.params["shift_value"] == 22
     assert node.params["scale_type"] == [Dtype.UINT16] * 3 and node.params["shift_type"] == Dtype.INT8
@@ -391,7 +398,7 @@ def test_concat_passthrough_writes_no_params() -> None:
     qg = quantize_model(g, data, {"q_strategy_activation": "extrema"})
     node = qg.node("op")
     assert not any(k in node.params for k in ("scale_value", "shift_value", "scale_type", "shift_type"))
-    s = [t.scale for t in node.inputs] + [node.outputs[0].scale]
+    s = [params_of(node, t).scale for t in node.inputs] + [params_of(node, node.outputs[0]).scale]
     assert 1.0 < max(s) / min(s) <= 1.05
     qg.forward(data[0])
     want = torch.cat([t.betensor for t in node.inputs], dim=-1)
@@ -409,7 +416,8 @@ def test_concat_identical_branches_copy_params() -> None:
     qg = quantize_model(g, data, {"q_strategy_activation": "extrema", "q_mode_activation": "per_tensor_asymmetric"})
     node = qg.node("op")
     x0, out = node.inputs[0], node.outputs[0]
-    assert (out.scale, out.zerop, out.qmin, out.qmax, out.dtype) == (x0.scale, x0.zerop, x0.qmin, x0.qmax, x0.dtype)
+    xp, op = params_of(node, x0), params_of(node, out)
+    assert (op.scale, op.zerop, op.qmin, op.qmax, out.dtype) == (xp.scale, xp.zerop, xp.qmin, xp.qmax, x0.dtype)
     assert "scale_value" not in node.params
     run_and_check(qg, data[0])
 
@@ -446,8 +454,8 @@ def test_concat_mixed_8_and_16_bit_branches() -> None:
     data = [[_t(r.normal(0, 1, size=[2, 4, 4, 3])), _t(r.normal(0, 2, size=[2, 4, 4, 5]))] for _ in range(3)]
     qg = quantize_model(g, data, per_layer={"x1": {"q_bits_activation": 16}})
     node = qg.node("op")
-    assert node.inputs[0].qbits == 8 and node.inputs[1].qbits == 16
-    assert node.outputs[0].qbits == 16 and node.outputs[0].dtype == Dtype.INT16
+    assert params_of(node, node.inputs[0]).qbits == 8 and params_of(node, node.inputs[1]).qbits == 16
+    assert params_of(node, node.outputs[0]).qbits == 16 and node.outputs[0].dtype == Dtype.INT16
     assert node.params["scale_type"] == [Dtype.UINT16] * 2
     run_and_check(qg, data[0])
     ref = g.forward(data[0])[0].clone()
@@ -464,7 +472,7 @@ def test_concat_of_integers_passes_through() -> None:
     qg = quantize_model(graph, data)
     node = qg.node("op")
     out = node.outputs[0]
-    assert out.qinvariant and out.dtype == Dtype.INT16 and "scale_value" not in node.params
+    assert params_of(node, out).qinvariant and out.dtype == Dtype.INT16 and "scale_value" not in node.params
     qg.forward(data[0])
     assert out.betensor.tolist() == [[-3, -2, -1, 0, 1, 2, -300, 0, 5, 300]]
 
@@ -525,7 +533,8 @@ def test_golden_eltwise_and_mul_layers_run_the_documented_formula(letter: str) -
             if str(node.type) not in ("Eltwise", "Mul", "Add", "Sub", "Concat"):
                 continue
             for t in node.inputs:
-                t.betensor = torch.from_numpy(r.integers(t.qmin, t.qmax + 1, size=t.ir_shape)).to(torch.int64)
+                q = params_of(node, t)
+                t.betensor = torch.from_numpy(r.integers(q.qmin, q.qmax + 1, size=t.ir_shape)).to(torch.int64)
             node.forward()
             run_and_check_node(node)
             count += 1

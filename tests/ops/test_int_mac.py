@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.analysis.similarity import cosine
 from quantopt.graph.builder import GraphBuilder
@@ -87,7 +88,7 @@ def ref_conv(node, x_q: np.ndarray) -> np.ndarray:
     else:
         w = w + int(p.get("weights_zp", 0))
     b = node.constants["biases"].betensor.numpy().astype(np.int64)
-    zp_in = int(node.inputs[0].zerop)
+    zp_in = int(params_of(node, node.inputs[0]).zerop)
     n, h, wd, cin = x_q.shape
     xp = np.full((n, h + p["pad_top"] + p["pad_bottom"], wd + p["pad_left"] + p["pad_right"], cin), -zp_in,
                  dtype=np.int64)
@@ -116,7 +117,7 @@ def requant_params(node):
 
 def ref_clamp_act(node, y: np.ndarray) -> np.ndarray:
     act = node.params.get("with_activation", "NONE")
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     if act not in ("RELU", "RELU6", "CLIP"):
         return y
     lo, hi = {"RELU": (0.0, 1e30), "RELU6": (0.0, 6.0)}.get(act, (node.params.get("clip_min"),
@@ -139,7 +140,7 @@ def check_against_reference(qg, x_float: torch.Tensor) -> None:
     else:
         acc = ref_conv(node, x_q)
     mult, shift = requant_params(node)
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     want = ref_clamp_act(node, ref_requant(acc, mult, shift, int(out.zerop), out.qmin, out.qmax))
     got = node.outputs[0].betensor.numpy()
     np.testing.assert_array_equal(got, want)
@@ -195,7 +196,7 @@ def test_sixteen_bit_with_remain_shift_matches_reference() -> None:
     # pre-shift: round-half-even of acc / 2^d clipped to int32, plus the bias floor-shifted by d and clipped
     pre = ref_requant(acc_nobias, 1, d, 0, -(2 ** 31), 2 ** 31 - 1)
     b = np.clip(node.constants["biases"].betensor.numpy().astype(np.int64) >> d, -(2 ** 31), 2 ** 31 - 1)
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     want = ref_requant(pre + b, mult, 8, int(out.zerop), out.qmin, out.qmax)
     np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), want)
 

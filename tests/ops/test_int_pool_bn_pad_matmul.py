@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from int_refs import avg_ref, rhe_div
+from quant_helpers import params_of
 from test_pooling import _out_size
 
 from quantopt.analysis.similarity import cosine
@@ -64,7 +65,7 @@ def ref_act_bounds(node, y: np.ndarray) -> np.ndarray:
     act = str(node.params.get("with_activation", "NONE")).upper()
     if act not in ("RELU6", "CLIP"):
         return y
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     lo, hi = (0.0, 6.0) if act == "RELU6" else (node.params["clip_min"], node.params["clip_max"])
     q = [min(max(int(np.round(np.float64(v) * np.float64(out.scale) - out.zerop)), out.qmin), out.qmax)
          for v in (lo, hi)]
@@ -72,7 +73,7 @@ def ref_act_bounds(node, y: np.ndarray) -> np.ndarray:
 
 
 def out_info(node) -> Tuple[int, int, int]:
-    out = node.outputs[0]
+    out = params_of(node, node.outputs[0])
     return int(out.zerop), int(out.qmin), int(out.qmax)
 
 
@@ -102,7 +103,7 @@ def ref_pool(node, x_q: np.ndarray) -> np.ndarray:
     p = node.params
     one_d = x_q.ndim == 3
     x = x_q[:, None] if one_d else x_q
-    zp = int(node.inputs[0].zerop)
+    zp = int(params_of(node, node.inputs[0]).zerop)
     zp_out, qmin, qmax = out_info(node)
     n, h, w, c = x.shape
     k, s, d = (p["kernel_y"], p["kernel_x"]), (p["stride_y"], p["stride_x"]), (p["dilation_y"], p["dilation_x"])
@@ -172,7 +173,7 @@ def test_pooling_unsigned_input_with_padding() -> None:
         xs = [x.abs() + 0.5 for x in data([2, 9, 10, 5], 5)]
         qg = quantize_model(g, xs, settings("per_tensor_asymmetric", 8))
         node = qg.node("op")
-        assert node.inputs[0].qmin == 0
+        assert params_of(node, node.inputs[0]).qmin == 0
         qg.forward([xs[0]])
         np.testing.assert_array_equal(node.outputs[0].betensor.numpy(),
                                       ref_pool(node, node.inputs[0].betensor.numpy()))
@@ -188,9 +189,10 @@ def test_avg_pool_is_close_to_the_float_average(case) -> None:
     node = qg.node("op")
     x = data([2, 9, 10, 5], 7, 1)[0]
     got = run_quantized(qg, x)[0]
-    x_deq = (node.inputs[0].betensor.to(torch.float64) + node.inputs[0].zerop) / node.inputs[0].scale
+    ip, op = params_of(node, node.inputs[0]), params_of(node, node.outputs[0])
+    x_deq = (node.inputs[0].betensor.to(torch.float64) + ip.zerop) / ip.scale
     want = g.forward([x_deq.to(torch.float32)])[0].to(torch.float64)
-    assert float((got.to(torch.float64) - want).abs().max()) <= 1.5 / node.outputs[0].scale + 1e-5
+    assert float((got.to(torch.float64) - want).abs().max()) <= 1.5 / op.scale + 1e-5
 
 
 def test_pooling_quantization_passes_params_through_and_adds_no_keys() -> None:
@@ -199,8 +201,8 @@ def test_pooling_quantization_passes_params_through_and_adds_no_keys() -> None:
         qg = quantize_model(g, data([2, 9, 10, 5], 8), settings("per_tensor_asymmetric", 8))
         node, inp = qg.node("op"), qg.node("op").inputs[0]
         out = node.outputs[0]
-        assert (out.scale, out.zerop, out.qmin, out.qmax, out.dtype) == (inp.scale, inp.zerop, inp.qmin, inp.qmax,
-                                                                         inp.dtype)
+        op, ip = params_of(node, out), params_of(node, inp)
+        assert (op.scale, op.zerop, op.qmin, op.qmax, out.dtype) == (ip.scale, ip.zerop, ip.qmin, ip.qmax, inp.dtype)
         assert set(node.params) - set(g.node("op").params) == {"is_perf_mode", "unquantifiable",
                                                                "activation_quantization_axis"}
         assert not node.constants
@@ -337,10 +339,11 @@ def pad_graph(mode: str, value: float = 0.0, pads=NHWC_PADS, shape=(1, 5, 6, 3))
     return g.build([y])
 
 
-def ref_pad_value(node_in, value: float) -> int:
-    """The quantized constant: round_half_even(float32(scale) * float32(v) - zp), clamped."""
-    v = np.float32(node_in.scale) * np.float32(value) - np.float32(node_in.zerop)
-    return int(min(max(int(np.round(v)), node_in.qmin), node_in.qmax))
+def ref_pad_value(node, node_in, value: float) -> int:
+    """The quantized constant: round_half_even(float32(scale) * float32(v) - zp), clamped (node_in: node's input)."""
+    q = params_of(node, node_in)
+    v = np.float32(q.scale) * np.float32(value) - np.float32(q.zerop)
+    return int(min(max(int(np.round(v)), q.qmin), q.qmax))
 
 
 NP_MODES = {"CONSTANT": "constant", "REFLECT": "reflect", "SYMMETRIC": "symmetric", "EDGE": "edge"}
@@ -354,15 +357,15 @@ def test_pad_integer_forward_matches_reference(pad_mode: str, value: float, mode
     qg = quantize_model(g, data([2, 5, 6, 3], 18), settings(mode, bits))
     node = qg.node("op")
     inp = node.inputs[0]
-    assert node.params["constant_value"] == ref_pad_value(inp, value)
+    assert node.params["constant_value"] == ref_pad_value(node, inp, value)
     qg.forward([data([2, 5, 6, 3], 19, 1)[0]])
     x = inp.betensor.numpy()
     kw = {"constant_values": node.params["constant_value"]} if pad_mode == "CONSTANT" else {}
     want = np.pad(x, [tuple(p) for p in NHWC_PADS], mode=NP_MODES[pad_mode], **kw)
     np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), want)
     out = node.outputs[0]
-    assert (out.scale, out.zerop, out.qmin, out.qmax, out.dtype) == (inp.scale, inp.zerop, inp.qmin, inp.qmax,
-                                                                     inp.dtype)
+    op, ip = params_of(node, out), params_of(node, inp)
+    assert (op.scale, op.zerop, op.qmin, op.qmax, out.dtype) == (ip.scale, ip.zerop, ip.qmin, ip.qmax, inp.dtype)
 
 
 # ------------------------------------------------------------------------------------------------ MatMul
@@ -396,8 +399,8 @@ def mm_data(a_shape, b_shape, seed: int, n: int = 3) -> List[List[torch.Tensor]]
 
 def ref_matmul_acc(node) -> np.ndarray:
     ta, tb = node.inputs
-    a = ta.betensor.numpy().astype(np.int64) + int(ta.zerop)
-    b = tb.betensor.numpy().astype(np.int64) + int(tb.zerop)
+    a = ta.betensor.numpy().astype(np.int64) + int(params_of(node, ta).zerop)
+    b = tb.betensor.numpy().astype(np.int64) + int(params_of(node, tb).zerop)
     if node.params["trans_a"]:
         a = np.swapaxes(a, -1, -2)
     if node.params["trans_b"]:
@@ -429,7 +432,7 @@ def test_matmul_fused_activation_matches_reference(act: str) -> None:
     g = matmul_graph(a_shape, b_shape, ta, tb, act=act)
     qg = quantize_model(g, mm_data(a_shape, b_shape, 22), settings("per_tensor_asymmetric", 8))
     node = qg.node("op")
-    assert (node.outputs[0].qmin < 0) == (act == "CLIP")
+    assert (params_of(node, node.outputs[0]).qmin < 0) == (act == "CLIP")
     qg.forward(mm_data(a_shape, b_shape, 23, 1)[0])
     np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), ref_matmul(node))
 
@@ -459,7 +462,8 @@ def test_matmul_of_integer_inputs_is_an_exact_integer_passthrough() -> None:
     qg = quantize_model(g, feeds, settings("per_tensor_symmetric_full_range", 8))
     node = qg.node("op")
     out = node.outputs[0]
-    assert out.qinvariant and out.scale == 1.0 and out.zerop == 0 and out.dtype == Dtype.INT16
+    op = params_of(node, out)
+    assert op.qinvariant and op.scale == 1.0 and op.zerop == 0 and out.dtype == Dtype.INT16
     assert (node.params["scale_value"], node.params["shift_value"]) == (1, 0)
     qg.forward(feeds[0])
     want = np.matmul(feeds[0][0].numpy().astype(np.int64), feeds[0][1].numpy().astype(np.int64))

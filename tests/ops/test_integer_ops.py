@@ -13,6 +13,7 @@ from typing import Any, Dict
 import numpy as np
 import pytest
 import torch
+from quant_helpers import params_of
 
 from quantopt.errors import IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
@@ -48,8 +49,9 @@ def test_matmul_integer_exact(tmp_path, dtype, lo: int, hi: int) -> None:
     np.testing.assert_array_equal(g.forward(f)[0].numpy(), want)
     qg = quantize_model(g, [f], settings())
     out = qg.node("op").outputs[0]
-    assert out.qinvariant and out.scale == 1.0 and out.dtype == Dtype.INT32 and (out.qmin, out.qmax) == (-2 ** 31,
-                                                                                                         2 ** 31 - 1)
+    op = params_of(qg.node("op"), out)
+    assert op.qinvariant and op.scale == 1.0 and out.dtype == Dtype.INT32 and (op.qmin, op.qmax) == (-2 ** 31,
+                                                                                                     2 ** 31 - 1)
     np.testing.assert_array_equal(qg.forward(f)[0].numpy(), want)
     re = read_ir(write_ir(qg, str(tmp_path / "q.txt"))[0])
     np.testing.assert_array_equal(re.forward(f)[0].numpy(), want)
@@ -134,17 +136,18 @@ def test_fake_quant_quantized(tmp_path, mode: str) -> None:
     qg = quantize_model(g, calib, settings(8, mode))
     node = qg.node("op")
     inp, out = node.inputs[0], node.outputs[0]
-    assert (out.scale, out.zerop, out.qmin, out.qmax, out.dtype) == (inp.scale, inp.zerop, inp.qmin, inp.qmax,
+    ip, op = params_of(node, inp), params_of(node, out)
+    assert (op.scale, op.zerop, op.qmin, op.qmax, out.dtype) == (ip.scale, ip.zerop, ip.qmin, ip.qmax,
                                                                      inp.dtype)
     f = [torch.from_numpy(rng.uniform(-3, 3, size=(2, 50)).astype(np.float32))]
     got = qg.forward(f)[0].numpy()
     q_in = qg.node("op").inputs[0].betensor.numpy()
-    s, zp = float(inp.scale), int(inp.zerop)
+    s, zp = float(ip.scale), int(ip.zerop)
     step = np.float32(np.float32(np.float32(2.1) - np.float32(-1.3)) / np.float32(255))
     lo_adj = np.float32(step * np.round(np.float32(-1.3) / step))
     hi_adj = np.float32(np.float32(2.1) + lo_adj - np.float32(-1.3))
-    q_lo = max(int(inp.qmin), math.ceil(float(lo_adj) * s) - zp)
-    q_hi = min(int(inp.qmax), math.floor(float(hi_adj) * s) - zp)
+    q_lo = max(int(ip.qmin), math.ceil(float(lo_adj) * s) - zp)
+    q_hi = min(int(ip.qmax), math.floor(float(hi_adj) * s) - zp)
     np.testing.assert_array_equal(got, np.clip(q_in, q_lo, q_hi))
     assert (got == q_lo).any() and (got == q_hi).any()  # the clamp is exercised
     deq = (got + zp) / s
@@ -206,12 +209,13 @@ def test_conv_integer_exact(tmp_path) -> None:
     qg = quantize_model(g, [f], settings())
     node = qg.node("op")
     out = node.outputs[0]
-    assert out.qinvariant and out.dtype == Dtype.INT32 and out.scale == 1.0 and out.zerop == 0
+    op = params_of(node, out)
+    assert op.qinvariant and out.dtype == Dtype.INT32 and op.scale == 1.0 and op.zerop == 0
     assert (node.params["weights_zp"], node.params["weights_scale"], node.params["biases_zp"]) == (5, 1.0, 0)
     np.testing.assert_array_equal(node.constants["weights"].betensor.numpy(), w)
     folded = bias - (w + 5).reshape(4, -1).sum(axis=1) * 130  # the input zero point in the biases
     np.testing.assert_array_equal(node.constants["biases"].betensor.numpy(), folded)
-    assert node.inputs[0].zerop == 0  # the producer's params are not rewritten
+    assert params_of(node, node.inputs[0]).zerop == 0  # the producer's params are not rewritten
     np.testing.assert_array_equal(qg.forward(f)[0].numpy(), want)
     re = read_ir(write_ir(qg, str(tmp_path / "q.txt"))[0])
     np.testing.assert_array_equal(re.forward(f)[0].numpy(), want)

@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import MODEL_NAMES, shared_model_dir
+from quant_helpers import params_of
 
 from quantopt.ir.reader import read_ir
 from quantopt.quant import (
@@ -96,7 +97,8 @@ def test_per_tensor_conv_fc_multipliers() -> None:
             for n in _mac_nodes(model, letter):
                 if "scale_value" not in n.params:
                     continue
-                ratio = f32(n.outputs[0].scale) / (f32(n.inputs[0].scale) * f32(n.params["weights_scale"]))
+                s_out, s_in = params_of(n, n.outputs[0]).scale, params_of(n, n.inputs[0]).scale
+                ratio = f32(s_out) / (f32(s_in) * f32(n.params["weights_scale"]))
                 m, s, mdt, sdt = scale_shift(ratio, ACT_BITS[letter])
                 p = n.params
                 want = (p["scale_value"], p["shift_value"], p["scale_type"], p["shift_type"])
@@ -134,7 +136,8 @@ def test_per_channel_unified_multipliers() -> None:
                 if "scale" not in n.constants:
                     continue
                 _, wmin, wmax = _weight_ranges(model, n.name)
-                ratios = _grouped_ratios(wmin, wmax, WEIGHT_BITS[letter], n.inputs[0].scale, n.outputs[0].scale)
+                ratios = _grouped_ratios(wmin, wmax, WEIGHT_BITS[letter], params_of(n, n.inputs[0]).scale,
+                                         params_of(n, n.outputs[0]).scale)
                 res = unify_shifts_for_aiff(ratios, wmin.numel(), ACT_BITS[letter])
                 want_m = n.constants["scale"].betensor.long()
                 want_s = n.constants["shift"].betensor.long()
@@ -155,7 +158,7 @@ def test_eltwise_add_multipliers() -> None:
             for n in golden(model, letter).nodes:
                 if str(n.type) != "Eltwise" or str(n.params.get("method")).upper() != "ADD":
                     continue
-                a, b, o = n.inputs[0], n.inputs[1], n.outputs[0]
+                a, b, o = params_of(n, n.inputs[0]), params_of(n, n.inputs[1]), params_of(n, n.outputs[0])
                 res = eltwise_multipliers(a.scale, b.scale, o.scale, ACT_BITS[letter], zp0=a.zerop, zp1=b.zerop)
                 want = (list(n.params["scale_value"]), n.params["shift_value"])
                 total += 1
@@ -176,7 +179,8 @@ def test_mul_multipliers() -> None:
             for n in golden(model, letter).nodes:
                 if str(n.type) != "Mul" or "scale_value" not in n.params:
                     continue
-                ratio = f32(n.outputs[0].scale) / (f32(n.inputs[0].scale) * f32(n.inputs[1].scale))
+                s_out, s0, s1 = (params_of(n, t).scale for t in (n.outputs[0], n.inputs[0], n.inputs[1]))
+                ratio = f32(s_out) / (f32(s0) * f32(s1))
                 m, s, _, _ = scale_shift(ratio, ACT_BITS[letter])
                 total += 1
                 if (m, s) == (n.params["scale_value"], n.params["shift_value"]):
@@ -222,13 +226,14 @@ def test_weights_and_biases() -> None:
                 if "biases" not in n.constants:
                     continue
                 b = fnodes[n.name].constants["biases"].betensor
-                b_q, b_scale = bias_quantize(b, n.inputs[0].scale, p.scale, BIAS_BITS, upstream_float32_clip=True)
+                x = params_of(n, n.inputs[0])
+                b_q, b_scale = bias_quantize(b, x.scale, p.scale, BIAS_BITS, upstream_float32_clip=True)
                 want_bs = n.constants["biases_scale"].betensor.float() if per_channel else n.params["biases_scale"]
                 ok = torch.equal(b_scale, want_bs) if per_channel else b_scale == want_bs
                 counts["biases_scale"][0] += ok
                 counts["biases_scale"][1] += 1
                 # upstream clamps again after folding, in float32 too: the upper bound is 2^31, not 2^31 - 1
-                folded = fold_input_zero_point(b_q, w_q, n.inputs[0].zerop, qmin=-(2 ** 31), qmax=2 ** 31)
+                folded = fold_input_zero_point(b_q, w_q, x.zerop, qmin=-(2 ** 31), qmax=2 ** 31)
                 compressed, _ = compress_bias(folded, BIAS_EFFECTIVE_BITS)
                 ok = torch.equal(_int32_wrap(compressed), n.constants["biases"].betensor.long())
                 counts["biases"][0] += ok
@@ -267,8 +272,9 @@ def test_activation_luts() -> None:
                 if method not in LUT_FUNCS:
                     continue
                 i, o = n.inputs[0], n.outputs[0]
-                lut = build_lut(LUT_FUNCS[method](n), i.scale, i.zerop, *_top_range(i), i.dtype.bits,
-                                o.scale, o.zerop, *_top_range(o), lut_items_in_bits=LUT_BITS[letter])
+                pi, po = params_of(n, i), params_of(n, o)
+                lut = build_lut(LUT_FUNCS[method](n), pi.scale, pi.zerop, *_top_range(i), i.dtype.bits,
+                                po.scale, po.zerop, *_top_range(o), lut_items_in_bits=LUT_BITS[letter])
                 total += 1
                 if torch.equal(lut, n.constants["lut"].betensor.long()):
                     matched += 1
@@ -294,13 +300,15 @@ def test_input_params_from_calibration_data() -> None:
         modes = {"A": "per_tensor_symmetric_full_range", "B": "per_tensor_asymmetric",
                  "C": "per_tensor_symmetric_full_range"}
         for letter in GOLDENS:
-            t = golden(model, letter).nodes[0].outputs[0]
+            inp = golden(model, letter).nodes[0]
+            t = inp.outputs[0]
+            q = params_of(inp, t)
             p = linear_quant_params(*ranges[letter], ACT_BITS[letter], modes[letter], t.dtype.is_signed)
             total += 1
-            if (p.scale, p.zerop, p.dtype) == (t.scale, t.zerop, t.dtype):
+            if (p.scale, p.zerop, p.dtype) == (q.scale, q.zerop, t.dtype):
                 matched += 1
             else:
-                misses.append(f"{model}/{letter}: {(p.scale, p.zerop)} != {(t.scale, t.zerop)}")
+                misses.append(f"{model}/{letter}: {(p.scale, p.zerop)} != {(q.scale, q.zerop)}")
     _report("Input params", matched, total, misses)
 
 
