@@ -13,6 +13,7 @@ from quantopt.analysis.ir_compare import LayerDiff, compare_quantized_irs, forgi
 from quantopt.cli import main as quantopt_main
 from quantopt.graph.graph import PyGraph
 from quantopt.graph.node import PyNode
+from quantopt.graph.tensor import PyTensor
 from quantopt.ir.reader import read_ir
 
 FAILED_NOTE = "upstream_failed.txt"
@@ -110,6 +111,14 @@ def _edge(node: PyNode) -> Tuple[str, Tuple[str, ...], Tuple[str, ...]]:
     return str(node.type), tuple(t.name for t in node.inputs), tuple(t.name for t in node.outputs)
 
 
+def _rename(graph: PyGraph, t: PyTensor, name: str) -> None:
+    """Rename a tensor of `graph`; its quantization parameters, keyed by name, move with it."""
+    if t in graph.quant:
+        graph.quant.set(name, graph.quant.get(t))
+        graph.quant.drop(t)
+    t.name = name
+
+
 def pair_inserted_layers(ours: PyGraph, golden: PyGraph) -> Dict[str, str]:
     """Golden layer name -> quantopt layer name for the layers upstream inserted under a run-dependent name (the
     recurrent layers' Casts, `<producer>_Cast__<numbers>`): a golden layer absent from quantopt's IR by name is
@@ -147,7 +156,7 @@ def pair_inserted_layers(ours: PyGraph, golden: PyGraph) -> Dict[str, str]:
             pairs[ref.name] = found[0].name
             found[0].name = ref.name
             for mine, theirs in zip(found[0].outputs, ref.outputs):
-                mine.name = theirs.name
+                _rename(ours, mine, theirs.name)
     # third pass: chains of inserted layers (a DeQuantize then a Quantize between two quantized layers): in graph
     # order, the one unpaired layer of the same type reading the same tensors whose outputs have as many readers, the
     # same ones where they are layers of both graphs; its outputs are renamed to the golden's so the next layer of
@@ -174,7 +183,7 @@ def pair_inserted_layers(ours: PyGraph, golden: PyGraph) -> Dict[str, str]:
                 pairs[ref.name] = found[0].name
                 found[0].name = ref.name
                 for mine, theirs in zip(found[0].outputs, ref.outputs):
-                    mine.name = theirs.name
+                    _rename(ours, mine, theirs.name)
                 left.remove(found[0])
                 progress = True
         if not progress:

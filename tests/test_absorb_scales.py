@@ -81,7 +81,7 @@ def test_weights_hold_the_producers_scales_and_the_float_graph_keeps_its_own() -
 def test_absorption_divides_each_weight_by_its_input_channel_and_recalibrates() -> None:
     graph, qg, _ = quantized()
     fnode = graph.node("c2")  # grouped: output channel o reads input channels 2 * o, 2 * o + 1
-    m = fnode.detached_copy(inputs=list(qg.node("c2").inputs))
+    m = fnode.detached_copy(inputs=list(qg.node("c2").inputs), input_quant=qg.quant)
     scales = channel_scales(m, m.inputs[0]).to(torch.float64)
     w = fnode.constants["weights"].betensor.to(torch.float64)
     want = torch.stack([w[o] / scales[2 * o: 2 * o + 2] for o in range(2)]).to(torch.float32)
@@ -103,11 +103,11 @@ def test_absorption_divides_each_weight_by_its_input_channel_and_recalibrates() 
 def test_quantization_only_checks_the_absorption() -> None:
     graph, qg, _ = quantized()
     fnode = graph.node("c2")
-    m = fnode.detached_copy(inputs=list(qg.node("c2").inputs))
+    m = fnode.detached_copy(inputs=list(qg.node("c2").inputs), input_quant=qg.quant)
     with pytest.raises(UnabsorbedInputScales, match="hold no input scales"):
         m.quantize()  # the quantize function no longer divides the weights itself
 
-    m = fnode.detached_copy(inputs=list(qg.node("c2").inputs))
+    m = fnode.detached_copy(inputs=list(qg.node("c2").inputs), input_quant=qg.quant)
     absorb_input_scales(m)
     w = m.constants["weights"]
     stats, lo, hi = statistics_of(m).get(w), range_of(m, w).min, range_of(m, w).max
@@ -118,7 +118,7 @@ def test_quantization_only_checks_the_absorption() -> None:
     for key in ("biases", "scale", "shift"):
         assert torch.equal(m.constants[key].betensor, qg.node("c2").constants[key].betensor)
 
-    per_tensor = graph.node("c").detached_copy(inputs=list(qg.node("c").inputs))
+    per_tensor = graph.node("c").detached_copy(inputs=list(qg.node("c").inputs), input_quant=qg.quant)
     per_tensor.attrs[ABSORBED_SCALES] = torch.ones(3)
     with pytest.raises(UnabsorbedInputScales, match="has none"):
         per_tensor.quantize()

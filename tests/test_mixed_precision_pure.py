@@ -18,7 +18,7 @@ from quantopt.tuning.mixed_precision import cut_point_search, per_layer_search, 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "calibration"))
 from test_mixed_precision import _prepared  # noqa: E402
 
-TENSOR_KEYS = ("scale", "zerop", "qmin", "qmax", "qbits", "dtype")
+QUANT_KEYS = ("scale", "zerop", "qmin", "qmax", "qbits", "qinvariant", "axis")
 
 
 def _value(v: Any) -> Any:
@@ -27,7 +27,7 @@ def _value(v: Any) -> Any:
 
 def snapshot(graph: PyGraph) -> Dict[str, Any]:
     """Everything a probe could leave on the float graph: each layer's settings and parameters, each tensor's
-    ranges and quantization fields, the constants' values, the statistics objects and the quantized copy."""
+    ranges, quantization parameters and dtype, the constants' values, the statistics objects and the quantized copy."""
     snap: Dict[str, Any] = {"quantgraph": id(getattr(graph, "quantgraph", None))}
     table = graph.statistics
     for n in graph.nodes:
@@ -36,7 +36,7 @@ def snapshot(graph: PyGraph) -> Dict[str, Any]:
         snap[n.name] = {
             "settings": (id(n.settings), n.settings), "params": repr(n.params), "quantized": n.quantized,
             "tensors": [(role, t.name, id(table.get(t)) if t in table else None,
-                         {k: _value(getattr(t, k)) for k in TENSOR_KEYS},
+                         {k: _value(getattr(graph.quant.get(t), k)) for k in QUANT_KEYS}, t.dtype,
                          [_value(v) for r in (graph.ranges.get(t), graph.ranges.channels(t)) for v in (r.min, r.max)],
                          t.betensor.detach().clone() if role.startswith("const") else None) for role, t in tensors]}
     return snap
