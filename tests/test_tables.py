@@ -50,10 +50,15 @@ def test_clone_shares_entries_and_replacing_one_leaves_the_other() -> None:
     assert float(g.statistics.get(out).extrema_min) == -1.0  # the original keeps its entry
 
 
-def test_no_statistics_or_analysis_fields_on_tensors() -> None:
+def test_no_stage_state_on_tensors() -> None:
+    """Statistics, ranges, analysis results and quantization parameters live in side tables; a tensor has slots, so
+    a stage cannot put them back on it by accident."""
     t = PyTensor("t")
-    for name in ("stats", "similarity", "mse", "min", "max", "min_key_axis", "max_key_axis"):
+    for name in ("stats", "similarity", "mse", "min", "max", "min_key_axis", "max_key_axis", "scale", "zerop", "qbits",
+                 "qmin", "qmax", "qinvariant", "key_axis", "unrounded"):
         assert not hasattr(t, name)
+    with pytest.raises(AttributeError):
+        t.scale = 2.0  # type: ignore[attr-defined]
 
 
 def test_detached_copy_and_standalone_layers_have_their_own_table() -> None:
