@@ -116,7 +116,7 @@ def quantized_cosines(qtxt: str, feeds: Sequence[Dict[str, np.ndarray]],
     outs: List[List[torch.Tensor]] = []
     for f in feeds:
         qgraph.forward(_feed_list(qgraph, f))
-        outs.append([to_float(t).clone() for t in qgraph.output_tensors])
+        outs.append([to_float(t, qgraph.quant).clone() for t in qgraph.output_tensors])
     result = []
     for k in range(len(ref[0])):
         a = torch.cat([o[k].reshape(-1).to(torch.float64) for o in outs])
