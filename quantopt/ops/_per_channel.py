@@ -20,7 +20,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.tables import TensorQuant, quant_of
+from ..graph.tables import quant_of
 from ..graph.tensor import PyTensor
 
 TABLE_ACTIVATIONS = ("Activation", "Sigmoid", "Tanh", "Hardswish", "HardSigmoid", "ELU", "SELU", "CELU", "GELU",
@@ -32,19 +32,14 @@ PER_CHANNEL_PRODUCERS = ("Convolution", "DepthwiseConv", "FullyConnected", "Batc
 PER_CHANNEL_CONSUMERS = PER_CHANNEL_PRODUCERS + ("Pooling", "GlobalPool", "Concat")
 
 
-def _params(node: PyNode, t: PyTensor) -> TensorQuant:
-    """The parameters of `t`, a tensor of `node`."""
-    return quant_of(node).get(t)
-
-
-def is_per_channel(node: PyNode, t: Optional[PyTensor] = None) -> bool:
+def is_per_channel(node: PyNode, t: PyTensor) -> bool:
     """Whether `t`, a tensor of `node`, has one scale per channel."""
-    return _params(node, t).per_channel
+    return quant_of(node).get(t).per_channel
 
 
-def channel_scales(node: PyNode, t: Optional[PyTensor] = None) -> Optional[torch.Tensor]:
+def channel_scales(node: PyNode, t: PyTensor) -> Optional[torch.Tensor]:
     """The float32 scales along the last axis of `t`, a per-channel activation of `node`, else None."""
-    q = _params(node, t)
+    q = quant_of(node).get(t)
     return q.scale.to(torch.float32).reshape(-1) if q.per_channel else None
 
 
