@@ -39,7 +39,6 @@ from ._quant import (
     layer_settings,
     out_range,
     params,
-    quant_of,
     requant_of,
     store_requant,
     tensor_scale,
@@ -949,8 +948,7 @@ def exact_resize(g: QDQGraph, node: PyNode) -> bool:
     if not fits_double(offset_absmax(node, x) * growth):
         return False
     rank = len(x.ir_shape)
-    table = quant_of(node)
-    zp_in, zp_out = int(round(float(table.get(x).zerop))), int(round(float(table.get(node.outputs[0]).zerop)))
+    zp_in, zp_out = tensor_zp(node, x), tensor_zp(node, node.outputs[0])
     value = codes(g, x)  # the integers themselves: quantopt rounds Σ w·q half to even, not Σ w·(q + zp)
     value = value if zp_in == 0 else g.add("Sub", [value, double(g, node, "zero_point", float(zp_in))])
     for axis, idx, w in plan:

@@ -1100,7 +1100,7 @@ def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) ->
 
     axes_input = g.ints(f"{node.name}/axes", list(axes))
     v = g.add("Cast", [codes(g, x)], to=INT64)
-    zp_in = int(round(float(quant_of(node).get(x).zerop)))
+    zp_in = tensor_zp(node, x)
     if zp_in:  # the stored integers themselves: half-to-even ties of the mean move with an odd zero point
         v = g.add("Sub", [v, int64("input_zero_point", zp_in)])
     d = g.add("Sub", [v, round_div_int64(g, node, g.add("ReduceSum", [v, axes_input], keepdims=1),

@@ -30,7 +30,7 @@ from ...graph.node import PyNode
 from ...graph.tensor import PyTensor
 from ...quant.rounding import FLOAT64_EXACT, bit_length
 from .._eltwise_int import offset_absmax
-from .._quant import fused_activation_bounds, quant_of, requant_of
+from .._quant import fused_activation_bounds, quant_of, requant_of, tensor_zp
 from .perms import Perm
 from .qdq_graph import FLOAT, ONNX_INT_TYPES, QUANTIZABLE, QDQGraph, requant_ratio
 
@@ -144,7 +144,7 @@ def requantize(g: QDQGraph, node: PyNode, value: str, ratio: Union[float, np.nda
     y = node.outputs[0]
     if g.qparams(y).dtype not in QUANTIZABLE and not any(isinstance(b, torch.Tensor) for b in bounds or ()):
         # an int32 integer tensor (integer inputs): no QuantizeLinear makes it, and float32 would round it
-        zp = int(round(float(quant_of(node).get(y).zerop)))
+        zp = tensor_zp(node, y)
         rounded = g.add("Round", [value])
         rounded = rounded if not zp else g.add("Sub", [rounded, double(g, node, "output_zero_point", float(zp))])
         emit_integers(g, node, y, rounded, perm, bounds=bounds)
@@ -266,7 +266,7 @@ def _eltwise_int64(g: QDQGraph, node: PyNode, method: str, inputs: Sequence[PyTe
         acc = g.add(ops[method], [acc, v])
     acc = acc if m_out == 1 else g.add("Mul", [acc, int64("multiplier", m_out)])
     result = acc if shift == 0 else round_div_int64(g, node, acc, int64("divisor", 1 << shift))
-    zp = int(round(float(quant_of(node).get(node.outputs[0]).zerop)))
+    zp = tensor_zp(node, node.outputs[0])
     result = g.add("Cast", [result], to=DOUBLE)
     result = result if not zp else g.add("Sub", [result, double(g, node, "output_zero_point", float(zp))])
     emit_integers(g, node, node.outputs[0], result, perm, bounds=bounds)
@@ -339,7 +339,7 @@ def concat(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
     if not g.unit_domain or any(table.get(t).qmin is None for t in node.inputs):
         return False
     y = node.outputs[0]
-    zp_out = int(round(float(table.get(y).zerop)))
+    zp_out = tensor_zp(node, y)
     branches = []
     lists = "scale_value" in node.params
     for i, t in enumerate(node.inputs):
@@ -348,7 +348,7 @@ def concat(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
             ratio = int(node.params["scale_value"][i]) * 2.0 ** -int(node.params["shift_value"][i])
             v = g.add("Round", [g.add("Mul", [v, double(g, node, f"input{i}_multiplier", ratio)])])
         else:  # the integers themselves: x_i (IR) + zp_out
-            shift = zp_out - int(round(float(table.get(t).zerop)))
+            shift = zp_out - tensor_zp(node, t)
             v = v if shift == 0 else g.add("Add", [v, double(g, node, f"input{i}_offset", float(shift))])
         branches.append(v)
     requantize(g, node, g.add("Concat", branches, axis=axis), 1.0, perm)

@@ -28,7 +28,7 @@ from ...graph.node import PyNode
 from ...graph.tensor import PyTensor
 from ...quant.dtype import Dtype
 from ...quant.rounding import FLOAT64_EXACT
-from .._quant import effective_weights, fused_activation_bounds, quant_of
+from .._quant import effective_weights, fused_activation_bounds, quant_of, tensor_zp
 from . import exact
 from .perms import channels_first
 from .qdq_graph import QDQGraph, int_or, node_error, requant_ratio
@@ -246,7 +246,8 @@ def _wide_double_mac(g: QDQGraph, node: PyNode, inner: int, force: bool = False)
     wide = force or (qx.qbits or 8) > 8 or node.get_constant("weights").dtype.bits > 8
     if not g.unit_domain or not wide or node.params.get("remain_shift") is not None:
         return None
-    lo, hi = qx.qmin + int(round(float(qx.zerop))), qx.qmax + int(round(float(qx.zerop)))
+    zp = tensor_zp(node, x)
+    lo, hi = qx.qmin + zp, qx.qmax + zp
     bias = np.abs(input_folded_bias(node, x)).max(initial=0)
     if inner * max(abs(lo), abs(hi)) * int(w.abs().max()) + bias >= FLOAT64_EXACT:
         return None
