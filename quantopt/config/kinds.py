@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
+from ..device import DEVICE_NAMES, parse_device
 from .calibration_values import STRATEGY_FORMS, UNIFY_ALLOWED_TEXT, parse_strategy, parse_trim, parse_unify_rules
 
 
@@ -118,15 +119,13 @@ class DeviceKind(ValueKind):
     here, so that reading a cfg never needs torch)."""
 
     def parse(self, text: str) -> str:
-        value = text.strip().lower()
-        if value in ("auto", "cpu", "cuda"):
-            return value
-        if value.startswith("cuda:") and value[5:].isdigit():
-            return f"cuda:{int(value[5:])}"
-        raise ValueError("not a device")
+        try:
+            return parse_device(text)
+        except ValueError:
+            raise ValueError("not a device") from None
 
     def allowed(self) -> str:
-        return "auto, cpu, cuda or cuda:N (N the CUDA device index)"
+        return DEVICE_NAMES
 
 
 @dataclass
