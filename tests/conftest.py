@@ -3,10 +3,12 @@ device every cfg workflow of the suite runs on.
 
 `QUANTOPT_TEST_DEVICE=cuda python -m pytest` runs the same suite with the cfg field `device` defaulting to that device
 (every `quantopt --cfg` the tests start, the goldens included, then computes there), and tests/test_device_parity.py
-compares each corpus model's outputs on it with the CPU's. Unset, the suite runs on the CPU (docs/performance.md,
-"Devices")."""
+compares each corpus model's outputs on it with the CPU's. `QUANTOPT_TEST_DEVICE=fake-cuda` does the same on a CPU
+emulation of a CUDA device (tests/fake_cuda.py), which finds tensors on the wrong device without a GPU. Unset, the
+suite runs on the CPU (docs/performance.md, "Devices")."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -38,17 +40,23 @@ def _load_plugins():
 
 @pytest.fixture(scope="session", autouse=True)
 def _workflow_device():
-    """With QUANTOPT_TEST_DEVICE set, the cfg field `device` defaults to it for the whole session."""
+    """With QUANTOPT_TEST_DEVICE set, the cfg field `device` defaults to it for the whole session; `fake-cuda`
+    makes it `cuda` on the CPU emulation of tests/fake_cuda.py (device mistakes without a GPU)."""
     if not TEST_DEVICE:
         yield
         return
+    from fake_cuda import fake_cuda
+
     from quantopt.config import fields
     from quantopt.config.kinds import DeviceKind
 
+    emulated = TEST_DEVICE.lower() == "fake-cuda"
     saved = fields.FIELDS["device"]
-    fields.FIELDS["device"] = dataclasses.replace(saved, default=DeviceKind().parse(TEST_DEVICE))
+    fields.FIELDS["device"] = dataclasses.replace(saved, default=DeviceKind().parse("cuda" if emulated
+                                                                                      else TEST_DEVICE))
     try:
-        yield
+        with fake_cuda() if emulated else contextlib.nullcontext():
+            yield
     finally:
         fields.FIELDS["device"] = saved
 

@@ -3,8 +3,8 @@ models) and every shared CNN model run by `quantopt run` on the CPU and on a CUD
 outputs must be the same integers, and the float IR's outputs the same floats up to the summation order of the
 GPU libraries.
 
-The device is $QUANTOPT_TEST_DEVICE, else `cuda` where torch sees one; on a machine without a GPU these tests are
-skipped (docs/performance.md, "Devices", records the runs on a GPU machine)."""
+The device is $QUANTOPT_TEST_DEVICE (cuda, cuda:N, or fake-cuda: the CPU emulation of tests/fake_cuda.py), else
+`cuda` where torch sees one; on a machine without a GPU and without that variable these tests are skipped (docs/performance.md, "Devices", records the runs on a GPU machine)."""
 from __future__ import annotations
 
 import json
@@ -27,7 +27,9 @@ FOLDERS: Dict[str, Path] = {m: CORPUS / m for m, v in FLOORS.items() if "quantop
 FOLDERS.update({p.name: p for p in SHARED.iterdir() if (p / "golden" / "A" / "opt.cfg").is_file()})
 MODELS: List[str] = sorted(FOLDERS)
 _ASKED = os.environ.get("QUANTOPT_TEST_DEVICE", "").strip().lower()
-DEVICE = _ASKED if _ASKED.startswith("cuda") else ("cuda" if torch.cuda.is_available() else "")
+DEVICE = "cuda" if _ASKED == "fake-cuda" else _ASKED if _ASKED.startswith("cuda") else \
+    ("cuda" if torch.cuda.is_available() else "")
+"""`fake-cuda` (conftest.py) checks only that every model runs there: its values are the CPU's."""
 
 ON_DEVICE = MODELS if DEVICE else [pytest.param("", marks=pytest.mark.skip(
     reason="needs a CUDA device (torch sees none on this machine; QUANTOPT_TEST_DEVICE names one)"))]
