@@ -4,7 +4,8 @@ outputs must be the same integers, and the float IR's outputs the same floats up
 GPU libraries.
 
 The device is $QUANTOPT_TEST_DEVICE (cuda, cuda:N, or fake-cuda: the CPU emulation of tests/fake_cuda.py), else
-`cuda` where torch sees one; on a machine without a GPU and without that variable these tests are skipped (docs/performance.md, "Devices", records the runs on a GPU machine)."""
+`cuda` where torch sees one; on a machine without a GPU and without that variable these tests are skipped
+(docs/performance.md, "Devices", records the runs on a GPU machine)."""
 from __future__ import annotations
 
 import json
