@@ -20,7 +20,7 @@ from unittest import mock
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 
 CUDA = torch.device("cuda", 0)
 
@@ -44,6 +44,26 @@ def _fake(x: Any) -> Any:
     if isinstance(x, torch.Tensor) and not isinstance(x, FakeCudaTensor):
         with torch._C.DisableTorchFunctionSubclass():
             return x.as_subclass(FakeCudaTensor)
+    return x
+
+
+def _unwrap(x: Any) -> Any:
+    """Fake tensors in (nested) lists, tuples and dicts as plain ones; other values as they are (a torch.Size stays a
+    Size: `x.new(size)` and `x.new(tuple)` mean different things)."""
+    if isinstance(x, FakeCudaTensor):
+        return _plain(x)
+    if type(x) in (list, tuple):
+        return type(x)(_unwrap(v) for v in x)
+    if type(x) is dict:
+        return {k: _unwrap(v) for k, v in x.items()}
+    return x
+
+
+def _wrap(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return _fake(x)
+    if type(x) in (list, tuple):
+        return type(x)(_wrap(v) for v in x)
     return x
 
 
@@ -133,11 +153,11 @@ class _Mode(TorchFunctionMode):
         if target is not None:
             kwargs["device"] = torch.device("cpu") if (_is_cuda_device(target) or _is_cpu_device(target)) else target
         with torch._C.DisableTorchFunctionSubclass():
-            out = func(*tree_map(_plain, args), **tree_map(_plain, kwargs))
+            out = func(*_unwrap(args), **_unwrap(kwargs))
         if func is torch.Tensor.item or name in ("tolist", "item"):
             return out
         if on_cuda and not (target is not None and _is_cpu_device(target)):
-            return tree_map(_fake, out)
+            return _wrap(out)
         return out
 
 

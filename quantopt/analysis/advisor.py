@@ -103,8 +103,8 @@ def _bias_saturation(fnode: PyNode, qnode: PyNode) -> List[Advice]:
     q = quant_of(qnode).get(qb) if qb is not None else None
     if fb is None or q is None or q.scale is None or q.qbits is None or not fb.betensor.is_floating_point():
         return []
-    scale = torch.as_tensor(q.scale, dtype=torch.float64).reshape(-1)
-    b = fb.betensor.detach().to(torch.float64).reshape(-1)
+    scale = torch.as_tensor(q.scale, dtype=torch.float64).reshape(-1).cpu()
+    b = fb.betensor.detach().to(device="cpu", dtype=torch.float64).reshape(-1)
     if scale.numel() not in (1, b.numel()):
         return []
     bits = int(q.qbits)
