@@ -17,8 +17,9 @@ python3 -c 'import torch, numpy; print("torch", torch.__version__, "numpy", nump
 suite() {  # name, workers, then VAR=value settings for the run
   local name=$1 workers=$2
   shift 2
-  env "$@" timeout "${SUITE_LIMIT_S:-300}" python3 -m pytest -p no:cacheprovider -n "$workers" -v -rfE \
-    --timeout 240 > "$out/suite-$name.log" 2>&1
+  # one torch thread per worker: the workers already fill the cores
+  env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$@" timeout "${SUITE_LIMIT_S:-300}" python3 -m pytest -p no:cacheprovider \
+    -n "$workers" -v -rfE --tb=short --timeout 240 > "$out/suite-$name.log" 2>&1
   echo "exit code $?" >> "$out/suite-$name.log"
 }
 

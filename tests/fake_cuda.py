@@ -15,6 +15,7 @@ benchmarks/gpu_check.sh). QUANTOPT_TEST_DEVICE=fake-cuda runs the suite's workfl
 from __future__ import annotations
 
 import contextlib
+import traceback
 from typing import Any, Callable, Dict, Iterator, List
 from unittest import mock
 
@@ -67,6 +68,16 @@ def _wrap(x: Any) -> Any:
     return x
 
 
+def _caller() -> str:
+    """The innermost quantopt or plugin frame calling torch, named in the emulated errors (a workflow run logs only
+    the error line)."""
+    for frame in reversed(traceback.extract_stack()):
+        path = frame.filename.replace("\\", "/")
+        if ("/quantopt/" in path or "/plugins/" in path) and "fake_cuda" not in path:
+            return f" [at {'/'.join(path.split('/')[-2:])}:{frame.lineno} {frame.name}]"
+    return ""
+
+
 def _is_cuda_device(d: Any) -> bool:
     if isinstance(d, torch.device):
         return d.type == "cuda"
@@ -112,7 +123,7 @@ class _Mode(TorchFunctionMode):
             return _fake(_plain(args[0]).clone() if not _is_fake(args[0]) else args[0])
         if func in (torch.Tensor.numpy, torch.Tensor.__array__) and _is_fake(args[0]):
             raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
-                            "to host memory first.")
+                            "to host memory first." + _caller())
         target = kwargs.pop("device", None)
         if func in (torch.Tensor.to, torch.Tensor.type_as) or name == "to":
             rest = list(args[1:])
@@ -142,14 +153,14 @@ class _Mode(TorchFunctionMode):
                 index_fake = any(_is_fake(t) for t in tree_flatten(args[1])[0] if isinstance(t, torch.Tensor))
                 if not self_fake and index_fake:
                     raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor "
-                                       "(cpu)")
+                                       "(cpu)" + _caller())
                 plain = [] if self_fake or func is torch.Tensor.__setitem__ else plain  # setitem copies
             if plain:
                 raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                                   f"cuda:0 and cpu! ({name})")
+                                   f"cuda:0 and cpu! ({name}){_caller()}")
         if on_cuda and func in _INT_GEMMS:
             if any(not t.is_floating_point() and not t.is_complex() for t in tensors):
-                raise NotImplementedError(f'"{name}_cuda" not implemented for \'Long\'')
+                raise NotImplementedError(f'"{name}_cuda" not implemented for \'Long\'' + _caller())
         if target is not None:
             kwargs["device"] = torch.device("cpu") if (_is_cuda_device(target) or _is_cpu_device(target)) else target
         with torch._C.DisableTorchFunctionSubclass():
