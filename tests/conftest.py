@@ -1,15 +1,14 @@
 """Shared test fixtures: paths to the reference models with upstream goldens (tests/data/shared_models), and the
 device every cfg workflow of the suite runs on.
 
-`QUANTOPT_TEST_DEVICE=cuda python -m pytest` runs the same suite with the cfg field `device` defaulting to that device
-(every `quantopt --cfg` the tests start, the goldens included, then computes there), and tests/test_device_parity.py
+`QUANTOPT_TEST_DEVICE=cuda python -m pytest` runs the same suite with every `quantopt --cfg` the tests start computing
+on that device (the goldens included), and tests/test_device_parity.py
 compares each corpus model's outputs on it with the CPU's. `QUANTOPT_TEST_DEVICE=fake-cuda` does the same on a CPU
 emulation of a CUDA device (tests/fake_cuda.py), which finds tensors on the wrong device without a GPU. Unset, the
 suite runs on the CPU (docs/performance.md, "Devices")."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -40,25 +39,30 @@ def _load_plugins():
 
 @pytest.fixture(scope="session", autouse=True)
 def _workflow_device():
-    """With QUANTOPT_TEST_DEVICE set, the cfg field `device` defaults to it for the whole session; `fake-cuda`
-    makes it `cuda` on the CPU emulation of tests/fake_cuda.py (device mistakes without a GPU)."""
+    """With QUANTOPT_TEST_DEVICE set, every `quantopt --cfg` workflow of the session runs on that device where its
+    cfg leaves `device` at the CPU (the field's listing and defaults stay as they are); `fake-cuda` means `cuda` on
+    the CPU emulation of tests/fake_cuda.py (device mistakes without a GPU)."""
     if not TEST_DEVICE:
         yield
         return
     from fake_cuda import fake_cuda
 
-    from quantopt.config import fields
-    from quantopt.config.kinds import DeviceKind
+    from quantopt import master
+    from quantopt.device import parse_device, resolve_device
 
     emulated = TEST_DEVICE.lower() == "fake-cuda"
-    saved = fields.FIELDS["device"]
-    fields.FIELDS["device"] = dataclasses.replace(saved, default=DeviceKind().parse("cuda" if emulated
-                                                                                      else TEST_DEVICE))
+    device = "cuda" if emulated else parse_device(TEST_DEVICE)
+
+    def on_test_device(spec: str = "auto"):
+        return resolve_device(device if parse_device(spec) == "cpu" else spec)
+
+    saved = master.resolve_device
+    master.resolve_device = on_test_device
     try:
         with fake_cuda() if emulated else contextlib.nullcontext():
             yield
     finally:
-        fields.FIELDS["device"] = saved
+        master.resolve_device = saved
 
 
 def shared_model_dir(name: str) -> Path:

@@ -65,6 +65,8 @@ def _wrap(x: Any) -> Any:
         return _fake(x)
     if type(x) in (list, tuple):
         return type(x)(_wrap(v) for v in x)
+    if isinstance(x, tuple) and hasattr(type(x), "n_fields"):  # torch.return_types (values, indices)
+        return type(x)([_wrap(v) for v in x])
     return x
 
 

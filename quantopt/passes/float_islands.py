@@ -265,7 +265,8 @@ def _weight_only_blocks(node: PyNode, w: PyTensor, fmt: str) -> None:
     else:
         dtype, fmt_table, largest = MINIFLOAT_WEIGHTS[fmt]
         scale = (largest / (blocks.abs().amax(dim=1) + MINIFLOAT_SCALE_GUARD)).to(torch.float32)
-        grid = minifloat.decode(minifloat.encode((blocks * scale.reshape(-1, 1)).numpy(), fmt_table), fmt_table)
+        grid = minifloat.decode(minifloat.encode((blocks * scale.reshape(-1, 1)).cpu().numpy(), fmt_table),
+                                fmt_table)
         w.betensor = torch.from_numpy(np.ascontiguousarray(grid, dtype=np.float32)).reshape(shape)
         w.dtype = w.ir_dtype = dtype
         _set_constant(node, "weights_scale", scale, Dtype.FP32)

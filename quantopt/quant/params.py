@@ -211,8 +211,8 @@ def quantize(x: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zerop
     upstream (`scale * x.float()`), which decides ties differently from float64 for large |scale * x|.
     """
     xt = torch.as_tensor(np.asarray(x) if isinstance(x, np.ndarray) else x).to(compute_dtype)
-    s = _along(scale, axis, xt.dim(), compute_dtype)
-    z = _along(zerop, axis, xt.dim(), compute_dtype)
+    s = _along(scale, axis, xt.dim(), compute_dtype).to(xt.device)
+    z = _along(zerop, axis, xt.dim(), compute_dtype).to(xt.device)
     y = torch.clamp(round_tensor(s * xt - z, round_mode), qmin, qmax)
     y = torch.nan_to_num(y, nan=0.0)
     return y.to(torch.int64)
@@ -226,6 +226,6 @@ def dequantize(q: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zer
     a few entries (see tests/quant/test_golden_vectors.py).
     """
     qt = torch.as_tensor(np.asarray(q) if isinstance(q, np.ndarray) else q).to(compute_dtype)
-    s = _along(scale, axis, qt.dim(), compute_dtype)
-    z = _along(zerop, axis, qt.dim(), compute_dtype)
+    s = _along(scale, axis, qt.dim(), compute_dtype).to(qt.device)
+    z = _along(zerop, axis, qt.dim(), compute_dtype).to(qt.device)
     return (qt + z) * (1.0 / s)
