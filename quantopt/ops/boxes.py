@@ -147,9 +147,9 @@ def get_valid_count_forward(self: PyNode) -> None:
             passed &= v[:, :, id_index] >= 0
         fill, dtype = -1, x.dtype
     batch, rows = int(x.shape[0]), int(x.shape[1])
-    count = torch.zeros(batch, dtype=dtype)
-    data = torch.full(tuple(x.shape), fill, dtype=dtype)
-    index = torch.full((batch, rows), -1, dtype=dtype)
+    count = torch.zeros(batch, dtype=dtype, device=x.device)
+    data = torch.full(tuple(x.shape), fill, dtype=dtype, device=x.device)
+    index = torch.full((batch, rows), -1, dtype=dtype, device=x.device)
     for b in range(batch):
         keep = passed[b].nonzero(as_tuple=True)[0]
         n = keep.numel()
@@ -222,11 +222,12 @@ def _fb_select(node: PyNode, boxes: torch.Tensor, scores: torch.Tensor, per_clas
     total = total.reshape(total.shape[0], -1)
     ncls = int(per_class.shape[1])
     dtype = boxes.dtype
-    out_boxes = torch.full((batch, cap, 4), fill[0], dtype=dtype)
-    out_scores = torch.full((batch, cap), fill[1], dtype=scores.dtype)
-    out_num = torch.zeros(batch, ncls, dtype=per_class.dtype)
-    out_lab = torch.zeros(batch, ncls, dtype=labels.dtype)
-    out_total = torch.zeros(batch, 1, dtype=total.dtype)
+    device = boxes.device
+    out_boxes = torch.full((batch, cap, 4), fill[0], dtype=dtype, device=device)
+    out_scores = torch.full((batch, cap), fill[1], dtype=scores.dtype, device=device)
+    out_num = torch.zeros(batch, ncls, dtype=per_class.dtype, device=device)
+    out_lab = torch.zeros(batch, ncls, dtype=labels.dtype, device=device)
+    out_total = torch.zeros(batch, 1, dtype=total.dtype, device=device)
     for b in range(batch):
         start = filled = classes = 0
         for c in range(max(0, min(int(total[b % total.shape[0], 0]), ncls))):
@@ -372,7 +373,7 @@ def _decode_table(node: PyNode, fn, t: PyTensor, lf: int, table_bits: int) -> to
 def _lookup_table(node: PyNode, key: str, q: torch.Tensor, lo: int, hi_code: int, bits: int) -> torch.Tensor:
     """index = clamp(q, lo, hi) - lo, hi = index >> b, r = index - (hi << b): table[hi] + floor((table[hi + 1] -
     table[hi]) * r / 2^b) (table[index] when b = 0)."""
-    table = node.get_constant(key).betensor.to(torch.int64).reshape(-1)
+    table = node.get_constant(key).betensor.to(device=q.device, dtype=torch.int64).reshape(-1)  # indexed by q's
     table_bits = int(round(math.log2(max(table.numel() - 1, 1))))
     if table.numel() != 2 ** table_bits + 1 or table_bits > bits:
         raise node._error(f"table '{key}' must hold 2^T + 1 entries (T <= {bits}), got {table.numel()}")
@@ -530,9 +531,9 @@ def _mb_rows(node: PyNode, best: torch.Tensor, label: torch.Tensor, passed: torc
     """Rows (class id, score, xmin, ymin, xmax, ymax) of the passing anchors in anchor order, then fill[0] in column
     0 and fill[1] elsewhere; and the counts."""
     batch, count = (int(v) for v in best.shape)
-    rows = torch.full((batch, count, 6), fill[1], dtype=dtype)
+    rows = torch.full((batch, count, 6), fill[1], dtype=dtype, device=best.device)
     rows[..., 0] = fill[0]
-    counts = torch.zeros(batch, dtype=dtype)
+    counts = torch.zeros(batch, dtype=dtype, device=best.device)
     boxes_xy = boxes_yx[..., [1, 0, 3, 2]]
     for b in range(batch):
         keep = passed[b].nonzero(as_tuple=True)[0]
@@ -675,12 +676,13 @@ def _region_params(node: PyNode, shape: Sequence[int]) -> Tuple[int, int, int, i
     return gh, gw, nb, max_box, vals, compensate
 
 
-def _region_pick(keys: list, max_box: int) -> torch.Tensor:
-    """Candidate positions kept: all (in scan order) up to max_box, else the max_box highest scores (`keys`: the
-    scores; stable), in descending score order."""
+def _region_pick(keys: list, max_box: int, device: torch.device) -> torch.Tensor:
+    """Candidate positions kept (on `device`): all (in scan order) up to max_box, else the max_box highest scores
+    (`keys`: the scores; stable), in descending score order."""
     if len(keys) <= max_box:
-        return torch.arange(len(keys))
-    return torch.tensor(sorted(range(len(keys)), key=lambda i: (-keys[i], i))[:max_box], dtype=torch.int64)
+        return torch.arange(len(keys), device=device)
+    return torch.tensor(sorted(range(len(keys)), key=lambda i: (-keys[i], i))[:max_box], dtype=torch.int64,
+                        device=device)
 
 
 def _region_group(cls_idx: torch.Tensor, classes: int, max_box: int, batch_out: List[torch.Tensor], b: int,
@@ -696,10 +698,13 @@ def _region_group(cls_idx: torch.Tensor, classes: int, max_box: int, batch_out: 
     batch_out[4][b, 0] = labels.numel()
 
 
-def _region_outputs(batch: int, max_box: int, classes: int, dtype: torch.dtype) -> List[torch.Tensor]:
-    return [torch.zeros(batch, max_box, dtype=dtype), torch.zeros(batch, max_box, 4, dtype=dtype),
-            torch.zeros(batch, classes, dtype=dtype), torch.zeros(batch, classes, dtype=dtype),
-            torch.zeros(batch, 1, dtype=dtype)]
+def _region_outputs(batch: int, max_box: int, classes: int, dtype: torch.dtype,
+                    device: torch.device) -> List[torch.Tensor]:
+    return [torch.zeros(batch, max_box, dtype=dtype, device=device),
+            torch.zeros(batch, max_box, 4, dtype=dtype, device=device),
+            torch.zeros(batch, classes, dtype=dtype, device=device),
+            torch.zeros(batch, classes, dtype=dtype, device=device),
+            torch.zeros(batch, 1, dtype=dtype, device=device)]
 
 
 def _region_float(node: PyNode, x: torch.Tensor) -> List[torch.Tensor]:
@@ -708,13 +713,13 @@ def _region_float(node: PyNode, x: torch.Tensor) -> List[torch.Tensor]:
     batch, classes = int(x.shape[0]), int(x.shape[4]) - 5
     conf = torch.sigmoid(x[..., 4:5])
     score = conf * torch.softmax(x[..., 5:], dim=-1)
-    outs = _region_outputs(batch, max_box, classes, torch.float32)
-    aw = torch.tensor(anchors[0::2], dtype=torch.float32)
-    ah = torch.tensor(anchors[1::2], dtype=torch.float32)
+    outs = _region_outputs(batch, max_box, classes, torch.float32, x.device)
+    aw = torch.tensor(anchors[0::2], dtype=torch.float32, device=x.device)
+    ah = torch.tensor(anchors[1::2], dtype=torch.float32, device=x.device)
     for b in range(batch):
         r, c, k, cls = torch.nonzero(score[b] > thr, as_tuple=True)
         sc = score[b, r, c, k, cls]
-        keep = _region_pick(sc.tolist(), max_box)
+        keep = _region_pick(sc.tolist(), max_box, x.device)
         r, c, k, cls, sc = r[keep], c[keep], k[keep], cls[keep], sc[keep]
         t = x[b, r, c, k]
         half = 0.5 if comp else 0.0
@@ -746,13 +751,13 @@ def _region_int(node: PyNode, t: PyTensor) -> List[torch.Tensor]:
     num = conf * e * levels  # score * (2^b - 1) = num / (total * 2^fs)
     den = total << fs
     passed = num > thr * den
-    anchors = node.get_constant("anchor_table").betensor.to(torch.int64).reshape(-1)
-    outs = _region_outputs(batch, max_box, classes, torch.int64)
+    anchors = node.get_constant("anchor_table").betensor.to(device=q.device, dtype=torch.int64).reshape(-1)
+    outs = _region_outputs(batch, max_box, classes, torch.int64, q.device)
     for b in range(batch):
         r, c, k, cls = torch.nonzero(passed[b], as_tuple=True)
         nb_ = num[b, r, c, k, cls]
         db = den[b, r, c, k, 0]
-        keep = _region_pick([Fraction(int(u), int(v)) for u, v in zip(nb_, db)], max_box)
+        keep = _region_pick([Fraction(u, v) for u, v in zip(nb_.tolist(), db.tolist())], max_box, q.device)
         r, c, k, cls, nb_, db = r[keep], c[keep], k[keep], cls[keep], nb_[keep], db[keep]
         code = div_round_half_even(nb_, db)
         tq = q[b, r, c, k]
@@ -767,7 +772,7 @@ def _region_int(node: PyNode, t: PyTensor) -> List[torch.Tensor]:
         w = anchors[2 * k] * ew << fs  # cells * 2^(fs + fa + fe)
         h = anchors[2 * k + 1] * eh << fs
         box = torch.stack([(cy << up) - h, (cx << up) - w, (cy << up) + h, (cx << up) + w], dim=-1)
-        scale_den = torch.tensor([gh, gw, gh, gw], dtype=torch.int64) << (fs + up - cs)
+        scale_den = torch.tensor([gh, gw, gh, gw], dtype=torch.int64, device=q.device) << (fs + up - cs)
         box = torch.clamp(div_round_half_even(box, scale_den), 0, 1 << cs)
         _region_group(cls, classes, max_box, outs, b, code, box)
     return outs
@@ -869,9 +874,7 @@ def _fuse(node: PyNode, scores: Sequence[torch.Tensor], boxes: Sequence[torch.Te
     cap = int(node.outputs[0].ir_shape[1]) if len(node.outputs[0].ir_shape) > 1 else \
         sum(int(s.shape[1]) for s in scores)
     ncls = int(node.outputs[2].ir_shape[1]) if len(node.outputs[2].ir_shape) > 1 else int(counts[0].shape[1])
-    out = [torch.zeros(batch, cap, dtype=dtype), torch.zeros(batch, cap, 4, dtype=dtype),
-           torch.zeros(batch, ncls, dtype=dtype), torch.zeros(batch, ncls, dtype=dtype),
-           torch.zeros(batch, 1, dtype=dtype)]
+    out = _region_outputs(batch, cap, ncls, dtype, scores[0].device)
     for b in range(batch):
         blocks = {}  # label -> list of (input, start, count)
         for i in range(2):

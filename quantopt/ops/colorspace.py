@@ -8,7 +8,7 @@ hardware). The semantics, and where upstream's forward differs, are in docs/sema
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -76,8 +76,8 @@ def _integers(node: PyNode, values: List[float], what: str) -> List[int]:
     return [int(v) for v in values]
 
 
-def _float_matrix(matrix: List[List[float]], shift: int) -> torch.Tensor:
-    return torch.tensor(matrix, dtype=torch.float64) / float(2 ** shift)
+def _float_matrix(matrix: List[List[float]], shift: int, device: Optional[torch.device] = None) -> torch.Tensor:
+    return torch.tensor(matrix, dtype=torch.float64, device=device) / float(2 ** shift)
 
 
 def _quantize(node: PyNode, shift_bits: int) -> None:
@@ -154,14 +154,15 @@ def rgbtoyuv_forward(self: PyNode) -> None:
     if self.quantized:
         px = x.to(torch.int64) + tensor_zp(self, self.inputs[0])
         mat = torch.tensor(_integers(self, [v for row in matrix for v in row], "matrix"),
-                           dtype=torch.int64).reshape(3, 3)
-        d = px - torch.tensor(_integers(self, in_off, "input offsets"), dtype=torch.int64)
+                           dtype=torch.int64, device=x.device).reshape(3, 3)
+        d = px - torch.tensor(_integers(self, in_off, "input offsets"), dtype=torch.int64, device=x.device)
         acc = (d[..., None, :] * mat).sum(-1) + (torch.tensor(_integers(self, out_off, "output offsets"),
-                                                              dtype=torch.int64) << shift)
+                                                              dtype=torch.int64, device=x.device) << shift)
         yuv = _half_up_shift(acc, shift)
     else:
-        d = x.to(torch.float64) - torch.tensor(in_off, dtype=torch.float64)
-        yuv = d @ _float_matrix(matrix, shift).T + torch.tensor(out_off, dtype=torch.float64)
+        d = x.to(torch.float64) - torch.tensor(in_off, dtype=torch.float64, device=x.device)
+        yuv = d @ _float_matrix(matrix, shift, x.device).T + torch.tensor(out_off, dtype=torch.float64,
+                                                                          device=x.device)
     y = yuv[..., 0].reshape(n, -1)
     u = yuv[:, ::2, ::2, 1].reshape(n, -1)
     v = yuv[:, ::2, ::2, 2].reshape(n, -1)
@@ -188,13 +189,13 @@ def _upsample(c: torch.Tensor, h: int, w: int, exact: bool) -> torch.Tensor:
     even, floats are kept unrounded."""
     up = c.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2)
     rows = up.clone()
-    odd = torch.arange(1, h - 1, 2)
+    odd = torch.arange(1, h - 1, 2, device=c.device)
     if exact:
         rows[:, odd] = div_round_half_even(up[:, odd - 1] + up[:, odd + 1], 2)
     else:
         rows[:, odd] = (up[:, odd - 1] + up[:, odd + 1]) / 2
     out = rows.clone()
-    cols = torch.arange(1, w - 1)
+    cols = torch.arange(1, w - 1, device=c.device)
     near_left = (cols % 2 == 1)[None, None, :]
     left, right = rows[:, :, cols - 1], rows[:, :, cols + 1]
     num = torch.where(near_left, 3 * left + right, left + 3 * right)
@@ -226,13 +227,14 @@ def yuvtorgb_forward(self: PyNode) -> None:
     yuv = torch.stack([yy, uu, vv], dim=-1)
     if q:
         mat = torch.tensor(_integers(self, [c for row in matrix for c in row], "matrix"),
-                           dtype=torch.int64).reshape(3, 3)
-        d = yuv - torch.tensor(_integers(self, in_off, "input offsets"), dtype=torch.int64)
+                           dtype=torch.int64, device=x.device).reshape(3, 3)
+        d = yuv - torch.tensor(_integers(self, in_off, "input offsets"), dtype=torch.int64, device=x.device)
         rgb = _half_up_shift((d[..., None, :] * mat).sum(-1), shift) + \
-            torch.tensor(_integers(self, out_off, "output offsets"), dtype=torch.int64)
+            torch.tensor(_integers(self, out_off, "output offsets"), dtype=torch.int64, device=x.device)
     else:
-        d = yuv - torch.tensor(in_off, dtype=torch.float64)
-        rgb = d @ _float_matrix(matrix, shift).T + torch.tensor(out_off, dtype=torch.float64)
+        d = yuv - torch.tensor(in_off, dtype=torch.float64, device=x.device)
+        rgb = d @ _float_matrix(matrix, shift, x.device).T + torch.tensor(out_off, dtype=torch.float64,
+                                                                          device=x.device)
     _finish(self, rgb, bits)
 
 

@@ -99,13 +99,13 @@ def count_forward(self: PyNode) -> None:
 def _count_float(rows: torch.Tensor, bins: int, lo: float, hi: float, discrete: bool) -> torch.Tensor:
     """torch.histc per row in float32 (upstream's float reference); min > max: histc over [max, min], reversed.
     Not discrete: torch.linspace(min, max, nbins + 1) edges, e_i <= x < e_i+1."""
-    out = torch.zeros(rows.shape[0], bins, dtype=torch.float32)
+    out = torch.zeros(rows.shape[0], bins, dtype=torch.float32, device=rows.device)
     if discrete:
         a, b = min(lo, hi), max(lo, hi)
         for r in range(rows.shape[0]):
             out[r] = torch.histc(rows[r], bins, a, b)
         return torch.flip(out, [1]) if lo > hi else out
-    edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float32)
+    edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float32).to(rows.device)  # the CPU's edges on any device
     inside = (rows[:, :, None] >= edges[None, None, :-1]) & (rows[:, :, None] < edges[None, None, 1:])
     return inside.sum(1).to(torch.float32)
 
@@ -117,7 +117,7 @@ def _count_int(rows: torch.Tensor, bins: int, lo: int, hi: int, discrete: bool, 
     a, b = min(lo, hi), max(lo, hi)
     inside = (x >= a) & ((x <= b) if discrete else (x < b))
     idx = torch.clamp(torch.div((x - a) * bins, b - a, rounding_mode="floor"), 0, bins - 1)
-    out = torch.zeros(rows.shape[0], bins, dtype=torch.int64)
+    out = torch.zeros(rows.shape[0], bins, dtype=torch.int64, device=x.device)
     out.scatter_add_(1, torch.where(inside, idx, torch.zeros_like(idx)), inside.to(torch.int64))
     return torch.flip(out, [1]) if lo > hi else out
 

@@ -129,8 +129,8 @@ def _lookup(node: PyNode) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int
 
 
 def _segment_sum(values: torch.Tensor, seg: torch.Tensor, rows: int) -> torch.Tensor:
-    out = torch.zeros([rows] + list(values.shape[1:]), dtype=values.dtype)
-    return out.index_add_(0, seg, values)
+    out = torch.zeros([rows] + list(values.shape[1:]), dtype=values.dtype, device=values.device)
+    return out.index_add_(0, seg.to(values.device), values)
 
 
 def _set_placeholders(node: PyNode, values: List[torch.Tensor]) -> None:
@@ -212,7 +212,7 @@ def inverse_sqrt(v: torch.Tensor, table: torch.Tensor) -> Tuple[torch.Tensor, to
     if int(table.numel()) != 3 * ISQRT_STEPS + 1:
         raise ValueError(f"the inverse square root table has {int(table.numel())} entries, {3 * ISQRT_STEPS + 1} "
                          "expected")
-    t = table.to(torch.int64).reshape(-1)
+    t = table.to(device=v.device, dtype=torch.int64).reshape(-1)  # the table is indexed by `v`'s device indices
     over = torch.clamp(bit_length(v) - 31, min=0)
     over = over + (over & 1)
     u0 = v >> over

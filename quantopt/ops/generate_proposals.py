@@ -108,8 +108,9 @@ def grid_anchors(node: PyNode, height: int, width: int, a: int) -> torch.Tensor:
     if anchors is None or anchors.shape[0] != a:
         raise node._error(f"constant 'weights' must be [A, 4] base anchors or [H*W*A, 4] anchors (A = {a}, "
                           f"H*W = {k}), got {list(w_t.betensor.shape)}")
-    sy, sx = torch.meshgrid(torch.arange(height, dtype=torch.float32) * FEAT_STRIDE,
-                            torch.arange(width, dtype=torch.float32) * FEAT_STRIDE, indexing="ij")
+    sy, sx = torch.meshgrid(torch.arange(height, dtype=torch.float32, device=anchors.device) * FEAT_STRIDE,
+                            torch.arange(width, dtype=torch.float32, device=anchors.device) * FEAT_STRIDE,
+                            indexing="ij")
     shifts = torch.stack([sx.reshape(-1), sy.reshape(-1), sx.reshape(-1), sy.reshape(-1)], dim=-1)
     boxes = (shifts[:, None, :] + anchors[None, :, :]).reshape(k * a, 4)
     wa = boxes[:, 2] - boxes[:, 0] + 1.0
@@ -130,7 +131,7 @@ def _select(boxes: torch.Tensor, scores: torch.Tensor, pre: int, post: int, min_
         kept.append(i)
         rest = order[1:]
         order = rest[keep_fn(boxes[i], boxes[rest])]
-    return torch.tensor(kept, dtype=torch.int64)
+    return torch.tensor(kept, dtype=torch.int64, device=boxes.device)
 
 
 def _overlap(box: torch.Tensor, others: torch.Tensor, one) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -145,10 +146,11 @@ def _overlap(box: torch.Tensor, others: torch.Tensor, one) -> Tuple[torch.Tensor
 def _write(node: PyNode, boxes: List[torch.Tensor], scores: List[torch.Tensor], kept: List[torch.Tensor],
            post: int, fills: Tuple, out_dtype: torch.dtype) -> None:
     n = len(boxes)
-    out_s = torch.full((n, post), fills[0], dtype=out_dtype)
-    out_b = torch.full((n, post, 4), fills[1], dtype=out_dtype)
-    index = torch.zeros((n, post, 1), dtype=out_dtype)
-    count = torch.zeros((n, 1), dtype=out_dtype)
+    device = boxes[0].device if boxes else None
+    out_s = torch.full((n, post), fills[0], dtype=out_dtype, device=device)
+    out_b = torch.full((n, post, 4), fills[1], dtype=out_dtype, device=device)
+    index = torch.zeros((n, post, 1), dtype=out_dtype, device=device)
+    count = torch.zeros((n, 1), dtype=out_dtype, device=device)
     for b in range(n):
         k = kept[b]
         out_s[b, :k.numel()] = scores[b][k].to(out_dtype)
@@ -172,7 +174,7 @@ def _placeholders(node: PyNode, values: List[torch.Tensor]) -> None:
 
 def _float_forward(node: PyNode, n: int, k: int, a: int, post: int) -> None:
     s_in = node.inputs[0].betensor
-    anchors = grid_anchors(node, int(s_in.shape[1]), int(s_in.shape[2]), a)
+    anchors = grid_anchors(node, int(s_in.shape[1]), int(s_in.shape[2]), a).to(s_in.device)
     wa, ha, xa, ya = anchors.unbind(-1)
     img_h, img_w = int(node.get_param("image_height")), int(node.get_param("image_width"))
     pre = int(node.get_param("pre_nms_topn"))
@@ -209,10 +211,10 @@ def _int_forward(node: PyNode, n: int, k: int, a: int, post: int) -> None:
     in_qmin = -(1 << (in_bits - 1)) if q_d.qmin is not None and int(q_d.qmin) < 0 else 0
     f = int(node.get_param("delta_shift"))
     sa = int(node.get_param("anchor_scale"))
-    ya, xa, ha, wa = (int_value(node.constants[key]).reshape(-1) for key in _ANCHOR_KEYS)
+    ya, xa, ha, wa = (int_value(node.constants[key]).to(d.device).reshape(-1) for key in _ANCHOR_KEYS)
     if ya.numel() != k * a:
         raise node._error(f"quantized anchors hold {ya.numel()} values, the inputs need {k * a}")
-    xy, wh = node.constants["xy_lut"].betensor, node.constants["wh_lut"].betensor
+    xy, wh = node.constants["xy_lut"].betensor.to(d.device), node.constants["wh_lut"].betensor.to(d.device)
     y_lim = int(node.get_param("image_height")) * sa - sa
     x_lim = int(node.get_param("image_width")) * sa - sa
     pre = int(node.get_param("pre_nms_topn"))

@@ -91,7 +91,7 @@ def _grid(hm: torch.Tensor, size: int) -> Tuple[torch.Tensor, torch.Tensor, torc
     flat = hm.permute(0, 3, 1, 2).reshape(r, k, size * size)
     idx = torch.argmax(flat, dim=-1)
     col, row = idx % size, idx // size
-    grid = torch.zeros(r, k, 3, 3, dtype=hm.dtype)
+    grid = torch.zeros(r, k, 3, 3, dtype=hm.dtype, device=hm.device)
     for dh in (-1, 0, 1):
         for dw in (-1, 0, 1):
             h, w = row + dh, col + dw
@@ -135,7 +135,7 @@ def _heatmap_float(node: PyNode) -> None:
     node.outputs[0].betensor = score.unsqueeze(-1)
     node.outputs[1].betensor = torch.stack([x, y], dim=-1)
     if len(node.outputs) == 3:
-        node.outputs[2].betensor = torch.zeros(r, k, 1)
+        node.outputs[2].betensor = torch.zeros(r, k, 1, device=hm.device)
 
 
 def _int_fit(grid: torch.Tensor, valid_tol) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -177,7 +177,7 @@ def _heatmap_int(node: PyNode) -> None:
         s2 = Fraction(s) ** 2
         flags = [abs(d) * FIT_TOL_INV >= 16 * s2 + 16 * c for d, c in zip(det16.reshape(-1).tolist(),
                                                                          cross.reshape(-1).tolist())]
-        return torch.tensor(flags, dtype=torch.bool).reshape(det16.shape)
+        return torch.tensor(flags, dtype=torch.bool, device=det16.device).reshape(det16.shape)
 
     d0, d1, s19 = _int_fit(grid, valid_tol)
     o0, o1 = node.outputs[0], node.outputs[1]
@@ -199,7 +199,8 @@ def _heatmap_int(node: PyNode) -> None:
     if len(node.outputs) == 3:
         node.outputs[2].betensor = torch.full((r, k, 1), min(max(-tensor_zp(node, node.outputs[2]),
                                                                  out_range(node, node.outputs[2])[0]),
-                                                             out_range(node, node.outputs[2])[1]), dtype=torch.int64)
+                                                             out_range(node, node.outputs[2])[1]), dtype=torch.int64,
+                                                 device=hm.device)
 
 
 @HEATMAP.forward

@@ -101,7 +101,7 @@ def _windows(node: PyNode, x: torch.Tensor, fill: float) -> Tuple[torch.Tensor, 
         raise node._error(f"the {eh}x{ew} window (kernel and dilation) is larger than the padded {h + pt + pb}x"
                           f"{w + pl + pr} input")
     xp = F.pad(x, (0, 0, pl, pr, pt, pb), value=fill)
-    valid = F.pad(torch.ones(1, h, w, 1, dtype=torch.bool), (0, 0, pl, pr, pt, pb), value=False)
+    valid = F.pad(torch.ones(1, h, w, 1, dtype=torch.bool, device=x.device), (0, 0, pl, pr, pt, pb), value=False)
 
     def unfold(t: torch.Tensor) -> torch.Tensor:
         return t.unfold(1, eh, sh).unfold(2, ew, sw)[..., ::dh, ::dw]
@@ -119,7 +119,7 @@ def _forward(node: PyNode) -> None:
     kernel = _window(node)[0]
     w_t = node.get_constant("weights")
     if not node.quantized:
-        w = _element(node, int(x.shape[-1]), kernel, w_t.betensor.to(torch.float32))
+        w = _element(node, int(x.shape[-1]), kernel, w_t.betensor.to(device=x.device, dtype=torch.float32))
         win, _ = _windows(node, x.to(torch.float32), float("inf") if erosion else float("-inf"))
         v = win + w[:, :, :]  # [.., c, kh, kw] + [c, kh, kw]
         node.outputs[0].betensor = v.amin((-2, -1)) if erosion else v.amax((-2, -1))
@@ -127,10 +127,10 @@ def _forward(node: PyNode) -> None:
     m, a_in, a_w = (int(v) for v in node.get_param("scale_value"))
     shift = int(node.get_param("shift_value"))
     zp_w = int(node.get_param("weights_zp", optional=True, default_value=0) or 0)
-    wq = _element(node, int(x.shape[-1]), kernel, w_t.betensor.to(torch.int64) + zp_w)
+    wq = _element(node, int(x.shape[-1]), kernel, w_t.betensor.to(device=x.device, dtype=torch.int64) + zp_w)
     win, ok = _windows(node, x.to(torch.int64) + tensor_zp(node, inp), 0)
     acc = win * a_in + wq * a_w
-    sentinel = torch.tensor(2 ** 62 if erosion else -2 ** 62, dtype=torch.int64)
+    sentinel = torch.tensor(2 ** 62 if erosion else -2 ** 62, dtype=torch.int64, device=acc.device)
     acc = torch.where(ok, acc, sentinel)
     best = acc.flatten(-2).amin(-1) if erosion else acc.flatten(-2).amax(-1)
     qmin, qmax = out_range(node, node.outputs[0])
@@ -244,8 +244,10 @@ def _col2im_geometry(node: PyNode, rank: int):
     return stride, dilation, pads
 
 
-def _col2im_index(node: PyNode, image: list, block: list, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(image index [K·L] of every (tap, block position) pair, k major; validity mask [K·L])."""
+def _col2im_index(node: PyNode, image: list, block: list, length: int,
+                  device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(image index [K·L] of every (tap, block position) pair, k major; validity mask [K·L]), built on the CPU and
+    moved to `device` (the columns')."""
     rank = len(image)
     stride, dilation, pads = _col2im_geometry(node, rank)
     counts = []
@@ -267,7 +269,7 @@ def _col2im_index(node: PyNode, image: list, block: list, length: int) -> Tuple[
     flat = torch.zeros(coord.shape[:2], dtype=torch.int64)
     for d in range(rank):
         flat = flat * image[d] + coord[..., d]
-    return torch.where(valid, flat, torch.zeros_like(flat)).reshape(-1), valid.reshape(-1)
+    return torch.where(valid, flat, torch.zeros_like(flat)).reshape(-1).to(device), valid.reshape(-1).to(device)
 
 
 @COL2IM.forward
@@ -286,13 +288,13 @@ def col2im_forward(self: PyNode) -> None:
     if ck % k:
         raise self._error(f"dim 1 of the columns ({ck}) is not a multiple of the block size {k}")
     c = ck // k
-    idx, valid = _col2im_index(self, image, block, int(length))
+    idx, valid = _col2im_index(self, image, block, int(length), x.device)
     if self.quantized:
         src = (x.to(torch.int64) + tensor_zp(self, x_t)).reshape(n, c, -1)
     else:
         src = x.to(torch.float32).reshape(n, c, -1)
     src = torch.where(valid, src, torch.zeros_like(src))
-    out = torch.zeros(n, c, math.prod(image), dtype=src.dtype)
+    out = torch.zeros(n, c, math.prod(image), dtype=src.dtype, device=src.device)
     out.scatter_add_(2, idx.expand(n, c, -1), src)  # contributions in (tap, block) order, as upstream sums them
     out = out.reshape(n, c, *image)
     if self.quantized:

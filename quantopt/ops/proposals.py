@@ -94,7 +94,7 @@ def _pn1_gather(node: PyNode, boxes: torch.Tensor, keep: torch.Tensor, counts: t
     batch, nbox = int(boxes.shape[0]), int(boxes.shape[1])
     keep = keep.reshape(keep.shape[0], -1)
     counts = counts.reshape(counts.shape[0], -1)
-    out = torch.full((batch, cnt, 4), fill, dtype=boxes.dtype)
+    out = torch.full((batch, cnt, 4), fill, dtype=boxes.dtype, device=boxes.device)
     written = []
     for b in range(batch):
         kb, cb = keep[b % keep.shape[0]], counts[b % counts.shape[0]]
@@ -194,8 +194,8 @@ def _pn2_gather(node: PyNode, boxes: torch.Tensor, per_class: torch.Tensor, tota
     per_class = per_class.reshape(per_class.shape[0], -1)
     total = total.reshape(total.shape[0], -1)
     keep = keep.reshape(keep.shape[0], -1)
-    out = torch.full((batch, cnt, 4), fill, dtype=boxes.dtype)
-    offsets = torch.zeros(batch, dtype=torch.int64)
+    out = torch.full((batch, cnt, 4), fill, dtype=boxes.dtype, device=boxes.device)
+    offsets = torch.zeros(batch, dtype=torch.int64, device=boxes.device)
     for b in range(batch):
         pb, kb = per_class[b % per_class.shape[0]], keep[b % keep.shape[0]]
         filled = offset = 0
@@ -227,9 +227,10 @@ def post_nms2_forward(self: PyNode) -> None:
     batch = int(out.shape[0])
     self.outputs[0].betensor = out
     if self.quantized:
-        self.outputs[1].betensor = torch.full((batch, cnt), zero_code(self, self.outputs[1]), dtype=torch.int64)
+        self.outputs[1].betensor = torch.full((batch, cnt), zero_code(self, self.outputs[1]), dtype=torch.int64,
+                                              device=out.device)
     else:
-        self.outputs[1].betensor = torch.zeros(batch, cnt, dtype=out.dtype)
+        self.outputs[1].betensor = torch.zeros(batch, cnt, dtype=out.dtype, device=out.device)
     self.outputs[2].betensor = offsets[:1].to(torch.int64 if self.quantized else out.dtype)
 
 
@@ -307,9 +308,9 @@ def _anchor(node: PyNode, key: str) -> torch.Tensor:
 def _proposal_select(score: torch.Tensor, boxes: torch.Tensor, thresh, m: int, fill) -> tuple:
     """Per image the first m anchors with score > thresh: (scores [N, m], boxes [N, m, 4], counts [N, 1])."""
     n = score.shape[0]
-    out_s = torch.full((n, m), fill[0], dtype=score.dtype)
-    out_b = torch.full((n, m, 4), fill[1], dtype=boxes.dtype)
-    counts = torch.zeros((n, 1), dtype=torch.int64)
+    out_s = torch.full((n, m), fill[0], dtype=score.dtype, device=score.device)
+    out_b = torch.full((n, m, 4), fill[1], dtype=boxes.dtype, device=score.device)
+    counts = torch.zeros((n, 1), dtype=torch.int64, device=score.device)
     for i in range(n):
         idx = torch.nonzero(score[i] > thresh).reshape(-1)[:m]
         out_s[i, :idx.numel()] = score[i, idx]
@@ -333,7 +334,7 @@ def _proposal_float(node: PyNode, a: int, m: int) -> None:
     h_img, w_img = float(node.get_param("height")), float(node.get_param("width"))
     s = node.inputs[0].betensor.to(torch.float32)
     d = node.inputs[1].betensor.to(torch.float32)
-    ya, xa, ha, wa = (_anchor(node, k).to(torch.float32) for k in _ANCHORS)
+    ya, xa, ha, wa = (_anchor(node, k).to(device=d.device, dtype=torch.float32) for k in _ANCHORS)
     dy, dx, dh, dw = (d[..., i] / PROPOSAL_STD_DIV[i] for i in range(4))
     cy, cx = dy * ha + ya, dx * wa + xa
     eh, ew = torch.exp(dh), torch.exp(dw)
@@ -349,7 +350,7 @@ def _proposal_float(node: PyNode, a: int, m: int) -> None:
     node.outputs[0].betensor = out_s
     node.outputs[1].betensor = out_b
     node.outputs[2].betensor = counts.to(torch.float32)
-    node.outputs[3].betensor = torch.ones((1, 1))
+    node.outputs[3].betensor = torch.ones((1, 1), device=s.device)
 
 
 def _proposal_int(node: PyNode, a: int, m: int) -> None:
@@ -360,9 +361,9 @@ def _proposal_int(node: PyNode, a: int, m: int) -> None:
     in_qmin = int(q_d.qmin) if q_d.qmin is not None else 0
     in_qmin = -(1 << (in_bits - 1)) if in_qmin < 0 else 0  # the table spans the dtype's full range
     f = int(node.get_param("box_shift_value"))
-    ly, lx, lh, lw = (lookup_lut(d[..., i], node.constants[k].betensor, in_qmin, in_bits, COORD_BITS, True)
-                      for i, k in enumerate(_TABLES))
-    ya, xa, ha, wa = (int_value(node.constants[k]).reshape(-1) for k in _ANCHORS)
+    ly, lx, lh, lw = (lookup_lut(d[..., i], node.constants[k].betensor.to(d.device), in_qmin, in_bits, COORD_BITS,
+                                 True) for i, k in enumerate(_TABLES))
+    ya, xa, ha, wa = (int_value(node.constants[k]).to(d.device).reshape(-1) for k in _ANCHORS)
     h, w = (lh * ha) >> f, (lw * wa) >> f
     cy, cx = ((ly * ha) >> f) + ya, ((lx * wa) >> f) + xa
     hq, wq = int(node.get_param("height")), int(node.get_param("width"))
@@ -375,7 +376,7 @@ def _proposal_int(node: PyNode, a: int, m: int) -> None:
     node.outputs[0].betensor = out_s
     node.outputs[1].betensor = torch.clamp(out_b, *out_range(node, o_b))
     node.outputs[2].betensor = counts
-    node.outputs[3].betensor = torch.ones((1, 1), dtype=torch.int64)
+    node.outputs[3].betensor = torch.ones((1, 1), dtype=torch.int64, device=d.device)
 
 
 @PROPOSAL.forward

@@ -120,8 +120,10 @@ def _float_levels(boxes: torch.Tensor) -> torch.Tensor:
     return torch.clamp(lv, 2, 5).to(torch.int64) - 2
 
 
-def _float_axis(start: float, end: float, pooled: int, ratio: int, size: int, half_pixel: bool) -> Optional[list]:
-    """(low, high, w_low, w_high), each [pooled, n], of one box axis; None when the box is empty on that axis."""
+def _float_axis(start: float, end: float, pooled: int, ratio: int, size: int, half_pixel: bool,
+                device: torch.device) -> Optional[list]:
+    """(low, high, w_low, w_high), each [pooled, n] on `device` (the feature map's), of one box axis; None when the
+    box is empty on that axis."""
     roi = end - start
     if not half_pixel:
         roi = max(roi, 1.0)
@@ -130,8 +132,8 @@ def _float_axis(start: float, end: float, pooled: int, ratio: int, size: int, ha
     step = roi / pooled
     n = ratio if ratio > 0 else int(math.ceil(step))
     binsz = step / n
-    i = torch.arange(pooled, dtype=torch.float64)[:, None]
-    k = torch.arange(n, dtype=torch.float64)[None, :]
+    i = torch.arange(pooled, dtype=torch.float64, device=device)[:, None]
+    k = torch.arange(n, dtype=torch.float64, device=device)[None, :]
     pos = start + step * i + binsz / 2 + binsz * k
     valid = ((pos >= -1.0) & (pos <= size)).to(torch.float64)
     pos = torch.clamp(pos, 0.0, size - 1.0)
@@ -142,7 +144,7 @@ def _float_axis(start: float, end: float, pooled: int, ratio: int, size: int, ha
 
 def _float_forward(node: PyNode, p: dict, boxes: torch.Tensor, maps: List[torch.Tensor]) -> torch.Tensor:
     ph, pw = p["out"]
-    out = torch.zeros((boxes.shape[0], ph, pw, maps[0].shape[3]), dtype=torch.float64)
+    out = torch.zeros((boxes.shape[0], ph, pw, maps[0].shape[3]), dtype=torch.float64, device=maps[0].device)
     levels = _float_levels(boxes)
     off = 0.5 if p["half_pixel"] else 0.0
     for r in range(boxes.shape[0]):
@@ -150,8 +152,8 @@ def _float_forward(node: PyNode, p: dict, boxes: torch.Tensor, maps: List[torch.
         fm = maps[lv][0].to(torch.float64)
         s = p["spatial"][lv]
         y0, x0, y1, x1 = (float(v) * s - off for v in boxes[r])
-        ys = _float_axis(y0, y1, ph, p["sample"][0], fm.shape[0], p["half_pixel"])
-        xs = _float_axis(x0, x1, pw, p["sample"][1], fm.shape[1], p["half_pixel"])
+        ys = _float_axis(y0, y1, ph, p["sample"][0], fm.shape[0], p["half_pixel"], fm.device)
+        xs = _float_axis(x0, x1, pw, p["sample"][1], fm.shape[1], p["half_pixel"], fm.device)
         if ys is None or xs is None:
             continue
         acc = 0
@@ -165,9 +167,9 @@ def _float_forward(node: PyNode, p: dict, boxes: torch.Tensor, maps: List[torch.
 
 # ------------------------------------------------------------------------------------------------ integer
 def _int_axis(start: int, end: int, pooled: int, ratio: int, size: int, half_pixel: bool,
-              ss: int) -> Optional[list]:
-    """Upstream's fixed-point grid of one box axis: (low, high, w_low, w_high) each [pooled, n], weights in
-    units of 2^-ss before the floor shift; None when the box is empty on that axis."""
+              ss: int, device: torch.device) -> Optional[list]:
+    """Upstream's fixed-point grid of one box axis: (low, high, w_low, w_high) each [pooled, n] on `device` (the
+    feature map's), weights in units of 2^-ss before the floor shift; None when the box is empty on that axis."""
     one = 1 << ss
     roi = end - start
     if not half_pixel:
@@ -177,8 +179,8 @@ def _int_axis(start: int, end: int, pooled: int, ratio: int, size: int, half_pix
     n = ratio if ratio > 0 else -((-roi) // (pooled * one))
     step = roi // pooled
     binsz = step // (2 * n)
-    i = torch.arange(pooled, dtype=torch.int64)[:, None]
-    k = torch.arange(n, dtype=torch.int64)[None, :]
+    i = torch.arange(pooled, dtype=torch.int64, device=device)[:, None]
+    k = torch.arange(n, dtype=torch.int64, device=device)[None, :]
     pos = start + step * i + binsz * (2 * k + 1)
     low = pos >> ss
     frac = pos - (low << ss)
@@ -212,7 +214,7 @@ def _int_forward(node: PyNode, p: dict, boxes: torch.Tensor, maps: List[torch.Te
     zp_out = tensor_zp(node, node.outputs[0])
     qmin, qmax = out_range(node, node.outputs[0])
     zero = min(max(-zp_out, qmin), qmax)
-    out = torch.full((boxes.shape[0], ph, pw, maps[0].shape[3]), zero, dtype=torch.int64)
+    out = torch.full((boxes.shape[0], ph, pw, maps[0].shape[3]), zero, dtype=torch.int64, device=maps[0].device)
     levels = _int_levels(node, boxes)
     off = (1 << (ss - 1)) if p["half_pixel"] else 0
     fixed = p["sample"][0] > 0 and p["sample"][1] > 0
@@ -221,8 +223,8 @@ def _int_forward(node: PyNode, p: dict, boxes: torch.Tensor, maps: List[torch.Te
         fm = maps[lv][0]
         c = torch.clamp(round_shift(boxes[r] * ms[lv], ns[lv]), 0, COORD_MAX) - off
         y0, x0, y1, x1 = (int(v) for v in c)
-        ys = _int_axis(y0, y1, ph, p["sample"][0], fm.shape[0], p["half_pixel"], ss)
-        xs = _int_axis(x0, x1, pw, p["sample"][1], fm.shape[1], p["half_pixel"], ss)
+        ys = _int_axis(y0, y1, ph, p["sample"][0], fm.shape[0], p["half_pixel"], ss, fm.device)
+        xs = _int_axis(x0, x1, pw, p["sample"][1], fm.shape[1], p["half_pixel"], ss, fm.device)
         if ys is None or xs is None:
             continue
         count = ys[0].shape[1] * xs[0].shape[1]

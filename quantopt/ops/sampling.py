@@ -18,8 +18,10 @@ from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tables import ranges_of, statistics_of
 from ..quant.dtype import Dtype
+from ..quant.int_matmul import exact_int_matmul
 from ..quant.params import integer_range
 from ..quant.requant import requantize_int, scale_shift
+from ..quant.rounding import round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, Int, Param, Text, quantized
 from ._quant import (
@@ -59,17 +61,19 @@ UPSAMPLE_BY_INDEX = declare_op(
             "value written at its position, 0 elsewhere.")
 
 
-def _upsample_offsets(mode: str, shape: Tuple[int, ...], top: Tuple[int, int, int]) -> torch.Tensor:
-    """What each flattening adds to an argmax entry (per position of the values in their scan order)."""
+def _upsample_offsets(mode: str, shape: Tuple[int, ...], top: Tuple[int, int, int],
+                      device: torch.device) -> torch.Tensor:
+    """What each flattening adds to an argmax entry (per position of the values in their scan order), on
+    `device` (the argmax's)."""
     n, h, w, c = shape
     th, tw, tc = top
     if mode == "HW":  # per (batch, channel) plane of the NCHW output
-        b = torch.arange(n).reshape(n, 1, 1, 1) * (th * tw * tc)
-        ch = torch.arange(c).reshape(1, c, 1, 1) * (th * tw)
+        b = torch.arange(n, device=device).reshape(n, 1, 1, 1) * (th * tw * tc)
+        ch = torch.arange(c, device=device).reshape(1, c, 1, 1) * (th * tw)
         return (b + ch).expand(n, c, h, w)
     if mode == "HWC":  # per batch of the NHWC output
-        return (torch.arange(n).reshape(n, 1, 1, 1) * (th * tw * tc)).expand(n, h, w, c)
-    return torch.zeros((), dtype=torch.int64)
+        return (torch.arange(n, device=device).reshape(n, 1, 1, 1) * (th * tw * tc)).expand(n, h, w, c)
+    return torch.zeros((), dtype=torch.int64, device=device)
 
 
 @UPSAMPLE_BY_INDEX.forward
@@ -102,18 +106,18 @@ def upsample_by_index_forward(self: PyNode) -> None:
     nchw = mode in ("HW", "NCHW")
     if nchw:
         x, arg = x.permute(0, 3, 1, 2), arg.permute(0, 3, 1, 2)
-    pos = (arg + _upsample_offsets(mode, tuple(data.betensor.shape), (th, tw, tc))).reshape(-1)
+    pos = (arg + _upsample_offsets(mode, tuple(data.betensor.shape), (th, tw, tc), arg.device)).reshape(-1)
     vals = x.reshape(-1)
     size = n * th * tw * tc
     keep = (pos >= 0) & (pos < size)
     pos, vals = pos[keep], vals[keep]
-    order = torch.arange(pos.numel(), dtype=torch.int64)
-    last = torch.full((size,), -1, dtype=torch.int64).scatter_reduce(0, pos, order, "amax")
+    order = torch.arange(pos.numel(), dtype=torch.int64, device=pos.device)
+    last = torch.full((size,), -1, dtype=torch.int64, device=pos.device).scatter_reduce(0, pos, order, "amax")
     win = last[pos] == order
     if self.quantized:
-        fill = torch.tensor(zero_code(self, data), dtype=vals.dtype)
+        fill = torch.tensor(zero_code(self, data), dtype=vals.dtype, device=vals.device)
     else:
-        fill = torch.zeros((), dtype=vals.dtype)
+        fill = torch.zeros((), dtype=vals.dtype, device=vals.device)
     flat = fill.expand(size).clone()
     flat[pos[win]] = vals[win]
     out = flat.reshape(n, tc, th, tw).permute(0, 2, 3, 1) if nchw else flat.reshape(n, th, tw, tc)
@@ -162,7 +166,7 @@ def overlap_add_forward(self: PyNode) -> None:
         v = x.to(torch.int64) + tensor_zp(self, inp)
     else:
         v = x if x.is_floating_point() else x.to(torch.float32)
-    acc = torch.zeros(list(x.shape[:-2]) + [size], dtype=v.dtype)
+    acc = torch.zeros(list(x.shape[:-2]) + [size], dtype=v.dtype, device=x.device)
     span = (frames - 1) * step + 1 if frames else 0
     for j in range(length):
         acc[..., j:j + span:step] += v[..., :, j]
@@ -249,7 +253,7 @@ def affine_grid_forward(self: PyNode) -> None:
     inp, out_t = self.inputs[0], self.outputs[0]
     frac = int(self.get_param("multiplier_bits"))
     names = ("w_lut", "h_lut", "d_lut")[:k]
-    luts = [self.get_constant(name).betensor.to(torch.int64).reshape(-1) for name in names]
+    luts = [self.get_constant(name).betensor.to(device=theta.device, dtype=torch.int64).reshape(-1) for name in names]
     for lut, size, name in zip(luts, reversed(dims), names):
         if lut.numel() != size:
             raise self._error(f"constant '{name}' has {lut.numel()} entries for a grid size of {size}")
@@ -257,7 +261,8 @@ def affine_grid_forward(self: PyNode) -> None:
     mesh = torch.meshgrid(*[lut for lut in reversed(luts)], indexing="ij")  # (z,) y, x grids of shape dims
     base = torch.stack(list(reversed(mesh)), dim=-1).reshape(-1, k)  # [P, k]: (x, y[, z])
     t = int_value(inp) + tensor_zp(self, inp)  # [n, k, k + 1]
-    acc = torch.einsum("pj,bij->bpi", base, t[:, :, :k]) + (t[:, :, k] << frac).unsqueeze(1)
+    # acc[b, p, i] = sum_j base[p, j] * t[b, i, j]: an exact integer product (CUDA has no int64 einsum/GEMM)
+    acc = exact_int_matmul(base.unsqueeze(0), t[:, :, :k].transpose(1, 2)) + (t[:, :, k] << frac).unsqueeze(1)
     lo, hi = integer_range(AFFINE_GRID_ACC_BITS, True)
     acc = torch.clamp(acc, lo, hi)
     m, sh = requant_of(self)
@@ -412,7 +417,8 @@ def fractional_pool_forward(self: PyNode) -> None:
     rows = fractional_sequence(h, oh, pseudo, seed)
     cols = fractional_sequence(w, ow, pseudo, seed)
     extra = 1 if overlap else 0
-    out = torch.empty(int(x.shape[0]), oh, ow, int(x.shape[3]), dtype=x.dtype if self.quantized else torch.float32)
+    out = torch.empty(int(x.shape[0]), oh, ow, int(x.shape[3]), dtype=x.dtype if self.quantized else torch.float32,
+                      device=x.device)
     if self.quantized and method == "AVG":
         qmin, qmax = out_range(self, self.outputs[0])
     for i in range(oh):
@@ -425,12 +431,16 @@ def fractional_pool_forward(self: PyNode) -> None:
             elif self.quantized:
                 area = (r1 - r0) * (c1 - c0)
                 m, n, _, _ = scale_shift(1.0 / area, FRACTIONAL_AVG_MULT_BITS)
-                out[:, i, j, :] = requantize_int(win.to(torch.int64).sum(dim=(1, 2)), m, n, 0, qmin, qmax)
+                # int64 throughout (window sum, product, round half to even by shift): the same integers on every
+                # device, with no float kernel involved (requantize_int's float64 path builds M * 2^-N with torch.pow
+                # on the device); a power-of-two area gives a power-of-two M and many exact ties (k + 0.5)
+                acc = win.to(torch.int64).sum(dim=(1, 2))
+                out[:, i, j, :] = torch.clamp(round_shift(acc * m, n), qmin, qmax)
             else:
                 out[:, i, j, :] = win.to(torch.float32).sum(dim=(1, 2)) / float((r1 - r0) * (c1 - c0))
     self.outputs[0].betensor = out
     for t, seq in zip(self.outputs[1:3], (rows, cols)):
-        t.betensor = torch.tensor(seq, dtype=torch.int64)
+        t.betensor = torch.tensor(seq, dtype=torch.int64, device=x.device)
 
 
 @FRACTIONAL_POOL.quantize

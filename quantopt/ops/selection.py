@@ -81,8 +81,8 @@ def _nonzero_mask(node: PyNode, t: PyTensor) -> torch.Tensor:
 def _zero_fill(node: PyNode, t: PyTensor, like: torch.Tensor) -> torch.Tensor:
     """Float 0 in `t`'s representation: 0, or the integer -zp clamped to the range when quantized."""
     if node.quantized:
-        return torch.tensor(zero_code(node, t), dtype=like.dtype)
-    return torch.zeros((), dtype=like.dtype)
+        return torch.tensor(zero_code(node, t), dtype=like.dtype, device=like.device)
+    return torch.zeros((), dtype=like.dtype, device=like.device)
 
 
 def _fit(node: PyNode, index: int, x: torch.Tensor, axis: int, fill: torch.Tensor) -> torch.Tensor:
@@ -100,7 +100,7 @@ def _fit(node: PyNode, index: int, x: torch.Tensor, axis: int, fill: torch.Tenso
         return x
     shape = list(x.shape)
     shape[axis] = size - have
-    return torch.cat([x, fill.to(x.dtype).expand(shape)], dim=axis)
+    return torch.cat([x, fill.to(device=x.device, dtype=x.dtype).expand(shape)], dim=axis)
 
 
 _ZERO = torch.zeros((), dtype=torch.int64)
@@ -132,7 +132,7 @@ def nonzero_forward(self: PyNode) -> None:
     n = int(coords.shape[1])
     self.outputs[0].betensor = _fit(self, 0, coords, 1, _ZERO)
     if len(self.outputs) > 1:
-        self.outputs[1].betensor = torch.tensor([n], dtype=torch.int64)
+        self.outputs[1].betensor = torch.tensor([n], dtype=torch.int64, device=mask.device)
 
 
 def _nonzero_index_bits(node: PyNode) -> int:
@@ -196,12 +196,13 @@ def unique_forward(self: PyNode) -> None:
     values, inverse, counts = torch.unique(x, sorted=True, return_inverse=True, return_counts=True, dim=axis)
     inverse = inverse.reshape(-1)
     n = int(counts.numel())
-    positions = torch.arange(inverse.numel(), dtype=torch.int64)
-    first = torch.full((n,), inverse.numel(), dtype=torch.int64).scatter_reduce(0, inverse, positions, "amin")
+    positions = torch.arange(inverse.numel(), dtype=torch.int64, device=inverse.device)
+    first = torch.full((n,), inverse.numel(), dtype=torch.int64, device=inverse.device).scatter_reduce(
+        0, inverse, positions, "amin")
     if not bool_param(self, "sorted", True):
         order = torch.argsort(first)  # first occurrences are distinct: a plain sort is stable enough
         rank = torch.empty_like(order)
-        rank[order] = torch.arange(n, dtype=torch.int64)
+        rank[order] = torch.arange(n, dtype=torch.int64, device=order.device)
         values = values.index_select(0 if axis is None else axis, order)
         first, counts, inverse = first[order], counts[order], rank[inverse]
     along = 0 if axis is None else axis
@@ -292,7 +293,7 @@ def filter_forward(self: PyNode) -> None:
         y = _zero_fill(self, t, x).expand(x.shape).clone()
         y.narrow(axis, 0, picked.numel()).copy_(x.index_select(axis, picked))
         out.betensor = y
-    self.outputs[num].betensor = torch.tensor(picked.numel(), dtype=torch.int64)
+    self.outputs[num].betensor = torch.tensor(picked.numel(), dtype=torch.int64, device=picked.device)
 
 
 @FILTER.quantize
@@ -336,7 +337,7 @@ def in_top_k_forward(self: PyNode) -> None:
     valid = (target >= -classes) & (target < classes)
     safe = torch.where(valid, torch.remainder(target, max(classes, 1)), torch.zeros_like(target))
     if k == 0 or classes == 0:
-        hit = torch.zeros(batch, dtype=torch.bool)
+        hit = torch.zeros(batch, dtype=torch.bool, device=x.device)
     else:
         value = x.gather(1, safe.reshape(-1, 1))
         top = torch.topk(x, k, dim=-1, largest=largest, sorted=True).values
@@ -395,7 +396,7 @@ def segment_reduce_forward(self: PyNode) -> None:
     valid = (ids >= 0) & (ids < segments)
     rows = x[valid]
     if self.quantized:
-        acc = torch.zeros([segments] + list(x.shape[1:]), dtype=torch.int64)
+        acc = torch.zeros([segments] + list(x.shape[1:]), dtype=torch.int64, device=x.device)
         acc.index_add_(0, ids[valid], rows.to(torch.int64) + tensor_zp(self, data))
         out = self.outputs[0]
         m, n = requant_of(self)
@@ -404,7 +405,7 @@ def segment_reduce_forward(self: PyNode) -> None:
         self.outputs[0].betensor = _fit(self, 0, y, 0, torch.tensor(zero_code(self, out)))
         return
     v = x if x.is_floating_point() else x.to(torch.float32)
-    acc = torch.zeros([segments] + list(x.shape[1:]), dtype=v.dtype)
+    acc = torch.zeros([segments] + list(x.shape[1:]), dtype=v.dtype, device=x.device)
     for j in range(segments):  # each segment summed in row order, as the float reference does
         part = rows[ids[valid] == j]
         if part.shape[0]:
@@ -450,13 +451,13 @@ def accidental_hits_forward(self: PyNode) -> None:
     size = int(self.outputs[0].ir_shape[0]) if self.outputs[0].ir_shape else 0
     hits = torch.nonzero(true.unsqueeze(-1) == cand.reshape(1, 1, -1))  # rows (b, j, k), row-major
     n = min(int(hits.shape[0]), size)
-    rows = torch.zeros(size, dtype=torch.int64)
-    cols = torch.zeros(size, dtype=torch.int64)
+    rows = torch.zeros(size, dtype=torch.int64, device=true.device)
+    cols = torch.zeros(size, dtype=torch.int64, device=true.device)
     rows[:n] = hits[:n, 0]
     cols[:n] = hits[:n, 2]
     self.outputs[0].betensor = rows
     self.outputs[1].betensor = cols
-    self.outputs[2].betensor = torch.tensor([n], dtype=torch.int64)
+    self.outputs[2].betensor = torch.tensor([n], dtype=torch.int64, device=true.device)
 
 
 @ACCIDENTAL_HITS.quantize

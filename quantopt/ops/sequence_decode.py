@@ -84,7 +84,7 @@ def ctc_greedy_decoder_forward(self: PyNode) -> None:
         raise self._error(f"output IR shape {list(self.outputs[0].ir_shape)} must be [batch, max_len, ...]")
     width = out_shape[1]
     merge = bool(self.get_param("merge_repeated"))
-    out = torch.full([batch, width], _pad_value(self), dtype=torch.int64)
+    out = torch.full([batch, width], _pad_value(self), dtype=torch.int64, device=x.device)
     best = torch.argmax(x, dim=-1)  # the first maximum
     for b in range(batch):
         n = int(lengths[b])
@@ -147,17 +147,17 @@ def collapse_repeated_forward(self: PyNode) -> None:
     width = int(ir_shape[1])
     keep = torch.ones_like(labels, dtype=torch.bool)
     keep[:, 1:] = labels[:, 1:] != labels[:, :-1]
-    keep &= torch.arange(maxlen).reshape(1, -1) < lengths.reshape(-1, 1)
+    keep &= torch.arange(maxlen, device=labels.device).reshape(1, -1) < lengths.to(labels.device).reshape(-1, 1)
     counts = keep.sum(dim=1)
     if self.quantized:
-        pad = torch.tensor(zero_code(self, self.inputs[0]), dtype=labels.dtype)
+        pad = torch.tensor(zero_code(self, self.inputs[0]), dtype=labels.dtype, device=labels.device)
     else:
-        pad = torch.zeros((), dtype=labels.dtype)
+        pad = torch.zeros((), dtype=labels.dtype, device=labels.device)
     out = pad.expand(batch, width).clone()
     # the packed position of each kept label: how many were kept before it
     pos = torch.cumsum(keep.to(torch.int64), dim=1) - 1
     take = keep & (pos < width)
-    rows = torch.arange(batch).reshape(-1, 1).expand_as(labels)
+    rows = torch.arange(batch, device=labels.device).reshape(-1, 1).expand_as(labels)
     out[rows[take], pos[take]] = labels[take]
     self.outputs[0].betensor = out
     self.outputs[1].betensor = counts.to(torch.int64)

@@ -141,7 +141,9 @@ def round_shift(v: torch.Tensor, shift: Union[int, torch.Tensor]) -> torch.Tenso
 
 def div_round_half_even(num: torch.Tensor, den: Union[int, torch.Tensor]) -> torch.Tensor:
     """Exact round_half_even(num / den) for int64 `num` (any sign) and a positive integer `den` (int or int64
-    tensor broadcasting to `num`)."""
+    tensor broadcasting to `num`; a tensor is taken to `num`'s device)."""
+    if isinstance(den, torch.Tensor):
+        den = den.to(num.device)
     q = torch.div(num, den, rounding_mode="floor")
     twice_rem = 2 * (num - q * den)
     up = (twice_rem > den) | ((twice_rem == den) & (q % 2 == 1))
