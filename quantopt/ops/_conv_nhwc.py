@@ -16,7 +16,8 @@ integers held in float32 or float64 (bounded below 2^24 or 2^53), where the orde
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+import contextlib
+from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -34,6 +35,25 @@ all the kernel taps. Each element still sums its taps in the same order, so the 
 SMALL_PAD_ELEMENTS = 1 << 15
 """Below this many input elements a padded copy is filled whole, then the interior copied (fewer calls, the per-call
 cost dominating); larger inputs have only their border filled, each element being written once."""
+
+
+@contextlib.contextmanager
+def native_conv(device: torch.device) -> Iterator[None]:
+    """Within the block, torch convolutions on a CUDA `device` run torch's own kernels (im2col or vol2col and a
+    GEMM, col2im for the transposed ones, direct loops for depthwise ones) instead of cuDNN's, and the previous
+    setting comes back afterwards; nothing changes on the CPU. Why: an integer forward that convolves exact integers
+    in float64 relies on every partial sum being an exact integer, which holds for any summation order but not for
+    cuDNN's FFT and Winograd algorithms (rounded transforms), which cuDNN may pick even with deterministic
+    algorithms requested."""
+    if device.type != "cuda":
+        yield
+        return
+    saved = torch.backends.cudnn.enabled
+    torch.backends.cudnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.enabled = saved
 
 
 def pad_nhwc(x: torch.Tensor, pads: Tuple[int, int, int, int], value: float,

@@ -298,7 +298,8 @@ def fused_activation_clamp(node: PyNode, y: torch.Tensor) -> torch.Tensor:
         return y
     lo, hi = fused_activation_bounds(node)
     if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):  # per-channel output: bounds per last axis
-        return torch.clamp(y, torch.as_tensor(lo, dtype=y.dtype), torch.as_tensor(hi, dtype=y.dtype))
+        return torch.clamp(y, torch.as_tensor(lo, dtype=y.dtype, device=y.device),
+                           torch.as_tensor(hi, dtype=y.dtype, device=y.device))
     return torch.clamp(y, lo, hi)
 
 
@@ -511,7 +512,7 @@ def mac_finish(node: PyNode, acc: torch.Tensor, owned: bool = False, planned: bo
             return fast
     out = node.outputs[0]
     mult, shift = requant_of(node)
-    b = node.get_constant("biases").betensor.to(torch.float64).reshape(-1)
+    b = node.get_constant("biases").betensor.to(device=acc.device, dtype=torch.float64).reshape(-1)
     remain = node.params.get("remain_shift")
     common = shift if isinstance(shift, int) else (int(shift[0]) if bool((shift == shift[0]).all()) else None)
     if remain is not None and common is not None and _wide_mac(node):
@@ -539,9 +540,9 @@ def _finish_plan(node: PyNode, device: torch.device) -> Optional[_FinishPlan]:
             return None
         out = node.outputs[0]
         mult, shift = requant_of(node)
-        b = node.get_constant("biases").betensor.to(torch.float64).reshape(-1)
-        m = torch.as_tensor(mult, dtype=torch.float64, device=device)
-        s = torch.as_tensor(shift, dtype=torch.float64, device=device)
+        b = node.get_constant("biases").betensor.to(device=device, dtype=torch.float64).reshape(-1)
+        m = torch.as_tensor(mult, dtype=torch.float64).cpu()
+        s = torch.as_tensor(shift, dtype=torch.float64).cpu()
         if not -900 < float(s.min()) <= float(s.max()) < 900:
             return None
         qmin, qmax = out_range(node, out)
@@ -553,7 +554,8 @@ def _finish_plan(node: PyNode, device: torch.device) -> Optional[_FinishPlan]:
                 lo = torch.as_tensor(lo, dtype=torch.int64, device=device)
                 hi = torch.as_tensor(hi, dtype=torch.int64, device=device)
         scaled = float(s.min()) >= 3 and max(abs(qmin), abs(qmax)) + abs(tensor_zp(node, out)) < MAGIC_SCALED_BOUND
-        return b, m * torch.pow(2.0, -s), float(m.abs().max()), float(tensor_zp(node, out)), qmin, qmax, lo, hi, scaled
+        factor = (m * torch.pow(2.0, -s)).to(device)  # formed on the CPU: CUDA's pow is not correctly rounded
+        return b, factor, float(m.abs().max()), float(tensor_zp(node, out)), qmin, qmax, lo, hi, scaled
 
     return memo(node, "mac_finish", (layer_key(node), device), build)
 
@@ -596,13 +598,14 @@ def _requantize_exact_float64(acc: torch.Tensor, mult: Union[int, torch.Tensor],
     if acc.dtype != torch.float64 or not acc.numel() or isinstance(zp_out, torch.Tensor):
         return None
     lo, hi = (float(v) for v in torch.aminmax(acc))
-    m = torch.as_tensor(mult, dtype=torch.float64, device=acc.device)
-    s = torch.as_tensor(shift, dtype=torch.float64, device=acc.device)
+    m = torch.as_tensor(mult, dtype=torch.float64).cpu()
+    s = torch.as_tensor(shift, dtype=torch.float64).cpu()
     if not (math.isfinite(lo) and math.isfinite(hi)) or max(-lo, hi) * float(m.abs().max()) >= FLOAT64_EXACT:
         return None
     if not -900 < float(s.min()) <= float(s.max()) < 900:
         return None
-    y = acc.mul_(m * torch.pow(2.0, -s)).round_().sub_(float(zp_out)).clamp_(float(qmin), float(qmax))
+    factor = (m * torch.pow(2.0, -s)).to(acc.device)  # formed on the CPU: CUDA's pow is not correctly rounded
+    y = acc.mul_(factor).round_().sub_(float(zp_out)).clamp_(float(qmin), float(qmax))
     return exact_int64(y, qmin, qmax)
 
 

@@ -213,8 +213,8 @@ PER_CHANNEL_CONSTANTS = ("input_scale", "scale", "shift")
 
 def _channel_scales(node: PyNode, t, channels: int) -> torch.Tensor:
     q = params(node, t)
-    if q.per_channel:
-        return q.scale.to(torch.float32).reshape(-1)
+    if q.per_channel:  # on the CPU, where the multipliers are derived (the same on every device)
+        return q.scale.cpu().to(torch.float32).reshape(-1)
     return torch.full((channels,), tensor_scale(node, t), dtype=torch.float32)
 
 

@@ -25,6 +25,7 @@ from ..quant.params import QuantMode, dequantize, integer_range, linear_quant_pa
 from ..quant.rounding import FLOAT64_EXACT
 from ..registry import PASSTHROUGH_DTYPES, declare_op
 from ..registry.schema import Bool, Float, Int, Param, quantized
+from ._conv_nhwc import native_conv
 from ._quant import (
     check_quantized_inputs,
     copy_params,
@@ -192,8 +193,9 @@ def _conv_int(node: PyNode, x: torch.Tensor, w: torch.Tensor, pad_value: int,
     need = ((int(w.shape[1]) - 1) * dilation[0] + 1, (int(w.shape[2]) - 1) * dilation[1] + 1)
     if int(xf.shape[2]) < need[0] or int(xf.shape[3]) < need[1]:
         raise node._error(f"padded input {list(xf.shape[2:])} (HW) is smaller than the dilated kernel {list(need)}")
-    y = F.conv2d(xf, w.to(torch.float64).permute(0, 3, 1, 2), bias.to(torch.float64), stride=stride,
-                 dilation=dilation, groups=group)
+    with native_conv(xf.device):  # exact on a GPU too: no FFT/Winograd algorithm (see native_conv)
+        y = F.conv2d(xf, w.to(device=xf.device, dtype=torch.float64).permute(0, 3, 1, 2),
+                     bias.to(device=xf.device, dtype=torch.float64), stride=stride, dilation=dilation, groups=group)
     y = y.permute(0, 2, 3, 1).contiguous()
     ir_shape = node.outputs[0].ir_shape
     if ir_shape is not None and len(ir_shape) == 4 and [int(d) for d in ir_shape[1:3]] != list(y.shape[1:3]):
@@ -202,10 +204,10 @@ def _conv_int(node: PyNode, x: torch.Tensor, w: torch.Tensor, pad_value: int,
     return torch.clamp(y.to(torch.int64), *INT32_RANGE)
 
 
-def _integer_biases(node: PyNode, out_c: int) -> torch.Tensor:
-    b = float_biases(node, out_c, torch.zeros((), dtype=torch.float64))
+def _integer_biases(node: PyNode, out_c: int, device: torch.device) -> torch.Tensor:
+    b = float_biases(node, out_c, torch.zeros((), dtype=torch.float64, device=device))
     if b is None:
-        return torch.zeros(out_c, dtype=torch.int64)
+        return torch.zeros(out_c, dtype=torch.int64, device=device)
     if not bool(torch.all(b == torch.round(b))):
         raise node._error("biases hold non-integer values; ConvInteger adds integers")
     return b.to(torch.int64)
@@ -217,7 +219,7 @@ def conv_integer_forward(self: PyNode) -> None:
     the input padded with x_zero_point with w - w_zero_point, plus the biases that hold the folded zero point; the
     same integers unless the folded biases saturated int32."""
     w = _conv_weights(self)
-    bias = _integer_biases(self, int(w.shape[0]))
+    bias = _integer_biases(self, int(w.shape[0]), w.device)
     xzp = _zero_point(self, "x_zero_point")
     x = _integer_operand(self, self.inputs[0])
     if self.quantized:
@@ -247,7 +249,7 @@ def conv_integer_quantize(self: PyNode) -> None:
     table = quant_of(self)
     table.set(self.constants["weights"], TensorQuant(scale=1.0, zerop=-wzp, qbits=32 if wdtype.is_float
                                                      else wdtype.bits, qmin=lo, qmax=hi, qinvariant=True))
-    folded = _integer_biases(self, int(w.shape[0])) - w.reshape(int(w.shape[0]), -1).sum(dim=1) * _zero_point(
+    folded = _integer_biases(self, int(w.shape[0]), w.device) - w.reshape(int(w.shape[0]), -1).sum(dim=1) * _zero_point(
         self, "x_zero_point")
     set_constant(self, "biases", torch.clamp(folded, *INT32_RANGE), Dtype.INT32)
     table.set(self.constants["biases"], TensorQuant(1.0, 0, 32, *INT32_RANGE, qinvariant=True))

@@ -28,6 +28,7 @@ from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import declare_op
 from ..registry.optype import OpType
 from ..registry.schema import Bool, Float, Int, Param, Value, quantized
+from ._conv_nhwc import native_conv
 from ._quant import (
     FLOAT32_EXACT,
     check_fused_activation_quantizable,
@@ -205,7 +206,8 @@ def _exact_apply(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, x_
 
     float32 when every partial sum is provably below 2^24 (CPU only: GPU convolutions may use TF32), float64
     below 2^53; otherwise x = x_hi * 2^s + x_lo is split so that each part is exact in float64 and the two results
-    are combined in int64.
+    are combined in int64. On a GPU the convolution runs torch's own kernels, not cuDNN's (`native_conv`: cuDNN's
+    FFT algorithms round, which the bound does not cover).
     """
     bound = int(x_absmax) * int(w_sum_max)
     if bound >= INT64_ACCUMULATOR_LIMIT:
@@ -213,7 +215,8 @@ def _exact_apply(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, x_
     if bound < FLOAT32_EXACT and x.device.type == "cpu":
         return torch.round(fn(x.to(torch.float32))).to(torch.int64)
     if bound < FLOAT64_EXACT:
-        return torch.round(fn(x.to(torch.float64))).to(torch.int64)
+        with native_conv(x.device):
+            return torch.round(fn(x.to(torch.float64))).to(torch.int64)
     if w_sum_max >= FLOAT64_EXACT // 2:
         raise UnsupportedError(f"weight magnitude sum {w_sum_max} is too large for an exact integer convolution")
     s = (FLOAT64_EXACT // (2 * int(w_sum_max))).bit_length() - 1  # 2^s * w_sum_max < 2^53
@@ -898,13 +901,13 @@ def convert_conv_transpose(g: QDQGraph, node: PyNode) -> None:
         raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
     cf = channels_first(4)
     group = int_or(node, "group", 1)
-    w_oc = _oc_effective_weights(node, group)                      # [out_c, kh, kw, in_c/g], w + zp_w
+    w_oc = _oc_effective_weights(node, group).cpu()                # [out_c, kh, kw, in_c/g], w + zp_w
     torch_w = _oc_to_torch(w_oc, group).numpy()                   # [in_c, out_c/g, kh, kw]
     out_c = int(w_oc.shape[0])
     sums = w_oc.reshape(out_c, -1).sum(dim=1).numpy()
     qx = params(node, x)
     zp_in = int(round(float(qx.zerop if not isinstance(qx.zerop, torch.Tensor) else qx.zerop.reshape(-1)[0])))
-    bias = node.get_constant("biases").betensor.to(torch.int64).reshape(-1).numpy() - zp_in * sums
+    bias = node.get_constant("biases").betensor.cpu().to(torch.int64).reshape(-1).numpy() - zp_in * sums
     attrs = dict(kernel_shape=[int(torch_w.shape[2]), int(torch_w.shape[3])],
                  strides=[int_or(node, "stride_y", 1), int_or(node, "stride_x", 1)],
                  dilations=[int_or(node, "dilation_y", 1), int_or(node, "dilation_x", 1)],
@@ -927,7 +930,7 @@ def convert_conv_transpose(g: QDQGraph, node: PyNode) -> None:
     if group != 1:
         raise node_error(node, "grouped ConvTranspose is exported in the exact mode only (within float32 sums)")
     scale = weight_onnx_scale(g, node, x, y)
-    w_q = _oc_to_torch(_ir_weights(node), 1).numpy()
+    w_q = _oc_to_torch(_ir_weights(node), 1).cpu().numpy()
     weights = dq_constant(g, f"{node.name}/weights", w_q,
                           np.round(param_vector(node, "weights_zp", 0.0)).astype(np.int64),
                           scale, axis=1 if scale.size > 1 else 0, dtypes=weight_dtypes(g))

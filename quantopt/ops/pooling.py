@@ -31,7 +31,7 @@ from ..graph.tables import ranges_of
 from ..quant.hardware import POOLING_SHIFT_MAX
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import linear_quant_params
-from ..quant.requant import broadcasts_into, exact_int64_, int64_to_float64, requantize_int, scale_shift
+from ..quant.requant import broadcasts_into, exact_int64_, int64_to_float64, requantize_int, scale_shift, shift_factor
 from ..quant.rounding import FLOAT32_EXACT, FLOAT64_EXACT, MAGIC_EXACT, div_round_half_even, round_shift
 from ..registry import PASSTHROUGH_DTYPES, declare_op
 from ..registry.schema import Bool, Int, Ints, Param, Text, Value
@@ -260,8 +260,8 @@ def _avg_int_float64(node: PyNode, x: torch.Tensor, zp: int, p: dict, full: Any,
     if max(abs(lo), abs(hi)) >= MAGIC_EXACT or in_bound * window >= FLOAT64_EXACT or not x.numel():
         return None
     mult, shift = requant
-    m = torch.as_tensor(mult, dtype=torch.float64, device=x.device)
-    sh = torch.as_tensor(shift, dtype=torch.float64, device=x.device)
+    m = torch.as_tensor(mult, dtype=torch.float64).cpu()
+    sh = torch.as_tensor(shift, dtype=torch.float64).cpu()
     s_lo, s_hi = float(sh.min()), float(sh.max())
     m_max = float(m.abs().max())
     zp_out = tensor_zp(node, node.outputs[0])
@@ -272,7 +272,7 @@ def _avg_int_float64(node: PyNode, x: torch.Tensor, zp: int, p: dict, full: Any,
     xp = F.pad(xf, full, value=0.0) if any(full) else xf
     total = _window_sum(xp, p["k"], p["s"], p["d"])
     _check_size(node, total, size)
-    factor = m * torch.pow(2.0, -sh)  # as requantize_float64 forms it
+    factor = shift_factor(m, sh, x.device)  # as requantize_float64 forms it (on the CPU)
     if not broadcasts_into(factor.shape, total.shape):
         return None
     y = total.clamp_(-AVG_SUM_LIMIT, AVG_SUM_LIMIT).mul_(factor).round_().sub_(float(zp_out))
@@ -302,11 +302,13 @@ AVG_MULT_BITS = 8
 def avg_requant(in_scale: float, out_scale: float, count: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(M, shift) per output cell for integer AVG pooling: `scale_shift` of the float32 ratio
     float32(float32(s_out) / float32(s_in)) / float32(count) with 8 multiplier bits (shift at most 31, may be
-    negative). Not stored in the IR: a backend derives it from the scales and the window geometry."""
+    negative). Not stored in the IR: a backend derives it from the scales and the window geometry. Derived on the
+    CPU (then moved to the counts' device): the same multipliers on every device."""
     ratio = (torch.tensor(out_scale, dtype=torch.float32) / torch.tensor(in_scale, dtype=torch.float32)) \
-        / count.to(torch.float32)
+        / count.cpu().to(torch.float32)
     mult, shift, _, _ = scale_shift(ratio, AVG_MULT_BITS)
-    return torch.as_tensor(mult, dtype=torch.int64), torch.as_tensor(shift, dtype=torch.int64)
+    return (torch.as_tensor(mult, dtype=torch.int64).to(count.device),
+            torch.as_tensor(shift, dtype=torch.int64).to(count.device))
 
 
 def _method(node: PyNode, quantizing: bool = False, allowed: Sequence[str] = METHODS) -> str:

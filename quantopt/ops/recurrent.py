@@ -25,6 +25,7 @@ from ..graph.tables import TensorRange, quant_of, ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
+from ..quant.int_matmul import exact_int_matmul
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import QuantMode, integer_range, linear_quant_params, quantize
 from ..quant.requant import bias_quantize, fold_input_zero_point, range_dtype, requantize_int, scale_shift
@@ -352,7 +353,7 @@ def _initial_state(node: PyNode, spec: RnnSpec, state: torch.Tensor, batch: int)
     s = state.reshape(-1, spec.cell_size)
     if s.shape[0] == batch:
         return s
-    return s[torch.arange(batch) % s.shape[0]]
+    return s[torch.arange(batch, device=s.device) % s.shape[0]]
 
 
 # ------------------------------------------------------------------------------------------------ float forward
@@ -756,9 +757,9 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
                         -CELL_INT_MAX, CELL_INT_MAX)
         clip = node.get_param("cell_clip_value", optional=True, default_value=CELL_INT_MAX)
         mc, nc = _ip(node, "cell_scale_value"), _ip(node, "cell_shift_value")
-        clamp = torch.tensor([clamp_vals[0]] * cs + [clamp_vals[1]] * cs + [clamp_vals[0]] * 2 * cs)
+        clamp = torch.tensor([clamp_vals[0]] * cs + [clamp_vals[1]] * cs + [clamp_vals[0]] * 2 * cs, device=x.device)
         for t in range(spec.time_steps):
-            acc = xs[:, t] @ wx + b + round_shift((h @ wh) * mh, nh)
+            acc = exact_int_matmul(xs[:, t], wx) + b + round_shift(exact_int_matmul(h, wh) * mh, nh)
             gin = _gate_in(acc, gm, gs, clamp)
             i = _lut(node, "lut_gate", gin[:, :cs], bits)
             g = _lut(node, "lut_cand", gin[:, cs:2 * cs], bits)
@@ -772,18 +773,20 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
             products.append(prod)
         finals = {"H": products[-1], "C": c}
     else:
-        clamp_g, clamp_c = (torch.tensor([v] * n) for v, n in ((clamp_vals[0], 2 * cs), (clamp_vals[1], cs)))
+        clamp_g, clamp_c = (torch.tensor([v] * n, device=x.device)
+                            for v, n in ((clamp_vals[0], 2 * cs), (clamp_vals[1], cs)))
         for t in range(spec.time_steps):
             xt = xs[:, t]
-            acc = xt @ wx[:, :2 * cs] + b[:2 * cs] + round_shift((h @ wh[:, :2 * cs]) * mh, nh)
+            acc = exact_int_matmul(xt, wx[:, :2 * cs]) + b[:2 * cs] \
+                + round_shift(exact_int_matmul(h, wh[:, :2 * cs]) * mh, nh)
             rz = _lut(node, "lut_gate", _gate_in(acc, gm[:2 * cs], gs[:2 * cs], clamp_g), bits)
             r, z = rz[:, :cs], rz[:, cs:]
             if spec.linear_before_reset:
-                hn = h @ wh[:, 2 * cs:] + b[3 * cs:4 * cs]
+                hn = exact_int_matmul(h, wh[:, 2 * cs:]) + b[3 * cs:4 * cs]
                 hpart = round_shift(r * hn, GATE_FRAC_BITS)
             else:
-                hpart = round_shift(r * h, GATE_FRAC_BITS) @ wh[:, 2 * cs:]
-            acc = xt @ wx[:, 2 * cs:] + b[2 * cs:3 * cs] + round_shift(hpart * mh, nh)
+                hpart = exact_int_matmul(round_shift(r * h, GATE_FRAC_BITS), wh[:, 2 * cs:])
+            acc = exact_int_matmul(xt, wx[:, 2 * cs:]) + b[2 * cs:3 * cs] + round_shift(hpart * mh, nh)
             n = _lut(node, "lut_cand", _gate_in(acc, gm[2 * cs:], gs[2 * cs:], clamp_c), bits)
             prod = (2 ** GATE_FRAC_BITS - z) * n + ((z * h) << align)
             h = torch.clamp(round_shift(prod, PRODUCT_FRAC_BITS - hid_frac), -hq, hq)
@@ -1042,8 +1045,8 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     lut_shift = int(node.get_param("lut_shift_value", optional=True, default_value=0))
     hs, cs_seq = [], []
     for t in range(steps):
-        xw = xs[:, t] @ wx
-        hw = h @ wh
+        xw = exact_int_matmul(xs[:, t], wx)
+        hw = exact_int_matmul(h, wh)
         if bits == 8:
             acc = xw + _rq(hw, sc[0], sh[0], INT32_MIN, INT32_MAX) + b
             zi, zg, zf, zo = acc.chunk(4, dim=1)
@@ -1117,7 +1120,7 @@ def _gru_block_weights(node: PyNode, spec: RnnSpec) -> Tuple[List[torch.Tensor],
     bits = int(s.q_bits_weight)
     w = node.get_constant("weights")
     wf = w.betensor.to(torch.float32)
-    wq = torch.zeros(wf.shape, dtype=torch.int64)
+    wq = torch.zeros(wf.shape, dtype=torch.int64, device=wf.device)
     scales, zps = [], []
     for rows, cols in _gru_blocks(spec):
         block = wf[rows, cols]
@@ -1143,8 +1146,8 @@ def _gru_effective_weights(node: PyNode, spec: RnnSpec) -> torch.Tensor:
     """w_q + zp of the upstream form, int64 [3C, I+C]: `weights_zp` holds one zero point per block (per-tensor
     weights) or per row of each block (per-channel weights)."""
     w = node.get_constant("weights").betensor.to(torch.int64).clone()
-    zp = node.get_constant("weights_zp").betensor.to(torch.int64).reshape(-1) if "weights_zp" in node.constants \
-        else torch.zeros(4, dtype=torch.int64)
+    zp = node.get_constant("weights_zp").betensor.to(device=w.device, dtype=torch.int64).reshape(-1) \
+        if "weights_zp" in node.constants else torch.zeros(4, dtype=torch.int64, device=w.device)
     blocks = _gru_blocks(spec)
     sizes = [r.stop - r.start for r, _ in blocks]
     if zp.numel() not in (4, sum(sizes)):
@@ -1293,7 +1296,7 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
         # 16 bits: each product is first shifted by what its shift exceeds remain_shift by (the biases with it,
         # once), the multiplier step keeps the rest
         rem = int(node.get_param("remain_shift", optional=True, default_value=GRU_REMAIN_SHIFT))
-        zero = torch.zeros(1, dtype=torch.int64)
+        zero = torch.zeros(1, dtype=torch.int64, device=n[0].device)
         pre_rz_h, pre_rz_x = torch.maximum(n[0] - rem, zero), torch.maximum(n[1] - rem, zero)
         pre_c_h, pre_c_x = torch.maximum(n[2] - rem, zero), torch.maximum(n[3] - rem, zero)
         post_rz_h, post_rz = torch.minimum(n[0], zero + rem) + pre_rz_x, torch.minimum(n[1], zero + rem)
@@ -1305,7 +1308,7 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     hs = []
     for t in range(spec.time_steps):
         xt = xs[:, t]
-        xg, hg = xt @ wx_g, h @ wh_g
+        xg, hg = exact_int_matmul(xt, wx_g), exact_int_matmul(h, wh_g)
         if wide:
             hg = _rq(_rq(hg, 1, pre_rz_h, INT32_MIN, INT32_MAX), m[0], post_rz_h, INT32_MIN, INT32_MAX)
             z = _rq(_rq(xg, 1, pre_rz_x, INT32_MIN, INT32_MAX) + hg + bg, m[1], post_rz, qmin, qmax)
@@ -1313,11 +1316,11 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
             z = _rq(xg + _rq(hg, m[0], n[0], INT32_MIN, INT32_MAX) + bg, m[1], n[1], qmin, qmax)
         rz = _upstream_lookup(node, "lut_rt", z, bits)
         r, u = rz[:, :cs], rz[:, cs:]
-        xc = xt @ wx_c
+        xc = exact_int_matmul(xt, wx_c)
         if spec.linear_before_reset:
-            hc = r * _rq(h @ wh_c + bh, hm, hn, qmin, qmax)
+            hc = r * _rq(exact_int_matmul(h, wh_c) + bh, hm, hn, qmin, qmax)
         else:
-            hc = _round_div(r * h, 2 ** bits) @ wh_c
+            hc = exact_int_matmul(_round_div(r * h, 2 ** bits), wh_c)
         if wide:
             hc = _rq(_rq(hc, 1, pre_c_h, INT32_MIN, INT32_MAX), m[2], post_c_h, INT32_MIN, INT32_MAX)
             z2 = _rq(_rq(xc, 1, pre_c_x, INT32_MIN, INT32_MAX) + hc + bc, m[3], post_c, qmin, qmax)

@@ -18,6 +18,7 @@ from ..graph.tables import quant_of, ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
+from ..quant.int_matmul import exact_int_matmul
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import QuantMode, integer_range, linear_quant_params, quantize
 from ..quant.requant import range_dtype, requantize_int, scale_shift
@@ -112,7 +113,7 @@ def _spec(node: PyNode) -> Tuple[str, int, int, bool]:
 
 
 def _initial(h0: torch.Tensor, batch: int) -> torch.Tensor:
-    return h0[torch.arange(batch) % h0.shape[0]]
+    return h0[torch.arange(batch, device=h0.device) % h0.shape[0]]
 
 
 def _set_placeholders(node: PyNode, values: List[torch.Tensor]) -> None:
@@ -293,8 +294,8 @@ def _int_forward(node: PyNode, act: str, i_size: int, reverse: bool) -> None:
     bits = int(quant_of(node).get(y_t).qbits)
     states = []
     for t in range(int(x.shape[1])):
-        acc = (requantize_int(x[:, t] @ wx, ms[0], ns[0], 0, -big, big)
-               + requantize_int(h @ wh, ms[1], ns[1], 0, -big, big) + bias)
+        acc = (requantize_int(exact_int_matmul(x[:, t], wx), ms[0], ns[0], 0, -big, big)
+               + requantize_int(exact_int_matmul(h, wh), ms[1], ns[1], 0, -big, big) + bias)
         if thr is not None:
             acc = torch.clamp(acc, -int(thr), int(thr))
         if act in ("TANH", "SIGMOID"):

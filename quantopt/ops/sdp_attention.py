@@ -18,6 +18,7 @@ from ..graph.tables import ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
+from ..quant.int_matmul import exact_int_matmul
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import linear_quant_params
 from ..quant.requant import requantize_int, scale_shift
@@ -139,7 +140,7 @@ def _int_forward(node: PyNode, with_mask: bool) -> None:
     q, k, v = _operands(node, *(int_value(t) + tensor_zp(node, t) for t in node.inputs[:3]))
     p = node.params
     big = 2 ** 62
-    z = requantize_int(torch.matmul(q, k), int(p["logit_scale_value"]), int(p["logit_shift_value"]), 0, -big, big)
+    z = requantize_int(exact_int_matmul(q, k), int(p["logit_scale_value"]), int(p["logit_shift_value"]), 0, -big, big)
     if with_mask:
         m_t = node.inputs[3]
         z = z + requantize_int(int_value(m_t) + tensor_zp(node, m_t), int(p["mask_scale_value"]),
@@ -152,7 +153,7 @@ def _int_forward(node: PyNode, with_mask: bool) -> None:
     prob = torch.clamp(div_round_half_even(e * P_CODES, total), 0, P_CODES)
     o = node.outputs[0]
     qmin, qmax = out_range(node, o)
-    node.outputs[0].betensor = requantize_int(torch.matmul(prob, v), int(p["out_scale_value"]),
+    node.outputs[0].betensor = requantize_int(exact_int_matmul(prob, v), int(p["out_scale_value"]),
                                               int(p["out_shift_value"]), int(tensor_zp(node, o)), qmin, qmax)
 
 

@@ -262,11 +262,11 @@ def _table_interp(table: torch.Tensor, index: torch.Tensor, index_bits: int, end
     """Table over a 2^index_bits domain with 2^T entries (T <= index_bits): hi = index >> b, lo = index - (hi << b),
     table[hi] + (((table[hi + 1] - table[hi]) * lo) >> b), b = index_bits - T; the entry past the end is
     `end_value`. int64, floor interpolation."""
-    t = table.to(torch.int64).flatten()
+    t = table.to(device=index.device, dtype=torch.int64).flatten()
     tbits = t.numel().bit_length() - 1
     if t.numel() != 2 ** tbits or tbits > index_bits:
         raise ValueError(f"table of {t.numel()} entries does not fit a {index_bits}-bit index")
-    padded = torch.cat([t, torch.tensor([end_value], dtype=torch.int64)])
+    padded = torch.cat([t, torch.tensor([end_value], dtype=torch.int64, device=t.device)])
     b = index_bits - tbits
     hi = index >> b
     lo = index - (hi << b)
@@ -379,7 +379,8 @@ def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
     total = torch.clamp(e.sum(dim=axis, keepdim=True), 1, 2 ** 31 - 1)
     lead = 31 - bit_length(total)  # left shifts that bring S into [2^30, 2^31)
     index = ((total << lead) >> (30 - POW2_TABLE_BITS)) & (2 ** POW2_TABLE_BITS - 1)
-    log2_sum = ((log2_q15_table()[index] << 15) >> (30 - adjust_q)) - ((lead - (30 - out_q)) << adjust_q)
+    log2_sum = ((log2_q15_table().to(index.device)[index] << 15) >> (30 - adjust_q)) \
+        - ((lead - (30 - out_q)) << adjust_q)
     y = _pow2_lookup(table, u - log2_sum, adjust_q, range_bits(node, out))
     y = masked_terms(node, x, top, y)
     return torch.clamp(y - zp, qmin, qmax)
@@ -398,7 +399,7 @@ def _pow2_lookup(table: torch.Tensor, v: torch.Tensor, frac_bits: int, out_bits:
     i = v >> frac_bits
     j = (v - (i << frac_bits)) >> (frac_bits - POW2_TABLE_BITS)
     shift = 30 - out_bits - i
-    t = table[j] << 15
+    t = table.to(j.device)[j] << 15
     return torch.where(shift >= 0, t >> torch.clamp(shift, 0, 62), t << torch.clamp(-shift, 0, 30))
 
 
@@ -597,10 +598,10 @@ HARDMAX = declare_op(
 def _one_hot_argmax(x: torch.Tensor, axis: int, dtype: torch.dtype) -> torch.Tensor:
     """1 at the first maximum along `axis` (ONNX Hardmax ties), 0 elsewhere."""
     if x.numel() == 0:
-        return torch.zeros(x.shape, dtype=dtype)
+        return torch.zeros(x.shape, dtype=dtype, device=x.device)
     idx = torch.argmax(x, dim=axis, keepdim=True)
-    out = torch.zeros(x.shape, dtype=dtype)
-    return out.scatter(axis, idx, torch.ones(idx.shape, dtype=dtype))
+    out = torch.zeros(x.shape, dtype=dtype, device=x.device)
+    return out.scatter(axis, idx, torch.ones(idx.shape, dtype=dtype, device=x.device))
 
 
 @HARDMAX.quantize
@@ -651,7 +652,7 @@ def exact_softmax_lut(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
         return False
     mult, shift = int(mult), int(shift)
     lut = node.get_constant("lut")
-    table = lut.betensor.to(torch.int64)
+    table = lut.betensor.cpu().to(torch.int64)
     exps = lookup_lut(torch.arange(2 ** bits), table, 0, bits, lut.dtype.bits, lut.dtype.is_signed).numpy()
     lut_max = max(1, int(table.max()))
     base = SOFTMAX_DIVIDEND_BITS - 1 if lut_max == 1 else SOFTMAX_DIVIDEND_BITS

@@ -8,7 +8,7 @@ dequantized with the float32 reciprocal of the scale, f evaluated in float32, qu
 from __future__ import annotations
 
 import math
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 import numpy as np
 import torch
@@ -38,6 +38,11 @@ def lut_sample_points(in_qmin: int, in_qmax: int, steps: int) -> torch.Tensor:
     return torch.linspace(float(in_qmin), float(in_qmax), steps=steps)
 
 
+def _host(v: Any) -> Any:
+    """A tensor argument on the CPU (anything else as it is)."""
+    return v.cpu() if isinstance(v, torch.Tensor) else v
+
+
 def build_lut(fn: Callable[[torch.Tensor], torch.Tensor], in_scale: float, in_zp: Number, in_qmin: int,
               in_qmax: int, in_bits: int, out_scale: float, out_zp: Number, out_qmin: int, out_qmax: int,
               lut_items_in_bits: int = DEFAULT_LUT_ITEMS_IN_BITS, mirror_offset: float = 0.0) -> torch.Tensor:
@@ -45,8 +50,10 @@ def build_lut(fn: Callable[[torch.Tensor], torch.Tensor], in_scale: float, in_zp
 
     `fn` takes and returns float32 tensors. `mirror_offset` (used by the RNN sigmoid) is subtracted from f before
     quantization and added back as round(offset * s_out) afterwards, like upstream. Store the result with the
-    output dtype; its length is `lut_size(in_bits, lut_items_in_bits)`.
+    output dtype; its length is `lut_size(in_bits, lut_items_in_bits)`. Built on the CPU (scales given as tensors
+    are read there): a GPU's exp and tanh differ in the last bit, and the table must not.
     """
+    in_scale, in_zp, out_scale, out_zp = _host(in_scale), _host(in_zp), _host(out_scale), _host(out_zp)
     steps = lut_size(in_bits, lut_items_in_bits)
     pts = lut_sample_points(in_qmin, in_qmax, steps)
     x = dequantize(pts, in_scale, in_zp)
@@ -82,6 +89,7 @@ def lookup_lut(x_q: Union[torch.Tensor, np.ndarray], lut: torch.Tensor, in_qmin:
         raise ValueError(f"LUT lookup needs a table of 2^N entries, got {size}")
     x = torch.as_tensor(np.asarray(x_q) if isinstance(x_q, np.ndarray) else x_q)
     x = torch.round(x.to(torch.float64)).to(torch.int64) if torch.is_floating_point(x) else x.to(torch.int64)
+    table = table.to(x.device)  # a table built on the CPU, indexed by the codes on theirs
     offset = in_qmin - 1 if in_restricted and in_qmin < 0 else in_qmin
     index = torch.sub(x, offset).clamp_(0, 2 ** int(in_bits) - 1)
     padded = torch.cat([table, table[-1:]])

@@ -65,9 +65,13 @@ def scale_shift(ratio: RatioLike, mult_bits: int, force_shift_positive: bool = F
     their multiplier saturates to min(2^mult_bits - 1, 32767)   5. if every M equals 2^shift (ratio exactly a power
     of two, e.g. 1) → (1, 0)   6. dtypes: uint8 multiplier if mult_bits <= 8 else uint16; shift int8 normally.
     The ratio is rounded to float32 first and every step is float32 arithmetic, as upstream. A scalar ratio gives
-    python ints, a tensor ratio (per channel) int64 tensors. The shift can be negative.
+    python ints, a tensor ratio (per channel) int64 tensors on the ratio's device. The shift can be negative.
+    Computed on the CPU whatever the ratio's device: CUDA's log2 and pow are not correctly rounded (log2(8) can be
+    2.9999999999999996 there), and the floor of log2 must give every device the same multipliers.
     """
-    r = torch.as_tensor(np.asarray(ratio) if isinstance(ratio, np.ndarray) else ratio).to(torch.float32)
+    r = torch.as_tensor(np.asarray(ratio) if isinstance(ratio, np.ndarray) else ratio)
+    device = r.device
+    r = r.cpu().to(torch.float32)
     if bool(torch.isnan(r).any()) or bool((r < 0).any()):
         raise ValueError(f"requantization ratio must be a non-negative number, got {ratio}")
     ceil = AIFF_SHIFT_MAX if shift_limit is None else int(shift_limit)
@@ -89,7 +93,16 @@ def scale_shift(ratio: RatioLike, mult_bits: int, force_shift_positive: bool = F
         shift = torch.zeros_like(shift)
     if r.dim() == 0:
         return int(mult.item()), int(shift.item()), mult_dtype, shift_dtype
-    return mult.to(torch.int64), shift.to(torch.int64), mult_dtype, shift_dtype
+    return mult.to(torch.int64).to(device), shift.to(torch.int64).to(device), mult_dtype, shift_dtype
+
+
+def shift_factor(multiplier: IntLike, shift: IntLike, device: torch.device) -> torch.Tensor:
+    """M · 2^-shift as float64 on `device`, formed on the CPU and then moved. Why: CUDA's pow is not correctly
+    rounded, so 2^-shift formed there may miss the power of two by an ulp, and an integer forward that multiplies
+    by it would round its ties differently from the CPU's."""
+    m = torch.as_tensor(multiplier).cpu().to(torch.float64)
+    s = torch.as_tensor(shift).cpu().to(torch.float64)
+    return (m * torch.pow(2.0, -s)).to(device)
 
 
 def unify_shifts(multipliers: Union[torch.Tensor, Sequence[int]], shifts: Union[torch.Tensor, Sequence[int]],
@@ -185,15 +198,17 @@ def linear_requantize(x: Union[torch.Tensor, np.ndarray, Number], multiplier: In
     Per-channel M/shift/zerop broadcast along `axis`. NaN gives 0 (upstream).
     """
     xt = torch.as_tensor(np.asarray(x) if isinstance(x, np.ndarray) else x).to(torch.float64)
-    m = _along(multiplier, axis, xt.dim()).to(torch.float64)
-    s = _along(shift, axis, xt.dim()).to(torch.float64)
-    z = _along(zerop_out, axis, xt.dim())
+    m = _along(multiplier, axis, xt.dim()).cpu().to(torch.float64)
+    s = _along(shift, axis, xt.dim()).cpu().to(torch.float64)
+    z = _along(zerop_out, axis, xt.dim()).to(xt.device)
     if RoundMode.from_name(round_mode) is RoundMode.ROUND_TO_EVEN and xt.numel() and _needs_int64(xt, m):
         # |x * M| >= 2^53 (e.g. 48-bit accumulators of 16-bit layers): the same rounding, exactly, in int64
-        y = round_shift(xt.to(torch.int64) * m.to(torch.int64), s.to(torch.int64)).to(torch.float64)
+        y = round_shift(xt.to(torch.int64) * m.to(device=xt.device, dtype=torch.int64),
+                        s.to(device=xt.device, dtype=torch.int64)).to(torch.float64)
     else:
-        # M * 2^-shift is exact in float64, and so is x * (M * 2^-shift) while |x * M| < 2^53: one rounding step
-        y = round_tensor(xt * (m * torch.pow(0.5, s)), round_mode)
+        # M * 2^-shift is exact in float64, and so is x * (M * 2^-shift) while |x * M| < 2^53: one rounding step;
+        # the factor is formed on the CPU (CUDA's pow is not correctly rounded, see shift_factor)
+        y = round_tensor(xt * (m * torch.pow(0.5, s)).to(xt.device), round_mode)
     y = torch.clamp(y.sub_(z), qmin, qmax)
     if bool(torch.isnan(y).any()):
         y = torch.nan_to_num(y, nan=0.0)
@@ -236,9 +251,7 @@ def requantize_float64(acc: torch.Tensor, multiplier: IntLike, shift: IntLike, z
                        qmax: int) -> torch.Tensor:
     """`requantize_int` of a float64 tensor of integers for which the caller has proven |acc * M| < 2^53 and
     |shift| < 900: round(acc * (M * 2^-shift)) is then exact (round half to even), int64 result."""
-    m = torch.as_tensor(multiplier, device=acc.device).to(torch.float64)
-    s = torch.as_tensor(shift, device=acc.device).to(torch.float64)
-    y = torch.round(acc * (m * torch.pow(2.0, -s))).sub_(float(zerop_out))
+    y = torch.round(acc * shift_factor(multiplier, shift, acc.device)).sub_(float(zerop_out))
     return exact_int64_(torch.clamp_(y, float(qmin), float(qmax)), qmin, qmax)
 
 
@@ -246,9 +259,8 @@ def requantize_float64_(acc: torch.Tensor, multiplier: IntLike, shift: IntLike, 
                          qmax: int) -> torch.Tensor:
     """`requantize_float64` that overwrites `acc` (a temporary of the caller's) when the factor broadcasts to its
     shape: the same passes, no new allocation but the result's."""
-    m = torch.as_tensor(multiplier, device=acc.device).to(torch.float64)
-    s = torch.as_tensor(shift, device=acc.device).to(torch.float64)
-    factor = m * torch.pow(2.0, -s)
+    s = torch.as_tensor(shift)
+    factor = shift_factor(multiplier, s, acc.device)
     if acc.dtype != torch.float64 or not broadcasts_into(factor.shape, acc.shape):
         return requantize_float64(acc, multiplier, shift, zerop_out, qmin, qmax)
     if acc.numel() and float(s.min()) >= 3 and max(abs(qmin), abs(qmax)) + abs(int(zerop_out)) < MAGIC_SCALED_BOUND \
@@ -307,9 +319,9 @@ def linear_requantize_floor(x: Union[torch.Tensor, np.ndarray, Number], multipli
     """Hardware-like variant used by a few ops: t = round(x * M) then arithmetic >> shift (<< for negative shift),
     y = clamp(t - zerop_out, qmin, qmax). Exact while |x * M| < 2^53."""
     xt = torch.as_tensor(np.asarray(x) if isinstance(x, np.ndarray) else x).to(torch.float64)
-    m = _along(multiplier, axis, xt.dim())
-    s = _along(shift, axis, xt.dim()).to(torch.int64)
-    z = _along(zerop_out, axis, xt.dim())
+    m = _along(multiplier, axis, xt.dim()).to(xt.device)
+    s = _along(shift, axis, xt.dim()).to(device=xt.device, dtype=torch.int64)
+    z = _along(zerop_out, axis, xt.dim()).to(xt.device)
     t = torch.round(xt * m).to(torch.int64)
     t = torch.where(s >= 0, t >> s.clamp(min=0), t << (-s).clamp(min=0))
     return torch.clamp(t.to(torch.float64) - z, qmin, qmax).to(torch.int64)
@@ -433,6 +445,7 @@ def bias_quantize(bias: Union[torch.Tensor, np.ndarray], s_in: Union[float, torc
     """
     s = torch.as_tensor(s_in, dtype=torch.float32) * torch.as_tensor(s_w, dtype=torch.float32)
     b = torch.as_tensor(np.asarray(bias) if isinstance(bias, np.ndarray) else bias).to(torch.float32)
+    s = s.to(b.device)  # one float32 product (IEEE, the same on every device) where the biases are
     q = torch.round(b * s)
     lo, hi = -(2 ** (bias_bits - 1)), 2 ** (bias_bits - 1) - 1
     if upstream_float32_clip:
@@ -454,10 +467,11 @@ def fold_input_zero_point(bias_q: torch.Tensor, w_q: torch.Tensor, zp_in: Union[
     right after folding.
     """
     w = torch.as_tensor(w_q).to(torch.int64)
-    zp = torch.round(torch.as_tensor(zp_in, dtype=torch.float64)).to(torch.int64)
+    zp = torch.round(torch.as_tensor(zp_in, dtype=torch.float64)).to(device=w.device, dtype=torch.int64)
     contrib = (w * zp).reshape(w.shape[0], -1).sum(dim=1)
     b = torch.as_tensor(bias_q)
     b = torch.round(b.to(torch.float64)).to(torch.int64) if torch.is_floating_point(b) else b.to(torch.int64)
+    contrib = contrib.to(b.device)
     out = b + (contrib.reshape(b.shape) if b.numel() == contrib.numel() else contrib)
     if qmin is not None or qmax is not None:
         out = torch.clamp(out, qmin, qmax)
@@ -500,12 +514,13 @@ def search_bias_clamp_bits(bias_float: torch.Tensor, bias_q: torch.Tensor, bias_
     compressed (the dropped low bits counted on the clamped values); the c whose compressed biases diverge least
     (KL of their dequantized softmax from that of the clamped ones) wins, the first on a tie. quantopt drops no bits
     where a width needs none (upstream shifts by the negative count there) and computes the divergences in float64:
-    they are often 1e-12 or less, below float32's resolution, where upstream's float32 choice is rounding noise."""
-    b = torch.as_tensor(bias_q).to(torch.int64).reshape(-1)
+    they are often 1e-12 or less, below float32's resolution, where upstream's float32 choice is rounding noise.
+    Computed on the CPU: a GPU's softmax sums and exponentials differ in the last bits, and the choice must not."""
+    b = torch.as_tensor(bias_q).cpu().to(torch.int64).reshape(-1)
     if effective_bits >= bias_bits or b.numel() == 0:
         return None
-    f = torch.as_tensor(bias_float).to(torch.float64).reshape(-1)
-    scale = torch.as_tensor(bias_scale).to(torch.float64).reshape(-1)
+    f = torch.as_tensor(bias_float).cpu().to(torch.float64).reshape(-1)
+    scale = torch.as_tensor(bias_scale).cpu().to(torch.float64).reshape(-1)
     float_softmax = f.softmax(dim=-1)
     compressed, _ = compress_bias(b, effective_bits)
     drift = _batchmean_kl(b.to(torch.float64).log_softmax(dim=-1), float_softmax) - \
