@@ -200,9 +200,9 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> bool:
     w = node.get_constant("weights")
     channels = int(w.betensor.shape[0])
     b = node.get_constant("biases", optional=True)
-    b_float = b.betensor.to(torch.float32) if b is not None else torch.zeros(channels)
+    b_float = b.betensor.to(torch.float32) if b is not None else torch.zeros(channels, device=w.betensor.device)
     lim = torch.finfo(torch.float32).max
-    b_q = torch.clamp(b_scale * b_float, -lim, lim)
+    b_q = torch.clamp(b_scale.to(b_float.device) * b_float, -lim, lim)  # one float32 product: IEEE on any device
     if b is None:
         b = set_constant(node, "biases", b_q, Dtype.FP32)
         insert_keys_after(node, "weights", ["biases"])

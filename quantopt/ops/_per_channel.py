@@ -109,7 +109,8 @@ def absorbed_weights(node: PyNode, weights: torch.Tensor, scales: torch.Tensor) 
     if int(index.max()) >= scales.numel():
         raise node._error(f"per-channel input '{node.inputs[0].name}' has {scales.numel()} scales but the weights "
                           f"read {int(index.max()) + 1} input channels")
-    return (weights.to(torch.float64) / scales.to(torch.float64)[index]).to(weights.dtype)
+    return (weights.to(torch.float64) / scales.to(device=weights.device, dtype=torch.float64)[
+        index.to(weights.device)]).to(weights.dtype)
 
 
 def input_scales_absorbed(node: PyNode) -> bool:
@@ -122,7 +123,7 @@ def input_scales_absorbed(node: PyNode) -> bool:
     absorbed = node.attrs.get(ABSORBED_SCALES)
     if scales is None and absorbed is None:
         return False
-    if scales is None or absorbed is None or not torch.equal(absorbed, scales):
+    if scales is None or absorbed is None or not torch.equal(absorbed.cpu(), scales.cpu()):
         got = "none" if scales is None else f"{scales.numel()} per-channel scales"
         raise UnabsorbedInputScales(
             f"layer '{node.name}' ({node.type}): input '{node.inputs[0].name}' has {got} but the weights "

@@ -594,7 +594,7 @@ def _div_int(node: PyNode) -> torch.Tensor:
     carry = idx >= size
     idx = torch.where(carry, torch.full_like(idx, size // 2), idx)
     e = e + carry.to(torch.int64)
-    z = torch.sign(y) * x * table[idx]
+    z = torch.sign(y) * x * table.to(idx.device)[idx]
     qmin, qmax = out_range(node, out)
     return torch.clamp(round_shift(z * m, n + frac + e) - tensor_zp(node, out), qmin, qmax)
 

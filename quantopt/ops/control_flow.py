@@ -209,7 +209,8 @@ def loop_forward(self: PyNode) -> None:
         t.betensor = v.clone()
     for t, rows in zip(self.outputs[n:], scans):
         # no iteration (upstream fails here): an empty scan output with the IR shape's trailing dimensions
-        t.betensor = torch.vstack(rows) if rows else torch.zeros([0] + list(t.ir_shape)[1:])
+        t.betensor = torch.vstack(rows) if rows else torch.zeros([0] + list(t.ir_shape)[1:],
+                                                                 device=self.inputs[0].betensor.device)
 
 
 def _refuse_integer(self: PyNode) -> None:

@@ -274,7 +274,7 @@ def convert_conv(g: QDQGraph, node: PyNode) -> None:
     if g.rank(x) != 4:
         raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
     cf = channels_first(4)
-    w_q = node.get_constant("weights").betensor.to(torch.int64).numpy()
+    w_q = node.get_constant("weights").betensor.cpu().to(torch.int64).numpy()
     if w_q.ndim != 4:
         raise node_error(node, f"weights must be OHWI, got shape {list(w_q.shape)}")
     in_c = int(x.ir_shape[3])

@@ -358,25 +358,26 @@ def decodebox_forward(self: PyNode) -> None:
     label_perclass."""
     class_num, thr, variance, clip, hmax, wmax = _decodebox_params(self)
     scores_t, deltas_t = self.inputs[0], self.inputs[1]
+    device = scores_t.betensor.device  # computed on the CPU (a selection loop per batch item), returned here
     if self.quantized:
-        sq, tq = int_value(scores_t), int_value(deltas_t)
+        sq, tq = int_value(scores_t).cpu(), int_value(deltas_t).cpu()
         _check_ssd_inputs(self, sq, tq, class_num)
-        a = _anchors(self, sq.shape[1]).to(torch.int64)
+        a = _anchors(self, sq.shape[1]).cpu().to(torch.int64)
         boxes = decode_int(self, tq, deltas_t, 2 * a[:, 0], 2 * a[:, 1], a[:, 2], a[:, 3])
         cls = sq[:, :, sq.shape[2] - class_num:]
         passed = cls > _ip(self, "score_threshold_value")
         outs = _ssd_outputs(self, boxes, cls, passed, torch.int64)
     else:
-        s, t = scores_t.betensor.to(torch.float32), deltas_t.betensor.to(torch.float32)
+        s, t = scores_t.betensor.cpu().to(torch.float32), deltas_t.betensor.cpu().to(torch.float32)
         _check_ssd_inputs(self, s, t, class_num)
-        a = _anchors(self, s.shape[1]).to(torch.float32)
+        a = _anchors(self, s.shape[1]).cpu().to(torch.float32)
         boxes = decode_float(t, variance, a[:, 0], a[:, 1], a[:, 2], a[:, 3])
         if clip:
             boxes = _clip_boxes(boxes, 0.0, hmax, 0.0, wmax)
         cls = s[:, :, s.shape[2] - class_num:]
         outs = _ssd_outputs(self, boxes, cls, cls > thr, torch.float32)
     for o, v in zip(self.outputs, outs):
-        o.betensor = v
+        o.betensor = v.to(device)
 
 
 @DECODEBOX.quantize
@@ -538,29 +539,30 @@ def nms_forward(self: PyNode) -> None:
     IoU with a kept box exceeds iou_threshold. Outputs: boxes, box_num_perclass, scores, keep (input box indices)."""
     iou, score_thr, per_class = _nms_params(self)
     b_t, n_t, t_t, s_t = self.inputs
+    device = b_t.betensor.device  # computed on the CPU (greedy loops over the boxes), returned here
     if self.quantized:
-        boxes, scores = int_value(b_t), int_value(s_t)
+        boxes, scores = int_value(b_t).cpu(), int_value(s_t).cpu()
         t_q, sh = _ip(self, "iou_threshold_value"), _ip(self, "iou_threshold_shift")
 
         def suppress(inter: torch.Tensor, union: torch.Tensor) -> torch.Tensor:
             return (inter << sh) > t_q * union
 
         passed = scores > _ip(self, "score_threshold_value")
-        outs = _nms_run(self, boxes, int_value(n_t), int_value(t_t), scores, passed, suppress, per_class,
+        outs = _nms_run(self, boxes, int_value(n_t).cpu(), int_value(t_t).cpu(), scores, passed, suppress, per_class,
                         torch.int64)
     else:
-        boxes = b_t.betensor.to(torch.float64)
-        scores = s_t.betensor.to(torch.float64)
+        boxes = b_t.betensor.cpu().to(torch.float64)
+        scores = s_t.betensor.cpu().to(torch.float64)
 
         def suppress(inter: torch.Tensor, union: torch.Tensor) -> torch.Tensor:
             return inter > iou * union
 
-        counts = torch.round(n_t.betensor.to(torch.float64)).to(torch.int64)
-        total = torch.round(t_t.betensor.to(torch.float64)).to(torch.int64)
+        counts = torch.round(n_t.betensor.cpu().to(torch.float64)).to(torch.int64)
+        total = torch.round(t_t.betensor.cpu().to(torch.float64)).to(torch.int64)
         outs = _nms_run(self, boxes, counts, total, scores, scores > score_thr, suppress, per_class, torch.float64)
         outs = [o.to(torch.float32) for o in outs]
     for o, v in zip(self.outputs, outs):
-        o.betensor = v
+        o.betensor = v.to(device)
 
 
 @NMS.quantize
@@ -684,8 +686,9 @@ def detectionoutput_forward(self: PyNode) -> None:
     class_label, total_class_num."""
     caffe, variance, thr, height, width = _detout_params(self)
     c_t, e_t, p_t = self.inputs
+    device = c_t.betensor.device  # computed on the CPU (a selection loop per batch item), returned here
     if self.quantized:
-        conf, enc, prop = int_value(c_t), int_value(e_t), int_value(p_t)
+        conf, enc, prop = int_value(c_t).cpu(), int_value(e_t).cpu(), int_value(p_t).cpu()
         enc, (y0, x0, y1, x1) = _detout_split(self, conf, enc, prop, caffe)
         zp = tensor_zp(self, p_t)
         cy2, cx2 = (y0 + y1 + 2 * zp).unsqueeze(-1), (x0 + x1 + 2 * zp).unsqueeze(-1)
@@ -693,7 +696,7 @@ def detectionoutput_forward(self: PyNode) -> None:
         scores = conf[:, :, 1:]
         outs = _detout_outputs(self, scores, boxes, scores > _ip(self, "score_threshold_value"), torch.int64)
     else:
-        conf, enc, prop = (t.betensor.to(torch.float32) for t in (c_t, e_t, p_t))
+        conf, enc, prop = (t.betensor.cpu().to(torch.float32) for t in (c_t, e_t, p_t))
         enc, (y0, x0, y1, x1) = _detout_split(self, conf, enc, prop, caffe)
         cy, cx = ((y0 + y1) / 2.0).unsqueeze(-1), ((x0 + x1) / 2.0).unsqueeze(-1)
         boxes = decode_float(enc, variance, cy, cx, (y1 - y0).unsqueeze(-1), (x1 - x0).unsqueeze(-1))
@@ -701,7 +704,7 @@ def detectionoutput_forward(self: PyNode) -> None:
         scores = conf[:, :, 1:]
         outs = _detout_outputs(self, scores, boxes, scores > thr, torch.float32)
     for o, v in zip(self.outputs, outs):
-        o.betensor = v
+        o.betensor = v.to(device)
 
 
 @DETECTIONOUTPUT.quantize

@@ -165,7 +165,7 @@ def _take(x: torch.Tensor, idx: torch.Tensor, axis: int, fill: torch.Tensor) -> 
     safe = torch.where(valid, wrapped, torch.zeros_like(wrapped))
     shape = list(x.shape[:axis]) + list(idx.shape) + list(x.shape[axis + 1:])
     if size == 0:
-        return torch.full(shape, fill.item(), dtype=x.dtype)
+        return torch.full(shape, fill.item(), dtype=x.dtype, device=x.device)
     out = x.index_select(axis, safe.flatten()).reshape(shape)
     if not bool(valid.all()):
         mask = valid.reshape([1] * axis + list(idx.shape) + [1] * (x.dim() - axis - 1))
@@ -179,7 +179,7 @@ def gather_forward(self: PyNode) -> None:
     [-n, n) give 0 (the integer -zp)."""
     data = self.inputs[0]
     x = data.betensor
-    idx = _indices(self, 1)
+    idx = _indices(self, 1).to(x.device)
     axis = axis_param(self, self.get_param("axis", optional=True, default_value=0), x.dim())
     b = int(self.get_param("batch_dims", optional=True, default_value=0))
     if b < 0:
@@ -197,7 +197,7 @@ def gather_forward(self: PyNode) -> None:
         ids = idx.reshape([batch] + list(idx.shape[b:]))
         parts = [_take(xs[i], ids[i], axis - b, fill) for i in range(batch)]
         shape = list(x.shape[:axis]) + list(idx.shape[b:]) + list(x.shape[axis + 1:])
-        out = torch.stack(parts).reshape(shape) if parts else torch.zeros(shape, dtype=x.dtype)
+        out = torch.stack(parts).reshape(shape) if parts else torch.zeros(shape, dtype=x.dtype, device=x.device)
     self.outputs[0].betensor = out
 
 
@@ -205,7 +205,7 @@ def gather_forward(self: PyNode) -> None:
 def gather_elements_forward(self: PyNode) -> None:
     """torch.gather along `axis`; an index >= n becomes n-1, a negative one +n (still negative: n-1)."""
     x = self.inputs[0].betensor
-    idx = _indices(self, 1)
+    idx = _indices(self, 1).to(x.device)
     if idx.dim() != x.dim():
         raise self._error(f"data {list(x.shape)} and indices {list(idx.shape)} must have the same rank")
     axis = axis_param(self, self.get_param("axis", optional=True, default_value=0), x.dim())
@@ -224,8 +224,8 @@ def _nd_offsets(node: PyNode, idx: torch.Tensor, dims: Sequence[int]) -> Tuple[t
     k = int(idx.shape[-1])
     if k != len(dims):
         raise node._error(f"index tuples of length {k} do not match {len(dims)} data dims")
-    lin = torch.zeros(idx.shape[:-1], dtype=torch.int64)
-    valid = torch.ones(idx.shape[:-1], dtype=torch.bool)
+    lin = torch.zeros(idx.shape[:-1], dtype=torch.int64, device=idx.device)
+    valid = torch.ones(idx.shape[:-1], dtype=torch.bool, device=idx.device)
     for j, size in enumerate(dims):
         w, v = _wrap(idx[..., j], int(size))
         lin = lin * int(size) + torch.where(v, w, torch.zeros_like(w))
@@ -238,7 +238,7 @@ def gather_nd_forward(self: PyNode) -> None:
     """ONNX GatherND with `batch_dims`; each index tuple wraps negatives per dim, a tuple out of range gives 0."""
     data = self.inputs[0]
     x = data.betensor
-    idx = _indices(self, 1)
+    idx = _indices(self, 1).to(x.device)
     b = int(self.get_param("batch_dims", optional=True, default_value=0))
     if idx.dim() < 1 or b < 0 or b >= idx.dim() or list(x.shape[:b]) != list(idx.shape[:b]):
         raise self._error(f"batch_dims {b} does not fit data {list(x.shape)} and indices {list(idx.shape)}")
@@ -250,9 +250,10 @@ def gather_nd_forward(self: PyNode) -> None:
     xs = x.reshape([batch, _prod(x.shape[b:b + k])] + rest)
     lin, valid = _nd_offsets(self, idx.reshape(batch, -1, k), x.shape[b:b + k])
     if xs.shape[1] == 0:
-        out = torch.full([batch, lin.shape[1]] + rest, _fill_value(self, data, x).item(), dtype=x.dtype)
+        out = torch.full([batch, lin.shape[1]] + rest, _fill_value(self, data, x).item(), dtype=x.dtype,
+                         device=x.device)
     else:
-        out = xs[torch.arange(batch).reshape(-1, 1), lin]
+        out = xs[torch.arange(batch, device=lin.device).reshape(-1, 1), lin]
         if not bool(valid.all()):
             out = torch.where(valid.reshape(list(valid.shape) + [1] * len(rest)), out, _fill_value(self, data, x))
     self.outputs[0].betensor = out.reshape(list(idx.shape[:-1]) + rest)
@@ -303,8 +304,9 @@ def _scatter(base: torch.Tensor, lin: torch.Tensor, upd: torch.Tensor, reduction
         return out
     index = lin.reshape([-1] + [1] * (upd.dim() - 1)).expand_as(upd)
     if reduction == "NONE":
-        order = torch.arange(lin.numel(), dtype=torch.int64)
-        last = torch.full((base.shape[0],), -1, dtype=torch.int64).scatter_reduce(0, lin, order, "amax")
+        order = torch.arange(lin.numel(), dtype=torch.int64, device=lin.device)
+        last = torch.full((base.shape[0],), -1, dtype=torch.int64, device=lin.device).scatter_reduce(0, lin, order,
+                                                                                                     "amax")
         keep = last[lin] == order
         return out.scatter_(0, index[keep], upd[keep])
     reduce = {"ADD": "sum", "MUL": "prod", "MAX": "amax", "MIN": "amin"}[reduction]
@@ -353,7 +355,7 @@ def scatter_nd_forward(self: PyNode) -> None:
     if len(self.inputs) < 3:
         raise self._error(f"needs 3 inputs (data, indices, updates), got {len(self.inputs)}")
     x = self.inputs[0].betensor
-    idx = _indices(self, 1)
+    idx = _indices(self, 1).to(x.device)
     u = self.inputs[2].betensor
     k = int(idx.shape[-1]) if idx.dim() else 0
     if idx.dim() < 1 or k > x.dim() or list(u.shape) != list(idx.shape[:-1]) + list(x.shape[k:]):
@@ -373,7 +375,7 @@ def scatter_elements_forward(self: PyNode) -> None:
     if len(self.inputs) < 3:
         raise self._error(f"needs 3 inputs (data, indices, updates), got {len(self.inputs)}")
     x = self.inputs[0].betensor
-    idx = _indices(self, 1)
+    idx = _indices(self, 1).to(x.device)
     u = self.inputs[2].betensor
     if idx.dim() != x.dim() or list(u.shape) != list(idx.shape):
         raise self._error(f"indices {list(idx.shape)} and updates {list(u.shape)} must have the same shape and "
@@ -384,9 +386,10 @@ def scatter_elements_forward(self: PyNode) -> None:
             raise self._error(f"indices {list(idx.shape)} are larger than data {list(x.shape)} on axis {d}")
     n = int(x.shape[axis])
     idx = torch.clamp(torch.where(idx < 0, idx + n, idx), 0, max(n - 1, 0))
-    lin = torch.zeros(idx.shape, dtype=torch.int64)
+    lin = torch.zeros(idx.shape, dtype=torch.int64, device=idx.device)
     for d in range(x.dim()):
-        coord = idx if d == axis else torch.arange(idx.shape[d]).reshape([-1 if j == d else 1 for j in range(x.dim())])
+        coord = idx if d == axis else torch.arange(idx.shape[d], device=idx.device).reshape(
+            [-1 if j == d else 1 for j in range(x.dim())])
         lin = lin * int(x.shape[d]) + coord
     out = _run_scatter(self, x.reshape(-1), lin.reshape(-1), u.reshape(-1))
     self.outputs[0].betensor = out.reshape(x.shape)
@@ -449,7 +452,7 @@ def onehot_forward(self: PyNode) -> None:
         raise self._error(f"depth {depth} must not be negative")
     axis = axis_param(self, self.get_param("axis", optional=True, default_value=-1), idx.dim() + 1)
     wrapped, valid = _wrap(idx, depth)
-    classes = torch.arange(depth, dtype=torch.int64).reshape([-1] + [1] * (idx.dim() - axis))
+    classes = torch.arange(depth, dtype=torch.int64, device=idx.device).reshape([-1] + [1] * (idx.dim() - axis))
     hot = (wrapped.unsqueeze(axis) == classes) & valid.unsqueeze(axis)
     if self.quantized:
         off, on = torch.tensor(int(values[0])), torch.tensor(int(values[1]))
@@ -609,7 +612,7 @@ def convert_gather(g: QDQGraph, node: PyNode) -> None:
     size = int(x.ir_shape[axis])
     const = node.get_constant("indices", optional=True)
     if const is not None:
-        idx = const.betensor.to(torch.int64).numpy()
+        idx = const.betensor.cpu().to(torch.int64).numpy()
         if idx.size and (idx.min() < -size or idx.max() >= size):
             raise node_error(node, f"indices outside [-{size}, {size}) (quantopt reads 0 there, ONNX Gather fails)")
         indices = g.const(f"{node.name}/indices", idx.astype(np.int64))

@@ -178,7 +178,7 @@ def convert_constant(g: QDQGraph, node: PyNode) -> None:
     """The stored integers become an initializer of the output dtype."""
     t = node.outputs[0]
     p = g.qparams(t)
-    values = node.get_constant("weights").betensor.to(torch.int64) + p.offset
+    values = node.get_constant("weights").betensor.cpu().to(torch.int64) + p.offset
     if values.numel() == t.ir_numel:
         values = values.reshape(t.ir_shape)
     g.set_int(t, g.const(f"{t.name}_q", values.numpy().astype(ONNX_INT_TYPES[p.dtype][1])))

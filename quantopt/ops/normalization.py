@@ -393,7 +393,8 @@ def _row_mean(rows: torch.Tensor) -> torch.Tensor:
     if rows.dtype != torch.float32 or (torch.is_grad_enabled() and rows.requires_grad):
         with one_thread(int(rows.shape[0]) == 1):  # a float sum to one value: the same at any thread count
             return rows.mean(dim=1, keepdim=True)
-    return (fixed_row_sum(rows) / rows.shape[1]).unsqueeze(1)
+    # divided on the CPU, where the sum is formed: a GPU divides by a scalar as a product with its reciprocal
+    return (fixed_row_sum(rows.cpu()) / rows.shape[1]).to(rows.device).unsqueeze(1)
 
 
 @LAYERNORM.forward
@@ -650,7 +651,7 @@ def table_inverse_sqrt(v: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     if bool((i >= 3 * ISQRT_TABLE_STEPS).any()):
         raise ValueError("inverse square root argument beyond 2^32")
     a = (f >> 8) & (2 ** ISQRT_TABLE_BITS - 1)
-    t = table.to(torch.int64).reshape(-1)
+    t = table.to(device=v.device, dtype=torch.int64).reshape(-1)
     lo, hi = t[i], t[i + 1]
     return ((lo << 16) - ((lo - hi) * a << 1)) >> ((e - 1) >> 1)
 
@@ -1059,9 +1060,9 @@ def exact_layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
                                 int64("norm_min", -limit), int64("norm_max", limit)])
     acc = g.add("Cast", [normalized], to=DOUBLE)
     if gamma is not None:
-        acc = g.add("Mul", [acc, g.const(f"{node.name}/gamma", gamma.to(torch.float64).numpy())])
+        acc = g.add("Mul", [acc, g.const(f"{node.name}/gamma", gamma.to(torch.float64).cpu().numpy())])
     if beta is not None:
-        acc = g.add("Add", [acc, g.const(f"{node.name}/beta", beta.to(torch.float64).numpy())])
+        acc = g.add("Add", [acc, g.const(f"{node.name}/beta", beta.to(torch.float64).cpu().numpy())])
     requantize(g, node, acc, ratio, None, channel_shape=affine if ratio.size > 1 else None)
     return True
 
@@ -1076,7 +1077,7 @@ def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) ->
     if g.scales == "ir" or str(node.type) != "LayerNorm" or "lut" not in node.constants:
         return False
     x, y = node.inputs[0], node.outputs[0]
-    table = node.constants["lut"].betensor.to(torch.int64).reshape(-1).numpy()
+    table = node.constants["lut"].betensor.to(torch.int64).reshape(-1).cpu().numpy()
     ratio = exact_ratio(node)
     if ratio is None or table.size != 3 * ISQRT_TABLE_STEPS + 1:
         return False
@@ -1144,10 +1145,10 @@ def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) ->
     normalized = g.add("Clip", [normalized, int64("norm_min", lo), int64("norm_max", hi)])
     acc = g.add("Cast", [normalized], to=DOUBLE)
     if gamma is not None:
-        w = effective_weights(node).to(torch.float64).reshape(affine).numpy()
+        w = effective_weights(node).to(torch.float64).reshape(affine).cpu().numpy()
         acc = g.add("Mul", [acc, g.const(f"{node.name}/gamma", w)])
     if beta is not None:
-        acc = g.add("Add", [acc, g.const(f"{node.name}/beta", beta.to(torch.float64).numpy())])
+        acc = g.add("Add", [acc, g.const(f"{node.name}/beta", beta.to(torch.float64).cpu().numpy())])
     requantize(g, node, acc, ratio, None, channel_shape=affine if ratio.size > 1 else None)
     return True
 
@@ -1184,8 +1185,9 @@ def convert_layernorm(g: QDQGraph, node: PyNode) -> None:
     ratio = ratio.reshape(affine) if ratio.size > 1 else float(ratio[0])
     w_t = node.get_constant("weights", optional=True)
     b_t = node.get_constant("biases", optional=True)
-    w = effective_weights(node).to(torch.float64).reshape(affine).numpy() if w_t is not None else np.ones(affine)
-    b = b_t.betensor.to(torch.float64).reshape(affine).numpy() if b_t is not None else np.zeros(affine)
+    w = effective_weights(node).to(torch.float64).reshape(affine).cpu().numpy() \
+        if w_t is not None else np.ones(affine)
+    b = b_t.betensor.to(torch.float64).reshape(affine).cpu().numpy() if b_t is not None else np.zeros(affine)
     gamma = (w * norm_scale * ratio).astype(np.float32)
     beta = (b * ratio * np.ones(affine)).astype(np.float32)
     eps = float(node.get_param("epsilon"))

@@ -29,6 +29,7 @@ from ..graph.memo import freeze, layer_key, memo
 from ..graph.node import PyNode
 from ..graph.tables import ranges_of
 from ..quant.hardware import POOLING_SHIFT_MAX
+from ..quant.int_matmul import exact_int_matmul
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import linear_quant_params
 from ..quant.requant import broadcasts_into, exact_int64_, int64_to_float64, requantize_int, scale_shift, shift_factor
@@ -489,17 +490,19 @@ def _output_size(node: PyNode) -> Tuple[int, int]:
     return int(vals[0]), int(vals[1])
 
 
-def _membership(starts: Sequence[int], ends: Sequence[int], n: int, dtype: torch.dtype) -> torch.Tensor:
+def _membership(starts: Sequence[int], ends: Sequence[int], n: int, dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
     """[o, n] matrix with 1 where position j lies in window i."""
-    pos = torch.arange(n)
-    st, en = torch.tensor(list(starts))[:, None], torch.tensor(list(ends))[:, None]
+    pos = torch.arange(n, device=device)
+    st = torch.tensor(list(starts), device=device)[:, None]
+    en = torch.tensor(list(ends), device=device)[:, None]
     return ((pos >= st) & (pos < en)).to(dtype)
 
 
 def _gather_max(x: torch.Tensor, dim: int, starts: Sequence[int], ends: Sequence[int]) -> torch.Tensor:
     """Max over variable windows along `dim`: short windows repeat their last cell (a repeat never changes a max)."""
     length = max(e - s for s, e in zip(starts, ends))
-    idx = torch.tensor([[min(s + j, e - 1) for j in range(length)] for s, e in zip(starts, ends)])
+    idx = torch.tensor([[min(s + j, e - 1) for j in range(length)] for s, e in zip(starts, ends)], device=x.device)
     g = x.index_select(dim, idx.flatten())
     shape = list(x.shape)
     shape[dim:dim + 1] = [len(starts), length]
@@ -515,10 +518,15 @@ def adaptive_pool_nhwc(x: torch.Tensor, size: Tuple[int, int], method: str, zp: 
     if method == "MAX":
         return _gather_max(_gather_max(x, 1, sh, eh), 2, sw, ew)
     dtype = torch.int64 if integer else x.dtype
-    ah, aw = _membership(sh, eh, n_h, dtype), _membership(sw, ew, n_w, dtype)
-    total = torch.einsum("ih,nhwc,jw->nijc", ah, (x + zp) if integer else x, aw)
+    ah, aw = _membership(sh, eh, n_h, dtype, x.device), _membership(sw, ew, n_w, dtype, x.device)
+    if integer:  # the same window sums as the einsum below, by exact integer products on any device
+        n, c = int(x.shape[0]), int(x.shape[3])
+        rows = exact_int_matmul(ah, (x + zp).reshape(n, n_h, n_w * c)).reshape(n, -1, n_w, c)  # [n, i, w, c]
+        total = exact_int_matmul(rows.permute(0, 1, 3, 2), aw.t()).permute(0, 1, 3, 2)  # [n, i, j, c]
+    else:
+        total = torch.einsum("ih,nhwc,jw->nijc", ah, x, aw)
     count = (torch.tensor(eh) - torch.tensor(sh))[:, None] * (torch.tensor(ew) - torch.tensor(sw))[None, :]
-    count = count[None, :, :, None]
+    count = count[None, :, :, None].to(x.device)
     if integer:
         return div_round_half_even(total, count) - zp
     return total / count.to(x.dtype)
@@ -643,7 +651,7 @@ def pool3d_ncdhw(node: PyNode, x: torch.Tensor, p: dict, method: str, integer: b
         v = w.amax(3 + a) if method == "MAX" else w.sum(3 + a)
     if method == "MAX":
         return v
-    count = (counts[0][:, None, None] * counts[1][None, :, None] * counts[2][None, None, :])[None, None]
+    count = (counts[0][:, None, None] * counts[1][None, :, None] * counts[2][None, None, :])[None, None].to(v.device)
     if integer:
         return div_round_half_even(v, count) - zp
     return v / count.to(v.dtype)
@@ -739,8 +747,8 @@ def max_pool_with_argmax(node: PyNode, x: torch.Tensor, p: dict) -> Tuple[torch.
     k = torch.argmax(cols, dim=1, keepdim=True)  # first maximal entry
     values = torch.gather(cols, 1, k)[:, 0].reshape(n, c, size[0], size[1])
     k = k[:, 0].reshape(n, c, size[0], size[1])
-    oh = torch.arange(size[0]).reshape(1, 1, -1, 1)
-    ow = torch.arange(size[1]).reshape(1, 1, 1, -1)
+    oh = torch.arange(size[0], device=x.device).reshape(1, 1, -1, 1)
+    ow = torch.arange(size[1], device=x.device).reshape(1, 1, 1, -1)
     left, _, top, _ = p["pads"]
     rows = oh * p["s"][0] - top + (k // p["k"][1]) * p["d"][0]
     cols_ = ow * p["s"][1] - left + (k % p["k"][1]) * p["d"][1]
@@ -752,8 +760,8 @@ def argmax_indices(pos: torch.Tensor, shape_nchw: Sequence[int], flatten_dim: st
     n, c, h, w = shape_nchw
     rows, cols = pos[0], pos[1]
     base = cols * h + rows if storage_order else rows * w + cols
-    nn = torch.arange(n).reshape(-1, 1, 1, 1)
-    cc = torch.arange(c).reshape(1, -1, 1, 1)
+    nn = torch.arange(n, device=pos.device).reshape(-1, 1, 1, 1)
+    cc = torch.arange(c, device=pos.device).reshape(1, -1, 1, 1)
     if flatten_dim == "HW":
         return base
     if flatten_dim == "HWC":
@@ -806,8 +814,8 @@ def max_unpool(values: torch.Tensor, idx: torch.Tensor, out_hwc: Sequence[int], 
     n, h0, w0, c = values.shape
     oh, ow, oc = (int(v) for v in out_hwc)
     total = n * oh * ow * oc
-    nn = torch.arange(n).reshape(-1, 1, 1, 1)
-    cc = torch.arange(c).reshape(1, 1, 1, -1)
+    nn = torch.arange(n, device=idx.device).reshape(-1, 1, 1, 1)
+    cc = torch.arange(c, device=idx.device).reshape(1, 1, 1, -1)
     if flatten_dim == "HW":
         t = (nn * oc + cc) * (oh * ow) + idx
     elif flatten_dim == "HWC":
@@ -815,11 +823,11 @@ def max_unpool(values: torch.Tensor, idx: torch.Tensor, out_hwc: Sequence[int], 
     else:
         t = idx
     t = t.reshape(-1)
-    src = torch.arange(t.numel())
+    src = torch.arange(t.numel(), device=t.device)
     valid = (t >= 0) & (t < total)
-    winner = torch.full((total,), -1, dtype=torch.int64)
+    winner = torch.full((total,), -1, dtype=torch.int64, device=t.device)
     winner.scatter_reduce_(0, t[valid], src[valid], reduce="amax")
-    flat = torch.full((total,), fill, dtype=values.dtype)
+    flat = torch.full((total,), fill, dtype=values.dtype, device=values.device)
     hit = winner >= 0
     flat[hit] = values.reshape(-1)[winner[hit]]
     if flatten_dim in ("HW", "NCHW"):

@@ -518,7 +518,7 @@ def _store_weights(node: PyNode) -> torch.Tensor:
     if isinstance(wp.scale, torch.Tensor):
         set_constant(node, "weights_scale", wp.scale.to(torch.float32), Dtype.FP32)
         set_constant(node, "weights_zp", wp.zerop.to(torch.int64), Dtype.INT32)
-        return wp.scale.to(torch.float32).reshape(-1)
+        return wp.scale.cpu().to(torch.float32).reshape(-1)  # on the CPU, where the multipliers are derived
     node.params["weights_scale"] = float(wp.scale)
     node.params["weights_zp"] = int(wp.zerop)
     return torch.full((rows,), float(wp.scale), dtype=torch.float32)
@@ -1377,11 +1377,11 @@ def _cell(g: QDQGraph, node: PyNode, states: int) -> _Cell:
     bits = _int_param(node, "gate_bits")
 
     def ints(key: str) -> np.ndarray:
-        return node.get_constant(key).betensor.to(torch.int64).reshape(-1).numpy()
+        return node.get_constant(key).betensor.cpu().to(torch.int64).reshape(-1).numpy()
 
     x = g.add("Sub", [codes(g, x_t), op.f64(float(tensor_zp(node, x_t)))])
     return _Cell(spec, op, bits, 2 ** (bits - 1) - 1, _int_param(node, "hidden_frac_bits"),
-                 effective_weights(node).numpy().astype(np.float64), ints("biases"), ints("gate_scale"),
+                 effective_weights(node).cpu().numpy().astype(np.float64), ints("biases"), ints("gate_scale"),
                  ints("gate_shift"), list(node.get_param("gate_clamp_value")),
                  _int_param(node, "hidden_scale_value"), _int_param(node, "hidden_shift_value"), x)
 

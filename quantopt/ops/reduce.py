@@ -182,7 +182,7 @@ def _float_reduce(node: PyNode, method: str, rows: torch.Tensor) -> torch.Tensor
         return torch.sqrt((r * r).sum(dim=1))
     d = r.shape[1] - (1 if method == "UNBIASED_VARIANCE" else 0)
     dev = r - r.mean(dim=1, keepdim=True)
-    return (dev * dev).sum(dim=1) / d if d > 0 else torch.full(r.shape[:1], float("nan"))
+    return (dev * dev).sum(dim=1) / d if d > 0 else torch.full(r.shape[:1], float("nan"), device=r.device)
 
 
 @REDUCE.forward
@@ -273,7 +273,7 @@ def _reduce_int(node: PyNode, method: str, axes: Sequence[int], rows_q: torch.Te
         acc = (x.abs() if method == "L1" else x).sum(dim=1)
         return torch.clamp(round_shift(acc * m, sh) - zp_out, qmin, qmax)
     if method == "PROD":
-        acc = torch.ones(x.shape[0], dtype=torch.int64)
+        acc = torch.ones(x.shape[0], dtype=torch.int64, device=x.device)
         dropped = torch.zeros_like(acc)
         for j in range(n):
             acc, dropped = _normalize_product(acc * x[:, j], dropped)
@@ -392,7 +392,7 @@ def _cumulate_int(node: PyNode, method: str, axis: int, exclusive: bool, v: torc
     if mult.numel() != length or shift.numel() != length:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): the quantized constants cover {mult.numel()} "
                                f"positions but the cumulated axis has {length}")
-    acc = torch.ones(x.shape[:-1], dtype=torch.int64)
+    acc = torch.ones(x.shape[:-1], dtype=torch.int64, device=x.device)
     dropped = torch.zeros_like(acc)
     ys = []
     for j in range(length):

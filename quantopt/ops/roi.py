@@ -277,21 +277,21 @@ def roialign_forward(self: PyNode) -> None:
     x = _feature(self)
     if len(self.inputs) < 2:
         raise self._error("needs two inputs: feature map and boxes [R, 5]")
-    rois = _rois(self, self.inputs[1].betensor, 5)
+    rois = _rois(self, self.inputs[1].betensor, 5).cpu()  # computed on the CPU (a loop over the boxes)
     if not self.quantized:
-        y = roi_align(self, x.to(torch.float64), rois.to(torch.float64), p, integer=False)
-        self.outputs[0].betensor = y.to(torch.float32)
+        y = roi_align(self, x.cpu().to(torch.float64), rois.to(torch.float64), p, integer=False)
+        self.outputs[0].betensor = y.to(device=x.device, dtype=torch.float32)
         return
     zp, qmin, qmax = _feature_zp_range(self)
-    bq, bzp = int_value(self.inputs[1]), tensor_zp(self, self.inputs[1])
+    bq, bzp = int_value(self.inputs[1]).cpu(), tensor_zp(self, self.inputs[1])
     bq = bq[0] if bq.dim() == 3 else bq
     (my, ny), (mx, nx) = _coord_pairs(self, "coord", 2)
     (mb, nb), = _coord_pairs(self, "batch", 1)
     fx = torch.stack([fixed_point(bq[:, 0], bzp, mb, nb),
                       fixed_point(bq[:, 1], bzp, my, ny), fixed_point(bq[:, 2], bzp, mx, nx),
                       fixed_point(bq[:, 3], bzp, my, ny), fixed_point(bq[:, 4], bzp, mx, nx)], dim=1)
-    y = roi_align(self, int_value(self.inputs[0]) + zp, fx, p, integer=True) - zp
-    self.outputs[0].betensor = torch.clamp(y, qmin, qmax)
+    y = roi_align(self, int_value(self.inputs[0]).cpu() + zp, fx, p, integer=True) - zp
+    self.outputs[0].betensor = torch.clamp(y, qmin, qmax).to(x.device)
 
 
 @ROIALIGN.quantize
@@ -357,11 +357,11 @@ def maxroipool_forward(self: PyNode) -> None:
     x = _feature(self)
     if len(self.inputs) < 2:
         raise self._error("needs two inputs: feature map and boxes [R, 5]")
-    rois = _rois(self, self.inputs[1].betensor, 5)
+    rois = _rois(self, self.inputs[1].betensor, 5).cpu()  # computed on the CPU (loops over boxes and bins)
     pooled = _out_hw(self)
     if self.quantized:
         zp, qmin, qmax = _feature_zp_range(self)
-        bq, bzp = int_value(self.inputs[1]), tensor_zp(self, self.inputs[1])
+        bq, bzp = int_value(self.inputs[1]).cpu(), tensor_zp(self, self.inputs[1])
         bq = bq[0] if bq.dim() == 3 else bq
         (my, ny), (mx, nx) = _coord_pairs(self, "coord", 2)
         (mb, nb), = _coord_pairs(self, "batch", 1)
@@ -369,17 +369,17 @@ def maxroipool_forward(self: PyNode) -> None:
         # round half up: floor(v / 2^N + 1/2) = floor((v*2 + 2^N) / 2^(N+1)), exact for every N
         coords = torch.stack([round_half_up(bq[:, k], bzp, m, s)
                               for k, (m, s) in zip((1, 2, 3, 4), ((my, ny), (mx, nx), (my, ny), (mx, nx)))], dim=1)
-        y = max_roi_pool(self, int_value(self.inputs[0]), batch.tolist(), coords, pooled,
+        y = max_roi_pool(self, int_value(self.inputs[0]).cpu(), batch.tolist(), coords, pooled,
                          min(max(-zp, qmin), qmax))
-        self.outputs[0].betensor = torch.clamp(y, qmin, qmax)
+        self.outputs[0].betensor = torch.clamp(y, qmin, qmax).to(x.device)
         return
     sy, sx = _float_list(self, "spatial", 2)
     r64 = rois.to(torch.float64)
     scales = torch.tensor([sy, sx, sy, sx], dtype=torch.float64)
     coords = torch.floor(r64[:, 1:] * scales + 0.5).to(torch.int64)
     batch = torch.round(r64[:, 0]).to(torch.int64).tolist()
-    xf = x.to(x.dtype if x.is_floating_point() else torch.float32)
-    self.outputs[0].betensor = max_roi_pool(self, xf, batch, coords, pooled, 0.0)
+    xf = x.cpu().to(x.dtype if x.is_floating_point() else torch.float32)
+    self.outputs[0].betensor = max_roi_pool(self, xf, batch, coords, pooled, 0.0).to(x.device)
 
 
 def round_half_up(q: torch.Tensor, zp: int, mult: int, shift: int) -> torch.Tensor:
@@ -432,21 +432,21 @@ def roipooling_forward(self: PyNode) -> None:
     x = _feature(self)
     if len(self.inputs) < 2:
         raise self._error("needs two inputs: feature map and normalized boxes [1, R, 4]")
-    boxes = _rois(self, self.inputs[1].betensor, 4)
+    boxes = _rois(self, self.inputs[1].betensor, 4).cpu()  # computed on the CPU (a loop over the boxes)
     rh, rw = _out_hw(self)
     fh, fw = x.shape[1], x.shape[2]
     if self.quantized:
-        bq, bzp = int_value(self.inputs[1]), tensor_zp(self, self.inputs[1])
+        bq, bzp = int_value(self.inputs[1]).cpu(), tensor_zp(self, self.inputs[1])
         bq = bq[0] if bq.dim() == 3 else bq
         (my, ny), (mx, nx) = _coord_pairs(self, "coord", 2)
-        fm = int_value(self.inputs[0])
+        fm = int_value(self.inputs[0]).cpu()
         edges = [fixed_point(bq[:, k], bzp, m, s) for k, (m, s) in
                  zip(range(4), ((my, ny), (mx, nx), (my, ny), (mx, nx)))]
         unit: Any = 1 << ROI_FRACTION_BITS
     else:
         b64 = boxes.to(torch.float64)
         edges = [b64[:, 0] * fh, b64[:, 1] * fw, b64[:, 2] * fh, b64[:, 3] * fw]
-        fm = x.to(x.dtype if x.is_floating_point() else torch.float32)
+        fm = x.cpu().to(x.dtype if x.is_floating_point() else torch.float32)
         unit = 1.0
     out = torch.empty((boxes.shape[0], rh, rw, x.shape[3]), dtype=fm.dtype)
     for r in range(boxes.shape[0]):
@@ -455,7 +455,7 @@ def roipooling_forward(self: PyNode) -> None:
         out[r] = fm[0][yi[:, None], xi[None, :]]
     if self.quantized:
         out = torch.clamp(out, *out_range(self, self.outputs[0]))
-    self.outputs[0].betensor = out
+    self.outputs[0].betensor = out.to(x.device)
 
 
 @ROIPOOLING.quantize
@@ -567,22 +567,22 @@ def cropandresize_forward(self: PyNode) -> None:
     x = _feature(self)
     if len(self.inputs) < 3:
         raise self._error("needs three inputs: feature map, normalized boxes [R, 4] and box indices [R]")
-    boxes = _rois(self, self.inputs[1].betensor, 4)
-    index = int_value(self.inputs[2]).reshape(-1)
+    boxes = _rois(self, self.inputs[1].betensor, 4).cpu()  # computed on the CPU (a loop over the boxes)
+    index = int_value(self.inputs[2]).cpu().reshape(-1)
     if index.numel() != boxes.shape[0]:
         raise self._error(f"{index.numel()} box indices for {boxes.shape[0]} boxes")
     if not self.quantized:
-        y = crop_and_resize(self, x.to(torch.float64), boxes.to(torch.float64), index, p, False, p["extra"])
-        self.outputs[0].betensor = y.to(torch.float32)
+        y = crop_and_resize(self, x.cpu().to(torch.float64), boxes.to(torch.float64), index, p, False, p["extra"])
+        self.outputs[0].betensor = y.to(device=x.device, dtype=torch.float32)
         return
     zp, qmin, qmax = _feature_zp_range(self)
-    bq, bzp = int_value(self.inputs[1]), tensor_zp(self, self.inputs[1])
+    bq, bzp = int_value(self.inputs[1]).cpu(), tensor_zp(self, self.inputs[1])
     bq = bq[0] if bq.dim() == 3 else bq
     (m, s), = _coord_pairs(self, "coord", 1)
     fx = fixed_point(bq, bzp, m, s)
     fill = int(self.get_param("extrapolation_qvalue")) + zp
-    y = crop_and_resize(self, int_value(self.inputs[0]) + zp, fx, index, p, True, fill) - zp
-    self.outputs[0].betensor = torch.clamp(y, qmin, qmax)
+    y = crop_and_resize(self, int_value(self.inputs[0]).cpu() + zp, fx, index, p, True, fill) - zp
+    self.outputs[0].betensor = torch.clamp(y, qmin, qmax).to(x.device)
 
 
 @CROP_AND_RESIZE.quantize

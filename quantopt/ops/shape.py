@@ -347,7 +347,7 @@ def shape_forward(self: PyNode) -> None:
     start = int(self.get_param("start", optional=True, default_value=0))
     end = self.get_param("end", optional=True)
     dims = list(x.shape)[start:None if end is None else int(end)]
-    self.outputs[0].betensor = torch.tensor(dims, dtype=torch.int64)
+    self.outputs[0].betensor = torch.tensor(dims, dtype=torch.int64, device=x.device)
 
 
 @SHAPE.quantize
@@ -378,9 +378,10 @@ def constant_of_shape_forward(self: PyNode) -> None:
     value = self.get_param("value", optional=True, default_value=0.0)
     out = self.outputs[0]
     if self.quantized:
-        out.betensor = torch.full(shape, int(value), dtype=torch.int64)
+        out.betensor = torch.full(shape, int(value), dtype=torch.int64, device=inp.betensor.device)
     else:
-        out.betensor = torch.full(shape, float(value), dtype=torch.float32).to(out.ir_dtype.torch_dtype)
+        out.betensor = torch.full(shape, float(value), dtype=torch.float32,
+                                  device=inp.betensor.device).to(out.ir_dtype.torch_dtype)
 
 
 @CONSTANT_OF_SHAPE.quantize

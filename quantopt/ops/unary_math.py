@@ -366,11 +366,11 @@ def isinf_isnan_forward(self: PyNode) -> None:
     if str(self.type) == "IsInf":
         neg, pos = _isinf_flags(self)
         if self.quantized:
-            flags = torch.zeros(x.shape, dtype=torch.bool)
+            flags = torch.zeros(x.shape, dtype=torch.bool, device=x.device)
         else:
             flags = ((x == -math.inf) & neg) | ((x == math.inf) & pos)
     else:
-        flags = torch.zeros(x.shape, dtype=torch.bool) if self.quantized else torch.isnan(x)
+        flags = torch.zeros(x.shape, dtype=torch.bool, device=x.device) if self.quantized else torch.isnan(x)
     self.outputs[0].betensor = flags.to(torch.int64 if self.quantized else torch.uint8)
 
 
