@@ -347,14 +347,15 @@ def _weight_ratio_fn(node: PyNode, s_in: float, s_out: Union[float, torch.Tensor
     mode = QuantMode.from_name(s.q_mode_weight).to_per_channel()
 
     def ratios(groups: int) -> torch.Tensor:
+        """On the CPU, where `unify_shifts_for_aiff` derives the multipliers."""
+        out = torch.as_tensor(s_out, dtype=torch.float32).cpu()
         given = w.extra.get(GIVEN_PARAMS)
         if given is not None and given.per_channel and groups == given.scale.numel():
-            return torch.as_tensor(s_out, dtype=torch.float32) / (torch.tensor(s_in, dtype=torch.float32) *
-                                                                  given.scale.to(torch.float32))
+            return out / (torch.tensor(s_in, dtype=torch.float32) * given.scale.cpu().to(torch.float32))
         rc = ranges_of(node).channels(w)
-        lo, hi, _ = group_ranges(rc.min, rc.max, groups)
+        lo, hi, _ = group_ranges(torch.as_tensor(rc.min).cpu(), torch.as_tensor(rc.max).cpu(), groups)
         ws = linear_quant_params(lo, hi, int(s.q_bits_weight), mode, True).scale
-        return torch.as_tensor(s_out, dtype=torch.float32) / (torch.tensor(s_in, dtype=torch.float32) * ws)
+        return out / (torch.tensor(s_in, dtype=torch.float32) * ws)
     return ratios
 
 
@@ -362,7 +363,8 @@ def effective_weights(node: PyNode) -> torch.Tensor:
     """Integer weights plus their zero point (w_q + zp_w), int64: what the MAC multiplies."""
     w = node.get_constant("weights").betensor.to(torch.int64)
     if "weights_zp" in node.constants:
-        zp = node.constants["weights_zp"].betensor.to(torch.int64).reshape([-1] + [1] * (w.dim() - 1))
+        zp = node.constants["weights_zp"].betensor.to(device=w.device, dtype=torch.int64).reshape(
+            [-1] + [1] * (w.dim() - 1))
         return w + zp
     zp = int(node.params.get("weights_zp", 0))
     return w + zp if zp else w

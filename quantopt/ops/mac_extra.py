@@ -586,7 +586,7 @@ def _convt_int_float(node: PyNode, x: torch.Tensor, wt: torch.Tensor, sums: torc
 def _oc_ranges(node: PyNode, w: PyTensor, w_oc: torch.Tensor, group: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-output-channel calibrated ranges of grouped transposed-conv weights: the extrema of each channel's slice,
     limited to the calibrated range of its IR row (identical to the extrema for the default `extrema` strategy)."""
-    flat = w_oc.reshape(w_oc.shape[0], -1).to(torch.float32)
+    flat = w_oc.reshape(w_oc.shape[0], -1).cpu().to(torch.float32)  # ranges live on the CPU
     lo = torch.clamp(flat.min(dim=1).values, max=0.0)
     hi = torch.clamp(flat.max(dim=1).values, min=0.0)
     rc = ranges_of(node).channels(w)

@@ -901,7 +901,8 @@ def _upstream_table(node: PyNode, k: int, act: str, bits: int,
 
 def _approx(node: PyNode, ratio: torch.Tensor, bits: int) -> Tuple[torch.Tensor, torch.Tensor]:
     m, n, _, _ = scale_shift(ratio, bits, force_shift_positive=bool(layer_settings(node).force_shift_positive))
-    return torch.as_tensor(m, dtype=torch.int64).reshape(-1), torch.as_tensor(n, dtype=torch.int64).reshape(-1)
+    return (torch.as_tensor(m, dtype=torch.int64).reshape(-1).cpu(),  # on the CPU, where scale_shift derived them
+            torch.as_tensor(n, dtype=torch.int64).reshape(-1).cpu())
 
 
 def _compress_bits(b: torch.Tensor, effective_bits: int, pre_shift: int) -> torch.Tensor:
