@@ -443,9 +443,9 @@ def bias_quantize(bias: Union[torch.Tensor, np.ndarray], s_in: Union[float, torc
     positive int32 overflow then yields 2^31 (stored as INT_MIN after the int32 wrap of the writer, and making
     `compress_bias` drop one bit). `upstream_float32_clip=True` reproduces that (the golden 16-bit IRs show it).
     """
-    s = torch.as_tensor(s_in, dtype=torch.float32) * torch.as_tensor(s_w, dtype=torch.float32)
+    s = torch.as_tensor(s_in, dtype=torch.float32).cpu() * torch.as_tensor(s_w, dtype=torch.float32).cpu()
     b = torch.as_tensor(np.asarray(bias) if isinstance(bias, np.ndarray) else bias).to(torch.float32)
-    s = s.to(b.device)  # one float32 product (IEEE, the same on every device) where the biases are
+    s = s.to(b.device)  # float32 products are IEEE, the same on every device: formed where the biases are
     q = torch.round(b * s)
     lo, hi = -(2 ** (bias_bits - 1)), 2 ** (bias_bits - 1) - 1
     if upstream_float32_clip:
