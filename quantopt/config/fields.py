@@ -218,8 +218,9 @@ field("set_qinvariant_for_start_nodes", [], IntListKind(),
       group="quantization")
 field("device", "cpu", DeviceKind(),
       "where the float and integer forwards run: cpu, cuda, cuda:N, or auto (CUDA when torch sees a device, else "
-      "the CPU); integer outputs are meant to be identical on every device, and the CUDA path is not yet verified "
-      "on a GPU, so cpu stays the default (docs/performance.md)",
+      "the CPU); the integer forward gives the same integers on every device, while calibration on CUDA follows the "
+      "GPU's float sums (ranges may move by float32 ulps), so cpu, which reproduces upstream's CPU goldens, is the "
+      "default (docs/performance.md, \"CUDA\")",
       group="model")
 field("fc_float_summation", "upstream", ChoiceKind(("upstream", "float64")),
       "how the float forward sums FullyConnected layers: upstream, in float32 in the upstream optimizer's fixed "

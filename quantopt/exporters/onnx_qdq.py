@@ -104,6 +104,8 @@ def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEF
     if scales not in SCALE_MODES:
         raise ConfigError(f"scales must be one of {', '.join(SCALE_MODES)}, got {scales!r}", field="scales")
     graph = _quantized(graph)
+    if graph.device.type != "cpu":  # the builders read constants with numpy
+        graph = graph.clone().to("cpu")
     opset = choose_opset(graph, opset)
     g = QDQGraph(opset, graph.quant, scales, dynamic_batch and batch_is_leading(graph))
     for t in list(graph.input_tensors) + list(graph.output_tensors):

@@ -195,7 +195,8 @@ def check_given_kept(qgraph: QuantizeGraph) -> int:
                 raise UnsupportedError(f"layer '{n.name}' ({n.type}): its quantization does not keep the given params "
                                        f"of tensor '{t.name}' (scale {p.scale}, zero point {p.zerop}); the "
                                        "pre-quantized model requantizes where quantopt's layer cannot")
-            if GIVEN_VALUES in t.extra and not torch.equal(t.betensor.to(torch.int64), t.extra[GIVEN_VALUES]):
+            if GIVEN_VALUES in t.extra and not torch.equal(t.betensor.to(device="cpu", dtype=torch.int64),
+                                                             t.extra[GIVEN_VALUES].cpu()):
                 raise UnsupportedError(f"layer '{n.name}' ({n.type}): constant '{t.name}' lost its given integers")
             count += 1
     OPT_INFO(f"compat_quantized_model: {count} tensor(s) keep the model's own quantization")

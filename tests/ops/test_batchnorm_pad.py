@@ -60,7 +60,7 @@ def test_batchnorm_on_a_middle_axis_and_without_biases():
     torch.manual_seed(2)
     x = torch.randn(2, 5, 7)
     w = torch.randn(5)
-    ref = F.batch_norm(x, torch.zeros(5), torch.ones(5), w, None, training=False, eps=0.0)
+    ref = x * w.reshape(1, 5, 1)  # F.batch_norm refuses eps = 0 in some torch versions
     y = run_layer("BatchNorm", x, x.shape, {"axis": 1}, {"weights": w})
     torch.testing.assert_close(y, ref, atol=ATOL, rtol=1e-5)
 
