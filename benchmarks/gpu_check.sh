@@ -2,7 +2,8 @@
 # The checks of a machine with a CUDA GPU (docs/performance.md, "Devices"), run from the repository root:
 #   1. the test suite twice side by side (pytest-xdist): on the CPU, and with QUANTOPT_TEST_DEVICE=cuda, which makes
 #      every cfg workflow of the suite compute on the GPU and runs tests/test_device_parity.py;
-#   2. benchmarks/real_model_speed.py --device cuda: each model on the CPU and on the GPU, speed-ups, equal integers.
+#   2. benchmarks/device_stages.py: every corpus model stage by stage on the GPU (first differing layer named);
+#   3. benchmarks/real_model_speed.py --device cuda: each model on the CPU and on the GPU, speed-ups, equal integers.
 # Logs go to $OUT (default /tmp/quantopt-gpu-check). Limits: SUITE_LIMIT_S (default 300) for each suite,
 # BENCH_LIMIT_S (default 240) and BENCH_ARGS (default: every model but MiniLM, best of 3) for the benchmark,
 # CPU_WORKERS / GPU_WORKERS (default 6 / 9) for the suites. Needs pytest-xdist and pytest-timeout.
@@ -22,6 +23,10 @@ suite() {  # name, workers, then VAR=value settings for the run
     -n "$workers" -v -rfE --tb=short --timeout 240 > "$out/suite-$name.log" 2>&1
   echo "exit code $?" >> "$out/suite-$name.log"
 }
+
+timeout "${STAGES_LIMIT_S:-120}" python3 benchmarks/device_stages.py --device cuda > "$out/stages.log" 2>&1
+echo "device stages exit code $?" >> "$out/stages.log"
+grep -E "failing stages|^  [0-9]+ x |exit code" "$out/stages.log" | cut -c1-300
 
 start=$(date +%s)
 suite cpu "${CPU_WORKERS:-6}" QUANTOPT_TEST_DEVICE= &
