@@ -44,7 +44,8 @@ def native_conv(device: torch.device) -> Iterator[None]:
     setting comes back afterwards; nothing changes on the CPU. Why: an integer forward that convolves exact integers
     in float64 relies on every partial sum being an exact integer, which holds for any summation order but not for
     cuDNN's FFT and Winograd algorithms (rounded transforms), which cuDNN may pick even with deterministic
-    algorithms requested."""
+    algorithms requested. The switch is torch's process-wide flag: CUDA work of other threads during the block
+    runs without cuDNN too (slower, not wrong)."""
     if device.type != "cuda":
         yield
         return

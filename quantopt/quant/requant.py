@@ -445,7 +445,7 @@ def bias_quantize(bias: Union[torch.Tensor, np.ndarray], s_in: Union[float, torc
     """
     s = torch.as_tensor(s_in, dtype=torch.float32).cpu() * torch.as_tensor(s_w, dtype=torch.float32).cpu()
     b = torch.as_tensor(np.asarray(bias) if isinstance(bias, np.ndarray) else bias).to(torch.float32)
-    s = s.to(b.device)  # float32 products are IEEE, the same on every device: formed where the biases are
+    s = s.to(b.device)  # the float32 product is formed on the CPU (IEEE, as on any device), then joins the biases
     q = torch.round(b * s)
     lo, hi = -(2 ** (bias_bits - 1)), 2 ** (bias_bits - 1) - 1
     if upstream_float32_clip:
