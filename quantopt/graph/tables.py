@@ -10,7 +10,7 @@ filled by local calibration and edited by the global methods, the passes and the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, Iterable, Optional, TypeVar, Union
 
 import torch
 
@@ -58,7 +58,37 @@ def _name(t: TensorKey) -> str:
     return t if isinstance(t, str) else t.name
 
 
-class StatisticsTable:
+Entry = TypeVar("Entry")
+
+
+class _EntryTable(Generic[Entry]):
+    """Tensor name -> one entry per tensor: the lookups the statistics and quantization tables share."""
+
+    _new_entry: Callable[[], Entry]
+    """Makes the entry `of` creates for a tensor that has none."""
+
+    def __init__(self, entries: Optional[Dict[str, Entry]] = None) -> None:
+        self._entries: Dict[str, Entry] = dict(entries or {})
+
+    def of(self, t: TensorKey) -> Entry:
+        """The entry of `t` to fill in place, created with the defaults when it has none."""
+        name = _name(t)
+        entry = self._entries.get(name)
+        if entry is None:
+            entry = self._entries[name] = self._new_entry()
+        return entry
+
+    def set(self, t: TensorKey, entry: Entry) -> None:
+        self._entries[_name(t)] = entry
+
+    def __contains__(self, t: TensorKey) -> bool:
+        return _name(t) in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class StatisticsTable(_EntryTable[TensorStatistics]):
     """Tensor name -> TensorStatistics of one graph.
 
     `of` gives the entry to fill in place (creating an empty one), `get` the entry to read (an unstored empty one
@@ -67,30 +97,12 @@ class StatisticsTable:
     others as they were.
     """
 
-    def __init__(self, entries: Optional[Dict[str, TensorStatistics]] = None) -> None:
-        self._entries: Dict[str, TensorStatistics] = dict(entries or {})
-
-    def of(self, t: TensorKey) -> TensorStatistics:
-        """The entry of `t`, created empty when it has none (for the statistics pass to fill in place)."""
-        name = _name(t)
-        entry = self._entries.get(name)
-        if entry is None:
-            entry = self._entries[name] = TensorStatistics()
-        return entry
+    _new_entry = TensorStatistics
 
     def get(self, t: TensorKey) -> TensorStatistics:
         """The entry of `t`; an empty TensorStatistics, not stored, when it has none."""
         entry = self._entries.get(_name(t))
         return entry if entry is not None else TensorStatistics()
-
-    def set(self, t: TensorKey, stats: TensorStatistics) -> None:
-        self._entries[_name(t)] = stats
-
-    def __contains__(self, t: TensorKey) -> bool:
-        return _name(t) in self._entries
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def copy(self, names: Optional[Iterable[str]] = None) -> StatisticsTable:
         """A new table sharing the entries (of `names` only, when given)."""
@@ -228,7 +240,7 @@ _UNQUANTIZED = _Unquantized()
 object.__setattr__(_UNQUANTIZED, "_sealed", True)
 
 
-class QuantTable:
+class QuantTable(_EntryTable[TensorQuant]):
     """Tensor name -> TensorQuant of one graph.
 
     `get(t)` is the parameters to read (read-only defaults when `t` has none), `of(t)` the entry to fill in place
@@ -236,33 +248,15 @@ class QuantTable:
     candidates, the mixed-precision search), so `copy` gives a table of its own with the values cloned.
     """
 
-    def __init__(self) -> None:
-        self._entries: Dict[str, TensorQuant] = {}
+    _new_entry = TensorQuant
 
     def get(self, t: TensorKey) -> TensorQuant:
         """The parameters of `t` (the read-only defaults, scale 1 and not quantized, when it has none)."""
         return self._entries.get(_name(t), _UNQUANTIZED)
 
-    def of(self, t: TensorKey) -> TensorQuant:
-        """The entry of `t` to set in place, created with the defaults when it has none."""
-        name = _name(t)
-        entry = self._entries.get(name)
-        if entry is None:
-            entry = self._entries[name] = TensorQuant()
-        return entry
-
-    def set(self, t: TensorKey, q: TensorQuant) -> None:
-        self._entries[_name(t)] = q
-
     def drop(self, t: TensorKey) -> None:
         """Forget the parameters of `t` (it is float again)."""
         self._entries.pop(_name(t), None)
-
-    def __contains__(self, t: TensorKey) -> bool:
-        return _name(t) in self._entries
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def copy_from(self, source: QuantTable, src: TensorKey, dst: Optional[TensorKey] = None) -> None:
         """Copy `src`'s entry of `source` (values cloned) to `dst` (default: the same name) of this table."""
