@@ -92,19 +92,21 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
     notes: Dict[str, str] = {}
     qnodes = {n.name: n for n in quant_graph.nodes}
     pairs = [(f, qnodes[f.name]) for f in float_graph.nodes if f.name in qnodes]
+    last_reader = {id(t): i for i, (fnode, _) in enumerate(pairs) for t in fnode.inputs}
     count = 0
     with torch.no_grad():
         for inputs in batches:
             float_graph.forward(inputs, keep_tensors=True)
             quant_graph.forward(inputs, keep_tensors=True)
             quantized: Dict[Tuple[int, int], torch.Tensor] = {}
-            for fnode, qnode in pairs:
+            for index, (fnode, qnode) in enumerate(pairs):
                 fvals = [_flat64(f.betensor) for f in fnode.outputs]
                 keep = [_unmasked(f, float_graph.statistics.get(f), x, notes) for f, x in zip(fnode.outputs, fvals)]
                 fvals = [x if k is None else x[k] for x, k in zip(fvals, keep)]
                 deq = [to_float(q, quant_of(qnode)) for q in qnode.outputs]
                 cumulative = [_cos_mse(x, _select(y, k)) for x, y, k in zip(fvals, deq, keep)]
                 isolated = _isolated(fnode, qnode, fvals, cumulative, quantized, keep)
+                _forget_read(quantized, fnode, index, last_reader)
                 for f, c, i in zip(fnode.outputs, cumulative, isolated):
                     acc = sums.setdefault((fnode.name, f.name), [0.0, 0.0, 0.0, 0.0])
                     for k, v in enumerate(c + i):
@@ -128,6 +130,15 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
             results.append(LayerSimilarity(fnode.layer_id, fnode.name, str(fnode.type), f.name, cum_cos, cum_mse,
                                            iso_cos, iso_mse, notes.get(f.name, "")))
     return results
+
+
+def _forget_read(quantized: Dict[Tuple[int, int], torch.Tensor], fnode: PyNode, index: int,
+                 last_reader: Dict[int, int]) -> None:
+    """Drop the quantized copies of the float tensors whose last reader is pair `index`: no later layer asks for
+    them, and holding every activation's int64 copy until the batch ends doubled the analysis' memory."""
+    done = {id(t) for t in fnode.inputs if last_reader.get(id(t)) == index}
+    for key in [k for k in quantized if k[1] in done]:
+        del quantized[key]
 
 
 def _unmasked(t: PyTensor, stats: TensorStatistics, x: torch.Tensor, notes: Dict[str, str]) -> Optional[torch.Tensor]:
