@@ -118,3 +118,38 @@ def test_a_cfg_run_analyses_with_one_forward_of_each_graph_per_batch(tmp_path: P
     monkeypatch.undo()
     want = reference_similarity(graph, qgraph, batches)
     assert [s.as_dict() for s in master.similarities] == [s.as_dict() for s in want]
+
+
+def test_the_quantized_activations_are_freed_as_the_analysis_goes(digits: tuple, monkeypatch) -> None:
+    """Each quantized layer is compared as the quantized forward runs it: when a layer is compared, the quantized
+    graph holds only the activations later layers still read (not every layer's, as with keep_tensors), and at most
+    the quantized copies of float tensors that a later layer still reads."""
+    import quantopt.analysis.similarity as similarity
+
+    graph, qgraph, batches = digits
+    want = layer_similarity(graph, qgraph, iter(batches[:1]))
+    readers: Dict[int, int] = {}
+    for i, n in enumerate(qgraph.nodes):
+        for t in n.inputs:
+            readers[id(t)] = i
+    position = {id(n): i for i, n in enumerate(qgraph.nodes)}
+    keep = {id(t) for t in qgraph.input_tensors} | {id(t) for t in qgraph.output_tensors}
+    seen: List[int] = []
+    cached: List[int] = []
+    original = similarity._isolated
+
+    def watching(fnode, qnode, fvals, cumulative, quantized, keep_masks=()):
+        here = position[id(qnode)]
+        live = [t for n in qgraph.nodes for t in n.outputs if t.betensor.numel() and id(t) not in keep]
+        # alive: produced at or before this layer and read at or after it
+        assert all(readers.get(id(t), -1) >= here for t in live), [t.name for t in live]
+        seen.append(len(live))
+        cached.append(len(quantized))
+        return original(fnode, qnode, fvals, cumulative, quantized, keep_masks)
+
+    monkeypatch.setattr(similarity, "_isolated", watching)
+    got = layer_similarity(graph, qgraph, iter(batches[:1]))
+    assert [s.as_dict() for s in got] == [s.as_dict() for s in want]
+    assert len(seen) == len(want) and len(seen) > 4
+    assert max(seen) <= 2 < len(qgraph.nodes)  # a chain: the layer's input, at most one more
+    assert max(cached) <= 2

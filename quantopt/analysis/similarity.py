@@ -78,47 +78,32 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
                      first_batch: Optional[FirstBatch] = None) -> List[LayerSimilarity]:
     """Cumulative and isolated similarity of every layer output, averaged over `batches`.
 
-    Per batch it costs one forward of each graph (activations kept) plus, for the isolated view, one run of each
-    quantized layer on its quantized float inputs: the float activations of the cumulative run serve the isolated
-    view, each float tensor is quantized once for all its consumers, a layer whose quantized float inputs equal
-    its inputs in the quantized run is not run again (its isolated result is its cumulative one), and each output
-    is dequantized and converted once. With `first_batch` (a dict), the float and dequantized values of every layer
-    output of the first batch are kept there (the report's histograms read them instead of running again).
+    Per batch it costs one forward of each graph plus, for the isolated view, one run of each quantized layer on
+    its quantized float inputs: the float activations of the cumulative run serve the isolated view, each float
+    tensor is quantized once for all its consumers, a layer whose quantized float inputs equal its inputs in the
+    quantized run is not run again (its isolated result is its cumulative one), and each output is dequantized and
+    converted once. The float graph's activations are kept for the batch; each quantized layer is compared as soon
+    as the quantized forward has run it, so the quantized graph's activations (int64) are freed after their last
+    reader as in a plain forward, and each float tensor's quantized copy after its last reader. With `first_batch`
+    (a dict), the float and dequantized values of every layer output of the first batch are kept there (the
+    report's histograms read them instead of running again).
 
     The returned list (one LayerSimilarity per compared output, in graph order) is the analysis' result table: the
     template, report, advisor, run records and `D_*` IR keys read it; nothing is stored on the tensors.
     """
-    sums: Dict[tuple, List[float]] = {}
-    notes: Dict[str, str] = {}
     qnodes = {n.name: n for n in quant_graph.nodes}
     pairs = [(f, qnodes[f.name]) for f in float_graph.nodes if f.name in qnodes]
-    last_reader = {id(t): i for i, (fnode, _) in enumerate(pairs) for t in fnode.inputs}
+    run = _Comparison(float_graph, pairs, quant_graph.nodes)
     count = 0
     with torch.no_grad():
         for inputs in batches:
             float_graph.forward(inputs, keep_tensors=True)
-            quant_graph.forward(inputs, keep_tensors=True)
-            quantized: Dict[Tuple[int, int], torch.Tensor] = {}
-            for index, (fnode, qnode) in enumerate(pairs):
-                fvals = [_flat64(f.betensor) for f in fnode.outputs]
-                keep = [_unmasked(f, float_graph.statistics.get(f), x, notes) for f, x in zip(fnode.outputs, fvals)]
-                fvals = [x if k is None else x[k] for x, k in zip(fvals, keep)]
-                deq = [to_float(q, quant_of(qnode)) for q in qnode.outputs]
-                cumulative = [_cos_mse(x, _select(y, k)) for x, y, k in zip(fvals, deq, keep)]
-                isolated = _isolated(fnode, qnode, fvals, cumulative, quantized, keep)
-                _forget_read(quantized, fnode, index, last_reader)
-                for f, c, i in zip(fnode.outputs, cumulative, isolated):
-                    acc = sums.setdefault((fnode.name, f.name), [0.0, 0.0, 0.0, 0.0])
-                    for k, v in enumerate(c + i):
-                        acc[k] += v
-                    if not all(math.isfinite(v) for v in c + i) and f.name not in notes:
-                        notes[f.name] = _nonfinite_reason(f.betensor, qnode, f.name)
-                if first_batch is not None and count == 0:
-                    for f, y in zip(fnode.outputs, deq):
-                        first_batch.setdefault(f.name, (fnode, f.betensor, y))
+            run.start_batch(first_batch if count == 0 else None)
+            quant_graph.forward(inputs, after_node=run.compare)
             count += 1
             _release(float_graph)
             _release(quant_graph)
+    sums, notes = run.sums, run.notes
     n = max(count, 1)
     results = []
     for fnode, qnode in pairs:
@@ -130,6 +115,52 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
             results.append(LayerSimilarity(fnode.layer_id, fnode.name, str(fnode.type), f.name, cum_cos, cum_mse,
                                            iso_cos, iso_mse, notes.get(f.name, "")))
     return results
+
+
+class _Comparison:
+    """The per-layer comparisons of `layer_similarity`, run as the quantized forward's after-node hook: what one
+    layer's comparison needs from the others (sums, notes, the batch's quantized float tensors) lives here."""
+
+    def __init__(self, float_graph: PyGraph, pairs: Sequence[Tuple[PyNode, PyNode]],
+                 quant_order: Sequence[PyNode]) -> None:
+        self.float_graph = float_graph
+        self.float_of = {id(q): f for f, q in pairs}
+        self.position = {id(q): i for i, q in enumerate(q for q in quant_order if id(q) in self.float_of)}
+        # the position of each float tensor's last reader among the compared layers, in the quantized run's order
+        self.last_reader = {id(t): self.position[id(q)]
+                            for f, q in sorted(pairs, key=lambda pair: self.position[id(pair[1])]) for t in f.inputs}
+        self.sums: Dict[tuple, List[float]] = {}
+        self.notes: Dict[str, str] = {}
+        self.quantized: Dict[Tuple[int, int], torch.Tensor] = {}
+        self.first_batch: Optional[FirstBatch] = None
+
+    def start_batch(self, first_batch: Optional[FirstBatch]) -> None:
+        """A new batch: no quantized float tensors yet; `first_batch` is the dict to keep its values in, if any."""
+        self.quantized = {}
+        self.first_batch = first_batch
+
+    def compare(self, qnode: PyNode) -> None:
+        """Compare `qnode`'s outputs, just computed by the quantized forward, with its float layer's."""
+        fnode = self.float_of.get(id(qnode))
+        if fnode is None:
+            return
+        notes = self.notes
+        fvals = [_flat64(f.betensor) for f in fnode.outputs]
+        keep = [_unmasked(f, self.float_graph.statistics.get(f), x, notes) for f, x in zip(fnode.outputs, fvals)]
+        fvals = [x if k is None else x[k] for x, k in zip(fvals, keep)]
+        deq = [to_float(q, quant_of(qnode)) for q in qnode.outputs]
+        cumulative = [_cos_mse(x, _select(y, k)) for x, y, k in zip(fvals, deq, keep)]
+        isolated = _isolated(fnode, qnode, fvals, cumulative, self.quantized, keep)
+        _forget_read(self.quantized, fnode, self.position[id(qnode)], self.last_reader)
+        for f, c, i in zip(fnode.outputs, cumulative, isolated):
+            acc = self.sums.setdefault((fnode.name, f.name), [0.0, 0.0, 0.0, 0.0])
+            for k, v in enumerate(c + i):
+                acc[k] += v
+            if not all(math.isfinite(v) for v in c + i) and f.name not in notes:
+                notes[f.name] = _nonfinite_reason(f.betensor, qnode, f.name)
+        if self.first_batch is not None:
+            for f, y in zip(fnode.outputs, deq):
+                self.first_batch.setdefault(f.name, (fnode, f.betensor, y))
 
 
 def _forget_read(quantized: Dict[Tuple[int, int], torch.Tensor], fnode: PyNode, index: int,
@@ -191,6 +222,8 @@ def _isolated(fnode: PyNode, qnode: PyNode, fvals: Sequence[torch.Tensor], cumul
         return cumulative
     saved_in = [t.betensor for t in qnode.inputs]
     saved_out = [t.betensor for t in qnode.outputs]
+    # the quantized forward goes on after this run: the outputs get their values back with their wide values
+    saved_wide = [None if wide is None else wide.get(t) for t in qnode.outputs]
     try:
         for qt, v in zip(qnode.inputs, feeds):
             qt.betensor = v
@@ -200,8 +233,10 @@ def _isolated(fnode: PyNode, qnode: PyNode, fvals: Sequence[torch.Tensor], cumul
     finally:
         for t, v in zip(qnode.inputs, saved_in):
             t.betensor = v
-        for t, v in zip(qnode.outputs, saved_out):
+        for t, v, w in zip(qnode.outputs, saved_out, saved_wide):
             t.betensor = v
+            if wide is not None:
+                wide.keep(t, w)
 
 
 def _release(graph: PyGraph) -> None:
