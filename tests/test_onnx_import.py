@@ -269,9 +269,48 @@ def test_dynamic_shapes_need_input_shape(tmp_path):
         import_onnx(path, {"nope": [1, 3, 8, 8]})
 
 
-def test_opset_too_old(tmp_path):
-    model = _make([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1, 2])], [_vi("y", None)], opset=9)
-    with pytest.raises(UnsupportedError, match="opset 9"):
+def test_a_large_constant_fill_is_folded(tmp_path, monkeypatch):
+    """A ConstantOfShape weight larger than the fold limit of other constants (no layer computes a fill) is folded
+    into the layer's constant, as long as it is within its own limit; beyond that it is an unsupported node. The
+    limits are lowered here so that small tensors exercise them."""
+    from quantopt.frontends.onnx import simplify
+
+    monkeypatch.setattr(simplify, "FOLD_MAX_ELEMENTS", 16)
+    fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [0.25])
+    nodes = [helper.make_node("ConstantOfShape", ["wshape"], ["w"], value=fill),
+             helper.make_node("MatMul", ["x", "w"], ["y"])]
+    model = _make(nodes, [_vi("x", [2, 8])], [_vi("y", None)], [_init("wshape", np.array([8, 6], np.int64))])
+    path = _save(model, tmp_path)
+    errs = _run_both(path, {"x": RNG.standard_normal((2, 8)).astype(np.float32)})
+    assert max(errs) <= RTOL
+    assert "ConstantOfShape" not in {str(n.type) for n in import_onnx(path).nodes}
+    monkeypatch.setattr(simplify, "FOLD_MAX_FILL_ELEMENTS", 32)
+    with pytest.raises(UnsupportedError, match="ConstantOfShape"):
+        import_onnx(path)
+
+
+def test_an_older_opset_is_upgraded_first(tmp_path):
+    """An opset-9 model (as model zoos ship them) is upgraded with onnx.version_converter and imported: Upsample,
+    which opset 10 replaced by Resize, comes out as the same nearest-neighbour doubling onnxruntime computes on the
+    original file."""
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Upsample", ["r", "s"], ["u"], mode="nearest"),
+             helper.make_node("MaxPool", ["u"], ["y"], kernel_shape=[3, 3], strides=[2, 2])]
+    model = _make(nodes, [_vi("x", [1, 3, 8, 8])], [_vi("y", None)],
+                  [_init("w", w), _init("s", np.array([1, 1, 2, 2], np.float32))], opset=9)
+    path = _save(model, tmp_path)
+    errs = _run_both(path, {"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)})
+    assert max(errs) <= RTOL
+    assert {str(n.type) for n in import_onnx(path).nodes} >= {"Convolution", "Resize", "Pooling"}
+
+
+def test_an_opset_the_converter_cannot_upgrade(tmp_path):
+    model = _make([helper.make_node("Crop", ["x"], ["y"], border=[0, 0, 0, 0])], [_vi("x", [1, 1, 4, 4])],
+                  [_vi("y", None)], opset=1)
+    with pytest.raises(UnsupportedError, match=r"m\.onnx.*opset 1 is older than the supported range 11-21, and "
+                                               r"onnx\.version_converter cannot upgrade"):
         import_onnx(_save(model, tmp_path))
 
 

@@ -154,22 +154,6 @@ def iter_cases(suites: Sequence[str] = SUITES, ops: Optional[set] = None, light:
 
 
 # ------------------------------------------------------------------------------------------------ one case
-def upgrade_opset(model: Any) -> Tuple[Any, str]:
-    """A model older than the importer's oldest opset, upgraded with onnx.version_converter as docs/onnx.md tells
-    users to do; (model, '') or (model, why it cannot be upgraded)."""
-    from .loader import MIN_OPSET, default_opset
-    version = default_opset(model)
-    if version >= MIN_OPSET or version == 0:  # 0: no default-domain import (the importer reports the domain)
-        return model, ""
-    from onnx import version_converter
-    try:
-        return version_converter.convert_version(model, MIN_OPSET), ""
-    except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        first = first.rsplit(": ", 1)[-1]  # drop the C++ source location
-        return model, f"onnx.version_converter cannot upgrade opset {version} to {MIN_OPSET} ({first[:100]})"
-
-
 def freeze_inputs(model: Any, inputs: List[np.ndarray]) -> Tuple[Any, List[np.ndarray]]:
     """The case with every graph input but the first turned into an initializer holding its test value: weights,
     axes, pads, scales ... are constants in real models, and the importer requires them to be."""
@@ -236,6 +220,7 @@ def run_case(model: Any, inputs: List[Any], outputs: List[Any], tmp: Optional[st
     import quantopt.ops  # noqa: F401  (registers the forwards)
     from quantopt.errors import QuantOptError
     from quantopt.frontends.onnx import import_onnx
+    from quantopt.frontends.onnx.loader import upgrade_opset
     feeds_np = [_to_array(x) for x in inputs]
     refs = [_to_array(x) for x in outputs]
     if any(x is None for x in feeds_np + refs):

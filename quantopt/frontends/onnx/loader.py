@@ -6,14 +6,15 @@ one clear line on the command line.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ...errors import ConfigError, IRError, UnsupportedError
 
 MIN_OPSET = 11
-"""Oldest default-domain opset the importer accepts (older models: upgrade with onnx.version_converter)."""
+"""Oldest default-domain opset the importer converts from; older models are first upgraded to it with
+onnx.version_converter (`upgrade_opset`)."""
 MAX_OPSET = 21
 """Newest default-domain opset of the supported range; newer opsets are imported with a warning (the operators
 the converters handle kept their semantics there; the conformance run covers them)."""
@@ -55,6 +56,14 @@ def load_model(path: str) -> Any:
         load_external_data_for_model(model, base)
     except Exception as e:
         raise IRError(f"cannot read external data ({type(e).__name__}: {e})", file=path) from None
+    version = default_opset(model)
+    model, why = upgrade_opset(model)
+    if why:
+        raise UnsupportedError(f"ONNX opset {version} is older than the supported range {MIN_OPSET}-{MAX_OPSET}, "
+                               f"and {why}", file=path)
+    if default_opset(model) != version:
+        from ...log import OPT_INFO
+        OPT_INFO(f"{path}: ONNX opset {version} upgraded to opset {MIN_OPSET} with onnx.version_converter")
     check_opset(model, path)
     return model
 
@@ -73,6 +82,22 @@ def default_opset(model: Any) -> int:
         if imp.domain in ("", "ai.onnx"):
             return int(imp.version)
     return 0
+
+
+def upgrade_opset(model: Any) -> Tuple[Any, str]:
+    """A model older than MIN_OPSET upgraded to it with onnx.version_converter (model zoos still ship opset 7-9
+    files, and the converters here read opset 11+ semantics): (model, '') or (model, why it cannot be upgraded). A
+    model without a default-domain opset is returned as it is (`check_opset` names the domain)."""
+    version = default_opset(model)
+    if version >= MIN_OPSET or version == 0:
+        return model, ""
+    from onnx import version_converter
+    try:
+        return version_converter.convert_version(model, MIN_OPSET), ""
+    except Exception as e:  # the converter raises C++ errors of several types; each is reported, none is kept
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first.rsplit(": ", 1)[-1]  # drop the C++ source location
+        return model, f"onnx.version_converter cannot upgrade opset {version} to {MIN_OPSET} ({first[:100]})"
 
 
 def check_opset(model: Any, path: str) -> None:

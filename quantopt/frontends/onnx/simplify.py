@@ -18,6 +18,10 @@ from .control import inline_if, rename_inputs
 
 FOLD_MAX_ELEMENTS = 1 << 24
 """Largest constant a folded node may produce (bigger results stay as layers so the .bin does not explode)."""
+FOLD_MAX_FILL_ELEMENTS = 1 << 28
+"""Largest ConstantOfShape folded: no layer computes one, so a bigger fill than FOLD_MAX_ELEMENTS (files that carry
+their weights as fills, such as the onnx package's `light` model zoo copies) is folded all the same, up to 1 GiB
+of float32, instead of failing the import."""
 NON_FOLDABLE = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                 "Bernoulli", "If", "Loop", "Scan"}
 PASSTHROUGH = {"Identity", "Dropout"}
@@ -274,8 +278,9 @@ def _try_fold(onnx: Any, node: Any, opset: int, consts: Dict[str, np.ndarray],
         attrs = {a.name: a.i for a in node.attribute}
         start, end = attrs.get("start", 0), attrs.get("end", None)
         return [shape[start:end] if end is not None else shape[start:]]
+    limit = FOLD_MAX_FILL_ELEMENTS if node.op_type == "ConstantOfShape" else FOLD_MAX_ELEMENTS
     if node.op_type == "ConstantOfShape" and node.input[0] in consts:
-        if int(np.prod(consts[node.input[0]])) > FOLD_MAX_ELEMENTS:
+        if int(np.prod(consts[node.input[0]])) > limit:
             return None
     if not all((not i) or i in consts for i in node.input):
         return None
@@ -287,7 +292,7 @@ def _try_fold(onnx: Any, node: Any, opset: int, consts: Dict[str, np.ndarray],
         # safe: the node stays a layer, and its converter computes it or reports it as unsupported
         OPT_DEBUG(f"ONNX node '{node.name}' ({node.op_type}) not constant-folded: {type(e).__name__}: {e}")
         return None
-    if any(o.size > FOLD_MAX_ELEMENTS for o in out):
+    if any(o.size > limit for o in out):
         return None
     return out
 
