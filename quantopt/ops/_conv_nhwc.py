@@ -32,6 +32,18 @@ DEPTHWISE_BAND_ELEMENTS = 1 << 17
 all the kernel taps. Each element still sums its taps in the same order, so the bands change no bit."""
 
 
+PLAIN_BAND_ELEMENTS = 1 << 17
+"""A 1x1 unit-stride convolution of a float32 input computed in float64 (a plain GEMM) whose input or output holds
+more elements than this is done in bands of rows: each band converted to float64 into a reused buffer, multiplied
+into its rows of the output, its bias added while the band is in cache. Converting and adding on the whole tensors
+wrote and read a float64 copy of the input and the output once more; on PP-OCR det's large maps that was about a
+third of such a layer's time."""
+
+PLAIN_BAND_ROWS = 256
+"""Band heights are multiples of this: bands then give every row the bits of one GEMM over all rows (checked on
+the shapes of the PP-OCR models and odd map sizes, tests/ops/test_conv_bands.py)."""
+
+
 SMALL_PAD_ELEMENTS = 1 << 15
 """Below this many input elements a padded copy is filled whole, then the interior copied (fewer calls, the per-call
 cost dominating); larger inputs have only their border filled, each element being written once."""
@@ -184,6 +196,31 @@ def _gemm_conv(xp: torch.Tensor, w: torch.Tensor, group: int, stride: Tuple[int,
     return bands[0] if len(bands) == 1 else torch.cat(bands, dim=1)
 
 
+def _plain_gemm_bands(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The 1x1 unit-stride convolution of x [N, H, W, C] (float32) with w [out_c, 1, 1, C] (float64) plus `bias`,
+    in float64 bands of rows (PLAIN_BAND_ELEMENTS); None when banding does not apply (a small layer, a CUDA
+    device, a differentiable forward), for the caller's whole-tensor GEMM."""
+    n, h, wd, c = (int(s) for s in x.shape)
+    out_c = int(w.shape[0])
+    m = n * h * wd
+    widest = max(c, out_c)
+    if (m * widest <= PLAIN_BAND_ELEMENTS or x.device.type != "cpu" or x.dtype != torch.float32
+            or w.dtype != torch.float64 or _needs_grad(x, w) or (bias is not None and _needs_grad(bias))):
+        return None
+    rows = max(PLAIN_BAND_ROWS, PLAIN_BAND_ELEMENTS // widest // PLAIN_BAND_ROWS * PLAIN_BAND_ROWS)
+    x2 = x.reshape(m, c)
+    wk = w.reshape(out_c, c).t()  # the same [C, out_c] view the whole-tensor GEMM multiplies by
+    out = torch.empty(m, out_c, dtype=torch.float64)
+    buf = torch.empty(min(rows, m), c, dtype=torch.float64)
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        band = out[r0:r1]
+        torch.matmul(buf[:r1 - r0].copy_(x2[r0:r1]), wk, out=band)
+        if bias is not None:
+            band.add_(bias)
+    return out.reshape(n, h, wd, out_c)
+
+
 def _needs_grad(*tensors: torch.Tensor) -> bool:
     """A gradient-based method's forward: results must then be new tensors, never written in place."""
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
@@ -204,6 +241,12 @@ def conv2d_nhwc(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], 
     out_c, kh, kw, cin_g = (int(s) for s in w.shape)
     depthwise = cin_g == 1 and group == int(x.shape[3]) and group > 1
     plain_gemm = kh == kw == 1 and stride == (1, 1) and group == 1
+    if plain_gemm and not any(pads) and dtype == torch.float64:
+        wd = w if w.dtype == dtype and w.device == x.device else w.to(dtype=dtype, device=x.device)
+        bd = None if bias is None else bias.to(dtype=dtype, device=x.device)
+        banded = _plain_gemm_bands(x.contiguous(), wd, bd)
+        if banded is not None:
+            return banded
     # a float32 input unfolded for a float64 GEMM is converted while it is unfolded: its padded copy stays float32
     # (half the bytes to write and to read kh·kw times); the values are the same, float32 being exact in float64
     narrow = (not depthwise and not plain_gemm and x.dtype == torch.float32 and dtype == torch.float64

@@ -1,0 +1,54 @@
+"""The float forward's 1x1 convolutions of large maps run in bands of rows (ops/_conv_nhwc.py,
+PLAIN_BAND_ELEMENTS): every output bit must be the one a single GEMM over all rows gives, with the bias added the
+same way, at the shapes of the PP-OCR models, at odd map sizes and at a batch of several samples."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import quantopt.ops._conv_nhwc as kernels
+
+SHAPES = [
+    ((1, 160, 160, 48), 96), ((1, 160, 160, 96), 24), ((1, 320, 320, 24), 12), ((1, 80, 80, 96), 192),
+    ((1, 24, 160, 64), 64), ((1, 75, 75, 48), 96), ((1, 19, 19, 384), 96), ((3, 38, 38, 96), 48),
+    ((1, 150, 150, 16), 32), ((2, 41, 59, 120), 360),
+]
+
+
+def _conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return kernels.conv2d_nhwc(x, w, b, (1, 1), (1, 1), (0, 0, 0, 0), 1, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("shape,out_c", SHAPES)
+def test_banded_plain_gemm_equals_one_gemm(shape, out_c, monkeypatch) -> None:
+    gen = torch.Generator().manual_seed(out_c + shape[1])
+    # magnitudes spread over many binades, so a changed summation order shows in the last bits
+    x = (torch.randn(shape, generator=gen) * torch.exp(3 * torch.randn(shape, generator=gen))).float()
+    w = torch.randn(out_c, 1, 1, shape[3], generator=gen).float().double()
+    b = torch.randn(out_c, generator=gen).float().double()
+    assert x.numel() > kernels.PLAIN_BAND_ELEMENTS or out_c * x.numel() // shape[3] > kernels.PLAIN_BAND_ELEMENTS
+    banded, banded_no_bias = _conv(x, w, b), _conv(x, w, None)
+    monkeypatch.setattr(kernels, "PLAIN_BAND_ELEMENTS", 1 << 62)  # one GEMM over all rows, bias added after
+    whole, whole_no_bias = _conv(x, w, b), _conv(x, w, None)
+    assert banded.dtype == whole.dtype == torch.float64 and banded.shape == whole.shape
+    assert torch.equal(banded, whole)
+    assert torch.equal(banded_no_bias, whole_no_bias)
+
+
+def test_bands_leave_small_and_differentiable_layers_to_one_gemm(monkeypatch) -> None:
+    calls = []
+    original = kernels._plain_gemm_bands
+
+    def counting(x, w, bias):
+        out = original(x, w, bias)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(kernels, "_plain_gemm_bands", counting)
+    w = torch.randn(8, 1, 1, 4).double()
+    _conv(torch.randn(1, 4, 4, 4), w, None)  # small
+    big = torch.randn(1, 256, 256, 4, requires_grad=True)
+    with torch.enable_grad():
+        _conv(big, w.requires_grad_(True), None)  # a gradient-based method's forward
+    _conv(torch.randn(1, 256, 256, 4), w.detach(), None)
+    assert calls == [False, False, True]
