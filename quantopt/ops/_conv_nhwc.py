@@ -104,9 +104,12 @@ def depthwise_taps(w: torch.Tensor) -> List[List[torch.Tensor]]:
 
 
 def _depthwise(xp: torch.Tensor, w: torch.Tensor, stride: Tuple[int, int], dilation: Tuple[int, int],
-               out_hw: Tuple[int, int], taps: Optional[List[List[torch.Tensor]]] = None) -> torch.Tensor:
-    """xp [N, Hp, Wp, C] (padded), w [C·m, kh, kw, 1] (m output channels per input channel) -> [N, Ho, Wo, C·m];
-    `taps`: `depthwise_taps(w)` when the caller has them already."""
+               out_hw: Tuple[int, int], taps: Optional[List[List[torch.Tensor]]] = None,
+               bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, bool]:
+    """xp [N, Hp, Wp, C] (padded), w [C·m, kh, kw, 1] (m output channels per input channel) -> ([N, Ho, Wo, C·m],
+    whether `bias` was added); `taps`: `depthwise_taps(w)` when the caller has them already. A banded result gets
+    `bias` ([C·m], xp's dtype) added band by band after its last tap, while the band is in cache: the same
+    additions as one after the whole convolution."""
     out_c = int(w.shape[0])
     multiplier = out_c // int(xp.shape[3])
     if multiplier > 1:  # output channel o reads input channel o // m
@@ -117,12 +120,15 @@ def _depthwise(xp: torch.Tensor, w: torch.Tensor, stride: Tuple[int, int], dilat
     n = int(xp.shape[0])
     band = max(1, DEPTHWISE_BAND_ELEMENTS // max(1, n * wo * out_c))
     if band >= ho or (torch.is_grad_enabled() and (xp.requires_grad or taps[0][0].requires_grad)):
-        return _depthwise_rows(xp, taps, stride, dilation, (0, ho), wo)
+        return _depthwise_rows(xp, taps, stride, dilation, (0, ho), wo), False
+    with_bias = bias is not None and not _needs_grad(bias) and bias.dtype == xp.dtype and bias.device == xp.device
     out = torch.empty(n, ho, wo, out_c, dtype=xp.dtype, device=xp.device)
     for r0 in range(0, ho, band):
         r1 = min(ho, r0 + band)
-        _depthwise_rows(xp, taps, stride, dilation, (r0, r1), wo, out[:, r0:r1])
-    return out
+        rows = _depthwise_rows(xp, taps, stride, dilation, (r0, r1), wo, out[:, r0:r1])
+        if with_bias:
+            rows.add_(bias)
+    return out, with_bias
 
 
 def _depthwise_rows(xp: torch.Tensor, taps: List[List[torch.Tensor]], stride: Tuple[int, int],
@@ -257,7 +263,10 @@ def conv2d_nhwc(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], 
     if w.dtype != dtype or w.device != xp.device:
         w = w.to(dtype=dtype, device=xp.device)
     if depthwise:
-        y = _depthwise(xp, w, stride, dilation, out_hw, taps if _same_dtype(taps, xp) else None)
+        b = None if bias is None else bias.to(dtype=xp.dtype, device=xp.device)
+        y, biased = _depthwise(xp, w, stride, dilation, out_hw, taps if _same_dtype(taps, xp) else None, b)
+        if biased:
+            return y
     else:
         y = _gemm_conv(xp, w, group, stride, dilation, out_hw)
     if bias is not None:

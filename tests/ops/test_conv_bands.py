@@ -52,3 +52,25 @@ def test_bands_leave_small_and_differentiable_layers_to_one_gemm(monkeypatch) ->
         _conv(big, w.requires_grad_(True), None)  # a gradient-based method's forward
     _conv(torch.randn(1, 256, 256, 4), w.detach(), None)
     assert calls == [False, False, True]
+
+
+@pytest.mark.parametrize("shape,kernel,stride", [((1, 96, 96, 16), 3, 1), ((1, 40, 40, 192), 5, 1),
+                                                 ((2, 33, 47, 48), 3, 2), ((1, 64, 64, 24), 3, 1)])
+def test_depthwise_bias_added_band_by_band_equals_once(shape, kernel, stride, monkeypatch) -> None:
+    """A banded depthwise convolution adds its bias to each band after the band's last tap: the same additions,
+    in the same order per element, as one after the whole convolution (one band)."""
+    gen = torch.Generator().manual_seed(kernel + shape[3])
+    x = (torch.randn(shape, generator=gen) * torch.exp(3 * torch.randn(shape, generator=gen))).float()
+    c = shape[3]
+    w = torch.randn(c, kernel, kernel, 1, generator=gen).float().double()
+    b = torch.randn(c, generator=gen).float().double()
+    p = kernel // 2
+
+    def run() -> torch.Tensor:
+        return kernels.conv2d_nhwc(x, w, b, (stride, stride), (1, 1), (p, p, p, p), c, dtype=torch.float64)
+
+    monkeypatch.setattr(kernels, "DEPTHWISE_BAND_ELEMENTS", 1 << 12)  # several bands
+    banded = run()
+    monkeypatch.setattr(kernels, "DEPTHWISE_BAND_ELEMENTS", 1 << 62)  # one band, the bias added after
+    whole = run()
+    assert torch.equal(banded, whole)
