@@ -211,10 +211,13 @@ def _plain_gemm_bands(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Ten
     m = n * h * wd
     widest = max(c, out_c)
     if (m * widest <= PLAIN_BAND_ELEMENTS or x.device.type != "cpu" or x.dtype != torch.float32
-            or w.dtype != torch.float64 or _needs_grad(x, w) or (bias is not None and _needs_grad(bias))):
+            or w.dtype != torch.float64 or w.device != x.device or _needs_grad(x, w)
+            or (bias is not None and (_needs_grad(bias) or bias.device != x.device))):
         return None
+    if bias is not None:
+        bias = bias.to(torch.float64)
     rows = max(PLAIN_BAND_ROWS, PLAIN_BAND_ELEMENTS // widest // PLAIN_BAND_ROWS * PLAIN_BAND_ROWS)
-    x2 = x.reshape(m, c)
+    x2 = x.contiguous().reshape(m, c)
     wk = w.reshape(out_c, c).t()  # the same [C, out_c] view the whole-tensor GEMM multiplies by
     out = torch.empty(m, out_c, dtype=torch.float64)
     buf = torch.empty(min(rows, m), c, dtype=torch.float64)
@@ -248,9 +251,7 @@ def conv2d_nhwc(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], 
     depthwise = cin_g == 1 and group == int(x.shape[3]) and group > 1
     plain_gemm = kh == kw == 1 and stride == (1, 1) and group == 1
     if plain_gemm and not any(pads) and dtype == torch.float64:
-        wd = w if w.dtype == dtype and w.device == x.device else w.to(dtype=dtype, device=x.device)
-        bd = None if bias is None else bias.to(dtype=dtype, device=x.device)
-        banded = _plain_gemm_bands(x.contiguous(), wd, bd)
+        banded = _plain_gemm_bands(x, w, bias)
         if banded is not None:
             return banded
     # a float32 input unfolded for a float64 GEMM is converted while it is unfolded: its padded copy stays float32
