@@ -24,6 +24,8 @@ DEFAULT_CACHE = Path(os.path.expanduser("~/.cache/quantopt-bench"))
 
 PPOCR_REC = ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx")
 PPOCR_DET = ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx")
+PPOCR6_REC = ("rapidocr", "models/PP-OCRv6_rec_small.onnx")
+PPOCR6_DET = ("rapidocr", "models/PP-OCRv6_det_small.onnx")
 
 
 MODEL_DIR = os.environ.get("QUANTOPT_BENCH_MODEL_DIR", "")

