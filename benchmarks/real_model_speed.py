@@ -218,6 +218,8 @@ def gemm_shapes(graph: Any, feeds: List[Any]) -> List[tuple]:
     FullyConnected layers amount to, read from one forward of `feeds`."""
     import torch
 
+    from quantopt.ops._conv_nhwc import is_depthwise
+
     shapes: List[tuple] = []
 
     def hook(node: Any) -> None:
@@ -230,7 +232,7 @@ def gemm_shapes(graph: Any, feeds: List[Any]) -> List[tuple]:
             return
         group = int(node.params.get("group", 1))
         out_c, kh, kw, cin_g = (int(s) for s in w.shape)
-        if cin_g == 1 and group > 1 and group == int(node.inputs[0].betensor.shape[-1]):
+        if is_depthwise(int(node.inputs[0].betensor.shape[-1]), cin_g, group):
             return  # depthwise: per-tap multiply-adds, no GEMM (ops/_conv_nhwc.py)
         shapes.append((group, out.numel() // out_c, kh * kw * cin_g, out_c // group))
 

@@ -96,6 +96,11 @@ def output_size(size: int, kernel: int, stride: int, dilation: int) -> int:
     return (size - (kernel - 1) * dilation - 1) // stride + 1
 
 
+def is_depthwise(in_c: int, cin_per_group: int, group: int) -> bool:
+    """Whether a convolution takes the per-tap depthwise kernel (one input channel per group) rather than a GEMM."""
+    return cin_per_group == 1 and group == in_c and group > 1
+
+
 def depthwise_taps(w: torch.Tensor) -> List[List[torch.Tensor]]:
     """w [C·m, kh, kw, 1] as kh rows of kw contiguous per-tap weight vectors [C·m] (views of one [kh, kw, C·m]
     tensor): what `_depthwise` multiplies each shifted view by. A caller may build them once per weight tensor."""
@@ -248,7 +253,7 @@ def conv2d_nhwc(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], 
     the caller. `taps`: a depthwise convolution's `depthwise_taps(w)` in `dtype`, when the caller keeps them."""
     dtype = dtype or x.dtype
     out_c, kh, kw, cin_g = (int(s) for s in w.shape)
-    depthwise = cin_g == 1 and group == int(x.shape[3]) and group > 1
+    depthwise = is_depthwise(int(x.shape[3]), cin_g, group)
     plain_gemm = kh == kw == 1 and stride == (1, 1) and group == 1
     if plain_gemm and not any(pads) and dtype == torch.float64:
         banded = _plain_gemm_bands(x, w, bias)

@@ -37,6 +37,7 @@ from ..quant.rounding import FLOAT32_EXACT, FLOAT64_EXACT, MAGIC_EXACT, div_roun
 from ..registry import PASSTHROUGH_DTYPES, declare_op
 from ..registry.schema import Bool, Int, Ints, Param, Text, Value
 from ..threads import one_thread
+from ._conv_nhwc import output_size
 from ._lut_int import range_bits
 from ._quant import (
     activation_mode,
@@ -219,8 +220,7 @@ def _max_pool_taps(xp: torch.Tensor, k: Sequence[int], s: Sequence[int], d: Sequ
         return None
     x = xp.permute(0, 2, 3, 1)  # [N, Hp, Wp, C]
     (sy, sx), (dy, dx) = (int(s[0]), int(s[1])), (int(d[0]), int(d[1]))
-    ho = (int(x.shape[1]) - (kh - 1) * dy - 1) // sy + 1
-    wo = (int(x.shape[2]) - (kw - 1) * dx - 1) // sx + 1
+    ho, wo = output_size(int(x.shape[1]), kh, sy, dy), output_size(int(x.shape[2]), kw, sx, dx)
     if ho <= 0 or wo <= 0:
         return None
     out = None
