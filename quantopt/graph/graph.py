@@ -172,6 +172,9 @@ class PyGraph:
                 if id(t) not in keep and self._last_use.get(id(t), -1) <= idx:
                     t.release()
                     self.wide_values.drop(t)
+        if not keep_tensors:  # no layer reads the graph outputs' float64 values after the forward
+            for t in self.output_tensors:
+                self.wide_values.drop(t)
         return [t.betensor for t in self.output_tensors]
 
     def zero_inputs(self, batch_size: Optional[int] = None) -> List[torch.Tensor]:

@@ -21,6 +21,7 @@ from ..graph.tensor import PyTensor
 from ..log import OPT_INFO, OPT_WARN
 from ..quant.dtype import Dtype, int_dtype_for_bits
 from ..quant.given import GIVEN_PARAMS, GIVEN_VALUES
+from ..quant.hardware import PRELU_SLOPE_SHIFT
 from ..quant.params import QuantMode, QuantParams, integer_range, linear_quant_params, quantize
 from ..quant.requant import (
     MAGIC_SCALED_BOUND,
@@ -39,6 +40,7 @@ from ..quant.requant import (
     unify_shifts_for_aiff,
 )
 from ..quant.rounding import FLOAT32_EXACT, FLOAT64_EXACT
+from ._slope import apply_int_slope, broadcasts_to, leaky_slope_code, prelu_slope_codes
 
 
 # ------------------------------------------------------------------------------------------------ settings / params
@@ -263,11 +265,64 @@ def fused_output_signed(node: PyNode) -> bool:
     return True
 
 
-def check_fused_activation_quantizable(node: PyNode) -> None:
+SLOPE_ACTIVATIONS = ("LEAKYRELU", "PRELU")
+"""Fused activations with a quantized negative slope (ops/_slope.py): MAC layers quantized by `quantize_mac` and
+finished by `mac_finish` take them."""
+
+
+def check_fused_activation_quantizable(node: PyNode, slopes: bool = False) -> None:
+    """A clear error for a fused activation this layer type cannot quantize; `slopes`: LEAKYRELU and PRELU too."""
     act = fused_activation(node)
-    if act not in ("NONE", "RELU", "RELU6", "CLIP"):
+    allowed = ("NONE", "RELU", "RELU6", "CLIP") + (SLOPE_ACTIVATIONS if slopes else ())
+    if act not in allowed:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): quantizing a fused {act} activation is not "
-                               "implemented yet (NONE, RELU, RELU6 and CLIP are)")
+                               f"implemented for this layer type ({', '.join(allowed)} are)")
+
+
+def quantize_fused_slope(node: PyNode) -> None:
+    """A MAC layer's fused LEAKYRELU or PRELU slope, as the standalone layers quantize theirs (ops/_slope.py):
+    LEAKYRELU writes the integer `negative_slope_value` and its `negative_slope_type` (the integer forward shifts
+    by the output bits), PRELU the int16 `negative_slope` constant and `negative_slope_shift`. The layer's own
+    requantization is untouched."""
+    act = fused_activation(node)
+    out = node.outputs[0]
+    if act == "LEAKYRELU":
+        slope = float(node.get_param("negative_slope", optional=True,
+                                     default_value=node.get_param("negative_slope_value", optional=True,
+                                                                  default_value=0.01)))
+        q, q_dtype = leaky_slope_code(slope, int(params(node, out).qbits))
+        node.params.pop("negative_slope", None)
+        node.params["negative_slope_value"] = q
+        node.params["negative_slope_type"] = q_dtype
+    elif act == "PRELU":
+        const = node.get_constant("negative_slope", optional=True)
+        if const is None:
+            raise node._error("a fused PRELU needs a 'negative_slope' constant")
+        codes = prelu_slope_codes(const.betensor, len(node.inputs[0].ir_shape))
+        if not broadcasts_to(codes.shape, out.ir_shape):
+            raise node._error(f"negative_slope of shape {list(codes.shape)} does not broadcast to the output shape "
+                              f"{list(out.ir_shape)}")
+        set_constant(node, "negative_slope", codes, Dtype.INT16)
+        node.params["negative_slope_shift"] = PRELU_SLOPE_SHIFT
+
+
+def fused_int_slope(node: PyNode, acc: torch.Tensor) -> torch.Tensor:
+    """A quantized MAC layer's fused LEAKYRELU/PRELU on its integer accumulator (bias added), int64; other
+    activations leave it as it is."""
+    act = fused_activation(node)
+    if act == "LEAKYRELU":
+        slope = torch.tensor(int(node.get_param("negative_slope_value")), dtype=torch.int64)
+        shift = int(node.get_param("negative_slope_shift", optional=True,
+                                   default_value=node.outputs[0].dtype.bits))
+    elif act == "PRELU":
+        slope = node.get_constant("negative_slope").betensor.to(torch.int64)
+        shift = int(node.get_param("negative_slope_shift", optional=True, default_value=PRELU_SLOPE_SHIFT))
+        if not broadcasts_to(slope.shape, acc.shape):
+            raise node._error(f"negative_slope of shape {list(slope.shape)} does not broadcast to the output shape "
+                              f"{list(acc.shape)}")
+    else:
+        return acc
+    return apply_int_slope(acc, slope, shift)
 
 
 def fused_activation_bounds(node: PyNode) -> Tuple[Union[int, torch.Tensor], Union[int, torch.Tensor]]:
@@ -409,7 +464,7 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
     """
     from ._per_channel import input_scales_absorbed
 
-    check_fused_activation_quantizable(node)
+    check_fused_activation_quantizable(node, slopes=True)
     s = layer_settings(node)
     _refuse_per_block(node, QuantMode.from_name(s.q_mode_weight))
     inp, out = node.inputs[0], node.outputs[0]
@@ -489,6 +544,7 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
                                                    "biases_zp") if k in node.constants])
     if s.remain_shift is not None:
         node.params["remain_shift"] = int(s.remain_shift)
+    quantize_fused_slope(node)
 
 
 def exact_float_dtype(x_absmax: int, w_eff: torch.Tensor) -> torch.dtype:
@@ -522,6 +578,8 @@ def mac_finish(node: PyNode, acc: torch.Tensor, owned: bool = False, planned: bo
         shift = rest if isinstance(shift, int) else torch.full_like(shift, rest)
     else:
         acc = acc + b
+    if fused_activation(node) in SLOPE_ACTIVATIONS:
+        acc = fused_int_slope(node, acc)
     qmin, qmax = out_range(node, out)
     fast = _requantize_exact_float64(acc, mult, shift, tensor_zp(node, out), qmin, qmax)
     if fast is not None:
@@ -538,7 +596,7 @@ def _finish_plan(node: PyNode, device: torch.device) -> Optional[_FinishPlan]:
     """(float64 biases, M·2^-shift, max |M|, output zero point, qmin, qmax, fused bounds or None, whether
     `requantize_scaled_` applies: every shift >= 3 and the output range small) of the layer."""
     def build() -> Optional[_FinishPlan]:
-        if node.params.get("remain_shift") is not None:
+        if node.params.get("remain_shift") is not None or fused_activation(node) in SLOPE_ACTIVATIONS:
             return None
         out = node.outputs[0]
         mult, shift = requant_of(node)

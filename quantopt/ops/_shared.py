@@ -1,7 +1,8 @@
 """Float helpers shared by several operator families (op modules import only this, never each other)."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple
+import functools
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 from ..graph.memo import Same, memo
 from ..graph.node import PyNode
 from ..graph.wide_values import wide_values_of
-from ..registry.schema import Float, Int, IntValued, Param, Text, quantized
+from ..registry.schema import DtypeName, Float, Int, IntValued, Param, Text, quantized
 
 FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU6", "CLIP", "LEAKYRELU", "PRELU")
 
@@ -18,10 +19,19 @@ FUSED_ACTIVATION_PARAMS = {
     "clip_min": Param(Float(infinite=True), "lower bound of a fused CLIP"),
     "clip_max": Param(Float(infinite=True), "upper bound of a fused CLIP"),
     "negative_slope": Param(Float(), "slope of a fused LEAKYRELU (a fused PRELU reads a constant of this name)"),
-    "negative_slope_value": Param(Float(), "slope of a fused LEAKYRELU without negative_slope (default 0.01)"),
+    "negative_slope_value": Param(Float(), "slope of a fused LEAKYRELU without negative_slope (default 0.01); "
+                                           "quantized: the integer slope over 2^negative_slope_shift"),
+    "negative_slope_type": Param(DtypeName(), "dtype of negative_slope_value (the Parser writes float32; quantized: "
+                                              "the smallest integer type holding it)"),
+    "negative_slope_shift": quantized(Int(), "fraction bits of a fused LEAKYRELU's integer slope (default: the output "
+                                             "bits) or of a fused PRELU's (12)"),
 }
 """The declared keys of a fused activation (`apply_fused_activation`), for the declarations of the layers that
 fuse one."""
+
+FUSED_ACTIVATION_CONSTANTS = {"negative_slope": "a fused PRELU's slopes, broadcast to the output (quantized: int16 "
+                                                "codes at negative_slope_shift)"}
+"""The constant of a fused PRELU, for the same declarations."""
 
 MAC_QUANTIZED_PARAMS = {
     "weights_scale": quantized(Float(), "per-tensor weight scale (per channel: a constant of this name)"),
@@ -74,6 +84,51 @@ def keep_unrounded(node: PyNode, value: torch.Tensor, dtype: torch.dtype) -> Non
     table = wide_values_of(node)
     if table is not None:
         table.keep(out, value if value.dtype != dtype else None)
+
+
+ROUNDING_FUSED_ACTIVATIONS = ("RELU",)
+"""Fused activations whose float result upstream rounds to float32 whatever the layer computed in: its ReLU
+converts to float32; RELU6, CLIP, LEAKYRELU and PRELU keep their input's float type."""
+
+
+def keeps_float64(when: Optional[Callable[[PyNode], bool]] = None) -> Callable[[Callable[[PyNode], None]],
+                                                                            Callable[[PyNode], None]]:
+    """Decorator of a float forward that upstream computes in its input's float type (layout moves, Concat, Pad,
+    BatchNorm, CLIP/RELU6/LEAKYRELU/PRELU, Negative; `when`: only for the layers it accepts). Where an input has
+    a wide value (`unrounded_input`), the layer runs on the float64 inputs (float32 ones promoted, as torch does)
+    and each float64 output is rounded to the inputs' float type with the float64 value kept for its readers, so
+    a convolution two layout moves away still reads what upstream's does (docs/architecture.md, "Float
+    reference"). A fused RELU rounds as upstream's does. Without wide inputs the forward runs as it is."""
+    def wrap(fn: Callable[[PyNode], None]) -> Callable[[PyNode], None]:
+        @functools.wraps(fn)
+        def forward(node: PyNode) -> None:
+            table = None if node.quantized or (when is not None and not when(node)) else wide_values_of(node)
+            wides = [table.get(t) for t in node.inputs] if table is not None else []
+            if not any(w is not None for w in wides):
+                fn(node)
+                return
+            saved = [t.betensor for t in node.inputs]
+            rounded, wide = next((v.dtype, w.dtype) for v, w in zip(saved, wides) if w is not None)
+            try:
+                for t, w in zip(node.inputs, wides):
+                    if w is not None:
+                        t.betensor = w
+                    elif t.betensor.is_floating_point():
+                        t.betensor = t.betensor.to(wide)
+                fn(node)
+            finally:
+                for t, v in zip(node.inputs, saved):
+                    t.betensor = v
+            act = str(node.params.get("with_activation", "NONE")).upper()
+            for out in node.outputs:
+                value = out.betensor
+                if value.dtype == rounded or not value.is_floating_point():
+                    continue
+                out.betensor = value.to(rounded)
+                table.keep(out, None if act in ROUNDING_FUSED_ACTIVATIONS else value)
+        return forward
+    return wrap
+
 
 
 def apply_fused_activation(node: PyNode, x: torch.Tensor, method: Optional[str] = None) -> torch.Tensor:

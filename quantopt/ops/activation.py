@@ -21,11 +21,10 @@ from ..errors import UnsupportedError
 from ..graph.memo import layer_key, memo
 from ..graph.node import PyNode
 from ..quant.dtype import Dtype
-from ..quant.hardware import PRELU_SLOPE_SHIFT, SLOPE_ACC_BITS
+from ..quant.hardware import PRELU_SLOPE_SHIFT
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import quantize
-from ..quant.requant import range_dtype, requantize_int
-from ..quant.rounding import round_shift
+from ..quant.requant import requantize_int
 from ..registry import declare_op
 from ..registry.schema import Axis, DtypeName, Float, Int, Param, Text, Value, quantized
 from ._lut_int import constants_first, int_input, is_restricted, range_bits
@@ -43,7 +42,8 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import FUSED_ACTIVATIONS, apply_fused_activation, axis_param, broadcast_shape, unrounded_input
+from ._shared import FUSED_ACTIVATIONS, apply_fused_activation, axis_param, broadcast_shape, keeps_float64
+from ._slope import apply_int_slope, broadcasts_to, leaky_slope_code, prelu_slope_codes
 from .onnx_build import exact as onnx_exact
 from .onnx_build.activation_forms import (
     ACTIVATIONS,
@@ -467,10 +467,10 @@ def _quantize_leakyrelu(node: PyNode) -> None:
     out = node.outputs[0]
     quantize_activation(node, out, output_signed(node, "LEAKYRELU"))
     bits = int(params(node, out).qbits)
-    q = int(round(slope * 2 ** bits))
+    q, q_dtype = leaky_slope_code(slope, bits)
     node.params.pop("negative_slope", None)
     node.params["negative_slope_value"] = q
-    node.params["negative_slope_type"] = range_dtype(min(q, 0), max(q, 0))
+    node.params["negative_slope_type"] = q_dtype
     node.params["negative_slope_shift"] = bits
     _store_rescale(node)
 
@@ -487,17 +487,8 @@ def _quantize_prelu(node: PyNode) -> None:
     else:
         values = const.betensor.to(torch.float32)
     quantize_activation(node, out, output_signed(node, "PRELU"))
-    q = quantize(values, float(2 ** PRELU_SLOPE_SHIFT), 0, -32768, 32767)
-    if q.dim() >= len(inp.ir_shape) and q.dim() > 0 and q.shape[0] > 0:
-        if bool((q == q[:1]).all()):
-            q = q[:1]
-        if q.shape[0] == 1:
-            q = q.squeeze(0)
-    try:
-        shape = broadcast_shape([q.shape, inp.ir_shape])
-    except ValueError:
-        shape = None
-    if shape != tuple(inp.ir_shape):
+    q = prelu_slope_codes(values, len(inp.ir_shape))
+    if not broadcasts_to(q.shape, inp.ir_shape):
         raise node._error(f"negative_slope of shape {list(q.shape)} does not broadcast to the input shape "
                           f"{list(inp.ir_shape)}")
     set_constant(node, "negative_slope", q, Dtype.INT16)
@@ -623,14 +614,10 @@ def _int_slope(node: PyNode, method: str, x: torch.Tensor, zp_in: int,
     else:
         slope = torch.tensor(int(node.get_param("negative_slope_value")), dtype=torch.int64)
         shift_slope = int(node.get_param("negative_slope_shift", optional=True, default_value=out.dtype.bits))
-    xs = x + zp_in
-    try:
-        neg = round_shift(torch.clamp(xs, max=0) * slope, shift_slope)
-    except RuntimeError:
+    if not broadcasts_to(slope.shape, x.shape):
         raise node._error(f"negative_slope of shape {list(slope.shape)} does not broadcast to the input shape "
-                          f"{list(x.shape)}") from None
-    lim = 2 ** (SLOPE_ACC_BITS - 1)
-    y = torch.clamp(neg + torch.clamp(xs, min=0), -lim, lim - 1)
+                          f"{list(x.shape)}")
+    y = apply_int_slope(x + zp_in, slope, shift_slope)
     mult, shift = requant_of(node)
     return requantize_int(y, mult, shift, tensor_zp(node, out), qmin, qmax)
 
@@ -723,6 +710,10 @@ def _integer_forward(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> 
     return _int_lut(node, x)
 
 
+WIDE_METHODS = ("CLIP", "RELU6", "LEAKYRELU", "PRELU")
+"""Methods whose float forward keeps a float64 input's type (see `activation_forward`)."""
+
+
 @ACTIVATION.forward
 @RELU_RELU6.forward
 @CLIP.forward
@@ -734,18 +725,16 @@ def _integer_forward(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> 
 @THRESHOLDEDRELU.forward
 @BNLL.forward
 @CRELU.forward
+@keeps_float64(when=lambda node: activation_method(node) in WIDE_METHODS)
 def activation_forward(self: PyNode) -> None:
+    """Integer or float forward of every method. CLIP, RELU6, LEAKYRELU and PRELU compute in their input's float
+    type, as upstream's do: on the float64 result of a convolution they read it unrounded and keep theirs
+    (`keeps_float64`); every other method reads the rounded value."""
     if self.quantized:
         self.outputs[0].betensor = activation_integer_forward(self)
         return
     method = activation_method(self)
-    x = self.inputs[0].betensor
-    if method == "PRELU":
-        # upstream's PReLU multiplies the unrounded convolution result by the slope and rounds once
-        # (docs/architecture.md, "Float reference")
-        self.outputs[0].betensor = _prelu(self, unrounded_input(self)).to(x.dtype)
-        return
-    self.outputs[0].betensor = ACTIVATION_METHODS[method](self, x)
+    self.outputs[0].betensor = ACTIVATION_METHODS[method](self, self.inputs[0].betensor)
 
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export

@@ -34,7 +34,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import FUSED_ACTIVATION_PARAMS, MAC_QUANTIZED_PARAMS, apply_fused_activation, axis_param
+from ._shared import FUSED_ACTIVATION_PARAMS, MAC_QUANTIZED_PARAMS, apply_fused_activation, axis_param, keeps_float64
 from .onnx_build import exact as onnx_exact
 from .onnx_build.mac import bias_value, input_folded_bias, qdq_fused_activation, weight_onnx_scale, weight_value
 from .onnx_build.perms import channels_first
@@ -82,6 +82,7 @@ def _bn_axis(node: PyNode, rank: int) -> int:
 
 
 @BATCHNORM.forward
+@keeps_float64()
 def batchnorm_forward(self: PyNode) -> None:
     """y = x * weights + biases along `axis` (default last), the folded form the Parser writes; its `epsilon`
     is informative there. If `mean` and `var` constants are present they are applied first:
@@ -253,6 +254,7 @@ def pad_tensor(x: torch.Tensor, pairs: Sequence[Tuple[int, int]], mode: str, val
 
 
 @PAD.forward
+@keeps_float64()
 def pad_forward(self: PyNode) -> None:
     """Pad keeps the input dtype; `constant_value` only matters in CONSTANT mode (the Parser writes it always)."""
     x = self.inputs[0].betensor

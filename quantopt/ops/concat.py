@@ -29,7 +29,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import axis_param
+from ._shared import axis_param, keeps_float64
 from .onnx_build import exact as onnx_exact
 from .onnx_build.perms import channels_first
 from .onnx_build.qdq_graph import QDQGraph, node_error, same_qparams
@@ -69,6 +69,7 @@ def _concat(node: PyNode, xs: List[torch.Tensor]) -> torch.Tensor:
 
 
 @CONCAT.forward
+@keeps_float64()
 def concat_forward(self: PyNode) -> None:
     if self.quantized:
         self.outputs[0].betensor = concat_int_forward(self)

@@ -26,8 +26,10 @@ from ._quant import (
     quantize_mac,
 )
 from ._shared import (
+    FUSED_ACTIVATION_CONSTANTS,
     FUSED_ACTIVATION_PARAMS,
     MAC_QUANTIZED_PARAMS,
+    ROUNDING_FUSED_ACTIVATIONS,
     apply_fused_activation,
     float_biases,
     int_param,
@@ -78,7 +80,7 @@ def _conv_params(depthwise: bool) -> Dict[str, Param]:
     }
 
 
-_CONV_CONSTANTS = {"weights": "[O,kh,kw,I/g]", "biases": "[O], absent means zero",
+_CONV_CONSTANTS = {"weights": "[O,kh,kw,I/g]", "biases": "[O], absent means zero", **FUSED_ACTIVATION_CONSTANTS,
                    "scale": "per-channel requantization multipliers (quantized)",
                    "shift": "per-channel requantization shifts (quantized)"}
 
@@ -178,15 +180,16 @@ def _float_constants(node: PyNode, device: torch.device, depthwise: bool) -> Tup
 
 
 def _conv_float_forward(node: PyNode, depthwise: bool) -> None:
-    """Rounded once to the input's float type; without a fused activation the float64 result is kept for the
-    layers that read it unrounded, as upstream's float forward does (fused activations see the rounded value)."""
+    """Rounded once to the input's float type, with the float64 result kept for the layers that read it unrounded,
+    as upstream's float forward does: a fused RELU6, CLIP, LEAKYRELU or PRELU works on the float64 sums and keeps
+    its float64 result too; a fused RELU rounds (docs/architecture.md, "Float reference")."""
     y = conv2d_nhwc(node, depthwise)
     dtype = _compute_dtype(node.inputs[0].betensor)
     act = str(node.get_param("with_activation", optional=True, default_value="NONE")).upper()
-    if act == "NONE":
-        keep_unrounded(node, y, dtype)
-    else:
+    if act in ROUNDING_FUSED_ACTIVATIONS:
         node.outputs[0].betensor = apply_fused_activation(node, y.to(dtype))
+    else:
+        keep_unrounded(node, apply_fused_activation(node, y), dtype)
 
 
 def conv2d_nhwc_int(node: PyNode, depthwise: bool) -> torch.Tensor:

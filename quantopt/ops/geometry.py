@@ -44,7 +44,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import axis_param, bool_param
+from ._shared import axis_param, bool_param, keep_unrounded, keeps_float64
 from .onnx_build.exact import codes, double, fits_double
 from .onnx_build.perms import channels_first, inverse
 from .onnx_build.qdq_graph import FLOAT, QDQGraph, node_error, require_same, same_qparams
@@ -368,6 +368,44 @@ def _interp_shift(node: PyNode) -> int:
     return _int_param(node, "interp_shift_value", minimum=0)
 
 
+def _source_coordinates(mode: str, n_in: int, n_out: int, ratio: Optional[Fraction]) -> torch.Tensor:
+    """The source coordinate of every output index as upstream's float forward computes it: float64 arithmetic in
+    the order of the coordinate table (docs/semantics/geometry.md), `1 / ratio` when a ratio is given."""
+    i = torch.arange(n_out, dtype=torch.float64)
+    inv = None if ratio is None else 1.0 / float(ratio)
+    if mode == "align_corners":
+        return i * 0.0 if n_out == 1 else i * (n_in - 1) / (n_out - 1)
+    if mode == "asymmetric":
+        return i * inv if inv is not None else i * n_in / n_out
+    if mode == "tf_half_pixel_for_nn":
+        return (i + 0.5) * inv if inv is not None else (i + 0.5) * n_in / n_out
+    if mode == "pytorch_half_pixel" and n_out <= 1:
+        return i * 0.0
+    return (i + 0.5) * inv - 0.5 if inv is not None else (i + 0.5) * n_in / n_out - 0.5
+
+
+def _bilinear_float64(node: PyNode, x: torch.Tensor) -> torch.Tensor:
+    """BILINEAR float forward in upstream's form, for its float64 result: the float32 input at the four neighbours
+    (top/left index floor(c) raised to 0, bottom/right ceil(c) lowered to the last row/column), each times a
+    float64 weight (1 - dy)(1 - dx), (1 - dy)dx, dy(1 - dx), dy·dx with dy = c - top (negative at a half-pixel
+    border, where top and bottom coincide), summed in that order. The separable form differs in the last bits."""
+    (_, h_in, h_out, ry), (_, w_in, w_out, rx) = _resize_axes(node, x)
+    mode = _resize_mode(node)
+    ys, xs = _source_coordinates(mode, h_in, h_out, ry), _source_coordinates(mode, w_in, w_out, rx)
+    y0 = torch.clamp(torch.floor(ys), 0, h_in - 1)
+    x0 = torch.clamp(torch.floor(xs), 0, w_in - 1)
+    y1 = torch.clamp(torch.ceil(ys), max=h_in - 1)
+    x1 = torch.clamp(torch.ceil(xs), max=w_in - 1)
+    dy, dx = (ys - y0).to(x.device), (xs - x0).to(x.device)
+    wy, wx = (1 - dy)[:, None, None], (1 - dx)[None, :, None]
+    dy, dx = dy[:, None, None], dx[None, :, None]
+    y0, y1, x0, x1 = (v.to(device=x.device, dtype=torch.int64) for v in (y0, y1, x0, x1))
+    x = x.to(torch.float32)
+    top, bottom = x.index_select(1, y0), x.index_select(1, y1)
+    out = top.index_select(2, x0) * (wy * wx) + top.index_select(2, x1) * (wy * dx)
+    return out.add_(bottom.index_select(2, x0) * (dy * wx)).add_(bottom.index_select(2, x1) * (dy * dx))
+
+
 @RESIZE.forward
 @INTERP.forward
 def resize_forward(self: PyNode) -> None:
@@ -376,6 +414,9 @@ def resize_forward(self: PyNode) -> None:
         self.outputs[0].betensor = resize_int_forward(self)
         return
     x = x if x.is_floating_point() else x.to(torch.float32)
+    if x.dim() == 4 and str(self.get_param("method")).strip().lower() == "bilinear":
+        keep_unrounded(self, _bilinear_float64(self, x), x.dtype)
+        return
     method, plan = _resize_plan(self, x, None)
     y = x
     for axis, idx, w in plan:
@@ -626,6 +667,7 @@ SPACE_TO_DEPTH = declare_op("SpaceToDepth", params={**_BLOCK_PARAMS, "scale": _U
 
 
 @DEPTH_TO_SPACE.forward
+@keeps_float64()
 def depthtospace_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     _rank(self, x, (4,))
@@ -776,6 +818,7 @@ TILE = declare_op(
 
 
 @TILE.forward
+@keeps_float64()
 def tile_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     reps = _int_list(self, "repeats", self.get_param("repeats"))

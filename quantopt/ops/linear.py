@@ -41,7 +41,14 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import FUSED_ACTIVATION_PARAMS, MAC_QUANTIZED_PARAMS, apply_fused_activation, bool_param, float_biases
+from ._shared import (
+    FUSED_ACTIVATION_CONSTANTS,
+    FUSED_ACTIVATION_PARAMS,
+    MAC_QUANTIZED_PARAMS,
+    apply_fused_activation,
+    bool_param,
+    float_biases,
+)
 from .onnx_build import exact as onnx_exact
 from .onnx_build.mac import (
     bias_value,
@@ -82,7 +89,8 @@ FULLY_CONNECTED = declare_op(
             **FUSED_ACTIVATION_PARAMS,
             **MAC_QUANTIZED_PARAMS,
             **_UPSTREAM_SCALES},
-    constants={"weights": "[O,I]", "biases": "[O], absent means zero", **_REQUANT_CONSTANTS},
+    constants={"weights": "[O,I]", "biases": "[O], absent means zero", **_REQUANT_CONSTANTS,
+               **FUSED_ACTIVATION_CONSTANTS},
     integer="int32/int48 MAC accumulation + multiplier and shift",
     semantics="integer-semantics.md#convolution-depthwiseconv-fullyconnected")
 

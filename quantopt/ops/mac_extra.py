@@ -36,6 +36,7 @@ from ._quant import (
     effective_weights,
     fused_activation_bounds,
     fused_activation_clamp,
+    fused_int_slope,
     fused_output_signed,
     int_value,
     integer_output_bits,
@@ -57,6 +58,7 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import (
+    FUSED_ACTIVATION_CONSTANTS,
     FUSED_ACTIVATION_PARAMS,
     MAC_QUANTIZED_PARAMS,
     apply_fused_activation,
@@ -288,6 +290,7 @@ def _finish_int64(node: PyNode, acc: torch.Tensor) -> torch.Tensor:
             acc = torch.clamp(acc, lo32, hi32) + b
     else:
         acc = acc + b
+    acc = fused_int_slope(node, acc)
     qmin, qmax = out_range(node, out)
     y = torch.clamp(_requantize(node, acc, mult, shift) - tensor_zp(node, out), qmin, qmax)
     return fused_activation_clamp(node, y)
@@ -326,7 +329,8 @@ def _cached(node: PyNode, key: str, build: Callable[[], Any]) -> Any:
 # ================================================================================================ Convolution3D
 CONVOLUTION3D = declare_op(
     "Convolution3D", params=_conv_nd_params(3, transposed=False),
-    constants={"weights": "[out_c,kh,kw,kd,in_c/group]", "biases": "[out_c], absent means zero", **_REQUANT_CONSTANTS},
+    constants={"weights": "[out_c,kh,kw,kd,in_c/group]", "biases": "[out_c], absent means zero", **_REQUANT_CONSTANTS,
+               **FUSED_ACTIVATION_CONSTANTS},
     integer=_CONV_INT, semantics=_SEM + "#convolution3d")
 
 
@@ -419,7 +423,8 @@ def convolution3d_quantize(self: PyNode) -> None:
 # ================================================================================================ ConvTranspose(3D)
 CONV_TRANSPOSE = declare_op(
     "ConvTranspose", params=_conv_nd_params(2, transposed=True),
-    constants={"weights": "[out_c/group,kh,kw,in_c]", "biases": "[out_c], absent means zero", **_REQUANT_CONSTANTS},
+    constants={"weights": "[out_c/group,kh,kw,in_c]", "biases": "[out_c], absent means zero", **_REQUANT_CONSTANTS,
+               **FUSED_ACTIVATION_CONSTANTS},
     integer=_CONVT_INT, semantics=_SEM + "#convtranspose")
 
 CONV_TRANSPOSE3D = declare_op(

@@ -39,7 +39,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import axis_param, bool_param
+from ._shared import axis_param, bool_param, keeps_float64
 from .onnx_build import exact as onnx_exact
 from .onnx_build.perms import channels_first, reduced_perm
 from .onnx_build.qdq_graph import QDQGraph, node_error, requant_ratio, same_qparams
@@ -186,6 +186,7 @@ def _float_reduce(node: PyNode, method: str, rows: torch.Tensor) -> torch.Tensor
 
 
 @REDUCE.forward
+@keeps_float64(when=lambda node: _reduce_method(node) in ("MIN", "MAX"))
 def reduce_forward(self: PyNode) -> None:
     method = _reduce_method(self)
     x = self.inputs[0].betensor

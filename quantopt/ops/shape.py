@@ -37,7 +37,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import axis_param, bool_param
+from ._shared import axis_param, bool_param, keeps_float64
 from .onnx_build.exact import codes, double, emit_integers, shared_perm
 from .onnx_build.perms import channels_first, inverse, reduced_perm
 from .onnx_build.qdq_graph import QDQGraph, node_error, require_same
@@ -98,6 +98,7 @@ TRANSPOSE = declare_op(
 
 
 @TRANSPOSE.only("Transpose").forward
+@keeps_float64()
 def transpose_forward(self: PyNode) -> None:
     x = self.inputs[0].betensor
     perm = self.get_param("perm")
@@ -108,6 +109,7 @@ def transpose_forward(self: PyNode) -> None:
 
 
 @TRANSPOSE.only("Permute").forward
+@keeps_float64()
 def permute_forward(self: PyNode) -> None:
     """`perm` like Transpose; a missing or non-list `perm` reverses the axes (numpy's default)."""
     x = self.inputs[0].betensor
@@ -152,6 +154,7 @@ def batched_shape(node: PyNode, inp: PyTensor, shape: List[int]) -> List[int]:
 
 
 @RESHAPE.forward
+@keeps_float64()
 def reshape_forward(self: PyNode) -> None:
     """IR `shape` fixes the IR batch; for another batch dim 0 grows with the data (`batched_shape`)."""
     inp = self.inputs[0]
@@ -174,6 +177,7 @@ def _check_reshape(node: PyNode, src: Tuple[int, ...], shape: List[int]) -> None
 
 
 @SQUEEZE.forward
+@keeps_float64()
 def squeeze_forward(self: PyNode) -> None:
     """Removes the `axis` dims (int or list) that have size 1; without `axis`, the size-1 dims of the IR input
     shape. Like torch.squeeze, a listed dim whose actual size is not 1 (a batch > 1) stays."""
@@ -198,6 +202,7 @@ SPLIT = declare_op(
 
 
 @SPLIT.forward
+@keeps_float64()
 def split_forward(self: PyNode) -> None:
     """`splits` sizes along `axis` (default 0), one output each; without `splits`, equal parts."""
     x = self.inputs[0].betensor
@@ -312,6 +317,7 @@ def _slice_forward(node: PyNode, masks: bool) -> None:
 
 
 @SLICE.forward
+@keeps_float64()
 def slice_forward(self: PyNode) -> None:
     _slice_forward(self, masks=False)
 

@@ -18,16 +18,18 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
-from ..graph.tables import ranges_of
-from ..quant.dtype import Dtype
+from ..graph.tables import quant_of, ranges_of
+from ..graph.tensor import PyTensor
+from ..quant.dtype import Dtype, int_dtype_for_bits
 from ..quant.lut import build_lut, lookup_lut, lut_sample_points, lut_size
-from ..quant.params import dequantize
+from ..quant.params import dequantize, integer_range
 from ..quant.requant import requantize_int
 from ..registry import declare_op
 from ..registry.schema import Bool, Float, Param, Text, Value, quantized
 from ._lut_int import constants_first, int_input, is_restricted, range_bits
 from ._quant import (
     copy_params,
+    is_signed,
     layer_settings,
     out_range,
     params,
@@ -40,7 +42,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import bool_param
+from ._shared import bool_param, keeps_float64
 from .onnx_build import exact as onnx_exact
 from .onnx_build.float_forms import float_const, requant_factor, unary_perm
 from .onnx_build.qdq_graph import QDQGraph
@@ -285,13 +287,34 @@ def abs_negative_quantize(self: PyNode) -> None:
         store_requant(self, 1, 0, Dtype.UINT8, Dtype.INT8)
         return
     _check_per_tensor_mode(self)
+    if negative:
+        _quantize_negative(self, inp, out)
+        return
     quantize_activation(self, out, negative)
     ratio = torch.tensor(tensor_scale(self, out), dtype=torch.float32) / torch.tensor(tensor_scale(self, inp),
                                                                                dtype=torch.float32)
     store_requant(self, *requant_scale_shift(self, ratio))
 
 
+def _quantize_negative(node: PyNode, inp: PyTensor, out: PyTensor) -> None:
+    """Negative of a quantized input, as upstream: the input's scale and bits, signed, and the zero point moved so
+    that -(x + zp_in) - zp_out is the negated value on the same grid, exactly, without a requantization:
+    zp_out = 1 - zp_in for a signed input (-(-128) lands on 127 instead of overflowing), -zp_in - qmax for an
+    unsigned one."""
+    q_in = params(node, inp)
+    bits = int(q_in.qbits or inp.dtype.bits)
+    qmin, qmax = integer_range(bits, True)
+    zp_in = tensor_zp(node, inp)
+    q = q_in.copy()
+    q.zerop = 1 - zp_in if is_signed(node, inp) else -zp_in - qmax
+    q.qbits, q.qmin, q.qmax = bits, qmin, qmax
+    quant_of(node).set(out, q)
+    out.dtype = int_dtype_for_bits(bits, True)
+    out.ir_range = None
+
+
 @ABS_NEGATIVE.forward
+@keeps_float64(when=lambda node: str(node.type) == "Negative")
 def abs_negative_forward(self: PyNode) -> None:
     _check_one_in_one_out(self)
     negative = str(self.type) == "Negative"
@@ -304,6 +327,9 @@ def abs_negative_forward(self: PyNode) -> None:
     v = -v if negative else v.abs()
     out = self.outputs[0]
     qmin, qmax = out_range(self, out)
+    if negative and "scale_value" not in self.params and "scale" not in self.constants:  # upstream's: no requant
+        self.outputs[0].betensor = torch.clamp(v - tensor_zp(self, out), qmin, qmax)
+        return
     mult, shift = requant_of(self)
     self.outputs[0].betensor = requantize_int(v, mult, shift, tensor_zp(self, out), qmin, qmax)
 

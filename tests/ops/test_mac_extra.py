@@ -669,7 +669,22 @@ def test_unsupported_variants_raise_clear_errors() -> None:
     g.node("op").params["negative_slope_value"] = 0.1
     with pytest.raises(UnsupportedError, match="LEAKYRELU"):
         quantize_model(g, gemm_feeds([(5, 7), (7, 4)], 58), settings(8, "per_tensor_asymmetric"))
+
+
+def test_conv_transpose_quantizes_a_fused_leakyrelu() -> None:
+    """ConvTranspose finishes as the other MAC layers (tests/ops/test_fused_slopes.py checks that integer path
+    exactly): its quantized output, dequantized, follows the float layer's LeakyReLU (cosine above 0.99, where
+    leaving the slope out gives far less)."""
     g, _, _, shape, _ = convt_graph(59, act="LEAKYRELU")
     g.node("op").params["negative_slope_value"] = 0.1
-    with pytest.raises(UnsupportedError, match="LEAKYRELU"):
-        quantize_model(g, data(shape, 60), settings(8, "per_tensor_asymmetric"))
+    feeds = data(shape, 60)
+    expected = [g.forward([f])[0].clone() for f in feeds]
+    q = quantize_model(g, feeds, settings(8, "per_tensor_asymmetric"))
+    node = q.node("op")
+    assert node.params["negative_slope_value"] == 26
+    out = node.outputs[0]
+    scale, zp = float(q.quant.get(out).scale), float(q.quant.get(out).zerop)
+    got = torch.cat([(q.forward([f])[0].to(torch.float64) + zp) / scale for f in feeds]).reshape(-1)
+    ref = torch.cat(expected).to(torch.float64).reshape(-1)
+    assert cosine(got, ref) > 0.99
+    assert cosine(torch.where(ref < 0, ref / 0.1, ref), ref) < cosine(got, ref)  # the slope is not left out

@@ -377,10 +377,13 @@ def test_new_activation_integer_forward(method: str, params: Dict[str, Any], sta
 
 
 def ref_abs_negative(node, x_q: np.ndarray) -> np.ndarray:
+    """Abs: requantized |x + zp_in|. Negative: -(x + zp_in) - zp_out on the input's grid (upstream's form)."""
     zp_in = int(params_of(node, node.inputs[0]).zerop)
     v = x_q.astype(np.int64) + zp_in
-    v = -v if str(node.type) == "Negative" else np.abs(v)
-    return ref_requant(node, v)
+    if str(node.type) == "Negative":
+        out = params_of(node, node.outputs[0])
+        return np.clip(-v - int(out.zerop), out.qmin, out.qmax)
+    return ref_requant(node, np.abs(v))
 
 
 @pytest.mark.parametrize("bits,mode,lut_bits", MODES)
@@ -390,6 +393,10 @@ def test_abs_negative_integer_forward(optype: str, bits: int, mode: str, lut_bit
     qg = quantize_model(one_layer(optype), data(kind, [2, 4, 5, 6], 15), settings(bits, mode, lut_bits))
     out = qg.node("op").outputs[0]
     assert (params_of(qg.node("op"), out).qmin < 0) == (optype == "Negative") and out.dtype.bits == bits
+    if optype == "Negative":  # the input's scale; the zero point moved so that -(-128) still fits
+        q_in, q_out = params_of(qg.node("op"), qg.node("op").inputs[0]), params_of(qg.node("op"), out)
+        assert q_out.scale == q_in.scale and "scale_value" not in qg.node("op").params
+        assert q_out.zerop == (1 - q_in.zerop if q_in.qmin < 0 else -q_in.zerop - q_out.qmax)
     check_int(qg, _wider(kind, [3, 4, 5, 6], 16), ref_abs_negative)
 
 
