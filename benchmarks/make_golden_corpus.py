@@ -203,6 +203,70 @@ class UNetTiny(nn.Module):
         return self.out(self.d1(torch.cat([up, e1], dim=1)))
 
 
+class MobileNetV2Block(nn.Module):
+    """MobileNetV2 stages: a strided stem, an inverted residual (1x1 expand, 3x3 depthwise, 1x1 project, each with
+    BN and all but the projection with ReLU6), a strided one, global average pooling and a classifier. The fused
+    ReLU6 keeps the convolutions' float64 sums in upstream's float forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6())
+        self.res = self._inverted(16, 48, 16, 1)
+        self.down = self._inverted(16, 64, 24, 2)
+        self.fc = nn.Linear(24, 10)
+
+    @staticmethod
+    def _inverted(cin: int, mid: int, cout: int, stride: int) -> nn.Sequential:
+        return nn.Sequential(nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU6(),
+                             nn.Conv2d(mid, mid, 3, stride, 1, groups=mid, bias=False), nn.BatchNorm2d(mid),
+                             nn.ReLU6(), nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        y = self.down(y + self.res(y))
+        return self.fc(y.mean((2, 3)))
+
+
+class FusedActivations(nn.Module):
+    """Convolutions followed by the activations the Parser fuses into them (LeakyReLU, PReLU) or keeps as layers
+    (SiLU, HardSigmoid gating, ELU, Softplus, HardSwish)."""
+
+    def __init__(self, ch: int = 8) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(ch, ch, 3, 1, 1) for _ in range(7))
+        self.prelu = nn.PReLU(ch)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.convs
+        y = nn.functional.silu(c[0](x))
+        y = nn.functional.hardsigmoid(c[1](y)) * y
+        y = nn.functional.leaky_relu(c[2](y), 0.1)
+        y = nn.functional.elu(c[3](y))
+        y = self.prelu(c[4](y))
+        y = nn.functional.softplus(c[5](y))
+        return nn.functional.hardswish(c[6](y))
+
+
+class Float64Flow(nn.Module):
+    """Float64 values through the layers that keep their input's float type in upstream's float forward: a
+    convolution without activation into Concat with its Negative, a reflect Pad, a convolution with fused ReLU6, a
+    Clip, a bilinear Resize, a strided convolution into PReLU and a last 1x1 convolution, then a max over channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(4, 8, 3, 1, 1), nn.Conv2d(16, 8, 3)
+        self.c, self.d = nn.Conv2d(8, 8, 3, 2, 1), nn.Conv2d(8, 8, 1)
+        self.prelu = nn.PReLU(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        y = nn.functional.pad(torch.cat([y, -y], 1), (1, 1, 1, 1), mode="reflect")
+        y = nn.functional.relu6(self.b(y)).clamp(-0.5, 0.7)
+        y = nn.functional.interpolate(y, scale_factor=2.0, mode="bilinear", align_corners=False)
+        y = self.d(self.prelu(self.c(y)))
+        return y.amax(1, keepdim=True)
+
+
 class OneOp(nn.Module):
     """A graph of one operator (after the Parser), for the one-operator cases."""
 
@@ -267,6 +331,9 @@ MODELS: Dict[str, Spec] = {
     "svtr_tiny": Spec(SvtrTiny, {"x": (1, 3, 32, 64)}, ["probs"], _image_sampler("x", (1, 3, 32, 64))),
     "det_head": Spec(DetHead, {"x": (1, 3, 64, 64)}, ["cls", "box"], _image_sampler("x", (1, 3, 64, 64))),
     "unet_tiny": Spec(UNetTiny, {"x": (1, 3, 32, 32)}, ["seg"], _image_sampler("x", (1, 3, 32, 32))),
+    "mbv2_block": Spec(MobileNetV2Block, {"x": (1, 3, 32, 32)}, ["logits"], _image_sampler("x", (1, 3, 32, 32))),
+    "fused_activations": Spec(FusedActivations, {"x": (1, 8, 16, 16)}, ["y"], _image_sampler("x", (1, 8, 16, 16))),
+    "float64_flow": Spec(Float64Flow, {"x": (1, 4, 16, 16)}, ["y"], _image_sampler("x", (1, 4, 16, 16))),
     "op_softmax": Spec(lambda: OneOp(lambda x: torch.softmax(x, dim=-1)), {"x": (1, 8, 32)}, ["y"]),
     "op_sigmoid": Spec(lambda: OneOp(torch.sigmoid), {"x": (1, 8, 32)}, ["y"]),
     "op_tanh": Spec(lambda: OneOp(torch.tanh), {"x": (1, 8, 32)}, ["y"]),
