@@ -120,12 +120,15 @@ class DecoderBlock(nn.Module):
 
 
 class Recurrent(nn.Module):
-    """One LSTM or GRU layer (batch first) and a per-step classifier."""
+    """An LSTM or GRU (batch first; `layers` stacked, optionally bidirectional: the Parser writes one layer per
+    direction and a Split of the zero states) and a per-step classifier."""
 
-    def __init__(self, cell: str, features: int = 16, hidden: int = 32, classes: int = 10) -> None:
+    def __init__(self, cell: str, features: int = 16, hidden: int = 32, classes: int = 10, layers: int = 1,
+                 bidirectional: bool = False) -> None:
         super().__init__()
-        self.rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(features, hidden, batch_first=True)
-        self.fc = nn.Linear(hidden, classes)
+        self.rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(features, hidden, num_layers=layers, batch_first=True,
+                                                           bidirectional=bidirectional)
+        self.fc = nn.Linear(hidden * (2 if bidirectional else 1), classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y, _ = self.rnn(x)
@@ -328,6 +331,9 @@ MODELS: Dict[str, Spec] = {
     "gpt_decoder": Spec(DecoderBlock, {"x": (1, 16, 32)}, ["logits"]),
     "lstm": Spec(lambda: Recurrent("lstm"), {"x": (1, 12, 16)}, ["y"]),
     "gru": Spec(lambda: Recurrent("gru"), {"x": (1, 12, 16)}, ["y"]),
+    "bilstm": Spec(lambda: Recurrent("lstm", hidden=24, classes=8, layers=2, bidirectional=True), {"x": (1, 10, 16)},
+                   ["y"]),
+    "bigru": Spec(lambda: Recurrent("gru", hidden=24, classes=8, bidirectional=True), {"x": (1, 10, 16)}, ["y"]),
     "svtr_tiny": Spec(SvtrTiny, {"x": (1, 3, 32, 64)}, ["probs"], _image_sampler("x", (1, 3, 32, 64))),
     "det_head": Spec(DetHead, {"x": (1, 3, 64, 64)}, ["cls", "box"], _image_sampler("x", (1, 3, 64, 64))),
     "unet_tiny": Spec(UNetTiny, {"x": (1, 3, 32, 32)}, ["seg"], _image_sampler("x", (1, 3, 32, 32))),

@@ -51,3 +51,28 @@ def test_upstream_bias_wrap_is_forgiven_only_where_upstream_wrapped() -> None:
     by_name = {d.name: d for d in diffs}
     assert by_name["c2"].identical
     assert by_name["c3"].differences[0].startswith("constant biases: 1 of")
+
+
+def test_upstream_bias_wrap_with_cleared_low_bits_is_forgiven() -> None:
+    """A BasicLSTM clears its biases' low k bits after saturating, so quantopt holds 2^31 - 2^k where upstream wrote
+    -2^31; a negative saturation (-2^31 in both) is no wrap, and any other value there is a real difference."""
+    for mine_value, forgiven in ((2 ** 31 - 2 ** 16, True), (2 ** 31 - 2 ** 16 - 1, False), (12345, False)):
+        mine, upstream = quantized(), quantized()
+        for g in (mine, upstream):
+            g.node("c2").constants["biases"].betensor[1] = INT32_MIN  # saturated negative in both
+        mine.node("c2").constants["biases"].betensor[0] = mine_value
+        upstream.node("c2").constants["biases"].betensor[0] = INT32_MIN
+        diffs = compare_quantized_irs(mine, upstream)
+        forgive_upstream_bias_wrap(diffs, mine, upstream)
+        assert {d.name: d for d in diffs}["c2"].identical is forgiven, mine_value
+
+
+def test_negative_saturation_alone_is_no_wrap() -> None:
+    """-2^31 in both graphs is equal, so there is nothing to forgive, and a difference elsewhere stays."""
+    mine, upstream = quantized(), quantized()
+    for g in (mine, upstream):
+        g.node("c2").constants["biases"].betensor[0] = INT32_MIN
+    mine.node("c2").constants["biases"].betensor[1] += 1
+    diffs = compare_quantized_irs(mine, upstream)
+    forgive_upstream_bias_wrap(diffs, mine, upstream)
+    assert {d.name: d for d in diffs}["c2"].differences[0].startswith("constant biases: 1 of")

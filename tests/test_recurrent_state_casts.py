@@ -100,6 +100,65 @@ def test_state_whose_codes_do_not_fit_gets_no_cast() -> None:
     assert q.node("rnn").inputs[1] is q.node("state").outputs[0]
 
 
+def split_state_graph(optype: str) -> Any:
+    """The Parser's bidirectional form: one zero Constant [1, 2, C], a Split into one part per direction, a Reshape
+    of each to [1, C], and one recurrent layer per direction reading its Reshape as every initial state."""
+    r = np.random.default_rng(4)
+    rows = (4 if optype == "BasicLSTM" else 3) * C
+    seq = ["Y", "H", "C"] if optype == "BasicLSTM" else ["H", "Hn"]
+    g = GraphBuilder("bi")
+    x = g.input("x", [1, T, IN])
+    k = g.layer("Constant", [], [[1, 2, C]], name="state", constants={"weights": np.zeros((1, 2, C), np.float32)})
+    parts = g.layer("Split", [k], [[1, 1, C], [1, 1, C]], name="split", params={"axis": 1, "splits": [1, 1]})
+    outs = []
+    for d, part in zip(("fw", "bw"), parts):
+        h0 = g.layer("Reshape", [part], [[1, C]], name=f"{d}_reshape", params={"shape": [1, C]})
+        w = r.normal(0, 0.4, (rows, IN + C)).astype(np.float32)
+        b = r.normal(0, 0.2, (rows + (C if optype == "GRUv1" else 0),)).astype(np.float32)
+        ins = [x, h0, h0] if optype == "BasicLSTM" else [x, h0]
+        shapes = [[1, T, C]] + [[1, C]] * (len(seq) - 1)
+        outs += g.layer(optype, ins, shapes, name=d, constants={"weights": w, "biases": b},
+                        params={"time_steps": T, "input_size": IN, "cell_size": C, "out_sequence": seq,
+                                "direction": "forward" if d == "fw" else "reverse"})
+    return g.build(outs)
+
+
+@pytest.mark.parametrize("optype", ["BasicLSTM", "GRUv1"])
+def test_state_through_split_and_reshape_gets_exact_casts(optype: str, monkeypatch) -> None:
+    """The zero state reaches each layer through a Split and a Reshape, which keep its integers, dtype, scale and
+    zero point: every state edge gets a Cast of its Reshape's output, named after the Reshape; the integer
+    outputs equal those of the graph without Casts."""
+    q = quantize_model(split_state_graph(optype), calib(), bits_settings(8))
+    edges = 2 if optype == "BasicLSTM" else 1
+    for d in ("fw", "bw"):
+        src = q.node(f"{d}_reshape").outputs[0]
+        assert src.dtype is Dtype.UINT8
+        casts = [n for n in q.nodes if str(n.type) == "Cast" and n.inputs[0] is src]
+        assert [n.name for n in casts] == [f"{d}_reshape_Cast", f"{d}_reshape_Cast_0"][:edges]
+        assert [t.name for t in q.node(d).inputs[1:]] == [n.outputs[0].name for n in casts]
+        assert all(n.outputs[0].dtype is Dtype.INT8 for n in casts)
+    x = calib(1, seed=17)[0]
+    got = [t.clone() for t in q.forward(x)]
+    monkeypatch.setattr(quantizer_module, "insert_recurrent_state_casts", lambda graph: [])
+    plain = quantize_model(split_state_graph(optype), calib(), bits_settings(8))
+    assert not [n for n in plain.nodes if str(n.type) == "Cast"]
+    for a, b in zip(got, plain.forward(x)):
+        assert torch.equal(a, b)
+
+
+def test_state_through_a_layer_that_changes_its_codes_gets_no_cast(monkeypatch) -> None:
+    """A data-movement layer whose output has other params than its input (set here by hand) does not pass the
+    Constant's integers on as they are, so nothing proves a Cast exact: that direction's state stays unsigned, the
+    other direction's gets its Cast."""
+    from quantopt.passes.recurrent_casts import insert_recurrent_state_casts
+
+    monkeypatch.setattr(quantizer_module, "insert_recurrent_state_casts", lambda graph: [])
+    q = quantize_model(split_state_graph("GRUv1"), calib(), bits_settings(8))
+    q.quant.of(q.node("fw_reshape").outputs[0]).scale = 2.0
+    assert insert_recurrent_state_casts(q) == ["bw_reshape_Cast"]
+    assert q.node("fw").inputs[1] is q.node("fw_reshape").outputs[0]
+
+
 @pytest.mark.parametrize("optype", ["BasicLSTM", "GRUv1"])
 def test_quantized_ir_round_trip(optype: str, tmp_path: Path) -> None:
     """The Constant's `weights_scale`/`weights_zp` and the Casts are written and read back; the re-read IR computes

@@ -23,6 +23,7 @@ from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tables import TensorRange, quant_of, ranges_of
 from ..graph.tensor import PyTensor
+from ..graph.wide_values import wide_values_of
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.int_matmul import exact_int_matmul
@@ -45,6 +46,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
+from ._shared import unrounded_input
 from .onnx_build.exact import DOUBLE, INT64, codes
 from .onnx_build.qdq_graph import FLOAT, QDQGraph, node_error
 from .onnx_build.recurrent import CellOps
@@ -367,12 +369,14 @@ def _clamp_opt(x: torch.Tensor, bound: Optional[float]) -> torch.Tensor:
 
 def lstm_float(node: PyNode, spec: RnnSpec, x: torch.Tensor, h0: torch.Tensor,
                c0: torch.Tensor) -> Dict[str, torch.Tensor]:
-    """z = [x_t, h] @ W^T + b split into i, g, f, o; c = f*c + i*g; h = o * act2(c)."""
-    w = node.get_constant("weights").betensor.to(torch.float32)
-    b = node.get_constant("biases").betensor.to(torch.float32).reshape(-1)
+    """z = [x_t, h] @ W^T + b split into i, g, f, o; c = f*c + i*g; h = o * act2(c), all in float64 as upstream's
+    float forward computes it (the calibrated ranges match upstream's only so: docs/semantics/recurrent.md); the
+    results are float64, the placeholders float32."""
+    w = node.get_constant("weights").betensor.to(torch.float64)
+    b = node.get_constant("biases").betensor.to(torch.float64).reshape(-1)
     a_gate, a_cand, a_cell = (_act(a) for a in spec.activations)
-    xs = torch.flip(x, [1]) if spec.reverse else x
-    h, c = h0, c0
+    xs = (torch.flip(x, [1]) if spec.reverse else x).to(torch.float64)
+    h, c = h0.to(torch.float64), c0.to(torch.float64)
     ys, cs, gate_in, gate_out, cand_in, cand_out, cell_out = [], [], [], [], [], [], []
     for t in range(spec.time_steps):
         z = torch.cat([xs[:, t], h], dim=1) @ w.t() + b
@@ -814,16 +818,32 @@ def rnn_forward(self: PyNode) -> None:
             t.betensor = v
         return
     spec = rnn_spec(self)
+    if spec.kind == "LSTM":
+        _lstm_float_forward(self, spec)
+        return
     x = self.inputs[0].betensor.to(torch.float32)
     _check_sequence(self, spec, x)
     h0 = _initial_state(self, spec, self.inputs[1].betensor.to(torch.float32), x.shape[0])
-    if spec.kind == "LSTM":
-        c0 = _initial_state(self, spec, self.inputs[2].betensor.to(torch.float32), x.shape[0])
-        res = lstm_float(self, spec, x, h0, c0)
-    else:
-        res = gru_float(self, spec, x, h0)
+    res = gru_float(self, spec, x, h0)
     for t, name in zip(self.outputs, spec.out_sequence):
         t.betensor = res[name]
+
+
+def _lstm_float_forward(node: PyNode, spec: RnnSpec) -> None:
+    """BasicLSTM's float forward as upstream's: its inputs read in float64 (unrounded where their producer kept a
+    float64 value), the cell computed in float64; each output is that result rounded to float32, the float64 value
+    kept beside it for the layers that read unrounded values (ops/_shared.py, docs/architecture.md "Float
+    reference"). GRUs compute in float32, as upstream's do."""
+    x = unrounded_input(node, 0).to(torch.float64)
+    _check_sequence(node, spec, x)
+    h0 = _initial_state(node, spec, unrounded_input(node, 1).to(torch.float64), x.shape[0])
+    c0 = _initial_state(node, spec, unrounded_input(node, 2).to(torch.float64), x.shape[0])
+    res = lstm_float(node, spec, x, h0, c0)
+    table = wide_values_of(node)
+    for t, name in zip(node.outputs, spec.out_sequence):
+        t.betensor = res[name].to(torch.float32)
+        if table is not None:
+            table.keep(t, res[name])
 
 
 

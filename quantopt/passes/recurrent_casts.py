@@ -6,8 +6,10 @@ on every such edge whose tensor is unsigned: the usual zero initial state is a C
 1. `quantize_graph` calls `insert_recurrent_state_casts` on the quantized copy after every layer is quantized, so
 quantopt's IR has the same layers.
 
-A Cast is inserted only where it is exact: the producer is a quantized Constant whose stored integers all lie in the
-signed range (then saturation never changes a value, and the Cast keeps the scale and zero point). Upstream casts
+A Cast is inserted only where it is exact: the state holds integers of a quantized Constant, read directly or
+through data-movement layers that keep its dtype, scale and zero point (a bidirectional or stacked layer's zero
+states are Reshapes of a Split of one Constant), and all that Constant's stored integers lie in the signed range
+(then saturation never changes a value, and the Cast keeps the scale and zero point). Upstream casts
 any unsigned state and saturates codes above 2^(B-1) - 1; quantopt leaves such a state unsigned (its recurrent
 layers read either signedness exactly). One Cast per edge, as upstream (a BasicLSTM reading the same constant as
 both states gets two). Names are deterministic: the layer `<producer>_Cast_<k>`, the output tensor
@@ -16,7 +18,7 @@ numbers, which the golden comparison pairs by position: tests/golden_helpers.py)
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -33,9 +35,33 @@ STATE_INPUTS: Dict[str, Tuple[int, ...]] = {"BasicLSTM": (1, 2), "GRUv1": (1,), 
 SIGNED = {8: Dtype.INT8, 16: Dtype.INT16}
 
 
-def _exact_constant(t: PyTensor, lo: int, hi: int) -> bool:
-    """`t` is the output of a quantized Constant whose stored integers all lie in [lo, hi]."""
-    p = t.pnode
+MOVES = frozenset({"Reshape", "Squeeze", "Transpose", "Permute", "Split", "Slice", "StridedSlice"})
+"""Data-movement layers: each output integer is one of the input's integers (docs/semantics: passthrough)."""
+
+
+def _same_codes(graph: PyGraph, a: PyTensor, b: PyTensor) -> bool:
+    """`a` and `b` hold integers of one dtype, scale and zero point (a passthrough layer's input and output)."""
+    qa, qb = graph.quant.get(a), graph.quant.get(b)
+    if a.dtype != b.dtype or qa.per_channel or qb.per_channel:
+        return False
+    return float(qa.scale) == float(qb.scale) and int(qa.zerop) == int(qb.zerop)
+
+
+def _constant_source(graph: PyGraph, t: PyTensor) -> Optional[PyNode]:
+    """The quantized Constant whose integers `t` holds a selection of: `t` itself or `t` reached from it through
+    data-movement layers that keep dtype, scale and zero point (a bidirectional layer's zero state is a Split and
+    Reshapes of one Constant); None for any other producer."""
+    while t.pnode is not None and str(t.pnode.type) in MOVES and t.pnode.inputs and t.pnode.quantized:
+        src = t.pnode.inputs[0]
+        if not _same_codes(graph, src, t):
+            return None
+        t = src
+    return t.pnode
+
+
+def _exact_constant(graph: PyGraph, t: PyTensor, lo: int, hi: int) -> bool:
+    """`t` holds integers of a quantized Constant (`_constant_source`) whose stored integers all lie in [lo, hi]."""
+    p = _constant_source(graph, t)
     if p is None or str(p.type) != "Constant" or not p.quantized or "weights" not in p.constants:
         return False
     w = p.constants["weights"].betensor
@@ -97,7 +123,7 @@ def insert_recurrent_state_casts(graph: PyGraph) -> List[str]:
             if i >= len(n.inputs):
                 continue
             t = n.inputs[i]
-            if t.dtype.is_float or t.dtype.is_signed or not _exact_constant(t, lo, hi):
+            if t.dtype.is_float or t.dtype.is_signed or not _exact_constant(graph, t, lo, hi):
                 continue
             cast = _cast_layer(graph, n, t, dtype, taken)
             n.inputs[i] = cast.outputs[0]

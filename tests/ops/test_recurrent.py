@@ -116,6 +116,42 @@ def test_lstm_float_forget_bias_threshold_cell_clip_match_numpy() -> None:
     np.testing.assert_allclose(cn.numpy(), rc, atol=2e-6)
 
 
+def test_lstm_float_forward_is_float64_rounded_once() -> None:
+    """Upstream's BasicLSTM computes in float64: each output is the numpy float64 cell rounded once to float32, and
+    the float64 value is kept for the readers of unrounded values."""
+    _, w, b = lstm_weights(12)
+    g = build("BasicLSTM", {"forget_bias": 0.5}, w, b)
+    x, h0, c0 = feeds(13, "BasicLSTM", x_std=2.0)
+    outs = g.forward([x, h0, c0])
+    refs = np_lstm(x.numpy(), h0.numpy(), c0.numpy(), w, b, 0.5)
+    for out, t, ref in zip(outs, g.node("op").outputs, refs):
+        assert out.dtype == torch.float32
+        np.testing.assert_array_equal(out.numpy(), ref.astype(np.float32))
+        wide = g.wide_values.get(t)
+        assert wide is not None and wide.dtype == torch.float64
+        np.testing.assert_allclose(wide.numpy(), ref, rtol=0, atol=1e-13)
+
+
+def test_stacked_lstm_reads_the_first_layer_unrounded() -> None:
+    """A BasicLSTM reading another's sequence output takes its float64 value, as upstream's second layer does."""
+    _, w1, b1 = lstm_weights(14)
+    torch.manual_seed(15)
+    w2 = (torch.rand(4 * C, 2 * C) - 0.5).numpy()
+    b2 = (torch.rand(4 * C) - 0.5).numpy()
+    bld = GraphBuilder("stack")
+    x, h, c = bld.input("x", [1, T, IN]), bld.input("h", [1, C]), bld.input("c", [1, C])
+    p = dict(time_steps=T, cell_size=C, direction="forward", out_sequence=["Y"])
+    y1 = bld.layer("BasicLSTM", [x, h, c], [[1, T, C]], name="l1", params={**p, "input_size": IN},
+                   constants=dict(weights=w1, biases=b1))
+    y2 = bld.layer("BasicLSTM", [y1, h, c], [[1, T, C]], name="l2", params={**p, "input_size": C},
+                   constants=dict(weights=w2, biases=b2))
+    g = bld.build([y2])
+    xs, h0, c0 = feeds(16, "BasicLSTM", n=1, x_std=2.0)
+    got = g.forward([xs, h0, c0])[0]
+    first = np_lstm(xs.numpy(), h0.numpy(), c0.numpy(), w1, b1)[0]
+    np.testing.assert_array_equal(got.numpy(), np_lstm(first, h0.numpy(), c0.numpy(), w2, b2)[0].astype(np.float32))
+
+
 def np_gru_v3(x, h, w, b, threshold=np.inf):
     """Reset applied before the candidate matmul (ONNX linear_before_reset=0, TF GRUCell), gates r, z."""
     x, h = np.asarray(x, np.float64), np.asarray(h, np.float64)
