@@ -893,6 +893,7 @@ REVERSE_SEQUENCE = declare_op(
 
 
 @REVERSE_SEQUENCE.forward
+@keeps_float64()
 def reversesequence_forward(self: PyNode) -> None:
     """Reverse the first seq_len[b] entries along `time_axis` for every b along `batch_axis` (lengths clamped to
     [0, T]; one length serves every b; no lengths input reverses everything)."""
