@@ -1,11 +1,13 @@
 """Normalization layers: LayerNorm, GroupNorm, InstanceNorm, RMSNorm, MVN, LRN and Normalization (L2).
 
-Float forwards follow the ONNX/PyTorch definitions in the IR's channels-last layout. Quantized
-(docs/semantics/normalization.md), the mean and sum of squares of the zero-point-corrected input are exact int64
-values, the inverse square root is an integer routine (normalize the sum of squares by an even shift, one integer
-division and one integer square root), the normalized tensor is a 16-bit symmetric intermediate, and gamma/beta are
-quantized as per-element weights/biases with one multiplier/shift each. LRN reads (bias + alpha/size * Σx²)^-beta
-from a 16-bit-indexed table.
+Float forwards follow the ONNX/PyTorch definitions in the IR's channels-last layout, summed in upstream's float32
+order. Quantized (docs/semantics/normalization.md), LayerNorm, GroupNorm and InstanceNorm take upstream's integer
+form by default (rounded integer mean, an int16 inverse square root table, the normalized tensor at the activation
+bits, gamma/beta quantized as a linear layer's weights/biases). Their exact form, and RMSNorm and MVN always: the mean
+and sum of squares of the zero-point-corrected input are exact int64 values, the inverse square root is an integer
+routine (normalize the sum of squares by an even shift, one integer division and one integer square root), the
+normalized tensor is a 16-bit symmetric intermediate, and gamma/beta are quantized as per-element weights/biases with
+one multiplier/shift each. LRN reads (bias + alpha/size * Σx²)^-beta from a 16-bit-indexed table.
 """
 from __future__ import annotations
 
@@ -699,8 +701,8 @@ def isqrt_table() -> torch.Tensor:
 
 def table_inverse_sqrt(v: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """G ≈ 2^31 / sqrt(v) of int64 values 0 <= v < 2^32 from the 193-entry table (docs/semantics/normalization.md,
-    "LayerNorm, upstream form"): k = min(30, max(0, 31 - bit_length(v))), u = v << k, e = 31 - k; f = u >> 1 if e is
-    odd, else u; i = max((f >> 23) - 64, 0), a = (f >> 8) mod 2^15;
+    "LayerNorm, GroupNorm and InstanceNorm, upstream form"): k = min(30, max(0, 31 - bit_length(v))), u = v << k,
+    e = 31 - k; f = u >> 1 if e is odd, else u; i = max((f >> 23) - 64, 0), a = (f >> 8) mod 2^15;
     G = (T[i] * 2^16 - 2 * a * (T[i] - T[i+1])) >> ((e - 1) >> 1). v = 0 gives G = T[0] * 2^16."""
     if int(table.numel()) != 3 * ISQRT_TABLE_STEPS + 1:
         raise ValueError(f"the inverse square root table has {int(table.numel())} entries, "
@@ -1134,12 +1136,12 @@ def exact_layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
 
 
 def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
-    """LayerNorm in upstream's form (docs/semantics/normalization.md, "LayerNorm, upstream form") over trailing
-    `axes`, in int64: the rounded mean, the sum of squares shifted (8 bits) or divided by N (16 bits), the table
-    inverse square root (bit length, normalizing shift, index and 15-bit fraction, interpolation), the normalized
-    tensor, then gamma/beta and the multipliers in float64. Also in "effective" mode: the rounded mean and the
-    table have no float form within a step (rows of small variance move by many). False in "ir" mode, or where the
-    multipliers' shifts leave float64 (the caller then refuses the layer)."""
+    """LayerNorm in upstream's form (docs/semantics/normalization.md, "LayerNorm, GroupNorm and InstanceNorm,
+    upstream form") over trailing `axes`, in int64: the rounded mean, the sum of squares shifted (8 bits) or divided
+    by N (16 bits), the table inverse square root (bit length, normalizing shift, index and 15-bit fraction,
+    interpolation), the normalized tensor, then gamma/beta and the multipliers in float64. Also in "effective" mode:
+    the rounded mean and the table have no float form within a step (rows of small variance move by many). False in
+    "ir" mode, or where the multipliers' shifts leave float64 (the caller then refuses the layer)."""
     if g.scales == "ir" or str(node.type) != "LayerNorm" or "lut" not in node.constants:
         return False
     x, y = node.inputs[0], node.outputs[0]
