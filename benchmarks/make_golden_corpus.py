@@ -268,6 +268,23 @@ class Float64Flow(nn.Module):
         y = nn.functional.interpolate(y, scale_factor=2.0, mode="bilinear", align_corners=False)
         y = self.d(self.prelu(self.c(y)))
         return y.amax(1, keepdim=True)
+class Norms(nn.Module):
+    """A convolution, GroupNorm (4 groups of 4 channels), ReLU, an affine InstanceNorm, ReLU and a closing
+    convolution: the Parser's GroupNorm and InstanceNorm layers, and a convolution reading a normalized tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 16, 3, padding=1)
+        self.gn = nn.GroupNorm(4, 16)
+        self.inn = nn.InstanceNorm2d(16, affine=True)
+        self.c2 = nn.Conv2d(16, 8, 3, padding=1)
+        with torch.no_grad():  # away from the identity, so that gamma and beta matter
+            for norm in (self.gn, self.inn):
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.uniform_(-0.3, 0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c2(torch.relu(self.inn(torch.relu(self.gn(self.c(x))))))
 
 
 class OneOp(nn.Module):
@@ -340,6 +357,7 @@ MODELS: Dict[str, Spec] = {
     "mbv2_block": Spec(MobileNetV2Block, {"x": (1, 3, 32, 32)}, ["logits"], _image_sampler("x", (1, 3, 32, 32))),
     "fused_activations": Spec(FusedActivations, {"x": (1, 8, 16, 16)}, ["y"], _image_sampler("x", (1, 8, 16, 16))),
     "float64_flow": Spec(Float64Flow, {"x": (1, 4, 16, 16)}, ["y"], _image_sampler("x", (1, 4, 16, 16))),
+    "norms": Spec(Norms, {"x": (1, 3, 16, 16)}, ["y"]),
     "op_softmax": Spec(lambda: OneOp(lambda x: torch.softmax(x, dim=-1)), {"x": (1, 8, 32)}, ["y"]),
     "op_sigmoid": Spec(lambda: OneOp(torch.sigmoid), {"x": (1, 8, 32)}, ["y"]),
     "op_tanh": Spec(lambda: OneOp(torch.tanh), {"x": (1, 8, 32)}, ["y"]),

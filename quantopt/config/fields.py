@@ -195,9 +195,10 @@ field("unify_shifts_for_aiff", True, BoolKind(),
 field("force_dtype_int", False, BoolKind(), "outputs are always signed integers", per_layer=True,
       group="quantization")
 field("layernorm_integer_form", "upstream", ChoiceKind(("upstream", "exact")),
-      "LayerNorm's integer form: upstream (the upstream optimizer's: rounded mean, inverse square root table, "
-      "normalized tensor at the activation bits) or exact (8 fraction bits on the mean, integer square root, 16-bit "
-      "normalized tensor; more accurate); docs/semantics/normalization.md", per_layer=True, group="quantization")
+      "the integer form of LayerNorm, GroupNorm and InstanceNorm: upstream (the upstream optimizer's: rounded mean, "
+      "inverse square root table, normalized tensor at the activation bits) or exact (8 fraction bits on the mean, "
+      "integer square root, 16-bit normalized tensor; more accurate); docs/semantics/normalization.md",
+      per_layer=True, group="quantization")
 field("lstm_integer_form", "upstream", ChoiceKind(("upstream", "q15")),
       "BasicLSTM's integer form: upstream (the upstream optimizer's: 256-entry tables and per-step requantization from "
       "the calibrated ranges of the cell's inner tensors) or q15 (fixed-range Q15 tables, int32 cell state; more "

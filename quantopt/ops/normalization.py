@@ -1,11 +1,13 @@
 """Normalization layers: LayerNorm, GroupNorm, InstanceNorm, RMSNorm, MVN, LRN and Normalization (L2).
 
-Float forwards follow the ONNX/PyTorch definitions in the IR's channels-last layout. Quantized
-(docs/semantics/normalization.md), the mean and sum of squares of the zero-point-corrected input are exact int64
-values, the inverse square root is an integer routine (normalize the sum of squares by an even shift, one integer
-division and one integer square root), the normalized tensor is a 16-bit symmetric intermediate, and gamma/beta are
-quantized as per-element weights/biases with one multiplier/shift each. LRN reads (bias + alpha/size * Σx²)^-beta
-from a 16-bit-indexed table.
+Float forwards follow the ONNX/PyTorch definitions in the IR's channels-last layout, summed in upstream's float32
+order. Quantized (docs/semantics/normalization.md), LayerNorm, GroupNorm and InstanceNorm take upstream's integer
+form by default (rounded integer mean, an int16 inverse square root table, the normalized tensor at the activation
+bits, gamma/beta quantized as a linear layer's weights/biases). Their exact form, and RMSNorm and MVN always: the mean
+and sum of squares of the zero-point-corrected input are exact int64 values, the inverse square root is an integer
+routine (normalize the sum of squares by an even shift, one integer division and one integer square root), the
+normalized tensor is a 16-bit symmetric intermediate, and gamma/beta are quantized as per-element weights/biases with
+one multiplier/shift each. LRN reads (bias + alpha/size * Σx²)^-beta from a 16-bit-indexed table.
 """
 from __future__ import annotations
 
@@ -127,29 +129,34 @@ _LN_UPSTREAM_KEYS = {
     "var_shift_value": quantized(Int(), "upstream form, 8 bits: right shift of the sum of squares"),
     "var_shift_type": quantized(DtypeName(), "dtype of var_shift_value"),
 }
+_UPSTREAM_FORM_LUT = {"lut": "upstream form: the int16 inverse square root table (193 entries)"}
+_UPSTREAM_FORM_INT = ("upstream form (default): rounded mean, inverse square root table, normalized tensor at the "
+                      "activation bits, gamma/beta as weights/biases with one multiplier/shift (per channel with "
+                      "per-channel weights); exact form (layernorm_integer_form = exact): " + _NORM_INT)
 LAYERNORM = declare_op(
     "LayerNorm",
     params=_norm_params(Param(Axis(), "the normalized axes", default=[-1]), **_LAYOUT_KEYS, **_NOT_MVN_KEYS,
                         **_LN_UPSTREAM_KEYS),
-    constants={**_NORM_CONSTANTS, "lut": "upstream form: the int16 inverse square root table (193 entries)"},
-    integer="upstream form (default): rounded mean, inverse square root table, normalized tensor at the activation "
-            "bits, gamma/beta as weights/biases with one multiplier/shift (per channel with per-channel weights); "
-            "exact form (layernorm_integer_form = exact): " + _NORM_INT,
+    constants={**_NORM_CONSTANTS, **_UPSTREAM_FORM_LUT}, integer=_UPSTREAM_FORM_INT,
     semantics=f"{_NORM_SEM}#layernorm")
 
 GROUPNORM = declare_op(
     "GroupNorm",
     params=_norm_params(Param(Int(), "the channel axis", default=-1),
                         group=Param(Int(lo=1), "channel groups; divides the channels", required=True),
-                        normalize_variance=Param(Bool(), _UPSTREAM), **_LAYOUT_KEYS,
-                        var_shift_value=quantized(Int(), _UPSTREAM), var_shift_type=quantized(DtypeName(), _UPSTREAM)),
-    constants={**_NORM_CONSTANTS, **_UPSTREAM_LUT}, integer=_NORM_INT, semantics=f"{_NORM_SEM}#groupnorm")
+                        normalize_variance=Param(Bool(), _UPSTREAM), **_LAYOUT_KEYS, **_LN_UPSTREAM_KEYS),
+    constants={**_NORM_CONSTANTS, **_UPSTREAM_FORM_LUT}, integer=_UPSTREAM_FORM_INT,
+    semantics=f"{_NORM_SEM}#groupnorm")
 
 INSTANCENORM = declare_op(
     "InstanceNorm",
     params=_norm_params(Param(Axis(), "the normalized axes", default="the spatial axes"), **_LAYOUT_KEYS,
-                        **_NOT_MVN_KEYS),
-    constants=_NORM_CONSTANTS, integer=_NORM_INT, semantics=f"{_NORM_SEM}#instancenorm")
+                        **_NOT_MVN_KEYS, **_LN_UPSTREAM_KEYS),
+    constants={**_NORM_CONSTANTS, **_UPSTREAM_FORM_LUT}, integer=_UPSTREAM_FORM_INT,
+    semantics=f"{_NORM_SEM}#instancenorm")
+
+UPSTREAM_FORM_TYPES = ("LayerNorm", "GroupNorm", "InstanceNorm")
+"""The types whose integer form is upstream's by default (cfg field `layernorm_integer_form`)."""
 
 RMSNORM = declare_op(
     "RMSNorm",
@@ -229,44 +236,51 @@ def _group_channel_axis(node: PyNode, rank: int) -> Tuple[int, int]:
 
 
 class _Rows:
-    """A [R, N] view of the input: each row is one normalization group of N elements, plus the way back."""
+    """A [R, N] view of the input: each row is one normalization group of N elements, plus the way back.
+
+    GroupNorm's rows keep upstream's element order: a channel-axis input [B, A..., C, Z...] is viewed as
+    [B, A, group, C/group, Z], so one row is (a, channel of the group, z) in row-major order. `blocks` is the
+    number of strided blocks upstream's float mean reads per row (A when group > 1, else 1: one contiguous block).
+    `channels` is C for an InstanceNorm over its default spatial axes (rows ordered batch, then channel), the layout
+    whose float sums take torch's outer-reduction order; None otherwise."""
 
     def __init__(self, node: PyNode, shape: Sequence[int]) -> None:
         rank = len(shape)
         self.shape = list(shape)
+        self.blocks = 1
+        self.channels: Optional[int] = None
         if str(node.type) == "GroupNorm":
             axis, groups = _group_channel_axis(node, rank)
             channels = int(shape[axis])
             if groups < 1 or channels % groups:
                 raise node._error(f"group={groups} must be >= 1 and divide the {channels} channels of axis {axis}")
-            self.group = (axis, groups)
+            outer = math.prod(int(d) for d in shape[1:axis])
+            inner = math.prod(int(d) for d in shape[axis + 1:])
+            self.group: Optional[Tuple[int, int, int, int]] = (groups, outer, channels // groups, inner)
             self.perm = None
-            mid = math.prod(int(shape[d]) for d in range(1, rank) if d != axis)
-            self.count = mid * (channels // groups)
+            self.count = outer * inner * (channels // groups)
+            self.blocks = outer if groups > 1 else 1
         else:
             self.group = None
             axes = _reduce_axes(node, rank)
             keep = [d for d in range(rank) if d not in axes]
             self.perm = keep + axes
             self.count = math.prod(int(shape[d]) for d in axes)
+            if str(node.type) == "InstanceNorm" and axes == list(range(1, rank - 1)):
+                self.channels = int(shape[-1])
 
     def to_rows(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is not None:
-            axis, groups = self.group
-            xm = x.movedim(axis, -1)
-            b, c = xm.shape[0], xm.shape[-1]
-            g = xm.reshape(b, -1, groups, c // groups).permute(0, 2, 1, 3)
-            return g.reshape(b * groups, -1)
+            groups, outer, width, inner = self.group
+            g = x.reshape(int(x.shape[0]), outer, groups, width, inner).permute(0, 2, 1, 3, 4)
+            return g.reshape(int(x.shape[0]) * groups, -1)
         return x.permute(self.perm).reshape(-1, self.count)
 
     def from_rows(self, rows: torch.Tensor) -> torch.Tensor:
         if self.group is not None:
-            axis, groups = self.group
-            moved = list(self.shape)
-            moved.append(moved.pop(axis))
-            b, c = moved[0], moved[-1]
-            g = rows.reshape(b, groups, -1, c // groups).permute(0, 2, 1, 3)
-            return g.reshape(moved).movedim(-1, axis)
+            groups, outer, width, inner = self.group
+            g = rows.reshape(self.shape[0], groups, outer, width, inner).permute(0, 2, 1, 3, 4)
+            return g.reshape(self.shape)
         permuted = [self.shape[d] for d in self.perm]
         inverse = [self.perm.index(d) for d in range(len(self.shape))]
         return rows.reshape(permuted).permute(inverse)
@@ -387,14 +401,60 @@ def fixed_row_sum(rows: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).to(rows.device)
 
 
-def _row_mean(rows: torch.Tensor) -> torch.Tensor:
-    """Mean of each row [R, N] -> [R, 1]: float32 as `fixed_row_sum` / N (upstream's float forward); other float
-    dtypes, and a forward that autograd must differentiate (global calibration), by torch's mean."""
+OUTER_SUM_ROWS = 4
+"""torch's CPU outer reduction (kept axis contiguous) sums blocks of this many vectors, or of this many scalars when the
+kept axis is shorter than one vector, in one plain cascade each."""
+
+
+def block_row_sum(rows: torch.Tensor, blocks: int) -> torch.Tensor:
+    """Float32 sum of each row of `rows` [R, N] read as `blocks` consecutive blocks of N / blocks elements, in the
+    order of torch's single-threaded CPU sum of a strided view whose blocks are contiguous but not adjacent
+    (upstream's GroupNorm mean over a channel chunk): each block summed by `fixed_row_sum`, the block sums folded
+    in order from 0. One block is `fixed_row_sum` itself; blocks of one element are a single strided run, summed by
+    `_interleaved_sum`."""
+    if blocks <= 1:
+        return fixed_row_sum(rows)
+    n_rows, n = int(rows.shape[0]), int(rows.shape[1])
+    if rows.dtype != torch.float32 or rows.dim() != 2 or n % blocks:
+        raise ValueError(f"block_row_sum takes a 2-D float32 tensor whose rows split into {blocks} blocks, got "
+                         f"{rows.dtype} of shape {list(rows.shape)}")
+    if n == blocks:
+        out = _interleaved_sum(rows.detach().cpu().numpy())
+        return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).to(rows.device)
+    sums = fixed_row_sum(rows.reshape(n_rows * blocks, n // blocks)).cpu().numpy().reshape(n_rows, blocks)
+    return torch.from_numpy(np.ascontiguousarray(_fold(sums, 1), dtype=np.float32)).to(rows.device)
+
+
+def channel_row_sum(rows: torch.Tensor, channels: int) -> torch.Tensor:
+    """Float32 sum of each row of `rows` [B*C, S] (row b*C + c: channel c of a channels-last [B, S, C] tensor) in the
+    order of torch's single-threaded CPU sum over S with C kept and contiguous (upstream's InstanceNorm statistics):
+    with C >= SUM_LANES the channels below the last multiple of OUTER_SUM_ROWS * SUM_LANES are summed in a plain
+    cascade (`_cascade`), the rest by `_interleaved_sum`; with 1 < C < SUM_LANES the same with blocks of
+    OUTER_SUM_ROWS channels; C = 1 is one contiguous row (`fixed_row_sum`)."""
+    if rows.dtype != torch.float32 or rows.dim() != 2 or int(rows.shape[0]) % max(channels, 1):
+        raise ValueError(f"channel_row_sum takes a 2-D float32 tensor of rows batch x {channels} channels, got "
+                         f"{rows.dtype} of shape {list(rows.shape)}")
+    if channels <= 1:
+        return fixed_row_sum(rows)
+    size = int(rows.shape[1])
+    x = rows.detach().cpu().numpy().reshape(-1, channels, size).transpose(0, 2, 1)  # [B, S, C]
+    block = OUTER_SUM_ROWS * (SUM_LANES if channels >= SUM_LANES else 1)
+    cut = channels // block * block
+    out = np.concatenate([_cascade(x[:, :, :cut]), _interleaved_sum(x[:, :, cut:])], axis=1)
+    return torch.from_numpy(np.ascontiguousarray(out.reshape(-1), dtype=np.float32)).to(rows.device)
+
+
+def _row_mean(rows: torch.Tensor, blocks: int = 1, channels: Optional[int] = None) -> torch.Tensor:
+    """Mean of each row [R, N] -> [R, 1]: float32 as the row's sum / N, the sum in the order of upstream's float
+    forward (`fixed_row_sum`; `block_row_sum` for `blocks` > 1, `channel_row_sum` for an InstanceNorm's `channels`);
+    other float dtypes, and a forward that autograd must differentiate (global calibration), by torch's mean."""
     if rows.dtype != torch.float32 or (torch.is_grad_enabled() and rows.requires_grad):
         with one_thread(int(rows.shape[0]) == 1):  # a float sum to one value: the same at any thread count
             return rows.mean(dim=1, keepdim=True)
+    cpu = rows.cpu()
+    sums = channel_row_sum(cpu, channels) if channels is not None else block_row_sum(cpu, blocks)
     # divided on the CPU, where the sum is formed: a GPU divides by a scalar as a product with its reciprocal
-    return (fixed_row_sum(rows.cpu()) / rows.shape[1]).to(rows.device).unsqueeze(1)
+    return (sums / rows.shape[1]).to(rows.device).unsqueeze(1)
 
 
 @LAYERNORM.forward
@@ -405,11 +465,12 @@ def _row_mean(rows: torch.Tensor) -> torch.Tensor:
 def norm_forward(self: PyNode) -> None:
     """y = (x - mean) · (1 / sqrt(var + epsilon)) · weights + biases over the normalization group (biased variance);
     RMSNorm: y = x · (1 / sqrt(mean(x²) + epsilon)) · weights + biases; MVN with normalize_variance=false: x - mean.
-    Float32 as upstream's float forward: each row's mean and variance summed in one fixed order (`_row_mean`), the
-    reciprocal of the standard deviation taken first and multiplied in, each step rounded to float32."""
+    Float32 as upstream's float forward: each row's mean and variance summed in upstream's fixed order for the
+    layer's layout (`_row_mean`), the reciprocal of the standard deviation taken first and multiplied in, each step
+    rounded to float32."""
     if self.quantized:
-        upstream = str(self.type) == "LayerNorm" and "norm_frac_bits" not in self.params
-        self.outputs[0].betensor = _layernorm_upstream_forward(self) if upstream else _norm_integer_forward(self)
+        upstream = str(self.type) in UPSTREAM_FORM_TYPES and "norm_frac_bits" not in self.params
+        self.outputs[0].betensor = _upstream_form_forward(self) if upstream else _norm_integer_forward(self)
         return
     x = self.inputs[0].betensor
     x = x.float() if not x.is_floating_point() else x
@@ -421,9 +482,11 @@ def norm_forward(self: PyNode) -> None:
     if str(self.type) == "RMSNorm":
         n = rows * (1.0 / torch.sqrt(_row_mean(rows * rows) + eps))
     else:
-        centered = rows - _row_mean(rows)
+        # upstream's GroupNorm reads its mean from a strided channel chunk, its variance from a contiguous copy
+        centered = rows - _row_mean(rows, rows_of.blocks, rows_of.channels)
         if _normalize_variance(self):
-            n = centered * (1.0 / torch.sqrt(_row_mean(centered * centered) + eps))
+            var = _row_mean(centered * centered, channels=rows_of.channels)
+            n = centered * (1.0 / torch.sqrt(var + eps))
         else:
             n = centered
     y = rows_of.from_rows(n)
@@ -484,9 +547,10 @@ def norm_quantize(self: PyNode) -> None:
     (norm_scale_value/norm_shift_value for sqrt(N) * s_n, s_n = 32767/sqrt(N)), then gamma/beta as per-element
     weights (symmetric, q_bits_weight) and biases (scale s_n * s_w, q_bits_bias) with per-element scale/shift
     (s_out / (s_n * s_w)), or one scale_value/shift_value (s_out / s_n) without them. Output signed.
-    LayerNorm takes upstream's form unless its `layernorm_integer_form` is exact (`_layernorm_upstream_quantize`)."""
-    if str(self.type) == "LayerNorm" and layer_settings(self).layernorm_integer_form == "upstream":
-        _layernorm_upstream_quantize(self)
+    LayerNorm, GroupNorm and InstanceNorm take upstream's form unless their `layernorm_integer_form` is exact
+    (`_upstream_form_quantize`)."""
+    if str(self.type) in UPSTREAM_FORM_TYPES and layer_settings(self).layernorm_integer_form == "upstream":
+        _upstream_form_quantize(self)
         return
     inp, out = self.inputs[0], self.outputs[0]
     if quant_of(self).get(inp).qmin is None:
@@ -611,7 +675,7 @@ def _norm_integer_forward(node: PyNode) -> torch.Tensor:
     return requantize_int(acc, mult, shift, zp_out, qmin, qmax)
 
 
-# ======================================================================================== LayerNorm, upstream form
+# ================================================== LayerNorm, GroupNorm, InstanceNorm: upstream form
 ISQRT_TABLE_STEPS = 64
 """The inverse square root table samples 1/sqrt(m) for m = 1 + j/64, j = 0 .. 192 (m in [1, 4])."""
 
@@ -637,8 +701,8 @@ def isqrt_table() -> torch.Tensor:
 
 def table_inverse_sqrt(v: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """G ≈ 2^31 / sqrt(v) of int64 values 0 <= v < 2^32 from the 193-entry table (docs/semantics/normalization.md,
-    "LayerNorm, upstream form"): k = min(30, max(0, 31 - bit_length(v))), u = v << k, e = 31 - k; f = u >> 1 if e is
-    odd, else u; i = max((f >> 23) - 64, 0), a = (f >> 8) mod 2^15;
+    "LayerNorm, GroupNorm and InstanceNorm, upstream form"): k = min(30, max(0, 31 - bit_length(v))), u = v << k,
+    e = 31 - k; f = u >> 1 if e is odd, else u; i = max((f >> 23) - 64, 0), a = (f >> 8) mod 2^15;
     G = (T[i] * 2^16 - 2 * a * (T[i] - T[i+1])) >> ((e - 1) >> 1). v = 0 gives G = T[0] * 2^16."""
     if int(table.numel()) != 3 * ISQRT_TABLE_STEPS + 1:
         raise ValueError(f"the inverse square root table has {int(table.numel())} entries, "
@@ -667,22 +731,24 @@ def _shift_dtype(v: int) -> Dtype:
     return Dtype.UINT8 if v >= 0 else Dtype.INT8
 
 
-def _layernorm_upstream_quantize(node: PyNode) -> None:
-    """Upstream's LayerNorm (docs/semantics/normalization.md, "LayerNorm, upstream form"): the normalized tensor gets
+def _upstream_form_quantize(node: PyNode) -> None:
+    """Upstream's LayerNorm, GroupNorm and InstanceNorm (docs/semantics/normalization.md, "LayerNorm, GroupNorm and
+    InstanceNorm, upstream form"): the normalized tensor gets
     the range ±sqrt(N)·2^adj at the activation bits and mode; 8 bits: var_shift_value, norm_shift_value; 16 bits:
     norm_scale_value/norm_shift_value for s_norm/127; gamma/beta quantized as a MAC layer's weights/biases on the
-    normalized tensor (per channel with per-channel weights, shifts not unified); the inverse square root table."""
+    normalized tensor (per channel with per-channel weights; shifts unified as `unify_shifts_for_aiff` says for
+    GroupNorm only, as upstream); the inverse square root table."""
     inp, out = node.inputs[0], node.outputs[0]
     if quant_of(node).get(inp).qmin is None:
         raise node._error(f"input '{inp.name}' is not quantized; quantize the producer first")
     s = layer_settings(node)
     if s.q_mode_activation.startswith("per_channel"):
-        raise UnsupportedError(f"layer '{node.name}' (LayerNorm): per-channel activation quantization is not "
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel activation quantization is not "
                                "supported")
     bits = int(s.q_bits_activation)
     in_bits = range_bits(node, inp)
     if (in_bits <= 8) != (bits <= 8):
-        raise UnsupportedError(f"layer '{node.name}' (LayerNorm): upstream's integer form needs the input and the "
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): upstream's integer form needs the input and the "
                                f"output on the same side of 8 bits (input {in_bits} bits, activation_bits {bits}); "
                                "set layernorm_integer_form = exact for this layer", field="layernorm_integer_form")
     count = _Rows(node, list(inp.ir_shape)).count
@@ -726,13 +792,14 @@ def _layernorm_upstream_quantize(node: PyNode) -> None:
         gamma = _affine_tensor(node, "weights", shape)
         per_channel = QuantMode.from_name(s.q_mode_weight).is_per_channel
         if per_channel and node.constants["weights"].betensor.dim() != 1:
-            raise UnsupportedError(f"layer '{node.name}' (LayerNorm): per-channel weights need a 1-D gamma, got "
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel weights need a 1-D gamma, got "
                                    f"shape {list(node.constants['weights'].betensor.shape)} (broadcast "
                                    f"{list(gamma.shape)})")
         if "biases" in node.constants:
             _affine_tensor(node, "biases", shape)
         node.inputs[0] = norm
-        node.settings = dataclasses.replace(s, unify_shifts_for_aiff=False)
+        if str(node.type) != "GroupNorm":  # upstream unifies only GroupNorm's shifts
+            node.settings = dataclasses.replace(s, unify_shifts_for_aiff=False)
         try:
             quantize_mac(node, per_channel)
         finally:
@@ -757,7 +824,7 @@ def upstream_norm_gain(node: PyNode) -> float:
     return m_n * 2.0 ** (UPSTREAM_NORM_Q16 - sh_n)
 
 
-def _layernorm_upstream_forward(node: PyNode) -> torch.Tensor:
+def _upstream_form_forward(node: PyNode) -> torch.Tensor:
     """Per row of N input integers q (no zero point: the mean removes it): m = rhe_div(Σq, N), d = q - m;
     8 bits: V = Σd² >> var_shift, G = (table_inverse_sqrt(V) + 2^15) >> 16, n = clamp(rhe(d·G·M_n, 8 + N_n));
     16 bits: V = floor(Σd² / N), G = clamp(rhe(((table_inverse_sqrt(V) + 2^15) >> 16)·M_n, N_n), 0, 65535),
@@ -769,10 +836,11 @@ def _layernorm_upstream_forward(node: PyNode) -> torch.Tensor:
         return x.clone()
     for key in ("var_shift_value", "norm_scale_value", "norm_shift_value"):
         if key not in node.params:
-            raise node._error(f"a quantized LayerNorm needs '{key}' (upstream form) or 'norm_frac_bits' (exact form)")
+            raise node._error(f"a quantized {node.type} needs '{key}' (upstream form) or 'norm_frac_bits' (exact "
+                              "form)")
     lut = node.get_constant("lut", optional=True)
     if lut is None:
-        raise node._error("a quantized LayerNorm of upstream's form needs its constant 'lut'")
+        raise node._error(f"a quantized {node.type} of upstream's form needs its constant 'lut'")
     rows_of = _Rows(node, x.shape)
     v = rows_of.to_rows(x)
     count = int(v.shape[1])
@@ -787,7 +855,7 @@ def _layernorm_upstream_forward(node: PyNode) -> torch.Tensor:
             vs = _int_param(node, "var_shift_value")
             var = sq >> vs if vs >= 0 else sq << -vs
             if bool((var >= 2 ** 32).any()):
-                raise UnsupportedError(f"layer '{node.name}' (LayerNorm): the shifted sum of squares reaches 2^32 "
+                raise UnsupportedError(f"layer '{node.name}' ({node.type}): the shifted sum of squares reaches 2^32 "
                                        "(normalization axes larger than at quantization?)")
             g = (table_inverse_sqrt(var, lut.betensor) + 2 ** 15) >> 16
             n = torch.clamp(round_shift(d * g * m_n, UPSTREAM_NORM_Q8 + sh_n), lo, hi)
@@ -797,7 +865,7 @@ def _layernorm_upstream_forward(node: PyNode) -> torch.Tensor:
             g = torch.clamp(round_shift(g * m_n, sh_n), 0, 2 ** 16 - 1)
             n = torch.clamp(round_shift((d >> 1) * g, UPSTREAM_NORM_Q16), lo, hi)
     except ValueError as e:
-        raise UnsupportedError(f"layer '{node.name}' (LayerNorm): {e}") from None
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): {e}") from None
     n = rows_of.from_rows(n).contiguous()
     mult, shift = requant_of(node)
     bshape = _affine_shape(node, x.shape)
@@ -1068,12 +1136,12 @@ def exact_layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
 
 
 def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
-    """LayerNorm in upstream's form (docs/semantics/normalization.md, "LayerNorm, upstream form") over trailing
-    `axes`, in int64: the rounded mean, the sum of squares shifted (8 bits) or divided by N (16 bits), the table
-    inverse square root (bit length, normalizing shift, index and 15-bit fraction, interpolation), the normalized
-    tensor, then gamma/beta and the multipliers in float64. Also in "effective" mode: the rounded mean and the
-    table have no float form within a step (rows of small variance move by many). False in "ir" mode, or where the
-    multipliers' shifts leave float64 (the caller then refuses the layer)."""
+    """LayerNorm in upstream's form (docs/semantics/normalization.md, "LayerNorm, GroupNorm and InstanceNorm,
+    upstream form") over trailing `axes`, in int64: the rounded mean, the sum of squares shifted (8 bits) or divided
+    by N (16 bits), the table inverse square root (bit length, normalizing shift, index and 15-bit fraction,
+    interpolation), the normalized tensor, then gamma/beta and the multipliers in float64. Also in "effective" mode:
+    the rounded mean and the table have no float form within a step (rows of small variance move by many). False in
+    "ir" mode, or where the multipliers' shifts leave float64 (the caller then refuses the layer)."""
     if g.scales == "ir" or str(node.type) != "LayerNorm" or "lut" not in node.constants:
         return False
     x, y = node.inputs[0], node.outputs[0]

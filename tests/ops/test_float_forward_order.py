@@ -1,19 +1,20 @@
-"""The float forward of LayerNorm/RMSNorm and GELU in upstream's float32 arithmetic (docs/golden-differences.md,
-"Upstream's float forward"): the fixed row sum against a scalar reference written from its description (and, where
-torch runs its 256-bit CPU kernels, against torch's own sum), LayerNorm/RMSNorm bit for bit against a numpy float32
-reference of upstream's formula, the same result at any thread count, and GELU's two forms against upstream's
-expressions written out with torch."""
+"""The float forward of LayerNorm/RMSNorm/GroupNorm/InstanceNorm and GELU in upstream's float32 arithmetic
+(docs/golden-differences.md, "Upstream's float forward"): the fixed row sums (contiguous rows, GroupNorm's strided
+blocks, InstanceNorm's channels-last outer reduction) against scalar references written from their descriptions (and,
+where torch sums with 256-bit vectors, against torch's own sums), the norms bit for bit against float32 references of
+upstream's formula, the same result at any thread count, and GELU's two forms against upstream's expressions written
+out with torch."""
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 import pytest
 import torch
 
 from quantopt.graph.builder import GraphBuilder
-from quantopt.ops.normalization import fixed_row_sum
+from quantopt.ops.normalization import block_row_sum, channel_row_sum, fixed_row_sum
 
 F32 = np.float32
 AVX2_TORCH = torch.backends.cpu.get_cpu_capability() == "AVX2"
@@ -194,3 +195,143 @@ def test_norm_float_forward_stays_differentiable() -> None:
     (y * torch.arange(32.0)).sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
     torch.testing.assert_close(y.detach(), g.forward([x.detach()])[0], rtol=1e-5, atol=1e-5)
+
+
+# --- GroupNorm's strided blocks and InstanceNorm's outer reduction ---------------------------------------------------
+def _torch_sums_in_8_lanes() -> bool:
+    """torch's one-thread CPU sum of a contiguous row takes fixed_row_sum's 8-lane order on this build (a 512-bit
+    capable build may still reduce with 256-bit vectors: measured, not assumed from the CPU capability)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = torch.from_numpy(_rows(8, 1000, 5))
+        return torch.equal(fixed_row_sum(x), torch.sum(x, dim=1))
+    finally:
+        torch.set_num_threads(threads)
+
+
+TORCH_8_LANES = _torch_sums_in_8_lanes()
+
+LAYOUTS = [(1, 16, 16, 16), (2, 7, 9, 3), (1, 33, 31, 40), (3, 5, 5, 64), (2, 1, 1, 5), (1, 300, 1, 12),
+           (1, 8, 8, 1), (1, 17, 3, 7)]
+"""[B, H, W, C]: the probe model's shape, kept axes shorter than a vector and than four scalars, one and several blocks
+of four vectors, a single spatial cell, one channel."""
+
+
+def _reference_cascade(items: List[Any], zero: Any) -> Any:
+    """torch's plain cascade of a sequence (no interleaving): blocks of `step` items into level 0, moved up a level
+    every `step` blocks, the levels added to level 0 at the end."""
+    power = max(4, _ceil_log2(len(items)) // 4)
+    step, mask = 1 << power, (1 << power) - 1
+    acc = [zero] * 4
+    i = 0
+    while i + step <= len(items):
+        for _ in range(step):
+            acc[0] = acc[0] + items[i]
+            i += 1
+        for level in range(1, 4):
+            acc[level] = acc[level] + acc[level - 1]
+            acc[level - 1] = zero
+            if i & (mask << (level * power)):
+                break
+    for item in items[i:]:
+        acc[0] = acc[0] + item
+    for level in range(1, 4):
+        acc[0] = acc[0] + acc[level]
+    return acc[0]
+
+
+def _reference_channel_sums(x: np.ndarray) -> np.ndarray:
+    """x [S, C] summed over S per channel, channel by channel: a plain cascade for the channels below the last
+    multiple of 32 (C >= 8) or of 4 (C < 8), four interleaved accumulators for the rest; C = 1 a contiguous row."""
+    size, channels = x.shape
+    if channels == 1:
+        return np.array([reference_row_sum(x[:, 0])], dtype=F32)
+    block = 32 if channels >= 8 else 4
+    cut = channels // block * block
+    out = [_reference_cascade([F32(v) for v in x[:, c]], F32(0)) if c < cut
+           else _reference_items_sum([F32(v) for v in x[:, c]], F32(0)) for c in range(channels)]
+    return np.array(out, dtype=F32)
+
+
+def _reference_block_sums(x: np.ndarray, width: int) -> np.ndarray:
+    """x [S, C] summed per group of `width` channels: each cell's group summed as a contiguous row, the cells' sums
+    added in order from 0; one channel per group is one strided run with four interleaved accumulators."""
+    out = []
+    for k in range(0, x.shape[1], width):
+        part = x[:, k:k + width]
+        if width == 1:
+            out.append(_reference_items_sum([F32(v) for v in part[:, 0]], F32(0)))
+            continue
+        total = F32(0)
+        for cell in part:
+            total = F32(total + reference_row_sum(cell))
+        out.append(total)
+    return np.array(out, dtype=F32)
+
+
+def _channels_last(shape: Sequence[int], seed: int) -> np.ndarray:
+    r = np.random.default_rng(seed)
+    scale = np.exp(2 * r.standard_normal(shape[-1])).astype(F32)
+    return (r.standard_normal(shape) * scale + r.standard_normal(shape[-1])).astype(F32)
+
+
+@pytest.mark.parametrize("shape", LAYOUTS, ids=[str(s) for s in LAYOUTS])
+def test_channel_row_sum_matches_scalar_reference(shape: Tuple[int, ...]) -> None:
+    b, h, w, c = shape
+    x = _channels_last(shape, sum(shape))
+    got = channel_row_sum(torch.from_numpy(x).permute(0, 3, 1, 2).reshape(b * c, h * w), c).numpy()
+    want = np.concatenate([_reference_channel_sums(x[i].reshape(h * w, c)) for i in range(b)])
+    assert got.view(np.int32).tolist() == want.view(np.int32).tolist()
+
+
+@pytest.mark.parametrize("shape", LAYOUTS, ids=[str(s) for s in LAYOUTS])
+def test_block_row_sum_matches_scalar_reference(shape: Tuple[int, ...]) -> None:
+    b, h, w, c = shape
+    x = _channels_last(shape, 3 * sum(shape))
+    for groups in sorted({1, 2, 4, c} & {d for d in range(1, c + 1) if c % d == 0}):
+        rows = torch.from_numpy(x).reshape(b, h * w, groups, c // groups).permute(0, 2, 1, 3).reshape(b * groups, -1)
+        got = block_row_sum(rows.contiguous(), h * w if groups > 1 else 1).numpy()
+        if groups == 1:
+            want = np.array([reference_row_sum(x[i].reshape(-1)) for i in range(b)], dtype=F32)
+        else:
+            want = np.concatenate([_reference_block_sums(x[i].reshape(h * w, c), c // groups) for i in range(b)])
+        assert got.view(np.int32).tolist() == want.view(np.int32).tolist(), groups
+
+
+def _torch_upstream_norm(x: torch.Tensor, kind: str, groups: int, eps: float, gamma: torch.Tensor,
+                         beta: torch.Tensor) -> torch.Tensor:
+    """Upstream's float GroupNorm/InstanceNorm written with torch in its layout: GroupNorm reduces each channel chunk
+    (a strided view) over all non-batch axes, InstanceNorm the channels-last tensor over its spatial axes; mean and
+    variance as torch means, the reciprocal of (var + eps)^0.5 multiplied in, then gamma · n + beta."""
+    axes = list(range(1, x.dim())) if kind == "GroupNorm" else list(range(1, x.dim() - 1))
+    chunks = x.split(x.shape[-1] // groups, dim=-1) if kind == "GroupNorm" else [x]
+    means, gains = [], []
+    for t in chunks:
+        mean = torch.mean(t, dim=axes, keepdim=True)
+        var = torch.mean((t - mean) ** 2, dim=axes, keepdim=True)
+        means.append(mean.expand_as(t))
+        gains.append((1.0 / torch.pow(var + eps, 0.5)).expand_as(t))
+    return gamma * ((x - torch.cat(means, -1)) * torch.cat(gains, -1)) + beta
+
+
+@pytest.mark.skipif(not TORCH_8_LANES, reason="torch's CPU sum here does not use 256-bit vectors")
+@pytest.mark.parametrize("kind,groups", [("GroupNorm", 4), ("GroupNorm", 1), ("GroupNorm", 16), ("InstanceNorm", 1)])
+@pytest.mark.parametrize("shape", [(1, 16, 16, 16), (2, 9, 7, 16), (1, 40, 40, 16)], ids=["16x16", "b2", "40x40"])
+def test_group_and_instance_norm_float_forward_is_torch_in_upstreams_layout(kind: str, groups: int,
+                                                                            shape: Tuple[int, ...]) -> None:
+    x = torch.from_numpy(_channels_last(shape, 41))
+    r = np.random.default_rng(2)
+    gamma, beta = r.normal(1, 0.3, shape[-1]).astype(F32), r.normal(0, 0.3, shape[-1]).astype(F32)
+    b = GraphBuilder("t")
+    i = b.input("x", list(shape))
+    params = {"group": groups, "axis": 3, "epsilon": 1e-5} if kind == "GroupNorm" else {"epsilon": 1e-5}
+    y = b.layer(kind, [i], [list(shape)], name="n", params=params, constants={"weights": gamma, "biases": beta})
+    got = b.build([y]).forward([x])[0]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = _torch_upstream_norm(x, kind, groups, 1e-5, torch.from_numpy(gamma), torch.from_numpy(beta))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(got, want)

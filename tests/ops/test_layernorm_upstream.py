@@ -1,7 +1,8 @@
-"""LayerNorm in upstream's integer form, LayerNorm's default (docs/semantics/normalization.md, "LayerNorm, upstream
-form"): the quantized keys and values, the integer forward against an independent python-int reference written from
-that page, float vs dequantized, IR write → re-read, the per-layer choice of form, and errors. The exact form has its
-tests in tests/ops/test_normalization.py; tests/test_golden_corpus.py compares the quantized layers with upstream's."""
+"""LayerNorm in upstream's integer form, LayerNorm's default (docs/semantics/normalization.md, "LayerNorm, GroupNorm
+and InstanceNorm, upstream form"): the quantized keys and values, the integer forward against an independent
+python-int reference written from that page, float vs dequantized, IR write → re-read, the per-layer choice of form,
+and errors. The exact form has its tests in tests/ops/test_normalization.py; tests/test_golden_corpus.py compares the
+quantized layers with upstream's."""
 from __future__ import annotations
 
 import math
