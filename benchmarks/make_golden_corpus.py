@@ -285,6 +285,42 @@ class Norms(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c2(torch.relu(self.inn(torch.relu(self.gn(self.c(x))))))
+class ElementwiseConst(nn.Module):
+    """Element-wise layers with scalar constants: a Mul and Add the Parser folds into a BatchNorm, a Div by a constant
+    (a Mul by its reciprocal, which `enable_pass_merge_matmul_mul` makes a BatchNorm), Square, Sqrt, Exp, Log, Clip,
+    and reductions; input shape [1, 8, 32]."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = x * 2.5 + 1.0
+        b = torch.sqrt(torch.abs(x) + 0.1)
+        c = torch.exp(torch.clamp(x, -3, 2)) / 4.0
+        d = torch.log(1 + x * x)
+        e = a - b + c * d
+        f = torch.clamp(e, -2.0, 3.0) ** 2
+        return torch.cat([f.amax(-1, keepdim=True), f.sum(-1, keepdim=True), e.mean(-1, keepdim=True)], -1)
+
+
+class CausalSDPA(nn.Module):
+    """A pre-LN block around `scaled_dot_product_attention(is_causal=True)`: the export writes the causal mask as a
+    constant of 0 and -inf added to the scores (a Where the Parser folds into a Constant), and the query/key scale
+    as one Constant shared by two Muls."""
+
+    def __init__(self, dim: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.o, self.ln = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim), nn.LayerNorm(dim)
+        self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(approximate="tanh"), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln(x)).split(d, -1)
+
+        def heads(y: torch.Tensor) -> torch.Tensor:
+            return y.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)
+
+        a = nn.functional.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.ff(x)
 
 
 class OneOp(nn.Module):
@@ -369,6 +405,8 @@ MODELS: Dict[str, Spec] = {
     "op_concat": Spec(lambda: OneOp(lambda a, b: torch.cat([a, b], dim=-1)), {"a": (1, 8, 16), "b": (1, 8, 16)},
                       ["y"]),
     "op_reducemean": Spec(lambda: OneOp(lambda x: x.mean(dim=-1, keepdim=True)), {"x": (1, 8, 32)}, ["y"]),
+    "elementwise_const": Spec(ElementwiseConst, {"x": (1, 8, 32)}, ["y"]),
+    "causal_sdpa": Spec(CausalSDPA, {"x": (1, 16, 32)}, ["y"]),
 }
 """Every corpus model. Weights are seeded per model (`_seed`), as is the data, so regeneration is reproducible."""
 

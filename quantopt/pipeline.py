@@ -24,6 +24,7 @@ from .passes.decompose_activations import decompose_nonmonotonic_activations as 
 from .passes.deep_float import deeply_set_unquantifiable as deeply_set_unquantifiable_pass
 from .passes.inf_mask import detect_inf_mask_nodes
 from .passes.merge_matmul_mul import merge_matmul_mul
+from .passes.mul_to_batchnorm import mul_to_batchnorm
 from .passes.per_channel_fallback import fall_back_to_per_tensor
 from .passes.sdp_attention import apply_sdpa_settings
 from .passes.sdp_attention import scaled_dot_product_attention as scaled_dot_product_attention_pass
@@ -67,8 +68,9 @@ def graph_passes(graph: QuantizeGraph, merge_matmul_mul_pass: bool = True, *,
     cfg field of its name (`GRAPH_PASS_FIELDS`; per-layer fields take a value with `.get(node)` or one value):
     scaled_dot_product_attention fuses attention chains into SDPAttention layers (passes/sdp_attention.py);
     convert_resize_to_convolution is refused (passes/unsupported_passes.py); decompose_nonmonotonic_activations
-    (passes/decompose_activations.py); the two tune_op fields (passes/tune_op.py); merge_matmul_mul folds
-    constant factors after MatMuls into them (passes/merge_matmul_mul.py); split_qkv_fc_in_transformer
+    (passes/decompose_activations.py); the two tune_op fields (passes/tune_op.py); merge_matmul_mul rewrites Muls
+    by a non-integer scalar Constant as BatchNorms (passes/mul_to_batchnorm.py), then folds constant factors after
+    MatMuls into them (passes/merge_matmul_mul.py); split_qkv_fc_in_transformer
     (passes/split_qkv_fc.py)."""
     if convert_resize_to_convolution:
         refuse_convert_resize_to_convolution()
@@ -79,6 +81,7 @@ def graph_passes(graph: QuantizeGraph, merge_matmul_mul_pass: bool = True, *,
     tune_op_softmax_pass(graph, tune_op_softmax)
     tune_op_complicated_activations_pass(graph, tune_op_complicated_activations)
     if merge_matmul_mul_pass:
+        mul_to_batchnorm(graph)
         merge_matmul_mul(graph)
     if split_qkv_fc_in_transformer:
         split_qkv_fc(graph)

@@ -283,6 +283,7 @@ field("enable_pass_detect_inf_mask_nodes", False, BoolKind(),
       "out of statistics, saturated to the integer minimum, probability 0 after Softmax "
       "(docs/statistics-and-dump.md, \"Masks with infinite values\")", group="calibration")
 field("enable_pass_merge_matmul_mul", True, BoolKind(),
+      "rewrite each Mul by a non-integer scalar Constant as a BatchNorm over the last axis, then "
       "fold a positive constant factor multiplying a MatMul's only consumer (the attention scores' 1/sqrt(d), "
       "possibly behind Reshape/Transpose-like layers) into the MatMul before statistics, as upstream does by default: "
       "its output is calibrated after the factor, the Mul stays as an identity Crop and its Constant goes "

@@ -130,10 +130,21 @@ def _for_layer(value: Any, node: Any) -> Any:
     return value.get(node) if hasattr(value, "get") and not isinstance(value, dict) else value
 
 
+MUL_AS_BATCHNORM = "mul_as_batchnorm"
+"""PyNode attr of a BatchNorm that passes/mul_to_batchnorm.py made from a Mul: its weights keep the Mul's bits."""
+
+
+def default_bn_weight_bits(node: Any) -> bool:
+    """Whether a layer's weights take the BatchNorm default of max(16, q_bits_weight) bits: a BatchNorm of the
+    model, not one the graph passes made from a Mul (upstream sets the default by the type the layer had before)."""
+    return str(node.type) == "BatchNorm" and not node.attrs.get(MUL_AS_BATCHNORM, False)
+
+
 def with_operator_defaults(settings: LayerSettings, node: Any) -> LayerSettings:
     """Operator defaults that differ from the global values, unless set for the layer itself: BatchNorm weights get
-    max(16, q_bits_weight) bits. Written into the settings, so the JSON template shows what the layer used."""
-    if str(node.type) == "BatchNorm" and "q_bits_weight" not in settings.explicit:
+    max(16, q_bits_weight) bits (`default_bn_weight_bits`). Written into the settings, so the JSON template shows
+    what the layer used."""
+    if default_bn_weight_bits(node) and "q_bits_weight" not in settings.explicit:
         return dataclasses.replace(settings, q_bits_weight=max(BN_WEIGHT_BITS, int(settings.q_bits_weight)))
     return settings
 

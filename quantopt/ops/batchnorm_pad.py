@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..config.layer_settings import default_bn_weight_bits
 from ..graph.node import PyNode
 from ..graph.tables import ranges_of
 from ..quant.hardware import BN_WEIGHT_BITS
@@ -167,23 +168,27 @@ def _prepare_affine(node: PyNode) -> None:
 
 
 def bn_weight_bits(node: PyNode) -> int:
-    """The layer's q_bits_weight when set for the layer itself, else max(16, q_bits_weight): upstream's 16-bit
-    BatchNorm default (a graph quantized with settings resolved from a cfg already carries it)."""
+    """The layer's q_bits_weight when set for the layer itself or when the layer was a Mul (passes/mul_to_batchnorm.py),
+    else max(16, q_bits_weight): upstream's 16-bit BatchNorm default (a graph quantized with settings resolved from a
+    cfg already carries it)."""
     s = layer_settings(node)
-    return int(s.q_bits_weight) if "q_bits_weight" in s.explicit else max(BN_WEIGHT_BITS, int(s.q_bits_weight))
+    if "q_bits_weight" in s.explicit or not default_bn_weight_bits(node):
+        return int(s.q_bits_weight)
+    return max(BN_WEIGHT_BITS, int(s.q_bits_weight))
 
 
 @BATCHNORM.quantize
 def batchnorm_quantize(self: PyNode) -> None:
-    """Per-channel MAC quantization (weights per channel as a DepthwiseConv, 16-bit by default, biases with scale
-    s_in * s_w[c] and the input zero point folded, per-channel multipliers with one shared shift).
+    """MAC quantization with one weight per channel (16-bit by default, biases with scale s_in * s_w and the input
+    zero point folded): weights per channel with per-channel multipliers under one shared shift when `q_mode_weight`
+    is per channel, else one weight scale and one multiplier/shift pair, as upstream's `linear_op_quantize`.
     BatchNorm is not an upstream `remain_shift` op, so that setting is ignored here."""
     check_quantized_inputs(self, self.inputs[:1])
     _prepare_affine(self)
     original = layer_settings(self)
     self.settings = dataclasses.replace(original, q_bits_weight=bn_weight_bits(self), remain_shift=None)
     try:
-        quantize_mac(self, per_channel=True)
+        quantize_mac(self, per_channel=original.q_mode_weight.startswith("per_channel"))
     finally:
         self.settings = original
 

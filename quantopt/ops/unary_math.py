@@ -7,7 +7,8 @@ Quantized (docs/semantics/unary.md):
 * IsInf / IsNaN: a quantized tensor holds no inf or NaN, so the integer output is always 0 (uint8 integer tensor).
 * every other op: a lookup table `lut` over the input integer range (quant/lut.py). Functions with a restricted
   domain are evaluated on samples clamped into it (see `domain_clamp`), so no table entry comes from inf or NaN,
-  and the output range is the calibrated one limited to the finite tabulated values.
+  and the output range is the calibrated one, limited to the finite tabulated values for the functions that can
+  give ±inf (`FINITE_VALUED` lists the others).
 """
 from __future__ import annotations
 
@@ -71,6 +72,13 @@ LUT_OUTPUT_SIGNED: Dict[str, Optional[bool]] = {
 }
 """Output signedness of the table ops: fixed by the function's range, or None: signed iff the input is signed
 (functions that keep the sign of their argument)."""
+
+FINITE_VALUED = ("Square", "Erf", "Atan", "Asinh", "Sine", "Cosine", "Acos", "Asin", "Floor", "Ceil", "Round",
+                 "Trunc")
+"""Table ops whose float value is finite wherever the input is (a NaN outside the domain is left out of the
+statistics): their output params come from the calibrated range as it is, as upstream's. The others (Exp, Log,
+Reciprocal, ...) can give ±inf, which calibration clips to ±2^31, so their calibrated range is first limited to the
+finite tabulated values (`_limit_output_range`)."""
 
 ATANH_MAX_MARGIN = 0.5
 """Atanh samples are clamped to ±(1 - min(step/2, ATANH_MAX_MARGIN)): half an input step inside the open domain
@@ -175,13 +183,14 @@ def _lut_sample_values(node: PyNode, fn: Callable[[torch.Tensor], torch.Tensor])
 
 
 def _limit_output_range(node: PyNode, values: torch.Tensor) -> None:
-    """Clamp the calibrated output range into [min, max] of the finite tabulated values (calibration clips inf to
-    ±2^31, which would otherwise swamp the output scale)."""
+    """Clamp the calibrated output range into [min(lo, 0), max(hi, 0)], lo and hi the extremes of the finite
+    tabulated values (calibration clips inf to ±2^31, which would otherwise swamp the output scale); a range that
+    holds 0 keeps it, as the quantization takes it in anyway."""
     out = node.outputs[0]
     finite = values[torch.isfinite(values)]
     if finite.numel() == 0:
         raise node._error("the function has no finite value over the input range; it cannot be tabulated")
-    lo, hi = float(finite.min()), float(finite.max())
+    lo, hi = min(float(finite.min()), 0.0), max(float(finite.max()), 0.0)
     table = ranges_of(node)
     r = table.get(out)
     if r.min is None or r.max is None:
@@ -207,7 +216,8 @@ def _quantize_lut(node: PyNode) -> None:
     base = LUT_FUNCTIONS[optype]
     clamp = domain_clamp(optype, tensor_scale(node, inp))
     fn = base if clamp is None else (lambda x: base(clamp(x)))
-    _limit_output_range(node, _lut_sample_values(node, fn))
+    if optype not in FINITE_VALUED:
+        _limit_output_range(node, _lut_sample_values(node, fn))
     quantize_activation(node, out, _lut_output_signed(node))
     in_qmin, in_qmax = out_range(node, inp)
     out_qmin, out_qmax = out_range(node, out)

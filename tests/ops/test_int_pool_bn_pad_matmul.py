@@ -258,7 +258,10 @@ def ref_bn(node, x_q: np.ndarray) -> np.ndarray:
     """acc = x_q * (w_q + zp_w) + b_q per channel of `axis`, per-channel requant, fused activation bounds."""
     axis = node.params["axis"] % x_q.ndim
     w = node.constants["weights"].betensor.numpy().astype(np.int64).reshape(-1)
-    zp_w = node.constants["weights_zp"].betensor.numpy().astype(np.int64).reshape(-1)
+    if "weights_zp" in node.constants:  # per-channel weights
+        zp_w = node.constants["weights_zp"].betensor.numpy().astype(np.int64).reshape(-1)
+    else:  # per-tensor weights: one zero point
+        zp_w = np.int64(node.params["weights_zp"])
     b = node.constants["biases"].betensor.numpy().astype(np.int64).reshape(-1)
     x = np.moveaxis(x_q.astype(np.int64), axis, -1)
     acc = x * (w + zp_w) + b
@@ -303,13 +306,24 @@ def test_batchnorm_middle_axis_and_mean_var_match_reference(mode: str, bits: int
 
 
 def test_batchnorm_weights_default_to_16_bits_and_store_per_channel_requant() -> None:
-    qg = quantize_model(bn_graph(16), data([2, 6, 7, 5], 17), settings("per_tensor_asymmetric", 8))
+    per_channel = settings("per_tensor_asymmetric", 8, q_mode_weight="per_channel_symmetric_restricted_range")
+    qg = quantize_model(bn_graph(16), data([2, 6, 7, 5], 17), per_channel)
     node = qg.node("op")
     assert node.constants["weights"].dtype == Dtype.INT16
     assert node.constants["biases"].dtype == Dtype.INT32
     assert node.constants["scale"].dtype == Dtype.UINT16 and node.constants["shift"].dtype == Dtype.INT8
     assert node.constants["scale"].betensor.numel() == 5
     assert node.settings.q_bits_weight == 16  # what the layer used, as the JSON template shows it
+
+
+def test_batchnorm_per_tensor_weights_store_one_requant_pair() -> None:
+    """Per-tensor weight modes give one weight scale and one multiplier/shift pair, as upstream's linear layers."""
+    qg = quantize_model(bn_graph(16), data([2, 6, 7, 5], 17), settings("per_tensor_asymmetric", 8))
+    node = qg.node("op")
+    assert node.constants["weights"].dtype == Dtype.INT16
+    assert "scale" not in node.constants and "weights_scale" not in node.constants
+    assert isinstance(node.params["weights_scale"], float) and node.params["shift_type"] == Dtype.INT8
+    assert int(node.constants["weights"].betensor.abs().max()) == 32767
     wide = quantize_model(bn_graph(16), data([2, 6, 7, 5], 17), settings("per_tensor_asymmetric", 8,
                                                                            q_bits_weight=16, q_bits_bias=48))
     assert wide.node("op").constants["weights"].dtype == Dtype.INT16

@@ -603,3 +603,23 @@ def test_missing_lut_is_an_ir_error() -> None:
     del qg.node("op").constants["lut"]
     with pytest.raises(IRError, match="lut"):
         qg.forward([data(_normal(0, 1), [1, 4, 5, 6], 54, 1)[0]])
+
+
+@pytest.mark.parametrize("optype,expected", [("Square", "calibrated"), ("Exp", "table")])
+def test_finite_valued_tables_keep_the_calibrated_output_range(optype: str, expected: str) -> None:
+    """With the `mean` strategy, the calibrated maximum of x^2 (a running mean of each batch's maximum) lies above
+    the square of the input's calibrated bound (a convex function of a mean), so above the table's largest value;
+    Square keeps it, as upstream's, while a function that can give inf (Exp) has its range limited to the tabulated
+    values."""
+    calib = [torch.from_numpy(x) for x in np.random.default_rng(4).standard_normal((6, 2, 4, 5, 6), np.float32)]
+    calib[0] *= 3.0  # batches of different spreads: the running mean of max(x^2) > (running mean of max|x|)^2
+    qg = quantize_model(one_layer(optype), calib,
+                        settings(8, "per_tensor_symmetric_full_range", 8, q_strategy_activation="mean"))
+    node = qg.node("op")
+    s_in = float(params_of(node, node.inputs[0]).scale)
+    table_max = float(TORCH_F[optype](torch.tensor([-128 / s_in, 127 / s_in])).max())
+    r_max = float(range_of(node, node.outputs[0]).max)
+    if expected == "calibrated":
+        assert r_max > table_max * 1.05
+    else:
+        assert r_max <= table_max * (1 + 1e-6)
