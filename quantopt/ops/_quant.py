@@ -500,12 +500,13 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
         ratio = torch.tensor(s_out, dtype=torch.float32) / (torch.tensor(s_in, dtype=torch.float32) *
                                                             torch.tensor(wp.scale, dtype=torch.float32))
         store_requant(node, *requant_scale_shift(node, ratio))
-    per_channel_weights = isinstance(wp.scale, torch.Tensor)
+    # one output channel is written as per-tensor params, as upstream writes a one-element field
+    per_channel_weights = isinstance(wp.scale, torch.Tensor) and wp.scale.numel() > 1
     if per_channel_weights:
         set_constant(node, "weights_scale", wp.scale.to(torch.float32), Dtype.FP32)
         set_constant(node, "weights_zp", wp.zerop.to(torch.int64), Dtype.INT32)
     else:
-        node.params["weights_scale"] = wp.scale
+        node.params["weights_scale"] = float(wp.scale)
         node.params["weights_zp"] = int(wp.zerop)
     w_eff = effective_weights(node)
     bias_bits = int(s.q_bits_bias)
