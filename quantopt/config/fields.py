@@ -199,6 +199,11 @@ field("layernorm_integer_form", "upstream", ChoiceKind(("upstream", "exact")),
       "inverse square root table, normalized tensor at the activation bits) or exact (8 fraction bits on the mean, "
       "integer square root, 16-bit normalized tensor; more accurate); docs/semantics/normalization.md",
       per_layer=True, group="quantization")
+field("div_integer_form", "upstream", ChoiceKind(("upstream", "exact")),
+      "the integer form of Div of two tensors: upstream (the upstream optimizer's: a uint16 table of 65535 / |divisor| "
+      "over the divisor's codes and one multiplier/shift of the activation bits) or exact (a reciprocal table "
+      "normalized to the divisor's leading bits with 15 more fraction bits; more accurate); docs/semantics/binary.md",
+      per_layer=True, group="quantization")
 field("lstm_integer_form", "upstream", ChoiceKind(("upstream", "q15")),
       "BasicLSTM's integer form: upstream (the upstream optimizer's: 256-entry tables and per-step requantization from "
       "the calibrated ranges of the cell's inner tensors) or q15 (fixed-range Q15 tables, int32 cell state; more "

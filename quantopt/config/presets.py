@@ -24,6 +24,7 @@ PRESETS: Dict[str, Dict[str, str]] = {
         "unify_shifts_for_aiff": "false",
         "min_activation_sqnr_db": "30",
         "layernorm_integer_form": "exact",
+        "div_integer_form": "exact",
         "lstm_integer_form": "q15",
         "gru_integer_form": "q15",
     },

@@ -24,7 +24,7 @@ from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS, INT_INPUT_MAX_BITS, WIDE_SHIFT_MAX
 from ..quant.lut import build_lut, lookup_lut
 from ..quant.params import dequantize
-from ..quant.requant import eltwise_multipliers, range_dtype, scale_shift
+from ..quant.requant import eltwise_multipliers, range_dtype, requantize_int, scale_shift
 from ..quant.rounding import FLOAT64_EXACT, bit_length, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, Float, Int, Param, Text, Value, quantized
@@ -522,12 +522,15 @@ def _where_int(node: PyNode) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------ Div
 DIV = declare_op(
     "Div",
-    params={"reciprocal_shift": quantized(Int(lo=0), "fraction bits of the reciprocal table `lut`"),
+    params={"reciprocal_shift": quantized(Int(lo=0), "exact form: fraction bits of the reciprocal table `lut` "
+                                                     "(absent in upstream's form)"),
             "scale": Param(Value(), "written by some Parser versions; not read"),
             "shift": Param(Value(), "written by some Parser versions; not read")},
-    constants={"lut": "reciprocals of |divisor|, written when quantized"},
+    constants={"lut": "reciprocals of |divisor|, written when quantized (upstream form: uint16 65535 / code; exact "
+                      "form: uint32, normalized)"},
     summary="Two inputs, numpy broadcasting",
-    integer="dividend × reciprocal LUT of |divisor| (normalized), one multiplier/shift", semantics=f"{_BINARY}#div")
+    integer="dividend × reciprocal LUT of |divisor| (upstream form: 65535 / code, interpolated; exact form: "
+            "normalized), one multiplier/shift", semantics=f"{_BINARY}#div")
 
 
 @DIV.forward
@@ -560,6 +563,9 @@ def div_quantize(self: PyNode) -> None:
     a, b = self.inputs
     out = self.outputs[0]
     quantize_activation(self, out, is_signed(self, a) or is_signed(self, b))
+    if layer_settings(self).div_integer_form == "upstream":
+        _quantize_div_upstream(self, a, b, out)
+        return
     t = max(1, min(offset_absmax(self, b).bit_length(), int(layer_settings(self).lut_items_in_bits)))
     frac = t + DIV_RECIPROCAL_EXTRA_BITS
     table = reciprocal_table(t, frac)
@@ -573,7 +579,62 @@ def div_quantize(self: PyNode) -> None:
     check_int64_bound(self, offset_absmax(self, a) * int(table.max()) * int(m), "dividend x reciprocal x M")
 
 
+UPSTREAM_DIV_ZOOM = 65535
+"""Upstream's Div table holds round(65535 / code) of the divisor's unsigned codes, in uint16."""
+
+
+def upstream_div_table(divisor_bits: int, items_bits: int) -> torch.Tensor:
+    """Upstream's Div table: 2^min(divisor_bits, items_bits) float32 points spread evenly over [0, 2^divisor_bits
+    - 1] (torch's float32 linspace), 65535 / point rounded half to even and clamped to [0, 65535], entry 0 set to 0
+    (a zero divisor gives 0)."""
+    steps = 2 ** min(int(divisor_bits), int(items_bits))
+    points = torch.linspace(0, 2 ** int(divisor_bits) - 1, steps=steps, dtype=torch.float32)
+    table = torch.clamp(torch.round(float(UPSTREAM_DIV_ZOOM) / points), 0, UPSTREAM_DIV_ZOOM)
+    table[0] = 0
+    return table.to(torch.int64)
+
+
+def _quantize_div_upstream(node: PyNode, a: PyTensor, b: PyTensor, out: PyTensor) -> None:
+    """Upstream's form (`div_integer_form = upstream`): the uint16 table of `upstream_div_table` over the divisor's
+    bits, and (M, N) = scale_shift(s_out · s_b / (s_a · 65535)) with the activation bits as multiplier bits, the
+    products taken in float32 as upstream's scales are."""
+    f32 = torch.float32
+    ratio = (torch.tensor(tensor_scale(node, out), dtype=f32) * torch.tensor(tensor_scale(node, b), dtype=f32)) / \
+        (torch.tensor(tensor_scale(node, a), dtype=f32) * torch.tensor(float(UPSTREAM_DIV_ZOOM), dtype=f32))
+    table = upstream_div_table(int(out_range_bits(node, b)), int(layer_settings(node).lut_items_in_bits))
+    set_constant(node, "lut", table, Dtype.UINT16)
+    constants_first(node, ["lut"])
+    node.params.pop("reciprocal_shift", None)
+    _pop_requant(node)
+    store_requant(node, *requant_scale_shift(node, ratio, int(layer_settings(node).q_bits_activation)))
+
+
+def out_range_bits(node: PyNode, t: PyTensor) -> int:
+    """Bits of a quantized tensor's integer range (its dtype's bits)."""
+    qmin, qmax = out_range(node, t)
+    return max(1, (int(qmax) - int(qmin)).bit_length())
+
+
+def _div_int_upstream(node: PyNode) -> torch.Tensor:
+    """Upstream's form: sign(Y) · X · lut(|Y|) requantized once, `lut` looked up over the divisor's unsigned
+    codes with the floor interpolation of LUT ops (docs/semantics/binary.md, "Div")."""
+    a, b = node.inputs
+    out = node.outputs[0]
+    table = node.get_constant("lut").betensor.to(torch.int64).flatten()
+    m, n = requant_of(node)
+    if not isinstance(m, int):
+        raise node._error("quantized Div needs a per-tensor scale_value/shift_value")
+    x, y = _offset_int(node, a), _offset_int(node, b)
+    bits = out_range_bits(node, b)
+    lut_v = lookup_lut(y.abs(), table, 0, bits, 16, False)
+    sign = torch.where(y < 0, -torch.ones_like(y), torch.ones_like(y))
+    qmin, qmax = out_range(node, out)
+    return requantize_int(sign * x * lut_v, m, n, tensor_zp(node, out), qmin, qmax)
+
+
 def _div_int(node: PyNode) -> torch.Tensor:
+    if "reciprocal_shift" not in node.params:
+        return _div_int_upstream(node)
     a, b = node.inputs
     out = node.outputs[0]
     table = node.get_constant("lut").betensor.to(torch.int64).flatten()
@@ -796,7 +857,9 @@ def convert_div(g: QDQGraph, node: PyNode) -> None:
     if onnx_exact.div(g, node, perm if same_rank else None):
         return
     values = [g.float_value(t, perm) if same_rank else g.float_value(t) for t in node.inputs]
-    out = g.rescale(g.add("Div", values), requant_factor(node, tensor_scale(node, a) / tensor_scale(node, b)))
+    # the multiplier carries s_out·s_b/s_a, in upstream's form divided by the table's 65535 as well
+    zoom = 1.0 if "reciprocal_shift" in node.params else float(UPSTREAM_DIV_ZOOM)
+    out = g.rescale(g.add("Div", values), requant_factor(node, zoom * tensor_scale(node, a) / tensor_scale(node, b)))
     g.quantize(y, out, perm)
 
 

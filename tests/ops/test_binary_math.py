@@ -135,7 +135,35 @@ def ref_where(node, xs: List[np.ndarray]) -> np.ndarray:
     return elementwise(one, *xs)
 
 
+def ref_div_upstream(node, xs: List[np.ndarray]) -> np.ndarray:
+    """Upstream's form: sign(Y) · X · lut(|Y|), lut over the divisor's codes (floor-interpolated when the table has
+    fewer entries than codes), one requantization."""
+    za, zb = (int(params_of(node, t).zerop) for t in node.inputs)
+    _, zp_out, qmin, qmax = tparams(node, node.outputs[0])
+    _, _, b_lo, b_hi = tparams(node, node.inputs[1])
+    bits = (b_hi - b_lo).bit_length()
+    lut = [int(v) for v in node.constants["lut"].betensor.tolist()]
+    table_bits = len(lut).bit_length() - 1
+    padded = lut + lut[-1:]
+    m, n = int(node.params["scale_value"]), int(node.params["shift_value"])
+
+    def entry(d: int) -> int:
+        d = min(d, (1 << bits) - 1)
+        if bits <= table_bits:
+            return lut[d]
+        k = bits - table_bits
+        hi, lo = d >> k, d - ((d >> k) << k)
+        return padded[hi] + (((padded[hi + 1] - padded[hi]) * lo) >> k)
+
+    def one(av: int, bv: int) -> int:
+        x, y = av + za, bv + zb
+        return clamp(rs((-1 if y < 0 else 1) * x * entry(abs(y)) * m, n) - zp_out, qmin, qmax)
+    return elementwise(one, *xs)
+
+
 def ref_div(node, xs: List[np.ndarray]) -> np.ndarray:
+    if "reciprocal_shift" not in node.params:
+        return ref_div_upstream(node, xs)
     za, zb = (int(params_of(node, t).zerop) for t in node.inputs)
     _, zp_out, qmin, qmax = tparams(node, node.outputs[0])
     lut = [int(v) for v in node.constants["lut"].betensor.tolist()]
@@ -343,10 +371,28 @@ def test_integer_forward_matches_reference(case, bits: int, mode: str, lut_bits:
     check_integer(qg, case[0], [x * 1.5 if x.is_floating_point() else x for x in xs])
 
 
+def test_div_upstream_form_table_and_interpolation() -> None:
+    """The default form is upstream's: a uint16 table of round(65535 / code) (entry 0 is 0) and one multiplier of
+    the activation bits; a 16-bit divisor with a 2^8 table interpolates between entries (the reference above)."""
+    case = ("Div", {}, [SHAPE, SHAPE], _divisor)
+    _, qg = quantized(case, 8, "per_tensor_asymmetric", 8)
+    node = qg.node("op")
+    lut = node.constants["lut"]
+    assert lut.dtype == Dtype.UINT16 and "reciprocal_shift" not in node.params
+    expected = [0] + [min(65535, int(np.round(65535.0 / i))) for i in range(1, 256)]
+    assert lut.betensor.tolist() == expected
+    assert int(node.params["scale_value"]) < 256  # 8 multiplier bits at 8-bit activations
+    _, qg16 = quantized(case, 16, "per_tensor_symmetric_full_range", 8)
+    xs = case[3](62, 3)
+    xs[1] = torch.cat([xs[1][:2], torch.linspace(0.3, 4.0, 120).reshape(1, 4, 5, 6)], dim=0)
+    check_integer(qg16, "Div", xs)
+    assert qg16.node("op").constants["lut"].betensor.numel() == 256
+
+
 def test_div_wide_divisor_uses_normalized_reciprocal() -> None:
     """16-bit divisor with a 2^8 table: the normalization path (e > 0, including the carry to 2^t) is exercised."""
     case = ("Div", {}, [SHAPE, SHAPE], _divisor)
-    _, qg = quantized(case, 16, "per_tensor_symmetric_full_range", 8)
+    _, qg = quantized(case, 16, "per_tensor_symmetric_full_range", 8, div_integer_form="exact")
     node = qg.node("op")
     assert node.constants["lut"].betensor.numel() == 256 and node.constants["lut"].dtype == Dtype.UINT32
     assert node.params["reciprocal_shift"] == 8 + 15
@@ -465,7 +511,10 @@ def test_where_with_integer_branches_is_integer() -> None:
 @pytest.mark.parametrize("bits,lut_bits,threshold", [(8, 8, 0.99), (16, 10, 0.9999)])
 @pytest.mark.parametrize("case", [c for c in FLOAT_CASES if c[0] != "Logical"], ids=_id)
 def test_float_vs_dequantized_cosine(case, bits: int, lut_bits: int, threshold: float) -> None:
-    g, qg = quantized(case, bits, "per_tensor_asymmetric", lut_bits)
+    # upstream's Div table holds 65535 / code: at 16 bits large divisors get entries of 1 or 2, so 0.9999 needs the
+    # exact form (the default form's own bound is checked in test_div_upstream_form_is_coarse_at_16_bits)
+    extra = {"div_integer_form": "exact"} if case[0] == "Div" and bits == 16 else {}
+    g, qg = quantized(case, bits, "per_tensor_asymmetric", lut_bits, **extra)
     xs = case[3](7, 2)
     ref = g.forward(xs)[0].clone().to(torch.float32)
     got = run_quantized(qg, xs)[0]
@@ -477,6 +526,16 @@ def test_float_vs_dequantized_cosine(case, bits: int, lut_bits: int, threshold: 
         deq = [run_quantized_input(op, t) for t in op.inputs]
         ref = g.forward(deq)[0].clone().to(torch.float32)
     assert cosine(ref, got) > threshold
+
+
+def test_div_upstream_form_is_coarse_at_16_bits() -> None:
+    case = next(c for c in FLOAT_CASES if c[0] == "Div")
+    g, qg = quantized(case, 16, "per_tensor_asymmetric", 10)
+    xs = case[3](7, 2)
+    ref = g.forward(xs)[0].clone().to(torch.float32)
+    upstream = cosine(ref, run_quantized(qg, xs)[0])
+    _, qe = quantized(case, 16, "per_tensor_asymmetric", 10, div_integer_form="exact")
+    assert 0.999 < upstream < cosine(ref, run_quantized(qe, xs)[0])
 
 
 def run_quantized_input(node, t) -> torch.Tensor:

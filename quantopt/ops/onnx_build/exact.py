@@ -28,6 +28,7 @@ import torch
 from ...errors import QuantOptError
 from ...graph.node import PyNode
 from ...graph.tensor import PyTensor
+from ...quant.lut import lookup_lut
 from ...quant.rounding import FLOAT64_EXACT, bit_length
 from .._eltwise_int import offset_absmax
 from .._quant import fused_activation_bounds, quant_of, requant_of, tensor_zp
@@ -409,9 +410,9 @@ def round_div_int64(g: QDQGraph, node: PyNode, value: str, den: str) -> str:
 
 
 def div(g: QDQGraph, node: PyNode, perm: Optional[Perm]) -> bool:
-    """Div by quantopt's reciprocal table (docs/semantics/binary.md) in int64: for every possible divisor
-    magnitude D the table entry and the total shift N + P + e are precomputed (Gather), so
-    out = rs(sign(Y) · X · lut[i] · M, N + P + e) exactly."""
+    """Div by the reciprocal table (docs/semantics/binary.md, either form) in int64: for every possible divisor
+    magnitude D the table entry and the total shift (exact form N + P + e, upstream's form N) are precomputed
+    (Gather), so out = rs(sign(Y) · X · lut(D) · M, shift) exactly."""
     if not g.unit_domain or "lut" not in node.constants:
         return False
     a, b = node.inputs
@@ -421,21 +422,26 @@ def div(g: QDQGraph, node: PyNode, perm: Optional[Perm]) -> bool:
     table = node.get_constant("lut").betensor.to(torch.int64).flatten()
     size = table.numel()
     t = size.bit_length() - 1
-    frac = int(node.get_param("reciprocal_shift"))
     emax_b = offset_absmax(node, b)
     if size < 2 or 2 ** t != size or emax_b >= 1 << 20 or offset_absmax(node, a) * int(table.max()) * abs(int(mult)) \
             >= 2 ** 62:
         return False
     d = torch.arange(emax_b + 1, dtype=torch.int64)
-    e = torch.clamp(bit_length(d) - t, min=0)
-    half = torch.where(e > 0, torch.ones_like(e) << torch.clamp(e - 1, min=0), torch.zeros_like(e))
-    idx = (d + half) >> e
-    carry = idx >= size
-    idx = torch.where(carry, torch.full_like(idx, size // 2), idx)
-    total_shift = int(shift) + frac + e + carry.to(torch.int64)
+    if "reciprocal_shift" not in node.params:  # upstream's form: the table over the divisor's codes, one shift
+        qmin, qmax = quant_of(node).get(b).qmin, quant_of(node).get(b).qmax
+        entries = lookup_lut(d, table, 0, max(1, (int(qmax) - int(qmin)).bit_length()), 16, False)
+        total_shift = torch.full_like(d, int(shift))
+    else:
+        e = torch.clamp(bit_length(d) - t, min=0)
+        half = torch.where(e > 0, torch.ones_like(e) << torch.clamp(e - 1, min=0), torch.zeros_like(e))
+        idx = (d + half) >> e
+        carry = idx >= size
+        idx = torch.where(carry, torch.full_like(idx, size // 2), idx)
+        total_shift = int(shift) + int(node.get_param("reciprocal_shift")) + e + carry.to(torch.int64)
+        entries = table[idx]
     if int(total_shift.min()) < 1 or int(total_shift.max()) > 61:
         return False
-    reciprocal = (table[idx] * int(mult)).numpy()
+    reciprocal = (entries * int(mult)).numpy()
     powers = (torch.ones_like(total_shift) << total_shift).numpy()
 
     def ints(t_: PyTensor) -> str:
