@@ -204,6 +204,11 @@ field("div_integer_form", "upstream", ChoiceKind(("upstream", "exact")),
       "over the divisor's codes and one multiplier/shift of the activation bits) or exact (a reciprocal table "
       "normalized to the divisor's leading bits with 15 more fraction bits; more accurate); docs/semantics/binary.md",
       per_layer=True, group="quantization")
+field("lut_output_range", "calibrated", ChoiceKind(("calibrated", "table")),
+      "the output range of the table ops that can give infinite values (Exp, Log, Reciprocal, Rsqrt, ...): calibrated "
+      "(the calibrated range, as upstream; only infinite ends are cut to the table's values) or table (cut to the "
+      "values the table can give: a finer scale, nothing lost); docs/semantics/unary.md", per_layer=True,
+      group="quantization")
 field("lstm_integer_form", "upstream", ChoiceKind(("upstream", "q15")),
       "BasicLSTM's integer form: upstream (the upstream optimizer's: 256-entry tables and per-step requantization from "
       "the calibrated ranges of the cell's inner tensors) or q15 (fixed-range Q15 tables, int32 cell state; more "

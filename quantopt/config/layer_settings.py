@@ -39,6 +39,7 @@ SETTING_FIELDS: Dict[str, str] = {
     "min_activation_sqnr_db": "min_activation_sqnr_db",
     "layernorm_integer_form": "layernorm_integer_form",
     "div_integer_form": "div_integer_form",
+    "lut_output_range": "lut_output_range",
     "lstm_integer_form": "lstm_integer_form",
     "gru_integer_form": "gru_integer_form",
     "perf_mode_for_lib": "perf_mode_for_lib",
@@ -74,6 +75,7 @@ class LayerSettings:
     min_activation_sqnr_db: float = 0.0
     layernorm_integer_form: str = "upstream"
     div_integer_form: str = "upstream"
+    lut_output_range: str = "calibrated"
     lstm_integer_form: str = "upstream"
     gru_integer_form: str = "upstream"
     perf_mode_for_lib: bool = True

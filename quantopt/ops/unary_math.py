@@ -182,10 +182,18 @@ def _lut_sample_values(node: PyNode, fn: Callable[[torch.Tensor], torch.Tensor])
     return fn(x).to(torch.float32)
 
 
+INFINITE_RANGE_END = 2.0 ** 30
+"""A calibrated range end at least this large in magnitude stands for infinite values (upstream clips inf to
+±2^31), not data."""
+
+
 def _limit_output_range(node: PyNode, values: torch.Tensor) -> None:
-    """Clamp the calibrated output range into [min(lo, 0), max(hi, 0)], lo and hi the extremes of the finite
-    tabulated values (calibration clips inf to ±2^31, which would otherwise swamp the output scale); a range that
-    holds 0 keeps it, as the quantization takes it in anyway."""
+    """Clamp each end of the calibrated output range that stands for infinite values (|end| >= 2^30: a run whose
+    statistics took ±inf in as ±2^31) to [min(lo, 0), max(hi, 0)], lo and hi the extremes of the finite tabulated
+    values, which would otherwise swamp the output scale. A finite calibrated end stays as it is, as upstream's does
+    (a Log of data near 0 keeps its calibrated minimum below the table's log of half an input step), unless
+    `lut_output_range = table`: the table cannot give a value beyond [lo, hi], so that range loses nothing and
+    gives a finer scale."""
     out = node.outputs[0]
     finite = values[torch.isfinite(values)]
     if finite.numel() == 0:
@@ -195,7 +203,13 @@ def _limit_output_range(node: PyNode, values: torch.Tensor) -> None:
     r = table.get(out)
     if r.min is None or r.max is None:
         raise node._error(f"tensor '{out.name}' has no calibrated range; run calibration before quantization")
-    table.set(out, min(max(float(r.min), lo), hi), min(max(float(r.max), lo), hi))
+    r_min, r_max = float(r.min), float(r.max)
+    to_table = layer_settings(node).lut_output_range == "table"
+
+    def limited(end: float) -> float:
+        return min(max(end, lo), hi) if to_table or abs(end) >= INFINITE_RANGE_END else end
+
+    table.set(out, limited(r_min), limited(r_max))
 
 
 def _lut_output_signed(node: PyNode) -> bool:
@@ -203,6 +217,17 @@ def _lut_output_signed(node: PyNode) -> bool:
     if signed is None:
         return out_range(node, node.inputs[0])[0] < 0
     return signed
+
+
+def _poles_saturate(base: Callable[[torch.Tensor], torch.Tensor],
+                    clamp: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The tabulated function of `lut_output_range = calibrated`: a sample exactly at a pole keeps its infinite
+    value, which saturates to the output's end as upstream's table does (log(0) -> qmin, 1/0 -> qmax); every other
+    sample outside the domain takes the value at the clamped sample, never NaN."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        raw = base(x)
+        return torch.where(torch.isinf(raw), raw, base(clamp(x)))
+    return fn
 
 
 def _quantize_lut(node: PyNode) -> None:
@@ -216,6 +241,8 @@ def _quantize_lut(node: PyNode) -> None:
     base = LUT_FUNCTIONS[optype]
     clamp = domain_clamp(optype, tensor_scale(node, inp))
     fn = base if clamp is None else (lambda x: base(clamp(x)))
+    if clamp is not None and layer_settings(node).lut_output_range == "calibrated":
+        fn = _poles_saturate(base, clamp)
     if optype not in FINITE_VALUED:
         _limit_output_range(node, _lut_sample_values(node, fn))
     quantize_activation(node, out, _lut_output_signed(node))

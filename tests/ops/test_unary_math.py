@@ -457,6 +457,26 @@ def test_integer_inputs() -> None:
 
 
 # --- restricted domains -------------------------------------------------------------------------------------------
+def test_lut_output_range_calibrated_keeps_finite_ends() -> None:
+    """By default (upstream's choice) a finite calibrated end beyond the table's values is kept: Log of data with
+    values near 0 keeps its calibrated minimum; `lut_output_range = table` cuts it to the table's lowest value."""
+    calib = data(_uniform(0.0005, 4.0), [2, 4, 5, 6], 23)
+    calib[0][0, 0, 0, 0] = 0.0005
+    wide = quantize_model(one_layer("Log"), calib, settings(8, "per_tensor_asymmetric", 8))
+    cut = quantize_model(one_layer("Log"), calib, settings(8, "per_tensor_asymmetric", 8, lut_output_range="table"))
+    low_wide = float(range_of(wide.node("op"), wide.node("op").outputs[0]).min)
+    low_cut = float(range_of(cut.node("op"), cut.node("op").outputs[0]).min)
+    h = 0.5 / float(params_of(cut.node("op"), cut.node("op").inputs[0]).scale)  # the table's smallest sample
+    assert low_wide < float(np.log(h)) - 0.5 and low_cut >= float(np.log(h)) - 1e-3
+    lut = cut.node("op").constants["lut"].betensor
+    assert int(lut.min()) == params_of(cut.node("op"), cut.node("op").outputs[0]).qmin  # the cut range is used
+    # the input code of float 0 is a pole: log(0) = -inf saturates to the output's minimum, as upstream's table
+    node = wide.node("op")
+    q_in = params_of(node, node.inputs[0])
+    zero_code = -int(q_in.zerop)
+    assert int(node.constants["lut"].betensor[zero_code - int(q_in.qmin)]) == params_of(node, node.outputs[0]).qmin
+
+
 @pytest.mark.parametrize("optype,kind", [("Log", _uniform(-1.0, 4.0)), ("Rsqrt", _uniform(-1.0, 4.0)),
                                          ("Reciprocal", _uniform(-2.0, 2.0)), ("Sqrt", _uniform(-1.0, 4.0)),
                                          ("Acos", _uniform(-1.5, 1.5)), ("Asin", _uniform(-1.5, 1.5)),
@@ -468,7 +488,7 @@ def test_out_of_domain_calibration_gives_finite_tables(optype: str, kind: Callab
     clamped samples only, and the output range comes from finite values (not from ±2^31)."""
     calib = data(kind, [2, 4, 5, 6], 21)
     calib[0][0, 0, 0, :3] = torch.tensor([0.0, 1.0, -1.0])  # exact poles: log(0), 1/0, atanh(±1)
-    qg = quantize_model(one_layer(optype), calib, settings(bits, mode, lut_bits))
+    qg = quantize_model(one_layer(optype), calib, settings(bits, mode, lut_bits, lut_output_range="table"))
     node = qg.node("op")
     out = node.outputs[0]
     oq = params_of(node, out)
