@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from golden_cases import IrCase, ir_cases
 from torch import nn
+from torch.nn import functional as F
 
 from quantopt.ir.writer import write_ir
 
@@ -323,6 +324,168 @@ class CausalSDPA(nn.Module):
         return x + self.ff(x)
 
 
+class ViTTiny(nn.Module):
+    """Vision transformer: 8x8 patch embedding, class token and learned positions, one pre-LN
+    nn.TransformerEncoderLayer (GELU), final LayerNorm and a classifier on the class token."""
+
+    def __init__(self, dim: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, 8, 8)
+        self.pos = nn.Parameter(torch.randn(1, 16, dim) * 0.1)
+        self.cls = nn.Parameter(torch.randn(1, 1, dim) * 0.1)
+        self.layer = nn.TransformerEncoderLayer(dim, heads, 64, dropout=0.0, activation="gelu", batch_first=True,
+                                                norm_first=True)
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.patch(x).flatten(2).transpose(1, 2) + self.pos
+        y = self.layer(torch.cat([self.cls.expand(y.shape[0], -1, -1), y], 1))
+        return self.head(self.ln(y[:, 0]))
+
+
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt block: 4x4 patchify stem, 7x7 depthwise convolution, LayerNorm over channels (channels-last
+    permute), pointwise MLP with GELU, per-channel layer scale, residual, pooled classifier."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, dim, 4, 4)
+        self.dw = nn.Conv2d(dim, dim, 7, 1, 3, groups=dim)
+        self.ln = nn.LayerNorm(dim)
+        self.pw1, self.pw2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.rand(dim) * 0.5 + 0.1)
+        self.head = nn.Linear(dim, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        y = self.pw2(F.gelu(self.pw1(self.ln(self.dw(x).permute(0, 2, 3, 1))))) * self.gamma
+        return self.head((x + y.permute(0, 3, 1, 2)).mean((2, 3)))
+
+
+class MBConvSE(nn.Module):
+    """EfficientNet MBConv: SiLU stem, expansion, 5x5 depthwise, squeeze-excitation (mean, SiLU, sigmoid gate),
+    projection and residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.SiLU())
+        self.exp = nn.Sequential(nn.Conv2d(16, 64, 1, bias=False), nn.BatchNorm2d(64), nn.SiLU())
+        self.dw = nn.Sequential(nn.Conv2d(64, 64, 5, 1, 2, groups=64, bias=False), nn.BatchNorm2d(64), nn.SiLU())
+        self.se1, self.se2 = nn.Conv2d(64, 4, 1), nn.Conv2d(4, 64, 1)
+        self.proj = nn.Sequential(nn.Conv2d(64, 16, 1, bias=False), nn.BatchNorm2d(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        y = self.dw(self.exp(x))
+        gate = torch.sigmoid(self.se2(F.silu(self.se1(y.mean((2, 3), keepdim=True)))))
+        return x + self.proj(y * gate)
+
+
+class YoloSPPF(nn.Module):
+    """YOLOv5-like neck: SiLU convolutions, SPPF (three chained 5x5 stride-1 max pools and a Concat), nearest
+    upsampling, Concat with the shallower map, sigmoid head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.SiLU())
+        self.c2 = nn.Sequential(nn.Conv2d(16, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.SiLU())
+        self.cv1, self.cv2 = nn.Conv2d(32, 16, 1), nn.Conv2d(64, 32, 1)
+        self.out = nn.Conv2d(48, 3 * 6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.c1(x)
+        y = F.silu(self.cv1(self.c2(a)))
+        p1 = F.max_pool2d(y, 5, 1, 2)
+        p2 = F.max_pool2d(p1, 5, 1, 2)
+        y = F.silu(self.cv2(torch.cat([y, p1, p2, F.max_pool2d(p2, 5, 1, 2)], 1)))
+        return torch.sigmoid(self.out(torch.cat([F.interpolate(y, scale_factor=2.0, mode="nearest"), a], 1)))
+
+
+class TCN(nn.Module):
+    """Temporal convolution network: dilated Conv1d layers (dilation 1, 2, 4, 8) with residual sums."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv1d(8 if i else 2, 8, 3, padding=2 ** i, dilation=2 ** i) for i in range(4))
+        self.fc = nn.Conv1d(8, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, conv in enumerate(self.convs):
+            y = F.relu(conv(x))
+            x = y if i == 0 else x + y
+        return self.fc(x)
+
+
+class VadLike(nn.Module):
+    """Voice-activity detector: a strided Conv1d as STFT, magnitude sqrt(re^2 + im^2), log, Conv1d, LSTM and a
+    sigmoid per frame from a one-output FullyConnected."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stft = nn.Conv1d(1, 2 * 17, 32, 16, bias=False)
+        self.enc = nn.Conv1d(17, 16, 3, 1, 1)
+        self.rnn = nn.LSTM(16, 16, batch_first=True)
+        self.out = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.stft(x)
+        re, im = s[:, :17], s[:, 17:]
+        y = F.relu(self.enc(torch.log(torch.sqrt(re * re + im * im) + 1e-3)))
+        y, _ = self.rnn(y.transpose(1, 2))
+        return torch.sigmoid(self.out(y))
+
+
+class YoloDecode(nn.Module):
+    """YOLO box decoding: sigmoid outputs scaled and offset by a constant grid, squared and multiplied by
+    constant anchors, Concat of the parts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.h = nn.Conv2d(3, 16, 3, 2, 1), nn.Conv2d(16, 2 * 7, 1)
+        gy, gx = torch.meshgrid(torch.arange(16.0), torch.arange(16.0), indexing="ij")
+        self.register_buffer("grid", torch.stack([gx, gy], -1).reshape(1, 1, 16, 16, 2))
+        self.register_buffer("anchor", torch.tensor([[10.0, 13.0], [16.0, 30.0]]).reshape(1, 2, 1, 1, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.h(F.silu(self.c(x))).reshape(1, 2, 7, 16, 16).permute(0, 1, 3, 4, 2).sigmoid()
+        xy = (y[..., :2] * 2 - 0.5 + self.grid) * 8.0
+        wh = (y[..., 2:4] * 2) ** 2 * self.anchor
+        return torch.cat([xy, wh, y[..., 4:]], -1).reshape(1, -1, 7)
+
+
+class MiscConvs(nn.Module):
+    """Convolution variants: dilated, grouped, asymmetric kernel after an explicit Pad, HardTanh, ceil-mode
+    average pooling without the padding counted, ConvTranspose with output padding, tanh."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.d = nn.Conv2d(3, 8, 3, 1, 2, dilation=2)
+        self.g = nn.Conv2d(8, 8, 3, 1, 1, groups=4)
+        self.a = nn.Conv2d(8, 8, (3, 2), 1, 0)
+        self.t = nn.ConvTranspose2d(8, 4, 3, 2, 1, output_padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.hardtanh(self.g(F.relu(self.d(x))), -1.0, 1.0)
+        y = self.a(F.pad(y, (0, 1, 1, 1)))
+        y = F.avg_pool2d(y, 3, 2, 1, ceil_mode=True, count_include_pad=False)
+        return torch.tanh(self.t(y))
+
+
+class ReduceAxes(nn.Module):
+    """Reductions and softmax off the last axis: softmax over channels, a sum over height broadcast back,
+    softsign (a Div of two tensors), a spatial mean."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 8, 3, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.c(x)
+        mixed = torch.softmax(y, 1) * (y.sum(2, keepdim=True).expand_as(y) / 16.0)
+        return mixed + F.softsign(y).mean((2, 3), keepdim=True)
+
+
 class OneOp(nn.Module):
     """A graph of one operator (after the Parser), for the one-operator cases."""
 
@@ -379,6 +542,14 @@ def _image_sampler(name: str, shape: Tuple[int, ...]) -> Sampler:
     return lambda rng: {name: _image(rng, shape)}
 
 
+def _wave(rng: np.random.Generator) -> Dict[str, np.ndarray]:
+    """Noisy sine waves of random frequency and amplitude, [SAMPLES, 1, 256]."""
+    t = np.arange(256, dtype=np.float32)
+    waves = [np.sin(t * rng.uniform(0.05, 0.5)) * rng.uniform(0.1, 1) + 0.05 * rng.standard_normal(256)
+             for _ in range(SAMPLES)]
+    return {"x": np.stack(waves)[:, None].astype(np.float32)}
+
+
 MODELS: Dict[str, Spec] = {
     "transformer_encoder": Spec(EncoderBlock, {"x": (1, 16, 32), "mask": (1, 1, 16, 16)}, ["y"], _encoder_data),
     "gpt_decoder": Spec(DecoderBlock, {"x": (1, 16, 32)}, ["logits"]),
@@ -393,6 +564,15 @@ MODELS: Dict[str, Spec] = {
     "mbv2_block": Spec(MobileNetV2Block, {"x": (1, 3, 32, 32)}, ["logits"], _image_sampler("x", (1, 3, 32, 32))),
     "fused_activations": Spec(FusedActivations, {"x": (1, 8, 16, 16)}, ["y"], _image_sampler("x", (1, 8, 16, 16))),
     "float64_flow": Spec(Float64Flow, {"x": (1, 4, 16, 16)}, ["y"], _image_sampler("x", (1, 4, 16, 16))),
+    "vit_tiny": Spec(ViTTiny, {"x": (1, 3, 32, 32)}, ["y"], _image_sampler("x", (1, 3, 32, 32))),
+    "convnext_block": Spec(ConvNeXtBlock, {"x": (1, 3, 32, 32)}, ["y"], _image_sampler("x", (1, 3, 32, 32))),
+    "mbconv_se": Spec(MBConvSE, {"x": (1, 3, 32, 32)}, ["y"], _image_sampler("x", (1, 3, 32, 32))),
+    "yolo_sppf": Spec(YoloSPPF, {"x": (1, 3, 32, 32)}, ["y"], _image_sampler("x", (1, 3, 32, 32))),
+    "tcn": Spec(TCN, {"x": (1, 2, 64)}, ["y"]),
+    "vad_like": Spec(VadLike, {"x": (1, 1, 256)}, ["y"], _wave),
+    "yolo_decode": Spec(YoloDecode, {"x": (1, 3, 32, 32)}, ["y"], _image_sampler("x", (1, 3, 32, 32))),
+    "misc_convs": Spec(MiscConvs, {"x": (1, 3, 16, 16)}, ["y"], _image_sampler("x", (1, 3, 16, 16))),
+    "reduce_axes": Spec(ReduceAxes, {"x": (1, 3, 16, 16)}, ["y"], _image_sampler("x", (1, 3, 16, 16))),
     "norms": Spec(Norms, {"x": (1, 3, 16, 16)}, ["y"]),
     "op_softmax": Spec(lambda: OneOp(lambda x: torch.softmax(x, dim=-1)), {"x": (1, 8, 32)}, ["y"]),
     "op_sigmoid": Spec(lambda: OneOp(torch.sigmoid), {"x": (1, 8, 32)}, ["y"]),
