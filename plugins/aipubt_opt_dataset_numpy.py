@@ -2,11 +2,11 @@
 
 | plugin | data file | one sample |
 |---|---|---|
-| NumpyDataset | .npy (N, ...) | one float32 input |
+| NumpyDataset | .npy (N, ...) | one float32 input (an integer or bool array keeps its dtype) |
 | NumpyNHWC2NCHWDataset / NumpyNCHW2NHWCDataset | .npy (N, H, W, C) / (N, C, H, W) | one float32 input, transposed |
 | NUMPYNHWCRGB2BGR | .npy (N, H, W, 3) | one float32 input, channels reversed |
 | NumpyNHWCRGB2NCBGRHWDataset | .npy (N, H, W, 3) | channels reversed, then (C, H, W) |
-| NumpyMultiInputDataset | .npz, or a .npy with named fields | one float32 input per array |
+| NumpyMultiInputDataset | .npz, or a .npy with named fields | one float32 input per array (or its integer dtype) |
 | NumpyMIMONCHWDataset | like NumpyMultiInputDataset, (N, H, W, C) arrays | each input transposed to (C, H, W) |
 | NumpyMultiInputWithoutBatchDimDataset | like NumpyMultiInputDataset | the whole file: one sample, dtypes kept |
 | NumpyZippedDataset / OpTestNumpyZippedDataset | .npz with `shape_*` entries | one input per array, dtypes kept |
@@ -151,7 +151,11 @@ def _non_finite(array: np.ndarray) -> Optional[str]:
 
 
 def _finite_input(path: str, what: str, index: int, row: np.ndarray) -> torch.Tensor:
-    """A float32 copy of one sample; NaN/inf are refused here (checking lazily keeps large files mmap'd)."""
+    """A float32 copy of one sample, or of an integer or bool array's sample in its own dtype (token ids, masks:
+    the IR's integer input takes them; float32 would refuse or round them); NaN/inf are refused here (checking
+    lazily keeps large files mmap'd)."""
+    if np.asarray(row).dtype.kind in "iub":
+        return _typed_input(path, what, row, f" at sample {index}")
     out = np.array(row, dtype=np.float32)
     bad = _non_finite(out)
     if bad:

@@ -639,3 +639,15 @@ def test_dataset_args_configure_the_token_dataset(tmp_path):
     first = ds[0][0]
     first = first[0] if isinstance(first, (list, tuple)) else first
     assert first.tolist() == [1, 2, 3, 9]
+
+
+def test_numpy_datasets_keep_integer_arrays_integer(tmp_path: Path) -> None:
+    """Token ids or masks in a .npy/.npz reach an IR's integer input as integers (float32 would refuse or round
+    ids above 2^24); float arrays still become float32."""
+    ids = np.array([[3, 1, 2 ** 25 + 1], [0, 7, 9]], dtype=np.int64)
+    np.save(tmp_path / "ids.npy", ids)
+    np.savez(tmp_path / "multi.npz", ids=ids, x=np.ones((2, 3), dtype=np.float64))
+    sample = dataset("NumpyDataset")(str(tmp_path / "ids.npy"))[0][0]
+    assert sample.dtype == torch.int64 and sample.tolist() == [3, 1, 2 ** 25 + 1]
+    inputs = dataset("NumpyMultiInputDataset")(str(tmp_path / "multi.npz"))[1][0]
+    assert [t.dtype for t in inputs] == [torch.int64, torch.float32] and inputs[0].tolist() == [0, 7, 9]
