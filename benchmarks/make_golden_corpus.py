@@ -486,6 +486,20 @@ class ReduceAxes(nn.Module):
         return mixed + F.softsign(y).mean((2, 3), keepdim=True)
 
 
+class TokenEmbedding(nn.Module):
+    """Token ids into an Embedding table (a Gather of an integer input), LayerNorm, mean over the tokens and a
+    classifier: the front of a BERT-style encoder, fed int64 ids."""
+
+    def __init__(self, vocab: int = 50) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 16)
+        self.ln = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.ln(self.embed(ids)).mean(1))
+
+
 class OneOp(nn.Module):
     """A graph of one operator (after the Parser), for the one-operator cases."""
 
@@ -512,6 +526,8 @@ class Spec:
     outputs: Sequence[str]
     sample: Optional[Sampler] = None
     """SAMPLES samples per input; default: standard normal noise."""
+    vocab: Optional[Dict[str, int]] = None
+    """Integer inputs (token ids) by name, with their vocabulary size: exported from random ids below it."""
 
 
 def _normal(spec_inputs: Dict[str, Tuple[int, ...]]) -> Sampler:
@@ -540,6 +556,11 @@ def _image(rng: np.random.Generator, shape: Tuple[int, ...]) -> np.ndarray:
 
 def _image_sampler(name: str, shape: Tuple[int, ...]) -> Sampler:
     return lambda rng: {name: _image(rng, shape)}
+
+
+def _token_ids(rng: np.random.Generator) -> Dict[str, np.ndarray]:
+    """int64 token ids below 50, [SAMPLES, 12]."""
+    return {"ids": rng.integers(0, 50, (SAMPLES, 12)).astype(np.int64)}
 
 
 def _wave(rng: np.random.Generator) -> Dict[str, np.ndarray]:
@@ -573,6 +594,7 @@ MODELS: Dict[str, Spec] = {
     "yolo_decode": Spec(YoloDecode, {"x": (1, 3, 32, 32)}, ["y"], _image_sampler("x", (1, 3, 32, 32))),
     "misc_convs": Spec(MiscConvs, {"x": (1, 3, 16, 16)}, ["y"], _image_sampler("x", (1, 3, 16, 16))),
     "reduce_axes": Spec(ReduceAxes, {"x": (1, 3, 16, 16)}, ["y"], _image_sampler("x", (1, 3, 16, 16))),
+    "token_embedding": Spec(TokenEmbedding, {"ids": (1, 12)}, ["y"], _token_ids, vocab={"ids": 50}),
     "norms": Spec(Norms, {"x": (1, 3, 16, 16)}, ["y"]),
     "op_softmax": Spec(lambda: OneOp(lambda x: torch.softmax(x, dim=-1)), {"x": (1, 8, 32)}, ["y"]),
     "op_sigmoid": Spec(lambda: OneOp(torch.sigmoid), {"x": (1, 8, 32)}, ["y"]),
@@ -613,7 +635,8 @@ def export_onnx(name: str, spec: Spec, folder: Path) -> Path:
                 m.running_var.uniform_(0.5, 1.5)
                 m.weight.uniform_(0.5, 1.5)
                 m.bias.uniform_(-0.2, 0.2)
-    args = tuple(torch.randn(*s) for s in spec.inputs.values())
+    vocab = spec.vocab or {}
+    args = tuple(torch.randint(0, vocab[k], s) if k in vocab else torch.randn(*s) for k, s in spec.inputs.items())
     path = folder / f"{name}.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
