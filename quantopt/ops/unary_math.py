@@ -479,10 +479,19 @@ def convert_unary(g: QDQGraph, node: PyNode) -> None:
     if onnx_exact.try_table(g, node, perm):
         return
     value = g.float_value(x, perm)
+
+    def function(v: str) -> str:
+        for op in UNARY_OPS[str(node.type)]:
+            v = g.add(op, [v, v] if op == "Mul" else [v])  # Square: x · x
+        return v
+
     if "lut" in node.constants:
-        value = _domain(g, node, value)
-    for op in UNARY_OPS[str(node.type)]:
-        value = g.add(op, [value, value] if op == "Mul" else [value])  # Square: x · x
+        clamped = _domain(g, node, value)
+        if clamped != value and layer_settings(node).lut_output_range == "calibrated":
+            # a sample at a pole keeps its infinite value and saturates, as the table's entry does (_poles_saturate)
+            clamped = g.add("Where", [g.add("IsInf", [function(value)]), value, clamped])
+        value = clamped
+    value = function(value)
     if "lut" not in node.constants and "scale_value" in node.params:  # Abs, Negative: a multiplier s_out / s_in
         value = g.rescale(value, requant_factor(node, tensor_scale(node, x)))
     g.quantize(y, value, perm, exact="lut" in node.constants)
