@@ -45,7 +45,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import bool_param, broadcast_shape
+from ._shared import bool_param, broadcast_shape, keeps_float64
 from .onnx_build import exact as onnx_exact
 from .onnx_build.exact import DOUBLE, codes, double, emit_integers, shared_perm
 from .onnx_build.float_forms import requant_factor, unary_perm
@@ -534,13 +534,17 @@ DIV = declare_op(
 
 
 @DIV.forward
+@keeps_float64()
 def div_forward(self: PyNode) -> None:
+    """Float: a / b in the inputs' float type (float32, or float64 on a convolution's unrounded result, as upstream's
+    division keeps it); integer inputs divide as float32."""
     xs = [t.betensor for t in self.inputs]
     _check_inputs(self, 2, xs)
     if self.quantized:
         self.outputs[0].betensor = _div_int(self)
         return
-    self.outputs[0].betensor = xs[0].to(torch.float32) / xs[1].to(torch.float32)
+    a, b = (x if x.is_floating_point() else x.to(torch.float32) for x in xs)
+    self.outputs[0].betensor = a / b
 
 
 def reciprocal_table(index_bits: int, frac_bits: int) -> torch.Tensor:

@@ -194,10 +194,24 @@ def reduce_forward(self: PyNode) -> None:
     rows, kept = _rows(x, axes)
     if self.quantized:
         y = _reduce_int(self, method, axes, rows)
+    elif method in ("SUM", "MEAN") and x.is_floating_point():
+        y = _float_sum_in_place(x, axes, method)
     else:
         with one_thread(int(rows.shape[0]) == 1):  # a float sum to one value: the same at any thread count
             y = _float_reduce(self, method, rows)
     self.outputs[0].betensor = y.reshape(_shape_out(self, kept, axes))
+
+
+def _float_sum_in_place(x: torch.Tensor, axes: Sequence[int], method: str) -> torch.Tensor:
+    """Float SUM/MEAN as upstream's float forward computes them: torch's float32 sum over `axes` of the tensor in
+    its own layout (a sum over a non-last axis adds whole rows in order, which rounds differently from a sum of
+    the same values made contiguous), MEAN dividing that by the count; on one thread, so the result is the same at
+    any thread count."""
+    with one_thread(True):
+        total = torch.sum(x.to(torch.float32), dim=list(axes), keepdim=True)
+    if method == "SUM":
+        return total
+    return total / (x.numel() // max(1, total.numel()))
 
 
 @REDUCE.quantize

@@ -361,3 +361,22 @@ def test_mean_over_a_resized_axis_is_refused() -> None:
     qg = quantize_model(g, [data("MEAN", [1, 4, 5, 6], 101)], settings(8, "per_tensor_asymmetric"))
     with pytest.raises(UnsupportedError, match="reduced elements"):
         qg.forward([data("MEAN", [1, 3, 5, 6], 103)])
+
+
+def test_float_sum_over_a_middle_axis_keeps_the_layout_order() -> None:
+    """Float ReduceSum/ReduceMean over a non-last axis: torch's float32 sum of the tensor in its own layout (rows
+    added in order, as upstream's float forward sums), not of the values made contiguous (another rounding)."""
+    from quantopt.graph.builder import GraphBuilder
+
+    rng = np.random.default_rng(3)
+    x = torch.from_numpy(rng.standard_normal((1, 16, 16, 8)).astype(np.float32))
+    for method in ("SUM", "MEAN"):
+        b = GraphBuilder("r")
+        inp = b.input("x", [1, 16, 16, 8])
+        y = b.layer("Reduce", [inp], [[1, 1, 16, 8]], name="op", params={"method": method, "axis": [1]})
+        got = b.build([y]).forward([x])[0]
+        expected = torch.sum(x, dim=[1], keepdim=True)
+        expected = expected if method == "SUM" else expected / 16
+        assert torch.equal(got, expected), method
+    contiguous = x.permute(0, 2, 3, 1).contiguous().sum(-1)
+    assert not torch.equal(contiguous, torch.sum(x, dim=[1]))  # the orders differ on this data

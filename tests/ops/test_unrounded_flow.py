@@ -271,3 +271,25 @@ def test_bilinear_resize_in_upstream_form_hands_on_float64() -> None:
         ref = _bilinear_reference(xin, 6, 10, 2.0)
         np.testing.assert_array_equal(up, _f32(ref))
         np.testing.assert_array_equal(got, _f32(_conv64(ref, second)))
+
+
+def test_div_of_two_convolutions_stays_float64() -> None:
+    """Upstream's Div computes in its inputs' type: two unrounded convolution results give a float64 quotient, which
+    the next convolution reads unrounded."""
+    rng = np.random.default_rng(8)
+    first, second, third = _conv_constants(rng), _conv_constants(rng), _conv_constants(rng)
+    second["biases"] = second["biases"] + 20.0  # keep the divisor away from 0
+    b = GraphBuilder("div")
+    x = b.input("x", [1, H, W, C])
+    num = b.layer("Convolution", [x], [[1, H, W, C]], name="num", params=_conv_params(), constants=first)
+    den = b.layer("Convolution", [x], [[1, H, W, C]], name="den", params=_conv_params(), constants=second)
+    q = b.layer("Div", [num, den], [[1, H, W, C]], name="div")
+    out = b.layer("Convolution", [q], [[1, H, W, C]], name="reader", params=_conv_params(), constants=third)
+    graph = b.build([out])
+    moved = 0
+    for xin in _inputs():
+        got = graph.forward([xin])[0].numpy()
+        ratio = _conv64(xin.numpy(), first) / _conv64(xin.numpy(), second)
+        np.testing.assert_array_equal(got, _f32(_conv64(ratio, third)))
+        moved += int((_f32(_conv64(ratio, third)) != _f32(_conv64(_f32(ratio), third))).sum())
+    assert moved > 0
