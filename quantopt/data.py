@@ -136,7 +136,8 @@ def prepare_inputs(graph: PyGraph, inputs: Sequence[torch.Tensor], cfg: Config, 
             raise DataError(f"input '{t.name}': samples have shape {list(sample_shape)} but the IR expects "
                             f"{list(ir_shape)} (without the batch dim{f', axis {axis}' if axis else ''})",
                             file=source)
-        x = x.to(t.ir_dtype.torch_dtype) if (x.is_floating_point() == t.ir_dtype.is_float) else x
+        if x.is_floating_point() == t.ir_dtype.is_float or t.ir_dtype.is_float:  # integer data may feed a float input
+            x = x.to(t.ir_dtype.torch_dtype)
         if x.is_floating_point() != t.ir_dtype.is_float:
             raise DataError(f"input '{t.name}': data dtype {x.dtype} does not fit the IR dtype "
                             f"{t.ir_dtype.value}", file=source)

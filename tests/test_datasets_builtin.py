@@ -651,3 +651,25 @@ def test_numpy_datasets_keep_integer_arrays_integer(tmp_path: Path) -> None:
     assert sample.dtype == torch.int64 and sample.tolist() == [3, 1, 2 ** 25 + 1]
     inputs = dataset("NumpyMultiInputDataset")(str(tmp_path / "multi.npz"))[1][0]
     assert [t.dtype for t in inputs] == [torch.int64, torch.float32] and inputs[0].tolist() == [0, 7, 9]
+
+
+def test_integer_data_feeds_a_float_input_and_ids_an_integer_one() -> None:
+    """prepare_inputs: uint8 image data reaches a float32 IR input as float32 (exact); int64 ids reach an int32
+    input in its compute dtype (int64); float data for an integer input stays an error naming the input."""
+    from types import SimpleNamespace
+
+    from quantopt.data import prepare_inputs
+    from quantopt.graph.builder import GraphBuilder
+    from quantopt.quant.dtype import Dtype
+
+    b = GraphBuilder("feed")
+    img = b.input("img", [1, 2, 2])
+    ids = b.input("ids", [1, 3], dtype=Dtype.INT32)
+    graph = b.build([img, ids])
+    cfg = SimpleNamespace(data_batch_dim=0, without_batch_dim=False)
+    feed = prepare_inputs(graph, [torch.tensor([[[0, 255], [7, 9]]], dtype=torch.uint8),
+                                  torch.tensor([[1, 2, 3]])], cfg, "data.npz", 0)
+    assert feed[0].dtype == torch.float32 and feed[0].tolist() == [[[0.0, 255.0], [7.0, 9.0]]]
+    assert feed[1].dtype == Dtype.INT32.torch_dtype and feed[1].tolist() == [[1, 2, 3]]
+    with pytest.raises(DataError, match="input 'ids'"):
+        prepare_inputs(graph, [feed[0], torch.zeros(1, 3)], cfg, "data.npz", 0)
