@@ -500,6 +500,21 @@ class TokenEmbedding(nn.Module):
         return self.fc(self.ln(self.embed(ids)).mean(1))
 
 
+class Misc1d(nn.Module):
+    """1-D odds and ends: Conv1d, MaxPool1d, an unequal Split, x ** 3 (Pow of a constant exponent), Sqrt of Abs,
+    a Where on a comparison, adaptive average pooling and a mean over channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.c2 = nn.Conv1d(4, 12, 3, 1, 1), nn.Conv1d(5, 6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b, c = torch.split(F.max_pool1d(torch.relu(self.c(x)), 2), [3, 4, 5], 1)
+        z = torch.cat([a ** 3, torch.sqrt(b.abs() + 0.01)], 1)[:, :5]
+        w = torch.where(c > 0.1, c, c * 0.5)
+        return self.c2(z) + F.adaptive_avg_pool1d(w, 1).mean(1, keepdim=True)
+
+
 class OneOp(nn.Module):
     """A graph of one operator (after the Parser), for the one-operator cases."""
 
@@ -595,6 +610,7 @@ MODELS: Dict[str, Spec] = {
     "misc_convs": Spec(MiscConvs, {"x": (1, 3, 16, 16)}, ["y"], _image_sampler("x", (1, 3, 16, 16))),
     "reduce_axes": Spec(ReduceAxes, {"x": (1, 3, 16, 16)}, ["y"], _image_sampler("x", (1, 3, 16, 16))),
     "token_embedding": Spec(TokenEmbedding, {"ids": (1, 12)}, ["y"], _token_ids, vocab={"ids": 50}),
+    "misc_1d": Spec(Misc1d, {"x": (1, 4, 32)}, ["y"]),
     "norms": Spec(Norms, {"x": (1, 3, 16, 16)}, ["y"]),
     "op_softmax": Spec(lambda: OneOp(lambda x: torch.softmax(x, dim=-1)), {"x": (1, 8, 32)}, ["y"]),
     "op_sigmoid": Spec(lambda: OneOp(torch.sigmoid), {"x": (1, 8, 32)}, ["y"]),

@@ -227,8 +227,9 @@ def logical_quantize(self: PyNode) -> None:
 
 def _comparison_multipliers(node: PyNode, a: PyTensor, b: PyTensor) -> Tuple[int, int]:
     """Upstream's comparison multipliers: with r = s_big / s_small (the integer input's scale 1 counts as the big
-    one when only one input is an integer), f = min(32767, min(r·8192, 32767) / r) and M_i = max(1, trunc(s_big /
-    s_i · f)) in float32; (q + zp)·M_i then compare on one scale, to within the truncation of M_i."""
+    one when only one input is an integer), f = min(32767, min(r·8192, 32767) / r) (32767 / r as 32767 · (1 / r))
+    and M_i = max(1, trunc(s_big / s_i · f)) in float32; (q + zp)·M_i then compare on one scale, to within the
+    truncation of M_i."""
     int_a, int_b = quant_of(node).get(a).qinvariant, quant_of(node).get(b).qinvariant
     if int_a and int_b:
         return 1, 1
@@ -240,7 +241,10 @@ def _comparison_multipliers(node: PyNode, a: PyTensor, b: PyTensor) -> Tuple[int
     else:
         big, small = torch.maximum(sa, sb), torch.minimum(sa, sb)
     r = big / small
-    f = torch.clamp(torch.clamp(r * 8192, max=32767) / r, max=32767)
+    wide = r * 8192
+    # 32767 / r is taken as 32767 · (1 / r), two float32 roundings, as torch divides a number by a tensor upstream
+    f = wide / r if float(wide) < 32767 else torch.reciprocal(r) * 32767
+    f = torch.clamp(f, max=32767)
     return tuple(max(1, int(big / s * f)) for s in (sa, sb))
 
 
@@ -667,7 +671,9 @@ def _div_int(node: PyNode) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------ Pow
 POW = declare_op(
     "Pow",
-    params={"exponent": Param(Float(), "the constant exponent (a second input tensor instead is float only)")},
+    params={"exponent": Param(Float(), "the constant exponent (a second input tensor instead is float only)"),
+            **{k: quantized(Value(), "written as upstream writes it (1, 0, uint8, int8); not read")
+               for k in ("scale_value", "shift_value", "scale_type", "shift_type")}},
     constants={"lut": "x^exponent over the input range, written when quantized",
                "lut_log": "upstream's log table; not read", "lut_exp": "upstream's exp table; not read",
                "weights": "written by some Parser versions; not read"},
@@ -755,6 +761,7 @@ def pow_quantize(self: PyNode) -> None:
                       lut_items_in_bits=int(layer_settings(self).lut_items_in_bits))
     set_constant(self, "lut", table, out.dtype)
     constants_first(self, ["lut"])
+    store_requant(self, 1, 0, Dtype.UINT8, Dtype.INT8)  # upstream's keys; the table holds the whole function
 
 
 def _pow_int(node: PyNode) -> torch.Tensor:
