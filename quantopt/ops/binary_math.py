@@ -609,18 +609,12 @@ def _quantize_div_upstream(node: PyNode, a: PyTensor, b: PyTensor, out: PyTensor
     f32 = torch.float32
     ratio = (torch.tensor(tensor_scale(node, out), dtype=f32) * torch.tensor(tensor_scale(node, b), dtype=f32)) / \
         (torch.tensor(tensor_scale(node, a), dtype=f32) * torch.tensor(float(UPSTREAM_DIV_ZOOM), dtype=f32))
-    table = upstream_div_table(int(out_range_bits(node, b)), int(layer_settings(node).lut_items_in_bits))
+    table = upstream_div_table(int(range_bits(node, b)), int(layer_settings(node).lut_items_in_bits))
     set_constant(node, "lut", table, Dtype.UINT16)
     constants_first(node, ["lut"])
     node.params.pop("reciprocal_shift", None)
     _pop_requant(node)
     store_requant(node, *requant_scale_shift(node, ratio, int(layer_settings(node).q_bits_activation)))
-
-
-def out_range_bits(node: PyNode, t: PyTensor) -> int:
-    """Bits of a quantized tensor's integer range (its dtype's bits)."""
-    qmin, qmax = out_range(node, t)
-    return max(1, (int(qmax) - int(qmin)).bit_length())
 
 
 def _div_int_upstream(node: PyNode) -> torch.Tensor:
@@ -633,7 +627,7 @@ def _div_int_upstream(node: PyNode) -> torch.Tensor:
     if not isinstance(m, int):
         raise node._error("quantized Div needs a per-tensor scale_value/shift_value")
     x, y = _offset_int(node, a), _offset_int(node, b)
-    bits = out_range_bits(node, b)
+    bits = range_bits(node, b)
     lut_v = lookup_lut(y.abs(), table, 0, bits, 16, False)
     sign = torch.where(y < 0, -torch.ones_like(y), torch.ones_like(y))
     qmin, qmax = out_range(node, out)
