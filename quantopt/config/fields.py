@@ -199,6 +199,10 @@ field("layernorm_integer_form", "upstream", ChoiceKind(("upstream", "exact")),
       "inverse square root table, normalized tensor at the activation bits) or exact (8 fraction bits on the mean, "
       "integer square root, 16-bit normalized tensor; more accurate); docs/semantics/normalization.md",
       per_layer=True, group="quantization")
+field("logsoftmax_integer_form", "upstream", ChoiceKind(("upstream", "exact")),
+      "LogSoftmax's integer form: upstream (the upstream optimizer's: output range fixed to [-16, 0], a float32 exp "
+      "table, float32 sum and log) or exact (calibrated output range, base-2 exponent, power-of-two sum, table log2, "
+      "integer arithmetic only); docs/semantics/softmax.md", per_layer=True, group="quantization")
 field("lstm_integer_form", "upstream", ChoiceKind(("upstream", "q15")),
       "BasicLSTM's integer form: upstream (the upstream optimizer's: 256-entry tables and per-step requantization from "
       "the calibrated ranges of the cell's inner tensors) or q15 (fixed-range Q15 tables, int32 cell state; more "

@@ -38,6 +38,7 @@ SETTING_FIELDS: Dict[str, str] = {
     "trigger_float_op": "trigger_float_op",
     "min_activation_sqnr_db": "min_activation_sqnr_db",
     "layernorm_integer_form": "layernorm_integer_form",
+    "logsoftmax_integer_form": "logsoftmax_integer_form",
     "lstm_integer_form": "lstm_integer_form",
     "gru_integer_form": "gru_integer_form",
     "perf_mode_for_lib": "perf_mode_for_lib",
@@ -72,6 +73,7 @@ class LayerSettings:
     trigger_float_op: str = "disable"
     min_activation_sqnr_db: float = 0.0
     layernorm_integer_form: str = "upstream"
+    logsoftmax_integer_form: str = "upstream"
     lstm_integer_form: str = "upstream"
     gru_integer_form: str = "upstream"
     perf_mode_for_lib: bool = True
