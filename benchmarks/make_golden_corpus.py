@@ -515,6 +515,22 @@ class Misc1d(nn.Module):
         return self.c2(z) + F.adaptive_avg_pool1d(w, 1).mean(1, keepdim=True)
 
 
+class CrnnCtc(nn.Module):
+    """A CTC text recognizer: convolution, BatchNorm, ReLU and max pooling down to one row, a bidirectional LSTM over
+    the columns, a per-column classifier and LogSoftmax over the classes (the LogSoftmax in upstream's form)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cnn = nn.Sequential(nn.Conv2d(1, 16, 3, 1, 1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                                 nn.Conv2d(16, 32, 3, 1, 1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d((4, 1)))
+        self.rnn = nn.LSTM(32, 24, bidirectional=True, batch_first=True)
+        self.fc = nn.Linear(48, 12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.cnn(x).squeeze(2).transpose(1, 2)
+        return torch.log_softmax(self.fc(self.rnn(y)[0]), -1)
+
+
 class OneOp(nn.Module):
     """A graph of one operator (after the Parser), for the one-operator cases."""
 
@@ -612,6 +628,7 @@ MODELS: Dict[str, Spec] = {
     "token_embedding": Spec(TokenEmbedding, {"ids": (1, 12)}, ["y"], _token_ids, vocab={"ids": 50}),
     "misc_1d": Spec(Misc1d, {"x": (1, 4, 32)}, ["y"]),
     "norms": Spec(Norms, {"x": (1, 3, 16, 16)}, ["y"]),
+    "crnn_ctc": Spec(CrnnCtc, {"x": (1, 1, 8, 32)}, ["y"], _image_sampler("x", (1, 1, 8, 32))),
     "op_softmax": Spec(lambda: OneOp(lambda x: torch.softmax(x, dim=-1)), {"x": (1, 8, 32)}, ["y"]),
     "op_sigmoid": Spec(lambda: OneOp(torch.sigmoid), {"x": (1, 8, 32)}, ["y"]),
     "op_tanh": Spec(lambda: OneOp(torch.tanh), {"x": (1, 8, 32)}, ["y"]),

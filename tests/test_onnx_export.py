@@ -423,13 +423,18 @@ def _data(graph: Any, seed: int, batch: int) -> List[torch.Tensor]:
             for t in graph.input_tensors]
 
 
+EXPORTABLE = dict(logsoftmax_integer_form="exact")
+"""LogSoftmax in quantopt's exact form: upstream's form (float32 sum and log) is refused by the exporter
+(test_upstream_logsoftmax_is_refused_naming_the_field)."""
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("name", list(SMALL))
 def test_small_graphs_agree(name: str, variant: str) -> None:
     """The exact export: identical outputs and identical integers in every layer; the effective export within one
     step on 8 bits."""
     graph = SMALL[name](wide=variant == "int16")
-    qgraph = quantize_model(graph, [_data(graph, s, 2) for s in range(3)], VARIANTS[variant])
+    qgraph = quantize_model(graph, [_data(graph, s, 2) for s in range(3)], {**VARIANTS[variant], **EXPORTABLE})
     data = _data(graph, 7, 4)
     result = measure_agreement(qgraph, data, per_layer=True)
     assert min(result.layers.values()) >= THRESHOLD, {k: v for k, v in result.layers.items() if v < THRESHOLD}
@@ -442,6 +447,16 @@ def test_small_graphs_agree(name: str, variant: str) -> None:
     assert model.opset_import[0].version == (21 if variant == "int16" else 19)
     types = {t.type.tensor_type.elem_type for t in model.graph.value_info}
     assert (onnx.TensorProto.INT16 in types) == (variant == "int16")
+
+
+def test_upstream_logsoftmax_is_refused_naming_the_field() -> None:
+    """The default LogSoftmax form has no exact ONNX counterpart: the exporter refuses it and names the field that
+    selects the exported form."""
+    graph = g_layout()
+    qgraph = quantize_model(graph, [_data(graph, s, 2) for s in range(2)])
+    assert "lut_exp" in qgraph.node("logsoftmax").constants
+    with pytest.raises(UnsupportedError, match=r"'logsoftmax' \(LogSoftmax\).*logsoftmax_integer_form = exact"):
+        build_onnx_qdq(qgraph)
 
 
 def conv_transpose_graph(out_c: int, group: int, kernel: int, act: str, seed: int) -> Any:

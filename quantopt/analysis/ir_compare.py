@@ -20,8 +20,8 @@ COMPARED_PARAMS = ("scale_value", "shift_value", "scale_type", "shift_type", "we
                    "biases_scale", "biases_zp", "quantize_method")
 """IR params compared when the reference layer has them (floats compared as float32)."""
 
-COMPARED_CONSTANTS = ("weights", "biases", "lut", "scale", "shift", "weights_scale", "weights_zp", "biases_scale",
-                      "negative_slope")
+COMPARED_CONSTANTS = ("weights", "biases", "lut", "lut_exp", "scale", "shift", "weights_scale", "weights_zp",
+                      "biases_scale", "negative_slope")
 """Constants compared (values and dtype) when the reference layer has them."""
 
 

@@ -209,6 +209,10 @@ field("lut_output_range", "calibrated", ChoiceKind(("calibrated", "table")),
       "(the calibrated range, as upstream; only infinite ends are cut to the table's values) or table (cut to the "
       "values the table can give: a finer scale, nothing lost); docs/semantics/unary.md", per_layer=True,
       group="quantization")
+field("logsoftmax_integer_form", "upstream", ChoiceKind(("upstream", "exact")),
+      "LogSoftmax's integer form: upstream (the upstream optimizer's: output range fixed to [-16, 0], a float32 exp "
+      "table, float32 sum and log) or exact (calibrated output range, base-2 exponent, power-of-two sum, table log2, "
+      "integer arithmetic only); docs/semantics/softmax.md", per_layer=True, group="quantization")
 field("lstm_integer_form", "upstream", ChoiceKind(("upstream", "q15")),
       "BasicLSTM's integer form: upstream (the upstream optimizer's: 256-entry tables and per-step requantization from "
       "the calibrated ranges of the cell's inner tensors) or q15 (fixed-range Q15 tables, int32 cell state; more "

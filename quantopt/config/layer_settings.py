@@ -40,6 +40,7 @@ SETTING_FIELDS: Dict[str, str] = {
     "layernorm_integer_form": "layernorm_integer_form",
     "div_integer_form": "div_integer_form",
     "lut_output_range": "lut_output_range",
+    "logsoftmax_integer_form": "logsoftmax_integer_form",
     "lstm_integer_form": "lstm_integer_form",
     "gru_integer_form": "gru_integer_form",
     "perf_mode_for_lib": "perf_mode_for_lib",
@@ -76,6 +77,7 @@ class LayerSettings:
     layernorm_integer_form: str = "upstream"
     div_integer_form: str = "upstream"
     lut_output_range: str = "calibrated"
+    logsoftmax_integer_form: str = "upstream"
     lstm_integer_form: str = "upstream"
     gru_integer_form: str = "upstream"
     perf_mode_for_lib: bool = True

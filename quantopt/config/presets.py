@@ -8,7 +8,7 @@ tens of times), one requantization shift per channel (a shared shift zeroes the 
 activation ranges that hold 99.99% of the calibration values (a true percentile) instead of the mean of per-batch
 extrema, and 16 bits for the layers whose outputs no 8-bit range quantizes with an expected SQNR of 30 dB (the
 outlier features of transformer residual streams; convolutional networks keep 8 bits nearly everywhere), and
-LayerNorm's exact integer form instead of upstream's table-based one.
+LayerNorm's and LogSoftmax's exact integer forms instead of upstream's table-based ones.
 
 Torch-free, like the rest of the cfg reading.
 """
@@ -26,6 +26,7 @@ PRESETS: Dict[str, Dict[str, str]] = {
         "layernorm_integer_form": "exact",
         "div_integer_form": "exact",
         "lut_output_range": "table",
+        "logsoftmax_integer_form": "exact",
         "lstm_integer_form": "q15",
         "gru_integer_form": "q15",
     },

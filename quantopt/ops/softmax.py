@@ -7,7 +7,10 @@ exponent in base 2 from an input multiplier (`input_scale_value/input_shift_valu
 fraction table, an int64 sum, its log2 from a Q15 table and a second power of two (upstream's log-domain form).
 LUT is chosen when the Softmax feeds NMS/Sort/ArgMinMax/TopK/InTopK or is a graph output, FAST_EXP otherwise; an
 explicit `quantize_method` param wins.
-LogSoftmax subtracts a table log2 of the same power-of-two sum; Hardmax outputs exact 0/1 integers.
+LogSoftmax has two integer forms, chosen by the cfg field `logsoftmax_integer_form` and recognized in an IR by its
+constants: upstream's (the default, `lut_exp`): a float32 exp table, a float32 sum and log, the output range fixed
+to [-16, 0]; exact (`log2_lut`): the power-of-two sum of FAST_EXP minus its table log2, requantized. Hardmax
+outputs exact 0/1 integers.
 """
 from __future__ import annotations
 
@@ -21,10 +24,11 @@ from ..calibration.inf_mask import SOFTMAX_MASK_PARAM, has_low_mask
 from ..errors import UnsupportedError
 from ..graph.memo import Same, memo
 from ..graph.node import PyNode
-from ..graph.tables import statistics_of
-from ..quant.dtype import Dtype
+from ..graph.tables import ranges_of, statistics_of
+from ..quant.dtype import Dtype, int_dtype_for_bits
 from ..quant.hardware import (
     AIFF_MULTIPLIER_BITS,
+    LOGSOFTMAX_UPSTREAM_RANGE,
     SOFTMAX_DIVIDEND_BITS,
     SOFTMAX_FAST_EXP_MULTIPLIER_BITS,
     SOFTMAX_LUT_AUTO_VALUE_BITS,
@@ -32,12 +36,13 @@ from ..quant.hardware import (
     SOFTMAX_SMALL_AXIS,
     softmax_pow2_out_q,
 )
-from ..quant.lut import lookup_lut, lut_size
-from ..quant.params import QuantMode, dequantize, linear_quant_params
+from ..quant.lut import lookup_float_lut, lookup_lut, lut_size
+from ..quant.params import QuantMode, QuantParams, dequantize, integer_range, linear_quant_params
 from ..quant.requant import range_dtype, requantize_int, scale_shift
 from ..quant.rounding import bit_length
 from ..registry import declare_op
 from ..registry.schema import Bool, DtypeName, Floats, Int, Param, Text, quantized
+from ._float_sum import axis_sum
 from ._lut_int import ceil_log2, constants_first, int_input, range_bits
 from ._quant import (
     activation_mode,
@@ -58,7 +63,7 @@ from ._shared import axis_param
 from .onnx_build.exact import DOUBLE, INT64, MAX_TABLE_BITS, bit_length_int64, codes, double, requantize
 from .onnx_build.float_forms import requant_factor, unary_perm
 from .onnx_build.perms import Perm
-from .onnx_build.qdq_graph import FLOAT, QDQGraph
+from .onnx_build.qdq_graph import FLOAT, QDQGraph, node_error
 
 LUT_VALUE_BITS = SOFTMAX_LUT_AUTO_VALUE_BITS
 """Table values are e^(x - max) * (2^20 - 1): the value bits upstream uses when it selects the LUT method itself
@@ -495,32 +500,41 @@ def softmax_forward(self: PyNode) -> None:
 
 
 # --------------------------------------------------------------------------------------------- LogSoftmax
+LOGSOFTMAX_FORMS = ("upstream", "exact")
+"""Values of `logsoftmax_integer_form`: upstream's float-table form (the default) or quantopt's log-domain one."""
+
+_LOGSOFTMAX_INTEGER = ("upstream form (default): float32 exp table, float32 sum and log, output range fixed to "
+                        "[-16, 0]; exact form (logsoftmax_integer_form = exact): base-2 exponent, power-of-two sum, "
+                        "table log2, requantization of the difference")
+
 LOGSOFTMAX = declare_op(
     "LogSoftmax",
     params={
         "axis": Param(Int(), "the axis normalized (negative counts from the end)", default=-1),
-        "adjust_q": Param(Int(lo=POW2_TABLE_BITS, hi=FAST_EXP_MAX_ADJUST_Q), "fraction bits of the base-2 exponent "
-                          "(default 8, written when quantized)"),
-        "input_scale_value": quantized(Int(lo=0), "the multiplier of log2(e)/s_in"),
-        "input_shift_value": quantized(Int(), "the shift of log2(e)/s_in"),
+        "adjust_q": Param(Int(lo=POW2_TABLE_BITS, hi=FAST_EXP_MAX_ADJUST_Q), "exact form: fraction bits of the "
+                          "base-2 exponent (default 8, written when quantized)"),
+        "input_scale_value": quantized(Int(lo=0), "exact form: the multiplier of log2(e)/s_in"),
+        "input_shift_value": quantized(Int(), "exact form: the shift of log2(e)/s_in"),
         "input_scale_type": quantized(DtypeName(), "the dtype of input_scale_value"),
         "input_shift_type": quantized(DtypeName(), "the dtype of input_shift_value"),
-        "pow2_out_q": quantized(Int(lo=0), "fraction bits of the power-of-two terms, 31 - floor(log2(axis length))"),
-        "quantize_scale": quantized(Floats(), "upstream's float-path scales [s_out/s_in, s_out]; not read"),
+        "pow2_out_q": quantized(Int(lo=0), "exact form: fraction bits of the power-of-two terms, 31 - floor(log2(axis "
+                                           "length))"),
+        "quantize_scale": quantized(Floats(), "upstream form: [s_out/s_in, s_out] (float32 values), the factors of "
+                                              "x - max(x) and of the log of the sum"),
     },
-    constants={"pow2_lut": "the 2^f table (uint16), written when quantized",
-               "log2_lut": "the log2 table (uint16), written when quantized",
-               "lut_exp": "upstream's exp table; not read", "lut_log": "upstream's log table; not read",
+    constants={"lut_exp": "upstream form: the exp table (float32), written when quantized",
+               "lut_log": "older targets' log table; not read",
+               "pow2_lut": "exact form: the 2^f table (uint16), written when quantized",
+               "log2_lut": "exact form: the log2 table (uint16), written when quantized",
                "scale": _PER_CHANNEL_REFUSED, "shift": _PER_CHANNEL_REFUSED},
-    integer="base-2 exponent, power-of-two sum, table log2, requantization of the difference",
+    integer=_LOGSOFTMAX_INTEGER,
     semantics="docs/semantics/softmax.md#logsoftmax")
 
 
 @LOGSOFTMAX.quantize
 def logsoftmax_quantize(self: PyNode) -> None:
-    """Output signed from its calibrated range; log2(e)/s_in with a 15-bit multiplier; adjust_q = 8 fraction bits;
-    pow2_lut and log2_lut (uint16); scale_value/shift_value approximate s_out * ln(2)."""
-    inp, out = self.inputs[0], self.outputs[0]
+    """Checks the layer, then quantizes it in the form its `logsoftmax_integer_form` names (upstream by default)."""
+    inp = self.inputs[0]
     if params(self, inp).qmin is None:
         raise self._error(f"input '{inp.name}' is not quantized; quantize the producer first")
     s = layer_settings(self)
@@ -532,18 +546,90 @@ def logsoftmax_quantize(self: PyNode) -> None:
                                "integer form, which quantopt does not simulate; set min_compatible_zhouyi_target = X2",
                                field="min_compatible_zhouyi_target")
     _axis(self, len(inp.ir_shape))
-    quantize_activation(self, out, True)
-    self.params.setdefault("adjust_q", FAST_EXP_ADJUST_Q)
-    _adjust_q(self, allow_simple=False)
-    _input_log2e_requant(self, AIFF_MULTIPLIER_BITS)
-    self.params["pow2_out_q"] = softmax_pow2_out_q(_axis_len_ir(self))
-    set_constant(self, "pow2_lut", pow2_table(), Dtype.UINT16)
-    set_constant(self, "log2_lut", log2_table(), Dtype.UINT16)
-    constants_first(self, ["pow2_lut", "log2_lut"])
-    store_requant(self, *requant_scale_shift(self, tensor_scale(self, out) * math.log(2.0)))
+    if str(s.logsoftmax_integer_form) == "upstream":
+        _logsoftmax_upstream_quantize(self)
+    else:
+        _logsoftmax_exact_quantize(self)
 
 
-def _logsoftmax_integer_forward(node: PyNode) -> torch.Tensor:
+def logsoftmax_exp_table(in_scale: float, in_bits: int, lut_items_in_bits: int) -> torch.Tensor:
+    """Upstream form's `lut_exp` (float32): n = 2^min(in_bits, lut_items_in_bits) float32 points p_k spread evenly
+    over [0, 2^in_bits - 1] (torch.linspace), e_k = exp(p_k * (1 / -s_in)) in float32, in reverse order, so that the
+    last entry is exp(0) = 1 and entry j answers the difference x - max(x) = j - (2^in_bits - 1) when n = 2^in_bits."""
+    steps = lut_size(in_bits, lut_items_in_bits)
+    points = torch.linspace(0.0, float(2 ** int(in_bits) - 1), steps=steps)
+    return torch.exp(dequantize(points, -float(in_scale), 0)).flip(0)
+
+
+def _logsoftmax_upstream_quantize(node: PyNode) -> None:
+    """Upstream's form: the output gets the input's bits and the fixed range [-16, 0] (signed, the layer's mode,
+    then the full signed integer range), `quantize_scale` = [s_out/s_in, s_out] in float32, the exp table
+    `lut_exp`, and a neutral scale_value 1 / shift_value 0 that the forward does not read."""
+    inp, out = node.inputs[0], node.outputs[0]
+    s = layer_settings(node)
+    bits = range_bits(node, inp)
+    lo, hi = LOGSOFTMAX_UPSTREAM_RANGE
+    ranges_of(node).set(out, lo, hi)
+    p = linear_quant_params(lo, hi, bits, activation_mode(node, bits), True)
+    qmin, qmax = integer_range(bits, True)
+    set_params(node, out, QuantParams(p.scale, p.zerop, qmin, qmax, int_dtype_for_bits(bits, True)), bits)
+    s_in = np.float32(tensor_scale(node, inp))
+    s_out = np.float32(tensor_scale(node, out))
+    set_constant(node, "lut_exp", logsoftmax_exp_table(float(s_in), bits, int(s.lut_items_in_bits)), Dtype.FP32)
+    constants_first(node, ["lut_exp"])
+    node.params["quantize_scale"] = [float(s_out / s_in), float(s_out)]
+    store_requant(node, 1, 0, int_dtype_for_bits(int(s.q_bits_activation), False), Dtype.INT8)
+
+
+def _logsoftmax_exact_quantize(node: PyNode) -> None:
+    """quantopt's exact form: output signed from its calibrated range; log2(e)/s_in with a 15-bit multiplier;
+    adjust_q = 8 fraction bits; pow2_lut and log2_lut (uint16); scale_value/shift_value approximate s_out * ln(2)."""
+    out = node.outputs[0]
+    quantize_activation(node, out, True)
+    node.params.setdefault("adjust_q", FAST_EXP_ADJUST_Q)
+    _adjust_q(node, allow_simple=False)
+    _input_log2e_requant(node, AIFF_MULTIPLIER_BITS)
+    node.params["pow2_out_q"] = softmax_pow2_out_q(_axis_len_ir(node))
+    set_constant(node, "pow2_lut", pow2_table(), Dtype.UINT16)
+    set_constant(node, "log2_lut", log2_table(), Dtype.UINT16)
+    constants_first(node, ["pow2_lut", "log2_lut"])
+    store_requant(node, *requant_scale_shift(node, tensor_scale(node, out) * math.log(2.0)))
+
+
+def _quantize_scale(node: PyNode) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The two factors of `quantize_scale` as float32 scalars (the forward multiplies float32 tensors by them)."""
+    value = node.get_param("quantize_scale")
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise node._error(f"quantize_scale must hold two floats [s_out/s_in, s_out], got {value!r}")
+    return torch.tensor(float(value[0]), dtype=torch.float32), torch.tensor(float(value[1]), dtype=torch.float32)
+
+
+def _logsoftmax_upstream_forward(node: PyNode) -> torch.Tensor:
+    """Upstream's form, on the CPU: d = x - max(x) (int64), e = lut_exp read at d + 2^b - 1 (`lookup_float_lut`),
+    S = Σe in float32 in torch's single-threaded CPU order (`axis_sum`), L = ln S (torch float32 log),
+    y = float32(d) * q0 - L * q1 with [q0, q1] = quantize_scale, out = clamp(round_half_even(y) - zp, qmin, qmax)."""
+    inp, out = node.inputs[0], node.outputs[0]
+    lut = node.get_constant("lut_exp")
+    if not lut.dtype.is_float:
+        raise UnsupportedError(f"layer '{node.name}' (LogSoftmax): an integer lut_exp belongs to the form of targets "
+                               "older than X2, which quantopt does not simulate")
+    x, _ = int_input(node)
+    if x.numel() == 0:
+        return x.clone()
+    device = x.device
+    x = x.cpu()
+    axis = _axis(node, x.dim())
+    bits = range_bits(node, inp)
+    d = x - x.amax(dim=axis, keepdim=True)
+    terms = lookup_float_lut(d + (2 ** bits - 1), lut.betensor.cpu(), bits)
+    log_sum = torch.log(axis_sum(terms, axis))
+    q0, q1 = _quantize_scale(node)
+    y = d.to(torch.float32) * q0 - log_sum * q1
+    qmin, qmax = out_range(node, out)
+    return torch.clamp(torch.round(y).to(torch.int64) - tensor_zp(node, out), qmin, qmax).to(device)
+
+
+def _logsoftmax_exact_forward(node: PyNode) -> torch.Tensor:
     """u (log2 domain, F bits), S = Σ pow2 terms, L = log2(S / 2^P) in F bits from log2_lut, out = requant(u - L)."""
     out = node.outputs[0]
     x, _ = int_input(node)
@@ -579,10 +665,17 @@ def logsoftmax_tables(node: PyNode, bits: int) -> Tuple[torch.Tensor, torch.Tens
     return u, e, lg
 
 
+def logsoftmax_integer_forward(node: PyNode) -> torch.Tensor:
+    """Integer forward of a quantized LogSoftmax in the form its IR holds: upstream's with `lut_exp`, else exact."""
+    if "lut_exp" in node.constants:
+        return _logsoftmax_upstream_forward(node)
+    return _logsoftmax_exact_forward(node)
+
+
 @LOGSOFTMAX.forward
 def logsoftmax_forward(self: PyNode) -> None:
     if self.quantized:
-        self.outputs[0].betensor = _logsoftmax_integer_forward(self)
+        self.outputs[0].betensor = logsoftmax_integer_forward(self)
         return
     x = self.inputs[0].betensor
     self.outputs[0].betensor = torch.log_softmax(x, dim=_axis(self, x.dim()))
@@ -782,6 +875,10 @@ def convert_softmax(g: QDQGraph, node: PyNode) -> None:
     if str(node.type) == "Softmax" and (exact_softmax_lut(g, node, perm, axis)
                                         or exact_softmax_fast_exp(g, node, perm, axis)):
         return
+    if str(node.type) == "LogSoftmax" and "lut_exp" in node.constants:
+        raise node_error(node, "a LogSoftmax in upstream's integer form is not exported (its float32 log and sum "
+                               "have no exact ONNX counterpart); quantize it with logsoftmax_integer_form = exact "
+                               "(docs/semantics/softmax.md)")
     if str(node.type) == "LogSoftmax" and exact_logsoftmax(g, node, perm, axis):
         return
     out = g.add(str(node.type), [g.float_value(x, perm)], axis=axis)

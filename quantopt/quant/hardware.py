@@ -111,6 +111,10 @@ SOFTMAX_ROW_BLOCK: int = 128
 SOFTMAX_DIVIDEND_BITS: int = 31
 """The Softmax division works on 31-bit dividends (30 when the table's largest value is 1)."""
 
+LOGSOFTMAX_UPSTREAM_RANGE = (-16.0, 0.0)
+"""The output range of a LogSoftmax in upstream's integer form, fixed rather than calibrated: log-probabilities below
+-16 saturate (docs/semantics/softmax.md)."""
+
 # --- activations with a quantized slope ---------------------------------------------------------------------------
 
 PRELU_SLOPE_SHIFT: int = 12

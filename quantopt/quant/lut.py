@@ -117,3 +117,26 @@ def _lookup_per_channel(x_q: Union[torch.Tensor, np.ndarray], table: torch.Tenso
     columns = [lookup_lut(x[..., c], table[c], in_qmin, in_bits, out_bits, out_signed, in_restricted)
                for c in range(channels)]
     return torch.stack(columns, dim=-1) if size else x.to(torch.int64)
+
+
+def lookup_float_lut(index: torch.Tensor, lut: torch.Tensor, in_bits: int) -> torch.Tensor:
+    """Float32 lookup of a float table of 2^T entries (upstream `lookup_lut_powerof2` with a float table), for
+    integer indices in [0, 2^in_bits - 1] (not clipped): the entry itself when T >= in_bits, else with
+    b = in_bits - T, hi = index >> b, lo = index - (hi << b):
+        value = lut[hi] + ((lut[hi + 1] - lut[hi]) * lo) / 2^b
+    each operation rounded to float32 (lut[2^T] repeats the last entry). The difference times lo and the division
+    by a power of two are written out because their float32 roundings are what the table's users reproduce."""
+    table = torch.as_tensor(lut).to(torch.float32).flatten()
+    size = table.numel()
+    table_bits = size.bit_length() - 1
+    if size == 0 or 2 ** table_bits != size:
+        raise ValueError(f"LUT lookup needs a table of 2^N entries, got {size}")
+    idx = torch.as_tensor(index).to(torch.int64)
+    padded = torch.cat([table, table[-1:]]).to(idx.device)
+    if int(in_bits) <= table_bits:
+        return padded[idx]
+    b = int(in_bits) - table_bits
+    hi = idx >> b
+    lo = (idx - (hi << b)).to(torch.float32)
+    step = (padded[hi + 1] - padded[hi]) * lo
+    return padded[hi] + step / torch.tensor(float(2 ** b), dtype=torch.float32)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from quantopt.graph.builder import GraphBuilder
-from quantopt.ops.normalization import block_row_sum, channel_row_sum, fixed_row_sum
+from quantopt.ops._float_sum import axis_sum, block_row_sum, channel_row_sum, fixed_row_sum
 
 F32 = np.float32
 AVX2_TORCH = torch.backends.cpu.get_cpu_capability() == "AVX2"
@@ -335,3 +335,29 @@ def test_group_and_instance_norm_float_forward_is_torch_in_upstreams_layout(kind
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(got, want)
+
+
+AXIS_CASES = [((1, 16, 12), 2), ((2, 16, 12), 1), ((3, 5, 7, 9), 0), ((3, 5, 7, 9), 1), ((3, 5, 7, 9), 3),
+              ((2, 1000), 1), ((5, 300, 2), 1), ((1, 12, 16, 40), 2), ((7,), 0)]
+"""(shape, axis): the reduced axis last (a contiguous row) or inside (an outer reduction), kept axes shorter and
+longer than a vector."""
+
+
+@pytest.mark.parametrize("shape,axis", AXIS_CASES, ids=[f"{s}-{a}" for s, a in AXIS_CASES])
+def test_axis_sum_is_the_row_or_outer_order(shape: Tuple[int, ...], axis: int) -> None:
+    """axis_sum is fixed_row_sum on the rows of a last-axis reduction and channel_row_sum on an inner one, and, where
+    torch sums in 8 lanes on one thread, torch's own keepdim sum."""
+    x = torch.from_numpy(np.exp(3 * np.random.default_rng(len(shape) + axis).standard_normal(shape)).astype(F32))
+    got = axis_sum(x, axis)
+    outer, length = int(np.prod(shape[:axis])), shape[axis]
+    inner = int(np.prod(shape[axis + 1:]))
+    rows = x.reshape(outer, length, inner).permute(0, 2, 1).reshape(outer * inner, length).contiguous()
+    want = fixed_row_sum(rows) if inner == 1 else channel_row_sum(rows, inner)
+    assert torch.equal(got.reshape(-1), want.reshape(-1)) and list(got.shape) == [*shape[:axis], 1, *shape[axis + 1:]]
+    if TORCH_8_LANES:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            assert torch.equal(got, x.sum(axis, keepdim=True))
+        finally:
+            torch.set_num_threads(threads)

@@ -46,10 +46,15 @@ def settings(bits: int, mode: str, lut_bits: int) -> Dict[str, Any]:
                 q_bits_bias=48 if bits > 8 else 32)
 
 
-def quantized(optype: str, shape, params, bits: int, mode: str, lut_bits: int, consumer: str = "Reshape"):
+def quantized(optype: str, shape, params, bits: int, mode: str, lut_bits: int, consumer: str = "Reshape",
+              **extra: Any):
     g = graph(optype, shape, params, consumer)
     data = [logits([2] + list(shape[1:]), 20 + i) for i in range(3)]
-    return g, quantize_model(g, data, settings(bits, mode, lut_bits)), data
+    return g, quantize_model(g, data, {**settings(bits, mode, lut_bits), **extra}), data
+
+
+EXACT = dict(logsoftmax_integer_form="exact")
+"""LogSoftmax in quantopt's exact form (the default is upstream's, tests/ops/test_logsoftmax_upstream.py)."""
 
 
 # --- python-int reference ----------------------------------------------------------------------------------------
@@ -244,7 +249,8 @@ def test_fast_exp_integer_matches_reference(shape, axis: int, bits: int, mode: s
 @pytest.mark.parametrize("bits,mode,lut_bits", MODES)
 @pytest.mark.parametrize("shape,axis", SHAPES)
 def test_logsoftmax_integer_matches_reference(shape, axis: int, bits: int, mode: str, lut_bits: int) -> None:
-    _, qg, _ = quantized("LogSoftmax", shape, {"axis": axis}, bits, mode, lut_bits)
+    _, qg, _ = quantized("LogSoftmax", shape, {"axis": axis}, bits, mode, lut_bits, **EXACT)
+    assert "log2_lut" in qg.node("op").constants and "lut_exp" not in qg.node("op").constants
     check_integer(qg, logits([3] + list(shape[1:]), 5, std=5.0), ref_logsoftmax)
 
 
@@ -277,7 +283,7 @@ def test_hardmax_is_exact(bits: int, mode: str, lut_bits: int) -> None:
 @pytest.mark.parametrize("shape,axis", SHAPES)
 def test_float_vs_dequantized_cosine(optype: str, shape, axis: int, mode: str, bits: int, lut_bits: int,
                                      threshold: float) -> None:
-    g, qg, data = quantized(optype, shape, {"axis": axis}, bits, mode, lut_bits)
+    g, qg, data = quantized(optype, shape, {"axis": axis}, bits, mode, lut_bits, **EXACT)
     assert cosine(g.forward([data[0]])[0].clone(), run_quantized(qg, data[0])[0]) > threshold
 
 
@@ -285,9 +291,12 @@ def test_float_vs_dequantized_cosine(optype: str, shape, axis: int, mode: str, b
 @pytest.mark.parametrize("optype,params", [("Softmax", {"axis": -1}), ("Softmax", {"axis": 1, "adjust_q": 1}),
                                            ("LogSoftmax", {"axis": -1}), ("Hardmax", {"axis": 1})])
 @pytest.mark.parametrize("bits,mode,lut_bits", [MODES[1], MODES[3]])
+@pytest.mark.parametrize("form", ["upstream", "exact"])
 def test_written_ir_reloads_bit_identical(tmp_path, optype: str, params, bits: int, mode: str,
-                                          lut_bits: int) -> None:
-    _, qg, _ = quantized(optype, [1, 4, 10], params, bits, mode, lut_bits)
+                                          lut_bits: int, form: str) -> None:
+    if form == "exact" and optype != "LogSoftmax":
+        pytest.skip("the field selects LogSoftmax's form only")
+    _, qg, _ = quantized(optype, [1, 4, 10], params, bits, mode, lut_bits, logsoftmax_integer_form=form)
     x = logits([3, 4, 10], 7, std=4.0)
     before = qg.forward([x])[0].clone()
     re = read_ir(write_ir(qg, str(tmp_path / "q.txt"))[0])
@@ -305,7 +314,7 @@ def test_written_ir_reloads_bit_identical(tmp_path, optype: str, params, bits: i
                                                  ("Hardmax", {"axis": 2.5}, "axis")])
 def test_bad_params_are_clear_errors(optype: str, params, match: str) -> None:
     with pytest.raises(IRError, match=match):
-        quantized(optype, [1, 4, 10], params, 8, "per_tensor_asymmetric", 8)
+        quantized(optype, [1, 4, 10], params, 8, "per_tensor_asymmetric", 8, **EXACT)
 
 
 PER_CHANNEL = "per_channel_symmetric_full_range"
