@@ -286,6 +286,31 @@ class Norms(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c2(torch.relu(self.inn(torch.relu(self.gn(self.c(x))))))
+class LayerNorm2D(nn.Module):
+    """Three-head attention (MatMuls reading permuted heads, Softmax, tanh GELU) closed by `nn.LayerNorm([6, 24])`:
+    the Parser's LayerNorm over two axes with gamma/beta of shape [6, 24], quantized per channel along their last
+    axis under B; input shape [1, 6, 24]."""
+
+    def __init__(self, dim: int = 24, heads: int = 3) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.ln, self.fc = nn.LayerNorm([6, dim]), nn.Linear(dim, 4)
+        with torch.no_grad():  # away from the identity, with columns of different ranges: per-channel gamma matters
+            self.ln.weight.uniform_(0.5, 1.5).mul_(torch.linspace(0.5, 2.0, dim))
+            self.ln.bias.uniform_(-0.3, 0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        w = d // self.heads
+        q = self.q(x).reshape(b, t, self.heads, w).permute(0, 2, 1, 3)
+        k = self.k(x).reshape(b, t, self.heads, w).permute(0, 2, 3, 1)
+        v = self.v(x).reshape(b, t, self.heads, w).permute(0, 2, 1, 3)
+        a = torch.softmax(torch.matmul(q, k) * w ** -0.5, -1)
+        y = torch.matmul(a, v).permute(0, 2, 1, 3).reshape(b, t, d)
+        return self.fc(nn.functional.gelu(self.ln(x + y), approximate="tanh"))
+
+
 class ElementwiseConst(nn.Module):
     """Element-wise layers with scalar constants: a Mul and Add the Parser folds into a BatchNorm, a Div by a constant
     (a Mul by its reciprocal, which `enable_pass_merge_matmul_mul` makes a BatchNorm), Square, Sqrt, Exp, Log, Clip,
@@ -629,6 +654,7 @@ MODELS: Dict[str, Spec] = {
     "misc_1d": Spec(Misc1d, {"x": (1, 4, 32)}, ["y"]),
     "norms": Spec(Norms, {"x": (1, 3, 16, 16)}, ["y"]),
     "crnn_ctc": Spec(CrnnCtc, {"x": (1, 1, 8, 32)}, ["y"], _image_sampler("x", (1, 1, 8, 32))),
+    "layernorm_2d": Spec(LayerNorm2D, {"x": (1, 6, 24)}, ["y"]),
     "op_softmax": Spec(lambda: OneOp(lambda x: torch.softmax(x, dim=-1)), {"x": (1, 8, 32)}, ["y"]),
     "op_sigmoid": Spec(lambda: OneOp(torch.sigmoid), {"x": (1, 8, 32)}, ["y"]),
     "op_tanh": Spec(lambda: OneOp(torch.tanh), {"x": (1, 8, 32)}, ["y"]),

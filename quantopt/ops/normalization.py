@@ -19,11 +19,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..calibration.collect import weight_statistics
+from ..calibration.strategies import apply_strategy
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tables import quant_of, ranges_of
 from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
+from ..quant.given import GIVEN_PARAMS
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.lut import lookup_lut
 from ..quant.params import QuantMode, integer_range, linear_quant_params, quantize
@@ -287,18 +290,30 @@ class _Rows:
         return rows.reshape(permuted).permute(inverse)
 
 
-def _affine_shape(node: PyNode, shape: Sequence[int]) -> List[int]:
-    """Broadcast shape of gamma/beta and of per-element multipliers: the reduced axes (LayerNorm, RMSNorm, MVN),
-    the channel axis (GroupNorm) or the last axis (InstanceNorm); 1 elsewhere."""
-    rank = len(shape)
+def _affine_axes(node: PyNode, rank: int) -> List[int]:
+    """The axes gamma/beta run along, ascending: the reduced axes (LayerNorm, RMSNorm, MVN), the channel axis
+    (GroupNorm) or the last axis (InstanceNorm)."""
     kind = str(node.type)
     if kind == "GroupNorm":
-        keep = [_group_channel_axis(node, rank)[0]]
-    elif kind == "InstanceNorm":
-        keep = [rank - 1]
-    else:
-        keep = _reduce_axes(node, rank)
-    return [int(shape[d]) if d in keep else 1 for d in range(rank)]
+        return [_group_channel_axis(node, rank)[0]]
+    if kind == "InstanceNorm":
+        return [rank - 1]
+    return _reduce_axes(node, rank)
+
+
+def _affine_shape(node: PyNode, shape: Sequence[int]) -> List[int]:
+    """Broadcast shape of gamma/beta and of per-element multipliers: the sizes of `_affine_axes`, 1 elsewhere.
+    Gamma/beta of any shape holding that many elements are read in row-major order (upstream reshapes them so)."""
+    keep = _affine_axes(node, len(shape))
+    return [int(shape[d]) if d in keep else 1 for d in range(len(shape))]
+
+
+def _channel_shape(node: PyNode, shape: Sequence[int]) -> List[int]:
+    """Broadcast shape of the upstream form's per-channel constants (scale/shift, weights_scale/weights_zp,
+    biases_scale): the last of `_affine_axes` only, as upstream quantizes gamma per channel along its last axis.
+    The same as `_affine_shape` for one normalized axis."""
+    last = _affine_axes(node, len(shape))[-1]
+    return [int(shape[d]) if d == last else 1 for d in range(len(shape))]
 
 
 def _affine_tensor(node: PyNode, key: str, shape: Sequence[int]) -> Optional[torch.Tensor]:
@@ -663,25 +678,12 @@ def _upstream_form_quantize(node: PyNode) -> None:
                                                                                     dtype=torch.float32)
         store_requant(node, *requant_scale_shift(node, ratio, mult_bits=bits))
     else:
-        if "weights" not in node.constants:  # beta alone: gamma of ones, so that beta gets the weights' scale
-            numel = math.prod(_affine_shape(node, shape))
-            ones = set_constant(node, "weights", torch.ones(numel, dtype=torch.float32), Dtype.FP32)
-            ranges_of(node).set(ones, 1.0, 1.0)
-            ranges_of(node).set_channels(ones, torch.ones(numel), torch.ones(numel))
-            insert_keys_after(node, "biases", ["weights"])
-        gamma = _affine_tensor(node, "weights", shape)
-        per_channel = QuantMode.from_name(s.q_mode_weight).is_per_channel
-        if per_channel and node.constants["weights"].betensor.dim() != 1:
-            raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel weights need a 1-D gamma, got "
-                                   f"shape {list(node.constants['weights'].betensor.shape)} (broadcast "
-                                   f"{list(gamma.shape)})")
-        if "biases" in node.constants:
-            _affine_tensor(node, "biases", shape)
+        _complete_affine(node, shape)
         node.inputs[0] = norm
         if str(node.type) != "GroupNorm":  # upstream unifies only GroupNorm's shifts
             node.settings = dataclasses.replace(s, unify_shifts_for_aiff=False)
         try:
-            quantize_mac(node, per_channel)
+            _quantize_gamma_beta(node, QuantMode.from_name(s.q_mode_weight).is_per_channel, shape)
         finally:
             node.inputs[0] = inp
             node.settings = s
@@ -689,6 +691,68 @@ def _upstream_form_quantize(node: PyNode) -> None:
     quant_of(node).drop(norm)  # not a tensor of the graph
     set_constant(node, "lut", isqrt_table(), Dtype.INT16)
     insert_keys_after(node, "shift" if "shift" in node.constants else "biases", ["lut"])
+
+
+def _complete_affine(node: PyNode, shape: Sequence[int]) -> None:
+    """Check gamma/beta against the input and add the one missing: beta alone gets a gamma of ones (so that beta
+    gets the weights' scale); gamma of more elements than channels (several normalized axes) without beta gets zero
+    biases of its shape, where `quantize_mac` would make one per channel."""
+    if "weights" not in node.constants:
+        b = node.constants["biases"]
+        ones = set_constant(node, "weights", torch.ones(b.betensor.shape, dtype=torch.float32), Dtype.FP32)
+        channels = int(ones.betensor.shape[-1]) if ones.betensor.dim() else 1
+        ranges_of(node).set(ones, 1.0, 1.0)
+        ranges_of(node).set_channels(ones, torch.ones(channels), torch.ones(channels))
+        insert_keys_after(node, "biases", ["weights"])
+    gamma = node.constants["weights"]
+    _affine_tensor(node, "weights", shape)
+    if "biases" in node.constants:
+        _affine_tensor(node, "biases", shape)
+    elif gamma.betensor.numel() != math.prod(_channel_shape(node, shape)):
+        set_constant(node, "biases", torch.zeros(gamma.betensor.shape, dtype=torch.float32), Dtype.FP32)
+        insert_keys_after(node, "weights", ["biases"])
+
+
+def _quantize_gamma_beta(node: PyNode, per_channel: bool, shape: Sequence[int]) -> None:
+    """Gamma/beta quantized as a MAC layer's weights/biases on the normalized tensor (`quantize_mac`). Per channel,
+    a gamma of more elements than channels (several normalized axes) is quantized along its last axis, as upstream:
+    gamma and beta are viewed channels first, [C, R], for `quantize_mac` (which takes its channels on axis 0), with
+    gamma's per-channel range calibrated along that axis, then laid back."""
+    w, b = node.constants["weights"], node.constants.get("biases")
+    channels = math.prod(_channel_shape(node, shape))
+    if not per_channel or w.betensor.numel() == channels:
+        quantize_mac(node, per_channel)
+        return
+    if GIVEN_PARAMS in w.extra:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): the given per-channel quantization of a "
+                               f"pre-quantized gamma of shape {list(w.betensor.shape)} is not supported (one "
+                               "normalized axis is)", field="quantize_method_for_weight")
+    laid = [t for t in (w, b) if t is not None]
+    shapes = [list(t.betensor.shape) for t in laid]
+    for t in laid:
+        t.betensor = t.betensor.reshape(-1, channels).t().contiguous()
+    lo, hi = _calibrate_gamma_channels(node, w)
+    try:
+        quantize_mac(node, True)
+    finally:
+        for t, stored in zip(laid, shapes):
+            t.betensor = t.betensor.t().reshape(stored).contiguous()
+    for t in laid:
+        entry = quant_of(node).of(t)
+        entry.axis = t.betensor.dim() - 1 if entry.axis is not None else None
+    ranges_of(node).set_channels(w, lo, hi, axis=w.betensor.dim() - 1)
+
+
+def _calibrate_gamma_channels(node: PyNode, w: PyTensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The per-channel range of a channels-first float gamma (axis 0), set in the range table and returned, from its
+    values with the layer's weight strategy: the calibration's per-channel weight ranges ran along the axis 0 of
+    gamma as stored, not along its channels."""
+    s = layer_settings(node)
+    symmetric = not QuantMode.from_name(s.q_mode_weight).is_asymmetric
+    lo, hi = apply_strategy(weight_statistics(node, w), s.q_strategy_weight, s.q_bits_weight,
+                            symmetric=symmetric, ir_range=w.ir_range, per_channel=True)
+    ranges_of(node).set_channels(w, lo, hi, axis=0)
+    return lo, hi
 
 
 def upstream_norm_gain(node: PyNode) -> float:
@@ -702,6 +766,17 @@ def upstream_norm_gain(node: PyNode) -> float:
         vs = _int_param(node, "var_shift_value")
         return m_n * 2.0 ** (UPSTREAM_NORM_Q8 - 1 + vs / 2 - sh_n) / math.sqrt(count)
     return m_n * 2.0 ** (UPSTREAM_NORM_Q16 - sh_n)
+
+
+def gamma_codes(node: PyNode, shape: Sequence[int]) -> torch.Tensor:
+    """w_q + zp_w of an upstream-form gamma in its broadcast shape (`_affine_shape`), int64: per-channel zero points
+    run along the channel axis (`_channel_shape`), not along the axis 0 of gamma as stored."""
+    w = _affine_tensor(node, "weights", shape).to(torch.int64)
+    zp_t = node.constants.get("weights_zp")
+    if zp_t is not None:
+        return w + zp_t.betensor.to(device=w.device, dtype=torch.int64).reshape(_channel_shape(node, shape))
+    zp = int(node.params.get("weights_zp", 0))
+    return w + zp if zp else w
 
 
 def _upstream_form_forward(node: PyNode) -> torch.Tensor:
@@ -748,15 +823,14 @@ def _upstream_form_forward(node: PyNode) -> torch.Tensor:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): {e}") from None
     n = rows_of.from_rows(n).contiguous()
     mult, shift = requant_of(node)
-    bshape = _affine_shape(node, x.shape)
     if isinstance(mult, torch.Tensor):
-        mult, shift = mult.reshape(bshape), shift.reshape(bshape)
+        cshape = _channel_shape(node, x.shape)
+        mult, shift = mult.reshape(cshape), shift.reshape(cshape)
     qmin, qmax = out_range(node, out)
     zp_out = tensor_zp(node, out)
     if _affine_tensor(node, "weights", x.shape) is None:
         return requantize_int(n, mult, shift, zp_out, qmin, qmax)
-    w = effective_weights(node).reshape(bshape)
-    acc = n * w
+    acc = n * gamma_codes(node, x.shape)
     b = _affine_tensor(node, "biases", x.shape)
     if b is not None:
         acc = acc + b.to(torch.int64)
@@ -1093,11 +1167,11 @@ def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) ->
     normalized = g.add("Clip", [normalized, int64("norm_min", lo), int64("norm_max", hi)])
     acc = g.add("Cast", [normalized], to=DOUBLE)
     if gamma is not None:
-        w = effective_weights(node).to(torch.float64).reshape(affine).cpu().numpy()
+        w = gamma_codes(node, shape).to(torch.float64).cpu().numpy()
         acc = g.add("Mul", [acc, g.const(f"{node.name}/gamma", w)])
     if beta is not None:
         acc = g.add("Add", [acc, g.const(f"{node.name}/beta", beta.to(torch.float64).cpu().numpy())])
-    requantize(g, node, acc, ratio, None, channel_shape=affine if ratio.size > 1 else None)
+    requantize(g, node, acc, ratio, None, channel_shape=_channel_shape(node, shape) if ratio.size > 1 else None)
     return True
 
 
@@ -1130,11 +1204,18 @@ def convert_layernorm(g: QDQGraph, node: PyNode) -> None:
             / math.sqrt(count)
     affine = tuple(int(x.ir_shape[a]) for a in axes)
     ratio = requant_ratio(node) / tensor_scale(node, y)
-    ratio = ratio.reshape(affine) if ratio.size > 1 else float(ratio[0])
+    if ratio.size > 1:  # per element (exact form) or per channel of the last axis (upstream form)
+        ratio = ratio.reshape(affine if ratio.size == math.prod(affine) else (1,) * (len(axes) - 1) + affine[-1:])
+    else:
+        ratio = float(ratio[0])
     w_t = node.get_constant("weights", optional=True)
     b_t = node.get_constant("biases", optional=True)
-    w = effective_weights(node).to(torch.float64).reshape(affine).cpu().numpy() \
-        if w_t is not None else np.ones(affine)
+    if w_t is None:
+        w = np.ones(affine)
+    elif upstream:
+        w = gamma_codes(node, list(x.ir_shape)).to(torch.float64).reshape(affine).cpu().numpy()
+    else:
+        w = effective_weights(node).to(torch.float64).reshape(affine).cpu().numpy()
     b = b_t.betensor.to(torch.float64).reshape(affine).cpu().numpy() if b_t is not None else np.zeros(affine)
     gamma = (w * norm_scale * ratio).astype(np.float32)
     beta = (b * ratio * np.ones(affine)).astype(np.float32)

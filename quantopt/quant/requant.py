@@ -442,11 +442,12 @@ def bias_quantize(bias: Union[torch.Tensor, np.ndarray], s_in: Union[float, torc
     [-2^(bits-1), 2^(bits-1)-1], applied exactly. Upstream clamps in float32, where 2^31-1 becomes 2^31: a
     positive int32 overflow then yields 2^31 (stored as INT_MIN after the int32 wrap of the writer, and making
     `compress_bias` drop one bit). `upstream_float32_clip=True` reproduces that (the golden 16-bit IRs show it).
+    Per-channel scales run along axis 0 of biases of several axes (channels first).
     """
     s = torch.as_tensor(s_in, dtype=torch.float32).cpu() * torch.as_tensor(s_w, dtype=torch.float32).cpu()
     b = torch.as_tensor(np.asarray(bias) if isinstance(bias, np.ndarray) else bias).to(torch.float32)
     s = s.to(b.device)  # the float32 product is formed on the CPU (IEEE, as on any device), then joins the biases
-    q = torch.round(b * s)
+    q = torch.round(b * _along_axis0(s, b))
     lo, hi = -(2 ** (bias_bits - 1)), 2 ** (bias_bits - 1) - 1
     if upstream_float32_clip:
         q = torch.clamp(q, torch.tensor(lo, dtype=torch.float32).item(), torch.tensor(hi, dtype=torch.float32).item())
@@ -456,6 +457,13 @@ def bias_quantize(bias: Union[torch.Tensor, np.ndarray], s_in: Union[float, torc
     q = torch.nan_to_num(q, nan=0.0).to(torch.int64)
     scale = s if s.dim() > 0 else float(s.item())
     return q, scale
+
+
+def _along_axis0(scale: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Per-channel `scale` (one value per index of axis 0) shaped to broadcast against `like`; a scalar as it is."""
+    if scale.dim() == 0 or scale.numel() == 1 or like.dim() <= 1:
+        return scale
+    return scale.reshape([-1] + [1] * (like.dim() - 1))
 
 
 def fold_input_zero_point(bias_q: torch.Tensor, w_q: torch.Tensor, zp_in: Union[Number, torch.Tensor],
@@ -516,11 +524,13 @@ def search_bias_clamp_bits(bias_float: torch.Tensor, bias_q: torch.Tensor, bias_
     where a width needs none (upstream shifts by the negative count there) and computes the divergences in float64:
     they are often 1e-12 or less, below float32's resolution, where upstream's float32 choice is rounding noise.
     Computed on the CPU: a GPU's softmax sums and exponentials differ in the last bits, and the choice must not."""
-    b = torch.as_tensor(bias_q).cpu().to(torch.int64).reshape(-1)
+    shaped = torch.as_tensor(bias_q).cpu().to(torch.int64)
+    b = shaped.reshape(-1)
     if effective_bits >= bias_bits or b.numel() == 0:
         return None
     f = torch.as_tensor(bias_float).cpu().to(torch.float64).reshape(-1)
-    scale = torch.as_tensor(bias_scale).cpu().to(torch.float64).reshape(-1)
+    scale = torch.as_tensor(bias_scale).cpu().to(torch.float64)
+    scale = (_along_axis0(scale, shaped).expand(shaped.shape) if scale.numel() > 1 else scale).reshape(-1)
     float_softmax = f.softmax(dim=-1)
     compressed, _ = compress_bias(b, effective_bits)
     drift = _batchmean_kl(b.to(torch.float64).log_softmax(dim=-1), float_softmax) - \

@@ -72,11 +72,6 @@ def quantized(case, bits: int, mode: str, wmode: str, **extra: Any):
     return g, quantize_model(g, data, s), data
 
 
-def _skip_unsupported(case, wmode: str) -> None:
-    if case[0] == "2axes" and wmode == W_CHANNEL:
-        pytest.skip("per-channel weights need a 1-D gamma (tested below)")
-
-
 # --- independent reference (python ints) --------------------------------------------------------------------------
 def table() -> List[int]:
     return [min(32767, int(math.floor(32768 / math.sqrt(1 + j / 64) + 0.5))) for j in range(193)]
@@ -122,16 +117,20 @@ def ref_forward(node, x_q: np.ndarray) -> np.ndarray:
     lo, hi = _int_range(int(out.qbits), int(out.qmin) < 0)
     t = table()
     m_n, k_n = int(p["norm_scale_value"]), int(p["norm_shift_value"])
+    channels = x_q.shape[-1]  # per-channel constants run along the last axis, whatever gamma's rank
+
+    def per_element(key: str) -> List[int]:
+        v = [int(a) for a in node.constants[key].betensor.reshape(-1).tolist()]
+        return v if len(v) == n_el else [v[c % channels] for c in range(n_el)]
+
     if "scale" in node.constants:
-        mults = [int(v) for v in node.constants["scale"].betensor.reshape(-1).tolist()]
-        shifts = [int(v) for v in node.constants["shift"].betensor.reshape(-1).tolist()]
+        mults, shifts = per_element("scale"), per_element("shift")
     else:
         mults, shifts = [int(p["scale_value"])] * n_el, [int(p["shift_value"])] * n_el
     w = node.constants.get("weights")
     gamma = [int(v) for v in w.betensor.reshape(-1).tolist()] if w is not None else None
     if gamma is not None:
-        zp = node.constants["weights_zp"].betensor.reshape(-1).tolist() if "weights_zp" in node.constants \
-            else [int(p["weights_zp"])] * len(gamma)
+        zp = per_element("weights_zp") if "weights_zp" in node.constants else [int(p["weights_zp"])] * len(gamma)
         gamma = [g + int(z) for g, z in zip(gamma, zp)]
     b = node.constants.get("biases")
     beta = [int(v) for v in b.betensor.reshape(-1).tolist()] if b is not None else [0] * n_el
@@ -224,7 +223,6 @@ def test_long_rows_shrink_the_normalized_range() -> None:
 @pytest.mark.parametrize("bits,mode,wmode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_integer_forward_matches_reference(case, bits: int, mode: str, wmode: str) -> None:
-    _skip_unsupported(case, wmode)
     _, qg, _ = quantized(case, bits, mode, wmode)
     x = activations(case[1], 2, 99, outliers=6) * 1.3  # wider than calibration: exercises the clamps
     qg.forward([x])
@@ -290,13 +288,6 @@ def test_mixed_input_and_output_bits_are_refused_naming_the_field() -> None:
         quantize_model(g, data, per_layer={"op": {"q_bits_activation": 16}})
     qg = quantize_model(g, data, per_layer={"op": {"q_bits_activation": 16, "layernorm_integer_form": "exact"}})
     assert "norm_frac_bits" in qg.node("op").params
-
-
-def test_per_channel_weights_with_a_multi_dim_gamma_are_refused() -> None:
-    g = one_layer([1, 2, 3, C], {"axis": [2, 3], "epsilon": 1e-5},
-                  {"weights": RNG.normal(1.0, 0.3, (3, C)).astype(np.float32)})
-    with pytest.raises(UnsupportedError, match="1-D gamma"):
-        quantize_model(g, [activations([1, 2, 3, C], 2, 4)], dict(q_mode_weight=W_CHANNEL))
 
 
 def test_missing_table_is_an_ir_error() -> None:
