@@ -177,3 +177,96 @@ def test_cfg_field_on_the_corpus_encoder(enabled: bool, tmp_path: Path) -> None:
         assert types["/attn/Mul"] == "Crop" and "/attn/Constant_3" not in types
     else:
         assert types["/attn/Mul"] == "Mul" and types["/attn/Constant_3"] == "Constant"
+
+
+def _scaled_query(weights: Optional[np.ndarray] = None, biases: Optional[np.ndarray] = None, key_bn: bool = False,
+                  key_layer: str = "", query_readers: int = 1) -> QuantizeGraph:
+    """(BatchNorm(q) -> Transpose) @ k -> Softmax: the query scaled before the product, as some exports write it.
+
+    `key_bn`: k passes through a scaling BatchNorm of 0.5 too; `key_layer`: k passes through that layer type first
+    (Sigmoid ends upstream's walk before the query's BatchNorm is reached); `query_readers`: 2 gives the BatchNorm's
+    output a second reader."""
+    weights = np.full(8, SCALE, np.float32) if weights is None else weights
+    biases = np.zeros(8, np.float32) if biases is None else biases
+    b = GraphBuilder("scaled_query")
+    b.input("q", [1, 16, 4, 8])
+    b.input("k", [1, 4, 8, 16])
+    b.layer("BatchNorm", ["q"], [[1, 16, 4, 8]], name="bn", params={"axis": 3},
+            constants={"weights": weights, "biases": biases})
+    b.layer("Transpose", ["bn"], [[1, 4, 16, 8]], name="tr", params={"perm": [0, 2, 1, 3]})
+    key = "k"
+    if key_layer:
+        b.layer(key_layer, [key], [[1, 4, 8, 16]], name="key_act")
+        key = "key_act"
+    if key_bn:
+        b.layer("BatchNorm", [key], [[1, 4, 8, 16]], name="key_bn", params={"axis": 3},
+                constants={"weights": np.full(16, 0.5, np.float32), "biases": np.zeros(16, np.float32)})
+        key = "key_bn"
+    b.layer("MatMul", ["tr", key], [[1, 4, 16, 16]], name="mm", params={"trans_a": False, "trans_b": False})
+    b.layer("Softmax", ["mm"], [[1, 4, 16, 16]], name="softmax", params={"axis": -1})
+    outputs = ["softmax"]
+    if query_readers == 2:
+        b.layer("Sigmoid", ["bn"], [[1, 16, 4, 8]], name="other")
+        outputs.append("other")
+    return b.build(outputs)
+
+
+def _query_batch() -> List[torch.Tensor]:
+    g = torch.Generator().manual_seed(9)
+    return [torch.randn(1, 16, 4, 8, generator=g), torch.randn(1, 4, 8, 16, generator=g)]
+
+
+@pytest.mark.parametrize("key_bn", [False, True])
+def test_scaling_batchnorm_above_a_matmul_folds(key_bn: bool) -> None:
+    """A BatchNorm that only scales, reached from the MatMul's inputs through shape-only layers, becomes an identity
+    Crop and its factor the MatMul's; with both inputs scaled the factors multiply. The float result moves only by
+    rounding (the factor now applies after the product)."""
+    g = _scaled_query(key_bn=key_bn)
+    batch = _query_batch()
+    before = _outputs(g, batch)
+    folds = merge_matmul_mul(g)
+    # breadth-first: the key's BatchNorm is met before the query's, which sits behind the Transpose
+    expected = ([("mm", "key_bn", 0.5)] if key_bn else []) + [("mm", "bn", float(SCALE))]
+    assert folds == expected
+    types = _types(g)
+    assert types["bn"] == "Crop" and not g.node("bn").constants
+    assert g.node("bn").params == {"crops": [[0, 1], [0, 16], [0, 4], [0, 8]]}
+    if key_bn:
+        assert types["key_bn"] == "Crop"
+    factor = float(np.float32(SCALE) * np.float32(0.5)) if key_bn else float(SCALE)
+    assert g.node("mm").params[FUSED_MULTIPLIER] == factor
+    after = _outputs(g, batch)
+    assert torch.allclose(before[0], after[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["distinct weights", "bias", "two readers", "walk ends first"])
+def test_batchnorm_above_a_matmul_not_folded(case: str) -> None:
+    kwargs = {
+        "distinct weights": dict(weights=np.linspace(0.1, 0.8, 8, dtype=np.float32)),
+        "bias": dict(biases=np.full(8, 0.1, np.float32)),
+        "two readers": dict(query_readers=2),
+        "walk ends first": dict(key_layer="Sigmoid"),  # the key's Sigmoid is met before the query's BatchNorm
+    }[case]
+    g = _scaled_query(**kwargs)
+    types = _types(g)
+    assert merge_matmul_mul(g) == []
+    assert _types(g) == types and FUSED_MULTIPLIER not in g.node("mm").params
+
+
+def test_factor_after_and_scaling_before_multiply() -> None:
+    """A MatMul folded with the factor after it and a scaling BatchNorm above it carries both factors."""
+    b = GraphBuilder("both")
+    b.input("q", [1, 4, 16, 8])
+    b.input("k", [1, 4, 8, 16])
+    b.layer("BatchNorm", ["q"], [[1, 4, 16, 8]], name="bn", params={"axis": 3},
+            constants={"weights": np.full(8, 0.5, np.float32), "biases": np.zeros(8, np.float32)})
+    b.layer("MatMul", ["bn", "k"], [[1, 4, 16, 16]], name="mm", params={"trans_a": False, "trans_b": False})
+    b.layer("Constant", [], [[1]], name="scale", constants={"weights": np.array([SCALE], np.float32)})
+    b.layer("Mul", ["mm", "scale"], [[1, 4, 16, 16]], name="mul", params={"with_activation": "NONE"})
+    b.layer("Softmax", ["mul"], [[1, 4, 16, 16]], name="softmax", params={"axis": -1})
+    g = b.build(["softmax"])
+    batch = _batches(1)[0]
+    before = _outputs(g, batch)
+    assert merge_matmul_mul(g) == [("mm", "mul", float(SCALE)), ("mm", "bn", 0.5)]
+    assert g.node("mm").params[FUSED_MULTIPLIER] == float(np.float32(SCALE) * np.float32(0.5))
+    assert torch.allclose(before[0], _outputs(g, batch)[0], rtol=1e-5, atol=1e-6)

@@ -14,6 +14,7 @@ from ..quant.requant import INT32_MAX, INT32_MIN
 from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, Float, Int, Param, Value, quantized
+from ..threads import one_thread
 from . import _fp8
 from ._fc_order import OrderedWeights, linear_float32
 from ._quant import (
@@ -117,19 +118,21 @@ def fully_connected_forward(self: PyNode) -> None:
     # and for gradient-based calibration that differentiates through the layer, the float64 sum rounded once
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or weights.requires_grad
                                               or (biases is not None and biases.betensor.requires_grad))
-    # (a several-row sample beyond GEMM_ORDER_MAX_MACS too: the order would not be upstream's there either)
+    # (a several-row sample beyond GEMM_ORDER_MAX_MACS: torch's float32 GEMM one sample at a time, as upstream)
     group_rows = _sample_rows(self, int(weights.shape[0]))
-    ordered = (dtype == torch.float32 and layer_settings(self).fc_float_summation == "upstream" and not needs_grad
-               and group_rows is not None)
-    acc = torch.float32 if ordered else MAC_FLOAT_DTYPE
+    upstream_order = dtype == torch.float32 and layer_settings(self).fc_float_summation == "upstream" and not needs_grad
+    acc = torch.float32 if upstream_order else MAC_FLOAT_DTYPE
     w, b = _float_constants(self, x.device, acc, needs_grad)
     _check_fc_shapes(self, x, w)
     x = x.to(acc)
-    if not ordered:
+    if not upstream_order:
         y = F.linear(x, w, b).to(dtype)
+    elif FLOAT32_FC_ORDER != "upstream":
+        y = F.linear(x, w, b)
+    elif group_rows is None:
+        y = linear_per_sample(x, w, b, _ir_sample_rows(self))
     else:
-        y = linear_float32(x, w, b, _ordered_weights(self, weights), group_rows=group_rows) \
-            if FLOAT32_FC_ORDER == "upstream" else F.linear(x, w, b)
+        y = linear_float32(x, w, b, _ordered_weights(self, weights), group_rows=group_rows)
     self.outputs[0].betensor = apply_fused_activation(self, y)
 
 
@@ -152,17 +155,18 @@ def _float_constants(node: PyNode, device: torch.device, dtype: torch.dtype,
 
 
 GEMM_ORDER_MAX_MACS = 1 << 20
-"""Largest sample of several rows (rows x inputs x outputs multiply-adds) summed in the order of MKL's several-row
-kernels; larger ones take the exactly rounded float64 sum (docs/golden-differences.md, "Upstream's float forward")."""
+"""Largest sample of several rows (rows x inputs x outputs multiply-adds) summed in the emulated order of MKL's
+several-row kernels; larger ones take torch's float32 GEMM one sample at a time (`linear_per_sample`;
+docs/golden-differences.md, "Upstream's float forward")."""
 
 
 def _sample_rows(node: PyNode, n_out: int) -> Optional[int]:
-    """Rows of one IR sample of the layer's input (all axes but the last of its IR shape): upstream calibrates one
-    sample at a time, so its GEMM sums these rows together, whatever batch quantopt runs (ops/_fc_order.py). The
-    exact several-row order emulates a fused multiply-add per product, 20-30x the cost of a BLAS kernel even in
-    cache-sized tiles, so a sample of several rows beyond GEMM_ORDER_MAX_MACS multiply-adds gets None: no float32
-    order that quantopt can afford is upstream's there, and the exactly rounded float64 sum is both faster and
-    closer to the exact value than any of them. One row is always summed in upstream's one-row order."""
+    """Rows of one IR sample of the layer's input when its fixed float32 order is emulated (ops/_fc_order.py), else
+    None: upstream calibrates one sample at a time, so its GEMM sums these rows together, whatever batch quantopt
+    runs. The several-row order emulates a fused multiply-add per product, 20-30x the cost of a BLAS kernel even in
+    cache-sized tiles, so a sample of several rows beyond GEMM_ORDER_MAX_MACS multiply-adds gets None and runs
+    through torch's own float32 GEMM per sample (`linear_per_sample`). One row is always summed in upstream's one-row
+    order."""
     shape = [int(d) for d in node.inputs[0].ir_shape]
     if len(shape) < 2:
         return 1
@@ -170,6 +174,30 @@ def _sample_rows(node: PyNode, n_out: int) -> Optional[int]:
     if rows == 1:
         return 1
     return rows if rows * shape[-1] * n_out <= GEMM_ORDER_MAX_MACS else None
+
+
+def _ir_sample_rows(node: PyNode) -> int:
+    """Rows of one IR sample of the layer's input (all axes but the last of its IR shape)."""
+    shape = [int(d) for d in node.inputs[0].ir_shape]
+    return max(1, int(np.prod(shape[:-1], dtype=np.int64))) if len(shape) >= 2 else 1
+
+
+def linear_per_sample(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], rows: int) -> torch.Tensor:
+    """y = x @ w.T + b in float32 with torch's kernel, one GEMM per sample of `rows` rows on one thread: what
+    upstream's float32 GEMM computes for a batch of one on the same machine. A large GEMM's float32 order is the
+    BLAS library's and no cheaper emulation of it exists (GEMM_ORDER_MAX_MACS), but on one thread that order does
+    not depend on the number of rows beyond one sample, while on several threads a GEMM of few rows and many inputs
+    may split its sums between threads (docs/golden-differences.md, "Upstream's float forward"). Unlike the fixed
+    orders of _fc_order.py, the bits follow the machine's BLAS, as upstream's own do."""
+    lead = tuple(x.shape[:-1])
+    flat = x.reshape(-1, int(x.shape[-1]))
+    total = int(flat.shape[0])
+    if total == 0 or total % rows:
+        rows = max(total, 1)  # a shape other than the IR's (a dynamic dimension): the whole input is one sample
+    with one_thread():
+        parts = [F.linear(flat[i:i + rows], w, b) for i in range(0, max(total, 1), rows)]
+    y = torch.cat(parts) if len(parts) != 1 else parts[0]
+    return y.reshape(*lead, int(w.shape[0]))
 
 
 def _ordered_weights(node: PyNode, t: torch.Tensor) -> OrderedWeights:

@@ -14,6 +14,14 @@ graph output:
   holding one distinct value > 0, where the Mul does not broadcast the MatMul side to more elements; or a
   BatchNorm without mean/var whose weights hold one distinct value > 0 and whose biases are all 0 (or absent).
 
+Then each MatMul (any fold above included) with one reader layer looks up its inputs for scaling BatchNorms, as
+upstream's second step does: a breadth-first walk over the producers of its inputs, in input order, where a layer
+with more than one reader (or a graph output) is passed over, a BatchNorm is collected (not walked through), a
+shape-only layer hands on the producer of its first input, and any other layer ends the walk. When every collected
+BatchNorm only scales by one positive value, their factors multiply the MatMul's (a factor commutes with the shape
+moves and through the product) and they become identity Crops, as a folded Mul does. Attention written as
+`(q · s) @ k^T` (the query scaled before the product) folds like `(q @ k^T) · s`.
+
 The MatMul gets the parameter `fused_multiplier` (the factor as a float32 value): its float forward multiplies its
 float32 result by it (after any fused activation), so the float model computes the same bits as before; its
 quantize function folds it into the requantization multiplier and drops it, so a quantized IR never carries it (a
@@ -26,6 +34,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Set, Tuple
 
 import networkx as nx
+import numpy as np
 import torch
 
 from ..graph.graph import PyGraph
@@ -177,7 +186,59 @@ def merge_matmul_mul(graph: PyGraph) -> List[Tuple[str, str, float]]:
         graph.finalize(graph.source_file)
         graph.set_io([t.name for t in graph.input_tensors], [t.name for t in graph.output_tensors])
         folds.append((mm.name, cur.name, factor))
+    folds += _fold_input_batchnorms(graph)
     if folds:
         OPT_INFO(f"merge_matmul_mul: folded {len(folds)} constant factor(s) into MatMul layers: "
                  + ", ".join(f"{m} x {f:g} (via {c})" for m, c, f in folds))
+    return folds
+
+
+def _input_batchnorms(graph: PyGraph, mm: PyNode, readers: Dict[int, List[PyNode]], io: Set[int]) -> List[PyNode]:
+    """The BatchNorms found by the breadth-first walk up from `mm`'s inputs (module doc), in the order found."""
+    found: List[PyNode] = []
+    queue: List[Optional[PyNode]] = []
+    for t in mm.inputs:
+        if t.pnode is not None and all(t.pnode is not q for q in queue):
+            queue.append(t.pnode)
+        elif t.pnode is None:
+            queue.append(None)
+    while queue:
+        head = queue.pop(0)
+        if head is None:
+            break
+        reading = {id(r) for t in head.outputs for r in readers.get(id(t), [])}
+        if len(reading) > 1 or any(id(t) in io for t in head.outputs):
+            continue
+        if str(head.type) == "BatchNorm":
+            found.append(head)
+        elif _commutes(head) and head.inputs:
+            queue.append(head.inputs[0].pnode)
+        else:
+            break
+    return found
+
+
+def _fold_input_batchnorms(graph: PyGraph) -> List[Tuple[str, str, float]]:
+    """Scaling BatchNorms above MatMuls with one reader layer folded into them (module doc); (MatMul, BatchNorm,
+    factor) per fold."""
+    io = {id(t) for t in graph.input_tensors + graph.output_tensors}
+    folds: List[Tuple[str, str, float]] = []
+    for mm in list(graph.nodes):
+        if str(mm.type) != "MatMul" or _activation(mm) not in FOLDABLE_ACTIVATIONS:
+            continue
+        readers = readers_by_tensor(graph)
+        if len({id(r) for t in mm.outputs for r in readers.get(id(t), [])}) != 1:
+            continue
+        norms = _input_batchnorms(graph, mm, readers, io)
+        factors = [_scaling_batchnorm(n) for n in norms]
+        if not norms or any(f is None for f in factors):
+            continue
+        factor = float(mm.params.get(FUSED_MULTIPLIER, 1.0))
+        for bn, f in zip(norms, factors):
+            factor = float(np.float32(factor) * np.float32(f))
+            OPT_DEBUG(f"merge_matmul_mul: BatchNorm '{bn.name}' above '{mm.name}' folded into it as factor {f!r}")
+            _make_identity_crop(bn, bn.inputs[0])
+            folds.append((mm.name, bn.name, float(f)))
+        mm.params[FUSED_MULTIPLIER] = factor
+        graph.finalize(graph.source_file)
     return folds
