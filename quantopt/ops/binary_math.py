@@ -502,7 +502,15 @@ def where_quantize(self: PyNode) -> None:
                      "quantized; the integer branch is requantized as a tensor of scale 1")
         quantize_activation(self, out, signed)
     ms, ns, mts, nts = [], [], [], []
-    for t in (x, y):
+    for t, other in ((x, y), (y, x)):
+        if quant_of(self).get(t).qinvariant and not quant_of(self).get(other).qinvariant and _zero_constant(t):
+            # upstream passes an integer branch through (M = 1, N = 0, typed at the multiplier bits); for zeros, as
+            # here, that is exact
+            ms.append(1)
+            ns.append(0)
+            mts.append(Dtype.UINT8 if layer_settings(self).mult_bits <= 8 else Dtype.UINT16)
+            nts.append(Dtype.INT8)
+            continue
         m, n, mt, nt = requant_scale_shift(self, _f32_ratio(tensor_scale(self, out), tensor_scale(self, t)))
         ms.append(int(m))
         ns.append(int(n))
@@ -510,6 +518,15 @@ def where_quantize(self: PyNode) -> None:
         nts.append(nt)
     self.params["scale_value"], self.params["shift_value"] = ms, ns
     self.params["scale_type"], self.params["shift_type"] = mts, nts
+
+
+def _zero_constant(t: PyTensor) -> bool:
+    """Whether `t` is the output of a Constant layer whose values are all zero (the `0.0` of a masked_fill)."""
+    producer = t.pnode
+    if producer is None or str(producer.type) != "Constant" or "weights" not in producer.constants:
+        return False
+    values = producer.constants["weights"].betensor
+    return values.numel() > 0 and not bool(values.any())
 
 
 def _where_int(node: PyNode) -> torch.Tensor:

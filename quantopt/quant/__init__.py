@@ -21,6 +21,7 @@ from .requant import (
     bias_quantize,
     compress_bias,
     eltwise_multipliers,
+    float32_grid,
     fold_input_zero_point,
     group_ranges,
     linear_requantize,
@@ -38,7 +39,7 @@ __all__ = [
     "build_lut", "lookup_lut", "lut_sample_points", "lut_size",
     "QuantMode", "QuantParams", "dequantize", "integer_range", "linear_quant_params", "quantize",
     "EltwiseRequant", "UnifiedShifts", "aiff_ahead_shift", "bias_quantize", "compress_bias", "eltwise_multipliers",
-    "fold_input_zero_point", "group_ranges", "linear_requantize", "linear_requantize_floor", "range_dtype",
-    "scale_shift", "unify_shifts", "unify_shifts_for_aiff",
+    "float32_grid", "fold_input_zero_point", "group_ranges", "linear_requantize", "linear_requantize_floor",
+    "range_dtype", "scale_shift", "unify_shifts", "unify_shifts_for_aiff",
     "RoundMode", "round_by_mode", "round_half_away", "round_half_even",
 ]

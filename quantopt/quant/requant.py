@@ -488,6 +488,13 @@ def fold_input_zero_point(bias_q: torch.Tensor, w_q: torch.Tensor, zp_in: Union[
     return out
 
 
+def float32_grid(values: torch.Tensor) -> torch.Tensor:
+    """Integers rounded to the nearest float32 value (ties to even), as int64: what an integer sum held in a float32
+    tensor keeps. Values below 2^24 in magnitude are unchanged."""
+    v = torch.as_tensor(values).to(torch.int64)
+    return v.to(torch.float32).to(torch.int64)
+
+
 def compress_bias(bias_q: torch.Tensor, effective_bits: int) -> Tuple[torch.Tensor, int]:
     """Keep only the top `effective_bits` bits of the biases (`bias_effective_bits`); returns (b', k).
 

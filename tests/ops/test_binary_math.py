@@ -507,6 +507,41 @@ def test_where_with_integer_branches_is_integer() -> None:
     np.testing.assert_array_equal(qg.forward([c, x, y])[0].numpy(), np.where(c.numpy() != 0, x.numpy(), y.numpy()))
 
 
+def _masked_fill_graph(fill: float):
+    """Where(condition, Constant(fill), x): a masked_fill, as torch's SDPA export writes after its Softmax."""
+    b = GraphBuilder("t")
+    c = b.input("cond", SHAPE, dtype=Dtype.UINT8)
+    x = b.input("x", SHAPE)
+    b.layer("Constant", [], [SHAPE], name="fill", constants={"weights": np.full(SHAPE, fill, np.float32)})
+    y = b.layer("Where", [c, "fill", x], [SHAPE], name="op")
+    return b.build([y])
+
+
+@pytest.mark.parametrize("fill, bits", [(0.0, 8), (0.0, 16), (3.0, 8)])
+def test_where_integer_fill_branch(fill: float, bits: int) -> None:
+    """A zero fill (an integer Constant) passes through with M = 1, N = 0 as upstream writes it: the zero's integers
+    are the same with any multiplier. A non-zero integer fill is requantized to the output scale (upstream would pass
+    its code through and mean 3 / s_out instead of 3)."""
+    c = ints([2, 4, 5, 6], 43, 0, 1)
+    x = normal([2, 4, 5, 6], 44, loc=0.0, std=1.0)
+    g = _masked_fill_graph(fill)
+    qg = quantize_model(g, [[c, x]], settings(bits, "per_tensor_asymmetric", 10 if bits == 16 else 8))
+    node = qg.node("op")
+    assert params_of(node, node.inputs[1]).qinvariant and not params_of(node, node.inputs[2]).qinvariant
+    m, n = node.params["scale_value"][0], node.params["shift_value"][0]
+    if fill == 0.0:
+        assert (m, n) == (1, 0) and node.params["scale_type"][0] == (Dtype.UINT8 if bits == 8 else Dtype.UINT16)
+    else:
+        assert (m, n) != (1, 0)
+    got = run_quantized(qg, [c, x])[0]
+    want = g.forward([c, x])[0]
+    out = params_of(node, node.outputs[0])
+    x_scale = float(params_of(node, node.inputs[2]).scale)
+    assert float((got - want).abs().max()) <= 1.0 / float(out.scale) + 1.0 / x_scale  # input and output rounding
+    filled = c.numpy() != 0
+    np.testing.assert_allclose(got.numpy()[filled], fill, atol=0.5 / float(out.scale) + 1e-6)
+
+
 # --- 3. float vs dequantized --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("bits,lut_bits,threshold", [(8, 8, 0.99), (16, 10, 0.9999)])
 @pytest.mark.parametrize("case", [c for c in FLOAT_CASES if c[0] != "Logical"], ids=_id)

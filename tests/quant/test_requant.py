@@ -331,3 +331,10 @@ def test_aiff_ahead_shift() -> None:
     assert data.tolist() == [2 ** 30 + 2 + 1, -1 + (-2)]  # round-half-even(…) then bias >> 10 (floor)
     data, remain = aiff_ahead_shift(torch.tensor([2.0 ** 40]), shift=10, remain_shift=20)
     assert remain == 10 and data.tolist() == [2 ** 31 - 1]
+
+
+def test_float32_grid_rounds_beyond_2_24_half_to_even() -> None:
+    from quantopt.quant.requant import float32_grid
+
+    v = torch.tensor([5, -(2 ** 24) - 1, 2 ** 24 + 1, 2 ** 24 + 3, -18070759, 2 ** 31 - 1], dtype=torch.int64)
+    assert float32_grid(v).tolist() == [5, -(2 ** 24), 2 ** 24, 2 ** 24 + 4, -18070760, 2 ** 31]
