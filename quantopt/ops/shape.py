@@ -556,7 +556,14 @@ def cast_quantize(self: PyNode) -> None:
         self.params["ignore_scale_zp"] = True
     elif params(self, inp).qinvariant:
         bits, signed = _int_bits(to)
-        set_qinvariant(self, out, bits, signed)
+        q_in = params(self, inp)
+        lo, hi = integer_range(bits, signed)
+        if lo <= q_in.qmin and q_in.qmax <= hi:
+            # every input integer fits: upstream keeps the input's integer type (the Cast writes it as to_dtype),
+            # so a mask cast to int32 stays uint8 and the integer layers after it stay narrow
+            copy_params(self, out, inp)
+        else:
+            set_qinvariant(self, out, bits, signed)
         self.params["ignore_scale_zp"] = True
     else:
         bits, signed = _int_bits(to)

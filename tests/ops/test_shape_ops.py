@@ -276,6 +276,24 @@ def test_cast_int_to_int_is_exact(tmp_path, to_dtype: str, clip_mode: str) -> No
     roundtrip(tmp_path, qg, feeds)
 
 
+@pytest.mark.parametrize("in_dtype,to_dtype,kept", [(Dtype.UINT8, "int32", True), (Dtype.INT8, "int16", True),
+                                                   (Dtype.INT16, "int8", False), (Dtype.INT8, "uint16", False)])
+def test_cast_of_integers_that_fit_keeps_the_input_type(tmp_path, in_dtype: Dtype, to_dtype: str, kept: bool) -> None:
+    """An integer Cast whose target holds every integer of the input's type keeps the input's type, as upstream
+    writes it (a 0/1 mask cast to int32 stays uint8, so the integer layers after it stay narrow); a narrowing Cast
+    keeps its own type and clip."""
+    g = one_layer("Cast", {"to_dtype": to_dtype, "clip_mode": "SATURATION"}, [1, 16], [[1, 16]], in_dtype=in_dtype)
+    lo, hi = in_dtype.int_range()
+    feeds = [torch.from_numpy(np.random.default_rng(11).integers(lo, hi + 1, size=(3, 16)))]
+    qg = quantize_model(g, [feeds[0]], settings(8, "per_tensor_asymmetric"))
+    node = qg.node("op")
+    out_dtype = node.outputs[0].dtype
+    assert out_dtype == (in_dtype if kept else Dtype(to_dtype)) and node.params["to_dtype"] == out_dtype
+    assert params_of(node, node.outputs[0]).qinvariant
+    assert torch.equal(qg.forward(feeds)[0], g.forward(feeds)[0])
+    roundtrip(tmp_path, qg, feeds)
+
+
 def test_cast_to_float_is_passthrough(tmp_path) -> None:
     g = one_layer("Cast", {"to_dtype": "float16"}, [1, 8], [[1, 8]])
     x = calib([2, 8], 11, 1)[0]
