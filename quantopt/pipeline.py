@@ -98,7 +98,7 @@ def settings_from_arguments(graph: QuantizeGraph, settings: Union[None, LayerSet
         check_settings(n.settings, n)
 
 
-def finish_settings(graph: QuantizeGraph, deeply_set_unquantifiable: bool = False) -> List[Tuple[str, str]]:
+def finish_settings(graph: QuantizeGraph, deeply_set_unquantifiable: bool = True) -> List[Tuple[str, str]]:
     """After the settings are assigned, before the statistics: the layers of fused attentions get upstream's modes
     (passes/sdp_attention.py), per-channel activations that no reader could take
     fall back to per-tensor (passes/per_channel_fallback.py), shape-only readers of float layers run in float too

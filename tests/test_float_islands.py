@@ -233,3 +233,19 @@ def test_bad_values_name_the_field(tmp_path, capsys, field, value):
 
 def test_example_dir_exists():
     assert (EXAMPLE / "opt.cfg").is_file()
+
+
+def test_float_layer_weights_carry_scale_one_and_zero_point_zero(tmp_path: Path) -> None:
+    """A float layer's float weights are written with `weights_scale = 1.0` and `weights_zp = 0`, as upstream writes
+    every float layer with weights (an RMSNorm under the X2 target's float16 default); its forward is unchanged
+    (the weights are not weight-only quantized) and the IR reads back the same."""
+    g, q = _quantized({"fc2": {"trigger_float_op": "float16_preferred!"}})
+    fc2 = q.node("fc2")
+    assert fc2.params["weights_scale"] == 1.0 and fc2.params["weights_zp"] == 0
+    assert fc2.constants["weights"].betensor.is_floating_point()
+    before = run_quantized(q, _data(1)[0])[0]
+    write_ir(q, str(tmp_path / "q.txt"), str(tmp_path / "q.bin"))
+    again = read_ir(str(tmp_path / "q.txt"), str(tmp_path / "q.bin"))
+    assert again.node("fc2").params["weights_scale"] == 1.0
+    assert torch.equal(run_quantized(again, _data(1)[0])[0], before)
+    assert cosine(g.forward([_data(1)[0]])[0], before) > 0.99

@@ -42,7 +42,7 @@ NEW_FIELDS = {"enable_pass_tune_op_softmax": TuneOpValue(((0.0,), (0.0,))),
               "enable_pass_scaled_dot_product_attention": False,
               "enable_pass_convert_resize_to_convolution": False,
               "enable_pass_decompose_nonmonotonic_activations": False,
-              "enable_pass_deeply_set_unquantifiable": False}
+              "enable_pass_deeply_set_unquantifiable": True}  # upstream runs it whatever its cfg says
 
 
 def _types(graph: QuantizeGraph) -> Dict[str, str]:

@@ -321,9 +321,10 @@ field("enable_pass_split_qkv_fc_in_transformer", False, BoolKind(),
       "before statistics, a FullyConnected read only by a Split of its feature axis (a fused query/key/value "
       "projection) becomes one FullyConnected per part, each calibrated and quantized on its own; the float "
       "outputs do not change", group="quantization")
-field("enable_pass_deeply_set_unquantifiable", False, BoolKind(),
+field("enable_pass_deeply_set_unquantifiable", True, BoolKind(),
       "shape-only layers (Reshape, Transpose, Slice, Split, Pad, ...) reading a float layer of trigger_float_op run "
-      "in float too, chains included, so no Quantize/DeQuantize pair sits between them", group="quantization")
+      "in float too, chains included, so no Quantize/DeQuantize pair sits between them (default true: upstream runs it "
+      "even when its cfg says false)", group="quantization")
 field("enable_pass_scaled_dot_product_attention", False, BoolKind(),
       "before statistics, each attention chain MatMul(Q, K) -> constant scale (Mul or scaling BatchNorm) -> "
       "[Add mask] -> Softmax -> MatMul(V) becomes one SDPAttention layer (trans_q/trans_k/trans_v from the MatMuls' "

@@ -1,8 +1,8 @@
-"""`enable_pass_deeply_set_unquantifiable` (upstream's default, off): layers that only move values (Reshape,
-Transpose, Permute, Squeeze, Tile, Repeat, Pad, Slice, StridedSlice, Split, Crop, SpaceToDepth, DepthToSpace,
-SpaceToBatch, BatchToSpace, BatchToDepth) reading a float layer of `trigger_float_op` run in float too, with the
-float type of that layer, so no Quantize/DeQuantize pair sits between a float layer and the shape changes after
-it (docs/mixed-precision.md, docs/user-guide.md "Graph passes").
+"""`enable_pass_deeply_set_unquantifiable` (on by default: upstream runs it whatever its cfg says): layers that only
+move values (Reshape, Transpose, Permute, Squeeze, Tile, Repeat, Pad, Slice, StridedSlice, Split, Crop, SpaceToDepth,
+DepthToSpace, SpaceToBatch, BatchToSpace, BatchToDepth) reading a float layer of `trigger_float_op` run in float too,
+with the float type of that layer, so no Quantize/DeQuantize pair sits between a float layer and the shape changes
+after it (docs/mixed-precision.md, docs/user-guide.md "Graph passes").
 
 It runs after the layer settings, in graph order, so a chain of such layers becomes float as a whole; a layer whose
 own setting already runs it in float keeps that setting. The float islands (passes/float_islands.py) then insert

@@ -193,6 +193,9 @@ def make_float_layer(node: PyNode, choice: FloatChoice) -> None:
             continue
         c.betensor = round_to_float_dtype(c.betensor.to(torch.float32), dtype)
         c.dtype = c.ir_dtype = dtype
+        if key == "weights":  # float weights carry scale 1 and zero point 0, as upstream writes them
+            node.params["weights_scale"] = 1.0
+            node.params["weights_zp"] = 0
 
 
 def _weight_only(node: PyNode, w: PyTensor, fmt: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
 from quant_helpers import params_of
 
 from quantopt.graph.builder import GraphBuilder

@@ -1,0 +1,112 @@
+"""Small transformers architectures with seeded random weights, exported to ONNX for benchmarks/real_model_goldens.py.
+
+Only all-MiniLM-L6-v2's weights ship in a package here; these build the other architectures users bring from their
+transformers configs (GPT-2, DistilBERT, RoBERTa, ALBERT, ViT, LLaMA, the T5 encoder, wav2vec 2.0), two layers of
+width 64, so that every graph pattern of the real exports (padding masks of finfo.min, position ids computed from
+the token ids, rotary embeddings, RMSNorm, relative position buckets, convolutional feature extractors) goes through
+the upstream Parser and Optimizer. Weights are random (seeded): the goldens test fidelity, not accuracy.
+
+Nothing here is part of the quantopt package; transformers is a benchmark extra (benchmarks/requirements.txt).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+SEQ = 32
+"""Tokens per sample of the text models."""
+
+
+def _configs(t: Any) -> Dict[str, Tuple[Any, List[str]]]:
+    """Architecture name -> (config, input names)."""
+    text = ["input_ids", "attention_mask"]
+    return {
+        "hf_gpt2": (t.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=500, n_positions=64), text),
+        "hf_distilbert": (t.DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=500,
+                                             max_position_embeddings=64), text),
+        "hf_roberta": (t.RobertaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=128, vocab_size=500, max_position_embeddings=70), text),
+        "hf_albert": (t.AlbertConfig(hidden_size=64, embedding_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, vocab_size=500, max_position_embeddings=64), text),
+        "hf_vit": (t.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                               image_size=32, patch_size=8, num_channels=3), ["pixel_values"]),
+        "hf_llama": (t.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=128, vocab_size=500, max_position_embeddings=64), text),
+        "hf_t5_encoder": (t.T5Config(d_model=64, num_layers=2, num_heads=4, d_ff=128, d_kv=16, vocab_size=500),
+                          text),
+        "hf_wav2vec2": (t.Wav2Vec2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=128, conv_dim=(32, 32), conv_stride=(5, 2),
+                                         conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                                         num_conv_pos_embedding_groups=4), ["input_values"]),
+    }
+
+
+NAMES = ["hf_gpt2", "hf_distilbert", "hf_roberta", "hf_albert", "hf_vit", "hf_llama", "hf_t5_encoder", "hf_wav2vec2"]
+"""The architectures, in the order the benchmark makes them."""
+
+
+def input_shapes(name: str) -> Dict[str, Tuple[int, ...]]:
+    """Input name -> shape with batch 1."""
+    if name == "hf_vit":
+        return {"pixel_values": (1, 3, 32, 32)}
+    if name == "hf_wav2vec2":
+        return {"input_values": (1, 1600)}
+    return {"input_ids": (1, SEQ), "attention_mask": (1, SEQ)}
+
+
+def sampler(name: str, samples: int, image: Callable[[np.random.Generator, Tuple[int, ...]], np.ndarray]
+            ) -> Callable[[np.random.Generator], Dict[str, np.ndarray]]:
+    """`samples` samples per input: token ids with trailing padding of random length, images, or audio."""
+    def sample(rng: np.random.Generator) -> Dict[str, np.ndarray]:
+        if name == "hf_vit":
+            return {"pixel_values": image(rng, (1, 3, 32, 32))}
+        if name == "hf_wav2vec2":
+            return {"input_values": (0.3 * rng.standard_normal((samples, 1600))).astype(np.float32)}
+        ids = rng.integers(3, 500, (samples, SEQ)).astype(np.int64)
+        mask = np.ones((samples, SEQ), np.int64)
+        for i in range(samples):
+            mask[i, int(rng.integers(SEQ // 2, SEQ + 1)):] = 0
+        return {"input_ids": ids, "attention_mask": mask}
+    return sample
+
+
+def export(name: str, path: Path, seed: int) -> Optional[Path]:
+    """The architecture as ONNX at `path` (legacy exporter, opset 17, eager attention); None without transformers."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        return None
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import torch
+    import transformers
+
+    config, names = _configs(transformers)[name]
+    torch.manual_seed(seed)
+    if name == "hf_t5_encoder":
+        model = transformers.T5EncoderModel(config)
+    else:
+        model = transformers.AutoModel.from_config(config, attn_implementation="eager")
+    model.eval()
+
+    class Wrapped(torch.nn.Module):
+        """Keyword inputs by name, the last hidden state out."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args: torch.Tensor) -> torch.Tensor:
+            return self.model(**dict(zip(names, args))).last_hidden_state
+
+    feeds = sampler(name, 1, lambda rng, shape: rng.uniform(-1, 1, shape).astype(np.float32))(
+        np.random.default_rng(0))
+    example = tuple(torch.from_numpy(feeds[k]) for k in names)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Wrapped(), example, str(path), input_names=names, output_names=["y"], opset_version=17,
+                          dynamo=False)
+    return path
