@@ -195,6 +195,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "$QUANTOPT_UPSTREAM)")
     parser.add_argument("--report-only", action="store_true", help="compare with the goldens already in --out")
     parser.add_argument("--details", action="store_true", help="print every difference's text")
+    parser.add_argument("--accuracy", action="store_true",
+                        help="also print each variant's output cosine against float, of upstream's IR and of "
+                             "quantopt's, both run by quantopt's integer forward")
     args = parser.parse_args(argv)
     names = args.models or list(REAL)
     unknown = [n for n in names if n not in REAL]
@@ -212,7 +215,57 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not names:
         print(f"real_model_goldens: no goldens in {args.out}", file=sys.stderr)
         return 2
-    return golden_corpus_report.main([*names, "--corpus", str(args.out)] + (["--details"] if args.details else []))
+    code = golden_corpus_report.main([*names, "--corpus", str(args.out)] + (["--details"] if args.details else []))
+    if args.accuracy:
+        print(f"\n{'model/variant':<26} {'upstream IR':>12} {'quantopt IR':>12}   (output cosine against float)")
+        for name in names:
+            for letter in ("A", "B", "C"):
+                print(accuracy_row(args.out / name, letter), flush=True)
+    return code
+
+
+def accuracy_row(folder: Path, letter: str) -> str:
+    """Mean output cosine against the float model, over the calibration samples, of the upstream golden IR and of
+    the IR quantopt writes for the same cfg, both run by quantopt's integer forward (one executor for both)."""
+    import subprocess
+
+    import torch
+
+    from quantopt.analysis.similarity import cosine
+    from quantopt.ir.reader import read_ir
+    from quantopt.pipeline import run_quantized
+    from quantopt.registry import discover_plugins
+
+    discover_plugins()
+    name, golden = folder.name, folder / "golden" / letter
+    label = f"{name}/{letter}"
+    if not (golden / f"{name}_o.txt").is_file():
+        return f"{label:<26} no golden"
+    float_graph = read_ir(str(folder / f"{name}.txt"), str(folder / f"{name}.bin"))
+    upstream = read_ir(str(golden / f"{name}_o.txt"), str(golden / f"{name}_o.bin"))
+    with tempfile.TemporaryDirectory(prefix="real_goldens_acc_") as tmp:
+        cfg = (golden / "opt.cfg").read_text().replace("../../", f"{folder.resolve()}/")
+        cfg = cfg.replace("output_dir = ./out", f"output_dir = {tmp}")
+        Path(tmp, "opt.cfg").write_text(cfg)
+        done = subprocess.run([sys.executable, "-c", "import sys; from quantopt.cli import main; sys.exit(main())",
+                               "--cfg", str(Path(tmp, "opt.cfg"))],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return f"{label:<26} quantopt failed (exit {done.returncode})"
+        mine = read_ir(str(Path(tmp, f"{name}_o.txt")), str(Path(tmp, f"{name}_o.bin")))
+        if (folder / "calib.npy").is_file():
+            arrays = [np.load(folder / "calib.npy")]
+        else:
+            with np.load(folder / "calib.npz") as data:
+                arrays = [data[k] for k in data.files]
+        ups, ours = [], []
+        with torch.no_grad():
+            for s in range(arrays[0].shape[0]):
+                feeds = [torch.from_numpy(a[s:s + 1]) for a in arrays]
+                ref = float_graph.forward(feeds)[0].clone()
+                ups.append(cosine(ref, run_quantized(upstream, feeds)[0]))
+                ours.append(cosine(ref, run_quantized(mine, feeds)[0]))
+    return f"{label:<26} {np.mean(ups):>12.4f} {np.mean(ours):>12.4f}"
 
 
 if __name__ == "__main__":
