@@ -525,6 +525,51 @@ class TokenEmbedding(nn.Module):
         return self.fc(self.ln(self.embed(ids)).mean(1))
 
 
+class ScaledQueryAttention(nn.Module):
+    """Attention whose query is scaled by 1/sqrt(d) before the product, as PP-OCRv6's recognizer writes it: the
+    Parser's scaling BatchNorm, a Transpose and the MatMul (folded by `enable_pass_merge_matmul_mul`)."""
+
+    def __init__(self, dim: int = 24, heads: int = 3) -> None:
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q = q * (c // self.heads) ** -0.5
+        attn = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+        return self.out((attn @ v).transpose(1, 2).reshape(b, n, c))
+
+
+class RMSNormBlock(nn.Module):
+    """LLaMA's RMSNorm (x · rsqrt(mean(x²) + eps) · w, fused by the Parser, in float16 under the X2 target's default
+    `trigger_float_op`) before FullyConnected layers with a SiLU gate."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(dim) + 0.5)
+        self.gate, self.up, self.down = nn.Linear(dim, 32, bias=False), nn.Linear(dim, 32, bias=False), \
+            nn.Linear(32, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class PositionIds(nn.Module):
+    """RoBERTa's position ids from the token ids (padding 1): ne, an int32 Cast, a cumulative sum times the mask,
+    plus the padding index, then two Embeddings and a LayerNorm."""
+
+    def __init__(self, vocab: int = 40) -> None:
+        super().__init__()
+        self.tok, self.pos, self.ln = nn.Embedding(vocab, 16), nn.Embedding(20, 16), nn.LayerNorm(16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = ids.ne(1).int()
+        positions = (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + 1
+        return self.ln(self.tok(ids) + self.pos(positions))
+
+
 class Misc1d(nn.Module):
     """1-D odds and ends: Conv1d, MaxPool1d, an unequal Split, x ** 3 (Pow of a constant exponent), Sqrt of Abs,
     a Where on a comparison, adaptive average pooling and a mean over channels."""
@@ -619,6 +664,14 @@ def _token_ids(rng: np.random.Generator) -> Dict[str, np.ndarray]:
     return {"ids": rng.integers(0, 50, (SAMPLES, 12)).astype(np.int64)}
 
 
+def _position_ids(rng: np.random.Generator) -> Dict[str, np.ndarray]:
+    """int64 token ids in [2, 40) with trailing padding (id 1) of random length, [SAMPLES, 12]."""
+    ids = rng.integers(2, 40, (SAMPLES, 12)).astype(np.int64)
+    for i in range(SAMPLES):
+        ids[i, int(rng.integers(6, 13)):] = 1
+    return {"ids": ids}
+
+
 def _wave(rng: np.random.Generator) -> Dict[str, np.ndarray]:
     """Noisy sine waves of random frequency and amplitude, [SAMPLES, 1, 256]."""
     t = np.arange(256, dtype=np.float32)
@@ -655,6 +708,9 @@ MODELS: Dict[str, Spec] = {
     "norms": Spec(Norms, {"x": (1, 3, 16, 16)}, ["y"]),
     "crnn_ctc": Spec(CrnnCtc, {"x": (1, 1, 8, 32)}, ["y"], _image_sampler("x", (1, 1, 8, 32))),
     "layernorm_2d": Spec(LayerNorm2D, {"x": (1, 6, 24)}, ["y"]),
+    "scaled_query": Spec(ScaledQueryAttention, {"x": (1, 10, 24)}, ["y"]),
+    "rmsnorm_block": Spec(RMSNormBlock, {"x": (1, 8, 16)}, ["y"]),
+    "position_ids": Spec(PositionIds, {"ids": (1, 12)}, ["y"], _position_ids, vocab={"ids": 40}),
     "op_softmax": Spec(lambda: OneOp(lambda x: torch.softmax(x, dim=-1)), {"x": (1, 8, 32)}, ["y"]),
     "op_sigmoid": Spec(lambda: OneOp(torch.sigmoid), {"x": (1, 8, 32)}, ["y"]),
     "op_tanh": Spec(lambda: OneOp(torch.tanh), {"x": (1, 8, 32)}, ["y"]),

@@ -329,18 +329,51 @@ def _ema32(old: float, new: float, m: float) -> float:
 def _update_extrema_only(stats: TensorStatistics, x: torch.Tensor, m: float, reset: bool,
                          mask_threshold: float = INF_MASK_THRESHOLD) -> bool:
     """Fast path of the default strategies (extrema/mean): one aminmax and scalar arithmetic, the same results as
-    the general path. Returns False (nothing changed) when the batch holds NaN or mask values, for the general path
-    to handle."""
+    the general path (mask values through `_update_extrema_masked`). Returns False (nothing changed) when the batch
+    holds NaN or only mask values, for the general path to handle."""
     lo_t, hi_t = torch.aminmax(x if x.is_floating_point() else x.float())
     lo_f, hi_f = float(lo_t), float(hi_t)
     if lo_f <= -mask_threshold or hi_f >= mask_threshold:
+        return _update_extrema_masked(stats, x, m, reset, mask_threshold)
+    return _apply_extrema(stats, lo_f, hi_f, m, reset)
+
+
+def _update_extrema_masked(stats: TensorStatistics, x: torch.Tensor, m: float, reset: bool,
+                           mask_threshold: float) -> bool:
+    """The fast path for a batch holding mask values (attention masks): counted as `_drop_mask_values` counts them,
+    the extrema taken over the other values, without building the tensor of those values. Returns False (nothing
+    changed) when every value is a mask value or the others hold NaN, for the general path to handle."""
+    if math.isinf(mask_threshold):
         return False
+    xf = x if x.is_floating_point() else x.float()
+    huge = xf.abs() >= mask_threshold
+    total = int(huge.sum())
+    if total == 0 or total == xf.numel():
+        return False
+    lo_f = float(torch.where(huge, math.inf, xf).min())
+    hi_f = float(torch.where(huge, -math.inf, xf).max())
+    if math.isnan(lo_f) or math.isnan(hi_f):
+        return False
+    low = int((huge & (xf < 0)).sum())
+    if reset:
+        stats.reset()
+    for name, count in (("inf_mask_low", low), ("inf_mask_high", total - low)):
+        if count:
+            old = getattr(stats, name)
+            setattr(stats, name, torch.tensor((0.0 if old is None else float(old)) + count, dtype=_STAT_DTYPE))
+    return _apply_extrema(stats, lo_f, hi_f, m, reset, already_reset=True)
+
+
+def _apply_extrema(stats: TensorStatistics, lo_f: float, hi_f: float, m: float, reset: bool,
+                   already_reset: bool = False) -> bool:
+    """Fold one batch's extrema into `stats` (scalar arithmetic, as the general path's tensors compute it)."""
     lo = min(max(lo_f, STAT_INT_MIN), STAT_INT_MAX)
     hi = min(max(hi_f, STAT_INT_MIN), STAT_INT_MAX)
     if math.isnan(lo) or math.isnan(hi):
         return False
     if reset:
-        stats.reset()
+        if not already_reset:
+            stats.reset()
         emin, emax, rmin, rmax = lo, hi, lo, hi
     else:
         emin, emax = min(float(stats.extrema_min), lo), max(float(stats.extrema_max), hi)

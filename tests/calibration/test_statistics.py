@@ -259,3 +259,30 @@ def test_config_validation():
         StatisticsConfig(histogram_mode="mean")
     with pytest.raises(TypeError):
         update_statistics(TensorStatistics(), torch.zeros(2), {"momentum": 0.9}, 0)
+
+
+def test_mask_values_take_the_fast_path_with_the_general_paths_results() -> None:
+    """A batch holding attention-mask values (-inf, finfo.min) under the default strategies is folded without
+    building the tensor of its other values; extrema, running extrema, mask counts and batch counts are those of the
+    general path (which moments force), over batches with and without mask values, NaN and all-mask batches."""
+    from quantopt.calibration.statistics import StatisticsConfig, TensorStatistics, update_statistics
+
+    g = torch.Generator().manual_seed(4)
+    batches = []
+    for i in range(6):
+        x = torch.randn(2, 4, 8, 8, generator=g) * (i + 1)
+        if i in (0, 2, 3):
+            x[..., 5:] = torch.finfo(torch.float32).min if i != 2 else -math.inf
+        if i == 3:
+            x[0, 0, 0, 0] = math.inf
+        batches.append(x)
+    batches.append(torch.full((2, 3), -math.inf))
+    fast, general = TensorStatistics(), TensorStatistics()
+    for i, x in enumerate(batches):
+        update_statistics(fast, x, StatisticsConfig(need_moments=False), i)
+        update_statistics(general, x, StatisticsConfig(need_moments=True), i)
+        for name in ("extrema_min", "extrema_max", "running_min", "running_max", "inf_mask_low", "inf_mask_high"):
+            a, b = getattr(fast, name), getattr(general, name)
+            assert (a is None and b is None) or torch.equal(torch.as_tensor(a), torch.as_tensor(b)), (i, name)
+        assert fast.batches == general.batches
+    assert float(fast.inf_mask_low) == 3 * (2 * 4 * 8 * 3) + 6 and float(fast.inf_mask_high) == 1
