@@ -11,7 +11,7 @@ from ..graph.memo import Same, memo
 from ..graph.node import PyNode
 from ..quant.dtype import Dtype
 from ..quant.requant import INT32_MAX, INT32_MIN
-from ..quant.rounding import FLOAT64_EXACT, round_shift
+from ..quant.rounding import FLOAT64_EXACT, below_float64_exact, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, Float, Int, Param, Value, quantized
 from ..threads import one_thread
@@ -323,6 +323,9 @@ def requantize_exact(acc: torch.Tensor, mult: int, shift: int) -> torch.Tensor:
     (0 <= lo < 2^s) gives acc·M·2^-s = hi·M + lo·M·2^-s, so only lo·M (< 2^(s+16)) is rounded; the tie goes to
     the even total. For shift <= 0 the product is scaled by 2^-shift in float64, which is exact.
     """
+    if 0 < shift < 63 and below_float64_exact(acc, mult):
+        # acc · M · 2^-shift is exact in float64 below 2^53, and torch.round rounds half to even
+        return torch.round(acc.to(torch.float64) * (int(mult) * 2.0 ** -shift)).to(torch.int64)
     if shift <= 0:
         t = torch.clamp(acc, -SATURATED, SATURATED) * int(mult)
         t = torch.clamp(t, -SATURATED, SATURATED).to(torch.float64) * 2.0 ** (-shift)

@@ -118,6 +118,15 @@ def float64_to_int(x: torch.Tensor) -> torch.Tensor:
     return (x + _MAGIC).view(torch.int64) - _MAGIC_BITS
 
 
+def below_float64_exact(v: torch.Tensor, factor: int = 1) -> bool:
+    """Whether every |v| · factor of an int64 tensor is below 2^53 (so float64 holds it, and its products by powers
+    of two, exactly)."""
+    if v.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(v)
+    return max(-int(lo), int(hi)) * abs(int(factor)) < FLOAT64_EXACT
+
+
 def round_shift(v: torch.Tensor, shift: Union[int, torch.Tensor]) -> torch.Tensor:
     """Exact round_half_even(v / 2^shift) of an int64 tensor; a shift <= 0 is a left shift saturating at ±2^62.
 
@@ -126,6 +135,9 @@ def round_shift(v: torch.Tensor, shift: Union[int, torch.Tensor]) -> torch.Tenso
     give 0 for |v| < 2^62.
     """
     v = v.to(torch.int64)
+    if isinstance(shift, int) and 0 < shift < 63 and below_float64_exact(v):
+        # v · 2^-shift is exact in float64 below 2^53, and torch.round rounds half to even
+        return torch.round(v.to(torch.float64) * 2.0 ** -shift).to(torch.int64)
     s = torch.as_tensor(shift, dtype=torch.int64, device=v.device)
     pos = torch.clamp(s, min=0, max=62)
     q = v >> pos
