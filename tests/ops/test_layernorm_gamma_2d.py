@@ -7,13 +7,14 @@ exact ONNX export. The one-axis cases are in tests/ops/test_layernorm_upstream.p
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from quant_helpers import params_of
+from test_layernorm_upstream import ref_isqrt
 
 from quantopt.graph.builder import GraphBuilder
 from quantopt.ir.reader import read_ir
@@ -85,15 +86,6 @@ def per_element(node, key: str, param: str) -> List[int]:
     return v
 
 
-def table_isqrt(v: int, t: Sequence[int]) -> int:
-    k = min(30, max(0, 31 - v.bit_length()))
-    u, e = v << k, 31 - k
-    f = u >> 1 if e % 2 else u
-    i = max((f >> 23) - 64, 0)
-    a = (f >> 8) & 0x7FFF
-    return ((t[i] << 16) - 2 * a * (t[i] - t[i + 1])) >> ((e - 1) >> 1)
-
-
 def ref_upstream(node, x_q: np.ndarray) -> np.ndarray:
     """Upstream's form: rounded mean, table inverse square root, normalized tensor at the activation bits, then
     (w_q + zp_w)·n + b_q requantized per element (per-channel constants along the last axis)."""
@@ -115,10 +107,10 @@ def ref_upstream(node, x_q: np.ndarray) -> np.ndarray:
         ss = sum(e * e for e in d)
         if int(inp.qmax) - int(inp.qmin) < 256:
             vs = int(p["var_shift_value"])
-            g = (table_isqrt(ss >> vs if vs >= 0 else ss << -vs, t) + 32768) >> 16
+            g = (ref_isqrt(ss >> vs if vs >= 0 else ss << -vs, t) + 32768) >> 16
             normed = [clamp(rhe(e * g * m_n, 8 + k_n), lo, hi) for e in d]
         else:
-            g = clamp(rhe(((table_isqrt(ss // n_el, t) + 32768) >> 16) * m_n, k_n), 0, 65535)
+            g = clamp(rhe(((ref_isqrt(ss // n_el, t) + 32768) >> 16) * m_n, k_n), 0, 65535)
             normed = [clamp(rhe((e >> 1) * g, 7), lo, hi) for e in d]
         for c, n in enumerate(normed):
             y[r, c] = clamp(rhe((n * gamma[c] + beta[c]) * mults[c], shifts[c]) - zp_out, qmin, qmax)
