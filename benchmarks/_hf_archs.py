@@ -1,10 +1,11 @@
 """Small transformers architectures with seeded random weights, exported to ONNX for benchmarks/real_model_goldens.py.
 
 Only all-MiniLM-L6-v2's weights ship in a package here; these build the other architectures users bring from their
-transformers configs (GPT-2, DistilBERT, RoBERTa, ALBERT, ViT, LLaMA, the T5 encoder, wav2vec 2.0), two layers of
-width 64, so that every graph pattern of the real exports (padding masks of finfo.min, position ids computed from
-the token ids, rotary embeddings, RMSNorm, relative position buckets, convolutional feature extractors) goes through
-the upstream Parser and Optimizer. Weights are random (seeded): the goldens test fidelity, not accuracy.
+transformers configs (GPT-2, BERT, DistilBERT, RoBERTa, ALBERT, ViT, Swin, MobileViT, LLaMA, the T5 and Whisper
+encoders, wav2vec 2.0), two layers of width 64, so that every graph pattern of the real exports (padding masks of
+finfo.min, position ids computed from the token ids, rotary embeddings, RMSNorm, relative position buckets,
+convolutional feature extractors) goes through the upstream Parser and Optimizer. Weights are random (seeded): the
+goldens test fidelity, not accuracy.
 
 Nothing here is part of the quantopt package; transformers is a benchmark extra (benchmarks/requirements.txt).
 """
@@ -38,6 +39,17 @@ def _configs(t: Any) -> Dict[str, Tuple[Any, List[str]]]:
                                    intermediate_size=128, vocab_size=500, max_position_embeddings=64), text),
         "hf_t5_encoder": (t.T5Config(d_model=64, num_layers=2, num_heads=4, d_ff=128, d_kv=16, vocab_size=500),
                           text),
+        "hf_bert": (t.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                 vocab_size=500, max_position_embeddings=64), text),
+        "hf_swin": (t.SwinConfig(image_size=32, patch_size=4, num_channels=3, embed_dim=16, depths=[2, 2],
+                                 num_heads=[2, 4], window_size=4), ["pixel_values"]),
+        "hf_mobilevit": (t.MobileViTConfig(image_size=32, num_channels=3, hidden_sizes=[32, 48, 64],
+                                           neck_hidden_sizes=[8, 16, 24, 32, 48, 64, 80]), ["pixel_values"]),
+        "hf_whisper_encoder": (t.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4,
+                                               encoder_ffn_dim=128, num_mel_bins=16, max_source_positions=32,
+                                               decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=64,
+                                               vocab_size=100, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                               decoder_start_token_id=1), ["input_features"]),
         "hf_wav2vec2": (t.Wav2Vec2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                          intermediate_size=128, conv_dim=(32, 32), conv_stride=(5, 2),
                                          conv_kernel=(10, 3), num_conv_pos_embeddings=16,
@@ -45,16 +57,20 @@ def _configs(t: Any) -> Dict[str, Tuple[Any, List[str]]]:
     }
 
 
-NAMES = ["hf_gpt2", "hf_distilbert", "hf_roberta", "hf_albert", "hf_vit", "hf_llama", "hf_t5_encoder", "hf_wav2vec2"]
+NAMES = ["hf_gpt2", "hf_bert", "hf_distilbert", "hf_roberta", "hf_albert", "hf_vit", "hf_swin", "hf_mobilevit",
+         "hf_llama", "hf_t5_encoder", "hf_whisper_encoder", "hf_wav2vec2"]
 """The architectures, in the order the benchmark makes them."""
+IMAGE_MODELS = ("hf_vit", "hf_swin", "hf_mobilevit")
 
 
 def input_shapes(name: str) -> Dict[str, Tuple[int, ...]]:
     """Input name -> shape with batch 1."""
-    if name == "hf_vit":
+    if name in IMAGE_MODELS:
         return {"pixel_values": (1, 3, 32, 32)}
     if name == "hf_wav2vec2":
         return {"input_values": (1, 1600)}
+    if name == "hf_whisper_encoder":
+        return {"input_features": (1, 16, 64)}
     return {"input_ids": (1, SEQ), "attention_mask": (1, SEQ)}
 
 
@@ -62,10 +78,12 @@ def sampler(name: str, samples: int, image: Callable[[np.random.Generator, Tuple
             ) -> Callable[[np.random.Generator], Dict[str, np.ndarray]]:
     """`samples` samples per input: token ids with trailing padding of random length, images, or audio."""
     def sample(rng: np.random.Generator) -> Dict[str, np.ndarray]:
-        if name == "hf_vit":
+        if name in IMAGE_MODELS:
             return {"pixel_values": image(rng, (1, 3, 32, 32))}
         if name == "hf_wav2vec2":
             return {"input_values": (0.3 * rng.standard_normal((samples, 1600))).astype(np.float32)}
+        if name == "hf_whisper_encoder":
+            return {"input_features": rng.standard_normal((samples, 16, 64)).astype(np.float32)}
         ids = rng.integers(3, 500, (samples, SEQ)).astype(np.int64)
         mask = np.ones((samples, SEQ), np.int64)
         for i in range(samples):
@@ -88,6 +106,8 @@ def export(name: str, path: Path, seed: int) -> Optional[Path]:
     torch.manual_seed(seed)
     if name == "hf_t5_encoder":
         model = transformers.T5EncoderModel(config)
+    elif name == "hf_whisper_encoder":
+        model = transformers.WhisperModel(config).get_encoder()
     else:
         model = transformers.AutoModel.from_config(config, attn_implementation="eager")
     feeds = sampler(name, 1, lambda rng, shape: rng.uniform(-1, 1, shape).astype(np.float32))(

