@@ -358,3 +358,27 @@ def test_cfg_with_an_onnx_graph_quantizes_end_to_end(tmp_path):
                    f"calibration_data = {model_dir / 'calib.npy'}\noutput_dir = {tmp_path / 'out'}\n")
     assert main(["--cfg", str(cfg)]) == 0
     assert (tmp_path / "out" / "ppocr_onnx_o.txt").is_file()
+
+
+def test_cumsum_and_gather_elements_convert(tmp_path):
+    """CumSum becomes Cumulate SUM (exclusive and reverse kept) and a run-time GatherElements the IR's; both give
+    onnxruntime's values. A GatherElements of constants whose indices are shorter than the data (BERT's
+    token-type buffer) folds to a constant."""
+    nodes = [helper.make_node("CumSum", ["x", "ax"], ["c"], name="cumsum", exclusive=1, reverse=1),
+             helper.make_node("GatherElements", ["c", "idx"], ["g"], name="gather", axis=1),
+             helper.make_node("GatherElements", ["buf", "pos"], ["tt"], name="buffer", axis=1),
+             helper.make_node("Cast", ["tt"], ["ttf"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["g", "ttf"], ["y"], name="add")]
+    idx = np.array([[3, -1, 0, 2, 1, 1]], np.int64).repeat(2, 0)
+    model = _make(nodes, [_vi("x", [2, 6])], [_vi("y", [2, 6])],
+                  [_init("ax", np.array(1, np.int64)), _init("idx", idx),
+                   _init("buf", np.arange(10, dtype=np.int64).reshape(1, 10) % 3),
+                   _init("pos", np.arange(6, dtype=np.int64).reshape(1, 6))])
+    path = _save(model, tmp_path)
+    graph = import_onnx(path)
+    types = {str(n.type) for n in graph.nodes}
+    assert "Cumulate" in types and "GatherElements" in types and "Cast" not in types  # the buffer branch folded
+    cum = next(n for n in graph.nodes if str(n.type) == "Cumulate")
+    assert cum.params["exclusive"] is True and cum.params["reverse"] is True and cum.params["method"] == "SUM"
+    x = np.random.default_rng(3).normal(size=(2, 6)).astype(np.float32)
+    assert max(_run_both(path, {"x": x})) < 1e-6

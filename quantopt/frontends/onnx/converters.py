@@ -737,6 +737,26 @@ def _gather_one(ctx: Context, node: ONode, data: str, axis: int, index: int, kee
     ctx.bind(out, ctx.reshape(src, ctx.shape(out), f"{ctx.producer_layer(src)}_post_reshape"), None)
 
 
+@converter("GatherElements")
+def gather_elements(ctx: Context, node: ONode) -> None:
+    """IR GatherElements along the same axis (negative indices wrap as ONNX's do), in the ONNX layout."""
+    data, idx = node.inputs[0], node.inputs[1]
+    axis = _axis(node.attrs.get("axis", 0), ctx.rank(data))
+    ctx.emit(node, "GatherElements", [ctx.value(data), ctx.value(idx)], None, {"axis": axis})
+
+
+@converter("CumSum")
+def cumsum(ctx: Context, node: ONode) -> None:
+    """IR Cumulate SUM along the constant axis, with ONNX's exclusive and reverse (RoBERTa's position ids)."""
+    x = node.inputs[0]
+    if len(node.inputs) < 2 or not ctx.is_const(node.inputs[1]):
+        raise ConvertError("an axis computed at run time is not supported")
+    axis = _axis(int(np.asarray(ctx.const(node.inputs[1])).reshape(-1)[0]), ctx.rank(x))
+    ctx.emit(node, "Cumulate", [ctx.value(x)], None,
+             {"method": "SUM", "axis": axis, "exclusive": bool(node.attrs.get("exclusive", 0)),
+              "reverse": bool(node.attrs.get("reverse", 0))})
+
+
 @converter("Tile")
 def tile(ctx: Context, node: ONode) -> None:
     x = node.inputs[0]

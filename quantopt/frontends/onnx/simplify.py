@@ -267,6 +267,21 @@ def _is_plain_passthrough(node: Any, consts: Dict[str, np.ndarray], shapes: Dict
     return True
 
 
+def _gather_elements(node: Any, inputs: List[Optional[np.ndarray]]) -> List[np.ndarray]:
+    """GatherElements with numpy (onnx's reference evaluator fails when the indices are shorter than the data
+    along the gathered axis, as in BERT's token_type_ids buffer)."""
+    data, idx = np.asarray(inputs[0]), np.asarray(inputs[1]).astype(np.int64)
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    axis = axis + data.ndim if axis < 0 else axis
+    idx = np.where(idx < 0, idx + data.shape[axis], idx)
+    data = data[tuple(slice(None) if d == axis else slice(0, s) for d, s in enumerate(idx.shape))]
+    return [np.take_along_axis(data, idx, axis=axis)]
+
+
+NUMPY_FOLDERS = {"GatherElements": _gather_elements}
+"""ONNX operators folded with numpy instead of onnx's reference evaluator."""
+
+
 def _try_fold(onnx: Any, node: Any, opset: int, consts: Dict[str, np.ndarray],
               shapes: Dict[str, Tuple[int, ...]]) -> Optional[List[np.ndarray]]:
     if node.domain not in ("", "ai.onnx") or node.op_type in NON_FOLDABLE:
@@ -287,7 +302,9 @@ def _try_fold(onnx: Any, node: Any, opset: int, consts: Dict[str, np.ndarray],
     if node.op_type in ("Shape", "Size") and not node.input:
         return None
     try:
-        out = _eval_node(onnx, node, opset, [consts.get(i) if i else None for i in node.input])
+        folder = NUMPY_FOLDERS.get(node.op_type)
+        inputs = [consts.get(i) if i else None for i in node.input]
+        out = folder(node, inputs) if folder is not None else _eval_node(onnx, node, opset, inputs)
     except Exception as e:  # the reference evaluator runs arbitrary operator code: any exception means "not foldable"
         # safe: the node stays a layer, and its converter computes it or reports it as unsupported
         OPT_DEBUG(f"ONNX node '{node.name}' ({node.op_type}) not constant-folded: {type(e).__name__}: {e}")
