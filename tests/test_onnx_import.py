@@ -382,3 +382,39 @@ def test_cumsum_and_gather_elements_convert(tmp_path):
     assert cum.params["exclusive"] is True and cum.params["reverse"] is True and cum.params["method"] == "SUM"
     x = np.random.default_rng(3).normal(size=(2, 6)).astype(np.float32)
     assert max(_run_both(path, {"x": x})) < 1e-6
+
+
+@pytest.mark.parametrize("form", ["llama", "reciprocal", "div", "no_gamma"])
+def test_rmsnorm_written_out_is_fused(tmp_path, form):
+    """x · 1/sqrt(mean(x²) + eps) · gamma, as LLaMA's (Div(1, s), a same-type Cast), a Reciprocal, a Div(x, s)
+    export writes it, with and without gamma: one RMSNorm layer, onnxruntime's values."""
+    sq = (helper.make_node("Pow", ["x", "two"], ["p"], name="pow") if form != "reciprocal"
+          else helper.make_node("Mul", ["x", "x"], ["p"], name="sq"))
+    nodes = [sq, helper.make_node("ReduceMean", ["p"], ["m"], name="mean", axes=[-1], keepdims=1),
+             helper.make_node("Add", ["m", "eps"], ["a"], name="add"),
+             helper.make_node("Sqrt", ["a"], ["s"], name="sqrt")]
+    if form == "div":
+        nodes.append(helper.make_node("Div", ["x", "s"], ["n"], name="div"))
+    else:
+        nodes.append(helper.make_node("Reciprocal", ["s"], ["r"], name="rec") if form == "reciprocal"
+                     else helper.make_node("Div", ["one", "s"], ["r"], name="div"))
+        nodes.append(helper.make_node("Mul", ["x", "r"], ["n0"], name="mul"))
+        nodes.append(helper.make_node("Cast", ["n0"], ["n"], name="cast", to=TensorProto.FLOAT))
+    last = "n"
+    if form != "no_gamma":
+        nodes.append(helper.make_node("Mul", ["gamma", "n"], ["g"], name="scale"))
+        last = "g"
+    nodes.append(helper.make_node("Relu", [last], ["y"], name="relu"))
+    gamma = np.random.default_rng(1).uniform(0.5, 1.5, 16).astype(np.float32)
+    model = _make(nodes, [_vi("x", [1, 6, 16])], [_vi("y", [1, 6, 16])],
+                  [_init("two", np.array(2.0, np.float32)), _init("eps", np.array(1e-6, np.float32)),
+                   _init("one", np.array(1.0, np.float32)), _init("gamma", gamma)])
+    path = _save(model, tmp_path)
+    graph = import_onnx(path)
+    types = [str(n.type) for n in graph.nodes]
+    assert types.count("RMSNorm") == 1 and not {"Pow", "Sqrt", "Div", "Reciprocal", "Reduce"} & set(types)
+    norm = next(n for n in graph.nodes if str(n.type) == "RMSNorm")
+    np.testing.assert_allclose(norm.constants["weights"].betensor.numpy().reshape(-1),
+                               gamma if form != "no_gamma" else np.ones(16, np.float32))
+    x = np.random.default_rng(2).normal(size=(1, 6, 16)).astype(np.float32)
+    assert max(_run_both(path, {"x": x})) < 1e-5

@@ -2,6 +2,9 @@
 
 - LayerNorm written out (ReduceMean, Sub, Pow 2 (or d*d), ReduceMean, Add eps, Sqrt, Div, then Mul gamma and Add
   beta) → one LayerNorm; without gamma and beta → MVN;
+- RMSNorm written out (Pow 2 (or x*x), ReduceMean, Add eps, Sqrt, then Div(x, s), or Reciprocal / Div(1, s) and a
+  Mul by x; a Cast to the same float type; then an optional Mul by gamma) → one RMSNorm, as LLaMA's and T5's
+  exports write it;
 - BatchNormalization (inference) and Mul by a constant followed by Add/Sub of a constant, each constant a scalar or
   one value per channel → ChannelAffine (written as a BatchNorm: `weights` the scale, `biases` the shift);
 - a ChannelAffine, or a single Mul/Div/Sub by such a constant, right after a Conv, ConvTranspose or fully connected
@@ -38,6 +41,77 @@ def fuse_layernorm(g: OGraph) -> None:
         replace(g, last, node)
         dead += [n for n in interior if n is not last]
     remove(g, dead)
+
+
+# ================================================================================================ RMSNorm
+def fuse_rmsnorm(g: OGraph) -> None:
+    idx = Index(g)
+    dead: List[ONode] = []
+    for sq in list(g.nodes):
+        if sq.op not in ("Pow", "Mul") or any(n is sq for n in dead):
+            continue
+        found = _rmsnorm(g, idx, sq)
+        if found is None:
+            continue
+        last, node, interior = found
+        replace(g, last, node)
+        dead += [n for n in interior if n is not last]
+    remove(g, dead)
+
+
+def _rmsnorm(g: OGraph, idx: Index, sq: ONode) -> Optional[Tuple[ONode, ONode, List[ONode]]]:
+    """(node whose place the fused node takes, the fused RMSNorm, every node of the pattern) or None."""
+    x = sq.inputs[0]
+    if sq.op == "Pow" and (len(sq.inputs) != 2 or not close(scalar(g, sq.inputs[1]), 2.0)):
+        return None
+    if sq.op == "Mul" and list(sq.inputs) != [x, x]:
+        return None
+    if x in g.consts or not _is_float(g, x):
+        return None
+    mean = idx.single(sq.outputs[0])
+    axes = _reduce_axes(g, mean) if mean is not None and mean.op == "ReduceMean" else None
+    add = idx.single(mean.outputs[0]) if axes is not None else None
+    pair = const_and_var(g, add) if add is not None and add.op == "Add" else None
+    eps = scalar(g, pair[0]) if pair is not None else None
+    sqrt = idx.single(add.outputs[0]) if eps is not None else None
+    if sqrt is None or sqrt.op != "Sqrt":
+        return None
+    nodes = [sq, mean, add, sqrt]
+    nxt = idx.single(sqrt.outputs[0])
+    if nxt is None:
+        return None
+    if nxt.op == "Div" and list(nxt.inputs) == [x, sqrt.outputs[0]]:
+        normed = nxt
+    else:
+        if nxt.op == "Reciprocal" or (nxt.op == "Div" and nxt.inputs[1] == sqrt.outputs[0]
+                                      and close(scalar(g, nxt.inputs[0]), 1.0)):
+            normed = idx.single(nxt.outputs[0])
+        else:
+            return None
+        if normed is None or normed.op != "Mul" or sorted(normed.inputs) != sorted([x, nxt.outputs[0]]):
+            return None
+        nodes.append(nxt)
+    nodes.append(normed)
+    last = normed
+    cast = idx.single(last.outputs[0])
+    if cast is not None and cast.op == "Cast" and g.dtypes.get(cast.outputs[0]) == g.dtypes.get(last.outputs[0]):
+        nodes.append(cast)
+        last = cast
+    shape = g.shapes[x]
+    gamma = None
+    mul = idx.single(last.outputs[0])
+    mpair = const_and_var(g, mul) if mul is not None and mul.op == "Mul" else None
+    if mpair is not None:
+        gamma = _over_axes(g.consts[mpair[0]], axes, shape)
+        if gamma is not None:
+            nodes.append(mul)
+            last = mul
+    if gamma is None:
+        gamma = np.ones([shape[a] for a in axes], np.float32)
+    wname = new_const(g, f"{last.name}_scale", gamma)
+    fused = ONode(last.name, "RMSNorm", [x, wname], list(last.outputs), {"axes": list(axes), "epsilon": f32(eps)},
+                  FUSED_DOMAIN)
+    return last, fused, nodes
 
 
 def _reduce_axes(g: OGraph, node: ONode) -> Optional[Tuple[int, ...]]:

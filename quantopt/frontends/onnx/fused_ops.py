@@ -50,6 +50,7 @@ def swish(ctx: Context, node: ONode) -> None:
 
 @fused("LayerNorm")
 @fused("MVN")
+@fused("RMSNorm")
 def normalization(ctx: Context, node: ONode) -> None:
     """Normalized over `axes` in the layout the input is held in (gamma and beta permuted to match)."""
     x = node.inputs[0]
@@ -58,8 +59,8 @@ def normalization(ctx: Context, node: ONode) -> None:
     ir_axes = [_ir_axis(a, perm) for a in axes]
     order = list(np.argsort(ir_axes))
     consts = {}
-    if node.op == "LayerNorm":
-        for key, t in (("weights", node.inputs[1]), ("biases", node.inputs[2])):
+    if node.op in ("LayerNorm", "RMSNorm"):
+        for key, t in zip(("weights", "biases"), node.inputs[1:]):
             consts[key] = np.ascontiguousarray(np.transpose(ctx.const(t).astype(np.float32), order))
     ctx.emit(node, node.op, [ctx.value(x, perm)], perm,
              {"axis": sorted(ir_axes), "epsilon": float(node.attrs["epsilon"])}, consts)

@@ -19,7 +19,7 @@ from typing import Dict, List
 import numpy as np
 
 from .fuse_act import clip_bounds, fuse_gelu, fuse_hard_activations, fuse_swish
-from .fuse_norm import batchnorm_to_affine, fold_into_linear, fuse_layernorm, fuse_mul_add
+from .fuse_norm import batchnorm_to_affine, fold_into_linear, fuse_layernorm, fuse_mul_add, fuse_rmsnorm
 from .pattern import Index, new_const, remove
 from .simplify import OGraph, ONode
 
@@ -145,6 +145,7 @@ def _broadcasts(g: OGraph, node: ONode) -> bool:
 def run_fusions(g: OGraph) -> None:
     fuse_gelu(g)
     fuse_layernorm(g)
+    fuse_rmsnorm(g)
     fuse_swish(g)
     fuse_hard_activations(g)
     fuse_matmul_bias(g)
