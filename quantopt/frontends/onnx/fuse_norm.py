@@ -16,7 +16,7 @@ the constants must broadcast along that axis only (checked here, so the fusion i
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -27,36 +27,33 @@ from .simplify import OGraph, ONode
 LINEAR_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
 
-# ================================================================================================ LayerNorm
-def fuse_layernorm(g: OGraph) -> None:
+Finder = Callable[[OGraph, Index, ONode], Optional[Tuple[ONode, ONode, List[ONode]]]]
+
+
+def _fuse_patterns(g: OGraph, first_ops: Sequence[str], find: Finder) -> None:
+    """Replace every pattern `find` recognizes from a node of `first_ops` by its fused node."""
     idx = Index(g)
     dead: List[ONode] = []
-    for mean1 in list(g.nodes):
-        if mean1.op != "ReduceMean" or any(n is mean1 for n in dead):
+    for first in list(g.nodes):
+        if first.op not in first_ops or any(n is first for n in dead):
             continue
-        found = _layernorm(g, idx, mean1)
+        found = find(g, idx, first)
         if found is None:
             continue
         last, node, interior = found
         replace(g, last, node)
         dead += [n for n in interior if n is not last]
     remove(g, dead)
+
+
+# ================================================================================================ LayerNorm
+def fuse_layernorm(g: OGraph) -> None:
+    _fuse_patterns(g, ("ReduceMean",), _layernorm)
 
 
 # ================================================================================================ RMSNorm
 def fuse_rmsnorm(g: OGraph) -> None:
-    idx = Index(g)
-    dead: List[ONode] = []
-    for sq in list(g.nodes):
-        if sq.op not in ("Pow", "Mul") or any(n is sq for n in dead):
-            continue
-        found = _rmsnorm(g, idx, sq)
-        if found is None:
-            continue
-        last, node, interior = found
-        replace(g, last, node)
-        dead += [n for n in interior if n is not last]
-    remove(g, dead)
+    _fuse_patterns(g, ("Pow", "Mul"), _rmsnorm)
 
 
 def _rmsnorm(g: OGraph, idx: Index, sq: ONode) -> Optional[Tuple[ONode, ONode, List[ONode]]]:
