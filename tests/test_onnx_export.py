@@ -408,8 +408,22 @@ def g_matmul(wide: bool = False) -> Any:
     return b.build([m])
 
 
+def g_cumulate_gather(wide: bool = False) -> Any:
+    """Cumulate SUM (plain, and exclusive in reverse) and GatherElements with constant indices, some out of range
+    or negative (clamped and wrapped as the integer forward does)."""
+    b = GraphBuilder("cumulate_gather")
+    x = b.input("x", [1, 4, 6])
+    c = b.layer("Cumulate", [x], [[1, 4, 6]], name="cum", params=dict(method="SUM", axis=2))
+    r = b.layer("Cumulate", [x], [[1, 4, 6]], name="cum_rev", params=dict(method="SUM", axis=2, exclusive=True,
+                                                                            reverse=True))
+    idx = np.array([[[5, 0, -1, 9, 2, -7]] * 4], np.int64)
+    gth = b.layer("GatherElements", [r], [[1, 4, 6]], name="gather", params=dict(axis=2),
+                  constants={"indices": idx})
+    return b.build([c, gth])
+
+
 SMALL = {"convs": g_convs, "eltwise": g_eltwise, "activations": g_activations, "layout": g_layout,
-         "matmul": g_matmul, "more": g_more}
+         "matmul": g_matmul, "more": g_more, "cumulate_gather": g_cumulate_gather}
 VARIANTS = {
     "default": {},
     "per_channel_asym": dict(q_mode_weight="per_channel_asymmetric", q_mode_activation="per_tensor_asymmetric"),
@@ -538,7 +552,7 @@ def test_layer_types_of_small_graphs_are_covered() -> None:
             "Pooling", "Activation", "Sigmoid", "Softmax", "BatchNorm", "Pad", "Reshape", "Transpose", "Permute",
             "Split", "Resize", "Interp", "Reduce", "LayerNorm", "Exp", "Sqrt", "Abs", "Negative", "GlobalPool",
             "Squeeze", "Constant", "LogSoftmax", "Hardmax", "Log", "Reciprocal", "Square", "Atanh", "Rsqrt",
-            "Slice", "StridedSlice", "Gather", "Pow", "Div", "ConvTranspose"}
+            "Slice", "StridedSlice", "Gather", "Pow", "Div", "ConvTranspose", "Cumulate", "GatherElements"}
     assert want <= seen
 
 
@@ -549,7 +563,7 @@ def test_unsupported_layers_are_listed_at_once() -> None:
     a = b.layer("Pad", [x], [[1, 6, 6, 3]], name="sym_pad", params=dict(pads=[[0, 0], [1, 1], [1, 1], [0, 0]],
                                                                         mode="SYMMETRIC"))
     c = b.layer("Activation", [x], [[1, 4, 4, 3]], name="tail", params=dict(method="SIGMOID"))
-    d = b.layer("Cumulate", [c], [[1, 4, 4, 3]], name="cum", params=dict(method="SUM", axis=1))
+    d = b.layer("Cumulate", [c], [[1, 4, 4, 3]], name="cum", params=dict(method="PROD", axis=1))
     e = b.layer("Activation", [d], [[1, 4, 4, 3]], name="after_cum", params=dict(method="TANH"))
     graph = b.build([a, e])
     data = [torch.from_numpy(_rng(s).normal(0, 1, [2, 4, 4, 3]).astype(np.float32)) for s in range(2)]

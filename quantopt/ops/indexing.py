@@ -621,3 +621,39 @@ def convert_gather(g: QDQGraph, node: PyNode) -> None:
     else:
         raise node_error(node, "indices must be a constant or an integer tensor")
     g.set_int(y, g.add("Gather", [g.int_value(x), indices], axis=axis))
+
+
+@GATHER_ELEMENTS.export
+def convert_gather_elements(g: QDQGraph, node: PyNode) -> None:
+    """ONNX GatherElements on the integers in the IR layout, the indices clamped as the integer forward clamps them
+    (an index >= n reads n - 1, a negative one n more, and n - 1 if still negative): from the constant in numpy, from
+    an integer input with Where layers."""
+    x, y = node.inputs[0], node.outputs[0]
+    require_same(node, x, y)
+    rank = g.rank(x)
+    axis = axis_param(node, node.get_param("axis", optional=True, default_value=0), rank)
+    if axis == 0 and g.dynamic_batch:
+        raise node_error(node, "gathering along the batch axis needs a static batch (--static-batch)")
+    n = int(x.ir_shape[axis])
+    data = g.int_value(x)
+    const = node.get_constant("indices", optional=True) if len(node.inputs) < 2 else None
+    if const is not None:
+        idx = const.betensor.cpu().to(torch.int64).numpy()
+        idx = np.where(idx >= n, n - 1, idx)
+        idx = np.where(idx < 0, idx + n, idx)
+        indices = g.const(f"{node.name}/indices", np.where(idx < 0, n - 1, idx).astype(np.int64))
+        if axis != 0 and idx.ndim == rank and idx.shape[0] == 1:  # one sample's indices serve every sample
+            batch = g.add("Shape", [data], start=0, end=1)
+            shape = g.add("Concat", [batch, g.ints(f"{node.name}/sample_shape", idx.shape[1:])], axis=0)
+            indices = g.add("Expand", [indices, shape])
+    elif len(node.inputs) == 2 and params(node, node.inputs[1]).qinvariant:
+        raw = g.add("Cast", [g.int_value(node.inputs[1])], to=INT64)
+        last = g.const(f"{node.name}/last", np.array(n - 1, np.int64))
+        zero = g.const(f"{node.name}/zero", np.array(0, np.int64))
+        size = g.const(f"{node.name}/size", np.array(n, np.int64))
+        capped = g.add("Where", [g.add("Greater", [raw, last]), last, raw])
+        wrapped = g.add("Where", [g.add("Less", [capped, zero]), g.add("Add", [capped, size]), capped])
+        indices = g.add("Where", [g.add("Less", [wrapped, zero]), last, wrapped])
+    else:
+        raise node_error(node, "indices must be a constant or an integer tensor")
+    g.set_int(y, g.add("GatherElements", [data, indices], axis=axis))

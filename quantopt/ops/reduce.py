@@ -19,7 +19,7 @@ from ..graph.node import PyNode
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS, WIDE_SHIFT_MAX
 from ..quant.requant import range_dtype, scale_shift
-from ..quant.rounding import bit_length, div_round_half_even, round_shift
+from ..quant.rounding import FLOAT64_EXACT, bit_length, div_round_half_even, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, Int, Ints, Param, Text, quantized
 from ..threads import one_thread
@@ -446,3 +446,23 @@ def convert_reduce(g: QDQGraph, node: PyNode) -> None:
         ratio = float(requant_ratio(node)[0])
         out = g.rescale(out, ratio * tensor_scale(node, x) * (count if method == "MEAN" else 1) / tensor_scale(node, y))
     g.quantize(y, out, out_perm, lossless=method in ("MAX", "MIN") and same_qparams(node, x, y))
+
+
+@CUMULATE.export
+def convert_cumulate(g: QDQGraph, node: PyNode) -> None:
+    """Cumulate SUM: CumSum of (q + zp_in) in float64 (exact below 2^53), `exclusive` and `reverse` as ONNX's,
+    then round_half_even(· M · 2^-N) - zp_out clamped: the integer forward's integers. PROD has no exact form."""
+    x = node.inputs[0]
+    rank = g.rank(x)
+    method, axis, exclusive, reverse = _cumulate_params(node, rank)
+    if method != "SUM":
+        raise node_error(node, f"Cumulate {method} has no exact QDQ form (SUM has)")
+    m, n = _per_tensor_requant(node)
+    length = int(x.ir_shape[axis])
+    if length * offset_absmax(node, x) * abs(int(m)) >= FLOAT64_EXACT:
+        raise node_error(node, "the running sum times M leaves float64's exact integers; no exact form")
+    perm = onnx_exact.shared_perm(g, [x], rank)
+    onnx_axis = perm.index(axis) if perm is not None else axis
+    total = g.add("CumSum", [onnx_exact.codes(g, x, perm), g.ints(f"{node.name}/axis", [onnx_axis])],
+                  exclusive=int(exclusive), reverse=int(reverse))
+    onnx_exact.requantize(g, node, total, float(m) * 2.0 ** -int(n), perm)
