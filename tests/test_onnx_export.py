@@ -860,3 +860,24 @@ def test_bert_encoder_exports_exactly(bits: int) -> None:
     result = measure_agreement(qgraph, [torch.cat(t) for t in zip(*[feeds() for _ in range(3)])], per_layer=True)
     assert result.identical == 1.0 and min(result.layers.values()) == 1.0
     assert not convert_graph(qgraph)[1].float_layers
+
+
+def test_gather_elements_with_integer_indices_agrees() -> None:
+    """GatherElements whose indices are an integer input: the export clamps and wraps them with Where layers as the
+    integer forward does (indices >= n, negative ones, still negative ones), identical outputs."""
+    from quantopt.quant.dtype import Dtype
+
+    b = GraphBuilder("gather_elements_int")
+    x = b.input("x", [1, 4, 6])
+    i = b.input("i", [1, 4, 6], dtype=Dtype.INT32)
+    y = b.layer("GatherElements", [x, i], [[1, 4, 6]], name="gather", params=dict(axis=2))
+    graph = b.build([y])
+
+    def data(seed: int, batch: int) -> List[torch.Tensor]:
+        r = _rng(seed)
+        return [torch.from_numpy(r.normal(0, 1, [batch, 4, 6]).astype(np.float32)),
+                torch.from_numpy(r.integers(-14, 14, [batch, 4, 6]).astype(np.int64))]
+
+    qgraph = quantize_model(graph, [data(s, 2) for s in range(3)])
+    result = measure_agreement(qgraph, data(7, 4), per_layer=True)
+    assert result.identical == 1.0 and result.max_steps == 0.0, result.outputs
