@@ -193,7 +193,7 @@ def merge_matmul_mul(graph: PyGraph) -> List[Tuple[str, str, float]]:
     return folds
 
 
-def _input_batchnorms(graph: PyGraph, mm: PyNode, readers: Dict[int, List[PyNode]], io: Set[int]) -> List[PyNode]:
+def _input_batchnorms(mm: PyNode, readers: Dict[int, List[PyNode]], io: Set[int]) -> List[PyNode]:
     """The BatchNorms found by the breadth-first walk up from `mm`'s inputs (module doc), in the order found."""
     found: List[PyNode] = []
     queue: List[Optional[PyNode]] = []
@@ -229,7 +229,7 @@ def _fold_input_batchnorms(graph: PyGraph) -> List[Tuple[str, str, float]]:
         readers = readers_by_tensor(graph)
         if len({id(r) for t in mm.outputs for r in readers.get(id(t), [])}) != 1:
             continue
-        norms = _input_batchnorms(graph, mm, readers, io)
+        norms = _input_batchnorms(mm, readers, io)
         factors = [_scaling_batchnorm(n) for n in norms]
         if not norms or any(f is None for f in factors):
             continue
