@@ -26,7 +26,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from quantopt.analysis.ir_compare import template_ranges
 
@@ -57,15 +57,15 @@ def corpus_models(corpus: Path) -> List[str]:
     return sorted(p.parents[2].name for p in corpus.glob("*/golden/A/opt.cfg"))
 
 
-def measure(corpus: Path, model: str, letter: str,
-            work: Path) -> Union[GoldenComparison, QuantoptFailed, None]:
-    """quantopt run with one golden's cfg, compared with the golden; None where upstream failed on the variant
-    (quantopt still runs the cfg); quantopt's failure where it cannot run the cfg."""
+def measure(corpus: Path, model: str, letter: str, work: Path,
+            extra: Sequence[str] = ()) -> Union[GoldenComparison, QuantoptFailed, None]:
+    """quantopt run with one golden's cfg (plus the `extra` cfg lines), compared with the golden; None where upstream
+    failed on the variant (quantopt still runs the cfg); quantopt's failure where it cannot run the cfg."""
     folder = corpus / model / "golden" / letter
     out = work / f"{model}_{letter}" / "out"
     out.mkdir(parents=True)
     try:
-        ours = run_golden_cfg(folder, model, out, quiet=True)
+        ours = run_golden_cfg(folder, model, out, quiet=True, extra=extra)
     except QuantoptFailed as e:
         return e
     if (folder / FAILED_NOTE).is_file():
@@ -99,6 +99,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     parser.add_argument("--details", action="store_true", help="print every difference's text")
     parser.add_argument("--write-floors", action="store_true", help="record the figures in <corpus>/floors.json")
+    parser.add_argument("--cfg-line", action="append", default=[], metavar="'FIELD = VALUE'",
+                        help="add a cfg line to every golden's cfg, e.g. 'upstream_defects = all' (repeatable)")
     args = parser.parse_args(argv)
     known = corpus_models(args.corpus)
     models = args.models or known
@@ -106,15 +108,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     if unknown:
         parser.error(f"not in {args.corpus}: {', '.join(unknown)}")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if args.write_floors and (args.models or variants != ["A", "B", "C"]):
-        parser.error("--write-floors measures the whole corpus: give no models and no --variants")
+    if args.write_floors and (args.models or variants != ["A", "B", "C"] or args.cfg_line):
+        parser.error("--write-floors measures the whole corpus as committed: give no models, --variants or "
+                     "--cfg-line")
     floors: Dict[str, Dict[str, Any]] = {}
     rows = []
     print(f"{'model/variant':<26} {'layers':>6} {'identical':>9} {'%':>7} {'same ranges':>12}")
     with tempfile.TemporaryDirectory() as tmp:
         for model in models:
             for letter in variants:
-                result = measure(args.corpus, model, letter, Path(tmp))
+                result = measure(args.corpus, model, letter, Path(tmp), args.cfg_line)
                 if result is None:
                     failure = upstream_failure(args.corpus / model / "golden" / letter)
                     floors.setdefault(model, {})[letter] = {"upstream_failed": failure}

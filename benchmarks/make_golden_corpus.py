@@ -570,6 +570,35 @@ class PositionIds(nn.Module):
         return self.ln(self.tok(ids) + self.pos(positions))
 
 
+class PaddingMaskAttention(nn.Module):
+    """Attention under a padding mask in the two forms transformers exports: BERT's extended mask (1 - mask, its
+    padded positions filled with finfo(float32).min: a Where between a Constant and the integer-valued rest) added to
+    the scores of one branch, and a learned position bias masked T5's way (a Where between the bias and
+    finfo(float32).min) added to those of the other."""
+
+    def __init__(self, dim: int = 32, heads: int = 2, seq: int = 12) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.o = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.pos_bias = nn.Parameter(torch.randn(1, heads, seq, seq) * 0.5)
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        lowest = torch.finfo(x.dtype).min
+        inverted = 1.0 - attention_mask[:, None, None, :].to(x.dtype)
+        bert_mask = inverted.masked_fill(inverted.to(torch.bool), lowest)
+        t5_bias = torch.where(attention_mask[:, None, None, :].to(torch.bool), self.pos_bias,
+                              torch.tensor(lowest, dtype=x.dtype))
+        q, k, v = self.qkv(x).split(d, -1)
+
+        def heads(y: torch.Tensor) -> torch.Tensor:
+            return y.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)
+
+        scores = heads(q) @ heads(k).transpose(-1, -2) * (d // self.heads) ** -0.5
+        a = torch.softmax(scores + bert_mask, -1) @ heads(v) + torch.softmax(scores + t5_bias, -1) @ heads(v)
+        return self.o(a.transpose(1, 2).reshape(b, t, d))
+
+
 class Misc1d(nn.Module):
     """1-D odds and ends: Conv1d, MaxPool1d, an unequal Split, x ** 3 (Pow of a constant exponent), Sqrt of Abs,
     a Where on a comparison, adaptive average pooling and a mean over channels."""
@@ -672,6 +701,15 @@ def _position_ids(rng: np.random.Generator) -> Dict[str, np.ndarray]:
     return {"ids": ids}
 
 
+def _padded_tokens(rng: np.random.Generator) -> Dict[str, np.ndarray]:
+    """Token features [SAMPLES, 12, 32] and an int64 attention mask keeping the first 6 to 12 positions."""
+    x = rng.standard_normal((SAMPLES, 12, 32)).astype(np.float32)
+    mask = np.zeros((SAMPLES, 12), np.int64)
+    for i, keep in enumerate(rng.integers(6, 13, SAMPLES)):
+        mask[i, :keep] = 1
+    return {"x": x, "attention_mask": mask}
+
+
 def _wave(rng: np.random.Generator) -> Dict[str, np.ndarray]:
     """Noisy sine waves of random frequency and amplitude, [SAMPLES, 1, 256]."""
     t = np.arange(256, dtype=np.float32)
@@ -711,6 +749,8 @@ MODELS: Dict[str, Spec] = {
     "scaled_query": Spec(ScaledQueryAttention, {"x": (1, 10, 24)}, ["y"]),
     "rmsnorm_block": Spec(RMSNormBlock, {"x": (1, 8, 16)}, ["y"]),
     "position_ids": Spec(PositionIds, {"ids": (1, 12)}, ["y"], _position_ids, vocab={"ids": 40}),
+    "padding_mask": Spec(PaddingMaskAttention, {"x": (1, 12, 32), "attention_mask": (1, 12)}, ["y"],
+                         _padded_tokens, vocab={"attention_mask": 2}),
     "op_softmax": Spec(lambda: OneOp(lambda x: torch.softmax(x, dim=-1)), {"x": (1, 8, 32)}, ["y"]),
     "op_sigmoid": Spec(lambda: OneOp(torch.sigmoid), {"x": (1, 8, 32)}, ["y"]),
     "op_tanh": Spec(lambda: OneOp(torch.tanh), {"x": (1, 8, 32)}, ["y"]),

@@ -24,7 +24,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -184,6 +184,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--accuracy", action="store_true",
                         help="also print each variant's output cosine against float, of upstream's IR and of "
                              "quantopt's, both run by quantopt's integer forward")
+    parser.add_argument("--cfg-line", action="append", default=[], metavar="'FIELD = VALUE'",
+                        help="add a cfg line to quantopt's runs, e.g. 'upstream_defects = all' (repeatable)")
     args = parser.parse_args(argv)
     names = args.models or list(REAL)
     unknown = [n for n in names if n not in REAL]
@@ -201,18 +203,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not names:
         print(f"real_model_goldens: no goldens in {args.out}", file=sys.stderr)
         return 2
-    code = golden_corpus_report.main([*names, "--corpus", str(args.out)] + (["--details"] if args.details else []))
+    extra = [a for line in args.cfg_line for a in ("--cfg-line", line)]
+    code = golden_corpus_report.main([*names, "--corpus", str(args.out), *extra] +
+                                     (["--details"] if args.details else []))
     if args.accuracy:
         print(f"\n{'model/variant':<26} {'upstream IR':>12} {'quantopt IR':>12}   (output cosine against float)")
         for name in names:
             for letter in ("A", "B", "C"):
-                print(accuracy_row(args.out / name, letter), flush=True)
+                print(accuracy_row(args.out / name, letter, args.cfg_line), flush=True)
     return code
 
 
-def accuracy_row(folder: Path, letter: str) -> str:
+def accuracy_row(folder: Path, letter: str, extra: Sequence[str] = ()) -> str:
     """Mean output cosine against the float model, over the calibration samples, of the upstream golden IR and of
-    the IR quantopt writes for the same cfg, both run by quantopt's integer forward (one executor for both)."""
+    the IR quantopt writes for the same cfg (plus the `extra` lines), both run by quantopt's integer forward (one
+    executor for both)."""
     import subprocess
 
     import torch
@@ -231,7 +236,7 @@ def accuracy_row(folder: Path, letter: str) -> str:
     upstream = read_ir(str(golden / f"{name}_o.txt"), str(golden / f"{name}_o.bin"))
     with tempfile.TemporaryDirectory(prefix="real_goldens_acc_") as tmp:
         cfg = (golden / "opt.cfg").read_text().replace("../../", f"{folder.resolve()}/")
-        cfg = cfg.replace("output_dir = ./out", f"output_dir = {tmp}")
+        cfg = cfg.replace("output_dir = ./out", f"output_dir = {tmp}") + "".join(f"{line}\n" for line in extra)
         Path(tmp, "opt.cfg").write_text(cfg)
         done = subprocess.run([sys.executable, "-c", "import sys; from quantopt.cli import main; sys.exit(main())",
                                "--cfg", str(Path(tmp, "opt.cfg"))],

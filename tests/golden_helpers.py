@@ -58,10 +58,10 @@ class QuantoptFailed(RuntimeError):
         self.code, self.error = code, error
 
 
-def run_golden_cfg(folder: Path, model: str, out: Path, quiet: bool = False) -> Path:
-    """Runs `quantopt --cfg` with the golden cfg of `folder`; returns the written IR (`out/<model>_o.txt`), or raises
-    QuantoptFailed with the error line of quantopt's log."""
-    cfg = golden_cfg(folder, out, out.parent / f"{model}_{folder.name}.cfg")
+def run_golden_cfg(folder: Path, model: str, out: Path, quiet: bool = False, extra: Sequence[str] = ()) -> Path:
+    """Runs `quantopt --cfg` with the golden cfg of `folder` plus the `extra` lines; returns the written IR
+    (`out/<model>_o.txt`), or raises QuantoptFailed with the error line of quantopt's log."""
+    cfg = golden_cfg(folder, out, out.parent / f"{model}_{folder.name}.cfg", extra)
     argv = ["--cfg", str(cfg)] + (["--log-level", "ERROR"] if quiet else [])
     errors = _ErrorLines()
     logger = logging.getLogger("quantopt")

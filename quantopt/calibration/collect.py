@@ -10,10 +10,12 @@ strategies and hence which statistics are worth computing.
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
+from ..config.upstream_defects import MASK_AS_DATA
 from ..errors import DataError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
@@ -21,7 +23,7 @@ from ..graph.tables import TensorStatistics, ranges_of, statistics_of
 from ..graph.tensor import PyTensor
 from ..quant.params import QuantMode
 from .inf_mask import apply_inf_mask_ranges
-from .statistics import StatisticsConfig, update_statistics
+from .statistics import INF_MASK_THRESHOLD, StatisticsConfig, update_statistics
 from .strategies import apply_strategy, parse_strategy
 
 if TYPE_CHECKING:
@@ -44,9 +46,10 @@ def _stat_config(node: PyNode, strategy: str, key_axis: int | None = None,
     st = parse_strategy(strategy)
     s = node.settings
     histogram = st.needs_histogram or (activation and s.min_activation_sqnr_db > 0.0)
+    mask_threshold = math.inf if MASK_AS_DATA in s.upstream_defects else INF_MASK_THRESHOLD
     return StatisticsConfig(momentum=s.running_statistic_momentum, histc_bins=s.histc_bins,
                             need_histogram=histogram, need_moments=st.needs_moments, key_axis=key_axis,
-                            trim=s.trim_infinity_before_statistic or None)
+                            trim=s.trim_infinity_before_statistic or None, mask_threshold=mask_threshold)
 
 
 def collect_weight_statistics(graph: PyGraph) -> None:

@@ -38,6 +38,7 @@ from .kinds_fp8 import ACTIVATION_BLOCK_SIZE_DEFAULT, ActivationBlockSizeKind
 from .kinds_passes import TuneOpKind, TuneOpValue
 from .presets import PRESET_NAMES
 from .targets import DEFAULT_TARGET
+from .upstream_defects import UpstreamDefectsKind
 
 
 @dataclass(frozen=True)
@@ -240,9 +241,9 @@ field("device", "cpu", DeviceKind(),
 field("fc_float_summation", "upstream", ChoiceKind(("upstream", "float64")),
       "how the float forward sums FullyConnected layers: upstream, in float32 in the upstream optimizer's fixed "
       "order (calibrated ranges identical to its; 20-30x slower than a BLAS kernel), for samples of one row and "
-      "samples of several rows up to 2^20 multiply-adds, larger ones as float64 (no affordable float32 order is "
-      "upstream's there); or float64 everywhere, exactly rounded (fast, the same on every machine, ranges may "
-      "differ from upstream's by an ulp)",
+      "samples of several rows up to 2^20 multiply-adds, larger ones with torch's float32 GEMM one sample at a time "
+      "on one thread (upstream's own call, following the machine's BLAS); or float64 everywhere, exactly rounded "
+      "(fast, the same on every machine, ranges may differ from upstream's by an ulp)",
       group="quantization")
 field("unify_scales_for_concat_threshold", 1.05, FloatKind(minimum=1.0),
       "Concat inputs whose scales differ by at most this ratio (and share the zero point) are not requantized; "
@@ -293,9 +294,15 @@ field("trim_infinity_before_statistic", "", TrimKind(),
       "statistics", per_layer=True, group="calibration")
 field("enable_pass_detect_inf_mask_nodes", False, BoolKind(),
       "also take Constant values <= -32767 (masks written as -1e9, -65504, -32768) as attention-mask values: they "
-      "become -FLT_MAX before statistics. Masks of ±inf or |x| >= 1e30 are always handled, without this field: left "
+      "become -FLT_MAX before statistics; a BatchNorm made of a (1 - keep) * -1e9 mask gets weights 32767 and biases "
+      "-32767, as upstream's pass writes it. Masks of ±inf or |x| >= 1e30 are always handled, without this field: left "
       "out of statistics, saturated to the integer minimum, probability 0 after Softmax "
       "(docs/statistics-and-dump.md, \"Masks with infinite values\")", group="calibration")
+field("upstream_defects", frozenset(), UpstreamDefectsKind(),
+      "upstream behaviours quantopt does not copy because they are wrong, reproduced for IRs identical to the "
+      "upstream optimizer's: mask_as_data (attention masks quantized as data: masked attention ignores its "
+      "scores), where_integer_passthrough, count_input_zp, region_input_zp, convinteger_producer_zp, or all "
+      "(docs/golden-differences.md, \"Reproducing upstream's defects\")", group="quantization")
 field("enable_pass_merge_matmul_mul", True, BoolKind(),
       "rewrite each Mul by a non-integer scalar Constant as a BatchNorm over the last axis, then "
       "fold a positive constant factor multiplying a MatMul's only consumer (the attention scores' 1/sqrt(d), "

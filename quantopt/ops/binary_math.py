@@ -15,6 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..config.upstream_defects import WHERE_INTEGER_PASSTHROUGH
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tables import quant_of
@@ -483,7 +484,8 @@ def where_forward(self: PyNode) -> None:
 @WHERE.quantize
 def where_quantize(self: PyNode) -> None:
     """Output params from calibration (signed if a value input is signed); each value branch is requantized to
-    them (`scale_value=[M_x, M_y]`, `shift_value=[N_x, N_y]`). Two integer branches give an integer output."""
+    them (`scale_value=[M_x, M_y]`, `shift_value=[N_x, N_y]`). Two integer branches give an integer output, each
+    passed through (`[1, 1]`, `[0, 0]`)."""
     if len(self.inputs) != 3:
         raise UnsupportedError(f"layer '{self.name}' ({self.type}): only the three-input form "
                                f"(condition, x, y) is supported, got {len(self.inputs)} input(s)")
@@ -501,11 +503,17 @@ def where_quantize(self: PyNode) -> None:
             OPT_WARN(f"layer '{self.name}' ({self.type}): one value input is an integer (scale 1) and the other is "
                      "quantized; the integer branch is requantized as a tensor of scale 1")
         quantize_activation(self, out, signed)
+    if qx.qinvariant and qy.qinvariant:  # integers pass through, written as upstream writes them
+        self.params["scale_value"], self.params["shift_value"] = [1, 1], [0, 0]
+        self.params["scale_type"], self.params["shift_type"] = [Dtype.UINT8] * 2, [Dtype.INT8] * 2
+        return
+    passthrough = WHERE_INTEGER_PASSTHROUGH in layer_settings(self).upstream_defects
     ms, ns, mts, nts = [], [], [], []
     for t, other in ((x, y), (y, x)):
-        if quant_of(self).get(t).qinvariant and not quant_of(self).get(other).qinvariant and _zero_constant(t):
+        if quant_of(self).get(t).qinvariant and not quant_of(self).get(other).qinvariant and \
+                (passthrough or _zero_constant(t)):
             # upstream passes an integer branch through (M = 1, N = 0, typed at the multiplier bits); for zeros, as
-            # here, that is exact
+            # here, that is exact, otherwise only `upstream_defects = where_integer_passthrough` asks for it
             ms.append(1)
             ns.append(0)
             mts.append(Dtype.UINT8 if layer_settings(self).mult_bits <= 8 else Dtype.UINT16)

@@ -17,6 +17,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
+from ..config.upstream_defects import REGION_INPUT_ZP
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tables import quant_of
@@ -829,6 +830,8 @@ def region_quantize(self: PyNode) -> None:
     self.params["col_shift"] = self.params["row_shift"] = cs
     o = self.outputs
     _set_output(self, o[0], float(levels), 0, levels, Dtype.UINT16 if bits > 8 else Dtype.UINT8, bits)
+    if REGION_INPUT_ZP in layer_settings(self).upstream_defects:  # the integer scores carry no zero point
+        quant_of(self).of(o[0]).zerop = zp
     _set_output(self, o[1], float(2 ** cs), -32768, 32767, Dtype.INT16, 16)
     set_qinvariant(self, o[2], 16, False)
     set_qinvariant(self, o[3], 16, True)

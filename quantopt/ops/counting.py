@@ -13,6 +13,7 @@ from typing import Tuple
 
 import torch
 
+from ..config.upstream_defects import COUNT_INPUT_ZP
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
@@ -144,6 +145,8 @@ def count_quantize(self: PyNode) -> None:
         bits = 32
     set_qinvariant(self, self.outputs[0], bits, signed)
     self.outputs[0].dtype = int_dtype_for_bits(bits, signed)
+    if COUNT_INPUT_ZP in layer_settings(self).upstream_defects:  # the counts carry no zero point
+        quant_of(self).of(self.outputs[0]).zerop = tensor_zp(self, inp)
 
 
 # ------------------------------------------------------------------------------------------------ ZeroFraction

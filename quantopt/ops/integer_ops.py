@@ -16,6 +16,7 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
+from ..config.upstream_defects import CONVINTEGER_PRODUCER_ZP
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tables import TensorQuant, quant_of
@@ -30,6 +31,7 @@ from ._quant import (
     check_quantized_inputs,
     copy_params,
     int_value,
+    layer_settings,
     out_range,
     set_constant,
     set_qinvariant,
@@ -230,9 +232,10 @@ def conv_integer_forward(self: PyNode) -> None:
 
 @CONV_INTEGER.quantize
 def conv_integer_quantize(self: PyNode) -> None:
-    """The input must be an integer tensor (it is not changed: upstream rewrites its producer's zero point to
-    -x_zero_point). Weights: their integers, scale 1, zero point -w_zero_point, in their IR dtype. Biases:
-    b - x_zero_point · sum(w - w_zero_point) per output channel, saturated to int32. Output: int32, scale 1."""
+    """The input must be an integer tensor, left unchanged (upstream rewrites its producer's zero point to
+    -x_zero_point; `upstream_defects = convinteger_producer_zp` does too). Weights: their integers, scale 1, zero
+    point -w_zero_point, in their IR dtype. Biases: b - x_zero_point · sum(w - w_zero_point) per output channel,
+    saturated to int32. Output: int32, scale 1."""
     inp = self.inputs[0]
     check_quantized_inputs(self, [inp])
     q_in = quant_of(self).get(inp)
@@ -255,6 +258,8 @@ def conv_integer_quantize(self: PyNode) -> None:
     table.set(self.constants["biases"], TensorQuant(1.0, 0, 32, *INT32_RANGE, qinvariant=True))
     self.params.update(weights_scale=1.0, weights_zp=-wzp, biases_scale=1.0, biases_zp=0)
     set_qinvariant(self, self.outputs[0], 32, True)
+    if CONVINTEGER_PRODUCER_ZP in layer_settings(self).upstream_defects:
+        table.of(inp).zerop = -_zero_point(self, "x_zero_point")
 
 
 # ---------------------------------------------------------------------------------------------- FakeQuantWithMinMaxVars

@@ -6,6 +6,7 @@ from typing import Tuple
 import torch
 
 from ..calibration.statistics import INF_MASK_THRESHOLD
+from ..config.upstream_defects import MASK_AS_DATA
 from ..graph.memo import freeze, memo
 from ..graph.node import PyNode
 from ..graph.tables import quant_of, ranges_of, statistics_of
@@ -118,12 +119,14 @@ def constant_quantize(self: PyNode) -> None:
     """All-integer constants are used as integers (scale 1) of the narrowest type holding them, or of their IR
     dtype when only If/Loop layers read them (KEEP_IR_INTEGER); others are quantized with the output's params. A float
     constant holding mask values (±inf, |x| >= 1e30: -FLT_MAX is an integer-valued float) is quantized from its
-    calibrated range, its mask values saturating (calibration/inf_mask.py), never taken as an int32 of scale 1."""
+    calibrated range, its mask values saturating (calibration/inf_mask.py), never taken as an int32 of scale 1
+    (except with `upstream_defects = mask_as_data`, as upstream does)."""
     out = self.outputs[0]
     w = self.get_constant("weights")
     s = layer_settings(self)
     values = w.betensor
-    mask = values.is_floating_point() and bool((values.abs() >= INF_MASK_THRESHOLD).any())
+    mask = values.is_floating_point() and bool((values.abs() >= INF_MASK_THRESHOLD).any()) and \
+        MASK_AS_DATA not in s.upstream_defects
     if mask and s.qinvariant:
         OPT_WARN(f"layer '{self.name}' (Constant): set_qinvariant_for_start_nodes names a constant holding mask "
                  f"values (±inf or |x| >= {INF_MASK_THRESHOLD:g}); they saturate to the integer range")
