@@ -2,10 +2,11 @@
 
 Only all-MiniLM-L6-v2's weights ship in a package here; these build the other architectures users bring from their
 transformers configs (GPT-2, BERT, DistilBERT, RoBERTa, ALBERT, ViT, Swin, MobileViT, LLaMA, the T5 and Whisper
-encoders, wav2vec 2.0), two layers of width 64, so that every graph pattern of the real exports (padding masks of
-finfo.min, position ids computed from the token ids, rotary embeddings, RMSNorm, relative position buckets,
-convolutional feature extractors) goes through the upstream Parser and Optimizer. Weights are random (seeded): the
-goldens test fidelity, not accuracy.
+encoders, wav2vec 2.0, ELECTRA, MobileBERT, DeBERTa-v2, GPT-NeoX, OPT, BLOOM, Qwen2, Phi, the CLIP text and vision
+towers, ConvNeXt, SegFormer, ResNet), two layers (or stages) of width 64 or less, so that every graph pattern of the
+real exports (padding masks of finfo.min, position ids computed from the token ids, rotary embeddings, RMSNorm,
+relative position buckets, ALiBi, convolutional feature extractors) goes through the upstream Parser and Optimizer.
+Weights are random (seeded): the goldens test fidelity, not accuracy.
 
 Nothing here is part of the quantopt package; transformers is a benchmark extra (benchmarks/requirements.txt).
 """
@@ -54,13 +55,47 @@ def _configs(t: Any) -> Dict[str, Tuple[Any, List[str]]]:
                                          intermediate_size=128, conv_dim=(32, 32), conv_stride=(5, 2),
                                          conv_kernel=(10, 3), num_conv_pos_embeddings=16,
                                          num_conv_pos_embedding_groups=4), ["input_values"]),
+        "hf_electra": (t.ElectraConfig(hidden_size=64, embedding_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=128, vocab_size=500, max_position_embeddings=64), text),
+        "hf_mobilebert": (t.MobileBertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                             intermediate_size=64, embedding_size=32, intra_bottleneck_size=32,
+                                             true_hidden_size=32, vocab_size=500, max_position_embeddings=64,
+                                             num_feedforward_networks=2), text),
+        "hf_deberta_v2": (t.DebertaV2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                            intermediate_size=128, vocab_size=500, max_position_embeddings=64,
+                                            relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=16,
+                                            max_relative_positions=64), text),
+        "hf_gpt_neox": (t.GPTNeoXConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=128, vocab_size=500, max_position_embeddings=64,
+                                        rotary_pct=0.5), text),
+        "hf_opt": (t.OPTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128, vocab_size=500,
+                               max_position_embeddings=64, word_embed_proj_dim=64), text),
+        "hf_bloom": (t.BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=500), text),
+        "hf_qwen2": (t.Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=128, vocab_size=500, max_position_embeddings=64), text),
+        "hf_phi": (t.PhiConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                               vocab_size=500, max_position_embeddings=64, partial_rotary_factor=0.5), text),
+        "hf_clip_text": (t.CLIPTextConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                          intermediate_size=128, vocab_size=500, max_position_embeddings=64), text),
+        "hf_clip_vision": (t.CLIPVisionConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                              intermediate_size=128, image_size=32, patch_size=8), ["pixel_values"]),
+        "hf_convnext": (t.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1],
+                                         image_size=32), ["pixel_values"]),
+        "hf_segformer": (t.SegformerConfig(num_channels=3, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[4, 2],
+                                           hidden_sizes=[16, 32], num_attention_heads=[1, 2], patch_sizes=[7, 3],
+                                           strides=[4, 2], mlp_ratios=[2, 2], decoder_hidden_size=32),
+                         ["pixel_values"]),
+        "hf_resnet": (t.ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+                                     layer_type="bottleneck"), ["pixel_values"]),
     }
 
 
 NAMES = ["hf_gpt2", "hf_bert", "hf_distilbert", "hf_roberta", "hf_albert", "hf_vit", "hf_swin", "hf_mobilevit",
-         "hf_llama", "hf_t5_encoder", "hf_whisper_encoder", "hf_wav2vec2"]
+         "hf_llama", "hf_t5_encoder", "hf_whisper_encoder", "hf_wav2vec2", "hf_electra", "hf_mobilebert",
+         "hf_deberta_v2", "hf_gpt_neox", "hf_opt", "hf_bloom", "hf_qwen2", "hf_phi", "hf_clip_text", "hf_clip_vision",
+         "hf_convnext", "hf_segformer", "hf_resnet"]
 """The architectures, in the order the benchmark makes them."""
-IMAGE_MODELS = ("hf_vit", "hf_swin", "hf_mobilevit")
+IMAGE_MODELS = ("hf_vit", "hf_swin", "hf_mobilevit", "hf_clip_vision", "hf_convnext", "hf_segformer", "hf_resnet")
 
 
 def input_shapes(name: str) -> Dict[str, Tuple[int, ...]]:
@@ -108,6 +143,10 @@ def export(name: str, path: Path, seed: int) -> Optional[Path]:
         model = transformers.T5EncoderModel(config)
     elif name == "hf_whisper_encoder":
         model = transformers.WhisperModel(config).get_encoder()
+    elif name == "hf_clip_text":
+        model = transformers.CLIPTextModel(config)
+    elif name == "hf_clip_vision":
+        model = transformers.CLIPVisionModel(config)
     else:
         model = transformers.AutoModel.from_config(config, attn_implementation="eager")
     feeds = sampler(name, 1, lambda rng, shape: rng.uniform(-1, 1, shape).astype(np.float32))(

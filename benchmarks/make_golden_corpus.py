@@ -599,6 +599,24 @@ class PaddingMaskAttention(nn.Module):
         return self.o(a.transpose(1, 2).reshape(b, t, d))
 
 
+class MaskArithmetic(nn.Module):
+    """Integer arithmetic on an int64 attention mask as OPT and DeBERTa export it: OPT's positions
+    `cumsum(mask) * mask - 1` plus its offset 2 into a learned position Embedding (a CumSum of a full-range int32
+    input), and DeBERTa's pairwise mask `mask[:, None, :] * mask[:, :, None]` (a product of two int32 tensors),
+    cast to float and multiplied onto attention-like scores."""
+
+    def __init__(self, vocab: int = 40, dim: int = 16, seq: int = 12) -> None:
+        super().__init__()
+        self.tok, self.pos, self.ln = nn.Embedding(vocab, dim), nn.Embedding(seq + 2, dim), nn.LayerNorm(dim)
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        positions = (torch.cumsum(attention_mask, dim=1) * attention_mask - 1) + 2
+        h = self.ln(self.tok(ids) + self.pos(positions))
+        pair = attention_mask[:, None, :] * attention_mask[:, :, None]
+        scores = (h @ h.transpose(1, 2)) * pair.to(h.dtype)
+        return torch.softmax(scores, -1) @ h
+
+
 class Misc1d(nn.Module):
     """1-D odds and ends: Conv1d, MaxPool1d, an unequal Split, x ** 3 (Pow of a constant exponent), Sqrt of Abs,
     a Where on a comparison, adaptive average pooling and a mean over channels."""
@@ -710,6 +728,15 @@ def _padded_tokens(rng: np.random.Generator) -> Dict[str, np.ndarray]:
     return {"x": x, "attention_mask": mask}
 
 
+def _ids_and_mask(rng: np.random.Generator) -> Dict[str, np.ndarray]:
+    """int64 token ids below 40 [SAMPLES, 12] and an int64 attention mask keeping the first 6 to 12 positions."""
+    ids = rng.integers(0, 40, (SAMPLES, 12)).astype(np.int64)
+    mask = np.zeros((SAMPLES, 12), np.int64)
+    for i, keep in enumerate(rng.integers(6, 13, SAMPLES)):
+        mask[i, :keep] = 1
+    return {"ids": ids, "attention_mask": mask}
+
+
 def _wave(rng: np.random.Generator) -> Dict[str, np.ndarray]:
     """Noisy sine waves of random frequency and amplitude, [SAMPLES, 1, 256]."""
     t = np.arange(256, dtype=np.float32)
@@ -749,6 +776,8 @@ MODELS: Dict[str, Spec] = {
     "scaled_query": Spec(ScaledQueryAttention, {"x": (1, 10, 24)}, ["y"]),
     "rmsnorm_block": Spec(RMSNormBlock, {"x": (1, 8, 16)}, ["y"]),
     "position_ids": Spec(PositionIds, {"ids": (1, 12)}, ["y"], _position_ids, vocab={"ids": 40}),
+    "mask_arithmetic": Spec(MaskArithmetic, {"ids": (1, 12), "attention_mask": (1, 12)}, ["y"], _ids_and_mask,
+                            vocab={"ids": 40, "attention_mask": 2}),
     "padding_mask": Spec(PaddingMaskAttention, {"x": (1, 12, 32), "attention_mask": (1, 12)}, ["y"],
                          _padded_tokens, vocab={"attention_mask": 2}),
     "op_softmax": Spec(lambda: OneOp(lambda x: torch.softmax(x, dim=-1)), {"x": (1, 8, 32)}, ["y"]),

@@ -46,9 +46,15 @@ def offset_value(node: PyNode, t: PyTensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype) + tensor_zp(node, t)
 
 
-def check_int64_bound(node: PyNode, bound: int, what: str) -> None:
-    """Refuse (rather than wrap) an integer pipeline whose worst-case intermediate reaches 2^62."""
-    if bound >= INT64_SAFE:
+INT64_PRODUCT_LIMIT = 2 ** 63
+"""Bound of an integer product taken as it is (multiplier 1, shift 0: no rounding added): int64 holds |v| < 2^63,
+which covers the product of two int32 values (at most 2^62)."""
+
+
+def check_int64_bound(node: PyNode, bound: int, what: str, limit: int = INT64_SAFE) -> None:
+    """Refuse (rather than wrap) an integer pipeline whose worst-case intermediate reaches `limit` (2^62 where a
+    rounding term or a left shift may still be added)."""
+    if bound >= limit:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): the worst-case {what} ({bound}) does not fit "
                                "the exact int64 integer forward; use narrower inputs")
 

@@ -21,10 +21,17 @@ from ..quant.requant import (
     requantize_int,
     scale_shift,
 )
-from ..quant.rounding import FLOAT64_EXACT
+from ..quant.rounding import FLOAT64_EXACT, INT64_SAFE
 from ..registry import declare_op
 from ..registry.schema import Float, Param, Text, Value
-from ._eltwise_int import activation_clamp, check_int64_bound, offset_absmax, offset_value, set_integer_output
+from ._eltwise_int import (
+    INT64_PRODUCT_LIMIT,
+    activation_clamp,
+    check_int64_bound,
+    offset_absmax,
+    offset_value,
+    set_integer_output,
+)
 from ._quant import (
     check_fused_activation_quantizable,
     check_quantized_inputs,
@@ -316,7 +323,9 @@ def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
             raise node._error("quantized Mul needs a per-tensor scale_value/shift_value")
         m0 = m1 = 1
         bound = ea * eb * max(1, abs(m_out))
-        check_int64_bound(node, bound, "product (a + zp_a)(b + zp_b) * M")
+        plain = abs(m_out) == 1 and shift == 0  # an integer product passed through: two int32 values fit int64
+        check_int64_bound(node, bound, "product (a + zp_a)(b + zp_b) * M",
+                          INT64_PRODUCT_LIMIT if plain else INT64_SAFE)
     else:
         m_out, m0, m1 = _int_list(node, "scale_value", 3)
         if "shift_value" not in node.params:

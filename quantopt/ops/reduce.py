@@ -355,7 +355,8 @@ def _factor_counts(length: int, exclusive: bool) -> List[int]:
 
 @CUMULATE.quantize
 def cumulate_quantize(self: PyNode) -> None:
-    """Output params from calibration (signed like the input; an integer input gives an integer output). SUM:
+    """Output params from calibration (signed like the input; an integer input gives an integer output of the
+    narrowest type holding its calibrated extrema, however wide the input, as upstream). SUM:
     one 15-bit multiplier/shift for s_out / s_in. PROD: per-position constants `scale` (uint16) / `shift` (int32)
     for s_out / s_in^k, k the number of factors at that position."""
     inp, out = self.inputs[0], self.outputs[0]
@@ -371,7 +372,7 @@ def cumulate_quantize(self: PyNode) -> None:
     self.constants.pop("shift", None)
     signed = is_signed(self, inp)
     if q_in.qinvariant:
-        set_integer_output(self, out, signed, [q_in.qbits or 8])
+        set_integer_output(self, out, signed, [8])
     else:
         quantize_activation(self, out, signed)
     s_in, s_out = tensor_scale(self, inp), tensor_scale(self, out)

@@ -256,6 +256,24 @@ def test_integer_inputs_give_integer_output(optype: str, method: Optional[str]) 
     assert op.qbits >= 8
 
 
+@pytest.mark.parametrize("optype,method", [("Eltwise", "MUL"), ("Mul", None)])
+def test_int32_products_are_exact_at_the_extremes(optype: str, method: Optional[str]) -> None:
+    """Two int32 integer inputs (an attention mask times its cumulative sum, DeBERTa's pairwise mask): the
+    worst-case product 2^62 fits int64, so the layer quantizes and multiplies exactly, extremes included; the
+    output saturates to int32 as upstream's does."""
+    lo, hi = -2 ** 31, 2 ** 31 - 1
+    a = torch.tensor([lo, lo, hi, 7, -3, 46341] * 40, dtype=torch.int64).reshape(SHAPE_A).to(torch.int32)
+    b = torch.tensor([lo, 1, hi, -9, 0, 46341] * 40, dtype=torch.int64).reshape(SHAPE_A).to(torch.int32)
+    data = [[a, b]]
+    qg = quantize_model(binary_graph(optype, method, in_dtype=Dtype.INT32), data)
+    out = qg.node("op").outputs[0]
+    op = params_of(qg.node("op"), out)
+    assert op.qinvariant and (op.qmin, op.qmax) == (lo, hi)
+    qg.forward(data[0])
+    want = [max(lo, min(hi, int(x) * int(y))) for x, y in zip(a.flatten().tolist(), b.flatten().tolist())]
+    assert out.betensor.flatten().tolist() == want
+
+
 def nary_graph(method: str, count: int, act: str = "NONE"):
     g = GraphBuilder("n")
     xs = [g.input(f"x{i}", SHAPE_A) for i in range(count)]
