@@ -3,6 +3,7 @@
     python benchmarks/onnx_qdq_agreement.py [model ...] [--models-dir DIR] [--bits 16] [--scales MODE ...]
     python benchmarks/onnx_qdq_agreement.py --onnx-models [name ...] [--bits 16]
     python benchmarks/onnx_qdq_agreement.py --onnx-small [name ...] [--bits 16]
+    python benchmarks/onnx_qdq_agreement.py --hf-archs [name ...] [--bits 16]
 
 Models: `digits` (examples/digits) and the folders of tests/data/shared_models (syn_resnet, syn_mobilenet, ppocr_cls,
 mtcnn_onet by default). Each is quantized with the default settings on its calib.npy (two samples a batch; the
@@ -14,7 +15,8 @@ whose package is missing are skipped): imported, quantized on 2 seeded samples a
 ...; the import shapes of benchmarks/make_parser_histograms.py) and all-MiniLM-L6-v2 (`minilm`, the export of
 benchmarks/real_model_speed.py; skipped without its package): each quantized on 4 seeded inputs (token ids, masks
 with padding; MiniLM: 4 of the calibration sentences of benchmarks/minilm_mask_accuracy.py, padded to 64 tokens) and
-measured on 4 others (MiniLM: 8 other sentences), exact mode, also layer by layer.
+measured on 4 others (MiniLM: 8 other sentences), exact mode, also layer by layer. `--hf-archs` does the same for
+the 25 transformers architectures of benchmarks/_hf_archs.py (random seeded weights; needs transformers).
 
 Per model and scale mode (exact, effective, ir) it prints:
   outputs   share of output elements within one output quantization step (whole model, onnxruntime with its
@@ -146,6 +148,38 @@ def onnx_small_rows(names: List[str], bits: int) -> None:
               f"{min(r.layers.values()):>13.2%}  {len(floats)}")
 
 
+def hf_arch_rows(names: List[str], bits: int) -> None:
+    """The transformers architectures of benchmarks/_hf_archs.py (random seeded weights, exported once into the
+    benchmark cache): import, quantize on 4 samples, export in exact mode, measure on 4 others (also per layer)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import _hf_archs
+    from _bench_common import DEFAULT_CACHE
+
+    from quantopt.exporters.onnx_qdq import convert_graph
+    from quantopt.frontends.onnx import import_onnx
+
+    settings: Dict[str, object] = {} if bits == 8 else dict(q_bits_activation=bits, q_bits_bias=48)
+    print(f"{'model':<20} {'identical':>10} {'elements':>9} {'max steps':>10} {'layers (min)':>13}  float-form layers")
+    for name in names or _hf_archs.NAMES:
+        path = _hf_archs.export(name, Path(DEFAULT_CACHE) / "hf_archs" / f"{name}.onnx", 0) \
+            if not (Path(DEFAULT_CACHE) / "hf_archs" / f"{name}.onnx").is_file() \
+            else Path(DEFAULT_CACHE) / "hf_archs" / f"{name}.onnx"
+        if path is None:
+            print(f"{name:<20} skipped: transformers is not installed")
+            continue
+        graph = import_onnx(str(path), {k: list(v) for k, v in _hf_archs.input_shapes(name).items()})
+        image = lambda rng, shape: rng.uniform(-1, 1, (8, *shape[1:])).astype(np.float32)  # noqa: E731
+        feeds = _hf_archs.sampler(name, 8, image)(np.random.default_rng(0))
+        order = [t.name[:-2] if t.name.endswith("_0") and t.name[:-2] in feeds else t.name
+                 for t in graph.input_tensors]
+        samples = [[torch.from_numpy(feeds[k][i:i + 1]) for k in order] for i in range(8)]
+        qgraph = quantize_model(graph, samples[:4], settings)
+        floats = list(convert_graph(qgraph)[1].float_layers)
+        r = measure_agreement(qgraph, [torch.cat(t) for t in zip(*samples[4:])], per_layer=True)
+        print(f"{name:<20} {r.identical:>10.2%} {r.elements:>9} {r.max_steps:>10.1f} "
+              f"{min(r.layers.values()):>13.2%}  {len(floats)}", flush=True)
+
+
 def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", help=f"default: {' '.join(DEFAULT_MODELS)} (all, with --onnx-models)")
@@ -154,6 +188,8 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--scales", nargs="+", choices=SCALE_MODES, default=list(SCALE_MODES))
     ap.add_argument("--onnx-models", action="store_true", help="the real ONNX models of examples/onnx_models")
     ap.add_argument("--onnx-small", action="store_true", help="tests/data/onnx_small and MiniLM (minilm)")
+    ap.add_argument("--hf-archs", action="store_true",
+                    help="the transformers architectures of benchmarks/_hf_archs.py (needs transformers)")
     args = ap.parse_args(argv)
     discover_plugins()
     print(runtime_description())
@@ -162,6 +198,9 @@ def main(argv: List[str]) -> int:
         return 0
     if args.onnx_small:
         onnx_small_rows(args.models, args.bits)
+        return 0
+    if args.hf_archs:
+        hf_arch_rows(args.models, args.bits)
         return 0
     print(f"{'model':<14} {'scales':<10} {'outputs':>9} {'identical':>10} {'elements':>9} {'max steps':>10} "
           f"{'layers (min)':>13}")

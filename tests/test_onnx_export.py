@@ -324,7 +324,8 @@ def g_activations(wide: bool = False) -> Any:
 
 
 def g_layout(wide: bool = False) -> Any:
-    """Softmax, BatchNorm, Pad, pooling with ceil mode and pads, Resize, Reduce, Transpose, Split, LayerNorm.
+    """Softmax, BatchNorm, Pad, pooling with ceil mode and pads, Resize, Reduce, Transpose, Split, LayerNorm,
+    InstanceNorm, RMSNorm, IsNaN, IsInf.
     `wide` (16-bit) leaves out nothing: the exact export computes every one of them as quantopt does."""
     b = GraphBuilder("layout")
     x = b.input("x", [1, 7, 7, 4])
@@ -350,7 +351,14 @@ def g_layout(wide: bool = False) -> Any:
             b.layer("Reduce", [a], [[1, 7, 4]], name="sum_w", params=dict(method="SUM", axis=[2], keepdims=False)),
             b.layer("LayerNorm", [a], [s], name="ln", params=dict(axis=[-1], epsilon=1e-5),
                     constants={"weights": np.array([1.0, 0.5, 2.0, -1.0], np.float32),
-                               "biases": np.array([0.0, 0.1, -0.2, 0.3], np.float32)})]
+                               "biases": np.array([0.0, 0.1, -0.2, 0.3], np.float32)}),
+            b.layer("InstanceNorm", [a], [s], name="instance", params=dict(epsilon=1e-5),
+                    constants={"weights": np.array([1.0, -0.5, 2.0, 0.75], np.float32),
+                               "biases": np.array([0.2, 0.1, -0.2, 0.0], np.float32)}),
+            b.layer("RMSNorm", [a], [s], name="rms", params=dict(axis=[-1], epsilon=1e-6),
+                    constants={"weights": np.array([1.0, 0.5, 2.0, -1.0], np.float32)}),
+            b.layer("IsNaN", [a], [s], name="isnan"),
+            b.layer("IsInf", [a], [s], name="isinf", params=dict(detect_negative=True, detect_positive=False))]
     outs.append(b.layer("Resize", [a], [[1, 10, 12, 4]], name="up_linear",
                         params=dict(method="BILINEAR", mode="HALF_PIXEL")))
     outs.append(b.layer("LogSoftmax", [a], [s], name="logsoftmax", params=dict(axis=-1)))
@@ -461,6 +469,21 @@ def test_small_graphs_agree(name: str, variant: str) -> None:
     assert model.opset_import[0].version == (21 if variant == "int16" else 19)
     types = {t.type.tensor_type.elem_type for t in model.graph.value_info}
     assert (onnx.TensorProto.INT16 in types) == (variant == "int16")
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_norms_in_quantopts_integer_form_agree(bits: int) -> None:
+    """LayerNorm and InstanceNorm in quantopt's exact integer form (`layernorm_integer_form = exact`; RMSNorm always
+    takes it) export exactly: identical integers in every layer, no float layer."""
+    graph = g_layout(wide=bits == 16)
+    settings = {**EXPORTABLE, "layernorm_integer_form": "exact"}
+    if bits == 16:
+        settings.update(q_bits_activation=16, q_bits_bias=48)
+    qgraph = quantize_model(graph, [_data(graph, s, 2) for s in range(3)], settings)
+    assert "norm_frac_bits" in qgraph.node("instance").params and "norm_frac_bits" in qgraph.node("ln").params
+    result = measure_agreement(qgraph, _data(graph, 7, 4), per_layer=True)
+    assert result.identical == 1.0 and result.max_steps == 0.0, result.outputs
+    assert not convert_graph(qgraph)[1].float_layers
 
 
 def test_upstream_logsoftmax_is_refused_naming_the_field() -> None:
@@ -734,7 +757,8 @@ def test_recurrent_layers_export_exactly(variant: int, bits: int, mode: str) -> 
 
 # ------------------------------------------------------------------------------------------------ attention masks
 INTEGER_OUTPUTS = ("cmp_equal", "cmp_not_equal", "cmp_greater", "cmp_greater_equal", "cmp_less", "cmp_less_equal",
-                   "bool_or", "bool_xor", "not", "to_int8", "to_uint8_wrap", "ids_int8", "ids_wrap", "ids_float")
+                   "bool_or", "bool_xor", "not", "to_int8", "to_uint8_wrap", "ids_int8", "ids_wrap", "ids_float",
+                   "int_product")
 
 
 def mask_graph() -> Any:
@@ -742,7 +766,8 @@ def mask_graph() -> Any:
     (`Where(mask != 0 and a bool constant, 0, -FLT_MAX)` added to the scores before a Softmax), every Logical
     method (comparisons of inputs of different scales), Where of two quantized branches, the Cast cases
     (quantized → integer with TRUNC rounding, saturation and wrap-around, integer → integer, integer → float, a
-    requantizing only_for_quantized Cast) and Crop (part of the tensor, and the whole of it)."""
+    requantizing only_for_quantized Cast), a product of two int32 inputs (worst case 2^62, as DeBERTa's pairwise
+    mask) and Crop (part of the tensor, and the whole of it)."""
     from quantopt.quant.dtype import Dtype
 
     b = GraphBuilder("mask")
@@ -790,6 +815,7 @@ def mask_graph() -> Any:
     outs.append(b.layer("Cast", [sig], [s], name="requant_int8", params=dict(to_dtype=Dtype.INT8,
                                                                               only_for_quantized=True),
                         output_dtypes=[Dtype.INT8]))
+    outs.append(b.layer("Mul", [mask, ids], [[1, 8]], name="int_product", params=dict(with_activation="NONE")))
     outs.append(b.layer("Crop", [x], [[1, 2, 8]], name="crop", params=dict(crops=[[0, 1], [1, 3], [0, 8]])))
     outs.append(b.layer("Crop", [sig], [s], name="crop_all", params=dict(crops=[[0, 1], [0, 4], [0, 8]])))
     return b.build(outs)

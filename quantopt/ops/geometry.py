@@ -1060,6 +1060,20 @@ def convert_resize(g: QDQGraph, node: PyNode) -> None:
     g.quantize(y, out, perm, lossless=mode == "nearest" and same_qparams(node, x, y))
 
 
+@TILE.export
+def convert_tile(g: QDQGraph, node: PyNode) -> None:
+    """An integer ONNX Tile in any layout the input has (the repeats permuted with it): the codes are copied."""
+    x, y = node.inputs[0], node.outputs[0]
+    require_same(node, x, y)
+    rank = g.rank(x)
+    reps = _int_list(node, "repeats", node.get_param("repeats"))
+    if len(reps) != rank:
+        raise node_error(node, f"repeats {reps} must hold one count per axis of the {rank}-D input")
+    perm = g.common_perm([x], rank)
+    out = g.add("Tile", [g.int_value(x, perm), g.ints(f"{node.name}/repeats", [reps[a] for a in perm])])
+    g.set_int(y, out, perm)
+
+
 @CROP.export
 def convert_crop(g: QDQGraph, node: PyNode) -> None:
     """`crops=[[begin, end], ...]`: an integer Slice of the cropped axes in any layout the input has (none for a

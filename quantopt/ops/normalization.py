@@ -1039,11 +1039,12 @@ def _l2_integer_forward(node: PyNode) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export
 def exact_layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
-    """LayerNorm over trailing `axes` with quantopt's integer normalization (docs/semantics/normalization.md), in
-    int64: the mean with F fraction bits, the sum of squares, the inverse square root (bit length by comparison with
-    every power of two, isqrt from a float64 square root corrected by ±1), the 16-bit normalized tensor, then
-    gamma/beta and the per-element multipliers in float64."""
-    if not g.unit_domain or str(node.type) != "LayerNorm" or "norm_frac_bits" not in node.params:
+    """LayerNorm, InstanceNorm (or RMSNorm, without the mean) over `axes` with quantopt's integer normalization
+    (docs/semantics/normalization.md), in int64: the mean with F fraction bits, the sum of squares, the inverse
+    square root (bit length by comparison with every power of two, isqrt from a float64 square root corrected by
+    ±1), the 16-bit normalized tensor, then gamma/beta and the per-element multipliers in float64."""
+    if not g.unit_domain or str(node.type) not in ("LayerNorm", "RMSNorm", "InstanceNorm") or \
+            "norm_frac_bits" not in node.params:
         return False
     x = node.inputs[0]
     shape = [int(v) for v in x.ir_shape]
@@ -1061,8 +1062,11 @@ def exact_layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
     axes_input = g.ints(f"{node.name}/axes", list(axes))
     v = g.add("Cast", [codes(g, x)], to=INT64)
     scaled = g.add("Mul", [v, int64("mean_scale", 1 << frac)])
-    mean = round_div_int64(g, node, g.add("ReduceSum", [scaled, axes_input], keepdims=1), int64("count", count))
-    d = g.add("Sub", [scaled, mean])
+    if str(node.type) == "RMSNorm":
+        d = scaled
+    else:
+        mean = round_div_int64(g, node, g.add("ReduceSum", [scaled, axes_input], keepdims=1), int64("count", count))
+        d = g.add("Sub", [scaled, mean])
     squares = g.add("Add", [g.add("ReduceSum", [g.add("Mul", [d, d]), axes_input], keepdims=1),
                             int64("eps", count * eps_value)])
     q = g.add("Max", [squares, int64("one_min", 1)])
@@ -1090,13 +1094,14 @@ def exact_layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
 
 
 def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
-    """LayerNorm in upstream's form (docs/semantics/normalization.md, "LayerNorm, GroupNorm and InstanceNorm,
-    upstream form") over trailing `axes`, in int64: the rounded mean, the sum of squares shifted (8 bits) or divided
-    by N (16 bits), the table inverse square root (bit length, normalizing shift, index and 15-bit fraction,
-    interpolation), the normalized tensor, then gamma/beta and the multipliers in float64. Also in "effective" mode:
-    the rounded mean and the table have no float form within a step (rows of small variance move by many). False in
-    "ir" mode, or where the multipliers' shifts leave float64 (the caller then refuses the layer)."""
-    if g.scales == "ir" or str(node.type) != "LayerNorm" or "lut" not in node.constants:
+    """LayerNorm (or InstanceNorm) in upstream's form (docs/semantics/normalization.md, "LayerNorm, GroupNorm and
+    InstanceNorm, upstream form") over `axes` of the IR layout, in int64: the rounded mean, the sum of squares
+    shifted (8 bits) or divided by N (16 bits), the table inverse square root (bit length, normalizing shift, index
+    and 15-bit fraction, interpolation), the normalized tensor, then gamma/beta and the multipliers in float64. Also
+    in "effective" mode: the rounded mean and the table have no float form within a step (rows of small variance
+    move by many). False in "ir" mode, or where the multipliers' shifts leave float64 (the caller then refuses the
+    layer)."""
+    if g.scales == "ir" or str(node.type) not in ("LayerNorm", "InstanceNorm") or "lut" not in node.constants:
         return False
     x, y = node.inputs[0], node.outputs[0]
     table = node.constants["lut"].betensor.to(torch.int64).reshape(-1).cpu().numpy()
@@ -1173,6 +1178,69 @@ def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) ->
         acc = g.add("Add", [acc, g.const(f"{node.name}/beta", beta.to(torch.float64).cpu().numpy())])
     requantize(g, node, acc, ratio, None, channel_shape=_channel_shape(node, shape) if ratio.size > 1 else None)
     return True
+
+
+@INSTANCENORM.export
+def convert_instancenorm(g: QDQGraph, node: PyNode) -> None:
+    """Exact in int64 over the normalized axes of the IR layout (the spatial axes by default), in either integer
+    form: upstream's (its table inverse square root) in "exact" and "effective" modes, quantopt's in "exact" mode;
+    refused otherwise (no float InstanceNorm follows the integers within a step)."""
+    x = node.inputs[0]
+    axes = _reduce_axes(node, g.rank(x))
+    if "norm_scale_value" not in node.params:
+        raise node_error(node, "a quantized InstanceNorm needs norm_scale_value/norm_shift_value")
+    if "norm_frac_bits" in node.params:
+        if exact_layer_norm(g, node, axes):
+            return
+        raise node_error(node, "quantopt's integer InstanceNorm is exported in the exact mode only")
+    if "lut" not in node.constants:
+        raise node_error(node, "a quantized InstanceNorm needs norm_frac_bits (exact form) or its 'lut' (upstream "
+                               "form)")
+    if not exact_layer_norm_upstream(g, node, axes):
+        raise node_error(node, "the integer InstanceNorm has no ONNX form in 'ir' mode, or its multiplier shifts "
+                               "leave float64; export with the default scales")
+
+
+@RMSNORM.export
+def convert_rmsnorm(g: QDQGraph, node: PyNode) -> None:
+    """Exact in "exact" mode (the integer normalization in int64, as LayerNorm's without the mean); otherwise the
+    float form x / sqrt(mean(x²) + epsilon) · gamma + beta with gamma/beta the integer weights and biases dequantized
+    with the scales the integer forward applies."""
+    x, y = node.inputs[0], node.outputs[0]
+    axes = _trailing_axes(node, g.rank(x))
+    if "norm_frac_bits" not in node.params or "norm_scale_value" not in node.params:
+        raise node_error(node, "a quantized RMSNorm needs norm_frac_bits and norm_scale_value/norm_shift_value")
+    if exact_layer_norm(g, node, axes):
+        return
+    count = math.prod(int(x.ir_shape[a]) for a in axes)
+    norm_scale = float(node.params["norm_scale_value"]) * 2.0 ** -float(node.params["norm_shift_value"]) \
+        / math.sqrt(count)
+    affine = tuple(int(x.ir_shape[a]) for a in axes)
+    ratio = requant_ratio(node) / tensor_scale(node, y)
+    ratio = ratio.reshape(affine) if ratio.size > 1 else float(ratio[0])
+    w_t = node.get_constant("weights", optional=True)
+    b_t = node.get_constant("biases", optional=True)
+    w = effective_weights(node).to(torch.float64).reshape(affine).cpu().numpy() if w_t is not None \
+        else np.ones(affine)
+    b = b_t.betensor.to(torch.float64).reshape(affine).cpu().numpy() if b_t is not None else np.zeros(affine)
+    value = g.float_value(x)
+    axes_input = g.ints(f"{node.name}/axes", list(axes))
+    mean_square = g.add("ReduceMean", [g.add("Mul", [value, value]), axes_input], keepdims=1)
+    eps = np.asarray(float(node.get_param("epsilon")), dtype=np.float32)
+    rms = g.add("Sqrt", [g.add("Add", [mean_square, g.const(f"{node.name}/epsilon", eps)])])
+    scaled = g.add("Mul", [g.add("Div", [value, rms]),
+                           g.const(f"{node.name}/gamma", (w * norm_scale * ratio).astype(np.float32))])
+    out = g.add("Add", [scaled, g.const(f"{node.name}/beta", (b * ratio * np.ones(affine)).astype(np.float32))])
+    g.quantize(y, out)
+
+
+def _trailing_axes(node: PyNode, rank: int) -> List[int]:
+    """The normalized axes of a norm layer, which the ONNX forms need to be the trailing ones."""
+    raw = node.get_param("axis", optional=True, default_value=[-1])
+    axes = sorted({axis_param(node, a, rank) for a in (raw if isinstance(raw, (list, tuple)) else [raw])})
+    if axes != list(range(axes[0], rank)):
+        raise node_error(node, f"normalized axes {axes} are not the trailing axes of a rank-{rank} input")
+    return axes
 
 
 @LAYERNORM.export

@@ -45,6 +45,7 @@ from ._quant import (
 )
 from ._shared import bool_param, keeps_float64
 from .onnx_build import exact as onnx_exact
+from .onnx_build.exact import DOUBLE, emit_integers
 from .onnx_build.float_forms import float_const, requant_factor, unary_perm
 from .onnx_build.qdq_graph import QDQGraph
 
@@ -438,6 +439,21 @@ def isinf_isnan_forward(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export
+@ISINF.export
+@ISNAN.export
+def convert_isinf_isnan(g: QDQGraph, node: PyNode) -> None:
+    """ONNX IsInf (with the layer's sign flags) / IsNaN of the dequantized input, as the uint8 flags: 0 everywhere,
+    as the integer forward gives, since a dequantized integer is never inf or NaN."""
+    _check_one_in_one_out(node)
+    x, y = node.inputs[0], node.outputs[0]
+    if str(node.type) == "IsInf":
+        neg, pos = _isinf_flags(node)
+        flags = g.add("IsInf", [g.float_value(x)], detect_negative=int(neg), detect_positive=int(pos))
+    else:
+        flags = g.add("IsNaN", [g.float_value(x)])
+    emit_integers(g, node, y, g.add("Cast", [flags], to=DOUBLE), None)
+
+
 UNARY_OPS: Dict[str, List[str]] = {
     "Abs": ["Abs"], "Negative": ["Neg"], "Exp": ["Exp"], "Log": ["Log"], "Erf": ["Erf"], "Sqrt": ["Sqrt"],
     "Rsqrt": ["Sqrt", "Reciprocal"], "Reciprocal": ["Reciprocal"], "Floor": ["Floor"], "Ceil": ["Ceil"],

@@ -236,7 +236,9 @@ def eltwise(g: QDQGraph, node: PyNode, method: str, perm: Optional[Perm]) -> boo
             return False
         bound = sum(offset_absmax(node, t) * abs(m) for t, m in zip(inputs, muls)) * abs(m_out)
     if not fits_double(bound):
-        return bound < INT64_EXACT and _eltwise_int64(g, node, method, inputs, muls, m_out, shift, perm)
+        # a product passed through (M = 1, N = 0) adds no rounding term: two int32 codes (2^62) fit int64
+        limit = 2 ** 63 if method == "MUL" and abs(m_out) == 1 and shift == 0 else INT64_EXACT
+        return bound < limit and _eltwise_int64(g, node, method, inputs, muls, m_out, shift, perm)
     ops = {"ADD": "Add", "SUB": "Sub", "MAX": "Max", "MIN": "Min", "MUL": "Mul"}
     values = scaled_codes(g, node, inputs, [float(m) for m in muls], perm)
     acc = values[0]
