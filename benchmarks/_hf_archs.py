@@ -3,10 +3,11 @@
 Only all-MiniLM-L6-v2's weights ship in a package here; these build the other architectures users bring from their
 transformers configs (GPT-2, BERT, DistilBERT, RoBERTa, ALBERT, ViT, Swin, MobileViT, LLaMA, the T5 and Whisper
 encoders, wav2vec 2.0, ELECTRA, MobileBERT, DeBERTa-v2, GPT-NeoX, OPT, BLOOM, Qwen2, Phi, the CLIP text and vision
-towers, ConvNeXt, SegFormer, ResNet), two layers (or stages) of width 64 or less, so that every graph pattern of the
-real exports (padding masks of finfo.min, position ids computed from the token ids, rotary embeddings, RMSNorm,
-relative position buckets, ALiBi, convolutional feature extractors) goes through the upstream Parser and Optimizer.
-Weights are random (seeded): the goldens test fidelity, not accuracy.
+towers, ConvNeXt, SegFormer, ResNet, RegNet, PoolFormer, DINOv2, ConvNeXt V2, MPNet, SqueezeBERT, Gemma, Mistral,
+Falcon, GPT-J, GPT-BigCode, StableLM, the BART encoder, HuBERT), two layers (or stages) of width 64 or less, so
+that every graph pattern of the real exports (padding masks of finfo.min, position ids computed from the token ids,
+rotary embeddings, RMSNorm, relative position buckets, ALiBi, convolutional feature extractors) goes through the
+upstream Parser and Optimizer. Weights are random (seeded): the goldens test fidelity, not accuracy.
 
 Nothing here is part of the quantopt package; transformers is a benchmark extra (benchmarks/requirements.txt).
 """
@@ -87,22 +88,60 @@ def _configs(t: Any) -> Dict[str, Tuple[Any, List[str]]]:
                          ["pixel_values"]),
         "hf_resnet": (t.ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
                                      layer_type="bottleneck"), ["pixel_values"]),
+        "hf_regnet": (t.RegNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], groups_width=8),
+                      ["pixel_values"]),
+        "hf_poolformer": (t.PoolFormerConfig(num_encoder_blocks=2, depths=[1, 1], hidden_sizes=[16, 32],
+                                             patch_sizes=[7, 3], strides=[4, 2], padding=[2, 1]), ["pixel_values"]),
+        "hf_dinov2": (t.Dinov2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2,
+                                     image_size=32, patch_size=8), ["pixel_values"]),
+        "hf_convnextv2": (t.ConvNextV2Config(num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], image_size=32),
+                          ["pixel_values"]),
+        "hf_mpnet": (t.MPNetConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                   vocab_size=500, max_position_embeddings=64), text),
+        "hf_squeezebert": (t.SqueezeBertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                               intermediate_size=128, vocab_size=500, max_position_embeddings=64,
+                                               embedding_size=64, q_groups=2, k_groups=2, v_groups=2,
+                                               post_attention_groups=2, intermediate_groups=2, output_groups=2), text),
+        "hf_gemma": (t.GemmaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                                   intermediate_size=128, vocab_size=500, max_position_embeddings=64, head_dim=16),
+                     text),
+        "hf_mistral": (t.MistralConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, intermediate_size=128, vocab_size=500,
+                                       max_position_embeddings=64, sliding_window=16), text),
+        "hf_falcon": (t.FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=500,
+                                     new_decoder_architecture=False, multi_query=True, alibi=False), text),
+        "hf_gptj": (t.GPTJConfig(n_embd=64, n_layer=2, n_head=4, vocab_size=500, n_positions=64, rotary_dim=8), text),
+        "hf_gpt_bigcode": (t.GPTBigCodeConfig(n_embd=64, n_layer=2, n_head=4, vocab_size=500, n_positions=64,
+                                              multi_query=True), text),
+        "hf_stablelm": (t.StableLmConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=128, vocab_size=500,
+                                         max_position_embeddings=64), text),
+        "hf_bart_encoder": (t.BartConfig(d_model=64, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
+                                         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                         vocab_size=500, max_position_embeddings=64), text),
+        "hf_hubert": (t.HubertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                     conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
+                                     num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4), ["input_values"]),
     }
 
 
 NAMES = ["hf_gpt2", "hf_bert", "hf_distilbert", "hf_roberta", "hf_albert", "hf_vit", "hf_swin", "hf_mobilevit",
          "hf_llama", "hf_t5_encoder", "hf_whisper_encoder", "hf_wav2vec2", "hf_electra", "hf_mobilebert",
          "hf_deberta_v2", "hf_gpt_neox", "hf_opt", "hf_bloom", "hf_qwen2", "hf_phi", "hf_clip_text", "hf_clip_vision",
-         "hf_convnext", "hf_segformer", "hf_resnet"]
+         "hf_convnext", "hf_segformer", "hf_resnet", "hf_regnet", "hf_poolformer", "hf_dinov2", "hf_convnextv2",
+         "hf_mpnet", "hf_squeezebert", "hf_gemma", "hf_mistral", "hf_falcon", "hf_gptj", "hf_gpt_bigcode",
+         "hf_stablelm", "hf_bart_encoder", "hf_hubert"]
 """The architectures, in the order the benchmark makes them."""
-IMAGE_MODELS = ("hf_vit", "hf_swin", "hf_mobilevit", "hf_clip_vision", "hf_convnext", "hf_segformer", "hf_resnet")
+IMAGE_MODELS = ("hf_vit", "hf_swin", "hf_mobilevit", "hf_clip_vision", "hf_convnext", "hf_segformer", "hf_resnet",
+                "hf_regnet", "hf_poolformer", "hf_dinov2", "hf_convnextv2")
+AUDIO_MODELS = ("hf_wav2vec2", "hf_hubert")
 
 
 def input_shapes(name: str) -> Dict[str, Tuple[int, ...]]:
     """Input name -> shape with batch 1."""
     if name in IMAGE_MODELS:
         return {"pixel_values": (1, 3, 32, 32)}
-    if name == "hf_wav2vec2":
+    if name in AUDIO_MODELS:
         return {"input_values": (1, 1600)}
     if name == "hf_whisper_encoder":
         return {"input_features": (1, 16, 64)}
@@ -115,7 +154,7 @@ def sampler(name: str, samples: int, image: Callable[[np.random.Generator, Tuple
     def sample(rng: np.random.Generator) -> Dict[str, np.ndarray]:
         if name in IMAGE_MODELS:
             return {"pixel_values": image(rng, (1, 3, 32, 32))}
-        if name == "hf_wav2vec2":
+        if name in AUDIO_MODELS:
             return {"input_values": (0.3 * rng.standard_normal((samples, 1600))).astype(np.float32)}
         if name == "hf_whisper_encoder":
             return {"input_features": rng.standard_normal((samples, 16, 64)).astype(np.float32)}
@@ -143,6 +182,8 @@ def export(name: str, path: Path, seed: int) -> Optional[Path]:
         model = transformers.T5EncoderModel(config)
     elif name == "hf_whisper_encoder":
         model = transformers.WhisperModel(config).get_encoder()
+    elif name == "hf_bart_encoder":
+        model = transformers.BartModel(config).get_encoder()
     elif name == "hf_clip_text":
         model = transformers.CLIPTextModel(config)
     elif name == "hf_clip_vision":

@@ -617,6 +617,24 @@ class MaskArithmetic(nn.Module):
         return torch.softmax(scores, -1) @ h
 
 
+class PoolNorm(nn.Module):
+    """PoolFormer's token mixer `avg_pool(x) - x` (an Eltwise SUB of inputs with equal scales), ConvNeXt V2's global
+    response normalization (an L2 norm over the spatial axes, ReduceL2, divided by its channel mean) and an
+    F.normalize over the channels of the pooled features (ReduceL2, Clip, Div)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.mix = nn.Conv2d(3, 16, 3, 1, 1), nn.Conv2d(16, 16, 1)
+        self.gamma, self.beta = nn.Parameter(torch.randn(1, 16, 1, 1) * 0.5), nn.Parameter(torch.randn(1, 16, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = x + (F.avg_pool2d(x, 3, 1, 1, count_include_pad=False) - x)
+        gx = torch.norm(x, p=2, dim=(2, 3), keepdim=True)
+        x = self.gamma * (x * (gx / (gx.mean(dim=1, keepdim=True) + 1e-6))) + self.beta + x
+        return F.normalize(self.mix(x).mean(dim=(2, 3)), dim=1)
+
+
 class Misc1d(nn.Module):
     """1-D odds and ends: Conv1d, MaxPool1d, an unequal Split, x ** 3 (Pow of a constant exponent), Sqrt of Abs,
     a Where on a comparison, adaptive average pooling and a mean over channels."""
@@ -776,6 +794,7 @@ MODELS: Dict[str, Spec] = {
     "scaled_query": Spec(ScaledQueryAttention, {"x": (1, 10, 24)}, ["y"]),
     "rmsnorm_block": Spec(RMSNormBlock, {"x": (1, 8, 16)}, ["y"]),
     "position_ids": Spec(PositionIds, {"ids": (1, 12)}, ["y"], _position_ids, vocab={"ids": 40}),
+    "pool_norm": Spec(PoolNorm, {"x": (1, 3, 16, 16)}, ["y"], _image_sampler("x", (1, 3, 16, 16))),
     "mask_arithmetic": Spec(MaskArithmetic, {"ids": (1, 12), "attention_mask": (1, 12)}, ["y"], _ids_and_mask,
                             vocab={"ids": 40, "attention_mask": 2}),
     "padding_mask": Spec(PaddingMaskAttention, {"x": (1, 12, 32), "attention_mask": (1, 12)}, ["y"],

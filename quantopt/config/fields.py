@@ -205,6 +205,11 @@ field("div_integer_form", "upstream", ChoiceKind(("upstream", "exact")),
       "over the divisor's codes and one multiplier/shift of the activation bits) or exact (a reciprocal table "
       "normalized to the divisor's leading bits with 15 more fraction bits; more accurate); docs/semantics/binary.md",
       per_layer=True, group="quantization")
+field("reduce_l2_integer_form", "upstream", ChoiceKind(("upstream", "exact")),
+      "the integer form of Reduce L2 (an L2 norm, as F.normalize exports): upstream (the upstream optimizer's: the "
+      "sum of squares cut to its 16 high bits, requantized to a 16-bit placeholder and looked up in a square-root "
+      "table) or exact (an exact integer square root with up to 15 fraction bits; more accurate); "
+      "docs/semantics/reduce.md", per_layer=True, group="quantization")
 field("lut_output_range", "calibrated", ChoiceKind(("calibrated", "table")),
       "the output range of the table ops that can give infinite values (Exp, Log, Reciprocal, Rsqrt, ...): calibrated "
       "(the calibrated range, as upstream; only infinite ends are cut to the table's values) or table (cut to the "
@@ -301,7 +306,8 @@ field("enable_pass_detect_inf_mask_nodes", False, BoolKind(),
 field("upstream_defects", frozenset(), UpstreamDefectsKind(),
       "upstream behaviours quantopt does not copy because they are wrong, reproduced for IRs identical to the "
       "upstream optimizer's: mask_as_data (attention masks quantized as data: masked attention ignores its "
-      "scores), where_integer_passthrough, count_input_zp, region_input_zp, convinteger_producer_zp, or all "
+      "scores), where_integer_passthrough, count_input_zp, region_input_zp, convinteger_producer_zp, "
+      "eltwise_equal_scale_passthrough, or all "
       "(docs/golden-differences.md, \"Reproducing upstream's defects\")", group="quantization")
 field("enable_pass_merge_matmul_mul", True, BoolKind(),
       "rewrite each Mul by a non-integer scalar Constant as a BatchNorm over the last axis, then "

@@ -39,6 +39,7 @@ SETTING_FIELDS: Dict[str, str] = {
     "min_activation_sqnr_db": "min_activation_sqnr_db",
     "layernorm_integer_form": "layernorm_integer_form",
     "div_integer_form": "div_integer_form",
+    "reduce_l2_integer_form": "reduce_l2_integer_form",
     "lut_output_range": "lut_output_range",
     "logsoftmax_integer_form": "logsoftmax_integer_form",
     "lstm_integer_form": "lstm_integer_form",
@@ -76,6 +77,7 @@ class LayerSettings:
     min_activation_sqnr_db: float = 0.0
     layernorm_integer_form: str = "upstream"
     div_integer_form: str = "upstream"
+    reduce_l2_integer_form: str = "upstream"
     lut_output_range: str = "calibrated"
     logsoftmax_integer_form: str = "upstream"
     lstm_integer_form: str = "upstream"

@@ -25,6 +25,7 @@ PRESETS: Dict[str, Dict[str, str]] = {
         "min_activation_sqnr_db": "30",
         "layernorm_integer_form": "exact",
         "div_integer_form": "exact",
+        "reduce_l2_integer_form": "exact",
         "lut_output_range": "table",
         "logsoftmax_integer_form": "exact",
         "lstm_integer_form": "q15",

@@ -16,6 +16,7 @@ WHERE_INTEGER_PASSTHROUGH = "where_integer_passthrough"
 COUNT_INPUT_ZP = "count_input_zp"
 REGION_INPUT_ZP = "region_input_zp"
 CONVINTEGER_PRODUCER_ZP = "convinteger_producer_zp"
+EQUAL_SCALE_PASSTHROUGH = "eltwise_equal_scale_passthrough"
 
 DEFECTS: Dict[str, str] = {
     MASK_AS_DATA: "attention-mask values (±inf, |x| >= 1e30) are statistics data clipped to the int32 range, and a "
@@ -27,6 +28,8 @@ DEFECTS: Dict[str, str] = {
     COUNT_INPUT_ZP: "Count writes its input's zero point on its integer count output",
     REGION_INPUT_ZP: "Region writes its input's zero point on its score output",
     CONVINTEGER_PRODUCER_ZP: "ConvInteger rewrites the zero point of the layer producing its input to -x_zero_point",
+    EQUAL_SCALE_PASSTHROUGH: "an Eltwise SUB, MAX or MIN of two inputs with equal scales and zero points writes "
+                             "multiplier 1, shift 0, ignoring the output scale",
 }
 """Each reproducible upstream defect: its name in the cfg and what it brings back."""
 

@@ -8,6 +8,7 @@ from typing import Callable, Dict, List
 import torch
 
 from ..config.layer_settings import LayerSettings
+from ..config.upstream_defects import EQUAL_SCALE_PASSTHROUGH
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..log import OPT_WARN
@@ -203,9 +204,11 @@ def eltwise_quantize(self: PyNode) -> None:
         store_requant(self, *requant_scale_shift(self, ratio))
         return
     # SUB/MAX/MIN use ADD's multipliers: the op runs on the aligned integers, so the output ratio is the same
-    # (upstream writes M=1, shift=0 for them in the equal-scale form, which ignores the output scale).
+    # (upstream writes M=1, shift=0 for them in the equal-scale form, which ignores the output scale; only
+    # `upstream_defects = eltwise_equal_scale_passthrough` writes that).
+    form = method if EQUAL_SCALE_PASSTHROUGH in s.upstream_defects else "ADD"
     r = eltwise_multipliers(s0, s1, s_out, int(table.get(out).qbits), zp0=tensor_zp(self, a), zp1=tensor_zp(self, b),
-                            method="ADD", unify_threshold=EQUAL_SCALE_THRESHOLD,
+                            method=form, unify_threshold=EQUAL_SCALE_THRESHOLD,
                             force_shift_positive=s.force_shift_positive)
     self.params["scale_value"] = [int(v) for v in r.scale_value]
     self.params["shift_value"] = int(r.shift_value)

@@ -16,15 +16,21 @@ import torch
 
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
+from ..graph.tables import ranges_of
+from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS, WIDE_SHIFT_MAX
-from ..quant.requant import range_dtype, scale_shift
+from ..quant.lut import build_lut, lookup_lut
+from ..quant.params import linear_quant_params
+from ..quant.requant import range_dtype, requantize_int, scale_shift
 from ..quant.rounding import FLOAT64_EXACT, bit_length, div_round_half_even, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, Int, Ints, Param, Text, quantized
 from ..threads import one_thread
 from ._eltwise_int import check_int64_bound, offset_absmax, set_integer_output
+from ._lut_int import range_bits
 from ._quant import (
+    activation_mode,
     copy_params,
     is_signed,
     layer_settings,
@@ -34,6 +40,7 @@ from ._quant import (
     requant_of,
     requant_scale_shift,
     set_constant,
+    set_params,
     set_qinvariant,
     store_requant,
     tensor_scale,
@@ -41,8 +48,10 @@ from ._quant import (
 )
 from ._shared import axis_param, bool_param, keeps_float64
 from .onnx_build import exact as onnx_exact
+from .onnx_build.exact import DOUBLE, INT64, bit_length_int64, emit_integers, round_div_int64
 from .onnx_build.perms import channels_first, reduced_perm
 from .onnx_build.qdq_graph import QDQGraph, node_error, requant_ratio, same_qparams
+from .shape import upstream_layout
 
 REDUCE_METHODS = ("SUM", "MEAN", "MAX", "MIN", "PROD", "L1", "L2", "VARIANCE", "UNBIASED_VARIANCE", "ANY", "ALL")
 CUMULATE_METHODS = ("SUM", "PROD")
@@ -145,11 +154,13 @@ REDUCE = declare_op(
     params={"method": Param(Text(choices=REDUCE_METHODS), "the reduction", required=True),
             "axis": Param(Ints(), "the reduced axes (negative: from the end)", required=True),
             "keepdims": Param(Bool(), "keep the reduced axes with size 1", default=True),
-            "sqrt_fraction_bits": quantized(Int(lo=0), "L2: fraction bits kept by the integer square root")},
+            "sqrt_fraction_bits": quantized(Int(lo=0), "L2, exact form: fraction bits kept by the integer square "
+                                                       "root")},
     constants={"scale": "per-channel multipliers; refused (the integer forward needs scale_value)",
                "shift": "per-channel shifts; refused (the integer forward needs shift_value)",
-               "sqrt_lut": "upstream's L2 square-root table; not read (the integer L2 takes an exact root)"},
-    integer="exact int64 reduction of q + zp, one multiplier/shift (MAX/MIN passthrough, L2 integer sqrt)",
+               "sqrt_lut": "L2, upstream form: the square-root table over the 16-bit sum-of-squares placeholder"},
+    integer="exact int64 reduction of q + zp, one multiplier/shift (MAX/MIN passthrough; L2: upstream's 16-bit "
+            "placeholder and square-root table, or an exact integer square root)",
     semantics=f"{_REDUCE}#reduce",
     summary="Quantized: scale_value/shift_value (all but MAX, MIN, ANY, ALL).")
 
@@ -195,11 +206,31 @@ def reduce_forward(self: PyNode) -> None:
     if self.quantized:
         y = _reduce_int(self, method, axes, rows)
     elif method in ("SUM", "MEAN") and x.is_floating_point():
-        y = _float_sum_in_place(x, axes, method)
+        y = _float_sum_in_place(upstream_layout(self, x), axes, method)
+    elif method == "L2":
+        y = _float_l2(self, x, axes)
     else:
         with one_thread(int(rows.shape[0]) == 1):  # a float sum to one value: the same at any thread count
             y = _float_reduce(self, method, rows)
     self.outputs[0].betensor = y.reshape(_shape_out(self, kept, axes))
+
+
+L2_PLACEHOLDER = "power2_sum"
+"""Name suffix of an L2 layer's placeholder: the float sum of squares, calibrated for the upstream integer form."""
+
+
+def _float_l2(node: PyNode, x: torch.Tensor, axes: Sequence[int]) -> torch.Tensor:
+    """sqrt of the float32 sum of squares over `axes` in the tensor's own layout, as upstream's float forward sums
+    it (one thread: the same at any thread count); the sum is kept as the layer's placeholder."""
+    xf = upstream_layout(node, x.to(torch.float32))  # upstream squares float32 values, a float64 input included
+    with one_thread(True):
+        total = torch.sum(xf * xf, dim=list(axes), keepdim=True)
+    name = f"{node.name}/{L2_PLACEHOLDER}"
+    if [t.name for t in node.placeholders] != [name]:
+        node.placeholders = [PyTensor(name, total.detach().to(torch.float32))]
+    else:
+        node.placeholders[0].betensor = total.detach().to(torch.float32)
+    return torch.sqrt(total)
 
 
 def _float_sum_in_place(x: torch.Tensor, axes: Sequence[int], method: str) -> torch.Tensor:
@@ -252,7 +283,11 @@ def reduce_quantize(self: PyNode) -> None:
     elif method == "PROD":
         m, sh = power_ratio(s_out, s_in, n)
         store_requant(self, m, sh, Dtype.UINT16, range_dtype(min(sh, 0), max(sh, 0), force_signed=True))
+    elif method == "L2" and layer_settings(self).reduce_l2_integer_form == "upstream":
+        self.constants.pop("sqrt_lut", None)
+        _l2_upstream_quantize(self, inp, out)
     elif method == "L2":
+        self.constants.pop("sqrt_lut", None)
         m, _ = _wide_requant(self, s_out / s_in)
         bits = (n * emax * emax).bit_length()
         if bits > SQRT_INPUT_BITS:
@@ -265,6 +300,59 @@ def reduce_quantize(self: PyNode) -> None:
             raise self._error(f"{method} over {n} element(s) is undefined")
         m, _ = _wide_requant(self, s_out / (s_in * s_in) / d)
         check_int64_bound(self, n * (2 * emax) ** 2 * m, "sum of squared deviations times M")
+
+
+L2_PLACEHOLDER_BITS = 16
+"""Upstream L2 form: the sum of squares is cut to its 16 high bits and requantized to a uint16 placeholder."""
+
+
+def _l2_upstream_quantize(node: PyNode, inp: PyTensor, out: PyTensor) -> None:
+    """Upstream's L2 form (docs/semantics/reduce.md): the sum-of-squares placeholder quantized symmetric unsigned
+    16-bit from its calibrated range, `(M, N) = scale_shift(s_ph / s_in², 16)` with shifts up to 63, and the
+    square-root table `sqrt_lut` from the placeholder's codes to the output's (2^min(input bits,
+    lut_items_in_bits) entries, the output's dtype)."""
+    name = f"{node.name}/{L2_PLACEHOLDER}"
+    if [t.name for t in node.placeholders] != [name]:
+        raise node._error(f"placeholder '{name}' is missing: the layer's float forward must run before quantization "
+                          "(statistic files written before quantopt collected it lack it: collect again)")
+    ph = node.placeholders[0]
+    r = ranges_of(node).get(ph)
+    if r.min is None or r.max is None:
+        raise node._error(f"placeholder '{ph.name}' has no calibrated range (collect the statistics again)")
+    mode = activation_mode(node, L2_PLACEHOLDER_BITS).to_symmetric()
+    set_params(node, ph, linear_quant_params(r.min, r.max, L2_PLACEHOLDER_BITS, mode, False), L2_PLACEHOLDER_BITS)
+    f32 = torch.float32
+    s_in = torch.tensor(tensor_scale(node, inp), dtype=f32)
+    ratio = torch.tensor(tensor_scale(node, ph), dtype=f32) / (s_in * s_in)
+    s = layer_settings(node)
+    m, n, mt, nt = scale_shift(ratio, L2_PLACEHOLDER_BITS, force_shift_positive=s.force_shift_positive,
+                               shift_limit=WIDE_SHIFT_MAX)
+    store_requant(node, int(m), int(n), mt, nt)
+    qmin, qmax = out_range(node, out)
+    q_in = params(node, inp)
+    table = build_lut(torch.sqrt, tensor_scale(node, ph), 0, 0, (1 << L2_PLACEHOLDER_BITS) - 1,
+                      int(q_in.qbits or range_bits(node, inp)), tensor_scale(node, out), tensor_zp(node, out), qmin,
+                      qmax, int(s.lut_items_in_bits))
+    set_constant(node, "sqrt_lut", table, out.dtype)
+
+
+def _l2_upstream_int(node: PyNode, x: torch.Tensor, batch: int) -> torch.Tensor:
+    """Upstream's L2 integer forward on rows of X = q + zp: S = ΣX² clamped to [0, 2^32 - 1]; per sample, with
+    d = max(0, ceil(log2(max S)) - 16), S >> d clamped to uint16 and requantized by M · 2^-(N - d) into the uint16
+    placeholder; the output is `sqrt_lut` looked up (interpolated) at it. Upstream takes d over the whole batch; per
+    sample the result does not depend on what else is in the batch, and at batch 1 it is upstream's."""
+    m, n = _per_tensor_requant(node)
+    top = (1 << L2_PLACEHOLDER_BITS) - 1
+    total = torch.clamp((x * x).sum(dim=1), 0, 2 ** 32 - 1)
+    per_sample = total.reshape(batch, -1) if batch > 0 and total.numel() % batch == 0 else total.reshape(1, -1)
+    peak = per_sample.amax(dim=1, keepdim=True)
+    drop = torch.clamp(bit_length(torch.clamp(peak - 1, min=0)) - L2_PLACEHOLDER_BITS, min=0)  # ceil(log2 peak)
+    squeezed = torch.clamp(per_sample >> drop, 0, top)
+    placeholder = requantize_int(squeezed, m, n - drop, 0, 0, top)
+    lut = node.get_constant("sqrt_lut")
+    ldt = lut.dtype
+    y = lookup_lut(placeholder, lut.betensor, 0, L2_PLACEHOLDER_BITS, ldt.bits, ldt.is_signed)
+    return y.reshape(total.shape)
 
 
 def _reduce_int(node: PyNode, method: str, axes: Sequence[int], rows_q: torch.Tensor) -> torch.Tensor:
@@ -293,6 +381,9 @@ def _reduce_int(node: PyNode, method: str, axes: Sequence[int], rows_q: torch.Te
         for j in range(n):
             acc, dropped = _normalize_product(acc * x[:, j], dropped)
         return torch.clamp(round_shift(acc * m, sh - dropped) - zp_out, qmin, qmax)
+    if method == "L2" and "sqrt_lut" in node.constants:
+        batch = int(inp.betensor.shape[0]) if 0 not in axes and inp.betensor.dim() else 1
+        return _l2_upstream_int(node, x, batch)
     if method == "L2":
         f = int(node.get_param("sqrt_fraction_bits"))
         if (n * emax * emax).bit_length() + 2 * f > SQRT_INPUT_BITS:
@@ -439,6 +530,9 @@ def convert_reduce(g: QDQGraph, node: PyNode) -> None:
     onnx_axes = sorted(perm.index(a) for a in axes)
     out_perm = perm if keepdims else reduced_perm(perm, axes)
     count = int(np.prod([int(x.ir_shape[a]) for a in axes]))
+    if method == "L2" and "sqrt_lut" in node.constants:
+        _export_l2_upstream(g, node, perm, onnx_axes, keepdims, out_perm, batch_reduced=0 in axes)
+        return
     if onnx_exact.reduce_sum(g, node, method, perm, onnx_axes, keepdims, out_perm, count):
         return
     out = g.add(REDUCE_OPS[method], [g.float_value(x, perm), g.ints(f"{node.name}/axes", onnx_axes)],
@@ -447,6 +541,55 @@ def convert_reduce(g: QDQGraph, node: PyNode) -> None:
         ratio = float(requant_ratio(node)[0])
         out = g.rescale(out, ratio * tensor_scale(node, x) * (count if method == "MEAN" else 1) / tensor_scale(node, y))
     g.quantize(y, out, out_perm, lossless=method in ("MAX", "MIN") and same_qparams(node, x, y))
+
+
+def _export_l2_upstream(g: QDQGraph, node: PyNode, perm: Sequence[int], axes: Sequence[int], keepdims: bool,
+                        out_perm: Sequence[int], batch_reduced: bool) -> None:
+    """Upstream's L2 form in int64, in every scale mode (its output codes come from the table, no float form
+    follows them): S = ΣX² clipped to 2^32 - 1, d per sample from the bit length of max S - 1, S >> d clipped to
+    uint16, round_half_even(S · M / 2^(N - d)), then the interpolated table lookup (`_l2_upstream_int`)."""
+    m, n = _per_tensor_requant(node)
+    if not batch_reduced and int(perm[0]) != 0:
+        raise node_error(node, "the per-sample L2 needs the batch axis first in the exported layout")
+    table = node.get_constant("sqrt_lut").betensor.to(torch.int64).reshape(-1).cpu().numpy()
+    size_bits = int(round(math.log2(table.size))) if table.size else -1
+    if table.size == 0 or 1 << size_bits != table.size or size_bits > L2_PLACEHOLDER_BITS:
+        raise node_error(node, f"sqrt_lut holds {table.size} entries; 2^N up to 2^16 are exported")
+    if bool((np.diff(table) < 0).any()):
+        raise node_error(node, "sqrt_lut decreases somewhere: its interpolation has no exact ONNX form")
+
+    def int64(what: str, v: object) -> str:
+        return g.const(f"{node.name}/{what}", np.asarray(v, dtype=np.int64))
+
+    pow2 = int64("pow2", [1 << k for k in range(63)])
+    x = g.add("Cast", [onnx_exact.codes(g, node.inputs[0], list(perm))], to=INT64)
+    total = g.add("ReduceSum", [g.add("Mul", [x, x]), g.ints(f"{node.name}/axes", list(axes))], keepdims=1)
+    total = g.add("Clip", [total, int64("sum_min", 0), int64("sum_max", 2 ** 32 - 1)])
+    rank = len(perm)
+    peak_axes = list(range(rank)) if batch_reduced else list(range(1, rank))
+    peak = g.add("ReduceMax", [total, g.ints(f"{node.name}/peak_axes", peak_axes)], keepdims=1) if peak_axes \
+        else total
+    below = g.add("Max", [g.add("Sub", [peak, int64("one", 1)]), int64("zero", 0)])
+    drop = g.add("Max", [g.add("Sub", [bit_length_int64(g, node, below, "peak"), int64("kept", L2_PLACEHOLDER_BITS)]),
+                         int64("drop_min", 0)])
+    top = (1 << L2_PLACEHOLDER_BITS) - 1
+    squeezed = g.add("Clip", [g.add("Div", [total, g.add("Gather", [pow2, drop], axis=0)]), int64("ph_min", 0),
+                              int64("ph_max", top)])
+    k = g.add("Sub", [int64("shift", n), drop])
+    left = g.add("Gather", [pow2, g.add("Max", [g.add("Neg", [k]), int64("left_min", 0)])], axis=0)
+    right = g.add("Gather", [pow2, g.add("Max", [k, int64("right_min", 0)])], axis=0)
+    scaled = g.add("Mul", [g.add("Mul", [squeezed, int64("multiplier", m)]), left])
+    placeholder = g.add("Clip", [round_div_int64(g, node, scaled, right), int64("req_min", 0), int64("req_max", top)])
+    step_bits = L2_PLACEHOLDER_BITS - size_bits
+    lut = int64("sqrt_lut", np.concatenate([table, table[-1:]]))
+    hi = g.add("Div", [placeholder, int64("step", 1 << step_bits)])
+    lo = g.add("Sub", [placeholder, g.add("Mul", [hi, int64("step_back", 1 << step_bits)])])
+    base = g.add("Gather", [lut, hi], axis=0)
+    rise = g.add("Sub", [g.add("Gather", [lut, g.add("Add", [hi, int64("next", 1)])], axis=0), base])
+    value = g.add("Add", [base, g.add("Div", [g.add("Mul", [rise, lo]), int64("step_div", 1 << step_bits)])])
+    if not keepdims:
+        value = g.add("Squeeze", [value, g.ints(f"{node.name}/squeezed", list(axes))])
+    emit_integers(g, node, node.outputs[0], g.add("Cast", [value], to=DOUBLE), tuple(out_perm))
 
 
 @CUMULATE.export

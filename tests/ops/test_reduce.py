@@ -140,6 +140,11 @@ def ref_reduce(node, x_q: np.ndarray, axes: List[int], keep: bool) -> np.ndarray
     rest = [d for d in range(x_q.ndim) if d not in ax]
     rows = np.transpose(x_q, rest + ax).reshape(-1, int(np.prod([x_q.shape[a] for a in ax])))
     m, n_sh = int(node.params.get("scale_value", 1)), int(node.params.get("shift_value", 0))
+    if method == "L2" and "sqrt_lut" in node.constants:
+        y = ref_l2_upstream(node, rows, x_q.shape[0] if 0 not in ax else 1, zp_in, m, n_sh)
+        kept = [1 if d in ax else x_q.shape[d] for d in range(x_q.ndim)]
+        y = y.reshape(kept)
+        return y if keep else y.reshape([s for d, s in enumerate(kept) if d not in ax])
     res = []
     for row in rows:
         q = [int(v) for v in row]
@@ -175,6 +180,26 @@ def ref_reduce(node, x_q: np.ndarray, axes: List[int], keep: bool) -> np.ndarray
     kept = [1 if d in ax else x_q.shape[d] for d in range(x_q.ndim)]
     y = np.array(res, dtype=np.int64).reshape(kept)
     return y if keep else y.reshape([s for d, s in enumerate(kept) if d not in ax])
+
+
+def ref_l2_upstream(node, rows: np.ndarray, batch: int, zp_in: int, m: int, n_sh: int) -> np.ndarray:
+    """docs/semantics/reduce.md, L2 upstream form, in python ints: per sample d = max(0, ceil(log2(max S)) - 16),
+    the uint16 placeholder rs(min(S >> d, 65535) · M, N - d) and the interpolated table lookup."""
+    lut = [int(v) for v in node.constants["sqrt_lut"].betensor.flatten()]
+    step = 16 - int(math.log2(len(lut)))
+    padded = lut + lut[-1:]
+    totals = [min(sum((int(v) + zp_in) ** 2 for v in row), 2 ** 32 - 1) for row in rows]
+    per = len(totals) // batch
+    out = []
+    for b in range(batch):
+        group = totals[b * per:(b + 1) * per]
+        peak = max(group)
+        drop = max(0, ((peak - 1).bit_length() if peak >= 1 else 0) - 16)
+        for t in group:
+            ph = clamp(rs(min(t >> drop, 65535) * m, n_sh - drop), 0, 65535)
+            hi, lo = ph >> step, ph & ((1 << step) - 1)
+            out.append(padded[hi] + (((padded[hi + 1] - padded[hi]) * lo) >> step))
+    return np.array(out, dtype=np.int64)
 
 
 def ref_cumulate(node, x_q: np.ndarray) -> np.ndarray:
@@ -262,6 +287,30 @@ def test_reduce_integer_matches_reference(case, bits: int, mode: str) -> None:
 
 
 @pytest.mark.parametrize("bits,mode", MODES)
+@pytest.mark.parametrize("axes,keep", AXES)
+def test_l2_exact_form_matches_reference(axes: List[int], keep: bool, bits: int, mode: str) -> None:
+    """`reduce_l2_integer_form = exact`: the exact integer square root with sqrt_fraction_bits, no table."""
+    g = reduce_graph("L2", axes, keep)
+    qg = quantize_model(g, [data("L2", [2, 4, 5, 6], 10 + i) for i in range(2)],
+                        {**settings(bits, mode), "reduce_l2_integer_form": "exact"})
+    node = qg.node("op")
+    assert "sqrt_fraction_bits" in node.params and "sqrt_lut" not in node.constants
+    _check(qg, data("L2", [3, 4, 5, 6], 20, scale=1.3), lambda n, xq: ref_reduce(n, xq, axes, keep))
+
+
+def test_l2_upstream_form_is_per_sample() -> None:
+    """The upstream form's 16-bit cut is taken per sample: a sample's output does not depend on the others in the
+    batch (upstream takes it over the whole batch; at batch 1 both agree)."""
+    g = reduce_graph("L2", [2, 3], True)
+    qg = quantize_model(g, [data("L2", [2, 4, 5, 6], 10 + i) for i in range(2)], settings(8, MODES[0][1]))
+    assert "sqrt_lut" in qg.node("op").constants and "sqrt_fraction_bits" not in qg.node("op").params
+    small, large = data("L2", [1, 4, 5, 6], 3, scale=0.2), data("L2", [1, 4, 5, 6], 4, scale=3.0)
+    alone = qg.forward([small])[0].clone()
+    together = qg.forward([torch.cat([small, large])])[0]
+    assert torch.equal(together[:1], alone)
+
+
+@pytest.mark.parametrize("bits,mode", MODES)
 @pytest.mark.parametrize("case", CUMULATE_CASES, ids=_rid)
 def test_cumulate_integer_matches_reference(case, bits: int, mode: str) -> None:
     qg = quantize_model(cumulate_graph(*case), [data(case[0], [2, 4, 5, 6], 30 + i) for i in range(2)],
@@ -297,12 +346,33 @@ def test_reduce_integer_input_is_exact(method: str) -> None:
 @pytest.mark.parametrize("bits,threshold", [(8, 0.99), (16, 0.9999)])
 @pytest.mark.parametrize("case", REDUCE_CASES, ids=_rid)
 def test_reduce_cosine(case, bits: int, threshold: float) -> None:
+    """At 16 bits L2 takes the exact form: upstream's stores the sum of squares in 32 bits, which 16-bit codes
+    overflow (test_l2_upstream_form_saturates_at_32_bits)."""
     method, axes, keep = case
     g = reduce_graph(method, axes, keep)
     calib = [data(method, [2, 4, 5, 6], 70 + i) for i in range(2)]
-    qg = quantize_model(g, calib, settings(bits, "per_tensor_asymmetric"))
+    extra = {"reduce_l2_integer_form": "exact"} if bits == 16 else {}
+    qg = quantize_model(g, calib, {**settings(bits, "per_tensor_asymmetric"), **extra})
     ref = g.forward([calib[0]])[0].clone().to(torch.float32)
     assert cosine(ref, run_quantized(qg, calib[0])[0]) > threshold
+
+
+def test_l2_upstream_form_saturates_at_32_bits() -> None:
+    """Upstream's L2 form keeps the sum of squares in 32 bits before its 16-bit cut: with 16-bit codes a sum of 20
+    squares passes 2^32 and the largest norms saturate there, as on upstream's backend; the exact form does not."""
+    g = reduce_graph("L2", [2, 3], True)
+    calib = [data("L2", [2, 4, 5, 6], 70 + i) for i in range(2)]
+    ref = g.forward([calib[0]])[0].clone().to(torch.float32)
+    results = {}
+    for form in ("upstream", "exact"):
+        qg = quantize_model(g, calib, {**settings(16, "per_tensor_asymmetric"), "reduce_l2_integer_form": form})
+        results[form] = run_quantized(qg, calib[0])[0]
+    x_scale = params_of(qg.node("op"), qg.node("op").inputs[0]).scale
+    limit = math.sqrt(2 ** 32 - 1) / x_scale  # the largest norm a uint32 sum of squares holds
+    top = ref.flatten().argmax()
+    assert float(ref.flatten()[top]) > limit
+    assert float(results["upstream"].flatten()[top]) < limit + 0.05 < float(ref.flatten()[top]) - 0.5
+    assert abs(float(results["exact"].flatten()[top]) - float(ref.flatten()[top])) < 0.01
 
 
 @pytest.mark.parametrize("bits,threshold", [(8, 0.99), (16, 0.9999)])

@@ -441,7 +441,7 @@ def div(g: QDQGraph, node: PyNode, perm: Optional[Perm]) -> bool:
         idx = torch.where(carry, torch.full_like(idx, size // 2), idx)
         total_shift = int(shift) + int(node.get_param("reciprocal_shift")) + e + carry.to(torch.int64)
         entries = table[idx]
-    if int(total_shift.min()) < 1 or int(total_shift.max()) > 61:
+    if int(total_shift.min()) < 0 or int(total_shift.max()) > 61:  # a shift of 0 divides by 1: exact too
         return False
     reciprocal = (entries * int(mult)).numpy()
     powers = (torch.ones_like(total_shift) << total_shift).numpy()
