@@ -228,3 +228,19 @@ def bool_param(node: PyNode, key: str, default: bool) -> bool:
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
     raise node._error(f"parameter '{key}' must be true or false, got {value!r}")
+
+
+def upstream_layout(node: PyNode, x: torch.Tensor) -> torch.Tensor:
+    """`x` with the memory layout upstream's float forward hands this layer: a Transpose or Permute there returns
+    a permuted view of its input, and a reduction walks a view in its memory order, so a float32 sum after one rounds
+    as over the untransposed tensor. quantopt's Transpose writes a contiguous tensor; the same values are given here
+    that view's strides again. Any other producer: `x` itself."""
+    producer = node.inputs[0].pnode if node.inputs else None
+    if producer is None or str(producer.type) not in ("Transpose", "Permute"):
+        return x
+    raw = producer.params.get("perm")
+    perm = [int(p) for p in raw] if isinstance(raw, (list, tuple)) else list(reversed(range(x.dim())))
+    if sorted(perm) != list(range(x.dim())):
+        return x
+    inverse = [perm.index(d) for d in range(len(perm))]
+    return x.permute(*inverse).contiguous().permute(*perm)

@@ -46,12 +46,11 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from ._shared import axis_param, bool_param, keeps_float64
+from ._shared import axis_param, bool_param, keeps_float64, upstream_layout
 from .onnx_build import exact as onnx_exact
 from .onnx_build.exact import DOUBLE, INT64, bit_length_int64, emit_integers, round_div_int64
 from .onnx_build.perms import channels_first, reduced_perm
 from .onnx_build.qdq_graph import QDQGraph, node_error, requant_ratio, same_qparams
-from .shape import upstream_layout
 
 REDUCE_METHODS = ("SUM", "MEAN", "MAX", "MIN", "PROD", "L1", "L2", "VARIANCE", "UNBIASED_VARIANCE", "ANY", "ALL")
 CUMULATE_METHODS = ("SUM", "PROD")
@@ -261,6 +260,7 @@ def reduce_quantize(self: PyNode) -> None:
     axes = _axes(self, len(inp.ir_shape))
     for key in ("scale_value", "shift_value", "scale_type", "shift_type", "sqrt_fraction_bits"):
         self.params.pop(key, None)
+    self.constants.pop("sqrt_lut", None)
     if method in ("MAX", "MIN"):
         copy_params(self, out, inp)
         return
@@ -284,10 +284,8 @@ def reduce_quantize(self: PyNode) -> None:
         m, sh = power_ratio(s_out, s_in, n)
         store_requant(self, m, sh, Dtype.UINT16, range_dtype(min(sh, 0), max(sh, 0), force_signed=True))
     elif method == "L2" and layer_settings(self).reduce_l2_integer_form == "upstream":
-        self.constants.pop("sqrt_lut", None)
         _l2_upstream_quantize(self, inp, out)
     elif method == "L2":
-        self.constants.pop("sqrt_lut", None)
         m, _ = _wide_requant(self, s_out / s_in)
         bits = (n * emax * emax).bit_length()
         if bits > SQRT_INPUT_BITS:
