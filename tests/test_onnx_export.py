@@ -486,6 +486,22 @@ def test_norms_in_quantopts_integer_form_agree(bits: int) -> None:
     assert not convert_graph(qgraph)[1].float_layers
 
 
+def test_div_with_a_shift_of_zero_exports_exactly() -> None:
+    """A Div whose requantization ratio rounds to a power of two is written M = 1, N = 0 (ConvNeXt V2's response
+    normalization at 16 bits): the exact form divides by 2^0 and keeps every integer."""
+    b = GraphBuilder("div0")
+    x, y = b.input("a", [1, 8, 16]), b.input("b", [1, 8, 16])
+    graph = b.build([b.layer("Div", [x, y], [[1, 8, 16]], name="div")])
+    r = _rng(5)
+    data = [[torch.from_numpy(r.uniform(0, 0.45, (1, 8, 16)).astype(np.float32)),
+             torch.from_numpy(r.uniform(0.1, 0.32, (1, 8, 16)).astype(np.float32))] for _ in range(4)]
+    qgraph = quantize_model(graph, data, dict(q_bits_activation=16, q_bits_bias=48))
+    qgraph.node("div").params.update(scale_value=1, shift_value=0)  # the IR of such a layer
+    result = measure_agreement(qgraph, [torch.cat(t) for t in zip(*data)], per_layer=True)
+    assert result.identical == 1.0 and min(result.layers.values()) == 1.0
+    assert not convert_graph(qgraph)[1].float_layers
+
+
 def test_upstream_logsoftmax_is_refused_naming_the_field() -> None:
     """The default LogSoftmax form has no exact ONNX counterpart: the exporter refuses it and names the field that
     selects the exported form."""
