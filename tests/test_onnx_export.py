@@ -486,6 +486,24 @@ def test_norms_in_quantopts_integer_form_agree(bits: int) -> None:
     assert not convert_graph(qgraph)[1].float_layers
 
 
+def test_int64_inputs_take_the_source_models_feeds() -> None:
+    """`int64_inputs`: the integer inputs of an imported transformer are declared int64 (its token ids and mask),
+    saturated to the IR's int32 inside the graph; the outputs are the same as with int32 feeds."""
+    import onnxruntime as ort
+
+    qgraph = quantize_model(mask_graph(), [mask_data(s) for s in range(3)])
+    plain, wide = build_onnx_qdq(qgraph), build_onnx_qdq(qgraph, int64_inputs=True)
+    types = {i.name: i.type.tensor_type.elem_type for i in wide.graph.input}
+    assert types["mask"] == types["ids"] == onnx.TensorProto.INT64 and types["x"] == onnx.TensorProto.FLOAT
+    feeds = dict(zip(("x", "mask", "ids"), (t.numpy() for t in mask_data(7))))
+    runs = []
+    for model, cast in ((plain, np.int32), (wide, np.int64)):
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        runs.append(session.run(None, {k: (v if k == "x" else v.astype(cast)) for k, v in feeds.items()}))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_div_with_a_shift_of_zero_exports_exactly() -> None:
     """A Div whose requantization ratio rounds to a power of two is written M = 1, N = 0 (ConvNeXt V2's response
     normalization at 16 bits): the exact form divides by 2^0 and keeps every integer."""
@@ -667,6 +685,16 @@ def test_cli_exports_a_written_ir(tmp_path: Path, capsys) -> None:
     assert not (tmp_path / "f.onnx").exists()
     with pytest.raises(SystemExit):
         cli_main(["export", txt, "-o", str(out)])
+
+
+def test_cli_int64_inputs(tmp_path: Path) -> None:
+    """`quantopt export --int64-inputs` declares the integer inputs int64."""
+    qgraph = quantize_model(mask_graph(), [mask_data(s) for s in range(2)])
+    txt, bin_path = write_ir(qgraph, str(tmp_path / "mask_o.txt"))
+    out = tmp_path / "m.onnx"
+    assert cli_main(["export", txt, "--bin", bin_path, "--format", "onnx-qdq", "-o", str(out), "--int64-inputs"]) == 0
+    types = {i.name: i.type.tensor_type.elem_type for i in onnx.load(str(out)).graph.input}
+    assert types["mask"] == types["ids"] == onnx.TensorProto.INT64
 
 
 def test_cfg_field_writes_the_export(tmp_path: Path) -> None:

@@ -26,6 +26,9 @@ def _parser() -> argparse.ArgumentParser:
                    "tables as Gather, float64 requantization); effective: the IR's activation scales, weight "
                    "scales and rescaling Muls reproducing the multipliers; ir: the IR's scales only")
     p.add_argument("--static-batch", action="store_true", help="keep the IR batch size instead of a symbolic one")
+    p.add_argument("--int64-inputs", action="store_true",
+                   help="declare integer inputs (token ids, attention masks) int64, as the source ONNX model does; "
+                   "they are saturated to the IR's integer type inside the graph")
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     return p
 
@@ -45,7 +48,7 @@ def export_main(argv: List[str]) -> int:
             raise UnsupportedError("this is a float IR; export a quantized IR written by quantopt",
                                    file=args.model)
         path = export_onnx_qdq(graph, args.output, opset=args.opset, scales=args.scales,
-                               dynamic_batch=not args.static_batch)
+                               dynamic_batch=not args.static_batch, int64_inputs=args.int64_inputs)
     except QuantOptError as e:
         if args.debug:
             traceback.print_exc()

@@ -90,15 +90,16 @@ def batch_is_leading(graph: PyGraph) -> bool:
 
 
 def build_onnx_qdq(graph: PyGraph, opset: Optional[int] = None, scales: str = DEFAULT_SCALES,
-                   dynamic_batch: bool = True) -> Any:
+                   dynamic_batch: bool = True, int64_inputs: bool = False) -> Any:
     """The ONNX ModelProto of a quantized graph; every layer without a QDQ mapping is listed in one
     UnsupportedError. `dynamic_batch` makes dim 0 of inputs and outputs symbolic where every tensor's dim 0 is the
-    batch (`batch_is_leading`)."""
-    return convert_graph(graph, opset, scales, dynamic_batch)[0]
+    batch (`batch_is_leading`). `int64_inputs` declares the integer inputs int64, as the source ONNX model of an
+    imported transformer has its token ids and masks (the IR holds them as int32)."""
+    return convert_graph(graph, opset, scales, dynamic_batch, int64_inputs)[0]
 
 
 def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEFAULT_SCALES,
-                  dynamic_batch: bool = True) -> Tuple[Any, QDQGraph]:
+                  dynamic_batch: bool = True, int64_inputs: bool = False) -> Tuple[Any, QDQGraph]:
     """(ModelProto, the QDQGraph it was built from: its `views` name every IR tensor's integer ONNX value)."""
     onnx = require_onnx()
     if scales not in SCALE_MODES:
@@ -107,7 +108,7 @@ def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEF
     if graph.device.type != "cpu":  # the builders read constants with numpy
         graph = graph.clone().to("cpu")
     opset = choose_opset(graph, opset)
-    g = QDQGraph(opset, graph.quant, scales, dynamic_batch and batch_is_leading(graph))
+    g = QDQGraph(opset, graph.quant, scales, dynamic_batch and batch_is_leading(graph), int64_inputs)
     for t in list(graph.input_tensors) + list(graph.output_tensors):
         g.reserve(t.name)
     problems: List[str] = []
@@ -150,9 +151,9 @@ def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEF
 
 
 def export_onnx_qdq(graph: PyGraph, path: str, opset: Optional[int] = None, scales: str = DEFAULT_SCALES,
-                    dynamic_batch: bool = True) -> str:
+                    dynamic_batch: bool = True, int64_inputs: bool = False) -> str:
     """Write the QDQ model of a quantized graph to `path` atomically; returns the path."""
     from ..ir.writer import atomic_write
 
-    model = build_onnx_qdq(graph, opset, scales, dynamic_batch)
+    model = build_onnx_qdq(graph, opset, scales, dynamic_batch, int64_inputs)
     return atomic_write(str(path), model.SerializeToString())

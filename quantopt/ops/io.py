@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
+import numpy as np
 import torch
 
 from ..calibration.statistics import INF_MASK_THRESHOLD
@@ -163,7 +164,8 @@ def takes_float(node: PyNode, t: PyTensor) -> bool:
 
 @INPUT.export
 def convert_input(g: QDQGraph, node: PyNode) -> None:
-    """A float graph input quantized by QuantizeLinear; an integer input (scale 1, zero point 0) is used as is."""
+    """A float graph input quantized by QuantizeLinear; an integer input (scale 1, zero point 0) is used as is, or
+    declared int64 and saturated to its IR type (`int64_inputs`)."""
     t = node.outputs[0]
     shape = g.io_shape(t)
     if takes_float(node, t):
@@ -172,8 +174,15 @@ def convert_input(g: QDQGraph, node: PyNode) -> None:
         return
     if t.ir_dtype not in ONNX_INT_TYPES or t.ir_dtype != t.dtype:
         raise node_error(node, f"integer input of dtype {t.ir_dtype} (quantized as {t.dtype}) has no QDQ mapping")
-    g.inputs.append(g.value_info(t.name, ONNX_INT_TYPES[t.ir_dtype][0], shape))
-    g.set_int(t, t.name)
+    if not g.int64_inputs:
+        g.inputs.append(g.value_info(t.name, ONNX_INT_TYPES[t.ir_dtype][0], shape))
+        g.set_int(t, t.name)
+        return
+    # an int64 feed (the source model's type for token ids and masks), saturated to the IR type as quantopt reads it
+    g.inputs.append(g.value_info(t.name, "INT64", shape))
+    lo, hi = integer_range(t.ir_dtype.bits, t.ir_dtype.is_signed)
+    bounds = [g.const(f"{t.name}_{k}", np.array(v, dtype=np.int64)) for k, v in (("min", lo), ("max", hi))]
+    g.set_int(t, g.add("Cast", [g.add("Clip", [t.name, *bounds])], to=g.elem_type(t.ir_dtype)))
 
 
 @CONSTANT.export

@@ -97,13 +97,17 @@ class QParams:
 class QDQGraph:
     """Nodes, initializers and tensor views of the ONNX graph under construction."""
 
-    def __init__(self, opset: int, quant: QuantTable, scales: str = "exact", dynamic_batch: bool = True) -> None:
+    def __init__(self, opset: int, quant: QuantTable, scales: str = "exact", dynamic_batch: bool = True,
+                 int64_inputs: bool = False) -> None:
         from onnx import TensorProto, helper, numpy_helper
 
         self._helper, self._numpy_helper, self._tp = helper, numpy_helper, TensorProto
         self.opset = opset
         self.scales = scales  # "ir" or "effective" (see onnx_qdq.SCALE_MODES)
         self.dynamic_batch = dynamic_batch
+        self.int64_inputs = int64_inputs
+        """Integer graph inputs are declared int64 (as the source ONNX model's token ids) and saturated to the IR
+        type inside the graph."""
         self.quant = quant
         """The quantization parameters of the exported (quantized) graph's tensors (`PyGraph.quant`)."""
         self.nodes: List[Any] = []
