@@ -1249,11 +1249,7 @@ def convert_layernorm(g: QDQGraph, node: PyNode) -> None:
     dequantized with the scales the integer forward applies (normalized value · M_n 2^-N_n / sqrt(N), then the
     output multiplier), stored as float initializers."""
     x, y = node.inputs[0], node.outputs[0]
-    rank = g.rank(x)
-    raw = node.get_param("axis", optional=True, default_value=[-1])
-    axes = sorted({axis_param(node, a, rank) for a in (raw if isinstance(raw, (list, tuple)) else [raw])})
-    if axes != list(range(axes[0], rank)):
-        raise node_error(node, f"normalized axes {axes} are not the trailing axes of a rank-{rank} input")
+    axes = _trailing_axes(node, g.rank(x))
     if "norm_scale_value" not in node.params:
         raise node_error(node, "a quantized LayerNorm needs norm_scale_value/norm_shift_value")
     upstream = "norm_frac_bits" not in node.params  # upstream's integer form (docs/semantics/normalization.md)

@@ -30,7 +30,7 @@ from ...graph.node import PyNode
 from ...graph.tensor import PyTensor
 from ...quant.lut import lookup_lut
 from ...quant.rounding import FLOAT64_EXACT, bit_length
-from .._eltwise_int import offset_absmax
+from .._eltwise_int import INT64_PRODUCT_LIMIT, offset_absmax
 from .._quant import fused_activation_bounds, quant_of, requant_of, tensor_zp
 from .perms import Perm
 from .qdq_graph import FLOAT, ONNX_INT_TYPES, QUANTIZABLE, QDQGraph, requant_ratio
@@ -237,7 +237,7 @@ def eltwise(g: QDQGraph, node: PyNode, method: str, perm: Optional[Perm]) -> boo
         bound = sum(offset_absmax(node, t) * abs(m) for t, m in zip(inputs, muls)) * abs(m_out)
     if not fits_double(bound):
         # a product passed through (M = 1, N = 0) adds no rounding term: two int32 codes (2^62) fit int64
-        limit = 2 ** 63 if method == "MUL" and abs(m_out) == 1 and shift == 0 else INT64_EXACT
+        limit = INT64_PRODUCT_LIMIT if method == "MUL" and abs(m_out) == 1 and shift == 0 else INT64_EXACT
         return bound < limit and _eltwise_int64(g, node, method, inputs, muls, m_out, shift, perm)
     ops = {"ADD": "Add", "SUB": "Sub", "MAX": "Max", "MIN": "Min", "MUL": "Mul"}
     values = scaled_codes(g, node, inputs, [float(m) for m in muls], perm)
