@@ -49,6 +49,8 @@ PACKED_MIN_ROWS, PACKED_MIN_COLUMNS = 4, 12
 """The smallest GEMM (rows, columns) MKL sums with its packed fma kernel."""
 PACKED_BLOCK = 192
 """The packed kernel's K block."""
+CHAIN_RUN_ELEMENTS = 1 << 15
+"""Products of the packed order made at once (256 KiB of float64)."""
 _LOW_BITS, _MIDPOINT = np.int64((1 << 29) - 1), np.int64(1 << 28)
 """float64 bits below float32 precision, and their pattern at a float32 rounding midpoint."""
 
@@ -196,25 +198,72 @@ def _aligned(x: np.ndarray, weights: OrderedWeights, h: int) -> np.ndarray:
     return out
 
 
-def _fma_add(acc: np.ndarray, xk: np.ndarray, wk: np.ndarray, buf: np.ndarray) -> None:
-    """acc <- fma(xk, wk, acc) in float32, exactly rounded, in place ([B, C] with [B, 1] and [1, C] float64).
+def _fma_add(acc: np.ndarray, p: np.ndarray, buf: np.ndarray) -> None:
+    """acc <- fma(x, w, acc) in float32, exactly rounded, in place, given the exact float64 products p = x · w
+    (acc, p, buf of one shape, buf float64).
 
     The float64 product is exact and so is, almost always, rounding the float64 sum to float32; only a float64 sum
     that falls on a float32 rounding midpoint may hide the sum's remainder, and those few are nudged one float64
     step towards it (round to odd) before the float32 rounding."""
-    np.multiply(xk, wk, out=buf)
-    np.add(buf, acc, out=buf)
-    mid = (buf.view(np.int64) & _LOW_BITS) == _MIDPOINT
+    np.add(p, acc, out=buf)
+    mid = _at_midpoint(buf)
     if mid.any():
-        r, c = np.nonzero(mid)
-        p = xk[r, 0] * wk[0, c]
-        a = acc[r, c].astype(np.float64)
-        s = buf[r, c]
-        t = s - p
-        e = (p - (s - t)) + (a - t)  # the exact sum is s + e
+        idx = np.nonzero(mid)
+        q, a, s = p[idx], acc[idx].astype(np.float64), buf[idx]
+        t = s - q
+        e = (q - (s - t)) + (a - t)  # the exact sum is s + e
         step = np.where(e == 0, 0, np.where((e > 0) == (s > 0), 1, -1))
-        buf[r, c] = (s.view(np.int64) + step).view(np.float64)
+        buf[idx] = (s.view(np.int64) + step).view(np.float64)
     acc[...] = buf
+
+
+def _at_midpoint(s: np.ndarray) -> np.ndarray:
+    """Where a float64 value lies on a float32 rounding midpoint (its bits below float32 precision are 100...0)."""
+    return (s.view(np.int64) & _LOW_BITS) == _MIDPOINT
+
+
+def _fma_chain(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Each output's fma chain from zero over k in order: x [R, Kb], w [Kb, N] (float64, float32 values) ->
+    float32 [R, N].
+
+    Products are made a run of steps at a time and each step is two whole-array passes (the float64 sum written
+    over its product, then rounded to float32): the float32 rounding of the float64 sum is the fma's, except where
+    that sum sits on a float32 midpoint. The few outputs where any step did are summed again, alone, by the exact
+    step (`_fma_add`). Per-step numpy calls, not products, dominate a small layer, so this is what makes the packed
+    order affordable; the run's buffers are small enough to be reused from the heap rather than mapped afresh."""
+    rows, kb, cols = int(x.shape[0]), int(x.shape[1]), int(w.shape[1])
+    run = max(1, min(kb, CHAIN_RUN_ELEMENTS // max(1, rows * cols)))
+    if run == 1:  # outputs too many for a run of steps: each step exact at once, its passes long enough
+        acc = np.zeros((rows, cols), dtype=np.float32)
+        p, buf = np.empty((rows, cols), dtype=np.float64), np.empty((rows, cols), dtype=np.float64)
+        for k in range(kb):
+            _fma_add(acc, np.multiply(x[:, k:k + 1], w[k:k + 1], out=p), buf)
+        return acc
+    products = np.empty((run, rows, cols), dtype=np.float64)
+    low_bits = np.empty((run, rows, cols), dtype=np.int64)
+    acc = np.zeros((rows, cols), dtype=np.float32)
+    hit = np.zeros((rows, cols), dtype=bool)
+    xt = np.ascontiguousarray(x.T)
+    for k0 in range(0, kb, run):
+        k1 = min(kb, k0 + run)
+        part = products[:k1 - k0]
+        np.multiply(xt[k0:k1, :, None], w[k0:k1, None, :], out=part)  # p_k, then step k's float64 sum there
+        for step in part:
+            np.add(step, acc, out=step)
+            acc[...] = step
+        at_mid = np.bitwise_and(part.view(np.int64), _LOW_BITS, out=low_bits[:k1 - k0]) == _MIDPOINT
+        if at_mid.any():  # rare: only then find the outputs
+            hit |= at_mid.any(axis=0)
+    redo = np.nonzero(hit)
+    if redo[0].size:
+        r, c = redo
+        xe, we = x[r], w[:, c].T  # [E, Kb] each: the operands of the outputs summed again
+        exact = np.zeros(r.size, dtype=np.float32)
+        buf = np.empty(r.size, dtype=np.float64)
+        for k in range(kb):
+            _fma_add(exact, xe[:, k] * we[:, k], buf)
+        acc[r, c] = exact
+    return acc
 
 
 def _k_blocks(k_total: int) -> list:
@@ -234,17 +283,14 @@ def _packed(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray]) -> np.ndarray
     rows, n_out = int(x.shape[0]), int(w.shape[0])
     out = np.empty((rows, n_out), dtype=np.float32)
     x64, w64 = x.astype(np.float64), w.T.astype(np.float64)  # w64 [K, N]
+    blocks = _k_blocks(int(x.shape[1]))
     step = max(1, MAX_TILE_PRODUCTS // max(1, n_out))
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         c = None if b is None else np.broadcast_to(b, (r1 - r0, n_out)).astype(np.float32)
-        acc = np.empty((r1 - r0, n_out), dtype=np.float32)
-        buf = np.empty((r1 - r0, n_out), dtype=np.float64)
-        for k0, k1 in _k_blocks(int(x.shape[1])):
-            acc.fill(0)
-            for k in range(k0, k1):
-                _fma_add(acc, x64[r0:r1, k:k + 1], w64[k:k + 1], buf)
-            c = acc.copy() if c is None else c + acc
+        for k0, k1 in blocks:
+            acc = _fma_chain(x64[r0:r1, k0:k1], w64[k0:k1])
+            c = acc if c is None else c + acc
         assert c is not None
         out[r0:r1] = c
     return out

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from quantopt.ops import _fc_order as fc_order
 from quantopt.ops._fc_order import linear_float32
 
 f32 = np.float32
@@ -183,6 +184,29 @@ def test_several_rows_match_the_scalar_reference(m: int, k: int, n: int) -> None
     b = rng.standard_normal(n).astype(np.float32)
     got = linear_float32(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), group_rows=m).numpy()
     np.testing.assert_array_equal(got, ref_gemm(x, w, b))
+
+
+@pytest.mark.parametrize("run_elements", [1, 1 << 15])
+def test_packed_order_where_sums_fall_on_float32_midpoints(run_elements: int, monkeypatch) -> None:
+    """Where a float64 step sum of the packed order lands exactly on a float32 rounding midpoint while the exact
+    sum lies just below it, rounding that float64 sum would round up (ties to even) and the fma rounds down: those
+    outputs are summed again exactly, and every output equals the scalar fma reference. Rows 0 and 1 build that
+    case, (2^24 + 2) + (1 + 2^-23)(1 - 2^-23) = 2^24 + 3 - 2^-46; the other rows are ordinary. Both ways of
+    stepping are run: one step over all outputs at a time (large layers) and runs of steps (small ones)."""
+    monkeypatch.setattr(fc_order, "CHAIN_RUN_ELEMENTS", run_elements)
+    rng = np.random.default_rng(11)
+    m, k, n = 6, 9, 13
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x[:2] = 0
+    x[:2, 0], x[:2, 1] = 2.0 ** 24 + 2, 1 + 2.0 ** -23
+    w[:, 0], w[:, 1] = 1, 1 - 2.0 ** -23
+    b = rng.standard_normal(n).astype(np.float32)
+    got = linear_float32(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), group_rows=m).numpy()
+    np.testing.assert_array_equal(got, ref_gemm(x, w, b))
+    # rounding the float64 sums alone would have given 2^24 + 4 there
+    assert fma32(x[0, 1], w[0, 1], f32(2.0 ** 24 + 2)) == f32(2.0 ** 24 + 2)
+    assert f32(np.float64(f32(2.0 ** 24 + 2)) + np.float64(x[0, 1]) * np.float64(w[0, 1])) == f32(2.0 ** 24 + 4)
 
 
 def test_fma_reference_rounds_exactly() -> None:
