@@ -2,7 +2,7 @@
 thread count, against onnxruntime's float32 forward of the same ONNX file.
 
     python benchmarks/real_model_speed.py [--models a,b] [--threads 1] [--repeat 3] [--samples 4] [--quick]
-                                          [--device cuda]
+                                          [--float-reference native] [--device cuda]
 
 Models: PP-OCRv4 rec at 1x3x48x320 and 1x3x48x640 and PP-OCRv4 det (files of the `rapidocr_onnxruntime` package,
 located without importing it), PP-OCRv6 rec small at 1x3x48x320 and det small (the `rapidocr` package, likewise),
@@ -282,7 +282,7 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, Any]:
     if len(graph.input_tensors) != len(p.feeds[0]):
         raise RuntimeError(f"graph has {len(graph.input_tensors)} inputs, the ONNX model {len(p.feeds[0])}")
     batches = [[torch.from_numpy(np.ascontiguousarray(a)) for a in f.values()] for f in p.feeds]
-    settings = {"fc_float_summation": args.fc_float_summation}
+    settings = {"fc_float_summation": args.fc_float_summation, "float_reference": args.float_reference}
     for n in graph.nodes:
         n.settings = LayerSettings(**settings)
 
@@ -436,6 +436,9 @@ def parse(argv: List[str]) -> argparse.Namespace:
     ap.add_argument("--fc-float-summation", choices=("upstream", "float64"), default="upstream",
                     help="the cfg field of that name: FullyConnected in upstream's fixed float32 order (default) or "
                          "as an exactly rounded float64 sum")
+    ap.add_argument("--float-reference", choices=("exact", "native"), default="exact",
+                    help="the cfg field of that name: upstream's float64 convolution sums (default) or torch's "
+                         "float32 kernels")
     ap.add_argument("--device", default="cpu",
                     help="also measure on this torch device (cuda, cuda:N) after the CPU, in wall time")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 sample, 1 repeat, 1 calibration sample")
@@ -459,9 +462,10 @@ def main(argv: List[str]) -> int:
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     child_argv = ["--threads", str(args.threads), "--repeat", str(args.repeat), "--samples", str(args.samples),
                   "--calib", str(args.calib), "--cache", args.cache, "--fc-float-summation", args.fc_float_summation,
-                  "--device", args.device]
+                  "--float-reference", args.float_reference, "--device", args.device]
     print(f"{len(names)} models, {args.threads} thread(s), {args.samples} samples (batch 1), best of {args.repeat}, "
-          f"quantized on {args.calib}, fc_float_summation = {args.fc_float_summation}; CPU time per sample "
+          f"quantized on {args.calib}, fc_float_summation = {args.fc_float_summation}, float_reference = "
+          f"{args.float_reference}; CPU time per sample "
           "(time.process_time)", flush=True)
     rows, failed = [], []
     for name in names:

@@ -48,7 +48,7 @@ from .pipeline import (
     quantize_calibrated,
 )
 from .progress import progress
-from .quantizer import apply_qconfig, assign_settings, check_quantizable, quantize_graph
+from .quantizer import apply_qconfig, assign_float_settings, assign_settings, check_quantizable, quantize_graph
 from .registry import OP_FORWARD, OptBaseMetric, PluginType, get_plugin
 from .tuning.global_methods import (
     METHODS,
@@ -91,6 +91,7 @@ class OptMaster:
         except UnsupportedError as e:
             raise cfg.error("device", e.message) from None
         graph.to(self.device)
+        assign_float_settings(graph, cfg)
         self.timer = StepTimer()
         self.model_name = cfg.model_name or graph.name
         self.output_dir = cfg.output_dir

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional
 
-from .config.layer_settings import OptConfig, settings_from_cfg
+from .config.layer_settings import LayerSettings, OptConfig, settings_from_cfg
 from .errors import ConfigError, PluginError, UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
 from .graph.tables import quant_of
@@ -27,6 +27,16 @@ def assign_settings(graph: PyGraph, cfg: Any, opt_config: Optional[OptConfig] = 
         n.settings = settings_from_cfg(cfg, n)
         if opt_config is not None:
             n.settings = opt_config.apply(n.settings, n)
+
+
+def assign_float_settings(graph: PyGraph, cfg: Any) -> None:
+    """Before the layer settings are resolved (after the graph passes), every layer gets the cfg's fields that
+    decide how the float forward computes (`float_reference`, `fc_float_summation`), so the zero-input check and
+    a float-only run compute as the statistics pass will. Layers that have settings already keep them."""
+    for n in graph.nodes:
+        if n.settings is None:
+            n.settings = LayerSettings(float_reference=str(cfg.float_reference),
+                                       fc_float_summation=str(cfg.fc_float_summation))
 
 
 def check_quantizable(graph: PyGraph) -> None:

@@ -250,6 +250,14 @@ field("fc_float_summation", "upstream", ChoiceKind(("upstream", "float64")),
       "on one thread (upstream's own call, following the machine's BLAS); or float64 everywhere, exactly rounded "
       "(fast, the same on every machine, ranges may differ from upstream's by an ulp)",
       group="quantization")
+field("float_reference", "exact", ChoiceKind(("exact", "native")),
+      "how the float forward computes Convolution, DepthwiseConv and FullyConnected layers: exact, upstream's float "
+      "reference (convolutions summed in float64 and rounded once, FullyConnected as fc_float_summation says: "
+      "calibrated ranges identical to upstream's, at 2-5x onnxruntime's float32 time on convolutional models); or "
+      "native, torch's float32 kernels in the input's float type (oneDNN convolutions, the BLAS GEMM: about "
+      "onnxruntime's speed), summed in the kernel library's order, so ranges may move by float32 ulps from "
+      "upstream's and from machine to machine (docs/performance.md, \"Native float reference\")",
+      group="quantization")
 field("unify_scales_for_concat_threshold", 1.05, FloatKind(minimum=1.0),
       "Concat inputs whose scales differ by at most this ratio (and share the zero point) are not requantized; "
       "also the threshold of unify_scales_for_concat", group="quantization")

@@ -177,6 +177,9 @@ def check_cross_fields(cfg: Config) -> None:
             raise cfg.error(name, f"'{name}' is set but no 'dataset' plugin is given to read it")
     if cfg.label and not cfg.data:
         raise cfg.error("label", "'label' is set without 'data'")
+    if cfg.float_reference == "native" and cfg.is_set("fc_float_summation"):
+        raise cfg.error("fc_float_summation", "applies to float_reference = exact only; float_reference = native "
+                        "sums FullyConnected with torch's float32 GEMM")
     _check_writable_folder(cfg, "output_dir")
     if cfg.dump:
         _check_writable_folder(cfg, "dump_dir")

@@ -22,6 +22,8 @@ from typing import Iterator, List, Optional, Tuple
 import numpy as np
 import torch
 
+from ._int8_gemm import int8_gemm
+
 MAX_PATCH_ELEMENTS = 1 << 19
 """Unfolded-input elements held at once (4 MiB of float64); larger inputs are convolved in bands of output rows. A
 band small enough to stay in cache between its unfolding and the GEMM that reads it makes the large 3x3
@@ -233,6 +235,35 @@ def _plain_gemm_bands(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Ten
         if bias is not None:
             band.add_(bias)
     return out.reshape(n, h, wd, out_c)
+
+
+INT8_PATCH_ELEMENTS = 1 << 21
+"""Unfolded int8 input elements held at once (2 MiB) by `conv2d_nhwc_int8`; larger inputs go in bands of rows."""
+
+
+def conv2d_nhwc_int8(x: torch.Tensor, w: torch.Tensor, stride: Tuple[int, int], dilation: Tuple[int, int],
+                     pads: Tuple[int, int, int, int], pad_value: int) -> torch.Tensor:
+    """Exact integer convolution (one group) of int8 x [N, H, W, C], padded with the int8 `pad_value`, by int8 OHWI
+    weights [out_c, kh, kw, C]: [N, Ho, Wo, out_c] int32, as int8 GEMMs over the unfolded input (bands of rows
+    when it is large). The caller checks kh·kw·C <= INT8_MAX_TERMS, that the operands are CPU int8 tensors and
+    that `int8_gemm_exact()`."""
+    out_c, kh, kw, c = (int(s) for s in w.shape)
+    xp = pad_nhwc(x, pads, pad_value) if any(pads) else x.contiguous()
+    n = int(xp.shape[0])
+    ho = output_size(int(xp.shape[1]), kh, stride[0], dilation[0])
+    wo = output_size(int(xp.shape[2]), kw, stride[1], dilation[1])
+    wk = w.reshape(out_c, kh * kw * c).t()  # [K, out_c], a view: the GEMM reads it transposed
+    if kh == kw == 1 and stride == (1, 1):
+        return int8_gemm(xp.reshape(n * ho * wo, c), wk).reshape(n, ho, wo, out_c)
+    out = torch.empty(n, ho, wo, out_c, dtype=torch.int32, device=x.device)
+    rows = max(1, INT8_PATCH_ELEMENTS // max(1, n * wo * kh * kw * c))
+    for r0 in range(0, ho, rows):
+        r1 = min(ho, r0 + rows)
+        band = xp[:, r0 * stride[0]:(r1 - 1) * stride[0] + (kh - 1) * dilation[0] + 1]
+        patches = _patches(band, (kh, kw), stride, dilation, (r1 - r0, wo)).contiguous()
+        y = int8_gemm(patches.reshape(n * (r1 - r0) * wo, kh * kw * c), wk)
+        out[:, r0:r1] = y.reshape(n, r1 - r0, wo, out_c)
+    return out
 
 
 def _needs_grad(*tensors: torch.Tensor) -> bool:

@@ -443,6 +443,35 @@ def mac_weights(node: PyNode) -> Tuple[torch.Tensor, torch.dtype]:
     return w.to(dtype), dtype
 
 
+def mac_weights_int8(node: PyNode) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """(w_q + zp_w as int8, its sum per output row as int64) when every weight fits int8 (the operand of the
+    integer GEMM, `_conv_nhwc.int8_gemm`), else None; cached like `mac_weights`. The row sums let an input taken
+    with an offset (uint8 values minus 128) be corrected exactly."""
+    w_q = node.get_constant("weights").betensor
+    cached = node.attrs.get("_mac_weights_int8")
+    if cached is not None and cached[0] is w_q:
+        return cached[1]
+    w = effective_weights(node)
+    fits = w.numel() > 0 and int(w.min()) >= -128 and int(w.max()) <= 127
+    value = (w.to(torch.int8), w.reshape(int(w.shape[0]), -1).sum(dim=1)) if fits else None
+    node.attrs["_mac_weights_int8"] = (w_q, value)
+    return value
+
+
+def int8_operand(x: torch.Tensor, pad: int = 0) -> Optional[Tuple[torch.Tensor, int]]:
+    """(x - offset as int8, offset) for integer values x (and a padding value `pad`) that all fit int8 as they are
+    (offset 0) or after subtracting 128 (uint8 values: offset 128); None otherwise. The values are checked, not
+    assumed from the tensor's range."""
+    if x.numel() == 0 or x.is_floating_point():
+        return None
+    lo, hi = (int(v) for v in torch.aminmax(x))
+    lo, hi = min(lo, pad), max(hi, pad)
+    for offset in (0, 128):
+        if lo - offset >= -128 and hi - offset <= 127:
+            return (x if offset == 0 else x - offset).to(torch.int8), offset
+    return None
+
+
 def _refuse_per_block(node: PyNode, mode: QuantMode) -> None:
     """Per-block weights need a scale per block inside the accumulation, which the integer MAC does not have: they
     serve weight-only layers (float activations), as upstream's."""

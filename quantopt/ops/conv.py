@@ -5,9 +5,10 @@ asymmetric, so they are applied explicitly before a padding-free torch convoluti
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from ..graph.memo import Same, memo
 from ..graph.node import PyNode
@@ -16,12 +17,15 @@ from ..registry import declare_op
 from ..registry.schema import Bool, Int, Param
 from . import _fp8
 from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
-from ._conv_nhwc import depthwise_taps
+from ._conv_nhwc import conv2d_nhwc_int8, depthwise_taps
+from ._int8_gemm import INT8_MAX_TERMS, int8_gemm_exact
 from ._quant import (
+    int8_operand,
     layer_settings,
     mac_finish,
     mac_input,
     mac_weights,
+    mac_weights_int8,
     out_range,
     quantize_mac,
 )
@@ -182,7 +186,11 @@ def _float_constants(node: PyNode, device: torch.device, depthwise: bool) -> Tup
 def _conv_float_forward(node: PyNode, depthwise: bool) -> None:
     """Rounded once to the input's float type, with the float64 result kept for the layers that read it unrounded,
     as upstream's float forward does: a fused RELU6, CLIP, LEAKYRELU or PRELU works on the float64 sums and keeps
-    its float64 result too; a fused RELU rounds (docs/architecture.md, "Float reference")."""
+    its float64 result too; a fused RELU rounds (docs/architecture.md, "Float reference"). With `float_reference =
+    native`, torch's own convolution in the input's float type instead (`native_conv2d_nhwc`)."""
+    if layer_settings(node).float_reference == "native":
+        node.outputs[0].betensor = apply_fused_activation(node, native_conv2d_nhwc(node, depthwise))
+        return
     y = conv2d_nhwc(node, depthwise)
     dtype = _compute_dtype(node.inputs[0].betensor)
     act = str(node.get_param("with_activation", optional=True, default_value="NONE")).upper()
@@ -192,14 +200,92 @@ def _conv_float_forward(node: PyNode, depthwise: bool) -> None:
         keep_unrounded(node, apply_fused_activation(node, y), dtype)
 
 
+def native_conv2d_nhwc(node: PyNode, depthwise: bool) -> torch.Tensor:
+    """`float_reference = native`: the convolution as torch computes it in the input's float type (oneDNN's kernels
+    on the CPU, cuDNN's on CUDA), on the NHWC input viewed as channels-last NCHW (no copy), the bias added by the
+    kernel. About onnxruntime's speed; the sums follow the kernel library, so a result may differ from upstream's
+    float64 sum in its last float32 bits (docs/performance.md, "Native float reference")."""
+    x = node.inputs[0].betensor
+    x = x.to(_compute_dtype(x))
+    group, stride, dilation, pads = _checked_call(node, x, node.get_constant("weights").betensor, depthwise)
+    w, bias = _native_constants(node, x)
+    left, right, top, bottom = pads
+    xn = x.permute(0, 3, 1, 2)
+    if left == right and top == bottom:
+        padding = (top, left)
+    else:  # asymmetric pads: applied before a padding-free convolution
+        xn, padding = F.pad(xn, (left, right, top, bottom)), (0, 0)
+    y = F.conv2d(xn, w, bias, stride, padding, dilation, group)
+    return y.permute(0, 2, 3, 1).contiguous()
+
+
+def _native_constants(node: PyNode, x: torch.Tensor) -> Tuple[torch.Tensor, Any]:
+    """(weights [out_c, in_c/group, kh, kw] in x's dtype and device, biases likewise or None) for
+    `native_conv2d_nhwc`, memoized like `_float_constants`."""
+    wt = node.get_constant("weights").betensor
+    bt = node.get_constant("biases", optional=True)
+    key = (Same(wt), None if bt is None else Same(bt.betensor), str(x.device), x.dtype)
+
+    def build() -> Tuple[torch.Tensor, Any]:
+        w = wt.to(device=x.device, dtype=x.dtype)
+        return w.permute(0, 3, 1, 2).contiguous(), float_biases(node, int(w.shape[0]), w)
+
+    if torch.is_grad_enabled() and (wt.requires_grad or (bt is not None and bt.betensor.requires_grad)):
+        return build()  # a gradient-based method's tensors: a kept conversion would outlive its autograd graph
+    return memo(node, "conv_native_constants", key, build)
+
+
 def conv2d_nhwc_int(node: PyNode, depthwise: bool) -> torch.Tensor:
-    """Exact integer accumulator conv(x_q padded with -zp_in, w_q + zp_w) as float64, bias not added."""
+    """Exact integer accumulator conv(x_q padded with -zp_in, w_q + zp_w) as float64, bias not added: an int8
+    GEMM where the operands fit int8 (`_conv_int8`), a depthwise one by oneDNN in float32 where its bound allows
+    (`_depthwise_int_onednn`), else exact integers in float32 or float64 by this package's NHWC kernels."""
     x, zp = mac_input(node)
+    if not depthwise:
+        acc = _conv_int8(node, x, zp)
+        if acc is not None:
+            return acc
     w, dtype = mac_weights(node)
+    if depthwise and dtype == torch.float32 and x.device.type == "cpu" and torch.backends.mkldnn.is_available():
+        return _depthwise_int_onednn(node, x, w, zp)
     if x.dtype == torch.int64 and max(abs(v) for v in out_range(node, node.inputs[0])) < MAGIC_EXACT:
         x = int_to_float64(x)  # the fast exact conversion; the kernel then narrows it while padding
     acc = _conv_nhwc(node, x, w, None, depthwise, float(-zp), dtype)
     return acc.to(torch.float64)
+
+
+def _depthwise_int_onednn(node: PyNode, x: torch.Tensor, w: torch.Tensor, zp: int) -> torch.Tensor:
+    """The integer accumulator of a depthwise convolution whose bound put it in float32 (`mac_weights`: every
+    partial sum an integer below 2^24, so exact in any summation order), by oneDNN's direct float32 convolution on
+    the channels-last view, as float64: several times the per-tap kernel's speed. The input is padded with -zp
+    first, as the tap kernel pads it."""
+    group, stride, dilation, pads = _checked_call(node, x, w, True)
+    left, right, top, bottom = pads
+    xn = F.pad(x.to(torch.float32).permute(0, 3, 1, 2), (left, right, top, bottom), value=float(-zp))
+    key = (Same(w), str(w.device))
+    wn = memo(node, "depthwise_int_onednn", key, lambda: w.permute(0, 3, 1, 2).contiguous())
+    y = torch.ops.aten.mkldnn_convolution(xn, wn, None, [0, 0], list(stride), list(dilation), group)
+    return y.permute(0, 2, 3, 1).to(torch.float64)
+
+
+def _conv_int8(node: PyNode, x: torch.Tensor, zp: int) -> Optional[torch.Tensor]:
+    """The integer accumulator of a one-group convolution on the CPU as int8 GEMMs with int32 sums
+    (`_conv_nhwc.conv2d_nhwc_int8`), as float64; None where it does not apply: grouped or on another device, a
+    CPU whose int8 GEMM is not exact (`_int8_gemm.int8_gemm_exact`), weights or inputs (padding included) that do
+    not fit int8 even after an offset of 128, or a reduction long enough to leave int32. An input taken with an
+    offset gets offset · (its weights' sum) back per channel, so the result is the same integer."""
+    if x.device.type != "cpu" or x.dim() != 4 or not int8_gemm_exact():
+        return None
+    w_q = node.get_constant("weights").betensor
+    group, stride, dilation, pads = _checked_call(node, x, w_q, False)
+    if group != 1 or int(w_q[0].numel()) > INT8_MAX_TERMS:
+        return None
+    weights = mac_weights_int8(node)
+    operand = int8_operand(x, -zp if any(pads) else 0)
+    if weights is None or operand is None:
+        return None
+    (w8, w_sums), (x8, offset) = weights, operand
+    acc = conv2d_nhwc_int8(x8, w8, stride, dilation, pads, -zp - offset).to(torch.float64)
+    return acc.add_(w_sums.to(torch.float64), alpha=offset) if offset else acc
 
 
 def _check_output_size(node: PyNode, out_hw: List[int]) -> None:
@@ -214,9 +300,9 @@ def _check_output_size(node: PyNode, out_hw: List[int]) -> None:
                           f"says {expected}")
 
 
-def _conv_nhwc(node: PyNode, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, depthwise: bool,
-               pad_value: float, dtype: torch.dtype, taps: Any = None) -> torch.Tensor:
-    """Checked convolution of NHWC `x` computed in `dtype` (the input is converted while it is padded)."""
+def _checked_call(node: PyNode, x: torch.Tensor, w: torch.Tensor, depthwise: bool) -> Tuple[int, Any, Any, Any]:
+    """(group, stride, dilation, pads) of a convolution of NHWC `x` with OHWI `w`, every shape checked against the
+    params and the IR's output shape."""
     if x.dim() != 4:
         raise node._error(f"input must be 4-D NHWC, got shape {list(x.shape)}")
     group, stride, dilation, pads = _checked_geometry(node, w, int(x.shape[3]), depthwise)
@@ -226,6 +312,13 @@ def _conv_nhwc(node: PyNode, x: torch.Tensor, w: torch.Tensor, bias: torch.Tenso
     if padded[0] < need[0] or padded[1] < need[1]:
         raise node._error(f"padded input {list(padded)} (HW) is smaller than the dilated kernel {list(need)}")
     _check_output_size(node, [(p - n) // s + 1 for p, n, s in zip(padded, need, stride)])
+    return group, stride, dilation, pads
+
+
+def _conv_nhwc(node: PyNode, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, depthwise: bool,
+               pad_value: float, dtype: torch.dtype, taps: Any = None) -> torch.Tensor:
+    """Checked convolution of NHWC `x` computed in `dtype` (the input is converted while it is padded)."""
+    group, stride, dilation, pads = _checked_call(node, x, w, depthwise)
     return _conv2d_kernel(x, w, bias, stride, dilation, pads, group, pad_value, dtype, taps)
 
 

@@ -17,12 +17,14 @@ from ..registry.schema import Bool, Float, Int, Param, Value, quantized
 from ..threads import one_thread
 from . import _fp8
 from ._fc_order import OrderedWeights, linear_float32
+from ._int8_gemm import INT8_MAX_TERMS, int8_gemm, int8_gemm_exact
 from ._quant import (
     FLOAT32_EXACT,
     check_fused_activation_quantizable,
     check_quantized_inputs,
     fused_activation_clamp,
     fused_output_signed,
+    int8_operand,
     int_value,
     integer_output_bits,
     is_signed,
@@ -30,6 +32,7 @@ from ._quant import (
     mac_finish,
     mac_input,
     mac_weights,
+    mac_weights_int8,
     out_range,
     params,
     quant_of,
@@ -107,7 +110,9 @@ def fully_connected_forward(self: PyNode) -> None:
         w, dtype = mac_weights(self)
         _check_fc_shapes(self, x, w)
         # zero point folded into the biases: acc = x_q·w + b_q' (no padding in a dense layer)
-        acc = F.linear(x.to(dtype), w).to(torch.float64)
+        acc = _fc_int8(self, x)
+        if acc is None:
+            acc = F.linear(x.to(dtype), w).to(torch.float64)
         self.outputs[0].betensor = mac_finish(self, acc)
         return
     x = self.inputs[0].betensor
@@ -120,8 +125,11 @@ def fully_connected_forward(self: PyNode) -> None:
                                               or (biases is not None and biases.betensor.requires_grad))
     # (a several-row sample beyond GEMM_ORDER_MAX_MACS: torch's float32 GEMM one sample at a time, as upstream)
     group_rows = _sample_rows(self, int(weights.shape[0]))
-    upstream_order = dtype == torch.float32 and layer_settings(self).fc_float_summation == "upstream" and not needs_grad
-    acc = torch.float32 if upstream_order else MAC_FLOAT_DTYPE
+    settings = layer_settings(self)
+    native = settings.float_reference == "native"  # torch's GEMM in the input's float type
+    upstream_order = (dtype == torch.float32 and settings.fc_float_summation == "upstream" and not needs_grad
+                      and not native)
+    acc = dtype if native else torch.float32 if upstream_order else MAC_FLOAT_DTYPE
     w, b = _float_constants(self, x.device, acc, needs_grad)
     _check_fc_shapes(self, x, w)
     x = x.to(acc)
@@ -134,6 +142,21 @@ def fully_connected_forward(self: PyNode) -> None:
     else:
         y = linear_float32(x, w, b, _ordered_weights(self, weights), group_rows=group_rows)
     self.outputs[0].betensor = apply_fused_activation(self, y)
+
+
+def _fc_int8(node: PyNode, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """x_q · (w_q + zp_w) as one int8 GEMM with int32 sums, as float64 (the integer forward's accumulator), or None
+    where that is not exact or possible: see `_int8_gemm` and `conv._conv_int8`, whose conditions these are."""
+    k = int(x.shape[-1]) if x.dim() else 0
+    if x.device.type != "cpu" or not k or k > INT8_MAX_TERMS or not int8_gemm_exact():
+        return None
+    weights = mac_weights_int8(node)
+    operand = int8_operand(x)
+    if weights is None or operand is None:
+        return None
+    (w8, w_sums), (x8, offset) = weights, operand
+    acc = int8_gemm(x8.reshape(-1, k), w8.t()).to(torch.float64).reshape(*x.shape[:-1], int(w8.shape[0]))
+    return acc.add_(w_sums.to(torch.float64), alpha=offset) if offset else acc
 
 
 def _float_constants(node: PyNode, device: torch.device, dtype: torch.dtype,

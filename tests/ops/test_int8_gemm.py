@@ -1,0 +1,186 @@
+"""The integer forward's int8 GEMMs (ops/_int8_gemm.py; Convolution and FullyConnected in ops/conv.py,
+ops/linear.py): the probe that decides whether this process's int8 kernel is exact, the plumbing around it (int8
+operands, the uint8 offset and its correction, padding, bands) against the float kernels' exact integers, and, in a
+process with the CPU's own kernels, the real kernel against them."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Callable, List
+
+import numpy as np
+import pytest
+import torch
+
+import quantopt.ops  # noqa: F401  (registers the operators)
+from quantopt.graph.builder import GraphBuilder
+from quantopt.graph.graph import PyGraph
+from quantopt.ops import _conv_nhwc, _int8_gemm, conv, linear
+from quantopt.pipeline import quantize_model
+
+MODES = [("per_tensor_symmetric_restricted_range", "per_tensor_symmetric_full_range"),
+         ("per_channel_symmetric_restricted_range", "per_tensor_asymmetric"),  # uint8 inputs: the offset of 128
+         ("per_tensor_asymmetric", "per_tensor_asymmetric")]  # weight zero points: w_q + zp_w may leave int8
+
+
+def reference_gemm(calls: List[int]) -> Callable[..., torch.Tensor]:
+    """An int8 GEMM computed in int64 (exact everywhere), counting its calls."""
+    def gemm(a: torch.Tensor, b: torch.Tensor, out=None) -> torch.Tensor:
+        assert a.dtype == b.dtype == torch.int8
+        calls.append(1)
+        y = (a.to(torch.int64) @ b.to(torch.int64)).to(torch.int32)
+        return y if out is None else out.copy_(y)
+    return gemm
+
+
+def saturating_gemm(a: torch.Tensor, b: torch.Tensor, out=None) -> torch.Tensor:
+    """The AVX2 form that is not exact: a + 128 as uint8 times b, adjacent products summed into saturated int16
+    lanes, then widened; the offset is corrected in int32."""
+    ua, sb = a.to(torch.int64) + 128, b.to(torch.int64)
+    k = int(a.shape[1])
+    if k % 2:
+        ua, sb = torch.nn.functional.pad(ua, (0, 1)), torch.nn.functional.pad(sb, (0, 0, 0, 1))
+    prods = ua[:, :, None] * sb[None, :, :]  # [M, K, N]
+    pairs = (prods[:, 0::2] + prods[:, 1::2]).clamp(-32768, 32767)
+    return (pairs.sum(dim=1) - 128 * sb.sum(dim=0)).to(torch.int32)
+
+
+def test_probe_finds_saturating_kernels(monkeypatch) -> None:
+    monkeypatch.setattr(_int8_gemm, "int8_gemm", reference_gemm([]))
+    assert _int8_gemm.int8_gemm_exact.__wrapped__()
+    monkeypatch.setattr(_int8_gemm, "int8_gemm", saturating_gemm)
+    assert not _int8_gemm.int8_gemm_exact.__wrapped__()
+
+
+def _conv_graph(seed: int, pads, stride, dilation, cin: int = 6, cout: int = 8, size=(11, 9)) -> PyGraph:
+    r = np.random.default_rng(seed)
+    g = GraphBuilder("conv")
+    x = g.input("x", [1, size[0], size[1], cin])
+    kh = kw = 3
+    ho = (size[0] + pads[2] + pads[3] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (size[1] + pads[0] + pads[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    params = dict(num_output=cout, kernel_y=kh, kernel_x=kw, stride_y=stride[0], stride_x=stride[1],
+                  pad_left=pads[0], pad_right=pads[1], pad_top=pads[2], pad_bottom=pads[3], dilation_y=dilation[0],
+                  dilation_x=dilation[1], group=1, with_activation="NONE")
+    y = g.layer("Convolution", [x], [[1, ho, wo, cout]], name="conv", params=params,
+                constants={"weights": r.normal(0, 0.5, (cout, kh, kw, cin)).astype(np.float32),
+                           "biases": r.normal(0, 0.3, cout).astype(np.float32)})
+    return g.build([y])
+
+
+def _fc_graph(seed: int) -> PyGraph:
+    r = np.random.default_rng(seed)
+    g = GraphBuilder("fc")
+    x = g.input("x", [1, 6, 40])
+    y = g.layer("FullyConnected", [x], [[1, 6, 9]], name="fc", params=dict(num_output=9),
+                constants={"weights": r.normal(0, 0.4, (9, 40)).astype(np.float32),
+                           "biases": r.normal(0, 0.2, 9).astype(np.float32)})
+    return g.build([y])
+
+
+def _data(shape, seed: int, n: int, positive: bool = False) -> List[torch.Tensor]:
+    """Normal samples; `positive`: their magnitudes, which the symmetric modes quantize as unsigned (uint8) values,
+    the int8 GEMM's operands after the offset of 128."""
+    r = np.random.default_rng(seed)
+    values = [r.normal(0.3, 1.0, shape).astype(np.float32) for _ in range(n)]
+    return [torch.from_numpy(np.abs(v) if positive else v) for v in values]
+
+
+def _both_ways(monkeypatch, graph: PyGraph, shape, wmode: str, amode: str, positive: bool = False):
+    """The quantized graph's output with the int8 GEMM (the int64 reference in its place) and with the float
+    kernels, and how many int8 GEMMs ran."""
+    q = quantize_model(graph, _data(shape, 1, 2, positive), {"q_mode_weight": wmode, "q_mode_activation": amode})
+    x = _data([2, *shape[1:]], 2, 1, positive)[0]
+    calls: List[int] = []
+    gemm = reference_gemm(calls)
+    for module in (conv, linear):
+        monkeypatch.setattr(module, "int8_gemm_exact", lambda: True)
+    monkeypatch.setattr(_conv_nhwc, "int8_gemm", gemm)
+    monkeypatch.setattr(linear, "int8_gemm", gemm)
+    with_int8 = q.forward([x])[0].clone()
+    for module in (conv, linear):
+        monkeypatch.setattr(module, "int8_gemm_exact", lambda: False)
+    return with_int8, q.forward([x])[0], len(calls)
+
+
+@pytest.mark.parametrize("positive", [False, True])
+@pytest.mark.parametrize("wmode,amode", MODES)
+@pytest.mark.parametrize("pads,stride,dilation", [((1, 1, 1, 1), (1, 1), (1, 1)), ((0, 2, 1, 0), (2, 1), (1, 2)),
+                                                  ((0, 0, 0, 0), (1, 1), (1, 1))])
+def test_convolution_int8_path_gives_the_same_integers(monkeypatch, wmode, amode, pads, stride, dilation,
+                                                       positive) -> None:
+    graph = _conv_graph(3, pads, stride, dilation)
+    monkeypatch.setattr(_conv_nhwc, "INT8_PATCH_ELEMENTS", 400)  # bands of a few rows
+    got, want, calls = _both_ways(monkeypatch, graph, [1, 11, 9, 6], wmode, amode, positive)
+    assert torch.equal(got, want)
+    if wmode != "per_tensor_asymmetric":  # w_q + zp_w may leave int8 there: then the float kernels ran
+        assert calls
+
+
+def test_one_by_one_convolution_is_one_gemm(monkeypatch) -> None:
+    r = np.random.default_rng(4)
+    g = GraphBuilder("pw")
+    x = g.input("x", [1, 7, 5, 16])
+    y = g.layer("Convolution", [x], [[1, 7, 5, 12]], name="conv",
+                params=dict(num_output=12, kernel_y=1, kernel_x=1, group=1, with_activation="RELU"),
+                constants={"weights": r.normal(0, 0.5, (12, 1, 1, 16)).astype(np.float32)})
+    got, want, calls = _both_ways(monkeypatch, g.build([y]), [1, 7, 5, 16], *MODES[1])
+    assert torch.equal(got, want) and calls == 1
+
+
+@pytest.mark.parametrize("positive", [False, True])
+@pytest.mark.parametrize("wmode,amode", MODES)
+def test_fully_connected_int8_path_gives_the_same_integers(monkeypatch, wmode, amode, positive) -> None:
+    got, want, calls = _both_ways(monkeypatch, _fc_graph(5), [1, 6, 40], wmode, amode, positive)
+    assert torch.equal(got, want)
+    if wmode != "per_tensor_asymmetric":
+        assert calls == 1
+
+
+def test_operands_outside_int8_take_the_float_kernels(monkeypatch) -> None:
+    """16-bit activations do not fit int8: no int8 GEMM runs, the result is the float kernels' one."""
+    graph = _conv_graph(6, (1, 1, 1, 1), (1, 1), (1, 1))
+    q = quantize_model(graph, _data([1, 11, 9, 6], 1, 2), {"q_bits_activation": 16})
+    calls: List[int] = []
+    monkeypatch.setattr(conv, "int8_gemm_exact", lambda: True)
+    monkeypatch.setattr(_conv_nhwc, "int8_gemm", reference_gemm(calls))
+    q.forward(_data([1, 11, 9, 6], 2, 1))
+    assert not calls
+
+
+SCRIPT = r"""
+import json, sys
+import numpy as np, torch
+sys.path.insert(0, sys.argv[1])
+import test_int8_gemm as t
+from quantopt.ops import _int8_gemm, conv, linear
+if not _int8_gemm.int8_gemm_exact():
+    print(json.dumps({"exact": False}))
+    sys.exit(0)
+results = []
+for graph, shape in ((t._conv_graph(7, (1, 1, 1, 1), (1, 1), (1, 1), cin=32, cout=24, size=(20, 18)),
+                      [1, 20, 18, 32]), (t._fc_graph(8), [1, 6, 40])):
+    for wmode, amode in t.MODES:
+        q = t.quantize_model(graph, t._data(shape, 1, 2), {"q_mode_weight": wmode, "q_mode_activation": amode})
+        x = t._data([3, *shape[1:]], 2, 1)[0]
+        fast = q.forward([x])[0].clone()
+        conv.int8_gemm_exact = linear.int8_gemm_exact = lambda: False
+        slow = q.forward([x])[0]
+        conv.int8_gemm_exact = linear.int8_gemm_exact = _int8_gemm.int8_gemm_exact
+        results.append(bool(torch.equal(fast, slow)))
+print(json.dumps({"exact": True, "equal": results}))
+"""
+
+
+def test_the_cpus_own_int8_kernel_gives_the_same_integers() -> None:
+    """In a process with the CPU's own kernels (the suite caps torch and oneDNN at AVX2, whose int8 GEMM
+    saturates), the int8 GEMM, where the probe accepts it, gives the float kernels' integers."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA")}
+    run = subprocess.run([sys.executable, "-c", SCRIPT, os.path.dirname(__file__)], env=env, capture_output=True,
+                         text=True, timeout=300, check=True)
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    if not result["exact"]:
+        pytest.skip("this CPU's int8 GEMM saturates: the integer forward keeps its float kernels here")
+    assert result["equal"] == [True] * 6
