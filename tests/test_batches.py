@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from quantopt.cli import main
+from quantopt.config.layer_settings import LayerSettings
 from quantopt.errors import UnsupportedError
 from quantopt.graph.builder import GraphBuilder
 from quantopt.graph.graph import PyGraph, QuantizeGraph
@@ -221,6 +222,20 @@ def test_float_and_quantized_forward_are_the_same_per_sample_at_any_batch(name: 
         assert_same(quant_ref, run_in_batches(qgraph, data, batch), f"{name} quantized at batch {batch}")
     for t in qgraph.output_tensors:
         assert not quant_ref[t.name].is_floating_point()
+
+
+@pytest.mark.parametrize("name", ["bert", "ocr"])
+def test_native_float_reference_is_the_same_per_sample_at_any_batch(name: str, folder: Path) -> None:
+    """torch's float32 kernels choose their blocking by the batch's size: with `float_reference = native` the
+    convolutions and FullyConnected layers run one IR batch at a time (graph/batch.py), so every sample keeps the
+    bits it gets alone."""
+    graph = load(name, folder)
+    for n in graph.nodes:
+        n.settings = LayerSettings(float_reference="native")
+    data = MODELS[name][2](SAMPLES, 1)
+    float_ref = run_in_batches(graph, data, 1)
+    for batch in (4, SAMPLES):
+        assert_same(float_ref, run_in_batches(graph, data, batch), f"{name} native float at batch {batch}")
 
 
 @pytest.mark.parametrize("name", ["bert", "ocr"])

@@ -242,6 +242,17 @@ def _conv(depthwise: bool) -> Case:
     return g.build([y]), [[2, 64, 64, c_in]]
 
 
+def _pointwise() -> Case:
+    """A wide 1x1 convolution: oneDNN's float32 kernel splits its sums by the thread count at this size."""
+    r = np.random.default_rng(5)
+    g = GraphBuilder("pointwise")
+    x = g.input("x", [1, 12, 80, 240])
+    y = g.layer("Convolution", [x], [[1, 12, 80, 240]], name="op",
+                params=dict(num_output=240, group=1, kernel_y=1, kernel_x=1, with_activation="NONE"),
+                constants={"weights": _f32(r, [240, 1, 1, 240], std=0.05), "biases": _f32(r, [240], std=0.1)})
+    return g.build([y]), [[2, 12, 80, 240]]
+
+
 def _fc() -> Case:
     r = np.random.default_rng(2)
     g = GraphBuilder("fc")
@@ -273,6 +284,7 @@ def _affine(n: int) -> Dict[str, np.ndarray]:
 
 CASES: Dict[str, Callable[[], Case]] = {
     "Convolution": lambda: _conv(False),
+    "Convolution 1x1 wide": _pointwise,
     "DepthwiseConv": lambda: _conv(True),
     "FullyConnected": _fc,
     "MatMul": _matmul,
@@ -291,7 +303,7 @@ CASES: Dict[str, Callable[[], Case]] = {
 }
 
 
-def _forwards(build: Callable[[], Case], fc_sum: str = "upstream") -> Callable[[], tuple]:
+def _forwards(build: Callable[[], Case], fc_sum: str = "upstream", reference: str = "exact") -> Callable[[], tuple]:
     """A function computing, at the current thread count: the float outputs (and kept float64 values), then the
     integer outputs of the graph calibrated and quantized on the same inputs."""
     def run() -> tuple:
@@ -299,11 +311,11 @@ def _forwards(build: Callable[[], Case], fc_sum: str = "upstream") -> Callable[[
         r = np.random.default_rng(4)
         xs = [torch.from_numpy(_f32(r, s, loc=0.2)) for s in shapes]
         for n in graph.nodes:
-            n.settings = LayerSettings(fc_float_summation=fc_sum)
+            n.settings = LayerSettings(fc_float_summation=fc_sum, float_reference=reference)
         with torch.no_grad():
             outs = [t.clone() for t in graph.forward(list(xs))]
         unrounded = [w for w in map(graph.wide_values.get, graph.output_tensors) if w is not None]
-        q = quantize_model(graph, [xs], settings={"fc_float_summation": fc_sum})
+        q = quantize_model(graph, [xs], settings={"fc_float_summation": fc_sum, "float_reference": reference})
         return outs, unrounded, run_quantized(q, list(xs))
 
     return run
@@ -318,6 +330,14 @@ def test_operator_forwards_are_identical_at_1_and_2_threads(case: str) -> None:
 def test_fully_connected_float64_summation_is_identical_at_1_and_2_threads() -> None:
     one, two = at_each_thread_count(_forwards(_fc, fc_sum="float64"))
     assert_bitwise_equal(one, two, "FullyConnected, fc_float_summation = float64")
+
+
+@pytest.mark.parametrize("case", ["Convolution", "Convolution 1x1 wide", "DepthwiseConv", "FullyConnected"])
+def test_native_float_reference_is_identical_at_1_and_2_threads(case: str) -> None:
+    """`float_reference = native` runs torch's float32 kernels, some of which (oneDNN's convolutions) split their
+    sums by the thread count: they run on one thread (ops/conv.py, ops/linear.py)."""
+    one, two = at_each_thread_count(_forwards(CASES[case], reference="native"))
+    assert_bitwise_equal(one, two, f"{case}, float_reference = native")
 
 
 # ------------------------------------------------------------------------------------------------ sums

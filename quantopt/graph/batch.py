@@ -301,10 +301,17 @@ FLOAT_PER_GROUP_TYPES = frozenset({"Sigmoid", "Tanh", "ELU", "SELU", "CELU", "GE
 """Operator types whose float kernel is not batch-invariant (checked with torch 2.x on x86)."""
 
 
+NATIVE_FLOAT_TYPES = frozenset({"Convolution", "DepthwiseConv", "FullyConnected"})
+"""Types that `float_reference = native` computes with torch's float32 kernels (oneDNN, BLAS), which choose their
+blocking, and so a sample's last bits, by the batch's size: with that setting their float forward runs per group."""
+
+
 def _float_per_group(node: Any) -> bool:
     if node.quantized:
         return False
     kind = str(node.type)
+    if kind in NATIVE_FLOAT_TYPES:
+        return getattr(getattr(node, "settings", None), "float_reference", "exact") == "native"
     if kind == "Activation":
         return str(node.params.get("method", "")).upper() in FLOAT_PER_GROUP_METHODS
     return kind in FLOAT_PER_GROUP_TYPES
@@ -321,17 +328,19 @@ def _float_only(node: Any, batched: Sequence[bool]) -> bool:
 
 
 # operators computing each dim-0 row alone (convolutions and pooling over the spatial axes of NHWC data, row-wise
-# products, per-element functions, per-sample normalizations); Reshape and Slice adapt their IR-batch params
-# themselves (ops/shape.py); Shape reports the data's own shape, and MaxPoolingWithArgMax's NHWC/NCHW indices count
-# the data's batch (MaxUnpool reads them so), as ONNX defines them for that batch
-register_batch_rule(["Convolution", "Convolution3D", "DepthwiseConv", "ConvTranspose", "ConvTranspose3D",
-                     "FullyConnected", "Pooling", "Pooling3D", "GlobalPool", "AdaptivePool", "Resize", "Interp",
+# products, per-element functions, per-sample normalizations; Convolution, DepthwiseConv and FullyConnected are
+# registered with the float kernels above); Reshape and Slice adapt their IR-batch params themselves
+# (ops/shape.py); Shape reports the data's own shape, and MaxPoolingWithArgMax's NHWC/NCHW indices count the data's
+# batch (MaxUnpool reads them so), as ONNX defines them for that batch
+register_batch_rule(["Convolution3D", "ConvTranspose", "ConvTranspose3D", "Pooling", "Pooling3D", "GlobalPool",
+                     "AdaptivePool", "Resize", "Interp",
                      "BatchNorm", "GroupNorm", "LRN", "ChannelShuffle", "DepthToSpace", "SpaceToDepth", "GridSample",
                      "Cast", "Quantize", "DeQuantize", "Abs", "Negative", "Ceil", "Floor", "Round", "Trunc", "Sign",
                      "Sqrt", "Square", "Reciprocal", "IsInf", "IsNaN", "Clip", "RELU", "RELU6", "LeakyRELU", "PRELU",
                      "HardSigmoid", "Hardswish", "Softsign", "SHRINK", "THRESHOLDEDRELU", "OneHot", "ConstantOfShape",
                      "Reshape", "Slice", "StridedSlice", "Shape", "MaxPoolingWithArgMax", "MaxUnpool"], whole_batch)
-register_batch_rule(["Activation"] + sorted(FLOAT_PER_GROUP_TYPES - {"Pow", "Reduce"}), _float_only)
+register_batch_rule(["Activation"] + sorted(FLOAT_PER_GROUP_TYPES - {"Pow", "Reduce"}) + sorted(NATIVE_FLOAT_TYPES),
+                    _float_only)
 register_batch_rule(["CRELU"], _axis_rule("axis", -1))
 register_batch_rule(["Eltwise", "Add", "Sub", "Mul", "Div", "Mod", "DivMod", "Logical", "Where", "BitShift",
                      "Bitwise", "SquaredDifference", "BiasAdd"], _broadcast_rule)

@@ -15,6 +15,7 @@ from ..graph.node import PyNode
 from ..quant.rounding import MAGIC_EXACT, int_to_float64
 from ..registry import declare_op
 from ..registry.schema import Bool, Int, Param
+from ..threads import one_thread
 from . import _fp8
 from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
 from ._conv_nhwc import conv2d_nhwc_int8, depthwise_taps
@@ -204,7 +205,8 @@ def native_conv2d_nhwc(node: PyNode, depthwise: bool) -> torch.Tensor:
     """`float_reference = native`: the convolution as torch computes it in the input's float type (oneDNN's kernels
     on the CPU, cuDNN's on CUDA), on the NHWC input viewed as channels-last NCHW (no copy), the bias added by the
     kernel. About onnxruntime's speed; the sums follow the kernel library, so a result may differ from upstream's
-    float64 sum in its last float32 bits (docs/performance.md, "Native float reference")."""
+    float64 sum in its last float32 bits (docs/performance.md, "Native float reference"). It runs on one thread
+    and one IR batch at a time (graph/batch.py), so those bits do not depend on the thread count or batch size."""
     x = node.inputs[0].betensor
     x = x.to(_compute_dtype(x))
     group, stride, dilation, pads = _checked_call(node, x, node.get_constant("weights").betensor, depthwise)
@@ -215,7 +217,8 @@ def native_conv2d_nhwc(node: PyNode, depthwise: bool) -> torch.Tensor:
         padding = (top, left)
     else:  # asymmetric pads: applied before a padding-free convolution
         xn, padding = F.pad(xn, (left, right, top, bottom)), (0, 0)
-    y = F.conv2d(xn, w, bias, stride, padding, dilation, group)
+    with one_thread():  # oneDNN splits some convolutions' sums by the thread count: one thread, the same bits
+        y = F.conv2d(xn, w, bias, stride, padding, dilation, group)
     return y.permute(0, 2, 3, 1).contiguous()
 
 

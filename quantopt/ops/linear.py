@@ -133,7 +133,10 @@ def fully_connected_forward(self: PyNode) -> None:
     w, b = _float_constants(self, x.device, acc, needs_grad)
     _check_fc_shapes(self, x, w)
     x = x.to(acc)
-    if not upstream_order:
+    if native:  # the BLAS GEMM on one thread: its bits then do not depend on the thread count
+        with one_thread():
+            y = F.linear(x, w, b)
+    elif not upstream_order:
         y = F.linear(x, w, b).to(dtype)
     elif FLOAT32_FC_ORDER != "upstream":
         y = F.linear(x, w, b)
