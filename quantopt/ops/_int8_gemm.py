@@ -10,7 +10,8 @@ overflow such lanes, and the integer forward uses the int8 GEMM only where the p
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import torch
 
@@ -53,3 +54,36 @@ def int8_gemm_exact() -> bool:
         if not torch.equal(got.to(torch.int64), a.to(torch.int64) @ b.to(torch.int64)):
             return False
     return True
+
+
+@dataclass(frozen=True)
+class Int8Operand:
+    """Integer values x written as int8 parts: x = sum of factor·part, plus `offset`. Each part carries its share of
+    the padding value, so a padded convolution of x is the same sum of the parts' padded convolutions; a product
+    with weights w is sum(factor·(part·w)) + offset·sum(w), exactly."""
+
+    parts: Tuple[Tuple[torch.Tensor, int, int], ...]
+    """(int8 values, their factor, their padding value)."""
+    offset: int
+
+
+def split_int8(x: torch.Tensor, pad: int = 0) -> Optional[Int8Operand]:
+    """Integer x (and a padding value `pad`) as int8 parts: one part where the values fit int8 as they are or less
+    128 (uint8), two (high and low byte) where they fit int16 as they are or less 32768 (uint16); None otherwise.
+    The values are checked, not assumed from the tensor's range."""
+    if x.numel() == 0 or x.is_floating_point():
+        return None
+    lo, hi = (int(v) for v in torch.aminmax(x))
+    lo, hi = min(lo, pad), max(hi, pad)
+    for offset in (0, 128):
+        if lo - offset >= -128 and hi - offset <= 127:
+            part = x if offset == 0 else x.to(torch.int32) - offset
+            return Int8Operand(((part.to(torch.int8), 1, pad - offset),), offset)
+    for offset in (0, 32768):
+        if lo - offset >= -32768 and hi - offset <= 32767:
+            wide = x.to(torch.int32) - offset if offset else x.to(torch.int32)
+            high = (wide >> 8).to(torch.int8)
+            low = (wide & 255).sub_(128).to(torch.int8)  # x - offset = 256·high + (low + 128)
+            p = pad - offset
+            return Int8Operand(((high, 256, p >> 8), (low, 1, (p & 255) - 128)), offset + 128)
+    return None

@@ -458,20 +458,6 @@ def mac_weights_int8(node: PyNode) -> Optional[Tuple[torch.Tensor, torch.Tensor]
     return value
 
 
-def int8_operand(x: torch.Tensor, pad: int = 0) -> Optional[Tuple[torch.Tensor, int]]:
-    """(x - offset as int8, offset) for integer values x (and a padding value `pad`) that all fit int8 as they are
-    (offset 0) or after subtracting 128 (uint8 values: offset 128); None otherwise. The values are checked, not
-    assumed from the tensor's range."""
-    if x.numel() == 0 or x.is_floating_point():
-        return None
-    lo, hi = (int(v) for v in torch.aminmax(x))
-    lo, hi = min(lo, pad), max(hi, pad)
-    for offset in (0, 128):
-        if lo - offset >= -128 and hi - offset <= 127:
-            return (x if offset == 0 else x - offset).to(torch.int8), offset
-    return None
-
-
 def _refuse_per_block(node: PyNode, mode: QuantMode) -> None:
     """Per-block weights need a scale per block inside the accumulation, which the integer MAC does not have: they
     serve weight-only layers (float activations), as upstream's."""

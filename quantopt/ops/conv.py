@@ -19,9 +19,8 @@ from ..threads import one_thread
 from . import _fp8
 from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
 from ._conv_nhwc import conv2d_nhwc_int8, depthwise_taps
-from ._int8_gemm import INT8_MAX_TERMS, int8_gemm_exact
+from ._int8_gemm import INT8_MAX_TERMS, int8_gemm_exact, split_int8
 from ._quant import (
-    int8_operand,
     layer_settings,
     mac_finish,
     mac_input,
@@ -273,9 +272,10 @@ def _depthwise_int_onednn(node: PyNode, x: torch.Tensor, w: torch.Tensor, zp: in
 def _conv_int8(node: PyNode, x: torch.Tensor, zp: int) -> Optional[torch.Tensor]:
     """The integer accumulator of a one-group convolution on the CPU as int8 GEMMs with int32 sums
     (`_conv_nhwc.conv2d_nhwc_int8`), as float64; None where it does not apply: grouped or on another device, a
-    CPU whose int8 GEMM is not exact (`_int8_gemm.int8_gemm_exact`), weights or inputs (padding included) that do
-    not fit int8 even after an offset of 128, or a reduction long enough to leave int32. An input taken with an
-    offset gets offset · (its weights' sum) back per channel, so the result is the same integer."""
+    CPU whose int8 GEMM is not exact (`_int8_gemm.int8_gemm_exact`), weights outside int8, inputs (padding
+    included) beyond 16 bits, or a reduction long enough to leave int32. Inputs are split into int8 parts
+    (`_int8_gemm.split_int8`: one for 8-bit values, two for 16-bit ones), and the offset they were taken with comes
+    back as offset · (the weights' sum) per channel, so the result is the same integer."""
     if x.device.type != "cpu" or x.dim() != 4 or not int8_gemm_exact():
         return None
     w_q = node.get_constant("weights").betensor
@@ -283,12 +283,16 @@ def _conv_int8(node: PyNode, x: torch.Tensor, zp: int) -> Optional[torch.Tensor]
     if group != 1 or int(w_q[0].numel()) > INT8_MAX_TERMS:
         return None
     weights = mac_weights_int8(node)
-    operand = int8_operand(x, -zp if any(pads) else 0)
+    operand = split_int8(x, -zp if any(pads) else 0) if weights is not None else None
     if weights is None or operand is None:
         return None
-    (w8, w_sums), (x8, offset) = weights, operand
-    acc = conv2d_nhwc_int8(x8, w8, stride, dilation, pads, -zp - offset).to(torch.float64)
-    return acc.add_(w_sums.to(torch.float64), alpha=offset) if offset else acc
+    w8, w_sums = weights
+    acc = None
+    for part, factor, pad in operand.parts:
+        y = conv2d_nhwc_int8(part, w8, stride, dilation, pads, pad).to(torch.float64)
+        acc = (y if factor == 1 else y.mul_(factor)) if acc is None else acc.add_(y, alpha=factor)
+    assert acc is not None
+    return acc.add_(w_sums.to(torch.float64), alpha=operand.offset) if operand.offset else acc
 
 
 def _check_output_size(node: PyNode, out_hw: List[int]) -> None:

@@ -139,15 +139,42 @@ def test_fully_connected_int8_path_gives_the_same_integers(monkeypatch, wmode, a
         assert calls == 1
 
 
-def test_operands_outside_int8_take_the_float_kernels(monkeypatch) -> None:
-    """16-bit activations do not fit int8: no int8 GEMM runs, the result is the float kernels' one."""
+@pytest.mark.parametrize("positive", [False, True])
+def test_sixteen_bit_activations_take_two_int8_gemms(monkeypatch, positive) -> None:
+    """16-bit activations are split into a high and a low byte (uint16 ones after an offset of 32768): two int8
+    GEMMs per layer, the float kernels' integers."""
     graph = _conv_graph(6, (1, 1, 1, 1), (1, 1), (1, 1))
-    q = quantize_model(graph, _data([1, 11, 9, 6], 1, 2), {"q_bits_activation": 16})
+    q = quantize_model(graph, _data([1, 11, 9, 6], 1, 2, positive), {"q_bits_activation": 16})
+    x = _data([2, 11, 9, 6], 2, 1, positive)[0]
     calls: List[int] = []
     monkeypatch.setattr(conv, "int8_gemm_exact", lambda: True)
     monkeypatch.setattr(_conv_nhwc, "int8_gemm", reference_gemm(calls))
-    q.forward(_data([1, 11, 9, 6], 2, 1))
-    assert not calls
+    fast = q.forward([x])[0].clone()
+    assert len(calls) == 2
+    monkeypatch.setattr(conv, "int8_gemm_exact", lambda: False)
+    assert torch.equal(fast, q.forward([x])[0])
+
+
+@pytest.mark.parametrize("lo,hi", [(-128, 127), (0, 255), (-32768, 32767), (0, 65535), (-300, 200), (1, 40000),
+                                   (-40000, 0), (0, 70000)])
+def test_split_int8_rebuilds_the_values_and_the_padding(lo: int, hi: int) -> None:
+    """Values as they are or less 128 / 32768 (unsigned ones) must fit int8 / int16; a range such as
+    [-40000, 0] fits neither and is refused (the float kernels take it)."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.cat([torch.tensor([lo, hi]), torch.randint(lo, hi + 1, (500,), generator=gen)])
+    pad = lo
+    split = _int8_gemm.split_int8(x, pad)
+    fits8 = (lo >= -128 and hi <= 127) or (lo >= 0 and hi <= 255)
+    fits16 = (lo >= -32768 and hi <= 32767) or (lo >= 0 and hi <= 65535)
+    if not fits16:
+        assert split is None
+        return
+    assert split is not None and all(p.dtype == torch.int8 for p, _, _ in split.parts)
+    assert len(split.parts) == (1 if fits8 else 2)
+    rebuilt = sum(p.to(torch.int64) * f for p, f, _ in split.parts) + split.offset
+    assert torch.equal(rebuilt, x)
+    assert sum(v * f for _, f, v in split.parts) + split.offset == pad
+    assert all(-128 <= v <= 127 for _, _, v in split.parts)
 
 
 SCRIPT = r"""
@@ -162,8 +189,9 @@ if not _int8_gemm.int8_gemm_exact():
 results = []
 for graph, shape in ((t._conv_graph(7, (1, 1, 1, 1), (1, 1), (1, 1), cin=32, cout=24, size=(20, 18)),
                       [1, 20, 18, 32]), (t._fc_graph(8), [1, 6, 40])):
-    for wmode, amode in t.MODES:
-        q = t.quantize_model(graph, t._data(shape, 1, 2), {"q_mode_weight": wmode, "q_mode_activation": amode})
+    settings = [{"q_mode_weight": w, "q_mode_activation": a} for w, a in t.MODES] + [{"q_bits_activation": 16}]
+    for setting in settings:
+        q = t.quantize_model(graph, t._data(shape, 1, 2), setting)
         x = t._data([3, *shape[1:]], 2, 1)[0]
         fast = q.forward([x])[0].clone()
         conv.int8_gemm_exact = linear.int8_gemm_exact = lambda: False
@@ -183,4 +211,4 @@ def test_the_cpus_own_int8_kernel_gives_the_same_integers() -> None:
     result = json.loads(run.stdout.strip().splitlines()[-1])
     if not result["exact"]:
         pytest.skip("this CPU's int8 GEMM saturates: the integer forward keeps its float kernels here")
-    assert result["equal"] == [True] * 6
+    assert result["equal"] == [True] * 8
