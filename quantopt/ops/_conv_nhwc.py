@@ -242,11 +242,16 @@ INT8_PATCH_ELEMENTS = 1 << 21
 
 
 def conv2d_nhwc_int8(x: torch.Tensor, w: torch.Tensor, stride: Tuple[int, int], dilation: Tuple[int, int],
-                     pads: Tuple[int, int, int, int], pad_value: int) -> torch.Tensor:
-    """Exact integer convolution (one group) of int8 x [N, H, W, C], padded with the int8 `pad_value`, by int8 OHWI
-    weights [out_c, kh, kw, C]: [N, Ho, Wo, out_c] int32, as int8 GEMMs over the unfolded input (bands of rows
-    when it is large). The caller checks kh·kw·C <= INT8_MAX_TERMS, that the operands are CPU int8 tensors and
-    that `int8_gemm_exact()`."""
+                     pads: Tuple[int, int, int, int], pad_value: int, group: int = 1) -> torch.Tensor:
+    """Exact integer convolution of int8 x [N, H, W, C], padded with the int8 `pad_value`, by int8 OHWI weights
+    [out_c, kh, kw, C/group]: [N, Ho, Wo, out_c] int32, as int8 GEMMs over the unfolded input (bands of rows when
+    it is large), one group after another. The caller checks kh·kw·C/group <= INT8_MAX_TERMS, that the operands
+    are CPU int8 tensors and that `int8_gemm_exact()`."""
+    if group > 1:
+        out_g, cin_g = int(w.shape[0]) // group, int(w.shape[3])
+        parts = [conv2d_nhwc_int8(x[..., g * cin_g:(g + 1) * cin_g], w[g * out_g:(g + 1) * out_g], stride,
+                                  dilation, pads, pad_value) for g in range(group)]
+        return torch.cat(parts, dim=3)
     out_c, kh, kw, c = (int(s) for s in w.shape)
     xp = pad_nhwc(x, pads, pad_value) if any(pads) else x.contiguous()
     n = int(xp.shape[0])

@@ -20,8 +20,20 @@ INT8_MAX_TERMS = (1 << 31) // (1 << 14) - 1
 
 
 def int8_gemm(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """a [M, K] int8 @ b [K, N] int8 -> [M, N] int32; exact for K <= INT8_MAX_TERMS where `int8_gemm_exact()`."""
+    """a [M, K] int8 @ b [K, N] int8 -> [M, N] int32; exact for K <= INT8_MAX_TERMS where `int8_gemm_exact()`.
+    Operands are passed in a plain row- or column-major layout (`_plain`)."""
+    a, b = _plain(a), _plain(b)
     return torch._int_mm(a, b, out=out) if out is not None else torch._int_mm(a, b)
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """`t` [R, C] itself when its strides are row-major (C, 1), or column-major (1, R) with both sizes above 1;
+    else a row-major copy. torch's CPU int8 GEMM reads other strides wrongly: a [1, N] view with strides (1, 1),
+    which torch counts as contiguous (the transpose of an [N, 1] weight), gave values from outside the tensor."""
+    rows, cols = (int(s) for s in t.shape)
+    if t.stride() == (cols, 1) or (rows > 1 and cols > 1 and t.stride() == (1, rows)):
+        return t
+    return torch.empty((rows, cols), dtype=t.dtype, device=t.device).copy_(t)
 
 
 def _probe_operands() -> list:

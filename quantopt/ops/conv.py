@@ -270,17 +270,17 @@ def _depthwise_int_onednn(node: PyNode, x: torch.Tensor, w: torch.Tensor, zp: in
 
 
 def _conv_int8(node: PyNode, x: torch.Tensor, zp: int) -> Optional[torch.Tensor]:
-    """The integer accumulator of a one-group convolution on the CPU as int8 GEMMs with int32 sums
-    (`_conv_nhwc.conv2d_nhwc_int8`), as float64; None where it does not apply: grouped or on another device, a
-    CPU whose int8 GEMM is not exact (`_int8_gemm.int8_gemm_exact`), weights outside int8, inputs (padding
-    included) beyond 16 bits, or a reduction long enough to leave int32. Inputs are split into int8 parts
-    (`_int8_gemm.split_int8`: one for 8-bit values, two for 16-bit ones), and the offset they were taken with comes
-    back as offset · (the weights' sum) per channel, so the result is the same integer."""
+    """The integer accumulator of a convolution (one group or several) on the CPU as int8 GEMMs with int32 sums
+    (`_conv_nhwc.conv2d_nhwc_int8`), as float64; None where it does not apply: on another device, a CPU whose int8
+    GEMM is not exact (`_int8_gemm.int8_gemm_exact`), weights outside int8, inputs (padding included) beyond 16
+    bits, or a reduction long enough to leave int32. Inputs are split into int8 parts (`_int8_gemm.split_int8`:
+    one for 8-bit values, two for 16-bit ones), and the offset they were taken with comes back as offset · (the
+    weights' sum) per channel, so the result is the same integer."""
     if x.device.type != "cpu" or x.dim() != 4 or not int8_gemm_exact():
         return None
     w_q = node.get_constant("weights").betensor
     group, stride, dilation, pads = _checked_call(node, x, w_q, False)
-    if group != 1 or int(w_q[0].numel()) > INT8_MAX_TERMS:
+    if int(w_q[0].numel()) > INT8_MAX_TERMS:
         return None
     weights = mac_weights_int8(node)
     operand = split_int8(x, -zp if any(pads) else 0) if weights is not None else None
@@ -289,7 +289,7 @@ def _conv_int8(node: PyNode, x: torch.Tensor, zp: int) -> Optional[torch.Tensor]
     w8, w_sums = weights
     acc = None
     for part, factor, pad in operand.parts:
-        y = conv2d_nhwc_int8(part, w8, stride, dilation, pads, pad).to(torch.float64)
+        y = conv2d_nhwc_int8(part, w8, stride, dilation, pads, pad, group).to(torch.float64)
         acc = (y if factor == 1 else y.mul_(factor)) if acc is None else acc.add_(y, alpha=factor)
     assert acc is not None
     return acc.add_(w_sums.to(torch.float64), alpha=operand.offset) if operand.offset else acc

@@ -54,18 +54,33 @@ def test_probe_finds_saturating_kernels(monkeypatch) -> None:
     assert not _int8_gemm.int8_gemm_exact.__wrapped__()
 
 
-def _conv_graph(seed: int, pads, stride, dilation, cin: int = 6, cout: int = 8, size=(11, 9)) -> PyGraph:
+@pytest.mark.parametrize("m,k,n", [(5, 1, 3), (1, 7, 1), (3, 4, 1), (1, 1, 1), (6, 9, 4)])
+def test_int8_gemm_reads_any_layout(m: int, k: int, n: int) -> None:
+    """Transposed weights of one input ([1, N] views with strides (1, 1)), sliced and transposed operands give the
+    exact product. Values below 8 in magnitude: exact even on a saturating kernel, so this runs everywhere (the
+    kernel that misread such strides is the CPU's own one: the subprocess test below checks it with full-range
+    values)."""
+    gen = torch.Generator().manual_seed(m * 100 + k * 10 + n)
+    a = torch.randint(-8, 8, (m, 2 * k), dtype=torch.int8, generator=gen)[:, ::2]  # a strided slice
+    w = torch.randint(-8, 8, (n, k), dtype=torch.int8, generator=gen)
+    want = a.to(torch.int64) @ w.t().to(torch.int64)
+    for b in (w.t(), w.t().contiguous(), w.t().clone()):
+        assert torch.equal(_int8_gemm.int8_gemm(a, b).to(torch.int64), want)
+
+
+def _conv_graph(seed: int, pads, stride, dilation, cin: int = 6, cout: int = 8, size=(11, 9), group: int = 1,
+                k: int = 3) -> PyGraph:
     r = np.random.default_rng(seed)
     g = GraphBuilder("conv")
     x = g.input("x", [1, size[0], size[1], cin])
-    kh = kw = 3
+    kh = kw = k
     ho = (size[0] + pads[2] + pads[3] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
     wo = (size[1] + pads[0] + pads[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
     params = dict(num_output=cout, kernel_y=kh, kernel_x=kw, stride_y=stride[0], stride_x=stride[1],
                   pad_left=pads[0], pad_right=pads[1], pad_top=pads[2], pad_bottom=pads[3], dilation_y=dilation[0],
-                  dilation_x=dilation[1], group=1, with_activation="NONE")
+                  dilation_x=dilation[1], group=group, with_activation="NONE")
     y = g.layer("Convolution", [x], [[1, ho, wo, cout]], name="conv", params=params,
-                constants={"weights": r.normal(0, 0.5, (cout, kh, kw, cin)).astype(np.float32),
+                constants={"weights": r.normal(0, 0.5, (cout, kh, kw, cin // group)).astype(np.float32),
                            "biases": r.normal(0, 0.3, cout).astype(np.float32)})
     return g.build([y])
 
@@ -117,6 +132,14 @@ def test_convolution_int8_path_gives_the_same_integers(monkeypatch, wmode, amode
     assert torch.equal(got, want)
     if wmode != "per_tensor_asymmetric":  # w_q + zp_w may leave int8 there: then the float kernels ran
         assert calls
+
+
+@pytest.mark.parametrize("group,cout,k", [(2, 8, 3), (6, 12, 1), (3, 6, 3)])
+def test_grouped_convolution_takes_one_gemm_per_group(monkeypatch, group: int, cout: int, k: int) -> None:
+    """Grouped convolutions (one input channel per group with two outputs each, for one) run a GEMM per group."""
+    graph = _conv_graph(8, (1, 0, 1, 1), (1, 2), (1, 1), cout=cout, group=group, k=k)
+    got, want, calls = _both_ways(monkeypatch, graph, [1, 11, 9, 6], *MODES[1], positive=True)
+    assert torch.equal(got, want) and calls == group
 
 
 def test_one_by_one_convolution_is_one_gemm(monkeypatch) -> None:
@@ -188,7 +211,9 @@ if not _int8_gemm.int8_gemm_exact():
     sys.exit(0)
 results = []
 for graph, shape in ((t._conv_graph(7, (1, 1, 1, 1), (1, 1), (1, 1), cin=32, cout=24, size=(20, 18)),
-                      [1, 20, 18, 32]), (t._fc_graph(8), [1, 6, 40])):
+                      [1, 20, 18, 32]), (t._fc_graph(8), [1, 6, 40]),
+                     (t._conv_graph(9, (0, 0, 0, 0), (1, 1), (1, 1), cin=8, cout=16, size=(6, 6), group=8, k=1),
+                      [1, 6, 6, 8])):
     settings = [{"q_mode_weight": w, "q_mode_activation": a} for w, a in t.MODES] + [{"q_bits_activation": 16}]
     for setting in settings:
         q = t.quantize_model(graph, t._data(shape, 1, 2), setting)
@@ -198,6 +223,12 @@ for graph, shape in ((t._conv_graph(7, (1, 1, 1, 1), (1, 1), (1, 1), cin=32, cou
         slow = q.forward([x])[0]
         conv.int8_gemm_exact = linear.int8_gemm_exact = _int8_gemm.int8_gemm_exact
         results.append(bool(torch.equal(fast, slow)))
+gen = torch.Generator().manual_seed(3)
+for m, k, n in ((5, 1, 3), (1, 7, 1), (3, 4, 1), (6, 9, 4)):  # the layouts of test_int8_gemm_reads_any_layout
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
+    for a in (torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=gen),
+              torch.randint(-128, 128, (m, 2 * k), dtype=torch.int8, generator=gen)[:, ::2]):
+        results.append(bool(torch.equal(_int8_gemm.int8_gemm(a, w.t()).long(), a.long() @ w.t().long())))
 print(json.dumps({"exact": True, "equal": results}))
 """
 
@@ -211,4 +242,4 @@ def test_the_cpus_own_int8_kernel_gives_the_same_integers() -> None:
     result = json.loads(run.stdout.strip().splitlines()[-1])
     if not result["exact"]:
         pytest.skip("this CPU's int8 GEMM saturates: the integer forward keeps its float kernels here")
-    assert result["equal"] == [True] * 8
+    assert result["equal"] == [True] * 20  # 3 graphs x 4 settings, 8 operand layouts
