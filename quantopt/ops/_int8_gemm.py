@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -99,3 +99,16 @@ def split_int8(x: torch.Tensor, pad: int = 0) -> Optional[Int8Operand]:
             p = pad - offset
             return Int8Operand(((high, 256, p >> 8), (low, 1, (p & 255) - 128)), offset + 128)
     return None
+
+
+def int8_accumulate(operand: Int8Operand, weight_sums: torch.Tensor,
+                    product: Callable[[torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
+    """The exact accumulator x·w as float64: the sum over `operand`'s parts of factor · product(part, its padding
+    value) (an int8 GEMM or convolution with the weights), plus offset · `weight_sums` (per output channel, last
+    axis)."""
+    acc: Optional[torch.Tensor] = None
+    for part, factor, pad in operand.parts:
+        y = product(part, pad).to(torch.float64)
+        acc = (y if factor == 1 else y.mul_(factor)) if acc is None else acc.add_(y, alpha=factor)
+    assert acc is not None
+    return acc.add_(weight_sums.to(torch.float64), alpha=operand.offset) if operand.offset else acc

@@ -19,7 +19,7 @@ from ..threads import one_thread
 from . import _fp8
 from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
 from ._conv_nhwc import conv2d_nhwc_int8, depthwise_taps
-from ._int8_gemm import INT8_MAX_TERMS, int8_gemm_exact, split_int8
+from ._int8_gemm import INT8_MAX_TERMS, int8_accumulate, int8_gemm_exact, split_int8
 from ._quant import (
     layer_settings,
     mac_finish,
@@ -287,12 +287,8 @@ def _conv_int8(node: PyNode, x: torch.Tensor, zp: int) -> Optional[torch.Tensor]
     if weights is None or operand is None:
         return None
     w8, w_sums = weights
-    acc = None
-    for part, factor, pad in operand.parts:
-        y = conv2d_nhwc_int8(part, w8, stride, dilation, pads, pad, group).to(torch.float64)
-        acc = (y if factor == 1 else y.mul_(factor)) if acc is None else acc.add_(y, alpha=factor)
-    assert acc is not None
-    return acc.add_(w_sums.to(torch.float64), alpha=operand.offset) if operand.offset else acc
+    return int8_accumulate(operand, w_sums,
+                           lambda part, pad: conv2d_nhwc_int8(part, w8, stride, dilation, pads, pad, group))
 
 
 def _check_output_size(node: PyNode, out_hw: List[int]) -> None:

@@ -17,7 +17,7 @@ from ..registry.schema import Bool, Float, Int, Param, Value, quantized
 from ..threads import one_thread
 from . import _fp8
 from ._fc_order import OrderedWeights, linear_float32
-from ._int8_gemm import INT8_MAX_TERMS, int8_gemm, int8_gemm_exact, split_int8
+from ._int8_gemm import INT8_MAX_TERMS, int8_accumulate, int8_gemm, int8_gemm_exact, split_int8
 from ._quant import (
     FLOAT32_EXACT,
     check_fused_activation_quantizable,
@@ -157,13 +157,8 @@ def _fc_int8(node: PyNode, x: torch.Tensor) -> Optional[torch.Tensor]:
     if weights is None or operand is None:
         return None
     w8, w_sums = weights
-    acc = None
-    for part, factor, _ in operand.parts:
-        y = int8_gemm(part.reshape(-1, k), w8.t()).to(torch.float64)
-        acc = (y if factor == 1 else y.mul_(factor)) if acc is None else acc.add_(y, alpha=factor)
-    assert acc is not None
-    acc = acc.reshape(*x.shape[:-1], int(w8.shape[0]))
-    return acc.add_(w_sums.to(torch.float64), alpha=operand.offset) if operand.offset else acc
+    acc = int8_accumulate(operand, w_sums, lambda part, _: int8_gemm(part.reshape(-1, k), w8.t()))
+    return acc.reshape(*x.shape[:-1], int(w8.shape[0]))
 
 
 def _float_constants(node: PyNode, device: torch.device, dtype: torch.dtype,
