@@ -445,7 +445,7 @@ def mac_weights(node: PyNode) -> Tuple[torch.Tensor, torch.dtype]:
 
 def mac_weights_int8(node: PyNode) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """(w_q + zp_w as int8, its sum per output row as int64) when every weight fits int8 (the operand of the
-    integer GEMM, `_conv_nhwc.int8_gemm`), else None; cached like `mac_weights`. The row sums let an input taken
+    integer GEMM, `_int8_gemm.int8_gemm`), else None; cached like `mac_weights`. The row sums let an input taken
     with an offset (uint8 values minus 128) be corrected exactly."""
     w_q = node.get_constant("weights").betensor
     cached = node.attrs.get("_mac_weights_int8")

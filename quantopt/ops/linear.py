@@ -147,8 +147,8 @@ def fully_connected_forward(self: PyNode) -> None:
 
 
 def _fc_int8(node: PyNode, x: torch.Tensor) -> Optional[torch.Tensor]:
-    """x_q · (w_q + zp_w) as one int8 GEMM with int32 sums, as float64 (the integer forward's accumulator), or None
-    where that is not exact or possible: see `_int8_gemm` and `conv._conv_int8`, whose conditions these are."""
+    """x_q · (w_q + zp_w) by int8 GEMMs with int32 sums (one, two for 16-bit inputs), as float64 (the integer
+    forward's accumulator), or None where that is not exact or possible: the conditions of `conv._conv_int8`."""
     k = int(x.shape[-1]) if x.dim() else 0
     if x.device.type != "cpu" or not k or k > INT8_MAX_TERMS or not int8_gemm_exact():
         return None
