@@ -26,7 +26,7 @@ from ..graph.tables import TensorStatistics, quant_of
 from ..graph.tensor import PyTensor
 from ..graph.values import to_float, to_quantized
 from ..graph.wide_values import wide_values_of
-from ..quant.compare import cosine, mse
+from ..quant.compare import cosine, mse, squared_difference_mean
 from ..threads import one_thread
 
 __all__ = [  # cosine/mse and to_float/to_quantized are re-exported: the analysis's own vocabulary
@@ -67,7 +67,7 @@ def _cos_mse(x: torch.Tensor, y: torch.Tensor) -> Tuple[float, float]:
             cos = 0.0
         else:
             cos = float(torch.dot(x, y) / (nx * ny))
-        return cos, (float(((x - y) ** 2).mean()) if x.numel() else 0.0)
+        return cos, squared_difference_mean(x, y)
 
 
 FirstBatch = Dict[str, Tuple[PyNode, torch.Tensor, torch.Tensor]]
