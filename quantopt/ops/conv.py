@@ -5,7 +5,7 @@ asymmetric, so they are applied explicitly before a padding-free torch convoluti
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -165,22 +165,25 @@ def conv2d_nhwc(node: PyNode, depthwise: bool) -> torch.Tensor:
     return _conv_nhwc(node, x, w, bias, depthwise, 0.0, MAC_FLOAT_DTYPE, taps)
 
 
+def _memo_constants(node: PyNode, name: str, extra: Tuple[Any, ...], build: Callable[[], Any]) -> Any:
+    """build()'s conversion of the layer's weights and biases, memoized per layer while those tensors are the same
+    objects at the same version (graph/memo.py; `extra`: the rest of the key): converting them on every forward
+    costs more than a small convolution, and the values are those the conversions give, so no result changes."""
+    wt = node.get_constant("weights").betensor
+    bt = node.get_constant("biases", optional=True)
+    if torch.is_grad_enabled() and (wt.requires_grad or (bt is not None and bt.betensor.requires_grad)):
+        return build()  # a gradient-based method's tensors: a kept conversion would outlive its autograd graph
+    return memo(node, name, (Same(wt), None if bt is None else Same(bt.betensor), *extra), build)
+
+
 def _float_constants(node: PyNode, device: torch.device, depthwise: bool) -> Tuple[torch.Tensor, Any, Any]:
     """(weights as MAC_FLOAT_DTYPE, biases likewise or None, a depthwise layer's per-tap weight vectors or None),
-    memoized per layer while the weight and bias tensors are the same objects at the same version (graph/memo.py):
-    converting them on every forward costs more than a small convolution. The values are those the conversions
-    give, so the convolution's result does not change by a bit."""
-    wt = node.get_constant("weights")
-    bt = node.get_constant("biases", optional=True)
-    key = (Same(wt.betensor), None if bt is None else Same(bt.betensor), str(device), depthwise)
-
+    memoized (`_memo_constants`)."""
     def build() -> Tuple[torch.Tensor, Any, Any]:
-        w = wt.betensor.to(device=device, dtype=MAC_FLOAT_DTYPE)
+        w = node.get_constant("weights").betensor.to(device=device, dtype=MAC_FLOAT_DTYPE)
         return w, float_biases(node, int(w.shape[0]), w), depthwise_taps(w) if depthwise and w.dim() == 4 else None
 
-    if torch.is_grad_enabled() and (wt.betensor.requires_grad or (bt is not None and bt.betensor.requires_grad)):
-        return build()  # a gradient-based method's tensors: a kept conversion would outlive its autograd graph
-    return memo(node, "conv_float_constants", key, build)
+    return _memo_constants(node, "conv_float_constants", (str(device), depthwise), build)
 
 
 def _conv_float_forward(node: PyNode, depthwise: bool) -> None:
@@ -223,18 +226,12 @@ def native_conv2d_nhwc(node: PyNode, depthwise: bool) -> torch.Tensor:
 
 def _native_constants(node: PyNode, x: torch.Tensor) -> Tuple[torch.Tensor, Any]:
     """(weights [out_c, in_c/group, kh, kw] in x's dtype and device, biases likewise or None) for
-    `native_conv2d_nhwc`, memoized like `_float_constants`."""
-    wt = node.get_constant("weights").betensor
-    bt = node.get_constant("biases", optional=True)
-    key = (Same(wt), None if bt is None else Same(bt.betensor), str(x.device), x.dtype)
-
+    `native_conv2d_nhwc`, memoized (`_memo_constants`)."""
     def build() -> Tuple[torch.Tensor, Any]:
-        w = wt.to(device=x.device, dtype=x.dtype)
+        w = node.get_constant("weights").betensor.to(device=x.device, dtype=x.dtype)
         return w.permute(0, 3, 1, 2).contiguous(), float_biases(node, int(w.shape[0]), w)
 
-    if torch.is_grad_enabled() and (wt.requires_grad or (bt is not None and bt.betensor.requires_grad)):
-        return build()  # a gradient-based method's tensors: a kept conversion would outlive its autograd graph
-    return memo(node, "conv_native_constants", key, build)
+    return _memo_constants(node, "conv_native_constants", (str(x.device), x.dtype), build)
 
 
 def conv2d_nhwc_int(node: PyNode, depthwise: bool) -> torch.Tensor:
