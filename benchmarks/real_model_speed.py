@@ -13,6 +13,10 @@ seeded; real calibration data for the shared IRs): ms per sample of each pass, t
   quantopt float forward / onnxruntime float32 forward   target <= 3
   statistics pass (calibration.collect) / float forward  target <= 1.5
   integer forward / float forward                        target <= 2
+and the per-layer precision analysis of the same samples as a cfg run makes it (on the float outputs the statistics
+pass recorded: the quantized forward, each layer again on the float graph's quantized inputs, the comparisons),
+against a plain forward of both graphs (analysis/(float+int): 1 would be the cost of comparing the two forwards for
+free)
 (the model is quantized by pipeline.quantize_model on --calib samples first) and the peak RSS. Each model runs in
 its own process, so its peak RSS is its own and a crash stops only that model; a failed model is one line, and the
 exit code is 1 when any model failed. Figures and what they mean: docs/performance.md.
@@ -271,8 +275,11 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, Any]:
     import onnxruntime as ort
     import torch
 
+    from quantopt.analysis.report import HISTOGRAM_LAYERS
+    from quantopt.analysis.similarity import FirstBatch, layer_similarity
     from quantopt.calibration.collect import collect_activation_statistics
     from quantopt.config.layer_settings import LayerSettings
+    from quantopt.graph.recorded import ForwardRecord
     from quantopt.pipeline import quantize_model
     from quantopt.registry import discover_plugins
 
@@ -318,12 +325,19 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, Any]:
             return [[o.cpu() for o in qgraph.forward(b)] for b in batches]
 
     t_int = best_cpu(args.repeat, int_pass, clock)
+    # the precision analysis as a cfg run does it: on the float outputs the statistics pass recorded
+    record = ForwardRecord(len(batches), budget_bytes=1 << 40)
+    collect_activation_statistics(graph, batches, record)
+    t_analysis = best_cpu(args.repeat, lambda: layer_similarity(graph, qgraph, record.batches,
+                                                                first_batch=FirstBatch(HISTOGRAM_LAYERS)), clock)
+    record.drop()
     t_gemm = gemm_floor(gemm_shapes(graph, batches[0]), args.repeat) if device.type == "cpu" else float("nan")
     n = len(batches)
     row = {"model": name, "input": p.shape, "layers": len(graph.nodes), "samples": n,
            "import_s": p.import_s, "quantize_s": t_quant,
            "ort_ms": t_ort / n * 1e3, "float_ms": t_float / n * 1e3, "stats_ms": t_stats / n * 1e3,
-           "int_ms": t_int / n * 1e3, "gemm_ms": t_gemm * 1e3, "rss_mb": peak_rss_mb()}
+           "int_ms": t_int / n * 1e3, "analysis_ms": t_analysis / n * 1e3, "gemm_ms": t_gemm * 1e3,
+           "rss_mb": peak_rss_mb()}
     if device.type != "cpu":
         row.update(measure_on(device, graph, qgraph, batches, args.repeat, int_pass()))
     return row
@@ -414,13 +428,15 @@ def device_table(rows: List[Dict[str, Any]]) -> str:
 
 def table(rows: List[Dict[str, Any]]) -> str:
     head = ["model", "input", "layers", "ORT fp32 ms", "quantopt float ms", "float/ORT (≤3)", "statistics ms",
-            "stats/float (≤1.5)", "integer ms", "int/float (≤2)", "f64 GEMM ms", "f64 GEMM/ORT", "peak RSS MB"]
+            "stats/float (≤1.5)", "integer ms", "int/float (≤2)", "analysis ms", "analysis/(float+int)",
+            "f64 GEMM ms", "f64 GEMM/ORT", "peak RSS MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"], r["input"], str(r["layers"]), f"{r['ort_ms']:.1f}", f"{r['float_ms']:.1f}",
                  ratio(r["float_ms"], r["ort_ms"], TARGETS["float_vs_ort"]), f"{r['stats_ms']:.1f}",
                  ratio(r["stats_ms"], r["float_ms"], TARGETS["stats_vs_float"]), f"{r['int_ms']:.1f}",
-                 ratio(r["int_ms"], r["float_ms"], TARGETS["int_vs_float"]), f"{r['gemm_ms']:.1f}",
+                 ratio(r["int_ms"], r["float_ms"], TARGETS["int_vs_float"]), f"{r['analysis_ms']:.1f}",
+                 f"{r['analysis_ms'] / (r['float_ms'] + r['int_ms']):.2f}", f"{r['gemm_ms']:.1f}",
                  f"{r['gemm_ms'] / r['ort_ms']:.2f}" if r["ort_ms"] > 0 else "n/a", f"{r['rss_mb']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -4,15 +4,24 @@ from __future__ import annotations
 import copy
 import os
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from .analysis.advisor import Advice, advice_lines, advise
 from .analysis.dump import dump_tensors
-from .analysis.report import build_report, histograms_of, layer_bits, worst_tensors, write_report
+from .analysis.report import (
+    HISTOGRAM_LAYERS,
+    build_report,
+    collect_histograms,
+    histograms_of,
+    layer_bits,
+    worst_tensors,
+    write_report,
+)
 from .analysis.run_records import append_accuracy_record, similarity_keys
 from .analysis.similarity import (
+    Batch,
     FirstBatch,
     LayerSimilarity,
     layer_similarity,
@@ -30,6 +39,7 @@ from .device import exact_arithmetic, resolve_device
 from .errors import ConfigError, DataError, IRError, QuantOptError, UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
 from .graph.node import PyNode
+from .graph.recorded import ForwardRecord
 from .graph.tables import quant_of
 from .graph.tensor import PyTensor
 from .ir.writer import atomic_write, write_ir
@@ -104,6 +114,8 @@ class OptMaster:
         self.advice: List[Advice] = []
         self.report: Dict[str, Any] = {}
         self.histograms: Dict[str, Any] = {}
+        self.float_record: Optional[ForwardRecord] = None
+        """The statistics pass's float outputs of the analysis batches, until the analysis reads and frees them."""
         self.layer_bits: List[Dict[str, Any]] = []
         self.search_result: Optional[SearchResult] = None
         self.search_inputs: List[List[torch.Tensor]] = []
@@ -225,8 +237,11 @@ class OptMaster:
         return n if limit is None else min(n, limit)
 
     def statistics(self) -> None:
+        """The statistics pass over every calibration batch; it records the float outputs of the batches the
+        precision analysis will compare (graph/recorded.py)."""
+        self.float_record = ForwardRecord(self.cfg.similarity_data_num)
         count = collect_statistics(self.graph, progress(self.calibration_batches(), "statistics",
-                                                        total=self.calibration_batch_count()))
+                                                        total=self.calibration_batch_count()), self.float_record)
         OPT_INFO(f"statistics collected over {count} calibration batch(es)")
 
     def search_scorer(self) -> Tuple[Callable[[PyGraph], float], float]:
@@ -323,15 +338,27 @@ class OptMaster:
 
     def precision_analysis(self, qgraph: QuantizeGraph) -> None:
         """Per-layer similarity on the first `similarity_data_num` calibration batches, and the histograms of the
-        worst layers from the first of them (kept by the similarity pass: no forward of its own)."""
+        worst layers from the first of them (kept by the similarity pass: no forward of its own). The float graph's
+        outputs of those batches come from the statistics pass where it recorded them (graph/recorded.py); the
+        record is freed here."""
+        record, self.float_record = self.float_record, None
         if self.cfg.compat_quantized_model and self.calibration_loader is None:
             OPT_INFO("compat_quantized_model without calibration_data: no precision analysis")
             return
         limit = self.cfg.similarity_data_num
-        first: FirstBatch = {}
-        batches = progress(self.calibration_batches(limit), "similarity", total=self.calibration_batch_count(limit))
-        self.similarities = layer_similarity(self.graph, qgraph, batches, first_batch=first)
-        self.histograms = histograms_of(first, worst_tensors(self.similarities))
+        first = FirstBatch(worst=HISTOGRAM_LAYERS)
+        recorded = record is not None and record.usable
+        batches: Iterable[Batch] = record.batches if recorded else self.calibration_batches(limit)
+        total = len(record.batches) if recorded else self.calibration_batch_count(limit)
+        self.similarities = layer_similarity(self.graph, qgraph, progress(batches, "similarity", total=total),
+                                             first_batch=first)
+        names = worst_tensors(self.similarities)
+        found = histograms_of(first, names)
+        missing = [name for name in names if name not in found]
+        if missing:  # over several batches other outputs rank worst than over the first alone: run it again
+            inputs = record.batches[0].inputs if recorded else next(iter(self.calibration_batches(1)))
+            found.update(collect_histograms(self.graph, qgraph, inputs, missing))
+        self.histograms = {name: found[name] for name in names if name in found}
 
     def write_outputs(self, qgraph: QuantizeGraph) -> None:
         base = self.cfg.quant_ir_name or self.cfg.out_ir_name or f"{self.model_name}_o"

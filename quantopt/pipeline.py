@@ -18,6 +18,7 @@ from .calibration.collect import calibrate_graph, collect_activation_statistics,
 from .calibration.low_sqnr import promote_low_sqnr_activations
 from .config.layer_settings import LayerSettings, check_settings, with_operator_defaults
 from .graph.graph import PyGraph, QuantizeGraph
+from .graph.recorded import ForwardRecord
 from .graph.values import to_float
 from .passes.control_op_preprocess import control_op_preprocess
 from .passes.decompose_activations import decompose_nonmonotonic_activations as decompose_nonmonotonic_activations_pass
@@ -113,11 +114,13 @@ def finish_settings(graph: QuantizeGraph, deeply_set_unquantifiable: bool = True
     return fallen
 
 
-def collect_statistics(graph: PyGraph, batches: Iterable[Sequence[torch.Tensor]]) -> int:
+def collect_statistics(graph: PyGraph, batches: Iterable[Sequence[torch.Tensor]],
+                       record: Optional[ForwardRecord] = None) -> int:
     """Weight statistics, then one forward per calibration batch folded into the activation statistics; returns the
-    number of batches."""
+    number of batches. `record` keeps the float layer outputs of the first batches for the precision analysis
+    (graph/recorded.py)."""
     collect_weight_statistics(graph)
-    return collect_activation_statistics(graph, batches)
+    return collect_activation_statistics(graph, batches, record)
 
 
 def calibrate(graph: PyGraph, unify: Sequence[RuleSource] = ()) -> UnifyReport:

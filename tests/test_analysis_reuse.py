@@ -1,6 +1,7 @@
 """The per-layer precision analysis reuses what it computed: its cosines/MSEs are those of the plain definition
 (every layer's isolated step run on the float inputs quantized with its input params), its histograms those of a
-separate forward of the first batch, and a cfg run's analysis costs one forward of each graph per batch."""
+separate forward of the first batch, and a cfg run's analysis costs one forward of the quantized graph per batch (the
+float graph's outputs come from the statistics pass)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +12,15 @@ import pytest
 import torch
 
 from quantopt.analysis.report import collect_histograms, histograms_of, worst_tensors
-from quantopt.analysis.similarity import LayerSimilarity, cosine, layer_similarity, mse, to_float, to_quantized
+from quantopt.analysis.similarity import (
+    FirstBatch,
+    LayerSimilarity,
+    cosine,
+    layer_similarity,
+    mse,
+    to_float,
+    to_quantized,
+)
 from quantopt.config.reader import read_cfg
 from quantopt.graph.graph import PyGraph
 from quantopt.ir.reader import read_ir
@@ -76,7 +85,7 @@ def digits() -> tuple:
 def test_similarity_and_histograms_equal_the_plain_definition(digits: tuple) -> None:
     graph, qgraph, batches = digits
     want = reference_similarity(graph, qgraph, batches)
-    first: Dict = {}
+    first = FirstBatch()
     got = layer_similarity(graph, qgraph, iter(batches), first_batch=first)
     assert [s.as_dict() for s in got] == [s.as_dict() for s in want]
     names = [t.name for n in graph.nodes for t in n.outputs]
@@ -94,30 +103,89 @@ def test_similarity_with_a_float_island_equals_the_plain_definition() -> None:
     assert [s.as_dict() for s in layer_similarity(graph, qgraph, batches)] == [s.as_dict() for s in want]
 
 
-def test_a_cfg_run_analyses_with_one_forward_of_each_graph_per_batch(tmp_path: Path, monkeypatch) -> None:
+def _digits_master(tmp_path: Path, extra: str = "") -> tuple:
     cfg_path = tmp_path / "opt.cfg"
     cfg_path.write_text("[Common]\n"
                         f"graph = {DIGITS / 'model' / 'digits.txt'}\n"
                         "dataset = NumpyDataset\n"
                         f"calibration_data = {DIGITS / 'data' / 'calib.npy'}\n"
-                        "calibration_batch_size = 16\nsimilarity_data_num = 2\n"
+                        "calibration_batch_size = 16\n" + extra +
                         f"output_dir = {tmp_path / 'out'}\n", encoding="utf-8")
     cfg = read_cfg(str(cfg_path))
     graph = read_ir(cfg.graph)
     master = OptMaster(graph, cfg)
     master.prepare_statistics()
-    qgraph = master.quantize()
+    return master, graph, master.quantize()
+
+
+def _count_forwards(monkeypatch, graphs: Dict[str, PyGraph]) -> List[str]:
     calls: List[str] = []
-    for name, g in (("float", graph), ("quantized", qgraph)):
+    for name, g in graphs.items():
         forward = g.forward
         monkeypatch.setattr(g, "forward", lambda *a, _f=forward, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("batches", [1, 2])
+def test_a_cfg_run_analyses_with_one_quantized_forward_per_batch(tmp_path: Path, monkeypatch, batches: int) -> None:
+    """The statistics pass recorded the float outputs of the analysis batches: the analysis runs only the quantized
+    graph, and its results and histograms are those of running both graphs."""
+    master, graph, qgraph = _digits_master(tmp_path, f"similarity_data_num = {batches}\n")
+    assert master.float_record is not None and len(master.float_record.batches) == batches
+    calls = _count_forwards(monkeypatch, {"float": graph, "quantized": qgraph})
     master.precision_analysis(qgraph)
-    assert sorted(calls) == ["float", "float", "quantized", "quantized"]
-    assert master.histograms and set(master.histograms) == set(worst_tensors(master.similarities))
-    batches = list(master.calibration_batches(2))
+    names = worst_tensors(master.similarities)
+    if batches == 1:  # the first batch's worst outputs are the report's: no forward for the histograms
+        assert calls == ["quantized"]
+    else:  # and where two batches rank others worst, one forward of each graph histograms them
+        assert sorted(calls) in (["quantized"] * 2, ["float", "quantized", "quantized", "quantized"])
+    assert master.float_record is None  # freed
+    inputs = list(master.calibration_batches(batches))
     monkeypatch.undo()
-    want = reference_similarity(graph, qgraph, batches)
+    want = reference_similarity(graph, qgraph, inputs)
     assert [s.as_dict() for s in master.similarities] == [s.as_dict() for s in want]
+    assert list(master.histograms) == names
+    assert master.histograms == collect_histograms(graph, qgraph, inputs[0], names)
+
+
+def test_the_analysis_runs_the_float_forward_when_the_record_is_over_budget(tmp_path: Path, monkeypatch) -> None:
+    import quantopt.graph.recorded as recorded
+
+    monkeypatch.setattr(recorded, "RECORD_BUDGET_BYTES", 4096)
+    master, graph, qgraph = _digits_master(tmp_path)
+    assert master.float_record is not None and master.float_record.over_budget and not master.float_record.usable
+    assert not master.float_record.batches  # what was recorded is freed at once
+    calls = _count_forwards(monkeypatch, {"float": graph, "quantized": qgraph})
+    master.precision_analysis(qgraph)
+    assert sorted(calls) == ["float", "quantized"]
+    inputs = list(master.calibration_batches(1))
+    monkeypatch.undo()
+    assert [s.as_dict() for s in master.similarities] == [s.as_dict() for s in reference_similarity(graph, qgraph,
+                                                                                                     inputs)]
+
+
+def test_the_histograms_come_from_a_forward_when_the_first_batch_kept_none_of_them(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    import quantopt.master as master_module
+
+    monkeypatch.setattr(master_module, "HISTOGRAM_LAYERS", 0)  # the first batch keeps no values
+    master, graph, qgraph = _digits_master(tmp_path)
+    master.precision_analysis(qgraph)
+    names = worst_tensors(master.similarities)
+    assert len(names) == 5 and list(master.histograms) == names
+    assert master.histograms == collect_histograms(graph, qgraph, list(master.calibration_batches(1))[0], names)
+
+
+def test_the_first_batch_keeps_only_its_worst_outputs(digits: tuple) -> None:
+    graph, qgraph, batches = digits
+    everything = FirstBatch()
+    results = layer_similarity(graph, qgraph, batches[:1], first_batch=everything)
+    for count in (1, 3, 5):
+        worst = FirstBatch(worst=count)
+        assert layer_similarity(graph, qgraph, batches[:1], first_batch=worst) == results
+        names = worst_tensors(results, count)
+        assert sorted(worst) == sorted(names)
+        assert histograms_of(worst, names) == histograms_of(everything, names)
 
 
 def test_the_quantized_activations_are_freed_as_the_analysis_goes(digits: tuple, monkeypatch) -> None:
@@ -138,14 +206,14 @@ def test_the_quantized_activations_are_freed_as_the_analysis_goes(digits: tuple,
     cached: List[int] = []
     original = similarity._isolated
 
-    def watching(fnode, qnode, fvals, cumulative, quantized, keep_masks=()):
+    def watching(fnode, qnode, fvals, cumulative, quantized, keep_masks=(), buffers=None):
         here = position[id(qnode)]
         live = [t for n in qgraph.nodes for t in n.outputs if t.betensor.numel() and id(t) not in keep]
         # alive: produced at or before this layer and read at or after it
         assert all(readers.get(id(t), -1) >= here for t in live), [t.name for t in live]
         seen.append(len(live))
         cached.append(len(quantized))
-        return original(fnode, qnode, fvals, cumulative, quantized, keep_masks)
+        return original(fnode, qnode, fvals, cumulative, quantized, keep_masks, buffers)
 
     monkeypatch.setattr(similarity, "_isolated", watching)
     got = layer_similarity(graph, qgraph, iter(batches[:1]))

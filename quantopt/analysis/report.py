@@ -59,7 +59,11 @@ def worst_layers(similarities: Sequence[LayerSimilarity], count: int = 10) -> Li
     return sorted(similarities, key=key)[:count]
 
 
-def worst_tensors(similarities: Sequence[LayerSimilarity], count: int = 5) -> List[str]:
+HISTOGRAM_LAYERS = 5
+"""How many of the worst layers' outputs the report histograms."""
+
+
+def worst_tensors(similarities: Sequence[LayerSimilarity], count: int = HISTOGRAM_LAYERS) -> List[str]:
     """Names of the output tensors of the `count` worst layers: what `collect_histograms` should look at."""
     return [s.tensor for s in worst_layers(similarities, count)]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
@@ -22,16 +22,16 @@ from ..calibration.inf_mask import is_mask_tensor
 from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..graph.recorded import RecordedBatch
 from ..graph.tables import TensorStatistics, quant_of
 from ..graph.tensor import PyTensor
 from ..graph.values import to_float, to_quantized
 from ..graph.wide_values import wide_values_of
-from ..quant.compare import cosine, mse, squared_difference_mean
-from ..threads import one_thread
+from ..quant.compare import StepBuffers, cosine, cosine_and_mse, mse
 
 __all__ = [  # cosine/mse and to_float/to_quantized are re-exported: the analysis's own vocabulary
-    "LayerSimilarity", "cosine", "layer_similarity", "mse", "to_float", "to_quantized", "worst_key",
-    "worst_layers_table",
+    "Batch", "FirstBatch", "LayerSimilarity", "cosine", "layer_similarity", "mse", "to_float", "to_quantized",
+    "worst_key", "worst_layers_table",
 ]
 
 
@@ -52,29 +52,45 @@ class LayerSimilarity:
         return asdict(self)
 
 
-def _flat64(x: torch.Tensor) -> torch.Tensor:
-    return x.detach().reshape(-1).to(torch.float64)
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().reshape(-1)
 
 
-def _cos_mse(x: torch.Tensor, y: torch.Tensor) -> Tuple[float, float]:
-    """(cosine, mse) of two flat float64 vectors: the arithmetic of `cosine` and `mse`, converting each tensor
-    once for both and switching to one thread once."""
-    with one_thread():
-        nx, ny = float(x.norm()), float(y.norm())
-        if nx == 0.0 and ny == 0.0:
-            cos = 1.0
-        elif nx == 0.0 or ny == 0.0:
-            cos = 0.0
-        else:
-            cos = float(torch.dot(x, y) / (nx * ny))
-        return cos, squared_difference_mean(x, y)
+class FirstBatch(Dict[str, Tuple[PyNode, torch.Tensor, torch.Tensor]]):
+    """tensor name -> (float layer, float value, dequantized quantized value) of the first analysed batch.
+
+    With `worst` set, only the `worst` outputs of that batch that rank lowest by `worst_key` on it are kept (ties by
+    output order): when one batch is analysed these are exactly the outputs the report histograms, held as a few
+    tensors instead of a dequantized copy of every activation (whose page faults alone cost a quarter of the
+    analysis). Without it every output is kept."""
+
+    def __init__(self, worst: Optional[int] = None) -> None:
+        super().__init__()
+        self.worst = worst
+        self._keys: Dict[str, tuple] = {}
+        self._offered: Set[str] = set()
+
+    def offer(self, name: str, key: tuple, entry: Tuple[PyNode, torch.Tensor, torch.Tensor]) -> None:
+        """Keep `entry` for tensor `name` if it ranks among the worst so far (`key`: its `worst_key` and output
+        index; lower is worse); the first offer of a name counts."""
+        if name in self._offered:
+            return
+        self._offered.add(name)
+        if self.worst is not None:
+            if self.worst <= 0:
+                return
+            self._keys[name] = key
+        self[name] = entry
+        if self.worst is not None and len(self) > self.worst:
+            drop = max(self._keys, key=self._keys.__getitem__)
+            del self[drop], self._keys[drop]
 
 
-FirstBatch = Dict[str, Tuple[PyNode, torch.Tensor, torch.Tensor]]
-"""tensor name -> (float layer, float value, dequantized quantized value) of the first analysed batch."""
+Batch = Union[Sequence[torch.Tensor], RecordedBatch]
+"""The inputs of one batch, or a batch the statistics pass recorded with the float graph's outputs."""
 
 
-def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterable[Sequence[torch.Tensor]],
+def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterable[Batch],
                      first_batch: Optional[FirstBatch] = None) -> List[LayerSimilarity]:
     """Cumulative and isolated similarity of every layer output, averaged over `batches`.
 
@@ -84,9 +100,10 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
     quantized run is not run again (its isolated result is its cumulative one), and each output is dequantized and
     converted once. The float graph's activations are kept for the batch; each quantized layer is compared as soon
     as the quantized forward has run it, so the quantized graph's activations (int64) are freed after their last
-    reader as in a plain forward, and each float tensor's quantized copy after its last reader. With `first_batch`
-    (a dict), the float and dequantized values of every layer output of the first batch are kept there (the
-    report's histograms read them instead of running again).
+    reader as in a plain forward, and each float tensor's quantized copy after its last reader. A `RecordedBatch`
+    among `batches` brings the float graph's outputs with it (graph/recorded.py): the float forward is not run
+    again. With `first_batch`, the float and dequantized values of the first batch's layer outputs (all, or the
+    worst few) are kept there (the report's histograms read them instead of running again).
 
     The returned list (one LayerSimilarity per compared output, in graph order) is the analysis' result table: the
     template, report, advisor, run records and `D_*` IR keys read it; nothing is stored on the tensors.
@@ -96,8 +113,13 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
     run = _Comparison(float_graph, pairs, quant_graph.nodes)
     count = 0
     with torch.no_grad():
-        for inputs in batches:
-            float_graph.forward(inputs, keep_tensors=True)
+        for batch in batches:
+            if isinstance(batch, RecordedBatch):
+                batch.restore(float_graph)
+                inputs = batch.inputs
+            else:
+                inputs = batch
+                float_graph.forward(inputs, keep_tensors=True)
             run.start_batch(first_batch if count == 0 else None)
             quant_graph.forward(inputs, after_node=run.compare)
             count += 1
@@ -133,6 +155,7 @@ class _Comparison:
         self.notes: Dict[str, str] = {}
         self.quantized: Dict[Tuple[int, int], torch.Tensor] = {}
         self.first_batch: Optional[FirstBatch] = None
+        self.buffers = StepBuffers()
 
     def start_batch(self, first_batch: Optional[FirstBatch]) -> None:
         """A new batch: no quantized float tensors yet; `first_batch` is the dict to keep its values in, if any."""
@@ -145,12 +168,12 @@ class _Comparison:
         if fnode is None:
             return
         notes = self.notes
-        fvals = [_flat64(f.betensor) for f in fnode.outputs]
+        fvals = [_flat(f.betensor) for f in fnode.outputs]
         keep = [_unmasked(f, self.float_graph.statistics.get(f), x, notes) for f, x in zip(fnode.outputs, fvals)]
         fvals = [x if k is None else x[k] for x, k in zip(fvals, keep)]
         deq = [to_float(q, quant_of(qnode)) for q in qnode.outputs]
-        cumulative = [_cos_mse(x, _select(y, k)) for x, y, k in zip(fvals, deq, keep)]
-        isolated = _isolated(fnode, qnode, fvals, cumulative, self.quantized, keep)
+        cumulative = [cosine_and_mse(x, _select(y, k), self.buffers) for x, y, k in zip(fvals, deq, keep)]
+        isolated = _isolated(fnode, qnode, fvals, cumulative, self.quantized, keep, self.buffers)
         _forget_read(self.quantized, fnode, self.position[id(qnode)], self.last_reader)
         for f, c, i in zip(fnode.outputs, cumulative, isolated):
             acc = self.sums.setdefault((fnode.name, f.name), [0.0, 0.0, 0.0, 0.0])
@@ -159,8 +182,9 @@ class _Comparison:
             if not all(math.isfinite(v) for v in c + i) and f.name not in notes:
                 notes[f.name] = _nonfinite_reason(f.betensor, qnode, f.name)
         if self.first_batch is not None:
-            for f, y in zip(fnode.outputs, deq):
-                self.first_batch.setdefault(f.name, (fnode, f.betensor, y))
+            for index, (f, y, c, i) in enumerate(zip(fnode.outputs, deq, cumulative, isolated)):
+                key = _rank(i[0], c[0], fnode.layer_id) + (index,)
+                self.first_batch.offer(f.name, key, (fnode, f.betensor, y))
 
 
 def _forget_read(quantized: Dict[Tuple[int, int], torch.Tensor], fnode: PyNode, index: int,
@@ -177,7 +201,7 @@ def _unmasked(t: PyTensor, stats: TensorStatistics, x: torch.Tensor, notes: Dict
     float tensor's statistics, which tell whether it is a mask tensor."""
     if not is_mask_tensor(stats):
         return None
-    keep = ~(x.abs() >= INF_MASK_THRESHOLD)
+    keep = ~(x.to(torch.float64).abs() >= INF_MASK_THRESHOLD)  # the threshold itself, not its float32 rounding
     if bool(keep.all()):
         return None
     notes.setdefault(t.name, f"inf mask: {int((~keep).sum())} mask position(s) of the first batch left out")
@@ -185,7 +209,7 @@ def _unmasked(t: PyTensor, stats: TensorStatistics, x: torch.Tensor, notes: Dict
 
 
 def _select(y: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
-    y = _flat64(y)
+    y = _flat(y)
     return y if keep is None else y[keep]
 
 
@@ -201,8 +225,8 @@ def _nonfinite_reason(x: torch.Tensor, qnode: PyNode, name: str) -> str:
 
 
 def _isolated(fnode: PyNode, qnode: PyNode, fvals: Sequence[torch.Tensor], cumulative: List[Tuple[float, float]],
-              quantized: Dict[Tuple[int, int], torch.Tensor],
-              keep: Sequence[Optional[torch.Tensor]] = ()) -> List[Tuple[float, float]]:
+              quantized: Dict[Tuple[int, int], torch.Tensor], keep: Sequence[Optional[torch.Tensor]] = (),
+              buffers: Optional[StepBuffers] = None) -> List[Tuple[float, float]]:
     """Run the quantized layer alone on the float graph's inputs quantized with its input params (`quantized`
     caches them per tensor pair for the batch); when they equal its inputs of the quantized run (and no input
     carries an unrounded float value the layer might read), the result is the cumulative one."""
@@ -229,7 +253,8 @@ def _isolated(fnode: PyNode, qnode: PyNode, fvals: Sequence[torch.Tensor], cumul
             qt.betensor = v
         qnode.forward()
         keep = list(keep) or [None] * len(fvals)
-        return [_cos_mse(x, _select(to_float(q, table), k)) for x, q, k in zip(fvals, qnode.outputs, keep)]
+        return [cosine_and_mse(x, _select(to_float(q, table), k), buffers)
+                for x, q, k in zip(fvals, qnode.outputs, keep)]
     finally:
         for t, v in zip(qnode.inputs, saved_in):
             t.betensor = v
@@ -251,9 +276,13 @@ def _release(graph: PyGraph) -> None:
 def worst_key(r: LayerSimilarity) -> Tuple[float, float, int]:
     """Sort key of the worst layers: lowest isolated cosine, then cumulative; NaN and inf count as lowest, so a
     similarity that could not be computed is listed first, never dropped."""
-    iso = r.isolated_cos if math.isfinite(r.isolated_cos) else -math.inf
-    cum = r.cumulative_cos if math.isfinite(r.cumulative_cos) else -math.inf
-    return iso, cum, r.layer_id
+    return _rank(r.isolated_cos, r.cumulative_cos, r.layer_id)
+
+
+def _rank(isolated_cos: float, cumulative_cos: float, layer_id: int) -> Tuple[float, float, int]:
+    iso = isolated_cos if math.isfinite(isolated_cos) else -math.inf
+    cum = cumulative_cos if math.isfinite(cumulative_cos) else -math.inf
+    return iso, cum, layer_id
 
 
 def _cell(v: float, width: int, fmt: str) -> str:

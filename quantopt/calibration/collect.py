@@ -19,6 +19,7 @@ from ..config.upstream_defects import MASK_AS_DATA
 from ..errors import DataError
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
+from ..graph.recorded import ForwardRecord
 from ..graph.tables import TensorStatistics, ranges_of, statistics_of
 from ..graph.tensor import PyTensor
 from ..quant.params import QuantMode
@@ -86,10 +87,12 @@ def recalibrate_weight(node: PyNode, t: PyTensor, settings: Optional[LayerSettin
                                                symmetric=symmetric, ir_range=t.ir_range, per_channel=True), axis=0)
 
 
-def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[torch.Tensor]]) -> int:
+def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[torch.Tensor]],
+                                  record: Optional[ForwardRecord] = None) -> int:
     """Fold every batch's layer outputs into their tensors' statistics (per channel of the last axis too where the
     layer's activation mode is per channel), and the values the float forward left in the layer's placeholders (per
-    tensor only: their shapes are the layer's own business); returns the number of batches."""
+    tensor only: their shapes are the layer's own business); returns the number of batches. With `record`, the
+    layer outputs of its first batches are kept there (graph/recorded.py)."""
     configs: Dict[int, StatisticsConfig] = {
         id(n): _stat_config(n, n.settings.q_strategy_activation, key_axis=-1 if _per_channel_activations(n) else None,
                             activation=True)
@@ -108,9 +111,13 @@ def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[tor
         for t in node.placeholders:
             if t.betensor.numel() > 0 and t.betensor.is_floating_point():
                 update_statistics(table.of(t), t.betensor, placeholder_configs[id(node)], count)
+        if record is not None:
+            record.keep(node)
 
     with torch.no_grad():
         for inputs in batches:
+            if record is not None:
+                record.start_batch(inputs)
             graph.forward(inputs, after_node=hook)
             count += 1
     return count

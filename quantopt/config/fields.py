@@ -398,8 +398,8 @@ field("ignore_missing_statistic", False, BoolKind(),
       group="calibration")
 field("similarity_data_num", 1, IntKind(minimum=1),
       "calibration batches (of calibration_batch_size samples) the per-layer float-vs-quantized similarity and its "
-      "histograms use; each costs about one forward of the float and of the quantized graph, plus one run of each "
-      "quantized layer", group="analysis")
+      "histograms use; each costs one forward of the quantized graph plus one run of each quantized layer (the "
+      "float graph's outputs of those batches are recorded by the statistics pass, up to 1 GiB)", group="analysis")
 
 
 # --- accuracy tools (docs/mixed-precision.md) ------------------------------------------------------------------

@@ -202,6 +202,14 @@ def _along(v: Union[Number, torch.Tensor], axis: Optional[int], ndim: int, dtype
     return t.reshape(shape)
 
 
+def _broadcasts_into(v: torch.Tensor, target: torch.Tensor) -> bool:
+    """Whether `v` broadcasts to `target`'s shape without enlarging it (an in-place operation on `target` works).
+    Checked by hand: torch.broadcast_shapes imports sympy the first time (a quarter second)."""
+    if v.dim() > target.dim():
+        return False
+    return all(a == 1 or a == b for a, b in zip(reversed(v.shape), reversed(target.shape)))
+
+
 def quantize(x: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zerop: ZeropLike, qmin: int, qmax: int,
              round_mode: Union[str, RoundMode] = RoundMode.ROUND_TO_EVEN, axis: Optional[int] = None,
              compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -213,9 +221,10 @@ def quantize(x: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zerop
     xt = torch.as_tensor(np.asarray(x) if isinstance(x, np.ndarray) else x).to(compute_dtype)
     s = _along(scale, axis, xt.dim(), compute_dtype).to(xt.device)
     z = _along(zerop, axis, xt.dim(), compute_dtype).to(xt.device)
-    y = torch.clamp(round_tensor(s * xt - z, round_mode), qmin, qmax)
-    y = torch.nan_to_num(y, nan=0.0)
-    return y.to(torch.int64)
+    y = s * xt  # a new tensor: the steps below work on it in place (the same values, no more temporaries)
+    y = y.sub_(z) if _broadcasts_into(z, y) else y - z
+    y = y.round_() if RoundMode.from_name(round_mode) is RoundMode.ROUND_TO_EVEN else round_tensor(y, round_mode)
+    return y.clamp_(qmin, qmax).nan_to_num_(nan=0.0).to(torch.int64)
 
 
 def dequantize(q: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zerop: ZeropLike,
@@ -225,7 +234,10 @@ def dequantize(q: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zer
     The reciprocal form matters: building the 16-bit LUTs of the golden IRs with a true division differs in
     a few entries (see tests/quant/test_golden_vectors.py).
     """
-    qt = torch.as_tensor(np.asarray(q) if isinstance(q, np.ndarray) else q).to(compute_dtype)
+    given = torch.as_tensor(np.asarray(q) if isinstance(q, np.ndarray) else q)
+    qt = given.to(compute_dtype)
     s = _along(scale, axis, qt.dim(), compute_dtype).to(qt.device)
     z = _along(zerop, axis, qt.dim(), compute_dtype).to(qt.device)
+    if qt is not given and _broadcasts_into(s, qt) and _broadcasts_into(z, qt):
+        return qt.add_(z).mul_(1.0 / s)  # the converted copy is ours: the same values without two more temporaries
     return (qt + z) * (1.0 / s)
