@@ -1,0 +1,93 @@
+"""quantize and dequantize step through large tensors in cache-sized pieces (quant/params.py, CHUNK_ELEMENTS): the
+stepped results must equal the whole-tensor arithmetic element for element, for every parameter layout the stepped
+path takes and the ones it must leave to the whole-tensor path."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import torch
+
+from quantopt.quant import params
+from quantopt.quant.params import dequantize, quantize
+from quantopt.quant.rounding import RoundMode
+
+
+def both(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], torch.Tensor]) -> tuple:
+    """(whole-tensor result, stepped result with steps of 64 elements)."""
+    monkeypatch.setattr(params, "CHUNK_ELEMENTS", 1 << 40)
+    whole = fn()
+    monkeypatch.setattr(params, "CHUNK_ELEMENTS", 64)
+    return whole, fn()
+
+
+def values(shape: tuple, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * 40
+    flat = x.view(-1)
+    flat[::97] = float("nan")
+    flat[5::101] = float("inf")
+    flat[7::103] = -float("inf")
+    flat[11::37] = torch.round(flat[11::37]) + 0.5  # ties for the rounding modes
+    return x
+
+
+@pytest.mark.parametrize("mode", list(RoundMode))
+@pytest.mark.parametrize("case", ["per_tensor", "last_axis", "last_axis_flat_params", "axis0", "strided",
+                                  "float64", "numpy", "columns_wider_than_a_step"])
+def test_stepped_quantize_equals_whole(monkeypatch: pytest.MonkeyPatch, case: str, mode: RoundMode) -> None:
+    shape = (3, 50, 24) if case != "columns_wider_than_a_step" else (4, 300)
+    x: Any = values(shape, 1)
+    channels = shape[-1]
+    scale: Any = 3.7
+    zerop: Any = -5
+    axis = None
+    if case in ("last_axis", "columns_wider_than_a_step"):
+        scale, zerop, axis = torch.linspace(0.5, 9.0, channels), torch.arange(channels) - 7, -1
+    elif case == "last_axis_flat_params":  # axis None: 1-d params broadcast along the last axis
+        scale, zerop = torch.linspace(0.5, 9.0, channels), torch.arange(channels) - 7
+    elif case == "axis0":
+        scale, zerop, axis = torch.linspace(0.5, 9.0, shape[0]), torch.arange(shape[0]) - 1, 0
+    elif case == "strided":
+        x = x.transpose(0, 2)
+    elif case == "float64":
+        x = x.to(torch.float64)
+    elif case == "numpy":
+        x = x.numpy()
+    whole, stepped = both(monkeypatch, lambda: quantize(x, scale, zerop, -128, 127, mode, axis=axis))
+    assert stepped.dtype == torch.int64 and stepped.shape == whole.shape
+    assert torch.equal(stepped, whole)
+
+
+@pytest.mark.parametrize("case", ["per_tensor", "last_axis", "axis0", "strided", "float_input", "int32"])
+def test_stepped_dequantize_equals_whole(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    g = torch.Generator().manual_seed(2)
+    q = torch.randint(-(1 << 20), 1 << 20, (3, 50, 24), generator=g)  # beyond 2^24 after the zero point: rounding
+    q[0, 0, :4] = torch.tensor([(1 << 24) + 1, -(1 << 25) - 3, 0, 1 << 40])
+    scale: Any = 0.37
+    zerop: Any = 12345
+    axis = None
+    if case == "last_axis":
+        scale, zerop, axis = torch.linspace(0.01, 9.0, 24), torch.arange(24) * 1000, -1
+    elif case == "axis0":
+        scale, zerop, axis = torch.tensor([0.5, 3.0, 7.0]), torch.tensor([1, -2, 3]), 0
+    elif case == "strided":
+        q = q.transpose(0, 2)
+    elif case == "float_input":
+        q = q.to(torch.float32)
+    elif case == "int32":
+        q = q.to(torch.int32)
+    before = q.clone()
+    whole, stepped = both(monkeypatch, lambda: dequantize(q, scale, zerop, axis=axis))
+    assert stepped.dtype == torch.float32 and stepped.shape == whole.shape
+    assert torch.equal(stepped, whole)
+    assert torch.equal(q, before)  # the caller's tensor is never changed in place
+
+
+def test_steps_cover_every_row_once() -> None:
+    rows = torch.empty(1000, 7)
+    seen = np.zeros(1000, dtype=int)
+    for part in params._steps(rows):
+        seen[part] += 1
+    assert (seen == 1).all()
