@@ -206,14 +206,14 @@ def test_the_quantized_activations_are_freed_as_the_analysis_goes(digits: tuple,
     cached: List[int] = []
     original = similarity._isolated
 
-    def watching(fnode, qnode, fvals, cumulative, quantized, keep_masks=(), buffers=None):
+    def watching(fnode, qnode, quantized):
         here = position[id(qnode)]
         live = [t for n in qgraph.nodes for t in n.outputs if t.betensor.numel() and id(t) not in keep]
         # alive: produced at or before this layer and read at or after it
         assert all(readers.get(id(t), -1) >= here for t in live), [t.name for t in live]
         seen.append(len(live))
         cached.append(len(quantized))
-        return original(fnode, qnode, fvals, cumulative, quantized, keep_masks, buffers)
+        return original(fnode, qnode, quantized)
 
     monkeypatch.setattr(similarity, "_isolated", watching)
     got = layer_similarity(graph, qgraph, iter(batches[:1]))

@@ -23,11 +23,11 @@ from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from ..graph.recorded import RecordedBatch
-from ..graph.tables import TensorStatistics, quant_of
+from ..graph.tables import QuantTable, TensorStatistics, quant_of
 from ..graph.tensor import PyTensor
 from ..graph.values import to_float, to_quantized
 from ..graph.wide_values import wide_values_of
-from ..quant.compare import StepBuffers, cosine, cosine_and_mse, mse
+from ..quant.compare import Dequantized, Other, StepBuffers, cosine, cosines_and_mses, mse
 
 __all__ = [  # cosine/mse and to_float/to_quantized are re-exported: the analysis's own vocabulary
     "Batch", "FirstBatch", "LayerSimilarity", "cosine", "layer_similarity", "mse", "to_float", "to_quantized",
@@ -69,6 +69,16 @@ class FirstBatch(Dict[str, Tuple[PyNode, torch.Tensor, torch.Tensor]]):
         self.worst = worst
         self._keys: Dict[str, tuple] = {}
         self._offered: Set[str] = set()
+
+    def wants(self, name: str, key: tuple) -> bool:
+        """Whether `offer` would keep an entry for `name` with `key` (the caller then makes the entry)."""
+        if name in self._offered:
+            return False
+        if self.worst is None:
+            return True
+        if self.worst <= 0:
+            return False
+        return len(self._keys) < self.worst or key < max(self._keys.values())
 
     def offer(self, name: str, key: tuple, entry: Tuple[PyNode, torch.Tensor, torch.Tensor]) -> None:
         """Keep `entry` for tensor `name` if it ranks among the worst so far (`key`: its `worst_key` and output
@@ -168,23 +178,47 @@ class _Comparison:
         if fnode is None:
             return
         notes = self.notes
+        table = quant_of(qnode)
         fvals = [_flat(f.betensor) for f in fnode.outputs]
         keep = [_unmasked(f, self.float_graph.statistics.get(f), x, notes) for f, x in zip(fnode.outputs, fvals)]
         fvals = [x if k is None else x[k] for x, k in zip(fvals, keep)]
-        deq = [to_float(q, quant_of(qnode)) for q in qnode.outputs]
-        cumulative = [cosine_and_mse(x, _select(y, k), self.buffers) for x, y, k in zip(fvals, deq, keep)]
-        isolated = _isolated(fnode, qnode, fvals, cumulative, self.quantized, keep, self.buffers)
+        cumulative_values = [q.betensor for q in qnode.outputs]
+        isolated_values = _isolated(fnode, qnode, self.quantized)
         _forget_read(self.quantized, fnode, self.position[id(qnode)], self.last_reader)
-        for f, c, i in zip(fnode.outputs, cumulative, isolated):
+        results = []
+        for i, (x, q, k) in enumerate(zip(fvals, qnode.outputs, keep)):
+            others = [_comparable(cumulative_values[i], q, table, k)]
+            if isolated_values is not None:
+                others.append(_comparable(isolated_values[i], q, table, k))
+            both = cosines_and_mses(x, others, self.buffers)
+            results.append((both[0], both[-1]))  # without a run of its own, the isolated view is the cumulative
+        for f, (c, i) in zip(fnode.outputs, results):
             acc = self.sums.setdefault((fnode.name, f.name), [0.0, 0.0, 0.0, 0.0])
             for k, v in enumerate(c + i):
                 acc[k] += v
             if not all(math.isfinite(v) for v in c + i) and f.name not in notes:
                 notes[f.name] = _nonfinite_reason(f.betensor, qnode, f.name)
         if self.first_batch is not None:
-            for index, (f, y, c, i) in enumerate(zip(fnode.outputs, deq, cumulative, isolated)):
+            for index, (f, q, (c, i)) in enumerate(zip(fnode.outputs, qnode.outputs, results)):
                 key = _rank(i[0], c[0], fnode.layer_id) + (index,)
-                self.first_batch.offer(f.name, key, (fnode, f.betensor, y))
+                if self.first_batch.wants(f.name, key):
+                    self.first_batch.offer(f.name, key, (fnode, f.betensor, to_float(q, table)))
+
+
+def _comparable(value: torch.Tensor, q: PyTensor, table: QuantTable, keep: Optional[torch.Tensor]) -> Other:
+    """The dequantized floats of `value` (an output value of quantized tensor `q`) as the comparison takes them:
+    integers with per-tensor params dequantized step by step, anything else (per-channel params, float values,
+    masked positions) through `to_float` first; the same values either way."""
+    params = table.get(q)
+    if keep is None and not value.is_floating_point() and not params.qinvariant and params.qmin is not None \
+            and not isinstance(params.scale, torch.Tensor) and not isinstance(params.zerop, torch.Tensor):
+        return Dequantized(value, params.scale, params.zerop)
+    saved = q.betensor
+    try:
+        q.betensor = value
+        return _select(to_float(q, table), keep)
+    finally:
+        q.betensor = saved
 
 
 def _forget_read(quantized: Dict[Tuple[int, int], torch.Tensor], fnode: PyNode, index: int,
@@ -224,14 +258,14 @@ def _nonfinite_reason(x: torch.Tensor, qnode: PyNode, name: str) -> str:
     return "values too large for float64 (overflow in cosine/MSE)"
 
 
-def _isolated(fnode: PyNode, qnode: PyNode, fvals: Sequence[torch.Tensor], cumulative: List[Tuple[float, float]],
-              quantized: Dict[Tuple[int, int], torch.Tensor], keep: Sequence[Optional[torch.Tensor]] = (),
-              buffers: Optional[StepBuffers] = None) -> List[Tuple[float, float]]:
-    """Run the quantized layer alone on the float graph's inputs quantized with its input params (`quantized`
-    caches them per tensor pair for the batch); when they equal its inputs of the quantized run (and no input
-    carries an unrounded float value the layer might read), the result is the cumulative one."""
+def _isolated(fnode: PyNode, qnode: PyNode,
+              quantized: Dict[Tuple[int, int], torch.Tensor]) -> Optional[List[torch.Tensor]]:
+    """The output values of the quantized layer run alone on the float graph's inputs quantized with its input
+    params (`quantized` caches them per tensor pair for the batch); None when they equal its inputs of the
+    quantized run (and no input carries an unrounded float value the layer might read): the isolated result is
+    then the cumulative one. The layer's tensors get their values of the quantized run back."""
     if not qnode.inputs:
-        return cumulative
+        return None
     feeds = []
     table = quant_of(qnode)  # the quantized graph's params
     for qt, ft in zip(qnode.inputs, fnode.inputs):
@@ -243,7 +277,7 @@ def _isolated(fnode: PyNode, qnode: PyNode, fvals: Sequence[torch.Tensor], cumul
     if len(feeds) == len(qnode.inputs) and all(
             (wide is None or wide.get(qt) is None) and v.dtype == qt.betensor.dtype and torch.equal(v, qt.betensor)
             for qt, v in zip(qnode.inputs, feeds)):
-        return cumulative
+        return None
     saved_in = [t.betensor for t in qnode.inputs]
     saved_out = [t.betensor for t in qnode.outputs]
     # the quantized forward goes on after this run: the outputs get their values back with their wide values
@@ -252,9 +286,7 @@ def _isolated(fnode: PyNode, qnode: PyNode, fvals: Sequence[torch.Tensor], cumul
         for qt, v in zip(qnode.inputs, feeds):
             qt.betensor = v
         qnode.forward()
-        keep = list(keep) or [None] * len(fvals)
-        return [cosine_and_mse(x, _select(to_float(q, table), k), buffers)
-                for x, q, k in zip(fvals, qnode.outputs, keep)]
+        return [t.betensor for t in qnode.outputs]
     finally:
         for t, v in zip(qnode.inputs, saved_in):
             t.betensor = v

@@ -11,11 +11,13 @@ made the per-layer analysis several times the forwards it compares.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ..threads import one_thread
+from .params import dequantize
 
 STEP_ELEMENTS = 1 << 17
 """Elements per streaming step: two float64 buffers of 1 MiB each (measured fastest on one core between 2^14 and
@@ -43,52 +45,94 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1)
 
 
-def _sums(x: torch.Tensor, y: torch.Tensor, buffers: StepBuffers) -> Tuple[float, float, float, float]:
-    """(x.x, y.y, x.y, (x-y).(x-y)) of two flat tensors of one length, in float64, summed step by step in a fixed
-    order (the caller holds one thread)."""
+@dataclass(frozen=True)
+class Dequantized:
+    """Integer values with per-tensor params, compared as their dequantized floats: each step dequantizes its own
+    slice (`quant.params.dequantize`, the same values as dequantizing the whole tensor), so no float copy of the
+    whole tensor is made."""
+    values: torch.Tensor
+    scale: float
+    zerop: int
+
+    def numel(self) -> int:
+        return self.values.numel()
+
+
+Other = Union[torch.Tensor, Dequantized]
+
+
+def _slice(other: Other, start: int, stop: int) -> torch.Tensor:
+    if isinstance(other, Dequantized):
+        return dequantize(other.values[start:stop], other.scale, other.zerop)
+    return other[start:stop]
+
+
+def _sums(x: torch.Tensor, others: Sequence[Other], buffers: StepBuffers) -> Tuple[float, List[List[float]]]:
+    """(x.x, [[y.y, x.y, (x-y).(x-y)] per y in `others`]) of flat tensors of one length, in float64, summed step by
+    step in a fixed order (the caller holds one thread); x.x is summed once for all of them."""
     n = x.numel()
-    if y.numel() != n:
-        raise ValueError(f"cannot compare tensors of {n} and {y.numel()} elements")
+    for other in others:
+        if other.numel() != n:
+            raise ValueError(f"cannot compare tensors of {n} and {other.numel()} elements")
     step = min(n, STEP_ELEMENTS)
     bx, by = buffers.get(step, x.device)
-    xx = yy = xy = dd = 0.0
+    xx = 0.0
+    sums = [[0.0, 0.0, 0.0] for _ in others]
     for start in range(0, n, step):
         m = min(step, n - start)
         cx = bx[:m].copy_(x[start:start + m])
-        cy = by[:m].copy_(y[start:start + m])
         xx += float(torch.dot(cx, cx))
-        yy += float(torch.dot(cy, cy))
-        xy += float(torch.dot(cx, cy))
-        d = cx.sub_(cy)
-        dd += float(torch.dot(d, d))
-    return xx, yy, xy, dd
+        for other, acc in zip(others, sums):
+            cy = by[:m].copy_(_slice(other, start, start + m))
+            acc[0] += float(torch.dot(cy, cy))
+            acc[1] += float(torch.dot(cx, cy))
+            d = cy.sub_(cx)  # y - x: the negation of x - y, so the same squares
+            acc[2] += float(torch.dot(d, d))
+    return xx, sums
+
+
+def cosines_and_mses(a: torch.Tensor, others: Sequence[Other],
+                     buffers: Optional[StepBuffers] = None) -> List[Tuple[float, float]]:
+    """(cosine similarity, mean squared difference) of `a` against each of `others` (tensors, or integer values
+    with their params as `Dequantized`) as flat float64 vectors, in one pass over `a` for all of them; two all-zero
+    vectors count as identical (cosine 1), an all-zero one against another as orthogonal (0), empty ones have MSE 0.
+    Summed on one thread (`threads.one_thread`) in a fixed order, so the values do not depend on the thread count
+    (nor on how many others are compared at once). `buffers`: step buffers to reuse (a caller comparing many
+    tensors)."""
+    x = _flat(a)
+    flat = [o if isinstance(o, Dequantized) else _flat(o) for o in others]
+    flat = [Dequantized(o.values.reshape(-1), o.scale, o.zerop) if isinstance(o, Dequantized) else o for o in flat]
+    if not x.numel():
+        for o in flat:
+            if o.numel():
+                raise ValueError(f"cannot compare tensors of 0 and {o.numel()} elements")
+        return [(1.0, 0.0) for _ in flat]
+    with one_thread():
+        xx, sums = _sums(x, flat, buffers or StepBuffers())
+    nx = math.sqrt(xx)
+    results = []
+    for yy, xy, dd in sums:
+        ny = math.sqrt(yy)
+        if nx == 0.0 and ny == 0.0:
+            cos = 1.0
+        elif nx == 0.0 or ny == 0.0:
+            cos = 0.0
+        else:
+            cos = xy / (nx * ny)
+        results.append((cos, dd / x.numel()))
+    return results
 
 
 def cosine_and_mse(a: torch.Tensor, b: torch.Tensor, buffers: Optional[StepBuffers] = None) -> Tuple[float, float]:
-    """(cosine similarity, mean squared difference) of two tensors as flat float64 vectors, in one pass over each;
-    two all-zero tensors count as identical (cosine 1), an all-zero one against another as orthogonal (0), empty
-    tensors have MSE 0. Summed on one thread (`threads.one_thread`) in a fixed order, so the values do not depend
-    on the thread count. `buffers`: step buffers to reuse (a caller comparing many tensors)."""
-    x, y = _flat(a), _flat(b)
-    if not x.numel():
-        return 1.0, 0.0
-    with one_thread():
-        xx, yy, xy, dd = _sums(x, y, buffers or StepBuffers())
-    nx, ny = math.sqrt(xx), math.sqrt(yy)
-    if nx == 0.0 and ny == 0.0:
-        cos = 1.0
-    elif nx == 0.0 or ny == 0.0:
-        cos = 0.0
-    else:
-        cos = xy / (nx * ny)
-    return cos, dd / x.numel()
+    """(cosine similarity, mean squared difference) of two tensors as flat float64 vectors (`cosines_and_mses`)."""
+    return cosines_and_mses(a, [b], buffers)[0]
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Cosine similarity of two tensors as flat float64 vectors (`cosine_and_mse`)."""
+    """Cosine similarity of two tensors as flat float64 vectors (`cosines_and_mses`)."""
     return cosine_and_mse(a, b)[0]
 
 
 def mse(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Mean squared difference in float64 (`cosine_and_mse`)."""
+    """Mean squared difference in float64 (`cosines_and_mses`)."""
     return cosine_and_mse(a, b)[1]
