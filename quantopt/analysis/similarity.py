@@ -104,16 +104,17 @@ def layer_similarity(float_graph: PyGraph, quant_graph: PyGraph, batches: Iterab
                      first_batch: Optional[FirstBatch] = None) -> List[LayerSimilarity]:
     """Cumulative and isolated similarity of every layer output, averaged over `batches`.
 
-    Per batch it costs one forward of each graph plus, for the isolated view, one run of each quantized layer on
-    its quantized float inputs: the float activations of the cumulative run serve the isolated view, each float
-    tensor is quantized once for all its consumers, a layer whose quantized float inputs equal its inputs in the
-    quantized run is not run again (its isolated result is its cumulative one), and each output is dequantized and
-    converted once. The float graph's activations are kept for the batch; each quantized layer is compared as soon
-    as the quantized forward has run it, so the quantized graph's activations (int64) are freed after their last
-    reader as in a plain forward, and each float tensor's quantized copy after its last reader. A `RecordedBatch`
-    among `batches` brings the float graph's outputs with it (graph/recorded.py): the float forward is not run
-    again. With `first_batch`, the float and dequantized values of the first batch's layer outputs (all, or the
-    worst few) are kept there (the report's histograms read them instead of running again).
+    Per batch it costs one forward of each graph plus, for the isolated view, one run of each quantized layer on its
+    quantized float inputs: the float activations of the cumulative run serve the isolated view, each float tensor
+    is quantized once for all its consumers, a layer whose quantized float inputs equal its inputs in the quantized
+    run is not run again (its isolated result is its cumulative one), and each float output is compared with its
+    cumulative and isolated values in one streamed pass (`quant.compare.cosines_and_mses`, integers dequantized step
+    by step). The float graph's activations are kept for the batch; each quantized layer is compared as soon as the
+    quantized forward has run it, so the quantized graph's activations (int64) are freed after their last reader as
+    in a plain forward, and each float tensor's quantized copy after its last reader. A `RecordedBatch` among
+    `batches` brings the float graph's outputs with it (graph/recorded.py): the float forward is not run again. With
+    `first_batch`, the float and dequantized values of the first batch's layer outputs (all, or the worst few) are
+    kept there (the report's histograms read them instead of running again).
 
     The returned list (one LayerSimilarity per compared output, in graph order) is the analysis' result table: the
     template, report, advisor, run records and `D_*` IR keys read it; nothing is stored on the tensors.
