@@ -214,12 +214,7 @@ def _comparable(value: torch.Tensor, q: PyTensor, table: QuantTable, keep: Optio
     if keep is None and not value.is_floating_point() and not params.qinvariant and params.qmin is not None \
             and not isinstance(params.scale, torch.Tensor) and not isinstance(params.zerop, torch.Tensor):
         return Dequantized(value, params.scale, params.zerop)
-    saved = q.betensor
-    try:
-        q.betensor = value
-        return _select(to_float(q, table), keep)
-    finally:
-        q.betensor = saved
+    return _select(to_float(q, table, value), keep)
 
 
 def _forget_read(quantized: Dict[Tuple[int, int], torch.Tensor], fnode: PyNode, index: int,

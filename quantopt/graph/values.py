@@ -26,13 +26,15 @@ def _params(t: PyTensor, table: Optional[QuantTable]) -> TensorQuant:
     return table.get(t)
 
 
-def to_float(t: PyTensor, table: Optional[QuantTable] = None) -> torch.Tensor:
+def to_float(t: PyTensor, table: Optional[QuantTable] = None, values: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Dequantized values of a quantized tensor (integer tensors used as is); its parameters are looked up in
-    `table` (default: its producer's graph's table)."""
+    `table` (default: its producer's graph's table). `values`: other values of `t` to convert (default: the ones it
+    holds), e.g. those of another run of its layer."""
     q = _params(t, table)
+    x = t.betensor if values is None else values
     if q.qinvariant or q.qmin is None:
-        return t.betensor.to(torch.float32)
-    return dequantize(t.betensor, q.scale, q.zerop)
+        return x.to(torch.float32)
+    return dequantize(x, q.scale, q.zerop)
 
 
 def to_quantized(x: torch.Tensor, like: PyTensor, table: Optional[QuantTable] = None) -> torch.Tensor:
