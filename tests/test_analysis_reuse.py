@@ -221,3 +221,28 @@ def test_the_quantized_activations_are_freed_as_the_analysis_goes(digits: tuple,
     assert len(seen) == len(want) and len(seen) > 4
     assert max(seen) <= 2 < len(qgraph.nodes)  # a chain: the layer's input, at most one more
     assert max(cached) <= 2
+
+
+def test_large_isolated_feeds_are_checked_step_by_step(digits: tuple, monkeypatch) -> None:
+    """With steps small enough for the digits model, a quantized input equal to the quantized run's value is that
+    value itself, a differing one is quantized whole, and the analysis equals its definition."""
+    import quantopt.analysis.similarity as similarity
+
+    graph, qgraph, batches = digits
+    monkeypatch.setattr(similarity, "FEED_CHECK_FIRST", 8)
+    monkeypatch.setattr(similarity, "FEED_CHECK_STEP", 32)
+    seen = {"same": 0, "quantized": 0}
+    original = similarity._quantized_feed
+
+    def watching(x, qt, table):
+        got = original(x, qt, table)
+        want = to_quantized(x, qt, table)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+        seen["same" if got is qt.betensor else "quantized"] += 1
+        return got
+
+    monkeypatch.setattr(similarity, "_quantized_feed", watching)
+    got = layer_similarity(graph, qgraph, batches[:2])
+    assert seen["same"] > 0 and seen["quantized"] > 0
+    monkeypatch.undo()
+    assert [s.as_dict() for s in got] == [s.as_dict() for s in reference_similarity(graph, qgraph, batches[:2])]

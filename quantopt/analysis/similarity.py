@@ -267,11 +267,12 @@ def _isolated(fnode: PyNode, qnode: PyNode,
     for qt, ft in zip(qnode.inputs, fnode.inputs):
         key = (id(qt), id(ft))
         if key not in quantized:
-            quantized[key] = to_quantized(ft.betensor, qt, table)
+            quantized[key] = _quantized_feed(ft.betensor, qt, table)
         feeds.append(quantized[key])
     wide = wide_values_of(qnode)
     if len(feeds) == len(qnode.inputs) and all(
-            (wide is None or wide.get(qt) is None) and v.dtype == qt.betensor.dtype and torch.equal(v, qt.betensor)
+            (wide is None or wide.get(qt) is None) and (v is qt.betensor or (
+                v.dtype == qt.betensor.dtype and torch.equal(v, qt.betensor)))
             for qt, v in zip(qnode.inputs, feeds)):
         return None
     saved_in = [t.betensor for t in qnode.inputs]
@@ -290,6 +291,35 @@ def _isolated(fnode: PyNode, qnode: PyNode,
             t.betensor = v
             if wide is not None:
                 wide.keep(t, w)
+
+
+FEED_CHECK_FIRST = 1 << 12
+"""Elements of the first step of `_quantized_feed`'s comparison: small, as most feeds differ at once."""
+FEED_CHECK_STEP = 1 << 18
+"""Elements of its later steps (and the least size it steps through at all)."""
+
+
+def _quantized_feed(x: torch.Tensor, qt: PyTensor, table: QuantTable) -> torch.Tensor:
+    """`to_quantized(x, qt, table)`: the float values `x` quantized with the params of `qt`, the quantized run's
+    tensor; where that equals `qt`'s own value (checked step by step for a large tensor with per-tensor params),
+    that value itself. A large input the quantized run already holds as is (a constant's output, such as a BERT
+    export's word-embedding table, or the first layer's input) is then neither quantized whole nor compared whole;
+    a differing one (the usual case) is found in the first, small step."""
+    mine = qt.betensor
+    q = table.get(qt)
+    per_channel = isinstance(q.scale, torch.Tensor) and q.scale.numel() > 1 or \
+        isinstance(q.zerop, torch.Tensor) and q.zerop.numel() > 1
+    if per_channel or x.numel() < 2 * FEED_CHECK_STEP or x.shape != mine.shape or not x.is_contiguous() \
+            or not mine.is_contiguous():
+        return to_quantized(x, qt, table)
+    xs, ms = x.reshape(-1), mine.reshape(-1)
+    start, step = 0, FEED_CHECK_FIRST
+    while start < xs.numel():
+        part = to_quantized(xs[start:start + step], qt, table)  # per tensor: element by element, like the whole
+        if part.dtype != ms.dtype or not torch.equal(part, ms[start:start + step]):
+            return to_quantized(x, qt, table)
+        start, step = start + step, FEED_CHECK_STEP
+    return mine
 
 
 def _release(graph: PyGraph) -> None:
