@@ -4,7 +4,7 @@ Why here: the similarity analysis, the global calibration methods and the tests 
 values with the same two numbers, and the numbers must not depend on the thread count (threads.py).
 
 The sums stream over the two tensors in cache-sized steps: each step converts a slice of each to float64 into a
-reused buffer and adds its four dot products (x.x, y.y, x.y, (x-y).(x-y)) to float64 totals. Converting whole
+reused buffer and adds its dot products (x.x, y.y, x.y, (x-y).(x-y)) to float64 totals. Converting whole
 activations to float64 first cost two large allocations per comparison, and their page faults and memory passes
 made the per-layer analysis several times the forwards it compares.
 """
@@ -25,7 +25,7 @@ STEP_ELEMENTS = 1 << 17
 
 
 class StepBuffers:
-    """The two float64 step buffers of `cosine_and_mse`, kept by a caller that compares many tensors (the similarity
+    """The two float64 step buffers of `cosines_and_mses`, kept by a caller that compares many tensors (the similarity
     analysis): allocating them for each comparison cost a fifth of its time."""
 
     def __init__(self) -> None:
