@@ -25,7 +25,7 @@ from ..graph.node import PyNode
 from ..graph.recorded import RecordedBatch
 from ..graph.tables import QuantTable, TensorStatistics, quant_of
 from ..graph.tensor import PyTensor
-from ..graph.values import to_float, to_quantized
+from ..graph.values import per_tensor_dequantization, to_float, to_quantized
 from ..graph.wide_values import wide_values_of
 from ..quant.compare import Dequantized, Other, StepBuffers, cosine, cosines_and_mses, mse
 
@@ -210,10 +210,9 @@ def _comparable(value: torch.Tensor, q: PyTensor, table: QuantTable, keep: Optio
     """The dequantized floats of `value` (an output value of quantized tensor `q`) as the comparison takes them:
     integers with per-tensor params dequantized step by step, anything else (per-channel params, float values,
     masked positions) through `to_float` first; the same values either way."""
-    params = table.get(q)
-    if keep is None and not value.is_floating_point() and not params.qinvariant and params.qmin is not None \
-            and not isinstance(params.scale, torch.Tensor) and not isinstance(params.zerop, torch.Tensor):
-        return Dequantized(value, params.scale, params.zerop)
+    params = per_tensor_dequantization(q, table)
+    if keep is None and params is not None and not value.is_floating_point():
+        return Dequantized(value, *params)
     return _select(to_float(q, table, value), keep)
 
 
@@ -307,8 +306,7 @@ def _quantized_feed(x: torch.Tensor, qt: PyTensor, table: QuantTable) -> torch.T
     a differing one (the usual case) is found in the first, small step."""
     mine = qt.betensor
     q = table.get(qt)
-    per_channel = isinstance(q.scale, torch.Tensor) and q.scale.numel() > 1 or \
-        isinstance(q.zerop, torch.Tensor) and q.zerop.numel() > 1
+    per_channel = q.per_channel or isinstance(q.zerop, torch.Tensor) and q.zerop.numel() > 1
     if per_channel or x.numel() < 2 * FEED_CHECK_STEP or x.shape != mine.shape or not x.is_contiguous() \
             or not mine.is_contiguous():
         return to_quantized(x, qt, table)

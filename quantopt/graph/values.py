@@ -6,7 +6,7 @@ fake-quant debug layers, `quantopt run`, the exporter's agreement check) convert
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -24,6 +24,15 @@ def _params(t: PyTensor, table: Optional[QuantTable]) -> TensorQuant:
             raise ValueError(f"tensor '{t.name}' has no producing layer: pass the table its parameters are in")
         table = quant_of(t.pnode)
     return table.get(t)
+
+
+def per_tensor_dequantization(t: PyTensor, table: Optional[QuantTable] = None) -> Optional[Tuple[float, int]]:
+    """(scale, zero point) where `to_float` dequantizes `t` with per-tensor params; None where it converts the
+    values as they are (integers used as is, float tensors) or the params are per channel."""
+    q = _params(t, table)
+    if q.qinvariant or q.qmin is None or isinstance(q.scale, torch.Tensor) or isinstance(q.zerop, torch.Tensor):
+        return None
+    return q.scale, q.zerop
 
 
 def to_float(t: PyTensor, table: Optional[QuantTable] = None, values: Optional[torch.Tensor] = None) -> torch.Tensor:

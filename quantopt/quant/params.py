@@ -19,6 +19,7 @@ import torch
 
 from .dtype import Dtype, int_dtype_for_bits
 from .hardware import FLT_EPSILON
+from .requant import broadcasts_into
 from .rounding import RoundMode, round_tensor
 
 Number = Union[int, float]
@@ -202,14 +203,6 @@ def _along(v: Union[Number, torch.Tensor], axis: Optional[int], ndim: int, dtype
     return t.reshape(shape)
 
 
-def _broadcasts_into(v: torch.Tensor, target: torch.Tensor) -> bool:
-    """Whether `v` broadcasts to `target`'s shape without enlarging it (an in-place operation on `target` works).
-    Checked by hand: torch.broadcast_shapes imports sympy the first time (a quarter second)."""
-    if v.dim() > target.dim():
-        return False
-    return all(a == 1 or a == b for a, b in zip(reversed(v.shape), reversed(target.shape)))
-
-
 CHUNK_ELEMENTS = 1 << 18
 """Elements per step of `quantize` and `dequantize` on large tensors: their float32 temporaries (1 MiB) stay in the
 caches, so each step's passes after the first cost no memory traffic and no page faults of fresh allocations (a
@@ -260,7 +253,7 @@ def quantize(x: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zerop
 
     def step(xs: torch.Tensor, sv: torch.Tensor, zv: torch.Tensor) -> torch.Tensor:
         y = sv * xs.to(compute_dtype)  # a new tensor: the steps below work on it in place (the same values)
-        y = y.sub_(zv) if _broadcasts_into(zv, y) else y - zv
+        y = y.sub_(zv) if broadcasts_into(zv.shape, y.shape) else y - zv
         y = y.round_() if mode is RoundMode.ROUND_TO_EVEN else round_tensor(y, mode)
         return y.clamp_(qmin, qmax).nan_to_num_(nan=0.0)
 
@@ -293,6 +286,6 @@ def dequantize(q: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zer
             out[part].copy_(rows[part]).add_(zv).mul_(inverse)
         return out.view(given.shape)
     qt = given.to(compute_dtype)
-    if qt is not given and _broadcasts_into(s, qt) and _broadcasts_into(z, qt):
+    if qt is not given and broadcasts_into(s.shape, qt.shape) and broadcasts_into(z.shape, qt.shape):
         return qt.add_(z).mul_(1.0 / s)  # the converted copy is ours: the same values without two more temporaries
     return (qt + z) * (1.0 / s)
