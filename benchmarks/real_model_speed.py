@@ -34,7 +34,8 @@ listed in benchmarks/requirements.txt, never dependencies of the quantopt packag
 
 With --device cuda (or cuda:N) each model is measured on the CPU and then on that device in the same process, in wall
 seconds (torch.cuda.synchronize before each clock reading), and the table adds the device's ms per sample and its
-speed-up over the CPU for each pass; the integer outputs of both devices are compared (they must be equal).
+speed-up over the CPU for each pass (the analysis included); the integer outputs of both devices are compared (they
+must be equal).
 """
 from __future__ import annotations
 
@@ -345,12 +346,15 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, Any]:
 
 def measure_on(device: Any, graph: Any, qgraph: Any, batches: List[List[Any]], repeat: int,
                cpu_integers: List[List[Any]]) -> Dict[str, Any]:
-    """The float, statistics and integer passes again with both graphs on `device` (after one warm-up pass each),
-    in synchronized wall seconds; the integer outputs must equal the CPU's."""
+    """The float, statistics, integer and analysis passes again with both graphs on `device` (after one warm-up pass
+    each), in synchronized wall seconds; the integer outputs must equal the CPU's."""
     import torch
 
+    from quantopt.analysis.report import HISTOGRAM_LAYERS
+    from quantopt.analysis.similarity import FirstBatch, layer_similarity
     from quantopt.calibration.collect import collect_activation_statistics
     from quantopt.device import exact_arithmetic
+    from quantopt.graph.recorded import ForwardRecord
 
     clock = device_clock(device)
     graph.to(device)
@@ -373,9 +377,15 @@ def measure_on(device: Any, graph: Any, qgraph: Any, batches: List[List[Any]], r
         t_stats = best_cpu(repeat, lambda: collect_activation_statistics(graph, on_device), clock)
         got = int_pass()
         t_int = best_cpu(repeat, int_pass, clock)
+        record = ForwardRecord(n, budget_bytes=1 << 40)
+        collect_activation_statistics(graph, on_device, record)
+        t_analysis = best_cpu(repeat, lambda: layer_similarity(graph, qgraph, record.batches,
+                                                               first_batch=FirstBatch(HISTOGRAM_LAYERS)), clock)
+        record.drop()
     same = all(torch.equal(a, b) for xs, ys in zip(cpu_integers, got) for a, b in zip(xs, ys))
     return {"device": torch.cuda.get_device_name(device), "dev_float_ms": t_float / n * 1e3,
-            "dev_stats_ms": t_stats / n * 1e3, "dev_int_ms": t_int / n * 1e3, "dev_same_integers": same}
+            "dev_stats_ms": t_stats / n * 1e3, "dev_int_ms": t_int / n * 1e3, "dev_analysis_ms": t_analysis / n * 1e3,
+            "dev_same_integers": same}
 
 
 def child_main(name: str, args: argparse.Namespace) -> int:
@@ -415,12 +425,13 @@ def ratio(a: float, b: float, target: float) -> str:
 def device_table(rows: List[Dict[str, Any]]) -> str:
     """The --device rows: ms per sample on the device and its speed-up over the CPU (both in wall time)."""
     head = ["model", "device", "float ms", "float speed-up", "statistics ms", "stats speed-up", "integer ms",
-            "int speed-up", "int/float", "integers equal to CPU"]
+            "int speed-up", "int/float", "analysis ms", "analysis speed-up", "integers equal to CPU"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"], r["device"], f"{r['dev_float_ms']:.1f}", f"{r['float_ms'] / r['dev_float_ms']:.1f}x",
                  f"{r['dev_stats_ms']:.1f}", f"{r['stats_ms'] / r['dev_stats_ms']:.1f}x", f"{r['dev_int_ms']:.1f}",
                  f"{r['int_ms'] / r['dev_int_ms']:.1f}x", f"{r['dev_int_ms'] / r['dev_float_ms']:.2f}",
+                 f"{r['dev_analysis_ms']:.1f}", f"{r['analysis_ms'] / r['dev_analysis_ms']:.1f}x",
                  "yes" if r["dev_same_integers"] else "NO"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
