@@ -14,8 +14,17 @@ from golden_helpers import golden_cfg, run_golden_cfg
 from test_device_parity import FOLDERS, MODELS, _first_samples, _outputs
 
 
+@pytest.fixture
+def cpu_workflows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cfg runs of the test resolve `device` as written, also where QUANTOPT_TEST_DEVICE=cuda sends the suite's
+    workflows to a real GPU: the reference run must compute on the CPU, as the emulation does."""
+    from quantopt import device, master
+
+    monkeypatch.setattr(master, "resolve_device", device.resolve_device)
+
+
 @pytest.mark.parametrize("model", MODELS)
-def test_model_on_the_emulated_device(model: str, tmp_path: Path) -> None:
+def test_model_on_the_emulated_device(model: str, tmp_path: Path, cpu_workflows: None) -> None:
     folder = FOLDERS[model] / "golden" / "A"
     cpu_ir = run_golden_cfg(folder, model, tmp_path / "cpu_opt", quiet=True)
     inputs = _first_samples(model, tmp_path)
