@@ -15,6 +15,7 @@ from typing import Any, List, Optional, Tuple
 from ..errors import ConfigError, IRError, UnsupportedError
 from ..graph.graph import PyGraph
 from ..log import OPT_WARN
+from ..ops.onnx_build.int64_compare import rewrite_int64_comparisons
 from ..ops.onnx_build.qdq_graph import QDQGraph
 from ..quant.dtype import Dtype
 from ..registry import OP_EXPORT, export_function
@@ -147,7 +148,11 @@ def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEF
                           doc_string="quantized by quantopt; QuantizeLinear/DequantizeLinear in ONNX convention"),
         opset_imports=[helper.make_opsetid("", opset)], producer_name="quantopt", producer_version=__version__)
     onnx.checker.check_model(model)
-    return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True), g
+    model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    if rewrite_int64_comparisons(model):
+        onnx.checker.check_model(model)
+        model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    return model, g
 
 
 def export_onnx_qdq(graph: PyGraph, path: str, opset: Optional[int] = None, scales: str = DEFAULT_SCALES,
