@@ -493,8 +493,8 @@ def main(argv: List[str]) -> int:
                   "--float-reference", args.float_reference, "--device", args.device]
     print(f"{len(names)} models, {args.threads} thread(s), {args.samples} samples (batch 1), best of {args.repeat}, "
           f"quantized on {args.calib}, fc_float_summation = {args.fc_float_summation}, float_reference = "
-          f"{args.float_reference}; CPU time per sample "
-          "(time.process_time)", flush=True)
+          f"{args.float_reference}; " + ("CPU time per sample (time.process_time)" if args.device == "cpu"
+                                         else "wall time per sample (each device synchronized)"), flush=True)
     rows, failed = [], []
     for name in names:
         r = run_child(name, args, child_argv)
