@@ -22,6 +22,9 @@ from .params import dequantize
 STEP_ELEMENTS = 1 << 17
 """Elements per streaming step: two float64 buffers of 1 MiB each (measured fastest on one core between 2^14 and
 2^20: fewer steps cost fewer calls, and the buffers still stay in the caches)."""
+DEVICE_STEP_ELEMENTS = 1 << 24
+"""Elements per step on a GPU, where caches do not decide and each step costs kernel launches: two 128 MiB
+buffers at most."""
 
 
 class StepBuffers:
@@ -69,25 +72,35 @@ def _slice(other: Other, start: int, stop: int) -> torch.Tensor:
 
 def _sums(x: torch.Tensor, others: Sequence[Other], buffers: StepBuffers) -> Tuple[float, List[List[float]]]:
     """(x.x, [[y.y, x.y, (x-y).(x-y)] per y in `others`]) of flat tensors of one length, in float64, summed step by
-    step in a fixed order (the caller holds one thread); x.x is summed once for all of them."""
+    step in a fixed order (the caller holds one thread); x.x is summed once for all of them. The steps' dot products
+    stay on the tensors' device until all are queued and are read back at once: on a GPU each read is a
+    synchronization, and one per step and product made the analysis slower there than its forwards."""
     n = x.numel()
     for other in others:
         if other.numel() != n:
             raise ValueError(f"cannot compare tensors of {n} and {other.numel()} elements")
-    step = min(n, STEP_ELEMENTS)
+    step = min(n, STEP_ELEMENTS if x.device.type == "cpu" else DEVICE_STEP_ELEMENTS)
     bx, by = buffers.get(step, x.device)
-    xx = 0.0
-    sums = [[0.0, 0.0, 0.0] for _ in others]
+    parts: List[torch.Tensor] = []
     for start in range(0, n, step):
         m = min(step, n - start)
         cx = bx[:m].copy_(x[start:start + m])
-        xx += float(torch.dot(cx, cx))
-        for other, acc in zip(others, sums):
+        parts.append(torch.dot(cx, cx))
+        for other in others:
             cy = by[:m].copy_(_slice(other, start, start + m))
-            acc[0] += float(torch.dot(cy, cy))
-            acc[1] += float(torch.dot(cx, cy))
+            parts.append(torch.dot(cy, cy))
+            parts.append(torch.dot(cx, cy))
             d = cy.sub_(cx)  # y - x: the negation of x - y, so the same squares
-            acc[2] += float(torch.dot(d, d))
+            parts.append(torch.dot(d, d))
+    values = iter(torch.stack(parts).tolist())
+    xx = 0.0
+    sums = [[0.0, 0.0, 0.0] for _ in others]
+    for _ in range(0, n, step):  # the steps' products added in step order, as float64
+        xx += next(values)
+        for acc in sums:
+            acc[0] += next(values)
+            acc[1] += next(values)
+            acc[2] += next(values)
     return xx, sums
 
 
