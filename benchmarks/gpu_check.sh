@@ -6,7 +6,9 @@
 #   3. benchmarks/real_model_speed.py --device cuda: each model on the CPU and on the GPU, speed-ups, equal integers.
 # Logs go to $OUT (default /tmp/quantopt-gpu-check). Limits: SUITE_LIMIT_S (default 300) for each suite,
 # BENCH_LIMIT_S (default 240) and BENCH_ARGS (default: every model but MiniLM, best of 3) for the benchmark,
-# CPU_WORKERS / GPU_WORKERS (default 6 / 9) for the suites. Needs pytest-xdist and pytest-timeout.
+# CPU_WORKERS / GPU_WORKERS (default 6 / 9) for the suites. Needs pytest-xdist and pytest-timeout. The PP-OCRv4
+# rows need the rapidocr_onnxruntime package or QUANTOPT_BENCH_MODEL_DIR naming a folder with its two ONNX files
+# (ch_PP-OCRv4_det_infer.onnx, ch_PP-OCRv4_rec_infer.onnx); without either they are reported as skipped.
 set -u
 out=${OUT:-/tmp/quantopt-gpu-check}
 mkdir -p "$out"
