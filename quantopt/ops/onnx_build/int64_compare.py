@@ -3,7 +3,7 @@
 onnxruntime 1.30's CPU kernels of Max, Min, Clip and Sign give wrong int64 results for some values outside the
 int32 range (measured: about a quarter of random pairs between 2^31 and 2^33, none below 2^31), while its int64
 Less, Greater and Where are exact at every magnitude; 1.32 computes all of them right. The exact export's int64
-paths (Reduce L2, the integer norms, Softmax) reach such values, so a model exported with the plain operators
+paths (Reduce L2 and the integer norms, for example) reach such values, so a model exported with the plain operators
 gave other integers than quantopt on 1.30. Rewriting the four operators on int64 into comparisons and selections
 gives the same integers on every runtime version (docs/onnx-export.md, "int64 arithmetic").
 """
@@ -88,4 +88,3 @@ def rewrite_int64_comparisons(model: Any) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return rewritten
-
