@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ..threads import one_thread
-from .params import dequantize
+from .params import dequantize_factors, dequantize_into
 
 STEP_ELEMENTS = 1 << 17
 """Elements per streaming step: two float64 buffers of 1 MiB each (measured fastest on one core between 2^14 and
@@ -28,20 +28,23 @@ buffers at most."""
 
 
 class StepBuffers:
-    """The two float64 step buffers of `cosines_and_mses`, kept by a caller that compares many tensors (the similarity
-    analysis): allocating them for each comparison cost a fifth of its time."""
+    """The step buffers of `cosines_and_mses` (two float64, one float32 for dequantized slices), kept by a caller
+    that compares many tensors (the similarity analysis): allocating them for each comparison cost a fifth of its
+    time, and a fresh float32 slice per step another tenth."""
 
     def __init__(self) -> None:
         self._x: Optional[torch.Tensor] = None
         self._y: Optional[torch.Tensor] = None
+        self._f: Optional[torch.Tensor] = None
 
-    def get(self, elements: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Two buffers of at least `elements` float64 values on `device`."""
+    def get(self, elements: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Two float64 buffers and one float32 buffer of at least `elements` values on `device`."""
         if self._x is None or self._x.numel() < elements or self._x.device != device:
             self._x = torch.empty(elements, dtype=torch.float64, device=device)
             self._y = torch.empty(elements, dtype=torch.float64, device=device)
-        assert self._y is not None
-        return self._x, self._y
+            self._f = torch.empty(elements, dtype=torch.float32, device=device)
+        assert self._y is not None and self._f is not None
+        return self._x, self._y, self._f
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -51,7 +54,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class Dequantized:
     """Integer values with per-tensor params, compared as their dequantized floats: each step dequantizes its own
-    slice (`quant.params.dequantize`, the same values as dequantizing the whole tensor), so no float copy of the
+    slice (`quant.params.dequantize_into`, the same values as dequantizing the whole tensor), so no float copy of the
     whole tensor is made."""
     values: torch.Tensor
     scale: float
@@ -64,10 +67,14 @@ class Dequantized:
 Other = Union[torch.Tensor, Dequantized]
 
 
-def _slice(other: Other, start: int, stop: int) -> torch.Tensor:
-    if isinstance(other, Dequantized):
-        return dequantize(other.values[start:stop], other.scale, other.zerop)
-    return other[start:stop]
+def _step_source(other: Other, device: torch.device) -> Callable[[int, int, torch.Tensor], torch.Tensor]:
+    """A function giving `other`'s values [start, stop) as floats: a plain slice, or a `Dequantized` slice written
+    into the given float32 buffer (`quant.params.dequantize_into`, params formed once per comparison)."""
+    if not isinstance(other, Dequantized):
+        return lambda start, stop, buffer: other[start:stop]
+    zerop, inverse = dequantize_factors(other.scale, other.zerop, device)
+    values = other.values
+    return lambda start, stop, buffer: dequantize_into(buffer[:stop - start], values[start:stop], zerop, inverse)
 
 
 def _sums(x: torch.Tensor, others: Sequence[Other], buffers: StepBuffers) -> Tuple[float, List[List[float]]]:
@@ -80,14 +87,15 @@ def _sums(x: torch.Tensor, others: Sequence[Other], buffers: StepBuffers) -> Tup
         if other.numel() != n:
             raise ValueError(f"cannot compare tensors of {n} and {other.numel()} elements")
     step = min(n, STEP_ELEMENTS if x.device.type == "cpu" else DEVICE_STEP_ELEMENTS)
-    bx, by = buffers.get(step, x.device)
+    bx, by, bf = buffers.get(step, x.device)
+    sources = [_step_source(other, x.device) for other in others]
     parts: List[torch.Tensor] = []
     for start in range(0, n, step):
         m = min(step, n - start)
         cx = bx[:m].copy_(x[start:start + m])
         parts.append(torch.dot(cx, cx))
-        for other in others:
-            cy = by[:m].copy_(_slice(other, start, start + m))
+        for source in sources:
+            cy = by[:m].copy_(source(start, start + m, bf))
             parts.append(torch.dot(cy, cy))
             parts.append(torch.dot(cx, cy))
             d = cy.sub_(cx)  # y - x: the negation of x - y, so the same squares

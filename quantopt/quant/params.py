@@ -267,6 +267,19 @@ def quantize(x: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zerop
     return out.view(given.shape)
 
 
+def dequantize_factors(scale: Number, zerop: Number, device: torch.device,
+                       compute_dtype: torch.dtype = torch.float32) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(zero point, 1 / scale) of per-tensor params as `dequantize` forms them, for `dequantize_into`."""
+    s = _along(scale, None, 0, compute_dtype).to(device)
+    return _along(zerop, None, 0, compute_dtype).to(device), 1.0 / s
+
+
+def dequantize_into(out: torch.Tensor, q: torch.Tensor, zerop: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """`dequantize`'s arithmetic, (q + zerop) * (1 / scale), written into `out` (of the compute dtype): for callers
+    that step through a large tensor with a buffer of their own (the same values as dequantizing it whole)."""
+    return out.copy_(q).add_(zerop).mul_(inverse)
+
+
 def dequantize(q: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zerop: ZeropLike,
                axis: Optional[int] = None, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """x = (q + zerop) / scale, evaluated as upstream does: (q + zerop) * (1 / scale) in float32 by default.
@@ -283,7 +296,7 @@ def dequantize(q: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zer
         inverse = 1.0 / sv
         out = torch.empty(rows.shape, dtype=compute_dtype, device=rows.device)
         for part in _steps(rows):
-            out[part].copy_(rows[part]).add_(zv).mul_(inverse)
+            dequantize_into(out[part], rows[part], zv, inverse)
         return out.view(given.shape)
     qt = given.to(compute_dtype)
     if qt is not given and broadcasts_into(s.shape, qt.shape) and broadcasts_into(z.shape, qt.shape):

@@ -55,6 +55,19 @@ def test_fused_forms_equal_the_plain_one(monkeypatch: pytest.MonkeyPatch, step: 
     assert cosines_and_mses(x, [floats], buffers) == plain[2:]  # the buffers are reused, not changed in meaning
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16])
+def test_dequantized_steps_round_as_dequantize(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    """Integers whose dequantized floats round in float32 (beyond 2^24 after the zero point, where the int16 range
+    allows) compare as `dequantize`'s values, step by step into the reused float32 buffer."""
+    monkeypatch.setattr(compare, "STEP_ELEMENTS", 96)
+    g = torch.Generator().manual_seed(5)
+    info = torch.iinfo(dtype)
+    q = torch.randint(max(info.min, -(1 << 26)), min(info.max, 1 << 26), (1000,), generator=g).to(dtype)
+    x = dequantize(q, 0.37, 12345) + torch.randn(1000, generator=g)
+    assert cosines_and_mses(x, [Dequantized(q, 0.37, 12345)], StepBuffers()) == \
+        [cosine_and_mse(x, dequantize(q, 0.37, 12345))]
+
+
 def test_mismatched_sizes_are_an_error() -> None:
     with pytest.raises(ValueError, match="4 and 5"):
         cosine(torch.ones(4), torch.ones(5))
