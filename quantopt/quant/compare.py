@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -67,14 +67,15 @@ class Dequantized:
 Other = Union[torch.Tensor, Dequantized]
 
 
-def _step_source(other: Other, device: torch.device) -> Callable[[int, int, torch.Tensor], torch.Tensor]:
-    """A function giving `other`'s values [start, stop) as floats: a plain slice, or a `Dequantized` slice written
-    into the given float32 buffer (`quant.params.dequantize_into`, params formed once per comparison)."""
-    if not isinstance(other, Dequantized):
-        return lambda start, stop, buffer: other[start:stop]
-    zerop, inverse = dequantize_factors(other.scale, other.zerop, device)
-    values = other.values
-    return lambda start, stop, buffer: dequantize_into(buffer[:stop - start], values[start:stop], zerop, inverse)
+def _slice(other: Other, factors: Optional[Tuple[torch.Tensor, torch.Tensor]], start: int, stop: int,
+           buffer: torch.Tensor) -> torch.Tensor:
+    """`other`'s values [start, stop) as floats: a plain slice, or a `Dequantized` slice written into the float32
+    `buffer` with its params `factors` (`quant.params.dequantize_factors`, formed once per comparison)."""
+    if factors is None:
+        assert not isinstance(other, Dequantized)
+        return other[start:stop]
+    assert isinstance(other, Dequantized)
+    return dequantize_into(buffer[:stop - start], other.values[start:stop], *factors)
 
 
 def _sums(x: torch.Tensor, others: Sequence[Other], buffers: StepBuffers) -> Tuple[float, List[List[float]]]:
@@ -88,14 +89,15 @@ def _sums(x: torch.Tensor, others: Sequence[Other], buffers: StepBuffers) -> Tup
             raise ValueError(f"cannot compare tensors of {n} and {other.numel()} elements")
     step = min(n, STEP_ELEMENTS if x.device.type == "cpu" else DEVICE_STEP_ELEMENTS)
     bx, by, bf = buffers.get(step, x.device)
-    sources = [_step_source(other, x.device) for other in others]
+    factors = [dequantize_factors(o.scale, o.zerop, x.device) if isinstance(o, Dequantized) else None
+               for o in others]
     parts: List[torch.Tensor] = []
     for start in range(0, n, step):
         m = min(step, n - start)
         cx = bx[:m].copy_(x[start:start + m])
         parts.append(torch.dot(cx, cx))
-        for source in sources:
-            cy = by[:m].copy_(source(start, start + m, bf))
+        for other, f in zip(others, factors):
+            cy = by[:m].copy_(_slice(other, f, start, start + m, bf))
             parts.append(torch.dot(cy, cy))
             parts.append(torch.dot(cx, cy))
             d = cy.sub_(cx)  # y - x: the negation of x - y, so the same squares
