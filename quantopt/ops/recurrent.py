@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ..errors import UnsupportedError
+from ..graph.memo import layer_key, memo
 from ..graph.node import PyNode
 from ..graph.tables import TensorRange, quant_of, ranges_of
 from ..graph.tensor import PyTensor
@@ -27,9 +28,17 @@ from ..graph.wide_values import wide_values_of
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.int_matmul import exact_int_matmul
-from ..quant.lut import build_lut, lookup_lut
+from ..quant.lut import PreparedLut, build_lut, lookup_lut
 from ..quant.params import QuantMode, integer_range, linear_quant_params, quantize
-from ..quant.requant import bias_quantize, fold_input_zero_point, range_dtype, requantize_int, scale_shift
+from ..quant.requant import (
+    IntLike,
+    Requantizer,
+    bias_quantize,
+    fold_input_zero_point,
+    range_dtype,
+    requantize_int,
+    scale_shift,
+)
 from ..quant.rounding import INT64_SAFE, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, DtypeName, Float, Floats, Int, Ints, Param, Text, Value, quantized
@@ -1024,74 +1033,138 @@ def lstm_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
 
 
 def _upstream_lookup(node: PyNode, key: str, v: torch.Tensor, bits: int) -> torch.Tensor:
+    return _prepared_lookup(node, key, bits, v.device)(v)
+
+
+def _prepared_lookup(node: PyNode, key: str, bits: int, device: torch.device) -> PreparedLut:
+    """The upstream form's lookup in table constant `key` (signed `bits`-bit codes in and out), prepared for a
+    cell's steps."""
     table = node.get_constant(key).betensor
     if table.numel() != 2 ** TABLE_ENTRIES_BITS:
         raise node._error(f"constant '{key}' must hold {2 ** TABLE_ENTRIES_BITS} entries, got {table.numel()}")
-    return lookup_lut(v, table, -(2 ** (bits - 1)), bits, bits, True)
+    return PreparedLut(table, -(2 ** (bits - 1)), bits, bits, True, device=device)
 
 
 def _rq(v: torch.Tensor, m, n, lo: int, hi: int) -> torch.Tensor:
     return requantize_int(v, m, n, 0, lo, hi)
 
 
+def _gate_requantizer(pairs: Sequence[Tuple[IntLike, IntLike]], cs: int, qmin: int, qmax: int,
+                      device: torch.device) -> Requantizer:
+    """One requantization of the four gate blocks side by side ([batch, 4·cs]): each block's multiplier and shift
+    (one value or one per row of the block) spread over its columns. Element-wise, so the values of requantizing
+    each block with its own pair, in one pass instead of four."""
+    def columns(v: IntLike) -> torch.Tensor:
+        t = torch.as_tensor(v, dtype=torch.int64).reshape(-1).cpu()
+        return t.expand(cs) if t.numel() == 1 else t
+
+    return Requantizer(torch.cat([columns(m) for m, _ in pairs]), torch.cat([columns(n) for _, n in pairs]), 0,
+                       qmin, qmax, device)
+
+
+@dataclass
+class _LstmPlan:
+    """What the upstream form's LSTM forward derives from the layer alone, prepared once per layer and device
+    (graph/memo.py): weights, the requantizations and tables of the steps, the per-step params."""
+
+    bits: int
+    wx: torch.Tensor
+    wh: torch.Tensor
+    x_requant: Optional[Requantizer]
+    """16 bits: the input projection's shift to the gate scale (8 bits: none)"""
+    x_bias: torch.Tensor
+    """the biases as added to the input projection"""
+    hidden: List[Requantizer]
+    """the hidden projection's requantization(s), in order"""
+    gates: Requantizer
+    luts: List[PreparedLut]
+    """the i, g, f, o gate tables and the cell output table"""
+    out_h: Requantizer
+    cell_m: int
+    cell_n: int
+    step_ms: List[List[int]]
+    step_ns: List[List[int]]
+    step_diffs: List[int]
+
+
+def _lstm_upstream_plan(node: PyNode, spec: RnnSpec, device: torch.device) -> _LstmPlan:
+    def build() -> _LstmPlan:
+        cs, isz, steps = spec.cell_size, spec.input_size, spec.time_steps
+        bits = int(quant_of(node).get(node.outputs[0]).qbits or 0)
+        if bits not in (8, 16):
+            raise node._error(f"outputs must be 8 or 16 bits, got {bits}")
+        qmin, qmax = integer_range(bits, True)
+        w = effective_weights(node)
+        b = node.get_constant("biases").betensor.to(torch.int64).reshape(-1)
+        scale = node.get_constant("scale").betensor.to(torch.int64).reshape(-1)
+        shift = node.get_constant("shift").betensor.to(torch.int64).reshape(-1)
+        diffs = node.get_constant("diff_shifts").betensor.to(torch.int64).reshape(-1)
+        head = [1, 4 * cs, cs, 1, 1] if "weights_scale" in node.constants else [1, 1, 1, 1, 1]
+        if scale.numel() != sum(head) + 2 * steps or shift.numel() != scale.numel() or diffs.numel() != steps:
+            raise node._error(f"constants scale/shift must hold {sum(head) + 2 * steps} values and diff_shifts "
+                              f"{steps}")
+        sc, sh = list(torch.split(scale[:sum(head)], head)), list(torch.split(shift[:sum(head)], head))
+        step_m, step_n = scale[sum(head):].reshape(steps, 2), shift[sum(head):].reshape(steps, 2)
+        gate_m, gate_n = sc[1], sh[1]
+        # per row multiplier/shift of the i, f, o blocks (the gate pair) and of the g block (the candidate pair)
+        mi, mf, mo = (gate_m if gate_m.numel() == 1 else gate_m[j * cs:(j + 1) * cs] for j in (0, 2, 3))
+        ni, nf, no = (gate_n if gate_n.numel() == 1 else gate_n[j * cs:(j + 1) * cs] for j in (0, 2, 3))
+        mg, ng = sc[2], sh[2]
+        lut_shift = int(node.get_param("lut_shift_value", optional=True, default_value=0))
+        if bits == 8:
+            x_requant, x_bias = None, b
+            hidden = [Requantizer(sc[0], sh[0], 0, INT32_MIN, INT32_MAX, device)]
+            gates = _gate_requantizer(((mi, ni), (mg, ng), (mf, nf), (mo, no)), cs, qmin, qmax, device)
+        else:
+            x_requant = Requantizer(1, gate_n - lut_shift, 0, INT32_MIN, INT32_MAX, device)
+            x_bias = _rq(b.unsqueeze(0), 1, gate_n - lut_shift, INT32_MIN, INT32_MAX)
+            hidden = [Requantizer(1, sh[0] - lut_shift, 0, INT32_MIN, INT32_MAX, device),
+                      Requantizer(sc[0], gate_n, 0, INT32_MIN, INT32_MAX, device)]
+            gates = _gate_requantizer(((mi, lut_shift), (mg, ng - ni + lut_shift), (mf, lut_shift),
+                                       (mo, lut_shift)), cs, qmin, qmax, device)
+        return _LstmPlan(
+            bits, w[:, :isz].t().contiguous().to(device), w[:, isz:].t().contiguous().to(device), x_requant,
+            x_bias.to(device), hidden, gates,
+            [_prepared_lookup(node, key, bits, device) for key in ("lut_it", "lut_ct", "lut_ft", "lut_ot", "lut_h")],
+            Requantizer(sc[4], sh[4], 0, qmin + 1, qmax, device), int(sc[3]), int(sh[3]), step_m.tolist(),
+            step_n.tolist(), diffs.tolist())
+
+    return memo(node, "lstm_upstream_plan", (layer_key(node), str(device)), build)
+
+
 def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
-    """Integer forward of a BasicLSTM in upstream's form (docs/semantics/recurrent.md), int64 outputs."""
-    cs, isz, steps = spec.cell_size, spec.input_size, spec.time_steps
+    """Integer forward of a BasicLSTM in upstream's form (docs/semantics/recurrent.md), int64 outputs.
+
+    What does not depend on the recurrent state (the input projection, its requantization, the biases) is computed
+    for every step at once, and the layer's requantizations and tables come prepared (`_lstm_upstream_plan`):
+    exact integer and element-wise arithmetic, so the values of computing each step alone."""
     x = int_value(node.inputs[0])
     _check_sequence(node, spec, x)
-    bits = int(quant_of(node).get(node.outputs[0]).qbits or 0)
-    if bits not in (8, 16):
-        raise node._error(f"outputs must be 8 or 16 bits, got {bits}")
-    qmin, qmax = integer_range(bits, True)
+    plan = _lstm_upstream_plan(node, spec, x.device)
+    qmin, qmax = integer_range(plan.bits, True)
     batch = x.shape[0]
-    w = effective_weights(node)
-    wx, wh = w[:, :isz].t().contiguous(), w[:, isz:].t().contiguous()
-    b = node.get_constant("biases").betensor.to(torch.int64).reshape(-1)
-    scale = node.get_constant("scale").betensor.to(torch.int64).reshape(-1)
-    shift = node.get_constant("shift").betensor.to(torch.int64).reshape(-1)
-    diffs = node.get_constant("diff_shifts").betensor.to(torch.int64).reshape(-1)
-    head = [1, 4 * cs, cs, 1, 1] if "weights_scale" in node.constants else [1, 1, 1, 1, 1]
-    if scale.numel() != sum(head) + 2 * steps or shift.numel() != scale.numel() or diffs.numel() != steps:
-        raise node._error(f"constants scale/shift must hold {sum(head) + 2 * steps} values and diff_shifts {steps}")
-    sc, sh = list(torch.split(scale[:sum(head)], head)), list(torch.split(shift[:sum(head)], head))
-    step_m, step_n = scale[sum(head):].reshape(steps, 2), shift[sum(head):].reshape(steps, 2)
-    gate_m, gate_n = sc[1], sh[1]
-    # per row multiplier/shift of the i, f, o blocks (the gate pair) and of the g block (the candidate pair)
-    mi, mf, mo = (gate_m if gate_m.numel() == 1 else gate_m[j * cs:(j + 1) * cs] for j in (0, 2, 3))
-    ni, nf, no = (gate_n if gate_n.numel() == 1 else gate_n[j * cs:(j + 1) * cs] for j in (0, 2, 3))
-    mg, ng = sc[2], sh[2]
     h = _initial_state(node, spec, int_value(node.inputs[1]), batch)
     c = _initial_state(node, spec, int_value(node.inputs[2]), batch)
     xs = torch.flip(x, [1]) if spec.reverse else x
-    lut_shift = int(node.get_param("lut_shift_value", optional=True, default_value=0))
+    x_part = exact_int_matmul(xs, plan.wx)
+    x_part = x_part + plan.x_bias if plan.x_requant is None else plan.x_requant(x_part) + plan.x_bias
+    luts = plan.luts
     hs, cs_seq = [], []
-    for t in range(steps):
-        xw = exact_int_matmul(xs[:, t], wx)
-        hw = exact_int_matmul(h, wh)
-        if bits == 8:
-            acc = xw + _rq(hw, sc[0], sh[0], INT32_MIN, INT32_MAX) + b
-            zi, zg, zf, zo = acc.chunk(4, dim=1)
-            gi, gg, gf, go = (_rq(zi, mi, ni, qmin, qmax), _rq(zg, mg, ng, qmin, qmax),
-                              _rq(zf, mf, nf, qmin, qmax), _rq(zo, mo, no, qmin, qmax))
-        else:
-            hw_s = _rq(_rq(hw, 1, sh[0] - lut_shift, INT32_MIN, INT32_MAX), sc[0], gate_n, INT32_MIN, INT32_MAX)
-            acc = (_rq(xw, 1, gate_n - lut_shift, INT32_MIN, INT32_MAX) + hw_s
-                   + _rq(b.unsqueeze(0), 1, gate_n - lut_shift, INT32_MIN, INT32_MAX))
+    for t in range(spec.time_steps):
+        hw = exact_int_matmul(h, plan.wh)
+        for rq in plan.hidden:
+            hw = rq(hw)
+        acc = x_part[:, t] + hw
+        if plan.bits > 8:
             acc = torch.clamp(acc, INT32_MIN, INT32_MAX)
-            zi, zg, zf, zo = acc.chunk(4, dim=1)
-            gi, gg, gf, go = (_rq(zi, mi, lut_shift, qmin, qmax), _rq(zg, mg, ng - ni + lut_shift, qmin, qmax),
-                              _rq(zf, mf, lut_shift, qmin, qmax), _rq(zo, mo, lut_shift, qmin, qmax))
-        i = _upstream_lookup(node, "lut_it", gi, bits)
-        g = _upstream_lookup(node, "lut_ct", gg, bits)
-        f = _upstream_lookup(node, "lut_ft", gf, bits)
-        o = _upstream_lookup(node, "lut_ot", go, bits)
-        d = int(diffs[t])
+        i, g, f, o = (lut(z) for lut, z in zip(luts, plan.gates(acc).chunk(4, dim=1)))
+        d = plan.step_diffs[t]
         ig = _rq(i * g, 1, d, INT32_MIN, INT32_MAX)
-        fc = _rq(f * c, step_m[t, 0], step_n[t, 0] + d, INT32_MIN, INT32_MAX)
+        fc = _rq(f * c, plan.step_ms[t][0], plan.step_ns[t][0] + d, INT32_MIN, INT32_MAX)
         c_tmp = torch.clamp(ig + fc, INT32_MIN, INT32_MAX)
-        cell_in = _rq(c_tmp, sc[3], sh[3] - d, qmin + 1, qmax)
-        h = _rq(o * _upstream_lookup(node, "lut_h", cell_in, bits), sc[4], sh[4], qmin + 1, qmax)
-        c = _rq(c_tmp, step_m[t, 1], step_n[t, 1] - d, qmin + 1, qmax)
+        cell_in = _rq(c_tmp, plan.cell_m, plan.cell_n - d, qmin + 1, qmax)
+        h = plan.out_h(o * luts[4](cell_in))
+        c = _rq(c_tmp, plan.step_ms[t][1], plan.step_ns[t][1] - d, qmin + 1, qmax)
         hs.append(h)
         cs_seq.append(c)
     y = torch.stack(hs, dim=1)
@@ -1294,62 +1367,110 @@ def _gru_hidden_pair(node: PyNode) -> Tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor([_ip(node, "hidden_scale_value")]), torch.tensor([_ip(node, "hidden_shift_value")])
 
 
+@dataclass
+class _GruPlan:
+    """What the upstream form's GRU forward derives from the layer alone, prepared once per layer and device
+    (graph/memo.py): weights, biases, the requantizations and tables of the steps."""
+
+    bits: int
+    wx_g: torch.Tensor
+    wh_g: torch.Tensor
+    wx_c: torch.Tensor
+    wh_c: torch.Tensor
+    bg: torch.Tensor
+    bc: torch.Tensor
+    bh: torch.Tensor
+    x_requant: Optional[Tuple[Requantizer, Requantizer]]
+    """16 bits: the input projections' shifts (gates, candidate); 8 bits: none"""
+    hg: List[Requantizer]
+    z: Requantizer
+    hc: List[Requantizer]
+    z2: Requantizer
+    cu: Requantizer
+    h: Requantizer
+    hidden: Optional[Requantizer]
+    """linear_before_reset: the hidden candidate's requantization"""
+    lut_rz: PreparedLut
+    lut_c: PreparedLut
+
+
+def _gru_upstream_plan(node: PyNode, spec: RnnSpec, device: torch.device) -> _GruPlan:
+    def build() -> _GruPlan:
+        cs, isz = spec.cell_size, spec.input_size
+        bits = int(quant_of(node).get(node.outputs[0]).qbits or 0)
+        if bits not in (8, 16):
+            raise node._error(f"outputs must be 8 or 16 bits, got {bits}")
+        qmin, qmax = integer_range(bits, True)
+        w = _gru_effective_weights(node, spec)
+        b = node.get_constant("biases").betensor.to(torch.int64).reshape(-1)
+        bg, bc, bh = b[:2 * cs], b[2 * cs:3 * cs], b[3 * cs:]
+        m, n = _gru_requant_pairs(node, spec)
+        hm, hn = _gru_hidden_pair(node) if spec.linear_before_reset else (None, None)
+        x_requant: Optional[Tuple[Requantizer, Requantizer]] = None
+
+        def rq(mult: IntLike, shift: IntLike, lo: int = INT32_MIN, hi: int = INT32_MAX) -> Requantizer:
+            return Requantizer(mult, shift, 0, lo, hi, device)
+
+        if bits > 8:
+            # 16 bits: each product is first shifted by what its shift exceeds remain_shift by (the biases with it,
+            # once), the multiplier step keeps the rest
+            rem = int(node.get_param("remain_shift", optional=True, default_value=GRU_REMAIN_SHIFT))
+            zero = torch.zeros(1, dtype=torch.int64, device=n[0].device)
+            pre_rz_h, pre_rz_x = torch.maximum(n[0] - rem, zero), torch.maximum(n[1] - rem, zero)
+            pre_c_h, pre_c_x = torch.maximum(n[2] - rem, zero), torch.maximum(n[3] - rem, zero)
+            post_rz_h, post_rz = torch.minimum(n[0], zero + rem) + pre_rz_x, torch.minimum(n[1], zero + rem)
+            post_c_h, post_c = torch.minimum(n[2], zero + rem) + pre_c_x, torch.minimum(n[3], zero + rem)
+            bg = _rq(bg, 1, pre_rz_x, INT32_MIN, INT32_MAX)
+            bc = _rq(bc, 1, pre_c_x, INT32_MIN, INT32_MAX)
+            if spec.linear_before_reset:
+                bh = _rq(bh, 1, pre_c_h, INT32_MIN, INT32_MAX)
+            x_requant = (rq(1, pre_rz_x), rq(1, pre_c_x))
+            hg, z = [rq(1, pre_rz_h), rq(m[0], post_rz_h)], rq(m[1], post_rz, qmin, qmax)
+            hc, z2 = [rq(1, pre_c_h), rq(m[2], post_c_h)], rq(m[3], post_c, qmin, qmax)
+        else:
+            hg, z = [rq(m[0], n[0])], rq(m[1], n[1], qmin, qmax)
+            hc, z2 = [rq(m[2], n[2])], rq(m[3], n[3], qmin, qmax)
+        return _GruPlan(
+            bits, *(part.t().contiguous().to(device) for part in (w[:2 * cs, :isz], w[:2 * cs, isz:],
+                                                                   w[2 * cs:, :isz], w[2 * cs:, isz:])),
+            bg.to(device), bc.to(device), bh.to(device), x_requant, hg, z, hc, z2, rq(m[4], n[4]),
+            rq(m[5], n[5], qmin + 1, qmax), rq(hm, hn, qmin, qmax) if spec.linear_before_reset else None,
+            _prepared_lookup(node, "lut_rt", bits, device), _prepared_lookup(node, "lut_ht", bits, device))
+
+    return memo(node, "gru_upstream_plan", (layer_key(node), str(device)), build)
+
+
 def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
-    """Integer forward of a GRUv1/GRUv3 in upstream's form (docs/semantics/recurrent.md), int64 outputs."""
-    cs, isz = spec.cell_size, spec.input_size
+    """Integer forward of a GRUv1/GRUv3 in upstream's form (docs/semantics/recurrent.md), int64 outputs.
+
+    The input projections of every step are computed at once and the layer's requantizations and tables come
+    prepared (`_gru_upstream_plan`): exact integer and element-wise arithmetic, the values of step by step."""
+    cs = spec.cell_size
     x = int_value(node.inputs[0])
     _check_sequence(node, spec, x)
-    bits = int(quant_of(node).get(node.outputs[0]).qbits or 0)
-    if bits not in (8, 16):
-        raise node._error(f"outputs must be 8 or 16 bits, got {bits}")
-    qmin, qmax = integer_range(bits, True)
-    w = _gru_effective_weights(node, spec)
-    wx_g, wh_g = w[:2 * cs, :isz].t().contiguous(), w[:2 * cs, isz:].t().contiguous()
-    wx_c, wh_c = w[2 * cs:, :isz].t().contiguous(), w[2 * cs:, isz:].t().contiguous()
-    b = node.get_constant("biases").betensor.to(torch.int64).reshape(-1)
-    bg, bc, bh = b[:2 * cs], b[2 * cs:3 * cs], b[3 * cs:]
-    m, n = _gru_requant_pairs(node, spec)
-    hm, hn = _gru_hidden_pair(node) if spec.linear_before_reset else (None, None)
+    plan = _gru_upstream_plan(node, spec, x.device)
+    qmax = integer_range(plan.bits, True)[1]
     h = _initial_state(node, spec, int_value(node.inputs[1]), x.shape[0])
     xs = torch.flip(x, [1]) if spec.reverse else x
-    wide = bits > 8
-    if wide:
-        # 16 bits: each product is first shifted by what its shift exceeds remain_shift by (the biases with it,
-        # once), the multiplier step keeps the rest
-        rem = int(node.get_param("remain_shift", optional=True, default_value=GRU_REMAIN_SHIFT))
-        zero = torch.zeros(1, dtype=torch.int64, device=n[0].device)
-        pre_rz_h, pre_rz_x = torch.maximum(n[0] - rem, zero), torch.maximum(n[1] - rem, zero)
-        pre_c_h, pre_c_x = torch.maximum(n[2] - rem, zero), torch.maximum(n[3] - rem, zero)
-        post_rz_h, post_rz = torch.minimum(n[0], zero + rem) + pre_rz_x, torch.minimum(n[1], zero + rem)
-        post_c_h, post_c = torch.minimum(n[2], zero + rem) + pre_c_x, torch.minimum(n[3], zero + rem)
-        bg = _rq(bg, 1, pre_rz_x, INT32_MIN, INT32_MAX)
-        bc = _rq(bc, 1, pre_c_x, INT32_MIN, INT32_MAX)
-        if spec.linear_before_reset:
-            bh = _rq(bh, 1, pre_c_h, INT32_MIN, INT32_MAX)
+    xg_all, xc_all = exact_int_matmul(xs, plan.wx_g), exact_int_matmul(xs, plan.wx_c)
+    if plan.x_requant is not None:
+        xg_all, xc_all = plan.x_requant[0](xg_all), plan.x_requant[1](xc_all)
     hs = []
     for t in range(spec.time_steps):
-        xt = xs[:, t]
-        xg, hg = exact_int_matmul(xt, wx_g), exact_int_matmul(h, wh_g)
-        if wide:
-            hg = _rq(_rq(hg, 1, pre_rz_h, INT32_MIN, INT32_MAX), m[0], post_rz_h, INT32_MIN, INT32_MAX)
-            z = _rq(_rq(xg, 1, pre_rz_x, INT32_MIN, INT32_MAX) + hg + bg, m[1], post_rz, qmin, qmax)
-        else:
-            z = _rq(xg + _rq(hg, m[0], n[0], INT32_MIN, INT32_MAX) + bg, m[1], n[1], qmin, qmax)
-        rz = _upstream_lookup(node, "lut_rt", z, bits)
+        hg = exact_int_matmul(h, plan.wh_g)
+        for rq in plan.hg:
+            hg = rq(hg)
+        rz = plan.lut_rz(plan.z(xg_all[:, t] + hg + plan.bg))
         r, u = rz[:, :cs], rz[:, cs:]
-        xc = exact_int_matmul(xt, wx_c)
-        if spec.linear_before_reset:
-            hc = r * _rq(exact_int_matmul(h, wh_c) + bh, hm, hn, qmin, qmax)
+        if plan.hidden is not None:
+            hc = r * plan.hidden(exact_int_matmul(h, plan.wh_c) + plan.bh)
         else:
-            hc = exact_int_matmul(_round_div(r * h, 2 ** bits), wh_c)
-        if wide:
-            hc = _rq(_rq(hc, 1, pre_c_h, INT32_MIN, INT32_MAX), m[2], post_c_h, INT32_MIN, INT32_MAX)
-            z2 = _rq(_rq(xc, 1, pre_c_x, INT32_MIN, INT32_MAX) + hc + bc, m[3], post_c, qmin, qmax)
-        else:
-            z2 = _rq(xc + _rq(hc, m[2], n[2], INT32_MIN, INT32_MAX) + bc, m[3], n[3], qmin, qmax)
-        c = _upstream_lookup(node, "lut_ht", z2, bits)
-        cu = _rq((qmax - u) * c, m[4], n[4], INT32_MIN, INT32_MAX)
-        h = _rq(cu + u * h, m[5], n[5], qmin + 1, qmax)
+            hc = exact_int_matmul(_round_div(r * h, 2 ** plan.bits), plan.wh_c)
+        for rq in plan.hc:
+            hc = rq(hc)
+        c = plan.lut_c(plan.z2(xc_all[:, t] + hc + plan.bc))
+        cu = plan.cu((qmax - u) * c)
+        h = plan.h(cu + u * h)
         hs.append(h)
     y = torch.stack(hs, dim=1)
     finals = {"H": torch.flip(y, [1]) if spec.reverse else y, "Hn": hs[-1]}

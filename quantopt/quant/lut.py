@@ -8,7 +8,7 @@ dequantized with the float32 reciprocal of the scale, f evaluated in float32, qu
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -82,28 +82,43 @@ def lookup_lut(x_q: Union[torch.Tensor, np.ndarray], lut: torch.Tensor, in_qmin:
     table = torch.as_tensor(lut).to(torch.int64)
     if table.dim() == 2:
         return _lookup_per_channel(x_q, table, in_qmin, in_bits, out_bits, out_signed, in_restricted)
-    table = table.flatten()
-    size = table.numel()
-    table_bits = int(round(math.log2(size))) if size > 0 else -1
-    if size == 0 or 2 ** table_bits != size:
-        raise ValueError(f"LUT lookup needs a table of 2^N entries, got {size}")
-    x = torch.as_tensor(np.asarray(x_q) if isinstance(x_q, np.ndarray) else x_q)
-    x = torch.round(x.to(torch.float64)).to(torch.int64) if torch.is_floating_point(x) else x.to(torch.int64)
-    table = table.to(x.device)  # a table built on the CPU, indexed by the codes on theirs
-    offset = in_qmin - 1 if in_restricted and in_qmin < 0 else in_qmin
-    index = torch.sub(x, offset).clamp_(0, 2 ** int(in_bits) - 1)
-    padded = torch.cat([table, table[-1:]])
-    if in_bits > table_bits:
-        b = int(in_bits) - table_bits
-        hi = index >> b
-        lo = index - (hi << b)
-        value = padded[hi] + (((padded[hi + 1] - padded[hi]) * lo) >> b)
-    else:
-        value = torch.take(padded, index.clamp_(0, size - 1))
-    out_min, out_max = integer_range(out_bits, out_signed)
-    if out_min <= int(table.min()) and int(table.max()) <= out_max:
-        return value  # entries (and the floored interpolations between them) already lie in the output range
-    return torch.clamp(value, out_min, out_max)
+    return PreparedLut(table, in_qmin, in_bits, out_bits, out_signed, in_restricted)(x_q)
+
+
+class PreparedLut:
+    """`lookup_lut` of one 1-D table with its table-side work (the padded int64 copy, its size and whether its
+    entries need the output clamp) done once: for a loop that looks many small tensors up in the same table (a
+    recurrent cell's steps), where that work cost more than the lookup itself."""
+
+    def __init__(self, lut: torch.Tensor, in_qmin: int, in_bits: int, out_bits: int, out_signed: bool = False,
+                 in_restricted: bool = False, device: Optional[torch.device] = None) -> None:
+        table = torch.as_tensor(lut).to(torch.int64).flatten()
+        size = table.numel()
+        self.table_bits = int(round(math.log2(size))) if size > 0 else -1
+        if size == 0 or 2 ** self.table_bits != size:
+            raise ValueError(f"LUT lookup needs a table of 2^N entries, got {size}")
+        self.size, self.in_bits = size, int(in_bits)
+        self.offset = in_qmin - 1 if in_restricted and in_qmin < 0 else in_qmin
+        self.padded = torch.cat([table, table[-1:]])
+        if device is not None:
+            self.padded = self.padded.to(device)
+        self.out_range = integer_range(out_bits, out_signed)
+        # entries (and the floored interpolations between them) already in the output range need no clamp
+        self.clamped = not (self.out_range[0] <= int(table.min()) and int(table.max()) <= self.out_range[1])
+
+    def __call__(self, x_q: Union[torch.Tensor, np.ndarray]) -> torch.Tensor:
+        x = torch.as_tensor(np.asarray(x_q) if isinstance(x_q, np.ndarray) else x_q)
+        x = torch.round(x.to(torch.float64)).to(torch.int64) if torch.is_floating_point(x) else x.to(torch.int64)
+        padded = self.padded if self.padded.device == x.device else self.padded.to(x.device)
+        index = torch.sub(x, self.offset).clamp_(0, 2 ** self.in_bits - 1)
+        if self.in_bits > self.table_bits:
+            b = self.in_bits - self.table_bits
+            hi = index >> b
+            lo = index - (hi << b)
+            value = padded[hi] + (((padded[hi + 1] - padded[hi]) * lo) >> b)
+        else:
+            value = torch.take(padded, index.clamp_(0, self.size - 1))
+        return torch.clamp(value, *self.out_range) if self.clamped else value
 
 
 def _lookup_per_channel(x_q: Union[torch.Tensor, np.ndarray], table: torch.Tensor, in_qmin: int, in_bits: int,

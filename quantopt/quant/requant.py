@@ -233,6 +233,13 @@ def requantize_int(acc: torch.Tensor, multiplier: IntLike, shift: IntLike, zerop
     Computed in float64 when max|acc| * max|M| < 2^53 (the usual case): acc * M is then an exact float64 integer,
     scaling it by 2^-shift is exact, and torch.round rounds half to even, so the result is the int64 one at a few
     element-wise passes instead of the ~20 of `round_shift`; otherwise in int64 with `round_shift`."""
+    scalar = scalar_params(multiplier, shift, acc.dim())
+    if scalar is not None and acc.numel() and not acc.is_floating_point() and -900 < scalar[1] < 900:
+        lo, hi = torch.aminmax(acc)  # one multiplier and shift: the factor is a Python float, no tensors formed
+        absmax = max(abs(int(lo)), abs(int(hi)))
+        if absmax * abs(scalar[0]) < FLOAT64_EXACT:
+            x = int64_to_float64(acc) if acc.dtype == torch.int64 and absmax < MAGIC_EXACT else acc.to(torch.float64)
+            return _requantize_by_factor_(x, math.ldexp(scalar[0], -scalar[1]), scalar[1], zerop_out, qmin, qmax)
     m = torch.as_tensor(multiplier, dtype=torch.int64, device=acc.device)
     s = torch.as_tensor(shift, dtype=torch.int64, device=acc.device)
     if acc.numel() and not acc.is_floating_point() and -900 < int(s.min()) and int(s.max()) < 900:
@@ -247,6 +254,41 @@ def requantize_int(acc: torch.Tensor, multiplier: IntLike, shift: IntLike, zerop
     return torch.clamp(round_shift(prod, shift) - int(zerop_out), int(qmin), int(qmax))
 
 
+class Requantizer:
+    """`requantize_int(acc, multiplier, shift, zerop_out, qmin, qmax)` with its params prepared once (the factor
+    M·2^-shift, max |M|, the least shift): for a loop that requantizes many small tensors with the same params (a
+    recurrent cell's steps), where forming the factor cost more than the arithmetic. The same values as
+    `requantize_int`, which it falls back to wherever its float64 path does not apply."""
+
+    def __init__(self, multiplier: IntLike, shift: IntLike, zerop_out: int, qmin: int, qmax: int,
+                 device: torch.device) -> None:
+        self.args = (multiplier, shift, zerop_out, qmin, qmax)
+        m = torch.as_tensor(multiplier, dtype=torch.int64).cpu()
+        s = torch.as_tensor(shift, dtype=torch.int64).cpu()
+        self.m_shape, self.s_shape = tuple(m.shape), tuple(s.shape)
+        self.usable = bool(m.numel()) and bool(s.numel()) and -900 < int(s.min()) and int(s.max()) < 900
+        self.m_absmax = int(m.abs().max()) if m.numel() else 0
+        self.least_shift = float(s.min()) if s.numel() else 0.0
+        if not self.usable:
+            self.factor: Union[float, torch.Tensor] = 0.0
+        elif m.numel() == 1 and s.numel() == 1:
+            self.factor = math.ldexp(int(m.reshape(-1)[0]), -int(s.reshape(-1)[0]))
+        else:
+            self.factor = shift_factor(m, s, device)
+
+    def __call__(self, acc: torch.Tensor) -> torch.Tensor:
+        if not (self.usable and acc.numel() and not acc.is_floating_point()
+                and broadcasts_into(self.m_shape, acc.shape) and broadcasts_into(self.s_shape, acc.shape)):
+            return requantize_int(acc, *self.args)
+        lo, hi = torch.aminmax(acc)
+        absmax = max(abs(int(lo)), abs(int(hi)))
+        if absmax * self.m_absmax >= FLOAT64_EXACT:
+            return requantize_int(acc, *self.args)
+        x = int64_to_float64(acc) if acc.dtype == torch.int64 and absmax < MAGIC_EXACT else acc.to(torch.float64)
+        _, _, zerop_out, qmin, qmax = self.args
+        return _requantize_by_factor_(x, self.factor, self.least_shift, zerop_out, qmin, qmax)
+
+
 def requantize_float64(acc: torch.Tensor, multiplier: IntLike, shift: IntLike, zerop_out: int, qmin: int,
                        qmax: int) -> torch.Tensor:
     """`requantize_int` of a float64 tensor of integers for which the caller has proven |acc * M| < 2^53 and
@@ -259,15 +301,42 @@ def requantize_float64_(acc: torch.Tensor, multiplier: IntLike, shift: IntLike, 
                          qmax: int) -> torch.Tensor:
     """`requantize_float64` that overwrites `acc` (a temporary of the caller's) when the factor broadcasts to its
     shape: the same passes, no new allocation but the result's."""
+    scalar = scalar_params(multiplier, shift, acc.dim())
+    if scalar is not None and acc.dtype == torch.float64 and -900 < scalar[1] < 900:
+        return _requantize_by_factor_(acc, math.ldexp(scalar[0], -scalar[1]), scalar[1], zerop_out, qmin, qmax)
     s = torch.as_tensor(shift)
     factor = shift_factor(multiplier, s, acc.device)
     if acc.dtype != torch.float64 or not broadcasts_into(factor.shape, acc.shape):
         return requantize_float64(acc, multiplier, shift, zerop_out, qmin, qmax)
-    if acc.numel() and float(s.min()) >= 3 and max(abs(qmin), abs(qmax)) + abs(int(zerop_out)) < MAGIC_SCALED_BOUND \
+    return _requantize_by_factor_(acc, factor, float(s.min()) if acc.numel() else 0.0, zerop_out, qmin, qmax)
+
+
+def _requantize_by_factor_(acc: torch.Tensor, factor: Union[float, torch.Tensor], least_shift: float,
+                           zerop_out: int, qmin: int, qmax: int) -> torch.Tensor:
+    """`requantize_float64_`'s arithmetic on the float64 `acc` (overwritten) given its factor M·2^-shift (a tensor
+    that broadcasts into `acc`, or a Python float: the same float64 value) and its least shift."""
+    if acc.numel() and least_shift >= 3 and max(abs(qmin), abs(qmax)) + abs(int(zerop_out)) < MAGIC_SCALED_BOUND \
             and int(zerop_out) == zerop_out:  # |acc * M| < 2^53 (the caller's proof) and shift >= 3: below 2^50
         return requantize_scaled_(acc, factor, int(zerop_out), qmin, qmax)
     y = acc.mul_(factor).round_().sub_(float(zerop_out))
     return exact_int64_(y.clamp_(float(qmin), float(qmax)), qmin, qmax)
+
+
+def scalar_params(multiplier: IntLike, shift: IntLike, ndim: int) -> Optional[Tuple[int, int]]:
+    """(M, shift) as Python ints where each is one integer whose broadcasting leaves a tensor of `ndim` dimensions
+    unchanged (a Python or numpy integer, or a one-element integer tensor of at most `ndim` dimensions), else None.
+    Why: with one multiplier and shift the factor M·2^-shift is formed as a Python float (math.ldexp, exact), and
+    forming it as a tensor on the CPU cost more than requantizing a small tensor."""
+    values = []
+    for v in (multiplier, shift):
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            values.append(int(v))
+        elif isinstance(v, torch.Tensor) and v.numel() == 1 and v.dim() <= ndim and not v.is_floating_point() \
+                and v.dtype != torch.bool:
+            values.append(int(v.item()))
+        else:
+            return None
+    return values[0], values[1]
 
 
 def exact_int64(y: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
