@@ -1,0 +1,118 @@
+"""Prepared requantization and table lookups (quant/requant.py `Requantizer`, the one-multiplier path of
+`requantize_int`; quant/lut.py `PreparedLut`): the values of Python's exact half-to-even reference and of the
+unprepared functions, ties, per-channel params, the int64 fallback beyond 2^53 and shapes that broadcasting would
+enlarge included."""
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import List, Sequence
+
+import pytest
+import torch
+
+from quantopt.quant.lut import PreparedLut, lookup_lut
+from quantopt.quant.requant import Requantizer, requantize_int, scalar_params
+from quantopt.quant.rounding import round_shift
+
+
+def _reference(acc: Sequence[int], mult: Sequence[int], shift: Sequence[int], zp: int, lo: int, hi: int) -> List[int]:
+    """clamp(round_half_even(acc * M / 2^shift) - zp, lo, hi) in exact rational arithmetic (M, shift per element)."""
+    out = []
+    for a, m, s in zip(acc, mult, shift):
+        exact = Fraction(int(a) * int(m)) * (Fraction(2) ** -int(s))
+        out.append(min(max(round(exact) - zp, lo), hi))
+    return out
+
+
+def _accumulators(seed: int, bound: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randint(-bound, bound, (2, 300), generator=g, dtype=torch.int64)
+    v[0, :64] = torch.arange(-32, 32, dtype=torch.int64) * 16 + 8  # exact halves for shifts of 4
+    return v
+
+
+@pytest.mark.parametrize("mult, shift, zp, lo, hi", [
+    (1, 4, 0, -128, 127),        # a plain rounding shift with ties
+    (21465, 31, 0, -32768, 32767),
+    (173, 9, 3, -128, 127),      # an output zero point
+    (3, 2, 0, -(2 ** 31), 2 ** 31 - 1),   # shift below 3: the unscaled float64 path
+    (5, -3, 0, -(2 ** 31), 2 ** 31 - 1),  # a left shift
+])
+def test_scalar_params_match_the_exact_reference(mult: int, shift: int, zp: int, lo: int, hi: int) -> None:
+    acc = _accumulators(1, 2 ** 20)
+    flat = acc.reshape(-1).tolist()
+    want = torch.tensor(_reference(flat, [mult] * len(flat), [shift] * len(flat), zp, lo, hi)).reshape(acc.shape)
+    for m, s in ((mult, shift), (torch.tensor([mult]), torch.tensor([shift])), (torch.tensor(mult), shift)):
+        assert torch.equal(requantize_int(acc, m, s, zp, lo, hi), want), (m, s)
+        assert torch.equal(Requantizer(m, s, zp, lo, hi, acc.device)(acc), want), (m, s)
+
+
+def test_per_channel_params_match_the_exact_reference() -> None:
+    acc = _accumulators(2, 2 ** 24)
+    g = torch.Generator().manual_seed(3)
+    mult = torch.randint(1, 2 ** 15, (300,), generator=g, dtype=torch.int64)
+    shift = torch.randint(4, 40, (300,), generator=g, dtype=torch.int64)
+    want = [_reference(row, mult.tolist(), shift.tolist(), 0, -128, 127) for row in acc.tolist()]
+    prepared = Requantizer(mult, shift, 0, -128, 127, acc.device)
+    assert prepared(acc).tolist() == want
+    assert requantize_int(acc, mult, shift, 0, -128, 127).tolist() == want
+    # a shared shift given as one value next to per-channel multipliers
+    one = Requantizer(mult, torch.tensor([20]), 0, -(2 ** 15), 2 ** 15 - 1, acc.device)(acc)
+    assert torch.equal(one, requantize_int(acc, mult, torch.tensor([20]), 0, -(2 ** 15), 2 ** 15 - 1))
+
+
+def test_products_beyond_2_53_take_the_int64_path() -> None:
+    # |acc * M| reaches 2^59, beyond float64's exact integers: 35185177378817 * M is one above a tie (2^29 + 1
+    # modulo 2^30) with an even quotient, which a float64 product would round to the tie and then down
+    acc = torch.tensor([[35185177378817, -35185177378817, 2 ** 45 + 3, 7]], dtype=torch.int64)
+    mult, shift = 2 ** 14 + 1, 30
+    want = torch.clamp(round_shift(acc * mult, shift), -(2 ** 31), 2 ** 31 - 1)
+    assert want.tolist() == [_reference(acc[0].tolist(), [mult] * 4, [shift] * 4, 0, -(2 ** 31), 2 ** 31 - 1)]
+    assert torch.equal(requantize_int(acc, mult, shift, 0, -(2 ** 31), 2 ** 31 - 1), want)
+    assert torch.equal(Requantizer(mult, shift, 0, -(2 ** 31), 2 ** 31 - 1, acc.device)(acc), want)
+
+
+def test_shapes_are_those_of_broadcasting() -> None:
+    scalar = torch.tensor(37, dtype=torch.int64)
+    one = torch.tensor([1], dtype=torch.int64)
+    # a one-element multiplier of more dimensions than the accumulator enlarges it, as torch broadcasting does
+    assert requantize_int(scalar, one, torch.tensor([1]), 0, -128, 127).shape == (1,)
+    assert Requantizer(one, torch.tensor([1]), 0, -128, 127, scalar.device)(scalar).shape == (1,)
+    assert scalar_params(one, 1, 0) is None
+    assert scalar_params(one, 1, 1) == (1, 1)
+    assert scalar_params(torch.tensor([1.0]), 1, 1) is None  # a float multiplier is not an integer one
+    assert scalar_params(True, 1, 1) is None
+    assert Requantizer(5, 1, 0, -128, 127, scalar.device)(torch.empty(0, dtype=torch.int64)).shape == (0,)
+
+
+def _lookup_reference(code: int, table: List[int], in_qmin: int, in_bits: int, out_bits: int,
+                      restricted: bool) -> int:
+    """The documented lookup of one signed code, in Python integers."""
+    offset = in_qmin - 1 if restricted and in_qmin < 0 else in_qmin
+    index = min(max(code - offset, 0), 2 ** in_bits - 1)
+    b = in_bits - (len(table).bit_length() - 1)
+    padded = table + table[-1:]
+    if b > 0:
+        hi, lo = index >> b, index & ((1 << b) - 1)
+        value = padded[hi] + (((padded[hi + 1] - padded[hi]) * lo) >> b)
+    else:
+        value = padded[min(index, len(table) - 1)]
+    return min(max(value, -(2 ** (out_bits - 1))), 2 ** (out_bits - 1) - 1)
+
+
+def test_prepared_lookup_equals_the_lookup() -> None:
+    g = torch.Generator().manual_seed(4)
+    for in_bits, size, restricted in ((8, 256, False), (16, 256, True), (10, 1024, False), (16, 512, False)):
+        table = torch.randint(-40000, 40000, (size,), generator=g, dtype=torch.int64)
+        codes = torch.randint(-(2 ** (in_bits - 1)) - 3, 2 ** (in_bits - 1) + 3, (3, 200), generator=g)
+        for out_bits in (16, 32):  # with and without the output clamp
+            args = (-(2 ** (in_bits - 1)), in_bits, out_bits, True, restricted)
+            prepared = PreparedLut(table, *args)
+            direct = lookup_lut(codes, table, *args)
+            assert torch.equal(prepared(codes), direct)
+            entries = table.tolist()
+            want = [_lookup_reference(c, entries, args[0], in_bits, out_bits, restricted) for c in codes[0].tolist()]
+            assert prepared(codes)[0].tolist() == want
+            assert torch.equal(prepared(codes.to(torch.float64)), direct)  # float codes are rounded first
+    with pytest.raises(ValueError, match="2\\^N entries"):
+        PreparedLut(torch.zeros(100, dtype=torch.int64), -128, 8, 8, True)
