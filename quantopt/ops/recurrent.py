@@ -28,7 +28,7 @@ from ..graph.wide_values import wide_values_of
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.int_matmul import exact_int_matmul
-from ..quant.lut import PreparedLut, build_lut, lookup_lut
+from ..quant.lut import PreparedLut, build_lut
 from ..quant.params import QuantMode, integer_range, linear_quant_params, quantize
 from ..quant.requant import (
     IntLike,
@@ -677,9 +677,11 @@ def rnn_quantize(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ integer forward
-def _lut(node: PyNode, key: str, v: torch.Tensor, bits: int) -> torch.Tensor:
+def _lut(node: PyNode, key: str, bits: int, device: torch.device) -> PreparedLut:
+    """The q15 form's lookup in table constant `key` (restricted signed `bits`-bit codes in, 16-bit values out),
+    prepared for a cell's steps."""
     qmax = 2 ** (bits - 1) - 1
-    return lookup_lut(v, node.get_constant(key).betensor, -qmax, bits, 16, True, in_restricted=True)
+    return PreparedLut(node.get_constant(key).betensor, -qmax, bits, 16, True, in_restricted=True, device=device)
 
 
 def _ip(node: PyNode, key: str) -> int:
@@ -718,8 +720,18 @@ def _check_bound(node: PyNode, spec: RnnSpec, w: torch.Tensor, b: torch.Tensor, 
                                "fit the exact int64 integer forward; use narrower inputs or weights")
 
 
-def _gate_in(acc: torch.Tensor, mult: torch.Tensor, shift: torch.Tensor, clamp: torch.Tensor) -> torch.Tensor:
-    return torch.maximum(torch.minimum(round_shift(acc * mult, shift), clamp), -clamp)
+class _GateIn:
+    """clamp(round_half_even(acc · M / 2^shift), -clamp, clamp) per row of the gate block (q15 form), prepared once:
+    the requantization to the widest clamp first (`Requantizer`: the same rounding) changes nothing the per-row
+    clamp keeps."""
+
+    def __init__(self, mult: torch.Tensor, shift: torch.Tensor, clamp: torch.Tensor) -> None:
+        widest = int(clamp.abs().max()) if clamp.numel() else 0
+        self.requant = Requantizer(mult, shift, 0, -widest, widest, clamp.device)
+        self.clamp = clamp
+
+    def __call__(self, acc: torch.Tensor) -> torch.Tensor:
+        return torch.maximum(torch.minimum(self.requant(acc), self.clamp), -self.clamp)
 
 
 def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
@@ -771,36 +783,41 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         clip = node.get_param("cell_clip_value", optional=True, default_value=CELL_INT_MAX)
         mc, nc = _ip(node, "cell_scale_value"), _ip(node, "cell_shift_value")
         clamp = torch.tensor([clamp_vals[0]] * cs + [clamp_vals[1]] * cs + [clamp_vals[0]] * 2 * cs, device=x.device)
+        gate_in = _GateIn(gm, gs, clamp)
+        lut_gate, lut_cand, lut_cell = (_lut(node, key, bits, x.device) for key in ("lut_gate", "lut_cand", "lut_cell"))
+        x_part = exact_int_matmul(xs, wx) + b  # every step's input projection at once (exact: the same values)
         for t in range(spec.time_steps):
-            acc = exact_int_matmul(xs[:, t], wx) + b + round_shift(exact_int_matmul(h, wh) * mh, nh)
-            gin = _gate_in(acc, gm, gs, clamp)
-            i = _lut(node, "lut_gate", gin[:, :cs], bits)
-            g = _lut(node, "lut_cand", gin[:, cs:2 * cs], bits)
-            f = _lut(node, "lut_gate", gin[:, 2 * cs:3 * cs], bits)
-            o = _lut(node, "lut_gate", gin[:, 3 * cs:], bits)
+            acc = x_part[:, t] + round_shift(exact_int_matmul(h, wh) * mh, nh)
+            gin = gate_in(acc)
+            i = lut_gate(gin[:, :cs])
+            g = lut_cand(gin[:, cs:2 * cs])
+            f = lut_gate(gin[:, 2 * cs:3 * cs])
+            o = lut_gate(gin[:, 3 * cs:])
             c = round_shift((f * c << GATE_FRAC_BITS) + (i * g << cell_frac), PRODUCT_FRAC_BITS)
             c = torch.clamp(c, -int(clip), int(clip))
             cin = torch.clamp(round_shift(c * mc, nc), -hq, hq)
-            prod = o * _lut(node, "lut_cell", cin, bits)
+            prod = o * lut_cell(cin)
             h = torch.clamp(round_shift(prod, PRODUCT_FRAC_BITS - hid_frac), -hq, hq)
             products.append(prod)
         finals = {"H": products[-1], "C": c}
     else:
         clamp_g, clamp_c = (torch.tensor([v] * n, device=x.device)
                             for v, n in ((clamp_vals[0], 2 * cs), (clamp_vals[1], cs)))
+        gate_in, cand_in = _GateIn(gm[:2 * cs], gs[:2 * cs], clamp_g), _GateIn(gm[2 * cs:], gs[2 * cs:], clamp_c)
+        lut_gate, lut_cand = (_lut(node, key, bits, x.device) for key in ("lut_gate", "lut_cand"))
+        # every step's input projections at once (exact: the same values)
+        x_gates, x_cand = exact_int_matmul(xs, wx[:, :2 * cs]) + b[:2 * cs], exact_int_matmul(xs, wx[:, 2 * cs:])
         for t in range(spec.time_steps):
-            xt = xs[:, t]
-            acc = exact_int_matmul(xt, wx[:, :2 * cs]) + b[:2 * cs] \
-                + round_shift(exact_int_matmul(h, wh[:, :2 * cs]) * mh, nh)
-            rz = _lut(node, "lut_gate", _gate_in(acc, gm[:2 * cs], gs[:2 * cs], clamp_g), bits)
+            acc = x_gates[:, t] + round_shift(exact_int_matmul(h, wh[:, :2 * cs]) * mh, nh)
+            rz = lut_gate(gate_in(acc))
             r, z = rz[:, :cs], rz[:, cs:]
             if spec.linear_before_reset:
                 hn = exact_int_matmul(h, wh[:, 2 * cs:]) + b[3 * cs:4 * cs]
                 hpart = round_shift(r * hn, GATE_FRAC_BITS)
             else:
                 hpart = exact_int_matmul(round_shift(r * h, GATE_FRAC_BITS), wh[:, 2 * cs:])
-            acc = exact_int_matmul(xt, wx[:, 2 * cs:]) + b[2 * cs:3 * cs] + round_shift(hpart * mh, nh)
-            n = _lut(node, "lut_cand", _gate_in(acc, gm[2 * cs:], gs[2 * cs:], clamp_c), bits)
+            acc = x_cand[:, t] + b[2 * cs:3 * cs] + round_shift(hpart * mh, nh)
+            n = lut_cand(cand_in(acc))
             prod = (2 ** GATE_FRAC_BITS - z) * n + ((z * h) << align)
             h = torch.clamp(round_shift(prod, PRODUCT_FRAC_BITS - hid_frac), -hq, hq)
             products.append(prod)
