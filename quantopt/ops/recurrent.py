@@ -42,6 +42,7 @@ from ..quant.requant import (
 from ..quant.rounding import INT64_SAFE, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, DtypeName, Float, Floats, Int, Ints, Param, Text, Value, quantized
+from ._int8_gemm import IntMatmul
 from ._quant import (
     activation_mode,
     check_quantized_inputs,
@@ -786,8 +787,9 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         gate_in = _GateIn(gm, gs, clamp)
         lut_gate, lut_cand, lut_cell = (_lut(node, key, bits, x.device) for key in ("lut_gate", "lut_cand", "lut_cell"))
         x_part = exact_int_matmul(xs, wx) + b  # every step's input projection at once (exact: the same values)
+        hidden_matmul = IntMatmul(wh)
         for t in range(spec.time_steps):
-            acc = x_part[:, t] + round_shift(exact_int_matmul(h, wh) * mh, nh)
+            acc = x_part[:, t] + round_shift(hidden_matmul(h) * mh, nh)
             gin = gate_in(acc)
             i = lut_gate(gin[:, :cs])
             g = lut_cand(gin[:, cs:2 * cs])
@@ -807,15 +809,16 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         lut_gate, lut_cand = (_lut(node, key, bits, x.device) for key in ("lut_gate", "lut_cand"))
         # every step's input projections at once (exact: the same values)
         x_gates, x_cand = exact_int_matmul(xs, wx[:, :2 * cs]) + b[:2 * cs], exact_int_matmul(xs, wx[:, 2 * cs:])
+        gates_matmul, cand_matmul = IntMatmul(wh[:, :2 * cs]), IntMatmul(wh[:, 2 * cs:])
         for t in range(spec.time_steps):
-            acc = x_gates[:, t] + round_shift(exact_int_matmul(h, wh[:, :2 * cs]) * mh, nh)
+            acc = x_gates[:, t] + round_shift(gates_matmul(h) * mh, nh)
             rz = lut_gate(gate_in(acc))
             r, z = rz[:, :cs], rz[:, cs:]
             if spec.linear_before_reset:
-                hn = exact_int_matmul(h, wh[:, 2 * cs:]) + b[3 * cs:4 * cs]
+                hn = cand_matmul(h) + b[3 * cs:4 * cs]
                 hpart = round_shift(r * hn, GATE_FRAC_BITS)
             else:
-                hpart = exact_int_matmul(round_shift(r * h, GATE_FRAC_BITS), wh[:, 2 * cs:])
+                hpart = cand_matmul(round_shift(r * h, GATE_FRAC_BITS))
             acc = x_cand[:, t] + b[2 * cs:3 * cs] + round_shift(hpart * mh, nh)
             n = lut_cand(cand_in(acc))
             prod = (2 ** GATE_FRAC_BITS - z) * n + ((z * h) << align)
@@ -1085,8 +1088,8 @@ class _LstmPlan:
     (graph/memo.py): weights, the requantizations and tables of the steps, the per-step params."""
 
     bits: int
-    wx: torch.Tensor
-    wh: torch.Tensor
+    wx: IntMatmul
+    wh: IntMatmul
     x_requant: Optional[Requantizer]
     """16 bits: the input projection's shift to the gate scale (8 bits: none)"""
     x_bias: torch.Tensor
@@ -1140,7 +1143,8 @@ def _lstm_upstream_plan(node: PyNode, spec: RnnSpec, device: torch.device) -> _L
             gates = _gate_requantizer(((mi, lut_shift), (mg, ng - ni + lut_shift), (mf, lut_shift),
                                        (mo, lut_shift)), cs, qmin, qmax, device)
         return _LstmPlan(
-            bits, w[:, :isz].t().contiguous().to(device), w[:, isz:].t().contiguous().to(device), x_requant,
+            bits, IntMatmul(w[:, :isz].t().contiguous().to(device)), IntMatmul(w[:, isz:].t().contiguous().to(device)),
+            x_requant,
             x_bias.to(device), hidden, gates,
             [_prepared_lookup(node, key, bits, device) for key in ("lut_it", "lut_ct", "lut_ft", "lut_ot", "lut_h")],
             Requantizer(sc[4], sh[4], 0, qmin + 1, qmax, device), int(sc[3]), int(sh[3]), step_m.tolist(),
@@ -1163,12 +1167,12 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     h = _initial_state(node, spec, int_value(node.inputs[1]), batch)
     c = _initial_state(node, spec, int_value(node.inputs[2]), batch)
     xs = torch.flip(x, [1]) if spec.reverse else x
-    x_part = exact_int_matmul(xs, plan.wx)
+    x_part = plan.wx(xs)
     x_part = x_part + plan.x_bias if plan.x_requant is None else plan.x_requant(x_part) + plan.x_bias
     luts = plan.luts
     hs, cs_seq = [], []
     for t in range(spec.time_steps):
-        hw = exact_int_matmul(h, plan.wh)
+        hw = plan.wh(h)
         for rq in plan.hidden:
             hw = rq(hw)
         acc = x_part[:, t] + hw
@@ -1390,10 +1394,10 @@ class _GruPlan:
     (graph/memo.py): weights, biases, the requantizations and tables of the steps."""
 
     bits: int
-    wx_g: torch.Tensor
-    wh_g: torch.Tensor
-    wx_c: torch.Tensor
-    wh_c: torch.Tensor
+    wx_g: IntMatmul
+    wh_g: IntMatmul
+    wx_c: IntMatmul
+    wh_c: IntMatmul
     bg: torch.Tensor
     bc: torch.Tensor
     bh: torch.Tensor
@@ -1448,8 +1452,8 @@ def _gru_upstream_plan(node: PyNode, spec: RnnSpec, device: torch.device) -> _Gr
             hg, z = [rq(m[0], n[0])], rq(m[1], n[1], qmin, qmax)
             hc, z2 = [rq(m[2], n[2])], rq(m[3], n[3], qmin, qmax)
         return _GruPlan(
-            bits, *(part.t().contiguous().to(device) for part in (w[:2 * cs, :isz], w[:2 * cs, isz:],
-                                                                   w[2 * cs:, :isz], w[2 * cs:, isz:])),
+            bits, *(IntMatmul(part.t().contiguous().to(device)) for part in (w[:2 * cs, :isz], w[:2 * cs, isz:],
+                                                                              w[2 * cs:, :isz], w[2 * cs:, isz:])),
             bg.to(device), bc.to(device), bh.to(device), x_requant, hg, z, hc, z2, rq(m[4], n[4]),
             rq(m[5], n[5], qmin + 1, qmax), rq(hm, hn, qmin, qmax) if spec.linear_before_reset else None,
             _prepared_lookup(node, "lut_rt", bits, device), _prepared_lookup(node, "lut_ht", bits, device))
@@ -1469,20 +1473,20 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     qmax = integer_range(plan.bits, True)[1]
     h = _initial_state(node, spec, int_value(node.inputs[1]), x.shape[0])
     xs = torch.flip(x, [1]) if spec.reverse else x
-    xg_all, xc_all = exact_int_matmul(xs, plan.wx_g), exact_int_matmul(xs, plan.wx_c)
+    xg_all, xc_all = plan.wx_g(xs), plan.wx_c(xs)
     if plan.x_requant is not None:
         xg_all, xc_all = plan.x_requant[0](xg_all), plan.x_requant[1](xc_all)
     hs = []
     for t in range(spec.time_steps):
-        hg = exact_int_matmul(h, plan.wh_g)
+        hg = plan.wh_g(h)
         for rq in plan.hg:
             hg = rq(hg)
         rz = plan.lut_rz(plan.z(xg_all[:, t] + hg + plan.bg))
         r, u = rz[:, :cs], rz[:, cs:]
         if plan.hidden is not None:
-            hc = r * plan.hidden(exact_int_matmul(h, plan.wh_c) + plan.bh)
+            hc = r * plan.hidden(plan.wh_c(h) + plan.bh)
         else:
-            hc = exact_int_matmul(_round_div(r * h, 2 ** plan.bits), plan.wh_c)
+            hc = plan.wh_c(_round_div(r * h, 2 ** plan.bits))
         for rq in plan.hc:
             hc = rq(hc)
         c = plan.lut_c(plan.z2(xc_all[:, t] + hc + plan.bc))

@@ -243,3 +243,60 @@ def test_the_cpus_own_int8_kernel_gives_the_same_integers() -> None:
     if not result["exact"]:
         pytest.skip("this CPU's int8 GEMM saturates: the integer forward keeps its float kernels here")
     assert result["equal"] == [True] * 20  # 3 graphs x 4 settings, 8 operand layouts
+
+
+@pytest.mark.parametrize("lo,hi", [(-128, 128), (0, 256), (-32768, 32768), (0, 65536)])
+def test_int_matmul_gives_the_exact_products(monkeypatch, lo: int, hi: int) -> None:
+    """`IntMatmul` (a recurrent cell's weight products): int8 and uint8 operands in one int8 GEMM, int16 and uint16
+    ones in two, every result the int64 product's."""
+    calls: List[int] = []
+    monkeypatch.setattr(_int8_gemm, "int8_gemm_exact", lambda: True)
+    monkeypatch.setattr(_int8_gemm, "int8_gemm", reference_gemm(calls))
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randint(-128, 128, (96, 96), generator=gen)
+    a = torch.randint(lo, hi, (3, 4, 96), generator=gen)
+    got = _int8_gemm.IntMatmul(w)(a)
+    assert got.dtype == torch.int64 and torch.equal(got, a @ w)
+    assert len(calls) == (1 if hi <= 256 else 2)
+
+
+def test_int_matmul_keeps_the_int64_product_where_int8_does_not_apply(monkeypatch) -> None:
+    """Weights beyond int8 (a weight zero point), an operand beyond 16 bits, a small matrix, or a GEMM the probe
+    found inexact: torch's int64 product, the same values."""
+    calls: List[int] = []
+    monkeypatch.setattr(_int8_gemm, "int8_gemm_exact", lambda: True)
+    monkeypatch.setattr(_int8_gemm, "int8_gemm", reference_gemm(calls))
+    gen = torch.Generator().manual_seed(6)
+    w8 = torch.randint(-128, 128, (96, 96), generator=gen)
+    cases = [(torch.randint(-255, 256, (96, 96), generator=gen), torch.randint(-128, 128, (2, 96), generator=gen)),
+             (w8, torch.randint(-(2 ** 20), 2 ** 20, (2, 96), generator=gen)),
+             (w8[:8, :8], torch.randint(-128, 128, (2, 8), generator=gen))]
+    for w, a in cases:
+        assert torch.equal(_int8_gemm.IntMatmul(w)(a), a @ w)
+    assert not calls
+    monkeypatch.setattr(_int8_gemm, "int8_gemm_exact", lambda: False)
+    a = torch.randint(-128, 128, (2, 96), generator=gen)
+    assert torch.equal(_int8_gemm.IntMatmul(w8)(a), a @ w8) and not calls
+
+
+@pytest.mark.parametrize("form", ["upstream", "q15"])
+@pytest.mark.parametrize("model", ["lstm_model", "gru_model"])
+def test_recurrent_layers_give_the_same_integers_through_int8_gemms(monkeypatch, model: str, form: str) -> None:
+    """An imported LSTM / GRU, quantized in either integer form: the same outputs with the cell's weight products
+    through the int8 GEMM (the int64 reference in its place) as through the int64 product."""
+    from quantopt.frontends.onnx import import_onnx
+
+    path = os.path.join(os.path.dirname(__file__), "..", "data", "onnx_small", f"{model}.onnx")
+    graph = import_onnx(path, {"x": [1, 10, 12]})
+    q = quantize_model(graph, _data([1, 10, 12], 1, 2), {"lstm_integer_form": form, "gru_integer_form": form})
+    x = _data([1, 10, 12], 2, 1)[0]
+    want = q.forward([x])[0].clone()
+    calls: List[int] = []
+    monkeypatch.setattr(_int8_gemm, "INT8_MATMUL_MIN_WEIGHTS", 1)  # the models' small cells take it too
+    monkeypatch.setattr(_int8_gemm, "int8_gemm_exact", lambda: True)
+    monkeypatch.setattr(_int8_gemm, "int8_gemm", reference_gemm(calls))
+    for n in q.nodes:  # plans memoized without the int8 GEMM are made again
+        for key in [k for k in n.attrs if k.startswith("_memo_")]:
+            del n.attrs[key]
+    assert torch.equal(q.forward([x])[0], want)
+    assert calls
