@@ -142,11 +142,12 @@ def test_packaged_models_are_found_without_importing_their_packages():
 def _rnn_model(op: str, attrs: Dict, steps: int, batch: int, inp: int, hidden: int, layout: int, initial: bool,
                outputs: int, rng: np.random.Generator):
     gates = 4 if op == "LSTM" else 3
-    inits = [numpy_helper.from_array(rng.normal(0, 0.7, (1, gates * hidden, inp)).astype(np.float32), "W"),
-             numpy_helper.from_array(rng.normal(0, 0.7, (1, gates * hidden, hidden)).astype(np.float32), "R"),
-             numpy_helper.from_array(rng.normal(0, 0.5, (1, 2 * gates * hidden)).astype(np.float32), "B")]
+    dirs = 2 if attrs.get("direction") == "bidirectional" else 1
+    inits = [numpy_helper.from_array(rng.normal(0, 0.7, (dirs, gates * hidden, inp)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.normal(0, 0.7, (dirs, gates * hidden, hidden)).astype(np.float32), "R"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (dirs, 2 * gates * hidden)).astype(np.float32), "B")]
     xs = [steps, batch, inp] if layout == 0 else [batch, steps, inp]
-    hs = [1, batch, hidden] if layout == 0 else [batch, 1, hidden]
+    hs = [dirs, batch, hidden] if layout == 0 else [batch, dirs, hidden]
     states = ["h0", "c0"] if op == "LSTM" else ["h0"]
     ins = ["x", "W", "R", "B", ""] + [s if initial else "" for s in states]
     outs = (["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"])[:outputs]
@@ -174,6 +175,11 @@ RNN_CASES = [
     ("GRU", {"linear_before_reset": 1}, 0, False, 2),
     ("GRU", {"direction": "reverse", "clip": 0.7}, 0, True, 1),
     ("GRU", {}, 1, True, 2),
+    ("LSTM", {"direction": "bidirectional"}, 0, True, 3),
+    ("LSTM", {"direction": "bidirectional"}, 1, True, 3),
+    ("LSTM", {"direction": "bidirectional", "clip": 0.5}, 0, False, 1),
+    ("GRU", {"direction": "bidirectional"}, 0, True, 2),
+    ("GRU", {"direction": "bidirectional", "linear_before_reset": 1}, 1, True, 2),
 ]
 
 
@@ -198,15 +204,34 @@ def test_recurrent_converters_match_reference(tmp_path, op, attrs, layout, initi
         np.testing.assert_allclose(g.numpy(), r, atol=2e-6)
 
 
-def test_recurrent_variants_without_an_ir_form_are_refused(tmp_path):
-    model, _ = _rnn_model("LSTM", {"direction": "bidirectional"}, 3, 1, 2, 2, 0, False, 1, np.random.default_rng(0))
-    # a bidirectional LSTM has 2 directions of weights
-    for init in model.graph.initializer:
-        arr = numpy_helper.to_array(init)
-        init.CopyFrom(numpy_helper.from_array(np.concatenate([arr, arr]), init.name))
-    path = str(tmp_path / "bi.onnx")
+@pytest.mark.parametrize("op,layout", [("LSTM", 0), ("LSTM", 1), ("GRU", 1)])
+def test_bidirectional_layers_with_constant_initial_states(tmp_path, op, layout):
+    """A bidirectional node whose initial states are initializers: one Constant per direction's state, both
+    directions' layers, their outputs joined as the ONNX outputs hold them."""
+    model, feeds = _rnn_model(op, {"direction": "bidirectional"}, 4, 2, 3, 5, layout, True, 3 if op == "LSTM" else 2,
+                              np.random.default_rng(7))
+    states = [i for i in model.graph.input if i.name != "x"]
+    for i in states:
+        model.graph.initializer.append(numpy_helper.from_array(feeds.pop(i.name), i.name))
+        model.graph.input.remove(i)
+    path = str(tmp_path / "bi_const.onnx")
     onnx.save(model, path)
-    with pytest.raises(UnsupportedError, match="'rnn' \\(LSTM, opset 14\\): direction=bidirectional"):
+    graph = import_onnx(path)
+    layers = [n for n in graph.nodes if str(n.type) in ("BasicLSTM", "GRUv3")]
+    assert [n.params["direction"] for n in layers] == ["forward", "reverse"]
+    got = graph.forward([torch.from_numpy(feeds["x"])])
+    from onnx.reference import ReferenceEvaluator
+    ref = ReferenceEvaluator(model).run(None, feeds)
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape
+        np.testing.assert_allclose(g.numpy(), r, atol=2e-6)
+
+
+def test_recurrent_variants_without_an_ir_form_are_refused(tmp_path):
+    model, _ = _rnn_model("LSTM", {"input_forget": 1}, 3, 1, 2, 2, 0, False, 1, np.random.default_rng(0))
+    path = str(tmp_path / "coupled.onnx")
+    onnx.save(model, path)
+    with pytest.raises(UnsupportedError, match="'rnn' \\(LSTM, opset 14\\): input_forget=1 is not supported"):
         import_onnx(path)
 
 

@@ -1,6 +1,10 @@
 """ONNX LSTM / GRU → the Parser's BasicLSTM / GRUv3 / GRUv1 layers (one direction per layer, batch-major sequences),
 and clear refusals for the control-flow operators that remain after If folding (see control.py).
 
+A bidirectional node becomes two layers, a forward and a reverse one over the same input, each with its
+direction's weights, biases and initial states (a Split of a computed state), their outputs joined by Concat
+layers along the ONNX outputs' direction axis.
+
 ONNX keeps W [dirs, G·H, I], R [dirs, G·H, H] and B [dirs, 2·G·H] with gate blocks i, o, f, c (LSTM) or z, r, h
 (GRU); the IR layers take one matrix [G·H, I + H] over [x_t, h] with blocks i, g, f, o (BasicLSTM) or r, z,
 candidate (GRUv3), and one bias vector (the ONNX input and recurrence biases added; GRU with linear_before_reset
@@ -8,7 +12,7 @@ keeps the recurrence bias of the candidate apart: the Parser's GRUv1 layer, a GR
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -51,13 +55,14 @@ def _activations(node: ONode, defaults: List[str]) -> List[str]:
 def _common(ctx: Context, node: ONode, gates: int) -> Dict[str, Any]:
     """Checks shared by LSTM and GRU; returns the sizes, direction and layout."""
     direction = str(node.attrs.get("direction", "forward")).lower()
-    if direction not in ("forward", "reverse"):
-        raise ConvertError(f"direction={direction} is not supported (forward and reverse are; export each "
-                           "direction as its own layer)")
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise ConvertError(f"direction={direction} is not supported (forward, reverse and bidirectional are)")
+    directions = ["forward", "reverse"] if direction == "bidirectional" else [direction]
     w = ctx.const(node.inputs[1]).astype(np.float64)
     r = ctx.const(node.inputs[2]).astype(np.float64)
-    if w.ndim != 3 or w.shape[0] != 1 or r.ndim != 3:
-        raise ConvertError(f"W of shape {list(w.shape)}: one direction is supported")
+    if w.ndim != 3 or w.shape[0] != len(directions) or r.ndim != 3 or r.shape[0] != len(directions):
+        raise ConvertError(f"W of shape {list(w.shape)} and R of shape {list(r.shape)}: direction={direction} "
+                           f"needs {len(directions)} along the first axis")
     hidden = int(node.attrs.get("hidden_size", w.shape[1] // gates))
     layout = int(node.attrs.get("layout", 0))
     shape = ctx.shape(node.inputs[0])
@@ -69,29 +74,44 @@ def _common(ctx: Context, node: ONode, gates: int) -> Dict[str, Any]:
         if np.any(ctx.const(seq_lens).astype(np.int64) != steps):
             raise ConvertError("sequence_lens shorter than the sequence are not supported")
     clip = node.attrs.get("clip")
-    return {"w": w[0], "r": r[0], "hidden": hidden, "layout": layout, "steps": int(steps), "batch": int(batch),
-            "input_size": int(shape[2]), "direction": direction, "clip": None if clip is None else float(clip)}
+    return {"w": w, "r": r, "hidden": hidden, "layout": layout, "steps": int(steps), "batch": int(batch),
+            "input_size": int(shape[2]), "directions": directions, "clip": None if clip is None else float(clip)}
 
 
-def _state(ctx: Context, node: ONode, pos: int, info: Dict[str, Any], what: str) -> str:
-    """Initial state [1, B, H] (layout 0) or [B, 1, H] (layout 1) as an IR tensor [B, H]; zeros when absent."""
+def _states(ctx: Context, node: ONode, pos: int, info: Dict[str, Any], what: str) -> List[str]:
+    """Initial state [D, B, H] (layout 0) or [B, D, H] (layout 1) as one IR tensor [B, H] per direction; zeros
+    when absent."""
     name = _opt(node, pos)
-    hidden, batch = info["hidden"], info["batch"]
+    hidden, batch, dirs = info["hidden"], info["batch"], len(info["directions"])
+    suffixes = [""] if dirs == 1 else ["", "_reverse"]
     if name is None:
-        return ctx.add("Constant", [], [(1, hidden)], f"{node.name}_{what}", {},
-                       {"weights": np.zeros((1, hidden), np.float32)})[0]
+        return [ctx.add("Constant", [], [(1, hidden)], f"{node.name}_{what}{suffix}", {},
+                        {"weights": np.zeros((1, hidden), np.float32)})[0] for suffix in suffixes]
     if ctx.is_const(name):  # one Constant per distinct value, named after what made it (as the Parser shares them)
-        state = new_const(ctx.g, f"{name}_state", ctx.const(name).astype(np.float32).reshape(-1, hidden))
-        ctx.g.const_sources[state] = ctx.g.const_sources.get(name, name)
-        return ctx.constant_layer(state)
+        value = ctx.const(name).astype(np.float32)
+        value = value if info["layout"] == 0 else value.transpose(1, 0, 2)
+        out = []
+        for k, suffix in enumerate(suffixes):
+            state = new_const(ctx.g, f"{name}_state{suffix}", value[k].reshape(-1, hidden))
+            ctx.g.const_sources[state] = ctx.g.const_sources.get(name, name)
+            out.append(ctx.constant_layer(state))
+        return out
     src = ctx.source_for_reshape(name)
-    return ctx.add("Reshape", [src], [(batch, hidden)], f"{node.name}_{what}", {"shape": [batch, hidden]})[0]
+    if dirs == 1:
+        return [ctx.add("Reshape", [src], [(batch, hidden)], f"{node.name}_{what}", {"shape": [batch, hidden]})[0]]
+    axis = 0 if info["layout"] == 0 else 1
+    part = (1, batch, hidden) if axis == 0 else (batch, 1, hidden)
+    held = ctx.value(name)
+    parts = ctx.add("Split", [held], [part, part], f"{node.name}_{what}_split", {"axis": axis, "splits": [1, 1]})
+    return [ctx.add("Reshape", [p], [(batch, hidden)], f"{node.name}_{what}{suffix}", {"shape": [batch, hidden]})[0]
+            for p, suffix in zip(parts, suffixes)]
 
 
 def _emit(ctx: Context, node: ONode, optype: str, info: Dict[str, Any], names: List[str], params: Dict[str, Any],
-          weights: np.ndarray, biases: np.ndarray, states: List[str]) -> None:
-    """The layer, then each used ONNX output bound to it: Y [T, 1, B, H] held as [B, T, 1, H] (layout 0), the
-    final states [1, B, H] as Reshapes of the [B, H] layer outputs."""
+          layers: List[Tuple[np.ndarray, np.ndarray, List[str]]]) -> None:
+    """One layer per direction (its weights, biases and initial states in `layers`), then each used ONNX output
+    bound to them: Y [T, D, B, H] held as [B, T, D, H] (layout 0), the final states [D, B, H] from the [B, H] layer
+    outputs; two directions joined by a Concat along the direction axis."""
     x = node.inputs[0]
     seq = ctx.value(x, (1, 0, 2)) if info["layout"] == 0 else ctx.value(x)
     used = [(k, o) for k, o in enumerate(node.outputs[:len(names)]) if o]
@@ -99,21 +119,37 @@ def _emit(ctx: Context, node: ONode, optype: str, info: Dict[str, Any], names: L
         raise ConvertError("none of the outputs is used")
     b, t, h = info["batch"], info["steps"], info["hidden"]
     shapes = [(b, t, h) if k == 0 else (b, h) for k, _ in used]
-    params = dict(params, out_sequence=[names[k] for k, _ in used])
-    irs = ctx.add(optype, [seq] + states, shapes, node.name, params,
-                  {"weights": weights.astype(np.float32), "biases": biases.astype(np.float32)})
-    for (k, onnx_out), ir in zip(used, irs):
+    dirs = info["directions"]
+    outputs = []
+    for direction, (weights, biases, states) in zip(dirs, layers):
+        name = node.name if direction == dirs[0] else f"{node.name}_reverse"
+        layer_params = dict(params, direction=direction, out_sequence=[names[k] for k, _ in used])
+        outputs.append(ctx.add(optype, [seq] + states, shapes, name, layer_params,
+                               {"weights": weights.astype(np.float32), "biases": biases.astype(np.float32)}))
+    state_axis = 0 if info["layout"] == 0 else 1
+    for i, (k, onnx_out) in enumerate(used):
+        if len(outputs) > 1 and not ctx.g.consumers(onnx_out) and onnx_out not in ctx.g.outputs:
+            continue  # a named output nothing reads: no Concat for it (single Reshape views are pruned anyway)
         if k == 0:
             # views (ctx.reshape), so that the Squeeze / Transpose / Reshape chain after the layer collapses
-            held = ctx.reshape(ir, (b, t, 1, h), f"{node.name}_Y")
-            ctx.bind(onnx_out, held, (2, 0, 1, 3) if info["layout"] == 0 else None)
+            held = [ctx.reshape(irs[i], (b, t, 1, h), f"{node.name}_Y{'' if d == 0 else '_reverse'}")
+                    for d, irs in enumerate(outputs)]
+            joined = held[0] if len(held) == 1 else \
+                ctx.add("Concat", held, [(b, t, 2, h)], f"{node.name}_Y_concat", {"axis": 2})[0]
+            ctx.bind(onnx_out, joined, (2, 0, 1, 3) if info["layout"] == 0 else None)
+        elif len(outputs) == 1:
+            ctx.bind(onnx_out, ctx.reshape(outputs[0][i], ctx.shape(onnx_out), f"{node.name}_{names[k]}"), None)
         else:
-            ctx.bind(onnx_out, ctx.reshape(ir, ctx.shape(onnx_out), f"{node.name}_{names[k]}"), None)
+            part = (1, b, h) if state_axis == 0 else (b, 1, h)
+            held = [ctx.reshape(irs[i], part, f"{node.name}_{names[k]}{'' if d == 0 else '_reverse'}")
+                    for d, irs in enumerate(outputs)]
+            ctx.bind(onnx_out, ctx.add("Concat", held, [ctx.shape(onnx_out)], f"{node.name}_{names[k]}_concat",
+                                       {"axis": state_axis})[0], None)
 
 
 def _base_params(info: Dict[str, Any], acts: List[str]) -> Dict[str, Any]:
     p: Dict[str, Any] = {"time_steps": info["steps"], "input_size": info["input_size"], "cell_size": info["hidden"],
-                         "direction": info["direction"], "activations": acts}
+                         "direction": info["directions"][0], "activations": acts}
     if info["clip"] is not None:
         p["threshold"] = info["clip"]
     return p
@@ -127,34 +163,33 @@ def lstm(ctx: Context, node: ONode) -> None:
     peep = _opt(node, 7)
     if peep is not None and (not ctx.is_const(peep) or np.any(ctx.const(peep) != 0)):
         raise ConvertError("peephole weights (input P) are not supported")
-    h = info["hidden"]
-    bias = ctx.const(_opt(node, 3)).astype(np.float64)[0] if _opt(node, 3) else np.zeros(8 * h)
-    weights = _blocks(np.concatenate([info["w"], info["r"]], axis=1), LSTM_ORDER, h)
-    biases = _blocks(bias[:4 * h] + bias[4 * h:], LSTM_ORDER, h)
-    states = [_state(ctx, node, 5, info, "h0"), _state(ctx, node, 6, info, "c0")]
+    h, dirs = info["hidden"], len(info["directions"])
+    bias = ctx.const(_opt(node, 3)).astype(np.float64) if _opt(node, 3) else np.zeros((dirs, 8 * h))
+    h0, c0 = _states(ctx, node, 5, info, "h0"), _states(ctx, node, 6, info, "c0")
+    layers = [(_blocks(np.concatenate([info["w"][d], info["r"][d]], axis=1), LSTM_ORDER, h),
+               _blocks(bias[d][:4 * h] + bias[d][4 * h:], LSTM_ORDER, h), [h0[d], c0[d]]) for d in range(dirs)]
     _emit(ctx, node, "BasicLSTM", info, ["Y", "H", "C"], _base_params(info, _activations(node, ["SIGMOID", "TANH",
-                                                                                               "TANH"])),
-          weights, biases, states)
+                                                                                               "TANH"])), layers)
 
 
 @converter("GRU")
 def gru(ctx: Context, node: ONode) -> None:
     info = _common(ctx, node, 3)
-    h = info["hidden"]
-    bias = ctx.const(_opt(node, 3)).astype(np.float64)[0] if _opt(node, 3) else np.zeros(6 * h)
-    wb, rb = bias[:3 * h], bias[3 * h:]
-    weights = _blocks(np.concatenate([info["w"], info["r"]], axis=1), GRU_ORDER, h)
+    h, dirs = info["hidden"], len(info["directions"])
+    bias = ctx.const(_opt(node, 3)).astype(np.float64) if _opt(node, 3) else np.zeros((dirs, 6 * h))
     lbr = bool(int(node.attrs.get("linear_before_reset", 0)))
-    gates = _blocks(wb[:2 * h] + rb[:2 * h], GRU_ORDER[:2], h)
-    if lbr:
-        biases = np.concatenate([gates, wb[2 * h:], rb[2 * h:]])
-    else:
-        biases = np.concatenate([gates, wb[2 * h:] + rb[2 * h:]])
+    h0 = _states(ctx, node, 5, info, "h0")
+    layers = []
+    for d in range(dirs):
+        wb, rb = bias[d][:3 * h], bias[d][3 * h:]
+        gates = _blocks(wb[:2 * h] + rb[:2 * h], GRU_ORDER[:2], h)
+        biases = np.concatenate([gates, wb[2 * h:], rb[2 * h:]]) if lbr else \
+            np.concatenate([gates, wb[2 * h:] + rb[2 * h:]])
+        layers.append((_blocks(np.concatenate([info["w"][d], info["r"][d]], axis=1), GRU_ORDER, h), biases, [h0[d]]))
     params = _base_params(info, _activations(node, ["SIGMOID", "TANH"]))
     if not lbr:
         params["version"] = "GRUV3"
-    _emit(ctx, node, "GRUv1" if lbr else "GRUv3", info, ["H", "Hn"], params, weights, biases,
-          [_state(ctx, node, 5, info, "h0")])
+    _emit(ctx, node, "GRUv1" if lbr else "GRUv3", info, ["H", "Hn"], params, layers)
 
 
 @converter("If")
