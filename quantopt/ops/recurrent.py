@@ -1052,17 +1052,17 @@ def lstm_upstream_quantize(node: PyNode, spec: RnnSpec) -> None:
     qb.scale, qb.zerop, qb.qbits = 1.0, 0, bias_bits
 
 
-def _upstream_lookup(node: PyNode, key: str, v: torch.Tensor, bits: int) -> torch.Tensor:
-    return _prepared_lookup(node, key, bits, v.device)(v)
-
-
-def _prepared_lookup(node: PyNode, key: str, bits: int, device: torch.device) -> PreparedLut:
-    """The upstream form's lookup in table constant `key` (signed `bits`-bit codes in and out), prepared for a
-    cell's steps."""
-    table = node.get_constant(key).betensor
-    if table.numel() != 2 ** TABLE_ENTRIES_BITS:
-        raise node._error(f"constant '{key}' must hold {2 ** TABLE_ENTRIES_BITS} entries, got {table.numel()}")
-    return PreparedLut(table, -(2 ** (bits - 1)), bits, bits, True, device=device)
+def _prepared_lookup(node: PyNode, keys: Sequence[str], bits: int, device: torch.device) -> PreparedLut:
+    """The upstream form's lookup in table constant(s) `keys` (signed `bits`-bit codes in and out), prepared for a
+    cell's steps; several tables apply to as many equal blocks of the codes' last axis (the gate blocks)."""
+    tables = []
+    for key in keys:
+        table = node.get_constant(key).betensor
+        if table.numel() != 2 ** TABLE_ENTRIES_BITS:
+            raise node._error(f"constant '{key}' must hold {2 ** TABLE_ENTRIES_BITS} entries, got {table.numel()}")
+        tables.append(table.reshape(-1))
+    return PreparedLut(tables[0] if len(tables) == 1 else torch.stack(tables), -(2 ** (bits - 1)), bits, bits, True,
+                       device=device)
 
 
 def _rq(v: torch.Tensor, m, n, lo: int, hi: int) -> torch.Tensor:
@@ -1097,14 +1097,13 @@ class _LstmPlan:
     hidden: List[Requantizer]
     """the hidden projection's requantization(s), in order"""
     gates: Requantizer
-    luts: List[PreparedLut]
-    """the i, g, f, o gate tables and the cell output table"""
+    gate_luts: PreparedLut
+    """the i, g, f, o gate tables over the four gate blocks"""
+    cell_lut: PreparedLut
     out_h: Requantizer
-    cell_m: int
-    cell_n: int
-    step_ms: List[List[int]]
-    step_ns: List[List[int]]
-    step_diffs: List[int]
+    steps: List[Tuple[Requantizer, Requantizer, Requantizer, Requantizer]]
+    """per step: the requantizations of i·g, f·c, the cell input and the cell state (their shifts move with the
+    step's diff_shifts)"""
 
 
 def _lstm_upstream_plan(node: PyNode, spec: RnnSpec, device: torch.device) -> _LstmPlan:
@@ -1142,13 +1141,18 @@ def _lstm_upstream_plan(node: PyNode, spec: RnnSpec, device: torch.device) -> _L
                       Requantizer(sc[0], gate_n, 0, INT32_MIN, INT32_MAX, device)]
             gates = _gate_requantizer(((mi, lut_shift), (mg, ng - ni + lut_shift), (mf, lut_shift),
                                        (mo, lut_shift)), cs, qmin, qmax, device)
+        cell_m, cell_n = int(sc[3]), int(sh[3])
+        per_step = [(Requantizer(1, d, 0, INT32_MIN, INT32_MAX, device),
+                     Requantizer(m[0], n[0] + d, 0, INT32_MIN, INT32_MAX, device),
+                     Requantizer(cell_m, cell_n - d, 0, qmin + 1, qmax, device),
+                     Requantizer(m[1], n[1] - d, 0, qmin + 1, qmax, device))
+                    for m, n, d in zip(step_m.tolist(), step_n.tolist(), diffs.tolist())]
         return _LstmPlan(
             bits, IntMatmul(w[:, :isz].t().contiguous().to(device)), IntMatmul(w[:, isz:].t().contiguous().to(device)),
-            x_requant,
-            x_bias.to(device), hidden, gates,
-            [_prepared_lookup(node, key, bits, device) for key in ("lut_it", "lut_ct", "lut_ft", "lut_ot", "lut_h")],
-            Requantizer(sc[4], sh[4], 0, qmin + 1, qmax, device), int(sc[3]), int(sh[3]), step_m.tolist(),
-            step_n.tolist(), diffs.tolist())
+            x_requant, x_bias.to(device), hidden, gates,
+            _prepared_lookup(node, ("lut_it", "lut_ct", "lut_ft", "lut_ot"), bits, device),
+            _prepared_lookup(node, ("lut_h",), bits, device), Requantizer(sc[4], sh[4], 0, qmin + 1, qmax, device),
+            per_step)
 
     return memo(node, "lstm_upstream_plan", (layer_key(node), str(device)), build)
 
@@ -1162,14 +1166,12 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     x = int_value(node.inputs[0])
     _check_sequence(node, spec, x)
     plan = _lstm_upstream_plan(node, spec, x.device)
-    qmin, qmax = integer_range(plan.bits, True)
     batch = x.shape[0]
     h = _initial_state(node, spec, int_value(node.inputs[1]), batch)
     c = _initial_state(node, spec, int_value(node.inputs[2]), batch)
     xs = torch.flip(x, [1]) if spec.reverse else x
     x_part = plan.wx(xs)
     x_part = x_part + plan.x_bias if plan.x_requant is None else plan.x_requant(x_part) + plan.x_bias
-    luts = plan.luts
     hs, cs_seq = [], []
     for t in range(spec.time_steps):
         hw = plan.wh(h)
@@ -1178,14 +1180,11 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
         acc = x_part[:, t] + hw
         if plan.bits > 8:
             acc = torch.clamp(acc, INT32_MIN, INT32_MAX)
-        i, g, f, o = (lut(z) for lut, z in zip(luts, plan.gates(acc).chunk(4, dim=1)))
-        d = plan.step_diffs[t]
-        ig = _rq(i * g, 1, d, INT32_MIN, INT32_MAX)
-        fc = _rq(f * c, plan.step_ms[t][0], plan.step_ns[t][0] + d, INT32_MIN, INT32_MAX)
-        c_tmp = torch.clamp(ig + fc, INT32_MIN, INT32_MAX)
-        cell_in = _rq(c_tmp, plan.cell_m, plan.cell_n - d, qmin + 1, qmax)
-        h = plan.out_h(o * luts[4](cell_in))
-        c = _rq(c_tmp, plan.step_ms[t][1], plan.step_ns[t][1] - d, qmin + 1, qmax)
+        i, g, f, o = plan.gate_luts(plan.gates(acc)).chunk(4, dim=1)
+        rq_ig, rq_fc, rq_cell_in, rq_c = plan.steps[t]
+        c_tmp = torch.clamp(rq_ig(i * g) + rq_fc(f * c), INT32_MIN, INT32_MAX)
+        h = plan.out_h(o * plan.cell_lut(rq_cell_in(c_tmp)))
+        c = rq_c(c_tmp)
         hs.append(h)
         cs_seq.append(c)
     y = torch.stack(hs, dim=1)
@@ -1456,7 +1455,7 @@ def _gru_upstream_plan(node: PyNode, spec: RnnSpec, device: torch.device) -> _Gr
                                                                               w[2 * cs:, :isz], w[2 * cs:, isz:])),
             bg.to(device), bc.to(device), bh.to(device), x_requant, hg, z, hc, z2, rq(m[4], n[4]),
             rq(m[5], n[5], qmin + 1, qmax), rq(hm, hn, qmin, qmax) if spec.linear_before_reset else None,
-            _prepared_lookup(node, "lut_rt", bits, device), _prepared_lookup(node, "lut_ht", bits, device))
+            _prepared_lookup(node, ("lut_rt",), bits, device), _prepared_lookup(node, ("lut_ht",), bits, device))
 
     return memo(node, "gru_upstream_plan", (layer_key(node), str(device)), build)
 

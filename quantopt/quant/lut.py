@@ -8,7 +8,7 @@ dequantized with the float32 reciprocal of the scale, f evaluated in float32, qu
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -86,38 +86,61 @@ def lookup_lut(x_q: Union[torch.Tensor, np.ndarray], lut: torch.Tensor, in_qmin:
 
 
 class PreparedLut:
-    """`lookup_lut` of one 1-D table with its table-side work (the padded int64 copy, its size and whether its
-    entries need the output clamp) done once: for a loop that looks many small tensors up in the same table (a
-    recurrent cell's steps), where that work cost more than the lookup itself."""
+    """`lookup_lut` with its table-side work (the padded int64 copy, its size and whether its entries need the
+    output clamp) done once: for a loop that looks many small tensors up in the same tables (a recurrent cell's
+    steps), where that work cost more than the lookup itself.
+
+    A 2-D table [K, 2^N] holds K tables for K equal blocks of the last axis of the codes (block k: columns
+    k·C/K .. (k+1)·C/K - 1): one table per channel when K is the channel count, or the four gate tables of an LSTM
+    cell over its four gate blocks, looked up in one pass."""
 
     def __init__(self, lut: torch.Tensor, in_qmin: int, in_bits: int, out_bits: int, out_signed: bool = False,
                  in_restricted: bool = False, device: Optional[torch.device] = None) -> None:
-        table = torch.as_tensor(lut).to(torch.int64).flatten()
-        size = table.numel()
+        table = torch.as_tensor(lut).to(torch.int64)
+        tables = table.reshape(1, -1) if table.dim() != 2 else table
+        self.blocks, size = int(tables.shape[0]), int(tables.shape[1])
         self.table_bits = int(round(math.log2(size))) if size > 0 else -1
         if size == 0 or 2 ** self.table_bits != size:
             raise ValueError(f"LUT lookup needs a table of 2^N entries, got {size}")
         self.size, self.in_bits = size, int(in_bits)
         self.offset = in_qmin - 1 if in_restricted and in_qmin < 0 else in_qmin
-        self.padded = torch.cat([table, table[-1:]])
+        self.padded = torch.cat([tables, tables[:, -1:]], dim=1).reshape(-1)  # each table's last entry repeated
         if device is not None:
             self.padded = self.padded.to(device)
         self.out_range = integer_range(out_bits, out_signed)
         # entries (and the floored interpolations between them) already in the output range need no clamp
-        self.clamped = not (self.out_range[0] <= int(table.min()) and int(table.max()) <= self.out_range[1])
+        self.clamped = not (self.out_range[0] <= int(tables.min()) and int(tables.max()) <= self.out_range[1])
+        self._bases: Dict[Tuple[int, str], torch.Tensor] = {}
+
+    def _base(self, columns: int, device: torch.device) -> torch.Tensor:
+        """Where each column's table starts in the padded stack, for codes of `columns` columns."""
+        key = (columns, str(device))
+        if key not in self._bases:
+            if columns % self.blocks:
+                raise ValueError(f"{self.blocks} tables need a last axis of a multiple of {self.blocks} columns, "
+                                 f"got {columns}")
+            block = torch.arange(self.blocks, dtype=torch.int64) * (self.size + 1)
+            self._bases[key] = block.repeat_interleave(columns // self.blocks).to(device)
+        return self._bases[key]
 
     def __call__(self, x_q: Union[torch.Tensor, np.ndarray]) -> torch.Tensor:
-        x = torch.as_tensor(np.asarray(x_q) if isinstance(x_q, np.ndarray) else x_q)
+        x = x_q if isinstance(x_q, torch.Tensor) else torch.as_tensor(np.asarray(x_q))
         x = torch.round(x.to(torch.float64)).to(torch.int64) if torch.is_floating_point(x) else x.to(torch.int64)
         padded = self.padded if self.padded.device == x.device else self.padded.to(x.device)
+        if self.blocks > 1 and x.dim() == 0:
+            raise ValueError(f"{self.blocks} tables need codes with a last axis of {self.blocks} blocks")
+        base = self._base(int(x.shape[-1]), x.device) if self.blocks > 1 else None
         index = torch.sub(x, self.offset).clamp_(0, 2 ** self.in_bits - 1)
         if self.in_bits > self.table_bits:
             b = self.in_bits - self.table_bits
             hi = index >> b
             lo = index - (hi << b)
+            if base is not None:
+                hi = hi.add_(base)
             value = padded[hi] + (((padded[hi + 1] - padded[hi]) * lo) >> b)
         else:
-            value = torch.take(padded, index.clamp_(0, self.size - 1))
+            index = index.clamp_(0, self.size - 1)
+            value = torch.take(padded, index if base is None else index.add_(base))
         return torch.clamp(value, *self.out_range) if self.clamped else value
 
 
@@ -129,9 +152,9 @@ def _lookup_per_channel(x_q: Union[torch.Tensor, np.ndarray], table: torch.Tenso
     if x.dim() == 0 or int(x.shape[-1]) != channels:
         raise ValueError(f"a per-channel table of {channels} channels needs inputs with {channels} channels on the "
                          f"last axis, got shape {list(x.shape)}")
-    columns = [lookup_lut(x[..., c], table[c], in_qmin, in_bits, out_bits, out_signed, in_restricted)
-               for c in range(channels)]
-    return torch.stack(columns, dim=-1) if size else x.to(torch.int64)
+    if not size:
+        return x.to(torch.int64)
+    return PreparedLut(table, in_qmin, in_bits, out_bits, out_signed, in_restricted)(x)
 
 
 def lookup_float_lut(index: torch.Tensor, lut: torch.Tensor, in_bits: int) -> torch.Tensor:

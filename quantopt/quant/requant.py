@@ -28,6 +28,7 @@ from .rounding import (
     _MAGIC_BITS,
     FLOAT64_EXACT,
     MAGIC_EXACT,
+    SMALL_CONVERSION,
     RoundMode,
     float64_to_int,
     int_to_float64,
@@ -377,7 +378,7 @@ def broadcasts_into(small: Sequence[int], shape: Sequence[int]) -> bool:
 
 def int64_to_float64(x: torch.Tensor) -> torch.Tensor:
     """`int_to_float64` of an int64 tensor with |x| < 2^51 in one allocation instead of two (the same values)."""
-    if x.dtype == torch.int64:
+    if x.dtype == torch.int64 and x.numel() > SMALL_CONVERSION:
         return x.add(_MAGIC_BITS).view(torch.float64).sub_(_MAGIC)
     return int_to_float64(x)
 

@@ -107,14 +107,24 @@ MAGIC_EXACT = 2 ** 51
 """Magnitude below which `int_to_float64` and `float64_to_int` are exact."""
 
 
+SMALL_CONVERSION = 2048
+"""Elements up to which the int64 <-> float64 conversions take torch's own conversion: one kernel call instead of
+two, which decides below this size (measured: 1.7 against 3.3 us for 384 elements)."""
+
+
 def int_to_float64(x: torch.Tensor) -> torch.Tensor:
     """int64 tensor -> float64, exact for |x| < 2^51, in two vectorised passes (CPUs without AVX-512 have no
-    vector int64 -> float64 conversion, and torch's scalar one costs about 5x an element-wise add)."""
+    vector int64 -> float64 conversion, and torch's scalar one costs about 5x an element-wise add); a small tensor
+    by torch's conversion (the same values)."""
+    if x.numel() <= SMALL_CONVERSION:
+        return x.to(torch.float64)
     return (x + _MAGIC_BITS).view(torch.float64) - _MAGIC
 
 
 def float64_to_int(x: torch.Tensor) -> torch.Tensor:
     """float64 tensor of integers -> int64, exact for |x| < 2^51 (the inverse of `int_to_float64`)."""
+    if x.numel() <= SMALL_CONVERSION:
+        return x.to(torch.int64)
     return (x + _MAGIC).view(torch.int64) - _MAGIC_BITS
 
 
