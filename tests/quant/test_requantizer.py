@@ -116,3 +116,20 @@ def test_prepared_lookup_equals_the_lookup() -> None:
             assert torch.equal(prepared(codes.to(torch.float64)), direct)  # float codes are rounded first
     with pytest.raises(ValueError, match="2\\^N entries"):
         PreparedLut(torch.zeros(100, dtype=torch.int64), -128, 8, 8, True)
+
+
+@pytest.mark.parametrize("in_bits", [8, 16])
+def test_stacked_tables_look_up_each_block_in_its_own_table(in_bits: int) -> None:
+    """K tables over K equal blocks of the last axis (a cell's gate blocks; one per channel when K is the channel
+    count): each block's values are those of its own table's lookup."""
+    g = torch.Generator().manual_seed(8)
+    tables = torch.randint(-40000, 40000, (4, 256), generator=g, dtype=torch.int64)
+    codes = torch.randint(-(2 ** (in_bits - 1)), 2 ** (in_bits - 1), (3, 4 * 6), generator=g)
+    args = (-(2 ** (in_bits - 1)), in_bits, 16, True)
+    got = PreparedLut(tables, *args)(codes)
+    for k, block in enumerate(codes.chunk(4, dim=1)):
+        assert torch.equal(got[:, 6 * k:6 * (k + 1)], lookup_lut(block, tables[k], *args))
+    per_channel = lookup_lut(codes[:, :4], tables, *args)  # a table per channel: blocks of one column
+    assert torch.equal(per_channel, torch.stack([lookup_lut(codes[:, c], tables[c], *args) for c in range(4)], 1))
+    with pytest.raises(ValueError, match="multiple of 4 columns"):
+        PreparedLut(tables, *args)(codes[:, :5])
