@@ -131,6 +131,8 @@ class IntMatmul:
 
     def __init__(self, w: torch.Tensor) -> None:
         self.w = w.to(torch.int64)
+        # max over the output columns of sum |w|: |a @ w| <= max|a| * col_absmax
+        self.col_absmax = int(self.w.abs().sum(dim=0).max()) if self.w.dim() == 2 and self.w.numel() else 0
         self.w8: Optional[torch.Tensor] = None
         self.sums: Optional[torch.Tensor] = None
         if self.w.dim() != 2 or self.w.device.type != "cpu" or self.w.numel() < INT8_MATMUL_MIN_WEIGHTS \

@@ -1065,6 +1065,18 @@ def _prepared_lookup(node: PyNode, keys: Sequence[str], bits: int, device: torch
                        device=device)
 
 
+INT32_BOUND = 2 ** 31
+"""The largest |value| of an int32-clamped intermediate."""
+
+
+def _values_absmax(t: torch.Tensor) -> int:
+    """max |t| of an integer tensor (0 when empty)."""
+    if not t.numel():
+        return 0
+    lo, hi = torch.aminmax(t)
+    return max(-int(lo), int(hi))
+
+
 def _rq(v: torch.Tensor, m, n, lo: int, hi: int) -> torch.Tensor:
     return requantize_int(v, m, n, 0, lo, hi)
 
@@ -1162,7 +1174,9 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
 
     What does not depend on the recurrent state (the input projection, its requantization, the biases) is computed
     for every step at once, and the layer's requantizations and tables come prepared (`_lstm_upstream_plan`):
-    exact integer and element-wise arithmetic, so the values of computing each step alone."""
+    exact integer and element-wise arithmetic, so the values of computing each step alone. Each requantization is
+    given the bound its input's ranges prove (clamps, table entries, weight sums; the initial states and the input
+    projection looked at once), so no step looks at its values for it."""
     x = int_value(node.inputs[0])
     _check_sequence(node, spec, x)
     plan = _lstm_upstream_plan(node, spec, x.device)
@@ -1172,19 +1186,25 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     xs = torch.flip(x, [1]) if spec.reverse else x
     x_part = plan.wx(xs)
     x_part = x_part + plan.x_bias if plan.x_requant is None else plan.x_requant(x_part) + plan.x_bias
+    qmin, qmax = integer_range(plan.bits, True)
+    state_max = max(-(qmin + 1), qmax)  # h and c after a step: requantized into [qmin + 1, qmax]
+    h_max, c_max = _values_absmax(h), _values_absmax(c)
+    acc_max = _values_absmax(x_part) + INT32_BOUND if plan.bits == 8 else INT32_BOUND  # 16 bits: clamped to int32
+    gate_max = plan.gate_luts.absmax
     hs, cs_seq = [], []
     for t in range(spec.time_steps):
-        hw = plan.wh(h)
+        hw, bound = plan.wh(h), h_max * plan.wh.col_absmax
         for rq in plan.hidden:
-            hw = rq(hw)
+            hw, bound = rq(hw, bound), INT32_BOUND
         acc = x_part[:, t] + hw
         if plan.bits > 8:
             acc = torch.clamp(acc, INT32_MIN, INT32_MAX)
-        i, g, f, o = plan.gate_luts(plan.gates(acc)).chunk(4, dim=1)
+        i, g, f, o = plan.gate_luts(plan.gates(acc, acc_max)).chunk(4, dim=1)
         rq_ig, rq_fc, rq_cell_in, rq_c = plan.steps[t]
-        c_tmp = torch.clamp(rq_ig(i * g) + rq_fc(f * c), INT32_MIN, INT32_MAX)
-        h = plan.out_h(o * plan.cell_lut(rq_cell_in(c_tmp)))
-        c = rq_c(c_tmp)
+        c_tmp = torch.clamp(rq_ig(i * g, gate_max * gate_max) + rq_fc(f * c, gate_max * c_max), INT32_MIN, INT32_MAX)
+        h = plan.out_h(o * plan.cell_lut(rq_cell_in(c_tmp, INT32_BOUND)), gate_max * plan.cell_lut.absmax)
+        c = rq_c(c_tmp, INT32_BOUND)
+        h_max = c_max = state_max
         hs.append(h)
         cs_seq.append(c)
     y = torch.stack(hs, dim=1)
@@ -1464,33 +1484,41 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     """Integer forward of a GRUv1/GRUv3 in upstream's form (docs/semantics/recurrent.md), int64 outputs.
 
     The input projections of every step are computed at once and the layer's requantizations and tables come
-    prepared (`_gru_upstream_plan`): exact integer and element-wise arithmetic, the values of step by step."""
+    prepared (`_gru_upstream_plan`): exact integer and element-wise arithmetic, the values of step by step. Each
+    requantization is given the bound its input's ranges prove (as in `lstm_upstream_forward`)."""
     cs = spec.cell_size
     x = int_value(node.inputs[0])
     _check_sequence(node, spec, x)
     plan = _gru_upstream_plan(node, spec, x.device)
-    qmax = integer_range(plan.bits, True)[1]
+    qmin, qmax = integer_range(plan.bits, True)
     h = _initial_state(node, spec, int_value(node.inputs[1]), x.shape[0])
     xs = torch.flip(x, [1]) if spec.reverse else x
     xg_all, xc_all = plan.wx_g(xs), plan.wx_c(xs)
     if plan.x_requant is not None:
         xg_all, xc_all = plan.x_requant[0](xg_all), plan.x_requant[1](xc_all)
+    h_max, state_max = _values_absmax(h), max(-(qmin + 1), qmax)  # h after a step: in [qmin + 1, qmax]
+    z_max = _values_absmax(xg_all) + INT32_BOUND + _values_absmax(plan.bg)
+    z2_max = _values_absmax(xc_all) + INT32_BOUND + _values_absmax(plan.bc)
+    bh_max, rz_max, c_max = _values_absmax(plan.bh), plan.lut_rz.absmax, plan.lut_c.absmax
     hs = []
     for t in range(spec.time_steps):
-        hg = plan.wh_g(h)
+        hg, bound = plan.wh_g(h), h_max * plan.wh_g.col_absmax
         for rq in plan.hg:
-            hg = rq(hg)
-        rz = plan.lut_rz(plan.z(xg_all[:, t] + hg + plan.bg))
+            hg, bound = rq(hg, bound), INT32_BOUND
+        rz = plan.lut_rz(plan.z(xg_all[:, t] + hg + plan.bg, z_max))
         r, u = rz[:, :cs], rz[:, cs:]
         if plan.hidden is not None:
-            hc = r * plan.hidden(plan.wh_c(h) + plan.bh)
+            hc = r * plan.hidden(plan.wh_c(h) + plan.bh, h_max * plan.wh_c.col_absmax + bh_max)
+            bound = rz_max * max(-qmin, qmax)
         else:
             hc = plan.wh_c(_round_div(r * h, 2 ** plan.bits))
+            bound = ((rz_max * h_max >> plan.bits) + 1) * plan.wh_c.col_absmax
         for rq in plan.hc:
-            hc = rq(hc)
-        c = plan.lut_c(plan.z2(xc_all[:, t] + hc + plan.bc))
-        cu = plan.cu((qmax - u) * c)
-        h = plan.h(cu + u * h)
+            hc, bound = rq(hc, bound), INT32_BOUND
+        c = plan.lut_c(plan.z2(xc_all[:, t] + hc + plan.bc, z2_max))
+        cu = plan.cu((qmax - u) * c, (qmax + rz_max) * c_max)
+        h = plan.h(cu + u * h, INT32_BOUND + rz_max * h_max)
+        h_max = state_max
         hs.append(h)
     y = torch.stack(hs, dim=1)
     finals = {"H": torch.flip(y, [1]) if spec.reverse else y, "Hn": hs[-1]}

@@ -110,6 +110,8 @@ class PreparedLut:
         self.out_range = integer_range(out_bits, out_signed)
         # entries (and the floored interpolations between them) already in the output range need no clamp
         self.clamped = not (self.out_range[0] <= int(tables.min()) and int(tables.max()) <= self.out_range[1])
+        # the largest |value| a lookup gives: interpolations lie between their entries, then the clamp
+        self.absmax = min(int(tables.abs().max()), max(-self.out_range[0], self.out_range[1]))
         self._bases: Dict[Tuple[int, str], torch.Tensor] = {}
 
     def _base(self, columns: int, device: torch.device) -> torch.Tensor:

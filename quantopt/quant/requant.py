@@ -280,12 +280,17 @@ class Requantizer:
         else:
             self.factor = shift_factor(m, s, device)
 
-    def __call__(self, acc: torch.Tensor) -> torch.Tensor:
+    def __call__(self, acc: torch.Tensor, bound: Optional[int] = None) -> torch.Tensor:
+        """The requantized int64 values of integer `acc`; `bound`: a max |acc| the caller has proven (from the
+        ranges its values were clamped to), which spares looking at the values."""
         if not (self.usable and acc.numel() and not acc.is_floating_point()
                 and broadcasts_into(self.m_shape, acc.shape) and broadcasts_into(self.s_shape, acc.shape)):
             return requantize_int(acc, *self.args)
-        lo, hi = torch.aminmax(acc)
-        absmax = max(abs(int(lo)), abs(int(hi)))
+        if bound is None:
+            lo, hi = torch.aminmax(acc)
+            absmax = max(abs(int(lo)), abs(int(hi)))
+        else:
+            absmax = int(bound)
         if absmax * self.m_absmax >= FLOAT64_EXACT:
             return requantize_int(acc, *self.args)
         _, _, zerop_out, qmin, qmax = self.args

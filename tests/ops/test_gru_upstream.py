@@ -229,6 +229,18 @@ def test_integer_forward_matches_reference(optype: str, params: Dict[str, Any], 
 
 @pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("optype,params,wmode", CASES)
+def test_requantization_bounds_hold(monkeypatch, optype: str, params: Dict[str, Any], wmode: str, bits: int) -> None:
+    """The bound each step gives a requantization (from clamps, table entries and weight sums) is at least the
+    largest |value| it requantizes, on inputs far outside the calibrated range too."""
+    checked = _check_bounds(monkeypatch)
+    _, _, qg = quantized(optype, params, bits, wmode)
+    for x_std in (1.5, 20.0):
+        qg.forward(feeds(14, optype, n=3, x_std=x_std, h_scale=0.8))
+    assert checked
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize("optype,params,wmode", CASES)
 def test_dequantized_outputs_are_close_to_float(optype: str, params: Dict[str, Any], wmode: str, bits: int) -> None:
     """Upstream's form is coarse whatever the bits (docs/semantics/recurrent.md: the update gate's complement is
     taken as qmax - u, and a GRUV1's hidden candidate is rescaled by its integer multiplier): cosine above 0.96 on
@@ -294,3 +306,20 @@ def test_per_block_weights_are_refused_by_name() -> None:
     g = build("GRUv1", {}, w, b)
     with pytest.raises(UnsupportedError, match="per-block weights are not supported by the upstream GRU form"):
         quantize_model(g, [feeds(11, "GRUv1")], settings(8, "per_block_symmetric_restricted_range"))
+
+
+def _check_bounds(monkeypatch) -> List[int]:
+    """Make every bounded requantization assert its bound against its values; the list counts the checks."""
+    from quantopt.quant.requant import Requantizer
+
+    checked: List[int] = []
+    plain = Requantizer.__call__
+
+    def call(self, acc, bound=None):
+        if bound is not None and acc.numel():
+            assert int(acc.abs().max()) <= bound
+            checked.append(1)
+        return plain(self, acc, bound)
+
+    monkeypatch.setattr(Requantizer, "__call__", call)
+    return checked
