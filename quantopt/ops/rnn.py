@@ -19,11 +19,12 @@ from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.int_matmul import exact_int_matmul
-from ..quant.lut import build_lut, lookup_lut
+from ..quant.lut import PreparedLut, build_lut
 from ..quant.params import QuantMode, integer_range, linear_quant_params, quantize
-from ..quant.requant import range_dtype, requantize_int, scale_shift
+from ..quant.requant import Requantizer, range_dtype, requantize_int, scale_shift
 from ..registry import declare_op
 from ..registry.schema import DtypeName, Float, Floats, Int, Ints, Param, Text, quantized
+from ._int8_gemm import IntMatmul
 from ._quant import (
     activation_mode,
     check_quantized_inputs,
@@ -292,16 +293,22 @@ def _int_forward(node: PyNode, act: str, i_size: int, reverse: bool) -> None:
                        olo, ohi)
     thr: Optional[int] = node.get_param("threshold_value", optional=True, default_value=None)
     bits = int(quant_of(node).get(y_t).qbits)
+    tlo, thi = integer_range(bits, True)
+    # the input part of every step at once (element-wise requantization: the values of step by step), the hidden
+    # part's product, requantizations and table prepared once for the steps
+    x_part = requantize_int(exact_int_matmul(x, wx), ms[0], ns[0], 0, -big, big) + bias
+    hidden, rq_hidden = IntMatmul(wh), Requantizer(ms[1], ns[1], 0, -big, big, x.device)
+    rq_code = Requantizer(ms[2], ns[2], 0, tlo, thi, x.device)
+    rq_out = Requantizer(ms[2], ns[2], 0, olo, ohi, x.device)
+    table = PreparedLut(node.constants["lut"].betensor, tlo, bits, bits, True) if act in ("TANH", "SIGMOID") \
+        else None
     states = []
     for t in range(int(x.shape[1])):
-        acc = (requantize_int(exact_int_matmul(x[:, t], wx), ms[0], ns[0], 0, -big, big)
-               + requantize_int(exact_int_matmul(h, wh), ms[1], ns[1], 0, -big, big) + bias)
+        acc = x_part[:, t] + rq_hidden(hidden(h))
         if thr is not None:
             acc = torch.clamp(acc, -int(thr), int(thr))
-        if act in ("TANH", "SIGMOID"):
-            tlo, thi = integer_range(bits, True)
-            code = requantize_int(acc, ms[2], ns[2], 0, tlo, thi)
-            h = torch.clamp(lookup_lut(code, node.constants["lut"].betensor, tlo, bits, bits, True), olo, ohi)
+        if table is not None:
+            h = torch.clamp(table(rq_code(acc)), olo, ohi)
         elif act == "SIGN_BIT":
             h = (acc < 0).to(torch.int64)
         else:
@@ -309,7 +316,7 @@ def _int_forward(node: PyNode, act: str, i_size: int, reverse: bool) -> None:
                 acc = torch.clamp(acc, min=0)
             elif act == "CLIP":
                 acc = torch.clamp(acc, int(node.get_param("clip_min")), int(node.get_param("clip_max")))
-            h = requantize_int(acc, ms[2], ns[2], 0, olo, ohi)
+            h = rq_out(acc)
         states.append(h)
     y = torch.stack(states, dim=1)
     node.outputs[0].betensor = torch.flip(y, [1]) if reverse else y
