@@ -68,6 +68,18 @@ def test_dequantized_steps_round_as_dequantize(monkeypatch: pytest.MonkeyPatch, 
         [cosine_and_mse(x, dequantize(q, 0.37, 12345))]
 
 
+def test_reused_buffers_keep_each_comparisons_params() -> None:
+    """A caller's buffers form each (scale, zero point)'s factors once: comparisons with other params on the same
+    buffers still dequantize with their own."""
+    g = torch.Generator().manual_seed(6)
+    q = torch.randint(-100, 100, (500,), generator=g)
+    x = torch.randn(500, generator=g)
+    buffers = StepBuffers()
+    for scale, zerop in ((0.5, 3), (0.5, 7), (0.25, 3), (0.5, 3)):
+        want = cosine_and_mse(x, dequantize(q, scale, zerop))
+        assert cosines_and_mses(x, [Dequantized(q, scale, zerop)], buffers) == [want]
+
+
 def test_mismatched_sizes_are_an_error() -> None:
     with pytest.raises(ValueError, match="4 and 5"):
         cosine(torch.ones(4), torch.ones(5))
