@@ -735,6 +735,50 @@ class _GateIn:
         return torch.maximum(torch.minimum(self.requant(acc), self.clamp), -self.clamp)
 
 
+@dataclass
+class _Q15Plan:
+    """What the q15 form's forward derives from the layer alone, checked and prepared once per layer and device
+    (graph/memo.py): the input weights and biases, the hidden products, gate requantizations and tables."""
+
+    wx: torch.Tensor
+    b: torch.Tensor
+    hidden: List[IntMatmul]
+    """LSTM: the hidden weights; GRU: those of the reset/update gates, then of the candidate"""
+    gate_in: List[_GateIn]
+    """LSTM: all four gate blocks; GRU: the reset/update gates, then the candidate"""
+    luts: List[PreparedLut]
+    """LSTM: gate, candidate and cell tables; GRU: gate and candidate tables"""
+
+
+def _q15_plan(node: PyNode, spec: RnnSpec, bits: int, device: torch.device) -> _Q15Plan:
+    def build() -> _Q15Plan:
+        cs, isz = spec.cell_size, spec.input_size
+        w = effective_weights(node)
+        b = node.get_constant("biases").betensor.to(torch.int64).reshape(-1)
+        _check_bound(node, spec, w, b, bits)
+        wx, wh = w[:, :isz].t().contiguous(), w[:, isz:].t().contiguous()
+        gm = node.get_constant("gate_scale").betensor.to(torch.int64).reshape(-1)
+        gs = node.get_constant("gate_shift").betensor.to(torch.int64).reshape(-1)
+        clamp_vals = node.get_param("gate_clamp_value")
+        if not isinstance(clamp_vals, list) or len(clamp_vals) != 2:
+            raise node._error("gate_clamp_value must list two integers")
+        rows = spec.gate_rows
+        if gm.numel() != rows or gs.numel() != rows:
+            raise node._error(f"gate_scale/gate_shift must hold {rows} values")
+        if spec.kind == "LSTM":
+            clamp = torch.tensor([clamp_vals[0]] * cs + [clamp_vals[1]] * cs + [clamp_vals[0]] * 2 * cs, device=device)
+            return _Q15Plan(wx.to(device), b.to(device), [IntMatmul(wh.to(device))], [_GateIn(gm, gs, clamp)],
+                            [_lut(node, key, bits, device) for key in ("lut_gate", "lut_cand", "lut_cell")])
+        clamp_g, clamp_c = (torch.tensor([v] * n, device=device)
+                            for v, n in ((clamp_vals[0], 2 * cs), (clamp_vals[1], cs)))
+        return _Q15Plan(wx.to(device), b.to(device),
+                        [IntMatmul(wh[:, :2 * cs].to(device)), IntMatmul(wh[:, 2 * cs:].to(device))],
+                        [_GateIn(gm[:2 * cs], gs[:2 * cs], clamp_g), _GateIn(gm[2 * cs:], gs[2 * cs:], clamp_c)],
+                        [_lut(node, key, bits, device) for key in ("lut_gate", "lut_cand")])
+
+    return memo(node, "q15_plan", (layer_key(node), str(device)), build)
+
+
 def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
     """Integer forward of a quantized BasicLSTM / GRUv3 (docs/semantics/recurrent.md), int64 outputs."""
     spec = rnn_spec(node)
@@ -742,7 +786,7 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         return lstm_upstream_forward(node, spec)
     if spec.kind == "GRU" and "lut_rt" in node.constants:
         return gru_upstream_forward(node, spec)
-    cs, isz = spec.cell_size, spec.input_size
+    cs = spec.cell_size
     bits = _ip(node, "gate_bits")
     if bits not in (8, 16):
         raise node._error(f"gate_bits must be 8 or 16, got {bits}")
@@ -753,19 +797,9 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
     x = int_value(node.inputs[0])
     _check_sequence(node, spec, x)
     batch = x.shape[0]
-    w = effective_weights(node)
-    b = node.get_constant("biases").betensor.to(torch.int64).reshape(-1)
-    _check_bound(node, spec, w, b, bits)
-    wx, wh = w[:, :isz].t().contiguous(), w[:, isz:].t().contiguous()
-    gm = node.get_constant("gate_scale").betensor.to(torch.int64).reshape(-1)
-    gs = node.get_constant("gate_shift").betensor.to(torch.int64).reshape(-1)
-    clamp_vals = node.get_param("gate_clamp_value")
-    if not isinstance(clamp_vals, list) or len(clamp_vals) != 2:
-        raise node._error("gate_clamp_value must list two integers")
+    plan = _q15_plan(node, spec, bits, x.device)
+    wx, b = plan.wx, plan.b
     mh, nh = _ip(node, "hidden_scale_value"), _ip(node, "hidden_shift_value")
-    rows = spec.gate_rows
-    if gm.numel() != rows or gs.numel() != rows:
-        raise node._error(f"gate_scale/gate_shift must hold {rows} values")
     # initial hidden state to the fixed-point hidden format
     h_in = node.inputs[1]
     h = _initial_state(node, spec, int_value(h_in) + tensor_zp(node, h_in), batch)
@@ -783,11 +817,9 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
                         -CELL_INT_MAX, CELL_INT_MAX)
         clip = node.get_param("cell_clip_value", optional=True, default_value=CELL_INT_MAX)
         mc, nc = _ip(node, "cell_scale_value"), _ip(node, "cell_shift_value")
-        clamp = torch.tensor([clamp_vals[0]] * cs + [clamp_vals[1]] * cs + [clamp_vals[0]] * 2 * cs, device=x.device)
-        gate_in = _GateIn(gm, gs, clamp)
-        lut_gate, lut_cand, lut_cell = (_lut(node, key, bits, x.device) for key in ("lut_gate", "lut_cand", "lut_cell"))
+        (gate_in,), (hidden_matmul,) = plan.gate_in, plan.hidden
+        lut_gate, lut_cand, lut_cell = plan.luts
         x_part = exact_int_matmul(xs, wx) + b  # every step's input projection at once (exact: the same values)
-        hidden_matmul = IntMatmul(wh)
         for t in range(spec.time_steps):
             acc = x_part[:, t] + round_shift(hidden_matmul(h) * mh, nh)
             gin = gate_in(acc)
@@ -803,13 +835,11 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
             products.append(prod)
         finals = {"H": products[-1], "C": c}
     else:
-        clamp_g, clamp_c = (torch.tensor([v] * n, device=x.device)
-                            for v, n in ((clamp_vals[0], 2 * cs), (clamp_vals[1], cs)))
-        gate_in, cand_in = _GateIn(gm[:2 * cs], gs[:2 * cs], clamp_g), _GateIn(gm[2 * cs:], gs[2 * cs:], clamp_c)
-        lut_gate, lut_cand = (_lut(node, key, bits, x.device) for key in ("lut_gate", "lut_cand"))
+        gate_in, cand_in = plan.gate_in
+        gates_matmul, cand_matmul = plan.hidden
+        lut_gate, lut_cand = plan.luts
         # every step's input projections at once (exact: the same values)
         x_gates, x_cand = exact_int_matmul(xs, wx[:, :2 * cs]) + b[:2 * cs], exact_int_matmul(xs, wx[:, 2 * cs:])
-        gates_matmul, cand_matmul = IntMatmul(wh[:, :2 * cs]), IntMatmul(wh[:, 2 * cs:])
         for t in range(spec.time_steps):
             acc = x_gates[:, t] + round_shift(gates_matmul(h) * mh, nh)
             rz = lut_gate(gate_in(acc))
