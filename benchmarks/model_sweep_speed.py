@@ -2,18 +2,24 @@
 layer type that is slow somewhere shows up without a model of its own.
 
     python benchmarks/model_sweep_speed.py [--models lstm,gru,...] [--repeat 3] [--baseline-tree DIR]
+                                           [--setting lstm_integer_form=q15 ...]
 
 Models: the golden corpus IRs (tests/data/golden_corpus/<name>/<name>.txt, 119 models from single-operator
 graphs to CRNN, BiLSTM, VAD-like, transformer and detection heads), the torch exports of tests/data/onnx_small
 (LSTM, GRU, BERT, GPT-2-like, ViT, U-Net, ...) and recurrent layers of realistic width, exported with torch when
 measured (`rnn:lstm_96` ... `rnn:bigru_256`: one LSTM or GRU layer, one or two directions, of that many hidden
-units over 40 steps of as many inputs, and a FullyConnected head; seeded weights). Each runs at batch 1 on four
+units over 40 steps of as many inputs, and a FullyConnected head; seeded weights); by name only, the real models
+of examples/onnx_models (`case:silero_vad`, `case:ppocr_rec`, ...: PP-OCR at 96x96 and 48x96, on their own
+inputs; a model whose package is not installed is reported and skipped). Each runs at batch 1 on four
 seeded inputs (`seeded_inputs`), on one thread, and is quantized with the default settings on two of them. Per
 model, in CPU seconds (the least of --repeat runs), it prints the float forward in ms per sample and the ratios the
 real-model targets name: statistics pass / float forward (target <= 1.5), integer forward / float forward (<= 2)
 and the precision analysis (on the float outputs the statistics pass recorded, as a cfg run does) / (float +
 integer forward); then the median and the worst of each ratio. Most models are small, a few layers: their ratios
 measure the fixed cost per layer of each pass more than its arithmetic (docs/performance.md, "Model sweep").
+
+--setting NAME=VALUE (repeatable) quantizes with that layer setting (a `LayerSettings` field, e.g.
+`lstm_integer_form=q15`) instead of its default.
 
 --baseline-tree DIR measures every model a second time with the `quantopt` package of another checkout (a git
 worktree of an earlier commit, say), in a child process with PYTHONPATH=DIR, alternating the two per model, and
@@ -81,6 +87,36 @@ def _onnx_shapes() -> Dict[str, Dict[str, List[int]]]:
             if spec.get("file", "").startswith("tests/data/onnx_small/")}
 
 
+def _case_names() -> List[str]:
+    """The real models of examples/onnx_models, as `case:<name>`."""
+    sys.path.insert(0, str(REPO / "examples" / "onnx_models"))
+    import cases
+
+    return [f"case:{n}" for n in cases.all_cases(96, 96)]
+
+
+def _load_case(name: str) -> Tuple[Any, List[List[Any]]]:
+    """(graph, four samples) of an examples/onnx_models case, its model made in a temporary folder."""
+    import tempfile
+
+    import torch
+
+    from quantopt.frontends.onnx import import_onnx
+
+    sys.path.insert(0, str(REPO / "examples" / "onnx_models"))
+    import cases
+
+    case = cases.all_cases(96, 96)[name.split(":", 1)[1]]
+    reason = case.available()
+    if reason:
+        raise RuntimeError(f"skipped: {reason}")
+    with tempfile.TemporaryDirectory() as folder:
+        path = case.make_onnx(folder)
+        feeds = case.make_feeds(path, np.random.default_rng(0), 4)
+        graph = import_onnx(path, case.shapes)
+    return graph, [[torch.from_numpy(np.ascontiguousarray(f[k])) for k in case.shapes] for f in feeds]
+
+
 def _load(name: str) -> Any:
     if name in RNN_MODELS:
         import tempfile
@@ -113,8 +149,9 @@ def least_cpu(repeat: int, fn: Callable[[], Any]) -> float:
     return best
 
 
-def measure(name: str, repeat: int) -> Dict[str, Any]:
-    """ms per sample of the four passes of one model (one thread, four seeded samples at batch 1)."""
+def measure(name: str, repeat: int, settings: Dict[str, str]) -> Dict[str, Any]:
+    """ms per sample of the four passes of one model (one thread, four samples at batch 1), quantized with
+    `settings` (LayerSettings fields) over the defaults."""
     import torch
 
     from quantopt.analysis.report import HISTOGRAM_LAYERS
@@ -129,12 +166,15 @@ def measure(name: str, repeat: int) -> Dict[str, Any]:
 
     torch.set_num_threads(1)
     discover_plugins()
-    graph = _load(name)
-    rng = np.random.default_rng(0)
-    batches = [seeded_inputs(graph, rng) for _ in range(4)]
+    if name.startswith("case:"):
+        graph, batches = _load_case(name)
+    else:
+        graph = _load(name)
+        rng = np.random.default_rng(0)
+        batches = [seeded_inputs(graph, rng) for _ in range(4)]
     with torch.no_grad():
         t_float = least_cpu(repeat, lambda: [graph.forward(b) for b in batches])
-        qgraph = quantize_model(graph, batches[:2])
+        qgraph = quantize_model(graph, batches[:2], _typed(settings))
         t_stats = least_cpu(repeat, lambda: collect_activation_statistics(graph, batches))
         t_int = least_cpu(repeat, lambda: [qgraph.forward(b) for b in batches])
         record = ForwardRecord(len(batches), budget_bytes=1 << 40)
@@ -147,13 +187,31 @@ def measure(name: str, repeat: int) -> Dict[str, Any]:
             "int": t_int / n * 1e3, "analysis": t_analysis / n * 1e3}
 
 
-def run_child(name: str, repeat: int, tree: Optional[str]) -> Dict[str, Any]:
+def _typed(settings: Dict[str, str]) -> Dict[str, Any]:
+    """`settings` with each value in its LayerSettings field's type (int, float, bool or text)."""
+    import dataclasses
+
+    from quantopt.config.layer_settings import LayerSettings
+
+    fields = {f.name: f for f in dataclasses.fields(LayerSettings)}
+    out: Dict[str, Any] = {}
+    for key, value in settings.items():
+        if key not in fields:
+            raise ValueError(f"--setting {key}: not a LayerSettings field")
+        default = fields[key].default
+        kind = type(default) if default is not None and default is not dataclasses.MISSING else str
+        out[key] = value.lower() in ("1", "true") if kind is bool else kind(value)
+    return out
+
+
+def run_child(name: str, repeat: int, tree: Optional[str], settings: List[str]) -> Dict[str, Any]:
     """`measure` in a fresh process (with `tree`'s quantopt first on the path when given): one model's import and
     caches never affect another's figures."""
     env = dict(os.environ)
     if tree:
         env["PYTHONPATH"] = os.pathsep.join([tree] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, __file__, "--child", name, "--repeat", str(repeat)], env=env,
+    extra = [arg for setting in settings for arg in ("--setting", setting)]
+    proc = subprocess.run([sys.executable, __file__, "--child", name, "--repeat", str(repeat)] + extra, env=env,
                           capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT):
@@ -176,17 +234,24 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--models", help="comma list of names (default: all; ONNX exports as onnx:<name>)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each pass; the least CPU time counts")
     ap.add_argument("--baseline-tree", help="a checkout whose quantopt package is measured alongside")
+    ap.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                    help="a LayerSettings field to quantize with (repeatable)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    bad = [item for item in args.setting if "=" not in item]
+    if bad:
+        print(f"--setting {bad[0]}: expected NAME=VALUE", file=sys.stderr)
+        return 2
+    settings = dict(item.split("=", 1) for item in args.setting)
     if args.child:
         try:
-            out: Dict[str, Any] = measure(args.child, args.repeat)
+            out: Dict[str, Any] = measure(args.child, args.repeat, settings)
         except Exception as e:  # noqa: BLE001  (one model's failure is reported; the sweep goes on)
             out = {"model": args.child, "error": " ".join(f"{type(e).__name__}: {e}".split())}  # one line
         print(RESULT + json.dumps(out), flush=True)
         return 0
     names = args.models.split(",") if args.models else model_names()
-    unknown = sorted(set(names) - set(model_names()))
+    unknown = sorted(set(names) - set(model_names()) - set(_case_names()))
     if unknown:
         print(f"unknown model(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
@@ -198,8 +263,8 @@ def main(argv: List[str]) -> int:
     print(head + ("   speed-up vs baseline: float stats int analysis" if args.baseline_tree else ""))
     rows, speedups = [], []
     for name in names:
-        base = run_child(name, args.repeat, args.baseline_tree) if args.baseline_tree else None
-        row = run_child(name, args.repeat, None)
+        base = run_child(name, args.repeat, args.baseline_tree, args.setting) if args.baseline_tree else None
+        row = run_child(name, args.repeat, None, args.setting)
         if "error" in row:
             print(f"{name:<34} failed: {row['error']}")
             continue
