@@ -206,14 +206,14 @@ def test_the_quantized_activations_are_freed_as_the_analysis_goes(digits: tuple,
     cached: List[int] = []
     original = similarity._isolated
 
-    def watching(fnode, qnode, quantized):
+    def watching(fnode, qnode, quantized, constant_feeds):
         here = position[id(qnode)]
         live = [t for n in qgraph.nodes for t in n.outputs if t.betensor.numel() and id(t) not in keep]
         # alive: produced at or before this layer and read at or after it
         assert all(readers.get(id(t), -1) >= here for t in live), [t.name for t in live]
         seen.append(len(live))
         cached.append(len(quantized))
-        return original(fnode, qnode, quantized)
+        return original(fnode, qnode, quantized, constant_feeds)
 
     monkeypatch.setattr(similarity, "_isolated", watching)
     got = layer_similarity(graph, qgraph, iter(batches[:1]))
@@ -246,3 +246,36 @@ def test_large_isolated_feeds_are_checked_step_by_step(digits: tuple, monkeypatc
     assert seen["same"] > 0 and seen["quantized"] > 0
     monkeypatch.undo()
     assert [s.as_dict() for s in got] == [s.as_dict() for s in reference_similarity(graph, qgraph, batches[:2])]
+
+
+def test_constant_layers_are_compared_once_for_all_batches(monkeypatch) -> None:
+    """A layer without inputs (here an embedding table and position embeddings) gives the same values in every
+    batch: compared once, its similarity and the isolated feeds it gives are those of the plain definition."""
+    import quantopt.analysis.similarity as similarity
+    from quantopt.frontends.onnx import import_onnx
+
+    graph = import_onnx(str(REPO / "tests" / "data" / "onnx_small" / "bert_encoder.onnx"),
+                        {"input_ids": [1, 16], "attention_mask": [1, 16]})
+    gen = torch.Generator().manual_seed(3)
+
+    def batch() -> List[torch.Tensor]:
+        mask = torch.ones(1, 16, dtype=torch.int64)
+        mask[:, 12:] = 0
+        return [torch.randint(0, 100, (1, 16), generator=gen), mask]
+
+    qgraph = quantize_model(graph, [batch() for _ in range(2)])
+    batches = [batch() for _ in range(3)]
+    want = reference_similarity(graph, qgraph, batches)
+    constants = {n.name for n in graph.nodes if str(n.type) == "Constant"}
+    compared: List[str] = []
+    plain = similarity._Comparison._results
+
+    def counting(self, fnode, qnode, table):
+        compared.append(fnode.name)
+        return plain(self, fnode, qnode, table)
+
+    monkeypatch.setattr(similarity._Comparison, "_results", counting)
+    got = layer_similarity(graph, qgraph, iter(batches))
+    assert [s.as_dict() for s in got] == [s.as_dict() for s in want]
+    assert constants and all(compared.count(name) == 1 for name in constants)
+    assert all(compared.count(n.name) == 3 for n in graph.nodes if n.inputs and n.name in compared)

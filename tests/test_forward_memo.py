@@ -102,3 +102,19 @@ def test_conv_requantization_matches_mac_finish_and_follows_params() -> None:
         node.forward()
         reference = mac_finish(node, conv2d_nhwc_int(node, depthwise=False), planned=False)
     assert torch.equal(node.outputs[0].betensor, reference)
+
+
+def test_same_values_match_views_of_the_same_memory_at_the_same_version() -> None:
+    """`SameValues` (the analysis's cache key for constants' outputs): another reshape of the same memory matches;
+    other memory with equal values, another layout of the same memory, or a write in between does not."""
+    from quantopt.graph.memo import SameValues
+
+    w = torch.arange(12.0)
+    key = SameValues(w.reshape(3, 4))
+    assert key == SameValues(w.reshape(3, 4))  # a new view object each time, as a Constant layer's forward makes
+    assert key != SameValues(w.clone().reshape(3, 4))
+    assert key != SameValues(w.reshape(4, 3))
+    assert key != SameValues(w.reshape(3, 4).t())
+    assert key != SameValues(w.reshape(3, 4).to(torch.float64))
+    w.add_(1.0)
+    assert key != SameValues(w.reshape(3, 4))

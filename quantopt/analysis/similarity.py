@@ -21,6 +21,7 @@ import torch
 from ..calibration.inf_mask import is_mask_tensor
 from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..graph.graph import PyGraph
+from ..graph.memo import SameValues
 from ..graph.node import PyNode
 from ..graph.recorded import RecordedBatch
 from ..graph.tables import QuantTable, TensorStatistics, quant_of
@@ -167,6 +168,28 @@ class _Comparison:
         self.quantized: Dict[Tuple[int, int], torch.Tensor] = {}
         self.first_batch: Optional[FirstBatch] = None
         self.buffers = StepBuffers()
+        # what a layer without inputs (a Constant: an embedding table, say) gives is the same in every batch: its
+        # comparison, and whether its quantized float output is the quantized run's value, are found once and
+        # reused while its values are the very same memory at the same version (memo.SameValues)
+        self.constant_results: Dict[str, Tuple[list, list]] = {}
+        self.constant_feeds: Dict[Tuple[int, int], Tuple[SameValues, SameValues]] = {}
+
+    def _results(self, fnode: PyNode, qnode: PyNode, table: QuantTable) -> List[Tuple[tuple, tuple]]:
+        """((cumulative cos, mse), (isolated cos, mse)) of each output of the layer pair, computed."""
+        fvals = [_flat(f.betensor) for f in fnode.outputs]
+        keep = [_unmasked(f, self.float_graph.statistics.get(f), x, self.notes) for f, x in zip(fnode.outputs, fvals)]
+        fvals = [x if k is None else x[k] for x, k in zip(fvals, keep)]
+        cumulative_values = [q.betensor for q in qnode.outputs]
+        isolated_values = _isolated(fnode, qnode, self.quantized, self.constant_feeds)
+        _forget_read(self.quantized, fnode, self.position[id(qnode)], self.last_reader)
+        results = []
+        for i, (x, q, k) in enumerate(zip(fvals, qnode.outputs, keep)):
+            others = [_comparable(cumulative_values[i], q, table, k)]
+            if isolated_values is not None:
+                others.append(_comparable(isolated_values[i], q, table, k))
+            both = cosines_and_mses(x, others, self.buffers)
+            results.append((both[0], both[-1]))  # without a run of its own, the isolated view is the cumulative
+        return results
 
     def start_batch(self, first_batch: Optional[FirstBatch]) -> None:
         """A new batch: no quantized float tensors yet; `first_batch` is the dict to keep its values in, if any."""
@@ -180,19 +203,14 @@ class _Comparison:
             return
         notes = self.notes
         table = quant_of(qnode)
-        fvals = [_flat(f.betensor) for f in fnode.outputs]
-        keep = [_unmasked(f, self.float_graph.statistics.get(f), x, notes) for f, x in zip(fnode.outputs, fvals)]
-        fvals = [x if k is None else x[k] for x, k in zip(fvals, keep)]
-        cumulative_values = [q.betensor for q in qnode.outputs]
-        isolated_values = _isolated(fnode, qnode, self.quantized)
-        _forget_read(self.quantized, fnode, self.position[id(qnode)], self.last_reader)
-        results = []
-        for i, (x, q, k) in enumerate(zip(fvals, qnode.outputs, keep)):
-            others = [_comparable(cumulative_values[i], q, table, k)]
-            if isolated_values is not None:
-                others.append(_comparable(isolated_values[i], q, table, k))
-            both = cosines_and_mses(x, others, self.buffers)
-            results.append((both[0], both[-1]))  # without a run of its own, the isolated view is the cumulative
+        values = [[SameValues(f.betensor), SameValues(q.betensor)] for f, q in zip(fnode.outputs, qnode.outputs)]
+        cached = self.constant_results.get(fnode.name) if not qnode.inputs else None
+        if cached is not None and cached[0] == values:
+            results = cached[1]
+        else:
+            results = self._results(fnode, qnode, table)
+            if not qnode.inputs:
+                self.constant_results[fnode.name] = (values, results)
         for f, (c, i) in zip(fnode.outputs, results):
             acc = self.sums.setdefault((fnode.name, f.name), [0.0, 0.0, 0.0, 0.0])
             for k, v in enumerate(c + i):
@@ -253,10 +271,12 @@ def _nonfinite_reason(x: torch.Tensor, qnode: PyNode, name: str) -> str:
     return "values too large for float64 (overflow in cosine/MSE)"
 
 
-def _isolated(fnode: PyNode, qnode: PyNode,
-              quantized: Dict[Tuple[int, int], torch.Tensor]) -> Optional[List[torch.Tensor]]:
+def _isolated(fnode: PyNode, qnode: PyNode, quantized: Dict[Tuple[int, int], torch.Tensor],
+              constant_feeds: Dict[Tuple[int, int], Tuple[SameValues, SameValues]]) -> Optional[List[torch.Tensor]]:
     """The output values of the quantized layer run alone on the float graph's inputs quantized with its input
-    params (`quantized` caches them per tensor pair for the batch); None when they equal its inputs of the
+    params (`quantized` caches them per tensor pair for the batch; `constant_feeds` remembers across batches the
+    outputs of layers without inputs whose quantized copy is the quantized run's own value, while both are the
+    same tensors); None when they equal its inputs of the
     quantized run (and no input carries an unrounded float value the layer might read): the isolated result is
     then the cumulative one. The layer's tensors get their values of the quantized run back."""
     if not qnode.inputs:
@@ -266,7 +286,14 @@ def _isolated(fnode: PyNode, qnode: PyNode,
     for qt, ft in zip(qnode.inputs, fnode.inputs):
         key = (id(qt), id(ft))
         if key not in quantized:
-            quantized[key] = _quantized_feed(ft.betensor, qt, table)
+            constant = ft.pnode is not None and not ft.pnode.inputs
+            kept = constant_feeds.get(key) if constant else None
+            if kept is not None and kept[0] == SameValues(ft.betensor) and kept[1] == SameValues(qt.betensor):
+                quantized[key] = qt.betensor
+            else:
+                quantized[key] = _quantized_feed(ft.betensor, qt, table)
+                if constant and quantized[key] is qt.betensor:  # kept only where that holds no copy
+                    constant_feeds[key] = (SameValues(ft.betensor), SameValues(qt.betensor))
         feeds.append(quantized[key])
     wide = wide_values_of(qnode)
     if len(feeds) == len(qnode.inputs) and all(

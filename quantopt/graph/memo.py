@@ -38,6 +38,31 @@ class Same:
     __hash__ = None  # type: ignore[assignment]
 
 
+class SameValues:
+    """A tensor in a cache key: equal to a `SameValues` of any tensor that views the same memory the same way
+    (address, shape, strides, dtype) at the same version, such as another reshape of a constant each forward makes.
+    It holds its tensor, so that memory cannot be freed and reused by another tensor while the key lives."""
+
+    __slots__ = ("obj", "version")
+
+    def __init__(self, obj: torch.Tensor) -> None:
+        self.obj = obj
+        self.version = obj._version
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SameValues):
+            return False
+        a, b = self.obj, other.obj
+        return a is b and self.version == other.version or (
+            a.data_ptr() == b.data_ptr() and a.device == b.device and a.dtype == b.dtype and a.shape == b.shape
+            and a.stride() == b.stride() and self.version == other.version)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 _PLAIN = (int, float, str, bool, type(None))
 _PLAIN_TYPES = frozenset(_PLAIN)
 
