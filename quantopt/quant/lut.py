@@ -97,26 +97,31 @@ class PreparedLut:
     def __init__(self, lut: torch.Tensor, in_qmin: int, in_bits: int, out_bits: int, out_signed: bool = False,
                  in_restricted: bool = False, device: Optional[torch.device] = None) -> None:
         table = torch.as_tensor(lut).to(torch.int64)
-        tables = table.reshape(1, -1) if table.dim() != 2 else table
-        self.blocks, size = int(tables.shape[0]), int(tables.shape[1])
+        stacked = table.dim() == 2
+        self.blocks, size = (int(table.shape[0]), int(table.shape[1])) if stacked else (1, table.numel())
         self.table_bits = int(round(math.log2(size))) if size > 0 else -1
         if size == 0 or 2 ** self.table_bits != size:
             raise ValueError(f"LUT lookup needs a table of 2^N entries, got {size}")
         self.size, self.in_bits = size, int(in_bits)
         self.offset = in_qmin - 1 if in_restricted and in_qmin < 0 else in_qmin
-        self.padded = torch.cat([tables, tables[:, -1:]], dim=1).reshape(-1)  # each table's last entry repeated
+        # each table's last entry repeated (one table: the flat form, a quarter of the 2-D concatenation's cost)
+        flat = table.reshape(-1)
+        self.padded = torch.cat([table, table[:, -1:]], dim=1).reshape(-1) if stacked else torch.cat([flat, flat[-1:]])
         if device is not None:
             self.padded = self.padded.to(device)
         self.out_range = integer_range(out_bits, out_signed)
         # entries (and the floored interpolations between them) already in the output range need no clamp
-        self.clamped = not (self.out_range[0] <= int(tables.min()) and int(tables.max()) <= self.out_range[1])
+        lo, hi = (int(v) for v in torch.aminmax(table))
+        self.clamped = not (self.out_range[0] <= lo and hi <= self.out_range[1])
         # the largest |value| a lookup gives: interpolations lie between their entries, then the clamp
-        self.absmax = min(int(tables.abs().max()), max(-self.out_range[0], self.out_range[1]))
-        self._bases: Dict[Tuple[int, str], torch.Tensor] = {}
+        self.absmax = min(max(-lo, hi), max(-self.out_range[0], self.out_range[1]))
+        self._bases: Optional[Dict[Tuple[int, str], torch.Tensor]] = None
 
     def _base(self, columns: int, device: torch.device) -> torch.Tensor:
         """Where each column's table starts in the padded stack, for codes of `columns` columns."""
         key = (columns, str(device))
+        if self._bases is None:
+            self._bases = {}
         if key not in self._bases:
             if columns % self.blocks:
                 raise ValueError(f"{self.blocks} tables need a last axis of a multiple of {self.blocks} columns, "
