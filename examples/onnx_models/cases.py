@@ -248,12 +248,30 @@ def _torch_models() -> Dict[str, Callable[[], object]]:
             d1 = self.dec1(torch.cat([up, e1], 1))
             return self.out(d1) + F.interpolate(self.aux(m), scale_factor=4, mode="nearest")
 
+    class CrnnLike(nn.Module):
+        """A CTC line recognizer: a convolutional stem that folds the height away, a bidirectional LSTM over the
+        columns, and a per-column classifier."""
+
+        def __init__(self, classes: int = 37, hidden: int = 48) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(conv_bn(1, 16), nn.ReLU(), nn.MaxPool2d((2, 2)), conv_bn(16, 32), nn.ReLU(),
+                                      nn.MaxPool2d((2, 1)), conv_bn(32, 64), nn.ReLU(), nn.MaxPool2d((8, 1)))
+            self.rnn = nn.LSTM(64, hidden, batch_first=True, bidirectional=True)
+            self.head = nn.Linear(2 * hidden, classes)
+
+        def forward(self, x):
+            columns = self.stem(x).squeeze(2).transpose(1, 2)  # [B, W/2, 64]
+            return self.head(self.rnn(columns)[0]).log_softmax(-1)
+
     return {"resnet_like": ResNetLike, "mobilenetv2_like": MobileNetV2Like, "transformer_encoder": TransformerEncoder,
-            "unet_like": UNetLike}
+            "unet_like": UNetLike, "crnn_like": CrnnLike}
 
 
 TORCH_SHAPES = {"resnet_like": [1, 3, 32, 32], "mobilenetv2_like": [1, 3, 32, 32],
-                "transformer_encoder": [1, 16, 24], "unet_like": [1, 3, 32, 32]}
+                "transformer_encoder": [1, 16, 24], "unet_like": [1, 3, 32, 32], "crnn_like": [1, 1, 32, 64]}
+TORCH_SETTINGS = {"crnn_like": {"lstm_integer_form": "q15", "logsoftmax_integer_form": "exact"}}
+"""cfg lines of a torch model besides the common ones: the CRNN's bidirectional LSTM takes the q15 cell and its
+LogSoftmax the exact integer form, the forms the ONNX QDQ export writes."""
 
 
 def export_torch(name: str, path: str, seed: int = 0, opset: int = 17) -> str:
@@ -341,7 +359,7 @@ def _torch_case(name: str) -> Case:
         return [{"x": rng.normal(0, 1, TORCH_SHAPES[name]).astype(np.float32)} for _ in range(n)]
 
     return Case(name, "torch.onnx.export (opset 17, seeded weights)", {"x": TORCH_SHAPES[name]}, make, feeds,
-                lambda: None)
+                lambda: None, dict(TORCH_SETTINGS.get(name, {})))
 
 
 def all_cases(det_size: int = 320, rec_width: int = 320) -> Dict[str, Case]:
