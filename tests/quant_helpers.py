@@ -3,7 +3,7 @@ on the tensor: the graph's table, or the layer's own for a layer outside a graph
 parameters of a tensor it holds goes through a layer that names it (of the graph that holds the tensor)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, List
 
 from quantopt.graph.node import PyNode
 from quantopt.graph.tables import TensorQuant, quant_of
@@ -27,3 +27,21 @@ def set_quant(node: PyNode, t: PyTensor, **fields: Any) -> TensorQuant:
     for key, value in fields.items():
         setattr(q, key, value)
     return q
+
+
+def checked_requantization_bounds(monkeypatch) -> List[int]:
+    """Make every `Requantizer` call given a bound assert it against the values it requantizes (the bounds a
+    recurrent step proves from its ranges); the returned list counts the checks."""
+    from quantopt.quant.requant import Requantizer
+
+    checked: List[int] = []
+    plain = Requantizer.__call__
+
+    def call(self, acc, bound=None):
+        if bound is not None and acc.numel():
+            assert int(acc.abs().max()) <= bound
+            checked.append(1)
+        return plain(self, acc, bound)
+
+    monkeypatch.setattr(Requantizer, "__call__", call)
+    return checked

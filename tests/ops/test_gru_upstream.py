@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 import torch
-from quant_helpers import params_of
+from quant_helpers import checked_requantization_bounds, params_of
 from range_helpers import range_of
 from test_lstm_upstream import approx, lookup, rq, sym_scale
 from test_recurrent import IN, C, T, build, feeds, gru_weights, np_sigmoid
@@ -232,7 +232,7 @@ def test_integer_forward_matches_reference(optype: str, params: Dict[str, Any], 
 def test_requantization_bounds_hold(monkeypatch, optype: str, params: Dict[str, Any], wmode: str, bits: int) -> None:
     """The bound each step gives a requantization (from clamps, table entries and weight sums) is at least the
     largest |value| it requantizes, on inputs far outside the calibrated range too."""
-    checked = _check_bounds(monkeypatch)
+    checked = checked_requantization_bounds(monkeypatch)
     _, _, qg = quantized(optype, params, bits, wmode)
     for x_std in (1.5, 20.0):
         qg.forward(feeds(14, optype, n=3, x_std=x_std, h_scale=0.8))
@@ -306,20 +306,3 @@ def test_per_block_weights_are_refused_by_name() -> None:
     g = build("GRUv1", {}, w, b)
     with pytest.raises(UnsupportedError, match="per-block weights are not supported by the upstream GRU form"):
         quantize_model(g, [feeds(11, "GRUv1")], settings(8, "per_block_symmetric_restricted_range"))
-
-
-def _check_bounds(monkeypatch) -> List[int]:
-    """Make every bounded requantization assert its bound against its values; the list counts the checks."""
-    from quantopt.quant.requant import Requantizer
-
-    checked: List[int] = []
-    plain = Requantizer.__call__
-
-    def call(self, acc, bound=None):
-        if bound is not None and acc.numel():
-            assert int(acc.abs().max()) <= bound
-            checked.append(1)
-        return plain(self, acc, bound)
-
-    monkeypatch.setattr(Requantizer, "__call__", call)
-    return checked

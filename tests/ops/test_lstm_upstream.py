@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 import torch
-from quant_helpers import params_of
+from quant_helpers import checked_requantization_bounds, params_of
 from range_helpers import range_of, set_range
 from test_recurrent import build, feeds, lstm_weights, np_sigmoid
 
@@ -255,7 +255,7 @@ def test_integer_forward_matches_reference(params: Dict[str, Any], wmode: str, b
 def test_requantization_bounds_hold(monkeypatch, params: Dict[str, Any], wmode: str, bits: int) -> None:
     """The bound each step gives a requantization (from clamps, table entries and weight sums) is at least the
     largest |value| it requantizes, on inputs far outside the calibrated range too."""
-    checked = _check_bounds(monkeypatch)
+    checked = checked_requantization_bounds(monkeypatch)
     _, _, qg = quantized(params, bits, wmode)
     for x_std in (1.5, 20.0):
         qg.forward(feeds(14, "BasicLSTM", n=3, x_std=x_std, h_scale=0.8))
@@ -339,20 +339,3 @@ def test_table_bound_clamps_the_gate_range() -> None:
     m, n = approx(in_scale / (s_x * s_w), 8)
     assert (int(node.constants["scale"].betensor[1]), int(node.constants["shift"].betensor[1])) == (m, n + 8)
     assert math.isfinite(float(params_of(node, node.outputs[0]).scale))
-
-
-def _check_bounds(monkeypatch) -> List[int]:
-    """Make every bounded requantization assert its bound against its values; the list counts the checks."""
-    from quantopt.quant.requant import Requantizer
-
-    checked: List[int] = []
-    plain = Requantizer.__call__
-
-    def call(self, acc, bound=None):
-        if bound is not None and acc.numel():
-            assert int(acc.abs().max()) <= bound
-            checked.append(1)
-        return plain(self, acc, bound)
-
-    monkeypatch.setattr(Requantizer, "__call__", call)
-    return checked
