@@ -239,11 +239,8 @@ def requantize_int(acc: torch.Tensor, multiplier: IntLike, shift: IntLike, zerop
         lo, hi = torch.aminmax(acc)  # one multiplier and shift: the factor is a Python float, no tensors formed
         absmax = max(abs(int(lo)), abs(int(hi)))
         if absmax * abs(scalar[0]) < FLOAT64_EXACT:
-            factor = math.ldexp(scalar[0], -scalar[1])
-            if _small_int_applies(acc, scalar[1], zerop_out, qmin, qmax):
-                return _requantize_small_int(acc, factor, zerop_out, qmin, qmax)
-            x = int64_to_float64(acc) if acc.dtype == torch.int64 and absmax < MAGIC_EXACT else acc.to(torch.float64)
-            return _requantize_by_factor_(x, factor, scalar[1], zerop_out, qmin, qmax)
+            return _requantize_proven(acc, absmax, math.ldexp(scalar[0], -scalar[1]), scalar[1], zerop_out, qmin,
+                                      qmax)
     m = torch.as_tensor(multiplier, dtype=torch.int64, device=acc.device)
     s = torch.as_tensor(shift, dtype=torch.int64, device=acc.device)
     if acc.numel() and not acc.is_floating_point() and -900 < int(s.min()) and int(s.max()) < 900:
@@ -294,11 +291,19 @@ class Requantizer:
         if absmax * self.m_absmax >= FLOAT64_EXACT:
             return requantize_int(acc, *self.args)
         _, _, zerop_out, qmin, qmax = self.args
-        if _small_int_applies(acc, self.least_shift, zerop_out, qmin, qmax) and \
-                (isinstance(self.factor, float) or self.factor.device == acc.device):
-            return _requantize_small_int(acc, self.factor, zerop_out, qmin, qmax)
-        x = int64_to_float64(acc) if acc.dtype == torch.int64 and absmax < MAGIC_EXACT else acc.to(torch.float64)
-        return _requantize_by_factor_(x, self.factor, self.least_shift, zerop_out, qmin, qmax)
+        return _requantize_proven(acc, absmax, self.factor, self.least_shift, zerop_out, qmin, qmax)
+
+
+def _requantize_proven(acc: torch.Tensor, absmax: int, factor: Union[float, torch.Tensor], least_shift: float,
+                       zerop_out: int, qmin: int, qmax: int) -> torch.Tensor:
+    """The float64 requantization of an integer `acc` whose max |acc| · max |M| < 2^53 is proven (`absmax`: a bound
+    of max |acc|), given its factor M·2^-shift (a Python float or a tensor broadcasting into `acc`) and least shift:
+    small CPU accumulators in one kernel call fewer, others converted to float64 first."""
+    on_device = isinstance(factor, float) or factor.device == acc.device
+    if on_device and _small_int_applies(acc, least_shift, zerop_out, qmin, qmax):
+        return _requantize_small_int(acc, factor, zerop_out, qmin, qmax)
+    x = int64_to_float64(acc) if acc.dtype == torch.int64 and absmax < MAGIC_EXACT else acc.to(torch.float64)
+    return _requantize_by_factor_(x, factor, least_shift, zerop_out, qmin, qmax)
 
 
 def requantize_float64(acc: torch.Tensor, multiplier: IntLike, shift: IntLike, zerop_out: int, qmin: int,
