@@ -418,11 +418,11 @@ def update_statistics(stats: TensorStatistics, x: torch.Tensor, cfg: StatisticsC
         raise TypeError(f"cfg must be a StatisticsConfig, got {type(cfg).__name__}")
     if x.numel() == 0:
         return stats
+    reset = int(batch_index) == 0 or stats.batches == 0 or stats.extrema_min is None
+    if cfg.key_axis is None and not cfg.need_moments and not cfg.need_histogram and cfg.trim is None \
+            and _update_extrema_only(stats, x.detach(), cfg.momentum, reset, float(cfg.mask_threshold)):
+        return stats  # the fast path: one aminmax and scalar arithmetic, nothing autograd could record
     with torch.no_grad():
-        reset = int(batch_index) == 0 or stats.batches == 0 or stats.extrema_min is None
-        if cfg.key_axis is None and not cfg.need_moments and not cfg.need_histogram and cfg.trim is None \
-                and _update_extrema_only(stats, x.detach(), cfg.momentum, reset, float(cfg.mask_threshold)):
-            return stats
         if reset:
             stats.reset()
         xf = apply_trim(x.detach().float(), cfg.trim)
