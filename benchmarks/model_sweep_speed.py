@@ -243,6 +243,11 @@ def main(argv: List[str]) -> int:
         print(f"--setting {bad[0]}: expected NAME=VALUE", file=sys.stderr)
         return 2
     settings = dict(item.split("=", 1) for item in args.setting)
+    try:
+        _typed(settings)
+    except ValueError as e:
+        print(str(e), file=sys.stderr)
+        return 2
     if args.child:
         try:
             out: Dict[str, Any] = measure(args.child, args.repeat, settings)
