@@ -143,11 +143,16 @@ class IntMatmul:
             self.w8 = self.w.to(torch.int8).t().contiguous().t()  # column-major: the faster layout of the GEMM
             self.sums = self.w.sum(dim=0)
 
-    def __call__(self, a: torch.Tensor) -> torch.Tensor:
+    def __call__(self, a: torch.Tensor, bound: Optional[int] = None) -> torch.Tensor:
+        """The int64 product a @ w; `bound`: a max |a| the caller has proven, which spares looking at the values
+        where it shows `a` fits int8."""
         if self.w8 is None or a.device.type != "cpu" or a.dim() < 1:
             return exact_int_matmul(a, self.w)
         k, n = (int(s) for s in self.w.shape)
         rows = a.reshape(-1, k)
+        if bound is not None and bound <= 127 and not rows.is_floating_point():
+            # int8 as it is: the GEMM's int32 sums are the exact products
+            return int8_gemm(rows.to(torch.int8), self.w8).to(torch.int64).reshape(*a.shape[:-1], n)
         operand = split_int8(rows)
         if operand is None:
             return exact_int_matmul(a, self.w)

@@ -1223,7 +1223,7 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     gate_max = plan.gate_luts.absmax
     hs, cs_seq = [], []
     for t in range(spec.time_steps):
-        hw, bound = plan.wh(h), h_max * plan.wh.col_absmax
+        hw, bound = plan.wh(h, h_max), h_max * plan.wh.col_absmax
         for rq in plan.hidden:
             hw, bound = rq(hw, bound), INT32_BOUND
         acc = x_part[:, t] + hw
@@ -1532,13 +1532,13 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     bh_max, rz_max, c_max = _values_absmax(plan.bh), plan.lut_rz.absmax, plan.lut_c.absmax
     hs = []
     for t in range(spec.time_steps):
-        hg, bound = plan.wh_g(h), h_max * plan.wh_g.col_absmax
+        hg, bound = plan.wh_g(h, h_max), h_max * plan.wh_g.col_absmax
         for rq in plan.hg:
             hg, bound = rq(hg, bound), INT32_BOUND
         rz = plan.lut_rz(plan.z(xg_all[:, t] + hg + plan.bg, z_max))
         r, u = rz[:, :cs], rz[:, cs:]
         if plan.hidden is not None:
-            hc = r * plan.hidden(plan.wh_c(h) + plan.bh, h_max * plan.wh_c.col_absmax + bh_max)
+            hc = r * plan.hidden(plan.wh_c(h, h_max) + plan.bh, h_max * plan.wh_c.col_absmax + bh_max)
             bound = rz_max * max(-qmin, qmax)
         else:
             hc = plan.wh_c(_round_div(r * h, 2 ** plan.bits))

@@ -258,6 +258,9 @@ def test_int_matmul_gives_the_exact_products(monkeypatch, lo: int, hi: int) -> N
     got = _int8_gemm.IntMatmul(w)(a)
     assert got.dtype == torch.int64 and torch.equal(got, a @ w)
     assert len(calls) == (1 if hi <= 256 else 2)
+    # a caller's bound that shows the operand fits int8: one GEMM without looking at its values
+    small = a.clamp(-127, 127)
+    assert torch.equal(_int8_gemm.IntMatmul(w)(small, bound=127), small @ w)
 
 
 def test_int_matmul_keeps_the_int64_product_where_int8_does_not_apply(monkeypatch) -> None:
