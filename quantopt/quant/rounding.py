@@ -173,7 +173,15 @@ def div_round_half_even(num: torch.Tensor, den: Union[int, torch.Tensor]) -> tor
 
 
 def bit_length(v: torch.Tensor) -> torch.Tensor:
-    """Bit length of non-negative int64 values (0 for 0; floor(log2 v) + 1 otherwise), exactly."""
+    """Bit length of non-negative int64 values (0 for 0; floor(log2 v) + 1 otherwise), exactly.
+
+    Values below 2^53 are exact in float64, whose binary exponent (`torch.frexp`: v = m·2^e, m in [0.5, 1)) is the
+    bit length: four calls instead of the shift-and-compare ladder's two dozen, which cost a small layer more than
+    its arithmetic. Larger values take the ladder."""
+    if v.numel():
+        lo, hi = (int(x) for x in torch.aminmax(v))
+        if lo >= 0 and hi < FLOAT64_EXACT:
+            return torch.frexp(v.to(torch.float64))[1].to(torch.int64)
     n = torch.zeros_like(v)
     w = v.clone()
     for step in (32, 16, 8, 4, 2, 1):

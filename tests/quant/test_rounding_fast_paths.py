@@ -45,3 +45,18 @@ def test_bound_refuses_values_at_2_53() -> None:
     assert below_float64_exact(torch.tensor([], dtype=torch.int64))
     big = torch.tensor([2 ** 60 + 3, -(2 ** 60) - 5], dtype=torch.int64)
     assert torch.equal(round_shift(big, 2), round_shift(big, torch.tensor(2)))  # the int64 path: no float64 loss
+
+
+def test_bit_length_matches_python_on_both_paths() -> None:
+    """`bit_length` by the float64 exponent below 2^53 and by the shift ladder above: Python's int.bit_length at
+    every power of two and its neighbours, zero, random values, and values from 2^53 to 2^62."""
+    from quantopt.quant.rounding import bit_length
+
+    edges = {0, 1} | {v for k in range(1, 63) for v in (2 ** k - 1, 2 ** k, 2 ** k + 1) if v < 2 ** 63}
+    g = torch.Generator().manual_seed(4)
+    small = sorted(v for v in edges if v < 2 ** 53) + torch.randint(0, 2 ** 53, (2000,), generator=g).tolist()
+    large = sorted(v for v in edges if v >= 2 ** 53)
+    for values in (small, large, [0, 5, 2 ** 60]):  # the last mixes both ranges: the ladder
+        got = bit_length(torch.tensor(values, dtype=torch.int64)).tolist()
+        assert got == [int(v).bit_length() for v in values]
+    assert bit_length(torch.tensor([[3, 4], [0, 1]])).tolist() == [[2, 3], [0, 1]]  # shape kept
