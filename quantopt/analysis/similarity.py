@@ -203,14 +203,13 @@ class _Comparison:
             return
         notes = self.notes
         table = quant_of(qnode)
-        values = [[SameValues(f.betensor), SameValues(q.betensor)] for f, q in zip(fnode.outputs, qnode.outputs)]
-        cached = self.constant_results.get(fnode.name) if not qnode.inputs else None
-        if cached is not None and cached[0] == values:
-            results = cached[1]
-        else:
+        if qnode.inputs:
             results = self._results(fnode, qnode, table)
-            if not qnode.inputs:
-                self.constant_results[fnode.name] = (values, results)
+        else:  # a constant's values: compared again only when they are other values than last batch's
+            values = [[SameValues(f.betensor), SameValues(q.betensor)] for f, q in zip(fnode.outputs, qnode.outputs)]
+            cached = self.constant_results.get(fnode.name)
+            results = cached[1] if cached is not None and cached[0] == values else self._results(fnode, qnode, table)
+            self.constant_results[fnode.name] = (values, results)
         for f, (c, i) in zip(fnode.outputs, results):
             acc = self.sums.setdefault((fnode.name, f.name), [0.0, 0.0, 0.0, 0.0])
             for k, v in enumerate(c + i):
