@@ -11,7 +11,7 @@ strategies and hence which statistics are worth computing.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -24,7 +24,7 @@ from ..graph.tables import TensorStatistics, ranges_of, statistics_of
 from ..graph.tensor import PyTensor
 from ..quant.params import QuantMode
 from .inf_mask import apply_inf_mask_ranges
-from .statistics import INF_MASK_THRESHOLD, StatisticsConfig, update_statistics
+from .statistics import INF_MASK_THRESHOLD, ExtremaState, StatisticsConfig, plain_extrema, update_statistics
 from .strategies import apply_strategy, parse_strategy
 
 if TYPE_CHECKING:
@@ -101,26 +101,70 @@ def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[tor
         id(n): _stat_config(n, n.settings.q_strategy_activation, key_axis=None, activation=True) for n in graph.nodes}
     count = 0
     table = graph.statistics
+    updates = _PassUpdates()
 
     def hook(node: PyNode) -> None:
         cfg = configs[id(node)]
         for t in node.outputs:
             if node.type == "Input" and t.betensor.is_floating_point() and bool(torch.isnan(t.betensor).any()):
                 raise DataError(f"calibration batch {count} has NaN values in input '{t.name}'")
-            update_statistics(table.of(t), t.betensor, cfg, count)
+            updates.update(table.of(t), t.betensor, cfg, count)
         for t in node.placeholders:
             if t.betensor.numel() > 0 and t.betensor.is_floating_point():
-                update_statistics(table.of(t), t.betensor, placeholder_configs[id(node)], count)
+                updates.update(table.of(t), t.betensor, placeholder_configs[id(node)], count)
         if record is not None:
             record.keep(node)
 
-    with torch.no_grad():
-        for inputs in batches:
-            if record is not None:
-                record.start_batch(inputs)
-            graph.forward(inputs, after_node=hook)
-            count += 1
+    try:
+        with torch.no_grad():
+            for inputs in batches:
+                if record is not None:
+                    record.start_batch(inputs)
+                graph.forward(inputs, after_node=hook)
+                count += 1
+    finally:
+        updates.store()
     return count
+
+
+class _PassUpdates:
+    """`update_statistics` over one pass's batches, with the statistics of tensors on the extrema path (the default
+    strategies) kept as Python floats (`ExtremaState`) until `store`: per batch one aminmax and a few float
+    operations instead of four new 0-d tensors, which cost as much as a small layer's forward. A batch the extrema
+    path cannot take (NaN, mask values, an empty tensor) stores the tensor's state first and goes through
+    `update_statistics`; the statistics end the same either way (tests/calibration/test_pass_updates.py)."""
+
+    def __init__(self) -> None:
+        self._states: Dict[int, Tuple[TensorStatistics, ExtremaState]] = {}
+
+    def update(self, stats: TensorStatistics, x: torch.Tensor, cfg: StatisticsConfig, batch_index: int) -> None:
+        """`update_statistics(stats, x, cfg, batch_index)`, its result in `stats` by `store` at the latest."""
+        key = id(stats)
+        if cfg.extrema_only and x.numel():
+            clipped = plain_extrema(x.detach(), float(cfg.mask_threshold))
+            if clipped is not None:
+                held = self._states.get(key)
+                if held is not None and batch_index != 0:
+                    held[1].fold(*clipped, cfg.momentum)
+                    return
+                if batch_index == 0 or stats.batches == 0 or stats.extrema_min is None:
+                    stats.reset()
+                    self._states[key] = (stats, ExtremaState(*clipped, *clipped))
+                    return
+                state = ExtremaState.of(stats)
+                state.fold(*clipped, cfg.momentum)
+                self._states[key] = (stats, state)
+                return
+        held = self._states.pop(key, None)
+        if held is not None:
+            held[1].store(stats)
+        update_statistics(stats, x, cfg, batch_index)
+
+    def store(self) -> None:
+        """Write every held state into its statistics."""
+        for stats, state in self._states.values():
+            state.store(stats)
+        self._states.clear()
 
 
 def calibrate_graph(graph: PyGraph) -> None:

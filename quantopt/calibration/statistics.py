@@ -51,6 +51,7 @@ that the tensor is a mask. A batch without such values takes exactly the path it
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
@@ -73,8 +74,8 @@ _STAT_DTYPE = torch.float64  # dtype of all kept statistics (EMA and histogram a
 _CHUNK = 1 << 22  # elements per block when binning (bounds the temporary float64/int64 tensors)
 
 __all__ = [
-    "INF_MASK_THRESHOLD", "STAT_INT_MAX", "STAT_INT_MIN", "StatisticsConfig", "Trim", "apply_trim", "histogram_range",
-    "parse_trim", "rebin_histogram", "update_statistics",
+    "ExtremaState", "INF_MASK_THRESHOLD", "STAT_INT_MAX", "STAT_INT_MIN", "StatisticsConfig", "Trim", "apply_trim",
+    "histogram_range", "parse_trim", "plain_extrema", "rebin_histogram", "update_statistics",
 ]
 
 
@@ -122,6 +123,11 @@ class StatisticsConfig:
         if self.histogram_mode not in ("accumulate", "ema"):
             raise ValueError(f"histogram_mode must be 'accumulate' or 'ema', got {self.histogram_mode!r}")
         object.__setattr__(self, "trim", _as_trim(self.trim))
+
+    @property
+    def extrema_only(self) -> bool:
+        """Whether only the extrema and running min/max are collected (the default strategies): the fast path."""
+        return self.key_axis is None and not self.need_moments and not self.need_histogram and self.trim is None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -321,9 +327,75 @@ def _update_group(stats: TensorStatistics, v2d: torch.Tensor, cfg: StatisticsCon
 # public entry point
 
 
+_FLOAT32 = struct.Struct("f")
+
+
+def to_float32(v: float) -> float:
+    """`v` rounded to the nearest float32 (ties to even), as a Python float: the C conversion `struct` makes."""
+    return _FLOAT32.unpack(_FLOAT32.pack(v))[0]
+
+
 def _ema32(old: float, new: float, m: float) -> float:
-    """`_ema` on python floats: the same float32 products and sum (checked equal to torch's arithmetic)."""
-    return float(np.float32(m) * np.float32(old) + np.float32(1.0 - m) * np.float32(new))
+    """`_ema` on python floats: the float32 products and sum of `m * old + (1 - m) * new`. Each float32 operation is
+    its float64 result rounded to float32: a product of two float32 values is exact in float64, and rounding a sum
+    first to float64 and then to float32 gives the float32 sum (53 >= 2 * 24 + 2 bits). Twice as fast as numpy's
+    float32 scalars (tests/calibration/test_pass_updates.py compares the two)."""
+    pack, unpack = _FLOAT32.pack, _FLOAT32.unpack  # to_float32 written out: a call per rounding cost a third more
+    product_old = unpack(pack(unpack(pack(m))[0] * unpack(pack(old))[0]))[0]
+    product_new = unpack(pack(unpack(pack(1.0 - m))[0] * unpack(pack(new))[0]))[0]
+    return unpack(pack(product_old + product_new))[0]
+
+
+def plain_extrema(x: torch.Tensor, mask_threshold: float = INF_MASK_THRESHOLD) -> Optional[Tuple[float, float]]:
+    """(min, max) of batch `x` clipped to the statistics range as the extrema path folds them, by one aminmax; None
+    when the batch holds NaN or mask values (|x| >= `mask_threshold`), which only the other paths handle."""
+    lo_t, hi_t = torch.aminmax(x if x.is_floating_point() else x.float())
+    lo_f, hi_f = float(lo_t), float(hi_t)
+    if lo_f <= -mask_threshold or hi_f >= mask_threshold:
+        return None
+    return _clipped(lo_f, hi_f)
+
+
+def _clipped(lo_f: float, hi_f: float) -> Optional[Tuple[float, float]]:
+    lo = min(max(lo_f, STAT_INT_MIN), STAT_INT_MAX)
+    hi = min(max(hi_f, STAT_INT_MIN), STAT_INT_MAX)
+    if math.isnan(lo) or math.isnan(hi):
+        return None
+    return lo, hi
+
+
+@dataclass
+class ExtremaState:
+    """A tensor's extrema statistics (extrema, running min/max, batch count) as Python floats: what the extrema path
+    of `update_statistics` folds each batch into. A pass over many batches of small tensors keeps them so until it
+    ends (calibration/collect.py): storing four 0-d tensors per batch cost as much as a small layer's forward.
+    `store` writes the values the per-batch updates would have left."""
+
+    extrema_min: float
+    extrema_max: float
+    running_min: float
+    running_max: float
+    batches: int = 1
+
+    @classmethod
+    def of(cls, stats: TensorStatistics) -> ExtremaState:
+        """The state `stats` holds (it must hold extrema: a batch was folded in)."""
+        assert stats.extrema_min is not None and stats.running_min is not None
+        return cls(float(stats.extrema_min), float(stats.extrema_max), float(stats.running_min),
+                   float(stats.running_max), stats.batches)
+
+    def fold(self, lo: float, hi: float, m: float) -> None:
+        """Fold one more batch's clipped extrema (`plain_extrema`) in, with momentum `m`."""
+        self.extrema_min, self.extrema_max = min(self.extrema_min, lo), max(self.extrema_max, hi)
+        self.running_min, self.running_max = _ema32(self.running_min, lo, m), _ema32(self.running_max, hi, m)
+        self.batches += 1
+
+    def store(self, stats: TensorStatistics) -> None:
+        """Write the state into `stats` as 0-d float64 tensors (made at once: one small allocation instead of four
+        torch.tensor calls)."""
+        stats.extrema_min, stats.extrema_max, stats.running_min, stats.running_max = torch.from_numpy(np.array(
+            [self.extrema_min, self.extrema_max, self.running_min, self.running_max], dtype=np.float64)).unbind()
+        stats.batches = self.batches
 
 
 def _update_extrema_only(stats: TensorStatistics, x: torch.Tensor, m: float, reset: bool,
@@ -367,22 +439,17 @@ def _update_extrema_masked(stats: TensorStatistics, x: torch.Tensor, m: float, r
 def _apply_extrema(stats: TensorStatistics, lo_f: float, hi_f: float, m: float, reset: bool,
                    already_reset: bool = False) -> bool:
     """Fold one batch's extrema into `stats` (scalar arithmetic, as the general path's tensors compute it)."""
-    lo = min(max(lo_f, STAT_INT_MIN), STAT_INT_MAX)
-    hi = min(max(hi_f, STAT_INT_MIN), STAT_INT_MAX)
-    if math.isnan(lo) or math.isnan(hi):
+    clipped = _clipped(lo_f, hi_f)
+    if clipped is None:
         return False
     if reset:
         if not already_reset:
             stats.reset()
-        emin, emax, rmin, rmax = lo, hi, lo, hi
+        ExtremaState(*clipped, *clipped).store(stats)
     else:
-        emin, emax = min(float(stats.extrema_min), lo), max(float(stats.extrema_max), hi)
-        rmin, rmax = _ema32(float(stats.running_min), lo, m), _ema32(float(stats.running_max), hi, m)
-    # four 0-d float64 tensors made at once (one small allocation instead of four torch.tensor calls: the update of
-    # a small layer's output costs about as much as the layer otherwise)
-    stats.extrema_min, stats.extrema_max, stats.running_min, stats.running_max = \
-        torch.from_numpy(np.array([emin, emax, rmin, rmax], dtype=np.float64)).unbind()
-    stats.batches = 1 if reset else stats.batches + 1
+        state = ExtremaState.of(stats)
+        state.fold(*clipped, m)
+        state.store(stats)
     return True
 
 
@@ -419,8 +486,7 @@ def update_statistics(stats: TensorStatistics, x: torch.Tensor, cfg: StatisticsC
     if x.numel() == 0:
         return stats
     reset = int(batch_index) == 0 or stats.batches == 0 or stats.extrema_min is None
-    if cfg.key_axis is None and not cfg.need_moments and not cfg.need_histogram and cfg.trim is None \
-            and _update_extrema_only(stats, x.detach(), cfg.momentum, reset, float(cfg.mask_threshold)):
+    if cfg.extrema_only and _update_extrema_only(stats, x.detach(), cfg.momentum, reset, float(cfg.mask_threshold)):
         return stats  # the fast path: one aminmax and scalar arithmetic, nothing autograd could record
     with torch.no_grad():
         if reset:
