@@ -79,6 +79,8 @@ class Int8Operand:
     parts: Tuple[Tuple[torch.Tensor, int, int], ...]
     """(int8 values, their factor, their padding value)."""
     offset: int
+    absmax: int
+    """The largest |x| among the values and the padding value (as checked): |x·w| <= absmax · sum |w|."""
 
 
 def split_int8(x: torch.Tensor, pad: int = 0) -> Optional[Int8Operand]:
@@ -89,17 +91,18 @@ def split_int8(x: torch.Tensor, pad: int = 0) -> Optional[Int8Operand]:
         return None
     lo, hi = (int(v) for v in torch.aminmax(x))
     lo, hi = min(lo, pad), max(hi, pad)
+    absmax = max(-lo, hi)
     for offset in (0, 128):
         if lo - offset >= -128 and hi - offset <= 127:
             part = x if offset == 0 else x.to(torch.int32) - offset
-            return Int8Operand(((part.to(torch.int8), 1, pad - offset),), offset)
+            return Int8Operand(((part.to(torch.int8), 1, pad - offset),), offset, absmax)
     for offset in (0, 32768):
         if lo - offset >= -32768 and hi - offset <= 32767:
             wide = x.to(torch.int32) - offset if offset else x.to(torch.int32)
             high = (wide >> 8).to(torch.int8)
             low = (wide & 255).sub_(128).to(torch.int8)  # x - offset = 256·high + (low + 128)
             p = pad - offset
-            return Int8Operand(((high, 256, p >> 8), (low, 1, (p & 255) - 128)), offset + 128)
+            return Int8Operand(((high, 256, p >> 8), (low, 1, (p & 255) - 128)), offset + 128, absmax)
     return None
 
 

@@ -443,17 +443,19 @@ def mac_weights(node: PyNode) -> Tuple[torch.Tensor, torch.dtype]:
     return w.to(dtype), dtype
 
 
-def mac_weights_int8(node: PyNode) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-    """(w_q + zp_w as int8, its sum per output row as int64) when every weight fits int8 (the operand of the
-    integer GEMM, `_int8_gemm.int8_gemm`), else None; cached like `mac_weights`. The row sums let an input taken
-    with an offset (uint8 values minus 128) be corrected exactly."""
+def mac_weights_int8(node: PyNode) -> Optional[Tuple[torch.Tensor, torch.Tensor, int]]:
+    """(w_q + zp_w as int8, its sum per output row as int64, the largest sum of |w| over the output rows) when every
+    weight fits int8 (the operand of the integer GEMM, `_int8_gemm.int8_gemm`), else None; cached like
+    `mac_weights`. The row sums let an input taken with an offset (uint8 values minus 128) be corrected exactly;
+    the largest absolute row sum bounds the accumulator (|x·w| <= max|x| · it) for `mac_finish`."""
     w_q = node.get_constant("weights").betensor
     cached = node.attrs.get("_mac_weights_int8")
     if cached is not None and cached[0] is w_q:
         return cached[1]
     w = effective_weights(node)
     fits = w.numel() > 0 and int(w.min()) >= -128 and int(w.max()) <= 127
-    value = (w.to(torch.int8), w.reshape(int(w.shape[0]), -1).sum(dim=1)) if fits else None
+    rows = w.reshape(int(w.shape[0]), -1)
+    value = (w.to(torch.int8), rows.sum(dim=1), int(rows.abs().sum(dim=1).max())) if fits else None
     node.attrs["_mac_weights_int8"] = (w_q, value)
     return value
 
@@ -573,7 +575,8 @@ def exact_float_dtype(x_absmax: int, w_eff: torch.Tensor) -> torch.dtype:
     return torch.float32 if bound < FLOAT32_EXACT else torch.float64
 
 
-def mac_finish(node: PyNode, acc: torch.Tensor, owned: bool = False, planned: bool = True) -> torch.Tensor:
+def mac_finish(node: PyNode, acc: torch.Tensor, owned: bool = False, planned: bool = True,
+               bound: Optional[float] = None) -> torch.Tensor:
     """Integer accumulator (float64 holding exact ints, bias not yet added) → requantized int64 output.
 
     acc + b, optionally through the 48→32-bit `remain_shift` hand-over, then
@@ -581,10 +584,12 @@ def mac_finish(node: PyNode, acc: torch.Tensor, owned: bool = False, planned: bo
     (last axis), then the fused RELU6/CLIP bounds. The usual case runs from a per-layer plan (`_finish_plan`:
     biases, M·2^-shift and bounds memoized, graph/memo.py), whose derivation costs more than the arithmetic on small
     inputs; `planned=False` computes without it (the reference the plan is tested against). `owned`: `acc` is the
-    caller's temporary and may be overwritten.
+    caller's temporary and may be overwritten. `bound`: a bound on |acc| the caller proved from the values it
+    summed (the int8 GEMMs: max |x| · max sum |w|), which spares the plan its own pass over the accumulator's
+    extrema.
     """
     if planned:
-        fast = _planned_finish(node, acc, owned)
+        fast = _planned_finish(node, acc, owned, bound)
         if fast is not None:
             return fast
     out = node.outputs[0]
@@ -608,12 +613,12 @@ def mac_finish(node: PyNode, acc: torch.Tensor, owned: bool = False, planned: bo
     return fused_activation_clamp(node, y)
 
 
-_FinishPlan = Tuple[torch.Tensor, torch.Tensor, float, float, int, int, Any, Any, bool]
+_FinishPlan = Tuple[torch.Tensor, float, torch.Tensor, float, float, int, int, Any, Any, bool]
 
 
 def _finish_plan(node: PyNode, device: torch.device) -> Optional[_FinishPlan]:
-    """(float64 biases, M·2^-shift, max |M|, output zero point, qmin, qmax, fused bounds or None, whether
-    `requantize_scaled_` applies: every shift >= 3 and the output range small) of the layer."""
+    """(float64 biases, max |bias|, M·2^-shift, max |M|, output zero point, qmin, qmax, fused bounds or None,
+    whether `requantize_scaled_` applies: every shift >= 3 and the output range small) of the layer."""
     def build() -> Optional[_FinishPlan]:
         if node.params.get("remain_shift") is not None or fused_activation(node) in SLOPE_ACTIVATIONS:
             return None
@@ -634,23 +639,28 @@ def _finish_plan(node: PyNode, device: torch.device) -> Optional[_FinishPlan]:
                 hi = torch.as_tensor(hi, dtype=torch.int64, device=device)
         scaled = float(s.min()) >= 3 and max(abs(qmin), abs(qmax)) + abs(tensor_zp(node, out)) < MAGIC_SCALED_BOUND
         factor = (m * torch.pow(2.0, -s)).to(device)  # formed on the CPU: CUDA's pow is not correctly rounded
-        return b, factor, float(m.abs().max()), float(tensor_zp(node, out)), qmin, qmax, lo, hi, scaled
+        b_absmax = float(b.abs().max()) if b.numel() else 0.0
+        return b, b_absmax, factor, float(m.abs().max()), float(tensor_zp(node, out)), qmin, qmax, lo, hi, scaled
 
     return memo(node, "mac_finish", (layer_key(node), device), build)
 
 
-def _planned_finish(node: PyNode, acc: torch.Tensor, owned: bool) -> Optional[torch.Tensor]:
+def _planned_finish(node: PyNode, acc: torch.Tensor, owned: bool,
+                    bound: Optional[float] = None) -> Optional[torch.Tensor]:
     """`mac_finish`'s result from the layer's memoized plan (`_finish_plan`), or None (acc untouched) where the plan
     does not apply: a `remain_shift` hand-over, shifts beyond ±900, an accumulator whose products may leave float64's
     exact range, NaN. `owned`: `acc` is the caller's temporary and is overwritten (the bound is then checked on acc
-    and max|b|, which only sends more accumulators to the general path, whose result is the same)."""
+    and max|b|, which only sends more accumulators to the general path, whose result is the same); `bound`: the
+    caller's bound on |acc| (finite integers), taken instead of the accumulator's extrema."""
     plan = _finish_plan(node, acc.device) if acc.dtype == torch.float64 and acc.numel() else None
     if plan is None:
         return None
-    b, factor, m_absmax, zp_out, qmin, qmax, lo, hi, scaled = plan
+    b, b_absmax, factor, m_absmax, zp_out, qmin, qmax, lo, hi, scaled = plan
     if owned and broadcasts_into(b.shape, acc.shape):
-        a_lo, a_hi = (float(v) for v in torch.aminmax(acc))
-        b_absmax = float(b.abs().max()) if b.numel() else 0.0
+        if bound is not None:
+            a_lo, a_hi = -float(bound), float(bound)
+        else:
+            a_lo, a_hi = (float(v) for v in torch.aminmax(acc))
         if not (math.isfinite(a_lo) and math.isfinite(a_hi) and math.isfinite(b_absmax)) \
                 or (max(-a_lo, a_hi) + b_absmax) * m_absmax >= FLOAT64_EXACT:
             return None

@@ -238,18 +238,24 @@ def conv2d_nhwc_int(node: PyNode, depthwise: bool) -> torch.Tensor:
     """Exact integer accumulator conv(x_q padded with -zp_in, w_q + zp_w) as float64, bias not added: an int8
     GEMM where the operands fit int8 (`_conv_int8`), a depthwise one by oneDNN in float32 where its bound allows
     (`_depthwise_int_onednn`), else exact integers in float32 or float64 by this package's NHWC kernels."""
+    return conv2d_nhwc_int_bounded(node, depthwise)[0]
+
+
+def conv2d_nhwc_int_bounded(node: PyNode, depthwise: bool) -> Tuple[torch.Tensor, Optional[int]]:
+    """(`conv2d_nhwc_int`'s accumulator, a bound on its magnitude where the int8 GEMMs proved one from the values
+    they read, else None): `mac_finish` then skips its own look at the accumulator's extrema."""
     x, zp = mac_input(node)
     if not depthwise:
-        acc = _conv_int8(node, x, zp)
-        if acc is not None:
-            return acc
+        bounded = _conv_int8(node, x, zp)
+        if bounded is not None:
+            return bounded
     w, dtype = mac_weights(node)
     if depthwise and dtype == torch.float32 and x.device.type == "cpu" and torch.backends.mkldnn.is_available():
-        return _depthwise_int_onednn(node, x, w, zp)
+        return _depthwise_int_onednn(node, x, w, zp), None
     if x.dtype == torch.int64 and max(abs(v) for v in out_range(node, node.inputs[0])) < MAGIC_EXACT:
         x = int_to_float64(x)  # the fast exact conversion; the kernel then narrows it while padding
     acc = _conv_nhwc(node, x, w, None, depthwise, float(-zp), dtype)
-    return acc.to(torch.float64)
+    return acc.to(torch.float64), None
 
 
 def _depthwise_int_onednn(node: PyNode, x: torch.Tensor, w: torch.Tensor, zp: int) -> torch.Tensor:
@@ -266,9 +272,10 @@ def _depthwise_int_onednn(node: PyNode, x: torch.Tensor, w: torch.Tensor, zp: in
     return y.permute(0, 2, 3, 1).to(torch.float64)
 
 
-def _conv_int8(node: PyNode, x: torch.Tensor, zp: int) -> Optional[torch.Tensor]:
+def _conv_int8(node: PyNode, x: torch.Tensor, zp: int) -> Optional[Tuple[torch.Tensor, int]]:
     """The integer accumulator of a convolution (one group or several) on the CPU as int8 GEMMs with int32 sums
-    (`_conv_nhwc.conv2d_nhwc_int8`), as float64; None where it does not apply: on another device, a CPU whose int8
+    (`_conv_nhwc.conv2d_nhwc_int8`), as float64, and a bound on its magnitude (max |x or padding| · max sum |w|
+    over the output channels); None where it does not apply: on another device, a CPU whose int8
     GEMM is not exact (`_int8_gemm.int8_gemm_exact`), weights outside int8, inputs (padding included) beyond 16
     bits, or a reduction long enough to leave int32. Inputs are split into int8 parts (`_int8_gemm.split_int8`:
     one for 8-bit values, two for 16-bit ones), and the offset they were taken with comes back as offset · (the
@@ -283,9 +290,10 @@ def _conv_int8(node: PyNode, x: torch.Tensor, zp: int) -> Optional[torch.Tensor]
     operand = split_int8(x, -zp if any(pads) else 0) if weights is not None else None
     if weights is None or operand is None:
         return None
-    w8, w_sums = weights
-    return int8_accumulate(operand, w_sums,
-                           lambda part, pad: conv2d_nhwc_int8(part, w8, stride, dilation, pads, pad, group))
+    w8, w_sums, w_abs_rows = weights
+    acc = int8_accumulate(operand, w_sums,
+                          lambda part, pad: conv2d_nhwc_int8(part, w8, stride, dilation, pads, pad, group))
+    return acc, operand.absmax * w_abs_rows
 
 
 def _check_output_size(node: PyNode, out_hw: List[int]) -> None:
@@ -328,7 +336,8 @@ def convolution_forward(self: PyNode) -> None:
         _fp8.mac_forward(self, lambda x, w, b: _conv_nhwc(self, x, w, b, False, 0.0, torch.float64))
         return
     if self.quantized:
-        self.outputs[0].betensor = mac_finish(self, conv2d_nhwc_int(self, depthwise=False), owned=True)
+        acc, bound = conv2d_nhwc_int_bounded(self, depthwise=False)
+        self.outputs[0].betensor = mac_finish(self, acc, owned=True, bound=bound)
         return
     _conv_float_forward(self, depthwise=False)
 
@@ -340,7 +349,8 @@ def depthwise_conv_forward(self: PyNode) -> None:
         _fp8.mac_forward(self, lambda x, w, b: _conv_nhwc(self, x, w, b, True, 0.0, torch.float64))
         return
     if self.quantized:
-        self.outputs[0].betensor = mac_finish(self, conv2d_nhwc_int(self, depthwise=True), owned=True)
+        acc, bound = conv2d_nhwc_int_bounded(self, depthwise=True)
+        self.outputs[0].betensor = mac_finish(self, acc, owned=True, bound=bound)
         return
     _conv_float_forward(self, depthwise=True)
 

@@ -109,10 +109,9 @@ def fully_connected_forward(self: PyNode) -> None:
         w, dtype = mac_weights(self)
         _check_fc_shapes(self, x, w)
         # zero point folded into the biases: acc = x_q·w + b_q' (no padding in a dense layer)
-        acc = _fc_int8(self, x)
-        if acc is None:
-            acc = F.linear(x.to(dtype), w).to(torch.float64)
-        self.outputs[0].betensor = mac_finish(self, acc)
+        bounded = _fc_int8(self, x)
+        acc, bound = bounded if bounded is not None else (F.linear(x.to(dtype), w).to(torch.float64), None)
+        self.outputs[0].betensor = mac_finish(self, acc, owned=True, bound=bound)  # acc: a new tensor either way
         return
     x = self.inputs[0].betensor
     dtype = _compute_dtype(x)
@@ -146,9 +145,10 @@ def fully_connected_forward(self: PyNode) -> None:
     self.outputs[0].betensor = apply_fused_activation(self, y)
 
 
-def _fc_int8(node: PyNode, x: torch.Tensor) -> Optional[torch.Tensor]:
+def _fc_int8(node: PyNode, x: torch.Tensor) -> Optional[Tuple[torch.Tensor, int]]:
     """x_q · (w_q + zp_w) by int8 GEMMs with int32 sums (one, two for 16-bit inputs), as float64 (the integer
-    forward's accumulator), or None where that is not exact or possible: the conditions of `conv._conv_int8`."""
+    forward's accumulator), with a bound on its magnitude (max |x| · max sum |w| over the outputs), or None where
+    that is not exact or possible: the conditions of `conv._conv_int8`."""
     k = int(x.shape[-1]) if x.dim() else 0
     if x.device.type != "cpu" or not k or k > INT8_MAX_TERMS or not int8_gemm_exact():
         return None
@@ -156,9 +156,9 @@ def _fc_int8(node: PyNode, x: torch.Tensor) -> Optional[torch.Tensor]:
     operand = split_int8(x) if weights is not None else None
     if weights is None or operand is None:
         return None
-    w8, w_sums = weights
+    w8, w_sums, w_abs_rows = weights
     acc = int8_accumulate(operand, w_sums, lambda part, _: int8_gemm(part.reshape(-1, k), w8.t()))
-    return acc.reshape(*x.shape[:-1], int(w8.shape[0]))
+    return acc.reshape(*x.shape[:-1], int(w8.shape[0])), operand.absmax * w_abs_rows
 
 
 def _float_constants(node: PyNode, device: torch.device, dtype: torch.dtype,

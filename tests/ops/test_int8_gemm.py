@@ -178,6 +178,46 @@ def test_sixteen_bit_activations_take_two_int8_gemms(monkeypatch, positive) -> N
     assert torch.equal(fast, q.forward([x])[0])
 
 
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize("positive", [False, True])
+@pytest.mark.parametrize("layer", ["conv", "fc"])
+def test_int8_accumulators_come_with_a_bound_that_holds(monkeypatch, layer: str, positive: bool, bits: int) -> None:
+    """The int8 paths hand `mac_finish` a bound on |accumulator| (max |x or padding| · max sum |w|) instead of its
+    extrema: every accumulator is within it, and the outputs are those of the float kernels (the extrema path)."""
+    from quantopt.ops import _quant
+
+    graph, shape = (_conv_graph(9, (1, 2, 0, 1), (1, 1), (1, 1)), [1, 11, 9, 6]) if layer == "conv" \
+        else (_fc_graph(9), [1, 6, 40])
+    q = quantize_model(graph, _data(shape, 1, 2, positive), {"q_bits_activation": bits})
+    x = _data([2, *shape[1:]], 2, 1, positive)[0] * 3.0  # beyond the calibrated range: clamped inputs
+    seen: List[tuple] = []
+    planned = _quant._planned_finish
+
+    def recording(node, acc, owned, bound=None):
+        seen.append((float(acc.abs().max()), bound))
+        if bound is not None:  # the bound by its definition: max |x or padding value| * max over outputs sum |w|
+            x, zp = _quant.mac_input(node)
+            x_absmax = max(int(x.abs().max()), abs(zp) if node.type == "Convolution" else 0)
+            w = _quant.effective_weights(node)
+            assert bound == x_absmax * int(w.reshape(w.shape[0], -1).abs().sum(dim=1).max())
+        return planned(node, acc, owned, bound)
+
+    monkeypatch.setattr(_quant, "_planned_finish", recording)
+    for module in (conv, linear):
+        monkeypatch.setattr(module, "int8_gemm_exact", lambda: True)
+    calls: List[int] = []
+    monkeypatch.setattr(_conv_nhwc, "int8_gemm", reference_gemm(calls))
+    monkeypatch.setattr(linear, "int8_gemm", reference_gemm(calls))
+    fast = q.forward([x])[0].clone()
+    assert calls
+    assert seen and all(bound is not None and 0 < acc_max <= bound for acc_max, bound in seen), seen
+    for module in (conv, linear):
+        monkeypatch.setattr(module, "int8_gemm_exact", lambda: False)
+    seen.clear()
+    assert torch.equal(fast, q.forward([x])[0])
+    assert seen and all(bound is None for _, bound in seen)
+
+
 @pytest.mark.parametrize("lo,hi", [(-128, 127), (0, 255), (-32768, 32767), (0, 65535), (-300, 200), (1, 40000),
                                    (-40000, 0), (0, 70000)])
 def test_split_int8_rebuilds_the_values_and_the_padding(lo: int, hi: int) -> None:
@@ -197,6 +237,7 @@ def test_split_int8_rebuilds_the_values_and_the_padding(lo: int, hi: int) -> Non
     rebuilt = sum(p.to(torch.int64) * f for p, f, _ in split.parts) + split.offset
     assert torch.equal(rebuilt, x)
     assert sum(v * f for _, f, v in split.parts) + split.offset == pad
+    assert split.absmax == max(abs(lo), abs(hi), abs(pad))
     assert all(-128 <= v <= 127 for _, _, v in split.parts)
 
 
