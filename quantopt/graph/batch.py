@@ -61,12 +61,11 @@ def ir_batch(node: Any) -> int:
     return 1
 
 
-def batch_error(node: Any, detail: str) -> UnsupportedError:
+def batch_error(node: Any, detail: str, why: str = "its dim 0 is not only the batch") -> UnsupportedError:
     """The one-line error of a layer that cannot run at the data's batch size."""
     b = ir_batch(node)
-    return UnsupportedError(f"layer '{node.name}' ({node.type}) cannot run at this batch size: {detail} (its dim 0 "
-                            f"is not only the batch); run at " +
-                            (f"a multiple of the IR batch size {b}" if b > 1 else "the IR batch size 1"))
+    return UnsupportedError(f"layer '{node.name}' ({node.type}) cannot run at this batch size: {detail} ({why}); "
+                            "run at " + (f"a multiple of the IR batch size {b}" if b > 1 else "the IR batch size 1"))
 
 
 def group_count(node: Any, batched: Sequence[bool]) -> int:
@@ -124,6 +123,7 @@ def run_grouped(node: Any, run: Callable[[], None], k: int, batched: Sequence[bo
             if wide is not None:
                 wide.keep(t, w)
     for i, out in enumerate(node.outputs):
+        _check_concatenable(node, out.name, values[i])
         out.betensor = torch.cat(values[i], dim=0)
         if wide is not None:
             whole = all(u is not None for u in wides[i])
@@ -133,6 +133,19 @@ def run_grouped(node: Any, run: Callable[[], None], k: int, batched: Sequence[bo
         for j, p in enumerate(placeholders):  # the whole batch's values, as the outputs
             if all(v[j].dim() > 0 and v[j].numel() for v in inner):
                 p.betensor = torch.cat([v[j] for v in inner], dim=0)
+
+
+def _check_concatenable(node: Any, name: str, values: Sequence[torch.Tensor]) -> None:
+    """The groups' values of output `name` must be one batch-major tensor when concatenated along dim 0: a 0-d value
+    (one number per IR batch, such as a count) or values whose other dims differ (a data-dependent shape) are not,
+    and the layer cannot run at this batch (`batch_error`)."""
+    if any(v.dim() == 0 for v in values):
+        raise batch_error(node, f"its output '{name}' is one value per IR batch (a 0-d tensor)",
+                          "no batch of several IR batches can hold it")
+    shapes = sorted({tuple(v.shape[1:]) for v in values})
+    if len(shapes) > 1:
+        raise batch_error(node, f"its output '{name}' takes the shapes {[list(s) for s in shapes]} beyond dim 0 in "
+                                "different IR batches", "a data-dependent shape")
 
 
 def forward_batched(node: Any, run: Callable[[], None]) -> None:
@@ -297,8 +310,10 @@ FLOAT_PER_GROUP_METHODS = frozenset({"SIGMOID", "TANH", "ELU", "SELU", "CELU", "
 FLOAT_PER_GROUP_TYPES = frozenset({"Sigmoid", "Tanh", "ELU", "SELU", "CELU", "GELU", "Silu", "Swish", "MISH",
                                    "Softplus", "BNLL", "Exp", "Log", "Erf", "Sine", "Cosine", "Tan", "Sinh", "Cosh",
                                    "Asin", "Acos", "Atan", "Asinh", "Acosh", "Atanh", "Rsqrt", "Pow", "Reduce",
-                                   "BasicLSTM", "GRUv1", "GRUv3"})
-"""Operator types whose float kernel is not batch-invariant (checked with torch 2.x on x86)."""
+                                   "BasicLSTM", "GRUv1", "GRUv3", "Convolution3D", "ConvTranspose",
+                                   "ConvTranspose3D"})
+"""Operator types whose float kernel is not batch-invariant (checked with torch 2.x on x86; the 3-D and transposed
+convolutions: torch's float32 kernels block by the batch's size)."""
 
 
 NATIVE_FLOAT_TYPES = frozenset({"Convolution", "DepthwiseConv", "FullyConnected"})
@@ -332,7 +347,7 @@ def _float_only(node: Any, batched: Sequence[bool]) -> bool:
 # registered with the float kernels above); Reshape and Slice adapt their IR-batch params themselves
 # (ops/shape.py); Shape reports the data's own shape, and MaxPoolingWithArgMax's NHWC/NCHW indices count the data's
 # batch (MaxUnpool reads them so), as ONNX defines them for that batch
-register_batch_rule(["Convolution3D", "ConvTranspose", "ConvTranspose3D", "Pooling", "Pooling3D", "GlobalPool",
+register_batch_rule(["Pooling", "Pooling3D", "GlobalPool",
                      "AdaptivePool", "Resize", "Interp",
                      "BatchNorm", "GroupNorm", "LRN", "ChannelShuffle", "DepthToSpace", "SpaceToDepth", "GridSample",
                      "Cast", "Quantize", "DeQuantize", "Abs", "Negative", "Ceil", "Floor", "Round", "Trunc", "Sign",

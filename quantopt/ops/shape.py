@@ -142,8 +142,11 @@ def batched_shape(node: PyNode, inp: PyTensor, shape: List[int]) -> List[int]:
     dim 0 simply takes the data's rows: the batch may then be any size). A value that is not such a concatenation
     (another dim changed) keeps `shape`, for the reshape itself to report."""
     rows = batch_rows(inp)
-    if rows is None or not shape:
+    if rows is None:
         return shape
+    if not shape:
+        raise batch_error(node, f"input '{inp.name}' has {rows} rows in dim 0 and the target shape is a scalar",
+                          "it holds one IR batch only")
     ir0 = int(inp.ir_shape[0])
     if shape[0] == ir0:
         return [rows] + shape[1:]

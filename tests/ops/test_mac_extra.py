@@ -688,3 +688,19 @@ def test_conv_transpose_quantizes_a_fused_leakyrelu() -> None:
     ref = torch.cat(expected).to(torch.float64).reshape(-1)
     assert cosine(got, ref) > 0.99
     assert cosine(torch.where(ref < 0, ref / 0.1, ref), ref) < cosine(got, ref)  # the slope is not left out
+
+
+@pytest.mark.parametrize("kind", ["conv3d", "convt2d", "convt3d"])
+def test_float_forward_gives_each_sample_its_own_bits_at_any_batch(kind: str) -> None:
+    """torch's float32 3-D and transposed convolutions block by the batch's size: these layers run once per IR
+    batch of samples (quantopt/graph/batch.py), so a batch gives every sample the bits it gets alone."""
+    if kind == "conv3d":
+        graph, _, _, shape = conv3d_graph(3, cin=16, cout=16, in_dhw=(6, 12, 12), s=(1, 1, 1), d=(1, 1, 1))
+    else:
+        graph, _, _, shape, _ = convt_graph(3, cin=8, cout=4, spatial=(10, 10), k=(3, 3), s=(2, 2), d=(1, 1),
+                                            pb=(1, 1), pe=(1, 1), op=(0, 0)) if kind == "convt2d" \
+            else convt_graph(3, nd=3, cin=8, cout=16, spatial=(4, 6, 6))
+    x = torch.randn(5, *shape[1:], generator=torch.Generator().manual_seed(2))
+    alone = torch.cat([graph.forward([x[i:i + 1]])[0].clone() for i in range(5)])
+    together = graph.forward([x])[0]
+    assert torch.equal(alone.view(torch.int32), together.view(torch.int32))
