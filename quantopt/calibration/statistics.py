@@ -406,30 +406,36 @@ def _update_extrema_only(stats: TensorStatistics, x: torch.Tensor, m: float, res
     lo_t, hi_t = torch.aminmax(x if x.is_floating_point() else x.float())
     lo_f, hi_f = float(lo_t), float(hi_t)
     if lo_f <= -mask_threshold or hi_f >= mask_threshold:
-        return _update_extrema_masked(stats, x, m, reset, mask_threshold)
+        return _update_extrema_masked(stats, x, m, reset, mask_threshold, lo_f, hi_f)
     return _apply_extrema(stats, lo_f, hi_f, m, reset)
 
 
 def _update_extrema_masked(stats: TensorStatistics, x: torch.Tensor, m: float, reset: bool,
-                           mask_threshold: float) -> bool:
+                           mask_threshold: float, lo_all: float, hi_all: float) -> bool:
     """The fast path for a batch holding mask values (attention masks): counted as `_drop_mask_values` counts them,
-    the extrema taken over the other values, without building the tensor of those values. Returns False (nothing
-    changed) when every value is a mask value or the others hold NaN, for the general path to handle."""
+    the extrema taken over the other values, without building the tensor of those values. `lo_all`/`hi_all`: the
+    batch's own min and max (NaN-free: a NaN would have made them NaN): a side without mask values needs no pass of
+    its own, its extremum is the batch's (mask values are the largest in magnitude), so a mask of -inf or -FLT_MAX
+    costs a comparison, a count and a masked min. Returns False (nothing changed) when every value is a mask value
+    or the others hold NaN, for the general path to handle."""
     if math.isinf(mask_threshold):
         return False
     xf = x if x.is_floating_point() else x.float()
-    huge = xf.abs() >= mask_threshold
-    total = int(huge.sum())
+    below = xf <= -mask_threshold if lo_all <= -mask_threshold else None
+    above = xf >= mask_threshold if hi_all >= mask_threshold else None
+    low = int(below.sum()) if below is not None else 0
+    high = int(above.sum()) if above is not None else 0
+    total = low + high
     if total == 0 or total == xf.numel():
         return False
-    lo_f = float(torch.where(huge, math.inf, xf).min())
-    hi_f = float(torch.where(huge, -math.inf, xf).max())
+    huge = below if above is None else above if below is None else below | above
+    lo_f = lo_all if below is None else float(torch.where(huge, math.inf, xf).min())
+    hi_f = hi_all if above is None else float(torch.where(huge, -math.inf, xf).max())
     if math.isnan(lo_f) or math.isnan(hi_f):
         return False
-    low = int((huge & (xf < 0)).sum())
     if reset:
         stats.reset()
-    for name, count in (("inf_mask_low", low), ("inf_mask_high", total - low)):
+    for name, count in (("inf_mask_low", low), ("inf_mask_high", high)):
         if count:
             old = getattr(stats, name)
             setattr(stats, name, torch.tensor((0.0 if old is None else float(old)) + count, dtype=_STAT_DTYPE))

@@ -275,8 +275,13 @@ def test_mask_values_take_the_fast_path_with_the_general_paths_results() -> None
             x[..., 5:] = torch.finfo(torch.float32).min if i != 2 else -math.inf
         if i == 3:
             x[0, 0, 0, 0] = math.inf
+        if i == 4:  # mask values on the high side only
+            x[..., :2] = math.inf
+        if i == 5:
+            x[1, :, :, 7] = torch.finfo(torch.float32).max
         batches.append(x)
     batches.append(torch.full((2, 3), -math.inf))
+    batches.append(torch.tensor([[math.inf, -math.inf, 2.0, math.nan]]))  # NaN among the other values
     fast, general = TensorStatistics(), TensorStatistics()
     for i, x in enumerate(batches):
         update_statistics(fast, x, StatisticsConfig(need_moments=False), i)
@@ -285,4 +290,5 @@ def test_mask_values_take_the_fast_path_with_the_general_paths_results() -> None
             a, b = getattr(fast, name), getattr(general, name)
             assert (a is None and b is None) or torch.equal(torch.as_tensor(a), torch.as_tensor(b)), (i, name)
         assert fast.batches == general.batches
-    assert float(fast.inf_mask_low) == 3 * (2 * 4 * 8 * 3) + 6 and float(fast.inf_mask_high) == 1
+    assert float(fast.inf_mask_low) == 3 * (2 * 4 * 8 * 3) + 6 + 1
+    assert float(fast.inf_mask_high) == 1 + 2 * 4 * 8 * 2 + 4 * 8 + 1
