@@ -30,12 +30,15 @@ def set_quant(node: PyNode, t: PyTensor, **fields: Any) -> TensorQuant:
 
 
 def checked_requantization_bounds(monkeypatch) -> List[int]:
-    """Make every `Requantizer` call given a bound assert it against the values it requantizes (the bounds a
-    recurrent step proves from its ranges); the returned list counts the checks."""
+    """Make every `Requantizer` call given a bound assert it against the values it requantizes, and every table
+    lookup told its codes are in range assert that (the bounds a recurrent step proves from its ranges); the
+    returned list counts the checks."""
+    from quantopt.quant.lut import PreparedLut
     from quantopt.quant.requant import Requantizer
 
     checked: List[int] = []
     plain = Requantizer.__call__
+    plain_lookup = PreparedLut.__call__
 
     def call(self, acc, bound=None):
         if bound is not None and acc.numel():
@@ -43,5 +46,12 @@ def checked_requantization_bounds(monkeypatch) -> List[int]:
             checked.append(1)
         return plain(self, acc, bound)
 
+    def lookup(self, codes, in_range=False):
+        if in_range and codes.numel():
+            assert self.covers(int(codes.min()), int(codes.max()))
+            checked.append(1)
+        return plain_lookup(self, codes, in_range)
+
     monkeypatch.setattr(Requantizer, "__call__", call)
+    monkeypatch.setattr(PreparedLut, "__call__", lookup)
     return checked

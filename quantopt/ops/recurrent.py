@@ -1111,6 +1111,13 @@ def _rq(v: torch.Tensor, m, n, lo: int, hi: int) -> torch.Tensor:
     return requantize_int(v, m, n, 0, lo, hi)
 
 
+def _codes_in_table(lut: PreparedLut, codes: Requantizer) -> bool:
+    """Whether every output of the requantization `codes` (within its [qmin, qmax]) is within the table's input
+    range: its lookups then need no clamp of the index."""
+    _, _, _, qmin, qmax = codes.args
+    return lut.covers(int(qmin), int(qmax))
+
+
 def _gate_requantizer(pairs: Sequence[Tuple[IntLike, IntLike]], cs: int, qmin: int, qmax: int,
                       device: torch.device) -> Requantizer:
     """One requantization of the four gate blocks side by side ([batch, 4·cs]): each block's multiplier and shift
@@ -1221,6 +1228,8 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     h_max, c_max = _values_absmax(h), _values_absmax(c)
     acc_max = _values_absmax(x_part) + INT32_BOUND if plan.bits == 8 else INT32_BOUND  # 16 bits: clamped to int32
     gate_max = plan.gate_luts.absmax
+    gates_in_range = _codes_in_table(plan.gate_luts, plan.gates)
+    cell_in_range = all(_codes_in_table(plan.cell_lut, step[2]) for step in plan.steps)
     hs, cs_seq = [], []
     for t in range(spec.time_steps):
         hw, bound = plan.wh(h, h_max), h_max * plan.wh.col_absmax
@@ -1229,11 +1238,15 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
         acc = x_part[:, t] + hw
         if plan.bits > 8:
             acc = torch.clamp(acc, INT32_MIN, INT32_MAX)
-        i, g, f, o = plan.gate_luts(plan.gates(acc, acc_max)).chunk(4, dim=1)
+        i, g, f, o = plan.gate_luts(plan.gates(acc, acc_max), gates_in_range).chunk(4, dim=1)
         rq_ig, rq_fc, rq_cell_in, rq_c = plan.steps[t]
-        c_tmp = torch.clamp(rq_ig(i * g, gate_max * gate_max) + rq_fc(f * c, gate_max * c_max), INT32_MIN, INT32_MAX)
-        h = plan.out_h(o * plan.cell_lut(rq_cell_in(c_tmp, INT32_BOUND)), gate_max * plan.cell_lut.absmax)
-        c = rq_c(c_tmp, INT32_BOUND)
+        c_tmp = rq_ig(i * g, gate_max * gate_max) + rq_fc(f * c, gate_max * c_max)
+        c_bound = rq_ig.output_bound(gate_max * gate_max) + rq_fc.output_bound(gate_max * c_max)
+        if c_bound > INT32_MAX:
+            c_tmp, c_bound = torch.clamp(c_tmp, INT32_MIN, INT32_MAX), INT32_BOUND
+        h = plan.out_h(o * plan.cell_lut(rq_cell_in(c_tmp, c_bound), cell_in_range),
+                       gate_max * plan.cell_lut.absmax)
+        c = rq_c(c_tmp, c_bound)
         h_max = c_max = state_max
         hs.append(h)
         cs_seq.append(c)
@@ -1530,12 +1543,13 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     z_max = _values_absmax(xg_all) + INT32_BOUND + _values_absmax(plan.bg)
     z2_max = _values_absmax(xc_all) + INT32_BOUND + _values_absmax(plan.bc)
     bh_max, rz_max, c_max = _values_absmax(plan.bh), plan.lut_rz.absmax, plan.lut_c.absmax
+    rz_in_range, c_in_range = _codes_in_table(plan.lut_rz, plan.z), _codes_in_table(plan.lut_c, plan.z2)
     hs = []
     for t in range(spec.time_steps):
         hg, bound = plan.wh_g(h, h_max), h_max * plan.wh_g.col_absmax
         for rq in plan.hg:
             hg, bound = rq(hg, bound), INT32_BOUND
-        rz = plan.lut_rz(plan.z(xg_all[:, t] + hg + plan.bg, z_max))
+        rz = plan.lut_rz(plan.z(xg_all[:, t] + hg + plan.bg, z_max), rz_in_range)
         r, u = rz[:, :cs], rz[:, cs:]
         if plan.hidden is not None:
             hc = r * plan.hidden(plan.wh_c(h, h_max) + plan.bh, h_max * plan.wh_c.col_absmax + bh_max)
@@ -1545,7 +1559,7 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
             bound = ((rz_max * h_max >> plan.bits) + 1) * plan.wh_c.col_absmax
         for rq in plan.hc:
             hc, bound = rq(hc, bound), INT32_BOUND
-        c = plan.lut_c(plan.z2(xc_all[:, t] + hc + plan.bc, z2_max))
+        c = plan.lut_c(plan.z2(xc_all[:, t] + hc + plan.bc, z2_max), c_in_range)
         cu = plan.cu((qmax - u) * c, (qmax + rz_max) * c_max)
         h = plan.h(cu + u * h, INT32_BOUND + rz_max * h_max)
         h_max = state_max

@@ -130,14 +130,22 @@ class PreparedLut:
             self._bases[key] = block.repeat_interleave(columns // self.blocks).to(device)
         return self._bases[key]
 
-    def __call__(self, x_q: Union[torch.Tensor, np.ndarray]) -> torch.Tensor:
+    def covers(self, lo: int, hi: int) -> bool:
+        """Whether codes in [lo, hi] are all within the tables' input range (their index needs no clamp)."""
+        return self.offset <= lo and hi <= self.offset + 2 ** self.in_bits - 1
+
+    def __call__(self, x_q: Union[torch.Tensor, np.ndarray], in_range: bool = False) -> torch.Tensor:
+        """The looked-up values of codes `x_q`; `in_range`: the caller proved every code within the input range
+        (`covers`), so the index is not clamped."""
         x = x_q if isinstance(x_q, torch.Tensor) else torch.as_tensor(np.asarray(x_q))
         x = torch.round(x.to(torch.float64)).to(torch.int64) if torch.is_floating_point(x) else x.to(torch.int64)
         padded = self.padded if self.padded.device == x.device else self.padded.to(x.device)
         if self.blocks > 1 and x.dim() == 0:
             raise ValueError(f"{self.blocks} tables need codes with a last axis of {self.blocks} blocks")
         base = self._base(int(x.shape[-1]), x.device) if self.blocks > 1 else None
-        index = torch.sub(x, self.offset).clamp_(0, 2 ** self.in_bits - 1)
+        index = torch.sub(x, self.offset)
+        if not in_range:
+            index = index.clamp_(0, 2 ** self.in_bits - 1)
         if self.in_bits > self.table_bits:
             b = self.in_bits - self.table_bits
             hi = index >> b
@@ -145,8 +153,7 @@ class PreparedLut:
             if base is not None:
                 hi = hi.add_(base)
             value = padded[hi] + (((padded[hi + 1] - padded[hi]) * lo) >> b)
-        else:
-            index = index.clamp_(0, self.size - 1)
+        else:  # 2^in_bits <= size: the index is within the table
             value = torch.take(padded, index if base is None else index.add_(base))
         return torch.clamp(value, *self.out_range) if self.clamped else value
 

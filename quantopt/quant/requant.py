@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -276,10 +276,38 @@ class Requantizer:
             self.factor = math.ldexp(int(m.reshape(-1)[0]), -int(s.reshape(-1)[0]))
         else:
             self.factor = shift_factor(m, s, device)
+        # the one-call path of small CPU accumulators given a bound (`_requantize_small_int`), decided once: a
+        # recurrent cell's step makes several such calls, and deciding per call cost half of each
+        zp, lo, hi = int(zerop_out), int(qmin), int(qmax)
+        self._small = self.usable and _scaled_applies(self.least_shift, zp, lo, hi) and (
+            isinstance(self.factor, float) or self.factor.device.type == "cpu")
+        self._factor_absmax = math.ldexp(self.m_absmax, -int(self.least_shift)) if self.usable else 0.0
+        self._room = min(hi + zp, -(lo + zp))
+        """|round(acc · factor)| up to this needs no clamp: minus the zero point it lies in [qmin, qmax]"""
+        self._fits: Dict[torch.Size, bool] = {}
+
+    def output_bound(self, bound: int) -> int:
+        """A bound on |output| for inputs of |acc| <= `bound`: |round(acc · factor) - zp|, within the clamp's."""
+        _, _, zerop_out, qmin, qmax = self.args
+        clamped = max(-int(qmin), int(qmax))
+        if not self.usable:
+            return clamped
+        return min(math.ceil(bound * self._factor_absmax) + abs(int(zerop_out)), clamped)
 
     def __call__(self, acc: torch.Tensor, bound: Optional[int] = None) -> torch.Tensor:
         """The requantized int64 values of integer `acc`; `bound`: a max |acc| the caller has proven (from the
-        ranges its values were clamped to), which spares looking at the values."""
+        ranges its values were clamped to), which spares looking at the values, and where it proves every value
+        in range, the clamp."""
+        if bound is not None and self._small and acc.dtype == torch.int64 and 0 < acc.numel() <= SMALL_CONVERSION \
+                and acc.device.type == "cpu" and bound * self.m_absmax < FLOAT64_EXACT:
+            fits = self._fits.get(acc.shape)
+            if fits is None:
+                fits = self._fits[acc.shape] = broadcasts_into(self.m_shape, acc.shape) and broadcasts_into(
+                    self.s_shape, acc.shape)
+            if fits:
+                _, _, zerop_out, qmin, qmax = self.args
+                clamp = math.ceil(bound * self._factor_absmax) > self._room
+                return _requantize_small_int(acc, self.factor, zerop_out, qmin, qmax, clamp)
         if not (self.usable and acc.numel() and not acc.is_floating_point()
                 and broadcasts_into(self.m_shape, acc.shape) and broadcasts_into(self.s_shape, acc.shape)):
             return requantize_int(acc, *self.args)
@@ -347,15 +375,18 @@ _MAGIC_TENSOR = torch.tensor(_MAGIC, dtype=torch.float64)
 
 
 def _requantize_small_int(acc: torch.Tensor, factor: Union[float, torch.Tensor], zerop_out: int, qmin: int,
-                          qmax: int) -> torch.Tensor:
+                          qmax: int, clamp: bool = True) -> torch.Tensor:
     """`requantize_scaled_` of a small int64 accumulator without converting it first: 1.5·2^52 + acc·factor in one
     kernel call (each integer converted exactly, the product exact, the sum rounded once: the same float64 value),
     then the clamp and the bit pattern. On tensors this small the calls, not the arithmetic, decide (7.2 against
-    4.9 µs for 96 elements); on large ones this mixed-type kernel is ten times slower than converting first."""
+    4.9 µs for 96 elements); on large ones this mixed-type kernel is ten times slower than converting first.
+    `clamp=False`: the caller proved every value in [qmin, qmax] (the clamp would change nothing)."""
     off = _MAGIC + int(zerop_out)
     y = torch.add(_MAGIC_TENSOR, acc, alpha=factor) if isinstance(factor, float) else \
         torch.addcmul(_MAGIC_TENSOR, acc, factor)
-    return y.clamp_(qmin + off, qmax + off).view(torch.int64).sub_(_MAGIC_BITS + int(zerop_out))
+    if clamp:
+        y.clamp_(qmin + off, qmax + off)
+    return y.view(torch.int64).sub_(_MAGIC_BITS + int(zerop_out))
 
 
 def _requantize_by_factor_(acc: torch.Tensor, factor: Union[float, torch.Tensor], least_shift: float,

@@ -47,6 +47,32 @@ def test_scalar_params_match_the_exact_reference(mult: int, shift: int, zp: int,
         assert torch.equal(Requantizer(m, s, zp, lo, hi, acc.device)(acc), want), (m, s)
 
 
+@pytest.mark.parametrize("mult, shift, zp, lo, hi", [
+    (1, 4, 0, -128, 127), (173, 9, 3, -128, 127), (21465, 31, 0, -32768, 32767), (12345, 20, -5, -127, 127),
+    (7, 3, 0, -(2 ** 31), 2 ** 31 - 1)])
+@pytest.mark.parametrize("bound", [2 ** 6, 2 ** 11, 2 ** 20])
+def test_small_accumulators_with_a_bound_match_the_exact_reference(mult: int, shift: int, zp: int, lo: int,
+                                                                    hi: int, bound: int) -> None:
+    """A proven bound takes the one-call path of small CPU accumulators, without the clamp where the bound keeps
+    every value in range (the largest |acc| included); `output_bound` bounds the outputs of such inputs."""
+    g = torch.Generator().manual_seed(bound)
+    acc = torch.randint(-bound, bound + 1, (3, 96), generator=g, dtype=torch.int64)
+    acc[0, :2] = torch.tensor([-bound, bound])
+    flat = acc.reshape(-1).tolist()
+    want = torch.tensor(_reference(flat, [mult] * len(flat), [shift] * len(flat), zp, lo, hi)).reshape(acc.shape)
+    prepared = Requantizer(mult, shift, zp, lo, hi, acc.device)
+    assert torch.equal(prepared(acc, bound), want)
+    assert int(want.abs().max()) <= prepared.output_bound(bound)
+    per_row = Requantizer(torch.full((96,), mult), torch.full((96,), shift), zp, lo, hi, acc.device)
+    assert torch.equal(per_row(acc, bound), want)
+
+
+def test_output_bound_is_within_the_clamp() -> None:
+    prepared = Requantizer(3, 1, 2, -128, 127, torch.device("cpu"))
+    assert prepared.output_bound(10) == 15 + 2  # ceil(10 * 3 / 2) plus |zp|
+    assert prepared.output_bound(10 ** 6) == 128
+
+
 def test_per_channel_params_match_the_exact_reference() -> None:
     acc = _accumulators(2, 2 ** 24)
     g = torch.Generator().manual_seed(3)
@@ -116,6 +142,21 @@ def test_prepared_lookup_equals_the_lookup() -> None:
             assert torch.equal(prepared(codes.to(torch.float64)), direct)  # float codes are rounded first
     with pytest.raises(ValueError, match="2\\^N entries"):
         PreparedLut(torch.zeros(100, dtype=torch.int64), -128, 8, 8, True)
+
+
+@pytest.mark.parametrize("in_bits, size, restricted", [(8, 256, False), (8, 256, True), (16, 256, False)])
+def test_codes_proven_in_range_look_up_the_same_values(in_bits: int, size: int, restricted: bool) -> None:
+    """`covers` says which code ranges need no index clamp; their lookups with `in_range` are the clamped ones."""
+    g = torch.Generator().manual_seed(size + in_bits)
+    table = torch.randint(-40000, 40000, (size,), generator=g, dtype=torch.int64)
+    qmin, qmax = -(2 ** (in_bits - 1)), 2 ** (in_bits - 1) - 1
+    prepared = PreparedLut(table, qmin, in_bits, 16, True, restricted)
+    lo = qmin - 1 if restricted else qmin  # a restricted signed range's table has an entry below qmin
+    assert prepared.covers(lo, lo + 2 ** in_bits - 1) and prepared.covers(qmin + 1, qmax - 1)
+    assert not prepared.covers(lo - 1, qmax) and not prepared.covers(lo, lo + 2 ** in_bits)
+    codes = torch.randint(lo, lo + 2 ** in_bits, (3, 200), generator=g)
+    codes[0, :2] = torch.tensor([lo, lo + 2 ** in_bits - 1])
+    assert torch.equal(prepared(codes, in_range=True), prepared(codes))
 
 
 @pytest.mark.parametrize("in_bits", [8, 16])
