@@ -279,7 +279,9 @@ class Requantizer:
         # the one-call path of small CPU accumulators given a bound (`_requantize_small_int`), decided once: a
         # recurrent cell's step makes several such calls, and deciding per call cost half of each
         zp, lo, hi = int(zerop_out), int(qmin), int(qmax)
-        self._small = self.usable and _scaled_applies(self.least_shift, zp, lo, hi) and (
+        # the rounding by addition needs |acc · factor| < 2^50, which a bound shows for any shift (the shift >= 3
+        # of `_scaled_applies` is what |acc · M| < 2^53 alone allows)
+        self._small = self.usable and _scaled_applies(3.0, zerop_out, lo, hi) and (
             isinstance(self.factor, float) or self.factor.device.type == "cpu")
         self._factor_absmax = math.ldexp(self.m_absmax, -int(self.least_shift)) if self.usable else 0.0
         self._room = min(hi + zp, -(lo + zp))
@@ -299,7 +301,8 @@ class Requantizer:
         ranges its values were clamped to), which spares looking at the values, and where it proves every value
         in range, the clamp."""
         if bound is not None and self._small and acc.dtype == torch.int64 and 0 < acc.numel() <= SMALL_CONVERSION \
-                and acc.device.type == "cpu" and bound * self.m_absmax < FLOAT64_EXACT:
+                and acc.device.type == "cpu" and bound * self.m_absmax < FLOAT64_EXACT \
+                and bound * self._factor_absmax < MAGIC_SCALED_BOUND:
             fits = self._fits.get(acc.shape)
             if fits is None:
                 fits = self._fits[acc.shape] = broadcasts_into(self.m_shape, acc.shape) and broadcasts_into(

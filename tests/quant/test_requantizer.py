@@ -49,7 +49,8 @@ def test_scalar_params_match_the_exact_reference(mult: int, shift: int, zp: int,
 
 @pytest.mark.parametrize("mult, shift, zp, lo, hi", [
     (1, 4, 0, -128, 127), (173, 9, 3, -128, 127), (21465, 31, 0, -32768, 32767), (12345, 20, -5, -127, 127),
-    (7, 3, 0, -(2 ** 31), 2 ** 31 - 1)])
+    (7, 3, 0, -(2 ** 31), 2 ** 31 - 1), (3, 1, 1, -128, 127), (5, -2, 0, -(2 ** 31), 2 ** 31 - 1),
+    (1, 0, 0, -(2 ** 31), 2 ** 31 - 1)])  # shifts below 3 and left shifts: the bound shows |acc * factor| < 2^50
 @pytest.mark.parametrize("bound", [2 ** 6, 2 ** 11, 2 ** 20])
 def test_small_accumulators_with_a_bound_match_the_exact_reference(mult: int, shift: int, zp: int, lo: int,
                                                                     hi: int, bound: int) -> None:
