@@ -250,10 +250,14 @@ def quantize(x: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zerop
     s = _along(scale, axis, given.dim(), compute_dtype).to(given.device)
     z = _along(zerop, axis, given.dim(), compute_dtype).to(given.device)
     mode = RoundMode.from_name(round_mode)
+    # a zero point of 0 (symmetric params) subtracts nothing: y - 0 is y, bit for bit (-0.0 and NaN included)
+    no_zero_point = isinstance(zerop, (int, float, np.integer, np.floating)) and not isinstance(zerop, bool) \
+        and zerop == 0
 
     def step(xs: torch.Tensor, sv: torch.Tensor, zv: torch.Tensor) -> torch.Tensor:
         y = sv * xs.to(compute_dtype)  # a new tensor: the steps below work on it in place (the same values)
-        y = y.sub_(zv) if broadcasts_into(zv.shape, y.shape) else y - zv
+        if not no_zero_point:
+            y = y.sub_(zv) if broadcasts_into(zv.shape, y.shape) else y - zv
         y = y.round_() if mode is RoundMode.ROUND_TO_EVEN else round_tensor(y, mode)
         return y.clamp_(qmin, qmax).nan_to_num_(nan=0.0)
 

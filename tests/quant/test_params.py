@@ -224,3 +224,16 @@ def test_round_modes_keep_the_container_kind() -> None:
     assert RoundMode.from_name("round_to_even") is RoundMode.ROUND_TO_EVEN
     assert RoundMode.from_name("bogus") is RoundMode.ROUND_TO_EVEN
     assert round_by_mode(torch.tensor([2.5], dtype=torch.float64), RoundMode.TRUNC).tolist() == [2.0]
+
+
+def test_a_zero_point_of_zero_is_not_subtracted_and_changes_nothing() -> None:
+    """quantize skips the subtraction of a zero point given as the number 0 (symmetric params): the same integers
+    as subtracting it (given as a tensor, which always subtracts), signed zeros, NaN, ties and the stepped path of
+    large tensors included."""
+    special = torch.tensor([-0.0, 0.0, 0.5, 1.5, 2.5, -2.5, float("nan"), float("inf"), -float("inf"), 1e30, 3.4e38])
+    large = torch.randn(1 << 20, generator=torch.Generator().manual_seed(3)) * 100
+    for x in (special, large):
+        for scale in (1.0, 0.37, torch.tensor([2.0])):
+            want = quantize(x, scale, torch.tensor(0.0), -128, 127)
+            for zp in (0, 0.0, np.int64(0)):
+                assert torch.equal(quantize(x, scale, zp, -128, 127), want)
