@@ -36,6 +36,7 @@ from ..quant.requant import (
     group_ranges,
     linear_requantize,
     requantize_scaled_,
+    round_scaled_,
     scale_shift,
     search_bias_clamp_bits,
     unify_shifts_for_aiff,
@@ -677,6 +678,37 @@ def _planned_finish(node: PyNode, acc: torch.Tensor, owned: bool,
     if lo is None:
         return y
     return torch.clamp(y, lo, hi)
+
+
+def scaled_product_finish(node: PyNode, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """`mac_finish(node, x · w)` for integer `x` (int64, channels last) times the layer's per-channel effective
+    weights w along the last axis (a BatchNorm), without forming the accumulator: with f = M·2^-shift,
+    (x·w + b)·f = x·(w·f) + b·f, each term and their sum exact where (max|x|·max|w| + max|b|)·max|M| < 2^53 (one
+    look at x's extrema proves it), so one multiply-add and the rounding by addition replace the conversion, the
+    product, the extrema of the accumulator, the bias and the scaling: four passes over the map instead of nine.
+    None (nothing done) where the layer's plan does not apply (`_planned_finish`'s cases) or the bound fails."""
+    if x.dtype != torch.int64 or not x.numel():
+        return None
+    plan = _finish_plan(node, x.device)
+    if plan is None:
+        return None
+    b, b_absmax, factor, m_absmax, zp_out, qmin, qmax, lo, hi, scaled = plan
+    if not scaled or not broadcasts_into(b.shape, x.shape) or not broadcasts_into(factor.shape, x.shape):
+        return None
+
+    def build() -> Tuple[torch.Tensor, torch.Tensor, int]:
+        w = effective_weights(node).reshape(-1).to(device=x.device, dtype=torch.float64)
+        return w * factor, b * factor, int(w.abs().max()) if w.numel() else 0
+
+    w_scaled, b_scaled, w_absmax = memo(node, "scaled_product_finish", (layer_key(node), x.device), build)
+    if not broadcasts_into(w_scaled.shape, x.shape):
+        return None
+    x_lo, x_hi = (int(v) for v in torch.aminmax(x))
+    if (max(-x_lo, x_hi) * w_absmax + b_absmax) * m_absmax >= FLOAT64_EXACT:
+        return None
+    # |x·w·f + b·f| < 2^50 (every shift >= 3): the rounding by addition applies
+    y = round_scaled_(torch.addcmul(b_scaled, x, w_scaled), int(zp_out), qmin, qmax)
+    return y if lo is None else torch.clamp(y, lo, hi)
 
 
 def _requantize_exact_float64(acc: torch.Tensor, mult: Union[int, torch.Tensor], shift: Union[int, torch.Tensor],

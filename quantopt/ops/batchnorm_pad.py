@@ -31,6 +31,7 @@ from ._quant import (
     mac_finish,
     out_range,
     quantize_mac,
+    scaled_product_finish,
     set_constant,
     tensor_scale,
     tensor_zp,
@@ -125,6 +126,9 @@ def _batchnorm_int(node: PyNode) -> torch.Tensor:
     if w.numel() != channels:
         raise node._error(f"constant 'weights' must have {channels} elements (one per channel of the BatchNorm "
                           f"axis), got {w.numel()}")
+    fast = scaled_product_finish(node, x.movedim(axis, -1))
+    if fast is not None:  # the product, bias and scaling in one multiply-add (the same integers)
+        return fast.movedim(-1, axis).contiguous()
     # |x| <= 2^31 and |w| <= 2^16 (weights of at most 16 bits plus zero point): the product is below 2^47, exact in
     # float64 (faster than int64 arithmetic and its conversion)
     # one new float64 map, multiplied and requantized in place (mac_finish, its plan memoized)

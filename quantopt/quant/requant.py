@@ -446,8 +446,14 @@ def requantize_scaled_(y: torch.Tensor, factor: Union[float, torch.Tensor], zp_o
     < 2^50: adding 1.5 * 2^52 then rounds to the nearest integer, ties to even (float64 steps by 1 between 2^52 and
     2^53 and 1.5 * 2^52 is even), the clamp to [qmin + zp_out, qmax + zp_out] is exact there, and the bit pattern
     minus that of 1.5 * 2^52 is the integer."""
+    return round_scaled_(y.mul_(factor), zp_out, qmin, qmax)
+
+
+def round_scaled_(y: torch.Tensor, zp_out: int, qmin: int, qmax: int) -> torch.Tensor:
+    """clamp(round_half_even(y) - zp_out, qmin, qmax) as int64 of an exact float64 `y` with |y| < 2^50 (and the
+    output range and zero point below 2^50), overwriting `y`: `requantize_scaled_` once the factor is applied."""
     off = _MAGIC + int(zp_out)
-    return y.mul_(factor).add_(_MAGIC).clamp_(qmin + off, qmax + off).view(torch.int64).sub_(_MAGIC_BITS + int(zp_out))
+    return y.add_(_MAGIC).clamp_(qmin + off, qmax + off).view(torch.int64).sub_(_MAGIC_BITS + int(zp_out))
 
 
 def broadcasts_into(small: Sequence[int], shape: Sequence[int]) -> bool:

@@ -281,6 +281,21 @@ def test_batchnorm_integer_forward_matches_reference(act: str, mode: str, bits: 
     np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), ref_bn(node, node.inputs[0].betensor.numpy()))
 
 
+@pytest.mark.parametrize("scale_up", [1, 2 ** 20])
+def test_batchnorm_inputs_within_and_beyond_the_float64_bound_match_reference(scale_up: int) -> None:
+    """The one multiply-add path (`_quant.scaled_product_finish`) takes inputs whose products stay below 2^53;
+    inputs 2^20 times larger (products beyond it) take the accumulator's path: both the reference's integers."""
+    g = bn_graph(10, act="RELU6")
+    qg = quantize_model(g, data([2, 6, 7, 5], 11), settings(*ACT_MODES[0]))
+    node = qg.node("op")
+    qg.forward([data([2, 6, 7, 5], 12, 1)[0]])
+    x = node.inputs[0].betensor * scale_up
+    x[0, 0, 0, :2] = torch.tensor([-128, 127]) * scale_up
+    node.inputs[0].betensor = x
+    node.forward()
+    np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), ref_bn(node, x.numpy()))
+
+
 @pytest.mark.parametrize("wmode", ["per_channel_asymmetric", "per_tensor_symmetric_full_range"])
 @pytest.mark.parametrize("mode,bits", ACT_MODES[2:])
 def test_batchnorm_weight_modes_and_4d_weights_match_reference(tmp_path, wmode: str, mode: str, bits: int) -> None:
