@@ -727,12 +727,13 @@ class _GateIn:
     clamp keeps."""
 
     def __init__(self, mult: torch.Tensor, shift: torch.Tensor, clamp: torch.Tensor) -> None:
-        widest = int(clamp.abs().max()) if clamp.numel() else 0
-        self.requant = Requantizer(mult, shift, 0, -widest, widest, clamp.device)
-        self.clamp = clamp
+        self.widest = int(clamp.abs().max()) if clamp.numel() else 0
+        self.requant = Requantizer(mult, shift, 0, -self.widest, self.widest, clamp.device)
+        self.clamp, self.low = clamp, -clamp
 
-    def __call__(self, acc: torch.Tensor) -> torch.Tensor:
-        return torch.maximum(torch.minimum(self.requant(acc), self.clamp), -self.clamp)
+    def __call__(self, acc: torch.Tensor, bound: Optional[int] = None) -> torch.Tensor:
+        """The clamped gate inputs of `acc`; `bound`: a max |acc| the caller has proven (`Requantizer`)."""
+        return torch.clamp(self.requant(acc, bound), self.low, self.clamp)
 
 
 @dataclass
@@ -779,6 +780,61 @@ def _q15_plan(node: PyNode, spec: RnnSpec, bits: int, device: torch.device) -> _
     return memo(node, "q15_plan", (layer_key(node), str(device)), build)
 
 
+@dataclass
+class _Q15LstmSteps:
+    """What the q15 form's LSTM steps need beyond `_Q15Plan`, prepared once per layer and device: each rounding
+    shift as a `Requantizer` (the same rounding, half to even; a clamp where the form clamps, elsewhere a range the
+    step's bounds prove it never leaves) and the gate and candidate tables stacked over the four gate blocks (one
+    lookup a step instead of four)."""
+
+    hidden: Requantizer
+    """round(hidden product · hidden_scale / 2^hidden_shift), never beyond `hidden_out`"""
+    hidden_bound: int
+    """max |hidden product|: |h| <= hq times the hidden weights' largest column sum"""
+    hidden_out: int
+    gate_luts: Optional[PreparedLut]
+    """the i, g, f, o tables over the four blocks (None: the gate and candidate tables differ in size)"""
+    gates_in_range: bool
+    cell: Requantizer
+    """the cell update (f·c·2^15 + i·g·2^cell_frac) / 2^30, clamped to ±cell_clip, on the accumulator taken
+    2^k smaller (k = min(15, cell_frac): the same rounding of fewer bits)"""
+    cell_shifts: Tuple[int, int]
+    """the shifts of f·c and i·g in that accumulator"""
+    cell_in: Requantizer
+    cell_in_range: bool
+    out_h: Requantizer
+
+
+def _q15_lstm_steps(node: PyNode, bits: int, plan: _Q15Plan, device: torch.device) -> _Q15LstmSteps:
+    def build() -> _Q15LstmSteps:
+        hq = 2 ** (bits - 1) - 1
+        (gate_in,), (hidden_matmul,) = plan.gate_in, plan.hidden
+        lut_gate, lut_cand, lut_cell = plan.luts
+        mh, nh = _ip(node, "hidden_scale_value"), _ip(node, "hidden_shift_value")
+        hidden_bound = hq * hidden_matmul.col_absmax
+        scaled = hidden_bound * abs(mh)
+        hidden_out = -(-scaled >> nh) if nh >= 0 else scaled << -nh  # ceil: no rounding goes beyond it
+        tables = [node.get_constant(key).betensor.reshape(-1) for key in ("lut_gate", "lut_cand")]
+        gate_luts = None
+        if tables[0].numel() == tables[1].numel():
+            qmax = 2 ** (bits - 1) - 1
+            gate_luts = PreparedLut(torch.stack([tables[0], tables[1], tables[0], tables[0]]), -qmax, bits, 16, True,
+                                    in_restricted=True, device=device)
+        cell_frac = _ip(node, "cell_frac_bits")
+        clip = int(node.get_param("cell_clip_value", optional=True, default_value=CELL_INT_MAX))
+        k = min(GATE_FRAC_BITS, cell_frac)
+        hid_frac = _ip(node, "hidden_frac_bits")
+        return _Q15LstmSteps(
+            Requantizer(mh, nh, 0, -hidden_out, hidden_out, device), hidden_bound, hidden_out, gate_luts,
+            gate_luts is not None and gate_luts.covers(-gate_in.widest, gate_in.widest),
+            Requantizer(1, PRODUCT_FRAC_BITS - k, 0, -clip, clip, device), (GATE_FRAC_BITS - k, cell_frac - k),
+            Requantizer(_ip(node, "cell_scale_value"), _ip(node, "cell_shift_value"), 0, -hq, hq, device),
+            lut_cell.covers(-hq, hq),
+            Requantizer(1, PRODUCT_FRAC_BITS - hid_frac, 0, -hq, hq, device))
+
+    return memo(node, "q15_lstm_steps", (layer_key(node), str(device)), build)
+
+
 def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
     """Integer forward of a quantized BasicLSTM / GRUv3 (docs/semantics/recurrent.md), int64 outputs."""
     spec = rnn_spec(node)
@@ -815,23 +871,27 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         c = _initial_state(node, spec, int_value(c_in) + tensor_zp(node, c_in), batch)
         c = torch.clamp(round_shift(c * _ip(node, "init_c_scale_value"), _ip(node, "init_c_shift_value")),
                         -CELL_INT_MAX, CELL_INT_MAX)
-        clip = node.get_param("cell_clip_value", optional=True, default_value=CELL_INT_MAX)
-        mc, nc = _ip(node, "cell_scale_value"), _ip(node, "cell_shift_value")
+        steps = _q15_lstm_steps(node, bits, plan, x.device)
         (gate_in,), (hidden_matmul,) = plan.gate_in, plan.hidden
         lut_gate, lut_cand, lut_cell = plan.luts
         x_part = exact_int_matmul(xs, wx) + b  # every step's input projection at once (exact: the same values)
+        # the bounds each step's values keep: |h| <= hq, the tables' entries, the clip; the rest looked at once
+        acc_bound = _values_absmax(x_part) + steps.hidden_out
+        gate_max = max(lut_gate.absmax, lut_cand.absmax)
+        c_max, (fc_shift, ig_shift) = _values_absmax(c), steps.cell_shifts
         for t in range(spec.time_steps):
-            acc = x_part[:, t] + round_shift(hidden_matmul(h) * mh, nh)
-            gin = gate_in(acc)
-            i = lut_gate(gin[:, :cs])
-            g = lut_cand(gin[:, cs:2 * cs])
-            f = lut_gate(gin[:, 2 * cs:3 * cs])
-            o = lut_gate(gin[:, 3 * cs:])
-            c = round_shift((f * c << GATE_FRAC_BITS) + (i * g << cell_frac), PRODUCT_FRAC_BITS)
-            c = torch.clamp(c, -int(clip), int(clip))
-            cin = torch.clamp(round_shift(c * mc, nc), -hq, hq)
-            prod = o * lut_cell(cin)
-            h = torch.clamp(round_shift(prod, PRODUCT_FRAC_BITS - hid_frac), -hq, hq)
+            acc = x_part[:, t] + steps.hidden(hidden_matmul(h, hq), steps.hidden_bound)
+            gin = gate_in(acc, acc_bound)
+            if steps.gate_luts is not None:
+                i, g, f, o = steps.gate_luts(gin, steps.gates_in_range).chunk(4, dim=1)
+            else:
+                i, g = lut_gate(gin[:, :cs]), lut_cand(gin[:, cs:2 * cs])
+                f, o = lut_gate(gin[:, 2 * cs:3 * cs]), lut_gate(gin[:, 3 * cs:])
+            cell_bound = (gate_max * c_max << fc_shift) + (gate_max * gate_max << ig_shift)
+            c = steps.cell(torch.add(f * c << fc_shift, i * g << ig_shift), cell_bound)
+            c_max = steps.cell.output_bound(cell_bound)
+            prod = o * lut_cell(steps.cell_in(c, c_max), steps.cell_in_range)
+            h = steps.out_h(prod, gate_max * lut_cell.absmax)
             products.append(prod)
         finals = {"H": products[-1], "C": c}
     else:

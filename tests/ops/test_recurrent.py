@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 import pytest
 import torch
-from quant_helpers import params_of
+from quant_helpers import checked_requantization_bounds, params_of
 from range_helpers import range_of
 
 import quantopt.ops.recurrent  # noqa: F401  (registers the ops)
@@ -466,3 +466,21 @@ def test_gruv1_float_forward_records_the_cell_tensors_as_placeholders() -> None:
             got[name].append(v)
     for t, name in zip(ph, names):
         np.testing.assert_allclose(t.betensor.numpy(), np.stack(got[name], 1), atol=2e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("bits,mode", MODES)
+@pytest.mark.parametrize("optype,params,wmode", VARIANTS[:2])
+def test_q15_lstm_step_bounds_hold_and_match_the_reference(monkeypatch, optype: str, params: Dict[str, Any],
+                                                           wmode: str, bits: int, mode: str) -> None:
+    """The q15 LSTM step gives its requantizations and lookups the bounds its ranges prove (|h| <= hq, the tables'
+    entries, the cell clip): each bound holds and the integers are the reference's, on inputs far outside the
+    calibrated range too."""
+    checked = checked_requantization_bounds(monkeypatch)
+    _, _, qg = quantized_case(optype, params, bits, mode, wmode)
+    node = qg.node("op")
+    for x_std in (1.5, 20.0):
+        qg.forward(feeds(14, optype, n=3, x_std=x_std, h_scale=0.8))
+        ins = [t.betensor.numpy() for t in node.inputs]
+        for got, want in zip(node.outputs, ref_rnn(node, ins[0], ins[1], ins[2])):
+            np.testing.assert_array_equal(got.betensor.numpy(), want)
+    assert checked
