@@ -805,6 +805,73 @@ class _Q15LstmSteps:
     out_h: Requantizer
 
 
+def _ceil_scaled(bound: int, mult: int, shift: int) -> int:
+    """ceil(bound · |mult| / 2^shift) (a left shift for shift < 0): no rounding of a value within `bound` goes
+    beyond it."""
+    scaled = bound * abs(mult)
+    return -(-scaled >> shift) if shift >= 0 else scaled << -shift
+
+
+def _unclamped(mult: int, shift: int, bound: int, device: torch.device) -> Tuple[Requantizer, int]:
+    """round_half_even(v · mult / 2^shift) of values |v| <= `bound` as a `Requantizer` whose range is the bound of
+    its results (so it never clamps: `round_shift`'s values), and that bound."""
+    out = _ceil_scaled(bound, mult, shift)
+    return Requantizer(mult, shift, 0, -out, out, device), out
+
+
+@dataclass
+class _Q15GruSteps:
+    """What the q15 form's GRU steps need beyond `_Q15Plan`, prepared once per layer and device: each rounding shift
+    as a `Requantizer` given the bound its inputs keep (|h| <= hq, the tables' entries, the weights' column sums),
+    the candidate's biases added to its input projection once."""
+
+    gates_hidden: Requantizer
+    gates_hidden_bound: int
+    gates_hidden_out: int
+    reset: Requantizer
+    """round(r·hn / 2^15) (linear before reset) or round(r·h / 2^15)"""
+    reset_bound: int
+    reset_out: int
+    cand_hidden: Requantizer
+    cand_hidden_bound: int
+    cand_hidden_out: int
+    out_h: Requantizer
+    prod_bound: int
+    gates_in_range: bool
+    cand_in_range: bool
+
+
+def _q15_gru_steps(node: PyNode, spec: RnnSpec, bits: int, plan: _Q15Plan, device: torch.device) -> _Q15GruSteps:
+    def build() -> _Q15GruSteps:
+        cs, hq = spec.cell_size, 2 ** (bits - 1) - 1
+        gate_in, cand_in = plan.gate_in
+        gates_matmul, cand_matmul = plan.hidden
+        lut_gate, lut_cand = plan.luts
+        mh, nh = _ip(node, "hidden_scale_value"), _ip(node, "hidden_shift_value")
+        hid_frac = _ip(node, "hidden_frac_bits")
+        gates_bound = hq * gates_matmul.col_absmax
+        gates_hidden, gates_out = _unclamped(mh, nh, gates_bound, device)
+        gate_max = lut_gate.absmax
+        if spec.linear_before_reset:
+            b_reset = _values_absmax(plan.b[3 * cs:4 * cs])
+            reset_bound = gate_max * (hq * cand_matmul.col_absmax + b_reset)
+            reset, reset_out = _unclamped(1, GATE_FRAC_BITS, reset_bound, device)
+            cand_bound = reset_out
+        else:
+            reset_bound = gate_max * hq
+            reset, reset_out = _unclamped(1, GATE_FRAC_BITS, reset_bound, device)
+            cand_bound = reset_out * cand_matmul.col_absmax
+        cand_hidden, cand_out = _unclamped(mh, nh, cand_bound, device)
+        align = GATE_FRAC_BITS - hid_frac
+        prod_bound = (2 ** GATE_FRAC_BITS + gate_max) * lut_cand.absmax + (gate_max * hq << align)
+        return _Q15GruSteps(
+            gates_hidden, gates_bound, gates_out, reset, reset_bound, reset_out, cand_hidden, cand_bound, cand_out,
+            Requantizer(1, PRODUCT_FRAC_BITS - hid_frac, 0, -hq, hq, device), prod_bound,
+            lut_gate.covers(-gate_in.widest, gate_in.widest), lut_cand.covers(-cand_in.widest, cand_in.widest))
+
+    return memo(node, "q15_gru_steps", (layer_key(node), str(device)), build)
+
+
 def _q15_lstm_steps(node: PyNode, bits: int, plan: _Q15Plan, device: torch.device) -> _Q15LstmSteps:
     def build() -> _Q15LstmSteps:
         hq = 2 ** (bits - 1) - 1
@@ -855,7 +922,6 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
     batch = x.shape[0]
     plan = _q15_plan(node, spec, bits, x.device)
     wx, b = plan.wx, plan.b
-    mh, nh = _ip(node, "hidden_scale_value"), _ip(node, "hidden_shift_value")
     # initial hidden state to the fixed-point hidden format
     h_in = node.inputs[1]
     h = _initial_state(node, spec, int_value(h_in) + tensor_zp(node, h_in), batch)
@@ -898,21 +964,24 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         gate_in, cand_in = plan.gate_in
         gates_matmul, cand_matmul = plan.hidden
         lut_gate, lut_cand = plan.luts
-        # every step's input projections at once (exact: the same values)
-        x_gates, x_cand = exact_int_matmul(xs, wx[:, :2 * cs]) + b[:2 * cs], exact_int_matmul(xs, wx[:, 2 * cs:])
+        steps = _q15_gru_steps(node, spec, bits, plan, x.device)
+        # every step's input projections at once (exact: the same values), the candidate's biases added once
+        x_gates = exact_int_matmul(xs, wx[:, :2 * cs]) + b[:2 * cs]
+        x_cand = exact_int_matmul(xs, wx[:, 2 * cs:]) + b[2 * cs:3 * cs]
+        gates_acc_bound = _values_absmax(x_gates) + steps.gates_hidden_out
+        cand_acc_bound = _values_absmax(x_cand) + steps.cand_hidden_out
         for t in range(spec.time_steps):
-            acc = x_gates[:, t] + round_shift(gates_matmul(h) * mh, nh)
-            rz = lut_gate(gate_in(acc))
+            acc = x_gates[:, t] + steps.gates_hidden(gates_matmul(h, hq), steps.gates_hidden_bound)
+            rz = lut_gate(gate_in(acc, gates_acc_bound), steps.gates_in_range)
             r, z = rz[:, :cs], rz[:, cs:]
             if spec.linear_before_reset:
-                hn = cand_matmul(h) + b[3 * cs:4 * cs]
-                hpart = round_shift(r * hn, GATE_FRAC_BITS)
+                hpart = steps.reset(r * (cand_matmul(h, hq) + b[3 * cs:4 * cs]), steps.reset_bound)
             else:
-                hpart = cand_matmul(round_shift(r * h, GATE_FRAC_BITS))
-            acc = x_cand[:, t] + b[2 * cs:3 * cs] + round_shift(hpart * mh, nh)
-            n = lut_cand(cand_in(acc))
+                hpart = cand_matmul(steps.reset(r * h, steps.reset_bound), steps.reset_out)
+            acc = x_cand[:, t] + steps.cand_hidden(hpart, steps.cand_hidden_bound)
+            n = lut_cand(cand_in(acc, cand_acc_bound), steps.cand_in_range)
             prod = (2 ** GATE_FRAC_BITS - z) * n + ((z * h) << align)
-            h = torch.clamp(round_shift(prod, PRODUCT_FRAC_BITS - hid_frac), -hq, hq)
+            h = steps.out_h(prod, steps.prod_bound)
             products.append(prod)
         finals = {"Hn": products[-1]}
     seq_name = "Y" if spec.kind == "LSTM" else "H"
