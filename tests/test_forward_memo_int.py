@@ -98,7 +98,7 @@ def test_conv_owned_finish_equals_mac_finish_and_follows_shift_and_zero_point() 
               "pad_right": 1, "pad_top": 1, "pad_bottom": 1, "group": 1}
     q, node = _graph("Convolution", params, {"weights": w, "biases": np.linspace(-1, 1, 5).astype(np.float32)},
                      [SHAPE], [1, 4, 5, 5])
-    scaled = node.attrs["_memo_mac_finish"][1][-1]
+    scaled = node.attrs["_memo_mac_finish"][1].scaled
     for change in (lambda: None, lambda: node.params.__setitem__("shift_value", 2),  # below 3: the rounding path
                    lambda: node.params.__setitem__("shift_value", 9),
                    lambda: set_quant(node, node.outputs[0], zerop=torch.tensor(-3)),
@@ -113,7 +113,7 @@ def test_conv_owned_finish_equals_mac_finish_and_follows_shift_and_zero_point() 
     assert scaled is True
     node.params["shift_value"] = 2
     node.forward()
-    assert node.attrs["_memo_mac_finish"][1][-1] is False  # rebuilt for the new shift
+    assert node.attrs["_memo_mac_finish"][1].scaled is False  # rebuilt for the new shift
 
 
 def test_batchnorm_equals_mac_finish() -> None:

@@ -8,6 +8,7 @@ Quantized activations are int64 tensors holding values in [qmin, qmax].
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -614,12 +615,31 @@ def mac_finish(node: PyNode, acc: torch.Tensor, owned: bool = False, planned: bo
     return fused_activation_clamp(node, y)
 
 
-_FinishPlan = Tuple[torch.Tensor, float, torch.Tensor, float, float, int, int, Any, Any, bool]
+@dataclass
+class _FinishPlan:
+    """What `mac_finish` derives from the layer alone, memoized per layer and device (`_finish_plan`)."""
+
+    b: torch.Tensor
+    """the biases, float64"""
+    b_absmax: float
+    factor: torch.Tensor
+    """M·2^-shift (one value or one per output channel), float64"""
+    b_scaled: torch.Tensor
+    """b · factor: exact where |b·M| < 2^53, which every use checks"""
+    m_absmax: float
+    zp_out: float
+    qmin: int
+    qmax: int
+    lo: Any
+    """the fused activation's bounds (None: none)"""
+    hi: Any
+    scaled: bool
+    """`requantize_scaled_`'s rounding by addition applies: every shift >= 3 and the output range small"""
 
 
 def _finish_plan(node: PyNode, device: torch.device) -> Optional[_FinishPlan]:
-    """(float64 biases, max |bias|, M·2^-shift, max |M|, output zero point, qmin, qmax, fused bounds or None,
-    whether `requantize_scaled_` applies: every shift >= 3 and the output range small) of the layer."""
+    """The layer's `_FinishPlan`, or None where the plan does not apply (a `remain_shift` hand-over, slope
+    activations, shifts beyond ±900)."""
     def build() -> Optional[_FinishPlan]:
         if node.params.get("remain_shift") is not None or fused_activation(node) in SLOPE_ACTIVATIONS:
             return None
@@ -641,7 +661,8 @@ def _finish_plan(node: PyNode, device: torch.device) -> Optional[_FinishPlan]:
         scaled = float(s.min()) >= 3 and max(abs(qmin), abs(qmax)) + abs(tensor_zp(node, out)) < MAGIC_SCALED_BOUND
         factor = (m * torch.pow(2.0, -s)).to(device)  # formed on the CPU: CUDA's pow is not correctly rounded
         b_absmax = float(b.abs().max()) if b.numel() else 0.0
-        return b, b_absmax, factor, float(m.abs().max()), float(tensor_zp(node, out)), qmin, qmax, lo, hi, scaled
+        return _FinishPlan(b, b_absmax, factor, b * factor, float(m.abs().max()), float(tensor_zp(node, out)), qmin,
+                           qmax, lo, hi, scaled)
 
     return memo(node, "mac_finish", (layer_key(node), device), build)
 
@@ -656,28 +677,34 @@ def _planned_finish(node: PyNode, acc: torch.Tensor, owned: bool,
     plan = _finish_plan(node, acc.device) if acc.dtype == torch.float64 and acc.numel() else None
     if plan is None:
         return None
-    b, b_absmax, factor, m_absmax, zp_out, qmin, qmax, lo, hi, scaled = plan
-    if owned and broadcasts_into(b.shape, acc.shape):
+    if owned and broadcasts_into(plan.b.shape, acc.shape):
         if bound is not None:
             a_lo, a_hi = -float(bound), float(bound)
         else:
             a_lo, a_hi = (float(v) for v in torch.aminmax(acc))
-        if not (math.isfinite(a_lo) and math.isfinite(a_hi) and math.isfinite(b_absmax)) \
-                or (max(-a_lo, a_hi) + b_absmax) * m_absmax >= FLOAT64_EXACT:
+        if not (math.isfinite(a_lo) and math.isfinite(a_hi) and math.isfinite(plan.b_absmax)) \
+                or (max(-a_lo, a_hi) + plan.b_absmax) * plan.m_absmax >= FLOAT64_EXACT:
             return None
-        y = acc.add_(b)
+        if plan.scaled and broadcasts_into(plan.factor.shape, acc.shape):
+            # (acc + b)·f = acc·f + b·f: each term and the sum exact (|(acc + b)·M| < 2^53, one shift per channel),
+            # so one multiply-add in place of the bias and the scaling; then the rounding by addition
+            y = round_scaled_(torch.addcmul(plan.b_scaled, acc, plan.factor, out=acc), int(plan.zp_out), plan.qmin,
+                              plan.qmax)
+            return y if plan.lo is None else torch.clamp(y, plan.lo, plan.hi)
+        y = acc.add_(plan.b)
     else:
-        y = acc + b
+        y = acc + plan.b
         y_lo, y_hi = (float(v) for v in torch.aminmax(y))
-        if not (math.isfinite(y_lo) and math.isfinite(y_hi)) or max(-y_lo, y_hi) * m_absmax >= FLOAT64_EXACT:
+        if not (math.isfinite(y_lo) and math.isfinite(y_hi)) or max(-y_lo, y_hi) * plan.m_absmax >= FLOAT64_EXACT:
             return None
-    if scaled:  # |y * M| < 2^53 (checked above) and every shift >= 3: |y * factor| < 2^50
-        y = requantize_scaled_(y, factor, int(zp_out), qmin, qmax)
+    if plan.scaled:  # |y * M| < 2^53 (checked above) and every shift >= 3: |y * factor| < 2^50
+        y = requantize_scaled_(y, plan.factor, int(plan.zp_out), plan.qmin, plan.qmax)
     else:
-        y = exact_int64_(y.mul_(factor).round_().sub_(zp_out).clamp_(float(qmin), float(qmax)), qmin, qmax)
-    if lo is None:
+        y = exact_int64_(y.mul_(plan.factor).round_().sub_(plan.zp_out).clamp_(float(plan.qmin), float(plan.qmax)),
+                         plan.qmin, plan.qmax)
+    if plan.lo is None:
         return y
-    return torch.clamp(y, lo, hi)
+    return torch.clamp(y, plan.lo, plan.hi)
 
 
 def scaled_product_finish(node: PyNode, x: torch.Tensor) -> Optional[torch.Tensor]:
@@ -690,25 +717,22 @@ def scaled_product_finish(node: PyNode, x: torch.Tensor) -> Optional[torch.Tenso
     if x.dtype != torch.int64 or not x.numel():
         return None
     plan = _finish_plan(node, x.device)
-    if plan is None:
-        return None
-    b, b_absmax, factor, m_absmax, zp_out, qmin, qmax, lo, hi, scaled = plan
-    if not scaled or not broadcasts_into(b.shape, x.shape) or not broadcasts_into(factor.shape, x.shape):
+    if plan is None or not plan.scaled or not broadcasts_into(plan.b_scaled.shape, x.shape):
         return None
 
-    def build() -> Tuple[torch.Tensor, torch.Tensor, int]:
+    def build() -> Tuple[torch.Tensor, int]:
         w = effective_weights(node).reshape(-1).to(device=x.device, dtype=torch.float64)
-        return w * factor, b * factor, int(w.abs().max()) if w.numel() else 0
+        return w * plan.factor, int(w.abs().max()) if w.numel() else 0
 
-    w_scaled, b_scaled, w_absmax = memo(node, "scaled_product_finish", (layer_key(node), x.device), build)
+    w_scaled, w_absmax = memo(node, "scaled_product_finish", (layer_key(node), x.device), build)
     if not broadcasts_into(w_scaled.shape, x.shape):
         return None
     x_lo, x_hi = (int(v) for v in torch.aminmax(x))
-    if (max(-x_lo, x_hi) * w_absmax + b_absmax) * m_absmax >= FLOAT64_EXACT:
+    if (max(-x_lo, x_hi) * w_absmax + plan.b_absmax) * plan.m_absmax >= FLOAT64_EXACT:
         return None
     # |x·w·f + b·f| < 2^50 (every shift >= 3): the rounding by addition applies
-    y = round_scaled_(torch.addcmul(b_scaled, x, w_scaled), int(zp_out), qmin, qmax)
-    return y if lo is None else torch.clamp(y, lo, hi)
+    y = round_scaled_(torch.addcmul(plan.b_scaled, x, w_scaled), int(plan.zp_out), plan.qmin, plan.qmax)
+    return y if plan.lo is None else torch.clamp(y, plan.lo, plan.hi)
 
 
 def _requantize_exact_float64(acc: torch.Tensor, mult: Union[int, torch.Tensor], shift: Union[int, torch.Tensor],
