@@ -272,16 +272,26 @@ def quantize(x: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zerop
 
 
 def dequantize_factors(scale: Number, zerop: Number, device: torch.device,
-                       compute_dtype: torch.dtype = torch.float32) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(zero point, 1 / scale) of per-tensor params as `dequantize` forms them, for `dequantize_into`."""
+                       compute_dtype: torch.dtype = torch.float32) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+    """(zero point, 1 / scale) of per-tensor params as `dequantize` forms them, for `dequantize_into`; the zero point
+    is None where it is 0 (integers plus 0 are themselves: one pass fewer)."""
     s = _along(scale, None, 0, compute_dtype).to(device)
-    return _along(zerop, None, 0, compute_dtype).to(device), 1.0 / s
+    z = None if float(zerop) == 0.0 else _along(zerop, None, 0, compute_dtype).to(device)
+    return z, 1.0 / s
 
 
-def dequantize_into(out: torch.Tensor, q: torch.Tensor, zerop: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+def dequantize_into(out: torch.Tensor, q: torch.Tensor, zerop: Optional[torch.Tensor],
+                    inverse: torch.Tensor) -> torch.Tensor:
     """`dequantize`'s arithmetic, (q + zerop) * (1 / scale), written into `out` (of the compute dtype): for callers
-    that step through a large tensor with a buffer of their own (the same values as dequantizing it whole)."""
-    return out.copy_(q).add_(zerop).mul_(inverse)
+    that step through a large tensor with a buffer of their own (the same values as dequantizing it whole). A zero
+    point of None is 0: integer `q` converted exactly, nothing to add (a float `q` gets the addition, which turns a
+    -0.0 into 0.0 as `dequantize` does)."""
+    out.copy_(q)
+    if zerop is not None:
+        out.add_(zerop)
+    elif q.is_floating_point():
+        out.add_(0.0)
+    return out.mul_(inverse)
 
 
 def dequantize(q: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zerop: ZeropLike,

@@ -237,3 +237,20 @@ def test_a_zero_point_of_zero_is_not_subtracted_and_changes_nothing() -> None:
             want = quantize(x, scale, torch.tensor(0.0), -128, 127)
             for zp in (0, 0.0, np.int64(0)):
                 assert torch.equal(quantize(x, scale, zp, -128, 127), want)
+
+
+def test_dequantize_into_with_a_zero_point_of_zero_is_dequantize() -> None:
+    """`dequantize_factors` gives no zero point for 0 (nothing to add to integers); `dequantize_into` then gives
+    `dequantize`'s float32 bits, a float input's -0.0 turned into 0.0 as the addition of 0 does."""
+    from quantopt.quant.params import dequantize_factors, dequantize_into
+
+    ints = torch.randint(-32768, 32768, (1000,), generator=torch.Generator().manual_seed(4))
+    floats = torch.tensor([-0.0, 0.0, 3.0, -7.0])
+    for scale in (0.37, 1.0, 123.456):
+        zp, inverse = dequantize_factors(scale, 0, torch.device("cpu"))
+        assert zp is None
+        for q in (ints, floats):
+            got = dequantize_into(torch.empty(q.shape), q, zp, inverse)
+            assert torch.equal(got.view(torch.int32), dequantize(q, scale, 0).view(torch.int32))
+        zp, inverse = dequantize_factors(scale, 5, torch.device("cpu"))
+        assert torch.equal(dequantize_into(torch.empty(ints.shape), ints, zp, inverse), dequantize(ints, scale, 5))
