@@ -284,15 +284,15 @@ class Requantizer:
         self._small = self.usable and _scaled_applies(3.0, zerop_out, lo, hi) and (
             isinstance(self.factor, float) or self.factor.device.type == "cpu")
         self._factor_absmax = math.ldexp(self.m_absmax, -int(self.least_shift)) if self.usable else 0.0
-        self._room = min(hi + zp, -(lo + zp))
-        """|round(acc · factor)| up to this needs no clamp: minus the zero point it lies in [qmin, qmax]"""
+        self._room = min(hi + zp, -(lo + zp))  # |round(acc · factor)| up to this minus zp lies in [qmin, qmax]
         self._fits: Dict[torch.Size, bool] = {}
 
     def output_bound(self, bound: int) -> int:
-        """A bound on |output| for inputs of |acc| <= `bound`: |round(acc · factor) - zp|, within the clamp's."""
+        """A bound on |output| for inputs of |acc| <= `bound`: |round(acc · factor) - zp|, within the clamp's (the
+        clamp's alone where bound · max|M| is beyond float64's exact integers)."""
         _, _, zerop_out, qmin, qmax = self.args
         clamped = max(-int(qmin), int(qmax))
-        if not self.usable:
+        if not self.usable or bound * self.m_absmax >= FLOAT64_EXACT:
             return clamped
         return min(math.ceil(bound * self._factor_absmax) + abs(int(zerop_out)), clamped)
 
