@@ -727,8 +727,8 @@ class _GateIn:
     clamp keeps."""
 
     def __init__(self, mult: torch.Tensor, shift: torch.Tensor, clamp: torch.Tensor) -> None:
-        self.widest = int(clamp.abs().max()) if clamp.numel() else 0
-        self.requant = Requantizer(mult, shift, 0, -self.widest, self.widest, clamp.device)
+        widest = int(clamp.abs().max()) if clamp.numel() else 0
+        self.requant = Requantizer(mult, shift, 0, -widest, widest, clamp.device)
         self.clamp, self.low = clamp, -clamp
 
     def __call__(self, acc: torch.Tensor, bound: Optional[int] = None) -> torch.Tensor:
@@ -867,7 +867,7 @@ def _q15_gru_steps(node: PyNode, spec: RnnSpec, bits: int, plan: _Q15Plan, devic
         return _Q15GruSteps(
             gates_hidden, gates_bound, gates_out, reset, reset_bound, reset_out, cand_hidden, cand_bound, cand_out,
             Requantizer(1, PRODUCT_FRAC_BITS - hid_frac, 0, -hq, hq, device), prod_bound,
-            lut_gate.covers(-gate_in.widest, gate_in.widest), lut_cand.covers(-cand_in.widest, cand_in.widest))
+            _codes_in_table(lut_gate, gate_in.requant), _codes_in_table(lut_cand, cand_in.requant))
 
     return memo(node, "q15_gru_steps", (layer_key(node), str(device)), build)
 
@@ -879,8 +879,7 @@ def _q15_lstm_steps(node: PyNode, bits: int, plan: _Q15Plan, device: torch.devic
         lut_gate, lut_cand, lut_cell = plan.luts
         mh, nh = _ip(node, "hidden_scale_value"), _ip(node, "hidden_shift_value")
         hidden_bound = hq * hidden_matmul.col_absmax
-        scaled = hidden_bound * abs(mh)
-        hidden_out = -(-scaled >> nh) if nh >= 0 else scaled << -nh  # ceil: no rounding goes beyond it
+        hidden, hidden_out = _unclamped(mh, nh, hidden_bound, device)
         tables = [node.get_constant(key).betensor.reshape(-1) for key in ("lut_gate", "lut_cand")]
         gate_luts = None
         if tables[0].numel() == tables[1].numel():
@@ -892,8 +891,8 @@ def _q15_lstm_steps(node: PyNode, bits: int, plan: _Q15Plan, device: torch.devic
         k = min(GATE_FRAC_BITS, cell_frac)
         hid_frac = _ip(node, "hidden_frac_bits")
         return _Q15LstmSteps(
-            Requantizer(mh, nh, 0, -hidden_out, hidden_out, device), hidden_bound, hidden_out, gate_luts,
-            gate_luts is not None and gate_luts.covers(-gate_in.widest, gate_in.widest),
+            hidden, hidden_bound, hidden_out, gate_luts,
+            gate_luts is not None and _codes_in_table(gate_luts, gate_in.requant),
             Requantizer(1, PRODUCT_FRAC_BITS - k, 0, -clip, clip, device), (GATE_FRAC_BITS - k, cell_frac - k),
             Requantizer(_ip(node, "cell_scale_value"), _ip(node, "cell_shift_value"), 0, -hq, hq, device),
             lut_cell.covers(-hq, hq),
