@@ -330,17 +330,12 @@ def _update_group(stats: TensorStatistics, v2d: torch.Tensor, cfg: StatisticsCon
 _FLOAT32 = struct.Struct("f")
 
 
-def to_float32(v: float) -> float:
-    """`v` rounded to the nearest float32 (ties to even), as a Python float: the C conversion `struct` makes."""
-    return _FLOAT32.unpack(_FLOAT32.pack(v))[0]
-
-
 def _ema32(old: float, new: float, m: float) -> float:
     """`_ema` on python floats: the float32 products and sum of `m * old + (1 - m) * new`. Each float32 operation is
     its float64 result rounded to float32: a product of two float32 values is exact in float64, and rounding a sum
     first to float64 and then to float32 gives the float32 sum (53 >= 2 * 24 + 2 bits). Twice as fast as numpy's
     float32 scalars (tests/calibration/test_pass_updates.py compares the two)."""
-    pack, unpack = _FLOAT32.pack, _FLOAT32.unpack  # to_float32 written out: a call per rounding cost a third more
+    pack, unpack = _FLOAT32.pack, _FLOAT32.unpack  # a float32 rounding: unpack(pack(v)), written out (calls cost)
     product_old = unpack(pack(unpack(pack(m))[0] * unpack(pack(old))[0]))[0]
     product_new = unpack(pack(unpack(pack(1.0 - m))[0] * unpack(pack(new))[0]))[0]
     return unpack(pack(product_old + product_new))[0]
@@ -349,11 +344,16 @@ def _ema32(old: float, new: float, m: float) -> float:
 def plain_extrema(x: torch.Tensor, mask_threshold: float = INF_MASK_THRESHOLD) -> Optional[Tuple[float, float]]:
     """(min, max) of batch `x` clipped to the statistics range as the extrema path folds them, by one aminmax; None
     when the batch holds NaN or mask values (|x| >= `mask_threshold`), which only the other paths handle."""
-    lo_t, hi_t = torch.aminmax(x if x.is_floating_point() else x.float())
-    lo_f, hi_f = float(lo_t), float(hi_t)
+    lo_f, hi_f = _batch_minmax(x)
     if lo_f <= -mask_threshold or hi_f >= mask_threshold:
         return None
     return _clipped(lo_f, hi_f)
+
+
+def _batch_minmax(x: torch.Tensor) -> Tuple[float, float]:
+    """(min, max) of `x` by one aminmax (NaN where it holds NaN)."""
+    lo_t, hi_t = torch.aminmax(x if x.is_floating_point() else x.float())
+    return float(lo_t), float(hi_t)
 
 
 def _clipped(lo_f: float, hi_f: float) -> Optional[Tuple[float, float]]:
@@ -403,8 +403,7 @@ def _update_extrema_only(stats: TensorStatistics, x: torch.Tensor, m: float, res
     """Fast path of the default strategies (extrema/mean): one aminmax and scalar arithmetic, the same results as
     the general path (mask values through `_update_extrema_masked`). Returns False (nothing changed) when the batch
     holds NaN or only mask values, for the general path to handle."""
-    lo_t, hi_t = torch.aminmax(x if x.is_floating_point() else x.float())
-    lo_f, hi_f = float(lo_t), float(hi_t)
+    lo_f, hi_f = _batch_minmax(x)
     if lo_f <= -mask_threshold or hi_f >= mask_threshold:
         return _update_extrema_masked(stats, x, m, reset, mask_threshold, lo_f, hi_f)
     return _apply_extrema(stats, lo_f, hi_f, m, reset)
