@@ -199,6 +199,14 @@ def out_range(node: PyNode, t: PyTensor) -> Tuple[int, int]:
     return int(q.qmin), int(q.qmax)
 
 
+def values_absmax(t: torch.Tensor) -> int:
+    """max |t| of an integer tensor (0 when empty): one look at its values, for the bounds a layer's loop proves."""
+    if not t.numel():
+        return 0
+    lo, hi = torch.aminmax(t)
+    return max(-int(lo), int(hi))
+
+
 def int_value(t: PyTensor) -> torch.Tensor:
     """The tensor's integer values as int64 (exact: float inputs must already hold integers)."""
     x = t.betensor

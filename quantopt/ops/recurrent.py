@@ -55,6 +55,7 @@ from ._quant import (
     set_params,
     tensor_scale,
     tensor_zp,
+    values_absmax,
 )
 from ._shared import unrounded_input
 from .onnx_build.exact import DOUBLE, INT64, codes
@@ -853,7 +854,7 @@ def _q15_gru_steps(node: PyNode, spec: RnnSpec, bits: int, plan: _Q15Plan, devic
         gates_hidden, gates_out = _unclamped(mh, nh, gates_bound, device)
         gate_max = lut_gate.absmax
         if spec.linear_before_reset:
-            b_reset = _values_absmax(plan.b[3 * cs:4 * cs])
+            b_reset = values_absmax(plan.b[3 * cs:4 * cs])
             reset_bound = gate_max * (hq * cand_matmul.col_absmax + b_reset)
             reset, reset_out = _unclamped(1, GATE_FRAC_BITS, reset_bound, device)
             cand_bound = reset_out
@@ -941,9 +942,9 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         lut_gate, lut_cand, lut_cell = plan.luts
         x_part = exact_int_matmul(xs, wx) + b  # every step's input projection at once (exact: the same values)
         # the bounds each step's values keep: |h| <= hq, the tables' entries, the clip; the rest looked at once
-        acc_bound = _values_absmax(x_part) + steps.hidden_out
+        acc_bound = values_absmax(x_part) + steps.hidden_out
         gate_max = max(lut_gate.absmax, lut_cand.absmax)
-        c_max, (fc_shift, ig_shift) = _values_absmax(c), steps.cell_shifts
+        c_max, (fc_shift, ig_shift) = values_absmax(c), steps.cell_shifts
         for t in range(spec.time_steps):
             acc = x_part[:, t] + steps.hidden(hidden_matmul(h, hq), steps.hidden_bound)
             gin = gate_in(acc, acc_bound)
@@ -967,8 +968,8 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         # every step's input projections at once (exact: the same values), the candidate's biases added once
         x_gates = exact_int_matmul(xs, wx[:, :2 * cs]) + b[:2 * cs]
         x_cand = exact_int_matmul(xs, wx[:, 2 * cs:]) + b[2 * cs:3 * cs]
-        gates_acc_bound = _values_absmax(x_gates) + steps.gates_hidden_out
-        cand_acc_bound = _values_absmax(x_cand) + steps.cand_hidden_out
+        gates_acc_bound = values_absmax(x_gates) + steps.gates_hidden_out
+        cand_acc_bound = values_absmax(x_cand) + steps.cand_hidden_out
         for t in range(spec.time_steps):
             acc = x_gates[:, t] + steps.gates_hidden(gates_matmul(h, hq), steps.gates_hidden_bound)
             rz = lut_gate(gate_in(acc, gates_acc_bound), steps.gates_in_range)
@@ -1227,14 +1228,6 @@ INT32_BOUND = 2 ** 31
 """The largest |value| of an int32-clamped intermediate."""
 
 
-def _values_absmax(t: torch.Tensor) -> int:
-    """max |t| of an integer tensor (0 when empty)."""
-    if not t.numel():
-        return 0
-    lo, hi = torch.aminmax(t)
-    return max(-int(lo), int(hi))
-
-
 def _rq(v: torch.Tensor, m, n, lo: int, hi: int) -> torch.Tensor:
     return requantize_int(v, m, n, 0, lo, hi)
 
@@ -1353,8 +1346,8 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     x_part = x_part + plan.x_bias if plan.x_requant is None else plan.x_requant(x_part) + plan.x_bias
     qmin, qmax = integer_range(plan.bits, True)
     state_max = max(-(qmin + 1), qmax)  # h and c after a step: requantized into [qmin + 1, qmax]
-    h_max, c_max = _values_absmax(h), _values_absmax(c)
-    acc_max = _values_absmax(x_part) + INT32_BOUND if plan.bits == 8 else INT32_BOUND  # 16 bits: clamped to int32
+    h_max, c_max = values_absmax(h), values_absmax(c)
+    acc_max = values_absmax(x_part) + INT32_BOUND if plan.bits == 8 else INT32_BOUND  # 16 bits: clamped to int32
     gate_max = plan.gate_luts.absmax
     gates_in_range = _codes_in_table(plan.gate_luts, plan.gates)
     cell_in_range = all(_codes_in_table(plan.cell_lut, step[2]) for step in plan.steps)
@@ -1667,10 +1660,10 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     xg_all, xc_all = plan.wx_g(xs), plan.wx_c(xs)
     if plan.x_requant is not None:
         xg_all, xc_all = plan.x_requant[0](xg_all), plan.x_requant[1](xc_all)
-    h_max, state_max = _values_absmax(h), max(-(qmin + 1), qmax)  # h after a step: in [qmin + 1, qmax]
-    z_max = _values_absmax(xg_all) + INT32_BOUND + _values_absmax(plan.bg)
-    z2_max = _values_absmax(xc_all) + INT32_BOUND + _values_absmax(plan.bc)
-    bh_max, rz_max, c_max = _values_absmax(plan.bh), plan.lut_rz.absmax, plan.lut_c.absmax
+    h_max, state_max = values_absmax(h), max(-(qmin + 1), qmax)  # h after a step: in [qmin + 1, qmax]
+    z_max = values_absmax(xg_all) + INT32_BOUND + values_absmax(plan.bg)
+    z2_max = values_absmax(xc_all) + INT32_BOUND + values_absmax(plan.bc)
+    bh_max, rz_max, c_max = values_absmax(plan.bh), plan.lut_rz.absmax, plan.lut_c.absmax
     rz_in_range, c_in_range = _codes_in_table(plan.lut_rz, plan.z), _codes_in_table(plan.lut_c, plan.z2)
     hs = []
     for t in range(spec.time_steps):

@@ -8,11 +8,13 @@ lookup tables whose output is the hidden state's code) or to the output (RELU/CL
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
 
 from ..errors import UnsupportedError
+from ..graph.memo import layer_key, memo
 from ..graph.node import PyNode
 from ..graph.tables import quant_of, ranges_of
 from ..graph.tensor import PyTensor
@@ -37,6 +39,7 @@ from ._quant import (
     set_qinvariant,
     tensor_scale,
     tensor_zp,
+    values_absmax,
 )
 
 SEMANTICS = "docs/semantics/rnn.md"
@@ -276,39 +279,81 @@ def rnn_quantize(self: PyNode) -> None:
     p["init_h_scale_value"], p["init_h_shift_value"] = _mult(s_h / tensor_scale(self, h0_t))
 
 
+@dataclass
+class _RnnPlan:
+    """What the integer forward derives from the layer alone, prepared once per layer and device (graph/memo.py):
+    the weights, the hidden product, the requantizations (each given the bound its inputs keep: |h| within the
+    output range, the weights' column sums) and the table."""
+
+    wx: torch.Tensor
+    hidden: IntMatmul
+    bias: torch.Tensor
+    rq_hidden: Requantizer
+    """the hidden part's requantization, its range the bound of its results (it never clamps below 2^62)"""
+    hidden_bound: int
+    hidden_out: int
+    rq_code: Requantizer
+    rq_out: Requantizer
+    table: Optional[PreparedLut]
+    table_in_range: bool
+    h_max: int
+
+
+def _rnn_plan(node: PyNode, act: str, i_size: int, device: torch.device) -> _RnnPlan:
+    def build() -> _RnnPlan:
+        w = int_value(node.constants["weights"]).to(device)
+        ms, ns = node.get_param("scale_value"), node.get_param("shift_value")
+        olo, ohi = out_range(node, node.outputs[0])
+        bits = int(quant_of(node).get(node.outputs[0]).qbits)
+        tlo, thi = integer_range(bits, True)
+        hidden = IntMatmul(w[:, i_size:].t().contiguous())
+        h_max = max(-olo, ohi)
+        hidden_bound = h_max * hidden.col_absmax
+        scaled = hidden_bound * abs(int(ms[1]))
+        shift = int(ns[1])
+        hidden_out = min(-(-scaled >> shift) if shift >= 0 else scaled << -shift, _SATURATED)
+        rq_code = Requantizer(ms[2], ns[2], 0, tlo, thi, device)
+        table = PreparedLut(node.constants["lut"].betensor, tlo, bits, bits, True, device=device) \
+            if act in ("TANH", "SIGMOID") else None
+        return _RnnPlan(w[:, :i_size].t(), hidden, int_value(node.constants["biases"]).reshape(1, -1).to(device),
+                        Requantizer(ms[1], ns[1], 0, -hidden_out, hidden_out, device), hidden_bound, hidden_out,
+                        rq_code, Requantizer(ms[2], ns[2], 0, olo, ohi, device), table,
+                        table is not None and table.covers(tlo, thi), h_max)
+
+    return memo(node, "rnn_plan", (layer_key(node), act, i_size, str(device)), build)
+
+
+_SATURATED = 2 ** 62
+"""The input and hidden parts' requantizations clamp at ±2^62 (upstream's int64 saturation)."""
+
+
 def _int_forward(node: PyNode, act: str, i_size: int, reverse: bool) -> None:
     x_t, h0_t = node.inputs
     x = int_value(x_t) + tensor_zp(node, x_t)
     if reverse:
         x = torch.flip(x, [1])
-    w = int_value(node.constants["weights"])
-    wx, wh = w[:, :i_size].t(), w[:, i_size:].t()
-    bias = int_value(node.constants["biases"]).reshape(1, -1)
     ms, ns = node.get_param("scale_value"), node.get_param("shift_value")
     y_t = node.outputs[0]
     olo, ohi = out_range(node, y_t)
-    big = 2 ** 62
+    plan = _rnn_plan(node, act, i_size, x.device)
     h = requantize_int(_initial(int_value(h0_t) + tensor_zp(node, h0_t), int(x.shape[0])),
                        int(node.get_param("init_h_scale_value")), int(node.get_param("init_h_shift_value")), 0,
                        olo, ohi)
     thr: Optional[int] = node.get_param("threshold_value", optional=True, default_value=None)
-    bits = int(quant_of(node).get(y_t).qbits)
-    tlo, thi = integer_range(bits, True)
-    # the input part of every step at once (element-wise requantization: the values of step by step), the hidden
-    # part's product, requantizations and table prepared once for the steps
-    x_part = requantize_int(exact_int_matmul(x, wx), ms[0], ns[0], 0, -big, big) + bias
-    hidden, rq_hidden = IntMatmul(wh), Requantizer(ms[1], ns[1], 0, -big, big, x.device)
-    rq_code = Requantizer(ms[2], ns[2], 0, tlo, thi, x.device)
-    rq_out = Requantizer(ms[2], ns[2], 0, olo, ohi, x.device)
-    table = PreparedLut(node.constants["lut"].betensor, tlo, bits, bits, True) if act in ("TANH", "SIGMOID") \
-        else None
+    # the input part of every step at once (element-wise requantization: the values of step by step); each step's
+    # requantizations given the bounds their inputs keep (|h| within the output range: no look at the values)
+    x_part = requantize_int(exact_int_matmul(x, plan.wx), ms[0], ns[0], 0, -_SATURATED, _SATURATED) + plan.bias
+    acc_bound = values_absmax(x_part) + plan.hidden_out
+    if thr is not None:
+        acc_bound = min(acc_bound, abs(int(thr)))
+    table, rq_code, rq_out = plan.table, plan.rq_code, plan.rq_out
     states = []
     for t in range(int(x.shape[1])):
-        acc = x_part[:, t] + rq_hidden(hidden(h))
+        acc = x_part[:, t] + plan.rq_hidden(plan.hidden(h, plan.h_max), plan.hidden_bound)
         if thr is not None:
             acc = torch.clamp(acc, -int(thr), int(thr))
         if table is not None:
-            h = torch.clamp(table(rq_code(acc)), olo, ohi)
+            h = torch.clamp(table(rq_code(acc, acc_bound), plan.table_in_range), olo, ohi)
         elif act == "SIGN_BIT":
             h = (acc < 0).to(torch.int64)
         else:
@@ -316,7 +361,7 @@ def _int_forward(node: PyNode, act: str, i_size: int, reverse: bool) -> None:
                 acc = torch.clamp(acc, min=0)
             elif act == "CLIP":
                 acc = torch.clamp(acc, int(node.get_param("clip_min")), int(node.get_param("clip_max")))
-            h = rq_out(acc)
+            h = rq_out(acc, acc_bound)
         states.append(h)
     y = torch.stack(states, dim=1)
     node.outputs[0].betensor = torch.flip(y, [1]) if reverse else y

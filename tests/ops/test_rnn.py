@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from quant_helpers import params_of
+from quant_helpers import checked_requantization_bounds, params_of
 
 from quantopt.errors import IRError
 from quantopt.graph.builder import GraphBuilder
@@ -190,3 +190,22 @@ def test_bad_layers() -> None:
         graph(time_steps=T + 1).forward(feeds(1))
     with pytest.raises(IRError, match="initial state"):
         graph().forward([feeds(1)[0], torch.zeros(N, C + 1)])
+
+
+@pytest.mark.parametrize("act,bits", [("TANH", 8), ("TANH", 16), ("SIGMOID", 8), ("RELU", 8), ("CLIP", 16)])
+def test_quantized_bounds_hold_beyond_the_calibrated_range(monkeypatch, act: str, bits: int) -> None:
+    """Each step's requantizations get the bounds the ranges prove (|h| within the output range, the weights'
+    column sums) and its lookups codes in range: they hold, and the integers are the reference's, on inputs 20
+    times the calibrated range."""
+    checked = checked_requantization_bounds(monkeypatch)
+    g = graph(act, "forward", **(CLIP if act == "CLIP" else {}))
+    qg = quantize_model(g, [feeds(s) for s in range(1, 6)],
+                        dict(q_bits_activation=bits, q_bits_weight=bits, q_bits_bias=48 if bits > 8 else 32,
+                             q_strategy_activation="extrema"))
+    node = qg.node("op")
+    x, h0 = feeds(3)
+    y, h = qg.forward([x * 20, h0 * 20])
+    wy, wh = ref_int(node, node.inputs[0].betensor.to(torch.int64).tolist(),
+                     node.inputs[1].betensor.to(torch.int64).tolist(), act, False)
+    assert y.to(torch.int64).tolist() == wy and h.to(torch.int64).tolist() == wh
+    assert checked
