@@ -25,10 +25,14 @@ def test_golden_values() -> None:
     assert math.isnan(cosine(torch.tensor([float("nan"), 1.0]), torch.ones(2)))
 
 
-def test_streamed_sums_match_a_float64_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("kind", ["close", "independent", "opposite", "scaled"])
+def test_streamed_sums_match_a_float64_reference(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """x.y is derived from x.x, y.y and (x-y).(x-y): the cosine stays within float64 rounding of the direct one
+    whether the vectors are close (the usual case) or far apart."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(10_007, generator=g)
-    y = x + 1e-3 * torch.randn(10_007, generator=g)
+    noise = torch.randn(10_007, generator=g)
+    y = {"close": x + 1e-3 * noise, "independent": noise, "opposite": -x + 1e-2 * noise, "scaled": 3 * x}[kind]
     xd, yd = x.double().numpy(), y.double().numpy()
     want_cos = float(np.dot(xd, yd) / (np.linalg.norm(xd) * np.linalg.norm(yd)))
     want_mse = float(np.mean((xd - yd) ** 2))
