@@ -227,6 +227,50 @@ def test_matmul_bias_gemm_depthwise_and_constants(tmp_path):
     assert str(g.node("gemm").type).endswith("FullyConnected")
 
 
+@pytest.mark.parametrize("trans_b, alpha", [(0, 1.0), (1, 1.0), (0, 0.37), (1, -3.0)])
+def test_gemm_weights_are_alpha_times_b_rounded_once(tmp_path, trans_b: int, alpha: float):
+    """Gemm's constant B becomes FullyConnected weights [out, in] holding float32(alpha * B) (alpha 1: B itself,
+    without a float64 round trip), whichever way B is stored."""
+    b = RNG.normal(size=(6, 5)).astype(np.float32)  # [in, out]
+    stored = b.T.copy() if trans_b else b
+    nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="gemm", transB=trans_b, alpha=alpha, beta=0.5)]
+    c = RNG.normal(size=5).astype(np.float32)
+    model = _make(nodes, [_vi("x", [2, 6])], [_vi("y", None)], [_init("w", stored), _init("c", c)], opset=13)
+    path = _save(model, tmp_path)
+    assert _run_both(path, {"x": RNG.normal(size=(2, 6)).astype(np.float32)})[0] <= RTOL
+    fc = import_onnx(path).node("gemm")
+    want = (b.T.astype(np.float64) * alpha).astype(np.float32)
+    np.testing.assert_array_equal(fc.constants["weights"].betensor.numpy(), want)
+    want_bias = (c.astype(np.float64) * 0.5).astype(np.float32)
+    np.testing.assert_array_equal(fc.constants["biases"].betensor.numpy(), want_bias)
+
+
+def test_shape_inference_sees_weights_by_type_and_shape_constants_by_value(tmp_path):
+    """Constants above INFERENCE_VALUE_ELEMENTS reach ONNX shape inference as typed inputs (no copy of their values
+    through protobuf), smaller ones with their values: a shape computed from a small constant still folds, and a
+    large weight still gives its layer's output shape."""
+    from quantopt.frontends.onnx.simplify import INFERENCE_VALUE_ELEMENTS, _inference_constants
+    big = INFERENCE_VALUE_ELEMENTS + 1
+    consts = {"w": np.ones((big, 1), np.float32), "shape": np.array([1, -1], np.int64),
+              "ids": np.zeros(big, np.int64), "names": np.array(["a"] * big, dtype=object)}
+    valued, typed = _inference_constants(onnx, consts)
+    assert valued == ["shape", "names"]
+    assert [(t.name, t.type.tensor_type.elem_type, [d.dim_value for d in t.type.tensor_type.shape.dim])
+            for t in typed] == [("w", TensorProto.FLOAT, [big, 1]), ("ids", TensorProto.INT64, [big])]
+    cols = 40
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["r"], name="flat"),
+             helper.make_node("MatMul", ["r", "w"], ["m"], name="fc"),
+             helper.make_node("Shape", ["m"], ["ms"], name="shape_of"),
+             helper.make_node("Concat", ["ms", "one"], ["s2"], name="cat", axis=0),
+             helper.make_node("Reshape", ["m", "s2"], ["y"], name="unflat")]
+    inits = [_init("s", np.array([1, -1], np.int64)), _init("one", np.array([1], np.int64)),
+             _init("w", RNG.normal(size=(big, cols)).astype(np.float32) / 30)]
+    model = _make(nodes, [_vi("x", [1, big])], [_vi("y", None)], inits, opset=14)
+    path = _save(model, tmp_path)
+    assert _run_both(path, {"x": RNG.normal(size=(1, big)).astype(np.float32)})[0] <= RTOL
+    assert [list(t.ir_shape) for t in import_onnx(path).output_tensors] == [[1, cols, 1]]
+
+
 def test_external_data(tmp_path):
     model = _conv_bn_relu_model()
     path = str(tmp_path / "ext.onnx")

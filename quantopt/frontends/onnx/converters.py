@@ -931,7 +931,8 @@ def _fc(ctx: Context, node: ONode, a: str, w: np.ndarray, b: np.ndarray) -> None
     cancel, e.g. between two fully connected layers with an activation between them)."""
     params = {"num_output": int(w.shape[0])}
     params.update(_fused(node))
-    consts = {"weights": np.ascontiguousarray(w.astype(np.float32)),
+    # one copy of the weights, laid out [out, in] (a VGG-size layer went through two float64 copies before)
+    consts = {"weights": np.array(w, dtype=np.float32, order="C"),
               "biases": np.ascontiguousarray(b.astype(np.float32).reshape(-1))}
     src = ctx.source_for_reshape(a)
     if ctx.rank(a) <= 2:
@@ -955,8 +956,10 @@ def gemm(ctx: Context, node: ONode) -> None:
     n_out = ctx.shape(node.outputs[0])[1]
     if not ta and ctx.is_const(bname) and (c is None or (ctx.is_const(c) and ctx.const(c).size in (1, n_out)
                                                           and ctx.const(c).shape[-1:] in ((n_out,), (1,), ()))):
-        bm = ctx.const(bname).astype(np.float64)
-        w = (bm if tb else bm.T) * alpha
+        bm = ctx.const(bname)
+        w = bm if tb else bm.T
+        if alpha != 1.0:  # the product in float64, rounded once to float32 by _fc (a float32 weight is then as is)
+            w = w.astype(np.float64) * alpha
         bias = np.broadcast_to(ctx.const(c).astype(np.float64).reshape(-1), (n_out,)) * beta if c is not None \
             else np.zeros(n_out)
         _fc(ctx, node, a, w, bias)

@@ -27,6 +27,9 @@ NON_FOLDABLE = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUnif
 PASSTHROUGH = {"Identity", "Dropout"}
 MAX_FOLD_ROUNDS = 32
 """Rounds of shape inference + folding (each nested If whose condition depends on shapes needs one more)."""
+INFERENCE_VALUE_ELEMENTS = 1 << 10
+"""Constants up to this many elements reach shape inference with their values (the shapes, axes, sizes and scales
+that decide output shapes are all far smaller); larger ones as typed inputs of their shape."""
 
 
 @dataclass
@@ -181,11 +184,12 @@ def build_ograph(model: Any, path: str) -> OGraph:
     dtypes: Dict[str, np.dtype] = {}
     for _ in range(MAX_FOLD_ROUNDS):
         # a model made of the remaining nodes with constants as initializers, for shape inference
+        valued, typed = _inference_constants(onnx, consts)
         g = onnx.helper.make_graph(
             nodes, model.graph.name or "model",
-            [i for i in model.graph.input if i.name not in consts],
+            [i for i in model.graph.input if i.name not in consts] + typed,
             list(model.graph.output),
-            initializer=[numpy_helper.from_array(np.asarray(v), name=k) for k, v in consts.items()])
+            initializer=[numpy_helper.from_array(np.asarray(consts[k]), name=k) for k in valued])
         m = onnx.helper.make_model(g, opset_imports=list(model.opset_import), ir_version=model.ir_version)
         inferred = _infer(onnx, m)
         for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
@@ -241,6 +245,33 @@ def build_ograph(model: Any, path: str) -> OGraph:
     if missing:
         _fallback_shapes(onnx, model, missing, shapes, dtypes, path)
     return OGraph(model.graph.name or "model", opset, onodes, graph_inputs, outs, consts, shapes, dtypes, sources)
+
+
+def _inference_constants(onnx: Any, consts: Dict[str, np.ndarray]) -> Tuple[List[str], List[Any]]:
+    """How shape inference sees the constants: (names given with their values, typed inputs standing for the
+    others). Only small constants carry values (shapes, axes, indices: what data propagation reads); a weight is a
+    typed input of its shape. Every round of inference copies its model through protobuf several times, and with
+    every weight inside it importing VGG-19 peaked at 7x the weights' size."""
+    valued: List[str] = []
+    typed: List[Any] = []
+    for name, value in consts.items():
+        v = np.asarray(value)
+        elem = _tensor_type(onnx, v.dtype) if v.size > INFERENCE_VALUE_ELEMENTS else None
+        if elem is None:
+            valued.append(name)
+        else:
+            typed.append(onnx.helper.make_tensor_value_info(name, elem, list(v.shape)))
+    return valued, typed
+
+
+def _tensor_type(onnx: Any, dtype: np.dtype) -> Optional[int]:
+    """The ONNX element type of a numeric numpy dtype; None for others (strings, objects), kept as values."""
+    if dtype.kind not in "biufc":
+        return None
+    try:
+        return int(onnx.helper.np_dtype_to_tensor_dtype(dtype))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _is_plain_passthrough(node: Any, consts: Dict[str, np.ndarray], shapes: Dict[str, Tuple[int, ...]]) -> bool:
