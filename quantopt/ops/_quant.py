@@ -465,7 +465,7 @@ def mac_weights_int8(node: PyNode) -> Optional[Tuple[torch.Tensor, torch.Tensor,
     w = effective_weights(node)
     fits = w.numel() > 0 and int(w.min()) >= -128 and int(w.max()) <= 127
     rows = w.reshape(int(w.shape[0]), -1)
-    value = (w.to(torch.int8), rows.sum(dim=1), int(rows.abs().sum(dim=1).max())) if fits else None
+    value = (w.to(torch.int8), rows.sum(dim=1), int(row_abs_sums(rows).max())) if fits else None
     node.attrs["_mac_weights_int8"] = (w_q, value)
     return value
 
@@ -578,9 +578,23 @@ def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:
     quantize_fused_slope(node)
 
 
+ROW_SUM_BLOCK_ELEMENTS = 1 << 20
+"""Weights whose |w| `row_abs_sums` makes at once: a large layer's weights (a VGG or BERT-size FullyConnected)
+are not copied whole."""
+
+
+def row_abs_sums(rows: torch.Tensor) -> torch.Tensor:
+    """The sum of |w| over each row of a 2-D tensor (rows of about ROW_SUM_BLOCK_ELEMENTS at a time)."""
+    n, k = int(rows.shape[0]), int(rows.shape[1])
+    step = max(1, ROW_SUM_BLOCK_ELEMENTS // max(k, 1))
+    if step >= n:
+        return rows.abs().sum(dim=1)
+    return torch.cat([rows[r:r + step].abs().sum(dim=1) for r in range(0, n, step)])
+
+
 def exact_float_dtype(x_absmax: int, w_eff: torch.Tensor) -> torch.dtype:
     """float32 when every partial sum of x·w is provably below 2^24 (then exact), else float64 (exact to 2^53)."""
-    per_out = w_eff.abs().reshape(w_eff.shape[0], -1).sum(dim=1)
+    per_out = row_abs_sums(w_eff.reshape(w_eff.shape[0], -1))
     bound = int(per_out.max()) * int(x_absmax) if per_out.numel() else 0
     return torch.float32 if bound < FLOAT32_EXACT else torch.float64
 

@@ -106,11 +106,14 @@ def fully_connected_forward(self: PyNode) -> None:
         return
     if self.quantized:
         x, _ = mac_input(self)
-        w, dtype = mac_weights(self)
-        _check_fc_shapes(self, x, w)
-        # zero point folded into the biases: acc = x_q·w + b_q' (no padding in a dense layer)
+        _check_fc_shapes(self, x, self.get_constant("weights").betensor)
+        # zero point folded into the biases: acc = x_q·w + b_q' (no padding in a dense layer); the weights in a
+        # float dtype are made (and kept) only where the int8 GEMMs do not apply
         bounded = _fc_int8(self, x)
-        acc, bound = bounded if bounded is not None else (F.linear(x.to(dtype), w).to(torch.float64), None)
+        if bounded is None:
+            w, dtype = mac_weights(self)
+            bounded = F.linear(x.to(dtype), w).to(torch.float64), None
+        acc, bound = bounded
         self.outputs[0].betensor = mac_finish(self, acc, owned=True, bound=bound)  # acc: a new tensor either way
         return
     x = self.inputs[0].betensor

@@ -177,7 +177,8 @@ def encode_storage(tensor: torch.Tensor, dtype: Dtype) -> np.ndarray:
     if dtype is Dtype.BOOL:
         return arr.astype(np.uint8)
     lo, hi = dtype.int_range()
-    ints = arr.astype(np.int64) if arr.dtype.kind in "iub" else np.rint(arr).astype(np.int64)
+    # int64 values (the quantized graph's) are checked and narrowed as they are, without a copy
+    ints = arr.astype(np.int64, copy=False) if arr.dtype.kind in "iub" else np.rint(arr).astype(np.int64)
     if ints.size and (ints.min() < lo or ints.max() > hi):
         raise OverflowError(f"values in [{ints.min()}, {ints.max()}] do not fit {dtype.value} [{lo}, {hi}]")
     return ints.astype(dtype.storage)

@@ -186,6 +186,21 @@ def test_several_rows_match_the_scalar_reference(m: int, k: int, n: int) -> None
     np.testing.assert_array_equal(got, ref_gemm(x, w, b))
 
 
+@pytest.mark.parametrize("block", [1, 3, 64])
+def test_blocked_group_layout_matches_the_reference(block: int, monkeypatch) -> None:
+    """Weights laid out in blocks of rows (`LAYOUT_BLOCK_ROWS`, a last partial block included) give the sums of
+    the reference; more output columns than a block, so every block is used."""
+    monkeypatch.setattr(fc_order, "LAYOUT_BLOCK_ROWS", block)
+    rng = np.random.default_rng(block)
+    x = rng.standard_normal((3, 23)).astype(np.float32)
+    w = rng.standard_normal((70, 23)).astype(np.float32)
+    b = rng.standard_normal(70).astype(np.float32)
+    got = linear_float32(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b)).numpy()
+    np.testing.assert_array_equal(got, ref_linear(x, w, b))
+    layout = fc_order._group_layout(w, 3)
+    np.testing.assert_array_equal(layout, w[:, 3:23].reshape(70, 5, 4).transpose(1, 2, 0))
+
+
 @pytest.mark.parametrize("run_elements", [1, 1 << 15])
 def test_packed_order_where_sums_fall_on_float32_midpoints(run_elements: int, monkeypatch) -> None:
     """Where a float64 step sum of the packed order lands exactly on a float32 rounding midpoint while the exact

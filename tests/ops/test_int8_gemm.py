@@ -162,6 +162,29 @@ def test_fully_connected_int8_path_gives_the_same_integers(monkeypatch, wmode, a
         assert calls == 1
 
 
+def test_fully_connected_int8_path_keeps_no_float_weights(monkeypatch) -> None:
+    """Where the int8 GEMM runs, no float copy of the weights is made and kept (for a VGG-size layer it was four
+    times the int8 weights); where it does not, the float weights are made then and the integers are the same."""
+    graph = _fc_graph(5)
+    q = quantize_model(graph, _data([1, 6, 40], 1, 2), {"q_mode_weight": MODES[1][0], "q_mode_activation": MODES[1][1]})
+    x = _data([2, 6, 40], 2, 1)[0]
+    calls: List[int] = []
+    monkeypatch.setattr(linear, "int8_gemm", reference_gemm(calls))  # the int64 product: exact on any CPU
+    monkeypatch.setattr(linear, "int8_gemm_exact", lambda: True)
+    with_int8 = q.forward([x])[0].clone()
+    assert calls and "_mac_weights" not in q.node("fc").attrs and "_mac_weights_int8" in q.node("fc").attrs
+    monkeypatch.setattr(linear, "int8_gemm_exact", lambda: False)
+    assert torch.equal(q.forward([x])[0], with_int8) and "_mac_weights" in q.node("fc").attrs
+
+
+@pytest.mark.parametrize("block", [1, 7, 40, 1 << 20])
+def test_row_abs_sums_in_blocks(monkeypatch, block: int) -> None:
+    from quantopt.ops import _quant
+    monkeypatch.setattr(_quant, "ROW_SUM_BLOCK_ELEMENTS", block)
+    w = torch.randint(-300, 300, (13, 9), generator=torch.Generator().manual_seed(block))
+    assert torch.equal(_quant.row_abs_sums(w), w.abs().sum(dim=1))
+
+
 @pytest.mark.parametrize("positive", [False, True])
 def test_sixteen_bit_activations_take_two_int8_gemms(monkeypatch, positive) -> None:
     """16-bit activations are split into a high and a low byte (uint16 ones after an offset of 32768): two int8
