@@ -430,8 +430,41 @@ def g_cumulate_gather(wide: bool = False) -> Any:
     return b.build([c, gth])
 
 
+def g_blocks(wide: bool = False) -> Any:
+    """Layout ops that move codes between channels and space (DepthToSpace both modes, SpaceToDepth,
+    ChannelShuffle whole and split) and LRN across 3 and 5 channels."""
+    b = GraphBuilder("blocks")
+    x = b.input("x", [1, 6, 8, 8])
+    a, s = _conv(b, x, [1, 6, 8, 8], 8, "pre")
+    outs = [b.layer("DepthToSpace", [a], [[1, 12, 16, 2]], name="d2s_dcr", params=dict(block_size=2, mode="DCR")),
+            b.layer("DepthToSpace", [a], [[1, 12, 16, 2]], name="d2s_crd", params=dict(block_size=2, mode="CRD")),
+            b.layer("SpaceToDepth", [a], [[1, 3, 4, 32]], name="s2d", params=dict(block_size=2)),
+            b.layer("ChannelShuffle", [a], [s], name="shuffle", params=dict(group=2))]
+    outs += b.layer("ChannelShuffle", [a], [[1, 6, 8, 4], [1, 6, 8, 4]], name="shuffle_split",
+                    params=dict(group=4, splits=2))
+    for size in (3, 5):
+        outs.append(b.layer("LRN", [a], [s], name=f"lrn{size}", params=dict(size=size, alpha=0.5, beta=0.75,
+                                                                           bias=1.0)))
+    return b.build(outs)
+
+
+def g_space_batch(wide: bool = False) -> Any:
+    """SpaceToBatch with padding (the integer of float 0 fills it), a convolution on the blocks, BatchToSpace with
+    crops back to the input's size."""
+    b = GraphBuilder("space_batch")
+    x = b.input("x", [1, 6, 8, 4])
+    a, _ = _conv(b, x, [1, 6, 8, 4], 4, "pre", "RELU")
+    blocks = b.layer("SpaceToBatch", [a], [[4, 4, 4, 4]], name="s2b",
+                     params=dict(block_size=2, pad_top=1, pad_bottom=1))
+    c, sc = _conv(b, blocks, [4, 4, 4, 4], 4, "on_blocks")
+    y = b.layer("BatchToSpace", [c], [[1, 6, 8, 4]], name="b2s", params=dict(block_size=2, crop_top=1,
+                                                                               crop_bottom=1))
+    return b.build([y])
+
+
 SMALL = {"convs": g_convs, "eltwise": g_eltwise, "activations": g_activations, "layout": g_layout,
-         "matmul": g_matmul, "more": g_more, "cumulate_gather": g_cumulate_gather}
+         "matmul": g_matmul, "more": g_more, "cumulate_gather": g_cumulate_gather, "blocks": g_blocks,
+         "space_batch": g_space_batch}
 VARIANTS = {
     "default": {},
     "per_channel_asym": dict(q_mode_weight="per_channel_asymmetric", q_mode_activation="per_tensor_asymmetric"),
@@ -530,6 +563,22 @@ def test_upstream_logsoftmax_is_refused_naming_the_field() -> None:
         build_onnx_qdq(qgraph)
 
 
+@pytest.mark.parametrize("shape, size, refusal", [([1, 5, 6], 3, "4-D"), ([1, 2, 3, 6], 4, "even window")])
+def test_lrn_is_exact_where_its_float_form_is_refused(shape: List[int], size: int, refusal: str) -> None:
+    """LRN on a 3-D input or with an even window: exact in "exact" mode (its integer form takes any rank and size);
+    the float ONNX LRN of the other modes takes 4-D inputs and centres even windows elsewhere, so "effective"
+    refuses them naming the layer."""
+    b = GraphBuilder("lrn")
+    x = b.input("x", shape)
+    y = b.layer("LRN", [x], [shape], name="lrn", params=dict(size=size, alpha=1.0, beta=0.75, bias=2.0))
+    graph = b.build([y])
+    qgraph = quantize_model(graph, [_data(graph, s, 2) for s in range(2)])
+    result = measure_agreement(qgraph, _data(graph, 5, 3), per_layer=True)
+    assert result.identical == 1.0 and result.layers["lrn"] == 1.0
+    with pytest.raises(UnsupportedError, match=rf"'lrn' \(LRN\).*{refusal}"):
+        build_onnx_qdq(qgraph, scales="effective")
+
+
 def conv_transpose_graph(out_c: int, group: int, kernel: int, act: str, seed: int) -> Any:
     """conv → ConvTranspose 'up' (stride 2) on a 5×5×4 map; IR weights [out_c/group, k, k, 4]."""
     b = GraphBuilder("ct")
@@ -609,7 +658,8 @@ def test_layer_types_of_small_graphs_are_covered() -> None:
             "Pooling", "Activation", "Sigmoid", "Softmax", "BatchNorm", "Pad", "Reshape", "Transpose", "Permute",
             "Split", "Resize", "Interp", "Reduce", "LayerNorm", "Exp", "Sqrt", "Abs", "Negative", "GlobalPool",
             "Squeeze", "Constant", "LogSoftmax", "Hardmax", "Log", "Reciprocal", "Square", "Atanh", "Rsqrt",
-            "Slice", "StridedSlice", "Gather", "Pow", "Div", "ConvTranspose", "Cumulate", "GatherElements"}
+            "Slice", "StridedSlice", "Gather", "Pow", "Div", "ConvTranspose", "Cumulate", "GatherElements",
+            "DepthToSpace", "SpaceToDepth", "ChannelShuffle", "LRN", "SpaceToBatch", "BatchToSpace"}
     assert want <= seen
 
 

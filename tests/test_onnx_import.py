@@ -271,6 +271,19 @@ def test_shape_inference_sees_weights_by_type_and_shape_constants_by_value(tmp_p
     assert [list(t.ir_shape) for t in import_onnx(path).output_tensors] == [[1, cols, 1]]
 
 
+@pytest.mark.parametrize("size", [3, 4])
+def test_lrn_imports_odd_windows_and_refuses_even_ones(tmp_path, size: int):
+    """An odd LRN window is the IR's (and onnxruntime agrees); ONNX centres an even one a channel higher than the
+    IR LRN, so an even size is refused with the node named rather than imported with another window."""
+    nodes = [helper.make_node("LRN", ["x"], ["y"], name="lrn", size=size, alpha=0.5, beta=0.75, bias=1.0)]
+    path = _save(_make(nodes, [_vi("x", [1, 6, 3, 4])], [_vi("y", None)], opset=13), tmp_path)
+    if size % 2:
+        assert _run_both(path, {"x": RNG.normal(size=(1, 6, 3, 4)).astype(np.float32)})[0] <= RTOL
+        return
+    with pytest.raises(UnsupportedError, match="node 'lrn'.*even size 4"):
+        import_onnx(path)
+
+
 def test_external_data(tmp_path):
     model = _conv_bn_relu_model()
     path = str(tmp_path / "ext.onnx")

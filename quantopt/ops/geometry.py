@@ -45,9 +45,9 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param, keep_unrounded, keeps_float64
-from .onnx_build.exact import codes, double, fits_double
+from .onnx_build.exact import INT32, codes, double, fits_double
 from .onnx_build.perms import channels_first, inverse
-from .onnx_build.qdq_graph import FLOAT, QDQGraph, node_error, require_same, same_qparams
+from .onnx_build.qdq_graph import FLOAT, ONNX_INT_TYPES, QDQGraph, node_error, require_same, same_qparams
 
 _MISSING = object()
 SEMANTICS = "docs/semantics/geometry.md"
@@ -1058,6 +1058,142 @@ def convert_resize(g: QDQGraph, node: PyNode) -> None:
                 cubic_coeff_a=float(node.get_param("cubic_coeff_a", optional=True, default_value=-0.75))
                 if mode == "cubic" else None)
     g.quantize(y, out, perm, lossless=mode == "nearest" and same_qparams(node, x, y))
+
+
+# ------------------------------------------------------------------------------------------------ layout exports
+def _moved_codes(g: QDQGraph, node: PyNode, value: str, steps: Sequence[Tuple[str, Sequence[int]]]) -> str:
+    """`value` through integer Reshape ("reshape", shape: 0 copies the input's dim, -1 infers one) and Transpose
+    ("transpose", perm) steps: the forward's own reshapes and permutes, on the codes in the IR layout."""
+    for kind, arg in steps:
+        if kind == "reshape":
+            value = g.add("Reshape", [value, g.ints(f"{node.name}/shape", list(arg))])
+        else:
+            value = g.add("Transpose", [value], perm=list(arg))
+    return value
+
+
+def _padded_codes(g: QDQGraph, node: PyNode, x: PyTensor, pads: Sequence[int]) -> str:
+    """The codes of `x` (IR layout) padded with the integer of float 0 (`pads` in ONNX order: begins, then ends).
+    onnxruntime pads 8-bit integers but not 16-bit ones: those go through int32, both casts exact."""
+    value = g.int_value(x)
+    if not any(pads):
+        return value
+    p = g.qparams(x)
+    fill = _quantized_zero(node, x) + p.offset
+    pads_input = g.ints(f"{node.name}/pads", list(pads))
+    if p.dtype.bits == 8:
+        return g.add("Pad", [value, pads_input,
+                             g.const(f"{node.name}/fill", np.array(fill, dtype=ONNX_INT_TYPES[p.dtype][1]))])
+    wide = g.add("Cast", [value], to=INT32)
+    padded = g.add("Pad", [wide, pads_input, g.const(f"{node.name}/fill", np.array(fill, dtype=np.int32))])
+    return g.add("Cast", [padded], to=g.elem_type(p.dtype))
+
+
+@DEPTH_TO_SPACE.export
+def convert_depthtospace(g: QDQGraph, node: PyNode) -> None:
+    """The forward's reshape and permute (DCR or CRD) on the codes in the IR's NHWC layout: integer Reshape and
+    Transpose, which onnxruntime runs for every integer type (its DepthToSpace kernel does not)."""
+    x, y = node.inputs[0], node.outputs[0]
+    require_same(node, x, y)
+    if g.rank(x) != 4:
+        raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
+    by, bx = _block_sizes(node)
+    mode = str(node.get_param("mode", optional=True, default_value="DCR")).strip().upper()
+    _, h, w, c = (int(d) for d in x.ir_shape)
+    if c % (by * bx) or mode not in ("DCR", "CRD"):
+        raise node_error(node, f"channels {c} and mode {mode} do not make a DepthToSpace of block {by}x{bx}")
+    co = c // (by * bx)
+    split, perm = (([0, h, w, by, bx, co], [0, 1, 3, 2, 4, 5]) if mode == "DCR"
+                   else ([0, h, w, co, by, bx], [0, 1, 4, 2, 5, 3]))
+    out = _moved_codes(g, node, g.int_value(x), [("reshape", split), ("transpose", perm),
+                                                 ("reshape", [0, h * by, w * bx, co])])
+    g.set_int(y, out)
+
+
+@SPACE_TO_DEPTH.export
+def convert_spacetodepth(g: QDQGraph, node: PyNode) -> None:
+    """The forward's reshape and permute on the codes in the IR's NHWC layout (integer Reshape and Transpose)."""
+    x, y = node.inputs[0], node.outputs[0]
+    require_same(node, x, y)
+    by, bx = _block_sizes(node)
+    if g.rank(x) != 4:
+        raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
+    _, h, w, c = (int(d) for d in x.ir_shape)
+    if h % by or w % bx:
+        raise node_error(node, f"spatial size {h}x{w} is not a multiple of the block {by}x{bx}")
+    out = _moved_codes(g, node, g.int_value(x), [("reshape", [0, h // by, by, w // bx, bx, c]),
+                                                 ("transpose", [0, 1, 3, 2, 4, 5]),
+                                                 ("reshape", [0, h // by, w // bx, by * bx * c])])
+    g.set_int(y, out)
+
+
+@SPACE_TO_BATCH.export
+def convert_spacetobatch(g: QDQGraph, node: PyNode) -> None:
+    """Padding with the integer of float 0, then the forward's reshape and permute into the batch (integer
+    Pad, Reshape and Transpose in the IR's NHWC layout)."""
+    x, y = node.inputs[0], node.outputs[0]
+    require_same(node, x, y)
+    if g.rank(x) != 4:
+        raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
+    by, bx = _block_sizes(node)
+    left, right, top, bottom = (_int_param(node, k, 0, minimum=0)
+                                for k in ("pad_left", "pad_right", "pad_top", "pad_bottom"))
+    _, h, w, c = (int(d) for d in x.ir_shape)
+    h, w = h + top + bottom, w + left + right
+    if h % by or w % bx:
+        raise node_error(node, f"padded spatial size {h}x{w} is not a multiple of the block {by}x{bx}")
+    value = _padded_codes(g, node, x, [0, top, left, 0, 0, bottom, right, 0])
+    out = _moved_codes(g, node, value, [("reshape", [0, h // by, by, w // bx, bx, c]),
+                                        ("transpose", [2, 4, 0, 1, 3, 5]),
+                                        ("reshape", [-1, h // by, w // bx, c])])
+    g.set_int(y, out)
+
+
+@BATCH_TO_SPACE.export
+def convert_batchtospace(g: QDQGraph, node: PyNode) -> None:
+    """The forward's reshape and permute out of the batch, then the crops (integer Reshape, Transpose and Slice
+    in the IR's NHWC layout)."""
+    x, y = node.inputs[0], node.outputs[0]
+    require_same(node, x, y)
+    if g.rank(x) != 4:
+        raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
+    by, bx = _block_sizes(node)
+    crop_l, crop_r, crop_t, crop_b = (_int_param(node, k, 0, minimum=0)
+                                      for k in ("crop_left", "crop_right", "crop_top", "crop_bottom"))
+    _, h, w, c = (int(d) for d in x.ir_shape)
+    value = _moved_codes(g, node, g.int_value(x), [("reshape", [by, bx, -1, h, w, c]),
+                                                   ("transpose", [2, 3, 0, 4, 1, 5]),
+                                                   ("reshape", [-1, h * by, w * bx, c])])
+    if crop_l or crop_r or crop_t or crop_b:
+        value = g.add("Slice", [value, g.ints(f"{node.name}/starts", [crop_t, crop_l]),
+                                g.ints(f"{node.name}/ends", [h * by - crop_b, w * bx - crop_r]),
+                                g.ints(f"{node.name}/axes", [1, 2])])
+    g.set_int(y, value)
+
+
+@CHANNEL_SHUFFLE.export
+def convert_channelshuffle(g: QDQGraph, node: PyNode) -> None:
+    """The forward's interleaving of the channel groups (integer Reshape, Transpose, Reshape on the last IR axis),
+    then a Split into `splits` equal parts."""
+    x = node.inputs[0]
+    for y in node.outputs:
+        require_same(node, x, y)
+    group, splits = _int_param(node, "group"), _int_param(node, "splits", 1)
+    shape = [int(d) for d in x.ir_shape]
+    rank, c = len(shape), shape[-1]
+    if c % group or c % splits or len(node.outputs) != splits:
+        raise node_error(node, f"channels {c}, group {group} and splits {splits} do not make a ChannelShuffle")
+    lead = ([0] + shape[1:-1]) if rank > 1 else []
+    swap = list(range(rank - 1)) + [rank, rank - 1]
+    value = _moved_codes(g, node, g.int_value(x), [("reshape", lead + [group, c // group]), ("transpose", swap),
+                                                   ("reshape", lead + [c])])
+    if splits == 1:
+        g.set_int(node.outputs[0], value)
+        return
+    parts = g.add_multi("Split", [value, g.ints(f"{node.name}/splits", [c // splits] * splits)],
+                        [f"{y.name}_split" for y in node.outputs], axis=rank - 1)
+    for y, part in zip(node.outputs, parts):
+        g.set_int(y, part)
 
 
 @TILE.export

@@ -35,6 +35,7 @@ from ..quant.rounding import bit_length, div_round_half_even, round_shift
 from ..registry import declare_op
 from ..registry.schema import Axis, Bool, DtypeName, Float, Int, Ints, Param, Text, quantized
 from ..threads import one_thread
+from ._eltwise_int import offset_absmax
 from ._float_sum import block_row_sum, channel_row_sum
 from ._lut_int import ceil_log2, int_input, range_bits
 from ._quant import (
@@ -59,13 +60,16 @@ from ._shared import axis_param, bool_param
 from .onnx_build.exact import (
     DOUBLE,
     INT64,
+    MAX_EXACT_SHIFT,
     bit_length_int64,
     codes,
     exact_ratio,
+    fits_double,
     isqrt_int64,
     requantize,
     round_div_int64,
 )
+from .onnx_build.perms import channels_first
 from .onnx_build.qdq_graph import QDQGraph, node_error, requant_ratio
 
 NORM_BITS = 16
@@ -950,6 +954,73 @@ def _lrn_integer_forward(node: PyNode, size: int) -> torch.Tensor:
     mult, shift = requant_of(node)
     qmin, qmax = out_range(node, out)
     return requantize_int(v * level, mult, shift, tensor_zp(node, out), qmin, qmax)
+
+
+@LRN.export
+def convert_lrn(g: QDQGraph, node: PyNode) -> None:
+    """"exact" mode: the integer forward in float64, exact under the bounds checked here: v = x + zp, the window's
+    Σ v² by a zero Pad and `size` Slices of the channel axis, the 16-bit index requantized, the level looked up
+    in the table interpolated at every one of the 2^16 indices (a Gather: the interpolation is quantopt's own),
+    v · level requantized. Otherwise (other scale modes, bounds beyond float64) the float ONNX LRN between
+    DequantizeLinear and QuantizeLinear, on 4-D inputs channels-first and odd sizes (ONNX centres an even window
+    one channel higher)."""
+    size, alpha, beta, bias = _lrn_params(node)
+    x, y = node.inputs[0], node.outputs[0]
+    rank = g.rank(x)
+    if g.unit_domain and _exact_lrn(g, node, size, rank):
+        return
+    if rank != 4:
+        raise node_error(node, f"the float ONNX LRN takes 4-D inputs, got rank {rank}")
+    if size % 2 == 0:
+        raise node_error(node, f"the float ONNX LRN centres an even window ({size}) one channel higher than the "
+                               "layer; export with the default scales")
+    perm = channels_first(rank)
+    out = g.add("LRN", [g.float_value(x, perm)], size=size, alpha=alpha, beta=beta, bias=bias)
+    g.quantize(y, out, perm)
+
+
+def _exact_lrn(g: QDQGraph, node: PyNode, size: int, rank: int) -> bool:
+    """The exact form of `convert_lrn`; False (nothing added) where a bound leaves float64's exact integers."""
+    x = node.inputs[0]
+    vmax = offset_absmax(node, x)
+    m_sum = abs(_int_param(node, "scale_sum_value"))
+    ratio = exact_ratio(node)
+    mult, _ = requant_of(node)
+    m_out = int(mult.abs().max()) if isinstance(mult, torch.Tensor) else abs(int(mult))
+    top = 2 ** LRN_VALUE_BITS - 1
+    if ratio is None or not fits_double(size * vmax * vmax * max(m_sum, 1)) \
+            or not fits_double(vmax * top * max(m_out, 1)) or _int_param(node, "shift_sum_value") > MAX_EXACT_SHIFT:
+        return False
+    perm = channels_first(rank)
+    axis = perm.index(rank - 1)
+    channels = int(x.ir_shape[-1])
+    v = codes(g, x, perm)
+    squares = g.add("Mul", [v, v])
+    if size > 1:
+        pads = [0] * (2 * rank)
+        pads[axis], pads[rank + axis] = size // 2, (size - 1) // 2
+        padded = g.add("Pad", [squares, g.ints(f"{node.name}/pads", pads),
+                               g.const(f"{node.name}/pad_zero", np.array(0.0, dtype=np.float64))])
+        axes = g.ints(f"{node.name}/axis", [axis])
+        total = None
+        for k in range(size):
+            part = g.add("Slice", [padded, g.ints(f"{node.name}/start{k}", [k]),
+                                   g.ints(f"{node.name}/end{k}", [k + channels]), axes])
+            total = part if total is None else g.add("Add", [total, part])
+        squares = total
+    sum_ratio = math.ldexp(float(_int_param(node, "scale_sum_value")), -_int_param(node, "shift_sum_value"))
+    index = g.add("Round", [g.add("Mul", [squares, g.const(f"{node.name}/sum_ratio",
+                                                             np.array(sum_ratio, dtype=np.float64))])])
+    index = g.add("Clip", [index, g.const(f"{node.name}/index_min", np.array(0.0, dtype=np.float64)),
+                           g.const(f"{node.name}/index_max", np.array(2.0 ** LRN_INDEX_BITS - 1, dtype=np.float64))])
+    levels = lookup_lut(torch.arange(2 ** LRN_INDEX_BITS, dtype=torch.int64), node.get_constant("lut").betensor.cpu(),
+                        0, LRN_INDEX_BITS, LRN_VALUE_BITS, False)
+    level = g.add("Gather", [g.const(f"{node.name}/levels", levels.numpy().astype(np.float64)),
+                             g.add("Cast", [index], to=INT64)], axis=0)
+    shape = [1] * rank
+    shape[axis] = -1
+    requantize(g, node, g.add("Mul", [v, level]), ratio, perm, channel_shape=shape if ratio.size > 1 else None)
+    return True
 
 
 # =============================================================================================== Normalization

@@ -286,8 +286,12 @@ def lrn(ctx: Context, node: ONode) -> None:
     x = node.inputs[0]
     if ctx.rank(x) != 4:
         raise ConvertError("only 4-D inputs are supported")
+    size = int(node.attrs["size"])
+    if size % 2 == 0:  # ONNX centres an even window one channel higher than the IR (and PyTorch) do
+        raise ConvertError(f"even size {size}: ONNX's window [c-{size // 2 - 1}, c+{size // 2}] is not the IR LRN's "
+                           f"[c-{size // 2}, c+{size // 2 - 1}]; odd sizes are imported")
     ctx.emit(node, "LRN", [ctx.value(x, nhwc(4))], nhwc(4),
-             {"method": "ACROSS_CHANNELS", "size": int(node.attrs["size"]),
+             {"method": "ACROSS_CHANNELS", "size": size,
               "alpha": float(node.attrs.get("alpha", 1e-4)), "beta": float(node.attrs.get("beta", 0.75)),
               "bias": float(node.attrs.get("bias", 1.0))})
 
