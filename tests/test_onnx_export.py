@@ -135,6 +135,18 @@ def test_reread_ir_exports_the_same_bytes(tmp_path: Path) -> None:
     assert measure_agreement(again, [data]).share >= THRESHOLD
 
 
+def test_weights_left_out_of_checks_change_no_byte(monkeypatch) -> None:
+    """The checker and shape inference see weights as typed inputs (quantopt's own initializers, large): the model
+    is the one checked with every value, byte for byte, 16-bit (int64 comparisons rewritten) included."""
+    from quantopt.exporters import onnx_qdq
+    for bits in (8, 16):
+        qgraph, _ = quantized_model("syn_resnet", bits)
+        monkeypatch.setattr(onnx_qdq, "CHECK_VALUE_ELEMENTS", 1 << 40)
+        whole = build_onnx_qdq(qgraph).SerializeToString()
+        monkeypatch.setattr(onnx_qdq, "CHECK_VALUE_ELEMENTS", 16)
+        assert build_onnx_qdq(qgraph).SerializeToString() == whole
+
+
 def test_exact_export_structure(tmp_path: Path) -> None:
     """MAC layers in integer units (scale-1 activations, the multiplier as weight scale) fused by onnxruntime into
     QLinearConv where its float32 requantization is exact, ConvInteger + float64 requantization elsewhere; int8

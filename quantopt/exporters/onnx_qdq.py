@@ -147,12 +147,46 @@ def convert_graph(graph: PyGraph, opset: Optional[int] = None, scales: str = DEF
         helper.make_graph(g.nodes, graph.name, g.inputs, g.outputs, g.initializers,
                           doc_string="quantized by quantopt; QuantizeLinear/DequantizeLinear in ONNX convention"),
         opset_imports=[helper.make_opsetid("", opset)], producer_name="quantopt", producer_version=__version__)
-    onnx.checker.check_model(model)
-    model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    _check_and_infer(onnx, model)
     if rewrite_int64_comparisons(model):
-        onnx.checker.check_model(model)
-        model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+        _check_and_infer(onnx, model)
     return model, g
+
+
+CHECK_VALUE_ELEMENTS = 1 << 10
+"""Initializers up to this many elements reach the checker and shape inference with their values (shapes, axes,
+pads: what inference reads); larger ones (weights) as typed inputs of their shape."""
+
+
+def _check_and_infer(onnx: Any, model: Any) -> None:
+    """`onnx.checker.check_model` and strict shape inference of `model`, its value_info replaced by the inferred
+    one. Both run on a copy whose weights are typed inputs: each serializes the whole model, which for a
+    VGG-size export cost a second of a three-second export. The weights are this module's own initializers,
+    made from numpy arrays of their declared shape."""
+    graph, helper = model.graph, onnx.helper
+    weights = [init for init in graph.initializer if _elements(init.dims) > CHECK_VALUE_ELEMENTS]
+    if not weights:
+        onnx.checker.check_model(model)
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    else:
+        names = {init.name for init in weights}
+        skeleton = helper.make_model_gen_version(
+            helper.make_graph(list(graph.node), graph.name, [*graph.input, *(helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)) for init in weights)], list(graph.output),
+                [init for init in graph.initializer if init.name not in names], value_info=list(graph.value_info)),
+            opset_imports=list(model.opset_import), producer_name=model.producer_name,
+            producer_version=model.producer_version)
+        onnx.checker.check_model(skeleton)
+        inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True)
+    del graph.value_info[:]
+    graph.value_info.extend(inferred.graph.value_info)
+
+
+def _elements(dims: Any) -> int:
+    count = 1
+    for d in dims:
+        count *= int(d)
+    return count
 
 
 def export_onnx_qdq(graph: PyGraph, path: str, opset: Optional[int] = None, scales: str = DEFAULT_SCALES,
