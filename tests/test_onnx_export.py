@@ -444,7 +444,8 @@ def g_cumulate_gather(wide: bool = False) -> Any:
 
 def g_blocks(wide: bool = False) -> Any:
     """Layout ops that move codes between channels and space (DepthToSpace both modes, SpaceToDepth,
-    ChannelShuffle whole and split) and LRN across 3 and 5 channels."""
+    ChannelShuffle whole and split), LRN across 3 and 5 channels, L2 Normalization over the channels and over
+    space."""
     b = GraphBuilder("blocks")
     x = b.input("x", [1, 6, 8, 8])
     a, s = _conv(b, x, [1, 6, 8, 8], 8, "pre")
@@ -457,6 +458,9 @@ def g_blocks(wide: bool = False) -> Any:
     for size in (3, 5):
         outs.append(b.layer("LRN", [a], [s], name=f"lrn{size}", params=dict(size=size, alpha=0.5, beta=0.75,
                                                                            bias=1.0)))
+    outs.append(b.layer("Normalization", [a], [s], name="l2_c", params=dict(method="L2", axis=-1)))
+    outs.append(b.layer("Normalization", [a], [s], name="l2_hw", params=dict(method="L2", axis=[1, 2],
+                                                                            epsilon=1e-3)))
     return b.build(outs)
 
 
@@ -474,9 +478,25 @@ def g_space_batch(wide: bool = False) -> Any:
     return b.build([y])
 
 
+def g_sorting(wide: bool = False) -> Any:
+    """ArgMinMax both ways and with the last index, TopK largest and smallest (ties first and last), Sort: exact
+    indices and values, where the 8-bit codes of a small map tie often."""
+    b = GraphBuilder("sorting")
+    x = b.input("x", [1, 5, 6, 8])
+    a, s = _conv(b, x, [1, 5, 6, 8], 8, "pre")
+    outs = [b.layer("ArgMinMax", [a], [[1, 5, 6, 1]], name="argmax_c", params=dict(method="MAX", axis=3)),
+            b.layer("ArgMinMax", [a], [[1, 1, 6, 8]], name="argmin_h_last",
+                    params=dict(method="MIN", axis=1, select_last_index=True))]
+    outs += b.layer("TopK", [a], [[1, 5, 6, 3], [1, 5, 6, 3]], name="top3", params=dict(k=3, axis=-1))
+    outs += b.layer("TopK", [a], [[1, 5, 2, 8], [1, 5, 2, 8]], name="bottom2_last",
+                    params=dict(k=2, axis=2, largest=False, select_index="last"))
+    outs += b.layer("Sort", [a], [s, s], name="sort", params=dict(axis=3, descending=True))
+    return b.build(outs)
+
+
 SMALL = {"convs": g_convs, "eltwise": g_eltwise, "activations": g_activations, "layout": g_layout,
          "matmul": g_matmul, "more": g_more, "cumulate_gather": g_cumulate_gather, "blocks": g_blocks,
-         "space_batch": g_space_batch}
+         "space_batch": g_space_batch, "sorting": g_sorting}
 VARIANTS = {
     "default": {},
     "per_channel_asym": dict(q_mode_weight="per_channel_asymmetric", q_mode_activation="per_tensor_asymmetric"),
@@ -489,6 +509,9 @@ def _data(graph: Any, seed: int, batch: int) -> List[torch.Tensor]:
     return [torch.from_numpy(r.normal(0.2, 1.0, [batch, *t.ir_shape[1:]]).astype(np.float32))
             for t in graph.input_tensors]
 
+
+UINT16_OUTPUTS = ("sorting",)
+"""Small graphs with 16-bit outputs at any activation bits (uint16 indices): their DequantizeLinear needs opset 21."""
 
 EXPORTABLE = dict(logsoftmax_integer_form="exact")
 """LogSoftmax in quantopt's exact form: upstream's form (float32 sum and log) is refused by the exporter
@@ -511,7 +534,7 @@ def test_small_graphs_agree(name: str, variant: str) -> None:
         effective = measure_agreement(qgraph, data, scales="effective")
         assert effective.share >= THRESHOLD, effective.outputs
     model = build_onnx_qdq(qgraph)
-    assert model.opset_import[0].version == (21 if variant == "int16" else 19)
+    assert model.opset_import[0].version == (21 if variant == "int16" or name in UINT16_OUTPUTS else 19)
     types = {t.type.tensor_type.elem_type for t in model.graph.value_info}
     assert (onnx.TensorProto.INT16 in types) == (variant == "int16")
 
@@ -671,7 +694,8 @@ def test_layer_types_of_small_graphs_are_covered() -> None:
             "Split", "Resize", "Interp", "Reduce", "LayerNorm", "Exp", "Sqrt", "Abs", "Negative", "GlobalPool",
             "Squeeze", "Constant", "LogSoftmax", "Hardmax", "Log", "Reciprocal", "Square", "Atanh", "Rsqrt",
             "Slice", "StridedSlice", "Gather", "Pow", "Div", "ConvTranspose", "Cumulate", "GatherElements",
-            "DepthToSpace", "SpaceToDepth", "ChannelShuffle", "LRN", "SpaceToBatch", "BatchToSpace"}
+            "DepthToSpace", "SpaceToDepth", "ChannelShuffle", "LRN", "SpaceToBatch", "BatchToSpace", "ArgMinMax",
+            "TopK", "Sort", "Normalization"}
     assert want <= seen
 
 

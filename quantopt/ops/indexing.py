@@ -39,7 +39,7 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param
-from .onnx_build.exact import INT64
+from .onnx_build.exact import DOUBLE, INT32, INT64, emit_integers
 from .onnx_build.qdq_graph import QDQGraph, node_error, require_same
 
 SEMANTICS = "docs/semantics/indexing.md"
@@ -621,6 +621,66 @@ def convert_gather(g: QDQGraph, node: PyNode) -> None:
     else:
         raise node_error(node, "indices must be a constant or an integer tensor")
     g.set_int(y, g.add("Gather", [g.int_value(x), indices], axis=axis))
+
+
+def _sort_axis(g: QDQGraph, node: PyNode, x: PyTensor, default: int) -> int:
+    """The layer's `axis` on the IR layout, refused on the batch axis of a graph with a dynamic batch (the sort or
+    reduction would then run across samples)."""
+    axis = axis_param(node, node.get_param("axis", optional=True, default_value=default), g.rank(x))
+    if axis == 0 and g.dynamic_batch:
+        raise node_error(node, "sorting or reducing along the batch axis needs a static batch (--static-batch)")
+    return axis
+
+
+def _emit_indices(g: QDQGraph, node: PyNode, t: PyTensor, indices: str) -> None:
+    """int64 ONNX indices as the integer output `t` (its IR type: uint16, int16 or int32; exact)."""
+    emit_integers(g, node, t, g.add("Cast", [indices], to=DOUBLE), None)
+
+
+@ARGMINMAX.export
+def convert_argminmax(g: QDQGraph, node: PyNode) -> None:
+    """Every mode: ONNX ArgMax/ArgMin (keepdims, select_last_index) on the codes as int32 in the IR layout (the
+    codes' order is the values' order, a uint8-carried int8 tensor included), the index cast to the IR type."""
+    x, y = node.inputs[0], node.outputs[0]
+    method = str(node.get_param("method")).upper()
+    if method not in ("MAX", "MIN"):
+        raise node_error(node, f"method '{method}' is not MAX or MIN")
+    axis = _sort_axis(g, node, x, 0)
+    codes32 = g.add("Cast", [g.int_value(x)], to=INT32)
+    index = g.add("ArgMax" if method == "MAX" else "ArgMin", [codes32], axis=axis, keepdims=1,
+                  select_last_index=int(bool_param(node, "select_last_index", False)))
+    _emit_indices(g, node, y, index)
+
+
+@TOPK.export
+@SORT.export
+def convert_topk_sort(g: QDQGraph, node: PyNode) -> None:
+    """Every mode: ONNX TopK on the codes as int32 in the IR layout (Sort: all of them), whose ties put the lower
+    index first, as the integer forward's stable sort (`select_index=last`: on the axis reversed, the indices
+    mirrored back); the values cast back to the input's type, the indices to theirs."""
+    x, values = node.inputs[0], node.outputs[0]
+    require_same(node, x, values)
+    axis = _sort_axis(g, node, x, -1)
+    n = int(x.ir_shape[axis])
+    if str(node.type) == "TopK":
+        k, largest = int(node.get_param("k")), bool_param(node, "largest", True)
+        last = str(node.get_param("select_index", optional=True, default_value="first")).lower() == "last"
+    else:
+        k, largest, last = n, bool_param(node, "descending", True), False
+    if not 0 < k <= n:
+        raise node_error(node, f"k {k} is outside [1, {n}]")
+    codes32 = g.add("Cast", [g.int_value(x)], to=INT32)
+    if last:
+        codes32 = g.add("Slice", [codes32, g.ints(f"{node.name}/rev_start", [-1]),
+                                  g.ints(f"{node.name}/rev_end", [-(1 << 62)]), g.ints(f"{node.name}/rev_axis", [axis]),
+                                  g.ints(f"{node.name}/rev_step", [-1])])
+    top, index = g.add_multi("TopK", [codes32, g.ints(f"{node.name}/k", [k])],
+                             [f"{values.name}_top", f"{node.name}/indices"], axis=axis, largest=int(largest), sorted=1)
+    g.set_int(values, g.add("Cast", [top], to=g.elem_type(g.qparams(values).dtype)))
+    if last:
+        index = g.add("Sub", [g.const(f"{node.name}/last_index", np.array(n - 1, dtype=np.int64)), index])
+    if len(node.outputs) > 1:
+        _emit_indices(g, node, node.outputs[1], index)
 
 
 @GATHER_ELEMENTS.export

@@ -1109,6 +1109,53 @@ def _l2_integer_forward(node: PyNode) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export
+@NORMALIZATION.export
+def convert_l2_normalization(g: QDQGraph, node: PyNode) -> None:
+    """"exact" mode: the integer forward in int64 (Σv² clamped below by eps_value, its bit length, the normalizing
+    shift t, isqrt(2^62 / Q') as in the LayerNorm form), then v · R · M in float64 (below 2^48: exact) scaled by
+    the power of two 2^-(31 + t/2 + shift) of each row and rounded half to even. Other modes: the float form
+    x / sqrt(max(Σx², epsilon)), scaled by the multiplier's rounding."""
+    x, y = node.inputs[0], node.outputs[0]
+    axes, eps = _lp_params(node, g.rank(x))
+    mult, shift = requant_of(node)
+    if isinstance(mult, torch.Tensor):
+        raise node_error(node, "Normalization needs one scale_value/shift_value, not per-channel constants")
+    if g.unit_domain:
+        _exact_l2_normalization(g, node, axes, int(mult), int(shift))
+        return
+    value = g.float_value(x)
+    squares = g.add("ReduceSumSquare", [value, g.ints(f"{node.name}/axes", axes)], keepdims=1)
+    floor = g.const(f"{node.name}/epsilon", np.array(eps, dtype=np.float32))
+    out = g.add("Div", [value, g.add("Sqrt", [g.add("Max", [squares, floor])])])
+    g.quantize(y, g.rescale(out, float(requant_ratio(node)[0]) / float(tensor_scale(node, y))))
+
+
+def _exact_l2_normalization(g: QDQGraph, node: PyNode, axes: Sequence[int], mult: int, shift: int) -> None:
+    """The "exact" form of `convert_l2_normalization` (docs/semantics/normalization.md, "Normalization")."""
+    x = node.inputs[0]
+
+    def int64(what: str, v: object) -> str:
+        return g.const(f"{node.name}/{what}", np.asarray(v, dtype=np.int64))
+
+    v = g.add("Cast", [codes(g, x)], to=INT64)
+    squares = g.add("ReduceSum", [g.add("Mul", [v, v]), g.ints(f"{node.name}/axes", list(axes))], keepdims=1)
+    q = g.add("Max", [squares, int64("eps", max(1, _int_param(node, "eps_value")))])
+    over = g.add("Sub", [bit_length_int64(g, node, q, "squares"), int64("norm_bits", RSQRT_NORM_BITS)])
+    t = g.add("Add", [over, g.add("Mod", [over, int64("two", 2)])])
+    table = int64("pow2", np.array([1 << k for k in range(63)], dtype=np.int64))
+    right = g.add("Gather", [table, g.add("Max", [t, int64("zero", 0)])], axis=0)
+    left = g.add("Gather", [table, g.add("Max", [g.add("Neg", [t]), int64("zero_left", 0)])], axis=0)
+    qn = g.add("Mul", [g.add("Div", [q, right]), left])
+    r = isqrt_int64(g, node, g.add("Div", [int64("numerator", 1 << RSQRT_NUMERATOR_BITS), qn]))
+    product = g.add("Cast", [g.add("Mul", [g.add("Mul", [v, r]), int64("multiplier", mult)])], to=DOUBLE)
+    # t is even and lies in [-28, 32] for 1 <= Q < 2^62: the row's shift 31 + t/2 + shift takes 31 values
+    low = RSQRT_FRAC_BITS - 14 + shift
+    steps = np.array([math.ldexp(1.0, -(low + k)) for k in range(31)], dtype=np.float64)
+    index = g.add("Add", [g.add("Div", [t, int64("half", 2)]), int64("step_start", 14)])
+    scaled = g.add("Mul", [product, g.add("Gather", [g.const(f"{node.name}/steps", steps), index], axis=0)])
+    requantize(g, node, scaled, 1.0, None)
+
+
 def exact_layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
     """LayerNorm, InstanceNorm (or RMSNorm, without the mean) over `axes` with quantopt's integer normalization
     (docs/semantics/normalization.md), in int64: the mean with F fraction bits, the sum of squares, the inverse
