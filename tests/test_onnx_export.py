@@ -554,6 +554,42 @@ def test_norms_in_quantopts_integer_form_agree(bits: int) -> None:
     assert not convert_graph(qgraph)[1].float_layers
 
 
+def g_group_norms() -> Any:
+    """GroupNorm of 2 and of 4 groups (with and without gamma/beta), MVN over space and, without variance, over the
+    channels."""
+    b = GraphBuilder("group_norms")
+    x = b.input("x", [1, 5, 6, 8])
+    a, s = _conv(b, x, [1, 5, 6, 8], 8, "pre")
+    affine = {"weights": np.linspace(-1.5, 2.0, 8).astype(np.float32),
+              "biases": np.linspace(0.3, -0.4, 8).astype(np.float32)}
+    outs = [b.layer("GroupNorm", [a], [s], name="gn2", params=dict(group=2, epsilon=1e-5), constants=affine),
+            b.layer("GroupNorm", [a], [s], name="gn4", params=dict(group=4, epsilon=1e-5)),
+            b.layer("MVN", [a], [s], name="mvn_hw", params=dict(axis=[1, 2], epsilon=1e-5)),
+            b.layer("MVN", [a], [s], name="mvn_c_mean", params=dict(axis=[3], normalize_variance=False))]
+    return b.build(outs)
+
+
+@pytest.mark.parametrize("form", ["upstream", "exact"])
+@pytest.mark.parametrize("bits", [8, 16])
+def test_group_norm_and_mvn_export_exactly(bits: int, form: str) -> None:
+    """GroupNorm in either integer form (its groups a Reshape of the integers) and MVN (quantopt's form, also
+    without variance) export exactly in "exact" mode; MVN and the exact GroupNorm are refused by name in
+    "effective" mode, upstream's GroupNorm is integer there too."""
+    graph = g_group_norms()
+    settings: Dict[str, Any] = {"layernorm_integer_form": form}
+    if bits == 16:
+        settings.update(q_bits_activation=16, q_bits_bias=48)
+    qgraph = quantize_model(graph, [_data(graph, s, 2) for s in range(3)], settings)
+    assert ("norm_frac_bits" in qgraph.node("gn2").params) == (form == "exact")
+    result = measure_agreement(qgraph, _data(graph, 7, 4), per_layer=True)
+    assert result.identical == 1.0 and result.max_steps == 0.0, result.outputs
+    assert min(result.layers.values()) == 1.0, result.layers
+    assert not convert_graph(qgraph)[1].float_layers
+    refused = r"'mvn_hw' \(MVN\).*exact mode" if form == "upstream" else r"'gn2' \(GroupNorm\).*exact mode"
+    with pytest.raises(UnsupportedError, match=refused):
+        build_onnx_qdq(qgraph, scales="effective")
+
+
 def test_int64_inputs_take_the_source_models_feeds() -> None:
     """`int64_inputs`: the integer inputs of an imported transformer are declared int64 (its token ids and mask),
     saturated to the IR's int32 inside the graph; the outputs are the same as with int32 feeds."""

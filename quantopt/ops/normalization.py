@@ -1156,19 +1156,37 @@ def _exact_l2_normalization(g: QDQGraph, node: PyNode, axes: Sequence[int], mult
     requantize(g, node, scaled, 1.0, None)
 
 
-def exact_layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
-    """LayerNorm, InstanceNorm (or RMSNorm, without the mean) over `axes` with quantopt's integer normalization
-    (docs/semantics/normalization.md), in int64: the mean with F fraction bits, the sum of squares, the inverse
-    square root (bit length by comparison with every power of two, isqrt from a float64 square root corrected by
-    ±1), the 16-bit normalized tensor, then gamma/beta and the per-element multipliers in float64."""
-    if not g.unit_domain or str(node.type) not in ("LayerNorm", "RMSNorm", "InstanceNorm") or \
+@dataclasses.dataclass(frozen=True)
+class NormView:
+    """How the exported normalization sees its input when its groups are not axes of the IR layout (GroupNorm):
+    the shape of a Reshape of the integers (0: the batch, copied) and the normalized axes of that shape."""
+    shape: Tuple[int, ...]
+    axes: Tuple[int, ...]
+
+
+def _viewed(g: QDQGraph, node: PyNode, value: str, view: Optional[NormView], ir_shape: Sequence[int],
+            back: bool = False) -> str:
+    """`value` reshaped into `view` (or, `back`, from it to the IR shape); itself without a view."""
+    if view is None:
+        return value
+    shape = [0, *ir_shape[1:]] if back else list(view.shape)
+    return g.add("Reshape", [value, g.ints(f"{node.name}/{'ir' if back else 'view'}_shape", shape)])
+
+
+def exact_layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int], view: Optional[NormView] = None) -> bool:
+    """LayerNorm, InstanceNorm, GroupNorm, MVN (or RMSNorm, without the mean) over `axes` (of `view` where given)
+    with quantopt's integer normalization (docs/semantics/normalization.md), in int64: the mean with F fraction
+    bits, the sum of squares, the inverse square root (bit length by comparison with every power of two, isqrt from
+    a float64 square root corrected by ±1), the 16-bit normalized tensor, then gamma/beta and the per-element
+    multipliers in float64. An MVN without variance requantizes v · 2^F - mean itself."""
+    if not g.unit_domain or str(node.type) not in ("LayerNorm", "RMSNorm", "InstanceNorm", "GroupNorm", "MVN") or \
             "norm_frac_bits" not in node.params:
         return False
     x = node.inputs[0]
     shape = [int(v) for v in x.ir_shape]
-    count = int(np.prod([shape[a] for a in axes]))
-    frac, eps_value = int(node.params["norm_frac_bits"]), int(node.params["eps_value"])
-    m_n, sh_n = int(node.params["norm_scale_value"]), int(node.params["norm_shift_value"])
+    axes = list(view.axes) if view is not None else list(axes)
+    count = int(np.prod([(view.shape if view is not None else shape)[a] for a in axes]))
+    frac = int(node.params["norm_frac_bits"])
     ratio = exact_ratio(node)
     if ratio is None or frac < 0:
         return False
@@ -1177,14 +1195,24 @@ def exact_layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
     def int64(what: str, v: object) -> str:
         return g.const(f"{node.name}/{what}", np.asarray(v, dtype=np.int64))
 
-    axes_input = g.ints(f"{node.name}/axes", list(axes))
-    v = g.add("Cast", [codes(g, x)], to=INT64)
+    axes_input = g.ints(f"{node.name}/axes", axes)
+    v = _viewed(g, node, g.add("Cast", [codes(g, x)], to=INT64), view, shape)
     scaled = g.add("Mul", [v, int64("mean_scale", 1 << frac)])
     if str(node.type) == "RMSNorm":
         d = scaled
     else:
         mean = round_div_int64(g, node, g.add("ReduceSum", [scaled, axes_input], keepdims=1), int64("count", count))
         d = g.add("Sub", [scaled, mean])
+    if not _normalize_variance(node):  # y = requant(d) with the shift and F: exact while shift + F stays in range
+        _, shift = requant_of(node)
+        if int(torch.as_tensor(shift).max()) + frac > MAX_EXACT_SHIFT:
+            return False
+        value = g.add("Cast", [_viewed(g, node, d, view, shape, back=True)], to=DOUBLE)
+        requantize(g, node, value, ratio * 2.0 ** -frac, None,
+                   channel_shape=_channel_shape(node, shape) if ratio.size > 1 else None)
+        return True
+    eps_value = int(node.params["eps_value"])
+    m_n, sh_n = int(node.params["norm_scale_value"]), int(node.params["norm_shift_value"])
     squares = g.add("Add", [g.add("ReduceSum", [g.add("Mul", [d, d]), axes_input], keepdims=1),
                             int64("eps", count * eps_value)])
     q = g.add("Max", [squares, int64("one_min", 1)])
@@ -1202,7 +1230,7 @@ def exact_layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
     limit = 2 ** (NORM_BITS - 1) - 1
     normalized = g.add("Clip", [round_div_int64(g, node, product, g.add("Gather", [table, shift], axis=0)),
                                 int64("norm_min", -limit), int64("norm_max", limit)])
-    acc = g.add("Cast", [normalized], to=DOUBLE)
+    acc = g.add("Cast", [_viewed(g, node, normalized, view, shape, back=True)], to=DOUBLE)
     if gamma is not None:
         acc = g.add("Mul", [acc, g.const(f"{node.name}/gamma", gamma.to(torch.float64).cpu().numpy())])
     if beta is not None:
@@ -1211,7 +1239,7 @@ def exact_layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
     return True
 
 
-def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) -> bool:
+def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int], view: Optional[NormView] = None) -> bool:
     """LayerNorm (or InstanceNorm) in upstream's form (docs/semantics/normalization.md, "LayerNorm, GroupNorm and
     InstanceNorm, upstream form") over `axes` of the IR layout, in int64: the rounded mean, the sum of squares
     shifted (8 bits) or divided by N (16 bits), the table inverse square root (bit length, normalizing shift, index
@@ -1219,7 +1247,8 @@ def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) ->
     in "effective" mode: the rounded mean and the table have no float form within a step (rows of small variance
     move by many). False in "ir" mode, or where the multipliers' shifts leave float64 (the caller then refuses the
     layer)."""
-    if g.scales == "ir" or str(node.type) not in ("LayerNorm", "InstanceNorm") or "lut" not in node.constants:
+    if g.scales == "ir" or str(node.type) not in ("LayerNorm", "InstanceNorm", "GroupNorm") or \
+            "lut" not in node.constants:
         return False
     x, y = node.inputs[0], node.outputs[0]
     table = node.constants["lut"].betensor.to(torch.int64).reshape(-1).cpu().numpy()
@@ -1227,7 +1256,8 @@ def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) ->
     if ratio is None or table.size != 3 * ISQRT_TABLE_STEPS + 1:
         return False
     shape = [int(v) for v in x.ir_shape]
-    count = int(np.prod([shape[a] for a in axes]))
+    axes = list(view.axes) if view is not None else list(axes)
+    count = int(np.prod([(view.shape if view is not None else shape)[a] for a in axes]))
     m_n, sh_n = int(node.params["norm_scale_value"]), int(node.params["norm_shift_value"])
     q_y = quant_of(node).get(y)
     lo, hi = integer_range(int(q_y.qbits or range_bits(node, y)), int(q_y.qmin) < 0)
@@ -1244,11 +1274,12 @@ def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) ->
             return g.add("Mul", [value, int64(f"{what}_scale", 1 << -k)])
         return round_div_int64(g, node, value, int64(f"{what}_den", 1 << k))
 
-    axes_input = g.ints(f"{node.name}/axes", list(axes))
+    axes_input = g.ints(f"{node.name}/axes", axes)
     v = g.add("Cast", [codes(g, x)], to=INT64)
     zp_in = tensor_zp(node, x)
     if zp_in:  # the stored integers themselves: half-to-even ties of the mean move with an odd zero point
         v = g.add("Sub", [v, int64("input_zero_point", zp_in)])
+    v = _viewed(g, node, v, view, shape)
     d = g.add("Sub", [v, round_div_int64(g, node, g.add("ReduceSum", [v, axes_input], keepdims=1),
                                          int64("count", count))])
     squares = g.add("ReduceSum", [g.add("Mul", [d, d]), axes_input], keepdims=1)
@@ -1288,7 +1319,7 @@ def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) ->
         half_d = g.add("Div", [g.add("Sub", [d, g.add("Mod", [d, int64("d_two", 2)])]), int64("d_half", 2)])
         normalized = shifted(g.add("Mul", [half_d, gain]), UPSTREAM_NORM_Q16, "norm")
     normalized = g.add("Clip", [normalized, int64("norm_min", lo), int64("norm_max", hi)])
-    acc = g.add("Cast", [normalized], to=DOUBLE)
+    acc = g.add("Cast", [_viewed(g, node, normalized, view, shape, back=True)], to=DOUBLE)
     if gamma is not None:
         w = gamma_codes(node, shape).to(torch.float64).cpu().numpy()
         acc = g.add("Mul", [acc, g.const(f"{node.name}/gamma", w)])
@@ -1296,6 +1327,39 @@ def exact_layer_norm_upstream(g: QDQGraph, node: PyNode, axes: Sequence[int]) ->
         acc = g.add("Add", [acc, g.const(f"{node.name}/beta", beta.to(torch.float64).cpu().numpy())])
     requantize(g, node, acc, ratio, None, channel_shape=_channel_shape(node, shape) if ratio.size > 1 else None)
     return True
+
+
+@GROUPNORM.export
+def convert_groupnorm(g: QDQGraph, node: PyNode) -> None:
+    """As InstanceNorm's, on a view of the integers that makes each group one set of axes: [B, A, group,
+    C/group, Z] for channels C on axis 1 + len(A), normalized over (A, C/group, Z), then back to the IR shape for
+    gamma/beta (per channel) and the multipliers. Upstream's form (the default) in "exact" and "effective" modes,
+    quantopt's in "exact" mode; refused otherwise."""
+    x = node.inputs[0]
+    groups, outer, width, inner = _Rows(node, [int(d) for d in x.ir_shape]).group or (1, 1, 1, 1)
+    view = NormView((0, outer, groups, width, inner), (1, 3, 4))
+    if "norm_scale_value" not in node.params:
+        raise node_error(node, "a quantized GroupNorm needs norm_scale_value/norm_shift_value")
+    if "norm_frac_bits" in node.params:
+        if exact_layer_norm(g, node, view.axes, view):
+            return
+        raise node_error(node, "quantopt's integer GroupNorm is exported in the exact mode only")
+    if "lut" not in node.constants:
+        raise node_error(node, "a quantized GroupNorm needs norm_frac_bits (exact form) or its 'lut' (upstream form)")
+    if not exact_layer_norm_upstream(g, node, view.axes, view):
+        raise node_error(node, "the integer GroupNorm has no ONNX form in 'ir' mode, or its multiplier shifts leave "
+                               "float64; export with the default scales")
+
+
+@MVN.export
+def convert_mvn(g: QDQGraph, node: PyNode) -> None:
+    """Exact in "exact" mode: quantopt's integer normalization over the normalized axes (as LayerNorm's), or without
+    variance the mean subtraction and one requantization; refused in the other modes (its rounded mean has no
+    float form within a step)."""
+    axes = _reduce_axes(node, g.rank(node.inputs[0]))
+    if exact_layer_norm(g, node, axes):
+        return
+    raise node_error(node, "MVN is exported in the exact mode only, with multiplier shifts that stay in float64")
 
 
 @INSTANCENORM.export
