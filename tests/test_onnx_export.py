@@ -480,7 +480,8 @@ def g_space_batch(wide: bool = False) -> Any:
 
 def g_sorting(wide: bool = False) -> Any:
     """ArgMinMax both ways and with the last index, TopK largest and smallest (ties first and last), Sort: exact
-    indices and values, where the 8-bit codes of a small map tie often."""
+    indices and values, where the 8-bit codes of a small map tie often; GatherND with negative index tuples, also
+    with batch_dims."""
     b = GraphBuilder("sorting")
     x = b.input("x", [1, 5, 6, 8])
     a, s = _conv(b, x, [1, 5, 6, 8], 8, "pre")
@@ -491,6 +492,10 @@ def g_sorting(wide: bool = False) -> Any:
     outs += b.layer("TopK", [a], [[1, 5, 2, 8], [1, 5, 2, 8]], name="bottom2_last",
                     params=dict(k=2, axis=2, largest=False, select_index="last"))
     outs += b.layer("Sort", [a], [s, s], name="sort", params=dict(axis=3, descending=True))
+    outs.append(b.layer("GatherND", [a], [[2, 8]], name="gather_nd", constants={
+        "indices": np.array([[0, 4, -1], [0, -5, 2]], np.int64)}))
+    outs.append(b.layer("GatherND", [a], [[1, 3, 8]], name="gather_nd_batch", params=dict(batch_dims=1),
+                        constants={"indices": np.array([[[1, 2], [-1, 0], [3, 5]]], np.int64)}))
     return b.build(outs)
 
 
@@ -731,7 +736,7 @@ def test_layer_types_of_small_graphs_are_covered() -> None:
             "Squeeze", "Constant", "LogSoftmax", "Hardmax", "Log", "Reciprocal", "Square", "Atanh", "Rsqrt",
             "Slice", "StridedSlice", "Gather", "Pow", "Div", "ConvTranspose", "Cumulate", "GatherElements",
             "DepthToSpace", "SpaceToDepth", "ChannelShuffle", "LRN", "SpaceToBatch", "BatchToSpace", "ArgMinMax",
-            "TopK", "Sort", "Normalization"}
+            "TopK", "Sort", "Normalization", "GatherND"}
     assert want <= seen
 
 

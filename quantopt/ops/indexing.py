@@ -683,6 +683,32 @@ def convert_topk_sort(g: QDQGraph, node: PyNode) -> None:
         _emit_indices(g, node, node.outputs[1], index)
 
 
+@GATHER_ND.export
+def convert_gather_nd(g: QDQGraph, node: PyNode) -> None:
+    """ONNX GatherND (`batch_dims`) on the integers in the IR layout; index tuples from the `indices` constant
+    (checked to lie in range per dim: ONNX has no fill value for the others) or from an integer input. Its tuples
+    address dim 0, or share it with the constant, so the export keeps the IR batch (`batch_is_leading`)."""
+    x, y = node.inputs[0], node.outputs[0]
+    require_same(node, x, y)
+    b = int(node.get_param("batch_dims", optional=True, default_value=0))
+    const = node.get_constant("indices", optional=True) if len(node.inputs) < 2 else None
+    if const is not None:
+        idx = const.betensor.cpu().to(torch.int64).numpy()
+        dims = [int(d) for d in x.ir_shape[b:b + int(idx.shape[-1])]] if idx.ndim else []
+        if not idx.ndim or len(dims) != int(idx.shape[-1]):
+            raise node_error(node, f"index tuples of shape {list(idx.shape)} do not fit data {list(x.ir_shape)}")
+        for j, size in enumerate(dims):
+            if idx.size and (idx[..., j].min() < -size or idx[..., j].max() >= size):
+                raise node_error(node, f"index tuples outside the data (dim {b + j} of size {size}): quantopt reads "
+                                       "0 there, ONNX GatherND fails")
+        indices = g.const(f"{node.name}/indices", idx.astype(np.int64))
+    elif len(node.inputs) == 2 and params(node, node.inputs[1]).qinvariant:
+        indices = g.add("Cast", [g.int_value(node.inputs[1])], to=INT64)
+    else:
+        raise node_error(node, "indices must be a constant or an integer tensor")
+    g.set_int(y, g.add("GatherND", [g.int_value(x), indices], batch_dims=b))
+
+
 @GATHER_ELEMENTS.export
 def convert_gather_elements(g: QDQGraph, node: PyNode) -> None:
     """ONNX GatherElements on the integers in the IR layout, the indices clamped as the integer forward clamps them
