@@ -595,6 +595,42 @@ def test_group_norm_and_mvn_export_exactly(bits: int, form: str) -> None:
         build_onnx_qdq(qgraph, scales="effective")
 
 
+def g_mod_sqd() -> Any:
+    """Mod (the divisor a RELU branch, often 0; both ways with a signed divisor, where they differ) and
+    SquaredDifference, also against a broadcast [1, 1, 1, C] operand."""
+    b = GraphBuilder("mod_sqd")
+    x = b.input("x", [1, 5, 6, 4])
+    a, s = _conv(b, x, [1, 5, 6, 4], 4, "pre_a")
+    c, _ = _conv(b, x, [1, 5, 6, 4], 4, "pre_bb", "RELU")  # names of other lengths: other weights
+    gap = b.layer("Pooling", [c], [[1, 1, 1, 4]], name="gap",
+                  params=dict(method="AVG", kernel_x=6, kernel_y=5, stride_x=1, stride_y=1))
+    d, _ = _conv(b, x, [1, 5, 6, 4], 4, "pre_ddd")
+    outs = [b.layer("Mod", [a, c], [s], name="mod"),
+            b.layer("Mod", [a, d], [s], name="mod_signed"),
+            b.layer("Mod", [a, d], [s], name="fmod", params=dict(fmod=True)),
+            b.layer("SquaredDifference", [a, c], [s], name="sqd"),
+            b.layer("SquaredDifference", [a, gap], [s], name="sqd_broadcast")]
+    return b.build(outs)
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_mod_and_squared_difference_export_exactly(bits: int) -> None:
+    """Mod (int64 remainder of the aligned integers, 0 for a zero divisor) and SquaredDifference (the rounded
+    aligned difference squared, in float64) give quantopt's integers; in "effective" mode SquaredDifference takes
+    its float form within a step of them and Mod is refused by name."""
+    graph = g_mod_sqd()
+    settings: Dict[str, Any] = dict(q_bits_activation=16, q_bits_bias=48) if bits == 16 else {}
+    qgraph = quantize_model(graph, [_data(graph, s, 2) for s in range(3)], settings)
+    data = _data(graph, 7, 4)
+    result = measure_agreement(qgraph, data, per_layer=True)
+    assert result.identical == 1.0 and result.max_steps == 0.0, result.outputs
+    assert min(result.layers.values()) == 1.0, result.layers
+    assert not convert_graph(qgraph)[1].float_layers
+    with pytest.raises(UnsupportedError, match=r"'mod' \(Mod\).*exact mode") as refused:
+        build_onnx_qdq(qgraph, scales="effective")
+    assert "'sqd'" not in str(refused.value)
+
+
 def test_int64_inputs_take_the_source_models_feeds() -> None:
     """`int64_inputs`: the integer inputs of an imported transformer are declared int64 (its token ids and mask),
     saturated to the IR's int32 inside the graph; the outputs are the same as with int32 feeds."""

@@ -48,9 +48,9 @@ from ._quant import (
 )
 from ._shared import bool_param, broadcast_shape, keeps_float64
 from .onnx_build import exact as onnx_exact
-from .onnx_build.exact import DOUBLE, codes, double, emit_integers, shared_perm
+from .onnx_build.exact import DOUBLE, codes, double, emit_integers, fits_double, shared_perm
 from .onnx_build.float_forms import requant_factor, unary_perm
-from .onnx_build.perms import channels_first
+from .onnx_build.perms import Perm, channels_first
 from .onnx_build.qdq_graph import QDQGraph, node_error
 
 _BINARY = "docs/semantics/binary.md"
@@ -860,6 +860,91 @@ def _sqd_int(node: PyNode) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export
+def _aligned_codes(g: QDQGraph, node: PyNode, perm: Optional[Perm]) -> Tuple[str, str, int, int]:
+    """((a + zp_a)·M_a, (b + zp_b)·M_b as float64 in layout `perm`, M, N) of a Mod or SquaredDifference: the
+    aligned integers of both inputs and the output multiplier/shift."""
+    m, m_a, m_b = _int_list(node, "scale_value", 3)
+    a, b = node.inputs
+    values = onnx_exact.scaled_codes(g, node, [a, b], [float(m_a), float(m_b)], perm)
+    return values[0], values[1], m, int(node.get_param("shift_value"))
+
+
+def _requantize_int64(g: QDQGraph, node: PyNode, value: str, m: int, n: int, perm: Optional[Perm]) -> None:
+    """clamp(round_half_even(value · M / 2^N) - zp_out) of int64 `value` in int64, where value · M (below 2^62,
+    as quantization checked) leaves float64's exact integers: a rounding division by 2^N (0 <= N <= 61)."""
+    if not 0 <= n <= 61:
+        raise node_error(node, f"shift {n} leaves the int64 rounding division (0..61)")
+    acc = value if m == 1 else g.add("Mul", [value, g.const(f"{node.name}/multiplier",
+                                                            np.array(m, dtype=np.int64))])
+    if n:
+        acc = onnx_exact.round_div_int64(g, node, acc, g.const(f"{node.name}/divisor", np.array(1 << n, np.int64)))
+    result = g.add("Cast", [acc], to=DOUBLE)
+    zp = tensor_zp(node, node.outputs[0])
+    result = result if not zp else g.add("Sub", [result, double(g, node, "output_zero_point", float(zp))])
+    emit_integers(g, node, node.outputs[0], result, perm)
+
+
+def _integers_only(node: PyNode) -> bool:
+    table = quant_of(node)
+    return all(table.get(t).qinvariant for t in list(node.inputs) + list(node.outputs))
+
+
+@MOD.export
+def convert_mod(g: QDQGraph, node: PyNode) -> None:
+    """The exact remainder of the aligned integers in int64 (ONNX Mod, `fmod` as the layer's; 0 where the divisor is
+    0), then M · 2^-N in float64 and Round (in int64 where r·M passes 2^53): in "exact" mode, and in every mode for
+    integer tensors; refused otherwise (a float remainder of dequantized values moves by whole divisors at the
+    boundaries)."""
+    a, b = node.inputs
+    y = node.outputs[0]
+    if not (g.unit_domain or _integers_only(node)):
+        raise node_error(node, "Mod is exported in the exact mode only")
+    m, m_a, m_b = _int_list(node, "scale_value", 3)
+    in_double = fits_double(offset_absmax(node, b) * m_b * abs(m))  # r·M exact, so r·M·2^-N for any N
+    perm = shared_perm(g, [a, b], g.rank(y))
+    dividend, divisor, m, n = _aligned_codes(g, node, perm)
+    dividend, divisor = (g.add("Cast", [v], to=onnx_exact.INT64) for v in (dividend, divisor))
+    zero = g.add("Equal", [divisor, g.const(f"{node.name}/zero", np.array(0, dtype=np.int64))])
+    safe = g.add("Where", [zero, g.const(f"{node.name}/one", np.array(1, dtype=np.int64)), divisor])
+    remainder = g.add("Mod", [dividend, safe], fmod=int(bool_param(node, "fmod", False)))
+    remainder = g.add("Where", [zero, g.const(f"{node.name}/zero_remainder", np.array(0, dtype=np.int64)),
+                                remainder])
+    if in_double:
+        onnx_exact.requantize(g, node, g.add("Cast", [remainder], to=DOUBLE), m * 2.0 ** -n, perm)
+    else:
+        _requantize_int64(g, node, remainder, m, n, perm)
+
+
+@SQUARED_DIFFERENCE.export
+def convert_squared_difference(g: QDQGraph, node: PyNode) -> None:
+    """"exact" mode (and integer tensors in every mode): D = (a+zp_a)·M_a − (b+zp_b)·M_b in float64, rounded right
+    by `diff_shift` (Round of D · 2^-k: half to even), squared, times M · 2^-N, Round: exact while d²·M < 2^53, for
+    any N; beyond, d²·M in int64 and a rounding division by 2^N. Otherwise
+    the float (a − b)² between DequantizeLinear and QuantizeLinear, scaled by the multiplier's rounding."""
+    a, b = node.inputs
+    y = node.outputs[0]
+    m, m_a, m_b = _int_list(node, "scale_value", 3)
+    n, k = int(node.get_param("shift_value")), int(node.get_param("diff_shift"))
+    dmax = offset_absmax(node, a) * m_a + offset_absmax(node, b) * m_b
+    dq = ((dmax >> k) + 1) if k else dmax
+    perm = shared_perm(g, [a, b], g.rank(y))
+    if g.unit_domain or _integers_only(node):
+        first, second, m, n = _aligned_codes(g, node, perm)
+        d = g.add("Sub", [first, second])  # below 2^35: exact, and so is its rounding by 2^k
+        if k:
+            d = g.add("Round", [g.add("Mul", [d, double(g, node, "diff_step", 2.0 ** -k)])])
+        if fits_double(dq * dq * abs(m)):  # d²·M exact, so d²·M·2^-N for any N
+            onnx_exact.requantize(g, node, g.add("Mul", [d, d]), m * 2.0 ** -n, perm)
+        else:
+            d = g.add("Cast", [d], to=onnx_exact.INT64)
+            _requantize_int64(g, node, g.add("Mul", [d, d]), m, n, perm)
+        return
+    diff = g.add("Sub", [g.float_value(a, perm), g.float_value(b, perm)])
+    common2 = tensor_scale(node, a) * m_a * tensor_scale(node, b) * m_b
+    factor = m * 2.0 ** -n * common2 / (4.0 ** k * tensor_scale(node, y))
+    g.quantize(y, g.rescale(g.add("Mul", [diff, diff]), factor), perm)
+
+
 @POW.export
 def convert_pow(g: QDQGraph, node: PyNode) -> None:
     """x ^ exponent (the constant param): quantopt's table as a Gather ("exact"), else the float Pow."""
