@@ -428,6 +428,18 @@ def g_matmul(wide: bool = False) -> Any:
     return b.build([m])
 
 
+def g_gemm(wide: bool = False) -> Any:
+    """Gemm of two activations (A @ B^T, alpha 0.5) and of three (negative alpha and beta, C broadcast)."""
+    b = GraphBuilder("gemm")
+    x = b.input("x", [1, 6, 8])
+    y = b.input("y", [1, 5, 8])
+    c = b.input("c", [1, 1, 5])
+    p = b.layer("Gemm", [x, y], [[1, 6, 5]], name="gemm_ab", params=dict(alpha=0.5, trans_b=True))
+    q = b.layer("Gemm", [x, y, c], [[1, 6, 5]], name="gemm_abc", params=dict(alpha=-2.0, beta=-1.0, trans_b=True,
+                                                                             with_activation="NONE"))
+    return b.build([p, q])
+
+
 def g_cumulate_gather(wide: bool = False) -> Any:
     """Cumulate SUM (plain, and exclusive in reverse) and GatherElements with constant indices, some out of range
     or negative (clamped and wrapped as the integer forward does)."""
@@ -501,7 +513,7 @@ def g_sorting(wide: bool = False) -> Any:
 
 SMALL = {"convs": g_convs, "eltwise": g_eltwise, "activations": g_activations, "layout": g_layout,
          "matmul": g_matmul, "more": g_more, "cumulate_gather": g_cumulate_gather, "blocks": g_blocks,
-         "space_batch": g_space_batch, "sorting": g_sorting}
+         "space_batch": g_space_batch, "sorting": g_sorting, "gemm": g_gemm}
 VARIANTS = {
     "default": {},
     "per_channel_asym": dict(q_mode_weight="per_channel_asymmetric", q_mode_activation="per_tensor_asymmetric"),
@@ -772,7 +784,7 @@ def test_layer_types_of_small_graphs_are_covered() -> None:
             "Squeeze", "Constant", "LogSoftmax", "Hardmax", "Log", "Reciprocal", "Square", "Atanh", "Rsqrt",
             "Slice", "StridedSlice", "Gather", "Pow", "Div", "ConvTranspose", "Cumulate", "GatherElements",
             "DepthToSpace", "SpaceToDepth", "ChannelShuffle", "LRN", "SpaceToBatch", "BatchToSpace", "ArgMinMax",
-            "TopK", "Sort", "Normalization", "GatherND"}
+            "TopK", "Sort", "Normalization", "GatherND", "Gemm"}
     assert want <= seen
 
 

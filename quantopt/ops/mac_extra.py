@@ -843,6 +843,50 @@ def _gemm_int(node: PyNode) -> torch.Tensor:
     return fused_activation_clamp(node, y)
 
 
+@GEMM.export
+def convert_gemm(g: QDQGraph, node: PyNode) -> None:
+    """A Gemm of activations. "exact" mode: (A+zp)' @ (B+zp)' in float64 (trans_a/trans_b as input layouts), its
+    sign from alpha, C + zp times M_c · 2^-N_c rounded (sign from beta) and added, then M · 2^-N, Round and the
+    fused bounds: exact while (K·max|A|·max|B| + the rounded C's bound) · M stays below 2^53. Otherwise the float
+    alpha · A' @ B' + beta · C between DequantizeLinear and QuantizeLinear, scaled by the multiplier's rounding."""
+    _gemm_inputs(node)
+    ta, tb = node.inputs[0], node.inputs[1]
+    tc = node.inputs[2] if len(node.inputs) == 3 else None
+    perms = []
+    for t, key in ((ta, "trans_a"), (tb, "trans_b")):
+        perm = list(range(g.rank(t)))
+        if bool_param(node, key, False):
+            if len(perm) < 2:
+                raise node_error(node, f"{key}=true needs an operand of rank >= 2")
+            perm[-2], perm[-1] = perm[-1], perm[-2]
+        perms.append(tuple(perm))
+    m, n, mc, nc = _gemm_requant(node)
+    alpha, beta = _float_param(node, "alpha", 1.0), _float_param(node, "beta", 1.0)
+    inner = int(ta.ir_shape[perms[0][-1]]) if ta.ir_shape else 1
+    bound = inner * _shifted_absmax(node, ta) * _shifted_absmax(node, tb)
+    if tc is not None:
+        bound += ((_shifted_absmax(node, tc) * abs(mc)) << max(0, -nc) >> max(0, nc)) + 1
+    if g.unit_domain and node.params.get("remain_shift") is None and onnx_exact.fits_double(bound * abs(m)) \
+            and (tc is None or onnx_exact.fits_double(_shifted_absmax(node, tc) * abs(mc))):
+        acc = g.add("MatMul", [onnx_exact.codes(g, ta, perms[0]), onnx_exact.codes(g, tb, perms[1])])
+        if alpha < 0:
+            acc = g.add("Neg", [acc])
+        if tc is not None:
+            c = g.add("Round", [g.add("Mul", [onnx_exact.codes(g, tc), onnx_exact.double(g, node, "c_multiplier",
+                                                                                     mc * 2.0 ** -nc)])])
+            acc = g.add("Sub" if beta < 0 else "Add", [acc, c])
+        onnx_exact.requantize(g, node, acc, m * 2.0 ** -n, None, fused_activation_bounds(node))
+        return
+    product = g.add("MatMul", [g.float_value(ta, perms[0]), g.float_value(tb, perms[1])])
+    out = g.add("Mul", [product, g.const(f"{node.name}/alpha", np.array(alpha, dtype=np.float32))])
+    if tc is not None:
+        out = g.add("Add", [out, g.add("Mul", [g.float_value(tc), g.const(f"{node.name}/beta",
+                                                                         np.array(beta, dtype=np.float32))])])
+    y = node.outputs[0]
+    factor = m * 2.0 ** -n * tensor_scale(node, ta) * tensor_scale(node, tb) / (abs(alpha) * tensor_scale(node, y))
+    g.quantize(y, qdq_fused_activation(g, node, g.rescale(out, factor)))
+
+
 @GEMM.quantize
 def gemm_quantize(self: PyNode) -> None:
     """Output params from the calibrated range, signed iff an input is signed, alpha < 0 or beta < 0 (with C), unless
