@@ -1070,6 +1070,33 @@ def test_mask_layers_export_exactly(bits: int) -> None:
     assert all(effective.outputs[name] == 1.0 for name in INTEGER_OUTPUTS), effective.outputs
 
 
+@pytest.mark.parametrize("scales", ["exact", "effective"])
+def test_divmod_of_integers_exports_exactly(scales: str) -> None:
+    """DivMod of int32 tensors, FLOOR and TRUNC, negative operands and zero divisors included: the integer forward's
+    quotients and remainders in every scale mode."""
+    from quantopt.quant.dtype import Dtype
+
+    b = GraphBuilder("divmod")
+    a, d = b.input("a", [1, 40], Dtype.INT32), b.input("d", [1, 40], Dtype.INT32)
+    outs = []
+    for mode in ("FLOOR", "TRUNC"):
+        outs += b.layer("DivMod", [a, d], [[1, 40], [1, 40]], name=f"divmod_{mode.lower()}", params=dict(mode=mode),
+                        output_dtypes=[Dtype.INT32, Dtype.INT32])
+    graph = b.build(outs)
+
+    def feeds(seed: int) -> List[torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        return [torch.randint(-50, 51, (1, 40), generator=g, dtype=torch.int32),
+                torch.randint(-7, 8, (1, 40), generator=g, dtype=torch.int32)]
+
+    qgraph = quantize_model(graph, [feeds(s) for s in range(2)])
+    data = feeds(9)
+    assert bool((data[1] == 0).any()) and bool((data[0] < 0).any())
+    result = measure_agreement(qgraph, data, per_layer=True, scales=scales)
+    assert result.identical == 1.0 and result.max_steps == 0.0, result.outputs
+    assert min(result.layers.values()) == 1.0, result.layers
+
+
 def test_cast_without_an_onnx_type_is_refused_naming_the_layer() -> None:
     """A Cast to uint32 makes an integer tensor no QDQ model carries: one line naming the layer and why."""
     from quantopt.quant.dtype import Dtype

@@ -915,6 +915,33 @@ def convert_mod(g: QDQGraph, node: PyNode) -> None:
         _requantize_int64(g, node, remainder, m, n, perm)
 
 
+@DIVMOD.export
+def convert_divmod(g: QDQGraph, node: PyNode) -> None:
+    """Every mode (integer tensors only): int64 Div (truncating; FLOOR moves a quotient down by one where the
+    remainder's sign differs from the divisor's), the remainder a - b·q, both 0 for a zero divisor, wrapped into the
+    outputs' ranges as the integer forward wraps them."""
+    mode = str(node.get_param("mode", optional=True, default_value="FLOOR")).upper()
+    if mode not in DIVMOD_MODES or len(node.inputs) != 2 or len(node.outputs) != 2:
+        raise node_error(node, f"DivMod needs 2 inputs, 2 outputs and a mode of {', '.join(DIVMOD_MODES)}")
+    perm = shared_perm(g, list(node.inputs), g.rank(node.outputs[0]))
+
+    def int64(what: str, v: int) -> str:
+        return g.const(f"{node.name}/{what}", np.array(v, dtype=np.int64))
+
+    a, b = (g.add("Cast", [codes(g, t, perm)], to=onnx_exact.INT64) for t in node.inputs)
+    zero = g.add("Equal", [b, int64("zero", 0)])
+    safe = g.add("Where", [zero, int64("one", 1), b])
+    quotient = g.add("Div", [a, safe])
+    if mode == "FLOOR":
+        rest = g.add("Sub", [a, g.add("Mul", [safe, quotient])])
+        down = g.add("Less", [g.add("Mul", [rest, safe]), int64("no_sign", 0)])
+        quotient = g.add("Where", [down, g.add("Sub", [quotient, int64("step", 1)]), quotient])
+    remainder = g.add("Sub", [a, g.add("Mul", [safe, quotient])])
+    for t, value in zip(node.outputs, (quotient, remainder)):
+        value = g.add("Where", [zero, int64(f"{t.name}_zero", 0), value])
+        emit_integers(g, node, t, g.add("Cast", [value], to=DOUBLE), perm, clip_mode="TRUNCATION")
+
+
 @SQUARED_DIFFERENCE.export
 def convert_squared_difference(g: QDQGraph, node: PyNode) -> None:
     """"exact" mode (and integer tensors in every mode): D = (a+zp_a)·M_a − (b+zp_b)·M_b in float64, rounded right
