@@ -1127,18 +1127,23 @@ def convert_spacetodepth(g: QDQGraph, node: PyNode) -> None:
     g.set_int(y, out)
 
 
-@SPACE_TO_BATCH.export
-def convert_spacetobatch(g: QDQGraph, node: PyNode) -> None:
-    """Padding with the integer of float 0, then the forward's reshape and permute into the batch (integer
-    Pad, Reshape and Transpose in the IR's NHWC layout)."""
+def _block_layer(g: QDQGraph, node: PyNode, sides: str) -> Tuple[PyTensor, PyTensor, int, int, List[int], List[int]]:
+    """(input, output, block_size_y, block_size_x, the four `<sides>_left/right/top/bottom` params, the input's
+    [N, H, W, C]) of a SpaceToBatch or BatchToSpace, checked for the export (same params, 4-D)."""
     x, y = node.inputs[0], node.outputs[0]
     require_same(node, x, y)
     if g.rank(x) != 4:
         raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
     by, bx = _block_sizes(node)
-    left, right, top, bottom = (_int_param(node, k, 0, minimum=0)
-                                for k in ("pad_left", "pad_right", "pad_top", "pad_bottom"))
-    _, h, w, c = (int(d) for d in x.ir_shape)
+    edges = [_int_param(node, f"{sides}_{k}", 0, minimum=0) for k in ("left", "right", "top", "bottom")]
+    return x, y, by, bx, edges, [int(d) for d in x.ir_shape]
+
+
+@SPACE_TO_BATCH.export
+def convert_spacetobatch(g: QDQGraph, node: PyNode) -> None:
+    """Padding with the integer of float 0, then the forward's reshape and permute into the batch (integer
+    Pad, Reshape and Transpose in the IR's NHWC layout)."""
+    x, y, by, bx, (left, right, top, bottom), (_, h, w, c) = _block_layer(g, node, "pad")
     h, w = h + top + bottom, w + left + right
     if h % by or w % bx:
         raise node_error(node, f"padded spatial size {h}x{w} is not a multiple of the block {by}x{bx}")
@@ -1153,14 +1158,7 @@ def convert_spacetobatch(g: QDQGraph, node: PyNode) -> None:
 def convert_batchtospace(g: QDQGraph, node: PyNode) -> None:
     """The forward's reshape and permute out of the batch, then the crops (integer Reshape, Transpose and Slice
     in the IR's NHWC layout)."""
-    x, y = node.inputs[0], node.outputs[0]
-    require_same(node, x, y)
-    if g.rank(x) != 4:
-        raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
-    by, bx = _block_sizes(node)
-    crop_l, crop_r, crop_t, crop_b = (_int_param(node, k, 0, minimum=0)
-                                      for k in ("crop_left", "crop_right", "crop_top", "crop_bottom"))
-    _, h, w, c = (int(d) for d in x.ir_shape)
+    x, y, by, bx, (crop_l, crop_r, crop_t, crop_b), (_, h, w, c) = _block_layer(g, node, "crop")
     value = _moved_codes(g, node, g.int_value(x), [("reshape", [by, bx, -1, h, w, c]),
                                                    ("transpose", [2, 3, 0, 4, 1, 5]),
                                                    ("reshape", [-1, h * by, w * bx, c])])

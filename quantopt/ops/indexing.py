@@ -9,7 +9,7 @@ semantics are in docs/semantics/indexing.md.
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -610,17 +610,25 @@ def convert_gather(g: QDQGraph, node: PyNode) -> None:
     if axis == 0 and g.dynamic_batch:
         raise node_error(node, "gathering along the batch axis needs a static batch (--static-batch)")
     size = int(x.ir_shape[axis])
-    const = node.get_constant("indices", optional=True)
-    if const is not None:
-        idx = const.betensor.cpu().to(torch.int64).numpy()
+
+    def in_range(idx: np.ndarray) -> None:
         if idx.size and (idx.min() < -size or idx.max() >= size):
             raise node_error(node, f"indices outside [-{size}, {size}) (quantopt reads 0 there, ONNX Gather fails)")
-        indices = g.const(f"{node.name}/indices", idx.astype(np.int64))
-    elif len(node.inputs) == 2 and params(node, node.inputs[1]).qinvariant:
-        indices = g.add("Cast", [g.int_value(node.inputs[1])], to=INT64)
-    else:
-        raise node_error(node, "indices must be a constant or an integer tensor")
-    g.set_int(y, g.add("Gather", [g.int_value(x), indices], axis=axis))
+
+    g.set_int(y, g.add("Gather", [g.int_value(x), _export_indices(g, node, in_range)], axis=axis))
+
+
+def _export_indices(g: QDQGraph, node: PyNode, check: Callable[[np.ndarray], None]) -> str:
+    """A gather's ONNX int64 indices: the `indices` constant (after `check` refuses what ONNX cannot read), or the
+    integer second input."""
+    const = node.get_constant("indices", optional=True) if len(node.inputs) < 2 else None
+    if const is not None:
+        idx = const.betensor.cpu().to(torch.int64).numpy()
+        check(idx)
+        return g.const(f"{node.name}/indices", idx.astype(np.int64))
+    if len(node.inputs) == 2 and params(node, node.inputs[1]).qinvariant:
+        return g.add("Cast", [g.int_value(node.inputs[1])], to=INT64)
+    raise node_error(node, "indices must be a constant or an integer tensor")
 
 
 def _sort_axis(g: QDQGraph, node: PyNode, x: PyTensor, default: int) -> int:
@@ -691,9 +699,8 @@ def convert_gather_nd(g: QDQGraph, node: PyNode) -> None:
     x, y = node.inputs[0], node.outputs[0]
     require_same(node, x, y)
     b = int(node.get_param("batch_dims", optional=True, default_value=0))
-    const = node.get_constant("indices", optional=True) if len(node.inputs) < 2 else None
-    if const is not None:
-        idx = const.betensor.cpu().to(torch.int64).numpy()
+
+    def in_range(idx: np.ndarray) -> None:
         dims = [int(d) for d in x.ir_shape[b:b + int(idx.shape[-1])]] if idx.ndim else []
         if not idx.ndim or len(dims) != int(idx.shape[-1]):
             raise node_error(node, f"index tuples of shape {list(idx.shape)} do not fit data {list(x.ir_shape)}")
@@ -701,12 +708,8 @@ def convert_gather_nd(g: QDQGraph, node: PyNode) -> None:
             if idx.size and (idx[..., j].min() < -size or idx[..., j].max() >= size):
                 raise node_error(node, f"index tuples outside the data (dim {b + j} of size {size}): quantopt reads "
                                        "0 there, ONNX GatherND fails")
-        indices = g.const(f"{node.name}/indices", idx.astype(np.int64))
-    elif len(node.inputs) == 2 and params(node, node.inputs[1]).qinvariant:
-        indices = g.add("Cast", [g.int_value(node.inputs[1])], to=INT64)
-    else:
-        raise node_error(node, "indices must be a constant or an integer tensor")
-    g.set_int(y, g.add("GatherND", [g.int_value(x), indices], batch_dims=b))
+
+    g.set_int(y, g.add("GatherND", [g.int_value(x), _export_indices(g, node, in_range)], batch_dims=b))
 
 
 @GATHER_ELEMENTS.export
