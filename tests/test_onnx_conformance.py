@@ -67,6 +67,9 @@ def test_quick_slice_has_no_regressions(baseline):
     expected["node"] &= select["node"]
     _check(results, baseline, expected)
     assert not [r for r in results if r.status == "fail"]
+    # every layer type the importer made has an ONNX QDQ mapping, so a quantized import can be exported
+    assert len({t for r in results for t in r.layer_types}) >= 60
+    assert not conf.unexported_types(results)
 
 
 @pytest.mark.skipif(not FULL, reason="set QUANTOPT_ONNX_CONFORMANCE=full (or run "
@@ -75,6 +78,13 @@ def test_full_run_has_no_regressions(baseline):
     results = conf.run_all()
     _check(results, baseline)
     assert not [f"{r.suite}/{r.name}: {r.detail}" for r in results if r.status == "fail"]
+    assert not conf.unexported_types(results)
+
+
+def test_unexported_types_names_the_cases():
+    results = [conf.Result("node", "test_a", "Foo", "pass", "", ("Convolution", "NoSuchLayer")),
+               conf.Result("node", "test_b", "Foo", "skip", "x")]
+    assert conf.unexported_types(results) == {"NoSuchLayer": ["node/test_a"]}
 
 
 # ------------------------------------------------------------------------------------------ the runner itself

@@ -7,7 +7,9 @@ under `onnx/backend/test/data/`). Every case ends as pass, skip (the importer re
 `QuantOptError`) or fail (a crash, a forward error or a wrong result).
 
     python -m quantopt.frontends.onnx.conformance [-v] [--suite S] [OpType ...]     # per-op counts
-    python -m quantopt.frontends.onnx.conformance --check                           # regressions vs the baseline
+    python -m quantopt.frontends.onnx.conformance --check                           # regressions vs the baseline,
+                                                                                    # and layer types the importer
+                                                                                    # made without a QDQ export
     python -m quantopt.frontends.onnx.conformance --write-baseline                  # record the current passes
     python -m quantopt.frontends.onnx.conformance --docs                            # the tables of docs/onnx.md
 
@@ -208,13 +210,15 @@ def _compare(got: np.ndarray, ref: np.ndarray) -> str:
     return ""
 
 
-def run_case(model: Any, inputs: List[Any], outputs: List[Any], tmp: Optional[str] = None) -> Tuple[str, str]:
+def run_case(model: Any, inputs: List[Any], outputs: List[Any], tmp: Optional[str] = None,
+             layer_types: Optional[set] = None) -> Tuple[str, str]:
     """('pass' | 'skip' | 'fail', detail): skip = the importer rejects the case with a clear error. Models older
     than opset 11 are upgraded first (`upgrade_opset`); inputs after the first are frozen into constants
-    (`freeze_inputs`). The model is written to `tmp` (a folder; a fresh temporary one when None)."""
+    (`freeze_inputs`). The model is written to `tmp` (a folder; a fresh temporary one when None). `layer_types`,
+    when given, receives the layer types of the imported graph."""
     if tmp is None:
         with tempfile.TemporaryDirectory() as folder:
-            return run_case(model, inputs, outputs, folder)
+            return run_case(model, inputs, outputs, folder, layer_types)
     import torch
 
     import quantopt.ops  # noqa: F401  (registers the forwards)
@@ -241,6 +245,8 @@ def run_case(model: Any, inputs: List[Any], outputs: List[Any], tmp: Optional[st
         path = os.path.join(tmp, "case.onnx")
         onnx.save(model, path)
         graph = import_onnx(path, shapes)
+        if layer_types is not None:
+            layer_types.update(str(n.type) for n in graph.nodes)
     except QuantOptError as e:
         return "skip", _message(e)
     except Exception as e:  # an importer bug: count it as a failure
@@ -269,6 +275,8 @@ class Result(NamedTuple):
     op: str
     status: str
     detail: str
+    layer_types: Tuple[str, ...] = ()
+    """the layer types of the imported graph (none when the import failed)"""
 
 
 def run_all(suites: Sequence[str] = SUITES, ops: Optional[set] = None,
@@ -288,11 +296,27 @@ def run_all(suites: Sequence[str] = SUITES, ops: Optional[set] = None,
                     names = select.get(case.suite, set())
                     if names is not None and case.name not in names:
                         continue
-                status, detail = run_case(case.model, case.inputs, case.outputs, tmp)
-                results.append(Result(case.suite, case.name, case.op, status, detail))
+                made: set = set()
+                status, detail = run_case(case.model, case.inputs, case.outputs, tmp, made)
+                results.append(Result(case.suite, case.name, case.op, status, detail, tuple(sorted(made))))
     finally:
         logging.disable(previous)
     return results
+
+
+def unexported_types(results: Sequence[Result]) -> Dict[str, List[str]]:
+    """Layer types the importer made in `results` that have no ONNX QDQ export mapping, each with up to three of
+    the cases that made it: a quantized import of such a model could not be exported (docs/onnx-export.md)."""
+    import quantopt.ops  # noqa: F401  (registers the mappings)
+    from quantopt.registry import export_function
+    out: Dict[str, List[str]] = {}
+    for r in results:
+        for t in r.layer_types:
+            if export_function(t) is None:
+                names = out.setdefault(t, [])
+                if len(names) < 3:
+                    names.append(f"{r.suite}/{r.name}")
+    return dict(sorted(out.items()))
 
 
 def counts(results: Sequence[Result]) -> Dict[str, Dict[str, Dict[str, int]]]:
@@ -501,7 +525,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         for line in bad:
             print(f"REGRESSION {line}")
         print(f"\n{len(bad)} regression(s) against {opts['check']} (onnx {base.get('onnx_version')})")
-        rc = 1 if bad else 0
+        missing = unexported_types(results)
+        for kind, names in missing.items():
+            print(f"NO QDQ EXPORT for layer type {kind} (made by {', '.join(names)})")
+        print(f"{len(missing)} layer type(s) made by the importer without an ONNX QDQ export mapping")
+        rc = 1 if bad or missing else 0
     if opts["write"]:
         write_baseline(results, opts["write"])
         print(f"\nbaseline written to {opts['write']}")
