@@ -61,32 +61,37 @@ def zoo(name: str, samples: int) -> Tuple[Path, Dict[str, List[int]], List[Feeds
     return path, {inp.name: shape}, feeds
 
 
-def _transformer(name: str) -> Tuple[Any, List[str]]:
-    """The seeded model (eval mode) and its input names."""
+INPUTS = {"bert_base": ["input_ids", "attention_mask", "token_type_ids"], "distilbert": ["input_ids", "attention_mask"],
+          "vit_small": ["pixel_values"], "gpt2_small": ["input_ids", "attention_mask"],
+          "whisper_tiny_enc": ["input_features"]}
+"""Each transformer's ONNX inputs, in the order the export takes them."""
+
+
+def _transformer(name: str) -> Any:
+    """The seeded model, in eval mode (made only to export it)."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     import torch
     import transformers as t
 
     torch.manual_seed(0)
-    text = ["input_ids", "attention_mask"]
     if name == "bert_base":
         cfg = t.BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
-        return t.AutoModel.from_config(cfg, attn_implementation="eager").eval(), text + ["token_type_ids"]
+        return t.AutoModel.from_config(cfg, attn_implementation="eager").eval()
     if name == "distilbert":
         cfg = t.DistilBertConfig(dim=768, n_layers=6, n_heads=12, hidden_dim=3072)
-        return t.AutoModel.from_config(cfg, attn_implementation="eager").eval(), text
+        return t.AutoModel.from_config(cfg, attn_implementation="eager").eval()
     if name == "vit_small":
         cfg = t.ViTConfig(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536,
                           image_size=224, patch_size=16)
-        return t.AutoModel.from_config(cfg, attn_implementation="eager").eval(), ["pixel_values"]
+        return t.AutoModel.from_config(cfg, attn_implementation="eager").eval()
     if name == "gpt2_small":
         cfg = t.GPT2Config(n_embd=768, n_layer=6, n_head=12, n_positions=256)
-        return t.AutoModel.from_config(cfg, attn_implementation="eager").eval(), text
+        return t.AutoModel.from_config(cfg, attn_implementation="eager").eval()
     cfg = t.WhisperConfig(d_model=384, encoder_layers=4, encoder_attention_heads=6, encoder_ffn_dim=1536,
                           num_mel_bins=80, max_source_positions=200, decoder_layers=1, decoder_attention_heads=6,
                           decoder_ffn_dim=64, vocab_size=100, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                           decoder_start_token_id=1)
-    return t.WhisperModel(cfg).get_encoder().eval(), ["input_features"]
+    return t.WhisperModel(cfg).get_encoder().eval()
 
 
 def _feed(name: str, names: List[str]) -> Callable[[np.random.Generator], Feeds]:
@@ -112,11 +117,11 @@ def transformer(name: str, samples: int, cache: Path) -> Tuple[Path, Dict[str, L
     from _hf_archs import export_hidden_state
 
     path = cache / f"{name}_seed0.onnx"
-    model, names = _transformer(name)
+    names = INPUTS[name]
     make = _feed(name, names)
     if not path.is_file():
         example = make(np.random.default_rng(1))
-        export_hidden_state(model, names, [example[n] for n in names], path, "y")
+        export_hidden_state(_transformer(name), names, [example[n] for n in names], path, "y")
     rng = np.random.default_rng(0)
     feeds = [make(rng) for _ in range(samples)]
     return path, {n: list(v.shape) for n, v in feeds[0].items()}, feeds

@@ -24,7 +24,14 @@ from ..graph.tables import TensorStatistics, ranges_of, statistics_of
 from ..graph.tensor import PyTensor
 from ..quant.params import QuantMode
 from .inf_mask import apply_inf_mask_ranges
-from .statistics import INF_MASK_THRESHOLD, ExtremaState, StatisticsConfig, plain_extrema, update_statistics
+from .statistics import (
+    INF_MASK_THRESHOLD,
+    ExtremaState,
+    StatisticsConfig,
+    plain_extrema,
+    starts_over,
+    update_statistics,
+)
 from .strategies import apply_strategy, parse_strategy
 
 if TYPE_CHECKING:
@@ -147,7 +154,7 @@ class _PassUpdates:
                 if held is not None and batch_index != 0:
                     held[1].fold(*clipped, cfg.momentum)
                     return
-                if batch_index == 0 or stats.batches == 0 or stats.extrema_min is None:
+                if starts_over(stats, batch_index):
                     stats.reset()
                     self._states[key] = (stats, ExtremaState(*clipped, *clipped))
                     return

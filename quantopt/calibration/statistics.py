@@ -75,7 +75,7 @@ _CHUNK = 1 << 22  # elements per block when binning (bounds the temporary float6
 
 __all__ = [
     "ExtremaState", "INF_MASK_THRESHOLD", "STAT_INT_MAX", "STAT_INT_MIN", "StatisticsConfig", "Trim", "apply_trim",
-    "histogram_range", "parse_trim", "plain_extrema", "rebin_histogram", "update_statistics",
+    "histogram_range", "parse_trim", "plain_extrema", "rebin_histogram", "starts_over", "update_statistics",
 ]
 
 
@@ -341,6 +341,11 @@ def _ema32(old: float, new: float, m: float) -> float:
     return unpack(pack(product_old + product_new))[0]
 
 
+def starts_over(stats: TensorStatistics, batch_index: int) -> bool:
+    """Whether batch `batch_index` starts `stats` afresh: the first batch of a pass, or statistics that hold none."""
+    return int(batch_index) == 0 or stats.batches == 0 or stats.extrema_min is None
+
+
 def plain_extrema(x: torch.Tensor, mask_threshold: float = INF_MASK_THRESHOLD) -> Optional[Tuple[float, float]]:
     """(min, max) of batch `x` clipped to the statistics range as the extrema path folds them, by one aminmax; None
     when the batch holds NaN or mask values (|x| >= `mask_threshold`), which only the other paths handle."""
@@ -490,7 +495,7 @@ def update_statistics(stats: TensorStatistics, x: torch.Tensor, cfg: StatisticsC
         raise TypeError(f"cfg must be a StatisticsConfig, got {type(cfg).__name__}")
     if x.numel() == 0:
         return stats
-    reset = int(batch_index) == 0 or stats.batches == 0 or stats.extrema_min is None
+    reset = starts_over(stats, batch_index)
     if cfg.extrema_only and _update_extrema_only(stats, x.detach(), cfg.momentum, reset, float(cfg.mask_threshold)):
         return stats  # the fast path: one aminmax and scalar arithmetic, nothing autograd could record
     with torch.no_grad():

@@ -10,6 +10,7 @@ tensor names. docs/onnx-export.md has the mapping table and how closely onnxrunt
 """
 from __future__ import annotations
 
+import math
 from typing import Any, List, Optional, Tuple
 
 from ..errors import ConfigError, IRError, UnsupportedError
@@ -167,7 +168,7 @@ def _check_and_infer(onnx: Any, model: Any) -> None:
     VGG-size export cost a second of a three-second export. The weights are this module's own initializers,
     made from numpy arrays of their declared shape."""
     graph, helper = model.graph, onnx.helper
-    weights = [init for init in graph.initializer if _elements(init.dims) > CHECK_VALUE_ELEMENTS]
+    weights = [init for init in graph.initializer if math.prod(int(d) for d in init.dims) > CHECK_VALUE_ELEMENTS]
     if not weights:
         onnx.checker.check_model(model)
         inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
@@ -184,12 +185,6 @@ def _check_and_infer(onnx: Any, model: Any) -> None:
     del graph.value_info[:]
     graph.value_info.extend(inferred.graph.value_info)
 
-
-def _elements(dims: Any) -> int:
-    count = 1
-    for d in dims:
-        count *= int(d)
-    return count
 
 
 def export_onnx_qdq(graph: PyGraph, path: str, opset: Optional[int] = None, scales: str = DEFAULT_SCALES,

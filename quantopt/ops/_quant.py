@@ -749,8 +749,7 @@ def scaled_product_finish(node: PyNode, x: torch.Tensor) -> Optional[torch.Tenso
     w_scaled, w_absmax = memo(node, "scaled_product_finish", (layer_key(node), x.device), build)
     if not broadcasts_into(w_scaled.shape, x.shape):
         return None
-    x_lo, x_hi = (int(v) for v in torch.aminmax(x))
-    if (max(-x_lo, x_hi) * w_absmax + plan.b_absmax) * plan.m_absmax >= FLOAT64_EXACT:
+    if (values_absmax(x) * w_absmax + plan.b_absmax) * plan.m_absmax >= FLOAT64_EXACT:
         return None
     # |x·w·f + b·f| < 2^50 (every shift >= 3): the rounding by addition applies
     y = round_scaled_(torch.addcmul(plan.b_scaled, x, w_scaled), int(plan.zp_out), plan.qmin, plan.qmax)

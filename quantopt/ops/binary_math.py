@@ -860,13 +860,11 @@ def _sqd_int(node: PyNode) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export
-def _aligned_codes(g: QDQGraph, node: PyNode, perm: Optional[Perm]) -> Tuple[str, str, int, int]:
-    """((a + zp_a)·M_a, (b + zp_b)·M_b as float64 in layout `perm`, M, N) of a Mod or SquaredDifference: the
-    aligned integers of both inputs and the output multiplier/shift."""
-    m, m_a, m_b = _int_list(node, "scale_value", 3)
-    a, b = node.inputs
-    values = onnx_exact.scaled_codes(g, node, [a, b], [float(m_a), float(m_b)], perm)
-    return values[0], values[1], m, int(node.get_param("shift_value"))
+def _aligned_codes(g: QDQGraph, node: PyNode, m_a: int, m_b: int, perm: Optional[Perm]) -> Tuple[str, str]:
+    """((a + zp_a)·M_a, (b + zp_b)·M_b) as float64 in layout `perm`: the aligned integers of a Mod's or a
+    SquaredDifference's inputs."""
+    first, second = onnx_exact.scaled_codes(g, node, list(node.inputs), [float(m_a), float(m_b)], perm)
+    return first, second
 
 
 def _requantize_int64(g: QDQGraph, node: PyNode, value: str, m: int, n: int, perm: Optional[Perm]) -> None:
@@ -900,9 +898,10 @@ def convert_mod(g: QDQGraph, node: PyNode) -> None:
     if not (g.unit_domain or _integers_only(node)):
         raise node_error(node, "Mod is exported in the exact mode only")
     m, m_a, m_b = _int_list(node, "scale_value", 3)
+    n = int(node.get_param("shift_value"))
     in_double = fits_double(offset_absmax(node, b) * m_b * abs(m))  # r·M exact, so r·M·2^-N for any N
     perm = shared_perm(g, [a, b], g.rank(y))
-    dividend, divisor, m, n = _aligned_codes(g, node, perm)
+    dividend, divisor = _aligned_codes(g, node, m_a, m_b, perm)
     dividend, divisor = (g.add("Cast", [v], to=onnx_exact.INT64) for v in (dividend, divisor))
     zero = g.add("Equal", [divisor, g.const(f"{node.name}/zero", np.array(0, dtype=np.int64))])
     safe = g.add("Where", [zero, g.const(f"{node.name}/one", np.array(1, dtype=np.int64)), divisor])
@@ -956,7 +955,7 @@ def convert_squared_difference(g: QDQGraph, node: PyNode) -> None:
     dq = ((dmax >> k) + 1) if k else dmax
     perm = shared_perm(g, [a, b], g.rank(y))
     if g.unit_domain or _integers_only(node):
-        first, second, m, n = _aligned_codes(g, node, perm)
+        first, second = _aligned_codes(g, node, m_a, m_b, perm)
         d = g.add("Sub", [first, second])  # below 2^35: exact, and so is its rounding by 2^k
         if k:
             d = g.add("Round", [g.add("Mul", [d, double(g, node, "diff_step", 2.0 ** -k)])])

@@ -1089,17 +1089,23 @@ def _padded_codes(g: QDQGraph, node: PyNode, x: PyTensor, pads: Sequence[int]) -
     return g.add("Cast", [padded], to=g.elem_type(p.dtype))
 
 
-@DEPTH_TO_SPACE.export
-def convert_depthtospace(g: QDQGraph, node: PyNode) -> None:
-    """The forward's reshape and permute (DCR or CRD) on the codes in the IR's NHWC layout: integer Reshape and
-    Transpose, which onnxruntime runs for every integer type (its DepthToSpace kernel does not)."""
+def _nhwc_move(g: QDQGraph, node: PyNode) -> Tuple[PyTensor, PyTensor, List[int]]:
+    """(input, output, the input's [N, H, W, C]) of a 4-D layout layer, checked for the export: the output keeps
+    the input's params (its codes move), the input is 4-D."""
     x, y = node.inputs[0], node.outputs[0]
     require_same(node, x, y)
     if g.rank(x) != 4:
         raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
+    return x, y, [int(d) for d in x.ir_shape]
+
+
+@DEPTH_TO_SPACE.export
+def convert_depthtospace(g: QDQGraph, node: PyNode) -> None:
+    """The forward's reshape and permute (DCR or CRD) on the codes in the IR's NHWC layout: integer Reshape and
+    Transpose, which onnxruntime runs for every integer type (its DepthToSpace kernel does not)."""
+    x, y, (_, h, w, c) = _nhwc_move(g, node)
     by, bx = _block_sizes(node)
     mode = str(node.get_param("mode", optional=True, default_value="DCR")).strip().upper()
-    _, h, w, c = (int(d) for d in x.ir_shape)
     if c % (by * bx) or mode not in ("DCR", "CRD"):
         raise node_error(node, f"channels {c} and mode {mode} do not make a DepthToSpace of block {by}x{bx}")
     co = c // (by * bx)
@@ -1113,12 +1119,8 @@ def convert_depthtospace(g: QDQGraph, node: PyNode) -> None:
 @SPACE_TO_DEPTH.export
 def convert_spacetodepth(g: QDQGraph, node: PyNode) -> None:
     """The forward's reshape and permute on the codes in the IR's NHWC layout (integer Reshape and Transpose)."""
-    x, y = node.inputs[0], node.outputs[0]
-    require_same(node, x, y)
+    x, y, (_, h, w, c) = _nhwc_move(g, node)
     by, bx = _block_sizes(node)
-    if g.rank(x) != 4:
-        raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
-    _, h, w, c = (int(d) for d in x.ir_shape)
     if h % by or w % bx:
         raise node_error(node, f"spatial size {h}x{w} is not a multiple of the block {by}x{bx}")
     out = _moved_codes(g, node, g.int_value(x), [("reshape", [0, h // by, by, w // bx, bx, c]),
@@ -1130,13 +1132,10 @@ def convert_spacetodepth(g: QDQGraph, node: PyNode) -> None:
 def _block_layer(g: QDQGraph, node: PyNode, sides: str) -> Tuple[PyTensor, PyTensor, int, int, List[int], List[int]]:
     """(input, output, block_size_y, block_size_x, the four `<sides>_left/right/top/bottom` params, the input's
     [N, H, W, C]) of a SpaceToBatch or BatchToSpace, checked for the export (same params, 4-D)."""
-    x, y = node.inputs[0], node.outputs[0]
-    require_same(node, x, y)
-    if g.rank(x) != 4:
-        raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
+    x, y, shape = _nhwc_move(g, node)
     by, bx = _block_sizes(node)
     edges = [_int_param(node, f"{sides}_{k}", 0, minimum=0) for k in ("left", "right", "top", "bottom")]
-    return x, y, by, bx, edges, [int(d) for d in x.ir_shape]
+    return x, y, by, bx, edges, shape
 
 
 @SPACE_TO_BATCH.export

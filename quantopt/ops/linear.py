@@ -62,7 +62,7 @@ from .onnx_build.mac import (
     quantize_mac_output,
     weight_onnx_scale,
 )
-from .onnx_build.perms import identity
+from .onnx_build.perms import operand_perm
 from .onnx_build.qdq_graph import QDQGraph, node_error, requant_ratio
 
 MAC_FLOAT_DTYPE = torch.float64
@@ -459,12 +459,8 @@ def convert_matmul(g: QDQGraph, node: PyNode) -> None:
     """Two activations; trans_a/trans_b become layouts of the inputs (integer Transposes, shared)."""
     if len(node.inputs) != 2:
         raise node_error(node, f"needs 2 inputs, got {len(node.inputs)}")
-    perms = []
-    for t, key in zip(node.inputs, ("trans_a", "trans_b")):
-        perm = list(identity(g.rank(t)))
-        if bool_param(node, key, False):
-            perm[-2], perm[-1] = perm[-1], perm[-2]
-        perms.append(tuple(perm))
+    perms = [operand_perm(g.rank(t), bool_param(node, key, False))
+             for t, key in zip(node.inputs, ("trans_a", "trans_b"))]
     if onnx_exact.matmul(g, node, perms):
         return
     values = [g.float_value(t, perm) for t, perm in zip(node.inputs, perms)]

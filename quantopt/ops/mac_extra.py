@@ -75,7 +75,7 @@ from .onnx_build.mac import (
     weight_onnx_scale,
     window_sums,
 )
-from .onnx_build.perms import channels_first
+from .onnx_build.perms import channels_first, operand_perm
 from .onnx_build.qdq_graph import QDQGraph, int_or, node_error
 
 """Integers and partial sums below this magnitude are exact in float64: the bound for float64 accumulation and for
@@ -809,6 +809,16 @@ def _gemm_requant(node: PyNode) -> Tuple[int, int, int, int]:
     return int(sv), int(hv), 0, 0
 
 
+def _gemm_bounds(node: PyNode, k: int, mc: int, nc: int) -> Tuple[int, int]:
+    """(bound on |(A+zp)' @ (B+zp)'| over K = `k` products, bound on the rounded |C'| added to it; 0 without C)
+    from the stored ranges."""
+    ta, tb = node.inputs[0], node.inputs[1]
+    bound = k * _shifted_absmax(node, ta) * _shifted_absmax(node, tb)
+    if len(node.inputs) < 3:
+        return bound, 0
+    return bound, ((_shifted_absmax(node, node.inputs[2]) * abs(mc)) << max(0, -nc) >> max(0, nc)) + 1
+
+
 def _gemm_int(node: PyNode) -> torch.Tensor:
     """acc = sgn(alpha) * (A+zp_A)' @ (B+zp_B)' exactly; c = sgn(beta) * round_half_even((C+zp_C) * M_c / 2^N_c);
     y = clamp(round_half_even((acc + c) * M / 2^N) - zp_out, qmin, qmax), then the fused bounds. The worst case of
@@ -819,10 +829,7 @@ def _gemm_int(node: PyNode) -> torch.Tensor:
     a = _gemm_operand(node, int_value(ta) + tensor_zp(node, ta), "trans_a")
     b = _gemm_operand(node, int_value(tb) + tensor_zp(node, tb), "trans_b")
     k = int(a.shape[-1]) if a.dim() else 1
-    bound = k * _shifted_absmax(node, ta) * _shifted_absmax(node, tb)
-    c_bound = 0
-    if len(node.inputs) == 3:
-        c_bound = ((_shifted_absmax(node, node.inputs[2]) * abs(mc)) << max(0, -nc) >> max(0, nc)) + 1
+    bound, c_bound = _gemm_bounds(node, k, mc, nc)
     if bound + c_bound >= INT64_ACCUMULATOR_LIMIT:
         raise UnsupportedError(f"layer '{node.name}' (Gemm): accumulator bound {bound + c_bound} exceeds 2^62")
     if bound < FLOAT64_EXACT:
@@ -854,18 +861,12 @@ def convert_gemm(g: QDQGraph, node: PyNode) -> None:
     tc = node.inputs[2] if len(node.inputs) == 3 else None
     perms = []
     for t, key in ((ta, "trans_a"), (tb, "trans_b")):
-        perm = list(range(g.rank(t)))
-        if bool_param(node, key, False):
-            if len(perm) < 2:
-                raise node_error(node, f"{key}=true needs an operand of rank >= 2")
-            perm[-2], perm[-1] = perm[-1], perm[-2]
-        perms.append(tuple(perm))
+        if bool_param(node, key, False) and g.rank(t) < 2:
+            raise node_error(node, f"{key}=true needs an operand of rank >= 2")
+        perms.append(operand_perm(g.rank(t), bool_param(node, key, False)))
     m, n, mc, nc = _gemm_requant(node)
     alpha, beta = _float_param(node, "alpha", 1.0), _float_param(node, "beta", 1.0)
-    inner = int(ta.ir_shape[perms[0][-1]]) if ta.ir_shape else 1
-    bound = inner * _shifted_absmax(node, ta) * _shifted_absmax(node, tb)
-    if tc is not None:
-        bound += ((_shifted_absmax(node, tc) * abs(mc)) << max(0, -nc) >> max(0, nc)) + 1
+    bound = sum(_gemm_bounds(node, int(ta.ir_shape[perms[0][-1]]) if ta.ir_shape else 1, mc, nc))
     if g.unit_domain and node.params.get("remain_shift") is None and onnx_exact.fits_double(bound * abs(m)) \
             and (tc is None or onnx_exact.fits_double(_shifted_absmax(node, tc) * abs(mc))):
         acc = g.add("MatMul", [onnx_exact.codes(g, ta, perms[0]), onnx_exact.codes(g, tb, perms[1])])

@@ -1130,6 +1130,21 @@ def convert_l2_normalization(g: QDQGraph, node: PyNode) -> None:
     g.quantize(y, g.rescale(out, float(requant_ratio(node)[0]) / float(tensor_scale(node, y))))
 
 
+def _inverse_sqrt_int64(g: QDQGraph, node: PyNode, q: str) -> Tuple[str, str, str]:
+    """`inverse_sqrt` of int64 `q` >= 1 as ONNX nodes: (R, t, the int64 table of 2^0 .. 2^62 it used), where
+    t = (e - 30) rounded up to even for e = bit_length(q), Q' = q · 2^-t and R = isqrt(floor(2^62 / Q'))."""
+    def int64(what: str, v: object) -> str:
+        return g.const(f"{node.name}/{what}", np.asarray(v, dtype=np.int64))
+
+    over = g.add("Sub", [bit_length_int64(g, node, q, "squares"), int64("norm_bits", RSQRT_NORM_BITS)])
+    t = g.add("Add", [over, g.add("Mod", [over, int64("two", 2)])])
+    table = int64("pow2", np.array([1 << k for k in range(63)], dtype=np.int64))
+    right = g.add("Gather", [table, g.add("Max", [t, int64("zero", 0)])], axis=0)
+    left = g.add("Gather", [table, g.add("Max", [g.add("Neg", [t]), int64("zero_left", 0)])], axis=0)
+    qn = g.add("Mul", [g.add("Div", [q, right]), left])
+    return isqrt_int64(g, node, g.add("Div", [int64("numerator", 1 << RSQRT_NUMERATOR_BITS), qn])), t, table
+
+
 def _exact_l2_normalization(g: QDQGraph, node: PyNode, axes: Sequence[int], mult: int, shift: int) -> None:
     """The "exact" form of `convert_l2_normalization` (docs/semantics/normalization.md, "Normalization")."""
     x = node.inputs[0]
@@ -1140,13 +1155,7 @@ def _exact_l2_normalization(g: QDQGraph, node: PyNode, axes: Sequence[int], mult
     v = g.add("Cast", [codes(g, x)], to=INT64)
     squares = g.add("ReduceSum", [g.add("Mul", [v, v]), g.ints(f"{node.name}/axes", list(axes))], keepdims=1)
     q = g.add("Max", [squares, int64("eps", max(1, _int_param(node, "eps_value")))])
-    over = g.add("Sub", [bit_length_int64(g, node, q, "squares"), int64("norm_bits", RSQRT_NORM_BITS)])
-    t = g.add("Add", [over, g.add("Mod", [over, int64("two", 2)])])
-    table = int64("pow2", np.array([1 << k for k in range(63)], dtype=np.int64))
-    right = g.add("Gather", [table, g.add("Max", [t, int64("zero", 0)])], axis=0)
-    left = g.add("Gather", [table, g.add("Max", [g.add("Neg", [t]), int64("zero_left", 0)])], axis=0)
-    qn = g.add("Mul", [g.add("Div", [q, right]), left])
-    r = isqrt_int64(g, node, g.add("Div", [int64("numerator", 1 << RSQRT_NUMERATOR_BITS), qn]))
+    r, t, _ = _inverse_sqrt_int64(g, node, q)
     product = g.add("Cast", [g.add("Mul", [g.add("Mul", [v, r]), int64("multiplier", mult)])], to=DOUBLE)
     # t is even and lies in [-28, 32] for 1 <= Q < 2^62: the row's shift 31 + t/2 + shift takes 31 values
     low = RSQRT_FRAC_BITS - 14 + shift
@@ -1216,15 +1225,7 @@ def exact_layer_norm(g: QDQGraph, node: PyNode, axes: Sequence[int], view: Optio
     squares = g.add("Add", [g.add("ReduceSum", [g.add("Mul", [d, d]), axes_input], keepdims=1),
                             int64("eps", count * eps_value)])
     q = g.add("Max", [squares, int64("one_min", 1)])
-    powers = np.array([1 << k for k in range(63)], dtype=np.int64)
-    over = g.add("Sub", [bit_length_int64(g, node, q, "squares"), int64("norm_bits", RSQRT_NORM_BITS)])
-    t = g.add("Add", [over, g.add("Mod", [over, int64("two", 2)])])
-    table = int64("pow2", powers)
-    right = g.add("Gather", [table, g.add("Max", [t, int64("zero", 0)])], axis=0)
-    left = g.add("Gather", [table, g.add("Max", [g.add("Neg", [t]), int64("zero_left", 0)])], axis=0)
-    qn = g.add("Mul", [g.add("Div", [q, right]), left])
-    n = g.add("Div", [int64("numerator", 1 << RSQRT_NUMERATOR_BITS), qn])
-    r = isqrt_int64(g, node, n)
+    r, t, table = _inverse_sqrt_int64(g, node, q)
     shift = g.add("Add", [g.add("Div", [t, int64("half", 2)]), int64("norm_shift", RSQRT_FRAC_BITS + sh_n)])
     product = g.add("Mul", [g.add("Mul", [d, r]), int64("norm_scale", m_n)])
     limit = 2 ** (NORM_BITS - 1) - 1
@@ -1336,7 +1337,9 @@ def convert_groupnorm(g: QDQGraph, node: PyNode) -> None:
     gamma/beta (per channel) and the multipliers. Upstream's form (the default) in "exact" and "effective" modes,
     quantopt's in "exact" mode; refused otherwise."""
     x = node.inputs[0]
-    groups, outer, width, inner = _Rows(node, [int(d) for d in x.ir_shape]).group or (1, 1, 1, 1)
+    rows = _Rows(node, [int(d) for d in x.ir_shape])
+    assert rows.group is not None  # a GroupNorm's rows are its groups
+    groups, outer, width, inner = rows.group
     view = NormView((0, outer, groups, width, inner), (1, 3, 4))
     if "norm_scale_value" not in node.params:
         raise node_error(node, "a quantized GroupNorm needs norm_scale_value/norm_shift_value")

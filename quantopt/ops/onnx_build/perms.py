@@ -14,6 +14,15 @@ def identity(rank: int) -> Perm:
     return tuple(range(rank))
 
 
+def operand_perm(rank: int, transposed: bool) -> Perm:
+    """The layout of a matrix product's operand: the IR layout, its last two axes swapped when `transposed`
+    (trans_a/trans_b read as a layout, no Transpose of their own)."""
+    perm = list(identity(rank))
+    if transposed:
+        perm[-2], perm[-1] = perm[-1], perm[-2]
+    return tuple(perm)
+
+
 def channels_first(rank: int) -> Perm:
     """The perm taking a channels-last IR tensor to channels-first (NHWC → NCHW, NWC → NCW, ...)."""
     return (0, rank - 1, *range(1, rank - 1)) if rank >= 3 else identity(rank)
