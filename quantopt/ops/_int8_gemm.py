@@ -5,11 +5,16 @@ exact, whatever the summation order. On CPUs with vector-neural-network instruct
 times a float GEMM's rate (docs/performance.md, "Integer GEMMs"). Some CPU kernels are not exact, though: without
 those instructions (or with DNNL_MAX_CPU_ISA capping oneDNN at AVX2) the 8-bit multiply-add sums pairs of products
 into saturating 16-bit lanes. `int8_gemm_exact` therefore probes the kernel once per process on operands that
-overflow such lanes, and the integer forward uses the int8 GEMM only where the probe found it exact.
+overflow such lanes. Other kernels are exact but slow: on a CPU without those instructions (AVX2 only) torch's
+int8 GEMM ran at a fifteenth of the float64 GEMM's speed and made the integer forward twenty times slower.
+`int8_gemm_fast` therefore times it once per process against torch's float32 GEMM of the same shape, and the
+integer forward uses the int8 GEMM only where it is both exact and faster (`int8_gemm_used`); the integers are the
+same either way.
 """
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
@@ -70,6 +75,39 @@ def int8_gemm_exact() -> bool:
     return True
 
 
+SPEED_PROBE_SHAPE = (256, 256, 256)
+"""(M, K, N) of the product `int8_gemm_fast` times: the size of a middle convolution's GEMM."""
+
+
+def _best_seconds(fn: Callable[[], object], runs: int = 3) -> float:
+    fn()  # the first call may allocate or pick kernels
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@functools.cache
+def int8_gemm_fast() -> bool:
+    """Whether torch's CPU int8 GEMM beats its float32 GEMM on a product of SPEED_PROBE_SHAPE in this process.
+    With vector-neural-network instructions it ran at 5-10x the float32 rate, on an AVX2-only CPU at 1/36 of it:
+    the margin either way is far beyond timing noise, and either choice gives the same integers."""
+    m, k, n = SPEED_PROBE_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randint(-128, 128, (m, k), generator=gen, dtype=torch.int8)
+    b = torch.randint(-128, 128, (k, n), generator=gen, dtype=torch.int8)
+    af, bf = a.to(torch.float32), b.to(torch.float32)
+    return _best_seconds(lambda: int8_gemm(a, b)) < _best_seconds(lambda: torch.mm(af, bf))
+
+
+def int8_gemm_used() -> bool:
+    """Whether the integer forward takes the int8 GEMM in this process: exact (`int8_gemm_exact`) and faster than
+    the float kernels it replaces (`int8_gemm_fast`)."""
+    return int8_gemm_exact() and int8_gemm_fast()
+
+
 @dataclass(frozen=True)
 class Int8Operand:
     """Integer values x written as int8 parts: x = sum of factor·part, plus `offset`. Each part carries its share of
@@ -126,7 +164,7 @@ few rows costs less than splitting the operand into int8 parts."""
 
 class IntMatmul:
     """`exact_int_matmul(a, w)` for one integer weight matrix w [K, N] that many products read (a recurrent cell's
-    steps): through torch's int8 GEMM where w fits int8, the GEMM is exact in this process (`int8_gemm_exact`), the
+    steps): through torch's int8 GEMM where w fits int8, the GEMM is used in this process (`int8_gemm_used`), the
     operand fits int16 and w is large enough to gain (INT8_MATMUL_MIN_WEIGHTS); else torch's int64 product. The
     same int64 values either way (`int8_accumulate`: int32 sums of int8 products, combined exactly in float64).
     Why: torch's int64 matrix product reads eight bytes per weight; at one row per step a 256 x 1024 weight matrix
@@ -139,7 +177,7 @@ class IntMatmul:
         self.w8: Optional[torch.Tensor] = None
         self.sums: Optional[torch.Tensor] = None
         if self.w.dim() != 2 or self.w.device.type != "cpu" or self.w.numel() < INT8_MATMUL_MIN_WEIGHTS \
-                or int(self.w.shape[0]) > INT8_MAX_TERMS // 2 or not int8_gemm_exact():
+                or int(self.w.shape[0]) > INT8_MAX_TERMS // 2 or not int8_gemm_used():
             return
         lo, hi = (int(v) for v in torch.aminmax(self.w))
         if -128 <= lo and hi <= 127:

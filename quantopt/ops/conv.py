@@ -19,7 +19,7 @@ from ..threads import one_thread
 from . import _fp8
 from ._conv_nhwc import conv2d_nhwc as _conv2d_kernel
 from ._conv_nhwc import conv2d_nhwc_int8, depthwise_taps
-from ._int8_gemm import INT8_MAX_TERMS, int8_accumulate, int8_gemm_exact, split_int8
+from ._int8_gemm import INT8_MAX_TERMS, int8_accumulate, int8_gemm_used, split_int8
 from ._quant import (
     layer_settings,
     mac_finish,
@@ -275,12 +275,12 @@ def _depthwise_int_onednn(node: PyNode, x: torch.Tensor, w: torch.Tensor, zp: in
 def _conv_int8(node: PyNode, x: torch.Tensor, zp: int) -> Optional[Tuple[torch.Tensor, int]]:
     """The integer accumulator of a convolution (one group or several) on the CPU as int8 GEMMs with int32 sums
     (`_conv_nhwc.conv2d_nhwc_int8`), as float64, and a bound on its magnitude (max |x or padding| · max sum |w|
-    over the output channels); None where it does not apply: on another device, a CPU whose int8
-    GEMM is not exact (`_int8_gemm.int8_gemm_exact`), weights outside int8, inputs (padding included) beyond 16
+    over the output channels); None where it does not apply: on another device, a CPU whose int8 GEMM is not
+    exact or not faster (`_int8_gemm.int8_gemm_used`), weights outside int8, inputs (padding included) beyond 16
     bits, or a reduction long enough to leave int32. Inputs are split into int8 parts (`_int8_gemm.split_int8`:
     one for 8-bit values, two for 16-bit ones), and the offset they were taken with comes back as offset · (the
     weights' sum) per channel, so the result is the same integer."""
-    if x.device.type != "cpu" or x.dim() != 4 or not int8_gemm_exact():
+    if x.device.type != "cpu" or x.dim() != 4 or not int8_gemm_used():
         return None
     w_q = node.get_constant("weights").betensor
     group, stride, dilation, pads = _checked_call(node, x, w_q, False)

@@ -17,7 +17,7 @@ from ..registry.schema import Bool, Float, Int, Param, Value, quantized
 from ..threads import one_thread
 from . import _fp8
 from ._fc_order import OrderedWeights, linear_float32
-from ._int8_gemm import INT8_MAX_TERMS, int8_accumulate, int8_gemm, int8_gemm_exact, split_int8
+from ._int8_gemm import INT8_MAX_TERMS, int8_accumulate, int8_gemm, int8_gemm_used, split_int8
 from ._quant import (
     FLOAT32_EXACT,
     check_fused_activation_quantizable,
@@ -153,7 +153,7 @@ def _fc_int8(node: PyNode, x: torch.Tensor) -> Optional[Tuple[torch.Tensor, int]
     forward's accumulator), with a bound on its magnitude (max |x| · max sum |w| over the outputs), or None where
     that is not exact or possible: the conditions of `conv._conv_int8`."""
     k = int(x.shape[-1]) if x.dim() else 0
-    if x.device.type != "cpu" or not k or k > INT8_MAX_TERMS or not int8_gemm_exact():
+    if x.device.type != "cpu" or not k or k > INT8_MAX_TERMS or not int8_gemm_used():
         return None
     weights = mac_weights_int8(node)
     operand = split_int8(x) if weights is not None else None

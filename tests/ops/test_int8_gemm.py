@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Callable, List
 
 import numpy as np
@@ -52,6 +53,26 @@ def test_probe_finds_saturating_kernels(monkeypatch) -> None:
     assert _int8_gemm.int8_gemm_exact.__wrapped__()
     monkeypatch.setattr(_int8_gemm, "int8_gemm", saturating_gemm)
     assert not _int8_gemm.int8_gemm_exact.__wrapped__()
+
+
+def test_speed_probe_keeps_a_slow_kernel_out(monkeypatch) -> None:
+    """An exact int8 GEMM slower than the float32 GEMM (torch's kernel on an AVX2-only CPU) is not used; a faster
+    one is, and an inexact one never."""
+    result = torch.zeros(256, 256, dtype=torch.int32)
+
+    def slow(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.05)
+        return result
+
+    monkeypatch.setattr(_int8_gemm, "int8_gemm", slow)
+    assert not _int8_gemm.int8_gemm_fast.__wrapped__()
+    monkeypatch.setattr(_int8_gemm, "int8_gemm", lambda a, b: result)
+    assert _int8_gemm.int8_gemm_fast.__wrapped__()
+    monkeypatch.setattr(_int8_gemm, "int8_gemm_fast", lambda: True)
+    monkeypatch.setattr(_int8_gemm, "int8_gemm_exact", lambda: False)
+    assert not _int8_gemm.int8_gemm_used()
+    monkeypatch.setattr(_int8_gemm, "int8_gemm_exact", lambda: True)
+    assert _int8_gemm.int8_gemm_used()
 
 
 @pytest.mark.parametrize("m,k,n", [(5, 1, 3), (1, 7, 1), (3, 4, 1), (1, 1, 1), (6, 9, 4)])
@@ -111,12 +132,12 @@ def _both_ways(monkeypatch, graph: PyGraph, shape, wmode: str, amode: str, posit
     calls: List[int] = []
     gemm = reference_gemm(calls)
     for module in (conv, linear):
-        monkeypatch.setattr(module, "int8_gemm_exact", lambda: True)
+        monkeypatch.setattr(module, "int8_gemm_used", lambda: True)
     monkeypatch.setattr(_conv_nhwc, "int8_gemm", gemm)
     monkeypatch.setattr(linear, "int8_gemm", gemm)
     with_int8 = q.forward([x])[0].clone()
     for module in (conv, linear):
-        monkeypatch.setattr(module, "int8_gemm_exact", lambda: False)
+        monkeypatch.setattr(module, "int8_gemm_used", lambda: False)
     return with_int8, q.forward([x])[0], len(calls)
 
 
@@ -170,10 +191,10 @@ def test_fully_connected_int8_path_keeps_no_float_weights(monkeypatch) -> None:
     x = _data([2, 6, 40], 2, 1)[0]
     calls: List[int] = []
     monkeypatch.setattr(linear, "int8_gemm", reference_gemm(calls))  # the int64 product: exact on any CPU
-    monkeypatch.setattr(linear, "int8_gemm_exact", lambda: True)
+    monkeypatch.setattr(linear, "int8_gemm_used", lambda: True)
     with_int8 = q.forward([x])[0].clone()
     assert calls and "_mac_weights" not in q.node("fc").attrs and "_mac_weights_int8" in q.node("fc").attrs
-    monkeypatch.setattr(linear, "int8_gemm_exact", lambda: False)
+    monkeypatch.setattr(linear, "int8_gemm_used", lambda: False)
     assert torch.equal(q.forward([x])[0], with_int8) and "_mac_weights" in q.node("fc").attrs
 
 
@@ -193,11 +214,11 @@ def test_sixteen_bit_activations_take_two_int8_gemms(monkeypatch, positive) -> N
     q = quantize_model(graph, _data([1, 11, 9, 6], 1, 2, positive), {"q_bits_activation": 16})
     x = _data([2, 11, 9, 6], 2, 1, positive)[0]
     calls: List[int] = []
-    monkeypatch.setattr(conv, "int8_gemm_exact", lambda: True)
+    monkeypatch.setattr(conv, "int8_gemm_used", lambda: True)
     monkeypatch.setattr(_conv_nhwc, "int8_gemm", reference_gemm(calls))
     fast = q.forward([x])[0].clone()
     assert len(calls) == 2
-    monkeypatch.setattr(conv, "int8_gemm_exact", lambda: False)
+    monkeypatch.setattr(conv, "int8_gemm_used", lambda: False)
     assert torch.equal(fast, q.forward([x])[0])
 
 
@@ -227,7 +248,7 @@ def test_int8_accumulators_come_with_a_bound_that_holds(monkeypatch, layer: str,
 
     monkeypatch.setattr(_quant, "_planned_finish", recording)
     for module in (conv, linear):
-        monkeypatch.setattr(module, "int8_gemm_exact", lambda: True)
+        monkeypatch.setattr(module, "int8_gemm_used", lambda: True)
     calls: List[int] = []
     monkeypatch.setattr(_conv_nhwc, "int8_gemm", reference_gemm(calls))
     monkeypatch.setattr(linear, "int8_gemm", reference_gemm(calls))
@@ -235,7 +256,7 @@ def test_int8_accumulators_come_with_a_bound_that_holds(monkeypatch, layer: str,
     assert calls
     assert seen and all(bound is not None and 0 < acc_max <= bound for acc_max, bound in seen), seen
     for module in (conv, linear):
-        monkeypatch.setattr(module, "int8_gemm_exact", lambda: False)
+        monkeypatch.setattr(module, "int8_gemm_used", lambda: False)
     seen.clear()
     assert torch.equal(fast, q.forward([x])[0])
     assert seen and all(bound is None for _, bound in seen)
@@ -282,10 +303,10 @@ for graph, shape in ((t._conv_graph(7, (1, 1, 1, 1), (1, 1), (1, 1), cin=32, cou
     for setting in settings:
         q = t.quantize_model(graph, t._data(shape, 1, 2), setting)
         x = t._data([3, *shape[1:]], 2, 1)[0]
+        conv.int8_gemm_used = linear.int8_gemm_used = lambda: True  # the kernel, even where it is not the faster
         fast = q.forward([x])[0].clone()
-        conv.int8_gemm_exact = linear.int8_gemm_exact = lambda: False
+        conv.int8_gemm_used = linear.int8_gemm_used = lambda: False
         slow = q.forward([x])[0]
-        conv.int8_gemm_exact = linear.int8_gemm_exact = _int8_gemm.int8_gemm_exact
         results.append(bool(torch.equal(fast, slow)))
 gen = torch.Generator().manual_seed(3)
 for m, k, n in ((5, 1, 3), (1, 7, 1), (3, 4, 1), (6, 9, 4)):  # the layouts of test_int8_gemm_reads_any_layout
@@ -314,7 +335,7 @@ def test_int_matmul_gives_the_exact_products(monkeypatch, lo: int, hi: int) -> N
     """`IntMatmul` (a recurrent cell's weight products): int8 and uint8 operands in one int8 GEMM, int16 and uint16
     ones in two, every result the int64 product's."""
     calls: List[int] = []
-    monkeypatch.setattr(_int8_gemm, "int8_gemm_exact", lambda: True)
+    monkeypatch.setattr(_int8_gemm, "int8_gemm_used", lambda: True)
     monkeypatch.setattr(_int8_gemm, "int8_gemm", reference_gemm(calls))
     gen = torch.Generator().manual_seed(5)
     w = torch.randint(-128, 128, (96, 96), generator=gen)
@@ -328,10 +349,10 @@ def test_int_matmul_gives_the_exact_products(monkeypatch, lo: int, hi: int) -> N
 
 
 def test_int_matmul_keeps_the_int64_product_where_int8_does_not_apply(monkeypatch) -> None:
-    """Weights beyond int8 (a weight zero point), an operand beyond 16 bits, a small matrix, or a GEMM the probe
-    found inexact: torch's int64 product, the same values."""
+    """Weights beyond int8 (a weight zero point), an operand beyond 16 bits, a small matrix, or an int8 GEMM this
+    process does not use: the exact product without it, the same values."""
     calls: List[int] = []
-    monkeypatch.setattr(_int8_gemm, "int8_gemm_exact", lambda: True)
+    monkeypatch.setattr(_int8_gemm, "int8_gemm_used", lambda: True)
     monkeypatch.setattr(_int8_gemm, "int8_gemm", reference_gemm(calls))
     gen = torch.Generator().manual_seed(6)
     w8 = torch.randint(-128, 128, (96, 96), generator=gen)
@@ -341,7 +362,7 @@ def test_int_matmul_keeps_the_int64_product_where_int8_does_not_apply(monkeypatc
     for w, a in cases:
         assert torch.equal(_int8_gemm.IntMatmul(w)(a), a @ w)
     assert not calls
-    monkeypatch.setattr(_int8_gemm, "int8_gemm_exact", lambda: False)
+    monkeypatch.setattr(_int8_gemm, "int8_gemm_used", lambda: False)
     a = torch.randint(-128, 128, (2, 96), generator=gen)
     assert torch.equal(_int8_gemm.IntMatmul(w8)(a), a @ w8) and not calls
 
@@ -360,7 +381,7 @@ def test_recurrent_layers_give_the_same_integers_through_int8_gemms(monkeypatch,
     want = q.forward([x])[0].clone()
     calls: List[int] = []
     monkeypatch.setattr(_int8_gemm, "INT8_MATMUL_MIN_WEIGHTS", 1)  # the models' small cells take it too
-    monkeypatch.setattr(_int8_gemm, "int8_gemm_exact", lambda: True)
+    monkeypatch.setattr(_int8_gemm, "int8_gemm_used", lambda: True)
     monkeypatch.setattr(_int8_gemm, "int8_gemm", reference_gemm(calls))
     for n in q.nodes:  # plans memoized without the int8 GEMM are made again
         for key in [k for k in n.attrs if k.startswith("_memo_")]:

@@ -1,4 +1,4 @@
-"""exact_int_matmul: int64 products equal to the CPU's int64 GEMM, in float64 on a device where the bound allows."""
+"""exact_int_matmul: int64 products equal to the CPU's int64 GEMM, in float64 wherever the bound allows."""
 from __future__ import annotations
 
 import pytest
@@ -11,11 +11,14 @@ SHAPES = [((3, 5), (5, 4)), ((2, 3, 5), (5, 4)), ((2, 3, 5), (2, 5, 1)), ((5,), 
 
 
 @pytest.mark.parametrize("shape_a,shape_b", SHAPES)
-def test_cpu_is_the_int64_gemm(shape_a, shape_b) -> None:
+@pytest.mark.parametrize("hi", [2 ** 15, 2 ** 40])
+def test_cpu_gives_the_int64_gemm(shape_a, shape_b, hi: int) -> None:
+    """Within the float64 bound and beyond it (2^40 · 2^15 · 5 > 2^53, int64 then), the int64 GEMM's values."""
     g = torch.Generator().manual_seed(0)
-    a = torch.randint(-128, 128, shape_a, generator=g)
+    a = torch.randint(-hi, hi, shape_a, generator=g)
     b = torch.randint(-32768, 32768, shape_b, generator=g)
-    assert torch.equal(exact_int_matmul(a, b), torch.matmul(a, b))
+    got = exact_int_matmul(a, b)
+    assert got.dtype == torch.int64 and torch.equal(got, torch.matmul(a, b))
 
 
 @pytest.mark.parametrize("big", [False, True])
