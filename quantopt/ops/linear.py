@@ -344,6 +344,37 @@ def _matmul_acc(node: PyNode) -> torch.Tensor:
     return _matmul(node, a.cpu(), b.cpu()).to(device)
 
 
+def _plus_zero_point(t: torch.Tensor, zp: int, dtype: torch.dtype) -> torch.Tensor:
+    """t + zp in `dtype` (exact: |t + zp| is below the caller's bound), the sum in place on the converted copy."""
+    x = t.to(dtype)
+    if not zp:
+        return x
+    return x.add_(zp) if x is not t else x + zp
+
+
+def _matmul_requantized_in_float(node: PyNode, mult: int, shift: int) -> Optional[torch.Tensor]:
+    """`_matmul_int`'s output before its fused-activation clamp, computed in float where the ranges prove it exact:
+    the product in float32 or float64 (`_matmul_acc`'s bound), then round_half_even(acc · M · 2^-shift) in float64,
+    exact while K·max|a|·max|b|·M < 2^53 (M·2^-shift is exact, and so is its product with an integer below 2^53
+    over M). None where that bound or the shift (0 < shift < 63) does not hold: `_matmul_acc` and
+    `requantize_exact` then. Why: the int64 accumulator and its conversions were most of a small MatMul's time."""
+    ta, tb = node.inputs
+    if not 0 < shift < 63:
+        return None
+    a_t, b_t = _matmul_operands(node, int_value(ta), int_value(tb))
+    k = int(a_t.shape[-1]) if a_t.dim() else 1
+    bound = k * _shifted_absmax(node, ta) * _shifted_absmax(node, tb)
+    if bound * abs(mult) >= FLOAT64_EXACT:
+        return None
+    dtype = torch.float32 if bound < FLOAT32_EXACT else torch.float64
+    a = _plus_zero_point(a_t, tensor_zp(node, ta), dtype)
+    b = _plus_zero_point(b_t, tensor_zp(node, tb), dtype)
+    acc = _matmul(node, a, b).to(torch.float64)
+    qmin, qmax = out_range(node, node.outputs[0])
+    y = acc.mul_(mult * 2.0 ** -shift).round_().sub_(tensor_zp(node, node.outputs[0])).clamp_(qmin, qmax)
+    return y.to(torch.int64)
+
+
 def requantize_exact(acc: torch.Tensor, mult: int, shift: int) -> torch.Tensor:
     """Exact round_half_even(acc · M · 2^-shift) for an int64 accumulator and a per-tensor (M, shift), int64.
 
@@ -383,9 +414,15 @@ def _matmul_int(node: PyNode) -> torch.Tensor:
     mult, shift = requant_of(node)
     if isinstance(mult, torch.Tensor):
         raise node._error("a quantized MatMul has a per-tensor scale_value/shift_value, not per-channel constants")
-    acc = _matmul_acc(node)
     remain: Optional[int] = node.params.get("remain_shift")
-    if remain is not None and _wide_matmul(node):
+    handover = remain is not None and _wide_matmul(node)
+    if not handover:
+        y = _matmul_requantized_in_float(node, int(mult), int(shift))
+        if y is not None:
+            return fused_activation_clamp(node, y)
+    acc = _matmul_acc(node)
+    if handover:
+        assert remain is not None
         if shift > int(remain):
             acc = torch.clamp(round_shift(acc, shift - int(remain)), INT32_MIN, INT32_MAX)
             shift = int(remain)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from ..calibration.collect import weight_statistics
 from ..calibration.strategies import apply_strategy
 from ..errors import UnsupportedError
+from ..graph.memo import Same, memo
 from ..graph.node import PyNode
 from ..graph.tables import quant_of, ranges_of
 from ..graph.tensor import PyTensor
@@ -30,8 +31,8 @@ from ..quant.given import GIVEN_PARAMS
 from ..quant.hardware import AIFF_MULTIPLIER_BITS
 from ..quant.lut import lookup_lut
 from ..quant.params import QuantMode, integer_range, linear_quant_params, quantize
-from ..quant.requant import bias_quantize, range_dtype, requantize_int, scale_shift
-from ..quant.rounding import bit_length, div_round_half_even, round_shift
+from ..quant.requant import bias_quantize, range_dtype, requantize_float64_, requantize_int, scale_shift
+from ..quant.rounding import FLOAT64_EXACT, bit_length, div_round_half_even, round_shift
 from ..registry import declare_op
 from ..registry.schema import Axis, Bool, DtypeName, Float, Int, Ints, Param, Text, quantized
 from ..threads import one_thread
@@ -803,28 +804,16 @@ def _upstream_form_forward(node: PyNode) -> torch.Tensor:
     rows_of = _Rows(node, x.shape)
     v = rows_of.to_rows(x)
     count = int(v.shape[1])
-    m = div_round_half_even(v.sum(dim=1, keepdim=True), count)
-    d = v - m
-    sq = (d * d).sum(dim=1, keepdim=True)
     m_n = _int_param(node, "norm_scale_value")
     sh_n = _int_param(node, "norm_shift_value")
     lo, hi = integer_range(int(quant_of(node).get(out).qbits or range_bits(node, out)), is_signed(node, out))
-    try:
-        if range_bits(node, inp) <= 8:
-            vs = _int_param(node, "var_shift_value")
-            var = sq >> vs if vs >= 0 else sq << -vs
-            if bool((var >= 2 ** 32).any()):
-                raise UnsupportedError(f"layer '{node.name}' ({node.type}): the shifted sum of squares reaches 2^32 "
-                                       "(normalization axes larger than at quantization?)")
-            g = (table_inverse_sqrt(var, lut.betensor) + 2 ** 15) >> 16
-            n = torch.clamp(round_shift(d * g * m_n, UPSTREAM_NORM_Q8 + sh_n), lo, hi)
-        else:
-            var = torch.div(sq, count, rounding_mode="floor")
-            g = (table_inverse_sqrt(var, lut.betensor) + 2 ** 15) >> 16
-            g = torch.clamp(round_shift(g * m_n, sh_n), 0, 2 ** 16 - 1)
-            n = torch.clamp(round_shift((d >> 1) * g, UPSTREAM_NORM_Q16), lo, hi)
-    except ValueError as e:
-        raise UnsupportedError(f"layer '{node.name}' ({node.type}): {e}") from None
+    fast = _upstream_form_float64(node, rows_of, v, m_n, sh_n, lo, hi, lut.betensor)
+    if fast is not None:
+        return fast
+    m = div_round_half_even(v.sum(dim=1, keepdim=True), count)
+    d = v - m
+    factor, shift = _upstream_inverse_root(node, (d * d).sum(dim=1, keepdim=True), count, m_n, sh_n, lut.betensor)
+    n = torch.clamp(round_shift((d if range_bits(node, inp) <= 8 else d >> 1) * factor, shift), lo, hi)
     n = rows_of.from_rows(n).contiguous()
     mult, shift = requant_of(node)
     if isinstance(mult, torch.Tensor):
@@ -839,6 +828,88 @@ def _upstream_form_forward(node: PyNode) -> torch.Tensor:
     if b is not None:
         acc = acc + b.to(torch.int64)
     return requantize_int(acc, mult, shift, zp_out, qmin, qmax)
+
+
+def _upstream_inverse_root(node: PyNode, sq: torch.Tensor, count: int, m_n: int, sh_n: int,
+                           lut: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    """(per-row factor, shift) of `_upstream_form_forward`'s n = rhe(d_part · factor, shift), from the rows' sums
+    of squared differences `sq` (int64 [R, 1]): G·M_n with shift 8 + N_n (8-bit input, d_part = d), or
+    clamp(rhe(G·M_n, N_n), 0, 65535) with shift 7 (16-bit input, d_part = d >> 1)."""
+    try:
+        if range_bits(node, node.inputs[0]) <= 8:
+            vs = _int_param(node, "var_shift_value")
+            var = sq >> vs if vs >= 0 else sq << -vs
+            if bool((var >= 2 ** 32).any()):
+                raise UnsupportedError(f"layer '{node.name}' ({node.type}): the shifted sum of squares reaches 2^32 "
+                                       "(normalization axes larger than at quantization?)")
+            return ((table_inverse_sqrt(var, lut) + 2 ** 15) >> 16) * m_n, UPSTREAM_NORM_Q8 + sh_n
+        var = torch.div(sq, count, rounding_mode="floor")
+        g = (table_inverse_sqrt(var, lut) + 2 ** 15) >> 16
+        return torch.clamp(round_shift(g * m_n, sh_n), 0, 2 ** 16 - 1), UPSTREAM_NORM_Q16
+    except ValueError as e:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): {e}") from None
+
+
+def _upstream_form_float64(node: PyNode, rows_of: _Rows, v: torch.Tensor, m_n: int, sh_n: int, lo: int, hi: int,
+                           lut: torch.Tensor) -> Optional[torch.Tensor]:
+    """`_upstream_form_forward` from the input rows `v` (int64 [R, N]) with the per-element passes in float64,
+    where the ranges prove every value an integer below 2^53 (sums, squares, d·factor, the affine terms and their
+    products with the output multipliers): each float64 operation then gives the int64 one's value, rounding half
+    to even as round_shift does. None where a bound fails (the int64 passes then). Why: the int64 form took twice
+    the passes and conversions; a BERT export's LayerNorms were a sixth of its integer forward."""
+    inp, out = node.inputs[0], node.outputs[0]
+    count = int(v.shape[1])
+    in_lo, in_hi = out_range(node, inp)
+    width = in_hi - in_lo  # |q - mean| <= width
+    if count * max(abs(in_lo), abs(in_hi)) >= FLOAT64_EXACT or count * width * width >= FLOAT64_EXACT:
+        return None
+    vf = v.to(torch.float64)
+    m = div_round_half_even(vf.sum(dim=1, keepdim=True).to(torch.int64), count)
+    d = vf.sub_(m.to(torch.float64))
+    factor, shift = _upstream_inverse_root(node, torch.mul(d, d).sum(dim=1, keepdim=True).to(torch.int64), count,
+                                           m_n, sh_n, lut)
+    eight_bit = range_bits(node, inp) <= 8
+    if (width if eight_bit else width // 2 + 1) * int(factor.abs().max()) >= FLOAT64_EXACT or abs(shift) >= 900:
+        return None
+    scale = factor.to(torch.float64) * 2.0 ** -shift  # exact: a power-of-two scaling of integers below 2^53
+    n = (d if eight_bit else d.mul_(0.5).floor_()).mul_(scale).round_().clamp_(lo, hi)
+    n = rows_of.from_rows(n).contiguous()
+    mult, shift_out = requant_of(node)
+    shape = list(n.shape)
+    if isinstance(mult, torch.Tensor):
+        cshape = _channel_shape(node, shape)
+        mult, shift_out = mult.reshape(cshape), shift_out.reshape(cshape)
+    acc_absmax = max(abs(lo), abs(hi))
+    if _affine_tensor(node, "weights", shape) is not None:
+        gamma, beta, (gamma_absmax, beta_absmax) = _upstream_affine_float64(node, shape)
+        acc_absmax = acc_absmax * gamma_absmax + beta_absmax
+        n = n.mul_(gamma) if beta is None else n.mul_(gamma).add_(beta)
+    shifts = torch.as_tensor(shift_out)
+    if acc_absmax * int(torch.as_tensor(mult).abs().max()) >= FLOAT64_EXACT or int(shifts.min()) <= -900 \
+            or int(shifts.max()) >= 900:
+        return None
+    qmin, qmax = out_range(node, out)
+    return requantize_float64_(n, mult, shift_out, tensor_zp(node, out), qmin, qmax)
+
+
+def _upstream_affine_float64(node: PyNode, shape: Sequence[int]) -> Tuple[torch.Tensor, Optional[torch.Tensor],
+                                                                          Tuple[int, int]]:
+    """(w_q + zp_w, b_q or None, as float64 in their broadcast shape, and (max |w_q + zp_w|, max |b_q|)) of an
+    upstream-form gamma and beta, memoized per layer while its constants and the shape stay the same."""
+    w = node.get_constant("weights").betensor
+    b = node.get_constant("biases", optional=True)
+    zp_t = node.constants.get("weights_zp")
+
+    def build() -> Tuple[torch.Tensor, Optional[torch.Tensor], Tuple[int, int]]:
+        gamma = gamma_codes(node, shape)
+        beta = _affine_tensor(node, "biases", shape)
+        b_absmax = int(beta.abs().max()) if beta is not None and beta.numel() else 0
+        return (gamma.to(torch.float64), None if beta is None else beta.to(torch.float64),
+                (int(gamma.abs().max()) if gamma.numel() else 0, b_absmax))
+
+    key = (Same(w), None if b is None else Same(b.betensor), None if zp_t is None else Same(zp_t.betensor),
+           node.params.get("weights_zp", 0), tuple(int(d) for d in shape))
+    return memo(node, "norm_upstream_affine_float64", key, build)
 
 
 # =============================================================================================== LRN

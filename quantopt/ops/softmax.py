@@ -15,14 +15,15 @@ outputs exact 0/1 integers.
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..calibration.inf_mask import SOFTMAX_MASK_PARAM, has_low_mask
 from ..errors import UnsupportedError
-from ..graph.memo import Same, memo
+from ..graph.memo import Same, layer_key, memo
 from ..graph.node import PyNode
 from ..graph.tables import ranges_of, statistics_of
 from ..quant.dtype import Dtype, int_dtype_for_bits
@@ -378,17 +379,29 @@ def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
     if adjust_q < POW2_TABLE_BITS:
         return _softmax_pow2_path(node, x, axis, adjust_q, out_q, zp, qmin, qmax)
     top = x.amax(dim=axis, keepdim=True)
-    u = _log2_of_difference(node, x - top, adjust_q)
-    table = _pow2_lut(node)
-    e = masked_terms(node, x, top, _pow2_lookup(table, u, adjust_q, out_q))
+    tables = fast_exp_tables(node, x.device)
+    if tables is not None:  # u and e as functions of x - max(x): two lookups
+        index = (x - top).add_(tables.top_index)
+        u = torch.take(tables.u, index)
+        e = torch.take(tables.e, index)
+    else:
+        u = _log2_of_difference(node, x - top, adjust_q)
+        e = _pow2_lookup(_pow2_lut(node), u, adjust_q, out_q)
+    mask = saturated_mask(node, x, top)
+    if mask is not None:
+        e.masked_fill_(mask, 0)
     total = torch.clamp(e.sum(dim=axis, keepdim=True), 1, 2 ** 31 - 1)
     lead = 31 - bit_length(total)  # left shifts that bring S into [2^30, 2^31)
     index = ((total << lead) >> (30 - POW2_TABLE_BITS)) & (2 ** POW2_TABLE_BITS - 1)
     log2_sum = ((log2_q15_table().to(index.device)[index] << 15) >> (30 - adjust_q)) \
         - ((lead - (30 - out_q)) << adjust_q)
-    y = _pow2_lookup(table, u - log2_sum, adjust_q, range_bits(node, out))
-    y = masked_terms(node, x, top, y)
-    return torch.clamp(y - zp, qmin, qmax)
+    if tables is not None:  # u - log2_sum <= 0 (the tables' condition); 2^v is 0 below tables.lo
+        y = torch.take(tables.y, (u - log2_sum).clamp_(min=tables.lo).sub_(tables.lo))
+    else:
+        y = _pow2_lookup(_pow2_lut(node), u - log2_sum, adjust_q, range_bits(node, out))
+    if mask is not None:
+        y.masked_fill_(mask, 0)
+    return y.sub_(zp).clamp_(qmin, qmax)
 
 
 def _pow2_lut(node: PyNode) -> torch.Tensor:
@@ -423,23 +436,50 @@ def fast_exp_terms(node: PyNode, d: torch.Tensor) -> torch.Tensor:
     return _pow2_lookup(_pow2_lut(node), u, adjust_q, _int_param(node, "pow2_out_q"))
 
 
-def fast_exp_export_tables(node: PyNode, bits: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                int]:
-    """For an exporter of the FAST_EXP table path (int64 tables of what `_softmax_fast_exp_forward` reads):
-    u and e for every difference d = x - max(x) in [-(2^bits - 1), 0] (index d + 2^bits - 1), the first term of
-    log2_sum for every 8-bit mantissa index, and the output 2^v for every v in [lo, 0] (index v - lo; below lo it
-    is 0), with lo the last value returned."""
-    adjust_q = _adjust_q(node, allow_simple=False)
-    out_q = _int_param(node, "pow2_out_q")
-    table = _pow2_lut(node)
-    d = torch.arange(-(2 ** bits - 1), 1, dtype=torch.int64)
-    u = _log2_of_difference(node, d, adjust_q)
-    e = _pow2_lookup(table, u, adjust_q, out_q)
-    log2_first = (log2_q15_table() << 15) >> (30 - adjust_q)
-    out_bits = range_bits(node, node.outputs[0])
-    lo = -((out_bits + 17) << adjust_q)  # 2^15 * 2^16 >> (30 - out_bits + out_bits + 17) = 0
-    y = _pow2_lookup(table, torch.arange(lo, 1, dtype=torch.int64), adjust_q, out_bits)
-    return u, e, log2_first, y, lo
+FAST_EXP_TABLE_MAX_ADJUST_Q = 12
+"""Largest adjust_q whose output table (2^v for v in [lo, 0]: (output bits + 17) << adjust_q entries) is made."""
+
+
+@dataclass(frozen=True)
+class FastExpTables:
+    """What `_softmax_fast_exp_forward` reads of the FAST_EXP table path, tabulated (int64): u and e for every
+    difference d = x - max(x) in [-top_index, 0] (index d + top_index), the first term of log2_sum for every 8-bit
+    mantissa index, and the output 2^v for every v in [lo, 0] (index v - lo; below lo it is 0)."""
+
+    u: torch.Tensor
+    e: torch.Tensor
+    log2_first: torch.Tensor
+    y: torch.Tensor
+    lo: int
+    top_index: int
+
+
+def fast_exp_tables(node: PyNode, device: torch.device) -> Optional[FastExpTables]:
+    """The FAST_EXP table path of a Softmax as tables on `device` (memoized per layer: they depend on its params,
+    pow2_lut and ranges only), for its forward and its export; None where the arithmetic stays: the power-of-two
+    path, an input range beyond 2^16 codes, adjust_q beyond FAST_EXP_TABLE_MAX_ADJUST_Q, pow2_out_q outside 0..30,
+    or a row maximum whose term is not 2^pow2_out_q (only with it is u - log2_sum <= 0, the output table's
+    domain). Why: the arithmetic of u and e is a dozen int64 passes over the input; the lookups are two."""
+    def build() -> Optional[FastExpTables]:
+        adjust_q = _adjust_q(node, allow_simple=True)
+        out_q = _int_param(node, "pow2_out_q")
+        bits = range_bits(node, node.inputs[0])
+        if adjust_q < POW2_TABLE_BITS or adjust_q > FAST_EXP_TABLE_MAX_ADJUST_Q or bits > MAX_TABLE_BITS \
+                or not 0 <= out_q <= 30:
+            return None
+        table = _pow2_lut(node)
+        d = torch.arange(-(2 ** bits - 1), 1, dtype=torch.int64)
+        u = _log2_of_difference(node, d, adjust_q)
+        e = _pow2_lookup(table, u, adjust_q, out_q)
+        if int(e[-1]) != 1 << out_q:
+            return None
+        log2_first = (log2_q15_table() << 15) >> (30 - adjust_q)
+        out_bits = range_bits(node, node.outputs[0])
+        lo = -((out_bits + 17) << adjust_q)  # 2^15 * 2^16 >> (30 - out_bits + out_bits + 17) = 0
+        y = _pow2_lookup(table, torch.arange(lo, 1, dtype=torch.int64), adjust_q, out_bits)
+        return FastExpTables(u.to(device), e.to(device), log2_first.to(device), y.to(device), lo, 2 ** bits - 1)
+
+    return memo(node, "softmax_fast_exp_tables", (layer_key(node), str(device)), build)
 
 
 def _softmax_pow2_path(node: PyNode, x: torch.Tensor, axis: int, adjust_q: int, out_q: int, zp: int, qmin: int,
@@ -472,10 +512,17 @@ def masks_saturated_input(node: PyNode) -> bool:
 def masked_terms(node: PyNode, x: torch.Tensor, top: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     """With `mask_saturated_input`, the exponential terms of inputs equal to the input's qmin are 0 in rows whose
     maximum `top` is above qmin (a fully masked row keeps its equal terms: uniform, as float gives); else `e`."""
+    mask = saturated_mask(node, x, top)
+    return e if mask is None else torch.where(mask, torch.zeros_like(e), e)
+
+
+def saturated_mask(node: PyNode, x: torch.Tensor, top: torch.Tensor) -> Optional[torch.Tensor]:
+    """Where `masked_terms` zeroes a term (None without `mask_saturated_input`): for a caller that masks several
+    terms of the same input."""
     if not masks_saturated_input(node):
-        return e
+        return None
     qmin = int(params(node, node.inputs[0]).qmin)
-    return torch.where((x == qmin) & (top > qmin), torch.zeros_like(e), e)
+    return (x == qmin) & (top > qmin)
 
 
 def softmax_integer_forward(node: PyNode) -> torch.Tensor:
@@ -783,23 +830,21 @@ def exact_softmax_lut(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
 def exact_softmax_fast_exp(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
     """Softmax FAST_EXP with the 2^f table (adjust_q >= 8), upstream's log-domain form (docs/semantics/softmax.md):
     u and e are functions of x - max(x) alone, S = clamp(Σe, 1, 2^31 - 1), its bit length by comparisons, the Q15
-    log2 of its normalized mantissa and the output 2^(u - log2_sum) by table lookups (`fast_exp_export_tables`)."""
+    log2 of its normalized mantissa and the output 2^(u - log2_sum) by table lookups (`fast_exp_tables`)."""
     if not g.unit_domain or str(node.get_param("quantize_method", optional=True, default_value="LUT")).upper() \
             != "FAST_EXP" or int(node.get_param("adjust_q", optional=True, default_value=0)) < POW2_TABLE_BITS:
         return False
-    bits = range_bits(node, node.inputs[0])
     adjust_q = int(node.get_param("adjust_q"))
     out_q = int(node.get_param("pow2_out_q"))
-    if bits > MAX_TABLE_BITS or adjust_q > 12 or not 0 <= out_q <= 30:
+    tables = fast_exp_tables(node, torch.device("cpu"))
+    if tables is None:
         return False
-    u_table, e_table, log2_first, y_table, lo = fast_exp_export_tables(node, bits)
-    if int(e_table[-1]) != 1 << out_q:  # the row maximum's term must be 2^P, so u - log2_sum <= 0
-        return False
+    u_table, e_table, log2_first, y_table, lo = tables.u, tables.e, tables.log2_first, tables.y, tables.lo
 
     def int64(what: str, v: object) -> str:
         return g.const(f"{node.name}/{what}", np.array(v, dtype=np.int64))
 
-    top = 2 ** bits - 1
+    top = tables.top_index
     axes = g.ints(f"{node.name}/axes", [axis])
     v = codes(g, node.inputs[0], perm)
     row_max = g.add("ReduceMax", [v, axes], keepdims=1)

@@ -19,6 +19,7 @@ from quantopt.errors import IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
+from quantopt.ops import normalization
 from quantopt.ops.normalization import isqrt_table, table_inverse_sqrt
 from quantopt.pipeline import quantize_model, run_quantized
 
@@ -230,6 +231,23 @@ def test_integer_forward_matches_reference(case, bits: int, mode: str, wmode: st
     got = node.outputs[0].betensor
     assert got.dtype == torch.int64
     np.testing.assert_array_equal(got.numpy(), ref_forward(node, node.inputs[0].betensor.numpy()))
+
+
+@pytest.mark.parametrize("bits,mode,wmode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_int64_passes_match_reference_too(monkeypatch, case, bits: int, mode: str, wmode: str) -> None:
+    """The forward's float64 passes apply to every case here; the int64 passes they stand in for (kept where a
+    bound fails) give the reference's integers as well."""
+    _, qg, _ = quantized(case, bits, mode, wmode)
+    x = activations(case[1], 2, 99, outliers=6) * 1.3
+    node = qg.node("op")
+    taken: List[bool] = []
+    float64_form = normalization._upstream_form_float64
+    monkeypatch.setattr(normalization, "_upstream_form_float64",
+                        lambda *a: taken.append(float64_form(*a) is not None))
+    qg.forward([x])
+    assert taken == [True]
+    np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), ref_forward(node, node.inputs[0].betensor.numpy()))
 
 
 @pytest.mark.parametrize("bits,mode,wmode", [MODES[0], MODES[2]], ids=["a8", "a16"])

@@ -19,7 +19,7 @@ from quantopt.errors import IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
-from quantopt.ops.softmax import softmax_method
+from quantopt.ops.softmax import fast_exp_tables, softmax_method
 from quantopt.pipeline import quantize_model, run_quantized
 
 MODES = [(8, "per_tensor_symmetric_full_range", 8), (8, "per_tensor_asymmetric", 8),
@@ -238,11 +238,15 @@ def test_fast_exp_quantized_params() -> None:
 # --- 3. integer forward against the reference ---------------------------------------------------------------------
 @pytest.mark.parametrize("bits,mode,lut_bits", [MODES[0], MODES[1], MODES[3]])
 @pytest.mark.parametrize("shape,axis", SHAPES)
-@pytest.mark.parametrize("adjust_q", [None, 1, 0, 11])
+@pytest.mark.parametrize("adjust_q", [None, 1, 0, 11, 13])
 def test_fast_exp_integer_matches_reference(shape, axis: int, bits: int, mode: str, lut_bits: int, adjust_q) -> None:
+    """adjust_q 8 (the default) and 11: u, e and the output by tables (`fast_exp_tables`); 13: by the arithmetic;
+    0 and 1: the power-of-two path."""
     params = {"axis": axis} if adjust_q is None else {"axis": axis, "adjust_q": adjust_q}
     _, qg, _ = quantized("Softmax", shape, params, bits, mode, lut_bits)
-    assert qg.node("op").params["quantize_method"] == "FAST_EXP"
+    node = qg.node("op")
+    assert node.params["quantize_method"] == "FAST_EXP"
+    assert (fast_exp_tables(node, torch.device("cpu")) is not None) == (adjust_q in (None, 11))
     check_integer(qg, logits([3] + list(shape[1:]), 4, std=5.0), ref_fast_exp)
 
 
