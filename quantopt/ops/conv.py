@@ -5,6 +5,7 @@ asymmetric, so they are applied explicitly before a padding-free torch convoluti
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -237,7 +238,7 @@ def _native_constants(node: PyNode, x: torch.Tensor) -> Tuple[torch.Tensor, Any]
 def conv2d_nhwc_int(node: PyNode, depthwise: bool) -> torch.Tensor:
     """Exact integer accumulator conv(x_q padded with -zp_in, w_q + zp_w) as float64, bias not added: an int8
     GEMM where the operands fit int8 (`_conv_int8`), a depthwise one by oneDNN in float32 where its bound allows
-    (`_depthwise_int_onednn`), else exact integers in float32 or float64 by this package's NHWC kernels."""
+    (`_conv_int_onednn`), else exact integers in float32 or float64 by this package's NHWC kernels."""
     return conv2d_nhwc_int_bounded(node, depthwise)[0]
 
 
@@ -250,24 +251,33 @@ def conv2d_nhwc_int_bounded(node: PyNode, depthwise: bool) -> Tuple[torch.Tensor
         if bounded is not None:
             return bounded
     w, dtype = mac_weights(node)
-    if depthwise and dtype == torch.float32 and x.device.type == "cpu" and torch.backends.mkldnn.is_available():
-        return _depthwise_int_onednn(node, x, w, zp), None
+    if dtype == torch.float32 and x.device.type == "cpu" and torch.backends.mkldnn.is_available() and (
+            depthwise or math.prod(int(d) for d in x.shape[:3]) * w.numel() >= ONEDNN_MIN_MACS):
+        return _conv_int_onednn(node, x, w, zp, depthwise), None
     if x.dtype == torch.int64 and max(abs(v) for v in out_range(node, node.inputs[0])) < MAGIC_EXACT:
         x = int_to_float64(x)  # the fast exact conversion; the kernel then narrows it while padding
     acc = _conv_nhwc(node, x, w, None, depthwise, float(-zp), dtype)
     return acc.to(torch.float64), None
 
 
-def _depthwise_int_onednn(node: PyNode, x: torch.Tensor, w: torch.Tensor, zp: int) -> torch.Tensor:
-    """The integer accumulator of a depthwise convolution whose bound put it in float32 (`mac_weights`: every
-    partial sum an integer below 2^24, so exact in any summation order), by oneDNN's direct float32 convolution on
-    the channels-last view, as float64: several times the per-tap kernel's speed. The input is padded with -zp
-    first, as the tap kernel pads it."""
-    group, stride, dilation, pads = _checked_call(node, x, w, True)
+ONEDNN_MIN_MACS = 1 << 23
+"""Least multiply-adds (input positions x weights) of a convolution whose integer accumulator `_conv_int_onednn`
+computes (a depthwise one always): below it oneDNN's set-up per call (0.1-0.15 ms on the AVX2 machine,
+docs/performance.md) costs more than this package's GEMM kernels; above it oneDNN was up to 2x faster (3x3
+convolutions of PP-OCR det) and about as fast on 1x1 ones."""
+
+
+def _conv_int_onednn(node: PyNode, x: torch.Tensor, w: torch.Tensor, zp: int, depthwise: bool) -> torch.Tensor:
+    """The integer accumulator of a convolution (depthwise, grouped or not) whose bound put it in float32
+    (`mac_weights`: every partial sum an integer below 2^24, so exact in any summation order), by oneDNN's direct
+    float32 convolution on the channels-last view, as float64: several times the speed of this package's kernels
+    (the per-tap depthwise kernel, the unfolded GEMMs), which the integer forward needs where the int8 GEMM is not
+    used. The input is padded with -zp first, as those kernels pad it."""
+    group, stride, dilation, pads = _checked_call(node, x, w, depthwise)
     left, right, top, bottom = pads
     xn = F.pad(x.to(torch.float32).permute(0, 3, 1, 2), (left, right, top, bottom), value=float(-zp))
     key = (Same(w), str(w.device))
-    wn = memo(node, "depthwise_int_onednn", key, lambda: w.permute(0, 3, 1, 2).contiguous())
+    wn = memo(node, "conv_int_onednn", key, lambda: w.permute(0, 3, 1, 2).contiguous())
     y = torch.ops.aten.mkldnn_convolution(xn, wn, None, [0, 0], list(stride), list(dilation), group)
     return y.permute(0, 2, 3, 1).to(torch.float64)
 
