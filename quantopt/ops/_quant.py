@@ -751,8 +751,11 @@ def scaled_product_finish(node: PyNode, x: torch.Tensor) -> Optional[torch.Tenso
         return None
     if (values_absmax(x) * w_absmax + plan.b_absmax) * plan.m_absmax >= FLOAT64_EXACT:
         return None
-    # |x·w·f + b·f| < 2^50 (every shift >= 3): the rounding by addition applies
-    y = round_scaled_(torch.addcmul(plan.b_scaled, x, w_scaled), int(plan.zp_out), plan.qmin, plan.qmax)
+    # |x·w·f + b·f| < 2^50 (every shift >= 3): the rounding by addition applies. x is converted first and the sum
+    # written into it: torch's addcmul into a new tensor follows the broadcast first operand's strides, and took
+    # 14.7 ms on a 320x320x16 map where the conversion and the in-place addcmul take 2.5 ms (AVX2 machine)
+    xf = x.to(torch.float64)
+    y = round_scaled_(torch.addcmul(plan.b_scaled, xf, w_scaled, out=xf), int(plan.zp_out), plan.qmin, plan.qmax)
     return y if plan.lo is None else torch.clamp(y, plan.lo, plan.hi)
 
 
