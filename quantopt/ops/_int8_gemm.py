@@ -75,31 +75,47 @@ def int8_gemm_exact() -> bool:
     return True
 
 
-SPEED_PROBE_SHAPE = (256, 256, 256)
+SPEED_PROBE_SHAPE = (128, 256, 256)
 """(M, K, N) of the product `int8_gemm_fast` times: the size of a middle convolution's GEMM."""
+SPEED_PROBE_RUNS = 3
+"""Timed int8 runs at most; the first one clearly faster or clearly slower than float32 decides."""
 
 
 def _best_seconds(fn: Callable[[], object], runs: int = 3) -> float:
     fn()  # the first call may allocate or pick kernels
     best = float("inf")
     for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, _seconds(fn))
     return best
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 @functools.cache
 def int8_gemm_fast() -> bool:
     """Whether torch's CPU int8 GEMM beats its float32 GEMM on a product of SPEED_PROBE_SHAPE in this process.
     With vector-neural-network instructions it ran at 5-10x the float32 rate, on an AVX2-only CPU at 1/36 of it:
-    the margin either way is far beyond timing noise, and either choice gives the same integers."""
+    the margin either way is far beyond timing noise, and either choice gives the same integers. An int8 run
+    faster than float32's best decides yes, one more than three times slower decides no (where the kernel is slow
+    the probe then costs two of its runs: about 20 ms on that CPU)."""
     m, k, n = SPEED_PROBE_SHAPE
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-128, 128, (m, k), generator=gen, dtype=torch.int8)
     b = torch.randint(-128, 128, (k, n), generator=gen, dtype=torch.int8)
     af, bf = a.to(torch.float32), b.to(torch.float32)
-    return _best_seconds(lambda: int8_gemm(a, b)) < _best_seconds(lambda: torch.mm(af, bf))
+    float32 = _best_seconds(lambda: torch.mm(af, bf))
+    int8_gemm(a, b)  # the first call may allocate or pick kernels
+    for _ in range(SPEED_PROBE_RUNS):
+        t = _seconds(lambda: int8_gemm(a, b))
+        if t < float32:
+            return True
+        if t > 3 * float32:
+            return False
+    return False
 
 
 def int8_gemm_used() -> bool:
