@@ -9,6 +9,7 @@ from typing import List
 import numpy as np
 import pytest
 import torch
+from test_int8_gemm import _conv_graph as int8_conv_graph
 
 import quantopt.ops  # noqa: F401  (registers the operators)
 from quantopt.graph.builder import GraphBuilder
@@ -36,20 +37,9 @@ def _depthwise_graph(seed: int, k: int, stride, dilation, pads, multiplier: int,
     return g.build([y])
 
 
-def _conv_graph(seed: int, k: int, stride, dilation, pads, group: int, cin: int = 8, cout: int = 12,
-                size=(13, 11)) -> PyGraph:
-    r = np.random.default_rng(seed)
-    g = GraphBuilder("conv")
-    x = g.input("x", [1, size[0], size[1], cin])
-    ho = (size[0] + pads[2] + pads[3] - dilation[0] * (k - 1) - 1) // stride[0] + 1
-    wo = (size[1] + pads[0] + pads[1] - dilation[1] * (k - 1) - 1) // stride[1] + 1
-    params = dict(num_output=cout, kernel_y=k, kernel_x=k, stride_y=stride[0], stride_x=stride[1],
-                  pad_left=pads[0], pad_right=pads[1], pad_top=pads[2], pad_bottom=pads[3], dilation_y=dilation[0],
-                  dilation_x=dilation[1], group=group, with_activation="NONE")
-    y = g.layer("Convolution", [x], [[1, ho, wo, cout]], name="conv", params=params,
-                constants={"weights": r.normal(0, 0.5, (cout, k, k, cin // group)).astype(np.float32),
-                           "biases": r.normal(0, 0.3, cout).astype(np.float32)})
-    return g.build([y])
+def _conv_graph(seed: int, k: int, stride, dilation, pads, group: int) -> PyGraph:
+    """A Convolution of 8 to 12 channels over 13x11 (test_int8_gemm's graph)."""
+    return int8_conv_graph(seed, pads, stride, dilation, cin=8, cout=12, size=(13, 11), group=group, k=k)
 
 
 def _both_ways(monkeypatch, graph: PyGraph, shape: List[int], amode: str) -> None:
@@ -75,26 +65,21 @@ def _both_ways(monkeypatch, graph: PyGraph, shape: List[int], amode: str) -> Non
 
 
 @pytest.mark.parametrize("amode", ["per_tensor_symmetric_full_range", "per_tensor_asymmetric"])
-@pytest.mark.parametrize("k,stride,dilation,pads,group", [
-    (3, (1, 1), (1, 1), (1, 1, 1, 1), 1),
-    (1, (1, 1), (1, 1), (0, 0, 0, 0), 1),
-    (5, (2, 1), (1, 1), (0, 2, 3, 1), 2),
-    (3, (1, 2), (2, 1), (2, 0, 1, 2), 4),
+@pytest.mark.parametrize("kind,k,stride,dilation,pads,groups", [
+    ("conv", 3, (1, 1), (1, 1), (1, 1, 1, 1), 1),
+    ("conv", 1, (1, 1), (1, 1), (0, 0, 0, 0), 1),
+    ("conv", 5, (2, 1), (1, 1), (0, 2, 3, 1), 2),
+    ("conv", 3, (1, 2), (2, 1), (2, 0, 1, 2), 4),
+    ("depthwise", 3, (1, 1), (1, 1), (1, 1, 1, 1), 1),  # groups: the channel multiplier
+    ("depthwise", 5, (2, 1), (1, 1), (0, 2, 3, 1), 2),
+    ("depthwise", 3, (1, 2), (2, 1), (2, 0, 1, 2), 1),
 ])
-def test_onednn_convolution_gives_the_gemm_kernels_integers(monkeypatch, amode, k, stride, dilation, pads,
-                                                            group) -> None:
-    _both_ways(monkeypatch, _conv_graph(5, k, stride, dilation, pads, group), [2, 13, 11, 8], amode)
-
-
-@pytest.mark.parametrize("amode", ["per_tensor_symmetric_full_range", "per_tensor_asymmetric"])
-@pytest.mark.parametrize("k,stride,dilation,pads,multiplier", [
-    (3, (1, 1), (1, 1), (1, 1, 1, 1), 1),
-    (5, (2, 1), (1, 1), (0, 2, 3, 1), 2),
-    (3, (1, 2), (2, 1), (2, 0, 1, 2), 1),
-])
-def test_onednn_depthwise_gives_the_tap_kernels_integers(monkeypatch, amode, k, stride, dilation, pads,
-                                                         multiplier) -> None:
-    _both_ways(monkeypatch, _depthwise_graph(3, k, stride, dilation, pads, multiplier), [2, 13, 11, 6], amode)
+def test_onednn_gives_this_packages_kernels_integers(monkeypatch, amode, kind, k, stride, dilation, pads,
+                                                     groups) -> None:
+    if kind == "conv":
+        _both_ways(monkeypatch, _conv_graph(5, k, stride, dilation, pads, groups), [2, 13, 11, 8], amode)
+    else:
+        _both_ways(monkeypatch, _depthwise_graph(3, k, stride, dilation, pads, groups), [2, 13, 11, 6], amode)
 
 
 def test_small_convolutions_keep_the_gemm_kernels(monkeypatch) -> None:
