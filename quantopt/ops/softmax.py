@@ -23,7 +23,7 @@ import torch
 
 from ..calibration.inf_mask import SOFTMAX_MASK_PARAM, has_low_mask
 from ..errors import UnsupportedError
-from ..graph.memo import Same, layer_key, memo
+from ..graph.memo import Same, memo
 from ..graph.node import PyNode
 from ..graph.tables import ranges_of, statistics_of
 from ..quant.dtype import Dtype, int_dtype_for_bits
@@ -455,11 +455,12 @@ class FastExpTables:
 
 
 def fast_exp_tables(node: PyNode, device: torch.device) -> Optional[FastExpTables]:
-    """The FAST_EXP table path of a Softmax as tables on `device` (memoized per layer: they depend on its params,
-    pow2_lut and ranges only), for its forward and its export; None where the arithmetic stays: the power-of-two
-    path, an input range beyond 2^16 codes, adjust_q beyond FAST_EXP_TABLE_MAX_ADJUST_Q, pow2_out_q outside 0..30,
-    or a row maximum whose term is not 2^pow2_out_q (only with it is u - log2_sum <= 0, the output table's
-    domain). Why: the arithmetic of u and e is a dozen int64 passes over the input; the lookups are two."""
+    """The FAST_EXP table path of a Softmax as tables on `device` (memoized per layer on what they depend on: four
+    params, pow2_lut and the input and output ranges' bits), for its forward and its export; None where the
+    arithmetic stays: the power-of-two path, an input range beyond 2^16 codes, adjust_q beyond
+    FAST_EXP_TABLE_MAX_ADJUST_Q, pow2_out_q outside 0..30, or a row maximum whose term is not 2^pow2_out_q (only
+    with it is u - log2_sum <= 0, the output table's domain). Why: the arithmetic of u and e is a dozen int64 passes
+    over the input; the lookups are two."""
     def build() -> Optional[FastExpTables]:
         adjust_q = _adjust_q(node, allow_simple=True)
         out_q = _int_param(node, "pow2_out_q")
@@ -479,7 +480,11 @@ def fast_exp_tables(node: PyNode, device: torch.device) -> Optional[FastExpTable
         y = _pow2_lookup(table, torch.arange(lo, 1, dtype=torch.int64), adjust_q, out_bits)
         return FastExpTables(u.to(device), e.to(device), log2_first.to(device), y.to(device), lo, 2 ** bits - 1)
 
-    return memo(node, "softmax_fast_exp_tables", (layer_key(node), str(device)), build)
+    lut = node.get_constant("pow2_lut", optional=True)
+    key = (None if lut is None else Same(lut.betensor),
+           tuple(node.params.get(k) for k in ("adjust_q", "pow2_out_q", "input_scale_value", "input_shift_value")),
+           range_bits(node, node.inputs[0]), range_bits(node, node.outputs[0]), str(device))
+    return memo(node, "softmax_fast_exp_tables", key, build)
 
 
 def _softmax_pow2_path(node: PyNode, x: torch.Tensor, axis: int, adjust_q: int, out_q: int, zp: int, qmin: int,
