@@ -21,6 +21,7 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from ..quant.int_matmul import exact_int_matmul
+from ..quant.rounding import FLOAT64_EXACT
 
 INT8_MAX_TERMS = (1 << 31) // (1 << 14) - 1
 """The longest int8 dot product int32 holds exactly."""
@@ -181,10 +182,11 @@ few rows costs less than splitting the operand into int8 parts."""
 class IntMatmul:
     """`exact_int_matmul(a, w)` for one integer weight matrix w [K, N] that many products read (a recurrent cell's
     steps): through torch's int8 GEMM where w fits int8, the GEMM is used in this process (`int8_gemm_used`), the
-    operand fits int16 and w is large enough to gain (INT8_MATMUL_MIN_WEIGHTS); else torch's int64 product. The
-    same int64 values either way (`int8_accumulate`: int32 sums of int8 products, combined exactly in float64).
-    Why: torch's int64 matrix product reads eight bytes per weight; at one row per step a 256 x 1024 weight matrix
-    took 132 us per product, the int8 GEMM 4 us."""
+    operand fits int16 and w is large enough to gain (INT8_MATMUL_MIN_WEIGHTS); else a float64 GEMM where a bound
+    proves it exact (`_float64_product`), torch's int64 product otherwise. The same int64 values every way
+    (`int8_accumulate`: int32 sums of int8 products, combined exactly in float64). Why: torch's int64 matrix
+    product reads eight bytes per weight; at one row per step a 256 x 1024 weight matrix took 132 us per product,
+    the int8 GEMM 4 us."""
 
     def __init__(self, w: torch.Tensor) -> None:
         self.w = w.to(torch.int64)
@@ -192,6 +194,7 @@ class IntMatmul:
         self.col_absmax = int(self.w.abs().sum(dim=0).max()) if self.w.dim() == 2 and self.w.numel() else 0
         self.w8: Optional[torch.Tensor] = None
         self.sums: Optional[torch.Tensor] = None
+        self.w64: Optional[torch.Tensor] = None
         if self.w.dim() != 2 or self.w.device.type != "cpu" or self.w.numel() < INT8_MATMUL_MIN_WEIGHTS \
                 or int(self.w.shape[0]) > INT8_MAX_TERMS // 2 or not int8_gemm_used():
             return
@@ -200,11 +203,24 @@ class IntMatmul:
             self.w8 = self.w.to(torch.int8).t().contiguous().t()  # column-major: the faster layout of the GEMM
             self.sums = self.w.sum(dim=0)
 
+    def _float64_product(self, a: torch.Tensor, bound: Optional[int]) -> torch.Tensor:
+        """a @ w as a float64 GEMM where max|a| · (max column sum of |w|) < 2^53 proves every partial sum exact,
+        with w converted once (`exact_int_matmul` would look at the whole of w on every call); else
+        `exact_int_matmul`. Why: without the int8 GEMM a recurrent cell's steps took the int64 product."""
+        if a.is_floating_point() or self.w.dim() != 2:
+            return exact_int_matmul(a, self.w)
+        a_max = bound if bound is not None else (int(a.abs().max()) if a.numel() else 0)
+        if a_max * self.col_absmax >= FLOAT64_EXACT:
+            return exact_int_matmul(a, self.w)
+        if self.w64 is None or self.w64.device != a.device:
+            self.w64 = self.w.to(device=a.device, dtype=torch.float64)
+        return torch.matmul(a.to(torch.float64), self.w64).to(torch.int64)
+
     def __call__(self, a: torch.Tensor, bound: Optional[int] = None) -> torch.Tensor:
         """The int64 product a @ w; `bound`: a max |a| the caller has proven, which spares looking at the values
         where it shows `a` fits int8."""
         if self.w8 is None or a.device.type != "cpu" or a.dim() < 1:
-            return exact_int_matmul(a, self.w)
+            return self._float64_product(a, bound)
         k, n = (int(s) for s in self.w.shape)
         rows = a.reshape(-1, k)
         if bound is not None and bound <= 127 and not rows.is_floating_point():
@@ -212,7 +228,7 @@ class IntMatmul:
             return int8_gemm(rows.to(torch.int8), self.w8).to(torch.int64).reshape(*a.shape[:-1], n)
         operand = split_int8(rows)
         if operand is None:
-            return exact_int_matmul(a, self.w)
+            return self._float64_product(a, bound)
         w8, sums = self.w8, self.sums
         assert sums is not None
         acc = int8_accumulate(operand, sums, lambda part, _: int8_gemm(part, w8))

@@ -388,3 +388,18 @@ def test_recurrent_layers_give_the_same_integers_through_int8_gemms(monkeypatch,
             del n.attrs[key]
     assert torch.equal(q.forward([x])[0], want)
     assert calls
+
+
+def test_int_matmul_without_int8_takes_a_float64_product_within_its_bound(monkeypatch) -> None:
+    """Where the int8 GEMM is not used, products whose max|a| · max column sum of |w| stays below 2^53 are float64
+    GEMMs on a weight copy made once; beyond the bound the int64 product. The int64 values either way."""
+    monkeypatch.setattr(_int8_gemm, "int8_gemm_used", lambda: False)
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randint(-32768, 32768, (96, 64), generator=gen)
+    small = torch.randint(-32768, 32768, (3, 96), generator=gen)
+    matmul = _int8_gemm.IntMatmul(w)
+    assert torch.equal(matmul(small), small @ w) and matmul.w64 is not None
+    assert torch.equal(matmul(small, bound=32768), small @ w)
+    big = _int8_gemm.IntMatmul(w)
+    wide = torch.randint(-(2 ** 40), 2 ** 40, (3, 96), generator=gen)
+    assert torch.equal(big(wide), wide @ w) and big.w64 is None
