@@ -327,21 +327,21 @@ def _shifted_absmax(node: PyNode, t) -> int:
     return max(abs(lo + zp), abs(hi + zp))
 
 
-def _matmul_acc(node: PyNode) -> torch.Tensor:
-    """acc = (a_q + zp_a) @ (b_q + zp_b) exactly, int64: float32 or float64 when the bound K·max|a|·max|b| proves
-    every partial sum exact there, otherwise an int64 matmul on the CPU."""
+def _matmul_acc(node: PyNode) -> Tuple[torch.Tensor, int]:
+    """(acc = (a_q + zp_a) @ (b_q + zp_b) exactly, a bound on |acc| from the ranges): float32 or float64 when the
+    bound K·max|a|·max|b| proves every partial sum exact there (then a float tensor of integers), otherwise an
+    int64 matmul on the CPU."""
     ta, tb = node.inputs
-    a = int_value(ta) + tensor_zp(node, ta)
-    b = int_value(tb) + tensor_zp(node, tb)
-    a, b = _matmul_operands(node, a, b)
+    a, b = _matmul_operands(node, int_value(ta), int_value(tb))
     k = int(a.shape[-1]) if a.dim() else 1
     bound = k * _shifted_absmax(node, ta) * _shifted_absmax(node, tb)
-    if bound < FLOAT32_EXACT:
-        return _matmul(node, a.to(torch.float32), b.to(torch.float32)).to(torch.int64)
     if bound < FLOAT64_EXACT:
-        return _matmul(node, a.to(torch.float64), b.to(torch.float64)).to(torch.int64)
+        dtype = torch.float32 if bound < FLOAT32_EXACT else torch.float64
+        return _matmul(node, _plus_zero_point(a, tensor_zp(node, ta), dtype),
+                       _plus_zero_point(b, tensor_zp(node, tb), dtype)), bound
     device = a.device
-    return _matmul(node, a.cpu(), b.cpu()).to(device)
+    a, b = a.cpu() + tensor_zp(node, ta), b.cpu() + tensor_zp(node, tb)
+    return _matmul(node, a, b).to(device), bound
 
 
 def _plus_zero_point(t: torch.Tensor, zp: int, dtype: torch.dtype) -> torch.Tensor:
@@ -350,29 +350,6 @@ def _plus_zero_point(t: torch.Tensor, zp: int, dtype: torch.dtype) -> torch.Tens
     if not zp:
         return x
     return x.add_(zp) if x is not t else x + zp
-
-
-def _matmul_requantized_in_float(node: PyNode, mult: int, shift: int) -> Optional[torch.Tensor]:
-    """`_matmul_int`'s output before its fused-activation clamp, computed in float where the ranges prove it exact:
-    the product in float32 or float64 (`_matmul_acc`'s bound), then round_half_even(acc · M · 2^-shift) in float64,
-    exact while K·max|a|·max|b|·M < 2^53 (M·2^-shift is exact, and so is its product with an integer below 2^53
-    over M). None where that bound or the shift (0 < shift < 63) does not hold: `_matmul_acc` and
-    `requantize_exact` then. Why: the int64 accumulator and its conversions were most of a small MatMul's time."""
-    ta, tb = node.inputs
-    if not 0 < shift < 63:
-        return None
-    a_t, b_t = _matmul_operands(node, int_value(ta), int_value(tb))
-    k = int(a_t.shape[-1]) if a_t.dim() else 1
-    bound = k * _shifted_absmax(node, ta) * _shifted_absmax(node, tb)
-    if bound * abs(mult) >= FLOAT64_EXACT:
-        return None
-    dtype = torch.float32 if bound < FLOAT32_EXACT else torch.float64
-    a = _plus_zero_point(a_t, tensor_zp(node, ta), dtype)
-    b = _plus_zero_point(b_t, tensor_zp(node, tb), dtype)
-    acc = _matmul(node, a, b).to(torch.float64)
-    qmin, qmax = out_range(node, node.outputs[0])
-    y = acc.mul_(mult * 2.0 ** -shift).round_().sub_(tensor_zp(node, node.outputs[0])).clamp_(qmin, qmax)
-    return y.to(torch.int64)
 
 
 def requantize_exact(acc: torch.Tensor, mult: int, shift: int) -> torch.Tensor:
@@ -414,13 +391,16 @@ def _matmul_int(node: PyNode) -> torch.Tensor:
     mult, shift = requant_of(node)
     if isinstance(mult, torch.Tensor):
         raise node._error("a quantized MatMul has a per-tensor scale_value/shift_value, not per-channel constants")
+    acc, bound = _matmul_acc(node)
     remain: Optional[int] = node.params.get("remain_shift")
     handover = remain is not None and _wide_matmul(node)
-    if not handover:
-        y = _matmul_requantized_in_float(node, int(mult), int(shift))
-        if y is not None:
-            return fused_activation_clamp(node, y)
-    acc = _matmul_acc(node)
+    qmin, qmax = out_range(node, out)
+    if acc.is_floating_point() and not handover and 0 < shift < 63 and bound * abs(int(mult)) < FLOAT64_EXACT:
+        # round_half_even(acc·M·2^-shift) in float64: M·2^-shift is exact, and so is its product with acc (below
+        # 2^53 over M); the int64 accumulator and its conversions were most of a small MatMul's time
+        y = acc.to(torch.float64).mul_(int(mult) * 2.0 ** -shift).round_().sub_(tensor_zp(node, out))
+        return fused_activation_clamp(node, y.clamp_(qmin, qmax).to(torch.int64))
+    acc = acc.to(torch.int64)
     if handover:
         assert remain is not None
         if shift > int(remain):
@@ -428,7 +408,6 @@ def _matmul_int(node: PyNode) -> torch.Tensor:
             shift = int(remain)
         else:
             acc = torch.clamp(acc, INT32_MIN, INT32_MAX)
-    qmin, qmax = out_range(node, out)
     y = torch.clamp(requantize_exact(acc, mult, shift) - tensor_zp(node, out), qmin, qmax)
     return fused_activation_clamp(node, y)
 
