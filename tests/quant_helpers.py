@@ -39,12 +39,13 @@ def checked_requantization_bounds(monkeypatch) -> List[int]:
     checked: List[int] = []
     plain = Requantizer.__call__
     plain_lookup = PreparedLut.__call__
+    plain_take = PreparedLut.take_indexed
 
-    def call(self, acc, bound=None):
+    def call(self, acc, bound=None, minus=0, as_float64=False):
         if bound is not None and acc.numel():
             assert int(acc.abs().max()) <= bound
             checked.append(1)
-        return plain(self, acc, bound)
+        return plain(self, acc, bound, minus, as_float64)
 
     def lookup(self, codes, in_range=False):
         if in_range and codes.numel():
@@ -52,6 +53,14 @@ def checked_requantization_bounds(monkeypatch) -> List[int]:
             checked.append(1)
         return plain_lookup(self, codes, in_range)
 
+    def take(self, index):  # positions of codes a requantization gave offset: the codes themselves in range
+        if index.numel():
+            codes = index + self.index_offset(int(index.shape[-1]), index.device)
+            assert self.covers(int(codes.min()), int(codes.max()))
+            checked.append(1)
+        return plain_take(self, index)
+
     monkeypatch.setattr(Requantizer, "__call__", call)
     monkeypatch.setattr(PreparedLut, "__call__", lookup)
+    monkeypatch.setattr(PreparedLut, "take_indexed", take)
     return checked

@@ -216,6 +216,17 @@ class IntMatmul:
             self.w64 = self.w.to(device=a.device, dtype=torch.float64)
         return torch.matmul(a.to(torch.float64), self.w64).to(torch.int64)
 
+    def float64(self, a: torch.Tensor, bound: int) -> Optional[torch.Tensor]:
+        """a @ w as float64 integers (`a`: int64, or float64 holding integers, with max |a| <= `bound`) where this
+        product is the float64 GEMM (`__call__` takes no int8 GEMM and the bound proves it exact), else None: a
+        recurrent cell then converts neither its state before the product nor the product after it."""
+        if (self.w8 is not None and a.device.type == "cpu" and a.dim() >= 1) or self.w.dim() != 2 \
+                or bound * self.col_absmax >= FLOAT64_EXACT:
+            return None
+        if self.w64 is None or self.w64.device != a.device:
+            self.w64 = self.w.to(device=a.device, dtype=torch.float64)
+        return torch.matmul(a.to(torch.float64), self.w64)
+
     def __call__(self, a: torch.Tensor, bound: Optional[int] = None) -> torch.Tensor:
         """The int64 product a @ w; `bound`: a max |a| the caller has proven, which spares looking at the values
         where it shows `a` fits int8."""

@@ -39,7 +39,7 @@ from ..quant.requant import (
     requantize_int,
     scale_shift,
 )
-from ..quant.rounding import INT64_SAFE, round_shift
+from ..quant.rounding import INT64_SAFE, SMALL_CONVERSION, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, DtypeName, Float, Floats, Int, Ints, Param, Text, Value, quantized
 from ._int8_gemm import IntMatmul
@@ -1351,28 +1351,48 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     gate_max = plan.gate_luts.absmax
     gates_in_range = _codes_in_table(plan.gate_luts, plan.gates)
     cell_in_range = all(_codes_in_table(plan.cell_lut, step[2]) for step in plan.steps)
+    cs = spec.cell_size
+    # small steps on the CPU (each kernel call, not the arithmetic, decides): the gate and cell codes come out of
+    # their requantizations as table positions (one kernel call per lookup instead of three), and the hidden state
+    # stays in float64 (exact integers) between the float64 products that read it (no conversion either side)
+    small = x.device.type == "cpu" and batch * 4 * cs <= SMALL_CONVERSION
+    gate_index = small and gates_in_range and plan.gate_luts.direct
+    cell_index = small and cell_in_range and plan.cell_lut.direct
+    gate_minus = plan.gate_luts.index_offset(4 * cs, x.device) if gate_index else 0
+    cell_minus = plan.cell_lut.index_offset(cs, x.device) if cell_index else 0
+    h_float = small and plan.wh.w8 is None
     hs, cs_seq = [], []
     for t in range(spec.time_steps):
-        hw, bound = plan.wh(h, h_max), h_max * plan.wh.col_absmax
+        bound = h_max * plan.wh.col_absmax
+        hw = plan.wh.float64(h, h_max) if h_float else None
+        if hw is None:
+            hw = plan.wh(h.to(torch.int64), h_max)
         for rq in plan.hidden:
             hw, bound = rq(hw, bound), INT32_BOUND
         acc = x_part[:, t] + hw
         if plan.bits > 8:
             acc = torch.clamp(acc, INT32_MIN, INT32_MAX)
-        i, g, f, o = plan.gate_luts(plan.gates(acc, acc_max), gates_in_range).chunk(4, dim=1)
+        if gate_index:
+            gates = plan.gate_luts.take_indexed(plan.gates(acc, acc_max, minus=gate_minus))
+        else:
+            gates = plan.gate_luts(plan.gates(acc, acc_max), gates_in_range)
+        i, g, f, o = gates.chunk(4, dim=1)
         rq_ig, rq_fc, rq_cell_in, rq_c = plan.steps[t]
         c_tmp = rq_ig(i * g, gate_max * gate_max) + rq_fc(f * c, gate_max * c_max)
         c_bound = rq_ig.output_bound(gate_max * gate_max) + rq_fc.output_bound(gate_max * c_max)
         if c_bound > INT32_MAX:
             c_tmp, c_bound = torch.clamp(c_tmp, INT32_MIN, INT32_MAX), INT32_BOUND
-        h = plan.out_h(o * plan.cell_lut(rq_cell_in(c_tmp, c_bound), cell_in_range),
-                       gate_max * plan.cell_lut.absmax)
+        if cell_index:
+            cell = plan.cell_lut.take_indexed(rq_cell_in(c_tmp, c_bound, minus=cell_minus))
+        else:
+            cell = plan.cell_lut(rq_cell_in(c_tmp, c_bound), cell_in_range)
+        h = plan.out_h(o * cell, gate_max * plan.cell_lut.absmax, as_float64=h_float)
         c = rq_c(c_tmp, c_bound)
         h_max = c_max = state_max
         hs.append(h)
         cs_seq.append(c)
-    y = torch.stack(hs, dim=1)
-    finals = {"Y": torch.flip(y, [1]) if spec.reverse else y, "H": hs[-1], "C": cs_seq[-1]}
+    y = torch.stack(hs, dim=1).to(torch.int64)
+    finals = {"Y": torch.flip(y, [1]) if spec.reverse else y, "H": y[:, -1].contiguous(), "C": cs_seq[-1]}
     return [finals[name] for name in spec.out_sequence]
 
 
@@ -1665,12 +1685,21 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     z2_max = values_absmax(xc_all) + INT32_BOUND + values_absmax(plan.bc)
     bh_max, rz_max, c_max = values_absmax(plan.bh), plan.lut_rz.absmax, plan.lut_c.absmax
     rz_in_range, c_in_range = _codes_in_table(plan.lut_rz, plan.z), _codes_in_table(plan.lut_c, plan.z2)
+    # small steps on the CPU: the codes come out of their requantizations as table positions (as in the LSTM)
+    small = x.device.type == "cpu" and x.shape[0] * 2 * cs <= SMALL_CONVERSION
+    rz_index = small and rz_in_range and plan.lut_rz.direct
+    c_index = small and c_in_range and plan.lut_c.direct
+    rz_minus = plan.lut_rz.index_offset(2 * cs, x.device) if rz_index else 0
+    c_minus = plan.lut_c.index_offset(cs, x.device) if c_index else 0
     hs = []
     for t in range(spec.time_steps):
         hg, bound = plan.wh_g(h, h_max), h_max * plan.wh_g.col_absmax
         for rq in plan.hg:
             hg, bound = rq(hg, bound), INT32_BOUND
-        rz = plan.lut_rz(plan.z(xg_all[:, t] + hg + plan.bg, z_max), rz_in_range)
+        if rz_index:
+            rz = plan.lut_rz.take_indexed(plan.z(xg_all[:, t] + hg + plan.bg, z_max, minus=rz_minus))
+        else:
+            rz = plan.lut_rz(plan.z(xg_all[:, t] + hg + plan.bg, z_max), rz_in_range)
         r, u = rz[:, :cs], rz[:, cs:]
         if plan.hidden is not None:
             hc = r * plan.hidden(plan.wh_c(h, h_max) + plan.bh, h_max * plan.wh_c.col_absmax + bh_max)
@@ -1680,7 +1709,10 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
             bound = ((rz_max * h_max >> plan.bits) + 1) * plan.wh_c.col_absmax
         for rq in plan.hc:
             hc, bound = rq(hc, bound), INT32_BOUND
-        c = plan.lut_c(plan.z2(xc_all[:, t] + hc + plan.bc, z2_max), c_in_range)
+        if c_index:
+            c = plan.lut_c.take_indexed(plan.z2(xc_all[:, t] + hc + plan.bc, z2_max, minus=c_minus))
+        else:
+            c = plan.lut_c(plan.z2(xc_all[:, t] + hc + plan.bc, z2_max), c_in_range)
         cu = plan.cu((qmax - u) * c, (qmax + rz_max) * c_max)
         h = plan.h(cu + u * h, INT32_BOUND + rz_max * h_max)
         h_max = state_max

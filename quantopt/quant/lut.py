@@ -130,6 +130,31 @@ class PreparedLut:
             self._bases[key] = block.repeat_interleave(columns // self.blocks).to(device)
         return self._bases[key]
 
+    @property
+    def direct(self) -> bool:
+        """Whether a lookup is one gather (2^in_bits <= the table size), with no interpolation between entries."""
+        return self.in_bits <= self.table_bits
+
+    def index_offset(self, columns: int, device: torch.device) -> Union[int, torch.Tensor]:
+        """What to subtract from codes of `columns` columns to get their positions in the padded tables (the input
+        offset, less each column's table start where there are several tables): with `take_indexed`, the lookup of
+        codes a requantization already produced offset (`Requantizer.__call__`'s `minus`), one kernel call instead
+        of three. The same tensor for the same columns and device, kept."""
+        if self.blocks == 1:
+            return self.offset
+        key = (-columns, str(device))  # negative: apart from `_base`'s keys in the same cache
+        if self._bases is None:
+            self._bases = {}
+        if key not in self._bases:
+            self._bases[key] = self.offset - self._base(columns, device)
+        return self._bases[key]
+
+    def take_indexed(self, index: torch.Tensor) -> torch.Tensor:
+        """The looked-up values at positions `index` (codes less `index_offset`, every code within the input range
+        as `covers` shows) of a direct table (`direct`)."""
+        value = torch.take(self.padded if self.padded.device == index.device else self.padded.to(index.device), index)
+        return torch.clamp(value, *self.out_range) if self.clamped else value
+
     def covers(self, lo: int, hi: int) -> bool:
         """Whether codes in [lo, hi] are all within the tables' input range (their index needs no clamp)."""
         return self.offset <= lo and hi <= self.offset + 2 ** self.in_bits - 1

@@ -286,6 +286,8 @@ class Requantizer:
         self._factor_absmax = math.ldexp(self.m_absmax, -int(self.least_shift)) if self.usable else 0.0
         self._room = min(hi + zp, -(lo + zp))  # |round(acc · factor)| up to this minus zp lies in [qmin, qmax]
         self._fits: Dict[torch.Size, bool] = {}
+        # `minus` tensors with the bit pattern's offset folded in, by the identity of the caller's tensor
+        self._subtrahends: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
 
     def output_bound(self, bound: int) -> int:
         """A bound on |output| for inputs of |acc| <= `bound`: |round(acc · factor) - zp|, within the clamp's (the
@@ -296,21 +298,51 @@ class Requantizer:
             return clamped
         return min(math.ceil(bound * self._factor_absmax) + abs(int(zerop_out)), clamped)
 
-    def __call__(self, acc: torch.Tensor, bound: Optional[int] = None) -> torch.Tensor:
-        """The requantized int64 values of integer `acc`; `bound`: a max |acc| the caller has proven (from the
-        ranges its values were clamped to), which spares looking at the values, and where it proves every value
-        in range, the clamp."""
-        if bound is not None and self._small and acc.dtype == torch.int64 and 0 < acc.numel() <= SMALL_CONVERSION \
-                and acc.device.type == "cpu" and bound * self.m_absmax < FLOAT64_EXACT \
-                and bound * self._factor_absmax < MAGIC_SCALED_BOUND:
+    def __call__(self, acc: torch.Tensor, bound: Optional[int] = None, minus: Union[int, torch.Tensor] = 0,
+                 as_float64: bool = False) -> torch.Tensor:
+        """The requantized int64 values of integer `acc` (int64, or float64 holding integers); `bound`: a max |acc|
+        the caller has proven (from the ranges its values were clamped to), which spares looking at the values,
+        and where it proves every value in range, the clamp. `minus`: an integer, or an int64 tensor broadcasting
+        into the result, subtracted from the requantized values (a table lookup's index offset: on the small path
+        it costs nothing, being folded into the subtraction that forms the result); `as_float64`: the result as
+        float64 holding those integers (what a float64 product reads next) rather than int64. A recurrent cell's
+        steps make several such calls on a few hundred values each, where each kernel call, not the arithmetic,
+        decides."""
+        if bound is not None and self._small and acc.dtype in (torch.int64, torch.float64) \
+                and 0 < acc.numel() <= SMALL_CONVERSION and acc.device.type == "cpu" \
+                and bound * self.m_absmax < FLOAT64_EXACT and bound * self._factor_absmax < MAGIC_SCALED_BOUND:
             fits = self._fits.get(acc.shape)
             if fits is None:
                 fits = self._fits[acc.shape] = broadcasts_into(self.m_shape, acc.shape) and broadcasts_into(
                     self.s_shape, acc.shape)
-            if fits:
+            if fits and (not isinstance(minus, torch.Tensor) or broadcasts_into(minus.shape, acc.shape)):
                 _, _, zerop_out, qmin, qmax = self.args
                 clamp = math.ceil(bound * self._factor_absmax) > self._room
-                return _requantize_small_int(acc, self.factor, zerop_out, qmin, qmax, clamp)
+                return _requantize_small_int(acc, self.factor, zerop_out, qmin, qmax, clamp,
+                                             self._subtrahend(minus, as_float64), as_float64)
+        if acc.is_floating_point():  # integers held as float64: exactly the same values as int64
+            acc = acc.to(torch.int64)
+        y = self._requantize(acc, bound)
+        if isinstance(minus, torch.Tensor) or minus:
+            y = y - minus
+        return y.to(torch.float64) if as_float64 else y
+
+    def _subtrahend(self, minus: Union[int, torch.Tensor], as_float64: bool) -> Union[int, float, torch.Tensor]:
+        """What `_requantize_small_int` subtracts from its biased sum to leave the result minus `minus`: the bit
+        pattern's offset (int64 view) or the value's (float64), plus the zero point, plus `minus`; a tensor
+        `minus` is combined once and kept (its kernel call would otherwise cost as much as the saving)."""
+        zerop_out = int(self.args[2])
+        if not isinstance(minus, torch.Tensor):
+            return (_MAGIC + zerop_out + int(minus)) if as_float64 else (_MAGIC_BITS + zerop_out + int(minus))
+        kept = self._subtrahends.get(id(minus))
+        if kept is None or kept[0] is not minus or kept[1].dtype != (torch.float64 if as_float64 else torch.int64):
+            base = (_MAGIC + zerop_out) if as_float64 else (_MAGIC_BITS + zerop_out)
+            combined = minus.to(torch.float64 if as_float64 else torch.int64) + base
+            kept = self._subtrahends[id(minus)] = (minus, combined)
+        return kept[1]
+
+    def _requantize(self, acc: torch.Tensor, bound: Optional[int]) -> torch.Tensor:
+        """The general path of `__call__` (int64 `acc`)."""
         if not (self.usable and acc.numel() and not acc.is_floating_point()
                 and broadcasts_into(self.m_shape, acc.shape) and broadcasts_into(self.s_shape, acc.shape)):
             return requantize_int(acc, *self.args)
@@ -378,18 +410,24 @@ _MAGIC_TENSOR = torch.tensor(_MAGIC, dtype=torch.float64)
 
 
 def _requantize_small_int(acc: torch.Tensor, factor: Union[float, torch.Tensor], zerop_out: int, qmin: int,
-                          qmax: int, clamp: bool = True) -> torch.Tensor:
-    """`requantize_scaled_` of a small int64 accumulator without converting it first: 1.5·2^52 + acc·factor in one
-    kernel call (each integer converted exactly, the product exact, the sum rounded once: the same float64 value),
-    then the clamp and the bit pattern. On tensors this small the calls, not the arithmetic, decide (7.2 against
-    4.9 µs for 96 elements); on large ones this mixed-type kernel is ten times slower than converting first.
-    `clamp=False`: the caller proved every value in [qmin, qmax] (the clamp would change nothing)."""
+                          qmax: int, clamp: bool = True, subtrahend: Union[int, float, torch.Tensor, None] = None,
+                          as_float64: bool = False) -> torch.Tensor:
+    """`requantize_scaled_` of a small integer accumulator (int64, or float64 holding integers) without converting
+    it first: 1.5·2^52 + acc·factor in one kernel call (each integer converted exactly, the product exact, the sum
+    rounded once: the same float64 value), then the clamp and the bit pattern. On tensors this small the calls, not
+    the arithmetic, decide (7.2 against 4.9 µs for 96 elements); on large ones this mixed-type kernel is ten times
+    slower than converting first. `clamp=False`: the caller proved every value in [qmin, qmax] (the clamp would
+    change nothing). `subtrahend` (`Requantizer._subtrahend`): what is subtracted from the biased sum, by default
+    its offset and the zero point; `as_float64`: the result as float64 integers (the biased sum minus 1.5·2^52,
+    exact) instead of int64 (its bit pattern minus that of 1.5·2^52)."""
     off = _MAGIC + int(zerop_out)
     y = torch.add(_MAGIC_TENSOR, acc, alpha=factor) if isinstance(factor, float) else \
         torch.addcmul(_MAGIC_TENSOR, acc, factor)
     if clamp:
         y.clamp_(qmin + off, qmax + off)
-    return y.view(torch.int64).sub_(_MAGIC_BITS + int(zerop_out))
+    if as_float64:
+        return y.sub_(off if subtrahend is None else subtrahend)
+    return y.view(torch.int64).sub_(_MAGIC_BITS + int(zerop_out) if subtrahend is None else subtrahend)
 
 
 def _requantize_by_factor_(acc: torch.Tensor, factor: Union[float, torch.Tensor], least_shift: float,

@@ -214,9 +214,17 @@ def ref_gru(node, x: np.ndarray, h0: np.ndarray, bits: int) -> Dict[str, np.ndar
     return {k: np.array(v, dtype=np.int64) for k, v in out.items()}
 
 
+@pytest.mark.parametrize("small_steps", [True, False])
 @pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("optype,params,wmode", CASES)
-def test_integer_forward_matches_reference(optype: str, params: Dict[str, Any], wmode: str, bits: int) -> None:
+def test_integer_forward_matches_reference(monkeypatch, optype: str, params: Dict[str, Any], wmode: str, bits: int,
+                                           small_steps: bool) -> None:
+    """Bit for bit against the reference, with the small-step path (codes requantized straight to table positions)
+    and without it (codes looked up from their values)."""
+    if not small_steps:
+        from quantopt.ops import recurrent
+
+        monkeypatch.setattr(recurrent, "SMALL_CONVERSION", 0)
     _, _, qg = quantized(optype, params, bits, wmode)
     qg.forward(feeds(14, optype, n=3, x_std=1.5, h_scale=0.8))
     node = qg.node("op")

@@ -252,6 +252,23 @@ def test_integer_forward_matches_reference(params: Dict[str, Any], wmode: str, b
 
 @pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("params,wmode", CASES)
+def test_large_step_path_matches_reference(monkeypatch, params: Dict[str, Any], wmode: str, bits: int) -> None:
+    """Steps too large for the small-step path (codes looked up from their values, the hidden state int64) give
+    the reference's values too."""
+    from quantopt.ops import recurrent
+
+    monkeypatch.setattr(recurrent, "SMALL_CONVERSION", 0)
+    _, _, qg = quantized(params, bits, wmode)
+    qg.forward(feeds(14, "BasicLSTM", n=3, x_std=1.5, h_scale=0.8))
+    node = qg.node("op")
+    x, h0, c0 = (t.betensor.numpy() for t in node.inputs)
+    want = ref_lstm(node, x, h0, c0, bits)
+    for name, t in zip(node.params["out_sequence"], node.outputs):
+        np.testing.assert_array_equal(t.betensor.numpy(), want[name], err_msg=name)
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize("params,wmode", CASES)
 def test_requantization_bounds_hold(monkeypatch, params: Dict[str, Any], wmode: str, bits: int) -> None:
     """The bound each step gives a requantization (from clamps, table entries and weight sums) is at least the
     largest |value| it requantizes, on inputs far outside the calibrated range too."""

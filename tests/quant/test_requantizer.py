@@ -175,3 +175,37 @@ def test_stacked_tables_look_up_each_block_in_its_own_table(in_bits: int) -> Non
     assert torch.equal(per_channel, torch.stack([lookup_lut(codes[:, c], tables[c], *args) for c in range(4)], 1))
     with pytest.raises(ValueError, match="multiple of 4 columns"):
         PreparedLut(tables, *args)(codes[:, :5])
+
+
+@pytest.mark.parametrize("bound", [2 ** 11, None])  # the small path, and the general one
+@pytest.mark.parametrize("zp", [0, 3])
+def test_minus_and_float64_results_are_the_values_less_minus(bound, zp: int) -> None:
+    """`minus` (an integer, or a tensor per column) is subtracted from the requantized values and `as_float64`
+    gives them as float64 integers, on every path; float64 accumulators holding integers are read as int64 ones."""
+    g = torch.Generator().manual_seed(21 + zp)
+    acc = torch.randint(-2 ** 11, 2 ** 11 + 1, (2, 96), generator=g, dtype=torch.int64)
+    per_column = torch.randint(-300, 300, (96,), generator=g, dtype=torch.int64)
+    prepared = Requantizer(173, 9, zp, -128, 127, acc.device)
+    want = prepared(acc, bound)
+    for minus in (0, -129, per_column):
+        for a in (acc, acc.to(torch.float64)):
+            got = prepared(a, bound, minus=minus)
+            assert got.dtype == torch.int64 and torch.equal(got, want - minus)
+            got = prepared(a, bound, minus=minus, as_float64=True)
+            assert got.dtype == torch.float64 and torch.equal(got, (want - minus).to(torch.float64))
+
+
+@pytest.mark.parametrize("blocks", [1, 4])
+def test_codes_less_the_index_offset_take_the_lookup_values(blocks: int) -> None:
+    """A direct table's lookup of codes in range equals `take_indexed` of the codes less `index_offset`; a
+    16-bit code into a 256-entry table interpolates, so it is not direct."""
+    g = torch.Generator().manual_seed(9 + blocks)
+    tables = torch.randint(-40000, 40000, (blocks, 256), generator=g, dtype=torch.int64).squeeze(0)
+    for restricted in (False, True):
+        prepared = PreparedLut(tables, -128, 8, 16, True, restricted)
+        assert prepared.direct
+        codes = torch.randint(-127, 128, (3, 4 * 6), generator=g)
+        offset = prepared.index_offset(4 * 6, codes.device)
+        assert offset is prepared.index_offset(4 * 6, codes.device) or isinstance(offset, int)
+        assert torch.equal(prepared.take_indexed(codes - offset), prepared(codes, in_range=True))
+    assert not PreparedLut(tables, -32768, 16, 16, True).direct
