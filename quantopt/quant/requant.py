@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -255,6 +255,11 @@ def requantize_int(acc: torch.Tensor, multiplier: IntLike, shift: IntLike, zerop
     return torch.clamp(round_shift(prod, shift) - int(zerop_out), int(qmin), int(qmax))
 
 
+SMALL_CALLS_KEPT = 64
+"""Kinds of call (shape, bound, ...) whose small-path decision a `Requantizer` keeps; past it, they are decided
+again (a bound taken from the data may differ on every forward)."""
+
+
 class Requantizer:
     """`requantize_int(acc, multiplier, shift, zerop_out, qmin, qmax)` with its params prepared once (the factor
     M·2^-shift, max |M|, the least shift): for a loop that requantizes many small tensors with the same params (a
@@ -285,7 +290,7 @@ class Requantizer:
             isinstance(self.factor, float) or self.factor.device.type == "cpu")
         self._factor_absmax = math.ldexp(self.m_absmax, -int(self.least_shift)) if self.usable else 0.0
         self._room = min(hi + zp, -(lo + zp))  # |round(acc · factor)| up to this minus zp lies in [qmin, qmax]
-        self._fits: Dict[torch.Size, bool] = {}
+        self._small_calls: Dict[tuple, Tuple[Any, Any]] = {}  # `_small_call` by kind of call
         # `minus` tensors with the bit pattern's offset folded in, by the identity of the caller's tensor
         self._subtrahends: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -308,24 +313,39 @@ class Requantizer:
         float64 holding those integers (what a float64 product reads next) rather than int64. A recurrent cell's
         steps make several such calls on a few hundred values each, where each kernel call, not the arithmetic,
         decides."""
-        if bound is not None and self._small and acc.dtype in (torch.int64, torch.float64) \
-                and 0 < acc.numel() <= SMALL_CONVERSION and acc.device.type == "cpu" \
-                and bound * self.m_absmax < FLOAT64_EXACT and bound * self._factor_absmax < MAGIC_SCALED_BOUND:
-            fits = self._fits.get(acc.shape)
-            if fits is None:
-                fits = self._fits[acc.shape] = broadcasts_into(self.m_shape, acc.shape) and broadcasts_into(
-                    self.s_shape, acc.shape)
-            if fits and (not isinstance(minus, torch.Tensor) or broadcasts_into(minus.shape, acc.shape)):
+        if bound is not None and self._small:
+            tensor_minus = isinstance(minus, torch.Tensor)
+            key = (acc.shape, acc.dtype, acc.is_cpu, bound, id(minus) if tensor_minus else minus, as_float64)
+            call = self._small_calls.get(key)
+            if call is None or (tensor_minus and call[0] is not minus):  # (a tensor by identity, kept alive)
+                if len(self._small_calls) >= SMALL_CALLS_KEPT:  # data-dependent bounds: keep the cache small
+                    self._small_calls.clear()
+                call = self._small_calls[key] = (minus if tensor_minus else None,
+                                                 self._small_call(acc, bound, minus, as_float64))
+            if call[1] is not None:
                 _, _, zerop_out, qmin, qmax = self.args
-                clamp = math.ceil(bound * self._factor_absmax) > self._room
-                return _requantize_small_int(acc, self.factor, zerop_out, qmin, qmax, clamp,
-                                             self._subtrahend(minus, as_float64), as_float64)
+                clamp, subtrahend = call[1]
+                return _requantize_small_int(acc, self.factor, zerop_out, qmin, qmax, clamp, subtrahend, as_float64)
         if acc.is_floating_point():  # integers held as float64: exactly the same values as int64
             acc = acc.to(torch.int64)
         y = self._requantize(acc, bound)
         if isinstance(minus, torch.Tensor) or minus:
             y = y - minus
         return y.to(torch.float64) if as_float64 else y
+
+    def _small_call(self, acc: torch.Tensor, bound: int, minus: Union[int, torch.Tensor],
+                    as_float64: bool) -> Optional[Tuple[bool, Union[int, float, torch.Tensor]]]:
+        """(whether to clamp, the subtrahend) of `_requantize_small_int` for calls like this one (the same shape,
+        dtype, device, bound, `minus` and result type), or None where that path does not apply: what `__call__`
+        decides once per kind of call and keeps, its checks having cost a recurrent step as much as its kernels."""
+        if acc.dtype not in (torch.int64, torch.float64) or not 0 < acc.numel() <= SMALL_CONVERSION \
+                or not acc.is_cpu or bound * self.m_absmax >= FLOAT64_EXACT \
+                or bound * self._factor_absmax >= MAGIC_SCALED_BOUND:
+            return None
+        if not (broadcasts_into(self.m_shape, acc.shape) and broadcasts_into(self.s_shape, acc.shape)) or (
+                isinstance(minus, torch.Tensor) and not broadcasts_into(minus.shape, acc.shape)):
+            return None
+        return math.ceil(bound * self._factor_absmax) > self._room, self._subtrahend(minus, as_float64)
 
     def _subtrahend(self, minus: Union[int, torch.Tensor], as_float64: bool) -> Union[int, float, torch.Tensor]:
         """What `_requantize_small_int` subtracts from its biased sum to leave the result minus `minus`: the bit

@@ -209,3 +209,19 @@ def test_codes_less_the_index_offset_take_the_lookup_values(blocks: int) -> None
         assert offset is prepared.index_offset(4 * 6, codes.device) or isinstance(offset, int)
         assert torch.equal(prepared.take_indexed(codes - offset), prepared(codes, in_range=True))
     assert not PreparedLut(tables, -32768, 16, 16, True).direct
+
+
+def test_small_call_decisions_are_kept_per_kind_of_call() -> None:
+    """The small path's decisions are kept per shape, bound and `minus`: another `minus` tensor (even one of the
+    same shape) gets its own, and bounds taken from the data do not grow the kept decisions without end."""
+    from quantopt.quant import requant
+
+    acc = torch.arange(-96, 96, dtype=torch.int64).reshape(2, 96) * 37
+    prepared = Requantizer(173, 9, 0, -128, 127, acc.device)
+    want = prepared(acc)
+    first, second = torch.arange(96), torch.arange(96) * 2
+    assert torch.equal(prepared(acc, 2 ** 12, minus=first), want - first)
+    assert torch.equal(prepared(acc, 2 ** 12, minus=second), want - second)
+    for bound in range(2 ** 12, 2 ** 12 + 3 * requant.SMALL_CALLS_KEPT):
+        assert torch.equal(prepared(acc, bound), want)
+    assert len(prepared._small_calls) <= requant.SMALL_CALLS_KEPT
