@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -731,10 +731,19 @@ class _GateIn:
         widest = int(clamp.abs().max()) if clamp.numel() else 0
         self.requant = Requantizer(mult, shift, 0, -widest, widest, clamp.device)
         self.clamp, self.low = clamp, -clamp
+        self._shifted: Dict[Any, Tuple[Any, torch.Tensor, torch.Tensor]] = {}  # clamps less a `minus`, kept
 
-    def __call__(self, acc: torch.Tensor, bound: Optional[int] = None) -> torch.Tensor:
-        """The clamped gate inputs of `acc`; `bound`: a max |acc| the caller has proven (`Requantizer`)."""
-        return torch.clamp(self.requant(acc, bound), self.low, self.clamp)
+    def __call__(self, acc: torch.Tensor, bound: Optional[int] = None,
+                 minus: Union[int, torch.Tensor] = 0) -> torch.Tensor:
+        """The clamped gate inputs of `acc`, less `minus` (a table lookup's index offset, `_CodeLookup`: the
+        clamp's bounds are shifted alike); `bound`: a max |acc| the caller has proven (`Requantizer`)."""
+        if not isinstance(minus, torch.Tensor) and not minus:
+            return torch.clamp(self.requant(acc, bound), self.low, self.clamp)
+        key = id(minus) if isinstance(minus, torch.Tensor) else minus
+        kept = self._shifted.get(key)
+        if kept is None or (isinstance(minus, torch.Tensor) and kept[0] is not minus):
+            kept = self._shifted[key] = (minus, self.low - minus, self.clamp - minus)
+        return torch.clamp(self.requant(acc, bound, minus=minus), kept[1], kept[2])
 
 
 @dataclass
@@ -945,18 +954,21 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         acc_bound = values_absmax(x_part) + steps.hidden_out
         gate_max = max(lut_gate.absmax, lut_cand.absmax)
         c_max, (fc_shift, ig_shift) = values_absmax(c), steps.cell_shifts
+        gate_lookup = None if steps.gate_luts is None else \
+            _CodeLookup(steps.gate_luts, steps.gates_in_range, batch, 4 * cs, x.device)
+        cell_lookup = _CodeLookup(lut_cell, steps.cell_in_range, batch, cs, x.device)
         for t in range(spec.time_steps):
             acc = x_part[:, t] + steps.hidden(hidden_matmul(h, hq), steps.hidden_bound)
-            gin = gate_in(acc, acc_bound)
-            if steps.gate_luts is not None:
-                i, g, f, o = steps.gate_luts(gin, steps.gates_in_range).chunk(4, dim=1)
+            if gate_lookup is not None:
+                i, g, f, o = gate_lookup(gate_in, acc, acc_bound).chunk(4, dim=1)
             else:
+                gin = gate_in(acc, acc_bound)
                 i, g = lut_gate(gin[:, :cs]), lut_cand(gin[:, cs:2 * cs])
                 f, o = lut_gate(gin[:, 2 * cs:3 * cs]), lut_gate(gin[:, 3 * cs:])
             cell_bound = (gate_max * c_max << fc_shift) + (gate_max * gate_max << ig_shift)
             c = steps.cell(torch.add(f * c << fc_shift, i * g << ig_shift), cell_bound)
             c_max = steps.cell.output_bound(cell_bound)
-            prod = o * lut_cell(steps.cell_in(c, c_max), steps.cell_in_range)
+            prod = o * cell_lookup(steps.cell_in, c, c_max)
             h = steps.out_h(prod, gate_max * lut_cell.absmax)
             products.append(prod)
         finals = {"H": products[-1], "C": c}
@@ -970,16 +982,18 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         x_cand = exact_int_matmul(xs, wx[:, 2 * cs:]) + b[2 * cs:3 * cs]
         gates_acc_bound = values_absmax(x_gates) + steps.gates_hidden_out
         cand_acc_bound = values_absmax(x_cand) + steps.cand_hidden_out
+        gate_lookup = _CodeLookup(lut_gate, steps.gates_in_range, batch, 2 * cs, x.device)
+        cand_lookup = _CodeLookup(lut_cand, steps.cand_in_range, batch, cs, x.device)
         for t in range(spec.time_steps):
             acc = x_gates[:, t] + steps.gates_hidden(gates_matmul(h, hq), steps.gates_hidden_bound)
-            rz = lut_gate(gate_in(acc, gates_acc_bound), steps.gates_in_range)
+            rz = gate_lookup(gate_in, acc, gates_acc_bound)
             r, z = rz[:, :cs], rz[:, cs:]
             if spec.linear_before_reset:
                 hpart = steps.reset(r * (cand_matmul(h, hq) + b[3 * cs:4 * cs]), steps.reset_bound)
             else:
                 hpart = cand_matmul(steps.reset(r * h, steps.reset_bound), steps.reset_out)
             acc = x_cand[:, t] + steps.cand_hidden(hpart, steps.cand_hidden_bound)
-            n = lut_cand(cand_in(acc, cand_acc_bound), steps.cand_in_range)
+            n = cand_lookup(cand_in, acc, cand_acc_bound)
             prod = (2 ** GATE_FRAC_BITS - z) * n + ((z * h) << align)
             h = steps.out_h(prod, steps.prod_bound)
             products.append(prod)
@@ -1239,6 +1253,24 @@ def _codes_in_table(lut: PreparedLut, codes: Requantizer) -> bool:
     return lut.covers(int(qmin), int(qmax))
 
 
+class _CodeLookup:
+    """A cell's table lookup of the codes a requantization gives, for its steps: where a step is a small CPU tensor
+    and the codes provably lie in a direct table (`PreparedLut.direct`, `covers`), the requantization gives table
+    positions straight away (its `minus`) and the lookup is one gather instead of three kernel calls; otherwise the
+    codes, then their lookup. The same values either way."""
+
+    def __init__(self, lut: PreparedLut, in_range: bool, rows: int, columns: int, device: torch.device) -> None:
+        self.lut, self.in_range = lut, in_range
+        small = device.type == "cpu" and rows * columns <= SMALL_CONVERSION
+        self.minus = lut.index_offset(columns, device) if small and in_range and lut.direct else None
+
+    def __call__(self, codes: Callable[..., torch.Tensor], acc: torch.Tensor, bound: int) -> torch.Tensor:
+        """The looked-up values of `codes(acc, bound)` (a `Requantizer` or a `_GateIn`)."""
+        if self.minus is not None:
+            return self.lut.take_indexed(codes(acc, bound, minus=self.minus))
+        return self.lut(codes(acc, bound), self.in_range)
+
+
 def _gate_requantizer(pairs: Sequence[Tuple[IntLike, IntLike]], cs: int, qmin: int, qmax: int,
                       device: torch.device) -> Requantizer:
     """One requantization of the four gate blocks side by side ([batch, 4·cs]): each block's multiplier and shift
@@ -1355,12 +1387,9 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     # small steps on the CPU (each kernel call, not the arithmetic, decides): the gate and cell codes come out of
     # their requantizations as table positions (one kernel call per lookup instead of three), and the hidden state
     # stays in float64 (exact integers) between the float64 products that read it (no conversion either side)
-    small = x.device.type == "cpu" and batch * 4 * cs <= SMALL_CONVERSION
-    gate_index = small and gates_in_range and plan.gate_luts.direct
-    cell_index = small and cell_in_range and plan.cell_lut.direct
-    gate_minus = plan.gate_luts.index_offset(4 * cs, x.device) if gate_index else 0
-    cell_minus = plan.cell_lut.index_offset(cs, x.device) if cell_index else 0
-    h_float = small and plan.wh.w8 is None
+    gate_lookup = _CodeLookup(plan.gate_luts, gates_in_range, batch, 4 * cs, x.device)
+    cell_lookup = _CodeLookup(plan.cell_lut, cell_in_range, batch, cs, x.device)
+    h_float = x.device.type == "cpu" and batch * 4 * cs <= SMALL_CONVERSION and plan.wh.w8 is None
     hs, cs_seq = [], []
     for t in range(spec.time_steps):
         bound = h_max * plan.wh.col_absmax
@@ -1372,21 +1401,13 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
         acc = x_part[:, t] + hw
         if plan.bits > 8:
             acc = torch.clamp(acc, INT32_MIN, INT32_MAX)
-        if gate_index:
-            gates = plan.gate_luts.take_indexed(plan.gates(acc, acc_max, minus=gate_minus))
-        else:
-            gates = plan.gate_luts(plan.gates(acc, acc_max), gates_in_range)
-        i, g, f, o = gates.chunk(4, dim=1)
+        i, g, f, o = gate_lookup(plan.gates, acc, acc_max).chunk(4, dim=1)
         rq_ig, rq_fc, rq_cell_in, rq_c = plan.steps[t]
         c_tmp = rq_ig(i * g, gate_max * gate_max) + rq_fc(f * c, gate_max * c_max)
         c_bound = rq_ig.output_bound(gate_max * gate_max) + rq_fc.output_bound(gate_max * c_max)
         if c_bound > INT32_MAX:
             c_tmp, c_bound = torch.clamp(c_tmp, INT32_MIN, INT32_MAX), INT32_BOUND
-        if cell_index:
-            cell = plan.cell_lut.take_indexed(rq_cell_in(c_tmp, c_bound, minus=cell_minus))
-        else:
-            cell = plan.cell_lut(rq_cell_in(c_tmp, c_bound), cell_in_range)
-        h = plan.out_h(o * cell, gate_max * plan.cell_lut.absmax, as_float64=h_float)
+        h = plan.out_h(o * cell_lookup(rq_cell_in, c_tmp, c_bound), gate_max * plan.cell_lut.absmax, as_float64=h_float)
         c = rq_c(c_tmp, c_bound)
         h_max = c_max = state_max
         hs.append(h)
@@ -1685,21 +1706,14 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     z2_max = values_absmax(xc_all) + INT32_BOUND + values_absmax(plan.bc)
     bh_max, rz_max, c_max = values_absmax(plan.bh), plan.lut_rz.absmax, plan.lut_c.absmax
     rz_in_range, c_in_range = _codes_in_table(plan.lut_rz, plan.z), _codes_in_table(plan.lut_c, plan.z2)
-    # small steps on the CPU: the codes come out of their requantizations as table positions (as in the LSTM)
-    small = x.device.type == "cpu" and x.shape[0] * 2 * cs <= SMALL_CONVERSION
-    rz_index = small and rz_in_range and plan.lut_rz.direct
-    c_index = small and c_in_range and plan.lut_c.direct
-    rz_minus = plan.lut_rz.index_offset(2 * cs, x.device) if rz_index else 0
-    c_minus = plan.lut_c.index_offset(cs, x.device) if c_index else 0
+    rz_lookup = _CodeLookup(plan.lut_rz, rz_in_range, int(x.shape[0]), 2 * cs, x.device)
+    c_lookup = _CodeLookup(plan.lut_c, c_in_range, int(x.shape[0]), cs, x.device)
     hs = []
     for t in range(spec.time_steps):
         hg, bound = plan.wh_g(h, h_max), h_max * plan.wh_g.col_absmax
         for rq in plan.hg:
             hg, bound = rq(hg, bound), INT32_BOUND
-        if rz_index:
-            rz = plan.lut_rz.take_indexed(plan.z(xg_all[:, t] + hg + plan.bg, z_max, minus=rz_minus))
-        else:
-            rz = plan.lut_rz(plan.z(xg_all[:, t] + hg + plan.bg, z_max), rz_in_range)
+        rz = rz_lookup(plan.z, xg_all[:, t] + hg + plan.bg, z_max)
         r, u = rz[:, :cs], rz[:, cs:]
         if plan.hidden is not None:
             hc = r * plan.hidden(plan.wh_c(h, h_max) + plan.bh, h_max * plan.wh_c.col_absmax + bh_max)
@@ -1709,10 +1723,7 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
             bound = ((rz_max * h_max >> plan.bits) + 1) * plan.wh_c.col_absmax
         for rq in plan.hc:
             hc, bound = rq(hc, bound), INT32_BOUND
-        if c_index:
-            c = plan.lut_c.take_indexed(plan.z2(xc_all[:, t] + hc + plan.bc, z2_max, minus=c_minus))
-        else:
-            c = plan.lut_c(plan.z2(xc_all[:, t] + hc + plan.bc, z2_max), c_in_range)
+        c = c_lookup(plan.z2, xc_all[:, t] + hc + plan.bc, z2_max)
         cu = plan.cu((qmax - u) * c, (qmax + rz_max) * c_max)
         h = plan.h(cu + u * h, INT32_BOUND + rz_max * h_max)
         h_max = state_max

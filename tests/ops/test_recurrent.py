@@ -468,13 +468,19 @@ def test_gruv1_float_forward_records_the_cell_tensors_as_placeholders() -> None:
         np.testing.assert_allclose(t.betensor.numpy(), np.stack(got[name], 1), atol=2e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("small_steps", [True, False])
 @pytest.mark.parametrize("bits,mode", MODES)
 @pytest.mark.parametrize("optype,params,wmode", VARIANTS)
 def test_q15_step_bounds_hold_and_match_the_reference(monkeypatch, optype: str, params: Dict[str, Any],
-                                                      wmode: str, bits: int, mode: str) -> None:
+                                                      wmode: str, bits: int, mode: str, small_steps: bool) -> None:
     """The q15 LSTM and GRU steps give their requantizations and lookups the bounds their ranges prove (|h| <= hq,
     the tables' entries, the weights' column sums, the cell clip): each bound holds and the integers are the
-    reference's, on inputs far outside the calibrated range too."""
+    reference's, on inputs far outside the calibrated range too; with the small-step path (codes requantized
+    straight to table positions) and without it."""
+    if not small_steps:
+        from quantopt.ops import recurrent
+
+        monkeypatch.setattr(recurrent, "SMALL_CONVERSION", 0)
     checked = checked_requantization_bounds(monkeypatch)
     _, _, qg = quantized_case(optype, params, bits, mode, wmode)
     node = qg.node("op")
