@@ -1708,28 +1708,37 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     rz_in_range, c_in_range = _codes_in_table(plan.lut_rz, plan.z), _codes_in_table(plan.lut_c, plan.z2)
     rz_lookup = _CodeLookup(plan.lut_rz, rz_in_range, int(x.shape[0]), 2 * cs, x.device)
     c_lookup = _CodeLookup(plan.lut_c, c_in_range, int(x.shape[0]), cs, x.device)
+    # small CPU steps keep the hidden state in float64 (exact integers) between the float64 products that read it
+    h_float = x.device.type == "cpu" and int(x.shape[0]) * 2 * cs <= SMALL_CONVERSION \
+        and plan.wh_g.w8 is None and plan.wh_c.w8 is None
     hs = []
     for t in range(spec.time_steps):
-        hg, bound = plan.wh_g(h, h_max), h_max * plan.wh_g.col_absmax
+        bound = h_max * plan.wh_g.col_absmax
+        hg = plan.wh_g.float64(h, h_max) if h_float else None
+        if hg is None:
+            hg = plan.wh_g(h.to(torch.int64), h_max)
         for rq in plan.hg:
             hg, bound = rq(hg, bound), INT32_BOUND
         rz = rz_lookup(plan.z, xg_all[:, t] + hg + plan.bg, z_max)
         r, u = rz[:, :cs], rz[:, cs:]
         if plan.hidden is not None:
-            hc = r * plan.hidden(plan.wh_c(h, h_max) + plan.bh, h_max * plan.wh_c.col_absmax + bh_max)
+            hw = plan.wh_c.float64(h, h_max) if h_float else None
+            if hw is None:
+                hw = plan.wh_c(h.to(torch.int64), h_max)
+            hc = r * plan.hidden(hw + plan.bh, h_max * plan.wh_c.col_absmax + bh_max)
             bound = rz_max * max(-qmin, qmax)
         else:
-            hc = plan.wh_c(_round_div(r * h, 2 ** plan.bits))
+            hc = plan.wh_c(_round_div(r * h.to(torch.int64), 2 ** plan.bits))
             bound = ((rz_max * h_max >> plan.bits) + 1) * plan.wh_c.col_absmax
         for rq in plan.hc:
             hc, bound = rq(hc, bound), INT32_BOUND
         c = c_lookup(plan.z2, xc_all[:, t] + hc + plan.bc, z2_max)
         cu = plan.cu((qmax - u) * c, (qmax + rz_max) * c_max)
-        h = plan.h(cu + u * h, INT32_BOUND + rz_max * h_max)
+        h = plan.h(cu + u * h, INT32_BOUND + rz_max * h_max, as_float64=h_float)
         h_max = state_max
         hs.append(h)
-    y = torch.stack(hs, dim=1)
-    finals = {"H": torch.flip(y, [1]) if spec.reverse else y, "Hn": hs[-1]}
+    y = torch.stack(hs, dim=1).to(torch.int64)
+    finals = {"H": torch.flip(y, [1]) if spec.reverse else y, "Hn": y[:, -1].contiguous()}
     return [finals[name] for name in spec.out_sequence]
 
 
