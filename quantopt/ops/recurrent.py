@@ -957,8 +957,13 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         gate_lookup = None if steps.gate_luts is None else \
             _CodeLookup(steps.gate_luts, steps.gates_in_range, batch, 4 * cs, x.device)
         cell_lookup = _CodeLookup(lut_cell, steps.cell_in_range, batch, cs, x.device)
+        # small CPU steps keep the hidden state in float64 (exact integers) for the float64 product that reads it
+        h_float = x.device.type == "cpu" and batch * 4 * cs <= SMALL_CONVERSION and hidden_matmul.w8 is None
         for t in range(spec.time_steps):
-            acc = x_part[:, t] + steps.hidden(hidden_matmul(h, hq), steps.hidden_bound)
+            hw = hidden_matmul.float64(h, hq) if h_float else None
+            if hw is None:
+                hw = hidden_matmul(h.to(torch.int64), hq)
+            acc = x_part[:, t] + steps.hidden(hw, steps.hidden_bound)
             if gate_lookup is not None:
                 i, g, f, o = gate_lookup(gate_in, acc, acc_bound).chunk(4, dim=1)
             else:
@@ -969,7 +974,7 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
             c = steps.cell(torch.add(f * c << fc_shift, i * g << ig_shift), cell_bound)
             c_max = steps.cell.output_bound(cell_bound)
             prod = o * cell_lookup(steps.cell_in, c, c_max)
-            h = steps.out_h(prod, gate_max * lut_cell.absmax)
+            h = steps.out_h(prod, gate_max * lut_cell.absmax, as_float64=h_float)
             products.append(prod)
         finals = {"H": products[-1], "C": c}
     else:
