@@ -39,7 +39,7 @@ from ..quant.requant import (
     requantize_int,
     scale_shift,
 )
-from ..quant.rounding import INT64_SAFE, SMALL_CONVERSION, round_shift
+from ..quant.rounding import FLOAT64_EXACT, INT64_SAFE, SMALL_CONVERSION, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, DtypeName, Float, Floats, Int, Ints, Param, Text, Value, quantized
 from ._int8_gemm import IntMatmul
@@ -989,25 +989,36 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         cand_acc_bound = values_absmax(x_cand) + steps.cand_hidden_out
         gate_lookup = _CodeLookup(lut_gate, steps.gates_in_range, batch, 2 * cs, x.device)
         cand_lookup = _CodeLookup(lut_cand, steps.cand_in_range, batch, cs, x.device)
+        # small CPU steps keep the hidden state and the products in float64 (exact integers: every product below
+        # 2^53) for the float64 weight products that read them
+        h_float = x.device.type == "cpu" and batch * 2 * cs <= SMALL_CONVERSION and gates_matmul.w8 is None \
+            and cand_matmul.w8 is None and align >= 0 and steps.prod_bound < FLOAT64_EXACT
         for t in range(spec.time_steps):
-            acc = x_gates[:, t] + steps.gates_hidden(gates_matmul(h, hq), steps.gates_hidden_bound)
+            hw = gates_matmul.float64(h, hq) if h_float else None
+            if hw is None:
+                hw = gates_matmul(h.to(torch.int64), hq)
+            acc = x_gates[:, t] + steps.gates_hidden(hw, steps.gates_hidden_bound)
             rz = gate_lookup(gate_in, acc, gates_acc_bound)
             r, z = rz[:, :cs], rz[:, cs:]
             if spec.linear_before_reset:
-                hpart = steps.reset(r * (cand_matmul(h, hq) + b[3 * cs:4 * cs]), steps.reset_bound)
+                hc = cand_matmul.float64(h, hq) if h_float else None
+                if hc is None:
+                    hc = cand_matmul(h.to(torch.int64), hq)
+                hpart = steps.reset(r * (hc + b[3 * cs:4 * cs]), steps.reset_bound)
             else:
                 hpart = cand_matmul(steps.reset(r * h, steps.reset_bound), steps.reset_out)
             acc = x_cand[:, t] + steps.cand_hidden(hpart, steps.cand_hidden_bound)
             n = cand_lookup(cand_in, acc, cand_acc_bound)
-            prod = (2 ** GATE_FRAC_BITS - z) * n + ((z * h) << align)
-            h = steps.out_h(prod, steps.prod_bound)
+            zh = z * h
+            prod = (2 ** GATE_FRAC_BITS - z) * n + (zh * float(2 ** align) if h_float else zh << align)
+            h = steps.out_h(prod, steps.prod_bound, as_float64=h_float)
             products.append(prod)
-        finals = {"Hn": products[-1]}
+        finals = {"Hn": products[-1].to(torch.int64)}
     seq_name = "Y" if spec.kind == "LSTM" else "H"
     results = []
     for idx, name in enumerate(spec.out_sequence):
         if name == seq_name:
-            seq = torch.stack(products, dim=1)
+            seq = torch.stack(products, dim=1).to(torch.int64)
             v = torch.flip(seq, [1]) if spec.reverse else seq
         else:
             v = finals[name]
