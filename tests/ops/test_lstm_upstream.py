@@ -237,9 +237,17 @@ def ref_lstm(node, x: np.ndarray, h0: np.ndarray, c0: np.ndarray, bits: int) -> 
     return {k: np.array(v, dtype=np.int64) for k, v in out.items()}
 
 
+@pytest.mark.parametrize("small_steps", [True, False])
 @pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("params,wmode", CASES)
-def test_integer_forward_matches_reference(params: Dict[str, Any], wmode: str, bits: int) -> None:
+def test_integer_forward_matches_reference(monkeypatch, params: Dict[str, Any], wmode: str, bits: int,
+                                           small_steps: bool) -> None:
+    """Bit for bit against the reference, with the small-step path (codes requantized straight to table positions,
+    the hidden state in float64) and without it (codes looked up from their values, the hidden state int64)."""
+    if not small_steps:
+        from quantopt.ops import recurrent
+
+        monkeypatch.setattr(recurrent, "SMALL_CONVERSION", 0)
     _, _, qg = quantized(params, bits, wmode)
     qg.forward(feeds(14, "BasicLSTM", n=3, x_std=1.5, h_scale=0.8))
     node = qg.node("op")
@@ -247,23 +255,6 @@ def test_integer_forward_matches_reference(params: Dict[str, Any], wmode: str, b
     want = ref_lstm(node, x, h0, c0, bits)
     for name, t in zip(node.params["out_sequence"], node.outputs):
         assert t.betensor.dtype == torch.int64
-        np.testing.assert_array_equal(t.betensor.numpy(), want[name], err_msg=name)
-
-
-@pytest.mark.parametrize("bits", [8, 16])
-@pytest.mark.parametrize("params,wmode", CASES)
-def test_large_step_path_matches_reference(monkeypatch, params: Dict[str, Any], wmode: str, bits: int) -> None:
-    """Steps too large for the small-step path (codes looked up from their values, the hidden state int64) give
-    the reference's values too."""
-    from quantopt.ops import recurrent
-
-    monkeypatch.setattr(recurrent, "SMALL_CONVERSION", 0)
-    _, _, qg = quantized(params, bits, wmode)
-    qg.forward(feeds(14, "BasicLSTM", n=3, x_std=1.5, h_scale=0.8))
-    node = qg.node("op")
-    x, h0, c0 = (t.betensor.numpy() for t in node.inputs)
-    want = ref_lstm(node, x, h0, c0, bits)
-    for name, t in zip(node.params["out_sequence"], node.outputs):
         np.testing.assert_array_equal(t.betensor.numpy(), want[name], err_msg=name)
 
 
