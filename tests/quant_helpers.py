@@ -53,12 +53,12 @@ def checked_requantization_bounds(monkeypatch) -> List[int]:
             checked.append(1)
         return plain_lookup(self, codes, in_range)
 
-    def take(self, index):  # positions of codes a requantization gave offset: the codes themselves in range
+    def take(self, index, dtype=None):  # positions of codes a requantization gave offset: in range
         if index.numel():
             codes = index + self.index_offset(int(index.shape[-1]), index.device)
             assert self.covers(int(codes.min()), int(codes.max()))
             checked.append(1)
-        return plain_take(self, index)
+        return plain_take(self, index) if dtype is None else plain_take(self, index, dtype)
 
     monkeypatch.setattr(Requantizer, "__call__", call)
     monkeypatch.setattr(PreparedLut, "__call__", lookup)

@@ -1280,11 +1280,12 @@ class _CodeLookup:
         small = device.type == "cpu" and rows * columns <= SMALL_CONVERSION
         self.minus = lut.index_offset(columns, device) if small and in_range and lut.direct else None
 
-    def __call__(self, codes: Callable[..., torch.Tensor], acc: torch.Tensor, bound: int) -> torch.Tensor:
-        """The looked-up values of `codes(acc, bound)` (a `Requantizer` or a `_GateIn`)."""
+    def __call__(self, codes: Callable[..., torch.Tensor], acc: torch.Tensor, bound: int,
+                 dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        """The looked-up values of `codes(acc, bound)` (a `Requantizer` or a `_GateIn`), as `dtype`."""
         if self.minus is not None:
-            return self.lut.take_indexed(codes(acc, bound, minus=self.minus))
-        return self.lut(codes(acc, bound), self.in_range)
+            return self.lut.take_indexed(codes(acc, bound, minus=self.minus), dtype)
+        return self.lut(codes(acc, bound), self.in_range).to(dtype)
 
 
 def _gate_requantizer(pairs: Sequence[Tuple[IntLike, IntLike]], cs: int, qmin: int, qmax: int,
@@ -1401,35 +1402,41 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     cell_in_range = all(_codes_in_table(plan.cell_lut, step[2]) for step in plan.steps)
     cs = spec.cell_size
     # small steps on the CPU (each kernel call, not the arithmetic, decides): the gate and cell codes come out of
-    # their requantizations as table positions (one kernel call per lookup instead of three), and the hidden state
-    # stays in float64 (exact integers) between the float64 products that read it (no conversion either side)
+    # their requantizations as table positions (one kernel call per lookup instead of three), and every value of
+    # a step is held in float64 (exact integers, all below 2^53: the int32 clamps, the tables' entries and their
+    # products), so no kernel converts or mixes types; the outputs are converted to int64 once, after the steps
     gate_lookup = _CodeLookup(plan.gate_luts, gates_in_range, batch, 4 * cs, x.device)
     cell_lookup = _CodeLookup(plan.cell_lut, cell_in_range, batch, cs, x.device)
-    h_float = x.device.type == "cpu" and batch * 4 * cs <= SMALL_CONVERSION and plan.wh.w8 is None
+    floats = x.device.type == "cpu" and batch * 4 * cs <= SMALL_CONVERSION and plan.wh.w8 is None
+    held = torch.float64 if floats else torch.int64
+    x_part = x_part.to(held)
     hs, cs_seq = [], []
     for t in range(spec.time_steps):
         bound = h_max * plan.wh.col_absmax
-        hw = plan.wh.float64(h, h_max) if h_float else None
+        hw = plan.wh.float64(h, h_max) if floats else None
         if hw is None:
             hw = plan.wh(h.to(torch.int64), h_max)
         for rq in plan.hidden:
-            hw, bound = rq(hw, bound), INT32_BOUND
+            hw, bound = rq(hw, bound, as_float64=floats), INT32_BOUND
         acc = x_part[:, t] + hw
         if plan.bits > 8:
             acc = torch.clamp(acc, INT32_MIN, INT32_MAX)
-        i, g, f, o = gate_lookup(plan.gates, acc, acc_max).chunk(4, dim=1)
+        i, g, f, o = gate_lookup(plan.gates, acc, acc_max, held).chunk(4, dim=1)
         rq_ig, rq_fc, rq_cell_in, rq_c = plan.steps[t]
-        c_tmp = rq_ig(i * g, gate_max * gate_max) + rq_fc(f * c, gate_max * c_max)
+        c_tmp = rq_ig(i * g, gate_max * gate_max, as_float64=floats) + \
+            rq_fc(f * c, gate_max * c_max, as_float64=floats)
         c_bound = rq_ig.output_bound(gate_max * gate_max) + rq_fc.output_bound(gate_max * c_max)
         if c_bound > INT32_MAX:
             c_tmp, c_bound = torch.clamp(c_tmp, INT32_MIN, INT32_MAX), INT32_BOUND
-        h = plan.out_h(o * cell_lookup(rq_cell_in, c_tmp, c_bound), gate_max * plan.cell_lut.absmax, as_float64=h_float)
-        c = rq_c(c_tmp, c_bound)
+        h = plan.out_h(o * cell_lookup(rq_cell_in, c_tmp, c_bound, held), gate_max * plan.cell_lut.absmax,
+                       as_float64=floats)
+        c = rq_c(c_tmp, c_bound, as_float64=floats)
         h_max = c_max = state_max
         hs.append(h)
         cs_seq.append(c)
     y = torch.stack(hs, dim=1).to(torch.int64)
-    finals = {"Y": torch.flip(y, [1]) if spec.reverse else y, "H": y[:, -1].contiguous(), "C": cs_seq[-1]}
+    finals = {"Y": torch.flip(y, [1]) if spec.reverse else y, "H": y[:, -1].contiguous(),
+              "C": cs_seq[-1].to(torch.int64)}
     return [finals[name] for name in spec.out_sequence]
 
 

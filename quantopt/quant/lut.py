@@ -116,6 +116,7 @@ class PreparedLut:
         # the largest |value| a lookup gives: interpolations lie between their entries, then the clamp
         self.absmax = min(max(-lo, hi), max(-self.out_range[0], self.out_range[1]))
         self._bases: Optional[Dict[Tuple[int, str], torch.Tensor]] = None
+        self._typed: Optional[Tuple[Tuple[str, torch.dtype], torch.Tensor]] = None  # `take_indexed`'s table copy
 
     def _base(self, columns: int, device: torch.device) -> torch.Tensor:
         """Where each column's table starts in the padded stack, for codes of `columns` columns."""
@@ -149,10 +150,14 @@ class PreparedLut:
             self._bases[key] = self.offset - self._base(columns, device)
         return self._bases[key]
 
-    def take_indexed(self, index: torch.Tensor) -> torch.Tensor:
+    def take_indexed(self, index: torch.Tensor, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         """The looked-up values at positions `index` (codes less `index_offset`, every code within the input range
-        as `covers` shows) of a direct table (`direct`)."""
-        value = torch.take(self.padded if self.padded.device == index.device else self.padded.to(index.device), index)
+        as `covers` shows) of a direct table (`direct`), as `dtype` (float64 holds every entry exactly: a caller
+        whose next steps are float64 then converts nothing; the table is converted once and kept)."""
+        key = (str(index.device), dtype)
+        if self._typed is None or self._typed[0] != key:
+            self._typed = (key, self.padded.to(device=index.device, dtype=dtype))
+        value = torch.take(self._typed[1], index)
         return torch.clamp(value, *self.out_range) if self.clamped else value
 
     def covers(self, lo: int, hi: int) -> bool:

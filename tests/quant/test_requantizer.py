@@ -208,6 +208,8 @@ def test_codes_less_the_index_offset_take_the_lookup_values(blocks: int) -> None
         offset = prepared.index_offset(4 * 6, codes.device)
         assert offset is prepared.index_offset(4 * 6, codes.device) or isinstance(offset, int)
         assert torch.equal(prepared.take_indexed(codes - offset), prepared(codes, in_range=True))
+        as_float = prepared.take_indexed(codes - offset, torch.float64)
+        assert as_float.dtype == torch.float64 and torch.equal(as_float, prepared(codes).to(torch.float64))
     assert not PreparedLut(tables, -32768, 16, 16, True).direct
 
 
