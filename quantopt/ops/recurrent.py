@@ -1731,33 +1731,36 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     rz_in_range, c_in_range = _codes_in_table(plan.lut_rz, plan.z), _codes_in_table(plan.lut_c, plan.z2)
     rz_lookup = _CodeLookup(plan.lut_rz, rz_in_range, int(x.shape[0]), 2 * cs, x.device)
     c_lookup = _CodeLookup(plan.lut_c, c_in_range, int(x.shape[0]), cs, x.device)
-    # small CPU steps keep the hidden state in float64 (exact integers) between the float64 products that read it
-    h_float = x.device.type == "cpu" and int(x.shape[0]) * 2 * cs <= SMALL_CONVERSION \
+    # small CPU steps hold every value of a step in float64 (exact integers, all below 2^53: the int32 clamps,
+    # the tables' entries and their products), as the LSTM's do: no kernel converts or mixes types
+    floats = x.device.type == "cpu" and int(x.shape[0]) * 2 * cs <= SMALL_CONVERSION \
         and plan.wh_g.w8 is None and plan.wh_c.w8 is None
+    held = torch.float64 if floats else torch.int64
+    xg_all, xc_all, bg, bc, bh = (v.to(held) for v in (xg_all, xc_all, plan.bg, plan.bc, plan.bh))
     hs = []
     for t in range(spec.time_steps):
         bound = h_max * plan.wh_g.col_absmax
-        hg = plan.wh_g.float64(h, h_max) if h_float else None
+        hg = plan.wh_g.float64(h, h_max) if floats else None
         if hg is None:
             hg = plan.wh_g(h.to(torch.int64), h_max)
         for rq in plan.hg:
-            hg, bound = rq(hg, bound), INT32_BOUND
-        rz = rz_lookup(plan.z, xg_all[:, t] + hg + plan.bg, z_max)
+            hg, bound = rq(hg, bound, as_float64=floats), INT32_BOUND
+        rz = rz_lookup(plan.z, xg_all[:, t] + hg + bg, z_max, held)
         r, u = rz[:, :cs], rz[:, cs:]
         if plan.hidden is not None:
-            hw = plan.wh_c.float64(h, h_max) if h_float else None
+            hw = plan.wh_c.float64(h, h_max) if floats else None
             if hw is None:
                 hw = plan.wh_c(h.to(torch.int64), h_max)
-            hc = r * plan.hidden(hw + plan.bh, h_max * plan.wh_c.col_absmax + bh_max)
+            hc = r * plan.hidden(hw + bh, h_max * plan.wh_c.col_absmax + bh_max, as_float64=floats)
             bound = rz_max * max(-qmin, qmax)
         else:
-            hc = plan.wh_c(_round_div(r * h.to(torch.int64), 2 ** plan.bits))
+            hc = plan.wh_c(_round_div((r * h).to(torch.int64), 2 ** plan.bits))
             bound = ((rz_max * h_max >> plan.bits) + 1) * plan.wh_c.col_absmax
         for rq in plan.hc:
-            hc, bound = rq(hc, bound), INT32_BOUND
-        c = c_lookup(plan.z2, xc_all[:, t] + hc + plan.bc, z2_max)
-        cu = plan.cu((qmax - u) * c, (qmax + rz_max) * c_max)
-        h = plan.h(cu + u * h, INT32_BOUND + rz_max * h_max, as_float64=h_float)
+            hc, bound = rq(hc, bound, as_float64=floats), INT32_BOUND
+        c = c_lookup(plan.z2, xc_all[:, t] + hc + bc, z2_max, held)
+        cu = plan.cu((qmax - u) * c, (qmax + rz_max) * c_max, as_float64=floats)
+        h = plan.h(cu + u * h, INT32_BOUND + rz_max * h_max, as_float64=floats)
         h_max = state_max
         hs.append(h)
     y = torch.stack(hs, dim=1).to(torch.int64)
