@@ -116,7 +116,7 @@ class PreparedLut:
         # the largest |value| a lookup gives: interpolations lie between their entries, then the clamp
         self.absmax = min(max(-lo, hi), max(-self.out_range[0], self.out_range[1]))
         self._bases: Optional[Dict[Tuple[int, str], torch.Tensor]] = None
-        self._typed: Optional[Tuple[Tuple[str, torch.dtype], torch.Tensor]] = None  # `take_indexed`'s table copy
+        self._typed: Optional[torch.Tensor] = None  # `take_indexed`'s table, in the dtype it was last read in
 
     def _base(self, columns: int, device: torch.device) -> torch.Tensor:
         """Where each column's table starts in the padded stack, for codes of `columns` columns."""
@@ -154,10 +154,10 @@ class PreparedLut:
         """The looked-up values at positions `index` (codes less `index_offset`, every code within the input range
         as `covers` shows) of a direct table (`direct`), as `dtype` (float64 holds every entry exactly: a caller
         whose next steps are float64 then converts nothing; the table is converted once and kept)."""
-        key = (str(index.device), dtype)
-        if self._typed is None or self._typed[0] != key:
-            self._typed = (key, self.padded.to(device=index.device, dtype=dtype))
-        value = torch.take(self._typed[1], index)
+        typed = self._typed
+        if typed is None or typed.dtype != dtype or typed.device != index.device:
+            typed = self._typed = self.padded.to(device=index.device, dtype=dtype)
+        value = torch.take(typed, index)
         return torch.clamp(value, *self.out_range) if self.clamped else value
 
     def covers(self, lo: int, hi: int) -> bool:
