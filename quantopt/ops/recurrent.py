@@ -957,26 +957,36 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         gate_lookup = None if steps.gate_luts is None else \
             _CodeLookup(steps.gate_luts, steps.gates_in_range, batch, 4 * cs, x.device)
         cell_lookup = _CodeLookup(lut_cell, steps.cell_in_range, batch, cs, x.device)
-        # small CPU steps keep the hidden state in float64 (exact integers) for the float64 product that reads it
-        h_float = x.device.type == "cpu" and batch * 4 * cs <= SMALL_CONVERSION and hidden_matmul.w8 is None
+        # small CPU steps hold every value of a step in float64 (exact integers: the widest, the cell update, is
+        # checked below 2^53 for any state the clip allows), as the upstream forms' do
+        c_worst = max(c_max, steps.cell.output_bound(2 ** 62))
+        floats = x.device.type == "cpu" and batch * 4 * cs <= SMALL_CONVERSION and hidden_matmul.w8 is None \
+            and gate_lookup is not None and min(fc_shift, ig_shift) >= 0 \
+            and (gate_max * c_worst << fc_shift) + (gate_max * gate_max << ig_shift) < FLOAT64_EXACT
+        held = torch.float64 if floats else torch.int64
+        x_part = x_part.to(held)
+        fc_scale, ig_scale = float(2 ** max(fc_shift, 0)), float(2 ** max(ig_shift, 0))
         for t in range(spec.time_steps):
-            hw = hidden_matmul.float64(h, hq) if h_float else None
+            hw = hidden_matmul.float64(h, hq) if floats else None
             if hw is None:
                 hw = hidden_matmul(h.to(torch.int64), hq)
-            acc = x_part[:, t] + steps.hidden(hw, steps.hidden_bound)
+            acc = x_part[:, t] + steps.hidden(hw, steps.hidden_bound, as_float64=floats)
             if gate_lookup is not None:
-                i, g, f, o = gate_lookup(gate_in, acc, acc_bound).chunk(4, dim=1)
+                i, g, f, o = gate_lookup(gate_in, acc, acc_bound, held).chunk(4, dim=1)
             else:
                 gin = gate_in(acc, acc_bound)
                 i, g = lut_gate(gin[:, :cs]), lut_cand(gin[:, cs:2 * cs])
                 f, o = lut_gate(gin[:, 2 * cs:3 * cs]), lut_gate(gin[:, 3 * cs:])
             cell_bound = (gate_max * c_max << fc_shift) + (gate_max * gate_max << ig_shift)
-            c = steps.cell(torch.add(f * c << fc_shift, i * g << ig_shift), cell_bound)
+            if floats:
+                c = steps.cell(torch.add(f * c * fc_scale, i * g * ig_scale), cell_bound, as_float64=True)
+            else:
+                c = steps.cell(torch.add(f * c << fc_shift, i * g << ig_shift), cell_bound)
             c_max = steps.cell.output_bound(cell_bound)
-            prod = o * cell_lookup(steps.cell_in, c, c_max)
-            h = steps.out_h(prod, gate_max * lut_cell.absmax, as_float64=h_float)
+            prod = o * cell_lookup(steps.cell_in, c, c_max, held)
+            h = steps.out_h(prod, gate_max * lut_cell.absmax, as_float64=floats)
             products.append(prod)
-        finals = {"H": products[-1], "C": c}
+        finals = {"H": products[-1].to(torch.int64), "C": c.to(torch.int64)}
     else:
         gate_in, cand_in = plan.gate_in
         gates_matmul, cand_matmul = plan.hidden
