@@ -227,9 +227,15 @@ class IntMatmul:
             self.w64 = self.w.to(device=a.device, dtype=torch.float64)
         return torch.matmul(a.to(torch.float64), self.w64)
 
-    def __call__(self, a: torch.Tensor, bound: Optional[int] = None) -> torch.Tensor:
+    def __call__(self, a: torch.Tensor, bound: Optional[int] = None, as_float64: bool = False) -> torch.Tensor:
         """The int64 product a @ w; `bound`: a max |a| the caller has proven, which spares looking at the values
-        where it shows `a` fits int8."""
+        where it shows `a` fits int8. `as_float64`: `a` may hold its integers as float64, and the product comes as
+        float64 integers where it is the float64 GEMM (`float64`), int64 otherwise (a recurrent step's state)."""
+        if as_float64:
+            product = self.float64(a, bound) if bound is not None else None
+            if product is not None:
+                return product
+            a = a.to(torch.int64)
         if self.w8 is None or a.device.type != "cpu" or a.dim() < 1:
             return self._float64_product(a, bound)
         k, n = (int(s) for s in self.w.shape)

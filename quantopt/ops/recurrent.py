@@ -967,9 +967,7 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         x_part = x_part.to(held)
         fc_scale, ig_scale = float(2 ** max(fc_shift, 0)), float(2 ** max(ig_shift, 0))
         for t in range(spec.time_steps):
-            hw = hidden_matmul.float64(h, hq) if floats else None
-            if hw is None:
-                hw = hidden_matmul(h.to(torch.int64), hq)
+            hw = hidden_matmul(h, hq, as_float64=floats)
             acc = x_part[:, t] + steps.hidden(hw, steps.hidden_bound, as_float64=floats)
             if gate_lookup is not None:
                 i, g, f, o = gate_lookup(gate_in, acc, acc_bound, held).chunk(4, dim=1)
@@ -1004,17 +1002,12 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         h_float = x.device.type == "cpu" and batch * 2 * cs <= SMALL_CONVERSION and gates_matmul.w8 is None \
             and cand_matmul.w8 is None and align >= 0 and steps.prod_bound < FLOAT64_EXACT
         for t in range(spec.time_steps):
-            hw = gates_matmul.float64(h, hq) if h_float else None
-            if hw is None:
-                hw = gates_matmul(h.to(torch.int64), hq)
+            hw = gates_matmul(h, hq, as_float64=h_float)
             acc = x_gates[:, t] + steps.gates_hidden(hw, steps.gates_hidden_bound)
             rz = gate_lookup(gate_in, acc, gates_acc_bound)
             r, z = rz[:, :cs], rz[:, cs:]
             if spec.linear_before_reset:
-                hc = cand_matmul.float64(h, hq) if h_float else None
-                if hc is None:
-                    hc = cand_matmul(h.to(torch.int64), hq)
-                hpart = steps.reset(r * (hc + b[3 * cs:4 * cs]), steps.reset_bound)
+                hpart = steps.reset(r * (cand_matmul(h, hq, as_float64=h_float) + b[3 * cs:4 * cs]), steps.reset_bound)
             else:
                 hpart = cand_matmul(steps.reset(r * h, steps.reset_bound), steps.reset_out)
             acc = x_cand[:, t] + steps.cand_hidden(hpart, steps.cand_hidden_bound)
@@ -1423,9 +1416,7 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     hs, cs_seq = [], []
     for t in range(spec.time_steps):
         bound = h_max * plan.wh.col_absmax
-        hw = plan.wh.float64(h, h_max) if floats else None
-        if hw is None:
-            hw = plan.wh(h.to(torch.int64), h_max)
+        hw = plan.wh(h, h_max, as_float64=floats)
         for rq in plan.hidden:
             hw, bound = rq(hw, bound, as_float64=floats), INT32_BOUND
         acc = x_part[:, t] + hw
@@ -1750,18 +1741,14 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     hs = []
     for t in range(spec.time_steps):
         bound = h_max * plan.wh_g.col_absmax
-        hg = plan.wh_g.float64(h, h_max) if floats else None
-        if hg is None:
-            hg = plan.wh_g(h.to(torch.int64), h_max)
+        hg = plan.wh_g(h, h_max, as_float64=floats)
         for rq in plan.hg:
             hg, bound = rq(hg, bound, as_float64=floats), INT32_BOUND
         rz = rz_lookup(plan.z, xg_all[:, t] + hg + bg, z_max, held)
         r, u = rz[:, :cs], rz[:, cs:]
         if plan.hidden is not None:
-            hw = plan.wh_c.float64(h, h_max) if floats else None
-            if hw is None:
-                hw = plan.wh_c(h.to(torch.int64), h_max)
-            hc = r * plan.hidden(hw + bh, h_max * plan.wh_c.col_absmax + bh_max, as_float64=floats)
+            hc = r * plan.hidden(plan.wh_c(h, h_max, as_float64=floats) + bh, h_max * plan.wh_c.col_absmax + bh_max,
+                                 as_float64=floats)
             bound = rz_max * max(-qmin, qmax)
         else:
             hc = plan.wh_c(_round_div((r * h).to(torch.int64), 2 ** plan.bits))

@@ -367,6 +367,23 @@ def test_int_matmul_keeps_the_int64_product_where_int8_does_not_apply(monkeypatc
     assert torch.equal(_int8_gemm.IntMatmul(w8)(a), a @ w8) and not calls
 
 
+@pytest.mark.parametrize("int8_used", [False, True])
+def test_int_matmul_as_float64_gives_the_same_integers(monkeypatch, int8_used: bool) -> None:
+    """`as_float64`: an operand holding its integers as float64 or int64 gives the product as float64 integers where
+    the float64 GEMM computes it, int64 where the int8 GEMM does or no bound proves float64 exact; the same values."""
+    monkeypatch.setattr(_int8_gemm, "int8_gemm_used", lambda: int8_used)
+    monkeypatch.setattr(_int8_gemm, "int8_gemm", reference_gemm([]))
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randint(-128, 128, (96, 96), generator=gen)
+    a = torch.randint(-32768, 32768, (2, 96), generator=gen)
+    for operand in (a, a.to(torch.float64)):
+        got = _int8_gemm.IntMatmul(w)(operand, 32768, as_float64=True)
+        assert got.dtype == (torch.int64 if int8_used else torch.float64)
+        assert torch.equal(got.to(torch.int64), a @ w)
+        wide = _int8_gemm.IntMatmul(w)(operand, 2 ** 60, as_float64=True)  # no float64 proof: the int64 product
+        assert wide.dtype == torch.int64 and torch.equal(wide, a @ w)
+
+
 @pytest.mark.parametrize("form", ["upstream", "q15"])
 @pytest.mark.parametrize("model", ["lstm_model", "gru_model"])
 def test_recurrent_layers_give_the_same_integers_through_int8_gemms(monkeypatch, model: str, form: str) -> None:
