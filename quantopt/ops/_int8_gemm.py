@@ -216,7 +216,7 @@ class IntMatmul:
             self.w64 = self.w.to(device=a.device, dtype=torch.float64)
         return torch.matmul(a.to(torch.float64), self.w64).to(torch.int64)
 
-    def float64(self, a: torch.Tensor, bound: int) -> Optional[torch.Tensor]:
+    def _float64_gemm(self, a: torch.Tensor, bound: int) -> Optional[torch.Tensor]:
         """a @ w as float64 integers (`a`: int64, or float64 holding integers, with max |a| <= `bound`) where this
         product is the float64 GEMM (`__call__` takes no int8 GEMM and the bound proves it exact), else None: a
         recurrent cell then converts neither its state before the product nor the product after it."""
@@ -230,9 +230,9 @@ class IntMatmul:
     def __call__(self, a: torch.Tensor, bound: Optional[int] = None, as_float64: bool = False) -> torch.Tensor:
         """The int64 product a @ w; `bound`: a max |a| the caller has proven, which spares looking at the values
         where it shows `a` fits int8. `as_float64`: `a` may hold its integers as float64, and the product comes as
-        float64 integers where it is the float64 GEMM (`float64`), int64 otherwise (a recurrent step's state)."""
+        float64 integers where it is the float64 GEMM (`_float64_gemm`), int64 otherwise (a recurrent step's state)."""
         if as_float64:
-            product = self.float64(a, bound) if bound is not None else None
+            product = self._float64_gemm(a, bound) if bound is not None else None
             if product is not None:
                 return product
             a = a.to(torch.int64)

@@ -960,7 +960,7 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         # small CPU steps hold every value of a step in float64 (exact integers: the widest, the cell update, is
         # checked below 2^53 for any state the clip allows), as the upstream forms' do
         c_worst = max(c_max, steps.cell.output_bound(2 ** 62))
-        floats = x.device.type == "cpu" and batch * 4 * cs <= SMALL_CONVERSION and hidden_matmul.w8 is None \
+        floats = _small_steps(x.device, batch, 4 * cs) and hidden_matmul.w8 is None \
             and gate_lookup is not None and min(fc_shift, ig_shift) >= 0 \
             and (gate_max * c_worst << fc_shift) + (gate_max * gate_max << ig_shift) < FLOAT64_EXACT
         held = torch.float64 if floats else torch.int64
@@ -999,22 +999,22 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         cand_lookup = _CodeLookup(lut_cand, steps.cand_in_range, batch, cs, x.device)
         # small CPU steps keep the hidden state and the products in float64 (exact integers: every product below
         # 2^53) for the float64 weight products that read them
-        h_float = x.device.type == "cpu" and batch * 2 * cs <= SMALL_CONVERSION and gates_matmul.w8 is None \
+        floats = _small_steps(x.device, batch, 2 * cs) and gates_matmul.w8 is None \
             and cand_matmul.w8 is None and align >= 0 and steps.prod_bound < FLOAT64_EXACT
         for t in range(spec.time_steps):
-            hw = gates_matmul(h, hq, as_float64=h_float)
+            hw = gates_matmul(h, hq, as_float64=floats)
             acc = x_gates[:, t] + steps.gates_hidden(hw, steps.gates_hidden_bound)
             rz = gate_lookup(gate_in, acc, gates_acc_bound)
             r, z = rz[:, :cs], rz[:, cs:]
             if spec.linear_before_reset:
-                hpart = steps.reset(r * (cand_matmul(h, hq, as_float64=h_float) + b[3 * cs:4 * cs]), steps.reset_bound)
+                hpart = steps.reset(r * (cand_matmul(h, hq, as_float64=floats) + b[3 * cs:4 * cs]), steps.reset_bound)
             else:
                 hpart = cand_matmul(steps.reset(r * h, steps.reset_bound), steps.reset_out)
             acc = x_cand[:, t] + steps.cand_hidden(hpart, steps.cand_hidden_bound)
             n = cand_lookup(cand_in, acc, cand_acc_bound)
             zh = z * h
-            prod = (2 ** GATE_FRAC_BITS - z) * n + (zh * float(2 ** align) if h_float else zh << align)
-            h = steps.out_h(prod, steps.prod_bound, as_float64=h_float)
+            prod = (2 ** GATE_FRAC_BITS - z) * n + (zh * float(2 ** align) if floats else zh << align)
+            h = steps.out_h(prod, steps.prod_bound, as_float64=floats)
             products.append(prod)
         finals = {"Hn": products[-1].to(torch.int64)}
     seq_name = "Y" if spec.kind == "LSTM" else "H"
@@ -1272,6 +1272,12 @@ def _codes_in_table(lut: PreparedLut, codes: Requantizer) -> bool:
     return lut.covers(int(qmin), int(qmax))
 
 
+def _small_steps(device: torch.device, rows: int, columns: int) -> bool:
+    """Whether a cell's steps are small CPU tensors (at most SMALL_CONVERSION values each), where each kernel call,
+    not the arithmetic, decides: they then take the one-call requantizations, table positions and float64 values."""
+    return device.type == "cpu" and rows * columns <= SMALL_CONVERSION
+
+
 class _CodeLookup:
     """A cell's table lookup of the codes a requantization gives, for its steps: where a step is a small CPU tensor
     and the codes provably lie in a direct table (`PreparedLut.direct`, `covers`), the requantization gives table
@@ -1280,7 +1286,7 @@ class _CodeLookup:
 
     def __init__(self, lut: PreparedLut, in_range: bool, rows: int, columns: int, device: torch.device) -> None:
         self.lut, self.in_range = lut, in_range
-        small = device.type == "cpu" and rows * columns <= SMALL_CONVERSION
+        small = _small_steps(device, rows, columns)
         self.minus = lut.index_offset(columns, device) if small and in_range and lut.direct else None
 
     def __call__(self, codes: Callable[..., torch.Tensor], acc: torch.Tensor, bound: int,
@@ -1410,7 +1416,7 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     # products), so no kernel converts or mixes types; the outputs are converted to int64 once, after the steps
     gate_lookup = _CodeLookup(plan.gate_luts, gates_in_range, batch, 4 * cs, x.device)
     cell_lookup = _CodeLookup(plan.cell_lut, cell_in_range, batch, cs, x.device)
-    floats = x.device.type == "cpu" and batch * 4 * cs <= SMALL_CONVERSION and plan.wh.w8 is None
+    floats = _small_steps(x.device, batch, 4 * cs) and plan.wh.w8 is None
     held = torch.float64 if floats else torch.int64
     x_part = x_part.to(held)
     hs, cs_seq = [], []
@@ -1734,7 +1740,7 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     c_lookup = _CodeLookup(plan.lut_c, c_in_range, int(x.shape[0]), cs, x.device)
     # small CPU steps hold every value of a step in float64 (exact integers, all below 2^53: the int32 clamps,
     # the tables' entries and their products), as the LSTM's do: no kernel converts or mixes types
-    floats = x.device.type == "cpu" and int(x.shape[0]) * 2 * cs <= SMALL_CONVERSION \
+    floats = _small_steps(x.device, int(x.shape[0]), 2 * cs) \
         and plan.wh_g.w8 is None and plan.wh_c.w8 is None
     held = torch.float64 if floats else torch.int64
     xg_all, xc_all, bg, bc, bh = (v.to(held) for v in (xg_all, xc_all, plan.bg, plan.bc, plan.bh))
