@@ -380,13 +380,10 @@ def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
         return _softmax_pow2_path(node, x, axis, adjust_q, out_q, zp, qmin, qmax)
     top = x.amax(dim=axis, keepdim=True)
     tables = fast_exp_tables(node, x.device)
-    if tables is not None:  # u and e as functions of x - max(x): two lookups
-        index = (x - top).add_(tables.top_index).reshape(-1)  # index_select: twice torch.take's speed here
-        u = tables.u.index_select(0, index).reshape(x.shape)
-        e = tables.e.index_select(0, index).reshape(x.shape)
-    else:
-        u = _log2_of_difference(node, x - top, adjust_q)
-        e = _pow2_lookup(_pow2_lut(node), u, adjust_q, out_q)
+    if tables is not None:
+        return _fast_exp_by_tables(node, x, axis, top, tables, adjust_q, out_q, (zp, qmin, qmax))
+    u = _log2_of_difference(node, x - top, adjust_q)
+    e = _pow2_lookup(_pow2_lut(node), u, adjust_q, out_q)
     mask = saturated_mask(node, x, top)
     if mask is not None:
         e.masked_fill_(mask, 0)
@@ -395,13 +392,37 @@ def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
     index = ((total << lead) >> (30 - POW2_TABLE_BITS)) & (2 ** POW2_TABLE_BITS - 1)
     log2_sum = ((log2_q15_table().to(index.device)[index] << 15) >> (30 - adjust_q)) \
         - ((lead - (30 - out_q)) << adjust_q)
-    if tables is not None:  # u - log2_sum <= 0 (the tables' condition); 2^v is 0 below tables.lo
-        y = tables.y.index_select(0, (u - log2_sum).clamp_(min=tables.lo).sub_(tables.lo).reshape(-1)).reshape(x.shape)
-    else:
-        y = _pow2_lookup(_pow2_lut(node), u - log2_sum, adjust_q, range_bits(node, out))
+    y = _pow2_lookup(_pow2_lut(node), u - log2_sum, adjust_q, range_bits(node, out))
     if mask is not None:
         y.masked_fill_(mask, 0)
     return y.sub_(zp).clamp_(qmin, qmax)
+
+
+def _fast_exp_by_tables(node: PyNode, x: torch.Tensor, axis: int, top: torch.Tensor, tables: FastExpTables,
+                        adjust_q: int, out_q: int, output: Tuple[int, int, int]) -> torch.Tensor:
+    """The FAST_EXP table path of `_softmax_fast_exp_forward` by its tables (`fast_exp_tables`): u and e looked up
+    by x - max(x), log2_sum by S's mantissa, the output by u - log2_sum from a table that already holds
+    clamp(2^v - zp, qmin, qmax) (`output` = (zp, qmin, qmax)), so that the zero point and the clamp cost no pass
+    over the output; a masked input (`saturated_mask`) gives the output clamp(-zp, qmin, qmax), as 0 - zp clamped.
+    The same integers as the arithmetic form, in eleven passes over the input instead of sixteen."""
+    zp, qmin, qmax = output
+    index = torch.sub(x, top - tables.top_index).reshape(-1)  # x - max(x) + top_index; index_select beats take
+    u = tables.u.index_select(0, index).reshape(x.shape)
+    e = tables.e.index_select(0, index).reshape(x.shape)
+    mask = saturated_mask(node, x, top)
+    if mask is not None:
+        e.masked_fill_(mask, 0)
+    total = torch.clamp(e.sum(dim=axis, keepdim=True), 1, 2 ** 31 - 1)
+    lead = 31 - bit_length(total)  # left shifts that bring S into [2^30, 2^31)
+    mantissa = ((total << lead) >> (30 - POW2_TABLE_BITS)) & (2 ** POW2_TABLE_BITS - 1)
+    log2_sum = tables.log2_first[mantissa] - ((lead - (30 - out_q)) << adjust_q)
+    # u - log2_sum <= 0 (the tables' condition); 2^v is 0 below tables.lo, the table's first entry
+    outputs = memo(node, "softmax_output_table", (Same(tables.y), zp, qmin, qmax),
+                   lambda: torch.clamp(tables.y - zp, qmin, qmax))
+    y = outputs.index_select(0, (u - (log2_sum + tables.lo)).clamp_(min=0).reshape(-1)).reshape(x.shape)
+    if mask is not None:
+        y.masked_fill_(mask, min(max(-zp, qmin), qmax))
+    return y
 
 
 def _pow2_lut(node: PyNode) -> torch.Tensor:
@@ -527,7 +548,9 @@ def saturated_mask(node: PyNode, x: torch.Tensor, top: torch.Tensor) -> Optional
     if not masks_saturated_input(node):
         return None
     qmin = int(params(node, node.inputs[0]).qmin)
-    return (x == qmin) & (top > qmin)
+    mask = x == qmin
+    # a row whose maximum is qmin is wholly masked and keeps its terms; without one the row test is no pass at all
+    return mask if x.device.type == "cpu" and bool((top > qmin).all()) else mask.logical_and_(top > qmin)
 
 
 def softmax_integer_forward(node: PyNode) -> torch.Tensor:

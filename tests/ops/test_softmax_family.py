@@ -15,10 +15,12 @@ from int_refs import clamp
 from quant_helpers import params_of
 
 from quantopt.analysis.similarity import cosine
+from quantopt.calibration.inf_mask import SOFTMAX_MASK_PARAM
 from quantopt.errors import IRError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
+from quantopt.ops import softmax as softmax_module
 from quantopt.ops.softmax import fast_exp_tables, softmax_method
 from quantopt.pipeline import quantize_model, run_quantized
 
@@ -248,6 +250,32 @@ def test_fast_exp_integer_matches_reference(shape, axis: int, bits: int, mode: s
     assert node.params["quantize_method"] == "FAST_EXP"
     assert (fast_exp_tables(node, torch.device("cpu")) is not None) == (adjust_q in (None, 11))
     check_integer(qg, logits([3] + list(shape[1:]), 4, std=5.0), ref_fast_exp)
+
+
+@pytest.mark.parametrize("extra", [{}, {"force_dtype_int": True}])
+@pytest.mark.parametrize("zp", [None, 5, -3])
+def test_fast_exp_tables_match_the_arithmetic_on_masked_inputs(monkeypatch, extra: Dict[str, Any], zp) -> None:
+    """With `mask_saturated_input`, the table path (output table offset by the zero point and clamped, masked
+    positions filled with clamp(-zp)) gives the arithmetic path's integers: rows partly at qmin, a row wholly at
+    qmin (it keeps its terms) and columns at qmin; with the output's zero point as quantized and moved (both paths
+    read it alike)."""
+    _, qg, _ = quantized("Softmax", [1, 4, 10], {"axis": -1}, 8, "per_tensor_asymmetric", 8, **extra)
+    node = qg.node("op")
+    node.params[SOFTMAX_MASK_PARAM] = True
+    if zp is not None:
+        monkeypatch.setattr(softmax_module, "tensor_zp", lambda _node, _t: zp)
+    x = logits([3, 4, 10], 9, std=5.0)
+    x[0, 1, 3:7] = -1e4
+    x[1, 2, :] = -1e4
+    x[2, :, ::3] = -1e4
+    assert fast_exp_tables(node, torch.device("cpu")) is not None
+    qg.forward([x], keep_tensors=True)
+    x_q = node.inputs[0].betensor
+    qmin = int(params_of(node, node.inputs[0]).qmin)
+    assert int((x_q == qmin).sum()) >= 4 + 10 + 16 and bool((x_q[1, 2] == qmin).all())
+    with_tables = run_quantized(qg, x)[0].clone()
+    monkeypatch.setattr(softmax_module, "fast_exp_tables", lambda _node, _device: None)
+    assert torch.equal(with_tables, run_quantized(qg, x)[0])
 
 
 @pytest.mark.parametrize("bits,mode,lut_bits", MODES)
