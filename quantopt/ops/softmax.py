@@ -419,7 +419,9 @@ def _fast_exp_by_tables(node: PyNode, x: torch.Tensor, axis: int, top: torch.Ten
     # u - log2_sum <= 0 (the tables' condition); 2^v is 0 below tables.lo, the table's first entry
     outputs = memo(node, "softmax_output_table", (Same(tables.y), zp, qmin, qmax),
                    lambda: torch.clamp(tables.y - zp, qmin, qmax))
-    y = outputs.index_select(0, (u - (log2_sum + tables.lo)).clamp_(min=0).reshape(-1)).reshape(x.shape)
+    # u and e are this function's own: v overwrites u, the output overwrites e (fewer new maps to write)
+    v = u.sub_(log2_sum + tables.lo).clamp_(min=0).reshape(-1)
+    y = torch.index_select(outputs, 0, v, out=e.reshape(-1)).reshape(x.shape)
     if mask is not None:
         y.masked_fill_(mask, min(max(-zp, qmin), qmax))
     return y
