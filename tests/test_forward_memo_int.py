@@ -78,6 +78,19 @@ def test_conversions_equal_the_general_ones_at_their_limits() -> None:
     assert torch.equal(exact_int64_(strided.clone().t().t(), -(MAGIC_EXACT - 1), MAGIC_EXACT - 1), x.reshape(-1, 1))
 
 
+@pytest.mark.parametrize("size", [7, 5000])
+@pytest.mark.parametrize("plus", [0, 5, -128, 127.0, 2 ** 50, -(2 ** 50), 0.5, MAGIC_EXACT])
+def test_conversion_with_an_added_zero_point(size: int, plus) -> None:
+    """int64_to_float64(x, plus) is x + plus in float64 on both paths (the large one folds an integer `plus` into its
+    magic constant), at the ends of the exact range; a fractional or huge `plus` is added after the conversion."""
+    rng = np.random.default_rng(size)
+    edges = [0, 1, -1, MAGIC_EXACT - 1, -(MAGIC_EXACT - 1), 2 ** 50, -(2 ** 50)]
+    x = torch.from_numpy(np.concatenate([edges, rng.integers(-(2 ** 40), 2 ** 40, size - len(edges))]))
+    want = x.double() + plus if abs(plus) < MAGIC_EXACT else x.double().add_(plus)
+    got = int64_to_float64(x, plus)
+    assert got.dtype == torch.float64 and torch.equal(got, want)
+
+
 def _graph(optype: str, params: dict, consts: dict, shapes, out_shape, seed: int = 0, scales=None):
     b = GraphBuilder("t")
     xs = [b.input(f"x{i}", list(s)) for i, s in enumerate(shapes)]

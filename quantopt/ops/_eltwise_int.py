@@ -41,7 +41,7 @@ def offset_value(node: PyNode, t: PyTensor, dtype: torch.dtype) -> torch.Tensor:
     elif dtype == torch.float64 and offset_absmax(node, t) < MAGIC_EXACT:  # the stored range bounds the values
         zp = tensor_zp(node, t)
         if isinstance(zp, (int, float)):  # one allocation: the same exact values, the zero point added in place
-            return int64_to_float64(x.to(torch.int64)).add_(zp)
+            return int64_to_float64(x.to(torch.int64), zp)
         return int_to_float64(x.to(torch.int64)) + zp
     return x.to(dtype) + tensor_zp(node, t)
 

@@ -301,7 +301,7 @@ def _avg_int_float64(node: PyNode, x: torch.Tensor, zp: int, p: dict, full: Any,
     if not -900 < s_lo <= s_hi < 900 or AVG_SUM_LIMIT * m_max >= FLOAT64_EXACT or \
             math.ldexp(AVG_SUM_LIMIT * m_max, int(-s_lo)) + abs(zp_out) + 1 >= MAGIC_EXACT:
         return None
-    xf = int64_to_float64(x).add_(zp)
+    xf = int64_to_float64(x, zp) if isinstance(zp, (int, float)) else int64_to_float64(x).add_(zp)
     xp = F.pad(xf, full, value=0.0) if any(full) else xf
     total = _window_sum(xp, p["k"], p["s"], p["d"])
     _check_size(node, total, size)

@@ -520,11 +520,16 @@ def broadcasts_into(small: Sequence[int], shape: Sequence[int]) -> bool:
     return len(small) <= len(shape) and all(s == 1 or s == g for s, g in zip(reversed(small), reversed(shape)))
 
 
-def int64_to_float64(x: torch.Tensor) -> torch.Tensor:
-    """`int_to_float64` of an int64 tensor with |x| < 2^51 in one allocation instead of two (the same values)."""
-    if x.dtype == torch.int64 and x.numel() > SMALL_CONVERSION:
-        return x.add(_MAGIC_BITS).view(torch.float64).sub_(_MAGIC)
-    return int_to_float64(x)
+def int64_to_float64(x: torch.Tensor, plus: Union[int, float] = 0) -> torch.Tensor:
+    """`int_to_float64` of an int64 tensor with |x| < 2^51 in one allocation instead of two (the same values), plus
+    the integer `plus` (a zero point, |plus| < 2^51), which on a large tensor costs no pass of its own: the
+    bits x + 2^62 + 2^61 + 2^51 read as float64 are 1.5·2^52 + x, and subtracting 1.5·2^52 - plus (both in [2^52,
+    2^53), so exact) leaves x + plus."""
+    if x.dtype == torch.int64 and x.numel() > SMALL_CONVERSION and float(plus).is_integer() \
+            and abs(plus) < MAGIC_EXACT:
+        return x.add(_MAGIC_BITS).view(torch.float64).sub_(_MAGIC - float(plus))
+    y = int_to_float64(x)
+    return y.add_(plus) if plus else y
 
 
 def linear_requantize_floor(x: Union[torch.Tensor, np.ndarray, Number], multiplier: IntLike, shift: IntLike,
