@@ -442,15 +442,31 @@ def mac_weights(node: PyNode) -> Tuple[torch.Tensor, torch.dtype]:
     Cached on the layer while its weight tensor and input range stay the same, so repeated forwards do not redo
     the conversion and the exactness bound (a clone or a re-read graph has new tensors and recomputes).
     """
+    return _mac_weights_entry(node)[:2]
+
+
+def mac_bound(node: PyNode) -> int:
+    """A bound on |acc| of a MAC layer's integer accumulator x·(w_q + zp_w) (bias not added) from its input's stored
+    range and its weights: max(|qmin|, |qmax|, |zp|) of the input (its values, and -zp for its padding) times the
+    largest sum of |w| over the output channels; the bound that chose `mac_weights`' dtype, so that
+    `mac_finish` need not look at the accumulator's extrema. Cached with `mac_weights`."""
+    return _mac_weights_entry(node)[2]
+
+
+def _mac_weights_entry(node: PyNode) -> Tuple[torch.Tensor, torch.dtype, int]:
+    """(`mac_weights`' weights and dtype, `mac_bound`), cached on the layer while its weight tensor and its input's
+    range and zero point stay the same."""
     w_q = node.get_constant("weights").betensor
-    in_range = out_range(node, node.inputs[0])
+    in_range = (*out_range(node, node.inputs[0]), int(tensor_zp(node, node.inputs[0])))
     cached = node.attrs.get("_mac_weights")
     if cached is not None and cached[0] is w_q and cached[1] == in_range:
-        return cached[2], cached[3]
+        return cached[2]
     w = effective_weights(node)
-    dtype = exact_float_dtype(max(abs(in_range[0]), abs(in_range[1])), w)
-    node.attrs["_mac_weights"] = (w_q, in_range, w.to(dtype), dtype)
-    return w.to(dtype), dtype
+    # the padding value -zp counts too (a zero point outside the range would otherwise be missed)
+    dtype, bound = _exact_float_dtype_and_bound(max(abs(v) for v in in_range), w)
+    entry = (w.to(dtype), dtype, bound)
+    node.attrs["_mac_weights"] = (w_q, in_range, entry)
+    return entry
 
 
 def mac_weights_int8(node: PyNode) -> Optional[Tuple[torch.Tensor, torch.Tensor, int]]:
@@ -594,9 +610,14 @@ def row_abs_sums(rows: torch.Tensor) -> torch.Tensor:
 
 def exact_float_dtype(x_absmax: int, w_eff: torch.Tensor) -> torch.dtype:
     """float32 when every partial sum of x·w is provably below 2^24 (then exact), else float64 (exact to 2^53)."""
+    return _exact_float_dtype_and_bound(x_absmax, w_eff)[0]
+
+
+def _exact_float_dtype_and_bound(x_absmax: int, w_eff: torch.Tensor) -> Tuple[torch.dtype, int]:
+    """(`exact_float_dtype`, the bound max|x| · max over the outputs of sum |w| on every partial sum)."""
     per_out = row_abs_sums(w_eff.reshape(w_eff.shape[0], -1))
     bound = int(per_out.max()) * int(x_absmax) if per_out.numel() else 0
-    return torch.float32 if bound < FLOAT32_EXACT else torch.float64
+    return (torch.float32 if bound < FLOAT32_EXACT else torch.float64), bound
 
 
 def mac_finish(node: PyNode, acc: torch.Tensor, owned: bool = False, planned: bool = True,

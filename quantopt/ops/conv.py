@@ -23,6 +23,7 @@ from ._conv_nhwc import conv2d_nhwc_int8, depthwise_taps
 from ._int8_gemm import INT8_MAX_TERMS, int8_accumulate, int8_gemm_used, split_int8
 from ._quant import (
     layer_settings,
+    mac_bound,
     mac_finish,
     mac_input,
     mac_weights,
@@ -243,8 +244,9 @@ def conv2d_nhwc_int(node: PyNode, depthwise: bool) -> torch.Tensor:
 
 
 def conv2d_nhwc_int_bounded(node: PyNode, depthwise: bool) -> Tuple[torch.Tensor, Optional[int]]:
-    """(`conv2d_nhwc_int`'s accumulator, a bound on its magnitude where the int8 GEMMs proved one from the values
-    they read, else None): `mac_finish` then skips its own look at the accumulator's extrema."""
+    """(`conv2d_nhwc_int`'s accumulator, a bound on its magnitude: from the values the int8 GEMMs read, else from
+    the input's stored range and the weights, `mac_bound`): `mac_finish` then skips its own look at the
+    accumulator's extrema."""
     x, zp = mac_input(node)
     if not depthwise:
         bounded = _conv_int8(node, x, zp)
@@ -253,11 +255,11 @@ def conv2d_nhwc_int_bounded(node: PyNode, depthwise: bool) -> Tuple[torch.Tensor
     w, dtype = mac_weights(node)
     if dtype == torch.float32 and x.device.type == "cpu" and torch.backends.mkldnn.is_available() and (
             depthwise or math.prod(int(d) for d in x.shape[:3]) * w.numel() >= ONEDNN_MIN_MACS):
-        return _conv_int_onednn(node, x, w, zp, depthwise), None
+        return _conv_int_onednn(node, x, w, zp, depthwise), mac_bound(node)
     if x.dtype == torch.int64 and max(abs(v) for v in out_range(node, node.inputs[0])) < MAGIC_EXACT:
         x = int_to_float64(x)  # the fast exact conversion; the kernel then narrows it while padding
     acc = _conv_nhwc(node, x, w, None, depthwise, float(-zp), dtype)
-    return acc.to(torch.float64), None
+    return acc.to(torch.float64), mac_bound(node)
 
 
 ONEDNN_MIN_MACS = 1 << 23

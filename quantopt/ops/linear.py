@@ -28,6 +28,7 @@ from ._quant import (
     integer_output_bits,
     is_signed,
     layer_settings,
+    mac_bound,
     mac_finish,
     mac_input,
     mac_weights,
@@ -112,7 +113,7 @@ def fully_connected_forward(self: PyNode) -> None:
         bounded = _fc_int8(self, x)
         if bounded is None:
             w, dtype = mac_weights(self)
-            bounded = F.linear(x.to(dtype), w).to(torch.float64), None
+            bounded = F.linear(x.to(dtype), w).to(torch.float64), mac_bound(self)
         acc, bound = bounded
         self.outputs[0].betensor = mac_finish(self, acc, owned=True, bound=bound)  # acc: a new tensor either way
         return

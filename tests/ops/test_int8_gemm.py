@@ -227,7 +227,8 @@ def test_sixteen_bit_activations_take_two_int8_gemms(monkeypatch, positive) -> N
 @pytest.mark.parametrize("layer", ["conv", "fc"])
 def test_int8_accumulators_come_with_a_bound_that_holds(monkeypatch, layer: str, positive: bool, bits: int) -> None:
     """The int8 paths hand `mac_finish` a bound on |accumulator| (max |x or padding| · max sum |w|) instead of its
-    extrema: every accumulator is within it, and the outputs are those of the float kernels (the extrema path)."""
+    extrema, the float kernels the stored range's (`mac_bound`): every accumulator is within either, and the two
+    paths give the same outputs."""
     from quantopt.ops import _quant
 
     graph, shape = (_conv_graph(9, (1, 2, 0, 1), (1, 1), (1, 1)), [1, 11, 9, 6]) if layer == "conv" \
@@ -237,13 +238,18 @@ def test_int8_accumulators_come_with_a_bound_that_holds(monkeypatch, layer: str,
     seen: List[tuple] = []
     planned = _quant._planned_finish
 
+    int8_paths = [True]
+
     def recording(node, acc, owned, bound=None):
         seen.append((float(acc.abs().max()), bound))
-        if bound is not None:  # the bound by its definition: max |x or padding value| * max over outputs sum |w|
-            x, zp = _quant.mac_input(node)
+        w = _quant.effective_weights(node)
+        w_sum = int(w.reshape(w.shape[0], -1).abs().sum(dim=1).max())
+        x, zp = _quant.mac_input(node)
+        if int8_paths[0]:  # the bound by its definition: max |x or padding value| * max over outputs sum |w|
             x_absmax = max(int(x.abs().max()), abs(zp) if node.type == "Convolution" else 0)
-            w = _quant.effective_weights(node)
-            assert bound == x_absmax * int(w.reshape(w.shape[0], -1).abs().sum(dim=1).max())
+        else:  # the stored range's: max(|qmin|, |qmax|, |zp|) of the input
+            x_absmax = max(*(abs(v) for v in _quant.out_range(node, node.inputs[0])), abs(zp))
+        assert bound == x_absmax * w_sum
         return planned(node, acc, owned, bound)
 
     monkeypatch.setattr(_quant, "_planned_finish", recording)
@@ -258,8 +264,9 @@ def test_int8_accumulators_come_with_a_bound_that_holds(monkeypatch, layer: str,
     for module in (conv, linear):
         monkeypatch.setattr(module, "int8_gemm_used", lambda: False)
     seen.clear()
-    assert torch.equal(fast, q.forward([x])[0])
-    assert seen and all(bound is None for _, bound in seen)
+    int8_paths[0] = False
+    assert torch.equal(fast, q.forward([x])[0])  # the float kernels, with the stored range's bound (mac_bound)
+    assert seen and all(bound is not None and 0 < acc_max <= bound for acc_max, bound in seen), seen
 
 
 @pytest.mark.parametrize("lo,hi", [(-128, 127), (0, 255), (-32768, 32767), (0, 65535), (-300, 200), (1, 40000),
