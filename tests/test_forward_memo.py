@@ -62,6 +62,13 @@ def test_prelu_table_matches_general_path_and_follows_its_constant() -> None:
     node.constants["negative_slope"].betensor[..., 2] += 7  # in place: the table must be rebuilt
     node.forward()
     assert torch.equal(node.outputs[0].betensor, _general(node))
+    # codes outside the tabulated ones, below and above, in the first and last channels: the general path
+    x = node.inputs[0]
+    x.betensor = x.betensor.clone()
+    x.betensor[0, 0, 0, 0] = int(params_of(node, x).qmin) - 1
+    x.betensor[0, 1, 1, 5] = int(params_of(node, x).qmax) + 1
+    assert torch.equal(activation_integer_forward(node), _general(node))
+    q.forward(data[0], keep_tensors=True)
     # slopes that differ along H, W: no table, the general path
     node.constants["negative_slope"].betensor.view(-1, 6)[3, 1] += 3
     node.forward()
@@ -81,6 +88,8 @@ def test_lut_table_follows_lut_and_out_of_range_inputs() -> None:
     x = node.inputs[0]
     x.betensor = x.betensor.clone()
     x.betensor[0, 0, 0, 0] = int(params_of(node, x).qmax) + 50  # outside the tabulated codes: the general path
+    assert torch.equal(activation_integer_forward(node), _general(node))
+    x.betensor[0, 0, 0, 0] = int(params_of(node, x).qmin) - 50
     assert torch.equal(activation_integer_forward(node), _general(node))
 
 
