@@ -60,6 +60,23 @@ def test_stepped_quantize_equals_whole(monkeypatch: pytest.MonkeyPatch, case: st
     assert torch.equal(stepped, whole)
 
 
+@pytest.mark.parametrize("mode", list(RoundMode))
+@pytest.mark.parametrize("bits", [8, 16, 24])
+def test_codes_through_int32_equal_the_direct_conversion(monkeypatch: pytest.MonkeyPatch, mode: RoundMode,
+                                                         bits: int) -> None:
+    """float32 codes within ±2^24 reach int64 by way of int32 (NARROW_CODES); with that route off (the direct
+    float32 -> int64 conversion) every code is the same: NaN, ±inf, ties and both clamps included."""
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    x = values((3, 50, 24), 2) * (1 << max(0, bits - 8))
+    for scale, zerop in ((3.7, -5), (0.01, 0)):
+        narrow = quantize(x, scale, zerop, lo, hi, mode)
+        monkeypatch.setattr(params, "NARROW_CODES", -1)
+        direct = quantize(x, scale, zerop, lo, hi, mode)
+        monkeypatch.undo()
+        assert narrow.dtype == torch.int64 and torch.equal(narrow, direct)
+        assert int(narrow.min()) == lo and int(narrow.max()) == hi  # both clamps reached
+
+
 @pytest.mark.parametrize("case", ["per_tensor", "last_axis", "axis0", "strided", "float_input", "int32"])
 def test_stepped_dequantize_equals_whole(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     g = torch.Generator().manual_seed(2)
