@@ -455,6 +455,22 @@ def test_matmul_integer_forward_matches_reference(case, mode: str, bits: int) ->
     np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), ref_matmul(node))
 
 
+@pytest.mark.parametrize("shift", [1, 2, 3, 9, 24])
+@pytest.mark.parametrize("mode,bits", [("per_tensor_asymmetric", 8), ("per_tensor_symmetric_full_range", 16)])
+def test_matmul_requantization_at_every_shift_matches_reference(shift: int, mode: str, bits: int) -> None:
+    """The float accumulator's requantization, by the addition of 1.5·2^52 (shift >= 3) or by round_ (smaller
+    shifts), against the reference with the layer's multiplier and zero point, at shifts the quantizer did not pick
+    (both read the params alike)."""
+    a_shape, b_shape, ta, tb = MATMUL_CASES[0]
+    g = matmul_graph(a_shape, b_shape, ta, tb)
+    qg = quantize_model(g, mm_data(a_shape, b_shape, 24), settings(mode, bits))
+    node = qg.node("op")
+    node.params["shift_value"] = shift
+    node.params["scale_value"] = 3 + 2 ** max(0, shift - 4)  # outputs spread over the range, the clamps reached
+    qg.forward(mm_data(a_shape, b_shape, 25, 1)[0])
+    np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), ref_matmul(node))
+
+
 @pytest.mark.parametrize("act", ["RELU", "RELU6", "CLIP"])
 def test_matmul_fused_activation_matches_reference(act: str) -> None:
     a_shape, b_shape, ta, tb = MATMUL_CASES[0]
