@@ -384,18 +384,27 @@ def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
         return _fast_exp_by_tables(node, x, axis, top, tables, adjust_q, out_q, (zp, qmin, qmax))
     u = _log2_of_difference(node, x - top, adjust_q)
     e = _pow2_lookup(_pow2_lut(node), u, adjust_q, out_q)
-    mask = saturated_mask(node, x, top)
-    if mask is not None:
-        e.masked_fill_(mask, 0)
-    total = torch.clamp(e.sum(dim=axis, keepdim=True), 1, 2 ** 31 - 1)
-    lead = 31 - bit_length(total)  # left shifts that bring S into [2^30, 2^31)
-    index = ((total << lead) >> (30 - POW2_TABLE_BITS)) & (2 ** POW2_TABLE_BITS - 1)
-    log2_sum = ((log2_q15_table().to(index.device)[index] << 15) >> (30 - adjust_q)) \
+    mask, lead, mantissa = _term_sum(node, x, top, e, axis)
+    log2_sum = ((log2_q15_table().to(mantissa.device)[mantissa] << 15) >> (30 - adjust_q)) \
         - ((lead - (30 - out_q)) << adjust_q)
     y = _pow2_lookup(_pow2_lut(node), u - log2_sum, adjust_q, range_bits(node, out))
     if mask is not None:
         y.masked_fill_(mask, 0)
     return y.sub_(zp).clamp_(qmin, qmax)
+
+
+def _term_sum(node: PyNode, x: torch.Tensor, top: torch.Tensor, e: torch.Tensor,
+              axis: int) -> Tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The FAST_EXP sum S = clamp(sum of the terms e, 1, 2^31 - 1) of each row, the masked terms (`saturated_mask`)
+    zeroed in `e` first: (the mask or None, the left shifts that bring S into [2^30, 2^31), the 8-bit mantissa index
+    of S so shifted), what log2_sum is made of."""
+    mask = saturated_mask(node, x, top)
+    if mask is not None:
+        e.masked_fill_(mask, 0)
+    total = torch.clamp(e.sum(dim=axis, keepdim=True), 1, 2 ** 31 - 1)
+    lead = 31 - bit_length(total)
+    mantissa = ((total << lead) >> (30 - POW2_TABLE_BITS)) & (2 ** POW2_TABLE_BITS - 1)
+    return mask, lead, mantissa
 
 
 def _fast_exp_by_tables(node: PyNode, x: torch.Tensor, axis: int, top: torch.Tensor, tables: FastExpTables,
@@ -409,12 +418,7 @@ def _fast_exp_by_tables(node: PyNode, x: torch.Tensor, axis: int, top: torch.Ten
     index = torch.sub(x, top - tables.top_index).reshape(-1)  # x - max(x) + top_index; index_select beats take
     u = tables.u.index_select(0, index).reshape(x.shape)
     e = tables.e.index_select(0, index).reshape(x.shape)
-    mask = saturated_mask(node, x, top)
-    if mask is not None:
-        e.masked_fill_(mask, 0)
-    total = torch.clamp(e.sum(dim=axis, keepdim=True), 1, 2 ** 31 - 1)
-    lead = 31 - bit_length(total)  # left shifts that bring S into [2^30, 2^31)
-    mantissa = ((total << lead) >> (30 - POW2_TABLE_BITS)) & (2 ** POW2_TABLE_BITS - 1)
+    mask, lead, mantissa = _term_sum(node, x, top, e, axis)
     log2_sum = tables.log2_first[mantissa] - ((lead - (30 - out_q)) << adjust_q)
     # u - log2_sum <= 0 (the tables' condition); 2^v is 0 below tables.lo, the table's first entry
     outputs = memo(node, "softmax_output_table", (Same(tables.y), zp, qmin, qmax),
