@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from ..graph.memo import Same, memo
 from ..graph.node import PyNode
 from ..quant.dtype import Dtype
-from ..quant.requant import INT32_MAX, INT32_MIN, MAGIC_SCALED_BOUND, requantize_scaled_
+from ..quant.requant import INT32_MAX, INT32_MIN, requantize_float64_
 from ..quant.rounding import FLOAT64_EXACT, below_float64_exact, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, Float, Int, Param, Value, quantized
@@ -398,14 +398,10 @@ def _matmul_int(node: PyNode) -> torch.Tensor:
     qmin, qmax = out_range(node, out)
     if acc.is_floating_point() and not handover and 0 < shift < 63 and bound * abs(int(mult)) < FLOAT64_EXACT:
         # round_half_even(acc·M·2^-shift) in float64: M·2^-shift is exact, and so is its product with acc (below
-        # 2^53 over M); the int64 accumulator and its conversions were most of a small MatMul's time
-        zp = tensor_zp(node, out)
-        factor = int(mult) * 2.0 ** -shift
-        if shift >= 3 and max(abs(qmin), abs(qmax)) + abs(zp) < MAGIC_SCALED_BOUND and float(zp).is_integer():
-            # |acc·factor| < 2^50: rounded by the addition of 1.5·2^52, clamped and read as int64 in place
-            return fused_activation_clamp(node, requantize_scaled_(acc.to(torch.float64), factor, int(zp), qmin, qmax))
-        y = acc.to(torch.float64).mul_(factor).round_().sub_(zp)
-        return fused_activation_clamp(node, y.clamp_(qmin, qmax).to(torch.int64))
+        # 2^53 over M); the int64 accumulator and its conversions were most of a small MatMul's time. In place, by
+        # the addition of 1.5·2^52 where every shift is at least 3 (no rounding pass, no conversion of the result)
+        y = requantize_float64_(acc.to(torch.float64), int(mult), shift, tensor_zp(node, out), qmin, qmax)
+        return fused_activation_clamp(node, y)
     acc = acc.to(torch.int64)
     if handover:
         assert remain is not None

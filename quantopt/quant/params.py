@@ -20,7 +20,7 @@ import torch
 from .dtype import Dtype, int_dtype_for_bits
 from .hardware import FLT_EPSILON
 from .requant import broadcasts_into
-from .rounding import RoundMode, round_tensor
+from .rounding import FLOAT32_EXACT, RoundMode, round_tensor
 
 Number = Union[int, float]
 ScaleLike = Union[float, torch.Tensor]
@@ -278,8 +278,9 @@ def quantize(x: Union[torch.Tensor, np.ndarray, Number], scale: ScaleLike, zerop
     return out.view(given.shape)
 
 
-NARROW_CODES = 1 << 24
-"""Largest |qmin|, |qmax| for which `quantize` converts its float32 codes to int64 by way of int32 (both exact)."""
+NARROW_CODES = FLOAT32_EXACT
+"""Largest |qmin|, |qmax| for which `quantize` converts its float32 codes to int64 by way of int32: float32 holds
+those integers exactly, and int32 too."""
 
 
 def dequantize_factors(scale: Number, zerop: Number, device: torch.device,
