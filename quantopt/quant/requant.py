@@ -522,9 +522,9 @@ def broadcasts_into(small: Sequence[int], shape: Sequence[int]) -> bool:
 
 def int64_to_float64(x: torch.Tensor, plus: Union[int, float] = 0) -> torch.Tensor:
     """`int_to_float64` of an int64 tensor with |x| < 2^51 in one allocation instead of two (the same values), plus
-    the integer `plus` (a zero point, |plus| < 2^51), which on a large tensor costs no pass of its own: the
-    bits x + 2^62 + 2^61 + 2^51 read as float64 are 1.5·2^52 + x, and subtracting 1.5·2^52 - plus (both in [2^52,
-    2^53), so exact) leaves x + plus."""
+    the integer `plus` (a zero point, |plus| < 2^51), which on a large tensor costs no pass of its own: x added to
+    the bit pattern of 1.5·2^52 (0x4338000000000000) reads as the float64 1.5·2^52 + x, and subtracting
+    1.5·2^52 - plus (both in [2^52, 2^53), so exact) leaves x + plus."""
     if x.dtype == torch.int64 and x.numel() > SMALL_CONVERSION and float(plus).is_integer() \
             and abs(plus) < MAGIC_EXACT:
         return x.add(_MAGIC_BITS).view(torch.float64).sub_(_MAGIC - float(plus))
