@@ -13,12 +13,13 @@ seeded; real calibration data for the shared IRs): ms per sample of each pass, t
   quantopt float forward / onnxruntime float32 forward   target <= 3
   statistics pass (calibration.collect) / float forward  target <= 1.5
   integer forward / float forward                        target <= 2
-and the per-layer precision analysis of the same samples as a cfg run makes it (on the float outputs the statistics
-pass recorded: the quantized forward, each layer again on the float graph's quantized inputs, the comparisons),
-against a plain forward of both graphs (analysis/(float+int): 1 would be the cost of comparing the two forwards for
-free)
-(the model is quantized by pipeline.quantize_model on --calib samples first) and the peak RSS. Each model runs in
-its own process, so its peak RSS is its own and a crash stops only that model; a failed model is one line, and the
+(the statistics pass runs the samples after the first several per forward, graph/grouped.py; it is also timed one
+sample per forward, "stats one by one", and "grouped/one by one" is the ratio of the two), and the per-layer
+precision analysis of the same samples as a cfg run makes it (on the float outputs the statistics pass recorded:
+the quantized forward, each layer again on the float graph's quantized inputs, the comparisons), against a plain
+forward of both graphs (analysis/(float+int): 1 would be the cost of comparing the two forwards for free) (the
+model is quantized by pipeline.quantize_model on --calib samples first) and the peak RSS. Each model runs in its own
+process, so its peak RSS is its own and a crash stops only that model; a failed model is one line, and the
 exit code is 1 when any model failed. Figures and what they mean: docs/performance.md.
 
 The column "f64 GEMM/ORT" is a floor, not a target: the CPU time of float64 GEMMs alone, one per Convolution (not
@@ -338,6 +339,7 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, Any]:
     qgraph = quantize_model(graph, batches[:args.calib], settings=settings)
     t_quant = time.process_time() - start
     t_stats = best_cpu(args.repeat, lambda: collect_activation_statistics(graph, batches), clock)
+    t_stats1 = best_cpu(args.repeat, lambda: collect_activation_statistics(graph, batches, group=1), clock)
 
     def int_pass() -> List[Any]:
         with torch.no_grad():
@@ -355,6 +357,7 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, Any]:
     row = {"model": name, "input": p.shape, "layers": len(graph.nodes), "samples": n,
            "import_s": p.import_s, "quantize_s": t_quant,
            "ort_ms": t_ort / n * 1e3, "float_ms": t_float / n * 1e3, "stats_ms": t_stats / n * 1e3,
+           "stats1_ms": t_stats1 / n * 1e3,
            "int_ms": t_int / n * 1e3, "analysis_ms": t_analysis / n * 1e3, "gemm_ms": t_gemm * 1e3,
            "rss_mb": peak_rss_mb()}
     if device.type != "cpu":
@@ -457,13 +460,15 @@ def device_table(rows: List[Dict[str, Any]]) -> str:
 
 def table(rows: List[Dict[str, Any]]) -> str:
     head = ["model", "input", "layers", "ORT fp32 ms", "quantopt float ms", "float/ORT (≤3)", "statistics ms",
-            "stats/float (≤1.5)", "integer ms", "int/float (≤2)", "analysis ms", "analysis/(float+int)",
+            "stats/float (≤1.5)", "stats one by one ms", "grouped/one by one", "integer ms", "int/float (≤2)",
+            "analysis ms", "analysis/(float+int)",
             "f64 GEMM ms", "f64 GEMM/ORT", "peak RSS MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"], r["input"], str(r["layers"]), f"{r['ort_ms']:.1f}", f"{r['float_ms']:.1f}",
                  ratio(r["float_ms"], r["ort_ms"], TARGETS["float_vs_ort"]), f"{r['stats_ms']:.1f}",
-                 ratio(r["stats_ms"], r["float_ms"], TARGETS["stats_vs_float"]), f"{r['int_ms']:.1f}",
+                 ratio(r["stats_ms"], r["float_ms"], TARGETS["stats_vs_float"]), f"{r['stats1_ms']:.1f}",
+                 f"{r['stats_ms'] / r['stats1_ms']:.2f}", f"{r['int_ms']:.1f}",
                  ratio(r["int_ms"], r["float_ms"], TARGETS["int_vs_float"]), f"{r['analysis_ms']:.1f}",
                  f"{r['analysis_ms'] / (r['float_ms'] + r['int_ms']):.2f}", f"{r['gemm_ms']:.1f}",
                  f"{r['gemm_ms'] / r['ort_ms']:.2f}" if r["ort_ms"] > 0 else "n/a", f"{r['rss_mb']:.0f}"]

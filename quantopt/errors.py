@@ -79,3 +79,8 @@ class UnsupportedError(QuantOptError):
 
     exit_code = 6
     kind = "unsupported"
+
+
+class BatchSizeError(UnsupportedError):
+    """A layer that cannot run at the data's batch size (graph/batch.py): a caller that chose a larger batch itself
+    (the statistics pass's grouped forwards) runs the IR batches one by one instead."""

@@ -38,6 +38,7 @@ from .data import make_dataset, make_loader, make_metrics, prepare_inputs, shuff
 from .device import exact_arithmetic, resolve_device
 from .errors import ConfigError, DataError, IRError, QuantOptError, UnsupportedError
 from .graph.graph import PyGraph, QuantizeGraph
+from .graph.grouped import grouped_outputs
 from .graph.node import PyNode
 from .graph.recorded import ForwardRecord
 from .graph.tables import quant_of
@@ -80,6 +81,13 @@ def io_params(qgraph: PyGraph, t: PyTensor, role: str) -> Dict[str, Any]:
     return {"role": role, "name": t.name, "dtype": getattr(t.dtype, "value", str(t.dtype)),
             "scale": plain(q.scale) if quantized else None, "zp": plain(q.zerop) if quantized else None,
             "qmin": q.qmin, "qmax": q.qmax}
+
+
+def _output_reader(graph: PyGraph, quantized: bool) -> Callable[[PyTensor], torch.Tensor]:
+    """What a metric reads of a graph output: a quantized graph's dequantized, a float graph's as it is."""
+    if quantized:
+        return lambda t: to_float(t, graph.quant)
+    return lambda t: t.betensor
 
 
 def _no_label(label: Any) -> bool:
@@ -261,10 +269,8 @@ class OptMaster:
         def score(graph: PyGraph, quantized: bool = True) -> float:
             metric.reset()
             with torch.no_grad():
-                for inputs, label in batches:
-                    graph.forward(inputs)
-                    metric([(to_float(t, graph.quant) if quantized else t.betensor).cpu()
-                            for t in graph.output_tensors], label)
+                for outputs, label in grouped_outputs(graph, batches, _output_reader(graph, quantized)):
+                    metric([o.cpu() for o in outputs], label)
             return float(metric.compute())
 
         return score, score(self.graph, quantized=False)
@@ -388,12 +394,16 @@ class OptMaster:
         for m in metrics:
             m.reset()
         source = self.cfg.data
-        with torch.no_grad():
+
+        def feeds() -> Iterator[Tuple[List[torch.Tensor], Any]]:
             desc = "quantized metric" if quantized else "float metric"
             for i, batch in enumerate(progress(self.validation_loader, desc)):
                 inputs, label = split_sample(batch, source)
-                graph.forward(prepare_inputs(self.graph, inputs, self.cfg, source, i))
-                outputs = [(to_float(t, graph.quant) if quantized else t.betensor).cpu() for t in graph.output_tensors]
+                yield prepare_inputs(self.graph, inputs, self.cfg, source, i), label
+
+        with torch.no_grad():  # several batches per forward where the graph can (graph/grouped.py)
+            for outputs, label in grouped_outputs(graph, feeds(), _output_reader(graph, quantized)):
+                outputs = [o.cpu() for o in outputs]
                 for m in metrics:
                     try:
                         m(list(outputs), label)

@@ -18,10 +18,12 @@ import torch
 from ..config.upstream_defects import MASK_AS_DATA
 from ..errors import DataError
 from ..graph.graph import PyGraph
+from ..graph.grouped import batch_parts, group_size, groupable, same_shapes
 from ..graph.node import PyNode
 from ..graph.recorded import ForwardRecord
 from ..graph.tables import TensorStatistics, ranges_of, statistics_of
 from ..graph.tensor import PyTensor
+from ..log import OPT_DEBUG
 from ..quant.params import QuantMode
 from .inf_mask import apply_inf_mask_ranges
 from .statistics import (
@@ -29,6 +31,7 @@ from .statistics import (
     ExtremaState,
     StatisticsConfig,
     plain_extrema,
+    plain_extrema_rows,
     starts_over,
     update_statistics,
 )
@@ -95,43 +98,161 @@ def recalibrate_weight(node: PyNode, t: PyTensor, settings: Optional[LayerSettin
 
 
 def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[torch.Tensor]],
-                                  record: Optional[ForwardRecord] = None) -> int:
+                                  record: Optional[ForwardRecord] = None, group: Optional[int] = None) -> int:
     """Fold every batch's layer outputs into their tensors' statistics (per channel of the last axis too where the
     layer's activation mode is per channel), and the values the float forward left in the layer's placeholders (per
     tensor only: their shapes are the layer's own business); returns the number of batches. With `record`, the
-    layer outputs of its first batches are kept there (graph/recorded.py)."""
-    configs: Dict[int, StatisticsConfig] = {
-        id(n): _stat_config(n, n.settings.q_strategy_activation, key_axis=-1 if _per_channel_activations(n) else None,
-                            activation=True)
-        for n in graph.nodes}
-    placeholder_configs: Dict[int, StatisticsConfig] = {
-        id(n): _stat_config(n, n.settings.q_strategy_activation, key_axis=None, activation=True) for n in graph.nodes}
-    count = 0
-    table = graph.statistics
-    updates = _PassUpdates()
+    layer outputs of its first batches are kept there (graph/recorded.py).
 
-    def hook(node: PyNode) -> None:
-        cfg = configs[id(node)]
-        for t in node.outputs:
-            if node.type == "Input" and t.betensor.is_floating_point() and bool(torch.isnan(t.betensor).any()):
-                raise DataError(f"calibration batch {count} has NaN values in input '{t.name}'")
-            updates.update(table.of(t), t.betensor, cfg, count)
-        for t in node.placeholders:
-            if t.betensor.numel() > 0 and t.betensor.is_floating_point():
-                updates.update(table.of(t), t.betensor, placeholder_configs[id(node)], count)
-        if record is not None:
-            record.keep(node)
-
+    Batches of one shape after the first (and after those the record keeps) are run `group` at a time as one
+    forward of their concatenation (graph/grouped.py; default: `group_size` of the first batch's layer outputs), and
+    each batch's statistics are folded from its own rows of every output, in batch order: the statistics are those
+    of one forward per batch, bit for bit, while the per-layer cost of a forward is paid once per group. A graph
+    that cannot run a group (a layer that holds one IR batch only; placeholders, whose rows are the layer's
+    business; an output that does not split into the batches' rows) has that group and the rest of the pass run
+    batch by batch: nothing of a failed group is folded, and an error of the data itself recurs in its own batch."""
+    run = _StatisticsPass(graph, record, group)
     try:
         with torch.no_grad():
+            pending: List[List[torch.Tensor]] = []
             for inputs in batches:
-                if record is not None:
-                    record.start_batch(inputs)
-                graph.forward(inputs, after_node=hook)
-                count += 1
+                inputs = list(inputs)
+                if pending and (len(pending) == run.group or not same_shapes(pending[0], inputs)):
+                    run.group_forward(pending)
+                    pending = []
+                if run.alone() or not groupable(graph, inputs):
+                    run.forward(inputs)
+                else:
+                    pending.append(inputs)
+            if pending:
+                run.group_forward(pending)
     finally:
-        updates.store()
-    return count
+        run.updates.store()
+    return run.count
+
+
+class _Ungroupable(Exception):
+    """A grouped forward met an output it cannot split into the batches' values (caught by `group_forward`)."""
+
+
+class _StatisticsPass:
+    """The statistics pass's state: per-layer configs, the pending statistics updates, the batch count, and how many
+    batches a forward takes (`group`, 1 until the first batch has shown what its outputs cost)."""
+
+    def __init__(self, graph: PyGraph, record: Optional[ForwardRecord], group: Optional[int]) -> None:
+        if group is not None and group < 1:
+            raise ValueError(f"group must be at least 1, not {group}")
+        self.graph = graph
+        self.record = record
+        self.count = 0
+        self.updates = _PassUpdates()
+        self.chosen = group
+        self.group = 1
+        self.configs: Dict[int, StatisticsConfig] = {
+            id(n): _stat_config(n, n.settings.q_strategy_activation,
+                                key_axis=-1 if _per_channel_activations(n) else None, activation=True)
+            for n in graph.nodes}
+        self.placeholder_configs: Dict[int, StatisticsConfig] = {
+            id(n): _stat_config(n, n.settings.q_strategy_activation, key_axis=None, activation=True)
+            for n in graph.nodes}
+
+    def alone(self) -> bool:
+        """Whether the next batch runs by itself: the first one, those the record keeps, or no grouping."""
+        recording = self.record is not None and self.record.wants_more()
+        return self.count == 0 or recording or self.group == 1
+
+    def forward(self, inputs: List[torch.Tensor]) -> None:
+        """One batch's forward, its statistics folded layer by layer (the first also sets `group`)."""
+        table = self.graph.statistics
+        output_bytes = 0
+
+        def hook(node: PyNode) -> None:
+            nonlocal output_bytes
+            cfg = self.configs[id(node)]
+            for t in node.outputs:
+                _check_input(node, t.betensor, t.name, self.count)
+                self.updates.update(table.of(t), t.betensor, cfg, self.count)
+                output_bytes += t.betensor.nbytes
+            for t in node.placeholders:
+                if t.betensor.numel() > 0 and t.betensor.is_floating_point():
+                    self.updates.update(table.of(t), t.betensor, self.placeholder_configs[id(node)], self.count)
+            if self.record is not None:
+                self.record.keep(node)
+
+        if self.record is not None:
+            self.record.start_batch(inputs)
+        self.graph.forward(inputs, after_node=hook)
+        if self.count == 0 and not _has_placeholder_values(self.graph):
+            self.group = self.chosen if self.chosen is not None else group_size(output_bytes)
+        self.count += 1
+
+    def group_forward(self, group: List[List[torch.Tensor]]) -> None:
+        """Batches of one shape as one forward of their concatenation, each batch's statistics folded from its rows
+        in batch order (or, where the graph cannot run them so, one forward each and no grouping from then on)."""
+        k = len(group)
+        if k == 1:
+            self.forward(group[0])
+            return
+        table = self.graph.statistics
+        # per output: its statistics, each batch's extrema where the extrema path takes them (found while the values
+        # are in cache) or else its values, and the config
+        held: List[Tuple[TensorStatistics, List[Optional[Tuple[float, float]]], List[Optional[torch.Tensor]],
+                         StatisticsConfig]] = []
+
+        def hook(node: PyNode) -> None:
+            if any(t.betensor.numel() > 0 and t.betensor.is_floating_point() for t in node.placeholders):
+                raise _Ungroupable()  # a layer that set none in the first batch
+            cfg = self.configs[id(node)]
+            for t in node.outputs:
+                parts = batch_parts(t.betensor, t.ir_shape, k)
+                if parts is None:
+                    raise _Ungroupable()
+                for j, part in enumerate(parts):
+                    _check_input(node, part, t.name, self.count + j)
+                extrema = _parts_extrema(t.betensor, parts, cfg) if cfg.extrema_only else [None] * k
+                held.append((table.of(t), extrema, [p if e is None else None for p, e in zip(parts, extrema)], cfg))
+
+        try:
+            self.graph.forward([torch.cat(parts) for parts in zip(*group)], after_node=hook)
+        except Exception as error:  # the batches run again one by one: a real error recurs
+            OPT_DEBUG(f"statistics pass: batches {self.count} to {self.count + k - 1} and the rest run one per "
+                      f"forward: {_reason(error)}")
+            self.group = 1
+            for inputs in group:
+                self.forward(inputs)
+            return
+        for j in range(k):
+            for stats, extrema, parts, cfg in held:
+                self.updates.update_with(stats, parts[j], extrema[j], cfg, self.count + j)
+        self.count += k
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, _Ungroupable):
+        return "an output does not split into the batches' rows"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def _has_placeholder_values(graph: PyGraph) -> bool:
+    """Whether a layer's forward has set placeholder values the statistics fold (their rows cannot be split)."""
+    return any(t.betensor.numel() > 0 and t.betensor.is_floating_point() for n in graph.nodes for t in n.placeholders)
+
+
+def _check_input(node: PyNode, x: torch.Tensor, name: str, batch_index: int) -> None:
+    if node.type == "Input" and x.is_floating_point() and bool(torch.isnan(x).any()):
+        raise DataError(f"calibration batch {batch_index} has NaN values in input '{name}'")
+
+
+def _parts_extrema(value: torch.Tensor, parts: List[torch.Tensor],
+                   cfg: StatisticsConfig) -> List[Optional[Tuple[float, float]]]:
+    """`plain_extrema` of each batch's part of `value` (`grouped.batch_parts`), by one reduction over its rows (once for
+    a value every batch shares); None for an empty part."""
+    if not value.numel():
+        return [None] * len(parts)
+    threshold = float(cfg.mask_threshold)
+    if all(p is value for p in parts):
+        return [plain_extrema(value.detach(), threshold)] * len(parts)
+    return plain_extrema_rows(value.detach().reshape(len(parts), -1), threshold)
 
 
 class _PassUpdates:
@@ -146,22 +267,28 @@ class _PassUpdates:
 
     def update(self, stats: TensorStatistics, x: torch.Tensor, cfg: StatisticsConfig, batch_index: int) -> None:
         """`update_statistics(stats, x, cfg, batch_index)`, its result in `stats` by `store` at the latest."""
+        extrema = plain_extrema(x.detach(), float(cfg.mask_threshold)) if cfg.extrema_only and x.numel() else None
+        self.update_with(stats, x, extrema, cfg, batch_index)
+
+    def update_with(self, stats: TensorStatistics, x: Optional[torch.Tensor], extrema: Optional[Tuple[float, float]],
+                    cfg: StatisticsConfig, batch_index: int) -> None:
+        """`update` given x's `plain_extrema` already, found on the extrema path (then x is not read and may be
+        None); None: x goes through `update_statistics`."""
         key = id(stats)
-        if cfg.extrema_only and x.numel():
-            clipped = plain_extrema(x.detach(), float(cfg.mask_threshold))
-            if clipped is not None:
-                held = self._states.get(key)
-                if held is not None and batch_index != 0:
-                    held[1].fold(*clipped, cfg.momentum)
-                    return
-                if starts_over(stats, batch_index):
-                    stats.reset()
-                    self._states[key] = (stats, ExtremaState(*clipped, *clipped))
-                    return
-                state = ExtremaState.of(stats)
-                state.fold(*clipped, cfg.momentum)
-                self._states[key] = (stats, state)
+        if extrema is not None:
+            held = self._states.get(key)
+            if held is not None and batch_index != 0:
+                held[1].fold(*extrema, cfg.momentum)
                 return
+            if starts_over(stats, batch_index):
+                stats.reset()
+                self._states[key] = (stats, ExtremaState(*extrema, *extrema))
+                return
+            state = ExtremaState.of(stats)
+            state.fold(*extrema, cfg.momentum)
+            self._states[key] = (stats, state)
+            return
+        assert x is not None
         held = self._states.pop(key, None)
         if held is not None:
             held[1].store(stats)

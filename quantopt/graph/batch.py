@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..errors import UnsupportedError
+from ..errors import BatchSizeError
 from .wide_values import wide_values_of
 
 BatchRule = Callable[[Any, Sequence[bool]], bool]
@@ -61,10 +61,10 @@ def ir_batch(node: Any) -> int:
     return 1
 
 
-def batch_error(node: Any, detail: str, why: str = "its dim 0 is not only the batch") -> UnsupportedError:
+def batch_error(node: Any, detail: str, why: str = "its dim 0 is not only the batch") -> BatchSizeError:
     """The one-line error of a layer that cannot run at the data's batch size."""
     b = ir_batch(node)
-    return UnsupportedError(f"layer '{node.name}' ({node.type}) cannot run at this batch size: {detail} ({why}); "
+    return BatchSizeError(f"layer '{node.name}' ({node.type}) cannot run at this batch size: {detail} ({why}); "
                             "run at " + (f"a multiple of the IR batch size {b}" if b > 1 else "the IR batch size 1"))
 
 

@@ -59,6 +59,10 @@ class ForwardRecord:
         """Whether the record holds whole batches (at least one, none dropped for the budget)."""
         return bool(self.batches) and not self.over_budget
 
+    def wants_more(self) -> bool:
+        """Whether the next forward would be recorded (one of the first `batches`, the budget still holding)."""
+        return not self.over_budget and len(self.batches) < self.limit
+
     def start_batch(self, inputs: Sequence[torch.Tensor]) -> None:
         """A forward begins: record it if it is one of the first `batches` and the budget still holds."""
         self._current = None

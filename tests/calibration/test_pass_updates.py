@@ -105,7 +105,8 @@ def test_other_strategies_take_update_statistics_as_is() -> None:
 def test_collect_gives_the_statistics_of_update_statistics(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole statistics pass over corpus models (recurrent placeholders, attention masks, convolutions),
     deferred and batch by batch (a stand-in that updates at once), field for field; every other layer collects
-    per-channel statistics (the general path) and every third one moments."""
+    per-channel statistics (the general path) and every third one moments. One forward per batch (grouped forwards:
+    tests/calibration/test_grouped_statistics.py)."""
 
     class Immediate:
         def update(self, stats: TensorStatistics, x: torch.Tensor, cfg: StatisticsConfig, batch_index: int) -> None:
@@ -130,7 +131,7 @@ def test_collect_gives_the_statistics_of_update_statistics(model: str, monkeypat
     for updates in (_PassUpdates, Immediate):
         with monkeypatch.context() as m:
             m.setattr(collect, "_PassUpdates", updates)
-            assert collect_activation_statistics(graph, batches) == len(batches)
+            assert collect_activation_statistics(graph, batches, group=1) == len(batches)
         names = sorted({t.name for n in graph.nodes for t in [*n.outputs, *n.placeholders] if t in graph.statistics})
         results.append({name: _fields(graph.statistics.get(name)) for name in names})
     got, want = results

@@ -1,0 +1,134 @@
+"""Several batches run as one forward of their concatenation, each batch's values read back from its own rows.
+
+Why: a forward pays a fixed cost per layer (op dispatch, plans, small tensors) whatever its batch, and on small and
+medium models that cost is most of a forward at batch 1; the passes that run many batches one after another (the
+statistics pass, metric evaluation, the mixed-precision search) pay it once per group instead. It changes no value:
+a graph gives every sample the same bits at any batch size (graph/batch.py), so a batch's rows of a grouped
+forward's tensor are the tensor its own forward gives. A group is only formed of batches whose inputs have one
+shape and hold whole IR batches along dim 0; a graph that cannot run it (a layer that holds one IR batch only,
+`BatchSizeError`, or whose constants do) or a tensor that does not split into the batches' rows has the batches
+run one by one from then on (said at debug level): a failed group leaves nothing behind, and an error of the data
+itself recurs in its own batch's forward.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
+
+import torch
+
+from ..log import OPT_DEBUG
+from .graph import PyGraph
+from .node import PyNode
+from .tensor import PyTensor
+
+FORWARD_GROUP_BYTES = 512 << 20
+"""Most bytes of layer outputs (summed over the layers of one forward) a grouped forward may make."""
+MAX_FORWARD_GROUP = 8
+"""Most batches in one grouped forward: beyond it the per-layer cost a group saves is small against the layers'
+own work."""
+
+Extra = TypeVar("Extra")
+
+
+def group_size(output_bytes: int) -> int:
+    """Batches per grouped forward, from the bytes of the layer outputs of one batch's forward."""
+    return max(1, min(MAX_FORWARD_GROUP, FORWARD_GROUP_BYTES // max(1, output_bytes)))
+
+
+def groupable(graph: PyGraph, inputs: Sequence[torch.Tensor]) -> bool:
+    """Whether a batch's inputs hold whole IR batches along dim 0 (the other dims those of the IR), so that batches
+    concatenated along dim 0 are one batch of the graph."""
+    if len(inputs) != len(graph.input_tensors):
+        return False
+    for x, t in zip(inputs, graph.input_tensors):
+        ir = tuple(int(d) for d in t.ir_shape)
+        if x.dim() == 0 or x.dim() != len(ir) or ir[0] <= 0 or tuple(x.shape[1:]) != ir[1:] or x.shape[0] % ir[0]:
+            return False
+    return True
+
+
+def same_shapes(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+    """Whether two batches' inputs have one shape and dtype each (batches that may share a group)."""
+    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype for x, y in zip(a, b))
+
+
+def batch_parts(value: torch.Tensor, ir_shape: Sequence[int], k: int) -> Optional[List[torch.Tensor]]:
+    """The values of each of `k` equal batches of a grouped forward in one of its tensors, `value` (its IR shape
+    `ir_shape`): its rows split in k (a batched tensor), or the whole value for each (a tensor of the IR shape,
+    made from constants alone: the same in every batch); None when it is neither."""
+    ir = tuple(int(d) for d in ir_shape)
+    if tuple(value.shape) == ir:
+        return [value] * k
+    if value.dim() != len(ir) or not ir or tuple(value.shape[1:]) != ir[1:] or ir[0] <= 0:
+        return None
+    rows = int(value.shape[0])
+    if rows % k or rows % ir[0]:
+        return None
+    return list(value.split(rows // k))
+
+
+def grouped_outputs(graph: PyGraph, items: Iterable[Tuple[List[torch.Tensor], Extra]],
+                    read: Callable[[PyTensor], torch.Tensor],
+                    group: Optional[int] = None) -> Iterator[Tuple[List[torch.Tensor], Extra]]:
+    """`([read(t) for t in graph.output_tensors], extra)` per (inputs, extra) item, in order, the forwards run
+    `group` batches at a time where they can be (default: `group_size` of the first batch's layer outputs). The
+    values are those of one forward per batch; each item's are yielded before the next forward runs."""
+    if group is not None and group < 1:
+        raise ValueError(f"group must be at least 1, not {group}")
+    run = _OutputGroups(graph, read)
+    pending: List[Tuple[List[torch.Tensor], Extra]] = []
+    for inputs, extra in items:
+        if pending and (len(pending) == run.size or not same_shapes(pending[0][0], inputs)):
+            yield from run.outputs(pending)
+            pending = []
+        if run.size == 0:  # the first batch: alone, measured
+            output_bytes = run.measured_forward(inputs)
+            yield [read(t) for t in graph.output_tensors], extra
+            run.size = group if group is not None else group_size(output_bytes)
+        elif run.size > 1 and groupable(graph, inputs):
+            pending.append((inputs, extra))
+        else:
+            yield from run.outputs([(inputs, extra)])
+    if pending:
+        yield from run.outputs(pending)
+
+
+class _OutputGroups:
+    """`grouped_outputs`'s forwards: `size` batches per group (0 before the first batch, 1 once a group failed)."""
+
+    def __init__(self, graph: PyGraph, read: Callable[[PyTensor], torch.Tensor]) -> None:
+        self.graph = graph
+        self.read = read
+        self.size = 0
+
+    def measured_forward(self, inputs: List[torch.Tensor]) -> int:
+        """One forward; the bytes of its layer outputs."""
+        total = 0
+
+        def count(node: PyNode) -> None:
+            nonlocal total
+            total += sum(t.betensor.nbytes for t in node.outputs)
+
+        self.graph.forward(inputs, after_node=count)
+        return total
+
+    def outputs(self, pending: List[Tuple[List[torch.Tensor], Extra]]) -> Iterator[Tuple[List[torch.Tensor], Extra]]:
+        """The outputs of each pending batch: one forward of them all where the graph can run it and its outputs
+        split into the batches' rows, else one forward each (and no more groups)."""
+        graph, read, k = self.graph, self.read, len(pending)
+        if k > 1:
+            try:
+                graph.forward([torch.cat(parts) for parts in zip(*(inputs for inputs, _ in pending))])
+                split = [batch_parts(read(t), t.ir_shape, k) for t in graph.output_tensors]
+                reason = "an output does not split into the batches' rows"
+            except Exception as error:  # the batches run again one by one: a real error recurs
+                split, reason = [None], str(error).splitlines()[0] if str(error) else type(error).__name__
+            if all(parts is not None for parts in split):
+                for j, (_, extra) in enumerate(pending):
+                    yield [parts[j] for parts in split], extra  # type: ignore[index]
+                return
+            OPT_DEBUG(f"grouped forwards: the rest run one batch per forward: {reason}")
+            self.size = 1
+        for inputs, extra in pending:
+            graph.forward(inputs)
+            yield [read(t) for t in graph.output_tensors], extra
