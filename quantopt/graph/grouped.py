@@ -21,7 +21,7 @@ from .graph import PyGraph
 from .node import PyNode
 from .tensor import PyTensor
 
-FORWARD_GROUP_BYTES = 512 << 20
+FORWARD_GROUP_BYTES = 256 << 20
 """Most bytes of layer outputs (summed over the layers of one forward) a grouped forward may make."""
 MAX_FORWARD_GROUP = 8
 """Most batches in one grouped forward: beyond it the per-layer cost a group saves is small against the layers'
