@@ -111,6 +111,10 @@ def test_what_groups_and_what_splits() -> None:
     assert groupable(graph, [x]) and groupable(graph, [torch.cat([x, x, x])])
     assert not groupable(graph, [x[0]]) and not groupable(graph, [x[..., :-1]])
     assert not groupable(graph, [])
+    two = read_ir(CORPUS / "padding_mask" / "padding_mask.txt")
+    a, b = (torch.zeros([int(d) for d in t.ir_shape]) for t in two.input_tensors)
+    assert groupable(two, [a, b]) and groupable(two, [torch.cat([a, a]), torch.cat([b, b])])
+    assert not groupable(two, [torch.cat([a, a]), b])  # b shared by the two IR batches of a
     value = torch.arange(24.0).reshape(6, 4)
     assert [p.tolist() for p in batch_parts(value, [2, 4], 3)] == [value[:2].tolist(), value[2:4].tolist(),
                                                                   value[4:].tolist()]

@@ -36,15 +36,18 @@ def group_size(output_bytes: int) -> int:
 
 
 def groupable(graph: PyGraph, inputs: Sequence[torch.Tensor]) -> bool:
-    """Whether a batch's inputs hold whole IR batches along dim 0 (the other dims those of the IR), so that batches
-    concatenated along dim 0 are one batch of the graph."""
+    """Whether a batch's inputs all hold one whole number of IR batches along dim 0 (the other dims those of the
+    IR), so that batches concatenated along dim 0 are one batch of the graph. An input of the IR shape beside
+    inputs of more IR batches is shared by them (graph/batch.py) and cannot be concatenated."""
     if len(inputs) != len(graph.input_tensors):
         return False
+    counts = set()
     for x, t in zip(inputs, graph.input_tensors):
         ir = tuple(int(d) for d in t.ir_shape)
         if x.dim() == 0 or x.dim() != len(ir) or ir[0] <= 0 or tuple(x.shape[1:]) != ir[1:] or x.shape[0] % ir[0]:
             return False
-    return True
+        counts.add(int(x.shape[0]) // ir[0])
+    return len(counts) == 1
 
 
 def same_shapes(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
