@@ -12,7 +12,7 @@ itself recurs in its own batch's forward.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, TypeVar
 
 import torch
 
@@ -125,7 +125,7 @@ class _OutputGroups:
                 split = [batch_parts(read(t), t.ir_shape, k) for t in graph.output_tensors]
                 reason = "an output does not split into the batches' rows"
             except Exception as error:  # the batches run again one by one: a real error recurs
-                split, reason = [None], str(error).splitlines()[0] if str(error) else type(error).__name__
+                split, reason = [None], _reason(error)
             if all(parts is not None for parts in split):
                 for j, (_, extra) in enumerate(pending):
                     yield [parts[j] for parts in split], extra  # type: ignore[index]
@@ -135,3 +135,96 @@ class _OutputGroups:
         for inputs, extra in pending:
             graph.forward(inputs)
             yield [read(t) for t in graph.output_tensors], extra
+
+
+LayerValues = Dict[str, Tuple[List[torch.Tensor], List[torch.Tensor]]]
+"""Per named layer: (its input values, its output values), of one batch."""
+
+
+class _Seen(Exception):
+    """Every named layer of a grouped forward has run: the layers after them are not needed."""
+
+
+def layer_values(graph: PyGraph, batches: Sequence[List[torch.Tensor]], names: Set[str],
+                 read: Callable[[PyTensor], torch.Tensor], group: Optional[int] = None) -> List[LayerValues]:
+    """Per batch, `read(t)` (copied) of every input and output of the named layers, each forward stopped after the
+    last of them and run `group` batches at a time where it can be (default: `group_size` of the first batch's
+    layer outputs up to there). The values are those of a whole forward per batch."""
+    if group is not None and group < 1:
+        raise ValueError(f"group must be at least 1, not {group}")
+    wanted = [n for n in graph.nodes if n.name in names]
+    last = wanted[-1] if wanted else None
+    out: List[LayerValues] = []
+    size, start = 1, 0
+    while start < len(batches):
+        k = 1
+        if out and size > 1 and groupable(graph, batches[start]):
+            while k < size and start + k < len(batches) and same_shapes(batches[start], batches[start + k]):
+                k += 1
+        got, output_bytes = _grouped_layer_values(graph, batches[start:start + k], names, last, read)
+        if got is None:  # the group cannot run so: these batches and the rest one by one
+            size = 1
+            continue
+        if not out:
+            size = group if group is not None else group_size(output_bytes)
+        out.extend(got)
+        start += k
+    return out
+
+
+def _grouped_layer_values(graph: PyGraph, group: Sequence[List[torch.Tensor]], names: Set[str],
+                          last: Optional[PyNode], read: Callable[[PyTensor], torch.Tensor]
+                          ) -> Tuple[Optional[List[LayerValues]], int]:
+    """`layer_values` of batches run as one forward (of one batch: as is), with the bytes of the layer outputs up
+    to the last named layer; None for a group that cannot run so."""
+    k = len(group)
+    found: List[LayerValues] = [{} for _ in range(k)]
+    output_bytes = 0
+
+    def parts(t: PyTensor) -> List[torch.Tensor]:
+        value = read(t)
+        if k == 1:
+            return [value.clone()]
+        split = batch_parts(value, t.ir_shape, k)
+        if split is None:
+            raise _Unsplit()
+        return [p.clone() for p in split]
+
+    def hook(node: PyNode) -> None:
+        nonlocal output_bytes
+        output_bytes += sum(t.betensor.nbytes for t in node.outputs)
+        if node.name in names:
+            ins, outs = [parts(t) for t in node.inputs], [parts(t) for t in node.outputs]
+            for j in range(k):
+                found[j][node.name] = ([v[j] for v in ins], [v[j] for v in outs])
+        if node is last:
+            raise _Seen()
+
+    inputs = list(group[0]) if k == 1 else [torch.cat(p) for p in zip(*group)]
+    try:
+        graph.forward(inputs, after_node=hook)
+    except _Seen:
+        pass
+    except Exception as error:  # the batches run again one by one: a real error recurs
+        if k == 1:
+            raise
+        OPT_DEBUG(f"grouped forwards: the rest run one batch per forward: {_reason(error)}")
+        return None, output_bytes
+    finally:
+        keep = {id(t) for t in graph.input_tensors}
+        for n in graph.nodes:  # what a forward stopped early leaves behind is not needed
+            for t in n.outputs:
+                if id(t) not in keep:
+                    t.release()
+                    graph.wide_values.drop(t)
+    return found, output_bytes
+
+
+class _Unsplit(Exception):
+    """A value of a grouped forward that does not split into the batches' rows."""
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, _Unsplit):
+        return "a value does not split into the batches' rows"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__

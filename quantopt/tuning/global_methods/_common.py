@@ -10,6 +10,7 @@ import torch
 
 from ...errors import QuantOptError
 from ...graph.graph import PyGraph
+from ...graph.grouped import layer_values
 from ...graph.node import PyNode
 from ...graph.tables import (
     QuantTable,
@@ -52,21 +53,17 @@ def target_layers(graph: PyGraph, spec: GlobalMethodSpec) -> List[PyNode]:
 
 
 def capture(graph: PyGraph, batches: Sequence[Batch], names: Set[str], quantized: bool = False) -> LayerIO:
-    """Inputs and outputs of the named layers for every batch (dequantized for a quantized graph)."""
-    found: LayerIO = {name: [] for name in names}
+    """Inputs and outputs of the named layers for every batch (dequantized for a quantized graph). Each forward
+    stops after the last named layer and runs several batches where the graph can (graph/grouped.py): the values
+    are those of a whole forward per batch."""
     table = quant_of(graph.nodes[0]) if quantized and graph.nodes else None  # the graph's parameters
 
-    def value(t: PyTensor) -> torch.Tensor:
-        return to_float(t, table).clone() if quantized else t.betensor.detach().clone()
-
-    def hook(node: PyNode) -> None:
-        if node.name in found:
-            found[node.name].append(([value(t) for t in node.inputs], [value(t) for t in node.outputs]))
+    def read(t: PyTensor) -> torch.Tensor:
+        return to_float(t, table) if quantized else t.betensor.detach()
 
     with torch.no_grad():
-        for b in batches:
-            graph.forward(list(b), after_node=hook)
-    return found
+        per_batch = layer_values(graph, [list(b) for b in batches], set(names), read)
+    return {name: [values[name] for values in per_batch if name in values] for name in names}
 
 
 def quantize_alone(fnode: PyNode, qnode: PyNode, change: Optional[Callable[[PyNode], None]] = None) -> PyNode:
