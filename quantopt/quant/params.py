@@ -11,6 +11,7 @@ multiplies by the float32 reciprocal of the scale. Both take `compute_dtype=torc
 from __future__ import annotations
 
 import enum
+import struct
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -173,6 +174,9 @@ def linear_quant_params(fmin: Union[Number, torch.Tensor], fmax: Union[Number, t
     else:
         mn_f = min(float(fmin), 0.0) if not np.isnan(float(fmin)) else float("nan")
         mx_f = max(float(fmax), 0.0) if not np.isnan(float(fmax)) else float("nan")
+        fast = _per_tensor_params(mn_f, mx_f, mode, signed, qmin, q_range, zp_lim)
+        if fast is not None:
+            return QuantParams(fast[0], fast[1], qmin, qmax, int_dtype_for_bits(bits, signed))
         if mode.is_asymmetric:
             f_range = torch.tensor(mx_f - mn_f, dtype=torch.float32)
             zfactor = torch.tensor(mn_f, dtype=torch.float32)
@@ -191,6 +195,45 @@ def linear_quant_params(fmin: Union[Number, torch.Tensor], fmax: Union[Number, t
     if per_channel:
         return QuantParams(scale, zerop, qmin, qmax, dtype)
     return QuantParams(float(scale.item()), int(zerop.item()), qmin, qmax, dtype)
+
+
+_FLOAT32 = struct.Struct("f")
+_HALF_FLOAT32_MAX = 1.7e38
+"""Below half the largest float32 every value `_per_tensor_params` forms stays finite; larger ones take the tensor
+path."""
+
+
+def _per_tensor_params(mn_f: float, mx_f: float, mode: QuantMode, signed: bool, qmin: int, q_range: float,
+                       zp_lim: int) -> Optional[Tuple[float, int]]:
+    """`linear_quant_params`' per-tensor (scale, zero point) on Python floats: the same float32 operations, in the
+    same order, as its tensor path, each the float64 result rounded to float32 (exact: a product of two float32
+    values is exact in float64, and rounding a sum or quotient first to float64 and then to float32 gives the float32
+    result, 53 >= 2 * 24 + 2 bits), without a dozen torch calls (a whole graph's quantization makes hundreds;
+    tests/quant/test_params_steps.py compares the two). None where a value is NaN or huge: the tensor path
+    decides those."""
+    pack, unpack = _FLOAT32.pack, _FLOAT32.unpack  # a float32 rounding: unpack(pack(v))[0]
+    if mode.is_asymmetric:
+        f_range, zfactor = mx_f - mn_f, mn_f
+    else:
+        f_range, zfactor = max(abs(mx_f), abs(mn_f)), 0.0
+    if not (abs(f_range) < _HALF_FLOAT32_MAX and abs(zfactor) < _HALF_FLOAT32_MAX):  # NaN fails too
+        return None
+    f_range, zfactor = unpack(pack(f_range))[0], unpack(pack(zfactor))[0]
+    if mode.is_symmetric and signed:
+        f_range *= 2.0  # exact below the float32 maximum
+    q = unpack(pack(q_range))[0]
+    if not f_range >= FLT_EPSILON:
+        f_range = q
+    if f_range == 0.0:  # an empty integer range (one bit, signed and restricted)
+        return None
+    scale = unpack(pack(q / f_range))[0]
+    product = scale * zfactor
+    if not abs(product) < _HALF_FLOAT32_MAX:
+        return None
+    z = float(round(unpack(pack(product))[0]))  # round half to even, as torch.round
+    z = unpack(pack(z - (float(qmin) if mode.is_asymmetric else 0.0)))[0]
+    z = min(max(z, unpack(pack(float(-zp_lim)))[0]), unpack(pack(float(zp_lim)))[0])
+    return scale, int(z)
 
 
 def _along(v: Union[Number, torch.Tensor], axis: Optional[int], ndim: int, dtype: torch.dtype) -> torch.Tensor:

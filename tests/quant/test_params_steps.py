@@ -108,3 +108,29 @@ def test_steps_cover_every_row_once() -> None:
     for part in params._steps(rows):
         seen[part] += 1
     assert (seen == 1).all()
+
+
+RANGE_ENDS = [0.0, -0.0, 1e-45, -1e-45, 1.1920929e-07, 1.1920928e-07, 5.96e-08, 3.4e38, -3.4e38, 1e39, -1e39,
+              2.5, -2.5, 0.5, 127.5, 1e-30, 65535.0, 1 / 3, float("nan"), float("inf"), -float("inf"), 1.69e38,
+              -1.69e38, 8.5e37, 1.7e38, 2.0 ** -126, 6.0e-39]
+
+
+@pytest.mark.parametrize("mode", ["per_tensor_symmetric_restricted_range", "per_tensor_symmetric_full_range",
+                                  "per_tensor_asymmetric"])
+@pytest.mark.parametrize("bits", [1, 2, 8, 16, 25, 32])
+def test_per_tensor_params_on_python_floats_equal_the_tensor_path(monkeypatch: pytest.MonkeyPatch, mode: str,
+                                                                  bits: int) -> None:
+    """linear_quant_params' per-tensor scale and zero point on Python floats (`_per_tensor_params`) are those of its
+    float32 tensor arithmetic, for ranges over the whole float32 range, its ends, subnormals, NaN and infinities."""
+    rng = np.random.default_rng(bits)
+    found = list(rng.standard_normal(120) * 10.0 ** rng.integers(-45, 39, 120)) + RANGE_ENDS
+    pairs = [(a, b) for a in RANGE_ENDS for b in RANGE_ENDS] + [tuple(rng.choice(found, 2)) for _ in range(150)]
+    fast = [[params.linear_quant_params(lo, hi, bits, mode, signed) for lo, hi in pairs] for signed in (True, False)]
+    monkeypatch.setattr(params, "_per_tensor_params", lambda *args: None)
+    for signed, got in zip((True, False), fast):
+        for (lo, hi), g in zip(pairs, got):
+            w = params.linear_quant_params(lo, hi, bits, mode, signed)
+            assert type(g.scale) is float and type(g.zerop) is int
+            assert (g.scale == w.scale or (np.isnan(g.scale) and np.isnan(w.scale))) and g.zerop == w.zerop, \
+                (lo, hi, signed, g, w)
+            assert (g.qmin, g.qmax, g.dtype) == (w.qmin, w.qmax, w.dtype)
