@@ -4,12 +4,11 @@ of the golden corpus (float graphs; quantized graphs of a subset, read dequantiz
 graphs that hold one IR batch only fall back to one forward per batch."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import List
 
-import numpy as np
 import pytest
 import torch
+from corpus_helpers import CORPUS, MODELS, ONE_IR_BATCH, corpus_model, ir_batches
 
 from quantopt.analysis.similarity import to_float
 from quantopt.graph import grouped
@@ -17,22 +16,12 @@ from quantopt.graph.grouped import batch_parts, groupable, grouped_outputs
 from quantopt.ir.reader import read_ir
 from quantopt.pipeline import quantize_model
 
-CORPUS = Path(__file__).resolve().parent / "data" / "golden_corpus"
-MODELS = sorted(p.name for p in CORPUS.iterdir() if (p / f"{p.name}.txt").exists())
-ONE_IR_BATCH = {"op_filter", "op_if", "op_loop"}
 QUANTIZED = ["bilstm", "causal_sdpa", "convnext_block", "mbconv_se", "misc_convs", "norms", "op_if"]
 
 
 def _load(model: str):
-    folder = CORPUS / model
-    graph = read_ir(folder / f"{model}.txt", folder / f"{model}.bin")
-    npz = folder / "calib.npz"
-    data = dict(np.load(npz, allow_pickle=False)) if npz.exists() else {
-        graph.input_tensors[0].name: np.load(folder / "calib.npy", allow_pickle=False)}
-    arrays = [torch.from_numpy(data[t.name if t.name in data else t.pnode.name]) for t in graph.input_tensors]
-    ir_batch = int(graph.input_tensors[0].ir_shape[0])
-    rows = min(int(a.shape[0]) for a in arrays) // ir_batch
-    batches = [[a[i * ir_batch:(i + 1) * ir_batch] for a in arrays] for i in range(min(rows, 6))]
+    graph, ir_batch, arrays = corpus_model(model)
+    batches = ir_batches(arrays, ir_batch, 6)
     assert len(batches) >= 3
     return graph, ir_batch, batches
 

@@ -3,35 +3,25 @@ and run several batches at a time (graph/grouped.py `layer_values`), and it give
 forward per batch records, for float and quantized graphs of the golden corpus and any set of named layers."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Dict, List, Set
 
-import numpy as np
 import pytest
 import torch
+from corpus_helpers import corpus_model, ir_batches
 
 from quantopt.graph.graph import PyGraph
 from quantopt.graph.grouped import layer_values
 from quantopt.graph.values import to_float
-from quantopt.ir.reader import read_ir
 from quantopt.pipeline import quantize_model
 from quantopt.tuning.global_methods._common import capture
 
-CORPUS = Path(__file__).resolve().parents[1] / "data" / "golden_corpus"
 MODELS = ["bilstm", "causal_sdpa", "convnext_block", "mbconv_se", "misc_convs", "norms", "op_if", "op_filter",
           "padding_mask", "transformer_encoder", "yolo_sppf"]
 
 
 def _load(model: str):
-    folder = CORPUS / model
-    graph = read_ir(folder / f"{model}.txt", folder / f"{model}.bin")
-    npz = folder / "calib.npz"
-    data = dict(np.load(npz, allow_pickle=False)) if npz.exists() else {
-        graph.input_tensors[0].name: np.load(folder / "calib.npy", allow_pickle=False)}
-    arrays = [torch.from_numpy(data[t.name if t.name in data else t.pnode.name]) for t in graph.input_tensors]
-    ir_batch = int(graph.input_tensors[0].ir_shape[0])
-    rows = min(int(a.shape[0]) for a in arrays) // ir_batch
-    return graph, [[a[i * ir_batch:(i + 1) * ir_batch] for a in arrays] for i in range(min(rows, 5))]
+    graph, ir_batch, arrays = corpus_model(model)
+    return graph, ir_batches(arrays, ir_batch, 5)
 
 
 def _whole_forwards(graph: PyGraph, batches, names: Set[str], quantized: bool) -> Dict[str, List[tuple]]:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List
 
-import numpy as np
 import pytest
 import torch
+from corpus_helpers import MODELS, ONE_IR_BATCH, corpus_model, ir_batches
 
 from quantopt.calibration.collect import collect_activation_statistics
 from quantopt.calibration.statistics import plain_extrema, plain_extrema_rows
@@ -21,12 +20,7 @@ from quantopt.graph import grouped
 from quantopt.graph.graph import PyGraph
 from quantopt.graph.recorded import ForwardRecord
 from quantopt.graph.tables import StatisticsTable, TensorStatistics
-from quantopt.ir.reader import read_ir
 
-CORPUS = Path(__file__).resolve().parents[1] / "data" / "golden_corpus"
-MODELS = sorted(p.name for p in CORPUS.iterdir() if (p / f"{p.name}.txt").exists())
-ONE_IR_BATCH = {"op_filter", "op_if", "op_loop"}
-"""Corpus models that cannot run several IR batches at once (tests/test_batches_corpus.py)."""
 STRATEGIES = ["extrema", "3std", "kld", "extrema"]
 """Every fourth layer's activation strategy in turn: the extrema path, moments, a histogram."""
 
@@ -53,23 +47,12 @@ def _statistics(graph: PyGraph) -> Dict[str, dict]:
 
 
 def _load(model: str) -> tuple:
-    folder = CORPUS / model
-    graph = read_ir(folder / f"{model}.txt", folder / f"{model}.bin")
+    graph, ir_batch, arrays = corpus_model(model)
     for i, n in enumerate(graph.nodes):
         n.settings = dataclasses.replace(
             LayerSettings(), q_mode_activation="per_channel_asymmetric" if i % 2 else "per_tensor_asymmetric",
             q_strategy_activation=STRATEGIES[i % len(STRATEGIES)], running_statistic_momentum=0.37)
-    npz = folder / "calib.npz"
-    data = dict(np.load(npz, allow_pickle=False)) if npz.exists() else {
-        graph.input_tensors[0].name: np.load(folder / "calib.npy", allow_pickle=False)}
-    arrays = [torch.from_numpy(data[t.name if t.name in data else t.pnode.name]) for t in graph.input_tensors]
-    return graph, int(graph.input_tensors[0].ir_shape[0]), arrays
-
-
-def _batches(arrays: Sequence[torch.Tensor], size: int, count: int) -> List[List[torch.Tensor]]:
-    rows = min(int(a.shape[0]) for a in arrays)
-    count = min(count, rows // size)
-    return [[a[i * size:(i + 1) * size] for a in arrays] for i in range(count)]
+    return graph, ir_batch, arrays
 
 
 def _pass(graph: PyGraph, batches: List[List[torch.Tensor]], group, monkeypatch: pytest.MonkeyPatch) -> tuple:
@@ -99,7 +82,7 @@ def _assert_equal(got: Dict[str, dict], want: Dict[str, dict], what: str) -> Non
 def test_grouped_forwards_give_the_statistics_of_one_forward_per_batch(model: str,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     graph, ir_batch, arrays = _load(model)
-    batches = _batches(arrays, ir_batch, 5)
+    batches = ir_batches(arrays, ir_batch, 5)
     assert len(batches) >= 3
     want, rows = _pass(graph, batches, 1, monkeypatch)
     assert rows == [ir_batch] * len(batches)
@@ -118,7 +101,7 @@ def test_batches_of_several_ir_batches_and_a_short_last_one(monkeypatch: pytest.
     """Calibration batches of two IR batches are grouped and split back by their own rows; a last batch of
     another shape runs alone."""
     graph, ir_batch, arrays = _load("misc_convs")
-    batches = _batches(arrays, 2 * ir_batch, 4)
+    batches = ir_batches(arrays, 2 * ir_batch, 4)
     batches.append([a[:ir_batch] for a in arrays])
     want, _ = _pass(graph, batches, 1, monkeypatch)
     got, rows = _pass(graph, batches, None, monkeypatch)
@@ -128,7 +111,7 @@ def test_batches_of_several_ir_batches_and_a_short_last_one(monkeypatch: pytest.
 
 def test_recorded_batches_run_alone_and_hold_their_own_values(monkeypatch: pytest.MonkeyPatch) -> None:
     graph, ir_batch, arrays = _load("misc_convs")
-    batches = _batches(arrays, ir_batch, 6)
+    batches = ir_batches(arrays, ir_batch, 6)
     records = []
     for group in (1, None):
         graph.statistics = StatisticsTable()
@@ -144,7 +127,7 @@ def test_recorded_batches_run_alone_and_hold_their_own_values(monkeypatch: pytes
 
 def test_nan_in_a_grouped_batch_names_that_batch() -> None:
     graph, ir_batch, arrays = _load("misc_convs")
-    batches = _batches(arrays, ir_batch, 5)
+    batches = ir_batches(arrays, ir_batch, 5)
     batches[3] = [b.clone() for b in batches[3]]
     batches[3][0].view(-1)[7] = math.nan
     with pytest.raises(DataError, match="calibration batch 3 has NaN values"):
@@ -154,7 +137,7 @@ def test_nan_in_a_grouped_batch_names_that_batch() -> None:
 def test_group_must_be_positive() -> None:
     graph, ir_batch, arrays = _load("misc_convs")
     with pytest.raises(ValueError, match="at least 1"):
-        collect_activation_statistics(graph, _batches(arrays, ir_batch, 2), group=0)
+        collect_activation_statistics(graph, ir_batches(arrays, ir_batch, 2), group=0)
 
 
 def test_group_size_follows_the_output_bytes() -> None:
