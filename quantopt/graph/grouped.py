@@ -2,7 +2,8 @@
 
 Why: a forward pays a fixed cost per layer (op dispatch, plans, small tensors) whatever its batch, and on small and
 medium models that cost is most of a forward at batch 1; the passes that run many batches one after another (the
-statistics pass, metric evaluation, the mixed-precision search) pay it once per group instead. It changes no value:
+statistics pass, metric evaluation, the mixed-precision search, the global methods' captures of layer inputs and
+outputs) pay it once per group instead. It changes no value:
 a graph gives every sample the same bits at any batch size (graph/batch.py), so a batch's rows of a grouped
 forward's tensor are the tensor its own forward gives. A group is only formed of batches whose inputs have one
 shape and hold whole IR batches along dim 0; a graph that cannot run it (a layer that holds one IR batch only,
