@@ -18,7 +18,7 @@ import torch
 from ..config.upstream_defects import MASK_AS_DATA
 from ..errors import DataError
 from ..graph.graph import PyGraph
-from ..graph.grouped import batch_parts, group_size, groupable, same_shapes
+from ..graph.grouped import Unsplit, batch_parts, failure_reason, group_size, groupable, same_shapes
 from ..graph.node import PyNode
 from ..graph.recorded import ForwardRecord
 from ..graph.tables import TensorStatistics, ranges_of, statistics_of
@@ -131,10 +131,6 @@ def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[tor
     return run.count
 
 
-class _Ungroupable(Exception):
-    """A grouped forward met an output it cannot split into the batches' values (caught by `group_forward`)."""
-
-
 class _StatisticsPass:
     """The statistics pass's state: per-layer configs, the pending statistics updates, the batch count, and how many
     batches a forward takes (`group`, 1 until the first batch has shown what its outputs cost)."""
@@ -173,16 +169,15 @@ class _StatisticsPass:
                 _check_input(node, t.betensor, t.name, self.count)
                 self.updates.update(table.of(t), t.betensor, cfg, self.count)
                 output_bytes += t.betensor.nbytes
-            for t in node.placeholders:
-                if t.betensor.numel() > 0 and t.betensor.is_floating_point():
-                    self.updates.update(table.of(t), t.betensor, self.placeholder_configs[id(node)], self.count)
+            for t in _placeholder_values(node):
+                self.updates.update(table.of(t), t.betensor, self.placeholder_configs[id(node)], self.count)
             if self.record is not None:
                 self.record.keep(node)
 
         if self.record is not None:
             self.record.start_batch(inputs)
         self.graph.forward(inputs, after_node=hook)
-        if self.count == 0 and not _has_placeholder_values(self.graph):
+        if self.count == 0 and not any(_placeholder_values(n) for n in self.graph.nodes):
             self.group = self.chosen if self.chosen is not None else group_size(output_bytes)
         self.count += 1
 
@@ -200,13 +195,13 @@ class _StatisticsPass:
                          StatisticsConfig]] = []
 
         def hook(node: PyNode) -> None:
-            if any(t.betensor.numel() > 0 and t.betensor.is_floating_point() for t in node.placeholders):
-                raise _Ungroupable()  # a layer that set none in the first batch
+            if _placeholder_values(node):
+                raise Unsplit()  # a layer that set none in the first batch
             cfg = self.configs[id(node)]
             for t in node.outputs:
                 parts = batch_parts(t.betensor, t.ir_shape, k)
                 if parts is None:
-                    raise _Ungroupable()
+                    raise Unsplit()
                 for j, part in enumerate(parts):
                     _check_input(node, part, t.name, self.count + j)
                 extrema = _parts_extrema(t.betensor, parts, cfg) if cfg.extrema_only else [None] * k
@@ -216,7 +211,7 @@ class _StatisticsPass:
             self.graph.forward([torch.cat(parts) for parts in zip(*group)], after_node=hook)
         except Exception as error:  # the batches run again one by one: a real error recurs
             OPT_DEBUG(f"statistics pass: batches {self.count} to {self.count + k - 1} and the rest run one per "
-                      f"forward: {_reason(error)}")
+                      f"forward: {failure_reason(error)}")
             self.group = 1
             for inputs in group:
                 self.forward(inputs)
@@ -227,15 +222,10 @@ class _StatisticsPass:
         self.count += k
 
 
-def _reason(error: Exception) -> str:
-    if isinstance(error, _Ungroupable):
-        return "an output does not split into the batches' rows"
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
-
-
-def _has_placeholder_values(graph: PyGraph) -> bool:
-    """Whether a layer's forward has set placeholder values the statistics fold (their rows cannot be split)."""
-    return any(t.betensor.numel() > 0 and t.betensor.is_floating_point() for n in graph.nodes for t in n.placeholders)
+def _placeholder_values(node: PyNode) -> List[PyTensor]:
+    """The layer's placeholders holding float values its forward set: what the statistics fold of them (their rows
+    are the layer's own layout, so a grouped forward cannot split them)."""
+    return [t for t in node.placeholders if t.betensor.numel() > 0 and t.betensor.is_floating_point()]
 
 
 def _check_input(node: PyNode, x: torch.Tensor, name: str, batch_index: int) -> None:

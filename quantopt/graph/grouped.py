@@ -126,7 +126,7 @@ class _OutputGroups:
                 split = [batch_parts(read(t), t.ir_shape, k) for t in graph.output_tensors]
                 reason = "an output does not split into the batches' rows"
             except Exception as error:  # the batches run again one by one: a real error recurs
-                split, reason = [None], _reason(error)
+                split, reason = [None], failure_reason(error)
             if all(parts is not None for parts in split):
                 for j, (_, extra) in enumerate(pending):
                     yield [parts[j] for parts in split], extra  # type: ignore[index]
@@ -188,7 +188,7 @@ def _grouped_layer_values(graph: PyGraph, group: Sequence[List[torch.Tensor]], n
             return [value.clone()]
         split = batch_parts(value, t.ir_shape, k)
         if split is None:
-            raise _Unsplit()
+            raise Unsplit()
         return [p.clone() for p in split]
 
     def hook(node: PyNode) -> None:
@@ -209,7 +209,7 @@ def _grouped_layer_values(graph: PyGraph, group: Sequence[List[torch.Tensor]], n
     except Exception as error:  # the batches run again one by one: a real error recurs
         if k == 1:
             raise
-        OPT_DEBUG(f"grouped forwards: the rest run one batch per forward: {_reason(error)}")
+        OPT_DEBUG(f"grouped forwards: the rest run one batch per forward: {failure_reason(error)}")
         return None, output_bytes
     finally:
         keep = {id(t) for t in graph.input_tensors}
@@ -221,11 +221,12 @@ def _grouped_layer_values(graph: PyGraph, group: Sequence[List[torch.Tensor]], n
     return found, output_bytes
 
 
-class _Unsplit(Exception):
-    """A value of a grouped forward that does not split into the batches' rows."""
+class Unsplit(Exception):
+    """A value of a grouped forward that does not split into the batches' rows (or that no batch's rows hold)."""
 
 
-def _reason(error: Exception) -> str:
-    if isinstance(error, _Unsplit):
+def failure_reason(error: Exception) -> str:
+    """Why a grouped forward failed, in one line (for the debug log of a caller that runs the batches one by one)."""
+    if isinstance(error, Unsplit):
         return "a value does not split into the batches' rows"
     return str(error).splitlines()[0] if str(error) else type(error).__name__
