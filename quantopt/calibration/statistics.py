@@ -51,7 +51,6 @@ that the tensor is a mask. A batch without such values takes exactly the path it
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass
 from typing import List, Optional, Tuple, Union
 
@@ -61,6 +60,7 @@ import torch
 from ..config.calibration_values import Trim, parse_trim  # torch-free (the cfg reader's); re-exported
 from ..graph.tables import TensorStatistics
 from ..quant.hardware import STATISTICS_CLIP_RANGE
+from ..quant.rounding import FLOAT32_STRUCT
 from ..threads import one_thread
 
 # Statistics are clipped to the int32 range as upstream (OPT_INT_MIN / OPT_INT_MAX).
@@ -327,7 +327,6 @@ def _update_group(stats: TensorStatistics, v2d: torch.Tensor, cfg: StatisticsCon
 # public entry point
 
 
-_FLOAT32 = struct.Struct("f")
 
 
 def _ema32(old: float, new: float, m: float) -> float:
@@ -335,7 +334,7 @@ def _ema32(old: float, new: float, m: float) -> float:
     its float64 result rounded to float32: a product of two float32 values is exact in float64, and rounding a sum
     first to float64 and then to float32 gives the float32 sum (53 >= 2 * 24 + 2 bits). Twice as fast as numpy's
     float32 scalars (tests/calibration/test_pass_updates.py compares the two)."""
-    pack, unpack = _FLOAT32.pack, _FLOAT32.unpack  # a float32 rounding: unpack(pack(v)), written out (calls cost)
+    pack, unpack = FLOAT32_STRUCT.pack, FLOAT32_STRUCT.unpack  # unpack(pack(v)) written out: calls cost
     product_old = unpack(pack(unpack(pack(m))[0] * unpack(pack(old))[0]))[0]
     product_new = unpack(pack(unpack(pack(1.0 - m))[0] * unpack(pack(new))[0]))[0]
     return unpack(pack(product_old + product_new))[0]

@@ -124,7 +124,7 @@ class _OutputGroups:
             try:
                 graph.forward([torch.cat(parts) for parts in zip(*(inputs for inputs, _ in pending))])
                 split = [batch_parts(read(t), t.ir_shape, k) for t in graph.output_tensors]
-                reason = "an output does not split into the batches' rows"
+                reason = failure_reason(Unsplit())
             except Exception as error:  # the batches run again one by one: a real error recurs
                 split, reason = [None], failure_reason(error)
             if all(parts is not None for parts in split):

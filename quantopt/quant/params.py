@@ -11,7 +11,6 @@ multiplies by the float32 reciprocal of the scale. Both take `compute_dtype=torc
 from __future__ import annotations
 
 import enum
-import struct
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -21,7 +20,7 @@ import torch
 from .dtype import Dtype, int_dtype_for_bits
 from .hardware import FLT_EPSILON
 from .requant import broadcasts_into
-from .rounding import FLOAT32_EXACT, RoundMode, round_tensor
+from .rounding import FLOAT32_EXACT, FLOAT32_STRUCT, RoundMode, round_tensor
 
 Number = Union[int, float]
 ScaleLike = Union[float, torch.Tensor]
@@ -197,7 +196,6 @@ def linear_quant_params(fmin: Union[Number, torch.Tensor], fmax: Union[Number, t
     return QuantParams(float(scale.item()), int(zerop.item()), qmin, qmax, dtype)
 
 
-_FLOAT32 = struct.Struct("f")
 _HALF_FLOAT32_MAX = 1.7e38
 """Below half the largest float32 every value `_per_tensor_params` forms stays finite; larger ones take the tensor
 path."""
@@ -211,7 +209,7 @@ def _per_tensor_params(mn_f: float, mx_f: float, mode: QuantMode, signed: bool, 
     result, 53 >= 2 * 24 + 2 bits), without a dozen torch calls (a whole graph's quantization makes hundreds;
     tests/quant/test_params_steps.py compares the two). None where a value is NaN or huge: the tensor path
     decides those."""
-    pack, unpack = _FLOAT32.pack, _FLOAT32.unpack  # a float32 rounding: unpack(pack(v))[0]
+    pack, unpack = FLOAT32_STRUCT.pack, FLOAT32_STRUCT.unpack  # a float32 rounding: unpack(pack(v))[0]
     if mode.is_asymmetric:
         f_range, zfactor = mx_f - mn_f, mn_f
     else:

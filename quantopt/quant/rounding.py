@@ -7,6 +7,7 @@ computed as `floor(|x| + 0.5)`, which double-rounds values just below one half (
 from __future__ import annotations
 
 import enum
+import struct
 from typing import Any, Tuple, Union
 
 import numpy as np
@@ -105,6 +106,10 @@ _MAGIC = 6755399441055744.0
 with |k| < 2^51 to the bit pattern adds k to the value (and back)."""
 MAGIC_EXACT = 2 ** 51
 """Magnitude below which `int_to_float64` and `float64_to_int` are exact."""
+FLOAT32_STRUCT = struct.Struct("f")
+"""A float32 rounding of a Python float, `FLOAT32_STRUCT.unpack(FLOAT32_STRUCT.pack(v))[0]` (round to nearest
+even): the scalar float32 arithmetic of the statistics' EMA and of per-tensor quantization parameters carries each
+float64 result through it, far cheaper than a torch or numpy scalar."""
 
 
 SMALL_CONVERSION = 2048
