@@ -37,6 +37,7 @@ from .config.reader import Config
 from .data import make_dataset, make_loader, make_metrics, prepare_inputs, shuffled, split_sample
 from .device import exact_arithmetic, resolve_device
 from .errors import ConfigError, DataError, IRError, QuantOptError, UnsupportedError
+from .graph.batch_fit import Fit
 from .graph.graph import PyGraph, QuantizeGraph
 from .graph.grouped import grouped_outputs
 from .graph.node import PyNode
@@ -116,6 +117,10 @@ class OptMaster:
         self.files_written: List[str] = []
         self.calibration_loader: Optional[torch.utils.data.DataLoader] = None
         self.validation_loader: Optional[torch.utils.data.DataLoader] = None
+        along_dim0 = not cfg.data_batch_dim and not cfg.without_batch_dim
+        self.calibration_fit = Fit(graph, along_dim0, int(cfg.label_batch_dim))
+        self.validation_fit = Fit(graph, along_dim0, int(cfg.label_batch_dim))
+        """which batch sizes the float graph runs; the samples left out of short last batches (graph/batch_fit.py)"""
         self.float_metrics: List[OptBaseMetric] = []
         self.quant_metrics: List[OptBaseMetric] = []
         self.similarities: List[LayerSimilarity] = []
@@ -229,15 +234,51 @@ class OptMaster:
         self.graph.forward(self.graph.zero_inputs(), after_node=check)
 
     def calibration_batches(self, limit: Optional[int] = None) -> Iterator[List[torch.Tensor]]:
-        """Prepared input batches of the calibration data (all-zero inputs when the user opted into that)."""
+        """Prepared input batches of the calibration data (all-zero inputs when the user opted into that); a short
+        last batch is cut to whole IR batches where the graph cannot run it (`_fitted`)."""
         if self.calibration_loader is None:
-            yield self.graph.zero_inputs(self.cfg.calibration_batch_size)
+            size = self.cfg.calibration_batch_size
+            self._fitted(self.calibration_fit, self.graph.zero_inputs(size), None, "calibration_batch_size", -1)
+            yield self.graph.zero_inputs(size)
             return
+        given = 0
         for i, batch in enumerate(self.calibration_loader):
             if limit is not None and i >= limit:
                 return
             inputs, _ = split_sample(batch, self.cfg.calibration_data)
-            yield prepare_inputs(self.graph, inputs, self.cfg, self.cfg.calibration_data, i)
+            fitted = self._fitted(self.calibration_fit, prepare_inputs(self.graph, inputs, self.cfg,
+                                                                       self.cfg.calibration_data, i),
+                                  None, "calibration_batch_size", i)
+            if fitted is not None:
+                given += 1
+                yield fitted[0]
+        if not given:
+            raise self._too_few(self.calibration_fit, self.cfg.calibration_data)
+
+    def _fitted(self, fit: Fit, feed: List[torch.Tensor], label: Any, field: str,
+                index: int) -> Optional[Tuple[List[torch.Tensor], Any]]:
+        """(feed, label) of batch `index` as the graph can run it: a batch of the loader's full size that the graph
+        cannot run is a config error naming `field`; a shorter one (the last) keeps its whole IR batches, the
+        rest is left out (said once), and None is returned where nothing is left."""
+        rows = int(feed[0].shape[0]) if fit.active and feed and feed[0].dim() else 0
+        why = fit.refusal(rows) if rows else None
+        if why is None:
+            return feed, label
+        size = int(getattr(self.cfg, field))
+        if rows == size:
+            raise self.cfg.error(field, f"{size} is not a multiple of the IR's batch {fit.ir_batch}, which the "
+                                        f"model needs ({why}): set it to a multiple of {fit.ir_batch}")
+        before = fit.dropped
+        fitted = fit.cut(feed, label)
+        if not before:
+            source = self.cfg.calibration_data if field == "calibration_batch_size" else self.cfg.data
+            OPT_WARN(f"{source}: {fit.dropped} sample(s) of the last batch are left out: they do not make a whole "
+                     f"IR batch of {fit.ir_batch}, which the model needs ({why})")
+        return fitted
+
+    def _too_few(self, fit: Fit, source: str) -> DataError:
+        return DataError(f"no batch of the data holds a whole IR batch of {fit.ir_batch} samples, and the model "
+                         f"cannot run fewer ({fit.reason})", file=source)
 
     def calibration_batch_count(self, limit: Optional[int] = None) -> int:
         """How many batches calibration_batches(limit) yields (the progress bars' total)."""
@@ -256,13 +297,7 @@ class OptMaster:
         """(score of a quantized graph, float score): the first metric on the first `batches` validation batches
         of mixed_precision_auto_search (prepared once and kept)."""
         auto = self.cfg.mixed_precision_auto_search
-        source = self.cfg.data
-        batches = []
-        for i, batch in enumerate(self.validation_loader):
-            if i >= auto.batches:
-                break
-            inputs, label = split_sample(batch, source)
-            batches.append((prepare_inputs(self.graph, inputs, self.cfg, source, i), label))
+        batches = list(self.validation_batches(limit=auto.batches))
         self.search_inputs = [inputs for inputs, _ in batches]
         metric = copy.deepcopy(self.float_metrics[0])
 
@@ -386,6 +421,25 @@ class OptMaster:
         if onnx_bytes is not None:
             self.files_written.append(atomic_write(os.path.join(self.output_dir, base + ".qdq.onnx"), onnx_bytes))
 
+    def validation_batches(self, loader: Optional[Iterable[Any]] = None,
+                           limit: Optional[int] = None) -> Iterator[Tuple[List[torch.Tensor], Any]]:
+        """(prepared inputs, label) of the validation batches (the first `limit`) from `loader` (default: the
+        validation loader); a short last batch is cut to whole IR batches where the graph cannot run it
+        (`_fitted`)."""
+        source = self.cfg.data
+        given = 0
+        for i, batch in enumerate(self.validation_loader if loader is None else loader):
+            if limit is not None and i >= limit:
+                return
+            inputs, label = split_sample(batch, source)
+            fitted = self._fitted(self.validation_fit, prepare_inputs(self.graph, inputs, self.cfg, source, i),
+                                  label, "metric_batch_size", i)
+            if fitted is not None:
+                given += 1
+                yield fitted
+        if not given:
+            raise self._too_few(self.validation_fit, source)
+
     def evaluate(self, graph: PyGraph, metrics: Sequence[OptBaseMetric], quantized: bool) -> Dict[str, float]:
         """Metric scores of a graph on the validation data; quantized outputs are dequantized first."""
         scores: Dict[str, float] = {}
@@ -395,14 +449,10 @@ class OptMaster:
             m.reset()
         source = self.cfg.data
 
-        def feeds() -> Iterator[Tuple[List[torch.Tensor], Any]]:
-            desc = "quantized metric" if quantized else "float metric"
-            for i, batch in enumerate(progress(self.validation_loader, desc)):
-                inputs, label = split_sample(batch, source)
-                yield prepare_inputs(self.graph, inputs, self.cfg, source, i), label
-
+        desc = "quantized metric" if quantized else "float metric"
+        feeds = self.validation_batches(progress(self.validation_loader, desc))
         with torch.no_grad():  # several batches per forward where the graph can (graph/grouped.py)
-            for outputs, label in grouped_outputs(graph, feeds(), _output_reader(graph, quantized)):
+            for outputs, label in grouped_outputs(graph, feeds, _output_reader(graph, quantized)):
                 outputs = [o.cpu() for o in outputs]
                 for m in metrics:
                     try:

@@ -126,7 +126,7 @@ def fully_connected_forward(self: PyNode) -> None:
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or weights.requires_grad
                                               or (biases is not None and biases.betensor.requires_grad))
     # (a several-row sample beyond GEMM_ORDER_MAX_MACS: torch's float32 GEMM one sample at a time, as upstream)
-    group_rows = _sample_rows(self, int(weights.shape[0]))
+    group_rows = _sample_rows(self, int(weights.shape[0]), _rows_of(x))
     settings = layer_settings(self)
     native = settings.float_reference == "native"  # torch's GEMM in the input's float type
     upstream_order = (dtype == torch.float32 and settings.fc_float_summation == "upstream" and not needs_grad
@@ -189,26 +189,32 @@ several-row kernels; larger ones take torch's float32 GEMM one sample at a time 
 docs/golden-differences.md, "Upstream's float forward")."""
 
 
-def _sample_rows(node: PyNode, n_out: int) -> Optional[int]:
+def _sample_rows(node: PyNode, n_out: int, given: int) -> Optional[int]:
     """Rows of one IR sample of the layer's input when its fixed float32 order is emulated (ops/_fc_order.py), else
     None: upstream calibrates one sample at a time, so its GEMM sums these rows together, whatever batch quantopt
     runs. The several-row order emulates a fused multiply-add per product, 20-30x the cost of a BLAS kernel even in
     cache-sized tiles, so a sample of several rows beyond GEMM_ORDER_MAX_MACS multiply-adds gets None and runs
     through torch's own float32 GEMM per sample (`linear_per_sample`). One row is always summed in upstream's one-row
-    order."""
-    shape = [int(d) for d in node.inputs[0].ir_shape]
-    if len(shape) < 2:
-        return 1
-    rows = max(1, int(np.prod(shape[:-1], dtype=np.int64)))
+    order. An input whose `given` rows are not a whole number of IR samples (a batch smaller than an IR batch of
+    several, with `modify_batch_dim`) is one sample of all its rows, as `linear_per_sample` takes it."""
+    rows = _ir_sample_rows(node)
+    if given % rows:
+        rows = given
     if rows == 1:
         return 1
-    return rows if rows * shape[-1] * n_out <= GEMM_ORDER_MAX_MACS else None
+    k = int(node.inputs[0].ir_shape[-1]) if node.inputs[0].ir_shape else 1
+    return rows if rows * k * n_out <= GEMM_ORDER_MAX_MACS else None
 
 
 def _ir_sample_rows(node: PyNode) -> int:
     """Rows of one IR sample of the layer's input (all axes but the last of its IR shape)."""
     shape = [int(d) for d in node.inputs[0].ir_shape]
     return max(1, int(np.prod(shape[:-1], dtype=np.int64))) if len(shape) >= 2 else 1
+
+
+def _rows_of(x: torch.Tensor) -> int:
+    """Rows of `x` as the layer multiplies it (all axes but the last)."""
+    return int(x.numel() // int(x.shape[-1])) if x.dim() and int(x.shape[-1]) else 0
 
 
 def linear_per_sample(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], rows: int) -> torch.Tensor:

@@ -54,3 +54,16 @@ def test_one_row_keeps_the_upstream_order_at_any_size(k: int, n: int) -> None:
     x = torch.from_numpy(np.random.default_rng(2).normal(0, 1, (2, k)).astype(np.float32))
     out, = graph.forward([x])
     assert torch.equal(out, linear_float32(x, w, b, group_rows=1))
+
+
+@pytest.mark.parametrize("given", [1, 3, 5])
+def test_rows_that_are_not_whole_ir_samples_are_one_sample(given: int) -> None:
+    """A batch that is not a whole number of IR samples (fewer samples than an IR batch of several, after
+    modify_batch_dim) runs as one sample of all its rows, in the order of that many rows, instead of failing."""
+    graph, w, b = _fc(2, 24, 16)
+    x = torch.from_numpy(np.random.default_rng(3).normal(0, 1, (given, 24)).astype(np.float32))
+    out, = graph.forward([x])
+    assert out.shape == (given, 16)
+    assert torch.equal(out, linear_float32(x, w, b, group_rows=given))
+    if given > 1:  # the several-row order of `given` rows, not each row alone
+        assert not torch.equal(out, linear_float32(x, w, b, group_rows=1))
