@@ -918,6 +918,19 @@ def test_per_channel_activations_export(bits: int) -> None:
         assert measure_agreement(residual, [maps[2]]).identical == 1.0
 
 
+@pytest.mark.parametrize("name", ["avg_2x2", "avg_3x3_padded", "global_avg"])
+def test_per_channel_average_pooling_export(name: str) -> None:
+    """An AVG pool of a per-channel activation (an SE block's squeeze) exports exactly: its 1 / count multipliers
+    per channel and cell are the integer forward's."""
+    _ops_tests()
+    from test_per_channel_activations import per_channel, pool_graph
+
+    graph, calib = pool_graph(name)
+    qgraph = quantize_model(graph, calib, per_layer=per_channel(("c1",)))
+    result = measure_agreement(qgraph, [torch.cat(calib)], per_layer=True)
+    assert result.identical == 1.0 and min(result.layers.values()) == 1.0
+
+
 def test_wide_conv_transpose_is_exact_in_float64() -> None:
     """16-bit ConvTranspose sums leave float32's exact range: spread, padded and convolved in float64 instead."""
     for group, out_c in ((1, 3), (2, 6)):

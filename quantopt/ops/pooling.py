@@ -31,7 +31,7 @@ from ..graph.tables import ranges_of
 from ..quant.hardware import POOLING_SHIFT_MAX
 from ..quant.int_matmul import exact_int_matmul
 from ..quant.lut import build_lut, lookup_lut
-from ..quant.params import linear_quant_params
+from ..quant.params import ScaleLike, linear_quant_params
 from ..quant.requant import broadcasts_into, exact_int64_, int64_to_float64, requantize_int, scale_shift, shift_factor
 from ..quant.rounding import FLOAT32_EXACT, FLOAT64_EXACT, MAGIC_EXACT, div_round_half_even, round_shift
 from ..registry import PASSTHROUGH_DTYPES, declare_op
@@ -49,6 +49,7 @@ from ._quant import (
     quant_of,
     quantize_activation,
     requant_of,
+    scale_of,
     set_constant,
     set_qinvariant,
     store_requant,
@@ -318,8 +319,7 @@ def _int_plan(node: PyNode, x: torch.Tensor, p: dict, method: str) -> Tuple[Any,
     def build() -> Tuple[Any, ...]:
         size, full, extra = _plan(node, x, p)
         divisor = _divisors(node, x, p, extra, method)
-        requant = (avg_requant(tensor_scale(node, node.inputs[0]), tensor_scale(node, node.outputs[0]), divisor)
-                   if method == "AVG" else None)
+        requant = avg_requant_of(node, divisor) if method == "AVG" else None
         return size, full, extra, divisor, requant
 
     return memo(node, "pool_int", (layer_key(node), tuple(x.shape), freeze(p), method), build)
@@ -332,16 +332,26 @@ AVG_MULT_BITS = 8
 """Multiplier bits of the integer AVG requantization s_out / s_in / count (upstream's value)."""
 
 
-def avg_requant(in_scale: float, out_scale: float, count: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def avg_requant(in_scale: ScaleLike, out_scale: ScaleLike, count: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(M, shift) per output cell for integer AVG pooling: `scale_shift` of the float32 ratio
     float32(float32(s_out) / float32(s_in)) / float32(count) with 8 multiplier bits (shift at most 31, may be
-    negative). Not stored in the IR: a backend derives it from the scales and the window geometry. Derived on the
-    CPU (then moved to the counts' device): the same multipliers on every device."""
-    ratio = (torch.tensor(out_scale, dtype=torch.float32) / torch.tensor(in_scale, dtype=torch.float32)) \
-        / count.cpu().to(torch.float32)
+    negative). Scales are floats, or float32 vectors [C] of per-channel activations (then (M, shift) per channel and
+    cell, [1, C, OH, OW] against the counts' [1, 1, OH, OW]). Not stored in the IR: a backend derives it from the
+    scales and the window geometry. Derived on the CPU (then moved to the counts' device): the same multipliers on
+    every device."""
+    ratio = torch.as_tensor(out_scale, dtype=torch.float32).cpu() / torch.as_tensor(in_scale, dtype=torch.float32).cpu()
+    if ratio.dim():  # per channel: along the channel axis of the NCHW counts
+        ratio = ratio.reshape(1, -1, 1, 1)
+    ratio = ratio / count.cpu().to(torch.float32)
     mult, shift, _, _ = scale_shift(ratio, AVG_MULT_BITS)
     return (torch.as_tensor(mult, dtype=torch.int64).to(count.device),
             torch.as_tensor(shift, dtype=torch.int64).to(count.device))
+
+
+def avg_requant_of(node: PyNode, count: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`avg_requant` of the layer's input and output scales, per tensor or per channel (a per-channel activation
+    passed on by the pool, docs/integer-semantics.md, "Per-channel activations")."""
+    return avg_requant(scale_of(node, node.inputs[0]), scale_of(node, node.outputs[0]), count)
 
 
 def _method(node: PyNode, quantizing: bool = False, allowed: Sequence[str] = METHODS) -> str:
@@ -954,8 +964,7 @@ def _window_counts(params: dict) -> np.ndarray:
 def _avg_factors(node: PyNode, params: dict) -> np.ndarray:
     """M · 2^-shift per output cell (float64, exact): the integer forward's 8-bit approximation of 1 / count for a
     pool that keeps its input's params (docs/integer-semantics.md, Pooling AVG; quantopt/ops/pooling.py)."""
-    scale = tensor_scale(node, node.inputs[0])
-    mult, shift = avg_requant(scale, scale, torch.from_numpy(_window_counts(params)))
+    mult, shift = avg_requant_of(node, torch.from_numpy(_window_counts(params)))
     return mult.numpy().astype(np.float64) * np.power(2.0, -shift.numpy().astype(np.float64))
 
 

@@ -388,3 +388,71 @@ def test_no_warning_when_every_per_channel_layer_can_stay(caplog) -> None:
         qg = quantize_model(chain(), data(1, 2), per_layer=per_channel(("c1", "dw")))
     assert not [m for m in caplog.messages if "fall back" in m]
     assert params_of(qg.node("c1"), qg.node("c1").outputs[0]).scale.numel() == 8
+
+
+POOLS = {
+    "avg_2x2": ("Pooling", [1, 3, 3, 4], dict(method="AVG", kernel_x=2, kernel_y=2, stride_x=2, stride_y=2)),
+    "avg_3x3_padded": ("Pooling", [1, 6, 6, 4], dict(method="AVG", kernel_x=3, kernel_y=3, stride_x=1, stride_y=1,
+                                                     pad_left=1, pad_right=1, pad_top=1, pad_bottom=1,
+                                                     count_include_pad=False)),
+    "global_avg": ("GlobalPool", [1, 1, 1, 4], dict(method="AVG")),
+    "max_2x2": ("Pooling", [1, 3, 3, 4], dict(method="MAX", kernel_x=2, kernel_y=2, stride_x=2, stride_y=2)),
+}
+
+
+def pool_graph(name: str):
+    """(graph, calibration batches): a per-channel candidate conv (channels of very different ranges) -> POOLS[name]."""
+    optype, out_shape, params = POOLS[name]
+    r = np.random.default_rng(5)
+    b = GraphBuilder("pool_pc")
+    x = b.input("x", [1, 6, 6, 3])
+    wc = _w(r, [4, 3, 3, 3])
+    wc[0] *= 10.0
+    wc[3] *= 0.05
+    c1 = b.layer("Convolution", [x], [[1, 6, 6, 4]], name="c1", params=dict(num_output=4, group=1,
+                 with_activation="NONE", **GEO), constants={"weights": wc, "biases": _w(r, [4], 0.05)})
+    pool = b.layer(optype, [c1], [out_shape], name="pool", params=params)
+    return b.build([pool]), [torch.from_numpy(r.normal(0, 1, [1, 6, 6, 3]).astype(np.float32)) for _ in range(3)]
+
+
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_pooling_passes_per_channel_scales_on(name: str) -> None:
+    """AVG and MAX pools (and a global average, an SE block's squeeze) of a per-channel activation work per channel
+    with its scales: each channel's integers are those of the per-tensor integer pool on that channel (the scales
+    cancel: in and out are the same), and the dequantized result is the float pool of the dequantized input within
+    one step of its channel (the 8-bit multiplier of 1 / count approximates)."""
+    from quantopt.ops.pooling import avg_requant
+
+    optype, _, params = POOLS[name]
+    graph, calib = pool_graph(name)
+    qg = quantize_model(graph, calib, per_layer=per_channel(("c1",)))
+    node = qg.node("pool")
+    q_in, q_out = params_of(node, node.inputs[0]), params_of(node, node.outputs[0])
+    assert q_in.scale.numel() == 4 and torch.equal(q_in.scale, q_out.scale)
+    qg.forward([calib[0]], keep_tensors=True)
+    got = node.outputs[0].betensor.numpy()
+    xq = node.inputs[0].betensor.numpy().astype(np.float64)  # [1, 6, 6, 4], zero point 0
+    if params["method"] == "MAX":
+        want = xq.reshape(1, 3, 2, 3, 2, 4)[:, :, :, :, :2].max(axis=(2, 4))
+    else:
+        if optype == "GlobalPool":
+            sums, counts = xq.sum(axis=(1, 2), keepdims=True), np.full((1, 1), 36.0)
+        elif name == "avg_2x2":
+            sums, counts = xq.reshape(1, 3, 2, 3, 2, 4).sum(axis=(2, 4)), np.full((3, 3), 4.0)
+        else:
+            padded = np.pad(xq, ((0, 0), (1, 1), (1, 1), (0, 0)))
+            sums = sum(padded[:, i:i + 6, j:j + 6] for i in range(3) for j in range(3))
+            real = np.pad(np.ones((6, 6)), 1)
+            counts = sum(real[i:i + 6, j:j + 6] for i in range(3) for j in range(3))
+        mult, shift = avg_requant(1.0, 1.0, torch.from_numpy(counts).reshape(1, 1, *counts.shape))
+        factor = (mult.numpy() * np.power(2.0, -shift.numpy().astype(np.float64)))[0, 0]
+        want = np.round(sums * factor[None, :, :, None])  # numpy rounds half to even
+    np.testing.assert_array_equal(got, want.astype(np.int64))
+    graph.forward([calib[0]], keep_tensors=True)
+    scales = q_out.scale.numpy().astype(np.float64)
+    float_pool = torch.from_numpy(xq / params_of(node, node.inputs[0]).scale.numpy())
+    graph_pool = graph.node("pool")
+    graph_pool.inputs[0].betensor = float_pool.to(torch.float32)
+    graph_pool.forward()
+    error = np.abs(got / scales - graph_pool.outputs[0].betensor.numpy())
+    assert (error <= 1.01 / scales).all()  # a step: 1 / count is an 8-bit multiplier
