@@ -94,7 +94,8 @@ def _read_array_file(path: str) -> Any:
 
 def load_input_files(paths: Sequence[str], graph: PyGraph) -> List[Tuple[str, np.ndarray]]:
     """(source label, array) per IR input in IR input order: one .npy per input, or one .npz with an array per
-    input, named after the inputs (or saved positionally as arr_0, arr_1, ...)."""
+    input, named after the input tensors or their Input layers (an imported ONNX model's input names), or saved
+    positionally as arr_0, arr_1, ..."""
     names = [t.name for t in graph.input_tensors]
     loaded = [(p, _read_array_file(p)) for p in paths]
     archives = [p for p, obj in loaded if isinstance(obj, dict)]
@@ -104,13 +105,17 @@ def load_input_files(paths: Sequence[str], graph: PyGraph) -> List[Tuple[str, np
         path, arrays = loaded[0]
         keys = list(arrays)
         positional = [f"arr_{i}" for i in range(len(names))]
+        layers = [t.pnode.name if t.pnode is not None else t.name for t in graph.input_tensors]
         if set(keys) == set(names):
             order = names
+        elif set(keys) == set(layers) and len(set(layers)) == len(layers):  # named after the Input layers
+            order = layers
         elif keys == positional and not set(keys) & set(names):
             order = positional
         else:
-            raise DataError(f"the .npz holds arrays {keys} but the IR inputs are {names}: name the arrays after the "
-                            f"inputs, or save them positionally (arr_0, arr_1, ...)", file=path)
+            shown = names if layers == names else [f"{t} (layer {layer})" for t, layer in zip(names, layers)]
+            raise DataError(f"the .npz holds arrays {keys} but the IR inputs are {shown}: name the arrays after the "
+                            f"inputs or their layers, or save them positionally (arr_0, arr_1, ...)", file=path)
         return [(f"{path}[{key}]", arrays[key]) for key in order]
     if len(paths) != len(names):
         raise DataError(f"the IR has {len(names)} input(s) {names} but {len(paths)} input file(s) were given "

@@ -191,6 +191,18 @@ def test_npz_by_name_and_positional_and_unique_names(quantized: bool, tmp_path: 
                 assert np.array_equal(got, want.numpy())
 
 
+def test_npz_named_after_the_input_layers(tmp_path: Path) -> None:
+    """An imported ONNX model's input `x` is the Input layer `x` with the tensor `x_0`: an .npz named after the
+    layers is read as named after the tensors."""
+    x = val(3)
+    np.savez(tmp_path / "by_layer.npz", input=x)
+    np.savez(tmp_path / "by_tensor.npz", input_0=x)
+    for name in ("by_layer", "by_tensor"):
+        assert run(FLOAT_IR, "-i", tmp_path / f"{name}.npz", "-o", tmp_path / name) == 0
+    for e in index_of(tmp_path / "by_tensor")["outputs"].values():
+        assert np.array_equal(np.load(tmp_path / "by_layer" / e["file"]), np.load(tmp_path / "by_tensor" / e["file"]))
+
+
 # ----------------------------------------------------------------------------------------------- errors
 def _bad_inputs(case: str, tmp: Path, digits_q: Path) -> List[object]:
     x = val(4)
@@ -248,7 +260,7 @@ ERRORS = {"shape": "shape [4,1,4,16] but the IR expects [1,1,8,8]", "count": "1 
           "float_to_quantized": "--quantize-inputs", "out_of_range": "outside the quantized input's range [0, 255]",
           "negative": "values in [-300,", "ints_with_quantize_inputs": "integers; give floats",
           "ints_to_float_ir": "float32 in the IR but the file holds uint8", "pickle": "without pickle",
-          "not_numpy": "cannot read", "npz_names": "['image'] but the IR inputs are ['input_0']",
+          "not_numpy": "cannot read", "npz_names": "['image'] but the IR inputs are ['input_0 (layer input)']",
           "batch_disagree": "disagree on the batch size"}
 
 
