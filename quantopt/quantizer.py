@@ -11,6 +11,7 @@ from .graph.tables import quant_of
 from .log import OPT_INFO
 from .ops._per_channel import check_per_channel_inputs
 from .passes.absorb_scales import absorb_input_scales
+from .passes.concat_signs import sign_concat_branches
 from .passes.float_islands import float_choices, insert_boundary_layers, make_float_layer
 from .passes.fp8_borders import insert_fp8_borders
 from .passes.recurrent_casts import insert_recurrent_state_casts
@@ -64,6 +65,7 @@ def quantize_graph(graph: QuantizeGraph) -> QuantizeGraph:
     q = graph.clone()
     for key in FLOAT_IR_HEADER_KEYS:  # a quantized IR with these lines is read as a float IR by upstream's tools
         q.header.pop(key, None)
+    sign_concat_branches(q)  # one integer type for a per-channel Concat's branches (passes/concat_signs.py)
     choices = float_choices(q)
     insert_boundary_layers(q, choices)
     insert_fp8_borders(q)  # fp8 activations (quant_type w*afp8*, passes/fp8_borders.py)

@@ -912,6 +912,8 @@ def test_per_channel_activations_export(bits: int) -> None:
     maps = [torch.from_numpy(_rng(s).normal(size=[2, 6, 6, 3]).astype(np.float32)) for s in range(3)]
     joined = quantize_model(concat_graph(), maps[:2], settings, per_layer=per_channel(("a",), **settings))
     assert measure_agreement(joined, [maps[2]]).identical == 1.0
+    signed = quantize_model(concat_graph(act_b="NONE"), maps[:2], settings, per_layer=per_channel(("a",), **settings))
+    assert measure_agreement(signed, [maps[2]]).identical == 1.0  # the RELU branch made signed (concat_signs.py)
     for method in ("ADD", "MUL"):
         residual = quantize_model(residual_graph(method), maps[:2], settings,
                                   per_layer=per_channel(("a", "op"), **settings))

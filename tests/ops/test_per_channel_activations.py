@@ -231,11 +231,43 @@ def test_concat_on_the_channel_axis_joins_the_scales(tmp_path) -> None:
     assert torch.equal(run_quantized(qg, [calib[1]])[0], run_quantized(read_ir(txt), [calib[1]])[0])
 
 
-def test_concat_of_per_channel_branches_needs_the_channel_axis_and_one_type() -> None:
+def test_concat_of_per_channel_branches_needs_one_bit_width_and_zero_point_0() -> None:
     calib = [torch.from_numpy(np.random.default_rng(s).normal(size=[2, 6, 6, 3]).astype(np.float32))
              for s in range(2)]
-    with pytest.raises(UnsupportedError, match=r"'cat' \(Concat\): per-channel branches pass through unchanged"):
-        quantize_model(concat_graph(act_b="NONE"), calib, per_layer=per_channel(("a",)))
+    for other in (dict(q_bits_activation=16), dict(q_mode_activation="per_tensor_asymmetric")):
+        with pytest.raises(UnsupportedError, match=r"'cat' \(Concat\): per-channel branches pass through unchanged"):
+            quantize_model(concat_graph(act_b="NONE"), calib, per_layer={**per_channel(("a",)), "b": other})
+
+
+@pytest.mark.parametrize("layers", [("a",), ("a", "b")])
+def test_unsigned_per_channel_branch_beside_a_signed_one_becomes_signed(layers, caplog) -> None:
+    """A RELU branch (unsigned) joined on the channels with a branch without activation (signed): the RELU branch
+    gets signed outputs (passes/concat_signs.py) and the Concat passes both through; the float graph keeps its
+    settings."""
+    graph = concat_graph(act_b="NONE")
+    calib = [torch.from_numpy(np.random.default_rng(s).normal(size=[2, 6, 6, 3]).astype(np.float32))
+             for s in range(3)]
+    with caplog.at_level("INFO", logger="quantopt"):
+        qg = quantize_model(graph, calib, dict(q_strategy_activation="extrema"), per_layer=per_channel(layers))
+    assert "1 layer(s) give signed outputs ('a')" in caplog.text
+    a, b, cat = qg.node("a").outputs[0], qg.node("b").outputs[0], qg.node("cat").outputs[0]
+    for n, t in (("a", a), ("b", b), ("cat", cat)):
+        assert params_of(qg.node(n), t).qmin < 0, n
+    assert not graph.node("a").settings.force_dtype_int and qg.node("a").settings.force_dtype_int
+    qg.forward([calib[0]], keep_tensors=True)
+    np.testing.assert_array_equal(cat.betensor.numpy(), np.concatenate([a.betensor.numpy(), b.betensor.numpy()],
+                                                                        axis=-1))
+    graph.forward([calib[0]])
+    assert cosine(graph.output_tensors[0].betensor, run_quantized(qg, [calib[0]])[0]) > 0.99
+
+
+def test_branches_of_one_sign_are_left_alone(caplog) -> None:
+    graph = concat_graph(act_b="RELU")
+    calib = [torch.from_numpy(np.random.default_rng(s).normal(size=[2, 6, 6, 3]).astype(np.float32))
+             for s in range(2)]
+    with caplog.at_level("INFO", logger="quantopt"):
+        qg = quantize_model(graph, calib, per_layer=per_channel(("a", "b")))
+    assert "signed outputs" not in caplog.text and params_of(qg.node("a"), qg.node("a").outputs[0]).qmin == 0
 
 
 def residual_graph(method: str = "ADD"):
