@@ -266,8 +266,9 @@ class OptMaster:
             return feed, label
         size = int(getattr(self.cfg, field))
         if rows == size:
-            raise self.cfg.error(field, f"{size} is not a multiple of the IR's batch {fit.ir_batch}, which the "
-                                        f"model needs ({why}): set it to a multiple of {fit.ir_batch}")
+            given = "" if self.cfg.is_set(field) else " (the default)"
+            raise self.cfg.error(field, f"{size}{given} is not a multiple of the IR's batch {fit.ir_batch}, which "
+                                        f"the model needs ({why}): set it to a multiple of {fit.ir_batch}")
         before = fit.dropped
         fitted = fit.cut(feed, label)
         if not before:

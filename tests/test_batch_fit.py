@@ -115,6 +115,14 @@ def test_cli_refuses_a_batch_size_that_is_not_a_multiple(tmp_path: Path, capsys,
     assert "layer 'flat' (Reshape)" in err and not (tmp_path / "out" / "folding_o.txt").exists()
 
 
+def test_cli_names_a_default_batch_size(tmp_path: Path, capsys) -> None:
+    cfg = _cfg(tmp_path, _folding(), 4, 2, metric=False)
+    cfg.write_text(cfg.read_text().replace("calibration_batch_size = 2\n", ""))
+    assert main(["--cfg", str(cfg)]) == 2
+    assert "field 'calibration_batch_size': 1 (the default) is not a multiple of the IR's batch 2" in \
+        capsys.readouterr().err
+
+
 def test_cli_refuses_data_without_one_whole_ir_batch(tmp_path: Path, capsys) -> None:
     assert main(["--cfg", str(_cfg(tmp_path, _folding(), 1, 2, metric=False))]) == 4
     assert "no batch of the data holds a whole IR batch of 2 samples" in capsys.readouterr().err
