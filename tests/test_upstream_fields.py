@@ -80,6 +80,23 @@ def test_write_similarity_to_ir_writes_the_analysis_and_reads_back(tmp_path: Pat
     assert len(graph.nodes) == len(layers)
 
 
+def test_layers_without_analysis_write_nan_and_read_back(tmp_path: Path) -> None:
+    """A layer the analysis has no result for (an integer Cast, a layer left out) gets D_cos = nan, which quantopt
+    reads back: the D_ keys are information for IR viewers, never read by a forward."""
+    from quantopt.analysis.run_records import similarity_keys
+    from quantopt.ir.writer import write_ir
+
+    g = GraphBuilder("one")
+    x = g.input("x", [1, 4])
+    y = g.layer("Activation", [x], [[1, 4]], name="relu", params=dict(method="RELU"))
+    q = quantize_model(g.build([y]), [torch.ones(1, 4), -torch.ones(1, 4)])
+    assert similarity_keys(q, []) == 2
+    txt, _ = write_ir(q, str(tmp_path / "q.txt"))
+    assert _layers(Path(txt))["relu"]["D_cos"] == "nan"
+    again = read_ir(txt)
+    assert again.node("relu").params["D_cos"] != again.node("relu").params["D_cos"]  # NaN
+
+
 def test_record_debug_acc_info_appends_one_record_per_run(tmp_path: Path) -> None:
     cfg = example_cfg(tmp_path, "record_debug_acc_info = true\n")
     assert main(["--cfg", str(cfg)]) == 0

@@ -97,7 +97,10 @@ def is_known(key: str, known: FrozenSet[str], constants: Iterable[str] = ()) -> 
 
 def param_problem(optype: str, key: str, value: Any) -> Optional[str]:
     """Why `value` cannot be the value of `key` on a layer of `optype` (None when it can): the declared kind of a
-    declared type (types without a declaration are not checked)."""
+    declared type (types without a declaration are not checked). Upstream's debug keys (`D_cos`...) are
+    information for IR viewers, never read by a forward: `nan` there says a layer has no analysis result."""
+    if key.startswith(COMMON_PREFIXES):
+        return None
     schema = _SCHEMAS.get(str(optype))
     return None if schema is None else schema.problem(key, value)
 
