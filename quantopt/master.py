@@ -228,8 +228,11 @@ class OptMaster:
                 got = tuple(t.betensor.shape)
                 if got != tuple(t.ir_shape) and not _loop_scan(node, t):
                     file, line = node.source if node.source else (None, None)
+                    why = "" if self.cfg.modify_batch_dim is None else \
+                        f" (modify_batch_dim = {self.cfg.modify_batch_dim} scaled dim 0 of every layer output; this " \
+                        "layer's does not follow the batch)"
                     raise IRError(f"layer '{node.name}' ({node.type}) produced {list(got)} for output '{t.name}' "
-                                  f"but the IR declares {list(t.ir_shape)}", file=file, line=line)
+                                  f"but the IR declares {list(t.ir_shape)}{why}", file=file, line=line)
 
         self.graph.forward(self.graph.zero_inputs(), after_node=check)
 

@@ -197,7 +197,8 @@ def test_modify_batch_dim_reports_a_layer_holding_the_old_batch(tmp_path: Path, 
                    "modify_batch_dim = 3\n")
     assert main(["--cfg", str(cfg)]) != 0
     err = capsys.readouterr().err
-    assert "layer 'rows' (Concat) produced [4, 4] for output 'rows' but the IR declares [6, 4]" in err
+    assert "layer 'rows' (Concat) produced [4, 4] for output 'rows' but the IR declares [6, 4] (modify_batch_dim = 3 " \
+        "scaled dim 0 of every layer output; this layer's does not follow the batch)" in err
 
 
 def test_modify_batch_dim_refuses_a_model_without_batch_dim(tmp_path: Path, capsys) -> None:

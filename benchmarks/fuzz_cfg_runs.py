@@ -1,0 +1,232 @@
+"""Random valid cfgs through whole `quantopt --cfg` runs: options that are each tested alone, combined.
+
+    python benchmarks/fuzz_cfg_runs.py [--cases N] [--seed S] [--models corpus,onnx] [--timeout SEC]
+
+Each case picks a model (a golden-corpus IR of tests/data/golden_corpus with its calibration samples, or an ONNX
+model of tests/data/onnx_small with seeded random inputs: token ids for the transformers) and 1-6 fields from a
+list of valid values (strategies, modes, bits, global methods, quant types, integer forms, batch sizes,
+modify_batch_dim, the QDQ export, ...), and runs `quantopt --cfg` in a process of its own. It must exit 0 or with
+one of quantopt's documented error codes (2-6) on one `[ERROR]` line; an internal error (`internal error:`), a
+traceback or a run past --timeout is a failure. A run that succeeds is checked further:
+  - `opt_config = <the written template>` gives the same IR bytes (the per-layer JSON holds every decision);
+  - `statistic_file = <the saved statistics>` gives the same IR bytes (the statistics file replaces the pass);
+  - the same cfg on one thread (OMP_NUM_THREADS = MKL_NUM_THREADS = 1) gives the same IR bytes as the first run on
+    the default thread count (outputs do not depend on the thread count, docs/architecture.md);
+  - `quantopt run` of the written IR on the calibration inputs at a random --batch-size exits 0 or with an error
+    code (a batch size the IR cannot take is a one-line error).
+It prints one JSON line per case and a summary, and exits 1 when any case failed. The cases are deterministic for
+a given --seed (the machine's speed decides only the timeouts). Findings and fixes: docs/robustness.md.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "tests" / "data" / "golden_corpus"
+ONNX_SMALL = REPO / "tests" / "data" / "onnx_small"
+ERROR_CODES = (2, 3, 4, 5, 6)
+
+PER_TENSOR = ["per_tensor_symmetric_restricted_range", "per_tensor_symmetric_full_range", "per_tensor_asymmetric"]
+OPTIONS: Dict[str, List[str]] = {
+    "calibration_batch_size": ["1", "2", "3", "5"],
+    "quantize_method_for_weight": PER_TENSOR + ["per_channel_symmetric_restricted_range",
+                                                "per_channel_symmetric_full_range", "per_channel_asymmetric"],
+    "quantize_method_for_activation": PER_TENSOR + ["per_channel_symmetric_restricted_range",
+                                                    "per_channel_symmetric_full_range"],
+    "weight_bits": ["4", "8", "16"],
+    "activation_bits": ["8", "16"],
+    "bias_bits": ["16", "32", "48"],
+    "calibration_strategy_for_activation": ["extrema", "mean", "3std", "percentile", "kld", "aciq_laplace",
+                                            "aciq_gauss", "weighted_scale_param", "quantile[99.9]", "mse",
+                                            "0.9percentile"],
+    "calibration_strategy_for_weight": ["extrema", "3std", "mse", "aciq_gauss"],
+    "global_calibration": ["none", "bias_correction", "easy_quant", "adaround[2]", "mvn_correction",
+                           "smooth_quant_zy", "svd_quant", "adaquant_zy[2]", "gptq_zy", "awq_zy"],
+    "similarity_data_num": ["1", "2"],
+    "quant_type": ["disable", "w8a8", "w16a16", "fp16", "w4afp16", "w8afp16", "bf16"],
+    "preset": ["none", "accurate"],
+    "running_statistic_momentum": ["0.5", "1.0"],
+    "export_onnx_qdq": ["true"],
+    "write_similarity_to_ir": ["true"],
+    "layernorm_integer_form": ["exact"],
+    "div_integer_form": ["exact"],
+    "reduce_l2_integer_form": ["exact"],
+    "lut_output_range": ["table"],
+    "logsoftmax_integer_form": ["exact"],
+    "lstm_integer_form": ["q15"],
+    "gru_integer_form": ["q15"],
+    "fc_float_summation": ["float64"],
+    "float_reference": ["native"],
+    "unify_scales_for_concat": ["true"],
+    "min_activation_sqnr_db": ["20"],
+    "trigger_float_op": ["float16_preferred", "float32_act_int_wht", "bfloat16_preferred"],
+    "min_compatible_zhouyi_target": ["Z2", "X1"],
+    "lut_items_in_bits": ["10"],
+    "multiplier_bits": ["8"],
+    "unify_shifts_for_aiff": ["false"],
+    "force_dtype_int": ["true"],
+    "histc_bins": ["512"],
+    "calibration_shuffe": ["true"],
+    "modify_batch_dim": ["2"],
+    "export_parallel_batch": ["2"],
+    "bias_effective_bits": ["20"],
+    "bias_effective_bits_auto_adaption": ["true"],
+    "upstream_defects": ["all"],
+}
+ROUND_TRIP_FREE = ("export_parallel_batch", "write_similarity_to_ir")
+"""Fields whose written IR is not the plain quantized model (copies, debug keys): no round trip on those runs."""
+
+ONNX_INPUTS: Dict[str, Dict[str, Tuple[str, List[int]]]] = {
+    "gpt2_like": {"input_ids": ("ids", [16])},
+    "bert_encoder": {"input_ids": ("ids", [16]), "attention_mask": ("mask", [16])},
+    "gru_model": {"x": ("float", [10, 12])},
+    "lstm_model": {"x": ("float", [10, 12])},
+    "mobilenetv3_block": {"x": ("float", [3, 32, 32])},
+    "resnet18_like": {"x": ("float", [3, 64, 64])},
+    "transformer_tanh": {"x": ("float", [16, 24]), "mask": ("float_mask", [16])},
+    "unet": {"x": ("float", [3, 32, 32])},
+    "vit_tiny": {"x": ("float", [3, 32, 32])},
+}
+"""The ONNX models and their inputs without the batch dimension (kind, shape)."""
+
+
+def corpus_models() -> List[str]:
+    return sorted(p.name for p in CORPUS.iterdir() if (p / "calib.npy").exists() and (p / f"{p.name}.txt").exists())
+
+
+def onnx_data(name: str, folder: Path, rng: np.random.Generator) -> Tuple[List[str], Path]:
+    """cfg lines of the model's graph and dataset, and an .npz of its inputs by name for `quantopt run`."""
+    arrays: Dict[str, np.ndarray] = {}
+    for key, (kind, shape) in ONNX_INPUTS[name].items():
+        if kind == "float":
+            arrays[key] = rng.normal(0, 1, (8, *shape)).astype(np.float32)
+        elif kind == "ids":
+            arrays[key] = rng.integers(0, 50, (8, *shape)).astype(np.int64)
+        else:
+            arrays[key] = np.ones((8, *shape), np.float32 if kind == "float_mask" else np.int64)
+            arrays[key][:, 12:] = 0
+    np.savez(folder / "inputs.npz", **arrays)
+    if len(arrays) == 1 and ONNX_INPUTS[name][next(iter(arrays))][0] == "float":
+        np.save(folder / "calib.npy", next(iter(arrays.values())))
+        lines = ["dataset = NumpyDataset", f"calibration_data = {folder / 'calib.npy'}"]
+    else:
+        np.savez(folder / "calib.npz", **arrays, **{f"shape_{k}": np.array(v.shape[1:]) for k, v in arrays.items()})
+        lines = ["dataset = NumpyZippedDataset", f"calibration_data = {folder / 'calib.npz'}"]
+    return [f"graph = {ONNX_SMALL / name}.onnx"] + lines, folder / "inputs.npz"
+
+
+def run(args: List[str], timeout: float, threads: int = 0) -> Tuple[Any, str]:
+    """(exit code or "timeout", stderr) of a quantopt process; `threads` > 0 sets its thread count."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads)) if threads else None
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return "timeout", ""
+    return done.returncode, done.stderr
+
+
+def failed(rc: Any, err: str) -> bool:
+    return not (rc == 0 or rc in ERROR_CODES) or "internal error" in err or "Traceback" in err
+
+
+def ir_digest(folder: Path) -> Dict[str, str]:
+    return {p.name: hashlib.sha1(p.read_bytes()).hexdigest()
+            for p in sorted(folder.glob("*_o.txt")) + sorted(folder.glob("*_o.bin"))}
+
+
+def errors(err: str) -> List[str]:
+    return [line[:300] for line in err.splitlines() if "[ERROR]" in line][-2:]
+
+
+def one_case(i: int, rng: random.Random, nrng: np.random.Generator, models: List[Tuple[str, str]], work: Path,
+             timeout: float) -> Dict[str, Any]:
+    kind, name = rng.choice(models)
+    fields = rng.sample(sorted(OPTIONS), rng.randint(1, 6))
+    options = {f: rng.choice(OPTIONS[f]) for f in fields}
+    folder = work / f"case{i}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    if kind == "corpus":
+        model = [f"graph = {CORPUS / name / name}.txt", f"bin = {CORPUS / name / name}.bin", "dataset = NumpyDataset",
+                 f"calibration_data = {CORPUS / name / 'calib.npy'}"]
+        inputs = CORPUS / name / "calib.npy"
+    else:
+        model, inputs = onnx_data(name, folder, nrng)
+    base = ["[Common]"] + model + [f"{k} = {v}" for k, v in options.items()]
+
+    def cfg(tag: str, extra: List[str]) -> str:
+        path = folder / f"{tag}.cfg"
+        path.write_text("\n".join(base + [f"output_dir = {folder / tag}"] + extra) + "\n")
+        return str(path)
+
+    case: Dict[str, Any] = {"case": i, "model": name, "options": options}
+    rc, err = run(["quantopt", "--cfg", cfg("a", ["save_statistic_info = true"])], timeout)
+    case["rc"], case["failed"] = rc, failed(rc, err)
+    if rc != 0:
+        case["error"] = errors(err)
+        return case
+    ir = next((folder / "a").glob("*_o.txt"), None)
+    if ir is not None:
+        batch = rng.choice([1, 2, 3, 8])
+        rc_run, err_run = run(["quantopt", "run", str(ir), "-i", str(inputs), "-o", str(folder / "run"),
+                               "--quantize-inputs", "--batch-size", str(batch)], timeout)
+        case["run"] = {"batch": batch, "rc": rc_run}
+        if failed(rc_run, err_run):
+            case["failed"], case["run"]["error"] = True, errors(err_run)
+    if any(f in options for f in ROUND_TRIP_FREE):
+        return case
+    reference = ir_digest(folder / "a")
+    template = next((folder / "a").glob("*_opt_template.json"))
+    statistics = next((folder / "a").glob("*_statistic_info.npz"))
+    for tag, line, threads in (("template", f"opt_config = {template}", 0),
+                               ("statistics", f"statistic_file = {statistics}", 0), ("one_thread", "", 1)):
+        rc_again, err_again = run(["quantopt", "--cfg", cfg(tag, [line] if line else [])], timeout, threads)
+        same = rc_again == 0 and ir_digest(folder / tag) == reference
+        case[tag] = "same IR" if same else {"rc": rc_again, "error": errors(err_again)}
+        case["failed"] = case["failed"] or not same
+    return case
+
+
+def main(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--models", default="corpus,onnx", help="corpus, onnx or both")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per quantopt process")
+    parser.add_argument("--keep", help="a folder to keep the cases in (default: a temporary one, removed)")
+    args = parser.parse_args(argv)
+    kinds = set(args.models.split(","))
+    models = ([("corpus", m) for m in corpus_models()] if "corpus" in kinds else []) + \
+        ([("onnx", m) for m in sorted(ONNX_INPUTS)] if "onnx" in kinds else [])
+    if not models:
+        parser.error("--models: corpus, onnx or both")
+    rng, nrng = random.Random(args.seed), np.random.default_rng(args.seed)
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="quantopt_fuzz_"))
+    work.mkdir(parents=True, exist_ok=True)
+    failures = 0
+    try:
+        for i in range(args.cases):
+            case = one_case(i, rng, nrng, models, work, args.timeout)
+            failures += bool(case["failed"])
+            print(json.dumps(case), flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"{args.cases} cases, {failures} failed (seed {args.seed})")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
