@@ -231,6 +231,38 @@ def test_export_parallel_batch_runs_copies_side_by_side(tmp_path: Path, copies: 
     assert torch.equal(got, torch.stack(expected))
 
 
+def test_export_parallel_batch_names_never_collide(tmp_path: Path) -> None:
+    """A model with a layer already named like the inserted Concat ('y_concat', 'a_concat'), a tensor named like a
+    copy's ('t_clone_0') and two outputs of one layer (each its own Concat): every name of the joined IR unique,
+    and the joined IR gives each copy's integers."""
+    from quantopt.ir.writer import write_ir
+    from quantopt.passes.parallel_batch import parallel_copies
+
+    g = GraphBuilder("names")
+    x = g.input("x", [1, 4])
+    t = g.layer("Activation", [x], [[1, 4]], name="t", params=dict(method="RELU"))
+    yc = g.layer("Activation", [t], [[1, 4]], name="t_clone_0", outputs=["y_concat"], params=dict(method="RELU"))
+    a, b = g.layer("Split", [t], [[1, 2], [1, 2]], name="y", outputs=["a", "b"], params=dict(axis=1, splits=[2, 2]))
+    c = g.layer("Activation", [yc], [[1, 4]], name="a_concat", outputs=["c"],
+                params=dict(method="RELU"))
+    graph = g.build([a, b, c])
+    rng = np.random.default_rng(4)
+    calib = [torch.from_numpy(rng.normal(0, 1, (2, 4)).astype(np.float32)) for _ in range(2)]
+    q = quantize_model(graph, calib)
+    joined = parallel_copies(q, 3)
+    layers = [n.name for n in joined.nodes]
+    tensors = [o.name for n in joined.nodes for o in n.outputs]
+    assert len(set(layers)) == len(layers) and len(set(tensors)) == len(tensors)
+    assert [o.name for o in joined.output_tensors] == ["a", "b", "c"]
+    txt, _ = write_ir(joined, str(tmp_path / "joined.txt"))
+    again = read_ir(txt)
+    rows = torch.from_numpy(rng.normal(0, 1, (3, 4)).astype(np.float32))
+    got = run_quantized(again, [rows])
+    for k in range(3):
+        for out, want in zip(got, run_quantized(q, [rows[k:k + 1]])):
+            assert torch.equal(out[k:k + 1], want)
+
+
 def _kv_graph(cache: str):
     """new[1,1,8] -> tanh -> k; cache [1,3,8] (an Input fed back, or a Constant of zeros); Concat on axis 1."""
     g = GraphBuilder("kv")

@@ -15,6 +15,7 @@ from collections import OrderedDict
 from typing import Dict, List
 
 from ..graph.graph import PyGraph
+from ..graph.names import unique_name
 from ..graph.node import PyNode
 from ..graph.tables import QuantTable
 from ..graph.tensor import PyTensor
@@ -53,11 +54,16 @@ def parallel_copies(qgraph: PyGraph, copies: int, axis: int = 0) -> PyGraph:
     out.source_file, out._storage, out.device = base.source_file, base._storage, base.device
     input_names = [t.name for t in base.input_tensors]
     output_names = [t.name for t in base.output_tensors]
+    # every new name is checked against the model's own (a layer 'y_concat' beside the output 'y', two outputs of
+    # one layer): graph/names.py
+    layers_taken = {n.name for n in base.nodes}
+    tensors_taken = {t.name for n in base.nodes for t in n.outputs}
     inner: Dict[str, List[PyTensor]] = {}  # model input name -> the copies' input tensors
     for t in base.input_tensors:
-        inner[t.name] = [t.clone(f"{t.name}_part{k}") for k in range(copies)]
+        inner[t.name] = [t.clone(unique_name(f"{t.name}_part{k}", tensors_taken)) for k in range(copies)]
         for part in inner[t.name]:
             out.quant.set(part, base.quant.get(t).copy())
+    pieces: Dict[str, List[PyTensor]] = {name: [] for name in output_names}  # model output -> the copies' outputs
     for k in range(copies):
         source = base if k == 0 else qgraph.clone()
         rename: Dict[str, PyTensor] = {name: inner[name][k] for name in input_names}
@@ -67,13 +73,16 @@ def parallel_copies(qgraph: PyGraph, copies: int, axis: int = 0) -> PyGraph:
                 continue
             # the copy's params move to `out` under the new names (read before a tensor is renamed)
             params = [(t, source.quant.get(t).copy()) for t in n.outputs + list(n.constants.values()) + n.placeholders]
-            n.name += suffix
+            if suffix:
+                n.name = unique_name(n.name + suffix, layers_taken)
             for t in n.outputs:
-                if t.name in output_names:
-                    t.name = f"{t.name}_part{k}"
+                old_name = t.name
+                if old_name in output_names:
+                    t.name = unique_name(f"{old_name}_part{k}", tensors_taken)
+                    pieces[old_name].append(t)
                 elif suffix:
-                    t.name += suffix
-                rename[t.name] = t
+                    t.name = unique_name(old_name + suffix, tensors_taken)
+                rename[old_name] = t
             n.inputs = [rename.get(t.name, t) for t in n.inputs]
             for key, c in n.constants.items():
                 c.name = n.name + key
@@ -85,15 +94,14 @@ def parallel_copies(qgraph: PyGraph, copies: int, axis: int = 0) -> PyGraph:
         joined = _joined(t, copies, t.name, axis, base.quant, out)
         layer = _layer(node.name, "Input", [], [joined], node, node.params)
         out.add_node(layer)
-        split = _layer(f"{node.name}_split", "Split", [joined], inner[t.name], node,
+        split = _layer(unique_name(f"{node.name}_split", layers_taken), "Split", [joined], inner[t.name], node,
                        {"axis": axis, "splits": [int(t.ir_shape[axis])] * copies})
         split.params["activation_quantization_axis"] = [None] * copies
         out.add_node(split)
-    parts = {t.name: t for n in out.nodes for t in n.outputs}
     for name, t in zip(output_names, base.output_tensors):
-        pieces = [parts[f"{name}_part{k}"] for k in range(copies)]
-        concat = _layer(f"{t.pnode.name}_concat", "Concat", pieces,
-                        [_joined(pieces[0], copies, name, axis, out.quant, out)], t.pnode, {"axis": axis})
+        parts = pieces[name]
+        concat = _layer(unique_name(f"{t.pnode.name}_concat", layers_taken), "Concat", parts,
+                        [_joined(parts[0], copies, name, axis, out.quant, out)], t.pnode, {"axis": axis})
         concat.params["activation_quantization_axis"] = [None]
         out.add_node(concat)
     out.finalize()
