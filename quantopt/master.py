@@ -241,7 +241,7 @@ class OptMaster:
         last batch is cut to whole IR batches where the graph cannot run it (`_fitted`)."""
         if self.calibration_loader is None:
             size = self.cfg.calibration_batch_size
-            self._fitted(self.calibration_fit, self.graph.zero_inputs(size), None, "calibration_batch_size", -1)
+            self._fitted(self.calibration_fit, self.graph.zero_inputs(size), None, "calibration_batch_size")
             yield self.graph.zero_inputs(size)
             return
         given = 0
@@ -251,16 +251,16 @@ class OptMaster:
             inputs, _ = split_sample(batch, self.cfg.calibration_data)
             fitted = self._fitted(self.calibration_fit, prepare_inputs(self.graph, inputs, self.cfg,
                                                                        self.cfg.calibration_data, i),
-                                  None, "calibration_batch_size", i)
+                                  None, "calibration_batch_size")
             if fitted is not None:
                 given += 1
                 yield fitted[0]
-        if not given:
+        if not given and self.calibration_fit.dropped:
             raise self._too_few(self.calibration_fit, self.cfg.calibration_data)
 
-    def _fitted(self, fit: Fit, feed: List[torch.Tensor], label: Any, field: str,
-                index: int) -> Optional[Tuple[List[torch.Tensor], Any]]:
-        """(feed, label) of batch `index` as the graph can run it: a batch of the loader's full size that the graph
+    def _fitted(self, fit: Fit, feed: List[torch.Tensor], label: Any,
+                field: str) -> Optional[Tuple[List[torch.Tensor], Any]]:
+        """(feed, label) of a batch as the graph can run it: a batch of the loader's full size that the graph
         cannot run is a config error naming `field`; a shorter one (the last) keeps its whole IR batches, the
         rest is left out (said once), and None is returned where nothing is left."""
         rows = int(feed[0].shape[0]) if fit.active and feed and feed[0].dim() else 0
@@ -437,11 +437,11 @@ class OptMaster:
                 return
             inputs, label = split_sample(batch, source)
             fitted = self._fitted(self.validation_fit, prepare_inputs(self.graph, inputs, self.cfg, source, i),
-                                  label, "metric_batch_size", i)
+                                  label, "metric_batch_size")
             if fitted is not None:
                 given += 1
                 yield fitted
-        if not given:
+        if not given and self.validation_fit.dropped:
             raise self._too_few(self.validation_fit, source)
 
     def evaluate(self, graph: PyGraph, metrics: Sequence[OptBaseMetric], quantized: bool) -> Dict[str, float]:
