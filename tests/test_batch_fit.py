@@ -96,7 +96,7 @@ def _cfg(tmp_path: Path, graph: PyGraph, samples: int, batch: int, metric: bool 
 
 
 def test_cli_leaves_out_the_short_last_batch_with_one_warning(tmp_path: Path, capsys) -> None:
-    assert main(["--cfg", str(_cfg(tmp_path, _folding(), 5, 2))]) == 0
+    assert main(["--log-level", "info", "--cfg", str(_cfg(tmp_path, _folding(), 5, 2))]) == 0
     err = capsys.readouterr().err
     assert err.count("1 sample(s) of the last batch are left out") == 2  # calibration data and validation data
     assert "statistics collected over 2 calibration batch(es)" in err
@@ -109,7 +109,7 @@ def test_cli_refuses_a_batch_size_that_is_not_a_multiple(tmp_path: Path, capsys,
     text = cfg.read_text().replace(f"{field} = 2", f"{field} = 3")
     cfg.write_text(text)
     line = next(i for i, t in enumerate(text.splitlines(), 1) if t.startswith(field))
-    assert main(["--cfg", str(cfg)]) == 2
+    assert main(["--log-level", "info", "--cfg", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert f"opt.cfg:{line}: field '{field}': 3 is not a multiple of the IR's batch 2" in err
     assert "layer 'flat' (Reshape)" in err and not (tmp_path / "out" / "folding_o.txt").exists()
@@ -118,17 +118,17 @@ def test_cli_refuses_a_batch_size_that_is_not_a_multiple(tmp_path: Path, capsys,
 def test_cli_names_a_default_batch_size(tmp_path: Path, capsys) -> None:
     cfg = _cfg(tmp_path, _folding(), 4, 2, metric=False)
     cfg.write_text(cfg.read_text().replace("calibration_batch_size = 2\n", ""))
-    assert main(["--cfg", str(cfg)]) == 2
+    assert main(["--log-level", "info", "--cfg", str(cfg)]) == 2
     assert "field 'calibration_batch_size': 1 (the default) is not a multiple of the IR's batch 2" in \
         capsys.readouterr().err
 
 
 def test_cli_refuses_data_without_one_whole_ir_batch(tmp_path: Path, capsys) -> None:
-    assert main(["--cfg", str(_cfg(tmp_path, _folding(), 1, 2, metric=False))]) == 4
+    assert main(["--log-level", "info", "--cfg", str(_cfg(tmp_path, _folding(), 1, 2, metric=False))]) == 4
     assert "no batch of the data holds a whole IR batch of 2 samples" in capsys.readouterr().err
 
 
 def test_cli_runs_short_batches_where_the_model_can(tmp_path: Path, capsys) -> None:
-    assert main(["--cfg", str(_cfg(tmp_path, _dense(), 5, 1, metric=False))]) == 0
+    assert main(["--log-level", "info", "--cfg", str(_cfg(tmp_path, _dense(), 5, 1, metric=False))]) == 0
     err = capsys.readouterr().err
     assert "left out" not in err and "statistics collected over 5 calibration batch(es)" in err
