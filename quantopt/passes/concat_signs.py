@@ -19,6 +19,7 @@ from ..graph.node import PyNode
 from ..graph.tables import ranges_of
 from ..log import OPT_INFO
 from ..ops._per_channel import PER_CHANNEL_PRODUCERS
+from .per_channel_fallback import concat_on_channels
 
 PASS_ON = ("Pooling", "GlobalPool")
 PER_CHANNEL_MODES = ("per_channel_symmetric_full_range", "per_channel_symmetric_restricted_range")
@@ -48,13 +49,7 @@ def sign_concat_branches(graph: PyGraph) -> List[str]:
 
 
 def _channel_concat(node: PyNode) -> bool:
-    if str(node.type) != "Concat" or not node.outputs or not node.outputs[0].ir_shape:
-        return False
-    rank = len(node.outputs[0].ir_shape)
-    try:
-        return int(node.params.get("axis", -1)) % rank == rank - 1
-    except (TypeError, ValueError):
-        return False
+    return str(node.type) == "Concat" and concat_on_channels(node)
 
 
 def _producers(node: PyNode) -> List[PyNode]:

@@ -122,7 +122,7 @@ def _reader_reason(node: PyNode, readers: Dict[str, List[PyNode]], seen: Set[str
             why = _broadcast_reason(r)
             if why:
                 return f"read by {why}"
-            if kind == "Concat" and not _concat_on_channels(r):
+            if kind == "Concat" and not concat_on_channels(r):
                 return f"read by '{r.name}' (Concat), which joins on another axis than the channels"
             if kind in PASS_ON:
                 why = _reader_reason(r, readers, seen)
@@ -131,7 +131,8 @@ def _reader_reason(node: PyNode, readers: Dict[str, List[PyNode]], seen: Set[str
     return ""
 
 
-def _concat_on_channels(node: PyNode) -> bool:
+def concat_on_channels(node: PyNode) -> bool:
+    """Whether a Concat joins its inputs on the last (channel) axis of its output."""
     shape = node.outputs[0].ir_shape if node.outputs else None
     if not shape:
         return False
