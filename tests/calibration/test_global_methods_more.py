@@ -398,3 +398,23 @@ def test_every_method_runs_on_the_smallest_shared_model() -> None:
     assert torch.equal(g.forward(batches[0])[0], float_out)
     out = run_quantized(q, batches[0])[0]
     assert out.shape == float_out.shape and bool(torch.isfinite(out.float()).all())
+
+
+@pytest.mark.parametrize("spec", ["bias_correction", "adaround[1,1,8]", "easy_quant[1,1,0.5,2,4]", "gptq_zy",
+                                  "adaquant_zy[1,1,8]", "svd_quant[0]", "awq_zy[4]"])
+@pytest.mark.parametrize("float_type", ["float16_preferred", "bfloat16_preferred", "float32_preferred"])
+def test_weight_methods_leave_a_layer_that_stays_float(spec: str, float_type: str) -> None:
+    """A MAC layer kept float (`trigger_float_op`) has no integer weight grid: the weight methods skip it with a
+    log line and calibrate the others (found by benchmarks/fuzz_cfg_runs.py, docs/robustness.md)."""
+    data = _mac_data()
+    g = _calibrate(_mac_model(), data)
+    g.node("dw").settings = LayerSettings(trigger_float_op=float_type)
+    report, lines = _run(g, spec, data)
+    changed = report[str(parse_global_calibration(spec)[0])]
+    assert "dw" not in changed, changed
+    if not spec.startswith(("svd_quant", "awq_zy")):  # those two search output ranges, not weight grids
+        assert any("'dw' skipped: it stays float" in line for line in lines), lines
+    q = quantize_graph(g)
+    assert not q.node("dw").quantized
+    out = run_quantized(q, data[0])[0]
+    assert out.shape == (8, 6) and bool(torch.isfinite(out.float()).all())

@@ -29,7 +29,7 @@ from ...progress import progress
 from ...quant.params import quantize
 from ...quantizer import quantize_graph
 from ...threads import one_thread
-from ._common import SEED, Batch, capture, float_apply, pad_samples, target_layers, weight_quant
+from ._common import SEED, Batch, capture, float_apply, pad_samples, skip_reason, target_layers, weight_quant
 from .spec import GlobalMethodSpec
 
 GAMMA, ZETA = -0.1, 1.1
@@ -70,6 +70,10 @@ def adaround(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batches
     for index, node in enumerate(progress(layers, "adaround")):
         qgraph = quantize_graph(graph)
         qnode = qgraph.node(node.name)
+        reason = skip_reason(qnode)
+        if reason is not None:
+            OPT_INFO(f"adaround: layer '{node.name}' skipped: {reason}")
+            continue
         q_io = capture(qgraph, data, {node.name}, quantized=True)
         x = pad_samples(torch.cat([io[0][0] for io in q_io[node.name]], dim=0), batch_size)
         y = pad_samples(torch.cat([io[1][0] for io in ref_io[node.name]], dim=0), batch_size)

@@ -19,7 +19,7 @@ from ...log import OPT_INFO
 from ...progress import progress
 from ...quantizer import quantize_graph
 from ...threads import one_thread
-from ._common import Batch, capture, channels_last, dequantized_weights, float_apply, target_layers
+from ._common import Batch, capture, channels_last, dequantized_weights, float_apply, skip_reason, target_layers
 from .spec import GlobalMethodSpec
 
 
@@ -32,6 +32,10 @@ def bias_correction(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, 
     for node in progress(layers, "bias_correction"):
         rnode = reference.node(node.name)
         qgraph = quantize_graph(graph)
+        reason = skip_reason(qgraph.node(node.name))
+        if reason is not None:
+            OPT_INFO(f"bias_correction: layer '{node.name}' skipped: {reason}")
+            continue
         q_io = capture(qgraph, data, {node.name}, quantized=True)
         w_q = dequantized_weights(qgraph.node(node.name))
         w_f = rnode.constants["weights"].betensor

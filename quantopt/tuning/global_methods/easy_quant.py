@@ -39,6 +39,7 @@ from ._common import (
     scaled,
     search_factors,
     set_range,
+    skip_reason,
     target_layers,
 )
 from .spec import GlobalMethodSpec
@@ -135,9 +136,17 @@ def easy_quant(graph: PyGraph, reference: PyGraph, spec: GlobalMethodSpec, batch
     data = list(batches[:spec.param("batches")])
     factors = search_factors(spec.param("alpha"), spec.param("beta"), spec.param("nsteps"))
     layers = target_layers(graph, spec)
+    qgraph = quantize_graph(graph)
+    kept = []
+    for node in layers:
+        reason = skip_reason(qgraph.node(node.name))
+        if reason is None:
+            kept.append(node)
+        else:
+            OPT_INFO(f"easy_quant: layer '{node.name}' skipped: {reason}")
+    layers = kept
     ref_io = capture(reference, data, {n.name for n in layers})
-    for epoch in range(spec.param("epochs")):
-        qgraph = quantize_graph(graph)
+    for epoch in range(spec.param("epochs")):  # qgraph is re-quantized after every layer
         for node in progress(layers, f"easy_quant epoch {epoch}"):
             xs = [io[0][0] for io in ref_io[node.name]]
             ys = [io[1][0] for io in ref_io[node.name]]
