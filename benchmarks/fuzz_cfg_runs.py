@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -85,6 +85,22 @@ OPTIONS: Dict[str, List[str]] = {
     "bias_effective_bits_auto_adaption": ["true"],
     "upstream_defects": ["all"],
 }
+LAYER_OPTIONS: Dict[str, List[Any]] = {
+    "q_bits_activation": [8, 16],
+    "q_bits_weight": [4, 8, 16],
+    "q_bits_bias": [16, 32, 48],
+    "q_mode_activation": PER_TENSOR + ["per_channel_symmetric_restricted_range"],
+    "q_mode_weight": PER_TENSOR + ["per_channel_symmetric_restricted_range", "per_channel_asymmetric"],
+    "q_strategy_activation": ["extrema", "mean", "kld", "percentile", "3std", "mse"],
+    "q_strategy_weight": ["extrema", "3std", "mse"],
+    "trigger_float_op": ["disable", "float16_preferred", "bfloat16_preferred", "float32_preferred"],
+    "force_dtype_int": [True, False],
+    "lut_items_in_bits": [8, 10],
+    "multiplier_bits": [8, 12, 16],
+    "bias_effective_bits": [20, 32],
+    "unify_shifts_for_aiff": [True, False],
+}
+"""Per-layer values of the template (the `opt_config` JSON) that a layer-edit run sets on a few layers."""
 ROUND_TRIP_FREE = ("export_parallel_batch", "write_similarity_to_ir")
 """Fields whose written IR is not the plain quantized model (copies, debug keys): no round trip on those runs."""
 
@@ -151,7 +167,7 @@ def errors(err: str) -> List[str]:
 
 
 def one_case(i: int, rng: random.Random, nrng: np.random.Generator, models: List[Tuple[str, str]], work: Path,
-             timeout: float) -> Dict[str, Any]:
+             timeout: float, layer_rng: Optional[random.Random] = None) -> Dict[str, Any]:
     kind, name = rng.choice(models)
     fields = rng.sample(sorted(OPTIONS), rng.randint(1, 6))
     options = {f: rng.choice(OPTIONS[f]) for f in fields}
@@ -196,7 +212,48 @@ def one_case(i: int, rng: random.Random, nrng: np.random.Generator, models: List
         same = rc_again == 0 and ir_digest(folder / tag) == reference
         case[tag] = "same IR" if same else {"rc": rc_again, "error": errors(err_again)}
         case["failed"] = case["failed"] or not same
+    if layer_rng is not None:
+        case["layer_edits"] = layer_edits(layer_rng, template, folder, cfg, inputs, timeout)
+        case["failed"] = case["failed"] or bool(case["layer_edits"].get("failed"))
     return case
+
+
+def layer_edits(rng: random.Random, template: Path, folder: Path, cfg: Callable[[str, List[str]], str],
+                inputs: Path, timeout: float) -> Dict[str, Any]:
+    """Edit 1-3 per-layer values of 1-4 layers of the written template and run with it as `opt_config`: the run must
+    exit 0 or with a documented error, its IR must run, and every edit must be in the template the run writes (a
+    layer whose value quantopt changed must be named in its log: a per-layer value is never dropped silently)."""
+    layers = json.loads(template.read_text())
+    names = sorted(layers)
+    edits: Dict[str, Dict[str, Any]] = {}
+    for name in rng.sample(names, min(len(names), rng.randint(1, 4))):
+        keys = sorted(k for k in LAYER_OPTIONS if k in layers[name])
+        for key in rng.sample(keys, min(len(keys), rng.randint(1, 3))):
+            edits.setdefault(name, {})[key] = rng.choice(LAYER_OPTIONS[key])
+    for name, values in edits.items():
+        layers[name].update(values)
+    edited = folder / "edited.json"
+    edited.write_text(json.dumps(layers, indent=1))
+    result: Dict[str, Any] = {"edits": edits}
+    rc, err = run(["quantopt", "--log-level", "info", "--cfg", cfg("edited", [f"opt_config = {edited}"])], timeout)
+    result["rc"] = rc
+    if rc != 0:
+        result["failed"] = failed(rc, err)
+        result["error"] = errors(err)
+        return result
+    written = json.loads(next((folder / "edited").glob("*_opt_template.json")).read_text())
+    dropped = [f"{name}.{key}: {value!r} -> {written[name].get(key)!r}" for name, values in edits.items()
+               for key, value in values.items() if written[name].get(key) != value and f"'{name}'" not in err]
+    if dropped:
+        result["failed"], result["dropped"] = True, dropped
+    ir = next((folder / "edited").glob("*_o.txt"), None)
+    if ir is not None:
+        rc_run, err_run = run(["quantopt", "run", str(ir), "-i", str(inputs), "-o", str(folder / "edited_run"),
+                               "--quantize-inputs"], timeout)
+        result["run"] = rc_run
+        if failed(rc_run, err_run):
+            result["failed"], result["run_error"] = True, errors(err_run)
+    return result
 
 
 def main(argv: List[str]) -> int:
@@ -205,6 +262,8 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--models", default="corpus,onnx", help="corpus, onnx or both")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per quantopt process")
+    parser.add_argument("--layer-edits", action="store_true",
+                        help="also run each successful case again with random edits of its per-layer JSON")
     parser.add_argument("--keep", help="a folder to keep the cases in (default: a temporary one, removed)")
     args = parser.parse_args(argv)
     kinds = set(args.models.split(","))
@@ -218,7 +277,8 @@ def main(argv: List[str]) -> int:
     failures = 0
     try:
         for i in range(args.cases):
-            case = one_case(i, rng, nrng, models, work, args.timeout)
+            layer_rng = random.Random(args.seed * 1_000_003 + i) if args.layer_edits else None
+            case = one_case(i, rng, nrng, models, work, args.timeout, layer_rng)
             failures += bool(case["failed"])
             print(json.dumps(case), flush=True)
     finally:

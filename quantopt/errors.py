@@ -15,12 +15,19 @@ class QuantOptError(Exception):
     kind = "error"
 
     def __init__(self, message: str, *, file: Optional[str] = None, line: Optional[int] = None,
-                 field: Optional[str] = None) -> None:
+                 field: Optional[str] = None, layer: Optional[str] = None) -> None:
         self.message = self._from_worker(str(message))
         self.file = file
         self.line = line
         self.field = field
+        self.layer = layer
+        """The layer whose setting of `field` is refused: the run names the file that set it for that layer
+        (config/layer_settings.py `locate_setting_error`)."""
         super().__init__(self.__str__())
+
+    def moved(self, message: str, *, file: Optional[str] = None, line: Optional[int] = None) -> QuantOptError:
+        """The same kind of error with another message and location (its field and layer dropped)."""
+        return type(self)(message, file=file, line=line)
 
     @classmethod
     def _from_worker(cls, message: str) -> str:

@@ -32,7 +32,7 @@ from .analysis.similarity import (
 from .analysis.template import build_template, write_template
 from .calibration.collect import calibrate_graph
 from .calibration.statistic_file import load_statistics, save_statistics, statistic_file_name
-from .config.layer_settings import OptConfig
+from .config.layer_settings import OptConfig, locate_setting_error
 from .config.reader import Config
 from .data import make_dataset, make_loader, make_metrics, prepare_inputs, shuffled, split_sample
 from .device import exact_arithmetic, resolve_device
@@ -533,8 +533,11 @@ class OptMaster:
             with exact_arithmetic(self.device):
                 return self._run(start, log_path)
         except QuantOptError as e:
-            error_to_file(str(e))
-            raise
+            located = locate_setting_error(e, self.graph, self.cfg)  # the file that set the refused layer value
+            error_to_file(str(located))
+            if located is e:
+                raise
+            raise located from None
         except Exception as e:
             error_to_file(f"internal error: {type(e).__name__}: {e}")
             raise

@@ -190,6 +190,35 @@ def test_cli_opt_config_overrides_cfg(model_dir: Path) -> None:
     assert q.node("c2").outputs[0].dtype is Dtype.INT8
 
 
+@pytest.mark.parametrize("layer, key, value, code", [
+    ("c2", "q_mode_weight", "per_block_symmetric_restricted_range", 6),
+    ("fc", "q_mode_weight", "per_block_asymmetric", 6),
+])
+def test_a_refused_per_layer_value_names_the_json_that_set_it(model_dir: Path, capsys, layer: str, key: str,
+                                                             value: str, code: int) -> None:
+    """The error names the edited JSON, the layer and the key, not the cfg field the value would otherwise come
+    from (found by benchmarks/fuzz_cfg_runs.py --layer-edits, docs/robustness.md)."""
+    assert main(["--cfg", str(write_cfg(model_dir))]) == 0
+    template = json.loads((model_dir / "out" / "small_opt_template.json").read_text())
+    template[layer][key] = value
+    edited = model_dir / "edited.json"
+    edited.write_text(json.dumps(template, indent=1))
+    capsys.readouterr()
+    assert main(["--cfg", str(write_cfg(model_dir, opt_config="edited.json", output_dir="out2"))]) == code
+    errors = [line for line in capsys.readouterr().err.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1 and f"{edited}: '{key}' (per-layer value): layer '{layer}'" in errors[0], errors
+    assert not (model_dir / "out2" / "small_o.txt").exists()
+
+
+def test_a_refused_per_layer_cfg_rule_names_its_cfg_line(model_dir: Path, capsys) -> None:
+    cfg = write_cfg(model_dir, quantize_method_for_weight="per_tensor_symmetric_restricted_range & "
+                                                          "<[FullyConnected]:per_block_symmetric_restricted_range>")
+    assert main(["--cfg", str(cfg)]) == 6
+    errors = [line for line in capsys.readouterr().err.splitlines() if "[ERROR]" in line]
+    line = next(i for i, text in enumerate(cfg.read_text().splitlines(), 1) if "quantize_method_for_weight" in text)
+    assert len(errors) == 1 and f"{cfg}:{line}: field 'quantize_method_for_weight': layer 'fc'" in errors[0], errors
+
+
 def test_missing_calibration_data_is_an_error_unless_opted_in(model_dir: Path, capsys) -> None:
     assert main(["--cfg", str(write_cfg(model_dir, calibration_data=None))]) == 2
     assert "calibration_data" in capsys.readouterr().err

@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterable, Optional
+from typing import Any, Dict, FrozenSet, Iterable, Optional, Tuple
 
-from ..errors import ConfigError, UnsupportedError
+from ..errors import ConfigError, QuantOptError, UnsupportedError
 from ..quant.hardware import BN_WEIGHT_BITS
 from .fields import FIELDS
 from .quant_types import quant_type_settings
@@ -99,6 +99,13 @@ class LayerSettings:
     explicit: FrozenSet[str] = field(default=frozenset(), compare=False)
     """Keys set for this layer in particular (a per-layer cfg rule, opt_config, quantize_model's per_layer): they
     take precedence over an operator's own default (BatchNorm's 16-bit weights)."""
+    origin: Tuple[Tuple[str, str], ...] = field(default=(), compare=False)
+    """(key, file) of the keys a per-layer JSON set (`opt_config`, a QConfig plugin): an error about such a value
+    names that file, not the cfg field the value would otherwise come from."""
+
+    def origin_of(self, key: str) -> Optional[str]:
+        """The per-layer JSON file that set `key` for this layer, if one did."""
+        return dict(self.origin).get(key)
 
     @property
     def mult_bits(self) -> int:
@@ -162,11 +169,42 @@ def with_operator_defaults(settings: LayerSettings, node: Any) -> LayerSettings:
 
 
 def check_settings(settings: LayerSettings, node: Any) -> None:
-    """Combinations quantopt rejects for a layer (the error names the field)."""
+    """Combinations quantopt rejects for a layer (the error names the field, or the per-layer JSON that set it)."""
     if settings.q_mode_activation == "per_channel_asymmetric":
-        raise UnsupportedError(f"layer '{node.name}': quantize_method_for_activation=per_channel_asymmetric: "
-                               "activations take per_tensor modes or per_channel_symmetric_restricted_range/"
-                               "per_channel_symmetric_full_range", field="quantize_method_for_activation")
+        error = UnsupportedError(f"layer '{node.name}': quantize_method_for_activation=per_channel_asymmetric: "
+                                 "activations take per_tensor modes or per_channel_symmetric_restricted_range/"
+                                 "per_channel_symmetric_full_range", field="quantize_method_for_activation",
+                                 layer=node.name)
+        raise _located(error, settings, None)
+
+
+FIELD_KEYS: Dict[str, str] = {field_name: key for key, field_name in SETTING_FIELDS.items()}
+"""cfg field -> per-layer JSON key."""
+
+
+def locate_setting_error(error: QuantOptError, graph: Any, cfg: Any = None) -> QuantOptError:
+    """`error` located where its layer's refused value was set: the per-layer JSON that set it for that layer
+    (`opt_config`, a QConfig plugin), else the cfg line of its field. An error without a field and a layer, or
+    about a layer the graph does not have, is returned as it is."""
+    if not error.field or not error.layer:
+        return error
+    node = next((n for n in graph.nodes if n.name == error.layer), None)
+    settings = getattr(node, "settings", None)
+    if not isinstance(settings, LayerSettings):
+        return error
+    return _located(error, settings, cfg)
+
+
+def _located(error: QuantOptError, settings: LayerSettings, cfg: Any) -> QuantOptError:
+    key = FIELD_KEYS.get(error.field or "")
+    source = settings.origin_of(key) if key else None
+    if source is not None:
+        named = f"'{key}'" if f"layer '{error.layer}'" in error.message else f"layer '{error.layer}': '{key}'"
+        return error.moved(f"{named} (per-layer value): {error.message}", file=source)
+    line = getattr(cfg, "explicit", {}).get(error.field) if cfg is not None else None
+    if line is not None:
+        return error.moved(f"field '{error.field}': {error.message}", file=cfg.path, line=line)
+    return error
 
 
 class OptConfig:
@@ -221,7 +259,10 @@ class OptConfig:
         overrides = self.layers.get(node.name)
         if not overrides:
             return settings
-        result = dataclasses.replace(settings, **overrides, explicit=settings.explicit | frozenset(overrides))
+        origin = dict(settings.origin)
+        origin.update((key, self.path) for key in overrides)
+        result = dataclasses.replace(settings, **overrides, explicit=settings.explicit | frozenset(overrides),
+                                     origin=tuple(sorted(origin.items())))
         check_settings(result, node)
         return result
 

@@ -86,7 +86,7 @@ def _check_activation(node: PyNode) -> None:
     if act not in ("NONE", "RELU"):
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): a fused {act} activation in an fp8 layer "
                                f"(quant_type {node.settings.quant_type}) is not implemented yet; NONE and RELU are",
-                               field="quant_type")
+                               field="quant_type", layer=node.name)
 
 
 def _activated(node: PyNode, acc: torch.Tensor) -> torch.Tensor:

@@ -98,7 +98,7 @@ def quantize_activation(node: PyNode, t: PyTensor, signed: bool, bits: Optional[
                                f"({s.q_mode_activation}) is supported for the outputs of Convolution, DepthwiseConv, "
                                "FullyConnected, BatchNorm and Eltwise/Add/Sub/Mul only; use a per_tensor mode for this "
                                "layer",
-                               field="quantize_method_for_activation")
+                               field="quantize_method_for_activation", layer=node.name)
     rc = table.channels(t)
     if rc.min is None or rc.max is None:
         raise node._error(f"tensor '{t.name}' has no per-channel calibrated range; calibrate with the per-channel "
@@ -493,7 +493,7 @@ def _refuse_per_block(node: PyNode, mode: QuantMode) -> None:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-block weights ({mode.value}) are for "
                                "weight-only layers (trigger_float_op *_act_*_wht, or quant_type w4afp16, wfp4afp16, "
                                "...); an integer layer takes per_tensor or per_channel weights",
-                               field="quantize_method_for_weight")
+                               field="quantize_method_for_weight", layer=node.name)
 
 
 def quantize_mac(node: PyNode, per_channel: bool, groups: int = 1) -> None:

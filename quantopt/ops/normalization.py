@@ -650,7 +650,8 @@ def _upstream_form_quantize(node: PyNode) -> None:
     if (in_bits <= 8) != (bits <= 8):
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): upstream's integer form needs the input and the "
                                f"output on the same side of 8 bits (input {in_bits} bits, activation_bits {bits}); "
-                               "set layernorm_integer_form = exact for this layer", field="layernorm_integer_form")
+                               "set layernorm_integer_form = exact for this layer", field="layernorm_integer_form",
+                               layer=node.name)
     count = _Rows(node, list(inp.ir_shape)).count
     sqrt_n = math.sqrt(count)
     adj = math.ceil(math.log2(127.5 / sqrt_n / 4)) if bits <= 8 and sqrt_n > 127 else 0
@@ -731,7 +732,7 @@ def _quantize_gamma_beta(node: PyNode, per_channel: bool, shape: Sequence[int]) 
     if GIVEN_PARAMS in w.extra:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): the given per-channel quantization of a "
                                f"pre-quantized gamma of shape {list(w.betensor.shape)} is not supported (one "
-                               "normalized axis is)", field="quantize_method_for_weight")
+                               "normalized axis is)", field="quantize_method_for_weight", layer=node.name)
     laid = [t for t in (w, b) if t is not None]
     shapes = [list(t.betensor.shape) for t in laid]
     for t in laid:

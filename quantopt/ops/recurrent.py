@@ -598,7 +598,8 @@ def _quantize_output(node: PyNode, t: PyTensor, bits: int) -> None:
     if activation_mode(node, bits).is_per_channel:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-channel activation quantization "
                                f"({layer_settings(node).q_mode_activation}) is not supported for recurrent outputs; "
-                               "use a per_tensor mode for this layer", field="quantize_method_for_activation")
+                               "use a per_tensor mode for this layer", field="quantize_method_for_activation",
+                               layer=node.name)
     r = ranges_of(node).get(t)
     if r.min is None or r.max is None:
         raise node._error(f"tensor '{t.name}' has no calibrated range; run calibration before quantization")
@@ -1485,7 +1486,7 @@ def _gru_block_weights(node: PyNode, spec: RnnSpec) -> Tuple[List[torch.Tensor],
     mode = QuantMode.from_name(s.q_mode_weight)
     if mode.is_per_block:
         raise UnsupportedError(f"layer '{node.name}' ({node.type}): per-block weights are not supported by the "
-                               "upstream GRU form", field="quantize_method_for_weight")
+                               "upstream GRU form", field="quantize_method_for_weight", layer=node.name)
     bits = int(s.q_bits_weight)
     w = node.get_constant("weights")
     wf = w.betensor.to(torch.float32)

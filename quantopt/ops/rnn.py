@@ -214,7 +214,8 @@ def rnn_quantize(self: PyNode) -> None:
     mode = activation_mode(self, bits)
     if mode.is_per_channel:
         raise UnsupportedError(f"layer '{self.name}' (RNN): per-channel activation quantization is not supported; "
-                               "use a per_tensor mode for this layer", field="quantize_method_for_activation")
+                               "use a per_tensor mode for this layer", field="quantize_method_for_activation",
+                               layer=self.name)
     sym = mode.to_symmetric()
     # outputs: the state's calibrated range, symmetric signed (SIGN_BIT: 0/1 integers)
     if act == "SIGN_BIT":

@@ -180,7 +180,7 @@ def sdp_attention_quantize(self: PyNode) -> None:
     if mode.is_per_channel:
         raise UnsupportedError(f"layer '{self.name}' (SDPAttention): per-channel activation quantization is not "
                                "supported; use a per_tensor mode for this layer",
-                               field="quantize_method_for_activation")
+                               field="quantize_method_for_activation", layer=self.name)
     o = self.outputs[0]
     table = ranges_of(self)
     r = table.get(o)

@@ -56,7 +56,7 @@ def _resolve(value: Any, node: PyNode) -> TuneOpValue:
 
 
 def _error(field: str, node: PyNode, value: TuneOpValue, why: str) -> ConfigError:
-    return ConfigError(f"{field} = {value} for layer '{node.name}' ({node.type}): {why}", field=field)
+    return ConfigError(f"{field} = {value} for layer '{node.name}' ({node.type}): {why}", field=field, layer=node.name)
 
 
 def _approx_method(field: str, node: PyNode, value: TuneOpValue, approx: Tuple[float, ...]) -> int:
