@@ -1,19 +1,26 @@
 """Random valid cfgs through whole `quantopt --cfg` runs: options that are each tested alone, combined.
 
-    python benchmarks/fuzz_cfg_runs.py [--cases N] [--seed S] [--models corpus,onnx] [--timeout SEC]
+    python benchmarks/fuzz_cfg_runs.py [--cases N] [--seed S] [--models corpus,onnx] [--timeout SEC] [--layer-edits]
 
 Each case picks a model (a golden-corpus IR of tests/data/golden_corpus with its calibration samples, or an ONNX
 model of tests/data/onnx_small with seeded random inputs: token ids for the transformers) and 1-6 fields from a
 list of valid values (strategies, modes, bits, global methods, quant types, integer forms, batch sizes,
-modify_batch_dim, the QDQ export, ...), and runs `quantopt --cfg` in a process of its own. It must exit 0 or with
-one of quantopt's documented error codes (2-6) on one `[ERROR]` line; an internal error (`internal error:`), a
-traceback or a run past --timeout is a failure. A run that succeeds is checked further:
+modify_batch_dim, the QDQ export, graph passes, dumps, ...), and runs `quantopt --cfg` in a process of its own. It
+must exit 0 or with one of quantopt's documented error codes (2-6) on one `[ERROR]` line; an internal error
+(`internal error:`), a traceback or a run past --timeout is a failure. A run that succeeds is checked further:
   - `opt_config = <the written template>` gives the same IR bytes (the per-layer JSON holds every decision);
   - `statistic_file = <the saved statistics>` gives the same IR bytes (the statistics file replaces the pass);
   - the same cfg on one thread (OMP_NUM_THREADS = MKL_NUM_THREADS = 1) gives the same IR bytes as the first run on
     the default thread count (outputs do not depend on the thread count, docs/architecture.md);
   - `quantopt run` of the written IR on the calibration inputs at a random --batch-size exits 0 or with an error
-    code (a batch size the IR cannot take is a one-line error).
+    code (a batch size the IR cannot take is a one-line error);
+  - with --layer-edits, 1-3 per-layer values of 1-4 layers of the written template are changed (bits, modes,
+    strategies, float islands, ...) and the run is made again with it as `opt_config`: it must exit 0 or with an
+    error code, its IR must run, and each edit must be in the template it writes unless its log names the layer
+    (a per-layer value is never dropped silently);
+  - with --metrics, the case runs again with a metric on labelled data (labels: the dequantized outputs of
+    `quantopt run`), a random metric_batch_size and, half of the time, mixed_precision_auto_search: it must exit 0
+    or with an error code, and evaluate the metric when it exits 0.
 It prints one JSON line per case and a summary, and exits 1 when any case failed. The cases are deterministic for
 a given --seed (the machine's speed decides only the timeouts). Findings and fixes: docs/robustness.md.
 """
@@ -84,6 +91,16 @@ OPTIONS: Dict[str, List[str]] = {
     "bias_effective_bits": ["20"],
     "bias_effective_bits_auto_adaption": ["true"],
     "upstream_defects": ["all"],
+    "enable_pass_tune_op_softmax": ["[1,1][0]", "[1,8][0]", "[2,20][0]"],
+    "enable_pass_decompose_nonmonotonic_activations": ["true"],
+    "enable_pass_split_qkv_fc_in_transformer": ["true"],
+    "enable_pass_scaled_dot_product_attention": ["true"],
+    "enable_pass_merge_matmul_mul": ["false"],
+    "enable_pass_deeply_set_unquantifiable": ["false"],
+    "enable_pass_detect_inf_mask_nodes": ["true"],
+    "fake_quant_operators_for_debug": ["[Softmax, LayerNorm]", "[Convolution, FullyConnected]"],
+    "dump": ["true"],
+    "skip_optimization": ["true"],
 }
 LAYER_OPTIONS: Dict[str, List[Any]] = {
     "q_bits_activation": [8, 16],
@@ -101,8 +118,9 @@ LAYER_OPTIONS: Dict[str, List[Any]] = {
     "unify_shifts_for_aiff": [True, False],
 }
 """Per-layer values of the template (the `opt_config` JSON) that a layer-edit run sets on a few layers."""
-ROUND_TRIP_FREE = ("export_parallel_batch", "write_similarity_to_ir")
-"""Fields whose written IR is not the plain quantized model (copies, debug keys): no round trip on those runs."""
+ROUND_TRIP_FREE = ("export_parallel_batch", "write_similarity_to_ir", "skip_optimization")
+"""Fields whose written IR is not the plain quantized model (copies, debug keys, no IR at all): no round trip on
+those runs."""
 
 ONNX_INPUTS: Dict[str, Dict[str, Tuple[str, List[int]]]] = {
     "gpt2_like": {"input_ids": ("ids", [16])},
@@ -167,7 +185,8 @@ def errors(err: str) -> List[str]:
 
 
 def one_case(i: int, rng: random.Random, nrng: np.random.Generator, models: List[Tuple[str, str]], work: Path,
-             timeout: float, layer_rng: Optional[random.Random] = None) -> Dict[str, Any]:
+             timeout: float, layer_rng: Optional[random.Random] = None,
+             metric_rng: Optional[random.Random] = None) -> Dict[str, Any]:
     kind, name = rng.choice(models)
     fields = rng.sample(sorted(OPTIONS), rng.randint(1, 6))
     options = {f: rng.choice(OPTIONS[f]) for f in fields}
@@ -201,6 +220,10 @@ def one_case(i: int, rng: random.Random, nrng: np.random.Generator, models: List
         case["run"] = {"batch": batch, "rc": rc_run}
         if failed(rc_run, err_run):
             case["failed"], case["run"]["error"] = True, errors(err_run)
+    if metric_rng is not None and case.get("run", {}).get("rc") == 0:
+        data = next(line.split(" = ", 1)[1] for line in base if line.startswith("calibration_data = "))
+        case["metrics"] = metric_run(metric_rng, folder, cfg, data, timeout)
+        case["failed"] = case["failed"] or bool(case["metrics"].get("failed"))
     if any(f in options for f in ROUND_TRIP_FREE):
         return case
     reference = ir_digest(folder / "a")
@@ -216,6 +239,38 @@ def one_case(i: int, rng: random.Random, nrng: np.random.Generator, models: List
         case["layer_edits"] = layer_edits(layer_rng, template, folder, cfg, inputs, timeout)
         case["failed"] = case["failed"] or bool(case["layer_edits"].get("failed"))
     return case
+
+
+METRICS = ["RMSEMetric", "CosDistanceMetric", "MaxAbsErrorMetric", "FlattenCosDistanceMetric"]
+
+
+def metric_run(rng: random.Random, folder: Path, cfg: Callable[[str, List[str]], str], data: str,
+               timeout: float) -> Dict[str, Any]:
+    """The case again with a metric on validation data (its calibration inputs, labelled with the dequantized
+    outputs of `quantopt run`), a random metric_batch_size and, half of the time, the mixed-precision search: it
+    must exit 0 or with an error code, and a run that exits 0 must have evaluated the metric."""
+    outputs = json.loads((folder / "run" / "outputs.json").read_text())["outputs"]
+    if len(outputs) != 1:
+        return {"skipped": "the model has several outputs"}
+    out = next(iter(outputs.values()))
+    q = np.load(folder / "run" / out["file"]).astype(np.float64)
+    labels = ((q + out["zp"]) / out["scale"]).astype(np.float32) if out.get("quantized") else q.astype(np.float32)
+    np.save(folder / "labels.npy", labels)
+    lines = [f"data = {data}", f"label = {folder / 'labels.npy'}", f"metric = {rng.choice(METRICS)}",
+             f"metric_batch_size = {rng.choice([1, 2, 3, 8])}"]
+    if rng.random() < 0.5:
+        lines += [f"mixed_precision_auto_search = 1,{rng.choice(['0.0', '0.01', '1.0'])},L",
+                  f"mixed_precision_ranking = {rng.choice(['probe', 'similarity'])}"]
+    result: Dict[str, Any] = {"fields": lines[2:]}
+    rc, err = run(["quantopt", "--log-level", "info", "--cfg", cfg("metric", lines)], timeout)
+    result["rc"] = rc
+    if failed(rc, err):
+        result["failed"], result["error"] = True, errors(err)
+    elif rc == 0 and "quantized metric:" not in err:
+        result["failed"], result["error"] = True, ["exit 0 without a 'quantized metric:' line"]
+    elif rc != 0:
+        result["error"] = errors(err)
+    return result
 
 
 def layer_edits(rng: random.Random, template: Path, folder: Path, cfg: Callable[[str, List[str]], str],
@@ -264,6 +319,9 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per quantopt process")
     parser.add_argument("--layer-edits", action="store_true",
                         help="also run each successful case again with random edits of its per-layer JSON")
+    parser.add_argument("--metrics", action="store_true",
+                        help="also run each successful case with a metric on labelled data (and, half of the time, "
+                             "the mixed-precision search)")
     parser.add_argument("--keep", help="a folder to keep the cases in (default: a temporary one, removed)")
     args = parser.parse_args(argv)
     kinds = set(args.models.split(","))
@@ -278,7 +336,8 @@ def main(argv: List[str]) -> int:
     try:
         for i in range(args.cases):
             layer_rng = random.Random(args.seed * 1_000_003 + i) if args.layer_edits else None
-            case = one_case(i, rng, nrng, models, work, args.timeout, layer_rng)
+            metric_rng = random.Random(args.seed * 1_000_003 + i + 1) if args.metrics else None
+            case = one_case(i, rng, nrng, models, work, args.timeout, layer_rng, metric_rng)
             failures += bool(case["failed"])
             print(json.dumps(case), flush=True)
     finally:
