@@ -75,3 +75,19 @@ def test_unknown_plugin_is_found_before_model_work(plugin_dir: Path, tmp_path: P
 def test_a_non_qconfig_class_is_refused(plugin_dir: Path) -> None:
     with pytest.raises(registry.PluginError, match="must subclass OptBaseQConfig"):
         registry.register_plugin(registry.PluginType.QConfig)(type("NotOne", (), {}))
+
+
+def test_a_refused_value_names_the_plugin_that_set_it(plugin_dir: Path, tmp_path: Path, capsys) -> None:
+    """A valid value a layer cannot take (per-block weights on an integer Convolution) names the plugin's file and
+    the key, not the cfg field quantize_method_for_weight."""
+    plugin = plugin_dir / "aipubt_opt_qconfig_blocks.py"
+    plugin.write_text("from quantopt import OptBaseQConfig, PluginType, register_plugin\n\n\n"
+                      "@register_plugin(PluginType.QConfig)\nclass Blocks(OptBaseQConfig):\n"
+                      "    def configure(self, graph):\n"
+                      "        conv = next(n for n in graph.nodes if str(n.type) == 'Convolution')\n"
+                      "        return {conv.name: {'q_mode_weight': 'per_block_symmetric_restricted_range'}}\n")
+    cfg = example_cfg(tmp_path, "qconfig = Blocks\n", metric=None, data=None, label=None)
+    code = main(["--cfg", str(cfg)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 6 and f"{plugin}: 'q_mode_weight' (per-layer value): layer '" in err and "per-block" in err, err
+    assert not (tmp_path / "out" / "digits_o.txt").exists()
