@@ -140,11 +140,11 @@ def decode_storage(raw: np.ndarray, dtype: Dtype) -> torch.Tensor:
     if dtype is Dtype.FP32:
         arr = raw if raw.flags.aligned else raw.copy()
         return torch.from_numpy(arr)
-    if dtype is Dtype.BFP16:
-        bits = raw.astype(np.uint32) << 16
+    if dtype is Dtype.BFP16:  # np.asarray: a 0-d array shifted is a numpy scalar, which torch does not take
+        bits = np.asarray(raw.astype(np.uint32) << 16)
         return torch.from_numpy(bits.view(np.float32))
     if dtype.is_minifloat:
-        return torch.from_numpy(minifloat.decode(raw, _MINIFLOAT_FORMATS[dtype]))
+        return torch.from_numpy(np.asarray(minifloat.decode(raw, _MINIFLOAT_FORMATS[dtype])))
     if dtype is Dtype.FP16:
         return torch.from_numpy(raw.astype(np.float32))
     if dtype is Dtype.FP64:
