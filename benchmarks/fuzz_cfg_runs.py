@@ -113,7 +113,7 @@ LAYER_OPTIONS: Dict[str, List[Any]] = {
     "trigger_float_op": ["disable", "float16_preferred", "bfloat16_preferred", "float32_preferred"],
     "force_dtype_int": [True, False],
     "lut_items_in_bits": [8, 10],
-    "multiplier_bits": [8, 12, 16],
+    "multiplier_bits": [8, 12, 15],
     "bias_effective_bits": [20, 32],
     "unify_shifts_for_aiff": [True, False],
 }
