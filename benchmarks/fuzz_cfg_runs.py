@@ -203,7 +203,8 @@ def one_case(i: int, rng: random.Random, nrng: np.random.Generator, models: List
 
     def cfg(tag: str, extra: List[str]) -> str:
         path = folder / f"{tag}.cfg"
-        path.write_text("\n".join(base + [f"output_dir = {folder / tag}"] + extra) + "\n")
+        path.write_text("\n".join(base + [f"output_dir = {folder / tag}", f"dump_dir = {folder / tag / 'dump'}"]
+                                  + extra) + "\n")
         return str(path)
 
     case: Dict[str, Any] = {"case": i, "model": name, "options": options}
