@@ -222,19 +222,30 @@ class OptMaster:
         return label
 
     def zero_forward_check(self) -> None:
-        """Run all-zero inputs through the float graph; every layer's output shape must match the IR."""
+        """Run all-zero inputs through the float graph; every layer's output shape must match the IR. After
+        `modify_batch_dim`, a layer that cannot follow the new batch (an output that keeps the old one, or a layer
+        refusing its inputs: a Constant of one sample's values) is named with that cause."""
+        batch = self.cfg.modify_batch_dim
+
         def check(node: PyNode) -> None:
             for t in node.outputs:
                 got = tuple(t.betensor.shape)
                 if got != tuple(t.ir_shape) and not _loop_scan(node, t):
                     file, line = node.source if node.source else (None, None)
-                    why = "" if self.cfg.modify_batch_dim is None else \
-                        f" (modify_batch_dim = {self.cfg.modify_batch_dim} scaled dim 0 of every layer output; this " \
-                        "layer's does not follow the batch)"
+                    why = "" if batch is None else \
+                        f" (modify_batch_dim = {batch} scaled dim 0 of every layer output; this layer's does not " \
+                        "follow the batch)"
                     raise IRError(f"layer '{node.name}' ({node.type}) produced {list(got)} for output '{t.name}' "
                                   f"but the IR declares {list(t.ir_shape)}{why}", file=file, line=line)
 
-        self.graph.forward(self.graph.zero_inputs(), after_node=check)
+        try:
+            self.graph.forward(self.graph.zero_inputs(), after_node=check)
+        except QuantOptError as e:
+            if batch is None or "modify_batch_dim" in e.message:
+                raise
+            raise type(e)(f"{e.message} (modify_batch_dim = {batch} scaled dim 0 of every layer output but the "
+                          "Constants'; this layer's inputs do not follow the batch)", file=e.file, line=e.line,
+                          field=e.field, layer=e.layer) from None
 
     def calibration_batches(self, limit: Optional[int] = None) -> Iterator[List[torch.Tensor]]:
         """Prepared input batches of the calibration data (all-zero inputs when the user opted into that); a short

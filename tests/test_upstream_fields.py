@@ -16,6 +16,7 @@ from quantopt.config.fields import FIELDS, UPSTREAM_FIELDS
 from quantopt.graph.builder import GraphBuilder
 from quantopt.ir.reader import read_ir
 from quantopt.pipeline import finish_settings, quantize_model, run_quantized, settings_from_arguments
+from quantopt.quant.dtype import Dtype
 
 NEW_FIELDS = ("quant_ir_name", "skip_optimization", "write_similarity_to_ir", "record_debug_acc_info",
               "perf_mode_for_lib", "resize_degrade_to_nearest", "activation_perchannel_min_elements",
@@ -199,6 +200,30 @@ def test_modify_batch_dim_reports_a_layer_holding_the_old_batch(tmp_path: Path, 
     err = capsys.readouterr().err
     assert "layer 'rows' (Concat) produced [4, 4] for output 'rows' but the IR declares [6, 4] (modify_batch_dim = 3 " \
         "scaled dim 0 of every layer output; this layer's does not follow the batch)" in err
+
+
+def test_modify_batch_dim_names_the_cause_when_a_layer_refuses_its_inputs(tmp_path: Path, capsys) -> None:
+    """InTopK's targets are a Constant of one sample: at batch 2 the layer refuses them, and the error says that
+    modify_batch_dim made the batch (found by benchmarks/fuzz_cfg_runs.py, docs/robustness.md)."""
+    g = GraphBuilder("topk")
+    x = g.input("x", [1, 8])
+    t = g.layer("Constant", [], [[1]], name="target", constants={"weights": np.array([3], np.float32)})
+    y = g.layer("InTopK", [x, t], [[1]], name="intopk", params=dict(k=3), output_dtypes=[Dtype.UINT8])
+    graph = g.build([y])
+    from quantopt.ir.writer import write_ir
+    write_ir(graph, str(tmp_path / "topk.txt"), str(tmp_path / "topk.bin"))
+    np.save(tmp_path / "calib.npy", np.ones((2, 8), np.float32))
+    cfg = tmp_path / "opt.cfg"
+    text = (f"[Common]\ngraph = {tmp_path / 'topk.txt'}\nbin = {tmp_path / 'topk.bin'}\ndataset = NumpyDataset\n"
+            f"calibration_data = {tmp_path / 'calib.npy'}\noutput_dir = {tmp_path / 'out'}\n")
+    cfg.write_text(text)
+    assert main(["--cfg", str(cfg)]) == 0
+    cfg.write_text(text.replace(str(tmp_path / "out"), str(tmp_path / "out2")) + "modify_batch_dim = 2\n")
+    assert main(["--cfg", str(cfg)]) == 3
+    err = [line for line in capsys.readouterr().err.splitlines() if "[ERROR]" in line]
+    assert len(err) == 1 and "layer 'intopk' (InTopK)" in err[0] and "(modify_batch_dim = 2 scaled dim 0 of every " \
+        "layer output but the Constants'; this layer's inputs do not follow the batch)" in err[0], err
+    assert not (tmp_path / "out2").exists() or not any((tmp_path / "out2").glob("*_o.txt"))
 
 
 def test_modify_batch_dim_refuses_a_model_without_batch_dim(tmp_path: Path, capsys) -> None:
