@@ -121,6 +121,10 @@ class OptMaster:
         self.calibration_fit = Fit(graph, along_dim0, int(cfg.label_batch_dim))
         self.validation_fit = Fit(graph, along_dim0, int(cfg.label_batch_dim))
         """which batch sizes the float graph runs; the samples left out of short last batches (graph/batch_fit.py)"""
+        self.batch_sizes: Dict[str, int] = {"calibration_batch_size": int(cfg.calibration_batch_size),
+                                            "metric_batch_size": int(cfg.metric_batch_size)}
+        """the loaders' batch sizes: the fields, or the IR's batch where a default cannot run (`fit_batch_sizes`)"""
+        self._datasets: Dict[str, Any] = {}
         self.float_metrics: List[OptBaseMetric] = []
         self.quant_metrics: List[OptBaseMetric] = []
         self.similarities: List[LayerSimilarity] = []
@@ -192,13 +196,18 @@ class OptMaster:
             ds = make_dataset(cfg, cfg.calibration_data)
             if cfg.calibration_shuffe:
                 ds = shuffled(ds)
-            self.calibration_loader = make_loader(cfg, ds, self.batch_size(cfg.calibration_batch_size,
-                                                                           "calibration_batch_size"))
+            size = self.batch_size(cfg.calibration_batch_size, "calibration_batch_size")
+            self.batch_sizes["calibration_batch_size"] = size
+            self._datasets["calibration_batch_size"] = ds
+            self.calibration_loader = make_loader(cfg, ds, size)
             OPT_INFO(f"calibration data: {len(ds)} samples from {cfg.calibration_data}")
             self._check_first_batch(self.calibration_loader, cfg.calibration_data)
         if cfg.data:
             ds = make_dataset(cfg, cfg.data, cfg.label or None)
-            self.validation_loader = make_loader(cfg, ds, self.batch_size(cfg.metric_batch_size, "metric_batch_size"))
+            size = self.batch_size(cfg.metric_batch_size, "metric_batch_size")
+            self.batch_sizes["metric_batch_size"] = size
+            self._datasets["metric_batch_size"] = ds
+            self.validation_loader = make_loader(cfg, ds, size)
             OPT_INFO(f"validation data: {len(ds)} samples from {cfg.data}")
             label = self._check_first_batch(self.validation_loader, cfg.data)
             if cfg.metric and _no_label(label):
@@ -251,7 +260,7 @@ class OptMaster:
         """Prepared input batches of the calibration data (all-zero inputs when the user opted into that); a short
         last batch is cut to whole IR batches where the graph cannot run it (`_fitted`)."""
         if self.calibration_loader is None:
-            size = self.cfg.calibration_batch_size
+            size = self.batch_sizes["calibration_batch_size"]
             self._fitted(self.calibration_fit, self.graph.zero_inputs(size), None, "calibration_batch_size")
             yield self.graph.zero_inputs(size)
             return
@@ -278,7 +287,7 @@ class OptMaster:
         why = fit.refusal(rows) if rows else None
         if why is None:
             return feed, label
-        size = int(getattr(self.cfg, field))
+        size = self.batch_sizes[field]
         if rows == size:
             given = "" if self.cfg.is_set(field) else " (the default)"
             raise self.cfg.error(field, f"{size}{given} is not a multiple of the IR's batch {fit.ir_batch}, which "
@@ -492,6 +501,29 @@ class OptMaster:
             self.prepare()
         with self.timer.step("zero-input forward check"):
             self.zero_forward_check()
+        self.fit_batch_sizes()
+
+    def fit_batch_sizes(self) -> None:
+        """A batch size left at its default (1) that the model cannot run, because some layer needs whole IR batches
+        of b > 1 (graph/batch_fit.py), becomes b, said once: a model made for batch 2 then calibrates and evaluates
+        without a cfg change. A batch size the user set is never changed (`_fitted` refuses it, naming the field)."""
+        fits = (("calibration_batch_size", self.calibration_fit), ("metric_batch_size", self.validation_fit))
+        for field, fit in fits:
+            size, b = self.batch_sizes[field], fit.ir_batch
+            if self.cfg.is_set(field) or b <= 1 or size % b == 0:
+                continue
+            if field == "metric_batch_size" and self.validation_loader is None:
+                continue
+            why = fit.refusal(size)
+            if why is None:
+                continue
+            self.batch_sizes[field] = b
+            if field == "calibration_batch_size" and self.calibration_loader is not None:
+                self.calibration_loader = make_loader(self.cfg, self._datasets[field], b)
+            elif field == "metric_batch_size":
+                self.validation_loader = make_loader(self.cfg, self._datasets[field], b)
+            OPT_INFO(f"{field} = {b}: the default {size} is not a whole IR batch of {b}, which the model needs "
+                     f"({why})")
 
     def evaluate_float(self) -> Dict[str, float]:
         return self.evaluate(self.graph, self.float_metrics, quantized=False)

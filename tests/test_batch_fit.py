@@ -115,12 +115,30 @@ def test_cli_refuses_a_batch_size_that_is_not_a_multiple(tmp_path: Path, capsys,
     assert "layer 'flat' (Reshape)" in err and not (tmp_path / "out" / "folding_o.txt").exists()
 
 
-def test_cli_names_a_default_batch_size(tmp_path: Path, capsys) -> None:
-    cfg = _cfg(tmp_path, _folding(), 4, 2, metric=False)
+def test_cli_default_batch_sizes_follow_the_ir_batch_the_model_needs(tmp_path: Path, capsys) -> None:
+    """Left at their default (1), calibration_batch_size and metric_batch_size become the IR's batch where a layer
+    needs whole IR batches, said once each; the run gives what batch 2 set in the cfg gives."""
+    cfg = _cfg(tmp_path, _folding(), 5, 2)
+    set_text = cfg.read_text()
+    cfg.write_text(set_text.replace("calibration_batch_size = 2\n", "").replace("metric_batch_size = 2\n", ""))
+    assert main(["--log-level", "info", "--cfg", str(cfg)]) == 0
+    err = capsys.readouterr().err
+    for field in ("calibration_batch_size", "metric_batch_size"):
+        assert err.count(f"{field} = 2: the default 1 is not a whole IR batch of 2, which the model needs "
+                         "(layer 'flat' (Reshape)") == 1, err
+    assert err.count("1 sample(s) of the last batch are left out") == 2 and "quantized metric: " in err
+    defaulted = (tmp_path / "out" / "folding_o.bin").read_bytes()
+    cfg.write_text(set_text.replace(str(tmp_path / "out"), str(tmp_path / "set")))
+    assert main(["--cfg", str(cfg)]) == 0
+    assert (tmp_path / "set" / "folding_o.bin").read_bytes() == defaulted
+
+
+def test_cli_default_batch_size_stays_where_the_model_runs_it(tmp_path: Path, capsys) -> None:
+    cfg = _cfg(tmp_path, _dense(), 4, 2, metric=False)
     cfg.write_text(cfg.read_text().replace("calibration_batch_size = 2\n", ""))
-    assert main(["--log-level", "info", "--cfg", str(cfg)]) == 2
-    assert "field 'calibration_batch_size': 1 (the default) is not a multiple of the IR's batch 2" in \
-        capsys.readouterr().err
+    assert main(["--log-level", "info", "--cfg", str(cfg)]) == 0
+    err = capsys.readouterr().err
+    assert "the default 1" not in err and "statistics collected over 4 calibration batch(es)" in err
 
 
 def test_cli_refuses_data_without_one_whole_ir_batch(tmp_path: Path, capsys) -> None:

@@ -108,13 +108,16 @@ field("data", "", PathKind(), "validation data file, read by the dataset plugin"
 field("label", "", PathKind(), "validation label file, read by the dataset plugin", group="data")
 field("metric", "", MetricListKind(), "metric plugins evaluated on the validation data, e.g. TopKMetric,TopKMetric(5)",
       group="data")
-field("metric_batch_size", 1, IntKind(minimum=1, maximum=MAX_BATCH), "batch size for metric evaluation", group="data")
+field("metric_batch_size", 1, IntKind(minimum=1, maximum=MAX_BATCH),
+      "batch size for metric evaluation (left unset: the IR's batch where a layer needs whole IR batches)",
+      group="data")
 field("calibration_data", "", PathKind(), "calibration data file, read by the dataset plugin", group="data")
 field("calibration_shuffe", False, BoolKind(),
       "calibrate on the calibration samples in a fixed pseudo-random order (seed 0: every pass and every run see "
       "the same order) instead of the file's; matters for the strategies that depend on sample order (mean, Nstd, "
       "aciq, weighted_scale_param). Upstream's spelling (sic)", group="data")
-field("calibration_batch_size", 1, IntKind(minimum=1, maximum=MAX_BATCH), "batch size for calibration", group="data")
+field("calibration_batch_size", 1, IntKind(minimum=1, maximum=MAX_BATCH),
+      "batch size for calibration (left unset: the IR's batch where a layer needs whole IR batches)", group="data")
 field("dataloader_workers", 0, IntKind(minimum=0, maximum=64), "worker processes of the data loaders (0 = main)",
       group="data")
 field("modify_batch_dim", None, OptionalIntKind(1, MAX_BATCH, off_words=("false",)),
