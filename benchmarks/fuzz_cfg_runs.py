@@ -12,8 +12,9 @@ must exit 0 or with one of quantopt's documented error codes (2-6) on one `[ERRO
   - `statistic_file = <the saved statistics>` gives the same IR bytes (the statistics file replaces the pass);
   - the same cfg on one thread (OMP_NUM_THREADS = MKL_NUM_THREADS = 1) gives the same IR bytes as the first run on
     the default thread count (outputs do not depend on the thread count, docs/architecture.md);
-  - `quantopt run` of the written IR on the calibration inputs at a random --batch-size exits 0 or with an error
-    code (a batch size the IR cannot take is a one-line error);
+  - `quantopt run` of the written IR on the calibration inputs at a random --batch-size (with --dequantize and
+    --dump-all half of the time each) exits 0 or with an error code (a batch size the IR cannot take is a one-line
+    error);
   - with --layer-edits, 1-3 per-layer values of 1-4 layers of the written template are changed (bits, modes,
     strategies, float islands, ...) and the run is made again with it as `opt_config`: it must exit 0 or with an
     error code, its IR must run, and each edit must be in the template it writes unless its log names the layer
@@ -186,7 +187,7 @@ def errors(err: str) -> List[str]:
 
 def one_case(i: int, rng: random.Random, nrng: np.random.Generator, models: List[Tuple[str, str]], work: Path,
              timeout: float, layer_rng: Optional[random.Random] = None,
-             metric_rng: Optional[random.Random] = None) -> Dict[str, Any]:
+             metric_rng: Optional[random.Random] = None, flags_rng: Optional[random.Random] = None) -> Dict[str, Any]:
     kind, name = rng.choice(models)
     fields = rng.sample(sorted(OPTIONS), rng.randint(1, 6))
     options = {f: rng.choice(OPTIONS[f]) for f in fields}
@@ -216,9 +217,10 @@ def one_case(i: int, rng: random.Random, nrng: np.random.Generator, models: List
     ir = next((folder / "a").glob("*_o.txt"), None)
     if ir is not None:
         batch = rng.choice([1, 2, 3, 8])
+        flags = [f for f in ("--dequantize", "--dump-all") if flags_rng is not None and flags_rng.random() < 0.5]
         rc_run, err_run = run(["quantopt", "run", str(ir), "-i", str(inputs), "-o", str(folder / "run"),
-                               "--quantize-inputs", "--batch-size", str(batch)], timeout)
-        case["run"] = {"batch": batch, "rc": rc_run}
+                               "--quantize-inputs", "--batch-size", str(batch)] + flags, timeout)
+        case["run"] = {"batch": batch, "flags": flags, "rc": rc_run}
         if failed(rc_run, err_run):
             case["failed"], case["run"]["error"] = True, errors(err_run)
     if metric_rng is not None and case.get("run", {}).get("rc") == 0:
@@ -338,7 +340,8 @@ def main(argv: List[str]) -> int:
         for i in range(args.cases):
             layer_rng = random.Random(args.seed * 1_000_003 + i) if args.layer_edits else None
             metric_rng = random.Random(args.seed * 1_000_003 + i + 1) if args.metrics else None
-            case = one_case(i, rng, nrng, models, work, args.timeout, layer_rng, metric_rng)
+            flags_rng = random.Random(args.seed * 1_000_003 + i + 2)  # its own stream: the cases of a seed stay
+            case = one_case(i, rng, nrng, models, work, args.timeout, layer_rng, metric_rng, flags_rng)
             failures += bool(case["failed"])
             print(json.dumps(case), flush=True)
     finally:
