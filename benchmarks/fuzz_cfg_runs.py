@@ -7,7 +7,8 @@ model of tests/data/onnx_small with seeded random inputs: token ids for the tran
 list of valid values (strategies, modes, bits, global methods, quant types, integer forms, batch sizes,
 modify_batch_dim, the QDQ export, graph passes, dumps, ...), and runs `quantopt --cfg` in a process of its own. It
 must exit 0 or with one of quantopt's documented error codes (2-6) on one `[ERROR]` line; an internal error
-(`internal error:`), a traceback or a run past --timeout is a failure. A run that succeeds is checked further:
+(`internal error:`), a traceback, a run past --timeout, or a failed run that left an IR, template, report or
+export behind is a failure. A run that succeeds is checked further:
   - `opt_config = <the written template>` gives the same IR bytes (the per-layer JSON holds every decision);
   - `statistic_file = <the saved statistics>` gives the same IR bytes (the statistics file replaces the pass);
   - the same cfg on one thread (OMP_NUM_THREADS = MKL_NUM_THREADS = 1) gives the same IR bytes as the first run on
@@ -181,6 +182,13 @@ def ir_digest(folder: Path) -> Dict[str, str]:
             for p in sorted(folder.glob("*_o.txt")) + sorted(folder.glob("*_o.bin"))}
 
 
+def half_written(folder: Path) -> List[str]:
+    """Outputs a failed run left behind: none may be there (an IR, a template, a report or an export of a run
+    that stopped is never written)."""
+    patterns = ("*_o.txt", "*_o.bin", "*_opt_template.json", "*_report.json", "*.qdq.onnx")
+    return sorted(p.name for pattern in patterns for p in folder.glob(pattern)) if folder.exists() else []
+
+
 def errors(err: str) -> List[str]:
     return [line[:300] for line in err.splitlines() if "[ERROR]" in line][-2:]
 
@@ -213,6 +221,9 @@ def one_case(i: int, rng: random.Random, nrng: np.random.Generator, models: List
     case["rc"], case["failed"] = rc, failed(rc, err)
     if rc != 0:
         case["error"] = errors(err)
+        left = half_written(folder / "a")
+        if left:
+            case["failed"], case["half_written"] = True, left
         return case
     ir = next((folder / "a").glob("*_o.txt"), None)
     if ir is not None:
@@ -273,6 +284,9 @@ def metric_run(rng: random.Random, folder: Path, cfg: Callable[[str, List[str]],
         result["failed"], result["error"] = True, ["exit 0 without a 'quantized metric:' line"]
     elif rc != 0:
         result["error"] = errors(err)
+        left = half_written(folder / "metric")
+        if left:
+            result["failed"], result["half_written"] = True, left
     return result
 
 
@@ -298,6 +312,9 @@ def layer_edits(rng: random.Random, template: Path, folder: Path, cfg: Callable[
     if rc != 0:
         result["failed"] = failed(rc, err)
         result["error"] = errors(err)
+        left = half_written(folder / "edited")
+        if left:
+            result["failed"], result["half_written"] = True, left
         return result
     written = json.loads(next((folder / "edited").glob("*_opt_template.json")).read_text())
     dropped = [f"{name}.{key}: {value!r} -> {written[name].get(key)!r}" for name, values in edits.items()
