@@ -6,7 +6,7 @@ Each case picks a model (a golden-corpus IR of tests/data/golden_corpus with its
 model of tests/data/onnx_small with seeded random inputs: token ids for the transformers) and 1-6 fields from a
 list of valid values (strategies, modes, bits, global methods, quant types, integer forms, batch sizes,
 modify_batch_dim, the QDQ export, graph passes, dumps, ...), and runs `quantopt --cfg` in a process of its own. It
-must exit 0 or with one of quantopt's documented error codes (2-6) on one `[ERROR]` line; an internal error
+must exit 0 or with one of quantopt's documented error codes (2-7) on one `[ERROR]` line; an internal error
 (`internal error:`), a traceback, a run past --timeout, or a failed run that left an IR, template, report or
 export behind is a failure. A run that succeeds is checked further:
   - `opt_config = <the written template>` gives the same IR bytes (the per-layer JSON holds every decision);
@@ -45,7 +45,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "data" / "golden_corpus"
 ONNX_SMALL = REPO / "tests" / "data" / "onnx_small"
-ERROR_CODES = (2, 3, 4, 5, 6)
+ERROR_CODES = (2, 3, 4, 5, 6, 7)
 
 PER_TENSOR = ["per_tensor_symmetric_restricted_range", "per_tensor_symmetric_full_range", "per_tensor_asymmetric"]
 OPTIONS: Dict[str, List[str]] = {

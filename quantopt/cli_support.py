@@ -9,7 +9,7 @@ import sys
 import traceback
 from typing import Callable
 
-from .errors import QuantOptError
+from .errors import QuantOptError, as_out_of_memory
 from .log import OPT_ERROR
 
 
@@ -29,9 +29,13 @@ def guarded(action: Callable[[], int], debug: bool) -> int:
     except KeyboardInterrupt:
         OPT_ERROR("interrupted")
         return 130
-    except Exception as e:  # a bug in quantopt, not a user error
+    except Exception as e:  # a bug in quantopt, not a user error, unless the machine ran out of memory
         if debug:
             traceback.print_exc()
+        oom = as_out_of_memory(e)
+        if oom is not None:
+            OPT_ERROR(str(oom))
+            return oom.exit_code
         hint = "the traceback is above" if debug else "rerun with --debug for a traceback"
         OPT_ERROR(f"internal error: {type(e).__name__}: {e} ({hint})")
         return 1

@@ -91,3 +91,28 @@ class UnsupportedError(QuantOptError):
 class BatchSizeError(UnsupportedError):
     """A layer that cannot run at the data's batch size (graph/batch.py): a caller that chose a larger batch itself
     (the statistics pass's grouped forwards) runs the IR batches one by one instead."""
+
+
+class OutOfMemoryError(QuantOptError):
+    """The machine (or the GPU) could not give the memory a step needed: the model, its input shapes or the batch
+    sizes ask for more than there is. Made from numpy's and torch's allocation failures by `as_out_of_memory`."""
+
+    exit_code = 7
+    kind = "out of memory"
+
+
+OOM_MARKERS = ("can't allocate memory", "Unable to allocate", "out of memory", "not enough memory")
+"""Texts of the allocation failures numpy (MemoryError), torch's CPU allocator (RuntimeError "can't allocate
+memory") and CUDA (torch.cuda.OutOfMemoryError "CUDA out of memory") raise."""
+
+
+def as_out_of_memory(error: BaseException) -> Optional[OutOfMemoryError]:
+    """`error` as one line of kind "out of memory" when it is an allocation failure, else None."""
+    text = " ".join(str(error).split())
+    if not isinstance(error, MemoryError) and not any(m in text for m in OOM_MARKERS):
+        return None
+    if len(text) > 200:
+        text = text[:200] + "..."
+    return OutOfMemoryError(f"{text or type(error).__name__}: use smaller batch sizes or input shapes, or a machine "
+                            "with more memory")
+

@@ -36,7 +36,7 @@ from .config.layer_settings import OptConfig, locate_setting_error
 from .config.reader import Config
 from .data import make_dataset, make_loader, make_metrics, prepare_inputs, shuffled, split_sample
 from .device import exact_arithmetic, resolve_device
-from .errors import ConfigError, DataError, IRError, QuantOptError, UnsupportedError
+from .errors import ConfigError, DataError, IRError, QuantOptError, UnsupportedError, as_out_of_memory
 from .graph.batch_fit import Fit
 from .graph.graph import PyGraph, QuantizeGraph
 from .graph.grouped import grouped_outputs
@@ -582,7 +582,8 @@ class OptMaster:
                 raise
             raise located from None
         except Exception as e:
-            error_to_file(f"internal error: {type(e).__name__}: {e}")
+            oom = as_out_of_memory(e)
+            error_to_file(str(oom) if oom is not None else f"internal error: {type(e).__name__}: {e}")
             raise
         finally:
             detach_file()

@@ -94,7 +94,9 @@ def _rmsnorm(g: OGraph, idx: Index, sq: ONode) -> Optional[Tuple[ONode, ONode, L
     if cast is not None and cast.op == "Cast" and g.dtypes.get(cast.outputs[0]) == g.dtypes.get(last.outputs[0]):
         nodes.append(cast)
         last = cast
-    shape = g.shapes[x]
+    shape = g.shapes.get(x)
+    if shape is None:  # shape inference could not give it (the converters report such tensors)
+        return None
     gamma = None
     mul = idx.single(last.outputs[0])
     mpair = const_and_var(g, mul) if mul is not None and mul.op == "Mul" else None
@@ -152,7 +154,9 @@ def _layernorm(g: OGraph, idx: Index, mean1: ONode) -> Optional[Tuple[ONode, ONo
     if sqrt is None or sqrt.op != "Sqrt" or idx.single(sqrt.outputs[0]) is not div or div.inputs[1] != sqrt.outputs[0]:
         return None
     nodes = [mean1, sub, sq, mean2, add, sqrt, div]
-    shape = g.shapes[x]
+    shape = g.shapes.get(x)
+    if shape is None:  # shape inference could not give it (the converters report such tensors)
+        return None
     affine = _gamma_beta(g, idx, div, axes, shape)
     if affine is None:
         return div, ONode(div.name, "MVN", [x], list(div.outputs), {"axes": list(axes), "epsilon": eps},
@@ -302,7 +306,8 @@ def fold_into_linear(g: OGraph) -> None:
 def _linear_before(g: OGraph, idx: Index, node: ONode) -> Optional[ONode]:
     for t in node.inputs:
         lin = idx.producer.get(t) if t and t not in g.consts else None
-        if lin is not None and lin.op in LINEAR_OPS and idx.single(t) is node and _linear_consts(g, lin):
+        if lin is not None and lin.op in LINEAR_OPS and idx.single(t) is node and lin.outputs[0] in g.shapes and \
+                _linear_consts(g, lin):
             return lin
     return None
 

@@ -5,12 +5,14 @@ one clear line on the command line.
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ...errors import ConfigError, IRError, UnsupportedError
+from ...ir.reader import MAX_ELEMENTS
 
 MIN_OPSET = 11
 """Oldest default-domain opset the importer converts from; older models are first upgraded to it with
@@ -41,6 +43,7 @@ def load_model(path: str) -> Any:
         raise IRError(f"not a readable ONNX model ({type(e).__name__}: {e})", file=path) from None
     if not model.graph.node and not model.graph.output:
         raise IRError("not a readable ONNX model (empty graph)", file=path)
+    check_structure(model, path)  # before the external data: the checker refuses protobufs over 2 GB
     base = os.path.dirname(os.path.abspath(path))
     missing = []
     for init in _all_initializers(model):
@@ -66,6 +69,57 @@ def load_model(path: str) -> Any:
         OPT_INFO(f"{path}: ONNX opset {version} upgraded to opset {MIN_OPSET} with onnx.version_converter")
     check_opset(model, path)
     return model
+
+
+def check_structure(model: Any, path: str) -> None:
+    """The model as ONNX defines a valid one (`onnx.checker`: every node input made before it is read, attribute
+    types and counts of each operator's schema, initializer data of their declared size): a broken model is one
+    IRError naming what the checker found, before the importer relies on any of it. Checked without its external
+    data (the checker refuses protobufs over 2 GB and would look for the data files from the working directory;
+    `load_model` and `build_ograph` check those files and sizes), and with two rules the importer does not need
+    relaxed on a copy: IR versions before 4 listed every initializer as a graph input too, and a graph input or
+    output may have an unknown rank (shape inference or --input-shape gives it)."""
+    onnx = require_onnx()
+    external = [t for t in _all_initializers(model) if t.data_location == onnx.TensorProto.EXTERNAL]
+    shapeless = [v for v in list(model.graph.input) + list(model.graph.output)
+                 if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    checked = model
+    if model.ir_version < 4 or shapeless or external:
+        checked = onnx.ModelProto()
+        checked.CopyFrom(model)
+        checked.ir_version = max(4, model.ir_version)
+        for v in list(checked.graph.input) + list(checked.graph.output):
+            if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape"):
+                v.type.tensor_type.shape.SetInParent()
+        _without_external_data(onnx, checked)
+    try:
+        onnx.checker.check_model(checked)
+    except Exception as e:  # onnx.checker.ValidationError, and C++ errors of other types for broken protobufs
+        text = " ".join(str(e).split())
+        raise IRError(f"not a valid ONNX model: {text[:300]}", file=path) from None
+    for node in model.graph.node:  # protobuf gives a string field that is not UTF-8 as bytes
+        for name in [node.name, node.op_type, *node.input, *node.output]:
+            if not isinstance(name, str):
+                raise IRError(f"not a valid ONNX model: node {node.name!r} holds a name that is not UTF-8 text "
+                              f"({name!r})", file=path)
+
+
+def _without_external_data(onnx: Any, model: Any) -> None:
+    """`model` (a copy) with each external initializer turned into a graph input of its type and dims, and each
+    external Constant value into an empty tensor: what the checker reads of them is then in the protobuf."""
+    names = {i.name for i in model.graph.input}
+    kept = []
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            kept.append(t)
+        elif t.name not in names:
+            model.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t") and attr.t.data_location == onnx.TensorProto.EXTERNAL:
+                attr.t.CopyFrom(onnx.helper.make_tensor(attr.t.name, onnx.TensorProto.FLOAT, [0], []))
 
 
 def _all_initializers(model: Any) -> List[Any]:
@@ -228,3 +282,9 @@ def fix_input_shapes(model: Any, shapes: Mapping[str, Sequence[int]], path: str)
     if problems:
         raise ConfigError(f"dynamic input shape(s) {', '.join(problems)}: give fixed shapes with "
                           "--input-shape name:d0,d1,... (or the cfg's input_shape)", file=path)
+    for inp in inputs:
+        shape = [int(d.dim_value) for d in inp.type.tensor_type.shape.dim]
+        if math.prod(shape) >= MAX_ELEMENTS:
+            raise UnsupportedError(f"input '{inp.name}' of shape {shape} holds {math.prod(shape)} values; quantopt "
+                                   f"takes tensors of fewer than 2^{MAX_ELEMENTS.bit_length() - 1} (as the IR reader)",
+                                   file=path)

@@ -157,7 +157,13 @@ def build_ograph(model: Any, path: str) -> OGraph:
 
     from .loader import default_opset
     opset = default_opset(model)
-    consts: Dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    consts: Dict[str, np.ndarray] = {}
+    for init in model.graph.initializer:
+        try:
+            consts[init.name] = numpy_helper.to_array(init)
+        except (ValueError, TypeError) as e:  # data of another size than its dims say, or of an unknown type
+            raise IRError(f"initializer '{init.name}' (dims {list(init.dims)}) cannot be read: {e}", file=path) \
+                from None
     graph_inputs = [i.name for i in model.graph.input if i.name not in consts]
     graph_outputs = [o.name for o in model.graph.output]
     alias: Dict[str, str] = {}

@@ -1,0 +1,136 @@
+"""Broken ONNX models end in one of quantopt's errors, never in an internal error: a short run of
+benchmarks/fuzz_onnx_import.py (deterministic), and one test for each fault its campaigns found (docs/robustness.md).
+"""
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+import onnx  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from quantopt.cli_support import guarded  # noqa: E402
+from quantopt.errors import IRError, OutOfMemoryError, UnsupportedError, as_out_of_memory  # noqa: E402
+from quantopt.frontends.onnx import import_onnx  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import fuzz_onnx_import  # noqa: E402
+
+
+def test_a_short_campaign_has_no_internal_error(tmp_path: Path) -> None:
+    previous = signal.signal(signal.SIGALRM, fuzz_onnx_import._on_alarm)
+    try:
+        result = fuzz_onnx_import.campaign(sorted(fuzz_onnx_import.MODELS.glob("*.onnx")), tmp_path, 80, 0, 60.0)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert result.cases == 80 and not result.internal and not result.hangs, fuzz_onnx_import.report([result])
+    assert sum(result.refused.values()) > 40  # the mutations do break the models
+
+
+def _model(nodes, inputs, outputs, initializers=(), ir_version: int = 8) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=ir_version)
+
+
+def _conv_mul(kernel: Sequence[int] = (3, 3)) -> onnx.ModelProto:
+    """Conv -> Mul by a per-channel constant (a pattern folded into the Conv)."""
+    w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+    k = numpy_helper.from_array(np.full((1, 4, 1, 1), 2.0, np.float32), "k")
+    return _model([helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=list(kernel), pads=[1, 1, 1, 1]),
+                   helper.make_node("Mul", ["c", "k"], ["y"])],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, k])
+
+
+@pytest.mark.parametrize("kernel", [(0, 0), (-1, -1), (7,), (1, 1, 1)])
+def test_the_folding_of_a_layer_without_a_known_shape_is_left_to_the_converters(tmp_path: Path,
+                                                                               kernel: Sequence[int]) -> None:
+    """A Conv whose kernel_shape no shape inference can use has no output shape: the Mul folding raised KeyError
+    on it; now it leaves the Conv alone and the converter reports the node."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_conv_mul(kernel), str(path))
+    with pytest.raises((IRError, UnsupportedError)) as info:
+        import_onnx(str(path))
+    assert str(path) in str(info.value) and "\n" not in str(info.value).split(":", 1)[0]
+    onnx.save(_conv_mul(), str(path))
+    assert import_onnx(str(path)) is not None  # the well-formed model still imports, folded
+
+
+def test_an_initializer_whose_data_does_not_fit_its_dims_is_named(tmp_path: Path) -> None:
+    model = _conv_mul()
+    init = next(i for i in model.graph.initializer if i.name == "k")
+    del init.dims[:]
+    init.dims.extend([1, 2])  # 4 values stored
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(IRError, match="initializer 'k'"):
+        import_onnx(str(path))
+
+
+def test_an_input_too_large_for_any_tensor_is_refused(tmp_path: Path) -> None:
+    model = _conv_mul()
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 2 ** 40
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(UnsupportedError, match="input 'x' of shape"):
+        import_onnx(str(path))
+
+
+def test_a_model_onnx_calls_invalid_is_one_ir_error(tmp_path: Path) -> None:
+    model = _conv_mul()
+    model.graph.node[1].input[0] = "nobody_makes_this"
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(IRError, match="not a valid ONNX model: .*nobody_makes_this"):
+        import_onnx(str(path))
+
+
+def test_an_old_ir_version_without_initializer_inputs_still_imports(tmp_path: Path) -> None:
+    """IR versions before 4 want every initializer listed as a graph input; files that do not are read anyway."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                            [1, 4])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                     [numpy_helper.from_array(np.ones(1, np.float32), "unused")], ir_version=3), str(path))
+    assert import_onnx(str(path)) is not None
+
+
+@pytest.mark.parametrize("error", [MemoryError("Unable to allocate 8.00 TiB for an array"),
+                                   RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't "
+                                                "allocate memory: you tried to allocate 844424930131968 bytes"),
+                                   RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB")])
+def test_an_allocation_failure_is_one_out_of_memory_line(error: Exception, caplog) -> None:
+    def fail() -> int:
+        raise error
+
+    assert guarded(fail, debug=False) == OutOfMemoryError.exit_code == 7
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(lines) == 1 and lines[0].startswith("out of memory: ") and "smaller batch sizes" in lines[0], lines
+
+
+def test_other_errors_stay_internal_errors(caplog) -> None:
+    assert as_out_of_memory(RuntimeError("shape mismatch")) is None
+
+    def fail() -> int:
+        raise RuntimeError("shape mismatch")
+
+    assert guarded(fail, debug=False) == 1
+    assert "internal error: RuntimeError: shape mismatch" in caplog.text
+
+
+def test_a_name_that_is_not_utf8_is_one_ir_error(tmp_path: Path) -> None:
+    """protobuf hands such a string field over as bytes, which the layer naming stumbled on (AttributeError)."""
+    model = _conv_mul()
+    model.graph.node[1].name = "mulAAAA"
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString().replace(b"mulAAAA", b"mul\xff\xfe\xfd\xfc"))
+    with pytest.raises(IRError, match="not UTF-8 text"):
+        import_onnx(str(path))
