@@ -134,3 +134,21 @@ def test_a_name_that_is_not_utf8_is_one_ir_error(tmp_path: Path) -> None:
     path.write_bytes(model.SerializeToString().replace(b"mulAAAA", b"mul\xff\xfe\xfd\xfc"))
     with pytest.raises(IRError, match="not UTF-8 text"):
         import_onnx(str(path))
+
+
+def test_a_bool_input_of_a_subtraction_is_one_ir_error(tmp_path: Path) -> None:
+    """A mask input declared bool and read by Sub (1 - mask): torch has no bool subtraction (RuntimeError)."""
+    import torch
+
+    from quantopt.registry import discover_plugins
+
+    discover_plugins()
+    one = numpy_helper.from_array(np.ones((1, 4), np.float32), "one")
+    path = tmp_path / "m.onnx"
+    onnx.save(_model([helper.make_node("Sub", ["one", "mask"], ["y"])],
+                     [helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 4])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [one]), str(path))
+    graph = import_onnx(str(path))
+    with pytest.raises(IRError, match="SUB of bool input"):
+        with torch.no_grad():
+            graph.forward(graph.zero_inputs())

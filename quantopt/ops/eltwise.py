@@ -123,6 +123,10 @@ def _check_inputs(node: PyNode, method: str, xs: List[torch.Tensor]) -> None:
         broadcast_shape([tuple(x.shape) for x in xs])
     except ValueError:
         raise node._error(f"input shapes {[list(x.shape) for x in xs]} do not broadcast") from None
+    if method == "SUB" and any(x.dtype == torch.bool for x in xs):  # torch has no bool subtraction
+        bools = [t.name for t, x in zip(node.inputs, xs) if x.dtype == torch.bool]
+        raise node._error(f"SUB of bool input(s) {bools}: subtraction takes numbers (a Cast to a number type "
+                          "first)")
 
 
 @ELTWISE.forward
