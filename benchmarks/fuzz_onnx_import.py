@@ -1,7 +1,7 @@
 """Random mutation campaign against the ONNX importer: broken models must end in a graph or in one of quantopt's
 errors, never in an internal error or a hang.
 
-    python benchmarks/fuzz_onnx_import.py [--mutations N] [--seed S] [--timeout SEC]
+    python benchmarks/fuzz_onnx_import.py [--mutations N] [--seed S] [--timeout SEC] [--quantize]
 
 Each case takes one of the small ONNX models of tests/data/onnx_small (CNNs, a U-Net, transformers, LSTM/GRU) and
 applies 1-3 random mutations: an attribute set to a hostile value (negative, zero, huge, NaN, an empty or overlong
@@ -9,7 +9,8 @@ list, a wrong type), a node's operator type swapped, a node input dropped, renam
 swapped with another, a node output renamed or duplicated, a node deleted, an initializer given other dims, another
 data type or cut data, a graph input given a zero, huge or symbolic dimension or another element type, the opset
 changed, or the serialized bytes cut or flipped. The result is imported (`import_onnx`) and, when that succeeds, run
-once on all-zero inputs, as `quantopt --cfg` does before any other work. Every case must end in a value or in a
+once on all-zero inputs, as `quantopt --cfg` does before any other work (with --quantize also calibrated, quantized
+and run in integers). Every case must end in a value or in a
 `QuantOptError`; anything else is an internal error, and a case past `--timeout` seconds a hang. The report and the
 exit status are those of benchmarks/fuzz_readers.py (status 1 on any internal error or hang). The cases are
 deterministic for a given --seed; tests/test_fuzz_onnx_import.py runs a short version in the test suite.
@@ -176,11 +177,14 @@ def mutated_bytes(rng: random.Random, data: bytes) -> Tuple[bytes, str]:
     return model.SerializeToString(), "; ".join(what)
 
 
-def import_and_run(path: Path) -> None:
-    """What `quantopt --cfg` does with an ONNX graph before any other work: import it, run all-zero inputs."""
+def import_and_run(path: Path, quantize: bool = False) -> None:
+    """What `quantopt --cfg` does with an ONNX graph before any other work: import it, run all-zero inputs; with
+    `quantize`, then calibrate on two batches of seeded random inputs (token ids for integer inputs), quantize and
+    run the integer forward."""
     import torch
 
     from quantopt.frontends.onnx import import_onnx
+    from quantopt.pipeline import quantize_model, run_quantized
     from quantopt.registry import discover_plugins
 
     discover_plugins()  # the operators' forwards, as the CLI registers them
@@ -188,6 +192,13 @@ def import_and_run(path: Path) -> None:
         graph = import_onnx(str(path))
         with torch.no_grad():
             graph.forward(graph.zero_inputs())
+            if quantize:
+                gen = torch.Generator().manual_seed(0)
+                batches = [[torch.randn(z.shape, generator=gen).to(z.dtype) if z.is_floating_point() else
+                            torch.randint(0, 8, z.shape, generator=gen).to(z.dtype) for z in graph.zero_inputs()]
+                           for _ in range(2)]
+                qgraph = quantize_model(graph, batches)
+                run_quantized(qgraph, batches[0])
     except Exception as e:  # an allocation failure is the CLI's "out of memory" line (exit code 7), not a bug
         oom = as_out_of_memory(e)
         if oom is None:
@@ -197,6 +208,7 @@ def import_and_run(path: Path) -> None:
 
 def campaign(models: Sequence[Path], folder: Path, n: int, seed: int, timeout: float,
              action: Callable[[Path], None] = import_and_run) -> Campaign:
+    """`n` mutated models through `action`; the cases depend only on `seed`."""
     rng = random.Random(seed)
     sources = [(m.stem, m.read_bytes()) for m in models]
     result = Campaign("onnx")
@@ -217,11 +229,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--mutations", type=int, default=500, help="cases (default 500)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds one case may take before it counts as a hang")
+    p.add_argument("--quantize", action="store_true",
+                   help="also calibrate, quantize and run the integer forward of every model that imports")
     args = p.parse_args(argv)
     signal.signal(signal.SIGALRM, _on_alarm)
     models = sorted(MODELS.glob("*.onnx"))
     with tempfile.TemporaryDirectory(prefix="quantopt-fuzz-onnx-") as tmp:
-        result = campaign(models, Path(tmp), args.mutations, args.seed, args.timeout)
+        result = campaign(models, Path(tmp), args.mutations, args.seed, args.timeout,
+                          lambda path: import_and_run(path, args.quantize))
     print(report([result]))
     return 1 if result.internal or result.hangs else 0
 

@@ -152,3 +152,15 @@ def test_a_bool_input_of_a_subtraction_is_one_ir_error(tmp_path: Path) -> None:
     with pytest.raises(IRError, match="SUB of bool input"):
         with torch.no_grad():
             graph.forward(graph.zero_inputs())
+
+
+def test_a_constant_of_an_unknown_data_type_is_one_ir_error(tmp_path: Path) -> None:
+    """onnx's reader raised KeyError for the data type (a flipped byte); the checker lets it through."""
+    value = numpy_helper.from_array(np.ones(4, np.float32), "v")
+    value.data_type = 91
+    path = tmp_path / "m.onnx"
+    onnx.save(_model([helper.make_node("Constant", [], ["c"], value=value), helper.make_node("Add", ["x", "c"], ["y"])],
+                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])]), str(path))
+    with pytest.raises(IRError, match="Constant node .*cannot be read"):
+        import_onnx(str(path))

@@ -90,11 +90,15 @@ def _attrs(onnx: Any, node: Any) -> Dict[str, Any]:
     return out
 
 
-def _constant_node_value(onnx: Any, node: Any) -> np.ndarray:
+def _constant_node_value(onnx: Any, node: Any, path: Optional[str] = None) -> np.ndarray:
     from onnx import numpy_helper
     for a in node.attribute:
         if a.name == "value":
-            return numpy_helper.to_array(a.t)
+            try:
+                return numpy_helper.to_array(a.t)
+            except (KeyError, ValueError, TypeError) as e:  # an unknown data type, data of another size than dims
+                raise IRError(f"Constant node '{node.name}': its value (dims {list(a.t.dims)}, data type "
+                              f"{a.t.data_type}) cannot be read: {type(e).__name__}: {e}", file=path) from None
         if a.name == "value_float":
             return np.array(a.f, dtype=np.float32)
         if a.name == "value_floats":
@@ -104,7 +108,7 @@ def _constant_node_value(onnx: Any, node: Any) -> np.ndarray:
         if a.name == "value_ints":
             return np.array(list(a.ints), dtype=np.int64)
     raise IRError(f"Constant node '{node.name}' has no supported value attribute (sparse/string values are not "
-                  "supported)")
+                  "supported)", file=path)
 
 
 def _infer(onnx: Any, model: Any) -> Any:
@@ -181,7 +185,7 @@ def build_ograph(model: Any, path: str) -> OGraph:
             node.name = f"{node.name}_{k}"
         names.add(node.name)
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            consts[node.output[0]] = _constant_node_value(onnx, node)
+            consts[node.output[0]] = _constant_node_value(onnx, node, path)
             sources[node.output[0]] = node.name
             continue
         nodes.append(node)
@@ -217,7 +221,7 @@ def build_ograph(model: Any, path: str) -> OGraph:
                     alias[node.output[0]] = alias.get(src, src)
                 changed = True
                 continue
-            inlined = inline_if(node, consts, names, lambda n: _constant_node_value(onnx, n), clean_name)
+            inlined = inline_if(node, consts, names, lambda n: _constant_node_value(onnx, n, path), clean_name)
             if inlined is not None:  # an If with a constant condition: the taken branch's nodes replace it
                 kept.extend(inlined)
                 changed = True
