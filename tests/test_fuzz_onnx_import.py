@@ -164,3 +164,25 @@ def test_a_constant_of_an_unknown_data_type_is_one_ir_error(tmp_path: Path) -> N
                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])]), str(path))
     with pytest.raises(IRError, match="Constant node .*cannot be read"):
         import_onnx(str(path))
+
+
+def test_an_opset_newer_than_the_installed_onnx_still_imports(tmp_path: Path) -> None:
+    """The checker has no schemas for such an opset: the model is imported as before the check (with the newer
+    opset warning), not refused."""
+    model = _conv_mul()
+    model.opset_import[0].version = onnx.defs.onnx_opset_version() + 1
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    assert import_onnx(str(path)) is not None
+
+
+def test_a_node_of_a_newer_opset_with_a_dropped_input_is_one_ir_error(tmp_path: Path) -> None:
+    """Without the checker (an opset newer than onnx knows) the node counts are still checked against the newest
+    schemas: a Mul with one input made the fusions index past its inputs (IndexError)."""
+    model = _conv_mul()
+    model.opset_import[0].version = onnx.defs.onnx_opset_version() + 1
+    del model.graph.node[1].input[1]
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(IRError, match=r"node '.*' \(Mul\) has 1 input\(s\) and 1 output\(s\); its schema takes 2-2"):
+        import_onnx(str(path))
