@@ -21,6 +21,7 @@ from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
 from quantopt.passes.fake_quant import apply_fake_quant
 from quantopt.pipeline import quantize_model, run_quantized
+from quantopt.quant.dtype import Dtype
 
 RNG = np.random.default_rng(7)
 
@@ -128,6 +129,26 @@ def test_quantize_and_dequantize_match_independent_reference():
     ref = (qin.astype(np.float32) + np.float32(deq.params["quantize_zp"])) * (np.float32(1.0) /
                                                                              np.float32(deq.params["quantize_scale"]))
     assert np.array_equal(deq.outputs[0].betensor.numpy(), ref.astype(np.float32))
+
+
+@pytest.mark.parametrize("float_type", ["float16_preferred", "bfloat16_preferred", "float32_preferred"])
+def test_a_float_constant_of_indices_stays_exact_for_the_layer_reading_it(float_type: str) -> None:
+    """InTopK reads exact integers: a float-island Constant of class indices crosses its border as integers of
+    scale 1, as the Constant quantized in integers would (its border Quantize had quantized them from their range,
+    which InTopK refused; found by benchmarks/fuzz_cfg_runs.py --layer-edits, docs/robustness.md)."""
+    b = GraphBuilder("topk")
+    b.input("x", [1, 8])
+    b.layer("Constant", [], [[1]], name="target", constants={"weights": np.array([5], np.float32)})
+    b.layer("InTopK", ["x", "target"], [[1]], name="intopk", params={"k": 3}, output_dtypes=[Dtype.UINT8])
+    g = b.build(["intopk"])
+    gen = torch.Generator().manual_seed(5)
+    data = [torch.randn(1, 8, generator=gen) for _ in range(6)]
+    q = quantize_model(g, data, per_layer={"target": {"trigger_float_op": float_type}})
+    border = q.node("target_quantize")
+    assert q.quant.get(border.outputs[0]).qinvariant and border.params["quantize_scale"] == 1.0
+    for x in data:
+        want = g.forward([x])[0]
+        assert torch.equal(run_quantized(q, x)[0].to(want.dtype), want)
 
 
 @pytest.mark.parametrize("mode, min_cos", [("float32_act_int_wht", 0.999), ("float16_act_fp8e4m3fn_wht", 0.995),

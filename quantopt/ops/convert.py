@@ -25,6 +25,7 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
+from .io import integer_bits, integer_constant_range
 
 SEMANTICS = "docs/semantics/convert.md"
 
@@ -67,17 +68,21 @@ def quantize_forward(self: PyNode) -> None:
 @QUANTIZE.quantize
 def quantize_quantize(self: PyNode) -> None:
     """Output params from the calibrated range of the float tensor (copied onto the output when the layer was
-    inserted) with the layer's activation bits and mode; an integer-valued float tensor (an index output of a
-    float layer) becomes an exact integer tensor (scale 1)."""
+    inserted) with the layer's activation bits and mode; an integer tensor of a float layer (an index output) and
+    the output of a float Constant holding only integers become exact integer tensors (scale 1), as an integer
+    Constant is quantized (`ops/io.py`), so the layers reading indices get them exact."""
     inp, out = self.inputs[0], self.outputs[0]
     fp8_dtype = self.attrs.get("fp8_output")
     if fp8_dtype is not None:  # inserted before an fp8 layer (passes/fp8_borders.py)
         _fp8.quantize_to_fp8(self, fp8_dtype)
         return
+    constant = integer_constant_range(inp.pnode) if inp.pnode is not None else None
     if not inp.ir_dtype.is_float:
         lo = ranges_of(self).get(out).min
         set_qinvariant(self, out, integer_output_bits(self, bool(float(lo or 0.0) < 0)),
                        bool(float(lo or 0.0) < 0))
+    elif constant is not None:  # a float-island Constant of integers (indices, counts): exact, as it is unquantized
+        set_qinvariant(self, out, *integer_bits(*constant))
     else:
         lo = ranges_of(self).get(out).min
         signed = bool(lo is not None and float(lo) < 0)

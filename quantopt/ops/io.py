@@ -1,7 +1,7 @@
 """Graph inputs and constants: float forward, quantization, integer forward."""
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -105,6 +105,19 @@ def integer_bits(lo: float, hi: float) -> Tuple[int, bool]:
         if qmin <= lo and hi <= qmax:
             return bits, signed
     return INT_INPUT_MAX_BITS, signed
+
+
+def integer_constant_range(node: PyNode) -> Optional[Tuple[float, float]]:
+    """(min, max) of a Constant layer whose values are all integers (finite, no mask values: see
+    `constant_quantize`), else None: such a constant is quantized as exact integers (scale 1)."""
+    if str(node.type) != "Constant" or "weights" not in node.constants:
+        return None
+    values = node.constants["weights"].betensor
+    if values.is_floating_point():
+        if not bool(torch.isfinite(values).all()) or bool((values.abs() >= INF_MASK_THRESHOLD).any()) or \
+                not bool((values == torch.round(values)).all()):
+            return None
+    return (float(values.min()), float(values.max())) if values.numel() else (0.0, 0.0)
 
 
 @CONSTANT.forward
