@@ -186,3 +186,29 @@ def test_a_node_of_a_newer_opset_with_a_dropped_input_is_one_ir_error(tmp_path: 
     onnx.save(model, str(path))
     with pytest.raises(IRError, match=r"node '.*' \(Mul\) has 1 input\(s\) and 1 output\(s\); its schema takes 2-2"):
         import_onnx(str(path))
+
+
+def test_an_attribute_of_the_wrong_type_in_a_newer_opset_is_one_ir_error(tmp_path: Path) -> None:
+    """A float `keepdims` where the schema wants an int made a fusion iterate a float (TypeError)."""
+    model = _model([helper.make_node("ReduceMean", ["x"], ["y"], keepdims=1.5)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])])
+    model.opset_import[0].version = onnx.defs.onnx_opset_version() + 1
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(IRError, match="attribute 'keepdims' of node .* is of type FLOAT; its schema says INT"):
+        import_onnx(str(path))
+
+
+def test_reduce_axes_of_another_type_are_no_layernorm_pattern(tmp_path: Path) -> None:
+    """An `axes` attribute the newest schema does not have (opset 18 made it an input), given as a float: the
+    LayerNorm matcher iterated it (TypeError); now the node is left to its converter, which reports it."""
+    model = _model([helper.make_node("ReduceMean", ["x"], ["m"], axes=2.0),
+                    helper.make_node("Sub", ["x", "m"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model.opset_import[0].version = onnx.defs.onnx_opset_version() + 1
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(UnsupportedError, match="ReduceMean"):
+        import_onnx(str(path))

@@ -122,7 +122,9 @@ def _reduce_axes(g: OGraph, node: ONode) -> Optional[Tuple[int, ...]]:
             return None
         axes = np.asarray(g.consts[node.inputs[1]]).reshape(-1).tolist()
     else:
-        axes = list(node.attrs.get("axes", []))
+        axes = node.attrs.get("axes", [])
+        if not isinstance(axes, list) or not all(isinstance(a, int) for a in axes):
+            return None  # an attribute of another type: not a pattern (the converter reports the node)
     if not axes:
         return None
     return tuple(sorted({int(a) % rank for a in axes}))

@@ -114,7 +114,8 @@ def check_structure(model: Any, path: str) -> None:
 
 def _check_arity(onnx: Any, model: Any, opset: int, path: str) -> None:
     """Each default-domain node of the main graph has as many inputs and outputs as its operator's schema at
-    `opset` allows (an operator without a schema is left to its converter, which reports it)."""
+    `opset` allows, and attributes of the schema's types (an operator without a schema is left to its converter,
+    which reports it)."""
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx"):
             continue
@@ -127,6 +128,12 @@ def _check_arity(onnx: Any, model: Any, opset: int, path: str) -> None:
             raise IRError(f"not a valid ONNX model: node '{node.name}' ({node.op_type}) has {inputs} input(s) and "
                           f"{outputs} output(s); its schema takes {schema.min_input}-{schema.max_input} and "
                           f"{schema.min_output}-{schema.max_output}", file=path)
+        for attr in node.attribute:
+            spec = schema.attributes.get(attr.name)
+            if spec is not None and attr.type != spec.type.value:
+                raise IRError(f"not a valid ONNX model: attribute '{attr.name}' of node '{node.name}' "
+                              f"({node.op_type}) is of type {onnx.AttributeProto.AttributeType.Name(attr.type)}; "
+                              f"its schema says {spec.type.name}", file=path)
 
 
 def _without_external_data(onnx: Any, model: Any) -> None:
