@@ -300,6 +300,19 @@ def test_deeply_set_unquantifiable_marks_shape_chains() -> None:
     assert g.node("rx").settings.trigger_float_op == "disable" and g.node("add").settings.trigger_float_op == "disable"
 
 
+def test_deeply_set_unquantifiable_warns_when_it_overrides_a_layers_own_value(caplog) -> None:
+    """A shape-only layer set to disable for itself (an opt_config edit) is still made float, as upstream's pass
+    does, but with a warning naming it (found by benchmarks/fuzz_cfg_runs.py --layer-edits)."""
+    g = _float_chain()
+    settings_from_arguments(g, per_layer={"sig": {"trigger_float_op": "float16_preferred"},
+                                          "tr": {"trigger_float_op": "disable"}})
+    with caplog.at_level("WARNING", logger="quantopt"):
+        assert deeply_set_unquantifiable(g) == ["rs", "tr"]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "layer 'tr' (Transpose) runs in float after float layer 'rs', though " \
+        "trigger_float_op = disable is set for it" in warned[0], warned
+
+
 def test_deeply_set_unquantifiable_moves_the_quantize_layer() -> None:
     plain, deep = _quantize_chain(False), _quantize_chain(True)
     unq = {n.name for n in deep.nodes if n.params.get("unquantifiable")}
