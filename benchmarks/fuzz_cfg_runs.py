@@ -182,11 +182,13 @@ def ir_digest(folder: Path) -> Dict[str, str]:
             for p in sorted(folder.glob("*_o.txt")) + sorted(folder.glob("*_o.bin"))}
 
 
-def half_written(folder: Path) -> List[str]:
-    """Outputs a failed run left behind: none may be there (an IR, a template, a report or an export of a run
-    that stopped is never written)."""
+def check_nothing_written(result: Dict[str, Any], folder: Path) -> None:
+    """Mark `result` (of a failed run) failed when the run left outputs in `folder`: an IR, a template, a report or
+    an export of a run that stopped is never written."""
     patterns = ("*_o.txt", "*_o.bin", "*_opt_template.json", "*_report.json", "*.qdq.onnx")
-    return sorted(p.name for pattern in patterns for p in folder.glob(pattern)) if folder.exists() else []
+    left = sorted(p.name for pattern in patterns for p in folder.glob(pattern)) if folder.exists() else []
+    if left:
+        result["failed"], result["half_written"] = True, left
 
 
 def errors(err: str) -> List[str]:
@@ -221,9 +223,7 @@ def one_case(i: int, rng: random.Random, nrng: np.random.Generator, models: List
     case["rc"], case["failed"] = rc, failed(rc, err)
     if rc != 0:
         case["error"] = errors(err)
-        left = half_written(folder / "a")
-        if left:
-            case["failed"], case["half_written"] = True, left
+        check_nothing_written(case, folder / "a")
         return case
     ir = next((folder / "a").glob("*_o.txt"), None)
     if ir is not None:
@@ -284,9 +284,7 @@ def metric_run(rng: random.Random, folder: Path, cfg: Callable[[str, List[str]],
         result["failed"], result["error"] = True, ["exit 0 without a 'quantized metric:' line"]
     elif rc != 0:
         result["error"] = errors(err)
-        left = half_written(folder / "metric")
-        if left:
-            result["failed"], result["half_written"] = True, left
+        check_nothing_written(result, folder / "metric")
     return result
 
 
@@ -312,9 +310,7 @@ def layer_edits(rng: random.Random, template: Path, folder: Path, cfg: Callable[
     if rc != 0:
         result["failed"] = failed(rc, err)
         result["error"] = errors(err)
-        left = half_written(folder / "edited")
-        if left:
-            result["failed"], result["half_written"] = True, left
+        check_nothing_written(result, folder / "edited")
         return result
     written = json.loads(next((folder / "edited").glob("*_opt_template.json")).read_text())
     dropped = [f"{name}.{key}: {value!r} -> {written[name].get(key)!r}" for name, values in edits.items()

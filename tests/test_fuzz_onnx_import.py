@@ -40,6 +40,14 @@ def _model(nodes, inputs, outputs, initializers=(), ir_version: int = 8) -> onnx
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=ir_version)
 
 
+def _refused(tmp_path: Path, model: onnx.ModelProto, error: type, match: str) -> None:
+    """Saving `model` and importing it raises `error` matching `match`."""
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(error, match=match):
+        import_onnx(str(path))
+
+
 def _conv_mul(kernel: Sequence[int] = (3, 3)) -> onnx.ModelProto:
     """Conv -> Mul by a per-channel constant (a pattern folded into the Conv)."""
     w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
@@ -69,28 +77,19 @@ def test_an_initializer_whose_data_does_not_fit_its_dims_is_named(tmp_path: Path
     init = next(i for i in model.graph.initializer if i.name == "k")
     del init.dims[:]
     init.dims.extend([1, 2])  # 4 values stored
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    with pytest.raises(IRError, match="initializer 'k'"):
-        import_onnx(str(path))
+    _refused(tmp_path, model, IRError, "initializer 'k'")
 
 
 def test_an_input_too_large_for_any_tensor_is_refused(tmp_path: Path) -> None:
     model = _conv_mul()
     model.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 2 ** 40
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    with pytest.raises(UnsupportedError, match="input 'x' of shape"):
-        import_onnx(str(path))
+    _refused(tmp_path, model, UnsupportedError, "input 'x' of shape")
 
 
 def test_a_model_onnx_calls_invalid_is_one_ir_error(tmp_path: Path) -> None:
     model = _conv_mul()
     model.graph.node[1].input[0] = "nobody_makes_this"
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    with pytest.raises(IRError, match="not a valid ONNX model: .*nobody_makes_this"):
-        import_onnx(str(path))
+    _refused(tmp_path, model, IRError, "not a valid ONNX model: .*nobody_makes_this")
 
 
 def test_an_old_ir_version_without_initializer_inputs_still_imports(tmp_path: Path) -> None:
@@ -182,10 +181,7 @@ def test_a_node_of_a_newer_opset_with_a_dropped_input_is_one_ir_error(tmp_path: 
     model = _conv_mul()
     model.opset_import[0].version = onnx.defs.onnx_opset_version() + 1
     del model.graph.node[1].input[1]
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    with pytest.raises(IRError, match=r"node '.*' \(Mul\) has 1 input\(s\) and 1 output\(s\); its schema takes 2-2"):
-        import_onnx(str(path))
+    _refused(tmp_path, model, IRError, r"node '.*' \(Mul\) has 1 input\(s\) and 1 output\(s\); its schema takes 2-2")
 
 
 def test_an_attribute_of_the_wrong_type_in_a_newer_opset_is_one_ir_error(tmp_path: Path) -> None:
@@ -194,10 +190,7 @@ def test_an_attribute_of_the_wrong_type_in_a_newer_opset_is_one_ir_error(tmp_pat
                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])])
     model.opset_import[0].version = onnx.defs.onnx_opset_version() + 1
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    with pytest.raises(IRError, match="attribute 'keepdims' of node .* is of type FLOAT; its schema says INT"):
-        import_onnx(str(path))
+    _refused(tmp_path, model, IRError, "attribute 'keepdims' of node .* is of type FLOAT; its schema says INT")
 
 
 def test_reduce_axes_of_another_type_are_no_layernorm_pattern(tmp_path: Path) -> None:
@@ -208,7 +201,4 @@ def test_reduce_axes_of_another_type_are_no_layernorm_pattern(tmp_path: Path) ->
                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
     model.opset_import[0].version = onnx.defs.onnx_opset_version() + 1
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    with pytest.raises(UnsupportedError, match="ReduceMean"):
-        import_onnx(str(path))
+    _refused(tmp_path, model, UnsupportedError, "ReduceMean")
