@@ -13,6 +13,7 @@ from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..config.layer_settings import LayerSettings
 from ..errors import UnsupportedError
 from ..graph.memo import layer_key, memo
@@ -22,7 +23,7 @@ from ..graph.tensor import PyTensor
 from ..log import OPT_INFO, OPT_WARN
 from ..quant.dtype import Dtype, int_dtype_for_bits
 from ..quant.given import GIVEN_PARAMS, GIVEN_VALUES
-from ..quant.hardware import PRELU_SLOPE_SHIFT
+from ..quant.hardware import INT_INPUT_MAX_BITS, PRELU_SLOPE_SHIFT
 from ..quant.params import QuantMode, QuantParams, integer_range, linear_quant_params, quantize
 from ..quant.requant import (
     MAGIC_SCALED_BOUND,
@@ -828,3 +829,28 @@ def integer_output_bits(node: PyNode, signed: bool) -> int:
         if qmin <= lo and hi <= qmax:
             return bits
     return 32
+
+
+# ------------------------------------------------------------------------------------------------ integer constants
+def integer_bits(lo: float, hi: float) -> Tuple[int, bool]:
+    """(bits, signed) of the narrowest integer type holding [lo, hi], as upstream types an integer-valued Constant:
+    unsigned when lo >= 0 unless hi > 65535 (then int32), of 8, 16 or 32 bits."""
+    signed = lo < 0 or hi > 65535
+    for bits in (8, 16):
+        qmin, qmax = integer_range(bits, signed)
+        if qmin <= lo and hi <= qmax:
+            return bits, signed
+    return INT_INPUT_MAX_BITS, signed
+
+
+def integer_constant_range(node: PyNode) -> Optional[Tuple[float, float]]:
+    """(min, max) of a Constant layer whose values are all integers (finite, no mask values: see
+    `constant_quantize`), else None: such a constant is quantized as exact integers (scale 1)."""
+    if str(node.type) != "Constant" or "weights" not in node.constants:
+        return None
+    values = node.constants["weights"].betensor
+    if values.is_floating_point():
+        if not bool(torch.isfinite(values).all()) or bool((values.abs() >= INF_MASK_THRESHOLD).any()) or \
+                not bool((values == torch.round(values)).all()):
+            return None
+    return (float(values.min()), float(values.max())) if values.numel() else (0.0, 0.0)

@@ -17,6 +17,8 @@ from ..registry import declare_op
 from ..registry.schema import Float, Int, IntValued, Text, quantized
 from . import _fp8
 from ._quant import (
+    integer_bits,
+    integer_constant_range,
     integer_output_bits,
     out_range,
     params,
@@ -25,7 +27,6 @@ from ._quant import (
     tensor_scale,
     tensor_zp,
 )
-from .io import integer_bits, integer_constant_range
 
 SEMANTICS = "docs/semantics/convert.md"
 

@@ -1,8 +1,6 @@
 """Graph inputs and constants: float forward, quantization, integer forward."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import numpy as np
 import torch
 
@@ -18,7 +16,7 @@ from ..quant.params import integer_range, quantize
 from ..registry import declare_op
 from ..registry.schema import Float, Int, quantized
 from . import _fp8
-from ._quant import layer_settings, out_range, quantize_activation, set_qinvariant
+from ._quant import integer_bits, layer_settings, out_range, quantize_activation, set_qinvariant
 from .onnx_build.qdq_graph import ONNX_INT_TYPES, QDQGraph, node_error
 
 INPUT = declare_op(
@@ -94,30 +92,6 @@ CONSTANT = declare_op(
 KEEP_IR_INTEGER = "keep_ir_integer_dtype"
 """`PyTensor.extra` key: this integer Constant output is read only by layers that take it as it is (If/Loop, set by
 passes/float_islands.py), so it keeps its IR integer dtype, as upstream leaves such a constant unquantized."""
-
-
-def integer_bits(lo: float, hi: float) -> Tuple[int, bool]:
-    """(bits, signed) of the narrowest integer type holding [lo, hi], as upstream types an integer-valued Constant:
-    unsigned when lo >= 0 unless hi > 65535 (then int32), of 8, 16 or 32 bits."""
-    signed = lo < 0 or hi > 65535
-    for bits in (8, 16):
-        qmin, qmax = integer_range(bits, signed)
-        if qmin <= lo and hi <= qmax:
-            return bits, signed
-    return INT_INPUT_MAX_BITS, signed
-
-
-def integer_constant_range(node: PyNode) -> Optional[Tuple[float, float]]:
-    """(min, max) of a Constant layer whose values are all integers (finite, no mask values: see
-    `constant_quantize`), else None: such a constant is quantized as exact integers (scale 1)."""
-    if str(node.type) != "Constant" or "weights" not in node.constants:
-        return None
-    values = node.constants["weights"].betensor
-    if values.is_floating_point():
-        if not bool(torch.isfinite(values).all()) or bool((values.abs() >= INF_MASK_THRESHOLD).any()) or \
-                not bool((values == torch.round(values)).all()):
-            return None
-    return (float(values.min()), float(values.max())) if values.numel() else (0.0, 0.0)
 
 
 @CONSTANT.forward
