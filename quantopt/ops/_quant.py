@@ -845,7 +845,7 @@ def integer_bits(lo: float, hi: float) -> Tuple[int, bool]:
 
 def integer_constant_range(node: PyNode) -> Optional[Tuple[float, float]]:
     """(min, max) of a Constant layer whose values are all integers (finite, no mask values: see
-    `constant_quantize`), else None: such a constant is quantized as exact integers (scale 1)."""
+    `constant_quantize` in ops/io.py), else None: such a constant is quantized as exact integers (scale 1)."""
     if str(node.type) != "Constant" or "weights" not in node.constants:
         return None
     values = node.constants["weights"].betensor
