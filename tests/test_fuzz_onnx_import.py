@@ -40,12 +40,16 @@ def _model(nodes, inputs, outputs, initializers=(), ir_version: int = 8) -> onnx
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=ir_version)
 
 
-def _refused(tmp_path: Path, model: onnx.ModelProto, error: type, match: str) -> None:
-    """Saving `model` and importing it raises `error` matching `match`."""
+def _saved(tmp_path: Path, model: onnx.ModelProto) -> str:
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
+    return str(path)
+
+
+def _refused(tmp_path: Path, model: onnx.ModelProto, error: type, match: str) -> None:
+    """Saving `model` and importing it raises `error` matching `match`."""
     with pytest.raises(error, match=match):
-        import_onnx(str(path))
+        import_onnx(_saved(tmp_path, model))
 
 
 def _conv_mul(kernel: Sequence[int] = (3, 3)) -> onnx.ModelProto:
@@ -78,6 +82,12 @@ def test_an_initializer_whose_data_does_not_fit_its_dims_is_named(tmp_path: Path
     del init.dims[:]
     init.dims.extend([1, 2])  # 4 values stored
     _refused(tmp_path, model, IRError, "initializer 'k'")
+
+
+def test_an_initializer_of_an_unknown_data_type_is_named(tmp_path: Path) -> None:
+    model = _conv_mul()
+    next(i for i in model.graph.initializer if i.name == "k").data_type = 117
+    _refused(tmp_path, model, IRError, "initializer 'k'.*data type 117")
 
 
 def test_an_input_too_large_for_any_tensor_is_refused(tmp_path: Path) -> None:
@@ -202,3 +212,15 @@ def test_reduce_axes_of_another_type_are_no_layernorm_pattern(tmp_path: Path) ->
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
     model.opset_import[0].version = onnx.defs.onnx_opset_version() + 1
     _refused(tmp_path, model, UnsupportedError, "ReduceMean")
+
+
+def test_a_constant_of_shape_with_a_float_shape_is_reported_not_folded(tmp_path: Path) -> None:
+    """The folding took the product of a NaN shape as an integer (ValueError); a shape of another type than
+    integers is now left to the converter, which reports the node."""
+    shape = numpy_helper.from_array(np.array([np.nan, 4], np.float32), "s")
+    model = _model([helper.make_node("Constant", [], ["shape"], value=shape),
+                    helper.make_node("ConstantOfShape", ["shape"], ["c"]), helper.make_node("Add", ["x", "c"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    with pytest.raises((IRError, UnsupportedError)):
+        import_onnx(_saved(tmp_path, model))

@@ -165,9 +165,9 @@ def build_ograph(model: Any, path: str) -> OGraph:
     for init in model.graph.initializer:
         try:
             consts[init.name] = numpy_helper.to_array(init)
-        except (ValueError, TypeError) as e:  # data of another size than its dims say, or of an unknown type
-            raise IRError(f"initializer '{init.name}' (dims {list(init.dims)}) cannot be read: {e}", file=path) \
-                from None
+        except (KeyError, ValueError, TypeError) as e:  # an unknown data type, data of another size than its dims
+            raise IRError(f"initializer '{init.name}' (dims {list(init.dims)}, data type {init.data_type}) cannot "
+                          f"be read: {type(e).__name__}: {e}", file=path) from None
     graph_inputs = [i.name for i in model.graph.input if i.name not in consts]
     graph_outputs = [o.name for o in model.graph.output]
     alias: Dict[str, str] = {}
@@ -336,8 +336,9 @@ def _try_fold(onnx: Any, node: Any, opset: int, consts: Dict[str, np.ndarray],
         return [shape[start:end] if end is not None else shape[start:]]
     limit = FOLD_MAX_FILL_ELEMENTS if node.op_type == "ConstantOfShape" else FOLD_MAX_ELEMENTS
     if node.op_type == "ConstantOfShape" and node.input[0] in consts:
-        if int(np.prod(consts[node.input[0]])) > limit:
-            return None
+        dims = np.asarray(consts[node.input[0]])
+        if dims.dtype.kind not in "iu" or int(np.prod(dims)) > limit:  # a shape of another type is not folded:
+            return None  # its converter reports it
     if not all((not i) or i in consts for i in node.input):
         return None
     if node.op_type in ("Shape", "Size") and not node.input:
