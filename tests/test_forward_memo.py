@@ -52,6 +52,34 @@ def test_same_and_memo_follow_identity_version_and_key() -> None:
     assert layer_key(node) != k1
 
 
+def test_layer_key_follows_in_place_edits_of_list_params_and_dtype_params() -> None:
+    from quantopt.quant.dtype import Dtype
+
+    node = PyNode("n", "Convolution")
+    node.params.update({"num_output": 8, "shift_type": Dtype.INT8, "axis": [None]})
+    k1 = layer_key(node)
+    assert layer_key(node) == k1
+    node.params["axis"].append(3)  # the key holds the list object itself, and a frozen copy of its values
+    k2 = layer_key(node)
+    assert k2 != k1
+    node.params["shift_type"] = Dtype.INT16
+    k3 = layer_key(node)
+    assert k3 != k2
+    node.params["nested"] = [[1, 2], {"a": torch.zeros(2)}]
+    k4 = layer_key(node)
+    node.params["nested"][0][1] = 5
+    assert layer_key(node) != k4
+    node.params["nested"][0][1] = 2
+    node.params["nested"][1]["a"].add_(1.0)  # a tensor inside a param: by identity and version
+    assert layer_key(node) != k4
+    node.params["table"] = np.arange(4)
+    k5 = layer_key(node)
+    node.params["table"] = np.arange(4)  # another array of the same values: the same key, compared as bytes
+    assert layer_key(node) == k5
+    node.params["table"] = np.arange(1, 5)
+    assert layer_key(node) != k5
+
+
 def test_prelu_table_matches_general_path_and_follows_its_constant() -> None:
     slope = np.tile(np.linspace(-0.3, 0.6, 6).astype(np.float32), (1, 4, 5, 1))  # repeated over H, W
     q, data = _quantized("Activation", {"method": "PRELU"}, {"negative_slope": slope})
