@@ -384,6 +384,44 @@ def test_cli_import(tmp_path, capsys):
     assert "--input-shape" in capsys.readouterr().err
 
 
+# ------------------------------------------------------------------------------------------ output shapes
+@pytest.mark.parametrize("op,axis,keepdims,conv", [
+    ("ArgMax", 1, 0, False), ("ArgMin", -1, 0, False), ("ArgMax", 0, 0, False), ("ArgMax", 2, 1, False),
+    ("ArgMax", 1, 0, True), ("ArgMin", 3, 0, True), ("ArgMax", 0, 0, True), ("ArgMax", 2, 1, True)])
+def test_argminmax_gives_the_onnx_shape_and_indices(tmp_path, op, axis, keepdims, conv):
+    """keepdims=0 drops the reduced axis (a Reshape after the layer, which keeps it as upstream's does), on an input
+    held in the ONNX layout or channels-last after a Conv."""
+    ort = _ort()
+    shape = [1, 6, 5, 7]
+    nodes, inits, src = [], [], "x"
+    if conv:
+        inits.append(_init("w", RNG.normal(size=(6, 6, 1, 1)).astype(np.float32)))
+        nodes.append(helper.make_node("Conv", ["x", "w"], ["c"]))
+        src = "c"
+    nodes.append(helper.make_node(op, [src], ["y"], axis=axis, keepdims=keepdims))
+    path = _save(_make(nodes, [_vi("x", shape)], [_vi("y", None, TensorProto.INT64)], inits), tmp_path)
+    x = RNG.normal(size=shape).astype(np.float32)
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    graph = import_onnx(path)
+    got = graph.forward([torch.from_numpy(x)])[0]
+    assert tuple(got.shape) == ref.shape == tuple(graph.output_tensors[0].ir_shape)
+    np.testing.assert_array_equal(got.numpy(), ref)
+
+
+@pytest.mark.parametrize("op", ["Div", "Mul", "Add", "Sub", "Max"])
+def test_a_scalar_output_of_a_scalar_and_a_constant_is_0_d(tmp_path, op):
+    """IR constants have at least one dim: the layer runs on [1] and a Reshape gives the 0-d output."""
+    ort = _ort()
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0), helper.make_node(op, ["s", "c"], ["y"])]
+    path = _save(_make(nodes, [_vi("x", [3, 4])], [_vi("y", None)], [_init("c", np.float32(4.0))]), tmp_path)
+    x = np.random.default_rng(3).normal(size=(3, 4)).astype(np.float32)
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    graph = import_onnx(path)
+    got = graph.forward([torch.from_numpy(x)])[0]
+    assert tuple(got.shape) == ref.shape == () == tuple(graph.output_tensors[0].ir_shape)
+    assert abs(float(got) - float(ref)) <= 1e-5 * max(1.0, abs(float(ref)))  # the sum's order may differ
+
+
 # ------------------------------------------------------------------------------------------ conformance slice
 CONFORMANCE_OPS = {"Relu", "Sigmoid", "Softmax", "Concat", "Gemm", "Where", "ArgMax", "Split", "Pow", "Gather"}
 

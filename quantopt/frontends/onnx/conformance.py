@@ -261,7 +261,9 @@ def run_case(model: Any, inputs: List[Any], outputs: List[Any], tmp: Optional[st
         return "fail", f"forward crashed: {type(e).__name__}: {str(e)[:160]}"
     if len(got) != len(refs):
         return "fail", f"{len(got)} outputs, expected {len(refs)}"
-    for g, ref in zip(got, refs):
+    for g, ref, t in zip(got, refs, graph.output_tensors):
+        if t.ir_shape is not None and tuple(g.shape) != tuple(t.ir_shape):  # the forward must give the IR's shape
+            return "fail", f"forward gives shape {list(g.shape)} for output '{t.name}' of IR shape {list(t.ir_shape)}"
         why = _compare(g.detach().cpu().numpy(), np.asarray(ref))
         if why:
             return "fail", why

@@ -442,6 +442,20 @@ def _elementwise(ctx: Context, node: ONode, optype: str, params: Optional[Dict[s
     rank = ctx.rank(node.outputs[0])
     perm = _common_layout(ctx, node, ins)
     irs = [ctx.broadcast_value(t, rank, perm) for t in ins]
+    _emit_elementwise(ctx, node, optype, irs, perm, params)
+
+
+def _emit_elementwise(ctx: Context, node: ONode, optype: str, irs: Sequence[str], perm: Perm,
+                      params: Optional[Dict[str, Any]]) -> None:
+    """The element-wise layer of `node` on IR operands `irs`. A 0-d ONNX output of an operand the IR holds as [1]
+    (a constant: IR constants have at least one dim) is computed as [1] and reshaped to 0-d, so that the layer's
+    forward gives the shape its IR declares."""
+    out = node.outputs[0]
+    if ctx.rank(out) == 0 and any(ctx.ir_shapes[t] for t in irs):
+        dtype = ir_dtype(ctx.g.dtypes.get(out, np.float32))
+        one = ctx.add(optype, irs, [(1,)], node.name, params, None, [dtype])[0]
+        ctx.bind(out, ctx.reshape(one, (), f"{node.name}_post_reshape"), None)
+        return
     ctx.emit(node, optype, irs, perm, params)
 
 
@@ -464,9 +478,10 @@ def _arith(ctx: Context, node: ONode, method: str, inputs: Optional[Sequence[str
     irs = [ctx.broadcast_value(t, rank, perm) for t in ins]
     p = _fused(node)
     if method in ("MAX", "MIN") or len({ctx.ir_shapes[t] for t in irs}) == 1:
-        ctx.emit(node, "Eltwise", irs, perm, {"with_activation": p.pop("with_activation"), "method": method, **p})
+        _emit_elementwise(ctx, node, "Eltwise", irs, perm,
+                          {"with_activation": p.pop("with_activation"), "method": method, **p})
     else:
-        ctx.emit(node, method.capitalize(), irs, perm, p)
+        _emit_elementwise(ctx, node, method.capitalize(), irs, perm, p)
 
 
 def _variadic(ctx: Context, node: ONode) -> None:
@@ -689,10 +704,21 @@ def argminmax(ctx: Context, node: ONode) -> None:
     rank = ctx.rank(x)
     axis = _axis(node.attrs.get("axis", 0), rank)
     keep = bool(node.attrs.get("keepdims", 1))
-    perm = _keep_layout(ctx, x) if keep else None
-    ctx.emit(node, "ArgMinMax", [ctx.value(x, perm)], perm,
-             {"method": node.op[3:].upper(), "axis": _ir_axis(axis, perm),
-              "select_last_index": bool(node.attrs.get("select_last_index", 0))}, out_dtypes=[Dtype.INT32])
+    perm = _keep_layout(ctx, x)
+    params = {"method": node.op[3:].upper(), "axis": _ir_axis(axis, perm),
+              "select_last_index": bool(node.attrs.get("select_last_index", 0))}
+    if keep:
+        ctx.emit(node, "ArgMinMax", [ctx.value(x, perm)], perm, params, out_dtypes=[Dtype.INT32])
+        return
+    # the layer keeps the reduced axis (upstream's ArgMinMax); a Reshape after it drops it. The input's layout is
+    # kept where the other axes stay in the ONNX order (argmax over the channels of an NHWC map), else ONNX's
+    if perm is not None and [p for p in perm if p != axis] != sorted(p for p in perm if p != axis):
+        perm = None
+        params["axis"] = axis
+    shape = list(ctx.out_shape(x, perm))
+    shape[params["axis"]] = 1
+    kept = ctx.add("ArgMinMax", [ctx.value(x, perm)], [shape], node.name, params, None, [Dtype.INT32])[0]
+    ctx.bind(node.outputs[0], ctx.reshape(kept, ctx.shape(node.outputs[0]), f"{node.name}_post_reshape"), None)
 
 
 @converter("Gather")
