@@ -7,7 +7,7 @@ Quantized BatchNorm is a per-channel multiply-accumulate (one weight per channel
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -256,10 +256,48 @@ def pad_tensor(x: torch.Tensor, pairs: Sequence[Tuple[int, int]], mode: str, val
         for b, e in reversed(pairs):
             flat += [b, e]
         return F.pad(x, flat, mode="constant", value=value)
+    padded = _pad_by_slices(x, pairs, mode)
+    if padded is not None:
+        return padded
     for axis, (b, e) in enumerate(pairs):
         if b or e:
             x = x.index_select(axis, _source_index(mode, int(x.shape[axis]), b, e, x.device))
     return x
+
+
+def _pad_by_slices(x: torch.Tensor, pairs: Sequence[Tuple[int, int]], mode: str) -> Optional[torch.Tensor]:
+    """EDGE/REFLECT/SYMMETRIC padding written into one new tensor: the input copied into its interior, then each
+    padded axis' borders copied from the (flipped) rows next to them, the axes before it over their padded
+    extent (so corners come out as numpy.pad makes them) and the axes after it over their interior. The same
+    values as gathering every axis with `_source_index`, without an index pass per axis (a tenth of its time on a
+    [1, 80, 80, 64] map). None where a pad is negative or longer than the axis can mirror (the gather does those)."""
+    sizes = [int(d) for d in x.shape]
+    for size, (b, e) in zip(sizes, pairs):
+        limit = size - 1 if mode == "REFLECT" else size
+        if b < 0 or e < 0 or (mode != "EDGE" and max(b, e) > limit):
+            return None
+    out = x.new_empty([size + b + e for size, (b, e) in zip(sizes, pairs)])
+    interior = out
+    for axis, (size, (b, _)) in enumerate(zip(sizes, pairs)):
+        interior = interior.narrow(axis, b, size)
+    interior.copy_(x)
+    for axis, (size, (b, e)) in enumerate(zip(sizes, pairs)):
+        if not (b or e):
+            continue
+        v = out
+        for later in range(axis + 1, len(sizes)):
+            v = v.narrow(later, pairs[later][0], sizes[later])
+        if mode == "EDGE":
+            before, after = v.narrow(axis, b, 1), v.narrow(axis, b + size - 1, 1)
+        elif mode == "REFLECT":
+            before, after = v.narrow(axis, b + 1, b).flip(axis), v.narrow(axis, b + size - 1 - e, e).flip(axis)
+        else:  # SYMMETRIC
+            before, after = v.narrow(axis, b, b).flip(axis), v.narrow(axis, b + size - e, e).flip(axis)
+        if b:
+            v.narrow(axis, 0, b).copy_(before)
+        if e:
+            v.narrow(axis, b + size, e).copy_(after)
+    return out
 
 
 @PAD.forward

@@ -654,9 +654,9 @@ def _div_int_upstream(node: PyNode) -> torch.Tensor:
     x, y = _offset_int(node, a), _offset_int(node, b)
     bits = range_bits(node, b)
     lut_v = lookup_lut(y.abs(), table, 0, bits, 16, False)
-    sign = torch.where(y < 0, -torch.ones_like(y), torch.ones_like(y))
-    qmin, qmax = out_range(node, out)
-    return requantize_int(sign * x * lut_v, m, n, tensor_zp(node, out), qmin, qmax)
+    p = x * lut_v
+    qmin, qmax = out_range(node, out)  # sign(Y) · p with sign(0) = +1: p negated where Y < 0
+    return requantize_int(torch.where(y < 0, -p, p), m, n, tensor_zp(node, out), qmin, qmax)
 
 
 def _div_int(node: PyNode) -> torch.Tensor:

@@ -148,11 +148,32 @@ def round_shift(v: torch.Tensor, shift: Union[int, torch.Tensor]) -> torch.Tenso
     Right shift: q = v >> s (floor), r = v - (q << s) in [0, 2^s); q += 1 if r > 2^(s-1), or if r == 2^(s-1) and
     q is odd. `shift` is a python int or an int64 tensor broadcasting to `v` (per channel). Shifts of 63 or more
     give 0 for |v| < 2^62.
+
+    Fast paths give the same integers (`round_shift_int64` is the general one): a shift of 0 is a copy; right
+    shifts of values below 2^53 are one float64 product by 2^-s and torch.round (half to even), per-channel shifts
+    included; a left shift that saturates nowhere is `v << k`. The general path costs about fifteen passes over
+    the tensor (an integer Where, whose inputs' shifts are often 0, spent 70 % of its time there).
     """
+    given = v
     v = v.to(torch.int64)
-    if isinstance(shift, int) and 0 < shift < 63 and below_float64_exact(v):
-        # v · 2^-shift is exact in float64 below 2^53, and torch.round rounds half to even
-        return torch.round(v.to(torch.float64) * 2.0 ** -shift).to(torch.int64)
+    if isinstance(shift, int):
+        if shift == 0:  # a new tensor, as every other path gives
+            return v.clone() if v is given else v
+        if 0 < shift < 63 and below_float64_exact(v):
+            # v · 2^-shift is exact in float64 below 2^53, and torch.round rounds half to even
+            return torch.round(v.to(torch.float64) * 2.0 ** -shift).to(torch.int64)
+        if -62 < shift < 0 and not _saturates(v, -shift):
+            return v << -shift
+    elif isinstance(shift, torch.Tensor) and shift.numel() and v.numel() and shift.dtype in _SHIFT_DTYPES:
+        s_lo, s_hi = (int(x) for x in torch.aminmax(shift))
+        if 0 <= s_lo and s_hi < 63 and below_float64_exact(v):  # per-channel shifts: the same in float64
+            return torch.round(v.to(torch.float64) * _pow2_neg(shift.to(v.device))).to(torch.int64)
+    return round_shift_int64(v, shift)
+
+
+def round_shift_int64(v: torch.Tensor, shift: Union[int, torch.Tensor]) -> torch.Tensor:
+    """`round_shift` in int64 arithmetic for every value and shift (the general path its fast paths must equal)."""
+    v = v.to(torch.int64)
     s = torch.as_tensor(shift, dtype=torch.int64, device=v.device)
     pos = torch.clamp(s, min=0, max=62)
     q = v >> pos
@@ -164,6 +185,23 @@ def round_shift(v: torch.Tensor, shift: Union[int, torch.Tensor]) -> torch.Tenso
     big = (v.abs() >= (torch.ones_like(k) << (62 - k))) | (k >= 62)
     left = torch.where(big & (v != 0), torch.sign(v) * INT64_SAFE, v << k)
     return torch.where(s >= 0, rounded, left)
+
+
+_SHIFT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+"""Dtypes of a shift tensor the fast paths take (others go the general way, which converts them to int64)."""
+
+
+def _saturates(v: torch.Tensor, k: int) -> bool:
+    """Whether a left shift by k (0 < k < 62) of an int64 tensor reaches the saturation bound 2^62 anywhere."""
+    if not v.numel():
+        return False
+    lo, hi = torch.aminmax(v)
+    return max(-int(lo), int(hi)) >= 1 << (62 - k)
+
+
+def _pow2_neg(shift: torch.Tensor) -> torch.Tensor:
+    """2^-s as float64 for integer shifts s in [0, 62], from the exponent bits (exact on every device)."""
+    return ((1023 - shift.to(torch.int64)) << 52).view(torch.float64)
 
 
 def div_round_half_even(num: torch.Tensor, den: Union[int, torch.Tensor]) -> torch.Tensor:

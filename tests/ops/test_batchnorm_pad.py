@@ -139,6 +139,34 @@ def test_pad_every_axis_and_wide_pads_match_numpy(mode):
     np.testing.assert_array_equal(y.numpy(), ref)
 
 
+@pytest.mark.parametrize("mode", ["REFLECT", "SYMMETRIC", "EDGE"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int8])
+def test_pad_by_slices_matches_the_gather_and_numpy(mode, dtype):
+    """Pads an axis can mirror are written by slices (`_pad_by_slices`), corners included; wider pads take the
+    per-axis gather. Both give numpy.pad's values, bit for bit (NaN, -0.0 and inf copied as they are)."""
+    from quantopt.ops.batchnorm_pad import _pad_by_slices, _source_index, pad_tensor
+
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(2, 5, 6, 3, generator=g) * 50).to(dtype)
+    if dtype.is_floating_point:
+        x[0, 0, 0, 0], x[1, 4, 5, 2], x[0, 2, 3, 1] = float("nan"), -0.0, float("inf")
+    limit = 4 if mode == "REFLECT" else 5
+    for pairs in ([[0, 0], [1, 2], [2, 1], [0, 0]], [[1, 1], [limit, limit], [0, 3], [2, 0]],
+                  [[0, 0], [limit + 1, 0], [1, 1], [0, 0]]):
+        for source in (x, x.transpose(1, 2).contiguous().transpose(1, 2)):  # contiguous and strided inputs
+            got = pad_tensor(source, pairs, mode, 0.0)
+            ref = np.pad(source.numpy(), pairs, mode=mode.lower() if mode != "EDGE" else "edge")
+            assert got.dtype == dtype
+            np.testing.assert_array_equal(got.numpy().view(np.uint8), ref.view(np.uint8))
+            fits = all(max(b, e) <= limit for b, e in pairs) or mode == "EDGE"
+            assert (_pad_by_slices(source, pairs, mode) is not None) == fits
+            gathered = source
+            for axis, (b, e) in enumerate(pairs):
+                gathered = gathered.index_select(axis, _source_index(mode, int(source.shape[axis]), b, e, x.device))
+            assert torch.equal(got.view(torch.uint8) if dtype.is_floating_point else got,
+                               gathered.view(torch.uint8) if dtype.is_floating_point else gathered)
+
+
 def test_pad_defaults_and_integer_dtype():
     x = torch.arange(12, dtype=torch.int8).reshape(1, 2, 3, 2)
     y = run_layer("Pad", x, _pad_shape(x.shape, NHWC_PADS), {"pads": NHWC_PADS})
