@@ -510,8 +510,21 @@ def requantize_scaled_(y: torch.Tensor, factor: Union[float, torch.Tensor], zp_o
 def round_scaled_(y: torch.Tensor, zp_out: int, qmin: int, qmax: int) -> torch.Tensor:
     """clamp(round_half_even(y) - zp_out, qmin, qmax) as int64 of an exact float64 `y` with |y| < 2^50 (and the
     output range and zero point below 2^50), overwriting `y`: `requantize_scaled_` once the factor is applied."""
+    return finish_biased_(y.add_(_MAGIC), zp_out, qmin, qmax)
+
+
+def biased_scaled_into(out: torch.Tensor, x: torch.Tensor, factor: float) -> None:
+    """out <- 1.5·2^52 + x·factor, rounded half to even to an integer offset (x·factor exact, |x·factor| < 2^50):
+    `requantize_scaled_`'s first pass, written into `out` (a slice of a larger float64 tensor: a Concat's branch)
+    and finished for the whole tensor by `finish_biased_`."""
+    torch.add(_MAGIC_TENSOR.to(x.device), x, alpha=factor, out=out)
+
+
+def finish_biased_(y: torch.Tensor, zp_out: int, qmin: int, qmax: int) -> torch.Tensor:
+    """clamp(v - zp_out, qmin, qmax) as int64 of float64 values y = 1.5·2^52 + v (integers v, |v| < 2^50),
+    overwriting `y`: the clamp in the biased range, then the bit pattern minus that of 1.5·2^52."""
     off = _MAGIC + int(zp_out)
-    return y.add_(_MAGIC).clamp_(qmin + off, qmax + off).view(torch.int64).sub_(_MAGIC_BITS + int(zp_out))
+    return y.clamp_(qmin + off, qmax + off).view(torch.int64).sub_(_MAGIC_BITS + int(zp_out))
 
 
 def broadcasts_into(small: Sequence[int], shape: Sequence[int]) -> bool:

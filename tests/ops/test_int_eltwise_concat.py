@@ -453,6 +453,26 @@ def test_concat_requant_matches_reference(amode: str) -> None:
     run_and_check(qg, [x * 1.3 for x in data[0]])
 
 
+@pytest.mark.parametrize("axis,bits", [(-1, 8), (1, 8), (2, 16)])
+def test_concat_written_into_one_output_matches_reference(monkeypatch, axis: int, bits: int) -> None:
+    """Branches requantized by the rounding by addition straight into their slices of one output (`_concat_scaled`)
+    give the reference's integers, on any axis, and are the path such a layer takes."""
+    from quantopt.ops import concat as concat_module
+
+    results = []
+    real = concat_module._concat_scaled
+    monkeypatch.setattr(concat_module, "_concat_scaled", lambda *a: results.append(real(*a)) or results[-1])
+    shapes = [[1, 4, 4, 3], [1, 4, 4, 3], [1, 4, 4, 3]]
+    for i, s in enumerate(shapes):
+        s[axis] += i
+    g = concat_graph(shapes, axis)
+    r = _rng(74)
+    data = [[_t(r.normal(0.2 * i, 1 + 2 * i, size=[2] + s[1:])) for i, s in enumerate(shapes)] for _ in range(3)]
+    qg = quantize_model(g, data, {"q_bits_activation": bits})
+    run_and_check(qg, [x * 1.3 for x in data[0]])  # beyond the calibrated ranges: clamped
+    assert results and results[-1] is not None
+
+
 def test_concat_mixed_signed_unsigned_branches() -> None:
     g = concat_graph([[1, 4, 4, 3], [1, 4, 4, 5]])
     r = _rng(73)
