@@ -12,6 +12,7 @@ from ..graph.memo import Same, memo
 from ..graph.node import PyNode
 from ..graph.wide_values import wide_values_of
 from ..registry.schema import DtypeName, Float, Int, IntValued, Param, Text, quantized
+from ._permute import permuted_copy
 
 FUSED_ACTIVATIONS = ("NONE", "RELU", "RELU6", "CLIP", "LEAKYRELU", "PRELU")
 
@@ -305,4 +306,4 @@ def upstream_layout(node: PyNode, x: torch.Tensor) -> torch.Tensor:
     if sorted(perm) != list(range(x.dim())):
         return x
     inverse = [perm.index(d) for d in range(len(perm))]
-    return x.permute(*inverse).contiguous().permute(*perm)
+    return permuted_copy(x, inverse).permute(*perm)

@@ -23,6 +23,7 @@ from ..quant.params import integer_range, linear_quant_params
 from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import PASSTHROUGH_DTYPES, declare_op
 from ..registry.schema import Axis, Bool, DtypeName, Float, Int, Ints, Param, Text, Value, quantized
+from ._permute import permuted_copy
 from ._quant import (
     activation_mode,
     copy_params,
@@ -105,7 +106,7 @@ def transpose_forward(self: PyNode) -> None:
     perm = _ints(self, "perm", perm) if isinstance(perm, (list, tuple)) else perm
     if not isinstance(perm, list) or sorted(perm) != list(range(x.dim())):
         raise self._error(f"perm {perm} is not a permutation of the {x.dim()} input axes")
-    self.outputs[0].betensor = x.permute(*perm).contiguous()
+    self.outputs[0].betensor = permuted_copy(x, perm)
 
 
 @TRANSPOSE.only("Permute").forward
@@ -117,7 +118,7 @@ def permute_forward(self: PyNode) -> None:
     perm = list(reversed(range(x.dim()))) if not isinstance(perm, (list, tuple)) else _ints(self, "perm", perm)
     if sorted(perm) != list(range(x.dim())):
         raise self._error(f"perm {perm} is not a permutation of the {x.dim()} input axes")
-    self.outputs[0].betensor = x.permute(*perm).contiguous()
+    self.outputs[0].betensor = permuted_copy(x, perm)
 
 
 # ------------------------------------------------------------------------------------------------ Reshape, Squeeze
