@@ -28,7 +28,7 @@ from ..graph.tensor import PyTensor
 from ..quant.dtype import Dtype
 from ..quant.hardware import AIFF_MULTIPLIER_BITS, INTERP_FRACTION_BITS
 from ..quant.requant import scale_shift
-from ..quant.rounding import round_shift
+from ..quant.rounding import FLOAT64_EXACT, round_shift
 from ..registry import PASSTHROUGH_DTYPES, declare_op
 from ..registry.schema import Bool, DtypeName, Float, Int, Ints, Param, Text, Value, quantized
 from ._eltwise_int import check_int64_bound, offset_absmax
@@ -384,11 +384,20 @@ def _source_coordinates(mode: str, n_in: int, n_out: int, ratio: Optional[Fracti
     return (i + 0.5) * inv - 0.5 if inv is not None else (i + 0.5) * n_in / n_out - 0.5
 
 
+BILINEAR_BAND_ELEMENTS = 1 << 16
+"""Output elements of a float BILINEAR resize formed at once: the band's gathered neighbours and products stay in
+cache between the passes over them (each element's arithmetic is the same in any band)."""
+
+
 def _bilinear_float64(node: PyNode, x: torch.Tensor) -> torch.Tensor:
     """BILINEAR float forward in upstream's form, for its float64 result: the float32 input at the four neighbours
     (top/left index floor(c) raised to 0, bottom/right ceil(c) lowered to the last row/column), each times a
     float64 weight (1 - dy)(1 - dx), (1 - dy)dx, dy(1 - dx), dy·dx with dy = c - top (negative at a half-pixel
-    border, where top and bottom coincide), summed in that order. The separable form differs in the last bits."""
+    border, where top and bottom coincide), summed in that order. The separable form differs in the last bits.
+
+    Computed in bands of output rows (BILINEAR_BAND_ELEMENTS) on the input converted to float64 once (exact): every
+    product and sum is the one of the whole-tensor form, in the same order; a resize to a large map no longer
+    streams eleven map-sized float64 temporaries through memory."""
     (_, h_in, h_out, ry), (_, w_in, w_out, rx) = _resize_axes(node, x)
     mode = _resize_mode(node)
     ys, xs = _source_coordinates(mode, h_in, h_out, ry), _source_coordinates(mode, w_in, w_out, rx)
@@ -399,11 +408,22 @@ def _bilinear_float64(node: PyNode, x: torch.Tensor) -> torch.Tensor:
     dy, dx = (ys - y0).to(x.device), (xs - x0).to(x.device)
     wy, wx = (1 - dy)[:, None, None], (1 - dx)[None, :, None]
     dy, dx = dy[:, None, None], dx[None, :, None]
+    weights = (wy * wx, wy * dx, dy * wx, dy * dx)  # [h_out, w_out, 1] each, in the order of the sum
     y0, y1, x0, x1 = (v.to(device=x.device, dtype=torch.int64) for v in (y0, y1, x0, x1))
-    x = x.to(torch.float32)
-    top, bottom = x.index_select(1, y0), x.index_select(1, y1)
-    out = top.index_select(2, x0) * (wy * wx) + top.index_select(2, x1) * (wy * dx)
-    return out.add_(bottom.index_select(2, x0) * (dy * wx)).add_(bottom.index_select(2, x1) * (dy * dx))
+    x = x.to(torch.float32).to(torch.float64)
+    n, c = int(x.shape[0]), int(x.shape[3])
+    out = torch.empty(n, h_out, w_out, c, dtype=torch.float64, device=x.device)
+    band = max(1, BILINEAR_BAND_ELEMENTS // max(1, n * w_out * c))
+    term = torch.empty(n, min(band, h_out), w_out, c, dtype=torch.float64, device=x.device)
+    for r0 in range(0, h_out, band):
+        r1 = min(h_out, r0 + band)
+        o, t = out[:, r0:r1], term[:, :r1 - r0]
+        top, bottom = x.index_select(1, y0[r0:r1]), x.index_select(1, y1[r0:r1])
+        w00, w01, w10, w11 = (w[r0:r1] for w in weights)
+        torch.mul(top.index_select(2, x0), w00, out=o)
+        for rows, cols, w in ((top, x1, w01), (bottom, x0, w10), (bottom, x1, w11)):
+            o.add_(torch.index_select(rows, 2, cols, out=t).mul_(w))
+    return out
 
 
 @RESIZE.forward
@@ -454,12 +474,58 @@ def resize_int_forward(node: PyNode) -> torch.Tensor:
     growth = 1
     for _, _, w in plan:
         growth *= int(w.abs().sum(dim=1).max())
-    check_int64_bound(node, max(abs(lo), abs(hi)) * growth, "interpolation sum")
+    bound = max(abs(lo), abs(hi)) * growth
+    check_int64_bound(node, bound, "interpolation sum")
+    if bound < FLOAT64_EXACT:
+        return _interpolate_float64(x, plan, shift * len(plan), qmin, qmax)
     acc = x
     for axis, idx, w in plan:
         acc = _gather_axis(acc, axis, idx, w)
     y = round_shift(acc, shift * len(plan))
     return torch.clamp(y, qmin, qmax).contiguous()
+
+
+INTERP_BAND_ELEMENTS = 1 << 16
+"""Output elements of an integer linear/cubic resize formed at once (`_interpolate_float64`): a band's gathers,
+products and sums stay in cache; every element's arithmetic is the same in any band."""
+
+
+def _interpolate_float64(x: torch.Tensor, plan: List[Tuple[int, torch.Tensor, torch.Tensor]], shift: int,
+                         qmin: int, qmax: int) -> torch.Tensor:
+    """The integer linear/cubic resize in float64 where every partial sum stays below 2^53 (the caller's bound on
+    |x| times the weights' row sums): each tap's gather times its weight added in, axis after axis, every value an
+    exact integer; then acc · 2^-shift (exact) rounded half to even and clamped, in bands of the first axis's
+    output indices (INTERP_BAND_ELEMENTS). The integers of the int64 form, without its int64 products and its
+    reduction over the taps."""
+    x = x.to(torch.float64)
+    out_shape = [int(s) for s in x.shape]
+    for axis, idx, _ in plan:
+        out_shape[axis] = int(idx.shape[0])
+    out = torch.empty(out_shape, dtype=torch.int64, device=x.device)
+    first, first_idx, first_w = plan[0]
+    size = out_shape[first]
+    band = max(1, INTERP_BAND_ELEMENTS * size // max(1, out.numel()))
+    scale = math.ldexp(1.0, -shift)
+    for r0 in range(0, size, band):
+        r1 = min(size, r0 + band)
+        acc = _weighted_taps(x, first, first_idx[r0:r1], first_w[r0:r1])
+        for axis, idx, w in plan[1:]:
+            acc = _weighted_taps(acc, axis, idx, w)
+        out.narrow(first, r0, r1 - r0).copy_(torch.round(acc.mul_(scale)).clamp_(qmin, qmax))
+    return out
+
+
+def _weighted_taps(x: torch.Tensor, axis: int, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """sum_t w[o, t] · x[..., idx[o, t], ...] along `axis`, in float64, one tap after another (exact integers)."""
+    shape = [1] * x.dim()
+    shape[axis] = int(idx.shape[0])
+    wf = w.to(torch.float64)
+    terms = (x.index_select(axis, idx[:, t].contiguous()).mul_(wf[:, t].reshape(shape))
+             for t in range(int(idx.shape[1])))
+    out = next(terms)
+    for term in terms:
+        out.add_(term)
+    return out
 
 
 @RESIZE.quantize

@@ -727,3 +727,55 @@ def test_repeat_needs_integer_repeats() -> None:
     reps = torch.tensor([2.0, 0.0, 1.0, 3.0])
     with pytest.raises(UnsupportedError, match="integer"):
         quantize_model(g, [[d, reps] for d in rng_data([1, 3, 4, 2], 18)], settings(8, "per_tensor_asymmetric"))
+
+
+INTERP_CASES = [c for c in RESIZE_CASES if c[2]["method"] != "NEAREST"]
+
+
+@pytest.mark.parametrize("band,int64", [(1, False), (300, False), (1, True)], ids=["rows", "few", "int64"])
+@pytest.mark.parametrize("case", INTERP_CASES, ids=[f"{i}" for i in range(len(INTERP_CASES))])
+def test_resize_integer_in_bands_and_in_int64_matches_reference(monkeypatch, case, band: int, int64: bool) -> None:
+    """The float64 form in bands of one or a few output rows, and the int64 form (the float64 bound made to
+    fail), give the reference's integers; batch 3, 16 bits (the widest sums)."""
+    geometry = quantopt.ops.geometry
+    monkeypatch.setattr(geometry, "INTERP_BAND_ELEMENTS", band)
+    if int64:
+        monkeypatch.setattr(geometry, "FLOAT64_EXACT", 0)
+    in_shape, out_shape, params = case
+    g = one_layer("Resize", params, in_shape, [out_shape])
+    qg = quantize_model(g, rng_data([2, *in_shape[1:]], 3), settings(16, "per_tensor_asymmetric"))
+    node = qg.node("op")
+    qg.forward([rng_data([3, *in_shape[1:]], 4, 1, std=2.5)[0]])
+    got = node.outputs[0].betensor
+    want = ref_resize(node.inputs[0].betensor.numpy(), s=13, **_resize_args(in_shape, out_shape, params))
+    _, qmin, qmax = qinfo(node, node.outputs[0])
+    np.testing.assert_array_equal(got.numpy(), np.clip(want, qmin, qmax))
+
+
+def _bilinear_whole(x: torch.Tensor, ys: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
+    """The upstream-form float64 bilinear sum written on whole tensors (the four products, summed in order)."""
+    h_in, w_in = int(x.shape[1]), int(x.shape[2])
+    y0, x0 = torch.clamp(torch.floor(ys), 0, h_in - 1), torch.clamp(torch.floor(xs), 0, w_in - 1)
+    y1, x1 = torch.clamp(torch.ceil(ys), max=h_in - 1), torch.clamp(torch.ceil(xs), max=w_in - 1)
+    dy, dx = ys - y0, xs - x0
+    wy, wx, dy, dx = (1 - dy)[:, None, None], (1 - dx)[None, :, None], dy[:, None, None], dx[None, :, None]
+    y0, y1, x0, x1 = (v.long() for v in (y0, y1, x0, x1))
+    top, bottom = x.index_select(1, y0), x.index_select(1, y1)
+    return (top.index_select(2, x0) * (wy * wx) + top.index_select(2, x1) * (wy * dx)
+            + bottom.index_select(2, x0) * (dy * wx) + bottom.index_select(2, x1) * (dy * dx))
+
+
+@pytest.mark.parametrize("band", [1, 150, 1 << 16])
+@pytest.mark.parametrize("mode", ["HALF_PIXEL", "ALIGN_CORNERS", "ASYMMETRIC", "PYTORCH_HALF_PIXEL"])
+def test_bilinear_float_bands_give_the_whole_tensor_sums(monkeypatch, band: int, mode: str) -> None:
+    geometry = quantopt.ops.geometry
+    monkeypatch.setattr(geometry, "BILINEAR_BAND_ELEMENTS", band)
+    g = one_layer("Resize", {"method": "BILINEAR", "mode": mode}, [1, 6, 9, 5], [[1, 13, 7, 5]])
+    node = g.node("op")
+    x = rng_data([2, 6, 9, 5], 7)[0]
+    node.inputs[0].betensor = x
+    got = geometry._bilinear_float64(node, x)
+    ys = geometry._source_coordinates(mode.lower(), 6, 13, None)
+    xs = geometry._source_coordinates(mode.lower(), 9, 7, None)
+    want = _bilinear_whole(x, ys, xs)
+    assert got.dtype == torch.float64 and torch.equal(got, want)
