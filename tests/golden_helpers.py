@@ -3,6 +3,7 @@ benchmarks/golden_corpus_report.py: run quantopt with a golden's cfg and compare
 layer. No pytest here, so the benchmark can import it too."""
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -23,6 +24,36 @@ PATH_KEYS = ("graph", "bin", "calibration_data", "data", "label")
 SCALE_RTOL = 1e-6
 """Scales agree to float32 precision: two float32 forwards that sum in different orders give calibrated ranges a few
 float32 ulps apart (docs/golden-differences.md)."""
+
+
+MACHINE_DIFFERENCES = "machine_differences.json"
+"""In the corpus folder: per kind of CPU, the layers whose golden upstream's own optimizer writes otherwise on it
+(written by benchmarks/golden_machine_differences.py, which runs upstream there)."""
+
+
+def cpu_vendor() -> str:
+    """The x86 vendor string of /proc/cpuinfo ("AuthenticAMD", "GenuineIntel"), "" where there is none: MKL picks
+    other GEMM and vector-math kernels on Intel CPUs than on AMD ones, and upstream's float forward calls them."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return ""
+    return ""
+
+
+def machine_layers(corpus: Path, model: str, letter: str) -> Dict[str, List[str]]:
+    """Layer -> kinds of difference from the committed golden that upstream itself shows on this machine's kind of
+    CPU for `model`/`letter` (empty where none is recorded): the goldens were made on an AMD CPU, and on an Intel
+    one upstream's float forward (MKL's float32 GEMMs, torch's exp, erf and sqrt) rounds a few calibrated ranges
+    one ulp apart; quantopt, which calls the same kernels, then writes what upstream writes there."""
+    path = corpus / MACHINE_DIFFERENCES
+    if not path.is_file():
+        return {}
+    machines = json.loads(path.read_text())["machines"]
+    return dict(machines.get(cpu_vendor(), {}).get("cases", {}).get(f"{model}/{letter}", {}))
 
 
 def upstream_failure(folder: Path) -> str:

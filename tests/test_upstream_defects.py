@@ -10,7 +10,7 @@ from typing import FrozenSet
 import numpy as np
 import pytest
 import torch
-from golden_helpers import compare_with_golden, run_golden_cfg
+from golden_helpers import compare_with_golden, layer_kinds, machine_layers, run_golden_cfg
 
 import quantopt.ops  # noqa: F401  (registers the operators)
 from quantopt.calibration.inf_mask import SOFTMAX_MASK_PARAM
@@ -220,12 +220,20 @@ def test_every_default_difference_is_covered() -> None:
     assert AFFECTED == sorted({m for m, _, _ in ALONE})
 
 
+def _assert_as_upstream(model: str, letter: str, ours: Path) -> None:
+    """Every layer of `ours` is the golden's, but for those upstream itself writes otherwise on this kind of CPU
+    (tests/golden_helpers.py `machine_layers`), which must then differ as upstream's do."""
+    result = compare_with_golden(ours, CORPUS / model / "golden" / letter / f"{model}_o.txt")
+    machine = machine_layers(CORPUS, model, letter)
+    differing = {name: layer_kinds(d) for name, d in result.differing.items()}
+    assert all(machine.get(name) == kinds for name, kinds in differing.items()), differing
+
+
 @pytest.mark.parametrize(("model", "letter"), [(m, v) for m in AFFECTED for v in "ABC"])
 def test_all_defects_reproduce_the_golden(model: str, letter: str, tmp_path: Path) -> None:
     folder = CORPUS / model / "golden" / letter
     ours = run_golden_cfg(folder, model, tmp_path / "out", quiet=True, extra=["upstream_defects = all"])
-    result = compare_with_golden(ours, folder / f"{model}_o.txt")
-    assert result.identical == len(result.diffs), sorted(result.differing)
+    _assert_as_upstream(model, letter, ours)
 
 
 @pytest.mark.parametrize(("model", "letter", "names"), ALONE, ids=[f"{m}-{v}" for m, v, _ in ALONE])
@@ -234,5 +242,4 @@ def test_each_defect_alone(model: str, letter: str, names: str, tmp_path: Path) 
     assert FLOORS[model][letter]["differing"], f"{model}/{letter} differs by default"
     folder = CORPUS / model / "golden" / letter
     ours = run_golden_cfg(folder, model, tmp_path / "out", quiet=True, extra=[f"upstream_defects = {names}"])
-    result = compare_with_golden(ours, folder / f"{model}_o.txt")
-    assert result.identical == len(result.diffs), sorted(result.differing)
+    _assert_as_upstream(model, letter, ours)
