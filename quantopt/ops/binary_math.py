@@ -17,6 +17,7 @@ import torch
 
 from ..config.upstream_defects import WHERE_INTEGER_PASSTHROUGH
 from ..errors import UnsupportedError
+from ..graph.memo import layer_key, memo
 from ..graph.node import PyNode
 from ..graph.tables import quant_of
 from ..graph.tensor import PyTensor
@@ -642,21 +643,60 @@ def _quantize_div_upstream(node: PyNode, a: PyTensor, b: PyTensor, out: PyTensor
     store_requant(node, *requant_scale_shift(node, ratio, int(layer_settings(node).q_bits_activation)))
 
 
+DIVISOR_TABLE_MAX_CODES = 1 << 16
+"""A quantized Div whose divisor has at most this many codes reads sign(Y) · lut(|Y|) from a table over the codes."""
+
+
+def _signed_reciprocal(node: PyNode, y: torch.Tensor) -> torch.Tensor:
+    """sign(Y) · lut(|Y|) (sign(0) = +1) of the divisor's offset integers Y: the LUT op's lookup with its floor
+    interpolation (docs/semantics/binary.md, "Div")."""
+    table = node.get_constant("lut").betensor.to(torch.int64).flatten()
+    lut_v = lookup_lut(y.abs(), table, 0, range_bits(node, node.inputs[1]), 16, False)
+    return torch.where(y < 0, -lut_v, lut_v)
+
+
+def _divisor_table(node: PyNode, device: torch.device) -> Optional[Tuple[int, torch.Tensor]]:
+    """(qmin, sign(Y) · lut(|Y|) for every divisor code qmin..qmax) when the divisor has at most
+    DIVISOR_TABLE_MAX_CODES codes, else None; memoized on the layer (graph/memo.py)."""
+    qmin, qmax = out_range(node, node.inputs[1])
+    if not 0 < qmax - qmin + 1 <= DIVISOR_TABLE_MAX_CODES:
+        return None
+
+    def build() -> Tuple[int, torch.Tensor]:
+        codes = torch.arange(qmin, qmax + 1, dtype=torch.int64, device=device)
+        return qmin, _signed_reciprocal(node, codes + tensor_zp(node, node.inputs[1])).contiguous()
+
+    return memo(node, "div_divisor_table", (layer_key(node), str(device)), build)
+
+
 def _div_int_upstream(node: PyNode) -> torch.Tensor:
     """Upstream's form: sign(Y) · X · lut(|Y|) requantized once, `lut` looked up over the divisor's unsigned
-    codes with the floor interpolation of LUT ops (docs/semantics/binary.md, "Div")."""
+    codes with the floor interpolation of LUT ops (docs/semantics/binary.md, "Div"). sign(Y) · lut(|Y|) depends on
+    the divisor's code alone: read from a table of every code's value where there are at most 2^16 codes (one
+    gather instead of the lookup's passes; the same integers), computed where a code lies outside the table (a
+    hand-fed input: the CPU's index_select refuses the index, another device is checked first)."""
     a, b = node.inputs
     out = node.outputs[0]
-    table = node.get_constant("lut").betensor.to(torch.int64).flatten()
     m, n = requant_of(node)
     if not isinstance(m, int):
         raise node._error("quantized Div needs a per-tensor scale_value/shift_value")
-    x, y = _offset_int(node, a), _offset_int(node, b)
-    bits = range_bits(node, b)
-    lut_v = lookup_lut(y.abs(), table, 0, bits, 16, False)
-    p = x * lut_v
-    qmin, qmax = out_range(node, out)  # sign(Y) · p with sign(0) = +1: p negated where Y < 0
-    return requantize_int(torch.where(y < 0, -p, p), m, n, tensor_zp(node, out), qmin, qmax)
+    x, codes = _offset_int(node, a), int_value(b)
+    reciprocal = None
+    table = _divisor_table(node, codes.device)
+    if table is not None:
+        qmin_b, values = table
+        index = (codes - qmin_b).reshape(-1)
+        if codes.device.type == "cpu":
+            try:
+                reciprocal = values.index_select(0, index).reshape(codes.shape)
+            except IndexError:
+                reciprocal = None
+        elif bool(((index >= 0) & (index < values.numel())).all()):
+            reciprocal = values.index_select(0, index).reshape(codes.shape)
+    if reciprocal is None:
+        reciprocal = _signed_reciprocal(node, codes + tensor_zp(node, b))
+    qmin, qmax = out_range(node, out)
+    return requantize_int(x * reciprocal, m, n, tensor_zp(node, out), qmin, qmax)
 
 
 def _div_int(node: PyNode) -> torch.Tensor:

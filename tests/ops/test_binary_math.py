@@ -389,6 +389,24 @@ def test_div_upstream_form_table_and_interpolation() -> None:
     assert qg16.node("op").constants["lut"].betensor.numel() == 256
 
 
+@pytest.mark.parametrize("bits,mode", [(8, "per_tensor_asymmetric"), (16, "per_tensor_symmetric_full_range")])
+def test_div_divisor_codes_outside_their_range_are_computed(bits: int, mode: str) -> None:
+    """The upstream form reads sign(Y) · lut(|Y|) from a table over the divisor's codes; a hand-fed code outside
+    [qmin, qmax] (below, above) is computed instead, as the reference computes every code."""
+    case = ("Div", {}, [SHAPE, SHAPE], _divisor)
+    _, qg = quantized(case, bits, mode, 8)
+    qg.forward(case[3](63, 2), keep_tensors=True)
+    node = qg.node("op")
+    b = node.inputs[1]
+    q = params_of(node, b)
+    codes = b.betensor.clone()
+    codes.view(-1)[:4] = torch.tensor([q.qmin - 5, q.qmax + 7, q.qmin - 1, q.qmax], dtype=codes.dtype)
+    b.betensor = codes
+    node.forward()
+    want = REFERENCES["Div"](node, [t.betensor.numpy() for t in node.inputs])
+    np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), want)
+
+
 def test_div_wide_divisor_uses_normalized_reciprocal() -> None:
     """16-bit divisor with a 2^8 table: the normalization path (e > 0, including the carry to 2^t) is exercised."""
     case = ("Div", {}, [SHAPE, SHAPE], _divisor)
