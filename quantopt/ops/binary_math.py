@@ -538,15 +538,49 @@ def _zero_constant(t: PyTensor) -> bool:
     return values.numel() > 0 and not bool(values.any())
 
 
+CODE_TABLE_MAX_CODES = 1 << 16
+"""An integer layer whose result for an input depends on that input's code alone (a Where branch's
+requantization, a Div divisor's signed reciprocal) reads it from a memoized table of every code's result where the
+input has at most this many codes."""
+
+
 def _where_int(node: PyNode) -> torch.Tensor:
+    """Each value branch requantized to the output, clamp(round_shift((q + zp) · M, N) - zp_out, qmin, qmax), then
+    chosen by the condition. A branch's result depends on its code alone: read from a memoized table of every
+    code's result where the branch has at most 2^16 codes (one gather instead of the requantization's passes; the
+    same integers), computed where a code lies outside the table (a hand-fed input)."""
     c, x, y = node.inputs
+    (m_x, m_y), (n_x, n_y) = _int_list(node, "scale_value", 2), _int_list(node, "shift_value", 2)
+    vx = _requantized_branch(node, x, m_x, n_x, "where_x")
+    vy = _requantized_branch(node, y, m_y, n_y, "where_y")
+    return torch.where(_offset_int(node, c) != 0, vx, vy)
+
+
+def _requantized_branch(node: PyNode, t: PyTensor, m: int, n: int, name: str) -> torch.Tensor:
+    """clamp(round_shift((q + zp_t) · m, n) - zp_out, qmin, qmax) of the codes q of input `t`, by a table over its
+    codes where it has at most 2^16 (memoized under `name`), arithmetic otherwise or for codes outside it."""
     out = node.outputs[0]
     qmin, qmax = out_range(node, out)
     zp_out = tensor_zp(node, out)
-    (m_x, m_y), (n_x, n_y) = _int_list(node, "scale_value", 2), _int_list(node, "shift_value", 2)
-    vx = torch.clamp(round_shift(_offset_int(node, x) * m_x, n_x) - zp_out, qmin, qmax)
-    vy = torch.clamp(round_shift(_offset_int(node, y) * m_y, n_y) - zp_out, qmin, qmax)
-    return torch.where(_offset_int(node, c) != 0, vx, vy)
+
+    def compute(codes: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(round_shift((codes + tensor_zp(node, t)) * m, n) - zp_out, qmin, qmax)
+
+    codes = int_value(t)
+    lo, hi = out_range(node, t)
+    if not 0 < hi - lo + 1 <= CODE_TABLE_MAX_CODES:
+        return compute(codes)
+    table = memo(node, name, (layer_key(node), str(codes.device)),
+                 lambda: compute(torch.arange(lo, hi + 1, dtype=torch.int64, device=codes.device)).contiguous())
+    index = (codes - lo).reshape(-1)
+    if codes.device.type == "cpu":
+        try:
+            return table.index_select(0, index).reshape(codes.shape)
+        except IndexError:  # a code outside [lo, hi]: the arithmetic takes any code
+            return compute(codes)
+    if bool(((index >= 0) & (index < table.numel())).all()):
+        return table.index_select(0, index).reshape(codes.shape)
+    return compute(codes)
 
 
 # ------------------------------------------------------------------------------------------------ Div
@@ -643,10 +677,6 @@ def _quantize_div_upstream(node: PyNode, a: PyTensor, b: PyTensor, out: PyTensor
     store_requant(node, *requant_scale_shift(node, ratio, int(layer_settings(node).q_bits_activation)))
 
 
-DIVISOR_TABLE_MAX_CODES = 1 << 16
-"""A quantized Div whose divisor has at most this many codes reads sign(Y) · lut(|Y|) from a table over the codes."""
-
-
 def _signed_reciprocal(node: PyNode, y: torch.Tensor) -> torch.Tensor:
     """sign(Y) · lut(|Y|) (sign(0) = +1) of the divisor's offset integers Y: the LUT op's lookup with its floor
     interpolation (docs/semantics/binary.md, "Div")."""
@@ -657,9 +687,9 @@ def _signed_reciprocal(node: PyNode, y: torch.Tensor) -> torch.Tensor:
 
 def _divisor_table(node: PyNode, device: torch.device) -> Optional[Tuple[int, torch.Tensor]]:
     """(qmin, sign(Y) · lut(|Y|) for every divisor code qmin..qmax) when the divisor has at most
-    DIVISOR_TABLE_MAX_CODES codes, else None; memoized on the layer (graph/memo.py)."""
+    CODE_TABLE_MAX_CODES codes, else None; memoized on the layer (graph/memo.py)."""
     qmin, qmax = out_range(node, node.inputs[1])
-    if not 0 < qmax - qmin + 1 <= DIVISOR_TABLE_MAX_CODES:
+    if not 0 < qmax - qmin + 1 <= CODE_TABLE_MAX_CODES:
         return None
 
     def build() -> Tuple[int, torch.Tensor]:

@@ -390,20 +390,20 @@ def test_div_upstream_form_table_and_interpolation() -> None:
 
 
 @pytest.mark.parametrize("bits,mode", [(8, "per_tensor_asymmetric"), (16, "per_tensor_symmetric_full_range")])
-def test_div_divisor_codes_outside_their_range_are_computed(bits: int, mode: str) -> None:
-    """The upstream form reads sign(Y) · lut(|Y|) from a table over the divisor's codes; a hand-fed code outside
-    [qmin, qmax] (below, above) is computed instead, as the reference computes every code."""
-    case = ("Div", {}, [SHAPE, SHAPE], _divisor)
+@pytest.mark.parametrize("case", [c for c in FLOAT_CASES if c[0] in ("Div", "Where")][:2], ids=["Div", "Where"])
+def test_codes_outside_their_range_are_computed(case, bits: int, mode: str) -> None:
+    """Div's divisor and Where's branches read their per-code results from tables over the codes; a hand-fed code
+    outside [qmin, qmax] (below, above) is computed instead, as the reference computes every code."""
     _, qg = quantized(case, bits, mode, 8)
     qg.forward(case[3](63, 2), keep_tensors=True)
     node = qg.node("op")
-    b = node.inputs[1]
-    q = params_of(node, b)
-    codes = b.betensor.clone()
-    codes.view(-1)[:4] = torch.tensor([q.qmin - 5, q.qmax + 7, q.qmin - 1, q.qmax], dtype=codes.dtype)
-    b.betensor = codes
+    for t in node.inputs[1:]:
+        q = params_of(node, t)
+        codes = t.betensor.clone()
+        codes.view(-1)[:4] = torch.tensor([q.qmin - 5, q.qmax + 7, q.qmin - 1, q.qmax], dtype=codes.dtype)
+        t.betensor = codes
     node.forward()
-    want = REFERENCES["Div"](node, [t.betensor.numpy() for t in node.inputs])
+    want = REFERENCES[case[0]](node, [t.betensor.numpy() for t in node.inputs])
     np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), want)
 
 
