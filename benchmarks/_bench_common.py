@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 
@@ -95,3 +96,16 @@ def seeded_inputs(graph: Any, rng: np.random.Generator) -> List[Any]:
         else:
             feeds.append(torch.from_numpy(rng.integers(0, 64, shape)).to(t.ir_dtype.torch_dtype))
     return feeds
+
+
+def least_cpu(repeat: int, fn: Callable[[], Any], warmup: int = 1) -> float:
+    """Least CPU seconds (time.process_time: the machine may be shared) of `repeat` calls of `fn` after `warmup`
+    untimed ones."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.process_time()
+        fn()
+        best = min(best, time.process_time() - start)
+    return best

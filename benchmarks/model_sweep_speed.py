@@ -33,9 +33,8 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -138,17 +137,6 @@ def _load(name: str) -> Any:
     return read_ir(str(CORPUS / name / f"{name}.txt"))
 
 
-def least_cpu(repeat: int, fn: Callable[[], Any]) -> float:
-    """Least CPU seconds of `repeat` runs of `fn` after one warm-up run."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.process_time()
-        fn()
-        best = min(best, time.process_time() - start)
-    return best
-
-
 def measure(name: str, repeat: int, settings: Dict[str, str]) -> Dict[str, Any]:
     """ms per sample of the four passes of one model (one thread, four samples at batch 1), quantized with
     `settings` (LayerSettings fields) over the defaults."""
@@ -162,7 +150,7 @@ def measure(name: str, repeat: int, settings: Dict[str, str]) -> Dict[str, Any]:
     from quantopt.registry import discover_plugins
 
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from _bench_common import seeded_inputs
+    from _bench_common import least_cpu, seeded_inputs
 
     torch.set_num_threads(1)
     discover_plugins()

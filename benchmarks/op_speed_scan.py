@@ -45,6 +45,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
+from _bench_common import least_cpu
 from onnx import TensorProto, helper, numpy_helper
 
 F = TensorProto.FLOAT
@@ -334,22 +335,9 @@ def cases() -> List[Case]:
 
 # ------------------------------------------------------------------------------------------------ measurement
 WARMUP_CALLS = 4
-"""Calls before the timed ones: besides the memos of a first forward, the C library's allocator takes a few
-rounds to stop handing a large freed block back to the system (each new one then page-faults, which counts as
+"""Calls before the timed ones (`least_cpu`): besides the memos of a first forward, the C library's allocator takes a
+few rounds to stop handing a large freed block back to the system (each new one then page-faults, which counts as
 CPU time: a case with a 6 MiB output read 3x its steady time on its first calls)."""
-
-
-def least_cpu(fn: Callable[[], Any], repeat: int) -> float:
-    """Least CPU seconds of `repeat` calls after WARMUP_CALLS calls: CPU time, not wall time, because the machine
-    may be shared."""
-    for _ in range(WARMUP_CALLS):
-        fn()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.process_time()
-        fn()
-        best = min(best, time.process_time() - start)
-    return best
 
 
 class _LayerClock:
@@ -440,7 +428,7 @@ def measure(case: Case, folder: Path, repeat: int, integer: bool) -> Dict[str, A
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         reference = session.run(None, feeds[0])
-        row["ort_ms"] = 1e3 * least_cpu(lambda: session.run(None, feeds[0]), repeat)
+        row["ort_ms"] = 1e3 * least_cpu(repeat, lambda: session.run(None, feeds[0]), WARMUP_CALLS)
     except Exception as e:  # noqa: BLE001  (one case's failure is reported; the scan goes on)
         row["note"], row["failed"] = _error("onnxruntime", e)
         return row
@@ -459,7 +447,7 @@ def measure(case: Case, folder: Path, repeat: int, integer: bool) -> Dict[str, A
 
     try:
         row["note"] = _max_difference(forward(graph, tensors[0]), reference)
-        row["float_ms"] = 1e3 * least_cpu(lambda: forward(graph, tensors[0]), repeat)
+        row["float_ms"] = 1e3 * least_cpu(repeat, lambda: forward(graph, tensors[0]), WARMUP_CALLS)
         row["float_layers"] = per_layer(graph, tensors[0], repeat)
         row["op_float_ms"] = op_ms(row["float_layers"])
     except Exception as e:  # noqa: BLE001
@@ -473,7 +461,7 @@ def measure(case: Case, folder: Path, repeat: int, integer: bool) -> Dict[str, A
         qgraph = quantize_model(graph, tensors[:CALIB_SAMPLES])
         row["quantize_s"] = time.process_time() - start
         stage = "integer forward"
-        row["int_ms"] = 1e3 * least_cpu(lambda: forward(qgraph, tensors[CALIB_SAMPLES]), repeat)
+        row["int_ms"] = 1e3 * least_cpu(repeat, lambda: forward(qgraph, tensors[CALIB_SAMPLES]), WARMUP_CALLS)
         row["int_layers"] = per_layer(qgraph, tensors[CALIB_SAMPLES], repeat)
         row["op_int_ms"] = op_ms(row["int_layers"])
     except Exception as e:  # noqa: BLE001
