@@ -224,3 +224,14 @@ def test_a_constant_of_shape_with_a_float_shape_is_reported_not_folded(tmp_path:
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
     with pytest.raises((IRError, UnsupportedError)):
         import_onnx(_saved(tmp_path, model))
+
+
+def test_a_conv_of_scalar_weights_before_an_add_is_left_to_its_converter(tmp_path: Path) -> None:
+    """Seed 18: a Conv whose weights are a scalar constant, followed by the Add of a constant: the bias fusion read
+    the weights' output channels (an IndexError); the Conv converter now refuses the layer, naming the weights."""
+    w = numpy_helper.from_array(np.array(2.0, np.float32), "w")
+    k = numpy_helper.from_array(np.full((1, 4, 1, 1), 1.0, np.float32), "k")
+    model = _model([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Add", ["c", "k"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, k])
+    _refused(tmp_path, model, UnsupportedError, r"node 'Conv_0' \(Conv.*weights 'w' of shape \[\]: a convolution needs")

@@ -122,6 +122,8 @@ def conv(ctx: Context, node: ONode) -> None:
     if not ctx.is_const(wname):
         raise ConvertError("weights that are not constant are not supported")
     w = ctx.const(wname).astype(np.float32)
+    if w.ndim < 3:
+        raise ConvertError(f"weights '{wname}' of shape {list(w.shape)}: a convolution needs [out, in, k...]")
     if w.ndim not in (3, 4):
         raise ConvertError(f"{w.ndim - 2}-D convolution is not supported (1-D and 2-D are)")
     src, nd = _spatial_input(ctx, node, x)
@@ -154,6 +156,9 @@ def conv_transpose(ctx: Context, node: ONode) -> None:
     if not ctx.is_const(wname):
         raise ConvertError("weights that are not constant are not supported")
     w = ctx.const(wname).astype(np.float32)
+    if w.ndim < 3:
+        raise ConvertError(f"weights '{wname}' of shape {list(w.shape)}: a transposed convolution needs "
+                           "[in, out, k...]")
     if w.ndim not in (3, 4):
         raise ConvertError(f"{w.ndim - 2}-D transposed convolution is not supported (1-D and 2-D are)")
     group = int(node.attrs.get("group", 1))

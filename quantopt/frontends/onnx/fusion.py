@@ -70,9 +70,11 @@ def fuse_conv_bias(g: OGraph) -> None:
         other = add.inputs[1] if add.inputs[0] == conv.outputs[0] else add.inputs[0]
         v = g.consts.get(other)
         w = g.consts[conv.inputs[1]]
+        rank = len(g.shapes.get(conv.outputs[0], ()))
+        if w.ndim < 3 or rank < 3:  # not weights of a convolution: left to its converter, which names the fault
+            continue
         group = int(conv.attrs.get("group", 1))
         out_c = w.shape[0] if conv.op == "Conv" else w.shape[1] * group
-        rank = len(g.shapes.get(conv.outputs[0], ()))
         if v is None or v.ndim > rank or v.size not in (1, out_c):
             continue
         full = v.reshape((1,) * (rank - v.ndim) + v.shape) if v.ndim < rank else v
