@@ -16,19 +16,27 @@ corpus holds `upstream_failed.txt` instead of a golden) quantopt still runs the 
 quantopt cannot run a cfg (an operator it lacks), the report prints its exit code and error line instead.
 
 `--write-floors` records the measured figures as the regression floors of tests/test_golden_corpus.py
-(`floors.json` in the corpus folder): run it after a fidelity improvement to raise them.
+(`floors.json` in the corpus folder): run it after a fidelity improvement to raise them. A layer that differs exactly
+as upstream's own output differs on this kind of CPU (tests/data/golden_corpus/machine_differences.json) is printed
+as such and counts as identical in the floors, so the floors written on an Intel CPU are those of the AMD CPUs the
+goldens were made on. Like the test suite, the script asks torch and oneDNN for their AVX2 kernels (unless
+ATEN_CPU_CAPABILITY / DNNL_MAX_CPU_ISA are set): the goldens were made with them.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from quantopt.analysis.ir_compare import template_ranges
+os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")  # the suite's pins (tests/conftest.py), before torch loads:
+os.environ.setdefault("DNNL_MAX_CPU_ISA", "AVX2")  # the goldens were made with torch's AVX2 kernels
+
+from quantopt.analysis.ir_compare import template_ranges  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the comparison helpers shared with the tests
@@ -39,6 +47,7 @@ from golden_helpers import (  # noqa: E402
     QuantoptFailed,
     compare_with_golden,
     layer_kinds,
+    machine_layers,
     run_golden_cfg,
     upstream_failure,
 )
@@ -78,10 +87,14 @@ def measure(corpus: Path, model: str, letter: str, work: Path,
     return result
 
 
-def floor_entry(result: GoldenComparison) -> Dict[str, Any]:
-    """What floors.json records for one model and variant."""
-    return {"layers": len(result.diffs), "identical": result.identical,
-            "differing": {name: layer_kinds(d) for name, d in sorted(result.differing.items())},
+def floor_entry(result: GoldenComparison, machine: Dict[str, List[str]]) -> Dict[str, Any]:
+    """What floors.json records for one model and variant. A layer that differs exactly as upstream's own output
+    differs on this kind of CPU (`machine`: tests/golden_helpers.py `machine_layers`) counts as identical, so floors
+    written on such a machine are those of the machine the goldens were made on."""
+    differing = {name: layer_kinds(d) for name, d in sorted(result.differing.items())}
+    as_upstream = [name for name, kinds in differing.items() if machine.get(name) == kinds]
+    return {"layers": len(result.diffs), "identical": result.identical + len(as_upstream),
+            "differing": {name: kinds for name, kinds in differing.items() if name not in as_upstream},
             "extra": sorted(result.extra)}
 
 
@@ -129,14 +142,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                     rows.append((model, letter, 0, 0))
                     print(f"{model + '/' + letter:<26} quantopt failed: exit {result.code}: {result.error}")
                     continue
-                floors.setdefault(model, {})[letter] = floor_entry(result)
+                machine = machine_layers(args.corpus, model, letter)
+                floors.setdefault(model, {})[letter] = floor_entry(result, machine)
                 share = result.identical / len(result.diffs) if result.diffs else 1.0
                 rows.append((model, letter, len(result.diffs), result.identical))
                 same, compared = result.ranges
                 print(f"{model + '/' + letter:<26} {len(result.diffs):>6} {result.identical:>9} {share:>7.1%} "
                       f"{same:>5} of {compared:<4}", flush=True)
                 for name, d in sorted(result.differing.items()):
-                    print(f"    {name} ({d.type}): {', '.join(layer_kinds(d))}")
+                    note = " (as upstream writes it on this kind of CPU)" if machine.get(name) == layer_kinds(d) else ""
+                    print(f"    {name} ({d.type}): {', '.join(layer_kinds(d))}{note}")
                     if args.details:
                         for text in d.differences:
                             print(f"        {text}")
