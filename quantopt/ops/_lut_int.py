@@ -5,7 +5,7 @@ semantics documented in docs/integer-semantics.md are what the code literally do
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Tuple, Union
+from typing import Iterable, List, Optional, Tuple, Union
 
 import torch
 
@@ -27,6 +27,22 @@ def is_restricted(node: PyNode, t: PyTensor) -> bool:
     """Signed symmetric restricted range ([-(2^(b-1)-1), 2^(b-1)-1])."""
     qmin, qmax = out_range(node, t)
     return qmin < 0 and qmin == -qmax
+
+
+def take_codes(values: torch.Tensor, codes: torch.Tensor, lo: int) -> Optional[torch.Tensor]:
+    """values[codes - lo]: integer codes looked up in one table of per-code results (codes lo, lo + 1, ...), or
+    None where a code lies outside the table (a hand-fed input; the caller then computes). On the CPU index_select
+    refuses such an index, so no pass over the codes' extrema comes first; another device checks the index range
+    first (an index outside the table would assert there)."""
+    index = (codes - lo).reshape(-1)
+    if codes.device.type == "cpu":
+        try:
+            return values.index_select(0, index).reshape(codes.shape)
+        except IndexError:  # an index outside the table: the caller's arithmetic takes any code
+            return None
+    if bool(((index >= 0) & (index < values.numel())).all()):
+        return values.index_select(0, index).reshape(codes.shape)
+    return None
 
 
 def ceil_log2(v: int) -> int:

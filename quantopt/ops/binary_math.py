@@ -31,7 +31,7 @@ from ..quant.rounding import FLOAT64_EXACT, bit_length, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, Float, Int, Param, Text, Value, quantized
 from ._eltwise_int import check_int64_bound, offset_absmax, set_integer_output
-from ._lut_int import constants_first, is_restricted, range_bits
+from ._lut_int import constants_first, is_restricted, range_bits, take_codes
 from ._quant import (
     check_quantized_inputs,
     int_value,
@@ -572,15 +572,8 @@ def _requantized_branch(node: PyNode, t: PyTensor, m: int, n: int, name: str) ->
         return compute(codes)
     table = memo(node, name, (layer_key(node), str(codes.device)),
                  lambda: compute(torch.arange(lo, hi + 1, dtype=torch.int64, device=codes.device)).contiguous())
-    index = (codes - lo).reshape(-1)
-    if codes.device.type == "cpu":
-        try:
-            return table.index_select(0, index).reshape(codes.shape)
-        except IndexError:  # a code outside [lo, hi]: the arithmetic takes any code
-            return compute(codes)
-    if bool(((index >= 0) & (index < table.numel())).all()):
-        return table.index_select(0, index).reshape(codes.shape)
-    return compute(codes)
+    looked_up = take_codes(table, codes, lo)
+    return looked_up if looked_up is not None else compute(codes)
 
 
 # ------------------------------------------------------------------------------------------------ Div
@@ -704,25 +697,15 @@ def _div_int_upstream(node: PyNode) -> torch.Tensor:
     codes with the floor interpolation of LUT ops (docs/semantics/binary.md, "Div"). sign(Y) · lut(|Y|) depends on
     the divisor's code alone: read from a table of every code's value where there are at most 2^16 codes (one
     gather instead of the lookup's passes; the same integers), computed where a code lies outside the table (a
-    hand-fed input: the CPU's index_select refuses the index, another device is checked first)."""
+    hand-fed input; `take_codes`)."""
     a, b = node.inputs
     out = node.outputs[0]
     m, n = requant_of(node)
     if not isinstance(m, int):
         raise node._error("quantized Div needs a per-tensor scale_value/shift_value")
     x, codes = _offset_int(node, a), int_value(b)
-    reciprocal = None
     table = _divisor_table(node, codes.device)
-    if table is not None:
-        qmin_b, values = table
-        index = (codes - qmin_b).reshape(-1)
-        if codes.device.type == "cpu":
-            try:
-                reciprocal = values.index_select(0, index).reshape(codes.shape)
-            except IndexError:
-                reciprocal = None
-        elif bool(((index >= 0) & (index < values.numel())).all()):
-            reciprocal = values.index_select(0, index).reshape(codes.shape)
+    reciprocal = take_codes(table[1], codes, table[0]) if table is not None else None
     if reciprocal is None:
         reciprocal = _signed_reciprocal(node, codes + tensor_zp(node, b))
     qmin, qmax = out_range(node, out)
