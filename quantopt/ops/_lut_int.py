@@ -29,6 +29,12 @@ def is_restricted(node: PyNode, t: PyTensor) -> bool:
     return qmin < 0 and qmin == -qmax
 
 
+CODE_TABLE_MAX_CODES = 1 << 16
+"""An integer layer whose result for an input depends on that input's code alone (a Where or Concat branch's
+requantization, a Div divisor's signed reciprocal) reads it from a memoized table of every code's result where the
+input has at most this many codes (`take_codes`)."""
+
+
 def take_codes(values: torch.Tensor, codes: torch.Tensor, lo: int) -> Optional[torch.Tensor]:
     """values[codes - lo]: integer codes looked up in one table of per-code results (codes lo, lo + 1, ...), or
     None where a code lies outside the table (a hand-fed input; the caller then computes). On the CPU index_select

@@ -31,7 +31,7 @@ from ..quant.rounding import FLOAT64_EXACT, bit_length, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, Float, Int, Param, Text, Value, quantized
 from ._eltwise_int import check_int64_bound, offset_absmax, set_integer_output
-from ._lut_int import constants_first, is_restricted, range_bits, take_codes
+from ._lut_int import CODE_TABLE_MAX_CODES, constants_first, is_restricted, range_bits, take_codes
 from ._quant import (
     check_quantized_inputs,
     int_value,
@@ -536,12 +536,6 @@ def _zero_constant(t: PyTensor) -> bool:
         return False
     values = producer.constants["weights"].betensor
     return values.numel() > 0 and not bool(values.any())
-
-
-CODE_TABLE_MAX_CODES = 1 << 16
-"""An integer layer whose result for an input depends on that input's code alone (a Where branch's
-requantization, a Div divisor's signed reciprocal) reads it from a memoized table of every code's result where the
-input has at most this many codes."""
 
 
 def _where_int(node: PyNode) -> torch.Tensor:

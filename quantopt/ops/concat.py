@@ -1,12 +1,14 @@
 """Concat along `axis` (negative counts from the end): float forward, quantization and integer forward."""
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..errors import UnsupportedError
+from ..graph.memo import layer_key, memo
 from ..graph.node import PyNode
 from ..graph.tables import quant_of
 from ..graph.tensor import PyTensor
@@ -24,6 +26,7 @@ from ..quant.rounding import FLOAT64_EXACT
 from ..registry import declare_op
 from ..registry.schema import Int, Param, Value
 from ._eltwise_int import check_int64_bound, offset_absmax, offset_value
+from ._lut_int import CODE_TABLE_MAX_CODES, take_codes
 from ._per_channel import is_per_channel
 from ._quant import (
     check_quantized_inputs,
@@ -103,6 +106,9 @@ def concat_int_forward(node: PyNode) -> torch.Tensor:
         raise node._error(f"quantized Concat needs scale_value and shift_value lists of {count} integers (one per "
                           f"input), got {mults!r} and {shifts!r}")
     zp_out = tensor_zp(node, out)
+    tabled = _concat_tabled(node, mults, shifts, zp_out, qmin, qmax)
+    if tabled is not None:
+        return tabled
     fast = _concat_float64(node, mults, shifts, zp_out, qmin, qmax)
     if fast is not None:
         return fast
@@ -111,6 +117,40 @@ def concat_int_forward(node: PyNode) -> torch.Tensor:
         check_int64_bound(node, offset_absmax(node, t) * abs(int(m)), f"branch '{t.name}' times its multiplier")
         ys.append(requantize_int(int_value(t) + tensor_zp(node, t), int(m), int(sh), zp_out, qmin, qmax))
     return _concat(node, ys)
+
+
+CONCAT_TABLE_MIN_ELEMENTS = 1 << 12
+"""Concats of fewer output elements than this requantize by arithmetic: the tables' lookups cost more there."""
+
+
+def _concat_tabled(node: PyNode, mults: Sequence[Any], shifts: Sequence[Any], zp_out: int, qmin: int,
+                   qmax: int) -> Optional[torch.Tensor]:
+    """The requantized concatenation with each branch read from a memoized table of its codes' results, where every
+    branch has at most 2^16 codes (`requantize_int` of every code: the same integers, one gather per element
+    instead of the requantization's passes); None (for the arithmetic) for a small output, a wider branch or a
+    code outside its branch's range (`take_codes`)."""
+    codes = [int_value(t) for t in node.inputs]
+    ranges = [out_range(node, t) for t in node.inputs]
+    if sum(c.numel() for c in codes) < CONCAT_TABLE_MIN_ELEMENTS or \
+            any(not 0 < hi - lo + 1 <= CODE_TABLE_MAX_CODES for lo, hi in ranges):
+        return None
+    ys = []
+    for i, (t, c, (lo, hi), m, sh) in enumerate(zip(node.inputs, codes, ranges, mults, shifts)):
+        build = functools.partial(_branch_table, node, t, lo, hi, int(m), int(sh), zp_out, (qmin, qmax), c.device)
+        table = memo(node, f"concat_branch_table_{i}", (layer_key(node), str(c.device)), build)
+        y = take_codes(table, c, lo)
+        if y is None:
+            return None
+        ys.append(y)
+    return _concat(node, ys)
+
+
+def _branch_table(node: PyNode, t: PyTensor, lo: int, hi: int, m: int, sh: int, zp_out: int,
+                  out_range_: Tuple[int, int], device: torch.device) -> torch.Tensor:
+    """`requantize_int` of every code lo..hi of branch `t` to the output: the branch's table (`_concat_tabled`)."""
+    check_int64_bound(node, offset_absmax(node, t) * abs(m), f"branch '{t.name}' times its multiplier")
+    every = torch.arange(lo, hi + 1, dtype=torch.int64, device=device) + tensor_zp(node, t)
+    return requantize_int(every, m, sh, zp_out, *out_range_).to(torch.int64).contiguous()
 
 
 def _concat_float64(node: PyNode, mults: Sequence[Any], shifts: Sequence[Any], zp_out: int, qmin: int,

@@ -440,8 +440,21 @@ def test_concat_identical_branches_copy_params() -> None:
     run_and_check(qg, data[0])
 
 
+@pytest.fixture(params=["arithmetic", "tables"])
+def concat_path(request, monkeypatch) -> str:
+    """The requantized Concat by arithmetic, or with every branch read from its table of codes at any size."""
+    from quantopt.ops import concat as concat_module
+
+    monkeypatch.setattr(concat_module, "CONCAT_TABLE_MIN_ELEMENTS", 0 if request.param == "tables" else 1 << 62)
+    return request.param
+
+
+def _tables_used(qg) -> bool:
+    return "_memo_concat_branch_table_0" in qg.node("op").attrs
+
+
 @pytest.mark.parametrize("amode", AMODES)
-def test_concat_requant_matches_reference(amode: str) -> None:
+def test_concat_requant_matches_reference(amode: str, concat_path: str) -> None:
     g = concat_graph([[1, 4, 4, 3], [1, 4, 4, 5], [1, 4, 4, 2]])
     r = _rng(72)
     data = [[_t(r.normal(0, 1, size=[2, 4, 4, 3])), _t(r.normal(0.5, 4, size=[2, 4, 4, 5])),
@@ -451,6 +464,24 @@ def test_concat_requant_matches_reference(amode: str) -> None:
     assert len(node.params["scale_value"]) == 3 and len(node.params["shift_value"]) == 3
     assert node.params["scale_type"] == [Dtype.UINT8] * 3 and node.params["shift_type"] == [Dtype.INT8] * 3
     run_and_check(qg, [x * 1.3 for x in data[0]])
+    assert _tables_used(qg) == (concat_path == "tables")
+
+
+def test_concat_branch_codes_outside_their_range_are_computed(concat_path: str) -> None:
+    """A hand-fed code outside a branch's [qmin, qmax] (below, above) leaves the tables: the arithmetic gives the
+    reference's integers."""
+    g = concat_graph([[1, 4, 4, 3], [1, 4, 4, 5]])
+    r = _rng(75)
+    data = [[_t(r.normal(0, 1, size=[2, 4, 4, 3])), _t(r.normal(0.5, 4, size=[2, 4, 4, 5]))] for _ in range(3)]
+    qg = quantize_model(g, data, {"q_mode_activation": "per_tensor_asymmetric"})
+    qg.forward(data[0])
+    node = qg.node("op")
+    for t, codes in zip(node.inputs, ([-200, 300], [255, -129])):
+        x = t.betensor.clone()
+        x.view(-1)[:2] = torch.tensor(codes, dtype=x.dtype)
+        t.betensor = x
+    node.forward()
+    np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), ref_concat(node))
 
 
 @pytest.mark.parametrize("axis,bits", [(-1, 8), (1, 8), (2, 16)])
@@ -473,7 +504,7 @@ def test_concat_written_into_one_output_matches_reference(monkeypatch, axis: int
     assert results and results[-1] is not None
 
 
-def test_concat_mixed_signed_unsigned_branches() -> None:
+def test_concat_mixed_signed_unsigned_branches(concat_path: str) -> None:
     g = concat_graph([[1, 4, 4, 3], [1, 4, 4, 5]])
     r = _rng(73)
     data = [[_t(r.normal(0, 1, size=[2, 4, 4, 3])), _t(np.abs(r.normal(0, 1, size=[2, 4, 4, 5])))] for _ in range(3)]
@@ -485,7 +516,7 @@ def test_concat_mixed_signed_unsigned_branches() -> None:
     run_and_check(qg, data[0])
 
 
-def test_concat_mixed_8_and_16_bit_branches() -> None:
+def test_concat_mixed_8_and_16_bit_branches(concat_path: str) -> None:
     """Output bits = the widest branch (16); the 8-bit branch is requantized with a 16-bit multiplier."""
     g = concat_graph([[1, 4, 4, 3], [1, 4, 4, 5]])
     r = _rng(74)
