@@ -35,12 +35,16 @@ requantization, a Div divisor's signed reciprocal) reads it from a memoized tabl
 input has at most this many codes (`take_codes`)."""
 
 
-def take_codes(values: torch.Tensor, codes: torch.Tensor, lo: int) -> Optional[torch.Tensor]:
-    """values[codes - lo]: integer codes looked up in one table of per-code results (codes lo, lo + 1, ...), or
+def take_codes(values: torch.Tensor, codes: torch.Tensor, lo: int, channels: int = 1) -> Optional[torch.Tensor]:
+    """values[codes - lo]: integer codes looked up in a table of per-code results (codes lo, lo + 1, ...; with
+    `channels` > 1, one table per channel of the last axis, interleaved: entry (code - lo) · channels + channel), or
     None where a code lies outside the table (a hand-fed input; the caller then computes). On the CPU index_select
     refuses such an index, so no pass over the codes' extrema comes first; another device checks the index range
     first (an index outside the table would assert there)."""
-    index = (codes - lo).reshape(-1)
+    index = codes - lo
+    if channels > 1:
+        index = index.mul_(channels).add_(torch.arange(channels, dtype=index.dtype, device=index.device))
+    index = index.reshape(-1)
     if codes.device.type == "cpu":
         try:
             return values.index_select(0, index).reshape(codes.shape)

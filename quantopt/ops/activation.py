@@ -27,7 +27,7 @@ from ..quant.params import quantize
 from ..quant.requant import requantize_int
 from ..registry import declare_op
 from ..registry.schema import Axis, DtypeName, Float, Int, Param, Text, Value, quantized
-from ._lut_int import constants_first, int_input, is_restricted, range_bits
+from ._lut_int import constants_first, int_input, is_restricted, range_bits, take_codes
 from ._quant import (
     copy_params,
     layer_settings,
@@ -687,28 +687,11 @@ def activation_integer_forward(node: PyNode) -> torch.Tensor:
     table = _code_table(node, method, x, zp_in)
     if table is not None:
         qmin, qmax, values = table
-        if x.device.type == "cpu":
-            # a code outside [qmin, qmax] (a hand-fed input) gives an index outside the table, which the CPU's
-            # index_select refuses: then the arithmetic, which takes any value; no pass over x's extrema first
-            try:
-                return _table_lookup(x, qmin, qmax, values)
-            except IndexError:
-                return _integer_forward(node, method, x, zp_in)
-        lo, hi = torch.aminmax(x)  # another device would assert on an index outside the table
-        if qmin <= int(lo) and int(hi) <= qmax:
-            return _table_lookup(x, qmin, qmax, values)
+        channels = 1 if values.numel() == qmax - qmin + 1 else int(x.shape[-1])  # else one table per channel
+        y = take_codes(values, x, qmin, channels)
+        if y is not None:
+            return y
     return _integer_forward(node, method, x, zp_in)
-
-
-def _table_lookup(x: torch.Tensor, qmin: int, qmax: int, values: torch.Tensor) -> torch.Tensor:
-    """The `_code_table` values of integer codes `x`: one table of qmax - qmin + 1 results, or one per channel of
-    the last axis (interleaved); a code outside [qmin, qmax] indexes outside the table (below 0 or beyond its end,
-    whichever channel)."""
-    index = x - qmin
-    channels = int(x.shape[-1])
-    if values.numel() != qmax - qmin + 1:  # one table per channel of the last axis
-        index = index.mul_(channels).add_(torch.arange(channels, dtype=torch.int64, device=x.device))
-    return values.index_select(0, index.reshape(-1)).reshape(x.shape)
 
 
 def _integer_forward(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> torch.Tensor:
