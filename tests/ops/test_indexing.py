@@ -549,6 +549,38 @@ def test_argminmax(tmp_path, method: str, axis: int, last: bool, bits: int, mode
     roundtrip(tmp_path, qg, f)
 
 
+@pytest.mark.parametrize("method,last", [("MAX", False), ("MIN", False), ("MAX", True), ("MIN", True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int16])
+@pytest.mark.parametrize("shape,axis", [([1, 21, 40, 30], 1), ([2, 5, 1100], 1), ([3, 4, 50, 30], 0)])
+def test_argminmax_over_an_outer_axis_is_torchs(monkeypatch, method: str, last: bool, dtype: torch.dtype,
+                                               shape: List[int], axis: int) -> None:
+    """The reductions' form (an outer axis of many columns) gives torch's own indices: first or last of ties
+    (values drawn from a few integers, so most columns tie), signed zeros equal; with a NaN, torch's own."""
+    import quantopt.ops.indexing as indexing
+
+    out_shape = list(shape)
+    out_shape[axis] = 1
+    g = one_layer("ArgMinMax", {"method": method, "axis": axis, "select_last_index": last}, shape, [out_shape])
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randint(-3, 4, shape, generator=gen).to(dtype)
+    if dtype.is_floating_point:
+        x[x == 0] = torch.where(torch.rand(int((x == 0).sum()), generator=gen) < 0.5, -0.0, 0.0).to(dtype)
+    fn = torch.argmax if method == "MAX" else torch.argmin
+    src = torch.flip(x, dims=[axis]) if last else x
+    want = (shape[axis] - 1 - fn(src, dim=axis, keepdim=True)) if last else fn(src, dim=axis, keepdim=True)
+    calls = []
+    real = indexing._outer_extreme_index
+    monkeypatch.setattr(indexing, "_outer_extreme_index", lambda *a: calls.append(real(*a)) or calls[-1])
+    got = g.forward([x])[0]
+    assert calls and calls[-1] is not None  # the reductions' form ran
+    assert got.dtype == torch.int64 and torch.equal(got, want)
+    if dtype.is_floating_point:
+        x.view(-1)[7] = float("nan")
+        src = torch.flip(x, dims=[axis]) if last else x
+        want = (shape[axis] - 1 - fn(src, dim=axis, keepdim=True)) if last else fn(src, dim=axis, keepdim=True)
+        assert torch.equal(g.forward([x])[0], want) and calls[-1] is None
+
+
 # --- index inputs must be integers ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("optype", ["Gather", "GatherElements", "GatherND", "ScatterND", "ScatterElements", "OneHot"])
 def test_float_index_input_is_refused(optype: str) -> None:
