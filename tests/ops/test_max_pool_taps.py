@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from quant_helpers import params_of
 
 import quantopt.ops.pooling as pooling
 from quantopt.graph.builder import GraphBuilder
@@ -64,3 +65,27 @@ def test_a_max_pool_layer_is_the_same_both_ways(monkeypatch) -> None:
     monkeypatch.setattr(pooling, "MAX_POOL_TAPS", 0)  # every window through torch's kernel
     torch_float, torch_int = run()
     assert torch.equal(taps_float, torch_float) and torch.equal(taps_int, torch_int)
+
+
+def test_codes_beyond_float32_give_the_clamped_maximum() -> None:
+    """The integer MAX pools 8- and 16-bit codes in float32; a hand-fed code beyond ±2^24 (not exact there) still
+    gives the output the exact maximum clamped to the output range."""
+    b = GraphBuilder("pool")
+    x = b.input("x", [1, 6, 6, 4])
+    y = b.layer("Pooling", [x], [[1, 3, 3, 4]], name="p",
+                params={"method": "MAX", "kernel_x": 2, "kernel_y": 2, "stride_x": 2, "stride_y": 2})
+    g = b.build([y])
+    data = [[torch.randn(1, 6, 6, 4, generator=torch.Generator().manual_seed(i))] for i in range(3)]
+    q = quantize_model(g, data)
+    q.forward(data[0])
+    node = q.node("p")
+    codes = node.inputs[0].betensor.to(torch.int64).clone()
+    codes[0, 0, 0, 0] = 2 ** 24 + 1
+    codes[0, 2, 2, 1], codes[0, 2, 3, 1], codes[0, 3, 2, 1], codes[0, 3, 3, 1] = -(2 ** 30), -(2 ** 30) - 1, -5, -7
+    codes[0, 4:, 4:, 2] = -(2 ** 40) - 3
+    node.inputs[0].betensor = codes
+    node.forward()
+    want = F.max_pool2d(codes.permute(0, 3, 1, 2).to(torch.float64), 2, 2).permute(0, 2, 3, 1)
+    out = params_of(node, node.outputs[0])
+    assert torch.equal(node.outputs[0].betensor, want.clamp(out.qmin, out.qmax).to(torch.int64))
+    assert int(node.outputs[0].betensor[0, 0, 0, 0]) == out.qmax  # the code beyond 2^24 won its window
