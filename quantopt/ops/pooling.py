@@ -292,7 +292,9 @@ def _avg_int_float64(node: PyNode, x: torch.Tensor, zp: int, p: dict, full: Any,
     """The AVG branch of `pool2d_nchw_int`, bit for bit, in float64 from end to end (one conversion each way instead
     of four, no int64 temporaries) when the input's stored range proves every step exact: window sums of
     |x + zp| below 2^53 (so the general path's check cannot fail), |S·M| < 2^53 after the ±2^31 clamp, and results
-    (zero point subtracted) below 2^51 with |shift| < 900; None otherwise, for the general path."""
+    (zero point subtracted) below 2^51 with |shift| < 900; in float32 (half the bytes per pass) where the range
+    proves |S·M| + |zp_out| < 2^24 and the factor M·2^-shift is a float32 value, so that every step is exact there
+    too. None otherwise, for the general path."""
     lo, hi = out_range(node, node.inputs[0])
     window = p["k"][0] * p["k"][1]
     in_bound = max(abs(lo + zp), abs(hi + zp))
@@ -307,15 +309,22 @@ def _avg_int_float64(node: PyNode, x: torch.Tensor, zp: int, p: dict, full: Any,
     if not -900 < s_lo <= s_hi < 900 or AVG_SUM_LIMIT * m_max >= FLOAT64_EXACT or \
             math.ldexp(AVG_SUM_LIMIT * m_max, int(-s_lo)) + abs(zp_out) + 1 >= MAGIC_EXACT:
         return None
-    xf = int64_to_float64(x, zp) if isinstance(zp, (int, float)) else int64_to_float64(x).add_(zp)
+    factor = shift_factor(m, sh, x.device)  # as requantize_float64 forms it (on the CPU)
+    # float32 where every step is exact there too: window sums times M below 2^24, the factor a float32 value
+    narrow = (in_bound * window * m_max + abs(zp_out) < FLOAT32_EXACT and isinstance(zp, (int, float))
+              and bool((factor.to(torch.float32).to(torch.float64) == factor).all()))
+    if narrow:
+        xf = x.to(torch.float32).add_(zp)
+        factor = factor.to(torch.float32)
+    else:
+        xf = int64_to_float64(x, zp) if isinstance(zp, (int, float)) else int64_to_float64(x).add_(zp)
     xp = F.pad(xf, full, value=0.0) if any(full) else xf
     total = _window_sum(xp, p["k"], p["s"], p["d"])
     _check_size(node, total, size)
-    factor = shift_factor(m, sh, x.device)  # as requantize_float64 forms it (on the CPU)
     if not broadcasts_into(factor.shape, total.shape):
         return None
     y = total.clamp_(-AVG_SUM_LIMIT, AVG_SUM_LIMIT).mul_(factor).round_().sub_(float(zp_out))
-    return exact_int64_(y, -MAGIC_EXACT + 1, MAGIC_EXACT - 1)
+    return y.to(torch.int64) if narrow else exact_int64_(y, -MAGIC_EXACT + 1, MAGIC_EXACT - 1)
 
 
 def _int_plan(node: PyNode, x: torch.Tensor, p: dict, method: str) -> Tuple[Any, ...]:
