@@ -104,9 +104,10 @@ def _broadcast_reason(node: PyNode) -> str:
     if str(node.type) not in ELEMENTWISE:
         return ""
     channels = {_channels(t.ir_shape) for t in list(node.inputs) + list(node.outputs)}
-    if len(channels) > 1:
-        return f"'{node.name}' broadcasts along the channel axis ({', '.join(str(c) for c in sorted(channels))} " \
-               "channels)"
+    if len(channels) > 1:  # a scalar (no channel axis: None) broadcasts too
+        counts = ", ".join(str(c) for c in sorted(c for c in channels if c is not None))
+        scalar = " and a scalar" if None in channels else ""
+        return f"'{node.name}' broadcasts along the channel axis ({counts} channels{scalar})"
     return ""
 
 

@@ -415,6 +415,26 @@ def test_layers_whose_readers_cannot_take_per_channel_fall_back_with_one_warning
     assert all(cosine(f.betensor, q) > 0.98 for f, q in zip(graph.output_tensors, outs))
 
 
+def test_a_product_with_a_scalar_falls_back_and_names_it(caplog) -> None:
+    """An element-wise layer with a scalar operand (no channel axis) under a per-channel mode: it falls back to
+    per-tensor, its reason naming the scalar (the channel counts' listing had failed on it: fuzz cfg seed 193)."""
+    r = np.random.default_rng(4)
+    b = GraphBuilder("scalar")
+    x = b.input("x", [1, 4, 4, 3])
+    c = b.layer("Convolution", [x], [[1, 4, 4, 2]], name="c",
+                params=dict(num_output=2, group=1, with_activation="NONE", **GEO),
+                constants={"weights": _w(r, [2, 3, 3, 3]), "biases": _w(r, [2])})
+    k = b.layer("Constant", [], [[]], name="k", constants={"weights": torch.tensor(2.0)})  # integer: stays a Mul
+    y = b.layer("Mul", [c, k], [[1, 4, 4, 2]], name="mul")
+    graph = b.build([y])
+    calib = [torch.from_numpy(r.normal(size=[1, 4, 4, 3]).astype(np.float32)) for _ in range(2)]
+    with caplog.at_level("WARNING", logger="quantopt"):
+        quantize_model(graph, calib, dict(q_mode_activation=PER_CHANNEL, q_strategy_activation="extrema"))
+    warnings = [m for m in caplog.messages if "fall back to per-tensor" in m]
+    assert len(warnings) == 1 and "'mul' broadcasts along the channel axis (2 channels and a scalar)" in warnings[0]
+    assert graph.node("mul").settings.q_mode_activation == "per_tensor_symmetric_full_range"
+
+
 def test_no_warning_when_every_per_channel_layer_can_stay(caplog) -> None:
     with caplog.at_level("WARNING", logger="quantopt"):
         qg = quantize_model(chain(), data(1, 2), per_layer=per_channel(("c1", "dw")))
