@@ -129,11 +129,11 @@ def _concat_tabled(node: PyNode, mults: Sequence[Any], shifts: Sequence[Any], zp
     branch has at most 2^16 codes (`requantize_int` of every code: the same integers, one gather per element
     instead of the requantization's passes); None (for the arithmetic) for a small output, a wider branch or a
     code outside its branch's range (`take_codes`)."""
-    codes = [int_value(t) for t in node.inputs]
     ranges = [out_range(node, t) for t in node.inputs]
-    if sum(c.numel() for c in codes) < CONCAT_TABLE_MIN_ELEMENTS or \
+    if sum(t.betensor.numel() for t in node.inputs) < CONCAT_TABLE_MIN_ELEMENTS or \
             any(not 0 < hi - lo + 1 <= CODE_TABLE_MAX_CODES for lo, hi in ranges):
         return None
+    codes = [int_value(t) for t in node.inputs]  # converted only where the tables apply
     ys = []
     for i, (t, c, (lo, hi), m, sh) in enumerate(zip(node.inputs, codes, ranges, mults, shifts)):
         build = functools.partial(_branch_table, node, t, lo, hi, int(m), int(sh), zp_out, (qmin, qmax), c.device)
