@@ -299,7 +299,7 @@ def test_external_data(tmp_path):
 # ------------------------------------------------------------------------------------------ errors
 def test_unsupported_nodes_are_listed_together(tmp_path):
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv3d"),
-             helper.make_node("Einsum", ["x"], ["e"], name="einsum", equation="abcde->edcba"),
+             helper.make_node("Einsum", ["x"], ["e"], name="einsum", equation="aacde->edca"),  # a diagonal
              helper.make_node("Relu", ["e"], ["y"], name="relu")]
     model = _make(nodes, [_vi("x", [1, 1, 2, 2, 2])], [_vi("y", None), _vi("c", None)],
                   [_init("w", np.ones((1, 1, 1, 1, 1), np.float32))], opset=15)
@@ -307,6 +307,28 @@ def test_unsupported_nodes_are_listed_together(tmp_path):
         import_onnx(_save(model, tmp_path))
     msg = str(e.value)
     assert "2 ONNX node(s)" in msg and "'conv3d' (Conv, opset 15)" in msg and "'einsum' (Einsum, opset 15)" in msg
+    assert "subscript 'a' repeated within one operand" in msg
+
+
+def test_tensors_of_more_than_eight_dims_are_refused(tmp_path):
+    """An Unsqueeze to 10 dims (only a broken model makes one; torch's GELU refuses 16) names the node and the limit."""
+    axes = _init("axes", np.arange(8, dtype=np.int64))
+    model = _make([helper.make_node("Unsqueeze", ["x", "axes"], ["u"], name="deep"),
+                   helper.make_node("Relu", ["u"], ["y"])], [_vi("x", [2, 3])], [_vi("y", None)], [axes], opset=13)
+    with pytest.raises(UnsupportedError, match=r"node 'deep' \(Unsqueeze, opset 13\): output 'u' has 10 dims "
+                                               r"\[1, 1, 1, 1, 1, 1, 1, 1, 2, 3\]; tensors of at most 8 dims"):
+        import_onnx(_save(model, tmp_path))
+
+
+def test_names_that_are_not_utf8_are_refused(tmp_path):
+    """A graph name whose bytes are not UTF-8 (protobuf hands such a string field back as bytes): one IRError."""
+    model = _make([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1, 4])], [_vi("y", None)])
+    model.graph.name = "graph_name"
+    blob = model.SerializeToString().replace(b"graph_name", b"graph\x9dname")
+    path = tmp_path / "bad_name.onnx"
+    path.write_bytes(blob)
+    with pytest.raises(IRError, match=r"the graph's name b'graph\\x9dname' is not UTF-8 text"):
+        import_onnx(str(path))
 
 
 def test_malformed_and_missing_files(tmp_path):

@@ -12,6 +12,12 @@ from ..quant.dtype import Dtype
 Number = Union[int, float]
 
 
+MAX_RANK = 8
+"""Most dims a tensor may have. Models use at most 6 or 7 (a window attention's partitions); torch's own kernels
+refuse some ranks above 15 (GELU: "dimensions are invalid"), so a higher rank, which only a broken model gives, is
+refused when the model is read, naming the layer or node, instead of failing in a forward."""
+
+
 class PyTensor:
     """One tensor of the graph. `betensor` holds the current value (float, or integers when quantized); `dtype` is
     its current dtype (the quantized one once its producer is quantized), `ir_dtype`/`ir_shape`/`ir_range` what the

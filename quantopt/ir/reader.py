@@ -19,7 +19,7 @@ from ..errors import IRError
 from ..graph.graph import PyGraph, QuantizeGraph
 from ..graph.node import PyNode
 from ..graph.tables import quant_of
-from ..graph.tensor import PyTensor
+from ..graph.tensor import MAX_RANK, PyTensor
 from ..log import OPT_WARN
 from ..quant.dtype import Dtype, decode_storage, dtype_from_name
 from ..registry import load_builtin_operators
@@ -140,6 +140,8 @@ class _SectionReader:
         for s in v:
             if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in s):
                 raise self.error(key, f"'{key}' has a non-integer or negative dimension in {s}")
+            if len(s) > MAX_RANK:
+                raise self.error(key, f"'{key}' holds a tensor of {len(s)} dims {s}; at most {MAX_RANK} are supported")
             if any(d >= INT_LIMIT for d in s) or math.prod(s) >= MAX_ELEMENTS:
                 raise self.error(key, f"'{key}' holds an impossible tensor shape {s} (dimensions must be below 2^31 "
                                       f"and tensors hold fewer than 2^40 elements)")

@@ -16,21 +16,25 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from ...errors import UnsupportedError
 from ...graph.builder import GraphBuilder
 from ...graph.graph import PyGraph, QuantizeGraph
+from ...graph.tensor import MAX_RANK
 from .context import Context, ConvertError, ir_dtype
 from .converters import CONVERTERS, unsupported_attr
+from .converters_more import topk as _topk  # noqa: F401  (registers GatherND, TopK, the norms, Swish)
+from .decompose import REWRITES, decompose
 from .fused_ops import FUSED_CONVERTERS
 from .fusion import run_fusions
 from .loader import fix_input_shapes, load_model, parse_input_shapes, parse_input_values, pin_input_values, require_onnx
 from .pattern import FUSED_DOMAIN
 from .recurrent import lstm as _lstm  # noqa: F401  (registers the LSTM/GRU/If/Loop converters)
-from .simplify import OGraph, build_ograph
+from .simplify import OGraph, ONode, build_ograph
 
 __all__ = ["import_onnx", "import_onnx_to_ir", "parse_input_shapes", "parse_input_values", "supported_onnx_ops"]
 
 
 def supported_onnx_ops() -> List[str]:
-    """ONNX operator types the importer converts (besides Constant, Identity, Dropout and foldable ops)."""
-    return sorted(set(CONVERTERS) | {"Constant", "Identity", "Dropout"})
+    """ONNX operator types the importer converts (besides Constant, Identity, Dropout and foldable ops), those it
+    rewrites as others (decompose.py) included."""
+    return sorted(set(CONVERTERS) | set(REWRITES) | {"Constant", "Identity", "Dropout"})
 
 
 def _model_name(path: str, name: Optional[str]) -> str:
@@ -49,6 +53,7 @@ def prepare_onnx(path: str, input_shapes: Optional[Mapping[str, Sequence[int]]] 
     pin_input_values(model, dict(input_values or {}), path)
     fix_input_shapes(model, dict(input_shapes or {}), path)
     g = build_ograph(model, path)
+    decompose(g)
     run_fusions(g)
     return g
 
@@ -68,6 +73,9 @@ def import_onnx(path: str, input_shapes: Optional[Mapping[str, Sequence[int]]] =
         shape = g.shapes.get(inp)
         if shape is None:
             raise UnsupportedError(f"input '{inp}' has no static shape", file=path)
+        if len(shape) > MAX_RANK:
+            raise UnsupportedError(f"input '{inp}' has {len(shape)} dims; tensors of at most {MAX_RANK} dims are "
+                                   "supported", file=path)
         try:
             dtype = ir_dtype(g.dtypes.get(inp))
         except ConvertError as e:
@@ -89,7 +97,7 @@ def import_onnx(path: str, input_shapes: Optional[Mapping[str, Sequence[int]]] =
         where = f"node '{node.name}' ({node.op}, opset {g.opset})"
         fn = CONVERTERS.get(node.op) if node.domain in ("", "ai.onnx") else \
             FUSED_CONVERTERS.get(node.op) if node.domain == FUSED_DOMAIN else None
-        reason = unsupported_attr(node)
+        reason = unsupported_attr(node) or _too_many_dims(g, node)
         problem = None
         if fn is None or reason:
             problem = reason or "operator not supported"
@@ -128,6 +136,15 @@ def import_onnx(path: str, input_shapes: Optional[Mapping[str, Sequence[int]]] =
                                 ("output_tensors", [t.name for t in graph.output_tensors])])
     graph.source_file = path
     return graph
+
+
+def _too_many_dims(g: OGraph, node: ONode) -> Optional[str]:
+    """Why a node's output cannot be a layer output: more dims than a tensor may have (graph/tensor.py)."""
+    for t in node.outputs:
+        shape = g.shapes.get(t)
+        if shape is not None and len(shape) > MAX_RANK:
+            return f"output '{t}' has {len(shape)} dims {list(shape)}; tensors of at most {MAX_RANK} dims are supported"
+    return None
 
 
 def import_onnx_to_ir(path: str, out_dir: str, input_shapes: Optional[Mapping[str, Sequence[int]]] = None,

@@ -254,7 +254,8 @@ def run_case(model: Any, inputs: List[Any], outputs: List[Any], tmp: Optional[st
     if len(feeds_np) != len(graph.input_tensors):
         return "skip", "inputs that are constant-folded or optional are not fed"
     try:
-        got = graph.forward([torch.from_numpy(np.ascontiguousarray(x)) for x in feeds_np])
+        # np.require keeps a 0-d array 0-d (np.ascontiguousarray makes it 1-d)
+        got = graph.forward([torch.from_numpy(np.require(x, requirements="C")) for x in feeds_np])
     except QuantOptError as e:
         return "fail", f"forward: {_message(e)}"
     except Exception as e:

@@ -1044,6 +1044,8 @@ def unsupported_attr(node: ONode) -> Optional[str]:
             return f"attribute '{key}'"
     if node.domain not in ("", "ai.onnx", FUSED_DOMAIN):
         return f"domain '{node.domain}'"
+    if "decompose_error" in node.attrs:  # an operator rewritten as others (decompose.py) that could not be
+        return str(node.attrs["decompose_error"])
     if node.op in ("Range", "NonZero"):  # reached only when an input is not constant: the output size is data-bound
         return ("inputs computed at run time are not supported (it is folded when its inputs are constants or "
                 "come from fixed input shapes)")

@@ -1,0 +1,119 @@
+"""Converters of ONNX operators that newer exporters write and that map onto one IR layer each, as the Parser
+writes them: GatherND, TopK, GroupNormalization (opsets 18 and 21), LpNormalization with p = 2 (Normalization),
+MeanVarianceNormalization, RMSNormalization and Swish (the ONNX operators; the patterns that spell them out are fused
+in fusion.py)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...quant.dtype import Dtype
+from .context import Context, ConvertError
+from .converters import _activation, _axis, _inputs, _ir_axis, _keep_layout, _no_attr, converter
+from .simplify import ONode
+
+LEAST_POSITIVE_FLOAT32 = float(np.nextafter(np.float32(0), np.float32(1)))
+"""The smallest positive float32 (a subnormal, 2^-149)."""
+
+
+@converter("GatherND")
+def gather_nd(ctx: Context, node: ONode) -> None:
+    """IR GatherND (`batch_dims`) in the ONNX layout; constant indices as a Constant layer (negatives wrap per
+    dim, as ONNX's do)."""
+    data, idx = node.inputs[0], node.inputs[1]
+    batch_dims = int(node.attrs.get("batch_dims", 0))
+    if not 0 <= batch_dims < ctx.rank(idx):
+        raise ConvertError(f"batch_dims {batch_dims} is outside [0, {ctx.rank(idx)})")
+    ctx.emit(node, "GatherND", [ctx.value(data), ctx.value(idx)], None, {"batch_dims": batch_dims})
+
+
+@converter("TopK")
+def topk(ctx: Context, node: ONode) -> None:
+    """IR TopK of a constant k along the axis, in the layout the input is held in; ties give the lower index first
+    (ONNX's rule), the output is sorted (which `sorted = 0` allows)."""
+    x = node.inputs[0]
+    if not _inputs(node, 1) or not ctx.is_const(node.inputs[1]):
+        raise ConvertError("a k computed at run time is not supported")
+    k = np.asarray(ctx.const(node.inputs[1])).reshape(-1)
+    if k.size != 1:
+        raise ConvertError(f"k must be one value, got {k.size}")
+    rank = ctx.rank(x)
+    axis = _axis(node.attrs.get("axis", -1), rank)
+    if not 0 <= int(k[0]) <= ctx.shape(x)[axis]:
+        raise ConvertError(f"k {int(k[0])} is outside [0, {ctx.shape(x)[axis]}]")
+    outputs = [o for o in node.outputs]
+    if len(outputs) != 2 or not all(outputs):
+        raise ConvertError("TopK needs both outputs named")
+    perm = _keep_layout(ctx, x)
+    params = {"k": int(k[0]), "axis": _ir_axis(axis, perm), "largest": bool(node.attrs.get("largest", 1)),
+              "sorted": True, "select_index": "first"}
+    ctx.emit(node, "TopK", [ctx.value(x, perm)], perm, params, outputs=outputs,
+             out_dtypes=[ctx.dtype(x), Dtype.INT32])
+
+
+@converter("GroupNormalization")
+def group_norm(ctx: Context, node: ONode) -> None:
+    """IR GroupNorm over channels-last groups; opset 18's per-group scale and bias repeated for every channel of
+    the group (opset 21 gives one per channel)."""
+    _no_attr(node, "stash_type", 1)
+    x = node.inputs[0]
+    rank = ctx.rank(x)
+    if rank < 3:
+        raise ConvertError(f"{rank}-D input is not supported")
+    channels, groups = ctx.shape(x)[1], int(node.attrs["num_groups"])
+    if groups < 1 or channels % groups:
+        raise ConvertError(f"num_groups {groups} does not divide {channels} channels")
+    consts = {}
+    for key, t in (("weights", node.inputs[1]), ("biases", node.inputs[2])):
+        v = ctx.const(t).astype(np.float32).reshape(-1)
+        if v.size == groups and groups != channels:
+            v = np.repeat(v, channels // groups)
+        if v.size != channels:
+            raise ConvertError(f"{key} of {v.size} values for {channels} channels in {groups} groups")
+        consts[key] = v
+    perm = _keep_layout(ctx, x)
+    ctx.emit(node, "GroupNorm", [ctx.value(x, perm)], perm,
+             {"axis": _ir_axis(1, perm), "group": groups, "epsilon": float(node.attrs.get("epsilon", 1e-5))}, consts)
+
+
+@converter("LpNormalization")
+def lp_normalization(ctx: Context, node: ONode) -> None:
+    """p = 2: IR Normalization (L2) over the axis, in the layout the input is held in, with epsilon the least
+    positive float32 (the sum of squares' lower bound): an all-zero slice then gives 0 as ONNX's does, any other
+    the same quotient as with none. (p = 1 is rewritten as other operators: decompose.py.)"""
+    if int(node.attrs.get("p", 2)) != 2:
+        raise ConvertError(f"p={node.attrs.get('p')} (ONNX allows 1 and 2)")
+    x = node.inputs[0]
+    axis = _axis(node.attrs.get("axis", -1), ctx.rank(x))
+    perm = _keep_layout(ctx, x)
+    ctx.emit(node, "Normalization", [ctx.value(x, perm)], perm,
+             {"method": "L2", "axis": [_ir_axis(axis, perm)], "epsilon": LEAST_POSITIVE_FLOAT32})
+
+
+@converter("MeanVarianceNormalization")
+def mean_variance_norm(ctx: Context, node: ONode) -> None:
+    """IR MVN over the axes (default N, H, W) with ONNX's epsilon of 1e-9, in the layout the input is held in."""
+    x = node.inputs[0]
+    rank = ctx.rank(x)
+    axes = sorted({_axis(a, rank) for a in node.attrs.get("axes", [0, 2, 3])})
+    perm = _keep_layout(ctx, x)
+    ctx.emit(node, "MVN", [ctx.value(x, perm)], perm,
+             {"axis": sorted(_ir_axis(a, perm) for a in axes), "epsilon": 1e-9})
+
+
+@converter("RMSNormalization")
+def rms_norm(ctx: Context, node: ONode) -> None:
+    """IR RMSNorm over the axes from `axis` to the last, gamma broadcast to them."""
+    _no_attr(node, "stash_type", 1)
+    x = node.inputs[0]
+    rank = ctx.rank(x)
+    axis = _axis(node.attrs.get("axis", -1), rank)
+    norm_shape = ctx.shape(x)[axis:]
+    gamma = np.broadcast_to(ctx.const(node.inputs[1]).astype(np.float32), norm_shape)
+    ctx.emit(node, "RMSNorm", [ctx.value(x)], None,
+             {"axis": list(range(axis, rank)), "epsilon": float(node.attrs.get("epsilon", 1e-5))},
+             {"weights": np.ascontiguousarray(gamma)})
+
+
+@converter("Swish")
+def swish(ctx: Context, node: ONode) -> None:
+    _activation(ctx, node, "SWISH", {"alpha": float(node.attrs.get("alpha", 1.0))})

@@ -1,0 +1,294 @@
+"""ONNX operators newer exporters write (torch's dynamo exporter keeps Einsum and writes GatherND for indexing, opset
+18+ has GroupNormalization, 23 RMSNormalization, 24 Swish): Einsum, LpNormalization, Mean and the composite
+Reduce* rewritten as other operators (frontends/onnx/decompose.py), and GatherND, TopK, GroupNormalization,
+MeanVarianceNormalization, RMSNormalization, Swish converted to one layer each (converters_more.py). Each tiny
+model is imported, its float forward compared with onnx's reference evaluator (the operator's specification), then
+quantized and run in integers."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx", reason="the optional dependency 'onnx' is not installed (pip install onnx)")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+import quantopt.ops  # noqa: E402,F401
+from quantopt.errors import UnsupportedError  # noqa: E402
+from quantopt.frontends.onnx import import_onnx, supported_onnx_ops  # noqa: E402
+from quantopt.graph.tables import quant_of  # noqa: E402
+from quantopt.graph.values import to_float  # noqa: E402
+from quantopt.pipeline import quantize_model  # noqa: E402
+
+F = TensorProto.FLOAT
+Inputs = Sequence[Tuple[str, Sequence[int]]]
+
+
+def _model(nodes: List, inputs: Inputs, outputs: Sequence[Tuple[str, int]], inits: Sequence = (),
+            opset: int = 17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, F, list(s)) for n, s in inputs],
+                              [helper.make_tensor_value_info(n, t, None) for n, t in outputs], list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _feeds(inputs: Inputs, seed: int, count: int = 3) -> List[Dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{n: rng.standard_normal(tuple(s)).astype(np.float32) for n, s in inputs} for _ in range(count)]
+
+
+def _imported(model: onnx.ModelProto, tmp_path, name: str = "m"):
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, str(path))
+    return import_onnx(str(path))
+
+
+def _check(model: onnx.ModelProto, inputs: Inputs, tmp_path, seed: int = 0, atol: float = 1e-5,
+           quantized: bool = True, feeds: Optional[List[Dict[str, np.ndarray]]] = None, reference: Any = None):
+    """The imported float forward against `reference` (default: onnx's reference evaluator) on seeded inputs, then
+    the quantized forward runs and its float outputs stay close to the float ones (cosine); returns the float
+    graph."""
+    graph = _imported(model, tmp_path)
+    feeds = feeds or _feeds(inputs, seed)
+    reference = reference or ReferenceEvaluator(model)
+    batches = [[torch.from_numpy(f[n]) for n, _ in inputs] for f in feeds]
+    for f, b in zip(feeds, batches):
+        want = reference.run(None, f)
+        with torch.no_grad():
+            got = [t.clone() for t in graph.forward(b)]
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert tuple(g.shape) == np.shape(w)
+            np.testing.assert_allclose(g.double().numpy(), np.asarray(w, np.float64), rtol=1e-5, atol=atol)
+    if quantized:
+        qgraph = quantize_model(graph, batches)
+        with torch.no_grad():
+            want = [t.clone() for t in graph.forward(batches[0])]
+            qgraph.forward(batches[0])
+        for t, w in zip(qgraph.output_tensors, want):
+            if not w.is_floating_point():
+                assert torch.equal(t.betensor.to(w.dtype), w)
+                continue
+            y = to_float(t, quant_of(t.pnode)).double().reshape(-1)
+            cos = torch.nn.functional.cosine_similarity(y, w.double().reshape(-1), dim=0)
+            assert float(cos) > 0.98, (t.name, float(cos))
+    return graph
+
+
+def _types(graph) -> List[str]:
+    return [str(n.type) for n in graph.nodes]
+
+
+# ------------------------------------------------------------------------------------------------ Einsum
+EINSUM_CASES = [
+    ("bhqd,bhkd->bhqk", [[1, 4, 16, 8], [1, 4, 16, 8]]),  # attention scores: MatMul with trans_b
+    ("bhqk,bhkd->bhqd", [[1, 4, 16, 16], [1, 4, 16, 8]]),
+    ("ij->ji", [[5, 7]]),
+    ("ijk->ki", [[3, 4, 5]]),  # a sum over j, then a transpose
+    ("i,i->", [[6], [6]]),  # a dot product: a scalar
+    ("i,j->ij", [[4], [5]]),  # an outer product
+    ("...ij,...jk->...ik", [[2, 3, 4, 5], [2, 3, 5, 6]]),
+    ("...ij,jk->...ik", [[2, 3, 4, 5], [5, 6]]),
+    ("bij,bjk->bik", [[1, 4, 5], [3, 5, 6]]),  # a batch letter of size 1 against 3: broadcast
+    ("ij,jk", [[3, 4], [4, 5]]),  # the implicit output: ik
+    ("ij,jk,kl->il", [[3, 4], [4, 5], [5, 2]]),
+    ("ijk,jl->il", [[3, 4, 5], [4, 2]]),  # k summed out of the first operand alone
+    ("bn,anm,bm->ba", [[2, 3], [4, 3, 5], [2, 5]]),  # a bilinear form
+    ("ij", [[3, 4]]),  # implicit: the same order
+]
+
+
+@pytest.mark.parametrize("equation,shapes", EINSUM_CASES, ids=[c[0] for c in EINSUM_CASES])
+def test_einsum_matches_the_reference(equation, shapes, tmp_path):
+    names = [f"x{i}" for i in range(len(shapes))]
+    inputs = list(zip(names, shapes))
+    model = _model([helper.make_node("Einsum", names, ["y"], equation=equation)], inputs, [("y", F)], opset=12)
+    graph = _check(model, inputs, tmp_path, seed=len(equation), quantized=len(shapes) <= 2 and "->" in equation
+                   and not equation.endswith("->"))
+    assert "Einsum" not in _types(graph)
+
+
+def test_einsum_by_a_weight_is_a_fully_connected_layer(tmp_path):
+    """bsd,dh->bsh with a constant [d, h]: the product by a weight matrix a FullyConnected layer, as any MatMul by
+    a constant is; the Parser's own graph for it is one MatMul by a [1, d, h] Constant."""
+    w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((64, 32)).astype(np.float32), "w")
+    inputs = [("x", [1, 16, 64])]
+    model = _model([helper.make_node("Einsum", ["x", "w"], ["y"], equation="bsd,dh->bsh")], inputs, [("y", F)], [w],
+                   opset=12)
+    graph = _check(model, inputs, tmp_path, atol=1e-4)
+    assert "FullyConnected" in _types(graph) and "MatMul" not in _types(graph)
+
+
+def test_einsum_scores_need_no_transpose_layer(tmp_path):
+    """q·kᵀ: the transposed operand is read by the MatMul with trans_b (as the Parser writes it), no layer moves it."""
+    inputs = [("q", [1, 4, 16, 8]), ("k", [1, 4, 16, 8])]
+    model = _model([helper.make_node("Einsum", ["q", "k"], ["y"], equation="bhqd,bhkd->bhqk")], inputs, [("y", F)],
+                   opset=12)
+    graph = _check(model, inputs, tmp_path, quantized=False)
+    assert _types(graph).count("MatMul") == 1 and "Transpose" not in _types(graph)
+    matmul = next(n for n in graph.nodes if str(n.type) == "MatMul")
+    assert matmul.params["trans_b"] is True
+
+
+@pytest.mark.parametrize("equation,shapes,message", [
+    ("ii->i", [[3, 3]], "subscript 'i' repeated within one operand"),
+    ("ij,jk->iz", [[2, 3], [3, 4]], "output subscripts 'iz'"),
+    ("ij,jk->ik", [[2, 3], [4, 5]], "subscript 'j' has sizes 3 and 4"),
+])
+def test_einsum_refusals_name_the_reason(equation, shapes, message, tmp_path):
+    names = [f"x{i}" for i in range(len(shapes))]
+    model = _model([helper.make_node("Einsum", names, ["y"], equation=equation)], list(zip(names, shapes)),
+                   [("y", F)], opset=12)
+    path = tmp_path / "bad.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(UnsupportedError, match=message) as info:
+        import_onnx(str(path))
+    assert "(Einsum, opset 12)" in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------ one-layer ops
+def test_gather_nd_by_constant_indices(tmp_path):
+    idx = numpy_helper.from_array(np.array([[[0, 1], [2, -1]], [[3, 0], [1, 4]]], np.int64), "idx")
+    inputs = [("x", [4, 5, 6])]
+    model = _model([helper.make_node("GatherND", ["x", "idx"], ["y"])], inputs, [("y", F)], [idx])
+    graph = _check(model, inputs, tmp_path)
+    assert "GatherND" in _types(graph)
+
+
+def test_gather_nd_with_batch_dims(tmp_path):
+    idx = numpy_helper.from_array(np.array([[[1], [0]], [[2], [2]]], np.int64), "idx")
+    inputs = [("x", [2, 3, 4])]
+    model = _model([helper.make_node("GatherND", ["x", "idx"], ["y"], batch_dims=1)], inputs, [("y", F)], [idx])
+    _check(model, inputs, tmp_path)
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_values_and_indices(largest, tmp_path):
+    k = numpy_helper.from_array(np.array([4], np.int64), "k")
+    inputs = [("x", [1, 6, 20])]
+    model = _model([helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=-1, largest=largest)], inputs,
+                   [("v", F), ("i", TensorProto.INT64)], [k])
+    graph = _check(model, inputs, tmp_path)
+    topk = next(n for n in graph.nodes if str(n.type) == "TopK")
+    assert topk.params["k"] == 4 and topk.params["select_index"] == "first"
+
+
+def test_topk_ties_give_the_lower_index_first(tmp_path):
+    k = numpy_helper.from_array(np.array([3], np.int64), "k")
+    inputs = [("x", [2, 8])]
+    model = _model([helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1)], inputs,
+                   [("v", F), ("i", TensorProto.INT64)], [k])
+    tied = np.array([[1, 3, 3, 0, 3, 2, 2, 1], [5, 5, 5, 5, 5, 5, 5, 5]], np.float32)
+    _check(model, inputs, tmp_path, feeds=[{"x": tied}], quantized=False)
+
+
+def test_topk_of_a_computed_k_is_refused(tmp_path):
+    inputs = [("x", [1, 8])]
+    graph = helper.make_graph([helper.make_node("TopK", ["x", "k"], ["v", "i"])], "g",
+                              [helper.make_tensor_value_info("x", F, [1, 8]),
+                               helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
+                              [helper.make_tensor_value_info("v", F, None),
+                               helper.make_tensor_value_info("i", TensorProto.INT64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert inputs
+    path = tmp_path / "k.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(UnsupportedError, match="a k computed at run time is not supported"):
+        import_onnx(str(path))
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+@pytest.mark.parametrize("after_conv", [False, True], ids=["nchw", "channels_last"])
+def test_group_normalization(opset, after_conv, tmp_path):
+    """Opset 18's scale and bias per group, 21's per channel; on the input as fed (held NCHW) and after a Conv (held
+    channels-last): the layer works in the layout its input is held in."""
+    rng = np.random.default_rng(opset)
+    groups, channels = 4, 16
+    per = groups if opset == 18 else channels
+    inits = [numpy_helper.from_array(rng.standard_normal(per).astype(np.float32), "s"),
+             numpy_helper.from_array(rng.standard_normal(per).astype(np.float32), "b")]
+    nodes = [helper.make_node("GroupNormalization", ["h" if after_conv else "x", "s", "b"], ["y"],
+                              num_groups=groups, epsilon=1e-4)]
+    if after_conv:
+        inits.append(numpy_helper.from_array(rng.standard_normal((channels, channels, 1, 1)).astype(np.float32),
+                                             "w"))
+        nodes.insert(0, helper.make_node("Conv", ["x", "w"], ["h"]))
+    inputs = [("x", [1, channels, 6, 5])]
+    graph = _check(_model(nodes, inputs, [("y", F)], inits, opset=opset), inputs, tmp_path, atol=1e-4)
+    norm = next(n for n in graph.nodes if str(n.type) == "GroupNorm")
+    assert norm.params["group"] == groups
+    assert norm.params["axis"] == (3 if after_conv else 1)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_lp_normalization_gives_zero_for_a_zero_slice(p, tmp_path):
+    """Against onnxruntime: onnx's reference evaluator sums x^p without |x| for p = 1 (not an L1 norm)."""
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install onnxruntime)")
+    inputs = [("x", [2, 3, 4])]
+    model = _model([helper.make_node("LpNormalization", ["x"], ["y"], axis=1, p=p)], inputs, [("y", F)])
+    x = np.random.default_rng(p).standard_normal((2, 3, 4)).astype(np.float32)
+    x[1, :, 2] = 0
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    graph = _check(model, inputs, tmp_path, feeds=[{"x": x}] + _feeds(inputs, 5, 2), reference=session)
+    with torch.no_grad():
+        y = graph.forward([torch.from_numpy(x)])[0]
+    assert torch.equal(y[1, :, 2], torch.zeros(3))
+    assert ("Normalization" in _types(graph)) == (p == 2)
+
+
+def test_mean_variance_normalization(tmp_path):
+    inputs = [("x", [2, 4, 5, 6])]
+    model = _model([helper.make_node("MeanVarianceNormalization", ["x"], ["y"], axes=[0, 2, 3])], inputs,
+                   [("y", F)])
+    graph = _check(model, inputs, tmp_path, atol=1e-4)
+    assert "MVN" in _types(graph)
+
+
+def test_rms_normalization(tmp_path):
+    gamma = numpy_helper.from_array(np.random.default_rng(1).standard_normal(16).astype(np.float32), "g")
+    inputs = [("x", [1, 8, 16])]
+    model = _model([helper.make_node("RMSNormalization", ["x", "g"], ["y"], axis=-1, epsilon=1e-5)], inputs,
+                   [("y", F)], [gamma], opset=23)
+    graph = _check(model, inputs, tmp_path, atol=1e-4)
+    assert "RMSNorm" in _types(graph)
+
+
+def test_swish(tmp_path):
+    inputs = [("x", [1, 4, 8])]
+    model = _model([helper.make_node("Swish", ["x"], ["y"], alpha=1.5)], inputs, [("y", F)], opset=24)
+    graph = _check(model, inputs, tmp_path)
+    act = next(n for n in graph.nodes if str(n.type) == "Activation")
+    assert act.params["method"] == "SWISH" and act.params["alpha"] == 1.5
+
+
+# ------------------------------------------------------------------------------------------------ rewritten ops
+def test_mean_of_three(tmp_path):
+    inputs = [("a", [2, 5]), ("b", [2, 5]), ("c", [2, 5])]
+    model = _model([helper.make_node("Mean", ["a", "b", "c"], ["y"])], inputs, [("y", F)])
+    _check(model, inputs, tmp_path)
+
+
+@pytest.mark.parametrize("op", ["ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_composite_reductions(op, keepdims, tmp_path):
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    inputs = [("x", [2, 6, 3])]
+    model = _model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)], inputs, [("y", F)], [axes],
+                   opset=18)
+    feeds = None
+    if op == "ReduceLogSum":  # positive sums
+        rng = np.random.default_rng(7)
+        feeds = [{"x": (rng.random((2, 6, 3)) + 0.1).astype(np.float32)} for _ in range(3)]
+    _check(model, inputs, tmp_path, atol=1e-5, feeds=feeds)
+
+
+def test_the_new_operators_are_listed_as_supported():
+    listed = set(supported_onnx_ops())
+    for op in ("Einsum", "GatherND", "TopK", "GroupNormalization", "LpNormalization", "MeanVarianceNormalization",
+               "RMSNormalization", "Swish", "Mean", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"):
+        assert op in listed, op
