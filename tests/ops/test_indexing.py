@@ -490,6 +490,42 @@ def test_topk(tmp_path, params, bits: int, mode: str) -> None:
     roundtrip(tmp_path, qg, f)
 
 
+@pytest.mark.parametrize("params", [{"k": 3, "axis": -1}, {"k": 5, "axis": 1, "largest": False},
+                                    {"k": 2, "axis": -1, "select_index": "last"},
+                                    {"k": 10, "axis": 1, "largest": False, "select_index": "last"}], ids=str)
+def test_topk_of_a_few_selects_before_it_sorts(params) -> None:
+    """k of at most a quarter of the axis is selected first, then sorted (`_top_k`): the reference's values (signed
+    zeros included) and indices on data with many ties, a row of one value, and the integers of the same data."""
+    shape = [2, 40, 3] if params["axis"] == 1 else [2, 3, 40]
+    axis = params["axis"] % 3
+    out_shape = list(shape)
+    out_shape[axis] = params["k"]
+    x = tied(shape, 5)
+    x = torch.where(x == 0, torch.where(normal(shape, 6) > 0, 0.0, -0.0), x)  # zeros of both signs: ties
+    x.narrow(0, 1, 1).fill_(1.5)  # every value of the second sample tied
+    largest, last = params.get("largest", True), params.get("select_index") == "last"
+    g = one_layer("TopK", params, shape, [out_shape, out_shape])
+    for data in (x, (x * 2).to(torch.int64)):
+        v, i = ref_sort(data.numpy(), axis, largest, last)
+        fv, fi = g.forward([data])
+        want = np.take(v, range(params["k"]), axis=axis)
+        np.testing.assert_array_equal(fv.numpy(), want)
+        np.testing.assert_array_equal(np.signbit(fv.numpy()), np.signbit(want))
+        np.testing.assert_array_equal(fi.numpy(), np.take(i, range(params["k"]), axis=axis))
+
+
+def test_topk_with_nan_sorts_the_whole_axis() -> None:
+    """NaN, which torch orders as the largest value, takes the whole stable sort: torch's own order."""
+    from quantopt.ops.indexing import _sort_along, _top_k
+
+    x = tied([2, 40], 7)
+    x[0, [3, 17]] = float("nan")
+    for largest in (True, False):
+        v, i = _top_k(x, 1, 4, largest, False)
+        rv, ri = _sort_along(x, 1, largest, False)
+        assert torch.equal(i, ri[:, :4]) and torch.equal(v.isnan(), rv[:, :4].isnan())
+
+
 @pytest.mark.parametrize("axis,descending", [(-1, True), (1, False), (0, True)])
 @pytest.mark.parametrize("bits,mode", MODES)
 def test_sort(tmp_path, axis: int, descending: bool, bits: int, mode: str) -> None:
