@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..errors import UnsupportedError
+from ..graph.memo import layer_key, memo
 from ..graph.node import PyNode
 from ..graph.tables import quant_of, ranges_of
 from ..graph.tensor import PyTensor
@@ -27,7 +28,7 @@ from ..quant.params import dequantize, integer_range
 from ..quant.requant import requantize_int
 from ..registry import declare_op
 from ..registry.schema import Bool, Float, Param, Text, Value, quantized
-from ._lut_int import constants_first, int_input, is_restricted, range_bits
+from ._lut_int import CODE_TABLE_MAX_CODES, constants_first, int_input, is_restricted, range_bits, take_codes
 from ._quant import (
     copy_params,
     is_signed,
@@ -281,15 +282,36 @@ def unary_lut_quantize(self: PyNode) -> None:
     _quantize_lut(self)
 
 
+def _lut_code_table(node: PyNode, x: torch.Tensor) -> Optional[Tuple[int, torch.Tensor]]:
+    """(qmin, table) of a table op's integer results for every input code in [qmin, qmax] (at most
+    CODE_TABLE_MAX_CODES of them), made once by `_int_lut` itself and memoized: the layer's forward is then one
+    gather instead of the lookup's index arithmetic and clamps. None for a table of one table per channel (a 2-D
+    `lut`) or an input without a range."""
+    q_in = quant_of(node).get(node.inputs[0])
+    lut = node.get_constant("lut", optional=True)
+    if q_in.qmin is None or q_in.qmax is None or (lut is not None and lut.betensor.dim() != 1):
+        return None
+    qmin, qmax = int(q_in.qmin), int(q_in.qmax)
+    if not 0 < qmax - qmin + 1 <= CODE_TABLE_MAX_CODES:
+        return None
+    table = memo(node, "lut_code_table", (layer_key(node), x.device),
+                 lambda: _int_lut(node, torch.arange(qmin, qmax + 1, dtype=torch.int64, device=x.device)))
+    return qmin, table
+
+
 @TABLE_OPS.forward
 @INDEX_TABLE_OPS.forward
 @MODE_TABLE_OPS.forward
 @ROUNDING_TABLE_OPS.forward
 def unary_lut_forward(self: PyNode) -> None:
+    """Float: the function itself. Integer: the table lookup (`_int_lut`), read from the memoized table of every
+    input code's result where the input's range has one (`_lut_code_table`; a code outside it is looked up)."""
     _check_one_in_one_out(self)
     if self.quantized:
         x, _ = int_input(self)
-        self.outputs[0].betensor = _int_lut(self, x)
+        coded = _lut_code_table(self, x)
+        y = take_codes(coded[1], x, coded[0]) if coded is not None else None
+        self.outputs[0].betensor = y if y is not None else _int_lut(self, x)
         return
     self.outputs[0].betensor = LUT_FUNCTIONS[str(self.type)](self.inputs[0].betensor)
 

@@ -337,6 +337,25 @@ def test_table_op_integer_forward(optype: str, bits: int, mode: str, lut_bits: i
     check_int(qg, _wider(kind, [3, 4, 5, 6], 11), table_reference(optype, TORCH_F[optype]))
 
 
+@pytest.mark.parametrize("bits,mode,lut_bits", [MODES[0], MODES[-1]])
+@pytest.mark.parametrize("optype", ["Exp", "Sine", "Reciprocal"])
+def test_table_op_codes_outside_the_input_range_are_looked_up(optype: str, bits: int, mode: str,
+                                                              lut_bits: int) -> None:
+    """The integer forward reads a memoized table of every input code's result; a hand-fed code outside [qmin, qmax]
+    (below, above, far beyond) is looked up instead, as the reference clamps its index."""
+    _, kind = TABLE_OPS[optype]
+    qg = quantize_model(one_layer(optype), data(kind, [2, 4, 5, 6], 10), settings(bits, mode, lut_bits))
+    qg.forward(data(kind, [1, 4, 5, 6], 12, 1), keep_tensors=True)
+    node = qg.node("op")
+    q = params_of(node, node.inputs[0])
+    codes = node.inputs[0].betensor.clone()
+    codes.view(-1)[:5] = torch.tensor([q.qmin - 5, q.qmax + 7, q.qmin - 1, q.qmax, -(1 << 40)], dtype=codes.dtype)
+    node.inputs[0].betensor = codes
+    node.forward()
+    want = table_reference(optype, TORCH_F[optype])(node, codes.numpy())
+    np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), want)
+
+
 def _signedness(optype: str, input_signed: bool) -> bool:
     fixed = {"Exp": False, "Sqrt": False, "Rsqrt": False, "Square": False, "Acos": False, "Acosh": False,
              "Cosh": False, "Log": True, "Cosine": True, "Sine": True, "Tan": True}
