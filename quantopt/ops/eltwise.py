@@ -360,8 +360,15 @@ def eltwise_int_forward(node: PyNode, method: str) -> torch.Tensor:
             acc = a.add_(b, alpha=m1) if method == "ADD" else a.sub_(b, alpha=m1)
         else:
             acc = INT_METHODS[method](a, b, alpha=m1)
-    else:
-        acc = INT_METHODS[method](a * m0, b * m1)
+    else:  # MAX/MIN of the aligned inputs, both new tensors (offset_value): scaled and compared in place
+        a = a.mul_(m0) if m0 != 1 else a
+        b = b.mul_(m1) if m1 != 1 else b
+        if broadcasts_into(b.shape, a.shape):
+            acc = INT_METHODS[method](a, b, out=a)
+        elif broadcasts_into(a.shape, b.shape):
+            acc = INT_METHODS[method](a, b, out=b)
+        else:
+            acc = INT_METHODS[method](a, b)
     if exact_float:  # acc is a new tensor of this function's: requantized in place
         y = requantize_float64_(acc, m_out, shift, tensor_zp(node, out), qmin, qmax)
     else:
