@@ -6,6 +6,7 @@ model is imported, its float forward compared with onnx's reference evaluator (t
 quantized and run in integers."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -292,3 +293,33 @@ def test_the_new_operators_are_listed_as_supported():
     for op in ("Einsum", "GatherND", "TopK", "GroupNormalization", "LpNormalization", "MeanVarianceNormalization",
                "RMSNormalization", "Swish", "Mean", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"):
         assert op in listed, op
+
+
+# ------------------------------------------------------------------------------------------------ dynamo exports
+DYNAMO_MODELS = {"dynamo_ops": ("GatherND", "DepthToSpace"), "dynamo_attention": ("MatMul", "RMSNorm")}
+
+
+@pytest.mark.parametrize("name", sorted(DYNAMO_MODELS))
+def test_dynamo_exports_import_run_and_quantize(name):
+    """The committed exports of torch's dynamo exporter (tests/data/onnx_small/make_models.py): the float forward
+    against onnxruntime, the layer types their new forms map to, and a quantized run close to the float one."""
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install onnxruntime)")
+    path = Path(__file__).resolve().parent / "data" / "onnx_small" / f"{name}.onnx"
+    graph = import_onnx(str(path))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = [{i.name: np.random.default_rng(seed).standard_normal(i.shape).astype(np.float32)
+              for i in session.get_inputs()} for seed in range(3)]
+    batches = [[torch.from_numpy(v) for v in f.values()] for f in feeds]
+    for f, b in zip(feeds, batches):
+        with torch.no_grad():
+            got = [t.clone() for t in graph.forward(b)]
+        for g, w in zip(got, session.run(None, f)):
+            np.testing.assert_allclose(g.double().numpy(), np.asarray(w, np.float64), rtol=1e-4, atol=1e-5)
+    types = set(_types(graph))
+    assert "Einsum" not in types and all(t in types for t in DYNAMO_MODELS[name]), types
+    qgraph = quantize_model(graph, batches)
+    with torch.no_grad():
+        want = [t.clone() for t in graph.forward(batches[0])]
+        qgraph.forward(batches[0])
+    y = to_float(qgraph.output_tensors[0], quant_of(qgraph.output_tensors[0].pnode)).double().reshape(-1)
+    assert float(torch.nn.functional.cosine_similarity(y, want[0].double().reshape(-1), dim=0)) > 0.98

@@ -16,10 +16,15 @@ weights, into this folder:
 - `resnet18_like.onnx` (opset 13), `unet.onnx` (opset 13): ResNet-18's layout at small widths; a two-level U-Net;
 - `vit_tiny.onnx` (opset 17): patch convolution, class token, pre-LN blocks (LayerNormalization op), Erf GELU;
 - `gpt2_like.onnx` (opset 14): pre-LN decoder blocks with a causal mask (Trilu + Where), tanh GELU, an LM head;
-- `lstm_model.onnx`, `gru_model.onnx` (opset 14): a projection, one LSTM / GRU layer and a per-step head.
+- `lstm_model.onnx`, `gru_model.onnx` (opset 14): a projection, one LSTM / GRU layer and a per-step head;
+- `dynamo_ops.onnx`, `dynamo_attention.onnx` (opset 20): made by torch's dynamo exporter (`torch.onnx.export`'s
+  default since torch 2.9; it needs the `onnxscript` package), which writes other forms: an adaptive average pool
+  to a size that does not divide the map as GatherND and ReduceMean, PixelShuffle as DepthToSpace, F.normalize as
+  ReduceL2/Clip/Expand/Div, Mish and Gelu as the ONNX operators, and an einsum kept as Einsum; the second has
+  nn.MultiheadAttention, nn.RMSNorm, tanh GELU, Softplus, CumSum and LeakyReLU.
 
-The committed files were made with torch 2.13 (TorchScript exporter); another torch version may spell some
-patterns differently, which is why the files themselves are committed.
+The committed files were made with torch 2.13 (TorchScript exporter, but for the two dynamo ones); another torch
+version may spell some patterns differently, which is why the files themselves are committed.
 """
 from __future__ import annotations
 
@@ -327,6 +332,51 @@ MODELS: Dict[str, Tuple[Callable[[], nn.Module], Callable[[], Tuple[torch.Tensor
 """name → (model, example inputs, input names, output names, opset)."""
 
 
+class DynamoOps(nn.Module):
+    """Layers whose dynamo export differs from the TorchScript one (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.prelu = nn.PReLU(16)
+        self.pool = nn.MaxPool2d(3, 2, ceil_mode=True)
+        self.up = nn.ConvTranspose2d(16, 8, 2, stride=2)
+        self.shuffle = nn.PixelShuffle(2)
+        self.conv1d = nn.Conv1d(2, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        y = self.up(self.pool(self.prelu(self.conv(x))))
+        y = self.shuffle(torch.cat([y, y * 0.5], 1))
+        y = F.adaptive_avg_pool2d(F.pad(y, (1, 1, 1, 1), mode="reflect"), (4, 4))  # 34 -> 4: GatherND
+        y = F.interpolate(y, size=(8, 8), mode="nearest")
+        a, b = y.chunk(2, dim=1)
+        y = F.normalize(torch.where(a > 0, a, F.elu(b)).flatten(2), dim=-1)
+        z = self.conv1d(y[:, :, :2].transpose(1, 2).reshape(1, 2, -1))
+        return F.mish(z).softmax(-1), y.argmax(-1)
+
+
+class DynamoAttention(nn.Module):
+    """Attention, RMSNorm and an einsum as the dynamo exporter writes them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mha = nn.MultiheadAttention(32, 4, batch_first=True)
+        self.norm = nn.RMSNorm(32)
+        self.fc = nn.Linear(32, 32, bias=False)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        y, _ = self.mha(x, x, x, need_weights=False)
+        y = F.gelu(self.fc(self.norm(y + x)), approximate="tanh")
+        y = torch.einsum("btd,bsd->bts", y, x)
+        return F.softplus(y).cumsum(-1), F.leaky_relu(y, 0.2).amax(-1)
+
+
+MODELS["dynamo_ops"] = (DynamoOps, lambda: (torch.randn(1, 3, 32, 32),), ["x"], ["probabilities", "peak_position"], 20)
+MODELS["dynamo_attention"] = (DynamoAttention, lambda: (torch.randn(1, 10, 32),), ["x"], ["scores", "peak_score"], 20)
+DYNAMO = {"dynamo_ops", "dynamo_attention"}
+"""The models exported by torch's dynamo exporter (the others: the TorchScript one)."""
+
+
 def export(name: str, out_dir: str = HERE, seed: int = 0) -> str:
     """Export model `name` with weights drawn from `seed`; returns the .onnx path."""
     make, inputs, in_names, out_names, opset = MODELS[name]
@@ -336,7 +386,12 @@ def export(name: str, out_dir: str = HERE, seed: int = 0) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, inputs(), path, input_names=in_names, output_names=out_names, opset_version=opset,
-                          dynamo=False)
+                          dynamo=name in DYNAMO)
+    if os.path.isfile(path + ".data"):  # the dynamo exporter writes the weights beside the model: taken back in
+        import onnx
+
+        onnx.save(onnx.load(path), path, save_as_external_data=False)
+        os.remove(path + ".data")
     return path
 
 
