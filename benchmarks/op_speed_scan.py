@@ -319,6 +319,7 @@ def cases() -> List[Case]:
                    [("x", F, [1, 80, 8400])], ["v", ("i", I64)], [C("k", [100], np.int64)]))
     cs.append(Case("argmax", "1x21x160x160 axis 1", [helper.make_node("ArgMax", ["x"], ["y"], axis=1, keepdims=0)],
                    [("x", F, [1, 21, 160, 160])], [("y", I64)]))
+    cs += more_cases(m)
     # recurrent layers: 100 steps, batch 1, 64 inputs, 128 hidden units
     steps, inputs, hidden = 100, 64, 128
     cs.append(Case("lstm", f"seq{steps} in{inputs} h{hidden}",
@@ -330,6 +331,62 @@ def cases() -> List[Case]:
                                      linear_before_reset=1)],
                    [("x", F, [steps, 1, inputs])], ["Y"],
                    [W("W", [1, 3 * hidden, inputs]), W("R", [1, 3 * hidden, hidden]), W("B", [1, 6 * hidden], 0.1)]))
+    return cs
+
+
+def more_cases(m: List[int]) -> List[Case]:
+    """Operators of real models beyond the first set: more activations and element-wise math, comparisons,
+    broadcasting and indexing, other normalizations and reductions, and common convolution shapes."""
+    t = [1, 128, 384]  # a transformer's hidden states
+    cs = [
+        conv("conv3x3_s2", [1, 64, 80, 80], 128, 3, stride=2),
+        conv("conv7x7_s2_stem", [1, 3, 224, 224], 64, 7, stride=2),
+        Case("conv1x7", "1x128x40x40 k1x7 ->128",
+             [helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[1, 7], pads=[0, 3, 0, 3])],
+             [("x", F, [1, 128, 40, 40])], ["y"], [W("w", [128, 128, 1, 7]), W("b", [128], 0.1)]),
+        Case("gemm_vec", "1x2048 -> 1000", [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)],
+             [("x", F, [1, 2048])], ["y"], [W("w", [1000, 2048], 0.05), W("b", [1000], 0.1)]),
+        unary("leakyrelu", "LeakyRelu", m, alpha=0.1),
+        unary("elu", "Elu", m),
+        unary("hardsigmoid", "HardSigmoid", m),
+        unary("softplus", "Softplus", m),
+        unary("exp", "Exp", m),
+        unary("log", "Log", m, gen=_positive(m)),
+        unary("reciprocal", "Reciprocal", m, gen=_positive(m)),
+        unary("abs", "Abs", m),
+        unary("erf", "Erf", t),
+        unary("floor", "Floor", m),
+        unary("sin", "Sin", m),
+        binary("sub_bcast", "Sub", "1x64x80x80 - 1x1x80x80", m, [1, 1, 80, 80]),
+        binary("max2", "Max", "1x64x80x80 max 1x64x80x80", m, m),
+        binary("mul_scalar_row", "Mul", "1x128x384 * 384", t, [384]),
+        unary("softmax_c", "Softmax", m, axis=1),
+        unary("logsoftmax", "LogSoftmax", [1, 128, 1000], axis=-1),
+        Case("mish", _dims(m), [helper.make_node("Softplus", ["x"], ["sp"]), helper.make_node("Tanh", ["sp"], ["th"]),
+                                helper.make_node("Mul", ["x", "th"], ["y"])], [("x", F, m)], ["y"]),
+        unary("lrn", "LRN", [1, 64, 56, 56], size=5),
+        unary("reducel2", "ReduceL2", m, axes=[1], keepdims=1),
+        unary("reducemin_last", "ReduceMin", t, axes=[-1], keepdims=1),
+        unary("globalmaxpool", "GlobalMaxPool", m),
+        unary("lpnorm", "LpNormalization", t, axis=-1, p=2),
+        Case("expand", "1x64x1x1 -> 1x64x80x80", [helper.make_node("Expand", ["x", "shp"], ["y"])],
+             [("x", F, [1, 64, 1, 1])], ["y"], [C("shp", m, np.int64)]),
+        Case("tile", "1x64x40x40 x(1,1,2,2)", [helper.make_node("Tile", ["x", "rep"], ["y"])],
+             [("x", F, [1, 64, 40, 40])], ["y"], [C("rep", [1, 1, 2, 2], np.int64)]),
+        Case("gather_c", "1x256x40x40 channels[64 idx]", [helper.make_node("Gather", ["x", "idx"], ["y"], axis=1)],
+             [("x", F, [1, 256, 40, 40])], ["y"], [C("idx", np.arange(0, 256, 4), np.int64)]),
+        Case("flatten_fc", "1x512x7x7 flatten -> 1000",
+             [helper.make_node("Flatten", ["x"], ["f"], axis=1),
+              helper.make_node("Gemm", ["f", "w", "b"], ["y"], transB=1)],
+             [("x", F, [1, 512, 7, 7])], ["y"], [W("w", [1000, 512 * 49], 0.01), W("b", [1000], 0.1)]),
+        Case("sub_mean", "1x128x384 - mean, ^2, mean (LayerNorm by parts)",
+             [helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1], keepdims=1),
+              helper.make_node("Sub", ["x", "mu"], ["d"]), helper.make_node("Mul", ["d", "d"], ["sq"]),
+              helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1], keepdims=1),
+              helper.make_node("Add", ["var", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"]),
+              helper.make_node("Div", ["d", "sd"], ["y"])],
+             [("x", F, t)], ["y"], [C("eps", 1e-5)]),
+    ]
     return cs
 
 
