@@ -127,6 +127,8 @@ those runs."""
 ONNX_INPUTS: Dict[str, Dict[str, Tuple[str, List[int]]]] = {
     "gpt2_like": {"input_ids": ("ids", [16])},
     "bert_encoder": {"input_ids": ("ids", [16]), "attention_mask": ("mask", [16])},
+    "dynamo_attention": {"x": ("float", [10, 32])},
+    "dynamo_ops": {"x": ("float", [3, 32, 32])},
     "gru_model": {"x": ("float", [10, 12])},
     "lstm_model": {"x": ("float", [10, 12])},
     "mobilenetv3_block": {"x": ("float", [3, 32, 32])},
