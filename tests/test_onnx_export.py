@@ -40,6 +40,7 @@ from quantopt.ops.onnx_build.perms import channels_first, compose, inverse, redu
 from quantopt.ops.onnx_build.qdq_graph import requant_ratio  # noqa: E402
 from quantopt.ops.pooling import pool_axis  # noqa: E402
 from quantopt.pipeline import quantize_model  # noqa: E402
+from quantopt.quant.dtype import Dtype  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DIGITS = REPO / "examples" / "digits"
@@ -511,9 +512,39 @@ def g_sorting(wide: bool = False) -> Any:
     return b.build(outs)
 
 
+def g_scatter(wide: bool = False) -> Any:
+    """ScatterND replacing rows and adding into them, ScatterElements taking the maximum along an axis (indices
+    beyond the axis clamped, as the integer forward does), OneHot of an ArgMinMax's indices; the indices are
+    Constant layers of int32."""
+    b = GraphBuilder("scatter")
+    x = b.input("x", [1, 5, 6, 8])
+    a, _ = _conv(b, x, [1, 5, 6, 8], 8, "pre")
+    c, _ = _conv(b, x, [1, 5, 6, 8], 8, "other", "RELU")
+
+    def indices(name: str, values: np.ndarray) -> str:
+        return b.layer("Constant", [], [list(values.shape)], name=name, constants={"weights": values.astype(np.int32)},
+                       output_dtypes=[Dtype.INT32], constant_dtypes={"weights": Dtype.INT32})
+
+    rows = b.layer("Slice", [c], [[1, 2, 6, 8]], name="rows", params=dict(begin=[0, 1, 0, 0], end=[1, 3, 6, 8],
+                                                                           strides=[1, 1, 1, 1]))
+    replace = indices("replace_at", np.array([[[0, 4], [0, -2]]]))
+    add = indices("add_at", np.array([[[0, 1], [0, 3]]]))
+    outs = [b.layer("ScatterND", [a, replace, rows], [[1, 5, 6, 8]], name="scatter_nd"),
+            b.layer("ScatterND", [a, add, rows], [[1, 5, 6, 8]], name="scatter_nd_add", params=dict(reduction="ADD"))]
+    picks = b.layer("Slice", [c], [[1, 5, 6, 3]], name="picks", params=dict(begin=[0, 0, 0, 0], end=[1, 5, 6, 3],
+                                                                            strides=[1, 1, 1, 1]))
+    at = indices("max_at", np.tile(np.array([0, 5, 9]), (1, 5, 6, 1)))
+    outs.append(b.layer("ScatterElements", [a, at, picks], [[1, 5, 6, 8]], name="scatter_elements_max",
+                        params=dict(axis=3, reduction="MAX")))
+    index = b.layer("ArgMinMax", [a], [[1, 5, 6, 1]], name="argmax", params=dict(method="MAX", axis=3))
+    outs.append(b.layer("OneHot", [index], [[1, 5, 6, 1, 8]], name="onehot", params=dict(depth=8, axis=-1,
+                                                                                          values=[-1.0, 2.0])))
+    return b.build(outs)
+
+
 SMALL = {"convs": g_convs, "eltwise": g_eltwise, "activations": g_activations, "layout": g_layout,
          "matmul": g_matmul, "more": g_more, "cumulate_gather": g_cumulate_gather, "blocks": g_blocks,
-         "space_batch": g_space_batch, "sorting": g_sorting, "gemm": g_gemm}
+         "space_batch": g_space_batch, "sorting": g_sorting, "gemm": g_gemm, "scatter": g_scatter}
 VARIANTS = {
     "default": {},
     "per_channel_asym": dict(q_mode_weight="per_channel_asymmetric", q_mode_activation="per_tensor_asymmetric"),
@@ -527,7 +558,7 @@ def _data(graph: Any, seed: int, batch: int) -> List[torch.Tensor]:
             for t in graph.input_tensors]
 
 
-UINT16_OUTPUTS = ("sorting",)
+UINT16_OUTPUTS = ("sorting", "scatter")
 """Small graphs with 16-bit outputs at any activation bits (uint16 indices): their DequantizeLinear needs opset 21."""
 
 EXPORTABLE = dict(logsoftmax_integer_form="exact")
@@ -784,7 +815,7 @@ def test_layer_types_of_small_graphs_are_covered() -> None:
             "Squeeze", "Constant", "LogSoftmax", "Hardmax", "Log", "Reciprocal", "Square", "Atanh", "Rsqrt",
             "Slice", "StridedSlice", "Gather", "Pow", "Div", "ConvTranspose", "Cumulate", "GatherElements",
             "DepthToSpace", "SpaceToDepth", "ChannelShuffle", "LRN", "SpaceToBatch", "BatchToSpace", "ArgMinMax",
-            "TopK", "Sort", "Normalization", "GatherND", "Gemm"}
+            "TopK", "Sort", "Normalization", "GatherND", "Gemm", "ScatterND", "ScatterElements", "OneHot"}
     assert want <= seen
 
 
@@ -809,6 +840,28 @@ def test_unsupported_layers_are_listed_at_once() -> None:
     b.layer("Activation", [b.input("x", [1, 4])], [[1, 4]], name="act", params=dict(method="RELU"))
     with pytest.raises(UnsupportedError, match=r"layer 'x' \(Input\) is not quantized"):
         build_onnx_qdq(b.build(["act"]))
+
+
+@pytest.mark.parametrize("reduction,at,message", [
+    ("NONE", [[[0, 1], [0, 1]]], "repeated index positions with reduction NONE"),
+    ("MUL", [[[0, 1], [0, 2]]], "reduction MUL clamps each step"),
+])
+def test_scatter_exports_refuse_what_onnx_leaves_open(reduction: str, at: list, message: str) -> None:
+    """Repeated positions replaced (ONNX leaves the order of the writes open) and MUL's per-step clamp are refused,
+    naming the layer."""
+    b = GraphBuilder("scatter_refused")
+    x = b.input("x", [1, 3, 4])
+    idx = np.array(at, np.int32)
+    i = b.layer("Constant", [], [list(idx.shape)], name="at", constants={"weights": idx},
+                output_dtypes=[Dtype.INT32], constant_dtypes={"weights": Dtype.INT32})
+    rows = b.layer("Slice", [x], [[1, 2, 4]], name="rows", params=dict(begin=[0, 0, 0], end=[1, 2, 4],
+                                                                       strides=[1, 1, 1]))
+    y = b.layer("ScatterND", [x, i, rows], [[1, 3, 4]], name="scatter", params=dict(reduction=reduction))
+    graph = b.build([y])
+    qgraph = quantize_model(graph, [torch.from_numpy(_rng(s).normal(0, 1, [1, 3, 4]).astype(np.float32))
+                                    for s in range(2)])
+    with pytest.raises(UnsupportedError, match=rf"'scatter' \(ScatterND\).*{message}"):
+        build_onnx_qdq(qgraph)
 
 
 def test_opset_and_mode_are_checked() -> None:
@@ -1002,7 +1055,7 @@ def mask_graph() -> Any:
     (quantized → integer with TRUNC rounding, saturation and wrap-around, integer → integer, integer → float, a
     requantizing only_for_quantized Cast), a product of two int32 inputs (worst case 2^62, as DeBERTa's pairwise
     mask) and Crop (part of the tensor, and the whole of it)."""
-    from quantopt.quant.dtype import Dtype
+
 
     b = GraphBuilder("mask")
     x = b.input("x", [1, 4, 8])
@@ -1089,7 +1142,7 @@ def test_mask_layers_export_exactly(bits: int) -> None:
 def test_divmod_of_integers_exports_exactly(scales: str) -> None:
     """DivMod of int32 tensors, FLOOR and TRUNC, negative operands and zero divisors included: the integer forward's
     quotients and remainders in every scale mode."""
-    from quantopt.quant.dtype import Dtype
+
 
     b = GraphBuilder("divmod")
     a, d = b.input("a", [1, 40], Dtype.INT32), b.input("d", [1, 40], Dtype.INT32)
@@ -1114,7 +1167,7 @@ def test_divmod_of_integers_exports_exactly(scales: str) -> None:
 
 def test_cast_without_an_onnx_type_is_refused_naming_the_layer() -> None:
     """A Cast to uint32 makes an integer tensor no QDQ model carries: one line naming the layer and why."""
-    from quantopt.quant.dtype import Dtype
+
 
     b = GraphBuilder("u32")
     ids = b.input("ids", [1, 8], Dtype.INT32)
@@ -1152,7 +1205,7 @@ def test_bert_encoder_exports_exactly(bits: int) -> None:
 def test_gather_elements_with_integer_indices_agrees() -> None:
     """GatherElements whose indices are an integer input: the export clamps and wraps them with Where layers as the
     integer forward does (indices >= n, negative ones, still negative ones), identical outputs."""
-    from quantopt.quant.dtype import Dtype
+
 
     b = GraphBuilder("gather_elements_int")
     x = b.input("x", [1, 4, 6])

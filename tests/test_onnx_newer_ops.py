@@ -267,6 +267,51 @@ def test_swish(tmp_path):
     assert act.params["method"] == "SWISH" and act.params["alpha"] == 1.5
 
 
+@pytest.mark.parametrize("reduction", ["none", "add", "max"])
+def test_scatter_nd(reduction, tmp_path):
+    idx = numpy_helper.from_array(np.array([[1], [3]], np.int64), "idx")
+    inputs = [("x", [4, 5]), ("u", [2, 5])]
+    model = _model([helper.make_node("ScatterND", ["x", "idx", "u"], ["y"], reduction=reduction)], inputs,
+                   [("y", F)], [idx], opset=18)
+    graph = _check(model, inputs, tmp_path)
+    assert "ScatterND" in _types(graph)
+
+
+def test_scatter_elements(tmp_path):
+    rng = np.random.default_rng(4)
+    idx = numpy_helper.from_array(np.stack([rng.permutation(40)[:10] for _ in range(6)]).astype(np.int64), "idx")
+    inputs = [("x", [6, 40]), ("u", [6, 10])]
+    model = _model([helper.make_node("ScatterElements", ["x", "idx", "u"], ["y"], axis=1)], inputs, [("y", F)],
+                   [idx], opset=13)
+    graph = _check(model, inputs, tmp_path)
+    assert "ScatterElements" in _types(graph)
+
+
+def test_one_hot_of_float_indices_truncates_them(tmp_path):
+    """Float indices are cast to int64 first, as ONNX's operator text says (-1.7 is -1: the last class; 2.9 is 2),
+    then one-hot. onnxruntime has no kernel for float indices with float values, and onnx's reference evaluator
+    compares them uncast (2.9 matches no class); the reference here is the text's."""
+
+    class SpecReference:
+        def run(self, _names, feeds):
+            idx = feeds["x"].astype(np.int64)
+            idx = np.where(idx < 0, idx + 5, idx)
+            hot = np.arange(5).reshape(1, 5, 1) == idx[:, None, :]
+            return [np.where(hot, 3.0, -2.0).astype(np.float32)]
+
+    inits = [numpy_helper.from_array(np.array(5, np.int64), "depth"),
+             numpy_helper.from_array(np.array([-2.0, 3.0], np.float32), "values")]
+    inputs = [("x", [2, 3])]
+    model = _model([helper.make_node("OneHot", ["x", "depth", "values"], ["y"], axis=1)], inputs, [("y", F)], inits,
+                   opset=11)
+    x = np.array([[0.0, 2.9, -1.7], [4.2, 7.0, -5.0]], np.float32)
+    graph = _check(model, inputs, tmp_path, feeds=[{"x": x}], quantized=False, reference=SpecReference())
+    assert "OneHot" in _types(graph)
+    with torch.no_grad():
+        y = graph.forward([torch.from_numpy(x)])[0]
+    assert y[0, :, 2].tolist() == [-2.0, -2.0, -2.0, -2.0, 3.0] and y[0, :, 1].tolist() == [-2.0, -2.0, 3.0, -2.0, -2.0]
+
+
 # ------------------------------------------------------------------------------------------------ rewritten ops
 def test_mean_of_three(tmp_path):
     inputs = [("a", [2, 5]), ("b", [2, 5]), ("c", [2, 5])]
@@ -291,7 +336,8 @@ def test_composite_reductions(op, keepdims, tmp_path):
 def test_the_new_operators_are_listed_as_supported():
     listed = set(supported_onnx_ops())
     for op in ("Einsum", "GatherND", "TopK", "GroupNormalization", "LpNormalization", "MeanVarianceNormalization",
-               "RMSNormalization", "Swish", "Mean", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"):
+               "RMSNormalization", "Swish", "Mean", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "ScatterND",
+               "ScatterElements", "OneHot"):
         assert op in listed, op
 
 

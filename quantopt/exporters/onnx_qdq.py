@@ -69,9 +69,9 @@ def choose_opset(graph: PyGraph, opset: Optional[int] = None) -> int:
 
 def batch_is_leading(graph: PyGraph) -> bool:
     """Whether dim 0 of every tensor is the batch: all have the graph inputs' IR batch there and no layer moves it
-    or works along it (a perm not starting with 0, an `axis` naming dim 0, a GatherND). Only then can the export
-    take a symbolic batch; otherwise the IR batch is kept (LSTM states stacked on dim 0, attention heads reshaped
-    into it, ...)."""
+    or works along it (a perm not starting with 0, an `axis` naming dim 0, a GatherND or a scatter). Only then can
+    the export take a symbolic batch; otherwise the IR batch is kept (LSTM states stacked on dim 0, attention heads
+    reshaped into it, ...)."""
     batches = {int(t.ir_shape[0]) for t in graph.input_tensors if len(t.ir_shape)}
     if len(batches) != 1:
         return False
@@ -83,7 +83,7 @@ def batch_is_leading(graph: PyGraph) -> bool:
         perm = node.params.get("perm")
         if str(node.type) in ("Transpose", "Permute") and (not isinstance(perm, (list, tuple)) or int(perm[0]) != 0):
             return False
-        if str(node.type) == "GatherND":  # its index tuples address dim 0, or share it with constant indices
+        if str(node.type) in ("GatherND", "ScatterND", "ScatterElements"):  # constant indices address dim 0 too
             return False
         axis = node.params.get("axis")
         rank = len(node.inputs[0].ir_shape) if node.inputs else 0

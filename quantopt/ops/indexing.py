@@ -40,7 +40,7 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param
-from .onnx_build.exact import DOUBLE, INT32, INT64, emit_integers
+from .onnx_build.exact import DOUBLE, INT32, INT64, codes, double, emit_integers, fits_double
 from .onnx_build.qdq_graph import QDQGraph, node_error, require_same
 
 SEMANTICS = "docs/semantics/indexing.md"
@@ -809,3 +809,87 @@ def convert_gather_elements(g: QDQGraph, node: PyNode) -> None:
     else:
         raise node_error(node, "indices must be a constant or an integer tensor")
     g.set_int(y, g.add("GatherElements", [data, indices], axis=axis))
+
+
+@SCATTER_ND.export
+@SCATTER_ELEMENTS.export
+def convert_scatter(g: QDQGraph, node: PyNode) -> None:
+    """ONNX ScatterND / ScatterElements (NONE, ADD, MAX, MIN) on float64 integers in the IR layout: the data's and
+    the updates' codes plus their zero points, each multiplied by M·2^-N and rounded half to even (exact below
+    2^53), combined, less the output zero point, clamped. The indices must be the constant (ScatterElements' clamped
+    as the integer forward clamps them), without a repeated position where updates replace (ONNX leaves the order
+    of repeated writes open); MUL's per-step clamp has no ONNX form."""
+    data, upd, out = node.inputs[0], node.inputs[-1], node.outputs[0]
+    reduction = _reduction(node)
+    if reduction == "MUL":
+        raise node_error(node, "reduction MUL clamps each step; ONNX's ScatterND multiplies without")
+    idx = _constant_input(node.inputs[1]) if len(node.inputs) == 3 else None
+    if idx is None:
+        raise node_error(node, "indices computed at run time: only the values of a Constant layer are exported")
+    shape = [int(d) for d in data.ir_shape]
+    if str(node.type) == "ScatterND":
+        k = int(idx.shape[-1]) if idx.ndim else 0
+        dims = np.array(shape[:k], dtype=np.int64)
+        if not idx.ndim or k > len(shape) or (idx.size and np.any((idx < -dims) | (idx >= dims))):
+            raise node_error(node, "index tuples outside the data: quantopt drops them, ONNX ScatterND fails")
+        positions = np.ravel_multi_index(tuple(np.moveaxis(np.where(idx < 0, idx + dims, idx), -1, 0)),
+                                         tuple(shape[:k])).reshape(-1) if k else np.zeros(1, np.int64)
+        attrs = {}
+    else:
+        axis = axis_param(node, node.get_param("axis", optional=True, default_value=0), len(shape))
+        n = shape[axis]
+        idx = np.clip(np.where(idx < 0, idx + n, idx), 0, max(n - 1, 0))
+        grid = np.indices(idx.shape).astype(np.int64)
+        grid[axis] = idx
+        positions = np.ravel_multi_index(tuple(grid), tuple(shape)).reshape(-1)
+        attrs = {"axis": axis}
+    if reduction == "NONE" and len(np.unique(positions)) != positions.size:
+        raise node_error(node, "repeated index positions with reduction NONE: ONNX leaves the write order open")
+    mults, shifts = _int_list(node, "scale_value"), _int_list(node, "shift_value")
+    if min(shifts) < -62:
+        raise node_error(node, "a left shift beyond 62 bits")
+    bound = max(_offset_bound(node, t) * abs(m) * 2 ** max(0, -s) for t, m, s in zip((data, upd), mults, shifts))
+    if not fits_double(bound * (idx.size + 1)):  # every value and every sum of updates an exact float64 integer
+        raise node_error(node, "integers beyond 2^53: no exact float64 form")
+    values = []
+    for i, t in enumerate((data, upd)):
+        scaled = g.add("Mul", [codes(g, t), double(g, node, f"ratio{i}", mults[i] * 2.0 ** -shifts[i])])
+        values.append(g.add("Round", [scaled]))
+    reduce = {} if reduction == "NONE" else {"reduction": reduction.lower()}
+    combined = g.add(str(node.type), [values[0], g.const(f"{node.name}/indices", idx.astype(np.int64)), values[1]],
+                     **attrs, **reduce)
+    zp = tensor_zp(node, out)
+    emit_integers(g, node, out, combined if not zp else g.add("Sub", [combined, double(g, node, "zp_out", zp)]),
+                  None)
+
+
+def _constant_input(t: PyTensor) -> Optional[np.ndarray]:
+    """The int64 values of a Constant layer's output, or None for any other producer."""
+    producer = t.pnode
+    weights = producer.get_constant("weights", optional=True) if producer is not None and \
+        str(producer.type) == "Constant" else None
+    return None if weights is None else weights.betensor.cpu().to(torch.int64).numpy()
+
+
+def _offset_bound(node: PyNode, t: PyTensor) -> int:
+    """The largest |q + zp| of a quantized tensor's stored range."""
+    q = params(node, t)
+    zp = tensor_zp(node, t)
+    return max(abs(int(q.qmin) + zp), abs(int(q.qmax) + zp))
+
+
+@ONEHOT.export
+def convert_onehot(g: QDQGraph, node: PyNode) -> None:
+    """ONNX OneHot of the integer indices in the IR layout (out-of-range ones all off, negatives wrapped, as the
+    integer forward), its on and off values the layer's integers."""
+    idx_t, out = node.inputs[0] if node.inputs else None, node.outputs[0]
+    if idx_t is None or not params(node, idx_t).qinvariant:
+        raise node_error(node, "indices must be an integer tensor")
+    depth = int(node.get_param("depth"))
+    values = node.get_param("values", optional=True, default_value=[0, 1])
+    axis = axis_param(node, node.get_param("axis", optional=True, default_value=-1), g.rank(idx_t) + 1)
+    indices = g.add("Cast", [g.int_value(idx_t)], to=INT64)
+    hot = g.add("OneHot", [indices, g.const(f"{node.name}/depth", np.array(depth, np.int64)),
+                           g.const(f"{node.name}/values", np.array([int(values[0]), int(values[1])], np.int64))],
+                axis=axis)  # onnxruntime's OneHot takes int64 values, not float64
+    emit_integers(g, node, out, g.add("Cast", [hot], to=DOUBLE), None)

@@ -1,7 +1,7 @@
 """Converters of ONNX operators that newer exporters write and that map onto one IR layer each, as the Parser
-writes them: GatherND, TopK, GroupNormalization (opsets 18 and 21), LpNormalization with p = 2 (Normalization),
-MeanVarianceNormalization, RMSNormalization and Swish (the ONNX operators; the patterns that spell them out are fused
-in fusion.py)."""
+writes them: GatherND, ScatterND, ScatterElements, OneHot, TopK, GroupNormalization (opsets 18 and 21),
+LpNormalization with p = 2 (Normalization), MeanVarianceNormalization, RMSNormalization and Swish (the ONNX
+operators; the patterns that spell them out are fused in fusion.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -117,3 +117,41 @@ def rms_norm(ctx: Context, node: ONode) -> None:
 @converter("Swish")
 def swish(ctx: Context, node: ONode) -> None:
     _activation(ctx, node, "SWISH", {"alpha": float(node.attrs.get("alpha", 1.0))})
+
+
+@converter("ScatterND", "ScatterElements")
+def scatter(ctx: Context, node: ONode) -> None:
+    """IR ScatterND / ScatterElements (inputs data, indices, updates; `reduction`, ScatterElements' `axis`) in the
+    ONNX layout; constant indices as a Constant layer."""
+    data, idx, updates = node.inputs[0], node.inputs[1], node.inputs[2]
+    reduction = str(node.attrs.get("reduction", "none")).upper()
+    if reduction not in ("NONE", "ADD", "MUL", "MAX", "MIN"):
+        raise ConvertError(f"reduction '{reduction.lower()}' is not supported")
+    params = {"reduction": reduction}
+    if node.op == "ScatterElements":
+        params = {"axis": _axis(node.attrs.get("axis", 0), ctx.rank(data)), **params}
+    ctx.emit(node, node.op, [ctx.value(data), ctx.value(idx), ctx.value(updates)], None, params)
+
+
+@converter("OneHot")
+def one_hot(ctx: Context, node: ONode) -> None:
+    """IR OneHot with a constant depth and constant [off, on] values; `axis` counted in the output, as ONNX's; float
+    indices through a Cast to int32 first (toward zero, as ONNX casts them)."""
+    idx, depth, values = node.inputs[0], node.inputs[1], node.inputs[2]
+    if not ctx.is_const(depth) or not ctx.is_const(values):
+        raise ConvertError("a depth or values computed at run time are not supported")
+    d = np.asarray(ctx.const(depth)).reshape(-1)
+    v = np.asarray(ctx.const(values)).reshape(-1)
+    if d.size != 1 or v.size != 2:
+        raise ConvertError(f"depth must be one value and values two, got {d.size} and {v.size}")
+    axis = int(node.attrs.get("axis", -1))
+    rank = ctx.rank(idx) + 1
+    if not -rank <= axis < rank:
+        raise ConvertError(f"axis {axis} is out of range for an output of rank {rank}")
+    indices = ctx.value(idx)
+    if ctx.dtype(idx).is_float:  # ONNX casts float indices to integers (toward zero) first
+        indices = ctx.add("Cast", [indices], [ctx.shape(idx)], f"{node.name}_indices",
+                          {"to_dtype": Dtype.INT32.value, "clip_mode": "TRUNCATION", "ignore_scale_zp": True},
+                          out_dtypes=[Dtype.INT32])[0]
+    ctx.emit(node, "OneHot", [indices], None,
+             {"depth": int(d[0]), "values": [float(v[0]), float(v[1])], "axis": axis % rank})
