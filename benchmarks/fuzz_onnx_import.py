@@ -40,7 +40,8 @@ from quantopt.errors import as_out_of_memory  # noqa: E402
 OPS = ["Relu", "Conv", "MatMul", "Gemm", "Gather", "Reshape", "Transpose", "Softmax", "Add", "Mul", "Concat", "Slice",
        "LayerNormalization", "Sigmoid", "Tanh", "Split", "Squeeze", "Unsqueeze", "ReduceMean", "Pow", "Sqrt", "Div",
        "Where", "Expand", "Cast", "Shape", "ConstantOfShape", "Range", "LSTM", "GRU", "Einsum", "TopK", "GatherND",
-       "GroupNormalization", "LpNormalization", "MeanVarianceNormalization", "Mean", "ReduceLogSumExp", "NoSuchOp", ""]
+       "GroupNormalization", "LpNormalization", "MeanVarianceNormalization", "Mean", "ReduceLogSumExp", "ScatterND",
+       "ScatterElements", "OneHot", "NoSuchOp", ""]
 INTS = [-(2 ** 31), -7, -1, 0, 1, 2, 3, 5, 64, 2 ** 31, 10 ** 12]
 FLOATS = [float("nan"), float("inf"), -float("inf"), -1.0, 0.0, 1e-30, 1e38]
 

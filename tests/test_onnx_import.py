@@ -19,6 +19,7 @@ import quantopt.ops  # noqa: E402,F401
 from quantopt.errors import ConfigError, IRError, UnsupportedError  # noqa: E402
 from quantopt.frontends.onnx import import_onnx, import_onnx_to_ir  # noqa: E402
 from quantopt.ir.reader import read_ir  # noqa: E402
+from quantopt.pipeline import quantize_model  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models")
 MODELS = {
@@ -318,6 +319,50 @@ def test_tensors_of_more_than_eight_dims_are_refused(tmp_path):
     with pytest.raises(UnsupportedError, match=r"node 'deep' \(Unsqueeze, opset 13\): output 'u' has 10 dims "
                                                r"\[1, 1, 1, 1, 1, 1, 1, 1, 2, 3\]; tensors of at most 8 dims"):
         import_onnx(_save(model, tmp_path))
+
+
+def test_params_the_ir_refuses_are_refused_at_import(tmp_path):
+    """A param the layer type's declaration refuses (the IR reader would refuse it in a file) names the node and the
+    param: a stride of 10^12 overflowed torch's pooling, a NaN slope reached int()."""
+    pool = _make([helper.make_node("MaxPool", ["x"], ["y"], name="pool", kernel_shape=[2, 2],
+                                   strides=[10 ** 12, 1])], [_vi("x", [1, 2, 4, 4])], [_vi("y", None)])
+    with pytest.raises(UnsupportedError, match=r"node 'pool' \(MaxPool, opset 17\): Pooling parameter 'stride_y' "
+                                               r"must be a positive integer below 2\^31, got 1000000000000"):
+        import_onnx(_save(pool, tmp_path, "pool.onnx"))
+    leaky = _make([helper.make_node("LeakyRelu", ["x"], ["y"], name="leaky", alpha=float("nan"))],
+                  [_vi("x", [1, 4])], [_vi("y", None)])
+    with pytest.raises(UnsupportedError, match=r"node 'leaky' \(LeakyRelu, opset 17\): Activation parameter "
+                                               r"'negative_slope_value'"):
+        import_onnx(_save(leaky, tmp_path, "leaky.onnx"))
+
+
+def test_a_leaky_slope_beyond_32_bit_codes_is_refused_when_quantized(tmp_path):
+    model = _make([helper.make_node("LeakyRelu", ["x"], ["y"], name="leaky", alpha=1e30)], [_vi("x", [1, 4])],
+                  [_vi("y", None)])
+    graph = import_onnx(_save(model, tmp_path))
+    data = [torch.from_numpy(np.linspace(-1, 1, 4, dtype=np.float32).reshape(1, 4))]
+    with pytest.raises(UnsupportedError, match=r"layer 'leaky' \(Activation\): LEAKYRELU slope 1e\+30 times 2\^8 "
+                                               r"does not fit 32 bits"):
+        quantize_model(graph, data)
+
+
+def test_attributes_onnx_shape_inference_crashes_on_are_refused_first(tmp_path):
+    """A GatherND of negative batch_dims made onnx's C++ shape inference crash the process (a segmentation fault);
+    a string attribute that is not UTF-8 failed to decode."""
+    idx = _init("idx", np.zeros((2, 1), np.int64))
+    model = _make([helper.make_node("GatherND", ["x", "idx"], ["y"], name="gnd", batch_dims=-7)],
+                  [_vi("x", [2, 3, 4])], [_vi("y", None)], [idx])
+    with pytest.raises(IRError, match=r"node 'gnd' \(GatherND\) has batch_dims -7; it must be non-negative"):
+        import_onnx(_save(model, tmp_path, "gnd.onnx"))
+    model = _make([helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up", mode="nearest",
+                                    coordinate_transformation_mode="asymmetric")],
+                  [_vi("x", [1, 1, 2, 2])], [_vi("y", None)], [_init("scales", np.array([1, 1, 2, 2], np.float32))])
+    blob = model.SerializeToString().replace(b"asymmetric", b"\xffsymmetric")
+    path = tmp_path / "resize.onnx"
+    path.write_bytes(blob)
+    with pytest.raises(IRError, match=r"attribute 'coordinate_transformation_mode' of node 'up' \(Resize\) is not "
+                                      r"UTF-8 text"):
+        import_onnx(str(path))
 
 
 def test_names_that_are_not_utf8_are_refused(tmp_path):

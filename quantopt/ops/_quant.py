@@ -302,7 +302,10 @@ def quantize_fused_slope(node: PyNode) -> None:
         slope = float(node.get_param("negative_slope", optional=True,
                                      default_value=node.get_param("negative_slope_value", optional=True,
                                                                   default_value=0.01)))
-        q, q_dtype = leaky_slope_code(slope, int(params(node, out).qbits))
+        try:
+            q, q_dtype = leaky_slope_code(slope, int(params(node, out).qbits))
+        except ValueError as e:
+            raise UnsupportedError(f"layer '{node.name}' ({node.type}): fused {e}") from None
         node.params.pop("negative_slope", None)
         node.params["negative_slope_value"] = q
         node.params["negative_slope_type"] = q_dtype

@@ -7,6 +7,7 @@ int16 codes `clip(round_half_even(slope · 2^12))`. The integer forward adds `ro
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence, Tuple
 
 import torch
@@ -20,8 +21,13 @@ from ..quant.rounding import round_shift
 
 def leaky_slope_code(slope: float, out_bits: int) -> Tuple[int, Dtype]:
     """(integer slope, its dtype): round(slope · 2^out_bits), half to even as Python rounds, in the smallest
-    dtype holding it."""
+    dtype holding it. ValueError for a slope that is not finite or whose code needs more than 32 bits (the
+    integer forward multiplies int64 codes by it)."""
+    if not math.isfinite(slope):
+        raise ValueError(f"LEAKYRELU slope {slope} is not a finite number")
     q = int(round(slope * 2 ** out_bits))
+    if abs(q) >= 2 ** 31:
+        raise ValueError(f"LEAKYRELU slope {slope} times 2^{out_bits} does not fit 32 bits")
     return q, range_dtype(min(q, 0), max(q, 0))
 
 

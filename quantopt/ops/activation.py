@@ -467,7 +467,10 @@ def _quantize_leakyrelu(node: PyNode) -> None:
     out = node.outputs[0]
     quantize_activation(node, out, output_signed(node, "LEAKYRELU"))
     bits = int(params(node, out).qbits)
-    q, q_dtype = leaky_slope_code(slope, bits)
+    try:
+        q, q_dtype = leaky_slope_code(slope, bits)
+    except ValueError as e:
+        raise UnsupportedError(f"layer '{node.name}' ({node.type}): {e}") from None
     node.params.pop("negative_slope", None)
     node.params["negative_slope_value"] = q
     node.params["negative_slope_type"] = q_dtype
@@ -612,7 +615,11 @@ def _int_slope(node: PyNode, method: str, x: torch.Tensor, zp_in: int,
         slope = slope.to(torch.int64)
         shift_slope = int(node.get_param("negative_slope_shift"))
     else:
-        slope = torch.tensor(int(node.get_param("negative_slope_value")), dtype=torch.int64)
+        value = node.get_param("negative_slope_value")
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or abs(value) >= 2 ** 31:
+            raise node._error(f"a quantized LEAKYRELU needs an integer negative_slope_value below 2^31 in magnitude, "
+                              f"got {value!r}")
+        slope = torch.tensor(int(value), dtype=torch.int64)
         shift_slope = int(node.get_param("negative_slope_shift", optional=True, default_value=out.dtype.bits))
     if not broadcasts_to(slope.shape, x.shape):
         raise node._error(f"negative_slope of shape {list(slope.shape)} does not broadcast to the input shape "

@@ -17,6 +17,7 @@ import numpy as np
 
 from ...graph.builder import GraphBuilder
 from ...quant.dtype import Dtype
+from ...registry.known_keys import param_problem
 from . import views
 from .simplify import OGraph, ONode
 
@@ -138,7 +139,13 @@ class Context:
     def add(self, optype: str, inputs: Sequence[str], out_shapes: Sequence[Sequence[int]], name: str,
             params: Optional[Mapping[str, Any]] = None, constants: Optional[Mapping[str, np.ndarray]] = None,
             out_dtypes: Optional[Sequence[Dtype]] = None) -> List[str]:
-        """Add one IR layer; output tensors are named `<layer>_<i>` as the Parser names them."""
+        """Add one IR layer; output tensors are named `<layer>_<i>` as the Parser names them. A param the layer
+        type's declaration refuses (a stride of 10^12, a NaN slope: what the IR reader would refuse in a file) is a
+        ConvertError naming it, reported with the node."""
+        for key, value in (params or {}).items():
+            problem = param_problem(optype, key, value)
+            if problem is not None:
+                raise ConvertError(f"{optype} parameter '{key}' {problem}")
         layer = self.unique_layer(name)
         outs = [self._unique_tensor(f"{layer}_{i}") for i in range(len(out_shapes))]
         dts = list(out_dtypes) if out_dtypes else [Dtype.FP32] * len(outs)

@@ -117,6 +117,11 @@ def check_structure(model: Any, path: str) -> None:
             if not isinstance(name, str):
                 raise IRError(f"not a valid ONNX model: node {node.name!r} holds a name that is not UTF-8 text "
                               f"({name!r})", file=path)
+    for node in model.graph.node:  # values onnx's C++ shape inference crashes on (a segmentation fault)
+        for attr in node.attribute:
+            if node.op_type == "GatherND" and attr.name == "batch_dims" and attr.i < 0:
+                raise IRError(f"not a valid ONNX model: node {node.name!r} (GatherND) has batch_dims {attr.i}; it "
+                              "must be non-negative", file=path)
     graph = model.graph
     for kind, name in [("graph's name", graph.name)] + [
             (kind, v.name) for kind, values in (("graph input", graph.input), ("graph output", graph.output),

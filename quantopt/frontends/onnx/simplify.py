@@ -68,7 +68,16 @@ def clean_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_/.:-" else "_" for c in name)
 
 
-def _attrs(onnx: Any, node: Any) -> Dict[str, Any]:
+def _text(value: bytes, node: Any, attr: str, path: Optional[str]) -> str:
+    """A string attribute as text; IRError naming the node and attribute for bytes that are not UTF-8."""
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        raise IRError(f"not a valid ONNX model: attribute '{attr}' of node {node.name!r} ({node.op_type}) is not "
+                      f"UTF-8 text ({value[:40]!r})", file=path) from None
+
+
+def _attrs(onnx: Any, node: Any, path: Optional[str] = None) -> Dict[str, Any]:
     from onnx import numpy_helper
     out: Dict[str, Any] = {}
     for a in node.attribute:
@@ -79,13 +88,13 @@ def _attrs(onnx: Any, node: Any) -> Dict[str, Any]:
         else:
             v = onnx.helper.get_attribute_value(a)
             if isinstance(v, bytes):
-                v = v.decode()
+                v = _text(v, node, a.name, path)
             elif isinstance(v, float):
                 v = float(str(np.float32(v)))  # float32 attribute → its shortest decimal (0.2, not 0.2000000029)
             elif isinstance(v, list) and v and isinstance(v[0], float):
                 v = [float(str(np.float32(x))) for x in v]
             elif isinstance(v, list) and v and isinstance(v[0], bytes):
-                v = [x.decode() for x in v]
+                v = [_text(x, node, a.name, path) for x in v]
             out[a.name] = v
     return out
 
@@ -242,7 +251,7 @@ def build_ograph(model: Any, path: str) -> OGraph:
         if not changed:
             break
 
-    onodes = [ONode(n.name, n.op_type, list(n.input), list(n.output), _attrs(onnx, n), n.domain) for n in nodes]
+    onodes = [ONode(n.name, n.op_type, list(n.input), list(n.output), _attrs(onnx, n, path), n.domain) for n in nodes]
     outs = []
     for o in graph_outputs:
         while o in alias:  # chains appear when an inlined If branch ends in another If's output
