@@ -320,6 +320,7 @@ def cases() -> List[Case]:
     cs.append(Case("argmax", "1x21x160x160 axis 1", [helper.make_node("ArgMax", ["x"], ["y"], axis=1, keepdims=0)],
                    [("x", F, [1, 21, 160, 160])], [("y", I64)]))
     cs += more_cases(m)
+    cs += bert_base_cases()
     # recurrent layers: 100 steps, batch 1, 64 inputs, 128 hidden units
     steps, inputs, hidden = 100, 64, 128
     cs.append(Case("lstm", f"seq{steps} in{inputs} h{hidden}",
@@ -386,6 +387,58 @@ def more_cases(m: List[int]) -> List[Case]:
               helper.make_node("Add", ["var", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"]),
               helper.make_node("Div", ["d", "sd"], ["y"])],
              [("x", F, t)], ["y"], [C("eps", 1e-5)]),
+    ]
+    return cs
+
+
+def bert_base_cases() -> List[Case]:
+    """A BERT-base layer's shapes at sequence 512 (12 heads of 64, hidden 768, feed-forward 3072) and masks and
+    comparisons, casts and many-way splits and concatenations, the shapes a transformer of real size brings."""
+    seq, hidden, heads = 512, 768, 12
+    hs = [1, seq, hidden]
+    scores = [1, heads, seq, seq]
+    cs = [
+        Case("bert_scores", "1x12x512x64 @ 1x12x64x512", [helper.make_node("MatMul", ["a", "b"], ["y"])],
+             [("a", F, [1, heads, seq, 64]), ("b", F, [1, heads, 64, seq])], ["y"]),
+        unary("bert_softmax", "Softmax", scores, axis=-1),  # a graph output: the LUT method
+        Case("bert_attention", "softmax(1x12x512x512) @ 1x12x512x64",  # inside the graph: FAST_EXP
+             [helper.make_node("Softmax", ["s"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])],
+             [("s", F, scores), ("v", F, [1, heads, seq, 64])], ["y"]),
+        Case("bert_layernorm", "1x512x768", [helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1)],
+             [("x", F, hs)], ["y"], [W("s", [hidden], 1.0), W("b", [hidden], 0.1)]),
+        Case("bert_ffn", "1x512x768 -> 3072 gelu -> 768",
+             [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+              helper.make_node("Gelu", ["hb"], ["g"]), helper.make_node("MatMul", ["g", "w2"], ["o"]),
+              helper.make_node("Add", ["o", "b2"], ["y"])],
+             [("x", F, hs)], ["y"], [W("w1", [hidden, 4 * hidden], 0.03), W("b1", [4 * hidden], 0.1),
+                                     W("w2", [4 * hidden, hidden], 0.03), W("b2", [hidden], 0.1)], opset=20),
+        Case("mask_where", "1x12x512x512 where(mask, x, -1e4)",
+             [helper.make_node("Equal", ["m", "zero"], ["eq"]), helper.make_node("Where", ["eq", "fill", "x"], ["y"])],
+             [("x", F, scores), ("m", F, [1, 1, 1, seq])], ["y"], [C("zero", 0.0), C("fill", -1e4)],
+             gen={"m": lambda rng: (rng.random((1, 1, 1, seq)) > 0.1).astype(np.float32)}),
+        Case("cast_roundtrip", "1x64x80x80 float->int32->float",
+             [helper.make_node("Cast", ["x"], ["i"], to=TensorProto.INT32),
+              helper.make_node("Cast", ["i"], ["y"], to=TensorProto.FLOAT)], [("x", F, [1, 64, 80, 80])], ["y"],
+             gen={"x": lambda rng: (rng.standard_normal((1, 64, 80, 80)) * 10).astype(np.float32)}),
+        Case("split16", "1x256x40x40 -> 16", [helper.make_node("Split", ["x", "sp"], [f"y{i}" for i in range(16)],
+                                                               axis=1)],
+             [("x", F, [1, 256, 40, 40])], [f"y{i}" for i in range(16)], [C("sp", [16] * 16, np.int64)]),
+        Case("concat16", "16x 1x16x40x40 axis1", [helper.make_node("Concat", [f"x{i}" for i in range(16)], ["y"],
+                                                                   axis=1)],
+             [(f"x{i}", F, [1, 16, 40, 40]) for i in range(16)], ["y"]),
+        Case("flip", "1x64x80x80 [:, :, ::-1]",
+             [helper.make_node("Slice", ["x", "st", "en", "ax", "stp"], ["y"])], [("x", F, [1, 64, 80, 80])], ["y"],
+             [C("st", [-1], np.int64), C("en", [-(1 << 62)], np.int64), C("ax", [2], np.int64),
+              C("stp", [-1], np.int64)]),
+        Case("argmin_last", "1x80x8400 axis -1", [helper.make_node("ArgMin", ["x"], ["y"], axis=-1, keepdims=1)],
+             [("x", F, [1, 80, 8400])], [("y", I64)]),
+        unary("reduceprod", "ReduceProd", [1, 64, 80, 80], axes=[1], keepdims=1,
+              gen=lambda rng: (rng.random((1, 64, 80, 80)) * 0.2 + 0.9).astype(np.float32)),
+        pool("avgpool7_s1", "AveragePool", [1, 64, 40, 40], 7, 1, 3),
+        Case("convT_dw", "1x64x40x40 k4 s2 groups 64",
+             [helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], kernel_shape=[4, 4], strides=[2, 2],
+                               pads=[1, 1, 1, 1], group=64)],
+             [("x", F, [1, 64, 40, 40])], ["y"], [W("w", [64, 1, 4, 4]), W("b", [64], 0.1)]),
     ]
     return cs
 

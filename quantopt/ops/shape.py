@@ -456,12 +456,22 @@ def _clip_mode(node: PyNode) -> str:
     return mode
 
 
+_WRAPPING_DTYPES = {(8, True): torch.int8, (8, False): torch.uint8, (16, True): torch.int16,
+                    (32, True): torch.int32}
+"""torch integer types whose conversion from int64 keeps the low bits: the two's complement wrap of TRUNCATION."""
+
+
 def cast_to_range(v: torch.Tensor, lo: int, hi: int, clip_mode: str) -> torch.Tensor:
     """Integers (int64) into [lo, hi]: SATURATION clamps; TRUNCATION keeps the low bits (two's complement wrap,
-    modulo hi - lo + 1)."""
+    modulo hi - lo + 1), for a range of a torch integer type by converting to it and back (the same integers as
+    the remainder, in two cheap passes)."""
     if clip_mode == "SATURATION":
         return torch.clamp(v, lo, hi)
     span = hi - lo + 1
+    bits = span.bit_length() - 1
+    wrapping = _WRAPPING_DTYPES.get((bits, lo < 0)) if span == 1 << bits and lo in (0, -(span >> 1)) else None
+    if wrapping is not None and v.dtype == torch.int64:
+        return v.to(wrapping).to(torch.int64)
     return torch.remainder(v - lo, span) + lo
 
 
@@ -488,8 +498,8 @@ def cast_forward(self: PyNode) -> None:
         return
     bits, signed = _int_bits(to)
     lo, hi = integer_range(bits, signed)
-    if x.is_floating_point():
-        x = torch.trunc(torch.clamp(torch.nan_to_num(x.to(torch.float64), nan=0.0), -2.0 ** 62, 2.0 ** 62))
+    if x.is_floating_point():  # NaN to 0, beyond ±2^62 to ±2^62 (exact in float32 too), then toward zero
+        x = torch.nan_to_num(x, nan=0.0).clamp_(-2.0 ** 62, 2.0 ** 62)
     out.betensor = cast_to_range(x.to(torch.int64), lo, hi, clip_mode)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 import torch
@@ -155,13 +155,12 @@ def _table_and_max(lut: torch.Tensor) -> Tuple[torch.Tensor, int]:
     return table, max(1, int(table.max())) if table.numel() else 1
 
 
-def _softmax_lut_forward(node: PyNode) -> torch.Tensor:
+def _softmax_lut_forward(node: PyNode, x: torch.Tensor, axis: int, rows: int) -> torch.Tensor:
     """e = lut[x - max + 2^b - 1] (interpolated for wide inputs), S = Σe (int64), then either
     z = floor((e·2^k + floor(S/2)) / S) requantized with (M, shift + k), k = 31 - ceil(log2(max lut)) (short rows)
-    or r = floor(M·2^k / S) and e·r requantized with (1, shift + k), k = 31 - ceil(log2 M) (otherwise)."""
+    or r = floor(M·2^k / S) and e·r requantized with (1, shift + k), k = 31 - ceil(log2 M) (otherwise). `x`: the
+    input's codes, or some of its rows; `rows`: the whole input's row count (which decides the form)."""
     inp, out = node.inputs[0], node.outputs[0]
-    x, _ = int_input(node)
-    axis = _axis(node, x.dim())
     lut = node.get_constant("lut")
     table, lut_max = memo(node, "softmax_lut", Same(lut.betensor),
                           lambda: _table_and_max(lut.betensor))
@@ -180,7 +179,6 @@ def _softmax_lut_forward(node: PyNode) -> torch.Tensor:
     qmin, qmax = out_range(node, out)
     zp = tensor_zp(node, out)
     axis_len = int(x.shape[axis])
-    rows = x.numel() // axis_len
     if axis_len < SOFTMAX_SMALL_AXIS and rows % SOFTMAX_ROW_BLOCK == 0 and bits <= 8:
         k = base - ceil_log2(lut_max)
         z = torch.div((e << k) + (total >> 1), den, rounding_mode="floor")
@@ -363,15 +361,14 @@ def _softmax_fast_exp_quantize(self: PyNode) -> None:
         store_requant(self, *scale_shift(tensor_scale(self, out), bits, force_shift_positive=s.force_shift_positive))
 
 
-def _softmax_fast_exp_forward(node: PyNode) -> torch.Tensor:
+def _softmax_fast_exp_forward(node: PyNode, x: torch.Tensor, axis: int) -> torch.Tensor:
     """Table path (adjust_q >= 8, upstream's log-domain form): e = 2^(u) terms from pow2_lut, S = clamp(Σe),
     L = log2(S / 2^P) from the Q15 log2 table, y = 2^(b_out + u - L) from pow2_lut again.
-    Power-of-two path (adjust_q 0 or 1, upstream's): see docs/semantics/softmax.md#fast_exp."""
+    Power-of-two path (adjust_q 0 or 1, upstream's): see docs/semantics/softmax.md#fast_exp. `x`: the input's
+    codes, or some of its rows."""
     out = node.outputs[0]
-    x, _ = int_input(node)
     if x.numel() == 0:
         return x.clone()
-    axis = _axis(node, x.dim())
     adjust_q = _adjust_q(node, allow_simple=True)
     out_q = _int_param(node, "pow2_out_q")
     qmin, qmax = out_range(node, out)
@@ -559,13 +556,42 @@ def saturated_mask(node: PyNode, x: torch.Tensor, top: torch.Tensor) -> Optional
     return mask if x.device.type == "cpu" and bool((top > qmin).all()) else mask.logical_and_(top > qmin)
 
 
+SOFTMAX_BAND_ELEMENTS = 1 << 16
+"""Input elements (512 KiB of int64) a Softmax over the last axis normalizes at once (`by_row_bands`)."""
+
+
+def by_row_bands(fn: Callable[[torch.Tensor, int], torch.Tensor], x: torch.Tensor, axis: int,
+                 band: int = SOFTMAX_BAND_ELEMENTS) -> torch.Tensor:
+    """fn(x, axis) computed on bands of whole rows where `axis` is the last of a contiguous CPU tensor larger than
+    two bands: every row is normalized alone, so the bands give the same integers, and each band's dozen int64
+    passes stay in the cache (a 12x512x512 attention map is 25 MiB per pass). Other tensors: fn(x, axis)."""
+    n = int(x.shape[axis]) if x.dim() else 0
+    if (x.dim() == 0 or axis != x.dim() - 1 or x.numel() <= 2 * band or n > band or not x.is_contiguous()
+            or x.device.type != "cpu"):
+        return fn(x, axis)
+    rows = x.reshape(-1, n)
+    step = max(1, band // n)
+    out: Optional[torch.Tensor] = None
+    for r0 in range(0, int(rows.shape[0]), step):
+        part = fn(rows[r0:r0 + step], 1)
+        if out is None:
+            out = torch.empty((int(rows.shape[0]), n), dtype=part.dtype, device=part.device)
+        out[r0:r0 + step] = part
+    assert out is not None
+    return out.reshape(x.shape)
+
+
 def softmax_integer_forward(node: PyNode) -> torch.Tensor:
-    """Integer forward of a quantized Softmax, by its `quantize_method` (LUT when absent, as older IRs)."""
+    """Integer forward of a quantized Softmax, by its `quantize_method` (LUT when absent, as older IRs), in bands
+    of rows (`by_row_bands`)."""
     method = str(node.get_param("quantize_method", optional=True, default_value="LUT")).upper()
+    x, _ = int_input(node)
+    axis = _axis(node, x.dim())
     if method == "LUT":
-        return _softmax_lut_forward(node)
+        rows = x.numel() // max(1, int(x.shape[axis])) if x.dim() else 1
+        return by_row_bands(lambda part, ax: _softmax_lut_forward(node, part, ax, rows), x, axis)
     if method == "FAST_EXP":
-        return _softmax_fast_exp_forward(node)
+        return by_row_bands(lambda part, ax: _softmax_fast_exp_forward(node, part, ax), x, axis)
     raise UnsupportedError(f"layer '{node.name}' (Softmax): quantize_method={method} is not supported "
                            f"(LUT and FAST_EXP are)")
 

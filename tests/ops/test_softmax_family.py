@@ -252,6 +252,30 @@ def test_fast_exp_integer_matches_reference(shape, axis: int, bits: int, mode: s
     check_integer(qg, logits([3] + list(shape[1:]), 4, std=5.0), ref_fast_exp)
 
 
+@pytest.mark.parametrize("consumer", ["Reshape", ""], ids=["FAST_EXP", "LUT"])
+@pytest.mark.parametrize("shape", [[2, 9, 12], [2, 64, 6]], ids=["long_rows", "short_rows"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_bands_of_rows_give_the_whole_tensors_integers(monkeypatch, consumer: str, shape, masked: bool) -> None:
+    """The integer Softmax runs on bands of rows of a large input (`by_row_bands`): with bands of 7 to 40 elements
+    (one to a few rows, the last band short) the integers are those of the whole tensor at once, by either method,
+    with masked inputs, and the LUT method keeps the form the whole input's row count chooses (128 short rows of 6)."""
+    params = {"axis": -1}
+    _, qg, _ = quantized("Softmax", shape, params, 8, "per_tensor_asymmetric", 8, consumer=consumer)
+    node = qg.node("op")
+    assert node.params["quantize_method"] == ("FAST_EXP" if consumer else "LUT")
+    if masked:
+        node.params[SOFTMAX_MASK_PARAM] = True
+    x = logits(shape, 11, std=5.0)
+    if masked:
+        x[0, 1, 2:5] = -1e4
+        x[1, 3, :] = -1e4
+    whole = run_quantized(qg, x)[0].clone()
+    for band in (7, 12, 40):
+        monkeypatch.setattr(softmax_module, "SOFTMAX_BAND_ELEMENTS", band)
+        monkeypatch.setattr(softmax_module.by_row_bands, "__defaults__", (band,))
+        assert torch.equal(run_quantized(qg, x)[0], whole), band
+
+
 @pytest.mark.parametrize("extra", [{}, {"force_dtype_int": True}])
 @pytest.mark.parametrize("zp", [None, 5, -3])
 def test_fast_exp_tables_match_the_arithmetic_on_masked_inputs(monkeypatch, extra: Dict[str, Any], zp) -> None:
