@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from ..graph.memo import Same, memo
 from ..graph.node import PyNode
 from ..quant.dtype import Dtype
-from ..quant.requant import INT32_MAX, INT32_MIN, requantize_float64_
+from ..quant.requant import INT32_MAX, INT32_MIN, requantize_float_in_bands
 from ..quant.rounding import FLOAT64_EXACT, below_float64_exact, round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, Float, Int, Param, Value, quantized
@@ -406,7 +406,7 @@ def _matmul_int(node: PyNode) -> torch.Tensor:
         # round_half_even(acc·M·2^-shift) in float64: M·2^-shift is exact, and so is its product with acc (below
         # 2^53 over M); the int64 accumulator and its conversions were most of a small MatMul's time. In place, by
         # the addition of 1.5·2^52 where every shift is at least 3 (no rounding pass, no conversion of the result)
-        y = requantize_float64_(acc.to(torch.float64), int(mult), shift, tensor_zp(node, out), qmin, qmax)
+        y = requantize_float_in_bands(acc, int(mult), shift, tensor_zp(node, out), qmin, qmax)
         return fused_activation_clamp(node, y)
     acc = acc.to(torch.int64)
     if handover:

@@ -22,6 +22,8 @@ from quantopt.quant.requant import (
     group_ranges,
     linear_requantize,
     linear_requantize_floor,
+    requantize_float64_,
+    requantize_float_in_bands,
     scale_shift,
     unify_shifts,
     unify_shifts_for_aiff,
@@ -338,3 +340,20 @@ def test_float32_grid_rounds_beyond_2_24_half_to_even() -> None:
 
     v = torch.tensor([5, -(2 ** 24) - 1, 2 ** 24 + 1, 2 ** 24 + 3, -18070759, 2 ** 31 - 1], dtype=torch.int64)
     assert float32_grid(v).tolist() == [5, -(2 ** 24), 2 ** 24, 2 ** 24 + 4, -18070760, 2 ** 31]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mult,shift,zp,qmin,qmax", [(19381, 22, 0, -128, 127), (3, 1, -7, 0, 255),
+                                                     (25000, 30, 128, 0, 255), (1, 0, 0, -32768, 32767)])
+def test_requantize_in_bands_is_the_whole_requantization(dtype, mult: int, shift: int, zp: int, qmin: int,
+                                                         qmax: int) -> None:
+    """Bands of 64 elements (a short last one) through one buffer: the integers of the whole accumulator converted
+    to float64 and requantized at once, for float32 and float64 accumulators of exact integers (ties included)."""
+    g = torch.Generator().manual_seed(shift)
+    acc = torch.randint(-(1 << 20), 1 << 20, (3, 7, 29), generator=g).to(dtype)
+    acc.view(-1)[:4] = torch.tensor([2 ** (shift - 1) if shift else 0, -(2 ** (shift - 1)) if shift else 0,
+                                     3 * 2 ** (shift - 1) if shift else 1, 0], dtype=dtype)
+    whole = requantize_float64_(acc.to(torch.float64, copy=True), mult, shift, zp, qmin, qmax)
+    banded = requantize_float_in_bands(acc, mult, shift, zp, qmin, qmax, band=64)
+    assert banded.dtype == torch.int64 and torch.equal(banded, whole)
+    assert torch.equal(requantize_float_in_bands(acc.clone(), mult, shift, zp, qmin, qmax), whole)  # one band
