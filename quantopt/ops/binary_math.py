@@ -547,7 +547,12 @@ def _where_int(node: PyNode) -> torch.Tensor:
     (m_x, m_y), (n_x, n_y) = _int_list(node, "scale_value", 2), _int_list(node, "shift_value", 2)
     vx = _requantized_branch(node, x, m_x, n_x, "where_x")
     vy = _requantized_branch(node, y, m_y, n_y, "where_y")
-    return torch.where(_offset_int(node, c) != 0, vx, vy)
+    keep = _offset_int(node, c) != 0
+    shape = torch.broadcast_shapes(keep.shape, vx.shape, vy.shape)
+    for branch in (vx, vy):  # both are new tensors of this function's: the choice overwrites one of the output's shape
+        if branch.shape == shape and branch.is_contiguous() and branch.dtype == torch.promote_types(vx.dtype, vy.dtype):
+            return torch.where(keep, vx, vy, out=branch)
+    return torch.where(keep, vx, vy)
 
 
 def _requantized_branch(node: PyNode, t: PyTensor, m: int, n: int, name: str) -> torch.Tensor:

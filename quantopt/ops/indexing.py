@@ -865,9 +865,8 @@ def convert_scatter(g: QDQGraph, node: PyNode) -> None:
 
 def _constant_input(t: PyTensor) -> Optional[np.ndarray]:
     """The int64 values of a Constant layer's output, or None for any other producer."""
-    producer = t.pnode
-    weights = producer.get_constant("weights", optional=True) if producer is not None and \
-        str(producer.type) == "Constant" else None
+    producer = t.pnode  # another layer's constant (a Constant layer's values), not one of this layer's own
+    weights = producer.constants.get("weights") if producer is not None and str(producer.type) == "Constant" else None
     return None if weights is None else weights.betensor.cpu().to(torch.int64).numpy()
 
 
