@@ -18,6 +18,7 @@ from quantopt.errors import QuantOptError, UnsupportedError
 from quantopt.graph.builder import GraphBuilder
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
+from quantopt.ops import eltwise as eltwise_module
 from quantopt.pipeline import quantize_model, run_quantized
 from quantopt.quant.dtype import Dtype
 from quantopt.quant.rounding import round_shift
@@ -158,6 +159,25 @@ def test_round_shift_matches_python_half_even() -> None:
     for s in (-3, 0, 1, 2, 3, 10, 40, 63):
         got = round_shift(vals, s).tolist()
         assert got == [ref_round_shift(int(v), s) for v in vals.tolist()], s
+
+
+@pytest.mark.parametrize("act", ["NONE", "RELU", "CLIP"])
+@pytest.mark.parametrize("amode,bits", [("per_tensor_asymmetric", 8), ("per_tensor_symmetric_full_range", 16)])
+@pytest.mark.parametrize("optype,method", [b for b in BINARY if b[0] == "Eltwise"])
+def test_eltwise_in_bands_matches_the_reference(monkeypatch, optype: str, method: Optional[str], amode: str, bits: int,
+                                                act: str) -> None:
+    """Same-shaped large inputs are combined in bands of elements (`ops/eltwise.py` `_eltwise_in_bands`): with
+    bands of 7 elements (a short last one) over 480 outputs, the reference's integers, fused activations included."""
+    monkeypatch.setattr(eltwise_module, "ELTWISE_BAND_ELEMENTS", 7)
+    seed = 300 + BINARY.index((optype, method))
+    qg = quantize_model(binary_graph(optype, method, act=act), binary_data(seed),
+                        {"q_mode_activation": amode, "q_bits_activation": bits})
+    x = [v * 1.5 for v in binary_data(seed + 1, n=1)[0]]
+    assert eltwise_module._bandable(qg.node("op"), *[qg.node(n).outputs[0] for n in ("a", "b")]) is False  # floats
+    qg.forward(list(x), keep_tensors=True)
+    node = qg.node("op")
+    assert eltwise_module._bandable(node, *node.inputs)
+    run_and_check(qg, x)
 
 
 @pytest.mark.parametrize("bits", [8, 16])
