@@ -41,6 +41,9 @@ def take_codes(values: torch.Tensor, codes: torch.Tensor, lo: int, channels: int
     None where a code lies outside the table (a hand-fed input; the caller then computes). On the CPU index_select
     refuses such an index, so no pass over the codes' extrema comes first; another device checks the index range
     first (an index outside the table would assert there)."""
+    if channels == 1 and codes.device.type == "cpu" and codes.numel() > 2 * TAKE_BAND_ELEMENTS and \
+            codes.is_contiguous() and not codes.is_floating_point():
+        return _take_in_bands(values, codes, lo)
     index = codes - lo
     if channels > 1:
         index = index.mul_(channels).add_(torch.arange(channels, dtype=index.dtype, device=index.device))
@@ -53,6 +56,28 @@ def take_codes(values: torch.Tensor, codes: torch.Tensor, lo: int, channels: int
     if bool(((index >= 0) & (index < values.numel())).all()):
         return values.index_select(0, index).reshape(codes.shape)
     return None
+
+
+TAKE_BAND_ELEMENTS = 1 << 16
+"""Codes `take_codes` looks up at once on a large CPU tensor, through one reused index buffer."""
+
+
+def _take_in_bands(values: torch.Tensor, codes: torch.Tensor, lo: int) -> Optional[torch.Tensor]:
+    """`take_codes` of one table, a band of codes at a time: the index of each band made in one reused buffer and
+    gathered straight into the output, instead of a map-sized index tensor (a page-faulting allocation and a pass
+    through memory on every forward); None where a code lies outside the table, as `take_codes`."""
+    flat = codes.reshape(-1)
+    n = int(flat.numel())
+    out = torch.empty(n, dtype=values.dtype)
+    index = torch.empty(TAKE_BAND_ELEMENTS, dtype=torch.int64)
+    for s0 in range(0, n, TAKE_BAND_ELEMENTS):
+        s1 = min(n, s0 + TAKE_BAND_ELEMENTS)
+        band = torch.sub(flat[s0:s1], lo, out=index[:s1 - s0])
+        try:
+            torch.index_select(values, 0, band, out=out[s0:s1])
+        except IndexError:  # a code outside the table: the caller's arithmetic takes any code
+            return None
+    return out.reshape(codes.shape)
 
 
 def ceil_log2(v: int) -> int:
