@@ -109,8 +109,9 @@ def batchnorm_forward(self: PyNode) -> None:
         eps = float(self.get_param("epsilon"))
         x = (x - mean.reshape(view)) / torch.sqrt(var.reshape(view) + eps)
     y = x * w
-    if b is not None:
-        y = y + b.reshape(view)
+    if b is not None:  # y is a new tensor of this function's: the same rounded sum, written into it
+        y = y.add_(b.reshape(view)) if not y.requires_grad and y.dtype == torch.promote_types(y.dtype, b.dtype) \
+            else y + b.reshape(view)
     self.outputs[0].betensor = apply_fused_activation(self, y)
 
 
