@@ -24,6 +24,7 @@ from ..quant.params import QuantParams, integer_range
 from ..quant.rounding import round_shift
 from ..registry import declare_op
 from ..registry.schema import Bool, Floats, Int, Param, Text, Value
+from ._eltwise_int import offset_absmax
 from ._quant import (
     copy_params,
     int_value,
@@ -848,7 +849,7 @@ def convert_scatter(g: QDQGraph, node: PyNode) -> None:
     mults, shifts = _int_list(node, "scale_value"), _int_list(node, "shift_value")
     if min(shifts) < -62:
         raise node_error(node, "a left shift beyond 62 bits")
-    bound = max(_offset_bound(node, t) * abs(m) * 2 ** max(0, -s) for t, m, s in zip((data, upd), mults, shifts))
+    bound = max(offset_absmax(node, t) * abs(m) * 2 ** max(0, -s) for t, m, s in zip((data, upd), mults, shifts))
     if not fits_double(bound * (idx.size + 1)):  # every value and every sum of updates an exact float64 integer
         raise node_error(node, "integers beyond 2^53: no exact float64 form")
     values = []
@@ -868,13 +869,6 @@ def _constant_input(t: PyTensor) -> Optional[np.ndarray]:
     producer = t.pnode  # another layer's constant (a Constant layer's values), not one of this layer's own
     weights = producer.constants.get("weights") if producer is not None and str(producer.type) == "Constant" else None
     return None if weights is None else weights.betensor.cpu().to(torch.int64).numpy()
-
-
-def _offset_bound(node: PyNode, t: PyTensor) -> int:
-    """The largest |q + zp| of a quantized tensor's stored range."""
-    q = params(node, t)
-    zp = tensor_zp(node, t)
-    return max(abs(int(q.qmin) + zp), abs(int(q.qmax) + zp))
 
 
 @ONEHOT.export

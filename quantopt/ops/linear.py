@@ -16,6 +16,7 @@ from ..registry import declare_op
 from ..registry.schema import Bool, Float, Int, Param, Value, quantized
 from ..threads import one_thread
 from . import _fp8
+from ._eltwise_int import offset_absmax
 from ._fc_order import OrderedWeights, linear_float32
 from ._int8_gemm import INT8_MAX_TERMS, int8_accumulate, int8_gemm, int8_gemm_used, split_int8
 from ._quant import (
@@ -327,13 +328,6 @@ def matmul_forward(self: PyNode) -> None:
     self.outputs[0].betensor = y
 
 
-def _shifted_absmax(node: PyNode, t) -> int:
-    """max |q + zp| over the tensor's integer range: the largest operand the integer matmul multiplies."""
-    lo, hi = out_range(node, t)
-    zp = tensor_zp(node, t)
-    return max(abs(lo + zp), abs(hi + zp))
-
-
 def _matmul_acc(node: PyNode) -> Tuple[torch.Tensor, int]:
     """(acc = (a_q + zp_a) @ (b_q + zp_b) exactly, a bound on |acc| from the ranges): float32 or float64 when the
     bound K·max|a|·max|b| proves every partial sum exact there (then a float tensor of integers), otherwise an
@@ -341,7 +335,7 @@ def _matmul_acc(node: PyNode) -> Tuple[torch.Tensor, int]:
     ta, tb = node.inputs
     a, b = _matmul_operands(node, int_value(ta), int_value(tb))
     k = int(a.shape[-1]) if a.dim() else 1
-    bound = k * _shifted_absmax(node, ta) * _shifted_absmax(node, tb)
+    bound = k * offset_absmax(node, ta) * offset_absmax(node, tb)
     if bound < FLOAT64_EXACT:
         dtype = torch.float32 if bound < FLOAT32_EXACT else torch.float64
         return _matmul(node, _plus_zero_point(a, tensor_zp(node, ta), dtype),

@@ -29,6 +29,7 @@ from ..registry import declare_op
 from ..registry.optype import OpType
 from ..registry.schema import Bool, Float, Int, Param, Value, quantized
 from ._conv_nhwc import native_conv
+from ._eltwise_int import offset_absmax
 from ._quant import (
     FLOAT32_EXACT,
     check_fused_activation_quantizable,
@@ -790,12 +791,6 @@ def gemm_forward(self: PyNode) -> None:
     self.outputs[0].betensor = apply_fused_activation(self, y)
 
 
-def _shifted_absmax(node: PyNode, t: PyTensor) -> int:
-    lo, hi = out_range(node, t)
-    zp = tensor_zp(node, t)
-    return max(abs(lo + zp), abs(hi + zp))
-
-
 def _gemm_requant(node: PyNode) -> Tuple[int, int, int, int]:
     """(M, N, M_c, N_c) from scale_value/shift_value: scalars for two inputs, [M, M_c] / [N, N_c] for three."""
     sv, hv = node.get_param("scale_value"), node.get_param("shift_value")
@@ -813,10 +808,10 @@ def _gemm_bounds(node: PyNode, k: int, mc: int, nc: int) -> Tuple[int, int]:
     """(bound on |(A+zp)' @ (B+zp)'| over K = `k` products, bound on the rounded |C'| added to it; 0 without C)
     from the stored ranges."""
     ta, tb = node.inputs[0], node.inputs[1]
-    bound = k * _shifted_absmax(node, ta) * _shifted_absmax(node, tb)
+    bound = k * offset_absmax(node, ta) * offset_absmax(node, tb)
     if len(node.inputs) < 3:
         return bound, 0
-    return bound, ((_shifted_absmax(node, node.inputs[2]) * abs(mc)) << max(0, -nc) >> max(0, nc)) + 1
+    return bound, ((offset_absmax(node, node.inputs[2]) * abs(mc)) << max(0, -nc) >> max(0, nc)) + 1
 
 
 def _gemm_int(node: PyNode) -> torch.Tensor:
@@ -868,7 +863,7 @@ def convert_gemm(g: QDQGraph, node: PyNode) -> None:
     alpha, beta = _float_param(node, "alpha", 1.0), _float_param(node, "beta", 1.0)
     bound = sum(_gemm_bounds(node, int(ta.ir_shape[perms[0][-1]]) if ta.ir_shape else 1, mc, nc))
     if g.unit_domain and node.params.get("remain_shift") is None and onnx_exact.fits_double(bound * abs(m)) \
-            and (tc is None or onnx_exact.fits_double(_shifted_absmax(node, tc) * abs(mc))):
+            and (tc is None or onnx_exact.fits_double(offset_absmax(node, tc) * abs(mc))):
         acc = g.add("MatMul", [onnx_exact.codes(g, ta, perms[0]), onnx_exact.codes(g, tb, perms[1])])
         if alpha < 0:
             acc = g.add("Neg", [acc])

@@ -40,7 +40,7 @@ def topk(ctx: Context, node: ONode) -> None:
     axis = _axis(node.attrs.get("axis", -1), rank)
     if not 0 <= int(k[0]) <= ctx.shape(x)[axis]:
         raise ConvertError(f"k {int(k[0])} is outside [0, {ctx.shape(x)[axis]}]")
-    outputs = [o for o in node.outputs]
+    outputs = list(node.outputs)
     if len(outputs) != 2 or not all(outputs):
         raise ConvertError("TopK needs both outputs named")
     perm = _keep_layout(ctx, x)

@@ -117,8 +117,7 @@ def check_structure(model: Any, path: str) -> None:
             if not isinstance(name, str):
                 raise IRError(f"not a valid ONNX model: node {node.name!r} holds a name that is not UTF-8 text "
                               f"({name!r})", file=path)
-    for node in model.graph.node:  # values onnx's C++ shape inference crashes on (a segmentation fault)
-        for attr in node.attribute:
+        for attr in node.attribute:  # a value onnx's C++ shape inference crashes on (a segmentation fault)
             if node.op_type == "GatherND" and attr.name == "batch_dims" and attr.i < 0:
                 raise IRError(f"not a valid ONNX model: node {node.name!r} (GatherND) has batch_dims {attr.i}; it "
                               "must be non-negative", file=path)
