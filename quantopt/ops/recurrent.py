@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import UnsupportedError
-from ..graph.memo import layer_key, memo
+from ..graph.memo import Same, layer_key, memo
 from ..graph.node import PyNode
 from ..graph.tables import TensorRange, quant_of, ranges_of
 from ..graph.tensor import PyTensor
@@ -382,7 +382,101 @@ def lstm_float(node: PyNode, spec: RnnSpec, x: torch.Tensor, h0: torch.Tensor,
                c0: torch.Tensor) -> Dict[str, torch.Tensor]:
     """z = [x_t, h] @ W^T + b split into i, g, f, o; c = f*c + i*g; h = o * act2(c), all in float64 as upstream's
     float forward computes it (the calibrated ranges match upstream's only so: docs/semantics/recurrent.md); the
-    results are float64, the placeholders float32."""
+    results are float64, the placeholders float32.
+
+    Each step makes upstream's operations on the same operands (one GEMM of the row [x_t, h] by W^T, then the bias,
+    the activations of the four gate blocks one by one, ...), but writes every result into a buffer made once for
+    the whole sequence: the next step's [x_t, h] row is filled by the product that makes h, the pre-activations and
+    activations of every step stay where the placeholders are gathered from after the loop. A step was two dozen
+    small calls (the row concatenated, every result a new tensor, the tables joined per step); it is now about a
+    dozen, with the same bits (tests/ops/test_recurrent_float_loop.py checks them against the step as written
+    above)."""
+    wc, bc = node.get_constant("weights").betensor, node.get_constant("biases").betensor
+    if torch.is_grad_enabled() and any(v.requires_grad for v in (x, h0, c0, wc, bc)):
+        return _lstm_float_differentiable(node, spec, x, h0, c0)
+    w = memo(node, "lstm_float_weights", (Same(wc),), lambda: wc.to(torch.float64))
+    b = bc.to(torch.float64).reshape(-1)
+    a_gate, a_cand, a_cell = (_act(a) for a in spec.activations)
+    xs = torch.flip(x, [1]) if spec.reverse else x
+    batch, steps, isz, cs = int(x.shape[0]), spec.time_steps, spec.input_size, spec.cell_size
+    f64 = dict(dtype=torch.float64, device=x.device)
+    rows = torch.empty(steps + 1, batch, isz + cs, **f64)  # row t: [x_t, h_(t-1)]; row T's h part: the last h
+    rows[:steps, :, :isz] = xs.transpose(0, 1)
+    rows[0, :, isz:] = h0
+    z = torch.empty(steps, batch, 4 * cs, **f64)  # pre-activations i, g, f, o (forget bias added, clamped)
+    act = torch.empty(steps, batch, 4 * cs, **f64)  # their activations
+    cells = torch.empty(steps, batch, cs, **f64)
+    cell_out = torch.empty(steps, batch, cs, **f64)
+    ig = torch.empty(batch, cs, **f64)
+    wt, th, clip = w.t(), spec.threshold, spec.cell_clip
+    one_row = batch == 1
+    # every step's views made at once (one unbind per buffer, not a dozen slicing calls per step)
+    row_t, h_t = rows.unbind(0), rows[:, :, isz:].unbind(0)
+    z_t, cell_t, cell_out_t = z.unbind(0), cells.unbind(0), cell_out.unbind(0)
+    zk = [z[:, :, k * cs:(k + 1) * cs].unbind(0) for k in range(4)]
+    ak = [act[:, :, k * cs:(k + 1) * cs].unbind(0) for k in range(4)]
+    fns = (a_gate, a_cand, a_gate, a_gate)
+    adds = (None, None, spec.forget_bias, None)
+    c = c0
+    for t in range(steps):
+        zt, ct = z_t[t], cell_t[t]
+        torch.matmul(row_t[t], wt, out=zt)
+        zt.add_(b)
+        for k in range(4):
+            _activate(fns[k], zk[k][t], ak[k][t], adds[k], th, one_row)
+        i, g, f, o = ak[0][t], ak[1][t], ak[2][t], ak[3][t]
+        torch.mul(f, c, out=ct)
+        ct.add_(torch.mul(i, g, out=ig))
+        if clip is not None:
+            ct.clamp_(-clip, clip)
+        a_cell(ct, out=cell_out_t[t])
+        torch.mul(o, cell_out_t[t], out=h_t[t + 1])
+        c = ct
+    y = rows[1:, :, isz:].transpose(0, 1).contiguous()
+
+    def by_batch(v: torch.Tensor) -> torch.Tensor:  # [T, B, n] -> [B, T, n]
+        return v.transpose(0, 1).contiguous()
+
+    def gates(v: torch.Tensor) -> torch.Tensor:  # i, f, o of [T, B, 4C] -> [B, T, 3C]
+        return torch.cat([v[:, :, :cs], v[:, :, 2 * cs:]], dim=2).transpose(0, 1).contiguous()
+
+    tables = [[gates(z), gates(act)], [by_batch(z[:, :, cs:2 * cs]), by_batch(act[:, :, cs:2 * cs])],
+              [by_batch(cells), by_batch(cell_out)]]
+    _merge_shared_tables(spec.activations, tables)
+    _set_placeholders(node, [("h_batch", y)] + [(f"{name}_lut_{io}", tables[k][j])
+                                                for k, name in enumerate(("f", "g", "h"))
+                                                for j, io in enumerate(("in", "out"))]
+                      + [(f"c_state_{t}", c_t) for t, c_t in enumerate(cells.to(torch.float32).unbind(0))])
+    return {"Y": torch.flip(y, [1]) if spec.reverse else y, "H": y[:, -1].clone(), "C": cells[-1].clone()}
+
+
+def _activate(fn: Callable[..., torch.Tensor], z: torch.Tensor, out: torch.Tensor, add: Optional[float],
+              bound: Optional[float], one_row: bool) -> None:
+    """out <- fn(clamp(z + add)) with z, out views of a step's buffers, z left holding clamp(z + add) (`add` None:
+    nothing added, as `bound` None: no clamp), with upstream's bits.
+
+    torch runs a transcendental function (sigmoid, tanh) over a tensor in vector chunks and its last elements one
+    by one, and the two may differ in the last bit; which elements go which way depends on the tensor's layout.
+    Upstream's addition and clamp make new contiguous tensors, so where they apply to several rows the function
+    runs on such a tensor here too; one row is one contiguous run in every layout."""
+    if one_row or (add is None and bound is None):
+        if add is not None:
+            z.add_(add)
+        if bound is not None:
+            z.clamp_(-bound, bound)
+        fn(z, out=out)
+        return
+    v = z + add if add is not None else z
+    if bound is not None:
+        v = torch.clamp(v, -bound, bound)
+    z.copy_(v)
+    out.copy_(fn(v))
+
+
+def _lstm_float_differentiable(node: PyNode, spec: RnnSpec, x: torch.Tensor, h0: torch.Tensor,
+                               c0: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """`lstm_float` for a gradient-based method (a differentiable input or constant): the same operations, each
+    result a new tensor, as autograd needs (it refuses results written into buffers)."""
     w = node.get_constant("weights").betensor.to(torch.float64)
     b = node.get_constant("biases").betensor.to(torch.float64).reshape(-1)
     a_gate, a_cand, a_cell = (_act(a) for a in spec.activations)
@@ -449,7 +543,88 @@ def _set_placeholders(node: PyNode, values: List[Tuple[str, torch.Tensor]]) -> N
 
 def gru_float(node: PyNode, spec: RnnSpec, x: torch.Tensor, h0: torch.Tensor) -> Dict[str, torch.Tensor]:
     """r, z = act0([x_t, h] @ Wg^T + bg); n = act1([x_t, r*h] @ Wc^T + bc) (GRUV1: act1(x Wcx^T + bc + r*(h Wch^T
-    + bh))); h = (1 - z) * n + z * h."""
+    + bh))); h = (1 - z) * n + z * h.
+
+    As `lstm_float`: upstream's operations step by step on the same operands, their results written into buffers
+    made once per sequence (the rows [x_t, h] and [x_t, r*h] filled in place), the placeholders gathered after the
+    loop; the same bits as the step written with a new tensor per operation (tests/ops/test_recurrent_float_loop.py).
+    The pre-activations and activations are whole contiguous rows of those buffers, as upstream's are new tensors,
+    so torch's transcendental loops split them alike."""
+    cs, isz = spec.cell_size, spec.input_size
+    wt, bt = node.get_constant("weights").betensor, node.get_constant("biases").betensor
+    if torch.is_grad_enabled() and any(v.requires_grad for v in (x, h0, wt, bt)):
+        return _gru_float_differentiable(node, spec, x, h0)
+    w = wt.to(torch.float32)
+    b = bt.to(torch.float32).reshape(-1)
+    wg, wc = w[:2 * cs], w[2 * cs:3 * cs]
+    bg, bc = b[:2 * cs], b[2 * cs:3 * cs]
+    a_gate, a_cand = (_act(a) for a in spec.activations)
+    xs = torch.flip(x, [1]) if spec.reverse else x
+    batch, steps, th = int(x.shape[0]), spec.time_steps, spec.threshold
+    f32 = dict(dtype=torch.float32, device=x.device)
+    zrz = torch.empty(steps, batch, 2 * cs, **f32)
+    rz = torch.empty(steps, batch, 2 * cs, **f32)
+    pre = torch.empty(steps, batch, cs, **f32)
+    cand = torch.empty(steps, batch, cs, **f32)
+    hn = torch.zeros(steps, batch, cs, **f32)  # GRUV1's hidden candidate product; zeros for GRUV3
+    states = torch.empty(steps + 1, batch, cs, **f32)  # h before step 0, then after each step
+    states[0] = h0
+    one, zh = torch.empty(batch, cs, **f32), torch.empty(batch, cs, **f32)
+    if spec.linear_before_reset:
+        wgx, wgh, wcx, wch, bh = wg[:, :isz].t(), wg[:, isz:].t(), wc[:, :isz].t(), wc[:, isz:].t(), b[3 * cs:4 * cs]
+        gh = torch.empty(batch, 2 * cs, **f32)
+    else:
+        gate_rows = torch.empty(steps, batch, isz + cs, **f32)  # [x_t, h]
+        cand_rows = torch.empty(steps, batch, isz + cs, **f32)  # [x_t, r*h]
+        gate_rows[:, :, :isz] = xs.transpose(0, 1)
+        cand_rows[:, :, :isz] = xs.transpose(0, 1)
+        wgt, wct = wg.t(), wc.t()
+    state_t, zrz_t, rz_t, pre_t, cand_t, hn_t = (v.unbind(0) for v in (states, zrz, rz, pre, cand, hn))
+    r_t, z_t = rz[:, :, :cs].unbind(0), rz[:, :, cs:].unbind(0)
+    x_t = xs.unbind(1)
+    if not spec.linear_before_reset:
+        gate_t, gate_h = gate_rows.unbind(0), gate_rows[:, :, isz:].unbind(0)
+        cand_row_t, cand_h = cand_rows.unbind(0), cand_rows[:, :, isz:].unbind(0)
+    for t in range(steps):
+        h, zt, pt, r, z = state_t[t], zrz_t[t], pre_t[t], r_t[t], z_t[t]
+        if spec.linear_before_reset:  # as upstream sums a GRUV1's gates: (x Wgx^T + bg) + h Wgh^T
+            xt = x_t[t]
+            torch.matmul(xt, wgx, out=zt)
+            zt.add_(bg).add_(torch.matmul(h, wgh, out=gh))
+        else:
+            gate_h[t].copy_(h)
+            torch.matmul(gate_t[t], wgt, out=zt)
+            zt.add_(bg)
+        if th is not None:
+            zt.clamp_(-th, th)
+        a_gate(zt, out=rz_t[t])
+        if spec.linear_before_reset:
+            torch.matmul(h, wch, out=hn_t[t]).add_(bh)
+            torch.matmul(xt, wcx, out=pt)
+            pt.add_(bc).add_(torch.mul(r, hn_t[t], out=zh))
+        else:
+            torch.mul(r, h, out=cand_h[t])
+            torch.matmul(cand_row_t[t], wct, out=pt)
+            pt.add_(bc)
+        if th is not None:
+            pt.clamp_(-th, th)
+        a_cand(pt, out=cand_t[t])
+        torch.mul(torch.rsub(z, 1.0), cand_t[t], out=one)
+        torch.add(one, torch.mul(z, h, out=zh), out=state_t[t + 1])
+
+    def by_batch(v: torch.Tensor) -> torch.Tensor:  # [T, B, n] -> [B, T, n]
+        return v.transpose(0, 1).contiguous()
+
+    y = by_batch(states[1:])
+    _set_placeholders(node, [("state_batch", y)] + [(name, by_batch(v)) for v, name in
+                                                    zip((zrz, rz, pre, cand, hn), GRU_PLACEHOLDERS)])
+    return {"H": torch.flip(y, [1]) if spec.reverse else y, "Hn": states[-1].clone()}
+
+
+def _gru_float_differentiable(node: PyNode, spec: RnnSpec, x: torch.Tensor,
+                              h0: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """`gru_float` for a gradient-based method (a differentiable input or constant): the same operations, each
+    result a new tensor, as autograd needs."""
     cs, isz = spec.cell_size, spec.input_size
     w = node.get_constant("weights").betensor.to(torch.float32)
     b = node.get_constant("biases").betensor.to(torch.float32).reshape(-1)
