@@ -38,6 +38,7 @@ from ._quant import (
     requant_of,
     requant_scale_shift,
     set_constant,
+    set_qinvariant,
     store_requant,
     tensor_scale,
     tensor_zp,
@@ -55,7 +56,7 @@ from .onnx_build.activation_forms import (
     slope_rounding,
 )
 from .onnx_build.float_forms import requant_factor, unary_perm
-from .onnx_build.qdq_graph import QDQGraph, node_error, same_qparams
+from .onnx_build.qdq_graph import ONNX_INT_TYPES, QDQGraph, node_error, same_qparams
 
 # ONNX defaults, used when the IR leaves a parameter out.
 SELU_ALPHA = 1.67326319217681884765625
@@ -437,8 +438,23 @@ def _store_rescale(node: PyNode) -> None:
 def _quantize_linear(node: PyNode, method: str) -> None:
     if method == "CLIP":
         _clip(node, torch.zeros(1))  # validates clip_min <= clip_max
-    quantize_activation(node, node.outputs[0], output_signed(node, method))
+    q_in = params(node, node.inputs[0])
+    if q_in.qinvariant and _integer_bounds(node, method):
+        # integers (a Cast to an integer type, an index) clamped by integer bounds stay integers, as upstream's Clip
+        # keeps them: the output is the input's integer type, the rescale 1, and an index read from it stays exact
+        set_qinvariant(node, node.outputs[0], int(q_in.qbits), bool(q_in.qmin is not None and q_in.qmin < 0))
+    else:
+        quantize_activation(node, node.outputs[0], output_signed(node, method))
     _store_rescale(node)
+
+
+def _integer_bounds(node: PyNode, method: str) -> bool:
+    """Whether the method clamps to whole numbers (or to nothing: an infinite or float32-extreme CLIP bound), so
+    that integer inputs give integer outputs."""
+    if method != "CLIP":
+        return True
+    bounds = (_number(node, "clip_min"), _number(node, "clip_max"))
+    return all(math.isinf(b) or abs(b) >= 2.0 ** 63 or float(b).is_integer() for b in bounds)
 
 
 def _check_crelu_shapes(node: PyNode) -> None:
@@ -742,6 +758,31 @@ def activation_forward(self: PyNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export
+def integer_clamp_bounds(node: PyNode, method: str) -> Tuple[int, int]:
+    """[lo, hi] the integer forward clamps an integer (qinvariant) input to, for RELU, RELU6 and CLIP: the output
+    type's range (the rescale is 1), cut by the method's bounds as codes of scale 1."""
+    lo, hi = out_range(node, node.outputs[0])
+    if method in ("RELU", "RELU6"):
+        lo = max(lo, 0)
+    if method == "RELU6":
+        hi = min(hi, _quantized_bound(node, 6.0))
+    if method == "CLIP":
+        lo = max(lo, _quantized_bound(node, _number(node, "clip_min")))
+        hi = min(hi, _quantized_bound(node, _number(node, "clip_max")))
+    return int(lo), int(hi)
+
+
+def _export_integer_clamp(g: QDQGraph, node: PyNode, method: str, perm: Any) -> None:
+    """RELU/RELU6/CLIP of integers (input and output qinvariant): one integer Clip of the input's values."""
+    x, y = node.inputs[0], node.outputs[0]
+    if x.dtype not in ONNX_INT_TYPES or y.dtype != x.dtype:
+        raise node_error(node, f"integer {method} from {x.dtype} to {y.dtype} has no QDQ mapping")
+    lo, hi = integer_clamp_bounds(node, method)
+    np_type = ONNX_INT_TYPES[x.dtype][1]
+    bounds = [g.const(f"{node.name}/{k}", np.array(v, dtype=np_type)) for k, v in (("min", lo), ("max", hi))]
+    g.set_int(y, g.add("Clip", [g.int_value(x, perm), *bounds]), perm)
+
+
 @ACTIVATION.export
 @RELU_RELU6.export
 @CLIP.export
@@ -766,6 +807,9 @@ def convert_activation(g: QDQGraph, node: PyNode) -> None:
         return
     if method not in ACTIVATIONS:
         raise node_error(node, f"activation method {method} has no QDQ mapping")
+    if method in LINEAR_METHODS and params(node, x).qinvariant and params(node, y).qinvariant:
+        _export_integer_clamp(g, node, method, perm)
+        return
     if onnx_exact.try_table(g, node, perm):
         return
     if method == "PRELU" and exact_prelu(g, node, perm):
