@@ -542,9 +542,26 @@ def g_scatter(wide: bool = False) -> Any:
     return b.build(outs)
 
 
+def g_grid_sample(wide: bool = False) -> Any:
+    """GridSample of a convolution's output by a grid input reaching outside [-1, 1]: bilinear and nearest, every
+    padding mode, both corner alignments."""
+    b = GraphBuilder("grid_sample")
+    x = b.input("x", [1, 6, 7, 4])
+    grid = b.input("grid", [1, 4, 5, 2])
+    a, _ = _conv(b, x, [1, 6, 7, 4], 4, "pre")
+    outs = []
+    for method, padding, align in (("BILINEAR", "ZEROS", False), ("BILINEAR", "BORDER", True),
+                                   ("BILINEAR", "REFLECTION", False), ("BILINEAR", "REFLECTION", True),
+                                   ("NEAREST", "ZEROS", True), ("NEAREST", "REFLECTION", False)):
+        outs.append(b.layer("GridSample", [a, grid], [[1, 4, 5, 4]], name=f"{method}_{padding}_{int(align)}".lower(),
+                            params=dict(method=method, padding_mode=padding, align_corners=align)))
+    return b.build(outs)
+
+
 SMALL = {"convs": g_convs, "eltwise": g_eltwise, "activations": g_activations, "layout": g_layout,
          "matmul": g_matmul, "more": g_more, "cumulate_gather": g_cumulate_gather, "blocks": g_blocks,
-         "space_batch": g_space_batch, "sorting": g_sorting, "gemm": g_gemm, "scatter": g_scatter}
+         "space_batch": g_space_batch, "sorting": g_sorting, "gemm": g_gemm, "scatter": g_scatter,
+         "grid_sample": g_grid_sample}
 VARIANTS = {
     "default": {},
     "per_channel_asym": dict(q_mode_weight="per_channel_asymmetric", q_mode_activation="per_tensor_asymmetric"),

@@ -1,7 +1,8 @@
 """ONNX operators newer exporters write (torch's dynamo exporter keeps Einsum and writes GatherND for indexing, opset
 18+ has GroupNormalization, 23 RMSNormalization, 24 Swish): Einsum, LpNormalization, Mean and the composite
 Reduce* rewritten as other operators (frontends/onnx/decompose.py), and GatherND, TopK, GroupNormalization,
-MeanVarianceNormalization, RMSNormalization, Swish converted to one layer each (converters_more.py). Each tiny
+MeanVarianceNormalization, RMSNormalization, Swish and GridSample converted to one layer each
+(converters_more.py). Each tiny
 model is imported, its float forward compared with onnx's reference evaluator (the operator's specification), then
 quantized and run in integers."""
 from __future__ import annotations
@@ -267,6 +268,41 @@ def test_swish(tmp_path):
     assert act.params["method"] == "SWISH" and act.params["alpha"] == 1.5
 
 
+GRID_CASES = [(16, "bilinear", "zeros", 0), (16, "nearest", "border", 1), (20, "linear", "reflection", 0),
+              (20, "nearest", "zeros", 1), (16, "bilinear", "reflection", 1)]
+
+
+@pytest.mark.parametrize("opset,mode,padding,align", GRID_CASES)
+def test_grid_sample(opset, mode, padding, align, tmp_path):
+    """A channels-last GridSample layer after a convolution, the grid an input of its own (coordinates reaching
+    outside [-1, 1], so the padding modes matter)."""
+    inputs = [("x", [1, 3, 6, 7]), ("grid", [1, 4, 5, 2])]
+    w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["grid", "k"], ["g"]),
+             helper.make_node("GridSample", ["c", "g"], ["y"], mode=mode, padding_mode=padding, align_corners=align)]
+    k = numpy_helper.from_array(np.array(0.6, dtype=np.float32), "k")
+    model = _model(nodes, inputs, [("y", F)], [w, k], opset=opset)
+    reference = None
+    if mode == "bilinear":  # onnx's reference evaluator knows opset 20's names only: onnxruntime then
+        ort = pytest.importorskip("onnxruntime")
+        reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    graph = _check(model, inputs, tmp_path, atol=1e-4, reference=reference)
+    layer = next(n for n in graph.nodes if str(n.type) == "GridSample")
+    assert layer.params["padding_mode"] == padding.upper() and layer.params["align_corners"] == bool(align)
+    assert list(layer.inputs[0].ir_shape) == [1, 6, 7, 4] and list(layer.outputs[0].ir_shape) == [1, 4, 5, 4]
+
+
+@pytest.mark.parametrize("attrs,message", [({"mode": "bicubic"}, "mode bicubic is not supported"),
+                                           ({"mode": "cubic"}, "mode cubic is not supported")])
+def test_grid_sample_refusals_name_the_reason(attrs, message, tmp_path):
+    inputs = [("x", [1, 2, 4, 4]), ("grid", [1, 3, 3, 2])]
+    opset = 16 if attrs["mode"] == "bicubic" else 20
+    model = _model([helper.make_node("GridSample", ["x", "grid"], ["y"], **attrs)], inputs, [("y", F)], opset=opset)
+    with pytest.raises(UnsupportedError, match=message):
+        _imported(model, tmp_path)
+
+
 @pytest.mark.parametrize("reduction", ["none", "add", "max"])
 def test_scatter_nd(reduction, tmp_path):
     idx = numpy_helper.from_array(np.array([[1], [3]], np.int64), "idx")
@@ -337,7 +373,7 @@ def test_the_new_operators_are_listed_as_supported():
     listed = set(supported_onnx_ops())
     for op in ("Einsum", "GatherND", "TopK", "GroupNormalization", "LpNormalization", "MeanVarianceNormalization",
                "RMSNormalization", "Swish", "Mean", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "ScatterND",
-               "ScatterElements", "OneHot"):
+               "ScatterElements", "OneHot", "GridSample"):
         assert op in listed, op
 
 

@@ -45,7 +45,7 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param, keep_unrounded, keeps_float64
-from .onnx_build.exact import INT32, codes, double, fits_double
+from .onnx_build.exact import DOUBLE, INT32, INT64, codes, double, emit_integers, fits_double, round_div_int64
 from .onnx_build.perms import channels_first, inverse
 from .onnx_build.qdq_graph import FLOAT, ONNX_INT_TYPES, QDQGraph, node_error, require_same, same_qparams
 
@@ -700,6 +700,132 @@ def gridsample_quantize(self: PyNode) -> None:
     store_requant(self, *scale_shift(ratio, GRID_MULTIPLIER_BITS))
     self.params["interp_shift_value"] = INTERP_FRACTION_BITS
     self.params["interp_shift_type"] = INTERP_SHIFT_TYPE
+
+
+ONNX_GRID_MODES = {"nearest": ("nearest", "nearest"), "bilinear": ("bilinear", "linear")}
+"""IR method -> the ONNX GridSample mode before opset 20 and from it."""
+
+
+@GRIDSAMPLE.export
+def convert_gridsample(g: QDQGraph, node: PyNode) -> None:
+    """"exact" mode: the integer forward in int64 (`_exact_gridsample`). Other modes: ONNX GridSample (opset 16 or
+    later) on the dequantized channels-first feature and grid, quantized again."""
+    method, padding, align = _grid_params(node)
+    x, grid, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    if g.rank(x) != 4 or g.rank(grid) != 4:
+        raise node_error(node, "only 4-D feature maps and grids are exported")
+    if g.unit_domain:
+        _exact_gridsample(g, node, method, padding, align)
+        return
+    if g.opset < 16:
+        raise node_error(node, f"ONNX GridSample needs opset 16 or later (the export's is {g.opset})")
+    perm = channels_first(4)
+    mode = ONNX_GRID_MODES[method][1 if g.opset >= 20 else 0]
+    out = g.add("GridSample", [g.float_value(x, perm), g.float_value(grid)], mode=mode, padding_mode=padding,
+                align_corners=int(align))
+    g.quantize(y, out, perm, lossless=method == "nearest")
+
+
+def _exact_gridsample(g: QDQGraph, node: PyNode, method: str, padding: str, align: bool) -> None:
+    """`gridsample_int_forward` in int64: the grid's integers to fixed-point pixel coordinates (multiplier, then
+    round half to even by 2^(e + 1 - F)), the padding mode on them, then the nearest pixel or the four bilinear taps
+    with F-bit weights, each tap read by GatherElements from the [N, H·W, C] feature (the fill value outside the
+    image), rounded half to even by 2^(2F). The feature is read as its integers plus the zero point: the bilinear
+    weights sum to 2^(2F), so the zero point leaves the rounding unchanged and is taken off at the end."""
+    x, grid, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    n, h, w, c = (int(v) for v in x.ir_shape)
+    ho, wo = int(grid.ir_shape[1]), int(grid.ir_shape[2])
+    mult, shift = requant_of(node)
+    if not isinstance(mult, int):
+        raise node_error(node, "a per-tensor scale_value/shift_value is needed")
+    frac, zp = _interp_shift(node), tensor_zp(node, x)
+    e = max(int(shift), 0)
+
+    def i64(what: str, v: Any) -> str:
+        return g.const(f"{node.name}/{what}", np.array(v, dtype=np.int64))
+
+    def shifted(v: str, k: int, what: str) -> str:  # round_half_even(v / 2^k); v · 2^-k for k <= 0
+        return round_div_int64(g, node, v, i64(what, 1 << k)) if k > 0 else g.add("Mul", [v, i64(what, 1 << -k)])
+
+    def floor_shift(v: str, k: int, what: str) -> str:  # floor(v / 2^k): ONNX's Div truncates towards zero
+        den = i64(what, 1 << k)
+        q = g.add("Div", [v, den])
+        below = g.add("Less", [g.add("Sub", [v, g.add("Mul", [q, den])]), i64(f"{what}_zero", 0)])
+        return g.add("Sub", [q, g.add("Cast", [below], to=INT64)])
+
+    gq = g.add("Cast", [codes(g, grid)], to=INT64)  # q + zp of the grid, [N, H_out, W_out, 2]
+
+    def coordinate(index: int, size: int, what: str) -> str:
+        a, b = (size - 1, 0) if align else (size, 1)
+        part = g.add("Gather", [gq, i64(f"{what}_index", index)], axis=3)
+        num = g.add("Add", [g.add("Mul", [part, i64(f"{what}_factor", int(mult) * a * (1 << (e - int(shift))))]),
+                            i64(f"{what}_offset", (a - b) * (1 << e))])
+        return _exact_grid_padding(g, node, shifted(num, e + 1 - frac, f"{what}_step"), size, frac, padding, align,
+                                   what)
+
+    ix, iy = coordinate(0, w, "x"), coordinate(1, h, "y")
+    feature = g.add("Reshape", [g.add("Cast", [codes(g, x)], to=INT64), i64("feature_shape", [0, h * w, c])])
+    fill = i64("fill", _quantized_zero(node, x) + zp)
+
+    def pixels(yi: str, xi: str, what: str) -> str:  # feature[yi, xi] (the fill outside), [N, H_out, W_out, C]
+        def within(v: str, size: int, axis: str) -> str:
+            return g.add("And", [g.add("GreaterOrEqual", [v, i64(f"{what}_{axis}_zero", 0)]),
+                                 g.add("Less", [v, i64(f"{what}_{axis}_size", size)])])
+
+        inside = g.add("And", [within(yi, h, "y"), within(xi, w, "x")])
+        row = g.add("Clip", [yi, i64(f"{what}_row_min", 0), i64(f"{what}_row_max", h - 1)])
+        col = g.add("Clip", [xi, i64(f"{what}_col_min", 0), i64(f"{what}_col_max", w - 1)])
+        flat = g.add("Add", [g.add("Mul", [row, i64(f"{what}_width", w)]), col])
+        index = g.add("Expand", [g.add("Reshape", [flat, i64(f"{what}_index_shape", [0, ho * wo, 1])]),
+                                 i64(f"{what}_expand", [1, ho * wo, c])])
+        taken = g.add("Reshape", [g.add("GatherElements", [feature, index], axis=1),
+                                  i64(f"{what}_out_shape", [0, ho, wo, c])])
+        return g.add("Where", [g.add("Unsqueeze", [inside, i64(f"{what}_last", [3])]), taken, fill])
+
+    if method == "nearest":
+        value = pixels(shifted(iy, frac, "near_y"), shifted(ix, frac, "near_x"), "near")
+    else:
+        one = 1 << frac
+        x0, y0 = floor_shift(ix, frac, "x0"), floor_shift(iy, frac, "y0")
+        lx = g.add("Sub", [ix, g.add("Mul", [x0, i64("one_x", one)])])
+        ly = g.add("Sub", [iy, g.add("Mul", [y0, i64("one_y", one)])])
+        weights_y = [(y0, g.add("Sub", [i64("one_wy", one), ly])), (g.add("Add", [y0, i64("next_y", 1)]), ly)]
+        weights_x = [(x0, g.add("Sub", [i64("one_wx", one), lx])), (g.add("Add", [x0, i64("next_x", 1)]), lx)]
+        value = None
+        for dy, (yi, wy) in enumerate(weights_y):
+            for dx, (xi, wx) in enumerate(weights_x):
+                weight = g.add("Unsqueeze", [g.add("Mul", [wy, wx]), i64(f"tap{dy}{dx}_last", [3])])
+                tap = g.add("Mul", [weight, pixels(yi, xi, f"tap{dy}{dx}")])
+                value = tap if value is None else g.add("Add", [value, tap])
+        assert value is not None
+        value = shifted(value, 2 * frac, "bilinear_step")
+    if zp:
+        value = g.add("Sub", [value, i64("zero_point", zp)])
+    emit_integers(g, node, y, g.add("Cast", [value], to=DOUBLE), None)
+
+
+def _exact_grid_padding(g: QDQGraph, node: PyNode, c: str, size: int, frac: int, padding: str, align: bool,
+                        what: str) -> str:
+    """`_grid_pad_coordinate` on int64 fixed-point coordinates."""
+    def i64(name: str, v: int) -> str:
+        return g.const(f"{node.name}/{what}_{name}", np.array(v, dtype=np.int64))
+
+    top = (size - 1) << frac
+    if padding == "zeros":
+        return c
+    if padding == "reflection":
+        twice_low, twice_high = (0, 2 * (size - 1)) if align else (-1, 2 * size - 1)
+        if twice_low == twice_high:
+            return g.add("Mul", [c, i64("none", 0)])
+        low = twice_low * (1 << (frac - 1))
+        span = (twice_high - twice_low) << (frac - 1)
+        v = g.add("Abs", [g.add("Sub", [c, i64("low", low)])])
+        flips = g.add("Div", [v, i64("span", span)])  # v >= 0: truncation is the floor
+        extra = g.add("Sub", [v, g.add("Mul", [flips, i64("span_again", span)])])
+        even = g.add("Equal", [g.add("Mod", [flips, i64("two", 2)]), i64("zero", 0)])
+        c = g.add("Where", [even, g.add("Add", [extra, i64("low_even", low)]),
+                            g.add("Add", [g.add("Sub", [i64("span_odd", span), extra]), i64("low_odd", low)])])
+    return g.add("Clip", [c, i64("min", 0), i64("max", top)])
 
 
 # ================================================================================================ layout ops

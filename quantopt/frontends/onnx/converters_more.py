@@ -1,13 +1,13 @@
 """Converters of ONNX operators that newer exporters write and that map onto one IR layer each, as the Parser
 writes them: GatherND, ScatterND, ScatterElements, OneHot, TopK, GroupNormalization (opsets 18 and 21),
-LpNormalization with p = 2 (Normalization), MeanVarianceNormalization, RMSNormalization and Swish (the ONNX
-operators; the patterns that spell them out are fused in fusion.py)."""
+LpNormalization with p = 2 (Normalization), MeanVarianceNormalization, RMSNormalization, Swish (the ONNX
+operators; the patterns that spell them out are fused in fusion.py) and GridSample."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...quant.dtype import Dtype
-from .context import Context, ConvertError
+from .context import Context, ConvertError, nhwc
 from .converters import _activation, _axis, _inputs, _ir_axis, _keep_layout, _no_attr, converter
 from .simplify import ONode
 
@@ -155,3 +155,26 @@ def one_hot(ctx: Context, node: ONode) -> None:
                           out_dtypes=[Dtype.INT32])[0]
     ctx.emit(node, "OneHot", [indices], None,
              {"depth": int(d[0]), "values": [float(v[0]), float(v[1])], "axis": axis % rank})
+
+
+GRID_SAMPLE_MODES = {"bilinear": "BILINEAR", "linear": "BILINEAR", "nearest": "NEAREST"}
+"""ONNX GridSample modes (opset 16 names, then opset 20's) the IR layer computes."""
+
+
+@converter("GridSample")
+def grid_sample(ctx: Context, node: ONode) -> None:
+    """IR GridSample of a 4-D feature map, held channels-last as the Parser holds images (the grid [N, H_out,
+    W_out, 2] in its ONNX layout); the output channels-last too."""
+    x, grid = node.inputs[0], node.inputs[1]
+    if ctx.rank(x) != 4:
+        raise ConvertError(f"only 2-D sampling (a 4-D input) is supported, got a {ctx.rank(x)}-D input")
+    mode = str(node.attrs.get("mode", "bilinear")).lower()
+    if mode not in GRID_SAMPLE_MODES:
+        raise ConvertError(f"mode {mode} is not supported (bilinear/linear and nearest are)")
+    padding = str(node.attrs.get("padding_mode", "zeros")).lower()
+    if padding not in ("zeros", "border", "reflection"):
+        raise ConvertError(f"padding_mode {padding} is not supported (zeros, border, reflection are)")
+    params = {"method": GRID_SAMPLE_MODES[mode], "padding_mode": padding.upper(),
+              "align_corners": bool(int(node.attrs.get("align_corners", 0)))}
+    perm = nhwc(4)
+    ctx.emit(node, "GridSample", [ctx.value(x, perm), ctx.value(grid)], perm, params)
