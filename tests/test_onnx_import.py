@@ -347,13 +347,19 @@ def test_a_leaky_slope_beyond_32_bit_codes_is_refused_when_quantized(tmp_path):
 
 
 def test_attributes_onnx_shape_inference_crashes_on_are_refused_first(tmp_path):
-    """A GatherND of negative batch_dims made onnx's C++ shape inference crash the process (a segmentation fault);
-    a string attribute that is not UTF-8 failed to decode."""
+    """A GatherND of negative batch_dims made onnx's C++ shape inference crash the process (a segmentation fault),
+    a Split whose num_outputs disagrees with its outputs abort it (an assertion); a string attribute that is not
+    UTF-8 failed to decode."""
     idx = _init("idx", np.zeros((2, 1), np.int64))
     model = _make([helper.make_node("GatherND", ["x", "idx"], ["y"], name="gnd", batch_dims=-7)],
                   [_vi("x", [2, 3, 4])], [_vi("y", None)], [idx])
     with pytest.raises(IRError, match=r"node 'gnd' \(GatherND\) has batch_dims -7; it must be non-negative"):
         import_onnx(_save(model, tmp_path, "gnd.onnx"))
+    # a Split of opset 18+ whose num_outputs is not its output count: an assertion in the same C++ aborted it
+    model = _make([helper.make_node("Split", ["x"], ["a", "b"], name="halves", axis=1, num_outputs=1)],
+                  [_vi("x", [2, 4, 4])], [_vi("a", None), _vi("b", None)], opset=18)
+    with pytest.raises(IRError, match=r"node 'halves' \(Split\) has num_outputs 1 but 2 output\(s\)"):
+        import_onnx(_save(model, tmp_path, "split.onnx"))
     model = _make([helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up", mode="nearest",
                                     coordinate_transformation_mode="asymmetric")],
                   [_vi("x", [1, 1, 2, 2])], [_vi("y", None)], [_init("scales", np.array([1, 1, 2, 2], np.float32))])

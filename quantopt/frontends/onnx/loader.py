@@ -117,10 +117,9 @@ def check_structure(model: Any, path: str) -> None:
             if not isinstance(name, str):
                 raise IRError(f"not a valid ONNX model: node {node.name!r} holds a name that is not UTF-8 text "
                               f"({name!r})", file=path)
-        for attr in node.attribute:  # a value onnx's C++ shape inference crashes on (a segmentation fault)
-            if node.op_type == "GatherND" and attr.name == "batch_dims" and attr.i < 0:
-                raise IRError(f"not a valid ONNX model: node {node.name!r} (GatherND) has batch_dims {attr.i}; it "
-                              "must be non-negative", file=path)
+        problem = _crashing_attribute(node)
+        if problem:
+            raise IRError(f"not a valid ONNX model: node {node.name!r} ({node.op_type}) {problem}", file=path)
     graph = model.graph
     for kind, name in [("graph's name", graph.name)] + [
             (kind, v.name) for kind, values in (("graph input", graph.input), ("graph output", graph.output),
@@ -128,6 +127,17 @@ def check_structure(model: Any, path: str) -> None:
             for v in values]:
         if not isinstance(name, str):
             raise IRError(f"not a valid ONNX model: the {kind} {name!r} is not UTF-8 text", file=path)
+
+
+def _crashing_attribute(node: Any) -> Optional[str]:
+    """What is wrong with an attribute value the checker lets through and onnx's C++ shape inference crashes the
+    process on (a segmentation fault, an assertion), or None."""
+    for attr in node.attribute:
+        if node.op_type == "GatherND" and attr.name == "batch_dims" and attr.i < 0:
+            return f"has batch_dims {attr.i}; it must be non-negative"
+        if node.op_type == "Split" and attr.name == "num_outputs" and attr.i != len(node.output):
+            return f"has num_outputs {attr.i} but {len(node.output)} output(s); they must be equal"
+    return None
 
 
 def _check_arity(onnx: Any, model: Any, opset: int, path: str) -> None:
