@@ -1,5 +1,5 @@
 """ONNX operators newer exporters write (torch's dynamo exporter keeps Einsum and writes GatherND for indexing, opset
-18+ has GroupNormalization, 23 RMSNormalization, 24 Swish): Einsum, LpNormalization, Mean and the composite
+18+ has GroupNormalization, 23 RMSNormalization, 24 Swish): Einsum, LpNormalization, Mean, Trilu and the composite
 Reduce* rewritten as other operators (frontends/onnx/decompose.py), and GatherND, TopK, GroupNormalization,
 MeanVarianceNormalization, RMSNormalization, Swish and GridSample converted to one layer each
 (converters_more.py). Each tiny
@@ -268,6 +268,25 @@ def test_swish(tmp_path):
     assert act.params["method"] == "SWISH" and act.params["alpha"] == 1.5
 
 
+@pytest.mark.parametrize("upper,k", [(1, 0), (0, 0), (1, 2), (0, -1), (1, -7)])
+def test_trilu_of_an_activation(upper, k, tmp_path):
+    """Trilu of a computed tensor (batched, non-square) keeps its triangle as a selection: a Where layer."""
+    inputs = [("x", [2, 3, 4, 6])]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Trilu", ["r", "k"], ["y"], upper=upper)]
+    model = _model(nodes, inputs, [("y", F)], [numpy_helper.from_array(np.array(k, np.int64), "k")], opset=17)
+    graph = _check(model, inputs, tmp_path)
+    assert "Where" in _types(graph)
+
+
+def test_trilu_of_a_computed_k_is_refused(tmp_path):
+    inputs = [("x", [3, 3]), ("kf", [1])]
+    nodes = [helper.make_node("Cast", ["kf"], ["k"], to=TensorProto.INT64),
+             helper.make_node("Trilu", ["x", "k"], ["y"], name="tri")]
+    model = _model(nodes, inputs, [("y", F)], opset=17)
+    with pytest.raises(UnsupportedError, match="a k computed at run time is not supported"):
+        _imported(model, tmp_path)
+
+
 GRID_CASES = [(16, "bilinear", "zeros", 0), (16, "nearest", "border", 1), (20, "linear", "reflection", 0),
               (20, "nearest", "zeros", 1), (16, "bilinear", "reflection", 1)]
 
@@ -373,7 +392,7 @@ def test_the_new_operators_are_listed_as_supported():
     listed = set(supported_onnx_ops())
     for op in ("Einsum", "GatherND", "TopK", "GroupNormalization", "LpNormalization", "MeanVarianceNormalization",
                "RMSNormalization", "Swish", "Mean", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "ScatterND",
-               "ScatterElements", "OneHot", "GridSample"):
+               "ScatterElements", "OneHot", "GridSample", "Trilu"):
         assert op in listed, op
 
 

@@ -10,6 +10,8 @@ a short chain of layers computes them exactly as ONNX defines them.
   gives 0, as ONNX's does) and a Div (p = 2 is one Normalization layer: converters_more.py).
 - Mean → Sum and a Mul by 1/n; ReduceSumSquare → Mul(x, x) and ReduceSum; ReduceLogSum → ReduceSum and Log;
   ReduceLogSumExp → Exp, ReduceSum and Log (ONNX's definition, with no shift by the maximum).
+- Trilu of an activation (one of a constant is folded before) → Where(a constant mask of the kept triangle, x, 0):
+  a selection, which a quantized graph computes exactly.
 
 The new nodes are named after the rewritten node (its last node keeps its name and output), so the layers stay
 traceable to the ONNX file; every new tensor gets its shape and type, as the converters expect.
@@ -326,3 +328,25 @@ def reduce_composite(e: _Emitter, node: ONode) -> None:
     src = e.add("Exp", [x], shape, dtype, "exp") if node.op == "ReduceLogSumExp" else x
     total = e.add("ReduceSum", [src] + axes, out_shape, dtype, "sum", attrs)
     e.add("Log", [total], out_shape, dtype, "log", output=out)
+
+
+@rewrite("Trilu")
+def trilu(e: _Emitter, node: ONode) -> None:
+    """The triangle of the last two axes kept (upper: column - row >= k; lower: column - row <= k), the rest 0."""
+    x = node.inputs[0]
+    shape, dtype = e.shape(x), e.dtype(x)
+    if len(shape) < 2:
+        raise DecomposeError(f"an input of rank {len(shape)} (2 or more needed)")
+    k = 0
+    if len(node.inputs) > 1 and node.inputs[1]:
+        if node.inputs[1] not in e.g.consts:
+            raise DecomposeError("a k computed at run time is not supported")
+        given = np.asarray(e.g.consts[node.inputs[1]]).reshape(-1)
+        if given.size != 1:
+            raise DecomposeError(f"k must be one value, got {given.size}")
+        k = int(given[0])
+    rows, cols = shape[-2:]
+    offset = np.arange(cols)[None, :] - np.arange(rows)[:, None]
+    keep = offset >= k if int(node.attrs.get("upper", 1)) else offset <= k
+    e.add("Where", [e.const("kept", keep), x, e.const("zero", np.zeros((), dtype))], shape, dtype, "select",
+          output=node.outputs[0])
