@@ -151,6 +151,36 @@ def test_a_float_constant_of_indices_stays_exact_for_the_layer_reading_it(float_
         assert torch.equal(run_quantized(q, x)[0].to(want.dtype), want)
 
 
+def test_an_integer_tensor_of_a_float_layer_crosses_into_integer_layers_as_it_is(tmp_path) -> None:
+    """A float-island Reshape of an int32 mask read by a quantized Cast: no Quantize layer (it refused its integer
+    input, "must be float"); the mask crosses as exact integers (scale 1, zero point 0), the result equals the float
+    graph's, and the written IR reads back to the same forward (found by benchmarks/fuzz_cfg_runs.py
+    --layer-edits, docs/robustness.md)."""
+    b = GraphBuilder("mask")
+    b.input("x", [1, 6])
+    b.input("mask", [1, 6], dtype=Dtype.INT32)
+    b.layer("Reshape", ["mask"], [[1, 1, 6]], name="unsqueeze", params={"shape": [1, 1, 6]},
+            output_dtypes=[Dtype.INT32])
+    b.layer("Cast", ["unsqueeze"], [[1, 1, 6]], name="cast", params={"to_dtype": "float32"})
+    b.layer("Reshape", ["x"], [[1, 1, 6]], name="x3", params={"shape": [1, 1, 6]})
+    b.layer("Mul", ["x3", "cast"], [[1, 1, 6]], name="masked")
+    g = b.build(["masked"])
+    gen = torch.Generator().manual_seed(2)
+    data = [[torch.randn(1, 6, generator=gen), torch.randint(0, 2, (1, 6), generator=gen).to(torch.int32)]
+            for _ in range(4)]
+    q = quantize_model(g, data, per_layer={"unsqueeze": {"trigger_float_op": "float32_preferred"}})
+    assert not any(str(n.type) == "Quantize" for n in q.nodes)
+    p = q.quant.get(q.node("unsqueeze").outputs[0])
+    assert p.qinvariant and p.scale == 1.0 and p.zerop == 0
+    txt, _ = write_ir(q, str(tmp_path / "mask.txt"))
+    r = read_ir(txt)
+    for x in data:
+        want = g.forward(x)[0]
+        got = run_quantized(q, x)[0]
+        assert cosine(got, want) > 0.99
+        assert torch.equal(run_quantized(r, x)[0], got)
+
+
 @pytest.mark.parametrize("mode, min_cos", [("float32_act_int_wht", 0.999), ("float16_act_fp8e4m3fn_wht", 0.995),
                                            ("float32_act_fp4e2m1fn_wht", 0.95)])
 def test_weight_only_modes(tmp_path, mode, min_cos):

@@ -4,8 +4,10 @@
 `make_float_layer` instead of the quantize function for each float layer:
 
 - a `Quantize` layer on every edge from a float layer to an integer layer (one per tensor, shared by all integer
-  consumers), a `DeQuantize` layer on every edge from an integer layer to a float layer (one per tensor and float
-  type), and a `Cast` where a float tensor enters a layer of a narrower float type (float32 → float16/bfloat16);
+  consumers; a tensor of an integer IR type, such as a mask or an index a float layer reshaped, crosses as it is
+  and is quantized as exact integers: scale 1, zero point 0), a `DeQuantize` layer on every edge from an integer
+  layer to a float layer (one per tensor and float type),
+  and a `Cast` where a float tensor enters a layer of a narrower float type (float32 → float16/bfloat16);
   an integer consumer accepts an integer producer of another bit width as it is (as upstream does);
 - an If/Loop layer reads an integer tensor of the model (an index, a count, a condition: its IR dtype is an integer
   type) as it is, without a DeQuantize (as upstream): such a tensor is quantized as an exact integer (scale 1,
@@ -34,6 +36,7 @@ from ..graph.node import PyNode
 from ..graph.tables import quant_of
 from ..graph.tensor import PyTensor
 from ..log import OPT_INFO
+from ..ops._quant import set_qinvariant
 from ..ops.io import KEEP_IR_INTEGER
 from ..quant import minifloat
 from ..quant.dtype import Dtype
@@ -100,6 +103,8 @@ def insert_boundary_layers(graph: PyGraph, choices: Dict[str, FloatChoice]) -> L
                 as_is[id(t)] = t
                 continue
             if producer is not None and consumer is None:
+                if not t.ir_dtype.is_float:  # integers (a mask, an index) cross as they are: exact integers
+                    continue
                 if id(t) not in quantizers:
                     q = new_border_layer(graph, OpType.Quantize, _unique(f"{t.name}_quantize", taken), t,
                                    _unique(f"{t.name}_q", taken), n.layer_id, n.settings)
@@ -185,6 +190,8 @@ def make_float_layer(node: PyNode, choice: FloatChoice) -> None:
         table.drop(t)  # a float output: no quantization params
         if t.ir_dtype.is_float:
             t.dtype = t.ir_dtype = dtype
+        else:  # an integer output (a mask, an index): integer layers read it as exact integers, with no Quantize
+            set_qinvariant(node, t, t.ir_dtype.bits, t.ir_dtype.is_signed)
     for key, c in list(node.constants.items()):
         if not c.betensor.is_floating_point() or key == "biases":
             continue
