@@ -621,6 +621,16 @@ def grid_fixed_coordinate(g: torch.Tensor, size: int, multiplier: int, shift: in
     return round_shift(num, e + 1 - frac)
 
 
+def _reflection_frame(size: int, frac: int, align: bool) -> Optional[Tuple[int, int]]:
+    """(low, span) of REFLECTION padding in fixed point with `frac` fraction bits: the reflecting edges are the
+    pixel centres 0 and size-1 (align_corners) or the borders -1/2 and size-1/2; None where they coincide (one
+    pixel, aligned: every coordinate is 0)."""
+    twice_low, twice_high = (0, 2 * (size - 1)) if align else (-1, 2 * size - 1)
+    if twice_low == twice_high:
+        return None
+    return twice_low * (1 << (frac - 1)), (twice_high - twice_low) << (frac - 1)
+
+
 def _grid_pad_coordinate(c: torch.Tensor, size: int, frac: int, padding: str, align: bool) -> torch.Tensor:
     """border: clip to [0, (size-1) * 2^frac]; reflection: reflect about the edges (align: pixel centres 0 and
     size-1; else the borders -1/2 and size-1/2), then clip; zeros: unchanged."""
@@ -628,11 +638,10 @@ def _grid_pad_coordinate(c: torch.Tensor, size: int, frac: int, padding: str, al
     if padding == "zeros":
         return c
     if padding == "reflection":
-        twice_low, twice_high = (0, 2 * (size - 1)) if align else (-1, 2 * size - 1)
-        if twice_low == twice_high:
+        frame = _reflection_frame(size, frac, align)
+        if frame is None:
             return torch.zeros_like(c)
-        low = twice_low << (frac - 1)
-        span = (twice_high - twice_low) << (frac - 1)
+        low, span = frame
         v = (c - low).abs()
         flips = torch.div(v, span, rounding_mode="floor")
         extra = v - flips * span
@@ -810,22 +819,20 @@ def _exact_grid_padding(g: QDQGraph, node: PyNode, c: str, size: int, frac: int,
     def i64(name: str, v: int) -> str:
         return g.const(f"{node.name}/{what}_{name}", np.array(v, dtype=np.int64))
 
-    top = (size - 1) << frac
+    frame = _reflection_frame(size, frac, align) if padding == "reflection" else None
     if padding == "zeros":
         return c
-    if padding == "reflection":
-        twice_low, twice_high = (0, 2 * (size - 1)) if align else (-1, 2 * size - 1)
-        if twice_low == twice_high:
-            return g.add("Mul", [c, i64("none", 0)])
-        low = twice_low * (1 << (frac - 1))
-        span = (twice_high - twice_low) << (frac - 1)
+    if padding == "reflection" and frame is None:  # one pixel, aligned: every coordinate is 0
+        return g.add("Mul", [c, i64("none", 0)])
+    if frame is not None:
+        low, span = frame
         v = g.add("Abs", [g.add("Sub", [c, i64("low", low)])])
         flips = g.add("Div", [v, i64("span", span)])  # v >= 0: truncation is the floor
         extra = g.add("Sub", [v, g.add("Mul", [flips, i64("span_again", span)])])
         even = g.add("Equal", [g.add("Mod", [flips, i64("two", 2)]), i64("zero", 0)])
         c = g.add("Where", [even, g.add("Add", [extra, i64("low_even", low)]),
                             g.add("Add", [g.add("Sub", [i64("span_odd", span), extra]), i64("low_odd", low)])])
-    return g.add("Clip", [c, i64("min", 0), i64("max", top)])
+    return g.add("Clip", [c, i64("min", 0), i64("max", (size - 1) << frac)])
 
 
 # ================================================================================================ layout ops
