@@ -393,13 +393,16 @@ def g_layout(wide: bool = False) -> Any:
 
 
 def g_more(wide: bool = False) -> Any:
-    """Slice (strided, reversed), StridedSlice with shrink, Gather, Pow, Div, cubic Resize, a FAST_EXP Softmax (not
-    a graph output), ConvTranspose (8 bits: at 16 bits its sums leave float32's exact range)."""
+    """Slice (strided, reversed), StridedSlice with shrink, Gather, Pow (the exponent a param, and the Parser's
+    second input from a Constant layer), Div, cubic Resize, a FAST_EXP Softmax (not a graph output), ConvTranspose
+    (8 bits: at 16 bits its sums leave float32's exact range)."""
     b = GraphBuilder("more")
     x = b.input("x", [1, 6, 6, 4])
     a, s = _conv(b, x, [1, 6, 6, 4], 4, "pre")
     c, _ = _conv(b, x, [1, 6, 6, 4], 4, "pre_b")
     divisor = b.layer("Activation", [c], [s], name="divisor", params=dict(method="CLIP", clip_min=0.5, clip_max=2.0))
+    # the Parser's Pow: the exponent as a second input, a Constant layer of the input's shape (ONNX Pow by a constant)
+    exponent = b.layer("Constant", [], [s], name="exponent", constants={"weights": np.full(s, 3.0, np.float32)})
     outs = [b.layer("Slice", [a], [[1, 2, 6, 4]], name="slice", params=dict(begin=[0, 1, 0, 0], end=[1, 5, 6, 4],
                                                                              strides=[1, 2, 1, 1])),
             b.layer("Slice", [a], [[1, 6, 6, 4]], name="reverse", params=dict(begin=[0, 5, 0, 0], end=[1, -1, 6, 4],
@@ -410,6 +413,7 @@ def g_more(wide: bool = False) -> Any:
                     constants={"indices": np.array([3, 0, 2], np.float32)}),
             b.layer("Pow", [a], [s], name="square", params=dict(exponent=2)),
             b.layer("Pow", [a], [s], name="cube", params=dict(exponent=3)),
+            b.layer("Pow", [a, exponent], [s], name="cube_parser_form"),
             b.layer("Div", [a, divisor], [s], name="div"),
             b.layer("Resize", [a], [[1, 9, 11, 4]], name="cubic", params=dict(method="BICUBIC", mode="HALF_PIXEL"))]
     soft = b.layer("Softmax", [a], [s], name="softmax_fast", params=dict(axis=-1))

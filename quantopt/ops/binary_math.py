@@ -1025,14 +1025,19 @@ def convert_squared_difference(g: QDQGraph, node: PyNode) -> None:
 
 @POW.export
 def convert_pow(g: QDQGraph, node: PyNode) -> None:
-    """x ^ exponent (the constant param): quantopt's table as a Gather ("exact"), else the float Pow."""
-    if "exponent" not in node.params or len(node.inputs) != 1:
+    """x ^ exponent (the constant param, or the Parser's second input from a Constant layer of one value):
+    quantopt's table as a Gather ("exact"), else the float Pow."""
+    if "exponent" in node.params and len(node.inputs) == 1:
+        p: Optional[float] = float(node.get_param("exponent"))
+    else:
+        p = _constant_exponent(node)
+    if p is None:
         raise node_error(node, "only Pow with a constant exponent is quantized and exported")
     x, y = node.inputs[0], node.outputs[0]
     perm = unary_perm(g, node)
-    if onnx_exact.try_table(g, node, perm):
+    if onnx_exact.try_table(g, node, perm, first_input_only=True):  # the integer forward reads the table only
         return
-    exponent = g.const(f"{node.name}/exponent", np.array(float(node.get_param("exponent")), dtype=np.float32))
+    exponent = g.const(f"{node.name}/exponent", np.array(p, dtype=np.float32))
     g.quantize(y, g.add("Pow", [g.float_value(x, perm), exponent]), perm, exact=True)
 
 

@@ -63,12 +63,15 @@ def _run_on(node: PyNode, codes: torch.Tensor, channels: int = 0) -> Optional[to
     return y.reshape(codes.numel(), -1).to(torch.int64) if channels else y.reshape(-1).to(torch.int64)
 
 
-def code_table(node: PyNode, lo: int, hi: int, offset: int) -> Optional[np.ndarray]:
+def code_table(node: PyNode, lo: int, hi: int, offset: int, first_input_only: bool = False) -> Optional[np.ndarray]:
     """IR output integer for every ONNX input integer in [lo, hi] (IR integer = ONNX integer - `offset`, clamped to
-    the input range), from quantopt's forward; None when the layer is not a function of each integer alone."""
+    the input range), from quantopt's forward; None when the layer is not a function of each integer alone.
+    `first_input_only`: the caller knows the integer forward reads no other input (the Parser's Pow, whose second
+    input is the constant exponent its table was built from), which then stays as it is."""
     x, y = node.inputs[0], node.outputs[0]
     qx = quant_of(node).get(x)
-    if len(node.inputs) != 1 or len(node.outputs) != 1 or qx.qmin is None or hi - lo >= 1 << MAX_TABLE_BITS:
+    if (len(node.inputs) != 1 and not first_input_only) or len(node.outputs) != 1 or qx.qmin is None \
+            or hi - lo >= 1 << MAX_TABLE_BITS:
         return None
     if any(key != "lut" and c.betensor.numel() > 1 for key, c in node.constants.items()):
         return None  # per-channel constants (PRELU slopes): a function of the position too
@@ -89,8 +92,9 @@ def code_table(node: PyNode, lo: int, hi: int, offset: int) -> Optional[np.ndarr
     return forward.t().contiguous().numpy() if channels else forward.numpy()  # [C, codes] per channel
 
 
-def try_table(g: QDQGraph, node: PyNode, perm: Perm) -> bool:
-    """Export `node` as a Gather on its code table when it is one; False (nothing added) otherwise."""
+def try_table(g: QDQGraph, node: PyNode, perm: Perm, first_input_only: bool = False) -> bool:
+    """Export `node` as a Gather on its code table when it is one; False (nothing added) otherwise
+    (`first_input_only`: as `code_table`)."""
     if not g.unit_domain:
         return False
     x, y = node.inputs[0], node.outputs[0]
@@ -98,7 +102,7 @@ def try_table(g: QDQGraph, node: PyNode, perm: Perm) -> bool:
     if py.dtype not in ONNX_INT_TYPES:
         return False
     lo, hi = px.dtype.int_range()
-    table = code_table(node, lo, hi, px.offset)
+    table = code_table(node, lo, hi, px.offset, first_input_only)
     if table is None:
         return False
     values = np.clip(table + py.offset, py.qmin, py.qmax).astype(ONNX_INT_TYPES[py.dtype][1])
