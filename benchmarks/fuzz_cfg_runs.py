@@ -136,6 +136,7 @@ ONNX_INPUTS: Dict[str, Dict[str, Tuple[str, List[int]]]] = {
     "transformer_tanh": {"x": ("float", [16, 24]), "mask": ("float_mask", [16])},
     "unet": {"x": ("float", [3, 32, 32])},
     "vit_tiny": {"x": ("float", [3, 32, 32])},
+    "vision_ops": {"x": ("float", [3, 12, 12])},
 }
 """The ONNX models and their inputs without the batch dimension (kind, shape)."""
 

@@ -22,6 +22,9 @@ weights, into this folder:
   to a size that does not divide the map as GatherND and ReduceMean, PixelShuffle as DepthToSpace, F.normalize as
   ReduceL2/Clip/Expand/Div, Mish and Gelu as the ONNX operators, and an einsum kept as Einsum; the second has
   nn.MultiheadAttention, nn.RMSNorm, tanh GELU, Softplus, CumSum and LeakyReLU.
+- `vision_ops.onnx` (opset 17): F.grid_sample by a grid computed from the input (reaching outside [-1, 1],
+  reflection padding), torch.triu of an activation (Trilu), an index computed from activations (Sigmoid, Mul,
+  Cast to int64, Clip) that a torch.gather (GatherElements) reads, and a Pow by 3.
 
 The committed files were made with torch 2.13 (TorchScript exporter, but for the two dynamo ones); another torch
 version may spell some patterns differently, which is why the files themselves are committed.
@@ -371,8 +374,27 @@ class DynamoAttention(nn.Module):
         return F.softplus(y).cumsum(-1), F.leaky_relu(y, 0.2).amax(-1)
 
 
+class VisionOps(nn.Module):
+    """GridSample, Trilu of an activation, an index computed from activations, a Pow by 3 (module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.offset = nn.Conv2d(3, 2, 3, padding=1)
+        self.table = nn.Parameter(torch.randn(1, 8, 6))
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        f = F.relu(self.conv(x))
+        grid = torch.tanh(self.offset(x)).permute(0, 2, 3, 1) * 1.2
+        s = F.grid_sample(f, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
+        index = (torch.sigmoid(s.mean((2, 3))) * 6).long().clamp(max=5)
+        picked = torch.gather(self.table, 2, index[..., None]).squeeze(-1)
+        return torch.triu(s.mean(1)).pow(3), picked
+
+
 MODELS["dynamo_ops"] = (DynamoOps, lambda: (torch.randn(1, 3, 32, 32),), ["x"], ["probabilities", "peak_position"], 20)
 MODELS["dynamo_attention"] = (DynamoAttention, lambda: (torch.randn(1, 10, 32),), ["x"], ["scores", "peak_score"], 20)
+MODELS["vision_ops"] = (VisionOps, lambda: (torch.randn(1, 3, 12, 12),), ["x"], ["triangle", "picked"], 17)
 DYNAMO = {"dynamo_ops", "dynamo_attention"}
 """The models exported by torch's dynamo exporter (the others: the TorchScript one)."""
 
