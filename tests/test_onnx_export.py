@@ -562,10 +562,32 @@ def g_grid_sample(wide: bool = False) -> Any:
     return b.build(outs)
 
 
+def g_conv3d(wide: bool = False) -> Any:
+    """Convolution3D (NDHWC, weights [out_c, kh, kw, kd, in_c/group]): asymmetric pads, a stride and a dilation with
+    a fused RELU, then a grouped one, then one input channel per group."""
+    b = GraphBuilder("conv3d")
+    x = b.input("x", [1, 5, 6, 7, 4])
+
+    def conv3d(src: str, out_shape: List[int], out_c: int, in_c: int, k: Tuple[int, int, int], name: str,
+               group: int = 1, act: str = "NONE", **geo: int) -> str:
+        kd, kh, kw = k
+        params = dict(kernel_z=kd, kernel_y=kh, kernel_x=kw, group=group, num_output=out_c, with_activation=act)
+        params.update(geo)
+        return b.layer("Convolution3D", [src], [out_shape], name=name, params=params, constants={
+            "weights": _w([out_c, kh, kw, kd, in_c // group], len(name)), "biases": _w([out_c], len(name) + 1, 0.1)})
+
+    a = conv3d(x, [1, 4, 3, 7, 8], 8, 4, (3, 2, 3), "first", act="RELU", pad_z_begin=1, pad_z_end=2, pad_y_end=1,
+               pad_x_begin=1, pad_x_end=1, stride_y=2, dilation_z=2)
+    c = conv3d(a, [1, 4, 3, 7, 8], 8, 8, (1, 3, 3), "grouped", group=2, pad_y_begin=1, pad_y_end=1, pad_x_begin=1,
+               pad_x_end=1)
+    d = conv3d(c, [1, 2, 3, 7, 8], 8, 8, (3, 1, 1), "per_channel", group=8)
+    return b.build([d])
+
+
 SMALL = {"convs": g_convs, "eltwise": g_eltwise, "activations": g_activations, "layout": g_layout,
          "matmul": g_matmul, "more": g_more, "cumulate_gather": g_cumulate_gather, "blocks": g_blocks,
          "space_batch": g_space_batch, "sorting": g_sorting, "gemm": g_gemm, "scatter": g_scatter,
-         "grid_sample": g_grid_sample}
+         "grid_sample": g_grid_sample, "conv3d": g_conv3d}
 VARIANTS = {
     "default": {},
     "per_channel_asym": dict(q_mode_weight="per_channel_asymmetric", q_mode_activation="per_tensor_asymmetric"),

@@ -287,6 +287,27 @@ def test_trilu_of_a_computed_k_is_refused(tmp_path):
         _imported(model, tmp_path)
 
 
+@pytest.mark.parametrize("group,auto_pad", [(1, "NOTSET"), (2, "NOTSET"), (4, "SAME_UPPER")])
+def test_conv3d(group, auto_pad, tmp_path):
+    """A 3-D Conv (strides, dilation, asymmetric pads or SAME_UPPER, groups) with a Relu: one Convolution3D layer on
+    the channels-last input, against the reference evaluator, then quantized."""
+    inputs = [("x", [1, 4, 5, 6, 7])]
+    w = numpy_helper.from_array(np.random.default_rng(5).standard_normal((8, 4 // group, 2, 3, 3)).astype(np.float32),
+                                "w")
+    b = numpy_helper.from_array(np.random.default_rng(6).standard_normal(8).astype(np.float32), "b")
+    attrs = dict(group=group, strides=[1, 2, 1], dilations=[2, 1, 1])
+    if auto_pad == "NOTSET":
+        attrs["pads"] = [1, 0, 1, 0, 1, 2]
+    else:
+        attrs.update(auto_pad=auto_pad, dilations=[1, 1, 1])
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node("Relu", ["c"], ["y"])]
+    model = _model(nodes, inputs, [("y", F)], [w, b])
+    graph = _check(model, inputs, tmp_path, atol=1e-4)
+    layer = next(n for n in graph.nodes if str(n.type) == "Convolution3D")
+    assert layer.params["group"] == group and str(layer.params["with_activation"]).upper() == "RELU"
+    assert "Activation" not in _types(graph)
+
+
 GRID_CASES = [(16, "bilinear", "zeros", 0), (16, "nearest", "border", 1), (20, "linear", "reflection", 0),
               (20, "nearest", "zeros", 1), (16, "bilinear", "reflection", 1)]
 

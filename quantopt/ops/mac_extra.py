@@ -69,11 +69,16 @@ from ._shared import (
 )
 from .onnx_build import exact as onnx_exact
 from .onnx_build.mac import (
+    bias_value,
     dq_constant,
+    input_folded_bias,
+    mac_weight_value,
     param_vector,
     qdq_fused_activation,
+    quantize_mac_output,
     weight_dtypes,
     weight_onnx_scale,
+    wide_double_mac,
     window_sums,
 )
 from .onnx_build.perms import channels_first, operand_perm
@@ -367,7 +372,9 @@ def _conv3d(node: PyNode, x: torch.Tensor, wt: torch.Tensor, group: int, geo: _G
     need = [(k - 1) * d + 1 for k, d in zip(geo.kernel, geo.dilation)]
     if any(s < n for s, n in zip(xt.shape[2:], need)):
         raise node._error(f"padded input {list(xt.shape[2:])} (DHW) is smaller than the dilated kernel {need}")
-    y = F.conv3d(xt, wt.to(xt.dtype), None, stride=geo.stride, dilation=geo.dilation, groups=group)
+    # contiguous weights: torch's float32 grouped 3-D convolution of a channels-last input by a permuted weight view
+    # computes wrong sums (torch 2.13, CPU: tests/ops/test_conv3d_groups.py)
+    y = F.conv3d(xt, wt.to(xt.dtype).contiguous(), None, stride=geo.stride, dilation=geo.dilation, groups=group)
     return y.movedim(1, -1).contiguous()
 
 
@@ -419,6 +426,47 @@ def convolution3d_quantize(self: PyNode) -> None:
     per_channel = layer_settings(self).q_mode_weight.startswith("per_channel")
     group = int_param(self, "group", 1)
     quantize_mac(self, per_channel=per_channel, groups=1 if per_channel else int(group))  # type: ignore[arg-type]
+
+
+@CONVOLUTION3D.export
+def convert_convolution3d(g: QDQGraph, node: PyNode) -> None:
+    """"exact" mode: Σ over the kernel positions of the strided windows of the padded integers (NDHWC, float64)
+    times the block-diagonal weight matrices (`window_sums`), the bias without the input zero point, M · 2^-N and
+    Round: the integer forward's values while every sum stays below 2^53 (else a float layer, recorded). Other
+    modes: ONNX Conv (3-D) on the dequantized channels-first input and weights, quantized again."""
+    x, y = node.inputs[0], node.outputs[0]
+    if g.rank(x) != 5:
+        raise node_error(node, f"only 5-D NDHWC inputs are exported, got rank {g.rank(x)}")
+    w_q = node.get_constant("weights").betensor
+    if w_q.dim() != 5:
+        raise node_error(node, f"weights must be [out_c, kh, kw, kd, in_c/group], got shape {list(w_q.shape)}")
+    group = int_or(node, "group", 1)
+    kernel = (int(w_q.shape[3]), int(w_q.shape[1]), int(w_q.shape[2]))  # (d, h, w)
+    strides = [int_or(node, f"stride_{a}", 1) for a in "zyx"]
+    dilations = [int_or(node, f"dilation_{a}", 1) for a in "zyx"]
+    begin = [int_or(node, f"pad_{a}_begin", 0) for a in "zyx"]
+    end = [int_or(node, f"pad_{a}_end", 0) for a in "zyx"]
+    unit = g.unit_domain
+    if unit:
+        w = effective_weights(node).numpy().transpose(0, 3, 1, 2, 4)  # [O, kd, kh, kw, C/group], as NDHWC reads it
+        ratio = wide_double_mac(g, node, int(np.prod(w.shape[1:])), force=True)
+        if ratio is not None:
+            codes = onnx_exact.codes(g, x)
+            if any(begin) or any(end):
+                codes = g.add("Pad", [codes, g.ints(f"{node.name}/pads", [0, *begin, 0, 0, *end, 0])])
+            total = window_sums(g, node, codes, w, int(x.ir_shape[4]), group, [int(v) for v in y.ir_shape[1:4]],
+                                strides, dilations)
+            total = g.add("Add", [total, g.const(f"{node.name}/bias",
+                                                 input_folded_bias(node, x).astype(np.float64))])
+            onnx_exact.requantize(g, node, total, ratio, None, fused_activation_bounds(node))
+            return
+        g.float_layers.setdefault(node.name, None)  # the float32 convolution below is not bit-exact
+    cf = channels_first(5)
+    scale = weight_onnx_scale(g, node, x, y, unit)
+    conv = g.add("Conv", [g.float_value(x, cf, unit), mac_weight_value(g, node, scale, axis=0, perm=(0, 4, 3, 1, 2)),
+                          bias_value(g, node, x, scale, unit=unit)],
+                 kernel_shape=list(kernel), strides=strides, dilations=dilations, pads=begin + end, group=group)
+    quantize_mac_output(g, node, conv, cf, unit)
 
 
 # ================================================================================================ ConvTranspose(3D)
@@ -503,8 +551,8 @@ def _conv_transpose(node: PyNode, x: torch.Tensor, wt: torch.Tensor, group: int,
     """Full transposed convolution, extended by output_padding at the end of each axis, cropped by the pads;
     channels last. No bias."""
     fn = F.conv_transpose2d if len(geo.kernel) == 2 else F.conv_transpose3d
-    y = fn(x.movedim(-1, 1), wt.to(x.dtype), None, stride=geo.stride, padding=0, output_padding=0, groups=group,
-           dilation=geo.dilation)
+    y = fn(x.movedim(-1, 1), wt.to(x.dtype).contiguous(), None, stride=geo.stride, padding=0, output_padding=0,
+           groups=group, dilation=geo.dilation)  # contiguous weights: as in `_conv3d`
     if any(geo.out_pad):
         y = F.pad(y, geo.torch_pads((0,) * len(geo.out_pad), geo.out_pad))
     sizes = y.shape[2:]

@@ -124,8 +124,11 @@ def conv(ctx: Context, node: ONode) -> None:
     w = ctx.const(wname).astype(np.float32)
     if w.ndim < 3:
         raise ConvertError(f"weights '{wname}' of shape {list(w.shape)}: a convolution needs [out, in, k...]")
-    if w.ndim not in (3, 4):
-        raise ConvertError(f"{w.ndim - 2}-D convolution is not supported (1-D and 2-D are)")
+    if w.ndim == 5:
+        _conv3d(ctx, node, w)
+        return
+    if w.ndim != 4 and w.ndim != 3:
+        raise ConvertError(f"{w.ndim - 2}-D convolution is not supported (1-D, 2-D and 3-D are)")
     src, nd = _spatial_input(ctx, node, x)
     out_c, cin_g = int(w.shape[0]), int(w.shape[1])
     in_c = ctx.shape(x)[1]
@@ -148,6 +151,27 @@ def conv(ctx: Context, node: ONode) -> None:
         params["multiplier"] = out_c // in_c
     _spatial_output(ctx, node, "DepthwiseConv" if depthwise else "Convolution", src, nd, params,
                     {"weights": weights, "biases": b})
+
+
+def _conv3d(ctx: Context, node: ONode, w: np.ndarray) -> None:
+    """A 3-D Conv as the Parser writes it: a Convolution3D on the channels-last NDHWC input, weights
+    [out, kh, kw, kd, in/group], the geometry in z (D), y (H), x (W) keys with begin/end pads."""
+    x = node.inputs[0]
+    if ctx.rank(x) != 5:
+        raise ConvertError(f"3-D weights need a 5-D input, got rank {ctx.rank(x)}")
+    out_c = int(w.shape[0])
+    k = [int(v) for v in w.shape[2:]]
+    strides = [int(v) for v in node.attrs.get("strides", [1] * 3)]
+    dil = [int(v) for v in node.attrs.get("dilations", [1] * 3)]
+    begin, end = _spatial_pads(node, ctx.shape(x)[2:], k, strides, dil)
+    b = ctx.const(node.inputs[2]).astype(np.float32) if _inputs(node, 2) else np.zeros(out_c, np.float32)
+    weights = np.ascontiguousarray(np.transpose(w, (0, 3, 4, 2, 1)))  # [O, I, kd, kh, kw] -> [O, kh, kw, kd, I]
+    params: Dict[str, Any] = {"num_output": out_c, "group": int(node.attrs.get("group", 1))}
+    for i, a in enumerate("zyx"):
+        params.update({f"kernel_{a}": k[i], f"stride_{a}": strides[i], f"dilation_{a}": dil[i],
+                       f"pad_{a}_begin": int(begin[i]), f"pad_{a}_end": int(end[i])})
+    params.update(_fused(node))
+    ctx.emit(node, "Convolution3D", [ctx.value(x, nhwc(5))], nhwc(5), params, {"weights": weights, "biases": b})
 
 
 @converter("ConvTranspose")

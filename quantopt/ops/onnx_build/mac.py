@@ -18,6 +18,7 @@ Shared by the mappings of ops/conv.py, ops/linear.py, ops/batchnorm_pad.py and o
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
@@ -236,7 +237,7 @@ def quantize_mac_output(g: QDQGraph, node: PyNode, value: str, perm: Optional[Tu
         g.quantize(y, qdq_fused_activation(g, node, value), perm)
 
 
-def _wide_double_mac(g: QDQGraph, node: PyNode, inner: int, force: bool = False) -> Optional[np.ndarray]:
+def wide_double_mac(g: QDQGraph, node: PyNode, inner: int, force: bool = False) -> Optional[np.ndarray]:
     """The requant ratios when a MAC layer with wider than 8-bit inputs or weights (which onnxruntime has no
     integer kernel for; or any, with `force`) can be computed exactly in float64 (exact.py): no
     remain_shift, sums of `inner` products below 2^53, shifts small enough; None otherwise."""
@@ -254,33 +255,36 @@ def _wide_double_mac(g: QDQGraph, node: PyNode, inner: int, force: bool = False)
     return exact.exact_ratio(node)
 
 
-def window_sums(g: QDQGraph, node: PyNode, codes: str, w: np.ndarray, in_c: int, group: int, out_hw: Tuple[int, int],
-                stride: Tuple[int, int], dilation: Tuple[int, int]) -> str:
-    """Σ over kernel positions (i, j) of the strided window of `codes` (NHWC float64, already padded) times the
-    weights `w` [O, kh, kw, C/group] of that position: a MatMul with the block-diagonal [C, O] matrix, or for one
-    input channel per group (depthwise) a Gather of each output's channel and a Mul."""
-    out_c, kh, kw, per_group = w.shape
-    (oh, ow), (sy, sx), (dy, dx) = out_hw, stride, dilation
+def window_sums(g: QDQGraph, node: PyNode, codes: str, w: np.ndarray, in_c: int, group: int,
+                out_sizes: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> str:
+    """Σ over kernel positions of the strided window of `codes` (channels-last float64 [N, spatial..., C], already
+    padded) times the weights `w` [O, kernel..., C/group] of that position (as many spatial axes as `out_sizes`):
+    a MatMul with the block-diagonal [C, O] matrix, or for one input channel per group (depthwise) a Gather of each
+    output's channel and a Mul."""
+    out_c, per_group = int(w.shape[0]), int(w.shape[-1])
+    kernel = w.shape[1:-1]
+    axes = list(range(1, len(kernel) + 1))
     out_per_group = out_c // group
     source = np.arange(out_c) // out_per_group  # the input channel of each output when per_group == 1
     total = None
-    for i in range(kh):
-        for j in range(kw):
-            window = g.add("Slice", [codes, g.ints(f"{node.name}/starts", [i * dy, j * dx]),
-                                     g.ints(f"{node.name}/ends", [i * dy + (oh - 1) * sy + 1,
-                                                                  j * dx + (ow - 1) * sx + 1]),
-                                     g.ints(f"{node.name}/axes", [1, 2]), g.ints(f"{node.name}/steps", [sy, sx])])
-            if per_group == 1:
-                if out_c != in_c or not np.array_equal(source, np.arange(in_c)):
-                    window = g.add("Gather", [window, g.ints(f"{node.name}/channels", source)], axis=3)
-                term = g.add("Mul", [window, g.const(f"{node.name}/w{i}_{j}", w[:, i, j, 0].astype(np.float64))])
-            else:
-                matrix = np.zeros((in_c, out_c), dtype=np.float64)
-                for o in range(out_c):
-                    first = (o // out_per_group) * per_group
-                    matrix[first:first + per_group, o] = w[o, i, j, :]
-                term = g.add("MatMul", [window, g.const(f"{node.name}/w{i}_{j}", matrix)])
-            total = term if total is None else g.add("Add", [total, term])
+    for pos in itertools.product(*(range(k) for k in kernel)):
+        starts = [i * d for i, d in zip(pos, dilation)]
+        ends = [b + (o - 1) * s + 1 for b, o, s in zip(starts, out_sizes, stride)]
+        window = g.add("Slice", [codes, g.ints(f"{node.name}/starts", starts), g.ints(f"{node.name}/ends", ends),
+                                 g.ints(f"{node.name}/axes", axes), g.ints(f"{node.name}/steps", list(stride))])
+        tag = "_".join(map(str, pos))
+        if per_group == 1:
+            if out_c != in_c or not np.array_equal(source, np.arange(in_c)):
+                window = g.add("Gather", [window, g.ints(f"{node.name}/channels", source)], axis=len(kernel) + 1)
+            term = g.add("Mul", [window, g.const(f"{node.name}/w{tag}", w[(slice(None), *pos, 0)].astype(np.float64))])
+        else:
+            matrix = np.zeros((in_c, out_c), dtype=np.float64)
+            for o in range(out_c):
+                first = (o // out_per_group) * per_group
+                matrix[first:first + per_group, o] = w[(o, *pos)]
+            term = g.add("MatMul", [window, g.const(f"{node.name}/w{tag}", matrix)])
+        total = term if total is None else g.add("Add", [total, term])
+    assert total is not None
     return total
 
 
@@ -375,7 +379,7 @@ def conv_double(g: QDQGraph, node: PyNode, group: int, force: bool = False) -> b
     x, y = node.inputs[0], node.outputs[0]
     w = effective_weights(node).numpy()  # [O, kh, kw, C/group]
     out_c, kh, kw, per_group = w.shape
-    ratio = _wide_double_mac(g, node, kh * kw * per_group, force)
+    ratio = wide_double_mac(g, node, kh * kw * per_group, force)
     if ratio is None:
         return False
     in_c, oh, ow = int(x.ir_shape[3]), int(y.ir_shape[1]), int(y.ir_shape[2])
@@ -395,7 +399,7 @@ def conv_double(g: QDQGraph, node: PyNode, group: int, force: bool = False) -> b
 def fully_connected_double(g: QDQGraph, node: PyNode, force: bool = False) -> bool:
     x = node.inputs[0]
     w = effective_weights(node).numpy()  # [O, K]
-    ratio = _wide_double_mac(g, node, int(w.shape[1]), force)
+    ratio = wide_double_mac(g, node, int(w.shape[1]), force)
     if ratio is None:
         return False
     product = g.add("MatMul", [exact.codes(g, x), g.const(f"{node.name}/weights", w.T.astype(np.float64))])
