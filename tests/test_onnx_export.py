@@ -584,10 +584,27 @@ def g_conv3d(wide: bool = False) -> Any:
     return b.build([d])
 
 
+def g_pool3d(wide: bool = False) -> Any:
+    """Pooling3D: MAX with asymmetric pads and a dilation, AVG with pads counted and in ceil mode (windows past the
+    padded input), AVG without counting pads."""
+    b = GraphBuilder("pool3d")
+    x = b.input("x", [1, 5, 6, 7, 4])
+    outs = [b.layer("Pooling3D", [x], [[1, 4, 3, 4, 4]], name="max", params=dict(
+                method="MAX", kernel_z=2, kernel_y=3, kernel_x=2, stride_y=2, stride_x=2, dilation_z=2,
+                pad_z_begin=1, pad_y_end=1, pad_x_begin=1)),
+            b.layer("Pooling3D", [x], [[1, 3, 4, 4, 4]], name="avg_ceil", params=dict(
+                method="AVG", kernel_z=2, kernel_y=2, kernel_x=3, stride_z=2, stride_y=2, stride_x=2,
+                pad_y_begin=1, pad_x_begin=1, pad_x_end=1, ceil_mode=True, count_include_pad=True)),
+            b.layer("Pooling3D", [x], [[1, 5, 6, 7, 4]], name="avg_real", params=dict(
+                method="AVG", kernel_z=3, kernel_y=3, kernel_x=3, pad_z_begin=1, pad_z_end=1, pad_y_begin=1,
+                pad_y_end=1, pad_x_begin=1, pad_x_end=1, count_include_pad=False))]
+    return b.build(outs)
+
+
 SMALL = {"convs": g_convs, "eltwise": g_eltwise, "activations": g_activations, "layout": g_layout,
          "matmul": g_matmul, "more": g_more, "cumulate_gather": g_cumulate_gather, "blocks": g_blocks,
          "space_batch": g_space_batch, "sorting": g_sorting, "gemm": g_gemm, "scatter": g_scatter,
-         "grid_sample": g_grid_sample, "conv3d": g_conv3d}
+         "grid_sample": g_grid_sample, "conv3d": g_conv3d, "pool3d": g_pool3d}
 VARIANTS = {
     "default": {},
     "per_channel_asym": dict(q_mode_weight="per_channel_asymmetric", q_mode_activation="per_tensor_asymmetric"),

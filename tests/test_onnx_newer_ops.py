@@ -308,6 +308,29 @@ def test_conv3d(group, auto_pad, tmp_path):
     assert "Activation" not in _types(graph)
 
 
+POOL3D_CASES = [
+    ("MaxPool", dict(kernel_shape=[2, 3, 2], strides=[1, 2, 2], pads=[1, 0, 1, 0, 1, 0], dilations=[2, 1, 1])),
+    ("MaxPool", dict(kernel_shape=[2, 2, 2], strides=[2, 2, 2], ceil_mode=1)),
+    ("AveragePool", dict(kernel_shape=[3, 3, 3], pads=[1, 1, 1, 1, 1, 1], count_include_pad=0)),
+    ("AveragePool", dict(kernel_shape=[2, 2, 3], strides=[2, 2, 2], pads=[0, 1, 1, 0, 0, 1], ceil_mode=1,
+                         count_include_pad=1)),
+]
+
+
+@pytest.mark.parametrize("op,attrs", POOL3D_CASES)
+def test_pool3d(op, attrs, tmp_path):
+    """3-D MaxPool/AveragePool after a 3-D Conv: one Pooling3D layer on the channels-last input, against
+    onnxruntime, then quantized."""
+    ort = pytest.importorskip("onnxruntime")
+    inputs = [("x", [1, 3, 5, 6, 7])]
+    w = numpy_helper.from_array(np.random.default_rng(7).standard_normal((4, 3, 1, 1, 1)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node(op, ["c"], ["y"], **attrs)]
+    model = _model(nodes, inputs, [("y", F)], [w])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    graph = _check(model, inputs, tmp_path, atol=1e-5, reference=session)
+    assert "Pooling3D" in _types(graph)
+
+
 GRID_CASES = [(16, "bilinear", "zeros", 0), (16, "nearest", "border", 1), (20, "linear", "reflection", 0),
               (20, "nearest", "zeros", 1), (16, "bilinear", "reflection", 1)]
 

@@ -57,7 +57,8 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import bool_param
-from .onnx_build.exact import DOUBLE
+from .onnx_build.exact import DOUBLE, INT64, codes, emit_integers, round_div_int64
+from .onnx_build.mac import window_sums
 from .onnx_build.perms import channels_first
 from .onnx_build.qdq_graph import FLOAT, QDQGraph, QParams, int_or, node_error, same_qparams
 
@@ -741,6 +742,59 @@ def pooling3d_quantize(self: PyNode) -> None:
     check_quantized_inputs(self, self.inputs[:1])
     tensor_zp(self, self.inputs[0])
     copy_params(self, self.outputs[0], self.inputs[0])
+
+
+@POOLING3D.export
+def convert_pooling3d(g: QDQGraph, node: PyNode) -> None:
+    """MAX: MaxPool (3-D) channels-first, on the int8/uint8 codes where the output keeps the input's params (else
+    on the dequantized values, lossless); AVG, every mode: quantopt's exact rounded average (`_exact_average3d`)."""
+    method = _method3d(node)
+    x, y = node.inputs[0], node.outputs[0]
+    if g.rank(x) != 5:
+        raise node_error(node, f"only 5-D NDHWC inputs are exported, got rank {g.rank(x)}")
+    p = _params3d(node)
+    params = {"k": list(p["k"]), "s": list(p["s"]), "d": list(p["d"]), "before": [b for b, _ in p["pads"]],
+              "after": [e for _, e in p["pads"]], "sizes": [int(v) for v in x.ir_shape[1:4]], "ceil": p["ceil"],
+              "count_pad": bool_param(node, "count_include_pad", COUNT_INCLUDE_PAD_DEFAULT)}
+    if method == "AVG":
+        _exact_average3d(g, node, params)
+        return
+    cf = channels_first(5)
+    if same_qparams(node, x, y) and x.dtype.bits == 8:
+        g.set_int(y, _pool_float(g, node, "MAX", g.int_value(x, cf), 5, [2, 3, 4], params), cf)  # exact
+        return
+    g.quantize(y, _pool_float(g, node, "MAX", g.float_value(x, cf), 5, [2, 3, 4], params), cf,
+               lossless=same_qparams(node, x, y))
+
+
+def _exact_average3d(g: QDQGraph, node: PyNode, params: dict) -> None:
+    """`pool3d_ncdhw`'s integer AVG: the window sums of q + zp (the zero-padded NDHWC integers in float64, cells a
+    ceil-mode window reaches beyond the padded input padded too), divided by each window's count (real cells, or
+    real and padding ones) rounded half to even in int64, less the zero point."""
+    x, y = node.inputs[0], node.outputs[0]
+    c = int(x.ir_shape[4])
+    extras, outs = [], []
+    for i in range(3):
+        out, extra = pool_axis(params["sizes"][i], params["k"][i], params["s"][i], params["d"][i],
+                               params["before"][i], params["after"][i], params["ceil"])
+        outs.append(out)
+        extras.append(extra)
+    value = codes(g, x)
+    pads = [0, *params["before"], 0, 0, *[e + x_ for e, x_ in zip(params["after"], extras)], 0]
+    if any(pads):
+        value = g.add("Pad", [value, g.ints(f"{node.name}/pads", pads)])
+    ones = np.ones((c, *params["k"], 1), dtype=np.float64)
+    sums = window_sums(g, node, value, ones, c, c, outs, params["s"], params["d"])
+    counts = [_axis_counts(params["sizes"][i], params["before"][i], params["after"][i], extras[i], outs[i],
+                           params["k"][i], params["s"][i], params["d"][i], params["count_pad"]).numpy()
+              for i in range(3)]
+    count = (counts[0][:, None, None] * counts[1][None, :, None] * counts[2][None, None, :])[None, ..., None]
+    quotient = round_div_int64(g, node, g.add("Cast", [sums], to=INT64),
+                               g.const(f"{node.name}/counts", count.astype(np.int64)))
+    zp = tensor_zp(node, x)
+    if zp:
+        quotient = g.add("Sub", [quotient, g.const(f"{node.name}/zero_point", np.array(zp, dtype=np.int64))])
+    emit_integers(g, node, y, g.add("Cast", [quotient], to=DOUBLE), None)
 
 
 # ------------------------------------------------------------------------------------------------ arg max / unpool

@@ -230,13 +230,23 @@ def pool(ctx: Context, node: ONode) -> None:
         raise ConvertError("the Indices output is not supported")
     x = node.inputs[0]
     k = list(node.attrs["kernel_shape"])
-    if len(k) not in (1, 2):
-        raise ConvertError(f"{len(k)}-D pooling is not supported (1-D and 2-D are)")
+    if len(k) not in (1, 2, 3):
+        raise ConvertError(f"{len(k)}-D pooling is not supported (1-D, 2-D and 3-D are)")
     strides = list(node.attrs.get("strides", [1] * len(k)))
     dil = list(node.attrs.get("dilations", [1] * len(k)))
     if node.op == "AveragePool" and any(d != 1 for d in dil):
         raise ConvertError("dilated average pooling is not supported")
     begin, end = _spatial_pads(node, ctx.shape(x)[2:], k, strides, dil)
+    if len(k) == 3:  # the Parser's Pooling3D on the channels-last NDHWC input, z/y/x keys with begin/end pads
+        params3d: Dict[str, Any] = {"method": "MAX" if node.op == "MaxPool" else "AVG",
+                                    "ceil_mode": bool(node.attrs.get("ceil_mode", 0))}
+        for i, a in enumerate("zyx"):
+            params3d.update({f"kernel_{a}": int(k[i]), f"stride_{a}": int(strides[i]), f"dilation_{a}": int(dil[i]),
+                             f"pad_{a}_begin": int(begin[i]), f"pad_{a}_end": int(end[i])})
+        if node.op == "AveragePool":
+            params3d["count_include_pad"] = bool(node.attrs.get("count_include_pad", 0))
+        ctx.emit(node, "Pooling3D", [ctx.value(x, nhwc(5))], nhwc(5), params3d)
+        return
     src, nd = _spatial_input(ctx, node, x)
     params = _geom_params(_lift(k, nd, 1), _lift(strides, nd, 1), _lift(begin, nd, 0), _lift(end, nd, 0),
                           _lift(dil, nd, 1))
