@@ -601,10 +601,27 @@ def g_pool3d(wide: bool = False) -> Any:
     return b.build(outs)
 
 
+def g_convt3d(wide: bool = False, group: int = 1) -> Any:
+    """ConvTranspose3D (weights [out_c/group, kh, kw, kd, in_c]): stride 2 in H and W with output padding and a crop,
+    then one with a dilation (`group` groups: grouped ones are exported in "exact" mode only); at 16 bits their sums
+    leave float32's exact range (the float64 form)."""
+    b = GraphBuilder("convt3d")
+    x = b.input("x", [1, 3, 4, 5, 4])
+    a = b.layer("ConvTranspose3D", [x], [[1, 4, 10, 9, 6]], name="up", params=dict(
+        kernel_z=2, kernel_y=3, kernel_x=2, stride_y=2, stride_x=2, output_padding_y=1, pad_x_begin=1,
+        group=1, num_output=6, with_activation="RELU"), constants={"weights": _w([6, 3, 2, 2, 4], 31),
+                                                                    "biases": _w([6], 32, 0.1)})
+    c = b.layer("ConvTranspose3D", [a], [[1, 6, 11, 10, 6]], name="grouped", params=dict(
+        kernel_z=2, kernel_y=2, kernel_x=2, dilation_z=2, group=group, num_output=6, with_activation="NONE"),
+        constants={"weights": _w([6 // group, 2, 2, 2, 6], 33), "biases": _w([6], 34, 0.1)})
+    return b.build([c])
+
+
 SMALL = {"convs": g_convs, "eltwise": g_eltwise, "activations": g_activations, "layout": g_layout,
          "matmul": g_matmul, "more": g_more, "cumulate_gather": g_cumulate_gather, "blocks": g_blocks,
          "space_batch": g_space_batch, "sorting": g_sorting, "gemm": g_gemm, "scatter": g_scatter,
-         "grid_sample": g_grid_sample, "conv3d": g_conv3d, "pool3d": g_pool3d}
+         "grid_sample": g_grid_sample, "conv3d": g_conv3d, "pool3d": g_pool3d,
+         "convt3d": g_convt3d}
 VARIANTS = {
     "default": {},
     "per_channel_asym": dict(q_mode_weight="per_channel_asymmetric", q_mode_activation="per_tensor_asymmetric"),
@@ -805,6 +822,17 @@ def conv_transpose_graph(out_c: int, group: int, kernel: int, act: str, seed: in
         with_activation=act),
         constants={"weights": _w([out_c // group, kernel, kernel, 4], seed), "biases": _w([out_c], seed + 1, 0.1)})
     return b.build([y])
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_grouped_conv_transpose3d_is_exact(bits: int) -> None:
+    """A grouped ConvTranspose3D in "exact" mode: float32 sums of the integers at 8 bits, float64 at 16 bits."""
+    graph = g_convt3d(wide=bits == 16, group=2)
+    settings = dict(q_bits_activation=16, q_bits_bias=48) if bits == 16 else {}
+    qgraph = quantize_model(graph, [_data(graph, s, 2) for s in range(3)], settings)
+    result = measure_agreement(qgraph, _data(graph, 7, 3), per_layer=True)
+    assert result.identical == 1.0 and min(result.layers.values()) == 1.0, result.layers
+    assert not convert_graph(qgraph)[1].float_layers
 
 
 def test_grouped_conv_transpose_is_exact_in_integer_units() -> None:

@@ -308,6 +308,26 @@ def test_conv3d(group, auto_pad, tmp_path):
     assert "Activation" not in _types(graph)
 
 
+CONVT3D_CASES = [(1, dict(strides=[1, 2, 2], output_padding=[0, 1, 0], pads=[0, 0, 1, 0, 0, 1])),
+                 (2, dict(strides=[2, 1, 1], dilations=[1, 2, 1]))]
+
+
+@pytest.mark.parametrize("group,attrs", CONVT3D_CASES)
+def test_conv_transpose3d(group, attrs, tmp_path):
+    """A 3-D ConvTranspose (strides, output padding, pads, dilation, groups): one ConvTranspose3D layer on the
+    channels-last input, against onnxruntime, then quantized."""
+    ort = pytest.importorskip("onnxruntime")
+    inputs = [("x", [1, 4, 3, 4, 5])]
+    w = numpy_helper.from_array(np.random.default_rng(8).standard_normal((4, 6 // group, 2, 3, 2)).astype(np.float32),
+                                "w")
+    b = numpy_helper.from_array(np.random.default_rng(9).standard_normal(6).astype(np.float32), "b")
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], group=group, **attrs)]
+    model = _model(nodes, inputs, [("y", F)], [w, b])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    graph = _check(model, inputs, tmp_path, atol=1e-4, reference=session)
+    assert "ConvTranspose3D" in _types(graph)
+
+
 POOL3D_CASES = [
     ("MaxPool", dict(kernel_shape=[2, 3, 2], strides=[1, 2, 2], pads=[1, 0, 1, 0, 1, 0], dilations=[2, 1, 1])),
     ("MaxPool", dict(kernel_shape=[2, 2, 2], strides=[2, 2, 2], ceil_mode=1)),

@@ -982,30 +982,37 @@ def gemm_quantize(self: PyNode) -> None:
 
 # ------------------------------------------------------------------------------------------------ ONNX QDQ export
 @CONV_TRANSPOSE.export
+@CONV_TRANSPOSE3D.export
 def convert_conv_transpose(g: QDQGraph, node: PyNode) -> None:
-    """ONNX ConvTranspose channels-first (pads, output_padding, strides, dilations, group).
+    """ONNX ConvTranspose (2-D, or 3-D for ConvTranspose3D) channels-first (pads, output_padding, strides,
+    dilations, group).
 
     "exact": on the integers (input plus zero point, weights plus zero point as float32 integers, the bias without
     the input zero point), exact in float32 while every sum stays below 2^24, then the multiplier in float64 and
-    Round. Otherwise weights behind a per-output-channel DequantizeLinear (group 1 only: ONNX's axis 1 is the
-    output channel within a group)."""
+    Round; sums beyond that in float64 (`_conv_transpose_double`). Otherwise weights behind a
+    per-output-channel DequantizeLinear (group 1 only: ONNX's axis 1 is the output channel within a group)."""
     x, y = node.inputs[0], node.outputs[0]
-    if g.rank(x) != 4:
-        raise node_error(node, f"only 4-D NHWC inputs are exported, got rank {g.rank(x)}")
-    cf = channels_first(4)
+    three_d = str(node.type) == "ConvTranspose3D"
+    rank = 5 if three_d else 4
+    if g.rank(x) != rank:
+        raise node_error(node, f"only {rank}-D channels-last inputs are exported, got rank {g.rank(x)}")
+    cf = channels_first(rank)
     group = int_or(node, "group", 1)
-    w_oc = _oc_effective_weights(node, group).cpu()                # [out_c, kh, kw, in_c/g], w + zp_w
-    torch_w = _oc_to_torch(w_oc, group).numpy()                   # [in_c, out_c/g, kh, kw]
+    w_oc = _oc_effective_weights(node, group).cpu()                # [out_c, k..., in_c/g], w + zp_w
+    torch_w = _oc_to_torch(w_oc, group).numpy()                   # [in_c, out_c/g, k...] (kernel in torch order)
     out_c = int(w_oc.shape[0])
     sums = w_oc.reshape(out_c, -1).sum(dim=1).numpy()
     qx = params(node, x)
     zp_in = int(round(float(qx.zerop if not isinstance(qx.zerop, torch.Tensor) else qx.zerop.reshape(-1)[0])))
     bias = node.get_constant("biases").betensor.cpu().to(torch.int64).reshape(-1).numpy() - zp_in * sums
-    attrs = dict(kernel_shape=[int(torch_w.shape[2]), int(torch_w.shape[3])],
-                 strides=[int_or(node, "stride_y", 1), int_or(node, "stride_x", 1)],
-                 dilations=[int_or(node, "dilation_y", 1), int_or(node, "dilation_x", 1)],
-                 pads=[int_or(node, k, 0) for k in ("pad_top", "pad_left", "pad_bottom", "pad_right")],
-                 output_padding=[int_or(node, "output_padding_y", 0), int_or(node, "output_padding_x", 0)], group=group)
+    axes = "zyx" if three_d else "yx"
+    begin_keys = [f"pad_{a}_begin" for a in axes] if three_d else ["pad_top", "pad_left"]
+    end_keys = [f"pad_{a}_end" for a in axes] if three_d else ["pad_bottom", "pad_right"]
+    attrs = dict(kernel_shape=[int(v) for v in torch_w.shape[2:]],
+                 strides=[int_or(node, f"stride_{a}", 1) for a in axes],
+                 dilations=[int_or(node, f"dilation_{a}", 1) for a in axes],
+                 pads=[int_or(node, k, 0) for k in begin_keys + end_keys],
+                 output_padding=[int_or(node, f"output_padding_{a}", 0) for a in axes], group=group)
     lo, hi = qx.qmin + zp_in, qx.qmax + zp_in
     bound = max(abs(lo), abs(hi)) * int(np.abs(w_oc.reshape(out_c, -1).numpy()).sum(axis=1).max()) \
         + int(np.abs(bias).max(initial=0))
@@ -1018,7 +1025,8 @@ def convert_conv_transpose(g: QDQGraph, node: PyNode) -> None:
                                                                                torch_w.astype(np.float32)),
                                       g.const(f"{node.name}/bias", bias.astype(np.float32))], **attrs)
         onnx_exact.requantize(g, node, g.add("Cast", [acc], to=onnx_exact.DOUBLE), ratio, cf,
-                              fused_activation_bounds(node), channel_shape=(-1, 1, 1) if ratio.size > 1 else None)
+                              fused_activation_bounds(node),
+                              channel_shape=(-1,) + (1,) * (rank - 2) if ratio.size > 1 else None)
         return
     if group != 1:
         raise node_error(node, "grouped ConvTranspose is exported in the exact mode only (within float32 sums)")
@@ -1042,20 +1050,24 @@ def _conv_transpose_double(g: QDQGraph, node: PyNode, w_oc: np.ndarray, bias: np
                            ratio: np.ndarray, attrs: dict) -> None:
     """ConvTranspose in float64 as docs/semantics/mac.md states it: the integers plus zero point spread `stride` apart
     (0 between them, the integer of float 0), padded by (k - 1)·d - pad_begin and (k - 1)·d + output_padding - pad_end,
-    then a stride-1 convolution with the kernel flipped (`window_sums`), the bias and the multiplier."""
+    then a stride-1 convolution with the kernel flipped (`window_sums`), the bias and the multiplier; along every
+    spatial axis (2-D, or 3-D for ConvTranspose3D)."""
     x, y = node.inputs[0], node.outputs[0]
     shape = [int(v) for v in x.ir_shape]
+    rank = len(shape)
+    nd = rank - 2
     codes = onnx_exact.codes(g, x)
-    for axis in (1, 2):
-        k = int(attrs["kernel_shape"][axis - 1])
-        s, d = int(attrs["strides"][axis - 1]), int(attrs["dilations"][axis - 1])
-        begin, end = int(attrs["pads"][axis - 1]), int(attrs["pads"][axis + 1])
-        extra = int(attrs["output_padding"][axis - 1])
+    for axis in range(1, rank - 1):
+        i = axis - 1
+        k = int(attrs["kernel_shape"][i])
+        s, d = int(attrs["strides"][i]), int(attrs["dilations"][i])
+        begin, end = int(attrs["pads"][i]), int(attrs["pads"][nd + i])
+        extra = int(attrs["output_padding"][i])
         n = shape[axis]
         if s > 1 and n > 1:  # n, 1 → n, s → n·s, then the trailing s - 1 zeros dropped
             spread = g.add("Unsqueeze", [codes, g.ints(f"{node.name}/spread_axis", [axis + 1])])
-            pads = [0] * 10
-            pads[5 + axis + 1] = s - 1
+            pads = [0] * (2 * (rank + 1))
+            pads[rank + 1 + axis + 1] = s - 1
             spread = g.add("Pad", [spread, g.ints(f"{node.name}/spread_pads", pads)])
             merged = shape[:axis] + [n * s] + shape[axis + 1:]
             target = ([0] if g.dynamic_batch else [merged[0]]) + merged[1:]
@@ -1071,13 +1083,15 @@ def _conv_transpose_double(g: QDQGraph, node: PyNode, w_oc: np.ndarray, bias: np
                                     g.ints(f"{node.name}/crop_end", [stop]), g.ints(f"{node.name}/crop_axes", [axis])])
             shape[axis] = stop - start
         if before > 0 or after > 0:
-            pads = [0] * 8
-            pads[axis], pads[4 + axis] = max(0, before), max(0, after)
+            pads = [0] * (2 * rank)
+            pads[axis], pads[rank + axis] = max(0, before), max(0, after)
             codes = g.add("Pad", [codes, g.ints(f"{node.name}/pads", pads)])
             shape[axis] += max(0, before) + max(0, after)
-    flipped = np.ascontiguousarray(w_oc[:, ::-1, ::-1, :])
-    out_hw = (int(y.ir_shape[1]), int(y.ir_shape[2]))
-    dilation = (int(attrs["dilations"][0]), int(attrs["dilations"][1]))
-    total = window_sums(g, node, codes, flipped, int(x.ir_shape[3]), group, out_hw, (1, 1), dilation)
+    if nd == 3:  # the IR kernel (h, w, d) in the data's (d, h, w) order
+        w_oc = w_oc.transpose(0, 3, 1, 2, 4)
+    flipped = np.ascontiguousarray(w_oc[(slice(None),) + (slice(None, None, -1),) * nd])
+    out_sizes = [int(v) for v in y.ir_shape[1:rank - 1]]
+    total = window_sums(g, node, codes, flipped, int(x.ir_shape[-1]), group, out_sizes, (1,) * nd,
+                        [int(v) for v in attrs["dilations"]])
     total = g.add("Add", [total, g.const(f"{node.name}/bias", bias.astype(np.float64))])
     onnx_exact.requantize(g, node, total, ratio, None, fused_activation_bounds(node))

@@ -183,8 +183,8 @@ def conv_transpose(ctx: Context, node: ONode) -> None:
     if w.ndim < 3:
         raise ConvertError(f"weights '{wname}' of shape {list(w.shape)}: a transposed convolution needs "
                            "[in, out, k...]")
-    if w.ndim not in (3, 4):
-        raise ConvertError(f"{w.ndim - 2}-D transposed convolution is not supported (1-D and 2-D are)")
+    if w.ndim not in (3, 4, 5):
+        raise ConvertError(f"{w.ndim - 2}-D transposed convolution is not supported (1-D, 2-D and 3-D are)")
     group = int(node.attrs.get("group", 1))
     out_c = int(w.shape[1]) * group
     k = list(w.shape[2:])
@@ -209,6 +209,19 @@ def conv_transpose(ctx: Context, node: ONode) -> None:
     else:
         pads = list(node.attrs.get("pads", [0] * 2 * nd0))
         begin, end = pads[:nd0], pads[nd0:]
+    if w.ndim == 5:  # the Parser's ConvTranspose3D on the NDHWC input: weights [Cout/g, kh, kw, kd, Cin]
+        if ctx.rank(x) != 5:
+            raise ConvertError(f"3-D weights need a 5-D input, got rank {ctx.rank(x)}")
+        params3d: Dict[str, Any] = {"num_output": out_c, "group": group}
+        for i, a in enumerate("zyx"):
+            params3d.update({f"kernel_{a}": int(k[i]), f"stride_{a}": int(strides[i]), f"dilation_{a}": int(dil[i]),
+                             f"pad_{a}_begin": int(begin[i]), f"pad_{a}_end": int(end[i]),
+                             f"output_padding_{a}": int(opad[i])})
+        params3d.update(_fused(node))
+        b3 = ctx.const(node.inputs[2]).astype(np.float32) if _inputs(node, 2) else np.zeros(out_c, np.float32)
+        ctx.emit(node, "ConvTranspose3D", [ctx.value(x, nhwc(5))], nhwc(5), params3d,
+                 {"weights": np.ascontiguousarray(np.transpose(w, (1, 3, 4, 2, 0))), "biases": b3})
+        return
     src, nd = _spatial_input(ctx, node, x)
     if w.ndim == 3:
         w = w[:, :, None, :]
