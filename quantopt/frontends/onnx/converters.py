@@ -87,6 +87,17 @@ def _geom_params(kernel: Sequence[int], strides: Sequence[int], begin: Sequence[
             "dilation_y": int(dilations[0])}
 
 
+def _geom3d_params(kernel: Sequence[int], strides: Sequence[int], begin: Sequence[int], end: Sequence[int],
+                   dilations: Sequence[int]) -> Dict[str, Any]:
+    """3-D geometry in the Parser's keys (z = axis D, y = H, x = W; begin/end pads)."""
+    params: Dict[str, Any] = {}
+    for i, a in enumerate("zyx"):
+        params.update({f"kernel_{a}": int(kernel[i]), f"stride_{a}": int(strides[i]),
+                       f"dilation_{a}": int(dilations[i]), f"pad_{a}_begin": int(begin[i]),
+                       f"pad_{a}_end": int(end[i])})
+    return params
+
+
 def _spatial_input(ctx: Context, node: ONode, x: str) -> Tuple[str, int]:
     """Channels-last 4-D IR input of a 1-D or 2-D spatial op (1-D: [N, 1, W, C]); returns (tensor, spatial dims)."""
     rank = ctx.rank(x)
@@ -167,9 +178,7 @@ def _conv3d(ctx: Context, node: ONode, w: np.ndarray) -> None:
     b = ctx.const(node.inputs[2]).astype(np.float32) if _inputs(node, 2) else np.zeros(out_c, np.float32)
     weights = np.ascontiguousarray(np.transpose(w, (0, 3, 4, 2, 1)))  # [O, I, kd, kh, kw] -> [O, kh, kw, kd, I]
     params: Dict[str, Any] = {"num_output": out_c, "group": int(node.attrs.get("group", 1))}
-    for i, a in enumerate("zyx"):
-        params.update({f"kernel_{a}": k[i], f"stride_{a}": strides[i], f"dilation_{a}": dil[i],
-                       f"pad_{a}_begin": int(begin[i]), f"pad_{a}_end": int(end[i])})
+    params.update(_geom3d_params(k, strides, begin, end, dil))
     params.update(_fused(node))
     ctx.emit(node, "Convolution3D", [ctx.value(x, nhwc(5))], nhwc(5), params, {"weights": weights, "biases": b})
 
@@ -213,10 +222,8 @@ def conv_transpose(ctx: Context, node: ONode) -> None:
         if ctx.rank(x) != 5:
             raise ConvertError(f"3-D weights need a 5-D input, got rank {ctx.rank(x)}")
         params3d: Dict[str, Any] = {"num_output": out_c, "group": group}
-        for i, a in enumerate("zyx"):
-            params3d.update({f"kernel_{a}": int(k[i]), f"stride_{a}": int(strides[i]), f"dilation_{a}": int(dil[i]),
-                             f"pad_{a}_begin": int(begin[i]), f"pad_{a}_end": int(end[i]),
-                             f"output_padding_{a}": int(opad[i])})
+        params3d.update(_geom3d_params(k, strides, begin, end, dil))
+        params3d.update({f"output_padding_{a}": int(v) for a, v in zip("zyx", opad)})
         params3d.update(_fused(node))
         b3 = ctx.const(node.inputs[2]).astype(np.float32) if _inputs(node, 2) else np.zeros(out_c, np.float32)
         ctx.emit(node, "ConvTranspose3D", [ctx.value(x, nhwc(5))], nhwc(5), params3d,
@@ -253,9 +260,7 @@ def pool(ctx: Context, node: ONode) -> None:
     if len(k) == 3:  # the Parser's Pooling3D on the channels-last NDHWC input, z/y/x keys with begin/end pads
         params3d: Dict[str, Any] = {"method": "MAX" if node.op == "MaxPool" else "AVG",
                                     "ceil_mode": bool(node.attrs.get("ceil_mode", 0))}
-        for i, a in enumerate("zyx"):
-            params3d.update({f"kernel_{a}": int(k[i]), f"stride_{a}": int(strides[i]), f"dilation_{a}": int(dil[i]),
-                             f"pad_{a}_begin": int(begin[i]), f"pad_{a}_end": int(end[i])})
+        params3d.update(_geom3d_params(k, strides, begin, end, dil))
         if node.op == "AveragePool":
             params3d["count_include_pad"] = bool(node.attrs.get("count_include_pad", 0))
         ctx.emit(node, "Pooling3D", [ctx.value(x, nhwc(5))], nhwc(5), params3d)
