@@ -45,7 +45,17 @@ from ._quant import (
     tensor_zp,
 )
 from ._shared import axis_param, bool_param, keep_unrounded, keeps_float64
-from .onnx_build.exact import DOUBLE, INT32, INT64, codes, double, emit_integers, fits_double, round_div_int64
+from .onnx_build.exact import (
+    DOUBLE,
+    INT32,
+    INT64,
+    codes,
+    double,
+    emit_integers,
+    fits_double,
+    int64,
+    round_div_int64,
+)
 from .onnx_build.perms import channels_first, inverse
 from .onnx_build.qdq_graph import FLOAT, ONNX_INT_TYPES, QDQGraph, node_error, require_same, same_qparams
 
@@ -751,7 +761,7 @@ def _exact_gridsample(g: QDQGraph, node: PyNode, method: str, padding: str, alig
     e = max(int(shift), 0)
 
     def i64(what: str, v: Any) -> str:
-        return g.const(f"{node.name}/{what}", np.array(v, dtype=np.int64))
+        return int64(g, node, what, v)
 
     def shifted(v: str, k: int, what: str) -> str:  # round_half_even(v / 2^k); v · 2^-k for k <= 0
         return round_div_int64(g, node, v, i64(what, 1 << k)) if k > 0 else g.add("Mul", [v, i64(what, 1 << -k)])
@@ -817,7 +827,7 @@ def _exact_grid_padding(g: QDQGraph, node: PyNode, c: str, size: int, frac: int,
                         what: str) -> str:
     """`_grid_pad_coordinate` on int64 fixed-point coordinates."""
     def i64(name: str, v: int) -> str:
-        return g.const(f"{node.name}/{what}_{name}", np.array(v, dtype=np.int64))
+        return int64(g, node, f"{what}_{name}", v)
 
     frame = _reflection_frame(size, frac, align) if padding == "reflection" else None
     if padding == "zeros":

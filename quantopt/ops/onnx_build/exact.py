@@ -20,7 +20,7 @@ LayerNorm, Resize) sits beside that operator's mapping, since it reads the opera
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -133,6 +133,11 @@ def codes(g: QDQGraph, t: PyTensor, perm: Optional[Perm] = None) -> str:
 
 def double(g: QDQGraph, node: PyNode, what: str, value: float) -> str:
     return g.const(f"{node.name}/{what}", np.array(value, dtype=np.float64))
+
+
+def int64(g: QDQGraph, node: PyNode, what: str, value: Any) -> str:
+    """An int64 constant (a scalar or an array) named after the layer: the integer twin of `double`."""
+    return g.const(f"{node.name}/{what}", np.asarray(value, dtype=np.int64))
 
 
 def requantize(g: QDQGraph, node: PyNode, value: str, ratio: Union[float, np.ndarray], perm: Optional[Perm],
@@ -261,18 +266,15 @@ def _eltwise_int64(g: QDQGraph, node: PyNode, method: str, inputs: Sequence[PyTe
         return False
     ops = {"ADD": "Add", "SUB": "Sub", "MAX": "Max", "MIN": "Min", "MUL": "Mul"}
 
-    def int64(what: str, v: int) -> str:
-        return g.const(f"{node.name}/{what}", np.array(v, dtype=np.int64))
-
     values = []
     for i, (t, m) in enumerate(zip(inputs, muls)):
         v = g.add("Cast", [codes(g, t, perm)], to=INT64)
-        values.append(v if int(m) == 1 else g.add("Mul", [v, int64(f"input{i}_multiplier", int(m))]))
+        values.append(v if int(m) == 1 else g.add("Mul", [v, int64(g, node, f"input{i}_multiplier", int(m))]))
     acc = values[0]
     for v in values[1:]:
         acc = g.add(ops[method], [acc, v])
-    acc = acc if m_out == 1 else g.add("Mul", [acc, int64("multiplier", m_out)])
-    result = acc if shift == 0 else round_div_int64(g, node, acc, int64("divisor", 1 << shift))
+    acc = acc if m_out == 1 else g.add("Mul", [acc, int64(g, node, "multiplier", m_out)])
+    result = acc if shift == 0 else round_div_int64(g, node, acc, int64(g, node, "divisor", 1 << shift))
     zp = tensor_zp(node, node.outputs[0])
     result = g.add("Cast", [result], to=DOUBLE)
     result = result if not zp else g.add("Sub", [result, double(g, node, "output_zero_point", float(zp))])
@@ -402,15 +404,12 @@ def reduce_sum(g: QDQGraph, node: PyNode, method: str, perm: Perm, axes: Sequenc
 def round_div_int64(g: QDQGraph, node: PyNode, value: str, den: str) -> str:
     """round_half_even(value / den) for int64 `value` and den > 0 (broadcast; 2·den below 2^63): floor division
     from ONNX's truncating Div, then the remainder decides (above half, or half with an odd quotient: up)."""
-    def int64(what: str, v: int) -> str:
-        return g.const(f"{node.name}/{what}", np.array(v, dtype=np.int64))
-
     truncated = g.add("Div", [value, den])
     rest = g.add("Sub", [value, g.add("Mul", [truncated, den])])
-    negative = g.add("Less", [rest, int64("zero", 0)])
-    quotient = g.add("Where", [negative, g.add("Sub", [truncated, int64("one", 1)]), truncated])
-    twice_rest = g.add("Mul", [g.add("Where", [negative, g.add("Add", [rest, den]), rest]), int64("two", 2)])
-    odd = g.add("Equal", [g.add("Mod", [quotient, int64("two_mod", 2)]), int64("one_odd", 1)])
+    negative = g.add("Less", [rest, int64(g, node, "zero", 0)])
+    quotient = g.add("Where", [negative, g.add("Sub", [truncated, int64(g, node, "one", 1)]), truncated])
+    twice_rest = g.add("Mul", [g.add("Where", [negative, g.add("Add", [rest, den]), rest]), int64(g, node, "two", 2)])
+    odd = g.add("Equal", [g.add("Mod", [quotient, int64(g, node, "two_mod", 2)]), int64(g, node, "one_odd", 1)])
     up = g.add("Or", [g.add("Greater", [twice_rest, den]), g.add("And", [g.add("Equal", [twice_rest, den]), odd])])
     return g.add("Add", [quotient, g.add("Cast", [up], to=INT64)])
 
