@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, List
 
+import numpy as np
+
 from quantopt.graph.node import PyNode
 from quantopt.graph.tables import TensorQuant, quant_of
 from quantopt.graph.tensor import PyTensor
@@ -31,8 +33,9 @@ def set_quant(node: PyNode, t: PyTensor, **fields: Any) -> TensorQuant:
 
 def checked_requantization_bounds(monkeypatch) -> List[int]:
     """Make every `Requantizer` call given a bound assert it against the values it requantizes, and every table
-    lookup told its codes are in range assert that (the bounds a recurrent step proves from its ranges); the
-    returned list counts the checks."""
+    lookup told its codes are in range assert that (the bounds a recurrent step proves from its ranges), in the
+    torch steps and the numpy steps (ops/_recurrent_steps.py) alike; the returned list counts the checks."""
+    from quantopt.ops._recurrent_steps import StepLookup, StepRequant
     from quantopt.quant.lut import PreparedLut
     from quantopt.quant.requant import Requantizer
 
@@ -60,7 +63,25 @@ def checked_requantization_bounds(monkeypatch) -> List[int]:
             checked.append(1)
         return plain_take(self, index) if dtype is None else plain_take(self, index, dtype)
 
+    plain_biased = StepRequant._biased
+    plain_step_lookup = StepLookup.__call__
+
+    def biased(self, acc):
+        if acc.size:
+            assert float(np.abs(acc).max()) <= self.bound
+            checked.append(1)
+        return plain_biased(self, acc)
+
+    def step_lookup(self, positions):  # positions of codes clamped to a range the table covers
+        if positions.size:
+            entries = (positions >> self.shift) + self.base + (1 if self.shift else 0)  # the last entry read
+            assert 0 <= int(positions.min()) and int(entries.max()) < self.table.size
+            checked.append(1)
+        return plain_step_lookup(self, positions)
+
     monkeypatch.setattr(Requantizer, "__call__", call)
+    monkeypatch.setattr(StepRequant, "_biased", biased)
+    monkeypatch.setattr(StepLookup, "__call__", step_lookup)
     monkeypatch.setattr(PreparedLut, "__call__", lookup)
     monkeypatch.setattr(PreparedLut, "take_indexed", take)
     return checked

@@ -13,7 +13,7 @@ placeholders (calibration/collect.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -57,6 +57,7 @@ from ._quant import (
     tensor_zp,
     values_absmax,
 )
+from ._recurrent_steps import gru_steps, lstm_steps
 from ._shared import unrounded_input
 from .onnx_build.exact import DOUBLE, INT64, codes
 from .onnx_build.qdq_graph import FLOAT, QDQGraph, node_error
@@ -1508,6 +1509,8 @@ class _LstmPlan:
     steps: List[Tuple[Requantizer, Requantizer, Requantizer, Requantizer]]
     """per step: the requantizations of i·g, f·c, the cell input and the cell state (their shifts move with the
     step's diff_shifts)"""
+    numpy_forms: Dict[tuple, Any] = field(default_factory=dict)
+    """the steps' numpy forms by their bounds (ops/_recurrent_steps.py)"""
 
 
 def _lstm_upstream_plan(node: PyNode, spec: RnnSpec, device: torch.device) -> _LstmPlan:
@@ -1582,6 +1585,11 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     state_max = max(-(qmin + 1), qmax)  # h and c after a step: requantized into [qmin + 1, qmax]
     h_max, c_max = values_absmax(h), values_absmax(c)
     acc_max = values_absmax(x_part) + INT32_BOUND if plan.bits == 8 else INT32_BOUND  # 16 bits: clamped to int32
+    stepped = lstm_steps(plan, x_part, h, c, max(h_max, c_max, state_max), acc_max)  # small CPU steps: numpy
+    if stepped is not None:
+        y, c_last = stepped
+        finals = {"Y": torch.flip(y, [1]) if spec.reverse else y, "H": y[:, -1].contiguous(), "C": c_last}
+        return [finals[name] for name in spec.out_sequence]
     gate_max = plan.gate_luts.absmax
     gates_in_range = _codes_in_table(plan.gate_luts, plan.gates)
     cell_in_range = all(_codes_in_table(plan.cell_lut, step[2]) for step in plan.steps)
@@ -1843,6 +1851,8 @@ class _GruPlan:
     """linear_before_reset: the hidden candidate's requantization"""
     lut_rz: PreparedLut
     lut_c: PreparedLut
+    numpy_forms: Dict[tuple, Any] = field(default_factory=dict)
+    """the steps' numpy forms by their bounds (ops/_recurrent_steps.py)"""
 
 
 def _gru_upstream_plan(node: PyNode, spec: RnnSpec, device: torch.device) -> _GruPlan:
@@ -1911,6 +1921,10 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     z_max = values_absmax(xg_all) + INT32_BOUND + values_absmax(plan.bg)
     z2_max = values_absmax(xc_all) + INT32_BOUND + values_absmax(plan.bc)
     bh_max, rz_max, c_max = values_absmax(plan.bh), plan.lut_rz.absmax, plan.lut_c.absmax
+    stepped = gru_steps(plan, xg_all, xc_all, h, max(h_max, state_max), z_max, z2_max)  # small CPU steps: numpy
+    if stepped is not None:
+        finals = {"H": torch.flip(stepped, [1]) if spec.reverse else stepped, "Hn": stepped[:, -1].contiguous()}
+        return [finals[name] for name in spec.out_sequence]
     rz_in_range, c_in_range = _codes_in_table(plan.lut_rz, plan.z), _codes_in_table(plan.lut_c, plan.z2)
     rz_lookup = _CodeLookup(plan.lut_rz, rz_in_range, int(x.shape[0]), 2 * cs, x.device)
     c_lookup = _CodeLookup(plan.lut_c, c_in_range, int(x.shape[0]), cs, x.device)

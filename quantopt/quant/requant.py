@@ -333,6 +333,24 @@ class Requantizer:
             y = y - minus
         return y.to(torch.float64) if as_float64 else y
 
+    def float64_form(self, bound: int, columns: int) -> Optional[Tuple[Union[float, np.ndarray], bool]]:
+        """(the factor M·2^-shift, a float or a float64 array broadcasting over `columns` columns; whether the clamp
+        can change a value) of this requantization's rounding by addition for accumulators of `columns` columns
+        with |acc| <= `bound`, or None where that rounding does not apply (|acc · M| < 2^53 and |acc · factor| <
+        2^50 must follow from the bound). For a caller that steps through small numpy arrays of float64 integers
+        (ops/_recurrent_steps.py): the same arithmetic as `_requantize_small_int`, whose values it gives."""
+        if not self._small or bound * self.m_absmax >= FLOAT64_EXACT \
+                or bound * self._factor_absmax >= MAGIC_SCALED_BOUND:
+            return None
+        if isinstance(self.factor, float):
+            return self.factor, math.ceil(bound * self._factor_absmax) > self._room
+        factor = self.factor.detach().cpu().to(torch.float64).numpy()
+        if factor.ndim > 2 or (factor.ndim == 2 and factor.shape[0] != 1) or \
+                (factor.ndim and factor.shape[-1] not in (1, columns)):
+            return None
+        return factor.reshape(-1) if factor.ndim else float(factor), \
+            math.ceil(bound * self._factor_absmax) > self._room
+
     def _small_call(self, acc: torch.Tensor, bound: int, minus: Union[int, torch.Tensor],
                     as_float64: bool) -> Optional[Tuple[bool, Union[int, float, torch.Tensor]]]:
         """(whether to clamp, the subtrahend) of `_requantize_small_int` for calls like this one (the same shape,

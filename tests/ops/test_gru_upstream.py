@@ -214,17 +214,23 @@ def ref_gru(node, x: np.ndarray, h0: np.ndarray, bits: int) -> Dict[str, np.ndar
     return {k: np.array(v, dtype=np.int64) for k, v in out.items()}
 
 
-@pytest.mark.parametrize("small_steps", [True, False])
+@pytest.mark.parametrize("steps", ["numpy", "small", "int64"])
 @pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("optype,params,wmode", CASES)
 def test_integer_forward_matches_reference(monkeypatch, optype: str, params: Dict[str, Any], wmode: str, bits: int,
-                                           small_steps: bool) -> None:
-    """Bit for bit against the reference, with the small-step path (codes requantized straight to table positions)
-    and without it (codes looked up from their values)."""
-    if not small_steps:
-        from quantopt.ops import recurrent
+                                           steps: str) -> None:
+    """Bit for bit against the reference: the numpy steps (ops/_recurrent_steps.py), the torch steps' small-step
+    path (codes requantized straight to table positions, the state in float64) and their int64 path (codes looked up
+    from their values, the state int64)."""
+    from quantopt.ops import _recurrent_steps, recurrent
 
+    if steps != "numpy":
+        monkeypatch.setattr(_recurrent_steps, "NUMPY_STEP_VALUES", 0)
+    if steps == "int64":
         monkeypatch.setattr(recurrent, "SMALL_CONVERSION", 0)
+    stepped = []  # whether the numpy steps ran (they apply to these small cells unless turned off)
+    plain = recurrent.gru_steps
+    monkeypatch.setattr(recurrent, "gru_steps", lambda *a: stepped.append(plain(*a)) or stepped[-1])
     _, _, qg = quantized(optype, params, bits, wmode)
     qg.forward(feeds(14, optype, n=3, x_std=1.5, h_scale=0.8))
     node = qg.node("op")
@@ -233,13 +239,21 @@ def test_integer_forward_matches_reference(monkeypatch, optype: str, params: Dic
     for name, t in zip(node.params["out_sequence"], node.outputs):
         assert t.betensor.dtype == torch.int64
         np.testing.assert_array_equal(t.betensor.numpy(), want[name], err_msg=name)
+    assert stepped and all((v is not None) == (steps == "numpy") for v in stepped)
 
 
+@pytest.mark.parametrize("numpy_steps", [True, False])
 @pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("optype,params,wmode", CASES)
-def test_requantization_bounds_hold(monkeypatch, optype: str, params: Dict[str, Any], wmode: str, bits: int) -> None:
+def test_requantization_bounds_hold(monkeypatch, optype: str, params: Dict[str, Any], wmode: str, bits: int,
+                                    numpy_steps: bool) -> None:
     """The bound each step gives a requantization (from clamps, table entries and weight sums) is at least the
-    largest |value| it requantizes, on inputs far outside the calibrated range too."""
+    largest |value| it requantizes, on inputs far outside the calibrated range too, in the numpy steps and the
+    torch steps."""
+    from quantopt.ops import _recurrent_steps
+
+    if not numpy_steps:
+        monkeypatch.setattr(_recurrent_steps, "NUMPY_STEP_VALUES", 0)
     checked = checked_requantization_bounds(monkeypatch)
     _, _, qg = quantized(optype, params, bits, wmode)
     for x_std in (1.5, 20.0):

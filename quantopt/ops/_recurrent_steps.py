@@ -1,0 +1,386 @@
+"""The integer steps of small recurrent cells (upstream's BasicLSTM and GRU forms) on numpy float64 arrays.
+
+Why: a cell of a few hundred gate values per step costs its kernel calls, not its arithmetic. The torch form of a
+step (ops/recurrent.py) is some forty torch calls of about a microsecond each plus the bookkeeping of its
+requantizations; the same step as numpy calls on small float64 arrays costs about a third of that (a numpy
+element-wise call on 256 values takes 0.3-0.6 µs here, torch's 0.7-1.3 µs). A model of small LSTM or GRU cells (a
+voice-activity detector, a CRNN head) then runs its integer forward in about its float forward's time instead of
+three times it.
+
+The values are the torch form's, bit for bit: every value of a step is an integer held exactly in float64 (the
+int32 clamps, the tables' entries and their products, each below 2^53 by the bounds the steps prove: the same bounds
+as the torch form's), products of integers by weights are float64 GEMMs whose partial sums are exact integers (so
+any summation order gives them), and every requantization is `Requantizer`'s rounding by addition: acc · M·2^-shift
+(exact) plus 1.5·2^52 rounds half to even in one float64 addition (`Requantizer.float64_form`). Where a bound does
+not prove that, a table is not a direct one or a code could fall outside it, the step runs in torch as before
+(`lstm_steps`/`gru_steps` return None). `tests/ops/test_lstm_upstream.py` and `test_gru_upstream.py` check both forms
+against an independent Python-integer reference.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from ..quant.lut import PreparedLut
+from ..quant.requant import Requantizer
+from ..quant.rounding import _MAGIC, _MAGIC_BITS, FLOAT64_EXACT
+from ._int8_gemm import IntMatmul
+
+NUMPY_STEP_VALUES = 4096
+"""Most values a step's widest tensor (rows x gate columns) may hold for the numpy steps; larger steps (a batch of
+many rows) are worth torch's kernels and the int8 GEMM. 0 turns the numpy steps off (tests compare both forms)."""
+
+NUMPY_STEP_WEIGHTS = 1 << 18
+"""Most hidden-state weights (all of a cell's hidden products together) for which the numpy steps' float64 products
+replace torch's int8 GEMM: measured on one core, a cell of 256 units is faster in numpy (an LSTM's steps 7.4 against
+10.5 ms for 50 steps, a GRU's 4.9 against 12.4 ms), one of 384 or 512 is not (its 1.2-2 M float64 weights read per
+step cost more than the kernel calls saved). Where no int8 GEMM runs the torch steps take a float64 product too."""
+
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+INT32_BOUND = 2 ** 31
+
+RESET_RANGE = 2 ** 49
+"""The GRU reset product's clamp (none in effect: |r · h| / 2^bits < 2^45 wherever the numpy steps apply)."""
+
+FORMS_KEPT = 16
+"""Sets of step forms (by their bounds) a layer's plan keeps."""
+
+
+@dataclass(frozen=True)
+class StepRequant:
+    """clamp(round_half_even(acc · factor) - zp, qmin, qmax) of float64 integers with |acc| <= `bound`: a
+    `Requantizer` prepared for numpy arrays (`Requantizer.float64_form`)."""
+
+    factor: Union[float, np.ndarray]
+    lo: float
+    """qmin + zp + 1.5·2^52: the clamp on the biased sum"""
+    hi: float
+    clamp: bool
+    sub: float
+    """1.5·2^52 + zp: what leaves the value"""
+    bits_sub: Union[int, np.ndarray]
+    """1.5·2^52's bit pattern + zp + the table offsets: what leaves a table position from the biased sum's bits"""
+    bound: int
+
+    def _biased(self, acc: np.ndarray) -> np.ndarray:
+        y = np.multiply(acc, self.factor)
+        y += _MAGIC
+        if self.clamp:
+            np.maximum(y, self.lo, out=y)
+            np.minimum(y, self.hi, out=y)
+        return y
+
+    def values(self, acc: np.ndarray) -> np.ndarray:
+        """The requantized integers, as float64."""
+        y = self._biased(acc)
+        y -= self.sub
+        return y
+
+    def positions(self, acc: np.ndarray) -> np.ndarray:
+        """The requantized codes less the table offsets given to `step_requant` (int64 table positions)."""
+        return self._biased(acc).view(np.int64) - self.bits_sub
+
+
+def step_requant(rq: Requantizer, bound: int, columns: int, offsets: Union[int, np.ndarray] = 0
+                 ) -> Optional[StepRequant]:
+    """`rq` prepared for numpy accumulators of `columns` columns with |acc| <= `bound`, its positions less
+    `offsets`; None where its rounding by addition does not apply."""
+    form = rq.float64_form(bound, columns)
+    if form is None:
+        return None
+    factor, clamp = form
+    _, _, zerop_out, qmin, qmax = rq.args
+    zp = int(zerop_out)
+    return StepRequant(factor, float(int(qmin) + zp) + _MAGIC, float(int(qmax) + zp) + _MAGIC, clamp, _MAGIC + zp,
+                       _MAGIC_BITS + zp + offsets, bound)
+
+
+@dataclass(frozen=True)
+class StepLookup:
+    """The table lookup (`PreparedLut`) of the codes a `StepRequant` gives, all within the table's input range: one
+    gather where the table is direct, else the interpolation between two entries (floored, as `PreparedLut`)."""
+
+    table: np.ndarray
+    """the padded table(s), float64 (exact: table entries are small integers)"""
+    clamp: Optional[Tuple[float, float]]
+    shift: int
+    """input bits beyond the table's (0: direct)"""
+    base: Union[int, np.ndarray]
+    """interpolated: where each column's table starts in the padded stack"""
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        if not self.shift:
+            value = self.table.take(positions)
+        else:  # positions are the codes less the input offset: table entry hi, and lo of 2^shift steps to the next
+            hi = positions >> self.shift
+            lo = (positions & ((1 << self.shift) - 1)).astype(np.float64)
+            hi += self.base
+            value = self.table.take(hi)
+            step = self.table.take(hi + 1)
+            step -= value
+            step *= lo
+            step *= 2.0 ** -self.shift
+            value += np.floor(step, out=step)
+        if self.clamp is not None:
+            np.maximum(value, self.clamp[0], out=value)
+            np.minimum(value, self.clamp[1], out=value)
+        return value
+
+
+def table_step(lut: PreparedLut, rq: Requantizer, bound: int, columns: int
+               ) -> Optional[Tuple[StepRequant, StepLookup]]:
+    """The requantization `rq` of accumulators of `columns` columns (|acc| <= `bound`) straight to positions in
+    `lut` (or, for an interpolating table, to codes less its input offset), and the lookup there; None unless the
+    table covers every code `rq` can give."""
+    _, _, _, qmin, qmax = rq.args
+    if not lut.covers(int(qmin), int(qmax)):
+        return None
+    offsets = lut.index_offset(columns, torch.device("cpu"))
+    offsets = offsets.numpy().astype(np.int64) if isinstance(offsets, torch.Tensor) else int(offsets)
+    base: Union[int, np.ndarray] = 0
+    shift = 0 if lut.direct else lut.in_bits - lut.table_bits
+    if shift:  # index_offset is the input offset less each column's table start
+        base, offsets = lut.offset - offsets, lut.offset
+    codes = step_requant(rq, bound, columns, offsets)
+    if codes is None:
+        return None
+    clamp = (float(lut.out_range[0]), float(lut.out_range[1])) if lut.clamped else None
+    return codes, StepLookup(lut.padded.cpu().to(torch.float64).numpy(), clamp, shift, base)
+
+
+def _weights(w: torch.Tensor, bound: int, col_absmax: int) -> Optional[np.ndarray]:
+    """A weight matrix [K, N] as float64 for products with operands |a| <= `bound`, where every partial sum is an
+    exact integer (bound · max column sum of |w| < 2^53); else None."""
+    if bound * col_absmax >= FLOAT64_EXACT:
+        return None
+    return w.cpu().to(torch.float64).numpy()
+
+
+def _applies(rows: int, columns: int, device: torch.device, *products: IntMatmul) -> bool:
+    """Whether the numpy steps run: on the CPU, for steps of at most NUMPY_STEP_VALUES values, and hidden products
+    of at most NUMPY_STEP_WEIGHTS weights where the torch steps would take the int8 GEMM."""
+    int8 = any(p.w8 is not None for p in products)
+    weights = sum(int(p.w.numel()) for p in products)
+    return device.type == "cpu" and 0 < rows * columns <= NUMPY_STEP_VALUES and \
+        (not int8 or weights <= NUMPY_STEP_WEIGHTS)
+
+
+def _kept(cache: Dict[tuple, object], key: tuple, build) -> object:
+    if key not in cache:
+        if len(cache) >= FORMS_KEPT:
+            cache.clear()
+        cache[key] = build()
+    return cache[key]
+
+
+def _clamp32(v: np.ndarray) -> np.ndarray:
+    np.maximum(v, INT32_MIN, out=v)
+    np.minimum(v, INT32_MAX, out=v)
+    return v
+
+
+def _numpy(v: torch.Tensor) -> np.ndarray:
+    return v.detach().cpu().to(torch.float64).numpy()
+
+
+# ---------------------------------------------------------------------------------------------------------- BasicLSTM
+@dataclass(frozen=True)
+class _LstmForms:
+    wh: np.ndarray
+    hidden: List[StepRequant]
+    clamp_acc: bool
+    gates: StepRequant
+    gate_lookup: StepLookup
+    steps: List[Tuple[StepRequant, StepRequant, bool, StepRequant, StepRequant, StepRequant]]
+    """per step: i·g, f·c, whether c_tmp is clamped to int32, the cell input (positions), h, c"""
+    cell_lookup: StepLookup
+
+
+def _lstm_forms(plan, rows: int, state_bound: int, acc_max: int) -> Optional[_LstmForms]:
+    """The numpy forms of an upstream-form LSTM plan's steps for states |h|, |c| <= `state_bound` and gate
+    accumulators |acc| <= `acc_max`: the torch form's bounds, with the first step's taken as wide as the others'."""
+    cs4 = int(plan.wh.w.shape[1])
+    cs = cs4 // 4
+    wh = _weights(plan.wh.w, state_bound, plan.wh.col_absmax)
+    if wh is None:
+        return None
+    hidden, bound = [], state_bound * plan.wh.col_absmax
+    for rq in plan.hidden:
+        form = step_requant(rq, bound, cs4)
+        if form is None:
+            return None
+        hidden.append(form)
+        bound = INT32_BOUND
+    gates = table_step(plan.gate_luts, plan.gates, acc_max, cs4)
+    if gates is None:
+        return None
+    gate_max, cell_max = plan.gate_luts.absmax, plan.cell_lut.absmax
+    steps = []
+    cell_lookup: Optional[StepLookup] = None
+    for rq_ig, rq_fc, rq_cell_in, rq_c in plan.steps:
+        ig = step_requant(rq_ig, gate_max * gate_max, cs)
+        fc = step_requant(rq_fc, gate_max * state_bound, cs)
+        c_bound = rq_ig.output_bound(gate_max * gate_max) + rq_fc.output_bound(gate_max * state_bound)
+        clamp_c = c_bound > INT32_MAX
+        if clamp_c:
+            c_bound = INT32_BOUND
+        cell = table_step(plan.cell_lut, rq_cell_in, c_bound, cs)
+        out_h = step_requant(plan.out_h, gate_max * cell_max, cs)
+        new_c = step_requant(rq_c, c_bound, cs)
+        if ig is None or fc is None or cell is None or out_h is None or new_c is None \
+                or gate_max * gate_max >= FLOAT64_EXACT or gate_max * state_bound >= FLOAT64_EXACT:
+            return None
+        steps.append((ig, fc, clamp_c, cell[0], out_h, new_c))
+        cell_lookup = cell[1]
+    if cell_lookup is None:
+        return None
+    return _LstmForms(wh, hidden, plan.bits > 8, gates[0], gates[1], steps, cell_lookup)
+
+
+def lstm_steps(plan, x_part: torch.Tensor, h: torch.Tensor, c: torch.Tensor, state_bound: int, acc_max: int
+               ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """The upstream-form LSTM's steps (ops/recurrent.py `lstm_upstream_forward`, whose plan, input projection
+    `x_part` [B, T, 4C] and initial states it takes) on numpy arrays: (every step's h [B, T, C], the last c [B, C])
+    as int64, or None where they do not apply. `state_bound`: a bound of |h| and |c| over all steps (the initial
+    states' and the steps' clamp); `acc_max`: of the gate accumulators."""
+    rows, steps, cs4 = (int(s) for s in x_part.shape)
+    if not _applies(rows, cs4, x_part.device, plan.wh) or len(plan.steps) != steps:
+        return None
+    forms = _kept(plan.numpy_forms, (rows, state_bound, acc_max),
+                  lambda: _lstm_forms(plan, rows, state_bound, acc_max))
+    if forms is None:
+        return None
+    assert isinstance(forms, _LstmForms)
+    cs = cs4 // 4
+    xp, hn, cn = _numpy(x_part), _numpy(h), _numpy(c)
+    ys = np.empty((rows, steps, cs), dtype=np.float64)
+    wh, hidden, gates, gate_lookup, cell_lookup = forms.wh, forms.hidden, forms.gates, forms.gate_lookup, \
+        forms.cell_lookup
+    for t, (ig, fc, clamp_c, cell_in, out_h, new_c) in enumerate(forms.steps):
+        hw = hn @ wh
+        for rq in hidden:
+            hw = rq.values(hw)
+        acc = np.add(xp[:, t], hw)
+        if forms.clamp_acc:
+            _clamp32(acc)
+        gate = gate_lookup(gates.positions(acc))
+        i, g, f, o = gate[:, :cs], gate[:, cs:2 * cs], gate[:, 2 * cs:3 * cs], gate[:, 3 * cs:]
+        c_tmp = ig.values(i * g)
+        c_tmp += fc.values(f * cn)
+        if clamp_c:
+            _clamp32(c_tmp)
+        hn = out_h.values(o * cell_lookup(cell_in.positions(c_tmp)))
+        cn = new_c.values(c_tmp)
+        ys[:, t] = hn
+    return torch.from_numpy(ys).to(torch.int64), torch.from_numpy(cn).to(torch.int64)
+
+
+# ---------------------------------------------------------------------------------------------------------------- GRU
+@dataclass(frozen=True)
+class _GruForms:
+    wh_g: np.ndarray
+    wh_c: np.ndarray
+    hg: List[StepRequant]
+    z: StepRequant
+    rz_lookup: StepLookup
+    hidden: Optional[StepRequant]
+    """linear_before_reset: the hidden candidate's requantization"""
+    reset: Optional[StepRequant]
+    """otherwise: round(r · h / 2^bits), half to even"""
+    hc: List[StepRequant]
+    z2: StepRequant
+    c_lookup: StepLookup
+    cu: StepRequant
+    h: StepRequant
+
+
+def _gru_forms(plan, rows: int, state_bound: int, z_max: int, z2_max: int, bh_max: int) -> Optional[_GruForms]:
+    """The numpy forms of an upstream-form GRU plan's steps for a hidden state |h| <= `state_bound` (all steps)
+    and the torch form's other bounds."""
+    cs = int(plan.wh_c.w.shape[1])
+    qmin, qmax = -(2 ** (plan.bits - 1)), 2 ** (plan.bits - 1) - 1
+    rz_max, c_max = plan.lut_rz.absmax, plan.lut_c.absmax
+    wh_g = _weights(plan.wh_g.w, state_bound, plan.wh_g.col_absmax)
+    hg, bound = [], state_bound * plan.wh_g.col_absmax
+    for rq in plan.hg:
+        hg.append(step_requant(rq, bound, 2 * cs))
+        bound = INT32_BOUND
+    z = table_step(plan.lut_rz, plan.z, z_max, 2 * cs)
+    if plan.hidden is not None:
+        wh_c = _weights(plan.wh_c.w, state_bound, plan.wh_c.col_absmax)
+        hidden = step_requant(plan.hidden, state_bound * plan.wh_c.col_absmax + bh_max, cs)
+        reset = None
+        bound = rz_max * max(-qmin, qmax)
+        if hidden is None:
+            return None
+    else:
+        hidden = None
+        reset_bound = rz_max * state_bound
+        # round_half_even(r · h / 2^bits): a requantization by 1 and a shift of `bits`, its clamp wider than any value
+        reset = step_requant(Requantizer(1, plan.bits, 0, -RESET_RANGE, RESET_RANGE, torch.device("cpu")), reset_bound,
+                             cs)
+        bound = ((reset_bound >> plan.bits) + 1) * plan.wh_c.col_absmax
+        wh_c = _weights(plan.wh_c.w, (reset_bound >> plan.bits) + 1, plan.wh_c.col_absmax)
+        if reset is None:
+            return None
+    hc = []
+    for rq in plan.hc:
+        hc.append(step_requant(rq, bound, cs))
+        bound = INT32_BOUND
+    z2 = table_step(plan.lut_c, plan.z2, z2_max, cs)
+    cu = step_requant(plan.cu, (qmax + rz_max) * c_max, cs)
+    h = step_requant(plan.h, INT32_BOUND + rz_max * state_bound, cs)
+    if wh_g is None or wh_c is None or z is None or z2 is None or cu is None or h is None \
+            or any(f is None for f in hg + hc) or rz_max * state_bound >= FLOAT64_EXACT:
+        return None
+    return _GruForms(wh_g, wh_c, hg, z[0], z[1], hidden, reset, hc, z2[0], z2[1], cu, h)
+
+
+def gru_steps(plan, xg_all: torch.Tensor, xc_all: torch.Tensor, h: torch.Tensor, state_bound: int, z_max: int,
+              z2_max: int) -> Optional[torch.Tensor]:
+    """The upstream-form GRU's steps (ops/recurrent.py `gru_upstream_forward`, whose plan, input projections
+    [B, T, 2C] and [B, T, C] and initial state it takes) on numpy arrays: every step's h [B, T, C] as int64, or None
+    where they do not apply. `state_bound`: a bound of |h| over all steps; `z_max`, `z2_max`: of the gate and
+    candidate accumulators."""
+    rows, steps, cs2 = (int(s) for s in xg_all.shape)
+    if not _applies(rows, cs2, xg_all.device, plan.wh_g, plan.wh_c):
+        return None
+    bh_max = int(plan.bh.abs().max()) if plan.bh.numel() else 0
+    forms = _kept(plan.numpy_forms, (rows, state_bound, z_max, z2_max),
+                  lambda: _gru_forms(plan, rows, state_bound, z_max, z2_max, bh_max))
+    if forms is None:
+        return None
+    assert isinstance(forms, _GruForms)
+    cs = cs2 // 2
+    qmax = float(2 ** (plan.bits - 1) - 1)
+    xg, xc, hn = _numpy(xg_all), _numpy(xc_all), _numpy(h)
+    bg, bc, bh = _numpy(plan.bg), _numpy(plan.bc), _numpy(plan.bh)
+    ys = np.empty((rows, steps, cs), dtype=np.float64)
+    for t in range(steps):
+        hg = hn @ forms.wh_g
+        for rq in forms.hg:
+            hg = rq.values(hg)
+        acc = np.add(xg[:, t], hg)
+        acc += bg
+        rz = forms.rz_lookup(forms.z.positions(acc))
+        r, u = rz[:, :cs], rz[:, cs:]
+        if forms.hidden is not None:
+            hc = hn @ forms.wh_c
+            hc += bh
+            hc = r * forms.hidden.values(hc)
+        else:
+            assert forms.reset is not None
+            hc = forms.reset.values(r * hn) @ forms.wh_c
+        for rq in forms.hc:
+            hc = rq.values(hc)
+        acc = np.add(xc[:, t], hc)
+        acc += bc
+        c = forms.c_lookup(forms.z2.positions(acc))
+        cu = forms.cu.values((qmax - u) * c)
+        cu += u * hn
+        hn = forms.h.values(cu)
+        ys[:, t] = hn
+    return torch.from_numpy(ys).to(torch.int64)
