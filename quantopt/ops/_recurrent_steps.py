@@ -18,7 +18,7 @@ against an independent Python-integer reference.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -64,6 +64,8 @@ class StepRequant:
     bits_sub: Union[int, np.ndarray]
     """1.5·2^52's bit pattern + zp + the table offsets: what leaves a table position from the biased sum's bits"""
     bound: int
+    row_clamp: Optional[Tuple[np.ndarray, np.ndarray]] = None
+    """a further clamp of the positions per column (the q15 form's per-row gate clamp, less the table offsets)"""
 
     def _biased(self, acc: np.ndarray) -> np.ndarray:
         y = np.multiply(acc, self.factor)
@@ -81,7 +83,11 @@ class StepRequant:
 
     def positions(self, acc: np.ndarray) -> np.ndarray:
         """The requantized codes less the table offsets given to `step_requant` (int64 table positions)."""
-        return self._biased(acc).view(np.int64) - self.bits_sub
+        positions = self._biased(acc).view(np.int64) - self.bits_sub
+        if self.row_clamp is not None:
+            np.maximum(positions, self.row_clamp[0], out=positions)
+            np.minimum(positions, self.row_clamp[1], out=positions)
+        return positions
 
 
 def step_requant(rq: Requantizer, bound: int, columns: int, offsets: Union[int, np.ndarray] = 0
@@ -130,11 +136,11 @@ class StepLookup:
         return value
 
 
-def table_step(lut: PreparedLut, rq: Requantizer, bound: int, columns: int
+def table_step(lut: PreparedLut, rq: Requantizer, bound: int, columns: int, row_clamp: Optional[torch.Tensor] = None
                ) -> Optional[Tuple[StepRequant, StepLookup]]:
     """The requantization `rq` of accumulators of `columns` columns (|acc| <= `bound`) straight to positions in
     `lut` (or, for an interpolating table, to codes less its input offset), and the lookup there; None unless the
-    table covers every code `rq` can give."""
+    table covers every code `rq` can give. `row_clamp`: per column, a clamp of the codes to ±clamp after `rq`."""
     _, _, _, qmin, qmax = rq.args
     if not lut.covers(int(qmin), int(qmax)):
         return None
@@ -147,6 +153,11 @@ def table_step(lut: PreparedLut, rq: Requantizer, bound: int, columns: int
     codes = step_requant(rq, bound, columns, offsets)
     if codes is None:
         return None
+    if row_clamp is not None:
+        limit = row_clamp.detach().cpu().to(torch.int64).numpy().reshape(-1)
+        if limit.size not in (1, columns):
+            return None
+        codes = replace(codes, row_clamp=(-limit - offsets, limit - offsets))
     clamp = (float(lut.out_range[0]), float(lut.out_range[1])) if lut.clamped else None
     return codes, StepLookup(lut.padded.cpu().to(torch.float64).numpy(), clamp, shift, base)
 
@@ -384,3 +395,153 @@ def gru_steps(plan, xg_all: torch.Tensor, xc_all: torch.Tensor, h: torch.Tensor,
         hn = forms.h.values(cu)
         ys[:, t] = hn
     return torch.from_numpy(ys).to(torch.int64)
+
+
+# ------------------------------------------------------------------------------------------------------ the q15 forms
+@dataclass(frozen=True)
+class _Q15LstmForms:
+    wh: np.ndarray
+    hidden: StepRequant
+    gates: StepRequant
+    gate_lookup: StepLookup
+    cell_scales: Tuple[float, float]
+    """2^(the shifts of f·c and i·g in the cell accumulator)"""
+    cell: StepRequant
+    cell_in: StepRequant
+    cell_lookup: StepLookup
+    out_h: StepRequant
+
+
+def q15_lstm_steps(plan, steps, x_part: torch.Tensor, h: torch.Tensor, c: torch.Tensor, hq: int, acc_bound: int
+                   ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """The q15-form LSTM's steps (ops/recurrent.py `rnn_integer_forward`, whose plan and step plan, input
+    projection `x_part` [B, T, 4C] and initial states in the hidden and cell formats it takes) on numpy arrays:
+    (every step's Q30 product o·tanh(c) [B, T, C], the last c [B, C]) as int64, or None where they do not apply.
+    `hq`: the bound of |h|; `acc_bound`: of the gate accumulators."""
+    rows, count, cs4 = (int(s) for s in x_part.shape)
+    (gate_in,), (hidden_matmul,) = plan.gate_in, plan.hidden
+    if steps.gate_luts is None or not _applies(rows, cs4, x_part.device, hidden_matmul):
+        return None
+    fc_shift, ig_shift = steps.cell_shifts
+    c_bound = max(int(c.abs().max()) if c.numel() else 0, steps.cell.output_bound(2 ** 62))
+    forms = _kept(plan.numpy_forms, ("lstm", rows, c_bound, acc_bound),
+                  lambda: _q15_lstm_forms(plan, steps, gate_in, hidden_matmul, hq, c_bound, acc_bound))
+    if forms is None:
+        return None
+    assert isinstance(forms, _Q15LstmForms)
+    cs = cs4 // 4
+    xp, hn, cn = _numpy(x_part), _numpy(h), _numpy(c)
+    products = np.empty((rows, count, cs), dtype=np.float64)
+    fc_scale, ig_scale = forms.cell_scales
+    for t in range(count):
+        acc = np.add(xp[:, t], forms.hidden.values(hn @ forms.wh))
+        gate = forms.gate_lookup(forms.gates.positions(acc))
+        i, g, f, o = gate[:, :cs], gate[:, cs:2 * cs], gate[:, 2 * cs:3 * cs], gate[:, 3 * cs:]
+        update = f * cn
+        update *= fc_scale
+        ig = i * g
+        ig *= ig_scale
+        update += ig
+        cn = forms.cell.values(update)
+        prod = o * forms.cell_lookup(forms.cell_in.positions(cn))
+        hn = forms.out_h.values(prod)
+        products[:, t] = prod
+    return torch.from_numpy(products).to(torch.int64), torch.from_numpy(cn).to(torch.int64)
+
+
+def _q15_lstm_forms(plan, steps, gate_in, hidden_matmul: IntMatmul, hq: int, c_bound: int, acc_bound: int
+                    ) -> Optional[_Q15LstmForms]:
+    cs4 = int(hidden_matmul.w.shape[1])
+    cs = cs4 // 4
+    lut_gate, lut_cand, lut_cell = plan.luts
+    fc_shift, ig_shift = steps.cell_shifts
+    gate_max = max(lut_gate.absmax, lut_cand.absmax)
+    cell_bound = (gate_max * c_bound << fc_shift) + (gate_max * gate_max << ig_shift)
+    if min(fc_shift, ig_shift) < 0 or cell_bound >= FLOAT64_EXACT:
+        return None
+    wh = _weights(hidden_matmul.w, hq, hidden_matmul.col_absmax)
+    hidden = step_requant(steps.hidden, steps.hidden_bound, cs4)
+    gates = table_step(steps.gate_luts, gate_in.requant, acc_bound, cs4, gate_in.clamp)
+    cell = step_requant(steps.cell, cell_bound, cs)
+    cell_in = table_step(lut_cell, steps.cell_in, steps.cell.output_bound(cell_bound), cs)
+    out_h = step_requant(steps.out_h, gate_max * lut_cell.absmax, cs)
+    if wh is None or hidden is None or gates is None or cell is None or cell_in is None or out_h is None:
+        return None
+    return _Q15LstmForms(wh, hidden, gates[0], gates[1], (float(2 ** fc_shift), float(2 ** ig_shift)), cell,
+                         cell_in[0], cell_in[1], out_h)
+
+
+@dataclass(frozen=True)
+class _Q15GruForms:
+    wh_g: np.ndarray
+    wh_c: np.ndarray
+    gates_hidden: StepRequant
+    gates: StepRequant
+    gate_lookup: StepLookup
+    reset: StepRequant
+    cand_hidden: StepRequant
+    cand: StepRequant
+    cand_lookup: StepLookup
+    out_h: StepRequant
+
+
+def q15_gru_steps(plan, steps, x_gates: torch.Tensor, x_cand: torch.Tensor, h: torch.Tensor, hq: int, align: int,
+                  linear_before_reset: bool, gates_acc_bound: int, cand_acc_bound: int) -> Optional[torch.Tensor]:
+    """The q15-form GRU's steps (ops/recurrent.py `rnn_integer_forward`, whose plan and step plan, input
+    projections [B, T, 2C] and [B, T, C] (the candidate's biases added) and initial hidden state it takes) on numpy
+    arrays: every step's Q30 product [B, T, C] as int64, or None where they do not apply. `hq`: the bound of |h|;
+    `align`: the shift of z·h into Q30."""
+    rows, count, cs2 = (int(s) for s in x_gates.shape)
+    gates_matmul, cand_matmul = plan.hidden
+    if align < 0 or steps.prod_bound >= FLOAT64_EXACT or \
+            not _applies(rows, cs2, x_gates.device, gates_matmul, cand_matmul):
+        return None
+    forms = _kept(plan.numpy_forms, ("gru", rows, linear_before_reset, gates_acc_bound, cand_acc_bound),
+                  lambda: _q15_gru_forms(plan, steps, hq, linear_before_reset, gates_acc_bound, cand_acc_bound))
+    if forms is None:
+        return None
+    assert isinstance(forms, _Q15GruForms)
+    cs = cs2 // 2
+    xg, xc, hn = _numpy(x_gates), _numpy(x_cand), _numpy(h)
+    b_reset = _numpy(plan.b[3 * cs:4 * cs])
+    one, scale = float(2 ** 15), float(2 ** align)
+    products = np.empty((rows, count, cs), dtype=np.float64)
+    for t in range(count):
+        acc = np.add(xg[:, t], forms.gates_hidden.values(hn @ forms.wh_g))
+        rz = forms.gate_lookup(forms.gates.positions(acc))
+        r, z = rz[:, :cs], rz[:, cs:]
+        if linear_before_reset:
+            hc = hn @ forms.wh_c
+            hc += b_reset
+            hpart = forms.reset.values(r * hc)
+        else:
+            hpart = forms.reset.values(r * hn) @ forms.wh_c
+        acc = np.add(xc[:, t], forms.cand_hidden.values(hpart))
+        n = forms.cand_lookup(forms.cand.positions(acc))
+        prod = (one - z) * n
+        zh = z * hn
+        zh *= scale
+        prod += zh
+        hn = forms.out_h.values(prod)
+        products[:, t] = prod
+    return torch.from_numpy(products).to(torch.int64)
+
+
+def _q15_gru_forms(plan, steps, hq: int, linear_before_reset: bool, gates_acc_bound: int, cand_acc_bound: int
+                   ) -> Optional[_Q15GruForms]:
+    gates_matmul, cand_matmul = plan.hidden
+    gate_in, cand_in = plan.gate_in
+    lut_gate, lut_cand = plan.luts
+    cs = int(cand_matmul.w.shape[1])
+    wh_g = _weights(gates_matmul.w, hq, gates_matmul.col_absmax)
+    wh_c = _weights(cand_matmul.w, hq if linear_before_reset else steps.reset_out, cand_matmul.col_absmax)
+    gates_hidden = step_requant(steps.gates_hidden, steps.gates_hidden_bound, 2 * cs)
+    gates = table_step(lut_gate, gate_in.requant, gates_acc_bound, 2 * cs, gate_in.clamp)
+    reset = step_requant(steps.reset, steps.reset_bound, cs)
+    cand_hidden = step_requant(steps.cand_hidden, steps.cand_hidden_bound, cs)
+    cand = table_step(lut_cand, cand_in.requant, cand_acc_bound, cs, cand_in.clamp)
+    out_h = step_requant(steps.out_h, steps.prod_bound, cs)
+    if wh_g is None or wh_c is None or gates_hidden is None or gates is None or reset is None \
+            or cand_hidden is None or cand is None or out_h is None or steps.reset_bound >= FLOAT64_EXACT:
+        return None
+    return _Q15GruForms(wh_g, wh_c, gates_hidden, gates[0], gates[1], reset, cand_hidden, cand[0], cand[1], out_h)

@@ -18,7 +18,7 @@ import torch
 import quantopt.ops  # noqa: F401  (registers the operators)
 from quantopt.graph.builder import GraphBuilder
 from quantopt.graph.graph import PyGraph
-from quantopt.ops import _conv_nhwc, _int8_gemm, conv, linear
+from quantopt.ops import _conv_nhwc, _int8_gemm, _recurrent_steps, conv, linear
 from quantopt.pipeline import quantize_model
 
 MODES = [("per_tensor_symmetric_restricted_range", "per_tensor_symmetric_full_range"),
@@ -405,6 +405,7 @@ def test_recurrent_layers_give_the_same_integers_through_int8_gemms(monkeypatch,
     want = q.forward([x])[0].clone()
     calls: List[int] = []
     monkeypatch.setattr(_int8_gemm, "INT8_MATMUL_MIN_WEIGHTS", 1)  # the models' small cells take it too
+    monkeypatch.setattr(_recurrent_steps, "NUMPY_STEP_VALUES", 0)  # the torch steps (the numpy ones take no GEMM)
     monkeypatch.setattr(_int8_gemm, "int8_gemm_used", lambda: True)
     monkeypatch.setattr(_int8_gemm, "int8_gemm", reference_gemm(calls))
     for n in q.nodes:  # plans memoized without the int8 GEMM are made again
