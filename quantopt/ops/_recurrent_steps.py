@@ -10,7 +10,7 @@ three times it.
 The values are the torch form's, bit for bit: every value of a step is an integer held exactly in float64 (the
 int32 clamps, the tables' entries and their products, each below 2^53 by the bounds the steps prove: the same bounds
 as the torch form's), products of integers by weights are float64 GEMMs whose partial sums are exact integers (so
-any summation order gives them), and every requantization is `Requantizer`'s rounding by addition: acc · M·2^-shift
+any summation order gives them: numpy's GEMM for small products, torch's for larger ones), and every requantization is `Requantizer`'s rounding by addition: acc · M·2^-shift
 (exact) plus 1.5·2^52 rounds half to even in one float64 addition (`Requantizer.float64_form`). Where a bound does
 not prove that, a table is not a direct one or a code could fall outside it, the step runs in torch as before
 (`lstm_steps`/`gru_steps` return None). `tests/ops/test_lstm_upstream.py` and `test_gru_upstream.py` check both forms
@@ -162,12 +162,33 @@ def table_step(lut: PreparedLut, rq: Requantizer, bound: int, columns: int, row_
     return codes, StepLookup(lut.padded.cpu().to(torch.float64).numpy(), clamp, shift, base)
 
 
-def _weights(w: torch.Tensor, bound: int, col_absmax: int) -> Optional[np.ndarray]:
-    """A weight matrix [K, N] as float64 for products with operands |a| <= `bound`, where every partial sum is an
-    exact integer (bound · max column sum of |w| < 2^53); else None."""
+NUMPY_PRODUCT_TERMS = 1 << 18
+"""Most multiply-adds (rows x weights) of a step's weight product made by numpy's GEMM; larger ones go to torch's
+(on the same float64 values), which keeps to torch's thread count where numpy's BLAS would start threads of its
+own (it did from about 2^20 here)."""
+
+
+class StepWeights:
+    """A weight matrix [K, N] as float64 for products with float64 integers |a| <= a bound for which every partial
+    sum is an exact integer (so any summation order, numpy's or torch's, gives the same values)."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        self.tensor = w.detach().cpu().to(torch.float64).contiguous()
+        self.array = self.tensor.numpy()
+
+    def times(self, a: np.ndarray) -> np.ndarray:
+        """a @ w."""
+        if a.shape[0] * self.array.size <= NUMPY_PRODUCT_TERMS:
+            return a @ self.array
+        return torch.mm(torch.from_numpy(np.ascontiguousarray(a)), self.tensor).numpy()
+
+
+def _weights(w: torch.Tensor, bound: int, col_absmax: int) -> Optional[StepWeights]:
+    """`w` [K, N] for products with operands |a| <= `bound` where every partial sum is an exact integer (bound · max
+    column sum of |w| < 2^53); else None."""
     if bound * col_absmax >= FLOAT64_EXACT:
         return None
-    return w.cpu().to(torch.float64).numpy()
+    return StepWeights(w)
 
 
 def _applies(rows: int, columns: int, device: torch.device, *products: IntMatmul) -> bool:
@@ -200,7 +221,7 @@ def _numpy(v: torch.Tensor) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------- BasicLSTM
 @dataclass(frozen=True)
 class _LstmForms:
-    wh: np.ndarray
+    wh: StepWeights
     hidden: List[StepRequant]
     clamp_acc: bool
     gates: StepRequant
@@ -271,7 +292,7 @@ def lstm_steps(plan, x_part: torch.Tensor, h: torch.Tensor, c: torch.Tensor, sta
     wh, hidden, gates, gate_lookup, cell_lookup = forms.wh, forms.hidden, forms.gates, forms.gate_lookup, \
         forms.cell_lookup
     for t, (ig, fc, clamp_c, cell_in, out_h, new_c) in enumerate(forms.steps):
-        hw = hn @ wh
+        hw = wh.times(hn)
         for rq in hidden:
             hw = rq.values(hw)
         acc = np.add(xp[:, t], hw)
@@ -292,8 +313,8 @@ def lstm_steps(plan, x_part: torch.Tensor, h: torch.Tensor, c: torch.Tensor, sta
 # ---------------------------------------------------------------------------------------------------------------- GRU
 @dataclass(frozen=True)
 class _GruForms:
-    wh_g: np.ndarray
-    wh_c: np.ndarray
+    wh_g: StepWeights
+    wh_c: StepWeights
     hg: List[StepRequant]
     z: StepRequant
     rz_lookup: StepLookup
@@ -371,7 +392,7 @@ def gru_steps(plan, xg_all: torch.Tensor, xc_all: torch.Tensor, h: torch.Tensor,
     bg, bc, bh = _numpy(plan.bg), _numpy(plan.bc), _numpy(plan.bh)
     ys = np.empty((rows, steps, cs), dtype=np.float64)
     for t in range(steps):
-        hg = hn @ forms.wh_g
+        hg = forms.wh_g.times(hn)
         for rq in forms.hg:
             hg = rq.values(hg)
         acc = np.add(xg[:, t], hg)
@@ -379,12 +400,12 @@ def gru_steps(plan, xg_all: torch.Tensor, xc_all: torch.Tensor, h: torch.Tensor,
         rz = forms.rz_lookup(forms.z.positions(acc))
         r, u = rz[:, :cs], rz[:, cs:]
         if forms.hidden is not None:
-            hc = hn @ forms.wh_c
+            hc = forms.wh_c.times(hn)
             hc += bh
             hc = r * forms.hidden.values(hc)
         else:
             assert forms.reset is not None
-            hc = forms.reset.values(r * hn) @ forms.wh_c
+            hc = forms.wh_c.times(forms.reset.values(r * hn))
         for rq in forms.hc:
             hc = rq.values(hc)
         acc = np.add(xc[:, t], hc)
@@ -400,7 +421,7 @@ def gru_steps(plan, xg_all: torch.Tensor, xc_all: torch.Tensor, h: torch.Tensor,
 # ------------------------------------------------------------------------------------------------------ the q15 forms
 @dataclass(frozen=True)
 class _Q15LstmForms:
-    wh: np.ndarray
+    wh: StepWeights
     hidden: StepRequant
     gates: StepRequant
     gate_lookup: StepLookup
@@ -434,7 +455,7 @@ def q15_lstm_steps(plan, steps, x_part: torch.Tensor, h: torch.Tensor, c: torch.
     products = np.empty((rows, count, cs), dtype=np.float64)
     fc_scale, ig_scale = forms.cell_scales
     for t in range(count):
-        acc = np.add(xp[:, t], forms.hidden.values(hn @ forms.wh))
+        acc = np.add(xp[:, t], forms.hidden.values(forms.wh.times(hn)))
         gate = forms.gate_lookup(forms.gates.positions(acc))
         i, g, f, o = gate[:, :cs], gate[:, cs:2 * cs], gate[:, 2 * cs:3 * cs], gate[:, 3 * cs:]
         update = f * cn
@@ -473,8 +494,8 @@ def _q15_lstm_forms(plan, steps, gate_in, hidden_matmul: IntMatmul, hq: int, c_b
 
 @dataclass(frozen=True)
 class _Q15GruForms:
-    wh_g: np.ndarray
-    wh_c: np.ndarray
+    wh_g: StepWeights
+    wh_c: StepWeights
     gates_hidden: StepRequant
     gates: StepRequant
     gate_lookup: StepLookup
@@ -507,15 +528,15 @@ def q15_gru_steps(plan, steps, x_gates: torch.Tensor, x_cand: torch.Tensor, h: t
     one, scale = float(2 ** 15), float(2 ** align)
     products = np.empty((rows, count, cs), dtype=np.float64)
     for t in range(count):
-        acc = np.add(xg[:, t], forms.gates_hidden.values(hn @ forms.wh_g))
+        acc = np.add(xg[:, t], forms.gates_hidden.values(forms.wh_g.times(hn)))
         rz = forms.gate_lookup(forms.gates.positions(acc))
         r, z = rz[:, :cs], rz[:, cs:]
         if linear_before_reset:
-            hc = hn @ forms.wh_c
+            hc = forms.wh_c.times(hn)
             hc += b_reset
             hpart = forms.reset.values(r * hc)
         else:
-            hpart = forms.reset.values(r * hn) @ forms.wh_c
+            hpart = forms.wh_c.times(forms.reset.values(r * hn))
         acc = np.add(xc[:, t], forms.cand_hidden.values(hpart))
         n = forms.cand_lookup(forms.cand.positions(acc))
         prod = (one - z) * n

@@ -43,11 +43,15 @@ def outputs(qg, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     return [t.clone() for t in qg.forward(inputs)]
 
 
+@pytest.mark.parametrize("products", ["numpy", "torch"])
 @pytest.mark.parametrize("form", ["upstream", "q15"])
 @pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("optype,params", CELLS)
 def test_numpy_steps_give_the_torch_steps_integers(monkeypatch, optype: str, params: Dict[str, Any], bits: int,
-                                                   form: str) -> None:
+                                                   form: str, products: str) -> None:
+    """`products`: the steps' weight products by numpy's GEMM, or all by torch's (NUMPY_PRODUCT_TERMS 0)."""
+    if products == "torch":
+        monkeypatch.setattr(_recurrent_steps, "NUMPY_PRODUCT_TERMS", 0)
     qg = quantized(optype, params, bits, form)
     ran: List[bool] = []
     names = ("lstm_steps", "q15_lstm_steps") if optype == "BasicLSTM" else ("gru_steps", "q15_gru_steps")
