@@ -10,11 +10,13 @@ three times it.
 The values are the torch form's, bit for bit: every value of a step is an integer held exactly in float64 (the
 int32 clamps, the tables' entries and their products, each below 2^53 by the bounds the steps prove: the same bounds
 as the torch form's), products of integers by weights are float64 GEMMs whose partial sums are exact integers (so
-any summation order gives them: numpy's GEMM for small products, torch's for larger ones), and every requantization is `Requantizer`'s rounding by addition: acc · M·2^-shift
-(exact) plus 1.5·2^52 rounds half to even in one float64 addition (`Requantizer.float64_form`). Where a bound does
-not prove that, a table is not a direct one or a code could fall outside it, the step runs in torch as before
-(`lstm_steps`/`gru_steps` return None). `tests/ops/test_lstm_upstream.py` and `test_gru_upstream.py` check both forms
-against an independent Python-integer reference.
+any summation order gives them: numpy's GEMM for small products, torch's for larger ones), and every
+requantization is `Requantizer`'s rounding by addition: acc · M·2^-shift (exact) plus 1.5·2^52 rounds half to even
+in one float64 addition (`Requantizer.float64_form`). Where a bound does not prove that, or a code could fall outside
+its table, the step runs in torch as before (the step functions return None). Interpolating tables (16-bit codes
+into 256 entries) are read as `PreparedLut` reads them, and the q15 form's per-row gate clamp is a clamp of the
+table positions. `tests/ops/test_lstm_upstream.py`, `test_gru_upstream.py` and `test_recurrent.py` check every form
+against independent Python-integer references, `test_recurrent_numpy_steps.py` against the torch steps.
 """
 from __future__ import annotations
 
