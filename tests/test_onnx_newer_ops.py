@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import quantopt.ops  # noqa: E402,F401
-from quantopt.errors import UnsupportedError  # noqa: E402
+from quantopt.errors import QuantOptError, UnsupportedError  # noqa: E402
 from quantopt.frontends.onnx import import_onnx, supported_onnx_ops  # noqa: E402
 from quantopt.graph.tables import quant_of  # noqa: E402
 from quantopt.graph.values import to_float  # noqa: E402
@@ -284,6 +284,16 @@ def test_trilu_of_a_computed_k_is_refused(tmp_path):
              helper.make_node("Trilu", ["x", "k"], ["y"], name="tri")]
     model = _model(nodes, inputs, [("y", F)], opset=17)
     with pytest.raises(UnsupportedError, match="a k computed at run time is not supported"):
+        _imported(model, tmp_path)
+
+
+def test_trilu_of_a_float_k_is_refused(tmp_path):
+    """k is an int64 scalar; a float one (NaN here, from a broken Constant) is refused by name, not converted."""
+    inputs = [("x", [3, 3])]
+    nodes = [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array([np.nan], np.float32))),
+             helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Trilu", ["r", "k"], ["y"], name="tri")]
+    model = _model(nodes, inputs, [("y", F)], opset=17)
+    with pytest.raises(QuantOptError, match="k must be an integer"):
         _imported(model, tmp_path)
 
 

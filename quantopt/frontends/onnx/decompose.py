@@ -344,6 +344,8 @@ def trilu(e: _Emitter, node: ONode) -> None:
         given = np.asarray(e.g.consts[node.inputs[1]]).reshape(-1)
         if given.size != 1:
             raise DecomposeError(f"k must be one value, got {given.size}")
+        if not np.issubdtype(given.dtype, np.integer):
+            raise DecomposeError(f"k must be an integer (int64), got {given.dtype}")
         k = int(given[0])
     rows, cols = shape[-2:]
     offset = np.arange(cols)[None, :] - np.arange(rows)[:, None]
