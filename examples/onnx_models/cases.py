@@ -36,7 +36,7 @@ VAD_SETTINGS = {"activation_bits": "8 & <[Pow,Square,Sqrt,Eltwise]:16>", "lut_it
                 "lstm_integer_form": "q15"}
 """Silero VAD: the STFT magnitude (sqrt(re^2 + im^2), over a range dominated by a few spectral peaks) keeps 16-bit
 activations (in the If-free export the LSTM cell's Adds too); with int8 there most low-energy bins are lost. The
-LSTM takes quantopt's q15 cell, the form the ONNX QDQ export writes (upstream's form is refused there)."""
+LSTM takes quantopt's q15 cell (the ONNX QDQ export writes either form; this one was its only form until 2026-11-29)."""
 
 VAD_RATE = 16000
 VAD_CHUNK = 512
@@ -271,7 +271,7 @@ TORCH_SHAPES = {"resnet_like": [1, 3, 32, 32], "mobilenetv2_like": [1, 3, 32, 32
                 "transformer_encoder": [1, 16, 24], "unet_like": [1, 3, 32, 32], "crnn_like": [1, 1, 32, 64]}
 TORCH_SETTINGS = {"crnn_like": {"lstm_integer_form": "q15", "logsoftmax_integer_form": "exact"}}
 """cfg lines of a torch model besides the common ones: the CRNN's bidirectional LSTM takes the q15 cell and its
-LogSoftmax the exact integer form, the forms the ONNX QDQ export writes."""
+LogSoftmax the exact integer form (the LogSoftmax form the ONNX QDQ export writes; it writes either LSTM form)."""
 
 
 def export_torch(name: str, path: str, seed: int = 0, opset: int = 17) -> str:

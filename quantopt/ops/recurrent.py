@@ -2035,11 +2035,150 @@ def _onnx_initial_state(g: QDQGraph, node: PyNode, cell: _Cell, t: PyTensor, key
     return cell.op.clamp(g.add("Cast", [rounded], to=INT64), bound)
 
 
+def _rq_args(rq: Requantizer) -> Tuple[Any, Any, int, int, int]:
+    """(multiplier, shift: an int or an int64 array per column; zero point, qmin, qmax) of a step's requantization."""
+    def values(v: IntLike) -> Any:
+        a = torch.as_tensor(v, dtype=torch.int64).cpu().reshape(-1).numpy()
+        return int(a[0]) if a.size == 1 else a
+
+    m, n, zp, lo, hi = rq.args
+    return values(m), values(n), int(zp), int(lo), int(hi)
+
+
+def _onnx_rq(op: CellOps, value: str, rq: Requantizer) -> str:
+    return op.requant(value, *_rq_args(rq))
+
+
+def _onnx_code_table(op: CellOps, lut: PreparedLut, bits: int, columns: int) -> Tuple[str, Any]:
+    """(every code's looked-up value as one flat int64 constant, block after block; what to add to codes of
+    `columns` columns for their position in it): the upstream forms' direct or interpolated tables as one Gather."""
+    qmin = -(2 ** (bits - 1))
+    codes_all = torch.arange(qmin, -qmin, dtype=torch.int64)
+    values = lut(codes_all[:, None].expand(-1, lut.blocks).contiguous())  # [2^bits, blocks]: block k in column k
+    starts = np.arange(lut.blocks, dtype=np.int64) * (2 ** bits) - qmin
+    offsets = np.repeat(starts, columns // lut.blocks) if lut.blocks > 1 else int(starts[0])
+    return op.i64(values.t().reshape(-1).numpy()), offsets
+
+
+def _onnx_state_rows(g: QDQGraph, op: CellOps, node: PyNode, spec: RnnSpec, t: PyTensor) -> str:
+    """An initial state's integers as int64 rows of C (one row, or one per sequence of the batch)."""
+    rows = int(np.prod(t.ir_shape)) // spec.cell_size
+    if rows not in (1, int(node.inputs[0].ir_shape[0])):
+        raise node_error(node, f"initial state '{t.name}' has {rows} rows for a batch of {node.inputs[0].ir_shape[0]}")
+    value = g.add("Sub", [codes(g, t), op.f64(float(tensor_zp(node, t)))])
+    return g.add("Cast", [g.add("Reshape", [value, op.i64([-1, spec.cell_size])])], to=INT64)
+
+
+def _onnx_upstream_outputs(g: QDQGraph, node: PyNode, op: CellOps, spec: RnnSpec, states: List[str],
+                           finals: Dict[str, str], sequence: str) -> None:
+    """The upstream forms' outputs: the states' integers themselves (no output requantization), the sequence
+    stacked in input time order."""
+    for name, out in zip(spec.out_sequence, node.outputs):
+        if name == sequence:
+            seq = list(reversed(states)) if spec.reverse else states
+            value = g.add("Concat", [g.add("Unsqueeze", [s, op.i64([1])]) for s in seq], axis=1)
+        else:
+            value = finals[name]
+        zp = tensor_zp(node, out)
+        value = g.add("Cast", [g.add("Add", [value, op.i64(zp)]) if zp else value], to=FLOAT)
+        shape = [0] + [int(d) for d in out.ir_shape[1:]] if g.dynamic_batch else [int(d) for d in out.ir_shape]
+        g.quantize(out, g.add("Reshape", [value, op.i64(shape)]), unit=True)
+
+
+def _convert_lstm_upstream(g: QDQGraph, node: PyNode) -> None:
+    """BasicLSTM in upstream's integer form (`lstm_upstream_forward`), unrolled over the time steps: the same
+    prepared plan, every requantization a rounding division in int64, the gate and cell tables as Gathers over
+    every code."""
+    if not g.unit_domain:
+        raise node_error(node, "recurrent layers are exported in the exact mode only (--scales exact)")
+    spec = rnn_spec(node)
+    plan = _lstm_upstream_plan(node, spec, torch.device("cpu"))
+    op = CellOps(g, node)
+    cs = spec.cell_size
+    x = g.add("Sub", [codes(g, node.inputs[0]), op.f64(float(tensor_zp(node, node.inputs[0])))])
+    x_part = op.matmul(x, plan.wx.w.cpu().numpy().astype(np.float64))
+    if plan.x_requant is not None:
+        x_part = _onnx_rq(op, x_part, plan.x_requant)
+    x_part = g.add("Add", [x_part, op.i64(plan.x_bias.cpu().numpy())])
+    h = _onnx_state_rows(g, op, node, spec, node.inputs[1])
+    c = _onnx_state_rows(g, op, node, spec, node.inputs[2])
+    wh = plan.wh.w.cpu().numpy().astype(np.float64)
+    gate_table, gate_offsets = _onnx_code_table(op, plan.gate_luts, plan.bits, 4 * cs)
+    cell_table, cell_offsets = _onnx_code_table(op, plan.cell_lut, plan.bits, cs)
+    states: List[str] = []
+    order = reversed(range(spec.time_steps)) if spec.reverse else range(spec.time_steps)
+    for (rq_ig, rq_fc, rq_cell_in, rq_c), t in zip(plan.steps, order):
+        hw = op.matmul(g.add("Cast", [h], to=DOUBLE), wh)
+        for rq in plan.hidden:
+            hw = _onnx_rq(op, hw, rq)
+        acc = g.add("Add", [g.add("Gather", [x_part, op.i64(t)], axis=1), hw])
+        if plan.bits > 8:
+            acc = op.requant(acc, 1, 0, 0, INT32_MIN, INT32_MAX)
+        gates = op.look_codes(gate_table, _onnx_rq(op, acc, plan.gates), gate_offsets)
+        i, gg, f, o = (op.columns(gates, k * cs, (k + 1) * cs) for k in range(4))
+        c_tmp = g.add("Add", [_onnx_rq(op, g.add("Mul", [i, gg]), rq_ig), _onnx_rq(op, g.add("Mul", [f, c]), rq_fc)])
+        c_tmp = op.requant(c_tmp, 1, 0, 0, INT32_MIN, INT32_MAX)
+        cell = op.look_codes(cell_table, _onnx_rq(op, c_tmp, rq_cell_in), cell_offsets)
+        h = _onnx_rq(op, g.add("Mul", [o, cell]), plan.out_h)
+        c = _onnx_rq(op, c_tmp, rq_c)
+        states.append(h)
+    _onnx_upstream_outputs(g, node, op, spec, states, {"H": states[-1], "C": c}, "Y")
+
+
+def _convert_gru_upstream(g: QDQGraph, node: PyNode) -> None:
+    """GRUv1/GRUv3 in upstream's integer form (`gru_upstream_forward`), unrolled over the time steps as the
+    BasicLSTM's (`_convert_lstm_upstream`)."""
+    if not g.unit_domain:
+        raise node_error(node, "recurrent layers are exported in the exact mode only (--scales exact)")
+    spec = rnn_spec(node)
+    plan = _gru_upstream_plan(node, spec, torch.device("cpu"))
+    op = CellOps(g, node)
+    cs = spec.cell_size
+    qmax = integer_range(plan.bits, True)[1]
+
+    def weights(m: IntMatmul) -> np.ndarray:
+        return m.w.cpu().numpy().astype(np.float64)
+
+    x = g.add("Sub", [codes(g, node.inputs[0]), op.f64(float(tensor_zp(node, node.inputs[0])))])
+    xg_all, xc_all = op.matmul(x, weights(plan.wx_g)), op.matmul(x, weights(plan.wx_c))
+    if plan.x_requant is not None:
+        xg_all, xc_all = _onnx_rq(op, xg_all, plan.x_requant[0]), _onnx_rq(op, xc_all, plan.x_requant[1])
+    xg_all = g.add("Add", [xg_all, op.i64(plan.bg.cpu().numpy())])
+    xc_all = g.add("Add", [xc_all, op.i64(plan.bc.cpu().numpy())])
+    h = _onnx_state_rows(g, op, node, spec, node.inputs[1])
+    wh_g, wh_c = weights(plan.wh_g), weights(plan.wh_c)
+    bh = op.i64(plan.bh.cpu().numpy()) if plan.hidden is not None else None
+    rz_table, rz_offsets = _onnx_code_table(op, plan.lut_rz, plan.bits, 2 * cs)
+    c_table, c_offsets = _onnx_code_table(op, plan.lut_c, plan.bits, cs)
+    states: List[str] = []
+    for t in (reversed(range(spec.time_steps)) if spec.reverse else range(spec.time_steps)):
+        hd = g.add("Cast", [h], to=DOUBLE)
+        hg = op.matmul(hd, wh_g)
+        for rq in plan.hg:
+            hg = _onnx_rq(op, hg, rq)
+        acc = g.add("Add", [g.add("Gather", [xg_all, op.i64(t)], axis=1), hg])
+        rz = op.look_codes(rz_table, _onnx_rq(op, acc, plan.z), rz_offsets)
+        r, u = op.columns(rz, 0, cs), op.columns(rz, cs, 2 * cs)
+        if plan.hidden is not None and bh is not None:
+            hc = g.add("Mul", [r, _onnx_rq(op, g.add("Add", [op.matmul(hd, wh_c), bh]), plan.hidden)])
+        else:
+            reset = op.rshift(g.add("Mul", [r, h]), plan.bits)
+            hc = op.matmul(g.add("Cast", [reset], to=DOUBLE), wh_c)
+        for rq in plan.hc:
+            hc = _onnx_rq(op, hc, rq)
+        acc = g.add("Add", [g.add("Gather", [xc_all, op.i64(t)], axis=1), hc])
+        cand = op.look_codes(c_table, _onnx_rq(op, acc, plan.z2), c_offsets)
+        cu = _onnx_rq(op, g.add("Mul", [g.add("Sub", [op.i64(qmax), u]), cand]), plan.cu)
+        h = _onnx_rq(op, g.add("Add", [cu, g.add("Mul", [u, h])]), plan.h)
+        states.append(h)
+    _onnx_upstream_outputs(g, node, op, spec, states, {"Hn": states[-1]}, "H")
+
+
 @BASICLSTM.export
 def convert_lstm(g: QDQGraph, node: PyNode) -> None:
     if "lut_it" in node.constants:
-        raise node_error(node, "a BasicLSTM in upstream's integer form is not exported; quantize it with "
-                               "lstm_integer_form = q15 (docs/semantics/recurrent.md)")
+        _convert_lstm_upstream(g, node)
+        return
     cell = _cell(g, node, states=2)
     spec, op, bits, hq, hid_frac, w = cell.spec, cell.op, cell.bits, cell.hq, cell.hid_frac, cell.weights
     cs, isz, steps = spec.cell_size, spec.input_size, spec.time_steps
@@ -2093,8 +2232,8 @@ def _write_outputs(g: QDQGraph, node: PyNode, op: CellOps, spec: RnnSpec, produc
 def convert_gru(g: QDQGraph, node: PyNode) -> None:
     """GRUv3 (GRUV3: reset before the hidden MatMul; GRUV1: after it), quantopt's integer cell unrolled."""
     if "lut_rt" in node.constants:
-        raise node_error(node, f"a {node.type} in upstream's integer form is not exported; quantize it with "
-                               "gru_integer_form = q15 (docs/semantics/recurrent.md)")
+        _convert_gru_upstream(g, node)
+        return
     cell = _cell(g, node, states=1)
     spec, op, bits, hq, hid_frac, w = cell.spec, cell.op, cell.bits, cell.hq, cell.hid_frac, cell.weights
     cs, isz, steps = spec.cell_size, spec.input_size, spec.time_steps

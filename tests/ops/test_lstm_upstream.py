@@ -318,12 +318,21 @@ def test_q15_form_is_kept_behind_the_field_and_the_accurate_preset() -> None:
     assert preset_settings("accurate")["lstm_integer_form"] == "q15"
 
 
-def test_onnx_export_refuses_the_upstream_form_by_name() -> None:
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize("params,wmode", CASES)
+def test_onnx_export_is_exact(params: Dict[str, Any], wmode: str, bits: int) -> None:
+    """The upstream form unrolled over the time steps in int64 (ops/recurrent.py `_convert_lstm_upstream`):
+    onnxruntime gives the integer forward's outputs exactly, from an initial state of one row for two sequences
+    too; the float modes have no form for it."""
+    from quantopt.exporters.agreement import measure_agreement
     from quantopt.exporters.onnx_qdq import build_onnx_qdq
 
-    _, _, qg = quantized({}, 8, "per_tensor_symmetric_restricted_range")
-    with pytest.raises(UnsupportedError, match="'op' \\(BasicLSTM\\).*upstream's integer form.*q15"):
-        build_onnx_qdq(qg, scales="exact")
+    _, _, qg = quantized(params, bits, wmode)
+    for inputs in (feeds(14, "BasicLSTM", n=2, x_std=1.5, h_scale=0.8), feeds(15, "BasicLSTM", n=2, h_batch=1)):
+        result = measure_agreement(qg, inputs, per_layer=True)
+        assert result.identical == 1.0 and min(result.layers.values()) == 1.0
+    with pytest.raises(UnsupportedError, match="exact mode only"):
+        build_onnx_qdq(qg, scales="effective")
 
 
 def test_missing_placeholder_ranges_are_named() -> None:

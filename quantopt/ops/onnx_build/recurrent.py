@@ -65,3 +65,17 @@ class CellOps:
         scaled = self.g.add("Mul", [acc, self.i64(mult * np.left_shift(1, np.maximum(-shift, 0)))])
         return self.clamp(round_div_int64(self.g, self.node, scaled,
                                           self.i64(np.left_shift(1, np.maximum(shift, 0)))), bound)
+
+    def requant(self, value: str, mult: object, shift: object, zerop: int, lo: int, hi: int) -> str:
+        """clamp(round_half_even(value · mult / 2^shift) − zerop, lo, hi) for int64 values, mult and shift one or one
+        per column (a left shift where negative): a `Requantizer` of the upstream forms' steps, exactly (every
+        value · mult well below 2^63)."""
+        v = self.rshift(self.g.add("Mul", [value, self.i64(mult)]), shift)
+        if zerop:
+            v = self.g.add("Sub", [v, self.i64(zerop)])
+        return self.g.add("Max", [self.g.add("Min", [v, self.i64(hi)]), self.i64(lo)])
+
+    def look_codes(self, table: str, codes: str, offsets: object) -> str:
+        """The entries of a flat int64 `table` at codes plus `offsets` (one, or one per column: where each column's
+        table starts, less the codes' least value)."""
+        return self.g.add("Gather", [table, self.g.add("Add", [codes, self.i64(offsets)])], axis=0)
