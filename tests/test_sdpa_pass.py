@@ -3,6 +3,7 @@ SDPAttention layer and with which params, the chains left alone, the float outpu
 the quantized model against the float one, the field false, and the cfg field on the corpus encoder."""
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -208,9 +209,8 @@ def test_quantized_model_runs_close_to_float(kw: dict) -> None:
     assert error[0] < 0.03 * scale and error[0] <= 1.25 * error[1], (error, scale)
 
 
-def test_settings_of_the_fused_layer_and_its_operands() -> None:
-    """As upstream: the fused layer (8 bits) and the producers of Q, K and V, back through shape-only layers, get
-    per_tensor_symmetric_restricted_range activations whatever the cfg said; other layers keep theirs."""
+def _chain_graph():
+    """An attention chain whose Q is the input and whose K and V come through an activation and shape-only layers."""
     b = GraphBuilder("ops")
     b.input("x", [1, 2, 6, 8])
     b.layer("Activation", ["x"], [[1, 2, 6, 8]], name="act", params={"method": "TANH"})
@@ -222,7 +222,13 @@ def test_settings_of_the_fused_layer_and_its_operands() -> None:
     b.layer("Softmax", ["s"], [[1, 2, 6, 6]], name="sm", params={"axis": 3})
     b.layer("MatMul", ["sm", "act"], [[1, 2, 6, 8]], name="pv", params={"trans_a": False, "trans_b": False})
     b.layer("Activation", ["pv"], [[1, 2, 6, 8]], name="out", params={"method": "SIGMOID"})
-    g = b.build(["out"])
+    return b.build(["out"])
+
+
+def test_settings_of_the_fused_layer_and_its_operands() -> None:
+    """As upstream: the fused layer (8 bits) and the producers of Q, K and V, back through shape-only layers, get
+    per_tensor_symmetric_restricted_range activations whatever the cfg said; other layers keep theirs."""
+    g = _chain_graph()
     graph_passes(g, scaled_dot_product_attention=True, merge_matmul_mul_pass=False)
     assert [str(n.type) for n in g.nodes].count("SDPAttention") == 1
     settings_from_arguments(g, {"q_mode_activation": "per_tensor_asymmetric", "q_bits_activation": 16})
@@ -232,6 +238,28 @@ def test_settings_of_the_fused_layer_and_its_operands() -> None:
         want = "per_tensor_symmetric_restricted_range" if changed else "per_tensor_asymmetric"
         assert n.settings.q_mode_activation == want, n.name
         assert n.settings.q_bits_activation == (8 if n.name == "pv" else 16), n.name
+
+
+def test_values_set_for_a_layer_are_not_replaced_silently(caplog) -> None:
+    """A mode set for one of those layers in particular (opt_config, a per-layer rule) still gives way to upstream's,
+    but the log names the layer, the key and both values; values from the cfg's global fields are replaced quietly."""
+    g = _chain_graph()
+    graph_passes(g, scaled_dot_product_attention=True, merge_matmul_mul_pass=False)
+    settings_from_arguments(g, {"q_mode_activation": "per_tensor_asymmetric"},
+                            per_layer={"act": {"q_mode_activation": "per_channel_symmetric_restricted_range"},
+                                       "out": {"q_mode_activation": "per_channel_symmetric_restricted_range"}})
+    logger = logging.getLogger("quantopt")  # the CLI tests turn propagation off: attach the capture directly
+    logger.addHandler(caplog.handler)
+    try:
+        apply_sdpa_settings(g)
+    finally:
+        logger.removeHandler(caplog.handler)
+    warnings = sorted({r.getMessage() for r in caplog.records if r.levelno == logging.WARNING})  # once or twice
+    assert len(warnings) == 1
+    want = "'act' q_mode_activation 'per_channel_symmetric_restricted_range' -> 'per_tensor_symmetric_restricted_range'"
+    assert want in warnings[0]
+    assert "'out'" not in warnings[0] and "'rs'" not in warnings[0]  # not a fused layer's operand; not set for it
+    assert g.node("act").settings.q_mode_activation == "per_tensor_symmetric_restricted_range"
 
 
 def test_two_chains_fuse_each() -> None:

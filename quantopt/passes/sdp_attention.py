@@ -31,8 +31,9 @@ input's producer while the layer is shape-only) get symmetric activations with t
 at 8 bits), and the fused layer 8-bit activations, whatever the cfg gives them. Upstream asks for per-channel
 symmetric modes there, but its stage 1 then clears every activation's channel axis, so they quantize per tensor;
 quantopt sets `per_tensor_symmetric_restricted_range` (`apply_sdpa_settings`, run once the settings are
-assigned). Upstream's quantize of SDPAttention fails whenever `trans_q`, `trans_k` or `trans_v` is set ("Dimension
-out of range": its merge sets `trans_k` for `MatMul(Q, K, trans_b = true)`); quantopt's operator handles them.
+assigned; a value set for such a layer in particular is replaced too, with a warning naming it). Upstream's
+quantize of SDPAttention fails whenever `trans_q`, `trans_k` or `trans_v` is set ("Dimension out of range": its
+merge sets `trans_k` for `MatMul(Q, K, trans_b = true)`); quantopt's operator handles them.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ import numpy as np
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
-from ..log import OPT_DEBUG, OPT_INFO
+from ..log import OPT_DEBUG, OPT_INFO, OPT_WARN
 from ..registry.optype import OpType
 from .merge_matmul_mul import SHAPE_ONLY, _factor_subgraph, _is_mul, _scaling_batchnorm, only_reader, readers_by_tensor
 
@@ -221,7 +222,7 @@ def _fuse(chain: _Chain, taken: Set[str]) -> None:
 def apply_sdpa_settings(graph: PyGraph) -> List[str]:
     """After the layers' settings are assigned: the fused layers and their operands' producers get upstream's
     modes (module doc). Returns the layers changed."""
-    changed = []
+    changed, overridden = [], []
     for n in graph.nodes:
         role = n.attrs.get(SETTINGS_KEY)
         if role is None or n.settings is None:
@@ -229,10 +230,16 @@ def apply_sdpa_settings(graph: PyGraph) -> List[str]:
         new = {"q_mode_activation": SDPA_ACTIVATION_MODE}
         if role == "fused":
             new["q_bits_activation"] = 8
+        # a value set for this layer in particular (opt_config, a per-layer cfg rule) is not replaced silently
+        overridden += [f"'{n.name}' {key} {getattr(n.settings, key)!r} -> {value!r}" for key, value in new.items()
+                       if key in n.settings.explicit and getattr(n.settings, key) != value]
         n.settings = dataclasses.replace(n.settings, **new, explicit=n.settings.explicit | frozenset(new))
         changed.append(n.name)
     if changed:
         OPT_DEBUG(f"{FIELD}: {SDPA_ACTIVATION_MODE} activations for {changed}")
+    if overridden:
+        OPT_WARN(f"{FIELD}: the fused attention's layers take upstream's modes, replacing values set for them: "
+                 + "; ".join(overridden))
     return changed
 
 
