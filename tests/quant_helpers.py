@@ -3,7 +3,7 @@ on the tensor: the graph's table, or the layer's own for a layer outside a graph
 parameters of a tensor it holds goes through a layer that names it (of the graph that holds the tensor)."""
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, List, Sequence
 
 import numpy as np
 
@@ -85,3 +85,30 @@ def checked_requantization_bounds(monkeypatch) -> List[int]:
     monkeypatch.setattr(PreparedLut, "__call__", lookup)
     monkeypatch.setattr(PreparedLut, "take_indexed", take)
     return checked
+
+
+RECURRENT_STEPS = ["numpy", "small", "int64"]
+"""The ways a recurrent cell's integer steps run: the numpy steps (ops/_recurrent_steps.py), the torch steps'
+small-step path (codes requantized straight to table positions, the state in float64), their int64 path."""
+
+
+def choose_recurrent_steps(monkeypatch, steps: str, functions: Sequence[str]) -> List[Any]:
+    """Make the recurrent cells take the steps named `steps` (RECURRENT_STEPS) and record what each numpy-steps
+    function of ops/recurrent.py named in `functions` returned (None where the numpy steps did not run): the caller
+    asserts with `ran_as_chosen` that the chosen steps ran."""
+    from quantopt.ops import _recurrent_steps, recurrent
+
+    if steps != "numpy":
+        monkeypatch.setattr(_recurrent_steps, "NUMPY_STEP_VALUES", 0)
+    if steps == "int64":
+        monkeypatch.setattr(recurrent, "SMALL_CONVERSION", 0)
+    results: List[Any] = []
+    for name in functions:
+        plain = getattr(recurrent, name)
+        monkeypatch.setattr(recurrent, name, lambda *a, plain=plain: results.append(plain(*a)) or results[-1])
+    return results
+
+
+def ran_as_chosen(results: List[Any], steps: str) -> bool:
+    """Whether the numpy steps ran in every call where chosen (`choose_recurrent_steps`), and in none otherwise."""
+    return bool(results) and all((v is not None) == (steps == "numpy") for v in results)

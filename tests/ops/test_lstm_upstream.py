@@ -10,7 +10,13 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 import torch
-from quant_helpers import checked_requantization_bounds, params_of
+from quant_helpers import (
+    RECURRENT_STEPS,
+    checked_requantization_bounds,
+    choose_recurrent_steps,
+    params_of,
+    ran_as_chosen,
+)
 from range_helpers import range_of, set_range
 from test_recurrent import build, feeds, lstm_weights, np_sigmoid
 
@@ -237,23 +243,13 @@ def ref_lstm(node, x: np.ndarray, h0: np.ndarray, c0: np.ndarray, bits: int) -> 
     return {k: np.array(v, dtype=np.int64) for k, v in out.items()}
 
 
-@pytest.mark.parametrize("steps", ["numpy", "small", "int64"])
+@pytest.mark.parametrize("steps", RECURRENT_STEPS)
 @pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("params,wmode", CASES)
 def test_integer_forward_matches_reference(monkeypatch, params: Dict[str, Any], wmode: str, bits: int,
                                            steps: str) -> None:
-    """Bit for bit against the reference: the numpy steps (ops/_recurrent_steps.py), the torch steps' small-step
-    path (codes requantized straight to table positions, the state in float64) and their int64 path (codes looked up
-    from their values, the state int64)."""
-    from quantopt.ops import _recurrent_steps, recurrent
-
-    if steps != "numpy":
-        monkeypatch.setattr(_recurrent_steps, "NUMPY_STEP_VALUES", 0)
-    if steps == "int64":
-        monkeypatch.setattr(recurrent, "SMALL_CONVERSION", 0)
-    stepped = []  # whether the numpy steps ran (they apply to these small cells unless turned off)
-    plain = recurrent.lstm_steps
-    monkeypatch.setattr(recurrent, "lstm_steps", lambda *a: stepped.append(plain(*a)) or stepped[-1])
+    """Bit for bit against the reference, each way the steps run (quant_helpers.RECURRENT_STEPS)."""
+    stepped = choose_recurrent_steps(monkeypatch, steps, ["lstm_steps"])
     _, _, qg = quantized(params, bits, wmode)
     qg.forward(feeds(14, "BasicLSTM", n=3, x_std=1.5, h_scale=0.8))
     node = qg.node("op")
@@ -262,7 +258,7 @@ def test_integer_forward_matches_reference(monkeypatch, params: Dict[str, Any], 
     for name, t in zip(node.params["out_sequence"], node.outputs):
         assert t.betensor.dtype == torch.int64
         np.testing.assert_array_equal(t.betensor.numpy(), want[name], err_msg=name)
-    assert stepped and all((v is not None) == (steps == "numpy") for v in stepped)
+    assert ran_as_chosen(stepped, steps)
 
 
 @pytest.mark.parametrize("numpy_steps", [True, False])

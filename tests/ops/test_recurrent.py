@@ -8,7 +8,13 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 import pytest
 import torch
-from quant_helpers import checked_requantization_bounds, params_of
+from quant_helpers import (
+    RECURRENT_STEPS,
+    checked_requantization_bounds,
+    choose_recurrent_steps,
+    params_of,
+    ran_as_chosen,
+)
 from range_helpers import range_of
 
 import quantopt.ops.recurrent  # noqa: F401  (registers the ops)
@@ -468,25 +474,16 @@ def test_gruv1_float_forward_records_the_cell_tensors_as_placeholders() -> None:
         np.testing.assert_allclose(t.betensor.numpy(), np.stack(got[name], 1), atol=2e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("steps", ["numpy", "small", "int64"])
+@pytest.mark.parametrize("steps", RECURRENT_STEPS)
 @pytest.mark.parametrize("bits,mode", MODES)
 @pytest.mark.parametrize("optype,params,wmode", VARIANTS)
 def test_q15_step_bounds_hold_and_match_the_reference(monkeypatch, optype: str, params: Dict[str, Any],
                                                       wmode: str, bits: int, mode: str, steps: str) -> None:
     """The q15 LSTM and GRU steps give their requantizations and lookups the bounds their ranges prove (|h| <= hq,
     the tables' entries, the weights' column sums, the cell clip): each bound holds and the integers are the
-    reference's, on inputs far outside the calibrated range too; in the numpy steps (ops/_recurrent_steps.py), the
-    torch steps' small-step path (codes requantized straight to table positions) and their int64 path."""
-    from quantopt.ops import _recurrent_steps, recurrent
-
-    if steps != "numpy":
-        monkeypatch.setattr(_recurrent_steps, "NUMPY_STEP_VALUES", 0)
-    if steps == "int64":
-        monkeypatch.setattr(recurrent, "SMALL_CONVERSION", 0)
-    stepped = []  # whether the numpy steps ran
-    for name in ("q15_lstm_steps", "q15_gru_steps"):
-        plain = getattr(recurrent, name)
-        monkeypatch.setattr(recurrent, name, lambda *a, plain=plain: stepped.append(plain(*a)) or stepped[-1])
+    reference's, on inputs far outside the calibrated range too; each way the steps run
+    (quant_helpers.RECURRENT_STEPS)."""
+    stepped = choose_recurrent_steps(monkeypatch, steps, ["q15_lstm_steps", "q15_gru_steps"])
     checked = checked_requantization_bounds(monkeypatch)
     _, _, qg = quantized_case(optype, params, bits, mode, wmode)
     node = qg.node("op")
@@ -496,4 +493,4 @@ def test_q15_step_bounds_hold_and_match_the_reference(monkeypatch, optype: str, 
         for got, want in zip(node.outputs, ref_rnn(node, ins[0], ins[1], ins[2] if len(ins) > 2 else None)):
             np.testing.assert_array_equal(got.betensor.numpy(), want)
     assert checked
-    assert stepped and all((v is not None) == (steps == "numpy") for v in stepped)
+    assert ran_as_chosen(stepped, steps)
