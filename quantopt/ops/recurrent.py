@@ -2005,9 +2005,14 @@ class _Cell:
     x: str                    # the input integers (the zero point is in the biases), float64 [N, T, I]
 
 
-def _cell(g: QDQGraph, node: PyNode, states: int) -> _Cell:
+def _exact_mode_only(g: QDQGraph, node: PyNode) -> None:
+    """Recurrent cells have an integer QDQ form only: refused, naming the layer, in the float scale modes."""
     if not g.unit_domain:
         raise node_error(node, "recurrent layers are exported in the exact mode only (--scales exact)")
+
+
+def _cell(g: QDQGraph, node: PyNode, states: int) -> _Cell:
+    _exact_mode_only(g, node)
     spec = rnn_spec(node)
     x_t = node.inputs[0]
     for t in node.inputs[1:1 + states]:
@@ -2089,8 +2094,7 @@ def _convert_lstm_upstream(g: QDQGraph, node: PyNode) -> None:
     """BasicLSTM in upstream's integer form (`lstm_upstream_forward`), unrolled over the time steps: the same
     prepared plan, every requantization a rounding division in int64, the gate and cell tables as Gathers over
     every code."""
-    if not g.unit_domain:
-        raise node_error(node, "recurrent layers are exported in the exact mode only (--scales exact)")
+    _exact_mode_only(g, node)
     spec = rnn_spec(node)
     plan = _lstm_upstream_plan(node, spec, torch.device("cpu"))
     op = CellOps(g, node)
@@ -2128,8 +2132,7 @@ def _convert_lstm_upstream(g: QDQGraph, node: PyNode) -> None:
 def _convert_gru_upstream(g: QDQGraph, node: PyNode) -> None:
     """GRUv1/GRUv3 in upstream's integer form (`gru_upstream_forward`), unrolled over the time steps as the
     BasicLSTM's (`_convert_lstm_upstream`)."""
-    if not g.unit_domain:
-        raise node_error(node, "recurrent layers are exported in the exact mode only (--scales exact)")
+    _exact_mode_only(g, node)
     spec = rnn_spec(node)
     plan = _gru_upstream_plan(node, spec, torch.device("cpu"))
     op = CellOps(g, node)
