@@ -226,16 +226,15 @@ class _LstmForms:
     wh: StepWeights
     hidden: List[StepRequant]
     clamp_acc: bool
-    gates: StepRequant
-    gate_lookup: StepLookup
     steps: List[Tuple[StepRequant, StepRequant, bool, StepRequant, StepRequant, StepRequant]]
     """per step: i·g, f·c, whether c_tmp is clamped to int32, the cell input (positions), h, c"""
     cell_lookup: StepLookup
 
 
-def _lstm_forms(plan, rows: int, state_bound: int, acc_max: int) -> Optional[_LstmForms]:
-    """The numpy forms of an upstream-form LSTM plan's steps for states |h|, |c| <= `state_bound` and gate
-    accumulators |acc| <= `acc_max`: the torch form's bounds, with the first step's taken as wide as the others'."""
+def _lstm_forms(plan, state_bound: int) -> Optional[_LstmForms]:
+    """The numpy forms of an upstream-form LSTM plan's steps for states |h|, |c| <= `state_bound` (the torch form's
+    bounds, with the first step's taken as wide as the others'), but the gates' requantization, whose bound comes
+    from each forward's input projection (`lstm_steps` makes it)."""
     cs4 = int(plan.wh.w.shape[1])
     cs = cs4 // 4
     wh = _weights(plan.wh.w, state_bound, plan.wh.col_absmax)
@@ -248,9 +247,6 @@ def _lstm_forms(plan, rows: int, state_bound: int, acc_max: int) -> Optional[_Ls
             return None
         hidden.append(form)
         bound = INT32_BOUND
-    gates = table_step(plan.gate_luts, plan.gates, acc_max, cs4)
-    if gates is None:
-        return None
     gate_max, cell_max = plan.gate_luts.absmax, plan.cell_lut.absmax
     steps = []
     cell_lookup: Optional[StepLookup] = None
@@ -271,7 +267,7 @@ def _lstm_forms(plan, rows: int, state_bound: int, acc_max: int) -> Optional[_Ls
         cell_lookup = cell[1]
     if cell_lookup is None:
         return None
-    return _LstmForms(wh, hidden, plan.bits > 8, gates[0], gates[1], steps, cell_lookup)
+    return _LstmForms(wh, hidden, plan.bits > 8, steps, cell_lookup)
 
 
 def lstm_steps(plan, x_part: torch.Tensor, h: torch.Tensor, c: torch.Tensor, state_bound: int, acc_max: int
@@ -283,16 +279,16 @@ def lstm_steps(plan, x_part: torch.Tensor, h: torch.Tensor, c: torch.Tensor, sta
     rows, steps, cs4 = (int(s) for s in x_part.shape)
     if not _applies(rows, cs4, x_part.device, plan.wh) or len(plan.steps) != steps:
         return None
-    forms = _kept(plan.numpy_forms, (rows, state_bound, acc_max),
-                  lambda: _lstm_forms(plan, rows, state_bound, acc_max))
-    if forms is None:
+    forms = _kept(plan.numpy_forms, ("lstm", state_bound), lambda: _lstm_forms(plan, state_bound))
+    gate_forms = table_step(plan.gate_luts, plan.gates, acc_max, cs4) if forms is not None else None
+    if forms is None or gate_forms is None:
         return None
     assert isinstance(forms, _LstmForms)
     cs = cs4 // 4
     xp, hn, cn = _numpy(x_part), _numpy(h), _numpy(c)
     ys = np.empty((rows, steps, cs), dtype=np.float64)
-    wh, hidden, gates, gate_lookup, cell_lookup = forms.wh, forms.hidden, forms.gates, forms.gate_lookup, \
-        forms.cell_lookup
+    wh, hidden, cell_lookup = forms.wh, forms.hidden, forms.cell_lookup
+    gates, gate_lookup = gate_forms
     for t, (ig, fc, clamp_c, cell_in, out_h, new_c) in enumerate(forms.steps):
         hw = wh.times(hn)
         for rq in hidden:
@@ -318,22 +314,19 @@ class _GruForms:
     wh_g: StepWeights
     wh_c: StepWeights
     hg: List[StepRequant]
-    z: StepRequant
-    rz_lookup: StepLookup
     hidden: Optional[StepRequant]
     """linear_before_reset: the hidden candidate's requantization"""
     reset: Optional[StepRequant]
     """otherwise: round(r · h / 2^bits), half to even"""
     hc: List[StepRequant]
-    z2: StepRequant
-    c_lookup: StepLookup
     cu: StepRequant
     h: StepRequant
 
 
-def _gru_forms(plan, rows: int, state_bound: int, z_max: int, z2_max: int, bh_max: int) -> Optional[_GruForms]:
+def _gru_forms(plan, state_bound: int, bh_max: int) -> Optional[_GruForms]:
     """The numpy forms of an upstream-form GRU plan's steps for a hidden state |h| <= `state_bound` (all steps)
-    and the torch form's other bounds."""
+    and the torch form's other bounds, but the gate and candidate requantizations, whose bounds come from each
+    forward's input projections (`gru_steps` makes them)."""
     cs = int(plan.wh_c.w.shape[1])
     qmin, qmax = -(2 ** (plan.bits - 1)), 2 ** (plan.bits - 1) - 1
     rz_max, c_max = plan.lut_rz.absmax, plan.lut_c.absmax
@@ -342,7 +335,6 @@ def _gru_forms(plan, rows: int, state_bound: int, z_max: int, z2_max: int, bh_ma
     for rq in plan.hg:
         hg.append(step_requant(rq, bound, 2 * cs))
         bound = INT32_BOUND
-    z = table_step(plan.lut_rz, plan.z, z_max, 2 * cs)
     if plan.hidden is not None:
         wh_c = _weights(plan.wh_c.w, state_bound, plan.wh_c.col_absmax)
         hidden = step_requant(plan.hidden, state_bound * plan.wh_c.col_absmax + bh_max, cs)
@@ -364,13 +356,12 @@ def _gru_forms(plan, rows: int, state_bound: int, z_max: int, z2_max: int, bh_ma
     for rq in plan.hc:
         hc.append(step_requant(rq, bound, cs))
         bound = INT32_BOUND
-    z2 = table_step(plan.lut_c, plan.z2, z2_max, cs)
     cu = step_requant(plan.cu, (qmax + rz_max) * c_max, cs)
     h = step_requant(plan.h, INT32_BOUND + rz_max * state_bound, cs)
-    if wh_g is None or wh_c is None or z is None or z2 is None or cu is None or h is None \
+    if wh_g is None or wh_c is None or cu is None or h is None \
             or any(f is None for f in hg + hc) or rz_max * state_bound >= FLOAT64_EXACT:
         return None
-    return _GruForms(wh_g, wh_c, hg, z[0], z[1], hidden, reset, hc, z2[0], z2[1], cu, h)
+    return _GruForms(wh_g, wh_c, hg, hidden, reset, hc, cu, h)
 
 
 def gru_steps(plan, xg_all: torch.Tensor, xc_all: torch.Tensor, h: torch.Tensor, state_bound: int, z_max: int,
@@ -383,12 +374,13 @@ def gru_steps(plan, xg_all: torch.Tensor, xc_all: torch.Tensor, h: torch.Tensor,
     if not _applies(rows, cs2, xg_all.device, plan.wh_g, plan.wh_c):
         return None
     bh_max = int(plan.bh.abs().max()) if plan.bh.numel() else 0
-    forms = _kept(plan.numpy_forms, (rows, state_bound, z_max, z2_max),
-                  lambda: _gru_forms(plan, rows, state_bound, z_max, z2_max, bh_max))
-    if forms is None:
+    forms = _kept(plan.numpy_forms, ("gru", state_bound, bh_max), lambda: _gru_forms(plan, state_bound, bh_max))
+    cs = cs2 // 2
+    gates = table_step(plan.lut_rz, plan.z, z_max, 2 * cs) if forms is not None else None
+    cand = table_step(plan.lut_c, plan.z2, z2_max, cs) if gates is not None else None
+    if forms is None or gates is None or cand is None:
         return None
     assert isinstance(forms, _GruForms)
-    cs = cs2 // 2
     qmax = float(2 ** (plan.bits - 1) - 1)
     xg, xc, hn = _numpy(xg_all), _numpy(xc_all), _numpy(h)
     bg, bc, bh = _numpy(plan.bg), _numpy(plan.bc), _numpy(plan.bh)
@@ -399,7 +391,7 @@ def gru_steps(plan, xg_all: torch.Tensor, xc_all: torch.Tensor, h: torch.Tensor,
             hg = rq.values(hg)
         acc = np.add(xg[:, t], hg)
         acc += bg
-        rz = forms.rz_lookup(forms.z.positions(acc))
+        rz = gates[1](gates[0].positions(acc))
         r, u = rz[:, :cs], rz[:, cs:]
         if forms.hidden is not None:
             hc = forms.wh_c.times(hn)
@@ -412,7 +404,7 @@ def gru_steps(plan, xg_all: torch.Tensor, xc_all: torch.Tensor, h: torch.Tensor,
             hc = rq.values(hc)
         acc = np.add(xc[:, t], hc)
         acc += bc
-        c = forms.c_lookup(forms.z2.positions(acc))
+        c = cand[1](cand[0].positions(acc))
         cu = forms.cu.values((qmax - u) * c)
         cu += u * hn
         hn = forms.h.values(cu)
@@ -425,8 +417,6 @@ def gru_steps(plan, xg_all: torch.Tensor, xc_all: torch.Tensor, h: torch.Tensor,
 class _Q15LstmForms:
     wh: StepWeights
     hidden: StepRequant
-    gates: StepRequant
-    gate_lookup: StepLookup
     cell_scales: Tuple[float, float]
     """2^(the shifts of f·c and i·g in the cell accumulator)"""
     cell: StepRequant
@@ -446,19 +436,24 @@ def q15_lstm_steps(plan, steps, x_part: torch.Tensor, h: torch.Tensor, c: torch.
     if steps.gate_luts is None or not _applies(rows, cs4, x_part.device, hidden_matmul):
         return None
     fc_shift, ig_shift = steps.cell_shifts
-    c_bound = max(int(c.abs().max()) if c.numel() else 0, steps.cell.output_bound(2 ** 62))
-    forms = _kept(plan.numpy_forms, ("lstm", rows, c_bound, acc_bound),
-                  lambda: _q15_lstm_forms(plan, steps, gate_in, hidden_matmul, hq, c_bound, acc_bound))
-    if forms is None:
+    # the cell clip bounds every state after a step; an initial state beyond it widens the bound to a power of two,
+    # so that new initial states make few new forms
+    c0_max, clip = int(c.abs().max()) if c.numel() else 0, steps.cell.output_bound(2 ** 62)
+    c_bound = clip if c0_max <= clip else max(clip, 1 << c0_max.bit_length())
+    forms = _kept(plan.numpy_forms, ("lstm", c_bound), lambda: _q15_lstm_forms(plan, steps, hidden_matmul, hq, c_bound))
+    gate_forms = table_step(steps.gate_luts, gate_in.requant, acc_bound, cs4, gate_in.clamp) \
+        if forms is not None else None
+    if forms is None or gate_forms is None:
         return None
     assert isinstance(forms, _Q15LstmForms)
+    gates, gate_lookup = gate_forms
     cs = cs4 // 4
     xp, hn, cn = _numpy(x_part), _numpy(h), _numpy(c)
     products = np.empty((rows, count, cs), dtype=np.float64)
     fc_scale, ig_scale = forms.cell_scales
     for t in range(count):
         acc = np.add(xp[:, t], forms.hidden.values(forms.wh.times(hn)))
-        gate = forms.gate_lookup(forms.gates.positions(acc))
+        gate = gate_lookup(gates.positions(acc))
         i, g, f, o = gate[:, :cs], gate[:, cs:2 * cs], gate[:, 2 * cs:3 * cs], gate[:, 3 * cs:]
         update = f * cn
         update *= fc_scale
@@ -472,8 +467,9 @@ def q15_lstm_steps(plan, steps, x_part: torch.Tensor, h: torch.Tensor, c: torch.
     return torch.from_numpy(products).to(torch.int64), torch.from_numpy(cn).to(torch.int64)
 
 
-def _q15_lstm_forms(plan, steps, gate_in, hidden_matmul: IntMatmul, hq: int, c_bound: int, acc_bound: int
-                    ) -> Optional[_Q15LstmForms]:
+def _q15_lstm_forms(plan, steps, hidden_matmul: IntMatmul, hq: int, c_bound: int) -> Optional[_Q15LstmForms]:
+    """The numpy forms of a q15-form LSTM's steps for cell states |c| <= `c_bound`, but the gates' requantization
+    (its bound comes from each forward's input projection: `q15_lstm_steps` makes it)."""
     cs4 = int(hidden_matmul.w.shape[1])
     cs = cs4 // 4
     lut_gate, lut_cand, lut_cell = plan.luts
@@ -484,14 +480,13 @@ def _q15_lstm_forms(plan, steps, gate_in, hidden_matmul: IntMatmul, hq: int, c_b
         return None
     wh = _weights(hidden_matmul.w, hq, hidden_matmul.col_absmax)
     hidden = step_requant(steps.hidden, steps.hidden_bound, cs4)
-    gates = table_step(steps.gate_luts, gate_in.requant, acc_bound, cs4, gate_in.clamp)
     cell = step_requant(steps.cell, cell_bound, cs)
     cell_in = table_step(lut_cell, steps.cell_in, steps.cell.output_bound(cell_bound), cs)
     out_h = step_requant(steps.out_h, gate_max * lut_cell.absmax, cs)
-    if wh is None or hidden is None or gates is None or cell is None or cell_in is None or out_h is None:
+    if wh is None or hidden is None or cell is None or cell_in is None or out_h is None:
         return None
-    return _Q15LstmForms(wh, hidden, gates[0], gates[1], (float(2 ** fc_shift), float(2 ** ig_shift)), cell,
-                         cell_in[0], cell_in[1], out_h)
+    return _Q15LstmForms(wh, hidden, (float(2 ** fc_shift), float(2 ** ig_shift)), cell, cell_in[0], cell_in[1],
+                         out_h)
 
 
 @dataclass(frozen=True)
@@ -499,12 +494,8 @@ class _Q15GruForms:
     wh_g: StepWeights
     wh_c: StepWeights
     gates_hidden: StepRequant
-    gates: StepRequant
-    gate_lookup: StepLookup
     reset: StepRequant
     cand_hidden: StepRequant
-    cand: StepRequant
-    cand_lookup: StepLookup
     out_h: StepRequant
 
 
@@ -519,19 +510,23 @@ def q15_gru_steps(plan, steps, x_gates: torch.Tensor, x_cand: torch.Tensor, h: t
     if align < 0 or steps.prod_bound >= FLOAT64_EXACT or \
             not _applies(rows, cs2, x_gates.device, gates_matmul, cand_matmul):
         return None
-    forms = _kept(plan.numpy_forms, ("gru", rows, linear_before_reset, gates_acc_bound, cand_acc_bound),
-                  lambda: _q15_gru_forms(plan, steps, hq, linear_before_reset, gates_acc_bound, cand_acc_bound))
-    if forms is None:
+    forms = _kept(plan.numpy_forms, ("gru", linear_before_reset),
+                  lambda: _q15_gru_forms(plan, steps, hq, linear_before_reset))
+    cs = cs2 // 2
+    (gate_in, cand_in), (lut_gate, lut_cand) = plan.gate_in, plan.luts
+    gates = table_step(lut_gate, gate_in.requant, gates_acc_bound, 2 * cs, gate_in.clamp) if forms is not None \
+        else None
+    cand = table_step(lut_cand, cand_in.requant, cand_acc_bound, cs, cand_in.clamp) if gates is not None else None
+    if forms is None or gates is None or cand is None:
         return None
     assert isinstance(forms, _Q15GruForms)
-    cs = cs2 // 2
     xg, xc, hn = _numpy(x_gates), _numpy(x_cand), _numpy(h)
     b_reset = _numpy(plan.b[3 * cs:4 * cs])
     one, scale = float(2 ** 15), float(2 ** align)
     products = np.empty((rows, count, cs), dtype=np.float64)
     for t in range(count):
         acc = np.add(xg[:, t], forms.gates_hidden.values(forms.wh_g.times(hn)))
-        rz = forms.gate_lookup(forms.gates.positions(acc))
+        rz = gates[1](gates[0].positions(acc))
         r, z = rz[:, :cs], rz[:, cs:]
         if linear_before_reset:
             hc = forms.wh_c.times(hn)
@@ -540,7 +535,7 @@ def q15_gru_steps(plan, steps, x_gates: torch.Tensor, x_cand: torch.Tensor, h: t
         else:
             hpart = forms.wh_c.times(forms.reset.values(r * hn))
         acc = np.add(xc[:, t], forms.cand_hidden.values(hpart))
-        n = forms.cand_lookup(forms.cand.positions(acc))
+        n = cand[1](cand[0].positions(acc))
         prod = (one - z) * n
         zh = z * hn
         zh *= scale
@@ -550,21 +545,18 @@ def q15_gru_steps(plan, steps, x_gates: torch.Tensor, x_cand: torch.Tensor, h: t
     return torch.from_numpy(products).to(torch.int64)
 
 
-def _q15_gru_forms(plan, steps, hq: int, linear_before_reset: bool, gates_acc_bound: int, cand_acc_bound: int
-                   ) -> Optional[_Q15GruForms]:
+def _q15_gru_forms(plan, steps, hq: int, linear_before_reset: bool) -> Optional[_Q15GruForms]:
+    """The numpy forms of a q15-form GRU's steps, but the gate and candidate requantizations (their bounds come
+    from each forward's input projections: `q15_gru_steps` makes them)."""
     gates_matmul, cand_matmul = plan.hidden
-    gate_in, cand_in = plan.gate_in
-    lut_gate, lut_cand = plan.luts
     cs = int(cand_matmul.w.shape[1])
     wh_g = _weights(gates_matmul.w, hq, gates_matmul.col_absmax)
     wh_c = _weights(cand_matmul.w, hq if linear_before_reset else steps.reset_out, cand_matmul.col_absmax)
     gates_hidden = step_requant(steps.gates_hidden, steps.gates_hidden_bound, 2 * cs)
-    gates = table_step(lut_gate, gate_in.requant, gates_acc_bound, 2 * cs, gate_in.clamp)
     reset = step_requant(steps.reset, steps.reset_bound, cs)
     cand_hidden = step_requant(steps.cand_hidden, steps.cand_hidden_bound, cs)
-    cand = table_step(lut_cand, cand_in.requant, cand_acc_bound, cs, cand_in.clamp)
     out_h = step_requant(steps.out_h, steps.prod_bound, cs)
-    if wh_g is None or wh_c is None or gates_hidden is None or gates is None or reset is None \
-            or cand_hidden is None or cand is None or out_h is None or steps.reset_bound >= FLOAT64_EXACT:
+    if wh_g is None or wh_c is None or gates_hidden is None or reset is None or cand_hidden is None \
+            or out_h is None or steps.reset_bound >= FLOAT64_EXACT:
         return None
-    return _Q15GruForms(wh_g, wh_c, gates_hidden, gates[0], gates[1], reset, cand_hidden, cand[0], cand[1], out_h)
+    return _Q15GruForms(wh_g, wh_c, gates_hidden, reset, cand_hidden, out_h)

@@ -1600,7 +1600,9 @@ def lstm_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     state_max = max(-(qmin + 1), qmax)  # h and c after a step: requantized into [qmin + 1, qmax]
     h_max, c_max = values_absmax(h), values_absmax(c)
     acc_max = values_absmax(x_part) + INT32_BOUND if plan.bits == 8 else INT32_BOUND  # 16 bits: clamped to int32
-    stepped = lstm_steps(plan, x_part, h, c, max(h_max, c_max, state_max), acc_max)  # small CPU steps: numpy
+    # small CPU steps: numpy (their per-step forms are made for a states' bound of the whole code range, so that
+    # new initial states within it make none again)
+    stepped = lstm_steps(plan, x_part, h, c, max(h_max, c_max, -qmin), acc_max)
     if stepped is not None:
         y, c_last = stepped
         finals = {"Y": torch.flip(y, [1]) if spec.reverse else y, "H": y[:, -1].contiguous(), "C": c_last}
@@ -1936,7 +1938,7 @@ def gru_upstream_forward(node: PyNode, spec: RnnSpec) -> List[torch.Tensor]:
     z_max = values_absmax(xg_all) + INT32_BOUND + values_absmax(plan.bg)
     z2_max = values_absmax(xc_all) + INT32_BOUND + values_absmax(plan.bc)
     bh_max, rz_max, c_max = values_absmax(plan.bh), plan.lut_rz.absmax, plan.lut_c.absmax
-    stepped = gru_steps(plan, xg_all, xc_all, h, max(h_max, state_max), z_max, z2_max)  # small CPU steps: numpy
+    stepped = gru_steps(plan, xg_all, xc_all, h, max(h_max, -qmin), z_max, z2_max)  # small CPU steps (as the LSTM's)
     if stepped is not None:
         finals = {"H": torch.flip(stepped, [1]) if spec.reverse else stepped, "Hn": stepped[:, -1].contiguous()}
         return [finals[name] for name in spec.out_sequence]

@@ -91,3 +91,21 @@ def test_large_cells_keep_the_int8_gemm(monkeypatch) -> None:
             del node.attrs[key]
     outputs(qg, x)
     assert ran == [True, False]
+
+
+@pytest.mark.parametrize("form", ["upstream", "q15"])
+@pytest.mark.parametrize("optype,params", [CELLS[0], CELLS[2]])
+def test_step_forms_are_made_once_for_new_data(monkeypatch, optype: str, params: Dict[str, Any], form: str) -> None:
+    """The per-step forms (a few per time step) depend on the layer and the states' bound only; what depends on each
+    forward's input projection (the gates' requantization) is made per forward. Forwards of new data must not make
+    them again: that had cost half a forward of a 200-step cell."""
+    qg = quantized(optype, params, 8, form)
+    builders = {("BasicLSTM", "upstream"): "_lstm_forms", ("BasicLSTM", "q15"): "_q15_lstm_forms",
+                ("GRUv3", "upstream"): "_gru_forms", ("GRUv3", "q15"): "_q15_gru_forms"}
+    name = builders[(optype, form)]
+    built: List[int] = []
+    plain = getattr(_recurrent_steps, name)
+    monkeypatch.setattr(_recurrent_steps, name, lambda *a: built.append(1) or plain(*a))
+    for seed, scale in ((50, 1.0), (51, 3.0), (52, 0.3)):
+        outputs(qg, feeds(seed, optype, n=2, x_std=scale))
+    assert built == [1]
