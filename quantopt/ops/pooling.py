@@ -18,7 +18,7 @@ multiplier/shift and, for L2, a sqrt table), GlobalPool, AdaptivePool, Pooling3D
 from __future__ import annotations
 
 import math
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -258,7 +258,7 @@ def pool2d_nchw_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, method: str
     (M, shift) the 8-bit approximation of s_out / s_in / count (float32, as upstream's integer forward; `avg_requant`).
     Sums are formed in float64, exact while |x + zp| * window size < 2^53 (checked).
     """
-    size, full, _, divisor, requant = _int_plan(node, x, p, method)
+    size, full, _, divisor, requant, kept = _int_plan(node, x, p, method)
     if method == "MAX":
         # float32 where the output range lies within ±2^24: codes there are exact in float32, and a code beyond it
         # (a hand-fed input) rounds to a value that the caller's clamp to [qmin, qmax] maps as the code itself;
@@ -271,7 +271,9 @@ def pool2d_nchw_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, method: str
             y = F.max_pool2d(xp, p["k"], p["s"], padding=0, dilation=p["d"], ceil_mode=False)
         _check_size(node, y, size)
         return y.to(torch.int64)
-    fast = _avg_int_float64(node, x, zp, p, full, size, requant)
+    if "avg_float64" not in kept:  # what the float64 form derives from the layer alone, once per plan
+        kept["avg_float64"] = _avg_float64_plan(node, zp, p, requant)
+    fast = _avg_int_float64(node, x, kept["avg_float64"], p, full, size)
     if fast is not None:
         return fast
     shifted = x + zp
@@ -288,18 +290,19 @@ def pool2d_nchw_int(node: PyNode, x: torch.Tensor, zp: int, p: dict, method: str
     return requantize_int(total, mult, shift, 0, -2 ** 62, 2 ** 62) - tensor_zp(node, node.outputs[0])
 
 
-def _avg_int_float64(node: PyNode, x: torch.Tensor, zp: int, p: dict, full: Any, size: Any,
-                     requant: Tuple[torch.Tensor, torch.Tensor]) -> Any:
-    """The AVG branch of `pool2d_nchw_int`, bit for bit, in float64 from end to end (one conversion each way instead
-    of four, no int64 temporaries) when the input's stored range proves every step exact: window sums of
-    |x + zp| below 2^53 (so the general path's check cannot fail), |S·M| < 2^53 after the ±2^31 clamp, and results
-    (zero point subtracted) below 2^51 with |shift| < 900; in float32 (half the bytes per pass) where the range
-    proves |S·M| + |zp_out| < 2^24 and the factor M·2^-shift is a float32 value, so that every step is exact there
-    too. None otherwise, for the general path."""
+def _avg_float64_plan(node: PyNode, zp: Any, p: dict, requant: Tuple[torch.Tensor, torch.Tensor]
+                      ) -> Optional[Tuple[torch.Tensor, bool, Any, int]]:
+    """(factor M·2^-shift, whether float32 is exact, the input's zero point, the output's) of `_avg_int_float64`
+    when the input's stored range proves every step exact: window sums of |x + zp| below 2^53 (so the general
+    path's check cannot fail), |S·M| < 2^53 after the ±2^31 clamp, and results (zero point subtracted) below 2^51
+    with |shift| < 900; float32 (half the bytes per pass) where the range proves |S·M| + |zp_out| < 2^24 and the
+    factor is a float32 value, so that every step is exact there too. None otherwise, for the general path. From
+    the layer alone (its params, quantization and plan), so made once per plan: forming it cost a small pool as
+    much as its arithmetic."""
     lo, hi = out_range(node, node.inputs[0])
     window = p["k"][0] * p["k"][1]
     in_bound = max(abs(lo + zp), abs(hi + zp))
-    if max(abs(lo), abs(hi)) >= MAGIC_EXACT or in_bound * window >= FLOAT64_EXACT or not x.numel():
+    if max(abs(lo), abs(hi)) >= MAGIC_EXACT or in_bound * window >= FLOAT64_EXACT:
         return None
     mult, shift = requant
     m = torch.as_tensor(mult, dtype=torch.float64).cpu()
@@ -310,13 +313,24 @@ def _avg_int_float64(node: PyNode, x: torch.Tensor, zp: int, p: dict, full: Any,
     if not -900 < s_lo <= s_hi < 900 or AVG_SUM_LIMIT * m_max >= FLOAT64_EXACT or \
             math.ldexp(AVG_SUM_LIMIT * m_max, int(-s_lo)) + abs(zp_out) + 1 >= MAGIC_EXACT:
         return None
-    factor = shift_factor(m, sh, x.device)  # as requantize_float64 forms it (on the CPU)
-    # float32 where every step is exact there too: window sums times M below 2^24, the factor a float32 value
+    factor = shift_factor(m, sh, torch.device("cpu"))  # as requantize_float64 forms it (on the CPU)
     narrow = (in_bound * window * m_max + abs(zp_out) < FLOAT32_EXACT and isinstance(zp, (int, float))
               and bool((factor.to(torch.float32).to(torch.float64) == factor).all()))
+    return (factor.to(torch.float32) if narrow else factor), narrow, zp, zp_out
+
+
+def _avg_int_float64(node: PyNode, x: torch.Tensor, plan: Optional[Tuple[torch.Tensor, bool, Any, int]], p: dict,
+                     full: Any, size: Any) -> Any:
+    """The AVG branch of `pool2d_nchw_int`, bit for bit, in float64 from end to end (one conversion each way instead
+    of four, no int64 temporaries), or float32, as `plan` (`_avg_float64_plan`) proves exact; None where it has no
+    plan, for the general path."""
+    if plan is None or not x.numel():
+        return None
+    factor, narrow, zp, zp_out = plan
+    if factor.device != x.device:
+        factor = factor.to(x.device)
     if narrow:
         xf = x.to(torch.float32).add_(zp)
-        factor = factor.to(torch.float32)
     else:
         xf = int64_to_float64(x, zp) if isinstance(zp, (int, float)) else int64_to_float64(x).add_(zp)
     xp = F.pad(xf, full, value=0.0) if any(full) else xf
@@ -329,15 +343,17 @@ def _avg_int_float64(node: PyNode, x: torch.Tensor, zp: int, p: dict, full: Any,
 
 
 def _int_plan(node: PyNode, x: torch.Tensor, p: dict, method: str) -> Tuple[Any, ...]:
-    """(size, pads, extra cells, divisors, AVG's (M, shift) or None) of the integer MAX/AVG pool: memoized per layer
-    and input shape (graph/memo.py), they cost more than the pooling of a small input."""
+    """(size, pads, extra cells, divisors, AVG's (M, shift) or None, a dict for what the forward derives from these
+    once) of the integer MAX/AVG pool: memoized per layer and input shape (graph/memo.py), they cost more than the
+    pooling of a small input."""
     def build() -> Tuple[Any, ...]:
         size, full, extra = _plan(node, x, p)
         divisor = _divisors(node, x, p, extra, method)
         requant = avg_requant_of(node, divisor) if method == "AVG" else None
-        return size, full, extra, divisor, requant
+        return size, full, extra, divisor, requant, {}
 
-    return memo(node, "pool_int", (layer_key(node), tuple(x.shape), freeze(p), method), build)
+    # `p` follows from the layer's params and type and the input's shape, all in the key already
+    return memo(node, "pool_int", (layer_key(node), tuple(x.shape), method), build)
 
 
 AVG_SUM_LIMIT = 2 ** 31
