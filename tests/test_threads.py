@@ -282,7 +282,21 @@ def _affine(n: int) -> Dict[str, np.ndarray]:
     return {"weights": _f32(r, [n], loc=1.0, std=0.1), "biases": _f32(r, [n], std=0.1)}
 
 
+def _recurrent(optype: str) -> Case:
+    """A BasicLSTM or GRUv3 cell (tests/ops/test_recurrent.py): its integer steps run on numpy arrays."""
+    ops_tests = str(Path(__file__).resolve().parent / "ops")
+    if ops_tests not in sys.path:
+        sys.path.insert(0, ops_tests)
+    from test_recurrent import IN, C, T, build, gru_weights, lstm_weights
+
+    _, w, b = lstm_weights(0) if optype == "BasicLSTM" else gru_weights(0, "GRUV3")
+    shapes = [[3, T, IN], [1, C]] + ([[1, C]] if optype == "BasicLSTM" else [])
+    return build(optype, {}, w, b), shapes
+
+
 CASES: Dict[str, Callable[[], Case]] = {
+    "BasicLSTM": lambda: _recurrent("BasicLSTM"),
+    "GRUv3": lambda: _recurrent("GRUv3"),
     "Convolution": lambda: _conv(False),
     "Convolution 1x1 wide": _pointwise,
     "DepthwiseConv": lambda: _conv(True),
