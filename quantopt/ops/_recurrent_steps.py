@@ -1,4 +1,4 @@
-"""The integer steps of small recurrent cells (upstream's BasicLSTM and GRU forms) on numpy float64 arrays.
+"""The integer steps of small recurrent cells (BasicLSTM and GRU, both integer forms) on numpy float64 arrays.
 
 Why: a cell of a few hundred gate values per step costs its kernel calls, not its arithmetic. The torch form of a
 step (ops/recurrent.py) is some forty torch calls of about a microsecond each plus the bookkeeping of its
