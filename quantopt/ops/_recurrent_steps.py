@@ -21,7 +21,7 @@ against independent Python-integer references, `test_recurrent_numpy_steps.py` a
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -48,7 +48,8 @@ RESET_RANGE = 2 ** 49
 """The GRU reset product's clamp (none in effect: |r · h| / 2^bits < 2^45 wherever the numpy steps apply)."""
 
 FORMS_KEPT = 16
-"""Sets of step forms (by their bounds) a layer's plan keeps."""
+"""Sets of step forms (by their bounds) a layer's plan keeps. The plans are ops/recurrent.py's `_LstmPlan`,
+`_GruPlan` and `_Q15Plan` (typed `Any` here: that module imports this one)."""
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ def _applies(rows: int, columns: int, device: torch.device, *products: IntMatmul
         (not int8 or weights <= NUMPY_STEP_WEIGHTS)
 
 
-def _kept(cache: Dict[tuple, object], key: tuple, build) -> object:
+def _kept(cache: Dict[tuple, object], key: tuple, build: Callable[[], object]) -> object:
     if key not in cache:
         if len(cache) >= FORMS_KEPT:
             cache.clear()
@@ -231,7 +232,7 @@ class _LstmForms:
     cell_lookup: StepLookup
 
 
-def _lstm_forms(plan, state_bound: int) -> Optional[_LstmForms]:
+def _lstm_forms(plan: Any, state_bound: int) -> Optional[_LstmForms]:
     """The numpy forms of an upstream-form LSTM plan's steps for states |h|, |c| <= `state_bound` (the torch form's
     bounds, with the first step's taken as wide as the others'), but the gates' requantization, whose bound comes
     from each forward's input projection (`lstm_steps` makes it)."""
@@ -270,7 +271,7 @@ def _lstm_forms(plan, state_bound: int) -> Optional[_LstmForms]:
     return _LstmForms(wh, hidden, plan.bits > 8, steps, cell_lookup)
 
 
-def lstm_steps(plan, x_part: torch.Tensor, h: torch.Tensor, c: torch.Tensor, state_bound: int, acc_max: int
+def lstm_steps(plan: Any, x_part: torch.Tensor, h: torch.Tensor, c: torch.Tensor, state_bound: int, acc_max: int
                ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """The upstream-form LSTM's steps (ops/recurrent.py `lstm_upstream_forward`, whose plan, input projection
     `x_part` [B, T, 4C] and initial states it takes) on numpy arrays: (every step's h [B, T, C], the last c [B, C])
@@ -323,7 +324,7 @@ class _GruForms:
     h: StepRequant
 
 
-def _gru_forms(plan, state_bound: int, bh_max: int) -> Optional[_GruForms]:
+def _gru_forms(plan: Any, state_bound: int, bh_max: int) -> Optional[_GruForms]:
     """The numpy forms of an upstream-form GRU plan's steps for a hidden state |h| <= `state_bound` (all steps)
     and the torch form's other bounds, but the gate and candidate requantizations, whose bounds come from each
     forward's input projections (`gru_steps` makes them)."""
@@ -364,7 +365,7 @@ def _gru_forms(plan, state_bound: int, bh_max: int) -> Optional[_GruForms]:
     return _GruForms(wh_g, wh_c, hg, hidden, reset, hc, cu, h)
 
 
-def gru_steps(plan, xg_all: torch.Tensor, xc_all: torch.Tensor, h: torch.Tensor, state_bound: int, z_max: int,
+def gru_steps(plan: Any, xg_all: torch.Tensor, xc_all: torch.Tensor, h: torch.Tensor, state_bound: int, z_max: int,
               z2_max: int) -> Optional[torch.Tensor]:
     """The upstream-form GRU's steps (ops/recurrent.py `gru_upstream_forward`, whose plan, input projections
     [B, T, 2C] and [B, T, C] and initial state it takes) on numpy arrays: every step's h [B, T, C] as int64, or None
@@ -425,8 +426,8 @@ class _Q15LstmForms:
     out_h: StepRequant
 
 
-def q15_lstm_steps(plan, steps, x_part: torch.Tensor, h: torch.Tensor, c: torch.Tensor, hq: int, acc_bound: int
-                   ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+def q15_lstm_steps(plan: Any, steps: Any, x_part: torch.Tensor, h: torch.Tensor, c: torch.Tensor, hq: int,
+                   acc_bound: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """The q15-form LSTM's steps (ops/recurrent.py `rnn_integer_forward`, whose plan and step plan, input
     projection `x_part` [B, T, 4C] and initial states in the hidden and cell formats it takes) on numpy arrays:
     (every step's Q30 product o·tanh(c) [B, T, C], the last c [B, C]) as int64, or None where they do not apply.
@@ -467,7 +468,7 @@ def q15_lstm_steps(plan, steps, x_part: torch.Tensor, h: torch.Tensor, c: torch.
     return torch.from_numpy(products).to(torch.int64), torch.from_numpy(cn).to(torch.int64)
 
 
-def _q15_lstm_forms(plan, steps, hidden_matmul: IntMatmul, hq: int, c_bound: int) -> Optional[_Q15LstmForms]:
+def _q15_lstm_forms(plan: Any, steps: Any, hidden_matmul: IntMatmul, hq: int, c_bound: int) -> Optional[_Q15LstmForms]:
     """The numpy forms of a q15-form LSTM's steps for cell states |c| <= `c_bound`, but the gates' requantization
     (its bound comes from each forward's input projection: `q15_lstm_steps` makes it)."""
     cs4 = int(hidden_matmul.w.shape[1])
@@ -499,8 +500,9 @@ class _Q15GruForms:
     out_h: StepRequant
 
 
-def q15_gru_steps(plan, steps, x_gates: torch.Tensor, x_cand: torch.Tensor, h: torch.Tensor, hq: int, align: int,
-                  linear_before_reset: bool, gates_acc_bound: int, cand_acc_bound: int) -> Optional[torch.Tensor]:
+def q15_gru_steps(plan: Any, steps: Any, x_gates: torch.Tensor, x_cand: torch.Tensor, h: torch.Tensor, hq: int,
+                  align: int, linear_before_reset: bool, gates_acc_bound: int, cand_acc_bound: int
+                  ) -> Optional[torch.Tensor]:
     """The q15-form GRU's steps (ops/recurrent.py `rnn_integer_forward`, whose plan and step plan, input
     projections [B, T, 2C] and [B, T, C] (the candidate's biases added) and initial hidden state it takes) on numpy
     arrays: every step's Q30 product [B, T, C] as int64, or None where they do not apply. `hq`: the bound of |h|;
@@ -545,7 +547,7 @@ def q15_gru_steps(plan, steps, x_gates: torch.Tensor, x_cand: torch.Tensor, h: t
     return torch.from_numpy(products).to(torch.int64)
 
 
-def _q15_gru_forms(plan, steps, hq: int, linear_before_reset: bool) -> Optional[_Q15GruForms]:
+def _q15_gru_forms(plan: Any, steps: Any, hq: int, linear_before_reset: bool) -> Optional[_Q15GruForms]:
     """The numpy forms of a q15-form GRU's steps, but the gate and candidate requantizations (their bounds come
     from each forward's input projections: `q15_gru_steps` makes them)."""
     gates_matmul, cand_matmul = plan.hidden
