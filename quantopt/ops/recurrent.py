@@ -1117,7 +1117,6 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
     xs = torch.flip(x, [1]) if spec.reverse else x
     align = GATE_FRAC_BITS - hid_frac
     products: List[torch.Tensor] = []
-    stacked: Optional[torch.Tensor] = None  # every step's product at once, where the numpy steps ran
     if spec.kind == "LSTM":
         cell_frac = _ip(node, "cell_frac_bits")
         if not 0 <= cell_frac <= CELL_MAX_FRAC_BITS:
@@ -1148,28 +1147,26 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         fc_scale, ig_scale = float(2 ** max(fc_shift, 0)), float(2 ** max(ig_shift, 0))
         stepped = q15_lstm_steps(plan, steps, x_part, h, c, hq, acc_bound)  # small CPU steps: numpy
         if stepped is not None:
-            stacked, c_last = stepped
-            finals = {"H": stacked[:, -1].contiguous(), "C": c_last}
-        else:
-            for t in range(spec.time_steps):
-                hw = hidden_matmul(h, hq, as_float64=floats)
-                acc = x_part[:, t] + steps.hidden(hw, steps.hidden_bound, as_float64=floats)
-                if gate_lookup is not None:
-                    i, g, f, o = gate_lookup(gate_in, acc, acc_bound, held).chunk(4, dim=1)
-                else:
-                    gin = gate_in(acc, acc_bound)
-                    i, g = lut_gate(gin[:, :cs]), lut_cand(gin[:, cs:2 * cs])
-                    f, o = lut_gate(gin[:, 2 * cs:3 * cs]), lut_gate(gin[:, 3 * cs:])
-                cell_bound = (gate_max * c_max << fc_shift) + (gate_max * gate_max << ig_shift)
-                if floats:
-                    c = steps.cell(torch.add(f * c * fc_scale, i * g * ig_scale), cell_bound, as_float64=True)
-                else:
-                    c = steps.cell(torch.add(f * c << fc_shift, i * g << ig_shift), cell_bound)
-                c_max = steps.cell.output_bound(cell_bound)
-                prod = o * cell_lookup(steps.cell_in, c, c_max, held)
-                h = steps.out_h(prod, gate_max * lut_cell.absmax, as_float64=floats)
-                products.append(prod)
-            finals = {"H": products[-1].to(torch.int64), "C": c.to(torch.int64)}
+            return _q15_outputs(node, spec, stepped[0], {"H": stepped[0][:, -1].contiguous(), "C": stepped[1]})
+        for t in range(spec.time_steps):
+            hw = hidden_matmul(h, hq, as_float64=floats)
+            acc = x_part[:, t] + steps.hidden(hw, steps.hidden_bound, as_float64=floats)
+            if gate_lookup is not None:
+                i, g, f, o = gate_lookup(gate_in, acc, acc_bound, held).chunk(4, dim=1)
+            else:
+                gin = gate_in(acc, acc_bound)
+                i, g = lut_gate(gin[:, :cs]), lut_cand(gin[:, cs:2 * cs])
+                f, o = lut_gate(gin[:, 2 * cs:3 * cs]), lut_gate(gin[:, 3 * cs:])
+            cell_bound = (gate_max * c_max << fc_shift) + (gate_max * gate_max << ig_shift)
+            if floats:
+                c = steps.cell(torch.add(f * c * fc_scale, i * g * ig_scale), cell_bound, as_float64=True)
+            else:
+                c = steps.cell(torch.add(f * c << fc_shift, i * g << ig_shift), cell_bound)
+            c_max = steps.cell.output_bound(cell_bound)
+            prod = o * cell_lookup(steps.cell_in, c, c_max, held)
+            h = steps.out_h(prod, gate_max * lut_cell.absmax, as_float64=floats)
+            products.append(prod)
+        finals = {"H": products[-1].to(torch.int64), "C": c.to(torch.int64)}
     else:
         gate_in, cand_in = plan.gate_in
         gates_matmul, cand_matmul = plan.hidden
@@ -1189,32 +1186,35 @@ def rnn_integer_forward(node: PyNode) -> List[torch.Tensor]:
         stepped_gru = q15_gru_steps(plan, steps, x_gates, x_cand, h, hq, align, spec.linear_before_reset,
                                     gates_acc_bound, cand_acc_bound)  # small CPU steps: numpy
         if stepped_gru is not None:
-            stacked = stepped_gru
-            finals = {"Hn": stacked[:, -1].contiguous()}
-        else:
-            for t in range(spec.time_steps):
-                hw = gates_matmul(h, hq, as_float64=floats)
-                acc = x_gates[:, t] + steps.gates_hidden(hw, steps.gates_hidden_bound)
-                rz = gate_lookup(gate_in, acc, gates_acc_bound)
-                r, z = rz[:, :cs], rz[:, cs:]
-                if spec.linear_before_reset:
-                    hpart = steps.reset(r * (cand_matmul(h, hq, as_float64=floats) + b[3 * cs:4 * cs]),
-                                        steps.reset_bound)
-                else:
-                    hpart = cand_matmul(steps.reset(r * h, steps.reset_bound), steps.reset_out)
-                acc = x_cand[:, t] + steps.cand_hidden(hpart, steps.cand_hidden_bound)
-                n = cand_lookup(cand_in, acc, cand_acc_bound)
-                zh = z * h
-                prod = (2 ** GATE_FRAC_BITS - z) * n + (zh * float(2 ** align) if floats else zh << align)
-                h = steps.out_h(prod, steps.prod_bound, as_float64=floats)
-                products.append(prod)
-            finals = {"Hn": products[-1].to(torch.int64)}
+            return _q15_outputs(node, spec, stepped_gru, {"Hn": stepped_gru[:, -1].contiguous()})
+        for t in range(spec.time_steps):
+            hw = gates_matmul(h, hq, as_float64=floats)
+            acc = x_gates[:, t] + steps.gates_hidden(hw, steps.gates_hidden_bound)
+            rz = gate_lookup(gate_in, acc, gates_acc_bound)
+            r, z = rz[:, :cs], rz[:, cs:]
+            if spec.linear_before_reset:
+                hpart = steps.reset(r * (cand_matmul(h, hq, as_float64=floats) + b[3 * cs:4 * cs]), steps.reset_bound)
+            else:
+                hpart = cand_matmul(steps.reset(r * h, steps.reset_bound), steps.reset_out)
+            acc = x_cand[:, t] + steps.cand_hidden(hpart, steps.cand_hidden_bound)
+            n = cand_lookup(cand_in, acc, cand_acc_bound)
+            zh = z * h
+            prod = (2 ** GATE_FRAC_BITS - z) * n + (zh * float(2 ** align) if floats else zh << align)
+            h = steps.out_h(prod, steps.prod_bound, as_float64=floats)
+            products.append(prod)
+        finals = {"Hn": products[-1].to(torch.int64)}
+    return _q15_outputs(node, spec, torch.stack(products, dim=1).to(torch.int64), finals)
+
+
+def _q15_outputs(node: PyNode, spec: RnnSpec, stacked: torch.Tensor, finals: Dict[str, torch.Tensor]
+                 ) -> List[torch.Tensor]:
+    """The q15 forms' outputs requantized from their Q30 products: `stacked` every step's [B, T, C] in processing
+    order, `finals` the last state(s)."""
     seq_name = "Y" if spec.kind == "LSTM" else "H"
     results = []
     for idx, name in enumerate(spec.out_sequence):
         if name == seq_name:
-            seq = stacked if stacked is not None else torch.stack(products, dim=1).to(torch.int64)
-            v = torch.flip(seq, [1]) if spec.reverse else seq
+            v = torch.flip(stacked, [1]) if spec.reverse else stacked
         else:
             v = finals[name]
         results.append(_requant_out(node, idx, v))
