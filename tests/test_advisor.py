@@ -47,7 +47,13 @@ def test_huge_finite_mask_suggests_the_field() -> None:
     graph = masked_softmax_model(-1e9)
     q = quantize_model(graph, feeds(6, 0))
     hits = causes(advise(graph, q), "inf_mask")
-    assert hits and all("enable_pass_detect_inf_mask_nodes" in a.field for a in hits)
+    huge = [a for a in hits if "enable_pass_detect_inf_mask_nodes" in a.field]
+    finite = [a for a in hits if a.field == "detect_finite_masks = true"]
+    assert huge and len(finite) == 1 and finite[0].layer == "add" and len(huge) + 1 == len(hits)
+    assert "-1e+09" in finite[0].message
+    enabled = masked_softmax_model(-1e9)
+    q = quantize_model(enabled, feeds(6, 0), settings={"detect_finite_masks": True})
+    assert all("handled automatically" in a.field for a in causes(advise(enabled, q), "inf_mask"))
 
 
 def test_bias_saturation() -> None:

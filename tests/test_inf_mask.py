@@ -134,13 +134,21 @@ def test_mul_mask_pattern() -> None:
         assert cosine(got, graph.forward(batch)[0]) > 0.99
 
 
-def test_finite_mask_needs_the_field() -> None:
-    """-1e9 is not a mask value by default; enable_pass_detect_inf_mask_nodes takes it as one."""
-    assert FIELDS["enable_pass_detect_inf_mask_nodes"].default is False
-    assert "enable_pass_detect_inf_mask_nodes" not in UPSTREAM_FIELDS
+def test_finite_mask_needs_a_field() -> None:
+    """-1e9 is not a mask value by default; enable_pass_detect_inf_mask_nodes turns the constant into -FLT_MAX in
+    the float graph, detect_finite_masks takes it as a finite mask and leaves the float graph as it is
+    (calibration/finite_mask.py, tests/test_finite_mask.py)."""
+    for name in ("enable_pass_detect_inf_mask_nodes", "detect_finite_masks"):
+        assert FIELDS[name].default is False and name not in UPSTREAM_FIELDS
     plain = masked_softmax_model(-1e9)
     quantize_model(plain, feeds(8, 0))
     assert not any(is_mask_tensor(plain.statistics.get(t)) for n in plain.nodes for t in n.outputs)
+    finite = masked_softmax_model(-1e9)
+    quantize_model(finite, feeds(8, 0), settings={"detect_finite_masks": True})
+    assert float(finite.nodes[[n.name for n in finite.nodes].index("neg")].constants["weights"].betensor.min()) \
+        == -1e9
+    assert all(is_mask_tensor(finite.statistics.get(t)) for n in finite.nodes if n.name in ("neg", "mask", "add")
+               for t in n.outputs)
     graph = masked_softmax_model(-1e9)
     q = quantize_model(graph, feeds(8, 0), settings={"detect_inf_mask_nodes": True})
     assert float(graph.nodes[[n.name for n in graph.nodes].index("neg")].constants["weights"].betensor.min()) \

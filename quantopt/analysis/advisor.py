@@ -4,7 +4,8 @@ The per-layer similarity tells *where* accuracy went; the statistics and the qua
 `advise` looks for causes a user can act on, one `Advice` (one line) each:
 
 * `inf_mask`: statistics that saw ±inf or |x| >= 1e30 (an attention mask, handled by calibration/inf_mask.py)
-  or, not handled, huge finite values (|x| >= 32767, e.g. a mask written as -1e9) that set a useless range;
+  or, not handled, huge finite values (|x| >= 32767, e.g. a mask written as -1e9) that set a useless range, and
+  finite attention masks (calibration/finite_mask.py: Swin's -100) taken as data without `detect_finite_masks`;
 * `bias_saturation`: quantized biases clipped at their bit width (input scale × weight scale too large), worse with
   16-bit activations, whose scales are 256 times larger;
 * `weight_channels`: per-tensor weights over output channels of very different ranges (the small channels get a few
@@ -26,8 +27,10 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ..calibration.inf_mask import mask_counts
+from ..calibration.finite_mask import finite_masks
+from ..calibration.inf_mask import is_mask_tensor, mask_counts
 from ..calibration.low_sqnr import layer_sqnr_db
+from ..config.upstream_defects import MASK_AS_DATA
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from ..graph.tables import quant_of, statistics_of
@@ -94,6 +97,23 @@ def _inf_mask(node: PyNode) -> List[Advice]:
                               "a mask, its range leaves the real values a few integer steps",
                               "enable_pass_detect_inf_mask_nodes = true (mask constants <= -32767), or "
                               "trim_infinity_before_statistic for this layer"))
+    return out
+
+
+def _finite_masks(graph: PyGraph) -> List[Advice]:
+    """The finite attention masks (calibration/finite_mask.py) whose values were taken as data: each Add that adds
+    one, with the field that would make them masks."""
+    out = []
+    for mask in finite_masks(graph):
+        st = statistics_of(mask.add).get(mask.add.outputs[0])
+        if is_mask_tensor(st) or mask.add.settings is None or mask.add.settings.detect_finite_masks:
+            continue
+        if MASK_AS_DATA in mask.add.settings.upstream_defects:
+            continue
+        out.append(Advice(mask.add.name, str(mask.add.type), "inf_mask",
+                          f"adds a finite attention mask (mask values of {mask.value:g} and below) to scores that "
+                          "reach a Softmax: the mask values set the range of the scores, which keep few integer steps",
+                          "detect_finite_masks = true"))
     return out
 
 
@@ -203,6 +223,7 @@ def advise(float_graph: PyGraph, quant_graph: Optional[PyGraph] = None,
     advice: List[Advice] = []
     for n in float_graph.nodes:
         advice += _inf_mask(n)
+    advice += _finite_masks(float_graph)
     for n in float_graph.nodes:
         q = qnodes.get(n.name)
         if q is not None and q.quantized:

@@ -6,9 +6,10 @@ Two views per layer output, averaged over the given batches:
 * isolated: each quantized layer is fed the float graph's inputs quantized with its own input params, so the
   error is the layer's own (what tells a user which layer is to blame).
 
-A mask tensor (its statistics saw ±inf or |x| >= 1e30, calibration/inf_mask.py) is compared on its other positions only:
-the mask positions saturate by design and their huge float values would decide cosine and MSE alone. A NaN or
-infinite result is kept, with a `note` saying why, and listed first among the worst layers.
+A mask tensor (its statistics saw ±inf or |x| >= 1e30, calibration/inf_mask.py, or a finite mask's values,
+calibration/finite_mask.py) is compared on its other positions only: the mask positions saturate by design and
+their huge float values would decide cosine and MSE alone. A NaN or infinite result is kept, with a `note` saying
+why, and listed first among the worst layers.
 """
 from __future__ import annotations
 
@@ -247,7 +248,9 @@ def _unmasked(t: PyTensor, stats: TensorStatistics, x: torch.Tensor, notes: Dict
     float tensor's statistics, which tell whether it is a mask tensor."""
     if not is_mask_tensor(stats):
         return None
-    keep = ~(x.to(torch.float64).abs() >= INF_MASK_THRESHOLD)  # the threshold itself, not its float32 rounding
+    # the threshold itself, not its float32 rounding; a finite mask's own (calibration/finite_mask.py)
+    threshold = INF_MASK_THRESHOLD if stats.inf_mask_threshold is None else float(stats.inf_mask_threshold)
+    keep = ~(x.to(torch.float64).abs() >= threshold)
     if bool(keep.all()):
         return None
     notes.setdefault(t.name, f"inf mask: {int((~keep).sum())} mask position(s) of the first batch left out")

@@ -11,6 +11,7 @@ strategies and hence which statistics are worth computing.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
@@ -23,8 +24,9 @@ from ..graph.node import PyNode
 from ..graph.recorded import ForwardRecord
 from ..graph.tables import TensorStatistics, ranges_of, statistics_of
 from ..graph.tensor import PyTensor
-from ..log import OPT_DEBUG
+from ..log import OPT_DEBUG, OPT_WARN
 from ..quant.params import QuantMode
+from .finite_mask import finite_mask_thresholds
 from .inf_mask import apply_inf_mask_ranges
 from .statistics import (
     INF_MASK_THRESHOLD,
@@ -128,6 +130,7 @@ def collect_activation_statistics(graph: PyGraph, batches: Iterable[Sequence[tor
                 run.group_forward(pending)
     finally:
         run.updates.store()
+        run.mark_mask_thresholds()
     return run.count
 
 
@@ -148,9 +151,38 @@ class _StatisticsPass:
             id(n): _stat_config(n, n.settings.q_strategy_activation,
                                 key_axis=-1 if _per_channel_activations(n) else None, activation=True)
             for n in graph.nodes}
+        # with detect_finite_masks, the layers of finite attention masks take theirs as mask values
+        # (calibration/finite_mask.py), unless their settings take mask values as data (mask_as_data)
+        self.mask_thresholds: Dict[int, float] = {}
+        wanted = any(n.settings.detect_finite_masks for n in graph.nodes)
+        thresholds = finite_mask_thresholds(graph) if wanted else {}
+        for n in graph.nodes:
+            threshold = thresholds.get(n.name)
+            cfg = self.configs[id(n)]
+            if threshold is not None and n.settings.detect_finite_masks and math.isfinite(cfg.mask_threshold) \
+                    and threshold < cfg.mask_threshold:
+                self.configs[id(n)] = replace(cfg, mask_threshold=threshold)
+                self.mask_thresholds[id(n)] = threshold
         self.placeholder_configs: Dict[int, StatisticsConfig] = {
             id(n): _stat_config(n, n.settings.q_strategy_activation, key_axis=None, activation=True)
             for n in graph.nodes}
+
+    def mark_mask_thresholds(self) -> None:
+        """Write the finite-mask thresholds into the statistics of the layers that used one (the analysis leaves
+        the same positions out of its comparisons; a statistic file keeps them)."""
+        table = self.graph.statistics
+        for n in self.graph.nodes:
+            threshold = self.mask_thresholds.get(id(n))
+            if threshold is None:
+                continue
+            for t in n.outputs:
+                stats = table.of(t)
+                stats.inf_mask_threshold = torch.tensor(threshold, dtype=torch.float64)
+                if stats.inf_mask_high is not None:
+                    OPT_WARN(f"layer '{n.name}' ({n.type}): on a finite attention mask's path, "
+                             f"{int(stats.inf_mask_high)} value(s) of at least {threshold:g} were left out of the "
+                             "statistics with the mask values; they saturate to the integer maximum "
+                             "(docs/statistics-and-dump.md)")
 
     def alone(self) -> bool:
         """Whether the next batch runs by itself: the first one, those the record keeps, or no grouping."""

@@ -126,7 +126,8 @@ def apply_inf_mask_ranges(graph: PyGraph, log: bool = True) -> List[str]:
     names = [n.name for n in masked]
     if log:
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-        OPT_WARN(f"inf mask detected: {len(names)} layer output(s) hold ±inf or |x| >= 1e30 (attention masks): "
+        OPT_WARN(f"inf mask detected: {len(names)} layer output(s) hold attention-mask values (±inf, |x| >= 1e30, or "
+                 "those of a finite mask such as -100 or -1e4): "
                  f"{shown}; their statistics leave those values out, they saturate to the integer minimum and the "
                  "Softmax they reach gives them probability 0 (docs/statistics-and-dump.md)")
     return names

@@ -43,6 +43,8 @@ class TensorStatistics:
     # seen below -threshold / above +threshold (0-d float64 counts; None: none seen). calibration/statistics.py
     inf_mask_low: Optional[torch.Tensor] = None
     inf_mask_high: Optional[torch.Tensor] = None
+    # the mask threshold of a tensor on a finite-mask chain (calibration/finite_mask.py; 0-d float64), None: 1e30
+    inf_mask_threshold: Optional[torch.Tensor] = None
     batches: int = 0
 
     def reset(self) -> None:

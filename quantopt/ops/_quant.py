@@ -13,6 +13,7 @@ from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..calibration.inf_mask import is_mask_tensor
 from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..config.layer_settings import LayerSettings
 from ..errors import UnsupportedError
@@ -850,6 +851,8 @@ def integer_constant_range(node: PyNode) -> Optional[Tuple[float, float]]:
     """(min, max) of a Constant layer whose values are all integers (finite, no mask values: see
     `constant_quantize` in ops/io.py), else None: such a constant is quantized as exact integers (scale 1)."""
     if str(node.type) != "Constant" or "weights" not in node.constants:
+        return None
+    if node.outputs and is_mask_tensor(statistics_of(node).get(node.outputs[0])):  # a finite mask (its statistics)
         return None
     values = node.constants["weights"].betensor
     if values.is_floating_point():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..calibration.inf_mask import is_mask_tensor
 from ..calibration.statistics import INF_MASK_THRESHOLD
 from ..config.upstream_defects import MASK_AS_DATA
 from ..graph.memo import freeze, memo
@@ -108,13 +109,14 @@ def constant_quantize(self: PyNode) -> None:
     dtype when only If/Loop layers read them (KEEP_IR_INTEGER); others are quantized with the output's params. A float
     constant holding mask values (±inf, |x| >= 1e30: -FLT_MAX is an integer-valued float) is quantized from its
     calibrated range, its mask values saturating (calibration/inf_mask.py), never taken as an int32 of scale 1
-    (except with `upstream_defects = mask_as_data`, as upstream does)."""
+    (except with `upstream_defects = mask_as_data`, as upstream does); so is a finite mask whose statistics left its
+    mask values out (calibration/finite_mask.py: 0 and -100 are integers too)."""
     out = self.outputs[0]
     w = self.get_constant("weights")
     s = layer_settings(self)
     values = w.betensor
-    mask = values.is_floating_point() and bool((values.abs() >= INF_MASK_THRESHOLD).any()) and \
-        MASK_AS_DATA not in s.upstream_defects
+    mask = values.is_floating_point() and MASK_AS_DATA not in s.upstream_defects and (
+        bool((values.abs() >= INF_MASK_THRESHOLD).any()) or is_mask_tensor(statistics_of(self).get(out)))
     if mask and s.qinvariant:
         OPT_WARN(f"layer '{self.name}' (Constant): set_qinvariant_for_start_nodes names a constant holding mask "
                  f"values (±inf or |x| >= {INF_MASK_THRESHOLD:g}); they saturate to the integer range")
