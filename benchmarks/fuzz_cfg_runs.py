@@ -100,6 +100,7 @@ OPTIONS: Dict[str, List[str]] = {
     "enable_pass_merge_matmul_mul": ["false"],
     "enable_pass_deeply_set_unquantifiable": ["false"],
     "enable_pass_detect_inf_mask_nodes": ["true"],
+    "detect_finite_masks": ["true"],
     "fake_quant_operators_for_debug": ["[Softmax, LayerNorm]", "[Convolution, FullyConnected]"],
     "dump": ["true"],
     "skip_optimization": ["true"],

@@ -246,3 +246,26 @@ def test_export_is_exact() -> None:
     q = quantize_model(swin_like(-100.0), score_feeds(6, 0), settings=ON)
     agreement = measure_agreement(q, [torch.cat([b[0] for b in score_feeds(2, 4)]).numpy()])
     assert agreement.identical == 1.0, agreement
+
+
+@pytest.mark.parametrize("field", [False, True])
+def test_cli_run_with_and_without_the_field(field: bool, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Through `quantopt --cfg`: without the field the advice names the Add and the IR's Softmax has no mask rule;
+    with it the log names the mask layers and the written Softmax saturates its masked inputs."""
+    from quantopt.cli import main
+    from quantopt.ir.reader import read_ir
+    from quantopt.ir.writer import write_ir
+
+    write_ir(swin_like(-100.0), str(tmp_path / "m.txt"))
+    np.save(tmp_path / "calib.npy", np.concatenate([b[0].numpy() for b in score_feeds(4, 0)]))
+    (tmp_path / "opt.cfg").write_text(
+        "[Common]\ngraph = m.txt\nbin = m.bin\nmodel_name = m\ndataset = numpydataset\n"
+        f"calibration_data = calib.npy\ncalibration_batch_size = 1\noutput_dir = out\n"
+        f"detect_finite_masks = {str(field).lower()}\n")
+    assert main(["--cfg", str(tmp_path / "opt.cfg")]) == 0
+    err = capsys.readouterr().err
+    written = read_ir(str(tmp_path / "out" / "m_o.txt"))
+    softmax = _node(written, "softmax")
+    assert bool(softmax.params.get(SOFTMAX_MASK_PARAM, False)) is field
+    assert ("inf mask detected" in err) is field
+    assert ("fix: detect_finite_masks = true" in err) is not field
