@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import List, Optional
 
+import mask_models
 import numpy as np
 import pytest
 import torch
@@ -21,7 +22,8 @@ from quantopt.graph.graph import PyGraph
 from quantopt.pipeline import quantize_model, run_quantized
 from quantopt.quant.compare import cosine
 
-HEADS, WINDOWS, SEQ = 2, 3, 8
+HEADS, WINDOWS = 2, 3
+SEQ = mask_models.SEQ
 ON = {"detect_finite_masks": True}
 
 
@@ -62,38 +64,12 @@ def score_feeds(n: int, seed: int, spread: float = 2.0) -> List[List[torch.Tenso
 
 
 def padding_mask_model(fill: float, form: str) -> PyGraph:
-    """scores [1,2,8,8] + a padding mask from keep flags: Where(keep, 0, fill), (1 - keep) * fill or its BatchNorm
-    form -> Softmax."""
-    g = GraphBuilder("padding")
-    scores = g.input("scores", [1, HEADS, SEQ, SEQ])
-    keep = g.input("keep", [1, 1, 1, SEQ])
-    shape = [1, 1, 1, SEQ]
-    if form == "Where":
-        zero = g.layer("Constant", [], [shape], name="zero", constants={"weights": np.zeros(shape, np.float32)})
-        neg = g.layer("Constant", [], [shape], name="neg", constants={"weights": np.full(shape, fill, np.float32)})
-        mask = g.layer("Where", [keep, zero, neg], [shape], name="mask")
-    elif form == "BatchNorm":  # the Parser's fold of (1 - keep) * fill: keep * -fill + fill
-        mask = g.layer("BatchNorm", [keep], [shape], name="mask", params={"axis": -1, "with_activation": "NONE"},
-                       constants={"weights": np.full(SEQ, -fill, np.float32), "biases": np.full(SEQ, fill, np.float32)})
-    else:
-        one = g.layer("Constant", [], [shape], name="one", constants={"weights": np.ones(shape, np.float32)})
-        inv = g.layer("Eltwise", [one, keep], [shape], name="inv", params={"method": "SUB", "with_activation": "NONE"})
-        neg = g.layer("Constant", [], [[1]], name="neg", constants={"weights": np.full([1], fill, np.float32)})
-        mask = g.layer("Mul", [inv, neg], [shape], name="mask", params={"with_activation": "NONE"})
-    add = g.layer("Add", [scores, mask], [[1, HEADS, SEQ, SEQ]], name="add", params={"with_activation": "NONE"})
-    out = g.layer("Softmax", [add], [[1, HEADS, SEQ, SEQ]], name="softmax", params={"axis": -1})
-    return g.build([out])
+    """mask_models.padding_mask_model with this file's heads (Where, Mul or BatchNorm forms of a padding mask)."""
+    return mask_models.padding_mask_model(fill, form, HEADS)
 
 
 def padding_feeds(n: int, seed: int) -> List[List[torch.Tensor]]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        keep = np.zeros((1, 1, 1, SEQ), np.float32)
-        keep[..., :3 + i % (SEQ - 2)] = 1.0
-        out.append([torch.from_numpy(rng.normal(0, 2, (1, HEADS, SEQ, SEQ)).astype(np.float32)),
-                    torch.from_numpy(keep)])
-    return out
+    return mask_models.padding_feeds(n, seed, HEADS)
 
 
 def _node(graph: PyGraph, name: str):

@@ -10,52 +10,30 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from mask_models import padding_feeds, padding_mask_model
 
 import quantopt.ops  # noqa: F401  (registers the operators)
 from quantopt.analysis.similarity import LayerSimilarity, cosine, layer_similarity, worst_layers_table
 from quantopt.calibration.inf_mask import SOFTMAX_MASK_PARAM, is_mask_tensor
 from quantopt.calibration.statistics import StatisticsConfig, update_statistics
 from quantopt.config.fields import FIELDS, UPSTREAM_FIELDS
-from quantopt.graph.builder import GraphBuilder
 from quantopt.graph.tables import TensorStatistics
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
 from quantopt.pipeline import quantize_model, run_quantized
 
 FLT_MAX = float(torch.finfo(torch.float32).max)
-HEADS, SEQ = 4, 8
+HEADS = 4
 
 
 def masked_softmax_model(fill: float = -FLT_MAX, mask_op: str = "Where"):
     """scores [1,4,8,8] + mask[1,1,1,8] → Softmax; the mask is Where(keep, 0, fill) or (1 - keep) * fill."""
-    g = GraphBuilder("masked")
-    scores = g.input("scores", [1, HEADS, SEQ, SEQ])
-    keep = g.input("keep", [1, 1, 1, SEQ])
-    shape = [1, 1, 1, SEQ]
-    if mask_op == "Where":
-        zero = g.layer("Constant", [], [shape], name="zero", constants={"weights": np.zeros(shape, np.float32)})
-        neg = g.layer("Constant", [], [shape], name="neg", constants={"weights": np.full(shape, fill, np.float32)})
-        mask = g.layer("Where", [keep, zero, neg], [shape], name="mask")
-    else:
-        one = g.layer("Constant", [], [shape], name="one", constants={"weights": np.ones(shape, np.float32)})
-        inv = g.layer("Eltwise", [one, keep], [shape], name="inv", params={"method": "SUB", "with_activation": "NONE"})
-        neg = g.layer("Constant", [], [shape], name="neg", constants={"weights": np.full(shape, fill, np.float32)})
-        mask = g.layer("Mul", [inv, neg], [shape], name="mask", params={"with_activation": "NONE"})
-    add = g.layer("Add", [scores, mask], [[1, HEADS, SEQ, SEQ]], name="add", params={"with_activation": "NONE"})
-    out = g.layer("Softmax", [add], [[1, HEADS, SEQ, SEQ]], name="softmax", params={"axis": -1})
-    return g.build([out])
+    return padding_mask_model(fill, mask_op, HEADS)
 
 
 def feeds(n: int, seed: int):
     """Scores of a few units, and masks keeping the first 3..8 positions."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        keep = np.zeros((1, 1, 1, SEQ), np.float32)
-        keep[..., :3 + i % (SEQ - 2)] = 1.0
-        out.append([torch.from_numpy(rng.normal(0, 2, (1, HEADS, SEQ, SEQ)).astype(np.float32)),
-                    torch.from_numpy(keep)])
-    return out
+    return padding_feeds(n, seed, HEADS)
 
 
 # ------------------------------------------------------------------------------------------------ statistics
