@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 from test_int8_gemm import _conv_graph as int8_conv_graph
+from test_int8_gemm import reference_gemm
 
 import quantopt.ops  # noqa: F401  (registers the operators)
 from quantopt.graph.builder import GraphBuilder
 from quantopt.graph.graph import PyGraph
-from quantopt.ops import conv
+from quantopt.ops import _conv_nhwc, conv
 from quantopt.pipeline import quantize_model
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
@@ -95,3 +96,24 @@ def test_small_convolutions_keep_the_gemm_kernels(monkeypatch) -> None:
         data = [torch.from_numpy(r.normal(0.5, 1.0, [2, 13, 11, c]).astype(np.float32)) for _ in range(2)]
         quantize_model(graph, data[:1], {}).forward([data[1]])
     assert calls == ["DepthwiseConv"]
+
+
+@pytest.mark.parametrize("group,cout,k", [(4, 8, 3), (8, 16, 3), (8, 8, 1)])
+def test_grouped_convolutions_take_onednn_before_the_int8_gemms(monkeypatch, group: int, cout: int, k: int) -> None:
+    """From ONEDNN_MIN_GROUPS groups on, a grouped Convolution whose bound allows float32 runs as one oneDNN call
+    even where the int8 GEMM is used (that takes one GEMM per group), with the int8 GEMMs' integers."""
+    assert group >= conv.ONEDNN_MIN_GROUPS
+    r = np.random.default_rng(6)
+    graph = int8_conv_graph(6, (1, 1, 0, 1), (1, 1), (1, 1), cin=8, cout=cout, size=(9, 7), group=group, k=k)
+    data = [torch.from_numpy(r.normal(0.5, 1.0, [2, 9, 7, 8]).astype(np.float32)) for _ in range(3)]
+    q = quantize_model(graph, data[:2], {})
+    monkeypatch.setattr(conv, "int8_gemm_used", lambda: True)
+    gemms: List[int] = []
+    monkeypatch.setattr(_conv_nhwc, "int8_gemm", reference_gemm(gemms))  # exact on any CPU (AVX2's is not)
+    calls: List[int] = []
+    onednn = conv._conv_int_onednn
+    monkeypatch.setattr(conv, "_conv_int_onednn", lambda *a: calls.append(1) or onednn(*a))
+    fast = q.forward([data[2]])[0].clone()
+    assert calls == [1] and not gemms
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)  # the int8 GEMMs, one per group
+    assert torch.equal(fast, q.forward([data[2]])[0]) and len(gemms) == group
