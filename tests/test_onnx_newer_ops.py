@@ -507,3 +507,34 @@ def test_torch_exports_import_run_and_quantize(name):
         y = to_float(t, quant_of(t.pnode)).double().reshape(-1)
         cos = float(torch.nn.functional.cosine_similarity(y, w.double().reshape(-1), dim=0))
         assert cos > MIN_COSINE.get(name, 0.98), (t.name, cos)
+
+
+def _roll_model(shift: int, axis: int = 1, extra_reader: bool = False) -> onnx.ModelProto:
+    """torch.roll(x, shift, axis) as the exporter writes it: Concat(x[-shift:], x[:-shift]) along `axis`; a shift of
+    0 makes the first part the empty slice x[0:0]. With `extra_reader`, a Relu also reads that part."""
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    n = 6
+    inits = [i64("s0", [(n - shift) % n if shift else 0]), i64("e0", [n if shift else 0]), i64("s1", [0]),
+             i64("e1", [(n - shift) % n if shift else n]), i64("ax", [axis])]
+    nodes = [helper.make_node("Slice", ["x", "s0", "e0", "ax"], ["a"]),
+             helper.make_node("Slice", ["x", "s1", "e1", "ax"], ["b"]),
+             helper.make_node("Concat", ["a", "b"], ["rolled"], axis=axis),
+             helper.make_node("Relu", ["rolled"], ["y"])]
+    outputs = [("y", F)]
+    if extra_reader:
+        nodes.append(helper.make_node("Relu", ["a"], ["z"]))
+        outputs.append(("z", F))
+    return _model(nodes, [("x", [2, n, 4])], outputs, inits)
+
+
+@pytest.mark.parametrize("shift", [0, 2])
+def test_roll_by_zero_leaves_the_empty_slice_out(shift, tmp_path):
+    """A roll by 0 (Video Swin's shifted windows where the window covers a whole axis) concatenates an empty slice:
+    the Concat leaves it out, so the model imports; the values are the reference's."""
+    graph = _check(_roll_model(shift), [("x", [2, 6, 4])], tmp_path)
+    assert "Slice" not in _types(graph) if shift == 0 else "Slice" in _types(graph)
+
+
+def test_empty_slice_read_by_another_layer_is_refused(tmp_path):
+    with pytest.raises(UnsupportedError, match="an empty slice is not supported"):
+        _imported(_roll_model(0, extra_reader=True), tmp_path)

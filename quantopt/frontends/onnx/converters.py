@@ -673,6 +673,14 @@ def split(ctx: Context, node: ONode) -> None:
              outputs=outs)
 
 
+def _only_concatenated_along(ctx: Context, tensor: str, axis: int, rank: int) -> bool:
+    """Whether every reader of `tensor` is a Concat along `axis` (of a rank-`rank` tensor) and the graph does not
+    output it: an empty part of such Concats adds nothing, so it need not exist."""
+    readers = ctx.g.consumers(tensor)
+    return bool(readers) and tensor not in ctx.g.outputs and all(
+        r.op == "Concat" and _axis(r.attrs.get("axis", 0), rank) == axis for r in readers)
+
+
 @converter("Slice")
 def slice_op(ctx: Context, node: ONode) -> None:
     x = node.inputs[0]
@@ -690,7 +698,9 @@ def slice_op(ctx: Context, node: ONode) -> None:
             raise ConvertError("step 0")
         idx = range(n)[slice(max(min(s, 2 ** 62), -2 ** 62), max(min(e, 2 ** 62), -2 ** 62), st)]
         if len(idx) == 0:
-            raise ConvertError("an empty slice is not supported")
+            if _only_concatenated_along(ctx, node.outputs[0], a, rank):
+                return  # torch.roll by 0 exports Concat(x[0:0], x): the Concat leaves the unbound empty part out
+            raise ConvertError("an empty slice is not supported (except as a part of a Concat along its axis)")
         begin[a] = idx[0]
         stride[a] = st
         last = idx[-1] + (1 if st > 0 else -1)
