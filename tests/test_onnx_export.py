@@ -1106,6 +1106,30 @@ def test_layers_left_in_float_form_are_named(caplog) -> None:
     assert "1 layer(s) keep the float QDQ form" in caplog.text and "soft" in caplog.text
 
 
+@pytest.mark.parametrize("method", ["FAST_EXP", "LUT"])
+@pytest.mark.parametrize("mask", [False, True])
+def test_softmax_over_one_element_is_exact(method: str, mask: bool) -> None:
+    """A Softmax over an axis of one element (MobileViT's attention over one patch: the FAST_EXP tables do not exist
+    there) gives one code for every row: exported as that code, identical to the integer forward, with or without
+    a mask rule on its input."""
+    b = GraphBuilder("single")
+    x = b.input("x", [1, 6, 6, 4])
+    a, s = _conv(b, x, [1, 6, 6, 4], 4, "pre")
+    one = b.layer("Reshape", [a], [[1, 144, 1]], name="rows", params=dict(shape=[1, 144, 1]))
+    soft = b.layer("Softmax", [one], [[1, 144, 1]], name="soft", params=dict(axis=-1))
+    outs = [soft] if method == "LUT" else [b.layer("Reshape", [soft], [[1, 144]], name="flat",
+                                                   params=dict(shape=[1, 144]))]
+    graph = b.build(outs)
+    qgraph = quantize_model(graph, [_data(graph, s_, 2) for s_ in range(3)])
+    node = qgraph.node("soft")
+    assert node.params["quantize_method"] == method
+    if mask:
+        node.params["mask_saturated_input"] = True
+    _, qdq = convert_graph(qgraph)
+    assert not qdq.float_layers
+    assert measure_agreement(qgraph, _data(graph, 7, 2)).identical == 1.0
+
+
 def _ops_tests() -> None:
     ops_tests = str(Path(__file__).resolve().parent / "ops")
     if ops_tests not in sys.path:

@@ -887,6 +887,31 @@ def exact_softmax_lut(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
     return True
 
 
+def exact_softmax_single(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
+    """Softmax over an axis of one element (MobileViT's attention over one patch): x - max(x) is 0 in every row, so
+    every output is one code, which the layer's own integer forward gives for any input code (the FAST_EXP tables
+    do not exist there: pow2_out_q is 31); the LUT method only where its short-row variant gives the same code.
+    Exported as that code over the input's shape."""
+    x, out = node.inputs[0], node.outputs[0]
+    if not g.unit_domain or int(x.ir_shape[perm[axis]]) != 1:
+        return False
+    method = str(node.get_param("quantize_method", optional=True, default_value="LUT")).upper()
+    one = torch.full([1], out_range(node, x)[1], dtype=torch.int64)  # the top code: never a masked one
+    if method == "FAST_EXP":
+        found = {int(_softmax_fast_exp_forward(node, one, 0)[0])}
+    elif method == "LUT" and "lut" in node.constants:
+        found = {int(_softmax_lut_forward(node, one, 0, rows)[0]) for rows in (1, SOFTMAX_ROW_BLOCK)}
+    else:
+        return False
+    if len(found) != 1:
+        return False
+    unit = float(found.pop() + tensor_zp(node, out))
+    value = g.add("Add", [g.add("Mul", [codes(g, x, perm), double(g, node, "zero", 0.0)]),
+                          double(g, node, "code", unit)])
+    g.quantize(out, g.add("Cast", [value], to=FLOAT), perm, unit=True)
+    return True
+
+
 def exact_softmax_fast_exp(g: QDQGraph, node: PyNode, perm: Perm, axis: int) -> bool:
     """Softmax FAST_EXP with the 2^f table (adjust_q >= 8), upstream's log-domain form (docs/semantics/softmax.md):
     u and e are functions of x - max(x) alone, S = clamp(Σe, 1, 2^31 - 1), its bit length by comparisons, the Q15
@@ -977,7 +1002,8 @@ def convert_softmax(g: QDQGraph, node: PyNode) -> None:
     x, y = node.inputs[0], node.outputs[0]
     perm = unary_perm(g, node)
     axis = perm.index(axis_param(node, node.get_param("axis", optional=True, default_value=-1), len(perm)))
-    if str(node.type) == "Softmax" and (exact_softmax_lut(g, node, perm, axis)
+    if str(node.type) == "Softmax" and (exact_softmax_single(g, node, perm, axis)
+                                        or exact_softmax_lut(g, node, perm, axis)
                                         or exact_softmax_fast_exp(g, node, perm, axis)):
         return
     if str(node.type) == "LogSoftmax" and "lut_exp" in node.constants:
