@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -250,8 +251,13 @@ def test_summary_block_lists_quantized_inputs_and_outputs(tmp_path, capsys):
 def test_preset_accurate_end_to_end(tmp_path, caplog):
     """The example quantizes with the preset; the log names the fields it set and the template shows them."""
     cfg = example_cfg(tmp_path, extra="preset = accurate\nunify_shifts_for_aiff = true\n")
-    with caplog.at_level("INFO", logger="quantopt"):
-        assert main(["--cfg", str(cfg)]) == 0
+    logger = logging.getLogger("quantopt")  # the console set-up turns propagation off: attach the capture directly
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("INFO", logger="quantopt"):
+            assert main(["--cfg", str(cfg)]) == 0
+    finally:
+        logger.removeHandler(caplog.handler)
     err = caplog.text
     assert "preset accurate: quantize_method_for_weight = per_channel_symmetric_restricted_range, " \
            "calibration_strategy_for_activation = quantile[99.99]" in err

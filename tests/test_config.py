@@ -187,6 +187,7 @@ def test_preset_settings_for_the_python_api():
 
     settings = LayerSettings(**preset_settings("accurate"))
     assert settings.q_mode_weight == "per_channel_symmetric_restricted_range"
+    assert settings.detect_finite_masks is True  # a global field every layer's settings carry
     assert preset_settings("none") == {}
     with pytest.raises(ValueError, match="unknown preset 'x'"):
         preset_settings("x")

@@ -7,8 +7,9 @@ what upstream's defaults lose most on: per-channel weights (convolutions whose o
 tens of times), one requantization shift per channel (a shared shift zeroes the multipliers of narrow channels),
 activation ranges that hold 99.99% of the calibration values (a true percentile) instead of the mean of per-batch
 extrema, and 16 bits for the layers whose outputs no 8-bit range quantizes with an expected SQNR of 30 dB (the
-outlier features of transformer residual streams; convolutional networks keep 8 bits nearly everywhere), and
-LayerNorm's and LogSoftmax's exact integer forms instead of upstream's table-based ones.
+outlier features of transformer residual streams; convolutional networks keep 8 bits nearly everywhere),
+LayerNorm's and LogSoftmax's exact integer forms instead of upstream's table-based ones, and attention masks of
+finite values (Swin's -100, `(1 - keep) * -1e4`) taken as masks.
 
 Torch-free, like the rest of the cfg reading.
 """
@@ -30,11 +31,15 @@ PRESETS: Dict[str, Dict[str, str]] = {
         "logsoftmax_integer_form": "exact",
         "lstm_integer_form": "q15",
         "gru_integer_form": "q15",
+        "detect_finite_masks": "true",
     },
 }
 """preset name -> {cfg field: value as written in a cfg}."""
 
 PRESET_NAMES = tuple(PRESETS)
+
+GLOBAL_SETTING_FIELDS: Dict[str, str] = {"detect_finite_masks": "detect_finite_masks"}
+"""Global cfg fields a preset sets that every layer's LayerSettings carries (cfg field -> LayerSettings name)."""
 
 
 def preset_values(name: str) -> Mapping[str, str]:
@@ -51,6 +56,7 @@ def preset_settings(name: str) -> Dict[str, Any]:
     from .layer_settings import SETTING_FIELDS
 
     by_field = {cfg_field: key for key, cfg_field in SETTING_FIELDS.items()}
+    by_field.update(GLOBAL_SETTING_FIELDS)
     values = preset_values(name)
     missing: List[str] = [f for f in values if f not in by_field]
     if missing:
