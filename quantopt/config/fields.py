@@ -318,9 +318,9 @@ field("detect_finite_masks", False, BoolKind(),
       "take attention masks of finite values as masks: a Constant of 0 and values <= -64 (Swin's -100), Where(keep, "
       "0, fill), (1 - keep) * fill or its BatchNorm fold, added to scores that reach a Softmax; their mask values "
       "are left out of statistics, saturate to the integer minimum and get probability 0, as ±inf masks do, while "
-      "the float graph keeps its values. Off (upstream's way: the values are data and set the scores' range); the "
-      "accuracy advice names the masks it finds (docs/statistics-and-dump.md, \"Masks with finite values\")",
-      group="calibration")
+      "the float graph keeps its values. Off (upstream's way: the values are data and set the scores' range; "
+      "preset = accurate turns it on); the accuracy advice names the masks it finds (docs/statistics-and-dump.md, "
+      "\"Masks with finite values\")", group="calibration")
 field("upstream_defects", frozenset(), UpstreamDefectsKind(),
       "upstream behaviours quantopt does not copy because they are wrong, reproduced for IRs identical to the "
       "upstream optimizer's: mask_as_data (attention masks quantized as data: masked attention ignores its "
