@@ -155,3 +155,38 @@ def test_same_values_match_views_of_the_same_memory_at_the_same_version() -> Non
     assert key != SameValues(w.reshape(3, 4).to(torch.float64))
     w.add_(1.0)
     assert key != SameValues(w.reshape(3, 4))
+
+
+def test_sixteen_bit_table_of_many_channels_is_one_column() -> None:
+    """At 16 bits an activation whose channels map alike (per-tensor params, a table over the codes) tabulates its
+    65536 codes once, not once per channel (576 channels took seconds per layer to tabulate); per-channel slopes
+    keep a table per channel only while it stays small, else the general path. The same integers either way."""
+    b = GraphBuilder("t")
+    shape = [1, 2, 2, 576]
+    x = b.input("x", shape)
+    y = b.layer("Activation", [x], [shape], name="op", params={"method": "HARDSWISH"})
+    g = b.build([y])
+    r = np.random.default_rng(1)
+    data = [torch.from_numpy(r.normal(0.0, 2.0, size=shape).astype(np.float32)) for _ in range(2)]
+    q = quantize_model(g, data, {"q_bits_activation": 16})
+    q.forward(data[0], keep_tensors=True)
+    node = q.node("op")
+    qmin, qmax, table = node.attrs["_memo_activation_table"][1]
+    assert table.numel() == qmax - qmin + 1 == 65536  # one column
+    assert torch.equal(node.outputs[0].betensor, _general(node))
+    slope = np.tile(np.linspace(-0.3, 0.6, 576).astype(np.float32), (1, 2, 2, 1))
+    q, data = _quantized("Activation", {"method": "PRELU"}, {"negative_slope": slope}, shape=shape)
+    q.forward(data[0], keep_tensors=True)
+    node = q.node("op")
+    assert torch.equal(node.outputs[0].betensor, _general(node))  # 8 bits: 256 codes x 576 channels, tabulated
+    assert "_memo_activation_table" in node.attrs
+    b = GraphBuilder("t16")
+    x = b.input("x", shape)
+    y = b.layer("Activation", [x], [shape], name="op", params={"method": "PRELU"},
+                constants={"negative_slope": slope})
+    g = b.build([y])
+    q = quantize_model(g, data, {"q_bits_activation": 16})
+    q.forward(data[0], keep_tensors=True)
+    node = q.node("op")
+    assert torch.equal(node.outputs[0].betensor, _general(node))  # 65536 codes x 576 channels: not tabulated
+    assert "_memo_activation_table" not in node.attrs

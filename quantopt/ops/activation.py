@@ -657,6 +657,23 @@ def _int_lut(node: PyNode, x: torch.Tensor) -> torch.Tensor:
 
 TABLE_MAX_CODES = 1 << 16
 """Input ranges of at most this many codes get their integer forward tabulated (`_code_table`)."""
+TABLE_MAX_ENTRIES = 1 << 22
+"""Most entries (codes times channels) of a table whose channels map differently (`_code_table`)."""
+
+
+def _channels_alike(node: PyNode) -> bool:
+    """Whether nothing an element-wise activation's integer forward reads varies along the channels: per-tensor
+    input and output params, constants of one value (a table over the codes, `lut`, aside) and params of one
+    value. Its table then needs one column of codes, not one per channel."""
+    table = quant_of(node)
+    for t in (node.inputs[0], node.outputs[0]):
+        q = table.get(t)
+        if q.per_channel or any(isinstance(v, torch.Tensor) and v.numel() > 1 for v in (q.scale, q.zerop)):
+            return False
+    for key, c in node.constants.items():
+        if c.betensor.numel() > 1 and not (key == "lut" and c.betensor.dim() == 1):
+            return False
+    return not any(isinstance(v, (list, tuple)) and len(v) > 1 for v in node.params.values())
 
 
 def _code_table(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> Optional[Tuple[int, int, torch.Tensor]]:
@@ -676,7 +693,19 @@ def _code_table(node: PyNode, method: str, x: torch.Tensor, zp_in: int) -> Optio
         if len(shape) > x.dim() or any(s not in (1, d) for s, d in zip(reversed(shape), reversed(x.shape))):
             return None
 
+    alike = _channels_alike(node)
+    if not alike and (qmax - qmin + 1) * channels > TABLE_MAX_ENTRIES:
+        return None
+
     def build() -> Optional[Tuple[int, int, torch.Tensor]]:
+        if alike:  # one column of codes: every channel maps alike (16-bit codes times hundreds of channels took
+            # seconds per layer and forward to tabulate)
+            codes = torch.arange(qmin, qmax + 1, dtype=torch.int64, device=x.device)
+            probe = codes.reshape([-1] + [1] * (x.dim() - 1))
+            y = _integer_forward(node, method, probe, zp_in)
+            if tuple(y.shape) != tuple(probe.shape) or y.dtype != torch.int64:
+                return None
+            return qmin, qmax, y.reshape(-1).contiguous()
         slope = None
         if method == "PRELU":  # the Parser repeats per-channel slopes over the spatial axes: one row serves all
             slope = node.get_constant("negative_slope").betensor
