@@ -12,7 +12,7 @@ from ..config.upstream_defects import EQUAL_SCALE_PASSTHROUGH
 from ..errors import UnsupportedError
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
-from ..log import OPT_WARN
+from ..log import OPT_INFO, OPT_WARN
 from ..quant.dtype import Dtype
 from ..quant.hardware import ELTWISE_INPUT_MULTIPLIER_MAX
 from ..quant.requant import (
@@ -249,11 +249,19 @@ def _store_per_channel(node: PyNode, method: str, s: LayerSettings) -> None:
         ratio = s_out / (scales[0] * scales[1])
     else:
         top = scales.max(dim=0).values
+        # a channel whose input scales lie more than 32767 times apart (a nearly constant channel of one branch
+        # beside a wide one) aligns to 32767 times the coarsest scale instead of the finest: the finer inputs'
+        # whole range is then below 1/128 of the coarsest input's step, and their multiplier rounds (at least 1)
+        cap = scales.min(dim=0).values * ELTWISE_INPUT_MULTIPLIER_MAX
+        capped = top > cap
+        if bool(capped.any()):
+            OPT_INFO(f"layer '{node.name}' ({node.type}): in {int(capped.sum())} channel(s) the input scales lie "
+                     f"more than {ELTWISE_INPUT_MULTIPLIER_MAX} times apart; the inputs align to "
+                     f"{ELTWISE_INPUT_MULTIPLIER_MAX} times the coarsest scale there")
+            top = torch.minimum(top, cap)
         ratios = top / scales
-        if float(ratios.max()) > ELTWISE_INPUT_MULTIPLIER_MAX:
-            raise UnsupportedError(f"layer '{node.name}' ({node.type}): input scales differ by more than "
-                                   f"{ELTWISE_INPUT_MULTIPLIER_MAX} times in a channel")
-        power = torch.floor(torch.log2(ELTWISE_INPUT_MULTIPLIER_MAX / ratios.max(dim=0).values))
+        # (at least 0: a capped channel's coarsest ratio may round a hair above 32767 in float32)
+        power = torch.clamp(torch.floor(torch.log2(ELTWISE_INPUT_MULTIPLIER_MAX / ratios.max(dim=0).values)), min=0)
         muls = torch.clamp(torch.round(ratios * torch.pow(2.0, power)), 1, ELTWISE_INPUT_MULTIPLIER_MAX)
         set_constant(node, "input_scale", muls.to(torch.int64), Dtype.UINT16)
         ratio = s_out / (top * torch.pow(2.0, power))

@@ -324,6 +324,31 @@ def test_eltwise_with_per_channel_scales(method: str, layers, bits: int, tmp_pat
     assert torch.equal(run_quantized(qg, [calib[1]])[0], run_quantized(read_ir(txt), [calib[1]])[0])
 
 
+@pytest.mark.parametrize("bits", [8, 16])
+def test_a_nearly_constant_channel_beside_a_wide_one_aligns_to_the_wide_one(bits: int, caplog) -> None:
+    """A residual Add where one branch's channel is nearly constant (a dead channel: its per-channel scale far finer
+    than the other branch's) had its input scales more than 32767 times apart and was refused; that channel now
+    aligns to 32767 times the coarsest scale (the fine input's whole range is below 1/128 of the coarse step), with
+    an info line naming the layer, and the integer forward is the stored arithmetic, close to float."""
+    graph = residual_graph("ADD")
+    b = next(n for n in graph.nodes if n.name == "b")
+    b.constants["weights"].betensor[2] *= 1e-7  # channel 2 of branch b: nearly constant (its bias only)
+    b.constants["biases"].betensor[2] = 1e-6
+    calib = [torch.from_numpy(np.random.default_rng(s).normal(size=[2, 6, 6, 3]).astype(np.float32))
+             for s in range(3)]
+    settings = dict(q_bits_activation=bits, q_bits_weight=bits, q_bits_bias=48 if bits > 8 else 32,
+                    q_strategy_activation="extrema")
+    with caplog.at_level("INFO", logger="quantopt"):
+        qg = quantize_model(graph, calib, settings, per_layer=per_channel(("a", "b", "op"), **settings))
+    node = qg.node("op")
+    muls = node.constants["input_scale"].betensor.reshape(2, -1)
+    assert int(muls[:, 2].max()) <= 32767 and int(muls[0, 2]) == 32767  # branch a is the coarse one there
+    qg.forward([calib[0]], keep_tensors=True)
+    np.testing.assert_array_equal(node.outputs[0].betensor.numpy(), ref_eltwise(node))
+    graph.forward([calib[0]])
+    assert cosine(graph.output_tensors[0].betensor, run_quantized(qg, [calib[0]])[0]) > 0.99
+
+
 def table_graph(method: str = "HARDSWISH"):
     r = np.random.default_rng(11)
     b = GraphBuilder("tab")
