@@ -53,7 +53,9 @@ def test_huge_finite_mask_suggests_the_field() -> None:
     assert "-1e+09" in finite[0].message
     enabled = masked_softmax_model(-1e9)
     q = quantize_model(enabled, feeds(6, 0), settings={"detect_finite_masks": True})
-    assert all("handled automatically" in a.field for a in causes(advise(enabled, q), "inf_mask"))
+    handled = causes(advise(enabled, q), "inf_mask")
+    assert handled and all("handled automatically" in a.field for a in handled)
+    assert all("|x| >= 5e+08: a finite attention mask" in a.message for a in handled)
 
 
 def test_bias_saturation() -> None:

@@ -85,8 +85,10 @@ def _inf_mask(node: PyNode) -> List[Advice]:
         st = table.get(t)
         low, high = mask_counts(st)
         if low or high:
+            which = "±inf or |x| >= 1e30" if st.inf_mask_threshold is None else \
+                f"|x| >= {float(st.inf_mask_threshold):g}: a finite attention mask"
             out.append(Advice(node.name, str(node.type), "inf_mask",
-                              f"'{t.name}' holds {low + high} mask value(s) (±inf or |x| >= 1e30); left out of its "
+                              f"'{t.name}' holds {low + high} mask value(s) ({which}); left out of its "
                               "statistics, saturated to the integer minimum, probability 0 after Softmax",
                               "none needed (handled automatically)"))
         elif t.ir_dtype.is_float and st.extrema_min is not None and st.extrema_max is not None and \
