@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import List
 
 import pytest
 import torch
@@ -292,3 +293,83 @@ def test_mask_values_take_the_fast_path_with_the_general_paths_results() -> None
         assert fast.batches == general.batches
     assert float(fast.inf_mask_low) == 3 * (2 * 4 * 8 * 3) + 6 + 1
     assert float(fast.inf_mask_high) == 1 + 2 * 4 * 8 * 2 + 4 * 8 + 1
+
+
+@pytest.mark.parametrize("case", ["normal", "edges", "constant", "clipped", "several_steps"])
+def test_row_binning_gives_the_general_paths_counts(case: str) -> None:
+    """One row without NaN is binned a cache-sized step at a time in a reused float64 buffer (`_bin_counts_row`):
+    the same counts as the general path, whose float64 copy of the whole row it replaces; values on bin edges, at
+    the range ends, beyond the range (clipped extrema), a constant row and a row of several steps included."""
+    from quantopt.calibration import statistics as st
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(50_000, generator=g)
+    lo, hi = torch.tensor([float(x.min())], dtype=torch.float64), torch.tensor([float(x.max())], dtype=torch.float64)
+    if case == "edges":  # exactly on the edges of a 2048-bin grid over [-1, 1], and both ends
+        x = torch.linspace(-1.0, 1.0, 2049).repeat(3)
+        lo, hi = torch.tensor([-1.0], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64)
+    elif case == "constant":
+        x = torch.full((1000,), 3.5)
+        lo, hi = st._degenerate_fix(torch.tensor([3.5], dtype=torch.float64), torch.tensor([3.5], dtype=torch.float64))
+    elif case == "clipped":  # values beyond the range go to the border bins
+        lo, hi = torch.tensor([-0.5], dtype=torch.float64), torch.tensor([0.25], dtype=torch.float64)
+    elif case == "several_steps":
+        x = torch.randn(3 * st.BIN_STEP + 123, generator=g) * 1e4
+        lo, hi = torch.tensor([float(x.min())], dtype=torch.float64), torch.tensor([float(x.max())],
+                                                                                   dtype=torch.float64)
+    general = st._bin_counts(x.reshape(1, -1), lo, hi, 2048)
+    fast = st._bin_counts(x.reshape(1, -1), lo, hi, 2048, no_nan=True)
+    assert torch.equal(fast, general) and float(fast.sum()) == x.numel()
+
+
+def test_histogram_statistics_take_the_row_path_with_the_same_results(monkeypatch) -> None:
+    """`update_statistics` with a histogram strategy: the per-tensor row path (the extrema found by the mask check,
+    the streamed binning) gives every field the general path gives, batch after batch, a batch holding NaN
+    included (that one takes the general path)."""
+    from quantopt.calibration import statistics as st
+
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.randn(4, 33, 17, generator=g) * (i + 1) for i in range(3)]
+    batches[1][0, 0, 0] = math.nan
+    cfg = StatisticsConfig(need_histogram=True, need_moments=True, key_axis=-1)
+    rows: List[int] = []
+    row_path = st._bin_counts_row
+    monkeypatch.setattr(st, "_bin_counts_row", lambda *a: rows.append(1) or row_path(*a))
+    fast = TensorStatistics()
+    for i, b in enumerate(batches):
+        update_statistics(fast, b, cfg, i)
+    assert len(rows) == 2  # the batches without NaN
+    general_bins, drop = st._bin_counts, st._drop_mask_values
+    monkeypatch.setattr(st, "_bin_counts", lambda v, lo, hi, bins, no_nan=False: general_bins(v, lo, hi, bins))
+    monkeypatch.setattr(st, "_drop_mask_values", lambda stats, xf, thr: drop(stats, xf, thr)[:2] + (None,))
+    slow = TensorStatistics()
+    for i, b in enumerate(batches):
+        update_statistics(slow, b, cfg, i)
+    assert len(rows) == 2
+    for name in TensorStatistics.__dataclass_fields__:
+        a, b = getattr(fast, name), getattr(slow, name)
+        assert (a is None and b is None) or (isinstance(a, int) and a == b) or torch.equal(a, b), name
+
+
+def test_one_row_rebin_in_numpy_gives_the_torch_form() -> None:
+    """A single histogram is re-binned in numpy (`_rebin_row`), the same float64 operations as the torch form that
+    several rows take (a number divided by a tensor being the tensor's reciprocal times it there): equal on random
+    histograms, integer and fractional counts, grown, shrunk and unchanged ranges."""
+    from quantopt.calibration import statistics as st
+
+    g = torch.Generator().manual_seed(0)
+    t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    for trial in range(400):
+        bins = [2048, 512, 7, 1][trial % 4]
+        h = torch.rand(bins, generator=g, dtype=torch.float64) * float(torch.randint(1, 10 ** 6, (1,), generator=g))
+        if trial % 3 == 0:
+            h = torch.floor(h)
+        olo = float(torch.randn(1, generator=g))
+        ohi = olo + abs(float(torch.randn(1, generator=g))) * 10 + 1e-6
+        nlo = olo - abs(float(torch.randn(1, generator=g))) * (trial % 5)
+        nhi = ohi + abs(float(torch.randn(1, generator=g))) * (trial % 7)
+        if trial % 11 == 0:
+            nlo, nhi = olo + 0.1 * (ohi - olo), ohi - 0.2 * (ohi - olo)
+        one = st.rebin_histogram(h, t(olo), t(ohi), t(nlo), t(nhi))
+        two = st.rebin_histogram(h.reshape(1, -1).expand(2, -1).clone(), t(olo), t(ohi), t(nlo), t(nhi))
+        assert torch.equal(one, two[0]) and torch.equal(two[0], two[1]), trial
