@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -166,12 +166,38 @@ def int8_accumulate(operand: Int8Operand, weight_sums: torch.Tensor,
     """The exact accumulator x·w as float64: the sum over `operand`'s parts of factor · product(part, its padding
     value) (an int8 GEMM or convolution with the weights), plus offset · `weight_sums` (per output channel, last
     axis)."""
+    products = [(product(part, pad), factor) for part, factor, pad in operand.parts]
+    if len(products) > 1 and all(y.dtype == torch.int32 for y, _ in products):
+        combined = _combined_int32(products, weight_sums, operand.offset)
+        if combined is not None:
+            return combined
     acc: Optional[torch.Tensor] = None
-    for part, factor, pad in operand.parts:
-        y = product(part, pad).to(torch.float64)
+    for y, factor in products:
+        y = y.to(torch.float64)
         acc = (y if factor == 1 else y.mul_(factor)) if acc is None else acc.add_(y, alpha=factor)
     assert acc is not None
     return acc.add_(weight_sums.to(torch.float64), alpha=operand.offset) if operand.offset else acc
+
+
+def _combined_int32(products: List[Tuple[torch.Tensor, int]], weight_sums: torch.Tensor,
+                    offset: int) -> Optional[torch.Tensor]:
+    """`int8_accumulate`'s sum of several int32 products (a 16-bit operand's high and low bytes) formed in int32 and
+    converted to float64 once, where the products' extrema prove every partial sum within int32; None otherwise.
+    Half the bytes of the float64 combination's passes: at 16 bits a 3136x96 by 96x384 FullyConnected spent more
+    time combining than in its two GEMMs."""
+    bound = abs(offset) * (int(weight_sums.abs().max()) if weight_sums.numel() else 0)
+    for y, factor in products:
+        lo, hi = (int(v) for v in torch.aminmax(y))
+        bound += abs(factor) * max(-lo, hi)
+    if bound >= 2 ** 31:
+        return None
+    (first, factor), rest = products[0], products[1:]
+    acc = first.mul_(factor) if factor != 1 else first  # the products are this call's own tensors
+    for y, f in rest:
+        acc.add_(y, alpha=f)
+    if offset:
+        acc.add_(weight_sums.to(torch.int32), alpha=offset)
+    return acc.to(torch.float64)
 
 
 INT8_MATMUL_MIN_WEIGHTS = 1 << 13

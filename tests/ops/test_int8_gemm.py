@@ -431,3 +431,28 @@ def test_int_matmul_without_int8_takes_a_float64_product_within_its_bound(monkey
     big = _int8_gemm.IntMatmul(w)
     wide = torch.randint(-(2 ** 40), 2 ** 40, (3, 96), generator=gen)
     assert torch.equal(big(wide), wide @ w) and big.w64 is None
+
+
+@pytest.mark.parametrize("k,extreme", [(96, False), (96, True), (1024, True)])
+def test_sixteen_bit_parts_combine_exactly_in_int32_or_float64(monkeypatch, k: int, extreme: bool) -> None:
+    """A 16-bit operand's high- and low-byte products are combined in int32 where their extrema prove every partial
+    sum within int32 (one float64 conversion), else in float64; the exact product either way (against int64)."""
+    from quantopt.ops import _int8_gemm
+
+    g = torch.Generator().manual_seed(k)
+    x = torch.randint(-32768, 32768, (37, k), generator=g)
+    w = torch.randint(-127, 128, (k, 11), generator=g)
+    if extreme:  # every product at its largest: the int32 bound fails for the long reduction
+        x[:, :] = -32768
+        w[:, :] = -127
+    operand = _int8_gemm.split_int8(x)
+    assert operand is not None and len(operand.parts) == 2
+    combined: List[int] = []
+    int32_path = _int8_gemm._combined_int32
+    monkeypatch.setattr(_int8_gemm, "_combined_int32", lambda *a: combined.append(1) or int32_path(*a))
+    got = _int8_gemm.int8_accumulate(operand, w.sum(dim=0), lambda part, pad: (part.to(torch.int64) @ w)
+                                     .to(torch.int32))
+    want = (x @ w).to(torch.float64)
+    assert got.dtype == torch.float64 and torch.equal(got, want)
+    assert combined  # tried first; its bound decides
+    assert (int(want.abs().max()) < 2 ** 31) or k == 1024
