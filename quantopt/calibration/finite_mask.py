@@ -36,6 +36,7 @@ import torch
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
 from ..graph.tensor import PyTensor
+from .inf_mask import arithmetic_method
 
 FINITE_MASK_MIN = 64.0
 """A mask value is at most -this: e^-64 is about 1.6e-28, a probability no quantized Softmax can show, and a
@@ -48,24 +49,30 @@ REPEATING = frozenset({"Tile", "Repeat", "Expand", "BroadcastTo"})
 """Layers that repeat values: allowed between the Constant and the Add (a mask broadcast over heads)."""
 
 
-def _single_input(node: PyNode) -> Optional[PyTensor]:
-    """The data input of a moving or repeating layer (its first input; the others are shapes), if it has one."""
-    return node.inputs[0] if node.inputs else None
+def _walk_back(t: PyTensor, kinds: frozenset, path: List[PyNode]) -> Optional[PyNode]:
+    """The layer making `t`, past the layers of `kinds` (only moving or repeating values; each appended to `path`,
+    read through its first input, the others being shapes); None where the walk reaches a graph input."""
+    node = t.pnode
+    while node is not None and str(node.type) in kinds and len(node.outputs) == 1 and node.inputs:
+        path.append(node)
+        node = node.inputs[0].pnode
+    return node if node is None or str(node.type) not in kinds else None
 
 
-def _is_add(node: PyNode) -> bool:
-    t = str(node.type)
-    if t == "Eltwise":
-        return str(node.params.get("method", "")).upper() == "ADD" and len(node.inputs) == 2
-    return t == "Add" and len(node.inputs) == 2
-
-
-def mask_value(node: PyNode) -> Optional[float]:
-    """The mask value nearest zero of a Constant layer holding a finite mask (module docstring), else None."""
-    if str(node.type) != "Constant" or node.inputs or "weights" not in node.constants:
+def _constant_values(node: Optional[PyNode]) -> Optional[torch.Tensor]:
+    """The finite float values of a Constant layer, else None."""
+    if node is None or str(node.type) != "Constant" or node.inputs or "weights" not in node.constants:
         return None
     values = node.constants["weights"].betensor
-    if not values.is_floating_point() or values.numel() < 2 or not bool(torch.isfinite(values).all()):
+    if not values.is_floating_point() or not values.numel() or not bool(torch.isfinite(values).all()):
+        return None
+    return values
+
+
+def _constant_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
+    """The mask value nearest zero of a Constant of 0 and values of at most -FINITE_MASK_MIN, else None."""
+    values = _constant_values(node)
+    if values is None:
         return None
     nonzero = values[values != 0]
     if nonzero.numel() == 0 or nonzero.numel() == values.numel():
@@ -74,31 +81,14 @@ def mask_value(node: PyNode) -> Optional[float]:
     return nearest if nearest <= -FINITE_MASK_MIN else None
 
 
-def _constant_values(t: PyTensor, path: List[PyNode]) -> Optional[torch.Tensor]:
-    """The float values of a Constant layer's output `t` (reached through moving and repeating layers, which are
-    appended to `path` with the Constant), else None."""
-    nodes: List[PyNode] = []
-    node = t.pnode
-    while node is not None and str(node.type) in MOVING | REPEATING:
-        nodes.append(node)
-        inp = _single_input(node)
-        node = inp.pnode if inp is not None else None
-    if node is None or str(node.type) != "Constant" or node.inputs or "weights" not in node.constants:
-        return None
-    values = node.constants["weights"].betensor
-    if not values.is_floating_point() or not values.numel() or not bool(torch.isfinite(values).all()):
-        return None
-    path.extend(nodes + [node])
-    return values
-
-
 def _chosen_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
     """The mask value of a Where choosing between an all-zero Constant and one of mask values (their layers appended
     to `path`), else None."""
     if str(node.type) != "Where" or len(node.inputs) != 3:
         return None
     found: List[PyNode] = []
-    branches = [_constant_values(t, found) for t in node.inputs[1:]]
+    sources = [_walk_back(t, MOVING | REPEATING, found) for t in node.inputs[1:]]
+    branches = [_constant_values(n) for n in sources]
     if any(b is None for b in branches):
         return None
     zero = [bool((b == 0).all()) for b in branches]
@@ -107,24 +97,23 @@ def _chosen_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
     nearest = float(branches[zero.index(False)].max())
     if nearest > -FINITE_MASK_MIN:
         return None
-    path.extend(found)
+    path.extend(found + [n for n in sources if n is not None])
     return nearest
 
 
 def _scaled_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
     """The mask value of a Mul of a tensor by a Constant of one value of at most -FINITE_MASK_MIN (the Constant's
     layers appended to `path`), else None."""
-    t = str(node.type)
-    is_mul = t == "Mul" or (t == "Eltwise" and str(node.params.get("method", "")).upper() == "MUL")
-    if not is_mul or len(node.inputs) != 2:
+    if arithmetic_method(node) != "MUL" or len(node.inputs) != 2:
         return None
     for inp in node.inputs:
         found: List[PyNode] = []
-        values = _constant_values(inp, found)
+        source = _walk_back(inp, MOVING | REPEATING, found)
+        values = _constant_values(source)
         if values is not None and bool((values == values.reshape(-1)[0]).all()):
             fill = float(values.reshape(-1)[0])
             if fill <= -FINITE_MASK_MIN:
-                path.extend(found)
+                path.extend(found + [source])
                 return fill
     return None
 
@@ -143,18 +132,10 @@ def _batchnorm_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
     return nearest if nearest <= -FINITE_MASK_MIN else None
 
 
-def _constant_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
-    return mask_value(node)
-
-
 def _mask_source(t: PyTensor, chain: List[PyNode]) -> Optional[float]:
     """The mask value of the finite mask `t` comes from through moving and repeating layers (those layers and the
-    mask's layer appended to `chain`), else None."""
-    node = t.pnode
-    while node is not None and str(node.type) in MOVING | REPEATING:
-        chain.append(node)
-        inp = _single_input(node)
-        node = inp.pnode if inp is not None else None
+    mask's layers appended to `chain`), else None."""
+    node = _walk_back(t, MOVING | REPEATING, chain)
     if node is None:
         return None
     for find in (_constant_mask_value, _chosen_mask_value, _scaled_mask_value, _batchnorm_mask_value):
@@ -181,12 +162,8 @@ def finite_masks(graph: PyGraph) -> List[FiniteMask]:
         if str(softmax.type) != "Softmax" or not softmax.inputs:
             continue
         after: List[PyNode] = []
-        node = softmax.inputs[0].pnode
-        while node is not None and str(node.type) in MOVING and len(node.outputs) == 1:
-            after.append(node)
-            inp = _single_input(node)
-            node = inp.pnode if inp is not None else None
-        if node is None or not _is_add(node):
+        node = _walk_back(softmax.inputs[0], MOVING, after)
+        if node is None or arithmetic_method(node) != "ADD" or len(node.inputs) != 2:
             continue
         for inp in node.inputs:
             chain: List[PyNode] = []

@@ -64,7 +64,8 @@ def has_low_mask(st: TensorStatistics) -> bool:
     return mask_counts(st)[0] > 0
 
 
-def _method(node: PyNode) -> str:
+def arithmetic_method(node: PyNode) -> str:
+    """ADD, SUB, MUL, ... for an Eltwise layer (its method) or an Add/Mul layer; any other layer's type."""
     t = str(node.type)
     if t == "Eltwise":
         return str(node.params.get("method", "")).upper()
@@ -84,7 +85,7 @@ def _required_min(ranges: RangeTable, node: PyNode, out: PyTensor, inp: PyTensor
     """The calibrated minimum the mask input `inp` needs so that its qmin gives `out`'s qmin; None: no rule."""
     others = [t for t in node.inputs if t is not inp]
     out_min = ranges.get(out).min
-    method = _method(node)
+    method = arithmetic_method(node)
     if method == "ADD":
         return 2.0 * (float(out_min) - sum(_magnitude(ranges, t) for t in others))
     if method == "SUB":
