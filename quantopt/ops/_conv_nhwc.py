@@ -29,9 +29,11 @@ MAX_PATCH_ELEMENTS = 1 << 19
 band small enough to stay in cache between its unfolding and the GEMM that reads it makes the large 3x3
 convolutions of PP-OCRv4 det 3-4x faster than 128 MiB bands did; each output row is the same GEMM row either way."""
 
-DEPTHWISE_BAND_ELEMENTS = 1 << 17
-"""Output elements of a depthwise convolution accumulated at once (1 MiB of float64): the band stays in cache over
-all the kernel taps. Each element still sums its taps in the same order, so the bands change no bit."""
+DEPTHWISE_BAND_ELEMENTS = 1 << 16
+"""Output elements of a depthwise convolution accumulated at once (512 KiB of float64): the band and the input rows
+it reads stay in the second-level cache over all the kernel taps (2^17 let the 5x5 layers of 240-480 channels
+spill it: 15-20% slower, docs/performance.md). Each element still sums its taps in the same order, so the bands
+change no bit."""
 
 
 PLAIN_BAND_ELEMENTS = 1 << 17
