@@ -374,3 +374,31 @@ def test_each_batching_rule_gives_the_per_sample_results(name: str) -> None:
     qgraph = quantize_model(graph, [[data[0][i:i + 1]] for i in range(SAMPLES)])
     quant_reference = run_in_batches(qgraph, data, 1)
     assert_same(quant_reference, run_in_batches(qgraph, data, 4), f"{name} quantized at batch 4")
+
+
+LAYOUT_SENSITIVE = {"gelu": ("Activation", {"method": "GELU"}, [1, 40, 31]),
+                    "sigmoid": ("Activation", {"method": "SIGMOID"}, [1, 40, 31]),
+                    "silu": ("Activation", {"method": "SILU"}, [1, 40, 31]),
+                    "elu": ("Activation", {"method": "ELU"}, [1, 40, 31]),
+                    "softplus": ("Activation", {"method": "SOFTPLUS"}, [1, 40, 31]),
+                    "mish": ("Activation", {"method": "MISH"}, [1, 40, 31]),
+                    "reduce_mean": ("Reduce", {"method": "MEAN", "axis": [-1]}, [1, 40, 1]),
+                    "reduce_sum": ("Reduce", {"method": "SUM", "axis": [1]}, [1, 1, 31])}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUT_SENSITIVE))
+def test_a_float_kernel_after_a_layout_changing_layer_gives_the_per_sample_bits(name: str) -> None:
+    """InstanceNorm gives a contiguous tensor at batch 1 and a permuted view at larger batches. An activation with
+    a vectorized body and a scalar tail (31 channels: not a multiple of the vector width) or a reduction summing
+    in memory order read the two layouts differently, so without contiguous inputs a sample's last bits changed
+    with the batch (found on WavLM's and SEW's feature extractors: GroupNorm of one channel per group, then GELU)."""
+    kind, params, shape = LAYOUT_SENSITIVE[name]
+    b = GraphBuilder("instance_norm_then_" + name)
+    x = b.input("x", [1, 40, 31])
+    normalized = b.layer("InstanceNorm", [x], [[1, 40, 31]], params={"epsilon": 1e-5})
+    y = b.layer(kind, [normalized], [shape], params=params)
+    graph = b.build([y])
+    data = [torch.randn(SAMPLES, 40, 31, generator=torch.Generator().manual_seed(7)) * 3]
+    reference = run_in_batches(graph, data, 1)
+    for batch in (4, SAMPLES):
+        assert_same(reference, run_in_batches(graph, data, batch), f"{name} at batch {batch}")

@@ -149,10 +149,40 @@ def _check_concatenable(node: Any, name: str, values: Sequence[torch.Tensor]) ->
 
 
 def forward_batched(node: Any, run: Callable[[], None]) -> None:
-    """Run `run` (the node's forward) on the whole batch, or once per IR-batch group when the layer needs it."""
+    """Run `run` (the node's forward) on the whole batch, or once per IR-batch group when the layer needs it. A
+    float kernel whose bits depend on the batch (`_float_per_group`) also gets its float inputs contiguous
+    (`_run_on_contiguous`)."""
     if not node.inputs:
         run()
         return
+    if _float_per_group(node) and any(_strided_float(t.betensor) for t in node.inputs):
+        _run_on_contiguous(node, lambda: _forward_batched(node, run))
+        return
+    _forward_batched(node, run)
+
+
+def _strided_float(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_floating_point() and not value.is_contiguous()
+
+
+def _run_on_contiguous(node: Any, run: Callable[[], None]) -> None:
+    """Run `run` with each non-contiguous float input replaced by a contiguous copy, the inputs' own values back
+    afterwards. Why: torch's element-wise kernels (sigmoid, erf, exp, ...) compute the vector-sized body of each
+    inner run with vectorized code and its tail with scalar code, whose last bits differ, and the inner runs follow
+    the memory layout. A layer upstream of such a kernel may give a permuted view at one batch size and a
+    contiguous tensor at another (InstanceNorm does); on contiguous values the runs depend only on the shape, so a
+    sample gets the same bits at any batch."""
+    saved = [(t, t.betensor) for t in node.inputs if _strided_float(t.betensor)]
+    try:
+        for t, value in saved:
+            t.betensor = value.contiguous()
+        run()
+    finally:
+        for t, value in saved:
+            t.betensor = value
+
+
+def _forward_batched(node: Any, run: Callable[[], None]) -> None:
     batched = [batch_rows(t) is not None for t in node.inputs]
     if not any(batched) or not BATCH_RULES.get(str(node.type), per_group)(node, batched):
         run()
