@@ -213,3 +213,20 @@ def test_calibration_grammar_is_shared_with_the_calibration_modules():
     assert unify_scales.UnifyRule is calibration_values.UnifyRule
     assert spec.parse_global_calibration is global_calibration.parse_global_calibration
     assert spec.GlobalMethodSpec is global_calibration.GlobalMethodSpec
+
+
+def test_python_dash_m_quantopt_is_the_command(tmp_path: Path) -> None:
+    """`python -m quantopt` runs the same command line (and, like it, answers --version without torch)."""
+    probe = ("import runpy, sys, json\nsys.argv = ['quantopt', '--version']\ntry:\n"
+             "    runpy.run_module('quantopt', run_name='__main__')\nexcept SystemExit as e:\n    rc = e.code\n"
+             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in HEAVY)\n"
+             "print(json.dumps({'rc': rc, 'heavy': heavy}))\n").replace("HEAVY", repr(HEAVY))
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
+                          timeout=300)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0, proc.stderr
+    assert __version__ in lines[0]
+    assert json.loads(lines[-1]) == {"rc": 0, "heavy": []}
+    bad = subprocess.run([sys.executable, "-m", "quantopt", "--cfg", str(tmp_path / "missing.cfg")], cwd=tmp_path,
+                         env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "missing.cfg" in bad.stderr
