@@ -13,9 +13,11 @@ from quantopt.graph.graph import PyGraph
 SEQ = 8
 
 
-def padding_mask_model(fill: float, form: str = "Where", heads: int = 4) -> PyGraph:
+def padding_mask_model(fill: float, form: str = "Where", heads: int = 4, subtract: str = "") -> PyGraph:
     """scores [1,heads,8,8] + mask [1,1,1,8] -> Softmax; the mask is Where(keep, 0, fill) (`form` "Where"),
-    (1 - keep) * fill ("Mul") or the Parser's BatchNorm fold of that product, keep * -fill + fill ("BatchNorm")."""
+    (1 - keep) * fill ("Mul") or the Parser's BatchNorm fold of that product, keep * -fill + fill ("BatchNorm").
+    `subtract` "Sub" or "Eltwise": scores - mask instead (a positive `fill`, as Funnel's and XLNet's
+    `scores - 1e6 * (1 - keep)`), by a Sub layer or an Eltwise SUB."""
     g = GraphBuilder("masked")
     scores = g.input("scores", [1, heads, SEQ, SEQ])
     keep = g.input("keep", [1, 1, 1, SEQ])
@@ -32,7 +34,13 @@ def padding_mask_model(fill: float, form: str = "Where", heads: int = 4) -> PyGr
         inv = g.layer("Eltwise", [one, keep], [shape], name="inv", params={"method": "SUB", "with_activation": "NONE"})
         neg = g.layer("Constant", [], [shape], name="neg", constants={"weights": np.full(shape, fill, np.float32)})
         mask = g.layer("Mul", [inv, neg], [shape], name="mask", params={"with_activation": "NONE"})
-    add = g.layer("Add", [scores, mask], [[1, heads, SEQ, SEQ]], name="add", params={"with_activation": "NONE"})
+    if subtract == "Sub":
+        add = g.layer("Sub", [scores, mask], [[1, heads, SEQ, SEQ]], name="add")
+    elif subtract:
+        add = g.layer("Eltwise", [scores, mask], [[1, heads, SEQ, SEQ]], name="add",
+                      params={"method": "SUB", "with_activation": "NONE"})
+    else:
+        add = g.layer("Add", [scores, mask], [[1, heads, SEQ, SEQ]], name="add", params={"with_activation": "NONE"})
     out = g.layer("Softmax", [add], [[1, heads, SEQ, SEQ]], name="softmax", params={"axis": -1})
     return g.build([out])
 

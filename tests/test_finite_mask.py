@@ -63,9 +63,10 @@ def score_feeds(n: int, seed: int, spread: float = 2.0) -> List[List[torch.Tenso
             for _ in range(n)]
 
 
-def padding_mask_model(fill: float, form: str) -> PyGraph:
-    """mask_models.padding_mask_model with this file's heads (Where, Mul or BatchNorm forms of a padding mask)."""
-    return mask_models.padding_mask_model(fill, form, HEADS)
+def padding_mask_model(fill: float, form: str, subtract: str = "") -> PyGraph:
+    """mask_models.padding_mask_model with this file's heads (Where, Mul or BatchNorm forms of a padding mask, added
+    or subtracted)."""
+    return mask_models.padding_mask_model(fill, form, HEADS, subtract)
 
 
 def padding_feeds(n: int, seed: int) -> List[List[torch.Tensor]]:
@@ -84,6 +85,12 @@ def test_chains_found_and_their_thresholds() -> None:
                                                                          "add": 5e8}
     assert finite_mask_thresholds(padding_mask_model(-1e4, "Mul")) == {"neg": 5e3, "mask": 5e3, "add": 5e3}
     assert finite_mask_thresholds(padding_mask_model(-1e4, "BatchNorm")) == {"mask": 5e3, "add": 5e3}
+    # subtracted from the scores: the signs turned (Funnel's `scores - 1e6 * (1 - keep)`)
+    assert finite_mask_thresholds(padding_mask_model(1e6, "Mul", subtract="Sub")) == {"neg": 5e5, "mask": 5e5,
+                                                                                      "add": 5e5}
+    assert finite_mask_thresholds(padding_mask_model(1e4, "BatchNorm", subtract="Eltwise")) == {"mask": 5e3,
+                                                                                                 "add": 5e3}
+    assert finite_mask_thresholds(padding_mask_model(-1e6, "Mul", subtract="Sub")) == {}  # subtracting -1e6 adds
     # several mask values: half of the one nearest zero
     two = window_mask(-100.0)
     two[two == -100.0] = -300.0
@@ -171,10 +178,13 @@ def test_finite_mask_is_more_accurate_than_taking_it_as_data(settings: dict) -> 
     assert errors[0] < 0.5 * errors[1], errors
 
 
-@pytest.mark.parametrize("form,fill", [("Where", -1e9), ("Where", -1e4), ("Mul", -1e4), ("Mul", -100.0),
-                                       ("BatchNorm", -1e4), ("BatchNorm", -1e9)])
-def test_padding_masks_of_finite_values(form: str, fill: float) -> None:
-    graph = padding_mask_model(fill, form)
+@pytest.mark.parametrize("form,fill,subtract", [("Where", -1e9, ""), ("Where", -1e4, ""), ("Mul", -1e4, ""),
+                                                ("Mul", -100.0, ""), ("BatchNorm", -1e4, ""), ("BatchNorm", -1e9, ""),
+                                                ("Mul", 1e6, "Sub"), ("Where", 1e9, "Eltwise"),
+                                                ("BatchNorm", 1e4, "Sub")])
+def test_padding_masks_of_finite_values(form: str, fill: float, subtract: str) -> None:
+    """Added (a negative fill) or subtracted (a positive one: Funnel's form) padding masks."""
+    graph = padding_mask_model(fill, form, subtract=subtract)
     q = quantize_model(graph, padding_feeds(8, 0), settings=ON)
     assert _node(q, "softmax").params[SOFTMAX_MASK_PARAM] is True
     assert q.quant.get(_node(q, "add").outputs[0]).scale > 5.0

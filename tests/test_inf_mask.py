@@ -112,6 +112,24 @@ def test_mul_mask_pattern() -> None:
         assert cosine(got, graph.forward(batch)[0]) > 0.99
 
 
+@pytest.mark.parametrize("subtract", ["Sub", "Eltwise"])
+@pytest.mark.parametrize("mask_op", ["Where", "Mul"])
+@pytest.mark.parametrize("score_scale", [1.0, 100.0])
+def test_subtracted_mask_pattern(subtract: str, mask_op: str, score_scale: float) -> None:
+    """scores - 1e30 * (1 - keep) (XLNet's form): the subtracted mask holds +1e30, which saturates to its qmax and
+    must still drive the Sub to its qmin. Its range is widened above for that; before, it kept the range floor's
+    scale, enough for scores of a few units but not for scores of hundreds (masked positions then got
+    probability up to 1)."""
+    graph = padding_mask_model(1e30, mask_op, HEADS, subtract=subtract)
+    q = quantize_model(graph, [[s * score_scale, k] for s, k in feeds(8, 0)])
+    for scores, keep_flags in feeds(4, 2):
+        batch = [scores * score_scale, keep_flags]
+        got = run_quantized(q, batch)[0]
+        keep = keep_flags.reshape(-1) > 0
+        assert float(got[..., ~keep].abs().max()) == 0.0
+        assert cosine(got[..., keep], graph.forward(batch)[0][..., keep]) > 0.99
+
+
 def test_finite_mask_needs_a_field() -> None:
     """-1e9 is not a mask value by default; enable_pass_detect_inf_mask_nodes turns the constant into -FLT_MAX in
     the float graph, detect_finite_masks takes it as a finite mask and leaves the float graph as it is

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ..calibration.finite_mask import finite_masks
-from ..calibration.inf_mask import is_mask_tensor, mask_counts
+from ..calibration.inf_mask import arithmetic_method, is_mask_tensor, mask_counts
 from ..calibration.low_sqnr import layer_sqnr_db
 from ..config.upstream_defects import MASK_AS_DATA
 from ..graph.graph import PyGraph
@@ -104,7 +104,7 @@ def _inf_mask(node: PyNode) -> List[Advice]:
 
 def _finite_masks(graph: PyGraph) -> List[Advice]:
     """The finite attention masks (calibration/finite_mask.py) whose values were taken as data: each Add that adds
-    one, with the field that would make them masks."""
+    one (or Sub that subtracts one), with the field that would make them masks."""
     out = []
     for mask in finite_masks(graph):
         st = statistics_of(mask.add).get(mask.add.outputs[0])
@@ -112,9 +112,12 @@ def _finite_masks(graph: PyGraph) -> List[Advice]:
             continue
         if MASK_AS_DATA in mask.add.settings.upstream_defects:
             continue
+        what = (f"subtracts a finite attention mask from scores that reach a Softmax (they get mask values of "
+                f"{mask.value:g} and below)" if arithmetic_method(mask.add) == "SUB" else
+                f"adds a finite attention mask (mask values of {mask.value:g} and below) to scores that reach a "
+                "Softmax")
         out.append(Advice(mask.add.name, str(mask.add.type), "inf_mask",
-                          f"adds a finite attention mask (mask values of {mask.value:g} and below) to scores that "
-                          "reach a Softmax: the mask values set the range of the scores, which keep few integer steps",
+                          what + ": the mask values set the range of the scores, which keep few integer steps",
                           "detect_finite_masks = true"))
     return out
 

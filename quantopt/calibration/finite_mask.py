@@ -7,7 +7,9 @@ e^-100 = 0. calibration/inf_mask.py already handles masks of ±inf and |x| >= 1e
 so that the same rules apply to them (docs/statistics-and-dump.md, "Masks with finite values"):
 
 * a *finite mask* reaches one input of an Add (Eltwise ADD) through layers that only move or repeat values, where
-  the Add's output reaches a Softmax through layers that only move values, and is one of
+  the Add's output reaches a Softmax through layers that only move values, and is one of (or, subtracted from the
+  scores by a Sub or Eltwise SUB, one of these with the signs turned: Funnel's and XLNet's
+  `scores - 1e6 * (1 - keep)`)
   - a Constant layer whose float values are 0 and values of at most -`FINITE_MASK_MIN` (nothing else, at least one
     of each): Swin's shifted-window mask;
   - a Where choosing between two such Constants (one all 0, the other all at most -`FINITE_MASK_MIN`): a padding
@@ -69,11 +71,13 @@ def _constant_values(node: Optional[PyNode]) -> Optional[torch.Tensor]:
     return values
 
 
-def _constant_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
-    """The mask value nearest zero of a Constant of 0 and values of at most -FINITE_MASK_MIN, else None."""
+def _constant_mask_value(node: PyNode, path: List[PyNode], sign: float) -> Optional[float]:
+    """The mask value nearest zero of a Constant of 0 and values of at most -FINITE_MASK_MIN, else None; `sign`:
+    -1 where the mask is subtracted (its values then count negated), else 1."""
     values = _constant_values(node)
     if values is None:
         return None
+    values = values * sign
     nonzero = values[values != 0]
     if nonzero.numel() == 0 or nonzero.numel() == values.numel():
         return None
@@ -81,7 +85,7 @@ def _constant_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
     return nearest if nearest <= -FINITE_MASK_MIN else None
 
 
-def _chosen_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
+def _chosen_mask_value(node: PyNode, path: List[PyNode], sign: float) -> Optional[float]:
     """The mask value of a Where choosing between an all-zero Constant and one of mask values (their layers appended
     to `path`), else None."""
     if str(node.type) != "Where" or len(node.inputs) != 3:
@@ -91,6 +95,7 @@ def _chosen_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
     branches = [_constant_values(n) for n in sources]
     if any(b is None for b in branches):
         return None
+    branches = [b * sign for b in branches]
     zero = [bool((b == 0).all()) for b in branches]
     if zero.count(True) != 1:
         return None
@@ -101,7 +106,7 @@ def _chosen_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
     return nearest
 
 
-def _scaled_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
+def _scaled_mask_value(node: PyNode, path: List[PyNode], sign: float) -> Optional[float]:
     """The mask value of a Mul of a tensor by a Constant of one value of at most -FINITE_MASK_MIN (the Constant's
     layers appended to `path`), else None."""
     if arithmetic_method(node) != "MUL" or len(node.inputs) != 2:
@@ -111,14 +116,14 @@ def _scaled_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
         source = _walk_back(inp, MOVING | REPEATING, found)
         values = _constant_values(source)
         if values is not None and bool((values == values.reshape(-1)[0]).all()):
-            fill = float(values.reshape(-1)[0])
+            fill = float(values.reshape(-1)[0]) * sign
             if fill <= -FINITE_MASK_MIN:
                 path.extend(found + [source])
                 return fill
     return None
 
 
-def _batchnorm_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
+def _batchnorm_mask_value(node: PyNode, path: List[PyNode], sign: float) -> Optional[float]:
     """The mask value of a BatchNorm computing `keep · w + b` with `w + b = 0` and every `b` at most
     -FINITE_MASK_MIN (the Parser's fold of `(1 - keep) · fill`), else None."""
     if str(node.type) != "BatchNorm":
@@ -128,18 +133,19 @@ def _batchnorm_mask_value(node: PyNode, path: List[PyNode]) -> Optional[float]:
         return None
     if not bool(torch.isfinite(b.betensor).all()) or not bool((w.betensor + b.betensor == 0).all()):
         return None
-    nearest = float(b.betensor.max())
+    nearest = float((b.betensor * sign).max())
     return nearest if nearest <= -FINITE_MASK_MIN else None
 
 
-def _mask_source(t: PyTensor, chain: List[PyNode]) -> Optional[float]:
-    """The mask value of the finite mask `t` comes from through moving and repeating layers (those layers and the
-    mask's layers appended to `chain`), else None."""
+def _mask_source(t: PyTensor, chain: List[PyNode], sign: float) -> Optional[float]:
+    """The mask value (as the scores get it: negated where `sign` is -1, a subtracted mask) of the finite mask `t`
+    comes from through moving and repeating layers (those layers and the mask's layers appended to `chain`), else
+    None."""
     node = _walk_back(t, MOVING | REPEATING, chain)
     if node is None:
         return None
     for find in (_constant_mask_value, _chosen_mask_value, _scaled_mask_value, _batchnorm_mask_value):
-        value = find(node, chain)
+        value = find(node, chain, sign)
         if value is not None:
             chain.append(node)
             return value
@@ -148,8 +154,8 @@ def _mask_source(t: PyTensor, chain: List[PyNode]) -> Optional[float]:
 
 @dataclass(frozen=True)
 class FiniteMask:
-    """One finite-mask chain: the Add that adds the mask, the mask value nearest zero, and every layer of the chain
-    (the mask's layers, the Add, the layers up to the Softmax)."""
+    """One finite-mask chain: the Add (or Sub) that adds (subtracts) the mask, the mask value nearest zero as the
+    scores get it, and every layer of the chain (the mask's layers, the Add, the layers up to the Softmax)."""
     add: PyNode
     value: float
     layers: Tuple[PyNode, ...]
@@ -163,11 +169,12 @@ def finite_masks(graph: PyGraph) -> List[FiniteMask]:
             continue
         after: List[PyNode] = []
         node = _walk_back(softmax.inputs[0], MOVING, after)
-        if node is None or arithmetic_method(node) != "ADD" or len(node.inputs) != 2:
+        method = arithmetic_method(node) if node is not None else ""
+        if node is None or method not in ("ADD", "SUB") or len(node.inputs) != 2:
             continue
-        for inp in node.inputs:
+        for index, inp in enumerate(node.inputs):
             chain: List[PyNode] = []
-            value = _mask_source(inp, chain)
+            value = _mask_source(inp, chain, -1.0 if method == "SUB" and index == 1 else 1.0)
             if value is not None:
                 found.append(FiniteMask(node, value, tuple(chain + [node] + after)))
     return found

@@ -9,8 +9,11 @@ data, those values give the scores a scale of about 6e-8 and destroy attention. 
 * `apply_inf_mask_ranges`, right after local calibration, makes the integer code of a mask value reach the Softmax:
   a mask value quantizes to the tensor's qmin (saturation), and the range of each mask tensor feeding a layer
   whose output is a mask tensor is widened (only below) so that its qmin still lands on the output's qmin: below
-  `2 · (min(out) - Σ max|other input|)` for Add / Eltwise ADD, `2 · min(out) / max|other input|` for Mul / Eltwise
-  MUL, `min(out)` for any other layer (Where, Reshape, Cast...). A mask tensor read by a Softmax keeps 1/64 of its
+  `2 · (min(out) - Σ max|other input|)` for Add / Eltwise ADD (and the first input of a Sub), `2 · min(out) /
+  max|other input|` for Mul / Eltwise MUL, `min(out)` for any other layer (Where, Reshape, Cast...). A mask
+  *subtracted* from the scores (`scores - 1e30 * (1 - keep)`: XLNet, Funnel) holds positive mask values: they
+  quantize to qmax, and its range is widened above, to `2 · (Σ max|other input| - min(out))` for the Sub and by the
+  mirrored rules (max(out) for min(out)) up the layers making it. A mask tensor read by a Softmax keeps 1/64 of its
   span below its calibrated minimum, so that only mask values reach qmin;
 * a Softmax whose input is a mask tensor is written with `mask_saturated_input=true`: its integer forward gives
   the inputs equal to the input's qmin a zero exponential term (in rows holding any other code), so a masked
@@ -42,6 +45,7 @@ SOFTMAX_MASK_PARAM = "mask_saturated_input"
 """Softmax IR key: true when inputs equal to the input's qmin are masked (zero exponential term)."""
 
 ADDITIVE = ("Add",)
+SUBTRACTIVE = ("Sub",)
 MULTIPLICATIVE = ("Mul",)
 SOFTMAX_CODE_MARGIN = 1.0 / 64
 """Part of a Softmax-input mask tensor's span kept below its calibrated minimum, so data does not reach qmin."""
@@ -64,6 +68,11 @@ def has_low_mask(st: TensorStatistics) -> bool:
     return mask_counts(st)[0] > 0
 
 
+def has_high_mask(st: TensorStatistics) -> bool:
+    """Whether a tensor's statistics `st` saw positive mask values (what a subtracted attention mask holds)."""
+    return mask_counts(st)[1] > 0
+
+
 def arithmetic_method(node: PyNode) -> str:
     """ADD, SUB, MUL, ... for an Eltwise layer (its method) or an Add/Mul layer; any other layer's type."""
     t = str(node.type)
@@ -71,6 +80,8 @@ def arithmetic_method(node: PyNode) -> str:
         return str(node.params.get("method", "")).upper()
     if t in ADDITIVE:
         return "ADD"
+    if t in SUBTRACTIVE:
+        return "SUB"
     if t in MULTIPLICATIVE:
         return "MUL"
     return t
@@ -98,6 +109,27 @@ def _required_min(ranges: RangeTable, node: PyNode, out: PyTensor, inp: PyTensor
     return float(out_min)
 
 
+def _required_max(ranges: RangeTable, node: PyNode, out: PyTensor, inp: PyTensor, out_low: bool) -> Optional[float]:
+    """The calibrated maximum the positive-mask input `inp` needs so that its qmax gives `out`'s qmin (`out_low`: a
+    mask subtracted from the scores) or `out`'s qmax (a positive mask made up the chain); None: no rule."""
+    others = [t for t in node.inputs if t is not inp]
+    rest = sum(_magnitude(ranges, t) for t in others)
+    r = ranges.get(out)
+    method = arithmetic_method(node)
+    if out_low:  # only a subtracted positive mask makes a negative one
+        if method == "SUB" and len(node.inputs) == 2 and node.inputs[1] is inp and node.inputs[0] is not inp:
+            return 2.0 * (rest - float(r.min))
+        return None
+    if method in ("ADD", "SUB"):
+        return 2.0 * (float(r.max) + rest) if method == "ADD" or node.inputs[0] is inp else None
+    if method == "MUL":
+        scale = 1.0
+        for t in others:
+            scale *= max(_magnitude(ranges, t), 1e-6)
+        return 2.0 * float(r.max) / scale
+    return float(r.max)
+
+
 def apply_inf_mask_ranges(graph: PyGraph, log: bool = True) -> List[str]:
     """Widen the calibrated ranges of mask tensors (module docstring); returns the names of the layers whose
     outputs are mask tensors, logged as one warning line when `log`. Runs after local calibration."""
@@ -112,18 +144,27 @@ def apply_inf_mask_ranges(graph: PyGraph, log: bool = True) -> List[str]:
     for n in reversed(graph.nodes):
         for out in n.outputs:
             r = ranges.get(out)
-            if not has_low_mask(stats.get(out)) or r.min is None:
+            out_low, out_high = has_low_mask(stats.get(out)), has_high_mask(stats.get(out))
+            if not (out_low or out_high) or r.min is None:
                 continue
-            if any(str(c.type) == "Softmax" for c in consumers.get(id(out), [])):
+            if out_low and any(str(c.type) == "Softmax" for c in consumers.get(id(out), [])):
                 span = float(r.max) - float(r.min)
                 ranges.set(out, min(float(r.min) - span * SOFTMAX_CODE_MARGIN, -span * SOFTMAX_CODE_MARGIN), r.max)
             for inp in n.inputs:
                 r_in = ranges.get(inp)
-                if not has_low_mask(stats.get(inp)) or r_in.min is None:
+                if r_in.min is None:
                     continue
-                need = _required_min(ranges, n, out, inp)
-                if need is not None and need < float(r_in.min):
-                    ranges.set(inp, need, r_in.max)
+                if out_low and has_low_mask(stats.get(inp)):
+                    need = _required_min(ranges, n, out, inp)
+                    if need is not None and need < float(r_in.min):
+                        ranges.set(inp, need, r_in.max)
+                        r_in = ranges.get(inp)
+                if has_high_mask(stats.get(inp)):
+                    highs = [_required_max(ranges, n, out, inp, low) for low, on in ((True, out_low),
+                                                                                      (False, out_high)) if on]
+                    need = max((h for h in highs if h is not None), default=None)
+                    if need is not None and need > float(r_in.max):
+                        ranges.set(inp, r_in.min, need)
     names = [n.name for n in masked]
     if log:
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
