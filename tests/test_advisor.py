@@ -173,3 +173,52 @@ def test_recurrent_cell_in_upstream_form_suggests_the_q15_field() -> None:
     assert [a.layer for a in hits] == ["op"] and hits[0].field.startswith("gru_integer_form = q15")
     q15 = quantize_model(graph, data, {"gru_integer_form": "q15"})
     assert not causes(advise(graph, q15, layer_similarity(graph, q15, data[:1])), "recurrent_form")
+
+
+def _layernorm_model() -> tuple:
+    """One LayerNorm over 64 features of transformer-like rows (a few outlier channels), and its data."""
+    g = GraphBuilder("ln")
+    x = g.input("x", [1, 16, 64])
+    rng = np.random.default_rng(3)
+    y = g.layer("LayerNorm", [x], [[1, 16, 64]], name="ln", params={"axis": [-1], "epsilon": 1e-5},
+                constants={"weights": rng.uniform(0.5, 1.5, 64).astype(np.float32),
+                           "biases": rng.normal(0, 0.1, 64).astype(np.float32)})
+    scale = np.ones(64, np.float32)
+    scale[[3, 40]] = 30.0
+    data = [[torch.from_numpy((rng.normal(0, 1, (1, 16, 64)) * scale).astype(np.float32))] for _ in range(6)]
+    return g.build([y]), data
+
+
+def test_16_bit_layernorm_in_upstream_form_suggests_the_exact_form() -> None:
+    """At 16 bits upstream's LayerNorm gain keeps a few significant bits: the advice names layernorm_integer_form;
+    in the exact form, or at 8 bits, there is none."""
+    graph, data = _layernorm_model()
+    q16 = quantize_model(graph, data[:4], {"q_bits_activation": 16})
+    sims = layer_similarity(graph, q16, data[4:])
+    hits = causes(advise(graph, q16, sims), "integer_form")
+    assert [a.layer for a in hits] == ["ln"] and "layernorm_integer_form = exact" in hits[0].field
+    exact = quantize_model(graph, data[:4], {"q_bits_activation": 16, "layernorm_integer_form": "exact"})
+    exact_sims = layer_similarity(graph, exact, data[4:])
+    assert not causes(advise(graph, exact, exact_sims), "integer_form")
+    assert {s.name: s.isolated_cos for s in exact_sims}["ln"] > {s.name: s.isolated_cos for s in sims}["ln"]
+    q8 = quantize_model(graph, data[:4])
+    assert not causes(advise(graph, q8, layer_similarity(graph, q8, data[4:])), "integer_form")
+
+
+def test_16_bit_div_in_upstream_form_suggests_the_exact_form() -> None:
+    """Div of two tensors: upstream's one-table form at 16 bits (isolated cosine about 0.995 here, 0.9996 at 8
+    bits) gets the advice naming div_integer_form."""
+    g = GraphBuilder("div")
+    y = g.layer("Div", [g.input("a", [1, 16, 64]), g.input("b", [1, 16, 64])], [[1, 16, 64]], name="div")
+    graph = g.build([y])
+    rng = np.random.default_rng(4)
+    data = [[torch.from_numpy(rng.normal(0, 1, (1, 16, 64)).astype(np.float32)),
+             torch.from_numpy(rng.uniform(0.5, 4, (1, 16, 64)).astype(np.float32))] for _ in range(6)]
+    results = {}
+    for name, settings in (("upstream", {"q_bits_activation": 16}),
+                           ("exact", {"q_bits_activation": 16, "div_integer_form": "exact"}), ("8 bits", {})):
+        q = quantize_model(graph, data[:4], settings)
+        results[name] = causes(advise(graph, q, layer_similarity(graph, q, data[4:])), "integer_form")
+    assert [a.layer for a in results["upstream"]] == ["div"]
+    assert "div_integer_form = exact" in results["upstream"][0].field
+    assert not results["exact"] and not results["8 bits"]

@@ -13,6 +13,9 @@ The per-layer similarity tells *where* accuracy went; the statistics and the qua
 * `low_sqnr`: a layer that lost accuracy whose outputs no range at its activation bits holds (the best expected
   SQNR on its histogram below `ADVICE_SQNR_DB`: a few channels or values carry most of the signal), which
   `min_activation_sqnr_db` would give 16 bits;
+* `integer_form`: a layer at 16 bits in one of upstream's integer forms that are coarser there than at 8 bits (the
+  LayerNorm, GroupNorm and InstanceNorm gain, Div's reciprocal table, Reduce L2's 32-bit sum of squares), where it
+  lost accuracy (isolated cosine below `FORM_16_BIT_COSINE`);
 * `collapsed`: a layer whose isolated cosine is below the threshold (its own quantization), NaN or infinite, or the
   first layer where the cumulative cosine falls below it while every layer's own error stays small (error piling
   up along the graph).
@@ -193,6 +196,48 @@ def _recurrent_form(fnode: PyNode, qnode: PyNode) -> List[Advice]:
                    f"{marker[1]} = q15 (quantopt's cell; preset = accurate sets it)")]
 
 
+_FORMS_COARSE_AT_16_BITS = {
+    "LayerNorm": ("layernorm_integer_form", "its gain keeps a few significant bits there",
+                  "docs/semantics/normalization.md"),
+    "GroupNorm": ("layernorm_integer_form", "its gain keeps a few significant bits there",
+                  "docs/semantics/normalization.md"),
+    "InstanceNorm": ("layernorm_integer_form", "its gain keeps a few significant bits there",
+                     "docs/semantics/normalization.md"),
+    "Div": ("div_integer_form", "one 16-bit table of 65535 / divisor code and one multiplier",
+            "docs/semantics/binary.md#div"),
+    "Reduce": ("reduce_l2_integer_form", "its sum of squares is kept in 32 bits and cut to 16",
+               "docs/semantics/reduce.md#reduce"),
+}
+"""Types whose upstream integer form (the default) is coarser at 16 bits than at 8: (the field choosing the exact
+form, why, the semantics section). Reduce only with method L2."""
+
+FORM_16_BIT_COSINE = 0.9999
+"""Below this isolated cosine a 16-bit layer in one of those forms gets the `integer_form` advice (an AST encoder,
+random weights, 16 bits: the exact form's LayerNorms 1.00000, upstream's 0.9959-0.9962; Swin2SR's cosine-attention
+Div layers 1.00000 against 0.9805-0.9852; at 8 bits both forms 0.998-0.99995)."""
+
+
+def _integer_form(fnode: PyNode, qnode: PyNode, isolated: Optional[float]) -> List[Advice]:
+    """A 16-bit layer in an upstream integer form coarser at 16 bits that lost accuracy (`isolated`: its isolated
+    cosine; None without similarity): the field of the exact form."""
+    kind, s = str(qnode.type), qnode.settings
+    form = _FORMS_COARSE_AT_16_BITS.get(kind)
+    if form is None or s is None or getattr(s, form[0], None) != "upstream":
+        return []
+    if kind == "Reduce" and str(qnode.params.get("method", "")).upper() != "L2":
+        return []
+    if isolated is not None and math.isfinite(isolated) and isolated >= FORM_16_BIT_COSINE:
+        return []
+    table = quant_of(qnode)
+    bits = [table.get(t).qbits for t in list(qnode.inputs) + list(qnode.outputs) if table.get(t) is not None]
+    if not bits or max(int(b) for b in bits) < 16:
+        return []
+    where = "" if isolated is None else f" (isolated cosine {_fmt(isolated)})"
+    return [Advice(fnode.name, str(fnode.type), "integer_form",
+                   f"runs in upstream's integer form at 16 bits{where}: {form[1]}, less accurate than at 8 bits "
+                   f"({form[2]})", f"{form[0]} = exact (preset = accurate sets it)")]
+
+
 def _collapsed(sims: Sequence[LayerSimilarity], threshold: float) -> List[Advice]:
     out = []
     first_cumulative: Optional[LayerSimilarity] = None
@@ -222,7 +267,8 @@ def advise(float_graph: PyGraph, quant_graph: Optional[PyGraph] = None,
            similarities: Sequence[LayerSimilarity] = (), threshold: float = COLLAPSE_COSINE) -> List[Advice]:
     """Advice for a quantized model, in graph order within each cause: inf masks, bias saturation, weight channel
     spread (layers with an isolated cosine below 0.99, or all layers without similarity), outputs no 8-bit range
-    holds and recurrent cells in upstream's coarse form (layers below 0.99), collapsed layers."""
+    holds and recurrent cells in upstream's coarse form (layers below 0.99), 16-bit layers in upstream's forms
+    that are coarse at 16 bits (below FORM_16_BIT_COSINE), collapsed layers."""
     qnodes = {n.name: n for n in quant_graph.nodes} if quant_graph is not None else {}
     suspect = {r.name for r in similarities if not math.isfinite(r.isolated_cos) or r.isolated_cos < SUSPECT_COSINE}
     advice: List[Advice] = []
@@ -242,6 +288,11 @@ def advise(float_graph: PyGraph, quant_graph: Optional[PyGraph] = None,
         if q is not None and q.quantized and n.name in suspect:
             advice += _low_sqnr(n, q)
             advice += _recurrent_form(n, q)
+    isolated = {r.name: r.isolated_cos for r in similarities}
+    for n in float_graph.nodes:
+        q = qnodes.get(n.name)
+        if q is not None and q.quantized and (not similarities or n.name in isolated):
+            advice += _integer_form(n, q, isolated.get(n.name))
     advice += _collapsed(similarities, threshold)
     return advice
 
