@@ -222,3 +222,33 @@ def test_16_bit_div_in_upstream_form_suggests_the_exact_form() -> None:
     assert [a.layer for a in results["upstream"]] == ["div"]
     assert "div_integer_form = exact" in results["upstream"][0].field
     assert not results["exact"] and not results["8 bits"]
+
+
+
+def test_row_normalization_of_an_8_bit_input_suggests_16_bits_for_its_maker() -> None:
+    """x + y -> LayerNorm where three tokens hardly vary (class tokens beside patch tokens): with one 8-bit
+    range for all rows those tokens are rounding noise, the LayerNorm divides each by its own spread, and the advice
+    names the Add with a per-layer rule; following it (with the exact form) recovers the layer."""
+    g = GraphBuilder("rows")
+    added = g.layer("Eltwise", [g.input("x", [1, 17, 64]), g.input("y", [1, 17, 64])], [[1, 17, 64]],
+                    name="residual/add.0", params={"method": "ADD"})
+    graph = g.build([g.layer("LayerNorm", [added], [[1, 17, 64]], name="ln", params={"axis": [-1], "epsilon": 1e-6})])
+    rng = np.random.default_rng(5)
+
+    def sample() -> list:
+        x = rng.normal(0, 0.15, (1, 17, 64)).astype(np.float32)
+        x[0, :3] = rng.normal(0, 0.0005, (3, 64))  # tokens of small spread
+        return [torch.from_numpy(x), torch.from_numpy(np.zeros((1, 17, 64), np.float32))]
+
+    data = [sample() for _ in range(6)]
+    q = quantize_model(graph, data[:4])
+    sims = layer_similarity(graph, q, data[4:])
+    hits = causes(advise(graph, q, sims), "norm_input")
+    assert [a.layer for a in hits] == ["ln"]
+    assert "<{residual/add\\.0$}:16>" in hits[0].field and "layernorm_integer_form = exact" in hits[0].field
+    fixed = quantize_model(graph, data[:4], {"layernorm_integer_form": "exact"},
+                           per_layer={"residual/add.0": {"q_bits_activation": 16}})
+    fixed_sims = layer_similarity(graph, fixed, data[4:])
+    before, after = ({r.name: r.isolated_cos for r in run}["ln"] for run in (sims, fixed_sims))
+    assert before < 0.99 < after
+    assert not causes(advise(graph, fixed, fixed_sims), "norm_input")

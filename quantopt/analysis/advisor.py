@@ -16,6 +16,10 @@ The per-layer similarity tells *where* accuracy went; the statistics and the qua
 * `integer_form`: a layer at 16 bits in one of upstream's integer forms that are coarser there than at 8 bits (the
   LayerNorm, GroupNorm and InstanceNorm gain, Div's reciprocal table, Reduce L2's 32-bit sum of squares), where it
   lost accuracy (isolated cosine below `FORM_16_BIT_COSINE`);
+* `norm_input`: a LayerNorm, GroupNorm, InstanceNorm or RMSNorm with an 8-bit input that lost accuracy (isolated
+  cosine below 0.99): it divides each row (token, group) by its own spread, and one input range for all rows leaves
+  a row of small spread a few integer steps (a token whose values hardly vary beside tokens that do, or the
+  reverse: a few outlier tokens setting the range); 16 bits for the layer making its input;
 * `collapsed`: a layer whose isolated cosine is below the threshold (its own quantization), NaN or infinite, or the
   first layer where the cumulative cosine falls below it while every layer's own error stays small (error piling
   up along the graph).
@@ -25,6 +29,7 @@ The advice is printed by a cfg run after the worst-layers table and written to t
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -238,6 +243,36 @@ def _integer_form(fnode: PyNode, qnode: PyNode, isolated: Optional[float]) -> Li
                    f"({form[2]})", f"{form[0]} = exact (preset = accurate sets it)")]
 
 
+_ROW_NORM_TYPES = ("LayerNorm", "GroupNorm", "InstanceNorm", "RMSNorm")
+"""Types that divide each row (token, group) by its own spread."""
+
+_MOVING_TYPES = ("Reshape", "Transpose", "Permute", "Squeeze", "Unsqueeze", "Flatten")
+"""Layers that only move values: the layer making a normalization's input is found past them."""
+
+
+def _norm_input(fnode: PyNode, qnode: PyNode) -> List[Advice]:
+    """A row normalization with an input below 16 bits that lost accuracy: 16 bits for the layer making its input
+    (past layers that only move values), named by a per-layer rule."""
+    if str(qnode.type) not in _ROW_NORM_TYPES or not qnode.inputs:
+        return []
+    q = quant_of(qnode).get(qnode.inputs[0])
+    if q is None or int(q.qbits) >= 16:
+        return []
+    maker = fnode.inputs[0].pnode
+    while maker is not None and str(maker.type) in _MOVING_TYPES and maker.inputs:
+        maker = maker.inputs[0].pnode
+    if maker is None:
+        return []
+    form = ("" if str(qnode.type) not in _FORMS_COARSE_AT_16_BITS else
+            "; with layernorm_integer_form = exact for it (upstream's form needs input and output on one side of 8 "
+            "bits)")
+    return [Advice(fnode.name, str(fnode.type), "norm_input",
+                   f"divides each row by its own spread, and its {int(q.qbits)}-bit input has one range for all rows: "
+                   "a row (token, group) of small spread keeps a few integer steps",
+                   f"activation_bits = {int(q.qbits)} & <{{{re.escape(maker.name)}$}}:16> (16 bits for "
+                   f"'{maker.name}', which makes its input){form}")]
+
+
 def _collapsed(sims: Sequence[LayerSimilarity], threshold: float) -> List[Advice]:
     out = []
     first_cumulative: Optional[LayerSimilarity] = None
@@ -267,8 +302,8 @@ def advise(float_graph: PyGraph, quant_graph: Optional[PyGraph] = None,
            similarities: Sequence[LayerSimilarity] = (), threshold: float = COLLAPSE_COSINE) -> List[Advice]:
     """Advice for a quantized model, in graph order within each cause: inf masks, bias saturation, weight channel
     spread (layers with an isolated cosine below 0.99, or all layers without similarity), outputs no 8-bit range
-    holds and recurrent cells in upstream's coarse form (layers below 0.99), 16-bit layers in upstream's forms
-    that are coarse at 16 bits (below FORM_16_BIT_COSINE), collapsed layers."""
+    holds, recurrent cells in upstream's coarse form and row normalizations of 8-bit inputs (layers below 0.99),
+    16-bit layers in upstream's forms that are coarse at 16 bits (below FORM_16_BIT_COSINE), collapsed layers."""
     qnodes = {n.name: n for n in quant_graph.nodes} if quant_graph is not None else {}
     suspect = {r.name for r in similarities if not math.isfinite(r.isolated_cos) or r.isolated_cos < SUSPECT_COSINE}
     advice: List[Advice] = []
@@ -288,6 +323,7 @@ def advise(float_graph: PyGraph, quant_graph: Optional[PyGraph] = None,
         if q is not None and q.quantized and n.name in suspect:
             advice += _low_sqnr(n, q)
             advice += _recurrent_form(n, q)
+            advice += _norm_input(n, q)
     isolated = {r.name: r.isolated_cos for r in similarities}
     for n in float_graph.nodes:
         q = qnodes.get(n.name)
