@@ -30,10 +30,10 @@ band small enough to stay in cache between its unfolding and the GEMM that reads
 convolutions of PP-OCRv4 det 3-4x faster than 128 MiB bands did; each output row is the same GEMM row either way."""
 
 DEPTHWISE_BAND_ELEMENTS = 1 << 16
-"""Output elements of a depthwise convolution accumulated at once (512 KiB of float64): the band and the input rows
-it reads stay in the second-level cache over all the kernel taps (2^17 let the 5x5 layers of 240-480 channels
-spill it: 15-20% slower, docs/performance.md). Each element still sums its taps in the same order, so the bands
-change no bit."""
+"""Output elements of a depthwise convolution accumulated at once on a CPU (512 KiB of float64): the band and the
+input rows it reads stay in the second-level cache over all the kernel taps (2^17 let the 5x5 layers of 240-480
+channels spill it: 15-20% slower, docs/performance.md); on a GPU the output is one band (fewer launches). Each
+element still sums its taps in the same order, so the bands change no bit."""
 
 
 PLAIN_BAND_ELEMENTS = 1 << 17
@@ -128,7 +128,9 @@ def _depthwise(xp: torch.Tensor, w: torch.Tensor, stride: Tuple[int, int], dilat
     ho, wo = out_hw
     n = int(xp.shape[0])
     band = max(1, DEPTHWISE_BAND_ELEMENTS // max(1, n * wo * out_c))
-    if band >= ho or (torch.is_grad_enabled() and (xp.requires_grad or taps[0][0].requires_grad)):
+    # bands serve a CPU's caches; on a GPU each band's taps are kernel launches, so the output is one band there
+    if band >= ho or xp.device.type != "cpu" or (torch.is_grad_enabled() and (xp.requires_grad
+                                                                              or taps[0][0].requires_grad)):
         return _depthwise_rows(xp, taps, stride, dilation, (0, ho), wo), False
     with_bias = bias is not None and not _needs_grad(bias) and bias.dtype == xp.dtype and bias.device == xp.device
     out = torch.empty(n, ho, wo, out_c, dtype=xp.dtype, device=xp.device)

@@ -74,3 +74,28 @@ def test_depthwise_bias_added_band_by_band_equals_once(shape, kernel, stride, mo
     monkeypatch.setattr(kernels, "DEPTHWISE_BAND_ELEMENTS", 1 << 62)  # one band, the bias added after
     whole = run()
     assert torch.equal(banded, whole)
+
+
+def test_depthwise_on_a_gpu_is_one_band(monkeypatch) -> None:
+    """On a GPU (the stand-in device of tests/fake_cuda.py) the depthwise output is one band, each tap one pass over
+    all of it (bands there would only multiply kernel launches), with the bits of the CPU's bands."""
+    from fake_cuda import CUDA, fake_cuda
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 48, 80, 64, generator=gen)
+    w = torch.randn(64, 3, 3, 1, generator=gen).double()
+    b = torch.randn(64, generator=gen).double()
+    monkeypatch.setattr(kernels, "DEPTHWISE_BAND_ELEMENTS", 1 << 12)  # several bands on the CPU
+    calls = []
+    rows = kernels._depthwise_rows
+    monkeypatch.setattr(kernels, "_depthwise_rows", lambda *a, **k: calls.append(a[4]) or rows(*a, **k))
+    on_cpu = kernels.conv2d_nhwc(x, w, b, (1, 1), (1, 1), (1, 1, 1, 1), 64, dtype=torch.float64)
+    assert len(calls) > 1
+    calls.clear()
+    with fake_cuda():
+        on_gpu = kernels.conv2d_nhwc(x.to(CUDA), w.to(CUDA), b.to(CUDA), (1, 1), (1, 1), (1, 1, 1, 1), 64,
+                                     dtype=torch.float64)
+        assert on_gpu.device == CUDA
+        on_gpu = on_gpu.cpu()
+    assert calls == [(0, 48)]
+    assert torch.equal(on_gpu, on_cpu)
