@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..log import OPT_INFO, OPT_WARN
+from ..log import OPT_DEBUG, OPT_INFO, OPT_WARN
 from ..ops._per_channel import PER_CHANNEL_PRODUCERS, reads_per_channel
 
 ELEMENTWISE = ("Eltwise", "Add", "Sub", "Mul")
@@ -58,10 +58,21 @@ def fall_back_to_per_tensor(graph: PyGraph) -> List[Tuple[str, str]]:
         counts = ", ".join(f"{count} {kind}" for kind, count in sorted(other_types.items()))
         OPT_INFO(f"per-channel activations: layers of other types keep per-tensor activations ({counts})")
     if changed:
-        listed = "; ".join(f"'{name}' ({why})" for name, why in changed)
+        reasons = [f"'{name}' ({why})" for name, why in changed]
+        more = len(reasons) - WARNED_FALLBACKS
+        shown = "; ".join(reasons[:WARNED_FALLBACKS]) + (f"; and {more} more (the debug log lists them)" if more > 0
+                                                          else "")
         OPT_WARN(f"per-channel activations: {len(changed)} layer(s) fall back to per-tensor activations because "
-                 f"their output cannot carry per-channel scales: {listed}")
+                 f"their output cannot carry per-channel scales: {shown}")
+        if more > 0:
+            OPT_DEBUG("per-channel activations: every layer falling back to per-tensor activations: "
+                      + "; ".join(reasons))
     return changed
+
+
+WARNED_FALLBACKS = 8
+"""Fallbacks named in the warning line; a transformer has dozens (every projection read by a Reshape), which made
+that one line thousands of characters long. The debug log names them all."""
 
 
 def _produces_per_channel(node: PyNode) -> bool:

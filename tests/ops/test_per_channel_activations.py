@@ -460,6 +460,29 @@ def test_a_product_with_a_scalar_falls_back_and_names_it(caplog) -> None:
     assert graph.node("mul").settings.q_mode_activation == "per_tensor_symmetric_full_range"
 
 
+def test_a_long_fallback_list_is_cut_in_the_warning(caplog) -> None:
+    """Ten convolutions each read by a Reshape: the warning names the first WARNED_FALLBACKS and counts the rest,
+    the debug log names all ten."""
+    r = np.random.default_rng(6)
+    b = GraphBuilder("many")
+    x = b.input("x", [1, 4, 4, 3])
+    outs = []
+    for i in range(10):
+        c = b.layer("Convolution", [x], [[1, 4, 4, 2]], name=f"c{i}",
+                    params=dict(num_output=2, group=1, with_activation="NONE", **GEO),
+                    constants={"weights": _w(r, [2, 3, 3, 3]), "biases": _w(r, [2])})
+        outs.append(b.layer("Reshape", [c], [[1, 32]], name=f"flat{i}", params=dict(shape=[1, 32])))
+    graph = b.build(outs)
+    calib = [torch.from_numpy(r.normal(size=[1, 4, 4, 3]).astype(np.float32)) for _ in range(2)]
+    with caplog.at_level("DEBUG", logger="quantopt"):
+        quantize_model(graph, calib, dict(q_mode_activation=PER_CHANNEL, q_strategy_activation="extrema"))
+    warned = [m for m in caplog.messages if "fall back to per-tensor" in m]
+    listed = [m for m in caplog.messages if "every layer falling back" in m]
+    assert len(warned) == 1 and "10 layer(s)" in warned[0] and "and 2 more" in warned[0]
+    assert sum(f"'c{i}'" in warned[0] for i in range(10)) == 8
+    assert len(listed) == 1 and all(f"'c{i}'" in listed[0] for i in range(10))
+
+
 def test_no_warning_when_every_per_channel_layer_can_stay(caplog) -> None:
     with caplog.at_level("WARNING", logger="quantopt"):
         qg = quantize_model(chain(), data(1, 2), per_layer=per_channel(("c1", "dw")))
