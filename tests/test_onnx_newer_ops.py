@@ -1,10 +1,9 @@
 """ONNX operators newer exporters write (torch's dynamo exporter keeps Einsum and writes GatherND for indexing, opset
 18+ has GroupNormalization, 23 RMSNormalization, 24 Swish): Einsum, LpNormalization, Mean, Trilu and the composite
-Reduce* rewritten as other operators (frontends/onnx/decompose.py), and GatherND, TopK, GroupNormalization,
-MeanVarianceNormalization, RMSNormalization, Swish and GridSample converted to one layer each
-(converters_more.py). Each tiny
-model is imported, its float forward compared with onnx's reference evaluator (the operator's specification), then
-quantized and run in integers."""
+Reduce* (and Col2Im of blocks that tile the image) rewritten as other operators (frontends/onnx/decompose.py), and
+GatherND, TopK, GroupNormalization, MeanVarianceNormalization, RMSNormalization, Swish and GridSample converted to
+one layer each (converters_more.py). Each tiny model is imported, its float forward compared with onnx's reference
+evaluator (the operator's specification), then quantized and run in integers."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -462,11 +461,43 @@ def test_composite_reductions(op, keepdims, tmp_path):
     _check(model, inputs, tmp_path, atol=1e-5, feeds=feeds)
 
 
+# ------------------------------------------------------------------------------------------------ Col2Im
+@pytest.mark.parametrize("image,block", [([8, 8], [2, 2]), ([6, 9], [3, 3]), ([4, 6, 8], [2, 3, 2])])
+def test_col2im_of_blocks_that_tile_the_image(image, block, tmp_path):
+    """torch's fold of unfolded patches (MobileViT v2 writes it): blocks that tile the image without overlap are
+    moved, not summed: Reshape, Transpose and Reshape, exact in float and in integers."""
+    per_block = int(np.prod(block))
+    count = int(np.prod([i // b for i, b in zip(image, block)]))
+    inputs = [("x", [2, 3 * per_block, count])]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Col2Im", ["r", "image", "block"], ["y"], strides=block)]
+    inits = [numpy_helper.from_array(np.array(image, np.int64), "image"),
+             numpy_helper.from_array(np.array(block, np.int64), "block")]
+    graph = _check(_model(nodes, inputs, [("y", F)], inits, opset=18), inputs, tmp_path, atol=0.0)
+    assert "Transpose" in _types(graph) and "Col2Im" not in _types(graph)
+
+
+@pytest.mark.parametrize("attrs,image,block,message", [
+    ({}, [8, 8], [2, 2], "only blocks that do not overlap"),  # stride 1: each block overlaps the next
+    ({"strides": [2, 2], "pads": [1, 1, 1, 1]}, [6, 6], [2, 2], "pads"),
+    ({"strides": [3, 3]}, [8, 8], [3, 3], "must tile image_shape"),
+])
+def test_col2im_refusals_name_the_reason(attrs, image, block, message, tmp_path):
+    """Overlapping or padded blocks sum or drop values: refused by name (the ONNX test suite's Col2Im cases are
+    all of that kind)."""
+    inputs = [("x", [1, 12, 16])]
+    nodes = [helper.make_node("Col2Im", ["x", "image", "block"], ["y"], name="fold", **attrs)]
+    inits = [numpy_helper.from_array(np.array(image, np.int64), "image"),
+             numpy_helper.from_array(np.array(block, np.int64), "block")]
+    with pytest.raises(UnsupportedError, match=message):
+        _imported(_model(nodes, inputs, [("y", F)], inits, opset=18), tmp_path)
+
+
 def test_the_new_operators_are_listed_as_supported():
     listed = set(supported_onnx_ops())
     for op in ("Einsum", "GatherND", "TopK", "GroupNormalization", "LpNormalization", "MeanVarianceNormalization",
                "RMSNormalization", "Swish", "Mean", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "ScatterND",
-               "ScatterElements", "OneHot", "GridSample", "Trilu"):
+               "ScatterElements", "OneHot", "GridSample", "Trilu", "Col2Im"):
         assert op in listed, op
 
 

@@ -12,6 +12,9 @@ a short chain of layers computes them exactly as ONNX defines them.
   ReduceLogSumExp → Exp, ReduceSum and Log (ONNX's definition, with no shift by the maximum).
 - Trilu of an activation (one of a constant is folded before) → Where(a constant mask of the kept triangle, x, 0):
   a selection, which a quantized graph computes exactly.
+- Col2Im of blocks that tile the image without overlap (torch's `fold` after an `unfold` of the same patches:
+  MobileViT v2) → Reshape, Transpose and Reshape, a rearrangement; overlapping, dilated or padded blocks (whose
+  values are summed) are refused.
 
 The new nodes are named after the rewritten node (its last node keeps its name and output), so the layers stay
 traceable to the ONNX file; every new tensor gets its shape and type, as the converters expect.
@@ -351,4 +354,50 @@ def trilu(e: _Emitter, node: ONode) -> None:
     offset = np.arange(cols)[None, :] - np.arange(rows)[:, None]
     keep = offset >= k if int(node.attrs.get("upper", 1)) else offset <= k
     e.add("Where", [e.const("kept", keep), x, e.const("zero", np.zeros((), dtype))], shape, dtype, "select",
+          output=node.outputs[0])
+
+
+# ================================================================================================ Col2Im
+def _constant_ints(e: _Emitter, t: str, what: str) -> List[int]:
+    if t not in e.g.consts:
+        raise DecomposeError(f"a {what} computed at run time is not supported")
+    return [int(v) for v in np.asarray(e.g.consts[t]).reshape(-1)]
+
+
+@rewrite("Col2Im")
+def col2im(e: _Emitter, node: ONode) -> None:
+    """Blocks that tile the image without overlap (`strides` = `block_shape`, no dilation, no pads: torch's `fold`
+    of the patches an `unfold` of the same size made, as MobileViT v2 does) are a rearrangement: Reshape
+    [N, C·∏block, L] to [N, C, block..., count...], a Transpose putting each block axis after its count axis, and a
+    Reshape to [N, C, image...]. Overlapping, dilated or padded blocks sum or drop values: refused, named."""
+    if len(node.inputs) < 3:
+        raise DecomposeError("Col2Im needs its input, image_shape and block_shape")
+    x, image_t, block_t = node.inputs[:3]
+    image = _constant_ints(e, image_t, "image_shape")
+    block = _constant_ints(e, block_t, "block_shape")
+    k = len(image)
+    if len(block) != k or k == 0:
+        raise DecomposeError(f"image_shape {image} and block_shape {block} must have one entry per spatial axis")
+    dilations = [int(v) for v in node.attrs.get("dilations", [1] * k)]
+    pads = [int(v) for v in node.attrs.get("pads", [0] * 2 * k)]
+    strides = [int(v) for v in node.attrs.get("strides", [1] * k)]
+    if any(d != 1 for d in dilations) or any(p != 0 for p in pads) or strides != block:
+        raise DecomposeError(f"only blocks that do not overlap are supported (strides {strides} equal to block_shape "
+                             f"{block}, dilations 1, pads 0; got dilations {dilations}, pads {pads}): overlapping "
+                             "blocks are summed")
+    if any(b <= 0 or i % b for i, b in zip(image, block)):
+        raise DecomposeError(f"the blocks {block} must tile image_shape {image} exactly")
+    counts = [i // b for i, b in zip(image, block)]
+    shape = e.shape(x)
+    per_block = int(np.prod(block))
+    if len(shape) != 3 or shape[1] % per_block or shape[2] != int(np.prod(counts)):
+        raise DecomposeError(f"input of shape {list(shape)} is not [N, C * {per_block}, {int(np.prod(counts))}] for "
+                             f"blocks {block} over image_shape {image}")
+    n, c, dtype = shape[0], shape[1] // per_block, e.dtype(x)
+    split = [n, c, *block, *counts]
+    t = e.add("Reshape", [x, e.const("blocks_shape", np.array(split, np.int64))], split, dtype, "blocks")
+    perm = [0, 1] + [axis for i in range(k) for axis in (2 + k + i, 2 + i)]
+    t = e.add("Transpose", [t], [split[p] for p in perm], dtype, "interleave", {"perm": perm})
+    out = [n, c, *image]
+    e.add("Reshape", [t, e.const("image_shape", np.array(out, np.int64))], out, dtype, "image",
           output=node.outputs[0])
