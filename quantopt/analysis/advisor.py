@@ -263,9 +263,10 @@ def _norm_input(fnode: PyNode, qnode: PyNode) -> List[Advice]:
         maker = maker.inputs[0].pnode
     if maker is None:
         return []
-    form = ("" if str(qnode.type) not in _FORMS_COARSE_AT_16_BITS else
-            "; with layernorm_integer_form = exact for it (upstream's form needs input and output on one side of 8 "
-            "bits)")
+    upstream_form = str(qnode.type) in _FORMS_COARSE_AT_16_BITS and qnode.settings is not None \
+        and qnode.settings.layernorm_integer_form == "upstream"
+    form = ("; with layernorm_integer_form = exact for it (upstream's form needs input and output on one side of 8 "
+            "bits)") if upstream_form else ""
     return [Advice(fnode.name, str(fnode.type), "norm_input",
                    f"divides each row by its own spread, and its {int(q.qbits)}-bit input has one range for all rows: "
                    "a row (token, group) of small spread keeps a few integer steps",

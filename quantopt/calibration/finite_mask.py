@@ -8,8 +8,7 @@ so that the same rules apply to them (docs/statistics-and-dump.md, "Masks with f
 
 * a *finite mask* reaches one input of an Add (Eltwise ADD) through layers that only move or repeat values, where
   the Add's output reaches a Softmax through layers that only move values, and is one of (or, subtracted from the
-  scores by a Sub or Eltwise SUB, one of these with the signs turned: Funnel's and XLNet's
-  `scores - 1e6 * (1 - keep)`)
+  scores by a Sub or Eltwise SUB, one of these with the signs turned: Funnel's `scores - 1e6 * (1 - keep)`)
   - a Constant layer whose float values are 0 and values of at most -`FINITE_MASK_MIN` (nothing else, at least one
     of each): Swin's shifted-window mask;
   - a Where choosing between two such Constants (one all 0, the other all at most -`FINITE_MASK_MIN`): a padding

@@ -11,10 +11,10 @@ data, those values give the scores a scale of about 6e-8 and destroy attention. 
   whose output is a mask tensor is widened (only below) so that its qmin still lands on the output's qmin: below
   `2 · (min(out) - Σ max|other input|)` for Add / Eltwise ADD (and the first input of a Sub), `2 · min(out) /
   max|other input|` for Mul / Eltwise MUL, `min(out)` for any other layer (Where, Reshape, Cast...). A mask
-  *subtracted* from the scores (`scores - 1e30 * (1 - keep)`: XLNet, Funnel) holds positive mask values: they
-  quantize to qmax, and its range is widened above, to `2 · (Σ max|other input| - min(out))` for the Sub and by the
-  mirrored rules (max(out) for min(out)) up the layers making it. A mask tensor read by a Softmax keeps 1/64 of its
-  span below its calibrated minimum, so that only mask values reach qmin;
+  *subtracted* from the scores (XLNet's `scores - 1e30 * mask`; Funnel's 1e6 with finite_mask.py) holds positive
+  mask values: they quantize to qmax, and its range is widened above, to `2 · (Σ max|other input| - min(out))` for
+  the Sub and by the mirrored rules (max(out) for min(out)) up the layers making it. A mask tensor read by a Softmax
+  keeps 1/64 of its span below its calibrated minimum, so that only mask values reach qmin;
 * a Softmax whose input is a mask tensor is written with `mask_saturated_input=true`: its integer forward gives
   the inputs equal to the input's qmin a zero exponential term (in rows holding any other code), so a masked
   position gets probability 0 exactly, as in float (ops/softmax.py, docs/integer-semantics.md).
