@@ -400,17 +400,20 @@ def scatter_elements_forward(self: PyNode) -> None:
 @SCATTER_ND.quantize
 @SCATTER_ELEMENTS.quantize
 def scatter_quantize(self: PyNode) -> None:
-    """NONE: the output copies the data's params. ADD/MUL/MAX/MIN: output params from the calibrated output range
-    (qinvariant when data and updates are). Data and updates get (multiplier, shift) pairs to the output scale
-    (MUL: the updates' pair approximates 1 / s_updates)."""
+    """NONE: the output copies the data's params, except where the data is an integer tensor (qinvariant: a
+    buffer of zeros made with `new_zeros`, as Longformer's sliding-window scores export) and the updates are not:
+    its scale of 1 would round the updates to whole numbers, so the output takes its calibrated range. ADD/MUL/MAX/
+    MIN: output params from the calibrated output range (qinvariant when data and updates are). Data and updates
+    get (multiplier, shift) pairs to the output scale (MUL: the updates' pair approximates 1 / s_updates)."""
     if len(self.inputs) < 3:
         raise self._error(f"needs 3 inputs (data, indices, updates), got {len(self.inputs)}")
     _quantize_indices(self, 1)
     data, upd, out = self.inputs[0], self.inputs[2], self.outputs[0]
     reduction = _reduction(self)
-    if reduction == "NONE":
+    integers = params(self, data).qinvariant, params(self, upd).qinvariant
+    if reduction == "NONE" and integers != (True, False):
         copy_params(self, out, data)
-    elif params(self, data).qinvariant and params(self, upd).qinvariant:
+    elif reduction != "NONE" and all(integers):
         signed = is_signed(self, data) or is_signed(self, upd)
         r = ranges_of(self).get(out)
         lo, hi = float(r.min or 0.0), float(r.max or 0.0)

@@ -387,6 +387,38 @@ def test_scatter_none_with_equal_params_moves_integers_exactly() -> None:
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("optype", ["ScatterND", "ScatterElements"])
+@pytest.mark.parametrize("bits,mode", MODES)
+def test_scatter_of_float_updates_into_a_buffer_of_zeros(tmp_path, optype: str, bits: int, mode: str) -> None:
+    """Float updates written into a constant of zeros (torch's `new_zeros` then a slice assignment: Longformer's
+    sliding-window scores): the zeros are an integer tensor of scale 1, whose params the output used to copy, which
+    rounded every update to 0. The output now takes its calibrated range; the integers follow the documented form."""
+    b = GraphBuilder("t")
+    zeros = b.layer("Constant", [], [[4, 8]], name="zeros", constants={"weights": np.zeros((4, 8), np.float32)})
+    u = b.input("u", [2, 8])
+    if optype == "ScatterND":
+        idx = b.layer("Constant", [], [[2, 1]], name="idx", constants={"weights": np.array([[0], [2]], np.int64)},
+                      constant_dtypes={"weights": Dtype.INT32}, output_dtypes=[Dtype.INT32])
+        targets = [(0, (0,)), (1, (2,))]
+    else:
+        idx = b.layer("Constant", [], [[2, 8]], name="idx",
+                      constants={"weights": np.array([[1] * 8, [3] * 8], np.int64)},
+                      constant_dtypes={"weights": Dtype.INT32}, output_dtypes=[Dtype.INT32])
+        targets = None
+    g = b.build([b.layer(optype, [zeros, idx, u], [[4, 8]], name="op", params={"axis": 0} if targets is None else {})])
+    feeds = [[normal([2, 8], seed, std=0.05)] for seed in range(4)]
+    qg = quantize_model(g, feeds, settings(bits, mode))
+    assert not params_of(qg.node("op"), qg.node("op").outputs[0]).qinvariant
+    check_cosine(g, qg, feeds[0], bits)
+    if targets is not None:
+        node = qg.node("op")
+        got = qg.forward(feeds[0], keep_tensors=True)[0]
+        upd_q = node.inputs[2].betensor.numpy()
+        np.testing.assert_array_equal(got.numpy(), ref_scatter_int(node, node.inputs[0].betensor.numpy(), upd_q,
+                                                                   targets, "NONE"))
+    roundtrip(tmp_path, qg, feeds[0])
+
+
 # --- OneHot ---------------------------------------------------------------------------------------------------------
 def ref_onehot(idx: np.ndarray, depth: int, off, on, axis: int, dtype) -> np.ndarray:
     rank = idx.ndim + 1
