@@ -17,6 +17,7 @@ from quantopt.analysis.similarity import LayerSimilarity, cosine, layer_similari
 from quantopt.calibration.inf_mask import SOFTMAX_MASK_PARAM, is_mask_tensor
 from quantopt.calibration.statistics import StatisticsConfig, update_statistics
 from quantopt.config.fields import FIELDS, UPSTREAM_FIELDS
+from quantopt.graph.builder import GraphBuilder
 from quantopt.graph.tables import TensorStatistics
 from quantopt.ir.reader import read_ir
 from quantopt.ir.writer import write_ir
@@ -183,3 +184,32 @@ def test_export_keeps_the_masked_softmax() -> None:
     assert bool((batch[1] == 0).any())
     agreement = measure_agreement(q, [b.numpy() for b in batch])
     assert agreement.identical == 1.0, agreement
+
+
+def test_a_mask_read_by_a_comparison_keeps_a_code_of_its_own() -> None:
+    """One -FLT_MAX constant feeds two Where layers: `flags` (0 or the mask) read only by a comparison, `mask` (0.25
+    or the mask) by a Softmax. `flags` calibrates to [0, 0]; at its scale of 1 the constant's code, fine-scaled for
+    `mask`, came back as 0 and `flags < 0` was false everywhere (Longformer's padding mask, shared so). A mask
+    tensor without a negative end now gets one as large as its other end (at least 1)."""
+    g = GraphBuilder("shared")
+    keep = g.input("keep", [1, 1, 1, 8])
+    shape = [1, 1, 1, 8]
+
+    def const(name: str, value: float):
+        return g.layer("Constant", [], [shape], name=name, constants={"weights": np.full(shape, value, np.float32)})
+
+    neg = const("neg", -FLT_MAX)
+    flags = g.layer("Where", [keep, const("zero", 0.0), neg], [shape], name="flags")
+    zero = g.layer("Constant", [], [[1]], name="z0", constants={"weights": np.zeros(1, np.float32)})
+    dropped = g.layer("Logical", [flags, zero], [shape], name="dropped", params={"method": "LESS"})
+    mask = g.layer("Where", [keep, const("quarter", 0.25), neg], [shape], name="mask")
+    graph = g.build([dropped, g.layer("Softmax", [mask], [shape], name="softmax", params={"axis": -1})])
+    keeps = [[k] for _, k in feeds(8, 0)]
+    q = quantize_model(graph, keeps)
+    for batch in keeps[:4]:
+        with torch.no_grad():
+            want = [t.clone() for t in graph.forward(batch)]
+        got = run_quantized(q, batch)
+        assert torch.equal(got[0].to(want[0].dtype), want[0])
+        keep_flags = batch[0].reshape(-1) > 0
+        assert float(got[1][..., ~keep_flags].abs().max()) == 0.0

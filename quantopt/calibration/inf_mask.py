@@ -130,6 +130,21 @@ def _required_max(ranges: RangeTable, node: PyNode, out: PyTensor, inp: PyTensor
     return float(r.max)
 
 
+def _room_for_masks(ranges: RangeTable, out: PyTensor, low: bool, high: bool):
+    """A mask tensor's range given an end on the side of its mask values: one whose other values are all 0 (a
+    `Where(keep, 0, -inf)` read only by comparisons and selections) calibrates to [0, 0], whose scale of 1 maps the
+    code of a mask value from a finer-scaled input back to 0, and the mask is lost (found on Longformer, whose mask
+    constant several Where layers share). That end is set to the size of the other one, at least 1: a mask value
+    keeps a code of its own sign, distinct from every other value. Returns the range now in force."""
+    r = ranges.get(out)
+    size = max(abs(float(r.min)), abs(float(r.max)), 1.0)
+    if low and float(r.min) >= 0.0:
+        ranges.set(out, -size, r.max)
+    if high and float(ranges.get(out).max) <= 0.0:
+        ranges.set(out, ranges.get(out).min, size)
+    return ranges.get(out)
+
+
 def apply_inf_mask_ranges(graph: PyGraph, log: bool = True) -> List[str]:
     """Widen the calibrated ranges of mask tensors (module docstring); returns the names of the layers whose
     outputs are mask tensors, logged as one warning line when `log`. Runs after local calibration."""
@@ -147,6 +162,7 @@ def apply_inf_mask_ranges(graph: PyGraph, log: bool = True) -> List[str]:
             out_low, out_high = has_low_mask(stats.get(out)), has_high_mask(stats.get(out))
             if not (out_low or out_high) or r.min is None:
                 continue
+            r = _room_for_masks(ranges, out, out_low, out_high)
             if out_low and any(str(c.type) == "Softmax" for c in consumers.get(id(out), [])):
                 span = float(r.max) - float(r.min)
                 ranges.set(out, min(float(r.min) - span * SOFTMAX_CODE_MARGIN, -span * SOFTMAX_CODE_MARGIN), r.max)
