@@ -201,13 +201,10 @@ def _recurrent_form(fnode: PyNode, qnode: PyNode) -> List[Advice]:
                    f"{marker[1]} = q15 (quantopt's cell; preset = accurate sets it)")]
 
 
+_NORM_FORM = ("layernorm_integer_form", "its gain keeps a few significant bits there",
+              "docs/semantics/normalization.md")
 _FORMS_COARSE_AT_16_BITS = {
-    "LayerNorm": ("layernorm_integer_form", "its gain keeps a few significant bits there",
-                  "docs/semantics/normalization.md"),
-    "GroupNorm": ("layernorm_integer_form", "its gain keeps a few significant bits there",
-                  "docs/semantics/normalization.md"),
-    "InstanceNorm": ("layernorm_integer_form", "its gain keeps a few significant bits there",
-                     "docs/semantics/normalization.md"),
+    "LayerNorm": _NORM_FORM, "GroupNorm": _NORM_FORM, "InstanceNorm": _NORM_FORM,
     "Div": ("div_integer_form", "one 16-bit table of 65535 / divisor code and one multiplier",
             "docs/semantics/binary.md#div"),
     "Reduce": ("reduce_l2_integer_form", "its sum of squares is kept in 32 bits and cut to 16",

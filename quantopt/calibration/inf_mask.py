@@ -26,13 +26,14 @@ The cfg field `enable_pass_detect_inf_mask_nodes` (passes/inf_mask.py) turns Con
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+import math
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from ..graph.graph import PyGraph
 from ..graph.node import PyNode
-from ..graph.tables import RangeTable, TensorStatistics
+from ..graph.tables import RangeTable, TensorRange, TensorStatistics
 from ..graph.tensor import PyTensor
 from ..log import OPT_WARN
 
@@ -92,45 +93,47 @@ def _magnitude(ranges: RangeTable, t: PyTensor) -> float:
     return max(abs(float(r.min or 0.0)), abs(float(r.max or 0.0)))
 
 
+def _others(ranges: RangeTable, node: PyNode, inp: PyTensor) -> Tuple[float, float]:
+    """(sum, product) of the largest magnitudes of `node`'s inputs other than `inp` (each factor at least 1e-6): how
+    far the other operands of an Add/Sub or a Mul can move a mask value."""
+    magnitudes = [_magnitude(ranges, t) for t in node.inputs if t is not inp]
+    return sum(magnitudes), math.prod(max(m, 1e-6) for m in magnitudes)
+
+
 def _required_min(ranges: RangeTable, node: PyNode, out: PyTensor, inp: PyTensor) -> Optional[float]:
     """The calibrated minimum the mask input `inp` needs so that its qmin gives `out`'s qmin; None: no rule."""
-    others = [t for t in node.inputs if t is not inp]
-    out_min = ranges.get(out).min
+    rest, scale = _others(ranges, node, inp)
+    out_min = float(ranges.get(out).min)
     method = arithmetic_method(node)
-    if method == "ADD":
-        return 2.0 * (float(out_min) - sum(_magnitude(ranges, t) for t in others))
+    if method == "ADD" or (method == "SUB" and node.inputs[0] is inp):
+        return 2.0 * (out_min - rest)
     if method == "SUB":
-        return 2.0 * (float(out_min) - sum(_magnitude(ranges, t) for t in others)) if node.inputs[0] is inp else None
+        return None
     if method == "MUL":
-        scale = 1.0
-        for t in others:
-            scale *= max(_magnitude(ranges, t), 1e-6)
-        return 2.0 * float(out_min) / scale
-    return float(out_min)
+        return 2.0 * out_min / scale
+    return out_min
 
 
 def _required_max(ranges: RangeTable, node: PyNode, out: PyTensor, inp: PyTensor, out_low: bool) -> Optional[float]:
     """The calibrated maximum the positive-mask input `inp` needs so that its qmax gives `out`'s qmin (`out_low`: a
     mask subtracted from the scores) or `out`'s qmax (a positive mask made up the chain); None: no rule."""
-    others = [t for t in node.inputs if t is not inp]
-    rest = sum(_magnitude(ranges, t) for t in others)
+    rest, scale = _others(ranges, node, inp)
     r = ranges.get(out)
     method = arithmetic_method(node)
     if out_low:  # only a subtracted positive mask makes a negative one
         if method == "SUB" and len(node.inputs) == 2 and node.inputs[1] is inp and node.inputs[0] is not inp:
             return 2.0 * (rest - float(r.min))
         return None
-    if method in ("ADD", "SUB"):
-        return 2.0 * (float(r.max) + rest) if method == "ADD" or node.inputs[0] is inp else None
+    if method == "ADD" or (method == "SUB" and node.inputs[0] is inp):
+        return 2.0 * (float(r.max) + rest)
+    if method == "SUB":
+        return None
     if method == "MUL":
-        scale = 1.0
-        for t in others:
-            scale *= max(_magnitude(ranges, t), 1e-6)
         return 2.0 * float(r.max) / scale
     return float(r.max)
 
 
-def _room_for_masks(ranges: RangeTable, out: PyTensor, low: bool, high: bool):
+def _room_for_masks(ranges: RangeTable, out: PyTensor, low: bool, high: bool) -> TensorRange:
     """A mask tensor's range given an end on the side of its mask values: one whose other values are all 0 (a
     `Where(keep, 0, -inf)` read only by comparisons and selections) calibrates to [0, 0], whose scale of 1 maps the
     code of a mask value from a finer-scaled input back to 0, and the mask is lost (found on Longformer, whose mask
@@ -176,9 +179,9 @@ def apply_inf_mask_ranges(graph: PyGraph, log: bool = True) -> List[str]:
                         ranges.set(inp, need, r_in.max)
                         r_in = ranges.get(inp)
                 if has_high_mask(stats.get(inp)):
-                    highs = [_required_max(ranges, n, out, inp, low) for low, on in ((True, out_low),
-                                                                                      (False, out_high)) if on]
-                    need = max((h for h in highs if h is not None), default=None)
+                    sides = [low for low, holds in ((True, out_low), (False, out_high)) if holds]
+                    needs = [h for h in (_required_max(ranges, n, out, inp, low) for low in sides) if h is not None]
+                    need = max(needs, default=None)
                     if need is not None and need > float(r_in.max):
                         ranges.set(inp, r_in.min, need)
     names = [n.name for n in masked]
